@@ -1,0 +1,52 @@
+//! Generates `include/transformer_engine_comm.h` with cbindgen.
+//!
+//! The C enums come from `src/ffi/c_enums.in`, the same table that defines the Rust
+//! types, so the header and the library can never disagree on a value. The header is
+//! committed; CI rebuilds it and fails when the committed copy is stale.
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+macro_rules! c_enums {
+    ($( $(#[doc = $doc:literal])* $name:ident { $($var:ident = $val:literal),* $(,)? } )*) => {{
+        let mut s = String::new();
+        $(
+            $( writeln!(s, "/**{} */", $doc).unwrap(); )*
+            writeln!(s, "typedef enum {} {{", stringify!($name)).unwrap();
+            $( writeln!(s, "  {} = {},", stringify!($var), $val).unwrap(); )*
+            writeln!(s, "}} {};\n", stringify!($name)).unwrap();
+        )*
+        s
+    }};
+}
+
+const PRELUDE: &str = r#"
+/* CUDA and NCCL handle types, declared compatibly with the real headers so that
+ * including cuda_runtime.h / nccl.h before or after this header also compiles. */
+#if !defined(__DRIVER_TYPES_H__) && !defined(TE_COMM_NO_CUDA_TYPEDEFS)
+typedef struct CUstream_st *cudaStream_t;
+#endif
+#if !defined(NCCL_H_) && !defined(TE_COMM_NO_NCCL_TYPEDEFS)
+typedef struct ncclComm *ncclComm_t;
+#endif
+"#;
+
+fn main() {
+    let crate_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
+    println!("cargo:rerun-if-changed=src");
+    println!("cargo:rerun-if-changed=cbindgen.toml");
+    println!("cargo:rerun-if-changed=build.rs");
+
+    let enums: String = include!("src/ffi/c_enums.in");
+    let mut config = cbindgen::Config::from_file(crate_dir.join("cbindgen.toml"))
+        .expect("cbindgen.toml must parse");
+    config.after_includes = Some(format!("{PRELUDE}\n{enums}"));
+
+    let out = crate_dir.join("include").join("transformer_engine_comm.h");
+    let bindings = cbindgen::Builder::new()
+        .with_crate(&crate_dir)
+        .with_config(config)
+        .generate()
+        .expect("cbindgen failed to generate the C header");
+    // write_to_file only rewrites when the content changed (keeps mtimes stable).
+    bindings.write_to_file(&out);
+}

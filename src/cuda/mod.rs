@@ -1,0 +1,231 @@
+//! CUDA driver plumbing: run-time loading checks, context handling, device properties,
+//! checked driver calls, and kernel launches. Uses cudarc's raw `sys` bindings, which
+//! load libcuda / libcublasLt / libnvrtc / libnccl on first use.
+pub mod nvrtc;
+
+use crate::error::{Error, Result};
+use crate::ffi::enums::NVTECommStatus as S;
+use cudarc::driver::sys as cu;
+use once_cell::sync::OnceCell;
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::Mutex;
+
+/// A CUDA library loaded at run time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Lib {
+    Driver,
+    CublasLt,
+    Nvrtc,
+    Nccl,
+}
+
+impl Lib {
+    pub fn describe(self) -> &'static str {
+        match self {
+            Lib::Driver => "the CUDA driver (libcuda.so.1, from the NVIDIA driver)",
+            Lib::CublasLt => "cuBLASLt (libcublasLt.so.13, from the CUDA toolkit or the nvidia-cublas wheel)",
+            Lib::Nvrtc => "NVRTC (libnvrtc.so.13, from the CUDA toolkit or the nvidia-cuda-nvrtc wheel)",
+            Lib::Nccl => "NCCL (libnccl.so, from libnccl-dev or the nvidia-nccl wheel)",
+        }
+    }
+    fn present(self) -> bool {
+        // SAFETY: these only try to dlopen candidate names.
+        unsafe {
+            match self {
+                Lib::Driver => cu::is_culib_present(),
+                Lib::CublasLt => cudarc::cublaslt::sys::is_culib_present(),
+                Lib::Nvrtc => cudarc::nvrtc::sys::is_culib_present(),
+                Lib::Nccl => cudarc::nccl::sys::is_culib_present(),
+            }
+        }
+    }
+}
+
+/// Fail with NVTE_COMM_ERROR_LIBRARY_NOT_FOUND, naming the library, when it cannot be
+/// loaded. The answer is computed once per process and library.
+pub fn require(lib: Lib) -> Result<()> {
+    static PRESENT: Mutex<Option<HashMap<Lib, bool>>> = Mutex::new(None);
+    let mut g = PRESENT.lock().unwrap_or_else(|e| e.into_inner());
+    let ok = *g.get_or_insert_with(HashMap::new).entry(lib).or_insert_with(|| lib.present());
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::new(
+            S::NVTE_COMM_ERROR_LIBRARY_NOT_FOUND,
+            format!("could not load {}: not found on the library search path (set LD_LIBRARY_PATH)", lib.describe()),
+        ))
+    }
+}
+
+pub fn require_all_libraries() -> Result<()> {
+    for lib in [Lib::Driver, Lib::CublasLt, Lib::Nvrtc, Lib::Nccl] {
+        require(lib)?;
+    }
+    Ok(())
+}
+
+pub fn error_name(r: cu::CUresult) -> String {
+    let mut p: *const std::ffi::c_char = std::ptr::null();
+    // SAFETY: cuGetErrorName writes a static string pointer.
+    let ok = unsafe { cu::cuGetErrorName(r, &mut p) } == cu::CUresult::CUDA_SUCCESS;
+    if ok && !p.is_null() {
+        // SAFETY: static NUL-terminated string owned by the driver.
+        unsafe { std::ffi::CStr::from_ptr(p) }.to_string_lossy().into_owned()
+    } else {
+        format!("{r:?}")
+    }
+}
+
+/// Turn a driver result into a Result, naming the call.
+pub fn check(r: cu::CUresult, call: &str) -> Result<()> {
+    if r == cu::CUresult::CUDA_SUCCESS {
+        return Ok(());
+    }
+    let status = if r == cu::CUresult::CUDA_ERROR_OUT_OF_MEMORY { S::NVTE_COMM_ERROR_OUT_OF_MEMORY } else { S::NVTE_COMM_ERROR_CUDA };
+    Err(Error::new(status, format!("{call} failed: {} ({})", error_name(r), r as i32)))
+}
+
+/// cuInit once per process; the result (success or the reason) is remembered.
+pub fn init_driver() -> Result<()> {
+    static INIT: OnceCell<std::result::Result<(), Error>> = OnceCell::new();
+    INIT.get_or_init(|| {
+        require(Lib::Driver)?;
+        // SAFETY: plain driver call.
+        check(unsafe { cu::cuInit(0) }, "cuInit")
+    })
+    .clone()
+}
+
+pub fn device_count() -> Result<i32> {
+    init_driver()?;
+    let mut n = 0;
+    // SAFETY: plain driver call with an out pointer.
+    check(unsafe { cu::cuDeviceGetCount(&mut n) }, "cuDeviceGetCount")?;
+    Ok(n)
+}
+
+/// Properties of one device that the library needs.
+#[derive(Clone, Debug)]
+pub struct DeviceInfo {
+    pub ordinal: i32,
+    pub sm_count: i32,
+    pub cc_major: i32,
+    pub cc_minor: i32,
+}
+
+impl DeviceInfo {
+    /// NVRTC architecture: the arch-specific variant (sm_90a) where one exists.
+    pub fn nvrtc_arch(&self) -> String {
+        let base = format!("sm_{}{}", self.cc_major, self.cc_minor);
+        if self.cc_major >= 9 { format!("{base}a") } else { base }
+    }
+}
+
+fn attr(dev: cu::CUdevice, a: cu::CUdevice_attribute) -> Result<i32> {
+    let mut v = 0;
+    // SAFETY: plain driver call with an out pointer.
+    check(unsafe { cu::cuDeviceGetAttribute(&mut v, a, dev) }, "cuDeviceGetAttribute")?;
+    Ok(v)
+}
+
+pub fn device_info(ordinal: i32) -> Result<DeviceInfo> {
+    static CACHE: Mutex<Vec<DeviceInfo>> = Mutex::new(Vec::new());
+    if let Some(d) = CACHE.lock().unwrap_or_else(|e| e.into_inner()).iter().find(|d| d.ordinal == ordinal) {
+        return Ok(d.clone());
+    }
+    init_driver()?;
+    let mut dev = 0;
+    // SAFETY: plain driver call with an out pointer.
+    check(unsafe { cu::cuDeviceGet(&mut dev, ordinal) }, "cuDeviceGet")?;
+    use cu::CUdevice_attribute as A;
+    let info = DeviceInfo {
+        ordinal,
+        sm_count: attr(dev, A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+        cc_major: attr(dev, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+        cc_minor: attr(dev, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+    };
+    CACHE.lock().unwrap_or_else(|e| e.into_inner()).push(info.clone());
+    Ok(info)
+}
+
+/// While alive, the context of the caller's stream (or the current / primary context)
+/// is current on this thread; the caller's previous current context is restored on drop.
+pub struct ContextGuard {
+    pub ctx: usize,
+    pub device: i32,
+}
+
+impl ContextGuard {
+    /// Enter the context that `stream` belongs to. NULL and the special handles
+    /// cudaStreamLegacy (1) / cudaStreamPerThread (2) use the current context, or the
+    /// primary context of device 0 when the thread has none.
+    pub fn for_stream(stream: usize) -> Result<ContextGuard> {
+        init_driver()?;
+        let mut ctx: cu::CUcontext = std::ptr::null_mut();
+        if stream > 2 {
+            // SAFETY: the caller passes a stream handle; an invalid one yields an error code.
+            check(unsafe { cu::cuStreamGetCtx(stream as cu::CUstream, &mut ctx) }, "cuStreamGetCtx(stream)")
+                .map_err(|e| e.context(format!("argument `stream` ({stream:#x}) is not a usable CUDA stream")))?;
+        } else {
+            // SAFETY: out pointer.
+            check(unsafe { cu::cuCtxGetCurrent(&mut ctx) }, "cuCtxGetCurrent")?;
+            if ctx.is_null() {
+                let mut dev = 0;
+                // SAFETY: out pointers; the primary context stays retained for the process.
+                check(unsafe { cu::cuDeviceGet(&mut dev, 0) }, "cuDeviceGet(0)")?;
+                check(unsafe { cu::cuDevicePrimaryCtxRetain(&mut ctx, dev) }, "cuDevicePrimaryCtxRetain")?;
+            }
+        }
+        // SAFETY: ctx is a valid context.
+        check(unsafe { cu::cuCtxPushCurrent_v2(ctx) }, "cuCtxPushCurrent")?;
+        let mut dev: cu::CUdevice = 0;
+        // SAFETY: a context is current.
+        let r = check(unsafe { cu::cuCtxGetDevice(&mut dev) }, "cuCtxGetDevice");
+        let guard = ContextGuard { ctx: ctx as usize, device: dev };
+        r.map(|_| guard)
+    }
+}
+
+impl Drop for ContextGuard {
+    fn drop(&mut self) {
+        let mut old: cu::CUcontext = std::ptr::null_mut();
+        // SAFETY: pops the context pushed in for_stream.
+        unsafe { cu::cuCtxPopCurrent_v2(&mut old) };
+    }
+}
+
+/// Launch a kernel. `args` holds pointers to each kernel argument.
+pub fn launch(
+    f: cu::CUfunction,
+    grid: (u32, u32, u32),
+    block: (u32, u32, u32),
+    shared_mem: u32,
+    stream: usize,
+    args: &mut [*mut c_void],
+    name: &str,
+) -> Result<()> {
+    // SAFETY: `f` is a loaded function and `args` matches its parameter list (the typed
+    // wrappers in crate::kernels guarantee this).
+    let r = unsafe {
+        cu::cuLaunchKernel(
+            f,
+            grid.0,
+            grid.1,
+            grid.2,
+            block.0,
+            block.1,
+            block.2,
+            shared_mem,
+            stream as cu::CUstream,
+            args.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    };
+    check(r, &format!("cuLaunchKernel({name})"))
+}
+
+/// Kernel argument helper: a pointer to the value, as cuLaunchKernel wants.
+pub fn arg<T>(v: &T) -> *mut c_void {
+    v as *const T as *mut c_void
+}

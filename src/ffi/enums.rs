@@ -1,0 +1,34 @@
+//! Rust side of the C enums. Each is a transparent `u32` newtype rather than a Rust
+//! `enum`, so that any integer a C caller passes is a valid value (an out-of-range
+//! value is reported as an error instead of being undefined behaviour).
+#![allow(non_upper_case_globals)]
+
+macro_rules! c_enums {
+    ($( $(#[doc = $doc:literal])* $name:ident { $($var:ident = $val:literal),* $(,)? } )*) => {
+        $(
+            $(#[doc = $doc])*
+            #[repr(transparent)]
+            #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+            pub struct $name(pub u32);
+            impl $name {
+                $( pub const $var: $name = $name($val); )*
+                /// The C name of this value, or None when it is not a declared value.
+                pub fn name(self) -> Option<&'static str> {
+                    match self.0 { $( $val => Some(stringify!($var)), )* _ => None }
+                }
+                /// Every declared (name, value) pair, in declaration order.
+                pub const ALL: &'static [(&'static str, u32)] = &[$( (stringify!($var), $val) ),*];
+            }
+            impl std::fmt::Display for $name {
+                fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                    match self.name() {
+                        Some(n) => write!(f, "{n}"),
+                        None => write!(f, "{}({})", stringify!($name), self.0),
+                    }
+                }
+            }
+        )*
+    };
+}
+
+include!("c_enums.in");

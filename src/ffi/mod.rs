@@ -1,0 +1,80 @@
+//! The C ABI. This module tree is the only place with `extern "C"` functions and raw
+//! pointer handling. Every entry point runs inside [`firewall`]: panics are caught and
+//! turned into NVTE_COMM_ERROR_INTERNAL with the panic message, never unwinding into C.
+pub mod enums;
+mod errors;
+mod gemm;
+mod kernels;
+mod tensor;
+
+pub use enums::{NVTECommStatus, NVTEDType, NVTEScalingMode, NVTETensorParam};
+pub use tensor::{NVTEBasicTensor, NVTEShape, NVTETensor};
+
+use crate::error::{Error, Result, clear_last_error, set_last_error};
+use std::cell::RefCell;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Once;
+
+/// CUDA stream handle as the C header declares it (`struct CUstream_st *`).
+#[allow(non_camel_case_types)]
+pub type cudaStream_t = *mut std::ffi::c_void;
+
+thread_local! {
+    static PANIC_MSG: RefCell<Option<String>> = const { RefCell::new(None) };
+}
+
+fn install_panic_hook() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let payload = info.payload();
+            let msg = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".to_string());
+            let loc = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
+            PANIC_MSG.with(|p| *p.borrow_mut() = Some(format!("{msg}{loc}")));
+            if std::env::var_os("NVTE_COMM_DEBUG").is_some() {
+                previous(info);
+            }
+        }));
+    });
+}
+
+/// Run `f` for the C function `func`: clears the thread's last error, catches panics,
+/// records any error, and returns `on_error(&error)` in that case.
+pub(crate) fn firewall_with<T>(
+    func: &'static str,
+    on_error: impl FnOnce(&Error) -> T,
+    f: impl FnOnce() -> Result<T>,
+) -> T {
+    install_panic_hook();
+    clear_last_error();
+    let err = match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(v)) => return v,
+        Ok(Err(e)) => e,
+        Err(_) => {
+            let msg = PANIC_MSG.with(|p| p.borrow_mut().take()).unwrap_or_else(|| "unknown panic".into());
+            // cudarc panics when a CUDA library cannot be loaded: report that as such.
+            if msg.contains("Unable to dynamically load") {
+                Error::new(NVTECommStatus::NVTE_COMM_ERROR_LIBRARY_NOT_FOUND, msg)
+            } else {
+                Error::internal(format!("internal error (caught panic): {msg}"))
+            }
+        }
+    };
+    set_last_error(func, &err);
+    on_error(&err)
+}
+
+/// [`firewall_with`] returning a fixed value on error (TE's void / value functions).
+pub(crate) fn firewall<T>(func: &'static str, on_error: T, f: impl FnOnce() -> Result<T>) -> T {
+    firewall_with(func, |_| on_error, f)
+}
+
+/// [`firewall_with`] for functions that return a status.
+pub(crate) fn status_call(func: &'static str, f: impl FnOnce() -> Result<()>) -> NVTECommStatus {
+    firewall_with(func, |e| e.status, || f().map(|_| NVTECommStatus::NVTE_COMM_SUCCESS))
+}

@@ -1,0 +1,328 @@
+//! TE's tensor API (transformer_engine.h): same names, signatures and enum values.
+use super::enums::{NVTEDType, NVTEScalingMode, NVTETensorParam};
+use super::{firewall, status_call};
+use crate::error::Result;
+use crate::invalid;
+use crate::tensor::{self, Buffer, DType, MAX_DIMS, Shape};
+use std::ffi::c_void;
+
+/// Opaque tensor handle (TE: `typedef void *NVTETensor;`).
+pub type NVTETensor = *mut c_void;
+
+/// Shape of a tensor (TE's NVTEShape).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct NVTEShape {
+    pub data: [usize; 15],
+    pub ndim: usize,
+}
+
+/// One buffer of a tensor: device pointer, element type and shape (TE's NVTEBasicTensor).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct NVTEBasicTensor {
+    pub data_ptr: *mut c_void,
+    pub dtype: NVTEDType,
+    pub shape: NVTEShape,
+}
+
+const _: () = assert!(MAX_DIMS == 15);
+
+impl NVTEShape {
+    fn empty() -> Self {
+        NVTEShape { data: [0; 15], ndim: 0 }
+    }
+    fn from_shape(s: &Shape) -> Self {
+        NVTEShape { data: s.dims, ndim: s.ndim }
+    }
+    fn to_shape(&self, what: &str) -> Result<Shape> {
+        if self.ndim > MAX_DIMS {
+            invalid!("{what}: ndim {} exceeds the maximum of {MAX_DIMS}", self.ndim);
+        }
+        Shape::new(&self.data[..self.ndim])
+    }
+}
+
+impl NVTEBasicTensor {
+    fn empty() -> Self {
+        NVTEBasicTensor { data_ptr: std::ptr::null_mut(), dtype: NVTEDType::kNVTEFloat32, shape: NVTEShape::empty() }
+    }
+    fn from_buffer(b: &Buffer) -> Self {
+        NVTEBasicTensor { data_ptr: b.ptr as *mut c_void, dtype: b.dtype.to_c(), shape: NVTEShape::from_shape(&b.shape) }
+    }
+    fn to_buffer(&self, what: &str) -> Result<Buffer> {
+        let dtype = DType::from_c(self.dtype).map_err(|e| e.context(what))?;
+        let shape = self.shape.to_shape(what)?;
+        Buffer::new(self.data_ptr as usize, dtype, shape).map_err(|e| e.context(what))
+    }
+}
+
+fn h(t: NVTETensor) -> usize {
+    t as usize
+}
+
+/// Create a tensor with the given scaling mode. Returns NULL (error recorded) for an
+/// invalid or unsupported mode; only NVTE_DELAYED_TENSOR_SCALING is implemented.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvte_create_tensor(scaling_mode: NVTEScalingMode) -> NVTETensor {
+    firewall("nvte_create_tensor", std::ptr::null_mut(), || {
+        tensor::create(scaling_mode).map(|id| id as NVTETensor)
+    })
+}
+
+/// Destroy a tensor handle (the device memory it points to is the caller's). NULL is a
+/// no-op, as in TE; a handle that is not live records an error.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvte_destroy_tensor(tensor: NVTETensor) {
+    firewall("nvte_destroy_tensor", (), || if tensor.is_null() { Ok(()) } else { tensor::destroy(h(tensor), "tensor") })
+}
+
+/// Build a shape from `ndim` sizes. ndim > 15 or a NULL `data` with ndim > 0 records an
+/// error and returns an empty shape.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvte_make_shape(data: *const usize, ndim: usize) -> NVTEShape {
+    firewall("nvte_make_shape", NVTEShape::empty(), || {
+        if ndim > MAX_DIMS {
+            invalid!("argument `ndim` = {ndim} exceeds the maximum of {MAX_DIMS}");
+        }
+        if ndim > 0 && data.is_null() {
+            invalid!("argument `data` is NULL with ndim = {ndim}");
+        }
+        let mut s = NVTEShape::empty();
+        if ndim > 0 {
+            // SAFETY: non-null and the caller promises `ndim` readable elements.
+            let src = unsafe { std::slice::from_raw_parts(data, ndim) };
+            s.data[..ndim].copy_from_slice(src);
+        }
+        s.ndim = ndim;
+        Ok(s)
+    })
+}
+
+fn with_param(tensor: NVTETensor, param: NVTETensorParam, value: &NVTEBasicTensor) -> Result<()> {
+    let b = value.to_buffer("argument `param`")?;
+    tensor::update(h(tensor), "tensor", |t| t.set_param(param, b))
+}
+
+/// Set one component of a tensor (TE's legacy form, tensor passed by pointer).
+#[unsafe(no_mangle)]
+pub extern "C" fn nvte_set_tensor_param(tensor: *mut NVTETensor, param_name: NVTETensorParam, param: *const NVTEBasicTensor) {
+    firewall("nvte_set_tensor_param", (), || {
+        if tensor.is_null() {
+            invalid!("argument `tensor` (NVTETensor*) is NULL");
+        }
+        if param.is_null() {
+            invalid!("argument `param` is NULL");
+        }
+        // SAFETY: both pointers are non-null; the C contract makes them readable.
+        let (t, p) = unsafe { (*tensor, &*param) };
+        with_param(t, param_name, p)
+    })
+}
+
+/// Get one component of a tensor; an invalid handle or param gives an empty tensor.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvte_get_tensor_param(tensor: NVTETensor, param_name: NVTETensorParam) -> NVTEBasicTensor {
+    firewall("nvte_get_tensor_param", NVTEBasicTensor::empty(), || {
+        let t = tensor::get(h(tensor), "tensor")?;
+        Ok(NVTEBasicTensor::from_buffer(t.param(param_name)?))
+    })
+}
+
+/// Set one component; `buf` points to an NVTEBasicTensor of `size_in_bytes` bytes.
+/// A NULL `buf` or a size smaller than sizeof(NVTEBasicTensor) is an error.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvte_set_tensor_param_v2(tensor: NVTETensor, param: NVTETensorParam, buf: *const c_void, size_in_bytes: usize) {
+    firewall("nvte_set_tensor_param_v2", (), || {
+        let need = std::mem::size_of::<NVTEBasicTensor>();
+        if buf.is_null() {
+            invalid!("argument `buf` is NULL");
+        }
+        if size_in_bytes < need {
+            invalid!("argument `size_in_bytes` = {size_in_bytes} is smaller than sizeof(NVTEBasicTensor) = {need} for {param}");
+        }
+        // SAFETY: non-null and at least `need` bytes per the caller; read unaligned.
+        let value = unsafe { std::ptr::read_unaligned(buf as *const NVTEBasicTensor) };
+        with_param(tensor, param, &value)
+    })
+}
+
+/// Get one component into `buf` (an NVTEBasicTensor of `size_in_bytes` bytes).
+/// `*size_written` (when not NULL) receives the bytes written, or the bytes required when
+/// `buf` is NULL (a size query, not an error). A too-small buffer is an error.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvte_get_tensor_param_v2(
+    tensor: NVTETensor,
+    param: NVTETensorParam,
+    buf: *mut c_void,
+    size_in_bytes: usize,
+    size_written: *mut usize,
+) {
+    firewall("nvte_get_tensor_param_v2", (), || {
+        let need = std::mem::size_of::<NVTEBasicTensor>();
+        let t = tensor::get(h(tensor), "tensor")?;
+        let value = NVTEBasicTensor::from_buffer(t.param(param)?);
+        let write_size = |n: usize| {
+            if !size_written.is_null() {
+                // SAFETY: non-null output pointer supplied by the caller.
+                unsafe { *size_written = n };
+            }
+        };
+        if buf.is_null() {
+            write_size(need);
+            return Ok(());
+        }
+        if size_in_bytes < need {
+            write_size(0);
+            invalid!("argument `size_in_bytes` = {size_in_bytes} is smaller than sizeof(NVTEBasicTensor) = {need} for {param}");
+        }
+        // SAFETY: non-null and at least `need` writable bytes per the caller.
+        unsafe { std::ptr::write_unaligned(buf as *mut NVTEBasicTensor, value) };
+        write_size(need);
+        Ok(())
+    })
+}
+
+fn get(tensor: NVTETensor) -> Result<tensor::Tensor> {
+    tensor::get(h(tensor), "tensor")
+}
+
+/// Row-wise data pointer (NULL on error).
+#[unsafe(no_mangle)]
+pub extern "C" fn nvte_tensor_data(tensor: NVTETensor) -> *mut c_void {
+    firewall("nvte_tensor_data", std::ptr::null_mut(), || Ok(get(tensor)?.data.ptr as *mut c_void))
+}
+
+/// Column-wise data pointer (NULL on error).
+#[unsafe(no_mangle)]
+pub extern "C" fn nvte_tensor_columnwise_data(tensor: NVTETensor) -> *mut c_void {
+    firewall("nvte_tensor_columnwise_data", std::ptr::null_mut(), || Ok(get(tensor)?.columnwise_data.ptr as *mut c_void))
+}
+
+/// Shape of the row-wise data (of the column-wise data when only that is set, as TE).
+#[unsafe(no_mangle)]
+pub extern "C" fn nvte_tensor_shape(tensor: NVTETensor) -> NVTEShape {
+    firewall("nvte_tensor_shape", NVTEShape::empty(), || {
+        let t = get(tensor)?;
+        let b = if t.data.ptr == 0 && t.columnwise_data.ptr != 0 { &t.columnwise_data } else { &t.data };
+        Ok(NVTEShape::from_shape(&b.shape))
+    })
+}
+
+/// Shape of the column-wise data.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvte_tensor_columnwise_shape(tensor: NVTETensor) -> NVTEShape {
+    firewall("nvte_tensor_columnwise_shape", NVTEShape::empty(), || Ok(NVTEShape::from_shape(&get(tensor)?.columnwise_data.shape)))
+}
+
+/// Number of dimensions (0 on error).
+#[unsafe(no_mangle)]
+pub extern "C" fn nvte_tensor_ndims(tensor: NVTETensor) -> usize {
+    firewall("nvte_tensor_ndims", 0, || Ok(get(tensor)?.data.shape.ndim))
+}
+
+/// Size of dimension `dim` (0 with an error recorded when `dim` is out of range).
+#[unsafe(no_mangle)]
+pub extern "C" fn nvte_tensor_size(tensor: NVTETensor, dim: usize) -> usize {
+    firewall("nvte_tensor_size", 0, || {
+        let t = get(tensor)?;
+        let s = t.data.shape.as_slice();
+        match s.get(dim) {
+            Some(&d) => Ok(d),
+            None => invalid!("argument `dim` = {dim} is out of range for a tensor of ndim {}", s.len()),
+        }
+    })
+}
+
+/// Number of elements (0 on error).
+#[unsafe(no_mangle)]
+pub extern "C" fn nvte_tensor_numel(tensor: NVTETensor) -> usize {
+    firewall("nvte_tensor_numel", 0, || Ok(get(tensor)?.data.numel()))
+}
+
+/// Bytes per element (0 on error, and for sub-byte types: see nvte_tensor_element_size_bits).
+#[unsafe(no_mangle)]
+pub extern "C" fn nvte_tensor_element_size(tensor: NVTETensor) -> usize {
+    firewall("nvte_tensor_element_size", 0, || Ok(get(tensor)?.data.dtype.bits() / 8))
+}
+
+/// Bits per element (0 on error).
+#[unsafe(no_mangle)]
+pub extern "C" fn nvte_tensor_element_size_bits(tensor: NVTETensor) -> usize {
+    firewall("nvte_tensor_element_size_bits", 0, || Ok(get(tensor)?.data.dtype.bits()))
+}
+
+/// Element type of the data (kNVTENumTypes on error).
+#[unsafe(no_mangle)]
+pub extern "C" fn nvte_tensor_type(tensor: NVTETensor) -> NVTEDType {
+    firewall("nvte_tensor_type", NVTEDType::kNVTENumTypes, || Ok(get(tensor)?.data.dtype.to_c()))
+}
+
+/// Scaling mode (NVTE_INVALID_SCALING on error).
+#[unsafe(no_mangle)]
+pub extern "C" fn nvte_tensor_scaling_mode(tensor: NVTETensor) -> NVTEScalingMode {
+    firewall("nvte_tensor_scaling_mode", NVTEScalingMode::NVTE_INVALID_SCALING, || Ok(NVTEScalingMode(get(tensor)?.scaling_mode)))
+}
+
+/// Device pointer of the float32 amax (NULL when unset or on error).
+#[unsafe(no_mangle)]
+pub extern "C" fn nvte_tensor_amax(tensor: NVTETensor) -> *mut f32 {
+    firewall("nvte_tensor_amax", std::ptr::null_mut(), || Ok(get(tensor)?.amax.ptr as *mut f32))
+}
+
+/// Device pointer of the float32 scale (NULL when unset or on error).
+#[unsafe(no_mangle)]
+pub extern "C" fn nvte_tensor_scale(tensor: NVTETensor) -> *mut f32 {
+    firewall("nvte_tensor_scale", std::ptr::null_mut(), || Ok(get(tensor)?.scale.ptr as *mut f32))
+}
+
+/// Device pointer of the float32 scale inverse (NULL when unset or on error).
+#[unsafe(no_mangle)]
+pub extern "C" fn nvte_tensor_scale_inv(tensor: NVTETensor) -> *mut f32 {
+    firewall("nvte_tensor_scale_inv", std::ptr::null_mut(), || Ok(get(tensor)?.scale_inv.ptr as *mut f32))
+}
+
+/// Shape of the row-wise scale inverse.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvte_tensor_scale_inv_shape(tensor: NVTETensor) -> NVTEShape {
+    firewall("nvte_tensor_scale_inv_shape", NVTEShape::empty(), || Ok(NVTEShape::from_shape(&get(tensor)?.scale_inv.shape)))
+}
+
+/// Number of live tensor handles (for leak checks in tests).
+#[unsafe(no_mangle)]
+pub extern "C" fn nvte_comm_live_tensor_count() -> usize {
+    tensor::live_count()
+}
+
+/// Convenience for C callers: create a delayed-scaling tensor over `data` with the
+/// given dtype and shape in one call. Returns a status; `*out` is NULL on failure.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvte_comm_tensor_create_simple(
+    data: *mut c_void,
+    dtype: NVTEDType,
+    shape: *const usize,
+    ndim: usize,
+    out: *mut NVTETensor,
+) -> super::NVTECommStatus {
+    status_call("nvte_comm_tensor_create_simple", || {
+        if out.is_null() {
+            invalid!("argument `out` is NULL");
+        }
+        // SAFETY: non-null output pointer.
+        unsafe { *out = std::ptr::null_mut() };
+        if ndim > 0 && shape.is_null() {
+            invalid!("argument `shape` is NULL with ndim = {ndim}");
+        }
+        if ndim > MAX_DIMS {
+            invalid!("argument `ndim` = {ndim} exceeds the maximum of {MAX_DIMS}");
+        }
+        // SAFETY: non-null with ndim readable elements per the caller.
+        let dims = if ndim == 0 { &[][..] } else { unsafe { std::slice::from_raw_parts(shape, ndim) } };
+        let b = Buffer::new(data as usize, DType::from_c(dtype)?, Shape::new(dims)?)?;
+        let id = tensor::create(NVTEScalingMode::NVTE_DELAYED_TENSOR_SCALING)?;
+        tensor::update(id, "tensor", |t| t.set_param(NVTETensorParam::kNVTERowwiseData, b))?;
+        // SAFETY: non-null output pointer.
+        unsafe { *out = id as NVTETensor };
+        Ok(())
+    })
+}

@@ -1,0 +1,614 @@
+//! GEMM on cuBLASLt with TE's semantics (`nvte_cublas_gemm`): row-major tensors seen by
+//! cuBLAS as column-major, epilogues (bias, GELU with aux, DGELU, bias gradient), FP8
+//! scaling, accumulate, fast FP8 accumulation and an SM budget. Descriptors and the
+//! heuristic's choice are cached per thread and shape ("plans").
+use crate::cuda::{self, ContextGuard, Lib};
+use crate::error::{Error, Result};
+use crate::ffi::enums::NVTECommStatus as S;
+use crate::tensor::{Buffer, DType, Tensor};
+use crate::{invalid, unsupported};
+use cudarc::cublaslt::sys as lt;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::Mutex;
+
+/// The epilogue TE selects from (bias, gelu aux, grad).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Epilogue {
+    None,
+    Bias,
+    GeluAux,
+    GeluAuxBias,
+    DGelu,
+    DGeluBGrad,
+    BGradB,
+}
+
+impl Epilogue {
+    pub fn select(bias: bool, gelu: bool, grad: bool) -> Epilogue {
+        match (bias, gelu, grad) {
+            (false, false, _) => Epilogue::None,
+            (true, false, false) => Epilogue::Bias,
+            (true, false, true) => Epilogue::BGradB,
+            (false, true, false) => Epilogue::GeluAux,
+            (false, true, true) => Epilogue::DGelu,
+            (true, true, false) => Epilogue::GeluAuxBias,
+            (true, true, true) => Epilogue::DGeluBGrad,
+        }
+    }
+    fn to_lt(self) -> lt::cublasLtEpilogue_t {
+        use lt::cublasLtEpilogue_t as E;
+        match self {
+            Epilogue::None => E::CUBLASLT_EPILOGUE_DEFAULT,
+            Epilogue::Bias => E::CUBLASLT_EPILOGUE_BIAS,
+            Epilogue::GeluAux => E::CUBLASLT_EPILOGUE_GELU_AUX,
+            Epilogue::GeluAuxBias => E::CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
+            Epilogue::DGelu => E::CUBLASLT_EPILOGUE_DGELU,
+            Epilogue::DGeluBGrad => E::CUBLASLT_EPILOGUE_DGELU_BGRAD,
+            Epilogue::BGradB => E::CUBLASLT_EPILOGUE_BGRADB,
+        }
+    }
+    pub fn uses_bias(self) -> bool {
+        matches!(self, Epilogue::Bias | Epilogue::GeluAuxBias | Epilogue::DGeluBGrad | Epilogue::BGradB)
+    }
+    pub fn uses_aux(self) -> bool {
+        matches!(self, Epilogue::GeluAux | Epilogue::GeluAuxBias | Epilogue::DGelu | Epilogue::DGeluBGrad)
+    }
+}
+
+/// A fully validated GEMM in cuBLAS (column-major) terms:
+/// D[m x n] = op(A)[m x k] * op(B)[k x n] (+ D if accumulate), epilogue applied.
+/// Pointers are device addresses; the overlap engine builds these for chunks directly.
+#[derive(Clone, Copy, Debug)]
+pub struct GemmDesc {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub a: usize,
+    pub b: usize,
+    pub d: usize,
+    pub lda: usize,
+    pub ldb: usize,
+    pub ldd: usize,
+    pub a_type: DType,
+    pub b_type: DType,
+    pub d_type: DType,
+    pub transa: bool,
+    pub transb: bool,
+    pub epilogue: Epilogue,
+    pub bias: usize,
+    pub bias_type: DType,
+    pub aux: usize,
+    pub aux_type: DType,
+    pub a_scale_inv: usize,
+    pub b_scale_inv: usize,
+    pub d_scale: usize,
+    pub d_amax: usize,
+    pub accumulate: bool,
+    pub fast_accum: bool,
+    pub sm_count: i32,
+    pub workspace: usize,
+    pub workspace_bytes: usize,
+}
+
+fn lt_type(d: DType) -> lt::cudaDataType_t {
+    use lt::cudaDataType_t as T;
+    match d {
+        DType::F32 => T::CUDA_R_32F,
+        DType::F16 => T::CUDA_R_16F,
+        DType::BF16 => T::CUDA_R_16BF,
+        DType::E4M3 => T::CUDA_R_8F_E4M3,
+        DType::E5M2 => T::CUDA_R_8F_E5M2,
+        // Rejected by validation before any descriptor is built.
+        _ => T::CUDA_R_32F,
+    }
+}
+
+fn require_data(b: &Buffer, what: &str) -> Result<()> {
+    if b.numel() > 0 && b.ptr == 0 {
+        invalid!("tensor `{what}` has shape {} but a NULL data pointer", b.shape);
+    }
+    Ok(())
+}
+
+fn two_d(b: &Buffer, what: &str) -> Result<(usize, usize)> {
+    b.rows_cols().ok_or_else(|| {
+        Error::invalid(format!("tensor `{what}` must have at least 2 dimensions, got shape {} (ndim {})", b.shape, b.shape.ndim))
+    })
+}
+
+/// The arguments of TE's nvte_cublas_gemm, resolved to tensors.
+pub struct TeGemm<'a> {
+    pub a: &'a Tensor,
+    pub b: &'a Tensor,
+    pub d: &'a Tensor,
+    pub bias: Option<&'a Tensor>,
+    pub pre_gelu_out: Option<&'a Tensor>,
+    pub transa: bool,
+    pub transb: bool,
+    pub grad: bool,
+    pub workspace: Option<&'a Tensor>,
+    pub accumulate: bool,
+    pub use_split_accumulator: bool,
+    pub math_sm_count: i32,
+}
+
+/// Validate TE's arguments and translate them into a [`GemmDesc`].
+pub fn desc_from_te(g: &TeGemm) -> Result<GemmDesc> {
+    let (ab, bb, db) = (&g.a.data, &g.b.data, &g.d.data);
+    if g.transa && g.transb {
+        invalid!("layout TT (transa = true, transb = true) is not allowed (TE supports TN, NN, NT)");
+    }
+    let (ar, ac) = two_d(ab, "A")?;
+    let (br, bc) = two_d(bb, "B")?;
+    let (dr, dc) = two_d(db, "D")?;
+    let (m, k) = if g.transa { (ar, ac) } else { (ac, ar) };
+    let (n, kb) = if g.transb { (bc, br) } else { (br, bc) };
+    if kb != k {
+        invalid!(
+            "inner dimensions differ: A {} with transa = {} gives k = {k}, but B {} with transb = {} gives k = {kb}",
+            ab.shape, g.transa, bb.shape, g.transb
+        );
+    }
+    if (dr, dc) != (n, m) {
+        invalid!("tensor `D` has shape {} but must be [n, m] = [{n}, {m}] for A {} and B {}", db.shape, ab.shape, bb.shape);
+    }
+    for (b, w) in [(ab, "A"), (bb, "B"), (db, "D")] {
+        require_data(b, w)?;
+    }
+    if g.math_sm_count < 0 {
+        invalid!("argument `math_sm_count` = {} must be >= 0", g.math_sm_count);
+    }
+    let lda = if g.transa { k } else { m };
+    let ldb = if g.transb { n } else { k };
+    let ldd = m;
+    for (x, w) in [(m, "m"), (n, "n"), (k, "k")] {
+        if x > i32::MAX as usize {
+            unsupported!("{w} = {x} exceeds cuBLASLt's 32-bit dimension limit");
+        }
+    }
+
+    // Element types.
+    let (at, bt, dt) = (ab.dtype, bb.dtype, db.dtype);
+    let fp8 = at.is_fp8() || bt.is_fp8();
+    let gemm_types = [DType::F32, DType::F16, DType::BF16, DType::E4M3, DType::E5M2];
+    for (t, w) in [(at, "A"), (bt, "B"), (dt, "D")] {
+        if !gemm_types.contains(&t) {
+            unsupported!("tensor `{w}` dtype {} is not supported by the GEMM (float32, float16, bfloat16, fp8 e4m3/e5m2)", t.name());
+        }
+    }
+    if fp8 {
+        if !(at.is_fp8() && bt.is_fp8()) {
+            unsupported!("mixed FP8 / non-FP8 inputs ({} x {}) are not supported by cuBLASLt: quantize both", at.name(), bt.name());
+        }
+        if at == DType::E5M2 && bt == DType::E5M2 {
+            unsupported!("FP8 GEMM with both inputs kNVTEFloat8E5M2 is not supported by cuBLASLt (use e4m3 for at least one)");
+        }
+        if !(g.transa && !g.transb) {
+            unsupported!("FP8 GEMM requires the TN layout (transa = true, transb = false) on Hopper; got transa = {}, transb = {}", g.transa, g.transb);
+        }
+        if k % 16 != 0 || m % 16 != 0 {
+            unsupported!("FP8 GEMM needs k and m to be multiples of 16 (cuBLASLt alignment); got m = {m}, k = {k}");
+        }
+    } else {
+        if at != bt {
+            unsupported!("A dtype {} and B dtype {} differ: non-FP8 GEMMs need equal input types", at.name(), bt.name());
+        }
+        if dt.is_fp8() {
+            unsupported!("FP8 output ({}) needs FP8 inputs", dt.name());
+        }
+        if dt != at && dt != DType::F32 {
+            unsupported!("output dtype {} with {} inputs is not supported: use {} or kNVTEFloat32", dt.name(), at.name(), at.name());
+        }
+    }
+
+    // FP8 scaling factors.
+    let scalar = |b: &Buffer, which: &str, name: &str| -> Result<usize> {
+        Tensor::scalar_ptr(b).ok_or_else(|| Error::invalid(format!("tensor `{which}` is FP8 but has no {name}")))
+    };
+    let a_scale_inv = if at.is_fp8() { scalar(&g.a.scale_inv, "A", "scale_inv (kNVTERowwiseScaleInv)")? } else { 0 };
+    let b_scale_inv = if bt.is_fp8() { scalar(&g.b.scale_inv, "B", "scale_inv (kNVTERowwiseScaleInv)")? } else { 0 };
+    let (d_scale, d_amax) = if dt.is_fp8() {
+        if g.accumulate {
+            unsupported!("accumulate = true is not supported with an FP8 output ({})", dt.name());
+        }
+        (scalar(&g.d.scale, "D", "scale (kNVTEScale)")?, Tensor::scalar_ptr(&g.d.amax).unwrap_or(0))
+    } else {
+        (0, 0)
+    };
+
+    // Epilogue inputs / outputs.
+    let bias = g.bias.map(|t| &t.data).filter(|b| b.ptr != 0);
+    let aux = g.pre_gelu_out.map(|t| &t.data).filter(|b| b.ptr != 0);
+    let epilogue = Epilogue::select(bias.is_some(), aux.is_some(), g.grad);
+    let (mut bias_ptr, mut bias_type) = (0, if dt.is_fp8() { DType::BF16 } else { dt });
+    if let Some(bb) = bias {
+        let want = if epilogue == Epilogue::BGradB { n } else { m };
+        if bb.numel() != want {
+            let what = if epilogue == Epilogue::BGradB { "n (bias gradient of B)" } else { "m" };
+            invalid!("tensor `bias` has {} elements (shape {}) but must have {what} = {want}", bb.numel(), bb.shape);
+        }
+        if fp8 {
+            if !matches!(bb.dtype, DType::BF16 | DType::F16 | DType::F32) {
+                unsupported!("bias dtype {} is not supported with FP8 inputs (use bfloat16 or float16)", bb.dtype.name());
+            }
+        } else if bb.dtype != dt {
+            unsupported!("bias dtype {} must equal the output dtype {} for non-FP8 GEMMs", bb.dtype.name(), dt.name());
+        }
+        bias_ptr = bb.ptr;
+        bias_type = bb.dtype;
+    }
+    let (mut aux_ptr, mut aux_type) = (0, dt);
+    if let Some(xb) = aux {
+        if xb.numel() != n * m {
+            invalid!("tensor `pre_gelu_out` has {} elements (shape {}) but must be [n, m] = [{n}, {m}]", xb.numel(), xb.shape);
+        }
+        if xb.dtype.is_fp8() {
+            unsupported!("an FP8 pre_gelu_out ({}) is not supported", xb.dtype.name());
+        }
+        if !fp8 && xb.dtype != dt {
+            unsupported!("pre_gelu_out dtype {} must equal the output dtype {} for non-FP8 GEMMs", xb.dtype.name(), dt.name());
+        }
+        if m % 8 != 0 {
+            unsupported!("GELU epilogues need m to be a multiple of 8 (cuBLASLt aux leading dimension); got m = {m}");
+        }
+        aux_ptr = xb.ptr;
+        aux_type = xb.dtype;
+    }
+
+    let (workspace, workspace_bytes) = match g.workspace {
+        Some(w) if w.data.ptr != 0 => (w.data.ptr, w.data.bytes()),
+        _ => (0, 0),
+    };
+    Ok(GemmDesc {
+        m,
+        n,
+        k,
+        a: ab.ptr,
+        b: bb.ptr,
+        d: db.ptr,
+        lda,
+        ldb,
+        ldd,
+        a_type: at,
+        b_type: bt,
+        d_type: dt,
+        transa: g.transa,
+        transb: g.transb,
+        epilogue,
+        bias: bias_ptr,
+        bias_type,
+        aux: aux_ptr,
+        aux_type,
+        a_scale_inv,
+        b_scale_inv,
+        d_scale,
+        d_amax,
+        accumulate: g.accumulate,
+        fast_accum: fp8 && !g.use_split_accumulator,
+        sm_count: g.math_sm_count,
+        workspace,
+        workspace_bytes,
+    })
+}
+
+fn lt_check(s: lt::cublasStatus_t, call: &str) -> Result<()> {
+    if s == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+        return Ok(());
+    }
+    // SAFETY: returns a static string.
+    let name = unsafe { std::ffi::CStr::from_ptr(lt::cublasLtGetStatusName(s)) }.to_string_lossy().into_owned();
+    let status = match s {
+        lt::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED => S::NVTE_COMM_ERROR_UNSUPPORTED,
+        lt::cublasStatus_t::CUBLAS_STATUS_ALLOC_FAILED => S::NVTE_COMM_ERROR_OUT_OF_MEMORY,
+        _ => S::NVTE_COMM_ERROR_CUBLAS,
+    };
+    Err(Error::new(status, format!("{call} failed: {name}")))
+}
+
+/// One cuBLASLt handle per context, created on first use and kept for the process.
+fn handle(ctx: usize) -> Result<lt::cublasLtHandle_t> {
+    static HANDLES: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
+    let mut g = HANDLES.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(&(_, h)) = g.iter().find(|(c, _)| *c == ctx) {
+        return Ok(h as lt::cublasLtHandle_t);
+    }
+    cuda::require(Lib::CublasLt)?;
+    let mut h: lt::cublasLtHandle_t = std::ptr::null_mut();
+    // SAFETY: out pointer; the context is current.
+    lt_check(unsafe { lt::cublasLtCreate(&mut h) }, "cublasLtCreate")?;
+    g.push((ctx, h as usize));
+    Ok(h)
+}
+
+fn alignment(p: usize) -> u32 {
+    if p == 0 { 256 } else { (1u32 << p.trailing_zeros().min(8)).min(256) }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+struct PlanKey {
+    ctx: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    lda: usize,
+    ldb: usize,
+    ldd: usize,
+    types: [DType; 5],
+    transa: bool,
+    transb: bool,
+    epilogue: Epilogue,
+    fp8_ptrs: [bool; 4],
+    fast_accum: bool,
+    sm_count: i32,
+    workspace_bytes: usize,
+    align: [u32; 4],
+}
+
+struct Plan {
+    desc: lt::cublasLtMatmulDesc_t,
+    a: lt::cublasLtMatrixLayout_t,
+    b: lt::cublasLtMatrixLayout_t,
+    c: lt::cublasLtMatrixLayout_t,
+    d: lt::cublasLtMatrixLayout_t,
+    algo: lt::cublasLtMatmulAlgo_t,
+}
+
+impl Plan {
+    fn destroy(&self) {
+        // SAFETY: descriptors created by `build`, destroyed once when evicted.
+        unsafe {
+            lt::cublasLtMatmulDescDestroy(self.desc);
+            for l in [self.a, self.b, self.c, self.d] {
+                lt::cublasLtMatrixLayoutDestroy(l);
+            }
+        }
+    }
+}
+
+const MAX_PLANS: usize = 512;
+
+thread_local! {
+    static PLANS: RefCell<HashMap<PlanKey, Plan>> = RefCell::new(HashMap::new());
+}
+
+fn set_attr<T>(desc: lt::cublasLtMatmulDesc_t, attr: lt::cublasLtMatmulDescAttributes_t, v: &T) -> Result<()> {
+    // SAFETY: `v` is a value of the type cuBLASLt documents for `attr`.
+    lt_check(
+        unsafe { lt::cublasLtMatmulDescSetAttribute(desc, attr, v as *const T as *const c_void, std::mem::size_of::<T>()) },
+        &format!("cublasLtMatmulDescSetAttribute({attr:?})"),
+    )
+}
+
+/// Set the per-call pointer attributes of a descriptor.
+fn set_pointers(desc: lt::cublasLtMatmulDesc_t, g: &GemmDesc) -> Result<()> {
+    use lt::cublasLtMatmulDescAttributes_t as A;
+    let ptr = |p: usize| p as *const c_void;
+    if g.epilogue.uses_bias() {
+        set_attr(desc, A::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ptr(g.bias))?;
+    }
+    if g.epilogue.uses_aux() {
+        set_attr(desc, A::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ptr(g.aux))?;
+    }
+    if g.a_scale_inv != 0 {
+        set_attr(desc, A::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &ptr(g.a_scale_inv))?;
+    }
+    if g.b_scale_inv != 0 {
+        set_attr(desc, A::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &ptr(g.b_scale_inv))?;
+    }
+    if g.d_scale != 0 {
+        set_attr(desc, A::CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, &ptr(g.d_scale))?;
+    }
+    if g.d_amax != 0 {
+        set_attr(desc, A::CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, &ptr(g.d_amax))?;
+    }
+    Ok(())
+}
+
+fn layout(t: DType, rows: usize, cols: usize, ld: usize) -> Result<lt::cublasLtMatrixLayout_t> {
+    let mut l: lt::cublasLtMatrixLayout_t = std::ptr::null_mut();
+    // SAFETY: out pointer.
+    lt_check(unsafe { lt::cublasLtMatrixLayoutCreate(&mut l, lt_type(t), rows as u64, cols as u64, ld as i64) }, "cublasLtMatrixLayoutCreate")?;
+    Ok(l)
+}
+
+fn c_type(g: &GemmDesc) -> DType {
+    // For an FP8 output cuBLASLt wants C typed like the bias (bf16 by default).
+    if g.d_type.is_fp8() { g.bias_type } else { g.d_type }
+}
+
+fn build(h: lt::cublasLtHandle_t, g: &GemmDesc, key: &PlanKey) -> Result<Plan> {
+    use lt::cublasLtMatmulDescAttributes_t as A;
+    use lt::cublasLtMatmulPreferenceAttributes_t as P;
+    let mut desc: lt::cublasLtMatmulDesc_t = std::ptr::null_mut();
+    // SAFETY: out pointer. Full fp32 compute (no TF32) for every input type, as TE.
+    lt_check(
+        unsafe { lt::cublasLtMatmulDescCreate(&mut desc, lt::cublasComputeType_t::CUBLAS_COMPUTE_32F, lt::cudaDataType_t::CUDA_R_32F) },
+        "cublasLtMatmulDescCreate",
+    )?;
+    let mut plan = Plan {
+        desc,
+        a: std::ptr::null_mut(),
+        b: std::ptr::null_mut(),
+        c: std::ptr::null_mut(),
+        d: std::ptr::null_mut(),
+        algo: lt::cublasLtMatmulAlgo_t { data: [0; 8] },
+    };
+    let r = (|| {
+        let (ta, tb) = (g.transa as i32, g.transb as i32);
+        set_attr(desc, A::CUBLASLT_MATMUL_DESC_TRANSA, &ta)?;
+        set_attr(desc, A::CUBLASLT_MATMUL_DESC_TRANSB, &tb)?;
+        if g.sm_count > 0 {
+            set_attr(desc, A::CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &g.sm_count)?;
+        }
+        if g.a_type.is_fp8() {
+            let fast: i8 = g.fast_accum as i8;
+            set_attr(desc, A::CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast)?;
+        }
+        let epi = g.epilogue.to_lt();
+        set_attr(desc, A::CUBLASLT_MATMUL_DESC_EPILOGUE, &epi)?;
+        if g.epilogue.uses_bias() && (g.a_type.is_fp8() || g.bias_type != g.d_type) {
+            let bt = lt_type(g.bias_type);
+            set_attr(desc, A::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt)?;
+        }
+        if g.epilogue.uses_aux() {
+            let ld = g.ldd as i64;
+            set_attr(desc, A::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld)?;
+            if g.aux_type != g.d_type {
+                let at = lt_type(g.aux_type);
+                set_attr(desc, A::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &at)?;
+            }
+        }
+        set_pointers(desc, g)?;
+        let (ar, ac) = if g.transa { (g.k, g.m) } else { (g.m, g.k) };
+        let (br, bc) = if g.transb { (g.n, g.k) } else { (g.k, g.n) };
+        plan.a = layout(g.a_type, ar, ac, g.lda)?;
+        plan.b = layout(g.b_type, br, bc, g.ldb)?;
+        plan.c = layout(c_type(g), g.m, g.n, g.ldd)?;
+        plan.d = layout(g.d_type, g.m, g.n, g.ldd)?;
+
+        let mut pref: lt::cublasLtMatmulPreference_t = std::ptr::null_mut();
+        // SAFETY: out pointer.
+        lt_check(unsafe { lt::cublasLtMatmulPreferenceCreate(&mut pref) }, "cublasLtMatmulPreferenceCreate")?;
+        let set_pref = |a: P, v: u64| -> Result<()> {
+            let v32 = v as u32;
+            let (p, n) = if a == P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES {
+                (&v as *const u64 as *const c_void, 8)
+            } else {
+                (&v32 as *const u32 as *const c_void, 4)
+            };
+            // SAFETY: value of the documented type (u64 workspace size, u32 alignments).
+            lt_check(unsafe { lt::cublasLtMatmulPreferenceSetAttribute(pref, a, p, n) }, "cublasLtMatmulPreferenceSetAttribute")
+        };
+        let res = (|| {
+            set_pref(P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, g.workspace_bytes as u64)?;
+            set_pref(P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align[0] as u64)?;
+            set_pref(P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align[1] as u64)?;
+            set_pref(P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align[2] as u64)?;
+            set_pref(P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align[3] as u64)?;
+            // SAFETY: zeroed POD result struct.
+            let mut result: lt::cublasLtMatmulHeuristicResult_t = unsafe { std::mem::zeroed() };
+            let mut count = 0;
+            // SAFETY: all descriptors are valid.
+            let s = unsafe {
+                lt::cublasLtMatmulAlgoGetHeuristic(h, desc, plan.a, plan.b, plan.c, plan.d, pref, 1, &mut result, &mut count)
+            };
+            if s == lt::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED || (s == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS && count == 0) {
+                unsupported!(
+                    "cuBLASLt has no algorithm for this GEMM: {} x {} -> {}, {}{} m={} n={} k={}, epilogue {:?}, workspace {} bytes",
+                    g.a_type.name(),
+                    g.b_type.name(),
+                    g.d_type.name(),
+                    if g.transa { "T" } else { "N" },
+                    if g.transb { "T" } else { "N" },
+                    g.m,
+                    g.n,
+                    g.k,
+                    g.epilogue,
+                    g.workspace_bytes
+                );
+            }
+            lt_check(s, "cublasLtMatmulAlgoGetHeuristic")?;
+            plan.algo = result.algo;
+            Ok(())
+        })();
+        // SAFETY: created above.
+        unsafe { lt::cublasLtMatmulPreferenceDestroy(pref) };
+        res
+    })();
+    match r {
+        Ok(()) => Ok(plan),
+        Err(e) => {
+            plan.destroy();
+            Err(e)
+        }
+    }
+}
+
+/// Run a validated GEMM on `stream`. The stream's context must be current.
+pub fn run(g: &GemmDesc, guard: &ContextGuard, stream: usize) -> Result<()> {
+    if g.m == 0 || g.n == 0 {
+        return Ok(());
+    }
+    if g.k == 0 {
+        if g.epilogue != Epilogue::None {
+            unsupported!("k = 0 with an epilogue ({:?}) is not supported", g.epilogue);
+        }
+        if !g.accumulate {
+            let bytes = g.ldd * (g.n - 1) * g.d_type.bits() / 8 + g.m * g.d_type.bits() / 8;
+            // SAFETY: D spans these bytes per validation.
+            cuda::check(
+                unsafe { cudarc::driver::sys::cuMemsetD8Async(g.d as u64, 0, bytes, stream as cudarc::driver::sys::CUstream) },
+                "cuMemsetD8Async(D)",
+            )?;
+        }
+        return Ok(());
+    }
+    let h = handle(guard.ctx)?;
+    let key = PlanKey {
+        ctx: guard.ctx,
+        m: g.m,
+        n: g.n,
+        k: g.k,
+        lda: g.lda,
+        ldb: g.ldb,
+        ldd: g.ldd,
+        types: [g.a_type, g.b_type, g.d_type, g.bias_type, g.aux_type],
+        transa: g.transa,
+        transb: g.transb,
+        epilogue: g.epilogue,
+        fp8_ptrs: [g.a_scale_inv != 0, g.b_scale_inv != 0, g.d_scale != 0, g.d_amax != 0],
+        fast_accum: g.fast_accum,
+        sm_count: g.sm_count,
+        workspace_bytes: g.workspace_bytes,
+        align: [alignment(g.a), alignment(g.b), alignment(g.d), alignment(g.d)],
+    };
+    PLANS.with(|plans| {
+        let mut plans = plans.borrow_mut();
+        if !plans.contains_key(&key) {
+            if plans.len() >= MAX_PLANS {
+                for (_, p) in plans.drain() {
+                    p.destroy();
+                }
+            }
+            let p = build(h, g, &key)?;
+            plans.insert(key, p);
+        } else {
+            set_pointers(plans[&key].desc, g)?;
+        }
+        let p = &plans[&key];
+        let alpha = 1.0f32;
+        let beta = if g.accumulate { 1.0f32 } else { 0.0f32 };
+        let c = if g.d_type.is_fp8() { std::ptr::null() } else { g.d as *const c_void };
+        // SAFETY: descriptors match the pointers validated in desc_from_te.
+        let s = unsafe {
+            lt::cublasLtMatmul(
+                h,
+                p.desc,
+                &alpha as *const f32 as *const c_void,
+                g.a as *const c_void,
+                p.a,
+                g.b as *const c_void,
+                p.b,
+                &beta as *const f32 as *const c_void,
+                c,
+                p.c,
+                g.d as *mut c_void,
+                p.d,
+                &p.algo,
+                g.workspace as *mut c_void,
+                g.workspace_bytes,
+                stream as lt::cudaStream_t,
+            )
+        };
+        lt_check(s, "cublasLtMatmul")
+    })
+}
+
+/// TE's nvte_cublas_gemm.
+pub fn cublas_gemm(args: &TeGemm, stream: usize) -> Result<()> {
+    let g = desc_from_te(args)?;
+    let guard = ContextGuard::for_stream(stream)?;
+    run(&g, &guard, stream)
+}

@@ -1,0 +1,12 @@
+//! transformer_engine_comm: tensor-parallel communication/GEMM overlap for NVIDIA GPUs
+//! behind a Transformer-Engine-compatible C ABI.
+//!
+//! Layout: `ffi` (the only `extern "C"` code), `tensor` (TE tensors and handles),
+//! `gemm` (cuBLASLt), `cuda` (driver, NVRTC, contexts), `kernels` (typed launches of
+//! `kernels/*.cu`), `error` (status + message model).
+pub mod cuda;
+pub mod error;
+pub mod ffi;
+pub mod gemm;
+pub mod kernels;
+pub mod tensor;
