@@ -35,6 +35,11 @@ fn main() {
     println!("cargo:rerun-if-changed=src");
     println!("cargo:rerun-if-changed=cbindgen.toml");
     println!("cargo:rerun-if-changed=build.rs");
+    // A proper SONAME, so that executables record "libtransformer_engine_comm.so"
+    // rather than the path they were linked against.
+    if std::env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("linux") {
+        println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libtransformer_engine_comm.so");
+    }
 
     let enums: String = include!("src/ffi/c_enums.in");
     let mut config = cbindgen::Config::from_file(crate_dir.join("cbindgen.toml"))

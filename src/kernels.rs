@@ -58,10 +58,10 @@ pub fn quantize(input: &Tensor, output: &Tensor, stream: usize) -> Result<()> {
     if o.dtype.is_fp8() && Tensor::scalar_ptr(&output.scale).is_none() {
         invalid!("tensor `output` is {} but has no scale (set kNVTEScale)", o.dtype.name());
     }
-    let guard = ContextGuard::for_stream(stream)?;
     if i.numel() == 0 {
         return Ok(());
     }
+    let guard = ContextGuard::for_stream(stream)?;
     let (f, sms) = function(&guard, format!("quantize_{}_{oname}", short(i.dtype).unwrap()))?;
     let n = i.numel() as u64;
     let (src, dst) = (i.ptr, o.ptr);
@@ -87,10 +87,10 @@ pub fn dequantize(input: &Tensor, output: &Tensor, stream: usize) -> Result<()> 
     if Tensor::scalar_ptr(&input.scale_inv).is_none() {
         invalid!("tensor `input` is {} but has no scale_inv (set kNVTERowwiseScaleInv)", i.dtype.name());
     }
-    let guard = ContextGuard::for_stream(stream)?;
     if i.numel() == 0 {
         return Ok(());
     }
+    let guard = ContextGuard::for_stream(stream)?;
     let (f, sms) = function(&guard, format!("dequantize_{}_{}", short(i.dtype).unwrap(), short(o.dtype).unwrap()))?;
     let n = i.numel() as u64;
     let (src, dst, sinv) = (i.ptr, o.ptr, opt_ptr(&input.scale_inv));
@@ -109,10 +109,10 @@ pub fn fill_uniform(t: &Tensor, seed: u64, lo: f32, hi: f32, stream: usize) -> R
         invalid!("arguments `lo` = {lo}, `hi` = {hi} must be finite with lo <= hi");
     }
     need_data(b, "tensor")?;
-    let guard = ContextGuard::for_stream(stream)?;
     if b.numel() == 0 {
         return Ok(());
     }
+    let guard = ContextGuard::for_stream(stream)?;
     let (f, sms) = function(&guard, format!("fill_uniform_{name}"))?;
     let n = b.numel() as u64;
     let dst = b.ptr;

@@ -93,6 +93,12 @@ pub fn compile(src: &Source, arch: &str) -> Result<Arc<Vec<u8>>> {
     Ok(cubin)
 }
 
+/// Compile `src` for `arch` now, bypassing both caches.
+pub fn compile_fresh(src: &Source, arch: &str) -> Result<Vec<u8>> {
+    require(Lib::Nvrtc)?;
+    compile_uncached(src, &options(arch))
+}
+
 fn compile_uncached(src: &Source, opts: &[String]) -> Result<Vec<u8>> {
     let code = CString::new(src.code).map_err(|_| Error::internal("kernel source contains NUL"))?;
     let name = CString::new(src.name).unwrap();

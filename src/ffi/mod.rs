@@ -78,3 +78,27 @@ pub(crate) fn firewall<T>(func: &'static str, on_error: T, f: impl FnOnce() -> R
 pub(crate) fn status_call(func: &'static str, f: impl FnOnce() -> Result<()>) -> NVTECommStatus {
     firewall_with(func, |e| e.status, || f().map(|_| NVTECommStatus::NVTE_COMM_SUCCESS))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn firewall_turns_panics_into_internal_errors() {
+        let s = status_call("nvte_test_panic", || panic!("boom {}", 42));
+        assert_eq!(s, NVTECommStatus::NVTE_COMM_ERROR_INTERNAL);
+        let msg = crate::error::last_error_string();
+        assert!(msg.starts_with("nvte_test_panic: internal error (caught panic): boom 42"), "{msg}");
+        // The next call clears it.
+        assert_eq!(status_call("nvte_test_ok", || Ok(())), NVTECommStatus::NVTE_COMM_SUCCESS);
+        assert_eq!(crate::error::last_error_string(), "");
+    }
+
+    #[test]
+    fn firewall_reports_the_error_status_and_message() {
+        let s = status_call("nvte_test_err", || crate::invalid!("argument `x` = {} is bad", 7));
+        assert_eq!(s, NVTECommStatus::NVTE_COMM_ERROR_INVALID_ARGUMENT);
+        assert_eq!(crate::error::last_error_string(), "nvte_test_err: argument `x` = 7 is bad");
+        assert_eq!(crate::error::last_status(), NVTECommStatus::NVTE_COMM_ERROR_INVALID_ARGUMENT);
+    }
+}

@@ -609,6 +609,9 @@ pub fn run(g: &GemmDesc, guard: &ContextGuard, stream: usize) -> Result<()> {
 /// TE's nvte_cublas_gemm.
 pub fn cublas_gemm(args: &TeGemm, stream: usize) -> Result<()> {
     let g = desc_from_te(args)?;
+    if g.m == 0 || g.n == 0 {
+        return Ok(()); // empty output: nothing to launch (and no device needed)
+    }
     let guard = ContextGuard::for_stream(stream)?;
     run(&g, &guard, stream)
 }
