@@ -14,7 +14,10 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
     pub fn new(status: NVTECommStatus, msg: impl Into<String>) -> Self {
-        Error { status, msg: msg.into() }
+        Error {
+            status,
+            msg: msg.into(),
+        }
     }
     pub fn invalid(msg: impl Into<String>) -> Self {
         Self::new(NVTECommStatus::NVTE_COMM_ERROR_INVALID_ARGUMENT, msg)

@@ -31,7 +31,10 @@ fn function(guard: &ContextGuard, name: String) -> Result<(cudarc::driver::sys::
 
 fn need_data(b: &Buffer, what: &str) -> Result<()> {
     if b.numel() > 0 && b.ptr == 0 {
-        invalid!("tensor `{what}` has {} elements but a NULL data pointer", b.numel());
+        invalid!(
+            "tensor `{what}` has {} elements but a NULL data pointer",
+            b.numel()
+        );
     }
     Ok(())
 }
@@ -45,57 +48,124 @@ fn opt_ptr(b: &Buffer) -> usize {
 pub fn quantize(input: &Tensor, output: &Tensor, stream: usize) -> Result<()> {
     let (i, o) = (&input.data, &output.data);
     if i.numel() != o.numel() {
-        invalid!("tensor `input` has {} elements ({}) but `output` has {} ({})", i.numel(), i.shape, o.numel(), o.shape);
+        invalid!(
+            "tensor `input` has {} elements ({}) but `output` has {} ({})",
+            i.numel(),
+            i.shape,
+            o.numel(),
+            o.shape
+        );
     }
     if !matches!(i.dtype, DType::F32 | DType::BF16 | DType::F16) {
-        unsupported!("tensor `input` dtype {} is not supported: expected kNVTEFloat32, kNVTEBFloat16 or kNVTEFloat16", i.dtype.name());
+        unsupported!(
+            "tensor `input` dtype {} is not supported: expected kNVTEFloat32, kNVTEBFloat16 or kNVTEFloat16",
+            i.dtype.name()
+        );
     }
     let Some(oname) = short(o.dtype) else {
-        unsupported!("tensor `output` dtype {} is not supported: expected an FP8 type or kNVTEFloat32/BFloat16/Float16", o.dtype.name());
+        unsupported!(
+            "tensor `output` dtype {} is not supported: expected an FP8 type or kNVTEFloat32/BFloat16/Float16",
+            o.dtype.name()
+        );
     };
     need_data(i, "input")?;
     need_data(o, "output")?;
     if o.dtype.is_fp8() && Tensor::scalar_ptr(&output.scale).is_none() {
-        invalid!("tensor `output` is {} but has no scale (set kNVTEScale)", o.dtype.name());
+        invalid!(
+            "tensor `output` is {} but has no scale (set kNVTEScale)",
+            o.dtype.name()
+        );
     }
     if i.numel() == 0 {
         return Ok(());
     }
     let guard = ContextGuard::for_stream(stream)?;
-    let (f, sms) = function(&guard, format!("quantize_{}_{oname}", short(i.dtype).unwrap()))?;
+    let (f, sms) = function(
+        &guard,
+        format!("quantize_{}_{oname}", short(i.dtype).unwrap()),
+    )?;
     let n = i.numel() as u64;
     let (src, dst) = (i.ptr, o.ptr);
-    let (scale, amax, sinv) = (opt_ptr(&output.scale), opt_ptr(&output.amax), opt_ptr(&output.scale_inv));
-    let mut args = [arg(&src), arg(&dst), arg(&n), arg(&scale), arg(&amax), arg(&sinv)];
-    cuda::launch(f, (grid_for(i.numel(), sms), 1, 1), (BLOCK, 1, 1), 0, stream, &mut args, "quantize")
+    let (scale, amax, sinv) = (
+        opt_ptr(&output.scale),
+        opt_ptr(&output.amax),
+        opt_ptr(&output.scale_inv),
+    );
+    let mut args = [
+        arg(&src),
+        arg(&dst),
+        arg(&n),
+        arg(&scale),
+        arg(&amax),
+        arg(&sinv),
+    ];
+    cuda::launch(
+        f,
+        (grid_for(i.numel(), sms), 1, 1),
+        (BLOCK, 1, 1),
+        0,
+        stream,
+        &mut args,
+        "quantize",
+    )
 }
 
 /// TE's nvte_dequantize: output = cast(input * input.scale_inv) from FP8.
 pub fn dequantize(input: &Tensor, output: &Tensor, stream: usize) -> Result<()> {
     let (i, o) = (&input.data, &output.data);
     if i.numel() != o.numel() {
-        invalid!("tensor `input` has {} elements ({}) but `output` has {} ({})", i.numel(), i.shape, o.numel(), o.shape);
+        invalid!(
+            "tensor `input` has {} elements ({}) but `output` has {} ({})",
+            i.numel(),
+            i.shape,
+            o.numel(),
+            o.shape
+        );
     }
     if !i.dtype.is_fp8() {
-        unsupported!("tensor `input` dtype {} is not supported: expected kNVTEFloat8E4M3 or kNVTEFloat8E5M2", i.dtype.name());
+        unsupported!(
+            "tensor `input` dtype {} is not supported: expected kNVTEFloat8E4M3 or kNVTEFloat8E5M2",
+            i.dtype.name()
+        );
     }
     if !matches!(o.dtype, DType::F32 | DType::BF16 | DType::F16) {
-        unsupported!("tensor `output` dtype {} is not supported: expected kNVTEFloat32, kNVTEBFloat16 or kNVTEFloat16", o.dtype.name());
+        unsupported!(
+            "tensor `output` dtype {} is not supported: expected kNVTEFloat32, kNVTEBFloat16 or kNVTEFloat16",
+            o.dtype.name()
+        );
     }
     need_data(i, "input")?;
     need_data(o, "output")?;
     if Tensor::scalar_ptr(&input.scale_inv).is_none() {
-        invalid!("tensor `input` is {} but has no scale_inv (set kNVTERowwiseScaleInv)", i.dtype.name());
+        invalid!(
+            "tensor `input` is {} but has no scale_inv (set kNVTERowwiseScaleInv)",
+            i.dtype.name()
+        );
     }
     if i.numel() == 0 {
         return Ok(());
     }
     let guard = ContextGuard::for_stream(stream)?;
-    let (f, sms) = function(&guard, format!("dequantize_{}_{}", short(i.dtype).unwrap(), short(o.dtype).unwrap()))?;
+    let (f, sms) = function(
+        &guard,
+        format!(
+            "dequantize_{}_{}",
+            short(i.dtype).unwrap(),
+            short(o.dtype).unwrap()
+        ),
+    )?;
     let n = i.numel() as u64;
     let (src, dst, sinv) = (i.ptr, o.ptr, opt_ptr(&input.scale_inv));
     let mut args = [arg(&src), arg(&dst), arg(&n), arg(&sinv)];
-    cuda::launch(f, (grid_for(i.numel(), sms), 1, 1), (BLOCK, 1, 1), 0, stream, &mut args, "dequantize")
+    cuda::launch(
+        f,
+        (grid_for(i.numel(), sms), 1, 1),
+        (BLOCK, 1, 1),
+        0,
+        stream,
+        &mut args,
+        "dequantize",
+    )
 }
 
 /// Fill a tensor with uniform random values in [lo, hi) from a counter-based generator:
@@ -103,7 +173,10 @@ pub fn dequantize(input: &Tensor, output: &Tensor, stream: usize) -> Result<()> 
 pub fn fill_uniform(t: &Tensor, seed: u64, lo: f32, hi: f32, stream: usize) -> Result<()> {
     let b = &t.data;
     let Some(name) = short(b.dtype) else {
-        unsupported!("tensor dtype {} is not supported by fill_uniform: expected a float type", b.dtype.name());
+        unsupported!(
+            "tensor dtype {} is not supported by fill_uniform: expected a float type",
+            b.dtype.name()
+        );
     };
     if !(lo.is_finite() && hi.is_finite() && lo <= hi) {
         invalid!("arguments `lo` = {lo}, `hi` = {hi} must be finite with lo <= hi");
@@ -117,5 +190,13 @@ pub fn fill_uniform(t: &Tensor, seed: u64, lo: f32, hi: f32, stream: usize) -> R
     let n = b.numel() as u64;
     let dst = b.ptr;
     let mut args = [arg(&dst), arg(&n), arg(&seed), arg(&lo), arg(&hi)];
-    cuda::launch(f, (grid_for(b.numel(), sms), 1, 1), (BLOCK, 1, 1), 0, stream, &mut args, "fill_uniform")
+    cuda::launch(
+        f,
+        (grid_for(b.numel(), sms), 1, 1),
+        (BLOCK, 1, 1),
+        0,
+        stream,
+        &mut args,
+        "fill_uniform",
+    )
 }

@@ -88,7 +88,10 @@ impl Shape {
         if dims.len() > MAX_DIMS {
             invalid!("ndim {} exceeds the maximum of {MAX_DIMS}", dims.len());
         }
-        let mut s = Shape { dims: [0; MAX_DIMS], ndim: dims.len() };
+        let mut s = Shape {
+            dims: [0; MAX_DIMS],
+            ndim: dims.len(),
+        };
         s.dims[..dims.len()].copy_from_slice(dims);
         Ok(s)
     }
@@ -97,9 +100,15 @@ impl Shape {
     }
     /// Number of elements, or an error when the product overflows.
     pub fn checked_numel(&self) -> Result<usize> {
-        self.as_slice().iter().try_fold(1usize, |acc, &d| acc.checked_mul(d)).ok_or_else(|| {
-            Error::invalid(format!("shape {:?} overflows: its element count exceeds usize", self.as_slice()))
-        })
+        self.as_slice()
+            .iter()
+            .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "shape {:?} overflows: its element count exceeds usize",
+                    self.as_slice()
+                ))
+            })
     }
 }
 
@@ -119,7 +128,11 @@ pub struct Buffer {
 
 impl Default for Buffer {
     fn default() -> Self {
-        Buffer { ptr: 0, dtype: DType::F32, shape: Shape::new(&[0]).unwrap() }
+        Buffer {
+            ptr: 0,
+            dtype: DType::F32,
+            shape: Shape::new(&[0]).unwrap(),
+        }
     }
 }
 
@@ -128,7 +141,10 @@ impl Buffer {
     pub fn new(ptr: usize, dtype: DType, shape: Shape) -> Result<Buffer> {
         let numel = shape.checked_numel()?;
         if numel.checked_mul(dtype.bits()).is_none() {
-            invalid!("shape {shape} of {} overflows: its byte size exceeds usize", dtype.name());
+            invalid!(
+                "shape {shape} of {} overflows: its byte size exceeds usize",
+                dtype.name()
+            );
         }
         Ok(Buffer { ptr, dtype, shape })
     }
@@ -199,15 +215,25 @@ impl Tensor {
                 | NVTETensorParam::kNVTEColumnwiseScaleInv
                 | NVTETensorParam::kNVTEColumnwiseAmax
         );
-        if is_scalar_param && self.scaling_mode == NVTEScalingMode::NVTE_DELAYED_TENSOR_SCALING.0 && b.dtype != DType::F32 {
-            invalid!("{p} of a delayed-scaling tensor must be kNVTEFloat32, got {}", b.dtype.name());
+        if is_scalar_param
+            && self.scaling_mode == NVTEScalingMode::NVTE_DELAYED_TENSOR_SCALING.0
+            && b.dtype != DType::F32
+        {
+            invalid!(
+                "{p} of a delayed-scaling tensor must be kNVTEFloat32, got {}",
+                b.dtype.name()
+            );
         }
         *self.param_mut(p)? = b;
         Ok(())
     }
     /// Device pointer of a float32 scalar component, if set.
     pub fn scalar_ptr(b: &Buffer) -> Option<usize> {
-        if b.ptr != 0 && b.numel() >= 1 { Some(b.ptr) } else { None }
+        if b.ptr != 0 && b.numel() >= 1 {
+            Some(b.ptr)
+        } else {
+            None
+        }
     }
 }
 
@@ -221,14 +247,22 @@ pub fn create(scaling_mode: NVTEScalingMode) -> Result<usize> {
     match scaling_mode {
         NVTEScalingMode::NVTE_DELAYED_TENSOR_SCALING => {}
         m if m.name().is_some() && m != NVTEScalingMode::NVTE_INVALID_SCALING => {
-            crate::unsupported!("scaling mode {m} is not supported: only NVTE_DELAYED_TENSOR_SCALING (per-tensor) is implemented")
+            crate::unsupported!(
+                "scaling mode {m} is not supported: only NVTE_DELAYED_TENSOR_SCALING (per-tensor) is implemented"
+            )
         }
         m => invalid!("scaling_mode {m} is not a valid NVTEScalingMode"),
     }
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
     let handle = (id << 8) | HANDLE_TAG;
-    let t = Tensor { scaling_mode: scaling_mode.0, ..Default::default() };
-    REGISTRY.write().unwrap_or_else(|e| e.into_inner()).insert(handle, t);
+    let t = Tensor {
+        scaling_mode: scaling_mode.0,
+        ..Default::default()
+    };
+    REGISTRY
+        .write()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(handle, t);
     Ok(handle)
 }
 
@@ -247,7 +281,11 @@ fn not_live(h: usize, what: &str) -> Error {
 
 pub fn destroy(h: usize, what: &str) -> Result<()> {
     check_handle(h, what)?;
-    match REGISTRY.write().unwrap_or_else(|e| e.into_inner()).remove(&h) {
+    match REGISTRY
+        .write()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&h)
+    {
         Some(_) => Ok(()),
         None => Err(not_live(h, what)),
     }
@@ -256,12 +294,21 @@ pub fn destroy(h: usize, what: &str) -> Result<()> {
 /// A snapshot of the tensor behind a handle.
 pub fn get(h: usize, what: &str) -> Result<Tensor> {
     check_handle(h, what)?;
-    REGISTRY.read().unwrap_or_else(|e| e.into_inner()).get(&h).cloned().ok_or_else(|| not_live(h, what))
+    REGISTRY
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&h)
+        .cloned()
+        .ok_or_else(|| not_live(h, what))
 }
 
 /// A snapshot of an optional tensor: NULL gives None.
 pub fn get_opt(h: usize, what: &str) -> Result<Option<Tensor>> {
-    if h == 0 { Ok(None) } else { get(h, what).map(Some) }
+    if h == 0 {
+        Ok(None)
+    } else {
+        get(h, what).map(Some)
+    }
 }
 
 pub fn update<R>(h: usize, what: &str, f: impl FnOnce(&mut Tensor) -> Result<R>) -> Result<R> {

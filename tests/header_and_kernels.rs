@@ -4,7 +4,11 @@ use transformer_engine_comm::cuda::{self, Lib, nvrtc};
 use transformer_engine_comm::ffi::{NVTECommStatus, NVTEDType, NVTEScalingMode, NVTETensorParam};
 
 fn header() -> String {
-    std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/include/transformer_engine_comm.h")).unwrap()
+    std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/include/transformer_engine_comm.h"
+    ))
+    .unwrap()
 }
 
 #[test]
@@ -17,9 +21,15 @@ fn header_declares_every_enum_value() {
         ("NVTECommStatus", NVTECommStatus::ALL),
     ];
     for (ty, values) in tables {
-        assert!(h.contains(&format!("typedef enum {ty} {{")), "{ty} is not a C enum in the header");
+        assert!(
+            h.contains(&format!("typedef enum {ty} {{")),
+            "{ty} is not a C enum in the header"
+        );
         for (name, v) in values {
-            assert!(h.contains(&format!("  {name} = {v},")), "{ty}::{name} = {v} missing from the header");
+            assert!(
+                h.contains(&format!("  {name} = {v},")),
+                "{ty}::{name} = {v} missing from the header"
+            );
         }
     }
     // TE's values, spot-checked independently of the table.
@@ -54,11 +64,16 @@ fn kernels_compile_for_hopper_with_nvrtc() {
             std::env::var_os("NVTE_COMM_REQUIRE_NVRTC").is_none(),
             "NVTE_COMM_REQUIRE_NVRTC is set but NVRTC cannot be loaded"
         );
-        eprintln!("SKIPPED kernels_compile_for_hopper_with_nvrtc: libnvrtc not found (scripts/install-deps.sh provides it)");
+        eprintln!(
+            "SKIPPED kernels_compile_for_hopper_with_nvrtc: libnvrtc not found (scripts/install-deps.sh provides it)"
+        );
         return;
     }
     // Always a real compilation (no disk cache), for the exact Hopper target.
-    let cubin = nvrtc::compile_fresh(&nvrtc::CAST, "sm_90a").expect("kernels/cast.cu must compile for sm_90a");
-    assert!(cubin.len() > 1000 && &cubin[..4] == b"\x7fELF", "NVRTC did not return an ELF cubin");
+    let cubin = nvrtc::compile_fresh(&nvrtc::CAST, "sm_90a")
+        .expect("kernels/cast.cu must compile for sm_90a");
+    assert!(
+        cubin.len() > 1000 && &cubin[..4] == b"\x7fELF",
+        "NVRTC did not return an ELF cubin"
+    );
 }
-

@@ -24,8 +24,12 @@ impl Lib {
     pub fn describe(self) -> &'static str {
         match self {
             Lib::Driver => "the CUDA driver (libcuda.so.1, from the NVIDIA driver)",
-            Lib::CublasLt => "cuBLASLt (libcublasLt.so.13, from the CUDA toolkit or the nvidia-cublas wheel)",
-            Lib::Nvrtc => "NVRTC (libnvrtc.so.13, from the CUDA toolkit or the nvidia-cuda-nvrtc wheel)",
+            Lib::CublasLt => {
+                "cuBLASLt (libcublasLt.so.13, from the CUDA toolkit or the nvidia-cublas wheel)"
+            }
+            Lib::Nvrtc => {
+                "NVRTC (libnvrtc.so.13, from the CUDA toolkit or the nvidia-cuda-nvrtc wheel)"
+            }
             Lib::Nccl => "NCCL (libnccl.so, from libnccl-dev or the nvidia-nccl wheel)",
         }
     }
@@ -47,13 +51,19 @@ impl Lib {
 pub fn require(lib: Lib) -> Result<()> {
     static PRESENT: Mutex<Option<HashMap<Lib, bool>>> = Mutex::new(None);
     let mut g = PRESENT.lock().unwrap_or_else(|e| e.into_inner());
-    let ok = *g.get_or_insert_with(HashMap::new).entry(lib).or_insert_with(|| lib.present());
+    let ok = *g
+        .get_or_insert_with(HashMap::new)
+        .entry(lib)
+        .or_insert_with(|| lib.present());
     if ok {
         Ok(())
     } else {
         Err(Error::new(
             S::NVTE_COMM_ERROR_LIBRARY_NOT_FOUND,
-            format!("could not load {}: not found on the library search path (set LD_LIBRARY_PATH)", lib.describe()),
+            format!(
+                "could not load {}: not found on the library search path (set LD_LIBRARY_PATH)",
+                lib.describe()
+            ),
         ))
     }
 }
@@ -71,7 +81,9 @@ pub fn error_name(r: cu::CUresult) -> String {
     let ok = unsafe { cu::cuGetErrorName(r, &mut p) } == cu::CUresult::CUDA_SUCCESS;
     if ok && !p.is_null() {
         // SAFETY: static NUL-terminated string owned by the driver.
-        unsafe { std::ffi::CStr::from_ptr(p) }.to_string_lossy().into_owned()
+        unsafe { std::ffi::CStr::from_ptr(p) }
+            .to_string_lossy()
+            .into_owned()
     } else {
         format!("{r:?}")
     }
@@ -82,8 +94,15 @@ pub fn check(r: cu::CUresult, call: &str) -> Result<()> {
     if r == cu::CUresult::CUDA_SUCCESS {
         return Ok(());
     }
-    let status = if r == cu::CUresult::CUDA_ERROR_OUT_OF_MEMORY { S::NVTE_COMM_ERROR_OUT_OF_MEMORY } else { S::NVTE_COMM_ERROR_CUDA };
-    Err(Error::new(status, format!("{call} failed: {} ({})", error_name(r), r as i32)))
+    let status = if r == cu::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+        S::NVTE_COMM_ERROR_OUT_OF_MEMORY
+    } else {
+        S::NVTE_COMM_ERROR_CUDA
+    };
+    Err(Error::new(
+        status,
+        format!("{call} failed: {} ({})", error_name(r), r as i32),
+    ))
 }
 
 /// cuInit once per process; the result (success or the reason) is remembered.
@@ -118,20 +137,32 @@ impl DeviceInfo {
     /// NVRTC architecture: the arch-specific variant (sm_90a) where one exists.
     pub fn nvrtc_arch(&self) -> String {
         let base = format!("sm_{}{}", self.cc_major, self.cc_minor);
-        if self.cc_major >= 9 { format!("{base}a") } else { base }
+        if self.cc_major >= 9 {
+            format!("{base}a")
+        } else {
+            base
+        }
     }
 }
 
 fn attr(dev: cu::CUdevice, a: cu::CUdevice_attribute) -> Result<i32> {
     let mut v = 0;
     // SAFETY: plain driver call with an out pointer.
-    check(unsafe { cu::cuDeviceGetAttribute(&mut v, a, dev) }, "cuDeviceGetAttribute")?;
+    check(
+        unsafe { cu::cuDeviceGetAttribute(&mut v, a, dev) },
+        "cuDeviceGetAttribute",
+    )?;
     Ok(v)
 }
 
 pub fn device_info(ordinal: i32) -> Result<DeviceInfo> {
     static CACHE: Mutex<Vec<DeviceInfo>> = Mutex::new(Vec::new());
-    if let Some(d) = CACHE.lock().unwrap_or_else(|e| e.into_inner()).iter().find(|d| d.ordinal == ordinal) {
+    if let Some(d) = CACHE
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .find(|d| d.ordinal == ordinal)
+    {
         return Ok(d.clone());
     }
     init_driver()?;
@@ -145,7 +176,10 @@ pub fn device_info(ordinal: i32) -> Result<DeviceInfo> {
         cc_major: attr(dev, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
         cc_minor: attr(dev, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
     };
-    CACHE.lock().unwrap_or_else(|e| e.into_inner()).push(info.clone());
+    CACHE
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(info.clone());
     Ok(info)
 }
 
@@ -165,8 +199,15 @@ impl ContextGuard {
         let mut ctx: cu::CUcontext = std::ptr::null_mut();
         if stream > 2 {
             // SAFETY: the caller passes a stream handle; an invalid one yields an error code.
-            check(unsafe { cu::cuStreamGetCtx(stream as cu::CUstream, &mut ctx) }, "cuStreamGetCtx(stream)")
-                .map_err(|e| e.context(format!("argument `stream` ({stream:#x}) is not a usable CUDA stream")))?;
+            check(
+                unsafe { cu::cuStreamGetCtx(stream as cu::CUstream, &mut ctx) },
+                "cuStreamGetCtx(stream)",
+            )
+            .map_err(|e| {
+                e.context(format!(
+                    "argument `stream` ({stream:#x}) is not a usable CUDA stream"
+                ))
+            })?;
         } else {
             // SAFETY: out pointer.
             check(unsafe { cu::cuCtxGetCurrent(&mut ctx) }, "cuCtxGetCurrent")?;
@@ -174,7 +215,10 @@ impl ContextGuard {
                 let mut dev = 0;
                 // SAFETY: out pointers; the primary context stays retained for the process.
                 check(unsafe { cu::cuDeviceGet(&mut dev, 0) }, "cuDeviceGet(0)")?;
-                check(unsafe { cu::cuDevicePrimaryCtxRetain(&mut ctx, dev) }, "cuDevicePrimaryCtxRetain")?;
+                check(
+                    unsafe { cu::cuDevicePrimaryCtxRetain(&mut ctx, dev) },
+                    "cuDevicePrimaryCtxRetain",
+                )?;
             }
         }
         // SAFETY: ctx is a valid context.
@@ -182,7 +226,10 @@ impl ContextGuard {
         let mut dev: cu::CUdevice = 0;
         // SAFETY: a context is current.
         let r = check(unsafe { cu::cuCtxGetDevice(&mut dev) }, "cuCtxGetDevice");
-        let guard = ContextGuard { ctx: ctx as usize, device: dev };
+        let guard = ContextGuard {
+            ctx: ctx as usize,
+            device: dev,
+        };
         r.map(|_| guard)
     }
 }

@@ -20,15 +20,23 @@ pub struct Source {
     pub code: &'static str,
 }
 
-pub const CAST: Source = Source { name: "cast.cu", code: include_str!("../../kernels/cast.cu") };
+pub const CAST: Source = Source {
+    name: "cast.cu",
+    code: include_str!("../../kernels/cast.cu"),
+};
 
 fn nvrtc_check(r: nv::nvrtcResult, call: &str) -> Result<()> {
     if r == nv::nvrtcResult::NVRTC_SUCCESS {
         return Ok(());
     }
     // SAFETY: returns a static string.
-    let s = unsafe { std::ffi::CStr::from_ptr(nv::nvrtcGetErrorString(r)) }.to_string_lossy().into_owned();
-    Err(Error::new(S::NVTE_COMM_ERROR_NVRTC, format!("{call} failed: {s}")))
+    let s = unsafe { std::ffi::CStr::from_ptr(nv::nvrtcGetErrorString(r)) }
+        .to_string_lossy()
+        .into_owned();
+    Err(Error::new(
+        S::NVTE_COMM_ERROR_NVRTC,
+        format!("{call} failed: {s}"),
+    ))
 }
 
 fn nvrtc_version() -> Result<(i32, i32)> {
@@ -57,14 +65,23 @@ fn cache_dir() -> Option<PathBuf> {
     if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
         return Some(PathBuf::from(d).join("transformer_engine_comm"));
     }
-    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("transformer_engine_comm"))
+    std::env::var_os("HOME").map(|h| {
+        PathBuf::from(h)
+            .join(".cache")
+            .join("transformer_engine_comm")
+    })
 }
 
 /// Compile `src` for `arch` to a cubin (from the disk cache when present).
 pub fn compile(src: &Source, arch: &str) -> Result<Arc<Vec<u8>>> {
     static MEMO: Mutex<Option<HashMap<(String, String), Arc<Vec<u8>>>>> = Mutex::new(None);
     let key = (src.name.to_string(), arch.to_string());
-    if let Some(c) = MEMO.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(HashMap::new).get(&key) {
+    if let Some(c) = MEMO
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get_or_insert_with(HashMap::new)
+        .get(&key)
+    {
         return Ok(c.clone());
     }
     require(Lib::Nvrtc)?;
@@ -72,8 +89,18 @@ pub fn compile(src: &Source, arch: &str) -> Result<Arc<Vec<u8>>> {
     let opts = options(arch);
     let mut h = std::collections::hash_map::DefaultHasher::new();
     (src.code, &opts, ver, env!("CARGO_PKG_VERSION")).hash(&mut h);
-    let file = cache_dir().map(|d| d.join(format!("{}-{arch}-{:016x}.cubin", src.name.trim_end_matches(".cu"), h.finish())));
-    let cubin = match file.as_ref().and_then(|f| std::fs::read(f).ok()).filter(|b| !b.is_empty()) {
+    let file = cache_dir().map(|d| {
+        d.join(format!(
+            "{}-{arch}-{:016x}.cubin",
+            src.name.trim_end_matches(".cu"),
+            h.finish()
+        ))
+    });
+    let cubin = match file
+        .as_ref()
+        .and_then(|f| std::fs::read(f).ok())
+        .filter(|b| !b.is_empty())
+    {
         Some(b) => b,
         None => {
             let b = compile_uncached(src, &opts)?;
@@ -89,7 +116,10 @@ pub fn compile(src: &Source, arch: &str) -> Result<Arc<Vec<u8>>> {
         }
     };
     let cubin = Arc::new(cubin);
-    MEMO.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(HashMap::new).insert(key, cubin.clone());
+    MEMO.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get_or_insert_with(HashMap::new)
+        .insert(key, cubin.clone());
     Ok(cubin)
 }
 
@@ -105,10 +135,22 @@ fn compile_uncached(src: &Source, opts: &[String]) -> Result<Vec<u8>> {
     let mut prog: nv::nvrtcProgram = std::ptr::null_mut();
     // SAFETY: valid C strings; no headers.
     nvrtc_check(
-        unsafe { nv::nvrtcCreateProgram(&mut prog, code.as_ptr(), name.as_ptr(), 0, std::ptr::null(), std::ptr::null()) },
+        unsafe {
+            nv::nvrtcCreateProgram(
+                &mut prog,
+                code.as_ptr(),
+                name.as_ptr(),
+                0,
+                std::ptr::null(),
+                std::ptr::null(),
+            )
+        },
         "nvrtcCreateProgram",
     )?;
-    let copts: Vec<CString> = opts.iter().map(|o| CString::new(o.as_str()).unwrap()).collect();
+    let copts: Vec<CString> = opts
+        .iter()
+        .map(|o| CString::new(o.as_str()).unwrap())
+        .collect();
     let ptrs: Vec<*const c_char> = copts.iter().map(|c| c.as_ptr()).collect();
     // SAFETY: prog is valid; options are valid C strings.
     let r = unsafe { nv::nvrtcCompileProgram(prog, ptrs.len() as i32, ptrs.as_ptr()) };
@@ -119,17 +161,28 @@ fn compile_uncached(src: &Source, opts: &[String]) -> Result<Vec<u8>> {
             unsafe { nv::nvrtcGetProgramLogSize(prog, &mut n) };
             let mut log = vec![0u8; n.max(1)];
             unsafe { nv::nvrtcGetProgramLog(prog, log.as_mut_ptr() as *mut c_char) };
-            let log = String::from_utf8_lossy(&log).trim_end_matches('\0').to_string();
+            let log = String::from_utf8_lossy(&log)
+                .trim_end_matches('\0')
+                .to_string();
             return Err(Error::new(
                 S::NVTE_COMM_ERROR_NVRTC,
-                format!("compiling kernels/{} with options {opts:?} failed:\n{log}", src.name),
+                format!(
+                    "compiling kernels/{} with options {opts:?} failed:\n{log}",
+                    src.name
+                ),
             ));
         }
         let mut n = 0usize;
         // SAFETY: prog compiled; buffer sized from the query.
-        nvrtc_check(unsafe { nv::nvrtcGetCUBINSize(prog, &mut n) }, "nvrtcGetCUBINSize")?;
+        nvrtc_check(
+            unsafe { nv::nvrtcGetCUBINSize(prog, &mut n) },
+            "nvrtcGetCUBINSize",
+        )?;
         let mut bin = vec![0u8; n];
-        nvrtc_check(unsafe { nv::nvrtcGetCUBIN(prog, bin.as_mut_ptr() as *mut c_char) }, "nvrtcGetCUBIN")?;
+        nvrtc_check(
+            unsafe { nv::nvrtcGetCUBIN(prog, bin.as_mut_ptr() as *mut c_char) },
+            "nvrtcGetCUBIN",
+        )?;
         Ok(bin)
     })();
     // SAFETY: destroys the program created above.
@@ -152,7 +205,10 @@ impl Module {
         let cname = CString::new(name).unwrap();
         let mut f: cu::CUfunction = std::ptr::null_mut();
         // SAFETY: module is loaded; out pointer.
-        check(unsafe { cu::cuModuleGetFunction(&mut f, self.module as cu::CUmodule, cname.as_ptr()) }, &format!("cuModuleGetFunction({name})"))?;
+        check(
+            unsafe { cu::cuModuleGetFunction(&mut f, self.module as cu::CUmodule, cname.as_ptr()) },
+            &format!("cuModuleGetFunction({name})"),
+        )?;
         g.insert(name.to_string(), f as usize);
         Ok(f)
     }
@@ -162,14 +218,29 @@ impl Module {
 pub fn module(src: &Source, ctx: usize, dev: &DeviceInfo) -> Result<Arc<Module>> {
     static LOADED: Mutex<Option<HashMap<(usize, &'static str), Arc<Module>>>> = Mutex::new(None);
     let key = (ctx, src.name);
-    if let Some(m) = LOADED.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(HashMap::new).get(&key) {
+    if let Some(m) = LOADED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get_or_insert_with(HashMap::new)
+        .get(&key)
+    {
         return Ok(m.clone());
     }
     let cubin = compile(src, &dev.nvrtc_arch())?;
     let mut m: cu::CUmodule = std::ptr::null_mut();
     // SAFETY: cubin is a complete image for this device's architecture.
-    check(unsafe { cu::cuModuleLoadData(&mut m, cubin.as_ptr() as *const _) }, &format!("cuModuleLoadData(kernels/{})", src.name))?;
-    let module = Arc::new(Module { module: m as usize, funcs: Mutex::new(HashMap::new()) });
-    LOADED.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(HashMap::new).insert(key, module.clone());
+    check(
+        unsafe { cu::cuModuleLoadData(&mut m, cubin.as_ptr() as *const _) },
+        &format!("cuModuleLoadData(kernels/{})", src.name),
+    )?;
+    let module = Arc::new(Module {
+        module: m as usize,
+        funcs: Mutex::new(HashMap::new()),
+    });
+    LOADED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get_or_insert_with(HashMap::new)
+        .insert(key, module.clone());
     Ok(module)
 }

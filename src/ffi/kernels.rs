@@ -28,7 +28,13 @@ pub extern "C" fn nvte_dequantize(input: NVTETensor, output: NVTETensor, stream:
 /// Fill `tensor` (float32/bf16/fp16/fp8) with uniform values in [lo, hi), determined by
 /// `seed` and the element index.
 #[unsafe(no_mangle)]
-pub extern "C" fn nvte_comm_fill_uniform(tensor: NVTETensor, seed: u64, lo: f32, hi: f32, stream: cudaStream_t) -> NVTECommStatus {
+pub extern "C" fn nvte_comm_fill_uniform(
+    tensor: NVTETensor,
+    seed: u64,
+    lo: f32,
+    hi: f32,
+    stream: cudaStream_t,
+) -> NVTECommStatus {
     status_call("nvte_comm_fill_uniform", || {
         let t = tensor::get(tensor as usize, "tensor")?;
         kernels::fill_uniform(&t, seed, lo, hi, stream as usize)

@@ -34,7 +34,10 @@ fn install_panic_hook() {
                 .map(|s| s.to_string())
                 .or_else(|| payload.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "unknown panic".to_string());
-            let loc = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
+            let loc = info
+                .location()
+                .map(|l| format!(" at {}:{}", l.file(), l.line()))
+                .unwrap_or_default();
             PANIC_MSG.with(|p| *p.borrow_mut() = Some(format!("{msg}{loc}")));
             if std::env::var_os("NVTE_COMM_DEBUG").is_some() {
                 previous(info);
@@ -56,7 +59,9 @@ pub(crate) fn firewall_with<T>(
         Ok(Ok(v)) => return v,
         Ok(Err(e)) => e,
         Err(_) => {
-            let msg = PANIC_MSG.with(|p| p.borrow_mut().take()).unwrap_or_else(|| "unknown panic".into());
+            let msg = PANIC_MSG
+                .with(|p| p.borrow_mut().take())
+                .unwrap_or_else(|| "unknown panic".into());
             // cudarc panics when a CUDA library cannot be loaded: report that as such.
             if msg.contains("Unable to dynamically load") {
                 Error::new(NVTECommStatus::NVTE_COMM_ERROR_LIBRARY_NOT_FOUND, msg)
@@ -76,7 +81,11 @@ pub(crate) fn firewall<T>(func: &'static str, on_error: T, f: impl FnOnce() -> R
 
 /// [`firewall_with`] for functions that return a status.
 pub(crate) fn status_call(func: &'static str, f: impl FnOnce() -> Result<()>) -> NVTECommStatus {
-    firewall_with(func, |e| e.status, || f().map(|_| NVTECommStatus::NVTE_COMM_SUCCESS))
+    firewall_with(
+        func,
+        |e| e.status,
+        || f().map(|_| NVTECommStatus::NVTE_COMM_SUCCESS),
+    )
 }
 
 #[cfg(test)]
@@ -88,17 +97,31 @@ mod tests {
         let s = status_call("nvte_test_panic", || panic!("boom {}", 42));
         assert_eq!(s, NVTECommStatus::NVTE_COMM_ERROR_INTERNAL);
         let msg = crate::error::last_error_string();
-        assert!(msg.starts_with("nvte_test_panic: internal error (caught panic): boom 42"), "{msg}");
+        assert!(
+            msg.starts_with("nvte_test_panic: internal error (caught panic): boom 42"),
+            "{msg}"
+        );
         // The next call clears it.
-        assert_eq!(status_call("nvte_test_ok", || Ok(())), NVTECommStatus::NVTE_COMM_SUCCESS);
+        assert_eq!(
+            status_call("nvte_test_ok", || Ok(())),
+            NVTECommStatus::NVTE_COMM_SUCCESS
+        );
         assert_eq!(crate::error::last_error_string(), "");
     }
 
     #[test]
     fn firewall_reports_the_error_status_and_message() {
-        let s = status_call("nvte_test_err", || crate::invalid!("argument `x` = {} is bad", 7));
+        let s = status_call("nvte_test_err", || {
+            crate::invalid!("argument `x` = {} is bad", 7)
+        });
         assert_eq!(s, NVTECommStatus::NVTE_COMM_ERROR_INVALID_ARGUMENT);
-        assert_eq!(crate::error::last_error_string(), "nvte_test_err: argument `x` = 7 is bad");
-        assert_eq!(crate::error::last_status(), NVTECommStatus::NVTE_COMM_ERROR_INVALID_ARGUMENT);
+        assert_eq!(
+            crate::error::last_error_string(),
+            "nvte_test_err: argument `x` = 7 is bad"
+        );
+        assert_eq!(
+            crate::error::last_status(),
+            NVTECommStatus::NVTE_COMM_ERROR_INVALID_ARGUMENT
+        );
     }
 }

@@ -30,14 +30,23 @@ const _: () = assert!(MAX_DIMS == 15);
 
 impl NVTEShape {
     fn empty() -> Self {
-        NVTEShape { data: [0; 15], ndim: 0 }
+        NVTEShape {
+            data: [0; 15],
+            ndim: 0,
+        }
     }
     fn from_shape(s: &Shape) -> Self {
-        NVTEShape { data: s.dims, ndim: s.ndim }
+        NVTEShape {
+            data: s.dims,
+            ndim: s.ndim,
+        }
     }
     fn to_shape(&self, what: &str) -> Result<Shape> {
         if self.ndim > MAX_DIMS {
-            invalid!("{what}: ndim {} exceeds the maximum of {MAX_DIMS}", self.ndim);
+            invalid!(
+                "{what}: ndim {} exceeds the maximum of {MAX_DIMS}",
+                self.ndim
+            );
         }
         Shape::new(&self.data[..self.ndim])
     }
@@ -45,10 +54,18 @@ impl NVTEShape {
 
 impl NVTEBasicTensor {
     fn empty() -> Self {
-        NVTEBasicTensor { data_ptr: std::ptr::null_mut(), dtype: NVTEDType::kNVTEFloat32, shape: NVTEShape::empty() }
+        NVTEBasicTensor {
+            data_ptr: std::ptr::null_mut(),
+            dtype: NVTEDType::kNVTEFloat32,
+            shape: NVTEShape::empty(),
+        }
     }
     fn from_buffer(b: &Buffer) -> Self {
-        NVTEBasicTensor { data_ptr: b.ptr as *mut c_void, dtype: b.dtype.to_c(), shape: NVTEShape::from_shape(&b.shape) }
+        NVTEBasicTensor {
+            data_ptr: b.ptr as *mut c_void,
+            dtype: b.dtype.to_c(),
+            shape: NVTEShape::from_shape(&b.shape),
+        }
     }
     fn to_buffer(&self, what: &str) -> Result<Buffer> {
         let dtype = DType::from_c(self.dtype).map_err(|e| e.context(what))?;
@@ -74,7 +91,13 @@ pub extern "C" fn nvte_create_tensor(scaling_mode: NVTEScalingMode) -> NVTETenso
 /// no-op, as in TE; a handle that is not live records an error.
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_destroy_tensor(tensor: NVTETensor) {
-    firewall("nvte_destroy_tensor", (), || if tensor.is_null() { Ok(()) } else { tensor::destroy(h(tensor), "tensor") })
+    firewall("nvte_destroy_tensor", (), || {
+        if tensor.is_null() {
+            Ok(())
+        } else {
+            tensor::destroy(h(tensor), "tensor")
+        }
+    })
 }
 
 /// Build a shape from `ndim` sizes. ndim > 15 or a NULL `data` with ndim > 0 records an
@@ -106,7 +129,11 @@ fn with_param(tensor: NVTETensor, param: NVTETensorParam, value: &NVTEBasicTenso
 
 /// Set one component of a tensor (TE's legacy form, tensor passed by pointer).
 #[unsafe(no_mangle)]
-pub extern "C" fn nvte_set_tensor_param(tensor: *mut NVTETensor, param_name: NVTETensorParam, param: *const NVTEBasicTensor) {
+pub extern "C" fn nvte_set_tensor_param(
+    tensor: *mut NVTETensor,
+    param_name: NVTETensorParam,
+    param: *const NVTEBasicTensor,
+) {
     firewall("nvte_set_tensor_param", (), || {
         if tensor.is_null() {
             invalid!("argument `tensor` (NVTETensor*) is NULL");
@@ -122,7 +149,10 @@ pub extern "C" fn nvte_set_tensor_param(tensor: *mut NVTETensor, param_name: NVT
 
 /// Get one component of a tensor; an invalid handle or param gives an empty tensor.
 #[unsafe(no_mangle)]
-pub extern "C" fn nvte_get_tensor_param(tensor: NVTETensor, param_name: NVTETensorParam) -> NVTEBasicTensor {
+pub extern "C" fn nvte_get_tensor_param(
+    tensor: NVTETensor,
+    param_name: NVTETensorParam,
+) -> NVTEBasicTensor {
     firewall("nvte_get_tensor_param", NVTEBasicTensor::empty(), || {
         let t = tensor::get(h(tensor), "tensor")?;
         Ok(NVTEBasicTensor::from_buffer(t.param(param_name)?))
@@ -132,14 +162,21 @@ pub extern "C" fn nvte_get_tensor_param(tensor: NVTETensor, param_name: NVTETens
 /// Set one component; `buf` points to an NVTEBasicTensor of `size_in_bytes` bytes.
 /// A NULL `buf` or a size smaller than sizeof(NVTEBasicTensor) is an error.
 #[unsafe(no_mangle)]
-pub extern "C" fn nvte_set_tensor_param_v2(tensor: NVTETensor, param: NVTETensorParam, buf: *const c_void, size_in_bytes: usize) {
+pub extern "C" fn nvte_set_tensor_param_v2(
+    tensor: NVTETensor,
+    param: NVTETensorParam,
+    buf: *const c_void,
+    size_in_bytes: usize,
+) {
     firewall("nvte_set_tensor_param_v2", (), || {
         let need = std::mem::size_of::<NVTEBasicTensor>();
         if buf.is_null() {
             invalid!("argument `buf` is NULL");
         }
         if size_in_bytes < need {
-            invalid!("argument `size_in_bytes` = {size_in_bytes} is smaller than sizeof(NVTEBasicTensor) = {need} for {param}");
+            invalid!(
+                "argument `size_in_bytes` = {size_in_bytes} is smaller than sizeof(NVTEBasicTensor) = {need} for {param}"
+            );
         }
         // SAFETY: non-null and at least `need` bytes per the caller; read unaligned.
         let value = unsafe { std::ptr::read_unaligned(buf as *const NVTEBasicTensor) };
@@ -174,7 +211,9 @@ pub extern "C" fn nvte_get_tensor_param_v2(
         }
         if size_in_bytes < need {
             write_size(0);
-            invalid!("argument `size_in_bytes` = {size_in_bytes} is smaller than sizeof(NVTEBasicTensor) = {need} for {param}");
+            invalid!(
+                "argument `size_in_bytes` = {size_in_bytes} is smaller than sizeof(NVTEBasicTensor) = {need} for {param}"
+            );
         }
         // SAFETY: non-null and at least `need` writable bytes per the caller.
         unsafe { std::ptr::write_unaligned(buf as *mut NVTEBasicTensor, value) };
@@ -190,13 +229,17 @@ fn get(tensor: NVTETensor) -> Result<tensor::Tensor> {
 /// Row-wise data pointer (NULL on error).
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_tensor_data(tensor: NVTETensor) -> *mut c_void {
-    firewall("nvte_tensor_data", std::ptr::null_mut(), || Ok(get(tensor)?.data.ptr as *mut c_void))
+    firewall("nvte_tensor_data", std::ptr::null_mut(), || {
+        Ok(get(tensor)?.data.ptr as *mut c_void)
+    })
 }
 
 /// Column-wise data pointer (NULL on error).
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_tensor_columnwise_data(tensor: NVTETensor) -> *mut c_void {
-    firewall("nvte_tensor_columnwise_data", std::ptr::null_mut(), || Ok(get(tensor)?.columnwise_data.ptr as *mut c_void))
+    firewall("nvte_tensor_columnwise_data", std::ptr::null_mut(), || {
+        Ok(get(tensor)?.columnwise_data.ptr as *mut c_void)
+    })
 }
 
 /// Shape of the row-wise data (of the column-wise data when only that is set, as TE).
@@ -204,7 +247,11 @@ pub extern "C" fn nvte_tensor_columnwise_data(tensor: NVTETensor) -> *mut c_void
 pub extern "C" fn nvte_tensor_shape(tensor: NVTETensor) -> NVTEShape {
     firewall("nvte_tensor_shape", NVTEShape::empty(), || {
         let t = get(tensor)?;
-        let b = if t.data.ptr == 0 && t.columnwise_data.ptr != 0 { &t.columnwise_data } else { &t.data };
+        let b = if t.data.ptr == 0 && t.columnwise_data.ptr != 0 {
+            &t.columnwise_data
+        } else {
+            &t.data
+        };
         Ok(NVTEShape::from_shape(&b.shape))
     })
 }
@@ -212,7 +259,9 @@ pub extern "C" fn nvte_tensor_shape(tensor: NVTETensor) -> NVTEShape {
 /// Shape of the column-wise data.
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_tensor_columnwise_shape(tensor: NVTETensor) -> NVTEShape {
-    firewall("nvte_tensor_columnwise_shape", NVTEShape::empty(), || Ok(NVTEShape::from_shape(&get(tensor)?.columnwise_data.shape)))
+    firewall("nvte_tensor_columnwise_shape", NVTEShape::empty(), || {
+        Ok(NVTEShape::from_shape(&get(tensor)?.columnwise_data.shape))
+    })
 }
 
 /// Number of dimensions (0 on error).
@@ -229,7 +278,10 @@ pub extern "C" fn nvte_tensor_size(tensor: NVTETensor, dim: usize) -> usize {
         let s = t.data.shape.as_slice();
         match s.get(dim) {
             Some(&d) => Ok(d),
-            None => invalid!("argument `dim` = {dim} is out of range for a tensor of ndim {}", s.len()),
+            None => invalid!(
+                "argument `dim` = {dim} is out of range for a tensor of ndim {}",
+                s.len()
+            ),
         }
     })
 }
@@ -243,49 +295,67 @@ pub extern "C" fn nvte_tensor_numel(tensor: NVTETensor) -> usize {
 /// Bytes per element (0 on error, and for sub-byte types: see nvte_tensor_element_size_bits).
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_tensor_element_size(tensor: NVTETensor) -> usize {
-    firewall("nvte_tensor_element_size", 0, || Ok(get(tensor)?.data.dtype.bits() / 8))
+    firewall("nvte_tensor_element_size", 0, || {
+        Ok(get(tensor)?.data.dtype.bits() / 8)
+    })
 }
 
 /// Bits per element (0 on error).
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_tensor_element_size_bits(tensor: NVTETensor) -> usize {
-    firewall("nvte_tensor_element_size_bits", 0, || Ok(get(tensor)?.data.dtype.bits()))
+    firewall("nvte_tensor_element_size_bits", 0, || {
+        Ok(get(tensor)?.data.dtype.bits())
+    })
 }
 
 /// Element type of the data (kNVTENumTypes on error).
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_tensor_type(tensor: NVTETensor) -> NVTEDType {
-    firewall("nvte_tensor_type", NVTEDType::kNVTENumTypes, || Ok(get(tensor)?.data.dtype.to_c()))
+    firewall("nvte_tensor_type", NVTEDType::kNVTENumTypes, || {
+        Ok(get(tensor)?.data.dtype.to_c())
+    })
 }
 
 /// Scaling mode (NVTE_INVALID_SCALING on error).
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_tensor_scaling_mode(tensor: NVTETensor) -> NVTEScalingMode {
-    firewall("nvte_tensor_scaling_mode", NVTEScalingMode::NVTE_INVALID_SCALING, || Ok(NVTEScalingMode(get(tensor)?.scaling_mode)))
+    firewall(
+        "nvte_tensor_scaling_mode",
+        NVTEScalingMode::NVTE_INVALID_SCALING,
+        || Ok(NVTEScalingMode(get(tensor)?.scaling_mode)),
+    )
 }
 
 /// Device pointer of the float32 amax (NULL when unset or on error).
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_tensor_amax(tensor: NVTETensor) -> *mut f32 {
-    firewall("nvte_tensor_amax", std::ptr::null_mut(), || Ok(get(tensor)?.amax.ptr as *mut f32))
+    firewall("nvte_tensor_amax", std::ptr::null_mut(), || {
+        Ok(get(tensor)?.amax.ptr as *mut f32)
+    })
 }
 
 /// Device pointer of the float32 scale (NULL when unset or on error).
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_tensor_scale(tensor: NVTETensor) -> *mut f32 {
-    firewall("nvte_tensor_scale", std::ptr::null_mut(), || Ok(get(tensor)?.scale.ptr as *mut f32))
+    firewall("nvte_tensor_scale", std::ptr::null_mut(), || {
+        Ok(get(tensor)?.scale.ptr as *mut f32)
+    })
 }
 
 /// Device pointer of the float32 scale inverse (NULL when unset or on error).
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_tensor_scale_inv(tensor: NVTETensor) -> *mut f32 {
-    firewall("nvte_tensor_scale_inv", std::ptr::null_mut(), || Ok(get(tensor)?.scale_inv.ptr as *mut f32))
+    firewall("nvte_tensor_scale_inv", std::ptr::null_mut(), || {
+        Ok(get(tensor)?.scale_inv.ptr as *mut f32)
+    })
 }
 
 /// Shape of the row-wise scale inverse.
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_tensor_scale_inv_shape(tensor: NVTETensor) -> NVTEShape {
-    firewall("nvte_tensor_scale_inv_shape", NVTEShape::empty(), || Ok(NVTEShape::from_shape(&get(tensor)?.scale_inv.shape)))
+    firewall("nvte_tensor_scale_inv_shape", NVTEShape::empty(), || {
+        Ok(NVTEShape::from_shape(&get(tensor)?.scale_inv.shape))
+    })
 }
 
 /// Number of live tensor handles (for leak checks in tests).
@@ -317,10 +387,16 @@ pub extern "C" fn nvte_comm_tensor_create_simple(
             invalid!("argument `ndim` = {ndim} exceeds the maximum of {MAX_DIMS}");
         }
         // SAFETY: non-null with ndim readable elements per the caller.
-        let dims = if ndim == 0 { &[][..] } else { unsafe { std::slice::from_raw_parts(shape, ndim) } };
+        let dims = if ndim == 0 {
+            &[][..]
+        } else {
+            unsafe { std::slice::from_raw_parts(shape, ndim) }
+        };
         let b = Buffer::new(data as usize, DType::from_c(dtype)?, Shape::new(dims)?)?;
         let id = tensor::create(NVTEScalingMode::NVTE_DELAYED_TENSOR_SCALING)?;
-        tensor::update(id, "tensor", |t| t.set_param(NVTETensorParam::kNVTERowwiseData, b))?;
+        tensor::update(id, "tensor", |t| {
+            t.set_param(NVTETensorParam::kNVTERowwiseData, b)
+        })?;
         // SAFETY: non-null output pointer.
         unsafe { *out = id as NVTETensor };
         Ok(())

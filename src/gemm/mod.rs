@@ -50,10 +50,16 @@ impl Epilogue {
         }
     }
     pub fn uses_bias(self) -> bool {
-        matches!(self, Epilogue::Bias | Epilogue::GeluAuxBias | Epilogue::DGeluBGrad | Epilogue::BGradB)
+        matches!(
+            self,
+            Epilogue::Bias | Epilogue::GeluAuxBias | Epilogue::DGeluBGrad | Epilogue::BGradB
+        )
     }
     pub fn uses_aux(self) -> bool {
-        matches!(self, Epilogue::GeluAux | Epilogue::GeluAuxBias | Epilogue::DGelu | Epilogue::DGeluBGrad)
+        matches!(
+            self,
+            Epilogue::GeluAux | Epilogue::GeluAuxBias | Epilogue::DGelu | Epilogue::DGeluBGrad
+        )
     }
 }
 
@@ -107,14 +113,20 @@ fn lt_type(d: DType) -> lt::cudaDataType_t {
 
 fn require_data(b: &Buffer, what: &str) -> Result<()> {
     if b.numel() > 0 && b.ptr == 0 {
-        invalid!("tensor `{what}` has shape {} but a NULL data pointer", b.shape);
+        invalid!(
+            "tensor `{what}` has shape {} but a NULL data pointer",
+            b.shape
+        );
     }
     Ok(())
 }
 
 fn two_d(b: &Buffer, what: &str) -> Result<(usize, usize)> {
     b.rows_cols().ok_or_else(|| {
-        Error::invalid(format!("tensor `{what}` must have at least 2 dimensions, got shape {} (ndim {})", b.shape, b.shape.ndim))
+        Error::invalid(format!(
+            "tensor `{what}` must have at least 2 dimensions, got shape {} (ndim {})",
+            b.shape, b.shape.ndim
+        ))
     })
 }
 
@@ -138,7 +150,9 @@ pub struct TeGemm<'a> {
 pub fn desc_from_te(g: &TeGemm) -> Result<GemmDesc> {
     let (ab, bb, db) = (&g.a.data, &g.b.data, &g.d.data);
     if g.transa && g.transb {
-        invalid!("layout TT (transa = true, transb = true) is not allowed (TE supports TN, NN, NT)");
+        invalid!(
+            "layout TT (transa = true, transb = true) is not allowed (TE supports TN, NN, NT)"
+        );
     }
     let (ar, ac) = two_d(ab, "A")?;
     let (br, bc) = two_d(bb, "B")?;
@@ -148,17 +162,28 @@ pub fn desc_from_te(g: &TeGemm) -> Result<GemmDesc> {
     if kb != k {
         invalid!(
             "inner dimensions differ: A {} with transa = {} gives k = {k}, but B {} with transb = {} gives k = {kb}",
-            ab.shape, g.transa, bb.shape, g.transb
+            ab.shape,
+            g.transa,
+            bb.shape,
+            g.transb
         );
     }
     if (dr, dc) != (n, m) {
-        invalid!("tensor `D` has shape {} but must be [n, m] = [{n}, {m}] for A {} and B {}", db.shape, ab.shape, bb.shape);
+        invalid!(
+            "tensor `D` has shape {} but must be [n, m] = [{n}, {m}] for A {} and B {}",
+            db.shape,
+            ab.shape,
+            bb.shape
+        );
     }
     for (b, w) in [(ab, "A"), (bb, "B"), (db, "D")] {
         require_data(b, w)?;
     }
     if g.math_sm_count < 0 {
-        invalid!("argument `math_sm_count` = {} must be >= 0", g.math_sm_count);
+        invalid!(
+            "argument `math_sm_count` = {} must be >= 0",
+            g.math_sm_count
+        );
     }
     let lda = if g.transa { k } else { m };
     let ldb = if g.transb { n } else { k };
@@ -172,48 +197,93 @@ pub fn desc_from_te(g: &TeGemm) -> Result<GemmDesc> {
     // Element types.
     let (at, bt, dt) = (ab.dtype, bb.dtype, db.dtype);
     let fp8 = at.is_fp8() || bt.is_fp8();
-    let gemm_types = [DType::F32, DType::F16, DType::BF16, DType::E4M3, DType::E5M2];
+    let gemm_types = [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::E4M3,
+        DType::E5M2,
+    ];
     for (t, w) in [(at, "A"), (bt, "B"), (dt, "D")] {
         if !gemm_types.contains(&t) {
-            unsupported!("tensor `{w}` dtype {} is not supported by the GEMM (float32, float16, bfloat16, fp8 e4m3/e5m2)", t.name());
+            unsupported!(
+                "tensor `{w}` dtype {} is not supported by the GEMM (float32, float16, bfloat16, fp8 e4m3/e5m2)",
+                t.name()
+            );
         }
     }
     if fp8 {
         if !(at.is_fp8() && bt.is_fp8()) {
-            unsupported!("mixed FP8 / non-FP8 inputs ({} x {}) are not supported by cuBLASLt: quantize both", at.name(), bt.name());
+            unsupported!(
+                "mixed FP8 / non-FP8 inputs ({} x {}) are not supported by cuBLASLt: quantize both",
+                at.name(),
+                bt.name()
+            );
         }
         if at == DType::E5M2 && bt == DType::E5M2 {
-            unsupported!("FP8 GEMM with both inputs kNVTEFloat8E5M2 is not supported by cuBLASLt (use e4m3 for at least one)");
+            unsupported!(
+                "FP8 GEMM with both inputs kNVTEFloat8E5M2 is not supported by cuBLASLt (use e4m3 for at least one)"
+            );
         }
         if !(g.transa && !g.transb) {
-            unsupported!("FP8 GEMM requires the TN layout (transa = true, transb = false) on Hopper; got transa = {}, transb = {}", g.transa, g.transb);
+            unsupported!(
+                "FP8 GEMM requires the TN layout (transa = true, transb = false) on Hopper; got transa = {}, transb = {}",
+                g.transa,
+                g.transb
+            );
         }
         if k % 16 != 0 || m % 16 != 0 {
-            unsupported!("FP8 GEMM needs k and m to be multiples of 16 (cuBLASLt alignment); got m = {m}, k = {k}");
+            unsupported!(
+                "FP8 GEMM needs k and m to be multiples of 16 (cuBLASLt alignment); got m = {m}, k = {k}"
+            );
         }
     } else {
         if at != bt {
-            unsupported!("A dtype {} and B dtype {} differ: non-FP8 GEMMs need equal input types", at.name(), bt.name());
+            unsupported!(
+                "A dtype {} and B dtype {} differ: non-FP8 GEMMs need equal input types",
+                at.name(),
+                bt.name()
+            );
         }
         if dt.is_fp8() {
             unsupported!("FP8 output ({}) needs FP8 inputs", dt.name());
         }
         if dt != at && dt != DType::F32 {
-            unsupported!("output dtype {} with {} inputs is not supported: use {} or kNVTEFloat32", dt.name(), at.name(), at.name());
+            unsupported!(
+                "output dtype {} with {} inputs is not supported: use {} or kNVTEFloat32",
+                dt.name(),
+                at.name(),
+                at.name()
+            );
         }
     }
 
     // FP8 scaling factors.
     let scalar = |b: &Buffer, which: &str, name: &str| -> Result<usize> {
-        Tensor::scalar_ptr(b).ok_or_else(|| Error::invalid(format!("tensor `{which}` is FP8 but has no {name}")))
+        Tensor::scalar_ptr(b)
+            .ok_or_else(|| Error::invalid(format!("tensor `{which}` is FP8 but has no {name}")))
     };
-    let a_scale_inv = if at.is_fp8() { scalar(&g.a.scale_inv, "A", "scale_inv (kNVTERowwiseScaleInv)")? } else { 0 };
-    let b_scale_inv = if bt.is_fp8() { scalar(&g.b.scale_inv, "B", "scale_inv (kNVTERowwiseScaleInv)")? } else { 0 };
+    let a_scale_inv = if at.is_fp8() {
+        scalar(&g.a.scale_inv, "A", "scale_inv (kNVTERowwiseScaleInv)")?
+    } else {
+        0
+    };
+    let b_scale_inv = if bt.is_fp8() {
+        scalar(&g.b.scale_inv, "B", "scale_inv (kNVTERowwiseScaleInv)")?
+    } else {
+        0
+    };
     let (d_scale, d_amax) = if dt.is_fp8() {
         if g.accumulate {
-            unsupported!("accumulate = true is not supported with an FP8 output ({})", dt.name());
+            unsupported!(
+                "accumulate = true is not supported with an FP8 output ({})",
+                dt.name()
+            );
         }
-        (scalar(&g.d.scale, "D", "scale (kNVTEScale)")?, Tensor::scalar_ptr(&g.d.amax).unwrap_or(0))
+        (
+            scalar(&g.d.scale, "D", "scale (kNVTEScale)")?,
+            Tensor::scalar_ptr(&g.d.amax).unwrap_or(0),
+        )
     } else {
         (0, 0)
     };
@@ -226,15 +296,30 @@ pub fn desc_from_te(g: &TeGemm) -> Result<GemmDesc> {
     if let Some(bb) = bias {
         let want = if epilogue == Epilogue::BGradB { n } else { m };
         if bb.numel() != want {
-            let what = if epilogue == Epilogue::BGradB { "n (bias gradient of B)" } else { "m" };
-            invalid!("tensor `bias` has {} elements (shape {}) but must have {what} = {want}", bb.numel(), bb.shape);
+            let what = if epilogue == Epilogue::BGradB {
+                "n (bias gradient of B)"
+            } else {
+                "m"
+            };
+            invalid!(
+                "tensor `bias` has {} elements (shape {}) but must have {what} = {want}",
+                bb.numel(),
+                bb.shape
+            );
         }
         if fp8 {
             if !matches!(bb.dtype, DType::BF16 | DType::F16 | DType::F32) {
-                unsupported!("bias dtype {} is not supported with FP8 inputs (use bfloat16 or float16)", bb.dtype.name());
+                unsupported!(
+                    "bias dtype {} is not supported with FP8 inputs (use bfloat16 or float16)",
+                    bb.dtype.name()
+                );
             }
         } else if bb.dtype != dt {
-            unsupported!("bias dtype {} must equal the output dtype {} for non-FP8 GEMMs", bb.dtype.name(), dt.name());
+            unsupported!(
+                "bias dtype {} must equal the output dtype {} for non-FP8 GEMMs",
+                bb.dtype.name(),
+                dt.name()
+            );
         }
         bias_ptr = bb.ptr;
         bias_type = bb.dtype;
@@ -242,16 +327,26 @@ pub fn desc_from_te(g: &TeGemm) -> Result<GemmDesc> {
     let (mut aux_ptr, mut aux_type) = (0, dt);
     if let Some(xb) = aux {
         if xb.numel() != n * m {
-            invalid!("tensor `pre_gelu_out` has {} elements (shape {}) but must be [n, m] = [{n}, {m}]", xb.numel(), xb.shape);
+            invalid!(
+                "tensor `pre_gelu_out` has {} elements (shape {}) but must be [n, m] = [{n}, {m}]",
+                xb.numel(),
+                xb.shape
+            );
         }
         if xb.dtype.is_fp8() {
             unsupported!("an FP8 pre_gelu_out ({}) is not supported", xb.dtype.name());
         }
         if !fp8 && xb.dtype != dt {
-            unsupported!("pre_gelu_out dtype {} must equal the output dtype {} for non-FP8 GEMMs", xb.dtype.name(), dt.name());
+            unsupported!(
+                "pre_gelu_out dtype {} must equal the output dtype {} for non-FP8 GEMMs",
+                xb.dtype.name(),
+                dt.name()
+            );
         }
         if m % 8 != 0 {
-            unsupported!("GELU epilogues need m to be a multiple of 8 (cuBLASLt aux leading dimension); got m = {m}");
+            unsupported!(
+                "GELU epilogues need m to be a multiple of 8 (cuBLASLt aux leading dimension); got m = {m}"
+            );
         }
         aux_ptr = xb.ptr;
         aux_type = xb.dtype;
@@ -298,7 +393,9 @@ fn lt_check(s: lt::cublasStatus_t, call: &str) -> Result<()> {
         return Ok(());
     }
     // SAFETY: returns a static string.
-    let name = unsafe { std::ffi::CStr::from_ptr(lt::cublasLtGetStatusName(s)) }.to_string_lossy().into_owned();
+    let name = unsafe { std::ffi::CStr::from_ptr(lt::cublasLtGetStatusName(s)) }
+        .to_string_lossy()
+        .into_owned();
     let status = match s {
         lt::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED => S::NVTE_COMM_ERROR_UNSUPPORTED,
         lt::cublasStatus_t::CUBLAS_STATUS_ALLOC_FAILED => S::NVTE_COMM_ERROR_OUT_OF_MEMORY,
@@ -323,7 +420,11 @@ fn handle(ctx: usize) -> Result<lt::cublasLtHandle_t> {
 }
 
 fn alignment(p: usize) -> u32 {
-    if p == 0 { 256 } else { (1u32 << p.trailing_zeros().min(8)).min(256) }
+    if p == 0 {
+        256
+    } else {
+        (1u32 << p.trailing_zeros().min(8)).min(256)
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
@@ -373,10 +474,21 @@ thread_local! {
     static PLANS: RefCell<HashMap<PlanKey, Plan>> = RefCell::new(HashMap::new());
 }
 
-fn set_attr<T>(desc: lt::cublasLtMatmulDesc_t, attr: lt::cublasLtMatmulDescAttributes_t, v: &T) -> Result<()> {
+fn set_attr<T>(
+    desc: lt::cublasLtMatmulDesc_t,
+    attr: lt::cublasLtMatmulDescAttributes_t,
+    v: &T,
+) -> Result<()> {
     // SAFETY: `v` is a value of the type cuBLASLt documents for `attr`.
     lt_check(
-        unsafe { lt::cublasLtMatmulDescSetAttribute(desc, attr, v as *const T as *const c_void, std::mem::size_of::<T>()) },
+        unsafe {
+            lt::cublasLtMatmulDescSetAttribute(
+                desc,
+                attr,
+                v as *const T as *const c_void,
+                std::mem::size_of::<T>(),
+            )
+        },
         &format!("cublasLtMatmulDescSetAttribute({attr:?})"),
     )
 }
@@ -389,16 +501,32 @@ fn set_pointers(desc: lt::cublasLtMatmulDesc_t, g: &GemmDesc) -> Result<()> {
         set_attr(desc, A::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ptr(g.bias))?;
     }
     if g.epilogue.uses_aux() {
-        set_attr(desc, A::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ptr(g.aux))?;
+        set_attr(
+            desc,
+            A::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+            &ptr(g.aux),
+        )?;
     }
     if g.a_scale_inv != 0 {
-        set_attr(desc, A::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &ptr(g.a_scale_inv))?;
+        set_attr(
+            desc,
+            A::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+            &ptr(g.a_scale_inv),
+        )?;
     }
     if g.b_scale_inv != 0 {
-        set_attr(desc, A::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &ptr(g.b_scale_inv))?;
+        set_attr(
+            desc,
+            A::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+            &ptr(g.b_scale_inv),
+        )?;
     }
     if g.d_scale != 0 {
-        set_attr(desc, A::CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, &ptr(g.d_scale))?;
+        set_attr(
+            desc,
+            A::CUBLASLT_MATMUL_DESC_D_SCALE_POINTER,
+            &ptr(g.d_scale),
+        )?;
     }
     if g.d_amax != 0 {
         set_attr(desc, A::CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, &ptr(g.d_amax))?;
@@ -409,13 +537,22 @@ fn set_pointers(desc: lt::cublasLtMatmulDesc_t, g: &GemmDesc) -> Result<()> {
 fn layout(t: DType, rows: usize, cols: usize, ld: usize) -> Result<lt::cublasLtMatrixLayout_t> {
     let mut l: lt::cublasLtMatrixLayout_t = std::ptr::null_mut();
     // SAFETY: out pointer.
-    lt_check(unsafe { lt::cublasLtMatrixLayoutCreate(&mut l, lt_type(t), rows as u64, cols as u64, ld as i64) }, "cublasLtMatrixLayoutCreate")?;
+    lt_check(
+        unsafe {
+            lt::cublasLtMatrixLayoutCreate(&mut l, lt_type(t), rows as u64, cols as u64, ld as i64)
+        },
+        "cublasLtMatrixLayoutCreate",
+    )?;
     Ok(l)
 }
 
 fn c_type(g: &GemmDesc) -> DType {
     // For an FP8 output cuBLASLt wants C typed like the bias (bf16 by default).
-    if g.d_type.is_fp8() { g.bias_type } else { g.d_type }
+    if g.d_type.is_fp8() {
+        g.bias_type
+    } else {
+        g.d_type
+    }
 }
 
 fn build(h: lt::cublasLtHandle_t, g: &GemmDesc, key: &PlanKey) -> Result<Plan> {
@@ -424,7 +561,13 @@ fn build(h: lt::cublasLtHandle_t, g: &GemmDesc, key: &PlanKey) -> Result<Plan> {
     let mut desc: lt::cublasLtMatmulDesc_t = std::ptr::null_mut();
     // SAFETY: out pointer. Full fp32 compute (no TF32) for every input type, as TE.
     lt_check(
-        unsafe { lt::cublasLtMatmulDescCreate(&mut desc, lt::cublasComputeType_t::CUBLAS_COMPUTE_32F, lt::cudaDataType_t::CUDA_R_32F) },
+        unsafe {
+            lt::cublasLtMatmulDescCreate(
+                &mut desc,
+                lt::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                lt::cudaDataType_t::CUDA_R_32F,
+            )
+        },
         "cublasLtMatmulDescCreate",
     )?;
     let mut plan = Plan {
@@ -470,7 +613,10 @@ fn build(h: lt::cublasLtHandle_t, g: &GemmDesc, key: &PlanKey) -> Result<Plan> {
 
         let mut pref: lt::cublasLtMatmulPreference_t = std::ptr::null_mut();
         // SAFETY: out pointer.
-        lt_check(unsafe { lt::cublasLtMatmulPreferenceCreate(&mut pref) }, "cublasLtMatmulPreferenceCreate")?;
+        lt_check(
+            unsafe { lt::cublasLtMatmulPreferenceCreate(&mut pref) },
+            "cublasLtMatmulPreferenceCreate",
+        )?;
         let set_pref = |a: P, v: u64| -> Result<()> {
             let v32 = v as u32;
             let (p, n) = if a == P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES {
@@ -479,22 +625,53 @@ fn build(h: lt::cublasLtHandle_t, g: &GemmDesc, key: &PlanKey) -> Result<Plan> {
                 (&v32 as *const u32 as *const c_void, 4)
             };
             // SAFETY: value of the documented type (u64 workspace size, u32 alignments).
-            lt_check(unsafe { lt::cublasLtMatmulPreferenceSetAttribute(pref, a, p, n) }, "cublasLtMatmulPreferenceSetAttribute")
+            lt_check(
+                unsafe { lt::cublasLtMatmulPreferenceSetAttribute(pref, a, p, n) },
+                "cublasLtMatmulPreferenceSetAttribute",
+            )
         };
         let res = (|| {
-            set_pref(P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, g.workspace_bytes as u64)?;
-            set_pref(P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align[0] as u64)?;
-            set_pref(P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align[1] as u64)?;
-            set_pref(P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align[2] as u64)?;
-            set_pref(P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align[3] as u64)?;
+            set_pref(
+                P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                g.workspace_bytes as u64,
+            )?;
+            set_pref(
+                P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                key.align[0] as u64,
+            )?;
+            set_pref(
+                P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                key.align[1] as u64,
+            )?;
+            set_pref(
+                P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                key.align[2] as u64,
+            )?;
+            set_pref(
+                P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                key.align[3] as u64,
+            )?;
             // SAFETY: zeroed POD result struct.
             let mut result: lt::cublasLtMatmulHeuristicResult_t = unsafe { std::mem::zeroed() };
             let mut count = 0;
             // SAFETY: all descriptors are valid.
             let s = unsafe {
-                lt::cublasLtMatmulAlgoGetHeuristic(h, desc, plan.a, plan.b, plan.c, plan.d, pref, 1, &mut result, &mut count)
+                lt::cublasLtMatmulAlgoGetHeuristic(
+                    h,
+                    desc,
+                    plan.a,
+                    plan.b,
+                    plan.c,
+                    plan.d,
+                    pref,
+                    1,
+                    &mut result,
+                    &mut count,
+                )
             };
-            if s == lt::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED || (s == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS && count == 0) {
+            if s == lt::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED
+                || (s == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS && count == 0)
+            {
                 unsupported!(
                     "cuBLASLt has no algorithm for this GEMM: {} x {} -> {}, {}{} m={} n={} k={}, epilogue {:?}, workspace {} bytes",
                     g.a_type.name(),
@@ -539,7 +716,14 @@ pub fn run(g: &GemmDesc, guard: &ContextGuard, stream: usize) -> Result<()> {
             let bytes = g.ldd * (g.n - 1) * g.d_type.bits() / 8 + g.m * g.d_type.bits() / 8;
             // SAFETY: D spans these bytes per validation.
             cuda::check(
-                unsafe { cudarc::driver::sys::cuMemsetD8Async(g.d as u64, 0, bytes, stream as cudarc::driver::sys::CUstream) },
+                unsafe {
+                    cudarc::driver::sys::cuMemsetD8Async(
+                        g.d as u64,
+                        0,
+                        bytes,
+                        stream as cudarc::driver::sys::CUstream,
+                    )
+                },
                 "cuMemsetD8Async(D)",
             )?;
         }
@@ -558,11 +742,21 @@ pub fn run(g: &GemmDesc, guard: &ContextGuard, stream: usize) -> Result<()> {
         transa: g.transa,
         transb: g.transb,
         epilogue: g.epilogue,
-        fp8_ptrs: [g.a_scale_inv != 0, g.b_scale_inv != 0, g.d_scale != 0, g.d_amax != 0],
+        fp8_ptrs: [
+            g.a_scale_inv != 0,
+            g.b_scale_inv != 0,
+            g.d_scale != 0,
+            g.d_amax != 0,
+        ],
         fast_accum: g.fast_accum,
         sm_count: g.sm_count,
         workspace_bytes: g.workspace_bytes,
-        align: [alignment(g.a), alignment(g.b), alignment(g.d), alignment(g.d)],
+        align: [
+            alignment(g.a),
+            alignment(g.b),
+            alignment(g.d),
+            alignment(g.d),
+        ],
     };
     PLANS.with(|plans| {
         let mut plans = plans.borrow_mut();
@@ -580,7 +774,11 @@ pub fn run(g: &GemmDesc, guard: &ContextGuard, stream: usize) -> Result<()> {
         let p = &plans[&key];
         let alpha = 1.0f32;
         let beta = if g.accumulate { 1.0f32 } else { 0.0f32 };
-        let c = if g.d_type.is_fp8() { std::ptr::null() } else { g.d as *const c_void };
+        let c = if g.d_type.is_fp8() {
+            std::ptr::null()
+        } else {
+            g.d as *const c_void
+        };
         // SAFETY: descriptors match the pointers validated in desc_from_te.
         let s = unsafe {
             lt::cublasLtMatmul(

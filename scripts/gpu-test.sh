@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# One-call GPU check for the device machine: builds tests_c against the carried library,
+# runs every GPU test on 1, 2 and 4 GPUs as available (or on the counts given), runs the
+# GEMM benchmark on all GPUs and the torch.matmul comparison, writes logs and a summary
+# table under $OUT (or ./gpu-out), prints the table last, exits non-zero on any failure.
+# Usage: scripts/gpu-test.sh [NGPUS...]
+set -uo pipefail
+source "$(dirname "$0")/common.sh"
+out=${OUT:-$root/gpu-out}
+mkdir -p "$out"
+log=$out/tests.log
+summary=$out/summary.md
+: >"$log"
+export NVTE_COMM_CACHE_DIR=${NVTE_COMM_CACHE_DIR:-/tmp/te_comm_kernel_cache}
+
+ngpu=$(gpu_count)
+if [ "$#" -gt 0 ]; then nps=("$@"); else nps=(); for n in 1 2 4 8; do [ "$n" -le "$ngpu" ] && nps+=("$n"); done; fi
+echo "GPUs: $ngpu; rank counts: ${nps[*]}; $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -n1)" | tee -a "$log"
+nvidia-smi topo -m >>"$log" 2>&1 || true
+
+lib=$(te_comm_library) || exit 1
+build=$root/build-gpu
+mkdir -p "$build"
+te_comm_cmake_build "$lib" "$build" 2>>"$log" || { echo "build failed (see $log)"; tail -n 40 "$log"; exit 1; }
+
+fail=0
+rows=()
+run() {  # run NAME NP CMD...: log, time, and a summary row from the closing line
+  local name=$1 np=$2; shift 2
+  local t0=$(date +%s%N) rc
+  echo "=== $name np=$np: $*" >>"$log"
+  "$@" >>"$log" 2>&1
+  rc=$?
+  local secs=$(awk -v a="$t0" -v b="$(date +%s%N)" 'BEGIN { printf "%.1f", (b - a) / 1e9 }')
+  local closing=$(grep -E "^$name: [0-9]+ passed" "$log" | tail -n 1 | sed "s/^$name: //")
+  local result=PASS
+  if [ $rc -eq 77 ]; then result=SKIPPED; elif [ $rc -ne 0 ]; then result="FAIL (rc $rc)"; fail=1; fi
+  rows+=("| $name | $np | $result | ${closing:--} | $secs |")
+}
+
+# Library-level API test (no MPI), then the MPI GPU tests.
+run test_api 1 "$build/tests_c/test_api"
+for np in "${nps[@]}"; do
+  for t in test_gemm; do
+    run "$t" "$np" "$root/tests_c/run_mpi.sh" "$np" "$build/tests_c/$t"
+  done
+done
+
+# Benchmark on all GPUs, then the comparison with torch.matmul in one process.
+run bench_gemm "$ngpu" "$root/tests_c/run_mpi.sh" "$ngpu" "$build/tests_c/bench_gemm" --out "$out/bench_gemm.md"
+if python3 -c 'import torch' 2>/dev/null; then
+  run gemm_vs_torch 1 python3 "$root/bench/gemm_vs_torch.py" --lib "$lib" --out "$out/gemm_vs_torch.md"
+fi
+
+{
+  echo "| test | ranks | result | counts | seconds |"
+  echo "|---|---|---|---|---|"
+  printf '%s\n' "${rows[@]}"
+} >"$summary"
+[ -f "$out/bench_gemm.md" ] && { echo; echo "GEMM benchmark:"; cat "$out/bench_gemm.md"; }
+[ -f "$out/gemm_vs_torch.md" ] && { echo; echo "nvte_cublas_gemm vs torch:"; cat "$out/gemm_vs_torch.md"; }
+echo; grep -E "FAIL" "$log" | head -n 30
+echo; cat "$summary"
+exit $fail
