@@ -107,6 +107,7 @@ def main():
                 ref_fn = lambda: out_ref.copy_(torch._scaled_mm(x8, w8.t(), one, one, out_dtype=torch.bfloat16, use_fast_accum=True))  # noqa: E731
                 fast = True
             d = lib.tensor(out, K_BF16)
+            torch.cuda.synchronize()  # inputs were made on the default stream
             ours_fn = lambda: lib.gemm(a, b, d, ws, fast, sptr)  # noqa: E731
             ours_fn()
             lib.check("nvte_cublas_gemm")

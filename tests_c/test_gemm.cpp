@@ -83,8 +83,9 @@ void run_case(const Case &c, uint64_t seed, cudaStream_t stream, DevBuf &workspa
   } else {
     D.data.poison();
   }
-  const NVTEDType bias_t = fp8 ? kNVTEBFloat16 : c.d;
-  const NVTEDType aux_t = fp8 ? kNVTEBFloat16 : c.d;
+  // FP8 GEMMs: bias / aux typed like a 16-bit output, else bf16 (cuBLASLt's FP8 table).
+  const NVTEDType bias_t = !fp8 || c.d == kNVTEFloat16 || c.d == kNVTEBFloat16 ? c.d : kNVTEBFloat16;
+  const NVTEDType aux_t = bias_t;
   Tensor bias, aux;
   std::vector<double> biasv, auxv;
   bool has_bias = c.epi == Epi::Bias || c.epi == Epi::GeluAuxBias || c.epi == Epi::DGeluBGrad || c.epi == Epi::BGrad;
@@ -210,7 +211,9 @@ std::vector<Case> all_cases() {
     for (NVTEDType d : f8out)
       for (Epi e : f8epis) {
         if (is_fp8(d) && e == Epi::Accumulate) continue;  // rejected by design: tested in the error cases
-        bool req = (d == kNVTEBFloat16 || d == kNVTEFloat16 || d == kNVTEFloat32) && (e == Epi::None || e == Epi::Accumulate || (e == Epi::Bias && d == kNVTEBFloat16));
+        bool sixteen = d == kNVTEBFloat16 || d == kNVTEFloat16;
+        bool req = ((sixteen || d == kNVTEFloat32) && (e == Epi::None || e == Epi::Accumulate)) ||
+                   (sixteen && e == Epi::Bias) || (d == kNVTEBFloat16 && e == Epi::GeluAuxBias);
         req = req || (d == kNVTEFloat8E4M3 && p[0] == kNVTEFloat8E4M3 && p[1] == kNVTEFloat8E4M3 && e == Epi::None);
         cs.push_back({p[0], p[1], d, true, false, e, req});
       }

@@ -308,10 +308,18 @@ pub fn desc_from_te(g: &TeGemm) -> Result<GemmDesc> {
             );
         }
         if fp8 {
-            if !matches!(bb.dtype, DType::BF16 | DType::F16 | DType::F32) {
+            // cuBLASLt's FP8 table: the bias is typed like a 16-bit output, bf16 for a
+            // float32 output, and bf16 or fp16 for an FP8 output.
+            let ok = match dt {
+                DType::F16 => bb.dtype == DType::F16,
+                DType::BF16 | DType::F32 => bb.dtype == DType::BF16,
+                _ => matches!(bb.dtype, DType::BF16 | DType::F16),
+            };
+            if !ok {
                 unsupported!(
-                    "bias dtype {} is not supported with FP8 inputs (use bfloat16 or float16)",
-                    bb.dtype.name()
+                    "bias dtype {} is not supported with FP8 inputs and output {} (cuBLASLt: bf16 bias for bf16/float32 output, fp16 for fp16, bf16 or fp16 for FP8)",
+                    bb.dtype.name(),
+                    dt.name()
                 );
             }
         } else if bb.dtype != dt {
@@ -669,11 +677,15 @@ fn build(h: lt::cublasLtHandle_t, g: &GemmDesc, key: &PlanKey) -> Result<Plan> {
                     &mut count,
                 )
             };
-            if s == lt::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED
-                || (s == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS && count == 0)
+            // NOT_SUPPORTED, INVALID_VALUE (a type combination cuBLASLt rejects) or no result.
+            if matches!(
+                s,
+                lt::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED
+                    | lt::cublasStatus_t::CUBLAS_STATUS_INVALID_VALUE
+            ) || (s == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS && count == 0)
             {
                 unsupported!(
-                    "cuBLASLt has no algorithm for this GEMM: {} x {} -> {}, {}{} m={} n={} k={}, epilogue {:?}, workspace {} bytes",
+                    "cuBLASLt has no algorithm for this GEMM ({s:?}): {} x {} -> {}, {}{} m={} n={} k={}, epilogue {:?}, bias {}, aux {}, workspace {} bytes",
                     g.a_type.name(),
                     g.b_type.name(),
                     g.d_type.name(),
@@ -683,6 +695,8 @@ fn build(h: lt::cublasLtHandle_t, g: &GemmDesc, key: &PlanKey) -> Result<Plan> {
                     g.n,
                     g.k,
                     g.epilogue,
+                    g.bias_type.name(),
+                    g.aux_type.name(),
                     g.workspace_bytes
                 );
             }
