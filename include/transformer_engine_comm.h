@@ -79,12 +79,108 @@ typedef enum NVTECommStatus {
   NVTE_COMM_ERROR_INTERNAL = 10,
 } NVTECommStatus;
 
+/** Which collective an overlap call performs (TE's CommOverlapType values). */
+typedef enum NVTECommOverlapType {
+  NVTE_COMM_OVERLAP_RS = 0,
+  NVTE_COMM_OVERLAP_AG = 1,
+} NVTECommOverlapType;
 
+
+
+#define NUM_SLOTS 8
+
+#define MAX_PEERS 16
+
+/**
+ * Opaque overlap object (not repr(C): the header declares it incomplete).
+ */
+typedef struct NVTECommOverlap NVTECommOverlap;
 
 /**
  * Opaque tensor handle (TE: `typedef void *NVTETensor;`).
  */
 typedef void *NVTETensor;
+
+/**
+ * Engine settings. Fill with nvte_comm_overlap_config_default() (TE's defaults plus the
+ * environment overrides), then change fields. `struct_size` must be sizeof(the struct).
+ */
+typedef struct NVTECommOverlapConfig {
+  size_t struct_size;
+  /**
+   * ranks per tensor-parallel group; 0 = the whole world. Must divide the world size.
+   */
+  int32_t tp_size;
+  /**
+   * GEMM chunks of the pipelined reduce-scatter (TE default 3)
+   */
+  int32_t num_splits;
+  /**
+   * compute streams for chunk GEMMs (TE default 3)
+   */
+  int32_t num_max_streams;
+  /**
+   * accepted for TE compatibility (default 2); kernels are not cluster-launched
+   */
+  int32_t comm_cga_size;
+  /**
+   * SMs for communication kernels: SM puts and reductions (TE default 16)
+   */
+  int32_t num_comm_sm;
+  /**
+   * GEMMs leave num_comm_sm SMs free while SM kernels communicate (default true)
+   */
+  bool set_sm_margin;
+  /**
+   * copy-engine puts (true, default) or SM-kernel puts (false)
+   */
+  bool use_ce;
+  /**
+   * bidirectional ring all-gather (default false)
+   */
+  bool aggregate;
+  /**
+   * TE's atomic GEMM algorithms: not implemented, must be false
+   */
+  bool atomic_gemm;
+  /**
+   * stream priorities, clamped to the device's range (lower = higher priority)
+   */
+  int32_t gemm_priority;
+  int32_t comm_priority;
+  /**
+   * timeout of every wait for a peer, ms (default 60000; env NVTE_COMM_TIMEOUT_MS)
+   */
+  int64_t timeout_ms;
+} NVTECommOverlapConfig;
+
+/**
+ * Gather `local_bytes` from every rank into `global` (rank order); return 0 on success.
+ */
+typedef int32_t (*NVTECommAllgatherFn)(void *user_data,
+                                       void *global,
+                                       size_t global_bytes,
+                                       const void *local,
+                                       size_t local_bytes);
+
+/**
+ * Block until every rank has arrived; return 0 on success.
+ */
+typedef int32_t (*NVTECommBarrierFn)(void *user_data);
+
+/**
+ * How the ranks exchange setup data: through `nccl_comm` when it is not NULL (rank and
+ * size are then taken from it), else through the callbacks (TE's ExtAllgatherOp /
+ * ExtBarrierOp analog) with `world_rank` / `world_size`.
+ */
+typedef struct NVTECommBootstrap {
+  int32_t world_rank;
+  int32_t world_size;
+  ncclComm_t nccl_comm;
+  NVTECommAllgatherFn allgather;
+  NVTECommBarrierFn barrier;
+  void *user_data;
+} NVTECommBootstrap;
 
 /**
  * Shape of a tensor (TE's NVTEShape).
@@ -195,6 +291,153 @@ NVTECommStatus nvte_comm_fill_uniform(NVTETensor tensor,
                                       float lo,
                                       float hi,
                                       cudaStream_t stream);
+
+/**
+ * TE's defaults, then the environment overrides (NVTE_COMM_TIMEOUT_MS,
+ * NVTE_COMM_OVERLAP_NUM_SPLITS, NVTE_COMM_OVERLAP_MAX_STREAMS, NVTE_COMM_OVERLAP_NUM_SM,
+ * NVTE_COMM_OVERLAP_USE_CE, NVTE_COMM_OVERLAP_AGGREGATE, NVTE_COMM_OVERLAP_SM_MARGIN).
+ */
+NVTECommStatus nvte_comm_overlap_config_default(struct NVTECommOverlapConfig *config);
+
+/**
+ * Create an overlap object with a registered buffer of [rows, cols] `dtype` on every
+ * rank of the world (collective: all ranks call it with the same arguments; each rank
+ * uses the CUDA device current on its calling thread). Ranks are grouped in
+ * consecutive blocks of `tp_size`; buffers are shared within a group through CUDA IPC
+ * (the group must be on one node). `*out` is NULL on failure.
+ */
+NVTECommStatus nvte_comm_overlap_create(const struct NVTECommBootstrap *bootstrap,
+                                        const struct NVTECommOverlapConfig *config,
+                                        size_t rows,
+                                        size_t cols,
+                                        NVTEDType dtype,
+                                        struct NVTECommOverlap **out);
+
+/**
+ * Destroy an object: waits (bounded by the timeout) until the peers are done with this
+ * rank's buffer, then frees everything. Not collective. NULL is a no-op.
+ */
+NVTECommStatus nvte_comm_overlap_destroy(struct NVTECommOverlap *overlap);
+
+/**
+ * tp size and this rank's index in its group.
+ */
+NVTECommStatus nvte_comm_overlap_tp(struct NVTECommOverlap *overlap,
+                                    int32_t *tp_size,
+                                    int32_t *tp_rank);
+
+/**
+ * A new tensor handle viewing the buffer (TE's get_ubuf): the whole [rows, cols], or
+ * this rank's chunk [rows/tp, cols]. The caller destroys the handle; setting scale /
+ * scale_inv on it gives FP8 buffers their scaling in the calls that take it.
+ */
+NVTECommStatus nvte_comm_overlap_get_buffer(struct NVTECommOverlap *overlap,
+                                            bool local_chunk,
+                                            NVTETensor *out);
+
+/**
+ * Copy `input` into this rank's chunk (local_chunk) or the whole buffer, on `stream`,
+ * once the peers are done with the previous call.
+ */
+NVTECommStatus nvte_comm_overlap_copy_into_buffer(struct NVTECommOverlap *overlap,
+                                                  NVTETensor input,
+                                                  bool local_chunk,
+                                                  cudaStream_t stream);
+
+/**
+ * All-gather + GEMM by ring exchange [TE SPLIT_PIPELINED_AG_P2P]: D = gather(B) x op(A)
+ * with nvte_cublas_gemm's conventions (D is [n, m], n = gathered tokens). B is the
+ * buffer view (local chunk filled) or this rank's shard [n/tp, k]. Bias, pre_gelu_out,
+ * grad and accumulate apply to every chunk GEMM; `B_copy` (optional, [n, k]) receives
+ * the gathered B. Asynchronous on `stream`.
+ */
+NVTECommStatus nvte_comm_overlap_split_ag(struct NVTECommOverlap *overlap,
+                                          NVTETensor A,
+                                          bool transa,
+                                          NVTETensor B,
+                                          bool transb,
+                                          NVTETensor D,
+                                          NVTETensor bias,
+                                          NVTETensor pre_gelu_out,
+                                          bool grad,
+                                          NVTETensor workspace,
+                                          bool accumulate,
+                                          bool use_split_accumulator,
+                                          NVTETensor B_copy,
+                                          cudaStream_t stream);
+
+/**
+ * GEMM + reduce-scatter, pipelined [TE SPLIT_PIPELINED_RS]: the GEMM (output in the
+ * buffer as [n, m]; `D` = the buffer view carrying FP8 scale / scale_inv, or NULL) is
+ * split into num_splits column chunks, each reduce-scattered by a kernel reading the
+ * peers' buffers while the next computes. `rs_output` [n/tp, m] gets this rank's rows of
+ * the sum over ranks. Asynchronous on `stream`.
+ */
+NVTECommStatus nvte_comm_overlap_split_rs(struct NVTECommOverlap *overlap,
+                                          NVTETensor A,
+                                          bool transa,
+                                          NVTETensor B,
+                                          bool transb,
+                                          NVTETensor D,
+                                          NVTETensor bias,
+                                          NVTETensor pre_gelu_out,
+                                          bool grad,
+                                          NVTETensor workspace,
+                                          bool accumulate,
+                                          bool use_split_accumulator,
+                                          NVTETensor rs_output,
+                                          cudaStream_t stream);
+
+/**
+ * GEMM + reduce-scatter by ring exchange [TE SPLIT_PIPELINED_RS_P2P]: step i computes
+ * the rows owned by rank (r+i+1) % tp and puts them there while the next step computes;
+ * a final kernel sums the tp partials into `rs_output` [n/tp, m]. Arguments as split_rs.
+ */
+NVTECommStatus nvte_comm_overlap_split_rs_p2p(struct NVTECommOverlap *overlap,
+                                              NVTETensor A,
+                                              bool transa,
+                                              NVTETensor B,
+                                              bool transb,
+                                              NVTETensor D,
+                                              NVTETensor bias,
+                                              NVTETensor pre_gelu_out,
+                                              bool grad,
+                                              NVTETensor workspace,
+                                              bool accumulate,
+                                              bool use_split_accumulator,
+                                              NVTETensor rs_output,
+                                              cudaStream_t stream);
+
+/**
+ * Bulk overlap [TE BULK_OVERLAP_AG / BULK_OVERLAP_RS]: the collective `comm_type` on the
+ * pre-filled buffer (AG: gather every rank's chunk into every buffer; RS: sum the
+ * buffers, this rank's rows into `rs_output` [rows/tp, cols]) runs beside the unrelated
+ * GEMM D = op(B) x op(A) (nvte_cublas_gemm's arguments). `buffer` is the buffer view
+ * carrying scale_inv for an FP8 RS (else may be NULL). Asynchronous on `stream`.
+ */
+NVTECommStatus nvte_comm_overlap_bulk(struct NVTECommOverlap *overlap,
+                                      NVTECommOverlapType comm_type,
+                                      NVTETensor A,
+                                      bool transa,
+                                      NVTETensor B,
+                                      bool transb,
+                                      NVTETensor D,
+                                      NVTETensor bias,
+                                      NVTETensor pre_gelu_out,
+                                      bool grad,
+                                      NVTETensor workspace,
+                                      bool accumulate,
+                                      bool use_split_accumulator,
+                                      NVTETensor buffer,
+                                      NVTETensor rs_output,
+                                      cudaStream_t stream);
+
+/**
+ * Host-wait until the object's last call has finished on the GPU. Returns
+ * NVTE_COMM_ERROR_TIMEOUT, naming rank, peer, operation and step, when a wait for a peer
+ * timed out (the object is then unusable: every later call returns that error).
+ */
+NVTECommStatus nvte_comm_overlap_synchronize(struct NVTECommOverlap *overlap);
 
 /**
  * Create a tensor with the given scaling mode. Returns NULL (error recorded) for an

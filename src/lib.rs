@@ -4,9 +4,12 @@
 //! Layout: `ffi` (the only `extern "C"` code), `tensor` (TE tensors and handles),
 //! `gemm` (cuBLASLt), `cuda` (driver, NVRTC, contexts), `kernels` (typed launches of
 //! `kernels/*.cu`), `error` (status + message model).
+pub mod bootstrap;
 pub mod cuda;
 pub mod error;
 pub mod ffi;
 pub mod gemm;
 pub mod kernels;
+pub mod overlap;
 pub mod tensor;
+pub mod transport;

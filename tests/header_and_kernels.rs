@@ -70,10 +70,13 @@ fn kernels_compile_for_hopper_with_nvrtc() {
         return;
     }
     // Always a real compilation (no disk cache), for the exact Hopper target.
-    let cubin = nvrtc::compile_fresh(&nvrtc::CAST, "sm_90a")
-        .expect("kernels/cast.cu must compile for sm_90a");
-    assert!(
-        cubin.len() > 1000 && &cubin[..4] == b"\x7fELF",
-        "NVRTC did not return an ELF cubin"
-    );
+    for src in [nvrtc::CAST, nvrtc::COMM] {
+        let cubin = nvrtc::compile_fresh(&src, "sm_90a")
+            .unwrap_or_else(|e| panic!("kernels/{} must compile for sm_90a: {e}", src.name));
+        assert!(
+            cubin.len() > 1000 && &cubin[..4] == b"\x7fELF",
+            "NVRTC did not return an ELF cubin for {}",
+            src.name
+        );
+    }
 }

@@ -2,6 +2,7 @@
 //! checked driver calls, and kernel launches. Uses cudarc's raw `sys` bindings, which
 //! load libcuda / libcublasLt / libnvrtc / libnccl on first use.
 pub mod nvrtc;
+pub mod resources;
 
 use crate::error::{Error, Result};
 use crate::ffi::enums::NVTECommStatus as S;

@@ -24,6 +24,10 @@ pub const CAST: Source = Source {
     name: "cast.cu",
     code: include_str!("../../kernels/cast.cu"),
 };
+pub const COMM: Source = Source {
+    name: "comm.cu",
+    code: include_str!("../../kernels/comm.cu"),
+};
 
 fn nvrtc_check(r: nv::nvrtcResult, call: &str) -> Result<()> {
     if r == nv::nvrtcResult::NVRTC_SUCCESS {

@@ -5,6 +5,7 @@ pub mod enums;
 mod errors;
 mod gemm;
 mod kernels;
+mod overlap;
 mod tensor;
 
 pub use enums::{NVTECommStatus, NVTEDType, NVTEScalingMode, NVTETensorParam};

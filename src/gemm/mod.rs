@@ -131,6 +131,7 @@ fn two_d(b: &Buffer, what: &str) -> Result<(usize, usize)> {
 }
 
 /// The arguments of TE's nvte_cublas_gemm, resolved to tensors.
+#[derive(Clone, Copy)]
 pub struct TeGemm<'a> {
     pub a: &'a Tensor,
     pub b: &'a Tensor,

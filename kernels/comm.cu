@@ -1,0 +1,214 @@
+// Communication kernels of the overlap engine: flag signal / wait with timeouts, SM
+// puts, and the reductions of the reduce-scatter algorithms. Self-contained (NVRTC has
+// no CUDA headers); narrow types are converted with PTX.
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define MAX_PEERS 16
+
+// ---------------------------------------------------------------- flags, timeouts
+// Error record in host-mapped memory: the first wait that times out fills it; every
+// later wait sees `code` set and returns at once, so a broken peer costs one timeout.
+struct ErrorRecord {
+  u32 code;  // 0 none, 1 timeout
+  u32 peer;  // world rank of the peer that never signalled
+  u32 op;    // operation id (engine's enum)
+  u32 step;  // algorithm step
+  u64 seq;   // call sequence number
+  u64 waited_ns;
+};
+
+struct FlagSet {
+  u64 *flag[MAX_PEERS];  // flag addresses (local memory for waits, peer memory for signals)
+  u32 peer[MAX_PEERS];   // world rank each flag belongs to (for the error message)
+  u32 n;
+};
+
+__device__ __forceinline__ u64 globaltimer() {
+  u64 t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__device__ __forceinline__ u64 ld_acquire_sys(const u64 *p) {
+  u64 v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void st_release_sys(u64 *p, u64 v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+// One thread per flag: wait until *flag >= expected, or until timeout_ns has passed
+// (then record the error and return). Returns at once if an error is already recorded.
+extern "C" __global__ void wait_flags(FlagSet set, u64 expected, u64 timeout_ns, ErrorRecord *err, u32 op, u32 step,
+                                      u64 seq) {
+  const u32 i = threadIdx.x;
+  if (i >= set.n) return;
+  volatile ErrorRecord *e = err;
+  if (e->code != 0) return;
+  const u64 t0 = globaltimer();
+  u32 spins = 0;
+  while (ld_acquire_sys(set.flag[i]) < expected) {
+    if ((++spins & 63) == 0) {
+      if (e->code != 0) return;
+      const u64 dt = globaltimer() - t0;
+      if (dt > timeout_ns) {
+        if (atomicCAS((u32 *)&err->code, 0u, 1u) == 0u) {
+          e->peer = set.peer[i];
+          e->op = op;
+          e->step = step;
+          e->seq = seq;
+          e->waited_ns = dt;
+          __threadfence_system();
+        }
+        return;
+      }
+      __nanosleep(64);
+    }
+  }
+}
+
+// One thread per flag: make this stream's earlier writes visible system-wide, then
+// publish `value` to every flag (peers' flag memory).
+extern "C" __global__ void signal_flags(FlagSet set, u64 value) {
+  const u32 i = threadIdx.x;
+  if (i >= set.n) return;
+  __threadfence_system();
+  st_release_sys(set.flag[i], value);
+}
+
+// ---------------------------------------------------------------- SM put
+// Copy `bytes` from src to dst (either may be a peer's memory) with 16-byte accesses
+// where both are aligned; runs on the grid the caller chose (the comm SM budget).
+extern "C" __global__ void put_bytes(u8 *dst, const u8 *src, u64 bytes) {
+  const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+  const u64 stride = (u64)gridDim.x * blockDim.x;
+  if ((((u64)dst | (u64)src) & 15) == 0) {
+    const u64 n16 = bytes >> 4;
+    uint4 *d = (uint4 *)dst;
+    const uint4 *s = (const uint4 *)src;
+    for (u64 i = tid; i < n16; i += stride) d[i] = s[i];
+    for (u64 i = (n16 << 4) + tid; i < bytes; i += stride) dst[i] = src[i];
+  } else {
+    for (u64 i = tid; i < bytes; i += stride) dst[i] = src[i];
+  }
+}
+
+// ---------------------------------------------------------------- element types
+struct F32 {
+  typedef float T;
+  static __device__ __forceinline__ float load(float v) { return v; }
+  static __device__ __forceinline__ float store(float f) { return f; }
+};
+struct BF16 {
+  typedef u16 T;
+  static __device__ __forceinline__ float load(u16 v) { return __uint_as_float(((u32)v) << 16); }
+  static __device__ __forceinline__ u16 store(float f) {
+    u16 r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
+    return r;
+  }
+};
+struct F16 {
+  typedef u16 T;
+  static __device__ __forceinline__ float load(u16 v) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v));
+    return f;
+  }
+  static __device__ __forceinline__ u16 store(float f) {
+    u16 r;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(f));
+    return r;
+  }
+};
+struct E4M3 {
+  typedef u8 T;
+  static __device__ __forceinline__ float load(u8 v) {
+    u32 h2;
+    u16 in = v;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(in));
+    return F16::load((u16)(h2 & 0xffff));
+  }
+};
+struct E5M2 {
+  typedef u8 T;
+  static __device__ __forceinline__ float load(u8 v) {
+    u32 h2;
+    u16 in = v;
+    asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(h2) : "h"(in));
+    return F16::load((u16)(h2 & 0xffff));
+  }
+};
+
+// ---------------------------------------------------------------- reductions
+struct SrcSet {
+  const void *src[MAX_PEERS];
+  u32 n;
+};
+
+// out[r, c] = sum_i load(src_i[r, c]) * in_scale (+ out[r, c] when accumulate), for a
+// rows x cols block. Sources have row stride in_ld, the output out_ld (elements).
+// Sums in fp32. Used by the pipelined reduce-scatter (sources: the peers' buffers) and
+// the ring reduce-scatter (sources: the received slots). 8 columns per thread when the
+// row length and strides allow, else 1.
+template <class I, class O, int V>
+__device__ void reduce_impl(typename O::T *out, u64 out_ld, SrcSet s, u64 in_ld, u64 rows, u64 cols,
+                            const float *in_scale_ptr, int accumulate) {
+  const float in_scale = in_scale_ptr ? *in_scale_ptr : 1.0f;
+  const u64 vcols = cols / V;
+  const u64 total = rows * vcols;
+  const u64 stride = (u64)gridDim.x * blockDim.x;
+  for (u64 idx = (u64)blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += stride) {
+    const u64 r = idx / vcols, c = (idx - r * vcols) * V;
+    float acc[V];
+#pragma unroll
+    for (int v = 0; v < V; ++v) acc[v] = 0.0f;
+    for (u32 i = 0; i < s.n; ++i) {
+      const typename I::T *p = (const typename I::T *)s.src[i] + r * in_ld + c;
+      typename I::T x[V];
+      if (V * sizeof(typename I::T) == 16) {
+        *(uint4 *)x = *(const uint4 *)p;
+      } else if (V * sizeof(typename I::T) == 8) {
+        *(uint2 *)x = *(const uint2 *)p;
+      } else {
+#pragma unroll
+        for (int v = 0; v < V; ++v) x[v] = p[v];
+      }
+#pragma unroll
+      for (int v = 0; v < V; ++v) acc[v] += I::load(x[v]);
+    }
+    typename O::T *q = out + r * out_ld + c;
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      float y = acc[v] * in_scale;
+      if (accumulate) y += O::load(q[v]);
+      q[v] = O::store(y);
+    }
+  }
+}
+
+#define REDUCE(iname, I, oname, O)                                                                              \
+  extern "C" __global__ void reduce_##iname##_##oname##_v8(O::T *out, u64 out_ld, SrcSet s, u64 in_ld, u64 rows, \
+                                                           u64 cols, const float *sc, int acc) {                \
+    reduce_impl<I, O, 8>(out, out_ld, s, in_ld, rows, cols, sc, acc);                                           \
+  }                                                                                                             \
+  extern "C" __global__ void reduce_##iname##_##oname##_v1(O::T *out, u64 out_ld, SrcSet s, u64 in_ld, u64 rows, \
+                                                           u64 cols, const float *sc, int acc) {                \
+    reduce_impl<I, O, 1>(out, out_ld, s, in_ld, rows, cols, sc, acc);                                           \
+  }
+REDUCE(f32, F32, f32, F32)
+REDUCE(bf16, BF16, bf16, BF16)
+REDUCE(f16, F16, f16, F16)
+REDUCE(bf16, BF16, f32, F32)
+REDUCE(f16, F16, f32, F32)
+REDUCE(e4m3, E4M3, bf16, BF16)
+REDUCE(e4m3, E4M3, f16, F16)
+REDUCE(e4m3, E4M3, f32, F32)
+REDUCE(e5m2, E5M2, bf16, BF16)
+REDUCE(e5m2, E5M2, f16, F16)
+REDUCE(e5m2, E5M2, f32, F32)

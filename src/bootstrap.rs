@@ -1,0 +1,185 @@
+//! Out-of-band exchange among the ranks of the world at setup time: an allgather and a
+//! barrier, either through an NCCL communicator or through the caller's callbacks (the
+//! analog of TE's ExtAllgatherOp / ExtBarrierOp, so a framework can use its own process
+//! group). Used only while creating and destroying objects, never in the hot path.
+use crate::cuda::resources::{DeviceMem, Stream, copy_from_host, copy_to_host};
+use crate::cuda::{self, Lib};
+use crate::error::{Error, Result};
+use crate::ffi::enums::NVTECommStatus as S;
+use crate::invalid;
+use cudarc::nccl::sys as nccl;
+use std::ffi::c_void;
+
+/// allgather(user, global, global_bytes, local, local_bytes): gather `local_bytes` from
+/// every rank into `global` in rank order; returns 0 on success.
+pub type AllgatherFn =
+    unsafe extern "C" fn(*mut c_void, *mut c_void, usize, *const c_void, usize) -> i32;
+/// barrier(user): returns 0 on success.
+pub type BarrierFn = unsafe extern "C" fn(*mut c_void) -> i32;
+
+pub enum Exchange {
+    Nccl(usize),
+    Callbacks {
+        allgather: AllgatherFn,
+        barrier: BarrierFn,
+        user: usize,
+    },
+}
+
+pub struct Bootstrap {
+    pub rank: usize,
+    pub size: usize,
+    pub exchange: Exchange,
+}
+
+fn nccl_check(r: nccl::ncclResult_t, call: &str) -> Result<()> {
+    if r == nccl::ncclResult_t::ncclSuccess {
+        return Ok(());
+    }
+    // SAFETY: static string from NCCL.
+    let s = unsafe { std::ffi::CStr::from_ptr(nccl::ncclGetErrorString(r)) }
+        .to_string_lossy()
+        .into_owned();
+    Err(Error::new(
+        S::NVTE_COMM_ERROR_NCCL,
+        format!("{call} failed: {s}"),
+    ))
+}
+
+impl Bootstrap {
+    /// Rank and size from an NCCL communicator (the caller's; not owned).
+    pub fn from_nccl(comm: usize) -> Result<Bootstrap> {
+        if comm == 0 {
+            invalid!("argument `nccl_comm` is NULL");
+        }
+        cuda::require(Lib::Nccl)?;
+        let (mut rank, mut size) = (0, 0);
+        // SAFETY: the caller passes a live communicator.
+        nccl_check(
+            unsafe { nccl::ncclCommUserRank(comm as nccl::ncclComm_t, &mut rank) },
+            "ncclCommUserRank",
+        )?;
+        nccl_check(
+            unsafe { nccl::ncclCommCount(comm as nccl::ncclComm_t, &mut size) },
+            "ncclCommCount",
+        )?;
+        Ok(Bootstrap {
+            rank: rank as usize,
+            size: size as usize,
+            exchange: Exchange::Nccl(comm),
+        })
+    }
+
+    pub fn from_callbacks(
+        rank: i32,
+        size: i32,
+        allgather: Option<AllgatherFn>,
+        barrier: Option<BarrierFn>,
+        user: usize,
+    ) -> Result<Bootstrap> {
+        if size <= 0 || rank < 0 || rank >= size {
+            invalid!(
+                "world_rank = {rank} and world_size = {size} are inconsistent (need 0 <= rank < size)"
+            );
+        }
+        let (Some(allgather), Some(barrier)) = (allgather, barrier) else {
+            invalid!("the allgather and barrier callbacks must both be set");
+        };
+        Ok(Bootstrap {
+            rank: rank as usize,
+            size: size as usize,
+            exchange: Exchange::Callbacks {
+                allgather,
+                barrier,
+                user,
+            },
+        })
+    }
+
+    /// Gather `local` (same length on every rank) from all ranks, in rank order.
+    pub fn allgather(&self, local: &[u8]) -> Result<Vec<u8>> {
+        let n = local.len();
+        let mut out = vec![0u8; n * self.size];
+        match self.exchange {
+            Exchange::Callbacks {
+                allgather, user, ..
+            } => {
+                // SAFETY: buffers sized as the callback contract states.
+                let rc = unsafe {
+                    allgather(
+                        user as *mut c_void,
+                        out.as_mut_ptr() as *mut c_void,
+                        out.len(),
+                        local.as_ptr() as *const c_void,
+                        n,
+                    )
+                };
+                if rc != 0 {
+                    return Err(Error::new(
+                        S::NVTE_COMM_ERROR_INTERNAL,
+                        format!("the allgather callback failed (returned {rc})"),
+                    ));
+                }
+            }
+            Exchange::Nccl(comm) => {
+                // Setup only: a private stream and a host synchronisation are fine here.
+                let stream = Stream::new(0)?;
+                let send = DeviceMem::new(n)?;
+                let recv = DeviceMem::new(n * self.size)?;
+                copy_from_host(send.ptr, local)?;
+                // SAFETY: device buffers of the stated sizes; live communicator.
+                nccl_check(
+                    unsafe {
+                        nccl::ncclAllGather(
+                            send.ptr as *const c_void,
+                            recv.ptr as *mut c_void,
+                            n,
+                            nccl::ncclDataType_t::ncclUint8,
+                            comm as nccl::ncclComm_t,
+                            stream.raw() as nccl::cudaStream_t,
+                        )
+                    },
+                    "ncclAllGather",
+                )?;
+                stream.synchronize()?;
+                copy_to_host(&mut out, recv.ptr)?;
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn barrier(&self) -> Result<()> {
+        match self.exchange {
+            Exchange::Callbacks { barrier, user, .. } => {
+                // SAFETY: the caller's callback with its user data.
+                let rc = unsafe { barrier(user as *mut c_void) };
+                if rc != 0 {
+                    return Err(Error::new(
+                        S::NVTE_COMM_ERROR_INTERNAL,
+                        format!("the barrier callback failed (returned {rc})"),
+                    ));
+                }
+                Ok(())
+            }
+            Exchange::Nccl(_) => self.allgather(&[0u8]).map(|_| ()),
+        }
+    }
+}
+
+/// This host's identity (host name and boot id): ranks that share it can use CUDA IPC.
+pub fn host_identity() -> [u8; 128] {
+    let mut id = [0u8; 128];
+    let mut name = [0u8; 64];
+    // SAFETY: buffer of the given length.
+    unsafe { libc::gethostname(name.as_mut_ptr() as *mut libc::c_char, name.len() - 1) };
+    id[..64].copy_from_slice(&name);
+    let boot = std::fs::read("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    let k = boot.len().min(64);
+    id[64..64 + k].copy_from_slice(&boot[..k]);
+    id
+}
+
+pub fn host_name(id: &[u8]) -> String {
+    let end = id[..64].iter().position(|&b| b == 0).unwrap_or(64);
+    String::from_utf8_lossy(&id[..end]).into_owned()
+}

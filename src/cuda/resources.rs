@@ -1,0 +1,251 @@
+//! Owned CUDA resources (streams, events, device / host-mapped memory, IPC mappings).
+//! Each frees itself on drop; every creation names the call that failed.
+use super::check;
+use crate::error::Result;
+use cudarc::driver::sys as cu;
+use std::ffi::c_void;
+
+/// A non-blocking stream with a priority (clamped to the device's range).
+pub struct Stream(pub usize);
+
+impl Stream {
+    pub fn new(priority: i32) -> Result<Stream> {
+        let (mut least, mut greatest) = (0, 0);
+        // SAFETY: out pointers; a context is current.
+        check(
+            unsafe { cu::cuCtxGetStreamPriorityRange(&mut least, &mut greatest) },
+            "cuCtxGetStreamPriorityRange",
+        )?;
+        // Numerically lower is higher priority: greatest <= p <= least.
+        let p = priority.clamp(greatest, least);
+        let mut s: cu::CUstream = std::ptr::null_mut();
+        // SAFETY: out pointer.
+        check(
+            unsafe {
+                cu::cuStreamCreateWithPriority(
+                    &mut s,
+                    cu::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
+                    p,
+                )
+            },
+            "cuStreamCreateWithPriority",
+        )?;
+        Ok(Stream(s as usize))
+    }
+    pub fn raw(&self) -> usize {
+        self.0
+    }
+    pub fn synchronize(&self) -> Result<()> {
+        // SAFETY: valid stream.
+        check(
+            unsafe { cu::cuStreamSynchronize(self.0 as cu::CUstream) },
+            "cuStreamSynchronize",
+        )
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        // SAFETY: created by Stream::new.
+        unsafe { cu::cuStreamDestroy_v2(self.0 as cu::CUstream) };
+    }
+}
+
+/// An event without timing, for cross-stream ordering.
+pub struct Event(pub usize);
+
+impl Event {
+    pub fn new() -> Result<Event> {
+        let mut e: cu::CUevent = std::ptr::null_mut();
+        // SAFETY: out pointer.
+        check(
+            unsafe { cu::cuEventCreate(&mut e, cu::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) },
+            "cuEventCreate",
+        )?;
+        Ok(Event(e as usize))
+    }
+    pub fn record(&self, stream: usize) -> Result<()> {
+        // SAFETY: valid event; the stream is the caller's or ours.
+        check(
+            unsafe { cu::cuEventRecord(self.0 as cu::CUevent, stream as cu::CUstream) },
+            "cuEventRecord",
+        )
+    }
+    /// Make `stream` wait for this event's latest record.
+    pub fn wait_on(&self, stream: usize) -> Result<()> {
+        // SAFETY: valid event and stream.
+        check(
+            unsafe { cu::cuStreamWaitEvent(stream as cu::CUstream, self.0 as cu::CUevent, 0) },
+            "cuStreamWaitEvent",
+        )
+    }
+    /// true when the work before the latest record has completed.
+    pub fn done(&self) -> Result<bool> {
+        // SAFETY: valid event.
+        let r = unsafe { cu::cuEventQuery(self.0 as cu::CUevent) };
+        if r == cu::CUresult::CUDA_ERROR_NOT_READY {
+            return Ok(false);
+        }
+        check(r, "cuEventQuery").map(|_| true)
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        // SAFETY: created by Event::new.
+        unsafe { cu::cuEventDestroy_v2(self.0 as cu::CUevent) };
+    }
+}
+
+/// Device memory from cuMemAlloc (exportable through legacy CUDA IPC).
+pub struct DeviceMem {
+    pub ptr: usize,
+    pub bytes: usize,
+}
+
+impl DeviceMem {
+    pub fn new(bytes: usize) -> Result<DeviceMem> {
+        let mut p: cu::CUdeviceptr = 0;
+        // SAFETY: out pointer.
+        check(
+            unsafe { cu::cuMemAlloc_v2(&mut p, bytes.max(1)) },
+            &format!("cuMemAlloc({bytes} bytes)"),
+        )?;
+        Ok(DeviceMem {
+            ptr: p as usize,
+            bytes,
+        })
+    }
+    pub fn zero(&self) -> Result<()> {
+        // SAFETY: owned allocation of `bytes`.
+        check(
+            unsafe { cu::cuMemsetD8_v2(self.ptr as u64, 0, self.bytes) },
+            "cuMemsetD8",
+        )
+    }
+    pub fn ipc_handle(&self) -> Result<[u8; 64]> {
+        // SAFETY: zeroed POD handle, filled by the driver.
+        let mut h: cu::CUipcMemHandle = unsafe { std::mem::zeroed() };
+        check(
+            unsafe { cu::cuIpcGetMemHandle(&mut h, self.ptr as u64) },
+            "cuIpcGetMemHandle",
+        )?;
+        let mut out = [0u8; 64];
+        for (o, c) in out.iter_mut().zip(h.reserved.iter()) {
+            *o = *c as u8;
+        }
+        Ok(out)
+    }
+}
+
+impl Drop for DeviceMem {
+    fn drop(&mut self) {
+        // SAFETY: allocated by DeviceMem::new.
+        unsafe { cu::cuMemFree_v2(self.ptr as u64) };
+    }
+}
+
+/// A peer's allocation mapped into this process through CUDA IPC.
+pub struct IpcMapping {
+    pub ptr: usize,
+}
+
+impl IpcMapping {
+    pub fn open(handle: &[u8; 64]) -> Result<IpcMapping> {
+        // SAFETY: zeroed POD handle filled from the peer's bytes.
+        let mut h: cu::CUipcMemHandle = unsafe { std::mem::zeroed() };
+        for (c, b) in h.reserved.iter_mut().zip(handle.iter()) {
+            *c = *b as std::ffi::c_char;
+        }
+        let mut p: cu::CUdeviceptr = 0;
+        // SAFETY: out pointer; lazy peer access as CUDA IPC requires.
+        check(
+            unsafe {
+                cu::cuIpcOpenMemHandle_v2(
+                    &mut p,
+                    h,
+                    cu::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32,
+                )
+            },
+            "cuIpcOpenMemHandle",
+        )?;
+        Ok(IpcMapping { ptr: p as usize })
+    }
+}
+
+impl Drop for IpcMapping {
+    fn drop(&mut self) {
+        // SAFETY: opened by IpcMapping::open.
+        unsafe { cu::cuIpcCloseMemHandle(self.ptr as u64) };
+    }
+}
+
+/// Pinned host memory mapped into the device address space (error records).
+pub struct HostMapped {
+    pub host: *mut c_void,
+    pub device: usize,
+}
+
+// SAFETY: the pointer is owned and only accessed through volatile reads / device writes.
+unsafe impl Send for HostMapped {}
+unsafe impl Sync for HostMapped {}
+
+impl HostMapped {
+    pub fn new(bytes: usize) -> Result<HostMapped> {
+        let mut h: *mut c_void = std::ptr::null_mut();
+        // SAFETY: out pointers; DEVICEMAP | PORTABLE.
+        check(
+            unsafe { cu::cuMemHostAlloc(&mut h, bytes, 0x01 | 0x02) },
+            "cuMemHostAlloc",
+        )?;
+        // SAFETY: fresh allocation of `bytes`.
+        unsafe { std::ptr::write_bytes(h as *mut u8, 0, bytes) };
+        let mut d: cu::CUdeviceptr = 0;
+        if let Err(e) = check(
+            unsafe { cu::cuMemHostGetDevicePointer_v2(&mut d, h, 0) },
+            "cuMemHostGetDevicePointer",
+        ) {
+            unsafe { cu::cuMemFreeHost(h) };
+            return Err(e);
+        }
+        Ok(HostMapped {
+            host: h,
+            device: d as usize,
+        })
+    }
+}
+
+impl Drop for HostMapped {
+    fn drop(&mut self) {
+        // SAFETY: allocated by HostMapped::new.
+        unsafe { cu::cuMemFreeHost(self.host) };
+    }
+}
+
+/// cuMemcpyDtoDAsync (copy engine; either side may be a peer's IPC mapping).
+pub fn copy_async(dst: usize, src: usize, bytes: usize, stream: usize) -> Result<()> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    // SAFETY: the caller validated both ranges.
+    check(
+        unsafe { cu::cuMemcpyDtoDAsync_v2(dst as u64, src as u64, bytes, stream as cu::CUstream) },
+        "cuMemcpyDtoDAsync",
+    )
+}
+
+pub fn copy_to_host(dst: &mut [u8], src: usize) -> Result<()> {
+    // SAFETY: dst is a host slice of the copied length.
+    check(
+        unsafe { cu::cuMemcpyDtoH_v2(dst.as_mut_ptr() as *mut c_void, src as u64, dst.len()) },
+        "cuMemcpyDtoH",
+    )
+}
+
+pub fn copy_from_host(dst: usize, src: &[u8]) -> Result<()> {
+    // SAFETY: src is a host slice of the copied length.
+    check(
+        unsafe { cu::cuMemcpyHtoD_v2(dst as u64, src.as_ptr() as *const c_void, src.len()) },
+        "cuMemcpyHtoD",
+    )
+}

@@ -1,0 +1,563 @@
+//! The userbuffers-style engine: `nvte_comm_overlap_*`.
+use super::enums::{NVTECommOverlapType, NVTEDType};
+use super::{NVTECommStatus, NVTETensor, cudaStream_t, status_call};
+use crate::bootstrap::{AllgatherFn, BarrierFn, Bootstrap};
+use crate::error::{Error, Result};
+use crate::gemm::TeGemm;
+use crate::invalid;
+use crate::overlap::{Config, Overlap, ag::AgArgs, bulk::BulkArgs, bulk::BulkKind, rs::RsArgs};
+use crate::tensor::{self, DType, Tensor};
+use once_cell::sync::Lazy;
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// NCCL communicator handle as the header declares it (`struct ncclComm *`).
+#[allow(non_camel_case_types)]
+pub type ncclComm_t = *mut c_void;
+
+/// Gather `local_bytes` from every rank into `global` (rank order); return 0 on success.
+pub type NVTECommAllgatherFn = Option<
+    unsafe extern "C" fn(
+        user_data: *mut c_void,
+        global: *mut c_void,
+        global_bytes: usize,
+        local: *const c_void,
+        local_bytes: usize,
+    ) -> i32,
+>;
+/// Block until every rank has arrived; return 0 on success.
+pub type NVTECommBarrierFn = Option<unsafe extern "C" fn(user_data: *mut c_void) -> i32>;
+
+/// How the ranks exchange setup data: through `nccl_comm` when it is not NULL (rank and
+/// size are then taken from it), else through the callbacks (TE's ExtAllgatherOp /
+/// ExtBarrierOp analog) with `world_rank` / `world_size`.
+#[repr(C)]
+pub struct NVTECommBootstrap {
+    pub world_rank: i32,
+    pub world_size: i32,
+    pub nccl_comm: ncclComm_t,
+    pub allgather: NVTECommAllgatherFn,
+    pub barrier: NVTECommBarrierFn,
+    pub user_data: *mut c_void,
+}
+
+/// Engine settings. Fill with nvte_comm_overlap_config_default() (TE's defaults plus the
+/// environment overrides), then change fields. `struct_size` must be sizeof(the struct).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct NVTECommOverlapConfig {
+    pub struct_size: usize,
+    /// ranks per tensor-parallel group; 0 = the whole world. Must divide the world size.
+    pub tp_size: i32,
+    /// GEMM chunks of the pipelined reduce-scatter (TE default 3)
+    pub num_splits: i32,
+    /// compute streams for chunk GEMMs (TE default 3)
+    pub num_max_streams: i32,
+    /// accepted for TE compatibility (default 2); kernels are not cluster-launched
+    pub comm_cga_size: i32,
+    /// SMs for communication kernels: SM puts and reductions (TE default 16)
+    pub num_comm_sm: i32,
+    /// GEMMs leave num_comm_sm SMs free while SM kernels communicate (default true)
+    pub set_sm_margin: bool,
+    /// copy-engine puts (true, default) or SM-kernel puts (false)
+    pub use_ce: bool,
+    /// bidirectional ring all-gather (default false)
+    pub aggregate: bool,
+    /// TE's atomic GEMM algorithms: not implemented, must be false
+    pub atomic_gemm: bool,
+    /// stream priorities, clamped to the device's range (lower = higher priority)
+    pub gemm_priority: i32,
+    pub comm_priority: i32,
+    /// timeout of every wait for a peer, ms (default 60000; env NVTE_COMM_TIMEOUT_MS)
+    pub timeout_ms: i64,
+}
+
+impl NVTECommOverlapConfig {
+    fn from_config(c: &Config) -> Self {
+        NVTECommOverlapConfig {
+            struct_size: std::mem::size_of::<Self>(),
+            tp_size: c.tp_size,
+            num_splits: c.num_splits,
+            num_max_streams: c.num_max_streams,
+            comm_cga_size: c.comm_cga_size,
+            num_comm_sm: c.num_comm_sm,
+            set_sm_margin: c.set_sm_margin,
+            use_ce: c.use_ce,
+            aggregate: c.aggregate,
+            atomic_gemm: c.atomic_gemm,
+            gemm_priority: c.gemm_priority,
+            comm_priority: c.comm_priority,
+            timeout_ms: c.timeout_ms,
+        }
+    }
+    fn to_config(&self) -> Config {
+        Config {
+            tp_size: self.tp_size,
+            num_splits: self.num_splits,
+            num_max_streams: self.num_max_streams,
+            comm_cga_size: self.comm_cga_size,
+            num_comm_sm: self.num_comm_sm,
+            set_sm_margin: self.set_sm_margin,
+            use_ce: self.use_ce,
+            aggregate: self.aggregate,
+            atomic_gemm: self.atomic_gemm,
+            gemm_priority: self.gemm_priority,
+            comm_priority: self.comm_priority,
+            timeout_ms: self.timeout_ms,
+        }
+    }
+}
+
+/// Opaque overlap object (not repr(C): the header declares it incomplete).
+pub struct NVTECommOverlap {
+    _private: (),
+}
+
+static OBJECTS: Lazy<Mutex<HashMap<usize, Arc<Mutex<Overlap>>>>> =
+    Lazy::new(|| Mutex::new(HashMap::new()));
+static NEXT: AtomicUsize = AtomicUsize::new(1);
+
+fn object(h: *mut NVTECommOverlap) -> Result<Arc<Mutex<Overlap>>> {
+    if h.is_null() {
+        invalid!("argument `overlap` is NULL");
+    }
+    OBJECTS.lock().unwrap_or_else(|e| e.into_inner()).get(&(h as usize)).cloned().ok_or_else(|| {
+        Error::invalid(format!("argument `overlap` ({:#x}) is not a live overlap object: never created, or already destroyed", h as usize))
+    })
+}
+
+fn with<R>(h: *mut NVTECommOverlap, f: impl FnOnce(&mut Overlap) -> Result<R>) -> Result<R> {
+    let o = object(h)?;
+    let mut g = o.lock().unwrap_or_else(|e| e.into_inner());
+    f(&mut g)
+}
+
+fn t(h: NVTETensor, what: &str) -> Result<Tensor> {
+    tensor::get(h as usize, what)
+}
+fn t_opt(h: NVTETensor, what: &str) -> Result<Option<Tensor>> {
+    tensor::get_opt(h as usize, what)
+}
+
+/// TE's defaults, then the environment overrides (NVTE_COMM_TIMEOUT_MS,
+/// NVTE_COMM_OVERLAP_NUM_SPLITS, NVTE_COMM_OVERLAP_MAX_STREAMS, NVTE_COMM_OVERLAP_NUM_SM,
+/// NVTE_COMM_OVERLAP_USE_CE, NVTE_COMM_OVERLAP_AGGREGATE, NVTE_COMM_OVERLAP_SM_MARGIN).
+#[unsafe(no_mangle)]
+pub extern "C" fn nvte_comm_overlap_config_default(
+    config: *mut NVTECommOverlapConfig,
+) -> NVTECommStatus {
+    status_call("nvte_comm_overlap_config_default", || {
+        if config.is_null() {
+            invalid!("argument `config` is NULL");
+        }
+        // SAFETY: non-null output pointer.
+        unsafe { *config = NVTECommOverlapConfig::from_config(&Config::from_env()) };
+        Ok(())
+    })
+}
+
+/// Create an overlap object with a registered buffer of [rows, cols] `dtype` on every
+/// rank of the world (collective: all ranks call it with the same arguments; each rank
+/// uses the CUDA device current on its calling thread). Ranks are grouped in
+/// consecutive blocks of `tp_size`; buffers are shared within a group through CUDA IPC
+/// (the group must be on one node). `*out` is NULL on failure.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvte_comm_overlap_create(
+    bootstrap: *const NVTECommBootstrap,
+    config: *const NVTECommOverlapConfig,
+    rows: usize,
+    cols: usize,
+    dtype: NVTEDType,
+    out: *mut *mut NVTECommOverlap,
+) -> NVTECommStatus {
+    status_call("nvte_comm_overlap_create", || {
+        if out.is_null() {
+            invalid!("argument `out` is NULL");
+        }
+        // SAFETY: non-null output pointer.
+        unsafe { *out = std::ptr::null_mut() };
+        if bootstrap.is_null() {
+            invalid!("argument `bootstrap` is NULL");
+        }
+        // SAFETY: non-null, points to the caller's struct.
+        let b = unsafe { &*bootstrap };
+        let cfg = if config.is_null() {
+            Config::from_env()
+        } else {
+            // SAFETY: non-null; size checked before reading the rest.
+            let size = unsafe { std::ptr::read_unaligned(config as *const usize) };
+            if size != std::mem::size_of::<NVTECommOverlapConfig>() {
+                invalid!(
+                    "config->struct_size = {size} but this library's NVTECommOverlapConfig has {} bytes (fill it with nvte_comm_overlap_config_default)",
+                    std::mem::size_of::<NVTECommOverlapConfig>()
+                );
+            }
+            unsafe { &*config }.to_config()
+        };
+        let bs = if !b.nccl_comm.is_null() {
+            Bootstrap::from_nccl(b.nccl_comm as usize)?
+        } else {
+            Bootstrap::from_callbacks(
+                b.world_rank,
+                b.world_size,
+                b.allgather.map(|f| f as AllgatherFn),
+                b.barrier.map(|f| f as BarrierFn),
+                b.user_data as usize,
+            )?
+        };
+        let dt = DType::from_c(dtype).map_err(|e| e.context("argument `dtype`"))?;
+        let o = Overlap::create(&bs, cfg, rows, cols, dt)?;
+        let id = NEXT.fetch_add(1, Ordering::Relaxed) << 4 | 0xC;
+        OBJECTS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, Arc::new(Mutex::new(o)));
+        // SAFETY: non-null output pointer.
+        unsafe { *out = id as *mut NVTECommOverlap };
+        Ok(())
+    })
+}
+
+/// Destroy an object: waits (bounded by the timeout) until the peers are done with this
+/// rank's buffer, then frees everything. Not collective. NULL is a no-op.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvte_comm_overlap_destroy(overlap: *mut NVTECommOverlap) -> NVTECommStatus {
+    status_call("nvte_comm_overlap_destroy", || {
+        if overlap.is_null() {
+            return Ok(());
+        }
+        let o = OBJECTS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&(overlap as usize));
+        match o {
+            Some(_) => Ok(()), // dropped here (quiesce, then free)
+            None => invalid!(
+                "argument `overlap` ({:#x}) is not a live overlap object: never created, or already destroyed",
+                overlap as usize
+            ),
+        }
+    })
+}
+
+/// tp size and this rank's index in its group.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvte_comm_overlap_tp(
+    overlap: *mut NVTECommOverlap,
+    tp_size: *mut i32,
+    tp_rank: *mut i32,
+) -> NVTECommStatus {
+    status_call("nvte_comm_overlap_tp", || {
+        let (s, r) = with(overlap, |o| Ok((o.tp(), o.tp_rank())))?;
+        if !tp_size.is_null() {
+            // SAFETY: non-null output pointer.
+            unsafe { *tp_size = s as i32 };
+        }
+        if !tp_rank.is_null() {
+            unsafe { *tp_rank = r as i32 };
+        }
+        Ok(())
+    })
+}
+
+/// A new tensor handle viewing the buffer (TE's get_ubuf): the whole [rows, cols], or
+/// this rank's chunk [rows/tp, cols]. The caller destroys the handle; setting scale /
+/// scale_inv on it gives FP8 buffers their scaling in the calls that take it.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvte_comm_overlap_get_buffer(
+    overlap: *mut NVTECommOverlap,
+    local_chunk: bool,
+    out: *mut NVTETensor,
+) -> NVTECommStatus {
+    status_call("nvte_comm_overlap_get_buffer", || {
+        if out.is_null() {
+            invalid!("argument `out` is NULL");
+        }
+        let v = with(overlap, |o| o.view(local_chunk))?;
+        let id = tensor::create(super::NVTEScalingMode::NVTE_DELAYED_TENSOR_SCALING)?;
+        tensor::update(id, "out", |t| {
+            *t = Tensor {
+                scaling_mode: t.scaling_mode,
+                ..v
+            };
+            Ok(())
+        })?;
+        // SAFETY: non-null output pointer.
+        unsafe { *out = id as NVTETensor };
+        Ok(())
+    })
+}
+
+/// Copy `input` into this rank's chunk (local_chunk) or the whole buffer, on `stream`,
+/// once the peers are done with the previous call.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvte_comm_overlap_copy_into_buffer(
+    overlap: *mut NVTECommOverlap,
+    input: NVTETensor,
+    local_chunk: bool,
+    stream: cudaStream_t,
+) -> NVTECommStatus {
+    status_call("nvte_comm_overlap_copy_into_buffer", || {
+        let i = t(input, "input")?;
+        with(overlap, |o| {
+            o.copy_into_buffer(&i, local_chunk, stream as usize)
+        })
+    })
+}
+
+/// All-gather + GEMM by ring exchange [TE SPLIT_PIPELINED_AG_P2P]: D = gather(B) x op(A)
+/// with nvte_cublas_gemm's conventions (D is [n, m], n = gathered tokens). B is the
+/// buffer view (local chunk filled) or this rank's shard [n/tp, k]. Bias, pre_gelu_out,
+/// grad and accumulate apply to every chunk GEMM; `B_copy` (optional, [n, k]) receives
+/// the gathered B. Asynchronous on `stream`.
+#[unsafe(no_mangle)]
+#[allow(non_snake_case)]
+pub extern "C" fn nvte_comm_overlap_split_ag(
+    overlap: *mut NVTECommOverlap,
+    A: NVTETensor,
+    transa: bool,
+    B: NVTETensor,
+    transb: bool,
+    D: NVTETensor,
+    bias: NVTETensor,
+    pre_gelu_out: NVTETensor,
+    grad: bool,
+    workspace: NVTETensor,
+    accumulate: bool,
+    use_split_accumulator: bool,
+    B_copy: NVTETensor,
+    stream: cudaStream_t,
+) -> NVTECommStatus {
+    status_call("nvte_comm_overlap_split_ag", || {
+        let (a, b, d) = (t(A, "A")?, t(B, "B")?, t(D, "D")?);
+        let (bias, pre, ws, bc) = (
+            t_opt(bias, "bias")?,
+            t_opt(pre_gelu_out, "pre_gelu_out")?,
+            t_opt(workspace, "workspace")?,
+            t_opt(B_copy, "B_copy")?,
+        );
+        let args = AgArgs {
+            a: &a,
+            transa,
+            b: &b,
+            transb,
+            d: &d,
+            bias: bias.as_ref(),
+            pre_gelu_out: pre.as_ref(),
+            grad,
+            workspace: ws.as_ref(),
+            accumulate,
+            use_split_accumulator,
+            b_copy: bc.as_ref(),
+        };
+        with(overlap, |o| o.split_ag(&args, stream as usize))
+    })
+}
+
+#[allow(non_snake_case, clippy::too_many_arguments)]
+fn rs_call(
+    name: &'static str,
+    p2p: bool,
+    overlap: *mut NVTECommOverlap,
+    A: NVTETensor,
+    transa: bool,
+    B: NVTETensor,
+    transb: bool,
+    D: NVTETensor,
+    bias: NVTETensor,
+    pre_gelu_out: NVTETensor,
+    grad: bool,
+    workspace: NVTETensor,
+    accumulate: bool,
+    use_split_accumulator: bool,
+    rs_output: NVTETensor,
+    stream: cudaStream_t,
+) -> NVTECommStatus {
+    status_call(name, || {
+        let (a, b, out) = (t(A, "A")?, t(B, "B")?, t(rs_output, "rs_output")?);
+        let (d, bias, pre, ws) = (
+            t_opt(D, "D")?,
+            t_opt(bias, "bias")?,
+            t_opt(pre_gelu_out, "pre_gelu_out")?,
+            t_opt(workspace, "workspace")?,
+        );
+        let args = RsArgs {
+            a: &a,
+            transa,
+            b: &b,
+            transb,
+            d: d.as_ref(),
+            bias: bias.as_ref(),
+            pre_gelu_out: pre.as_ref(),
+            grad,
+            workspace: ws.as_ref(),
+            accumulate,
+            use_split_accumulator,
+            rs_output: &out,
+        };
+        with(overlap, |o| {
+            if p2p {
+                o.split_rs_p2p(&args, stream as usize)
+            } else {
+                o.split_rs(&args, stream as usize)
+            }
+        })
+    })
+}
+
+/// GEMM + reduce-scatter, pipelined [TE SPLIT_PIPELINED_RS]: the GEMM (output in the
+/// buffer as [n, m]; `D` = the buffer view carrying FP8 scale / scale_inv, or NULL) is
+/// split into num_splits column chunks, each reduce-scattered by a kernel reading the
+/// peers' buffers while the next computes. `rs_output` [n/tp, m] gets this rank's rows of
+/// the sum over ranks. Asynchronous on `stream`.
+#[unsafe(no_mangle)]
+#[allow(non_snake_case)]
+pub extern "C" fn nvte_comm_overlap_split_rs(
+    overlap: *mut NVTECommOverlap,
+    A: NVTETensor,
+    transa: bool,
+    B: NVTETensor,
+    transb: bool,
+    D: NVTETensor,
+    bias: NVTETensor,
+    pre_gelu_out: NVTETensor,
+    grad: bool,
+    workspace: NVTETensor,
+    accumulate: bool,
+    use_split_accumulator: bool,
+    rs_output: NVTETensor,
+    stream: cudaStream_t,
+) -> NVTECommStatus {
+    rs_call(
+        "nvte_comm_overlap_split_rs",
+        false,
+        overlap,
+        A,
+        transa,
+        B,
+        transb,
+        D,
+        bias,
+        pre_gelu_out,
+        grad,
+        workspace,
+        accumulate,
+        use_split_accumulator,
+        rs_output,
+        stream,
+    )
+}
+
+/// GEMM + reduce-scatter by ring exchange [TE SPLIT_PIPELINED_RS_P2P]: step i computes
+/// the rows owned by rank (r+i+1) % tp and puts them there while the next step computes;
+/// a final kernel sums the tp partials into `rs_output` [n/tp, m]. Arguments as split_rs.
+#[unsafe(no_mangle)]
+#[allow(non_snake_case)]
+pub extern "C" fn nvte_comm_overlap_split_rs_p2p(
+    overlap: *mut NVTECommOverlap,
+    A: NVTETensor,
+    transa: bool,
+    B: NVTETensor,
+    transb: bool,
+    D: NVTETensor,
+    bias: NVTETensor,
+    pre_gelu_out: NVTETensor,
+    grad: bool,
+    workspace: NVTETensor,
+    accumulate: bool,
+    use_split_accumulator: bool,
+    rs_output: NVTETensor,
+    stream: cudaStream_t,
+) -> NVTECommStatus {
+    rs_call(
+        "nvte_comm_overlap_split_rs_p2p",
+        true,
+        overlap,
+        A,
+        transa,
+        B,
+        transb,
+        D,
+        bias,
+        pre_gelu_out,
+        grad,
+        workspace,
+        accumulate,
+        use_split_accumulator,
+        rs_output,
+        stream,
+    )
+}
+
+/// Bulk overlap [TE BULK_OVERLAP_AG / BULK_OVERLAP_RS]: the collective `comm_type` on the
+/// pre-filled buffer (AG: gather every rank's chunk into every buffer; RS: sum the
+/// buffers, this rank's rows into `rs_output` [rows/tp, cols]) runs beside the unrelated
+/// GEMM D = op(B) x op(A) (nvte_cublas_gemm's arguments). `buffer` is the buffer view
+/// carrying scale_inv for an FP8 RS (else may be NULL). Asynchronous on `stream`.
+#[unsafe(no_mangle)]
+#[allow(non_snake_case)]
+pub extern "C" fn nvte_comm_overlap_bulk(
+    overlap: *mut NVTECommOverlap,
+    comm_type: NVTECommOverlapType,
+    A: NVTETensor,
+    transa: bool,
+    B: NVTETensor,
+    transb: bool,
+    D: NVTETensor,
+    bias: NVTETensor,
+    pre_gelu_out: NVTETensor,
+    grad: bool,
+    workspace: NVTETensor,
+    accumulate: bool,
+    use_split_accumulator: bool,
+    buffer: NVTETensor,
+    rs_output: NVTETensor,
+    stream: cudaStream_t,
+) -> NVTECommStatus {
+    status_call("nvte_comm_overlap_bulk", || {
+        let kind = match comm_type {
+            NVTECommOverlapType::NVTE_COMM_OVERLAP_AG => BulkKind::AllGather,
+            NVTECommOverlapType::NVTE_COMM_OVERLAP_RS => BulkKind::ReduceScatter,
+            other => invalid!("argument `comm_type` = {other} is not a valid NVTECommOverlapType"),
+        };
+        let (a, b, d) = (t(A, "A")?, t(B, "B")?, t(D, "D")?);
+        let (bias, pre, ws) = (
+            t_opt(bias, "bias")?,
+            t_opt(pre_gelu_out, "pre_gelu_out")?,
+            t_opt(workspace, "workspace")?,
+        );
+        let (buf, out) = (t_opt(buffer, "buffer")?, t_opt(rs_output, "rs_output")?);
+        let args = BulkArgs {
+            kind,
+            gemm: TeGemm {
+                a: &a,
+                b: &b,
+                d: &d,
+                bias: bias.as_ref(),
+                pre_gelu_out: pre.as_ref(),
+                transa,
+                transb,
+                grad,
+                workspace: ws.as_ref(),
+                accumulate,
+                use_split_accumulator,
+                math_sm_count: 0,
+            },
+            buffer_view: buf.as_ref(),
+            rs_output: out.as_ref(),
+        };
+        with(overlap, |o| o.bulk(&args, stream as usize))
+    })
+}
+
+/// Host-wait until the object's last call has finished on the GPU. Returns
+/// NVTE_COMM_ERROR_TIMEOUT, naming rank, peer, operation and step, when a wait for a peer
+/// timed out (the object is then unusable: every later call returns that error).
+#[unsafe(no_mangle)]
+pub extern "C" fn nvte_comm_overlap_synchronize(overlap: *mut NVTECommOverlap) -> NVTECommStatus {
+    status_call("nvte_comm_overlap_synchronize", || {
+        with(overlap, |o| o.synchronize())
+    })
+}

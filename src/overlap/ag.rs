@@ -1,0 +1,207 @@
+//! All-gather + GEMM by ring exchange [TE: SPLIT_PIPELINED_AG_P2P].
+//!
+//! B (tokens x k) is gathered along its rows into the buffer, one chunk of n/tp rows per
+//! rank. Each rank starts with its own chunk's GEMM while it sends that chunk to its ring
+//! neighbour; every received chunk is forwarded and multiplied as soon as it lands, its
+//! output rows written straight into their place in D. Unidirectional: tp-1 steps to the
+//! next rank. Bidirectional (config `aggregate`): chunks travel both ways at once, so the
+//! gather takes about tp/2 steps, on two comm streams.
+use super::{Op, Overlap, eb, val};
+use crate::cuda::resources::copy_async;
+use crate::error::Result;
+use crate::gemm::{self, Epilogue, TeGemm};
+use crate::tensor::{Buffer, Shape, Tensor};
+use crate::transport::{Slot, WaitInfo};
+use crate::{invalid, unsupported};
+
+pub struct AgArgs<'a> {
+    pub a: &'a Tensor,
+    pub transa: bool,
+    pub b: &'a Tensor,
+    pub transb: bool,
+    pub d: &'a Tensor,
+    pub bias: Option<&'a Tensor>,
+    pub pre_gelu_out: Option<&'a Tensor>,
+    pub grad: bool,
+    pub workspace: Option<&'a Tensor>,
+    pub accumulate: bool,
+    pub use_split_accumulator: bool,
+    pub b_copy: Option<&'a Tensor>,
+}
+
+impl Overlap {
+    /// D = gather(B) x op(A). `B` is either the buffer view (its local chunk already
+    /// filled, e.g. by copy_into_buffer) or this rank's shard [n/tp, k], copied in first.
+    pub fn split_ag(&mut self, x: &AgArgs, stream: usize) -> Result<()> {
+        let guard = self.enter(stream)?;
+        let (tp, r) = (self.tp(), self.tp_rank());
+        if x.transb {
+            unsupported!("split_ag gathers B along its rows (tokens): transb must be false");
+        }
+        let bb = &x.b.data;
+        if bb.dtype != self.dtype {
+            invalid!(
+                "tensor `B` dtype {} differs from the buffer dtype {}",
+                bb.dtype.name(),
+                self.dtype.name()
+            );
+        }
+        let Some((brows, k)) = bb.rows_cols() else {
+            invalid!(
+                "tensor `B` must have at least 2 dimensions, got {}",
+                bb.shape
+            )
+        };
+        let is_view = bb.ptr == self.buffer();
+        let n = if is_view { brows } else { brows * tp };
+        if n % tp != 0 {
+            invalid!("the gathered rows n = {n} are not divisible by tp = {tp}");
+        }
+        let e = eb(self.dtype);
+        if n * k * e > self.t.buffer_bytes() {
+            invalid!(
+                "the buffer is too small: gathering B into [{n}, {k}] of {} needs {} bytes, the buffer has {} ([{}, {}])",
+                self.dtype.name(),
+                n * k * e,
+                self.t.buffer_bytes(),
+                self.rows,
+                self.cols
+            );
+        }
+        if !is_view && bb.ptr == 0 {
+            invalid!("tensor `B` has a NULL data pointer");
+        }
+        let nc = n / tp;
+        // Validate the whole GEMM once, on B = the gathered buffer.
+        let mut gathered = x.b.clone();
+        gathered.data = Buffer::new(self.buffer(), self.dtype, Shape::new(&[n, k])?)?;
+        let comm_sms = !self.cfg.use_ce;
+        let full = gemm::desc_from_te(&TeGemm {
+            a: x.a,
+            b: &gathered,
+            d: x.d,
+            bias: x.bias,
+            pre_gelu_out: x.pre_gelu_out,
+            transa: x.transa,
+            transb: false,
+            grad: x.grad,
+            workspace: x.workspace,
+            accumulate: x.accumulate,
+            use_split_accumulator: x.use_split_accumulator,
+            math_sm_count: self.math_sms(comm_sms),
+        })?;
+        if full.epilogue == Epilogue::DGeluBGrad {
+            unsupported!(
+                "the DGELU + bias-gradient epilogue reduces over all tokens: it cannot be split into token chunks"
+            );
+        }
+        if full.d_type.is_fp8() {
+            unsupported!(
+                "an FP8 output D is not supported by the overlap algorithms (its amax would be per chunk)"
+            );
+        }
+        if let Some(c) = x.b_copy {
+            let cb = &c.data;
+            if cb.dtype != self.dtype || cb.numel() != n * k || cb.ptr == 0 {
+                invalid!(
+                    "tensor `B_copy` must be [{n}, {k}] of {} with data, got {} of {}",
+                    self.dtype.name(),
+                    cb.shape,
+                    cb.dtype.name()
+                );
+            }
+        }
+        let seq = self.begin(stream)?;
+        let chunk_bytes = nc * k * e;
+        let off = |c: usize| c * chunk_bytes;
+        let (next, prev) = ((r + 1) % tp, (r + tp - 1) % tp);
+        let (fwd, bwd) = if self.cfg.aggregate {
+            (tp / 2, tp - 1 - tp / 2)
+        } else {
+            (tp - 1, 0)
+        };
+        let info = |step: usize| WaitInfo {
+            op: Op::SplitAg as u32,
+            step: step as u32,
+            seq,
+        };
+        let copy_out = |c: usize, s: usize| -> Result<()> {
+            if let Some(bc) = x.b_copy {
+                copy_async(bc.data.ptr + off(c), self.buffer() + off(c), chunk_bytes, s)?;
+            }
+            Ok(())
+        };
+
+        // Comm streams: the local chunk, then the rings. ev_chunk[c] marks chunk c landed.
+        let cs = self.comm[0].raw();
+        if !is_view {
+            copy_async(self.buffer() + off(r), bb.ptr, chunk_bytes, cs)?;
+        }
+        copy_out(r, cs)?;
+        self.ev_chunk[r].record(cs)?;
+        if bwd > 0 {
+            // The backward ring starts once the local chunk is in place.
+            self.ev_chunk[r].wait_on(self.comm[1].raw())?;
+        }
+        for (dir, steps, to, from, slot) in [
+            (0usize, fwd, next, prev, Slot::AgForward),
+            (1, bwd, prev, next, Slot::AgBackward),
+        ] {
+            if steps == 0 {
+                continue;
+            }
+            let st = self.comm[dir].raw();
+            // The receiver must be done with the previous call before we overwrite its buffer.
+            self.wait_done(&[to], seq - 1, st, Op::SplitAg)?;
+            for s in 0..steps {
+                // Send chunk (r -/+ s): ours at s = 0, else the one received at step s-1.
+                let c = if dir == 0 {
+                    (r + tp - s) % tp
+                } else {
+                    (r + s) % tp
+                };
+                self.t
+                    .put(to, off(c), self.buffer() + off(c), chunk_bytes, st)?;
+                self.t.signal(&[to], slot, val(seq, s), st)?;
+                // Receive chunk (r -/+ (s+1)).
+                let rc = if dir == 0 {
+                    (r + tp - s - 1) % tp
+                } else {
+                    (r + s + 1) % tp
+                };
+                self.t.wait(&[from], slot, val(seq, s), st, info(s + 1))?;
+                copy_out(rc, st)?;
+                self.ev_chunk[rc].record(st)?;
+            }
+        }
+
+        // Compute streams: the local chunk first, then chunks in arrival order.
+        let mut order = vec![r];
+        for s in 1..=fwd.max(bwd) {
+            if s <= fwd {
+                order.push((r + tp - s) % tp);
+            }
+            if s <= bwd {
+                order.push((r + s) % tp);
+            }
+        }
+        debug_assert_eq!(order.len(), tp);
+        let (eb_d, eb_b) = (eb(full.d_type), e);
+        for (j, &c) in order.iter().enumerate() {
+            let si = j % self.compute.len();
+            self.ev_chunk[c].wait_on(self.compute[si].raw())?;
+            let mut g = full;
+            g.n = nc;
+            g.b = full.b + c * nc * k * eb_b;
+            g.d = full.d + c * nc * full.ldd * eb_d;
+            if full.aux != 0 {
+                g.aux = full.aux + c * nc * full.ldd * eb(full.aux_type);
+            }
+            if full.epilogue == Epilogue::BGradB {
+                g.bias = full.bias + c * nc * eb(full.bias_type);
+            }
+            self.run_gemm(&g, &guard, si)?;
+        }
+        self.finish(seq, stream)
+    }
+}

@@ -1,0 +1,626 @@
+//! The userbuffers-style overlap engine: communication buffers registered across the
+//! ranks of a tensor-parallel group, and algorithms that split a GEMM and its collective
+//! into chunks so that one chunk's communication runs while another computes.
+//!
+//! Every call is asynchronous (no host synchronisation): the caller's stream fans out to
+//! the engine's compute and comm streams and joins them at the end. Waits for peers are
+//! kernels with a timeout: a peer that never arrives makes the call's stream finish with
+//! a recorded timeout (see [`Overlap::synchronize`]) and the object refuses further work.
+pub mod ag;
+pub mod bulk;
+pub mod rs;
+
+use crate::cuda::resources::{DeviceMem, Event, Stream, copy_async};
+use crate::cuda::{self, ContextGuard, DeviceInfo, arg, nvrtc};
+use crate::error::{Error, Result};
+use crate::ffi::enums::NVTECommStatus as S;
+use crate::gemm::{self, GemmDesc};
+use crate::tensor::{Buffer, DType, Shape, Tensor};
+use crate::transport::ipc::{IpcSettings, IpcTransport};
+use crate::transport::{MAX_PEERS, Slot, Transport, WaitInfo};
+use crate::{bootstrap::Bootstrap, invalid, unsupported};
+
+/// Engine settings (TE's CommOverlap defaults; see [`Config::from_env`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Config {
+    /// ranks per tensor-parallel group (0: the whole world)
+    pub tp_size: i32,
+    /// GEMM chunks of the pipelined reduce-scatter
+    pub num_splits: i32,
+    /// compute streams the chunk GEMMs rotate over
+    pub num_max_streams: i32,
+    /// accepted for TE compatibility; the kernels are not cluster-launched
+    pub comm_cga_size: i32,
+    /// SMs used by communication kernels (SM puts, reductions)
+    pub num_comm_sm: i32,
+    /// GEMMs leave num_comm_sm SMs free while SM kernels communicate
+    pub set_sm_margin: bool,
+    /// copy-engine puts (true) or SM-kernel puts (false)
+    pub use_ce: bool,
+    /// bidirectional ring all-gather (two chunks a step)
+    pub aggregate: bool,
+    /// TE's atomic GEMM variants: not implemented (must be false)
+    pub atomic_gemm: bool,
+    /// stream priorities (lower is higher, clamped to the device's range)
+    pub gemm_priority: i32,
+    pub comm_priority: i32,
+    /// timeout of every wait for a peer, in milliseconds
+    pub timeout_ms: i64,
+}
+
+fn env_i64(name: &str) -> Option<i64> {
+    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
+}
+
+fn env_bool(name: &str) -> Option<bool> {
+    std::env::var(name)
+        .ok()
+        .map(|v| matches!(v.trim(), "1" | "true" | "TRUE" | "yes" | "on"))
+}
+
+impl Config {
+    /// TE's defaults, then the environment overrides:
+    /// NVTE_COMM_TIMEOUT_MS, NVTE_COMM_OVERLAP_NUM_SPLITS, NVTE_COMM_OVERLAP_MAX_STREAMS,
+    /// NVTE_COMM_OVERLAP_NUM_SM, NVTE_COMM_OVERLAP_USE_CE, NVTE_COMM_OVERLAP_AGGREGATE,
+    /// NVTE_COMM_OVERLAP_SM_MARGIN.
+    pub fn from_env() -> Config {
+        let mut c = Config {
+            tp_size: 0,
+            num_splits: 3,
+            num_max_streams: 3,
+            comm_cga_size: 2,
+            num_comm_sm: 16,
+            set_sm_margin: true,
+            use_ce: true,
+            aggregate: false,
+            atomic_gemm: false,
+            gemm_priority: 0,
+            comm_priority: -100,
+            timeout_ms: 60_000,
+        };
+        if let Some(v) = env_i64("NVTE_COMM_TIMEOUT_MS") {
+            c.timeout_ms = v;
+        }
+        if let Some(v) = env_i64("NVTE_COMM_OVERLAP_NUM_SPLITS") {
+            c.num_splits = v as i32;
+        }
+        if let Some(v) = env_i64("NVTE_COMM_OVERLAP_MAX_STREAMS") {
+            c.num_max_streams = v as i32;
+        }
+        if let Some(v) = env_i64("NVTE_COMM_OVERLAP_NUM_SM") {
+            c.num_comm_sm = v as i32;
+        }
+        if let Some(v) = env_bool("NVTE_COMM_OVERLAP_USE_CE") {
+            c.use_ce = v;
+        }
+        if let Some(v) = env_bool("NVTE_COMM_OVERLAP_AGGREGATE") {
+            c.aggregate = v;
+        }
+        if let Some(v) = env_bool("NVTE_COMM_OVERLAP_SM_MARGIN") {
+            c.set_sm_margin = v;
+        }
+        c
+    }
+
+    fn validate(&self, world: usize, sm_count: i32) -> Result<usize> {
+        let tp = if self.tp_size == 0 {
+            world
+        } else {
+            self.tp_size as usize
+        };
+        if self.tp_size < 0 || tp == 0 || world % tp != 0 {
+            invalid!(
+                "config tp_size = {} does not divide the world size {world}",
+                self.tp_size
+            );
+        }
+        if tp > MAX_PEERS {
+            unsupported!("config tp_size = {tp} exceeds the maximum of {MAX_PEERS}");
+        }
+        if self.num_splits < 1 {
+            invalid!("config num_splits = {} must be >= 1", self.num_splits);
+        }
+        if !(1..=8).contains(&self.num_max_streams) {
+            invalid!(
+                "config num_max_streams = {} must be in 1..=8",
+                self.num_max_streams
+            );
+        }
+        if !(1..=8).contains(&self.comm_cga_size) {
+            invalid!(
+                "config comm_cga_size = {} must be in 1..=8",
+                self.comm_cga_size
+            );
+        }
+        if self.num_comm_sm < 1 || self.num_comm_sm >= sm_count {
+            invalid!(
+                "config num_comm_sm = {} must be in 1..{sm_count} (the device's SM count)",
+                self.num_comm_sm
+            );
+        }
+        if self.atomic_gemm {
+            unsupported!(
+                "config atomic_gemm = true: the atomic-GEMM algorithms are not implemented"
+            );
+        }
+        if self.timeout_ms <= 0 {
+            invalid!("config timeout_ms = {} must be > 0", self.timeout_ms);
+        }
+        Ok(tp)
+    }
+}
+
+/// Operation ids (in timeout messages).
+#[derive(Clone, Copy, Debug)]
+#[repr(u32)]
+pub enum Op {
+    SplitAg = 1,
+    SplitRs = 2,
+    SplitRsP2p = 3,
+    BulkAg = 4,
+    BulkRs = 5,
+    CopyIntoBuffer = 6,
+    Destroy = 7,
+}
+
+fn op_name(op: u32) -> &'static str {
+    match op {
+        1 => "split_ag (ring all-gather + GEMM)",
+        2 => "split_rs (pipelined GEMM + reduce-scatter)",
+        3 => "split_rs_p2p (ring GEMM + reduce-scatter)",
+        4 => "bulk all-gather",
+        5 => "bulk reduce-scatter",
+        6 => "copy_into_buffer",
+        7 => "destroy",
+        _ => "?",
+    }
+}
+
+/// Flag value for (call, step): monotonic across calls, so flags are never reset.
+fn val(seq: u64, step: usize) -> u64 {
+    (seq << 16) + step as u64 + 1
+}
+
+pub struct Overlap {
+    pub cfg: Config,
+    ctx: usize,
+    dev: DeviceInfo,
+    world_rank: usize,
+    t: Box<dyn Transport>,
+    rows: usize,
+    cols: usize,
+    dtype: DType,
+    compute: Vec<Stream>,
+    comm: Vec<Stream>,
+    ev_start: Event,
+    ev_comm: Vec<Event>,
+    ev_compute: Vec<Event>,
+    ev_chunk: Vec<Event>,
+    ev_done: Event,
+    seq: u64,
+    staging: Option<DeviceMem>,
+    broken: Option<Error>,
+    module: std::sync::Arc<nvrtc::Module>,
+    called: bool,
+}
+
+/// Element bytes (the engine's buffers hold byte-sized or larger types).
+fn eb(d: DType) -> usize {
+    d.bits() / 8
+}
+
+impl Overlap {
+    /// Collective over the world: every rank creates the object with the same config and
+    /// buffer shape. The current CUDA context (the caller's device) owns everything.
+    pub fn create(
+        bs: &Bootstrap,
+        cfg: Config,
+        rows: usize,
+        cols: usize,
+        dtype: DType,
+    ) -> Result<Overlap> {
+        if !matches!(
+            dtype,
+            DType::F32 | DType::F16 | DType::BF16 | DType::E4M3 | DType::E5M2
+        ) {
+            unsupported!(
+                "buffer dtype {} is not supported (float32, float16, bfloat16, fp8)",
+                dtype.name()
+            );
+        }
+        let bytes = rows
+            .checked_mul(cols)
+            .and_then(|x| x.checked_mul(eb(dtype)))
+            .ok_or_else(|| Error::invalid("buffer shape overflows"))?;
+        if bytes == 0 {
+            invalid!("buffer shape [{rows}, {cols}] is empty");
+        }
+        let guard = ContextGuard::for_stream(0)?;
+        let dev = cuda::device_info(guard.device)?;
+        let tp = cfg.validate(bs.size, dev.sm_count)?;
+        if rows % tp != 0 {
+            invalid!("buffer rows = {rows} must be divisible by tp_size = {tp}");
+        }
+        let first = bs.rank / tp * tp;
+        let group: Vec<usize> = (first..first + tp).collect();
+        let settings = IpcSettings {
+            buffer_bytes: bytes,
+            use_ce: cfg.use_ce,
+            comm_sms: cfg.num_comm_sm as u32,
+            timeout_ms: cfg.timeout_ms as u64,
+        };
+        let t = IpcTransport::create(bs, &group, &guard, &dev, &settings)?;
+        let module = nvrtc::module(&nvrtc::COMM, guard.ctx, &dev)?;
+        let ns = cfg.num_max_streams as usize;
+        let compute = (0..ns)
+            .map(|_| Stream::new(cfg.gemm_priority))
+            .collect::<Result<Vec<_>>>()?;
+        let comm = (0..2)
+            .map(|_| Stream::new(cfg.comm_priority))
+            .collect::<Result<Vec<_>>>()?;
+        let events = |n: usize| (0..n).map(|_| Event::new()).collect::<Result<Vec<_>>>();
+        Ok(Overlap {
+            cfg,
+            ctx: guard.ctx,
+            world_rank: bs.rank,
+            t: Box::new(t),
+            rows,
+            cols,
+            dtype,
+            ev_start: Event::new()?,
+            ev_comm: events(2)?,
+            ev_compute: events(ns)?,
+            ev_chunk: events(2 * MAX_PEERS.max(64))?,
+            ev_done: Event::new()?,
+            compute,
+            comm,
+            seq: 0,
+            staging: None,
+            broken: None,
+            module,
+            dev,
+            called: false,
+        })
+    }
+
+    pub fn tp(&self) -> usize {
+        self.t.size()
+    }
+    pub fn tp_rank(&self) -> usize {
+        self.t.rank()
+    }
+    pub fn shape(&self) -> (usize, usize, DType) {
+        (self.rows, self.cols, self.dtype)
+    }
+    fn buffer(&self) -> usize {
+        self.t.buffer()
+    }
+    fn others(&self) -> Vec<usize> {
+        (0..self.tp()).filter(|&p| p != self.tp_rank()).collect()
+    }
+
+    fn timeout_error(&self) -> Option<Error> {
+        self.t.timeout().map(|to| {
+            Error::new(
+                S::NVTE_COMM_ERROR_TIMEOUT,
+                format!(
+                    "timeout after {:.1} ms: world rank {} (tp rank {} of {}) waited for world rank {} in {} at step {} of call {}; \
+                     the peer never signalled (it did not enter the call, failed, or hangs). The object is unusable now: destroy it.",
+                    to.waited_ms,
+                    self.world_rank,
+                    self.tp_rank(),
+                    self.tp(),
+                    to.peer_world_rank,
+                    op_name(to.op),
+                    to.step,
+                    to.seq
+                ),
+            )
+        })
+    }
+
+    /// Refuse work on a broken object; otherwise enter its context on `stream`.
+    fn enter(&mut self, stream: usize) -> Result<ContextGuard> {
+        if let Some(e) = &self.broken {
+            return Err(e.clone());
+        }
+        if let Some(e) = self.timeout_error() {
+            self.broken = Some(e.clone());
+            return Err(e);
+        }
+        let guard = ContextGuard::for_stream(stream)?;
+        if guard.ctx != self.ctx {
+            invalid!(
+                "argument `stream` belongs to device {} but the overlap object was created on device {}",
+                guard.device,
+                self.dev.ordinal
+            );
+        }
+        Ok(guard)
+    }
+
+    /// Start a call: a new sequence number, and every internal stream after `stream`.
+    fn begin(&mut self, stream: usize) -> Result<u64> {
+        self.seq += 1;
+        self.called = true;
+        self.ev_start.record(stream)?;
+        for s in self.compute.iter().chain(self.comm.iter()) {
+            self.ev_start.wait_on(s.raw())?;
+        }
+        Ok(self.seq)
+    }
+
+    /// Finish a call: comm stream 0 waits for everything, tells the peers this rank is
+    /// done with call `seq`, and the caller's stream waits for it.
+    fn finish(&mut self, seq: u64, stream: usize) -> Result<()> {
+        let cs = self.comm[0].raw();
+        for (s, e) in self.compute.iter().zip(self.ev_compute.iter()) {
+            e.record(s.raw())?;
+            e.wait_on(cs)?;
+        }
+        self.ev_comm[1].record(self.comm[1].raw())?;
+        self.ev_comm[1].wait_on(cs)?;
+        self.t.signal(&self.others(), Slot::Done, seq, cs)?;
+        self.ev_comm[0].record(cs)?;
+        self.ev_comm[0].wait_on(stream)?;
+        self.ev_done.record(stream)
+    }
+
+    /// Wait (on `stream`) until every peer finished call `seq` (no-op for seq 0).
+    fn wait_done(&self, peers: &[usize], seq: u64, stream: usize, op: Op) -> Result<()> {
+        if seq == 0 {
+            return Ok(());
+        }
+        self.t.wait(
+            peers,
+            Slot::Done,
+            seq,
+            stream,
+            WaitInfo {
+                op: op as u32,
+                step: 0,
+                seq,
+            },
+        )
+    }
+
+    /// SM count for the chunk GEMMs: leave the comm SMs free when SM kernels communicate.
+    fn math_sms(&self, comm_uses_sms: bool) -> i32 {
+        if self.cfg.set_sm_margin && comm_uses_sms {
+            self.dev.sm_count - self.cfg.num_comm_sm
+        } else {
+            0
+        }
+    }
+
+    /// The workspace slice of compute stream `i` (concurrent GEMMs must not share one).
+    fn workspace_slice(full: &GemmDesc, i: usize, n: usize) -> (usize, usize) {
+        if full.workspace == 0 || full.workspace_bytes < 256 * n {
+            return (0, 0);
+        }
+        let per = full.workspace_bytes / n / 256 * 256;
+        (full.workspace + i * per, per)
+    }
+
+    fn run_gemm(&self, g: &GemmDesc, guard: &ContextGuard, stream_idx: usize) -> Result<()> {
+        let mut g = *g;
+        let (w, wb) = Self::workspace_slice(&g, stream_idx, self.compute.len());
+        g.workspace = w;
+        g.workspace_bytes = wb;
+        gemm::run(&g, guard, self.compute[stream_idx].raw())
+    }
+
+    /// out[rows, cols] (row stride out_ld) = sum over srcs (row stride in_ld) * scale.
+    #[allow(clippy::too_many_arguments)]
+    fn reduce(
+        &self,
+        out: &Buffer,
+        out_off_elems: usize,
+        out_ld: usize,
+        srcs: &[usize],
+        in_ld: usize,
+        rows: usize,
+        cols: usize,
+        in_scale: usize,
+        stream: usize,
+    ) -> Result<()> {
+        if rows == 0 || cols == 0 {
+            return Ok(());
+        }
+        let short = |d: DType| match d {
+            DType::F32 => "f32",
+            DType::BF16 => "bf16",
+            DType::F16 => "f16",
+            DType::E4M3 => "e4m3",
+            _ => "e5m2",
+        };
+        let out_ptr = out.ptr + out_off_elems * eb(out.dtype);
+        let vec_ok = cols % 8 == 0
+            && in_ld % 8 == 0
+            && out_ld % 8 == 0
+            && srcs.iter().all(|&p| p % 16 == 0)
+            && out_ptr % 16 == 0;
+        let name = format!(
+            "reduce_{}_{}_{}",
+            short(self.dtype),
+            short(out.dtype),
+            if vec_ok { "v8" } else { "v1" }
+        );
+        let f = self.module.function(&name)?;
+        #[repr(C)]
+        struct SrcSet {
+            src: [u64; MAX_PEERS],
+            n: u32,
+        }
+        let mut set = SrcSet {
+            src: [0; MAX_PEERS],
+            n: srcs.len() as u32,
+        };
+        for (i, &p) in srcs.iter().enumerate() {
+            set.src[i] = p as u64;
+        }
+        let (o, old, ild, r, c, sc, acc) = (
+            out_ptr as u64,
+            out_ld as u64,
+            in_ld as u64,
+            rows as u64,
+            cols as u64,
+            in_scale as u64,
+            0i32,
+        );
+        let mut args = [
+            arg(&o),
+            arg(&old),
+            arg(&set),
+            arg(&ild),
+            arg(&r),
+            arg(&c),
+            arg(&sc),
+            arg(&acc),
+        ];
+        let work = rows * cols / if vec_ok { 8 } else { 1 };
+        let blocks = (work.div_ceil(512) as u32).clamp(1, 2 * self.cfg.num_comm_sm as u32);
+        cuda::launch(f, (blocks, 1, 1), (512, 1, 1), 0, stream, &mut args, &name)
+    }
+
+    /// The output types a reduction of this buffer can write.
+    fn check_reduce_output(&self, out: &Buffer, what: &str) -> Result<()> {
+        let ok = match self.dtype {
+            DType::F32 => out.dtype == DType::F32,
+            DType::BF16 => matches!(out.dtype, DType::BF16 | DType::F32),
+            DType::F16 => matches!(out.dtype, DType::F16 | DType::F32),
+            _ => matches!(out.dtype, DType::BF16 | DType::F16 | DType::F32),
+        };
+        if !ok {
+            unsupported!(
+                "tensor `{what}` dtype {} cannot receive a reduction of a {} buffer",
+                out.dtype.name(),
+                self.dtype.name()
+            );
+        }
+        if out.ptr == 0 && out.numel() > 0 {
+            invalid!("tensor `{what}` has a NULL data pointer");
+        }
+        Ok(())
+    }
+
+    /// A tensor view of the buffer (TE's get_ubuf): the whole [rows, cols] or this
+    /// rank's chunk [rows / tp, cols].
+    pub fn view(&self, local_chunk: bool) -> Result<Tensor> {
+        let (ptr, rows) = if local_chunk {
+            let rc = self.rows / self.tp();
+            (
+                self.buffer() + self.tp_rank() * rc * self.cols * eb(self.dtype),
+                rc,
+            )
+        } else {
+            (self.buffer(), self.rows)
+        };
+        let mut t = Tensor::default();
+        t.data = Buffer::new(ptr, self.dtype, Shape::new(&[rows, self.cols])?)?;
+        Ok(t)
+    }
+
+    /// Copy `input` into the buffer (this rank's chunk, or the whole buffer) on `stream`,
+    /// after every peer has finished the previous call (which may read this buffer).
+    pub fn copy_into_buffer(
+        &mut self,
+        input: &Tensor,
+        local_chunk: bool,
+        stream: usize,
+    ) -> Result<()> {
+        let _guard = self.enter(stream)?;
+        let view = self.view(local_chunk)?;
+        let i = &input.data;
+        if i.dtype != self.dtype {
+            invalid!(
+                "tensor `input` dtype {} differs from the buffer dtype {}",
+                i.dtype.name(),
+                self.dtype.name()
+            );
+        }
+        if i.numel() != view.data.numel() {
+            invalid!(
+                "tensor `input` has shape {} ({} elements) but the {} is {} ({} elements)",
+                i.shape,
+                i.numel(),
+                if local_chunk { "local chunk" } else { "buffer" },
+                view.data.shape,
+                view.data.numel()
+            );
+        }
+        if i.ptr == 0 {
+            invalid!("tensor `input` has a NULL data pointer");
+        }
+        self.wait_done(&self.others(), self.seq, stream, Op::CopyIntoBuffer)?;
+        copy_async(view.data.ptr, i.ptr, view.data.bytes(), stream)
+    }
+
+    /// Host-wait for the last call's work; reports a recorded timeout. Bounded: gives up
+    /// (with a timeout error) after the configured timeout plus 5 s.
+    pub fn synchronize(&mut self) -> Result<()> {
+        if let Some(e) = &self.broken {
+            return Err(e.clone());
+        }
+        let _guard = ContextGuard::for_stream(0)?;
+        let limit = std::time::Duration::from_millis(self.cfg.timeout_ms as u64)
+            + std::time::Duration::from_secs(5);
+        let t0 = std::time::Instant::now();
+        loop {
+            let done = !self.called || self.ev_done.done()?;
+            if let Some(e) = self.timeout_error() {
+                self.broken = Some(e.clone());
+                return Err(e);
+            }
+            if done {
+                return Ok(());
+            }
+            if t0.elapsed() > limit {
+                return Err(Error::new(
+                    S::NVTE_COMM_ERROR_TIMEOUT,
+                    format!(
+                        "the last call on world rank {} did not complete within {:?} (no peer timeout was recorded)",
+                        self.world_rank, limit
+                    ),
+                ));
+            }
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
+    }
+
+    /// Before freeing: wait (bounded) until every peer finished reading / writing this
+    /// rank's buffer for the last call.
+    pub fn quiesce(&mut self) {
+        if self.broken.is_some() || self.timeout_error().is_some() {
+            return;
+        }
+        let Ok(_guard) = ContextGuard::for_stream(0) else {
+            return;
+        };
+        let cs = self.comm[0].raw();
+        if self
+            .wait_done(&self.others(), self.seq, cs, Op::Destroy)
+            .is_ok()
+        {
+            let _ = self.comm[0].synchronize();
+        }
+        for s in self.compute.iter().chain(self.comm.iter()) {
+            let _ = s.synchronize();
+        }
+    }
+
+    /// Local staging for the ring reduce-scatter's partials: as large as the buffer,
+    /// allocated on first use (nothing can be using it yet, so no synchronisation).
+    fn staging(&mut self) -> Result<usize> {
+        if self.staging.is_none() {
+            self.staging = Some(DeviceMem::new(self.t.buffer_bytes())?);
+        }
+        Ok(self.staging.as_ref().unwrap().ptr)
+    }
+}
+
+impl Drop for Overlap {
+    fn drop(&mut self) {
+        self.quiesce();
+    }
+}

@@ -1,0 +1,279 @@
+//! GEMM + reduce-scatter: pipelined [TE: SPLIT_PIPELINED_RS] and ring [SPLIT_PIPELINED_RS_P2P].
+//!
+//! The GEMM D = B x op(A) has a partial sum on every rank ([n, m], k split across ranks);
+//! rank r receives rows [r n/tp, (r+1) n/tp) of the sum in `rs_output` [n/tp, m].
+//! - Pipelined: the GEMM is split into `num_splits` column chunks written into the
+//!   registered buffer; as soon as every rank has finished chunk i, a reduction kernel
+//!   reads the peers' buffers directly and sums this rank's rows of chunk i while the
+//!   next chunk computes.
+//! - Ring: step i computes the rows destined for rank (r+i+1) % tp and puts them into
+//!   that rank's buffer (copy engine or SM put) while the next step computes; a final
+//!   kernel sums the tp partials that landed here.
+//! FP8 buffers: the GEMMs write FP8 partials with D's scale; the reduction dequantizes
+//! with D's scale_inv, sums in fp32 and writes bf16 / fp16 / fp32.
+use super::{Op, Overlap, eb, val};
+use crate::error::Result;
+use crate::gemm::{self, GemmDesc, TeGemm};
+use crate::invalid;
+use crate::tensor::{Buffer, Shape, Tensor};
+use crate::transport::{Slot, WaitInfo};
+
+pub struct RsArgs<'a> {
+    pub a: &'a Tensor,
+    pub transa: bool,
+    pub b: &'a Tensor,
+    pub transb: bool,
+    /// The buffer view as the GEMM output, carrying FP8 scale / scale_inv (None: plain view).
+    pub d: Option<&'a Tensor>,
+    pub bias: Option<&'a Tensor>,
+    pub pre_gelu_out: Option<&'a Tensor>,
+    pub grad: bool,
+    pub workspace: Option<&'a Tensor>,
+    pub accumulate: bool,
+    pub use_split_accumulator: bool,
+    pub rs_output: &'a Tensor,
+}
+
+/// The validated GEMM on the full buffer and the reduction's geometry.
+struct Plan {
+    full: GemmDesc,
+    m: usize,
+    nc: usize,
+    scale_inv: usize,
+}
+
+impl Overlap {
+    fn plan_rs(&self, x: &RsArgs, comm_sms: bool) -> Result<Plan> {
+        let tp = self.tp();
+        // m and n from A and B as nvte_cublas_gemm defines them.
+        let Some((ar, ac)) = x.a.data.rows_cols() else {
+            invalid!("tensor `A` must have at least 2 dimensions")
+        };
+        let Some((br, bc)) = x.b.data.rows_cols() else {
+            invalid!("tensor `B` must have at least 2 dimensions")
+        };
+        let m = if x.transa { ar } else { ac };
+        let n = if x.transb { bc } else { br };
+        if n % tp != 0 {
+            invalid!("the scattered rows n = {n} are not divisible by tp = {tp}");
+        }
+        let e = eb(self.dtype);
+        if n * m * e > self.t.buffer_bytes() {
+            invalid!(
+                "the buffer is too small: the GEMM output [{n}, {m}] of {} needs {} bytes, the buffer has {} ([{}, {}])",
+                self.dtype.name(),
+                n * m * e,
+                self.t.buffer_bytes(),
+                self.rows,
+                self.cols
+            );
+        }
+        // D = the buffer as [n, m], with the FP8 scaling of the caller's view if given.
+        let mut d = x.d.cloned().unwrap_or_default();
+        if let Some(v) = x.d {
+            if v.data.ptr != self.buffer() {
+                invalid!(
+                    "tensor `D` must be a view of the overlap buffer (nvte_comm_overlap_get_buffer), or NULL"
+                );
+            }
+            if v.data.dtype != self.dtype {
+                invalid!(
+                    "tensor `D` dtype {} differs from the buffer dtype {}",
+                    v.data.dtype.name(),
+                    self.dtype.name()
+                );
+            }
+        }
+        d.data = Buffer::new(self.buffer(), self.dtype, Shape::new(&[n, m])?)?;
+        let mut full = gemm::desc_from_te(&TeGemm {
+            a: x.a,
+            b: x.b,
+            d: &d,
+            bias: x.bias,
+            pre_gelu_out: x.pre_gelu_out,
+            transa: x.transa,
+            transb: x.transb,
+            grad: x.grad,
+            workspace: x.workspace,
+            accumulate: x.accumulate,
+            use_split_accumulator: x.use_split_accumulator,
+            math_sm_count: self.math_sms(comm_sms),
+        })?;
+        let scale_inv = if self.dtype.is_fp8() {
+            Tensor::scalar_ptr(&d.scale_inv).ok_or_else(|| {
+                crate::error::Error::invalid(
+                    "tensor `D` (the FP8 buffer view) needs scale_inv = 1/scale for the reduction",
+                )
+            })?
+        } else {
+            0
+        };
+        full.d_amax = 0; // per-chunk amax would be wrong; not produced for FP8 partials
+        let o = &x.rs_output.data;
+        self.check_reduce_output(o, "rs_output")?;
+        if o.numel() != (n / tp) * m {
+            invalid!(
+                "tensor `rs_output` has shape {} but must be [n/tp, m] = [{}, {m}]",
+                o.shape,
+                n / tp
+            );
+        }
+        Ok(Plan {
+            full,
+            m,
+            nc: n / tp,
+            scale_inv,
+        })
+    }
+
+    /// Column boundaries of the pipelined chunks (multiples of 16 where possible).
+    fn splits(&self, m: usize) -> Vec<usize> {
+        let s = (self.cfg.num_splits as usize).clamp(1, m.div_ceil(16).max(1));
+        let mut b: Vec<usize> = (0..s).map(|i| (i * m / s) / 16 * 16).collect();
+        b.push(m);
+        b.dedup();
+        b
+    }
+
+    pub fn split_rs(&mut self, x: &RsArgs, stream: usize) -> Result<()> {
+        let guard = self.enter(stream)?;
+        let p = self.plan_rs(x, true)?;
+        let (tp, r) = (self.tp(), self.tp_rank());
+        let bounds = self.splits(p.m);
+        let seq = self.begin(stream)?;
+        let all: Vec<usize> = (0..tp).collect();
+        let others = self.others();
+        let (e, ea) = (eb(self.dtype), eb(p.full.a_type));
+        // Peers read this buffer in the previous call's reductions: wait until they are done.
+        let c0 = self.compute[0].raw();
+        self.wait_done(&others, seq - 1, c0, Op::SplitRs)?;
+        self.ev_chunk[0].record(c0)?;
+        for s in &self.compute[1..] {
+            self.ev_chunk[0].wait_on(s.raw())?;
+        }
+        let nchunks = bounds.len() - 1;
+        for i in 0..nchunks {
+            let (lo, hi) = (bounds[i], bounds[i + 1]);
+            let mut g = p.full;
+            g.m = hi - lo;
+            g.a = p.full.a + if x.transa { lo * p.full.lda } else { lo } * ea;
+            g.d = p.full.d + lo * e;
+            if p.full.aux != 0 {
+                g.aux = p.full.aux + lo * eb(p.full.aux_type);
+            }
+            if p.full.bias != 0 && p.full.epilogue != gemm::Epilogue::BGradB {
+                g.bias = p.full.bias + lo * eb(p.full.bias_type);
+            }
+            let si = i % self.compute.len();
+            self.run_gemm(&g, &guard, si)?;
+            self.ev_chunk[1 + i].record(self.compute[si].raw())?;
+        }
+        let cs = self.comm[0].raw();
+        let srcs_at = |lo: usize| -> Vec<usize> {
+            all.iter()
+                .map(|&q| self.t.peer_buffer(q).unwrap() + (r * p.nc * p.m + lo) * e)
+                .collect()
+        };
+        for i in 0..nchunks {
+            let (lo, hi) = (bounds[i], bounds[i + 1]);
+            self.ev_chunk[1 + i].wait_on(cs)?;
+            self.t.signal(&others, Slot::RsReady, val(seq, i), cs)?;
+            self.t.wait(
+                &others,
+                Slot::RsReady,
+                val(seq, i),
+                cs,
+                WaitInfo {
+                    op: Op::SplitRs as u32,
+                    step: i as u32,
+                    seq,
+                },
+            )?;
+            self.reduce(
+                &x.rs_output.data,
+                lo,
+                p.m,
+                &srcs_at(lo),
+                p.m,
+                p.nc,
+                hi - lo,
+                p.scale_inv,
+                cs,
+            )?;
+        }
+        self.finish(seq, stream)
+    }
+
+    pub fn split_rs_p2p(&mut self, x: &RsArgs, stream: usize) -> Result<()> {
+        let guard = self.enter(stream)?;
+        let p = self.plan_rs(x, !self.cfg.use_ce)?;
+        let (tp, r) = (self.tp(), self.tp_rank());
+        let staging = self.staging()?;
+        let seq = self.begin(stream)?;
+        let others = self.others();
+        let e = eb(self.dtype);
+        let eb_b = eb(p.full.b_type);
+        let slot_bytes = p.nc * p.m * e;
+        // GEMM for destination d: B's rows [d nc, (d+1) nc), output [nc, m].
+        for i in 0..tp {
+            let d = (r + i + 1) % tp;
+            let mut g = p.full;
+            g.n = p.nc;
+            g.b = p.full.b
+                + if x.transb {
+                    d * p.nc
+                } else {
+                    d * p.nc * p.full.ldb
+                } * eb_b;
+            g.d = if d == r {
+                self.buffer() + r * slot_bytes
+            } else {
+                staging + d * slot_bytes
+            };
+            if p.full.aux != 0 {
+                g.aux = p.full.aux + d * p.nc * p.m * eb(p.full.aux_type);
+            }
+            if p.full.epilogue == gemm::Epilogue::BGradB {
+                g.bias = p.full.bias + d * p.nc * eb(p.full.bias_type);
+            }
+            let si = i % self.compute.len();
+            self.run_gemm(&g, &guard, si)?;
+            self.ev_chunk[i].record(self.compute[si].raw())?;
+        }
+        // Puts: each partial to its owner's slot r, once the owner finished the last call.
+        let cs = self.comm[0].raw();
+        self.wait_done(&others, seq - 1, cs, Op::SplitRsP2p)?;
+        for i in 0..tp - 1 {
+            let d = (r + i + 1) % tp;
+            self.ev_chunk[i].wait_on(cs)?;
+            self.t
+                .put(d, r * slot_bytes, staging + d * slot_bytes, slot_bytes, cs)?;
+            self.t.signal(&[d], Slot::RsP2p, val(seq, 0), cs)?;
+        }
+        self.t.wait(
+            &others,
+            Slot::RsP2p,
+            val(seq, 0),
+            cs,
+            WaitInfo {
+                op: Op::SplitRsP2p as u32,
+                step: 0,
+                seq,
+            },
+        )?;
+        self.ev_chunk[tp - 1].wait_on(cs)?;
+        let srcs: Vec<usize> = (0..tp).map(|s| self.buffer() + s * slot_bytes).collect();
+        self.reduce(
+            &x.rs_output.data,
+            0,
+            p.m,
+            &srcs,
+            p.m,
+            p.nc,
+            p.m,
+            p.scale_inv,
+            cs,
+        )?;
+        self.finish(seq, stream)
+    }
+}

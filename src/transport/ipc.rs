@@ -1,0 +1,289 @@
+//! The intra-node transport: a registered buffer and a flag array per rank, exported
+//! with legacy CUDA IPC and mapped by every peer of the group. Puts are copy-engine
+//! copies (0 SMs) or a copy kernel on a configurable number of SMs; signals and waits
+//! are tiny kernels (waits spin with a timeout and record it in host-mapped memory).
+use super::{MAX_PEERS, NUM_SLOTS, Slot, Timeout, Transport, WaitInfo};
+use crate::bootstrap::{Bootstrap, host_identity, host_name};
+use crate::cuda::resources::{DeviceMem, HostMapped, IpcMapping, copy_async};
+use crate::cuda::{self, ContextGuard, DeviceInfo, arg, nvrtc};
+use crate::error::Result;
+use crate::unsupported;
+use cudarc::driver::sys as cu;
+use std::sync::Arc;
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct FlagSet {
+    flag: [u64; MAX_PEERS],
+    peer: [u32; MAX_PEERS],
+    n: u32,
+}
+
+#[repr(C)]
+struct ErrorRecord {
+    code: u32,
+    peer: u32,
+    op: u32,
+    step: u32,
+    seq: u64,
+    waited_ns: u64,
+}
+
+pub struct IpcTransport {
+    tp_rank: usize,
+    world_ranks: Vec<usize>,
+    buffer: DeviceMem,
+    flags: DeviceMem,
+    peer_buffers: Vec<Option<IpcMapping>>,
+    peer_flags: Vec<Option<IpcMapping>>,
+    error: HostMapped,
+    use_ce: bool,
+    comm_sms: u32,
+    timeout_ns: u64,
+    module: Arc<nvrtc::Module>,
+}
+
+// SAFETY: device addresses and owned handles; used from one thread at a time per object.
+unsafe impl Send for IpcTransport {}
+
+/// Byte offset of (slot, source) in a rank's flag array.
+fn flag_offset(slot: Slot, src: usize) -> usize {
+    ((slot as usize) * MAX_PEERS + src) * 8
+}
+
+pub struct IpcSettings {
+    pub buffer_bytes: usize,
+    pub use_ce: bool,
+    pub comm_sms: u32,
+    pub timeout_ms: u64,
+}
+
+impl IpcTransport {
+    /// Collective over the world: every rank calls it with the same `group` (world ranks
+    /// of its tensor-parallel group, in group order). Exchanges IPC handles through the
+    /// bootstrap and maps the group's buffers and flags.
+    pub fn create(
+        bs: &Bootstrap,
+        group: &[usize],
+        guard: &ContextGuard,
+        dev: &DeviceInfo,
+        s: &IpcSettings,
+    ) -> Result<IpcTransport> {
+        let tp_rank = group
+            .iter()
+            .position(|&w| w == bs.rank)
+            .expect("group contains this rank");
+        if group.len() > MAX_PEERS {
+            unsupported!(
+                "tensor-parallel size {} exceeds the IPC transport's maximum of {MAX_PEERS}",
+                group.len()
+            );
+        }
+        let module = nvrtc::module(&nvrtc::COMM, guard.ctx, dev)?;
+        let buffer = DeviceMem::new(s.buffer_bytes)?;
+        let flags = DeviceMem::new(NUM_SLOTS * MAX_PEERS * 8)?;
+        flags.zero()?;
+        buffer.zero()?;
+        let error = HostMapped::new(std::mem::size_of::<ErrorRecord>())?;
+
+        // Exchange: host identity, then the two IPC handles.
+        let mut mine = Vec::with_capacity(128 + 128);
+        mine.extend_from_slice(&host_identity());
+        mine.extend_from_slice(&buffer.ipc_handle()?);
+        mine.extend_from_slice(&flags.ipc_handle()?);
+        let rec = mine.len();
+        let all = bs.allgather(&mine)?;
+        let entry = |w: usize| &all[w * rec..(w + 1) * rec];
+        let my_host = &entry(bs.rank)[..128];
+        for &w in group {
+            if &entry(w)[..128] != my_host {
+                unsupported!(
+                    "world rank {w} (host {}) is on another node than rank {} (host {}): the IPC transport needs the whole tensor-parallel group on one node",
+                    host_name(&entry(w)[..128]),
+                    bs.rank,
+                    host_name(my_host)
+                );
+            }
+        }
+        let mut peer_buffers = Vec::with_capacity(group.len());
+        let mut peer_flags = Vec::with_capacity(group.len());
+        for &w in group {
+            if w == bs.rank {
+                peer_buffers.push(None);
+                peer_flags.push(None);
+                continue;
+            }
+            let e = entry(w);
+            let hb: [u8; 64] = e[128..192].try_into().unwrap();
+            let hf: [u8; 64] = e[192..256].try_into().unwrap();
+            peer_buffers.push(Some(IpcMapping::open(&hb).map_err(|er| {
+                er.context(format!("mapping the buffer of world rank {w}"))
+            })?));
+            peer_flags.push(Some(IpcMapping::open(&hf).map_err(|er| {
+                er.context(format!("mapping the flags of world rank {w}"))
+            })?));
+        }
+        // Nobody signals before every rank has zeroed its flags and mapped its peers.
+        bs.barrier()?;
+        Ok(IpcTransport {
+            tp_rank,
+            world_ranks: group.to_vec(),
+            buffer,
+            flags,
+            peer_buffers,
+            peer_flags,
+            error,
+            use_ce: s.use_ce,
+            comm_sms: s.comm_sms.max(1),
+            timeout_ns: s.timeout_ms.saturating_mul(1_000_000),
+            module,
+        })
+    }
+
+    fn flags_base(&self, peer: usize) -> usize {
+        if peer == self.tp_rank {
+            self.flags.ptr
+        } else {
+            self.peer_flags[peer].as_ref().unwrap().ptr
+        }
+    }
+
+    fn flag_set(&self, peers: &[usize], addr: impl Fn(usize) -> usize) -> FlagSet {
+        let mut s = FlagSet {
+            flag: [0; MAX_PEERS],
+            peer: [0; MAX_PEERS],
+            n: peers.len() as u32,
+        };
+        for (i, &p) in peers.iter().enumerate() {
+            s.flag[i] = addr(p) as u64;
+            s.peer[i] = self.world_ranks[p] as u32;
+        }
+        s
+    }
+
+    fn func(&self, name: &str) -> Result<cu::CUfunction> {
+        self.module.function(name)
+    }
+}
+
+impl Transport for IpcTransport {
+    fn size(&self) -> usize {
+        self.world_ranks.len()
+    }
+    fn rank(&self) -> usize {
+        self.tp_rank
+    }
+    fn world_rank(&self, peer: usize) -> usize {
+        self.world_ranks[peer]
+    }
+    fn buffer(&self) -> usize {
+        self.buffer.ptr
+    }
+    fn buffer_bytes(&self) -> usize {
+        self.buffer.bytes
+    }
+    fn peer_buffer(&self, peer: usize) -> Option<usize> {
+        if peer == self.tp_rank {
+            Some(self.buffer.ptr)
+        } else {
+            self.peer_buffers[peer].as_ref().map(|m| m.ptr)
+        }
+    }
+
+    fn put(
+        &self,
+        peer: usize,
+        offset: usize,
+        src: usize,
+        bytes: usize,
+        stream: usize,
+    ) -> Result<()> {
+        let dst = self.peer_buffer(peer).unwrap() + offset;
+        if self.use_ce {
+            return copy_async(dst, src, bytes, stream);
+        }
+        if bytes == 0 {
+            return Ok(());
+        }
+        let f = self.func("put_bytes")?;
+        let (d, s, n) = (dst as u64, src as u64, bytes as u64);
+        let mut args = [arg(&d), arg(&s), arg(&n)];
+        cuda::launch(
+            f,
+            (self.comm_sms, 1, 1),
+            (1024, 1, 1),
+            0,
+            stream,
+            &mut args,
+            "put_bytes",
+        )
+    }
+
+    fn signal(&self, peers: &[usize], slot: Slot, value: u64, stream: usize) -> Result<()> {
+        if peers.is_empty() {
+            return Ok(());
+        }
+        let me = self.tp_rank;
+        let set = self.flag_set(peers, |p| self.flags_base(p) + flag_offset(slot, me));
+        let f = self.func("signal_flags")?;
+        let mut args = [arg(&set), arg(&value)];
+        cuda::launch(
+            f,
+            (1, 1, 1),
+            (32, 1, 1),
+            0,
+            stream,
+            &mut args,
+            "signal_flags",
+        )
+    }
+
+    fn wait(
+        &self,
+        peers: &[usize],
+        slot: Slot,
+        value: u64,
+        stream: usize,
+        info: WaitInfo,
+    ) -> Result<()> {
+        if peers.is_empty() {
+            return Ok(());
+        }
+        let set = self.flag_set(peers, |p| self.flags.ptr + flag_offset(slot, p));
+        let f = self.func("wait_flags")?;
+        let err = self.error.device as u64;
+        let mut args = [
+            arg(&set),
+            arg(&value),
+            arg(&self.timeout_ns),
+            arg(&err),
+            arg(&info.op),
+            arg(&info.step),
+            arg(&info.seq),
+        ];
+        cuda::launch(f, (1, 1, 1), (32, 1, 1), 0, stream, &mut args, "wait_flags")
+    }
+
+    fn timeout(&self) -> Option<Timeout> {
+        // SAFETY: host-mapped record written by the device; read with volatile loads.
+        let rec = self.error.host as *const ErrorRecord;
+        let code = unsafe { std::ptr::read_volatile(&(*rec).code) };
+        if code == 0 {
+            return None;
+        }
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+        unsafe {
+            Some(Timeout {
+                peer_world_rank: std::ptr::read_volatile(&(*rec).peer),
+                op: std::ptr::read_volatile(&(*rec).op),
+                step: std::ptr::read_volatile(&(*rec).step),
+                seq: std::ptr::read_volatile(&(*rec).seq),
+                waited_ms: std::ptr::read_volatile(&(*rec).waited_ns) as f64 / 1e6,
+            })
+        }
+    }
+
+    fn comm_sms(&self) -> u32 {
+        if self.use_ce { 0 } else { self.comm_sms }
+    }
+}

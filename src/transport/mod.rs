@@ -1,0 +1,83 @@
+//! Transports move chunks between the ranks of a tensor-parallel group and order them
+//! with flags. The algorithms in `crate::overlap` are written once against [`Transport`].
+//! `ipc` (this node, CUDA IPC, copy-engine or SM puts) is implemented; a transport for
+//! peers on other nodes (NCCL send/recv) plugs in behind the same trait.
+pub mod ipc;
+
+use crate::error::Result;
+
+/// Flag slots: each rank holds one monotonically increasing 64-bit counter per
+/// (slot, source rank). A wait is "counter >= value", so flags never need resetting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Slot {
+    /// ring all-gather, chunks travelling to the next rank
+    AgForward = 0,
+    /// ring all-gather, chunks travelling to the previous rank
+    AgBackward = 1,
+    /// pipelined reduce-scatter: "my chunk i is computed"
+    RsReady = 2,
+    /// ring reduce-scatter: "my partial for you has arrived"
+    RsP2p = 3,
+    /// bulk collectives
+    Bulk = 4,
+    /// "I finished call seq": nobody reads or writes my buffer for it any more
+    Done = 5,
+}
+
+pub const NUM_SLOTS: usize = 8;
+pub const MAX_PEERS: usize = 16;
+
+/// What a wait is for: reported in the timeout message.
+#[derive(Clone, Copy, Debug)]
+pub struct WaitInfo {
+    pub op: u32,
+    pub step: u32,
+    pub seq: u64,
+}
+
+/// A recorded timeout.
+#[derive(Clone, Copy, Debug)]
+pub struct Timeout {
+    pub peer_world_rank: u32,
+    pub op: u32,
+    pub step: u32,
+    pub seq: u64,
+    pub waited_ms: f64,
+}
+
+pub trait Transport: Send {
+    /// Ranks in the group (tensor-parallel size) and this rank's index in it.
+    fn size(&self) -> usize;
+    fn rank(&self) -> usize;
+    /// World rank of group member `peer`.
+    fn world_rank(&self, peer: usize) -> usize;
+    /// This rank's registered buffer (device address) and its size in bytes.
+    fn buffer(&self) -> usize;
+    fn buffer_bytes(&self) -> usize;
+    /// Direct load/store address of a peer's buffer, when the transport has one.
+    fn peer_buffer(&self, peer: usize) -> Option<usize>;
+    /// Copy `bytes` from local `src` to `offset` in `peer`'s buffer, on `stream`.
+    fn put(
+        &self,
+        peer: usize,
+        offset: usize,
+        src: usize,
+        bytes: usize,
+        stream: usize,
+    ) -> Result<()>;
+    /// After the work already on `stream`: set `slot` (from this rank) to `value` at each peer.
+    fn signal(&self, peers: &[usize], slot: Slot, value: u64, stream: usize) -> Result<()>;
+    /// Make `stream` wait until each peer has signalled `slot` >= `value`, or time out.
+    fn wait(
+        &self,
+        peers: &[usize],
+        slot: Slot,
+        value: u64,
+        stream: usize,
+        info: WaitInfo,
+    ) -> Result<()>;
+    /// The first timeout recorded by any wait, if one happened.
+    fn timeout(&self) -> Option<Timeout>;
+    /// SMs the transport's kernels use (0: copy engine only).
+    fn comm_sms(&self) -> u32;
+}
