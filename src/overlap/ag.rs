@@ -111,7 +111,7 @@ impl Overlap {
                 );
             }
         }
-        let seq = self.begin(stream)?;
+        let seq = self.begin(stream, Op::SplitAg, false)?;
         let chunk_bytes = nc * k * e;
         let off = |c: usize| c * chunk_bytes;
         let (next, prev) = ((r + 1) % tp, (r + tp - 1) % tp);
@@ -151,8 +151,6 @@ impl Overlap {
                 continue;
             }
             let st = self.comm[dir].raw();
-            // The receiver must be done with the previous call before we overwrite its buffer.
-            self.wait_done(&[to], seq - 1, st, Op::SplitAg)?;
             for s in 0..steps {
                 // Send chunk (r -/+ s): ours at s = 0, else the one received at step s-1.
                 let c = if dir == 0 {

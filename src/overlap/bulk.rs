@@ -64,7 +64,7 @@ impl Overlap {
                 );
             }
         }
-        let seq = self.begin(stream)?;
+        let seq = self.begin(stream, if x.kind == BulkKind::AllGather { Op::BulkAg } else { Op::BulkRs }, false)?;
         let others = self.others();
         let cs = self.comm[0].raw();
         let info = WaitInfo {
@@ -79,10 +79,7 @@ impl Overlap {
         let chunk_bytes = rc * self.cols * e;
         match x.kind {
             BulkKind::AllGather => {
-                self.wait_done(&others, seq - 1, cs, Op::BulkAg)?;
                 // Spread the puts over both comm streams (two copy engines / SM groups).
-                self.ev_chunk[0].record(cs)?;
-                self.ev_chunk[0].wait_on(self.comm[1].raw())?;
                 for (j, &p) in others.iter().enumerate() {
                     let st = self.comm[j % 2].raw();
                     self.t.put(

@@ -117,8 +117,8 @@ impl Config {
         if tp > MAX_PEERS {
             unsupported!("config tp_size = {tp} exceeds the maximum of {MAX_PEERS}");
         }
-        if self.num_splits < 1 {
-            invalid!("config num_splits = {} must be >= 1", self.num_splits);
+        if !(1..=64).contains(&self.num_splits) {
+            invalid!("config num_splits = {} must be in 1..=64", self.num_splits);
         }
         if !(1..=8).contains(&self.num_max_streams) {
             invalid!(
@@ -193,6 +193,7 @@ pub struct Overlap {
     compute: Vec<Stream>,
     comm: Vec<Stream>,
     ev_start: Event,
+    ev_arrived: Event,
     ev_comm: Vec<Event>,
     ev_compute: Vec<Event>,
     ev_chunk: Vec<Event>,
@@ -268,6 +269,7 @@ impl Overlap {
             cols,
             dtype,
             ev_start: Event::new()?,
+            ev_arrived: Event::new()?,
             ev_comm: events(2)?,
             ev_compute: events(ns)?,
             ev_chunk: events(2 * MAX_PEERS.max(64))?,
@@ -339,15 +341,28 @@ impl Overlap {
         Ok(guard)
     }
 
-    /// Start a call: a new sequence number, and every internal stream after `stream`.
-    fn begin(&mut self, stream: usize) -> Result<u64> {
+    /// Start a call: a new sequence number, then an arrival barrier of the group on comm
+    /// stream 0. A peer signals arrival only after its previous call completed on its GPU,
+    /// so passing the barrier also means no peer still touches any buffer for the last
+    /// call; and a peer that never enters makes every rank time out here. Comm streams
+    /// start after the barrier; compute streams too when `gate_compute` (their GEMMs
+    /// write memory that peers read), else right away.
+    fn begin(&mut self, stream: usize, op: Op, gate_compute: bool) -> Result<u64> {
         self.seq += 1;
         self.called = true;
+        let seq = self.seq;
         self.ev_start.record(stream)?;
-        for s in self.compute.iter().chain(self.comm.iter()) {
-            self.ev_start.wait_on(s.raw())?;
+        let cs = self.comm[0].raw();
+        self.ev_start.wait_on(cs)?;
+        let others = self.others();
+        self.t.signal(&others, Slot::Arrive, seq, cs)?;
+        self.t.wait(&others, Slot::Arrive, seq, cs, WaitInfo { op: op as u32, step: 0, seq })?;
+        self.ev_arrived.record(cs)?;
+        self.ev_arrived.wait_on(self.comm[1].raw())?;
+        for s in &self.compute {
+            if gate_compute { self.ev_arrived.wait_on(s.raw())? } else { self.ev_start.wait_on(s.raw())? }
         }
-        Ok(self.seq)
+        Ok(seq)
     }
 
     /// Finish a call: comm stream 0 waits for everything, tells the peers this rank is

@@ -140,17 +140,11 @@ impl Overlap {
         let p = self.plan_rs(x, true)?;
         let (tp, r) = (self.tp(), self.tp_rank());
         let bounds = self.splits(p.m);
-        let seq = self.begin(stream)?;
+        // The chunk GEMMs write this buffer, which peers read: gate them on the barrier.
+        let seq = self.begin(stream, Op::SplitRs, true)?;
         let all: Vec<usize> = (0..tp).collect();
         let others = self.others();
         let (e, ea) = (eb(self.dtype), eb(p.full.a_type));
-        // Peers read this buffer in the previous call's reductions: wait until they are done.
-        let c0 = self.compute[0].raw();
-        self.wait_done(&others, seq - 1, c0, Op::SplitRs)?;
-        self.ev_chunk[0].record(c0)?;
-        for s in &self.compute[1..] {
-            self.ev_chunk[0].wait_on(s.raw())?;
-        }
         let nchunks = bounds.len() - 1;
         for i in 0..nchunks {
             let (lo, hi) = (bounds[i], bounds[i + 1]);
@@ -209,7 +203,8 @@ impl Overlap {
         let p = self.plan_rs(x, !self.cfg.use_ce)?;
         let (tp, r) = (self.tp(), self.tp_rank());
         let staging = self.staging()?;
-        let seq = self.begin(stream)?;
+        // GEMMs write local memory only (staging, own slot): they need not wait for peers.
+        let seq = self.begin(stream, Op::SplitRsP2p, false)?;
         let others = self.others();
         let e = eb(self.dtype);
         let eb_b = eb(p.full.b_type);
@@ -242,7 +237,6 @@ impl Overlap {
         }
         // Puts: each partial to its owner's slot r, once the owner finished the last call.
         let cs = self.comm[0].raw();
-        self.wait_done(&others, seq - 1, cs, Op::SplitRsP2p)?;
         for i in 0..tp - 1 {
             let d = (r + i + 1) % tp;
             self.ev_chunk[i].wait_on(cs)?;

@@ -22,6 +22,8 @@ pub enum Slot {
     Bulk = 4,
     /// "I finished call seq": nobody reads or writes my buffer for it any more
     Done = 5,
+    /// "I entered call seq" (signalled after my previous call completed on my GPU)
+    Arrive = 6,
 }
 
 pub const NUM_SLOTS: usize = 8;
