@@ -29,19 +29,19 @@ run() {  # run NAME NP CMD...: log, time, and a summary row from the closing lin
   local name=$1 np=$2; shift 2
   local t0=$(date +%s%N) rc
   echo "=== $name np=$np: $*" >>"$log"
-  "$@" >>"$log" 2>&1
+  timeout -k 10 "${TE_COMM_TEST_TIMEOUT:-300}" "$@" >>"$log" 2>&1
   rc=$?
   local secs=$(awk -v a="$t0" -v b="$(date +%s%N)" 'BEGIN { printf "%.1f", (b - a) / 1e9 }')
   local closing=$(grep -E "^$name: [0-9]+ passed" "$log" | tail -n 1 | sed "s/^$name: //")
   local result=PASS
-  if [ $rc -eq 77 ]; then result=SKIPPED; elif [ $rc -ne 0 ]; then result="FAIL (rc $rc)"; fail=1; fi
+  if [ $rc -eq 77 ]; then result=SKIPPED; elif [ $rc -eq 124 ]; then result="FAIL (wall timeout)"; fail=1; elif [ $rc -ne 0 ]; then result="FAIL (rc $rc)"; fail=1; fi
   rows+=("| $name | $np | $result | ${closing:--} | $secs |")
 }
 
 # Library-level API test (no MPI), then the MPI GPU tests.
 run test_api 1 "$build/tests_c/test_api"
 for np in "${nps[@]}"; do
-  for t in test_gemm; do
+  for t in test_gemm test_overlap; do
     run "$t" "$np" "$root/tests_c/run_mpi.sh" "$np" "$build/tests_c/$t"
   done
 done

@@ -12,5 +12,5 @@ cargo build --release
 NVTE_COMM_REQUIRE_NVRTC=1 cargo test --release
 lib=$(te_comm_library)
 mkdir -p build
-te_comm_cmake_build "$lib" "$root/build" -DTE_COMM_CUDA_ROOT="$cuda_root"
+te_comm_cmake_build "$lib" "$root/build" -DTE_COMM_CUDA_ROOT="$cuda_root" -DTE_COMM_NCCL_ROOT="$root/.pydeps/nvidia/nccl"
 ctest --test-dir "$root/build" --output-on-failure
