@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The main job (README): the benchmark on all local GPUs, one MPI rank per GPU.
-# For now: GEMM throughput through nvte_cublas_gemm (bf16 and FP8), TFLOP/s per GPU.
-# Usage: scripts/bench.sh [NGPUS]   (TE_COMM_LIB=<path> to use a prebuilt library)
+# The main job (README): the overlap benchmark on all local GPUs, one MPI rank per GPU,
+# all ranks one tensor-parallel group. Per anchor shape and algorithm: GEMM alone, NCCL
+# alone, NCCL then GEMM, ours, ours / max(GEMM, NCCL).
+# Usage: scripts/bench.sh [NGPUS] [bench_overlap args, e.g. --only ag --iters 20 --out FILE]
+# (TE_COMM_LIB=<path> uses a prebuilt library; else cargo builds one.)
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 n=${1:-$(gpu_count)}
@@ -10,4 +12,4 @@ lib=$(te_comm_library)
 build=${TE_COMM_BUILD_DIR:-$root/build-gpu}
 mkdir -p "$build"
 te_comm_cmake_build "$lib" "$build"
-"$root/tests_c/run_mpi.sh" "$n" "$build/tests_c/bench_gemm" "${@:2}"
+"$root/tests_c/run_mpi.sh" "$n" "$build/tests_c/bench_overlap" "${@:2}"

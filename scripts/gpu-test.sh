@@ -48,6 +48,11 @@ done
 
 # Benchmark on all GPUs, then the comparison with torch.matmul in one process.
 [ -n "${TE_COMM_SKIP_BENCH:-}" ] || run bench_gemm "$ngpu" "$root/tests_c/run_mpi.sh" "$ngpu" "$build/tests_c/bench_gemm" --out "$out/bench_gemm.md"
+if [ -z "${TE_COMM_SKIP_BENCH:-}" ]; then
+  for np in "${nps[@]}"; do
+    [ "$np" -ge 2 ] && run bench_overlap "$np" "$root/tests_c/run_mpi.sh" "$np" "$build/tests_c/bench_overlap" --out "$out/bench_overlap_tp$np.md" ${TE_COMM_BENCH_ARGS:-}
+  done
+fi
 if [ -z "${TE_COMM_SKIP_BENCH:-}" ] && python3 -c 'import torch' 2>/dev/null; then
   run gemm_vs_torch 1 python3 "$root/bench/gemm_vs_torch.py" --lib "$lib" --out "$out/gemm_vs_torch.md"
 fi
@@ -59,6 +64,7 @@ fi
 } >"$summary"
 [ -f "$out/bench_gemm.md" ] && { echo; echo "GEMM benchmark:"; cat "$out/bench_gemm.md"; }
 [ -f "$out/gemm_vs_torch.md" ] && { echo; echo "nvte_cublas_gemm vs torch:"; cat "$out/gemm_vs_torch.md"; }
+for f in "$out"/bench_overlap_tp*.md; do [ -f "$f" ] && { echo; echo "overlap benchmark ($(basename "$f" .md)):"; cat "$f"; }; done
 echo; grep -E "FAIL" "$log" | head -n 30
 echo; cat "$summary"
 exit $fail

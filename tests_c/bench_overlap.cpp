@@ -1,0 +1,207 @@
+// The overlap benchmark (README's main job): on the anchor shapes, per algorithm, the
+// GEMM alone, the NCCL collective alone, NCCL then GEMM, and ours; ours / max(GEMM,
+// NCCL) ("bound") and ours / (NCCL then GEMM). All ranks form one tensor-parallel group
+// (tp = number of ranks). Random data, CUDA events, warm-up, median of many; every
+// figure is the maximum over ranks of that rank's median. Prints a markdown table on
+// rank 0 (and writes it to --out FILE) and a geomean line per dtype.
+#include <nccl.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <map>
+
+#include "test_util.hpp"
+
+using namespace tu;
+
+#define NCCL_OK(x)                                                                            \
+  do {                                                                                        \
+    ncclResult_t r_ = (x);                                                                    \
+    if (r_ != ncclSuccess) {                                                                  \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, ncclGetErrorString(r_)); \
+      MPI_Abort(MPI_COMM_WORLD, 3);                                                           \
+    }                                                                                         \
+  } while (0)
+
+namespace {
+
+int g_warmup = 5, g_iters = 20;
+cudaStream_t g_s;
+
+// Median over this rank's iterations, then the max over ranks.
+double time_ms(const std::function<void()> &fn) {
+  for (int i = 0; i < g_warmup; ++i) fn();
+  std::vector<cudaEvent_t> ev(2 * g_iters);
+  for (auto &e : ev) CUDA_OK(cudaEventCreate(&e));
+  MPI_Barrier(MPI_COMM_WORLD);
+  CUDA_OK(cudaStreamSynchronize(g_s));
+  for (int i = 0; i < g_iters; ++i) {
+    CUDA_OK(cudaEventRecord(ev[2 * i], g_s));
+    fn();
+    CUDA_OK(cudaEventRecord(ev[2 * i + 1], g_s));
+  }
+  CUDA_OK(cudaStreamSynchronize(g_s));
+  std::vector<float> ms(g_iters);
+  for (int i = 0; i < g_iters; ++i) CUDA_OK(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
+  for (auto &e : ev) cudaEventDestroy(e);
+  std::sort(ms.begin(), ms.end());
+  double med = ms[g_iters / 2], worst;
+  MPI_Allreduce(&med, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return worst;
+}
+
+void check(NVTECommStatus st, const char *what) {
+  if (st != NVTE_COMM_SUCCESS) {
+    std::fprintf(stderr, "%s: %s\n", what, nvte_comm_last_error());
+    MPI_Abort(MPI_COMM_WORLD, 5);
+  }
+}
+void check_last(const char *what) { check(nvte_comm_last_status(), what); }
+
+struct Row {
+  std::string line;
+  double ratio_bound;
+  std::string dtype;
+};
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  probe_or_continue(argc, argv);
+  MPI_Init(&argc, &argv);
+  int rank, tp;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &tp);
+  const char *out_path = nullptr;
+  std::string only;
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (!std::strcmp(argv[i], "--out")) out_path = argv[i + 1];
+    if (!std::strcmp(argv[i], "--iters")) g_iters = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--only")) only = argv[i + 1];
+  }
+  int ndev;
+  CUDA_OK(cudaGetDeviceCount(&ndev));
+  CUDA_OK(cudaSetDevice(rank % ndev));
+  CUDA_OK(cudaStreamCreateWithFlags(&g_s, cudaStreamNonBlocking));
+  ncclUniqueId id;
+  if (rank == 0) NCCL_OK(ncclGetUniqueId(&id));
+  MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+  ncclComm_t nccl;
+  NCCL_OK(ncclCommInitRank(&nccl, tp, id, rank));
+  DevBuf wsbuf(64u << 20);
+  Tensor ws;
+  ws.h = nvte_create_tensor(NVTE_DELAYED_TENSOR_SCALING);
+  {
+    NVTEBasicTensor b = basic(wsbuf.p, kNVTEByte, {wsbuf.bytes});
+    nvte_set_tensor_param_v2(ws.h, kNVTERowwiseData, &b, sizeof b);
+  }
+  NVTECommBootstrap bs{};
+  bs.nccl_comm = nccl;
+
+  std::vector<Row> rows;
+  struct Shape { size_t M, K, N; };  // tokens x input features x output features (global)
+  const Shape ag_shapes[] = {{8192, 8192, 28672}, {8192, 4096, 16384}, {16384, 8192, 8192}};
+  const Shape rs_shapes[] = {{8192, 28672, 8192}, {8192, 16384, 4096}, {16384, 8192, 8192}};
+  for (NVTEDType in : {kNVTEBFloat16, kNVTEFloat8E4M3}) {
+    const bool fp8 = is_fp8(in);
+    const bool split_acc = !fp8;
+    const NVTEDType out = kNVTEBFloat16;
+    // ---------------- AG + GEMM: X [M, K] gathered from shards [M/tp, K]; W [N/tp, K]; D [M, N/tp]
+    for (const Shape &s : ag_shapes) {
+      if (!only.empty() && only != "ag") break;
+      const size_t M = s.M, K = s.K, Nl = s.N / tp, Ml = M / tp;
+      Tensor W(in, {Nl, K}), Xs(in, {Ml, K}), X(in, {M, K}), D(out, {M, Nl});
+      nvte_comm_fill_uniform(W.h, 11 + rank, -1, 1, g_s);
+      nvte_comm_fill_uniform(Xs.h, 23 + rank, -1, 1, g_s);
+      nvte_comm_fill_uniform(X.h, 29 + rank, -1, 1, g_s);
+      auto gemm = [&] { nvte_cublas_gemm(W.h, X.h, D.h, nullptr, nullptr, true, false, false, ws.h, false, split_acc, 0, g_s); };
+      auto coll = [&] { NCCL_OK(ncclAllGather(Xs.data.p, X.data.p, Ml * K * dtype_bytes(in), ncclUint8, nccl, g_s)); };
+      gemm();
+      check_last("gemm");
+      double t_gemm = time_ms(gemm), t_coll = time_ms(coll);
+      double t_seq = time_ms([&] { coll(); gemm(); });
+      struct V { const char *name; bool ce, aggregate; };
+      for (V v : {V{"ring AG (CE)", true, false}, V{"ring AG bidir (CE)", true, true}, V{"ring AG (SM)", false, false}}) {
+        NVTECommOverlapConfig cfg;
+        nvte_comm_overlap_config_default(&cfg);
+        cfg.use_ce = v.ce;
+        cfg.aggregate = v.aggregate;
+        NVTECommOverlap *o = nullptr;
+        check(nvte_comm_overlap_create(&bs, &cfg, M, K, in, &o), "create");
+        double t = time_ms([&] {
+          check(nvte_comm_overlap_split_ag(o, W.h, true, Xs.h, false, D.h, nullptr, nullptr, false, ws.h, false, split_acc, nullptr, g_s), "split_ag");
+        });
+        check(nvte_comm_overlap_synchronize(o), "synchronize");
+        nvte_comm_overlap_destroy(o);
+        double bound = std::max(t_gemm, t_coll);
+        char b[400];
+        std::snprintf(b, sizeof b, "| %d | %s | AG | %zux%zux%zu | %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f |", tp, dtype_name(in), M, K,
+                      s.N, v.name, t_gemm, t_coll, t_seq, t, t / bound, t / t_seq);
+        rows.push_back({b, t / bound, std::string(dtype_name(in)) + " AG " + v.name});
+        if (rank == 0) std::printf("%s\n", b), std::fflush(stdout);
+      }
+    }
+    // ---------------- GEMM + RS: X [M, K/tp]; W [N, K/tp]; partial D [M, N]; out [M/tp, N]
+    for (const Shape &s : rs_shapes) {
+      if (!only.empty() && only != "rs") break;
+      const size_t M = s.M, Kl = s.K / tp, N = s.N, Ml = M / tp;
+      Tensor W(in, {N, Kl}), X(in, {M, Kl}), D(out, {M, N}), R(out, {Ml, N});
+      nvte_comm_fill_uniform(W.h, 31 + rank, -1, 1, g_s);
+      nvte_comm_fill_uniform(X.h, 37 + rank, -1, 1, g_s);
+      auto gemm = [&] { nvte_cublas_gemm(W.h, X.h, D.h, nullptr, nullptr, true, false, false, ws.h, false, split_acc, 0, g_s); };
+      auto coll = [&] { NCCL_OK(ncclReduceScatter(D.data.p, R.data.p, Ml * N, ncclBfloat16, ncclSum, nccl, g_s)); };
+      gemm();
+      check_last("gemm");
+      double t_gemm = time_ms(gemm), t_coll = time_ms(coll);
+      double t_seq = time_ms([&] { gemm(); coll(); });
+      struct V { const char *name; bool p2p, ce; };
+      for (V v : {V{"pipelined RS", false, true}, V{"ring RS (CE)", true, true}, V{"ring RS (SM)", true, false}}) {
+        NVTECommOverlapConfig cfg;
+        nvte_comm_overlap_config_default(&cfg);
+        cfg.use_ce = v.ce;
+        NVTECommOverlap *o = nullptr;
+        check(nvte_comm_overlap_create(&bs, &cfg, M, N, out, &o), "create");
+        auto fn = v.p2p ? nvte_comm_overlap_split_rs_p2p : nvte_comm_overlap_split_rs;
+        double t = time_ms([&] {
+          check(fn(o, W.h, true, X.h, false, nullptr, nullptr, nullptr, false, ws.h, false, split_acc, R.h, g_s), "split_rs");
+        });
+        check(nvte_comm_overlap_synchronize(o), "synchronize");
+        nvte_comm_overlap_destroy(o);
+        double bound = std::max(t_gemm, t_coll);
+        char b[400];
+        std::snprintf(b, sizeof b, "| %d | %s | RS | %zux%zux%zu | %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f |", tp, dtype_name(in), M, s.K,
+                      N, v.name, t_gemm, t_coll, t_seq, t, t / bound, t / t_seq);
+        rows.push_back({b, t / bound, std::string(dtype_name(in)) + " RS " + v.name});
+        if (rank == 0) std::printf("%s\n", b), std::fflush(stdout);
+      }
+    }
+  }
+  if (rank == 0) {
+    std::string table =
+        "| tp | dtype | op | M x K x N | algorithm | GEMM ms | NCCL ms | NCCL+GEMM ms | ours ms | ours/bound | ours/(NCCL+GEMM) |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|\n";
+    for (auto &r : rows) table += r.line + "\n";
+    // Geomean of ours/bound per (dtype, op, algorithm).
+    std::map<std::string, std::pair<double, int>> gm;
+    for (auto &r : rows) {
+      auto &g = gm[r.dtype];
+      g.first += std::log(r.ratio_bound);
+      g.second += 1;
+    }
+    table += "\n| dtype op algorithm | geomean ours/bound |\n|---|---|\n";
+    for (auto &[k, v] : gm) {
+      char b[200];
+      std::snprintf(b, sizeof b, "| %s | %.3f |\n", k.c_str(), std::exp(v.first / v.second));
+      table += b;
+    }
+    std::printf("\n%s", table.c_str());
+    if (out_path) {
+      FILE *f = std::fopen(out_path, "w");
+      if (f) { std::fputs(table.c_str(), f); std::fclose(f); }
+    }
+  }
+  ncclCommDestroy(nccl);
+  MPI_Finalize();
+  return 0;
+}
