@@ -154,41 +154,81 @@ struct SrcSet {
 // out[r, c] = sum_i load(src_i[r, c]) * in_scale (+ out[r, c] when accumulate), for a
 // rows x cols block. Sources have row stride in_ld, the output out_ld (elements).
 // Sums in fp32. Used by the pipelined reduce-scatter (sources: the peers' buffers) and
-// the ring reduce-scatter (sources: the received slots). 8 columns per thread when the
-// row length and strides allow, else 1.
+// the ring reduce-scatter (sources: the received slots). V columns per thread (V = 8:
+// one 16-byte access for 16-bit types), sources loaded four at a time before they are
+// summed so that several remote / local loads are in flight per thread.
+template <class T, int V>
+struct Vec {
+  T v[V];
+};
+
+template <class T, int V>
+__device__ __forceinline__ Vec<T, V> load_vec(const T *p) {
+  Vec<T, V> r;
+  if (V * sizeof(T) == 16) {
+    *(uint4 *)r.v = *(const uint4 *)p;
+  } else if (V * sizeof(T) == 32) {
+    ((uint4 *)r.v)[0] = ((const uint4 *)p)[0];
+    ((uint4 *)r.v)[1] = ((const uint4 *)p)[1];
+  } else if (V * sizeof(T) == 8) {
+    *(uint2 *)r.v = *(const uint2 *)p;
+  } else {
+#pragma unroll
+    for (int v = 0; v < V; ++v) r.v[v] = p[v];
+  }
+  return r;
+}
+
+template <class T, int V>
+__device__ __forceinline__ void store_vec(T *p, const Vec<T, V> &r) {
+  if (V * sizeof(T) == 16) {
+    *(uint4 *)p = *(const uint4 *)r.v;
+  } else if (V * sizeof(T) == 32) {
+    ((uint4 *)p)[0] = ((const uint4 *)r.v)[0];
+    ((uint4 *)p)[1] = ((const uint4 *)r.v)[1];
+  } else {
+#pragma unroll
+    for (int v = 0; v < V; ++v) p[v] = r.v[v];
+  }
+}
+
 template <class I, class O, int V>
 __device__ void reduce_impl(typename O::T *out, u64 out_ld, SrcSet s, u64 in_ld, u64 rows, u64 cols,
                             const float *in_scale_ptr, int accumulate) {
+  typedef typename I::T TI;
+  typedef typename O::T TO;
   const float in_scale = in_scale_ptr ? *in_scale_ptr : 1.0f;
   const u64 vcols = cols / V;
   const u64 total = rows * vcols;
   const u64 stride = (u64)gridDim.x * blockDim.x;
   for (u64 idx = (u64)blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += stride) {
     const u64 r = idx / vcols, c = (idx - r * vcols) * V;
+    const u64 off = r * in_ld + c;
     float acc[V];
 #pragma unroll
     for (int v = 0; v < V; ++v) acc[v] = 0.0f;
-    for (u32 i = 0; i < s.n; ++i) {
-      const typename I::T *p = (const typename I::T *)s.src[i] + r * in_ld + c;
-      typename I::T x[V];
-      if (V * sizeof(typename I::T) == 16) {
-        *(uint4 *)x = *(const uint4 *)p;
-      } else if (V * sizeof(typename I::T) == 8) {
-        *(uint2 *)x = *(const uint2 *)p;
-      } else {
+    for (u32 i0 = 0; i0 < s.n; i0 += 4) {
+      Vec<TI, V> x[4];
 #pragma unroll
-        for (int v = 0; v < V; ++v) x[v] = p[v];
-      }
+      for (int j = 0; j < 4; ++j)
+        if (i0 + j < s.n) x[j] = load_vec<TI, V>((const TI *)s.src[i0 + j] + off);
 #pragma unroll
-      for (int v = 0; v < V; ++v) acc[v] += I::load(x[v]);
+      for (int j = 0; j < 4; ++j)
+        if (i0 + j < s.n) {
+#pragma unroll
+          for (int v = 0; v < V; ++v) acc[v] += I::load(x[j].v[v]);
+        }
     }
-    typename O::T *q = out + r * out_ld + c;
+    TO *q = out + r * out_ld + c;
+    Vec<TO, V> y;
+    if (accumulate) y = load_vec<TO, V>(q);
 #pragma unroll
     for (int v = 0; v < V; ++v) {
-      float y = acc[v] * in_scale;
-      if (accumulate) y += O::load(q[v]);
-      q[v] = O::store(y);
+      float f = acc[v] * in_scale;
+      if (accumulate) f += O::load(y.v[v]);
+      y.v[v] = O::store(f);
     }
+    store_vec<TO, V>(q, y);
   }
 }
 

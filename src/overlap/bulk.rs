@@ -64,7 +64,15 @@ impl Overlap {
                 );
             }
         }
-        let seq = self.begin(stream, if x.kind == BulkKind::AllGather { Op::BulkAg } else { Op::BulkRs }, false)?;
+        let seq = self.begin(
+            stream,
+            if x.kind == BulkKind::AllGather {
+                Op::BulkAg
+            } else {
+                Op::BulkRs
+            },
+            false,
+        )?;
         let others = self.others();
         let cs = self.comm[0].raw();
         let info = WaitInfo {
@@ -103,7 +111,7 @@ impl Overlap {
                     .collect();
                 let out = &x.rs_output.unwrap().data;
                 self.reduce(
-                    out, 0, self.cols, &srcs, self.cols, rc, self.cols, scale_inv, cs,
+                    out, 0, self.cols, &srcs, self.cols, rc, self.cols, scale_inv, cs, false,
                 )?;
             }
         }

@@ -356,11 +356,25 @@ impl Overlap {
         self.ev_start.wait_on(cs)?;
         let others = self.others();
         self.t.signal(&others, Slot::Arrive, seq, cs)?;
-        self.t.wait(&others, Slot::Arrive, seq, cs, WaitInfo { op: op as u32, step: 0, seq })?;
+        self.t.wait(
+            &others,
+            Slot::Arrive,
+            seq,
+            cs,
+            WaitInfo {
+                op: op as u32,
+                step: 0,
+                seq,
+            },
+        )?;
         self.ev_arrived.record(cs)?;
         self.ev_arrived.wait_on(self.comm[1].raw())?;
         for s in &self.compute {
-            if gate_compute { self.ev_arrived.wait_on(s.raw())? } else { self.ev_start.wait_on(s.raw())? }
+            if gate_compute {
+                self.ev_arrived.wait_on(s.raw())?
+            } else {
+                self.ev_start.wait_on(s.raw())?
+            }
         }
         Ok(seq)
     }
@@ -426,6 +440,7 @@ impl Overlap {
     }
 
     /// out[rows, cols] (row stride out_ld) = sum over srcs (row stride in_ld) * scale.
+    /// `tail`: nothing runs beside it, so it may use every SM.
     #[allow(clippy::too_many_arguments)]
     fn reduce(
         &self,
@@ -438,6 +453,7 @@ impl Overlap {
         cols: usize,
         in_scale: usize,
         stream: usize,
+        tail: bool,
     ) -> Result<()> {
         if rows == 0 || cols == 0 {
             return Ok(());
@@ -494,7 +510,14 @@ impl Overlap {
             arg(&acc),
         ];
         let work = rows * cols / if vec_ok { 8 } else { 1 };
-        let blocks = (work.div_ceil(512) as u32).clamp(1, 2 * self.cfg.num_comm_sm as u32);
+        // Overlapped with GEMMs: the comm SM budget. On the critical tail (nothing left
+        // to overlap): the whole GPU.
+        let cap = if tail {
+            4 * self.dev.sm_count as u32
+        } else {
+            2 * self.cfg.num_comm_sm as u32
+        };
+        let blocks = (work.div_ceil(512) as u32).clamp(1, cap);
         cuda::launch(f, (blocks, 1, 1), (512, 1, 1), 0, stream, &mut args, &name)
     }
 

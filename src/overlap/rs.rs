@@ -193,6 +193,7 @@ impl Overlap {
                 hi - lo,
                 p.scale_inv,
                 cs,
+                i + 1 == nchunks,
             )?;
         }
         self.finish(seq, stream)
@@ -267,6 +268,7 @@ impl Overlap {
             p.m,
             p.scale_inv,
             cs,
+            true,
         )?;
         self.finish(seq, stream)
     }
