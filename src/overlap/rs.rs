@@ -15,8 +15,8 @@
 //! The chunk GEMMs of a reduce-scatter run in order on one compute stream: their inputs
 //! are all local, so running them concurrently (TE's round-robin over the stream pool)
 //! only makes every chunk finish late and delays the first chunk's communication.
-//! Measured on 4x H200 (bench/RESULTS.md): ring RS 1.10x bound in order vs 1.33x
-//! round-robin over 3 streams (bf16 geomean).
+//! Measured on 4x H200, tp 4, bf16 (bench/RESULTS.md): ring RS (CE) geomean 1.10x
+//! bound in order vs 1.40x round-robin over 3 streams.
 use super::{Op, Overlap, eb, val};
 use crate::error::Result;
 use crate::gemm::{self, GemmDesc, TeGemm};
