@@ -132,17 +132,13 @@ impl Overlap {
             Ok(())
         };
 
-        // Comm streams: the local chunk, then the rings. ev_chunk[c] marks chunk c landed.
-        let cs = self.comm[0].raw();
-        if !is_view {
-            copy_async(self.buffer() + off(r), bb.ptr, chunk_bytes, cs)?;
-        }
-        copy_out(r, cs)?;
-        self.ev_chunk[r].record(cs)?;
-        if bwd > 0 {
-            // The backward ring starts once the local chunk is in place.
-            self.ev_chunk[r].wait_on(self.comm[1].raw())?;
-        }
+        // Comm streams: the rings; ev_chunk[c] marks chunk c landed. The first send of
+        // each ring reads the caller's shard directly when one was given.
+        let local_src = if is_view {
+            self.buffer() + off(r)
+        } else {
+            bb.ptr
+        };
         for (dir, steps, to, from, slot) in [
             (0usize, fwd, next, prev, Slot::AgForward),
             (1, bwd, prev, next, Slot::AgBackward),
@@ -158,8 +154,12 @@ impl Overlap {
                 } else {
                     (r + s) % tp
                 };
-                self.t
-                    .put(to, off(c), self.buffer() + off(c), chunk_bytes, st)?;
+                let src = if s == 0 {
+                    local_src
+                } else {
+                    self.buffer() + off(c)
+                };
+                self.t.put(to, off(c), src, chunk_bytes, st)?;
                 self.t.signal(&[to], slot, val(seq, s), st)?;
                 // Receive chunk (r -/+ (s+1)).
                 let rc = if dir == 0 {
@@ -173,7 +173,16 @@ impl Overlap {
             }
         }
 
-        // Compute streams: the local chunk first, then chunks in arrival order.
+        // Off the critical path, on comm stream 1 after its ring: the shard into the
+        // buffer's local chunk (the buffer holds all of B after the call), and B_copy.
+        let c1 = self.comm[1].raw();
+        if !is_view {
+            copy_async(self.buffer() + off(r), bb.ptr, chunk_bytes, c1)?;
+        }
+        copy_out(r, c1)?;
+
+        // Compute streams: the local chunk first (from the shard or the buffer, at once:
+        // it is already in place), then chunks in arrival order.
         let mut order = vec![r];
         for s in 1..=fwd.max(bwd) {
             if s <= fwd {
@@ -187,10 +196,14 @@ impl Overlap {
         let (eb_d, eb_b) = (eb(full.d_type), e);
         for (j, &c) in order.iter().enumerate() {
             let si = j % self.compute.len();
-            self.ev_chunk[c].wait_on(self.compute[si].raw())?;
             let mut g = full;
             g.n = nc;
-            g.b = full.b + c * nc * k * eb_b;
+            if c == r {
+                g.b = local_src;
+            } else {
+                self.ev_chunk[c].wait_on(self.compute[si].raw())?;
+                g.b = full.b + c * nc * k * eb_b;
+            }
             g.d = full.d + c * nc * full.ldd * eb_d;
             if full.aux != 0 {
                 g.aux = full.aux + c * nc * full.ldd * eb(full.aux_type);
