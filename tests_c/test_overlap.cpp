@@ -345,7 +345,7 @@ void test_errors(Env &e) {
   if (!o) return;
   const size_t nc = 128, k = 256, m = 192;
   Tensor A(kNVTEBFloat16, {m, k}), Bs(kNVTEBFloat16, {nc, k}), D(kNVTEBFloat16, {nc * e.wsize, m}), wsh;
-  Tensor B16(kNVTEFloat16, {nc, k}), Bbig(kNVTEBFloat16, {2 * nc, k}), Dbad(kNVTEBFloat16, {nc, m}), out_bad(kNVTEBFloat16, {nc + 1, m});
+  Tensor B16(kNVTEFloat16, {nc, k}), Bbig(kNVTEBFloat16, {2 * nc, k}), Dbad(kNVTEBFloat16, {nc * e.wsize + 1, m}), out_bad(kNVTEBFloat16, {nc + 1, m});
   NVTETensor ws = ws_tensor(e, wsh);
   expect(e, nvte_comm_overlap_split_ag(nullptr, A.h, true, Bs.h, false, D.h, nullptr, nullptr, false, ws, false, true, nullptr, e.s),
          NVTE_COMM_ERROR_INVALID_ARGUMENT, "NULL overlap handle");

@@ -211,7 +211,7 @@ impl Overlap {
             if full.epilogue == Epilogue::BGradB {
                 g.bias = full.bias + c * nc * eb(full.bias_type);
             }
-            self.run_gemm(&g, &guard, si)?;
+            self.run_gemm(&g, &guard, si, true)?;
         }
         self.finish(seq, stream)
     }

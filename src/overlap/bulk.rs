@@ -115,7 +115,7 @@ impl Overlap {
                 )?;
             }
         }
-        self.run_gemm(&desc, &guard, 0)?;
+        self.run_gemm(&desc, &guard, 0, false)?;
         self.finish(seq, stream)
     }
 }

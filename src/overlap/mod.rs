@@ -422,8 +422,12 @@ impl Overlap {
         }
     }
 
-    /// The workspace slice of compute stream `i` (concurrent GEMMs must not share one).
+    /// The workspace slice of compute stream `i` when `n` streams run GEMMs at once
+    /// (concurrent GEMMs must not share one; GEMMs in order use all of it).
     fn workspace_slice(full: &GemmDesc, i: usize, n: usize) -> (usize, usize) {
+        if n <= 1 {
+            return (full.workspace, full.workspace_bytes);
+        }
         if full.workspace == 0 || full.workspace_bytes < 256 * n {
             return (0, 0);
         }
@@ -431,9 +435,18 @@ impl Overlap {
         (full.workspace + i * per, per)
     }
 
-    fn run_gemm(&self, g: &GemmDesc, guard: &ContextGuard, stream_idx: usize) -> Result<()> {
+    /// Run a chunk GEMM on compute stream `stream_idx`; `concurrent`: whether GEMMs on
+    /// other compute streams may run at the same time (then the workspace is split).
+    fn run_gemm(
+        &self,
+        g: &GemmDesc,
+        guard: &ContextGuard,
+        stream_idx: usize,
+        concurrent: bool,
+    ) -> Result<()> {
         let mut g = *g;
-        let (w, wb) = Self::workspace_slice(&g, stream_idx, self.compute.len());
+        let n = if concurrent { self.compute.len() } else { 1 };
+        let (w, wb) = Self::workspace_slice(&g, stream_idx, n);
         g.workspace = w;
         g.workspace_bytes = wb;
         gemm::run(&g, guard, self.compute[stream_idx].raw())

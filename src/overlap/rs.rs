@@ -165,7 +165,7 @@ impl Overlap {
                 g.bias = p.full.bias + lo * eb(p.full.bias_type);
             }
             let si = 0; // in order: see the module doc
-            self.run_gemm(&g, &guard, si)?;
+            self.run_gemm(&g, &guard, si, false)?;
             self.ev_chunk[1 + i].record(self.compute[si].raw())?;
         }
         let cs = self.comm[0].raw();
@@ -239,7 +239,7 @@ impl Overlap {
                 g.bias = p.full.bias + d * p.nc * eb(p.full.bias_type);
             }
             let si = 0; // in order: see the module doc
-            self.run_gemm(&g, &guard, si)?;
+            self.run_gemm(&g, &guard, si, false)?;
             self.ev_chunk[i].record(self.compute[si].raw())?;
         }
         // Puts: each partial to its owner's slot r, once the owner finished the last call.
