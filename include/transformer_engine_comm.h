@@ -85,11 +85,39 @@ typedef enum NVTECommOverlapType {
   NVTE_COMM_OVERLAP_AG = 1,
 } NVTECommOverlapType;
 
+/** Transport of an overlap object's group. */
+typedef enum NVTECommTransport {
+  NVTE_COMM_TRANSPORT_AUTO = 0,
+  NVTE_COMM_TRANSPORT_IPC = 1,
+  NVTE_COMM_TRANSPORT_NCCL = 2,
+} NVTECommTransport;
 
+/** Algorithm of the comm-GEMM calls (TE's comm_gemm.h values). The multicast and */
+/** atomic variants are not implemented and run as kNVTECommGemmAlgoSplitP2P. */
+typedef enum NVTECommGemmAlgoType {
+  kNVTECommGemmAlgoDefault = 0,
+  kNVTECommGemmAlgoSplitP2P = 1,
+  kNVTECommGemmAlgoSplitMulticast = 2,
+  kNVTECommGemmAlgoAtomicP2P = 3,
+  kNVTECommGemmAlgoAtomicMulticast = 4,
+} NVTECommGemmAlgoType;
+
+
+
+#define TRANSPORT_AUTO 0
+
+#define TRANSPORT_IPC 1
+
+#define TRANSPORT_NCCL 2
 
 #define NUM_SLOTS 8
 
 #define MAX_PEERS 16
+
+/**
+ * Opaque context (TE: `typedef struct NVTECommGemmCtx NVTECommGemmCtx;`).
+ */
+typedef struct NVTECommGemmCtx NVTECommGemmCtx;
 
 /**
  * Opaque overlap object (not repr(C): the header declares it incomplete).
@@ -152,6 +180,11 @@ typedef struct NVTECommOverlapConfig {
    * timeout of every wait for a peer, ms (default 60000; env NVTE_COMM_TIMEOUT_MS)
    */
   int64_t timeout_ms;
+  /**
+   * NVTE_COMM_TRANSPORT_AUTO (default: IPC when the group is on one node, else NCCL),
+   * NVTE_COMM_TRANSPORT_IPC or NVTE_COMM_TRANSPORT_NCCL (env NVTE_COMM_TRANSPORT)
+   */
+  NVTECommTransport transport;
 } NVTECommOverlapConfig;
 
 /**
@@ -202,6 +235,87 @@ typedef struct NVTEBasicTensor {
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
+
+/**
+ * A context over the NCCL communicator `comm` of the tensor-parallel group (not owned;
+ * `nranks` and `rank` must match it). Collective. NULL on failure (reason recorded).
+ */
+struct NVTECommGemmCtx *nvte_comm_gemm_ctx_create(ncclComm_t comm, int32_t nranks, int32_t rank);
+
+/**
+ * Destroy a context (waits, bounded, until the peers are done with its buffers). NULL is a no-op.
+ */
+void nvte_comm_gemm_ctx_destroy(struct NVTECommGemmCtx *ctx);
+
+/**
+ * This rank's share of `global_size` under block distribution (block ceil(global / nranks));
+ * the last ranks may get fewer, possibly 0. Returns 0 with an error recorded on bad input.
+ */
+int64_t nvte_comm_gemm_numroc(struct NVTECommGemmCtx *ctx, int64_t global_size);
+
+/**
+ * All-gather GEMM: A's m and B's n split across ranks; B gathered along n; this rank gets
+ * D = its m-share x all of n (local D is [n, numroc(m)]). D = A·B (+ bias; GELU with
+ * pre_act_out storing the pre-activation when both are set).
+ */
+void nvte_all_gather_gemm(struct NVTECommGemmCtx *ctx,
+                          int64_t m,
+                          int64_t n,
+                          int64_t k,
+                          NVTETensor a,
+                          NVTETensor b,
+                          NVTETensor d,
+                          NVTETensor bias,
+                          NVTETensor pre_act_out,
+                          bool transa,
+                          bool transb,
+                          bool grad,
+                          bool accumulate,
+                          int32_t comm_sm_count,
+                          cudaStream_t main_stream,
+                          NVTECommGemmAlgoType algo);
+
+/**
+ * GEMM reduce-scatter: k split; D summed over ranks and scattered along n (local D is
+ * [numroc(n), m]); the bias is added once.
+ */
+void nvte_gemm_reduce_scatter(struct NVTECommGemmCtx *ctx,
+                              int64_t m,
+                              int64_t n,
+                              int64_t k,
+                              NVTETensor a,
+                              NVTETensor b,
+                              NVTETensor d,
+                              NVTETensor bias,
+                              NVTETensor pre_act_out,
+                              bool transa,
+                              bool transb,
+                              bool grad,
+                              bool accumulate,
+                              int32_t comm_sm_count,
+                              cudaStream_t main_stream,
+                              NVTECommGemmAlgoType algo);
+
+/**
+ * GEMM all-reduce: k split; every rank gets the whole reduced D [n, m]; the bias is
+ * added once. Chunked GEMM, each chunk all-reduced while the next computes.
+ */
+void nvte_gemm_all_reduce(struct NVTECommGemmCtx *ctx,
+                          int64_t m,
+                          int64_t n,
+                          int64_t k,
+                          NVTETensor a,
+                          NVTETensor b,
+                          NVTETensor d,
+                          NVTETensor bias,
+                          NVTETensor pre_act_out,
+                          bool transa,
+                          bool transb,
+                          bool grad,
+                          bool accumulate,
+                          int32_t comm_sm_count,
+                          cudaStream_t main_stream,
+                          NVTECommGemmAlgoType algo);
 
 /**
  * Message of the calling thread's most recent failed library call: it names the

@@ -5,6 +5,7 @@
 //! `gemm` (cuBLASLt), `cuda` (driver, NVRTC, contexts), `kernels` (typed launches of
 //! `kernels/*.cu`), `error` (status + message model).
 pub mod bootstrap;
+pub mod comm_gemm;
 pub mod cuda;
 pub mod error;
 pub mod ffi;

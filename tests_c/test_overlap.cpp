@@ -356,7 +356,7 @@ void test_errors(Env &e) {
   expect(e, nvte_comm_overlap_split_ag(o, A.h, true, Bs.h, false, Dbad.h, nullptr, nullptr, false, ws, false, true, nullptr, e.s),
          NVTE_COMM_ERROR_INVALID_ARGUMENT, "D of the wrong shape");
   expect(e, nvte_comm_overlap_split_ag(o, A.h, true, Bs.h, true, D.h, nullptr, nullptr, false, ws, false, true, nullptr, e.s),
-         NVTE_COMM_ERROR_UNSUPPORTED, "transb = true");
+         NVTE_COMM_ERROR_INVALID_ARGUMENT, "transb = true with a [n/tp, k] shard (k mismatch)");
   Tensor Bfull(kNVTEBFloat16, {nc * e.wsize, k});
   expect(e, nvte_comm_overlap_split_rs(o, A.h, true, Bfull.h, false, nullptr, nullptr, nullptr, false, ws, false, true, out_bad.h, e.s),
          NVTE_COMM_ERROR_INVALID_ARGUMENT, "rs_output of the wrong shape");

@@ -1,6 +1,7 @@
 //! The C ABI. This module tree is the only place with `extern "C"` functions and raw
 //! pointer handling. Every entry point runs inside [`firewall`]: panics are caught and
 //! turned into NVTE_COMM_ERROR_INTERNAL with the panic message, never unwinding into C.
+mod comm_gemm;
 pub mod enums;
 mod errors;
 mod gemm;

@@ -1,5 +1,5 @@
 //! The userbuffers-style engine: `nvte_comm_overlap_*`.
-use super::enums::{NVTECommOverlapType, NVTEDType};
+use super::enums::{NVTECommOverlapType, NVTECommTransport, NVTEDType};
 use super::{NVTECommStatus, NVTETensor, cudaStream_t, status_call};
 use crate::bootstrap::{AllgatherFn, BarrierFn, Bootstrap};
 use crate::error::{Error, Result};
@@ -72,6 +72,9 @@ pub struct NVTECommOverlapConfig {
     pub comm_priority: i32,
     /// timeout of every wait for a peer, ms (default 60000; env NVTE_COMM_TIMEOUT_MS)
     pub timeout_ms: i64,
+    /// NVTE_COMM_TRANSPORT_AUTO (default: IPC when the group is on one node, else NCCL),
+    /// NVTE_COMM_TRANSPORT_IPC or NVTE_COMM_TRANSPORT_NCCL (env NVTE_COMM_TRANSPORT)
+    pub transport: NVTECommTransport,
 }
 
 impl NVTECommOverlapConfig {
@@ -90,6 +93,7 @@ impl NVTECommOverlapConfig {
             gemm_priority: c.gemm_priority,
             comm_priority: c.comm_priority,
             timeout_ms: c.timeout_ms,
+            transport: NVTECommTransport(c.transport as u32),
         }
     }
     fn to_config(&self) -> Config {
@@ -106,6 +110,7 @@ impl NVTECommOverlapConfig {
             gemm_priority: self.gemm_priority,
             comm_priority: self.comm_priority,
             timeout_ms: self.timeout_ms,
+            transport: self.transport.0.min(i32::MAX as u32) as i32,
         }
     }
 }

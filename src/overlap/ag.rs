@@ -11,7 +11,7 @@ use crate::cuda::resources::copy_async;
 use crate::error::Result;
 use crate::gemm::{self, Epilogue, TeGemm};
 use crate::tensor::{Buffer, Shape, Tensor};
-use crate::transport::{Slot, WaitInfo};
+use crate::transport::{RecvOp, SendOp, Slot, WaitInfo};
 use crate::{invalid, unsupported};
 
 pub struct AgArgs<'a> {
@@ -35,9 +35,6 @@ impl Overlap {
     pub fn split_ag(&mut self, x: &AgArgs, stream: usize) -> Result<()> {
         let guard = self.enter(stream)?;
         let (tp, r) = (self.tp(), self.tp_rank());
-        if x.transb {
-            unsupported!("split_ag gathers B along its rows (tokens): transb must be false");
-        }
         let bb = &x.b.data;
         if bb.dtype != self.dtype {
             invalid!(
@@ -46,14 +43,27 @@ impl Overlap {
                 self.dtype.name()
             );
         }
-        let Some((brows, k)) = bb.rows_cols() else {
+        let Some((r0, c0)) = bb.rows_cols() else {
             invalid!(
                 "tensor `B` must have at least 2 dimensions, got {}",
                 bb.shape
             )
         };
         let is_view = bb.ptr == self.buffer();
-        let n = if is_view { brows } else { brows * tp };
+        // transb = false: B is [n, k], gathered along its rows; transb = true: this rank's
+        // shard is [k, n/tp] and the buffer holds the tp shards one after the other.
+        let (n, k) = if x.transb {
+            if is_view {
+                unsupported!(
+                    "with transb = true, B must be this rank's shard [k, n/tp], not the buffer view"
+                );
+            }
+            (c0 * tp, r0)
+        } else if is_view {
+            (r0, c0)
+        } else {
+            (r0 * tp, c0)
+        };
         if n % tp != 0 {
             invalid!("the gathered rows n = {n} are not divisible by tp = {tp}");
         }
@@ -74,7 +84,8 @@ impl Overlap {
         let nc = n / tp;
         // Validate the whole GEMM once, on B = the gathered buffer.
         let mut gathered = x.b.clone();
-        gathered.data = Buffer::new(self.buffer(), self.dtype, Shape::new(&[n, k])?)?;
+        let gshape = if x.transb { [k, n] } else { [n, k] };
+        gathered.data = Buffer::new(self.buffer(), self.dtype, Shape::new(&gshape)?)?;
         let comm_sms = !self.cfg.use_ce;
         let full = gemm::desc_from_te(&TeGemm {
             a: x.a,
@@ -83,7 +94,7 @@ impl Overlap {
             bias: x.bias,
             pre_gelu_out: x.pre_gelu_out,
             transa: x.transa,
-            transb: false,
+            transb: x.transb,
             grad: x.grad,
             workspace: x.workspace,
             accumulate: x.accumulate,
@@ -159,15 +170,25 @@ impl Overlap {
                 } else {
                     self.buffer() + off(c)
                 };
-                self.t.put(to, off(c), src, chunk_bytes, st)?;
-                self.t.signal(&[to], slot, val(seq, s), st)?;
                 // Receive chunk (r -/+ (s+1)).
                 let rc = if dir == 0 {
                     (r + tp - s - 1) % tp
                 } else {
                     (r + s + 1) % tp
                 };
-                self.t.wait(&[from], slot, val(seq, s), st, info(s + 1))?;
+                let send = SendOp {
+                    peer: to,
+                    src,
+                    dst_offset: off(c),
+                    bytes: chunk_bytes,
+                };
+                let recv = RecvOp {
+                    peer: from,
+                    dst_offset: off(rc),
+                    bytes: chunk_bytes,
+                };
+                self.t
+                    .exchange(&[send], &[recv], slot, val(seq, s), st, info(s + 1))?;
                 copy_out(rc, st)?;
                 self.ev_chunk[rc].record(st)?;
             }
@@ -203,6 +224,9 @@ impl Overlap {
             } else {
                 self.ev_chunk[c].wait_on(self.compute[si].raw())?;
                 g.b = full.b + c * nc * k * eb_b;
+            }
+            if x.transb {
+                g.ldb = nc; // each shard [k, nc] is its own matrix
             }
             g.d = full.d + c * nc * full.ldd * eb_d;
             if full.aux != 0 {

@@ -9,9 +9,10 @@
 use super::{Op, Overlap, eb, val};
 use crate::error::Result;
 use crate::gemm::{self, TeGemm};
-use crate::invalid;
 use crate::tensor::Tensor;
+use crate::transport::nccl;
 use crate::transport::{Slot, WaitInfo};
+use crate::{invalid, unsupported};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BulkKind {
@@ -85,8 +86,29 @@ impl Overlap {
             seq,
         };
         let chunk_bytes = rc * self.cols * e;
-        match x.kind {
-            BulkKind::AllGather => {
+        match (x.kind, self.t.nccl_comm()) {
+            (BulkKind::AllGather, Some(comm)) => {
+                // In place: this rank's chunk is already at its offset in the buffer.
+                nccl::all_gather_bytes(
+                    comm,
+                    self.buffer() + r * chunk_bytes,
+                    self.buffer(),
+                    chunk_bytes,
+                    cs,
+                )?;
+            }
+            (BulkKind::ReduceScatter, Some(comm)) => {
+                let out = &x.rs_output.unwrap().data;
+                if out.dtype != self.dtype {
+                    unsupported!(
+                        "a bulk reduce-scatter over NCCL writes the buffer's dtype {}: tensor `rs_output` is {}",
+                        self.dtype.name(),
+                        out.dtype.name()
+                    );
+                }
+                nccl::reduce_scatter(comm, self.buffer(), out.ptr, rc * self.cols, self.dtype, cs)?;
+            }
+            (BulkKind::AllGather, None) => {
                 // Spread the puts over both comm streams (two copy engines / SM groups).
                 for (j, &p) in others.iter().enumerate() {
                     let st = self.comm[j % 2].raw();
@@ -103,7 +125,7 @@ impl Overlap {
                 self.ev_chunk[1].wait_on(cs)?;
                 self.t.wait(&others, Slot::Bulk, val(seq, 0), cs, info)?;
             }
-            BulkKind::ReduceScatter => {
+            (BulkKind::ReduceScatter, None) => {
                 self.t.signal(&others, Slot::Bulk, val(seq, 0), cs)?;
                 self.t.wait(&others, Slot::Bulk, val(seq, 0), cs, info)?;
                 let srcs: Vec<usize> = (0..tp)

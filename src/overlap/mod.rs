@@ -7,6 +7,7 @@
 //! kernels with a timeout: a peer that never arrives makes the call's stream finish with
 //! a recorded timeout (see [`Overlap::synchronize`]) and the object refuses further work.
 pub mod ag;
+pub mod ar;
 pub mod bulk;
 pub mod rs;
 
@@ -17,7 +18,8 @@ use crate::ffi::enums::NVTECommStatus as S;
 use crate::gemm::{self, GemmDesc};
 use crate::tensor::{Buffer, DType, Shape, Tensor};
 use crate::transport::ipc::{IpcSettings, IpcTransport};
-use crate::transport::{MAX_PEERS, Slot, Transport, WaitInfo};
+use crate::transport::nccl::NcclTransport;
+use crate::transport::{MAX_PEERS, Transport, WaitInfo};
 use crate::{bootstrap::Bootstrap, invalid, unsupported};
 
 /// Engine settings (TE's CommOverlap defaults; see [`Config::from_env`]).
@@ -46,7 +48,13 @@ pub struct Config {
     pub comm_priority: i32,
     /// timeout of every wait for a peer, in milliseconds
     pub timeout_ms: i64,
+    /// 0 auto (IPC when the whole group is on one node, else NCCL), 1 IPC, 2 NCCL
+    pub transport: i32,
 }
+
+pub const TRANSPORT_AUTO: i32 = 0;
+pub const TRANSPORT_IPC: i32 = 1;
+pub const TRANSPORT_NCCL: i32 = 2;
 
 fn env_i64(name: &str) -> Option<i64> {
     std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
@@ -62,7 +70,7 @@ impl Config {
     /// TE's defaults, then the environment overrides:
     /// NVTE_COMM_TIMEOUT_MS, NVTE_COMM_OVERLAP_NUM_SPLITS, NVTE_COMM_OVERLAP_MAX_STREAMS,
     /// NVTE_COMM_OVERLAP_NUM_SM, NVTE_COMM_OVERLAP_USE_CE, NVTE_COMM_OVERLAP_AGGREGATE,
-    /// NVTE_COMM_OVERLAP_SM_MARGIN.
+    /// NVTE_COMM_OVERLAP_SM_MARGIN, NVTE_COMM_TRANSPORT (auto | ipc | nccl).
     pub fn from_env() -> Config {
         let mut c = Config {
             tp_size: 0,
@@ -77,7 +85,17 @@ impl Config {
             gemm_priority: 0,
             comm_priority: -100,
             timeout_ms: 60_000,
+            transport: TRANSPORT_AUTO,
         };
+        match std::env::var("NVTE_COMM_TRANSPORT")
+            .as_deref()
+            .map(str::trim)
+        {
+            Ok("ipc") | Ok("IPC") => c.transport = TRANSPORT_IPC,
+            Ok("nccl") | Ok("NCCL") => c.transport = TRANSPORT_NCCL,
+            Ok("auto") | Ok("AUTO") => c.transport = TRANSPORT_AUTO,
+            _ => {}
+        }
         if let Some(v) = env_i64("NVTE_COMM_TIMEOUT_MS") {
             c.timeout_ms = v;
         }
@@ -146,6 +164,12 @@ impl Config {
         if self.timeout_ms <= 0 {
             invalid!("config timeout_ms = {} must be > 0", self.timeout_ms);
         }
+        if !(TRANSPORT_AUTO..=TRANSPORT_NCCL).contains(&self.transport) {
+            invalid!(
+                "config transport = {} must be 0 (auto), 1 (ipc) or 2 (nccl)",
+                self.transport
+            );
+        }
         Ok(tp)
     }
 }
@@ -161,6 +185,7 @@ pub enum Op {
     BulkRs = 5,
     CopyIntoBuffer = 6,
     Destroy = 7,
+    SplitAr = 8,
 }
 
 fn op_name(op: u32) -> &'static str {
@@ -172,6 +197,7 @@ fn op_name(op: u32) -> &'static str {
         5 => "bulk reduce-scatter",
         6 => "copy_into_buffer",
         7 => "destroy",
+        8 => "split_ar (pipelined GEMM + all-reduce)",
         _ => "?",
     }
 }
@@ -244,13 +270,23 @@ impl Overlap {
         }
         let first = bs.rank / tp * tp;
         let group: Vec<usize> = (first..first + tp).collect();
-        let settings = IpcSettings {
-            buffer_bytes: bytes,
-            use_ce: cfg.use_ce,
-            comm_sms: cfg.num_comm_sm as u32,
-            timeout_ms: cfg.timeout_ms as u64,
+        // Auto: IPC when the whole group shares this node, else NCCL.
+        let ids = bs.allgather(&crate::bootstrap::host_identity())?;
+        let id = |w: usize| &ids[w * 128..(w + 1) * 128];
+        let one_node = group.iter().all(|&w| id(w) == id(bs.rank));
+        let use_nccl =
+            cfg.transport == TRANSPORT_NCCL || (cfg.transport == TRANSPORT_AUTO && !one_node);
+        let t: Box<dyn Transport> = if use_nccl {
+            Box::new(NcclTransport::create(bs, &group, bytes)?)
+        } else {
+            let settings = IpcSettings {
+                buffer_bytes: bytes,
+                use_ce: cfg.use_ce,
+                comm_sms: cfg.num_comm_sm as u32,
+                timeout_ms: cfg.timeout_ms as u64,
+            };
+            Box::new(IpcTransport::create(bs, &group, &guard, &dev, &settings)?)
         };
-        let t = IpcTransport::create(bs, &group, &guard, &dev, &settings)?;
         let module = nvrtc::module(&nvrtc::COMM, guard.ctx, &dev)?;
         let ns = cfg.num_max_streams as usize;
         let compute = (0..ns)
@@ -264,7 +300,7 @@ impl Overlap {
             cfg,
             ctx: guard.ctx,
             world_rank: bs.rank,
-            t: Box::new(t),
+            t,
             rows,
             cols,
             dtype,
@@ -290,6 +326,22 @@ impl Overlap {
     }
     pub fn tp_rank(&self) -> usize {
         self.t.rank()
+    }
+    /// Change the SM budget of the communication kernels (between calls).
+    pub fn set_comm_sms(&mut self, n: i32) -> Result<()> {
+        if n < 1 || n >= self.dev.sm_count {
+            invalid!(
+                "comm_sm_count = {n} must be in 1..{} (the device's SM count)",
+                self.dev.sm_count
+            );
+        }
+        self.cfg.num_comm_sm = n;
+        Ok(())
+    }
+
+    /// "ipc" or "nccl".
+    pub fn transport_name(&self) -> &'static str {
+        self.t.name()
     }
     pub fn shape(&self) -> (usize, usize, DType) {
         (self.rows, self.cols, self.dtype)
@@ -354,11 +406,7 @@ impl Overlap {
         self.ev_start.record(stream)?;
         let cs = self.comm[0].raw();
         self.ev_start.wait_on(cs)?;
-        let others = self.others();
-        self.t.signal(&others, Slot::Arrive, seq, cs)?;
-        self.t.wait(
-            &others,
-            Slot::Arrive,
+        self.t.begin_call(
             seq,
             cs,
             WaitInfo {
@@ -389,20 +437,15 @@ impl Overlap {
         }
         self.ev_comm[1].record(self.comm[1].raw())?;
         self.ev_comm[1].wait_on(cs)?;
-        self.t.signal(&self.others(), Slot::Done, seq, cs)?;
+        self.t.end_call(seq, cs)?;
         self.ev_comm[0].record(cs)?;
         self.ev_comm[0].wait_on(stream)?;
         self.ev_done.record(stream)
     }
 
     /// Wait (on `stream`) until every peer finished call `seq` (no-op for seq 0).
-    fn wait_done(&self, peers: &[usize], seq: u64, stream: usize, op: Op) -> Result<()> {
-        if seq == 0 {
-            return Ok(());
-        }
-        self.t.wait(
-            peers,
-            Slot::Done,
+    fn wait_done(&self, seq: u64, stream: usize, op: Op) -> Result<()> {
+        self.t.wait_done(
             seq,
             stream,
             WaitInfo {
@@ -603,7 +646,7 @@ impl Overlap {
         if i.ptr == 0 {
             invalid!("tensor `input` has a NULL data pointer");
         }
-        self.wait_done(&self.others(), self.seq, stream, Op::CopyIntoBuffer)?;
+        self.wait_done(self.seq, stream, Op::CopyIntoBuffer)?;
         copy_async(view.data.ptr, i.ptr, view.data.bytes(), stream)
     }
 
@@ -649,10 +692,7 @@ impl Overlap {
             return;
         };
         let cs = self.comm[0].raw();
-        if self
-            .wait_done(&self.others(), self.seq, cs, Op::Destroy)
-            .is_ok()
-        {
+        if self.wait_done(self.seq, cs, Op::Destroy).is_ok() {
             let _ = self.comm[0].synchronize();
         }
         for s in self.compute.iter().chain(self.comm.iter()) {

@@ -22,7 +22,7 @@ use crate::error::Result;
 use crate::gemm::{self, GemmDesc, TeGemm};
 use crate::invalid;
 use crate::tensor::{Buffer, Shape, Tensor};
-use crate::transport::{Slot, WaitInfo};
+use crate::transport::{RecvOp, SendOp, Slot, WaitInfo};
 
 pub struct RsArgs<'a> {
     pub a: &'a Tensor,
@@ -142,6 +142,11 @@ impl Overlap {
     }
 
     pub fn split_rs(&mut self, x: &RsArgs, stream: usize) -> Result<()> {
+        if self.t.nccl_comm().is_some() {
+            // The pipelined algorithm loads from the peers' buffers; a transport without
+            // that (NCCL) runs the ring algorithm, which computes the same result.
+            return self.split_rs_p2p(x, stream);
+        }
         let guard = self.enter(stream)?;
         let p = self.plan_rs(x, true)?;
         let (tp, r) = (self.tp(), self.tp_rank());
@@ -212,7 +217,6 @@ impl Overlap {
         let staging = self.staging()?;
         // GEMMs write local memory only (staging, own slot): they need not wait for peers.
         let seq = self.begin(stream, Op::SplitRsP2p, false)?;
-        let others = self.others();
         let e = eb(self.dtype);
         let eb_b = eb(p.full.b_type);
         let slot_bytes = p.nc * p.m * e;
@@ -242,26 +246,33 @@ impl Overlap {
             self.run_gemm(&g, &guard, si, false)?;
             self.ev_chunk[i].record(self.compute[si].raw())?;
         }
-        // Puts: each partial to its owner's slot r, once the owner finished the last call.
+        // Step i: our partial for rank d = r+i+1 goes to its slot r, and the partial of
+        // rank s = r-i-1 for us lands in our slot s (the barrier at the start of the call
+        // made sure every rank is done with its buffer from the last call).
         let cs = self.comm[0].raw();
         for i in 0..tp - 1 {
             let d = (r + i + 1) % tp;
+            let s = (r + tp - i - 1) % tp;
             self.ev_chunk[i].wait_on(cs)?;
-            self.t
-                .put(d, r * slot_bytes, staging + d * slot_bytes, slot_bytes, cs)?;
-            self.t.signal(&[d], Slot::RsP2p, val(seq, 0), cs)?;
-        }
-        self.t.wait(
-            &others,
-            Slot::RsP2p,
-            val(seq, 0),
-            cs,
-            WaitInfo {
+            let send = SendOp {
+                peer: d,
+                src: staging + d * slot_bytes,
+                dst_offset: r * slot_bytes,
+                bytes: slot_bytes,
+            };
+            let recv = RecvOp {
+                peer: s,
+                dst_offset: s * slot_bytes,
+                bytes: slot_bytes,
+            };
+            let info = WaitInfo {
                 op: Op::SplitRsP2p as u32,
-                step: 0,
+                step: i as u32,
                 seq,
-            },
-        )?;
+            };
+            self.t
+                .exchange(&[send], &[recv], Slot::RsP2p, val(seq, i), cs, info)?;
+        }
         self.ev_chunk[tp - 1].wait_on(cs)?;
         let srcs: Vec<usize> = (0..tp).map(|s| self.buffer() + s * slot_bytes).collect();
         self.reduce(

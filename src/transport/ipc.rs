@@ -2,7 +2,7 @@
 //! with legacy CUDA IPC and mapped by every peer of the group. Puts are copy-engine
 //! copies (0 SMs) or a copy kernel on a configurable number of SMs; signals and waits
 //! are tiny kernels (waits spin with a timeout and record it in host-mapped memory).
-use super::{MAX_PEERS, NUM_SLOTS, Slot, Timeout, Transport, WaitInfo};
+use super::{MAX_PEERS, NUM_SLOTS, RecvOp, SendOp, Slot, Timeout, Transport, WaitInfo};
 use crate::bootstrap::{Bootstrap, host_identity, host_name};
 use crate::cuda::resources::{DeviceMem, HostMapped, IpcMapping, copy_async};
 use crate::cuda::{self, ContextGuard, DeviceInfo, arg, nvrtc};
@@ -166,7 +166,52 @@ impl IpcTransport {
     }
 }
 
+impl IpcTransport {
+    fn others(&self) -> Vec<usize> {
+        (0..self.world_ranks.len())
+            .filter(|&p| p != self.tp_rank)
+            .collect()
+    }
+}
+
 impl Transport for IpcTransport {
+    fn name(&self) -> &'static str {
+        "ipc"
+    }
+    /// Puts, then one signal per destination, then one wait for all sources.
+    fn exchange(
+        &self,
+        sends: &[SendOp],
+        recvs: &[RecvOp],
+        slot: Slot,
+        value: u64,
+        stream: usize,
+        info: WaitInfo,
+    ) -> Result<()> {
+        for s in sends {
+            self.put(s.peer, s.dst_offset, s.src, s.bytes, stream)?;
+        }
+        let dsts: Vec<usize> = sends.iter().map(|s| s.peer).collect();
+        self.signal(&dsts, slot, value, stream)?;
+        let srcs: Vec<usize> = recvs.iter().map(|r| r.peer).collect();
+        self.wait(&srcs, slot, value, stream, info)
+    }
+    /// Arrival barrier: a rank signals only once its previous call completed on its GPU,
+    /// so passing it also means no peer still touches a buffer for the last call.
+    fn begin_call(&self, seq: u64, stream: usize, info: WaitInfo) -> Result<()> {
+        let others = self.others();
+        self.signal(&others, Slot::Arrive, seq, stream)?;
+        self.wait(&others, Slot::Arrive, seq, stream, info)
+    }
+    fn end_call(&self, seq: u64, stream: usize) -> Result<()> {
+        self.signal(&self.others(), Slot::Done, seq, stream)
+    }
+    fn wait_done(&self, seq: u64, stream: usize, info: WaitInfo) -> Result<()> {
+        if seq == 0 {
+            return Ok(());
+        }
+        self.wait(&self.others(), Slot::Done, seq, stream, info)
+    }
     fn size(&self) -> usize {
         self.world_ranks.len()
     }

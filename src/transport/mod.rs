@@ -1,8 +1,11 @@
-//! Transports move chunks between the ranks of a tensor-parallel group and order them
-//! with flags. The algorithms in `crate::overlap` are written once against [`Transport`].
-//! `ipc` (this node, CUDA IPC, copy-engine or SM puts) is implemented; a transport for
-//! peers on other nodes (NCCL send/recv) plugs in behind the same trait.
+//! Transports move chunks between the ranks of a tensor-parallel group. The algorithms in
+//! `crate::overlap` are written once against [`Transport`]:
+//! - `ipc`: one node; buffers shared through CUDA IPC, copy-engine or SM puts, flags
+//!   with timed waits, and direct loads from peers' buffers;
+//! - `nccl`: any placement (also across nodes); ncclSend / ncclRecv for the exchange
+//!   steps and NCCL collectives where an algorithm needs peer loads.
 pub mod ipc;
+pub mod nccl;
 
 use crate::error::Result;
 
@@ -24,6 +27,8 @@ pub enum Slot {
     Done = 5,
     /// "I entered call seq" (signalled after my previous call completed on my GPU)
     Arrive = 6,
+    /// all-reduce (two-shot): "my slice of chunk i is reduced"
+    ArReduced = 7,
 }
 
 pub const NUM_SLOTS: usize = 8;
@@ -47,7 +52,50 @@ pub struct Timeout {
     pub waited_ms: f64,
 }
 
+/// One point-to-point transfer of an exchange step: `bytes` from local `src` to
+/// `dst_offset` in `peer`'s buffer.
+#[derive(Clone, Copy, Debug)]
+pub struct SendOp {
+    pub peer: usize,
+    pub src: usize,
+    pub dst_offset: usize,
+    pub bytes: usize,
+}
+
+/// The matching receive: `bytes` from `peer` land at `dst_offset` in this rank's buffer.
+#[derive(Clone, Copy, Debug)]
+pub struct RecvOp {
+    pub peer: usize,
+    pub dst_offset: usize,
+    pub bytes: usize,
+}
+
 pub trait Transport: Send {
+    /// "ipc" or "nccl".
+    fn name(&self) -> &'static str;
+    /// One exchange step on `stream`: every send lands in its peer's buffer, and once the
+    /// step is done (in stream order) every receive has landed here. IPC orders it with
+    /// (`slot`, `value`) flags; NCCL with grouped send / recv.
+    fn exchange(
+        &self,
+        sends: &[SendOp],
+        recvs: &[RecvOp],
+        slot: Slot,
+        value: u64,
+        stream: usize,
+        info: WaitInfo,
+    ) -> Result<()>;
+    /// Start of call `seq` on `stream` (IPC: the group's arrival barrier).
+    fn begin_call(&self, seq: u64, stream: usize, info: WaitInfo) -> Result<()>;
+    /// End of call `seq` on `stream`, after all of this rank's work (IPC: "done" signal).
+    fn end_call(&self, seq: u64, stream: usize) -> Result<()>;
+    /// Make `stream` wait until every peer finished call `seq` (IPC; NCCL: stream order
+    /// already implies it).
+    fn wait_done(&self, seq: u64, stream: usize, info: WaitInfo) -> Result<()>;
+    /// The NCCL communicator of the group, for transports that run collectives with it.
+    fn nccl_comm(&self) -> Option<usize> {
+        None
+    }
     /// Ranks in the group (tensor-parallel size) and this rank's index in it.
     fn size(&self) -> usize;
     fn rank(&self) -> usize;

@@ -1,0 +1,484 @@
+//! The cuBLASMp-style API of TE's `comm_gemm.h` on top of the overlap engine.
+//!
+//! Global sizes m, n, k in cuBLAS (column-major) terms, D = op(A) op(B); local tensors
+//! follow nvte_cublas_gemm's row-major conventions (A is transa ? [m, k] : [k, m], B is
+//! transb ? [k, n] : [n, k], D is [n, m], each with this rank's share). Distribution is
+//! by blocks of ceil(global / nranks) ([`numroc`]):
+//! - all-gather GEMM: m and n split; B gathered along n; D = [n, m_local];
+//! - GEMM reduce-scatter: k split; D summed and scattered along n: [n_local, m];
+//! - GEMM all-reduce: k split; every rank gets the whole sum [n, m].
+//! The bias (length of D's m) is added once. Sizes not divisible by nranks are padded
+//! internally. The context owns its engines (one per buffer dtype), created on first use
+//! and re-created larger when a larger call arrives (collectively: every rank makes the
+//! same calls).
+use crate::bootstrap::Bootstrap;
+use crate::cuda::resources::{DeviceMem, copy_async};
+use crate::cuda::{self, ContextGuard};
+use crate::error::{Error, Result};
+use crate::overlap::{Config, Overlap, ag::AgArgs, ar::ArArgs, rs::RsArgs};
+use crate::tensor::{Buffer, DType, Shape, Tensor};
+use crate::{invalid, unsupported};
+use cudarc::driver::sys as cu;
+
+/// TE's NVTECommGemmAlgoType values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Algo {
+    Default,
+    SplitP2P,
+    SplitMulticast,
+    AtomicP2P,
+    AtomicMulticast,
+}
+
+/// The calls of the context.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    AllGather,
+    ReduceScatter,
+    AllReduce,
+}
+
+/// This rank's share of `global` under block distribution with block ceil(global / nranks).
+pub fn numroc(global: i64, nranks: usize, rank: usize) -> i64 {
+    if global <= 0 {
+        return 0;
+    }
+    let block = (global as u64).div_ceil(nranks as u64) as i64;
+    (global - rank as i64 * block).clamp(0, block)
+}
+
+pub struct GemmCall<'a> {
+    pub kind: Kind,
+    pub m: i64,
+    pub n: i64,
+    pub k: i64,
+    pub a: &'a Tensor,
+    pub b: &'a Tensor,
+    pub d: &'a Tensor,
+    pub bias: Option<&'a Tensor>,
+    pub pre_act_out: Option<&'a Tensor>,
+    pub transa: bool,
+    pub transb: bool,
+    pub grad: bool,
+    pub accumulate: bool,
+    pub comm_sm_count: i32,
+    pub algo: Algo,
+}
+
+pub struct CommGemmCtx {
+    bs: Bootstrap,
+    nranks: usize,
+    rank: usize,
+    cfg: Config,
+    engines: Vec<Overlap>,
+    workspace: Option<DeviceMem>,
+    scratch: Vec<DeviceMem>,
+}
+
+fn shape_of(t: &Tensor, what: &str) -> Result<(usize, usize)> {
+    t.data.rows_cols().ok_or_else(|| {
+        Error::invalid(format!(
+            "tensor `{what}` must have 2 dimensions, got {}",
+            t.data.shape
+        ))
+    })
+}
+
+fn expect_shape(t: &Tensor, what: &str, want: [usize; 2], why: &str) -> Result<()> {
+    let got = shape_of(t, what)?;
+    if got != (want[0], want[1]) {
+        invalid!(
+            "tensor `{what}` has shape {} but must be [{}, {}] ({why})",
+            t.data.shape,
+            want[0],
+            want[1]
+        );
+    }
+    if t.data.ptr == 0 && want[0] * want[1] > 0 {
+        invalid!("tensor `{what}` has a NULL data pointer");
+    }
+    Ok(())
+}
+
+/// A copy of `t` whose data is `ptr` with shape `shape` (scales kept).
+fn rebased(t: &Tensor, ptr: usize, shape: &[usize]) -> Result<Tensor> {
+    let mut c = t.clone();
+    c.data = Buffer::new(ptr, t.data.dtype, Shape::new(shape)?)?;
+    Ok(c)
+}
+
+fn memset_async(ptr: usize, bytes: usize, stream: usize) -> Result<()> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    // SAFETY: a scratch range of `bytes` owned by the context.
+    cuda::check(
+        unsafe { cu::cuMemsetD8Async(ptr as u64, 0, bytes, stream as cu::CUstream) },
+        "cuMemsetD8Async",
+    )
+}
+
+/// Copy `rows` rows of `width` bytes between pitched device ranges.
+fn copy_2d(
+    dst: usize,
+    dst_pitch: usize,
+    src: usize,
+    src_pitch: usize,
+    width: usize,
+    rows: usize,
+    stream: usize,
+) -> Result<()> {
+    if width == 0 || rows == 0 {
+        return Ok(());
+    }
+    // SAFETY: zeroed POD descriptor; device-to-device ranges validated by the caller.
+    let mut p: cu::CUDA_MEMCPY2D = unsafe { std::mem::zeroed() };
+    p.srcMemoryType = cu::CUmemorytype::CU_MEMORYTYPE_DEVICE;
+    p.srcDevice = src as u64;
+    p.srcPitch = src_pitch;
+    p.dstMemoryType = cu::CUmemorytype::CU_MEMORYTYPE_DEVICE;
+    p.dstDevice = dst as u64;
+    p.dstPitch = dst_pitch;
+    p.WidthInBytes = width;
+    p.Height = rows;
+    cuda::check(
+        unsafe { cu::cuMemcpy2DAsync_v2(&p, stream as cu::CUstream) },
+        "cuMemcpy2DAsync",
+    )
+}
+
+impl CommGemmCtx {
+    /// `comm` is the group's NCCL communicator (not owned); nranks / rank must match it.
+    pub fn create(comm: usize, nranks: i32, rank: i32) -> Result<CommGemmCtx> {
+        let bs = Bootstrap::from_nccl(comm)?;
+        if nranks as i64 != bs.size as i64 || rank as i64 != bs.rank as i64 {
+            invalid!(
+                "nranks = {nranks}, rank = {rank} disagree with the communicator (size {}, rank {})",
+                bs.size,
+                bs.rank
+            );
+        }
+        let _guard = ContextGuard::for_stream(0)?;
+        let cfg = Config::from_env();
+        Ok(CommGemmCtx {
+            nranks: bs.size,
+            rank: bs.rank,
+            bs,
+            cfg,
+            engines: Vec::new(),
+            workspace: None,
+            scratch: Vec::new(),
+        })
+    }
+
+    pub fn numroc(&self, global: i64) -> Result<i64> {
+        if global < 0 {
+            invalid!("global_size = {global} must be >= 0");
+        }
+        Ok(numroc(global, self.nranks, self.rank))
+    }
+
+    /// The engine for `dtype` with at least `bytes` of buffer (re-created larger if needed).
+    fn engine(&mut self, dtype: DType, bytes: usize) -> Result<usize> {
+        if let Some(i) = self.engines.iter().position(|e| e.shape().2 == dtype) {
+            let (r, c, _) = self.engines[i].shape();
+            if r * c * dtype.bits() / 8 >= bytes {
+                return Ok(i);
+            }
+            self.engines.remove(i); // dropped: waits for peers, frees
+        }
+        let tp = self.nranks;
+        let cols = 256usize;
+        let e = dtype.bits() / 8;
+        let rows = bytes.div_ceil(cols * e).div_ceil(tp).max(1) * tp;
+        let mut cfg = self.cfg;
+        cfg.tp_size = tp as i32;
+        self.engines
+            .push(Overlap::create(&self.bs, cfg, rows, cols, dtype)?);
+        Ok(self.engines.len() - 1)
+    }
+
+    fn scratch(&mut self, slot: usize, bytes: usize) -> Result<usize> {
+        while self.scratch.len() <= slot {
+            self.scratch.push(DeviceMem::new(1)?);
+        }
+        if self.scratch[slot].bytes < bytes {
+            self.scratch[slot] = DeviceMem::new(bytes)?;
+        }
+        Ok(self.scratch[slot].ptr)
+    }
+
+    fn workspace(&mut self) -> Result<Tensor> {
+        if self.workspace.is_none() {
+            self.workspace = Some(DeviceMem::new(32 << 20)?);
+        }
+        let w = self.workspace.as_ref().unwrap();
+        let mut t = Tensor::default();
+        t.data = Buffer::new(w.ptr, DType::Byte, Shape::new(&[w.bytes])?)?;
+        Ok(t)
+    }
+
+    pub fn call(&mut self, c: &GemmCall, stream: usize) -> Result<()> {
+        for (v, name) in [(c.m, "m"), (c.n, "n"), (c.k, "k")] {
+            if v < 0 {
+                invalid!("{name} = {v} must be >= 0");
+            }
+        }
+        let (m, n, k) = (c.m as usize, c.n as usize, c.k as usize);
+        let (nr, r) = (self.nranks, self.rank);
+        let share = |g: usize| numroc(g as i64, nr, r) as usize;
+        let block = |g: usize| g.div_ceil(nr);
+        if c.comm_sm_count < 0 {
+            invalid!(
+                "comm_sm_count = {} must be >= 0 (0: the default)",
+                c.comm_sm_count
+            );
+        }
+        // The stream's context stays current for the whole call (engines are created in it).
+        let _guard = ContextGuard::for_stream(stream)?;
+        let ws = self.workspace()?;
+        // The algorithm choice: every value runs the split (P2P ring) algorithms; the
+        // multicast and atomic variants are not implemented and fall back to them, which
+        // compute the same result (multicast is never used by this library).
+        let comm_sms = if c.comm_sm_count > 0 {
+            c.comm_sm_count
+        } else {
+            self.cfg.num_comm_sm
+        };
+        match c.kind {
+            Kind::AllGather => {
+                let (ml, nl) = (share(m), share(n));
+                expect_shape(
+                    c.a,
+                    "a",
+                    if c.transa { [ml, k] } else { [k, ml] },
+                    "m is split: this rank's share is numroc(m)",
+                )?;
+                expect_shape(
+                    c.b,
+                    "b",
+                    if c.transb { [k, nl] } else { [nl, k] },
+                    "n is split: this rank's share is numroc(n)",
+                )?;
+                expect_shape(c.d, "d", [n, ml], "D = this rank's m-share x all of n")?;
+                if let Some(b) = c.bias
+                    && b.data.numel() != ml
+                {
+                    invalid!(
+                        "tensor `bias` has {} elements but must have numroc(m) = {ml}",
+                        b.data.numel()
+                    );
+                }
+                let bn = block(n);
+                let dt = c.b.data.dtype;
+                let e = dt.bits() / 8;
+                let padded = bn * nr != n || bn != nl;
+                let eng = self.engine(dt, bn * nr * k * e)?;
+                let aux = c.pre_act_out;
+                if let Some(p) = aux {
+                    expect_shape(p, "pre_act_out", [n, ml], "like D")?;
+                }
+                self.engines[eng].set_comm_sms(comm_sms)?;
+                if !padded {
+                    let args = AgArgs {
+                        a: c.a,
+                        transa: c.transa,
+                        b: c.b,
+                        transb: c.transb,
+                        d: c.d,
+                        bias: c.bias,
+                        pre_gelu_out: aux,
+                        grad: c.grad,
+                        workspace: Some(&ws),
+                        accumulate: c.accumulate,
+                        use_split_accumulator: false,
+                        b_copy: None,
+                    };
+                    return self.engines[eng].split_ag(&args, stream);
+                }
+                if c.grad || c.accumulate {
+                    unsupported!("grad / accumulate with n = {n} not divisible by nranks = {nr}");
+                }
+                // Pad this rank's B share to a full block, gather, keep D's first n rows.
+                let b_pad = self.scratch(0, bn * k * e)?;
+                memset_async(b_pad, bn * k * e, stream)?;
+                if c.transb {
+                    copy_2d(b_pad, bn * e, c.b.data.ptr, nl * e, nl * e, k, stream)?;
+                } else {
+                    copy_async(b_pad, c.b.data.ptr, nl * k * e, stream)?;
+                }
+                let de = c.d.data.dtype.bits() / 8;
+                let d_pad = self.scratch(1, bn * nr * ml * de)?;
+                let bp = rebased(c.b, b_pad, &if c.transb { [k, bn] } else { [bn, k] })?;
+                let dp = rebased(c.d, d_pad, &[bn * nr, ml])?;
+                let ap = match aux {
+                    Some(p) => {
+                        let ae = p.data.dtype.bits() / 8;
+                        let ptr = self.scratch(2, bn * nr * ml * ae)?;
+                        Some(rebased(p, ptr, &[bn * nr, ml])?)
+                    }
+                    None => None,
+                };
+                let args = AgArgs {
+                    a: c.a,
+                    transa: c.transa,
+                    b: &bp,
+                    transb: c.transb,
+                    d: &dp,
+                    bias: c.bias,
+                    pre_gelu_out: ap.as_ref(),
+                    grad: false,
+                    workspace: Some(&ws),
+                    accumulate: false,
+                    use_split_accumulator: false,
+                    b_copy: None,
+                };
+                self.engines[eng].split_ag(&args, stream)?;
+                copy_async(c.d.data.ptr, d_pad, n * ml * de, stream)?;
+                if let (Some(p), Some(q)) = (aux, ap.as_ref()) {
+                    copy_async(
+                        p.data.ptr,
+                        q.data.ptr,
+                        n * ml * p.data.dtype.bits() / 8,
+                        stream,
+                    )?;
+                }
+                Ok(())
+            }
+            Kind::ReduceScatter | Kind::AllReduce => {
+                let (kl, nl) = (share(k), share(n));
+                expect_shape(
+                    c.a,
+                    "a",
+                    if c.transa { [m, kl] } else { [kl, m] },
+                    "k is split: this rank's share is numroc(k)",
+                )?;
+                expect_shape(
+                    c.b,
+                    "b",
+                    if c.transb { [kl, n] } else { [n, kl] },
+                    "k is split: this rank's share is numroc(k)",
+                )?;
+                let dshape = if c.kind == Kind::AllReduce {
+                    [n, m]
+                } else {
+                    [nl, m]
+                };
+                expect_shape(
+                    c.d,
+                    "d",
+                    dshape,
+                    if c.kind == Kind::AllReduce {
+                        "every rank gets all of D"
+                    } else {
+                        "D is scattered along n"
+                    },
+                )?;
+                if c.pre_act_out.is_some() && nr > 1 {
+                    unsupported!(
+                        "pre_act_out (GELU) cannot be applied before the reduction over k; compute the activation after the call"
+                    );
+                }
+                if c.grad && nr > 1 {
+                    unsupported!(
+                        "grad epilogues cannot be applied to partial sums before the reduction over k"
+                    );
+                }
+                if let Some(b) = c.bias
+                    && b.data.numel() != m
+                {
+                    invalid!(
+                        "tensor `bias` has {} elements but must have m = {m}",
+                        b.data.numel()
+                    );
+                }
+                // The bias is added once: in rank 0's partial.
+                let bias = if r == 0 { c.bias } else { None };
+                let dt = c.d.data.dtype;
+                if dt.is_fp8() {
+                    unsupported!("an FP8 output D cannot be reduced: use fp16, bf16 or fp32");
+                }
+                let de = dt.bits() / 8;
+                if c.kind == Kind::AllReduce {
+                    let eng = self.engine(dt, n * m * de)?;
+                    self.engines[eng].set_comm_sms(comm_sms)?;
+                    let args = ArArgs {
+                        a: c.a,
+                        transa: c.transa,
+                        b: c.b,
+                        transb: c.transb,
+                        d: c.d,
+                        bias,
+                        pre_gelu_out: None,
+                        grad: false,
+                        workspace: Some(&ws),
+                        accumulate: c.accumulate,
+                        use_split_accumulator: false,
+                    };
+                    return self.engines[eng].split_ar(&args, stream);
+                }
+                let bn = block(n);
+                let eng = self.engine(dt, bn * nr * m * de)?;
+                self.engines[eng].set_comm_sms(comm_sms)?;
+                if c.accumulate {
+                    unsupported!(
+                        "accumulate = true is not supported by the reduce-scatter (it would add D to every rank's partial)"
+                    );
+                }
+                let padded = bn * nr != n || bn != nl;
+                let (bp, dp);
+                let (b_use, d_use) = if padded {
+                    let be = c.b.data.dtype.bits() / 8;
+                    let b_pad = self.scratch(0, bn * nr * kl * be)?;
+                    memset_async(b_pad, bn * nr * kl * be, stream)?;
+                    if c.transb {
+                        copy_2d(
+                            b_pad,
+                            bn * nr * be,
+                            c.b.data.ptr,
+                            n * be,
+                            n * be,
+                            kl,
+                            stream,
+                        )?;
+                    } else {
+                        copy_async(b_pad, c.b.data.ptr, n * kl * be, stream)?;
+                    }
+                    let d_pad = self.scratch(1, bn * m * de)?;
+                    bp = rebased(
+                        c.b,
+                        b_pad,
+                        &if c.transb {
+                            [kl, bn * nr]
+                        } else {
+                            [bn * nr, kl]
+                        },
+                    )?;
+                    dp = rebased(c.d, d_pad, &[bn, m])?;
+                    (&bp, &dp)
+                } else {
+                    (c.b, c.d)
+                };
+                let args = RsArgs {
+                    a: c.a,
+                    transa: c.transa,
+                    b: b_use,
+                    transb: c.transb,
+                    d: None,
+                    bias,
+                    pre_gelu_out: None,
+                    grad: false,
+                    workspace: Some(&ws),
+                    accumulate: false,
+                    use_split_accumulator: false,
+                    rs_output: d_use,
+                };
+                self.engines[eng].split_rs_p2p(&args, stream)?;
+                if padded {
+                    copy_async(c.d.data.ptr, d_use.data.ptr, nl * m * de, stream)?;
+                }
+                Ok(())
+            }
+        }
+    }
+}

@@ -1,0 +1,284 @@
+//! TE's comm_gemm.h (the cuBLASMp backend's API), with C linkage and TE's declarations.
+//! These functions are void in TE: errors are recorded for nvte_comm_last_error();
+//! nvte_comm_gemm_ctx_create returns NULL on failure with the reason recorded.
+use super::enums::NVTECommGemmAlgoType;
+use super::overlap::ncclComm_t;
+use super::{NVTETensor, cudaStream_t, firewall};
+use crate::comm_gemm::{Algo, CommGemmCtx, GemmCall, Kind};
+use crate::error::{Error, Result};
+use crate::invalid;
+use crate::tensor;
+use once_cell::sync::Lazy;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Opaque context (TE: `typedef struct NVTECommGemmCtx NVTECommGemmCtx;`).
+pub struct NVTECommGemmCtx {
+    _private: (),
+}
+
+static CTXS: Lazy<Mutex<HashMap<usize, Arc<Mutex<CommGemmCtx>>>>> =
+    Lazy::new(|| Mutex::new(HashMap::new()));
+static NEXT: AtomicUsize = AtomicUsize::new(1);
+
+fn ctx(h: *mut NVTECommGemmCtx) -> Result<Arc<Mutex<CommGemmCtx>>> {
+    if h.is_null() {
+        invalid!("argument `ctx` is NULL");
+    }
+    CTXS.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&(h as usize))
+        .cloned()
+        .ok_or_else(|| {
+            Error::invalid(format!(
+                "argument `ctx` ({:#x}) is not a live context: never created, or already destroyed",
+                h as usize
+            ))
+        })
+}
+
+/// A context over the NCCL communicator `comm` of the tensor-parallel group (not owned;
+/// `nranks` and `rank` must match it). Collective. NULL on failure (reason recorded).
+#[unsafe(no_mangle)]
+pub extern "C" fn nvte_comm_gemm_ctx_create(
+    comm: ncclComm_t,
+    nranks: i32,
+    rank: i32,
+) -> *mut NVTECommGemmCtx {
+    firewall("nvte_comm_gemm_ctx_create", std::ptr::null_mut(), || {
+        let c = CommGemmCtx::create(comm as usize, nranks, rank)?;
+        let id = NEXT.fetch_add(1, Ordering::Relaxed) << 4 | 0xA;
+        CTXS.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, Arc::new(Mutex::new(c)));
+        Ok(id as *mut NVTECommGemmCtx)
+    })
+}
+
+/// Destroy a context (waits, bounded, until the peers are done with its buffers). NULL is a no-op.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvte_comm_gemm_ctx_destroy(ctx: *mut NVTECommGemmCtx) {
+    firewall("nvte_comm_gemm_ctx_destroy", (), || {
+        if ctx.is_null() {
+            return Ok(());
+        }
+        match CTXS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&(ctx as usize))
+        {
+            Some(_) => Ok(()),
+            None => invalid!(
+                "argument `ctx` ({:#x}) is not a live context: never created, or already destroyed",
+                ctx as usize
+            ),
+        }
+    })
+}
+
+/// This rank's share of `global_size` under block distribution (block ceil(global / nranks));
+/// the last ranks may get fewer, possibly 0. Returns 0 with an error recorded on bad input.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvte_comm_gemm_numroc(ctx: *mut NVTECommGemmCtx, global_size: i64) -> i64 {
+    firewall("nvte_comm_gemm_numroc", 0, || {
+        let c = self::ctx(ctx)?;
+        let g = c.lock().unwrap_or_else(|e| e.into_inner());
+        g.numroc(global_size)
+    })
+}
+
+fn algo(a: NVTECommGemmAlgoType) -> Result<Algo> {
+    Ok(match a {
+        NVTECommGemmAlgoType::kNVTECommGemmAlgoDefault => Algo::Default,
+        NVTECommGemmAlgoType::kNVTECommGemmAlgoSplitP2P => Algo::SplitP2P,
+        NVTECommGemmAlgoType::kNVTECommGemmAlgoSplitMulticast => Algo::SplitMulticast,
+        NVTECommGemmAlgoType::kNVTECommGemmAlgoAtomicP2P => Algo::AtomicP2P,
+        NVTECommGemmAlgoType::kNVTECommGemmAlgoAtomicMulticast => Algo::AtomicMulticast,
+        other => invalid!("argument `algo` = {other} is not a valid NVTECommGemmAlgoType"),
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn call(
+    name: &'static str,
+    kind: Kind,
+    ctx: *mut NVTECommGemmCtx,
+    m: i64,
+    n: i64,
+    k: i64,
+    a: NVTETensor,
+    b: NVTETensor,
+    d: NVTETensor,
+    bias: NVTETensor,
+    pre_act_out: NVTETensor,
+    transa: bool,
+    transb: bool,
+    grad: bool,
+    accumulate: bool,
+    comm_sm_count: i32,
+    main_stream: cudaStream_t,
+    algo_type: NVTECommGemmAlgoType,
+) {
+    firewall(name, (), || {
+        let c = self::ctx(ctx)?;
+        let (ta, tb, td) = (
+            tensor::get(a as usize, "a")?,
+            tensor::get(b as usize, "b")?,
+            tensor::get(d as usize, "d")?,
+        );
+        // Empty tensors (no data) mean "none", as in TE.
+        let some = |t: Option<tensor::Tensor>| t.filter(|t| t.data.ptr != 0);
+        let tbias = some(tensor::get_opt(bias as usize, "bias")?);
+        let tpre = some(tensor::get_opt(pre_act_out as usize, "pre_act_out")?);
+        let call = GemmCall {
+            kind,
+            m,
+            n,
+            k,
+            a: &ta,
+            b: &tb,
+            d: &td,
+            bias: tbias.as_ref(),
+            pre_act_out: tpre.as_ref(),
+            transa,
+            transb,
+            grad,
+            accumulate,
+            comm_sm_count,
+            algo: algo(algo_type)?,
+        };
+        let mut g = c.lock().unwrap_or_else(|e| e.into_inner());
+        g.call(&call, main_stream as usize)
+    })
+}
+
+/// All-gather GEMM: A's m and B's n split across ranks; B gathered along n; this rank gets
+/// D = its m-share x all of n (local D is [n, numroc(m)]). D = A·B (+ bias; GELU with
+/// pre_act_out storing the pre-activation when both are set).
+#[unsafe(no_mangle)]
+pub extern "C" fn nvte_all_gather_gemm(
+    ctx: *mut NVTECommGemmCtx,
+    m: i64,
+    n: i64,
+    k: i64,
+    a: NVTETensor,
+    b: NVTETensor,
+    d: NVTETensor,
+    bias: NVTETensor,
+    pre_act_out: NVTETensor,
+    transa: bool,
+    transb: bool,
+    grad: bool,
+    accumulate: bool,
+    comm_sm_count: i32,
+    main_stream: cudaStream_t,
+    algo: NVTECommGemmAlgoType,
+) {
+    call(
+        "nvte_all_gather_gemm",
+        Kind::AllGather,
+        ctx,
+        m,
+        n,
+        k,
+        a,
+        b,
+        d,
+        bias,
+        pre_act_out,
+        transa,
+        transb,
+        grad,
+        accumulate,
+        comm_sm_count,
+        main_stream,
+        algo,
+    )
+}
+
+/// GEMM reduce-scatter: k split; D summed over ranks and scattered along n (local D is
+/// [numroc(n), m]); the bias is added once.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvte_gemm_reduce_scatter(
+    ctx: *mut NVTECommGemmCtx,
+    m: i64,
+    n: i64,
+    k: i64,
+    a: NVTETensor,
+    b: NVTETensor,
+    d: NVTETensor,
+    bias: NVTETensor,
+    pre_act_out: NVTETensor,
+    transa: bool,
+    transb: bool,
+    grad: bool,
+    accumulate: bool,
+    comm_sm_count: i32,
+    main_stream: cudaStream_t,
+    algo: NVTECommGemmAlgoType,
+) {
+    call(
+        "nvte_gemm_reduce_scatter",
+        Kind::ReduceScatter,
+        ctx,
+        m,
+        n,
+        k,
+        a,
+        b,
+        d,
+        bias,
+        pre_act_out,
+        transa,
+        transb,
+        grad,
+        accumulate,
+        comm_sm_count,
+        main_stream,
+        algo,
+    )
+}
+
+/// GEMM all-reduce: k split; every rank gets the whole reduced D [n, m]; the bias is
+/// added once. Chunked GEMM, each chunk all-reduced while the next computes.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvte_gemm_all_reduce(
+    ctx: *mut NVTECommGemmCtx,
+    m: i64,
+    n: i64,
+    k: i64,
+    a: NVTETensor,
+    b: NVTETensor,
+    d: NVTETensor,
+    bias: NVTETensor,
+    pre_act_out: NVTETensor,
+    transa: bool,
+    transb: bool,
+    grad: bool,
+    accumulate: bool,
+    comm_sm_count: i32,
+    main_stream: cudaStream_t,
+    algo: NVTECommGemmAlgoType,
+) {
+    call(
+        "nvte_gemm_all_reduce",
+        Kind::AllReduce,
+        ctx,
+        m,
+        n,
+        k,
+        a,
+        b,
+        d,
+        bias,
+        pre_act_out,
+        transa,
+        transb,
+        grad,
+        accumulate,
+        comm_sm_count,
+        main_stream,
+        algo,
+    )
+}
