@@ -41,7 +41,7 @@ run() {  # run NAME NP CMD...: log, time, and a summary row from the closing lin
 # Library-level API test (no MPI), then the MPI GPU tests.
 run test_api 1 "$build/tests_c/test_api"
 for np in "${nps[@]}"; do
-  for t in ${TE_COMM_TESTS:-test_gemm test_overlap}; do
+  for t in ${TE_COMM_TESTS:-test_gemm test_overlap test_comm_gemm}; do
     run "$t" "$np" "$root/tests_c/run_mpi.sh" "$np" "$build/tests_c/$t"
   done
 done

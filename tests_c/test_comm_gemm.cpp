@@ -1,0 +1,212 @@
+// TE's comm_gemm.h contract (nvte_comm_gemm_ctx_*, nvte_all_gather_gemm,
+// nvte_gemm_reduce_scatter, nvte_gemm_all_reduce, nvte_comm_gemm_numroc) on both
+// transports (NVTE_COMM_TRANSPORT=ipc and =nccl): every rank builds the global A and B
+// from one seed, takes its block-distributed share, and compares its result with
+// nvte_cublas_gemm on the global data (fp32 output: an fp32 reduction over k).
+#include <nccl.h>
+
+#include <algorithm>
+
+#include "test_util.hpp"
+
+using namespace tu;
+
+namespace {
+
+struct Env {
+  int rank, size;
+  ncclComm_t comm;
+  cudaStream_t s;
+  Report *rep;
+};
+
+int64_t numroc(int64_t g, int nr, int r) {
+  int64_t b = (g + nr - 1) / nr;
+  return std::max<int64_t>(0, std::min<int64_t>(b, g - r * b));
+}
+
+// Host matrix (row-major rows x cols) -> device tensor of dtype t (FP8: scale 1).
+Tensor upload(const std::vector<float> &h, size_t rows, size_t cols, NVTEDType t, cudaStream_t s) {
+  Tensor f(kNVTEFloat32, {rows, cols});
+  if (!h.empty()) f.data.upload(h.data());
+  if (t == kNVTEFloat32) return f;
+  Tensor q(t, {rows, cols}, is_fp8(t));
+  if (rows * cols) nvte_quantize(f.h, q.h, s);
+  CUDA_OK(cudaStreamSynchronize(s));
+  return q;
+}
+
+// Rows [r0, r0+nr) and columns [c0, c0+nc) of a row-major host matrix with `cols` columns.
+std::vector<float> slice(const std::vector<float> &h, size_t cols, size_t r0, size_t nr, size_t c0, size_t nc) {
+  std::vector<float> o(nr * nc);
+  for (size_t i = 0; i < nr; ++i)
+    for (size_t j = 0; j < nc; ++j) o[i * nc + j] = h[(r0 + i) * cols + c0 + j];
+  return o;
+}
+
+enum class Op { AG, RS, AR };
+const char *op_name(Op o) { return o == Op::AG ? "all_gather_gemm" : o == Op::RS ? "gemm_reduce_scatter" : "gemm_all_reduce"; }
+
+void run_case(Env &e, NVTECommGemmCtx *ctx, const char *transport, Op op, int64_t m, int64_t n, int64_t k, NVTEDType ta_t,
+              NVTEDType tb_t, NVTEDType td_t, bool transa, bool transb, bool with_bias, uint64_t seed) {
+  char what[256];
+  std::snprintf(what, sizeof what, "%s %s (m,n,k)=(%lld,%lld,%lld) %s x %s -> %s %c%c%s", transport, op_name(op), (long long)m,
+                (long long)n, (long long)k, dtype_name(ta_t), dtype_name(tb_t), dtype_name(td_t), transa ? 'T' : 'N',
+                transb ? 'T' : 'N', with_bias ? " +bias" : "");
+  // Global matrices, identical on every rank: op(A) is m x k, op(B) is k x n.
+  Rng rng(seed);
+  size_t ar = transa ? m : k, ac = transa ? k : m, br = transb ? k : n, bc = transb ? n : k;
+  std::vector<float> A(ar * ac), B(br * bc), bias(m);
+  for (auto &x : A) x = (float)rng.uniform(-1, 1);
+  for (auto &x : B) x = (float)rng.uniform(-1, 1);
+  for (auto &x : bias) x = (float)rng.uniform(-1, 1);
+  // Reference: the global GEMM with an fp32 output (its reduction over k is in fp32).
+  Tensor Ag = upload(A, ar, ac, ta_t, e.s), Bg = upload(B, br, bc, tb_t, e.s), Dref(kNVTEFloat32, {(size_t)n, (size_t)m});
+  nvte_cublas_gemm(Ag.h, Bg.h, Dref.h, nullptr, nullptr, transa, transb, false, nullptr, false, true, 0, e.s);
+  if (nvte_comm_last_status() != NVTE_COMM_SUCCESS) { e.rep->fail(std::string(what) + ": reference: " + nvte_comm_last_error()); return; }
+  CUDA_OK(cudaStreamSynchronize(e.s));
+  std::vector<double> ref = decode(Dref.data.download(), kNVTEFloat32, n * m);
+  std::vector<double> biasq;  // the bias as the op sees it (rounded to D's type)
+  if (with_bias) {
+    Tensor bq = upload(bias, 1, m, td_t, e.s);
+    biasq = decode(bq.data.download(), td_t, m);
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t i = 0; i < m; ++i) ref[j * m + i] += biasq[i];
+  }
+  // This rank's shares.
+  int64_t ml = numroc(m, e.size, e.rank), nl = numroc(n, e.size, e.rank), kl = numroc(k, e.size, e.rank);
+  int64_t m0 = e.rank * ((m + e.size - 1) / e.size), n0 = e.rank * ((n + e.size - 1) / e.size), k0 = e.rank * ((k + e.size - 1) / e.size);
+  e.rep->check(nvte_comm_gemm_numroc(ctx, m) == ml && nvte_comm_gemm_numroc(ctx, n) == nl, std::string(what) + ": numroc");
+  std::vector<float> Al, Bl, biasl;
+  size_t alr, alc, blr, blc, dr, dc;
+  if (op == Op::AG) {  // m and n split
+    Al = transa ? slice(A, ac, m0, ml, 0, k) : slice(A, ac, 0, k, m0, ml);
+    alr = transa ? ml : k, alc = transa ? k : ml;
+    Bl = transb ? slice(B, bc, 0, k, n0, nl) : slice(B, bc, n0, nl, 0, k);
+    blr = transb ? k : nl, blc = transb ? nl : k;
+    dr = n, dc = ml;
+    biasl = slice(bias, m, 0, 1, m0, ml);
+  } else {  // k split
+    Al = transa ? slice(A, ac, 0, m, k0, kl) : slice(A, ac, k0, kl, 0, m);
+    alr = transa ? m : kl, alc = transa ? kl : m;
+    Bl = transb ? slice(B, bc, k0, kl, 0, n) : slice(B, bc, 0, n, k0, kl);
+    blr = transb ? kl : n, blc = transb ? n : kl;
+    dr = op == Op::RS ? nl : n, dc = m;
+    biasl = bias;
+  }
+  Tensor Aloc = upload(Al, alr, alc, ta_t, e.s), Bloc = upload(Bl, blr, blc, tb_t, e.s), D(td_t, {dr, dc});
+  Tensor bt = upload(biasl, 1, biasl.size(), td_t, e.s);
+  Tensor bias1(td_t, {biasl.size()});  // 1-D bias, same data
+  CUDA_OK(cudaMemcpy(bias1.data.p, bt.data.p, bt.data.bytes, cudaMemcpyDeviceToDevice));
+  CUDA_OK(cudaMemsetAsync(D.data.p, 0xFF, D.data.bytes, e.s));
+  auto fn = op == Op::AG ? nvte_all_gather_gemm : op == Op::RS ? nvte_gemm_reduce_scatter : nvte_gemm_all_reduce;
+  fn(ctx, m, n, k, Aloc.h, Bloc.h, D.h, with_bias ? bias1.h : nullptr, nullptr, transa, transb, false, false, 0, e.s,
+     kNVTECommGemmAlgoDefault);
+  NVTECommStatus st = nvte_comm_last_status();
+  std::string msg = nvte_comm_last_error();
+  CUDA_OK(cudaStreamSynchronize(e.s));
+  if (st != NVTE_COMM_SUCCESS) { e.rep->fail(std::string(what) + ": " + nvte_comm_status_string(st) + ": " + msg); return; }
+  // The matching part of the reference.
+  std::vector<double> want(dr * dc);
+  for (size_t j = 0; j < dr; ++j)
+    for (size_t i = 0; i < dc; ++i) {
+      size_t gj = op == Op::RS ? n0 + j : j, gi = op == Op::AG ? m0 + i : i;
+      want[j * dc + i] = ref[gj * m + gi];
+    }
+  std::vector<double> got = decode(D.data.download(), td_t, dr * dc);
+  double err = dr * dc ? rel_err(got, want) : 0.0;
+  double tol = is_fp8(ta_t) || is_fp8(tb_t) ? 6e-2 : 1e-2;
+  char b[96];
+  std::snprintf(b, sizeof b, ": local D [%zu, %zu] rel_err=%.3g (tol %.0e)", dr, dc, err, tol);
+  e.rep->check(err < tol, std::string(what) + b);
+}
+
+void expect(Env &e, NVTECommStatus want, const char *what) {
+  NVTECommStatus got = nvte_comm_last_status();
+  std::string msg = nvte_comm_last_error();
+  e.rep->check(got == want && !msg.empty(), std::string("error: ") + what + " -> " + nvte_comm_status_string(got) + ": " + msg);
+}
+
+void errors(Env &e, NVTECommGemmCtx *ctx) {
+  Tensor a(kNVTEBFloat16, {64, 64}), b(kNVTEBFloat16, {64, 64}), d(kNVTEBFloat16, {64, 64});
+  nvte_all_gather_gemm(nullptr, 64, 64, 64, a.h, b.h, d.h, nullptr, nullptr, true, false, false, false, 0, e.s, kNVTECommGemmAlgoDefault);
+  expect(e, NVTE_COMM_ERROR_INVALID_ARGUMENT, "NULL ctx");
+  if (e.size > 1) {  // a share that disagrees with numroc
+    nvte_all_gather_gemm(ctx, 64, 64, 64, a.h, b.h, d.h, nullptr, nullptr, true, false, false, false, 0, e.s, kNVTECommGemmAlgoDefault);
+    expect(e, NVTE_COMM_ERROR_INVALID_ARGUMENT, "local shapes disagree with numroc");
+  }
+  int64_t ml = numroc(64, e.size, e.rank);
+  Tensor a2(kNVTEBFloat16, {(size_t)ml, 64}), d2(kNVTEBFloat16, {64, (size_t)ml});
+  Tensor bl(kNVTEInt32, {(size_t)numroc(64, e.size, e.rank), 64});
+  nvte_all_gather_gemm(ctx, 64, 64, 64, a2.h, bl.h, d2.h, nullptr, nullptr, true, false, false, false, 0, e.s, kNVTECommGemmAlgoDefault);
+  expect(e, NVTE_COMM_ERROR_UNSUPPORTED, "int32 B");
+  Tensor dfp8(kNVTEFloat8E4M3, {64, 64});
+  int64_t kl = numroc(64, e.size, e.rank);
+  Tensor ak(kNVTEBFloat16, {64, (size_t)kl}), bk(kNVTEBFloat16, {64, (size_t)kl});
+  nvte_gemm_all_reduce(ctx, 64, 64, 64, ak.h, bk.h, dfp8.h, nullptr, nullptr, true, false, false, false, 0, e.s, kNVTECommGemmAlgoDefault);
+  expect(e, NVTE_COMM_ERROR_UNSUPPORTED, "FP8 output of an all-reduce");
+  nvte_gemm_all_reduce(ctx, 64, 64, 64, ak.h, bk.h, d.h, nullptr, nullptr, true, false, false, false, 0, e.s, (NVTECommGemmAlgoType)9);
+  expect(e, NVTE_COMM_ERROR_INVALID_ARGUMENT, "algo 9");
+  nvte_comm_gemm_numroc(ctx, -5);
+  expect(e, NVTE_COMM_ERROR_INVALID_ARGUMENT, "numroc of a negative size");
+  NVTECommGemmCtx *bad = nvte_comm_gemm_ctx_create(e.comm, e.size + 1, e.rank);
+  e.rep->check(bad == nullptr, std::string("error: nranks inconsistent with the communicator -> NULL: ") + nvte_comm_last_error());
+  bad = nvte_comm_gemm_ctx_create(nullptr, e.size, e.rank);
+  e.rep->check(bad == nullptr, std::string("error: NULL communicator -> NULL: ") + nvte_comm_last_error());
+  CUDA_OK(cudaStreamSynchronize(e.s));
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  probe_or_continue(argc, argv);
+  MPI_Init(&argc, &argv);
+  Report rep;
+  Env e{};
+  e.rep = &rep;
+  MPI_Comm_rank(MPI_COMM_WORLD, &e.rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &e.size);
+  rep.rank = e.rank;
+  int ndev;
+  CUDA_OK(cudaGetDeviceCount(&ndev));
+  CUDA_OK(cudaSetDevice(e.rank % ndev));
+  CUDA_OK(cudaStreamCreateWithFlags(&e.s, cudaStreamNonBlocking));
+  ncclUniqueId id;
+  if (e.rank == 0) ncclGetUniqueId(&id);
+  MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+  if (ncclCommInitRank(&e.comm, e.size, id, e.rank) != ncclSuccess) MPI_Abort(MPI_COMM_WORLD, 3);
+
+  const NVTEDType f16 = kNVTEFloat16, bf = kNVTEBFloat16, e4 = kNVTEFloat8E4M3, e5 = kNVTEFloat8E5M2;
+  struct Types { NVTEDType a, b, d; };
+  const Types types[] = {{f16, f16, f16}, {bf, bf, bf}, {e4, e4, f16}, {e4, e5, f16}, {e5, e4, f16}};
+  struct Layout { bool ta, tb; };
+  const Layout layouts[] = {{false, false}, {false, true}, {true, false}};  // NN, NT, TN
+  struct Shape { Op op; int64_t m, n, k; };
+  const Shape shapes[] = {{Op::AG, 256, 128, 64}, {Op::RS, 64, 128, 256}, {Op::AR, 64, 256, 256}, {Op::AR, 128, 512, 512}};
+  const Shape uneven[] = {{Op::AG, 250, 126, 64}, {Op::RS, 64, 126, 250}, {Op::AR, 64, 250, 250}, {Op::AG, 64, 3, 48}};
+  uint64_t seed = 12345;
+  for (const char *transport : {"ipc", "nccl"}) {
+    setenv("NVTE_COMM_TRANSPORT", transport, 1);
+    NVTECommGemmCtx *ctx = nvte_comm_gemm_ctx_create(e.comm, e.size, e.rank);
+    if (!ctx) {
+      rep.fail(std::string(transport) + ": ctx_create: " + nvte_comm_last_error());
+      continue;
+    }
+    for (const Shape &s : shapes)
+      for (const Types &t : types)
+        for (const Layout &l : layouts) {
+          if ((is_fp8(t.a) || is_fp8(t.b)) && !(l.ta && !l.tb)) continue;  // FP8: TN only on Hopper
+          for (bool bias : {false, true}) run_case(e, ctx, transport, s.op, s.m, s.n, s.k, t.a, t.b, t.d, l.ta, l.tb, bias, ++seed);
+        }
+    for (const Shape &s : uneven)
+      for (const Layout &l : layouts)
+        run_case(e, ctx, transport, s.op, s.m, s.n, s.k, bf, bf, bf, l.ta, l.tb, true, ++seed);
+    errors(e, ctx);
+    nvte_comm_gemm_ctx_destroy(ctx);
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+  int rc = rep.finish("test_comm_gemm");
+  ncclCommDestroy(e.comm);
+  MPI_Finalize();
+  return rc;
+}
