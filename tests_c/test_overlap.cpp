@@ -26,6 +26,7 @@ using namespace tu;
 namespace {
 
 int g_iters = 200;
+NVTECommTransport g_transport = NVTE_COMM_TRANSPORT_IPC;
 
 struct Env {
   int wrank, wsize, tp, tp_rank;
@@ -106,7 +107,7 @@ struct Combo {
 std::string name_of(const Combo &c, const Env &e) {
   char b[200];
   std::snprintf(b, sizeof b, "%s %s->%s buf=%s %s%s tp=%d", c.algo, dtype_name(c.in), dtype_name(c.out), dtype_name(c.buf),
-                c.use_ce ? "CE" : "SM", c.aggregate ? " bidirectional" : "", e.tp);
+                g_transport == NVTE_COMM_TRANSPORT_NCCL ? "NCCL" : c.use_ce ? "CE" : "SM", c.aggregate ? " bidirectional" : "", e.tp);
   return b;
 }
 
@@ -116,6 +117,7 @@ NVTECommOverlap *create(Env &e, const Combo &c, size_t rows, size_t cols, bool n
   cfg.tp_size = e.tp;
   cfg.use_ce = c.use_ce;
   cfg.aggregate = c.aggregate;
+  cfg.transport = g_transport;
   if (timeout_ms) cfg.timeout_ms = timeout_ms;
   NVTECommBootstrap bs{};
   if (nccl_bootstrap) {
@@ -474,6 +476,24 @@ int main(int argc, char **argv) {
     ncclCommDestroy(e.tp_nccl);
     e.tp_nccl = e.world_nccl;
     MPI_Comm_free(&g);
+  }
+  // The same algorithms over the NCCL transport (the one used across nodes).
+  {
+    g_transport = NVTE_COMM_TRANSPORT_NCCL;
+    int saved = g_iters;
+    g_iters = std::min(g_iters, 50);
+    e.tp = e.wsize;
+    e.tp_rank = e.wrank;
+    e.tp_nccl = e.world_nccl;
+    const NVTEDType bf = kNVTEBFloat16, e4 = kNVTEFloat8E4M3;
+    test_ag(e, {"split_ag", bf, bf, bf, true, false}, true, false);
+    test_ag(e, {"split_ag", e4, bf, e4, true, true}, false, false);
+    test_rs(e, {"split_rs_p2p", bf, bf, bf, true, false}, true);
+    test_rs(e, {"split_rs", e4, bf, e4, true, false}, false);
+    test_bulk(e, {"bulk_ag", bf, bf, bf, true, false}, true);
+    test_bulk(e, {"bulk_rs", bf, bf, bf, true, false}, false);
+    g_iters = saved;
+    g_transport = NVTE_COMM_TRANSPORT_IPC;
   }
   test_errors(e);
   test_timeout(e);
