@@ -157,7 +157,12 @@ impl Overlap {
             if steps == 0 {
                 continue;
             }
-            let st = self.comm[dir].raw();
+            // NCCL operations of one communicator must not run concurrently on two streams.
+            let st = if self.t.nccl_comm().is_some() {
+                self.comm[0].raw()
+            } else {
+                self.comm[dir].raw()
+            };
             for s in 0..steps {
                 // Send chunk (r -/+ s): ours at s = 0, else the one received at step s-1.
                 let c = if dir == 0 {
