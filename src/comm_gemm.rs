@@ -131,16 +131,27 @@ fn copy_2d(
     if width == 0 || rows == 0 {
         return Ok(());
     }
-    // SAFETY: zeroed POD descriptor; device-to-device ranges validated by the caller.
-    let mut p: cu::CUDA_MEMCPY2D = unsafe { std::mem::zeroed() };
-    p.srcMemoryType = cu::CUmemorytype::CU_MEMORYTYPE_DEVICE;
-    p.srcDevice = src as u64;
-    p.srcPitch = src_pitch;
-    p.dstMemoryType = cu::CUmemorytype::CU_MEMORYTYPE_DEVICE;
-    p.dstDevice = dst as u64;
-    p.dstPitch = dst_pitch;
-    p.WidthInBytes = width;
-    p.Height = rows;
+    // Every field set explicitly (the memory-type enum has no zero value, so a zeroed
+    // descriptor is not a valid value).
+    let p = cu::CUDA_MEMCPY2D {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcMemoryType: cu::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        srcHost: std::ptr::null(),
+        srcDevice: src as u64,
+        srcArray: std::ptr::null_mut(),
+        srcPitch: src_pitch,
+        dstXInBytes: 0,
+        dstY: 0,
+        dstMemoryType: cu::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        dstHost: std::ptr::null_mut(),
+        dstDevice: dst as u64,
+        dstArray: std::ptr::null_mut(),
+        dstPitch: dst_pitch,
+        WidthInBytes: width,
+        Height: rows,
+    };
+    // SAFETY: device-to-device ranges validated by the caller.
     cuda::check(
         unsafe { cu::cuMemcpy2DAsync_v2(&p, stream as cu::CUstream) },
         "cuMemcpy2DAsync",

@@ -116,12 +116,16 @@ impl DeviceMem {
             bytes,
         })
     }
+    /// Zero the allocation and wait for it (setup only). cuMemsetD8 runs on the legacy
+    /// stream, which non-blocking streams do not wait for: without the synchronisation a
+    /// late memset could overwrite what the first call writes.
     pub fn zero(&self) -> Result<()> {
         // SAFETY: owned allocation of `bytes`.
         check(
             unsafe { cu::cuMemsetD8_v2(self.ptr as u64, 0, self.bytes) },
             "cuMemsetD8",
-        )
+        )?;
+        check(unsafe { cu::cuCtxSynchronize() }, "cuCtxSynchronize")
     }
     pub fn ipc_handle(&self) -> Result<[u8; 64]> {
         // SAFETY: zeroed POD handle, filled by the driver.
