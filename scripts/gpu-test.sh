@@ -51,6 +51,7 @@ done
 if [ -z "${TE_COMM_SKIP_BENCH:-}" ]; then
   for np in "${nps[@]}"; do
     [ "$np" -ge 2 ] && run bench_overlap "$np" "$root/tests_c/run_mpi.sh" "$np" "$build/tests_c/bench_overlap" --out "$out/bench_overlap_tp$np.md" ${TE_COMM_BENCH_ARGS:-}
+    [ "$np" -ge 2 ] && run bench_comm_gemm "$np" "$root/tests_c/run_mpi.sh" "$np" "$build/tests_c/bench_comm_gemm" --out "$out/bench_comm_gemm_tp$np.md"
   done
 fi
 if [ -z "${TE_COMM_SKIP_BENCH:-}" ] && python3 -c 'import torch' 2>/dev/null; then
@@ -64,7 +65,7 @@ fi
 } >"$summary"
 [ -f "$out/bench_gemm.md" ] && { echo; echo "GEMM benchmark:"; cat "$out/bench_gemm.md"; }
 [ -f "$out/gemm_vs_torch.md" ] && { echo; echo "nvte_cublas_gemm vs torch:"; cat "$out/gemm_vs_torch.md"; }
-for f in "$out"/bench_overlap_tp*.md; do [ -f "$f" ] && { echo; echo "overlap benchmark ($(basename "$f" .md)):"; cat "$f"; }; done
+for f in "$out"/bench_overlap_tp*.md "$out"/bench_comm_gemm_tp*.md; do [ -f "$f" ] && { echo; echo "overlap benchmark ($(basename "$f" .md)):"; cat "$f"; }; done
 echo; grep -E "FAIL" "$log" | head -n 30
 echo; cat "$summary"
 exit $fail

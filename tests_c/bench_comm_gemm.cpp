@@ -1,0 +1,143 @@
+// Benchmark of TE's comm_gemm.h API (nvte_all_gather_gemm, nvte_gemm_reduce_scatter,
+// nvte_gemm_all_reduce) on the anchor shapes, with the IPC and the NCCL transport,
+// against NCCL then GEMM (GEMM then NCCL for RS and AR). All ranks are one tensor-parallel
+// group. Random data, CUDA events, warm-up, median of many; each figure is the maximum
+// over ranks of that rank's median.
+#include <nccl.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+
+#include "test_util.hpp"
+
+using namespace tu;
+
+namespace {
+cudaStream_t g_s;
+int g_iters = 20;
+
+double time_ms(const std::function<void()> &fn) {
+  for (int i = 0; i < 5; ++i) fn();
+  std::vector<cudaEvent_t> ev(2 * g_iters);
+  for (auto &e : ev) CUDA_OK(cudaEventCreate(&e));
+  MPI_Barrier(MPI_COMM_WORLD);
+  CUDA_OK(cudaStreamSynchronize(g_s));
+  for (int i = 0; i < g_iters; ++i) {
+    CUDA_OK(cudaEventRecord(ev[2 * i], g_s));
+    fn();
+    CUDA_OK(cudaEventRecord(ev[2 * i + 1], g_s));
+  }
+  CUDA_OK(cudaStreamSynchronize(g_s));
+  std::vector<float> ms(g_iters);
+  for (int i = 0; i < g_iters; ++i) CUDA_OK(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
+  for (auto &e : ev) cudaEventDestroy(e);
+  std::sort(ms.begin(), ms.end());
+  double med = ms[g_iters / 2], worst;
+  MPI_Allreduce(&med, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return worst;
+}
+
+void ok(const char *what) {
+  if (nvte_comm_last_status() != NVTE_COMM_SUCCESS) {
+    std::fprintf(stderr, "%s: %s\n", what, nvte_comm_last_error());
+    MPI_Abort(MPI_COMM_WORLD, 5);
+  }
+}
+}  // namespace
+
+int main(int argc, char **argv) {
+  probe_or_continue(argc, argv);
+  MPI_Init(&argc, &argv);
+  int rank, tp;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &tp);
+  const char *out_path = nullptr;
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (!std::strcmp(argv[i], "--out")) out_path = argv[i + 1];
+    if (!std::strcmp(argv[i], "--iters")) g_iters = std::atoi(argv[i + 1]);
+  }
+  int ndev;
+  CUDA_OK(cudaGetDeviceCount(&ndev));
+  CUDA_OK(cudaSetDevice(rank % ndev));
+  CUDA_OK(cudaStreamCreateWithFlags(&g_s, cudaStreamNonBlocking));
+  ncclUniqueId id;
+  if (rank == 0) ncclGetUniqueId(&id);
+  MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+  ncclComm_t nccl;
+  if (ncclCommInitRank(&nccl, tp, id, rank) != ncclSuccess) MPI_Abort(MPI_COMM_WORLD, 3);
+  DevBuf wsb(32u << 20);
+  Tensor ws;
+  ws.h = nvte_create_tensor(NVTE_DELAYED_TENSOR_SCALING);
+  NVTEBasicTensor wb = basic(wsb.p, kNVTEByte, {wsb.bytes});
+  nvte_set_tensor_param_v2(ws.h, kNVTERowwiseData, &wb, sizeof wb);
+
+  std::string table =
+      "| tp | transport | op | dtype | M x K x N | GEMM ms | NCCL ms | NCCL+GEMM ms | ours ms | ours/bound | ours/(NCCL+GEMM) |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|\n";
+  struct Shape { size_t M, K, N; };
+  const Shape ag_shapes[] = {{8192, 8192, 28672}, {8192, 4096, 16384}, {16384, 8192, 8192}};
+  const Shape rs_shapes[] = {{8192, 28672, 8192}, {8192, 16384, 4096}, {16384, 8192, 8192}};
+  for (const char *transport : {"ipc", "nccl"}) {
+    setenv("NVTE_COMM_TRANSPORT", transport, 1);
+    NVTECommGemmCtx *ctx = nvte_comm_gemm_ctx_create(nccl, tp, rank);
+    ok("ctx_create");
+    for (NVTEDType in : {kNVTEBFloat16, kNVTEFloat8E4M3}) {
+      const NVTEDType out = kNVTEBFloat16;
+      const bool split = !is_fp8(in);
+      // AG: cuBLAS m = N (split), n = M (split, gathered), k = K. TN: a [m_loc, k], b [n_loc, k], d [n, m_loc].
+      for (const Shape &s : ag_shapes) {
+        size_t ml = s.N / tp, nl = s.M / tp;
+        Tensor A(in, {ml, s.K}), Bl(in, {nl, s.K}), Bf(in, {s.M, s.K}), D(out, {s.M, ml});
+        nvte_comm_fill_uniform(A.h, 1 + rank, -1, 1, g_s);
+        nvte_comm_fill_uniform(Bl.h, 2 + rank, -1, 1, g_s);
+        nvte_comm_fill_uniform(Bf.h, 3, -1, 1, g_s);
+        auto gemm = [&] { nvte_cublas_gemm(A.h, Bf.h, D.h, nullptr, nullptr, true, false, false, ws.h, false, split, 0, g_s); };
+        auto coll = [&] { ncclAllGather(Bl.data.p, Bf.data.p, nl * s.K * dtype_bytes(in), ncclUint8, nccl, g_s); };
+        auto ours = [&] {
+          nvte_all_gather_gemm(ctx, s.N, s.M, s.K, A.h, Bl.h, D.h, nullptr, nullptr, true, false, false, false, 0, g_s, kNVTECommGemmAlgoDefault);
+        };
+        ours();
+        ok("all_gather_gemm");
+        double tg = time_ms(gemm), tc = time_ms(coll), tq = time_ms([&] { coll(); gemm(); }), to = time_ms(ours);
+        char b[300];
+        std::snprintf(b, sizeof b, "| %d | %s | AG | %s | %zux%zux%zu | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f |\n", tp, transport, dtype_name(in),
+                      s.M, s.K, s.N, tg, tc, tq, to, to / std::max(tg, tc), to / tq);
+        table += b;
+        if (rank == 0) std::printf("%s", b), std::fflush(stdout);
+      }
+      // RS and AR: cuBLAS m = N, n = M, k = K (split). TN: a [m, k_loc], b [n, k_loc].
+      for (int ar = 0; ar < 2; ++ar)
+        for (const Shape &s : rs_shapes) {
+          size_t kl = s.K / tp, nl = s.M / tp;
+          Tensor A(in, {s.N, kl}), B(in, {s.M, kl}), Dp(out, {s.M, s.N}), D(out, {ar ? s.M : nl, s.N});
+          nvte_comm_fill_uniform(A.h, 4 + rank, -1, 1, g_s);
+          nvte_comm_fill_uniform(B.h, 5 + rank, -1, 1, g_s);
+          auto gemm = [&] { nvte_cublas_gemm(A.h, B.h, Dp.h, nullptr, nullptr, true, false, false, ws.h, false, split, 0, g_s); };
+          auto coll = [&] {
+            if (ar) ncclAllReduce(Dp.data.p, D.data.p, s.M * s.N, ncclBfloat16, ncclSum, nccl, g_s);
+            else ncclReduceScatter(Dp.data.p, D.data.p, nl * s.N, ncclBfloat16, ncclSum, nccl, g_s);
+          };
+          auto fn = ar ? nvte_gemm_all_reduce : nvte_gemm_reduce_scatter;
+          auto ours = [&] { fn(ctx, s.N, s.M, s.K, A.h, B.h, D.h, nullptr, nullptr, true, false, false, false, 0, g_s, kNVTECommGemmAlgoDefault); };
+          ours();
+          ok(ar ? "gemm_all_reduce" : "gemm_reduce_scatter");
+          double tg = time_ms(gemm), tc = time_ms(coll), tq = time_ms([&] { gemm(); coll(); }), to = time_ms(ours);
+          char b[300];
+          std::snprintf(b, sizeof b, "| %d | %s | %s | %s | %zux%zux%zu | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f |\n", tp, transport,
+                        ar ? "AR" : "RS", dtype_name(in), s.M, s.K, s.N, tg, tc, tq, to, to / std::max(tg, tc), to / tq);
+          table += b;
+          if (rank == 0) std::printf("%s", b), std::fflush(stdout);
+        }
+    }
+    nvte_comm_gemm_ctx_destroy(ctx);
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+  if (rank == 0 && out_path) {
+    FILE *f = std::fopen(out_path, "w");
+    if (f) { std::fputs(table.c_str(), f); std::fclose(f); }
+  }
+  ncclCommDestroy(nccl);
+  MPI_Finalize();
+  return 0;
+}
