@@ -119,6 +119,14 @@ void run_case(Env &e, NVTECommGemmCtx *ctx, const char *transport, Op op, int64_
   char b[96];
   std::snprintf(b, sizeof b, ": local D [%zu, %zu] rel_err=%.3g (tol %.0e)", dr, dc, err, tol);
   std::string detail = b;
+  if (!(err < tol) && op != Op::AG) {  // the same local GEMM straight through nvte_cublas_gemm
+    Tensor D2(kNVTEFloat32, {(size_t)n, (size_t)m});
+    nvte_cublas_gemm(Aloc.h, Bloc.h, D2.h, nullptr, nullptr, transa, transb, false, nullptr, false, true, 0, e.s);
+    CUDA_OK(cudaStreamSynchronize(e.s));
+    std::vector<double> g2 = decode(D2.data.download(), kNVTEFloat32, n * m);
+    std::snprintf(b, sizeof b, " [direct local GEMM vs ref (np=1 only meaningful): %.3g]", rel_err(g2, ref));
+    detail += b;
+  }
   if (!(err < tol)) {  // where: the error of each eighth of D's rows
     for (int q = 0; q < 8; ++q) {
       size_t r0 = dr * q / 8, r1 = dr * (q + 1) / 8;
