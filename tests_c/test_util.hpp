@@ -128,8 +128,17 @@ struct DevBuf {
     CUDA_OK(cudaMemcpy(h.data(), p, bytes, cudaMemcpyDeviceToHost));
     return h;
   }
-  void upload(const void *h) { CUDA_OK(cudaMemcpy(p, h, bytes, cudaMemcpyHostToDevice)); }
-  void poison() { CUDA_OK(cudaMemset(p, 0xFF, bytes)); }  // NaN in every float format
+  // cudaMemcpy from pageable memory may return before the DMA has landed, and cudaMemset
+  // is asynchronous; both run on the legacy stream, which the tests' non-blocking
+  // streams do not wait for: synchronise it before anything else reads the buffer.
+  void upload(const void *h) {
+    CUDA_OK(cudaMemcpy(p, h, bytes, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaStreamSynchronize(0));
+  }
+  void poison() {  // NaN in every float format
+    CUDA_OK(cudaMemset(p, 0xFF, bytes));
+    CUDA_OK(cudaStreamSynchronize(0));
+  }
 };
 
 inline NVTEBasicTensor basic(void *p, NVTEDType t, std::vector<size_t> shape) {
