@@ -98,6 +98,7 @@ void run_case(Env &e, NVTECommGemmCtx *ctx, const char *transport, Op op, int64_
   Tensor bt = upload(biasl, 1, biasl.size(), td_t, e.s);
   Tensor bias1(td_t, {biasl.size()});  // 1-D bias, same data
   CUDA_OK(cudaMemcpy(bias1.data.p, bt.data.p, bt.data.bytes, cudaMemcpyDeviceToDevice));
+  CUDA_OK(cudaStreamSynchronize(0));  // legacy-stream op: let it land
   CUDA_OK(cudaMemsetAsync(D.data.p, 0xFF, D.data.bytes, e.s));
   auto fn = op == Op::AG ? nvte_all_gather_gemm : op == Op::RS ? nvte_gemm_reduce_scatter : nvte_gemm_all_reduce;
   fn(ctx, m, n, k, Aloc.h, Bloc.h, D.h, with_bias ? bias1.h : nullptr, nullptr, transa, transb, false, false, 0, e.s,

@@ -79,6 +79,7 @@ void run_case(const Case &c, uint64_t seed, cudaStream_t stream, DevBuf &workspa
   if (c.epi == Epi::Accumulate) {
     Tensor init = random_tensor(c.d, {n, m}, rng, -1, 1, 1.0f, stream, &err);
     CUDA_OK(cudaMemcpy(D.data.p, init.data.p, D.data.bytes, cudaMemcpyDeviceToDevice));
+    CUDA_OK(cudaStreamSynchronize(0));  // legacy-stream op: let it land
     d_old = init.values();
   } else {
     D.data.poison();
@@ -292,6 +293,7 @@ void kernel_cases(cudaStream_t stream, Report &rep, uint64_t seed) {
     dst.set_scale(scale);
     CUDA_OK(cudaMemset(dst.amax.p, 0, 4));
     CUDA_OK(cudaMemset(dst.scale_inv.p, 0, 4));
+    CUDA_OK(cudaStreamSynchronize(0));  // legacy-stream op: let it land
     dst.data.poison();
     nvte_quantize(src.h, dst.h, stream);
     bool ok = nvte_comm_last_status() == NVTE_COMM_SUCCESS;

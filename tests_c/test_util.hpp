@@ -171,6 +171,7 @@ struct Tensor {
       set_scalar(kNVTEAmax, amax.p);
       set_scale(1.0f);
       CUDA_OK(cudaMemset(amax.p, 0, 4));
+      CUDA_OK(cudaStreamSynchronize(0));
     }
   }
   Tensor(const Tensor &) = delete;
