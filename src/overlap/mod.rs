@@ -568,11 +568,10 @@ impl Overlap {
         let work = rows * cols / if vec_ok { 8 } else { 1 };
         // Overlapped with GEMMs: the comm SM budget. On the critical tail (nothing left
         // to overlap): the whole GPU.
-        // 512-thread blocks: four fill one SM.
         let cap = if tail {
             4 * self.dev.sm_count as u32
         } else {
-            4 * self.cfg.num_comm_sm as u32
+            2 * self.cfg.num_comm_sm as u32
         };
         let blocks = (work.div_ceil(512) as u32).clamp(1, cap);
         cuda::launch(f, (blocks, 1, 1), (512, 1, 1), 0, stream, &mut args, &name)
