@@ -1,74 +1,8 @@
 // Element-wise kernels: quantize (with scale, amax and scale_inv as TE's delayed scaling
 // defines them), dequantize, and a counter-based uniform random fill.
 //
-// Self-contained on purpose: NVRTC 13 ships no cuda_bf16.h / cuda_fp16.h / cuda_fp8.h,
-// so the narrow types are bit patterns converted with PTX (sm_89+ for FP8).
-typedef unsigned char u8;
-typedef unsigned short u16;
-typedef unsigned int u32;
-typedef unsigned long long u64;
-
-struct F32 {
-  typedef float T;
-  static __device__ __forceinline__ float load(float v) { return v; }
-  static __device__ __forceinline__ float store(float f) { return f; }
-};
-
-struct BF16 {
-  typedef u16 T;
-  static __device__ __forceinline__ float load(u16 v) { return __uint_as_float(((u32)v) << 16); }
-  static __device__ __forceinline__ u16 store(float f) {
-    u16 r;
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
-    return r;
-  }
-};
-
-struct F16 {
-  typedef u16 T;
-  static __device__ __forceinline__ float load(u16 v) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v));
-    return f;
-  }
-  static __device__ __forceinline__ u16 store(float f) {
-    u16 r;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(f));
-    return r;
-  }
-};
-
-// FP8: the x2 conversions put their first source in the upper byte, so the value of
-// interest goes second and lands in the low byte.
-struct E4M3 {
-  typedef u8 T;
-  static __device__ __forceinline__ float load(u8 v) {
-    u32 h2;
-    u16 in = v;
-    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(in));
-    return F16::load((u16)(h2 & 0xffff));
-  }
-  static __device__ __forceinline__ u8 store(float f) {
-    u16 r;
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(0.0f), "f"(f));
-    return (u8)(r & 0xff);
-  }
-};
-
-struct E5M2 {
-  typedef u8 T;
-  static __device__ __forceinline__ float load(u8 v) {
-    u32 h2;
-    u16 in = v;
-    asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(h2) : "h"(in));
-    return F16::load((u16)(h2 & 0xffff));
-  }
-  static __device__ __forceinline__ u8 store(float f) {
-    u16 r;
-    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(0.0f), "f"(f));
-    return (u8)(r & 0xff);
-  }
-};
+// The element types come from types.cuh.
+#include "types.cuh"
 
 // Max of non-negative floats: their bit patterns order like integers.
 __device__ __forceinline__ void atomic_max_nonneg(float *addr, float v) {

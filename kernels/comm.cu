@@ -1,10 +1,6 @@
 // Communication kernels of the overlap engine: flag signal / wait with timeouts, SM
-// puts, and the reductions of the reduce-scatter algorithms. Self-contained (NVRTC has
-// no CUDA headers); narrow types are converted with PTX.
-typedef unsigned char u8;
-typedef unsigned short u16;
-typedef unsigned int u32;
-typedef unsigned long long u64;
+// puts, and the reductions of the reduce-scatter algorithms (element types: types.cuh).
+#include "types.cuh"
 
 #define MAX_PEERS 16
 
@@ -97,53 +93,6 @@ extern "C" __global__ void put_bytes(u8 *dst, const u8 *src, u64 bytes) {
     for (u64 i = tid; i < bytes; i += stride) dst[i] = src[i];
   }
 }
-
-// ---------------------------------------------------------------- element types
-struct F32 {
-  typedef float T;
-  static __device__ __forceinline__ float load(float v) { return v; }
-  static __device__ __forceinline__ float store(float f) { return f; }
-};
-struct BF16 {
-  typedef u16 T;
-  static __device__ __forceinline__ float load(u16 v) { return __uint_as_float(((u32)v) << 16); }
-  static __device__ __forceinline__ u16 store(float f) {
-    u16 r;
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
-    return r;
-  }
-};
-struct F16 {
-  typedef u16 T;
-  static __device__ __forceinline__ float load(u16 v) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v));
-    return f;
-  }
-  static __device__ __forceinline__ u16 store(float f) {
-    u16 r;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(f));
-    return r;
-  }
-};
-struct E4M3 {
-  typedef u8 T;
-  static __device__ __forceinline__ float load(u8 v) {
-    u32 h2;
-    u16 in = v;
-    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(in));
-    return F16::load((u16)(h2 & 0xffff));
-  }
-};
-struct E5M2 {
-  typedef u8 T;
-  static __device__ __forceinline__ float load(u8 v) {
-    u32 h2;
-    u16 in = v;
-    asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(h2) : "h"(in));
-    return F16::load((u16)(h2 & 0xffff));
-  }
-};
 
 // ---------------------------------------------------------------- reductions
 struct SrcSet {

@@ -24,6 +24,9 @@ pub const CAST: Source = Source {
     name: "cast.cu",
     code: include_str!("../../kernels/cast.cu"),
 };
+/// Headers every kernel source may include, given to NVRTC in memory.
+pub const HEADERS: &[(&str, &str)] = &[("types.cuh", include_str!("../../kernels/types.cuh"))];
+
 pub const COMM: Source = Source {
     name: "comm.cu",
     code: include_str!("../../kernels/comm.cu"),
@@ -92,7 +95,7 @@ pub fn compile(src: &Source, arch: &str) -> Result<Arc<Vec<u8>>> {
     let ver = nvrtc_version()?;
     let opts = options(arch);
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    (src.code, &opts, ver, env!("CARGO_PKG_VERSION")).hash(&mut h);
+    (src.code, HEADERS, &opts, ver, env!("CARGO_PKG_VERSION")).hash(&mut h);
     let file = cache_dir().map(|d| {
         d.join(format!(
             "{}-{arch}-{:016x}.cubin",
@@ -136,17 +139,27 @@ pub fn compile_fresh(src: &Source, arch: &str) -> Result<Vec<u8>> {
 fn compile_uncached(src: &Source, opts: &[String]) -> Result<Vec<u8>> {
     let code = CString::new(src.code).map_err(|_| Error::internal("kernel source contains NUL"))?;
     let name = CString::new(src.name).unwrap();
+    let hdr_code: Vec<CString> = HEADERS
+        .iter()
+        .map(|(_, c)| CString::new(*c).unwrap())
+        .collect();
+    let hdr_name: Vec<CString> = HEADERS
+        .iter()
+        .map(|(n, _)| CString::new(*n).unwrap())
+        .collect();
+    let hdr_code_ptrs: Vec<*const c_char> = hdr_code.iter().map(|c| c.as_ptr()).collect();
+    let hdr_name_ptrs: Vec<*const c_char> = hdr_name.iter().map(|c| c.as_ptr()).collect();
     let mut prog: nv::nvrtcProgram = std::ptr::null_mut();
-    // SAFETY: valid C strings; no headers.
+    // SAFETY: valid C strings; the header arrays have HEADERS.len() entries each.
     nvrtc_check(
         unsafe {
             nv::nvrtcCreateProgram(
                 &mut prog,
                 code.as_ptr(),
                 name.as_ptr(),
-                0,
-                std::ptr::null(),
-                std::ptr::null(),
+                HEADERS.len() as i32,
+                hdr_code_ptrs.as_ptr(),
+                hdr_name_ptrs.as_ptr(),
             )
         },
         "nvrtcCreateProgram",
