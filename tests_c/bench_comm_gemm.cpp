@@ -17,26 +17,7 @@ namespace {
 cudaStream_t g_s;
 int g_iters = 20;
 
-double time_ms(const std::function<void()> &fn) {
-  for (int i = 0; i < 5; ++i) fn();
-  std::vector<cudaEvent_t> ev(2 * g_iters);
-  for (auto &e : ev) CUDA_OK(cudaEventCreate(&e));
-  MPI_Barrier(MPI_COMM_WORLD);
-  CUDA_OK(cudaStreamSynchronize(g_s));
-  for (int i = 0; i < g_iters; ++i) {
-    CUDA_OK(cudaEventRecord(ev[2 * i], g_s));
-    fn();
-    CUDA_OK(cudaEventRecord(ev[2 * i + 1], g_s));
-  }
-  CUDA_OK(cudaStreamSynchronize(g_s));
-  std::vector<float> ms(g_iters);
-  for (int i = 0; i < g_iters; ++i) CUDA_OK(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
-  for (auto &e : ev) cudaEventDestroy(e);
-  std::sort(ms.begin(), ms.end());
-  double med = ms[g_iters / 2], worst;
-  MPI_Allreduce(&med, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return worst;
-}
+double time_ms(const std::function<void()> &fn) { return tu::time_ms(g_s, 5, g_iters, fn); }
 
 void ok(const char *what) {
   if (nvte_comm_last_status() != NVTE_COMM_SUCCESS) {

@@ -29,27 +29,7 @@ namespace {
 int g_warmup = 5, g_iters = 20;
 cudaStream_t g_s;
 
-// Median over this rank's iterations, then the max over ranks.
-double time_ms(const std::function<void()> &fn) {
-  for (int i = 0; i < g_warmup; ++i) fn();
-  std::vector<cudaEvent_t> ev(2 * g_iters);
-  for (auto &e : ev) CUDA_OK(cudaEventCreate(&e));
-  MPI_Barrier(MPI_COMM_WORLD);
-  CUDA_OK(cudaStreamSynchronize(g_s));
-  for (int i = 0; i < g_iters; ++i) {
-    CUDA_OK(cudaEventRecord(ev[2 * i], g_s));
-    fn();
-    CUDA_OK(cudaEventRecord(ev[2 * i + 1], g_s));
-  }
-  CUDA_OK(cudaStreamSynchronize(g_s));
-  std::vector<float> ms(g_iters);
-  for (int i = 0; i < g_iters; ++i) CUDA_OK(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
-  for (auto &e : ev) cudaEventDestroy(e);
-  std::sort(ms.begin(), ms.end());
-  double med = ms[g_iters / 2], worst;
-  MPI_Allreduce(&med, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return worst;
-}
+double time_ms(const std::function<void()> &fn) { return tu::time_ms(g_s, g_warmup, g_iters, fn); }
 
 void check(NVTECommStatus st, const char *what) {
   if (st != NVTE_COMM_SUCCESS) {

@@ -4,7 +4,9 @@
 #include <cuda_runtime.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -244,6 +246,29 @@ inline double rel_err(const std::vector<double> &a, const std::vector<double> &b
   if (a.size() != b.size()) return NAN;
   if (den == 0) return std::sqrt(num);
   return std::sqrt(num / den);
+}
+
+// Time `fn` on `s`: `warmup` runs, then `iters` runs between CUDA events; this rank's
+// median, then the maximum over ranks (the slowest rank sets a collective's time).
+inline double time_ms(cudaStream_t s, int warmup, int iters, const std::function<void()> &fn) {
+  for (int i = 0; i < warmup; ++i) fn();
+  std::vector<cudaEvent_t> ev(2 * iters);
+  for (auto &e : ev) CUDA_OK(cudaEventCreate(&e));
+  MPI_Barrier(MPI_COMM_WORLD);
+  CUDA_OK(cudaStreamSynchronize(s));
+  for (int i = 0; i < iters; ++i) {
+    CUDA_OK(cudaEventRecord(ev[2 * i], s));
+    fn();
+    CUDA_OK(cudaEventRecord(ev[2 * i + 1], s));
+  }
+  CUDA_OK(cudaStreamSynchronize(s));
+  std::vector<float> ms(iters);
+  for (int i = 0; i < iters; ++i) CUDA_OK(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
+  for (auto &e : ev) cudaEventDestroy(e);
+  std::sort(ms.begin(), ms.end());
+  double med = ms[iters / 2], worst;
+  MPI_Allreduce(&med, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return worst;
 }
 
 struct Report {
