@@ -68,16 +68,7 @@ impl Overlap {
             invalid!("the gathered rows n = {n} are not divisible by tp = {tp}");
         }
         let e = eb(self.dtype);
-        if n * k * e > self.t.buffer_bytes() {
-            invalid!(
-                "the buffer is too small: gathering B into [{n}, {k}] of {} needs {} bytes, the buffer has {} ([{}, {}])",
-                self.dtype.name(),
-                n * k * e,
-                self.t.buffer_bytes(),
-                self.rows,
-                self.cols
-            );
-        }
+        self.check_capacity("gathering B into", [n, k])?;
         if !is_view && bb.ptr == 0 {
             invalid!("tensor `B` has a NULL data pointer");
         }

@@ -53,13 +53,7 @@ impl Overlap {
             invalid!("tensor `D` must have at least 2 dimensions")
         };
         let e = eb(self.dtype);
-        if n * m * e > self.t.buffer_bytes() {
-            invalid!(
-                "the buffer is too small: the GEMM output [{n}, {m}] needs {} bytes, the buffer has {}",
-                n * m * e,
-                self.t.buffer_bytes()
-            );
-        }
+        self.check_capacity("the GEMM output", [n, m])?;
         // The partial GEMM writes the buffer viewed as D.
         let mut dv = x.d.clone();
         dv.data = Buffer::new(self.buffer(), self.dtype, Shape::new(&[n, m])?)?;

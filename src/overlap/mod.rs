@@ -577,6 +577,23 @@ impl Overlap {
         cuda::launch(f, (blocks, 1, 1), (512, 1, 1), 0, stream, &mut args, &name)
     }
 
+    /// Error unless a [rows, cols] matrix of the buffer's dtype fits the buffer.
+    fn check_capacity(&self, what: &str, shape: [usize; 2]) -> Result<()> {
+        let need = shape[0] * shape[1] * eb(self.dtype);
+        if need > self.t.buffer_bytes() {
+            invalid!(
+                "the buffer is too small: {what} [{}, {}] of {} needs {need} bytes, the buffer has {} ([{}, {}])",
+                shape[0],
+                shape[1],
+                self.dtype.name(),
+                self.t.buffer_bytes(),
+                self.rows,
+                self.cols
+            );
+        }
+        Ok(())
+    }
+
     /// The output types a reduction of this buffer can write.
     fn check_reduce_output(&self, out: &Buffer, what: &str) -> Result<()> {
         let ok = match self.dtype {

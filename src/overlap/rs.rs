@@ -63,17 +63,7 @@ impl Overlap {
         if n % tp != 0 {
             invalid!("the scattered rows n = {n} are not divisible by tp = {tp}");
         }
-        let e = eb(self.dtype);
-        if n * m * e > self.t.buffer_bytes() {
-            invalid!(
-                "the buffer is too small: the GEMM output [{n}, {m}] of {} needs {} bytes, the buffer has {} ([{}, {}])",
-                self.dtype.name(),
-                n * m * e,
-                self.t.buffer_bytes(),
-                self.rows,
-                self.cols
-            );
-        }
+        self.check_capacity("the GEMM output", [n, m])?;
         // D = the buffer as [n, m], with the FP8 scaling of the caller's view if given.
         let mut d = x.d.cloned().unwrap_or_default();
         if let Some(v) = x.d {
