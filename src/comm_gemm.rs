@@ -20,16 +20,6 @@ use crate::tensor::{Buffer, DType, Shape, Tensor};
 use crate::{invalid, unsupported};
 use cudarc::driver::sys as cu;
 
-/// TE's NVTECommGemmAlgoType values.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Algo {
-    Default,
-    SplitP2P,
-    SplitMulticast,
-    AtomicP2P,
-    AtomicMulticast,
-}
-
 /// The calls of the context.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -62,7 +52,6 @@ pub struct GemmCall<'a> {
     pub grad: bool,
     pub accumulate: bool,
     pub comm_sm_count: i32,
-    pub algo: Algo,
 }
 
 pub struct CommGemmCtx {

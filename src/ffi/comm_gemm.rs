@@ -4,7 +4,7 @@
 use super::enums::NVTECommGemmAlgoType;
 use super::overlap::ncclComm_t;
 use super::{NVTETensor, cudaStream_t, firewall};
-use crate::comm_gemm::{Algo, CommGemmCtx, GemmCall, Kind};
+use crate::comm_gemm::{CommGemmCtx, GemmCall, Kind};
 use crate::error::{Error, Result};
 use crate::invalid;
 use crate::tensor;
@@ -88,15 +88,13 @@ pub extern "C" fn nvte_comm_gemm_numroc(ctx: *mut NVTECommGemmCtx, global_size: 
     })
 }
 
-fn algo(a: NVTECommGemmAlgoType) -> Result<Algo> {
-    Ok(match a {
-        NVTECommGemmAlgoType::kNVTECommGemmAlgoDefault => Algo::Default,
-        NVTECommGemmAlgoType::kNVTECommGemmAlgoSplitP2P => Algo::SplitP2P,
-        NVTECommGemmAlgoType::kNVTECommGemmAlgoSplitMulticast => Algo::SplitMulticast,
-        NVTECommGemmAlgoType::kNVTECommGemmAlgoAtomicP2P => Algo::AtomicP2P,
-        NVTECommGemmAlgoType::kNVTECommGemmAlgoAtomicMulticast => Algo::AtomicMulticast,
-        other => invalid!("argument `algo` = {other} is not a valid NVTECommGemmAlgoType"),
-    })
+/// Every declared algorithm is accepted; all run the split (P2P) algorithms (see
+/// `crate::comm_gemm`). Undeclared values are an error.
+fn check_algo(a: NVTECommGemmAlgoType) -> Result<()> {
+    if a.name().is_none() {
+        invalid!("argument `algo` = {a} is not a valid NVTECommGemmAlgoType");
+    }
+    Ok(())
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -122,6 +120,7 @@ fn call(
 ) {
     firewall(name, (), || {
         let c = self::ctx(ctx)?;
+        check_algo(algo_type)?;
         let (ta, tb, td) = (
             tensor::get(a as usize, "a")?,
             tensor::get(b as usize, "b")?,
@@ -146,7 +145,6 @@ fn call(
             grad,
             accumulate,
             comm_sm_count,
-            algo: algo(algo_type)?,
         };
         let mut g = c.lock().unwrap_or_else(|e| e.into_inner());
         g.call(&call, main_stream as usize)
