@@ -50,6 +50,21 @@ Tensor view_rows(const Tensor &t, size_t r0, size_t n) {
   return v;
 }
 
+// D = X W^T (TN) as tp GEMMs on row chunks of X and D, without communication: what
+// splitting the GEMM alone costs.
+double time_chunked(const Tensor &W, const Tensor &X, const Tensor &D, int tp, const Tensor &ws, bool split_acc) {
+  const size_t rows = X.shape[0] / tp;
+  std::vector<Tensor> xc, dc;
+  for (int c = 0; c < tp; ++c) {
+    xc.push_back(view_rows(X, c * rows, rows));
+    dc.push_back(view_rows(D, c * rows, rows));
+  }
+  return time_ms([&] {
+    for (int c = 0; c < tp; ++c)
+      nvte_cublas_gemm(W.h, xc[c].h, dc[c].h, nullptr, nullptr, true, false, false, ws.h, false, split_acc, 0, g_s);
+  });
+}
+
 struct Row {
   std::string line;
   double ratio_bound;
@@ -110,17 +125,7 @@ int main(int argc, char **argv) {
       auto coll = [&] { NCCL_OK(ncclAllGather(Xs.data.p, X.data.p, Ml * K * dtype_bytes(in), ncclUint8, nccl, g_s)); };
       gemm();
       check_last("gemm");
-      // The same GEMM as tp row chunks, no communication (the cost of chunking alone).
-      std::vector<Tensor> xc, dc;
-      for (int c = 0; c < tp; ++c) {
-        xc.push_back(view_rows(X, c * Ml, Ml));
-        dc.push_back(view_rows(D, c * Ml, Ml));
-      }
-      auto chunked = [&] {
-        for (int c = 0; c < tp; ++c)
-          nvte_cublas_gemm(W.h, xc[c].h, dc[c].h, nullptr, nullptr, true, false, false, ws.h, false, split_acc, 0, g_s);
-      };
-      double t_gemm = time_ms(gemm), t_coll = time_ms(coll), t_chunked = time_ms(chunked);
+      double t_gemm = time_ms(gemm), t_coll = time_ms(coll), t_chunked = time_chunked(W, X, D, tp, ws, split_acc);
       double t_seq = time_ms([&] { coll(); gemm(); });
       struct V { const char *name; bool ce, aggregate; };
       for (V v : {V{"ring AG (CE)", true, false}, V{"ring AG bidir (CE)", true, true}, V{"ring AG (SM)", false, false}}) {
@@ -154,16 +159,7 @@ int main(int argc, char **argv) {
       auto coll = [&] { NCCL_OK(ncclReduceScatter(D.data.p, R.data.p, Ml * N, ncclBfloat16, ncclSum, nccl, g_s)); };
       gemm();
       check_last("gemm");
-      std::vector<Tensor> xc, dc;
-      for (int c = 0; c < tp; ++c) {
-        xc.push_back(view_rows(X, c * Ml, Ml));
-        dc.push_back(view_rows(D, c * Ml, Ml));
-      }
-      auto chunked = [&] {
-        for (int c = 0; c < tp; ++c)
-          nvte_cublas_gemm(W.h, xc[c].h, dc[c].h, nullptr, nullptr, true, false, false, ws.h, false, split_acc, 0, g_s);
-      };
-      double t_gemm = time_ms(gemm), t_coll = time_ms(coll), t_chunked = time_ms(chunked);
+      double t_gemm = time_ms(gemm), t_coll = time_ms(coll), t_chunked = time_chunked(W, X, D, tp, ws, split_acc);
       double t_seq = time_ms([&] { gemm(); coll(); });
       struct V { const char *name; bool p2p, ce; };
       for (V v : {V{"pipelined RS", false, true}, V{"ring RS (CE)", true, true}, V{"ring RS (SM)", true, false}}) {
