@@ -16,9 +16,10 @@ te_comm_library() {
 # Configure and build tests_c in $2 against library $1 (extra CMake args follow).
 te_comm_cmake_build() {
   local lib=$1 dir=$2; shift 2
-  cmake -S "$root" -B "$dir" -DCMAKE_BUILD_TYPE=Release -DTE_COMM_LIB="$lib" "$@" >"$dir.configure.log" 2>&1 \
-    || { cat "$dir.configure.log" >&2; return 1; }
-  cmake --build "$dir" -j "$(nproc)" >"$dir.build.log" 2>&1 || { tail -n 60 "$dir.build.log" >&2; return 1; }
+  mkdir -p "$dir"
+  cmake -S "$root" -B "$dir" -DCMAKE_BUILD_TYPE=Release -DTE_COMM_LIB="$lib" "$@" >"$dir/configure.log" 2>&1 \
+    || { cat "$dir/configure.log" >&2; return 1; }
+  cmake --build "$dir" -j "$(nproc)" >"$dir/build.log" 2>&1 || { tail -n 60 "$dir/build.log" >&2; return 1; }
 }
 
 gpu_count() {
