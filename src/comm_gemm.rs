@@ -482,3 +482,37 @@ impl CommGemmCtx {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::numroc;
+
+    #[test]
+    fn numroc_is_block_distribution() {
+        // block = ceil(global / nranks); the last ranks may get fewer, possibly none.
+        assert_eq!(
+            (0..4).map(|r| numroc(256, 4, r)).collect::<Vec<_>>(),
+            vec![64, 64, 64, 64]
+        );
+        assert_eq!(
+            (0..4).map(|r| numroc(250, 4, r)).collect::<Vec<_>>(),
+            vec![63, 63, 63, 61]
+        );
+        assert_eq!(
+            (0..4).map(|r| numroc(3, 4, r)).collect::<Vec<_>>(),
+            vec![1, 1, 1, 0]
+        );
+        assert_eq!(
+            (0..4).map(|r| numroc(5, 4, r)).collect::<Vec<_>>(),
+            vec![2, 2, 1, 0]
+        );
+        assert_eq!(numroc(0, 4, 0), 0);
+        for (g, n) in [(1000i64, 3usize), (7, 8), (1, 1), (129, 16)] {
+            assert_eq!(
+                (0..n).map(|r| numroc(g, n, r)).sum::<i64>(),
+                g,
+                "shares of {g} over {n} ranks add up"
+            );
+        }
+    }
+}

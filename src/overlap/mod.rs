@@ -732,3 +732,73 @@ impl Drop for Overlap {
         self.quiesce();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{Config, TRANSPORT_NCCL, val};
+
+    #[test]
+    fn flag_values_grow_across_calls_and_steps() {
+        // Waits are "flag >= value": values must never decrease for a given slot.
+        assert!(val(1, 0) < val(1, 1) && val(1, 65534) < val(2, 0));
+        assert!(val(1, 0) > 0);
+    }
+
+    #[test]
+    fn config_validation_names_the_field() {
+        let base = Config {
+            transport: TRANSPORT_NCCL,
+            ..Config::from_env()
+        };
+        assert_eq!(base.validate(4, 132).unwrap(), 4);
+        for (cfg, word) in [
+            (Config { tp_size: 3, ..base }, "tp_size"),
+            (
+                Config {
+                    num_splits: 0,
+                    ..base
+                },
+                "num_splits",
+            ),
+            (
+                Config {
+                    num_max_streams: 9,
+                    ..base
+                },
+                "num_max_streams",
+            ),
+            (
+                Config {
+                    num_comm_sm: 132,
+                    ..base
+                },
+                "num_comm_sm",
+            ),
+            (
+                Config {
+                    atomic_gemm: true,
+                    ..base
+                },
+                "atomic_gemm",
+            ),
+            (
+                Config {
+                    timeout_ms: 0,
+                    ..base
+                },
+                "timeout_ms",
+            ),
+            (
+                Config {
+                    transport: 7,
+                    ..base
+                },
+                "transport",
+            ),
+        ] {
+            let e = cfg.validate(4, 132).unwrap_err();
+            assert!(e.msg.contains(word), "{word}: {}", e.msg);
+        }
+        assert_eq!(Config { tp_size: 2, ..base }.validate(4, 132).unwrap(), 2);
+    }
+}
