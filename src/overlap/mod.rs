@@ -276,6 +276,15 @@ impl Overlap {
         let one_node = group.iter().all(|&w| id(w) == id(bs.rank));
         let use_nccl =
             cfg.transport == TRANSPORT_NCCL || (cfg.transport == TRANSPORT_AUTO && !one_node);
+        if !use_nccl && !one_node {
+            let w = *group.iter().find(|&&w| id(w) != id(bs.rank)).unwrap();
+            unsupported!(
+                "world rank {w} (host {}) is on another node than rank {} (host {}): the IPC transport needs the whole tensor-parallel group on one node (use the NCCL transport)",
+                crate::bootstrap::host_name(id(w)),
+                bs.rank,
+                crate::bootstrap::host_name(id(bs.rank))
+            );
+        }
         let t: Box<dyn Transport> = if use_nccl {
             Box::new(NcclTransport::create(bs, &group, bytes)?)
         } else {

@@ -3,7 +3,7 @@
 //! copies (0 SMs) or a copy kernel on a configurable number of SMs; signals and waits
 //! are tiny kernels (waits spin with a timeout and record it in host-mapped memory).
 use super::{MAX_PEERS, NUM_SLOTS, RecvOp, SendOp, Slot, Timeout, Transport, WaitInfo};
-use crate::bootstrap::{Bootstrap, host_identity, host_name};
+use crate::bootstrap::Bootstrap;
 use crate::cuda::resources::{DeviceMem, HostMapped, IpcMapping, copy_async};
 use crate::cuda::{self, ContextGuard, DeviceInfo, arg, nvrtc};
 use crate::error::Result;
@@ -86,25 +86,13 @@ impl IpcTransport {
         buffer.zero()?;
         let error = HostMapped::new(std::mem::size_of::<ErrorRecord>())?;
 
-        // Exchange: host identity, then the two IPC handles.
-        let mut mine = Vec::with_capacity(128 + 128);
-        mine.extend_from_slice(&host_identity());
+        // Exchange the two IPC handles (the caller checked that the group is on one node).
+        let mut mine = Vec::with_capacity(128);
         mine.extend_from_slice(&buffer.ipc_handle()?);
         mine.extend_from_slice(&flags.ipc_handle()?);
         let rec = mine.len();
         let all = bs.allgather(&mine)?;
         let entry = |w: usize| &all[w * rec..(w + 1) * rec];
-        let my_host = &entry(bs.rank)[..128];
-        for &w in group {
-            if &entry(w)[..128] != my_host {
-                unsupported!(
-                    "world rank {w} (host {}) is on another node than rank {} (host {}): the IPC transport needs the whole tensor-parallel group on one node",
-                    host_name(&entry(w)[..128]),
-                    bs.rank,
-                    host_name(my_host)
-                );
-            }
-        }
         let mut peer_buffers = Vec::with_capacity(group.len());
         let mut peer_flags = Vec::with_capacity(group.len());
         for &w in group {
@@ -114,8 +102,8 @@ impl IpcTransport {
                 continue;
             }
             let e = entry(w);
-            let hb: [u8; 64] = e[128..192].try_into().unwrap();
-            let hf: [u8; 64] = e[192..256].try_into().unwrap();
+            let hb: [u8; 64] = e[..64].try_into().unwrap();
+            let hf: [u8; 64] = e[64..128].try_into().unwrap();
             peer_buffers.push(Some(IpcMapping::open(&hb).map_err(|er| {
                 er.context(format!("mapping the buffer of world rank {w}"))
             })?));
