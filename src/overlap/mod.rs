@@ -359,7 +359,7 @@ impl Overlap {
         self.t.buffer()
     }
     fn others(&self) -> Vec<usize> {
-        (0..self.tp()).filter(|&p| p != self.tp_rank()).collect()
+        self.t.group().others()
     }
 
     fn timeout_error(&self) -> Option<Error> {

@@ -2,7 +2,7 @@
 //! with legacy CUDA IPC and mapped by every peer of the group. Puts are copy-engine
 //! copies (0 SMs) or a copy kernel on a configurable number of SMs; signals and waits
 //! are tiny kernels (waits spin with a timeout and record it in host-mapped memory).
-use super::{MAX_PEERS, NUM_SLOTS, RecvOp, SendOp, Slot, Timeout, Transport, WaitInfo};
+use super::{Group, MAX_PEERS, NUM_SLOTS, RecvOp, SendOp, Slot, Timeout, Transport, WaitInfo};
 use crate::bootstrap::Bootstrap;
 use crate::cuda::resources::{DeviceMem, HostMapped, IpcMapping, copy_async};
 use crate::cuda::{self, ContextGuard, DeviceInfo, arg, nvrtc};
@@ -30,9 +30,7 @@ struct ErrorRecord {
 }
 
 pub struct IpcTransport {
-    tp_rank: usize,
-    world_ranks: Vec<usize>,
-    buffer: DeviceMem,
+    group: Group,
     flags: DeviceMem,
     peer_buffers: Vec<Option<IpcMapping>>,
     peer_flags: Vec<Option<IpcMapping>>,
@@ -69,10 +67,6 @@ impl IpcTransport {
         dev: &DeviceInfo,
         s: &IpcSettings,
     ) -> Result<IpcTransport> {
-        let tp_rank = group
-            .iter()
-            .position(|&w| w == bs.rank)
-            .expect("group contains this rank");
         if group.len() > MAX_PEERS {
             unsupported!(
                 "tensor-parallel size {} exceeds the IPC transport's maximum of {MAX_PEERS}",
@@ -114,9 +108,7 @@ impl IpcTransport {
         // Nobody signals before every rank has zeroed its flags and mapped its peers.
         bs.barrier()?;
         Ok(IpcTransport {
-            tp_rank,
-            world_ranks: group.to_vec(),
-            buffer,
+            group: Group::new(bs.rank, group, buffer),
             flags,
             peer_buffers,
             peer_flags,
@@ -129,7 +121,7 @@ impl IpcTransport {
     }
 
     fn flags_base(&self, peer: usize) -> usize {
-        if peer == self.tp_rank {
+        if peer == self.group.tp_rank {
             self.flags.ptr
         } else {
             self.peer_flags[peer].as_ref().unwrap().ptr
@@ -144,7 +136,7 @@ impl IpcTransport {
         };
         for (i, &p) in peers.iter().enumerate() {
             s.flag[i] = addr(p) as u64;
-            s.peer[i] = self.world_ranks[p] as u32;
+            s.peer[i] = self.group.world_ranks[p] as u32;
         }
         s
     }
@@ -156,13 +148,14 @@ impl IpcTransport {
 
 impl IpcTransport {
     fn others(&self) -> Vec<usize> {
-        (0..self.world_ranks.len())
-            .filter(|&p| p != self.tp_rank)
-            .collect()
+        self.group.others()
     }
 }
 
 impl Transport for IpcTransport {
+    fn group(&self) -> &Group {
+        &self.group
+    }
     fn name(&self) -> &'static str {
         "ipc"
     }
@@ -200,24 +193,9 @@ impl Transport for IpcTransport {
         }
         self.wait(&self.others(), Slot::Done, seq, stream, info)
     }
-    fn size(&self) -> usize {
-        self.world_ranks.len()
-    }
-    fn rank(&self) -> usize {
-        self.tp_rank
-    }
-    fn world_rank(&self, peer: usize) -> usize {
-        self.world_ranks[peer]
-    }
-    fn buffer(&self) -> usize {
-        self.buffer.ptr
-    }
-    fn buffer_bytes(&self) -> usize {
-        self.buffer.bytes
-    }
     fn peer_buffer(&self, peer: usize) -> Option<usize> {
-        if peer == self.tp_rank {
-            Some(self.buffer.ptr)
+        if peer == self.group.tp_rank {
+            Some(self.group.buffer.ptr)
         } else {
             self.peer_buffers[peer].as_ref().map(|m| m.ptr)
         }
@@ -256,7 +234,7 @@ impl Transport for IpcTransport {
         if peers.is_empty() {
             return Ok(());
         }
-        let me = self.tp_rank;
+        let me = self.group.tp_rank;
         let set = self.flag_set(peers, |p| self.flags_base(p) + flag_offset(slot, me));
         let f = self.func("signal_flags")?;
         let mut args = [arg(&set), arg(&value)];

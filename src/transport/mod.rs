@@ -7,6 +7,7 @@
 pub mod ipc;
 pub mod nccl;
 
+use crate::cuda::resources::DeviceMem;
 use crate::error::Result;
 
 /// Flag slots: each rank holds one monotonically increasing 64-bit counter per
@@ -70,7 +71,38 @@ pub struct RecvOp {
     pub bytes: usize,
 }
 
+/// What every transport holds: the group's members (world ranks, in group order), this
+/// rank's index among them, and this rank's buffer.
+pub struct Group {
+    pub tp_rank: usize,
+    pub world_ranks: Vec<usize>,
+    pub buffer: DeviceMem,
+}
+
+impl Group {
+    /// `me` is this rank's world rank; `members` contains it.
+    pub fn new(me: usize, members: &[usize], buffer: DeviceMem) -> Group {
+        let tp_rank = members
+            .iter()
+            .position(|&w| w == me)
+            .expect("group contains this rank");
+        Group {
+            tp_rank,
+            world_ranks: members.to_vec(),
+            buffer,
+        }
+    }
+    /// Every member but this rank.
+    pub fn others(&self) -> Vec<usize> {
+        (0..self.world_ranks.len())
+            .filter(|&p| p != self.tp_rank)
+            .collect()
+    }
+}
+
 pub trait Transport: Send {
+    /// The group and this rank's buffer.
+    fn group(&self) -> &Group;
     /// "ipc" or "nccl".
     fn name(&self) -> &'static str;
     /// One exchange step on `stream`: every send lands in its peer's buffer, and once the
@@ -97,13 +129,23 @@ pub trait Transport: Send {
         None
     }
     /// Ranks in the group (tensor-parallel size) and this rank's index in it.
-    fn size(&self) -> usize;
-    fn rank(&self) -> usize;
+    fn size(&self) -> usize {
+        self.group().world_ranks.len()
+    }
+    fn rank(&self) -> usize {
+        self.group().tp_rank
+    }
     /// World rank of group member `peer`.
-    fn world_rank(&self, peer: usize) -> usize;
+    fn world_rank(&self, peer: usize) -> usize {
+        self.group().world_ranks[peer]
+    }
     /// This rank's registered buffer (device address) and its size in bytes.
-    fn buffer(&self) -> usize;
-    fn buffer_bytes(&self) -> usize;
+    fn buffer(&self) -> usize {
+        self.group().buffer.ptr
+    }
+    fn buffer_bytes(&self) -> usize {
+        self.group().buffer.bytes
+    }
     /// Direct load/store address of a peer's buffer, when the transport has one.
     fn peer_buffer(&self, peer: usize) -> Option<usize>;
     /// Copy `bytes` from local `src` to `offset` in `peer`'s buffer, on `stream`.

@@ -5,7 +5,7 @@
 //! the bootstrap's allgather), so the caller's communicator is never used concurrently.
 //! NCCL calls cannot time out: a peer that never arrives blocks them (NCCL's own
 //! watchdogs apply); the IPC transport is the one with timed waits.
-use super::{RecvOp, SendOp, Slot, Timeout, Transport, WaitInfo};
+use super::{Group, RecvOp, SendOp, Slot, Timeout, Transport, WaitInfo};
 use crate::bootstrap::{Bootstrap, Exchange};
 use crate::cuda::resources::DeviceMem;
 use crate::cuda::{self, Lib};
@@ -42,9 +42,7 @@ pub fn nccl_type(d: DType) -> Result<nc::ncclDataType_t> {
 
 pub struct NcclTransport {
     comm: usize,
-    tp_rank: usize,
-    world_ranks: Vec<usize>,
-    buffer: DeviceMem,
+    group: Group,
 }
 
 // SAFETY: an owned communicator and device memory, used from one thread at a time.
@@ -101,9 +99,7 @@ impl NcclTransport {
         buffer.zero()?;
         Ok(NcclTransport {
             comm: comm as usize,
-            tp_rank,
-            world_ranks: group.to_vec(),
-            buffer,
+            group: Group::new(bs.rank, group, buffer),
         })
     }
 
@@ -120,27 +116,15 @@ impl Drop for NcclTransport {
 }
 
 impl Transport for NcclTransport {
+    fn group(&self) -> &Group {
+        &self.group
+    }
     fn name(&self) -> &'static str {
         "nccl"
     }
-    fn size(&self) -> usize {
-        self.world_ranks.len()
-    }
-    fn rank(&self) -> usize {
-        self.tp_rank
-    }
-    fn world_rank(&self, peer: usize) -> usize {
-        self.world_ranks[peer]
-    }
-    fn buffer(&self) -> usize {
-        self.buffer.ptr
-    }
-    fn buffer_bytes(&self) -> usize {
-        self.buffer.bytes
-    }
     fn peer_buffer(&self, peer: usize) -> Option<usize> {
-        if peer == self.tp_rank {
-            Some(self.buffer.ptr)
+        if peer == self.group.tp_rank {
+            Some(self.group.buffer.ptr)
         } else {
             None
         }
@@ -175,7 +159,7 @@ impl Transport for NcclTransport {
             ));
         }
         for v in recvs {
-            let dst = (self.buffer.ptr + v.dst_offset) as *mut c_void;
+            let dst = (self.group.buffer.ptr + v.dst_offset) as *mut c_void;
             r = r.and(check(
                 unsafe { nc::ncclRecv(dst, v.bytes, u8t, v.peer as i32, self.c(), st) },
                 "ncclRecv",
