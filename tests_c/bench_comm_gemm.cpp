@@ -34,10 +34,14 @@ int main(int argc, char **argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &tp);
   const char *out_path = nullptr;
+  std::string ops = "ag,rs,ar", transports = "ipc,nccl";  // --ops / --transports: comma lists
   for (int i = 1; i + 1 < argc; ++i) {
     if (!std::strcmp(argv[i], "--out")) out_path = argv[i + 1];
     if (!std::strcmp(argv[i], "--iters")) g_iters = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--ops")) ops = argv[i + 1];
+    if (!std::strcmp(argv[i], "--transports")) transports = argv[i + 1];
   }
+  auto listed = [](const std::string &list, const char *x) { return ("," + list + ",").find("," + std::string(x) + ",") != std::string::npos; };
   int ndev;
   CUDA_OK(cudaGetDeviceCount(&ndev));
   CUDA_OK(cudaSetDevice(rank % ndev));
@@ -60,6 +64,7 @@ int main(int argc, char **argv) {
   const Shape ag_shapes[] = {{8192, 8192, 28672}, {8192, 4096, 16384}, {16384, 8192, 8192}};
   const Shape rs_shapes[] = {{8192, 28672, 8192}, {8192, 16384, 4096}, {16384, 8192, 8192}};
   for (const char *transport : {"ipc", "nccl"}) {
+    if (!listed(transports, transport)) continue;
     setenv("NVTE_COMM_TRANSPORT", transport, 1);
     NVTECommGemmCtx *ctx = nvte_comm_gemm_ctx_create(nccl, tp, rank);
     ok("ctx_create");
@@ -68,6 +73,7 @@ int main(int argc, char **argv) {
       const bool split = !is_fp8(in);
       // AG: cuBLAS m = N (split), n = M (split, gathered), k = K. TN: a [m_loc, k], b [n_loc, k], d [n, m_loc].
       for (const Shape &s : ag_shapes) {
+        if (!listed(ops, "ag")) break;
         size_t ml = s.N / tp, nl = s.M / tp;
         Tensor A(in, {ml, s.K}), Bl(in, {nl, s.K}), Bf(in, {s.M, s.K}), D(out, {s.M, ml});
         nvte_comm_fill_uniform(A.h, 1 + rank, -1, 1, g_s);
@@ -90,6 +96,7 @@ int main(int argc, char **argv) {
       // RS and AR: cuBLAS m = N, n = M, k = K (split). TN: a [m, k_loc], b [n, k_loc].
       for (int ar = 0; ar < 2; ++ar)
         for (const Shape &s : rs_shapes) {
+          if (!listed(ops, ar ? "ar" : "rs")) break;
           size_t kl = s.K / tp, nl = s.M / tp;
           Tensor A(in, {s.N, kl}), B(in, {s.M, kl}), Dp(out, {s.M, s.N}), D(out, {ar ? s.M : nl, s.N});
           nvte_comm_fill_uniform(A.h, 4 + rank, -1, 1, g_s);

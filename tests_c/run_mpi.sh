@@ -9,8 +9,9 @@ exe=$1; shift
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 extra=()
 [ "$(id -u)" = 0 ] && extra+=(--allow-run-as-root)
-for v in NCCL_NVLS_ENABLE TORCH_SYMM_MEM_DISABLE_MULTICAST NVSHMEM_DISABLE_NVLS LD_LIBRARY_PATH \
-         NVTE_COMM_DEBUG NVTE_COMM_CACHE_DIR NVTE_COMM_TIMEOUT_MS; do
+# Forward the multicast switches, the library path and every NVTE_* / NCCL_* setting.
+for v in TORCH_SYMM_MEM_DISABLE_MULTICAST NVSHMEM_DISABLE_NVLS LD_LIBRARY_PATH \
+         $(compgen -e | grep -E '^(NVTE_|NCCL_)'); do
   [ -n "${!v+x}" ] && extra+=(-x "$v")
 done
 exec mpirun "${extra[@]}" --oversubscribe --bind-to none -np "$np" "$exe" "$@"

@@ -48,11 +48,11 @@ enum class Op { AG, RS, AR };
 const char *op_name(Op o) { return o == Op::AG ? "all_gather_gemm" : o == Op::RS ? "gemm_reduce_scatter" : "gemm_all_reduce"; }
 
 void run_case(Env &e, NVTECommGemmCtx *ctx, const char *transport, Op op, int64_t m, int64_t n, int64_t k, NVTEDType ta_t,
-              NVTEDType tb_t, NVTEDType td_t, bool transa, bool transb, bool with_bias, uint64_t seed) {
+              NVTEDType tb_t, NVTEDType td_t, bool transa, bool transb, bool with_bias, uint64_t seed, int reps = 1) {
   char what[256];
-  std::snprintf(what, sizeof what, "%s %s (m,n,k)=(%lld,%lld,%lld) %s x %s -> %s %c%c%s", transport, op_name(op), (long long)m,
+  std::snprintf(what, sizeof what, "%s %s (m,n,k)=(%lld,%lld,%lld) %s x %s -> %s %c%c%s x%d", transport, op_name(op), (long long)m,
                 (long long)n, (long long)k, dtype_name(ta_t), dtype_name(tb_t), dtype_name(td_t), transa ? 'T' : 'N',
-                transb ? 'T' : 'N', with_bias ? " +bias" : "");
+                transb ? 'T' : 'N', with_bias ? " +bias" : "", reps);
   // Global matrices, identical on every rank: op(A) is m x k, op(B) is k x n.
   Rng rng(seed);
   size_t ar = transa ? m : k, ac = transa ? k : m, br = transb ? k : n, bc = transb ? n : k;
@@ -101,10 +101,16 @@ void run_case(Env &e, NVTECommGemmCtx *ctx, const char *transport, Op op, int64_
   CUDA_OK(cudaStreamSynchronize(0));  // legacy-stream op: let it land
   CUDA_OK(cudaMemsetAsync(D.data.p, 0xFF, D.data.bytes, e.s));
   auto fn = op == Op::AG ? nvte_all_gather_gemm : op == Op::RS ? nvte_gemm_reduce_scatter : nvte_gemm_all_reduce;
-  fn(ctx, m, n, k, Aloc.h, Bloc.h, D.h, with_bias ? bias1.h : nullptr, nullptr, transa, transb, false, false, 0, e.s,
-     kNVTECommGemmAlgoDefault);
-  NVTECommStatus st = nvte_comm_last_status();
-  std::string msg = nvte_comm_last_error();
+  // reps back-to-back calls (no host synchronisation between them): the buffers and flags
+  // of one call must not be touched by a peer's next call too early.
+  NVTECommStatus st = NVTE_COMM_SUCCESS;
+  std::string msg;
+  for (int rep = 0; rep < reps && st == NVTE_COMM_SUCCESS; ++rep) {
+    fn(ctx, m, n, k, Aloc.h, Bloc.h, D.h, with_bias ? bias1.h : nullptr, nullptr, transa, transb, false, false, 0, e.s,
+       kNVTECommGemmAlgoDefault);
+    st = nvte_comm_last_status();
+    msg = nvte_comm_last_error();
+  }
   CUDA_OK(cudaStreamSynchronize(e.s));
   if (st != NVTE_COMM_SUCCESS) { e.rep->fail(std::string(what) + ": " + nvte_comm_status_string(st) + ": " + msg); return; }
   // The matching part of the reference.
@@ -202,6 +208,9 @@ int main(int argc, char **argv) {
   struct Shape { Op op; int64_t m, n, k; };
   const Shape shapes[] = {{Op::AG, 256, 128, 64}, {Op::RS, 64, 128, 256}, {Op::AR, 64, 256, 256}, {Op::AR, 128, 512, 512}};
   const Shape uneven[] = {{Op::AG, 250, 126, 64}, {Op::RS, 64, 126, 250}, {Op::AR, 64, 250, 250}, {Op::AG, 64, 3, 48}};
+  // All-reduces with chunks over 1 MiB (the copy-engine two-shot path), 16-byte aligned
+  // or not (m = 1000: chunk starts are not), with an uneven k.
+  const Shape large_ar[] = {{Op::AR, 1024, 2048, 512}, {Op::AR, 1000, 2050, 250}};
   uint64_t seed = 12345;
   bool only_ar = false;
   for (int i = 1; i < argc; ++i)
@@ -223,6 +232,12 @@ int main(int argc, char **argv) {
     for (const Shape &s : uneven)
       for (const Layout &l : layouts)
         run_case(e, ctx, transport, s.op, s.m, s.n, s.k, bf, bf, bf, l.ta, l.tb, true, ++seed);
+    for (const Shape &s : large_ar)
+      for (const Types &t : {types[0], types[1], types[2]})
+        for (const Layout &l : layouts) {
+          if (is_fp8(t.a) && !(l.ta && !l.tb)) continue;
+          run_case(e, ctx, transport, s.op, s.m, s.n, s.k, t.a, t.b, t.d, l.ta, l.tb, true, ++seed, 20);
+        }
     errors(e, ctx);
     nvte_comm_gemm_ctx_destroy(ctx);
     MPI_Barrier(MPI_COMM_WORLD);

@@ -1,10 +1,15 @@
 //! GEMM + all-reduce, pipelined: the GEMM (k split across ranks, so every rank holds a
-//! partial [n, m]) is split into `num_splits` row chunks written into the buffer; as
-//! soon as every rank has chunk i, it is all-reduced into D while chunk i+1 computes.
-//! - IPC, small chunks: one-shot (every rank sums the whole chunk from all buffers).
-//! - IPC, large chunks: two-shot (each rank sums its 1/tp slice in place, then copies the
-//!   peers' reduced slices with the copy engine), moving 2(tp-1)/tp of the chunk per rank
-//!   instead of tp-1.
+//! partial [n, m]) is split into `num_splits` row chunks; as soon as chunk i is computed
+//! it is all-reduced into D while chunk i+1 computes.
+//! - IPC, large chunks (two-shot on the copy engines): the chunk's elements are cut into
+//!   tp slices; slice q of every rank's partial is put into rank q's buffer, rank q sums
+//!   the tp copies of its slice (a local reduction: only local memory traffic), and every
+//!   rank then copies the tp reduced slices from the owners' buffers into D. Each rank
+//!   moves 2(tp-1)/tp of the chunk through NVLink, on the copy engines, while the chunk
+//!   GEMMs run on the SMs. Scatter (comm stream 0) and reduce + gather (comm stream 1)
+//!   of consecutive chunks overlap.
+//! - IPC, small chunks (one-shot): every rank sums the whole chunk by loading it from
+//!   all the buffers (latency-bound sizes, where one kernel beats three copy steps).
 //! - NCCL: ncclAllReduce per chunk, from the buffer into D.
 use super::{Op, Overlap, eb, val};
 use crate::cuda::resources::copy_async;
@@ -32,10 +37,46 @@ pub struct ArArgs<'a> {
     pub use_split_accumulator: bool,
 }
 
+/// How the two-shot all-reduce cuts a chunk of `elems` elements into `tp` slices: slice
+/// q is elements [start(q), start(q) + len(q)) of the chunk. Slices are multiples of 8
+/// elements (16-byte accesses for 16-bit types) except possibly the last non-empty one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Slices {
+    pub elems: usize,
+    pub tp: usize,
+    pub step: usize,
+}
+
+impl Slices {
+    pub fn new(elems: usize, tp: usize) -> Slices {
+        Slices {
+            elems,
+            tp,
+            step: elems.div_ceil(tp).div_ceil(8) * 8,
+        }
+    }
+    pub fn start(&self, q: usize) -> usize {
+        (q * self.step).min(self.elems)
+    }
+    pub fn len(&self, q: usize) -> usize {
+        self.start(q + 1) - self.start(q)
+    }
+    /// Where, in the receiving rank's region of this chunk, the copy of its slice sent by
+    /// `sender` lands: the tp-1 senders after the receiver in ring order, one slot each.
+    pub fn slot_offset(&self, receiver: usize, sender: usize) -> usize {
+        let j = (sender + self.tp - receiver - 1) % self.tp;
+        j * self.step
+    }
+    /// Whether the tp-1 received copies of every slice fit in the chunk's own region.
+    pub fn fits(&self) -> bool {
+        (self.tp - 1) * self.step <= self.elems
+    }
+}
+
 impl Overlap {
     pub fn split_ar(&mut self, x: &ArArgs, stream: usize) -> Result<()> {
         let guard = self.enter(stream)?;
-        let (tp, r) = (self.tp(), self.tp_rank());
+        let tp = self.tp();
         let db = &x.d.data;
         if db.dtype != self.dtype || self.dtype.is_fp8() {
             unsupported!(
@@ -54,9 +95,27 @@ impl Overlap {
         };
         let e = eb(self.dtype);
         self.check_capacity("the GEMM output", [n, m])?;
-        // The partial GEMM writes the buffer viewed as D.
+        let s = (self.cfg.num_splits as usize).clamp(1, n.max(1));
+        let bounds: Vec<usize> = (0..=s).map(|i| i * n / s).collect();
+        let nccl_comm = self.t.nccl_comm();
+        // Two-shot over the copy engines when every chunk is large enough; the partials
+        // are then computed into local staging (peers never read them), else into the
+        // registered buffer that peers load from (one-shot) or NCCL reads.
+        let two_shot = nccl_comm.is_none()
+            && tp > 1
+            && bounds.windows(2).all(|w| {
+                let rows = w[1] - w[0];
+                rows * m * e > ONE_SHOT_MAX_BYTES && Slices::new(rows * m, tp).fits()
+            });
+        let partials = if two_shot {
+            self.staging()?
+        } else {
+            self.buffer()
+        };
         let mut dv = x.d.clone();
-        dv.data = Buffer::new(self.buffer(), self.dtype, Shape::new(&[n, m])?)?;
+        dv.data = Buffer::new(partials, self.dtype, Shape::new(&[n, m])?)?;
+        // SMs the communication uses beside the GEMMs: one-shot loads and SM puts.
+        let comm_sms = nccl_comm.is_none() && !(two_shot && self.cfg.use_ce);
         let full = gemm::desc_from_te(&TeGemm {
             a: x.a,
             b: x.b,
@@ -69,7 +128,7 @@ impl Overlap {
             workspace: x.workspace,
             accumulate: false,
             use_split_accumulator: x.use_split_accumulator,
-            math_sm_count: self.math_sms(self.t.nccl_comm().is_none()),
+            math_sm_count: self.math_sms(comm_sms),
         })?;
         if full.epilogue.uses_aux() || full.epilogue == Epilogue::BGradB {
             unsupported!(
@@ -77,10 +136,7 @@ impl Overlap {
                 full.epilogue
             );
         }
-        let s = (self.cfg.num_splits as usize).clamp(1, n.max(1));
-        let bounds: Vec<usize> = (0..=s).map(|i| i * n / s).collect();
-        let seq = self.begin(stream, Op::SplitAr, true)?;
-        let others = self.others();
+        let seq = self.begin(stream, Op::SplitAr, !two_shot)?;
         let eb_b = eb(full.b_type);
         for i in 0..s {
             let (lo, hi) = (bounds[i], bounds[i + 1]);
@@ -91,13 +147,33 @@ impl Overlap {
             self.run_gemm(&g, &guard, 0, false)?;
             self.ev_chunk[1 + i].record(self.compute[0].raw())?;
         }
+        if two_shot {
+            self.ar_two_shot(db.ptr, partials, m, &bounds, seq)?;
+        } else {
+            self.ar_one_shot(db, nccl_comm, m, &bounds, seq)?;
+        }
+        self.finish(seq, stream)
+    }
+
+    fn ar_one_shot(
+        &mut self,
+        db: &Buffer,
+        nccl_comm: Option<usize>,
+        m: usize,
+        bounds: &[usize],
+        seq: u64,
+    ) -> Result<()> {
+        let (tp, e) = (self.tp(), eb(self.dtype));
+        let n = *bounds.last().unwrap();
+        let s = bounds.len() - 1;
         let cs = self.comm[0].raw();
+        let others = self.others();
         let out = Buffer::new(db.ptr, db.dtype, Shape::new(&[n, m])?)?;
         for i in 0..s {
             let (lo, hi) = (bounds[i], bounds[i + 1]);
             let rows = hi - lo;
             self.ev_chunk[1 + i].wait_on(cs)?;
-            if let Some(comm) = self.t.nccl_comm() {
+            if let Some(comm) = nccl_comm {
                 nccl::all_reduce(
                     comm,
                     self.buffer() + lo * m * e,
@@ -108,40 +184,113 @@ impl Overlap {
                 )?;
                 continue;
             }
-            let info = |step: usize| WaitInfo {
+            let info = WaitInfo {
                 op: Op::SplitAr as u32,
-                step: step as u32,
+                step: i as u32,
                 seq,
             };
             self.t.signal(&others, Slot::RsReady, val(seq, i), cs)?;
+            self.t.wait(&others, Slot::RsReady, val(seq, i), cs, info)?;
+            let srcs: Vec<usize> = (0..tp)
+                .map(|q| self.t.peer_buffer(q).unwrap() + lo * m * e)
+                .collect();
+            self.reduce(&out, lo * m, m, &srcs, m, rows, m, 0, cs, i + 1 == s)?;
+        }
+        Ok(())
+    }
+
+    /// The copy-engine two-shot all-reduce of the chunks of `partials` (local staging)
+    /// into `d`; chunk i's region of the registered buffer receives the copies of this
+    /// rank's slice of chunk i, and its first slot then holds the reduced slice.
+    fn ar_two_shot(
+        &mut self,
+        d: usize,
+        partials: usize,
+        m: usize,
+        bounds: &[usize],
+        seq: u64,
+    ) -> Result<()> {
+        let (tp, r, e) = (self.tp(), self.tp_rank(), eb(self.dtype));
+        let s = bounds.len() - 1;
+        let others = self.others();
+        let (scatter, gather) = (self.comm[0].raw(), self.comm[1].raw());
+        let info = |i: usize| WaitInfo {
+            op: Op::SplitAr as u32,
+            step: i as u32,
+            seq,
+        };
+        for i in 0..s {
+            let base = bounds[i] * m; // chunk start, elements
+            let sl = Slices::new((bounds[i + 1] - bounds[i]) * m, tp);
+            // Scatter: slice q of this rank's partial to rank q's region of the chunk.
+            self.ev_chunk[1 + i].wait_on(scatter)?;
+            for k in 1..tp {
+                let q = (r + k) % tp;
+                self.t.put(
+                    q,
+                    (base + sl.slot_offset(q, r)) * e,
+                    partials + (base + sl.start(q)) * e,
+                    sl.len(q) * e,
+                    scatter,
+                )?;
+            }
+            self.t.signal(&others, Slot::RsP2p, val(seq, i), scatter)?;
+            // Reduce this rank's slice: own partial + the tp-1 received copies, written
+            // over the first received copy (each element is read before it is written).
+            self.ev_chunk[1 + i].wait_on(gather)?;
             self.t
-                .wait(&others, Slot::RsReady, val(seq, i), cs, info(i))?;
-            let last = i + 1 == s;
-            if rows * m * e <= ONE_SHOT_MAX_BYTES || rows < tp {
-                let srcs: Vec<usize> = (0..tp)
-                    .map(|q| self.t.peer_buffer(q).unwrap() + lo * m * e)
-                    .collect();
-                self.reduce(&out, lo * m, m, &srcs, m, rows, m, 0, cs, last)?;
-            } else {
-                // Two-shot: my slice of the chunk, reduced in place, then every slice copied.
-                let sr = rows.div_ceil(tp);
-                let slice = |q: usize| (lo + (q * sr).min(rows), lo + ((q + 1) * sr).min(rows));
-                let (a0, a1) = slice(r);
-                let srcs: Vec<usize> = (0..tp)
-                    .map(|q| self.t.peer_buffer(q).unwrap() + a0 * m * e)
-                    .collect();
-                let mine = Buffer::new(self.buffer(), self.dtype, Shape::new(&[n, m])?)?;
-                self.reduce(&mine, a0 * m, m, &srcs, m, a1 - a0, m, 0, cs, last)?;
-                self.t.signal(&others, Slot::ArReduced, val(seq, i), cs)?;
-                self.t
-                    .wait(&others, Slot::ArReduced, val(seq, i), cs, info(i))?;
+                .wait(&others, Slot::RsP2p, val(seq, i), gather, info(i))?;
+            let mine = self.buffer() + base * e;
+            let mut srcs = vec![partials + (base + sl.start(r)) * e];
+            srcs.extend((0..tp - 1).map(|j| mine + j * sl.step * e));
+            let len = sl.len(r);
+            let out = Buffer::new(mine, self.dtype, Shape::new(&[1, len.max(1)])?)?;
+            self.reduce(&out, 0, len, &srcs, len, 1, len, 0, gather, i + 1 == s)?;
+            self.t
+                .signal(&others, Slot::ArReduced, val(seq, i), gather)?;
+            copy_async(d + (base + sl.start(r)) * e, mine, len * e, gather)?;
+            // Gather: every peer's reduced slice, from its buffer into D.
+            self.t
+                .wait(&others, Slot::ArReduced, val(seq, i), gather, info(i))?;
+            for k in 1..tp {
+                let q = (r + k) % tp;
+                let src = self.t.peer_buffer(q).unwrap() + base * e;
+                copy_async(d + (base + sl.start(q)) * e, src, sl.len(q) * e, gather)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Slices;
+
+    #[test]
+    fn slices_cover_the_chunk_and_received_copies_fit() {
+        for tp in [2usize, 3, 4, 8] {
+            for elems in [8 * tp * 3, 1000, 4096 * 5 + 3, 1 << 20, 123_457] {
+                let sl = Slices::new(elems, tp);
+                let total: usize = (0..tp).map(|q| sl.len(q)).sum();
+                assert_eq!(total, elems);
                 for q in 0..tp {
-                    let (q0, q1) = slice(q);
-                    let src = self.t.peer_buffer(q).unwrap() + q0 * m * e;
-                    copy_async(db.ptr + q0 * m * e, src, (q1 - q0) * m * e, cs)?;
+                    assert_eq!(sl.start(q) % 8, 0);
+                    assert!(sl.len(q) <= sl.step);
+                }
+                if sl.fits() {
+                    // The tp-1 slots of every receiver are disjoint and inside the chunk.
+                    for recv in 0..tp {
+                        let mut offs: Vec<usize> = (0..tp)
+                            .filter(|&s| s != recv)
+                            .map(|s| sl.slot_offset(recv, s))
+                            .collect();
+                        offs.sort();
+                        offs.dedup();
+                        assert_eq!(offs.len(), tp - 1);
+                        assert!(offs.iter().all(|&o| o + sl.len(recv) <= elems));
+                    }
                 }
             }
         }
-        self.finish(seq, stream)
     }
 }
