@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <vector>
 
 #include "test_util.hpp"
 
@@ -61,8 +62,18 @@ int main(int argc, char **argv) {
       "| tp | transport | op | dtype | M x K x N | GEMM ms | NCCL ms | NCCL+GEMM ms | ours ms | ours/bound | ours/(NCCL+GEMM) |\n"
       "|---|---|---|---|---|---|---|---|---|---|---|\n";
   struct Shape { size_t M, K, N; };
-  const Shape ag_shapes[] = {{8192, 8192, 28672}, {8192, 4096, 16384}, {16384, 8192, 8192}};
-  const Shape rs_shapes[] = {{8192, 28672, 8192}, {8192, 16384, 4096}, {16384, 8192, 8192}};
+  std::vector<Shape> ag_shapes = {{8192, 8192, 28672}, {8192, 4096, 16384}, {16384, 8192, 8192}};
+  std::vector<Shape> rs_shapes = {{8192, 28672, 8192}, {8192, 16384, 4096}, {16384, 8192, 8192}};
+  for (int i = 1; i + 1 < argc; ++i)  // --shapes MxKxN,...: other shapes for every op
+    if (!std::strcmp(argv[i], "--shapes")) {
+      ag_shapes.clear();
+      std::string list = std::string(argv[i + 1]) + ",";
+      for (size_t p = 0, q; (q = list.find(',', p)) != std::string::npos; p = q + 1) {
+        Shape s{};
+        if (std::sscanf(list.substr(p, q - p).c_str(), "%zux%zux%zu", &s.M, &s.K, &s.N) == 3) ag_shapes.push_back(s);
+      }
+      rs_shapes = ag_shapes;
+    }
   for (const char *transport : {"ipc", "nccl"}) {
     if (!listed(transports, transport)) continue;
     setenv("NVTE_COMM_TRANSPORT", transport, 1);

@@ -19,6 +19,10 @@ use crate::tensor::{Buffer, Shape, Tensor};
 use crate::transport::{Slot, WaitInfo, nccl};
 use crate::{invalid, unsupported};
 
+/// Events ev_chunk[REDUCED_EVENTS + i]: chunk i's slice is reduced (chunk GEMMs use
+/// ev_chunk[1..=64]).
+const REDUCED_EVENTS: usize = 64;
+
 /// Chunks at most this large (bytes) are all-reduced one-shot.
 const ONE_SHOT_MAX_BYTES: usize = 1 << 20;
 
@@ -114,8 +118,8 @@ impl Overlap {
         };
         let mut dv = x.d.clone();
         dv.data = Buffer::new(partials, self.dtype, Shape::new(&[n, m])?)?;
-        // SMs the communication uses beside the GEMMs: one-shot loads and SM puts.
-        let comm_sms = nccl_comm.is_none() && !(two_shot && self.cfg.use_ce);
+        // SMs the communication uses beside the GEMMs (IPC: the reductions, and SM puts).
+        let comm_sms = nccl_comm.is_none();
         let full = gemm::desc_from_te(&TeGemm {
             a: x.a,
             b: x.b,
@@ -213,12 +217,15 @@ impl Overlap {
         let (tp, r, e) = (self.tp(), self.tp_rank(), eb(self.dtype));
         let s = bounds.len() - 1;
         let others = self.others();
-        let (scatter, gather) = (self.comm[0].raw(), self.comm[1].raw());
+        let (scatter, reduce, gather) =
+            (self.comm[0].raw(), self.comm[1].raw(), self.comm[2].raw());
         let info = |i: usize| WaitInfo {
             op: Op::SplitAr as u32,
             step: i as u32,
             seq,
         };
+        // Three streams, so that chunk i's gather, chunk i+1's reduction and chunk i+2's
+        // scatter run at once.
         for i in 0..s {
             let base = bounds[i] * m; // chunk start, elements
             let sl = Slices::new((bounds[i + 1] - bounds[i]) * m, tp);
@@ -237,19 +244,21 @@ impl Overlap {
             self.t.signal(&others, Slot::RsP2p, val(seq, i), scatter)?;
             // Reduce this rank's slice: own partial + the tp-1 received copies, written
             // over the first received copy (each element is read before it is written).
-            self.ev_chunk[1 + i].wait_on(gather)?;
+            self.ev_chunk[1 + i].wait_on(reduce)?;
             self.t
-                .wait(&others, Slot::RsP2p, val(seq, i), gather, info(i))?;
+                .wait(&others, Slot::RsP2p, val(seq, i), reduce, info(i))?;
             let mine = self.buffer() + base * e;
             let mut srcs = vec![partials + (base + sl.start(r)) * e];
             srcs.extend((0..tp - 1).map(|j| mine + j * sl.step * e));
             let len = sl.len(r);
             let out = Buffer::new(mine, self.dtype, Shape::new(&[1, len.max(1)])?)?;
-            self.reduce(&out, 0, len, &srcs, len, 1, len, 0, gather, i + 1 == s)?;
+            self.reduce(&out, 0, len, &srcs, len, 1, len, 0, reduce, i + 1 == s)?;
             self.t
-                .signal(&others, Slot::ArReduced, val(seq, i), gather)?;
+                .signal(&others, Slot::ArReduced, val(seq, i), reduce)?;
+            self.ev_chunk[REDUCED_EVENTS + i].record(reduce)?;
+            // Gather: this rank's reduced slice and every peer's, from its buffer into D.
+            self.ev_chunk[REDUCED_EVENTS + i].wait_on(gather)?;
             copy_async(d + (base + sl.start(r)) * e, mine, len * e, gather)?;
-            // Gather: every peer's reduced slice, from its buffer into D.
             self.t
                 .wait(&others, Slot::ArReduced, val(seq, i), gather, info(i))?;
             for k in 1..tp {

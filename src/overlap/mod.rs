@@ -231,6 +231,10 @@ pub struct Overlap {
     called: bool,
 }
 
+/// Communication streams: 0 runs the arrival barrier and the end of every call; the
+/// others start after the barrier (the two-shot all-reduce uses all three).
+const NUM_COMM_STREAMS: usize = 3;
+
 /// Element bytes (the engine's buffers hold byte-sized or larger types).
 fn eb(d: DType) -> usize {
     d.bits() / 8
@@ -301,7 +305,7 @@ impl Overlap {
         let compute = (0..ns)
             .map(|_| Stream::new(cfg.gemm_priority))
             .collect::<Result<Vec<_>>>()?;
-        let comm = (0..2)
+        let comm = (0..NUM_COMM_STREAMS)
             .map(|_| Stream::new(cfg.comm_priority))
             .collect::<Result<Vec<_>>>()?;
         let events = |n: usize| (0..n).map(|_| Event::new()).collect::<Result<Vec<_>>>();
@@ -315,7 +319,7 @@ impl Overlap {
             dtype,
             ev_start: Event::new()?,
             ev_arrived: Event::new()?,
-            ev_comm: events(2)?,
+            ev_comm: events(NUM_COMM_STREAMS)?,
             ev_compute: events(ns)?,
             ev_chunk: events(2 * MAX_PEERS.max(64))?,
             ev_done: Event::new()?,
@@ -425,7 +429,9 @@ impl Overlap {
             },
         )?;
         self.ev_arrived.record(cs)?;
-        self.ev_arrived.wait_on(self.comm[1].raw())?;
+        for c in &self.comm[1..] {
+            self.ev_arrived.wait_on(c.raw())?;
+        }
         for s in &self.compute {
             if gate_compute {
                 self.ev_arrived.wait_on(s.raw())?
@@ -444,8 +450,10 @@ impl Overlap {
             e.record(s.raw())?;
             e.wait_on(cs)?;
         }
-        self.ev_comm[1].record(self.comm[1].raw())?;
-        self.ev_comm[1].wait_on(cs)?;
+        for (c, e) in self.comm.iter().zip(self.ev_comm.iter()).skip(1) {
+            e.record(c.raw())?;
+            e.wait_on(cs)?;
+        }
         self.t.end_call(seq, cs)?;
         self.ev_comm[0].record(cs)?;
         self.ev_comm[0].wait_on(stream)?;
