@@ -3,11 +3,11 @@
 //! it is all-reduced into D while chunk i+1 computes.
 //! - IPC, large chunks (two-shot on the copy engines): the chunk's elements are cut into
 //!   tp slices; slice q of every rank's partial is put into rank q's buffer, rank q sums
-//!   the tp copies of its slice (a local reduction: only local memory traffic), and every
-//!   rank then copies the tp reduced slices from the owners' buffers into D. Each rank
-//!   moves 2(tp-1)/tp of the chunk through NVLink, on the copy engines, while the chunk
-//!   GEMMs run on the SMs. Scatter (comm stream 0) and reduce + gather (comm stream 1)
-//!   of consecutive chunks overlap.
+//!   the tp copies of its slice (a local reduction: only local memory traffic) and puts
+//!   the reduced slice into every peer's buffer, and each rank copies the assembled chunk
+//!   into D. Each rank pushes 2(tp-1)/tp of the chunk through NVLink, on the copy
+//!   engines, while the chunk GEMMs run on the SMs. Scatter, reduce and gather of
+//!   consecutive chunks run on three streams.
 //! - IPC, small chunks (one-shot): every rank sums the whole chunk by loading it from
 //!   all the buffers (latency-bound sizes, where one kernel beats three copy steps).
 //! - NCCL: ncclAllReduce per chunk, from the buffer into D.
@@ -204,8 +204,12 @@ impl Overlap {
     }
 
     /// The copy-engine two-shot all-reduce of the chunks of `partials` (local staging)
-    /// into `d`; chunk i's region of the registered buffer receives the copies of this
-    /// rank's slice of chunk i, and its first slot then holds the reduced slice.
+    /// into `d`. Chunk i's region of every rank's registered buffer first receives the
+    /// copies of that rank's slice (tp-1 slots), then holds the whole reduced chunk: the
+    /// rank's own reduced slice and the slices its peers push, each at its place in the
+    /// chunk, so one local copy moves the chunk into D. Only pushes cross NVLink: with
+    /// every GPU pulling from all peers at once the copy engines are ~3x slower
+    /// (bench/ce_probe.cu, 4x H200: 115 GB/s pull vs 330 GB/s push per GPU).
     fn ar_two_shot(
         &mut self,
         d: usize,
@@ -228,6 +232,7 @@ impl Overlap {
         // scatter run at once.
         for i in 0..s {
             let base = bounds[i] * m; // chunk start, elements
+            let region = self.buffer() + base * e;
             let sl = Slices::new((bounds[i + 1] - bounds[i]) * m, tp);
             // Scatter: slice q of this rank's partial to rank q's region of the chunk.
             self.ev_chunk[1 + i].wait_on(scatter)?;
@@ -242,30 +247,37 @@ impl Overlap {
                 )?;
             }
             self.t.signal(&others, Slot::RsP2p, val(seq, i), scatter)?;
-            // Reduce this rank's slice: own partial + the tp-1 received copies, written
-            // over the first received copy (each element is read before it is written).
+            // Reduce this rank's slice (own partial + the tp-1 received copies) to its
+            // place in the region. That place is slot r's own range (or past the slots):
+            // each element is read before it is written, by the same thread.
             self.ev_chunk[1 + i].wait_on(reduce)?;
             self.t
                 .wait(&others, Slot::RsP2p, val(seq, i), reduce, info(i))?;
-            let mine = self.buffer() + base * e;
             let mut srcs = vec![partials + (base + sl.start(r)) * e];
-            srcs.extend((0..tp - 1).map(|j| mine + j * sl.step * e));
+            srcs.extend((0..tp - 1).map(|j| region + j * sl.step * e));
             let len = sl.len(r);
-            let out = Buffer::new(mine, self.dtype, Shape::new(&[1, len.max(1)])?)?;
-            self.reduce(&out, 0, len, &srcs, len, 1, len, 0, reduce, i + 1 == s)?;
+            let out = Buffer::new(region, self.dtype, Shape::new(&[1, sl.elems])?)?;
+            let at = sl.start(r);
+            self.reduce(&out, at, len, &srcs, len, 1, len, 0, reduce, i + 1 == s)?;
             self.t
                 .signal(&others, Slot::ArReduced, val(seq, i), reduce)?;
             self.ev_chunk[REDUCED_EVENTS + i].record(reduce)?;
-            // Gather: this rank's reduced slice and every peer's, from its buffer into D.
+            // Gather: once a peer has reduced its slice (its slots are free), push the
+            // reduced slice to its place in the peer's region; once every peer's slice
+            // is here, copy the region into D.
             self.ev_chunk[REDUCED_EVENTS + i].wait_on(gather)?;
-            copy_async(d + (base + sl.start(r)) * e, mine, len * e, gather)?;
             self.t
                 .wait(&others, Slot::ArReduced, val(seq, i), gather, info(i))?;
             for k in 1..tp {
                 let q = (r + k) % tp;
-                let src = self.t.peer_buffer(q).unwrap() + base * e;
-                copy_async(d + (base + sl.start(q)) * e, src, sl.len(q) * e, gather)?;
+                self.t
+                    .put(q, (base + at) * e, region + at * e, len * e, gather)?;
             }
+            self.t
+                .signal(&others, Slot::ArGathered, val(seq, i), gather)?;
+            self.t
+                .wait(&others, Slot::ArGathered, val(seq, i), gather, info(i))?;
+            copy_async(d + base * e, region, sl.elems * e, gather)?;
         }
         Ok(())
     }
