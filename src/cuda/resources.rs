@@ -64,6 +64,28 @@ impl Event {
         )?;
         Ok(Event(e as usize))
     }
+    /// An event with timing (for NVTE_COMM_TRACE).
+    pub fn timed() -> Result<Event> {
+        let mut e: cu::CUevent = std::ptr::null_mut();
+        // SAFETY: out pointer.
+        check(
+            unsafe { cu::cuEventCreate(&mut e, cu::CUevent_flags::CU_EVENT_DEFAULT as u32) },
+            "cuEventCreate",
+        )?;
+        Ok(Event(e as usize))
+    }
+    /// Milliseconds from `start`'s record to this event's (both completed).
+    pub fn elapsed_since(&self, start: &Event) -> Result<f32> {
+        let mut ms = 0f32;
+        // SAFETY: valid events.
+        check(
+            unsafe {
+                cu::cuEventElapsedTime_v2(&mut ms, start.0 as cu::CUevent, self.0 as cu::CUevent)
+            },
+            "cuEventElapsedTime",
+        )?;
+        Ok(ms)
+    }
     pub fn record(&self, stream: usize) -> Result<()> {
         // SAFETY: valid event; the stream is the caller's or ours.
         check(

@@ -150,6 +150,7 @@ impl Overlap {
             g.d = full.d + lo * m * e;
             self.run_gemm(&g, &guard, 0, false)?;
             self.ev_chunk[1 + i].record(self.compute[0].raw())?;
+            self.mark(self.compute[0].raw(), || format!("gemm{i}"))?;
         }
         if two_shot {
             self.ar_two_shot(db.ptr, partials, m, &bounds, seq)?;
@@ -247,18 +248,21 @@ impl Overlap {
                 )?;
             }
             self.t.signal(&others, Slot::RsP2p, val(seq, i), scatter)?;
+            self.mark(scatter, || format!("scattered{i}"))?;
             // Reduce this rank's slice (own partial + the tp-1 received copies) to its
             // place in the region. That place is slot r's own range (or past the slots):
             // each element is read before it is written, by the same thread.
             self.ev_chunk[1 + i].wait_on(reduce)?;
             self.t
                 .wait(&others, Slot::RsP2p, val(seq, i), reduce, info(i))?;
+            self.mark(reduce, || format!("received{i}"))?;
             let mut srcs = vec![partials + (base + sl.start(r)) * e];
             srcs.extend((0..tp - 1).map(|j| region + j * sl.step * e));
             let len = sl.len(r);
             let out = Buffer::new(region, self.dtype, Shape::new(&[1, sl.elems])?)?;
             let at = sl.start(r);
             self.reduce(&out, at, len, &srcs, len, 1, len, 0, reduce, i + 1 == s)?;
+            self.mark(reduce, || format!("reduced{i}"))?;
             self.t
                 .signal(&others, Slot::ArReduced, val(seq, i), reduce)?;
             self.ev_chunk[REDUCED_EVENTS + i].record(reduce)?;
@@ -268,6 +272,7 @@ impl Overlap {
             self.ev_chunk[REDUCED_EVENTS + i].wait_on(gather)?;
             self.t
                 .wait(&others, Slot::ArReduced, val(seq, i), gather, info(i))?;
+            self.mark(gather, || format!("peers_reduced{i}"))?;
             for k in 1..tp {
                 let q = (r + k) % tp;
                 self.t
@@ -275,9 +280,12 @@ impl Overlap {
             }
             self.t
                 .signal(&others, Slot::ArGathered, val(seq, i), gather)?;
+            self.mark(gather, || format!("pushed{i}"))?;
             self.t
                 .wait(&others, Slot::ArGathered, val(seq, i), gather, info(i))?;
+            self.mark(gather, || format!("gathered{i}"))?;
             copy_async(d + base * e, region, sl.elems * e, gather)?;
+            self.mark(gather, || format!("copied{i}"))?;
         }
         Ok(())
     }

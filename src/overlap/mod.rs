@@ -229,6 +229,14 @@ pub struct Overlap {
     broken: Option<Error>,
     module: std::sync::Arc<nvrtc::Module>,
     called: bool,
+    trace: Option<Trace>,
+}
+
+/// NVTE_COMM_TRACE=1: timed events at the steps of the last call, printed (per rank, in
+/// ms from the call's start) when the object is destroyed. A diagnostic, not a profiler.
+struct Trace {
+    events: Vec<Event>,
+    names: Vec<String>,
 }
 
 /// Communication streams: 0 runs the arrival barrier and the end of every call; the
@@ -331,6 +339,14 @@ impl Overlap {
             module,
             dev,
             called: false,
+            trace: if std::env::var("NVTE_COMM_TRACE").is_ok_and(|v| v == "1") {
+                Some(Trace {
+                    events: (0..256).map(|_| Event::timed()).collect::<Result<_>>()?,
+                    names: Vec::new(),
+                })
+            } else {
+                None
+            },
         })
     }
 
@@ -406,6 +422,38 @@ impl Overlap {
         Ok(guard)
     }
 
+    /// NVTE_COMM_TRACE: mark a step of this call on `stream`.
+    fn mark(&mut self, stream: usize, name: impl FnOnce() -> String) -> Result<()> {
+        if let Some(t) = &mut self.trace
+            && t.names.len() < t.events.len()
+        {
+            t.events[t.names.len()].record(stream)?;
+            t.names.push(name());
+        }
+        Ok(())
+    }
+
+    fn print_trace(&self) {
+        let Some(t) = &self.trace else { return };
+        if t.names.is_empty() {
+            return;
+        }
+        // Completed: quiesce synchronized every stream.
+        let mut rows: Vec<(f32, &str)> = Vec::new();
+        for (e, n) in t.events.iter().zip(&t.names) {
+            rows.push((e.elapsed_since(&t.events[0]).unwrap_or(f32::NAN), n));
+        }
+        rows.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let mut out = format!(
+            "[te_comm trace] world rank {} (last call):",
+            self.world_rank
+        );
+        for (ms, n) in rows {
+            out += &format!(" {n}={ms:.3}");
+        }
+        eprintln!("{out}");
+    }
+
     /// Start a call: a new sequence number, then an arrival barrier of the group on comm
     /// stream 0. A peer signals arrival only after its previous call completed on its GPU,
     /// so passing the barrier also means no peer still touches any buffer for the last
@@ -416,6 +464,10 @@ impl Overlap {
         self.seq += 1;
         self.called = true;
         let seq = self.seq;
+        if let Some(t) = &mut self.trace {
+            t.names.clear();
+        }
+        self.mark(stream, || "start".into())?;
         self.ev_start.record(stream)?;
         let cs = self.comm[0].raw();
         self.ev_start.wait_on(cs)?;
@@ -429,6 +481,7 @@ impl Overlap {
             },
         )?;
         self.ev_arrived.record(cs)?;
+        self.mark(cs, || "arrived".into())?;
         for c in &self.comm[1..] {
             self.ev_arrived.wait_on(c.raw())?;
         }
@@ -455,6 +508,7 @@ impl Overlap {
             e.wait_on(cs)?;
         }
         self.t.end_call(seq, cs)?;
+        self.mark(cs, || "end".into())?;
         self.ev_comm[0].record(cs)?;
         self.ev_comm[0].wait_on(stream)?;
         self.ev_done.record(stream)
@@ -747,6 +801,7 @@ impl Overlap {
 impl Drop for Overlap {
     fn drop(&mut self) {
         self.quiesce();
+        self.print_trace();
     }
 }
 
