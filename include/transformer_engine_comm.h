@@ -110,7 +110,7 @@ typedef enum NVTECommGemmAlgoType {
 
 #define TRANSPORT_NCCL 2
 
-#define NUM_SLOTS 9
+#define NUM_SLOTS 8
 
 #define MAX_PEERS 16
 

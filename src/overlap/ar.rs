@@ -6,8 +6,8 @@
 //!   the tp copies of its slice (a local reduction: only local memory traffic) and puts
 //!   the reduced slice into every peer's buffer, and each rank copies the assembled chunk
 //!   into D. Each rank pushes 2(tp-1)/tp of the chunk through NVLink, on the copy
-//!   engines, while the chunk GEMMs run on the SMs. Scatter, reduce and gather of
-//!   consecutive chunks run on three streams.
+//!   engines, while the chunk GEMMs run on the SMs. Needs a buffer of twice D (else
+//!   one-shot).
 //! - IPC, small chunks (one-shot): every rank sums the whole chunk by loading it from
 //!   all the buffers (latency-bound sizes, where one kernel beats three copy steps).
 //! - NCCL: ncclAllReduce per chunk, from the buffer into D.
@@ -107,6 +107,7 @@ impl Overlap {
         // registered buffer that peers load from (one-shot) or NCCL reads.
         let two_shot = nccl_comm.is_none()
             && tp > 1
+            && 2 * n * m * e <= self.t.buffer_bytes()
             && bounds.windows(2).all(|w| {
                 let rows = w[1] - w[0];
                 rows * m * e > ONE_SHOT_MAX_BYTES && Slices::new(rows * m, tp).fits()
@@ -205,12 +206,15 @@ impl Overlap {
     }
 
     /// The copy-engine two-shot all-reduce of the chunks of `partials` (local staging)
-    /// into `d`. Chunk i's region of every rank's registered buffer first receives the
-    /// copies of that rank's slice (tp-1 slots), then holds the whole reduced chunk: the
-    /// rank's own reduced slice and the slices its peers push, each at its place in the
-    /// chunk, so one local copy moves the chunk into D. Only pushes cross NVLink: with
-    /// every GPU pulling from all peers at once the copy engines are ~3x slower
-    /// (bench/ce_probe.cu, 4x H200: 115 GB/s pull vs 330 GB/s push per GPU).
+    /// into `d`. The registered buffer is used as two [n, m] halves: chunk i's region of
+    /// the first receives the tp-1 copies of this rank's slice (slots), its region of
+    /// the second assembles the reduced chunk (this rank's slice from the reduction, the
+    /// others pushed by their owners), and one local copy moves it into D. Only pushes
+    /// cross NVLink: with every GPU pulling from all peers at once the copy engines are
+    /// ~3x slower (bench/ce_probe.cu, 4x H200: 115 GB/s pull vs 330 GB/s push per GPU).
+    /// Four streams (scatter, reduce, gather, land), so that the steps of consecutive
+    /// chunks overlap; the only cross-rank waits are "slices received" before a
+    /// reduction and "reduced slices received" before the copy into D.
     fn ar_two_shot(
         &mut self,
         d: usize,
@@ -221,21 +225,21 @@ impl Overlap {
     ) -> Result<()> {
         let (tp, r, e) = (self.tp(), self.tp_rank(), eb(self.dtype));
         let s = bounds.len() - 1;
+        let n = bounds[s];
         let others = self.others();
-        let (scatter, reduce, gather) =
-            (self.comm[0].raw(), self.comm[1].raw(), self.comm[2].raw());
+        let [scatter, reduce, gather, land] = [0, 1, 2, 3].map(|j| self.comm[j].raw());
         let info = |i: usize| WaitInfo {
             op: Op::SplitAr as u32,
             step: i as u32,
             seq,
         };
-        // Three streams, so that chunk i's gather, chunk i+1's reduction and chunk i+2's
-        // scatter run at once.
+        let assembled = n * m; // element offset of the second half
         for i in 0..s {
             let base = bounds[i] * m; // chunk start, elements
-            let region = self.buffer() + base * e;
+            let slots = self.buffer() + base * e;
             let sl = Slices::new((bounds[i + 1] - bounds[i]) * m, tp);
-            // Scatter: slice q of this rank's partial to rank q's region of the chunk.
+            let (at, len) = (sl.start(r), sl.len(r));
+            // Scatter: slice q of this rank's partial to rank q's slots.
             self.ev_chunk[1 + i].wait_on(scatter)?;
             for k in 1..tp {
                 let q = (r + k) % tp;
@@ -249,43 +253,51 @@ impl Overlap {
             }
             self.t.signal(&others, Slot::RsP2p, val(seq, i), scatter)?;
             self.mark(scatter, || format!("scattered{i}"))?;
-            // Reduce this rank's slice (own partial + the tp-1 received copies) to its
-            // place in the region. That place is slot r's own range (or past the slots):
-            // each element is read before it is written, by the same thread.
+            // Reduce: own partial + the tp-1 received copies, into the assembled chunk.
             self.ev_chunk[1 + i].wait_on(reduce)?;
             self.t
                 .wait(&others, Slot::RsP2p, val(seq, i), reduce, info(i))?;
             self.mark(reduce, || format!("received{i}"))?;
-            let mut srcs = vec![partials + (base + sl.start(r)) * e];
-            srcs.extend((0..tp - 1).map(|j| region + j * sl.step * e));
-            let len = sl.len(r);
-            let out = Buffer::new(region, self.dtype, Shape::new(&[1, sl.elems])?)?;
-            let at = sl.start(r);
-            self.reduce(&out, at, len, &srcs, len, 1, len, 0, reduce, i + 1 == s)?;
-            self.mark(reduce, || format!("reduced{i}"))?;
-            self.t
-                .signal(&others, Slot::ArReduced, val(seq, i), reduce)?;
+            let mut srcs = vec![partials + (base + at) * e];
+            srcs.extend((0..tp - 1).map(|j| slots + j * sl.step * e));
+            let out = Buffer::new(self.buffer(), self.dtype, Shape::new(&[2 * n, m])?)?;
+            self.reduce(
+                &out,
+                assembled + base + at,
+                len,
+                &srcs,
+                len,
+                1,
+                len,
+                0,
+                reduce,
+                i + 1 == s,
+            )?;
             self.ev_chunk[REDUCED_EVENTS + i].record(reduce)?;
-            // Gather: once a peer has reduced its slice (its slots are free), push the
-            // reduced slice to its place in the peer's region; once every peer's slice
-            // is here, copy the region into D.
+            self.mark(reduce, || format!("reduced{i}"))?;
+            // Gather: the reduced slice to its place in every peer's assembled chunk.
             self.ev_chunk[REDUCED_EVENTS + i].wait_on(gather)?;
-            self.t
-                .wait(&others, Slot::ArReduced, val(seq, i), gather, info(i))?;
-            self.mark(gather, || format!("peers_reduced{i}"))?;
+            let src = self.buffer() + (assembled + base + at) * e;
             for k in 1..tp {
                 let q = (r + k) % tp;
                 self.t
-                    .put(q, (base + at) * e, region + at * e, len * e, gather)?;
+                    .put(q, (assembled + base + at) * e, src, len * e, gather)?;
             }
             self.t
                 .signal(&others, Slot::ArGathered, val(seq, i), gather)?;
             self.mark(gather, || format!("pushed{i}"))?;
+            // Land: once every peer's slice is here, the assembled chunk into D.
+            self.ev_chunk[REDUCED_EVENTS + i].wait_on(land)?;
             self.t
-                .wait(&others, Slot::ArGathered, val(seq, i), gather, info(i))?;
-            self.mark(gather, || format!("gathered{i}"))?;
-            copy_async(d + base * e, region, sl.elems * e, gather)?;
-            self.mark(gather, || format!("copied{i}"))?;
+                .wait(&others, Slot::ArGathered, val(seq, i), land, info(i))?;
+            self.mark(land, || format!("gathered{i}"))?;
+            copy_async(
+                d + base * e,
+                self.buffer() + (assembled + base) * e,
+                sl.elems * e,
+                land,
+            )?;
+            self.mark(land, || format!("copied{i}"))?;
         }
         Ok(())
     }

@@ -240,8 +240,8 @@ struct Trace {
 }
 
 /// Communication streams: 0 runs the arrival barrier and the end of every call; the
-/// others start after the barrier (the two-shot all-reduce uses all three).
-const NUM_COMM_STREAMS: usize = 3;
+/// others start after the barrier (the two-shot all-reduce uses all four).
+const NUM_COMM_STREAMS: usize = 4;
 
 /// Element bytes (the engine's buffers hold byte-sized or larger types).
 fn eb(d: DType) -> usize {

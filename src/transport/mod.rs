@@ -28,13 +28,11 @@ pub enum Slot {
     Done = 5,
     /// "I entered call seq" (signalled after my previous call completed on my GPU)
     Arrive = 6,
-    /// all-reduce (two-shot): "my slice of chunk i is reduced"
-    ArReduced = 7,
     /// all-reduce (two-shot): "my reduced slice of chunk i has landed in your buffer"
-    ArGathered = 8,
+    ArGathered = 7,
 }
 
-pub const NUM_SLOTS: usize = 9;
+pub const NUM_SLOTS: usize = 8;
 pub const MAX_PEERS: usize = 16;
 
 /// What a wait is for: reported in the timeout message.
