@@ -94,6 +94,40 @@ extern "C" __global__ void put_bytes(u8 *dst, const u8 *src, u64 bytes) {
   }
 }
 
+// Up to MAX_PEERS independent copies in one launch (the gather step of the all-reduce:
+// each peer's reduced slice, loaded from its buffer, into the local output). Every
+// thread keeps four 16-byte loads in flight; unaligned segments go byte by byte.
+struct CopySet {
+  const u8 *src[MAX_PEERS];
+  u8 *dst[MAX_PEERS];
+  u64 bytes[MAX_PEERS];
+  u32 n;
+};
+
+extern "C" __global__ void copy_segments(CopySet s) {
+  const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+  const u64 stride = (u64)gridDim.x * blockDim.x;
+  for (u32 k = 0; k < s.n; ++k) {
+    const u8 *src = s.src[k];
+    u8 *dst = s.dst[k];
+    const u64 bytes = s.bytes[k];
+    if ((((u64)dst | (u64)src) & 15) == 0) {
+      const u64 n16 = bytes >> 4;
+      const uint4 *a = (const uint4 *)src;
+      uint4 *b = (uint4 *)dst;
+      u64 i = tid;
+      for (; i + 3 * stride < n16; i += 4 * stride) {
+        uint4 x0 = a[i], x1 = a[i + stride], x2 = a[i + 2 * stride], x3 = a[i + 3 * stride];
+        b[i] = x0, b[i + stride] = x1, b[i + 2 * stride] = x2, b[i + 3 * stride] = x3;
+      }
+      for (; i < n16; i += stride) b[i] = a[i];
+      for (u64 j = (n16 << 4) + tid; j < bytes; j += stride) dst[j] = src[j];
+    } else {
+      for (u64 j = tid; j < bytes; j += stride) dst[j] = src[j];
+    }
+  }
+}
+
 // ---------------------------------------------------------------- reductions
 struct SrcSet {
   const void *src[MAX_PEERS];

@@ -400,8 +400,7 @@ impl CommGemmCtx {
                 }
                 let de = dt.bits() / 8;
                 if c.kind == Kind::AllReduce {
-                    // Twice D: the two-shot all-reduce's receive slots and assembly.
-                    let eng = self.engine(dt, 2 * n * m * de)?;
+                    let eng = self.engine(dt, n * m * de)?;
                     self.engines[eng].set_comm_sms(comm_sms)?;
                     let args = ArArgs {
                         a: c.a,

@@ -1,18 +1,15 @@
 //! GEMM + all-reduce, pipelined: the GEMM (k split across ranks, so every rank holds a
 //! partial [n, m]) is split into `num_splits` row chunks; as soon as chunk i is computed
 //! it is all-reduced into D while chunk i+1 computes.
-//! - IPC, large chunks (two-shot on the copy engines): the chunk's elements are cut into
-//!   tp slices; slice q of every rank's partial is put into rank q's buffer, rank q sums
-//!   the tp copies of its slice (a local reduction: only local memory traffic) and puts
-//!   the reduced slice into every peer's buffer, and each rank copies the assembled chunk
-//!   into D. Each rank pushes 2(tp-1)/tp of the chunk through NVLink, on the copy
-//!   engines, while the chunk GEMMs run on the SMs. Needs a buffer of twice D (else
-//!   one-shot).
+//! - IPC, large chunks (two-shot): the chunk's elements are cut into tp slices; slice q
+//!   of every rank's partial is pushed into rank q's buffer by the copy engines, rank q
+//!   sums the tp copies of its slice (a local reduction), and every rank loads the
+//!   reduced slices from their owners' buffers into D. Each rank sends and receives
+//!   2(tp-1)/tp of the chunk, while the chunk GEMMs run on the other SMs.
 //! - IPC, small chunks (one-shot): every rank sums the whole chunk by loading it from
 //!   all the buffers (latency-bound sizes, where one kernel beats three copy steps).
 //! - NCCL: ncclAllReduce per chunk, from the buffer into D.
 use super::{Op, Overlap, eb, val};
-use crate::cuda::resources::copy_async;
 use crate::error::Result;
 use crate::gemm::{self, Epilogue, TeGemm};
 use crate::tensor::{Buffer, Shape, Tensor};
@@ -107,7 +104,6 @@ impl Overlap {
         // registered buffer that peers load from (one-shot) or NCCL reads.
         let two_shot = nccl_comm.is_none()
             && tp > 1
-            && 2 * n * m * e <= self.t.buffer_bytes()
             && bounds.windows(2).all(|w| {
                 let rows = w[1] - w[0];
                 rows * m * e > ONE_SHOT_MAX_BYTES && Slices::new(rows * m, tp).fits()
@@ -205,16 +201,15 @@ impl Overlap {
         Ok(())
     }
 
-    /// The copy-engine two-shot all-reduce of the chunks of `partials` (local staging)
-    /// into `d`. The registered buffer is used as two [n, m] halves: chunk i's region of
-    /// the first receives the tp-1 copies of this rank's slice (slots), its region of
-    /// the second assembles the reduced chunk (this rank's slice from the reduction, the
-    /// others pushed by their owners), and one local copy moves it into D. Only pushes
-    /// cross NVLink: with every GPU pulling from all peers at once the copy engines are
-    /// ~3x slower (bench/ce_probe.cu, 4x H200: 115 GB/s pull vs 330 GB/s push per GPU).
-    /// Four streams (scatter, reduce, gather, land), so that the steps of consecutive
-    /// chunks overlap; the only cross-rank waits are "slices received" before a
-    /// reduction and "reduced slices received" before the copy into D.
+    /// The two-shot all-reduce of the chunks of `partials` (local staging) into `d`.
+    /// Chunk i's region of the registered buffer receives the tp-1 copies of this rank's
+    /// slice (slots); the reduction writes the reduced slice over its own place in the
+    /// region, and every rank loads the reduced slices from their owners' regions into D.
+    /// Scatter: copy-engine pushes (outbound NVLink, no SMs). Gather: SM loads (inbound;
+    /// copy-engine pulls from all peers at once run ~3x slower than pushes:
+    /// bench/ce_probe.cu, 4x H200: 115 vs 330 GB/s per GPU), which write D directly, so no
+    /// second round of flags and no local copy. Three streams (scatter, reduce, gather),
+    /// so that the steps of consecutive chunks overlap.
     fn ar_two_shot(
         &mut self,
         d: usize,
@@ -225,18 +220,16 @@ impl Overlap {
     ) -> Result<()> {
         let (tp, r, e) = (self.tp(), self.tp_rank(), eb(self.dtype));
         let s = bounds.len() - 1;
-        let n = bounds[s];
         let others = self.others();
-        let [scatter, reduce, gather, land] = [0, 1, 2, 3].map(|j| self.comm[j].raw());
+        let [scatter, reduce, gather] = [0, 1, 2].map(|j| self.comm[j].raw());
         let info = |i: usize| WaitInfo {
             op: Op::SplitAr as u32,
             step: i as u32,
             seq,
         };
-        let assembled = n * m; // element offset of the second half
         for i in 0..s {
             let base = bounds[i] * m; // chunk start, elements
-            let slots = self.buffer() + base * e;
+            let region = self.buffer() + base * e;
             let sl = Slices::new((bounds[i + 1] - bounds[i]) * m, tp);
             let (at, len) = (sl.start(r), sl.len(r));
             // Scatter: slice q of this rank's partial to rank q's slots.
@@ -253,51 +246,35 @@ impl Overlap {
             }
             self.t.signal(&others, Slot::RsP2p, val(seq, i), scatter)?;
             self.mark(scatter, || format!("scattered{i}"))?;
-            // Reduce: own partial + the tp-1 received copies, into the assembled chunk.
+            // Reduce: own partial + the tp-1 received copies, written to this slice's
+            // place in the region, which is slot r's range or past the slots: each
+            // element is read before it is written, by the same thread.
             self.ev_chunk[1 + i].wait_on(reduce)?;
             self.t
                 .wait(&others, Slot::RsP2p, val(seq, i), reduce, info(i))?;
             self.mark(reduce, || format!("received{i}"))?;
             let mut srcs = vec![partials + (base + at) * e];
-            srcs.extend((0..tp - 1).map(|j| slots + j * sl.step * e));
-            let out = Buffer::new(self.buffer(), self.dtype, Shape::new(&[2 * n, m])?)?;
-            self.reduce(
-                &out,
-                assembled + base + at,
-                len,
-                &srcs,
-                len,
-                1,
-                len,
-                0,
-                reduce,
-                i + 1 == s,
-            )?;
+            srcs.extend((0..tp - 1).map(|j| region + j * sl.step * e));
+            let out = Buffer::new(region, self.dtype, Shape::new(&[1, sl.elems])?)?;
+            self.reduce(&out, at, len, &srcs, len, 1, len, 0, reduce, i + 1 == s)?;
+            self.t
+                .signal(&others, Slot::ArReduced, val(seq, i), reduce)?;
             self.ev_chunk[REDUCED_EVENTS + i].record(reduce)?;
             self.mark(reduce, || format!("reduced{i}"))?;
-            // Gather: the reduced slice to its place in every peer's assembled chunk.
+            // Gather: every reduced slice (this rank's too) from its owner into D.
             self.ev_chunk[REDUCED_EVENTS + i].wait_on(gather)?;
-            let src = self.buffer() + (assembled + base + at) * e;
-            for k in 1..tp {
-                let q = (r + k) % tp;
-                self.t
-                    .put(q, (assembled + base + at) * e, src, len * e, gather)?;
-            }
             self.t
-                .signal(&others, Slot::ArGathered, val(seq, i), gather)?;
-            self.mark(gather, || format!("pushed{i}"))?;
-            // Land: once every peer's slice is here, the assembled chunk into D.
-            self.ev_chunk[REDUCED_EVENTS + i].wait_on(land)?;
-            self.t
-                .wait(&others, Slot::ArGathered, val(seq, i), land, info(i))?;
-            self.mark(land, || format!("gathered{i}"))?;
-            copy_async(
-                d + base * e,
-                self.buffer() + (assembled + base) * e,
-                sl.elems * e,
-                land,
-            )?;
-            self.mark(land, || format!("copied{i}"))?;
+                .wait(&others, Slot::ArReduced, val(seq, i), gather, info(i))?;
+            self.mark(gather, || format!("peers_reduced{i}"))?;
+            let segs: Vec<(usize, usize, usize)> = (0..tp)
+                .map(|k| {
+                    let q = (r + k) % tp;
+                    let off = (base + sl.start(q)) * e;
+                    (d + off, self.t.peer_buffer(q).unwrap() + off, sl.len(q) * e)
+                })
+                .collect();
+            self.copy_segments(&segs, gather, i + 1 == s)?;
+            self.mark(gather, || format!("gathered{i}"))?;
         }
         Ok(())
     }

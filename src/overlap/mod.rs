@@ -240,8 +240,8 @@ struct Trace {
 }
 
 /// Communication streams: 0 runs the arrival barrier and the end of every call; the
-/// others start after the barrier (the two-shot all-reduce uses all four).
-const NUM_COMM_STREAMS: usize = 4;
+/// others start after the barrier (the two-shot all-reduce uses all three).
+const NUM_COMM_STREAMS: usize = 3;
 
 /// Element bytes (the engine's buffers hold byte-sized or larger types).
 fn eb(d: DType) -> usize {
@@ -646,6 +646,58 @@ impl Overlap {
         };
         let blocks = (work.div_ceil(512) as u32).clamp(1, cap);
         cuda::launch(f, (blocks, 1, 1), (512, 1, 1), 0, stream, &mut args, &name)
+    }
+
+    /// Copy each (dst, src, bytes) segment (up to MAX_PEERS; either side may be a peer's
+    /// buffer) with one SM kernel on `stream`; `tail` as for [`Overlap::reduce`].
+    fn copy_segments(
+        &self,
+        segs: &[(usize, usize, usize)],
+        stream: usize,
+        tail: bool,
+    ) -> Result<()> {
+        #[repr(C)]
+        struct CopySet {
+            src: [u64; MAX_PEERS],
+            dst: [u64; MAX_PEERS],
+            bytes: [u64; MAX_PEERS],
+            n: u32,
+        }
+        let mut set = CopySet {
+            src: [0; MAX_PEERS],
+            dst: [0; MAX_PEERS],
+            bytes: [0; MAX_PEERS],
+            n: 0,
+        };
+        let mut total = 0;
+        for &(d, s, b) in segs.iter().filter(|x| x.2 > 0) {
+            let k = set.n as usize;
+            set.dst[k] = d as u64;
+            set.src[k] = s as u64;
+            set.bytes[k] = b as u64;
+            set.n += 1;
+            total += b;
+        }
+        if set.n == 0 {
+            return Ok(());
+        }
+        let f = self.module.function("copy_segments")?;
+        let mut args = [arg(&set)];
+        let cap = if tail {
+            4 * self.dev.sm_count as u32
+        } else {
+            2 * self.cfg.num_comm_sm as u32
+        };
+        let blocks = (total.div_ceil(16 * 512 * 4) as u32).clamp(1, cap);
+        cuda::launch(
+            f,
+            (blocks, 1, 1),
+            (512, 1, 1),
+            0,
+            stream,
+            &mut args,
+            "copy_segments",
+        )
     }
 
     /// Error unless a [rows, cols] matrix of the buffer's dtype fits the buffer.

@@ -28,8 +28,8 @@ pub enum Slot {
     Done = 5,
     /// "I entered call seq" (signalled after my previous call completed on my GPU)
     Arrive = 6,
-    /// all-reduce (two-shot): "my reduced slice of chunk i has landed in your buffer"
-    ArGathered = 7,
+    /// all-reduce (two-shot): "my slice of chunk i is reduced (load it)"
+    ArReduced = 7,
 }
 
 pub const NUM_SLOTS: usize = 8;
