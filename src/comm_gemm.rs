@@ -400,7 +400,8 @@ impl CommGemmCtx {
                 }
                 let de = dt.bits() / 8;
                 if c.kind == Kind::AllReduce {
-                    let eng = self.engine(dt, n * m * de)?;
+                    // Twice D: the ring all-reduce's partials and gathered rows.
+                    let eng = self.engine(dt, 2 * n * m * de)?;
                     self.engines[eng].set_comm_sms(comm_sms)?;
                     let args = ArArgs {
                         a: c.a,

@@ -232,12 +232,18 @@ int main(int argc, char **argv) {
     for (const Shape &s : uneven)
       for (const Layout &l : layouts)
         run_case(e, ctx, transport, s.op, s.m, s.n, s.k, bf, bf, bf, l.ta, l.tb, true, ++seed);
-    for (const Shape &s : large_ar)
-      for (const Types &t : {types[0], types[1], types[2]})
-        for (const Layout &l : layouts) {
-          if (is_fp8(t.a) && (!(l.ta && !l.tb) || s.m % 16 || s.k % (16 * e.size))) continue;  // FP8: TN, 16-aligned
-          run_case(e, ctx, transport, s.op, s.m, s.n, s.k, t.a, t.b, t.d, l.ta, l.tb, true, ++seed, 20);
-        }
+    // Both IPC all-reduce algorithms (the NCCL transport ignores the choice).
+    for (const char *algo : {"chunked", "ring"}) {
+      setenv("NVTE_COMM_AR_ALGO", algo, 1);
+      for (const Shape &s : large_ar)
+        for (const Types &t : {types[0], types[1], types[2]})
+          for (const Layout &l : layouts) {
+            if (is_fp8(t.a) && (!(l.ta && !l.tb) || s.m % 16 || s.k % (16 * e.size))) continue;  // FP8: TN, 16-aligned
+            std::string tag = std::string(transport) + " AR=" + algo;
+            run_case(e, ctx, tag.c_str(), s.op, s.m, s.n, s.k, t.a, t.b, t.d, l.ta, l.tb, true, ++seed, 20);
+          }
+    }
+    unsetenv("NVTE_COMM_AR_ALGO");
     errors(e, ctx);
     nvte_comm_gemm_ctx_destroy(ctx);
     MPI_Barrier(MPI_COMM_WORLD);

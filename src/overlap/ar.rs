@@ -9,6 +9,7 @@
 //! - IPC, small chunks (one-shot): every rank sums the whole chunk by loading it from
 //!   all the buffers (latency-bound sizes, where one kernel beats three copy steps).
 //! - NCCL: ncclAllReduce per chunk, from the buffer into D.
+use super::rs::RsArgs;
 use super::{Op, Overlap, eb, val};
 use crate::error::Result;
 use crate::gemm::{self, Epilogue, TeGemm};
@@ -74,9 +75,31 @@ impl Slices {
     }
 }
 
+/// How a GEMM + all-reduce runs over IPC (NVTE_COMM_AR_ALGO = auto | ring | chunked).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ArAlgo {
+    /// ring reduce-scatter (GEMM per destination rows, copy-engine pushes), then the
+    /// reduced rows pushed to every peer
+    Ring,
+    /// row chunks, each all-reduced (one-shot or two-shot) while the next computes
+    Chunked,
+}
+
 impl Overlap {
+    fn ar_algo(&self, n: usize, m: usize) -> ArAlgo {
+        let (tp, e) = (self.tp(), eb(self.dtype));
+        let ring_fits = self.t.nccl_comm().is_none()
+            && tp > 1
+            && n % tp == 0
+            && 2 * n * m * e <= self.t.buffer_bytes();
+        let want = std::env::var("NVTE_COMM_AR_ALGO").unwrap_or_default();
+        match want.trim() {
+            "ring" if ring_fits => ArAlgo::Ring,
+            _ => ArAlgo::Chunked,
+        }
+    }
+
     pub fn split_ar(&mut self, x: &ArArgs, stream: usize) -> Result<()> {
-        let guard = self.enter(stream)?;
         let tp = self.tp();
         let db = &x.d.data;
         if db.dtype != self.dtype || self.dtype.is_fp8() {
@@ -91,10 +114,37 @@ impl Overlap {
                 "accumulate = true with an all-reduce would add D to every rank's partial"
             );
         }
+        if x.pre_gelu_out.is_some() || (x.grad && x.bias.is_some()) {
+            unsupported!(
+                "GELU and bias-gradient epilogues cannot be applied to partial sums before the all-reduce"
+            );
+        }
         let Some((n, m)) = db.rows_cols() else {
             invalid!("tensor `D` must have at least 2 dimensions")
         };
         let e = eb(self.dtype);
+        if self.ar_algo(n, m) == ArAlgo::Ring {
+            let r = self.tp_rank();
+            let nc = n / tp;
+            let mut rows = Tensor::default();
+            rows.data = Buffer::new(db.ptr + r * nc * m * e, db.dtype, Shape::new(&[nc, m])?)?;
+            let rs = RsArgs {
+                a: x.a,
+                transa: x.transa,
+                b: x.b,
+                transb: x.transb,
+                d: None,
+                bias: x.bias,
+                pre_gelu_out: x.pre_gelu_out,
+                grad: x.grad,
+                workspace: x.workspace,
+                accumulate: false,
+                use_split_accumulator: x.use_split_accumulator,
+                rs_output: &rows,
+            };
+            return self.ring_ar(&rs, db.ptr, stream);
+        }
+        let guard = self.enter(stream)?;
         self.check_capacity("the GEMM output", [n, m])?;
         let s = (self.cfg.num_splits as usize).clamp(1, n.max(1));
         let bounds: Vec<usize> = (0..=s).map(|i| i * n / s).collect();

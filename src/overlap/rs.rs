@@ -18,6 +18,8 @@
 //! Measured on 4x H200, tp 4, bf16 (bench/RESULTS.md): ring RS (CE) geomean 1.10x
 //! bound in order vs 1.40x round-robin over 3 streams.
 use super::{Op, Overlap, eb, val};
+use crate::cuda::ContextGuard;
+use crate::cuda::resources::copy_async;
 use crate::error::Result;
 use crate::gemm::{self, GemmDesc, TeGemm};
 use crate::invalid;
@@ -203,10 +205,17 @@ impl Overlap {
     pub fn split_rs_p2p(&mut self, x: &RsArgs, stream: usize) -> Result<()> {
         let guard = self.enter(stream)?;
         let p = self.plan_rs(x, !self.cfg.use_ce)?;
+        // GEMMs write local staging only: they need not wait for peers.
+        let seq = self.begin(stream, Op::SplitRsP2p, false)?;
+        self.ring_rs(x, &p, &guard, seq)?;
+        self.finish(seq, stream)
+    }
+
+    /// The ring reduce-scatter of call `seq` (between begin and finish), ending with the
+    /// reduction into `x.rs_output` on comm stream 0.
+    fn ring_rs(&mut self, x: &RsArgs, p: &Plan, guard: &ContextGuard, seq: u64) -> Result<()> {
         let (tp, r) = (self.tp(), self.tp_rank());
         let staging = self.staging()?;
-        // GEMMs write local memory only (staging, own slot): they need not wait for peers.
-        let seq = self.begin(stream, Op::SplitRsP2p, false)?;
         let e = eb(self.dtype);
         let eb_b = eb(p.full.b_type);
         let slot_bytes = p.nc * p.m * e;
@@ -221,11 +230,9 @@ impl Overlap {
                 } else {
                     d * p.nc * p.full.ldb
                 } * eb_b;
-            g.d = if d == r {
-                self.buffer() + r * slot_bytes
-            } else {
-                staging + d * slot_bytes
-            };
+            // All partials go to local staging: the GEMMs never touch the registered
+            // buffer, which peers may still be loading from for the previous call.
+            g.d = staging + d * slot_bytes;
             if p.full.aux != 0 {
                 g.aux = p.full.aux + d * p.nc * p.m * eb(p.full.aux_type);
             }
@@ -233,7 +240,7 @@ impl Overlap {
                 g.bias = p.full.bias + d * p.nc * eb(p.full.bias_type);
             }
             let si = 0; // in order: see the module doc
-            self.run_gemm(&g, &guard, si, false)?;
+            self.run_gemm(&g, guard, si, false)?;
             self.ev_chunk[i].record(self.compute[si].raw())?;
         }
         // Step i: our partial for rank d = r+i+1 goes to its slot r, and the partial of
@@ -264,7 +271,15 @@ impl Overlap {
                 .exchange(&[send], &[recv], Slot::RsP2p, val(seq, i), cs, info)?;
         }
         self.ev_chunk[tp - 1].wait_on(cs)?;
-        let srcs: Vec<usize> = (0..tp).map(|s| self.buffer() + s * slot_bytes).collect();
+        let srcs: Vec<usize> = (0..tp)
+            .map(|s| {
+                if s == r {
+                    staging + r * slot_bytes
+                } else {
+                    self.buffer() + s * slot_bytes
+                }
+            })
+            .collect();
         self.reduce(
             &x.rs_output.data,
             0,
@@ -276,6 +291,49 @@ impl Overlap {
             p.scale_inv,
             cs,
             true,
+        )
+    }
+
+    /// GEMM + all-reduce as a ring reduce-scatter (each rank's rows of D reduced into D)
+    /// followed by an all-gather of the reduced rows: each rank pushes its rows into the
+    /// second half of every peer's buffer (copy engine), and every rank copies the rows
+    /// that landed into D. Needs n divisible by tp and a buffer of twice D.
+    pub(crate) fn ring_ar(&mut self, x: &RsArgs, d: usize, stream: usize) -> Result<()> {
+        let guard = self.enter(stream)?;
+        let p = self.plan_rs(x, !self.cfg.use_ce)?;
+        let (tp, r, e) = (self.tp(), self.tp_rank(), eb(self.dtype));
+        let n = p.nc * tp;
+        self.check_capacity("the all-reduce's partials and gathered rows", [2 * n, p.m])?;
+        let seq = self.begin(stream, Op::SplitAr, false)?;
+        self.ring_rs(x, &p, &guard, seq)?;
+        let cs = self.comm[0].raw();
+        let rows = p.nc * p.m * e; // bytes of one rank's rows
+        let half = n * p.m * e;
+        let others = self.others();
+        for k in 1..tp {
+            let q = (r + k) % tp;
+            self.t.put(q, half + r * rows, d + r * rows, rows, cs)?;
+        }
+        self.t.signal(&others, Slot::ArReduced, val(seq, 0), cs)?;
+        self.t.wait(
+            &others,
+            Slot::ArReduced,
+            val(seq, 0),
+            cs,
+            WaitInfo {
+                op: Op::SplitAr as u32,
+                step: 0,
+                seq,
+            },
+        )?;
+        // The peers' rows: before and after this rank's.
+        let landed = self.buffer() + half;
+        copy_async(d, landed, r * rows, cs)?;
+        copy_async(
+            d + (r + 1) * rows,
+            landed + (r + 1) * rows,
+            (tp - r - 1) * rows,
+            cs,
         )?;
         self.finish(seq, stream)
     }
