@@ -1,14 +1,23 @@
-//! GEMM + all-reduce, pipelined: the GEMM (k split across ranks, so every rank holds a
-//! partial [n, m]) is split into `num_splits` row chunks; as soon as chunk i is computed
-//! it is all-reduced into D while chunk i+1 computes.
-//! - IPC, large chunks (two-shot): the chunk's elements are cut into tp slices; slice q
-//!   of every rank's partial is pushed into rank q's buffer by the copy engines, rank q
-//!   sums the tp copies of its slice (a local reduction), and every rank loads the
-//!   reduced slices from their owners' buffers into D. Each rank sends and receives
-//!   2(tp-1)/tp of the chunk, while the chunk GEMMs run on the other SMs.
-//! - IPC, small chunks (one-shot): every rank sums the whole chunk by loading it from
-//!   all the buffers (latency-bound sizes, where one kernel beats three copy steps).
-//! - NCCL: ncclAllReduce per chunk, from the buffer into D.
+//! GEMM + all-reduce (the GEMM has k split across ranks, so every rank holds a partial
+//! [n, m]; every rank gets the sum in D). Two algorithms over IPC:
+//! - Ring (default where n is divisible by tp and the buffer holds twice D): the ring
+//!   reduce-scatter of `rs.rs` (one GEMM per destination's rows, each partial pushed by
+//!   the copy engine while the next GEMM runs) reduces this rank's rows straight into D;
+//!   then the reduced rows are pushed into every peer's buffer and copied into D there.
+//!   Only copy-engine pushes cross NVLink.
+//! - Chunked: the GEMM is split into `num_splits` row chunks; as soon as chunk i is
+//!   computed it is all-reduced into D while chunk i+1 computes:
+//!   - large chunks (two-shot): the chunk's elements are cut into tp slices; slice q of
+//!     every rank's partial is pushed into rank q's buffer by the copy engines, rank q
+//!     sums the tp copies of its slice (a local reduction), and every rank loads the
+//!     reduced slices from their owners' buffers into D;
+//!   - small chunks (one-shot): every rank sums the whole chunk by loading it from all
+//!     the buffers (latency-bound sizes, where one kernel beats three copy steps).
+//! - NCCL transport: chunked, with ncclAllReduce per chunk from the buffer into D.
+//!
+//! Measured on 2x and 4x H200 (bench/RESULTS.md, 2026-11-21): ring beat GEMM-then-
+//! ncclAllReduce on every anchor shape (0.77-0.96x) and was as fast or faster than
+//! chunked everywhere; chunked over the copy engines lost at tp 4 on two shapes.
 use super::rs::RsArgs;
 use super::{Op, Overlap, eb, val};
 use crate::error::Result;
@@ -75,7 +84,8 @@ impl Slices {
     }
 }
 
-/// How a GEMM + all-reduce runs over IPC (NVTE_COMM_AR_ALGO = auto | ring | chunked).
+/// How a GEMM + all-reduce runs over IPC (NVTE_COMM_AR_ALGO = auto | ring | chunked;
+/// auto and ring pick the ring algorithm where it applies).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum ArAlgo {
     /// ring reduce-scatter (GEMM per destination rows, copy-engine pushes), then the
@@ -92,9 +102,12 @@ impl Overlap {
             && tp > 1
             && n % tp == 0
             && 2 * n * m * e <= self.t.buffer_bytes();
+        // Auto: ring wherever it applies. Measured on 2x and 4x H200 (bench/RESULTS.md),
+        // it was as fast or faster than the chunked algorithm on every anchor shape.
         let want = std::env::var("NVTE_COMM_AR_ALGO").unwrap_or_default();
         match want.trim() {
-            "ring" if ring_fits => ArAlgo::Ring,
+            "chunked" => ArAlgo::Chunked,
+            _ if ring_fits => ArAlgo::Ring,
             _ => ArAlgo::Chunked,
         }
     }

@@ -686,10 +686,7 @@ impl Overlap {
         let cap = if tail {
             4 * self.dev.sm_count as u32
         } else {
-            std::env::var("NVTE_COMM_AR_GATHER_BLOCKS")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(2 * self.cfg.num_comm_sm as u32)
+            2 * self.cfg.num_comm_sm as u32
         };
         let blocks = (total.div_ceil(16 * 512 * 4) as u32).clamp(1, cap);
         cuda::launch(
