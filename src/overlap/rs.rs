@@ -242,6 +242,7 @@ impl Overlap {
             let si = 0; // in order: see the module doc
             self.run_gemm(&g, guard, si, false)?;
             self.ev_chunk[i].record(self.compute[si].raw())?;
+            self.mark(self.compute[si].raw(), || format!("gemm{i}"))?;
         }
         // Step i: our partial for rank d = r+i+1 goes to its slot r, and the partial of
         // rank s = r-i-1 for us lands in our slot s (the barrier at the start of the call
@@ -269,6 +270,7 @@ impl Overlap {
             };
             self.t
                 .exchange(&[send], &[recv], Slot::RsP2p, val(seq, i), cs, info)?;
+            self.mark(cs, || format!("exchanged{i}"))?;
         }
         self.ev_chunk[tp - 1].wait_on(cs)?;
         let srcs: Vec<usize> = (0..tp)
@@ -291,7 +293,8 @@ impl Overlap {
             p.scale_inv,
             cs,
             true,
-        )
+        )?;
+        self.mark(cs, || "reduced".into())
     }
 
     /// GEMM + all-reduce as a ring reduce-scatter (each rank's rows of D reduced into D)
