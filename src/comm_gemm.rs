@@ -12,13 +12,12 @@
 //! and re-created larger when a larger call arrives (collectively: every rank makes the
 //! same calls).
 use crate::bootstrap::Bootstrap;
-use crate::cuda::resources::{DeviceMem, copy_async};
-use crate::cuda::{self, ContextGuard};
+use crate::cuda::ContextGuard;
+use crate::cuda::resources::{DeviceMem, copy_2d, copy_async, memset_async};
 use crate::error::{Error, Result};
 use crate::overlap::{Config, Overlap, ag::AgArgs, ar::ArArgs, rs::RsArgs};
 use crate::tensor::{Buffer, DType, Shape, Tensor};
 use crate::{invalid, unsupported};
-use cudarc::driver::sys as cu;
 
 /// The calls of the context.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -94,57 +93,6 @@ fn rebased(t: &Tensor, ptr: usize, shape: &[usize]) -> Result<Tensor> {
     let mut c = t.clone();
     c.data = Buffer::new(ptr, t.data.dtype, Shape::new(shape)?)?;
     Ok(c)
-}
-
-fn memset_async(ptr: usize, bytes: usize, stream: usize) -> Result<()> {
-    if bytes == 0 {
-        return Ok(());
-    }
-    // SAFETY: a scratch range of `bytes` owned by the context.
-    cuda::check(
-        unsafe { cu::cuMemsetD8Async(ptr as u64, 0, bytes, stream as cu::CUstream) },
-        "cuMemsetD8Async",
-    )
-}
-
-/// Copy `rows` rows of `width` bytes between pitched device ranges.
-fn copy_2d(
-    dst: usize,
-    dst_pitch: usize,
-    src: usize,
-    src_pitch: usize,
-    width: usize,
-    rows: usize,
-    stream: usize,
-) -> Result<()> {
-    if width == 0 || rows == 0 {
-        return Ok(());
-    }
-    // Every field set explicitly (the memory-type enum has no zero value, so a zeroed
-    // descriptor is not a valid value).
-    let p = cu::CUDA_MEMCPY2D {
-        srcXInBytes: 0,
-        srcY: 0,
-        srcMemoryType: cu::CUmemorytype::CU_MEMORYTYPE_DEVICE,
-        srcHost: std::ptr::null(),
-        srcDevice: src as u64,
-        srcArray: std::ptr::null_mut(),
-        srcPitch: src_pitch,
-        dstXInBytes: 0,
-        dstY: 0,
-        dstMemoryType: cu::CUmemorytype::CU_MEMORYTYPE_DEVICE,
-        dstHost: std::ptr::null_mut(),
-        dstDevice: dst as u64,
-        dstArray: std::ptr::null_mut(),
-        dstPitch: dst_pitch,
-        WidthInBytes: width,
-        Height: rows,
-    };
-    // SAFETY: device-to-device ranges validated by the caller.
-    cuda::check(
-        unsafe { cu::cuMemcpy2DAsync_v2(&p, stream as cu::CUstream) },
-        "cuMemcpy2DAsync",
-    )
 }
 
 impl CommGemmCtx {

@@ -275,3 +275,55 @@ pub fn copy_from_host(dst: usize, src: &[u8]) -> Result<()> {
         "cuMemcpyHtoD",
     )
 }
+
+/// Zero `bytes` of device memory on `stream`.
+pub fn memset_async(ptr: usize, bytes: usize, stream: usize) -> Result<()> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    // SAFETY: a scratch range of `bytes` owned by the context.
+    check(
+        unsafe { cu::cuMemsetD8Async(ptr as u64, 0, bytes, stream as cu::CUstream) },
+        "cuMemsetD8Async",
+    )
+}
+
+/// Copy `rows` rows of `width` bytes between pitched device ranges.
+pub fn copy_2d(
+    dst: usize,
+    dst_pitch: usize,
+    src: usize,
+    src_pitch: usize,
+    width: usize,
+    rows: usize,
+    stream: usize,
+) -> Result<()> {
+    if width == 0 || rows == 0 {
+        return Ok(());
+    }
+    // Every field set explicitly (the memory-type enum has no zero value, so a zeroed
+    // descriptor is not a valid value).
+    let p = cu::CUDA_MEMCPY2D {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcMemoryType: cu::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        srcHost: std::ptr::null(),
+        srcDevice: src as u64,
+        srcArray: std::ptr::null_mut(),
+        srcPitch: src_pitch,
+        dstXInBytes: 0,
+        dstY: 0,
+        dstMemoryType: cu::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        dstHost: std::ptr::null_mut(),
+        dstDevice: dst as u64,
+        dstArray: std::ptr::null_mut(),
+        dstPitch: dst_pitch,
+        WidthInBytes: width,
+        Height: rows,
+    };
+    // SAFETY: device-to-device ranges validated by the caller.
+    check(
+        unsafe { cu::cuMemcpy2DAsync_v2(&p, stream as cu::CUstream) },
+        "cuMemcpy2DAsync",
+    )
+}

@@ -19,12 +19,12 @@
 //! bound in order vs 1.40x round-robin over 3 streams.
 use super::{Op, Overlap, eb, val};
 use crate::cuda::ContextGuard;
-use crate::cuda::resources::copy_async;
+use crate::cuda::resources::{copy_2d, copy_async};
 use crate::error::Result;
 use crate::gemm::{self, GemmDesc, TeGemm};
 use crate::invalid;
 use crate::tensor::{Buffer, Shape, Tensor};
-use crate::transport::{RecvOp, SendOp, Slot, WaitInfo};
+use crate::transport::{RecvOp, SendOp, Slot, WaitInfo, nccl};
 
 pub struct RsArgs<'a> {
     pub a: &'a Tensor,
@@ -135,8 +135,8 @@ impl Overlap {
 
     pub fn split_rs(&mut self, x: &RsArgs, stream: usize) -> Result<()> {
         if self.t.nccl_comm().is_some() {
-            // The pipelined algorithm loads from the peers' buffers; a transport without
-            // that (NCCL) runs the ring algorithm, which computes the same result.
+            // The pipelined algorithm loads from the peers' buffers; NCCL runs it with
+            // ncclReduceScatter per chunk where it can, else the ring algorithm (same result).
             return self.split_rs_p2p(x, stream);
         }
         let guard = self.enter(stream)?;
@@ -204,10 +204,71 @@ impl Overlap {
 
     pub fn split_rs_p2p(&mut self, x: &RsArgs, stream: usize) -> Result<()> {
         let guard = self.enter(stream)?;
+        if let Some(comm) = self.t.nccl_comm() {
+            let p = self.plan_rs(x, false)?;
+            if Self::nccl_sums(x, &p, self.dtype) {
+                return self.rs_nccl_chunks(&p, x, comm, &guard, stream);
+            }
+        }
         let p = self.plan_rs(x, !self.cfg.use_ce)?;
         // GEMMs write local staging only: they need not wait for peers.
         let seq = self.begin(stream, Op::SplitRsP2p, false)?;
         self.ring_rs(x, &p, &guard, seq)?;
+        self.finish(seq, stream)
+    }
+
+    /// Whether ncclReduceScatter can produce this reduce-scatter: plain sums of a 16/32-bit
+    /// buffer into an output of the same type, with no per-row epilogue output or
+    /// accumulation in the partials (FP8 partials need the scaled fp32 reduction).
+    fn nccl_sums(x: &RsArgs, p: &Plan, dtype: crate::tensor::DType) -> bool {
+        !dtype.is_fp8()
+            && x.rs_output.data.dtype == dtype
+            && !x.accumulate
+            && p.full.aux == 0
+            && p.full.epilogue != gemm::Epilogue::BGradB
+    }
+
+    /// NCCL transport: the GEMM in column chunks, each written contiguously ([n, m_i])
+    /// into local staging, and ncclReduceScatter of chunk i (into the buffer, then a 2-D
+    /// copy into its columns of `rs_output`) while chunk i+1 computes.
+    fn rs_nccl_chunks(
+        &mut self,
+        p: &Plan,
+        x: &RsArgs,
+        comm: usize,
+        guard: &ContextGuard,
+        stream: usize,
+    ) -> Result<()> {
+        let tp = self.tp();
+        let staging = self.staging()?;
+        let seq = self.begin(stream, Op::SplitRs, false)?;
+        let bounds = self.splits(p.m);
+        let (e, ea) = (eb(self.dtype), eb(p.full.a_type));
+        let n = p.nc * tp;
+        let nchunks = bounds.len() - 1;
+        for i in 0..nchunks {
+            let (lo, hi) = (bounds[i], bounds[i + 1]);
+            let mut g = p.full;
+            g.m = hi - lo;
+            g.a = p.full.a + if x.transa { lo * p.full.lda } else { lo } * ea;
+            g.d = staging + lo * n * e;
+            g.ldd = hi - lo;
+            if p.full.bias != 0 {
+                g.bias = p.full.bias + lo * eb(p.full.bias_type);
+            }
+            self.run_gemm(&g, guard, 0, false)?;
+            self.ev_chunk[1 + i].record(self.compute[0].raw())?;
+        }
+        let cs = self.comm[0].raw();
+        let out = x.rs_output.data.ptr;
+        for i in 0..nchunks {
+            let (lo, hi) = (bounds[i], bounds[i + 1]);
+            let w = hi - lo;
+            self.ev_chunk[1 + i].wait_on(cs)?;
+            let recv = self.buffer() + lo * p.nc * e;
+            nccl::reduce_scatter(comm, staging + lo * n * e, recv, p.nc * w, self.dtype, cs)?;
+            copy_2d(out + lo * e, p.m * e, recv, w * e, w * e, p.nc, cs)?;
+        }
         self.finish(seq, stream)
     }
 
