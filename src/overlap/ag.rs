@@ -5,14 +5,13 @@
 //! neighbour; every received chunk is forwarded and multiplied as soon as it lands, its
 //! output rows written straight into their place in D. Unidirectional: tp-1 steps to the
 //! next rank. Bidirectional (config `aggregate`): chunks travel both ways at once, so the
-//! gather takes about tp/2 steps, on two comm streams. NCCL transport: one ncclBroadcast
-//! per chunk instead of the ring steps.
+//! gather takes about tp/2 steps, on two comm streams.
 use super::{Op, Overlap, eb, val};
 use crate::cuda::resources::copy_async;
 use crate::error::Result;
 use crate::gemm::{self, Epilogue, TeGemm};
 use crate::tensor::{Buffer, Shape, Tensor};
-use crate::transport::{RecvOp, SendOp, Slot, WaitInfo, nccl};
+use crate::transport::{RecvOp, SendOp, Slot, WaitInfo};
 use crate::{invalid, unsupported};
 
 pub struct AgArgs<'a> {
@@ -142,31 +141,6 @@ impl Overlap {
         } else {
             bb.ptr
         };
-        // NCCL: one ncclBroadcast per chunk, roots in rank order on every rank (NCCL's
-        // pipelined broadcast moves each chunk at link speed; the ring of send / recv
-        // steps would forward every chunk through tp-1 separate NCCL calls).
-        let nccl_comm = self.t.nccl_comm();
-        let (fwd, bwd) = if nccl_comm.is_some() {
-            (0, 0)
-        } else {
-            (fwd, bwd)
-        };
-        if let Some(comm) = nccl_comm {
-            let st = self.comm[0].raw();
-            for q in 0..tp {
-                let dst = self.buffer() + off(q);
-                nccl::broadcast_bytes(
-                    comm,
-                    if q == r { local_src } else { dst },
-                    dst,
-                    chunk_bytes,
-                    q,
-                    st,
-                )?;
-                copy_out(q, st)?;
-                self.ev_chunk[q].record(st)?;
-            }
-        }
         for (dir, steps, to, from, slot) in [
             (0usize, fwd, next, prev, Slot::AgForward),
             (1, bwd, prev, next, Slot::AgBackward),
@@ -219,19 +193,14 @@ impl Overlap {
         // Off the critical path, on comm stream 1 after its ring: the shard into the
         // buffer's local chunk (the buffer holds all of B after the call), and B_copy.
         let c1 = self.comm[1].raw();
-        if nccl_comm.is_none() {
-            if !is_view {
-                copy_async(self.buffer() + off(r), bb.ptr, chunk_bytes, c1)?;
-            }
-            copy_out(r, c1)?;
+        if !is_view {
+            copy_async(self.buffer() + off(r), bb.ptr, chunk_bytes, c1)?;
         }
+        copy_out(r, c1)?;
 
         // Compute streams: the local chunk first (from the shard or the buffer, at once:
         // it is already in place), then chunks in arrival order.
         let mut order = vec![r];
-        if nccl_comm.is_some() {
-            order.extend((0..tp).filter(|&q| q != r));
-        }
         for s in 1..=fwd.max(bwd) {
             if s <= fwd {
                 order.push((r + tp - s) % tp);

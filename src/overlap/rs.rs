@@ -9,6 +9,9 @@
 //! - Ring: step i computes the rows destined for rank (r+i+1) % tp and puts them into
 //!   that rank's buffer (copy engine or SM put) while the next step computes; a final
 //!   kernel sums the tp partials that landed here.
+//! - NCCL transport, tp > 2: the GEMM in column chunks into local staging and
+//!   ncclReduceScatter per chunk while the next computes (FP8 buffers, epilogue outputs
+//!   and accumulation run the ring over send / recv).
 //! FP8 buffers: the GEMMs write FP8 partials with D's scale; the reduction dequantizes
 //! with D's scale_inv, sums in fp32 and writes bf16 / fp16 / fp32.
 //!
@@ -135,8 +138,8 @@ impl Overlap {
 
     pub fn split_rs(&mut self, x: &RsArgs, stream: usize) -> Result<()> {
         if self.t.nccl_comm().is_some() {
-            // The pipelined algorithm loads from the peers' buffers; NCCL runs it with
-            // ncclReduceScatter per chunk where it can, else the ring algorithm (same result).
+            // The pipelined algorithm loads from the peers' buffers; over NCCL the ring
+            // entry point runs ncclReduceScatter per chunk or the send/recv ring.
             return self.split_rs_p2p(x, stream);
         }
         let guard = self.enter(stream)?;
@@ -204,7 +207,12 @@ impl Overlap {
 
     pub fn split_rs_p2p(&mut self, x: &RsArgs, stream: usize) -> Result<()> {
         let guard = self.enter(stream)?;
-        if let Some(comm) = self.t.nccl_comm() {
+        // NCCL at tp > 2: ncclReduceScatter per chunk. At tp 2 the ring is one send/recv
+        // step and was faster (bench/RESULTS.md, 2026-11-21: ring 0.92-1.03x of
+        // NCCL-then-GEMM vs 1.01-1.08x; at tp 4 the collective 0.95-1.13x vs 1.10-1.60x).
+        if let Some(comm) = self.t.nccl_comm()
+            && self.tp() > 2
+        {
             let p = self.plan_rs(x, false)?;
             if Self::nccl_sums(x, &p, self.dtype) {
                 return self.rs_nccl_chunks(&p, x, comm, &guard, stream);

@@ -286,29 +286,3 @@ pub fn all_gather_bytes(
         "ncclAllGather",
     )
 }
-
-/// `bytes` from `root`'s `src` into every rank's `dst` (the root's too; src may equal dst).
-pub fn broadcast_bytes(
-    comm: usize,
-    src: usize,
-    dst: usize,
-    bytes: usize,
-    root: usize,
-    stream: usize,
-) -> Result<()> {
-    // SAFETY: src (at the root) and dst hold `bytes`.
-    check(
-        unsafe {
-            nc::ncclBroadcast(
-                src as *const c_void,
-                dst as *mut c_void,
-                bytes,
-                nc::ncclDataType_t::ncclUint8,
-                root as i32,
-                comm as nc::ncclComm_t,
-                stream as nc::cudaStream_t,
-            )
-        },
-        "ncclBroadcast",
-    )
-}
