@@ -16,8 +16,8 @@
 //! - NCCL transport: chunked, with ncclAllReduce per chunk from the buffer into D.
 //!
 //! Measured on 2x and 4x H200 (bench/RESULTS.md, 2026-11-21): ring beat GEMM-then-
-//! ncclAllReduce on every anchor shape (0.77-0.96x) and was as fast or faster than
-//! chunked everywhere; chunked over the copy engines lost at tp 4 on two shapes.
+//! ncclAllReduce on every anchor shape (0.77-0.96x) and was as fast as or faster than
+//! chunked everywhere; chunked lost to GEMM-then-ncclAllReduce at tp 4 on four of six.
 use super::rs::RsArgs;
 use super::{Op, Overlap, eb, val};
 use crate::error::Result;
