@@ -51,28 +51,25 @@ impl Drop for Stream {
     }
 }
 
-/// An event without timing, for cross-stream ordering.
+/// A CUDA event: without timing for cross-stream ordering ([`Event::new`]), or timed.
 pub struct Event(pub usize);
 
 impl Event {
-    pub fn new() -> Result<Event> {
+    fn create(flags: cu::CUevent_flags) -> Result<Event> {
         let mut e: cu::CUevent = std::ptr::null_mut();
         // SAFETY: out pointer.
         check(
-            unsafe { cu::cuEventCreate(&mut e, cu::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) },
+            unsafe { cu::cuEventCreate(&mut e, flags as u32) },
             "cuEventCreate",
         )?;
         Ok(Event(e as usize))
     }
+    pub fn new() -> Result<Event> {
+        Self::create(cu::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+    }
     /// An event with timing (for NVTE_COMM_TRACE).
     pub fn timed() -> Result<Event> {
-        let mut e: cu::CUevent = std::ptr::null_mut();
-        // SAFETY: out pointer.
-        check(
-            unsafe { cu::cuEventCreate(&mut e, cu::CUevent_flags::CU_EVENT_DEFAULT as u32) },
-            "cuEventCreate",
-        )?;
-        Ok(Event(e as usize))
+        Self::create(cu::CUevent_flags::CU_EVENT_DEFAULT)
     }
     /// Milliseconds from `start`'s record to this event's (both completed).
     pub fn elapsed_since(&self, start: &Event) -> Result<f32> {

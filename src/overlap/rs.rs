@@ -127,6 +127,23 @@ impl Overlap {
         })
     }
 
+    /// The GEMM of output columns [lo, hi) (A's rows or columns, aux and bias offset to
+    /// match), writing its place in the full D.
+    fn column_chunk(p: &Plan, transa: bool, lo: usize, hi: usize) -> GemmDesc {
+        let f = &p.full;
+        let mut g = *f;
+        g.m = hi - lo;
+        g.a = f.a + if transa { lo * f.lda } else { lo } * eb(f.a_type);
+        g.d = f.d + lo * eb(f.d_type);
+        if f.aux != 0 {
+            g.aux = f.aux + lo * eb(f.aux_type);
+        }
+        if f.bias != 0 && f.epilogue != gemm::Epilogue::BGradB {
+            g.bias = f.bias + lo * eb(f.bias_type);
+        }
+        g
+    }
+
     /// Column boundaries of the pipelined chunks (multiples of 16 where possible).
     fn splits(&self, m: usize) -> Vec<usize> {
         let s = (self.cfg.num_splits as usize).clamp(1, m.div_ceil(16).max(1));
@@ -150,20 +167,10 @@ impl Overlap {
         let seq = self.begin(stream, Op::SplitRs, true)?;
         let all: Vec<usize> = (0..tp).collect();
         let others = self.others();
-        let (e, ea) = (eb(self.dtype), eb(p.full.a_type));
+        let e = eb(self.dtype);
         let nchunks = bounds.len() - 1;
         for i in 0..nchunks {
-            let (lo, hi) = (bounds[i], bounds[i + 1]);
-            let mut g = p.full;
-            g.m = hi - lo;
-            g.a = p.full.a + if x.transa { lo * p.full.lda } else { lo } * ea;
-            g.d = p.full.d + lo * e;
-            if p.full.aux != 0 {
-                g.aux = p.full.aux + lo * eb(p.full.aux_type);
-            }
-            if p.full.bias != 0 && p.full.epilogue != gemm::Epilogue::BGradB {
-                g.bias = p.full.bias + lo * eb(p.full.bias_type);
-            }
+            let g = Self::column_chunk(&p, x.transa, bounds[i], bounds[i + 1]);
             let si = 0; // in order: see the module doc
             self.run_gemm(&g, &guard, si, false)?;
             self.ev_chunk[1 + i].record(self.compute[si].raw())?;
@@ -251,19 +258,15 @@ impl Overlap {
         let staging = self.staging()?;
         let seq = self.begin(stream, Op::SplitRs, false)?;
         let bounds = self.splits(p.m);
-        let (e, ea) = (eb(self.dtype), eb(p.full.a_type));
+        let e = eb(self.dtype);
         let n = p.nc * tp;
         let nchunks = bounds.len() - 1;
         for i in 0..nchunks {
             let (lo, hi) = (bounds[i], bounds[i + 1]);
-            let mut g = p.full;
-            g.m = hi - lo;
-            g.a = p.full.a + if x.transa { lo * p.full.lda } else { lo } * ea;
+            // Written contiguously: [n, hi - lo] at the chunk's place in staging.
+            let mut g = Self::column_chunk(p, x.transa, lo, hi);
             g.d = staging + lo * n * e;
             g.ldd = hi - lo;
-            if p.full.bias != 0 {
-                g.bias = p.full.bias + lo * eb(p.full.bias_type);
-            }
             self.run_gemm(&g, guard, 0, false)?;
             self.ev_chunk[1 + i].record(self.compute[0].raw())?;
         }
