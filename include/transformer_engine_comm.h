@@ -92,6 +92,14 @@ typedef enum NVTECommTransport {
   NVTE_COMM_TRANSPORT_NCCL = 2,
 } NVTECommTransport;
 
+/** A CUDA library this library loads at run time (nvte_comm_library_info). */
+typedef enum NVTECommLibrary {
+  NVTE_COMM_LIB_CUDA_DRIVER = 0,
+  NVTE_COMM_LIB_CUBLASLT = 1,
+  NVTE_COMM_LIB_NVRTC = 2,
+  NVTE_COMM_LIB_NCCL = 3,
+} NVTECommLibrary;
+
 /** Algorithm of the comm-GEMM calls (TE's comm_gemm.h values). The multicast and */
 /** atomic variants are not implemented and run as kNVTECommGemmAlgoSplitP2P. */
 typedef enum NVTECommGemmAlgoType {
@@ -552,6 +560,44 @@ NVTECommStatus nvte_comm_overlap_bulk(struct NVTECommOverlap *overlap,
  * timed out (the object is then unusable: every later call returns that error).
  */
 NVTECommStatus nvte_comm_overlap_synchronize(struct NVTECommOverlap *overlap);
+
+/**
+ * Load (bind) `lib` if not yet, and describe the bound copy: `*path` the file (a static
+ * string, valid for the life of the process), `*version` its version code (NCCL:
+ * ncclGetVersion, e.g. 22809; cuBLASLt: cublasLtGetVersion; driver: cuDriverGetVersion;
+ * NVRTC: major * 1000 + minor * 10), `*preloaded` whether that copy was already mapped
+ * in the process (a framework's) before this library bound it. Any out-pointer may be
+ * NULL; on error they are set to NULL / 0 / false. NCCL and cuBLASLt are bound in this
+ * order: NVTE_COMM_NCCL_LIBRARY / NVTE_COMM_CUBLASLT_LIBRARY, a copy already mapped in
+ * the process, the library search path.
+ */
+NVTECommStatus nvte_comm_library_info(NVTECommLibrary lib,
+                                      const char **path,
+                                      int32_t *version,
+                                      bool *preloaded);
+
+/**
+ * Write a new NCCL unique id (ncclGetUniqueId of the bound NCCL) into `out[0..128]`;
+ * `len` must be at least 128.
+ */
+NVTECommStatus nvte_comm_nccl_get_unique_id(uint8_t *out, size_t len);
+
+/**
+ * ncclCommInitRank through the bound NCCL, on the calling thread's current CUDA device
+ * (collective: every rank calls it with the same id). `id` holds `len` >= 128 bytes
+ * from nvte_comm_nccl_get_unique_id. `*out` is the communicator, NULL on failure.
+ */
+NVTECommStatus nvte_comm_nccl_comm_init_rank(const uint8_t *id,
+                                             size_t len,
+                                             int32_t nranks,
+                                             int32_t rank,
+                                             ncclComm_t *out);
+
+/**
+ * ncclCommDestroy through the bound NCCL, for a communicator from
+ * nvte_comm_nccl_comm_init_rank (destroy the contexts that use it first).
+ */
+NVTECommStatus nvte_comm_nccl_comm_destroy(ncclComm_t comm);
 
 /**
  * Create a tensor with the given scaling mode. Returns NULL (error recorded) for an

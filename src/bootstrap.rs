@@ -2,12 +2,12 @@
 //! barrier, either through an NCCL communicator or through the caller's callbacks (the
 //! analog of TE's ExtAllgatherOp / ExtBarrierOp, so a framework can use its own process
 //! group). Used only while creating and destroying objects, never in the hot path.
+use crate::cuda::dynlib::nccl_sys as nccl;
 use crate::cuda::resources::{DeviceMem, Stream, copy_from_host, copy_to_host};
 use crate::cuda::{self, Lib};
 use crate::error::{Error, Result};
 use crate::ffi::enums::NVTECommStatus as S;
 use crate::invalid;
-use cudarc::nccl::sys as nccl;
 use std::ffi::c_void;
 
 /// allgather(user, global, global_bytes, local, local_bytes): gather `local_bytes` from

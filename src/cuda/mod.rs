@@ -1,6 +1,7 @@
 //! CUDA driver plumbing: run-time loading checks, context handling, device properties,
 //! checked driver calls, and kernel launches. Uses cudarc's raw `sys` bindings, which
 //! load libcuda / libcublasLt / libnvrtc / libnccl on first use.
+pub mod dynlib;
 pub mod nvrtc;
 pub mod resources;
 
@@ -31,18 +32,29 @@ impl Lib {
             Lib::Nvrtc => {
                 "NVRTC (libnvrtc.so.13, from the CUDA toolkit or the nvidia-cuda-nvrtc wheel)"
             }
-            Lib::Nccl => "NCCL (libnccl.so, from libnccl-dev or the nvidia-nccl wheel)",
+            Lib::Nccl => "NCCL (libnccl.so.2, from libnccl2 or the nvidia-nccl wheel)",
         }
     }
-    fn present(self) -> bool {
-        // SAFETY: these only try to dlopen candidate names.
-        unsafe {
-            match self {
-                Lib::Driver => cu::is_culib_present(),
-                Lib::CublasLt => cudarc::cublaslt::sys::is_culib_present(),
-                Lib::Nvrtc => cudarc::nvrtc::sys::is_culib_present(),
-                Lib::Nccl => cudarc::nccl::sys::is_culib_present(),
+    /// Ok when the library can be loaded; else the reason. NCCL and cuBLASLt are bound
+    /// by [`dynlib`] (the copy already in the process first).
+    fn present(self) -> std::result::Result<(), String> {
+        let found = |ok: bool| {
+            if ok {
+                Ok(())
+            } else {
+                Err(format!(
+                    "could not load {}: not found on the library search path (set LD_LIBRARY_PATH)",
+                    self.describe()
+                ))
             }
+        };
+        match self {
+            // SAFETY: these only try to dlopen candidate names.
+            Lib::Driver => found(unsafe { cu::is_culib_present() }),
+            // SAFETY: as above.
+            Lib::Nvrtc => found(unsafe { cudarc::nvrtc::sys::is_culib_present() }),
+            Lib::CublasLt => dynlib::cublaslt().map(|_| ()),
+            Lib::Nccl => dynlib::nccl().map(|_| ()),
         }
     }
 }
@@ -50,22 +62,95 @@ impl Lib {
 /// Fail with NVTE_COMM_ERROR_LIBRARY_NOT_FOUND, naming the library, when it cannot be
 /// loaded. The answer is computed once per process and library.
 pub fn require(lib: Lib) -> Result<()> {
-    static PRESENT: Mutex<Option<HashMap<Lib, bool>>> = Mutex::new(None);
+    type Found = std::result::Result<(), String>;
+    static PRESENT: Mutex<Option<HashMap<Lib, Found>>> = Mutex::new(None);
     let mut g = PRESENT.lock().unwrap_or_else(|e| e.into_inner());
-    let ok = *g
-        .get_or_insert_with(HashMap::new)
+    g.get_or_insert_with(HashMap::new)
         .entry(lib)
-        .or_insert_with(|| lib.present());
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::new(
-            S::NVTE_COMM_ERROR_LIBRARY_NOT_FOUND,
-            format!(
-                "could not load {}: not found on the library search path (set LD_LIBRARY_PATH)",
-                lib.describe()
-            ),
-        ))
+        .or_insert_with(|| lib.present())
+        .clone()
+        .map_err(|msg| Error::new(S::NVTE_COMM_ERROR_LIBRARY_NOT_FOUND, msg))
+}
+
+/// Which file a library was bound to, its version code and whether that copy was
+/// already mapped in the process before this library loaded it.
+#[derive(Clone, Debug)]
+pub struct LibInfo {
+    pub path: String,
+    pub version: i32,
+    pub preloaded: bool,
+}
+
+/// Load (bind) `lib` if not yet and describe the bound copy. Versions: NCCL's
+/// ncclGetVersion code (22809), cublasLtGetVersion (130100), cuDriverGetVersion (13000),
+/// NVRTC major * 1000 + minor * 10.
+pub fn library_info(lib: Lib) -> Result<LibInfo> {
+    let bound = |b: std::result::Result<&'static dynlib::Bound, String>| {
+        b.map_err(|m| Error::new(S::NVTE_COMM_ERROR_LIBRARY_NOT_FOUND, m))
+    };
+    // The driver and NVRTC are loaded by cudarc: the path is the mapped copy afterwards.
+    let mapped_after = |prefix: &str, preloaded: bool| -> Result<(String, bool)> {
+        require(lib)?;
+        let path = dynlib::mapped(prefix)
+            .into_iter()
+            .next()
+            .unwrap_or_default();
+        Ok((path, preloaded))
+    };
+    match lib {
+        Lib::Nccl => {
+            let b = bound(dynlib::nccl())?;
+            let mut v = 0;
+            // SAFETY: out pointer.
+            crate::transport::nccl::check(
+                unsafe { dynlib::nccl_sys::ncclGetVersion(&mut v) },
+                "ncclGetVersion",
+            )?;
+            Ok(LibInfo {
+                path: b.path.clone(),
+                version: v,
+                preloaded: b.preloaded,
+            })
+        }
+        Lib::CublasLt => {
+            let b = bound(dynlib::cublaslt())?;
+            // SAFETY: no arguments.
+            let v = unsafe { dynlib::cublaslt_sys::cublasLtGetVersion() };
+            Ok(LibInfo {
+                path: b.path.clone(),
+                version: i32::try_from(v).unwrap_or(i32::MAX),
+                preloaded: b.preloaded,
+            })
+        }
+        Lib::Driver => {
+            static PRE: OnceCell<bool> = OnceCell::new();
+            let pre = *PRE.get_or_init(|| !dynlib::mapped("libcuda.so").is_empty());
+            let (path, preloaded) = mapped_after("libcuda.so", pre)?;
+            let mut v = 0;
+            // SAFETY: out pointer.
+            check(
+                unsafe { cu::cuDriverGetVersion(&mut v) },
+                "cuDriverGetVersion",
+            )?;
+            Ok(LibInfo {
+                path,
+                version: v,
+                preloaded,
+            })
+        }
+        Lib::Nvrtc => {
+            static PRE: OnceCell<bool> = OnceCell::new();
+            let pre = *PRE.get_or_init(|| !dynlib::mapped("libnvrtc.so").is_empty());
+            let (path, preloaded) = mapped_after("libnvrtc.so", pre)?;
+            let (mut major, mut minor) = (0, 0);
+            // SAFETY: out pointers.
+            unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+            Ok(LibInfo {
+                path,
+                version: major * 1000 + minor * 10,
+                preloaded,
+            })
+        }
     }
 }
 

@@ -7,6 +7,7 @@ mod errors;
 mod gemm;
 mod kernels;
 mod overlap;
+mod runtime;
 mod tensor;
 
 pub use enums::{NVTECommStatus, NVTEDType, NVTEScalingMode, NVTETensorParam};

@@ -2,12 +2,12 @@
 //! cuBLAS as column-major, epilogues (bias, GELU with aux, DGELU, bias gradient), FP8
 //! scaling, accumulate, fast FP8 accumulation and an SM budget. Descriptors and the
 //! heuristic's choice are cached per thread and shape ("plans").
+use crate::cuda::dynlib::cublaslt_sys as lt;
 use crate::cuda::{self, ContextGuard, Lib};
 use crate::error::{Error, Result};
 use crate::ffi::enums::NVTECommStatus as S;
 use crate::tensor::{Buffer, DType, Tensor};
 use crate::{invalid, unsupported};
-use cudarc::cublaslt::sys as lt;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::c_void;

@@ -7,13 +7,13 @@
 //! watchdogs apply); the IPC transport is the one with timed waits.
 use super::{Group, RecvOp, SendOp, Slot, Timeout, Transport, WaitInfo};
 use crate::bootstrap::{Bootstrap, Exchange};
+use crate::cuda::dynlib::nccl_sys as nc;
 use crate::cuda::resources::DeviceMem;
 use crate::cuda::{self, Lib};
 use crate::error::{Error, Result};
 use crate::ffi::enums::NVTECommStatus as S;
 use crate::tensor::DType;
 use crate::unsupported;
-use cudarc::nccl::sys as nc;
 use std::ffi::c_void;
 
 pub fn check(r: nc::ncclResult_t, call: &str) -> Result<()> {
@@ -284,5 +284,55 @@ pub fn all_gather_bytes(
             )
         },
         "ncclAllGather",
+    )
+}
+
+/// A new NCCL unique id (128 bytes) from the bound NCCL: the seed of a communicator that
+/// a framework creates for this library (the id is then broadcast by the framework).
+pub fn unique_id() -> Result<[u8; 128]> {
+    cuda::require(Lib::Nccl)?;
+    // SAFETY: zeroed POD id, filled by NCCL.
+    let mut id: nc::ncclUniqueId = unsafe { std::mem::zeroed() };
+    check(unsafe { nc::ncclGetUniqueId(&mut id) }, "ncclGetUniqueId")?;
+    let mut out = [0u8; 128];
+    for (o, c) in out.iter_mut().zip(id.internal.iter()) {
+        *o = *c as u8;
+    }
+    Ok(out)
+}
+
+/// ncclCommInitRank through the bound NCCL on the calling thread's current device
+/// (collective over the `nranks` callers of the same id).
+pub fn comm_init_rank(id: &[u8; 128], nranks: i32, rank: i32) -> Result<usize> {
+    if nranks <= 0 || rank < 0 || rank >= nranks {
+        crate::invalid!(
+            "`nranks` = {nranks} and `rank` = {rank} are inconsistent (need 0 <= rank < nranks)"
+        );
+    }
+    cuda::require(Lib::Nccl)?;
+    // SAFETY: zeroed POD id, then filled from the caller's bytes.
+    let mut uid: nc::ncclUniqueId = unsafe { std::mem::zeroed() };
+    for (c, b) in uid.internal.iter_mut().zip(id.iter()) {
+        *c = *b as std::ffi::c_char;
+    }
+    let mut comm: nc::ncclComm_t = std::ptr::null_mut();
+    // SAFETY: out pointer; the id came from ncclGetUniqueId on one of the ranks.
+    check(
+        unsafe { nc::ncclCommInitRank(&mut comm, nranks, uid, rank) },
+        "ncclCommInitRank",
+    )?;
+    Ok(comm as usize)
+}
+
+/// ncclCommDestroy of a communicator created by [`comm_init_rank`].
+pub fn comm_destroy(comm: usize) -> Result<()> {
+    if comm == 0 {
+        crate::invalid!("argument `comm` is NULL");
+    }
+    cuda::require(Lib::Nccl)?;
+    // SAFETY: the caller passes a live communicator it owns.
+    check(
+        unsafe { nc::ncclCommDestroy(comm as nc::ncclComm_t) },
+        "ncclCommDestroy",
     )
 }
