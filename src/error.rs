@@ -55,45 +55,75 @@ macro_rules! unsupported {
 
 struct LastError {
     status: NVTECommStatus,
-    msg: CString,
+    /// None: no message ("").
+    msg: Option<CString>,
 }
 
 thread_local! {
-    static LAST: RefCell<LastError> = RefCell::new(LastError {
-        status: NVTECommStatus::NVTE_COMM_SUCCESS,
-        msg: CString::default(),
-    });
+    static LAST: RefCell<LastError> = const {
+        RefCell::new(LastError {
+            status: NVTECommStatus::NVTE_COMM_SUCCESS,
+            msg: None,
+        })
+    };
+}
+
+/// Where errors go on a thread whose thread-locals are already destroyed (an `atexit`
+/// handler, a C++ static destructor, a thread-key destructor): one shared slot, so that
+/// the library still reports instead of panicking outside the firewall (which aborts).
+static TEARDOWN: std::sync::Mutex<LastError> = std::sync::Mutex::new(LastError {
+    status: NVTECommStatus::NVTE_COMM_SUCCESS,
+    msg: None,
+});
+
+/// Run `f` on the calling thread's slot, or on the shared teardown slot once the
+/// thread's locals are gone. Never panics.
+fn with_last<R>(f: impl Fn(&mut LastError) -> R) -> R {
+    match LAST.try_with(|l| l.try_borrow_mut().ok().map(|mut l| f(&mut l))) {
+        Ok(Some(r)) => r,
+        _ => f(&mut TEARDOWN.lock().unwrap_or_else(|e| e.into_inner())),
+    }
 }
 
 pub fn set_last_error(func: &str, e: &Error) {
     let text = format!("{func}: {}", e.msg).replace('\0', "\\0");
     if std::env::var_os("NVTE_COMM_DEBUG").is_some() {
-        eprintln!("[transformer_engine_comm] {text} ({})", e.status);
+        // Never eprintln!: it panics when stderr is a closed pipe (SIGPIPE ignored).
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr().lock(),
+            "[transformer_engine_comm] {text} ({})",
+            e.status
+        );
     }
-    LAST.with(|l| {
-        let mut l = l.borrow_mut();
+    let msg = CString::new(text).unwrap_or_default();
+    with_last(|l| {
         l.status = e.status;
-        l.msg = CString::new(text).unwrap_or_default();
+        l.msg = Some(msg.clone());
     });
 }
 
 pub fn clear_last_error() {
-    LAST.with(|l| {
-        let mut l = l.borrow_mut();
+    with_last(|l| {
         l.status = NVTECommStatus::NVTE_COMM_SUCCESS;
-        l.msg = CString::default();
+        l.msg = None;
     });
 }
 
 /// Pointer to the thread's last message; valid until the thread's next library call.
 pub fn last_error_ptr() -> *const std::ffi::c_char {
-    LAST.with(|l| l.borrow().msg.as_ptr())
+    with_last(|l| l.msg.as_ref().map_or(c"".as_ptr(), |m| m.as_ptr()))
 }
 
 pub fn last_status() -> NVTECommStatus {
-    LAST.with(|l| l.borrow().status)
+    with_last(|l| l.status)
 }
 
 pub fn last_error_string() -> String {
-    LAST.with(|l| l.borrow().msg.to_string_lossy().into_owned())
+    with_last(|l| {
+        l.msg
+            .as_ref()
+            .map(|m| m.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    })
 }

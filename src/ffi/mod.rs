@@ -41,7 +41,12 @@ fn install_panic_hook() {
                 .location()
                 .map(|l| format!(" at {}:{}", l.file(), l.line()))
                 .unwrap_or_default();
-            PANIC_MSG.with(|p| *p.borrow_mut() = Some(format!("{msg}{loc}")));
+            // try_with: during thread teardown the slot may be gone; never panic here.
+            let _ = PANIC_MSG.try_with(|p| {
+                if let Ok(mut p) = p.try_borrow_mut() {
+                    *p = Some(format!("{msg}{loc}"));
+                }
+            });
             if std::env::var_os("NVTE_COMM_DEBUG").is_some() {
                 previous(info);
             }
@@ -63,7 +68,9 @@ pub(crate) fn firewall_with<T>(
         Ok(Err(e)) => e,
         Err(_) => {
             let msg = PANIC_MSG
-                .with(|p| p.borrow_mut().take())
+                .try_with(|p| p.try_borrow_mut().ok().and_then(|mut p| p.take()))
+                .ok()
+                .flatten()
                 .unwrap_or_else(|| "unknown panic".into());
             // cudarc panics when a CUDA library cannot be loaded: report that as such.
             if msg.contains("Unable to dynamically load") {
