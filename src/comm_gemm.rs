@@ -98,7 +98,16 @@ fn rebased(t: &Tensor, ptr: usize, shape: &[usize]) -> Result<Tensor> {
 impl CommGemmCtx {
     /// `comm` is the group's NCCL communicator (not owned); nranks / rank must match it.
     pub fn create(comm: usize, nranks: i32, rank: i32) -> Result<CommGemmCtx> {
+        // Argument checks come before anything is loaded.
+        if nranks <= 0 || rank < 0 || rank >= nranks {
+            invalid!(
+                "nranks = {nranks} and rank = {rank} are inconsistent (need nranks >= 1 and 0 <= rank < nranks)"
+            );
+        }
         let bs = Bootstrap::from_nccl(comm)?;
+        if bs.size == 0 {
+            invalid!("the communicator reports size 0");
+        }
         if nranks as i64 != bs.size as i64 || rank as i64 != bs.rank as i64 {
             invalid!(
                 "nranks = {nranks}, rank = {rank} disagree with the communicator (size {}, rank {})",
@@ -170,6 +179,20 @@ impl CommGemmCtx {
         for (v, name) in [(c.m, "m"), (c.n, "n"), (c.k, "k")] {
             if v < 0 {
                 invalid!("{name} = {v} must be >= 0");
+            }
+        }
+        // Sub-byte element types (fp4) have no byte size for the slicing below.
+        for (t, name) in [(Some(c.a), "a"), (Some(c.b), "b"), (Some(c.d), "d")]
+            .into_iter()
+            .chain([(c.bias, "bias"), (c.pre_act_out, "pre_act_out")])
+        {
+            if let Some(t) = t
+                && t.data.dtype.bits() < 8
+            {
+                crate::unsupported!(
+                    "argument `{name}` has dtype {}: the comm-GEMM calls take 8-, 16- and 32-bit elements",
+                    t.data.dtype.name()
+                );
             }
         }
         let (m, n, k) = (c.m as usize, c.n as usize, c.k as usize);

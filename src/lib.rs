@@ -10,6 +10,7 @@ pub mod cuda;
 pub mod error;
 pub mod ffi;
 pub mod gemm;
+pub mod handle;
 pub mod kernels;
 pub mod overlap;
 pub mod tensor;

@@ -7,7 +7,6 @@ use crate::invalid;
 use once_cell::sync::Lazy;
 use std::collections::HashMap;
 use std::sync::RwLock;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 pub const MAX_DIMS: usize = 15;
 
@@ -239,9 +238,6 @@ impl Tensor {
 
 /// The handle registry.
 static REGISTRY: Lazy<RwLock<HashMap<usize, Tensor>>> = Lazy::new(|| RwLock::new(HashMap::new()));
-static NEXT_ID: AtomicUsize = AtomicUsize::new(1);
-/// Low bits of every handle: a handle is `(id << 8) | HANDLE_TAG`.
-const HANDLE_TAG: usize = 0x7E;
 
 pub fn create(scaling_mode: NVTEScalingMode) -> Result<usize> {
     match scaling_mode {
@@ -253,8 +249,7 @@ pub fn create(scaling_mode: NVTEScalingMode) -> Result<usize> {
         }
         m => invalid!("scaling_mode {m} is not a valid NVTEScalingMode"),
     }
-    let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-    let handle = (id << 8) | HANDLE_TAG;
+    let handle = crate::handle::next();
     let t = Tensor {
         scaling_mode: scaling_mode.0,
         ..Default::default()

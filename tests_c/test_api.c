@@ -5,6 +5,7 @@
  * abort the process. */
 #include "transformer_engine_comm.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -167,6 +168,14 @@ static void test_tensor_errors(void) {
   nvte_get_tensor_param_v2(t, kNVTERowwiseData, &b, 3, &written);
   expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "short get buffer", "size_in_bytes", NULL);
   CHECK(written == 0, "size_written 0 on failure\n");
+  written = 12345;
+  nvte_get_tensor_param_v2(t, (NVTETensorParam)77, &b, sizeof b, &written);
+  expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "get param 77", "77", NULL);
+  CHECK(written == 0, "size_written 0 on a bad param (was %zu)\n", written);
+  written = 12345;
+  nvte_get_tensor_param_v2((NVTETensor)((uintptr_t)t ^ 0x100), kNVTERowwiseData, &b, sizeof b, &written);
+  expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "corrupted handle", "not a live tensor", NULL);
+  CHECK(written == 0, "size_written 0 on a corrupted handle (was %zu)\n", written);
   nvte_set_tensor_param(NULL, kNVTERowwiseData, &b);
   expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "legacy NULL tensor", "tensor", "NULL");
   nvte_set_tensor_param_v2(t, kNVTERowwiseData, &b, sizeof b);
@@ -237,6 +246,19 @@ static void test_gemm_errors(void) {
   nvte_destroy_tensor(zero_d); nvte_destroy_tensor(one_d);
 }
 
+/* Argument checks of the comm-GEMM context come before any library is loaded, so
+ * they give INVALID_ARGUMENT (not LIBRARY_NOT_FOUND) on a machine without CUDA too. */
+static void test_ctx_args(void) {
+  ncclComm_t fake = (ncclComm_t)0x1000;
+  struct { int32_t nranks, rank; } bad[] = {{0, 0}, {-4, 0}, {2, 2}, {4, -1}};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
+    CHECK(nvte_comm_gemm_ctx_create(fake, bad[i].nranks, bad[i].rank) == NULL, "ctx with nranks %d rank %d\n", bad[i].nranks, bad[i].rank);
+    expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "ctx nranks/rank", "nranks", "rank");
+  }
+  CHECK(nvte_comm_gemm_ctx_create(NULL, 2, 0) == NULL, "ctx with a NULL comm\n");
+  expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "ctx NULL comm", "NULL", NULL);
+}
+
 static void test_runtime(void) {
   NVTECommStatus s = nvte_comm_check_runtime();
   if (s == NVTE_COMM_SUCCESS) {
@@ -256,6 +278,7 @@ int main(void) {
   test_tensor_api();
   test_tensor_errors();
   test_gemm_errors();
+  test_ctx_args();
   test_runtime();
   CHECK(nvte_comm_live_tensor_count() == 0, "leaked tensor handles: %zu\n", nvte_comm_live_tensor_count());
   printf("test_api: %d passed, %d failed\n", passed, failed);

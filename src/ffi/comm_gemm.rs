@@ -10,7 +10,6 @@ use crate::invalid;
 use crate::tensor;
 use once_cell::sync::Lazy;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Opaque context (TE: `typedef struct NVTECommGemmCtx NVTECommGemmCtx;`).
@@ -20,7 +19,6 @@ pub struct NVTECommGemmCtx {
 
 static CTXS: Lazy<Mutex<HashMap<usize, Arc<Mutex<CommGemmCtx>>>>> =
     Lazy::new(|| Mutex::new(HashMap::new()));
-static NEXT: AtomicUsize = AtomicUsize::new(1);
 
 fn ctx(h: *mut NVTECommGemmCtx) -> Result<Arc<Mutex<CommGemmCtx>>> {
     if h.is_null() {
@@ -48,7 +46,7 @@ pub extern "C" fn nvte_comm_gemm_ctx_create(
 ) -> *mut NVTECommGemmCtx {
     firewall("nvte_comm_gemm_ctx_create", std::ptr::null_mut(), || {
         let c = CommGemmCtx::create(comm as usize, nranks, rank)?;
-        let id = NEXT.fetch_add(1, Ordering::Relaxed) << 4 | 0xA;
+        let id = crate::handle::next();
         CTXS.lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(id, Arc::new(Mutex::new(c)));

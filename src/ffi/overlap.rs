@@ -10,7 +10,6 @@ use crate::tensor::{self, DType, Tensor};
 use once_cell::sync::Lazy;
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// NCCL communicator handle as the header declares it (`struct ncclComm *`).
@@ -122,7 +121,6 @@ pub struct NVTECommOverlap {
 
 static OBJECTS: Lazy<Mutex<HashMap<usize, Arc<Mutex<Overlap>>>>> =
     Lazy::new(|| Mutex::new(HashMap::new()));
-static NEXT: AtomicUsize = AtomicUsize::new(1);
 
 fn object(h: *mut NVTECommOverlap) -> Result<Arc<Mutex<Overlap>>> {
     if h.is_null() {
@@ -214,7 +212,7 @@ pub extern "C" fn nvte_comm_overlap_create(
         };
         let dt = DType::from_c(dtype).map_err(|e| e.context("argument `dtype`"))?;
         let o = Overlap::create(&bs, cfg, rows, cols, dt)?;
-        let id = NEXT.fetch_add(1, Ordering::Relaxed) << 4 | 0xC;
+        let id = crate::handle::next();
         OBJECTS
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -280,6 +278,8 @@ pub extern "C" fn nvte_comm_overlap_get_buffer(
         if out.is_null() {
             invalid!("argument `out` is NULL");
         }
+        // SAFETY: non-null output pointer; NULL until a handle is made.
+        unsafe { *out = std::ptr::null_mut() };
         let v = with(overlap, |o| o.view(local_chunk))?;
         let id = tensor::create(super::NVTEScalingMode::NVTE_DELAYED_TENSOR_SCALING)?;
         tensor::update(id, "out", |t| {

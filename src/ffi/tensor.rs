@@ -195,22 +195,23 @@ pub extern "C" fn nvte_get_tensor_param_v2(
     size_in_bytes: usize,
     size_written: *mut usize,
 ) {
+    let write_size = |n: usize| {
+        if !size_written.is_null() {
+            // SAFETY: non-null output pointer supplied by the caller.
+            unsafe { *size_written = n };
+        }
+    };
+    // Defined on every path: 0 unless the value is written (or, with buf NULL, the size needed).
+    write_size(0);
     firewall("nvte_get_tensor_param_v2", (), || {
         let need = std::mem::size_of::<NVTEBasicTensor>();
         let t = tensor::get(h(tensor), "tensor")?;
         let value = NVTEBasicTensor::from_buffer(t.param(param)?);
-        let write_size = |n: usize| {
-            if !size_written.is_null() {
-                // SAFETY: non-null output pointer supplied by the caller.
-                unsafe { *size_written = n };
-            }
-        };
         if buf.is_null() {
             write_size(need);
             return Ok(());
         }
         if size_in_bytes < need {
-            write_size(0);
             invalid!(
                 "argument `size_in_bytes` = {size_in_bytes} is smaller than sizeof(NVTEBasicTensor) = {need} for {param}"
             );
