@@ -88,14 +88,13 @@ pub fn library_info(lib: Lib) -> Result<LibInfo> {
     let bound = |b: std::result::Result<&'static dynlib::Bound, String>| {
         b.map_err(|m| Error::new(S::NVTE_COMM_ERROR_LIBRARY_NOT_FOUND, m))
     };
-    // The driver and NVRTC are loaded by cudarc: the path is the mapped copy afterwards.
-    let mapped_after = |prefix: &str, preloaded: bool| -> Result<(String, bool)> {
-        require(lib)?;
-        let path = dynlib::mapped(prefix)
+    // The driver and NVRTC are loaded by cudarc, lazily at their first call: the path is
+    // the mapped copy after the version call below.
+    let mapped_path = |prefix: &str| {
+        dynlib::mapped(prefix)
             .into_iter()
             .next()
-            .unwrap_or_default();
-        Ok((path, preloaded))
+            .unwrap_or_default()
     };
     match lib {
         Lib::Nccl => {
@@ -124,8 +123,8 @@ pub fn library_info(lib: Lib) -> Result<LibInfo> {
         }
         Lib::Driver => {
             static PRE: OnceCell<bool> = OnceCell::new();
-            let pre = *PRE.get_or_init(|| !dynlib::mapped("libcuda.so").is_empty());
-            let (path, preloaded) = mapped_after("libcuda.so", pre)?;
+            let preloaded = *PRE.get_or_init(|| !dynlib::mapped("libcuda.so").is_empty());
+            require(lib)?;
             let mut v = 0;
             // SAFETY: out pointer.
             check(
@@ -133,20 +132,20 @@ pub fn library_info(lib: Lib) -> Result<LibInfo> {
                 "cuDriverGetVersion",
             )?;
             Ok(LibInfo {
-                path,
+                path: mapped_path("libcuda.so"),
                 version: v,
                 preloaded,
             })
         }
         Lib::Nvrtc => {
             static PRE: OnceCell<bool> = OnceCell::new();
-            let pre = *PRE.get_or_init(|| !dynlib::mapped("libnvrtc.so").is_empty());
-            let (path, preloaded) = mapped_after("libnvrtc.so", pre)?;
+            let preloaded = *PRE.get_or_init(|| !dynlib::mapped("libnvrtc.so").is_empty());
+            require(lib)?;
             let (mut major, mut minor) = (0, 0);
             // SAFETY: out pointers.
             unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
             Ok(LibInfo {
-                path,
+                path: mapped_path("libnvrtc.so"),
                 version: major * 1000 + minor * 10,
                 preloaded,
             })

@@ -47,13 +47,18 @@ pub extern "C" fn nvte_comm_library_info(
         };
         let info = cuda::library_info(which)?;
         // One C string per library, kept for the life of the process (the bound copy
-        // never changes once bound).
+        // never changes once bound); an empty path (not found in the link map) is not kept.
         static PATHS: [OnceCell<CString>; 4] = [
             OnceCell::new(),
             OnceCell::new(),
             OnceCell::new(),
             OnceCell::new(),
         ];
+        if info.path.is_empty() {
+            return Err(crate::error::Error::internal(format!(
+                "{which:?} is loaded but its file was not found among the mapped objects"
+            )));
+        }
         let c = PATHS[cell].get_or_init(|| CString::new(info.path.clone()).unwrap_or_default());
         // SAFETY: out-pointers as above.
         unsafe {
