@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# The seed-002 workflow on the GPU machine: examples/pytorch/layer_with_overlap.py with and
+# without overlap, bf16 and --fp8, tp 2 and 4, and --num-replicas 2 on 4 GPUs. For each
+# configuration: overlap step time must be below no-overlap, and the loss curves must
+# agree (max relative difference per iteration under TOL). Logs and a table under
+# ${OUT:-gpu-out}/example/; the table is printed last; exits non-zero on any failure.
+# Usage: scripts/example-test.sh [--iters N] [--tol T]
+set -uo pipefail
+source "$(dirname "$0")/common.sh"
+iters=30 tol=0.02
+while [ $# -gt 0 ]; do
+  case $1 in
+    --iters) iters=$2; shift 2 ;;
+    --tol) tol=$2; shift 2 ;;
+    *) echo "unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+out=${OUT:-$root/gpu-out}/example
+mkdir -p "$out"
+export PYTHONPATH=$root/python${PYTHONPATH:+:$PYTHONPATH}
+export TE_COMM_LIB=${TE_COMM_LIB:-$(te_comm_library)} || exit 1
+py=${PYTHON:-python3}
+ngpu=$(gpu_count)
+[ "$ngpu" -ge 2 ] || { echo "example-test: SKIPPED (needs 2 GPUs, found $ngpu)"; exit 77; }
+
+configs=()   # "NPROC REPLICAS FP8"
+for np in 2 4; do
+  [ "$np" -le "$ngpu" ] || continue
+  configs+=("$np 1 0" "$np 1 1")
+done
+[ "$ngpu" -ge 4 ] && configs+=("4 2 0")
+
+fail=0
+rows=()
+result_field() { sed -n "s/.*RESULT .*\b$2=\([^ ]*\).*/\1/p" "$1" | tail -n 1; }
+for c in "${configs[@]}"; do
+  read -r np rep fp8 <<<"$c"
+  tag="np${np}_dp${rep}_fp8${fp8}"
+  for mode in overlap no-overlap; do
+    args=(--iters "$iters" --num-replicas "$rep")
+    [ "$fp8" = 1 ] && args+=(--fp8)
+    [ "$mode" = no-overlap ] && args+=(--no-comm-overlap)
+    timeout -k 10 300 "$py" -m torch.distributed.run --standalone --nproc-per-node="$np" \
+      "$root/examples/pytorch/layer_with_overlap.py" "${args[@]}" >"$out/${tag}_$mode.log" 2>&1
+    echo $? >"$out/${tag}_$mode.rc"
+  done
+  ro=$(cat "$out/${tag}_overlap.rc") rn=$(cat "$out/${tag}_no-overlap.rc")
+  to=$(result_field "$out/${tag}_overlap.log" step_ms); tn=$(result_field "$out/${tag}_no-overlap.log" step_ms)
+  lo=$(result_field "$out/${tag}_overlap.log" losses); ln=$(result_field "$out/${tag}_no-overlap.log" losses)
+  verdict=$("$py" - "$ro" "$rn" "${to:-nan}" "${tn:-nan}" "${lo:-}" "${ln:-}" "$tol" <<'PY'
+import math, sys
+ro, rn, to, tn, lo, ln, tol = sys.argv[1:8]
+if ro != "0" or rn != "0":
+    print(f"FAIL (rc overlap {ro}, no-overlap {rn})|-|-"); sys.exit()
+a = [float(x) for x in lo.split(",") if x]; b = [float(x) for x in ln.split(",") if x]
+if not a or len(a) != len(b):
+    print("FAIL (no loss curve)|-|-"); sys.exit()
+diff = max(abs(x - y) / max(abs(y), 1e-6) for x, y in zip(a, b))
+to, tn = float(to), float(tn)
+ok_t = to < tn
+ok_l = diff <= float(tol) and all(math.isfinite(x) for x in a) and a[-1] < a[0]
+v = "PASS" if ok_t and ok_l else "FAIL (" + ", ".join(
+    s for s, bad in (("overlap not faster", not ok_t), ("loss curves differ or do not fall", not ok_l)) if bad) + ")"
+print(f"{v}|{to / tn:.3f}|{diff:.2e}")
+PY
+)
+  IFS='|' read -r v ratio diff <<<"$verdict"
+  [ "${v%% *}" = PASS ] || fail=1
+  rows+=("| $np | $((np / rep)) | $rep | $([ "$fp8" = 1 ] && echo e4m3 || echo bf16) | ${to:--} | ${tn:--} | $ratio | $diff | $v |")
+done
+{
+  echo "| GPUs | tp | dp | GEMM dtype | overlap step ms | no-overlap step ms | ratio | max loss rel. diff | result |"
+  echo "|---|---|---|---|---|---|---|---|---|"
+  printf '%s\n' "${rows[@]}"
+} | tee "$out/summary.md"
+npass=$(grep -c '| PASS |' "$out/summary.md"); nfail=$(( ${#rows[@]} - npass ))
+echo "example-test: $npass passed, $nfail failed"
+exit $fail
