@@ -3,7 +3,7 @@
 # runs every GPU test on 1, 2 and 4 GPUs as available (or on the counts given), runs the
 # GEMM benchmark on all GPUs and the torch.matmul comparison, writes logs and a summary
 # table under $OUT (or ./gpu-out), prints the table last, exits non-zero on any failure.
-# Usage: scripts/gpu-test.sh [NGPUS...]
+# Usage: scripts/gpu-test.sh [NGPUS...]   (env TE_COMM_STAGES="c torch bench" selects stages)
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
 out=${OUT:-$root/gpu-out}
@@ -25,37 +25,58 @@ te_comm_cmake_build "$lib" "$build" 2>>"$log" || { echo "build failed (see $log)
 
 fail=0
 rows=()
-run() {  # run NAME NP CMD...: log, time, and a summary row from the closing line
+run() {  # run NAME NP CMD...: log, time, and a summary row from the run's closing line
   local name=$1 np=$2; shift 2
-  local t0=$(date +%s%N) rc
+  local t0=$(date +%s%N) rc one=$out/.run.log
   echo "=== $name np=$np: $*" >>"$log"
-  timeout -k 10 "${TE_COMM_TEST_TIMEOUT:-300}" "$@" >>"$log" 2>&1
+  timeout -k 10 "${TE_COMM_TEST_TIMEOUT:-300}" "$@" >"$one" 2>&1
   rc=$?
+  cat "$one" >>"$log"
   local secs=$(awk -v a="$t0" -v b="$(date +%s%N)" 'BEGIN { printf "%.1f", (b - a) / 1e9 }')
-  local closing=$(grep -E "^$name: [0-9]+ passed" "$log" | tail -n 1 | sed "s/^$name: //")
+  # The closing line: "NAME: N passed, M failed", or the last "N passed ..." of a runner.
+  local closing=$(grep -E "^$name: [0-9]+ passed" "$one" | tail -n 1 | sed "s/^$name: //")
+  [ -n "$closing" ] || closing=$(grep -E "[0-9]+ passed" "$one" | tail -n 1 | sed -E 's/^[^0-9]*//; s/ =+$//')
   local result=PASS
   if [ $rc -eq 77 ]; then result=SKIPPED; elif [ $rc -eq 124 ]; then result="FAIL (wall timeout)"; fail=1; elif [ $rc -ne 0 ]; then result="FAIL (rc $rc)"; fail=1; fi
   rows+=("| $name | $np | $result | ${closing:--} | $secs |")
+  rm -f "$one"
 }
 
-# Library-level API test (no MPI), then the MPI GPU tests.
-run test_api 1 "$build/tests_c/test_api"
-for np in "${nps[@]}"; do
-  for t in ${TE_COMM_TESTS:-test_gemm test_overlap test_comm_gemm}; do
-    run "$t" "$np" "$root/tests_c/run_mpi.sh" "$np" "$build/tests_c/$t"
-  done
-done
+# Stages (TE_COMM_STAGES, default all): c = the C/C++ tests; torch = the PyTorch package
+# tests, the C++ extension example and the seed-002 example runs; bench = the benchmarks.
+stages=" ${TE_COMM_STAGES:-c torch bench} "
+has_torch=0
+python3 -c 'import torch' 2>/dev/null && has_torch=1
+export TE_COMM_LIB=$lib PYTHONPATH=$root/python${PYTHONPATH:+:$PYTHONPATH}
 
-# Benchmark on all GPUs, then the comparison with torch.matmul in one process.
-[ -n "${TE_COMM_SKIP_BENCH:-}" ] || run bench_gemm "$ngpu" "$root/tests_c/run_mpi.sh" "$ngpu" "$build/tests_c/bench_gemm" --out "$out/bench_gemm.md"
-if [ -z "${TE_COMM_SKIP_BENCH:-}" ]; then
+if [[ $stages == *" c "* ]]; then
+  # Library-level API tests (no MPI), then the MPI GPU tests.
+  run test_api 1 "$build/tests_c/test_api"
+  run test_teardown 1 "$build/tests_c/test_teardown"
   for np in "${nps[@]}"; do
-    [ "$np" -ge 2 ] && run bench_overlap "$np" "$root/tests_c/run_mpi.sh" "$np" "$build/tests_c/bench_overlap" --out "$out/bench_overlap_tp$np.md" ${TE_COMM_BENCH_ARGS:-}
-    [ "$np" -ge 2 ] && run bench_comm_gemm "$np" "$root/tests_c/run_mpi.sh" "$np" "$build/tests_c/bench_comm_gemm" --out "$out/bench_comm_gemm_tp$np.md"
+    for t in ${TE_COMM_TESTS:-test_gemm test_overlap test_comm_gemm}; do
+      run "$t" "$np" "$root/tests_c/run_mpi.sh" "$np" "$build/tests_c/$t"
+    done
   done
 fi
-if [ -z "${TE_COMM_SKIP_BENCH:-}" ] && python3 -c 'import torch' 2>/dev/null; then
-  run gemm_vs_torch 1 python3 "$root/bench/gemm_vs_torch.py" --lib "$lib" --out "$out/gemm_vs_torch.md"
+
+if [[ $stages == *" torch "* ]] && [ "$has_torch" = 1 ]; then
+  TE_COMM_TEST_TIMEOUT=1200 run torch-test "2,4" "$root/scripts/torch-test.sh"
+  run torch_extension "2,4" "$root/scripts/torch-ext-test.sh"
+  TE_COMM_TEST_TIMEOUT=900 run example-test "2,4" "$root/scripts/example-test.sh"
+fi
+
+if [[ $stages == *" bench "* ]]; then
+  # Benchmark on all GPUs, then the comparison with torch.matmul in one process.
+  run bench_gemm "$ngpu" "$root/tests_c/run_mpi.sh" "$ngpu" "$build/tests_c/bench_gemm" --out "$out/bench_gemm.md"
+  for np in "${nps[@]}"; do
+    [ "$np" -ge 2 ] || continue
+    run bench_overlap "$np" "$root/tests_c/run_mpi.sh" "$np" "$build/tests_c/bench_overlap" --out "$out/bench_overlap_tp$np.md" ${TE_COMM_BENCH_ARGS:-}
+    run bench_comm_gemm "$np" "$root/tests_c/run_mpi.sh" "$np" "$build/tests_c/bench_comm_gemm" --out "$out/bench_comm_gemm_tp$np.md"
+    [ "$has_torch" = 1 ] && run torch_ops "$np" python3 -m torch.distributed.run --standalone --nproc-per-node="$np" \
+      "$root/bench/torch_ops.py" --out "$out/torch_ops_tp$np.md"
+  done
+  [ "$has_torch" = 1 ] && run gemm_vs_torch 1 python3 "$root/bench/gemm_vs_torch.py" --lib "$lib" --out "$out/gemm_vs_torch.md"
 fi
 
 {
@@ -65,7 +86,14 @@ fi
 } >"$summary"
 [ -f "$out/bench_gemm.md" ] && { echo; echo "GEMM benchmark:"; cat "$out/bench_gemm.md"; }
 [ -f "$out/gemm_vs_torch.md" ] && { echo; echo "nvte_cublas_gemm vs torch:"; cat "$out/gemm_vs_torch.md"; }
-for f in "$out"/bench_overlap_tp*.md "$out"/bench_comm_gemm_tp*.md; do [ -f "$f" ] && { echo; echo "overlap benchmark ($(basename "$f" .md)):"; cat "$f"; }; done
+for f in "$out"/bench_overlap_tp*.md "$out"/bench_comm_gemm_tp*.md "$out"/torch_ops_tp*.md; do [ -f "$f" ] && { echo; echo "benchmark ($(basename "$f" .md)):"; cat "$f"; }; done
+[ -f "$out/example/summary.md" ] && { echo; echo "layer_with_overlap.py (seed 002):"; cat "$out/example/summary.md"; }
 echo; grep -E "FAIL" "$log" | head -n 30
 echo; cat "$summary"
+# At most 8 files come back from the device machine: everything in one archive beside
+# the summary (tar -xzf results.tgz to read the logs and tables).
+if tar czf "$root/.gpu-results.tgz" -C "$out" .; then
+  find "$out" -mindepth 1 -maxdepth 1 ! -name summary.md -exec rm -rf {} +
+  mv "$root/.gpu-results.tgz" "$out/results.tgz"
+fi
 exit $fail
