@@ -1,0 +1,419 @@
+"""Process groups, NCCL communicators and cached comm-GEMM contexts for the torch layer.
+
+- :func:`process_group_nccl_comm` returns the raw ``ncclComm_t`` of a ProcessGroupNCCL
+  (torch creates it lazily: a tiny collective on the group forces it into existence).
+- :func:`get_context` returns a ``_capi.GemmCtx`` cached per (group name, communicator kind,
+  transport): ``comm="pg"`` runs the context over the process group's own communicator,
+  ``comm="own"`` over a communicator this package creates for the group (rank 0 of the
+  group draws an NCCL unique id, the group broadcasts it, every rank joins).
+- :func:`destroy_contexts` destroys them (and the package's own communicators). It runs
+  at interpreter exit too; call it yourself before ``dist.destroy_process_group()``.
+- Helpers shared by ops.py and userbuffers.py: torch dtype -> NVTEDType, torch tensor ->
+  ``_capi.Tensor``, block distribution (:func:`numroc`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import threading
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from .. import _capi
+
+__all__ = [
+    "COMM_KINDS",
+    "TRANSPORTS",
+    "destroy_contexts",
+    "get_context",
+    "group_name_of",
+    "nvte_dtype",
+    "nvte_tensor",
+    "numroc",
+    "process_group_nccl_comm",
+    "resolve_group",
+]
+
+COMM_KINDS = ("pg", "own")
+TRANSPORTS = ("auto", "ipc", "nccl")
+
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+_NVTE_DTYPE_NAMES = {
+    torch.uint8: "kNVTEByte",
+    torch.int16: "kNVTEInt16",
+    torch.int32: "kNVTEInt32",
+    torch.int64: "kNVTEInt64",
+    torch.float32: "kNVTEFloat32",
+    torch.float16: "kNVTEFloat16",
+    torch.bfloat16: "kNVTEBFloat16",
+    torch.float8_e4m3fn: "kNVTEFloat8E4M3",
+    torch.float8_e5m2: "kNVTEFloat8E5M2",
+}
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def numroc(global_size: int, nranks: int, rank: int) -> int:
+    """This rank's share of ``global_size`` under block distribution (block =
+    ceil(global / nranks); the last ranks may get fewer, possibly 0), as the library."""
+    if global_size <= 0:
+        return 0
+    block = -(-global_size // nranks)
+    return max(0, min(block, global_size - rank * block))
+
+
+def block_offset(global_size: int, nranks: int, rank: int) -> int:
+    """First global index of this rank's share under :func:`numroc`'s distribution."""
+    if global_size <= 0:
+        return 0
+    block = -(-global_size // nranks)
+    return min(rank * block, global_size)
+
+
+def nvte_dtype(dtype: torch.dtype):
+    """The ``_capi.DType`` of a torch dtype (TypeError for dtypes the library lacks)."""
+    name = _NVTE_DTYPE_NAMES.get(dtype)
+    if name is None:
+        raise TypeError(f"torch dtype {dtype} has no NVTEDType equivalent")
+    return getattr(_capi.DType, name)
+
+
+def _scalar_ptr(t: Optional[torch.Tensor], what: str) -> int:
+    if t is None:
+        return 0
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.float32 or t.numel() != 1 or t.device.type != "cuda":
+        raise ValueError(
+            f"{what} must be a CUDA float32 tensor with one element, got {t.dtype} "
+            f"shape {tuple(t.shape)} on {t.device}"
+        )
+    return t.data_ptr()
+
+
+def nvte_tensor(
+    t: torch.Tensor,
+    *,
+    scale_inv: Optional[torch.Tensor] = None,
+    scale: Optional[torch.Tensor] = None,
+    amax: Optional[torch.Tensor] = None,
+    shape: Optional[Tuple[int, ...]] = None,
+    dtype: Optional[torch.dtype] = None,
+):
+    """A ``_capi.Tensor`` handle over a contiguous CUDA tensor (the caller keeps ``t``
+    alive while the handle is used; close the handle, or use it as a context manager)."""
+    if not t.is_contiguous():
+        raise ValueError("internal: nvte_tensor needs a contiguous tensor")
+    return _capi.Tensor(
+        t.data_ptr(),
+        nvte_dtype(dtype if dtype is not None else t.dtype),
+        tuple(int(s) for s in (shape if shape is not None else t.shape)),
+        scale_inv=_scalar_ptr(scale_inv, "scale_inv"),
+        scale=_scalar_ptr(scale, "scale"),
+        amax=_scalar_ptr(amax, "amax"),
+    )
+
+
+def resolve_group(group=None):
+    """``group`` itself, the default (world) group for None, or the group registered
+    under a name (str)."""
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(
+            "transformer_engine_comm.torch needs an initialized torch.distributed process "
+            "group (dist.init_process_group('nccl', ...))"
+        )
+    if group is None:
+        return dist.group.WORLD
+    if isinstance(group, str):
+        return dist.distributed_c10d._resolve_process_group(group)
+    return group
+
+
+def group_name_of(group=None) -> str:
+    """The name custom ops use for ``group`` (None = world)."""
+    if group is None:
+        return dist.group.WORLD.group_name
+    if isinstance(group, str):
+        return group
+    return group.group_name
+
+
+def _current_device() -> torch.device:
+    if not torch.cuda.is_available():
+        raise RuntimeError("transformer_engine_comm.torch needs CUDA (torch.cuda.is_available() is False)")
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def _nccl_backend(pg, name: str):
+    try:
+        backend = pg._get_backend(torch.device("cuda"))
+    except RuntimeError as e:
+        raise RuntimeError(
+            f"process group {name!r} has no NCCL backend for CUDA tensors "
+            f"(backend {pg._get_backend_name() if hasattr(pg, '_get_backend_name') else '?'}): {e}"
+        ) from None
+    if not hasattr(backend, "_comm_ptr"):
+        raise RuntimeError(
+            f"process group {name!r}: its CUDA backend {type(backend).__name__} does not expose "
+            "the NCCL communicator (_comm_ptr); use comm='own' or a ProcessGroupNCCL"
+        )
+    return backend
+
+
+def process_group_nccl_comm(group=None) -> int:
+    """The ``ncclComm_t`` (as int) of ``group``'s ProcessGroupNCCL on the current device.
+
+    ProcessGroupNCCL::getCommPtr() looks the communicator up by the *current* CUDA device
+    and returns 0 while none exists (torch creates communicators lazily, at the first
+    collective, unless init_process_group got ``device_id``). In that case a one-element
+    all-reduce on the group creates it. Collective when it has to initialise: every rank
+    of the group must call it.
+    """
+    pg = resolve_group(group)
+    name = pg.group_name
+    dev = _current_device()
+    bound = getattr(pg, "bound_device_id", None)
+    if bound is not None and bound.index is not None and bound.index != dev.index:
+        raise RuntimeError(
+            f"process group {name!r} is bound to {bound} but the current CUDA device is {dev}: "
+            "call torch.cuda.set_device() with the group's device first"
+        )
+    backend = _nccl_backend(pg, name)
+    ptr = int(backend._comm_ptr())
+    if ptr == 0:
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"process group {name!r} has no NCCL communicator yet and one cannot be created "
+                "during CUDA graph capture: run the op once eagerly (warm-up) before capturing"
+            )
+        t = torch.zeros(1, device=dev)
+        dist.all_reduce(t, group=pg)
+        torch.cuda.synchronize(dev)
+        ptr = int(backend._comm_ptr())
+    if ptr == 0:
+        raise RuntimeError(
+            f"process group {name!r}: no NCCL communicator on {dev} after a collective on it "
+            "(is this the device the group uses on this rank?)"
+        )
+    return ptr
+
+
+@contextlib.contextmanager
+def _env(name: str, value: Optional[str]):
+    if value is None:
+        yield
+        return
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+
+# ----------------------------------------------------------------------------- contexts
+
+
+@dataclass
+class _Entry:
+    ctx: object  # _capi.GemmCtx
+    group_name: str
+    comm_kind: str
+    transport: str
+    size: int
+    rank: int
+    device: int
+    own_comm: int = 0  # ncclComm_t this package created (comm="own"), else 0
+    effective_transport: str = "auto"  # what the library was told: "auto", "ipc" or "nccl"
+
+
+_lock = threading.RLock()
+_contexts: Dict[Tuple[str, str, str], _Entry] = {}
+
+
+def _check_kind(comm: str, transport: Optional[str]) -> str:
+    """Validate; the transport key: "" (None: the environment decides) or a TRANSPORTS value."""
+    if comm not in COMM_KINDS:
+        raise ValueError(f"comm must be one of {COMM_KINDS}, got {comm!r}")
+    t = transport or ""
+    if t and t not in TRANSPORTS:
+        raise ValueError(f"transport must be None or one of {TRANSPORTS}, got {transport!r}")
+    return t
+
+
+def _own_comm(pg, dev: torch.device) -> int:
+    """A new NCCL communicator over ``pg``'s ranks (collective over the group)."""
+    size, rank = pg.size(), pg.rank()
+    uid = _capi.nccl_get_unique_id() if rank == 0 else bytes(128)
+    if len(uid) != 128:
+        raise RuntimeError(f"nccl_get_unique_id returned {len(uid)} bytes, expected 128")
+    buf = torch.tensor(list(uid), dtype=torch.uint8, device=dev)
+    dist.broadcast(buf, src=dist.get_global_rank(pg, 0), group=pg)
+    uid = bytes(buf.cpu().tolist())
+    return int(_capi.nccl_comm_init_rank(uid, size, rank))
+
+
+def get_context(group=None, comm: str = "pg", transport: Optional[str] = None):
+    """The ``_capi.GemmCtx`` of ``group`` (None = world), created on first use and cached
+    per (group name, ``comm``, ``transport``).
+
+    comm: "pg" = the ProcessGroupNCCL's own communicator; "own" = a communicator created
+    by this package for the group (destroyed with the context).
+    transport: None (the library's choice: $NVTE_COMM_TRANSPORT, else auto), "auto" (IPC
+    when the group is on one node, else NCCL), "ipc" or "nccl": the transport of the
+    context's engines (read by the library when the context is created).
+
+    Creation is collective over the group (every rank must call it, in the same order
+    relative to other collectives), and must not happen during CUDA graph capture.
+    """
+    t = _check_kind(comm, transport)
+    pg = resolve_group(group)
+    name = pg.group_name
+    key = (name, comm, t)
+    with _lock:
+        e = _contexts.get(key)
+        if e is not None:
+            return e.ctx
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"te_comm: the comm-GEMM context of group {name!r} (comm={comm!r}, transport={t or None!r}) "
+                "does not exist yet and cannot be created during CUDA graph capture: call the op "
+                "once eagerly with the same sizes (warm-up) before capturing"
+            )
+        dev = _current_device()
+        size, rank = pg.size(), pg.rank()
+        own = 0
+        if comm == "pg":
+            ptr = process_group_nccl_comm(pg)
+        else:
+            own = _own_comm(pg, dev)
+            ptr = own
+        try:
+            with _env("NVTE_COMM_TRANSPORT", t or None):
+                ctx = _capi.GemmCtx(ptr, size, rank)
+        except BaseException:
+            if own:
+                _capi.nccl_comm_destroy(own)
+            raise
+        eff = t or (os.environ.get("NVTE_COMM_TRANSPORT", "").strip().lower() or "auto")
+        _contexts[key] = _Entry(ctx, name, comm, t, size, rank, dev.index, own, eff)
+        return ctx
+
+
+def _entry_of(ctx) -> Optional[_Entry]:
+    with _lock:
+        for e in _contexts.values():
+            if e.ctx is ctx:
+                return e
+    return None
+
+
+def context_device(ctx) -> Optional[int]:
+    """The CUDA device index a cached context was created on (None if not cached here)."""
+    e = _entry_of(ctx)
+    return None if e is None else e.device
+
+
+def context_transport(ctx) -> Optional[str]:
+    """The transport a cached context's engines were created with: "nccl", "ipc", or "auto"
+    (IPC when the group is on one node) -- None if the context is not cached here."""
+    e = _entry_of(ctx)
+    return None if e is None else e.effective_transport
+
+
+def check_graph_capture(what: str, transport: Optional[str]) -> None:
+    """Refuse to record a call into a CUDA graph unless its transport is NCCL.
+
+    The IPC transport synchronises the ranks with flags whose expected values are host-side
+    call sequence numbers, passed to the wait / signal kernels as arguments: a captured call
+    replays the values of the capture, so from the second replay on its waits pass at once
+    and a rank can read a peer's data before it arrived (silently wrong results). NCCL's
+    send / recv / collectives synchronise on the device and replay correctly. Setting
+    TE_COMM_ALLOW_IPC_GRAPHS=1 lifts the check (for a library whose IPC flags are graph-safe).
+    """
+    if transport == "nccl" or not torch.cuda.is_current_stream_capturing():
+        return
+    if os.environ.get("TE_COMM_ALLOW_IPC_GRAPHS", "") not in ("", "0"):
+        return
+    raise RuntimeError(
+        f"{what}: CUDA graph capture needs the NCCL transport (transport='nccl'); this one's "
+        f"transport is {transport or 'auto'!r} (IPC on one node), whose peer waits use host "
+        "sequence numbers that a graph replay would repeat, so replays would not wait for the "
+        "peers. Use transport='nccl' for captured calls (TE_COMM_ALLOW_IPC_GRAPHS=1 overrides)."
+    )
+
+
+def destroy_contexts(group=None) -> None:
+    """Destroy the cached contexts (of ``group`` only, when given) and the communicators
+    this package created for them. Call before ``dist.destroy_process_group()``; runs at
+    interpreter exit for whatever is left. Work queued on them must be complete or at
+    least enqueued (the device is synchronized first)."""
+    with _lock:
+        if group is None:
+            keys = list(_contexts)
+        else:
+            name = group_name_of(group)
+            keys = [k for k in _contexts if k[0] == name]
+        entries = [_contexts.pop(k) for k in keys]
+    if not entries:
+        return
+    errors = []
+    try:
+        if torch.cuda.is_available():
+            for d in sorted({e.device for e in entries}):
+                torch.cuda.synchronize(d)
+    except Exception as ex:  # a broken device must not keep the handles alive
+        errors.append(ex)
+    for e in entries:
+        try:
+            e.ctx.close()
+        except Exception as ex:
+            errors.append(ex)
+        if e.own_comm:
+            try:
+                _capi.nccl_comm_destroy(e.own_comm)
+            except Exception as ex:
+                errors.append(ex)
+    if errors:
+        raise errors[0]
+
+
+def cached_contexts():
+    """(group name, comm kind, transport) of every cached context (diagnostics, tests)."""
+    with _lock:
+        return sorted(_contexts)
+
+
+_exit_hooks = []
+
+
+def register_exit_hook(fn) -> None:
+    """Run ``fn()`` at exit before the contexts are destroyed (userbuffers objects)."""
+    _exit_hooks.append(fn)
+
+
+def _at_exit() -> None:
+    for fn in reversed(_exit_hooks):
+        try:
+            fn()
+        except Exception:
+            pass
+    try:
+        destroy_contexts()
+    except Exception:
+        pass
+
+
+# Registered after torch's own atexit handlers (torch is imported above), so it runs
+# before them: contexts go before the process groups they were built on.
+atexit.register(_at_exit)

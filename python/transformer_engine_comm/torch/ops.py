@@ -1,0 +1,531 @@
+"""Comm-GEMM ops on torch tensors (TE's comm_gemm.h API: nvte_all_gather_gemm,
+nvte_gemm_reduce_scatter, nvte_gemm_all_reduce), registered as torch custom ops
+``te_comm::all_gather_gemm``, ``te_comm::gemm_reduce_scatter``, ``te_comm::gemm_all_reduce``
+with fake (meta) implementations: usable eagerly, under CUDA graph capture and inside
+``torch.compile(fullgraph=True)``.
+
+Every op computes ``x @ weight.T`` (TE's TN GEMM: A = weight, B = x, D = out) with the
+tensor-parallel collective of its name over a process group, asynchronously on
+``torch.cuda.current_stream()``. Shares follow block distribution (:func:`numroc`: block =
+ceil(global / tp), the last ranks may get fewer rows, possibly none):
+
+- ``all_gather_gemm(x [n_local, k], weight [m_local, k]) -> [n_global, m_local]``:
+  x's rows are gathered from all ranks (n split), weight's rows are this rank's share of m.
+- ``gemm_reduce_scatter(x [n, k_local], weight [m, k_local]) -> [numroc(n), m]``:
+  k split; the sum over ranks, this rank's rows of it.
+- ``gemm_all_reduce(x [n, k_local], weight [m, k_local]) -> [n, m]``: k split; the sum.
+
+The bias is added once. ``gelu=True`` returns ``(gelu(y), y)`` with ``y`` the
+pre-activation (tanh-approximate GELU, as cuBLASLt's epilogue): the all-gather GEMM fuses it
+into the GEMM epilogue; the reduce-scatter / all-reduce apply it after the reduction.
+FP8 (float8_e4m3fn / float8_e5m2 x and weight, not both e5m2) needs ``x_scale_inv`` and
+``w_scale_inv`` (CUDA float32 one-element tensors: dequantized = fp8 value * scale_inv) and
+writes ``out_dtype`` (bfloat16 by default; float16 or float32).
+
+The first call on a group (per ``comm`` / ``transport``) creates the group's context:
+collective, and not allowed during CUDA graph capture — run every op once eagerly with the
+shapes you will capture (the library sizes its buffers on demand) before capturing.
+Captured calls need ``transport="nccl"``: the IPC transport's peer waits use host-side
+sequence numbers that graph replays would repeat (see _context.check_graph_capture).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import os
+from typing import NamedTuple, Optional, Tuple, Union
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from .. import _capi
+from ._context import (
+    FP8_DTYPES,
+    block_offset,
+    check_graph_capture,
+    context_device,
+    context_transport,
+    get_context,
+    group_name_of,
+    numroc,
+    nvte_tensor,
+)
+
+__all__ = [
+    "GemmAlgo",
+    "all_gather_gemm",
+    "block_offset",
+    "gemm_all_reduce",
+    "gemm_reduce_scatter",
+    "numroc",
+    "set_debug_poison",
+]
+
+
+class GemmAlgo(enum.IntEnum):
+    """NVTECommGemmAlgoType (the multicast / atomic variants run the split P2P ones)."""
+
+    DEFAULT = 0
+    SPLIT_P2P = 1
+    SPLIT_MULTICAST = 2
+    ATOMIC_P2P = 3
+    ATOMIC_MULTICAST = 4
+
+
+_ALGO_NAMES = {a.name.lower(): int(a) for a in GemmAlgo}
+
+_poison = os.environ.get("TE_COMM_TORCH_POISON", "") not in ("", "0")
+
+
+def set_debug_poison(enabled: bool) -> None:
+    """Debugging / tests: fill every output with NaN before the library writes it (so an
+    output the library failed to write cannot pass as correct)."""
+    global _poison
+    _poison = bool(enabled)
+
+
+def _algo_id(algo: Union[str, int]) -> int:
+    if isinstance(algo, str):
+        a = _ALGO_NAMES.get(algo.lower())
+        if a is None:
+            raise ValueError(f"algo must be one of {sorted(_ALGO_NAMES)} (or a GemmAlgo), got {algo!r}")
+        return a
+    a = int(algo)
+    if a not in _ALGO_NAMES.values():
+        raise ValueError(f"algo must be one of {sorted(_ALGO_NAMES)} (or a GemmAlgo), got {algo!r}")
+    return a
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+class _Plan(NamedTuple):
+    m: int  # global sizes passed to the library
+    n: int
+    k: int
+    out_shape: Tuple[int, int]
+    out_dtype: torch.dtype
+    fp8: bool
+
+
+def _group_size_rank(group_name: str) -> Tuple[int, int]:
+    pg = dist.distributed_c10d._resolve_process_group(group_name)
+    return pg.size(), pg.rank()
+
+
+def _check_tensor(op: str, what: str, t, ndim: Optional[int] = 2) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{op}: {what} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type not in ("cuda", "meta"):
+        raise ValueError(f"{op}: {what} must be a CUDA tensor, got one on {t.device}")
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{op}: {what} must have {ndim} dimensions, got shape {tuple(t.shape)}")
+    if not t.is_contiguous():
+        raise ValueError(f"{op}: {what} must be contiguous (row-major), got strides {t.stride()}")
+
+
+def _check_scale_inv(op: str, what: str, t, device: torch.device) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{op}: {what} must be a torch.Tensor for FP8 inputs, got {type(t).__name__}")
+    if t.dtype != torch.float32 or t.numel() != 1:
+        raise ValueError(
+            f"{op}: {what} must be a float32 tensor with one element, got {t.dtype} shape {tuple(t.shape)}"
+        )
+    if t.device != device:
+        raise ValueError(f"{op}: {what} is on {t.device} but x is on {device}")
+
+
+def _check_common(
+    op: str,
+    x,
+    weight,
+    bias,
+    x_scale_inv,
+    w_scale_inv,
+    out_dtype: Optional[torch.dtype],
+    comm_sm_count: int,
+) -> Tuple[bool, torch.dtype]:
+    """Checks shared by the three ops; returns (fp8, output dtype)."""
+    _check_tensor(op, "x", x)
+    _check_tensor(op, "weight", weight)
+    if weight.device != x.device:
+        raise ValueError(f"{op}: weight is on {weight.device} but x is on {x.device}")
+    if x.shape[1] != weight.shape[1]:
+        raise ValueError(
+            f"{op}: x {tuple(x.shape)} and weight {tuple(weight.shape)} must have the same "
+            "number of columns (the local k)"
+        )
+    fp8 = x.dtype in FP8_DTYPES or weight.dtype in FP8_DTYPES
+    if fp8:
+        if not (x.dtype in FP8_DTYPES and weight.dtype in FP8_DTYPES):
+            raise TypeError(f"{op}: FP8 needs both x and weight in FP8, got x {x.dtype} and weight {weight.dtype}")
+        if x.dtype == torch.float8_e5m2 and weight.dtype == torch.float8_e5m2:
+            raise TypeError(f"{op}: x and weight cannot both be float8_e5m2 (use float8_e4m3fn for one)")
+        _check_scale_inv(op, "x_scale_inv", x_scale_inv, x.device)
+        _check_scale_inv(op, "w_scale_inv", w_scale_inv, x.device)
+        od = torch.bfloat16 if out_dtype is None else out_dtype
+        if od not in (torch.bfloat16, torch.float16, torch.float32):
+            raise TypeError(f"{op}: out_dtype with FP8 inputs must be bfloat16, float16 or float32, got {od}")
+    else:
+        if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+            raise TypeError(f"{op}: x dtype must be bfloat16, float16, float32 or FP8, got {x.dtype}")
+        if weight.dtype != x.dtype:
+            raise TypeError(f"{op}: weight dtype {weight.dtype} differs from x dtype {x.dtype}")
+        if x_scale_inv is not None or w_scale_inv is not None:
+            raise ValueError(f"{op}: x_scale_inv / w_scale_inv are for FP8 inputs only (x is {x.dtype})")
+        od = x.dtype if out_dtype is None else out_dtype
+        if od not in (x.dtype, torch.float32):
+            raise TypeError(f"{op}: out_dtype with {x.dtype} inputs must be {x.dtype} or float32, got {od}")
+    if bias is not None:
+        _check_tensor(op, "bias", bias, ndim=None)
+        if bias.device != x.device:
+            raise ValueError(f"{op}: bias is on {bias.device} but x is on {x.device}")
+        want = (torch.float16 if od == torch.float16 else torch.bfloat16) if fp8 else od
+        if bias.dtype != want:
+            raise TypeError(f"{op}: bias dtype must be {want} (output {od}{', FP8 inputs' if fp8 else ''}), got {bias.dtype}")
+    if comm_sm_count < 0:
+        raise ValueError(f"{op}: comm_sm_count must be >= 0 (0 = the library default), got {comm_sm_count}")
+    return fp8, od
+
+
+def _global(op: str, what: str, local: int, given: int, tp: int, rank: int, tensor: str) -> int:
+    """The global size of a split dimension: ``given`` (>= 0) checked against this rank's
+    share, else local * tp."""
+    if given < 0:
+        return local * tp
+    share = numroc(given, tp, rank)
+    if share != local:
+        raise ValueError(
+            f"{op}: {tensor} has {local} along the split dimension but this rank's share of "
+            f"{what}={given} over {tp} ranks is {share} (block distribution: block = ceil({what}/tp))"
+        )
+    return given
+
+
+def _plan_ag(x, weight, bias, x_scale_inv, w_scale_inv, group_name, n_global, m_global, out_dtype, gelu, comm_sm_count) -> _Plan:
+    op = "te_comm.all_gather_gemm"
+    fp8, od = _check_common(op, x, weight, bias, x_scale_inv, w_scale_inv, out_dtype, comm_sm_count)
+    tp, rank = _group_size_rank(group_name)
+    nl, k = int(x.shape[0]), int(x.shape[1])
+    ml = int(weight.shape[0])
+    n = _global(op, "n_global", nl, n_global, tp, rank, f"x {tuple(x.shape)}")
+    m = _global(op, "m_global", ml, m_global, tp, rank, f"weight {tuple(weight.shape)}")
+    if bias is not None and bias.numel() != ml:
+        raise ValueError(f"{op}: bias must have weight.shape[0] = {ml} elements (this rank's m), got {bias.numel()}")
+    if fp8 and (k % 16 or ml % 16):
+        raise ValueError(f"{op}: FP8 needs k and this rank's m to be multiples of 16, got k={k}, m_local={ml}")
+    if gelu and ml % 8:
+        raise ValueError(f"{op}: gelu=True needs this rank's m (weight.shape[0]) to be a multiple of 8, got {ml}")
+    return _Plan(m, n, k, (n, ml), od, fp8)
+
+
+def _plan_k_split(op, x, weight, bias, x_scale_inv, w_scale_inv, group_name, k_global, out_dtype, comm_sm_count,
+                  scatter: bool, out_rows: int = -1) -> _Plan:
+    fp8, od = _check_common(op, x, weight, bias, x_scale_inv, w_scale_inv, out_dtype, comm_sm_count)
+    tp, rank = _group_size_rank(group_name)
+    n, kl = int(x.shape[0]), int(x.shape[1])
+    m = int(weight.shape[0])
+    k = _global(op, "k_global", kl, k_global, tp, rank, f"x {tuple(x.shape)} / weight {tuple(weight.shape)}")
+    if bias is not None and bias.numel() != m:
+        raise ValueError(f"{op}: bias must have weight.shape[0] = {m} elements, got {bias.numel()}")
+    if fp8 and (kl % 16 or m % 16):
+        raise ValueError(f"{op}: FP8 needs this rank's k and m to be multiples of 16, got k_local={kl}, m={m}")
+    rows = numroc(n, tp, rank) if scatter else n
+    if scatter and out_rows != rows:
+        # The output's row count is an argument (not derived from the group's rank inside
+        # the op) so that compiled-graph caches, shared by the ranks, key on it.
+        raise ValueError(
+            f"{op}: out_rows={out_rows} but this rank's share of n={n} over {tp} ranks is {rows} "
+            "(call through transformer_engine_comm.torch.gemm_reduce_scatter)"
+        )
+    return _Plan(m, n, k, (rows, m), od, fp8)
+
+
+# ----------------------------------------------------------------------------- execution
+
+
+def _launch(fn_name: str, group_name, comm, transport, p: _Plan, x, weight, bias, x_scale_inv, w_scale_inv, out, pre, algo, comm_sm_count):
+    pg = dist.distributed_c10d._resolve_process_group(group_name)
+    ctx = get_context(pg, comm=comm, transport=transport or None)
+    check_graph_capture(f"te_comm.{fn_name}", context_transport(ctx))
+    dev = context_device(ctx)
+    if dev is not None and x.device.index != dev:
+        raise ValueError(
+            f"te_comm.{fn_name}: x is on {x.device} but the group's context was created on cuda:{dev}"
+        )
+    stream = torch.cuda.current_stream(x.device).cuda_stream
+    with contextlib.ExitStack() as es:
+        a = es.enter_context(nvte_tensor(weight, scale_inv=w_scale_inv if p.fp8 else None))
+        b = es.enter_context(nvte_tensor(x, scale_inv=x_scale_inv if p.fp8 else None))
+        d = es.enter_context(nvte_tensor(out))
+        bt = es.enter_context(nvte_tensor(bias)) if bias is not None else _capi.NULL_TENSOR
+        pt = es.enter_context(nvte_tensor(pre)) if pre is not None else _capi.NULL_TENSOR
+        fn = getattr(ctx, fn_name)
+        try:
+            fn(p.m, p.n, p.k, a, b, d, bt, pt, True, False, False, False, int(comm_sm_count), stream, _capi.GemmAlgo(algo))
+        except _capi.CommError as e:
+            if torch.cuda.is_current_stream_capturing():
+                raise RuntimeError(
+                    f"te_comm.{fn_name} failed during CUDA graph capture: {e}. The library allocates "
+                    "its buffers on the first call of each size: run the op eagerly with the same "
+                    "shapes and dtypes before capturing."
+                ) from e
+            raise
+
+
+def _empty(shape, dtype, device):
+    t = torch.empty(shape, dtype=dtype, device=device)
+    if _poison and t.numel():
+        t.fill_(float("nan"))
+    return t
+
+
+def _contig(t):
+    return t if t is None or t.is_contiguous() else t.contiguous()
+
+
+# ----------------------------------------------------------------------------- custom ops
+
+
+@torch.library.custom_op("te_comm::all_gather_gemm", mutates_args=())
+def _all_gather_gemm_op(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    x_scale_inv: Optional[torch.Tensor],
+    w_scale_inv: Optional[torch.Tensor],
+    group_name: str,
+    n_global: int,
+    m_global: int,
+    out_dtype: Optional[torch.dtype],
+    gelu: bool,
+    algo: int,
+    comm_sm_count: int,
+    comm: str,
+    transport: str,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    x, weight, bias = _contig(x), _contig(weight), _contig(bias)
+    p = _plan_ag(x, weight, bias, x_scale_inv, w_scale_inv, group_name, n_global, m_global, out_dtype, gelu, comm_sm_count)
+    out = _empty(p.out_shape, p.out_dtype, x.device)
+    pre = _empty(p.out_shape if gelu else (0,), p.out_dtype, x.device)
+    _launch("all_gather_gemm", group_name, comm, transport, p, x, weight, bias, x_scale_inv, w_scale_inv,
+            out, pre if gelu else None, algo, comm_sm_count)
+    return out, pre
+
+
+@_all_gather_gemm_op.register_fake
+def _(x, weight, bias, x_scale_inv, w_scale_inv, group_name, n_global, m_global, out_dtype, gelu, algo, comm_sm_count, comm, transport):
+    p = _plan_ag(x, weight, bias, x_scale_inv, w_scale_inv, group_name, n_global, m_global, out_dtype, gelu, comm_sm_count)
+    out = x.new_empty(p.out_shape, dtype=p.out_dtype)
+    pre = x.new_empty(p.out_shape if gelu else (0,), dtype=p.out_dtype)
+    return out, pre
+
+
+@torch.library.custom_op("te_comm::gemm_reduce_scatter", mutates_args=())
+def _gemm_reduce_scatter_op(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    x_scale_inv: Optional[torch.Tensor],
+    w_scale_inv: Optional[torch.Tensor],
+    group_name: str,
+    k_global: int,
+    out_rows: int,
+    out_dtype: Optional[torch.dtype],
+    algo: int,
+    comm_sm_count: int,
+    comm: str,
+    transport: str,
+) -> torch.Tensor:
+    x, weight, bias = _contig(x), _contig(weight), _contig(bias)
+    p = _plan_k_split("te_comm.gemm_reduce_scatter", x, weight, bias, x_scale_inv, w_scale_inv, group_name,
+                      k_global, out_dtype, comm_sm_count, scatter=True, out_rows=out_rows)
+    out = _empty(p.out_shape, p.out_dtype, x.device)
+    _launch("gemm_reduce_scatter", group_name, comm, transport, p, x, weight, bias, x_scale_inv, w_scale_inv,
+            out, None, algo, comm_sm_count)
+    return out
+
+
+@_gemm_reduce_scatter_op.register_fake
+def _(x, weight, bias, x_scale_inv, w_scale_inv, group_name, k_global, out_rows, out_dtype, algo, comm_sm_count, comm,
+      transport):
+    p = _plan_k_split("te_comm.gemm_reduce_scatter", x, weight, bias, x_scale_inv, w_scale_inv, group_name,
+                      k_global, out_dtype, comm_sm_count, scatter=True, out_rows=out_rows)
+    return x.new_empty(p.out_shape, dtype=p.out_dtype)
+
+
+@torch.library.custom_op("te_comm::gemm_all_reduce", mutates_args=())
+def _gemm_all_reduce_op(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    x_scale_inv: Optional[torch.Tensor],
+    w_scale_inv: Optional[torch.Tensor],
+    group_name: str,
+    k_global: int,
+    out_dtype: Optional[torch.dtype],
+    algo: int,
+    comm_sm_count: int,
+    comm: str,
+    transport: str,
+) -> torch.Tensor:
+    x, weight, bias = _contig(x), _contig(weight), _contig(bias)
+    p = _plan_k_split("te_comm.gemm_all_reduce", x, weight, bias, x_scale_inv, w_scale_inv, group_name,
+                      k_global, out_dtype, comm_sm_count, scatter=False)
+    out = _empty(p.out_shape, p.out_dtype, x.device)
+    _launch("gemm_all_reduce", group_name, comm, transport, p, x, weight, bias, x_scale_inv, w_scale_inv,
+            out, None, algo, comm_sm_count)
+    return out
+
+
+@_gemm_all_reduce_op.register_fake
+def _(x, weight, bias, x_scale_inv, w_scale_inv, group_name, k_global, out_dtype, algo, comm_sm_count, comm, transport):
+    p = _plan_k_split("te_comm.gemm_all_reduce", x, weight, bias, x_scale_inv, w_scale_inv, group_name,
+                      k_global, out_dtype, comm_sm_count, scatter=False)
+    return x.new_empty(p.out_shape, dtype=p.out_dtype)
+
+
+# ----------------------------------------------------------------------------- public API
+
+
+def _opt_int(v, what: str) -> int:
+    if v is None:
+        return -1
+    v = int(v)
+    if v < 0:
+        raise ValueError(f"{what} must be >= 0, got {v}")
+    return v
+
+
+def _check_layout(op: str, x, weight, bias) -> None:
+    # The custom ops make inputs contiguous (compiled graphs may hand them other strides);
+    # a caller passing a transposed view gets an error here instead of a silent copy.
+    for name, t in (("x", x), ("weight", weight)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 2:
+            raise ValueError(f"{op}: {name} must have 2 dimensions, got shape {tuple(t.shape)}")
+    for name, t in (("x", x), ("weight", weight), ("bias", bias)):
+        if isinstance(t, torch.Tensor) and not t.is_contiguous():
+            raise ValueError(f"{op}: {name} must be contiguous (row-major), got shape {tuple(t.shape)} strides {t.stride()}")
+
+
+def _size_rank(group) -> Tuple[int, int]:
+    # ProcessGroup.size() / .rank() are constants to dynamo (no graph break).
+    pg = group
+    if pg is None:
+        pg = dist.group.WORLD
+    elif isinstance(pg, str):
+        pg = dist.distributed_c10d._resolve_process_group(pg)
+    return pg.size(), pg.rank()
+
+
+def _kind_args(comm: str, transport: Optional[str]) -> Tuple[str, str]:
+    if comm not in ("pg", "own"):
+        raise ValueError(f"comm must be 'pg' or 'own', got {comm!r}")
+    if transport not in (None, "auto", "ipc", "nccl"):
+        raise ValueError(f"transport must be None, 'auto', 'ipc' or 'nccl', got {transport!r}")
+    return comm, transport or ""
+
+
+def all_gather_gemm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    *,
+    group=None,
+    gelu: bool = False,
+    n_global: Optional[int] = None,
+    m_global: Optional[int] = None,
+    x_scale_inv: Optional[torch.Tensor] = None,
+    w_scale_inv: Optional[torch.Tensor] = None,
+    out_dtype: Optional[torch.dtype] = None,
+    algo: Union[str, int] = "default",
+    comm_sm_count: int = 0,
+    comm: str = "pg",
+    transport: Optional[str] = None,
+):
+    """``AG(x) @ weight.T (+ bias)``: x [n_local, k] = this rank's rows (n split),
+    weight [m_local, k] = this rank's rows of the weight (m split) -> [n_global, m_local].
+
+    n_global / m_global: the global sizes; required when the shares are uneven (block
+    distribution, see numroc), else n_local * tp / m_local * tp. gelu=True returns
+    ``(gelu(y), y)``. group: a ProcessGroup (None = world). comm: "pg" (the group's NCCL
+    communicator) or "own"; transport: None, "auto", "ipc" or "nccl" (see get_context).
+    """
+    _check_layout("te_comm.all_gather_gemm", x, weight, bias)
+    comm, transport = _kind_args(comm, transport)
+    size, _ = _size_rank(group)
+    # Concrete global sizes: the op's output shape must follow from its arguments alone
+    # (compiled-graph caches are shared by ranks and by runs with other group sizes).
+    n = _opt_int(n_global, "n_global")
+    m = _opt_int(m_global, "m_global")
+    out, pre = torch.ops.te_comm.all_gather_gemm(
+        x, weight, bias, x_scale_inv, w_scale_inv, group_name_of(group),
+        x.shape[0] * size if n < 0 else n, weight.shape[0] * size if m < 0 else m, out_dtype, bool(gelu),
+        _algo_id(algo), int(comm_sm_count), comm, transport,
+    )
+    return (out, pre) if gelu else out
+
+
+def gemm_reduce_scatter(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    *,
+    group=None,
+    gelu: bool = False,
+    k_global: Optional[int] = None,
+    x_scale_inv: Optional[torch.Tensor] = None,
+    w_scale_inv: Optional[torch.Tensor] = None,
+    out_dtype: Optional[torch.dtype] = None,
+    algo: Union[str, int] = "default",
+    comm_sm_count: int = 0,
+    comm: str = "pg",
+    transport: Optional[str] = None,
+):
+    """``RS_rows(x @ weight.T) (+ bias once)``: x [n, k_local], weight [m, k_local] (k split)
+    -> this rank's rows [numroc(n), m] of the sum over ranks. k_global: the global k, required
+    when the k shares are uneven. gelu=True returns ``(gelu(y), y)`` (applied after the
+    reduction)."""
+    _check_layout("te_comm.gemm_reduce_scatter", x, weight, bias)
+    comm, transport = _kind_args(comm, transport)
+    size, rank = _size_rank(group)
+    k = _opt_int(k_global, "k_global")
+    y = torch.ops.te_comm.gemm_reduce_scatter(
+        x, weight, bias, x_scale_inv, w_scale_inv, group_name_of(group), x.shape[1] * size if k < 0 else k,
+        numroc(x.shape[0], size, rank), out_dtype, _algo_id(algo), int(comm_sm_count), comm, transport,
+    )
+    return (F.gelu(y, approximate="tanh"), y) if gelu else y
+
+
+def gemm_all_reduce(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    *,
+    group=None,
+    gelu: bool = False,
+    k_global: Optional[int] = None,
+    x_scale_inv: Optional[torch.Tensor] = None,
+    w_scale_inv: Optional[torch.Tensor] = None,
+    out_dtype: Optional[torch.dtype] = None,
+    algo: Union[str, int] = "default",
+    comm_sm_count: int = 0,
+    comm: str = "pg",
+    transport: Optional[str] = None,
+):
+    """``AR(x @ weight.T) (+ bias once)``: x [n, k_local], weight [m, k_local] (k split) ->
+    [n, m] on every rank. k_global as in gemm_reduce_scatter; gelu=True returns
+    ``(gelu(y), y)`` (applied after the reduction)."""
+    _check_layout("te_comm.gemm_all_reduce", x, weight, bias)
+    comm, transport = _kind_args(comm, transport)
+    size, _ = _size_rank(group)
+    k = _opt_int(k_global, "k_global")
+    y = torch.ops.te_comm.gemm_all_reduce(
+        x, weight, bias, x_scale_inv, w_scale_inv, group_name_of(group), x.shape[1] * size if k < 0 else k,
+        out_dtype, _algo_id(algo), int(comm_sm_count), comm, transport,
+    )
+    return (F.gelu(y, approximate="tanh"), y) if gelu else y

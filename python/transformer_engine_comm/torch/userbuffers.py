@@ -1,0 +1,599 @@
+"""Userbuffers-style overlap objects on torch tensors (TE's CommOverlap / CommOverlapP2P).
+
+:class:`CommOverlap` owns a buffer of ``[rows, cols]`` registered across the ranks of a
+tensor-parallel group (``_capi.Overlap``: CUDA IPC inside a node, or NCCL) and runs the
+library's overlap algorithms on ``torch.cuda.current_stream()``:
+
+- :meth:`CommOverlap.split_overlap_ag`: ``out = AG(x) @ weight.T`` by ring exchange, each
+  chunk's GEMM overlapping the next chunk's transfer (TE SPLIT_PIPELINED_AG_P2P);
+- :meth:`CommOverlap.split_overlap_rs`: ``out = RS_rows(x @ weight.T)``, GEMM chunks
+  reduce-scattered while the next computes (TE SPLIT_PIPELINED_RS);
+- :meth:`CommOverlap.split_overlap_rs_p2p`: the same by ring exchange (TE
+  SPLIT_PIPELINED_RS_P2P);
+- :meth:`CommOverlap.bulk_overlap`: an all-gather or reduce-scatter of the buffer beside an
+  unrelated GEMM (TE BULK_OVERLAP_AG / BULK_OVERLAP_RS).
+
+All GEMMs are TE's TN form: A = weight [m, k], B = x [n, k], D = [n, m] = ``x @ weight.T``.
+Creation is collective over the group. :meth:`CommOverlap.get_buffer` returns a torch
+view of the registered buffer (valid until :meth:`CommOverlap.close`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import enum
+import threading
+import weakref
+from typing import Optional, Tuple, Union
+
+import torch
+import torch.distributed as dist
+import torch.utils.dlpack
+
+from .. import _capi
+from . import _context
+from ._context import (
+    FP8_DTYPES,
+    nvte_dtype,
+    nvte_tensor,
+    process_group_nccl_comm,
+    register_exit_hook,
+    resolve_group,
+)
+
+__all__ = ["CommOverlap", "CommOverlapType", "destroy_userbuffers"]
+
+DEFAULT_WORKSPACE_BYTES = 32 << 20
+
+_TRANSPORT_IDS = {"auto": 0, "ipc": 1, "nccl": 2}
+
+
+class CommOverlapType(enum.IntEnum):
+    """Which collective a bulk overlap performs (NVTECommOverlapType / TE's values)."""
+
+    RS = 0
+    AG = 1
+
+
+# ----------------------------------------------------------------------------- _capi adapters
+
+
+def _handle_ptr(t) -> int:
+    """Data pointer of a ``_capi.Tensor`` (a handle the library created, e.g. a buffer view)."""
+    for attr in ("ptr", "data_ptr"):
+        v = getattr(t, attr, None)
+        if v is not None:
+            v = v() if callable(v) else v
+            if v:
+                return int(v)
+    lib = _capi.lib()
+    p = lib.nvte_tensor_data(t.handle)
+    p = p.value if hasattr(p, "value") else p
+    if not p:
+        _capi.check_last("nvte_tensor_data")
+        raise RuntimeError("te_comm: the overlap buffer view has no data pointer")
+    return int(p)
+
+
+# A torch tensor over memory torch did not allocate (the registered buffer): a DLPack
+# capsule built with ctypes (no numpy needed), else a __cuda_array_interface__ object.
+# Either way the tensor holds ``owner`` (the ``_capi.Overlap``) until it is freed.
+
+_KDL_CPU, _KDL_CUDA = 1, 2
+_KDL_UINT = 1
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", _DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", _DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    pass
+
+
+_DL_DELETER = ctypes.CFUNCTYPE(None, ctypes.POINTER(_DLManagedTensor))
+_DLManagedTensor._fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", _DL_DELETER)]
+
+_dl_alive = {}  # address of a DLManagedTensor -> (the struct, its shape array, owner)
+_dl_lock = threading.Lock()
+
+
+def _dl_delete(p) -> None:
+    addr = ctypes.cast(p, ctypes.c_void_p).value
+    with _dl_lock:
+        _dl_alive.pop(addr, None)
+
+
+_dl_deleter = _DL_DELETER(_dl_delete)  # module lifetime: torch may call it at any time
+
+
+def _bytes_tensor_dlpack(ptr: int, nbytes: int, device: torch.device, owner) -> torch.Tensor:
+    shape = (ctypes.c_int64 * 1)(nbytes)
+    m = _DLManagedTensor()
+    m.dl_tensor.data = ptr
+    m.dl_tensor.device = _DLDevice(_KDL_CUDA if device.type == "cuda" else _KDL_CPU, device.index or 0)
+    m.dl_tensor.ndim = 1
+    m.dl_tensor.dtype = _DLDataType(_KDL_UINT, 8, 1)
+    m.dl_tensor.shape = shape
+    m.dl_tensor.strides = None
+    m.dl_tensor.byte_offset = 0
+    m.manager_ctx = None
+    m.deleter = _dl_deleter
+    addr = ctypes.addressof(m)
+    capsule_new = ctypes.pythonapi.PyCapsule_New
+    capsule_new.restype = ctypes.py_object
+    capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+    with _dl_lock:
+        _dl_alive[addr] = (m, shape, owner)
+    try:
+        t = torch.utils.dlpack.from_dlpack(capsule_new(addr, b"dltensor", None))
+    except BaseException:
+        with _dl_lock:
+            _dl_alive.pop(addr, None)
+        raise
+    return t
+
+
+class _DeviceMemory:
+    """``__cuda_array_interface__`` over the registered buffer's bytes; holds ``owner``."""
+
+    def __init__(self, ptr: int, nbytes: int, owner):
+        self.owner = owner
+        self.__cuda_array_interface__ = {
+            "shape": (nbytes,),
+            "typestr": "|u1",
+            "data": (ptr, False),
+            "version": 2,
+            "strides": None,
+        }
+
+
+def bytes_tensor(ptr: int, nbytes: int, device: torch.device, owner) -> torch.Tensor:
+    """A uint8 torch tensor of ``nbytes`` at device address ``ptr`` (not owned: ``owner`` is
+    kept alive while the tensor, or any view of it, exists)."""
+    try:
+        t = _bytes_tensor_dlpack(ptr, nbytes, device, owner)
+    except Exception as e:
+        if device.type != "cuda":
+            raise
+        try:
+            t = torch.as_tensor(_DeviceMemory(ptr, nbytes, owner), device=device)
+        except Exception as e2:
+            raise RuntimeError(f"te_comm: cannot view device memory as a torch tensor: DLPack: {e}; "
+                               f"__cuda_array_interface__: {e2}") from e2
+    if t.data_ptr() != ptr or t.numel() != nbytes or t.device != device:
+        raise RuntimeError(
+            f"te_comm: the torch view of the buffer is {t.numel()} bytes at {t.data_ptr():#x} on {t.device}, "
+            f"expected {nbytes} at {ptr:#x} on {device}"
+        )
+    return t
+
+
+def _check_cuda(what: str, t, device: torch.device, ndim: Optional[int] = 2) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"CommOverlap: {what} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device != device:
+        raise ValueError(f"CommOverlap: {what} must be on {device} (the object's device), got {t.device}")
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"CommOverlap: {what} must have {ndim} dimensions, got shape {tuple(t.shape)}")
+    if not t.is_contiguous():
+        raise ValueError(f"CommOverlap: {what} must be contiguous (row-major)")
+
+
+_live: "weakref.WeakSet[CommOverlap]" = weakref.WeakSet()
+_live_lock = threading.Lock()
+
+
+def destroy_userbuffers() -> None:
+    """Close every live :class:`CommOverlap` (runs at exit too, before the contexts)."""
+    with _live_lock:
+        objs = list(_live)
+    for o in objs:
+        try:
+            o.close()
+        except Exception:
+            pass
+
+
+register_exit_hook(destroy_userbuffers)
+
+
+# ----------------------------------------------------------------------------- the object
+
+
+class CommOverlap:
+    """A registered ``[rows, cols]`` buffer of ``dtype`` shared by the ranks of a
+    tensor-parallel group, and the overlap algorithms on it.
+
+    shape: (rows, cols); rows must be divisible by the tensor-parallel size. For
+    split_overlap_ag the buffer must hold the gathered ``x`` ([n, k] of x's dtype); for
+    split_overlap_rs[_p2p] the GEMM output ([n, m] of the buffer dtype: the output dtype, or
+    FP8 with ``buffer_scale``); for bulk_overlap the tensor being gathered / reduced.
+
+    group: the process group whose ranks share the buffer (None = world). tp_size: ranks
+    per tensor-parallel group inside ``group`` (consecutive blocks of the group's ranks);
+    None = the whole group. bootstrap: "nccl" (setup through the group's NCCL communicator)
+    or "callbacks" (setup through torch.distributed collectives on the group, TE's
+    ExtAllgatherOp / ExtBarrierOp way). The remaining keywords override the library's
+    defaults (``_capi.overlap_config_default()``: TE's defaults plus NVTE_COMM_* variables).
+    """
+
+    def __init__(
+        self,
+        shape: Tuple[int, int],
+        dtype: torch.dtype,
+        group=None,
+        *,
+        tp_size: Optional[int] = None,
+        bootstrap: str = "nccl",
+        num_splits: Optional[int] = None,
+        num_max_streams: Optional[int] = None,
+        comm_cga_size: Optional[int] = None,
+        num_comm_sm: Optional[int] = None,
+        set_sm_margin: Optional[bool] = None,
+        use_ce: Optional[bool] = None,
+        aggregate: Optional[bool] = None,
+        gemm_priority: Optional[int] = None,
+        comm_priority: Optional[int] = None,
+        timeout_ms: Optional[int] = None,
+        transport: Optional[str] = None,
+        workspace_bytes: int = DEFAULT_WORKSPACE_BYTES,
+    ):
+        self._ov = None
+        if len(shape) != 2 or int(shape[0]) <= 0 or int(shape[1]) <= 0:
+            raise ValueError(f"CommOverlap: shape must be (rows, cols) with positive sizes, got {shape}")
+        rows, cols = int(shape[0]), int(shape[1])
+        nvte_dt = nvte_dtype(dtype)
+        if dtype not in (torch.float32, torch.float16, torch.bfloat16) + FP8_DTYPES:
+            raise TypeError(f"CommOverlap: buffer dtype must be float32, float16, bfloat16 or FP8, got {dtype}")
+        pg = resolve_group(group)
+        gsize, grank = pg.size(), pg.rank()
+        tp = gsize if tp_size is None else int(tp_size)
+        if tp <= 0 or gsize % tp:
+            raise ValueError(f"CommOverlap: tp_size={tp_size} must divide the group size {gsize}")
+        if rows % tp:
+            raise ValueError(f"CommOverlap: rows={rows} must be divisible by the tensor-parallel size {tp}")
+        if bootstrap not in ("nccl", "callbacks"):
+            raise ValueError(f"CommOverlap: bootstrap must be 'nccl' or 'callbacks', got {bootstrap!r}")
+        if transport is not None and transport not in _TRANSPORT_IDS:
+            raise ValueError(f"CommOverlap: transport must be None or one of {sorted(_TRANSPORT_IDS)}, got {transport!r}")
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("CommOverlap: cannot be created during CUDA graph capture")
+
+        cfg = _capi.overlap_config_default()
+        cfg.tp_size = tp
+        for name, value in (
+            ("num_splits", num_splits),
+            ("num_max_streams", num_max_streams),
+            ("comm_cga_size", comm_cga_size),
+            ("num_comm_sm", num_comm_sm),
+            ("set_sm_margin", set_sm_margin),
+            ("use_ce", use_ce),
+            ("aggregate", aggregate),
+            ("gemm_priority", gemm_priority),
+            ("comm_priority", comm_priority),
+            ("timeout_ms", timeout_ms),
+        ):
+            if value is not None:
+                setattr(cfg, name, value)
+        if transport is not None:
+            cfg.transport = _TRANSPORT_IDS[transport]
+        self._transport = {v: k for k, v in _TRANSPORT_IDS.items()}.get(int(cfg.transport), "auto")
+
+        self.device = _context._current_device()
+        self.group = pg
+        self.dtype = dtype
+        self.shape = (rows, cols)
+        if bootstrap == "nccl":
+            self._ov = _capi.Overlap(process_group_nccl_comm(pg), cfg, rows, cols, nvte_dt)
+        else:
+            self._ov = _capi.Overlap.from_callbacks(
+                grank, gsize, self._make_allgather(pg), self._make_barrier(pg), cfg, rows, cols, nvte_dt
+            )
+        self.tp_size, self.tp_rank = (int(v) for v in self._ov.tp)
+        view = self._ov.get_buffer(False)
+        try:
+            self._buffer_ptr = _handle_ptr(view)
+        finally:
+            view.close()
+        nbytes = rows * cols * torch.tensor([], dtype=dtype).element_size()
+        self._buffer = bytes_tensor(self._buffer_ptr, nbytes, self.device, self._ov).view(dtype).view(rows, cols)
+        self._workspace = torch.empty(int(workspace_bytes), dtype=torch.uint8, device=self.device)
+        with _live_lock:
+            _live.add(self)
+
+    # ------------------------------------------------------------------ bootstrap callbacks
+
+    @staticmethod
+    def _make_allgather(pg):
+        def allgather(local: bytes) -> bytes:
+            out = [None] * pg.size()
+            dist.all_gather_object(out, bytes(local), group=pg)
+            return b"".join(out)
+
+        return allgather
+
+    @staticmethod
+    def _make_barrier(pg):
+        def barrier() -> None:
+            out = [None] * pg.size()
+            dist.all_gather_object(out, None, group=pg)
+
+        return barrier
+
+    # ------------------------------------------------------------------ basics
+
+    def _check_open(self) -> None:
+        if self._ov is None:
+            raise RuntimeError("CommOverlap: the object is closed")
+
+    def _stream(self) -> int:
+        _context.check_graph_capture("CommOverlap", self._transport)
+        return torch.cuda.current_stream(self.device).cuda_stream
+
+    def is_fp8_ubuf(self) -> bool:
+        return self.dtype in FP8_DTYPES
+
+    def get_buffer(self, local_chunk: bool = False, shape: Optional[Tuple[int, ...]] = None) -> torch.Tensor:
+        """A torch view of the registered buffer: the whole [rows, cols], or this rank's
+        chunk [rows / tp, cols] (optionally reshaped to ``shape``). Valid until close();
+        reads / writes are ordinary CUDA tensor work on the caller's streams."""
+        self._check_open()
+        t = self._buffer
+        if local_chunk:
+            rc = self.shape[0] // self.tp_size
+            t = t[self.tp_rank * rc:(self.tp_rank + 1) * rc]
+        return t if shape is None else t.view(shape)
+
+    def _buffer_tensor(self, *, scale=None, scale_inv=None, shape=None):
+        return nvte_tensor(self._buffer, scale=scale, scale_inv=scale_inv, shape=shape)
+
+    def copy_into_buffer(self, input: torch.Tensor, local_chunk: bool = False) -> None:
+        """Copy ``input`` into this rank's chunk (local_chunk) or the whole buffer, on the
+        current stream, once the peers are done with the previous call."""
+        self._check_open()
+        _check_cuda("input", input, self.device, ndim=None)
+        if input.dtype != self.dtype:
+            raise TypeError(f"CommOverlap.copy_into_buffer: input dtype {input.dtype} differs from the buffer's {self.dtype}")
+        want = self.shape[0] * self.shape[1] // (self.tp_size if local_chunk else 1)
+        if input.numel() != want:
+            raise ValueError(
+                f"CommOverlap.copy_into_buffer: input has {input.numel()} elements but the "
+                f"{'local chunk' if local_chunk else 'buffer'} has {want}"
+            )
+        with nvte_tensor(input) as t:
+            self._ov.copy_into_buffer(t, bool(local_chunk), self._stream())
+
+    # ------------------------------------------------------------------ argument plumbing
+
+    def _gemm_inputs(self, what: str, weight, x, x_scale_inv, w_scale_inv, use_split_accumulator):
+        _check_cuda("weight", weight, self.device)
+        fp8 = weight.dtype in FP8_DTYPES or (x is not None and x.dtype in FP8_DTYPES)
+        if fp8:
+            for name, s in (("x_scale_inv", x_scale_inv), ("w_scale_inv", w_scale_inv)):
+                if s is None:
+                    raise ValueError(f"CommOverlap.{what}: FP8 inputs need {name}")
+        usa = (not fp8) if use_split_accumulator is None else bool(use_split_accumulator)
+        return fp8, usa
+
+    def _opt(self, es, t, what: str, ndim=None):
+        if t is None:
+            return _capi.NULL_TENSOR
+        _check_cuda(what, t, self.device, ndim=ndim)
+        return es.enter_context(nvte_tensor(t))
+
+    # ------------------------------------------------------------------ algorithms
+
+    def split_overlap_ag(
+        self,
+        weight: torch.Tensor,
+        x_local: Optional[torch.Tensor],
+        out: torch.Tensor,
+        *,
+        bias: Optional[torch.Tensor] = None,
+        pre_gelu_out: Optional[torch.Tensor] = None,
+        x_copy: Optional[torch.Tensor] = None,
+        x_scale_inv: Optional[torch.Tensor] = None,
+        w_scale_inv: Optional[torch.Tensor] = None,
+        accumulate: bool = False,
+        use_split_accumulator: Optional[bool] = None,
+    ) -> torch.Tensor:
+        """``out [n, m] = AG(x) @ weight.T (+ bias)`` by ring exchange through the buffer.
+
+        x_local: this rank's rows [n / tp, k] (copied into the buffer first), or None when
+        the local chunk was filled with :meth:`copy_into_buffer` (then n, k = rows, cols).
+        pre_gelu_out [n, m]: GELU epilogue (out = gelu(pre)); x_copy [n, k]: receives the
+        gathered x. FP8 buffer: x_scale_inv / w_scale_inv (float32 one-element tensors).
+        """
+        self._check_open()
+        _check_cuda("weight", weight, self.device)
+        _check_cuda("out", out, self.device)
+        if x_local is None:
+            n, k = self.shape
+            if out.shape[0] != n or weight.shape[1] != k:
+                raise ValueError(
+                    f"CommOverlap.split_overlap_ag: with x_local=None the gathered x is the whole buffer "
+                    f"{self.shape}: out must have {n} rows and weight {k} columns, got out {tuple(out.shape)}, "
+                    f"weight {tuple(weight.shape)}"
+                )
+        else:
+            _check_cuda("x_local", x_local, self.device)
+            if x_local.dtype != self.dtype:
+                raise TypeError(f"CommOverlap.split_overlap_ag: x_local dtype {x_local.dtype} differs from the buffer's {self.dtype}")
+        fp8, usa = self._gemm_inputs("split_overlap_ag", weight, x_local, x_scale_inv, w_scale_inv, use_split_accumulator)
+        with contextlib.ExitStack() as es:
+            a = es.enter_context(nvte_tensor(weight, scale_inv=w_scale_inv if fp8 else None))
+            if x_local is None:
+                b = es.enter_context(self._buffer_tensor(scale_inv=x_scale_inv if fp8 else None))
+            else:
+                b = es.enter_context(nvte_tensor(x_local, scale_inv=x_scale_inv if fp8 else None))
+            d = es.enter_context(nvte_tensor(out))
+            bt = self._opt(es, bias, "bias", ndim=None)
+            pt = self._opt(es, pre_gelu_out, "pre_gelu_out")
+            ct = self._opt(es, x_copy, "x_copy")
+            ws = es.enter_context(nvte_tensor(self._workspace))
+            self._ov.split_ag(a, True, b, False, d, bt, pt, False, ws, bool(accumulate), usa, ct, self._stream())
+        return out
+
+    def _split_rs(self, p2p, weight, x, out, bias, x_scale_inv, w_scale_inv, buffer_scale, buffer_scale_inv,
+                  accumulate, use_split_accumulator):
+        what = "split_overlap_rs_p2p" if p2p else "split_overlap_rs"
+        self._check_open()
+        _check_cuda("x", x, self.device)
+        _check_cuda("out", out, self.device)
+        fp8, usa = self._gemm_inputs(what, weight, x, x_scale_inv, w_scale_inv, use_split_accumulator)
+        if self.is_fp8_ubuf() and (buffer_scale is None or buffer_scale_inv is None):
+            raise ValueError(
+                f"CommOverlap.{what}: an FP8 buffer holds the partial products quantized: pass "
+                "buffer_scale and buffer_scale_inv (float32 one-element tensors, scale_inv = 1/scale)"
+            )
+        with contextlib.ExitStack() as es:
+            a = es.enter_context(nvte_tensor(weight, scale_inv=w_scale_inv if fp8 else None))
+            b = es.enter_context(nvte_tensor(x, scale_inv=x_scale_inv if fp8 else None))
+            d = es.enter_context(self._buffer_tensor(scale=buffer_scale, scale_inv=buffer_scale_inv))
+            bt = self._opt(es, bias, "bias", ndim=None)
+            o = es.enter_context(nvte_tensor(out))
+            ws = es.enter_context(nvte_tensor(self._workspace))
+            fn = self._ov.split_rs_p2p if p2p else self._ov.split_rs
+            fn(a, True, b, False, d, bt, _capi.NULL_TENSOR, False, ws, bool(accumulate), usa, o, self._stream())
+        return out
+
+    def split_overlap_rs(
+        self,
+        weight: torch.Tensor,
+        x: torch.Tensor,
+        out: torch.Tensor,
+        *,
+        bias: Optional[torch.Tensor] = None,
+        x_scale_inv: Optional[torch.Tensor] = None,
+        w_scale_inv: Optional[torch.Tensor] = None,
+        buffer_scale: Optional[torch.Tensor] = None,
+        buffer_scale_inv: Optional[torch.Tensor] = None,
+        accumulate: bool = False,
+        use_split_accumulator: Optional[bool] = None,
+    ) -> torch.Tensor:
+        """``out [n / tp, m] = this rank's rows of sum_ranks(x @ weight.T) (+ bias on every
+        rank's partial, TE's convention)``, pipelined: GEMM column chunks into the buffer
+        ([n, m]), each reduce-scattered while the next computes. x [n, k_local], weight
+        [m, k_local]. FP8 buffer: buffer_scale / buffer_scale_inv (partials quantized)."""
+        return self._split_rs(False, weight, x, out, bias, x_scale_inv, w_scale_inv, buffer_scale,
+                              buffer_scale_inv, accumulate, use_split_accumulator)
+
+    def split_overlap_rs_p2p(
+        self,
+        weight: torch.Tensor,
+        x: torch.Tensor,
+        out: torch.Tensor,
+        *,
+        bias: Optional[torch.Tensor] = None,
+        x_scale_inv: Optional[torch.Tensor] = None,
+        w_scale_inv: Optional[torch.Tensor] = None,
+        buffer_scale: Optional[torch.Tensor] = None,
+        buffer_scale_inv: Optional[torch.Tensor] = None,
+        accumulate: bool = False,
+        use_split_accumulator: Optional[bool] = None,
+    ) -> torch.Tensor:
+        """As :meth:`split_overlap_rs`, by ring exchange: step i computes the rows owned by
+        rank (r+i+1) % tp and puts them there while the next step computes."""
+        return self._split_rs(True, weight, x, out, bias, x_scale_inv, w_scale_inv, buffer_scale,
+                              buffer_scale_inv, accumulate, use_split_accumulator)
+
+    def bulk_overlap(
+        self,
+        comm_type: Union[CommOverlapType, str, int],
+        weight: torch.Tensor,
+        x: torch.Tensor,
+        out: torch.Tensor,
+        *,
+        rs_output: Optional[torch.Tensor] = None,
+        bias: Optional[torch.Tensor] = None,
+        pre_gelu_out: Optional[torch.Tensor] = None,
+        x_scale_inv: Optional[torch.Tensor] = None,
+        w_scale_inv: Optional[torch.Tensor] = None,
+        buffer_scale_inv: Optional[torch.Tensor] = None,
+        accumulate: bool = False,
+        use_split_accumulator: Optional[bool] = None,
+    ) -> torch.Tensor:
+        """The collective ``comm_type`` on the pre-filled buffer beside the unrelated GEMM
+        ``out = x @ weight.T (+ bias)``.
+
+        AG ("ag"): every rank's chunk (filled with copy_into_buffer(..., local_chunk=True))
+        is gathered into every rank's buffer (read it with get_buffer()). RS ("rs"): the
+        buffers (filled whole) are summed, this rank's rows into ``rs_output``
+        [rows / tp, cols]; an FP8 buffer needs buffer_scale_inv. Returns ``out``."""
+        self._check_open()
+        if isinstance(comm_type, str):
+            key = comm_type.upper()
+            if key not in CommOverlapType.__members__:
+                raise ValueError(f"CommOverlap.bulk_overlap: comm_type must be 'ag' or 'rs', got {comm_type!r}")
+            ct = CommOverlapType[key]
+        else:
+            ct = CommOverlapType(int(comm_type))
+        _check_cuda("x", x, self.device)
+        _check_cuda("out", out, self.device)
+        fp8, usa = self._gemm_inputs("bulk_overlap", weight, x, x_scale_inv, w_scale_inv, use_split_accumulator)
+        if ct == CommOverlapType.RS:
+            if rs_output is None:
+                raise ValueError("CommOverlap.bulk_overlap: a reduce-scatter needs rs_output [rows / tp, cols]")
+            if self.is_fp8_ubuf() and buffer_scale_inv is None:
+                raise ValueError("CommOverlap.bulk_overlap: an FP8 buffer's reduce-scatter needs buffer_scale_inv")
+        elif rs_output is not None:
+            raise ValueError("CommOverlap.bulk_overlap: rs_output is for comm_type RS only")
+        with contextlib.ExitStack() as es:
+            a = es.enter_context(nvte_tensor(weight, scale_inv=w_scale_inv if fp8 else None))
+            b = es.enter_context(nvte_tensor(x, scale_inv=x_scale_inv if fp8 else None))
+            d = es.enter_context(nvte_tensor(out))
+            bt = self._opt(es, bias, "bias", ndim=None)
+            pt = self._opt(es, pre_gelu_out, "pre_gelu_out")
+            ws = es.enter_context(nvte_tensor(self._workspace))
+            buf = es.enter_context(self._buffer_tensor(scale_inv=buffer_scale_inv))
+            ro = self._opt(es, rs_output, "rs_output")
+            self._ov.bulk(int(ct), a, True, b, False, d, bt, pt, False, ws, bool(accumulate), usa, buf, ro,
+                          self._stream())
+        return out
+
+    # ------------------------------------------------------------------ lifetime
+
+    def synchronize(self) -> None:
+        """Host-wait until the object's last call finished on the GPU (raises CommError,
+        naming rank, peer and step, when a wait for a peer timed out)."""
+        self._check_open()
+        self._ov.synchronize()
+
+    def close(self) -> None:
+        """Destroy the object (waits, bounded, until the peers are done with this rank's
+        buffer). Views from get_buffer() must not be used afterwards. Idempotent."""
+        ov, self._ov = self._ov, None
+        if ov is None:
+            return
+        with _live_lock:
+            _live.discard(self)
+        self._buffer = None
+        ov.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        state = "closed" if self._ov is None else f"tp {self.tp_size} rank {self.tp_rank}"
+        return f"CommOverlap(shape={self.shape}, dtype={self.dtype}, {state})"
