@@ -12,7 +12,7 @@ struct ErrorRecord {
   u32 peer;  // world rank of the peer that never signalled
   u32 op;    // operation id (engine's enum)
   u32 step;  // algorithm step
-  u64 seq;   // call sequence number
+  u64 seq;   // call number (the device-side call counter)
   u64 waited_ns;
 };
 
@@ -38,14 +38,28 @@ __device__ __forceinline__ void st_release_sys(u64 *p, u64 v) {
   asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
-// One thread per flag: wait until *flag >= expected, or until timeout_ns has passed
-// (then record the error and return). Returns at once if an error is already recorded.
-extern "C" __global__ void wait_flags(FlagSet set, u64 expected, u64 timeout_ns, ErrorRecord *err, u32 op, u32 step,
-                                      u64 seq) {
+// Flag values come from device memory, never from the host. Each overlap object has, on
+// every rank, a call counter in its own device memory: `begin_call` increments it on the
+// stream at the start of every call, and every signal / wait of the call reads it, so a
+// value is (call number << 16) + tag (tag: algorithm step + 1). A call captured into a
+// CUDA graph thus gets a new, larger number at every replay (a number written into the
+// kernel arguments on the host would be frozen by the capture: after the first replay
+// every wait would already be satisfied). All ranks make the same calls, so their
+// counters agree.
+__device__ __forceinline__ u64 flag_value(const u64 *counter, u64 tag) {
+  return (*(const volatile u64 *)counter << 16) + tag;
+}
+
+// One thread per flag: wait until *flag >= (call number << 16) + tag, or until
+// timeout_ns has passed (then record the error, with the call number, and return).
+// Returns at once if an error is already recorded.
+extern "C" __global__ void wait_flags(FlagSet set, const u64 *counter, u64 tag, u64 timeout_ns, ErrorRecord *err, u32 op,
+                                      u32 step) {
   const u32 i = threadIdx.x;
   if (i >= set.n) return;
   volatile ErrorRecord *e = err;
   if (e->code != 0) return;
+  const u64 expected = flag_value(counter, tag);
   const u64 t0 = globaltimer();
   u32 spins = 0;
   while (ld_acquire_sys(set.flag[i]) < expected) {
@@ -57,7 +71,7 @@ extern "C" __global__ void wait_flags(FlagSet set, u64 expected, u64 timeout_ns,
           e->peer = set.peer[i];
           e->op = op;
           e->step = step;
-          e->seq = seq;
+          e->seq = expected >> 16;
           e->waited_ns = dt;
           __threadfence_system();
         }
@@ -69,12 +83,26 @@ extern "C" __global__ void wait_flags(FlagSet set, u64 expected, u64 timeout_ns,
 }
 
 // One thread per flag: make this stream's earlier writes visible system-wide, then
-// publish `value` to every flag (peers' flag memory).
-extern "C" __global__ void signal_flags(FlagSet set, u64 value) {
+// publish (call number << 16) + tag to every flag (peers' flag memory).
+extern "C" __global__ void signal_flags(FlagSet set, const u64 *counter, u64 tag) {
   const u32 i = threadIdx.x;
   if (i >= set.n) return;
+  const u64 v = flag_value(counter, tag);
   __threadfence_system();
-  st_release_sys(set.flag[i], value);
+  st_release_sys(set.flag[i], v);
+}
+
+// The start of a call: increment the call counter, then signal the new number (tag 1)
+// to every flag of `set` (the peers' arrival flags). One block; every thread reads the
+// old count before thread 0 writes the new one.
+extern "C" __global__ void begin_call(FlagSet set, u64 *counter) {
+  const u32 i = threadIdx.x;
+  const u64 seq = *(volatile u64 *)counter + 1;
+  __syncthreads();
+  if (i == 0) *(volatile u64 *)counter = seq;
+  if (i >= set.n) return;
+  __threadfence_system();
+  st_release_sys(set.flag[i], (seq << 16) + 1);
 }
 
 // ---------------------------------------------------------------- SM put

@@ -54,7 +54,7 @@ if [[ $stages == *" c "* ]]; then
   run test_api 1 "$build/tests_c/test_api"
   run test_teardown 1 "$build/tests_c/test_teardown"
   for np in "${nps[@]}"; do
-    for t in ${TE_COMM_TESTS:-test_gemm test_overlap test_comm_gemm}; do
+    for t in ${TE_COMM_TESTS:-test_gemm test_overlap test_comm_gemm test_graph}; do
       run "$t" "$np" "$root/tests_c/run_mpi.sh" "$np" "$build/tests_c/$t"
     done
   done

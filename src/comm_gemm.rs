@@ -11,9 +11,19 @@
 //! internally. The context owns its engines (one per buffer dtype), created on first use
 //! and re-created larger when a larger call arrives (collectively: every rank makes the
 //! same calls).
+//!
+//! CUDA graphs: a call can be captured (any capture mode) once the context has an engine
+//! large enough for it, i.e. after one eager call of that operation with those (or larger)
+//! sizes (warm-up): creating an engine is collective (NCCL exchanges, allocation,
+//! synchronisation) and cannot be captured, so a call that would need one returns
+//! NVTE_COMM_ERROR_UNSUPPORTED during a capture, before enqueueing anything. Engines and
+//! scratch buffers that a captured call used are kept (not freed) when a larger eager call
+//! replaces them, so the graph stays valid for the context's life.
 use crate::bootstrap::Bootstrap;
 use crate::cuda::ContextGuard;
-use crate::cuda::resources::{DeviceMem, copy_2d, copy_async, memset_async};
+use crate::cuda::resources::{
+    Capture, DeviceMem, capture_status, copy_2d, copy_async, memset_async,
+};
 use crate::error::{Error, Result};
 use crate::overlap::{Config, Overlap, ag::AgArgs, ar::ArArgs, rs::RsArgs};
 use crate::tensor::{Buffer, DType, Shape, Tensor};
@@ -25,6 +35,17 @@ pub enum Kind {
     AllGather,
     ReduceScatter,
     AllReduce,
+}
+
+impl Kind {
+    /// The C function of the call (for messages).
+    pub fn api_name(self) -> &'static str {
+        match self {
+            Kind::AllGather => "nvte_all_gather_gemm",
+            Kind::ReduceScatter => "nvte_gemm_reduce_scatter",
+            Kind::AllReduce => "nvte_gemm_all_reduce",
+        }
+    }
 }
 
 /// This rank's share of `global` under block distribution with block ceil(global / nranks).
@@ -61,6 +82,13 @@ pub struct CommGemmCtx {
     engines: Vec<Overlap>,
     workspace: Option<DeviceMem>,
     scratch: Vec<DeviceMem>,
+    /// the call in progress is being captured into a CUDA graph
+    capturing: bool,
+    /// some call was captured: replaced scratch buffers may be used by a graph
+    captured: bool,
+    /// engines and scratch replaced by larger ones while a graph may still use them
+    retired_engines: Vec<Overlap>,
+    retired_scratch: Vec<DeviceMem>,
 }
 
 fn shape_of(t: &Tensor, what: &str) -> Result<(usize, usize)> {
@@ -125,6 +153,10 @@ impl CommGemmCtx {
             engines: Vec::new(),
             workspace: None,
             scratch: Vec::new(),
+            capturing: false,
+            captured: false,
+            retired_engines: Vec::new(),
+            retired_scratch: Vec::new(),
         })
     }
 
@@ -135,14 +167,35 @@ impl CommGemmCtx {
         Ok(numroc(global, self.nranks, self.rank))
     }
 
-    /// The engine for `dtype` with at least `bytes` of buffer (re-created larger if needed).
-    fn engine(&mut self, dtype: DType, bytes: usize) -> Result<usize> {
-        if let Some(i) = self.engines.iter().position(|e| e.shape().2 == dtype) {
+    /// The engine for `dtype` with at least `bytes` of buffer (re-created larger if needed;
+    /// never during a graph capture: see the module doc).
+    fn engine(&mut self, kind: Kind, dtype: DType, bytes: usize) -> Result<usize> {
+        let existing = self.engines.iter().position(|e| e.shape().2 == dtype);
+        if let Some(i) = existing {
             let (r, c, _) = self.engines[i].shape();
             if r * c * dtype.bits() / 8 >= bytes {
                 return Ok(i);
             }
-            self.engines.remove(i); // dropped: waits for peers, frees
+        }
+        if self.capturing {
+            unsupported!(
+                "{} was called during a CUDA graph capture, but the context has no {} engine with {bytes} bytes of buffer{}: creating one is collective (NCCL exchanges, allocation, synchronisation) and cannot be captured. Make one eager call of this operation with these (or larger) sizes on every rank before capturing (warm-up); nothing was enqueued",
+                kind.api_name(),
+                dtype.name(),
+                if existing.is_some() {
+                    " (the one it has is smaller)"
+                } else {
+                    " yet"
+                }
+            );
+        }
+        if let Some(i) = existing {
+            let old = self.engines.remove(i);
+            if old.captured {
+                // A captured graph may still use its buffers, flags and peers' mappings
+                // (every rank keeps its own: the calls are collective).
+                self.retired_engines.push(old);
+            } // else dropped: waits for peers, frees
         }
         let tp = self.nranks;
         let cols = 256usize;
@@ -155,19 +208,24 @@ impl CommGemmCtx {
         Ok(self.engines.len() - 1)
     }
 
+    /// Scratch buffer `slot` of at least `bytes` (allocations also during a capture; a
+    /// replaced buffer is kept when a graph may use it).
     fn scratch(&mut self, slot: usize, bytes: usize) -> Result<usize> {
         while self.scratch.len() <= slot {
-            self.scratch.push(DeviceMem::new(1)?);
+            self.scratch.push(DeviceMem::new_relaxed(1)?);
         }
         if self.scratch[slot].bytes < bytes {
-            self.scratch[slot] = DeviceMem::new(bytes)?;
+            let old = std::mem::replace(&mut self.scratch[slot], DeviceMem::new_relaxed(bytes)?);
+            if self.captured || self.capturing {
+                self.retired_scratch.push(old);
+            }
         }
         Ok(self.scratch[slot].ptr)
     }
 
     fn workspace(&mut self) -> Result<Tensor> {
         if self.workspace.is_none() {
-            self.workspace = Some(DeviceMem::new(32 << 20)?);
+            self.workspace = Some(DeviceMem::new_relaxed(32 << 20)?);
         }
         let w = self.workspace.as_ref().unwrap();
         let mut t = Tensor::default();
@@ -207,6 +265,15 @@ impl CommGemmCtx {
         }
         // The stream's context stays current for the whole call (engines are created in it).
         let _guard = ContextGuard::for_stream(stream)?;
+        let capture = capture_status(stream)?;
+        if capture == Capture::Invalidated {
+            return Err(Error::new(
+                crate::ffi::enums::NVTECommStatus::NVTE_COMM_ERROR_CUDA,
+                "argument `main_stream` is in a CUDA graph capture that was invalidated by an earlier illegal operation: end that capture (cudaStreamEndCapture) and capture again",
+            ));
+        }
+        self.capturing = capture.active();
+        self.captured |= self.capturing;
         let ws = self.workspace()?;
         // The algorithm choice: every value runs the split (P2P ring) algorithms; the
         // multicast and atomic variants are not implemented and fall back to them, which
@@ -244,7 +311,7 @@ impl CommGemmCtx {
                 let dt = c.b.data.dtype;
                 let e = dt.bits() / 8;
                 let padded = bn * nr != n || bn != nl;
-                let eng = self.engine(dt, bn * nr * k * e)?;
+                let eng = self.engine(c.kind, dt, bn * nr * k * e)?;
                 let aux = c.pre_act_out;
                 if let Some(p) = aux {
                     expect_shape(p, "pre_act_out", [n, ml], "like D")?;
@@ -271,17 +338,10 @@ impl CommGemmCtx {
                     unsupported!("grad / accumulate with n = {n} not divisible by nranks = {nr}");
                 }
                 // Pad this rank's B share to a full block, gather, keep D's first n rows.
-                let b_pad = self.scratch(0, bn * k * e)?;
-                memset_async(b_pad, bn * k * e, stream)?;
-                if c.transb {
-                    copy_2d(b_pad, bn * e, c.b.data.ptr, nl * e, nl * e, k, stream)?;
-                } else {
-                    copy_async(b_pad, c.b.data.ptr, nl * k * e, stream)?;
-                }
+                // Every scratch buffer first, then the work.
                 let de = c.d.data.dtype.bits() / 8;
+                let b_pad = self.scratch(0, bn * k * e)?;
                 let d_pad = self.scratch(1, bn * nr * ml * de)?;
-                let bp = rebased(c.b, b_pad, &if c.transb { [k, bn] } else { [bn, k] })?;
-                let dp = rebased(c.d, d_pad, &[bn * nr, ml])?;
                 let ap = match aux {
                     Some(p) => {
                         let ae = p.data.dtype.bits() / 8;
@@ -290,6 +350,14 @@ impl CommGemmCtx {
                     }
                     None => None,
                 };
+                memset_async(b_pad, bn * k * e, stream)?;
+                if c.transb {
+                    copy_2d(b_pad, bn * e, c.b.data.ptr, nl * e, nl * e, k, stream)?;
+                } else {
+                    copy_async(b_pad, c.b.data.ptr, nl * k * e, stream)?;
+                }
+                let bp = rebased(c.b, b_pad, &if c.transb { [k, bn] } else { [bn, k] })?;
+                let dp = rebased(c.d, d_pad, &[bn * nr, ml])?;
                 let args = AgArgs {
                     a: c.a,
                     transa: c.transa,
@@ -372,7 +440,7 @@ impl CommGemmCtx {
                 let de = dt.bits() / 8;
                 if c.kind == Kind::AllReduce {
                     // Twice D: the ring all-reduce's partials and gathered rows.
-                    let eng = self.engine(dt, 2 * n * m * de)?;
+                    let eng = self.engine(c.kind, dt, 2 * n * m * de)?;
                     self.engines[eng].set_comm_sms(comm_sms)?;
                     let args = ArArgs {
                         a: c.a,
@@ -390,7 +458,7 @@ impl CommGemmCtx {
                     return self.engines[eng].split_ar(&args, stream);
                 }
                 let bn = block(n);
-                let eng = self.engine(dt, bn * nr * m * de)?;
+                let eng = self.engine(c.kind, dt, bn * nr * m * de)?;
                 self.engines[eng].set_comm_sms(comm_sms)?;
                 if c.accumulate {
                     unsupported!(
@@ -402,6 +470,7 @@ impl CommGemmCtx {
                 let (b_use, d_use) = if padded {
                     let be = c.b.data.dtype.bits() / 8;
                     let b_pad = self.scratch(0, bn * nr * kl * be)?;
+                    let d_pad = self.scratch(1, bn * m * de)?;
                     memset_async(b_pad, bn * nr * kl * be, stream)?;
                     if c.transb {
                         copy_2d(
@@ -416,7 +485,6 @@ impl CommGemmCtx {
                     } else {
                         copy_async(b_pad, c.b.data.ptr, n * kl * be, stream)?;
                     }
-                    let d_pad = self.scratch(1, bn * m * de)?;
                     bp = rebased(
                         c.b,
                         b_pad,

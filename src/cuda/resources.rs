@@ -146,6 +146,14 @@ impl DeviceMem {
         )?;
         check(unsafe { cu::cuCtxSynchronize() }, "cuCtxSynchronize")
     }
+    /// An allocation that may be made while this thread captures a CUDA graph (a lazily
+    /// allocated, persistent buffer of an object): made with the thread's capture mode
+    /// relaxed, CUDA's documented way for a library to allocate during a capture. The
+    /// allocation is not an operation of the graph; the graph only uses its address, which
+    /// stays valid as long as the owner keeps the buffer.
+    pub fn new_relaxed(bytes: usize) -> Result<DeviceMem> {
+        with_relaxed_capture(|| DeviceMem::new(bytes))
+    }
     pub fn ipc_handle(&self) -> Result<[u8; 64]> {
         // SAFETY: zeroed POD handle, filled by the driver.
         let mut h: cu::CUipcMemHandle = unsafe { std::mem::zeroed() };
@@ -323,4 +331,71 @@ pub fn copy_2d(
         unsafe { cu::cuMemcpy2DAsync_v2(&p, stream as cu::CUstream) },
         "cuMemcpy2DAsync",
     )
+}
+
+/// Where a stream stands with CUDA graph capture (cudaStreamBeginCapture).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Capture {
+    None,
+    /// being captured, in the capture sequence with this id
+    Active(u64),
+    /// its capture was invalidated by an illegal operation (and not ended yet)
+    Invalidated,
+}
+
+impl Capture {
+    pub fn active(self) -> bool {
+        matches!(self, Capture::Active(_))
+    }
+    pub fn none(self) -> bool {
+        self == Capture::None
+    }
+}
+
+/// The capture status of `stream` (a safe query during any capture). The legacy default
+/// stream (handles 0 and 1) cannot be captured and is not queried: using it while another
+/// stream captures is itself illegal.
+pub fn capture_status(stream: usize) -> Result<Capture> {
+    if stream <= 1 {
+        return Ok(Capture::None);
+    }
+    let mut status = cu::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let mut id: cu::cuuint64_t = 0;
+    // SAFETY: out pointers; the optional outputs are NULL.
+    check(
+        unsafe {
+            cu::cuStreamGetCaptureInfo_v3(
+                stream as cu::CUstream,
+                &mut status,
+                &mut id,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        },
+        "cuStreamGetCaptureInfo",
+    )?;
+    Ok(match status {
+        cu::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE => Capture::Active(id as u64),
+        cu::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_INVALIDATED => Capture::Invalidated,
+        _ => Capture::None,
+    })
+}
+
+/// Run `f` with this thread's stream-capture interaction mode relaxed, then restore the
+/// previous mode (cuThreadExchangeStreamCaptureMode): lets `f` make calls that global or
+/// thread-local capture mode refuses (allocations), which must then not be part of, nor
+/// depend on, the graph being captured.
+pub fn with_relaxed_capture<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
+    let mut mode = cu::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+    // SAFETY: in/out pointer to a mode value.
+    check(
+        unsafe { cu::cuThreadExchangeStreamCaptureMode(&mut mode) },
+        "cuThreadExchangeStreamCaptureMode",
+    )?;
+    let r = f();
+    // SAFETY: restores the mode returned above.
+    unsafe { cu::cuThreadExchangeStreamCaptureMode(&mut mode) };
+    r
 }

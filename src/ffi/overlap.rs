@@ -560,6 +560,10 @@ pub extern "C" fn nvte_comm_overlap_bulk(
 /// Host-wait until the object's last call has finished on the GPU. Returns
 /// NVTE_COMM_ERROR_TIMEOUT, naming rank, peer, operation and step, when a wait for a peer
 /// timed out (the object is then unusable: every later call returns that error).
+/// CUDA graphs: while a capture holding this object's calls is open it returns
+/// NVTE_COMM_ERROR_UNSUPPORTED (a host wait cannot be captured; the capture stays valid);
+/// when the last call was captured it only reports recorded timeouts (waiting for the
+/// graph's launches is the launching stream's business).
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_comm_overlap_synchronize(overlap: *mut NVTECommOverlap) -> NVTECommStatus {
     status_call("nvte_comm_overlap_synchronize", || {

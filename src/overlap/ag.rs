@@ -6,7 +6,7 @@
 //! output rows written straight into their place in D. Unidirectional: tp-1 steps to the
 //! next rank. Bidirectional (config `aggregate`): chunks travel both ways at once, so the
 //! gather takes about tp/2 steps, on two comm streams.
-use super::{Op, Overlap, eb, val};
+use super::{Op, Overlap, eb, tag};
 use crate::cuda::resources::copy_async;
 use crate::error::Result;
 use crate::gemm::{self, Epilogue, TeGemm};
@@ -113,7 +113,7 @@ impl Overlap {
                 );
             }
         }
-        let seq = self.begin(stream, Op::SplitAg, false)?;
+        self.begin(stream, Op::SplitAg, false)?;
         let chunk_bytes = nc * k * e;
         let off = |c: usize| c * chunk_bytes;
         let (next, prev) = ((r + 1) % tp, (r + tp - 1) % tp);
@@ -125,7 +125,6 @@ impl Overlap {
         let info = |step: usize| WaitInfo {
             op: Op::SplitAg as u32,
             step: step as u32,
-            seq,
         };
         let copy_out = |c: usize, s: usize| -> Result<()> {
             if let Some(bc) = x.b_copy {
@@ -184,7 +183,7 @@ impl Overlap {
                     bytes: chunk_bytes,
                 };
                 self.t
-                    .exchange(&[send], &[recv], slot, val(seq, s), st, info(s + 1))?;
+                    .exchange(&[send], &[recv], slot, tag(s), st, info(s + 1))?;
                 copy_out(rc, st)?;
                 self.ev_chunk[rc].record(st)?;
             }
@@ -233,6 +232,6 @@ impl Overlap {
             }
             self.run_gemm(&g, &guard, si, true)?;
         }
-        self.finish(seq, stream)
+        self.finish(stream)
     }
 }

@@ -19,7 +19,7 @@
 //! ncclAllReduce on every anchor shape (0.77-0.96x) and was as fast as or faster than
 //! chunked everywhere; chunked lost to GEMM-then-ncclAllReduce at tp 4 on four of six.
 use super::rs::RsArgs;
-use super::{Op, Overlap, eb, val};
+use super::{Op, Overlap, eb, tag};
 use crate::error::Result;
 use crate::gemm::{self, Epilogue, TeGemm};
 use crate::tensor::{Buffer, Shape, Tensor};
@@ -200,7 +200,7 @@ impl Overlap {
                 full.epilogue
             );
         }
-        let seq = self.begin(stream, Op::SplitAr, !two_shot)?;
+        self.begin(stream, Op::SplitAr, !two_shot)?;
         let eb_b = eb(full.b_type);
         for i in 0..s {
             let (lo, hi) = (bounds[i], bounds[i + 1]);
@@ -213,11 +213,11 @@ impl Overlap {
             self.mark(self.compute[0].raw(), || format!("gemm{i}"))?;
         }
         if two_shot {
-            self.ar_two_shot(db.ptr, partials, m, &bounds, seq)?;
+            self.ar_two_shot(db.ptr, partials, m, &bounds)?;
         } else {
-            self.ar_one_shot(db, nccl_comm, m, &bounds, seq)?;
+            self.ar_one_shot(db, nccl_comm, m, &bounds)?;
         }
-        self.finish(seq, stream)
+        self.finish(stream)
     }
 
     fn ar_one_shot(
@@ -226,7 +226,6 @@ impl Overlap {
         nccl_comm: Option<usize>,
         m: usize,
         bounds: &[usize],
-        seq: u64,
     ) -> Result<()> {
         let (tp, e) = (self.tp(), eb(self.dtype));
         let n = *bounds.last().unwrap();
@@ -252,10 +251,9 @@ impl Overlap {
             let info = WaitInfo {
                 op: Op::SplitAr as u32,
                 step: i as u32,
-                seq,
             };
-            self.t.signal(&others, Slot::RsReady, val(seq, i), cs)?;
-            self.t.wait(&others, Slot::RsReady, val(seq, i), cs, info)?;
+            self.t.signal(&others, Slot::RsReady, tag(i), cs)?;
+            self.t.wait(&others, Slot::RsReady, tag(i), cs, info)?;
             let srcs: Vec<usize> = (0..tp)
                 .map(|q| self.t.peer_buffer(q).unwrap() + lo * m * e)
                 .collect();
@@ -273,14 +271,7 @@ impl Overlap {
     /// bench/ce_probe.cu, 4x H200: 115 vs 330 GB/s per GPU), which write D directly, so no
     /// second round of flags and no local copy. Three streams (scatter, reduce, gather),
     /// so that the steps of consecutive chunks overlap.
-    fn ar_two_shot(
-        &mut self,
-        d: usize,
-        partials: usize,
-        m: usize,
-        bounds: &[usize],
-        seq: u64,
-    ) -> Result<()> {
+    fn ar_two_shot(&mut self, d: usize, partials: usize, m: usize, bounds: &[usize]) -> Result<()> {
         let (tp, r, e) = (self.tp(), self.tp_rank(), eb(self.dtype));
         let s = bounds.len() - 1;
         let others = self.others();
@@ -288,7 +279,6 @@ impl Overlap {
         let info = |i: usize| WaitInfo {
             op: Op::SplitAr as u32,
             step: i as u32,
-            seq,
         };
         for i in 0..s {
             let base = bounds[i] * m; // chunk start, elements
@@ -307,27 +297,25 @@ impl Overlap {
                     scatter,
                 )?;
             }
-            self.t.signal(&others, Slot::RsP2p, val(seq, i), scatter)?;
+            self.t.signal(&others, Slot::RsP2p, tag(i), scatter)?;
             self.mark(scatter, || format!("scattered{i}"))?;
             // Reduce: own partial + the tp-1 received copies, written to this slice's
             // place in the region, which is slot r's range or past the slots: each
             // element is read before it is written, by the same thread.
             self.ev_chunk[1 + i].wait_on(reduce)?;
-            self.t
-                .wait(&others, Slot::RsP2p, val(seq, i), reduce, info(i))?;
+            self.t.wait(&others, Slot::RsP2p, tag(i), reduce, info(i))?;
             self.mark(reduce, || format!("received{i}"))?;
             let mut srcs = vec![partials + (base + at) * e];
             srcs.extend((0..tp - 1).map(|j| region + j * sl.step * e));
             let out = Buffer::new(region, self.dtype, Shape::new(&[1, sl.elems])?)?;
             self.reduce(&out, at, len, &srcs, len, 1, len, 0, reduce, i + 1 == s)?;
-            self.t
-                .signal(&others, Slot::ArReduced, val(seq, i), reduce)?;
+            self.t.signal(&others, Slot::ArReduced, tag(i), reduce)?;
             self.ev_chunk[REDUCED_EVENTS + i].record(reduce)?;
             self.mark(reduce, || format!("reduced{i}"))?;
             // Gather: every reduced slice (this rank's too) from its owner into D.
             self.ev_chunk[REDUCED_EVENTS + i].wait_on(gather)?;
             self.t
-                .wait(&others, Slot::ArReduced, val(seq, i), gather, info(i))?;
+                .wait(&others, Slot::ArReduced, tag(i), gather, info(i))?;
             self.mark(gather, || format!("peers_reduced{i}"))?;
             let segs: Vec<(usize, usize, usize)> = (0..tp)
                 .map(|k| {

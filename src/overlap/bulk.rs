@@ -6,7 +6,7 @@
 //!   buffer, leaving the whole buffer gathered on every rank.
 //! - RS: the buffer [rows, cols] is summed over ranks; rank r gets its rows in
 //!   `rs_output` [rows/tp, cols].
-use super::{Op, Overlap, eb, val};
+use super::{Op, Overlap, eb, tag};
 use crate::error::Result;
 use crate::gemm::{self, TeGemm};
 use crate::tensor::Tensor;
@@ -65,7 +65,7 @@ impl Overlap {
                 );
             }
         }
-        let seq = self.begin(
+        self.begin(
             stream,
             if x.kind == BulkKind::AllGather {
                 Op::BulkAg
@@ -83,7 +83,6 @@ impl Overlap {
                 Op::BulkRs
             } as u32,
             step: 0,
-            seq,
         };
         let chunk_bytes = rc * self.cols * e;
         match (x.kind, self.t.nccl_comm()) {
@@ -119,15 +118,15 @@ impl Overlap {
                         chunk_bytes,
                         st,
                     )?;
-                    self.t.signal(&[p], Slot::Bulk, val(seq, 0), st)?;
+                    self.t.signal(&[p], Slot::Bulk, tag(0), st)?;
                 }
                 self.ev_chunk[1].record(self.comm[1].raw())?;
                 self.ev_chunk[1].wait_on(cs)?;
-                self.t.wait(&others, Slot::Bulk, val(seq, 0), cs, info)?;
+                self.t.wait(&others, Slot::Bulk, tag(0), cs, info)?;
             }
             (BulkKind::ReduceScatter, None) => {
-                self.t.signal(&others, Slot::Bulk, val(seq, 0), cs)?;
-                self.t.wait(&others, Slot::Bulk, val(seq, 0), cs, info)?;
+                self.t.signal(&others, Slot::Bulk, tag(0), cs)?;
+                self.t.wait(&others, Slot::Bulk, tag(0), cs, info)?;
                 let srcs: Vec<usize> = (0..tp)
                     .map(|q| self.t.peer_buffer(q).unwrap() + r * chunk_bytes)
                     .collect();
@@ -138,6 +137,6 @@ impl Overlap {
             }
         }
         self.run_gemm(&desc, &guard, 0, false)?;
-        self.finish(seq, stream)
+        self.finish(stream)
     }
 }

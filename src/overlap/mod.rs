@@ -6,12 +6,20 @@
 //! the engine's compute and comm streams and joins them at the end. Waits for peers are
 //! kernels with a timeout: a peer that never arrives makes the call's stream finish with
 //! a recorded timeout (see [`Overlap::synchronize`]) and the object refuses further work.
+//!
+//! CUDA graphs: every call can be captured (cudaStreamBeginCapture on the caller's stream,
+//! any capture mode) and replayed any number of times, interleaved with eager calls. A
+//! call does nothing on the host that a capture would freeze: flag values come from a
+//! device-side call counter that the call itself increments (`crate::transport::Slot`),
+//! there are no host waits or event queries, and the one lazy allocation (the staging
+//! buffer) is made with the thread's capture mode relaxed. Calls, replays included, must
+//! still be made in the same order on every rank and be stream-ordered on each rank.
 pub mod ag;
 pub mod ar;
 pub mod bulk;
 pub mod rs;
 
-use crate::cuda::resources::{DeviceMem, Event, Stream, copy_async};
+use crate::cuda::resources::{Capture, DeviceMem, Event, Stream, capture_status, copy_async};
 use crate::cuda::{self, ContextGuard, DeviceInfo, arg, nvrtc};
 use crate::error::{Error, Result};
 use crate::ffi::enums::NVTECommStatus as S;
@@ -19,7 +27,7 @@ use crate::gemm::{self, GemmDesc};
 use crate::tensor::{Buffer, DType, Shape, Tensor};
 use crate::transport::ipc::{IpcSettings, IpcTransport};
 use crate::transport::nccl::NcclTransport;
-use crate::transport::{MAX_PEERS, Transport, WaitInfo};
+use crate::transport::{MAX_PEERS, Transport, WaitInfo, tag};
 use crate::{bootstrap::Bootstrap, invalid, unsupported};
 
 /// Engine settings (TE's CommOverlap defaults; see [`Config::from_env`]).
@@ -202,11 +210,6 @@ fn op_name(op: u32) -> &'static str {
     }
 }
 
-/// Flag value for (call, step): monotonic across calls, so flags are never reset.
-fn val(seq: u64, step: usize) -> u64 {
-    (seq << 16) + step as u64 + 1
-}
-
 pub struct Overlap {
     pub cfg: Config,
     ctx: usize,
@@ -224,11 +227,19 @@ pub struct Overlap {
     ev_compute: Vec<Event>,
     ev_chunk: Vec<Event>,
     ev_done: Event,
-    seq: u64,
+    /// calls issued so far (eager and captured; a host count, diagnostics and `wait_done`)
+    calls: u64,
+    /// ev_done was recorded by an eager call
+    done_recorded: bool,
+    /// the call in progress is being captured into a CUDA graph
+    capturing: bool,
+    /// some call of this object was captured (its buffers may be used by a graph)
+    pub(crate) captured: bool,
+    /// the latest call was captured (its completion is a graph replay's)
+    last_captured: bool,
     staging: Option<DeviceMem>,
     broken: Option<Error>,
     module: std::sync::Arc<nvrtc::Module>,
-    called: bool,
     trace: Option<Trace>,
 }
 
@@ -242,6 +253,27 @@ struct Trace {
 /// Communication streams: 0 runs the arrival barrier and the end of every call; the
 /// others start after the barrier (the two-shot all-reduce uses all three).
 const NUM_COMM_STREAMS: usize = 3;
+
+/// A dtype's name in the reduction kernels' names.
+fn short(d: DType) -> &'static str {
+    match d {
+        DType::F32 => "f32",
+        DType::BF16 => "bf16",
+        DType::F16 => "f16",
+        DType::E4M3 => "e4m3",
+        _ => "e5m2",
+    }
+}
+
+/// The output types a reduction of a `d` buffer can write (see `check_reduce_output`).
+fn reduce_outputs(d: DType) -> &'static [DType] {
+    match d {
+        DType::F32 => &[DType::F32],
+        DType::BF16 => &[DType::BF16, DType::F32],
+        DType::F16 => &[DType::F16, DType::F32],
+        _ => &[DType::BF16, DType::F16, DType::F32],
+    }
+}
 
 /// Element bytes (the engine's buffers hold byte-sized or larger types).
 fn eb(d: DType) -> usize {
@@ -309,6 +341,13 @@ impl Overlap {
             Box::new(IpcTransport::create(bs, &group, &guard, &dev, &settings)?)
         };
         let module = nvrtc::module(&nvrtc::COMM, guard.ctx, &dev)?;
+        // Look up every kernel a call may launch now, outside any graph capture.
+        for &o in reduce_outputs(dtype) {
+            for v in ["v8", "v1"] {
+                module.function(&format!("reduce_{}_{}_{v}", short(dtype), short(o)))?;
+            }
+        }
+        module.function("copy_segments")?;
         let ns = cfg.num_max_streams as usize;
         let compute = (0..ns)
             .map(|_| Stream::new(cfg.gemm_priority))
@@ -333,12 +372,15 @@ impl Overlap {
             ev_done: Event::new()?,
             compute,
             comm,
-            seq: 0,
+            calls: 0,
+            done_recorded: false,
+            capturing: false,
+            captured: false,
+            last_captured: false,
             staging: None,
             broken: None,
             module,
             dev,
-            called: false,
             trace: if std::env::var("NVTE_COMM_TRACE").is_ok_and(|v| v == "1") {
                 Some(Trace {
                     events: (0..256).map(|_| Event::timed()).collect::<Result<_>>()?,
@@ -402,7 +444,8 @@ impl Overlap {
         })
     }
 
-    /// Refuse work on a broken object; otherwise enter its context on `stream`.
+    /// Refuse work on a broken object; otherwise enter its context on `stream`, and note
+    /// whether the call is being captured into a CUDA graph.
     fn enter(&mut self, stream: usize) -> Result<ContextGuard> {
         if let Some(e) = &self.broken {
             return Err(e.clone());
@@ -419,11 +462,42 @@ impl Overlap {
                 self.dev.ordinal
             );
         }
+        self.capturing = self.check_capture(stream)?;
         Ok(guard)
     }
 
+    /// Whether a call on `stream` is captured; refuses what no capture can make right.
+    /// The object's own streams join the capture of a captured call and stay in it until
+    /// the capture ends: an eager call before that, or a call from another capture, would
+    /// be recorded into that capture instead of running.
+    fn check_capture(&self, stream: usize) -> Result<bool> {
+        let caller = capture_status(stream)?;
+        let ours = capture_status(self.comm[0].raw())?;
+        match (caller, ours) {
+            (Capture::Invalidated, _) => Err(Error::new(
+                S::NVTE_COMM_ERROR_CUDA,
+                "argument `stream` is in a CUDA graph capture that was invalidated by an earlier illegal operation: end that capture (cudaStreamEndCapture) and capture again",
+            )),
+            (Capture::Active(a), Capture::Active(b)) if a != b => unsupported!(
+                "argument `stream` is being captured into a CUDA graph while this overlap object's streams belong to another capture that is still open (one capture at a time per object): end that capture first"
+            ),
+            (Capture::None, Capture::Active(_)) => unsupported!(
+                "an eager call on an overlap object whose earlier call was captured into a CUDA graph that is still being captured: the object's streams belong to that capture until it ends (cudaStreamEndCapture); end it first, or make this call in the same capture"
+            ),
+            (_, Capture::Invalidated) => unsupported!(
+                "this overlap object's streams belong to a CUDA graph capture that was invalidated and not ended yet: end it (cudaStreamEndCapture) first"
+            ),
+            (Capture::Active(_), _) => Ok(true),
+            (Capture::None, Capture::None) => Ok(false),
+        }
+    }
+
     /// NVTE_COMM_TRACE: mark a step of this call on `stream`.
+    /// Not while capturing: the trace is of the last eager call.
     fn mark(&mut self, stream: usize, name: impl FnOnce() -> String) -> Result<()> {
+        if self.capturing {
+            return Ok(());
+        }
         if let Some(t) = &mut self.trace
             && t.names.len() < t.events.len()
         {
@@ -454,17 +528,20 @@ impl Overlap {
         eprintln!("{out}");
     }
 
-    /// Start a call: a new sequence number, then an arrival barrier of the group on comm
-    /// stream 0. A peer signals arrival only after its previous call completed on its GPU,
-    /// so passing the barrier also means no peer still touches any buffer for the last
-    /// call; and a peer that never enters makes every rank time out here. Comm streams
-    /// start after the barrier; compute streams too when `gate_compute` (their GEMMs
-    /// write memory that peers read), else right away.
-    fn begin(&mut self, stream: usize, op: Op, gate_compute: bool) -> Result<u64> {
-        self.seq += 1;
-        self.called = true;
-        let seq = self.seq;
-        if let Some(t) = &mut self.trace {
+    /// Start a call: the transport numbers it (IPC: increments the device-side call
+    /// counter), then an arrival barrier of the group on comm stream 0. A peer signals
+    /// arrival only after its previous call completed on its GPU, so passing the barrier
+    /// also means no peer still touches any buffer for the last call; and a peer that
+    /// never enters makes every rank time out here. Comm streams start after the barrier;
+    /// compute streams too when `gate_compute` (their GEMMs write memory that peers read),
+    /// else right away.
+    fn begin(&mut self, stream: usize, op: Op, gate_compute: bool) -> Result<()> {
+        self.calls += 1;
+        self.last_captured = self.capturing;
+        self.captured |= self.capturing;
+        if !self.capturing
+            && let Some(t) = &mut self.trace
+        {
             t.names.clear();
         }
         self.mark(stream, || "start".into())?;
@@ -472,12 +549,11 @@ impl Overlap {
         let cs = self.comm[0].raw();
         self.ev_start.wait_on(cs)?;
         self.t.begin_call(
-            seq,
+            self.calls,
             cs,
             WaitInfo {
                 op: op as u32,
                 step: 0,
-                seq,
             },
         )?;
         self.ev_arrived.record(cs)?;
@@ -492,12 +568,13 @@ impl Overlap {
                 self.ev_start.wait_on(s.raw())?
             }
         }
-        Ok(seq)
+        Ok(())
     }
 
     /// Finish a call: comm stream 0 waits for everything, tells the peers this rank is
-    /// done with call `seq`, and the caller's stream waits for it.
-    fn finish(&mut self, seq: u64, stream: usize) -> Result<()> {
+    /// done with the call, and the caller's stream waits for it. Every stream the call
+    /// used is joined back into the caller's (as a capture requires).
+    fn finish(&mut self, stream: usize) -> Result<()> {
         let cs = self.comm[0].raw();
         for (s, e) in self.compute.iter().zip(self.ev_compute.iter()) {
             e.record(s.raw())?;
@@ -507,22 +584,28 @@ impl Overlap {
             e.record(c.raw())?;
             e.wait_on(cs)?;
         }
-        self.t.end_call(seq, cs)?;
+        self.t.end_call(self.calls, cs)?;
         self.mark(cs, || "end".into())?;
         self.ev_comm[0].record(cs)?;
         self.ev_comm[0].wait_on(stream)?;
+        if self.capturing {
+            // An event recorded in a capture cannot be queried afterwards: synchronize()
+            // leaves the replays of a captured call to the caller's stream.
+            return Ok(());
+        }
+        self.done_recorded = true;
         self.ev_done.record(stream)
     }
 
-    /// Wait (on `stream`) until every peer finished call `seq` (no-op for seq 0).
-    fn wait_done(&self, seq: u64, stream: usize, op: Op) -> Result<()> {
+    /// Wait (on `stream`) until every peer finished the last call begun on this rank (the
+    /// call number is read on the device; no-op when no call was ever issued).
+    fn wait_done(&self, stream: usize, op: Op) -> Result<()> {
         self.t.wait_done(
-            seq,
+            self.calls,
             stream,
             WaitInfo {
                 op: op as u32,
                 step: 0,
-                seq,
             },
         )
     }
@@ -585,13 +668,6 @@ impl Overlap {
         if rows == 0 || cols == 0 {
             return Ok(());
         }
-        let short = |d: DType| match d {
-            DType::F32 => "f32",
-            DType::BF16 => "bf16",
-            DType::F16 => "f16",
-            DType::E4M3 => "e4m3",
-            _ => "e5m2",
-        };
         let out_ptr = out.ptr + out_off_elems * eb(out.dtype);
         let vec_ok = cols % 8 == 0
             && in_ld % 8 == 0
@@ -719,13 +795,7 @@ impl Overlap {
 
     /// The output types a reduction of this buffer can write.
     fn check_reduce_output(&self, out: &Buffer, what: &str) -> Result<()> {
-        let ok = match self.dtype {
-            DType::F32 => out.dtype == DType::F32,
-            DType::BF16 => matches!(out.dtype, DType::BF16 | DType::F32),
-            DType::F16 => matches!(out.dtype, DType::F16 | DType::F32),
-            _ => matches!(out.dtype, DType::BF16 | DType::F16 | DType::F32),
-        };
-        if !ok {
+        if !reduce_outputs(self.dtype).contains(&out.dtype) {
             unsupported!(
                 "tensor `{what}` dtype {} cannot receive a reduction of a {} buffer",
                 out.dtype.name(),
@@ -786,22 +856,40 @@ impl Overlap {
         if i.ptr == 0 {
             invalid!("tensor `input` has a NULL data pointer");
         }
-        self.wait_done(self.seq, stream, Op::CopyIntoBuffer)?;
+        self.wait_done(stream, Op::CopyIntoBuffer)?;
         copy_async(view.data.ptr, i.ptr, view.data.bytes(), stream)
     }
 
     /// Host-wait for the last call's work; reports a recorded timeout. Bounded: gives up
-    /// (with a timeout error) after the configured timeout plus 5 s.
+    /// (with a timeout error) after the configured timeout plus 5 s. When the last call
+    /// was captured into a CUDA graph, its replays run on the caller's stream, which the
+    /// caller waits for: then only recorded timeouts are reported. Refused (nothing
+    /// waited for, the capture left intact) while a capture holding this object's streams
+    /// is open: a host wait cannot be part of a graph.
     pub fn synchronize(&mut self) -> Result<()> {
         if let Some(e) = &self.broken {
             return Err(e.clone());
         }
         let _guard = ContextGuard::for_stream(0)?;
+        if !capture_status(self.comm[0].raw())?.none() {
+            unsupported!(
+                "called while a CUDA graph capture that contains this overlap object's calls is still open: a host wait cannot be captured; end the capture (cudaStreamEndCapture) first, then synchronize the stream its graph is launched on"
+            );
+        }
+        if self.last_captured {
+            if let Some(e) = self.timeout_error() {
+                self.broken = Some(e.clone());
+                return Err(e);
+            }
+            return Ok(());
+        }
         let limit = std::time::Duration::from_millis(self.cfg.timeout_ms as u64)
             + std::time::Duration::from_secs(5);
         let t0 = std::time::Instant::now();
         loop {
-            let done = !self.called || self.ev_done.done()?;
+            // Relaxed: an event query must not disturb another thread's global-mode capture.
+            let done = !self.done_recorded
+                || crate::cuda::resources::with_relaxed_capture(|| self.ev_done.done())?;
             if let Some(e) = self.timeout_error() {
                 self.broken = Some(e.clone());
                 return Err(e);
@@ -823,7 +911,9 @@ impl Overlap {
     }
 
     /// Before freeing: wait (bounded) until every peer finished reading / writing this
-    /// rank's buffer for the last call.
+    /// rank's buffer for the last call. Graph replays are the caller's to have finished
+    /// (the object must outlive every launch of a graph that holds its calls); nothing is
+    /// waited for while a capture holding this object's streams is still open.
     pub fn quiesce(&mut self) {
         if self.broken.is_some() || self.timeout_error().is_some() {
             return;
@@ -832,19 +922,29 @@ impl Overlap {
             return;
         };
         let cs = self.comm[0].raw();
-        if self.wait_done(self.seq, cs, Op::Destroy).is_ok() {
-            let _ = self.comm[0].synchronize();
+        if !matches!(capture_status(cs), Ok(Capture::None)) {
+            return;
         }
-        for s in self.compute.iter().chain(self.comm.iter()) {
-            let _ = s.synchronize();
-        }
+        // Relaxed: these host waits on the object's own streams (in no capture) must not
+        // disturb another thread's global-mode capture.
+        let _ = crate::cuda::resources::with_relaxed_capture(|| {
+            if self.wait_done(cs, Op::Destroy).is_ok() {
+                let _ = self.comm[0].synchronize();
+            }
+            for s in self.compute.iter().chain(self.comm.iter()) {
+                let _ = s.synchronize();
+            }
+            Ok(())
+        });
     }
 
     /// Local staging for the ring reduce-scatter's partials: as large as the buffer,
-    /// allocated on first use (nothing can be using it yet, so no synchronisation).
+    /// allocated on first use (nothing can be using it yet, so no synchronisation; inside
+    /// a graph capture too: the allocation is made outside the capture's rules and kept
+    /// for the object's life).
     fn staging(&mut self) -> Result<usize> {
         if self.staging.is_none() {
-            self.staging = Some(DeviceMem::new(self.t.buffer_bytes())?);
+            self.staging = Some(DeviceMem::new_relaxed(self.t.buffer_bytes())?);
         }
         Ok(self.staging.as_ref().unwrap().ptr)
     }
@@ -859,13 +959,19 @@ impl Drop for Overlap {
 
 #[cfg(test)]
 mod tests {
-    use super::{Config, TRANSPORT_NCCL, val};
+    use super::{Config, TRANSPORT_NCCL};
+    use crate::transport::tag;
 
     #[test]
     fn flag_values_grow_across_calls_and_steps() {
-        // Waits are "flag >= value": values must never decrease for a given slot.
-        assert!(val(1, 0) < val(1, 1) && val(1, 65534) < val(2, 0));
+        // Flag values are (call number << 16) + tag (computed on the device): waits are
+        // "flag >= value", so values must never decrease for a given slot.
+        let val = |call: u64, step: usize| (call << 16) + tag(step);
+        assert!(val(1, 0) < val(1, 1) && val(1, 65533) < val(2, 0));
         assert!(val(1, 0) > 0);
+        // "done" of call n (tag 1) satisfies wait_done's (n << 16) (tag 0), not n + 1's;
+        // wait_done before any call (counter 0) waits for 0.
+        assert!(val(3, 0) >= 3 << 16 && val(3, 0) < 4 << 16);
     }
 
     #[test]

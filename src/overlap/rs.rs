@@ -20,7 +20,7 @@
 //! only makes every chunk finish late and delays the first chunk's communication.
 //! Measured on 4x H200, tp 4, bf16 (bench/RESULTS.md): ring RS (CE) geomean 1.10x
 //! bound in order vs 1.40x round-robin over 3 streams.
-use super::{Op, Overlap, eb, val};
+use super::{Op, Overlap, eb, tag};
 use crate::cuda::ContextGuard;
 use crate::cuda::resources::{copy_2d, copy_async};
 use crate::error::Result;
@@ -164,7 +164,7 @@ impl Overlap {
         let (tp, r) = (self.tp(), self.tp_rank());
         let bounds = self.splits(p.m);
         // The chunk GEMMs write this buffer, which peers read: gate them on the barrier.
-        let seq = self.begin(stream, Op::SplitRs, true)?;
+        self.begin(stream, Op::SplitRs, true)?;
         let all: Vec<usize> = (0..tp).collect();
         let others = self.others();
         let e = eb(self.dtype);
@@ -184,16 +184,15 @@ impl Overlap {
         for i in 0..nchunks {
             let (lo, hi) = (bounds[i], bounds[i + 1]);
             self.ev_chunk[1 + i].wait_on(cs)?;
-            self.t.signal(&others, Slot::RsReady, val(seq, i), cs)?;
+            self.t.signal(&others, Slot::RsReady, tag(i), cs)?;
             self.t.wait(
                 &others,
                 Slot::RsReady,
-                val(seq, i),
+                tag(i),
                 cs,
                 WaitInfo {
                     op: Op::SplitRs as u32,
                     step: i as u32,
-                    seq,
                 },
             )?;
             self.reduce(
@@ -209,7 +208,7 @@ impl Overlap {
                 i + 1 == nchunks,
             )?;
         }
-        self.finish(seq, stream)
+        self.finish(stream)
     }
 
     pub fn split_rs_p2p(&mut self, x: &RsArgs, stream: usize) -> Result<()> {
@@ -226,10 +225,11 @@ impl Overlap {
             }
         }
         let p = self.plan_rs(x, !self.cfg.use_ce)?;
+        self.staging()?; // allocated (once) before the call starts
         // GEMMs write local staging only: they need not wait for peers.
-        let seq = self.begin(stream, Op::SplitRsP2p, false)?;
-        self.ring_rs(x, &p, &guard, seq)?;
-        self.finish(seq, stream)
+        self.begin(stream, Op::SplitRsP2p, false)?;
+        self.ring_rs(x, &p, &guard)?;
+        self.finish(stream)
     }
 
     /// Whether ncclReduceScatter can produce this reduce-scatter: plain sums of a 16/32-bit
@@ -256,7 +256,7 @@ impl Overlap {
     ) -> Result<()> {
         let tp = self.tp();
         let staging = self.staging()?;
-        let seq = self.begin(stream, Op::SplitRs, false)?;
+        self.begin(stream, Op::SplitRs, false)?;
         let bounds = self.splits(p.m);
         let e = eb(self.dtype);
         let n = p.nc * tp;
@@ -280,12 +280,12 @@ impl Overlap {
             nccl::reduce_scatter(comm, staging + lo * n * e, recv, p.nc * w, self.dtype, cs)?;
             copy_2d(out + lo * e, p.m * e, recv, w * e, w * e, p.nc, cs)?;
         }
-        self.finish(seq, stream)
+        self.finish(stream)
     }
 
-    /// The ring reduce-scatter of call `seq` (between begin and finish), ending with the
+    /// The ring reduce-scatter of the call (between begin and finish), ending with the
     /// reduction into `x.rs_output` on comm stream 0.
-    fn ring_rs(&mut self, x: &RsArgs, p: &Plan, guard: &ContextGuard, seq: u64) -> Result<()> {
+    fn ring_rs(&mut self, x: &RsArgs, p: &Plan, guard: &ContextGuard) -> Result<()> {
         let (tp, r) = (self.tp(), self.tp_rank());
         let staging = self.staging()?;
         let e = eb(self.dtype);
@@ -338,10 +338,9 @@ impl Overlap {
             let info = WaitInfo {
                 op: Op::SplitRsP2p as u32,
                 step: i as u32,
-                seq,
             };
             self.t
-                .exchange(&[send], &[recv], Slot::RsP2p, val(seq, i), cs, info)?;
+                .exchange(&[send], &[recv], Slot::RsP2p, tag(i), cs, info)?;
             self.mark(cs, || format!("exchanged{i}"))?;
         }
         self.ev_chunk[tp - 1].wait_on(cs)?;
@@ -379,8 +378,9 @@ impl Overlap {
         let (tp, r, e) = (self.tp(), self.tp_rank(), eb(self.dtype));
         let n = p.nc * tp;
         self.check_capacity("the all-reduce's partials and gathered rows", [2 * n, p.m])?;
-        let seq = self.begin(stream, Op::SplitAr, false)?;
-        self.ring_rs(x, &p, &guard, seq)?;
+        self.staging()?; // allocated (once) before the call starts
+        self.begin(stream, Op::SplitAr, false)?;
+        self.ring_rs(x, &p, &guard)?;
         let cs = self.comm[0].raw();
         let rows = p.nc * p.m * e; // bytes of one rank's rows
         let half = n * p.m * e;
@@ -389,16 +389,15 @@ impl Overlap {
             let q = (r + k) % tp;
             self.t.put(q, half + r * rows, d + r * rows, rows, cs)?;
         }
-        self.t.signal(&others, Slot::ArReduced, val(seq, 0), cs)?;
+        self.t.signal(&others, Slot::ArReduced, tag(0), cs)?;
         self.t.wait(
             &others,
             Slot::ArReduced,
-            val(seq, 0),
+            tag(0),
             cs,
             WaitInfo {
                 op: Op::SplitAr as u32,
                 step: 0,
-                seq,
             },
         )?;
         // The peers' rows: before and after this rank's.
@@ -410,6 +409,6 @@ impl Overlap {
             (tp - r - 1) * rows,
             cs,
         )?;
-        self.finish(seq, stream)
+        self.finish(stream)
     }
 }

@@ -2,6 +2,9 @@
 //! with legacy CUDA IPC and mapped by every peer of the group. Puts are copy-engine
 //! copies (0 SMs) or a copy kernel on a configurable number of SMs; signals and waits
 //! are tiny kernels (waits spin with a timeout and record it in host-mapped memory).
+//! Flag values are computed on the device from a per-object call counter in this rank's
+//! memory (see `crate::transport::Slot`), so every call is capturable in a CUDA graph and
+//! each replay synchronises afresh.
 use super::{Group, MAX_PEERS, NUM_SLOTS, RecvOp, SendOp, Slot, Timeout, Transport, WaitInfo};
 use crate::bootstrap::Bootstrap;
 use crate::cuda::resources::{DeviceMem, HostMapped, IpcMapping, copy_async};
@@ -32,6 +35,8 @@ struct ErrorRecord {
 pub struct IpcTransport {
     group: Group,
     flags: DeviceMem,
+    /// This rank's call counter (one u64, local: peers never touch it).
+    counter: DeviceMem,
     peer_buffers: Vec<Option<IpcMapping>>,
     peer_flags: Vec<Option<IpcMapping>>,
     error: HostMapped,
@@ -77,6 +82,12 @@ impl IpcTransport {
         let buffer = DeviceMem::new(s.buffer_bytes)?;
         let flags = DeviceMem::new(NUM_SLOTS * MAX_PEERS * 8)?;
         flags.zero()?;
+        let counter = DeviceMem::new(8)?;
+        counter.zero()?;
+        // Look the kernels up now, outside any graph capture.
+        for f in ["wait_flags", "signal_flags", "begin_call", "put_bytes"] {
+            module.function(f)?;
+        }
         buffer.zero()?;
         let error = HostMapped::new(std::mem::size_of::<ErrorRecord>())?;
 
@@ -110,6 +121,7 @@ impl IpcTransport {
         Ok(IpcTransport {
             group: Group::new(bs.rank, group, buffer),
             flags,
+            counter,
             peer_buffers,
             peer_flags,
             error,
@@ -165,7 +177,7 @@ impl Transport for IpcTransport {
         sends: &[SendOp],
         recvs: &[RecvOp],
         slot: Slot,
-        value: u64,
+        tag: u64,
         stream: usize,
         info: WaitInfo,
     ) -> Result<()> {
@@ -173,25 +185,40 @@ impl Transport for IpcTransport {
             self.put(s.peer, s.dst_offset, s.src, s.bytes, stream)?;
         }
         let dsts: Vec<usize> = sends.iter().map(|s| s.peer).collect();
-        self.signal(&dsts, slot, value, stream)?;
+        self.signal(&dsts, slot, tag, stream)?;
         let srcs: Vec<usize> = recvs.iter().map(|r| r.peer).collect();
-        self.wait(&srcs, slot, value, stream, info)
+        self.wait(&srcs, slot, tag, stream, info)
     }
-    /// Arrival barrier: a rank signals only once its previous call completed on its GPU,
-    /// so passing it also means no peer still touches a buffer for the last call.
-    fn begin_call(&self, seq: u64, stream: usize, info: WaitInfo) -> Result<()> {
+    /// The call counter is incremented, then the arrival barrier (tag 1): a rank signals
+    /// only once its previous call completed on its GPU, so passing it also means no peer
+    /// still touches a buffer for the last call. One kernel increments and signals, a
+    /// second waits. At tp 1 nothing reads the counter: no launch.
+    fn begin_call(&self, _calls: u64, stream: usize, info: WaitInfo) -> Result<()> {
         let others = self.others();
-        self.signal(&others, Slot::Arrive, seq, stream)?;
-        self.wait(&others, Slot::Arrive, seq, stream, info)
-    }
-    fn end_call(&self, seq: u64, stream: usize) -> Result<()> {
-        self.signal(&self.others(), Slot::Done, seq, stream)
-    }
-    fn wait_done(&self, seq: u64, stream: usize, info: WaitInfo) -> Result<()> {
-        if seq == 0 {
+        if others.is_empty() {
             return Ok(());
         }
-        self.wait(&self.others(), Slot::Done, seq, stream, info)
+        let me = self.group.tp_rank;
+        let set = self.flag_set(&others, |p| {
+            self.flags_base(p) + flag_offset(Slot::Arrive, me)
+        });
+        let f = self.func("begin_call")?;
+        let counter = self.counter.ptr as u64;
+        let mut args = [arg(&set), arg(&counter)];
+        cuda::launch(f, (1, 1, 1), (32, 1, 1), 0, stream, &mut args, "begin_call")?;
+        self.wait(&others, Slot::Arrive, 1, stream, info)
+    }
+    /// "Done" with tag 1: (call number << 16) + 1.
+    fn end_call(&self, _calls: u64, stream: usize) -> Result<()> {
+        self.signal(&self.others(), Slot::Done, 1, stream)
+    }
+    /// Waits for "done" >= (call number << 16) (tag 0): the peers' end of the last call
+    /// begun here, and nothing when no call ever ran (counter 0).
+    fn wait_done(&self, calls: u64, stream: usize, info: WaitInfo) -> Result<()> {
+        if calls == 0 {
+            return Ok(());
+        }
+        self.wait(&self.others(), Slot::Done, 0, stream, info)
     }
     fn peer_buffer(&self, peer: usize) -> Option<usize> {
         if peer == self.group.tp_rank {
@@ -230,14 +257,15 @@ impl Transport for IpcTransport {
         )
     }
 
-    fn signal(&self, peers: &[usize], slot: Slot, value: u64, stream: usize) -> Result<()> {
+    fn signal(&self, peers: &[usize], slot: Slot, tag: u64, stream: usize) -> Result<()> {
         if peers.is_empty() {
             return Ok(());
         }
         let me = self.group.tp_rank;
         let set = self.flag_set(peers, |p| self.flags_base(p) + flag_offset(slot, me));
         let f = self.func("signal_flags")?;
-        let mut args = [arg(&set), arg(&value)];
+        let counter = self.counter.ptr as u64;
+        let mut args = [arg(&set), arg(&counter), arg(&tag)];
         cuda::launch(
             f,
             (1, 1, 1),
@@ -253,7 +281,7 @@ impl Transport for IpcTransport {
         &self,
         peers: &[usize],
         slot: Slot,
-        value: u64,
+        tag: u64,
         stream: usize,
         info: WaitInfo,
     ) -> Result<()> {
@@ -263,14 +291,15 @@ impl Transport for IpcTransport {
         let set = self.flag_set(peers, |p| self.flags.ptr + flag_offset(slot, p));
         let f = self.func("wait_flags")?;
         let err = self.error.device as u64;
+        let counter = self.counter.ptr as u64;
         let mut args = [
             arg(&set),
-            arg(&value),
+            arg(&counter),
+            arg(&tag),
             arg(&self.timeout_ns),
             arg(&err),
             arg(&info.op),
             arg(&info.step),
-            arg(&info.seq),
         ];
         cuda::launch(f, (1, 1, 1), (32, 1, 1), 0, stream, &mut args, "wait_flags")
     }

@@ -12,6 +12,13 @@ use crate::error::Result;
 
 /// Flag slots: each rank holds one monotonically increasing 64-bit counter per
 /// (slot, source rank). A wait is "counter >= value", so flags never need resetting.
+///
+/// Flag values are never computed on the host: a value is (call number << 16) + tag,
+/// where the call number is a counter in this rank's device memory that
+/// [`Transport::begin_call`] increments on the stream, and the tag (see [`tag`]) names the
+/// step. Every execution of a call, eager or a replay of a captured CUDA graph, therefore
+/// signals and waits for new values; a value fixed on the host would be frozen into a
+/// captured graph, and every replay after the first would find its waits satisfied.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Slot {
     /// ring all-gather, chunks travelling to the next rank
@@ -35,12 +42,18 @@ pub enum Slot {
 pub const NUM_SLOTS: usize = 8;
 pub const MAX_PEERS: usize = 16;
 
-/// What a wait is for: reported in the timeout message.
+/// The tag of algorithm step `step` (flag value (call number << 16) + tag; steps < 65535).
+pub fn tag(step: usize) -> u64 {
+    debug_assert!(step < 0xFFFF);
+    step as u64 + 1
+}
+
+/// What a wait is for: reported in the timeout message (with the call number the waiting
+/// kernel read from the device-side counter).
 #[derive(Clone, Copy, Debug)]
 pub struct WaitInfo {
     pub op: u32,
     pub step: u32,
-    pub seq: u64,
 }
 
 /// A recorded timeout.
@@ -49,6 +62,7 @@ pub struct Timeout {
     pub peer_world_rank: u32,
     pub op: u32,
     pub step: u32,
+    /// the call number (device-side counter) of the call that timed out
     pub seq: u64,
     pub waited_ms: f64,
 }
@@ -107,23 +121,26 @@ pub trait Transport: Send {
     fn name(&self) -> &'static str;
     /// One exchange step on `stream`: every send lands in its peer's buffer, and once the
     /// step is done (in stream order) every receive has landed here. IPC orders it with
-    /// (`slot`, `value`) flags; NCCL with grouped send / recv.
+    /// `slot` flags of value (call number << 16) + `tag`; NCCL with grouped send / recv.
     fn exchange(
         &self,
         sends: &[SendOp],
         recvs: &[RecvOp],
         slot: Slot,
-        value: u64,
+        tag: u64,
         stream: usize,
         info: WaitInfo,
     ) -> Result<()>;
-    /// Start of call `seq` on `stream` (IPC: the group's arrival barrier).
-    fn begin_call(&self, seq: u64, stream: usize, info: WaitInfo) -> Result<()>;
-    /// End of call `seq` on `stream`, after all of this rank's work (IPC: "done" signal).
-    fn end_call(&self, seq: u64, stream: usize) -> Result<()>;
-    /// Make `stream` wait until every peer finished call `seq` (IPC; NCCL: stream order
-    /// already implies it).
-    fn wait_done(&self, seq: u64, stream: usize, info: WaitInfo) -> Result<()>;
+    /// Start of a call on `stream` (IPC: increment the device-side call counter, then the
+    /// group's arrival barrier). `calls`: the calls issued on the object so far, this one
+    /// included (a host count, eager and captured calls alike: diagnostics only).
+    fn begin_call(&self, calls: u64, stream: usize, info: WaitInfo) -> Result<()>;
+    /// End of the call on `stream`, after all of this rank's work (IPC: "done" signal).
+    fn end_call(&self, calls: u64, stream: usize) -> Result<()>;
+    /// Make `stream` wait until every peer finished the last call begun on this rank
+    /// (the call number read on the device; IPC; NCCL: stream order already implies it).
+    /// `calls` = 0 (nothing was ever issued) makes it a no-op.
+    fn wait_done(&self, calls: u64, stream: usize, info: WaitInfo) -> Result<()>;
     /// The NCCL communicator of the group, for transports that run collectives with it.
     fn nccl_comm(&self) -> Option<usize> {
         None
@@ -157,14 +174,16 @@ pub trait Transport: Send {
         bytes: usize,
         stream: usize,
     ) -> Result<()>;
-    /// After the work already on `stream`: set `slot` (from this rank) to `value` at each peer.
-    fn signal(&self, peers: &[usize], slot: Slot, value: u64, stream: usize) -> Result<()>;
-    /// Make `stream` wait until each peer has signalled `slot` >= `value`, or time out.
+    /// After the work already on `stream`: set `slot` (from this rank) to (call number <<
+    /// 16) + `tag` at each peer.
+    fn signal(&self, peers: &[usize], slot: Slot, tag: u64, stream: usize) -> Result<()>;
+    /// Make `stream` wait until each peer has signalled `slot` >= (call number << 16) +
+    /// `tag`, or time out.
     fn wait(
         &self,
         peers: &[usize],
         slot: Slot,
-        value: u64,
+        tag: u64,
         stream: usize,
         info: WaitInfo,
     ) -> Result<()>;
