@@ -284,39 +284,14 @@ def graph_replays(tc, op, transport):
     return [tc.rel_err(o, r) for o, r in zip(outs, refs)]
 
 
+@pytest.mark.parametrize("transport", ["ipc", "nccl"])
 @pytest.mark.parametrize("op", OPS)
-def test_cuda_graph(tc, op):
-    """CUDA graph capture + 24 replays over the NCCL transport (the graph-safe one)."""
-    errs = graph_replays(tc, op, "nccl")
-    tc.check_all(all(e < 1e-2 for e in errs), f"{op} graph replays rel_errs {[f'{e:.2g}' for e in errs]}")
-
-
-@pytest.mark.parametrize("op", OPS)
-def test_cuda_graph_refuses_ipc(tc, op):
-    """Capturing a call over the IPC transport is refused with a clear error (its waits
-    would not hold on replay), and the context keeps working eagerly."""
-    m, n, k = EVEN[op]
-    c = build(tc, op, tc.group, m, n, k, seed=2100)
-    call(op, c, tc.group, transport="ipc")  # warm-up
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with pytest.raises(RuntimeError, match="transport='nccl'"):
-        with torch.cuda.graph(graph):
-            call(op, c, tc.group, transport="ipc")
-    del graph
-    torch.cuda.synchronize()
-    run_case(tc, op, tc.group, m, n, k, f"{op} ipc after a refused capture", transport="ipc", seed=2101)
-
-
-@pytest.mark.xfail(strict=False, reason="IPC transport: peer waits compare against host sequence numbers "
-                   "baked into the captured kernels, so replays after the first do not wait for the peers")
-@pytest.mark.parametrize("op", OPS)
-def test_cuda_graph_ipc_replays(tc, op, monkeypatch):
-    """The IPC transport under CUDA graphs with the check lifted: documents the library's
-    limitation (expected to fail; passes once its flags are graph-safe)."""
-    monkeypatch.setenv("TE_COMM_ALLOW_IPC_GRAPHS", "1")
-    errs = graph_replays(tc, op, "ipc")
-    tc.check_all(all(e < 1e-2 for e in errs), f"{op} ipc graph replays rel_errs {[f'{e:.2g}' for e in errs]}")
+def test_cuda_graph(tc, op, transport):
+    """CUDA graph capture + replays with fresh inputs (one rank delayed in turn) on both
+    transports: the library's waits use device-resident call counters, so each replay
+    waits for the peers' data of that replay."""
+    errs = graph_replays(tc, op, transport)
+    tc.check_all(all(e < 1e-2 for e in errs), f"{op} {transport} graph replays rel_errs {[f'{e:.2g}' for e in errs]}")
 
 
 # ----------------------------------------------------------------------------- torch.compile

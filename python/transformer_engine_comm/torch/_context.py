@@ -331,28 +331,6 @@ def context_transport(ctx) -> Optional[str]:
     return None if e is None else e.effective_transport
 
 
-def check_graph_capture(what: str, transport: Optional[str]) -> None:
-    """Refuse to record a call into a CUDA graph unless its transport is NCCL.
-
-    The IPC transport synchronises the ranks with flags whose expected values are host-side
-    call sequence numbers, passed to the wait / signal kernels as arguments: a captured call
-    replays the values of the capture, so from the second replay on its waits pass at once
-    and a rank can read a peer's data before it arrived (silently wrong results). NCCL's
-    send / recv / collectives synchronise on the device and replay correctly. Setting
-    TE_COMM_ALLOW_IPC_GRAPHS=1 lifts the check (for a library whose IPC flags are graph-safe).
-    """
-    if transport == "nccl" or not torch.cuda.is_current_stream_capturing():
-        return
-    if os.environ.get("TE_COMM_ALLOW_IPC_GRAPHS", "") not in ("", "0"):
-        return
-    raise RuntimeError(
-        f"{what}: CUDA graph capture needs the NCCL transport (transport='nccl'); this one's "
-        f"transport is {transport or 'auto'!r} (IPC on one node), whose peer waits use host "
-        "sequence numbers that a graph replay would repeat, so replays would not wait for the "
-        "peers. Use transport='nccl' for captured calls (TE_COMM_ALLOW_IPC_GRAPHS=1 overrides)."
-    )
-
-
 def destroy_contexts(group=None) -> None:
     """Destroy the cached contexts (of ``group`` only, when given) and the communicators
     this package created for them. Call before ``dist.destroy_process_group()``; runs at

@@ -25,8 +25,8 @@ writes ``out_dtype`` (bfloat16 by default; float16 or float32).
 The first call on a group (per ``comm`` / ``transport``) creates the group's context:
 collective, and not allowed during CUDA graph capture — run every op once eagerly with the
 shapes you will capture (the library sizes its buffers on demand) before capturing.
-Captured calls need ``transport="nccl"``: the IPC transport's peer waits use host-side
-sequence numbers that graph replays would repeat (see _context.check_graph_capture).
+Captured calls replay correctly on both transports (the library's peer waits read
+device-resident call counters).
 """
 
 from __future__ import annotations
@@ -44,9 +44,7 @@ from .. import _capi
 from ._context import (
     FP8_DTYPES,
     block_offset,
-    check_graph_capture,
     context_device,
-    context_transport,
     get_context,
     group_name_of,
     numroc,
@@ -249,7 +247,6 @@ def _plan_k_split(op, x, weight, bias, x_scale_inv, w_scale_inv, group_name, k_g
 def _launch(fn_name: str, group_name, comm, transport, p: _Plan, x, weight, bias, x_scale_inv, w_scale_inv, out, pre, algo, comm_sm_count):
     pg = dist.distributed_c10d._resolve_process_group(group_name)
     ctx = get_context(pg, comm=comm, transport=transport or None)
-    check_graph_capture(f"te_comm.{fn_name}", context_transport(ctx))
     dev = context_device(ctx)
     if dev is not None and x.device.index != dev:
         raise ValueError(

@@ -345,7 +345,6 @@ class CommOverlap:
             raise RuntimeError("CommOverlap: the object is closed")
 
     def _stream(self) -> int:
-        _context.check_graph_capture("CommOverlap", self._transport)
         return torch.cuda.current_stream(self.device).cuda_stream
 
     def is_fp8_ubuf(self) -> bool:
