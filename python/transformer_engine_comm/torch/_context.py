@@ -121,6 +121,45 @@ def nvte_tensor(
     )
 
 
+class _HandleCache:
+    """NVTETensor handles by their full description (pointer, dtype, shape, scale pointers),
+    reused across calls: a handle only describes memory (the library copies that description
+    when a call starts), so two tensors with the same description can share one, and the
+    per-call cost of creating and destroying handles (~16 us each through ctypes) goes away.
+    Bounded (least recently used handles are destroyed); thread-safe (autograd's thread)."""
+
+    def __init__(self, capacity: int = 512):
+        import collections
+
+        self._lock = threading.Lock()
+        self._map = collections.OrderedDict()
+        self._capacity = capacity
+
+    def get(self, t: torch.Tensor, scale_inv: Optional[torch.Tensor] = None) -> "_capi.Tensor":
+        if not t.is_contiguous():
+            raise ValueError("internal: nvte_tensor needs a contiguous tensor")
+        key = (t.data_ptr(), t.dtype, tuple(t.shape), _scalar_ptr(scale_inv, "scale_inv"))
+        with self._lock:
+            h = self._map.get(key)
+            if h is not None:
+                self._map.move_to_end(key)
+                return h
+        h = _capi.Tensor(key[0], nvte_dtype(t.dtype), tuple(int(s) for s in key[2]), scale_inv=key[3])
+        with self._lock:
+            self._map[key] = h
+            while len(self._map) > self._capacity:
+                self._map.popitem(last=False)[1].close()
+        return h
+
+    def clear(self) -> None:
+        with self._lock:
+            while self._map:
+                self._map.popitem(last=False)[1].close()
+
+
+handle_cache = _HandleCache()
+
+
 def resolve_group(group=None):
     """``group`` itself, the default (world) group for None, or the group registered
     under a name (str)."""
@@ -390,6 +429,7 @@ def _at_exit() -> None:
         destroy_contexts()
     except Exception:
         pass
+    handle_cache.clear()
 
 
 # Registered after torch's own atexit handlers (torch is imported above), so it runs

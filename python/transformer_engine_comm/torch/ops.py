@@ -31,7 +31,6 @@ device-resident call counters).
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import os
 from typing import NamedTuple, Optional, Tuple, Union
@@ -48,7 +47,7 @@ from ._context import (
     get_context,
     group_name_of,
     numroc,
-    nvte_tensor,
+    handle_cache,
 )
 
 __all__ = [
@@ -253,23 +252,23 @@ def _launch(fn_name: str, group_name, comm, transport, p: _Plan, x, weight, bias
             f"te_comm.{fn_name}: x is on {x.device} but the group's context was created on cuda:{dev}"
         )
     stream = torch.cuda.current_stream(x.device).cuda_stream
-    with contextlib.ExitStack() as es:
-        a = es.enter_context(nvte_tensor(weight, scale_inv=w_scale_inv if p.fp8 else None))
-        b = es.enter_context(nvte_tensor(x, scale_inv=x_scale_inv if p.fp8 else None))
-        d = es.enter_context(nvte_tensor(out))
-        bt = es.enter_context(nvte_tensor(bias)) if bias is not None else _capi.NULL_TENSOR
-        pt = es.enter_context(nvte_tensor(pre)) if pre is not None else _capi.NULL_TENSOR
-        fn = getattr(ctx, fn_name)
-        try:
-            fn(p.m, p.n, p.k, a, b, d, bt, pt, True, False, False, False, int(comm_sm_count), stream, _capi.GemmAlgo(algo))
-        except _capi.CommError as e:
-            if torch.cuda.is_current_stream_capturing():
-                raise RuntimeError(
-                    f"te_comm.{fn_name} failed during CUDA graph capture: {e}. The library allocates "
-                    "its buffers on the first call of each size: run the op eagerly with the same "
-                    "shapes and dtypes before capturing."
-                ) from e
-            raise
+    hc = handle_cache
+    a = hc.get(weight, w_scale_inv if p.fp8 else None)
+    b = hc.get(x, x_scale_inv if p.fp8 else None)
+    d = hc.get(out)
+    bt = hc.get(bias) if bias is not None else _capi.NULL_TENSOR
+    pt = hc.get(pre) if pre is not None else _capi.NULL_TENSOR
+    fn = getattr(ctx, fn_name)
+    try:
+        fn(p.m, p.n, p.k, a, b, d, bt, pt, True, False, False, False, int(comm_sm_count), stream, _capi.GemmAlgo(algo))
+    except _capi.CommError as e:
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"te_comm.{fn_name} failed during CUDA graph capture: {e}. The library allocates "
+                "its buffers on the first call of each size: run the op eagerly with the same "
+                "shapes and dtypes before capturing."
+            ) from e
+        raise
 
 
 def _empty(shape, dtype, device):
