@@ -13,17 +13,9 @@ import re
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="torch is not installed")
-if not hasattr(torch, "cuda"):  # without torch, "torch" is this folder (a namespace package)
-    pytest.skip("torch is not installed", allow_module_level=True)
-if not torch.cuda.is_available():
-    pytest.skip("CUDA is not available", allow_module_level=True)
-import torch.distributed as dist  # noqa: E402
+from _gpu import require_torchrun_gpus
 
-if not dist.is_available() or not dist.is_nccl_available():
-    pytest.skip("torch.distributed with NCCL is not available", allow_module_level=True)
-if "MASTER_ADDR" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) < 2:
-    pytest.skip("needs >= 2 ranks under torchrun (scripts/torch-test.sh)", allow_module_level=True)
+torch, dist = require_torchrun_gpus()
 
 EXAMPLE = os.path.normpath(
     os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "examples", "pytorch",
