@@ -27,18 +27,10 @@
 #include <functional>
 #include <thread>
 
+#include "nccl_util.hpp"
 #include "test_util.hpp"
 
 using namespace tu;
-
-#define NCCL_OK(x)                                                                          \
-  do {                                                                                      \
-    ncclResult_t r_ = (x);                                                                  \
-    if (r_ != ncclSuccess) {                                                                \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, ncclGetErrorString(r_)); \
-      MPI_Abort(MPI_COMM_WORLD, 3);                                                         \
-    }                                                                                       \
-  } while (0)
 
 namespace {
 
