@@ -417,7 +417,9 @@ NVTECommStatus nvte_comm_fill_uniform(NVTETensor tensor,
 /**
  * TE's defaults, then the environment overrides (NVTE_COMM_TIMEOUT_MS,
  * NVTE_COMM_OVERLAP_NUM_SPLITS, NVTE_COMM_OVERLAP_MAX_STREAMS, NVTE_COMM_OVERLAP_NUM_SM,
- * NVTE_COMM_OVERLAP_USE_CE, NVTE_COMM_OVERLAP_AGGREGATE, NVTE_COMM_OVERLAP_SM_MARGIN).
+ * NVTE_COMM_OVERLAP_USE_CE, NVTE_COMM_OVERLAP_AGGREGATE, NVTE_COMM_OVERLAP_SM_MARGIN,
+ * NVTE_COMM_TRANSPORT). A variable whose value does not parse or is out of range gives
+ * NVTE_COMM_ERROR_INVALID_ARGUMENT naming it and its value; `*config` is then all zero.
  */
 NVTECommStatus nvte_comm_overlap_config_default(struct NVTECommOverlapConfig *config);
 
@@ -426,7 +428,10 @@ NVTECommStatus nvte_comm_overlap_config_default(struct NVTECommOverlapConfig *co
  * rank of the world (collective: all ranks call it with the same arguments; each rank
  * uses the CUDA device current on its calling thread). Ranks are grouped in
  * consecutive blocks of `tp_size`; buffers are shared within a group through CUDA IPC
- * (the group must be on one node). `*out` is NULL on failure.
+ * (the group must be on one node). `*out` is NULL on failure. The arguments (config,
+ * shape, dtype, bootstrap) are checked before any CUDA library is loaded (except that
+ * an NCCL bootstrap loads NCCL for the world size, which tp_size and rows are checked
+ * against).
  */
 NVTECommStatus nvte_comm_overlap_create(const struct NVTECommBootstrap *bootstrap,
                                         const struct NVTECommOverlapConfig *config,
@@ -442,7 +447,8 @@ NVTECommStatus nvte_comm_overlap_create(const struct NVTECommBootstrap *bootstra
 NVTECommStatus nvte_comm_overlap_destroy(struct NVTECommOverlap *overlap);
 
 /**
- * tp size and this rank's index in its group.
+ * tp size and this rank's index in its group (each out-pointer may be NULL; both are
+ * set to 0 on error).
  */
 NVTECommStatus nvte_comm_overlap_tp(struct NVTECommOverlap *overlap,
                                     int32_t *tp_size,
@@ -582,7 +588,8 @@ NVTECommStatus nvte_comm_library_info(NVTECommLibrary lib,
 
 /**
  * Write a new NCCL unique id (ncclGetUniqueId of the bound NCCL) into `out[0..128]`;
- * `len` must be at least 128.
+ * `len` must be at least 128. On error the first min(len, 128) bytes of `out` (when not
+ * NULL) are zero.
  */
 NVTECommStatus nvte_comm_nccl_get_unique_id(uint8_t *out, size_t len);
 
@@ -599,7 +606,8 @@ NVTECommStatus nvte_comm_nccl_comm_init_rank(const uint8_t *id,
 
 /**
  * ncclCommDestroy through the bound NCCL, for a communicator from
- * nvte_comm_nccl_comm_init_rank (destroy the contexts that use it first).
+ * nvte_comm_nccl_comm_init_rank (destroy the contexts that use it first). Any other
+ * value (a communicator from elsewhere, or one already destroyed) is an invalid argument.
  */
 NVTECommStatus nvte_comm_nccl_comm_destroy(ncclComm_t comm);
 
@@ -645,7 +653,8 @@ void nvte_set_tensor_param_v2(NVTETensor tensor,
 /**
  * Get one component into `buf` (an NVTEBasicTensor of `size_in_bytes` bytes).
  * `*size_written` (when not NULL) receives the bytes written, or the bytes required when
- * `buf` is NULL (a size query, not an error). A too-small buffer is an error.
+ * `buf` is NULL (a size query, not an error). A too-small buffer is an error. On error
+ * `*size_written` is 0 and a large enough `buf` holds an empty tensor.
  */
 void nvte_get_tensor_param_v2(NVTETensor tensor,
                               NVTETensorParam param,

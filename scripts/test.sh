@@ -12,9 +12,68 @@ cargo build --release
 # NVRTC comes from the wheel above, so the kernel compilation test must really run.
 NVTE_COMM_REQUIRE_NVRTC=1 cargo test --release
 lib=$(te_comm_library)
+tmp=$(mktemp -d /tmp/te_comm_test.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
 mkdir -p build
-te_comm_cmake_build "$lib" "$root/build" -DTE_COMM_CUDA_ROOT="$cuda_root" -DTE_COMM_NCCL_ROOT="$root/.pydeps/nvidia/nccl"
-ctest --test-dir "$root/build" --output-on-failure
+# GPU tests ON (not AUTO): the runtime and NCCL from the wheels above must be found, so the
+# GPU tests are always built here (and skip at run time without a GPU).
+te_comm_cmake_build "$lib" "$root/build" -DTE_COMM_GPU_TESTS=ON \
+  -DTE_COMM_CUDA_ROOT="$cuda_root" -DTE_COMM_NCCL_ROOT="$root/.pydeps/nvidia/nccl"
+ctest_rc=0
+ctest --test-dir "$root/build" --output-on-failure | tee "$tmp/ctest.log" || ctest_rc=$?
+# CTest counts skipped tests as passed ("100% tests passed"): list each with its reason,
+# the SKIPPED line of its output (kept in Testing/Temporary/LastTest.log).
+skipped=$(sed -n '/^The following tests did not run:/,/^$/p' "$tmp/ctest.log" \
+  | sed -nE 's/^[[:space:]]*[0-9]+ - ([^ ]+) \((.*)\)$/\1 \2/p')
+if [ -n "$skipped" ]; then
+  echo "ctest: $(wc -l <<<"$skipped") test(s) not run:"
+  while read -r name status; do
+    why=$(awk -v t="$name" '
+      /^[0-9]+\/[0-9]+ Test: / { cur = $0; sub(/^[0-9]+\/[0-9]+ Test: /, "", cur); on = (cur == t); next }
+      on && /^<end of output>/ { exit }
+      on && /SKIPPED/ { print; exit }' "$root/build/Testing/Temporary/LastTest.log")
+    printf '  %-22s %s\n' "$name" "${why:-$status}"
+  done <<<"$skipped"
+fi
+[ "$ctest_rc" -eq 0 ] || exit "$ctest_rc"
+
+# The install tree: `cmake --install` with a prefix given only at install time (the build
+# above was configured with the default one) must give a pkg-config file and a CMake
+# package that point into that prefix. A C consumer is built with each and run.
+prefix=$tmp/prefix
+cmake --install "$root/build" --prefix "$prefix" >"$tmp/install.log" 2>&1 || { cat "$tmp/install.log" >&2; exit 1; }
+mkdir -p "$tmp/consumer"
+cat >"$tmp/consumer/consumer.c" <<'C'
+#include <stdio.h>
+#include "transformer_engine_comm.h"
+int main(void) { printf("%s\n", nvte_comm_version()); return 0; }
+C
+pc_path=$(dirname "$(find "$prefix" -name transformer_engine_comm.pc)")
+pc() { PKG_CONFIG_PATH=$pc_path pkg-config "$@" transformer_engine_comm; }
+# shellcheck disable=SC2046  # word splitting of the flags is intended
+cc -std=c99 -Wall -Werror -o "$tmp/consumer/pc_consumer" "$tmp/consumer/consumer.c" \
+  $(pc --cflags --libs) -Wl,-rpath,"$(pc --variable=libdir)"
+cat >"$tmp/consumer/CMakeLists.txt" <<'CMAKE'
+cmake_minimum_required(VERSION 3.18)
+project(consumer C)
+find_package(TransformerEngineComm REQUIRED)
+add_executable(cmake_consumer consumer.c)
+target_link_libraries(cmake_consumer PRIVATE TransformerEngineComm::transformer_engine_comm)
+CMAKE
+cmake -S "$tmp/consumer" -B "$tmp/consumer/build" -DCMAKE_PREFIX_PATH="$prefix" >"$tmp/consumer.log" 2>&1 \
+  && cmake --build "$tmp/consumer/build" >>"$tmp/consumer.log" 2>&1 || { cat "$tmp/consumer.log" >&2; exit 1; }
+want=$(pc --modversion)
+for exe in "$tmp/consumer/pc_consumer" "$tmp/consumer/build/cmake_consumer"; do
+  got=$(env -u LD_LIBRARY_PATH "$exe")
+  [ "$got" = "$want" ] || { echo "$(basename "$exe"): library version '$got', expected '$want'" >&2; exit 1; }
+  libpath=$(env -u LD_LIBRARY_PATH ldd "$exe" | awk '/libtransformer_engine_comm/ { print $3 }')
+  case "$(realpath "$libpath")" in
+    "$(realpath "$prefix")"/*) ;;
+    *) echo "$(basename "$exe") loads $libpath, not the copy under $prefix" >&2; exit 1 ;;
+  esac
+done
+flags=$(pc --cflags --libs)
+echo "install --prefix: pkg-config and find_package consumers build and run against $prefix (${flags% })"
 
 # Python binding tests (python/tests: no GPU or torch needed; python/tests/torch is GPU-only
 # and has its own runner). pytest comes from pip when the interpreter lacks it.
@@ -38,8 +97,8 @@ fi
 # The wheel, as `pip install .` builds it (pyproject.toml: hatchling + python/hatch_build.py,
 # which runs the cargo build above again: nothing to rebuild). It must bundle the library and
 # work from a plain install with TE_COMM_LIB unset, outside the source tree.
-whl=$(mktemp -d /tmp/te_comm_wheel.XXXXXX)
-trap 'rm -rf "$whl"' EXIT
+whl=$tmp/wheel
+mkdir -p "$whl"
 "$py" -m pip wheel -q --disable-pip-version-check --no-deps -w "$whl/dist" "$root" >&2
 "$py" - "$whl/dist" <<'PY'
 import glob, sys, zipfile

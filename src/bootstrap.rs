@@ -83,7 +83,14 @@ impl Bootstrap {
             );
         }
         let (Some(allgather), Some(barrier)) = (allgather, barrier) else {
-            invalid!("the allgather and barrier callbacks must both be set");
+            invalid!(
+                "bootstrap->{} is NULL: with a NULL nccl_comm, the allgather and barrier callbacks must both be set",
+                if allgather.is_none() {
+                    "allgather"
+                } else {
+                    "barrier"
+                }
+            );
         };
         Ok(Bootstrap {
             rank: rank as usize,

@@ -7,6 +7,7 @@
 //! - all-gather GEMM: m and n split; B gathered along n; D = [n, m_local];
 //! - GEMM reduce-scatter: k split; D summed and scattered along n: [n_local, m];
 //! - GEMM all-reduce: k split; every rank gets the whole sum [n, m].
+//!
 //! The bias (length of D's m) is added once. Sizes not divisible by nranks are padded
 //! internally. The context owns its engines (one per buffer dtype), created on first use
 //! and re-created larger when a larger call arrives (collectively: every rank makes the
@@ -132,6 +133,12 @@ impl CommGemmCtx {
                 "nranks = {nranks} and rank = {rank} are inconsistent (need nranks >= 1 and 0 <= rank < nranks)"
             );
         }
+        // The environment knobs of the context's engines (strict: a bad value is an
+        // error naming it), also before anything is loaded.
+        let cfg = Config::from_env()?;
+        cfg.check()?;
+        crate::overlap::ar::ar_algo_choice()?;
+        crate::overlap::trace_enabled()?;
         let bs = Bootstrap::from_nccl(comm)?;
         if bs.size == 0 {
             invalid!("the communicator reports size 0");
@@ -144,7 +151,6 @@ impl CommGemmCtx {
             );
         }
         let _guard = ContextGuard::for_stream(0)?;
-        let cfg = Config::from_env();
         Ok(CommGemmCtx {
             nranks: bs.size,
             rank: bs.rank,
@@ -228,9 +234,10 @@ impl CommGemmCtx {
             self.workspace = Some(DeviceMem::new_relaxed(32 << 20)?);
         }
         let w = self.workspace.as_ref().unwrap();
-        let mut t = Tensor::default();
-        t.data = Buffer::new(w.ptr, DType::Byte, Shape::new(&[w.bytes])?)?;
-        Ok(t)
+        Ok(Tensor {
+            data: Buffer::new(w.ptr, DType::Byte, Shape::new(&[w.bytes])?)?,
+            ..Default::default()
+        })
     }
 
     pub fn call(&mut self, c: &GemmCall, stream: usize) -> Result<()> {
@@ -262,6 +269,10 @@ impl CommGemmCtx {
                 "comm_sm_count = {} must be >= 0 (0: the default)",
                 c.comm_sm_count
             );
+        }
+        if c.kind == Kind::AllReduce {
+            // Read again where the algorithm is chosen; a bad value fails here, before any work.
+            crate::overlap::ar::ar_algo_choice()?;
         }
         // The stream's context stays current for the whole call (engines are created in it).
         let _guard = ContextGuard::for_stream(stream)?;

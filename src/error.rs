@@ -87,7 +87,7 @@ fn with_last<R>(f: impl Fn(&mut LastError) -> R) -> R {
 
 pub fn set_last_error(func: &str, e: &Error) {
     let text = format!("{func}: {}", e.msg).replace('\0', "\\0");
-    if std::env::var_os("NVTE_COMM_DEBUG").is_some() {
+    if crate::env::debug() {
         // Never eprintln!: it panics when stderr is a closed pipe (SIGPIPE ignored).
         use std::io::Write;
         let _ = writeln!(

@@ -99,15 +99,21 @@ pub fn quantize(input: &Tensor, output: &Tensor, stream: usize) -> Result<()> {
         arg(&amax),
         arg(&sinv),
     ];
-    cuda::launch(
-        f,
-        (grid_for(i.numel(), sms), 1, 1),
-        (BLOCK, 1, 1),
-        0,
-        stream,
-        &mut args,
-        "quantize",
-    )
+    // SAFETY: `f` is quantize_<in>_<out> of kernels/cast.cu, loaded in the stream's context
+    // (held by `guard`); `args` are its six parameters (in, out, n, scale, amax, scale_inv),
+    // each a pointer-sized value. The data pointers are the caller's tensors of n elements
+    // (TE's contract, NULL checked above); the scalars are NULL or single floats.
+    unsafe {
+        cuda::launch(
+            f,
+            (grid_for(i.numel(), sms), 1, 1),
+            (BLOCK, 1, 1),
+            0,
+            stream,
+            &mut args,
+            "quantize",
+        )
+    }
 }
 
 /// TE's nvte_dequantize: output = cast(input * input.scale_inv) from FP8.
@@ -157,15 +163,21 @@ pub fn dequantize(input: &Tensor, output: &Tensor, stream: usize) -> Result<()> 
     let n = i.numel() as u64;
     let (src, dst, sinv) = (i.ptr, o.ptr, opt_ptr(&input.scale_inv));
     let mut args = [arg(&src), arg(&dst), arg(&n), arg(&sinv)];
-    cuda::launch(
-        f,
-        (grid_for(i.numel(), sms), 1, 1),
-        (BLOCK, 1, 1),
-        0,
-        stream,
-        &mut args,
-        "dequantize",
-    )
+    // SAFETY: `f` is dequantize_<in>_<out> of kernels/cast.cu, loaded in the stream's context
+    // (held by `guard`); `args` are its four parameters (in, out, n, scale_inv), each a
+    // pointer-sized value. The data pointers are the caller's tensors of n elements (TE's
+    // contract, NULL checked above); scale_inv is a single float (checked above).
+    unsafe {
+        cuda::launch(
+            f,
+            (grid_for(i.numel(), sms), 1, 1),
+            (BLOCK, 1, 1),
+            0,
+            stream,
+            &mut args,
+            "dequantize",
+        )
+    }
 }
 
 /// Fill a tensor with uniform random values in [lo, hi) from a counter-based generator:
@@ -190,13 +202,18 @@ pub fn fill_uniform(t: &Tensor, seed: u64, lo: f32, hi: f32, stream: usize) -> R
     let n = b.numel() as u64;
     let dst = b.ptr;
     let mut args = [arg(&dst), arg(&n), arg(&seed), arg(&lo), arg(&hi)];
-    cuda::launch(
-        f,
-        (grid_for(b.numel(), sms), 1, 1),
-        (BLOCK, 1, 1),
-        0,
-        stream,
-        &mut args,
-        "fill_uniform",
-    )
+    // SAFETY: `f` is fill_uniform_<type> of kernels/cast.cu, loaded in the stream's context
+    // (held by `guard`); `args` are its five parameters (out, n: 8 bytes; seed: u64; lo, hi:
+    // f32). `dst` is the caller's tensor of n elements (TE's contract, NULL checked above).
+    unsafe {
+        cuda::launch(
+            f,
+            (grid_for(b.numel(), sms), 1, 1),
+            (BLOCK, 1, 1),
+            0,
+            stream,
+            &mut args,
+            "fill_uniform",
+        )
+    }
 }

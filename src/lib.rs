@@ -3,10 +3,12 @@
 //!
 //! Layout: `ffi` (the only `extern "C"` code), `tensor` (TE tensors and handles),
 //! `gemm` (cuBLASLt), `cuda` (driver, NVRTC, contexts), `kernels` (typed launches of
-//! `kernels/*.cu`), `error` (status + message model).
+//! `kernels/*.cu`), `error` (status + message model), `env` (the `NVTE_COMM_*` knobs,
+//! parsed strictly).
 pub mod bootstrap;
 pub mod comm_gemm;
 pub mod cuda;
+pub mod env;
 pub mod error;
 pub mod ffi;
 pub mod gemm;

@@ -3,9 +3,11 @@
  * every error path that can be reached without a device: each bad input must return
  * the documented status with a message naming the function and argument, and none may
  * abort the process. */
+#define _POSIX_C_SOURCE 200112L /* setenv / unsetenv (the environment knobs) */
 #include "transformer_engine_comm.h"
 
 #include <stdint.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -259,6 +261,318 @@ static void test_ctx_args(void) {
   expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "ctx NULL comm", "NULL", NULL);
 }
 
+/* ---- environment knobs: parsed strictly by the call that reads them ---- */
+
+static const char *const KNOBS[] = {"NVTE_COMM_TIMEOUT_MS",        "NVTE_COMM_OVERLAP_NUM_SPLITS",
+                                    "NVTE_COMM_OVERLAP_MAX_STREAMS", "NVTE_COMM_OVERLAP_NUM_SM",
+                                    "NVTE_COMM_OVERLAP_USE_CE",      "NVTE_COMM_OVERLAP_AGGREGATE",
+                                    "NVTE_COMM_OVERLAP_SM_MARGIN",   "NVTE_COMM_TRANSPORT",
+                                    "NVTE_COMM_AR_ALGO",             "NVTE_COMM_TRACE"};
+
+static void unset_knobs(void) {
+  for (size_t i = 0; i < sizeof KNOBS / sizeof KNOBS[0]; ++i) unsetenv(KNOBS[i]);
+}
+
+static int all_zero(const void *p, size_t n) {
+  const unsigned char *b = (const unsigned char *)p;
+  for (size_t i = 0; i < n; ++i)
+    if (b[i]) return 0;
+  return 1;
+}
+
+/* config_default with `name` = `value`: rejected, naming the variable and the value. */
+static void env_rejected(const char *name, const char *value) {
+  NVTECommOverlapConfig c;
+  char what[160];
+  memset(&c, 0x5a, sizeof c);
+  setenv(name, value, 1);
+  snprintf(what, sizeof what, "%s=\"%s\"", name, value);
+  CHECK(nvte_comm_overlap_config_default(&c) == NVTE_COMM_ERROR_INVALID_ARGUMENT, "%s: accepted\n", what);
+  expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, what, "nvte_comm_overlap_config_default: environment variable ", name);
+  expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, what, value, NULL);
+  CHECK(all_zero(&c, sizeof c), "%s: config not zeroed on error\n", what);
+  unsetenv(name);
+}
+
+static NVTECommOverlapConfig env_config(const char *name, const char *value) {
+  NVTECommOverlapConfig c;
+  memset(&c, 0, sizeof c);
+  setenv(name, value, 1);
+  CHECK(nvte_comm_overlap_config_default(&c) == NVTE_COMM_SUCCESS, "%s=\"%s\" rejected\n", name, value);
+  unsetenv(name);
+  return c;
+}
+
+static void test_env_knobs(void) {
+  NVTECommOverlapConfig c;
+  unset_knobs();
+  CHECK(nvte_comm_overlap_config_default(&c) == NVTE_COMM_SUCCESS, "config_default\n");
+  CHECK(c.struct_size == sizeof c && c.tp_size == 0 && c.num_splits == 3 && c.num_max_streams == 3 &&
+            c.comm_cga_size == 2 && c.num_comm_sm == 16 && c.set_sm_margin && c.use_ce && !c.aggregate &&
+            !c.atomic_gemm && c.timeout_ms == 60000 && c.transport == NVTE_COMM_TRANSPORT_AUTO,
+        "documented defaults\n");
+  CHECK(nvte_comm_overlap_config_default(NULL) == NVTE_COMM_ERROR_INVALID_ARGUMENT, "NULL config\n");
+
+  /* Values that do not parse, are out of range or would be truncated. */
+  env_rejected("NVTE_COMM_OVERLAP_NUM_SPLITS", "4294967299");
+  env_rejected("NVTE_COMM_OVERLAP_NUM_SPLITS", "abc");
+  env_rejected("NVTE_COMM_OVERLAP_NUM_SPLITS", "0");
+  env_rejected("NVTE_COMM_OVERLAP_NUM_SPLITS", "65");
+  env_rejected("NVTE_COMM_OVERLAP_NUM_SPLITS", "3x");
+  env_rejected("NVTE_COMM_OVERLAP_NUM_SPLITS", "-3");
+  env_rejected("NVTE_COMM_OVERLAP_MAX_STREAMS", "9");
+  env_rejected("NVTE_COMM_OVERLAP_MAX_STREAMS", "2.5");
+  env_rejected("NVTE_COMM_OVERLAP_NUM_SM", "0");
+  env_rejected("NVTE_COMM_OVERLAP_NUM_SM", "2147483648");
+  env_rejected("NVTE_COMM_TIMEOUT_MS", "0");
+  env_rejected("NVTE_COMM_TIMEOUT_MS", "-1");
+  env_rejected("NVTE_COMM_TIMEOUT_MS", "9223372036854775808");
+  env_rejected("NVTE_COMM_TIMEOUT_MS", "60s");
+  env_rejected("NVTE_COMM_OVERLAP_USE_CE", "2");
+  env_rejected("NVTE_COMM_OVERLAP_USE_CE", "enable");
+  env_rejected("NVTE_COMM_OVERLAP_AGGREGATE", "-1");
+  env_rejected("NVTE_COMM_OVERLAP_SM_MARGIN", "yes please");
+  env_rejected("NVTE_COMM_TRANSPORT", "tcp");
+  env_rejected("NVTE_COMM_TRANSPORT", "1");
+
+  /* Accepted values. */
+  CHECK(env_config("NVTE_COMM_OVERLAP_NUM_SPLITS", "64").num_splits == 64, "num_splits 64\n");
+  CHECK(env_config("NVTE_COMM_OVERLAP_NUM_SPLITS", " 5 ").num_splits == 5, "num_splits with blanks\n");
+  CHECK(env_config("NVTE_COMM_OVERLAP_NUM_SPLITS", "").num_splits == 3, "empty = default\n");
+  CHECK(env_config("NVTE_COMM_OVERLAP_MAX_STREAMS", "8").num_max_streams == 8, "max_streams 8\n");
+  CHECK(env_config("NVTE_COMM_OVERLAP_NUM_SM", "2147483647").num_comm_sm == 2147483647, "num_sm max\n");
+  CHECK(env_config("NVTE_COMM_TIMEOUT_MS", "9223372036854775807").timeout_ms == INT64_MAX, "timeout max\n");
+  CHECK(!env_config("NVTE_COMM_OVERLAP_USE_CE", "0").use_ce, "use_ce 0\n");
+  CHECK(!env_config("NVTE_COMM_OVERLAP_USE_CE", "off").use_ce, "use_ce off\n");
+  CHECK(env_config("NVTE_COMM_OVERLAP_USE_CE", "TRUE").use_ce, "use_ce TRUE\n");
+  CHECK(env_config("NVTE_COMM_OVERLAP_AGGREGATE", "1").aggregate, "aggregate 1\n");
+  CHECK(!env_config("NVTE_COMM_OVERLAP_SM_MARGIN", "no").set_sm_margin, "sm_margin no\n");
+  CHECK(env_config("NVTE_COMM_TRANSPORT", "NCCL").transport == NVTE_COMM_TRANSPORT_NCCL, "transport NCCL\n");
+  CHECK(env_config("NVTE_COMM_TRANSPORT", "ipc").transport == NVTE_COMM_TRANSPORT_IPC, "transport ipc\n");
+
+  /* The creating calls read them too, before anything is loaded. */
+  {
+    NVTECommBootstrap bs;
+    NVTECommOverlap *o = (NVTECommOverlap *)0x1;
+    ncclComm_t fake = (ncclComm_t)0x1000; /* never dereferenced: the environment is checked first */
+    memset(&bs, 0, sizeof bs);
+    bs.world_size = 1;
+    setenv("NVTE_COMM_OVERLAP_MAX_STREAMS", "4294967299", 1);
+    CHECK(nvte_comm_overlap_create(&bs, NULL, 8, 8, kNVTEBFloat16, &o) == NVTE_COMM_ERROR_INVALID_ARGUMENT && o == NULL,
+          "create (NULL config) with a bad environment\n");
+    expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "create env", "nvte_comm_overlap_create: environment variable NVTE_COMM_OVERLAP_MAX_STREAMS", "4294967299");
+    CHECK(nvte_comm_gemm_ctx_create(fake, 2, 0) == NULL, "ctx_create with a bad environment\n");
+    expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "ctx env", "nvte_comm_gemm_ctx_create: environment variable NVTE_COMM_OVERLAP_MAX_STREAMS", "4294967299");
+    unsetenv("NVTE_COMM_OVERLAP_MAX_STREAMS");
+    setenv("NVTE_COMM_TRACE", "verbose", 1);
+    CHECK(nvte_comm_overlap_create(&bs, NULL, 8, 8, kNVTEBFloat16, &o) == NVTE_COMM_ERROR_INVALID_ARGUMENT, "create with a bad NVTE_COMM_TRACE\n");
+    expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "create trace", "NVTE_COMM_TRACE", "verbose");
+    CHECK(nvte_comm_gemm_ctx_create(fake, 2, 0) == NULL, "ctx_create with a bad NVTE_COMM_TRACE\n");
+    expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "ctx trace", "NVTE_COMM_TRACE", "verbose");
+    unsetenv("NVTE_COMM_TRACE");
+    setenv("NVTE_COMM_AR_ALGO", "fastest", 1);
+    CHECK(nvte_comm_gemm_ctx_create(fake, 2, 0) == NULL, "ctx_create with a bad NVTE_COMM_AR_ALGO\n");
+    expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "ctx ar_algo", "nvte_comm_gemm_ctx_create: environment variable NVTE_COMM_AR_ALGO", "fastest");
+    unsetenv("NVTE_COMM_AR_ALGO");
+    setenv("NVTE_COMM_TRANSPORT", "rdma", 1);
+    CHECK(nvte_comm_gemm_ctx_create(fake, 2, 0) == NULL, "ctx_create with a bad NVTE_COMM_TRANSPORT\n");
+    expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "ctx transport", "NVTE_COMM_TRANSPORT", "rdma");
+    unsetenv("NVTE_COMM_TRANSPORT");
+  }
+  unset_knobs();
+}
+
+/* ---- nvte_comm_overlap_create: every argument check comes before CUDA is loaded ---- */
+
+static int g_callback_calls = 0;
+
+static int32_t test_allgather(void *user, void *global, size_t global_bytes, const void *local, size_t local_bytes) {
+  (void)user;
+  ++g_callback_calls;
+  if (global_bytes < local_bytes) return 1;
+  memcpy(global, local, local_bytes);
+  return 0;
+}
+
+static int32_t test_barrier(void *user) {
+  (void)user;
+  ++g_callback_calls;
+  return 0;
+}
+
+static NVTECommBootstrap callbacks(int32_t rank, int32_t size) {
+  NVTECommBootstrap b;
+  memset(&b, 0, sizeof b);
+  b.world_rank = rank;
+  b.world_size = size;
+  b.allgather = test_allgather;
+  b.barrier = test_barrier;
+  return b;
+}
+
+/* create(bs, cfg, rows, cols, dtype) fails with `status` and a message containing w1 and w2;
+ * `*out` is NULL afterwards. */
+static void create_fails(const char *what, const NVTECommBootstrap *bs, const NVTECommOverlapConfig *cfg, size_t rows,
+                         size_t cols, NVTEDType dt, NVTECommStatus status, const char *w1, const char *w2) {
+  NVTECommOverlap *o = (NVTECommOverlap *)0x1;
+  NVTECommStatus s = nvte_comm_overlap_create(bs, cfg, rows, cols, dt, &o);
+  CHECK(s == status, "%s: status %s, expected %s\n", what, nvte_comm_status_string(s), nvte_comm_status_string(status));
+  CHECK(o == NULL, "%s: *out not NULL\n", what);
+  expect_error(status, what, "nvte_comm_overlap_create: ", w1);
+  if (w2) expect_error(status, what, w2, NULL);
+}
+
+static void test_overlap_create_args(void) {
+  const NVTECommStatus INV = NVTE_COMM_ERROR_INVALID_ARGUMENT, UNS = NVTE_COMM_ERROR_UNSUPPORTED;
+  NVTECommBootstrap one = callbacks(0, 1), four = callbacks(1, 4), bad;
+  NVTECommOverlapConfig base, c;
+  const NVTEDType BF = kNVTEBFloat16;
+  unset_knobs();
+  CHECK(nvte_comm_overlap_config_default(&base) == NVTE_COMM_SUCCESS, "config_default\n");
+  g_callback_calls = 0;
+
+  CHECK(nvte_comm_overlap_create(&one, &base, 8, 8, BF, NULL) == INV, "NULL out\n");
+  expect_error(INV, "NULL out", "nvte_comm_overlap_create", "`out` is NULL");
+  create_fails("NULL bootstrap", NULL, &base, 8, 8, BF, INV, "`bootstrap` is NULL", NULL);
+  /* config */
+  c = base; c.struct_size = 8;
+  create_fails("struct_size", &one, &c, 8, 8, BF, INV, "struct_size = 8", NULL);
+  c = base; c.transport = (NVTECommTransport)7;
+  create_fails("transport 7", &one, &c, 8, 8, BF, INV, "transport = 7", NULL);
+  c = base; c.transport = (NVTECommTransport)-1;
+  create_fails("transport -1", &one, &c, 8, 8, BF, INV, "transport", NULL);
+  c = base; c.num_splits = 0;
+  create_fails("num_splits 0", &one, &c, 8, 8, BF, INV, "num_splits = 0", NULL);
+  c = base; c.num_splits = 65;
+  create_fails("num_splits 65", &one, &c, 8, 8, BF, INV, "num_splits = 65", NULL);
+  c = base; c.num_max_streams = 0;
+  create_fails("num_max_streams 0", &one, &c, 8, 8, BF, INV, "num_max_streams = 0", NULL);
+  c = base; c.comm_cga_size = 9;
+  create_fails("comm_cga_size 9", &one, &c, 8, 8, BF, INV, "comm_cga_size = 9", NULL);
+  c = base; c.num_comm_sm = 0;
+  create_fails("num_comm_sm 0", &one, &c, 8, 8, BF, INV, "num_comm_sm = 0", NULL);
+  c = base; c.timeout_ms = 0;
+  create_fails("timeout 0", &one, &c, 8, 8, BF, INV, "timeout_ms = 0", NULL);
+  c = base; c.tp_size = -2;
+  create_fails("tp_size -2", &one, &c, 8, 8, BF, INV, "tp_size = -2", NULL);
+  c = base; c.tp_size = 17;
+  create_fails("tp_size 17", &one, &c, 8, 8, BF, UNS, "tp_size = 17", NULL);
+  c = base; c.atomic_gemm = true;
+  create_fails("atomic_gemm", &one, &c, 8, 8, BF, UNS, "atomic_gemm", NULL);
+  c = base;
+  ((unsigned char *)&c)[offsetof(NVTECommOverlapConfig, use_ce)] = 7; /* not a bool */
+  create_fails("bool byte 7", &one, &c, 8, 8, BF, INV, "use_ce = 7", "not a bool");
+  /* shape and dtype */
+  create_fails("rows 0", &one, &base, 0, 8, BF, INV, "[0, 8] is empty", NULL);
+  create_fails("cols 0", &one, &base, 8, 0, BF, INV, "[8, 0] is empty", NULL);
+  create_fails("shape overflow", &one, &base, SIZE_MAX / 2, 4, BF, INV, "overflows", NULL);
+  create_fails("bytes overflow", &one, &base, (size_t)1 << 32, (size_t)1 << 31, BF, INV, "overflows", NULL);
+  create_fails("dtype 99", &one, &base, 8, 8, (NVTEDType)99, INV, "argument `dtype`", "99");
+  create_fails("dtype -1", &one, &base, 8, 8, (NVTEDType)-1, INV, "argument `dtype`", NULL);
+  create_fails("dtype int32", &one, &base, 8, 8, kNVTEInt32, UNS, "kNVTEInt32 is not supported", NULL);
+  create_fails("dtype fp4", &one, &base, 8, 8, kNVTEFloat4E2M1, UNS, "not supported", NULL);
+  /* bootstrap */
+  bad = callbacks(2, 2);
+  create_fails("rank 2 of 2", &bad, &base, 8, 8, BF, INV, "world_rank = 2 and world_size = 2", NULL);
+  bad = callbacks(0, 0);
+  create_fails("size 0", &bad, &base, 8, 8, BF, INV, "world_size = 0", NULL);
+  bad = callbacks(-1, 4);
+  create_fails("rank -1", &bad, &base, 8, 8, BF, INV, "world_rank = -1", NULL);
+  bad = callbacks(0, -5);
+  create_fails("size -5", &bad, &base, 8, 8, BF, INV, "world_size = -5", NULL);
+  bad = callbacks(0, 1); bad.allgather = NULL;
+  create_fails("no allgather", &bad, &base, 8, 8, BF, INV, "allgather is NULL", NULL);
+  bad = callbacks(0, 1); bad.barrier = NULL;
+  create_fails("no barrier", &bad, &base, 8, 8, BF, INV, "barrier is NULL", NULL);
+  /* against the world size */
+  c = base; c.tp_size = 3;
+  create_fails("tp 3 of 4", &four, &c, 12, 8, BF, INV, "tp_size = 3", "world size 4");
+  create_fails("rows 6 over tp 4", &four, &base, 6, 8, BF, INV, "rows = 6", "tp_size = 4");
+  CHECK(g_callback_calls == 0, "the callbacks were called %d times during argument checks\n", g_callback_calls);
+
+  /* Valid arguments: without a GPU the failure names what is missing (never a crash). */
+  if (nvte_comm_device_count() == 0) {
+    NVTECommOverlap *o = (NVTECommOverlap *)0x1;
+    NVTECommStatus s = nvte_comm_overlap_create(&one, &base, 8, 8, BF, &o);
+    CHECK((s == NVTE_COMM_ERROR_LIBRARY_NOT_FOUND || s == NVTE_COMM_ERROR_CUDA) && o == NULL,
+          "valid create without a GPU: %s\n", nvte_comm_status_string(s));
+    CHECK(strncmp(nvte_comm_last_error(), "nvte_comm_overlap_create: ", 26) == 0, "message prefix\n");
+  }
+}
+
+/* ---- handles of the overlap engine, comm-GEMM contexts and NCCL helpers ---- */
+
+static void test_handles_and_out_params(void) {
+  const NVTECommStatus INV = NVTE_COMM_ERROR_INVALID_ARGUMENT;
+  NVTECommOverlap *fake_ov = (NVTECommOverlap *)(uintptr_t)0xABC0C;
+  NVTECommGemmCtx *fake_ctx = (NVTECommGemmCtx *)(uintptr_t)0x5EED;
+  NVTETensor t = NULL, a;
+  int32_t tp = 77, rank = 77;
+  uint8_t id[128];
+  size_t two[2] = {8, 8};
+  CHECK(nvte_comm_tensor_create_simple((void *)0x1000, kNVTEBFloat16, two, 2, &a) == NVTE_COMM_SUCCESS, "tensor\n");
+
+  CHECK(nvte_comm_overlap_tp(fake_ov, &tp, &rank) == INV && tp == 0 && rank == 0, "tp on a dead object: out-params 0\n");
+  expect_error(INV, "tp dead", "nvte_comm_overlap_tp", "not a live overlap object");
+  tp = rank = 77;
+  CHECK(nvte_comm_overlap_tp(NULL, &tp, &rank) == INV && tp == 0 && rank == 0, "tp on NULL\n");
+  t = (NVTETensor)0x1;
+  CHECK(nvte_comm_overlap_get_buffer(fake_ov, true, &t) == INV && t == NULL, "get_buffer on a dead object\n");
+  CHECK(nvte_comm_overlap_get_buffer(fake_ov, true, NULL) == INV, "get_buffer NULL out\n");
+  CHECK(nvte_comm_overlap_copy_into_buffer(fake_ov, a, true, NULL) == INV, "copy_into_buffer on a dead object\n");
+  CHECK(nvte_comm_overlap_synchronize(NULL) == INV, "synchronize NULL\n");
+  expect_error(INV, "synchronize NULL", "nvte_comm_overlap_synchronize", "`overlap` is NULL");
+  CHECK(nvte_comm_overlap_destroy(fake_ov) == INV, "destroy a dead object\n");
+  expect_error(INV, "destroy dead", "nvte_comm_overlap_destroy", "not a live overlap object");
+  CHECK(nvte_comm_overlap_destroy(NULL) == NVTE_COMM_SUCCESS, "destroy NULL is a no-op\n");
+  CHECK(nvte_comm_overlap_split_rs(fake_ov, a, true, a, false, NULL, NULL, NULL, false, NULL, false, false, a, NULL) == INV,
+        "split_rs on a dead object\n");
+  CHECK(nvte_comm_overlap_split_rs_p2p(NULL, a, true, a, false, NULL, NULL, NULL, false, NULL, false, false, a, NULL) == INV,
+        "split_rs_p2p on NULL\n");
+  CHECK(nvte_comm_overlap_bulk(fake_ov, (NVTECommOverlapType)5, a, true, a, false, a, NULL, NULL, false, NULL, false, false,
+                               NULL, NULL, NULL) == INV,
+        "bulk with comm_type 5\n");
+  expect_error(INV, "bulk type", "nvte_comm_overlap_bulk", "comm_type");
+
+  /* comm-GEMM contexts */
+  CHECK(nvte_comm_gemm_numroc(NULL, 10) == 0, "numroc NULL ctx\n");
+  expect_error(INV, "numroc NULL", "nvte_comm_gemm_numroc", "`ctx` is NULL");
+  CHECK(nvte_comm_gemm_numroc(fake_ctx, 10) == 0, "numroc dead ctx\n");
+  expect_error(INV, "numroc dead", "nvte_comm_gemm_numroc", "not a live context");
+  nvte_all_gather_gemm(fake_ctx, 8, 8, 8, a, a, a, NULL, NULL, true, false, false, false, 0, NULL, kNVTECommGemmAlgoDefault);
+  expect_error(INV, "ag dead ctx", "nvte_all_gather_gemm", "not a live context");
+  nvte_gemm_reduce_scatter(NULL, 8, 8, 8, a, a, a, NULL, NULL, true, false, false, false, 0, NULL, kNVTECommGemmAlgoDefault);
+  expect_error(INV, "rs NULL ctx", "nvte_gemm_reduce_scatter", "`ctx` is NULL");
+  nvte_gemm_all_reduce(fake_ctx, -1, 8, 8, a, a, a, NULL, NULL, true, false, false, false, -1, NULL, (NVTECommGemmAlgoType)9);
+  expect_error(INV, "ar dead ctx", "nvte_gemm_all_reduce", "not a live context");
+  nvte_comm_gemm_ctx_destroy(fake_ctx);
+  expect_error(INV, "ctx destroy dead", "nvte_comm_gemm_ctx_destroy", "not a live context");
+  nvte_comm_gemm_ctx_destroy(NULL);
+  expect_ok("ctx destroy NULL");
+
+  /* NCCL helpers: arguments, and only communicators of nvte_comm_nccl_comm_init_rank are destroyed */
+  CHECK(nvte_comm_nccl_comm_destroy((ncclComm_t)(uintptr_t)0xDEAD0) == INV, "destroy a foreign communicator\n");
+  expect_error(INV, "comm destroy foreign", "nvte_comm_nccl_comm_destroy", "not a live communicator");
+  CHECK(nvte_comm_nccl_comm_destroy(NULL) == INV, "destroy a NULL communicator\n");
+  memset(id, 0x77, sizeof id);
+  CHECK(nvte_comm_nccl_get_unique_id(id, 16) == INV && all_zero(id, 16) && id[16] == 0x77, "unique id, short buffer\n");
+  {
+    ncclComm_t comm = (ncclComm_t)0x1;
+    CHECK(nvte_comm_nccl_comm_init_rank(id, 128, 2, 2, &comm) == INV && comm == NULL, "init_rank rank 2 of 2\n");
+    comm = (ncclComm_t)0x1;
+    CHECK(nvte_comm_nccl_comm_init_rank(NULL, 128, 1, 0, &comm) == INV && comm == NULL, "init_rank NULL id\n");
+  }
+  {
+    NVTEBasicTensor got;
+    size_t written = 9;
+    memset(&got, 0x33, sizeof got);
+    nvte_get_tensor_param_v2((NVTETensor)(uintptr_t)0x1234, kNVTERowwiseData, &got, sizeof got, &written);
+    CHECK(nvte_comm_last_status() == INV && written == 0 && got.data_ptr == NULL && got.shape.ndim == 0,
+          "get_tensor_param_v2 out-params on error\n");
+  }
+  nvte_destroy_tensor(a);
+}
+
 static void test_runtime(void) {
   NVTECommStatus s = nvte_comm_check_runtime();
   if (s == NVTE_COMM_SUCCESS) {
@@ -279,6 +593,9 @@ int main(void) {
   test_tensor_errors();
   test_gemm_errors();
   test_ctx_args();
+  test_env_knobs();
+  test_overlap_create_args();
+  test_handles_and_out_params();
   test_runtime();
   CHECK(nvte_comm_live_tensor_count() == 0, "leaked tensor handles: %zu\n", nvte_comm_live_tensor_count());
   printf("test_api: %d passed, %d failed\n", passed, failed);

@@ -37,8 +37,21 @@ inline void probe_or_continue(int argc, char **argv) {
     int need = std::atoi(argv[2]), have = 0;
     cudaError_t e = cudaGetDeviceCount(&have);
     if (e != cudaSuccess || have < need) {
-      std::printf("SKIPPED: needs %d CUDA GPU(s), found %d (%s)\n", need, e == cudaSuccess ? have : 0,
-                  e == cudaSuccess ? "ok" : cudaGetErrorString(e));
+      // Without any driver the runtime reports "driver version is insufficient"; it also
+      // reports driver version 0 then, which tells the two cases apart.
+      int driver = 0, runtime = 0;
+      char why[256];
+      if (e == cudaSuccess) {
+        std::snprintf(why, sizeof why, "ok");
+      } else if (cudaDriverGetVersion(&driver) == cudaSuccess && driver == 0) {
+        std::snprintf(why, sizeof why, "no CUDA driver (libcuda.so.1) found");
+      } else if (e == cudaErrorInsufficientDriver && cudaRuntimeGetVersion(&runtime) == cudaSuccess) {
+        std::snprintf(why, sizeof why, "%s: driver supports CUDA %d.%d, runtime is %d.%d", cudaGetErrorString(e),
+                      driver / 1000, driver % 1000 / 10, runtime / 1000, runtime % 1000 / 10);
+      } else {
+        std::snprintf(why, sizeof why, "%s", cudaGetErrorString(e));
+      }
+      std::printf("SKIPPED: needs %d CUDA GPU(s), found %d (%s)\n", need, e == cudaSuccess ? have : 0, why);
       std::exit(kSkip);
     }
     std::exit(0);

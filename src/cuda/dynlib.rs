@@ -154,7 +154,7 @@ pub fn bind(spec: &Spec) -> Result<Bound, String> {
             ))
         }
     };
-    if let Some(file) = std::env::var_os(spec.env) {
+    if let Some(file) = crate::env::os(spec.env) {
         let file = file.to_string_lossy().into_owned();
         let before = mapped(spec.prefix);
         let handle = open(&file, flags)

@@ -328,7 +328,15 @@ impl Drop for ContextGuard {
 }
 
 /// Launch a kernel. `args` holds pointers to each kernel argument.
-pub fn launch(
+///
+/// # Safety
+///
+/// `f` must be a function of a module loaded in the context `stream` belongs to (the
+/// current context), and `args` must match its parameter list: one pointer per parameter,
+/// each to a live value of that parameter's type and layout (read during this call). The
+/// device memory the argument values point to must be valid for everything the kernel
+/// reads and writes until it has run on `stream`.
+pub unsafe fn launch(
     f: cu::CUfunction,
     grid: (u32, u32, u32),
     block: (u32, u32, u32),
@@ -337,8 +345,8 @@ pub fn launch(
     args: &mut [*mut c_void],
     name: &str,
 ) -> Result<()> {
-    // SAFETY: `f` is a loaded function and `args` matches its parameter list (the typed
-    // wrappers in crate::kernels guarantee this).
+    // SAFETY: the caller guarantees `f` and `args` (this function's contract);
+    // cuLaunchKernel reads the argument values before it returns.
     let r = unsafe {
         cu::cuLaunchKernel(
             f,

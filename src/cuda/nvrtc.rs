@@ -62,26 +62,31 @@ fn options(arch: &str) -> Vec<String> {
     ]
 }
 
-fn cache_dir() -> Option<PathBuf> {
-    if std::env::var_os("NVTE_COMM_DISABLE_KERNEL_CACHE").is_some() {
-        return None;
+/// The disk cache's folder: None when NVTE_COMM_DISABLE_KERNEL_CACHE is true (a value
+/// that is not a boolean is an error) or no folder is known.
+fn cache_dir() -> Result<Option<PathBuf>> {
+    if crate::env::flag("NVTE_COMM_DISABLE_KERNEL_CACHE")?.unwrap_or(false) {
+        return Ok(None);
     }
-    if let Some(d) = std::env::var_os("NVTE_COMM_CACHE_DIR") {
-        return Some(PathBuf::from(d));
+    if let Some(d) = crate::env::os("NVTE_COMM_CACHE_DIR") {
+        return Ok(Some(PathBuf::from(d)));
     }
-    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
-        return Some(PathBuf::from(d).join("transformer_engine_comm"));
+    if let Some(d) = crate::env::os("XDG_CACHE_HOME") {
+        return Ok(Some(PathBuf::from(d).join("transformer_engine_comm")));
     }
-    std::env::var_os("HOME").map(|h| {
+    Ok(crate::env::os("HOME").map(|h| {
         PathBuf::from(h)
             .join(".cache")
             .join("transformer_engine_comm")
-    })
+    }))
 }
+
+/// Compiled cubins of this process by (source name, arch).
+type CubinMemo = HashMap<(String, String), Arc<Vec<u8>>>;
 
 /// Compile `src` for `arch` to a cubin (from the disk cache when present).
 pub fn compile(src: &Source, arch: &str) -> Result<Arc<Vec<u8>>> {
-    static MEMO: Mutex<Option<HashMap<(String, String), Arc<Vec<u8>>>>> = Mutex::new(None);
+    static MEMO: Mutex<Option<CubinMemo>> = Mutex::new(None);
     let key = (src.name.to_string(), arch.to_string());
     if let Some(c) = MEMO
         .lock()
@@ -91,12 +96,13 @@ pub fn compile(src: &Source, arch: &str) -> Result<Arc<Vec<u8>>> {
     {
         return Ok(c.clone());
     }
+    let dir = cache_dir()?;
     require(Lib::Nvrtc)?;
     let ver = nvrtc_version()?;
     let opts = options(arch);
     let mut h = std::collections::hash_map::DefaultHasher::new();
     (src.code, HEADERS, &opts, ver, env!("CARGO_PKG_VERSION")).hash(&mut h);
-    let file = cache_dir().map(|d| {
+    let file = dir.map(|d| {
         d.join(format!(
             "{}-{arch}-{:016x}.cubin",
             src.name.trim_end_matches(".cu"),
@@ -231,9 +237,12 @@ impl Module {
     }
 }
 
+/// Loaded modules by (context, source name).
+type LoadedModules = HashMap<(usize, &'static str), Arc<Module>>;
+
 /// The module for `src` in context `ctx` (which must be current) on device `dev`.
 pub fn module(src: &Source, ctx: usize, dev: &DeviceInfo) -> Result<Arc<Module>> {
-    static LOADED: Mutex<Option<HashMap<(usize, &'static str), Arc<Module>>>> = Mutex::new(None);
+    static LOADED: Mutex<Option<LoadedModules>> = Mutex::new(None);
     let key = (ctx, src.name);
     if let Some(m) = LOADED
         .lock()

@@ -1,5 +1,5 @@
 //! The C ABI. This module tree is the only place with `extern "C"` functions and raw
-//! pointer handling. Every entry point runs inside [`firewall`]: panics are caught and
+//! pointer handling. Every entry point runs inside `firewall`: panics are caught and
 //! turned into NVTE_COMM_ERROR_INTERNAL with the panic message, never unwinding into C.
 mod comm_gemm;
 pub mod enums;
@@ -47,7 +47,7 @@ fn install_panic_hook() {
                     *p = Some(format!("{msg}{loc}"));
                 }
             });
-            if std::env::var_os("NVTE_COMM_DEBUG").is_some() {
+            if crate::env::debug() {
                 previous(info);
             }
         }));

@@ -95,7 +95,7 @@ impl NVTECommOverlapConfig {
             transport: NVTECommTransport(c.transport as u32),
         }
     }
-    fn to_config(&self) -> Config {
+    fn to_config(self) -> Config {
         Config {
             tp_size: self.tp_size,
             num_splits: self.num_splits,
@@ -144,9 +144,46 @@ fn t_opt(h: NVTETensor, what: &str) -> Result<Option<Tensor>> {
     tensor::get_opt(h as usize, what)
 }
 
+/// The caller's config, checked: its size first, then its bool fields (any byte may be
+/// there; only 0 and 1 are bools), then read.
+fn read_config(config: *const NVTECommOverlapConfig) -> Result<Config> {
+    // SAFETY: non-null (checked by the caller); size checked before reading the rest.
+    let size = unsafe { std::ptr::read_unaligned(config as *const usize) };
+    if size != std::mem::size_of::<NVTECommOverlapConfig>() {
+        invalid!(
+            "config->struct_size = {size} but this library's NVTECommOverlapConfig has {} bytes (fill it with nvte_comm_overlap_config_default)",
+            std::mem::size_of::<NVTECommOverlapConfig>()
+        );
+    }
+    use std::mem::offset_of;
+    for (off, name) in [
+        (
+            offset_of!(NVTECommOverlapConfig, set_sm_margin),
+            "set_sm_margin",
+        ),
+        (offset_of!(NVTECommOverlapConfig, use_ce), "use_ce"),
+        (offset_of!(NVTECommOverlapConfig, aggregate), "aggregate"),
+        (
+            offset_of!(NVTECommOverlapConfig, atomic_gemm),
+            "atomic_gemm",
+        ),
+    ] {
+        // SAFETY: within the struct_size bytes checked above.
+        let b = unsafe { std::ptr::read_unaligned((config as *const u8).add(off)) };
+        if b > 1 {
+            invalid!("config->{name} = {b} is not a bool (0 or 1)");
+        }
+    }
+    // SAFETY: the whole struct is readable and every field holds a valid value now.
+    let c = unsafe { std::ptr::read_unaligned(config) };
+    Ok(c.to_config())
+}
+
 /// TE's defaults, then the environment overrides (NVTE_COMM_TIMEOUT_MS,
 /// NVTE_COMM_OVERLAP_NUM_SPLITS, NVTE_COMM_OVERLAP_MAX_STREAMS, NVTE_COMM_OVERLAP_NUM_SM,
-/// NVTE_COMM_OVERLAP_USE_CE, NVTE_COMM_OVERLAP_AGGREGATE, NVTE_COMM_OVERLAP_SM_MARGIN).
+/// NVTE_COMM_OVERLAP_USE_CE, NVTE_COMM_OVERLAP_AGGREGATE, NVTE_COMM_OVERLAP_SM_MARGIN,
+/// NVTE_COMM_TRANSPORT). A variable whose value does not parse or is out of range gives
+/// NVTE_COMM_ERROR_INVALID_ARGUMENT naming it and its value; `*config` is then all zero.
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_comm_overlap_config_default(
     config: *mut NVTECommOverlapConfig,
@@ -155,9 +192,15 @@ pub extern "C" fn nvte_comm_overlap_config_default(
         if config.is_null() {
             invalid!("argument `config` is NULL");
         }
-        // SAFETY: non-null output pointer.
-        unsafe { *config = NVTECommOverlapConfig::from_config(&Config::from_env()) };
-        Ok(())
+        let c = Config::from_env();
+        // SAFETY: non-null output pointer; all-zero bytes are a valid value of the struct.
+        unsafe {
+            match &c {
+                Ok(c) => std::ptr::write_unaligned(config, NVTECommOverlapConfig::from_config(c)),
+                Err(_) => std::ptr::write_bytes(config, 0, 1),
+            }
+        }
+        c.map(|_| ())
     })
 }
 
@@ -165,7 +208,10 @@ pub extern "C" fn nvte_comm_overlap_config_default(
 /// rank of the world (collective: all ranks call it with the same arguments; each rank
 /// uses the CUDA device current on its calling thread). Ranks are grouped in
 /// consecutive blocks of `tp_size`; buffers are shared within a group through CUDA IPC
-/// (the group must be on one node). `*out` is NULL on failure.
+/// (the group must be on one node). `*out` is NULL on failure. The arguments (config,
+/// shape, dtype, bootstrap) are checked before any CUDA library is loaded (except that
+/// an NCCL bootstrap loads NCCL for the world size, which tp_size and rows are checked
+/// against).
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_comm_overlap_create(
     bootstrap: *const NVTECommBootstrap,
@@ -184,21 +230,18 @@ pub extern "C" fn nvte_comm_overlap_create(
         if bootstrap.is_null() {
             invalid!("argument `bootstrap` is NULL");
         }
-        // SAFETY: non-null, points to the caller's struct.
-        let b = unsafe { &*bootstrap };
+        // SAFETY: non-null, points to the caller's struct (every bit pattern is valid).
+        let b = unsafe { std::ptr::read_unaligned(bootstrap) };
+        // Everything that needs neither the world nor a device comes first.
         let cfg = if config.is_null() {
-            Config::from_env()
+            Config::from_env()?
         } else {
-            // SAFETY: non-null; size checked before reading the rest.
-            let size = unsafe { std::ptr::read_unaligned(config as *const usize) };
-            if size != std::mem::size_of::<NVTECommOverlapConfig>() {
-                invalid!(
-                    "config->struct_size = {size} but this library's NVTECommOverlapConfig has {} bytes (fill it with nvte_comm_overlap_config_default)",
-                    std::mem::size_of::<NVTECommOverlapConfig>()
-                );
-            }
-            unsafe { &*config }.to_config()
+            read_config(config)?
         };
+        cfg.check()?;
+        let dt = DType::from_c(dtype).map_err(|e| e.context("argument `dtype`"))?;
+        Overlap::check_buffer(rows, cols, dt)?;
+        crate::overlap::trace_enabled()?;
         let bs = if !b.nccl_comm.is_null() {
             Bootstrap::from_nccl(b.nccl_comm as usize)?
         } else {
@@ -210,7 +253,7 @@ pub extern "C" fn nvte_comm_overlap_create(
                 b.user_data as usize,
             )?
         };
-        let dt = DType::from_c(dtype).map_err(|e| e.context("argument `dtype`"))?;
+        Overlap::check_rows(rows, cfg.tp_for(bs.size)?)?;
         let o = Overlap::create(&bs, cfg, rows, cols, dt)?;
         let id = crate::handle::next();
         OBJECTS
@@ -245,13 +288,21 @@ pub extern "C" fn nvte_comm_overlap_destroy(overlap: *mut NVTECommOverlap) -> NV
     })
 }
 
-/// tp size and this rank's index in its group.
+/// tp size and this rank's index in its group (each out-pointer may be NULL; both are
+/// set to 0 on error).
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_comm_overlap_tp(
     overlap: *mut NVTECommOverlap,
     tp_size: *mut i32,
     tp_rank: *mut i32,
 ) -> NVTECommStatus {
+    // Defined on every path: 0 unless the call succeeds.
+    for p in [tp_size, tp_rank] {
+        if !p.is_null() {
+            // SAFETY: non-null output pointer.
+            unsafe { *p = 0 };
+        }
+    }
     status_call("nvte_comm_overlap_tp", || {
         let (s, r) = with(overlap, |o| Ok((o.tp(), o.tp_rank())))?;
         if !tp_size.is_null() {

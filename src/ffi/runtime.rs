@@ -8,7 +8,9 @@ use crate::cuda::{self, Lib};
 use crate::invalid;
 use crate::transport::nccl;
 use once_cell::sync::OnceCell;
+use std::collections::HashSet;
 use std::ffi::{CString, c_char};
+use std::sync::Mutex;
 
 /// Load (bind) `lib` if not yet, and describe the bound copy: `*path` the file (a static
 /// string, valid for the life of the process), `*version` its version code (NCCL:
@@ -76,10 +78,27 @@ pub extern "C" fn nvte_comm_library_info(
     })
 }
 
+/// Communicators created by nvte_comm_nccl_comm_init_rank and not yet destroyed: only
+/// these are destroyed (a raw ncclComm_t cannot be checked otherwise, and ncclCommDestroy
+/// of a stale or foreign pointer would crash the process).
+static COMMS: Mutex<Option<HashSet<usize>>> = Mutex::new(None);
+
+fn comms<R>(f: impl FnOnce(&mut HashSet<usize>) -> R) -> R {
+    f(COMMS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get_or_insert_with(HashSet::new))
+}
+
 /// Write a new NCCL unique id (ncclGetUniqueId of the bound NCCL) into `out[0..128]`;
-/// `len` must be at least 128.
+/// `len` must be at least 128. On error the first min(len, 128) bytes of `out` (when not
+/// NULL) are zero.
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_comm_nccl_get_unique_id(out: *mut u8, len: usize) -> NVTECommStatus {
+    if !out.is_null() {
+        // SAFETY: the caller's buffer holds `len` writable bytes.
+        unsafe { std::ptr::write_bytes(out, 0, len.min(128)) };
+    }
     status_call("nvte_comm_nccl_get_unique_id", || {
         if out.is_null() {
             invalid!("argument `out` is NULL");
@@ -121,6 +140,7 @@ pub extern "C" fn nvte_comm_nccl_comm_init_rank(
         // SAFETY: `id` holds at least 128 readable bytes (checked).
         unsafe { std::ptr::copy_nonoverlapping(id, uid.as_mut_ptr(), 128) };
         let comm = nccl::comm_init_rank(&uid, nranks, rank)?;
+        comms(|c| c.insert(comm));
         // SAFETY: as above.
         unsafe { *out = comm as ncclComm_t };
         Ok(())
@@ -128,10 +148,20 @@ pub extern "C" fn nvte_comm_nccl_comm_init_rank(
 }
 
 /// ncclCommDestroy through the bound NCCL, for a communicator from
-/// nvte_comm_nccl_comm_init_rank (destroy the contexts that use it first).
+/// nvte_comm_nccl_comm_init_rank (destroy the contexts that use it first). Any other
+/// value (a communicator from elsewhere, or one already destroyed) is an invalid argument.
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_comm_nccl_comm_destroy(comm: ncclComm_t) -> NVTECommStatus {
     status_call("nvte_comm_nccl_comm_destroy", || {
+        if comm.is_null() {
+            invalid!("argument `comm` is NULL");
+        }
+        if !comms(|c| c.remove(&(comm as usize))) {
+            invalid!(
+                "argument `comm` ({:#x}) is not a live communicator of nvte_comm_nccl_comm_init_rank: never created by it, or already destroyed",
+                comm as usize
+            );
+        }
         nccl::comm_destroy(comm as usize)
     })
 }

@@ -41,7 +41,7 @@ impl NVTEShape {
             ndim: s.ndim,
         }
     }
-    fn to_shape(&self, what: &str) -> Result<Shape> {
+    fn to_shape(self, what: &str) -> Result<Shape> {
         if self.ndim > MAX_DIMS {
             invalid!(
                 "{what}: ndim {} exceeds the maximum of {MAX_DIMS}",
@@ -67,7 +67,7 @@ impl NVTEBasicTensor {
             shape: NVTEShape::from_shape(&b.shape),
         }
     }
-    fn to_buffer(&self, what: &str) -> Result<Buffer> {
+    fn to_buffer(self, what: &str) -> Result<Buffer> {
         let dtype = DType::from_c(self.dtype).map_err(|e| e.context(what))?;
         let shape = self.shape.to_shape(what)?;
         Buffer::new(self.data_ptr as usize, dtype, shape).map_err(|e| e.context(what))
@@ -186,7 +186,8 @@ pub extern "C" fn nvte_set_tensor_param_v2(
 
 /// Get one component into `buf` (an NVTEBasicTensor of `size_in_bytes` bytes).
 /// `*size_written` (when not NULL) receives the bytes written, or the bytes required when
-/// `buf` is NULL (a size query, not an error). A too-small buffer is an error.
+/// `buf` is NULL (a size query, not an error). A too-small buffer is an error. On error
+/// `*size_written` is 0 and a large enough `buf` holds an empty tensor.
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_get_tensor_param_v2(
     tensor: NVTETensor,
@@ -203,8 +204,13 @@ pub extern "C" fn nvte_get_tensor_param_v2(
     };
     // Defined on every path: 0 unless the value is written (or, with buf NULL, the size needed).
     write_size(0);
+    let need = std::mem::size_of::<NVTEBasicTensor>();
+    // On error a large enough `buf` holds an empty tensor (as nvte_get_tensor_param returns).
+    if !buf.is_null() && size_in_bytes >= need {
+        // SAFETY: non-null and at least `need` writable bytes per the caller.
+        unsafe { std::ptr::write_unaligned(buf as *mut NVTEBasicTensor, NVTEBasicTensor::empty()) };
+    }
     firewall("nvte_get_tensor_param_v2", (), || {
-        let need = std::mem::size_of::<NVTEBasicTensor>();
         let t = tensor::get(h(tensor), "tensor")?;
         let value = NVTEBasicTensor::from_buffer(t.param(param)?);
         if buf.is_null() {

@@ -226,7 +226,7 @@ pub fn desc_from_te(g: &TeGemm) -> Result<GemmDesc> {
                 "FP8 GEMM with both inputs kNVTEFloat8E5M2 is not supported by cuBLASLt (use e4m3 for at least one)"
             );
         }
-        if !(g.transa && !g.transb) {
+        if !g.transa || g.transb {
             unsupported!(
                 "FP8 GEMM requires the TN layout (transa = true, transb = false) on Hopper; got transa = {}, transb = {}",
                 g.transa,

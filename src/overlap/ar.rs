@@ -95,21 +95,28 @@ enum ArAlgo {
     Chunked,
 }
 
+/// NVTE_COMM_AR_ALGO, parsed strictly: None (unset: auto), or the index of the choice in
+/// `auto`, `ring`, `chunked`. Read at every GEMM + all-reduce call (and checked when a
+/// comm-GEMM context is created).
+pub fn ar_algo_choice() -> Result<Option<usize>> {
+    crate::env::choice("NVTE_COMM_AR_ALGO", &["auto", "ring", "chunked"])
+}
+const AR_CHUNKED: usize = 2;
+
 impl Overlap {
-    fn ar_algo(&self, n: usize, m: usize) -> ArAlgo {
+    fn ar_algo(&self, n: usize, m: usize) -> Result<ArAlgo> {
         let (tp, e) = (self.tp(), eb(self.dtype));
         let ring_fits = self.t.nccl_comm().is_none()
             && tp > 1
-            && n % tp == 0
+            && n.is_multiple_of(tp)
             && 2 * n * m * e <= self.t.buffer_bytes();
         // Auto: ring wherever it applies. Measured on 2x and 4x H200 (bench/RESULTS.md),
         // it was as fast or faster than the chunked algorithm on every anchor shape.
-        let want = std::env::var("NVTE_COMM_AR_ALGO").unwrap_or_default();
-        match want.trim() {
-            "chunked" => ArAlgo::Chunked,
+        Ok(match ar_algo_choice()? {
+            Some(AR_CHUNKED) => ArAlgo::Chunked,
             _ if ring_fits => ArAlgo::Ring,
             _ => ArAlgo::Chunked,
-        }
+        })
     }
 
     pub fn split_ar(&mut self, x: &ArArgs, stream: usize) -> Result<()> {
@@ -136,11 +143,13 @@ impl Overlap {
             invalid!("tensor `D` must have at least 2 dimensions")
         };
         let e = eb(self.dtype);
-        if self.ar_algo(n, m) == ArAlgo::Ring {
+        if self.ar_algo(n, m)? == ArAlgo::Ring {
             let r = self.tp_rank();
             let nc = n / tp;
-            let mut rows = Tensor::default();
-            rows.data = Buffer::new(db.ptr + r * nc * m * e, db.dtype, Shape::new(&[nc, m])?)?;
+            let rows = Tensor {
+                data: Buffer::new(db.ptr + r * nc * m * e, db.dtype, Shape::new(&[nc, m])?)?,
+                ..Default::default()
+            };
             let rs = RsArgs {
                 a: x.a,
                 transa: x.transa,

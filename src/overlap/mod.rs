@@ -28,7 +28,7 @@ use crate::tensor::{Buffer, DType, Shape, Tensor};
 use crate::transport::ipc::{IpcSettings, IpcTransport};
 use crate::transport::nccl::NcclTransport;
 use crate::transport::{MAX_PEERS, Transport, WaitInfo, tag};
-use crate::{bootstrap::Bootstrap, invalid, unsupported};
+use crate::{bootstrap::Bootstrap, env, invalid, unsupported};
 
 /// Engine settings (TE's CommOverlap defaults; see [`Config::from_env`]).
 #[derive(Clone, Copy, Debug)]
@@ -63,23 +63,17 @@ pub struct Config {
 pub const TRANSPORT_AUTO: i32 = 0;
 pub const TRANSPORT_IPC: i32 = 1;
 pub const TRANSPORT_NCCL: i32 = 2;
-
-fn env_i64(name: &str) -> Option<i64> {
-    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
-}
-
-fn env_bool(name: &str) -> Option<bool> {
-    std::env::var(name)
-        .ok()
-        .map(|v| matches!(v.trim(), "1" | "true" | "TRUE" | "yes" | "on"))
-}
+/// Upper bounds of num_splits and num_max_streams.
+const MAX_SPLITS: i32 = 64;
+const MAX_STREAMS: i32 = 8;
 
 impl Config {
-    /// TE's defaults, then the environment overrides:
+    /// TE's defaults, then the environment overrides (parsed strictly, see [`crate::env`]):
     /// NVTE_COMM_TIMEOUT_MS, NVTE_COMM_OVERLAP_NUM_SPLITS, NVTE_COMM_OVERLAP_MAX_STREAMS,
     /// NVTE_COMM_OVERLAP_NUM_SM, NVTE_COMM_OVERLAP_USE_CE, NVTE_COMM_OVERLAP_AGGREGATE,
-    /// NVTE_COMM_OVERLAP_SM_MARGIN, NVTE_COMM_TRANSPORT (auto | ipc | nccl).
-    pub fn from_env() -> Config {
+    /// NVTE_COMM_OVERLAP_SM_MARGIN, NVTE_COMM_TRANSPORT (auto | ipc | nccl). A value that
+    /// does not parse or is out of range is an error naming the variable.
+    pub fn from_env() -> Result<Config> {
         let mut c = Config {
             tp_size: 0,
             num_splits: 3,
@@ -95,60 +89,59 @@ impl Config {
             timeout_ms: 60_000,
             transport: TRANSPORT_AUTO,
         };
-        match std::env::var("NVTE_COMM_TRANSPORT")
-            .as_deref()
-            .map(str::trim)
-        {
-            Ok("ipc") | Ok("IPC") => c.transport = TRANSPORT_IPC,
-            Ok("nccl") | Ok("NCCL") => c.transport = TRANSPORT_NCCL,
-            Ok("auto") | Ok("AUTO") => c.transport = TRANSPORT_AUTO,
-            _ => {}
+        // Index = the transport's value.
+        if let Some(t) = env::choice("NVTE_COMM_TRANSPORT", &["auto", "ipc", "nccl"])? {
+            c.transport = t as i32;
         }
-        if let Some(v) = env_i64("NVTE_COMM_TIMEOUT_MS") {
+        if let Some(v) = env::int("NVTE_COMM_TIMEOUT_MS", 1, i64::MAX)? {
             c.timeout_ms = v;
         }
-        if let Some(v) = env_i64("NVTE_COMM_OVERLAP_NUM_SPLITS") {
-            c.num_splits = v as i32;
+        // The ranges of `check` (num_comm_sm's upper bound is the device's SM count).
+        if let Some(v) = env::int("NVTE_COMM_OVERLAP_NUM_SPLITS", 1, MAX_SPLITS)? {
+            c.num_splits = v;
         }
-        if let Some(v) = env_i64("NVTE_COMM_OVERLAP_MAX_STREAMS") {
-            c.num_max_streams = v as i32;
+        if let Some(v) = env::int("NVTE_COMM_OVERLAP_MAX_STREAMS", 1, MAX_STREAMS)? {
+            c.num_max_streams = v;
         }
-        if let Some(v) = env_i64("NVTE_COMM_OVERLAP_NUM_SM") {
-            c.num_comm_sm = v as i32;
+        if let Some(v) = env::int("NVTE_COMM_OVERLAP_NUM_SM", 1, i32::MAX)? {
+            c.num_comm_sm = v;
         }
-        if let Some(v) = env_bool("NVTE_COMM_OVERLAP_USE_CE") {
+        if let Some(v) = env::flag("NVTE_COMM_OVERLAP_USE_CE")? {
             c.use_ce = v;
         }
-        if let Some(v) = env_bool("NVTE_COMM_OVERLAP_AGGREGATE") {
+        if let Some(v) = env::flag("NVTE_COMM_OVERLAP_AGGREGATE")? {
             c.aggregate = v;
         }
-        if let Some(v) = env_bool("NVTE_COMM_OVERLAP_SM_MARGIN") {
+        if let Some(v) = env::flag("NVTE_COMM_OVERLAP_SM_MARGIN")? {
             c.set_sm_margin = v;
         }
-        c
+        Ok(c)
     }
 
-    fn validate(&self, world: usize, sm_count: i32) -> Result<usize> {
-        let tp = if self.tp_size == 0 {
-            world
-        } else {
-            self.tp_size as usize
-        };
-        if self.tp_size < 0 || tp == 0 || world % tp != 0 {
+    /// The checks that need neither the world nor a device: made before anything is
+    /// loaded, so a bad config is INVALID_ARGUMENT (or UNSUPPORTED) on any machine.
+    pub fn check(&self) -> Result<()> {
+        if self.tp_size < 0 {
             invalid!(
-                "config tp_size = {} does not divide the world size {world}",
+                "config tp_size = {} must be >= 0 (0: the whole world)",
                 self.tp_size
             );
         }
-        if tp > MAX_PEERS {
-            unsupported!("config tp_size = {tp} exceeds the maximum of {MAX_PEERS}");
+        if self.tp_size as usize > MAX_PEERS {
+            unsupported!(
+                "config tp_size = {} exceeds the maximum of {MAX_PEERS}",
+                self.tp_size
+            );
         }
-        if !(1..=64).contains(&self.num_splits) {
-            invalid!("config num_splits = {} must be in 1..=64", self.num_splits);
-        }
-        if !(1..=8).contains(&self.num_max_streams) {
+        if !(1..=MAX_SPLITS).contains(&self.num_splits) {
             invalid!(
-                "config num_max_streams = {} must be in 1..=8",
+                "config num_splits = {} must be in 1..={MAX_SPLITS}",
+                self.num_splits
+            );
+        }
+        if !(1..=MAX_STREAMS).contains(&self.num_max_streams) {
+            invalid!(
+                "config num_max_streams = {} must be in 1..={MAX_STREAMS}",
                 self.num_max_streams
             );
         }
@@ -158,9 +151,9 @@ impl Config {
                 self.comm_cga_size
             );
         }
-        if self.num_comm_sm < 1 || self.num_comm_sm >= sm_count {
+        if self.num_comm_sm < 1 {
             invalid!(
-                "config num_comm_sm = {} must be in 1..{sm_count} (the device's SM count)",
+                "config num_comm_sm = {} must be >= 1 (and less than the device's SM count)",
                 self.num_comm_sm
             );
         }
@@ -178,8 +171,44 @@ impl Config {
                 self.transport
             );
         }
+        Ok(())
+    }
+
+    /// The group size for a world of `world` ranks (after [`Config::check`]).
+    pub fn tp_for(&self, world: usize) -> Result<usize> {
+        let tp = if self.tp_size == 0 {
+            world
+        } else {
+            self.tp_size as usize
+        };
+        if self.tp_size < 0 || tp == 0 || !world.is_multiple_of(tp) {
+            invalid!(
+                "config tp_size = {} does not divide the world size {world}",
+                self.tp_size
+            );
+        }
+        if tp > MAX_PEERS {
+            unsupported!("config tp_size = {tp} exceeds the maximum of {MAX_PEERS}");
+        }
         Ok(tp)
     }
+
+    fn validate(&self, world: usize, sm_count: i32) -> Result<usize> {
+        self.check()?;
+        let tp = self.tp_for(world)?;
+        if self.num_comm_sm >= sm_count {
+            invalid!(
+                "config num_comm_sm = {} must be in 1..{sm_count} (the device's SM count)",
+                self.num_comm_sm
+            );
+        }
+        Ok(tp)
+    }
+}
+
+/// NVTE_COMM_TRACE (a boolean; default off), read when an object is created.
+pub fn trace_enabled() -> Result<bool> {
+    Ok(env::flag("NVTE_COMM_TRACE")?.unwrap_or(false))
 }
 
 /// Operation ids (in timeout messages).
@@ -281,15 +310,8 @@ fn eb(d: DType) -> usize {
 }
 
 impl Overlap {
-    /// Collective over the world: every rank creates the object with the same config and
-    /// buffer shape. The current CUDA context (the caller's device) owns everything.
-    pub fn create(
-        bs: &Bootstrap,
-        cfg: Config,
-        rows: usize,
-        cols: usize,
-        dtype: DType,
-    ) -> Result<Overlap> {
+    /// The buffer's bytes; checks made before anything is loaded.
+    pub fn check_buffer(rows: usize, cols: usize, dtype: DType) -> Result<usize> {
         if !matches!(
             dtype,
             DType::F32 | DType::F16 | DType::BF16 | DType::E4M3 | DType::E5M2
@@ -302,16 +324,41 @@ impl Overlap {
         let bytes = rows
             .checked_mul(cols)
             .and_then(|x| x.checked_mul(eb(dtype)))
-            .ok_or_else(|| Error::invalid("buffer shape overflows"))?;
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "buffer shape [{rows}, {cols}] of {} overflows: its byte size exceeds usize",
+                    dtype.name()
+                ))
+            })?;
         if bytes == 0 {
             invalid!("buffer shape [{rows}, {cols}] is empty");
         }
+        Ok(bytes)
+    }
+
+    /// The buffer's rows are split among the `tp` ranks of a group.
+    pub fn check_rows(rows: usize, tp: usize) -> Result<()> {
+        if !rows.is_multiple_of(tp) {
+            invalid!("buffer rows = {rows} must be divisible by tp_size = {tp}");
+        }
+        Ok(())
+    }
+
+    /// Collective over the world: every rank creates the object with the same config and
+    /// buffer shape. The current CUDA context (the caller's device) owns everything.
+    pub fn create(
+        bs: &Bootstrap,
+        cfg: Config,
+        rows: usize,
+        cols: usize,
+        dtype: DType,
+    ) -> Result<Overlap> {
+        let bytes = Self::check_buffer(rows, cols, dtype)?;
+        let trace = trace_enabled()?;
         let guard = ContextGuard::for_stream(0)?;
         let dev = cuda::device_info(guard.device)?;
         let tp = cfg.validate(bs.size, dev.sm_count)?;
-        if rows % tp != 0 {
-            invalid!("buffer rows = {rows} must be divisible by tp_size = {tp}");
-        }
+        Self::check_rows(rows, tp)?;
         let first = bs.rank / tp * tp;
         let group: Vec<usize> = (first..first + tp).collect();
         // Auto: IPC when the whole group shares this node, else NCCL.
@@ -381,7 +428,7 @@ impl Overlap {
             broken: None,
             module,
             dev,
-            trace: if std::env::var("NVTE_COMM_TRACE").is_ok_and(|v| v == "1") {
+            trace: if trace {
                 Some(Trace {
                     events: (0..256).map(|_| Event::timed()).collect::<Result<_>>()?,
                     names: Vec::new(),
@@ -669,11 +716,11 @@ impl Overlap {
             return Ok(());
         }
         let out_ptr = out.ptr + out_off_elems * eb(out.dtype);
-        let vec_ok = cols % 8 == 0
-            && in_ld % 8 == 0
-            && out_ld % 8 == 0
+        let vec_ok = cols.is_multiple_of(8)
+            && in_ld.is_multiple_of(8)
+            && out_ld.is_multiple_of(8)
             && srcs.iter().all(|&p| p % 16 == 0)
-            && out_ptr % 16 == 0;
+            && out_ptr.is_multiple_of(16);
         let name = format!(
             "reduce_{}_{}_{}",
             short(self.dtype),
@@ -721,7 +768,12 @@ impl Overlap {
             2 * self.cfg.num_comm_sm as u32
         };
         let blocks = (work.div_ceil(512) as u32).clamp(1, cap);
-        cuda::launch(f, (blocks, 1, 1), (512, 1, 1), 0, stream, &mut args, &name)
+        // SAFETY: `f` is reduce_<in>_<out>_<v8|v1>(out, out_ld, SrcSet, in_ld, rows, cols,
+        // scale, acc) of kernels/comm.cu in this object's module (its device's context,
+        // current for calls on `stream`); `set` is repr(C) like the kernel's SrcSet. `out`
+        // and the sources are the caller's / peers' mapped buffers holding rows x cols
+        // elements at their leading dimensions (the callers' contract).
+        unsafe { cuda::launch(f, (blocks, 1, 1), (512, 1, 1), 0, stream, &mut args, &name) }
     }
 
     /// Copy each (dst, src, bytes) segment (up to MAX_PEERS; either side may be a peer's
@@ -765,15 +817,21 @@ impl Overlap {
             2 * self.cfg.num_comm_sm as u32
         };
         let blocks = (total.div_ceil(16 * 512 * 4) as u32).clamp(1, cap);
-        cuda::launch(
-            f,
-            (blocks, 1, 1),
-            (512, 1, 1),
-            0,
-            stream,
-            &mut args,
-            "copy_segments",
-        )
+        // SAFETY: `f` is copy_segments(CopySet) of kernels/comm.cu in this object's module
+        // (its device's context, current for calls on `stream`); `set` is repr(C) like the
+        // kernel's CopySet, each segment a device range of the caller's or a peer's mapped
+        // buffer (the callers' contract).
+        unsafe {
+            cuda::launch(
+                f,
+                (blocks, 1, 1),
+                (512, 1, 1),
+                0,
+                stream,
+                &mut args,
+                "copy_segments",
+            )
+        }
     }
 
     /// Error unless a [rows, cols] matrix of the buffer's dtype fits the buffer.
@@ -820,9 +878,10 @@ impl Overlap {
         } else {
             (self.buffer(), self.rows)
         };
-        let mut t = Tensor::default();
-        t.data = Buffer::new(ptr, self.dtype, Shape::new(&[rows, self.cols])?)?;
-        Ok(t)
+        Ok(Tensor {
+            data: Buffer::new(ptr, self.dtype, Shape::new(&[rows, self.cols])?)?,
+            ..Default::default()
+        })
     }
 
     /// Copy `input` into the buffer (this rank's chunk, or the whole buffer) on `stream`,
@@ -978,7 +1037,7 @@ mod tests {
     fn config_validation_names_the_field() {
         let base = Config {
             transport: TRANSPORT_NCCL,
-            ..Config::from_env()
+            ..Config::from_env().unwrap()
         };
         assert_eq!(base.validate(4, 132).unwrap(), 4);
         for (cfg, word) in [

@@ -1,4 +1,4 @@
-//! GEMM + reduce-scatter: pipelined [TE: SPLIT_PIPELINED_RS] and ring [SPLIT_PIPELINED_RS_P2P].
+//! GEMM + reduce-scatter: pipelined (TE: `SPLIT_PIPELINED_RS`) and ring (`SPLIT_PIPELINED_RS_P2P`).
 //!
 //! The GEMM D = B x op(A) has a partial sum on every rank ([n, m], k split across ranks);
 //! rank r receives rows [r n/tp, (r+1) n/tp) of the sum in `rs_output` [n/tp, m].
@@ -12,6 +12,7 @@
 //! - NCCL transport, tp > 2: the GEMM in column chunks into local staging and
 //!   ncclReduceScatter per chunk while the next computes (FP8 buffers, epilogue outputs
 //!   and accumulation run the ring over send / recv).
+//!
 //! FP8 buffers: the GEMMs write FP8 partials with D's scale; the reduction dequantizes
 //! with D's scale_inv, sums in fp32 and writes bf16 / fp16 / fp32.
 //!

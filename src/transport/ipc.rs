@@ -205,7 +205,11 @@ impl Transport for IpcTransport {
         let f = self.func("begin_call")?;
         let counter = self.counter.ptr as u64;
         let mut args = [arg(&set), arg(&counter)];
-        cuda::launch(f, (1, 1, 1), (32, 1, 1), 0, stream, &mut args, "begin_call")?;
+        // SAFETY: `f` is begin_call(FlagSet, u64 *counter) of kernels/comm.cu in this
+        // object's module (its device's context, current for calls on `stream`); `set`
+        // (repr(C), the kernel's layout) holds the peers' mapped flag addresses, `counter`
+        // this object's device counter: both live as long as the object.
+        unsafe { cuda::launch(f, (1, 1, 1), (32, 1, 1), 0, stream, &mut args, "begin_call")? };
         self.wait(&others, Slot::Arrive, 1, stream, info)
     }
     /// "Done" with tag 1: (call number << 16) + 1.
@@ -246,15 +250,20 @@ impl Transport for IpcTransport {
         let f = self.func("put_bytes")?;
         let (d, s, n) = (dst as u64, src as u64, bytes as u64);
         let mut args = [arg(&d), arg(&s), arg(&n)];
-        cuda::launch(
-            f,
-            (self.comm_sms, 1, 1),
-            (1024, 1, 1),
-            0,
-            stream,
-            &mut args,
-            "put_bytes",
-        )
+        // SAFETY: `f` is put_bytes(u8 *dst, const u8 *src, u64 bytes) of kernels/comm.cu in
+        // this object's module (its device's context); `dst` lies in the peer's mapped buffer
+        // (callers keep offset + bytes inside it), `src` is the caller's device range.
+        unsafe {
+            cuda::launch(
+                f,
+                (self.comm_sms, 1, 1),
+                (1024, 1, 1),
+                0,
+                stream,
+                &mut args,
+                "put_bytes",
+            )
+        }
     }
 
     fn signal(&self, peers: &[usize], slot: Slot, tag: u64, stream: usize) -> Result<()> {
@@ -266,15 +275,21 @@ impl Transport for IpcTransport {
         let f = self.func("signal_flags")?;
         let counter = self.counter.ptr as u64;
         let mut args = [arg(&set), arg(&counter), arg(&tag)];
-        cuda::launch(
-            f,
-            (1, 1, 1),
-            (32, 1, 1),
-            0,
-            stream,
-            &mut args,
-            "signal_flags",
-        )
+        // SAFETY: `f` is signal_flags(FlagSet, const u64 *counter, u64 tag) of
+        // kernels/comm.cu in this object's module (its device's context); `set` (repr(C))
+        // holds the peers' mapped flag addresses, `counter` this object's device counter:
+        // both live as long as the object.
+        unsafe {
+            cuda::launch(
+                f,
+                (1, 1, 1),
+                (32, 1, 1),
+                0,
+                stream,
+                &mut args,
+                "signal_flags",
+            )
+        }
     }
 
     fn wait(
@@ -301,7 +316,12 @@ impl Transport for IpcTransport {
             arg(&info.op),
             arg(&info.step),
         ];
-        cuda::launch(f, (1, 1, 1), (32, 1, 1), 0, stream, &mut args, "wait_flags")
+        // SAFETY: `f` is wait_flags(FlagSet, const u64 *counter, u64 tag, u64 timeout_ns,
+        // ErrorRecord *err, u32 op, u32 step) of kernels/comm.cu in this object's module (its
+        // device's context); `set` (repr(C)) holds this rank's own flag addresses, `counter`
+        // its device counter and `err` the device address of its host-mapped ErrorRecord
+        // (repr(C)): all live as long as the object.
+        unsafe { cuda::launch(f, (1, 1, 1), (32, 1, 1), 0, stream, &mut args, "wait_flags") }
     }
 
     fn timeout(&self) -> Option<Timeout> {

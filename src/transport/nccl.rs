@@ -310,6 +310,8 @@ pub fn comm_init_rank(id: &[u8; 128], nranks: i32, rank: i32) -> Result<usize> {
         );
     }
     cuda::require(Lib::Nccl)?;
+    // NCCL needs a device: without one (or without a driver) fail here, cleanly.
+    cuda::init_driver()?;
     // SAFETY: zeroed POD id, then filled from the caller's bytes.
     let mut uid: nc::ncclUniqueId = unsafe { std::mem::zeroed() };
     for (c, b) in uid.internal.iter_mut().zip(id.iter()) {
