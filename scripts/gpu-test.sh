@@ -21,7 +21,7 @@ nvidia-smi topo -m >>"$log" 2>&1 || true
 lib=$(te_comm_library) || exit 1
 build=$root/build-gpu
 mkdir -p "$build"
-te_comm_cmake_build "$lib" "$build" 2>>"$log" || { echo "build failed (see $log)"; tail -n 40 "$log"; exit 1; }
+te_comm_cmake_build "$lib" "$build" -DTE_COMM_GPU_TESTS=ON 2>>"$log" || { echo "build failed (see $log)"; tail -n 40 "$log"; exit 1; }
 
 fail=0
 rows=()

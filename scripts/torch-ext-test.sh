@@ -30,7 +30,7 @@ trap 'rm -rf "$work"' EXIT
 prefix=$work/prefix
 
 # 1. Install library + header + pkg-config file + CMake package. The prefix is given at
-#    configure time: the .pc file takes it from there.
+#    configure time here (scripts/test.sh checks one given only to `cmake --install --prefix`).
 echo "=== cmake install into $prefix (library $lib)" | tee -a "$log"
 te_comm_cmake_build "$lib" "$work/build" -DTE_COMM_GPU_TESTS=OFF -DCMAKE_INSTALL_PREFIX="$prefix" 2>>"$log" \
   || { echo "torch-ext-test: FAIL (cmake configure/build; see $log)"; tail -n 30 "$log"; exit 1; }

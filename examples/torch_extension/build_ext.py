@@ -25,8 +25,9 @@ EXT_NAME = "te_comm_torch_ext"
 
 
 def _parse_pc(path):
-    """Minimal .pc reader: variables (name=value, ${var} substitution) and Cflags / Libs."""
-    variables, fields = {}, {}
+    """Minimal .pc reader: variables (name=value, ${var} substitution; ${pcfiledir} is the
+    file's folder, as in pkg-config) and Cflags / Libs."""
+    variables, fields = {"pcfiledir": os.path.dirname(os.path.abspath(path))}, {}
 
     def subst(v):
         return re.sub(r"\$\{(\w+)\}", lambda m: variables.get(m.group(1), ""), v)
@@ -86,7 +87,7 @@ def load_extension(verbose=False):
     other_cflags = [f for f in cflags if not f.startswith("-I")]
     ldflags = list(libs)
     if libdir:
-        ldflags.append(f"-Wl,-rpath,{libdir}")
+        ldflags.append(f"-Wl,-rpath,{os.path.normpath(libdir)}")
     return cpp_extension.load(
         name=EXT_NAME,
         sources=[os.path.join(HERE, "te_comm_ext.cpp")],
