@@ -8,13 +8,48 @@
 // Error record in host-mapped memory: the first wait that times out fills it; every
 // later wait sees `code` set and returns at once, so a broken peer costs one timeout.
 struct ErrorRecord {
-  u32 code;  // 0 none, 1 timeout
-  u32 peer;  // world rank of the peer that never signalled
+  u32 code;  // 0 none, 1 timeout, 2 call mismatch (NVTE_COMM_CHECK), 3 transport error
+  u32 peer;  // world rank of the peer that never signalled / that called differently
   u32 op;    // operation id (engine's enum)
   u32 step;  // algorithm step
   u64 seq;   // call number (the device-side call counter)
   u64 waited_ns;
+  u64 peer_desc;  // mismatch: the peer's call descriptor
+  u64 peer_seq;   // mismatch: the peer's call number
 };
+
+// A peer's call descriptor for a call: {descriptor, call number}, written by the peer
+// (IPC: into this rank's flag memory before its arrival signal; NCCL: received in the
+// arrival exchange). The descriptor is a hash of the call's operation and shapes, the
+// operation id in its top byte.
+struct CheckSet {
+  const u64 *slot[MAX_PEERS];  // {desc, seq} of each peer (local memory)
+  u32 peer[MAX_PEERS];         // world rank of each
+  u32 n;
+};
+
+// Compare every peer's {desc, seq} with this rank's; the first difference is recorded
+// (code 2), after which every wait of the object returns at once.
+__device__ __forceinline__ void check_peers(const CheckSet &c, u64 seq, u64 desc, ErrorRecord *err, u32 op) {
+  const u32 i = threadIdx.x;
+  if (i >= c.n) return;
+  volatile ErrorRecord *e = err;
+  if (e->code != 0) return;
+  const volatile u64 *s = c.slot[i];
+  const u64 pd = s[0], ps = s[1];
+  if (pd != desc || ps != seq) {
+    if (atomicCAS((u32 *)&err->code, 0u, 2u) == 0u) {
+      e->peer = c.peer[i];
+      e->op = op;
+      e->step = 0;
+      e->seq = seq;
+      e->waited_ns = 0;
+      e->peer_desc = pd;
+      e->peer_seq = ps;
+      __threadfence_system();
+    }
+  }
+}
 
 struct FlagSet {
   u64 *flag[MAX_PEERS];  // flag addresses (local memory for waits, peer memory for signals)
@@ -50,21 +85,26 @@ __device__ __forceinline__ u64 flag_value(const u64 *counter, u64 tag) {
   return (*(const volatile u64 *)counter << 16) + tag;
 }
 
-// One thread per flag: wait until *flag >= (call number << 16) + tag, or until
-// timeout_ns has passed (then record the error, with the call number, and return).
-// Returns at once if an error is already recorded.
-extern "C" __global__ void wait_flags(FlagSet set, const u64 *counter, u64 tag, u64 timeout_ns, ErrorRecord *err, u32 op,
-                                      u32 step) {
+// Sizes shared with the Rust side (src/transport: ErrorRecord, CheckSet; FlagSet in
+// ipc.rs; Progress in nccl.rs), whose unit tests assert the same sizes and the offsets
+// (NVRTC has no offsetof).
+static_assert(sizeof(ErrorRecord) == 48, "ErrorRecord layout");
+static_assert(sizeof(CheckSet) == 200, "CheckSet layout");
+static_assert(sizeof(FlagSet) == 200, "FlagSet layout");
+
+// Thread i: wait until *set.flag[i] >= expected, or until timeout_ns has passed (then
+// record the error, with the call number, and return). Returns at once if an error is
+// already recorded. False if it gave up.
+__device__ __forceinline__ bool wait_one(const FlagSet &set, u64 expected, u64 timeout_ns, ErrorRecord *err, u32 op,
+                                         u32 step) {
   const u32 i = threadIdx.x;
-  if (i >= set.n) return;
   volatile ErrorRecord *e = err;
-  if (e->code != 0) return;
-  const u64 expected = flag_value(counter, tag);
+  if (e->code != 0) return false;
   const u64 t0 = globaltimer();
   u32 spins = 0;
   while (ld_acquire_sys(set.flag[i]) < expected) {
     if ((++spins & 63) == 0) {
-      if (e->code != 0) return;
+      if (e->code != 0) return false;
       const u64 dt = globaltimer() - t0;
       if (dt > timeout_ns) {
         if (atomicCAS((u32 *)&err->code, 0u, 1u) == 0u) {
@@ -75,11 +115,31 @@ extern "C" __global__ void wait_flags(FlagSet set, const u64 *counter, u64 tag, 
           e->waited_ns = dt;
           __threadfence_system();
         }
-        return;
+        return false;
       }
       __nanosleep(64);
     }
   }
+  return true;
+}
+
+// One thread per flag: wait until *flag >= (call number << 16) + tag, or time out.
+extern "C" __global__ void wait_flags(FlagSet set, const u64 *counter, u64 tag, u64 timeout_ns, ErrorRecord *err, u32 op,
+                                      u32 step) {
+  if (threadIdx.x >= set.n) return;
+  wait_one(set, flag_value(counter, tag), timeout_ns, err, op, step);
+}
+
+// The arrival barrier of a call with the cross-rank check (NVTE_COMM_CHECK): wait for
+// every peer's arrival (tag 1), then compare the {descriptor, call number} each peer
+// wrote before it signalled with this rank's.
+extern "C" __global__ void wait_arrival_checked(FlagSet set, CheckSet check, const u64 *counter, u64 desc,
+                                                u64 timeout_ns, ErrorRecord *err, u32 op) {
+  const u64 seq = *(const volatile u64 *)counter;
+  bool ok = true;
+  if (threadIdx.x < set.n) ok = wait_one(set, (seq << 16) + 1, timeout_ns, err, op, 0);
+  ok = __syncthreads_and(ok);
+  if (ok) check_peers(check, seq, desc, err, op);
 }
 
 // One thread per flag: make this stream's earlier writes visible system-wide, then
@@ -92,17 +152,73 @@ extern "C" __global__ void signal_flags(FlagSet set, const u64 *counter, u64 tag
   st_release_sys(set.flag[i], v);
 }
 
-// The start of a call: increment the call counter, then signal the new number (tag 1)
-// to every flag of `set` (the peers' arrival flags). One block; every thread reads the
-// old count before thread 0 writes the new one.
-extern "C" __global__ void begin_call(FlagSet set, u64 *counter) {
+// The start of a call: increment the call counter, write {desc, new number} into every
+// peer's check slot for this rank (`check`: the slots' addresses in peers' memory), then
+// signal the new number (tag 1) to every flag of `set` (the peers' arrival flags). One
+// block; every thread reads the old count before thread 0 writes the new one.
+extern "C" __global__ void begin_call(FlagSet set, FlagSet check, u64 *counter, u64 desc) {
   const u32 i = threadIdx.x;
   const u64 seq = *(volatile u64 *)counter + 1;
   __syncthreads();
   if (i == 0) *(volatile u64 *)counter = seq;
   if (i >= set.n) return;
+  volatile u64 *c = check.flag[i];
+  c[0] = desc;
+  c[1] = seq;
   __threadfence_system();
   st_release_sys(set.flag[i], (seq << 16) + 1);
+}
+
+// ---------------------------------------------------------------- NCCL transport
+// The NCCL transport's per-call progress, in host-mapped memory, read by its watchdog
+// thread (which aborts the group's communicator when a call does not complete in time).
+struct Progress {
+  u64 started;   // call number of the last call that started on the GPU
+  u64 finished;  // call number of the last call that finished on the GPU
+  u64 op;        // operation of the last call started
+  u64 arrived;   // call number whose arrival tokens `tokens` holds
+  u64 tokens[MAX_PEERS][2];  // {desc, seq} received from each group member (by tp rank)
+};
+
+static_assert(sizeof(Progress) == 32 + 16 * MAX_PEERS, "Progress layout");
+
+// Start of a call: increment the counter, write this rank's token {desc, seq} (sent to
+// every peer in the arrival exchange), record "started".
+extern "C" __global__ void nccl_begin(u64 *counter, u64 *token, u64 desc, u32 op, Progress *p) {
+  const u64 seq = *(volatile u64 *)counter + 1;
+  *(volatile u64 *)counter = seq;
+  token[0] = desc;
+  token[1] = seq;
+  volatile Progress *v = p;
+  v->op = op;
+  __threadfence_system();
+  v->started = seq;
+  __threadfence_system();
+}
+
+// After the arrival exchange: copy the received tokens to the host-mapped progress
+// record (the watchdog names the peers that never arrived from it), and with the check
+// compare them with this rank's.
+extern "C" __global__ void nccl_arrived(const u64 *tokens, CheckSet check, const u64 *counter, u64 desc, u32 do_check,
+                                        ErrorRecord *err, u32 op, Progress *p, u32 tp) {
+  const u32 i = threadIdx.x;
+  const u64 seq = *(const volatile u64 *)counter;
+  volatile Progress *v = p;
+  if (i < tp) {
+    v->tokens[i][0] = tokens[2 * i];
+    v->tokens[i][1] = tokens[2 * i + 1];
+  }
+  __threadfence_system();
+  __syncthreads();
+  if (i == 0) v->arrived = seq;
+  if (do_check) check_peers(check, seq, desc, err, op);
+}
+
+// End of a call: record "finished".
+extern "C" __global__ void nccl_end(const u64 *counter, Progress *p) {
+  __threadfence_system();
+  ((volatile Progress *)p)->finished = *(const volatile u64 *)counter;
+  __threadfence_system();
 }
 
 // ---------------------------------------------------------------- SM put

@@ -42,9 +42,11 @@ run() {  # run NAME NP CMD...: log, time, and a summary row from the run's closi
   rm -f "$one"
 }
 
-# Stages (TE_COMM_STAGES, default all): c = the C/C++ tests; torch = the PyTorch package
+# Stages (TE_COMM_STAGES, default all): c = the C/C++ tests; reliability = fault
+# injection, cross-rank check, soak, churn; sanitizer = compute-sanitizer memcheck,
+# racecheck and synccheck on the GPU tests; torch = the PyTorch package
 # tests, the C++ extension example and the seed-002 example runs; bench = the benchmarks.
-stages=" ${TE_COMM_STAGES:-c torch bench} "
+stages=" ${TE_COMM_STAGES:-c reliability sanitizer torch bench} "
 has_torch=0
 python3 -c 'import torch' 2>/dev/null && has_torch=1
 export TE_COMM_LIB=$lib PYTHONPATH=$root/python${PYTHONPATH:+:$PYTHONPATH}
@@ -56,6 +58,55 @@ if [[ $stages == *" c "* ]]; then
   for np in "${nps[@]}"; do
     for t in ${TE_COMM_TESTS:-test_gemm test_overlap test_comm_gemm test_graph}; do
       run "$t" "$np" "$root/tests_c/run_mpi.sh" "$np" "$build/tests_c/$t"
+    done
+  done
+fi
+
+if [[ $stages == *" reliability "* ]]; then
+  # Fault injection (a rank exits before / during a call), the cross-rank check, soak and
+  # churn (tests_c/test_reliability.cpp). With one GPU, also 2 ranks sharing it (IPC only,
+  # fewer soak calls: the ranks' kernels time-slice).
+  rel_nps=("${nps[@]}")
+  [ "$ngpu" -lt 2 ] && rel_nps+=(2)
+  for np in "${rel_nps[@]}"; do
+    extra=()
+    [ "$np" -gt "$ngpu" ] && extra=(--soak-calls "${TE_COMM_SHARED_SOAK_CALLS:-2000}" --churn-cycles 20)
+    TE_COMM_TEST_TIMEOUT=1500 run test_reliability "$np" "$build/tests_c/test_reliability" --ranks "$np" "${extra[@]}"
+  done
+fi
+
+if [[ $stages == *" sanitizer "* ]]; then
+  # compute-sanitizer on the GPU tests at 2 ranks (1 with one GPU): each report is
+  # attributed to the first host frame outside the CUDA runtime / driver (ours, NCCL,
+  # cuBLASLt, the test) in the summary row; the raw reports are in the log.
+  snp=2
+  [ "$ngpu" -lt 2 ] && snp=1
+  for tool in ${TE_COMM_SANITIZER_TOOLS:-memcheck racecheck synccheck}; do
+    for t in test_comm_gemm test_overlap; do
+      args=()
+      [ "$t" = test_overlap ] && args=(--iters 2)
+      name="$tool:$t"
+      one=$out/.san.log
+      t0=$(date +%s%N)
+      TE_COMM_SANITIZER=$tool timeout -k 10 "${TE_COMM_SANITIZER_TIMEOUT:-420}" \
+        "$root/tests_c/run_mpi.sh" "$snp" "$build/tests_c/$t" "${args[@]}" >"$one" 2>&1
+      rc=$?
+      echo "=== $name np=$snp (rc $rc)" >>"$log"
+      cat "$one" >>"$log"
+      secs=$(awk -v a="$t0" -v b="$(date +%s%N)" 'BEGIN { printf "%.1f", (b - a) / 1e9 }')
+      errs=$(grep -Eo 'ERROR SUMMARY: [0-9]+' "$one" | awk '{ s += $3 } END { print s + 0 }')
+      # Attribution: per report, the first host frame not in libcuda / libcudart.
+      who=$(awk '/^========= [A-Z]/ && !/Host Frame|ERROR SUMMARY|COMPUTE-SANITIZER/ { want = 1; next }
+                 want && /Host Frame/ && !/libcuda\.so|libcudart/ {
+                   o = $0; sub(/.*in /, "", o); sub(/ .*/, "", o); n = split(o, p, "/"); c[p[n]]++; want = 0 }
+                 END { for (k in c) printf "%s%s: %d", (s++ ? ", " : ""), k, c[k] }' "$one")
+      closing=$(grep -E "[0-9]+ passed" "$one" | tail -n 1 | sed -E 's/^[^0-9]*//; s/ =+$//')
+      result=PASS
+      if [ "$rc" -eq 124 ]; then result="FAIL (wall timeout)"; fail=1
+      elif [ "$errs" -gt 0 ]; then result="REPORTS ($errs)"; 
+      elif [ "$rc" -ne 0 ] && [ "$rc" -ne 77 ]; then result="FAIL (rc $rc)"; fail=1; fi
+      rows+=("| $name | $snp | $result | ${closing:--}; sanitizer errors: $errs${who:+ ($who)} | $secs |")
+      rm -f "$one"
     done
   done
 fi

@@ -148,7 +148,24 @@ impl Bootstrap {
                     },
                     "ncclAllGather",
                 )?;
-                stream.synchronize()?;
+                // Bounded: a rank that never joins must not hang the caller. On timeout
+                // the exchange stays enqueued on the caller's communicator (which only
+                // its owner may abort): its stream and buffers are leaked on purpose.
+                let limit = setup_timeout()?;
+                let t0 = std::time::Instant::now();
+                while !stream.idle()? {
+                    if t0.elapsed() > limit {
+                        std::mem::forget((stream, send, recv));
+                        return Err(Error::new(
+                            S::NVTE_COMM_ERROR_TIMEOUT,
+                            format!(
+                                "the setup exchange (ncclAllGather of {n} bytes) over the caller's NCCL communicator did not complete within {:.1} s: a rank of the communicator did not make the same call (it is absent, failed, or calls something else). The communicator now holds the unfinished exchange: abort it (ncclCommAbort)",
+                                limit.as_secs_f64()
+                            ),
+                        ));
+                    }
+                    std::thread::sleep(std::time::Duration::from_micros(100));
+                }
                 copy_to_host(&mut out, recv.ptr)?;
             }
         }
@@ -171,6 +188,13 @@ impl Bootstrap {
             Exchange::Nccl(_) => self.allgather(&[0u8]).map(|_| ()),
         }
     }
+}
+
+/// How long a setup exchange over an NCCL communicator may take: NVTE_COMM_TIMEOUT_MS
+/// (the engine's wait timeout), default 60 s.
+fn setup_timeout() -> Result<std::time::Duration> {
+    let ms = crate::env::int("NVTE_COMM_TIMEOUT_MS", 1, i64::MAX)?.unwrap_or(60_000);
+    Ok(std::time::Duration::from_millis(ms as u64))
 }
 
 /// This host's identity (host name and boot id): ranks that share it can use CUDA IPC.

@@ -14,4 +14,10 @@ for v in TORCH_SYMM_MEM_DISABLE_MULTICAST NVSHMEM_DISABLE_NVLS LD_LIBRARY_PATH \
          $(compgen -e | grep -E '^(NVTE_|NCCL_)'); do
   [ -n "${!v+x}" ] && extra+=(-x "$v")
 done
-exec mpirun "${extra[@]}" --oversubscribe --bind-to none -np "$np" "$exe" "$@"
+# TE_COMM_SANITIZER=memcheck|racecheck|synccheck|initcheck: every rank under compute-sanitizer
+# (host backtraces on, so each report can be attributed to the library it came from).
+wrap=()
+if [ -n "${TE_COMM_SANITIZER:-}" ]; then
+  wrap=(compute-sanitizer --tool "$TE_COMM_SANITIZER" --error-exitcode 9 --print-limit 30 --show-backtrace host)
+fi
+exec mpirun "${extra[@]}" --oversubscribe --bind-to none -np "$np" "${wrap[@]}" "$exe" "$@"

@@ -282,7 +282,11 @@ pub mod nccl_sys {
         fn ncclGetUniqueId(id: *mut ncclUniqueId) -> ncclResult_t;
         fn ncclCommInitRank(comm: *mut ncclComm_t, nranks: c_int, id: ncclUniqueId, rank: c_int) -> ncclResult_t;
         fn ncclCommSplit(comm: ncclComm_t, color: c_int, key: c_int, newcomm: *mut ncclComm_t, config: *mut ncclConfig_t) -> ncclResult_t;
+        fn ncclCommInitRankConfig(comm: *mut ncclComm_t, nranks: c_int, id: ncclUniqueId, rank: c_int, config: *mut ncclConfig_t) -> ncclResult_t;
         fn ncclCommDestroy(comm: ncclComm_t) -> ncclResult_t;
+        fn ncclCommFinalize(comm: ncclComm_t) -> ncclResult_t;
+        fn ncclCommAbort(comm: ncclComm_t) -> ncclResult_t;
+        fn ncclCommGetAsyncError(comm: ncclComm_t, async_error: *mut u32) -> ncclResult_t;
         fn ncclCommUserRank(comm: ncclComm_t, rank: *mut c_int) -> ncclResult_t;
         fn ncclCommCount(comm: ncclComm_t, count: *mut c_int) -> ncclResult_t;
         fn ncclGroupStart() -> ncclResult_t;

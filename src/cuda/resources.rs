@@ -42,6 +42,16 @@ impl Stream {
             "cuStreamSynchronize",
         )
     }
+
+    /// Whether everything enqueued on the stream has completed (cuStreamQuery).
+    pub fn idle(&self) -> Result<bool> {
+        // SAFETY: valid stream.
+        let r = unsafe { cu::cuStreamQuery(self.0 as cu::CUstream) };
+        if r == cu::CUresult::CUDA_ERROR_NOT_READY {
+            return Ok(false);
+        }
+        check(r, "cuStreamQuery").map(|_| true)
+    }
 }
 
 impl Drop for Stream {

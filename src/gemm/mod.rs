@@ -98,6 +98,27 @@ pub struct GemmDesc {
     pub workspace_bytes: usize,
 }
 
+impl GemmDesc {
+    /// What must agree on every rank of a collective call with this GEMM (the cross-rank
+    /// check, NVTE_COMM_CHECK): shape, types, layout, epilogue and accumulation, not the
+    /// addresses or the SM budget.
+    pub fn check_key(&self) -> [u64; 5] {
+        let t = |d: DType| d as u64 & 0xff;
+        [
+            self.m as u64,
+            self.n as u64,
+            self.k as u64,
+            t(self.a_type) | t(self.b_type) << 8 | t(self.d_type) << 16 | t(self.aux_type) << 24,
+            self.transa as u64
+                | (self.transb as u64) << 1
+                | (self.accumulate as u64) << 2
+                | ((self.bias != 0) as u64) << 3
+                | ((self.aux != 0) as u64) << 4
+                | (self.epilogue as u64) << 8,
+        ]
+    }
+}
+
 fn lt_type(d: DType) -> lt::cudaDataType_t {
     use lt::cudaDataType_t as T;
     match d {

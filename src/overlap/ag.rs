@@ -113,7 +113,7 @@ impl Overlap {
                 );
             }
         }
-        self.begin(stream, Op::SplitAg, false)?;
+        self.begin(stream, Op::SplitAg, false, &full.check_key())?;
         let chunk_bytes = nc * k * e;
         let off = |c: usize| c * chunk_bytes;
         let (next, prev) = ((r + 1) % tp, (r + tp - 1) % tp);
@@ -148,7 +148,7 @@ impl Overlap {
                 continue;
             }
             // NCCL operations of one communicator must not run concurrently on two streams.
-            let st = if self.t.nccl_comm().is_some() {
+            let st = if self.t.nccl().is_some() {
                 self.comm[0].raw()
             } else {
                 self.comm[dir].raw()

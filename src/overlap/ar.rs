@@ -23,7 +23,7 @@ use super::{Op, Overlap, eb, tag};
 use crate::error::Result;
 use crate::gemm::{self, Epilogue, TeGemm};
 use crate::tensor::{Buffer, Shape, Tensor};
-use crate::transport::{Slot, WaitInfo, nccl};
+use crate::transport::{Slot, WaitInfo};
 use crate::{invalid, unsupported};
 
 /// Events ev_chunk[REDUCED_EVENTS + i]: chunk i's slice is reduced (chunk GEMMs use
@@ -106,7 +106,7 @@ const AR_CHUNKED: usize = 2;
 impl Overlap {
     fn ar_algo(&self, n: usize, m: usize) -> Result<ArAlgo> {
         let (tp, e) = (self.tp(), eb(self.dtype));
-        let ring_fits = self.t.nccl_comm().is_none()
+        let ring_fits = self.t.nccl().is_none()
             && tp > 1
             && n.is_multiple_of(tp)
             && 2 * n * m * e <= self.t.buffer_bytes();
@@ -170,11 +170,11 @@ impl Overlap {
         self.check_capacity("the GEMM output", [n, m])?;
         let s = (self.cfg.num_splits as usize).clamp(1, n.max(1));
         let bounds: Vec<usize> = (0..=s).map(|i| i * n / s).collect();
-        let nccl_comm = self.t.nccl_comm();
+        let nccl_comm = self.t.nccl().is_some();
         // Two-shot over the copy engines when every chunk is large enough; the partials
         // are then computed into local staging (peers never read them), else into the
         // registered buffer that peers load from (one-shot) or NCCL reads.
-        let two_shot = nccl_comm.is_none()
+        let two_shot = !nccl_comm
             && tp > 1
             && bounds.windows(2).all(|w| {
                 let rows = w[1] - w[0];
@@ -188,7 +188,7 @@ impl Overlap {
         let mut dv = x.d.clone();
         dv.data = Buffer::new(partials, self.dtype, Shape::new(&[n, m])?)?;
         // SMs the communication uses beside the GEMMs (IPC: the reductions, and SM puts).
-        let comm_sms = nccl_comm.is_none();
+        let comm_sms = !nccl_comm;
         let full = gemm::desc_from_te(&TeGemm {
             a: x.a,
             b: x.b,
@@ -209,7 +209,7 @@ impl Overlap {
                 full.epilogue
             );
         }
-        self.begin(stream, Op::SplitAr, !two_shot)?;
+        self.begin(stream, Op::SplitAr, !two_shot, &full.check_key())?;
         let eb_b = eb(full.b_type);
         for i in 0..s {
             let (lo, hi) = (bounds[i], bounds[i + 1]);
@@ -232,7 +232,7 @@ impl Overlap {
     fn ar_one_shot(
         &mut self,
         db: &Buffer,
-        nccl_comm: Option<usize>,
+        nccl_comm: bool,
         m: usize,
         bounds: &[usize],
     ) -> Result<()> {
@@ -246,9 +246,8 @@ impl Overlap {
             let (lo, hi) = (bounds[i], bounds[i + 1]);
             let rows = hi - lo;
             self.ev_chunk[1 + i].wait_on(cs)?;
-            if let Some(comm) = nccl_comm {
-                nccl::all_reduce(
-                    comm,
+            if let Some(nc) = self.t.nccl().filter(|_| nccl_comm) {
+                nc.all_reduce(
                     self.buffer() + lo * m * e,
                     db.ptr + lo * m * e,
                     rows * m,

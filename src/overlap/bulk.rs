@@ -10,7 +10,6 @@ use super::{Op, Overlap, eb, tag};
 use crate::error::Result;
 use crate::gemm::{self, TeGemm};
 use crate::tensor::Tensor;
-use crate::transport::nccl;
 use crate::transport::{Slot, WaitInfo};
 use crate::{invalid, unsupported};
 
@@ -73,6 +72,7 @@ impl Overlap {
                 Op::BulkRs
             },
             false,
+            &desc.check_key(),
         )?;
         let others = self.others();
         let cs = self.comm[0].raw();
@@ -85,11 +85,10 @@ impl Overlap {
             step: 0,
         };
         let chunk_bytes = rc * self.cols * e;
-        match (x.kind, self.t.nccl_comm()) {
+        match (x.kind, self.t.nccl()) {
             (BulkKind::AllGather, Some(comm)) => {
                 // In place: this rank's chunk is already at its offset in the buffer.
-                nccl::all_gather_bytes(
-                    comm,
+                comm.all_gather_bytes(
                     self.buffer() + r * chunk_bytes,
                     self.buffer(),
                     chunk_bytes,
@@ -105,7 +104,7 @@ impl Overlap {
                         out.dtype.name()
                     );
                 }
-                nccl::reduce_scatter(comm, self.buffer(), out.ptr, rc * self.cols, self.dtype, cs)?;
+                comm.reduce_scatter(self.buffer(), out.ptr, rc * self.cols, self.dtype, cs)?;
             }
             (BulkKind::AllGather, None) => {
                 // Spread the puts over both comm streams (two copy engines / SM groups).

@@ -26,8 +26,8 @@ use crate::ffi::enums::NVTECommStatus as S;
 use crate::gemm::{self, GemmDesc};
 use crate::tensor::{Buffer, DType, Shape, Tensor};
 use crate::transport::ipc::{IpcSettings, IpcTransport};
-use crate::transport::nccl::NcclTransport;
-use crate::transport::{MAX_PEERS, Transport, WaitInfo, tag};
+use crate::transport::nccl::{NcclSettings, NcclTransport};
+use crate::transport::{FailureKind, MAX_PEERS, Transport, WaitInfo, call_desc, desc_op, tag};
 use crate::{bootstrap::Bootstrap, env, invalid, unsupported};
 
 /// Engine settings (TE's CommOverlap defaults; see [`Config::from_env`]).
@@ -211,6 +211,16 @@ pub fn trace_enabled() -> Result<bool> {
     Ok(env::flag("NVTE_COMM_TRACE")?.unwrap_or(false))
 }
 
+/// NVTE_COMM_CHECK (a boolean; default off), read when an object is created: every call
+/// compares its descriptor (operation, shapes, types, flags, call number) with every
+/// peer's at the arrival barrier, so a rank that calls differently from its peers is
+/// reported on every rank (INVALID_ARGUMENT naming the peer) instead of corrupting
+/// data or hanging. Cost: IPC none beyond a compare in the arrival kernel; NCCL one
+/// small kernel (the arrival tokens travel with or without the check).
+pub fn check_enabled() -> Result<bool> {
+    Ok(env::flag("NVTE_COMM_CHECK")?.unwrap_or(false))
+}
+
 /// Operation ids (in timeout messages).
 #[derive(Clone, Copy, Debug)]
 #[repr(u32)]
@@ -355,6 +365,7 @@ impl Overlap {
     ) -> Result<Overlap> {
         let bytes = Self::check_buffer(rows, cols, dtype)?;
         let trace = trace_enabled()?;
+        let check = check_enabled()?;
         let guard = ContextGuard::for_stream(0)?;
         let dev = cuda::device_info(guard.device)?;
         let tp = cfg.validate(bs.size, dev.sm_count)?;
@@ -377,13 +388,19 @@ impl Overlap {
             );
         }
         let t: Box<dyn Transport> = if use_nccl {
-            Box::new(NcclTransport::create(bs, &group, bytes)?)
+            let settings = NcclSettings {
+                buffer_bytes: bytes,
+                timeout_ms: cfg.timeout_ms as u64,
+                check,
+            };
+            Box::new(NcclTransport::create(bs, &group, &guard, &dev, &settings)?)
         } else {
             let settings = IpcSettings {
                 buffer_bytes: bytes,
                 use_ce: cfg.use_ce,
                 comm_sms: cfg.num_comm_sm as u32,
                 timeout_ms: cfg.timeout_ms as u64,
+                check,
             };
             Box::new(IpcTransport::create(bs, &group, &guard, &dev, &settings)?)
         };
@@ -472,22 +489,52 @@ impl Overlap {
     }
 
     fn timeout_error(&self) -> Option<Error> {
-        self.t.timeout().map(|to| {
-            Error::new(
+        let to = self.t.timeout()?;
+        let who = format!(
+            "world rank {} (tp rank {} of {})",
+            self.world_rank,
+            self.tp_rank(),
+            self.tp()
+        );
+        let peer = if to.peer_world_rank == u32::MAX {
+            "a peer".to_string()
+        } else {
+            format!("world rank {}", to.peer_world_rank)
+        };
+        let note = to.note.map(|n| format!(" ({n})")).unwrap_or_default();
+        let tail = "The object is unusable now: destroy it.";
+        Some(match to.kind {
+            FailureKind::Mismatch => Error::new(
+                S::NVTE_COMM_ERROR_INVALID_ARGUMENT,
+                format!(
+                    "cross-rank check (NVTE_COMM_CHECK): {who} called {} as call {} but {peer} called {} as call {} (descriptor {:#018x} vs this rank's): every rank of the group must make the same calls with the same shapes, types and flags.{note} {tail}",
+                    op_name(to.op),
+                    to.seq,
+                    op_name(desc_op(to.peer_desc)),
+                    to.peer_seq,
+                    to.peer_desc
+                ),
+            ),
+            FailureKind::Timeout => Error::new(
                 S::NVTE_COMM_ERROR_TIMEOUT,
                 format!(
-                    "timeout after {:.1} ms: world rank {} (tp rank {} of {}) waited for world rank {} in {} at step {} of call {}; \
-                     the peer never signalled (it did not enter the call, failed, or hangs). The object is unusable now: destroy it.",
+                    "timeout after {:.1} ms: {who} waited for {peer} in {} at step {} of call {}; \
+                     the peer never signalled (it did not enter the call, failed, or hangs).{note} {tail}",
                     to.waited_ms,
-                    self.world_rank,
-                    self.tp_rank(),
-                    self.tp(),
-                    to.peer_world_rank,
                     op_name(to.op),
                     to.step,
                     to.seq
                 ),
-            )
+            ),
+            FailureKind::Transport => Error::new(
+                S::NVTE_COMM_ERROR_NCCL,
+                format!(
+                    "{who}: the {} transport failed in {} (call {}){note}. {tail}",
+                    self.t.name(),
+                    op_name(to.op),
+                    to.seq
+                ),
+            ),
         })
     }
 
@@ -582,7 +629,15 @@ impl Overlap {
     /// never enters makes every rank time out here. Comm streams start after the barrier;
     /// compute streams too when `gate_compute` (their GEMMs write memory that peers read),
     /// else right away.
-    fn begin(&mut self, stream: usize, op: Op, gate_compute: bool) -> Result<()> {
+    ///
+    /// `key`: what must agree across the ranks of the call (shapes, types, flags); hashed
+    /// with the operation into the call's descriptor, which travels with the arrival and
+    /// is compared with every peer's under NVTE_COMM_CHECK.
+    fn begin(&mut self, stream: usize, op: Op, gate_compute: bool, key: &[u64]) -> Result<()> {
+        let mut parts = Vec::with_capacity(key.len() + 3);
+        parts.extend_from_slice(&[self.rows as u64, self.cols as u64, self.dtype as u64]);
+        parts.extend_from_slice(key);
+        let desc = call_desc(op as u32, &parts);
         self.calls += 1;
         self.last_captured = self.capturing;
         self.captured |= self.capturing;
@@ -602,6 +657,7 @@ impl Overlap {
                 op: op as u32,
                 step: 0,
             },
+            desc,
         )?;
         self.ev_arrived.record(cs)?;
         self.mark(cs, || "arrived".into())?;

@@ -28,7 +28,7 @@ use crate::error::Result;
 use crate::gemm::{self, GemmDesc, TeGemm};
 use crate::invalid;
 use crate::tensor::{Buffer, Shape, Tensor};
-use crate::transport::{RecvOp, SendOp, Slot, WaitInfo, nccl};
+use crate::transport::{RecvOp, SendOp, Slot, WaitInfo};
 
 pub struct RsArgs<'a> {
     pub a: &'a Tensor,
@@ -155,7 +155,7 @@ impl Overlap {
     }
 
     pub fn split_rs(&mut self, x: &RsArgs, stream: usize) -> Result<()> {
-        if self.t.nccl_comm().is_some() {
+        if self.t.nccl().is_some() {
             // The pipelined algorithm loads from the peers' buffers; over NCCL the ring
             // entry point runs ncclReduceScatter per chunk or the send/recv ring.
             return self.split_rs_p2p(x, stream);
@@ -165,7 +165,7 @@ impl Overlap {
         let (tp, r) = (self.tp(), self.tp_rank());
         let bounds = self.splits(p.m);
         // The chunk GEMMs write this buffer, which peers read: gate them on the barrier.
-        self.begin(stream, Op::SplitRs, true)?;
+        self.begin(stream, Op::SplitRs, true, &p.full.check_key())?;
         let all: Vec<usize> = (0..tp).collect();
         let others = self.others();
         let e = eb(self.dtype);
@@ -217,18 +217,16 @@ impl Overlap {
         // NCCL at tp > 2: ncclReduceScatter per chunk. At tp 2 the ring is one send/recv
         // step and was faster (bench/RESULTS.md, 2026-11-21: ring 0.92-1.03x of
         // NCCL-then-GEMM vs 1.01-1.08x; at tp 4 the collective 0.95-1.13x vs 1.10-1.60x).
-        if let Some(comm) = self.t.nccl_comm()
-            && self.tp() > 2
-        {
+        if self.t.nccl().is_some() && self.tp() > 2 {
             let p = self.plan_rs(x, false)?;
             if Self::nccl_sums(x, &p, self.dtype) {
-                return self.rs_nccl_chunks(&p, x, comm, &guard, stream);
+                return self.rs_nccl_chunks(&p, x, &guard, stream);
             }
         }
         let p = self.plan_rs(x, !self.cfg.use_ce)?;
         self.staging()?; // allocated (once) before the call starts
         // GEMMs write local staging only: they need not wait for peers.
-        self.begin(stream, Op::SplitRsP2p, false)?;
+        self.begin(stream, Op::SplitRsP2p, false, &p.full.check_key())?;
         self.ring_rs(x, &p, &guard)?;
         self.finish(stream)
     }
@@ -251,13 +249,12 @@ impl Overlap {
         &mut self,
         p: &Plan,
         x: &RsArgs,
-        comm: usize,
         guard: &ContextGuard,
         stream: usize,
     ) -> Result<()> {
         let tp = self.tp();
         let staging = self.staging()?;
-        self.begin(stream, Op::SplitRs, false)?;
+        self.begin(stream, Op::SplitRs, false, &p.full.check_key())?;
         let bounds = self.splits(p.m);
         let e = eb(self.dtype);
         let n = p.nc * tp;
@@ -278,7 +275,8 @@ impl Overlap {
             let w = hi - lo;
             self.ev_chunk[1 + i].wait_on(cs)?;
             let recv = self.buffer() + lo * p.nc * e;
-            nccl::reduce_scatter(comm, staging + lo * n * e, recv, p.nc * w, self.dtype, cs)?;
+            let nc = self.t.nccl().expect("the NCCL transport");
+            nc.reduce_scatter(staging + lo * n * e, recv, p.nc * w, self.dtype, cs)?;
             copy_2d(out + lo * e, p.m * e, recv, w * e, w * e, p.nc, cs)?;
         }
         self.finish(stream)
@@ -380,7 +378,7 @@ impl Overlap {
         let n = p.nc * tp;
         self.check_capacity("the all-reduce's partials and gathered rows", [2 * n, p.m])?;
         self.staging()?; // allocated (once) before the call starts
-        self.begin(stream, Op::SplitAr, false)?;
+        self.begin(stream, Op::SplitAr, false, &p.full.check_key())?;
         self.ring_rs(x, &p, &guard)?;
         let cs = self.comm[0].raw();
         let rows = p.nc * p.m * e; // bytes of one rank's rows

@@ -5,7 +5,10 @@
 //! Flag values are computed on the device from a per-object call counter in this rank's
 //! memory (see `crate::transport::Slot`), so every call is capturable in a CUDA graph and
 //! each replay synchronises afresh.
-use super::{Group, MAX_PEERS, NUM_SLOTS, RecvOp, SendOp, Slot, Timeout, Transport, WaitInfo};
+use super::{
+    CheckSet, ErrorRecord, Group, MAX_PEERS, NUM_SLOTS, RecvOp, SendOp, Slot, Timeout, Transport,
+    WaitInfo,
+};
 use crate::bootstrap::Bootstrap;
 use crate::cuda::resources::{DeviceMem, HostMapped, IpcMapping, copy_async};
 use crate::cuda::{self, ContextGuard, DeviceInfo, arg, nvrtc};
@@ -22,16 +25,6 @@ struct FlagSet {
     n: u32,
 }
 
-#[repr(C)]
-struct ErrorRecord {
-    code: u32,
-    peer: u32,
-    op: u32,
-    step: u32,
-    seq: u64,
-    waited_ns: u64,
-}
-
 pub struct IpcTransport {
     group: Group,
     flags: DeviceMem,
@@ -43,6 +36,8 @@ pub struct IpcTransport {
     use_ce: bool,
     comm_sms: u32,
     timeout_ns: u64,
+    /// NVTE_COMM_CHECK: compare the peers' call descriptors at every arrival barrier
+    check: bool,
     module: Arc<nvrtc::Module>,
 }
 
@@ -54,11 +49,21 @@ fn flag_offset(slot: Slot, src: usize) -> usize {
     ((slot as usize) * MAX_PEERS + src) * 8
 }
 
+/// Byte offset of source `src`'s {descriptor, call number} check slot in a rank's flag
+/// memory (after the flags).
+fn check_offset(src: usize) -> usize {
+    NUM_SLOTS * MAX_PEERS * 8 + src * 16
+}
+
+/// Bytes of a rank's flag memory: the flags, then one check slot per source.
+const FLAG_BYTES: usize = NUM_SLOTS * MAX_PEERS * 8 + MAX_PEERS * 16;
+
 pub struct IpcSettings {
     pub buffer_bytes: usize,
     pub use_ce: bool,
     pub comm_sms: u32,
     pub timeout_ms: u64,
+    pub check: bool,
 }
 
 impl IpcTransport {
@@ -80,12 +85,18 @@ impl IpcTransport {
         }
         let module = nvrtc::module(&nvrtc::COMM, guard.ctx, dev)?;
         let buffer = DeviceMem::new(s.buffer_bytes)?;
-        let flags = DeviceMem::new(NUM_SLOTS * MAX_PEERS * 8)?;
+        let flags = DeviceMem::new(FLAG_BYTES)?;
         flags.zero()?;
         let counter = DeviceMem::new(8)?;
         counter.zero()?;
         // Look the kernels up now, outside any graph capture.
-        for f in ["wait_flags", "signal_flags", "begin_call", "put_bytes"] {
+        for f in [
+            "wait_flags",
+            "wait_arrival_checked",
+            "signal_flags",
+            "begin_call",
+            "put_bytes",
+        ] {
             module.function(f)?;
         }
         buffer.zero()?;
@@ -128,6 +139,7 @@ impl IpcTransport {
             use_ce: s.use_ce,
             comm_sms: s.comm_sms.max(1),
             timeout_ns: s.timeout_ms.saturating_mul(1_000_000),
+            check: s.check,
             module,
         })
     }
@@ -189,11 +201,14 @@ impl Transport for IpcTransport {
         let srcs: Vec<usize> = recvs.iter().map(|r| r.peer).collect();
         self.wait(&srcs, slot, tag, stream, info)
     }
-    /// The call counter is incremented, then the arrival barrier (tag 1): a rank signals
-    /// only once its previous call completed on its GPU, so passing it also means no peer
-    /// still touches a buffer for the last call. One kernel increments and signals, a
-    /// second waits. At tp 1 nothing reads the counter: no launch.
-    fn begin_call(&self, _calls: u64, stream: usize, info: WaitInfo) -> Result<()> {
+    /// The call counter is incremented, the call's descriptor written into every peer's
+    /// check slot for this rank, then the arrival barrier (tag 1): a rank signals only
+    /// once its previous call completed on its GPU, so passing it also means no peer still
+    /// touches a buffer for the last call. One kernel increments, writes and signals, a
+    /// second waits (and with NVTE_COMM_CHECK compares the peers' descriptors with this
+    /// rank's: the same kernel, no extra launch). At tp 1 nothing reads the counter: no
+    /// launch.
+    fn begin_call(&self, _calls: u64, stream: usize, info: WaitInfo, desc: u64) -> Result<()> {
         let others = self.others();
         if others.is_empty() {
             return Ok(());
@@ -202,15 +217,51 @@ impl Transport for IpcTransport {
         let set = self.flag_set(&others, |p| {
             self.flags_base(p) + flag_offset(Slot::Arrive, me)
         });
+        let check = self.flag_set(&others, |p| self.flags_base(p) + check_offset(me));
         let f = self.func("begin_call")?;
         let counter = self.counter.ptr as u64;
-        let mut args = [arg(&set), arg(&counter)];
-        // SAFETY: `f` is begin_call(FlagSet, u64 *counter) of kernels/comm.cu in this
-        // object's module (its device's context, current for calls on `stream`); `set`
-        // (repr(C), the kernel's layout) holds the peers' mapped flag addresses, `counter`
-        // this object's device counter: both live as long as the object.
+        let mut args = [arg(&set), arg(&check), arg(&counter), arg(&desc)];
+        // SAFETY: `f` is begin_call(FlagSet, FlagSet, u64 *counter, u64 desc) of
+        // kernels/comm.cu in this object's module (its device's context, current for calls
+        // on `stream`); `set` and `check` (repr(C), the kernel's layout) hold the peers'
+        // mapped flag and check-slot addresses, `counter` this object's device counter: all
+        // live as long as the object.
         unsafe { cuda::launch(f, (1, 1, 1), (32, 1, 1), 0, stream, &mut args, "begin_call")? };
-        self.wait(&others, Slot::Arrive, 1, stream, info)
+        if !self.check {
+            return self.wait(&others, Slot::Arrive, 1, stream, info);
+        }
+        let wait = self.flag_set(&others, |p| self.flags.ptr + flag_offset(Slot::Arrive, p));
+        let slots = CheckSet::new(&others, &self.group.world_ranks, |p| {
+            self.flags.ptr + check_offset(p)
+        });
+        let f = self.func("wait_arrival_checked")?;
+        let err = self.error.device as u64;
+        let op = info.op;
+        let mut args = [
+            arg(&wait),
+            arg(&slots),
+            arg(&counter),
+            arg(&desc),
+            arg(&self.timeout_ns),
+            arg(&err),
+            arg(&op),
+        ];
+        // SAFETY: `f` is wait_arrival_checked(FlagSet, CheckSet, const u64 *counter, u64
+        // desc, u64 timeout_ns, ErrorRecord *err, u32 op) of kernels/comm.cu in this
+        // object's module; `wait` / `slots` (repr(C)) hold this rank's own flag and check
+        // slot addresses, `err` the device address of its host-mapped ErrorRecord: all live
+        // as long as the object.
+        unsafe {
+            cuda::launch(
+                f,
+                (1, 1, 1),
+                (32, 1, 1),
+                0,
+                stream,
+                &mut args,
+                "wait_arrival_checked",
+            )
+        }
     }
     /// "Done" with tag 1: (call number << 16) + 1.
     fn end_call(&self, _calls: u64, stream: usize) -> Result<()> {
@@ -325,25 +376,23 @@ impl Transport for IpcTransport {
     }
 
     fn timeout(&self) -> Option<Timeout> {
-        // SAFETY: host-mapped record written by the device; read with volatile loads.
-        let rec = self.error.host as *const ErrorRecord;
-        let code = unsafe { std::ptr::read_volatile(&(*rec).code) };
-        if code == 0 {
-            return None;
-        }
-        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
-        unsafe {
-            Some(Timeout {
-                peer_world_rank: std::ptr::read_volatile(&(*rec).peer),
-                op: std::ptr::read_volatile(&(*rec).op),
-                step: std::ptr::read_volatile(&(*rec).step),
-                seq: std::ptr::read_volatile(&(*rec).seq),
-                waited_ms: std::ptr::read_volatile(&(*rec).waited_ns) as f64 / 1e6,
-            })
-        }
+        // SAFETY: the host side of this object's host-mapped record, written by the device.
+        unsafe { ErrorRecord::read(self.error.host as *const ErrorRecord) }
     }
 
     fn comm_sms(&self) -> u32 {
         if self.use_ce { 0 } else { self.comm_sms }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// kernels/comm.cu asserts the same numbers.
+    #[test]
+    fn flag_set_has_the_kernels_layout() {
+        use std::mem::{offset_of, size_of};
+        assert_eq!(size_of::<super::FlagSet>(), 200);
+        assert_eq!(offset_of!(super::FlagSet, peer), 128);
+        assert_eq!(offset_of!(super::FlagSet, n), 192);
     }
 }

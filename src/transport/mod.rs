@@ -56,15 +56,127 @@ pub struct WaitInfo {
     pub step: u32,
 }
 
-/// A recorded timeout.
-#[derive(Clone, Copy, Debug)]
+/// What stopped a call, as recorded by a transport.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailureKind {
+    /// a peer never signalled within the timeout
+    Timeout,
+    /// NVTE_COMM_CHECK: a peer called with another descriptor (operation, shapes, types)
+    /// or another call number
+    Mismatch,
+    /// the transport failed (NCCL: an asynchronous error of the group's communicator)
+    Transport,
+}
+
+/// A recorded failure of a call (a timeout, or a cross-rank mismatch).
+#[derive(Clone, Debug)]
 pub struct Timeout {
+    pub kind: FailureKind,
+    /// the peer that never signalled / that called differently (u32::MAX: unknown)
     pub peer_world_rank: u32,
     pub op: u32,
     pub step: u32,
     /// the call number (device-side counter) of the call that timed out
     pub seq: u64,
     pub waited_ms: f64,
+    /// Mismatch: the peer's descriptor and call number
+    pub peer_desc: u64,
+    pub peer_seq: u64,
+    /// the transport's own account (NCCL: which peers never arrived, NCCL's error)
+    pub note: Option<String>,
+}
+
+/// The device-written failure record (kernels/comm.cu `ErrorRecord`), in host-mapped
+/// memory: the first failing wait or check fills it; `code` 0 means none.
+#[repr(C)]
+pub struct ErrorRecord {
+    pub code: u32,
+    pub peer: u32,
+    pub op: u32,
+    pub step: u32,
+    pub seq: u64,
+    pub waited_ns: u64,
+    pub peer_desc: u64,
+    pub peer_seq: u64,
+}
+
+impl ErrorRecord {
+    /// The recorded failure, if any.
+    ///
+    /// # Safety
+    /// `rec` is the host address of a live host-mapped `ErrorRecord`.
+    pub unsafe fn read(rec: *const ErrorRecord) -> Option<Timeout> {
+        // SAFETY: (caller) readable record; the device writes it, so volatile loads, and
+        // `code` is published last (fence after the fields on the device).
+        unsafe {
+            let code = std::ptr::read_volatile(&(*rec).code);
+            let kind = match code {
+                0 => return None,
+                2 => FailureKind::Mismatch,
+                3 => FailureKind::Transport,
+                _ => FailureKind::Timeout,
+            };
+            std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+            Some(Timeout {
+                kind,
+                peer_world_rank: std::ptr::read_volatile(&(*rec).peer),
+                op: std::ptr::read_volatile(&(*rec).op),
+                step: std::ptr::read_volatile(&(*rec).step),
+                seq: std::ptr::read_volatile(&(*rec).seq),
+                waited_ms: std::ptr::read_volatile(&(*rec).waited_ns) as f64 / 1e6,
+                peer_desc: std::ptr::read_volatile(&(*rec).peer_desc),
+                peer_seq: std::ptr::read_volatile(&(*rec).peer_seq),
+                note: None,
+            })
+        }
+    }
+}
+
+/// The peers' check slots ({descriptor, call number} each) in this rank's memory, with
+/// their world ranks (kernels/comm.cu `CheckSet`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CheckSet {
+    pub slot: [u64; MAX_PEERS],
+    pub peer: [u32; MAX_PEERS],
+    pub n: u32,
+}
+
+impl CheckSet {
+    /// Slots of group members `peers` (tp ranks) at `addr(peer)`; `world` maps tp ranks to
+    /// world ranks.
+    pub fn new(peers: &[usize], world: &[usize], addr: impl Fn(usize) -> usize) -> CheckSet {
+        let mut s = CheckSet {
+            slot: [0; MAX_PEERS],
+            peer: [0; MAX_PEERS],
+            n: peers.len() as u32,
+        };
+        for (i, &p) in peers.iter().enumerate() {
+            s.slot[i] = addr(p) as u64;
+            s.peer[i] = world[p] as u32;
+        }
+        s
+    }
+}
+
+/// A call's descriptor for the cross-rank check: a hash of the operation and of the
+/// values that must agree on every rank (shapes, types, flags), the operation id in the
+/// top byte (so a mismatch can name the peer's operation).
+pub fn call_desc(op: u32, parts: &[u64]) -> u64 {
+    // FNV-1a over the parts' bytes.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in std::iter::once(op as u64).chain(parts.iter().copied()) {
+        for b in p.to_le_bytes() {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    ((op as u64 & 0xff) << 56) | (h & 0x00ff_ffff_ffff_ffff)
+}
+
+/// The operation id in a descriptor from [`call_desc`].
+pub fn desc_op(desc: u64) -> u32 {
+    (desc >> 56) as u32
 }
 
 /// One point-to-point transfer of an exchange step: `bytes` from local `src` to
@@ -131,18 +243,20 @@ pub trait Transport: Send {
         stream: usize,
         info: WaitInfo,
     ) -> Result<()>;
-    /// Start of a call on `stream` (IPC: increment the device-side call counter, then the
-    /// group's arrival barrier). `calls`: the calls issued on the object so far, this one
-    /// included (a host count, eager and captured calls alike: diagnostics only).
-    fn begin_call(&self, calls: u64, stream: usize, info: WaitInfo) -> Result<()>;
+    /// Start of a call on `stream`: increment the device-side call counter, then the
+    /// group's arrival barrier, which also carries the call's descriptor `desc` (see
+    /// [`call_desc`]; compared across ranks with NVTE_COMM_CHECK). `calls`: the calls
+    /// issued on the object so far, this one included (a host count, eager and captured
+    /// calls alike: diagnostics only).
+    fn begin_call(&self, calls: u64, stream: usize, info: WaitInfo, desc: u64) -> Result<()>;
     /// End of the call on `stream`, after all of this rank's work (IPC: "done" signal).
     fn end_call(&self, calls: u64, stream: usize) -> Result<()>;
     /// Make `stream` wait until every peer finished the last call begun on this rank
     /// (the call number read on the device; IPC; NCCL: stream order already implies it).
     /// `calls` = 0 (nothing was ever issued) makes it a no-op.
     fn wait_done(&self, calls: u64, stream: usize, info: WaitInfo) -> Result<()>;
-    /// The NCCL communicator of the group, for transports that run collectives with it.
-    fn nccl_comm(&self) -> Option<usize> {
+    /// The NCCL transport, for algorithms that run NCCL collectives on the group.
+    fn nccl(&self) -> Option<&nccl::NcclTransport> {
         None
     }
     /// Ranks in the group (tensor-parallel size) and this rank's index in it.
@@ -191,4 +305,30 @@ pub trait Transport: Send {
     fn timeout(&self) -> Option<Timeout>;
     /// SMs the transport's kernels use (0: copy engine only).
     fn comm_sms(&self) -> u32;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::{offset_of, size_of};
+
+    /// The layouts kernels/comm.cu asserts with static_assert (same numbers).
+    #[test]
+    fn records_shared_with_the_kernels_have_their_layout() {
+        assert_eq!(size_of::<ErrorRecord>(), 48);
+        assert_eq!(offset_of!(ErrorRecord, peer_desc), 32);
+        assert_eq!(size_of::<CheckSet>(), 200);
+        assert_eq!(offset_of!(CheckSet, peer), 128);
+        assert_eq!(offset_of!(CheckSet, n), 192);
+    }
+
+    #[test]
+    fn call_descriptors_keep_the_operation_and_tell_shapes_apart() {
+        let a = call_desc(1, &[8192, 4096, 1024]);
+        assert_eq!(desc_op(a), 1);
+        assert_eq!(a, call_desc(1, &[8192, 4096, 1024]));
+        assert_ne!(a, call_desc(1, &[8192, 4096, 1025]));
+        assert_ne!(a, call_desc(2, &[8192, 4096, 1024]));
+        assert_eq!(desc_op(call_desc(8, &[])), 8);
+    }
 }

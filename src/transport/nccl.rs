@@ -2,19 +2,54 @@
 //! Exchange steps are grouped ncclSend / ncclRecv on the comm stream; algorithms that
 //! need loads from peers' buffers use NCCL collectives instead (see `crate::overlap`).
 //! The group gets its own communicator, split from the bootstrap's (or created through
-//! the bootstrap's allgather), so the caller's communicator is never used concurrently.
-//! NCCL calls cannot time out: a peer that never arrives blocks them (NCCL's own
-//! watchdogs apply); the IPC transport is the one with timed waits.
-use super::{Group, RecvOp, SendOp, Slot, Timeout, Transport, WaitInfo};
+//! the bootstrap's allgather), so the caller's communicator is never used concurrently,
+//! and never aborted.
+//!
+//! No hang (the IPC transport's timeout contract): the group's communicator is
+//! non-blocking (NCCL calls that must wait for peers return `ncclInProgress`; the host
+//! polls them for at most the timeout), and a watchdog thread per object follows each
+//! call on the GPU through a host-mapped progress record (call started / finished,
+//! written by tiny kernels, so captured CUDA-graph replays are followed too). A call
+//! that does not finish within the timeout, an NCCL asynchronous error, or a cross-rank
+//! mismatch (NVTE_COMM_CHECK) makes the watchdog abort the group's communicator: NCCL's
+//! kernels exit, the streams drain, and every later call reports the failure. Every call
+//! starts with an arrival exchange (a 16-byte token {call descriptor, call number} sent
+//! to and received from every peer, copied to the progress record after it), so a
+//! timeout names the peers that never entered the call.
+use super::{
+    CheckSet, ErrorRecord, FailureKind, Group, MAX_PEERS, RecvOp, SendOp, Slot, Timeout, Transport,
+    WaitInfo,
+};
 use crate::bootstrap::{Bootstrap, Exchange};
 use crate::cuda::dynlib::nccl_sys as nc;
-use crate::cuda::resources::DeviceMem;
-use crate::cuda::{self, Lib};
+use crate::cuda::resources::{DeviceMem, HostMapped};
+use crate::cuda::{self, ContextGuard, DeviceInfo, Lib, arg, nvrtc};
 use crate::error::{Error, Result};
 use crate::ffi::enums::NVTECommStatus as S;
 use crate::tensor::DType;
 use crate::unsupported;
+use cudarc::driver::sys as cu;
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+const IN_PROGRESS: u32 = nc::ncclResult_t::ncclInProgress as u32;
+
+fn result_name(r: u32) -> String {
+    match r {
+        0 => "success".into(),
+        1 => "unhandled CUDA error".into(),
+        2 => "system error".into(),
+        3 => "internal error".into(),
+        4 => "invalid argument".into(),
+        5 => "invalid usage".into(),
+        6 => "remote error (a peer failed or exited)".into(),
+        7 => "in progress".into(),
+        8 => "timeout".into(),
+        other => format!("error {other}"),
+    }
+}
 
 pub fn check(r: nc::ncclResult_t, call: &str) -> Result<()> {
     if r == nc::ncclResult_t::ncclSuccess {
@@ -30,6 +65,79 @@ pub fn check(r: nc::ncclResult_t, call: &str) -> Result<()> {
     ))
 }
 
+/// `r` of a call on a non-blocking communicator: success, or in progress (to be polled).
+fn check_nb(r: nc::ncclResult_t, call: &str) -> Result<bool> {
+    if r == nc::ncclResult_t::ncclInProgress {
+        return Ok(true);
+    }
+    check(r, call).map(|_| false)
+}
+
+/// The communicator's asynchronous state (ncclCommGetAsyncError).
+fn async_state(comm: usize) -> Result<u32> {
+    let mut st = 0u32;
+    // SAFETY: live communicator; out pointer (a u32: NCCL may return codes newer than
+    // the bindings' enum).
+    check(
+        unsafe { nc::ncclCommGetAsyncError(comm as nc::ncclComm_t, &mut st) },
+        "ncclCommGetAsyncError",
+    )?;
+    Ok(st)
+}
+
+/// Poll a non-blocking communicator until its pending operation is done, for at most
+/// `limit`. Err(TIMEOUT) when it is still in progress then (the caller aborts the
+/// communicator), Err(NCCL) on an NCCL error.
+fn wait_ready(comm: usize, limit: Duration, what: &str) -> Result<()> {
+    let t0 = Instant::now();
+    loop {
+        match async_state(comm)? {
+            0 => return Ok(()),
+            IN_PROGRESS => {}
+            e => {
+                return Err(Error::new(
+                    S::NVTE_COMM_ERROR_NCCL,
+                    format!("{what}: NCCL reported {}", result_name(e)),
+                ));
+            }
+        }
+        if t0.elapsed() > limit {
+            return Err(Error::new(
+                S::NVTE_COMM_ERROR_TIMEOUT,
+                format!(
+                    "{what}: not done after {:.1} s (a peer of the group did not join: it is absent, failed or hangs)",
+                    limit.as_secs_f64()
+                ),
+            ));
+        }
+        std::thread::sleep(Duration::from_micros(50));
+    }
+}
+
+/// NCCL_CONFIG_INITIALIZER with `blocking = 0` (layout of NCCL 2.28; a newer NCCL reads
+/// only the fields of the version given, an older one only those it knows).
+fn nonblocking_config() -> nc::ncclConfig_t {
+    const UNDEF: i32 = i32::MIN;
+    // SAFETY: plain C struct; NULL pointers are NCCL's "undefined" pointers.
+    let mut c: nc::ncclConfig_t = unsafe { std::mem::zeroed() };
+    c.size = std::mem::size_of::<nc::ncclConfig_t>();
+    c.magic = 0xcafe_beef;
+    c.version = 22800;
+    c.blocking = 0;
+    c.cgaClusterSize = UNDEF;
+    c.minCTAs = UNDEF;
+    c.maxCTAs = UNDEF;
+    c.splitShare = UNDEF;
+    c.trafficClass = UNDEF;
+    c.collnetEnable = UNDEF;
+    c.CTAPolicy = UNDEF;
+    c.shrinkShare = UNDEF;
+    c.nvlsCTAs = UNDEF;
+    c.nChannelsPerNetPeer = UNDEF;
+    c.nvlinkCentricSched = UNDEF;
+    c
+}
+
 /// NCCL's element type for a reduction of `d`.
 pub fn nccl_type(d: DType) -> Result<nc::ncclDataType_t> {
     Ok(match d {
@@ -40,39 +148,284 @@ pub fn nccl_type(d: DType) -> Result<nc::ncclDataType_t> {
     })
 }
 
-pub struct NcclTransport {
-    comm: usize,
-    group: Group,
+/// The per-call progress record (kernels/comm.cu `Progress`), host-mapped.
+#[repr(C)]
+struct Progress {
+    started: u64,
+    finished: u64,
+    op: u64,
+    arrived: u64,
+    tokens: [[u64; 2]; MAX_PEERS],
 }
 
-// SAFETY: an owned communicator and device memory, used from one thread at a time.
+/// The group communicator, behind a lock: the object's thread enqueues with it, the
+/// watchdog polls and aborts it.
+struct Comm {
+    raw: usize,
+    aborted: bool,
+}
+
+/// What the object's thread and its watchdog share.
+struct Shared {
+    comm: Mutex<Comm>,
+    progress: HostMapped,
+    error: HostMapped,
+    /// The failure the watchdog recorded (it aborted the communicator).
+    failure: Mutex<Option<Timeout>>,
+    timeout: Duration,
+    world_ranks: Vec<usize>,
+    tp_rank: usize,
+    stop: AtomicBool,
+}
+
+impl Shared {
+    fn progress(&self) -> (u64, u64, u64, u64) {
+        let p = self.progress.host as *const Progress;
+        // SAFETY: live host-mapped record written by the device: volatile loads.
+        unsafe {
+            (
+                std::ptr::read_volatile(&(*p).started),
+                std::ptr::read_volatile(&(*p).finished),
+                std::ptr::read_volatile(&(*p).op),
+                std::ptr::read_volatile(&(*p).arrived),
+            )
+        }
+    }
+    fn token_seq(&self, peer: usize) -> u64 {
+        let p = self.progress.host as *const Progress;
+        // SAFETY: as above; peer < MAX_PEERS.
+        unsafe { std::ptr::read_volatile(&(*p).tokens[peer][1]) }
+    }
+    fn device_failure(&self) -> Option<Timeout> {
+        // SAFETY: this object's live host-mapped record.
+        unsafe { ErrorRecord::read(self.error.host as *const ErrorRecord) }
+    }
+    /// The recorded failure: the watchdog's, else the device's (a mismatch not yet seen
+    /// by the watchdog).
+    fn failure(&self) -> Option<Timeout> {
+        let f = self
+            .failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        f.or_else(|| self.device_failure())
+    }
+    /// Abort the communicator (once): NCCL's kernels of the group exit.
+    fn abort_comm(&self) {
+        let mut c = self.comm.lock().unwrap_or_else(|e| e.into_inner());
+        if !c.aborted {
+            // SAFETY: live communicator, aborted once, under the lock that every other
+            // use of it holds.
+            unsafe { nc::ncclCommAbort(c.raw as nc::ncclComm_t) };
+            c.aborted = true;
+        }
+    }
+    /// Record `f` unless a failure is recorded already.
+    fn record(&self, f: Timeout) {
+        let mut g = self.failure.lock().unwrap_or_else(|e| e.into_inner());
+        if g.is_none() {
+            *g = Some(f);
+        }
+    }
+    /// Abort the communicator and record `f`.
+    fn abort(&self, f: Timeout) {
+        self.abort_comm();
+        self.record(f);
+    }
+    /// After an abort in call `seq`: the first absent peer (u32::MAX: none known) and an
+    /// account of who entered the call.
+    fn name_absent(&self, seq: u64) -> (u32, String) {
+        match self.absent_peers(seq) {
+            Some(a) if !a.is_empty() => (
+                a[0] as u32,
+                format!(
+                    "world rank(s) {a:?} never entered the call (their arrival tokens did not come)"
+                ),
+            ),
+            Some(_) => (
+                u32::MAX,
+                "every peer entered the call, which then did not complete: a peer failed or hangs inside it (or waits for one that does)".into(),
+            ),
+            None => (
+                u32::MAX,
+                "the arrival exchange did not finish even after the abort: which peer is missing is unknown".into(),
+            ),
+        }
+    }
+    /// After aborting for a timeout of call `seq`: the peers whose arrival token for it
+    /// never came (once the aborted exchange exits, the kernel behind it copies what did
+    /// arrive into the progress record; waited for briefly).
+    fn absent_peers(&self, seq: u64) -> Option<Vec<usize>> {
+        let t0 = Instant::now();
+        while self.progress().3 < seq {
+            if t0.elapsed() > Duration::from_millis(500) {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Some(
+            (0..self.world_ranks.len())
+                .filter(|&p| p != self.tp_rank && self.token_seq(p) < seq)
+                .map(|p| self.world_ranks[p])
+                .collect(),
+        )
+    }
+}
+
+/// The watchdog: every 2 ms, look at the device-recorded failure, NCCL's asynchronous
+/// error and the progress of the call in flight; abort the communicator on any failure.
+/// Ends with the object (or after aborting).
+fn watchdog(w: Weak<Shared>) {
+    let (mut seen, mut since) = (0u64, Instant::now());
+    loop {
+        std::thread::sleep(Duration::from_millis(2));
+        let Some(sh) = w.upgrade() else { return };
+        if sh.stop.load(Ordering::Acquire) {
+            return;
+        }
+        if let Some(f) = sh.device_failure() {
+            sh.abort(f);
+            return;
+        }
+        let st = {
+            let c = sh.comm.lock().unwrap_or_else(|e| e.into_inner());
+            if c.aborted {
+                return;
+            }
+            async_state(c.raw)
+        };
+        let (started, finished, op, _) = sh.progress();
+        match st {
+            Ok(0) | Ok(IN_PROGRESS) => {}
+            Ok(e) => {
+                let mut f = Timeout {
+                    kind: FailureKind::Transport,
+                    peer_world_rank: u32::MAX,
+                    op: op as u32,
+                    step: 0,
+                    seq: started,
+                    waited_ms: 0.0,
+                    peer_desc: 0,
+                    peer_seq: 0,
+                    note: None,
+                };
+                sh.abort_comm();
+                let mut note = format!(
+                    "the group's NCCL communicator reported an asynchronous error: {}",
+                    result_name(e)
+                );
+                if started > finished {
+                    let (peer, who) = sh.name_absent(started);
+                    f.peer_world_rank = peer;
+                    note = format!("{note}; {who}");
+                }
+                f.note = Some(format!("{note}; the watchdog aborted the communicator"));
+                sh.record(f);
+                return;
+            }
+            Err(_) => {}
+        }
+        if started > finished {
+            if started != seen {
+                (seen, since) = (started, Instant::now());
+            } else if since.elapsed() > sh.timeout {
+                let waited = since.elapsed();
+                let base = Timeout {
+                    kind: FailureKind::Timeout,
+                    peer_world_rank: u32::MAX,
+                    op: op as u32,
+                    step: 0,
+                    seq: started,
+                    waited_ms: waited.as_secs_f64() * 1e3,
+                    peer_desc: 0,
+                    peer_seq: 0,
+                    note: None,
+                };
+                // Abort first (that ends the stuck kernels), then read who arrived.
+                sh.abort_comm();
+                let (peer, note) = sh.name_absent(started);
+                sh.record(Timeout {
+                    peer_world_rank: peer,
+                    note: Some(format!(
+                        "{note}; the watchdog aborted the group's NCCL communicator"
+                    )),
+                    ..base
+                });
+                return;
+            }
+        } else {
+            seen = 0;
+        }
+    }
+}
+
+pub struct NcclTransport {
+    shared: Arc<Shared>,
+    watchdog: Option<std::thread::JoinHandle<()>>,
+    group: Group,
+    /// this rank's call counter (u64), its arrival token {desc, seq}, the received ones
+    counter: DeviceMem,
+    token: DeviceMem,
+    tokens: DeviceMem,
+    check: bool,
+    module: Arc<nvrtc::Module>,
+}
+
+// SAFETY: an owned communicator (behind a lock) and device memory, used from one thread
+// at a time (plus the watchdog, which only touches `Shared`).
 unsafe impl Send for NcclTransport {}
+
+/// What [`NcclTransport::create`] needs besides the bootstrap.
+pub struct NcclSettings {
+    pub buffer_bytes: usize,
+    pub timeout_ms: u64,
+    pub check: bool,
+}
 
 impl NcclTransport {
     /// Collective over the world (all ranks, same `tp`): a communicator per group.
-    pub fn create(bs: &Bootstrap, group: &[usize], buffer_bytes: usize) -> Result<NcclTransport> {
+    pub fn create(
+        bs: &Bootstrap,
+        group: &[usize],
+        guard: &ContextGuard,
+        dev: &DeviceInfo,
+        s: &NcclSettings,
+    ) -> Result<NcclTransport> {
         cuda::require(Lib::Nccl)?;
+        if group.len() > MAX_PEERS {
+            unsupported!(
+                "tensor-parallel size {} exceeds the maximum of {MAX_PEERS}",
+                group.len()
+            );
+        }
+        let module = nvrtc::module(&nvrtc::COMM, guard.ctx, dev)?;
+        for f in ["nccl_begin", "nccl_arrived", "nccl_end"] {
+            module.function(f)?;
+        }
+        let timeout = Duration::from_millis(s.timeout_ms);
         let tp_rank = group
             .iter()
             .position(|&w| w == bs.rank)
             .expect("group contains this rank");
         let color = (group[0] / group.len()) as i32;
         let mut comm: nc::ncclComm_t = std::ptr::null_mut();
-        match bs.exchange {
+        let mut config = nonblocking_config();
+        let pending = match bs.exchange {
             Exchange::Nccl(parent) => {
-                // SAFETY: live parent communicator; every rank calls with its group's color.
-                check(
+                // SAFETY: live parent communicator; every rank calls with its group's color;
+                // `config` outlives the call.
+                check_nb(
                     unsafe {
                         nc::ncclCommSplit(
                             parent as nc::ncclComm_t,
                             color,
                             bs.rank as i32,
                             &mut comm,
-                            std::ptr::null_mut(),
+                            &mut config,
                         )
                     },
                     "ncclCommSplit",
-                )?;
+                )?
             }
             Exchange::Callbacks { .. } => {
                 // SAFETY: zeroed POD id; filled by NCCL on the group leader.
@@ -87,31 +440,295 @@ impl NcclTransport {
                     *c = *b as std::ffi::c_char;
                 }
                 // SAFETY: the leader's id; every member joins with its group rank.
-                check(
+                check_nb(
                     unsafe {
-                        nc::ncclCommInitRank(&mut comm, group.len() as i32, id, tp_rank as i32)
+                        nc::ncclCommInitRankConfig(
+                            &mut comm,
+                            group.len() as i32,
+                            id,
+                            tp_rank as i32,
+                            &mut config,
+                        )
                     },
-                    "ncclCommInitRank",
-                )?;
+                    "ncclCommInitRankConfig",
+                )?
+            }
+        };
+        let raw = comm as usize;
+        if raw == 0 {
+            return Err(Error::new(
+                S::NVTE_COMM_ERROR_NCCL,
+                "creating the group's NCCL communicator returned no communicator",
+            ));
+        }
+        // From here the communicator is ours: abort it on any failure.
+        let fail = |e: Error| {
+            // SAFETY: the communicator created above, not used elsewhere yet.
+            unsafe { nc::ncclCommAbort(raw as nc::ncclComm_t) };
+            e
+        };
+        if pending {
+            wait_ready(raw, timeout, "creating the group's NCCL communicator").map_err(fail)?;
+        }
+        let alloc = || -> Result<_> {
+            let counter = DeviceMem::new(8)?;
+            counter.zero()?;
+            let token = DeviceMem::new(16)?;
+            token.zero()?;
+            let tokens = DeviceMem::new(16 * MAX_PEERS)?;
+            tokens.zero()?;
+            let buffer = DeviceMem::new(s.buffer_bytes)?;
+            buffer.zero()?;
+            let progress = HostMapped::new(std::mem::size_of::<Progress>())?;
+            let error = HostMapped::new(std::mem::size_of::<ErrorRecord>())?;
+            Ok((counter, token, tokens, buffer, progress, error))
+        };
+        let (counter, token, tokens, buffer, progress, error) = alloc().map_err(fail)?;
+        let shared = Arc::new(Shared {
+            comm: Mutex::new(Comm {
+                raw,
+                aborted: false,
+            }),
+            progress,
+            error,
+            failure: Mutex::new(None),
+            timeout,
+            world_ranks: group.to_vec(),
+            tp_rank,
+            stop: AtomicBool::new(false),
+        });
+        let w = Arc::downgrade(&shared);
+        let watchdog = std::thread::Builder::new()
+            .name("te-comm-nccl-watchdog".into())
+            .spawn(move || watchdog(w))
+            .map_err(|e| {
+                Error::new(
+                    S::NVTE_COMM_ERROR_INTERNAL,
+                    format!("starting the NCCL watchdog thread: {e}"),
+                )
+            });
+        let mut t = NcclTransport {
+            shared,
+            watchdog: None,
+            group: Group::new(bs.rank, group, buffer),
+            counter,
+            token,
+            tokens,
+            check: s.check,
+            module,
+        };
+        // (Dropping `t` on error finalizes or aborts the communicator.)
+        t.watchdog = Some(watchdog?);
+        Ok(t)
+    }
+
+    /// Run NCCL calls `f` with the communicator, under the lock, then wait (bounded) for
+    /// them if NCCL reports them in progress. Fails with the recorded failure once the
+    /// communicator was aborted; aborts it when the wait runs out.
+    fn with_comm(&self, what: &str, f: impl FnOnce(nc::ncclComm_t) -> Result<bool>) -> Result<()> {
+        let c = self.shared.comm.lock().unwrap_or_else(|e| e.into_inner());
+        if c.aborted {
+            drop(c);
+            return Err(self.aborted_error());
+        }
+        let raw = c.raw;
+        let pending = f(raw as nc::ncclComm_t)?;
+        if !pending {
+            return Ok(());
+        }
+        match wait_ready(raw, self.shared.timeout, what) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                drop(c);
+                let (started, _, op, _) = self.shared.progress();
+                self.shared.abort(Timeout {
+                    kind: if e.status == S::NVTE_COMM_ERROR_TIMEOUT {
+                        FailureKind::Timeout
+                    } else {
+                        FailureKind::Transport
+                    },
+                    peer_world_rank: u32::MAX,
+                    op: op as u32,
+                    step: 0,
+                    seq: started,
+                    waited_ms: self.shared.timeout.as_secs_f64() * 1e3,
+                    peer_desc: 0,
+                    peer_seq: 0,
+                    note: Some(format!(
+                        "{} (the group's NCCL communicator was aborted)",
+                        e.msg
+                    )),
+                });
+                Err(e)
             }
         }
-        let buffer = DeviceMem::new(buffer_bytes)?;
-        buffer.zero()?;
-        Ok(NcclTransport {
-            comm: comm as usize,
-            group: Group::new(bs.rank, group, buffer),
+    }
+
+    fn aborted_error(&self) -> Error {
+        let note = self
+            .shared
+            .failure()
+            .and_then(|f| f.note)
+            .unwrap_or_else(|| "the group's NCCL communicator was aborted".into());
+        Error::new(
+            S::NVTE_COMM_ERROR_TIMEOUT,
+            format!(
+                "the NCCL transport failed earlier: {note}. The object is unusable now: destroy it."
+            ),
+        )
+    }
+
+    fn launch(
+        &self,
+        name: &str,
+        args: &mut [*mut c_void],
+        threads: u32,
+        stream: usize,
+    ) -> Result<()> {
+        let f: cu::CUfunction = self.module.function(name)?;
+        // SAFETY: `f` is kernel `name` of kernels/comm.cu in this object's module (its
+        // device's context); the callers pass exactly its parameters, device addresses of
+        // this object's allocations (counter, tokens, host-mapped records) that live as
+        // long as the object.
+        unsafe { cuda::launch(f, (1, 1, 1), (threads, 1, 1), 0, stream, args, "nccl") }
+    }
+
+    /// A collective on the group communicator, on `stream`.
+    fn collective(
+        &self,
+        what: &str,
+        f: impl FnOnce(nc::ncclComm_t) -> nc::ncclResult_t,
+    ) -> Result<()> {
+        self.with_comm(what, |c| check_nb(f(c), what))
+    }
+
+    pub fn all_reduce(
+        &self,
+        src: usize,
+        dst: usize,
+        count: usize,
+        d: DType,
+        stream: usize,
+    ) -> Result<()> {
+        let t = nccl_type(d)?;
+        // SAFETY: device ranges of `count` elements validated by the caller.
+        self.collective("ncclAllReduce", |c| unsafe {
+            nc::ncclAllReduce(
+                src as *const c_void,
+                dst as *mut c_void,
+                count,
+                t,
+                nc::ncclRedOp_t::ncclSum,
+                c,
+                stream as nc::cudaStream_t,
+            )
         })
     }
 
-    fn c(&self) -> nc::ncclComm_t {
-        self.comm as nc::ncclComm_t
+    pub fn reduce_scatter(
+        &self,
+        src: usize,
+        dst: usize,
+        recv_count: usize,
+        d: DType,
+        stream: usize,
+    ) -> Result<()> {
+        let t = nccl_type(d)?;
+        // SAFETY: as above; src holds tp * recv_count elements.
+        self.collective("ncclReduceScatter", |c| unsafe {
+            nc::ncclReduceScatter(
+                src as *const c_void,
+                dst as *mut c_void,
+                recv_count,
+                t,
+                nc::ncclRedOp_t::ncclSum,
+                c,
+                stream as nc::cudaStream_t,
+            )
+        })
+    }
+
+    pub fn all_gather_bytes(
+        &self,
+        src: usize,
+        dst: usize,
+        bytes: usize,
+        stream: usize,
+    ) -> Result<()> {
+        // SAFETY: dst holds tp * bytes.
+        self.collective("ncclAllGather", |c| unsafe {
+            nc::ncclAllGather(
+                src as *const c_void,
+                dst as *mut c_void,
+                bytes,
+                nc::ncclDataType_t::ncclUint8,
+                c,
+                stream as nc::cudaStream_t,
+            )
+        })
+    }
+
+    /// Grouped sends and receives of raw device ranges.
+    fn p2p(
+        &self,
+        sends: &[(usize, usize, usize)],
+        recvs: &[(usize, usize, usize)],
+        stream: usize,
+    ) -> Result<()> {
+        let u8t = nc::ncclDataType_t::ncclUint8;
+        let st = stream as nc::cudaStream_t;
+        self.with_comm("ncclSend/ncclRecv", |c| {
+            // SAFETY: grouped point-to-point calls on device ranges validated by the caller.
+            check(unsafe { nc::ncclGroupStart() }, "ncclGroupStart")?;
+            let mut r = Ok(());
+            for &(peer, src, bytes) in sends {
+                r = r.and(check(
+                    unsafe { nc::ncclSend(src as *const c_void, bytes, u8t, peer as i32, c, st) },
+                    "ncclSend",
+                ));
+            }
+            for &(peer, dst, bytes) in recvs {
+                r = r.and(check(
+                    unsafe { nc::ncclRecv(dst as *mut c_void, bytes, u8t, peer as i32, c, st) },
+                    "ncclRecv",
+                ));
+            }
+            let pending = check_nb(unsafe { nc::ncclGroupEnd() }, "ncclGroupEnd")?;
+            r.map(|_| pending)
+        })
     }
 }
 
 impl Drop for NcclTransport {
     fn drop(&mut self) {
-        // SAFETY: created in `create`, destroyed once.
-        unsafe { nc::ncclCommDestroy(self.c()) };
+        self.shared.stop.store(true, Ordering::Release);
+        if let Some(w) = self.watchdog.take() {
+            let _ = w.join();
+        }
+        let mut c = self.shared.comm.lock().unwrap_or_else(|e| e.into_inner());
+        if c.aborted {
+            return;
+        }
+        let raw = c.raw;
+        // Finalize (bounded: a peer that is gone must not hang the destroy), then destroy;
+        // abort when finalizing fails or runs out of time.
+        // SAFETY: the live communicator created in `create`, released once, here.
+        let finalized = match check_nb(
+            unsafe { nc::ncclCommFinalize(raw as nc::ncclComm_t) },
+            "ncclCommFinalize",
+        ) {
+            Ok(false) => true,
+            Ok(true) => wait_ready(raw, self.shared.timeout, "ncclCommFinalize").is_ok(),
+            Err(_) => false,
+        };
+        unsafe {
+            if finalized {
+                nc::ncclCommDestroy(raw as nc::ncclComm_t);
+            } else {
+                nc::ncclCommAbort(raw as nc::ncclComm_t);
+            }
+        }
+        c.aborted = true;
     }
 }
 
@@ -138,47 +755,82 @@ impl Transport for NcclTransport {
         stream: usize,
         _info: WaitInfo,
     ) -> Result<()> {
-        let u8t = nc::ncclDataType_t::ncclUint8;
-        let st = stream as nc::cudaStream_t;
-        // SAFETY: grouped point-to-point calls on device ranges validated by the algorithm.
-        check(unsafe { nc::ncclGroupStart() }, "ncclGroupStart")?;
-        let mut r = Ok(());
-        for s in sends {
-            r = r.and(check(
-                unsafe {
-                    nc::ncclSend(
-                        s.src as *const c_void,
-                        s.bytes,
-                        u8t,
-                        s.peer as i32,
-                        self.c(),
-                        st,
-                    )
-                },
-                "ncclSend",
-            ));
-        }
-        for v in recvs {
-            let dst = (self.group.buffer.ptr + v.dst_offset) as *mut c_void;
-            r = r.and(check(
-                unsafe { nc::ncclRecv(dst, v.bytes, u8t, v.peer as i32, self.c(), st) },
-                "ncclRecv",
-            ));
-        }
-        check(unsafe { nc::ncclGroupEnd() }, "ncclGroupEnd")?;
-        r
+        let s: Vec<_> = sends.iter().map(|s| (s.peer, s.src, s.bytes)).collect();
+        let r: Vec<_> = recvs
+            .iter()
+            .map(|v| (v.peer, self.group.buffer.ptr + v.dst_offset, v.bytes))
+            .collect();
+        self.p2p(&s, &r, stream)
     }
-    fn begin_call(&self, _seq: u64, _stream: usize, _info: WaitInfo) -> Result<()> {
-        Ok(())
+    /// Increment the call counter and record "started" (one kernel), exchange arrival
+    /// tokens {desc, call number} with every peer (one grouped NCCL launch), then copy
+    /// them to the progress record and, with NVTE_COMM_CHECK, compare them (one kernel).
+    fn begin_call(&self, _calls: u64, stream: usize, info: WaitInfo, desc: u64) -> Result<()> {
+        if let Some(f) = self.shared.failure() {
+            let _ = f;
+            return Err(self.aborted_error());
+        }
+        let (counter, token, tokens) = (
+            self.counter.ptr as u64,
+            self.token.ptr as u64,
+            self.tokens.ptr as u64,
+        );
+        let progress = self.shared.progress.device as u64;
+        let op = info.op;
+        self.launch(
+            "nccl_begin",
+            &mut [
+                arg(&counter),
+                arg(&token),
+                arg(&desc),
+                arg(&op),
+                arg(&progress),
+            ],
+            1,
+            stream,
+        )?;
+        let others = self.group.others();
+        if !others.is_empty() {
+            let sends: Vec<_> = others.iter().map(|&p| (p, self.token.ptr, 16)).collect();
+            let recvs: Vec<_> = others
+                .iter()
+                .map(|&p| (p, self.tokens.ptr + 16 * p, 16))
+                .collect();
+            self.p2p(&sends, &recvs, stream)?;
+        }
+        let slots = CheckSet::new(&others, &self.group.world_ranks, |p| {
+            self.tokens.ptr + 16 * p
+        });
+        let err = self.shared.error.device as u64;
+        let do_check = self.check as u32;
+        let tp = self.group.world_ranks.len() as u32;
+        self.launch(
+            "nccl_arrived",
+            &mut [
+                arg(&tokens),
+                arg(&slots),
+                arg(&counter),
+                arg(&desc),
+                arg(&do_check),
+                arg(&err),
+                arg(&op),
+                arg(&progress),
+                arg(&tp),
+            ],
+            32,
+            stream,
+        )
     }
-    fn end_call(&self, _seq: u64, _stream: usize) -> Result<()> {
-        Ok(())
+    fn end_call(&self, _seq: u64, stream: usize) -> Result<()> {
+        let counter = self.counter.ptr as u64;
+        let progress = self.shared.progress.device as u64;
+        self.launch("nccl_end", &mut [arg(&counter), arg(&progress)], 1, stream)
     }
     fn wait_done(&self, _seq: u64, _stream: usize, _info: WaitInfo) -> Result<()> {
         Ok(())
     }
-    fn nccl_comm(&self) -> Option<usize> {
-        Some(self.comm)
+    fn nccl(&self) -> Option<&NcclTransport> {
+        Some(self)
     }
     fn put(
         &self,
@@ -204,87 +856,11 @@ impl Transport for NcclTransport {
         unsupported!("flags are not available with the NCCL transport")
     }
     fn timeout(&self) -> Option<Timeout> {
-        None
+        self.shared.failure()
     }
     fn comm_sms(&self) -> u32 {
         0
     }
-}
-
-/// NCCL collectives on the group communicator, on `stream`.
-pub fn all_reduce(
-    comm: usize,
-    src: usize,
-    dst: usize,
-    count: usize,
-    d: DType,
-    stream: usize,
-) -> Result<()> {
-    let t = nccl_type(d)?;
-    // SAFETY: device ranges of `count` elements validated by the caller.
-    check(
-        unsafe {
-            nc::ncclAllReduce(
-                src as *const c_void,
-                dst as *mut c_void,
-                count,
-                t,
-                nc::ncclRedOp_t::ncclSum,
-                comm as nc::ncclComm_t,
-                stream as nc::cudaStream_t,
-            )
-        },
-        "ncclAllReduce",
-    )
-}
-
-pub fn reduce_scatter(
-    comm: usize,
-    src: usize,
-    dst: usize,
-    recv_count: usize,
-    d: DType,
-    stream: usize,
-) -> Result<()> {
-    let t = nccl_type(d)?;
-    // SAFETY: as above; src holds tp * recv_count elements.
-    check(
-        unsafe {
-            nc::ncclReduceScatter(
-                src as *const c_void,
-                dst as *mut c_void,
-                recv_count,
-                t,
-                nc::ncclRedOp_t::ncclSum,
-                comm as nc::ncclComm_t,
-                stream as nc::cudaStream_t,
-            )
-        },
-        "ncclReduceScatter",
-    )
-}
-
-pub fn all_gather_bytes(
-    comm: usize,
-    src: usize,
-    dst: usize,
-    bytes: usize,
-    stream: usize,
-) -> Result<()> {
-    // SAFETY: dst holds tp * bytes.
-    check(
-        unsafe {
-            nc::ncclAllGather(
-                src as *const c_void,
-                dst as *mut c_void,
-                bytes,
-                nc::ncclDataType_t::ncclUint8,
-                comm as nc::ncclComm_t,
-                stream as nc::cudaStream_t,
-            )
-        },
-        "ncclAllGather",
-    )
 }
 
 /// A new NCCL unique id (128 bytes) from the bound NCCL: the seed of a communicator that
@@ -337,4 +913,15 @@ pub fn comm_destroy(comm: usize) -> Result<()> {
         unsafe { nc::ncclCommDestroy(comm as nc::ncclComm_t) },
         "ncclCommDestroy",
     )
+}
+
+#[cfg(test)]
+mod tests {
+    /// kernels/comm.cu asserts the same numbers.
+    #[test]
+    fn progress_has_the_kernels_layout() {
+        use std::mem::{offset_of, size_of};
+        assert_eq!(size_of::<super::Progress>(), 32 + 16 * super::MAX_PEERS);
+        assert_eq!(offset_of!(super::Progress, tokens), 32);
+    }
 }
