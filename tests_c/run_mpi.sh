@@ -18,6 +18,6 @@ done
 # (host backtraces on, so each report can be attributed to the library it came from).
 wrap=()
 if [ -n "${TE_COMM_SANITIZER:-}" ]; then
-  wrap=(compute-sanitizer --tool "$TE_COMM_SANITIZER" --error-exitcode 9 --print-limit 30 --show-backtrace host)
+  wrap=(compute-sanitizer --tool "$TE_COMM_SANITIZER" --error-exitcode 9 --print-limit 1000 --show-backtrace host)
 fi
 exec mpirun "${extra[@]}" --oversubscribe --bind-to none -np "$np" "${wrap[@]}" "$exe" "$@"
