@@ -182,6 +182,50 @@ void errors(Env &e, NVTECommGemmCtx *ctx) {
 
 }  // namespace
 
+// The per-call comm_sm_count reaches the SM-put kernels (it once stayed at the value the
+// engine was created with): an all-gather-heavy call (large B, small GEMM) with SM puts
+// (NVTE_COMM_OVERLAP_USE_CE=0) on 1 SM must take clearly longer than on 32 SMs.
+void sm_count_reaches_puts(Env &e) {
+  if (e.size < 2) return;
+  setenv("NVTE_COMM_TRANSPORT", "ipc", 1);
+  setenv("NVTE_COMM_OVERLAP_USE_CE", "0", 1);
+  NVTECommGemmCtx *ctx = nvte_comm_gemm_ctx_create(e.comm, e.size, e.rank);
+  unsetenv("NVTE_COMM_OVERLAP_USE_CE");
+  unsetenv("NVTE_COMM_TRANSPORT");
+  if (!ctx) { e.rep->fail(std::string("sm count: ctx_create: ") + nvte_comm_last_error()); return; }
+  const int64_t m = 64 * e.size, n = 16384 * e.size, k = 4096;
+  const size_t ml = m / e.size, nl = n / e.size;
+  Tensor a(kNVTEBFloat16, {ml, (size_t)k}), b(kNVTEBFloat16, {nl, (size_t)k}), d(kNVTEBFloat16, {(size_t)n, ml});
+  CUDA_OK(cudaMemset(a.data.p, 0, a.data.bytes));
+  CUDA_OK(cudaMemset(b.data.p, 0, b.data.bytes));
+  CUDA_OK(cudaStreamSynchronize(0));
+  cudaEvent_t t0, t1;
+  CUDA_OK(cudaEventCreate(&t0));
+  CUDA_OK(cudaEventCreate(&t1));
+  float ms[2] = {0, 0};
+  const int sms[2] = {1, 32};
+  bool ok = true;
+  for (int w = 0; w < 2; ++w)
+    for (int i = 0; i < 2; ++i) {  // the first of each is a warm-up
+      MPI_Barrier(MPI_COMM_WORLD);
+      CUDA_OK(cudaEventRecord(t0, e.s));
+      nvte_all_gather_gemm(ctx, m, n, k, a.h, b.h, d.h, nullptr, nullptr, true, false, false, false, sms[w], e.s,
+                           kNVTECommGemmAlgoDefault);
+      ok = ok && nvte_comm_last_status() == NVTE_COMM_SUCCESS;
+      CUDA_OK(cudaEventRecord(t1, e.s));
+      CUDA_OK(cudaEventSynchronize(t1));
+      CUDA_OK(cudaEventElapsedTime(&ms[w], t0, t1));
+    }
+  char b2[160];
+  std::snprintf(b2, sizeof b2, "per-call comm_sm_count reaches the SM puts: AG of %.0f MiB per rank on 1 SM %.2f ms, on 32 SMs %.2f ms",
+                nl * k * 2.0 / (1 << 20), ms[0], ms[1]);
+  e.rep->check(ok && ms[0] > 2.0f * ms[1], b2);
+  cudaEventDestroy(t0);
+  cudaEventDestroy(t1);
+  nvte_comm_gemm_ctx_destroy(ctx);
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
 int main(int argc, char **argv) {
   probe_or_continue(argc, argv);
   MPI_Init(&argc, &argv);
@@ -252,6 +296,7 @@ int main(int argc, char **argv) {
     nvte_comm_gemm_ctx_destroy(ctx);
     MPI_Barrier(MPI_COMM_WORLD);
   }
+  sm_count_reaches_puts(e);
   int rc = rep.finish("test_comm_gemm");
   ncclCommDestroy(e.comm);
   MPI_Finalize();

@@ -462,7 +462,8 @@ impl Overlap {
     pub fn tp_rank(&self) -> usize {
         self.t.rank()
     }
-    /// Change the SM budget of the communication kernels (between calls).
+    /// Change the SM budget of the communication kernels (between calls): the config
+    /// (GEMM margin, reductions) and the transport (SM puts) together.
     pub fn set_comm_sms(&mut self, n: i32) -> Result<()> {
         if n < 1 || n >= self.dev.sm_count {
             invalid!(
@@ -471,7 +472,13 @@ impl Overlap {
             );
         }
         self.cfg.num_comm_sm = n;
+        self.t.set_comm_sms(n as u32);
         Ok(())
+    }
+
+    /// SMs the transport's put kernels use now (0: copy engines).
+    pub fn transport_comm_sms(&self) -> u32 {
+        self.t.comm_sms()
     }
 
     /// "ipc" or "nccl".

@@ -383,6 +383,9 @@ impl Transport for IpcTransport {
     fn comm_sms(&self) -> u32 {
         if self.use_ce { 0 } else { self.comm_sms }
     }
+    fn set_comm_sms(&mut self, n: u32) {
+        self.comm_sms = n.max(1);
+    }
 }
 
 #[cfg(test)]

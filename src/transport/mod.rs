@@ -305,6 +305,9 @@ pub trait Transport: Send {
     fn timeout(&self) -> Option<Timeout>;
     /// SMs the transport's kernels use (0: copy engine only).
     fn comm_sms(&self) -> u32;
+    /// Set the SM budget of the transport's put kernels (between calls; the engine's
+    /// per-call comm_sm_count). Transports without SM kernels ignore it.
+    fn set_comm_sms(&mut self, _n: u32) {}
 }
 
 #[cfg(test)]
