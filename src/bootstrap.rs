@@ -5,8 +5,8 @@
 use crate::cuda::dynlib::nccl_sys as nccl;
 use crate::cuda::resources::{DeviceMem, Stream, copy_from_host, copy_to_host};
 use crate::cuda::{self, Lib};
+use crate::error::ErrorKind as K;
 use crate::error::{Error, Result};
-use crate::ffi::enums::NVTECommStatus as S;
 use crate::invalid;
 use std::ffi::c_void;
 
@@ -40,10 +40,7 @@ fn nccl_check(r: nccl::ncclResult_t, call: &str) -> Result<()> {
     let s = unsafe { std::ffi::CStr::from_ptr(nccl::ncclGetErrorString(r)) }
         .to_string_lossy()
         .into_owned();
-    Err(Error::new(
-        S::NVTE_COMM_ERROR_NCCL,
-        format!("{call} failed: {s}"),
-    ))
+    Err(Error::new(K::Nccl, format!("{call} failed: {s}")))
 }
 
 impl Bootstrap {
@@ -123,7 +120,7 @@ impl Bootstrap {
                 };
                 if rc != 0 {
                     return Err(Error::new(
-                        S::NVTE_COMM_ERROR_INTERNAL,
+                        K::Internal,
                         format!("the allgather callback failed (returned {rc})"),
                     ));
                 }
@@ -157,7 +154,7 @@ impl Bootstrap {
                     if t0.elapsed() > limit {
                         std::mem::forget((stream, send, recv));
                         return Err(Error::new(
-                            S::NVTE_COMM_ERROR_TIMEOUT,
+                            K::Timeout,
                             format!(
                                 "the setup exchange (ncclAllGather of {n} bytes) over the caller's NCCL communicator did not complete within {:.1} s: a rank of the communicator did not make the same call (it is absent, failed, or calls something else). The communicator now holds the unfinished exchange: abort it (ncclCommAbort)",
                                 limit.as_secs_f64()
@@ -179,7 +176,7 @@ impl Bootstrap {
                 let rc = unsafe { barrier(user as *mut c_void) };
                 if rc != 0 {
                     return Err(Error::new(
-                        S::NVTE_COMM_ERROR_INTERNAL,
+                        K::Internal,
                         format!("the barrier callback failed (returned {rc})"),
                     ));
                 }

@@ -279,7 +279,7 @@ impl CommGemmCtx {
         let capture = capture_status(stream)?;
         if capture == Capture::Invalidated {
             return Err(Error::new(
-                crate::ffi::enums::NVTECommStatus::NVTE_COMM_ERROR_CUDA,
+                crate::error::ErrorKind::Cuda,
                 "argument `main_stream` is in a CUDA graph capture that was invalidated by an earlier illegal operation: end that capture (cudaStreamEndCapture) and capture again",
             ));
         }

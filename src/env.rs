@@ -114,11 +114,11 @@ pub fn debug() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ffi::NVTECommStatus as S;
+    use crate::error::ErrorKind as K;
 
     fn err<T: std::fmt::Debug>(r: Result<T>) -> String {
         let e = r.unwrap_err();
-        assert_eq!(e.status, S::NVTE_COMM_ERROR_INVALID_ARGUMENT);
+        assert_eq!(e.kind, K::InvalidArgument);
         e.msg
     }
 

@@ -1,32 +1,47 @@
 //! Error type of the library and the thread-local "last error" that the C API exposes.
-use crate::ffi::enums::NVTECommStatus;
+//! The core speaks [`ErrorKind`]; only `ffi` maps kinds to the C status enum.
 use std::cell::RefCell;
 use std::ffi::CString;
 
-/// An error: a status for the C caller and a message that names what went wrong.
+/// What went wrong, in the core's terms (`ffi::status_of` gives the C status).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    InvalidArgument,
+    Cuda,
+    Cublas,
+    Nccl,
+    Nvrtc,
+    Timeout,
+    Unsupported,
+    LibraryNotFound,
+    OutOfMemory,
+    Internal,
+}
+
+/// An error: its kind and a message that names what went wrong.
 #[derive(Debug, Clone)]
 pub struct Error {
-    pub status: NVTECommStatus,
+    pub kind: ErrorKind,
     pub msg: String,
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
-    pub fn new(status: NVTECommStatus, msg: impl Into<String>) -> Self {
+    pub fn new(kind: ErrorKind, msg: impl Into<String>) -> Self {
         Error {
-            status,
+            kind,
             msg: msg.into(),
         }
     }
     pub fn invalid(msg: impl Into<String>) -> Self {
-        Self::new(NVTECommStatus::NVTE_COMM_ERROR_INVALID_ARGUMENT, msg)
+        Self::new(ErrorKind::InvalidArgument, msg)
     }
     pub fn unsupported(msg: impl Into<String>) -> Self {
-        Self::new(NVTECommStatus::NVTE_COMM_ERROR_UNSUPPORTED, msg)
+        Self::new(ErrorKind::Unsupported, msg)
     }
     pub fn internal(msg: impl Into<String>) -> Self {
-        Self::new(NVTECommStatus::NVTE_COMM_ERROR_INTERNAL, msg)
+        Self::new(ErrorKind::Internal, msg)
     }
     /// Prefix the message with context (e.g. the argument being checked).
     pub fn context(mut self, ctx: impl std::fmt::Display) -> Self {
@@ -37,7 +52,7 @@ impl Error {
 
 impl std::fmt::Display for Error {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} ({})", self.msg, self.status)
+        write!(f, "{} ({:?})", self.msg, self.kind)
     }
 }
 
@@ -54,7 +69,8 @@ macro_rules! unsupported {
 }
 
 struct LastError {
-    status: NVTECommStatus,
+    /// None: the last call succeeded.
+    kind: Option<ErrorKind>,
     /// None: no message ("").
     msg: Option<CString>,
 }
@@ -62,7 +78,7 @@ struct LastError {
 thread_local! {
     static LAST: RefCell<LastError> = const {
         RefCell::new(LastError {
-            status: NVTECommStatus::NVTE_COMM_SUCCESS,
+            kind: None,
             msg: None,
         })
     };
@@ -72,7 +88,7 @@ thread_local! {
 /// handler, a C++ static destructor, a thread-key destructor): one shared slot, so that
 /// the library still reports instead of panicking outside the firewall (which aborts).
 static TEARDOWN: std::sync::Mutex<LastError> = std::sync::Mutex::new(LastError {
-    status: NVTECommStatus::NVTE_COMM_SUCCESS,
+    kind: None,
     msg: None,
 });
 
@@ -92,20 +108,20 @@ pub fn set_last_error(func: &str, e: &Error) {
         use std::io::Write;
         let _ = writeln!(
             std::io::stderr().lock(),
-            "[transformer_engine_comm] {text} ({})",
-            e.status
+            "[transformer_engine_comm] {text} ({:?})",
+            e.kind
         );
     }
     let msg = CString::new(text).unwrap_or_default();
     with_last(|l| {
-        l.status = e.status;
+        l.kind = Some(e.kind);
         l.msg = Some(msg.clone());
     });
 }
 
 pub fn clear_last_error() {
     with_last(|l| {
-        l.status = NVTECommStatus::NVTE_COMM_SUCCESS;
+        l.kind = None;
         l.msg = None;
     });
 }
@@ -115,8 +131,9 @@ pub fn last_error_ptr() -> *const std::ffi::c_char {
     with_last(|l| l.msg.as_ref().map_or(c"".as_ptr(), |m| m.as_ptr()))
 }
 
-pub fn last_status() -> NVTECommStatus {
-    with_last(|l| l.status)
+/// The kind of the thread's last error; None when its last call succeeded.
+pub fn last_kind() -> Option<ErrorKind> {
+    with_last(|l| l.kind)
 }
 
 pub fn last_error_string() -> String {

@@ -5,8 +5,8 @@ pub mod dynlib;
 pub mod nvrtc;
 pub mod resources;
 
+use crate::error::ErrorKind as K;
 use crate::error::{Error, Result};
-use crate::ffi::enums::NVTECommStatus as S;
 use cudarc::driver::sys as cu;
 use once_cell::sync::OnceCell;
 use std::collections::HashMap;
@@ -69,7 +69,7 @@ pub fn require(lib: Lib) -> Result<()> {
         .entry(lib)
         .or_insert_with(|| lib.present())
         .clone()
-        .map_err(|msg| Error::new(S::NVTE_COMM_ERROR_LIBRARY_NOT_FOUND, msg))
+        .map_err(|msg| Error::new(K::LibraryNotFound, msg))
 }
 
 /// Which file a library was bound to, its version code and whether that copy was
@@ -86,7 +86,7 @@ pub struct LibInfo {
 /// NVRTC major * 1000 + minor * 10.
 pub fn library_info(lib: Lib) -> Result<LibInfo> {
     let bound = |b: std::result::Result<&'static dynlib::Bound, String>| {
-        b.map_err(|m| Error::new(S::NVTE_COMM_ERROR_LIBRARY_NOT_FOUND, m))
+        b.map_err(|m| Error::new(K::LibraryNotFound, m))
     };
     // The driver and NVRTC are loaded by cudarc, lazily at their first call: the path is
     // the mapped copy after the version call below.
@@ -180,9 +180,9 @@ pub fn check(r: cu::CUresult, call: &str) -> Result<()> {
         return Ok(());
     }
     let status = if r == cu::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
-        S::NVTE_COMM_ERROR_OUT_OF_MEMORY
+        K::OutOfMemory
     } else {
-        S::NVTE_COMM_ERROR_CUDA
+        K::Cuda
     };
     Err(Error::new(
         status,

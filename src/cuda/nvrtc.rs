@@ -3,8 +3,8 @@
 //! process, cached on disk (by source, options, architecture and NVRTC version), and
 //! loaded once per CUDA context.
 use super::{DeviceInfo, Lib, check, require};
+use crate::error::ErrorKind as K;
 use crate::error::{Error, Result};
-use crate::ffi::enums::NVTECommStatus as S;
 use cudarc::driver::sys as cu;
 use cudarc::nvrtc::sys as nv;
 use std::collections::HashMap;
@@ -40,10 +40,7 @@ fn nvrtc_check(r: nv::nvrtcResult, call: &str) -> Result<()> {
     let s = unsafe { std::ffi::CStr::from_ptr(nv::nvrtcGetErrorString(r)) }
         .to_string_lossy()
         .into_owned();
-    Err(Error::new(
-        S::NVTE_COMM_ERROR_NVRTC,
-        format!("{call} failed: {s}"),
-    ))
+    Err(Error::new(K::Nvrtc, format!("{call} failed: {s}")))
 }
 
 fn nvrtc_version() -> Result<(i32, i32)> {
@@ -188,7 +185,7 @@ fn compile_uncached(src: &Source, opts: &[String]) -> Result<Vec<u8>> {
                 .trim_end_matches('\0')
                 .to_string();
             return Err(Error::new(
-                S::NVTE_COMM_ERROR_NVRTC,
+                K::Nvrtc,
                 format!(
                     "compiling kernels/{} with options {opts:?} failed:\n{log}",
                     src.name

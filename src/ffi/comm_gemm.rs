@@ -2,14 +2,13 @@
 //! These functions are void in TE: errors are recorded for nvte_comm_last_error();
 //! nvte_comm_gemm_ctx_create returns NULL on failure with the reason recorded.
 use super::enums::NVTECommGemmAlgoType;
+use super::handles::CONTEXTS;
 use super::overlap::ncclComm_t;
 use super::{NVTETensor, cudaStream_t, firewall};
 use crate::comm_gemm::{CommGemmCtx, GemmCall, Kind};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::invalid;
 use crate::tensor;
-use once_cell::sync::Lazy;
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 /// Opaque context (TE: `typedef struct NVTECommGemmCtx NVTECommGemmCtx;`).
@@ -17,23 +16,8 @@ pub struct NVTECommGemmCtx {
     _private: (),
 }
 
-static CTXS: Lazy<Mutex<HashMap<usize, Arc<Mutex<CommGemmCtx>>>>> =
-    Lazy::new(|| Mutex::new(HashMap::new()));
-
 fn ctx(h: *mut NVTECommGemmCtx) -> Result<Arc<Mutex<CommGemmCtx>>> {
-    if h.is_null() {
-        invalid!("argument `ctx` is NULL");
-    }
-    CTXS.lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(&(h as usize))
-        .cloned()
-        .ok_or_else(|| {
-            Error::invalid(format!(
-                "argument `ctx` ({:#x}) is not a live context: never created, or already destroyed",
-                h as usize
-            ))
-        })
+    CONTEXTS.get(h as usize, "ctx")
 }
 
 /// A context over the NCCL communicator `comm` of the tensor-parallel group (not owned;
@@ -46,11 +30,7 @@ pub extern "C" fn nvte_comm_gemm_ctx_create(
 ) -> *mut NVTECommGemmCtx {
     firewall("nvte_comm_gemm_ctx_create", std::ptr::null_mut(), || {
         let c = CommGemmCtx::create(comm as usize, nranks, rank)?;
-        let id = crate::handle::next();
-        CTXS.lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id, Arc::new(Mutex::new(c)));
-        Ok(id as *mut NVTECommGemmCtx)
+        Ok(CONTEXTS.insert(Arc::new(Mutex::new(c))) as *mut NVTECommGemmCtx)
     })
 }
 
@@ -61,17 +41,8 @@ pub extern "C" fn nvte_comm_gemm_ctx_destroy(ctx: *mut NVTECommGemmCtx) {
         if ctx.is_null() {
             return Ok(());
         }
-        match CTXS
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&(ctx as usize))
-        {
-            Some(_) => Ok(()),
-            None => invalid!(
-                "argument `ctx` ({:#x}) is not a live context: never created, or already destroyed",
-                ctx as usize
-            ),
-        }
+        // Dropped here, outside the table's lock.
+        CONTEXTS.remove(ctx as usize, "ctx").map(drop)
     })
 }
 
@@ -120,14 +91,14 @@ fn call(
         let c = self::ctx(ctx)?;
         check_algo(algo_type)?;
         let (ta, tb, td) = (
-            tensor::get(a as usize, "a")?,
-            tensor::get(b as usize, "b")?,
-            tensor::get(d as usize, "d")?,
+            super::handles::TENSORS.get(a as usize, "a")?,
+            super::handles::TENSORS.get(b as usize, "b")?,
+            super::handles::TENSORS.get(d as usize, "d")?,
         );
         // Empty tensors (no data) mean "none", as in TE.
         let some = |t: Option<tensor::Tensor>| t.filter(|t| t.data.ptr != 0);
-        let tbias = some(tensor::get_opt(bias as usize, "bias")?);
-        let tpre = some(tensor::get_opt(pre_act_out as usize, "pre_act_out")?);
+        let tbias = some(super::handles::TENSORS.get_opt(bias as usize, "bias")?);
+        let tpre = some(super::handles::TENSORS.get_opt(pre_act_out as usize, "pre_act_out")?);
         let call = GemmCall {
             kind,
             m,

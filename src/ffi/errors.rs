@@ -16,7 +16,7 @@ pub extern "C" fn nvte_comm_last_error() -> *const c_char {
 /// succeeded). Useful after the TE-compatible functions that return void.
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_comm_last_status() -> NVTECommStatus {
-    error::last_status()
+    super::last_status()
 }
 
 /// Forget the calling thread's last error.

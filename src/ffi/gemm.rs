@@ -1,7 +1,6 @@
 //! TE's GEMM entry point (transformer_engine/gemm.h).
 use super::{NVTETensor, cudaStream_t, firewall};
 use crate::gemm::{self, TeGemm};
-use crate::tensor;
 
 /// D = op(A) * op(B) with TE's semantics: row-major tensors, m = transa ? A.size(0) :
 /// A.size(1), k = transa ? A.size(1) : A.size(0), n = transb ? B.size(1) : B.size(0),
@@ -30,12 +29,12 @@ pub extern "C" fn nvte_cublas_gemm(
     stream: cudaStream_t,
 ) {
     firewall("nvte_cublas_gemm", (), || {
-        let a = tensor::get(A as usize, "A")?;
-        let b = tensor::get(B as usize, "B")?;
-        let d = tensor::get(D as usize, "D")?;
-        let bias = tensor::get_opt(bias as usize, "bias")?;
-        let pre = tensor::get_opt(pre_gelu_out as usize, "pre_gelu_out")?;
-        let ws = tensor::get_opt(workspace as usize, "workspace")?;
+        let a = super::handles::TENSORS.get(A as usize, "A")?;
+        let b = super::handles::TENSORS.get(B as usize, "B")?;
+        let d = super::handles::TENSORS.get(D as usize, "D")?;
+        let bias = super::handles::TENSORS.get_opt(bias as usize, "bias")?;
+        let pre = super::handles::TENSORS.get_opt(pre_gelu_out as usize, "pre_gelu_out")?;
+        let ws = super::handles::TENSORS.get_opt(workspace as usize, "workspace")?;
         let args = TeGemm {
             a: &a,
             b: &b,

@@ -1,7 +1,7 @@
 //! Element-wise kernel entry points: TE's nvte_quantize / nvte_dequantize and a
 //! random fill used by tests and benchmarks.
 use super::{NVTECommStatus, NVTETensor, cudaStream_t, firewall, status_call};
-use crate::{kernels, tensor};
+use crate::kernels;
 
 /// Cast `input` into `output`'s dtype (TE semantics for delayed scaling): for an FP8
 /// output, output = cast(input * scale), amax updated with max|input| (atomic max: zero
@@ -9,8 +9,8 @@ use crate::{kernels, tensor};
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_quantize(input: NVTETensor, output: NVTETensor, stream: cudaStream_t) {
     firewall("nvte_quantize", (), || {
-        let i = tensor::get(input as usize, "input")?;
-        let o = tensor::get(output as usize, "output")?;
+        let i = super::handles::TENSORS.get(input as usize, "input")?;
+        let o = super::handles::TENSORS.get(output as usize, "output")?;
         kernels::quantize(&i, &o, stream as usize)
     })
 }
@@ -19,8 +19,8 @@ pub extern "C" fn nvte_quantize(input: NVTETensor, output: NVTETensor, stream: c
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_dequantize(input: NVTETensor, output: NVTETensor, stream: cudaStream_t) {
     firewall("nvte_dequantize", (), || {
-        let i = tensor::get(input as usize, "input")?;
-        let o = tensor::get(output as usize, "output")?;
+        let i = super::handles::TENSORS.get(input as usize, "input")?;
+        let o = super::handles::TENSORS.get(output as usize, "output")?;
         kernels::dequantize(&i, &o, stream as usize)
     })
 }
@@ -36,7 +36,7 @@ pub extern "C" fn nvte_comm_fill_uniform(
     stream: cudaStream_t,
 ) -> NVTECommStatus {
     status_call("nvte_comm_fill_uniform", || {
-        let t = tensor::get(tensor as usize, "tensor")?;
+        let t = super::handles::TENSORS.get(tensor as usize, "tensor")?;
         kernels::fill_uniform(&t, seed, lo, hi, stream as usize)
     })
 }

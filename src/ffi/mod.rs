@@ -5,6 +5,7 @@ mod comm_gemm;
 pub mod enums;
 mod errors;
 mod gemm;
+mod handles;
 mod kernels;
 mod overlap;
 mod runtime;
@@ -74,7 +75,7 @@ pub(crate) fn firewall_with<T>(
                 .unwrap_or_else(|| "unknown panic".into());
             // cudarc panics when a CUDA library cannot be loaded: report that as such.
             if msg.contains("Unable to dynamically load") {
-                Error::new(NVTECommStatus::NVTE_COMM_ERROR_LIBRARY_NOT_FOUND, msg)
+                Error::new(crate::error::ErrorKind::LibraryNotFound, msg)
             } else {
                 Error::internal(format!("internal error (caught panic): {msg}"))
             }
@@ -82,6 +83,28 @@ pub(crate) fn firewall_with<T>(
     };
     set_last_error(func, &err);
     on_error(&err)
+}
+
+/// The C status of an error kind: the one place the core's kinds meet the C enum.
+pub(crate) fn status_of(kind: crate::error::ErrorKind) -> NVTECommStatus {
+    use crate::error::ErrorKind as K;
+    match kind {
+        K::InvalidArgument => NVTECommStatus::NVTE_COMM_ERROR_INVALID_ARGUMENT,
+        K::Cuda => NVTECommStatus::NVTE_COMM_ERROR_CUDA,
+        K::Cublas => NVTECommStatus::NVTE_COMM_ERROR_CUBLAS,
+        K::Nccl => NVTECommStatus::NVTE_COMM_ERROR_NCCL,
+        K::Nvrtc => NVTECommStatus::NVTE_COMM_ERROR_NVRTC,
+        K::Timeout => NVTECommStatus::NVTE_COMM_ERROR_TIMEOUT,
+        K::Unsupported => NVTECommStatus::NVTE_COMM_ERROR_UNSUPPORTED,
+        K::LibraryNotFound => NVTECommStatus::NVTE_COMM_ERROR_LIBRARY_NOT_FOUND,
+        K::OutOfMemory => NVTECommStatus::NVTE_COMM_ERROR_OUT_OF_MEMORY,
+        K::Internal => NVTECommStatus::NVTE_COMM_ERROR_INTERNAL,
+    }
+}
+
+/// The status of the calling thread's last call.
+pub(crate) fn last_status() -> NVTECommStatus {
+    crate::error::last_kind().map_or(NVTECommStatus::NVTE_COMM_SUCCESS, status_of)
 }
 
 /// [`firewall_with`] returning a fixed value on error (TE's void / value functions).
@@ -93,7 +116,7 @@ pub(crate) fn firewall<T>(func: &'static str, on_error: T, f: impl FnOnce() -> R
 pub(crate) fn status_call(func: &'static str, f: impl FnOnce() -> Result<()>) -> NVTECommStatus {
     firewall_with(
         func,
-        |e| e.status,
+        |e| status_of(e.kind),
         || f().map(|_| NVTECommStatus::NVTE_COMM_SUCCESS),
     )
 }
@@ -130,7 +153,7 @@ mod tests {
             "nvte_test_err: argument `x` = 7 is bad"
         );
         assert_eq!(
-            crate::error::last_status(),
+            last_status(),
             NVTECommStatus::NVTE_COMM_ERROR_INVALID_ARGUMENT
         );
     }

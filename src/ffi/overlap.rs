@@ -1,14 +1,13 @@
 //! The userbuffers-style engine: `nvte_comm_overlap_*`.
 use super::enums::{NVTECommOverlapType, NVTECommTransport, NVTEDType};
+use super::handles::OVERLAPS;
 use super::{NVTECommStatus, NVTETensor, cudaStream_t, status_call};
 use crate::bootstrap::{AllgatherFn, BarrierFn, Bootstrap};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::gemm::TeGemm;
 use crate::invalid;
 use crate::overlap::{Config, Overlap, ag::AgArgs, bulk::BulkArgs, bulk::BulkKind, rs::RsArgs};
-use crate::tensor::{self, DType, Tensor};
-use once_cell::sync::Lazy;
-use std::collections::HashMap;
+use crate::tensor::{DType, Tensor};
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
@@ -119,16 +118,8 @@ pub struct NVTECommOverlap {
     _private: (),
 }
 
-static OBJECTS: Lazy<Mutex<HashMap<usize, Arc<Mutex<Overlap>>>>> =
-    Lazy::new(|| Mutex::new(HashMap::new()));
-
 fn object(h: *mut NVTECommOverlap) -> Result<Arc<Mutex<Overlap>>> {
-    if h.is_null() {
-        invalid!("argument `overlap` is NULL");
-    }
-    OBJECTS.lock().unwrap_or_else(|e| e.into_inner()).get(&(h as usize)).cloned().ok_or_else(|| {
-        Error::invalid(format!("argument `overlap` ({:#x}) is not a live overlap object: never created, or already destroyed", h as usize))
-    })
+    OVERLAPS.get(h as usize, "overlap")
 }
 
 fn with<R>(h: *mut NVTECommOverlap, f: impl FnOnce(&mut Overlap) -> Result<R>) -> Result<R> {
@@ -138,10 +129,10 @@ fn with<R>(h: *mut NVTECommOverlap, f: impl FnOnce(&mut Overlap) -> Result<R>) -
 }
 
 fn t(h: NVTETensor, what: &str) -> Result<Tensor> {
-    tensor::get(h as usize, what)
+    super::handles::TENSORS.get(h as usize, what)
 }
 fn t_opt(h: NVTETensor, what: &str) -> Result<Option<Tensor>> {
-    tensor::get_opt(h as usize, what)
+    super::handles::TENSORS.get_opt(h as usize, what)
 }
 
 /// The caller's config, checked: its size first, then its bool fields (any byte may be
@@ -255,11 +246,7 @@ pub extern "C" fn nvte_comm_overlap_create(
         };
         Overlap::check_rows(rows, cfg.tp_for(bs.size)?)?;
         let o = Overlap::create(&bs, cfg, rows, cols, dt)?;
-        let id = crate::handle::next();
-        OBJECTS
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id, Arc::new(Mutex::new(o)));
+        let id = OVERLAPS.insert(Arc::new(Mutex::new(o)));
         // SAFETY: non-null output pointer.
         unsafe { *out = id as *mut NVTECommOverlap };
         Ok(())
@@ -274,17 +261,8 @@ pub extern "C" fn nvte_comm_overlap_destroy(overlap: *mut NVTECommOverlap) -> NV
         if overlap.is_null() {
             return Ok(());
         }
-        let o = OBJECTS
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&(overlap as usize));
-        match o {
-            Some(_) => Ok(()), // dropped here (quiesce, then free)
-            None => invalid!(
-                "argument `overlap` ({:#x}) is not a live overlap object: never created, or already destroyed",
-                overlap as usize
-            ),
-        }
+        // Dropped here, outside the table's lock (quiesce, then free).
+        OVERLAPS.remove(overlap as usize, "overlap").map(drop)
     })
 }
 
@@ -332,8 +310,8 @@ pub extern "C" fn nvte_comm_overlap_get_buffer(
         // SAFETY: non-null output pointer; NULL until a handle is made.
         unsafe { *out = std::ptr::null_mut() };
         let v = with(overlap, |o| o.view(local_chunk))?;
-        let id = tensor::create(super::NVTEScalingMode::NVTE_DELAYED_TENSOR_SCALING)?;
-        tensor::update(id, "out", |t| {
+        let id = super::tensor::create(super::NVTEScalingMode::NVTE_DELAYED_TENSOR_SCALING)?;
+        super::handles::TENSORS.update(id, "out", |t| {
             *t = Tensor {
                 scaling_mode: t.scaling_mode,
                 ..v

@@ -1,9 +1,10 @@
 //! TE's tensor API (transformer_engine.h): same names, signatures and enum values.
 use super::enums::{NVTEDType, NVTEScalingMode, NVTETensorParam};
+use super::handles;
 use super::{firewall, status_call};
 use crate::error::Result;
 use crate::invalid;
-use crate::tensor::{self, Buffer, DType, MAX_DIMS, Shape};
+use crate::tensor::{Buffer, DType, MAX_DIMS, Shape, Tensor};
 use std::ffi::c_void;
 
 /// Opaque tensor handle (TE: `typedef void *NVTETensor;`).
@@ -83,7 +84,7 @@ fn h(t: NVTETensor) -> usize {
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_create_tensor(scaling_mode: NVTEScalingMode) -> NVTETensor {
     firewall("nvte_create_tensor", std::ptr::null_mut(), || {
-        tensor::create(scaling_mode).map(|id| id as NVTETensor)
+        create(scaling_mode).map(|id| id as NVTETensor)
     })
 }
 
@@ -95,7 +96,7 @@ pub extern "C" fn nvte_destroy_tensor(tensor: NVTETensor) {
         if tensor.is_null() {
             Ok(())
         } else {
-            tensor::destroy(h(tensor), "tensor")
+            handles::TENSORS.remove(h(tensor), "tensor").map(|_| ())
         }
     })
 }
@@ -124,7 +125,7 @@ pub extern "C" fn nvte_make_shape(data: *const usize, ndim: usize) -> NVTEShape 
 
 fn with_param(tensor: NVTETensor, param: NVTETensorParam, value: &NVTEBasicTensor) -> Result<()> {
     let b = value.to_buffer("argument `param`")?;
-    tensor::update(h(tensor), "tensor", |t| t.set_param(param, b))
+    handles::TENSORS.update(h(tensor), "tensor", |t| t.set_param(param, b))
 }
 
 /// Set one component of a tensor (TE's legacy form, tensor passed by pointer).
@@ -154,7 +155,7 @@ pub extern "C" fn nvte_get_tensor_param(
     param_name: NVTETensorParam,
 ) -> NVTEBasicTensor {
     firewall("nvte_get_tensor_param", NVTEBasicTensor::empty(), || {
-        let t = tensor::get(h(tensor), "tensor")?;
+        let t = handles::TENSORS.get(h(tensor), "tensor")?;
         Ok(NVTEBasicTensor::from_buffer(t.param(param_name)?))
     })
 }
@@ -211,7 +212,7 @@ pub extern "C" fn nvte_get_tensor_param_v2(
         unsafe { std::ptr::write_unaligned(buf as *mut NVTEBasicTensor, NVTEBasicTensor::empty()) };
     }
     firewall("nvte_get_tensor_param_v2", (), || {
-        let t = tensor::get(h(tensor), "tensor")?;
+        let t = handles::TENSORS.get(h(tensor), "tensor")?;
         let value = NVTEBasicTensor::from_buffer(t.param(param)?);
         if buf.is_null() {
             write_size(need);
@@ -229,8 +230,8 @@ pub extern "C" fn nvte_get_tensor_param_v2(
     })
 }
 
-fn get(tensor: NVTETensor) -> Result<tensor::Tensor> {
-    tensor::get(h(tensor), "tensor")
+fn get(tensor: NVTETensor) -> Result<Tensor> {
+    handles::TENSORS.get(h(tensor), "tensor")
 }
 
 /// Row-wise data pointer (NULL on error).
@@ -368,7 +369,7 @@ pub extern "C" fn nvte_tensor_scale_inv_shape(tensor: NVTETensor) -> NVTEShape {
 /// Number of live tensor handles (for leak checks in tests).
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_comm_live_tensor_count() -> usize {
-    tensor::live_count()
+    handles::TENSORS.len()
 }
 
 /// Convenience for C callers: create a delayed-scaling tensor over `data` with the
@@ -400,12 +401,114 @@ pub extern "C" fn nvte_comm_tensor_create_simple(
             unsafe { std::slice::from_raw_parts(shape, ndim) }
         };
         let b = Buffer::new(data as usize, DType::from_c(dtype)?, Shape::new(dims)?)?;
-        let id = tensor::create(NVTEScalingMode::NVTE_DELAYED_TENSOR_SCALING)?;
-        tensor::update(id, "tensor", |t| {
+        let id = create(NVTEScalingMode::NVTE_DELAYED_TENSOR_SCALING)?;
+        handles::TENSORS.update(id, "tensor", |t| {
             t.set_param(NVTETensorParam::kNVTERowwiseData, b)
         })?;
         // SAFETY: non-null output pointer.
         unsafe { *out = id as NVTETensor };
         Ok(())
     })
+}
+
+// ---------------------------------------------------------------- the C view of the core types
+
+impl DType {
+    pub(crate) fn from_c(t: NVTEDType) -> Result<DType> {
+        Ok(match t {
+            NVTEDType::kNVTEByte => DType::Byte,
+            NVTEDType::kNVTEInt16 => DType::Int16,
+            NVTEDType::kNVTEInt32 => DType::Int32,
+            NVTEDType::kNVTEInt64 => DType::Int64,
+            NVTEDType::kNVTEFloat32 => DType::F32,
+            NVTEDType::kNVTEFloat16 => DType::F16,
+            NVTEDType::kNVTEBFloat16 => DType::BF16,
+            NVTEDType::kNVTEFloat8E4M3 => DType::E4M3,
+            NVTEDType::kNVTEFloat8E5M2 => DType::E5M2,
+            NVTEDType::kNVTEFloat8E8M0 => DType::E8M0,
+            NVTEDType::kNVTEFloat4E2M1 => DType::E2M1,
+            other => invalid!("dtype {other} is not a valid NVTEDType (expected 0..=10)"),
+        })
+    }
+    pub(crate) fn to_c(self) -> NVTEDType {
+        match self {
+            DType::Byte => NVTEDType::kNVTEByte,
+            DType::Int16 => NVTEDType::kNVTEInt16,
+            DType::Int32 => NVTEDType::kNVTEInt32,
+            DType::Int64 => NVTEDType::kNVTEInt64,
+            DType::F32 => NVTEDType::kNVTEFloat32,
+            DType::F16 => NVTEDType::kNVTEFloat16,
+            DType::BF16 => NVTEDType::kNVTEBFloat16,
+            DType::E4M3 => NVTEDType::kNVTEFloat8E4M3,
+            DType::E5M2 => NVTEDType::kNVTEFloat8E5M2,
+            DType::E8M0 => NVTEDType::kNVTEFloat8E8M0,
+            DType::E2M1 => NVTEDType::kNVTEFloat4E2M1,
+        }
+    }
+}
+
+impl Tensor {
+    pub(crate) fn param(&self, p: NVTETensorParam) -> Result<&Buffer> {
+        Ok(match p {
+            NVTETensorParam::kNVTERowwiseData => &self.data,
+            NVTETensorParam::kNVTEColumnwiseData => &self.columnwise_data,
+            NVTETensorParam::kNVTEScale => &self.scale,
+            NVTETensorParam::kNVTEAmax => &self.amax,
+            NVTETensorParam::kNVTERowwiseScaleInv => &self.scale_inv,
+            NVTETensorParam::kNVTEColumnwiseScaleInv => &self.columnwise_scale_inv,
+            NVTETensorParam::kNVTEColumnwiseAmax => &self.columnwise_amax,
+            other => invalid!("param {other} is not a valid NVTETensorParam (expected 0..=6)"),
+        })
+    }
+    pub(crate) fn param_mut(&mut self, p: NVTETensorParam) -> Result<&mut Buffer> {
+        Ok(match p {
+            NVTETensorParam::kNVTERowwiseData => &mut self.data,
+            NVTETensorParam::kNVTEColumnwiseData => &mut self.columnwise_data,
+            NVTETensorParam::kNVTEScale => &mut self.scale,
+            NVTETensorParam::kNVTEAmax => &mut self.amax,
+            NVTETensorParam::kNVTERowwiseScaleInv => &mut self.scale_inv,
+            NVTETensorParam::kNVTEColumnwiseScaleInv => &mut self.columnwise_scale_inv,
+            NVTETensorParam::kNVTEColumnwiseAmax => &mut self.columnwise_amax,
+            other => invalid!("param {other} is not a valid NVTETensorParam (expected 0..=6)"),
+        })
+    }
+    /// Set a component, checking what TE's delayed scaling requires of it.
+    pub(crate) fn set_param(&mut self, p: NVTETensorParam, b: Buffer) -> Result<()> {
+        let is_scalar_param = matches!(
+            p,
+            NVTETensorParam::kNVTEScale
+                | NVTETensorParam::kNVTEAmax
+                | NVTETensorParam::kNVTERowwiseScaleInv
+                | NVTETensorParam::kNVTEColumnwiseScaleInv
+                | NVTETensorParam::kNVTEColumnwiseAmax
+        );
+        if is_scalar_param
+            && self.scaling_mode == NVTEScalingMode::NVTE_DELAYED_TENSOR_SCALING.0
+            && b.dtype != DType::F32
+        {
+            invalid!(
+                "{p} of a delayed-scaling tensor must be kNVTEFloat32, got {}",
+                b.dtype.name()
+            );
+        }
+        *self.param_mut(p)? = b;
+        Ok(())
+    }
+}
+
+/// A new delayed-scaling tensor (no components) in the handle table.
+pub(crate) fn create(scaling_mode: NVTEScalingMode) -> Result<usize> {
+    match scaling_mode {
+        NVTEScalingMode::NVTE_DELAYED_TENSOR_SCALING => {}
+        m if m.name().is_some() && m != NVTEScalingMode::NVTE_INVALID_SCALING => {
+            crate::unsupported!(
+                "scaling mode {m} is not supported: only NVTE_DELAYED_TENSOR_SCALING (per-tensor) is implemented"
+            )
+        }
+        m => invalid!("scaling_mode {m} is not a valid NVTEScalingMode"),
+    }
+    Ok(handles::TENSORS.insert(Tensor {
+        scaling_mode: scaling_mode.0,
+        ..Default::default()
+    }))
 }

@@ -4,8 +4,8 @@
 //! heuristic's choice are cached per thread and shape ("plans").
 use crate::cuda::dynlib::cublaslt_sys as lt;
 use crate::cuda::{self, ContextGuard, Lib};
+use crate::error::ErrorKind as K;
 use crate::error::{Error, Result};
-use crate::ffi::enums::NVTECommStatus as S;
 use crate::tensor::{Buffer, DType, Tensor};
 use crate::{invalid, unsupported};
 use std::cell::RefCell;
@@ -427,9 +427,9 @@ fn lt_check(s: lt::cublasStatus_t, call: &str) -> Result<()> {
         .to_string_lossy()
         .into_owned();
     let status = match s {
-        lt::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED => S::NVTE_COMM_ERROR_UNSUPPORTED,
-        lt::cublasStatus_t::CUBLAS_STATUS_ALLOC_FAILED => S::NVTE_COMM_ERROR_OUT_OF_MEMORY,
-        _ => S::NVTE_COMM_ERROR_CUBLAS,
+        lt::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED => K::Unsupported,
+        lt::cublasStatus_t::CUBLAS_STATUS_ALLOC_FAILED => K::OutOfMemory,
+        _ => K::Cublas,
     };
     Err(Error::new(status, format!("{call} failed: {name}")))
 }

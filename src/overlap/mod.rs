@@ -21,8 +21,8 @@ pub mod rs;
 
 use crate::cuda::resources::{Capture, DeviceMem, Event, Stream, capture_status, copy_async};
 use crate::cuda::{self, ContextGuard, DeviceInfo, arg, nvrtc};
+use crate::error::ErrorKind as K;
 use crate::error::{Error, Result};
-use crate::ffi::enums::NVTECommStatus as S;
 use crate::gemm::{self, GemmDesc};
 use crate::tensor::{Buffer, DType, Shape, Tensor};
 use crate::transport::ipc::{IpcSettings, IpcTransport};
@@ -512,7 +512,7 @@ impl Overlap {
         let tail = "The object is unusable now: destroy it.";
         Some(match to.kind {
             FailureKind::Mismatch => Error::new(
-                S::NVTE_COMM_ERROR_INVALID_ARGUMENT,
+                K::InvalidArgument,
                 format!(
                     "cross-rank check (NVTE_COMM_CHECK): {who} called {} as call {} but {peer} called {} as call {} (descriptor {:#018x} vs this rank's): every rank of the group must make the same calls with the same shapes, types and flags.{note} {tail}",
                     op_name(to.op),
@@ -523,7 +523,7 @@ impl Overlap {
                 ),
             ),
             FailureKind::Timeout => Error::new(
-                S::NVTE_COMM_ERROR_TIMEOUT,
+                K::Timeout,
                 format!(
                     "timeout after {:.1} ms: {who} waited for {peer} in {} at step {} of call {}; \
                      the peer never signalled (it did not enter the call, failed, or hangs).{note} {tail}",
@@ -534,7 +534,7 @@ impl Overlap {
                 ),
             ),
             FailureKind::Transport => Error::new(
-                S::NVTE_COMM_ERROR_NCCL,
+                K::Nccl,
                 format!(
                     "{who}: the {} transport failed in {} (call {}){note}. {tail}",
                     self.t.name(),
@@ -576,7 +576,7 @@ impl Overlap {
         let ours = capture_status(self.comm[0].raw())?;
         match (caller, ours) {
             (Capture::Invalidated, _) => Err(Error::new(
-                S::NVTE_COMM_ERROR_CUDA,
+                K::Cuda,
                 "argument `stream` is in a CUDA graph capture that was invalidated by an earlier illegal operation: end that capture (cudaStreamEndCapture) and capture again",
             )),
             (Capture::Active(a), Capture::Active(b)) if a != b => unsupported!(
@@ -1021,7 +1021,7 @@ impl Overlap {
             }
             if t0.elapsed() > limit {
                 return Err(Error::new(
-                    S::NVTE_COMM_ERROR_TIMEOUT,
+                    K::Timeout,
                     format!(
                         "the last call on world rank {} did not complete within {:?} (no peer timeout was recorded)",
                         self.world_rank, limit

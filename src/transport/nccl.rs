@@ -24,8 +24,8 @@ use crate::bootstrap::{Bootstrap, Exchange};
 use crate::cuda::dynlib::nccl_sys as nc;
 use crate::cuda::resources::{DeviceMem, HostMapped};
 use crate::cuda::{self, ContextGuard, DeviceInfo, Lib, arg, nvrtc};
+use crate::error::ErrorKind as K;
 use crate::error::{Error, Result};
-use crate::ffi::enums::NVTECommStatus as S;
 use crate::tensor::DType;
 use crate::unsupported;
 use cudarc::driver::sys as cu;
@@ -59,10 +59,7 @@ pub fn check(r: nc::ncclResult_t, call: &str) -> Result<()> {
     let s = unsafe { std::ffi::CStr::from_ptr(nc::ncclGetErrorString(r)) }
         .to_string_lossy()
         .into_owned();
-    Err(Error::new(
-        S::NVTE_COMM_ERROR_NCCL,
-        format!("{call} failed: {s}"),
-    ))
+    Err(Error::new(K::Nccl, format!("{call} failed: {s}")))
 }
 
 /// `r` of a call on a non-blocking communicator: success, or in progress (to be polled).
@@ -96,14 +93,14 @@ fn wait_ready(comm: usize, limit: Duration, what: &str) -> Result<()> {
             IN_PROGRESS => {}
             e => {
                 return Err(Error::new(
-                    S::NVTE_COMM_ERROR_NCCL,
+                    K::Nccl,
                     format!("{what}: NCCL reported {}", result_name(e)),
                 ));
             }
         }
         if t0.elapsed() > limit {
             return Err(Error::new(
-                S::NVTE_COMM_ERROR_TIMEOUT,
+                K::Timeout,
                 format!(
                     "{what}: not done after {:.1} s (a peer of the group did not join: it is absent, failed or hangs)",
                     limit.as_secs_f64()
@@ -457,7 +454,7 @@ impl NcclTransport {
         let raw = comm as usize;
         if raw == 0 {
             return Err(Error::new(
-                S::NVTE_COMM_ERROR_NCCL,
+                K::Nccl,
                 "creating the group's NCCL communicator returned no communicator",
             ));
         }
@@ -503,7 +500,7 @@ impl NcclTransport {
             .spawn(move || watchdog(w))
             .map_err(|e| {
                 Error::new(
-                    S::NVTE_COMM_ERROR_INTERNAL,
+                    K::Internal,
                     format!("starting the NCCL watchdog thread: {e}"),
                 )
             });
@@ -542,7 +539,7 @@ impl NcclTransport {
                 drop(c);
                 let (started, _, op, _) = self.shared.progress();
                 self.shared.abort(Timeout {
-                    kind: if e.status == S::NVTE_COMM_ERROR_TIMEOUT {
+                    kind: if e.kind == K::Timeout {
                         FailureKind::Timeout
                     } else {
                         FailureKind::Transport
@@ -571,7 +568,7 @@ impl NcclTransport {
             .and_then(|f| f.note)
             .unwrap_or_else(|| "the group's NCCL communicator was aborted".into());
         Error::new(
-            S::NVTE_COMM_ERROR_TIMEOUT,
+            K::Timeout,
             format!(
                 "the NCCL transport failed earlier: {note}. The object is unusable now: destroy it."
             ),
