@@ -123,6 +123,11 @@ typedef enum NVTECommGemmAlgoType {
 #define MAX_PEERS 16
 
 /**
+ * Bytes of [`Local::to_bytes`].
+ */
+#define LOCAL_BYTES 40
+
+/**
  * Opaque context (TE: `typedef struct NVTECommGemmCtx NVTECommGemmCtx;`).
  */
 typedef struct NVTECommGemmCtx NVTECommGemmCtx;

@@ -67,11 +67,13 @@ if [[ $stages == *" reliability "* ]]; then
   # churn (tests_c/test_reliability.cpp). With one GPU, also 2 ranks sharing it (IPC only,
   # fewer soak calls: the ranks' kernels time-slice).
   rel_nps=("${nps[@]}")
-  [ "$ngpu" -lt 2 ] && rel_nps+=(2)
+  [ "$ngpu" -lt 2 ] && rel_nps+=(2 4)
   for np in "${rel_nps[@]}"; do
     extra=()
     [ "$np" -gt "$ngpu" ] && extra=(--soak-calls "${TE_COMM_SHARED_SOAK_CALLS:-2000}" --churn-cycles 20)
     TE_COMM_TEST_TIMEOUT=1500 run test_reliability "$np" "$build/tests_c/test_reliability" --ranks "$np" "${extra[@]}"
+    # The same ranks as threads of one process: the in-process peer transport.
+    [ "$np" -ge 2 ] && TE_COMM_TEST_TIMEOUT=900 run test_reliability "$np threads" "$build/tests_c/test_reliability" --ranks "$np" --threads "${extra[@]}"
   done
 fi
 

@@ -21,6 +21,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "transformer_engine_comm.h"
@@ -42,6 +43,9 @@ struct Shared {
 
 struct Rank {
   int rank = 0, n = 1, ndev = 0;
+  // The ranks are threads of one process (run_threads): no setenv (other threads read
+  // the environment), and peers are reached as in-process peers.
+  bool threaded = false;
   Shared *sh = nullptr;
   double barrier_timeout_s = 60.0;
   // More ranks than GPUs: ranks share a GPU (IPC only; NCCL refuses duplicate GPUs).
@@ -177,6 +181,57 @@ inline int run(int n, double deadline_s, const std::function<int(Rank &)> &body,
   }
   if (worst == 0 && all_skip) return kSkip;
   return worst;
+}
+
+// Run `body` on `n` threads of this process (one CUDA device each, rank % #GPUs): the
+// library's in-process peers. A group not done after `deadline_s` ends the process (a
+// hang cannot be recovered from inside it).
+inline int run_threads(int n, double deadline_s, const std::function<int(Rank &)> &body, const char *what) {
+  auto *sh = new Shared();
+  sh->n = n;
+  std::vector<int> codes(n, -1);
+  std::atomic<int> done{0};
+  std::vector<std::thread> ts;
+  for (int i = 0; i < n; ++i)
+    ts.emplace_back([&, i] {
+      Rank r;
+      r.rank = i;
+      r.n = n;
+      r.sh = sh;
+      r.threaded = true;
+      int nd = 0;
+      if (cudaGetDeviceCount(&nd) != cudaSuccess) nd = 0;
+      r.ndev = nd;
+      if (nd == 0) {
+        if (i == 0) std::printf("SKIPPED: no CUDA GPU\n");
+        codes[i] = kSkip;
+      } else {
+        cudaSetDevice(r.device());
+        codes[i] = body(r);
+      }
+      done.fetch_add(1);
+    });
+  auto t0 = std::chrono::steady_clock::now();
+  while (done.load() < n) {
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > deadline_s) {
+      std::printf("FAIL %s: threads still running after %.0f s (a hang): exiting\n", what, deadline_s);
+      std::fflush(stdout);
+      _exit(124);
+    }
+    usleep(2000);
+  }
+  for (auto &t : ts) t.join();
+  delete sh;
+  int worst = 0;
+  bool all_skip = true;
+  for (int i = 0; i < n; ++i) {
+    if (codes[i] != kSkip) all_skip = false;
+    if (codes[i] != 0 && codes[i] != kSkip) {
+      std::printf("FAIL %s: thread rank %d returned %d\n", what, i, codes[i]);
+      worst = codes[i];
+    }
+  }
+  return worst == 0 && all_skip ? kSkip : worst;
 }
 
 // Per-rank check counting; a rank's exit code is 0 iff nothing failed.

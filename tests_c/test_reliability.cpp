@@ -46,6 +46,7 @@ struct Opts {
   int churn_cycles = 100;
   int verify_every = 1000;
   int timeout_ms = 2000;
+  bool threads = false;  // ranks as threads of one process (in-process peers)
 };
 Opts g;
 
@@ -415,9 +416,11 @@ int mismatch_case(pg::Rank &r, NVTECommTransport tr, bool cg_api) {
   const int odd = r.n - 1;
   std::string what = std::string("mismatch ") + tname(tr) + " " + (cg_api ? "comm-GEMM API" : "overlap API") + " np" +
                      std::to_string(r.n);
-  setenv("NVTE_COMM_CHECK", "1", 1);
-  setenv("NVTE_COMM_TRANSPORT", tname(tr), 1);
-  setenv("NVTE_COMM_TIMEOUT_MS", std::to_string(g.timeout_ms).c_str(), 1);
+  if (!r.threaded) {  // (threads: the launcher set them)
+    setenv("NVTE_COMM_CHECK", "1", 1);
+    setenv("NVTE_COMM_TRANSPORT", tname(tr), 1);
+    setenv("NVTE_COMM_TIMEOUT_MS", std::to_string(g.timeout_ms).c_str(), 1);
+  }
   // Good calls under the check: none may be reported.
   NVTECommStatus st;
   double ms;
@@ -512,7 +515,7 @@ void compare_mem(Ctx &c, const std::string &what, MemCount a, MemCount b) {
 
 int soak(pg::Rank &r) {
   Ctx c(r);
-  setenv("NVTE_COMM_TIMEOUT_MS", "60000", 1);
+  if (!r.threaded) setenv("NVTE_COMM_TIMEOUT_MS", "60000", 1);
   std::string what = "soak np" + std::to_string(r.n);
   std::vector<OvOp *> ov;
   const size_t shapes[3][3] = {{128, 256, 192}, {512, 1024, 512}, {256, 512, 1024}};  // nc, k, m
@@ -526,7 +529,7 @@ int soak(pg::Rank &r) {
   std::vector<std::pair<NVTECommGemmCtx *, CgOp *>> cg;
   std::vector<NVTECommGemmCtx *> ctxs;
   ncclComm_t comm = nullptr;
-  if (!r.shared_gpu()) {
+  if (!r.shared_gpu() && !r.threaded) {
     comm = pg::nccl_world(r);
     c.rep.check(comm != nullptr, what + ": NCCL communicator");
     for (auto tr : transports(r)) {
@@ -545,7 +548,9 @@ int soak(pg::Rank &r) {
     }
     unsetenv("NVTE_COMM_TRANSPORT");
   } else {
-    std::printf("[rank %d] soak: %d ranks share %d GPU(s): IPC transport and overlap API only\n", r.rank, r.n, r.ndev);
+    std::printf("[rank %d] soak: %s: overlap API only%s\n", r.rank,
+                r.threaded ? "ranks are threads of one process (in-process peers)" : "ranks share a GPU",
+                r.shared_gpu() ? ", IPC / in-process transport only" : "");
   }
   const size_t nops = ov.size() + cg.size();
   auto call = [&](size_t i) -> NVTECommStatus {
@@ -630,9 +635,9 @@ int soak(pg::Rank &r) {
 
 int churn(pg::Rank &r) {
   Ctx c(r);
-  setenv("NVTE_COMM_TIMEOUT_MS", "60000", 1);
+  if (!r.threaded) setenv("NVTE_COMM_TIMEOUT_MS", "60000", 1);
   std::string what = "churn np" + std::to_string(r.n);
-  ncclComm_t comm = r.shared_gpu() ? nullptr : pg::nccl_world(r);
+  ncclComm_t comm = r.shared_gpu() || r.threaded ? nullptr : pg::nccl_world(r);
   MemCount m0;
   const int warm = 5;
   bool ok = true;
@@ -694,6 +699,7 @@ int main(int argc, char **argv) {
     else if (a == "--churn-cycles") g.churn_cycles = std::atoi(val().c_str());
     else if (a == "--verify-every") g.verify_every = std::atoi(val().c_str());
     else if (a == "--timeout-ms") g.timeout_ms = std::atoi(val().c_str());
+    else if (a == "--threads") g.threads = true;
     else { std::fprintf(stderr, "unknown argument %s\n", a.c_str()); return 2; }
   }
   if (g.ranks < 1 || g.ranks > pg::kMaxRanks) { std::fprintf(stderr, "--ranks must be in 1..16\n"); return 2; }
@@ -710,6 +716,36 @@ int main(int argc, char **argv) {
   // Which transports the group can use is known only inside the ranks (the launcher must
   // not initialise CUDA): each rank skips what it cannot run and says so.
   const NVTECommTransport trs[2] = {NVTE_COMM_TRANSPORT_IPC, NVTE_COMM_TRANSPORT_NCCL};
+  if (g.threads) {
+    // One process, one thread per rank: peers reached by device pointers. Faults cannot
+    // be injected (a dying rank is the whole process); the comm-GEMM API is left out
+    // (its transport is chosen through the environment, which threads must not set).
+    std::string np = " threads np" + std::to_string(g.ranks);
+    if (g.ranks >= 2 && wants("mismatch")) {
+      setenv("NVTE_COMM_CHECK", "1", 1);
+      setenv("NVTE_COMM_TIMEOUT_MS", std::to_string(g.timeout_ms).c_str(), 1);
+      for (auto tr : trs) {
+        std::string what = std::string("mismatch ") + tname(tr) + " overlap API" + np;
+        tally(pg::run_threads(g.ranks, case_deadline,
+                              [&](pg::Rank &r) {
+                                if (tr == NVTE_COMM_TRANSPORT_NCCL && r.shared_gpu()) {
+                                  if (r.rank == 0) std::printf("SKIPPED %s: ranks share a GPU\n", what.c_str());
+                                  return pg::kSkip;
+                                }
+                                return mismatch_case(r, tr, false);
+                              },
+                              what.c_str()),
+              what);
+      }
+      unsetenv("NVTE_COMM_CHECK");
+    }
+    setenv("NVTE_COMM_TIMEOUT_MS", "60000", 1);
+    if (wants("soak")) tally(pg::run_threads(g.ranks, 600.0, soak, "soak"), "soak" + np);
+    if (wants("churn")) tally(pg::run_threads(g.ranks, 900.0, churn, "churn"), "churn" + np);
+    std::printf("test_reliability: %d passed, %d failed, %d skipped\n", passed, failed, skipped);
+    if (failed) return 1;
+    return passed == 0 && skipped > 0 ? pg::kSkip : 0;
+  }
   if (g.ranks >= 2 && wants("fault")) {
     for (auto tr : trs)
       for (bool cg_api : {false, true})

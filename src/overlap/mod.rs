@@ -481,7 +481,7 @@ impl Overlap {
         self.t.comm_sms()
     }
 
-    /// "ipc" or "nccl".
+    /// "ipc", "inproc" (every peer in this process) or "nccl".
     pub fn transport_name(&self) -> &'static str {
         self.t.name()
     }

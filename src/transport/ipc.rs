@@ -1,10 +1,12 @@
 //! The intra-node transport: a registered buffer and a flag array per rank, exported
-//! with legacy CUDA IPC and mapped by every peer of the group. Puts are copy-engine
+//! with legacy CUDA IPC and mapped by every peer of the group (peers in this process
+//! use the device pointers instead: `inproc.rs`). Puts are copy-engine
 //! copies (0 SMs) or a copy kernel on a configurable number of SMs; signals and waits
 //! are tiny kernels (waits spin with a timeout and record it in host-mapped memory).
 //! Flag values are computed on the device from a per-object call counter in this rank's
 //! memory (see `crate::transport::Slot`), so every call is capturable in a CUDA graph and
 //! each replay synchronises afresh.
+use super::inproc::{LOCAL_BYTES, Local, PeerMem, enable_access};
 use super::{
     CheckSet, ErrorRecord, Group, MAX_PEERS, NUM_SLOTS, RecvOp, SendOp, Slot, Timeout, Transport,
     WaitInfo,
@@ -30,8 +32,10 @@ pub struct IpcTransport {
     flags: DeviceMem,
     /// This rank's call counter (one u64, local: peers never touch it).
     counter: DeviceMem,
-    peer_buffers: Vec<Option<IpcMapping>>,
-    peer_flags: Vec<Option<IpcMapping>>,
+    peer_buffers: Vec<Option<PeerMem>>,
+    peer_flags: Vec<Option<PeerMem>>,
+    /// every peer is in this process (reached by device pointers, no CUDA IPC)
+    in_process: bool,
     error: HostMapped,
     use_ce: bool,
     comm_sms: u32,
@@ -102,15 +106,20 @@ impl IpcTransport {
         buffer.zero()?;
         let error = HostMapped::new(std::mem::size_of::<ErrorRecord>())?;
 
-        // Exchange the two IPC handles (the caller checked that the group is on one node).
-        let mut mine = Vec::with_capacity(128);
+        // Exchange the two IPC handles and this rank's in-process record (the caller
+        // checked that the group is on one node): a peer in another process is mapped
+        // through its IPC handles, a peer in this process reached by its device pointers.
+        let me = Local::new(guard.ctx, guard.device, buffer.ptr, flags.ptr);
+        let mut mine = Vec::with_capacity(128 + LOCAL_BYTES);
         mine.extend_from_slice(&buffer.ipc_handle()?);
         mine.extend_from_slice(&flags.ipc_handle()?);
+        mine.extend_from_slice(&me.to_bytes());
         let rec = mine.len();
         let all = bs.allgather(&mine)?;
         let entry = |w: usize| &all[w * rec..(w + 1) * rec];
         let mut peer_buffers = Vec::with_capacity(group.len());
         let mut peer_flags = Vec::with_capacity(group.len());
+        let mut in_process = true;
         for &w in group {
             if w == bs.rank {
                 peer_buffers.push(None);
@@ -118,14 +127,23 @@ impl IpcTransport {
                 continue;
             }
             let e = entry(w);
+            let peer = Local::from_bytes(&e[128..]);
+            if me.same_process(&peer) {
+                enable_access(&me, &peer)
+                    .map_err(|er| er.context(format!("reaching world rank {w} in this process")))?;
+                peer_buffers.push(Some(PeerMem::InProcess(peer.buffer as usize)));
+                peer_flags.push(Some(PeerMem::InProcess(peer.flags as usize)));
+                continue;
+            }
+            in_process = false;
             let hb: [u8; 64] = e[..64].try_into().unwrap();
             let hf: [u8; 64] = e[64..128].try_into().unwrap();
-            peer_buffers.push(Some(IpcMapping::open(&hb).map_err(|er| {
+            peer_buffers.push(Some(PeerMem::Ipc(IpcMapping::open(&hb).map_err(|er| {
                 er.context(format!("mapping the buffer of world rank {w}"))
-            })?));
-            peer_flags.push(Some(IpcMapping::open(&hf).map_err(|er| {
+            })?)));
+            peer_flags.push(Some(PeerMem::Ipc(IpcMapping::open(&hf).map_err(|er| {
                 er.context(format!("mapping the flags of world rank {w}"))
-            })?));
+            })?)));
         }
         // Nobody signals before every rank has zeroed its flags and mapped its peers.
         bs.barrier()?;
@@ -135,6 +153,7 @@ impl IpcTransport {
             counter,
             peer_buffers,
             peer_flags,
+            in_process: in_process && group.len() > 1,
             error,
             use_ce: s.use_ce,
             comm_sms: s.comm_sms.max(1),
@@ -148,7 +167,7 @@ impl IpcTransport {
         if peer == self.group.tp_rank {
             self.flags.ptr
         } else {
-            self.peer_flags[peer].as_ref().unwrap().ptr
+            self.peer_flags[peer].as_ref().unwrap().ptr()
         }
     }
 
@@ -180,8 +199,9 @@ impl Transport for IpcTransport {
     fn group(&self) -> &Group {
         &self.group
     }
+    /// "inproc" when every peer is in this process, else "ipc".
     fn name(&self) -> &'static str {
-        "ipc"
+        if self.in_process { "inproc" } else { "ipc" }
     }
     /// Puts, then one signal per destination, then one wait for all sources.
     fn exchange(
@@ -279,7 +299,7 @@ impl Transport for IpcTransport {
         if peer == self.group.tp_rank {
             Some(self.group.buffer.ptr)
         } else {
-            self.peer_buffers[peer].as_ref().map(|m| m.ptr)
+            self.peer_buffers[peer].as_ref().map(|m| m.ptr())
         }
     }
 

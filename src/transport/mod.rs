@@ -2,8 +2,12 @@
 //! `crate::overlap` are written once against [`Transport`]:
 //! - `ipc`: one node; buffers shared through CUDA IPC, copy-engine or SM puts, flags
 //!   with timed waits, and direct loads from peers' buffers;
+//! - `inproc`: peers in the same process (one process driving several GPUs) are reached
+//!   by their device pointers with peer access, by the same code as `ipc` (chosen per
+//!   peer when the group is created);
 //! - `nccl`: any placement (also across nodes); ncclSend / ncclRecv for the exchange
 //!   steps and NCCL collectives where an algorithm needs peer loads.
+pub mod inproc;
 pub mod ipc;
 pub mod nccl;
 
@@ -229,7 +233,7 @@ impl Group {
 pub trait Transport: Send {
     /// The group and this rank's buffer.
     fn group(&self) -> &Group;
-    /// "ipc" or "nccl".
+    /// "ipc", "inproc" or "nccl".
     fn name(&self) -> &'static str;
     /// One exchange step on `stream`: every send lands in its peer's buffer, and once the
     /// step is done (in stream order) every receive has landed here. IPC orders it with
