@@ -148,13 +148,17 @@ impl DeviceMem {
     /// Zero the allocation and wait for it (setup only). cuMemsetD8 runs on the legacy
     /// stream, which non-blocking streams do not wait for: without the synchronisation a
     /// late memset could overwrite what the first call writes.
+    /// Zero the allocation and wait for it, on a private stream: never a context-wide
+    /// synchronisation (another rank's thread may have a call in flight on this context,
+    /// waiting for this rank: in-process peers on one device).
     pub fn zero(&self) -> Result<()> {
-        // SAFETY: owned allocation of `bytes`.
+        let s = Stream::new(0)?;
+        // SAFETY: owned allocation of `bytes`; `s` is a live stream of this context.
         check(
-            unsafe { cu::cuMemsetD8_v2(self.ptr as u64, 0, self.bytes) },
-            "cuMemsetD8",
+            unsafe { cu::cuMemsetD8Async(self.ptr as u64, 0, self.bytes, s.raw() as cu::CUstream) },
+            "cuMemsetD8Async",
         )?;
-        check(unsafe { cu::cuCtxSynchronize() }, "cuCtxSynchronize")
+        s.synchronize()
     }
     /// An allocation that may be made while this thread captures a CUDA graph (a lazily
     /// allocated, persistent buffer of an object): made with the thread's capture mode
