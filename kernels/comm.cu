@@ -7,6 +7,8 @@
 // ---------------------------------------------------------------- flags, timeouts
 // Error record in host-mapped memory: the first wait that times out fills it; every
 // later wait sees `code` set and returns at once, so a broken peer costs one timeout.
+// The first failing thread claims the record (`claim`), fills it, and publishes `code`
+// last, so a host that sees `code` set also sees the fields.
 struct ErrorRecord {
   u32 code;  // 0 none, 1 timeout, 2 call mismatch (NVTE_COMM_CHECK), 3 transport error
   u32 peer;  // world rank of the peer that never signalled / that called differently
@@ -16,7 +18,26 @@ struct ErrorRecord {
   u64 waited_ns;
   u64 peer_desc;  // mismatch: the peer's call descriptor
   u64 peer_seq;   // mismatch: the peer's call number
+  u32 claim;      // set (atomicCAS) by the one thread that records
+  u32 pad;
 };
+
+// Record a failure once: claim, fill, then publish the code (after a system fence).
+__device__ __forceinline__ void record_failure(ErrorRecord *err, u32 code, u32 peer, u32 op, u32 step, u64 seq,
+                                               u64 waited_ns, u64 peer_desc, u64 peer_seq) {
+  if (atomicCAS(&err->claim, 0u, 1u) != 0u) return;
+  volatile ErrorRecord *e = err;
+  e->peer = peer;
+  e->op = op;
+  e->step = step;
+  e->seq = seq;
+  e->waited_ns = waited_ns;
+  e->peer_desc = peer_desc;
+  e->peer_seq = peer_seq;
+  __threadfence_system();
+  e->code = code;
+  __threadfence_system();
+}
 
 // A peer's call descriptor for a call: {descriptor, call number}, written by the peer
 // (IPC: into this rank's flag memory before its arrival signal; NCCL: received in the
@@ -37,18 +58,7 @@ __device__ __forceinline__ void check_peers(const CheckSet &c, u64 seq, u64 desc
   if (e->code != 0) return;
   const volatile u64 *s = c.slot[i];
   const u64 pd = s[0], ps = s[1];
-  if (pd != desc || ps != seq) {
-    if (atomicCAS((u32 *)&err->code, 0u, 2u) == 0u) {
-      e->peer = c.peer[i];
-      e->op = op;
-      e->step = 0;
-      e->seq = seq;
-      e->waited_ns = 0;
-      e->peer_desc = pd;
-      e->peer_seq = ps;
-      __threadfence_system();
-    }
-  }
+  if (pd != desc || ps != seq) record_failure(err, 2, c.peer[i], op, 0, seq, 0, pd, ps);
 }
 
 struct FlagSet {
@@ -88,7 +98,7 @@ __device__ __forceinline__ u64 flag_value(const u64 *counter, u64 tag) {
 // Sizes shared with the Rust side (src/transport: ErrorRecord, CheckSet; FlagSet in
 // ipc.rs; Progress in nccl.rs), whose unit tests assert the same sizes and the offsets
 // (NVRTC has no offsetof).
-static_assert(sizeof(ErrorRecord) == 48, "ErrorRecord layout");
+static_assert(sizeof(ErrorRecord) == 56, "ErrorRecord layout");
 static_assert(sizeof(CheckSet) == 200, "CheckSet layout");
 static_assert(sizeof(FlagSet) == 200, "FlagSet layout");
 
@@ -107,14 +117,7 @@ __device__ __forceinline__ bool wait_one(const FlagSet &set, u64 expected, u64 t
       if (e->code != 0) return false;
       const u64 dt = globaltimer() - t0;
       if (dt > timeout_ns) {
-        if (atomicCAS((u32 *)&err->code, 0u, 1u) == 0u) {
-          e->peer = set.peer[i];
-          e->op = op;
-          e->step = step;
-          e->seq = expected >> 16;
-          e->waited_ns = dt;
-          __threadfence_system();
-        }
+        record_failure(err, 1, set.peer[i], op, step, expected >> 16, dt, 0, 0);
         return false;
       }
       __nanosleep(64);

@@ -102,6 +102,9 @@ pub struct ErrorRecord {
     pub waited_ns: u64,
     pub peer_desc: u64,
     pub peer_seq: u64,
+    /// claimed by the one device thread that records (it publishes `code` last)
+    pub claim: u32,
+    pub pad: u32,
 }
 
 impl ErrorRecord {
@@ -322,7 +325,8 @@ mod tests {
     /// The layouts kernels/comm.cu asserts with static_assert (same numbers).
     #[test]
     fn records_shared_with_the_kernels_have_their_layout() {
-        assert_eq!(size_of::<ErrorRecord>(), 48);
+        assert_eq!(size_of::<ErrorRecord>(), 56);
+        assert_eq!(offset_of!(ErrorRecord, claim), 48);
         assert_eq!(offset_of!(ErrorRecord, peer_desc), 32);
         assert_eq!(size_of::<CheckSet>(), 200);
         assert_eq!(offset_of!(CheckSet, peer), 128);
