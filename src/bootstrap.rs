@@ -57,6 +57,7 @@ impl Bootstrap {
             "ncclCommUserRank",
         )?;
         nccl_check(
+            // SAFETY: as above.
             unsafe { nccl::ncclCommCount(comm as nccl::ncclComm_t, &mut size) },
             "ncclCommCount",
         )?;

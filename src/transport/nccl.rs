@@ -680,16 +680,19 @@ impl NcclTransport {
             let mut r = Ok(());
             for &(peer, src, bytes) in sends {
                 r = r.and(check(
+                    // SAFETY: `src` holds `bytes` (the caller's validated range).
                     unsafe { nc::ncclSend(src as *const c_void, bytes, u8t, peer as i32, c, st) },
                     "ncclSend",
                 ));
             }
             for &(peer, dst, bytes) in recvs {
                 r = r.and(check(
+                    // SAFETY: `dst` holds `bytes` (inside this rank's buffer or tokens).
                     unsafe { nc::ncclRecv(dst as *mut c_void, bytes, u8t, peer as i32, c, st) },
                     "ncclRecv",
                 ));
             }
+            // SAFETY: closes the group opened above, on this thread.
             let pending = check_nb(unsafe { nc::ncclGroupEnd() }, "ncclGroupEnd")?;
             r.map(|_| pending)
         })
@@ -718,6 +721,7 @@ impl Drop for NcclTransport {
             Ok(true) => wait_ready(raw, self.shared.timeout, "ncclCommFinalize").is_ok(),
             Err(_) => false,
         };
+        // SAFETY: as above: the communicator is released exactly once.
         unsafe {
             if finalized {
                 nc::ncclCommDestroy(raw as nc::ncclComm_t);
