@@ -8,7 +8,7 @@
 //! each replay synchronises afresh.
 use super::inproc::{LOCAL_BYTES, Local, PeerMem, enable_access};
 use super::{
-    CheckSet, ErrorRecord, Group, MAX_PEERS, NUM_SLOTS, RecvOp, SendOp, Slot, Timeout, Transport,
+    ErrorRecord, Group, MAX_PEERS, NUM_SLOTS, PeerSet, RecvOp, SendOp, Slot, Timeout, Transport,
     WaitInfo,
 };
 use crate::bootstrap::Bootstrap;
@@ -18,14 +18,6 @@ use crate::error::Result;
 use crate::unsupported;
 use cudarc::driver::sys as cu;
 use std::sync::Arc;
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct FlagSet {
-    flag: [u64; MAX_PEERS],
-    peer: [u32; MAX_PEERS],
-    n: u32,
-}
 
 pub struct IpcTransport {
     group: Group,
@@ -171,17 +163,8 @@ impl IpcTransport {
         }
     }
 
-    fn flag_set(&self, peers: &[usize], addr: impl Fn(usize) -> usize) -> FlagSet {
-        let mut s = FlagSet {
-            flag: [0; MAX_PEERS],
-            peer: [0; MAX_PEERS],
-            n: peers.len() as u32,
-        };
-        for (i, &p) in peers.iter().enumerate() {
-            s.flag[i] = addr(p) as u64;
-            s.peer[i] = self.group.world_ranks[p] as u32;
-        }
-        s
+    fn flag_set(&self, peers: &[usize], addr: impl Fn(usize) -> usize) -> PeerSet {
+        PeerSet::new(peers, &self.group.world_ranks, addr)
     }
 
     fn func(&self, name: &str) -> Result<cu::CUfunction> {
@@ -251,7 +234,7 @@ impl Transport for IpcTransport {
             return self.wait(&others, Slot::Arrive, 1, stream, info);
         }
         let wait = self.flag_set(&others, |p| self.flags.ptr + flag_offset(Slot::Arrive, p));
-        let slots = CheckSet::new(&others, &self.group.world_ranks, |p| {
+        let slots = PeerSet::new(&others, &self.group.world_ranks, |p| {
             self.flags.ptr + check_offset(p)
         });
         let f = self.func("wait_arrival_checked")?;
@@ -405,17 +388,5 @@ impl Transport for IpcTransport {
     }
     fn set_comm_sms(&mut self, n: u32) {
         self.comm_sms = n.max(1);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    /// kernels/comm.cu asserts the same numbers.
-    #[test]
-    fn flag_set_has_the_kernels_layout() {
-        use std::mem::{offset_of, size_of};
-        assert_eq!(size_of::<super::FlagSet>(), 200);
-        assert_eq!(offset_of!(super::FlagSet, peer), 128);
-        assert_eq!(offset_of!(super::FlagSet, n), 192);
     }
 }

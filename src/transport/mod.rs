@@ -139,27 +139,28 @@ impl ErrorRecord {
     }
 }
 
-/// The peers' check slots ({descriptor, call number} each) in this rank's memory, with
-/// their world ranks (kernels/comm.cu `CheckSet`).
+/// One address per peer, with the peers' world ranks (for error records): the layout of
+/// kernels/comm.cu's `FlagSet` (flag addresses: this rank's own for waits, the peers' for
+/// signals) and `CheckSet` (the peers' {descriptor, call number} check slots).
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub struct CheckSet {
-    pub slot: [u64; MAX_PEERS],
+pub struct PeerSet {
+    pub addr: [u64; MAX_PEERS],
     pub peer: [u32; MAX_PEERS],
     pub n: u32,
 }
 
-impl CheckSet {
-    /// Slots of group members `peers` (tp ranks) at `addr(peer)`; `world` maps tp ranks to
-    /// world ranks.
-    pub fn new(peers: &[usize], world: &[usize], addr: impl Fn(usize) -> usize) -> CheckSet {
-        let mut s = CheckSet {
-            slot: [0; MAX_PEERS],
+impl PeerSet {
+    /// Addresses `addr(peer)` of group members `peers` (tp ranks); `world` maps tp ranks
+    /// to world ranks.
+    pub fn new(peers: &[usize], world: &[usize], addr: impl Fn(usize) -> usize) -> PeerSet {
+        let mut s = PeerSet {
+            addr: [0; MAX_PEERS],
             peer: [0; MAX_PEERS],
             n: peers.len() as u32,
         };
         for (i, &p) in peers.iter().enumerate() {
-            s.slot[i] = addr(p) as u64;
+            s.addr[i] = addr(p) as u64;
             s.peer[i] = world[p] as u32;
         }
         s
@@ -328,9 +329,9 @@ mod tests {
         assert_eq!(size_of::<ErrorRecord>(), 56);
         assert_eq!(offset_of!(ErrorRecord, claim), 48);
         assert_eq!(offset_of!(ErrorRecord, peer_desc), 32);
-        assert_eq!(size_of::<CheckSet>(), 200);
-        assert_eq!(offset_of!(CheckSet, peer), 128);
-        assert_eq!(offset_of!(CheckSet, n), 192);
+        assert_eq!(size_of::<PeerSet>(), 200);
+        assert_eq!(offset_of!(PeerSet, peer), 128);
+        assert_eq!(offset_of!(PeerSet, n), 192);
     }
 
     #[test]

@@ -17,7 +17,7 @@
 //! to and received from every peer, copied to the progress record after it), so a
 //! timeout names the peers that never entered the call.
 use super::{
-    CheckSet, ErrorRecord, FailureKind, Group, MAX_PEERS, RecvOp, SendOp, Slot, Timeout, Transport,
+    ErrorRecord, FailureKind, Group, MAX_PEERS, PeerSet, RecvOp, SendOp, Slot, Timeout, Transport,
     WaitInfo,
 };
 use crate::bootstrap::{Bootstrap, Exchange};
@@ -599,18 +599,30 @@ impl NcclTransport {
         self.with_comm(what, |c| check_nb(f(c), what))
     }
 
-    pub fn all_reduce(
+    /// A sum reduction on the group communicator: ncclAllReduce (`count` elements in and
+    /// out) or ncclReduceScatter (`count` elements out, tp * `count` in); both have this
+    /// signature.
+    fn sum(
         &self,
-        src: usize,
-        dst: usize,
-        count: usize,
+        name: &str,
+        f: unsafe fn(
+            *const c_void,
+            *mut c_void,
+            usize,
+            nc::ncclDataType_t,
+            nc::ncclRedOp_t,
+            nc::ncclComm_t,
+            nc::cudaStream_t,
+        ) -> nc::ncclResult_t,
+        (src, dst, count): (usize, usize, usize),
         d: DType,
         stream: usize,
     ) -> Result<()> {
         let t = nccl_type(d)?;
-        // SAFETY: device ranges of `count` elements validated by the caller.
-        self.collective("ncclAllReduce", |c| unsafe {
-            nc::ncclAllReduce(
+        // SAFETY: `f` is ncclAllReduce or ncclReduceScatter of the bound NCCL; the device
+        // ranges hold what the callers state (validated by the algorithm).
+        self.collective(name, |c| unsafe {
+            f(
                 src as *const c_void,
                 dst as *mut c_void,
                 count,
@@ -622,6 +634,25 @@ impl NcclTransport {
         })
     }
 
+    /// ncclAllReduce (sum) of `count` elements.
+    pub fn all_reduce(
+        &self,
+        src: usize,
+        dst: usize,
+        count: usize,
+        d: DType,
+        stream: usize,
+    ) -> Result<()> {
+        self.sum(
+            "ncclAllReduce",
+            nc::ncclAllReduce,
+            (src, dst, count),
+            d,
+            stream,
+        )
+    }
+
+    /// ncclReduceScatter (sum): `src` holds tp * `recv_count` elements.
     pub fn reduce_scatter(
         &self,
         src: usize,
@@ -630,19 +661,13 @@ impl NcclTransport {
         d: DType,
         stream: usize,
     ) -> Result<()> {
-        let t = nccl_type(d)?;
-        // SAFETY: as above; src holds tp * recv_count elements.
-        self.collective("ncclReduceScatter", |c| unsafe {
-            nc::ncclReduceScatter(
-                src as *const c_void,
-                dst as *mut c_void,
-                recv_count,
-                t,
-                nc::ncclRedOp_t::ncclSum,
-                c,
-                stream as nc::cudaStream_t,
-            )
-        })
+        self.sum(
+            "ncclReduceScatter",
+            nc::ncclReduceScatter,
+            (src, dst, recv_count),
+            d,
+            stream,
+        )
     }
 
     pub fn all_gather_bytes(
@@ -799,7 +824,7 @@ impl Transport for NcclTransport {
                 .collect();
             self.p2p(&sends, &recvs, stream)?;
         }
-        let slots = CheckSet::new(&others, &self.group.world_ranks, |p| {
+        let slots = PeerSet::new(&others, &self.group.world_ranks, |p| {
             self.tokens.ptr + 16 * p
         });
         let err = self.shared.error.device as u64;
