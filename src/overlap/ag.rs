@@ -116,12 +116,7 @@ impl Overlap {
         self.begin(stream, Op::SplitAg, false, &full.check_key())?;
         let chunk_bytes = nc * k * e;
         let off = |c: usize| c * chunk_bytes;
-        let (next, prev) = ((r + 1) % tp, (r + tp - 1) % tp);
-        let (fwd, bwd) = if self.cfg.aggregate {
-            (tp / 2, tp - 1 - tp / 2)
-        } else {
-            (tp - 1, 0)
-        };
+        let ring = super::schedule::ag_ring(tp, r, self.cfg.aggregate);
         let info = |step: usize| WaitInfo {
             op: Op::SplitAg as u32,
             step: step as u32,
@@ -140,11 +135,11 @@ impl Overlap {
         } else {
             bb.ptr
         };
-        for (dir, steps, to, from, slot) in [
-            (0usize, fwd, next, prev, Slot::AgForward),
-            (1, bwd, prev, next, Slot::AgBackward),
+        for (dir, steps, slot) in [
+            (0usize, &ring.forward, Slot::AgForward),
+            (1, &ring.backward, Slot::AgBackward),
         ] {
-            if steps == 0 {
+            if steps.is_empty() {
                 continue;
             }
             // NCCL operations of one communicator must not run concurrently on two streams.
@@ -153,32 +148,22 @@ impl Overlap {
             } else {
                 self.comm[dir].raw()
             };
-            for s in 0..steps {
-                // Send chunk (r -/+ s): ours at s = 0, else the one received at step s-1.
-                let c = if dir == 0 {
-                    (r + tp - s) % tp
-                } else {
-                    (r + s) % tp
-                };
+            for (s, t) in steps.iter().enumerate() {
+                // Our chunk at s = 0 (from the shard), else the one received at step s-1.
+                let (c, rc) = (t.send, t.recv);
                 let src = if s == 0 {
                     local_src
                 } else {
                     self.buffer() + off(c)
                 };
-                // Receive chunk (r -/+ (s+1)).
-                let rc = if dir == 0 {
-                    (r + tp - s - 1) % tp
-                } else {
-                    (r + s + 1) % tp
-                };
                 let send = SendOp {
-                    peer: to,
+                    peer: t.to,
                     src,
                     dst_offset: off(c),
                     bytes: chunk_bytes,
                 };
                 let recv = RecvOp {
-                    peer: from,
+                    peer: t.from,
                     dst_offset: off(rc),
                     bytes: chunk_bytes,
                 };
@@ -199,15 +184,7 @@ impl Overlap {
 
         // Compute streams: the local chunk first (from the shard or the buffer, at once:
         // it is already in place), then chunks in arrival order.
-        let mut order = vec![r];
-        for s in 1..=fwd.max(bwd) {
-            if s <= fwd {
-                order.push((r + tp - s) % tp);
-            }
-            if s <= bwd {
-                order.push((r + s) % tp);
-            }
-        }
+        let order = &ring.order;
         debug_assert_eq!(order.len(), tp);
         let (eb_d, eb_b) = (eb(full.d_type), e);
         for (j, &c) in order.iter().enumerate() {

@@ -18,6 +18,7 @@ pub mod ag;
 pub mod ar;
 pub mod bulk;
 pub mod rs;
+pub mod schedule;
 
 use crate::cuda::resources::{Capture, DeviceMem, Event, Stream, capture_status, copy_async};
 use crate::cuda::{self, ContextGuard, DeviceInfo, arg, nvrtc};

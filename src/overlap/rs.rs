@@ -147,11 +147,7 @@ impl Overlap {
 
     /// Column boundaries of the pipelined chunks (multiples of 16 where possible).
     fn splits(&self, m: usize) -> Vec<usize> {
-        let s = (self.cfg.num_splits as usize).clamp(1, m.div_ceil(16).max(1));
-        let mut b: Vec<usize> = (0..s).map(|i| (i * m / s) / 16 * 16).collect();
-        b.push(m);
-        b.dedup();
-        b
+        super::schedule::column_splits(m, self.cfg.num_splits as usize)
     }
 
     pub fn split_rs(&mut self, x: &RsArgs, stream: usize) -> Result<()> {
@@ -290,9 +286,9 @@ impl Overlap {
         let e = eb(self.dtype);
         let eb_b = eb(p.full.b_type);
         let slot_bytes = p.nc * p.m * e;
+        let plan = super::schedule::rs_exchange(tp, r);
         // GEMM for destination d: B's rows [d nc, (d+1) nc), output [nc, m].
-        for i in 0..tp {
-            let d = (r + i + 1) % tp;
+        for (i, &d) in plan.gemm_dest.iter().enumerate() {
             let mut g = p.full;
             g.n = p.nc;
             g.b = p.full.b
@@ -319,19 +315,17 @@ impl Overlap {
         // rank s = r-i-1 for us lands in our slot s (the barrier at the start of the call
         // made sure every rank is done with its buffer from the last call).
         let cs = self.comm[0].raw();
-        for i in 0..tp - 1 {
-            let d = (r + i + 1) % tp;
-            let s = (r + tp - i - 1) % tp;
+        for (i, t) in plan.steps.iter().enumerate() {
             self.ev_chunk[i].wait_on(cs)?;
             let send = SendOp {
-                peer: d,
-                src: staging + d * slot_bytes,
-                dst_offset: r * slot_bytes,
+                peer: t.to,
+                src: staging + t.to * slot_bytes,
+                dst_offset: t.send * slot_bytes,
                 bytes: slot_bytes,
             };
             let recv = RecvOp {
-                peer: s,
-                dst_offset: s * slot_bytes,
+                peer: t.from,
+                dst_offset: t.recv * slot_bytes,
                 bytes: slot_bytes,
             };
             let info = WaitInfo {
