@@ -26,9 +26,9 @@ use crate::error::ErrorKind as K;
 use crate::error::{Error, Result};
 use crate::gemm::{self, GemmDesc};
 use crate::tensor::{Buffer, DType, Shape, Tensor};
-use crate::transport::ipc::{IpcSettings, IpcTransport};
-use crate::transport::nccl::{NcclSettings, NcclTransport};
-use crate::transport::{FailureKind, MAX_PEERS, Transport, WaitInfo, call_desc, desc_op, tag};
+use crate::transport::{
+    FailureKind, Kind, MAX_PEERS, Settings, Transport, WaitInfo, call_desc, desc_op, tag,
+};
 use crate::{bootstrap::Bootstrap, env, invalid, unsupported};
 
 /// Engine settings (TE's CommOverlap defaults; see [`Config::from_env`]).
@@ -373,38 +373,24 @@ impl Overlap {
         Self::check_rows(rows, tp)?;
         let first = bs.rank / tp * tp;
         let group: Vec<usize> = (first..first + tp).collect();
-        // Auto: IPC when the whole group shares this node, else NCCL.
-        let ids = bs.allgather(&crate::bootstrap::host_identity())?;
-        let id = |w: usize| &ids[w * 128..(w + 1) * 128];
-        let one_node = group.iter().all(|&w| id(w) == id(bs.rank));
-        let use_nccl =
-            cfg.transport == TRANSPORT_NCCL || (cfg.transport == TRANSPORT_AUTO && !one_node);
-        if !use_nccl && !one_node {
-            let w = *group.iter().find(|&&w| id(w) != id(bs.rank)).unwrap();
-            unsupported!(
-                "world rank {w} (host {}) is on another node than rank {} (host {}): the IPC transport needs the whole tensor-parallel group on one node (use the NCCL transport)",
-                crate::bootstrap::host_name(id(w)),
-                bs.rank,
-                crate::bootstrap::host_name(id(bs.rank))
-            );
-        }
-        let t: Box<dyn Transport> = if use_nccl {
-            let settings = NcclSettings {
-                buffer_bytes: bytes,
-                timeout_ms: cfg.timeout_ms as u64,
-                check,
-            };
-            Box::new(NcclTransport::create(bs, &group, &guard, &dev, &settings)?)
-        } else {
-            let settings = IpcSettings {
+        let t = crate::transport::create(
+            bs,
+            &group,
+            &guard,
+            &dev,
+            &Settings {
+                kind: match cfg.transport {
+                    TRANSPORT_IPC => Kind::PeerMemory,
+                    TRANSPORT_NCCL => Kind::Nccl,
+                    _ => Kind::Auto,
+                },
                 buffer_bytes: bytes,
                 use_ce: cfg.use_ce,
                 comm_sms: cfg.num_comm_sm as u32,
                 timeout_ms: cfg.timeout_ms as u64,
                 check,
-            };
-            Box::new(IpcTransport::create(bs, &group, &guard, &dev, &settings)?)
-        };
+            },
+        )?;
         let module = nvrtc::module(&nvrtc::COMM, guard.ctx, &dev)?;
         // Look up every kernel a call may launch now, outside any graph capture.
         for &o in reduce_outputs(dtype) {

@@ -11,8 +11,79 @@ pub mod inproc;
 pub mod ipc;
 pub mod nccl;
 
+use crate::bootstrap::Bootstrap;
 use crate::cuda::resources::DeviceMem;
+use crate::cuda::{ContextGuard, DeviceInfo};
 use crate::error::Result;
+use crate::unsupported;
+
+/// Which transport a group asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// peer memory when the whole group shares this node, else NCCL
+    Auto,
+    /// peer memory: CUDA IPC, or device pointers for peers in this process
+    PeerMemory,
+    /// NCCL point-to-point and collectives (any placement)
+    Nccl,
+}
+
+/// What creating a transport needs besides the bootstrap and the group.
+pub struct Settings {
+    pub kind: Kind,
+    pub buffer_bytes: usize,
+    /// peer memory: copy-engine puts (else SM puts on `comm_sms` SMs)
+    pub use_ce: bool,
+    pub comm_sms: u32,
+    pub timeout_ms: u64,
+    /// NVTE_COMM_CHECK: compare the peers' call descriptors at every arrival
+    pub check: bool,
+}
+
+/// The transport factory (collective over the world: every rank calls it with its
+/// group): the one place that knows the transports. A new transport is its module plus
+/// a `Kind` and an arm here.
+pub fn create(
+    bs: &Bootstrap,
+    group: &[usize],
+    guard: &ContextGuard,
+    dev: &DeviceInfo,
+    s: &Settings,
+) -> Result<Box<dyn Transport>> {
+    // Auto: peer memory when the whole group shares this node, else NCCL.
+    let ids = bs.allgather(&crate::bootstrap::host_identity())?;
+    let id = |w: usize| &ids[w * 128..(w + 1) * 128];
+    let one_node = group.iter().all(|&w| id(w) == id(bs.rank));
+    let use_nccl = s.kind == Kind::Nccl || (s.kind == Kind::Auto && !one_node);
+    if !use_nccl && !one_node {
+        let w = *group.iter().find(|&&w| id(w) != id(bs.rank)).unwrap();
+        unsupported!(
+            "world rank {w} (host {}) is on another node than rank {} (host {}): the IPC transport needs the whole tensor-parallel group on one node (use the NCCL transport)",
+            crate::bootstrap::host_name(id(w)),
+            bs.rank,
+            crate::bootstrap::host_name(id(bs.rank))
+        );
+    }
+    Ok(if use_nccl {
+        let settings = nccl::NcclSettings {
+            buffer_bytes: s.buffer_bytes,
+            timeout_ms: s.timeout_ms,
+            check: s.check,
+        };
+        Box::new(nccl::NcclTransport::create(
+            bs, group, guard, dev, &settings,
+        )?)
+    } else {
+        let settings = ipc::IpcSettings {
+            buffer_bytes: s.buffer_bytes,
+            use_ce: s.use_ce,
+            comm_sms: s.comm_sms,
+            timeout_ms: s.timeout_ms,
+            check: s.check,
+        };
+        Box::new(ipc::IpcTransport::create(bs, group, guard, dev, &settings)?)
+    })
+}
 
 /// Flag slots: each rank holds one monotonically increasing 64-bit counter per
 /// (slot, source rank). A wait is "counter >= value", so flags never need resetting.
