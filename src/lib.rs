@@ -1,10 +1,20 @@
 //! transformer_engine_comm: tensor-parallel communication/GEMM overlap for NVIDIA GPUs
 //! behind a Transformer-Engine-compatible C ABI.
 //!
-//! Layout: `ffi` (the only `extern "C"` code), `tensor` (TE tensors and handles),
-//! `gemm` (cuBLASLt), `cuda` (driver, NVRTC, contexts), `kernels` (typed launches of
-//! `kernels/*.cu`), `error` (status + message model), `env` (the `NVTE_COMM_*` knobs,
-//! parsed strictly).
+//! Layout (core first, the C boundary last):
+//! - `overlap`: the engine (buffers, streams, call begin / finish, timeouts, trace) and
+//!   its algorithms (`ag`, `rs`, `ar`, `bulk`), with their schedules as pure functions
+//!   (`overlap::schedule`); `comm_gemm`: TE's comm_gemm.h API on top of it;
+//! - `transport`: how chunks move between the ranks of a group (`ipc` peer memory,
+//!   `inproc` peers in this process, `nccl`), chosen by `transport::create`; `bootstrap`:
+//!   the setup-time exchange among ranks;
+//! - `gemm` (cuBLASLt plans and epilogues), `kernels` (typed launches of
+//!   `kernels/*.cu`), `cuda` (driver, NVRTC, contexts, device memory), `tensor` (TE tensors,
+//!   element types, shapes);
+//! - `error` (`ErrorKind` + message, the thread's last error), `env` (the `NVTE_COMM_*`
+//!   knobs, parsed strictly), `handle` (handle values);
+//! - `ffi`: the only `extern "C"` code: the panic firewall, the handle table, the C
+//!   enums and the mapping of error kinds to `NVTECommStatus`.
 pub mod bootstrap;
 pub mod comm_gemm;
 pub mod cuda;

@@ -1,5 +1,6 @@
-//! The C ABI. This module tree is the only place with `extern "C"` functions and raw
-//! pointer handling. Every entry point runs inside `firewall`: panics are caught and
+//! The C ABI. This module tree is the only place with `extern "C"` functions and the
+//! only place that dereferences the caller's raw pointers (the core handles device
+//! addresses, which it never dereferences on the host). Every entry point runs inside `firewall`: panics are caught and
 //! turned into NVTE_COMM_ERROR_INTERNAL with the panic message, never unwinding into C.
 mod comm_gemm;
 pub mod enums;
