@@ -183,8 +183,20 @@ impl DeviceMem {
     }
 }
 
+impl DeviceMem {
+    /// Give up the allocation without freeing it (memory that a failed peer may still
+    /// write: freeing it could hand the addresses to an unrelated allocation).
+    pub fn leak(&mut self) {
+        self.ptr = 0;
+        self.bytes = 0;
+    }
+}
+
 impl Drop for DeviceMem {
     fn drop(&mut self) {
+        if self.ptr == 0 {
+            return;
+        }
         // SAFETY: allocated by DeviceMem::new.
         unsafe { cu::cuMemFree_v2(self.ptr as u64) };
     }

@@ -277,6 +277,9 @@ pub struct Overlap {
     pub(crate) captured: bool,
     /// the latest call was captured (its completion is a graph replay's)
     last_captured: bool,
+    /// a call began and has not finished: set by `begin`, cleared by `finish` (still set
+    /// at the next call means the last one failed half-way; its peers wait for it)
+    in_call: bool,
     staging: Option<DeviceMem>,
     broken: Option<Error>,
     module: std::sync::Arc<nvrtc::Module>,
@@ -428,6 +431,7 @@ impl Overlap {
             capturing: false,
             captured: false,
             last_captured: false,
+            in_call: false,
             staging: None,
             broken: None,
             module,
@@ -535,6 +539,20 @@ impl Overlap {
     /// Refuse work on a broken object; otherwise enter its context on `stream`, and note
     /// whether the call is being captured into a CUDA graph.
     fn enter(&mut self, stream: usize) -> Result<ContextGuard> {
+        if self.broken.is_none()
+            && let Some(e) = self.timeout_error()
+        {
+            self.broken = Some(e);
+        }
+        if self.in_call && self.broken.is_none() {
+            self.broken = Some(Error::new(
+                K::Internal,
+                format!(
+                    "an earlier call on world rank {} failed after it had started (its error was returned then); its peers wait for it and will time out. The object is unusable now: destroy it.",
+                    self.world_rank
+                ),
+            ));
+        }
         if let Some(e) = &self.broken {
             return Err(e.clone());
         }
@@ -628,6 +646,7 @@ impl Overlap {
     /// with the operation into the call's descriptor, which travels with the arrival and
     /// is compared with every peer's under NVTE_COMM_CHECK.
     fn begin(&mut self, stream: usize, op: Op, gate_compute: bool, key: &[u64]) -> Result<()> {
+        self.in_call = true;
         let mut parts = Vec::with_capacity(key.len() + 3);
         parts.extend_from_slice(&[self.rows as u64, self.cols as u64, self.dtype as u64]);
         parts.extend_from_slice(key);
@@ -685,6 +704,7 @@ impl Overlap {
         self.mark(cs, || "end".into())?;
         self.ev_comm[0].record(cs)?;
         self.ev_comm[0].wait_on(stream)?;
+        self.in_call = false;
         if self.capturing {
             // An event recorded in a capture cannot be queried afterwards: synchronize()
             // leaves the replays of a captured call to the caller's stream.
@@ -1024,7 +1044,10 @@ impl Overlap {
     /// (the object must outlive every launch of a graph that holds its calls); nothing is
     /// waited for while a capture holding this object's streams is still open.
     pub fn quiesce(&mut self) {
-        if self.broken.is_some() || self.timeout_error().is_some() {
+        if self.broken.is_some() || self.timeout_error().is_some() || self.in_call {
+            // Peers may still write this rank's memory: the transport keeps what they can
+            // reach when it would otherwise be handed to another allocation.
+            self.t.keep_memory_after_failure();
             return;
         }
         let Ok(_guard) = ContextGuard::for_stream(0) else {

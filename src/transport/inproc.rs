@@ -100,6 +100,15 @@ fn process_nonce() -> u64 {
 /// on the same device, else peer access from this context to the peer's.
 pub fn enable_access(me: &Local, peer: &Local) -> Result<()> {
     if me.device == peer.device {
+        if me.ctx != peer.ctx {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                format!(
+                    "a peer in this process uses another CUDA context ({:#x}) on the same device {} as this rank ({:#x}): in-process peers on one device must share its context",
+                    peer.ctx, me.device, me.ctx
+                ),
+            ));
+        }
         return Ok(());
     }
     let mut can = 0;

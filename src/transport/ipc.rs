@@ -389,4 +389,17 @@ impl Transport for IpcTransport {
     fn set_comm_sms(&mut self, n: u32) {
         self.comm_sms = n.max(1);
     }
+    /// Peers in this process write the buffer and flags by device pointer: leaked rather
+    /// than freed, so the addresses cannot go to another allocation of this process.
+    /// (Peers in other processes write through their IPC mappings of this allocation.)
+    fn keep_memory_after_failure(&mut self) {
+        let in_process = self
+            .peer_flags
+            .iter()
+            .any(|p| matches!(p, Some(PeerMem::InProcess(_))));
+        if in_process {
+            self.group.buffer.leak();
+            self.flags.leak();
+        }
+    }
 }

@@ -50,9 +50,24 @@ pub fn create(
     dev: &DeviceInfo,
     s: &Settings,
 ) -> Result<Box<dyn Transport>> {
+    // Every rank's host and buffer size: all must have made the same buffer (puts into
+    // peers are sized by this rank's view of it).
+    let mut mine = crate::bootstrap::host_identity().to_vec();
+    mine.extend_from_slice(&(s.buffer_bytes as u64).to_le_bytes());
+    let ids = bs.allgather(&mine)?;
+    let rec = mine.len();
+    let id = |w: usize| &ids[w * rec..w * rec + 128];
+    for &w in group {
+        let b = u64::from_le_bytes(ids[w * rec + 128..(w + 1) * rec].try_into().unwrap());
+        if b != s.buffer_bytes as u64 {
+            crate::invalid!(
+                "world rank {w} created its overlap object with a buffer of {b} bytes, world rank {} with {}: every rank of a group must create it with the same rows, cols and dtype",
+                bs.rank,
+                s.buffer_bytes
+            );
+        }
+    }
     // Auto: peer memory when the whole group shares this node, else NCCL.
-    let ids = bs.allgather(&crate::bootstrap::host_identity())?;
-    let id = |w: usize| &ids[w * 128..(w + 1) * 128];
     let one_node = group.iter().all(|&w| id(w) == id(bs.rank));
     let use_nccl = s.kind == Kind::Nccl || (s.kind == Kind::Auto && !one_node);
     if !use_nccl && !one_node {
@@ -187,14 +202,16 @@ impl ErrorRecord {
         // SAFETY: (caller) readable record; the device writes it, so volatile loads, and
         // `code` is published last (fence after the fields on the device).
         unsafe {
-            let code = std::ptr::read_volatile(&(*rec).code);
+            // An acquire load of the code (published last by the device, after a system
+            // fence): the fields read below are at least as new.
+            let code = (*(std::ptr::addr_of!((*rec).code) as *const std::sync::atomic::AtomicU32))
+                .load(std::sync::atomic::Ordering::Acquire);
             let kind = match code {
                 0 => return None,
                 2 => FailureKind::Mismatch,
                 3 => FailureKind::Transport,
                 _ => FailureKind::Timeout,
             };
-            std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
             Some(Timeout {
                 kind,
                 peer_world_rank: std::ptr::read_volatile(&(*rec).peer),
@@ -387,6 +404,10 @@ pub trait Transport: Send {
     /// Set the SM budget of the transport's put kernels (between calls; the engine's
     /// per-call comm_sm_count). Transports without SM kernels ignore it.
     fn set_comm_sms(&mut self, _n: u32) {}
+    /// The object failed and is being destroyed without waiting for its peers: do not
+    /// free memory that peers may still write and that this process could reuse (peers in
+    /// this process write it by device pointer). Default: nothing to keep.
+    fn keep_memory_after_failure(&mut self) {}
 }
 
 #[cfg(test)]

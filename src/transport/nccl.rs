@@ -1,9 +1,8 @@
 //! The NCCL transport: works for any placement of the group's ranks (across nodes too).
 //! Exchange steps are grouped ncclSend / ncclRecv on the comm stream; algorithms that
 //! need loads from peers' buffers use NCCL collectives instead (see `crate::overlap`).
-//! The group gets its own communicator, split from the bootstrap's (or created through
-//! the bootstrap's allgather), so the caller's communicator is never used concurrently,
-//! and never aborted.
+//! The group gets its own communicator (a unique id exchanged through the bootstrap),
+//! so the caller's communicator is never used concurrently, and never aborted.
 //!
 //! No hang (the IPC transport's timeout contract): the group's communicator is
 //! non-blocking (NCCL calls that must wait for peers return `ncclInProgress`; the host
@@ -20,7 +19,7 @@ use super::{
     ErrorRecord, FailureKind, Group, MAX_PEERS, PeerSet, RecvOp, SendOp, Slot, Timeout, Transport,
     WaitInfo,
 };
-use crate::bootstrap::{Bootstrap, Exchange};
+use crate::bootstrap::Bootstrap;
 use crate::cuda::dynlib::nccl_sys as nc;
 use crate::cuda::resources::{DeviceMem, HostMapped};
 use crate::cuda::{self, ContextGuard, DeviceInfo, Lib, arg, nvrtc};
@@ -207,15 +206,24 @@ impl Shared {
             .clone();
         f.or_else(|| self.device_failure())
     }
-    /// Abort the communicator (once): NCCL's kernels of the group exit.
+    /// Abort the communicator (once): NCCL's kernels of the group exit. `aborted` is set
+    /// under the lock (from then on nobody else calls NCCL with it), the abort itself runs
+    /// outside it: it may block (NCCL waits for CUDA graphs that captured its operations
+    /// to be destroyed), and the owner must meanwhile fail fast instead of waiting for the
+    /// lock. Record the failure before calling this: once the kernels exit, the streams
+    /// drain and a synchronize must already see the failure.
     fn abort_comm(&self) {
-        let mut c = self.comm.lock().unwrap_or_else(|e| e.into_inner());
-        if !c.aborted {
-            // SAFETY: live communicator, aborted once, under the lock that every other
-            // use of it holds.
-            unsafe { nc::ncclCommAbort(c.raw as nc::ncclComm_t) };
+        let raw = {
+            let mut c = self.comm.lock().unwrap_or_else(|e| e.into_inner());
+            if c.aborted {
+                return;
+            }
             c.aborted = true;
-        }
+            c.raw
+        };
+        // SAFETY: the live communicator; `aborted` (set above, under the lock) makes this
+        // the only and last use of it.
+        unsafe { nc::ncclCommAbort(raw as nc::ncclComm_t) };
     }
     /// Record `f` unless a failure is recorded already.
     fn record(&self, f: Timeout) {
@@ -224,10 +232,18 @@ impl Shared {
             *g = Some(f);
         }
     }
-    /// Abort the communicator and record `f`.
+    /// Replace the recorded failure's peer and note (the account refined after an abort).
+    fn refine(&self, peer: u32, note: String) {
+        let mut g = self.failure.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(f) = g.as_mut() {
+            f.peer_world_rank = peer;
+            f.note = Some(note);
+        }
+    }
+    /// Record `f`, then abort the communicator.
     fn abort(&self, f: Timeout) {
-        self.abort_comm();
         self.record(f);
+        self.abort_comm();
     }
     /// After an abort in call `seq`: the first absent peer (u32::MAX: none known) and an
     /// account of who entered the call.
@@ -236,7 +252,7 @@ impl Shared {
             Some(a) if !a.is_empty() => (
                 a[0] as u32,
                 format!(
-                    "world rank(s) {a:?} never entered the call (their arrival tokens did not come)"
+                    "world rank(s) {a:?} did not confirm entering the call (their arrival tokens did not come; a rank listed after the first may only have been queued behind it)"
                 ),
             ),
             Some(_) => (
@@ -306,18 +322,16 @@ fn watchdog(w: Weak<Shared>) {
                     peer_seq: 0,
                     note: None,
                 };
-                sh.abort_comm();
-                let mut note = format!(
-                    "the group's NCCL communicator reported an asynchronous error: {}",
+                let note = format!(
+                    "the group's NCCL communicator reported an asynchronous error: {}; the watchdog aborted it",
                     result_name(e)
                 );
+                f.note = Some(note.clone());
+                sh.abort(f);
                 if started > finished {
                     let (peer, who) = sh.name_absent(started);
-                    f.peer_world_rank = peer;
-                    note = format!("{note}; {who}");
+                    sh.refine(peer, format!("{note}; {who}"));
                 }
-                f.note = Some(format!("{note}; the watchdog aborted the communicator"));
-                sh.record(f);
                 return;
             }
             Err(_) => {}
@@ -338,16 +352,16 @@ fn watchdog(w: Weak<Shared>) {
                     peer_seq: 0,
                     note: None,
                 };
-                // Abort first (that ends the stuck kernels), then read who arrived.
-                sh.abort_comm();
-                let (peer, note) = sh.name_absent(started);
-                sh.record(Timeout {
-                    peer_world_rank: peer,
-                    note: Some(format!(
-                        "{note}; the watchdog aborted the group's NCCL communicator"
-                    )),
+                // Record, abort (that ends the stuck kernels), then read who arrived.
+                sh.abort(Timeout {
+                    note: Some("the watchdog aborted the group's NCCL communicator".into()),
                     ..base
                 });
+                let (peer, note) = sh.name_absent(started);
+                sh.refine(
+                    peer,
+                    format!("{note}; the watchdog aborted the group's NCCL communicator"),
+                );
                 return;
             }
         } else {
@@ -404,53 +418,39 @@ impl NcclTransport {
             .iter()
             .position(|&w| w == bs.rank)
             .expect("group contains this rank");
-        let color = (group[0] / group.len()) as i32;
+        // The group's communicator is made from a unique id of the group's first rank,
+        // exchanged through the bootstrap, with ncclCommInitRankConfig (non-blocking, so the
+        // wait for the group is bounded by the timeout). Not ncclCommSplit of the caller's
+        // communicator: a split follows the parent's blocking mode, so with a blocking
+        // parent (the usual case) a rank that never joins would block it without a limit.
         let mut comm: nc::ncclComm_t = std::ptr::null_mut();
         let mut config = nonblocking_config();
-        let pending = match bs.exchange {
-            Exchange::Nccl(parent) => {
-                // SAFETY: live parent communicator; every rank calls with its group's color;
-                // `config` outlives the call.
-                check_nb(
-                    unsafe {
-                        nc::ncclCommSplit(
-                            parent as nc::ncclComm_t,
-                            color,
-                            bs.rank as i32,
-                            &mut comm,
-                            &mut config,
-                        )
-                    },
-                    "ncclCommSplit",
-                )?
-            }
-            Exchange::Callbacks { .. } => {
-                // SAFETY: zeroed POD id; filled by NCCL on the group leader.
-                let mut id: nc::ncclUniqueId = unsafe { std::mem::zeroed() };
-                if tp_rank == 0 {
-                    check(unsafe { nc::ncclGetUniqueId(&mut id) }, "ncclGetUniqueId")?;
-                }
-                let mine: Vec<u8> = id.internal.iter().map(|&c| c as u8).collect();
-                let all = bs.allgather(&mine)?;
-                let leader = &all[group[0] * 128..group[0] * 128 + 128];
-                for (c, b) in id.internal.iter_mut().zip(leader) {
-                    *c = *b as std::ffi::c_char;
-                }
-                // SAFETY: the leader's id; every member joins with its group rank.
-                check_nb(
-                    unsafe {
-                        nc::ncclCommInitRankConfig(
-                            &mut comm,
-                            group.len() as i32,
-                            id,
-                            tp_rank as i32,
-                            &mut config,
-                        )
-                    },
-                    "ncclCommInitRankConfig",
-                )?
-            }
-        };
+        // SAFETY: zeroed POD id; filled by NCCL on the group leader.
+        let mut id: nc::ncclUniqueId = unsafe { std::mem::zeroed() };
+        if tp_rank == 0 {
+            // SAFETY: out pointer.
+            check(unsafe { nc::ncclGetUniqueId(&mut id) }, "ncclGetUniqueId")?;
+        }
+        let mine: Vec<u8> = id.internal.iter().map(|&c| c as u8).collect();
+        let all = bs.allgather(&mine)?;
+        let leader = &all[group[0] * 128..group[0] * 128 + 128];
+        for (c, b) in id.internal.iter_mut().zip(leader) {
+            *c = *b as std::ffi::c_char;
+        }
+        // SAFETY: the leader's id; every member joins with its group rank; `config` outlives
+        // the call (NCCL copies it).
+        let pending = check_nb(
+            unsafe {
+                nc::ncclCommInitRankConfig(
+                    &mut comm,
+                    group.len() as i32,
+                    id,
+                    tp_rank as i32,
+                    &mut config,
+                )
+            },
+            "ncclCommInitRankConfig",
+        )?;
         let raw = comm as usize;
         if raw == 0 {
             return Err(Error::new(
@@ -699,6 +699,7 @@ impl NcclTransport {
     ) -> Result<()> {
         let u8t = nc::ncclDataType_t::ncclUint8;
         let st = stream as nc::cudaStream_t;
+        let timeout = self.shared.timeout;
         self.with_comm("ncclSend/ncclRecv", |c| {
             // SAFETY: grouped point-to-point calls on device ranges validated by the caller.
             check(unsafe { nc::ncclGroupStart() }, "ncclGroupStart")?;
@@ -719,6 +720,10 @@ impl NcclTransport {
             }
             // SAFETY: closes the group opened above, on this thread.
             let pending = check_nb(unsafe { nc::ncclGroupEnd() }, "ncclGroupEnd")?;
+            if r.is_err() && pending {
+                // Nothing may be issued on a non-blocking communicator with a job pending.
+                let _ = wait_ready(c as usize, timeout, "ncclGroupEnd after a failed call");
+            }
             r.map(|_| pending)
         })
     }
@@ -729,6 +734,11 @@ impl Drop for NcclTransport {
         self.shared.stop.store(true, Ordering::Release);
         if let Some(w) = self.watchdog.take() {
             let _ = w.join();
+        }
+        if self.shared.failure().is_some() {
+            // A failed group: no finalize (it would wait for peers that may be gone).
+            self.shared.abort_comm();
+            return;
         }
         let mut c = self.shared.comm.lock().unwrap_or_else(|e| e.into_inner());
         if c.aborted {
