@@ -215,8 +215,9 @@ pub fn trace_enabled() -> Result<bool> {
 /// NVTE_COMM_CHECK (a boolean; default off), read when an object is created: every call
 /// compares its descriptor (operation, shapes, types, flags, call number) with every
 /// peer's at the arrival barrier, so a rank that calls differently from its peers is
-/// reported on every rank (INVALID_ARGUMENT naming the peer) instead of corrupting
-/// data or hanging. Cost: IPC none beyond a compare in the arrival kernel; NCCL one
+/// reported on every rank (INVALID_ARGUMENT naming the peer) instead of a timeout or a
+/// silently wrong result (the call's transfers still run, inside the registered buffers,
+/// whose sizes `transport::create` checks across ranks). Cost: IPC none beyond a compare in the arrival kernel; NCCL one
 /// small kernel (the arrival tokens travel with or without the check).
 pub fn check_enabled() -> Result<bool> {
     Ok(env::flag("NVTE_COMM_CHECK")?.unwrap_or(false))
