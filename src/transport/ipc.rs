@@ -170,6 +170,24 @@ impl IpcTransport {
     fn func(&self, name: &str) -> Result<cu::CUfunction> {
         self.module.function(name)
     }
+
+    /// Launch flag kernel `name` of this object's module as one block of 32 threads (one
+    /// thread per peer) on `stream`.
+    ///
+    /// # Safety
+    /// `args` are exactly the kernel's parameters, every pointer in them valid for as long
+    /// as the launch may run (this object's memory and its peers' mappings).
+    unsafe fn launch_flags(
+        &self,
+        name: &str,
+        args: &mut [*mut std::ffi::c_void],
+        stream: usize,
+    ) -> Result<()> {
+        let f = self.func(name)?;
+        // SAFETY: `f` is `name` of kernels/comm.cu in this object's module (its device's
+        // context); the parameters are the caller's obligation.
+        unsafe { cuda::launch(f, (1, 1, 1), (32, 1, 1), 0, stream, args, name) }
+    }
 }
 
 impl IpcTransport {
@@ -221,15 +239,14 @@ impl Transport for IpcTransport {
             self.flags_base(p) + flag_offset(Slot::Arrive, me)
         });
         let check = self.flag_set(&others, |p| self.flags_base(p) + check_offset(me));
-        let f = self.func("begin_call")?;
         let counter = self.counter.ptr as u64;
         let mut args = [arg(&set), arg(&check), arg(&counter), arg(&desc)];
-        // SAFETY: `f` is begin_call(FlagSet, FlagSet, u64 *counter, u64 desc) of
+        // SAFETY: begin_call(FlagSet, FlagSet, u64 *counter, u64 desc) of
         // kernels/comm.cu in this object's module (its device's context, current for calls
         // on `stream`); `set` and `check` (repr(C), the kernel's layout) hold the peers'
         // mapped flag and check-slot addresses, `counter` this object's device counter: all
         // live as long as the object.
-        unsafe { cuda::launch(f, (1, 1, 1), (32, 1, 1), 0, stream, &mut args, "begin_call")? };
+        unsafe { self.launch_flags("begin_call", &mut args, stream)? };
         if !self.check {
             return self.wait(&others, Slot::Arrive, 1, stream, info);
         }
@@ -237,7 +254,6 @@ impl Transport for IpcTransport {
         let slots = PeerSet::new(&others, &self.group.world_ranks, |p| {
             self.flags.ptr + check_offset(p)
         });
-        let f = self.func("wait_arrival_checked")?;
         let err = self.error.device as u64;
         let op = info.op;
         let mut args = [
@@ -249,22 +265,12 @@ impl Transport for IpcTransport {
             arg(&err),
             arg(&op),
         ];
-        // SAFETY: `f` is wait_arrival_checked(FlagSet, CheckSet, const u64 *counter, u64
+        // SAFETY: wait_arrival_checked(FlagSet, CheckSet, const u64 *counter, u64
         // desc, u64 timeout_ns, ErrorRecord *err, u32 op) of kernels/comm.cu in this
         // object's module; `wait` / `slots` (repr(C)) hold this rank's own flag and check
         // slot addresses, `err` the device address of its host-mapped ErrorRecord: all live
         // as long as the object.
-        unsafe {
-            cuda::launch(
-                f,
-                (1, 1, 1),
-                (32, 1, 1),
-                0,
-                stream,
-                &mut args,
-                "wait_arrival_checked",
-            )
-        }
+        unsafe { self.launch_flags("wait_arrival_checked", &mut args, stream) }
     }
     /// "Done" with tag 1: (call number << 16) + 1.
     fn end_call(&self, _calls: u64, stream: usize) -> Result<()> {
@@ -326,24 +332,13 @@ impl Transport for IpcTransport {
         }
         let me = self.group.tp_rank;
         let set = self.flag_set(peers, |p| self.flags_base(p) + flag_offset(slot, me));
-        let f = self.func("signal_flags")?;
         let counter = self.counter.ptr as u64;
         let mut args = [arg(&set), arg(&counter), arg(&tag)];
-        // SAFETY: `f` is signal_flags(FlagSet, const u64 *counter, u64 tag) of
+        // SAFETY: signal_flags(FlagSet, const u64 *counter, u64 tag) of
         // kernels/comm.cu in this object's module (its device's context); `set` (repr(C))
         // holds the peers' mapped flag addresses, `counter` this object's device counter:
         // both live as long as the object.
-        unsafe {
-            cuda::launch(
-                f,
-                (1, 1, 1),
-                (32, 1, 1),
-                0,
-                stream,
-                &mut args,
-                "signal_flags",
-            )
-        }
+        unsafe { self.launch_flags("signal_flags", &mut args, stream) }
     }
 
     fn wait(
@@ -358,7 +353,6 @@ impl Transport for IpcTransport {
             return Ok(());
         }
         let set = self.flag_set(peers, |p| self.flags.ptr + flag_offset(slot, p));
-        let f = self.func("wait_flags")?;
         let err = self.error.device as u64;
         let counter = self.counter.ptr as u64;
         let mut args = [
@@ -370,12 +364,12 @@ impl Transport for IpcTransport {
             arg(&info.op),
             arg(&info.step),
         ];
-        // SAFETY: `f` is wait_flags(FlagSet, const u64 *counter, u64 tag, u64 timeout_ns,
+        // SAFETY: wait_flags(FlagSet, const u64 *counter, u64 tag, u64 timeout_ns,
         // ErrorRecord *err, u32 op, u32 step) of kernels/comm.cu in this object's module (its
         // device's context); `set` (repr(C)) holds this rank's own flag addresses, `counter`
         // its device counter and `err` the device address of its host-mapped ErrorRecord
         // (repr(C)): all live as long as the object.
-        unsafe { cuda::launch(f, (1, 1, 1), (32, 1, 1), 0, stream, &mut args, "wait_flags") }
+        unsafe { self.launch_flags("wait_flags", &mut args, stream) }
     }
 
     fn timeout(&self) -> Option<Timeout> {
