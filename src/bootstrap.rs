@@ -4,7 +4,7 @@
 //! group). Used only while creating and destroying objects, never in the hot path.
 use crate::cuda::dynlib::nccl_sys as nccl;
 use crate::cuda::resources::{DeviceMem, Stream, copy_from_host, copy_to_host};
-use crate::cuda::{self, Lib};
+use crate::cuda::{self, Lib, nccl_check};
 use crate::error::ErrorKind as K;
 use crate::error::{Error, Result};
 use crate::invalid;
@@ -30,17 +30,6 @@ pub struct Bootstrap {
     pub rank: usize,
     pub size: usize,
     pub exchange: Exchange,
-}
-
-fn nccl_check(r: nccl::ncclResult_t, call: &str) -> Result<()> {
-    if r == nccl::ncclResult_t::ncclSuccess {
-        return Ok(());
-    }
-    // SAFETY: static string from NCCL.
-    let s = unsafe { std::ffi::CStr::from_ptr(nccl::ncclGetErrorString(r)) }
-        .to_string_lossy()
-        .into_owned();
-    Err(Error::new(K::Nccl, format!("{call} failed: {s}")))
 }
 
 impl Bootstrap {

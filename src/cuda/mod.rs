@@ -101,7 +101,7 @@ pub fn library_info(lib: Lib) -> Result<LibInfo> {
             let b = bound(dynlib::nccl())?;
             let mut v = 0;
             // SAFETY: out pointer.
-            crate::transport::nccl::check(
+            nccl_check(
                 unsafe { dynlib::nccl_sys::ncclGetVersion(&mut v) },
                 "ncclGetVersion",
             )?;
@@ -191,6 +191,19 @@ pub fn check(r: cu::CUresult, call: &str) -> Result<()> {
 }
 
 /// cuInit once per process; the result (success or the reason) is remembered.
+/// An NCCL result (from the bound NCCL) as an error naming the call.
+pub fn nccl_check(r: dynlib::nccl_sys::ncclResult_t, call: &str) -> Result<()> {
+    use dynlib::nccl_sys as nc;
+    if r == nc::ncclResult_t::ncclSuccess {
+        return Ok(());
+    }
+    // SAFETY: NCCL returns a static string.
+    let s = unsafe { std::ffi::CStr::from_ptr(nc::ncclGetErrorString(r)) }
+        .to_string_lossy()
+        .into_owned();
+    Err(Error::new(K::Nccl, format!("{call} failed: {s}")))
+}
+
 pub fn init_driver() -> Result<()> {
     static INIT: OnceCell<std::result::Result<(), Error>> = OnceCell::new();
     INIT.get_or_init(|| {

@@ -22,7 +22,7 @@ use super::{
 use crate::bootstrap::Bootstrap;
 use crate::cuda::dynlib::nccl_sys as nc;
 use crate::cuda::resources::{DeviceMem, HostMapped};
-use crate::cuda::{self, ContextGuard, DeviceInfo, Lib, arg, nvrtc};
+use crate::cuda::{self, ContextGuard, DeviceInfo, Lib, arg, nccl_check as check, nvrtc};
 use crate::error::ErrorKind as K;
 use crate::error::{Error, Result};
 use crate::tensor::DType;
@@ -48,17 +48,6 @@ fn result_name(r: u32) -> String {
         8 => "timeout".into(),
         other => format!("error {other}"),
     }
-}
-
-pub fn check(r: nc::ncclResult_t, call: &str) -> Result<()> {
-    if r == nc::ncclResult_t::ncclSuccess {
-        return Ok(());
-    }
-    // SAFETY: static string from NCCL.
-    let s = unsafe { std::ffi::CStr::from_ptr(nc::ncclGetErrorString(r)) }
-        .to_string_lossy()
-        .into_owned();
-    Err(Error::new(K::Nccl, format!("{call} failed: {s}")))
 }
 
 /// `r` of a call on a non-blocking communicator: success, or in progress (to be polled).
