@@ -164,6 +164,8 @@ pub extern "C" fn nvte_all_gather_gemm(
     )
 }
 
+// Written out like nvte_all_gather_gemm, not generated: cbindgen makes the header from
+// these declarations (see ffi/overlap.rs); the body is the one helper `call`.
 /// GEMM reduce-scatter: k split; D summed over ranks and scattered along n (local D is
 /// [numroc(n), m]); the bias is added once.
 #[unsafe(no_mangle)]

@@ -484,6 +484,10 @@ pub extern "C" fn nvte_comm_overlap_split_rs(
     )
 }
 
+// The TE entry points with identical parameter lists (split_rs / split_rs_p2p here, the
+// three comm-GEMM calls in comm_gemm.rs) are written out on purpose: cbindgen makes the
+// header from these declarations and does not expand macros. Their bodies are one helper
+// each (`rs_call`, `call`).
 /// GEMM + reduce-scatter by ring exchange [TE SPLIT_PIPELINED_RS_P2P]: step i computes
 /// the rows owned by rank (r+i+1) % tp and puts them there while the next step computes;
 /// a final kernel sums the tp partials into `rs_output` [n/tp, m]. Arguments as split_rs.
