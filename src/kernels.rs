@@ -23,6 +23,33 @@ fn grid_for(n: usize, sm_count: i32) -> u32 {
 }
 
 /// Look up `prefix_<types>` in the cast module of the current context.
+/// Launch element-wise kernel `f` over `n` elements (grid-stride loops; BLOCK threads a
+/// block, at most 8 blocks an SM).
+///
+/// # Safety
+/// `args` are exactly `f`'s parameters, with pointers valid for the kernel's run.
+unsafe fn launch_elementwise(
+    f: cudarc::driver::sys::CUfunction,
+    sms: i32,
+    n: usize,
+    args: &mut [*mut std::ffi::c_void],
+    stream: usize,
+    what: &str,
+) -> Result<()> {
+    // SAFETY: the caller's obligations.
+    unsafe {
+        cuda::launch(
+            f,
+            (grid_for(n, sms), 1, 1),
+            (BLOCK, 1, 1),
+            0,
+            stream,
+            args,
+            what,
+        )
+    }
+}
+
 fn function(guard: &ContextGuard, name: String) -> Result<(cudarc::driver::sys::CUfunction, i32)> {
     let dev = cuda::device_info(guard.device)?;
     let m = nvrtc::module(&nvrtc::CAST, guard.ctx, &dev)?;
@@ -103,17 +130,7 @@ pub fn quantize(input: &Tensor, output: &Tensor, stream: usize) -> Result<()> {
     // (held by `guard`); `args` are its six parameters (in, out, n, scale, amax, scale_inv),
     // each a pointer-sized value. The data pointers are the caller's tensors of n elements
     // (TE's contract, NULL checked above); the scalars are NULL or single floats.
-    unsafe {
-        cuda::launch(
-            f,
-            (grid_for(i.numel(), sms), 1, 1),
-            (BLOCK, 1, 1),
-            0,
-            stream,
-            &mut args,
-            "quantize",
-        )
-    }
+    unsafe { launch_elementwise(f, sms, i.numel(), &mut args, stream, "quantize") }
 }
 
 /// TE's nvte_dequantize: output = cast(input * input.scale_inv) from FP8.
@@ -167,17 +184,7 @@ pub fn dequantize(input: &Tensor, output: &Tensor, stream: usize) -> Result<()> 
     // (held by `guard`); `args` are its four parameters (in, out, n, scale_inv), each a
     // pointer-sized value. The data pointers are the caller's tensors of n elements (TE's
     // contract, NULL checked above); scale_inv is a single float (checked above).
-    unsafe {
-        cuda::launch(
-            f,
-            (grid_for(i.numel(), sms), 1, 1),
-            (BLOCK, 1, 1),
-            0,
-            stream,
-            &mut args,
-            "dequantize",
-        )
-    }
+    unsafe { launch_elementwise(f, sms, i.numel(), &mut args, stream, "dequantize") }
 }
 
 /// Fill a tensor with uniform random values in [lo, hi) from a counter-based generator:
@@ -205,15 +212,5 @@ pub fn fill_uniform(t: &Tensor, seed: u64, lo: f32, hi: f32, stream: usize) -> R
     // SAFETY: `f` is fill_uniform_<type> of kernels/cast.cu, loaded in the stream's context
     // (held by `guard`); `args` are its five parameters (out, n: 8 bytes; seed: u64; lo, hi:
     // f32). `dst` is the caller's tensor of n elements (TE's contract, NULL checked above).
-    unsafe {
-        cuda::launch(
-            f,
-            (grid_for(b.numel(), sms), 1, 1),
-            (BLOCK, 1, 1),
-            0,
-            stream,
-            &mut args,
-            "fill_uniform",
-        )
-    }
+    unsafe { launch_elementwise(f, sms, b.numel(), &mut args, stream, "fill_uniform") }
 }
