@@ -217,8 +217,9 @@ pub fn trace_enabled() -> Result<bool> {
 /// peer's at the arrival barrier, so a rank that calls differently from its peers is
 /// reported on every rank (INVALID_ARGUMENT naming the peer) instead of a timeout or a
 /// silently wrong result (the call's transfers still run, inside the registered buffers,
-/// whose sizes `transport::create` checks across ranks). Cost: IPC none beyond a compare in the arrival kernel; NCCL one
-/// small kernel (the arrival tokens travel with or without the check).
+/// whose sizes `transport::create` checks across ranks). Cost: IPC none beyond a compare
+/// in the arrival kernel; NCCL one small kernel (the arrival tokens travel with or
+/// without the check).
 pub fn check_enabled() -> Result<bool> {
     Ok(env::flag("NVTE_COMM_CHECK")?.unwrap_or(false))
 }
@@ -468,11 +469,6 @@ impl Overlap {
         Ok(())
     }
 
-    /// SMs the transport's put kernels use now (0: copy engines).
-    pub fn transport_comm_sms(&self) -> u32 {
-        self.t.comm_sms()
-    }
-
     /// "ipc", "inproc" (every peer in this process) or "nccl".
     pub fn transport_name(&self) -> &'static str {
         self.t.name()
@@ -556,10 +552,6 @@ impl Overlap {
         }
         if let Some(e) = &self.broken {
             return Err(e.clone());
-        }
-        if let Some(e) = self.timeout_error() {
-            self.broken = Some(e.clone());
-            return Err(e);
         }
         let guard = ContextGuard::for_stream(stream)?;
         if guard.ctx != self.ctx {

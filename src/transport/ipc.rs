@@ -251,9 +251,7 @@ impl Transport for IpcTransport {
             return self.wait(&others, Slot::Arrive, 1, stream, info);
         }
         let wait = self.flag_set(&others, |p| self.flags.ptr + flag_offset(Slot::Arrive, p));
-        let slots = PeerSet::new(&others, &self.group.world_ranks, |p| {
-            self.flags.ptr + check_offset(p)
-        });
+        let slots = self.flag_set(&others, |p| self.flags.ptr + check_offset(p));
         let err = self.error.device as u64;
         let op = info.op;
         let mut args = [

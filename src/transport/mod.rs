@@ -176,6 +176,24 @@ pub struct Timeout {
     pub note: Option<String>,
 }
 
+impl Timeout {
+    /// A failure of call `seq` in operation `op` noticed on the host (no peer named yet,
+    /// no descriptors): the NCCL transport's watchdog and bounded waits.
+    pub fn host(kind: FailureKind, op: u32, seq: u64, waited_ms: f64, note: String) -> Timeout {
+        Timeout {
+            kind,
+            peer_world_rank: u32::MAX,
+            op,
+            step: 0,
+            seq,
+            waited_ms,
+            peer_desc: 0,
+            peer_seq: 0,
+            note: Some(note),
+        }
+    }
+}
+
 /// The device-written failure record (kernels/comm.cu `ErrorRecord`), in host-mapped
 /// memory: the first failing wait or check fills it; `code` 0 means none.
 #[repr(C)]

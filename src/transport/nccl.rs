@@ -300,23 +300,17 @@ fn watchdog(w: Weak<Shared>) {
         match st {
             Ok(0) | Ok(IN_PROGRESS) => {}
             Ok(e) => {
-                let mut f = Timeout {
-                    kind: FailureKind::Transport,
-                    peer_world_rank: u32::MAX,
-                    op: op as u32,
-                    step: 0,
-                    seq: started,
-                    waited_ms: 0.0,
-                    peer_desc: 0,
-                    peer_seq: 0,
-                    note: None,
-                };
                 let note = format!(
                     "the group's NCCL communicator reported an asynchronous error: {}; the watchdog aborted it",
                     result_name(e)
                 );
-                f.note = Some(note.clone());
-                sh.abort(f);
+                sh.abort(Timeout::host(
+                    FailureKind::Transport,
+                    op as u32,
+                    started,
+                    0.0,
+                    note.clone(),
+                ));
                 if started > finished {
                     let (peer, who) = sh.name_absent(started);
                     sh.refine(peer, format!("{note}; {who}"));
@@ -329,28 +323,17 @@ fn watchdog(w: Weak<Shared>) {
             if started != seen {
                 (seen, since) = (started, Instant::now());
             } else if since.elapsed() > sh.timeout {
-                let waited = since.elapsed();
-                let base = Timeout {
-                    kind: FailureKind::Timeout,
-                    peer_world_rank: u32::MAX,
-                    op: op as u32,
-                    step: 0,
-                    seq: started,
-                    waited_ms: waited.as_secs_f64() * 1e3,
-                    peer_desc: 0,
-                    peer_seq: 0,
-                    note: None,
-                };
+                const ABORTED: &str = "the watchdog aborted the group's NCCL communicator";
                 // Record, abort (that ends the stuck kernels), then read who arrived.
-                sh.abort(Timeout {
-                    note: Some("the watchdog aborted the group's NCCL communicator".into()),
-                    ..base
-                });
+                sh.abort(Timeout::host(
+                    FailureKind::Timeout,
+                    op as u32,
+                    started,
+                    since.elapsed().as_secs_f64() * 1e3,
+                    ABORTED.into(),
+                ));
                 let (peer, note) = sh.name_absent(started);
-                sh.refine(
-                    peer,
-                    format!("{note}; the watchdog aborted the group's NCCL communicator"),
-                );
+                sh.refine(peer, format!("{note}; {ABORTED}"));
                 return;
             }
         } else {
@@ -527,24 +510,18 @@ impl NcclTransport {
             Err(e) => {
                 drop(c);
                 let (started, _, op, _) = self.shared.progress();
-                self.shared.abort(Timeout {
-                    kind: if e.kind == K::Timeout {
-                        FailureKind::Timeout
-                    } else {
-                        FailureKind::Transport
-                    },
-                    peer_world_rank: u32::MAX,
-                    op: op as u32,
-                    step: 0,
-                    seq: started,
-                    waited_ms: self.shared.timeout.as_secs_f64() * 1e3,
-                    peer_desc: 0,
-                    peer_seq: 0,
-                    note: Some(format!(
-                        "{} (the group's NCCL communicator was aborted)",
-                        e.msg
-                    )),
-                });
+                let kind = if e.kind == K::Timeout {
+                    FailureKind::Timeout
+                } else {
+                    FailureKind::Transport
+                };
+                self.shared.abort(Timeout::host(
+                    kind,
+                    op as u32,
+                    started,
+                    self.shared.timeout.as_secs_f64() * 1e3,
+                    format!("{} (the group's NCCL communicator was aborted)", e.msg),
+                ));
                 Err(e)
             }
         }
@@ -791,8 +768,7 @@ impl Transport for NcclTransport {
     /// tokens {desc, call number} with every peer (one grouped NCCL launch), then copy
     /// them to the progress record and, with NVTE_COMM_CHECK, compare them (one kernel).
     fn begin_call(&self, _calls: u64, stream: usize, info: WaitInfo, desc: u64) -> Result<()> {
-        if let Some(f) = self.shared.failure() {
-            let _ = f;
+        if self.shared.failure().is_some() {
             return Err(self.aborted_error());
         }
         let (counter, token, tokens) = (
