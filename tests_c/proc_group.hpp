@@ -107,6 +107,43 @@ inline ncclComm_t nccl_world(Rank &r) {
   return c;
 }
 
+// One rank's life in a group: its device (rank % #GPUs, or a skip without a GPU), then
+// `body`. Returns the rank's exit code.
+inline int run_rank(Shared *sh, int i, int n, bool threaded, const std::function<int(Rank &)> &body) {
+  Rank r;
+  r.rank = i;
+  r.n = n;
+  r.sh = sh;
+  r.threaded = threaded;
+  int nd = 0;
+  if (cudaGetDeviceCount(&nd) != cudaSuccess) nd = 0;
+  r.ndev = nd;
+  if (nd == 0) {
+    if (i == 0) std::printf("SKIPPED: no CUDA GPU\n");
+    return kSkip;
+  }
+  cudaSetDevice(r.device());
+  return body(r);
+}
+
+// The group's result from its ranks' exit codes: the worst failure, kSkip when every rank
+// skipped, 0 otherwise; a listed victim's kVictim counts as nothing. Each failure printed.
+inline int summarize(const std::vector<int> &codes, const std::vector<int> &victims, const char *what) {
+  int worst = 0;
+  bool all_skip = true;
+  for (int i = 0; i < (int)codes.size(); ++i) {
+    int c = codes[i];
+    bool victim = std::find(victims.begin(), victims.end(), i) != victims.end();
+    if (victim && c == kVictim) continue;
+    if (c != kSkip) all_skip = false;
+    if (c != 0 && c != kSkip) {
+      std::printf("FAIL %s: rank %d exited with %d%s\n", what, i, c, c >= 128 ? " (killed by a signal: a crash)" : "");
+      worst = c;
+    }
+  }
+  return worst == 0 && all_skip ? kSkip : worst;
+}
+
 // Run `body` on `n` forked ranks; returns the worst exit code (0: all passed, kSkip: the
 // ranks skipped, kVictim counts as 0 for ranks listed in `victims`). A group that is not
 // done after `deadline_s` is killed and reported as a hang.
@@ -121,21 +158,7 @@ inline int run(int n, double deadline_s, const std::function<int(Rank &)> &body,
   for (int i = 0; i < n; ++i) {
     pid_t p = fork();
     if (p == 0) {
-      Rank r;
-      r.rank = i;
-      r.n = n;
-      r.sh = sh;
-      int nd = 0;
-      if (cudaGetDeviceCount(&nd) != cudaSuccess) nd = 0;
-      r.ndev = nd;
-      int code;
-      if (nd == 0) {
-        if (i == 0) std::printf("SKIPPED: no CUDA GPU\n");
-        code = kSkip;
-      } else {
-        cudaSetDevice(r.device());
-        code = body(r);
-      }
+      int code = run_rank(sh, i, n, false, body);
       std::fflush(stdout);
       _exit(code);
     }
@@ -167,20 +190,7 @@ inline int run(int n, double deadline_s, const std::function<int(Rank &)> &body,
     usleep(2000);
   }
   munmap(m, sizeof(Shared));
-  int worst = 0;
-  bool all_skip = true;
-  for (int i = 0; i < n; ++i) {
-    int c = codes[i];
-    bool victim = std::find(victims.begin(), victims.end(), i) != victims.end();
-    if (victim && c == kVictim) continue;
-    if (c != kSkip) all_skip = false;
-    if (c != 0 && c != kSkip) {
-      std::printf("FAIL %s: rank %d exited with %d%s\n", what, i, c, c >= 128 ? " (killed by a signal: a crash)" : "");
-      worst = c;
-    }
-  }
-  if (worst == 0 && all_skip) return kSkip;
-  return worst;
+  return summarize(codes, victims, what);
 }
 
 // Run `body` on `n` threads of this process (one CUDA device each, rank % #GPUs): the
@@ -194,21 +204,7 @@ inline int run_threads(int n, double deadline_s, const std::function<int(Rank &)
   std::vector<std::thread> ts;
   for (int i = 0; i < n; ++i)
     ts.emplace_back([&, i] {
-      Rank r;
-      r.rank = i;
-      r.n = n;
-      r.sh = sh;
-      r.threaded = true;
-      int nd = 0;
-      if (cudaGetDeviceCount(&nd) != cudaSuccess) nd = 0;
-      r.ndev = nd;
-      if (nd == 0) {
-        if (i == 0) std::printf("SKIPPED: no CUDA GPU\n");
-        codes[i] = kSkip;
-      } else {
-        cudaSetDevice(r.device());
-        codes[i] = body(r);
-      }
+      codes[i] = run_rank(sh, i, n, true, body);
       done.fetch_add(1);
     });
   auto t0 = std::chrono::steady_clock::now();
@@ -222,16 +218,7 @@ inline int run_threads(int n, double deadline_s, const std::function<int(Rank &)
   }
   for (auto &t : ts) t.join();
   delete sh;
-  int worst = 0;
-  bool all_skip = true;
-  for (int i = 0; i < n; ++i) {
-    if (codes[i] != kSkip) all_skip = false;
-    if (codes[i] != 0 && codes[i] != kSkip) {
-      std::printf("FAIL %s: thread rank %d returned %d\n", what, i, codes[i]);
-      worst = codes[i];
-    }
-  }
-  return worst == 0 && all_skip ? kSkip : worst;
+  return summarize(codes, {}, what);
 }
 
 // Per-rank check counting; a rank's exit code is 0 iff nothing failed.

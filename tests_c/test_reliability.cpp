@@ -694,6 +694,15 @@ int churn(pg::Rank &r) {
   return c.rep.code();
 }
 
+// Whether rank `r` skips case `what` that needs one GPU per rank (`needs_own_gpu`: NCCL,
+// and the comm-GEMM API, which needs an NCCL communicator, refuse two ranks on one GPU)
+// while the ranks share a GPU. Rank 0 says so.
+bool skip_shared(pg::Rank &r, bool needs_own_gpu, const std::string &what) {
+  if (!needs_own_gpu || !r.shared_gpu()) return false;
+  if (r.rank == 0) std::printf("SKIPPED %s: ranks share a GPU (this case needs one GPU per rank)\n", what.c_str());
+  return true;
+}
+
 bool wants(const std::string &what) {
   std::stringstream ss(g.only);
   std::string t;
@@ -766,10 +775,7 @@ int main(int argc, char **argv) {
         std::string what = std::string("mismatch ") + tname(tr) + " overlap API" + np;
         tally(pg::run_threads(g.ranks, case_deadline,
                               [&](pg::Rank &r) {
-                                if (r.shared_gpu() && (tr == NVTE_COMM_TRANSPORT_NCCL || !shared_ok)) {
-                                  if (r.rank == 0) std::printf("SKIPPED %s: ranks share a GPU\n", what.c_str());
-                                  return pg::kSkip;
-                                }
+                                if (skip_shared(r, tr == NVTE_COMM_TRANSPORT_NCCL || !shared_ok, what)) return pg::kSkip;
                                 return mismatch_case(r, tr, false);
                               },
                               what.c_str()),
@@ -793,10 +799,7 @@ int main(int argc, char **argv) {
           int code = pg::run(
               g.ranks, case_deadline,
               [&](pg::Rank &r) {
-                if ((tr == NVTE_COMM_TRANSPORT_NCCL || cg_api) && r.shared_gpu()) {
-                  if (r.rank == 0) std::printf("SKIPPED %s: ranks share a GPU (NCCL needs one GPU per rank)\n", what.c_str());
-                  return pg::kSkip;
-                }
+                if (skip_shared(r, tr == NVTE_COMM_TRANSPORT_NCCL || cg_api, what)) return pg::kSkip;
                 return fault_case(r, tr, cg_api, mid);
               },
               what.c_str(), {g.ranks - 1});
@@ -810,10 +813,7 @@ int main(int argc, char **argv) {
         int code = pg::run(
             g.ranks, case_deadline,
             [&](pg::Rank &r) {
-              if ((tr == NVTE_COMM_TRANSPORT_NCCL || cg_api) && r.shared_gpu()) {
-                if (r.rank == 0) std::printf("SKIPPED %s: ranks share a GPU (NCCL needs one GPU per rank)\n", what.c_str());
-                return pg::kSkip;
-              }
+              if (skip_shared(r, tr == NVTE_COMM_TRANSPORT_NCCL || cg_api, what)) return pg::kSkip;
               return mismatch_case(r, tr, cg_api);
             },
             what.c_str());
