@@ -177,11 +177,12 @@ impl Bootstrap {
     }
 }
 
-/// How long a setup exchange over an NCCL communicator may take: NVTE_COMM_TIMEOUT_MS
-/// (the engine's wait timeout), default 60 s.
+/// How long a setup exchange over an NCCL communicator may take: the engine's wait
+/// timeout (NVTE_COMM_TIMEOUT_MS).
 fn setup_timeout() -> Result<std::time::Duration> {
-    let ms = crate::env::int("NVTE_COMM_TIMEOUT_MS", 1, i64::MAX)?.unwrap_or(60_000);
-    Ok(std::time::Duration::from_millis(ms as u64))
+    Ok(std::time::Duration::from_millis(
+        crate::env::timeout_ms()? as u64
+    ))
 }
 
 /// This host's identity (host name and boot id): ranks that share it can use CUDA IPC.

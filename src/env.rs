@@ -92,6 +92,12 @@ pub fn choice(name: &str, choices: &[&str]) -> Result<Option<usize>> {
         .transpose()
 }
 
+/// NVTE_COMM_TIMEOUT_MS: how long any wait for a peer may take, ms (>= 1; default 60 s).
+/// The engine's config default and the setup exchanges read it alike.
+pub fn timeout_ms() -> Result<i64> {
+    Ok(int("NVTE_COMM_TIMEOUT_MS", 1, i64::MAX)?.unwrap_or(60_000))
+}
+
 /// NVTE_COMM_DEBUG, read where an error is being recorded (so it cannot be reported as
 /// an error itself): on for a true value, off when unset, blank or false; a value that
 /// is not a boolean turns it on, with a note saying so.

@@ -75,6 +75,8 @@ impl Config {
     /// NVTE_COMM_OVERLAP_SM_MARGIN, NVTE_COMM_TRANSPORT (auto | ipc | nccl). A value that
     /// does not parse or is out of range is an error naming the variable.
     pub fn from_env() -> Result<Config> {
+        // Index = the transport's value.
+        let transport = env::choice("NVTE_COMM_TRANSPORT", &["auto", "ipc", "nccl"])?;
         let mut c = Config {
             tp_size: 0,
             num_splits: 3,
@@ -87,16 +89,9 @@ impl Config {
             atomic_gemm: false,
             gemm_priority: 0,
             comm_priority: -100,
-            timeout_ms: 60_000,
-            transport: TRANSPORT_AUTO,
+            timeout_ms: env::timeout_ms()?,
+            transport: transport.map_or(TRANSPORT_AUTO, |t| t as i32),
         };
-        // Index = the transport's value.
-        if let Some(t) = env::choice("NVTE_COMM_TRANSPORT", &["auto", "ipc", "nccl"])? {
-            c.transport = t as i32;
-        }
-        if let Some(v) = env::int("NVTE_COMM_TIMEOUT_MS", 1, i64::MAX)? {
-            c.timeout_ms = v;
-        }
         // The ranges of `check` (num_comm_sm's upper bound is the device's SM count).
         if let Some(v) = env::int("NVTE_COMM_OVERLAP_NUM_SPLITS", 1, MAX_SPLITS)? {
             c.num_splits = v;
