@@ -138,6 +138,34 @@ typedef struct NVTECommGemmCtx NVTECommGemmCtx;
 typedef struct NVTECommOverlap NVTECommOverlap;
 
 /**
+ * Gather `local_bytes` from every rank into `global` (rank order); return 0 on success.
+ */
+typedef int32_t (*NVTECommAllgatherFn)(void *user_data,
+                                       void *global,
+                                       size_t global_bytes,
+                                       const void *local,
+                                       size_t local_bytes);
+
+/**
+ * Block until every rank has arrived; return 0 on success.
+ */
+typedef int32_t (*NVTECommBarrierFn)(void *user_data);
+
+/**
+ * How the ranks exchange setup data: through `nccl_comm` when it is not NULL (rank and
+ * size are then taken from it), else through the callbacks (TE's ExtAllgatherOp /
+ * ExtBarrierOp analog) with `world_rank` / `world_size`.
+ */
+typedef struct NVTECommBootstrap {
+  int32_t world_rank;
+  int32_t world_size;
+  ncclComm_t nccl_comm;
+  NVTECommAllgatherFn allgather;
+  NVTECommBarrierFn barrier;
+  void *user_data;
+} NVTECommBootstrap;
+
+/**
  * Opaque tensor handle (TE: `typedef void *NVTETensor;`).
  */
 typedef void *NVTETensor;
@@ -201,34 +229,6 @@ typedef struct NVTECommOverlapConfig {
 } NVTECommOverlapConfig;
 
 /**
- * Gather `local_bytes` from every rank into `global` (rank order); return 0 on success.
- */
-typedef int32_t (*NVTECommAllgatherFn)(void *user_data,
-                                       void *global,
-                                       size_t global_bytes,
-                                       const void *local,
-                                       size_t local_bytes);
-
-/**
- * Block until every rank has arrived; return 0 on success.
- */
-typedef int32_t (*NVTECommBarrierFn)(void *user_data);
-
-/**
- * How the ranks exchange setup data: through `nccl_comm` when it is not NULL (rank and
- * size are then taken from it), else through the callbacks (TE's ExtAllgatherOp /
- * ExtBarrierOp analog) with `world_rank` / `world_size`.
- */
-typedef struct NVTECommBootstrap {
-  int32_t world_rank;
-  int32_t world_size;
-  ncclComm_t nccl_comm;
-  NVTECommAllgatherFn allgather;
-  NVTECommBarrierFn barrier;
-  void *user_data;
-} NVTECommBootstrap;
-
-/**
  * Shape of a tensor (TE's NVTEShape).
  */
 typedef struct NVTEShape {
@@ -254,6 +254,17 @@ extern "C" {
  * `nranks` and `rank` must match it). Collective. NULL on failure (reason recorded).
  */
 struct NVTECommGemmCtx *nvte_comm_gemm_ctx_create(ncclComm_t comm, int32_t nranks, int32_t rank);
+
+/**
+ * A context whose setup exchanges go through `bootstrap`: its NCCL communicator when set
+ * (not owned; the group is that communicator's), else its allgather/barrier callbacks
+ * with `world_rank` / `world_size` (no NCCL needed with the IPC transport; the callbacks
+ * and `user_data` must stay valid until the context is destroyed, as the first call of
+ * each operation, or `nvte_comm_xla_*`'s initialize stage, exchanges through them).
+ * `*out` is NULL on failure. Not collective itself.
+ */
+NVTECommStatus nvte_comm_gemm_ctx_create_bootstrap(const struct NVTECommBootstrap *bootstrap,
+                                                   struct NVTECommGemmCtx **out);
 
 /**
  * Destroy a context (waits, bounded, until the peers are done with its buffers). NULL is a no-op.
@@ -756,6 +767,54 @@ NVTECommStatus nvte_comm_tensor_create_simple(void *data,
                                               const size_t *shape,
                                               size_t ndim,
                                               NVTETensor *out);
+
+/**
+ * Make `ctx` the context of handler calls with attribute `ctx = key` running on CUDA
+ * device `device_ordinal` (XLA's execution-context ordinal; -1: any device without a
+ * binding of its own). Replaces an earlier binding. The context must outlive every
+ * execution that uses it: unbind before destroying it.
+ */
+NVTECommStatus nvte_comm_xla_bind(uint64_t key,
+                                  int32_t device_ordinal,
+                                  struct NVTECommGemmCtx *ctx);
+
+/**
+ * Remove the binding of (`key`, `device_ordinal`); not bound is an error.
+ */
+NVTECommStatus nvte_comm_xla_unbind(uint64_t key, int32_t device_ordinal);
+
+/**
+ * XLA FFI handler (`XLA_FFI_Handler`, `call_frame` is an `XLA_FFI_CallFrame *`; returns
+ * an `XLA_FFI_Error *`, NULL on success) of `nvte_all_gather_gemm`, for the initialize and
+ * execute stages. See the module documentation for operands, results and attributes.
+ *
+ * # Safety
+ * Called by XLA with its call frame.
+ */
+void *nvte_comm_xla_all_gather_gemm(void *call_frame);
+
+/**
+ * XLA FFI handler of `nvte_gemm_reduce_scatter` (as `nvte_comm_xla_all_gather_gemm`).
+ *
+ * # Safety
+ * Called by XLA with its call frame.
+ */
+void *nvte_comm_xla_gemm_reduce_scatter(void *call_frame);
+
+/**
+ * XLA FFI handler of `nvte_gemm_all_reduce` (as `nvte_comm_xla_all_gather_gemm`).
+ *
+ * # Safety
+ * Called by XLA with its call frame.
+ */
+void *nvte_comm_xla_gemm_all_reduce(void *call_frame);
+
+/**
+ * The layout table as text, one `name value` line each (for the layout test, which
+ * reads it through ctypes). Returns the number of bytes needed (with the NUL); writes
+ * at most `cap` bytes.
+ */
+size_t nvte_comm_xla_layout(char *out, size_t cap);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -73,6 +73,9 @@ pub struct GemmCall<'a> {
     pub grad: bool,
     pub accumulate: bool,
     pub comm_sm_count: i32,
+    /// All-gather only: receives the gathered B ([n, k], needs transb = false), e.g. for
+    /// the weight-gradient GEMM of a training step.
+    pub b_gathered: Option<&'a Tensor>,
 }
 
 pub struct CommGemmCtx {
@@ -87,6 +90,8 @@ pub struct CommGemmCtx {
     capturing: bool,
     /// some call was captured: replaced scratch buffers may be used by a graph
     captured: bool,
+    /// `prepare`: create the engine and buffers a call needs, enqueue nothing
+    preparing: bool,
     /// engines and scratch replaced by larger ones while a graph may still use them
     retired_engines: Vec<Overlap>,
     retired_scratch: Vec<DeviceMem>,
@@ -133,12 +138,7 @@ impl CommGemmCtx {
                 "nranks = {nranks} and rank = {rank} are inconsistent (need nranks >= 1 and 0 <= rank < nranks)"
             );
         }
-        // The environment knobs of the context's engines (strict: a bad value is an
-        // error naming it), also before anything is loaded.
-        let cfg = Config::from_env()?;
-        cfg.check()?;
-        crate::overlap::ar::ar_algo_choice()?;
-        crate::overlap::trace_enabled()?;
+        Self::check_env()?;
         let bs = Bootstrap::from_nccl(comm)?;
         if bs.size == 0 {
             invalid!("the communicator reports size 0");
@@ -150,6 +150,24 @@ impl CommGemmCtx {
                 bs.rank
             );
         }
+        Self::from_bootstrap(bs)
+    }
+
+    /// The environment knobs of the context's engines (strict: a bad value is an error
+    /// naming it), checked before anything is loaded.
+    fn check_env() -> Result<Config> {
+        let cfg = Config::from_env()?;
+        cfg.check()?;
+        crate::overlap::ar::ar_algo_choice()?;
+        crate::overlap::trace_enabled()?;
+        Ok(cfg)
+    }
+
+    /// A context whose setup exchanges go through `bs` (an NCCL communicator or the
+    /// caller's allgather/barrier callbacks). Nothing collective happens here: the
+    /// engines are created, collectively, by the first call (or `prepare`) of each kind.
+    pub fn from_bootstrap(bs: Bootstrap) -> Result<CommGemmCtx> {
+        let cfg = Self::check_env()?;
         let _guard = ContextGuard::for_stream(0)?;
         Ok(CommGemmCtx {
             nranks: bs.size,
@@ -161,9 +179,20 @@ impl CommGemmCtx {
             scratch: Vec::new(),
             capturing: false,
             captured: false,
+            preparing: false,
             retired_engines: Vec::new(),
             retired_scratch: Vec::new(),
         })
+    }
+
+    /// Everything `call(c, stream)` would create (engine, scratch and workspace
+    /// buffers), created now, with nothing enqueued: collective like the call. Lets a
+    /// framework allocate outside a later graph capture (XLA's initialize stage).
+    pub fn prepare(&mut self, c: &GemmCall, stream: usize) -> Result<()> {
+        self.preparing = true;
+        let r = self.call(c, stream);
+        self.preparing = false;
+        r
     }
 
     pub fn numroc(&self, global: i64) -> Result<i64> {
@@ -328,7 +357,25 @@ impl CommGemmCtx {
                     expect_shape(p, "pre_act_out", [n, ml], "like D")?;
                 }
                 self.engines[eng].set_comm_sms(comm_sms)?;
+                if let Some(g) = c.b_gathered {
+                    if c.transb {
+                        unsupported!(
+                            "b_gathered needs transb = false (B stored [n, k], gathered along its rows)"
+                        );
+                    }
+                    expect_shape(g, "b_gathered", [n, k], "all of B, gathered")?;
+                    if g.data.dtype != dt {
+                        invalid!(
+                            "tensor `b_gathered` has dtype {} but B has {}",
+                            g.data.dtype.name(),
+                            dt.name()
+                        );
+                    }
+                }
                 if !padded {
+                    if self.preparing {
+                        return Ok(());
+                    }
                     let args = AgArgs {
                         a: c.a,
                         transa: c.transa,
@@ -341,7 +388,7 @@ impl CommGemmCtx {
                         workspace: Some(&ws),
                         accumulate: c.accumulate,
                         use_split_accumulator: false,
-                        b_copy: None,
+                        b_copy: c.b_gathered,
                     };
                     return self.engines[eng].split_ag(&args, stream);
                 }
@@ -361,6 +408,18 @@ impl CommGemmCtx {
                     }
                     None => None,
                 };
+                // The gathered B of the padded rows: block distribution puts every
+                // valid row before the padding, so its first n rows are B gathered.
+                let bg = match c.b_gathered {
+                    Some(g) => {
+                        let ptr = self.scratch(3, bn * nr * k * e)?;
+                        Some((g, rebased(g, ptr, &[bn * nr, k])?))
+                    }
+                    None => None,
+                };
+                if self.preparing {
+                    return Ok(());
+                }
                 memset_async(b_pad, bn * k * e, stream)?;
                 if c.transb {
                     copy_2d(b_pad, bn * e, c.b.data.ptr, nl * e, nl * e, k, stream)?;
@@ -381,10 +440,13 @@ impl CommGemmCtx {
                     workspace: Some(&ws),
                     accumulate: false,
                     use_split_accumulator: false,
-                    b_copy: None,
+                    b_copy: bg.as_ref().map(|(_, p)| p),
                 };
                 self.engines[eng].split_ag(&args, stream)?;
                 copy_async(c.d.data.ptr, d_pad, n * ml * de, stream)?;
+                if let Some((g, p)) = &bg {
+                    copy_async(g.data.ptr, p.data.ptr, n * k * e, stream)?;
+                }
                 if let (Some(p), Some(q)) = (aux, ap.as_ref()) {
                     copy_async(
                         p.data.ptr,
@@ -396,6 +458,12 @@ impl CommGemmCtx {
                 Ok(())
             }
             Kind::ReduceScatter | Kind::AllReduce => {
+                if c.b_gathered.is_some() {
+                    invalid!(
+                        "b_gathered is an all-gather output: {} gathers nothing",
+                        c.kind.api_name()
+                    );
+                }
                 let (kl, nl) = (share(k), share(n));
                 expect_shape(
                     c.a,
@@ -453,6 +521,9 @@ impl CommGemmCtx {
                     // Twice D: the ring all-reduce's partials and gathered rows.
                     let eng = self.engine(c.kind, dt, 2 * n * m * de)?;
                     self.engines[eng].set_comm_sms(comm_sms)?;
+                    if self.preparing {
+                        return Ok(());
+                    }
                     let args = ArArgs {
                         a: c.a,
                         transa: c.transa,
@@ -482,6 +553,9 @@ impl CommGemmCtx {
                     let be = c.b.data.dtype.bits() / 8;
                     let b_pad = self.scratch(0, bn * nr * kl * be)?;
                     let d_pad = self.scratch(1, bn * m * de)?;
+                    if self.preparing {
+                        return Ok(());
+                    }
                     memset_async(b_pad, bn * nr * kl * be, stream)?;
                     if c.transb {
                         copy_2d(
@@ -508,6 +582,9 @@ impl CommGemmCtx {
                     dp = rebased(c.d, d_pad, &[bn, m])?;
                     (&bp, &dp)
                 } else {
+                    if self.preparing {
+                        return Ok(());
+                    }
                     (c.b, c.d)
                 };
                 let args = RsArgs {

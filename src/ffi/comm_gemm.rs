@@ -2,9 +2,10 @@
 //! These functions are void in TE: errors are recorded for nvte_comm_last_error();
 //! nvte_comm_gemm_ctx_create returns NULL on failure with the reason recorded.
 use super::enums::NVTECommGemmAlgoType;
+use super::enums::NVTECommStatus;
 use super::handles::CONTEXTS;
-use super::overlap::ncclComm_t;
-use super::{NVTETensor, cudaStream_t, firewall};
+use super::overlap::{NVTECommBootstrap, ncclComm_t};
+use super::{NVTETensor, cudaStream_t, firewall, status_call};
 use crate::comm_gemm::{CommGemmCtx, GemmCall, Kind};
 use crate::error::Result;
 use crate::invalid;
@@ -16,7 +17,7 @@ pub struct NVTECommGemmCtx {
     _private: (),
 }
 
-fn ctx(h: *mut NVTECommGemmCtx) -> Result<Arc<Mutex<CommGemmCtx>>> {
+pub(super) fn ctx(h: *mut NVTECommGemmCtx) -> Result<Arc<Mutex<CommGemmCtx>>> {
     CONTEXTS.get(h as usize, "ctx")
 }
 
@@ -31,6 +32,36 @@ pub extern "C" fn nvte_comm_gemm_ctx_create(
     firewall("nvte_comm_gemm_ctx_create", std::ptr::null_mut(), || {
         let c = CommGemmCtx::create(comm as usize, nranks, rank)?;
         Ok(CONTEXTS.insert(Arc::new(Mutex::new(c))) as *mut NVTECommGemmCtx)
+    })
+}
+
+/// A context whose setup exchanges go through `bootstrap`: its NCCL communicator when set
+/// (not owned; the group is that communicator's), else its allgather/barrier callbacks
+/// with `world_rank` / `world_size` (no NCCL needed with the IPC transport; the callbacks
+/// and `user_data` must stay valid until the context is destroyed, as the first call of
+/// each operation, or `nvte_comm_xla_*`'s initialize stage, exchanges through them).
+/// `*out` is NULL on failure. Not collective itself.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvte_comm_gemm_ctx_create_bootstrap(
+    bootstrap: *const NVTECommBootstrap,
+    out: *mut *mut NVTECommGemmCtx,
+) -> NVTECommStatus {
+    status_call("nvte_comm_gemm_ctx_create_bootstrap", || {
+        if out.is_null() {
+            invalid!("argument `out` is NULL");
+        }
+        // SAFETY: non-null output pointer.
+        unsafe { *out = std::ptr::null_mut() };
+        if bootstrap.is_null() {
+            invalid!("argument `bootstrap` is NULL");
+        }
+        // SAFETY: non-null, points to the caller's struct (every bit pattern is valid).
+        let b = unsafe { std::ptr::read_unaligned(bootstrap) };
+        let c = CommGemmCtx::from_bootstrap(super::overlap::bootstrap_of(&b)?)?;
+        let id = CONTEXTS.insert(Arc::new(Mutex::new(c)));
+        // SAFETY: non-null output pointer.
+        unsafe { *out = id as *mut NVTECommGemmCtx };
+        Ok(())
     })
 }
 
@@ -114,6 +145,7 @@ fn call(
             grad,
             accumulate,
             comm_sm_count,
+            b_gathered: None,
         };
         let mut g = c.lock().unwrap_or_else(|e| e.into_inner());
         g.call(&call, main_stream as usize)

@@ -11,6 +11,7 @@ mod kernels;
 mod overlap;
 mod runtime;
 mod tensor;
+mod xla;
 
 pub use enums::{NVTECommStatus, NVTEDType, NVTEScalingMode, NVTETensorParam};
 pub use tensor::{NVTEBasicTensor, NVTEShape, NVTETensor};

@@ -195,6 +195,22 @@ pub extern "C" fn nvte_comm_overlap_config_default(
     })
 }
 
+/// The core's bootstrap for the caller's description: its NCCL communicator when set,
+/// else its callbacks.
+pub(super) fn bootstrap_of(b: &NVTECommBootstrap) -> Result<Bootstrap> {
+    if !b.nccl_comm.is_null() {
+        Bootstrap::from_nccl(b.nccl_comm as usize)
+    } else {
+        Bootstrap::from_callbacks(
+            b.world_rank,
+            b.world_size,
+            b.allgather.map(|f| f as AllgatherFn),
+            b.barrier.map(|f| f as BarrierFn),
+            b.user_data as usize,
+        )
+    }
+}
+
 /// Create an overlap object with a registered buffer of [rows, cols] `dtype` on every
 /// rank of the world (collective: all ranks call it with the same arguments; each rank
 /// uses the CUDA device current on its calling thread). Ranks are grouped in
@@ -233,17 +249,7 @@ pub extern "C" fn nvte_comm_overlap_create(
         let dt = DType::from_c(dtype).map_err(|e| e.context("argument `dtype`"))?;
         Overlap::check_buffer(rows, cols, dt)?;
         crate::overlap::trace_enabled()?;
-        let bs = if !b.nccl_comm.is_null() {
-            Bootstrap::from_nccl(b.nccl_comm as usize)?
-        } else {
-            Bootstrap::from_callbacks(
-                b.world_rank,
-                b.world_size,
-                b.allgather.map(|f| f as AllgatherFn),
-                b.barrier.map(|f| f as BarrierFn),
-                b.user_data as usize,
-            )?
-        };
+        let bs = bootstrap_of(&b)?;
         Overlap::check_rows(rows, cfg.tp_for(bs.size)?)?;
         let o = Overlap::create(&bs, cfg, rows, cols, dt)?;
         let id = OVERLAPS.insert(Arc::new(Mutex::new(o)));

@@ -1,0 +1,698 @@
+//! XLA typed-FFI handlers (api_version 1) for the comm-GEMM operations, written against
+//! XLA's stable C API (`xla/ffi/api/c_api.h`, which jaxlib ships under
+//! `jax.ffi.include_dir()`). Why Rust and not a C++ companion on `ffi.h`: the handlers stay
+//! in this library's one FFI layer (panic firewall, handle table, error mapping), users
+//! need no C++ toolchain, and only the few structs below are needed; `tests` compiles a C
+//! program against the installed header and checks every offset and size used here.
+//!
+//! A handler is registered with `jax.ffi.register_ffi_target(name,
+//! {"initialize": capsule, "execute": capsule}, platform="CUDA", api_version=1)` (both
+//! stages are this same function):
+//! - **initialize** (outside any CUDA-graph or command-buffer capture, before each
+//!   execution): creates, collectively, the engine and buffers the call needs
+//!   (`CommGemmCtx::prepare`); a no-op once they exist;
+//! - **execute**: the call on XLA's stream (captured into a command buffer when XLA
+//!   records one: the handlers declare `COMMAND_BUFFER_COMPATIBLE`; replays are correct,
+//!   see `tests_c/test_graph.cpp` and `python/tests/jax`).
+//!
+//! Operands (in order): `a`, `b` (TE's A and B: weight and input for Linear), `bias` when
+//! attribute `has_bias`, then A's and B's `scale_inv` (f32, one element) when
+//! `has_scales` (FP8). Results: `d`, then `pre_act_out` when `gelu`, then B gathered when
+//! `gather_b` (all-gather only). Attributes (any integer or bool scalar type): `ctx`
+//! (the key given to `nvte_comm_xla_bind`), `m`, `n`, `k` (global sizes, as in
+//! `nvte_all_gather_gemm`), `transa`, `transb`, `comm_sms`, `algo`, `has_bias`,
+//! `has_scales`, `gelu`, `gather_b`.
+//!
+//! The context of a call is looked up by (`ctx`, the device ordinal of XLA's execution
+//! context), so one SPMD program drives one context per local device.
+use super::comm_gemm::{NVTECommGemmCtx, ctx as ctx_of};
+use super::enums::NVTECommStatus;
+use super::{firewall_with, status_call, status_of};
+use crate::comm_gemm::{GemmCall, Kind};
+use crate::error::{Error, ErrorKind, Result};
+use crate::tensor::{Buffer, DType, Shape, Tensor};
+use crate::{invalid, unsupported};
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, c_void};
+use std::mem::{offset_of, size_of};
+use std::sync::Mutex;
+
+// ---- the C API's structs (c_api.h), only the fields this module reads or writes ----
+
+#[repr(C)]
+pub(crate) struct ExtensionBase {
+    struct_size: usize,
+    ty: c_int,
+    next: *mut ExtensionBase,
+}
+
+#[repr(C)]
+pub(crate) struct ApiVersion {
+    struct_size: usize,
+    extension_start: *mut ExtensionBase,
+    major_version: c_int,
+    minor_version: c_int,
+}
+
+#[repr(C)]
+pub(crate) struct ErrorCreateArgs {
+    struct_size: usize,
+    extension_start: *mut ExtensionBase,
+    message: *const c_char,
+    errc: c_int,
+}
+
+#[repr(C)]
+pub(crate) struct StreamGetArgs {
+    struct_size: usize,
+    extension_start: *mut ExtensionBase,
+    ctx: *mut c_void,
+    stream: *mut c_void,
+}
+
+#[repr(C)]
+pub(crate) struct DeviceOrdinalGetArgs {
+    struct_size: usize,
+    extension_start: *mut ExtensionBase,
+    ctx: *mut c_void,
+    device_ordinal: i32,
+}
+
+type ErrorCreateFn = unsafe extern "C" fn(*mut ErrorCreateArgs) -> *mut c_void;
+type StreamGetFn = unsafe extern "C" fn(*mut StreamGetArgs) -> *mut c_void;
+type DeviceOrdinalGetFn = unsafe extern "C" fn(*mut DeviceOrdinalGetArgs) -> *mut c_void;
+type OtherFn = Option<unsafe extern "C" fn()>;
+
+/// `XLA_FFI_Api`: versioned by `struct_size`; newer XLA versions append fields.
+#[repr(C)]
+pub(crate) struct Api {
+    struct_size: usize,
+    extension_start: *mut ExtensionBase,
+    api_version: ApiVersion,
+    internal_api: *const c_void,
+    error_create: Option<ErrorCreateFn>,
+    error_get_message: OtherFn,
+    error_destroy: OtherFn,
+    handler_register: OtherFn,
+    stream_get: Option<StreamGetFn>,
+    type_register: OtherFn,
+    execution_context_get: OtherFn,
+    state_set: OtherFn,
+    state_get: OtherFn,
+    device_memory_allocate: OtherFn,
+    device_memory_free: OtherFn,
+    thread_pool_schedule: OtherFn,
+    thread_pool_num_threads: OtherFn,
+    future_create: OtherFn,
+    future_set_available: OtherFn,
+    future_set_error: OtherFn,
+    run_id_get: OtherFn,
+    device_ordinal_get: Option<DeviceOrdinalGetFn>,
+}
+
+#[repr(C)]
+pub(crate) struct XBuffer {
+    struct_size: usize,
+    extension_start: *mut ExtensionBase,
+    dtype: c_int,
+    data: *mut c_void,
+    rank: i64,
+    dims: *mut i64,
+}
+
+#[repr(C)]
+pub(crate) struct Args {
+    struct_size: usize,
+    extension_start: *mut ExtensionBase,
+    size: i64,
+    types: *mut c_int,
+    args: *mut *mut c_void,
+}
+
+#[repr(C)]
+pub(crate) struct Rets {
+    struct_size: usize,
+    extension_start: *mut ExtensionBase,
+    size: i64,
+    types: *mut c_int,
+    rets: *mut *mut c_void,
+}
+
+#[repr(C)]
+pub(crate) struct ByteSpan {
+    ptr: *const c_char,
+    len: usize,
+}
+
+#[repr(C)]
+pub(crate) struct Scalar {
+    dtype: c_int,
+    value: *mut c_void,
+}
+
+#[repr(C)]
+pub(crate) struct Attrs {
+    struct_size: usize,
+    extension_start: *mut ExtensionBase,
+    size: i64,
+    types: *mut c_int,
+    names: *mut *mut ByteSpan,
+    attrs: *mut *mut c_void,
+}
+
+#[repr(C)]
+pub(crate) struct CallFrame {
+    struct_size: usize,
+    extension_start: *mut ExtensionBase,
+    api: *const Api,
+    ctx: *mut c_void,
+    stage: c_int,
+    args: Args,
+    rets: Rets,
+    attrs: Attrs,
+}
+
+#[repr(C)]
+pub(crate) struct Metadata {
+    struct_size: usize,
+    api_version: ApiVersion,
+    traits: u32,
+    state_type_id: i64,
+}
+
+#[repr(C)]
+pub(crate) struct MetadataExtension {
+    extension_base: ExtensionBase,
+    metadata: *mut Metadata,
+}
+
+/// The C API version these structs follow (c_api.h's XLA_FFI_API_MAJOR / MINOR). XLA
+/// keeps older minor versions working; handlers report the version they were built for.
+const API_MAJOR: c_int = 0;
+const API_MINOR: c_int = 3;
+const EXTENSION_METADATA: c_int = 1;
+const TRAIT_COMMAND_BUFFER_COMPATIBLE: u32 = 1;
+const ARG_BUFFER: c_int = 1;
+const ATTR_SCALAR: c_int = 3;
+const STAGE_INITIALIZE: c_int = 2;
+const STAGE_EXECUTE: c_int = 3;
+
+// XLA_FFI_DataType values.
+const XDT_PRED: i32 = 1;
+const XDT_S8: i32 = 2;
+const XDT_S16: i32 = 3;
+const XDT_S32: i32 = 4;
+const XDT_S64: i32 = 5;
+const XDT_U8: i32 = 6;
+const XDT_U16: i32 = 7;
+const XDT_U32: i32 = 8;
+const XDT_U64: i32 = 9;
+const XDT_F16: i32 = 10;
+const XDT_F32: i32 = 11;
+const XDT_BF16: i32 = 16;
+const XDT_F8E5M2: i32 = 19;
+const XDT_F8E4M3FN: i32 = 20;
+
+fn dtype_of(x: i32, what: &str) -> Result<DType> {
+    Ok(match x {
+        XDT_BF16 => DType::BF16,
+        XDT_F16 => DType::F16,
+        XDT_F32 => DType::F32,
+        XDT_F8E4M3FN => DType::E4M3,
+        XDT_F8E5M2 => DType::E5M2,
+        XDT_U8 => DType::Byte,
+        _ => unsupported!(
+            "{what} has XLA element type {x}: the comm-GEMM handlers take bf16, f16, f32, f8e4m3fn and f8e5m2"
+        ),
+    })
+}
+
+// ---- contexts by (key, device ordinal) ----
+
+static BINDINGS: Mutex<Option<HashMap<(u64, i32), usize>>> = Mutex::new(None);
+
+/// Make `ctx` the context of handler calls with attribute `ctx = key` running on CUDA
+/// device `device_ordinal` (XLA's execution-context ordinal; -1: any device without a
+/// binding of its own). Replaces an earlier binding. The context must outlive every
+/// execution that uses it: unbind before destroying it.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvte_comm_xla_bind(
+    key: u64,
+    device_ordinal: i32,
+    ctx: *mut NVTECommGemmCtx,
+) -> NVTECommStatus {
+    status_call("nvte_comm_xla_bind", || {
+        if device_ordinal < -1 {
+            invalid!("argument `device_ordinal` = {device_ordinal} must be >= -1");
+        }
+        ctx_of(ctx)?; // a live context
+        let mut b = BINDINGS.lock().unwrap_or_else(|e| e.into_inner());
+        b.get_or_insert_with(HashMap::new)
+            .insert((key, device_ordinal), ctx as usize);
+        Ok(())
+    })
+}
+
+/// Remove the binding of (`key`, `device_ordinal`); not bound is an error.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvte_comm_xla_unbind(key: u64, device_ordinal: i32) -> NVTECommStatus {
+    status_call("nvte_comm_xla_unbind", || {
+        let mut b = BINDINGS.lock().unwrap_or_else(|e| e.into_inner());
+        match b.as_mut().and_then(|m| m.remove(&(key, device_ordinal))) {
+            Some(_) => Ok(()),
+            None => invalid!("no context is bound to key {key} on device {device_ordinal}"),
+        }
+    })
+}
+
+fn bound(key: u64, ordinal: i32) -> Result<usize> {
+    let b = BINDINGS.lock().unwrap_or_else(|e| e.into_inner());
+    let m = b.as_ref();
+    m.and_then(|m| m.get(&(key, ordinal)).or_else(|| m.get(&(key, -1))))
+        .copied()
+        .ok_or_else(|| {
+            Error::invalid(format!(
+                "no context is bound to key {key} on device {ordinal} (transformer_engine_comm.jax creates and binds one per TP group and device: was it closed?)"
+            ))
+        })
+}
+
+// ---- decoding the call frame ----
+
+/// The handler's view of one call.
+struct Frame<'a> {
+    api: &'a Api,
+    ctx: *mut c_void,
+    stage: c_int,
+    args: Vec<&'a XBuffer>,
+    rets: Vec<&'a XBuffer>,
+    attrs: HashMap<String, i64>,
+}
+
+fn has_field(struct_size: usize, end: usize) -> bool {
+    struct_size >= end
+}
+
+/// # Safety
+/// `f` is XLA's call frame for this call (checked for size before any field is read).
+unsafe fn decode<'a>(f: &'a CallFrame, api: &'a Api) -> Result<Frame<'a>> {
+    let mut args = Vec::new();
+    for i in 0..f.args.size.max(0) as usize {
+        // SAFETY: XLA gives `size` types and pointers.
+        let (ty, p) = unsafe { (*f.args.types.add(i), *f.args.args.add(i)) };
+        if ty != ARG_BUFFER || p.is_null() {
+            invalid!("operand {i} is not a buffer (type {ty})");
+        }
+        // SAFETY: a buffer operand points to an XLA_FFI_Buffer.
+        args.push(unsafe { &*(p as *const XBuffer) });
+    }
+    let mut rets = Vec::new();
+    for i in 0..f.rets.size.max(0) as usize {
+        // SAFETY: as above, for the results.
+        let (ty, p) = unsafe { (*f.rets.types.add(i), *f.rets.rets.add(i)) };
+        if ty != ARG_BUFFER || p.is_null() {
+            invalid!("result {i} is not a buffer (type {ty})");
+        }
+        // SAFETY: as above.
+        rets.push(unsafe { &*(p as *const XBuffer) });
+    }
+    let mut attrs = HashMap::new();
+    for i in 0..f.attrs.size.max(0) as usize {
+        // SAFETY: XLA gives `size` names, types and attribute pointers.
+        let (ty, name, p) = unsafe {
+            (
+                *f.attrs.types.add(i),
+                &**f.attrs.names.add(i),
+                *f.attrs.attrs.add(i),
+            )
+        };
+        // SAFETY: a name is `len` bytes at `ptr`.
+        let name = unsafe { std::slice::from_raw_parts(name.ptr as *const u8, name.len) };
+        let name = String::from_utf8_lossy(name).into_owned();
+        if ty != ATTR_SCALAR {
+            invalid!("attribute `{name}` must be a scalar (got attribute type {ty})");
+        }
+        // SAFETY: a scalar attribute points to an XLA_FFI_Scalar whose value has its dtype.
+        let v = unsafe {
+            let s = &*(p as *const Scalar);
+            match s.dtype {
+                XDT_PRED | XDT_U8 => *(s.value as *const u8) as i64,
+                XDT_S8 => *(s.value as *const i8) as i64,
+                XDT_S16 => *(s.value as *const i16) as i64,
+                XDT_U16 => *(s.value as *const u16) as i64,
+                XDT_S32 => *(s.value as *const i32) as i64,
+                XDT_U32 => *(s.value as *const u32) as i64,
+                XDT_S64 => *(s.value as *const i64),
+                XDT_U64 => *(s.value as *const u64) as i64,
+                d => invalid!("attribute `{name}` has element type {d}: integers or bool"),
+            }
+        };
+        attrs.insert(name, v);
+    }
+    Ok(Frame {
+        api,
+        ctx: f.ctx,
+        stage: f.stage,
+        args,
+        rets,
+        attrs,
+    })
+}
+
+impl Frame<'_> {
+    fn attr(&self, name: &str) -> Result<i64> {
+        self.attrs
+            .get(name)
+            .copied()
+            .ok_or_else(|| Error::invalid(format!("attribute `{name}` is missing")))
+    }
+    fn flag(&self, name: &str) -> Result<bool> {
+        Ok(self.attrs.get(name).copied().unwrap_or(0) != 0)
+    }
+    fn stream(&self) -> Result<usize> {
+        let Some(get) = self.api.stream_get else {
+            invalid!("XLA's API has no XLA_FFI_Stream_Get");
+        };
+        let mut a = StreamGetArgs {
+            struct_size: size_of::<StreamGetArgs>(),
+            extension_start: std::ptr::null_mut(),
+            ctx: self.ctx,
+            stream: std::ptr::null_mut(),
+        };
+        // SAFETY: XLA's function with its argument struct, for this call's context.
+        let err = unsafe { get(&mut a) };
+        if !err.is_null() {
+            return Err(Error::new(
+                ErrorKind::Internal,
+                "XLA_FFI_Stream_Get failed (no stream in this stage)",
+            ));
+        }
+        Ok(a.stream as usize)
+    }
+    fn device_ordinal(&self) -> i32 {
+        let end = offset_of!(Api, device_ordinal_get) + size_of::<OtherFn>();
+        let Some(get) = self
+            .api
+            .device_ordinal_get
+            .filter(|_| has_field(self.api.struct_size, end))
+        else {
+            return -1;
+        };
+        let mut a = DeviceOrdinalGetArgs {
+            struct_size: size_of::<DeviceOrdinalGetArgs>(),
+            extension_start: std::ptr::null_mut(),
+            ctx: self.ctx,
+            device_ordinal: -1,
+        };
+        // SAFETY: as for the stream.
+        let err = unsafe { get(&mut a) };
+        if err.is_null() { a.device_ordinal } else { -1 }
+    }
+}
+
+fn tensor_of(b: &XBuffer, what: &str, scale_inv: Option<&XBuffer>) -> Result<Tensor> {
+    let dt = dtype_of(b.dtype, what)?;
+    let rank = b.rank.max(0) as usize;
+    // SAFETY: XLA gives `rank` dimensions.
+    let dims = unsafe { std::slice::from_raw_parts(b.dims as *const i64, rank) };
+    let dims: Vec<usize> = dims.iter().map(|&d| d.max(0) as usize).collect();
+    let mut t = Tensor {
+        data: Buffer::new(b.data as usize, dt, Shape::new(&dims)?)?,
+        ..Default::default()
+    };
+    if let Some(s) = scale_inv {
+        if s.dtype != XDT_F32 {
+            invalid!("the scale_inv of `{what}` must be f32 (one element)");
+        }
+        t.scale_inv = Buffer::new(s.data as usize, DType::F32, Shape::new(&[1])?)?;
+    }
+    Ok(t)
+}
+
+fn run(kind: Kind, f: &Frame) -> Result<()> {
+    let prepare = match f.stage {
+        STAGE_INITIALIZE => true,
+        STAGE_EXECUTE => false,
+        _ => return Ok(()), // instantiate / prepare: nothing to do
+    };
+    let (has_bias, has_scales, gelu, gather_b) = (
+        f.flag("has_bias")?,
+        f.flag("has_scales")?,
+        f.flag("gelu")?,
+        f.flag("gather_b")?,
+    );
+    let want_args = 2 + has_bias as usize + 2 * has_scales as usize;
+    let want_rets = 1 + gelu as usize + gather_b as usize;
+    if f.args.len() != want_args || f.rets.len() != want_rets {
+        invalid!(
+            "{} operands and {} results given, the attributes (has_bias = {has_bias}, has_scales = {has_scales}, gelu = {gelu}, gather_b = {gather_b}) ask for {want_args} and {want_rets}",
+            f.args.len(),
+            f.rets.len()
+        );
+    }
+    let scales = if has_scales {
+        let i = 2 + has_bias as usize;
+        (Some(f.args[i]), Some(f.args[i + 1]))
+    } else {
+        (None, None)
+    };
+    let a = tensor_of(f.args[0], "operand a", scales.0)?;
+    let b = tensor_of(f.args[1], "operand b", scales.1)?;
+    let bias = if has_bias {
+        Some(tensor_of(f.args[2], "operand bias", None)?)
+    } else {
+        None
+    };
+    let d = tensor_of(f.rets[0], "result d", None)?;
+    let pre = if gelu {
+        Some(tensor_of(f.rets[1], "result pre_act_out", None)?)
+    } else {
+        None
+    };
+    let bg = if gather_b {
+        Some(tensor_of(
+            f.rets[1 + gelu as usize],
+            "result b_gathered",
+            None,
+        )?)
+    } else {
+        None
+    };
+    let algo = f.attrs.get("algo").copied().unwrap_or(0);
+    if u32::try_from(algo)
+        .ok()
+        .and_then(|a| super::enums::NVTECommGemmAlgoType(a).name())
+        .is_none()
+    {
+        invalid!("attribute `algo` = {algo} is not a valid NVTECommGemmAlgoType");
+    }
+    let call = GemmCall {
+        kind,
+        m: f.attr("m")?,
+        n: f.attr("n")?,
+        k: f.attr("k")?,
+        a: &a,
+        b: &b,
+        d: &d,
+        bias: bias.as_ref(),
+        pre_act_out: pre.as_ref(),
+        transa: f.flag("transa")?,
+        transb: f.flag("transb")?,
+        grad: false,
+        accumulate: false,
+        comm_sm_count: i32::try_from(f.attrs.get("comm_sms").copied().unwrap_or(0))
+            .map_err(|_| Error::invalid("attribute `comm_sms` out of range"))?,
+        b_gathered: bg.as_ref(),
+    };
+    let key = f.attr("ctx")? as u64;
+    let ordinal = f.device_ordinal();
+    let ctx = ctx_of(bound(key, ordinal)? as *mut NVTECommGemmCtx)?;
+    let stream = f.stream()?;
+    let mut g = ctx.lock().unwrap_or_else(|e| e.into_inner());
+    if prepare {
+        g.prepare(&call, stream)
+    } else {
+        g.call(&call, stream)
+    }
+}
+
+fn xla_error(api: &Api, func: &str, e: &Error) -> *mut c_void {
+    let code = match e.kind {
+        ErrorKind::InvalidArgument => 3,
+        ErrorKind::Timeout => 4,
+        ErrorKind::Unsupported => 12,
+        _ => 13,
+    };
+    let msg = format!("{func}: {}: {}", status_of(e.kind), e.msg);
+    let msg = std::ffi::CString::new(msg.replace('\0', " ")).unwrap_or_default();
+    let Some(create) = api.error_create else {
+        return std::ptr::null_mut();
+    };
+    let mut a = ErrorCreateArgs {
+        struct_size: size_of::<ErrorCreateArgs>(),
+        extension_start: std::ptr::null_mut(),
+        message: msg.as_ptr(),
+        errc: code,
+    };
+    // SAFETY: XLA's function with its argument struct; it copies the message.
+    unsafe { create(&mut a) }
+}
+
+/// # Safety
+/// `frame` is the call frame XLA passes to a handler.
+unsafe fn handle(func: &'static str, kind: Kind, frame: *mut c_void) -> *mut c_void {
+    let f = frame as *mut CallFrame;
+    if f.is_null() {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: XLA's call frame; its size is checked before the fields past `api` are read.
+    let fr = unsafe { &*f };
+    // SAFETY: the frame's API table.
+    let Some(api) = (unsafe { fr.api.as_ref() }) else {
+        return std::ptr::null_mut();
+    };
+    firewall_with(
+        func,
+        |e| xla_error(api, func, e),
+        || {
+            if !has_field(fr.struct_size, size_of::<CallFrame>()) {
+                invalid!(
+                    "XLA's call frame has {} bytes, fewer than the {} of XLA FFI {API_MAJOR}.{API_MINOR}",
+                    fr.struct_size,
+                    size_of::<CallFrame>()
+                );
+            }
+            // The metadata query made at registration: report version and traits.
+            if !fr.extension_start.is_null() {
+                // SAFETY: an extension starts with its base.
+                let base = unsafe { &*fr.extension_start };
+                if base.ty == EXTENSION_METADATA {
+                    // SAFETY: the metadata extension's layout.
+                    let ext = unsafe { &*(fr.extension_start as *const MetadataExtension) };
+                    // SAFETY: XLA's metadata struct (checked for size).
+                    let Some(md) = (unsafe { ext.metadata.as_mut() }) else {
+                        invalid!("the metadata extension has no metadata");
+                    };
+                    if md.struct_size < offset_of!(Metadata, traits) + size_of::<u32>() {
+                        invalid!("XLA's metadata struct is smaller than XLA FFI 0.3's");
+                    }
+                    md.api_version = ApiVersion {
+                        struct_size: size_of::<ApiVersion>(),
+                        extension_start: std::ptr::null_mut(),
+                        major_version: API_MAJOR,
+                        minor_version: API_MINOR,
+                    };
+                    md.traits = TRAIT_COMMAND_BUFFER_COMPATIBLE;
+                    if md.struct_size >= size_of::<Metadata>() {
+                        md.state_type_id = 0; // XLA_FFI_UNKNOWN_TYPE_ID: no state
+                    }
+                    return Ok(std::ptr::null_mut());
+                }
+            }
+            // SAFETY: size checked above.
+            let frame = unsafe { decode(fr, api)? };
+            run(kind, &frame)?;
+            Ok(std::ptr::null_mut())
+        },
+    )
+}
+
+/// XLA FFI handler (`XLA_FFI_Handler`, `call_frame` is an `XLA_FFI_CallFrame *`; returns
+/// an `XLA_FFI_Error *`, NULL on success) of `nvte_all_gather_gemm`, for the initialize and
+/// execute stages. See the module documentation for operands, results and attributes.
+///
+/// # Safety
+/// Called by XLA with its call frame.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvte_comm_xla_all_gather_gemm(call_frame: *mut c_void) -> *mut c_void {
+    // SAFETY: forwarded from XLA.
+    unsafe { handle("nvte_comm_xla_all_gather_gemm", Kind::AllGather, call_frame) }
+}
+
+/// XLA FFI handler of `nvte_gemm_reduce_scatter` (as `nvte_comm_xla_all_gather_gemm`).
+///
+/// # Safety
+/// Called by XLA with its call frame.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvte_comm_xla_gemm_reduce_scatter(call_frame: *mut c_void) -> *mut c_void {
+    // SAFETY: forwarded from XLA.
+    unsafe {
+        handle(
+            "nvte_comm_xla_gemm_reduce_scatter",
+            Kind::ReduceScatter,
+            call_frame,
+        )
+    }
+}
+
+/// XLA FFI handler of `nvte_gemm_all_reduce` (as `nvte_comm_xla_all_gather_gemm`).
+///
+/// # Safety
+/// Called by XLA with its call frame.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvte_comm_xla_gemm_all_reduce(call_frame: *mut c_void) -> *mut c_void {
+    // SAFETY: forwarded from XLA.
+    unsafe { handle("nvte_comm_xla_gemm_all_reduce", Kind::AllReduce, call_frame) }
+}
+
+/// Offsets and sizes of the structs above, by C name, for the layout test against
+/// c_api.h (`python/tests/test_jax_host.py` compares them with a C program's).
+pub(crate) fn layout() -> Vec<(&'static str, usize)> {
+    macro_rules! off {
+        ($t:ty, $c:literal, $($f:ident => $cf:literal),*) => {
+            vec![(concat!("sizeof ", $c), size_of::<$t>()), $((concat!($c, ".", $cf), offset_of!($t, $f))),*]
+        };
+    }
+    let mut v = Vec::new();
+    v.extend(off!(ExtensionBase, "XLA_FFI_Extension_Base", ty => "type", next => "next"));
+    v.extend(off!(ApiVersion, "XLA_FFI_Api_Version", major_version => "major_version", minor_version => "minor_version"));
+    v.extend(
+        off!(ErrorCreateArgs, "XLA_FFI_Error_Create_Args", message => "message", errc => "errc"),
+    );
+    v.extend(off!(StreamGetArgs, "XLA_FFI_Stream_Get_Args", ctx => "ctx", stream => "stream"));
+    v.extend(off!(DeviceOrdinalGetArgs, "XLA_FFI_DeviceOrdinal_Get_Args", ctx => "ctx", device_ordinal => "device_ordinal"));
+    v.extend(off!(Api, "XLA_FFI_Api",
+        api_version => "api_version",
+        error_create => "XLA_FFI_Error_Create",
+        stream_get => "XLA_FFI_Stream_Get",
+        device_ordinal_get => "XLA_FFI_DeviceOrdinal_Get"));
+    v.extend(off!(XBuffer, "XLA_FFI_Buffer", dtype => "dtype", data => "data", rank => "rank", dims => "dims"));
+    v.extend(off!(Args, "XLA_FFI_Args", size => "size", types => "types", args => "args"));
+    v.extend(off!(Rets, "XLA_FFI_Rets", size => "size", types => "types", rets => "rets"));
+    v.extend(off!(ByteSpan, "XLA_FFI_ByteSpan", ptr => "ptr", len => "len"));
+    v.extend(off!(Scalar, "XLA_FFI_Scalar", dtype => "dtype", value => "value"));
+    v.extend(off!(Attrs, "XLA_FFI_Attrs", size => "size", types => "types", names => "names", attrs => "attrs"));
+    v.extend(off!(CallFrame, "XLA_FFI_CallFrame",
+        extension_start => "extension_start", api => "api", ctx => "ctx", stage => "stage",
+        args => "args", rets => "rets", attrs => "attrs"));
+    v.extend(off!(Metadata, "XLA_FFI_Metadata", api_version => "api_version", traits => "traits", state_type_id => "state_type_id"));
+    v.extend(off!(MetadataExtension, "XLA_FFI_Metadata_Extension", metadata => "metadata"));
+    v
+}
+
+/// The layout table as text, one `name value` line each (for the layout test, which
+/// reads it through ctypes). Returns the number of bytes needed (with the NUL); writes
+/// at most `cap` bytes.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvte_comm_xla_layout(out: *mut c_char, cap: usize) -> usize {
+    firewall_with(
+        "nvte_comm_xla_layout",
+        |_| 0,
+        || {
+            let mut s = String::new();
+            for (k, v) in layout() {
+                s.push_str(&format!("{k} {v}\n"));
+            }
+            let bytes = s.as_bytes();
+            if !out.is_null() && cap > 0 {
+                let n = bytes.len().min(cap - 1);
+                // SAFETY: the caller's buffer of `cap` bytes.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(bytes.as_ptr(), out as *mut u8, n);
+                    *out.add(n) = 0;
+                }
+            }
+            Ok(bytes.len() + 1)
+        },
+    )
+}
