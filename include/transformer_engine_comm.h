@@ -769,7 +769,7 @@ NVTECommStatus nvte_comm_tensor_create_simple(void *data,
                                               NVTETensor *out);
 
 /**
- * Make `ctx` the context of handler calls with attribute `ctx = key` running on CUDA
+ * Make `ctx` the context of handler calls with attribute `context = key` running on CUDA
  * device `device_ordinal` (XLA's execution-context ordinal; -1: any device without a
  * binding of its own). Replaces an earlier binding. The context must outlive every
  * execution that uses it: unbind before destroying it.
@@ -782,6 +782,15 @@ NVTECommStatus nvte_comm_xla_bind(uint64_t key,
  * Remove the binding of (`key`, `device_ordinal`); not bound is an error.
  */
 NVTECommStatus nvte_comm_xla_unbind(uint64_t key, int32_t device_ordinal);
+
+/**
+ * Counts of the handlers' successful calls since the library was loaded: execute stages
+ * (`executed`), those of them that XLA captured into a command buffer (`captured`), and
+ * initialize stages (`initialized`). Each out-pointer may be NULL.
+ */
+NVTECommStatus nvte_comm_xla_counters(uint64_t *executed,
+                                      uint64_t *captured,
+                                      uint64_t *initialized);
 
 /**
  * XLA FFI handler (`XLA_FFI_Handler`, `call_frame` is an `XLA_FFI_CallFrame *`; returns

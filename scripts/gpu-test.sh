@@ -45,10 +45,13 @@ run() {  # run NAME NP CMD...: log, time, and a summary row from the run's closi
 # Stages (TE_COMM_STAGES, default all): c = the C/C++ tests; reliability = fault
 # injection, cross-rank check, soak, churn; sanitizer = compute-sanitizer memcheck,
 # racecheck and synccheck on the GPU tests; torch = the PyTorch package
-# tests, the C++ extension example and the seed-002 example runs; bench = the benchmarks.
-stages=" ${TE_COMM_STAGES:-c reliability sanitizer torch bench} "
+# tests, the C++ extension example and the seed-002 example runs; jax = the JAX package's
+# GPU tests (python/tests/jax) and its example; bench = the benchmarks.
+stages=" ${TE_COMM_STAGES:-c reliability sanitizer torch jax bench} "
 has_torch=0
 python3 -c 'import torch' 2>/dev/null && has_torch=1
+has_jax=0
+python3 -c 'import jax' 2>/dev/null && has_jax=1
 export TE_COMM_LIB=$lib PYTHONPATH=$root/python${PYTHONPATH:+:$PYTHONPATH}
 
 if [[ $stages == *" c "* ]]; then
@@ -125,6 +128,15 @@ if [[ $stages == *" torch "* ]] && [ "$has_torch" = 1 ]; then
   TE_COMM_TEST_TIMEOUT=900 run example-test "2,4" "$root/scripts/example-test.sh"
 fi
 
+if [[ $stages == *" jax "* ]] && [ "$has_jax" = 1 ]; then
+  # Process counts: the rank counts above; with one GPU, 2 processes share it.
+  jnps=$(IFS=,; echo "${nps[*]}")
+  [ "$ngpu" -eq 1 ] && jnps="1,2"
+  TE_COMM_JAX_NP=$jnps TE_COMM_TEST_TIMEOUT=1800 run jax-test "$jnps" \
+    python3 -m pytest -q -rs -p no:cacheprovider "$root/python/tests/jax"
+  TE_COMM_TEST_TIMEOUT=600 run jax-example "$ngpu" python3 "$root/examples/jax/mlp_with_overlap.py" --steps 20
+fi
+
 if [[ $stages == *" bench "* ]]; then
   # Benchmark on all GPUs, then the comparison with torch.matmul in one process.
   run bench_gemm "$ngpu" "$root/tests_c/run_mpi.sh" "$ngpu" "$build/tests_c/bench_gemm" --out "$out/bench_gemm.md"
@@ -135,6 +147,7 @@ if [[ $stages == *" bench "* ]]; then
     [ "$has_torch" = 1 ] && run torch_ops "$np" python3 -m torch.distributed.run --standalone --nproc-per-node="$np" \
       "$root/bench/torch_ops.py" --out "$out/torch_ops_tp$np.md"
   done
+  [ "$has_jax" = 1 ] && TE_COMM_TEST_TIMEOUT=900 run jax_ops "$ngpu" python3 "$root/bench/jax_ops.py" --out "$out/jax_ops.md"
   [ "$has_torch" = 1 ] && run gemm_vs_torch 1 python3 "$root/bench/gemm_vs_torch.py" --lib "$lib" --out "$out/gemm_vs_torch.md"
 fi
 
@@ -145,7 +158,7 @@ fi
 } >"$summary"
 [ -f "$out/bench_gemm.md" ] && { echo; echo "GEMM benchmark:"; cat "$out/bench_gemm.md"; }
 [ -f "$out/gemm_vs_torch.md" ] && { echo; echo "nvte_cublas_gemm vs torch:"; cat "$out/gemm_vs_torch.md"; }
-for f in "$out"/bench_overlap_tp*.md "$out"/bench_comm_gemm_tp*.md "$out"/torch_ops_tp*.md; do [ -f "$f" ] && { echo; echo "benchmark ($(basename "$f" .md)):"; cat "$f"; }; done
+for f in "$out"/bench_overlap_tp*.md "$out"/bench_comm_gemm_tp*.md "$out"/torch_ops_tp*.md "$out"/jax_ops.md; do [ -f "$f" ] && { echo; echo "benchmark ($(basename "$f" .md)):"; cat "$f"; }; done
 [ -f "$out/example/summary.md" ] && { echo; echo "layer_with_overlap.py (seed 002):"; cat "$out/example/summary.md"; }
 echo; grep -E "FAIL" "$log" | head -n 30
 echo; cat "$summary"

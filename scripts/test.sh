@@ -85,8 +85,15 @@ if ! "$py" -c "import pytest" 2>/dev/null; then
   [ -d "$pydeps_pytest/pytest" ] || "$py" -m pip install -q --disable-pip-version-check --target "$pydeps_pytest" pytest >&2
   pypath=$pypath:$pydeps_pytest
 fi
+# jax (CPU wheels) for the JAX integration's host tests (python/tests/test_jax_host.py:
+# the XLA FFI layouts against jaxlib's c_api.h, the exchanges, the lowering), which must run.
+pydeps_jax=$root/.pydeps/jax
+if ! "$py" -c "import jax" 2>/dev/null; then
+  [ -d "$pydeps_jax/jax" ] || "$py" -m pip install -q --disable-pip-version-check --target "$pydeps_jax" jax >&2
+  pypath=$pypath:$pydeps_jax
+fi
 rc=0
-TE_COMM_LIB="$lib" PYTHONPATH="$pypath${PYTHONPATH:+:$PYTHONPATH}" \
+TE_COMM_REQUIRE_JAX=1 TE_COMM_LIB="$lib" PYTHONPATH="$pypath${PYTHONPATH:+:$PYTHONPATH}" \
   "$py" -m pytest -q -rsx -p no:cacheprovider "$root/python/tests" --ignore="$root/python/tests/torch" || rc=$?
 if [ "$rc" -eq 5 ]; then
   echo "pytest collected no tests under python/tests: the Python binding went untested" >&2

@@ -150,6 +150,7 @@ impl CommGemmCtx {
                 bs.rank
             );
         }
+        let _guard = ContextGuard::for_stream(0)?;
         Self::from_bootstrap(bs)
     }
 
@@ -167,8 +168,9 @@ impl CommGemmCtx {
     /// caller's allgather/barrier callbacks). Nothing collective happens here: the
     /// engines are created, collectively, by the first call (or `prepare`) of each kind.
     pub fn from_bootstrap(bs: Bootstrap) -> Result<CommGemmCtx> {
+        // No CUDA here: each call enters its stream's context (a framework thread may
+        // have none current, and device 0 may not be this rank's).
         let cfg = Self::check_env()?;
-        let _guard = ContextGuard::for_stream(0)?;
         Ok(CommGemmCtx {
             nranks: bs.size,
             rank: bs.rank,

@@ -266,6 +266,15 @@ PROTOTYPES = [
     ("nvte_all_gather_gemm", None, _COMM_GEMM_ARGS),
     ("nvte_gemm_reduce_scatter", None, _COMM_GEMM_ARGS),
     ("nvte_gemm_all_reduce", None, _COMM_GEMM_ARGS),
+    ("nvte_comm_gemm_ctx_create_bootstrap", _ST, [POINTER(Bootstrap), POINTER(_CTX)]),
+    # XLA FFI handlers (XLA_FFI_Handler: XLA_FFI_Error *(XLA_FFI_CallFrame *)) and their contexts
+    ("nvte_comm_xla_bind", _ST, [c_uint64, c_int32, _CTX]),
+    ("nvte_comm_xla_unbind", _ST, [c_uint64, c_int32]),
+    ("nvte_comm_xla_all_gather_gemm", c_void_p, [c_void_p]),
+    ("nvte_comm_xla_gemm_reduce_scatter", c_void_p, [c_void_p]),
+    ("nvte_comm_xla_gemm_all_reduce", c_void_p, [c_void_p]),
+    ("nvte_comm_xla_layout", c_size_t, [c_char_p, c_size_t]),
+    ("nvte_comm_xla_counters", _ST, [POINTER(c_uint64), POINTER(c_uint64), POINTER(c_uint64)]),
     # errors, runtime
     ("nvte_comm_last_error", c_char_p, []),
     ("nvte_comm_last_status", _ST, []),
@@ -879,6 +888,35 @@ class GemmCtx:
         if not ctx:
             _raise_last("GemmCtx")
         self._ctx = ctx
+
+    @classmethod
+    def from_callbacks(cls, rank: int, nranks: int, allgather_fn: Callable, barrier_fn: Callable) -> "GemmCtx":
+        """A context whose setup exchanges go through Python callables (as
+        :meth:`Overlap.from_callbacks`; no NCCL needed with the IPC transport). Nothing
+        collective happens here: each operation's first call (or XLA initialize stage)
+        creates its engine collectively through the callables, possibly on another
+        thread, so they must be thread-safe and stay usable for the context's life. An
+        exception in either makes that call fail; it is kept in ``callback_errors``."""
+        self = cls.__new__(cls)
+        self._ctx = None
+        self.nranks = int(nranks)
+        self.rank = int(rank)
+        self.callback_errors = []
+        ag, bar = _wrap_callbacks(allgather_fn, barrier_fn, self.callback_errors)
+        bs = Bootstrap()
+        bs.world_rank = self.rank
+        bs.world_size = self.nranks
+        bs.nccl_comm = None
+        bs.allgather = ag
+        bs.barrier = bar
+        # The C callbacks and the struct must outlive every call the library makes through them.
+        self._keepalive = (bs, ag, bar, allgather_fn, barrier_fn)
+        out = c_void_p()
+        status = lib().nvte_comm_gemm_ctx_create_bootstrap(byref(bs), byref(out))
+        if status != Status.NVTE_COMM_SUCCESS:
+            raise CommError(status, last_error(), "GemmCtx.from_callbacks")
+        self._ctx = out.value
+        return self
 
     @property
     def handle(self) -> c_void_p:

@@ -18,17 +18,18 @@
 //! Operands (in order): `a`, `b` (TE's A and B: weight and input for Linear), `bias` when
 //! attribute `has_bias`, then A's and B's `scale_inv` (f32, one element) when
 //! `has_scales` (FP8). Results: `d`, then `pre_act_out` when `gelu`, then B gathered when
-//! `gather_b` (all-gather only). Attributes (any integer or bool scalar type): `ctx`
+//! `gather_b` (all-gather only). Attributes (any integer or bool scalar type): `context`
 //! (the key given to `nvte_comm_xla_bind`), `m`, `n`, `k` (global sizes, as in
 //! `nvte_all_gather_gemm`), `transa`, `transb`, `comm_sms`, `algo`, `has_bias`,
 //! `has_scales`, `gelu`, `gather_b`.
 //!
-//! The context of a call is looked up by (`ctx`, the device ordinal of XLA's execution
+//! The context of a call is looked up by (`context`, the device ordinal of XLA's execution
 //! context), so one SPMD program drives one context per local device.
 use super::comm_gemm::{NVTECommGemmCtx, ctx as ctx_of};
 use super::enums::NVTECommStatus;
 use super::{firewall_with, status_call, status_of};
 use crate::comm_gemm::{GemmCall, Kind};
+use crate::cuda::resources::capture_status;
 use crate::error::{Error, ErrorKind, Result};
 use crate::tensor::{Buffer, DType, Shape, Tensor};
 use crate::{invalid, unsupported};
@@ -36,6 +37,7 @@ use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void};
 use std::mem::{offset_of, size_of};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 // ---- the C API's structs (c_api.h), only the fields this module reads or writes ----
 
@@ -231,7 +233,7 @@ fn dtype_of(x: i32, what: &str) -> Result<DType> {
 
 static BINDINGS: Mutex<Option<HashMap<(u64, i32), usize>>> = Mutex::new(None);
 
-/// Make `ctx` the context of handler calls with attribute `ctx = key` running on CUDA
+/// Make `ctx` the context of handler calls with attribute `context = key` running on CUDA
 /// device `device_ordinal` (XLA's execution-context ordinal; -1: any device without a
 /// binding of its own). Replaces an earlier binding. The context must outlive every
 /// execution that uses it: unbind before destroying it.
@@ -504,16 +506,46 @@ fn run(kind: Kind, f: &Frame) -> Result<()> {
             .map_err(|_| Error::invalid("attribute `comm_sms` out of range"))?,
         b_gathered: bg.as_ref(),
     };
-    let key = f.attr("ctx")? as u64;
+    let key = f.attr("context")? as u64;
     let ordinal = f.device_ordinal();
     let ctx = ctx_of(bound(key, ordinal)? as *mut NVTECommGemmCtx)?;
     let stream = f.stream()?;
     let mut g = ctx.lock().unwrap_or_else(|e| e.into_inner());
     if prepare {
-        g.prepare(&call, stream)
+        g.prepare(&call, stream)?;
+        COUNTERS[2].fetch_add(1, Ordering::Relaxed);
     } else {
-        g.call(&call, stream)
+        g.call(&call, stream)?;
+        COUNTERS[0].fetch_add(1, Ordering::Relaxed);
+        if capture_status(stream)?.active() {
+            COUNTERS[1].fetch_add(1, Ordering::Relaxed);
+        }
     }
+    Ok(())
+}
+
+/// Handler calls that succeeded: executed, of which enqueued into a capture (a command
+/// buffer), and initialize stages.
+static COUNTERS: [AtomicU64; 3] = [const { AtomicU64::new(0) }; 3];
+
+/// Counts of the handlers' successful calls since the library was loaded: execute stages
+/// (`executed`), those of them that XLA captured into a command buffer (`captured`), and
+/// initialize stages (`initialized`). Each out-pointer may be NULL.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvte_comm_xla_counters(
+    executed: *mut u64,
+    captured: *mut u64,
+    initialized: *mut u64,
+) -> NVTECommStatus {
+    status_call("nvte_comm_xla_counters", || {
+        for (p, c) in [executed, captured, initialized].into_iter().zip(&COUNTERS) {
+            if !p.is_null() {
+                // SAFETY: the caller's out-pointer.
+                unsafe { *p = c.load(Ordering::Relaxed) };
+            }
+        }
+        Ok(())
+    })
 }
 
 fn xla_error(api: &Api, func: &str, e: &Error) -> *mut c_void {

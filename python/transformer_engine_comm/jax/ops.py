@@ -1,0 +1,195 @@
+"""Comm-GEMM ops for JAX: XLA FFI custom calls into the library's handlers.
+
+Layouts follow ``jnp`` (row-major) and ``Linear``: ``x`` is ``[tokens, in]``, ``w`` is
+``[out, in]``. Per device (inside ``shard_map`` over the TP axis, or on a process's local
+arrays with one device per process):
+
+- :func:`all_gather_gemm`: ``x`` ``[tokens/tp, K]`` gathered along tokens, ``w``
+  ``[N/tp, K]`` -> ``y = AG(x) @ w.T (+ bias)`` ``[tokens, N/tp]``; optional GELU (``y``
+  activated, pre-activation returned too) and the gathered ``x`` (for a weight gradient).
+- :func:`gemm_reduce_scatter`: ``x`` ``[tokens, K/tp]``, ``w`` ``[N, K/tp]`` ->
+  ``RS(x @ w.T) (+ bias)`` ``[tokens/tp, N]``.
+- :func:`gemm_all_reduce`: as above, every device gets ``[tokens, N]``.
+
+FP8: ``x`` and ``w`` as ``jnp.float8_e4m3fn`` / ``float8_e5m2`` with ``x_scale_inv`` /
+``w_scale_inv`` (f32, one element; dequantized = stored x scale_inv); the output is bf16
+unless ``out_dtype`` says otherwise. Tokens need not divide by tp outside ``shard_map``
+(``n_tokens`` = the global count; each rank holds ``numroc`` of them, the last ranks
+fewer), as the C API.
+
+The ops are collective: every device of the group must execute them in the same order.
+They work under ``jax.jit``, inside XLA command buffers (CUDA graphs), and are
+differentiable through the layers in :mod:`transformer_engine_comm.jax.layers`.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Optional
+
+import numpy as np
+
+from .. import _capi
+from ._context import TPContext
+
+# op -> (XLA custom-call target, library symbol)
+TARGETS = {
+    "ag": ("te_comm_all_gather_gemm", "nvte_comm_xla_all_gather_gemm"),
+    "rs": ("te_comm_gemm_reduce_scatter", "nvte_comm_xla_gemm_reduce_scatter"),
+    "ar": ("te_comm_gemm_all_reduce", "nvte_comm_xla_gemm_all_reduce"),
+}
+
+_registered = False
+_reg_lock = threading.Lock()
+
+
+def register() -> None:
+    """Register the three handlers with XLA for platform CUDA (idempotent). Each is
+    registered for the initialize stage (creates engines and buffers outside any capture)
+    and the execute stage."""
+    global _registered
+    with _reg_lock:
+        if _registered:
+            return
+        import jax
+
+        lib = _capi.lib()
+        for target, symbol in TARGETS.values():
+            cap = jax.ffi.pycapsule(getattr(lib, symbol))
+            jax.ffi.register_ffi_target(target, {"initialize": cap, "execute": cap}, platform="CUDA", api_version=1)
+        _registered = True
+
+
+def numroc(global_size: int, nranks: int, rank: int) -> int:
+    """A rank's share under the library's block distribution (block ceil(global / nranks))."""
+    if global_size <= 0:
+        return 0
+    block = -(-global_size // nranks)
+    return max(0, min(block, global_size - rank * block))
+
+
+def _is_fp8(dtype) -> bool:
+    import jax.numpy as jnp
+
+    return dtype in (jnp.float8_e4m3fn, jnp.float8_e5m2)
+
+
+def _out_dtype(x, out_dtype):
+    import jax.numpy as jnp
+
+    if out_dtype is not None:
+        return jnp.dtype(out_dtype)
+    return jnp.dtype(jnp.bfloat16) if _is_fp8(x.dtype) else x.dtype
+
+
+def _scales(a, b, a_scale_inv, b_scale_inv):
+    import jax.numpy as jnp
+
+    fp8 = _is_fp8(a.dtype) or _is_fp8(b.dtype)
+    if not fp8:
+        if a_scale_inv is not None or b_scale_inv is not None:
+            raise ValueError("scale_inv is only for FP8 operands")
+        return []
+    if a_scale_inv is None or b_scale_inv is None:
+        raise ValueError("FP8 operands need both x_scale_inv and w_scale_inv (f32, one element)")
+    return [jnp.asarray(a_scale_inv, jnp.float32).reshape(1), jnp.asarray(b_scale_inv, jnp.float32).reshape(1)]
+
+
+def ffi_gemm(kind: str, a, b, bias=None, a_scale_inv=None, b_scale_inv=None, *, ctx: TPContext, m: int, n: int,
+             k: int, transa: bool, d_shape, d_dtype, gelu: bool = False, gather_b: bool = False, comm_sms: int = 0,
+             algo: int = 0):
+    """The custom call in TE's terms (``a`` = A, ``b`` = B with transb = false, global m, n,
+    k as in ``nvte_all_gather_gemm``). Returns a list: d, [pre_act], [b gathered]."""
+    import jax
+
+    if ctx.closed:
+        raise ValueError(f"{ctx!r} is closed")
+    register()
+    target = TARGETS[kind][0]
+    outs = [jax.ShapeDtypeStruct(tuple(d_shape), d_dtype)]
+    if gelu:
+        outs.append(jax.ShapeDtypeStruct(tuple(d_shape), d_dtype))
+    if gather_b:
+        outs.append(jax.ShapeDtypeStruct((n, k), b.dtype))
+    scales = _scales(a, b, a_scale_inv, b_scale_inv)
+    args = [a, b] + ([bias] if bias is not None else []) + scales
+    res = jax.ffi.ffi_call(target, outs)(
+        *args,
+        context=np.uint64(ctx.key),
+        m=np.int64(m),
+        n=np.int64(n),
+        k=np.int64(k),
+        transa=bool(transa),
+        transb=False,
+        comm_sms=np.int32(comm_sms),
+        algo=np.int32(algo),
+        has_bias=bias is not None,
+        has_scales=bool(scales),
+        gelu=bool(gelu),
+        gather_b=bool(gather_b),
+    )
+    return list(res)
+
+
+def _check2(x, what):
+    if x.ndim != 2:
+        raise ValueError(f"{what} must be 2-D (reshape [batch, seq, hidden] to [batch*seq, hidden]), got {x.shape}")
+
+
+def ag_gemm(a, b, bias=None, *, ctx: TPContext, transa: bool = True, n_tokens: Optional[int] = None,
+            gelu: bool = False, gather_b: bool = False, a_scale_inv=None, b_scale_inv=None, out_dtype=None,
+            comm_sms: int = 0, algo: int = 0):
+    """All-gather GEMM in TE's terms: B ``[n_local, k]`` gathered along n; A is
+    ``[m_local, k]`` (transa) or ``[k, m_local]``; D ``[n, m_local]``."""
+    _check2(a, "A")
+    _check2(b, "B")
+    n_l, k = b.shape
+    m_l = a.shape[0] if transa else a.shape[1]
+    n = int(n_tokens) if n_tokens is not None else n_l * ctx.size
+    return ffi_gemm("ag", a, b, bias, a_scale_inv, b_scale_inv, ctx=ctx, m=m_l * ctx.size, n=n, k=k, transa=transa,
+                    d_shape=(n, m_l), d_dtype=_out_dtype(b, out_dtype), gelu=gelu, gather_b=gather_b,
+                    comm_sms=comm_sms, algo=algo)
+
+
+def _scattered_rows(n: int, ctx: TPContext) -> int:
+    if n % ctx.size == 0:
+        return n // ctx.size
+    return numroc(n, ctx.size, ctx.rank)  # one device per process: its own rank
+
+
+def rs_gemm(a, b, bias=None, *, ctx: TPContext, transa: bool = True, all_reduce: bool = False, a_scale_inv=None,
+            b_scale_inv=None, out_dtype=None, comm_sms: int = 0, algo: int = 0):
+    """GEMM + reduce-scatter (or all-reduce) in TE's terms: k split; B ``[n, k_local]``; A
+    ``[m, k_local]`` (transa) or ``[k_local, m]``; D ``[n/tp, m]`` (all-reduce: ``[n, m]``)."""
+    _check2(a, "A")
+    _check2(b, "B")
+    n, k_l = b.shape
+    m = a.shape[0] if transa else a.shape[1]
+    rows = n if all_reduce else _scattered_rows(n, ctx)
+    return ffi_gemm("ar" if all_reduce else "rs", a, b, bias, a_scale_inv, b_scale_inv, ctx=ctx, m=m, n=n,
+                    k=k_l * ctx.size, transa=transa, d_shape=(rows, m), d_dtype=_out_dtype(b, out_dtype),
+                    comm_sms=comm_sms, algo=algo)
+
+
+def all_gather_gemm(x, w, bias=None, *, ctx: TPContext, n_tokens: Optional[int] = None, gelu: bool = False,
+                    return_gathered: bool = False, x_scale_inv=None, w_scale_inv=None, out_dtype=None,
+                    comm_sms: int = 0, algo: int = 0):
+    """``y = AG(x) @ w.T (+ bias)``: x ``[tokens/tp, K]``, w ``[N/tp, K]`` -> y ``[tokens, N/tp]``.
+    With ``gelu``: returns ``(gelu(y), y)``; with ``return_gathered``: also ``AG(x)``."""
+    out = ag_gemm(w, x, bias, ctx=ctx, transa=True, n_tokens=n_tokens, gelu=gelu, gather_b=return_gathered,
+                  a_scale_inv=w_scale_inv, b_scale_inv=x_scale_inv, out_dtype=out_dtype, comm_sms=comm_sms,
+                  algo=algo)
+    return out[0] if len(out) == 1 else tuple(out)
+
+
+def gemm_reduce_scatter(x, w, bias=None, *, ctx: TPContext, x_scale_inv=None, w_scale_inv=None, out_dtype=None,
+                        comm_sms: int = 0, algo: int = 0):
+    """``RS(x @ w.T) (+ bias)``: x ``[tokens, K/tp]``, w ``[N, K/tp]`` -> ``[tokens/tp, N]``."""
+    return rs_gemm(w, x, bias, ctx=ctx, transa=True, a_scale_inv=w_scale_inv, b_scale_inv=x_scale_inv,
+                   out_dtype=out_dtype, comm_sms=comm_sms, algo=algo)[0]
+
+
+def gemm_all_reduce(x, w, bias=None, *, ctx: TPContext, x_scale_inv=None, w_scale_inv=None, out_dtype=None,
+                    comm_sms: int = 0, algo: int = 0):
+    """``AR(x @ w.T) (+ bias)``: x ``[tokens, K/tp]``, w ``[N, K/tp]`` -> ``[tokens, N]``."""
+    return rs_gemm(w, x, bias, ctx=ctx, transa=True, all_reduce=True, a_scale_inv=w_scale_inv,
+                   b_scale_inv=x_scale_inv, out_dtype=out_dtype, comm_sms=comm_sms, algo=algo)[0]
