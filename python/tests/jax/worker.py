@@ -104,7 +104,7 @@ def local_checks():
     results = tj.KVExchange("te_comm/jax-test", r, tp) if tp > 1 else None
 
     def sum_over_ranks(a):
-        a = np.ascontiguousarray(a, np.float32)
+        a = np.array(a, np.float32)  # keeps 0-d scalars 0-d
         if results is None:
             return a
         return np.frombuffer(results.allgather(a.tobytes()), np.float32).reshape((tp,) + a.shape).sum(0)
@@ -326,18 +326,23 @@ def shard_map_checks():
         def fwd(fp8=fp8):
             f = jax.jit(smap(lambda *a: tj.mlp(*a, ctx=ctx, fp8=fp8), P("tp", None)))
             ref = np.asarray(ref_model(*[jnp.asarray(a) for a in (X, W1, B1, W2, B2)]))
-            return f"rel err {expect_close('y', f(*glob), ref, 6e-2 if fp8 else 2e-2):.2e}"
+            # Several executions: XLA instantiates a command buffer after the first runs.
+            errs = [expect_close("y", f(*glob), ref, 6e-2 if fp8 else 2e-2) for _ in range(4)]
+            return f"max rel err {max(errs):.2e} over 4 executions"
 
         check(f"shard_map tp{tp} mlp {name} forward", fwd)
 
         def grad(fp8=fp8):
             def loss_with(layer):
                 return lambda *a: jnp.sum(smap(layer, P("tp", None))(*a).astype(jnp.float32) ** 2) / T
-            g = jax.jit(jax.grad(loss_with(lambda *a: tj.mlp(*a, ctx=ctx, fp8=fp8)), argnums=range(5)))(*glob)
+            gf = jax.jit(jax.grad(loss_with(lambda *a: tj.mlp(*a, ctx=ctx, fp8=fp8)), argnums=range(5)))
             ref = jax.jit(jax.grad(loss_with(lax_layers), argnums=range(5)))(*glob)
             tol = 1e-1 if fp8 else 3e-2
-            errs = [expect_close(n, a, np.asarray(jnp.asarray(b, jnp.float32)), tol)
-                    for n, a, b in zip(("dx", "dw1", "db1", "dw2", "db2"), g, ref)]
+            errs = []
+            for _ in range(4):
+                g = gf(*glob)
+                errs += [expect_close(n, a, np.asarray(jnp.asarray(b, jnp.float32)), tol)
+                         for n, a, b in zip(("dx", "dw1", "db1", "dw2", "db2"), g, ref)]
             return "vs lax.all_gather / psum_scatter layers: max rel err " + f"{max(errs):.2e}"
 
         check(f"shard_map tp{tp} mlp {name} gradients", grad)
