@@ -209,7 +209,8 @@ typedef struct NVTECommOverlapConfig {
    */
   bool aggregate;
   /**
-   * TE's atomic GEMM algorithms: not implemented, must be false
+   * TE's atomic GEMM algorithms: must be false (cuBLASLt 13 removed the atomic-sync
+   * counters they need: bench/atomic_gemm_probe.cu)
    */
   bool atomic_gemm;
   /**

@@ -178,6 +178,7 @@ def _expected_ctypes(capi, ctype, enum_names):
         "struct NVTECommGemmCtx *": c_void_p, "struct NVTECommOverlap *": c_void_p,
         "const char *": c_char_p, "const char **": P(c_char_p),
         "NVTETensor *": P(c_void_p), "struct NVTECommOverlap **": P(c_void_p), "ncclComm_t *": P(c_void_p),
+        "struct NVTECommGemmCtx **": P(c_void_p), "char *": c_char_p, "uint64_t *": P(c_uint64),
         "size_t *": P(c_size_t), "const size_t *": P(c_size_t), "int32_t *": P(c_int32), "bool *": P(c_bool),
         "uint8_t *": P(c_uint8), "const uint8_t *": P(c_uint8),
         "struct NVTEShape": capi.Shape, "struct NVTEBasicTensor": capi.BasicTensor,

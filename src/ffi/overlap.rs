@@ -63,7 +63,8 @@ pub struct NVTECommOverlapConfig {
     pub use_ce: bool,
     /// bidirectional ring all-gather (default false)
     pub aggregate: bool,
-    /// TE's atomic GEMM algorithms: not implemented, must be false
+    /// TE's atomic GEMM algorithms: must be false (cuBLASLt 13 removed the atomic-sync
+    /// counters they need: bench/atomic_gemm_probe.cu)
     pub atomic_gemm: bool,
     /// stream priorities, clamped to the device's range (lower = higher priority)
     pub gemm_priority: i32,

@@ -155,7 +155,7 @@ impl Config {
         }
         if self.atomic_gemm {
             unsupported!(
-                "config atomic_gemm = true: the atomic-GEMM algorithms are not implemented"
+                "config atomic_gemm = true: the atomic-GEMM algorithms are not implemented (cuBLASLt 13 has no atomic-sync counters: bench/atomic_gemm_probe.cu)"
             );
         }
         if self.timeout_ms <= 0 {
