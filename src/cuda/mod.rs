@@ -3,6 +3,7 @@
 //! load libcuda / libcublasLt / libnvrtc / libnccl on first use.
 pub mod dynlib;
 pub mod nvrtc;
+pub mod nvtx;
 pub mod resources;
 
 use crate::error::ErrorKind as K;

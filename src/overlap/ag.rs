@@ -167,6 +167,14 @@ impl Overlap {
                     dst_offset: off(rc),
                     bytes: chunk_bytes,
                 };
+                self.step(|| {
+                    format!(
+                        "ring {dir} step {}: chunk {c} to rank {}, chunk {rc} from rank {}",
+                        s + 1,
+                        t.to,
+                        t.from
+                    )
+                });
                 self.t
                     .exchange(&[send], &[recv], slot, tag(s), st, info(s + 1))?;
                 copy_out(rc, st)?;
@@ -207,6 +215,7 @@ impl Overlap {
             if full.epilogue == Epilogue::BGradB {
                 g.bias = full.bias + c * nc * eb(full.bias_type);
             }
+            self.step(|| format!("GEMM chunk {c} ({} of {tp})", j + 1));
             self.run_gemm(&g, &guard, si, true)?;
         }
         self.finish(stream)

@@ -217,6 +217,7 @@ impl Overlap {
             g.n = hi - lo;
             g.b = full.b + if x.transb { lo } else { lo * full.ldb } * eb_b;
             g.d = full.d + lo * m * e;
+            self.step(|| format!("GEMM chunk {i} of {s} (rows {lo}..{hi})"));
             self.run_gemm(&g, &guard, 0, false)?;
             self.ev_chunk[1 + i].record(self.compute[0].raw())?;
             self.mark(self.compute[0].raw(), || format!("gemm{i}"))?;
@@ -294,6 +295,7 @@ impl Overlap {
             let sl = Slices::new((bounds[i + 1] - bounds[i]) * m, tp);
             let (at, len) = (sl.start(r), sl.len(r));
             // Scatter: slice q of this rank's partial to rank q's slots.
+            self.step(|| format!("all-reduce chunk {i} of {s}: scatter, reduce, gather"));
             self.ev_chunk[1 + i].wait_on(scatter)?;
             for k in 1..tp {
                 let q = (r + k) % tp;

@@ -21,7 +21,7 @@ pub mod rs;
 pub mod schedule;
 
 use crate::cuda::resources::{Capture, DeviceMem, Event, Stream, capture_status, copy_async};
-use crate::cuda::{self, ContextGuard, DeviceInfo, arg, nvrtc};
+use crate::cuda::{self, ContextGuard, DeviceInfo, arg, nvrtc, nvtx};
 use crate::error::ErrorKind as K;
 use crate::error::{Error, Result};
 use crate::gemm::{self, GemmDesc};
@@ -281,6 +281,9 @@ pub struct Overlap {
     broken: Option<Error>,
     module: std::sync::Arc<nvrtc::Module>,
     trace: Option<Trace>,
+    /// NVTE_COMM_NVTX: the open NVTX ranges of the call in progress and of its step
+    nvtx_call: Option<nvtx::Range>,
+    nvtx_step: std::cell::RefCell<Option<nvtx::Range>>,
 }
 
 /// NVTE_COMM_TRACE=1: timed events at the steps of the last call, printed (per rank, in
@@ -433,6 +436,8 @@ impl Overlap {
             broken: None,
             module,
             dev,
+            nvtx_call: None,
+            nvtx_step: Default::default(),
             trace: if trace {
                 Some(Trace {
                     events: (0..256).map(|_| Event::timed()).collect::<Result<_>>()?,
@@ -586,6 +591,16 @@ impl Overlap {
         }
     }
 
+    /// NVTE_COMM_NVTX: the next step of the call (an NVTX range from here to the next
+    /// step or the call's end, around the enqueueing of the step's work).
+    fn step(&self, name: impl FnOnce() -> String) {
+        if nvtx::enabled() {
+            let mut s = self.nvtx_step.borrow_mut();
+            drop(s.take()); // pop before the next push: NVTX ranges are a stack
+            *s = Some(nvtx::range(name));
+        }
+    }
+
     /// NVTE_COMM_TRACE: mark a step of this call on `stream`.
     /// Not while capturing: the trace is of the last eager call.
     fn mark(&mut self, stream: usize, name: impl FnOnce() -> String) -> Result<()> {
@@ -635,6 +650,21 @@ impl Overlap {
     /// is compared with every peer's under NVTE_COMM_CHECK.
     fn begin(&mut self, stream: usize, op: Op, gate_compute: bool, key: &[u64]) -> Result<()> {
         self.in_call = true;
+        // A call that failed half-way left its ranges open: close them first (NVTX
+        // ranges are a per-thread stack).
+        drop(self.nvtx_step.get_mut().take());
+        drop(self.nvtx_call.take());
+        self.nvtx_call = Some(nvtx::range(|| {
+            format!(
+                "te_comm {op:?} call {} (tp {}, world rank {}, buffer {}x{} {})",
+                self.calls + 1,
+                self.tp(),
+                self.world_rank,
+                self.rows,
+                self.cols,
+                self.dtype.name()
+            )
+        }));
         let mut parts = Vec::with_capacity(key.len() + 3);
         parts.extend_from_slice(&[self.rows as u64, self.cols as u64, self.dtype as u64]);
         parts.extend_from_slice(key);
@@ -690,6 +720,8 @@ impl Overlap {
         }
         self.t.end_call(self.calls, cs)?;
         self.mark(cs, || "end".into())?;
+        drop(self.nvtx_step.get_mut().take());
+        drop(self.nvtx_call.take());
         self.ev_comm[0].record(cs)?;
         self.ev_comm[0].wait_on(stream)?;
         self.in_call = false;

@@ -169,6 +169,14 @@ impl Overlap {
         for i in 0..nchunks {
             let g = Self::column_chunk(&p, x.transa, bounds[i], bounds[i + 1]);
             let si = 0; // in order: see the module doc
+            self.step(|| {
+                format!(
+                    "GEMM columns {}..{} ({} of {nchunks})",
+                    bounds[i],
+                    bounds[i + 1],
+                    i + 1
+                )
+            });
             self.run_gemm(&g, &guard, si, false)?;
             self.ev_chunk[1 + i].record(self.compute[si].raw())?;
         }
@@ -180,6 +188,7 @@ impl Overlap {
         };
         for i in 0..nchunks {
             let (lo, hi) = (bounds[i], bounds[i + 1]);
+            self.step(|| format!("reduce-scatter columns {lo}..{hi} ({} of {nchunks})", i + 1));
             self.ev_chunk[1 + i].wait_on(cs)?;
             self.t.signal(&others, Slot::RsReady, tag(i), cs)?;
             self.t.wait(
@@ -307,6 +316,7 @@ impl Overlap {
                 g.bias = p.full.bias + d * p.nc * eb(p.full.bias_type);
             }
             let si = 0; // in order: see the module doc
+            self.step(|| format!("GEMM partial for rank {d} ({} of {tp})", i + 1));
             self.run_gemm(&g, guard, si, false)?;
             self.ev_chunk[i].record(self.compute[si].raw())?;
             self.mark(self.compute[si].raw(), || format!("gemm{i}"))?;
@@ -332,6 +342,14 @@ impl Overlap {
                 op: Op::SplitRsP2p as u32,
                 step: i as u32,
             };
+            self.step(|| {
+                format!(
+                    "exchange {}: partial to rank {}, from rank {}",
+                    i + 1,
+                    t.to,
+                    t.from
+                )
+            });
             self.t
                 .exchange(&[send], &[recv], Slot::RsP2p, tag(i), cs, info)?;
             self.mark(cs, || format!("exchanged{i}"))?;
