@@ -230,6 +230,52 @@ typedef struct NVTECommOverlapConfig {
 } NVTECommOverlapConfig;
 
 /**
+ * The figures of one call of an overlap object or comm-GEMM engine, measured with
+ * NVTE_COMM_REPORT=1 (set on every rank when the object / context is created): its
+ * time on the caller's stream, and the object's estimates for its shape, bound =
+ * max(GEMM alone, comm alone). Estimates are NaN for calls that accumulate into D or
+ * were captured into a CUDA graph (captured calls are not timed: the last eager call is
+ * reported).
+ */
+typedef struct NVTECommCallReport {
+  /**
+   * the object's call number of this call
+   */
+  uint64_t call;
+  /**
+   * the operation ("split_ag", "split_rs", "split_rs_p2p", "split_ar", "bulk_ag",
+   * "bulk_rs"; a static string)
+   */
+  const char *op;
+  /**
+   * the whole GEMM's m, n, k (0 for bulk calls)
+   */
+  int64_t m;
+  int64_t n;
+  int64_t k;
+  /**
+   * the call, on the caller's stream, ms
+   */
+  float call_ms;
+  /**
+   * the whole GEMM alone (unsplit, every SM), ms
+   */
+  float gemm_alone_ms;
+  /**
+   * the call's communication alone (its GEMMs skipped), ms
+   */
+  float comm_alone_ms;
+  /**
+   * max(gemm_alone_ms, comm_alone_ms)
+   */
+  float bound_ms;
+  /**
+   * call_ms / bound_ms
+   */
+  float ratio;
+} NVTECommCallReport;
+
+/**
  * Shape of a tensor (TE's NVTEShape).
  */
 typedef struct NVTEShape {
@@ -587,6 +633,20 @@ NVTECommStatus nvte_comm_overlap_bulk(struct NVTECommOverlap *overlap,
  * graph's launches is the launching stream's business).
  */
 NVTECommStatus nvte_comm_overlap_synchronize(struct NVTECommOverlap *overlap);
+
+/**
+ * The last timed call of `overlap` (waits, bounded by the timeout, for it to complete).
+ * INVALID_ARGUMENT when NVTE_COMM_REPORT was not set at creation or no call was timed.
+ */
+NVTECommStatus nvte_comm_overlap_last_report(struct NVTECommOverlap *overlap,
+                                             struct NVTECommCallReport *out);
+
+/**
+ * The last timed call of the comm-GEMM context `ctx` (its engine of that call), as
+ * `nvte_comm_overlap_last_report`.
+ */
+NVTECommStatus nvte_comm_gemm_last_report(struct NVTECommGemmCtx *ctx,
+                                          struct NVTECommCallReport *out);
 
 /**
  * Load (bind) `lib` if not yet, and describe the bound copy: `*path` the file (a static

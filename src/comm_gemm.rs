@@ -92,6 +92,8 @@ pub struct CommGemmCtx {
     captured: bool,
     /// `prepare`: create the engine and buffers a call needs, enqueue nothing
     preparing: bool,
+    /// the engine of the last call (NVTE_COMM_REPORT)
+    last_engine: Option<usize>,
     /// engines and scratch replaced by larger ones while a graph may still use them
     retired_engines: Vec<Overlap>,
     retired_scratch: Vec<DeviceMem>,
@@ -182,6 +184,7 @@ impl CommGemmCtx {
             capturing: false,
             captured: false,
             preparing: false,
+            last_engine: None,
             retired_engines: Vec::new(),
             retired_scratch: Vec::new(),
         })
@@ -211,6 +214,7 @@ impl CommGemmCtx {
         if let Some(i) = existing {
             let (r, c, _) = self.engines[i].shape();
             if r * c * dtype.bits() / 8 >= bytes {
+                self.last_engine = Some(i);
                 return Ok(i);
             }
         }
@@ -242,7 +246,16 @@ impl CommGemmCtx {
         cfg.tp_size = tp as i32;
         self.engines
             .push(Overlap::create(&self.bs, cfg, rows, cols, dtype)?);
+        self.last_engine = Some(self.engines.len() - 1);
         Ok(self.engines.len() - 1)
+    }
+
+    /// NVTE_COMM_REPORT: the last timed call's figures (of the engine of the last call).
+    pub fn last_report(&mut self) -> Result<Option<crate::overlap::report::Figures>> {
+        match self.last_engine.and_then(|i| self.engines.get_mut(i)) {
+            Some(e) => e.last_report(),
+            None => Ok(None),
+        }
     }
 
     /// Scratch buffer `slot` of at least `bytes` (allocations also during a capture; a

@@ -226,6 +226,47 @@ void sm_count_reaches_puts(Env &e) {
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
+// NVTE_COMM_REPORT=1: calls stay correct (the first call of each shape measures the
+// GEMM alone and the comm alone, then runs again), and the last call's figures are there.
+void report_cases(Env &e) {
+  for (const char *transport : {"ipc", "nccl"}) {
+    setenv("NVTE_COMM_TRANSPORT", transport, 1);
+    setenv("NVTE_COMM_REPORT", "1", 1);
+    NVTECommGemmCtx *ctx = nvte_comm_gemm_ctx_create(e.comm, e.size, e.rank);
+    unsetenv("NVTE_COMM_REPORT");
+    unsetenv("NVTE_COMM_TRANSPORT");
+    if (!ctx) { e.rep->fail(std::string("report: ctx_create: ") + nvte_comm_last_error()); continue; }
+    NVTECommCallReport r{};
+    NVTECommStatus st0 = nvte_comm_gemm_last_report(ctx, &r);
+    e.rep->check(st0 == NVTE_COMM_ERROR_INVALID_ARGUMENT,
+                 std::string(transport) + " report before any call: INVALID_ARGUMENT: " + nvte_comm_last_error());
+    struct S { Op op; int64_t m, n, k; const char *name; };
+    const int64_t t = e.size;
+    for (S s : {S{Op::AG, 512 * t, 1024 * t, 512, "split_ag"}, S{Op::RS, 512, 1024 * t, 512 * t, "split_rs_p2p"},
+                S{Op::AR, 512, 1024 * t, 512 * t, "split_ar"}}) {
+      std::string tag = std::string(transport) + " report";
+      run_case(e, ctx, tag.c_str(), s.op, s.m, s.n, s.k, kNVTEBFloat16, kNVTEBFloat16, kNVTEBFloat16, true, false, true,
+               777 + (uint64_t)s.op, 3);
+      NVTECommStatus st = nvte_comm_gemm_last_report(ctx, &r);
+      char b[320];
+      std::snprintf(b, sizeof b,
+                    "%s report %s: status %d, op %s, call %llu, m %lld n %lld k %lld: call %.3f ms, GEMM alone %.3f ms, "
+                    "comm alone %.3f ms, bound %.3f ms, ratio %.3f",
+                    transport, op_name(s.op), (int)st, st == NVTE_COMM_SUCCESS ? r.op : "-", (unsigned long long)r.call,
+                    (long long)r.m, (long long)r.n, (long long)r.k, r.call_ms, r.gemm_alone_ms, r.comm_alone_ms, r.bound_ms,
+                    r.ratio);
+      bool ok = st == NVTE_COMM_SUCCESS && r.call_ms > 0 && r.gemm_alone_ms > 0 && r.comm_alone_ms > 0 &&
+                r.bound_ms == std::max(r.gemm_alone_ms, r.comm_alone_ms) && r.ratio > 0 && r.ratio < 1e3 && r.k > 0;
+      // Over IPC the all-reduce may take the ring (an RS + AG) or the chunked path; the
+      // comm-GEMM reduce-scatter runs the ring (p2p) algorithm.
+      if (s.op != Op::AR) ok = ok && std::strcmp(r.op, s.name) == 0;
+      e.rep->check(ok, b);
+    }
+    nvte_comm_gemm_ctx_destroy(ctx);
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+}
+
 int main(int argc, char **argv) {
   probe_or_continue(argc, argv);
   MPI_Init(&argc, &argv);
@@ -297,6 +338,7 @@ int main(int argc, char **argv) {
     MPI_Barrier(MPI_COMM_WORLD);
   }
   sm_count_reaches_puts(e);
+  report_cases(e);
   int rc = rep.finish("test_comm_gemm");
   ncclCommDestroy(e.comm);
   MPI_Finalize();

@@ -186,6 +186,7 @@ def _expected_ctypes(capi, ctype, enum_names):
         "struct NVTECommOverlapConfig *": P(capi.OverlapConfig),
         "const struct NVTECommOverlapConfig *": P(capi.OverlapConfig),
         "const struct NVTECommBootstrap *": P(capi.Bootstrap),
+        "struct NVTECommCallReport *": P(capi.CallReport),
     }
     if ctype in enum_names:
         return c_uint
@@ -213,7 +214,8 @@ def test_prototypes_match_the_header(capi, header_text):
         assert f.restype is res and list(f.argtypes) == list(args)
 
 
-STRUCTS = {"NVTEShape": "Shape", "NVTEBasicTensor": "BasicTensor", "NVTECommOverlapConfig": "OverlapConfig", "NVTECommBootstrap": "Bootstrap"}
+STRUCTS = {"NVTEShape": "Shape", "NVTEBasicTensor": "BasicTensor", "NVTECommOverlapConfig": "OverlapConfig", "NVTECommBootstrap": "Bootstrap",
+           "NVTECommCallReport": "CallReport"}
 
 
 def test_struct_members_match_the_header(capi, header_text):

@@ -197,6 +197,28 @@ class BasicTensor(Structure):
     _fields_ = [("data_ptr", c_void_p), ("dtype", c_enum), ("shape", Shape)]
 
 
+class CallReport(Structure):
+    """NVTECommCallReport: the figures of one call under NVTE_COMM_REPORT=1."""
+
+    _fields_ = [
+        ("call", c_uint64),
+        ("op", c_char_p),
+        ("m", c_int64),
+        ("n", c_int64),
+        ("k", c_int64),
+        ("call_ms", c_float),
+        ("gemm_alone_ms", c_float),
+        ("comm_alone_ms", c_float),
+        ("bound_ms", c_float),
+        ("ratio", c_float),
+    ]
+
+    def as_dict(self) -> dict:
+        d = {name: getattr(self, name) for name, _ in self._fields_}
+        d["op"] = d["op"].decode() if d["op"] else None
+        return d
+
+
 class OverlapConfig(Structure):
     """NVTECommOverlapConfig. Get one filled with TE's defaults (plus the environment
     overrides) from :func:`overlap_config_default`, then change fields."""
@@ -274,6 +296,8 @@ PROTOTYPES = [
     ("nvte_comm_xla_gemm_reduce_scatter", c_void_p, [c_void_p]),
     ("nvte_comm_xla_gemm_all_reduce", c_void_p, [c_void_p]),
     ("nvte_comm_xla_layout", c_size_t, [c_char_p, c_size_t]),
+    ("nvte_comm_overlap_last_report", _ST, [_OV, POINTER(CallReport)]),
+    ("nvte_comm_gemm_last_report", _ST, [_CTX, POINTER(CallReport)]),
     ("nvte_comm_xla_counters", _ST, [POINTER(c_uint64), POINTER(c_uint64), POINTER(c_uint64)]),
     # errors, runtime
     ("nvte_comm_last_error", c_char_p, []),
@@ -954,6 +978,13 @@ class GemmCtx:
         self._call("nvte_gemm_all_reduce", "GemmCtx.gemm_all_reduce", m, n, k, a, b, d, bias, pre_act, transa,
                    transb, grad, accumulate, comm_sm_count, stream, algo)
 
+    def last_report(self) -> dict:
+        """The last timed call's figures: call_ms, gemm_alone_ms, comm_alone_ms, bound_ms,
+        ratio (NVTE_COMM_REPORT=1 when the context was created; waits for the call)."""
+        r = CallReport()
+        check(lib().nvte_comm_gemm_last_report(self.handle, byref(r)), "GemmCtx.last_report")
+        return r.as_dict()
+
     def close(self) -> None:
         ctx, self._ctx = self._ctx, None
         if ctx is not None:
@@ -1141,6 +1172,12 @@ class Overlap:
     def synchronize(self) -> None:
         """Host-wait for the last call; CommError (TIMEOUT) names the peer that never came."""
         check(lib().nvte_comm_overlap_synchronize(self.handle), "Overlap.synchronize")
+
+    def last_report(self) -> dict:
+        """The last timed call's figures (NVTE_COMM_REPORT=1 at creation; waits for it)."""
+        r = CallReport()
+        check(lib().nvte_comm_overlap_last_report(self.handle, byref(r)), "Overlap.last_report")
+        return r.as_dict()
 
     def close(self) -> None:
         ov, self._ov = self._ov, None

@@ -9,6 +9,7 @@ mod gemm;
 mod handles;
 mod kernels;
 mod overlap;
+mod report;
 mod runtime;
 mod tensor;
 mod xla;

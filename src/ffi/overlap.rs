@@ -119,7 +119,7 @@ pub struct NVTECommOverlap {
     _private: (),
 }
 
-fn object(h: *mut NVTECommOverlap) -> Result<Arc<Mutex<Overlap>>> {
+pub(super) fn object(h: *mut NVTECommOverlap) -> Result<Arc<Mutex<Overlap>>> {
     OVERLAPS.get(h as usize, "overlap")
 }
 

@@ -33,6 +33,10 @@ impl Overlap {
     /// D = gather(B) x op(A). `B` is either the buffer view (its local chunk already
     /// filled, e.g. by copy_into_buffer) or this rank's shard [n/tp, k], copied in first.
     pub fn split_ag(&mut self, x: &AgArgs, stream: usize) -> Result<()> {
+        self.reported(stream, |o| o.split_ag_once(x, stream))
+    }
+
+    fn split_ag_once(&mut self, x: &AgArgs, stream: usize) -> Result<()> {
         let guard = self.enter(stream)?;
         let (tp, r) = (self.tp(), self.tp_rank());
         let bb = &x.b.data;
@@ -113,7 +117,7 @@ impl Overlap {
                 );
             }
         }
-        self.begin(stream, Op::SplitAg, false, &full.check_key())?;
+        self.begin(stream, Op::SplitAg, false, &full.check_key(), Some(&full))?;
         let chunk_bytes = nc * k * e;
         let off = |c: usize| c * chunk_bytes;
         let ring = super::schedule::ag_ring(tp, r, self.cfg.aggregate);

@@ -120,6 +120,10 @@ impl Overlap {
     }
 
     pub fn split_ar(&mut self, x: &ArArgs, stream: usize) -> Result<()> {
+        self.reported(stream, |o| o.split_ar_once(x, stream))
+    }
+
+    fn split_ar_once(&mut self, x: &ArArgs, stream: usize) -> Result<()> {
         let tp = self.tp();
         let db = &x.d.data;
         if db.dtype != self.dtype || self.dtype.is_fp8() {
@@ -209,7 +213,13 @@ impl Overlap {
                 full.epilogue
             );
         }
-        self.begin(stream, Op::SplitAr, !two_shot, &full.check_key())?;
+        self.begin(
+            stream,
+            Op::SplitAr,
+            !two_shot,
+            &full.check_key(),
+            Some(&full),
+        )?;
         let eb_b = eb(full.b_type);
         for i in 0..s {
             let (lo, hi) = (bounds[i], bounds[i + 1]);

@@ -73,6 +73,7 @@ impl Overlap {
             },
             false,
             &desc.check_key(),
+            None,
         )?;
         let others = self.others();
         let cs = self.comm[0].raw();

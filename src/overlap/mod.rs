@@ -17,6 +17,7 @@
 pub mod ag;
 pub mod ar;
 pub mod bulk;
+pub mod report;
 pub mod rs;
 pub mod schedule;
 
@@ -283,6 +284,8 @@ pub struct Overlap {
     trace: Option<Trace>,
     /// NVTE_COMM_NVTX: the open NVTX ranges of the call in progress and of its step
     nvtx_call: Option<nvtx::Range>,
+    /// NVTE_COMM_REPORT
+    report: Option<Box<report::Report>>,
     nvtx_step: std::cell::RefCell<Option<nvtx::Range>>,
 }
 
@@ -437,6 +440,11 @@ impl Overlap {
             module,
             dev,
             nvtx_call: None,
+            report: if Self::report_enabled()? {
+                Some(Box::new(report::Report::new()?))
+            } else {
+                None
+            },
             nvtx_step: Default::default(),
             trace: if trace {
                 Some(Trace {
@@ -648,7 +656,14 @@ impl Overlap {
     /// `key`: what must agree across the ranks of the call (shapes, types, flags); hashed
     /// with the operation into the call's descriptor, which travels with the arrival and
     /// is compared with every peer's under NVTE_COMM_CHECK.
-    fn begin(&mut self, stream: usize, op: Op, gate_compute: bool, key: &[u64]) -> Result<()> {
+    fn begin(
+        &mut self,
+        stream: usize,
+        op: Op,
+        gate_compute: bool,
+        key: &[u64],
+        full: Option<&GemmDesc>,
+    ) -> Result<()> {
         self.in_call = true;
         // A call that failed half-way left its ranges open: close them first (NVTX
         // ranges are a per-thread stack).
@@ -672,6 +687,7 @@ impl Overlap {
         self.calls += 1;
         self.last_captured = self.capturing;
         self.captured |= self.capturing;
+        self.report_begin(stream, op, desc, full)?;
         if !self.capturing
             && let Some(t) = &mut self.trace
         {
@@ -724,6 +740,7 @@ impl Overlap {
         drop(self.nvtx_call.take());
         self.ev_comm[0].record(cs)?;
         self.ev_comm[0].wait_on(stream)?;
+        self.report_end(stream)?;
         self.in_call = false;
         if self.capturing {
             // An event recorded in a capture cannot be queried afterwards: synchronize()
@@ -778,6 +795,9 @@ impl Overlap {
         stream_idx: usize,
         concurrent: bool,
     ) -> Result<()> {
+        if self.skipping_gemms() {
+            return Ok(()); // NVTE_COMM_REPORT's comm-alone runs
+        }
         let mut g = *g;
         let n = if concurrent { self.compute.len() } else { 1 };
         let (w, wb) = Self::workspace_slice(&g, stream_idx, n);
@@ -1106,6 +1126,7 @@ impl Drop for Overlap {
     fn drop(&mut self) {
         self.quiesce();
         self.print_trace();
+        self.print_report();
     }
 }
 

@@ -151,17 +151,27 @@ impl Overlap {
     }
 
     pub fn split_rs(&mut self, x: &RsArgs, stream: usize) -> Result<()> {
+        self.reported(stream, |o| o.split_rs_once(x, stream))
+    }
+
+    fn split_rs_once(&mut self, x: &RsArgs, stream: usize) -> Result<()> {
         if self.t.nccl().is_some() {
             // The pipelined algorithm loads from the peers' buffers; over NCCL the ring
             // entry point runs ncclReduceScatter per chunk or the send/recv ring.
-            return self.split_rs_p2p(x, stream);
+            return self.split_rs_p2p_once(x, stream);
         }
         let guard = self.enter(stream)?;
         let p = self.plan_rs(x, true)?;
         let (tp, r) = (self.tp(), self.tp_rank());
         let bounds = self.splits(p.m);
         // The chunk GEMMs write this buffer, which peers read: gate them on the barrier.
-        self.begin(stream, Op::SplitRs, true, &p.full.check_key())?;
+        self.begin(
+            stream,
+            Op::SplitRs,
+            true,
+            &p.full.check_key(),
+            Some(&p.full),
+        )?;
         let all: Vec<usize> = (0..tp).collect();
         let others = self.others();
         let e = eb(self.dtype);
@@ -218,6 +228,10 @@ impl Overlap {
     }
 
     pub fn split_rs_p2p(&mut self, x: &RsArgs, stream: usize) -> Result<()> {
+        self.reported(stream, |o| o.split_rs_p2p_once(x, stream))
+    }
+
+    fn split_rs_p2p_once(&mut self, x: &RsArgs, stream: usize) -> Result<()> {
         let guard = self.enter(stream)?;
         // NCCL at tp > 2: ncclReduceScatter per chunk. At tp 2 the ring is one send/recv
         // step and was faster (bench/RESULTS.md, 2026-11-21: ring 0.92-1.03x of
@@ -231,7 +245,13 @@ impl Overlap {
         let p = self.plan_rs(x, !self.cfg.use_ce)?;
         self.staging()?; // allocated (once) before the call starts
         // GEMMs write local staging only: they need not wait for peers.
-        self.begin(stream, Op::SplitRsP2p, false, &p.full.check_key())?;
+        self.begin(
+            stream,
+            Op::SplitRsP2p,
+            false,
+            &p.full.check_key(),
+            Some(&p.full),
+        )?;
         self.ring_rs(x, &p, &guard)?;
         self.finish(stream)
     }
@@ -259,7 +279,13 @@ impl Overlap {
     ) -> Result<()> {
         let tp = self.tp();
         let staging = self.staging()?;
-        self.begin(stream, Op::SplitRs, false, &p.full.check_key())?;
+        self.begin(
+            stream,
+            Op::SplitRs,
+            false,
+            &p.full.check_key(),
+            Some(&p.full),
+        )?;
         let bounds = self.splits(p.m);
         let e = eb(self.dtype);
         let n = p.nc * tp;
@@ -390,7 +416,13 @@ impl Overlap {
         let n = p.nc * tp;
         self.check_capacity("the all-reduce's partials and gathered rows", [2 * n, p.m])?;
         self.staging()?; // allocated (once) before the call starts
-        self.begin(stream, Op::SplitAr, false, &p.full.check_key())?;
+        self.begin(
+            stream,
+            Op::SplitAr,
+            false,
+            &p.full.check_key(),
+            Some(&p.full),
+        )?;
         self.ring_rs(x, &p, &guard)?;
         let cs = self.comm[0].raw();
         let rows = p.nc * p.m * e; // bytes of one rank's rows

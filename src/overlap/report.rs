@@ -1,0 +1,362 @@
+//! Per-call overlap report (NVTE_COMM_REPORT=1, read when an object is created): how long
+//! each call took against what it could take at best, bound = max(GEMM alone, comm alone).
+//!
+//! - The call's time: timed events on the caller's stream around the call (from its first
+//!   enqueued work, the arrival barrier included, to the join of its streams).
+//! - The estimates, measured by this object on the first call of each shape (operation,
+//!   m, n, k, types, layout: the call descriptor), right after that call, on its stream:
+//!   *GEMM alone* is the whole GEMM, unsplit, on every SM, into scratch memory; *comm
+//!   alone* is the same call with its GEMMs skipped (the algorithm's own transfers,
+//!   signals and reductions). Each is the mean of 3 runs after a warm-up run; then the
+//!   call runs once more, so its outputs are those of a real call. Every rank measures
+//!   at the same call (the descriptor agrees across ranks), so NVTE_COMM_REPORT must be
+//!   set on every rank of the group. Calls that accumulate into D, or are captured into a
+//!   CUDA graph, are timed without estimates (NaN).
+//! - `nvte_comm_overlap_last_report` / `nvte_comm_gemm_last_report` give the last call's
+//!   figures; at destroy each rank prints one line per shape to stderr.
+use super::{Op, Overlap};
+use crate::cuda::ContextGuard;
+use crate::cuda::resources::{DeviceMem, Event};
+use crate::error::{Error, ErrorKind, Result};
+use crate::gemm::{self, GemmDesc};
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+/// One call's figures (`NVTECommCallReport` in the C API).
+#[derive(Clone, Copy, Debug)]
+pub struct Figures {
+    pub op: Op,
+    pub call: u64,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub call_ms: f32,
+    pub gemm_ms: f32,
+    pub comm_ms: f32,
+}
+
+impl Figures {
+    pub fn bound_ms(&self) -> f32 {
+        self.gemm_ms.max(self.comm_ms)
+    }
+    pub fn ratio(&self) -> f32 {
+        self.call_ms / self.bound_ms()
+    }
+}
+
+struct Shape {
+    op: Op,
+    m: usize,
+    n: usize,
+    k: usize,
+    gemm_ms: f32,
+    comm_ms: f32,
+    calls: Vec<f32>,
+}
+
+pub(super) struct Report {
+    ev_start: Event,
+    ev_end: Event,
+    t0: Event,
+    t1: Event,
+    /// calibration in progress: its calls are not timed as calls
+    pub(super) calibrating: bool,
+    /// comm-alone runs: the chunk GEMMs are skipped
+    pub(super) skip_gemms: bool,
+    /// the last call (its events hold its time until read)
+    last_key: u64,
+    last_full: Option<GemmDesc>,
+    last_op: Op,
+    last_call: u64,
+    last_timed: bool,
+    pending: bool,
+    last: Option<Figures>,
+    shapes: HashMap<u64, Shape>,
+    scratch: Option<DeviceMem>,
+    scratch_aux: Option<DeviceMem>,
+}
+
+impl Report {
+    pub(super) fn new() -> Result<Report> {
+        Ok(Report {
+            ev_start: Event::timed()?,
+            ev_end: Event::timed()?,
+            t0: Event::timed()?,
+            t1: Event::timed()?,
+            calibrating: false,
+            skip_gemms: false,
+            last_key: 0,
+            last_full: None,
+            last_op: Op::SplitAg,
+            last_call: 0,
+            last_timed: false,
+            pending: false,
+            last: None,
+            shapes: HashMap::new(),
+            scratch: None,
+            scratch_aux: None,
+        })
+    }
+}
+
+/// Wait (polling, bounded by `timeout`) until `ev` completed.
+fn wait_event(ev: &Event, timeout: Duration) -> Result<()> {
+    let t = Instant::now();
+    while !ev.done()? {
+        if t.elapsed() > timeout {
+            return Err(Error::new(
+                ErrorKind::Timeout,
+                format!(
+                    "NVTE_COMM_REPORT: the reported call did not complete within {} ms",
+                    timeout.as_millis()
+                ),
+            ));
+        }
+        std::thread::sleep(Duration::from_micros(50));
+    }
+    Ok(())
+}
+
+impl Overlap {
+    /// NVTE_COMM_REPORT (a boolean; default off).
+    pub fn report_enabled() -> Result<bool> {
+        Ok(crate::env::flag("NVTE_COMM_REPORT")?.unwrap_or(false))
+    }
+
+    /// begin(): the call's start, its descriptor and GEMM.
+    pub(super) fn report_begin(
+        &mut self,
+        stream: usize,
+        op: Op,
+        desc: u64,
+        full: Option<&GemmDesc>,
+    ) -> Result<()> {
+        let capturing = self.capturing;
+        let calls = self.calls;
+        let Some(r) = self.report.as_deref_mut() else {
+            return Ok(());
+        };
+        if r.calibrating {
+            return Ok(());
+        }
+        r.last_key = desc;
+        r.last_full = full.copied();
+        r.last_op = op;
+        r.last_call = calls;
+        r.last_timed = !capturing;
+        r.pending = false;
+        if !capturing {
+            r.ev_start.record(stream)?;
+        }
+        Ok(())
+    }
+
+    /// finish(): the call's end on the caller's stream.
+    pub(super) fn report_end(&mut self, stream: usize) -> Result<()> {
+        let Some(r) = self.report.as_deref_mut() else {
+            return Ok(());
+        };
+        if r.calibrating || !r.last_timed {
+            return Ok(());
+        }
+        r.ev_end.record(stream)?;
+        r.pending = true;
+        Ok(())
+    }
+
+    /// Whether the chunk GEMMs are skipped (comm-alone runs).
+    pub(super) fn skipping_gemms(&self) -> bool {
+        self.report.as_ref().is_some_and(|r| r.skip_gemms)
+    }
+
+    /// Read the last call's time (waiting for it when `block`, bounded) into its shape.
+    fn collect(&mut self, block: bool) -> Result<()> {
+        let timeout = Duration::from_millis(self.cfg.timeout_ms.max(1) as u64);
+        let Some(r) = self.report.as_deref_mut() else {
+            return Ok(());
+        };
+        if !r.pending {
+            return Ok(());
+        }
+        if !block && !r.ev_end.done()? {
+            return Ok(());
+        }
+        wait_event(&r.ev_end, timeout)?;
+        r.pending = false;
+        let ms = r.ev_end.elapsed_since(&r.ev_start)?;
+        let (m, n, k) = r.last_full.map(|g| (g.m, g.n, g.k)).unwrap_or((0, 0, 0));
+        let s = r.shapes.entry(r.last_key).or_insert(Shape {
+            op: r.last_op,
+            m,
+            n,
+            k,
+            gemm_ms: f32::NAN,
+            comm_ms: f32::NAN,
+            calls: Vec::new(),
+        });
+        s.calls.push(ms);
+        r.last = Some(Figures {
+            op: r.last_op,
+            call: r.last_call,
+            m,
+            n,
+            k,
+            call_ms: ms,
+            gemm_ms: s.gemm_ms,
+            comm_ms: s.comm_ms,
+        });
+        Ok(())
+    }
+
+    /// Run `call` (one operation with its arguments) with the report's bookkeeping: on the
+    /// first timed call of a shape, measure the estimates and run the call again.
+    pub(super) fn reported(
+        &mut self,
+        stream: usize,
+        call: impl Fn(&mut Self) -> Result<()>,
+    ) -> Result<()> {
+        if self.report.is_none() {
+            return call(self);
+        }
+        self.collect(false)?;
+        call(self)?;
+        let r = self.report.as_deref().unwrap();
+        if !r.last_timed
+            || r.shapes
+                .get(&r.last_key)
+                .is_some_and(|s| !s.gemm_ms.is_nan())
+        {
+            return Ok(());
+        }
+        let Some(full) = r.last_full else {
+            return Ok(()); // no GEMM (not an overlap-with-GEMM call)
+        };
+        self.collect(true)?;
+        if full.accumulate {
+            return Ok(()); // a second run would accumulate twice: no estimates
+        }
+        let guard = ContextGuard::for_stream(stream)?;
+        // Comm alone: the call without its GEMMs (warm-up, then 3 timed).
+        {
+            let r = self.report.as_deref_mut().unwrap();
+            r.calibrating = true;
+            r.skip_gemms = true;
+        }
+        let res = (|| -> Result<f32> {
+            call(self)?;
+            self.report.as_deref().unwrap().t0.record(stream)?;
+            for _ in 0..3 {
+                call(self)?;
+            }
+            let r = self.report.as_deref().unwrap();
+            r.t1.record(stream)?;
+            wait_event(
+                &r.t1,
+                Duration::from_millis(self.cfg.timeout_ms.max(1) as u64),
+            )?;
+            Ok(r.t1.elapsed_since(&r.t0)? / 3.0)
+        })();
+        {
+            let r = self.report.as_deref_mut().unwrap();
+            r.skip_gemms = false;
+        }
+        let comm_ms = match res {
+            Ok(v) => v,
+            Err(e) => {
+                self.report.as_deref_mut().unwrap().calibrating = false;
+                return Err(e);
+            }
+        };
+        // GEMM alone: the whole GEMM on every SM into scratch (warm-up, then 3 timed).
+        let res = (|| -> Result<f32> {
+            let mut g = full;
+            let r = self.report.as_deref_mut().unwrap();
+            let dbytes = g.n * g.ldd * g.d_type.bits() / 8;
+            if r.scratch.as_ref().is_none_or(|s| s.bytes < dbytes) {
+                r.scratch = Some(DeviceMem::new_relaxed(dbytes.max(1))?);
+            }
+            g.d = r.scratch.as_ref().unwrap().ptr;
+            if g.aux != 0 {
+                let abytes = g.n * g.ldd * g.aux_type.bits() / 8;
+                if r.scratch_aux.as_ref().is_none_or(|s| s.bytes < abytes) {
+                    r.scratch_aux = Some(DeviceMem::new_relaxed(abytes.max(1))?);
+                }
+                g.aux = r.scratch_aux.as_ref().unwrap().ptr;
+            }
+            g.d_amax = 0;
+            g.sm_count = 0;
+            gemm::run(&g, &guard, stream)?;
+            let r = self.report.as_deref().unwrap();
+            r.t0.record(stream)?;
+            for _ in 0..3 {
+                gemm::run(&g, &guard, stream)?;
+            }
+            r.t1.record(stream)?;
+            wait_event(
+                &r.t1,
+                Duration::from_millis(self.cfg.timeout_ms.max(1) as u64),
+            )?;
+            Ok(r.t1.elapsed_since(&r.t0)? / 3.0)
+        })();
+        let gemm_ms = match res {
+            Ok(v) => v,
+            Err(e) => {
+                self.report.as_deref_mut().unwrap().calibrating = false;
+                return Err(e);
+            }
+        };
+        // Once more for real: the outputs are a real call's.
+        let res = call(self);
+        let r = self.report.as_deref_mut().unwrap();
+        r.calibrating = false;
+        if let Some(s) = r.shapes.get_mut(&r.last_key) {
+            s.gemm_ms = gemm_ms;
+            s.comm_ms = comm_ms;
+        }
+        if let Some(f) = r.last.as_mut() {
+            f.gemm_ms = gemm_ms;
+            f.comm_ms = comm_ms;
+        }
+        res
+    }
+
+    /// The last timed call's figures (waits, bounded, for it to complete). None when the
+    /// report is off or no call was timed yet.
+    pub fn last_report(&mut self) -> Result<Option<Figures>> {
+        if self.report.is_none() {
+            return Ok(None);
+        }
+        self.collect(true)?;
+        Ok(self.report.as_ref().and_then(|r| r.last))
+    }
+
+    /// At destroy: one line per shape (median of its calls) on stderr.
+    pub(super) fn print_report(&mut self) {
+        let _ = self.collect(false);
+        let Some(r) = self.report.as_deref() else {
+            return;
+        };
+        let mut shapes: Vec<&Shape> = r.shapes.values().collect();
+        shapes.sort_by_key(|s| (s.op as u32, s.m, s.n, s.k));
+        for s in shapes {
+            let mut c = s.calls.clone();
+            c.sort_by(|a, b| a.total_cmp(b));
+            let med = c.get(c.len() / 2).copied().unwrap_or(f32::NAN);
+            let bound = s.gemm_ms.max(s.comm_ms);
+            eprintln!(
+                "[te_comm report] world rank {}: {:?} m={} n={} k={}: {} calls, median {:.3} ms; GEMM alone {:.3} ms, comm alone {:.3} ms, bound {:.3} ms, median/bound {:.3}",
+                self.world_rank,
+                s.op,
+                s.m,
+                s.n,
+                s.k,
+                c.len(),
+                med,
+                s.gemm_ms,
+                s.comm_ms,
+                bound,
+                med / bound
+            );
+        }
+    }
+}
