@@ -94,6 +94,8 @@ pub struct CommGemmCtx {
     preparing: bool,
     /// the engine of the last call (NVTE_COMM_REPORT)
     last_engine: Option<usize>,
+    /// NVTE_COMM_REPORT at the context's creation: its engines report
+    report: bool,
     /// engines and scratch replaced by larger ones while a graph may still use them
     retired_engines: Vec<Overlap>,
     retired_scratch: Vec<DeviceMem>,
@@ -185,6 +187,7 @@ impl CommGemmCtx {
             captured: false,
             preparing: false,
             last_engine: None,
+            report: Overlap::report_enabled()?,
             retired_engines: Vec::new(),
             retired_scratch: Vec::new(),
         })
@@ -244,8 +247,11 @@ impl CommGemmCtx {
         let rows = bytes.div_ceil(cols * e).div_ceil(tp).max(1) * tp;
         let mut cfg = self.cfg;
         cfg.tp_size = tp as i32;
-        self.engines
-            .push(Overlap::create(&self.bs, cfg, rows, cols, dtype)?);
+        let mut o = Overlap::create(&self.bs, cfg, rows, cols, dtype)?;
+        if self.report {
+            o.enable_report()?;
+        }
+        self.engines.push(o);
         self.last_engine = Some(self.engines.len() - 1);
         Ok(self.engines.len() - 1)
     }

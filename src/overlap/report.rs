@@ -123,6 +123,16 @@ impl Overlap {
         Ok(crate::env::flag("NVTE_COMM_REPORT")?.unwrap_or(false))
     }
 
+    /// Turn the report on for this object (the comm-GEMM context does, for its engines,
+    /// when NVTE_COMM_REPORT was set at the context's creation).
+    pub fn enable_report(&mut self) -> Result<()> {
+        if self.report.is_none() {
+            let _guard = ContextGuard::for_stream(0)?;
+            self.report = Some(Box::new(Report::new()?));
+        }
+        Ok(())
+    }
+
     /// begin(): the call's start, its descriptor and GEMM.
     pub(super) fn report_begin(
         &mut self,
