@@ -148,6 +148,10 @@ if [[ $stages == *" bench "* ]]; then
       "$root/bench/torch_ops.py" --out "$out/torch_ops_tp$np.md"
   done
   [ "$has_jax" = 1 ] && TE_COMM_TEST_TIMEOUT=900 run jax_ops "$ngpu" python3 "$root/bench/jax_ops.py" --out "$out/jax_ops.md"
+  # One PNG of every table: ours and the baseline over the bound, per shape.
+  tables=$(ls "$out"/bench_overlap_tp*.md "$out"/bench_comm_gemm_tp*.md "$out"/torch_ops_tp*.md "$out"/jax_ops.md 2>/dev/null)
+  [ -n "$tables" ] && python3 -c 'import matplotlib' 2>/dev/null && \
+    run plot 1 python3 "$root/bench/plot.py" $tables --out "$out/plot.png"
   [ "$has_torch" = 1 ] && run gemm_vs_torch 1 python3 "$root/bench/gemm_vs_torch.py" --lib "$lib" --out "$out/gemm_vs_torch.md"
 fi
 
