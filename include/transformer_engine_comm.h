@@ -100,8 +100,10 @@ typedef enum NVTECommLibrary {
   NVTE_COMM_LIB_NCCL = 3,
 } NVTECommLibrary;
 
-/** Algorithm of the comm-GEMM calls (TE's comm_gemm.h values). The multicast and */
-/** atomic variants are not implemented and run as kNVTECommGemmAlgoSplitP2P. */
+/** Algorithm of the comm-GEMM calls (TE's comm_gemm.h values). Default: the */
+/** autotuner's choice (NVTE_COMM_TUNE; the defaults with NVTE_COMM_TUNE=0). SplitP2P: */
+/** the split algorithms with the defaults. The multicast and atomic variants are not */
+/** implemented and run as kNVTECommGemmAlgoSplitP2P. */
 typedef enum NVTECommGemmAlgoType {
   kNVTECommGemmAlgoDefault = 0,
   kNVTECommGemmAlgoSplitP2P = 1,

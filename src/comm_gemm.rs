@@ -28,7 +28,10 @@ use crate::cuda::resources::{
 use crate::error::{Error, Result};
 use crate::overlap::{Config, Overlap, ag::AgArgs, ar::ArArgs, rs::RsArgs};
 use crate::tensor::{Buffer, DType, Shape, Tensor};
+use crate::tune;
 use crate::{invalid, unsupported};
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 /// The calls of the context.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,6 +79,9 @@ pub struct GemmCall<'a> {
     /// All-gather only: receives the gathered B ([n, k], needs transb = false), e.g. for
     /// the weight-gradient GEMM of a training step.
     pub b_gathered: Option<&'a Tensor>,
+    /// the caller left the algorithm to the library (algo Default): the autotuner may
+    /// choose the configuration (see `crate::tune`)
+    pub tune: bool,
 }
 
 pub struct CommGemmCtx {
@@ -96,6 +102,12 @@ pub struct CommGemmCtx {
     last_engine: Option<usize>,
     /// NVTE_COMM_REPORT at the context's creation: its engines report
     report: bool,
+    /// NVTE_COMM_TUNE at the context's creation, the agreed choices of this context, the
+    /// disk cache, and the configuration of the call in progress
+    tune_mode: tune::Mode,
+    tuned: HashMap<String, tune::Choice>,
+    tune_cache: tune::Cache,
+    current: Option<tune::Choice>,
     /// engines and scratch replaced by larger ones while a graph may still use them
     retired_engines: Vec<Overlap>,
     retired_scratch: Vec<DeviceMem>,
@@ -165,6 +177,9 @@ impl CommGemmCtx {
         cfg.check()?;
         crate::overlap::ar::ar_algo_choice()?;
         crate::overlap::trace_enabled()?;
+        crate::tune::mode()?;
+        crate::tune::budget_ms()?;
+        crate::env::flag("NVTE_COMM_TUNE_VERBOSE")?;
         Ok(cfg)
     }
 
@@ -188,6 +203,10 @@ impl CommGemmCtx {
             preparing: false,
             last_engine: None,
             report: Overlap::report_enabled()?,
+            tune_mode: tune::mode()?,
+            tuned: HashMap::new(),
+            tune_cache: tune::Cache::default(),
+            current: None,
             retired_engines: Vec::new(),
             retired_scratch: Vec::new(),
         })
@@ -291,6 +310,181 @@ impl CommGemmCtx {
     }
 
     pub fn call(&mut self, c: &GemmCall, stream: usize) -> Result<()> {
+        self.current = None;
+        if let Some(key) = self.tune_key(c)? {
+            if !self.tuned.contains_key(&key) && !capture_status(stream)?.active() {
+                self.tune(c, stream, &key)?;
+            }
+            self.current = self.tuned.get(&key).copied();
+        }
+        self.call_inner(c, stream)
+    }
+
+    /// The autotuner's key of this call, None when the call is not tuned.
+    fn tune_key(&self, c: &GemmCall) -> Result<Option<String>> {
+        if self.tune_mode == tune::Mode::Off
+            || !c.tune
+            || self.nranks < 2
+            || self.preparing
+            || c.accumulate
+        {
+            return Ok(None);
+        }
+        let op = match c.kind {
+            Kind::AllGather => tune::Op::AllGather,
+            Kind::ReduceScatter => tune::Op::ReduceScatter,
+            Kind::AllReduce => tune::Op::AllReduce,
+        };
+        let transport = ["auto", "ipc", "nccl"]
+            .get(self.cfg.transport as usize)
+            .copied()
+            .unwrap_or("auto");
+        let dtypes = format!(
+            "{}x{}->{}{}{}",
+            c.a.data.dtype.name(),
+            c.b.data.dtype.name(),
+            c.d.data.dtype.name(),
+            if c.transa { "T" } else { "N" },
+            if c.transb { "T" } else { "N" }
+        );
+        Ok(Some(tune::key(
+            op,
+            &dtypes,
+            c.m,
+            c.n,
+            c.k,
+            self.nranks,
+            transport,
+        )))
+    }
+
+    /// The defaults (the context's engine configuration).
+    fn default_choice(&self) -> tune::Choice {
+        tune::Choice {
+            use_ce: self.cfg.use_ce,
+            aggregate: self.cfg.aggregate,
+            comm_sms: self.cfg.num_comm_sm,
+            splits: self.cfg.num_splits,
+            ring: true,
+        }
+    }
+
+    /// Apply the call's configuration to engine `eng` (the per-call comm_sm_count wins).
+    fn configure(&mut self, eng: usize, kind: Kind, user_sms: i32) -> Result<tune::Choice> {
+        let ch = self.current.unwrap_or_else(|| self.default_choice());
+        let e = &mut self.engines[eng];
+        e.set_tuning(
+            ch.use_ce,
+            ch.aggregate,
+            ch.splits,
+            (kind == Kind::AllReduce).then_some(ch.ring),
+        )?;
+        e.set_comm_sms(if user_sms > 0 { user_sms } else { ch.comm_sms })?;
+        Ok(ch)
+    }
+
+    /// Measure the candidates of `key` on this call's data (collectively: every rank
+    /// runs the same candidates in the same order) and keep the fastest by the slowest
+    /// rank; or take the disk cache's choice when every rank has the same one.
+    fn tune(&mut self, c: &GemmCall, stream: usize, key: &str) -> Result<()> {
+        let guard = ContextGuard::for_stream(stream)?;
+        let dev = crate::cuda::device_info(guard.device)?;
+        self.tune_cache.load(&tune::fingerprint(
+            &crate::cuda::device_name(guard.device)?,
+            dev.sm_count,
+        )?)?;
+        if self.tune_mode == tune::Mode::Force {
+            self.tune_cache.forget(key);
+        }
+        let local = self
+            .tune_cache
+            .get(key)
+            .map(|ch| ch.encode())
+            .unwrap_or([0; 8]);
+        let all = self.bs.allgather(&local)?;
+        let first = tune::Choice::decode(&all[..8]);
+        if let Some(f) = first
+            && all.chunks(8).all(|x| tune::Choice::decode(x) == first)
+        {
+            self.tuned.insert(key.to_string(), f);
+            return Ok(());
+        }
+        let (t0, t1) = (
+            crate::cuda::resources::Event::timed()?,
+            crate::cuda::resources::Event::timed()?,
+        );
+        let timeout = Duration::from_millis(self.cfg.timeout_ms.max(1) as u64);
+        let time = |this: &mut Self, ch: tune::Choice| -> Result<f32> {
+            this.current = Some(ch);
+            this.call_inner(c, stream)?; // warm-up
+            t0.record(stream)?;
+            for _ in 0..3 {
+                this.call_inner(c, stream)?;
+            }
+            t1.record(stream)?;
+            let start = Instant::now();
+            while !t1.done()? {
+                if start.elapsed() > timeout {
+                    return Err(Error::new(
+                        crate::error::ErrorKind::Timeout,
+                        format!(
+                            "autotuning {key}: a candidate's calls did not complete within {} ms",
+                            timeout.as_millis()
+                        ),
+                    ));
+                }
+                std::thread::sleep(Duration::from_micros(50));
+            }
+            Ok(t1.elapsed_since(&t0)? / 3.0)
+        };
+        let default = self.default_choice();
+        let mut times = vec![time(self, default)?];
+        // How many candidates fit the budget: from the slowest rank's first time.
+        let firsts = self.bs.allgather(&times[0].to_le_bytes())?;
+        let slowest = firsts
+            .chunks(4)
+            .map(|x| f32::from_le_bytes([x[0], x[1], x[2], x[3]]))
+            .fold(0f32, f32::max);
+        let nccl = self
+            .last_engine
+            .map(|e| self.engines[e].transport_name() == "nccl")
+            .unwrap_or(false);
+        let op = match c.kind {
+            Kind::AllGather => tune::Op::AllGather,
+            Kind::ReduceScatter => tune::Op::ReduceScatter,
+            Kind::AllReduce => tune::Op::AllReduce,
+        };
+        let cands = tune::candidates(op, self.nranks, nccl, default, dev.sm_count);
+        let n = tune::affordable(cands.len(), slowest as f64, tune::budget_ms()?);
+        for ch in &cands[1..n] {
+            times.push(time(self, *ch)?);
+        }
+        let all = self.bs.allgather(&tune::times_to_bytes(&times, n))?;
+        let per_rank = tune::times_from_bytes(&all, self.nranks, n)?;
+        let best = tune::pick(&per_rank).unwrap_or(0);
+        let ch = cands[best];
+        self.tuned.insert(key.to_string(), ch);
+        self.tune_cache.put(key, ch);
+        if crate::env::flag("NVTE_COMM_TUNE_VERBOSE")?.unwrap_or(false) && self.rank == 0 {
+            let worst: Vec<String> = (0..n)
+                .map(|i| {
+                    let w = per_rank
+                        .iter()
+                        .map(|t| t[i])
+                        .fold(f32::NEG_INFINITY, f32::max);
+                    format!("{w:.3}")
+                })
+                .collect();
+            eprintln!(
+                "[te_comm tune] {key}: {n} of {} candidates, slowest-rank ms [{}], chose #{best} {ch:?}",
+                cands.len(),
+                worst.join(", ")
+            );
+        }
+        Ok(())
+    }
+
+    fn call_inner(&mut self, c: &GemmCall, stream: usize) -> Result<()> {
         for (v, name) in [(c.m, "m"), (c.n, "n"), (c.k, "k")] {
             if v < 0 {
                 invalid!("{name} = {v} must be >= 0");
@@ -336,14 +530,10 @@ impl CommGemmCtx {
         self.capturing = capture.active();
         self.captured |= self.capturing;
         let ws = self.workspace()?;
-        // The algorithm choice: every value runs the split (P2P ring) algorithms; the
+        // The algorithm choice: every value runs the split (P2P) algorithms; the
         // multicast and atomic variants are not implemented and fall back to them, which
-        // compute the same result (multicast is never used by this library).
-        let comm_sms = if c.comm_sm_count > 0 {
-            c.comm_sm_count
-        } else {
-            self.cfg.num_comm_sm
-        };
+        // compute the same result (multicast is never used by this library). Default
+        // lets the autotuner choose the configuration (`tune`).
         match c.kind {
             Kind::AllGather => {
                 let (ml, nl) = (share(m), share(n));
@@ -377,7 +567,7 @@ impl CommGemmCtx {
                 if let Some(p) = aux {
                     expect_shape(p, "pre_act_out", [n, ml], "like D")?;
                 }
-                self.engines[eng].set_comm_sms(comm_sms)?;
+                self.configure(eng, c.kind, c.comm_sm_count)?;
                 if let Some(g) = c.b_gathered {
                     if c.transb {
                         unsupported!(
@@ -541,7 +731,7 @@ impl CommGemmCtx {
                 if c.kind == Kind::AllReduce {
                     // Twice D: the ring all-reduce's partials and gathered rows.
                     let eng = self.engine(c.kind, dt, 2 * n * m * de)?;
-                    self.engines[eng].set_comm_sms(comm_sms)?;
+                    self.configure(eng, c.kind, c.comm_sm_count)?;
                     if self.preparing {
                         return Ok(());
                     }
@@ -562,7 +752,7 @@ impl CommGemmCtx {
                 }
                 let bn = block(n);
                 let eng = self.engine(c.kind, dt, bn * nr * m * de)?;
-                self.engines[eng].set_comm_sms(comm_sms)?;
+                let choice = self.configure(eng, c.kind, c.comm_sm_count)?;
                 if c.accumulate {
                     unsupported!(
                         "accumulate = true is not supported by the reduce-scatter (it would add D to every rank's partial)"
@@ -622,7 +812,11 @@ impl CommGemmCtx {
                     use_split_accumulator: false,
                     rs_output: d_use,
                 };
-                self.engines[eng].split_rs_p2p(&args, stream)?;
+                if choice.ring {
+                    self.engines[eng].split_rs_p2p(&args, stream)?;
+                } else {
+                    self.engines[eng].split_rs(&args, stream)?;
+                }
                 if padded {
                     copy_async(c.d.data.ptr, d_use.data.ptr, nl * m * de, stream)?;
                 }

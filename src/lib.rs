@@ -27,3 +27,4 @@ pub mod kernels;
 pub mod overlap;
 pub mod tensor;
 pub mod transport;
+pub mod tune;

@@ -254,6 +254,23 @@ fn attr(dev: cu::CUdevice, a: cu::CUdevice_attribute) -> Result<i32> {
     Ok(v)
 }
 
+/// The device's model name (cuDeviceGetName), e.g. "NVIDIA H100 80GB HBM3".
+pub fn device_name(ordinal: i32) -> Result<String> {
+    init_driver()?;
+    let mut dev = 0;
+    // SAFETY: plain driver calls with out pointers; the name buffer is 256 bytes.
+    check(unsafe { cu::cuDeviceGet(&mut dev, ordinal) }, "cuDeviceGet")?;
+    let mut buf = [0 as std::ffi::c_char; 256];
+    check(
+        unsafe { cu::cuDeviceGetName(buf.as_mut_ptr(), buf.len() as i32, dev) },
+        "cuDeviceGetName",
+    )?;
+    // SAFETY: NUL-terminated by the driver within the buffer.
+    Ok(unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }
+        .to_string_lossy()
+        .into_owned())
+}
+
 pub fn device_info(ordinal: i32) -> Result<DeviceInfo> {
     static CACHE: Mutex<Vec<DeviceInfo>> = Mutex::new(Vec::new());
     if let Some(d) = CACHE

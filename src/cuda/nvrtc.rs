@@ -61,7 +61,7 @@ fn options(arch: &str) -> Vec<String> {
 
 /// The disk cache's folder: None when NVTE_COMM_DISABLE_KERNEL_CACHE is true (a value
 /// that is not a boolean is an error) or no folder is known.
-fn cache_dir() -> Result<Option<PathBuf>> {
+pub(crate) fn cache_dir() -> Result<Option<PathBuf>> {
     if crate::env::flag("NVTE_COMM_DISABLE_KERNEL_CACHE")?.unwrap_or(false) {
         return Ok(None);
     }

@@ -146,6 +146,7 @@ fn call(
             accumulate,
             comm_sm_count,
             b_gathered: None,
+            tune: algo_type == NVTECommGemmAlgoType::kNVTECommGemmAlgoDefault,
         };
         let mut g = c.lock().unwrap_or_else(|e| e.into_inner());
         g.call(&call, main_stream as usize)

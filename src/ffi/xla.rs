@@ -505,6 +505,7 @@ fn run(kind: Kind, f: &Frame) -> Result<()> {
         comm_sm_count: i32::try_from(f.attrs.get("comm_sms").copied().unwrap_or(0))
             .map_err(|_| Error::invalid("attribute `comm_sms` out of range"))?,
         b_gathered: bg.as_ref(),
+        tune: algo == 0,
     };
     let key = f.attr("context")? as u64;
     let ordinal = f.device_ordinal();

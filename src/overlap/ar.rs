@@ -101,6 +101,7 @@ enum ArAlgo {
 pub fn ar_algo_choice() -> Result<Option<usize>> {
     crate::env::choice("NVTE_COMM_AR_ALGO", &["auto", "ring", "chunked"])
 }
+const AR_RING: usize = 1;
 const AR_CHUNKED: usize = 2;
 
 impl Overlap {
@@ -114,7 +115,9 @@ impl Overlap {
         // it was as fast or faster than the chunked algorithm on every anchor shape.
         Ok(match ar_algo_choice()? {
             Some(AR_CHUNKED) => ArAlgo::Chunked,
-            _ if ring_fits => ArAlgo::Ring,
+            Some(AR_RING) if ring_fits => ArAlgo::Ring,
+            // auto: the caller's (autotuner's) choice, else ring where it fits
+            _ if ring_fits && self.ar_ring != Some(false) => ArAlgo::Ring,
             _ => ArAlgo::Chunked,
         })
     }

@@ -286,6 +286,9 @@ pub struct Overlap {
     nvtx_call: Option<nvtx::Range>,
     /// NVTE_COMM_REPORT
     report: Option<Box<report::Report>>,
+    /// the all-reduce algorithm chosen by the caller (the autotuner) where the
+    /// environment says auto: Some(true) ring where it fits, Some(false) chunked
+    ar_ring: Option<bool>,
     nvtx_step: std::cell::RefCell<Option<nvtx::Range>>,
 }
 
@@ -440,6 +443,7 @@ impl Overlap {
             module,
             dev,
             nvtx_call: None,
+            ar_ring: None,
             report: if Self::report_enabled()? {
                 Some(Box::new(report::Report::new()?))
             } else {
@@ -474,6 +478,27 @@ impl Overlap {
         }
         self.cfg.num_comm_sm = n;
         self.t.set_comm_sms(n as u32);
+        Ok(())
+    }
+
+    /// The per-call settings the autotuner chooses (between calls): copy-engine or SM
+    /// puts, the bidirectional ring all-gather, the GEMM splits of the pipelined
+    /// reduce-scatter and chunked all-reduce, and the all-reduce algorithm.
+    pub fn set_tuning(
+        &mut self,
+        use_ce: bool,
+        aggregate: bool,
+        splits: i32,
+        ar_ring: Option<bool>,
+    ) -> Result<()> {
+        if !(1..=MAX_SPLITS).contains(&splits) {
+            invalid!("num_splits = {splits} must be in 1..={MAX_SPLITS}");
+        }
+        self.cfg.use_ce = use_ce;
+        self.cfg.aggregate = aggregate;
+        self.cfg.num_splits = splits;
+        self.t.set_use_ce(use_ce);
+        self.ar_ring = ar_ring;
         Ok(())
     }
 

@@ -381,6 +381,9 @@ impl Transport for IpcTransport {
     fn set_comm_sms(&mut self, n: u32) {
         self.comm_sms = n.max(1);
     }
+    fn set_use_ce(&mut self, on: bool) {
+        self.use_ce = on;
+    }
     /// Peers in this process write the buffer and flags by device pointer: leaked rather
     /// than freed, so the addresses cannot go to another allocation of this process.
     /// (Peers in other processes write through their IPC mappings of this allocation.)

@@ -422,6 +422,9 @@ pub trait Transport: Send {
     /// Set the SM budget of the transport's put kernels (between calls; the engine's
     /// per-call comm_sm_count). Transports without SM kernels ignore it.
     fn set_comm_sms(&mut self, _n: u32) {}
+    /// Copy-engine (true) or SM-kernel puts (between calls; the autotuner's choice).
+    /// Transports that move no bytes themselves ignore it.
+    fn set_use_ce(&mut self, _on: bool) {}
     /// The object failed and is being destroyed without waiting for its peers: do not
     /// free memory that peers may still write and that this process could reuse (peers in
     /// this process write it by device pointer). Default: nothing to keep.
