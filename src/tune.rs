@@ -40,6 +40,12 @@ pub fn budget_ms() -> Result<f64> {
     Ok(crate::env::int("NVTE_COMM_TUNE_BUDGET_MS", 1, i32::MAX)?.unwrap_or(3000) as f64)
 }
 
+/// NVTE_COMM_TUNE_PICK (tests): use candidate PICK mod (candidates measured) instead of
+/// the fastest, so that every candidate's results can be checked.
+pub fn forced_pick() -> Result<Option<i32>> {
+    crate::env::int("NVTE_COMM_TUNE_PICK", 0, 1 << 20)
+}
+
 /// The operation a choice is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Op {

@@ -55,7 +55,7 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _launch(np_, checks, cmdbuf, timeout=420):
+def _launch(np_, checks, cmdbuf, timeout=420, extra_env=None):
     shared = NGPU < np_
     if shared and os.environ.get("TE_COMM_JAX_SHARED", "1" if NGPU == 1 else "0") != "1":
         pytest.skip(f"SKIPPED: {np_} processes need {np_} GPUs ({NGPU} visible; TE_COMM_JAX_SHARED=1 shares GPU 0)")
@@ -72,6 +72,7 @@ def _launch(np_, checks, cmdbuf, timeout=420):
         )
         if shared:
             env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{0.8 / np_:.2f}"
+        env.update(extra_env or {})
         procs.append(subprocess.Popen([sys.executable, WORKER], env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
     outs = []
@@ -102,6 +103,17 @@ def test_ops_grads_training(np_, cmdbuf):
     """Ops vs a float32 reference (bf16, fp16, FP8, bias, GELU, gathered input, uneven
     tokens), MLP gradients vs jax.grad of the whole model, training steps, closed contexts."""
     _launch(np_, "local", cmdbuf)
+
+
+@pytest.mark.parametrize("pick", [4, 7])
+@pytest.mark.parametrize("np_", [n for n in NPS if n > 1] or [2], ids=lambda n: f"np{n}")
+def test_autotuner_candidates(np_, pick):
+    """The autotuner's candidates compute right: re-tune every key (NVTE_COMM_TUNE=force)
+    and run candidate `pick` (mod the candidates measured) instead of the fastest: with 4
+    and 7 this covers SM puts, the pipelined reduce-scatter with 2 and 3 splits and the
+    chunked all-reduce, checked by the same ops / gradients / training checks."""
+    _launch(np_, "local", False, extra_env={"NVTE_COMM_TUNE": "force", "NVTE_COMM_TUNE_PICK": str(pick),
+                                            "NVTE_COMM_TUNE_VERBOSE": "1"})
 
 
 @pytest.mark.parametrize("cmdbuf", [False, True], ids=["cmdbuf-off", "cmdbuf-on"])
