@@ -31,7 +31,6 @@ use crate::tensor::{Buffer, DType, Shape, Tensor};
 use crate::tune;
 use crate::{invalid, unsupported};
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
 
 /// The calls of the context.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -414,7 +413,6 @@ impl CommGemmCtx {
             crate::cuda::resources::Event::timed()?,
             crate::cuda::resources::Event::timed()?,
         );
-        let timeout = Duration::from_millis(self.cfg.timeout_ms.max(1) as u64);
         let time = |this: &mut Self, ch: tune::Choice| -> Result<f32> {
             this.current = Some(ch);
             this.call_inner(c, stream)?; // warm-up
@@ -423,19 +421,10 @@ impl CommGemmCtx {
                 this.call_inner(c, stream)?;
             }
             t1.record(stream)?;
-            let start = Instant::now();
-            while !t1.done()? {
-                if start.elapsed() > timeout {
-                    return Err(Error::new(
-                        crate::error::ErrorKind::Timeout,
-                        format!(
-                            "autotuning {key}: a candidate's calls did not complete within {} ms",
-                            timeout.as_millis()
-                        ),
-                    ));
-                }
-                std::thread::sleep(Duration::from_micros(50));
-            }
+            t1.wait_bounded(
+                this.cfg.timeout_ms,
+                &format!("autotuning {key}: a candidate's calls"),
+            )?;
             Ok(t1.elapsed_since(&t0)? / 3.0)
         };
         let default = self.default_choice();

@@ -3,6 +3,7 @@
 //! scaling, accumulate, fast FP8 accumulation and an SM budget. Descriptors and the
 //! heuristic's choice are cached per thread and shape ("plans").
 use crate::cuda::dynlib::cublaslt_sys as lt;
+use crate::cuda::resources::{Event, capture_status};
 use crate::cuda::{self, ContextGuard, Lib};
 use crate::error::ErrorKind as K;
 use crate::error::{Error, Result};
@@ -484,6 +485,18 @@ struct Plan {
     c: lt::cublasLtMatrixLayout_t,
     d: lt::cublasLtMatrixLayout_t,
     algo: lt::cublasLtMatmulAlgo_t,
+    /// the heuristic's other algorithms, timed on the plan's first eager run
+    /// (NVTE_COMM_GEMM_TUNE) and then dropped
+    untimed: Vec<lt::cublasLtMatmulAlgo_t>,
+}
+
+/// Heuristic algorithms a plan considers (NVTE_COMM_GEMM_TUNE: timed on first use).
+const GEMM_CANDIDATES: usize = 8;
+
+/// NVTE_COMM_GEMM_TUNE (a boolean; default on): time the heuristic's top algorithms
+/// on each GEMM shape's first eager run that does not accumulate, keep the fastest.
+pub fn tune_enabled() -> Result<bool> {
+    Ok(crate::env::flag("NVTE_COMM_GEMM_TUNE")?.unwrap_or(true))
 }
 
 impl Plan {
@@ -607,6 +620,7 @@ fn build(h: lt::cublasLtHandle_t, g: &GemmDesc, key: &PlanKey) -> Result<Plan> {
         c: std::ptr::null_mut(),
         d: std::ptr::null_mut(),
         algo: lt::cublasLtMatmulAlgo_t { data: [0; 8] },
+        untimed: Vec::new(),
     };
     let r = (|| {
         let (ta, tb) = (g.transa as i32, g.transb as i32);
@@ -681,8 +695,10 @@ fn build(h: lt::cublasLtHandle_t, g: &GemmDesc, key: &PlanKey) -> Result<Plan> {
                 P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                 key.align[3] as u64,
             )?;
-            // SAFETY: zeroed POD result struct.
-            let mut result: lt::cublasLtMatmulHeuristicResult_t = unsafe { std::mem::zeroed() };
+            // SAFETY: zeroed POD result structs.
+            let mut results: [lt::cublasLtMatmulHeuristicResult_t; GEMM_CANDIDATES] =
+                unsafe { std::mem::zeroed() };
+            let want = if tune_enabled()? { GEMM_CANDIDATES } else { 1 };
             let mut count = 0;
             // SAFETY: all descriptors are valid.
             let s = unsafe {
@@ -694,8 +710,8 @@ fn build(h: lt::cublasLtHandle_t, g: &GemmDesc, key: &PlanKey) -> Result<Plan> {
                     plan.c,
                     plan.d,
                     pref,
-                    1,
-                    &mut result,
+                    want as i32,
+                    results.as_mut_ptr(),
                     &mut count,
                 )
             };
@@ -723,7 +739,13 @@ fn build(h: lt::cublasLtHandle_t, g: &GemmDesc, key: &PlanKey) -> Result<Plan> {
                 );
             }
             lt_check(s, "cublasLtMatmulAlgoGetHeuristic")?;
-            plan.algo = result.algo;
+            plan.algo = results[0].algo;
+            let ok = (count.max(0) as usize).min(want);
+            plan.untimed = results[1..ok]
+                .iter()
+                .filter(|r| r.state == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS)
+                .map(|r| r.algo)
+                .collect();
             Ok(())
         })();
         // SAFETY: created above.
@@ -807,37 +829,80 @@ pub fn run(g: &GemmDesc, guard: &ContextGuard, stream: usize) -> Result<()> {
         } else {
             set_pointers(plans[&key].desc, g)?;
         }
+        // First eager run of a plan with candidates: time them (the run that follows
+        // overwrites D; a GEMM that accumulates or is being captured is not timed).
+        if !plans[&key].untimed.is_empty() && !g.accumulate && !capture_status(stream)?.active() {
+            let p = plans.get_mut(&key).unwrap();
+            p.algo = fastest(h, p, g, stream)?;
+            p.untimed.clear();
+        }
         let p = &plans[&key];
-        let alpha = 1.0f32;
-        let beta = if g.accumulate { 1.0f32 } else { 0.0f32 };
-        let c = if g.d_type.is_fp8() {
-            std::ptr::null()
-        } else {
-            g.d as *const c_void
-        };
-        // SAFETY: descriptors match the pointers validated in desc_from_te.
-        let s = unsafe {
-            lt::cublasLtMatmul(
-                h,
-                p.desc,
-                &alpha as *const f32 as *const c_void,
-                g.a as *const c_void,
-                p.a,
-                g.b as *const c_void,
-                p.b,
-                &beta as *const f32 as *const c_void,
-                c,
-                p.c,
-                g.d as *mut c_void,
-                p.d,
-                &p.algo,
-                g.workspace as *mut c_void,
-                g.workspace_bytes,
-                stream as lt::cudaStream_t,
-            )
-        };
-        lt_check(s, "cublasLtMatmul")
+        matmul(h, p, &p.algo, g, stream)
     })
+}
+
+fn matmul(
+    h: lt::cublasLtHandle_t,
+    p: &Plan,
+    algo: &lt::cublasLtMatmulAlgo_t,
+    g: &GemmDesc,
+    stream: usize,
+) -> Result<()> {
+    let alpha = 1.0f32;
+    let beta = if g.accumulate { 1.0f32 } else { 0.0f32 };
+    let c = if g.d_type.is_fp8() {
+        std::ptr::null()
+    } else {
+        g.d as *const c_void
+    };
+    // SAFETY: descriptors match the pointers validated in desc_from_te.
+    let s = unsafe {
+        lt::cublasLtMatmul(
+            h,
+            p.desc,
+            &alpha as *const f32 as *const c_void,
+            g.a as *const c_void,
+            p.a,
+            g.b as *const c_void,
+            p.b,
+            &beta as *const f32 as *const c_void,
+            c,
+            p.c,
+            g.d as *mut c_void,
+            p.d,
+            algo,
+            g.workspace as *mut c_void,
+            g.workspace_bytes,
+            stream as lt::cudaStream_t,
+        )
+    };
+    lt_check(s, "cublasLtMatmul")
+}
+
+/// The fastest of the plan's algorithm and its untimed candidates on this GEMM (each: one
+/// warm-up and 2 timed runs on `stream`; an algorithm that fails to launch is skipped).
+fn fastest(
+    h: lt::cublasLtHandle_t,
+    p: &Plan,
+    g: &GemmDesc,
+    stream: usize,
+) -> Result<lt::cublasLtMatmulAlgo_t> {
+    let (t0, t1) = (Event::timed()?, Event::timed()?);
+    let mut best = (p.algo, f32::INFINITY);
+    for algo in std::iter::once(&p.algo).chain(p.untimed.iter()) {
+        if matmul(h, p, algo, g, stream).is_err() {
+            continue;
+        }
+        t0.record(stream)?;
+        let ok = (0..2).all(|_| matmul(h, p, algo, g, stream).is_ok());
+        t1.record(stream)?;
+        t1.wait_bounded(crate::env::timeout_ms()?, "timing a GEMM algorithm")?;
+        let ms = t1.elapsed_since(&t0)?;
+        if ok && ms < best.1 {
+            best = (*algo, ms);
+        }
+    }
+    Ok(best.0)
 }
 
 /// TE's nvte_cublas_gemm.

@@ -17,10 +17,10 @@
 use super::{Op, Overlap};
 use crate::cuda::ContextGuard;
 use crate::cuda::resources::{DeviceMem, Event};
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::Result;
 use crate::gemm::{self, GemmDesc};
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// One call's figures (`NVTECommCallReport` in the C API).
 #[derive(Clone, Copy, Debug)]
@@ -99,22 +99,12 @@ impl Report {
     }
 }
 
-/// Wait (polling, bounded by `timeout`) until `ev` completed.
+/// Wait (polling, bounded by the object's timeout) until `ev` completed.
 fn wait_event(ev: &Event, timeout: Duration) -> Result<()> {
-    let t = Instant::now();
-    while !ev.done()? {
-        if t.elapsed() > timeout {
-            return Err(Error::new(
-                ErrorKind::Timeout,
-                format!(
-                    "NVTE_COMM_REPORT: the reported call did not complete within {} ms",
-                    timeout.as_millis()
-                ),
-            ));
-        }
-        std::thread::sleep(Duration::from_micros(50));
-    }
-    Ok(())
+    ev.wait_bounded(
+        timeout.as_millis() as i64,
+        "NVTE_COMM_REPORT: the reported call",
+    )
 }
 
 impl Overlap {
