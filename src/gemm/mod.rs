@@ -492,6 +492,12 @@ struct Plan {
 
 /// Heuristic algorithms a plan considers (NVTE_COMM_GEMM_TUNE: timed on first use).
 const GEMM_CANDIDATES: usize = 8;
+/// Only GEMMs of at least this many multiply-adds (m n k) are timed: below it the
+/// timing costs more than a better algorithm can save.
+const TUNE_MIN_MNK: usize = 1 << 30;
+/// At most this many plans are timed per thread (workloads with ever new shapes, e.g.
+/// varying sequence lengths, must not keep timing).
+const TUNE_MAX_PLANS: usize = 256;
 
 /// NVTE_COMM_GEMM_TUNE (a boolean; default on): time the heuristic's top algorithms
 /// on each GEMM shape's first eager run that does not accumulate, keep the fastest.
@@ -515,6 +521,7 @@ const MAX_PLANS: usize = 512;
 
 thread_local! {
     static PLANS: RefCell<HashMap<PlanKey, Plan>> = RefCell::new(HashMap::new());
+    static TIMED_PLANS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 fn set_attr<T>(
@@ -698,7 +705,10 @@ fn build(h: lt::cublasLtHandle_t, g: &GemmDesc, key: &PlanKey) -> Result<Plan> {
             // SAFETY: zeroed POD result structs.
             let mut results: [lt::cublasLtMatmulHeuristicResult_t; GEMM_CANDIDATES] =
                 unsafe { std::mem::zeroed() };
-            let want = if tune_enabled()? { GEMM_CANDIDATES } else { 1 };
+            let timed = tune_enabled()?
+                && g.m.saturating_mul(g.n).saturating_mul(g.k) >= TUNE_MIN_MNK
+                && TIMED_PLANS.with(|c| c.get()) < TUNE_MAX_PLANS;
+            let want = if timed { GEMM_CANDIDATES } else { 1 };
             let mut count = 0;
             // SAFETY: all descriptors are valid.
             let s = unsafe {
@@ -835,6 +845,7 @@ pub fn run(g: &GemmDesc, guard: &ContextGuard, stream: usize) -> Result<()> {
             let p = plans.get_mut(&key).unwrap();
             p.algo = fastest(h, p, g, stream)?;
             p.untimed.clear();
+            TIMED_PLANS.with(|c| c.set(c.get() + 1));
         }
         let p = &plans[&key];
         matmul(h, p, &p.algo, g, stream)
