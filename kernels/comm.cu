@@ -227,6 +227,16 @@ extern "C" __global__ void nccl_end(const u64 *counter, Progress *p) {
 // ---------------------------------------------------------------- SM put
 // Copy `bytes` from src to dst (either may be a peer's memory) with 16-byte accesses
 // where both are aligned; runs on the grid the caller chose (the comm SM budget).
+// *out = max(in[0..n)): the amaxes of an all-gather's chunk GEMMs (each writes its own
+// slot) into the FP8 output's amax. One warp.
+extern "C" __global__ void amax_max(float *out, const float *in, u32 n) {
+  float m = 0.0f;
+  for (u32 i = threadIdx.x; i < n; i += 32) m = fmaxf(m, in[i]);
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if (threadIdx.x == 0) *out = m;
+}
+
 extern "C" __global__ void put_bytes(u8 *dst, const u8 *src, u64 bytes) {
   const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
   const u64 stride = (u64)gridDim.x * blockDim.x;
@@ -322,12 +332,17 @@ __device__ __forceinline__ void store_vec(T *p, const Vec<T, V> &r) {
   }
 }
 
+// FP8 outputs: out_scale_ptr (the output's scale) multiplies each sum before the cast,
+// and amax_ptr (zeroed by the caller before the call's first reduction) gets max |sum|
+// (an atomic max of the float's bits: exact for non-negative floats).
 template <class I, class O, int V>
 __device__ void reduce_impl(typename O::T *out, u64 out_ld, SrcSet s, u64 in_ld, u64 rows, u64 cols,
-                            const float *in_scale_ptr, int accumulate) {
+                            const float *in_scale_ptr, int accumulate, const float *out_scale_ptr, float *amax_ptr) {
   typedef typename I::T TI;
   typedef typename O::T TO;
   const float in_scale = in_scale_ptr ? *in_scale_ptr : 1.0f;
+  const float out_scale = out_scale_ptr ? *out_scale_ptr : 1.0f;
+  float amax = 0.0f;
   const u64 vcols = cols / V;
   const u64 total = rows * vcols;
   const u64 stride = (u64)gridDim.x * blockDim.x;
@@ -356,20 +371,28 @@ __device__ void reduce_impl(typename O::T *out, u64 out_ld, SrcSet s, u64 in_ld,
     for (int v = 0; v < V; ++v) {
       float f = acc[v] * in_scale;
       if (accumulate) f += O::load(y.v[v]);
-      y.v[v] = O::store(f);
+      amax = fmaxf(amax, fabsf(f));
+      y.v[v] = O::store(f * out_scale);
     }
     store_vec<TO, V>(q, y);
+  }
+  if (amax_ptr) {
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    if ((threadIdx.x & 31) == 0) atomicMax((int *)amax_ptr, __float_as_int(amax));
   }
 }
 
 #define REDUCE(iname, I, oname, O)                                                                              \
   extern "C" __global__ void reduce_##iname##_##oname##_v8(O::T *out, u64 out_ld, SrcSet s, u64 in_ld, u64 rows, \
-                                                           u64 cols, const float *sc, int acc) {                \
-    reduce_impl<I, O, 8>(out, out_ld, s, in_ld, rows, cols, sc, acc);                                           \
+                                                           u64 cols, const float *sc, int acc, const float *osc,  \
+                                                           float *amax) {                                      \
+    reduce_impl<I, O, 8>(out, out_ld, s, in_ld, rows, cols, sc, acc, osc, amax);                                \
   }                                                                                                             \
   extern "C" __global__ void reduce_##iname##_##oname##_v1(O::T *out, u64 out_ld, SrcSet s, u64 in_ld, u64 rows, \
-                                                           u64 cols, const float *sc, int acc) {                \
-    reduce_impl<I, O, 1>(out, out_ld, s, in_ld, rows, cols, sc, acc);                                           \
+                                                           u64 cols, const float *sc, int acc, const float *osc,  \
+                                                           float *amax) {                                      \
+    reduce_impl<I, O, 1>(out, out_ld, s, in_ld, rows, cols, sc, acc, osc, amax);                                \
   }
 REDUCE(f32, F32, f32, F32)
 REDUCE(bf16, BF16, bf16, BF16)
@@ -378,6 +401,13 @@ REDUCE(bf16, BF16, f32, F32)
 REDUCE(f16, F16, f32, F32)
 REDUCE(e4m3, E4M3, bf16, BF16)
 REDUCE(e4m3, E4M3, f16, F16)
+// FP8 outputs of 16/32-bit partials (scaled, with amax).
+REDUCE(bf16, BF16, e4m3, E4M3)
+REDUCE(f16, F16, e4m3, E4M3)
+REDUCE(f32, F32, e4m3, E4M3)
+REDUCE(bf16, BF16, e5m2, E5M2)
+REDUCE(f16, F16, e5m2, E5M2)
+REDUCE(f32, F32, e5m2, E5M2)
 REDUCE(e4m3, E4M3, f32, F32)
 REDUCE(e5m2, E5M2, bf16, BF16)
 REDUCE(e5m2, E5M2, f16, F16)

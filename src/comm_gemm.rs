@@ -602,6 +602,11 @@ impl CommGemmCtx {
                 if c.grad || c.accumulate {
                     unsupported!("grad / accumulate with n = {n} not divisible by nranks = {nr}");
                 }
+                if c.d.data.dtype.is_fp8() && c.bias.is_some() {
+                    unsupported!(
+                        "an FP8 output with bias when n = {n} is not divisible by nranks = {nr}: the padding rows would count in D's amax"
+                    );
+                }
                 // Pad this rank's B share to a full block, gather, keep D's first n rows.
                 // Every scratch buffer first, then the work.
                 let de = c.d.data.dtype.bits() / 8;
@@ -720,8 +725,10 @@ impl CommGemmCtx {
                 // The bias is added once: in rank 0's partial.
                 let bias = if r == 0 { c.bias } else { None };
                 let dt = c.d.data.dtype;
-                if dt.is_fp8() {
-                    unsupported!("an FP8 output D cannot be reduced: use fp16, bf16 or fp32");
+                if dt.is_fp8() && c.kind == Kind::AllReduce {
+                    unsupported!(
+                        "an FP8 output D of the all-reduce is not supported: use fp16, bf16 or fp32 (the reduce-scatter takes FP8 outputs)"
+                    );
                 }
                 let de = dt.bits() / 8;
                 if c.kind == Kind::AllReduce {
@@ -747,7 +754,14 @@ impl CommGemmCtx {
                     return self.engines[eng].split_ar(&args, stream);
                 }
                 let bn = block(n);
-                let eng = self.engine(c.kind, dt, bn * nr * m * de)?;
+                // FP8 output: bf16 partials, summed in fp32 and scaled into D (with amax).
+                let pdt = if dt.is_fp8() { DType::BF16 } else { dt };
+                if dt.is_fp8() && c.bias.is_some() && (bn * nr != n || bn != share(n)) {
+                    unsupported!(
+                        "an FP8 output with bias when n = {n} is not divisible by nranks = {nr}: the padding rows would count in D's amax"
+                    );
+                }
+                let eng = self.engine(c.kind, pdt, bn * nr * m * pdt.bits() / 8)?;
                 let choice = self.configure(eng, c.kind, c.comm_sm_count)?;
                 if c.accumulate {
                     unsupported!(

@@ -122,6 +122,15 @@ void run_case(Env &e, NVTECommGemmCtx *ctx, const char *transport, Op op, int64_
     }
   std::vector<double> got = decode(D.data.download(), td_t, dr * dc);
   double err = dr * dc ? rel_err(got, want) : 0.0;
+  if (is_fp8(td_t) && dr * dc) {  // FP8 output (scale 1): D's amax is max |D| before scaling
+    float amax = 0;
+    CUDA_OK(cudaMemcpy(&amax, D.amax.p, 4, cudaMemcpyDeviceToHost));
+    double want_amax = 0;
+    for (double v : want) want_amax = std::max(want_amax, std::fabs(v));
+    char a[160];
+    std::snprintf(a, sizeof a, "%s: amax %.4g vs reference %.4g", what, amax, want_amax);
+    e.rep->check(std::fabs(amax - want_amax) <= 1e-2 * want_amax + 1e-6, a);
+  }
   double tol = is_fp8(ta_t) || is_fp8(tb_t) ? 6e-2 : 1e-2;
   char b[96];
   std::snprintf(b, sizeof b, ": local D [%zu, %zu] rel_err=%.3g (tol %.0e)", dr, dc, err, tol);
@@ -320,6 +329,17 @@ int main(int argc, char **argv) {
     for (const Shape &s : uneven)
       for (const Layout &l : layouts)
         run_case(e, ctx, transport, s.op, s.m, s.n, s.k, bf, bf, bf, l.ta, l.tb, true, ++seed);
+    // FP8 outputs (scale 1; D's amax checked): the all-gather GEMM (every chunk's amax
+    // into D's) and the reduce-scatter (bf16 partials summed in fp32, scaled into D), even
+    // sizes and an uneven n without bias; FP8 and bf16 inputs.
+    for (const Shape &s : {Shape{Op::AG, 256, 128, 64}, Shape{Op::AG, 256, 126, 64}, Shape{Op::RS, 64, 128, 256},
+                           Shape{Op::RS, 64, 126, 250}})
+      for (NVTEDType in : {e4, bf})
+        for (bool bias : {false, true}) {
+          if (bias && s.n % e.size) continue;
+          if (in == e4 && s.k % (16 * e.size)) continue;  // FP8 GEMMs: 16-aligned k shares
+          run_case(e, ctx, transport, s.op, s.m, s.n, s.k, in, in, e4, true, false, bias, ++seed);
+        }
     // Both IPC all-reduce algorithms (the NCCL transport ignores the choice).
     for (const char *algo : {"chunked", "ring"}) {
       setenv("NVTE_COMM_AR_ALGO", algo, 1);

@@ -6,7 +6,7 @@
 //! output rows written straight into their place in D. Unidirectional: tp-1 steps to the
 //! next rank. Bidirectional (config `aggregate`): chunks travel both ways at once, so the
 //! gather takes about tp/2 steps, on two comm streams.
-use super::{Op, Overlap, eb, tag};
+use super::{MAX_AMAX_SLOTS, Op, Overlap, eb, tag};
 use crate::cuda::resources::copy_async;
 use crate::error::Result;
 use crate::gemm::{self, Epilogue, TeGemm};
@@ -101,11 +101,16 @@ impl Overlap {
                 "the DGELU + bias-gradient epilogue reduces over all tokens: it cannot be split into token chunks"
             );
         }
-        if full.d_type.is_fp8() {
-            unsupported!(
-                "an FP8 output D is not supported by the overlap algorithms (its amax would be per chunk)"
-            );
-        }
+        // FP8 output: each chunk GEMM scales its rows and writes its own amax slot; the
+        // slots' maximum goes into D's amax after the call.
+        let amax_slots = if full.d_type.is_fp8() && full.d_amax != 0 {
+            if tp > MAX_AMAX_SLOTS {
+                unsupported!("an FP8 output with amax at tp = {tp} > {MAX_AMAX_SLOTS}");
+            }
+            self.amax_slots()?
+        } else {
+            0
+        };
         if let Some(c) = x.b_copy {
             let cb = &c.data;
             if cb.dtype != self.dtype || cb.numel() != n * k || cb.ptr == 0 {
@@ -219,9 +224,16 @@ impl Overlap {
             if full.epilogue == Epilogue::BGradB {
                 g.bias = full.bias + c * nc * eb(full.bias_type);
             }
+            if amax_slots != 0 {
+                g.d_amax = amax_slots + 4 * c;
+            }
             self.step(|| format!("GEMM chunk {c} ({} of {tp})", j + 1));
             self.run_gemm(&g, &guard, si, true)?;
         }
-        self.finish(stream)
+        self.finish(stream)?;
+        if amax_slots != 0 && !self.skipping_gemms() {
+            self.reduce_amax(full.d_amax, amax_slots, tp, stream)?;
+        }
+        Ok(())
     }
 }

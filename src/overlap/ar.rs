@@ -279,7 +279,19 @@ impl Overlap {
             let srcs: Vec<usize> = (0..tp)
                 .map(|q| self.t.peer_buffer(q).unwrap() + lo * m * e)
                 .collect();
-            self.reduce(&out, lo * m, m, &srcs, m, rows, m, 0, cs, i + 1 == s)?;
+            self.reduce(
+                &out,
+                lo * m,
+                m,
+                &srcs,
+                m,
+                rows,
+                m,
+                0,
+                (0, 0),
+                cs,
+                i + 1 == s,
+            )?;
         }
         Ok(())
     }
@@ -331,7 +343,19 @@ impl Overlap {
             let mut srcs = vec![partials + (base + at) * e];
             srcs.extend((0..tp - 1).map(|j| region + j * sl.step * e));
             let out = Buffer::new(region, self.dtype, Shape::new(&[1, sl.elems])?)?;
-            self.reduce(&out, at, len, &srcs, len, 1, len, 0, reduce, i + 1 == s)?;
+            self.reduce(
+                &out,
+                at,
+                len,
+                &srcs,
+                len,
+                1,
+                len,
+                0,
+                (0, 0),
+                reduce,
+                i + 1 == s,
+            )?;
             self.t.signal(&others, Slot::ArReduced, tag(i), reduce)?;
             self.ev_chunk[REDUCED_EVENTS + i].record(reduce)?;
             self.mark(reduce, || format!("reduced{i}"))?;

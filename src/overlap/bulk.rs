@@ -130,9 +130,11 @@ impl Overlap {
                 let srcs: Vec<usize> = (0..tp)
                     .map(|q| self.t.peer_buffer(q).unwrap() + r * chunk_bytes)
                     .collect();
-                let out = &x.rs_output.unwrap().data;
+                let o = x.rs_output.unwrap();
+                let fp8 = Self::fp8_output(o, "rs_output", cs)?;
                 self.reduce(
-                    out, 0, self.cols, &srcs, self.cols, rc, self.cols, scale_inv, cs, false,
+                    &o.data, 0, self.cols, &srcs, self.cols, rc, self.cols, scale_inv, fp8, cs,
+                    false,
                 )?;
             }
         }

@@ -67,6 +67,8 @@ pub const TRANSPORT_IPC: i32 = 1;
 pub const TRANSPORT_NCCL: i32 = 2;
 /// Upper bounds of num_splits and num_max_streams.
 const MAX_SPLITS: i32 = 64;
+/// Chunk amax slots of FP8 outputs (tp chunks of the all-gather).
+const MAX_AMAX_SLOTS: usize = 64;
 const MAX_STREAMS: i32 = 8;
 
 impl Config {
@@ -286,6 +288,8 @@ pub struct Overlap {
     nvtx_call: Option<nvtx::Range>,
     /// NVTE_COMM_REPORT
     report: Option<Box<report::Report>>,
+    /// per-chunk amax of FP8 outputs (allocated on first use)
+    amax_slots: Option<DeviceMem>,
     /// the all-reduce algorithm chosen by the caller (the autotuner) where the
     /// environment says auto: Some(true) ring where it fits, Some(false) chunked
     ar_ring: Option<bool>,
@@ -317,9 +321,9 @@ fn short(d: DType) -> &'static str {
 /// The output types a reduction of a `d` buffer can write (see `check_reduce_output`).
 fn reduce_outputs(d: DType) -> &'static [DType] {
     match d {
-        DType::F32 => &[DType::F32],
-        DType::BF16 => &[DType::BF16, DType::F32],
-        DType::F16 => &[DType::F16, DType::F32],
+        DType::F32 => &[DType::F32, DType::E4M3, DType::E5M2],
+        DType::BF16 => &[DType::BF16, DType::F32, DType::E4M3, DType::E5M2],
+        DType::F16 => &[DType::F16, DType::F32, DType::E4M3, DType::E5M2],
         _ => &[DType::BF16, DType::F16, DType::F32],
     }
 }
@@ -444,6 +448,7 @@ impl Overlap {
             dev,
             nvtx_call: None,
             ar_ring: None,
+            amax_slots: None,
             report: if Self::report_enabled()? {
                 Some(Box::new(report::Report::new()?))
             } else {
@@ -844,12 +849,14 @@ impl Overlap {
         rows: usize,
         cols: usize,
         in_scale: usize,
+        fp8_out: (usize, usize),
         stream: usize,
         tail: bool,
     ) -> Result<()> {
         if rows == 0 || cols == 0 {
             return Ok(());
         }
+        let (out_scale, out_amax) = (fp8_out.0 as u64, fp8_out.1 as u64);
         let out_ptr = out.ptr + out_off_elems * eb(out.dtype);
         let vec_ok = cols.is_multiple_of(8)
             && in_ld.is_multiple_of(8)
@@ -893,6 +900,8 @@ impl Overlap {
             arg(&c),
             arg(&sc),
             arg(&acc),
+            arg(&out_scale),
+            arg(&out_amax),
         ];
         let work = rows * cols / if vec_ok { 8 } else { 1 };
         // Overlapped with GEMMs: the comm SM budget. On the critical tail (nothing left
@@ -904,7 +913,7 @@ impl Overlap {
         };
         let blocks = (work.div_ceil(512) as u32).clamp(1, cap);
         // SAFETY: `f` is reduce_<in>_<out>_<v8|v1>(out, out_ld, SrcSet, in_ld, rows, cols,
-        // scale, acc) of kernels/comm.cu in this object's module (its device's context,
+        // scale, acc, out_scale, amax) of kernels/comm.cu in this object's module (its device's context,
         // current for calls on `stream`); `set` is repr(C) like the kernel's SrcSet. `out`
         // and the sources are the caller's / peers' mapped buffers holding rows x cols
         // elements at their leading dimensions (the callers' contract).
@@ -1139,6 +1148,45 @@ impl Overlap {
     /// allocated on first use (nothing can be using it yet, so no synchronisation; inside
     /// a graph capture too: the allocation is made outside the capture's rules and kept
     /// for the object's life).
+    /// An FP8 reduction output's scale (required) and amax (optional) pointers, and the
+    /// amax zeroed on `stream` (before the call's first reduction on it); (0, 0) for
+    /// 16/32-bit outputs.
+    fn fp8_output(t: &Tensor, what: &str, stream: usize) -> Result<(usize, usize)> {
+        if !t.data.dtype.is_fp8() {
+            return Ok((0, 0));
+        }
+        let Some(scale) = Tensor::scalar_ptr(&t.scale) else {
+            invalid!(
+                "tensor `{what}` is FP8 ({}): it needs its scale (kNVTEScale) for the reduction's output",
+                t.data.dtype.name()
+            );
+        };
+        let amax = Tensor::scalar_ptr(&t.amax).unwrap_or(0);
+        if amax != 0 {
+            crate::cuda::resources::memset_async(amax, 4, stream)?;
+        }
+        Ok((scale, amax))
+    }
+
+    /// Per-chunk amax slots (MAX_AMAX_SLOTS floats; FP8 outputs of split GEMMs).
+    fn amax_slots(&mut self) -> Result<usize> {
+        if self.amax_slots.is_none() {
+            self.amax_slots = Some(DeviceMem::new_relaxed(MAX_AMAX_SLOTS * 4)?);
+        }
+        Ok(self.amax_slots.as_ref().unwrap().ptr)
+    }
+
+    /// *out = max of the `n` amax slots, on `stream` (after the chunk GEMMs).
+    fn reduce_amax(&self, out: usize, slots: usize, n: usize, stream: usize) -> Result<()> {
+        let f = self.module.function("amax_max")?;
+        let n = n as u32;
+        let mut args = [arg(&out), arg(&slots), arg(&n)];
+        // SAFETY: `f` is amax_max(float *out, const float *in, u32 n) of kernels/comm.cu
+        // in this object's module; `slots` holds n <= MAX_AMAX_SLOTS floats written by the
+        // chunk GEMMs, `out` is the output tensor's amax (validated by desc_from_te).
+        unsafe { cuda::launch(f, (1, 1, 1), (32, 1, 1), 0, stream, &mut args, "amax_max") }
+    }
+
     fn staging(&mut self) -> Result<usize> {
         if self.staging.is_none() {
             self.staging = Some(DeviceMem::new_relaxed(self.t.buffer_bytes())?);

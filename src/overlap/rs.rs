@@ -191,6 +191,7 @@ impl Overlap {
             self.ev_chunk[1 + i].record(self.compute[si].raw())?;
         }
         let cs = self.comm[0].raw();
+        let fp8 = Self::fp8_output(x.rs_output, "rs_output", cs)?;
         let srcs_at = |lo: usize| -> Vec<usize> {
             all.iter()
                 .map(|&q| self.t.peer_buffer(q).unwrap() + (r * p.nc * p.m + lo) * e)
@@ -220,6 +221,7 @@ impl Overlap {
                 p.nc,
                 hi - lo,
                 p.scale_inv,
+                fp8,
                 cs,
                 i + 1 == nchunks,
             )?;
@@ -322,6 +324,7 @@ impl Overlap {
         let eb_b = eb(p.full.b_type);
         let slot_bytes = p.nc * p.m * e;
         let plan = super::schedule::rs_exchange(tp, r);
+        let fp8 = Self::fp8_output(x.rs_output, "rs_output", self.comm[0].raw())?;
         // GEMM for destination d: B's rows [d nc, (d+1) nc), output [nc, m].
         for (i, &d) in plan.gemm_dest.iter().enumerate() {
             let mut g = p.full;
@@ -399,6 +402,7 @@ impl Overlap {
             p.nc,
             p.m,
             p.scale_inv,
+            fp8,
             cs,
             true,
         )?;
