@@ -47,16 +47,7 @@ pub extern "C" fn nvte_comm_gemm_ctx_create_bootstrap(
     out: *mut *mut NVTECommGemmCtx,
 ) -> NVTECommStatus {
     status_call("nvte_comm_gemm_ctx_create_bootstrap", || {
-        if out.is_null() {
-            invalid!("argument `out` is NULL");
-        }
-        // SAFETY: non-null output pointer.
-        unsafe { *out = std::ptr::null_mut() };
-        if bootstrap.is_null() {
-            invalid!("argument `bootstrap` is NULL");
-        }
-        // SAFETY: non-null, points to the caller's struct (every bit pattern is valid).
-        let b = unsafe { std::ptr::read_unaligned(bootstrap) };
+        let b = super::overlap::take_bootstrap(bootstrap, out)?;
         let c = CommGemmCtx::from_bootstrap(super::overlap::bootstrap_of(&b)?)?;
         let id = CONTEXTS.insert(Arc::new(Mutex::new(c)));
         // SAFETY: non-null output pointer.

@@ -196,6 +196,24 @@ pub extern "C" fn nvte_comm_overlap_config_default(
     })
 }
 
+/// The checks every creation from a bootstrap starts with: `out` non-NULL (then set to
+/// NULL), `bootstrap` non-NULL; returns the caller's description.
+pub(super) fn take_bootstrap<T>(
+    bootstrap: *const NVTECommBootstrap,
+    out: *mut *mut T,
+) -> Result<NVTECommBootstrap> {
+    if out.is_null() {
+        invalid!("argument `out` is NULL");
+    }
+    // SAFETY: non-null output pointer.
+    unsafe { *out = std::ptr::null_mut() };
+    if bootstrap.is_null() {
+        invalid!("argument `bootstrap` is NULL");
+    }
+    // SAFETY: non-null, points to the caller's struct (every bit pattern is valid).
+    Ok(unsafe { std::ptr::read_unaligned(bootstrap) })
+}
+
 /// The core's bootstrap for the caller's description: its NCCL communicator when set,
 /// else its callbacks.
 pub(super) fn bootstrap_of(b: &NVTECommBootstrap) -> Result<Bootstrap> {
@@ -230,16 +248,7 @@ pub extern "C" fn nvte_comm_overlap_create(
     out: *mut *mut NVTECommOverlap,
 ) -> NVTECommStatus {
     status_call("nvte_comm_overlap_create", || {
-        if out.is_null() {
-            invalid!("argument `out` is NULL");
-        }
-        // SAFETY: non-null output pointer.
-        unsafe { *out = std::ptr::null_mut() };
-        if bootstrap.is_null() {
-            invalid!("argument `bootstrap` is NULL");
-        }
-        // SAFETY: non-null, points to the caller's struct (every bit pattern is valid).
-        let b = unsafe { std::ptr::read_unaligned(bootstrap) };
+        let b = take_bootstrap(bootstrap, out)?;
         // Everything that needs neither the world nor a device comes first.
         let cfg = if config.is_null() {
             Config::from_env()?

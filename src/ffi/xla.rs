@@ -297,27 +297,32 @@ fn has_field(struct_size: usize, end: usize) -> bool {
 
 /// # Safety
 /// `f` is XLA's call frame for this call (checked for size before any field is read).
-unsafe fn decode<'a>(f: &'a CallFrame, api: &'a Api) -> Result<Frame<'a>> {
-    let mut args = Vec::new();
-    for i in 0..f.args.size.max(0) as usize {
+/// # Safety
+/// `types` and `ptrs` are XLA's arrays of `size` operand (or result) types and pointers.
+unsafe fn buffers<'a>(
+    size: i64,
+    types: *const c_int,
+    ptrs: *const *mut c_void,
+    what: &str,
+) -> Result<Vec<&'a XBuffer>> {
+    let mut v = Vec::new();
+    for i in 0..size.max(0) as usize {
         // SAFETY: XLA gives `size` types and pointers.
-        let (ty, p) = unsafe { (*f.args.types.add(i), *f.args.args.add(i)) };
+        let (ty, p) = unsafe { (*types.add(i), *ptrs.add(i)) };
         if ty != ARG_BUFFER || p.is_null() {
-            invalid!("operand {i} is not a buffer (type {ty})");
+            invalid!("{what} {i} is not a buffer (type {ty})");
         }
-        // SAFETY: a buffer operand points to an XLA_FFI_Buffer.
-        args.push(unsafe { &*(p as *const XBuffer) });
+        // SAFETY: a buffer operand / result points to an XLA_FFI_Buffer.
+        v.push(unsafe { &*(p as *const XBuffer) });
     }
-    let mut rets = Vec::new();
-    for i in 0..f.rets.size.max(0) as usize {
-        // SAFETY: as above, for the results.
-        let (ty, p) = unsafe { (*f.rets.types.add(i), *f.rets.rets.add(i)) };
-        if ty != ARG_BUFFER || p.is_null() {
-            invalid!("result {i} is not a buffer (type {ty})");
-        }
-        // SAFETY: as above.
-        rets.push(unsafe { &*(p as *const XBuffer) });
-    }
+    Ok(v)
+}
+
+unsafe fn decode<'a>(f: &'a CallFrame, api: &'a Api) -> Result<Frame<'a>> {
+    // SAFETY: the frame's operand and result arrays.
+    let args = unsafe { buffers(f.args.size, f.args.types, f.args.args, "operand")? };
+    // SAFETY: as above.
+    let rets = unsafe { buffers(f.rets.size, f.rets.types, f.rets.rets, "result")? };
     let mut attrs = HashMap::new();
     for i in 0..f.attrs.size.max(0) as usize {
         // SAFETY: XLA gives `size` names, types and attribute pointers.

@@ -242,20 +242,7 @@ impl Overlap {
             r.calibrating = true;
             r.skip_gemms = true;
         }
-        let res = (|| -> Result<f32> {
-            call(self)?;
-            self.report.as_deref().unwrap().t0.record(stream)?;
-            for _ in 0..3 {
-                call(self)?;
-            }
-            let r = self.report.as_deref().unwrap();
-            r.t1.record(stream)?;
-            wait_event(
-                &r.t1,
-                Duration::from_millis(self.cfg.timeout_ms.max(1) as u64),
-            )?;
-            Ok(r.t1.elapsed_since(&r.t0)? / 3.0)
-        })();
+        let res = self.time_runs(stream, |o| call(o));
         {
             let r = self.report.as_deref_mut().unwrap();
             r.skip_gemms = false;
@@ -285,18 +272,7 @@ impl Overlap {
             }
             g.d_amax = 0;
             g.sm_count = 0;
-            gemm::run(&g, &guard, stream)?;
-            let r = self.report.as_deref().unwrap();
-            r.t0.record(stream)?;
-            for _ in 0..3 {
-                gemm::run(&g, &guard, stream)?;
-            }
-            r.t1.record(stream)?;
-            wait_event(
-                &r.t1,
-                Duration::from_millis(self.cfg.timeout_ms.max(1) as u64),
-            )?;
-            Ok(r.t1.elapsed_since(&r.t0)? / 3.0)
+            self.time_runs(stream, |_| gemm::run(&g, &guard, stream))
         })();
         let gemm_ms = match res {
             Ok(v) => v,
@@ -318,6 +294,27 @@ impl Overlap {
             f.comm_ms = comm_ms;
         }
         res
+    }
+
+    /// Mean time of `run` on `stream`: a warm-up, then 3 runs between the report's
+    /// timing events (waits, bounded, for them).
+    fn time_runs(
+        &mut self,
+        stream: usize,
+        mut run: impl FnMut(&mut Self) -> Result<()>,
+    ) -> Result<f32> {
+        run(self)?;
+        self.report.as_deref().unwrap().t0.record(stream)?;
+        for _ in 0..3 {
+            run(self)?;
+        }
+        let r = self.report.as_deref().unwrap();
+        r.t1.record(stream)?;
+        wait_event(
+            &r.t1,
+            Duration::from_millis(self.cfg.timeout_ms.max(1) as u64),
+        )?;
+        Ok(r.t1.elapsed_since(&r.t0)? / 3.0)
     }
 
     /// The last timed call's figures (waits, bounded, for it to complete). None when the

@@ -30,7 +30,6 @@ forward pass.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -83,16 +82,22 @@ def _col_bwd(cfg: _Cfg, res, dy):
     dx = rs_gemm(w, dy.astype(w.dtype), ctx=cfg.ctx, transa=False, comm_sms=cfg.comm_sms)[0]
     x_full = xt.astype(jnp.float32) * xsi if xsi is not None else xt
     dw = _wgrad(dy, x_full.astype(dy.dtype), w.dtype)
-    db = None if bias is None else dy.sum(0).astype(bias.dtype)
-    return dx.astype(dy.dtype), dw, db
+    return dx.astype(dy.dtype), dw, _bias_share(bias, dy)
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _col_sp(x, w, bias, cfg):
-    return _col_fwd(x, w, bias, cfg)[0]
+def _layer(fwd, bwd):
+    """f(x, w, bias, cfg) = fwd(...)[0] with fwd / bwd as its custom VJP (cfg static)."""
+    f = jax.custom_vjp(lambda x, w, bias, cfg: fwd(x, w, bias, cfg)[0], nondiff_argnums=(3,))
+    f.defvjp(fwd, bwd)
+    return f
 
 
-_col_sp.defvjp(_col_fwd, _col_bwd)
+def _bias_share(bias, dy):
+    """This device's share of a bias gradient: its rows of dy summed (None without bias)."""
+    return None if bias is None else dy.sum(0).astype(bias.dtype)
+
+
+_col_sp = _layer(_col_fwd, _col_bwd)
 
 
 def column_parallel_dense(x, w, bias=None, *, ctx: TPContext, sequence_parallel: bool = True, fp8: bool = False,
@@ -132,16 +137,10 @@ def _row_sp_bwd(cfg: _Cfg, res, dy):
     dx, dyt = ag_gemm(w, dy.astype(w.dtype), ctx=cfg.ctx, transa=False, gather_b=True, comm_sms=cfg.comm_sms)
     dw = _wgrad(dyt, x.astype(dyt.dtype), w.dtype)
     # The bias is replicated: this device's share (its tokens); shard_map sums the shares.
-    db = None if bias is None else dy.sum(0).astype(bias.dtype)
-    return dx.astype(dy.dtype), dw, db
+    return dx.astype(dy.dtype), dw, _bias_share(bias, dy)
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _row_sp(x, w, bias, cfg):
-    return _row_sp_fwd(x, w, bias, cfg)[0]
-
-
-_row_sp.defvjp(_row_sp_fwd, _row_sp_bwd)
+_row_sp = _layer(_row_sp_fwd, _row_sp_bwd)
 
 
 def _row_ar_fwd(x, w, bias, cfg):
@@ -157,12 +156,7 @@ def _row_ar_bwd(cfg: _Cfg, res, dy):
     return dx, dw, db
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _row_ar(x, w, bias, cfg):
-    return _row_ar_fwd(x, w, bias, cfg)[0]
-
-
-_row_ar.defvjp(_row_ar_fwd, _row_ar_bwd)
+_row_ar = _layer(_row_ar_fwd, _row_ar_bwd)
 
 
 def row_parallel_dense(x, w, bias=None, *, ctx: TPContext, sequence_parallel: bool = True, fp8: bool = False,
