@@ -68,7 +68,7 @@ def _launch(np_, checks, cmdbuf, timeout=420, extra_env=None):
             XLA_FLAGS=(env.get("XLA_FLAGS", "") + " " + (CMDBUF_ON if cmdbuf else CMDBUF_OFF)).strip(),
             XLA_PYTHON_CLIENT_PREALLOCATE="false", NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
             NVSHMEM_DISABLE_NVLS="1", PYTHONPATH=PYTHON_DIR + os.pathsep + env.get("PYTHONPATH", ""),
-            TEC_EXPECT_CAPTURE="1" if cmdbuf else "0",
+            TEC_EXPECT_CAPTURE="1" if cmdbuf else "0", TEC_SHARED="1" if shared else "0",
         )
         if shared:
             env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{0.8 / np_:.2f}"
@@ -114,6 +114,14 @@ def test_autotuner_candidates(np_, pick):
     chunked all-reduce, checked by the same ops / gradients / training checks."""
     _launch(np_, "local", False, extra_env={"NVTE_COMM_TUNE": "force", "NVTE_COMM_TUNE_PICK": str(pick),
                                             "NVTE_COMM_TUNE_VERBOSE": "1"})
+
+
+@pytest.mark.parametrize("np_", [n for n in NPS if n > 1] or [2], ids=lambda n: f"np{n}")
+def test_shard_map_multi_process(np_):
+    """One device per process, the layers inside jit(shard_map) over the global mesh
+    (global arrays): each process checks its shards (forward; with a GPU per process also
+    the gradients and FP8)."""
+    _launch(np_, "shard_map", True)
 
 
 @pytest.mark.parametrize("cmdbuf", [False, True], ids=["cmdbuf-off", "cmdbuf-on"])
