@@ -129,6 +129,8 @@ typedef enum NVTECommGemmAlgoType {
  */
 #define LOCAL_BYTES 40
 
+#define Settings_BYTES 32
+
 /**
  * Opaque context (TE: `typedef struct NVTECommGemmCtx NVTECommGemmCtx;`).
  */

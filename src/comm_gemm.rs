@@ -107,6 +107,8 @@ pub struct CommGemmCtx {
     tuned: HashMap<String, tune::Choice>,
     tune_cache: tune::Cache,
     current: Option<tune::Choice>,
+    /// the global m, n, k of the call in progress (the engines' report key)
+    call_dims: Option<[i64; 3]>,
     /// engines and scratch replaced by larger ones while a graph may still use them
     retired_engines: Vec<Overlap>,
     retired_scratch: Vec<DeviceMem>,
@@ -207,6 +209,7 @@ impl CommGemmCtx {
             tuned: HashMap::new(),
             tune_cache: tune::Cache::default(),
             current: None,
+            call_dims: None,
             retired_engines: Vec::new(),
             retired_scratch: Vec::new(),
         })
@@ -380,6 +383,7 @@ impl CommGemmCtx {
             (kind == Kind::AllReduce).then_some(ch.ring),
         )?;
         e.set_comm_sms(if user_sms > 0 { user_sms } else { ch.comm_sms })?;
+        e.set_report_dims(self.call_dims);
         Ok(ch)
     }
 
@@ -387,6 +391,9 @@ impl CommGemmCtx {
     /// runs the same candidates in the same order) and keep the fastest by the slowest
     /// rank; or take the disk cache's choice when every rank has the same one.
     fn tune(&mut self, c: &GemmCall, stream: usize, key: &str) -> Result<()> {
+        // Every decision below is taken from data gathered from all ranks (rank 0's
+        // settings, the slowest rank's times, every rank's success), so all ranks run the
+        // same candidates and pick the same one even when their environments differ.
         let guard = ContextGuard::for_stream(stream)?;
         let dev = crate::cuda::device_info(guard.device)?;
         self.tune_cache.load(&tune::fingerprint(
@@ -396,17 +403,22 @@ impl CommGemmCtx {
         if self.tune_mode == tune::Mode::Force {
             self.tune_cache.forget(key);
         }
-        let local = self
+        let cached = self
             .tune_cache
             .get(key)
             .map(|ch| ch.encode())
             .unwrap_or([0; 8]);
-        let all = self.bs.allgather(&local)?;
-        let first = tune::Choice::decode(&all[..8]);
-        if let Some(f) = first
-            && all.chunks(8).all(|x| tune::Choice::decode(x) == first)
-        {
-            self.tuned.insert(key.to_string(), f);
+        let settings = tune::Settings {
+            cached,
+            default: self.default_choice(),
+            sm_count: dev.sm_count,
+            budget_ms: tune::budget_ms()?,
+            pick: tune::forced_pick()?,
+        };
+        let all = self.bs.allgather(&settings.encode())?;
+        let agreed = tune::Settings::agree(&all)?;
+        if let Some(ch) = agreed.cached {
+            self.tuned.insert(key.to_string(), ch);
             return Ok(());
         }
         let (t0, t1) = (
@@ -427,14 +439,25 @@ impl CommGemmCtx {
             )?;
             Ok(t1.elapsed_since(&t0)? / 3.0)
         };
-        let default = self.default_choice();
-        let mut times = vec![time(self, default)?];
-        // How many candidates fit the budget: from the slowest rank's first time.
-        let firsts = self.bs.allgather(&times[0].to_le_bytes())?;
-        let slowest = firsts
-            .chunks(4)
-            .map(|x| f32::from_le_bytes([x[0], x[1], x[2], x[3]]))
-            .fold(0f32, f32::max);
+        // One candidate on every rank, then its slowest-rank time (NaN: some rank failed).
+        let run = |this: &mut Self, ch: tune::Choice| -> Result<(f32, Option<Error>)> {
+            let (t, err) = match time(this, ch) {
+                Ok(t) => (t, None),
+                Err(e) => (f32::NAN, Some(e)),
+            };
+            let all = this.bs.allgather(&t.to_le_bytes())?;
+            Ok((tune::slowest(&all), err))
+        };
+        let default = agreed.default;
+        let (first, err) = run(self, default)?;
+        if let Some(e) = err {
+            return Err(e);
+        }
+        if first.is_nan() {
+            // Another rank failed: keep the defaults (its call reports the cause).
+            self.tuned.insert(key.to_string(), default);
+            return Ok(());
+        }
         let nccl = self
             .last_engine
             .map(|e| self.engines[e].transport_name() == "nccl")
@@ -444,35 +467,35 @@ impl CommGemmCtx {
             Kind::ReduceScatter => tune::Op::ReduceScatter,
             Kind::AllReduce => tune::Op::AllReduce,
         };
-        let cands = tune::candidates(op, self.nranks, nccl, default, dev.sm_count);
-        let n = tune::affordable(cands.len(), slowest as f64, tune::budget_ms()?);
+        let cands = tune::candidates(op, self.nranks, nccl, default, agreed.sm_count);
+        let n = tune::affordable(cands.len(), first as f64, agreed.budget_ms);
+        let mut times = vec![first];
         for ch in &cands[1..n] {
-            times.push(time(self, *ch)?);
+            let (t, err) = run(self, *ch)?;
+            if let Some(e) = err {
+                // This rank failed (its peers see NaN and stop too): the defaults.
+                self.tuned.insert(key.to_string(), default);
+                return Err(e);
+            }
+            times.push(t);
+            if t.is_nan() {
+                break; // another rank failed: stop here, as it does
+            }
         }
-        let all = self.bs.allgather(&tune::times_to_bytes(&times, n))?;
-        let per_rank = tune::times_from_bytes(&all, self.nranks, n)?;
-        let mut best = tune::pick(&per_rank).unwrap_or(0);
-        let forced = tune::forced_pick()?;
-        if let Some(p) = forced {
-            best = p as usize % n; // tests: run a given candidate (every rank the same)
+        let mut best = tune::pick(&[times.clone()]).unwrap_or(0);
+        if let Some(p) = agreed.pick {
+            best = p as usize % times.len(); // tests: run a given candidate (every rank the same)
         }
         let ch = cands[best];
         self.tuned.insert(key.to_string(), ch);
-        if forced.is_none() {
+        if agreed.pick.is_none() && !times.iter().any(|t| t.is_nan()) {
             self.tune_cache.put(key, ch); // a forced pick is not the fastest: not cached
         }
         if crate::env::flag("NVTE_COMM_TUNE_VERBOSE")?.unwrap_or(false) && self.rank == 0 {
-            let worst: Vec<String> = (0..n)
-                .map(|i| {
-                    let w = per_rank
-                        .iter()
-                        .map(|t| t[i])
-                        .fold(f32::NEG_INFINITY, f32::max);
-                    format!("{w:.3}")
-                })
-                .collect();
+            let worst: Vec<String> = times.iter().map(|w| format!("{w:.3}")).collect();
             eprintln!(
-                "[te_comm tune] {key}: {n} of {} candidates, slowest-rank ms [{}], chose #{best} {ch:?}",
+                "[te_comm tune] {key}: {} of {} candidates, slowest-rank ms [{}], chose #{best} {ch:?}",
+                times.len(),
                 cands.len(),
                 worst.join(", ")
             );
@@ -481,6 +504,7 @@ impl CommGemmCtx {
     }
 
     fn call_inner(&mut self, c: &GemmCall, stream: usize) -> Result<()> {
+        self.call_dims = Some([c.m, c.n, c.k]);
         for (v, name) in [(c.m, "m"), (c.n, "n"), (c.k, "k")] {
             if v < 0 {
                 invalid!("{name} = {v} must be >= 0");

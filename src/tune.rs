@@ -335,27 +335,82 @@ pub fn fingerprint(dev_name: &str, sm_count: i32) -> Result<String> {
     ))
 }
 
-/// Times (ms) of one rank as bytes for the exchange, and back.
-pub fn times_to_bytes(t: &[f32], n: usize) -> Vec<u8> {
-    (0..n)
-        .flat_map(|i| t.get(i).copied().unwrap_or(f32::NAN).to_le_bytes())
-        .collect()
+/// What each rank brings to a key's tuning: its cached choice, its defaults, its device's
+/// SM count, its budget and forced pick. All ranks gather everyone's and follow rank 0's
+/// settings (the cache only when every rank has the same entry; the SM count: the
+/// smallest), so a difference in environments cannot make ranks diverge.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Settings {
+    pub cached: [u8; 8],
+    pub default: Choice,
+    pub sm_count: i32,
+    pub budget_ms: f64,
+    pub pick: Option<i32>,
 }
 
-pub fn times_from_bytes(b: &[u8], ranks: usize, n: usize) -> Result<Vec<Vec<f32>>> {
-    if b.len() != ranks * n * 4 {
-        return Err(Error::internal(format!(
-            "tuning exchange: {} bytes for {ranks} ranks x {n} candidates",
-            b.len()
-        )));
+/// The agreed settings.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Agreed {
+    pub cached: Option<Choice>,
+    pub default: Choice,
+    pub sm_count: i32,
+    pub budget_ms: f64,
+    pub pick: Option<i32>,
+}
+
+impl Settings {
+    pub const BYTES: usize = 32;
+    pub fn encode(&self) -> [u8; Self::BYTES] {
+        let mut b = [0u8; Self::BYTES];
+        b[..8].copy_from_slice(&self.cached);
+        b[8..16].copy_from_slice(&self.default.encode());
+        b[16..20].copy_from_slice(&self.sm_count.to_le_bytes());
+        b[20..24]
+            .copy_from_slice(&(self.budget_ms.clamp(0.0, u32::MAX as f64) as u32).to_le_bytes());
+        b[24..28].copy_from_slice(&self.pick.unwrap_or(-1).to_le_bytes());
+        b
     }
-    Ok(b.chunks(n * 4)
-        .map(|r| {
-            r.chunks(4)
-                .map(|x| f32::from_le_bytes([x[0], x[1], x[2], x[3]]))
-                .collect()
+
+    /// Every rank's settings (rank order) to the agreed ones.
+    pub fn agree(all: &[u8]) -> Result<Agreed> {
+        if all.is_empty() || !all.len().is_multiple_of(Self::BYTES) {
+            return Err(Error::internal(format!(
+                "tuning exchange: {} bytes, not a multiple of {}",
+                all.len(),
+                Self::BYTES
+            )));
+        }
+        let ranks: Vec<&[u8]> = all.chunks(Self::BYTES).collect();
+        let i32_at = |r: &[u8], o: usize| i32::from_le_bytes([r[o], r[o + 1], r[o + 2], r[o + 3]]);
+        let first = Choice::decode(&ranks[0][..8]);
+        let cached = first.filter(|_| ranks.iter().all(|r| Choice::decode(&r[..8]) == first));
+        let default = Choice::decode(&ranks[0][8..16])
+            .ok_or_else(|| Error::internal("tuning exchange: rank 0 sent no defaults"))?;
+        let sm_count = ranks.iter().map(|r| i32_at(r, 16)).min().unwrap_or(0);
+        let budget_ms =
+            u32::from_le_bytes([ranks[0][20], ranks[0][21], ranks[0][22], ranks[0][23]]) as f64;
+        let pick = Some(i32_at(ranks[0], 24)).filter(|p| *p >= 0);
+        Ok(Agreed {
+            cached,
+            default,
+            sm_count,
+            budget_ms,
+            pick,
         })
-        .collect())
+    }
+}
+
+/// The largest of the ranks' times (each 4 bytes, f32), NaN when any is NaN (a rank failed).
+pub fn slowest(all: &[u8]) -> f32 {
+    let mut w = f32::NEG_INFINITY;
+    for x in all.chunks(4) {
+        let t = f32::from_le_bytes([x[0], x[1], x[2], x[3]]);
+        if t.is_nan() {
+            return f32::NAN;
+        }
+        w = w.max(t);
+    }
+    w
 }
 
 #[cfg(test)]
@@ -425,11 +480,57 @@ mod tests {
         assert_eq!(pick(&[vec![1.0, 1.0]]), Some(0), "ties: the earlier");
         assert_eq!(pick(&[vec![f32::NAN, 2.0]]), Some(1));
         assert_eq!(pick(&[vec![f32::NAN]]), None);
-        let b = times_to_bytes(&[1.5, 2.5], 3);
-        let back = times_from_bytes(&[b.clone(), b].concat(), 2, 3).unwrap();
-        assert_eq!(back[1][1], 2.5);
-        assert!(back[0][2].is_nan());
-        assert!(times_from_bytes(&[0u8; 5], 2, 3).is_err());
+    }
+
+    #[test]
+    fn ranks_agree_on_rank_0s_settings_and_the_common_cache() {
+        let mk = |cached: Option<Choice>, sms: i32, budget: f64, pick: Option<i32>| Settings {
+            cached: cached.map(|c| c.encode()).unwrap_or([0; 8]),
+            default: d(),
+            sm_count: sms,
+            budget_ms: budget,
+            pick,
+        };
+        let other = Choice {
+            splits: 4,
+            ring: false,
+            ..d()
+        };
+        let all = [
+            mk(Some(d()), 132, 3000.0, None).encode(),
+            mk(Some(d()), 114, 10.0, Some(3)).encode(),
+        ]
+        .concat();
+        let a = Settings::agree(&all).unwrap();
+        assert_eq!(a.cached, Some(d()));
+        assert_eq!(
+            (a.sm_count, a.budget_ms, a.pick),
+            (114, 3000.0, None),
+            "rank 0's budget and pick, the smallest SM count"
+        );
+        let all = [
+            mk(Some(d()), 132, 3000.0, Some(2)).encode(),
+            mk(Some(other), 132, 3000.0, None).encode(),
+        ]
+        .concat();
+        let a = Settings::agree(&all).unwrap();
+        assert_eq!(a.cached, None, "different cache entries: tune");
+        assert_eq!(a.pick, Some(2));
+        let all = [
+            mk(None, 132, 3000.0, None).encode(),
+            mk(Some(d()), 132, 3000.0, None).encode(),
+        ]
+        .concat();
+        assert_eq!(
+            Settings::agree(&all).unwrap().cached,
+            None,
+            "a rank without the entry: tune"
+        );
+        assert!(Settings::agree(&[0u8; 5]).is_err());
+        let t = [1.0f32.to_le_bytes(), 3.0f32.to_le_bytes()].concat();
+        assert_eq!(slowest(&t), 3.0);
+        let t = [1.0f32.to_le_bytes(), f32::NAN.to_le_bytes()].concat();
+        assert!(slowest(&t).is_nan());
     }
 
     #[test]

@@ -163,6 +163,13 @@ def test_handler_reports_metadata(capi, name):
     assert not err and not errors, errors
     assert (md.api_version.major_version, md.api_version.minor_version) == (0, 3)
     assert md.traits == 1  # XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE
+    # XLA may ask without an API table: answered all the same.
+    md2 = Metadata(struct_size=ctypes.sizeof(Metadata))
+    ext.metadata = ctypes.pointer(md2)
+    frame2 = CallFrame(struct_size=ctypes.sizeof(CallFrame))
+    frame2.extension_start = ctypes.addressof(ext)
+    assert not getattr(capi.lib(), name)(ctypes.addressof(frame2))
+    assert (md2.api_version.major_version, md2.api_version.minor_version, md2.traits) == (0, 3, 1)
 
 
 def _scalar_attrs(items):

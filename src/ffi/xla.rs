@@ -65,6 +65,13 @@ pub(crate) struct ErrorCreateArgs {
 }
 
 #[repr(C)]
+pub(crate) struct ErrorDestroyArgs {
+    struct_size: usize,
+    extension_start: *mut ExtensionBase,
+    error: *mut c_void,
+}
+
+#[repr(C)]
 pub(crate) struct StreamGetArgs {
     struct_size: usize,
     extension_start: *mut ExtensionBase,
@@ -81,6 +88,7 @@ pub(crate) struct DeviceOrdinalGetArgs {
 }
 
 type ErrorCreateFn = unsafe extern "C" fn(*mut ErrorCreateArgs) -> *mut c_void;
+type ErrorDestroyFn = unsafe extern "C" fn(*mut ErrorDestroyArgs);
 type StreamGetFn = unsafe extern "C" fn(*mut StreamGetArgs) -> *mut c_void;
 type DeviceOrdinalGetFn = unsafe extern "C" fn(*mut DeviceOrdinalGetArgs) -> *mut c_void;
 type OtherFn = Option<unsafe extern "C" fn()>;
@@ -94,7 +102,7 @@ pub(crate) struct Api {
     internal_api: *const c_void,
     error_create: Option<ErrorCreateFn>,
     error_get_message: OtherFn,
-    error_destroy: OtherFn,
+    error_destroy: Option<ErrorDestroyFn>,
     handler_register: OtherFn,
     stream_get: Option<StreamGetFn>,
     type_register: OtherFn,
@@ -376,6 +384,19 @@ impl Frame<'_> {
     fn flag(&self, name: &str) -> Result<bool> {
         Ok(self.attrs.get(name).copied().unwrap_or(0) != 0)
     }
+    /// Free an error XLA returned to us (we report our own).
+    fn drop_error(&self, err: *mut c_void) {
+        if let Some(destroy) = self.api.error_destroy {
+            let mut a = ErrorDestroyArgs {
+                struct_size: size_of::<ErrorDestroyArgs>(),
+                extension_start: std::ptr::null_mut(),
+                error: err,
+            };
+            // SAFETY: XLA's function with its argument struct, on an error it created.
+            unsafe { destroy(&mut a) };
+        }
+    }
+
     fn stream(&self) -> Result<usize> {
         let Some(get) = self.api.stream_get else {
             invalid!("XLA's API has no XLA_FFI_Stream_Get");
@@ -389,6 +410,7 @@ impl Frame<'_> {
         // SAFETY: XLA's function with its argument struct, for this call's context.
         let err = unsafe { get(&mut a) };
         if !err.is_null() {
+            self.drop_error(err);
             return Err(Error::new(
                 ErrorKind::Internal,
                 "XLA_FFI_Stream_Get failed (no stream in this stage)",
@@ -413,7 +435,12 @@ impl Frame<'_> {
         };
         // SAFETY: as for the stream.
         let err = unsafe { get(&mut a) };
-        if err.is_null() { a.device_ordinal } else { -1 }
+        if err.is_null() {
+            a.device_ordinal
+        } else {
+            self.drop_error(err);
+            -1
+        }
     }
 }
 
@@ -576,6 +603,30 @@ fn xla_error(api: &Api, func: &str, e: &Error) -> *mut c_void {
     unsafe { create(&mut a) }
 }
 
+/// The handler's API version and traits into XLA's metadata extension of `fr`.
+fn fill_metadata(fr: &CallFrame) -> Result<()> {
+    // SAFETY: the caller saw a metadata extension: its layout.
+    let ext = unsafe { &*(fr.extension_start as *const MetadataExtension) };
+    // SAFETY: XLA's metadata struct (checked for size before any write).
+    let Some(md) = (unsafe { ext.metadata.as_mut() }) else {
+        invalid!("the metadata extension has no metadata");
+    };
+    if md.struct_size < offset_of!(Metadata, traits) + size_of::<u32>() {
+        invalid!("XLA's metadata struct is smaller than XLA FFI 0.3's");
+    }
+    md.api_version = ApiVersion {
+        struct_size: size_of::<ApiVersion>(),
+        extension_start: std::ptr::null_mut(),
+        major_version: API_MAJOR,
+        minor_version: API_MINOR,
+    };
+    md.traits = TRAIT_COMMAND_BUFFER_COMPATIBLE;
+    if md.struct_size >= size_of::<Metadata>() {
+        md.state_type_id = 0; // XLA_FFI_UNKNOWN_TYPE_ID: no state
+    }
+    Ok(())
+}
+
 /// # Safety
 /// `frame` is the call frame XLA passes to a handler.
 unsafe fn handle(func: &'static str, kind: Kind, frame: *mut c_void) -> *mut c_void {
@@ -585,6 +636,18 @@ unsafe fn handle(func: &'static str, kind: Kind, frame: *mut c_void) -> *mut c_v
     }
     // SAFETY: XLA's call frame; its size is checked before the fields past `api` are read.
     let fr = unsafe { &*f };
+    // The metadata query made at registration (XLA may pass it without an API table):
+    // report version and traits.
+    // SAFETY: an extension starts with its base.
+    if !fr.extension_start.is_null() && unsafe { (*fr.extension_start).ty } == EXTENSION_METADATA {
+        let res = firewall_with(func, |e| Err(e.clone()), || fill_metadata(fr).map(Ok));
+        // SAFETY: the frame's API table, when XLA passed one.
+        return match (res, unsafe { fr.api.as_ref() }) {
+            (Ok(()), _) => std::ptr::null_mut(),
+            (Err(e), Some(api)) => xla_error(api, func, &e),
+            (Err(_), None) => std::ptr::null_mut(), // no way to report it: the error is recorded
+        };
+    }
     // SAFETY: the frame's API table.
     let Some(api) = (unsafe { fr.api.as_ref() }) else {
         return std::ptr::null_mut();
@@ -599,33 +662,6 @@ unsafe fn handle(func: &'static str, kind: Kind, frame: *mut c_void) -> *mut c_v
                     fr.struct_size,
                     size_of::<CallFrame>()
                 );
-            }
-            // The metadata query made at registration: report version and traits.
-            if !fr.extension_start.is_null() {
-                // SAFETY: an extension starts with its base.
-                let base = unsafe { &*fr.extension_start };
-                if base.ty == EXTENSION_METADATA {
-                    // SAFETY: the metadata extension's layout.
-                    let ext = unsafe { &*(fr.extension_start as *const MetadataExtension) };
-                    // SAFETY: XLA's metadata struct (checked for size).
-                    let Some(md) = (unsafe { ext.metadata.as_mut() }) else {
-                        invalid!("the metadata extension has no metadata");
-                    };
-                    if md.struct_size < offset_of!(Metadata, traits) + size_of::<u32>() {
-                        invalid!("XLA's metadata struct is smaller than XLA FFI 0.3's");
-                    }
-                    md.api_version = ApiVersion {
-                        struct_size: size_of::<ApiVersion>(),
-                        extension_start: std::ptr::null_mut(),
-                        major_version: API_MAJOR,
-                        minor_version: API_MINOR,
-                    };
-                    md.traits = TRAIT_COMMAND_BUFFER_COMPATIBLE;
-                    if md.struct_size >= size_of::<Metadata>() {
-                        md.state_type_id = 0; // XLA_FFI_UNKNOWN_TYPE_ID: no state
-                    }
-                    return Ok(std::ptr::null_mut());
-                }
             }
             // SAFETY: size checked above.
             let frame = unsafe { decode(fr, api)? };

@@ -51,6 +51,14 @@ impl Overlap {
                 invalid!("tensor `rs_output` is required for a bulk reduce-scatter")
             };
             self.check_reduce_output(&o.data, "rs_output")?;
+            Self::check_fp8_output(o, "rs_output")?;
+            if self.t.nccl().is_some() && o.data.dtype != self.dtype {
+                unsupported!(
+                    "a bulk reduce-scatter over NCCL writes the buffer's dtype {}: tensor `rs_output` is {}",
+                    self.dtype.name(),
+                    o.data.dtype.name()
+                );
+            }
             if o.data.numel() != rc * self.cols {
                 invalid!(
                     "tensor `rs_output` has shape {} but must be [rows/tp, cols] = [{rc}, {}]",
@@ -97,14 +105,7 @@ impl Overlap {
                 )?;
             }
             (BulkKind::ReduceScatter, Some(comm)) => {
-                let out = &x.rs_output.unwrap().data;
-                if out.dtype != self.dtype {
-                    unsupported!(
-                        "a bulk reduce-scatter over NCCL writes the buffer's dtype {}: tensor `rs_output` is {}",
-                        self.dtype.name(),
-                        out.dtype.name()
-                    );
-                }
+                let out = &x.rs_output.unwrap().data; // dtype checked before the call
                 comm.reduce_scatter(self.buffer(), out.ptr, rc * self.cols, self.dtype, cs)?;
             }
             (BulkKind::AllGather, None) => {

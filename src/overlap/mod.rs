@@ -290,6 +290,8 @@ pub struct Overlap {
     report: Option<Box<report::Report>>,
     /// per-chunk amax of FP8 outputs (allocated on first use)
     amax_slots: Option<DeviceMem>,
+    /// the comm-GEMM context's global m, n, k of the call (NVTE_COMM_REPORT's shape key)
+    report_dims: Option<[i64; 3]>,
     /// the all-reduce algorithm chosen by the caller (the autotuner) where the
     /// environment says auto: Some(true) ring where it fits, Some(false) chunked
     ar_ring: Option<bool>,
@@ -449,6 +451,7 @@ impl Overlap {
             nvtx_call: None,
             ar_ring: None,
             amax_slots: None,
+            report_dims: None,
             report: if Self::report_enabled()? {
                 Some(Box::new(report::Report::new()?))
             } else {
@@ -717,7 +720,7 @@ impl Overlap {
         self.calls += 1;
         self.last_captured = self.capturing;
         self.captured |= self.capturing;
-        self.report_begin(stream, op, desc, full)?;
+        self.report_begin(stream, op, full)?;
         if !self.capturing
             && let Some(t) = &mut self.trace
         {
@@ -1148,6 +1151,18 @@ impl Overlap {
     /// allocated on first use (nothing can be using it yet, so no synchronisation; inside
     /// a graph capture too: the allocation is made outside the capture's rules and kept
     /// for the object's life).
+    /// Before a call starts (a failure after `begin` breaks the object): an FP8 reduction
+    /// output needs its scale.
+    fn check_fp8_output(t: &Tensor, what: &str) -> Result<()> {
+        if t.data.dtype.is_fp8() && Tensor::scalar_ptr(&t.scale).is_none() {
+            invalid!(
+                "tensor `{what}` is FP8 ({}): it needs its scale (kNVTEScale) for the reduction's output",
+                t.data.dtype.name()
+            );
+        }
+        Ok(())
+    }
+
     /// An FP8 reduction output's scale (required) and amax (optional) pointers, and the
     /// amax zeroed on `stream` (before the call's first reduction on it); (0, 0) for
     /// 16/32-bit outputs.
@@ -1155,12 +1170,8 @@ impl Overlap {
         if !t.data.dtype.is_fp8() {
             return Ok((0, 0));
         }
-        let Some(scale) = Tensor::scalar_ptr(&t.scale) else {
-            invalid!(
-                "tensor `{what}` is FP8 ({}): it needs its scale (kNVTEScale) for the reduction's output",
-                t.data.dtype.name()
-            );
-        };
+        Self::check_fp8_output(t, what)?;
+        let scale = Tensor::scalar_ptr(&t.scale).unwrap_or(0);
         let amax = Tensor::scalar_ptr(&t.amax).unwrap_or(0);
         if amax != 0 {
             crate::cuda::resources::memset_async(amax, 4, stream)?;

@@ -16,7 +16,7 @@
 //!   figures; at destroy each rank prints one line per shape to stderr.
 use super::{Op, Overlap};
 use crate::cuda::ContextGuard;
-use crate::cuda::resources::{DeviceMem, Event};
+use crate::cuda::resources::{DeviceMem, Event, capture_status};
 use crate::error::Result;
 use crate::gemm::{self, GemmDesc};
 use std::collections::HashMap;
@@ -44,7 +44,22 @@ impl Figures {
     }
 }
 
+/// What identifies a shape for the estimates. It must be the same on every rank of a
+/// call, since every rank decides from it whether this call is calibrated (collective
+/// extra runs): the operation, the buffer's element type and the GEMM's dimensions as
+/// the caller states them (the comm-GEMM context passes the global m, n, k, which every
+/// rank shares; block shares differ with uneven sizes) — not the epilogue (the comm-GEMM
+/// reductions add the bias on rank 0 only).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub(super) struct ShapeKey {
+    op: u32,
+    dtype: u32,
+    dims: [i64; 3],
+}
+
 struct Shape {
+    /// the estimates were measured (or cannot be: accumulating calls)
+    calibrated: bool,
     op: Op,
     m: usize,
     n: usize,
@@ -64,14 +79,14 @@ pub(super) struct Report {
     /// comm-alone runs: the chunk GEMMs are skipped
     pub(super) skip_gemms: bool,
     /// the last call (its events hold its time until read)
-    last_key: u64,
+    last_key: Option<ShapeKey>,
     last_full: Option<GemmDesc>,
     last_op: Op,
     last_call: u64,
     last_timed: bool,
     pending: bool,
     last: Option<Figures>,
-    shapes: HashMap<u64, Shape>,
+    shapes: HashMap<ShapeKey, Shape>,
     scratch: Option<DeviceMem>,
     scratch_aux: Option<DeviceMem>,
 }
@@ -85,7 +100,7 @@ impl Report {
             t1: Event::timed()?,
             calibrating: false,
             skip_gemms: false,
-            last_key: 0,
+            last_key: None,
             last_full: None,
             last_op: Op::SplitAg,
             last_call: 0,
@@ -123,31 +138,46 @@ impl Overlap {
         Ok(())
     }
 
-    /// begin(): the call's start, its descriptor and GEMM.
+    /// The comm-GEMM context's global m, n, k of the next calls (the report's shape key).
+    pub fn set_report_dims(&mut self, dims: Option<[i64; 3]>) {
+        self.report_dims = dims;
+    }
+
+    /// begin(): the call's start, its shape and GEMM. A captured call leaves the report
+    /// alone: the last eager call stays the reported one.
     pub(super) fn report_begin(
         &mut self,
         stream: usize,
         op: Op,
-        desc: u64,
         full: Option<&GemmDesc>,
     ) -> Result<()> {
-        let capturing = self.capturing;
-        let calls = self.calls;
+        let (capturing, calls, dtype, dims) = (
+            self.capturing,
+            self.calls,
+            self.dtype as u32,
+            self.report_dims,
+        );
         let Some(r) = self.report.as_deref_mut() else {
             return Ok(());
         };
-        if r.calibrating {
+        if r.calibrating || capturing {
+            r.last_timed = r.last_timed && !capturing;
             return Ok(());
         }
-        r.last_key = desc;
+        let local = full
+            .map(|g| [g.m as i64, g.n as i64, g.k as i64])
+            .unwrap_or([0; 3]);
+        r.last_key = Some(ShapeKey {
+            op: op as u32,
+            dtype,
+            dims: dims.unwrap_or(local),
+        });
         r.last_full = full.copied();
         r.last_op = op;
         r.last_call = calls;
-        r.last_timed = !capturing;
+        r.last_timed = true;
         r.pending = false;
-        if !capturing {
-            r.ev_start.record(stream)?;
-        }
+        r.ev_start.record(stream)?;
         Ok(())
     }
 
@@ -156,7 +186,7 @@ impl Overlap {
         let Some(r) = self.report.as_deref_mut() else {
             return Ok(());
         };
-        if r.calibrating || !r.last_timed {
+        if r.calibrating || !r.last_timed || self.capturing {
             return Ok(());
         }
         r.ev_end.record(stream)?;
@@ -185,7 +215,11 @@ impl Overlap {
         r.pending = false;
         let ms = r.ev_end.elapsed_since(&r.ev_start)?;
         let (m, n, k) = r.last_full.map(|g| (g.m, g.n, g.k)).unwrap_or((0, 0, 0));
-        let s = r.shapes.entry(r.last_key).or_insert(Shape {
+        let Some(key) = r.last_key else {
+            return Ok(());
+        };
+        let s = r.shapes.entry(key).or_insert(Shape {
+            calibrated: false,
             op: r.last_op,
             m,
             n,
@@ -215,26 +249,40 @@ impl Overlap {
         stream: usize,
         call: impl Fn(&mut Self) -> Result<()>,
     ) -> Result<()> {
-        if self.report.is_none() {
+        let Some(r) = self.report.as_deref_mut() else {
+            return call(self);
+        };
+        // Left set only by a calibration that panicked (errors reset them): not in one now.
+        r.calibrating = false;
+        r.skip_gemms = false;
+        // No event may be queried while the caller's stream is being captured.
+        if capture_status(stream)?.active() {
             return call(self);
         }
         self.collect(false)?;
         call(self)?;
-        let r = self.report.as_deref().unwrap();
-        if !r.last_timed
-            || r.shapes
-                .get(&r.last_key)
-                .is_some_and(|s| !s.gemm_ms.is_nan())
-        {
+        let r = self.report.as_deref_mut().unwrap();
+        let (Some(key), Some(full), true) = (r.last_key, r.last_full, r.last_timed) else {
+            return Ok(()); // captured, or no GEMM (not an overlap-with-GEMM call)
+        };
+        if r.shapes.get(&key).is_some_and(|s| s.calibrated) {
             return Ok(());
         }
-        let Some(full) = r.last_full else {
-            return Ok(()); // no GEMM (not an overlap-with-GEMM call)
-        };
-        self.collect(true)?;
         if full.accumulate {
-            return Ok(()); // a second run would accumulate twice: no estimates
+            // A second run would accumulate twice: no estimates, and no host wait.
+            r.shapes.entry(key).or_insert(Shape {
+                calibrated: true,
+                op: r.last_op,
+                m: full.m,
+                n: full.n,
+                k: full.k,
+                gemm_ms: f32::NAN,
+                comm_ms: f32::NAN,
+                calls: Vec::new(),
+            });
+            return Ok(());
         }
+        self.collect(true)?;
         let guard = ContextGuard::for_stream(stream)?;
         // Comm alone: the call without its GEMMs (warm-up, then 3 timed).
         {
@@ -285,9 +333,10 @@ impl Overlap {
         let res = call(self);
         let r = self.report.as_deref_mut().unwrap();
         r.calibrating = false;
-        if let Some(s) = r.shapes.get_mut(&r.last_key) {
+        if let Some(s) = r.last_key.and_then(|k| r.shapes.get_mut(&k)) {
             s.gemm_ms = gemm_ms;
             s.comm_ms = comm_ms;
+            s.calibrated = true;
         }
         if let Some(f) = r.last.as_mut() {
             f.gemm_ms = gemm_ms;

@@ -113,6 +113,7 @@ impl Overlap {
         full.d_amax = 0; // per-chunk amax would be wrong; not produced for FP8 partials
         let o = &x.rs_output.data;
         self.check_reduce_output(o, "rs_output")?;
+        Self::check_fp8_output(x.rs_output, "rs_output")?;
         if o.numel() != (n / tp) * m {
             invalid!(
                 "tensor `rs_output` has shape {} but must be [n/tp, m] = [{}, {m}]",

@@ -371,6 +371,27 @@ def shard_map_checks():
             return "vs lax.all_gather / psum_scatter layers and the whole model: max rel err " + f"{max(errs):.2e}"
 
         check(f"shard_map tp{tp} mlp {name} gradients", grad)
+
+    def grad_no_sp():
+        # Without sequence parallelism: x replicated, the row layer all-reduces (out P()).
+        specs_ar = (P(), P("tp", None), P("tp"), P(None, "tp"), P())
+        glob_ar = [jax.make_array_from_callback(a.shape, NamedSharding(mesh, sp), lambda idx, a=a: jnp.asarray(a[idx], bf))
+                   for a, sp in zip((X, W1, B1, W2, B2), specs_ar)]
+
+        def sm(layer):
+            try:
+                return _shard_map(layer, mesh=mesh, in_specs=specs_ar, out_specs=P(), check_vma=False)
+            except TypeError:
+                return _shard_map(layer, mesh=mesh, in_specs=specs_ar, out_specs=P(), check_rep=False)
+
+        loss = lambda *a: jnp.sum(sm(lambda *b: tj.mlp(*b, ctx=ctx, sequence_parallel=False))(*a).astype(jnp.float32) ** 2) / T  # noqa: E731
+        g = jax.jit(jax.grad(loss, argnums=range(5)))(*glob_ar)
+        whole = jax.grad(lambda *a: jnp.sum(ref_model(*a) ** 2) / T, argnums=range(5))(*full)
+        errs = [close_shards(n, a, np.asarray(w), 6e-2) for n, a, w in zip(("dx", "dw1", "db1", "dw2", "db2"), g, whole)]
+        return f"vs the whole model: max rel err {max(errs):.2e}"
+
+    if not shared:
+        check(f"shard_map tp{tp} mlp without sequence parallelism, gradients", grad_no_sp)
     ctx.close()
 
 

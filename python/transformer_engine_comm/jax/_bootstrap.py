@@ -102,6 +102,13 @@ class KVExchange:
                     "the group's members are out of step (different calls?)"
                 )
             out.append(v)
+        if seq > 0 and hasattr(self._client, "key_value_delete"):
+            # Every rank wrote this exchange's key, so every rank has read the previous
+            # one: this rank's earlier key can go (the store does not grow with exchanges).
+            try:
+                self._client.key_value_delete(f"{self.prefix}/{seq - 1}/{self.rank}")
+            except Exception:  # noqa: BLE001 - only housekeeping
+                pass
         if missing:
             raise ExchangeTimeout(
                 f"{self.prefix}: exchange {seq} timed out after {self.timeout_ms} ms waiting for rank(s) "

@@ -149,11 +149,12 @@ def _row_ar_fwd(x, w, bias, cfg):
 
 def _row_ar_bwd(cfg: _Cfg, res, dy):
     x, w, bias = res
-    dx = jnp.dot(dy, w.astype(dy.dtype), preferred_element_type=jnp.float32).astype(dy.dtype)
-    dw = _wgrad(dy, x.astype(dy.dtype), w.dtype)
-    # dy is the same on every device; shard_map sums the replicated bias' shares.
-    db = None if bias is None else (dy.astype(jnp.float32).sum(0) / cfg.ctx.size).astype(bias.dtype)
-    return dx, dw, db
+    # The output is replicated (out_specs P()): shard_map hands each device 1/tp of its
+    # cotangent, and sums what the devices return for the replicated bias.
+    dy_full = dy * cfg.ctx.size
+    dx = jnp.dot(dy_full, w.astype(dy.dtype), preferred_element_type=jnp.float32).astype(dy.dtype)
+    dw = _wgrad(dy_full, x.astype(dy.dtype), w.dtype)
+    return dx, dw, _bias_share(bias, dy)
 
 
 _row_ar = _layer(_row_ar_fwd, _row_ar_bwd)
