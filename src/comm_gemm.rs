@@ -369,6 +369,7 @@ impl CommGemmCtx {
             comm_sms: self.cfg.num_comm_sm,
             splits: self.cfg.num_splits,
             ring: true,
+            pieces: 1,
         }
     }
 
@@ -381,6 +382,7 @@ impl CommGemmCtx {
             ch.aggregate,
             ch.splits,
             (kind == Kind::AllReduce).then_some(ch.ring),
+            ch.pieces,
         )?;
         e.set_comm_sms(if user_sms > 0 { user_sms } else { ch.comm_sms })?;
         e.set_report_dims(self.call_dims);

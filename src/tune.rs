@@ -68,6 +68,8 @@ pub struct Choice {
     /// reduce-scatter: the ring (p2p) algorithm, else the pipelined one;
     /// all-reduce: the ring (RS + AG), else the chunked one
     pub ring: bool,
+    /// all-gather: pieces per remote chunk (finer pipeline)
+    pub pieces: i32,
 }
 
 impl Choice {
@@ -79,6 +81,7 @@ impl Choice {
         b[1] = flags;
         b[2..4].copy_from_slice(&(self.comm_sms.clamp(0, u16::MAX as i32) as u16).to_le_bytes());
         b[4..6].copy_from_slice(&(self.splits.clamp(0, u16::MAX as i32) as u16).to_le_bytes());
+        b[6] = self.pieces.clamp(0, 255) as u8;
         b
     }
     pub fn decode(b: &[u8]) -> Option<Choice> {
@@ -91,12 +94,18 @@ impl Choice {
             ring: b[1] & 4 != 0,
             comm_sms: u16::from_le_bytes([b[2], b[3]]) as i32,
             splits: u16::from_le_bytes([b[4], b[5]]) as i32,
+            pieces: (b[6] as i32).max(1),
         })
     }
     fn to_text(self) -> String {
         format!(
-            "ce={} aggregate={} ring={} comm_sms={} splits={}",
-            self.use_ce as u8, self.aggregate as u8, self.ring as u8, self.comm_sms, self.splits
+            "ce={} aggregate={} ring={} comm_sms={} splits={} pieces={}",
+            self.use_ce as u8,
+            self.aggregate as u8,
+            self.ring as u8,
+            self.comm_sms,
+            self.splits,
+            self.pieces
         )
     }
     fn from_text(s: &str) -> Option<Choice> {
@@ -106,6 +115,7 @@ impl Choice {
             ring: true,
             comm_sms: 16,
             splits: 3,
+            pieces: 1,
         };
         let mut seen = 0;
         for kv in s.split_whitespace() {
@@ -117,11 +127,16 @@ impl Choice {
                 "ring" => c.ring = n != 0,
                 "comm_sms" => c.comm_sms = n,
                 "splits" => c.splits = n,
+                "pieces" => c.pieces = n,
                 _ => return None,
             }
             seen += 1;
         }
-        (seen == 5 && c.comm_sms >= 1 && (1..=64).contains(&c.splits)).then_some(c)
+        (seen == 6
+            && c.comm_sms >= 1
+            && (1..=64).contains(&c.splits)
+            && (1..=16).contains(&c.pieces))
+        .then_some(c)
     }
 }
 
@@ -157,6 +172,10 @@ pub fn candidates(op: Op, tp: usize, nccl: bool, default: Choice, max_sms: i32) 
                         });
                     }
                 }
+            }
+            // Finer pipelines: each remote chunk in 2 or 4 pieces (any transport).
+            for pieces in [2, 4] {
+                add(Choice { pieces, ..d });
             }
         }
         Op::ReduceScatter => {
@@ -267,7 +286,7 @@ impl Cache {
                     }
                 })
                 .collect();
-            d.join(format!("tune-v1-{clean}.txt"))
+            d.join(format!("tune-v2-{clean}.txt"))
         }))
     }
 
@@ -424,6 +443,7 @@ mod tests {
             comm_sms: 16,
             splits: 3,
             ring: true,
+            pieces: 1,
         }
     }
 
@@ -544,7 +564,7 @@ mod tests {
     #[test]
     fn the_disk_cache_survives_a_reload() {
         let dir = std::env::temp_dir().join(format!("te_comm_tune_{}", std::process::id()));
-        let p = dir.join("tune-v1-test.txt");
+        let p = dir.join("tune-v2-test.txt");
         let mut c = Cache {
             path: Some(p.clone()),
             map: HashMap::new(),

@@ -101,9 +101,24 @@ impl Overlap {
                 "the DGELU + bias-gradient epilogue reduces over all tokens: it cannot be split into token chunks"
             );
         }
-        // FP8 output: each chunk GEMM scales its rows and writes its own amax slot; the
-        // slots' maximum goes into D's amax after the call.
-        let amax_slots = if full.d_type.is_fp8() && full.d_amax != 0 {
+        // Pieces per remote chunk (finer pipeline: each piece travels and is multiplied
+        // on its own, so the last GEMM after the last arrival is 1/pieces of a chunk's):
+        // the configured count where B's chunks are row blocks (transb = false) and the
+        // epilogue is per row; bounded by the events and amax slots there are.
+        let fp8_amax = full.d_type.is_fp8() && full.d_amax != 0;
+        let limit = if fp8_amax {
+            MAX_AMAX_SLOTS
+        } else {
+            self.ev_chunk.len()
+        } / tp;
+        let pieces = if x.transb || full.epilogue == Epilogue::BGradB {
+            1
+        } else {
+            self.ag_pieces.clamp(1, nc.max(1)).min(limit.max(1))
+        };
+        // FP8 output: each GEMM scales its rows and writes its own amax slot; the slots'
+        // maximum goes into D's amax after the call.
+        let amax_slots = if fp8_amax {
             if tp > MAX_AMAX_SLOTS {
                 unsupported!("an FP8 output with amax at tp = {tp} > {MAX_AMAX_SLOTS}");
             }
@@ -125,14 +140,18 @@ impl Overlap {
         self.begin(stream, Op::SplitAg, false, &full.check_key(), Some(&full))?;
         let chunk_bytes = nc * k * e;
         let off = |c: usize| c * chunk_bytes;
+        // Rows [lo, hi) of a chunk are piece j's.
+        let rows = |j: usize| (nc * j / pieces, nc * (j + 1) / pieces);
         let ring = super::schedule::ag_ring(tp, r, self.cfg.aggregate);
         let info = |step: usize| WaitInfo {
             op: Op::SplitAg as u32,
             step: step as u32,
         };
-        let copy_out = |c: usize, s: usize| -> Result<()> {
+        // B_copy of chunk c's rows [lo, hi).
+        let copy_out = |c: usize, (lo, hi): (usize, usize), s: usize| -> Result<()> {
             if let Some(bc) = x.b_copy {
-                copy_async(bc.data.ptr + off(c), self.buffer() + off(c), chunk_bytes, s)?;
+                let at = off(c) + lo * k * e;
+                copy_async(bc.data.ptr + at, self.buffer() + at, (hi - lo) * k * e, s)?;
             }
             Ok(())
         };
@@ -165,29 +184,39 @@ impl Overlap {
                 } else {
                     self.buffer() + off(c)
                 };
-                let send = SendOp {
-                    peer: t.to,
-                    src,
-                    dst_offset: off(c),
-                    bytes: chunk_bytes,
-                };
-                let recv = RecvOp {
-                    peer: t.from,
-                    dst_offset: off(rc),
-                    bytes: chunk_bytes,
-                };
-                self.step(|| {
-                    format!(
-                        "ring {dir} step {}: chunk {c} to rank {}, chunk {rc} from rank {}",
-                        s + 1,
-                        t.to,
-                        t.from
-                    )
-                });
-                self.t
-                    .exchange(&[send], &[recv], slot, tag(s), st, info(s + 1))?;
-                copy_out(rc, st)?;
-                self.ev_chunk[rc].record(st)?;
+                for j in 0..pieces {
+                    let (lo, hi) = rows(j);
+                    let send = SendOp {
+                        peer: t.to,
+                        src: src + lo * k * e,
+                        dst_offset: off(c) + lo * k * e,
+                        bytes: (hi - lo) * k * e,
+                    };
+                    let recv = RecvOp {
+                        peer: t.from,
+                        dst_offset: off(rc) + lo * k * e,
+                        bytes: (hi - lo) * k * e,
+                    };
+                    self.step(|| {
+                        format!(
+                            "ring {dir} step {}: chunk {c} to rank {}, chunk {rc} from rank {} (piece {} of {pieces})",
+                            s + 1,
+                            t.to,
+                            t.from,
+                            j + 1
+                        )
+                    });
+                    self.t.exchange(
+                        &[send],
+                        &[recv],
+                        slot,
+                        tag(s * pieces + j),
+                        st,
+                        info(s + 1),
+                    )?;
+                    copy_out(rc, (lo, hi), st)?;
+                    self.ev_chunk[rc * pieces + j].record(st)?;
+                }
             }
         }
 
@@ -197,42 +226,49 @@ impl Overlap {
         if !is_view {
             copy_async(self.buffer() + off(r), bb.ptr, chunk_bytes, c1)?;
         }
-        copy_out(r, c1)?;
+        copy_out(r, (0, nc), c1)?;
 
         // Compute streams: the local chunk first (from the shard or the buffer, at once:
         // it is already in place), then chunks in arrival order.
         let order = &ring.order;
         debug_assert_eq!(order.len(), tp);
         let (eb_d, eb_b) = (eb(full.d_type), e);
+        let mut gemms = 0; // GEMMs issued (each its own amax slot)
         for (j, &c) in order.iter().enumerate() {
             let si = j % self.compute.len();
-            let mut g = full;
-            g.n = nc;
-            if c == r {
-                g.b = local_src;
-            } else {
-                self.ev_chunk[c].wait_on(self.compute[si].raw())?;
-                g.b = full.b + c * nc * k * eb_b;
+            // The local chunk in one GEMM (it is in place already), remote ones by piece.
+            let parts = if c == r { 1 } else { pieces };
+            for q in 0..parts {
+                let (lo, hi) = if parts == 1 { (0, nc) } else { rows(q) };
+                let mut g = full;
+                g.n = hi - lo;
+                if c == r {
+                    g.b = local_src;
+                } else {
+                    self.ev_chunk[c * pieces + q].wait_on(self.compute[si].raw())?;
+                    g.b = full.b + (c * nc + lo) * k * eb_b;
+                }
+                if x.transb {
+                    g.ldb = nc; // each shard [k, nc] is its own matrix (pieces: 1)
+                }
+                g.d = full.d + (c * nc + lo) * full.ldd * eb_d;
+                if full.aux != 0 {
+                    g.aux = full.aux + (c * nc + lo) * full.ldd * eb(full.aux_type);
+                }
+                if full.epilogue == Epilogue::BGradB {
+                    g.bias = full.bias + c * nc * eb(full.bias_type); // pieces: 1
+                }
+                if amax_slots != 0 {
+                    g.d_amax = amax_slots + 4 * gemms;
+                }
+                gemms += 1;
+                self.step(|| format!("GEMM chunk {c} rows {lo}..{hi} ({} of {tp})", j + 1));
+                self.run_gemm(&g, &guard, si, true)?;
             }
-            if x.transb {
-                g.ldb = nc; // each shard [k, nc] is its own matrix
-            }
-            g.d = full.d + c * nc * full.ldd * eb_d;
-            if full.aux != 0 {
-                g.aux = full.aux + c * nc * full.ldd * eb(full.aux_type);
-            }
-            if full.epilogue == Epilogue::BGradB {
-                g.bias = full.bias + c * nc * eb(full.bias_type);
-            }
-            if amax_slots != 0 {
-                g.d_amax = amax_slots + 4 * c;
-            }
-            self.step(|| format!("GEMM chunk {c} ({} of {tp})", j + 1));
-            self.run_gemm(&g, &guard, si, true)?;
         }
         self.finish(stream)?;
         if amax_slots != 0 && !self.skipping_gemms() {
-            self.reduce_amax(full.d_amax, amax_slots, tp, stream)?;
+            self.reduce_amax(full.d_amax, amax_slots, gemms, stream)?;
         }
         Ok(())
     }

@@ -292,6 +292,8 @@ pub struct Overlap {
     amax_slots: Option<DeviceMem>,
     /// the comm-GEMM context's global m, n, k of the call (NVTE_COMM_REPORT's shape key)
     report_dims: Option<[i64; 3]>,
+    /// pieces per remote chunk of the ring all-gather (1: whole chunks; the autotuner)
+    ag_pieces: usize,
     /// the all-reduce algorithm chosen by the caller (the autotuner) where the
     /// environment says auto: Some(true) ring where it fits, Some(false) chunked
     ar_ring: Option<bool>,
@@ -452,6 +454,7 @@ impl Overlap {
             ar_ring: None,
             amax_slots: None,
             report_dims: None,
+            ag_pieces: 1,
             report: if Self::report_enabled()? {
                 Some(Box::new(report::Report::new()?))
             } else {
@@ -498,10 +501,15 @@ impl Overlap {
         aggregate: bool,
         splits: i32,
         ar_ring: Option<bool>,
+        ag_pieces: i32,
     ) -> Result<()> {
         if !(1..=MAX_SPLITS).contains(&splits) {
             invalid!("num_splits = {splits} must be in 1..={MAX_SPLITS}");
         }
+        if !(1..=16).contains(&ag_pieces) {
+            invalid!("ag_pieces = {ag_pieces} must be in 1..=16");
+        }
+        self.ag_pieces = ag_pieces as usize;
         self.cfg.use_ce = use_ce;
         self.cfg.aggregate = aggregate;
         self.cfg.num_splits = splits;
