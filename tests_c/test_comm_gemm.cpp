@@ -221,8 +221,9 @@ void sm_count_reaches_puts(Env &e) {
     for (int i = 0; i < 2; ++i) {  // the first of each is a warm-up
       MPI_Barrier(MPI_COMM_WORLD);
       CUDA_OK(cudaEventRecord(t0, e.s));
+      // SplitP2P, not Default: the autotuner must not replace the SM puts chosen above.
       nvte_all_gather_gemm(ctx, m, n, k, a.h, b.h, d.h, nullptr, nullptr, true, false, false, false, sms[w], e.s,
-                           kNVTECommGemmAlgoDefault);
+                           kNVTECommGemmAlgoSplitP2P);
       ok = ok && nvte_comm_last_status() == NVTE_COMM_SUCCESS;
       CUDA_OK(cudaEventRecord(t1, e.s));
       CUDA_OK(cudaEventSynchronize(t1));
