@@ -129,6 +129,22 @@ typedef enum NVTECommGemmAlgoType {
  */
 #define LOCAL_BYTES 40
 
+/**
+ * Keys tuned per context at most (then the defaults).
+ */
+#define MAX_KEYS 64
+
+/**
+ * Rounds over the candidates; each candidate's time is the median of its rounds.
+ */
+#define ROUNDS 3
+
+/**
+ * A candidate replaces the defaults only when at least this much faster (measurement
+ * noise must not swap a configuration for an equal or worse one).
+ */
+#define MARGIN 0.03
+
 #define Settings_BYTES 32
 
 /**

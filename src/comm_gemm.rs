@@ -315,7 +315,13 @@ impl CommGemmCtx {
     pub fn call(&mut self, c: &GemmCall, stream: usize) -> Result<()> {
         self.current = None;
         if let Some(key) = self.tune_key(c)? {
-            if !self.tuned.contains_key(&key) && !capture_status(stream)?.active() {
+            // At most MAX_KEYS keys are tuned per context: a workload with ever new
+            // shapes (varying token counts) must not keep tuning. The count is the same on
+            // every rank (same calls in the same order).
+            if !self.tuned.contains_key(&key)
+                && self.tuned.len() < tune::MAX_KEYS
+                && !capture_status(stream)?.active()
+            {
                 self.tune(c, stream, &key)?;
             }
             self.current = self.tuned.get(&key).copied();
@@ -470,35 +476,49 @@ impl CommGemmCtx {
             Kind::AllReduce => tune::Op::AllReduce,
         };
         let cands = tune::candidates(op, self.nranks, nccl, default, agreed.sm_count);
-        let n = tune::affordable(cands.len(), first as f64, agreed.budget_ms);
-        let mut times = vec![first];
-        for ch in &cands[1..n] {
-            let (t, err) = run(self, *ch)?;
-            if let Some(e) = err {
-                // This rank failed (its peers see NaN and stop too): the defaults.
-                self.tuned.insert(key.to_string(), default);
-                return Err(e);
-            }
-            times.push(t);
-            if t.is_nan() {
-                break; // another rank failed: stop here, as it does
+        // Rounds over the candidates (interleaved, so drift hits all alike); the budget
+        // covers all of them.
+        let n = tune::affordable(
+            cands.len(),
+            first as f64 * tune::ROUNDS as f64,
+            agreed.budget_ms,
+        );
+        let mut times: Vec<Vec<f32>> = vec![vec![first]];
+        times.resize(n, Vec::new());
+        'rounds: for round in 0..tune::ROUNDS {
+            for (i, ch) in cands[..n].iter().enumerate() {
+                if round == 0 && i == 0 {
+                    continue; // measured above
+                }
+                let (t, err) = run(self, *ch)?;
+                if let Some(e) = err {
+                    // This rank failed (its peers see NaN and stop too): the defaults.
+                    self.tuned.insert(key.to_string(), default);
+                    return Err(e);
+                }
+                times[i].push(t);
+                if t.is_nan() {
+                    break 'rounds; // another rank failed: stop here, as it does
+                }
             }
         }
-        let mut best = tune::pick(&[times.clone()]).unwrap_or(0);
+        let medians = tune::medians(&times);
+        let mut best = tune::pick_with_margin(&medians, tune::MARGIN);
         if let Some(p) = agreed.pick {
-            best = p as usize % times.len(); // tests: run a given candidate (every rank the same)
+            best = p as usize % n; // tests: run a given candidate (every rank the same)
         }
         let ch = cands[best];
         self.tuned.insert(key.to_string(), ch);
-        if agreed.pick.is_none() && !times.iter().any(|t| t.is_nan()) {
+        if agreed.pick.is_none() && !medians.iter().any(|t| t.is_nan()) {
             self.tune_cache.put(key, ch); // a forced pick is not the fastest: not cached
         }
         if crate::env::flag("NVTE_COMM_TUNE_VERBOSE")?.unwrap_or(false) && self.rank == 0 {
-            let worst: Vec<String> = times.iter().map(|w| format!("{w:.3}")).collect();
+            let worst: Vec<String> = medians.iter().map(|w| format!("{w:.3}")).collect();
             eprintln!(
-                "[te_comm tune] {key}: {} of {} candidates, slowest-rank ms [{}], chose #{best} {ch:?}",
-                times.len(),
+                "[te_comm tune] {key}: {} of {} candidates, median of {} rounds of the slowest rank's ms [{}], chose #{best} {ch:?}",
+                n,
                 cands.len(),
+                tune::ROUNDS,
                 worst.join(", ")
             );
         }

@@ -1,10 +1,11 @@
 //! The autotuner of the comm-GEMM API (`NVTE_COMM_TUNE=0|1|force`, default 1): on the
 //! first eager call of each (operation, dtype, m, n, k, tp, transport) with algo Default,
 //! the context runs the call with each candidate configuration (algorithm, GEMM splits,
-//! copy-engine vs SM puts, comm SMs, ring direction), 1 warm-up and 3 timed runs each, and
-//! keeps the fastest by the slowest rank: every rank's times are gathered through the
-//! context's bootstrap, so all ranks pick the same (the rank-0 decision, made everywhere
-//! from the same data). The call then runs with that choice, as do later calls of that
+//! copy-engine vs SM puts, comm SMs, ring direction, all-gather pieces), 1 warm-up and 3
+//! timed runs each, in `ROUNDS` interleaved rounds, and keeps the fastest (median of its
+//! rounds) by the slowest rank when it beats the defaults by `MARGIN`: every rank's times
+//! are gathered through the context's bootstrap, so all ranks pick the same (the rank-0
+//! decision, made everywhere from the same data). At most `MAX_KEYS` keys per context. The call then runs with that choice, as do later calls of that
 //! key. Choices are cached on disk (the kernel cache's folder; one file per device model,
 //! SM count, driver, cuBLASLt and library version) and agreed across ranks before use: a
 //! key runs tuned from the cache only when every rank has the same entry.
@@ -231,6 +232,43 @@ pub fn candidates(op: Op, tp: usize, nccl: bool, default: Choice, max_sms: i32) 
         }
     }
     v
+}
+
+/// Keys tuned per context at most (then the defaults).
+pub const MAX_KEYS: usize = 64;
+
+/// Rounds over the candidates; each candidate's time is the median of its rounds.
+pub const ROUNDS: usize = 3;
+/// A candidate replaces the defaults only when at least this much faster (measurement
+/// noise must not swap a configuration for an equal or worse one).
+pub const MARGIN: f32 = 0.03;
+
+/// Each candidate's median time (NaN when a round failed or none ran).
+pub fn medians(times: &[Vec<f32>]) -> Vec<f32> {
+    times
+        .iter()
+        .map(|t| {
+            if t.is_empty() || t.iter().any(|x| x.is_nan()) {
+                return f32::NAN;
+            }
+            let mut v = t.clone();
+            v.sort_by(|a, b| a.total_cmp(b));
+            v[v.len() / 2]
+        })
+        .collect()
+}
+
+/// The fastest candidate if it beats the defaults (candidate 0) by `margin`, else 0.
+pub fn pick_with_margin(medians: &[f32], margin: f32) -> usize {
+    let Some(best) = pick(&[medians.to_vec()]) else {
+        return 0;
+    };
+    let d = medians.first().copied().unwrap_or(f32::NAN);
+    if d.is_nan() || medians[best] < d * (1.0 - margin) {
+        best
+    } else {
+        0
+    }
 }
 
 /// How many candidates fit the budget, from the first candidate's slowest-rank time per
@@ -551,6 +589,26 @@ mod tests {
         assert_eq!(slowest(&t), 3.0);
         let t = [1.0f32.to_le_bytes(), f32::NAN.to_le_bytes()].concat();
         assert!(slowest(&t).is_nan());
+    }
+
+    #[test]
+    fn medians_and_the_margin_keep_the_defaults_against_noise() {
+        let t = vec![
+            vec![1.00, 1.02, 0.99],
+            vec![0.99, 0.98, 1.5],
+            vec![0.80, f32::NAN],
+        ];
+        let m = medians(&t);
+        assert_eq!(m[0], 1.00);
+        assert_eq!(m[1], 0.99);
+        assert!(m[2].is_nan());
+        assert_eq!(
+            pick_with_margin(&m, 0.03),
+            0,
+            "1% faster is noise: the defaults stay"
+        );
+        assert_eq!(pick_with_margin(&[1.0, 0.9, 0.95], 0.03), 1);
+        assert_eq!(pick_with_margin(&[f32::NAN, 0.9], 0.03), 1);
     }
 
     #[test]
