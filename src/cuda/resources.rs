@@ -110,19 +110,23 @@ impl Event {
     }
     /// Wait on the host until the latest record completed, polling, for at most
     /// `timeout_ms` (then a TIMEOUT error naming `what`): never an unbounded host wait.
+    /// The queries run with this thread's capture mode relaxed, so that they cannot
+    /// disturb another thread's global-mode capture.
     pub fn wait_bounded(&self, timeout_ms: i64, what: &str) -> Result<()> {
         let start = std::time::Instant::now();
         let limit = std::time::Duration::from_millis(timeout_ms.max(1) as u64);
-        while !self.done()? {
-            if start.elapsed() > limit {
-                return Err(crate::error::Error::new(
-                    crate::error::ErrorKind::Timeout,
-                    format!("{what} did not complete within {timeout_ms} ms"),
-                ));
+        with_relaxed_capture(|| {
+            while !self.done()? {
+                if start.elapsed() > limit {
+                    return Err(crate::error::Error::new(
+                        crate::error::ErrorKind::Timeout,
+                        format!("{what} did not complete within {timeout_ms} ms"),
+                    ));
+                }
+                std::thread::sleep(std::time::Duration::from_micros(20));
             }
-            std::thread::sleep(std::time::Duration::from_micros(20));
-        }
-        Ok(())
+            Ok(())
+        })
     }
 
     /// true when the work before the latest record has completed.

@@ -208,7 +208,8 @@ impl Overlap {
         if !r.pending {
             return Ok(());
         }
-        if !block && !r.ev_end.done()? {
+        // Relaxed: the query must not disturb another thread's global-mode capture.
+        if !block && !crate::cuda::resources::with_relaxed_capture(|| r.ev_end.done())? {
             return Ok(());
         }
         wait_event(&r.ev_end, timeout)?;
