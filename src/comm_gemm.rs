@@ -339,11 +339,6 @@ impl CommGemmCtx {
         {
             return Ok(None);
         }
-        let op = match c.kind {
-            Kind::AllGather => tune::Op::AllGather,
-            Kind::ReduceScatter => tune::Op::ReduceScatter,
-            Kind::AllReduce => tune::Op::AllReduce,
-        };
         let transport = ["auto", "ipc", "nccl"]
             .get(self.cfg.transport as usize)
             .copied()
@@ -357,7 +352,7 @@ impl CommGemmCtx {
             if c.transb { "T" } else { "N" }
         );
         Ok(Some(tune::key(
-            op,
+            c.kind,
             &dtypes,
             c.m,
             c.n,
@@ -404,10 +399,8 @@ impl CommGemmCtx {
         // same candidates and pick the same one even when their environments differ.
         let guard = ContextGuard::for_stream(stream)?;
         let dev = crate::cuda::device_info(guard.device)?;
-        self.tune_cache.load(&tune::fingerprint(
-            &crate::cuda::device_name(guard.device)?,
-            dev.sm_count,
-        )?)?;
+        self.tune_cache
+            .load(|| tune::fingerprint(&crate::cuda::device_name(guard.device)?, dev.sm_count))?;
         if self.tune_mode == tune::Mode::Force {
             self.tune_cache.forget(key);
         }
@@ -429,23 +422,17 @@ impl CommGemmCtx {
             self.tuned.insert(key.to_string(), ch);
             return Ok(());
         }
-        let (t0, t1) = (
-            crate::cuda::resources::Event::timed()?,
-            crate::cuda::resources::Event::timed()?,
-        );
         let time = |this: &mut Self, ch: tune::Choice| -> Result<f32> {
             this.current = Some(ch);
-            this.call_inner(c, stream)?; // warm-up
-            t0.record(stream)?;
-            for _ in 0..3 {
-                this.call_inner(c, stream)?;
-            }
-            t1.record(stream)?;
-            t1.wait_bounded(
-                this.cfg.timeout_ms,
+            let timeout_ms = this.cfg.timeout_ms;
+            crate::cuda::resources::mean_time(
+                this,
+                stream,
+                timeout_ms,
                 &format!("autotuning {key}: a candidate's calls"),
-            )?;
-            Ok(t1.elapsed_since(&t0)? / 3.0)
+                3,
+                |t| t.call_inner(c, stream),
+            )
         };
         // One candidate on every rank, then its slowest-rank time (NaN: some rank failed).
         let run = |this: &mut Self, ch: tune::Choice| -> Result<(f32, Option<Error>)> {
@@ -470,12 +457,7 @@ impl CommGemmCtx {
             .last_engine
             .map(|e| self.engines[e].transport_name() == "nccl")
             .unwrap_or(false);
-        let op = match c.kind {
-            Kind::AllGather => tune::Op::AllGather,
-            Kind::ReduceScatter => tune::Op::ReduceScatter,
-            Kind::AllReduce => tune::Op::AllReduce,
-        };
-        let cands = tune::candidates(op, self.nranks, nccl, default, agreed.sm_count);
+        let cands = tune::candidates(c.kind, self.nranks, nccl, default, agreed.sm_count);
         // Rounds over the candidates (interleaved, so drift hits all alike); the budget
         // covers all of them.
         let n = tune::affordable(

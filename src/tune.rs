@@ -47,13 +47,8 @@ pub fn forced_pick() -> Result<Option<i32>> {
     crate::env::int("NVTE_COMM_TUNE_PICK", 0, 1 << 20)
 }
 
-/// The operation a choice is for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Op {
-    AllGather,
-    ReduceScatter,
-    AllReduce,
-}
+/// The operation a choice is for: the comm-GEMM call's kind.
+pub use crate::comm_gemm::Kind as Op;
 
 /// One configuration of a call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -329,12 +324,13 @@ impl Cache {
     }
 
     /// Load once (a missing or unreadable file is an empty cache; bad lines are skipped).
-    pub fn load(&mut self, fingerprint: &str) -> Result<()> {
+    /// `fingerprint` names the file; it is computed only on the first load.
+    pub fn load(&mut self, fingerprint: impl FnOnce() -> Result<String>) -> Result<()> {
         if self.loaded {
             return Ok(());
         }
         self.loaded = true;
-        self.path = Self::file(fingerprint)?;
+        self.path = Self::file(&fingerprint()?)?;
         if let Some(p) = &self.path
             && let Ok(text) = std::fs::read_to_string(p)
         {

@@ -140,6 +140,28 @@ impl Event {
     }
 }
 
+/// Mean time (ms) of `runs` runs of `run` on `stream` after one warm-up run, between two
+/// timed events (a bounded host wait for them: `timeout_ms`, else TIMEOUT naming `what`).
+/// `state` is handed to every run.
+pub fn mean_time<S>(
+    state: &mut S,
+    stream: usize,
+    timeout_ms: i64,
+    what: &str,
+    runs: usize,
+    mut run: impl FnMut(&mut S) -> Result<()>,
+) -> Result<f32> {
+    let (t0, t1) = (Event::timed()?, Event::timed()?);
+    run(state)?;
+    t0.record(stream)?;
+    for _ in 0..runs {
+        run(state)?;
+    }
+    t1.record(stream)?;
+    t1.wait_bounded(timeout_ms, what)?;
+    Ok(t1.elapsed_since(&t0)? / runs.max(1) as f32)
+}
+
 impl Drop for Event {
     fn drop(&mut self) {
         // SAFETY: created by Event::new.

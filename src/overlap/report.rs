@@ -16,11 +16,10 @@
 //!   figures; at destroy each rank prints one line per shape to stderr.
 use super::{Op, Overlap};
 use crate::cuda::ContextGuard;
-use crate::cuda::resources::{DeviceMem, Event, capture_status};
+use crate::cuda::resources::{DeviceMem, Event, capture_status, mean_time};
 use crate::error::Result;
 use crate::gemm::{self, GemmDesc};
 use std::collections::HashMap;
-use std::time::Duration;
 
 /// One call's figures (`NVTECommCallReport` in the C API).
 #[derive(Clone, Copy, Debug)]
@@ -72,8 +71,6 @@ struct Shape {
 pub(super) struct Report {
     ev_start: Event,
     ev_end: Event,
-    t0: Event,
-    t1: Event,
     /// calibration in progress: its calls are not timed as calls
     pub(super) calibrating: bool,
     /// comm-alone runs: the chunk GEMMs are skipped
@@ -91,13 +88,28 @@ pub(super) struct Report {
     scratch_aux: Option<DeviceMem>,
 }
 
+impl Shape {
+    /// A shape of `op` with `full`'s m, n, k (0s without a GEMM), no estimates yet.
+    fn new(op: Op, full: Option<&GemmDesc>, calibrated: bool) -> Shape {
+        let (m, n, k) = full.map(|g| (g.m, g.n, g.k)).unwrap_or((0, 0, 0));
+        Shape {
+            calibrated,
+            op,
+            m,
+            n,
+            k,
+            gemm_ms: f32::NAN,
+            comm_ms: f32::NAN,
+            calls: Vec::new(),
+        }
+    }
+}
+
 impl Report {
     pub(super) fn new() -> Result<Report> {
         Ok(Report {
             ev_start: Event::timed()?,
             ev_end: Event::timed()?,
-            t0: Event::timed()?,
-            t1: Event::timed()?,
             calibrating: false,
             skip_gemms: false,
             last_key: None,
@@ -112,14 +124,6 @@ impl Report {
             scratch_aux: None,
         })
     }
-}
-
-/// Wait (polling, bounded by the object's timeout) until `ev` completed.
-fn wait_event(ev: &Event, timeout: Duration) -> Result<()> {
-    ev.wait_bounded(
-        timeout.as_millis() as i64,
-        "NVTE_COMM_REPORT: the reported call",
-    )
 }
 
 impl Overlap {
@@ -201,7 +205,7 @@ impl Overlap {
 
     /// Read the last call's time (waiting for it when `block`, bounded) into its shape.
     fn collect(&mut self, block: bool) -> Result<()> {
-        let timeout = Duration::from_millis(self.cfg.timeout_ms.max(1) as u64);
+        let timeout_ms = self.cfg.timeout_ms;
         let Some(r) = self.report.as_deref_mut() else {
             return Ok(());
         };
@@ -212,23 +216,19 @@ impl Overlap {
         if !block && !crate::cuda::resources::with_relaxed_capture(|| r.ev_end.done())? {
             return Ok(());
         }
-        wait_event(&r.ev_end, timeout)?;
+        r.ev_end
+            .wait_bounded(timeout_ms, "NVTE_COMM_REPORT: the reported call")?;
         r.pending = false;
         let ms = r.ev_end.elapsed_since(&r.ev_start)?;
-        let (m, n, k) = r.last_full.map(|g| (g.m, g.n, g.k)).unwrap_or((0, 0, 0));
         let Some(key) = r.last_key else {
             return Ok(());
         };
-        let s = r.shapes.entry(key).or_insert(Shape {
-            calibrated: false,
-            op: r.last_op,
-            m,
-            n,
-            k,
-            gemm_ms: f32::NAN,
-            comm_ms: f32::NAN,
-            calls: Vec::new(),
-        });
+        let (op, full) = (r.last_op, r.last_full);
+        let (m, n, k) = full.map(|g| (g.m, g.n, g.k)).unwrap_or((0, 0, 0));
+        let s = r
+            .shapes
+            .entry(key)
+            .or_insert_with(|| Shape::new(op, full.as_ref(), false));
         s.calls.push(ms);
         r.last = Some(Figures {
             op: r.last_op,
@@ -271,70 +271,25 @@ impl Overlap {
         }
         if full.accumulate {
             // A second run would accumulate twice: no estimates, and no host wait.
-            r.shapes.entry(key).or_insert(Shape {
-                calibrated: true,
-                op: r.last_op,
-                m: full.m,
-                n: full.n,
-                k: full.k,
-                gemm_ms: f32::NAN,
-                comm_ms: f32::NAN,
-                calls: Vec::new(),
-            });
+            let op = r.last_op;
+            r.shapes
+                .entry(key)
+                .or_insert_with(|| Shape::new(op, Some(&full), true));
             return Ok(());
         }
         self.collect(true)?;
-        let guard = ContextGuard::for_stream(stream)?;
-        // Comm alone: the call without its GEMMs (warm-up, then 3 timed).
-        {
-            let r = self.report.as_deref_mut().unwrap();
-            r.calibrating = true;
-            r.skip_gemms = true;
-        }
-        let res = self.time_runs(stream, |o| call(o));
-        {
-            let r = self.report.as_deref_mut().unwrap();
-            r.skip_gemms = false;
-        }
-        let comm_ms = match res {
-            Ok(v) => v,
-            Err(e) => {
-                self.report.as_deref_mut().unwrap().calibrating = false;
-                return Err(e);
-            }
-        };
-        // GEMM alone: the whole GEMM on every SM into scratch (warm-up, then 3 timed).
-        let res = (|| -> Result<f32> {
-            let mut g = full;
-            let r = self.report.as_deref_mut().unwrap();
-            let dbytes = g.n * g.ldd * g.d_type.bits() / 8;
-            if r.scratch.as_ref().is_none_or(|s| s.bytes < dbytes) {
-                r.scratch = Some(DeviceMem::new_relaxed(dbytes.max(1))?);
-            }
-            g.d = r.scratch.as_ref().unwrap().ptr;
-            if g.aux != 0 {
-                let abytes = g.n * g.ldd * g.aux_type.bits() / 8;
-                if r.scratch_aux.as_ref().is_none_or(|s| s.bytes < abytes) {
-                    r.scratch_aux = Some(DeviceMem::new_relaxed(abytes.max(1))?);
-                }
-                g.aux = r.scratch_aux.as_ref().unwrap().ptr;
-            }
-            g.d_amax = 0;
-            g.sm_count = 0;
-            self.time_runs(stream, |_| gemm::run(&g, &guard, stream))
-        })();
-        let gemm_ms = match res {
-            Ok(v) => v,
-            Err(e) => {
-                self.report.as_deref_mut().unwrap().calibrating = false;
-                return Err(e);
-            }
-        };
-        // Once more for real: the outputs are a real call's.
-        let res = call(self);
+        self.report.as_deref_mut().unwrap().calibrating = true;
+        let est = self.estimates(stream, full, &call);
         let r = self.report.as_deref_mut().unwrap();
-        r.calibrating = false;
-        if let Some(s) = r.last_key.and_then(|k| r.shapes.get_mut(&k)) {
+        r.skip_gemms = false;
+        let (comm_ms, gemm_ms) = match est {
+            Ok(v) => v,
+            Err(e) => {
+                r.calibrating = false;
+                return Err(e);
+            }
+        };
+        if let Some(s) = r.shapes.get_mut(&key) {
             s.gemm_ms = gemm_ms;
             s.comm_ms = comm_ms;
             s.calibrated = true;
@@ -343,28 +298,61 @@ impl Overlap {
             f.gemm_ms = gemm_ms;
             f.comm_ms = comm_ms;
         }
+        // Once more for real (still calibrating: not a new reported call), so that the
+        // outputs are a real call's.
+        let res = call(self);
+        self.report.as_deref_mut().unwrap().calibrating = false;
         res
     }
 
-    /// Mean time of `run` on `stream`: a warm-up, then 3 runs between the report's
-    /// timing events (waits, bounded, for them).
+    /// The shape's estimates, measured on `stream` (each a warm-up, then 3 timed runs):
+    /// the call with its GEMMs skipped (comm alone), and the whole GEMM on every SM into
+    /// scratch (GEMM alone). The caller resets the flags this sets.
+    fn estimates(
+        &mut self,
+        stream: usize,
+        full: GemmDesc,
+        call: &impl Fn(&mut Self) -> Result<()>,
+    ) -> Result<(f32, f32)> {
+        let guard = ContextGuard::for_stream(stream)?;
+        self.report.as_deref_mut().unwrap().skip_gemms = true;
+        let comm_ms = self.time_runs(stream, call)?;
+        let mut g = full;
+        let r = self.report.as_deref_mut().unwrap();
+        r.skip_gemms = false;
+        let dbytes = g.n * g.ldd * g.d_type.bits() / 8;
+        if r.scratch.as_ref().is_none_or(|s| s.bytes < dbytes) {
+            r.scratch = Some(DeviceMem::new_relaxed(dbytes.max(1))?);
+        }
+        g.d = r.scratch.as_ref().unwrap().ptr;
+        if g.aux != 0 {
+            let abytes = g.n * g.ldd * g.aux_type.bits() / 8;
+            if r.scratch_aux.as_ref().is_none_or(|s| s.bytes < abytes) {
+                r.scratch_aux = Some(DeviceMem::new_relaxed(abytes.max(1))?);
+            }
+            g.aux = r.scratch_aux.as_ref().unwrap().ptr;
+        }
+        g.d_amax = 0;
+        g.sm_count = 0;
+        let gemm_ms = self.time_runs(stream, |_| gemm::run(&g, &guard, stream))?;
+        Ok((comm_ms, gemm_ms))
+    }
+
+    /// Mean time of `run` on `stream`: a warm-up, then 3 timed runs.
     fn time_runs(
         &mut self,
         stream: usize,
-        mut run: impl FnMut(&mut Self) -> Result<()>,
+        run: impl FnMut(&mut Self) -> Result<()>,
     ) -> Result<f32> {
-        run(self)?;
-        self.report.as_deref().unwrap().t0.record(stream)?;
-        for _ in 0..3 {
-            run(self)?;
-        }
-        let r = self.report.as_deref().unwrap();
-        r.t1.record(stream)?;
-        wait_event(
-            &r.t1,
-            Duration::from_millis(self.cfg.timeout_ms.max(1) as u64),
-        )?;
-        Ok(r.t1.elapsed_since(&r.t0)? / 3.0)
+        let timeout_ms = self.cfg.timeout_ms;
+        mean_time(
+            self,
+            stream,
+            timeout_ms,
+            "NVTE_COMM_REPORT: the timed runs",
+            3,
+            run,
+        )
     }
 
     /// The last timed call's figures (waits, bounded, for it to complete). None when the
