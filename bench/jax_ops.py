@@ -125,11 +125,6 @@ def main():
     import numpy as np
     from jax.sharding import PartitionSpec as P
 
-    try:
-        from jax import shard_map
-    except ImportError:
-        from jax.experimental.shard_map import shard_map
-
     import transformer_engine_comm.jax as tj
 
     tp = len(jax.devices())
@@ -137,10 +132,7 @@ def main():
     ctx = tj.tp_context(mesh0, "tp")
 
     def smap(mesh, f, ins, out):
-        try:
-            return jax.jit(shard_map(f, mesh=mesh, in_specs=ins, out_specs=out, check_vma=False))
-        except TypeError:
-            return jax.jit(shard_map(f, mesh=mesh, in_specs=ins, out_specs=out, check_rep=False))
+        return jax.jit(tj.tp_shard_map(f, mesh, ins, out))
 
     rows = []
     for op, T, K, N in shapes(tp, a.quick):

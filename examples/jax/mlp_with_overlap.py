@@ -49,11 +49,6 @@ def main():
     import jax.numpy as jnp
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-    try:
-        from jax import shard_map
-    except ImportError:
-        from jax.experimental.shard_map import shard_map
-
     import transformer_engine_comm.jax as tj
 
     mesh = Mesh(np.array(jax.devices()), ("tp",))
@@ -72,11 +67,7 @@ def main():
         h = jax.nn.gelu(xt @ w1.T + b1, approximate=True)
         return jax.lax.psum_scatter(h @ w2.T, "tp", scatter_dimension=0, tiled=True) + b2
 
-    kw = dict(mesh=mesh, in_specs=specs, out_specs=P("tp", None))
-    try:
-        model = shard_map(layers, check_vma=False, **kw)
-    except TypeError:
-        model = shard_map(layers, check_rep=False, **kw)
+    model = tj.tp_shard_map(layers, mesh, specs, P("tp", None))
 
     def loss_fn(params, x, y):
         out = model(x, *params).astype(jnp.float32)

@@ -341,16 +341,11 @@ def test_ops_lower_to_custom_calls(tmp_path):
         import jax, jax.numpy as jnp, numpy as np
         from jax.sharding import Mesh, PartitionSpec as P
         import transformer_engine_comm.jax as tj
-        try:
-            from jax import shard_map
-        except ImportError:
-            from jax.experimental.shard_map import shard_map
         mesh = Mesh(np.array(jax.devices()), ("tp",))
         ctx = tj.tp_context(mesh, "tp")
         assert ctx.size == 2 and sorted(ctx.ranks.values()) == [0, 1], ctx
         specs = (P("tp", None), P("tp", None), P("tp"), P(None, "tp"), P())
-        sm = shard_map(lambda *a: tj.mlp(*a, ctx=ctx), mesh=mesh, in_specs=specs, out_specs=P("tp", None),
-                       check_vma=False)
+        sm = tj.tp_shard_map(lambda *a: tj.mlp(*a, ctx=ctx), mesh, specs, P("tp", None))
         loss = lambda *a: jnp.sum(sm(*a).astype(jnp.float32) ** 2)
         T, H, F = 64, 32, 128
         shapes = [(T, H), (F, H), (F,), (H, F), (H,)]

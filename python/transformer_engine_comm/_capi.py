@@ -926,15 +926,9 @@ class GemmCtx:
         self.nranks = int(nranks)
         self.rank = int(rank)
         self.callback_errors = []
-        ag, bar = _wrap_callbacks(allgather_fn, barrier_fn, self.callback_errors)
-        bs = Bootstrap()
-        bs.world_rank = self.rank
-        bs.world_size = self.nranks
-        bs.nccl_comm = None
-        bs.allgather = ag
-        bs.barrier = bar
+        bs, keep = _callback_bootstrap(self.rank, self.nranks, allgather_fn, barrier_fn, self.callback_errors)
         # The C callbacks and the struct must outlive every call the library makes through them.
-        self._keepalive = (bs, ag, bar, allgather_fn, barrier_fn)
+        self._keepalive = (bs,) + keep
         out = c_void_p()
         status = lib().nvte_comm_gemm_ctx_create_bootstrap(byref(bs), byref(out))
         if status != Status.NVTE_COMM_SUCCESS:
@@ -1050,6 +1044,20 @@ def _wrap_callbacks(allgather_fn: Callable, barrier_fn: Callable, errors: list):
     return AllgatherFn(allgather), BarrierFn(barrier)
 
 
+def _callback_bootstrap(world_rank: int, world_size: int, allgather_fn: Callable, barrier_fn: Callable,
+                        errors: list):
+    """An NVTECommBootstrap over Python callables (see _wrap_callbacks), and what must stay
+    alive with it (the C callbacks and the callables)."""
+    ag, bar = _wrap_callbacks(allgather_fn, barrier_fn, errors)
+    bs = Bootstrap()
+    bs.world_rank = int(world_rank)
+    bs.world_size = int(world_size)
+    bs.nccl_comm = None
+    bs.allgather = ag
+    bs.barrier = bar
+    return bs, (ag, bar, allgather_fn, barrier_fn)
+
+
 class Overlap:
     """nvte_comm_overlap object: a registered [rows, cols] ``dtype`` buffer on every rank
     of the world, grouped in tensor-parallel groups of ``config.tp_size`` (collective).
@@ -1081,15 +1089,9 @@ class Overlap:
         self = cls.__new__(cls)
         self._ov = None
         errors: list = []
-        ag, bar = _wrap_callbacks(allgather_fn, barrier_fn, errors)
-        bs = Bootstrap()
-        bs.world_rank = int(world_rank)
-        bs.world_size = int(world_size)
-        bs.nccl_comm = None
-        bs.allgather = ag
-        bs.barrier = bar
+        bs, keep = _callback_bootstrap(world_rank, world_size, allgather_fn, barrier_fn, errors)
         # The CFUNCTYPE objects must outlive every call the library makes through them.
-        self._create(bs, config, rows, cols, dtype, (ag, bar, errors, allgather_fn, barrier_fn), errors)
+        self._create(bs, config, rows, cols, dtype, keep + (errors,), errors)
         return self
 
     def _create(self, bs, config, rows, cols, dtype, keepalive, errors=None):

@@ -36,11 +36,6 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 import transformer_engine_comm.jax as tj  # noqa: E402
 
-try:
-    from jax import shard_map as _shard_map
-except ImportError:  # older JAX
-    from jax.experimental.shard_map import shard_map as _shard_map
-
 failures = []
 
 
@@ -314,10 +309,7 @@ def shard_map_checks():
             for a, sp in zip((X, W1, B1, W2, B2), specs)]
 
     def smap(f, out):
-        try:
-            return _shard_map(f, mesh=mesh, in_specs=specs, out_specs=out, check_vma=False)
-        except TypeError:
-            return _shard_map(f, mesh=mesh, in_specs=specs, out_specs=out, check_rep=False)
+        return tj.tp_shard_map(f, mesh, specs, out)
 
     def ref_model(x, w1, b1, w2, b2):
         h = jax.nn.gelu(x @ w1.T + b1, approximate=True)
@@ -385,13 +377,8 @@ def shard_map_checks():
         glob_ar = [jax.make_array_from_callback(a.shape, NamedSharding(mesh, sp), lambda idx, a=a: jnp.asarray(a[idx], bf))
                    for a, sp in zip((X, W1, B1, W2, B2), specs_ar)]
 
-        def sm(layer):
-            try:
-                return _shard_map(layer, mesh=mesh, in_specs=specs_ar, out_specs=P(), check_vma=False)
-            except TypeError:
-                return _shard_map(layer, mesh=mesh, in_specs=specs_ar, out_specs=P(), check_rep=False)
-
-        loss = lambda *a: jnp.sum(sm(lambda *b: tj.mlp(*b, ctx=ctx, sequence_parallel=False))(*a).astype(jnp.float32) ** 2) / T  # noqa: E731
+        model = tj.tp_shard_map(lambda *b: tj.mlp(*b, ctx=ctx, sequence_parallel=False), mesh, specs_ar, P())
+        loss = lambda *a: jnp.sum(model(*a).astype(jnp.float32) ** 2) / T  # noqa: E731
         g = jax.jit(jax.grad(loss, argnums=range(5)))(*glob_ar)
         whole = jax.grad(lambda *a: jnp.sum(ref_model(*a) ** 2) / T, argnums=range(5))(*full)
         errs = [close_shards(n, a, np.asarray(w), 6e-2) for n, a, w in zip(("dx", "dw1", "db1", "dw2", "db2"), g, whole)]

@@ -14,7 +14,7 @@ Handlers are registered with XLA (platform CUDA) on first use, or by :func:`regi
 """
 from ._bootstrap import ExchangeTimeout, KVExchange, LocalExchange
 from ._context import TPContext, close_all, live_contexts, tp_context
-from .layers import column_parallel_dense, mlp, row_parallel_dense
+from .layers import column_parallel_dense, mlp, row_parallel_dense, tp_shard_map
 from .ops import (
     TARGETS,
     ag_gemm,
@@ -47,4 +47,5 @@ __all__ = [
     "row_parallel_dense",
     "rs_gemm",
     "tp_context",
+    "tp_shard_map",
 ]

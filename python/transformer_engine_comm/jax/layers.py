@@ -17,9 +17,10 @@ Without sequence parallelism the column layer's input is replicated (a plain loc
 Shardings (``P`` = ``jax.sharding.PartitionSpec``, ``tp`` = ``ctx.axis``): column: x
 ``P(tp, None)`` (sequence parallel) or ``P()``, w ``P(tp, None)`` ``[N, K]``, bias
 ``P(tp)``, y ``P(None, tp)``; row: x ``P(None, tp)``, w ``P(None, tp)`` ``[N, K]``, bias
-``P()``, y ``P(tp, None)`` (sequence parallel) or ``P()``. Use ``shard_map(...,
-check_vma=False)`` (``check_rep`` on older JAX): the gradient of a replicated input (the
-row bias) is each device's share, which ``shard_map`` sums over the axis.
+``P()``, y ``P(tp, None)`` (sequence parallel) or ``P()``. Use :func:`tp_shard_map`
+(``shard_map(..., check_vma=False)``, ``check_rep`` on older JAX): the gradient of a
+replicated input (the row bias) is each device's share, which ``shard_map`` sums over the
+axis.
 
 FP8 (``fp8=True``): x and w are quantized to e4m3 with current per-tensor scaling (the
 all-gathered input's scale from the amax over the whole axis, ``lax.pmax``), the GEMMs
@@ -36,6 +37,20 @@ import jax.numpy as jnp
 
 from ._context import TPContext
 from .ops import ag_gemm, rs_gemm
+
+
+def tp_shard_map(f, mesh, in_specs, out_specs):
+    """``shard_map(f, ...)`` as the layers need it: without replication checking
+    (``check_vma=False``, ``check_rep=False`` on older JAX), so that the gradient of a
+    replicated input is the sum of the devices' shares (see the module docs)."""
+    try:
+        from jax import shard_map
+    except ImportError:  # older JAX
+        from jax.experimental.shard_map import shard_map
+    try:
+        return shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
+    except TypeError:  # older JAX: check_rep
+        return shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_rep=False)
 
 
 @dataclass(frozen=True)
