@@ -107,8 +107,6 @@ pub struct CommGemmCtx {
     tuned: HashMap<String, tune::Choice>,
     tune_cache: tune::Cache,
     current: Option<tune::Choice>,
-    /// the global m, n, k of the call in progress (the engines' report key)
-    call_dims: Option<[i64; 3]>,
     /// engines and scratch replaced by larger ones while a graph may still use them
     retired_engines: Vec<Overlap>,
     retired_scratch: Vec<DeviceMem>,
@@ -209,7 +207,6 @@ impl CommGemmCtx {
             tuned: HashMap::new(),
             tune_cache: tune::Cache::default(),
             current: None,
-            call_dims: None,
             retired_engines: Vec::new(),
             retired_scratch: Vec::new(),
         })
@@ -375,7 +372,9 @@ impl CommGemmCtx {
     }
 
     /// Apply the call's configuration to engine `eng` (the per-call comm_sm_count wins).
-    fn configure(&mut self, eng: usize, kind: Kind, user_sms: i32) -> Result<tune::Choice> {
+    /// `c`'s global m, n, k become the engine's report key.
+    fn configure(&mut self, eng: usize, c: &GemmCall) -> Result<tune::Choice> {
+        let (kind, user_sms) = (c.kind, c.comm_sm_count);
         let ch = self.current.unwrap_or_else(|| self.default_choice());
         let e = &mut self.engines[eng];
         e.set_tuning(
@@ -386,7 +385,7 @@ impl CommGemmCtx {
             ch.pieces,
         )?;
         e.set_comm_sms(if user_sms > 0 { user_sms } else { ch.comm_sms })?;
-        e.set_report_dims(self.call_dims);
+        e.set_report_dims(Some([c.m, c.n, c.k]));
         Ok(ch)
     }
 
@@ -508,7 +507,6 @@ impl CommGemmCtx {
     }
 
     fn call_inner(&mut self, c: &GemmCall, stream: usize) -> Result<()> {
-        self.call_dims = Some([c.m, c.n, c.k]);
         for (v, name) in [(c.m, "m"), (c.n, "n"), (c.k, "k")] {
             if v < 0 {
                 invalid!("{name} = {v} must be >= 0");
@@ -591,7 +589,7 @@ impl CommGemmCtx {
                 if let Some(p) = aux {
                     expect_shape(p, "pre_act_out", [n, ml], "like D")?;
                 }
-                self.configure(eng, c.kind, c.comm_sm_count)?;
+                self.configure(eng, c)?;
                 if let Some(g) = c.b_gathered {
                     if c.transb {
                         unsupported!(
@@ -762,7 +760,7 @@ impl CommGemmCtx {
                 if c.kind == Kind::AllReduce {
                     // Twice D: the ring all-reduce's partials and gathered rows.
                     let eng = self.engine(c.kind, dt, 2 * n * m * de)?;
-                    self.configure(eng, c.kind, c.comm_sm_count)?;
+                    self.configure(eng, c)?;
                     if self.preparing {
                         return Ok(());
                     }
@@ -790,7 +788,7 @@ impl CommGemmCtx {
                     );
                 }
                 let eng = self.engine(c.kind, pdt, bn * nr * m * pdt.bits() / 8)?;
-                let choice = self.configure(eng, c.kind, c.comm_sm_count)?;
+                let choice = self.configure(eng, c)?;
                 if c.accumulate {
                     unsupported!(
                         "accumulate = true is not supported by the reduce-scatter (it would add D to every rank's partial)"

@@ -381,8 +381,9 @@ impl Frame<'_> {
             .copied()
             .ok_or_else(|| Error::invalid(format!("attribute `{name}` is missing")))
     }
-    fn flag(&self, name: &str) -> Result<bool> {
-        Ok(self.attrs.get(name).copied().unwrap_or(0) != 0)
+    /// A boolean attribute; absent means false.
+    fn flag(&self, name: &str) -> bool {
+        self.attrs.get(name).copied().unwrap_or(0) != 0
     }
     /// Free an error XLA returned to us (we report our own).
     fn drop_error(&self, err: *mut c_void) {
@@ -470,10 +471,10 @@ fn run(kind: Kind, f: &Frame) -> Result<()> {
         _ => return Ok(()), // instantiate / prepare: nothing to do
     };
     let (has_bias, has_scales, gelu, gather_b) = (
-        f.flag("has_bias")?,
-        f.flag("has_scales")?,
-        f.flag("gelu")?,
-        f.flag("gather_b")?,
+        f.flag("has_bias"),
+        f.flag("has_scales"),
+        f.flag("gelu"),
+        f.flag("gather_b"),
     );
     let want_args = 2 + has_bias as usize + 2 * has_scales as usize;
     let want_rets = 1 + gelu as usize + gather_b as usize;
@@ -530,8 +531,8 @@ fn run(kind: Kind, f: &Frame) -> Result<()> {
         d: &d,
         bias: bias.as_ref(),
         pre_act_out: pre.as_ref(),
-        transa: f.flag("transa")?,
-        transb: f.flag("transb")?,
+        transa: f.flag("transa"),
+        transb: f.flag("transb"),
         grad: false,
         accumulate: false,
         comm_sm_count: i32::try_from(f.attrs.get("comm_sms").copied().unwrap_or(0))
