@@ -33,7 +33,7 @@ use crate::{invalid, unsupported};
 use std::collections::HashMap;
 
 /// The calls of the context.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kind {
     AllGather,
     ReduceScatter,
@@ -104,7 +104,7 @@ pub struct CommGemmCtx {
     /// NVTE_COMM_TUNE at the context's creation, the agreed choices of this context, the
     /// disk cache, and the configuration of the call in progress
     tune_mode: tune::Mode,
-    tuned: HashMap<String, tune::Choice>,
+    tuned: HashMap<tune::Key, tune::Choice>,
     tune_cache: tune::Cache,
     current: Option<tune::Choice>,
     /// engines and scratch replaced by larger ones while a graph may still use them
@@ -319,7 +319,7 @@ impl CommGemmCtx {
                 && self.tuned.len() < tune::MAX_KEYS
                 && !capture_status(stream)?.active()
             {
-                self.tune(c, stream, &key)?;
+                self.tune(c, stream, key)?;
             }
             self.current = self.tuned.get(&key).copied();
         }
@@ -327,7 +327,7 @@ impl CommGemmCtx {
     }
 
     /// The autotuner's key of this call, None when the call is not tuned.
-    fn tune_key(&self, c: &GemmCall) -> Result<Option<String>> {
+    fn tune_key(&self, c: &GemmCall) -> Result<Option<tune::Key>> {
         if self.tune_mode == tune::Mode::Off
             || !c.tune
             || self.nranks < 2
@@ -336,27 +336,14 @@ impl CommGemmCtx {
         {
             return Ok(None);
         }
-        let transport = ["auto", "ipc", "nccl"]
-            .get(self.cfg.transport as usize)
-            .copied()
-            .unwrap_or("auto");
-        let dtypes = format!(
-            "{}x{}->{}{}{}",
-            c.a.data.dtype.name(),
-            c.b.data.dtype.name(),
-            c.d.data.dtype.name(),
-            if c.transa { "T" } else { "N" },
-            if c.transb { "T" } else { "N" }
-        );
-        Ok(Some(tune::key(
-            c.kind,
-            &dtypes,
-            c.m,
-            c.n,
-            c.k,
-            self.nranks,
-            transport,
-        )))
+        Ok(Some(tune::Key {
+            op: c.kind,
+            types: [c.a.data.dtype, c.b.data.dtype, c.d.data.dtype],
+            trans: [c.transa, c.transb],
+            dims: [c.m, c.n, c.k],
+            tp: self.nranks,
+            transport: self.cfg.transport,
+        }))
     }
 
     /// The defaults (the context's engine configuration).
@@ -392,7 +379,8 @@ impl CommGemmCtx {
     /// Measure the candidates of `key` on this call's data (collectively: every rank
     /// runs the same candidates in the same order) and keep the fastest by the slowest
     /// rank; or take the disk cache's choice when every rank has the same one.
-    fn tune(&mut self, c: &GemmCall, stream: usize, key: &str) -> Result<()> {
+    fn tune(&mut self, c: &GemmCall, stream: usize, tkey: tune::Key) -> Result<()> {
+        let key = tkey.to_string(); // the disk cache's key
         // Every decision below is taken from data gathered from all ranks (rank 0's
         // settings, the slowest rank's times, every rank's success), so all ranks run the
         // same candidates and pick the same one even when their environments differ.
@@ -401,11 +389,11 @@ impl CommGemmCtx {
         self.tune_cache
             .load(|| tune::fingerprint(&crate::cuda::device_name(guard.device)?, dev.sm_count))?;
         if self.tune_mode == tune::Mode::Force {
-            self.tune_cache.forget(key);
+            self.tune_cache.forget(&key);
         }
         let cached = self
             .tune_cache
-            .get(key)
+            .get(&key)
             .map(|ch| ch.encode())
             .unwrap_or([0; 8]);
         let settings = tune::Settings {
@@ -418,7 +406,7 @@ impl CommGemmCtx {
         let all = self.bs.allgather(&settings.encode())?;
         let agreed = tune::Settings::agree(&all)?;
         if let Some(ch) = agreed.cached {
-            self.tuned.insert(key.to_string(), ch);
+            self.tuned.insert(tkey, ch);
             return Ok(());
         }
         let time = |this: &mut Self, ch: tune::Choice| -> Result<f32> {
@@ -449,7 +437,7 @@ impl CommGemmCtx {
         }
         if first.is_nan() {
             // Another rank failed: keep the defaults (its call reports the cause).
-            self.tuned.insert(key.to_string(), default);
+            self.tuned.insert(tkey, default);
             return Ok(());
         }
         let nccl = self
@@ -474,7 +462,7 @@ impl CommGemmCtx {
                 let (t, err) = run(self, *ch)?;
                 if let Some(e) = err {
                     // This rank failed (its peers see NaN and stop too): the defaults.
-                    self.tuned.insert(key.to_string(), default);
+                    self.tuned.insert(tkey, default);
                     return Err(e);
                 }
                 times[i].push(t);
@@ -489,9 +477,9 @@ impl CommGemmCtx {
             best = p as usize % n; // tests: run a given candidate (every rank the same)
         }
         let ch = cands[best];
-        self.tuned.insert(key.to_string(), ch);
+        self.tuned.insert(tkey, ch);
         if agreed.pick.is_none() && !medians.iter().any(|t| t.is_nan()) {
-            self.tune_cache.put(key, ch); // a forced pick is not the fastest: not cached
+            self.tune_cache.put(&key, ch); // a forced pick is not the fastest: not cached
         }
         if crate::env::flag("NVTE_COMM_TUNE_VERBOSE")?.unwrap_or(false) && self.rank == 0 {
             let worst: Vec<String> = medians.iter().map(|w| format!("{w:.3}")).collect();

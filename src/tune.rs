@@ -300,9 +300,41 @@ pub struct Cache {
     loaded: bool,
 }
 
-/// The cache key of a call.
-pub fn key(op: Op, dtype: &str, m: i64, n: i64, k: i64, tp: usize, transport: &str) -> String {
-    format!("{op:?} {dtype} m={m} n={n} k={k} tp={tp} {transport}")
+/// What a choice is for: a call's operation, element types and layout, global m, n, k,
+/// tp and transport setting. Hashed as is for the context's map (no per-call text); its
+/// text (`Display`) is the disk cache's key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Key {
+    pub op: Op,
+    pub types: [crate::tensor::DType; 3],
+    pub trans: [bool; 2],
+    pub dims: [i64; 3],
+    pub tp: usize,
+    pub transport: i32,
+}
+
+impl std::fmt::Display for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let t = |b: bool| if b { "T" } else { "N" };
+        let transport = ["auto", "ipc", "nccl"]
+            .get(self.transport as usize)
+            .copied()
+            .unwrap_or("auto");
+        write!(
+            f,
+            "{:?} {}x{}->{}{}{} m={} n={} k={} tp={} {transport}",
+            self.op,
+            self.types[0].name(),
+            self.types[1].name(),
+            self.types[2].name(),
+            t(self.trans[0]),
+            t(self.trans[1]),
+            self.dims[0],
+            self.dims[1],
+            self.dims[2],
+            self.tp
+        )
+    }
 }
 
 impl Cache {
@@ -624,7 +656,19 @@ mod tests {
             map: HashMap::new(),
             loaded: true,
         };
-        let k = key(Op::AllGather, "bf16", 1, 2, 3, 4, "ipc");
+        let k = Key {
+            op: Op::AllGather,
+            types: [crate::tensor::DType::BF16; 3],
+            trans: [true, false],
+            dims: [1, 2, 3],
+            tp: 4,
+            transport: 1,
+        }
+        .to_string();
+        assert_eq!(
+            k,
+            "AllGather kNVTEBFloat16xkNVTEBFloat16->kNVTEBFloat16TN m=1 n=2 k=3 tp=4 ipc"
+        );
         c.put(&k, d());
         let mut c2 = Cache {
             path: Some(p.clone()),
