@@ -78,6 +78,19 @@ unsafe extern "C" fn get_module_function_table(
     1
 }
 
+/// The per-module tables (built once): entry i of module m points to slot i.
+fn tables() -> &'static Tables {
+    TABLES.get_or_init(|| {
+        let mut t = [[0usize; 18]; 6];
+        for (m, size) in MODULE_SIZES.iter().enumerate() {
+            for (i, p) in t[m].iter_mut().enumerate().take(*size).skip(1) {
+                *p = &SLOTS[m][i] as *const AtomicUsize as usize;
+            }
+        }
+        Tables(t)
+    })
+}
+
 unsafe extern "C" fn get_export_table(id: u32) -> *const c_void {
     match id {
         ETID_CALLBACKS => &CALLBACKS as *const _ as *const c_void,
@@ -101,15 +114,7 @@ fn init_injection() -> bool {
     let Some(path) = std::env::var_os("NVTX_INJECTION64_PATH") else {
         return false;
     };
-    TABLES.get_or_init(|| {
-        let mut t = [[0usize; 18]; 6];
-        for (m, size) in MODULE_SIZES.iter().enumerate() {
-            for (i, p) in t[m].iter_mut().enumerate().take(*size).skip(1) {
-                *p = &SLOTS[m][i] as *const AtomicUsize as usize;
-            }
-        }
-        Tables(t)
-    });
+    tables();
     use std::os::unix::ffi::OsStrExt;
     let Ok(p) = CString::new(path.as_bytes()) else {
         return false;
@@ -204,15 +209,7 @@ mod tests {
     #[test]
     fn tables_point_at_the_slots_and_the_tool_protocol_round_trips() {
         // Build the tables as init does (without a tool), then act as a tool would.
-        TABLES.get_or_init(|| {
-            let mut t = [[0usize; 18]; 6];
-            for (m, size) in MODULE_SIZES.iter().enumerate() {
-                for (i, p) in t[m].iter_mut().enumerate().take(*size).skip(1) {
-                    *p = &SLOTS[m][i] as *const AtomicUsize as usize;
-                }
-            }
-            Tables(t)
-        });
+        tables();
         // SAFETY: our own export table functions.
         unsafe {
             let cb = get_export_table(ETID_CALLBACKS) as *const ExportTableCallbacks;
