@@ -310,14 +310,14 @@ pub struct Key {
     pub trans: [bool; 2],
     pub dims: [i64; 3],
     pub tp: usize,
-    pub transport: i32,
+    pub transport: crate::overlap::TransportChoice,
 }
 
 impl std::fmt::Display for Key {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let t = |b: bool| if b { "T" } else { "N" };
         let transport = ["auto", "ipc", "nccl"]
-            .get(self.transport as usize)
+            .get(self.transport.0 as usize)
             .copied()
             .unwrap_or("auto");
         write!(
@@ -662,7 +662,7 @@ mod tests {
             trans: [true, false],
             dims: [1, 2, 3],
             tp: 4,
-            transport: 1,
+            transport: crate::overlap::TRANSPORT_IPC,
         }
         .to_string();
         assert_eq!(

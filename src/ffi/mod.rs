@@ -160,4 +160,18 @@ mod tests {
             NVTECommStatus::NVTE_COMM_ERROR_INVALID_ARGUMENT
         );
     }
+
+    #[test]
+    fn config_transport_values_are_the_c_enum() {
+        use crate::overlap::{TRANSPORT_AUTO, TRANSPORT_IPC, TRANSPORT_NCCL};
+        use enums::NVTECommTransport as T;
+        for (core, c) in [
+            (TRANSPORT_AUTO, T::NVTE_COMM_TRANSPORT_AUTO),
+            (TRANSPORT_IPC, T::NVTE_COMM_TRANSPORT_IPC),
+            (TRANSPORT_NCCL, T::NVTE_COMM_TRANSPORT_NCCL),
+        ] {
+            assert_eq!(core.0, c.0);
+        }
+        assert_eq!(T::ALL.len(), 3);
+    }
 }

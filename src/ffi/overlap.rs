@@ -1,5 +1,5 @@
 //! The userbuffers-style engine: `nvte_comm_overlap_*`.
-use super::enums::{NVTECommOverlapType, NVTECommTransport, NVTEDType};
+use super::enums::{NVTECommOverlapType, NVTEDType};
 use super::handles::OVERLAPS;
 use super::{NVTECommStatus, NVTETensor, cudaStream_t, status_call};
 use crate::bootstrap::{AllgatherFn, BarrierFn, Bootstrap};
@@ -41,78 +41,9 @@ pub struct NVTECommBootstrap {
     pub user_data: *mut c_void,
 }
 
-/// Engine settings. Fill with nvte_comm_overlap_config_default() (TE's defaults plus the
-/// environment overrides), then change fields. `struct_size` must be sizeof(the struct).
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct NVTECommOverlapConfig {
-    pub struct_size: usize,
-    /// ranks per tensor-parallel group; 0 = the whole world. Must divide the world size.
-    pub tp_size: i32,
-    /// GEMM chunks of the pipelined reduce-scatter (TE default 3)
-    pub num_splits: i32,
-    /// compute streams for chunk GEMMs (TE default 3)
-    pub num_max_streams: i32,
-    /// accepted for TE compatibility (default 2); kernels are not cluster-launched
-    pub comm_cga_size: i32,
-    /// SMs for communication kernels: SM puts and reductions (TE default 16)
-    pub num_comm_sm: i32,
-    /// GEMMs leave num_comm_sm SMs free while SM kernels communicate (default true)
-    pub set_sm_margin: bool,
-    /// copy-engine puts (true, default) or SM-kernel puts (false)
-    pub use_ce: bool,
-    /// bidirectional ring all-gather (default false)
-    pub aggregate: bool,
-    /// TE's atomic GEMM algorithms: must be false (cuBLASLt 13 removed the atomic-sync
-    /// counters they need: bench/atomic_gemm_probe.cu)
-    pub atomic_gemm: bool,
-    /// stream priorities, clamped to the device's range (lower = higher priority)
-    pub gemm_priority: i32,
-    pub comm_priority: i32,
-    /// timeout of every wait for a peer, ms (default 60000; env NVTE_COMM_TIMEOUT_MS)
-    pub timeout_ms: i64,
-    /// NVTE_COMM_TRANSPORT_AUTO (default: IPC when the group is on one node, else NCCL),
-    /// NVTE_COMM_TRANSPORT_IPC or NVTE_COMM_TRANSPORT_NCCL (env NVTE_COMM_TRANSPORT)
-    pub transport: NVTECommTransport,
-}
-
-impl NVTECommOverlapConfig {
-    fn from_config(c: &Config) -> Self {
-        NVTECommOverlapConfig {
-            struct_size: std::mem::size_of::<Self>(),
-            tp_size: c.tp_size,
-            num_splits: c.num_splits,
-            num_max_streams: c.num_max_streams,
-            comm_cga_size: c.comm_cga_size,
-            num_comm_sm: c.num_comm_sm,
-            set_sm_margin: c.set_sm_margin,
-            use_ce: c.use_ce,
-            aggregate: c.aggregate,
-            atomic_gemm: c.atomic_gemm,
-            gemm_priority: c.gemm_priority,
-            comm_priority: c.comm_priority,
-            timeout_ms: c.timeout_ms,
-            transport: NVTECommTransport(c.transport as u32),
-        }
-    }
-    fn to_config(self) -> Config {
-        Config {
-            tp_size: self.tp_size,
-            num_splits: self.num_splits,
-            num_max_streams: self.num_max_streams,
-            comm_cga_size: self.comm_cga_size,
-            num_comm_sm: self.num_comm_sm,
-            set_sm_margin: self.set_sm_margin,
-            use_ce: self.use_ce,
-            aggregate: self.aggregate,
-            atomic_gemm: self.atomic_gemm,
-            gemm_priority: self.gemm_priority,
-            comm_priority: self.comm_priority,
-            timeout_ms: self.timeout_ms,
-            transport: self.transport.0.min(i32::MAX as u32) as i32,
-        }
-    }
-}
+/// Engine settings: the core's struct itself (`repr(C)`; cbindgen names it
+/// `NVTECommOverlapConfig`), so nothing is copied field by field.
+pub use crate::overlap::Config as NVTECommOverlapConfig;
 
 /// Opaque overlap object (not repr(C): the header declares it incomplete).
 pub struct NVTECommOverlap {
@@ -167,8 +98,7 @@ fn read_config(config: *const NVTECommOverlapConfig) -> Result<Config> {
         }
     }
     // SAFETY: the whole struct is readable and every field holds a valid value now.
-    let c = unsafe { std::ptr::read_unaligned(config) };
-    Ok(c.to_config())
+    Ok(unsafe { std::ptr::read_unaligned(config) })
 }
 
 /// TE's defaults, then the environment overrides (NVTE_COMM_TIMEOUT_MS,
@@ -188,7 +118,7 @@ pub extern "C" fn nvte_comm_overlap_config_default(
         // SAFETY: non-null output pointer; all-zero bytes are a valid value of the struct.
         unsafe {
             match &c {
-                Ok(c) => std::ptr::write_unaligned(config, NVTECommOverlapConfig::from_config(c)),
+                Ok(c) => std::ptr::write_unaligned(config, *c),
                 Err(_) => std::ptr::write_bytes(config, 0, 1),
             }
         }

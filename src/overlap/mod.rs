@@ -32,39 +32,52 @@ use crate::transport::{
 };
 use crate::{bootstrap::Bootstrap, env, invalid, unsupported};
 
-/// Engine settings (TE's CommOverlap defaults; see [`Config::from_env`]).
+/// Engine settings. Fill with nvte_comm_overlap_config_default() (TE's defaults plus the
+/// environment overrides), then change fields. `struct_size` must be sizeof(the struct).
+/// (The C struct is the library's own engine config, read as is: no field is copied.)
+#[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct Config {
-    /// ranks per tensor-parallel group (0: the whole world)
+    pub struct_size: usize,
+    /// ranks per tensor-parallel group; 0 = the whole world. Must divide the world size.
     pub tp_size: i32,
-    /// GEMM chunks of the pipelined reduce-scatter
+    /// GEMM chunks of the pipelined reduce-scatter (TE default 3)
     pub num_splits: i32,
-    /// compute streams the chunk GEMMs rotate over
+    /// compute streams for chunk GEMMs (TE default 3)
     pub num_max_streams: i32,
-    /// accepted for TE compatibility; the kernels are not cluster-launched
+    /// accepted for TE compatibility (default 2); kernels are not cluster-launched
     pub comm_cga_size: i32,
-    /// SMs used by communication kernels (SM puts, reductions)
+    /// SMs for communication kernels: SM puts and reductions (TE default 16)
     pub num_comm_sm: i32,
-    /// GEMMs leave num_comm_sm SMs free while SM kernels communicate
+    /// GEMMs leave num_comm_sm SMs free while SM kernels communicate (default true)
     pub set_sm_margin: bool,
-    /// copy-engine puts (true) or SM-kernel puts (false)
+    /// copy-engine puts (true, default) or SM-kernel puts (false)
     pub use_ce: bool,
-    /// bidirectional ring all-gather (two chunks a step)
+    /// bidirectional ring all-gather (default false)
     pub aggregate: bool,
-    /// TE's atomic GEMM variants: not implemented (must be false)
+    /// TE's atomic GEMM algorithms: must be false (cuBLASLt 13 removed the atomic-sync
+    /// counters they need: bench/atomic_gemm_probe.cu)
     pub atomic_gemm: bool,
-    /// stream priorities (lower is higher, clamped to the device's range)
+    /// stream priorities, clamped to the device's range (lower = higher priority)
     pub gemm_priority: i32,
     pub comm_priority: i32,
-    /// timeout of every wait for a peer, in milliseconds
+    /// timeout of every wait for a peer, ms (default 60000; env NVTE_COMM_TIMEOUT_MS)
     pub timeout_ms: i64,
-    /// 0 auto (IPC when the whole group is on one node, else NCCL), 1 IPC, 2 NCCL
-    pub transport: i32,
+    /// NVTE_COMM_TRANSPORT_AUTO (default: IPC when the group is on one node, else NCCL),
+    /// NVTE_COMM_TRANSPORT_IPC or NVTE_COMM_TRANSPORT_NCCL (env NVTE_COMM_TRANSPORT)
+    pub transport: TransportChoice,
 }
 
-pub const TRANSPORT_AUTO: i32 = 0;
-pub const TRANSPORT_IPC: i32 = 1;
-pub const TRANSPORT_NCCL: i32 = 2;
+/// The transport field of [`Config`] (C: `NVTECommTransport`, whose values ffi checks
+/// against these). A `u32` rather than an enum: any value a C caller writes is a valid
+/// Rust value, and [`Config::check`] refuses the undeclared ones.
+#[repr(transparent)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct TransportChoice(pub u32);
+
+pub const TRANSPORT_AUTO: TransportChoice = TransportChoice(0);
+pub const TRANSPORT_IPC: TransportChoice = TransportChoice(1);
+pub const TRANSPORT_NCCL: TransportChoice = TransportChoice(2);
 /// Upper bounds of num_splits and num_max_streams.
 const MAX_SPLITS: i32 = 64;
 /// Chunk amax slots of FP8 outputs (tp chunks of the all-gather).
@@ -81,6 +94,7 @@ impl Config {
         // Index = the transport's value.
         let transport = env::choice("NVTE_COMM_TRANSPORT", &["auto", "ipc", "nccl"])?;
         let mut c = Config {
+            struct_size: std::mem::size_of::<Config>(),
             tp_size: 0,
             num_splits: 3,
             num_max_streams: 3,
@@ -93,7 +107,7 @@ impl Config {
             gemm_priority: 0,
             comm_priority: -100,
             timeout_ms: env::timeout_ms()?,
-            transport: transport.map_or(TRANSPORT_AUTO, |t| t as i32),
+            transport: transport.map_or(TRANSPORT_AUTO, |t| TransportChoice(t as u32)),
         };
         // The ranges of `check` (num_comm_sm's upper bound is the device's SM count).
         if let Some(v) = env::int("NVTE_COMM_OVERLAP_NUM_SPLITS", 1, MAX_SPLITS)? {
@@ -164,10 +178,10 @@ impl Config {
         if self.timeout_ms <= 0 {
             invalid!("config timeout_ms = {} must be > 0", self.timeout_ms);
         }
-        if !(TRANSPORT_AUTO..=TRANSPORT_NCCL).contains(&self.transport) {
+        if self.transport.0 > TRANSPORT_NCCL.0 {
             invalid!(
                 "config transport = {} must be 0 (auto), 1 (ipc) or 2 (nccl)",
-                self.transport
+                self.transport.0
             );
         }
         Ok(())
@@ -1285,7 +1299,7 @@ mod tests {
             ),
             (
                 Config {
-                    transport: 7,
+                    transport: super::TransportChoice(7),
                     ..base
                 },
                 "transport",
