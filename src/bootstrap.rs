@@ -125,8 +125,8 @@ impl Bootstrap {
                 nccl_check(
                     unsafe {
                         nccl::ncclAllGather(
-                            send.ptr as *const c_void,
-                            recv.ptr as *mut c_void,
+                            send.ptr.as_void(),
+                            recv.ptr.as_void(),
                             n,
                             nccl::ncclDataType_t::ncclUint8,
                             comm as nccl::ncclComm_t,

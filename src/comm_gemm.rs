@@ -21,10 +21,10 @@
 //! scratch buffers that a captured call used are kept (not freed) when a larger eager call
 //! replaces them, so the graph stays valid for the context's life.
 use crate::bootstrap::Bootstrap;
-use crate::cuda::ContextGuard;
 use crate::cuda::resources::{
     Capture, DeviceMem, capture_status, copy_2d, copy_async, memset_async,
 };
+use crate::cuda::{ContextGuard, DevPtr};
 use crate::error::{Error, Result};
 use crate::overlap::{Config, Overlap, ag::AgArgs, ar::ArArgs, rs::RsArgs};
 use crate::tensor::{Buffer, DType, Shape, Tensor};
@@ -131,14 +131,14 @@ fn expect_shape(t: &Tensor, what: &str, want: [usize; 2], why: &str) -> Result<(
             want[1]
         );
     }
-    if t.data.ptr == 0 && want[0] * want[1] > 0 {
+    if t.data.ptr.is_null() && want[0] * want[1] > 0 {
         invalid!("tensor `{what}` has a NULL data pointer");
     }
     Ok(())
 }
 
 /// A copy of `t` whose data is `ptr` with shape `shape` (scales kept).
-fn rebased(t: &Tensor, ptr: usize, shape: &[usize]) -> Result<Tensor> {
+fn rebased(t: &Tensor, ptr: DevPtr, shape: &[usize]) -> Result<Tensor> {
     let mut c = t.clone();
     c.data = Buffer::new(ptr, t.data.dtype, Shape::new(shape)?)?;
     Ok(c)
@@ -285,7 +285,7 @@ impl CommGemmCtx {
 
     /// Scratch buffer `slot` of at least `bytes` (allocations also during a capture; a
     /// replaced buffer is kept when a graph may use it).
-    fn scratch(&mut self, slot: usize, bytes: usize) -> Result<usize> {
+    fn scratch(&mut self, slot: usize, bytes: usize) -> Result<DevPtr> {
         while self.scratch.len() <= slot {
             self.scratch.push(DeviceMem::new_relaxed(1)?);
         }

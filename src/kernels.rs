@@ -1,5 +1,5 @@
 //! Typed launches of the element-wise kernels in `kernels/cast.cu`.
-use crate::cuda::{self, ContextGuard, arg, nvrtc};
+use crate::cuda::{self, ContextGuard, DevPtr, arg, nvrtc};
 use crate::error::Result;
 use crate::tensor::{Buffer, DType, Tensor};
 use crate::{invalid, unsupported};
@@ -57,7 +57,7 @@ fn function(guard: &ContextGuard, name: String) -> Result<(cudarc::driver::sys::
 }
 
 fn need_data(b: &Buffer, what: &str) -> Result<()> {
-    if b.numel() > 0 && b.ptr == 0 {
+    if b.numel() > 0 && b.ptr.is_null() {
         invalid!(
             "tensor `{what}` has {} elements but a NULL data pointer",
             b.numel()
@@ -66,8 +66,8 @@ fn need_data(b: &Buffer, what: &str) -> Result<()> {
     Ok(())
 }
 
-fn opt_ptr(b: &Buffer) -> usize {
-    Tensor::scalar_ptr(b).unwrap_or(0)
+fn opt_ptr(b: &Buffer) -> DevPtr {
+    Tensor::scalar_ptr(b).unwrap_or_default()
 }
 
 /// TE's nvte_quantize for delayed scaling: output = cast(input * output.scale), with

@@ -1,5 +1,6 @@
 //! TE-compatible tensors: element types, shapes, buffers. The C view (NVTEDType,
 //! NVTETensorParam, the handles behind `NVTETensor`) is `ffi`'s.
+use crate::cuda::DevPtr;
 use crate::error::{Error, Result};
 use crate::invalid;
 
@@ -97,7 +98,7 @@ impl std::fmt::Display for Shape {
 /// One buffer of a tensor (TE's SimpleTensor): device pointer, element type, shape.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Buffer {
-    pub ptr: usize,
+    pub ptr: DevPtr,
     pub dtype: DType,
     pub shape: Shape,
 }
@@ -105,7 +106,7 @@ pub struct Buffer {
 impl Default for Buffer {
     fn default() -> Self {
         Buffer {
-            ptr: 0,
+            ptr: DevPtr::NULL,
             dtype: DType::F32,
             shape: Shape::new(&[0]).unwrap(),
         }
@@ -114,7 +115,7 @@ impl Default for Buffer {
 
 impl Buffer {
     /// Validated constructor: the element count and byte size must not overflow.
-    pub fn new(ptr: usize, dtype: DType, shape: Shape) -> Result<Buffer> {
+    pub fn new(ptr: DevPtr, dtype: DType, shape: Shape) -> Result<Buffer> {
         let numel = shape.checked_numel()?;
         if numel.checked_mul(dtype.bits()).is_none() {
             invalid!(
@@ -131,7 +132,7 @@ impl Buffer {
         (self.numel() * self.dtype.bits()).div_ceil(8)
     }
     pub fn is_empty(&self) -> bool {
-        self.ptr == 0 || self.numel() == 0
+        self.ptr.is_null() || self.numel() == 0
     }
     /// TE's 2D view: all leading dimensions flattened into rows, the last one is cols.
     pub fn rows_cols(&self) -> Option<(usize, usize)> {
@@ -159,8 +160,8 @@ pub struct Tensor {
 
 impl Tensor {
     /// Device pointer of a float32 scalar component, if set.
-    pub fn scalar_ptr(b: &Buffer) -> Option<usize> {
-        if b.ptr != 0 && b.numel() >= 1 {
+    pub fn scalar_ptr(b: &Buffer) -> Option<DevPtr> {
+        if !b.ptr.is_null() && b.numel() >= 1 {
             Some(b.ptr)
         } else {
             None

@@ -4,6 +4,7 @@
 pub mod dynlib;
 pub mod nvrtc;
 pub mod nvtx;
+pub mod ptr;
 pub mod resources;
 
 use crate::error::ErrorKind as K;
@@ -13,6 +14,8 @@ use once_cell::sync::OnceCell;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Mutex;
+
+pub use ptr::DevPtr;
 
 /// A CUDA library loaded at run time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -1,6 +1,6 @@
 //! Owned CUDA resources (streams, events, device / host-mapped memory, IPC mappings).
 //! Each frees itself on drop; every creation names the call that failed.
-use super::check;
+use super::{DevPtr, check};
 use crate::error::Result;
 use cudarc::driver::sys as cu;
 use std::ffi::c_void;
@@ -171,7 +171,7 @@ impl Drop for Event {
 
 /// Device memory from cuMemAlloc (exportable through legacy CUDA IPC).
 pub struct DeviceMem {
-    pub ptr: usize,
+    pub ptr: DevPtr,
     pub bytes: usize,
 }
 
@@ -184,7 +184,7 @@ impl DeviceMem {
             &format!("cuMemAlloc({bytes} bytes)"),
         )?;
         Ok(DeviceMem {
-            ptr: p as usize,
+            ptr: DevPtr::new(p),
             bytes,
         })
     }
@@ -198,7 +198,7 @@ impl DeviceMem {
         let s = Stream::new(0)?;
         // SAFETY: owned allocation of `bytes`; `s` is a live stream of this context.
         check(
-            unsafe { cu::cuMemsetD8Async(self.ptr as u64, 0, self.bytes, s.raw() as cu::CUstream) },
+            unsafe { cu::cuMemsetD8Async(self.ptr.raw(), 0, self.bytes, s.raw() as cu::CUstream) },
             "cuMemsetD8Async",
         )?;
         s.synchronize()
@@ -215,7 +215,7 @@ impl DeviceMem {
         // SAFETY: zeroed POD handle, filled by the driver.
         let mut h: cu::CUipcMemHandle = unsafe { std::mem::zeroed() };
         check(
-            unsafe { cu::cuIpcGetMemHandle(&mut h, self.ptr as u64) },
+            unsafe { cu::cuIpcGetMemHandle(&mut h, self.ptr.raw()) },
             "cuIpcGetMemHandle",
         )?;
         let mut out = [0u8; 64];
@@ -230,24 +230,24 @@ impl DeviceMem {
     /// Give up the allocation without freeing it (memory that a failed peer may still
     /// write: freeing it could hand the addresses to an unrelated allocation).
     pub fn leak(&mut self) {
-        self.ptr = 0;
+        self.ptr = DevPtr::NULL;
         self.bytes = 0;
     }
 }
 
 impl Drop for DeviceMem {
     fn drop(&mut self) {
-        if self.ptr == 0 {
+        if self.ptr.is_null() {
             return;
         }
         // SAFETY: allocated by DeviceMem::new.
-        unsafe { cu::cuMemFree_v2(self.ptr as u64) };
+        unsafe { cu::cuMemFree_v2(self.ptr.raw()) };
     }
 }
 
 /// A peer's allocation mapped into this process through CUDA IPC.
 pub struct IpcMapping {
-    pub ptr: usize,
+    pub ptr: DevPtr,
 }
 
 impl IpcMapping {
@@ -269,21 +269,23 @@ impl IpcMapping {
             },
             "cuIpcOpenMemHandle",
         )?;
-        Ok(IpcMapping { ptr: p as usize })
+        Ok(IpcMapping {
+            ptr: DevPtr::new(p),
+        })
     }
 }
 
 impl Drop for IpcMapping {
     fn drop(&mut self) {
         // SAFETY: opened by IpcMapping::open.
-        unsafe { cu::cuIpcCloseMemHandle(self.ptr as u64) };
+        unsafe { cu::cuIpcCloseMemHandle(self.ptr.raw()) };
     }
 }
 
 /// Pinned host memory mapped into the device address space (error records).
 pub struct HostMapped {
     pub host: *mut c_void,
-    pub device: usize,
+    pub device: DevPtr,
 }
 
 // SAFETY: the pointer is owned and only accessed through volatile reads / device writes.
@@ -310,7 +312,7 @@ impl HostMapped {
         }
         Ok(HostMapped {
             host: h,
-            device: d as usize,
+            device: DevPtr::new(d),
         })
     }
 }
@@ -323,50 +325,50 @@ impl Drop for HostMapped {
 }
 
 /// cuMemcpyDtoDAsync (copy engine; either side may be a peer's IPC mapping).
-pub fn copy_async(dst: usize, src: usize, bytes: usize, stream: usize) -> Result<()> {
+pub fn copy_async(dst: DevPtr, src: DevPtr, bytes: usize, stream: usize) -> Result<()> {
     if bytes == 0 {
         return Ok(());
     }
     // SAFETY: the caller validated both ranges.
     check(
-        unsafe { cu::cuMemcpyDtoDAsync_v2(dst as u64, src as u64, bytes, stream as cu::CUstream) },
+        unsafe { cu::cuMemcpyDtoDAsync_v2(dst.raw(), src.raw(), bytes, stream as cu::CUstream) },
         "cuMemcpyDtoDAsync",
     )
 }
 
-pub fn copy_to_host(dst: &mut [u8], src: usize) -> Result<()> {
+pub fn copy_to_host(dst: &mut [u8], src: DevPtr) -> Result<()> {
     // SAFETY: dst is a host slice of the copied length.
     check(
-        unsafe { cu::cuMemcpyDtoH_v2(dst.as_mut_ptr() as *mut c_void, src as u64, dst.len()) },
+        unsafe { cu::cuMemcpyDtoH_v2(dst.as_mut_ptr() as *mut c_void, src.raw(), dst.len()) },
         "cuMemcpyDtoH",
     )
 }
 
-pub fn copy_from_host(dst: usize, src: &[u8]) -> Result<()> {
+pub fn copy_from_host(dst: DevPtr, src: &[u8]) -> Result<()> {
     // SAFETY: src is a host slice of the copied length.
     check(
-        unsafe { cu::cuMemcpyHtoD_v2(dst as u64, src.as_ptr() as *const c_void, src.len()) },
+        unsafe { cu::cuMemcpyHtoD_v2(dst.raw(), src.as_ptr() as *const c_void, src.len()) },
         "cuMemcpyHtoD",
     )
 }
 
 /// Zero `bytes` of device memory on `stream`.
-pub fn memset_async(ptr: usize, bytes: usize, stream: usize) -> Result<()> {
+pub fn memset_async(ptr: DevPtr, bytes: usize, stream: usize) -> Result<()> {
     if bytes == 0 {
         return Ok(());
     }
     // SAFETY: a scratch range of `bytes` owned by the context.
     check(
-        unsafe { cu::cuMemsetD8Async(ptr as u64, 0, bytes, stream as cu::CUstream) },
+        unsafe { cu::cuMemsetD8Async(ptr.raw(), 0, bytes, stream as cu::CUstream) },
         "cuMemsetD8Async",
     )
 }
 
 /// Copy `rows` rows of `width` bytes between pitched device ranges.
 pub fn copy_2d(
-    dst: usize,
+    dst: DevPtr,
     dst_pitch: usize,
-    src: usize,
+    src: DevPtr,
     src_pitch: usize,
     width: usize,
     rows: usize,
@@ -382,14 +384,14 @@ pub fn copy_2d(
         srcY: 0,
         srcMemoryType: cu::CUmemorytype::CU_MEMORYTYPE_DEVICE,
         srcHost: std::ptr::null(),
-        srcDevice: src as u64,
+        srcDevice: src.raw(),
         srcArray: std::ptr::null_mut(),
         srcPitch: src_pitch,
         dstXInBytes: 0,
         dstY: 0,
         dstMemoryType: cu::CUmemorytype::CU_MEMORYTYPE_DEVICE,
         dstHost: std::ptr::null_mut(),
-        dstDevice: dst as u64,
+        dstDevice: dst.raw(),
         dstArray: std::ptr::null_mut(),
         dstPitch: dst_pitch,
         WidthInBytes: width,

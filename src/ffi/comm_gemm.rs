@@ -118,7 +118,7 @@ fn call(
             super::handles::TENSORS.get(d as usize, "d")?,
         );
         // Empty tensors (no data) mean "none", as in TE.
-        let some = |t: Option<tensor::Tensor>| t.filter(|t| t.data.ptr != 0);
+        let some = |t: Option<tensor::Tensor>| t.filter(|t| !t.data.ptr.is_null());
         let tbias = some(super::handles::TENSORS.get_opt(bias as usize, "bias")?);
         let tpre = some(super::handles::TENSORS.get_opt(pre_act_out as usize, "pre_act_out")?);
         let call = GemmCall {

@@ -2,6 +2,7 @@
 use super::enums::{NVTEDType, NVTEScalingMode, NVTETensorParam};
 use super::handles;
 use super::{firewall, status_call};
+use crate::cuda::DevPtr;
 use crate::error::Result;
 use crate::invalid;
 use crate::tensor::{Buffer, DType, MAX_DIMS, Shape, Tensor};
@@ -63,7 +64,7 @@ impl NVTEBasicTensor {
     }
     fn from_buffer(b: &Buffer) -> Self {
         NVTEBasicTensor {
-            data_ptr: b.ptr as *mut c_void,
+            data_ptr: b.ptr.as_void(),
             dtype: b.dtype.to_c(),
             shape: NVTEShape::from_shape(&b.shape),
         }
@@ -71,7 +72,7 @@ impl NVTEBasicTensor {
     fn to_buffer(self, what: &str) -> Result<Buffer> {
         let dtype = DType::from_c(self.dtype).map_err(|e| e.context(what))?;
         let shape = self.shape.to_shape(what)?;
-        Buffer::new(self.data_ptr as usize, dtype, shape).map_err(|e| e.context(what))
+        Buffer::new(DevPtr::from_c(self.data_ptr), dtype, shape).map_err(|e| e.context(what))
     }
 }
 
@@ -238,7 +239,7 @@ fn get(tensor: NVTETensor) -> Result<Tensor> {
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_tensor_data(tensor: NVTETensor) -> *mut c_void {
     firewall("nvte_tensor_data", std::ptr::null_mut(), || {
-        Ok(get(tensor)?.data.ptr as *mut c_void)
+        Ok(get(tensor)?.data.ptr.as_void())
     })
 }
 
@@ -246,7 +247,7 @@ pub extern "C" fn nvte_tensor_data(tensor: NVTETensor) -> *mut c_void {
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_tensor_columnwise_data(tensor: NVTETensor) -> *mut c_void {
     firewall("nvte_tensor_columnwise_data", std::ptr::null_mut(), || {
-        Ok(get(tensor)?.columnwise_data.ptr as *mut c_void)
+        Ok(get(tensor)?.columnwise_data.ptr.as_void())
     })
 }
 
@@ -255,7 +256,7 @@ pub extern "C" fn nvte_tensor_columnwise_data(tensor: NVTETensor) -> *mut c_void
 pub extern "C" fn nvte_tensor_shape(tensor: NVTETensor) -> NVTEShape {
     firewall("nvte_tensor_shape", NVTEShape::empty(), || {
         let t = get(tensor)?;
-        let b = if t.data.ptr == 0 && t.columnwise_data.ptr != 0 {
+        let b = if t.data.ptr.is_null() && !t.columnwise_data.ptr.is_null() {
             &t.columnwise_data
         } else {
             &t.data
@@ -338,7 +339,7 @@ pub extern "C" fn nvte_tensor_scaling_mode(tensor: NVTETensor) -> NVTEScalingMod
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_tensor_amax(tensor: NVTETensor) -> *mut f32 {
     firewall("nvte_tensor_amax", std::ptr::null_mut(), || {
-        Ok(get(tensor)?.amax.ptr as *mut f32)
+        Ok(get(tensor)?.amax.ptr.as_void() as *mut f32)
     })
 }
 
@@ -346,7 +347,7 @@ pub extern "C" fn nvte_tensor_amax(tensor: NVTETensor) -> *mut f32 {
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_tensor_scale(tensor: NVTETensor) -> *mut f32 {
     firewall("nvte_tensor_scale", std::ptr::null_mut(), || {
-        Ok(get(tensor)?.scale.ptr as *mut f32)
+        Ok(get(tensor)?.scale.ptr.as_void() as *mut f32)
     })
 }
 
@@ -354,7 +355,7 @@ pub extern "C" fn nvte_tensor_scale(tensor: NVTETensor) -> *mut f32 {
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_tensor_scale_inv(tensor: NVTETensor) -> *mut f32 {
     firewall("nvte_tensor_scale_inv", std::ptr::null_mut(), || {
-        Ok(get(tensor)?.scale_inv.ptr as *mut f32)
+        Ok(get(tensor)?.scale_inv.ptr.as_void() as *mut f32)
     })
 }
 
@@ -400,7 +401,11 @@ pub extern "C" fn nvte_comm_tensor_create_simple(
         } else {
             unsafe { std::slice::from_raw_parts(shape, ndim) }
         };
-        let b = Buffer::new(data as usize, DType::from_c(dtype)?, Shape::new(dims)?)?;
+        let b = Buffer::new(
+            DevPtr::from_c(data),
+            DType::from_c(dtype)?,
+            Shape::new(dims)?,
+        )?;
         let id = create(NVTEScalingMode::NVTE_DELAYED_TENSOR_SCALING)?;
         handles::TENSORS.update(id, "tensor", |t| {
             t.set_param(NVTETensorParam::kNVTERowwiseData, b)

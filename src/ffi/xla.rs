@@ -29,6 +29,7 @@ use super::comm_gemm::{NVTECommGemmCtx, ctx as ctx_of};
 use super::enums::NVTECommStatus;
 use super::{firewall_with, status_call, status_of};
 use crate::comm_gemm::{GemmCall, Kind};
+use crate::cuda::DevPtr;
 use crate::cuda::resources::capture_status;
 use crate::error::{Error, ErrorKind, Result};
 use crate::tensor::{Buffer, DType, Shape, Tensor};
@@ -452,14 +453,14 @@ fn tensor_of(b: &XBuffer, what: &str, scale_inv: Option<&XBuffer>) -> Result<Ten
     let dims = unsafe { std::slice::from_raw_parts(b.dims as *const i64, rank) };
     let dims: Vec<usize> = dims.iter().map(|&d| d.max(0) as usize).collect();
     let mut t = Tensor {
-        data: Buffer::new(b.data as usize, dt, Shape::new(&dims)?)?,
+        data: Buffer::new(DevPtr::from_c(b.data), dt, Shape::new(&dims)?)?,
         ..Default::default()
     };
     if let Some(s) = scale_inv {
         if s.dtype != XDT_F32 {
             invalid!("the scale_inv of `{what}` must be f32 (one element)");
         }
-        t.scale_inv = Buffer::new(s.data as usize, DType::F32, Shape::new(&[1])?)?;
+        t.scale_inv = Buffer::new(DevPtr::from_c(s.data), DType::F32, Shape::new(&[1])?)?;
     }
     Ok(t)
 }

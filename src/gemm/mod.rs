@@ -4,7 +4,7 @@
 //! heuristic's choice are cached per thread and shape ("plans").
 use crate::cuda::dynlib::cublaslt_sys as lt;
 use crate::cuda::resources::{Event, capture_status};
-use crate::cuda::{self, ContextGuard, Lib};
+use crate::cuda::{self, ContextGuard, DevPtr, Lib};
 use crate::error::ErrorKind as K;
 use crate::error::{Error, Result};
 use crate::tensor::{Buffer, DType, Tensor};
@@ -72,9 +72,9 @@ pub struct GemmDesc {
     pub m: usize,
     pub n: usize,
     pub k: usize,
-    pub a: usize,
-    pub b: usize,
-    pub d: usize,
+    pub a: DevPtr,
+    pub b: DevPtr,
+    pub d: DevPtr,
     pub lda: usize,
     pub ldb: usize,
     pub ldd: usize,
@@ -84,18 +84,18 @@ pub struct GemmDesc {
     pub transa: bool,
     pub transb: bool,
     pub epilogue: Epilogue,
-    pub bias: usize,
+    pub bias: DevPtr,
     pub bias_type: DType,
-    pub aux: usize,
+    pub aux: DevPtr,
     pub aux_type: DType,
-    pub a_scale_inv: usize,
-    pub b_scale_inv: usize,
-    pub d_scale: usize,
-    pub d_amax: usize,
+    pub a_scale_inv: DevPtr,
+    pub b_scale_inv: DevPtr,
+    pub d_scale: DevPtr,
+    pub d_amax: DevPtr,
     pub accumulate: bool,
     pub fast_accum: bool,
     pub sm_count: i32,
-    pub workspace: usize,
+    pub workspace: DevPtr,
     pub workspace_bytes: usize,
 }
 
@@ -113,8 +113,8 @@ impl GemmDesc {
             self.transa as u64
                 | (self.transb as u64) << 1
                 | (self.accumulate as u64) << 2
-                | ((self.bias != 0) as u64) << 3
-                | ((self.aux != 0) as u64) << 4
+                | (!self.bias.is_null() as u64) << 3
+                | (!self.aux.is_null() as u64) << 4
                 | (self.epilogue as u64) << 8,
         ]
     }
@@ -134,7 +134,7 @@ fn lt_type(d: DType) -> lt::cudaDataType_t {
 }
 
 fn require_data(b: &Buffer, what: &str) -> Result<()> {
-    if b.numel() > 0 && b.ptr == 0 {
+    if b.numel() > 0 && b.ptr.is_null() {
         invalid!(
             "tensor `{what}` has shape {} but a NULL data pointer",
             b.shape
@@ -282,19 +282,19 @@ pub fn desc_from_te(g: &TeGemm) -> Result<GemmDesc> {
     }
 
     // FP8 scaling factors.
-    let scalar = |b: &Buffer, which: &str, name: &str| -> Result<usize> {
+    let scalar = |b: &Buffer, which: &str, name: &str| -> Result<DevPtr> {
         Tensor::scalar_ptr(b)
             .ok_or_else(|| Error::invalid(format!("tensor `{which}` is FP8 but has no {name}")))
     };
     let a_scale_inv = if at.is_fp8() {
         scalar(&g.a.scale_inv, "A", "scale_inv (kNVTERowwiseScaleInv)")?
     } else {
-        0
+        DevPtr::NULL
     };
     let b_scale_inv = if bt.is_fp8() {
         scalar(&g.b.scale_inv, "B", "scale_inv (kNVTERowwiseScaleInv)")?
     } else {
-        0
+        DevPtr::NULL
     };
     let (d_scale, d_amax) = if dt.is_fp8() {
         if g.accumulate {
@@ -305,17 +305,17 @@ pub fn desc_from_te(g: &TeGemm) -> Result<GemmDesc> {
         }
         (
             scalar(&g.d.scale, "D", "scale (kNVTEScale)")?,
-            Tensor::scalar_ptr(&g.d.amax).unwrap_or(0),
+            Tensor::scalar_ptr(&g.d.amax).unwrap_or_default(),
         )
     } else {
-        (0, 0)
+        (DevPtr::NULL, DevPtr::NULL)
     };
 
     // Epilogue inputs / outputs.
-    let bias = g.bias.map(|t| &t.data).filter(|b| b.ptr != 0);
-    let aux = g.pre_gelu_out.map(|t| &t.data).filter(|b| b.ptr != 0);
+    let bias = g.bias.map(|t| &t.data).filter(|b| !b.ptr.is_null());
+    let aux = g.pre_gelu_out.map(|t| &t.data).filter(|b| !b.ptr.is_null());
     let epilogue = Epilogue::select(bias.is_some(), aux.is_some(), g.grad);
-    let (mut bias_ptr, mut bias_type) = (0, if dt.is_fp8() { DType::BF16 } else { dt });
+    let (mut bias_ptr, mut bias_type) = (DevPtr::NULL, if dt.is_fp8() { DType::BF16 } else { dt });
     if let Some(bb) = bias {
         let want = if epilogue == Epilogue::BGradB { n } else { m };
         if bb.numel() != want {
@@ -355,7 +355,7 @@ pub fn desc_from_te(g: &TeGemm) -> Result<GemmDesc> {
         bias_ptr = bb.ptr;
         bias_type = bb.dtype;
     }
-    let (mut aux_ptr, mut aux_type) = (0, dt);
+    let (mut aux_ptr, mut aux_type) = (DevPtr::NULL, dt);
     if let Some(xb) = aux {
         if xb.numel() != n * m {
             invalid!(
@@ -384,8 +384,8 @@ pub fn desc_from_te(g: &TeGemm) -> Result<GemmDesc> {
     }
 
     let (workspace, workspace_bytes) = match g.workspace {
-        Some(w) if w.data.ptr != 0 => (w.data.ptr, w.data.bytes()),
-        _ => (0, 0),
+        Some(w) if !w.data.ptr.is_null() => (w.data.ptr, w.data.bytes()),
+        _ => (DevPtr::NULL, 0),
     };
     Ok(GemmDesc {
         m,
@@ -450,11 +450,11 @@ fn handle(ctx: usize) -> Result<lt::cublasLtHandle_t> {
     Ok(h)
 }
 
-fn alignment(p: usize) -> u32 {
-    if p == 0 {
+fn alignment(p: DevPtr) -> u32 {
+    if p.is_null() {
         256
     } else {
-        (1u32 << p.trailing_zeros().min(8)).min(256)
+        (1u32 << p.raw().trailing_zeros().min(8)).min(256)
     }
 }
 
@@ -546,7 +546,7 @@ fn set_attr<T>(
 /// Set the per-call pointer attributes of a descriptor.
 fn set_pointers(desc: lt::cublasLtMatmulDesc_t, g: &GemmDesc) -> Result<()> {
     use lt::cublasLtMatmulDescAttributes_t as A;
-    let ptr = |p: usize| p as *const c_void;
+    let ptr = |p: DevPtr| p.as_void() as *const c_void;
     if g.epilogue.uses_bias() {
         set_attr(desc, A::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ptr(g.bias))?;
     }
@@ -557,28 +557,28 @@ fn set_pointers(desc: lt::cublasLtMatmulDesc_t, g: &GemmDesc) -> Result<()> {
             &ptr(g.aux),
         )?;
     }
-    if g.a_scale_inv != 0 {
+    if !g.a_scale_inv.is_null() {
         set_attr(
             desc,
             A::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
             &ptr(g.a_scale_inv),
         )?;
     }
-    if g.b_scale_inv != 0 {
+    if !g.b_scale_inv.is_null() {
         set_attr(
             desc,
             A::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
             &ptr(g.b_scale_inv),
         )?;
     }
-    if g.d_scale != 0 {
+    if !g.d_scale.is_null() {
         set_attr(
             desc,
             A::CUBLASLT_MATMUL_DESC_D_SCALE_POINTER,
             &ptr(g.d_scale),
         )?;
     }
-    if g.d_amax != 0 {
+    if !g.d_amax.is_null() {
         set_attr(desc, A::CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, &ptr(g.d_amax))?;
     }
     Ok(())
@@ -786,7 +786,7 @@ pub fn run(g: &GemmDesc, guard: &ContextGuard, stream: usize) -> Result<()> {
             cuda::check(
                 unsafe {
                     cudarc::driver::sys::cuMemsetD8Async(
-                        g.d as u64,
+                        g.d.raw(),
                         0,
                         bytes,
                         stream as cudarc::driver::sys::CUstream,
@@ -811,10 +811,10 @@ pub fn run(g: &GemmDesc, guard: &ContextGuard, stream: usize) -> Result<()> {
         transb: g.transb,
         epilogue: g.epilogue,
         fp8_ptrs: [
-            g.a_scale_inv != 0,
-            g.b_scale_inv != 0,
-            g.d_scale != 0,
-            g.d_amax != 0,
+            !g.a_scale_inv.is_null(),
+            !g.b_scale_inv.is_null(),
+            !g.d_scale.is_null(),
+            !g.d_amax.is_null(),
         ],
         fast_accum: g.fast_accum,
         sm_count: g.sm_count,
@@ -864,7 +864,7 @@ fn matmul(
     let c = if g.d_type.is_fp8() {
         std::ptr::null()
     } else {
-        g.d as *const c_void
+        g.d.as_void() as *const c_void
     };
     // SAFETY: descriptors match the pointers validated in desc_from_te.
     let s = unsafe {
@@ -872,17 +872,17 @@ fn matmul(
             h,
             p.desc,
             &alpha as *const f32 as *const c_void,
-            g.a as *const c_void,
+            g.a.as_void() as *const c_void,
             p.a,
-            g.b as *const c_void,
+            g.b.as_void() as *const c_void,
             p.b,
             &beta as *const f32 as *const c_void,
             c,
             p.c,
-            g.d as *mut c_void,
+            g.d.as_void(),
             p.d,
             algo,
-            g.workspace as *mut c_void,
+            g.workspace.as_void(),
             g.workspace_bytes,
             stream as lt::cudaStream_t,
         )

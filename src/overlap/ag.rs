@@ -7,6 +7,7 @@
 //! next rank. Bidirectional (config `aggregate`): chunks travel both ways at once, so the
 //! gather takes about tp/2 steps, on two comm streams.
 use super::{MAX_AMAX_SLOTS, Op, Overlap, eb, tag};
+use crate::cuda::DevPtr;
 use crate::cuda::resources::copy_async;
 use crate::error::Result;
 use crate::gemm::{self, Epilogue, TeGemm};
@@ -73,7 +74,7 @@ impl Overlap {
         }
         let e = eb(self.dtype);
         self.check_capacity("gathering B into", [n, k])?;
-        if !is_view && bb.ptr == 0 {
+        if !is_view && bb.ptr.is_null() {
             invalid!("tensor `B` has a NULL data pointer");
         }
         let nc = n / tp;
@@ -105,7 +106,7 @@ impl Overlap {
         // on its own, so the last GEMM after the last arrival is 1/pieces of a chunk's):
         // the configured count where B's chunks are row blocks (transb = false) and the
         // epilogue is per row; bounded by the events and amax slots there are.
-        let fp8_amax = full.d_type.is_fp8() && full.d_amax != 0;
+        let fp8_amax = full.d_type.is_fp8() && !full.d_amax.is_null();
         let limit = if fp8_amax {
             MAX_AMAX_SLOTS
         } else {
@@ -124,11 +125,11 @@ impl Overlap {
             }
             self.amax_slots()?
         } else {
-            0
+            DevPtr::NULL
         };
         if let Some(c) = x.b_copy {
             let cb = &c.data;
-            if cb.dtype != self.dtype || cb.numel() != n * k || cb.ptr == 0 {
+            if cb.dtype != self.dtype || cb.numel() != n * k || cb.ptr.is_null() {
                 invalid!(
                     "tensor `B_copy` must be [{n}, {k}] of {} with data, got {} of {}",
                     self.dtype.name(),
@@ -252,13 +253,13 @@ impl Overlap {
                     g.ldb = nc; // each shard [k, nc] is its own matrix (pieces: 1)
                 }
                 g.d = full.d + (c * nc + lo) * full.ldd * eb_d;
-                if full.aux != 0 {
+                if !full.aux.is_null() {
                     g.aux = full.aux + (c * nc + lo) * full.ldd * eb(full.aux_type);
                 }
                 if full.epilogue == Epilogue::BGradB {
                     g.bias = full.bias + c * nc * eb(full.bias_type); // pieces: 1
                 }
-                if amax_slots != 0 {
+                if !amax_slots.is_null() {
                     g.d_amax = amax_slots + 4 * gemms;
                 }
                 gemms += 1;
@@ -267,7 +268,7 @@ impl Overlap {
             }
         }
         self.finish(stream)?;
-        if amax_slots != 0 && !self.skipping_gemms() {
+        if !amax_slots.is_null() && !self.skipping_gemms() {
             self.reduce_amax(full.d_amax, amax_slots, gemms, stream)?;
         }
         Ok(())

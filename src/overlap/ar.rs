@@ -20,6 +20,7 @@
 //! chunked everywhere; chunked lost to GEMM-then-ncclAllReduce at tp 4 on four of six.
 use super::rs::RsArgs;
 use super::{Op, Overlap, eb, tag};
+use crate::cuda::DevPtr;
 use crate::error::Result;
 use crate::gemm::{self, Epilogue, TeGemm};
 use crate::tensor::{Buffer, Shape, Tensor};
@@ -276,7 +277,7 @@ impl Overlap {
             };
             self.t.signal(&others, Slot::RsReady, tag(i), cs)?;
             self.t.wait(&others, Slot::RsReady, tag(i), cs, info)?;
-            let srcs: Vec<usize> = (0..tp)
+            let srcs: Vec<DevPtr> = (0..tp)
                 .map(|q| self.t.peer_buffer(q).unwrap() + lo * m * e)
                 .collect();
             self.reduce(
@@ -287,8 +288,8 @@ impl Overlap {
                 m,
                 rows,
                 m,
-                0,
-                (0, 0),
+                DevPtr::NULL,
+                (DevPtr::NULL, DevPtr::NULL),
                 cs,
                 i + 1 == s,
             )?;
@@ -305,7 +306,13 @@ impl Overlap {
     /// bench/ce_probe.cu, 4x H200: 115 vs 330 GB/s per GPU), which write D directly, so no
     /// second round of flags and no local copy. Three streams (scatter, reduce, gather),
     /// so that the steps of consecutive chunks overlap.
-    fn ar_two_shot(&mut self, d: usize, partials: usize, m: usize, bounds: &[usize]) -> Result<()> {
+    fn ar_two_shot(
+        &mut self,
+        d: DevPtr,
+        partials: DevPtr,
+        m: usize,
+        bounds: &[usize],
+    ) -> Result<()> {
         let (tp, r, e) = (self.tp(), self.tp_rank(), eb(self.dtype));
         let s = bounds.len() - 1;
         let others = self.others();
@@ -351,8 +358,8 @@ impl Overlap {
                 len,
                 1,
                 len,
-                0,
-                (0, 0),
+                DevPtr::NULL,
+                (DevPtr::NULL, DevPtr::NULL),
                 reduce,
                 i + 1 == s,
             )?;
@@ -364,7 +371,7 @@ impl Overlap {
             self.t
                 .wait(&others, Slot::ArReduced, tag(i), gather, info(i))?;
             self.mark(gather, || format!("peers_reduced{i}"))?;
-            let segs: Vec<(usize, usize, usize)> = (0..tp)
+            let segs: Vec<(DevPtr, DevPtr, usize)> = (0..tp)
                 .map(|k| {
                     let q = (r + k) % tp;
                     let off = (base + sl.start(q)) * e;

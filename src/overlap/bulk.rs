@@ -7,6 +7,7 @@
 //! - RS: the buffer [rows, cols] is summed over ranks; rank r gets its rows in
 //!   `rs_output` [rows/tp, cols].
 use super::{Op, Overlap, eb, tag};
+use crate::cuda::DevPtr;
 use crate::error::Result;
 use crate::gemm::{self, TeGemm};
 use crate::tensor::Tensor;
@@ -37,14 +38,14 @@ impl Overlap {
         let desc = gemm::desc_from_te(&g)?;
         let rc = self.rows / tp;
         let e = eb(self.dtype);
-        let mut scale_inv = 0;
+        let mut scale_inv = DevPtr::NULL;
         if let Some(v) = x.buffer_view {
             if v.data.ptr != self.buffer() || v.data.dtype != self.dtype {
                 invalid!(
                     "tensor `buffer` must be a view of the overlap buffer (nvte_comm_overlap_get_buffer) of its dtype"
                 );
             }
-            scale_inv = Tensor::scalar_ptr(&v.scale_inv).unwrap_or(0);
+            scale_inv = Tensor::scalar_ptr(&v.scale_inv).unwrap_or_default();
         }
         if x.kind == BulkKind::ReduceScatter {
             let Some(o) = x.rs_output else {
@@ -66,7 +67,7 @@ impl Overlap {
                     self.cols
                 );
             }
-            if self.dtype.is_fp8() && scale_inv == 0 {
+            if self.dtype.is_fp8() && scale_inv.is_null() {
                 invalid!(
                     "an FP8 bulk reduce-scatter needs tensor `buffer` with scale_inv (1/scale of the buffer's data)"
                 );
@@ -128,7 +129,7 @@ impl Overlap {
             (BulkKind::ReduceScatter, None) => {
                 self.t.signal(&others, Slot::Bulk, tag(0), cs)?;
                 self.t.wait(&others, Slot::Bulk, tag(0), cs, info)?;
-                let srcs: Vec<usize> = (0..tp)
+                let srcs: Vec<DevPtr> = (0..tp)
                     .map(|q| self.t.peer_buffer(q).unwrap() + r * chunk_bytes)
                     .collect();
                 let o = x.rs_output.unwrap();

@@ -22,7 +22,7 @@ pub mod rs;
 pub mod schedule;
 
 use crate::cuda::resources::{Capture, DeviceMem, Event, Stream, capture_status, copy_async};
-use crate::cuda::{self, ContextGuard, DeviceInfo, arg, nvrtc, nvtx};
+use crate::cuda::{self, ContextGuard, DevPtr, DeviceInfo, arg, nvrtc, nvtx};
 use crate::error::ErrorKind as K;
 use crate::error::{Error, Result};
 use crate::gemm::{self, GemmDesc};
@@ -539,7 +539,7 @@ impl Overlap {
     pub fn shape(&self) -> (usize, usize, DType) {
         (self.rows, self.cols, self.dtype)
     }
-    fn buffer(&self) -> usize {
+    fn buffer(&self) -> DevPtr {
         self.t.buffer()
     }
     fn others(&self) -> Vec<usize> {
@@ -830,12 +830,12 @@ impl Overlap {
 
     /// The workspace slice of compute stream `i` when `n` streams run GEMMs at once
     /// (concurrent GEMMs must not share one; GEMMs in order use all of it).
-    fn workspace_slice(full: &GemmDesc, i: usize, n: usize) -> (usize, usize) {
+    fn workspace_slice(full: &GemmDesc, i: usize, n: usize) -> (DevPtr, usize) {
         if n <= 1 {
             return (full.workspace, full.workspace_bytes);
         }
-        if full.workspace == 0 || full.workspace_bytes < 256 * n {
-            return (0, 0);
+        if full.workspace.is_null() || full.workspace_bytes < 256 * n {
+            return (DevPtr::NULL, 0);
         }
         let per = full.workspace_bytes / n / 256 * 256;
         (full.workspace + i * per, per)
@@ -869,25 +869,25 @@ impl Overlap {
         out: &Buffer,
         out_off_elems: usize,
         out_ld: usize,
-        srcs: &[usize],
+        srcs: &[DevPtr],
         in_ld: usize,
         rows: usize,
         cols: usize,
-        in_scale: usize,
-        fp8_out: (usize, usize),
+        in_scale: DevPtr,
+        fp8_out: (DevPtr, DevPtr),
         stream: usize,
         tail: bool,
     ) -> Result<()> {
         if rows == 0 || cols == 0 {
             return Ok(());
         }
-        let (out_scale, out_amax) = (fp8_out.0 as u64, fp8_out.1 as u64);
+        let (out_scale, out_amax) = fp8_out;
         let out_ptr = out.ptr + out_off_elems * eb(out.dtype);
         let vec_ok = cols.is_multiple_of(8)
             && in_ld.is_multiple_of(8)
             && out_ld.is_multiple_of(8)
-            && srcs.iter().all(|&p| p % 16 == 0)
-            && out_ptr.is_multiple_of(16);
+            && srcs.iter().all(|&p| p.is_aligned(16))
+            && out_ptr.is_aligned(16);
         let name = format!(
             "reduce_{}_{}_{}",
             short(self.dtype),
@@ -897,23 +897,21 @@ impl Overlap {
         let f = self.module.function(&name)?;
         #[repr(C)]
         struct SrcSet {
-            src: [u64; MAX_PEERS],
+            src: [DevPtr; MAX_PEERS],
             n: u32,
         }
         let mut set = SrcSet {
-            src: [0; MAX_PEERS],
+            src: [DevPtr::NULL; MAX_PEERS],
             n: srcs.len() as u32,
         };
-        for (i, &p) in srcs.iter().enumerate() {
-            set.src[i] = p as u64;
-        }
+        set.src[..srcs.len()].copy_from_slice(srcs);
         let (o, old, ild, r, c, sc, acc) = (
-            out_ptr as u64,
+            out_ptr,
             out_ld as u64,
             in_ld as u64,
             rows as u64,
             cols as u64,
-            in_scale as u64,
+            in_scale,
             0i32,
         );
         let mut args = [
@@ -949,28 +947,28 @@ impl Overlap {
     /// buffer) with one SM kernel on `stream`; `tail` as for [`Overlap::reduce`].
     fn copy_segments(
         &self,
-        segs: &[(usize, usize, usize)],
+        segs: &[(DevPtr, DevPtr, usize)],
         stream: usize,
         tail: bool,
     ) -> Result<()> {
         #[repr(C)]
         struct CopySet {
-            src: [u64; MAX_PEERS],
-            dst: [u64; MAX_PEERS],
+            src: [DevPtr; MAX_PEERS],
+            dst: [DevPtr; MAX_PEERS],
             bytes: [u64; MAX_PEERS],
             n: u32,
         }
         let mut set = CopySet {
-            src: [0; MAX_PEERS],
-            dst: [0; MAX_PEERS],
+            src: [DevPtr::NULL; MAX_PEERS],
+            dst: [DevPtr::NULL; MAX_PEERS],
             bytes: [0; MAX_PEERS],
             n: 0,
         };
         let mut total = 0;
         for &(d, s, b) in segs.iter().filter(|x| x.2 > 0) {
             let k = set.n as usize;
-            set.dst[k] = d as u64;
-            set.src[k] = s as u64;
+            set.dst[k] = d;
+            set.src[k] = s;
             set.bytes[k] = b as u64;
             set.n += 1;
             total += b;
@@ -1029,7 +1027,7 @@ impl Overlap {
                 self.dtype.name()
             );
         }
-        if out.ptr == 0 && out.numel() > 0 {
+        if out.ptr.is_null() && out.numel() > 0 {
             invalid!("tensor `{what}` has a NULL data pointer");
         }
         Ok(())
@@ -1081,7 +1079,7 @@ impl Overlap {
                 view.data.numel()
             );
         }
-        if i.ptr == 0 {
+        if i.ptr.is_null() {
             invalid!("tensor `input` has a NULL data pointer");
         }
         self.wait_done(stream, Op::CopyIntoBuffer)?;
@@ -1188,21 +1186,21 @@ impl Overlap {
     /// An FP8 reduction output's scale (required) and amax (optional) pointers, and the
     /// amax zeroed on `stream` (before the call's first reduction on it); (0, 0) for
     /// 16/32-bit outputs.
-    fn fp8_output(t: &Tensor, what: &str, stream: usize) -> Result<(usize, usize)> {
+    fn fp8_output(t: &Tensor, what: &str, stream: usize) -> Result<(DevPtr, DevPtr)> {
         if !t.data.dtype.is_fp8() {
-            return Ok((0, 0));
+            return Ok((DevPtr::NULL, DevPtr::NULL));
         }
         Self::check_fp8_output(t, what)?;
-        let scale = Tensor::scalar_ptr(&t.scale).unwrap_or(0);
-        let amax = Tensor::scalar_ptr(&t.amax).unwrap_or(0);
-        if amax != 0 {
+        let scale = Tensor::scalar_ptr(&t.scale).unwrap_or_default();
+        let amax = Tensor::scalar_ptr(&t.amax).unwrap_or_default();
+        if !amax.is_null() {
             crate::cuda::resources::memset_async(amax, 4, stream)?;
         }
         Ok((scale, amax))
     }
 
     /// Per-chunk amax slots (MAX_AMAX_SLOTS floats; FP8 outputs of split GEMMs).
-    fn amax_slots(&mut self) -> Result<usize> {
+    fn amax_slots(&mut self) -> Result<DevPtr> {
         if self.amax_slots.is_none() {
             self.amax_slots = Some(DeviceMem::new_relaxed(MAX_AMAX_SLOTS * 4)?);
         }
@@ -1210,7 +1208,7 @@ impl Overlap {
     }
 
     /// *out = max of the `n` amax slots, on `stream` (after the chunk GEMMs).
-    fn reduce_amax(&self, out: usize, slots: usize, n: usize, stream: usize) -> Result<()> {
+    fn reduce_amax(&self, out: DevPtr, slots: DevPtr, n: usize, stream: usize) -> Result<()> {
         let f = self.module.function("amax_max")?;
         let n = n as u32;
         let mut args = [arg(&out), arg(&slots), arg(&n)];
@@ -1220,7 +1218,7 @@ impl Overlap {
         unsafe { cuda::launch(f, (1, 1, 1), (32, 1, 1), 0, stream, &mut args, "amax_max") }
     }
 
-    fn staging(&mut self) -> Result<usize> {
+    fn staging(&mut self) -> Result<DevPtr> {
         if self.staging.is_none() {
             self.staging = Some(DeviceMem::new_relaxed(self.t.buffer_bytes())?);
         }

@@ -15,8 +15,8 @@
 //! - `nvte_comm_overlap_last_report` / `nvte_comm_gemm_last_report` give the last call's
 //!   figures; at destroy each rank prints one line per shape to stderr.
 use super::{Op, Overlap};
-use crate::cuda::ContextGuard;
 use crate::cuda::resources::{DeviceMem, Event, capture_status, mean_time};
+use crate::cuda::{ContextGuard, DevPtr};
 use crate::error::Result;
 use crate::gemm::{self, GemmDesc};
 use std::collections::HashMap;
@@ -325,14 +325,14 @@ impl Overlap {
             r.scratch = Some(DeviceMem::new_relaxed(dbytes.max(1))?);
         }
         g.d = r.scratch.as_ref().unwrap().ptr;
-        if g.aux != 0 {
+        if !g.aux.is_null() {
             let abytes = g.n * g.ldd * g.aux_type.bits() / 8;
             if r.scratch_aux.as_ref().is_none_or(|s| s.bytes < abytes) {
                 r.scratch_aux = Some(DeviceMem::new_relaxed(abytes.max(1))?);
             }
             g.aux = r.scratch_aux.as_ref().unwrap().ptr;
         }
-        g.d_amax = 0;
+        g.d_amax = DevPtr::NULL;
         g.sm_count = 0;
         let gemm_ms = self.time_runs(stream, |_| gemm::run(&g, &guard, stream))?;
         Ok((comm_ms, gemm_ms))

@@ -22,8 +22,8 @@
 //! Measured on 4x H200, tp 4, bf16 (bench/RESULTS.md): ring RS (CE) geomean 1.10x
 //! bound in order vs 1.40x round-robin over 3 streams.
 use super::{Op, Overlap, eb, tag};
-use crate::cuda::ContextGuard;
 use crate::cuda::resources::{copy_2d, copy_async};
+use crate::cuda::{ContextGuard, DevPtr};
 use crate::error::Result;
 use crate::gemm::{self, GemmDesc, TeGemm};
 use crate::invalid;
@@ -51,7 +51,7 @@ struct Plan {
     full: GemmDesc,
     m: usize,
     nc: usize,
-    scale_inv: usize,
+    scale_inv: DevPtr,
 }
 
 impl Overlap {
@@ -108,9 +108,9 @@ impl Overlap {
                 )
             })?
         } else {
-            0
+            DevPtr::NULL
         };
-        full.d_amax = 0; // per-chunk amax would be wrong; not produced for FP8 partials
+        full.d_amax = DevPtr::NULL; // per-chunk amax would be wrong; not produced for FP8 partials
         let o = &x.rs_output.data;
         self.check_reduce_output(o, "rs_output")?;
         Self::check_fp8_output(x.rs_output, "rs_output")?;
@@ -137,10 +137,10 @@ impl Overlap {
         g.m = hi - lo;
         g.a = f.a + if transa { lo * f.lda } else { lo } * eb(f.a_type);
         g.d = f.d + lo * eb(f.d_type);
-        if f.aux != 0 {
+        if !f.aux.is_null() {
             g.aux = f.aux + lo * eb(f.aux_type);
         }
-        if f.bias != 0 && f.epilogue != gemm::Epilogue::BGradB {
+        if !f.bias.is_null() && f.epilogue != gemm::Epilogue::BGradB {
             g.bias = f.bias + lo * eb(f.bias_type);
         }
         g
@@ -193,7 +193,7 @@ impl Overlap {
         }
         let cs = self.comm[0].raw();
         let fp8 = Self::fp8_output(x.rs_output, "rs_output", cs)?;
-        let srcs_at = |lo: usize| -> Vec<usize> {
+        let srcs_at = |lo: usize| -> Vec<DevPtr> {
             all.iter()
                 .map(|&q| self.t.peer_buffer(q).unwrap() + (r * p.nc * p.m + lo) * e)
                 .collect()
@@ -266,7 +266,7 @@ impl Overlap {
         !dtype.is_fp8()
             && x.rs_output.data.dtype == dtype
             && !x.accumulate
-            && p.full.aux == 0
+            && p.full.aux.is_null()
             && p.full.epilogue != gemm::Epilogue::BGradB
     }
 
@@ -339,7 +339,7 @@ impl Overlap {
             // All partials go to local staging: the GEMMs never touch the registered
             // buffer, which peers may still be loading from for the previous call.
             g.d = staging + d * slot_bytes;
-            if p.full.aux != 0 {
+            if !p.full.aux.is_null() {
                 g.aux = p.full.aux + d * p.nc * p.m * eb(p.full.aux_type);
             }
             if p.full.epilogue == gemm::Epilogue::BGradB {
@@ -385,7 +385,7 @@ impl Overlap {
             self.mark(cs, || format!("exchanged{i}"))?;
         }
         self.ev_chunk[tp - 1].wait_on(cs)?;
-        let srcs: Vec<usize> = (0..tp)
+        let srcs: Vec<DevPtr> = (0..tp)
             .map(|s| {
                 if s == r {
                     staging + r * slot_bytes
@@ -414,7 +414,7 @@ impl Overlap {
     /// followed by an all-gather of the reduced rows: each rank pushes its rows into the
     /// second half of every peer's buffer (copy engine), and every rank copies the rows
     /// that landed into D. Needs n divisible by tp and a buffer of twice D.
-    pub(crate) fn ring_ar(&mut self, x: &RsArgs, d: usize, stream: usize) -> Result<()> {
+    pub(crate) fn ring_ar(&mut self, x: &RsArgs, d: DevPtr, stream: usize) -> Result<()> {
         let guard = self.enter(stream)?;
         let p = self.plan_rs(x, !self.cfg.use_ce)?;
         let (tp, r, e) = (self.tp(), self.tp_rank(), eb(self.dtype));

@@ -5,6 +5,7 @@
 //! enabled between the two devices' contexts. The peer-memory transport (`ipc.rs`) uses
 //! this for every peer whose process identity equals its own, and CUDA IPC for the others;
 //! everything else (flags, signals, timed waits, puts) is the same code.
+use crate::cuda::DevPtr;
 use crate::cuda::resources::IpcMapping;
 use crate::error::{Error, ErrorKind, Result};
 use cudarc::driver::sys as cu;
@@ -14,11 +15,11 @@ pub enum PeerMem {
     /// mapped from the peer's CUDA IPC handle (another process)
     Ipc(IpcMapping),
     /// the peer's own device pointer (a peer in this process)
-    InProcess(usize),
+    InProcess(DevPtr),
 }
 
 impl PeerMem {
-    pub fn ptr(&self) -> usize {
+    pub fn ptr(&self) -> DevPtr {
         match self {
             PeerMem::Ipc(m) => m.ptr,
             PeerMem::InProcess(p) => *p,
@@ -35,22 +36,22 @@ pub struct Local {
     pub nonce: u64,
     pub ctx: u64,
     pub device: i32,
-    pub buffer: u64,
-    pub flags: u64,
+    pub buffer: DevPtr,
+    pub flags: DevPtr,
 }
 
 /// Bytes of [`Local::to_bytes`].
 pub const LOCAL_BYTES: usize = 40;
 
 impl Local {
-    pub fn new(ctx: usize, device: i32, buffer: usize, flags: usize) -> Local {
+    pub fn new(ctx: usize, device: i32, buffer: DevPtr, flags: DevPtr) -> Local {
         Local {
             pid: std::process::id(),
             nonce: process_nonce(),
             ctx: ctx as u64,
             device,
-            buffer: buffer as u64,
-            flags: flags as u64,
+            buffer,
+            flags,
         }
     }
     pub fn to_bytes(self) -> [u8; LOCAL_BYTES] {
@@ -59,8 +60,8 @@ impl Local {
         b[4..8].copy_from_slice(&self.device.to_le_bytes());
         b[8..16].copy_from_slice(&self.nonce.to_le_bytes());
         b[16..24].copy_from_slice(&self.ctx.to_le_bytes());
-        b[24..32].copy_from_slice(&self.buffer.to_le_bytes());
-        b[32..40].copy_from_slice(&self.flags.to_le_bytes());
+        b[24..32].copy_from_slice(&self.buffer.raw().to_le_bytes());
+        b[32..40].copy_from_slice(&self.flags.raw().to_le_bytes());
         b
     }
     pub fn from_bytes(b: &[u8]) -> Local {
@@ -70,8 +71,8 @@ impl Local {
             device: i32::from_le_bytes(b[4..8].try_into().unwrap()),
             nonce: u64_at(8),
             ctx: u64_at(16),
-            buffer: u64_at(24),
-            flags: u64_at(32),
+            buffer: DevPtr::new(u64_at(24)),
+            flags: DevPtr::new(u64_at(32)),
         }
     }
     /// Whether `other` lives in this process.
@@ -144,7 +145,12 @@ mod tests {
 
     #[test]
     fn the_published_record_round_trips_and_names_this_process() {
-        let a = Local::new(0x1234, 3, 0xdead_0000, 0xbeef_0000);
+        let a = Local::new(
+            0x1234,
+            3,
+            DevPtr::new(0xdead_0000),
+            DevPtr::new(0xbeef_0000),
+        );
         let b = Local::from_bytes(&a.to_bytes());
         assert_eq!(a, b);
         assert!(a.same_process(&b));

@@ -13,7 +13,7 @@ use super::{
 };
 use crate::bootstrap::Bootstrap;
 use crate::cuda::resources::{DeviceMem, HostMapped, IpcMapping, copy_async};
-use crate::cuda::{self, ContextGuard, DeviceInfo, arg, nvrtc};
+use crate::cuda::{self, ContextGuard, DevPtr, DeviceInfo, arg, nvrtc};
 use crate::error::Result;
 use crate::unsupported;
 use cudarc::driver::sys as cu;
@@ -123,8 +123,8 @@ impl IpcTransport {
             if me.same_process(&peer) {
                 enable_access(&me, &peer)
                     .map_err(|er| er.context(format!("reaching world rank {w} in this process")))?;
-                peer_buffers.push(Some(PeerMem::InProcess(peer.buffer as usize)));
-                peer_flags.push(Some(PeerMem::InProcess(peer.flags as usize)));
+                peer_buffers.push(Some(PeerMem::InProcess(peer.buffer)));
+                peer_flags.push(Some(PeerMem::InProcess(peer.flags)));
                 continue;
             }
             in_process = false;
@@ -155,7 +155,7 @@ impl IpcTransport {
         })
     }
 
-    fn flags_base(&self, peer: usize) -> usize {
+    fn flags_base(&self, peer: usize) -> DevPtr {
         if peer == self.group.tp_rank {
             self.flags.ptr
         } else {
@@ -163,7 +163,7 @@ impl IpcTransport {
         }
     }
 
-    fn flag_set(&self, peers: &[usize], addr: impl Fn(usize) -> usize) -> PeerSet {
+    fn flag_set(&self, peers: &[usize], addr: impl Fn(usize) -> DevPtr) -> PeerSet {
         PeerSet::new(peers, &self.group.world_ranks, addr)
     }
 
@@ -239,7 +239,7 @@ impl Transport for IpcTransport {
             self.flags_base(p) + flag_offset(Slot::Arrive, me)
         });
         let check = self.flag_set(&others, |p| self.flags_base(p) + check_offset(me));
-        let counter = self.counter.ptr as u64;
+        let counter = self.counter.ptr;
         let mut args = [arg(&set), arg(&check), arg(&counter), arg(&desc)];
         // SAFETY: begin_call(FlagSet, FlagSet, u64 *counter, u64 desc) of
         // kernels/comm.cu in this object's module (its device's context, current for calls
@@ -252,7 +252,7 @@ impl Transport for IpcTransport {
         }
         let wait = self.flag_set(&others, |p| self.flags.ptr + flag_offset(Slot::Arrive, p));
         let slots = self.flag_set(&others, |p| self.flags.ptr + check_offset(p));
-        let err = self.error.device as u64;
+        let err = self.error.device;
         let op = info.op;
         let mut args = [
             arg(&wait),
@@ -282,7 +282,7 @@ impl Transport for IpcTransport {
         }
         self.wait(&self.others(), Slot::Done, 0, stream, info)
     }
-    fn peer_buffer(&self, peer: usize) -> Option<usize> {
+    fn peer_buffer(&self, peer: usize) -> Option<DevPtr> {
         if peer == self.group.tp_rank {
             Some(self.group.buffer.ptr)
         } else {
@@ -294,7 +294,7 @@ impl Transport for IpcTransport {
         &self,
         peer: usize,
         offset: usize,
-        src: usize,
+        src: DevPtr,
         bytes: usize,
         stream: usize,
     ) -> Result<()> {
@@ -306,8 +306,8 @@ impl Transport for IpcTransport {
             return Ok(());
         }
         let f = self.func("put_bytes")?;
-        let (d, s, n) = (dst as u64, src as u64, bytes as u64);
-        let mut args = [arg(&d), arg(&s), arg(&n)];
+        let n = bytes as u64;
+        let mut args = [arg(&dst), arg(&src), arg(&n)];
         // SAFETY: `f` is put_bytes(u8 *dst, const u8 *src, u64 bytes) of kernels/comm.cu in
         // this object's module (its device's context); `dst` lies in the peer's mapped buffer
         // (callers keep offset + bytes inside it), `src` is the caller's device range.
@@ -330,7 +330,7 @@ impl Transport for IpcTransport {
         }
         let me = self.group.tp_rank;
         let set = self.flag_set(peers, |p| self.flags_base(p) + flag_offset(slot, me));
-        let counter = self.counter.ptr as u64;
+        let counter = self.counter.ptr;
         let mut args = [arg(&set), arg(&counter), arg(&tag)];
         // SAFETY: signal_flags(FlagSet, const u64 *counter, u64 tag) of
         // kernels/comm.cu in this object's module (its device's context); `set` (repr(C))
@@ -351,8 +351,8 @@ impl Transport for IpcTransport {
             return Ok(());
         }
         let set = self.flag_set(peers, |p| self.flags.ptr + flag_offset(slot, p));
-        let err = self.error.device as u64;
-        let counter = self.counter.ptr as u64;
+        let err = self.error.device;
+        let counter = self.counter.ptr;
         let mut args = [
             arg(&set),
             arg(&counter),

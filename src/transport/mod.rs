@@ -13,7 +13,7 @@ pub mod nccl;
 
 use crate::bootstrap::Bootstrap;
 use crate::cuda::resources::DeviceMem;
-use crate::cuda::{ContextGuard, DeviceInfo};
+use crate::cuda::{ContextGuard, DevPtr, DeviceInfo};
 use crate::error::Result;
 use crate::unsupported;
 
@@ -251,7 +251,7 @@ impl ErrorRecord {
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct PeerSet {
-    pub addr: [u64; MAX_PEERS],
+    pub addr: [DevPtr; MAX_PEERS],
     pub peer: [u32; MAX_PEERS],
     pub n: u32,
 }
@@ -259,14 +259,14 @@ pub struct PeerSet {
 impl PeerSet {
     /// Addresses `addr(peer)` of group members `peers` (tp ranks); `world` maps tp ranks
     /// to world ranks.
-    pub fn new(peers: &[usize], world: &[usize], addr: impl Fn(usize) -> usize) -> PeerSet {
+    pub fn new(peers: &[usize], world: &[usize], addr: impl Fn(usize) -> DevPtr) -> PeerSet {
         let mut s = PeerSet {
-            addr: [0; MAX_PEERS],
+            addr: [DevPtr::NULL; MAX_PEERS],
             peer: [0; MAX_PEERS],
             n: peers.len() as u32,
         };
         for (i, &p) in peers.iter().enumerate() {
-            s.addr[i] = addr(p) as u64;
+            s.addr[i] = addr(p);
             s.peer[i] = world[p] as u32;
         }
         s
@@ -298,7 +298,7 @@ pub fn desc_op(desc: u64) -> u32 {
 #[derive(Clone, Copy, Debug)]
 pub struct SendOp {
     pub peer: usize,
-    pub src: usize,
+    pub src: DevPtr,
     pub dst_offset: usize,
     pub bytes: usize,
 }
@@ -385,20 +385,20 @@ pub trait Transport: Send {
         self.group().world_ranks[peer]
     }
     /// This rank's registered buffer (device address) and its size in bytes.
-    fn buffer(&self) -> usize {
+    fn buffer(&self) -> DevPtr {
         self.group().buffer.ptr
     }
     fn buffer_bytes(&self) -> usize {
         self.group().buffer.bytes
     }
     /// Direct load/store address of a peer's buffer, when the transport has one.
-    fn peer_buffer(&self, peer: usize) -> Option<usize>;
+    fn peer_buffer(&self, peer: usize) -> Option<DevPtr>;
     /// Copy `bytes` from local `src` to `offset` in `peer`'s buffer, on `stream`.
     fn put(
         &self,
         peer: usize,
         offset: usize,
-        src: usize,
+        src: DevPtr,
         bytes: usize,
         stream: usize,
     ) -> Result<()>;

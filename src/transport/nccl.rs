@@ -22,7 +22,7 @@ use super::{
 use crate::bootstrap::Bootstrap;
 use crate::cuda::dynlib::nccl_sys as nc;
 use crate::cuda::resources::{DeviceMem, HostMapped};
-use crate::cuda::{self, ContextGuard, DeviceInfo, Lib, arg, nccl_check as check, nvrtc};
+use crate::cuda::{self, ContextGuard, DevPtr, DeviceInfo, Lib, arg, nccl_check as check, nvrtc};
 use crate::error::ErrorKind as K;
 use crate::error::{Error, Result};
 use crate::tensor::DType;
@@ -580,7 +580,7 @@ impl NcclTransport {
             nc::ncclComm_t,
             nc::cudaStream_t,
         ) -> nc::ncclResult_t,
-        (src, dst, count): (usize, usize, usize),
+        (src, dst, count): (DevPtr, DevPtr, usize),
         d: DType,
         stream: usize,
     ) -> Result<()> {
@@ -589,8 +589,8 @@ impl NcclTransport {
         // ranges hold what the callers state (validated by the algorithm).
         self.collective(name, |c| unsafe {
             f(
-                src as *const c_void,
-                dst as *mut c_void,
+                src.as_void(),
+                dst.as_void(),
                 count,
                 t,
                 nc::ncclRedOp_t::ncclSum,
@@ -603,8 +603,8 @@ impl NcclTransport {
     /// ncclAllReduce (sum) of `count` elements.
     pub fn all_reduce(
         &self,
-        src: usize,
-        dst: usize,
+        src: DevPtr,
+        dst: DevPtr,
         count: usize,
         d: DType,
         stream: usize,
@@ -621,8 +621,8 @@ impl NcclTransport {
     /// ncclReduceScatter (sum): `src` holds tp * `recv_count` elements.
     pub fn reduce_scatter(
         &self,
-        src: usize,
-        dst: usize,
+        src: DevPtr,
+        dst: DevPtr,
         recv_count: usize,
         d: DType,
         stream: usize,
@@ -638,16 +638,16 @@ impl NcclTransport {
 
     pub fn all_gather_bytes(
         &self,
-        src: usize,
-        dst: usize,
+        src: DevPtr,
+        dst: DevPtr,
         bytes: usize,
         stream: usize,
     ) -> Result<()> {
         // SAFETY: dst holds tp * bytes.
         self.collective("ncclAllGather", |c| unsafe {
             nc::ncclAllGather(
-                src as *const c_void,
-                dst as *mut c_void,
+                src.as_void(),
+                dst.as_void(),
                 bytes,
                 nc::ncclDataType_t::ncclUint8,
                 c,
@@ -659,8 +659,8 @@ impl NcclTransport {
     /// Grouped sends and receives of raw device ranges.
     fn p2p(
         &self,
-        sends: &[(usize, usize, usize)],
-        recvs: &[(usize, usize, usize)],
+        sends: &[(usize, DevPtr, usize)],
+        recvs: &[(usize, DevPtr, usize)],
         stream: usize,
     ) -> Result<()> {
         let u8t = nc::ncclDataType_t::ncclUint8;
@@ -673,14 +673,14 @@ impl NcclTransport {
             for &(peer, src, bytes) in sends {
                 r = r.and(check(
                     // SAFETY: `src` holds `bytes` (the caller's validated range).
-                    unsafe { nc::ncclSend(src as *const c_void, bytes, u8t, peer as i32, c, st) },
+                    unsafe { nc::ncclSend(src.as_void(), bytes, u8t, peer as i32, c, st) },
                     "ncclSend",
                 ));
             }
             for &(peer, dst, bytes) in recvs {
                 r = r.and(check(
                     // SAFETY: `dst` holds `bytes` (inside this rank's buffer or tokens).
-                    unsafe { nc::ncclRecv(dst as *mut c_void, bytes, u8t, peer as i32, c, st) },
+                    unsafe { nc::ncclRecv(dst.as_void(), bytes, u8t, peer as i32, c, st) },
                     "ncclRecv",
                 ));
             }
@@ -741,7 +741,7 @@ impl Transport for NcclTransport {
     fn name(&self) -> &'static str {
         "nccl"
     }
-    fn peer_buffer(&self, peer: usize) -> Option<usize> {
+    fn peer_buffer(&self, peer: usize) -> Option<DevPtr> {
         if peer == self.group.tp_rank {
             Some(self.group.buffer.ptr)
         } else {
@@ -771,12 +771,8 @@ impl Transport for NcclTransport {
         if self.shared.failure().is_some() {
             return Err(self.aborted_error());
         }
-        let (counter, token, tokens) = (
-            self.counter.ptr as u64,
-            self.token.ptr as u64,
-            self.tokens.ptr as u64,
-        );
-        let progress = self.shared.progress.device as u64;
+        let (counter, token, tokens) = (self.counter.ptr, self.token.ptr, self.tokens.ptr);
+        let progress = self.shared.progress.device;
         let op = info.op;
         self.launch(
             "nccl_begin",
@@ -802,7 +798,7 @@ impl Transport for NcclTransport {
         let slots = PeerSet::new(&others, &self.group.world_ranks, |p| {
             self.tokens.ptr + 16 * p
         });
-        let err = self.shared.error.device as u64;
+        let err = self.shared.error.device;
         let do_check = self.check as u32;
         let tp = self.group.world_ranks.len() as u32;
         self.launch(
@@ -823,8 +819,8 @@ impl Transport for NcclTransport {
         )
     }
     fn end_call(&self, _seq: u64, stream: usize) -> Result<()> {
-        let counter = self.counter.ptr as u64;
-        let progress = self.shared.progress.device as u64;
+        let counter = self.counter.ptr;
+        let progress = self.shared.progress.device;
         self.launch("nccl_end", &mut [arg(&counter), arg(&progress)], 1, stream)
     }
     fn wait_done(&self, _seq: u64, _stream: usize, _info: WaitInfo) -> Result<()> {
@@ -837,7 +833,7 @@ impl Transport for NcclTransport {
         &self,
         _peer: usize,
         _offset: usize,
-        _src: usize,
+        _src: DevPtr,
         _bytes: usize,
         _stream: usize,
     ) -> Result<()> {
