@@ -422,6 +422,48 @@ static void create_fails(const char *what, const NVTECommBootstrap *bs, const NV
   if (w2) expect_error(status, what, w2, NULL);
 }
 
+/* Invalid engine configs: the field (offset, size), its value, the status and the words the
+ * message must contain. */
+typedef struct {
+  const char *what;
+  size_t off, size;
+  int64_t value;
+  NVTECommStatus status;
+  const char *w1, *w2;
+} ConfigCase;
+
+#define CFG_FIELD(f) offsetof(NVTECommOverlapConfig, f), sizeof(((NVTECommOverlapConfig *)0)->f)
+static const ConfigCase bad_configs[] = {
+    {"struct_size", CFG_FIELD(struct_size), 8, NVTE_COMM_ERROR_INVALID_ARGUMENT, "struct_size = 8", NULL},
+    {"transport 7", CFG_FIELD(transport), 7, NVTE_COMM_ERROR_INVALID_ARGUMENT, "transport = 7", NULL},
+    {"transport -1", CFG_FIELD(transport), -1, NVTE_COMM_ERROR_INVALID_ARGUMENT, "transport", NULL},
+    {"num_splits 0", CFG_FIELD(num_splits), 0, NVTE_COMM_ERROR_INVALID_ARGUMENT, "num_splits = 0", NULL},
+    {"num_splits 65", CFG_FIELD(num_splits), 65, NVTE_COMM_ERROR_INVALID_ARGUMENT, "num_splits = 65", NULL},
+    {"num_max_streams 0", CFG_FIELD(num_max_streams), 0, NVTE_COMM_ERROR_INVALID_ARGUMENT, "num_max_streams = 0", NULL},
+    {"comm_cga_size 9", CFG_FIELD(comm_cga_size), 9, NVTE_COMM_ERROR_INVALID_ARGUMENT, "comm_cga_size = 9", NULL},
+    {"num_comm_sm 0", CFG_FIELD(num_comm_sm), 0, NVTE_COMM_ERROR_INVALID_ARGUMENT, "num_comm_sm = 0", NULL},
+    {"timeout 0", CFG_FIELD(timeout_ms), 0, NVTE_COMM_ERROR_INVALID_ARGUMENT, "timeout_ms = 0", NULL},
+    {"tp_size -2", CFG_FIELD(tp_size), -2, NVTE_COMM_ERROR_INVALID_ARGUMENT, "tp_size = -2", NULL},
+    {"tp_size 17", CFG_FIELD(tp_size), 17, NVTE_COMM_ERROR_UNSUPPORTED, "tp_size = 17", NULL},
+    {"atomic_gemm", CFG_FIELD(atomic_gemm), 1, NVTE_COMM_ERROR_UNSUPPORTED, "atomic_gemm", NULL},
+    {"bool byte 7", CFG_FIELD(use_ce), 7, NVTE_COMM_ERROR_INVALID_ARGUMENT, "use_ce = 7", "not a bool"},
+};
+
+/* Store `v` into the `size`-byte field at `off` (its low bytes: a bool field may get any
+ * byte value, as a C caller could write). */
+static void set_field(NVTECommOverlapConfig *c, size_t off, size_t size, int64_t v) {
+  unsigned char *p = (unsigned char *)c + off;
+  if (size == 8) {
+    memcpy(p, &v, 8);
+  } else if (size == 4) {
+    int32_t x = (int32_t)v;
+    memcpy(p, &x, 4);
+  } else {
+    unsigned char x = (unsigned char)v;
+    memcpy(p, &x, 1);
+  }
+}
+
 static void test_overlap_create_args(void) {
   const NVTECommStatus INV = NVTE_COMM_ERROR_INVALID_ARGUMENT, UNS = NVTE_COMM_ERROR_UNSUPPORTED;
   NVTECommBootstrap one = callbacks(0, 1), four = callbacks(1, 4), bad;
@@ -434,34 +476,13 @@ static void test_overlap_create_args(void) {
   CHECK(nvte_comm_overlap_create(&one, &base, 8, 8, BF, NULL) == INV, "NULL out\n");
   expect_error(INV, "NULL out", "nvte_comm_overlap_create", "`out` is NULL");
   create_fails("NULL bootstrap", NULL, &base, 8, 8, BF, INV, "`bootstrap` is NULL", NULL);
-  /* config */
-  c = base; c.struct_size = 8;
-  create_fails("struct_size", &one, &c, 8, 8, BF, INV, "struct_size = 8", NULL);
-  c = base; c.transport = (NVTECommTransport)7;
-  create_fails("transport 7", &one, &c, 8, 8, BF, INV, "transport = 7", NULL);
-  c = base; c.transport = (NVTECommTransport)-1;
-  create_fails("transport -1", &one, &c, 8, 8, BF, INV, "transport", NULL);
-  c = base; c.num_splits = 0;
-  create_fails("num_splits 0", &one, &c, 8, 8, BF, INV, "num_splits = 0", NULL);
-  c = base; c.num_splits = 65;
-  create_fails("num_splits 65", &one, &c, 8, 8, BF, INV, "num_splits = 65", NULL);
-  c = base; c.num_max_streams = 0;
-  create_fails("num_max_streams 0", &one, &c, 8, 8, BF, INV, "num_max_streams = 0", NULL);
-  c = base; c.comm_cga_size = 9;
-  create_fails("comm_cga_size 9", &one, &c, 8, 8, BF, INV, "comm_cga_size = 9", NULL);
-  c = base; c.num_comm_sm = 0;
-  create_fails("num_comm_sm 0", &one, &c, 8, 8, BF, INV, "num_comm_sm = 0", NULL);
-  c = base; c.timeout_ms = 0;
-  create_fails("timeout 0", &one, &c, 8, 8, BF, INV, "timeout_ms = 0", NULL);
-  c = base; c.tp_size = -2;
-  create_fails("tp_size -2", &one, &c, 8, 8, BF, INV, "tp_size = -2", NULL);
-  c = base; c.tp_size = 17;
-  create_fails("tp_size 17", &one, &c, 8, 8, BF, UNS, "tp_size = 17", NULL);
-  c = base; c.atomic_gemm = true;
-  create_fails("atomic_gemm", &one, &c, 8, 8, BF, UNS, "atomic_gemm", NULL);
-  c = base;
-  ((unsigned char *)&c)[offsetof(NVTECommOverlapConfig, use_ce)] = 7; /* not a bool */
-  create_fails("bool byte 7", &one, &c, 8, 8, BF, INV, "use_ce = 7", "not a bool");
+  /* config: one field changed each */
+  for (size_t i = 0; i < sizeof bad_configs / sizeof bad_configs[0]; ++i) {
+    const ConfigCase *k = &bad_configs[i];
+    c = base;
+    set_field(&c, k->off, k->size, k->value);
+    create_fails(k->what, &one, &c, 8, 8, BF, k->status, k->w1, k->w2);
+  }
   /* shape and dtype */
   create_fails("rows 0", &one, &base, 0, 8, BF, INV, "[0, 8] is empty", NULL);
   create_fails("cols 0", &one, &base, 8, 0, BF, INV, "[8, 0] is empty", NULL);

@@ -398,6 +398,37 @@ typedef struct {
   int required;
 } Arg;
 
+/* One tensor argument of an entry point: its name in messages, and whether it is required
+ * (optional ones may be NULL). A function's table lists them in the order the library
+ * checks them. */
+typedef struct {
+  const char *name;
+  int required;
+} ArgSpec;
+
+static const ArgSpec GEMM_ARGS[] = {{"A", 1}, {"B", 1}, {"D", 1}, {"bias", 0}, {"pre_gelu_out", 0}, {"workspace", 0}};
+static const ArgSpec COPY_ARGS[] = {{"input", 1}};
+static const ArgSpec CAST_ARGS[] = {{"input", 1}, {"output", 1}};
+static const ArgSpec FILL_ARGS[] = {{"tensor", 1}};
+static const ArgSpec SPLIT_AG_ARGS[] = {{"A", 1},           {"B", 1},         {"D", 1},     {"bias", 0},
+                                        {"pre_gelu_out", 0}, {"workspace", 0}, {"B_copy", 0}};
+static const ArgSpec SPLIT_RS_ARGS[] = {{"A", 1},    {"B", 1},            {"rs_output", 1}, {"D", 0},
+                                        {"bias", 0}, {"pre_gelu_out", 0}, {"workspace", 0}};
+static const ArgSpec BULK_ARGS[] = {{"A", 1},         {"B", 1},      {"D", 1},        {"bias", 0},
+                                    {"pre_gelu_out", 0}, {"workspace", 0}, {"buffer", 0}, {"rs_output", 0}};
+#define NARGS(spec) (sizeof(spec) / sizeof((spec)[0]))
+
+
+/* Random handles for the arguments of `spec` (required: rtensor, optional: ropt). */
+static size_t draw_args(Arg *a, const ArgSpec *spec, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    a[i].name = spec[i].name;
+    a[i].required = spec[i].required;
+    a[i].h = spec[i].required ? rtensor() : ropt();
+  }
+  return n;
+}
+
 static const char *first_bad(const Arg *a, size_t n) {
   for (size_t i = 0; i < n; ++i)
     if (a[i].h.kind == H_BAD || (a[i].required && a[i].h.kind == H_NULL)) return a[i].name;
@@ -855,11 +886,9 @@ static Handle make_live(NVTEDType dt, size_t r, size_t c) {
 }
 
 static void do_gemm(void) {
-  Arg a[6];
+  Arg a[NARGS(GEMM_ARGS)];
   const char *bad;
-  a[0].h = rtensor(); a[0].name = "A"; a[0].required = 1;
-  a[1].h = rtensor(); a[1].name = "B"; a[1].required = 1;
-  a[2].h = rtensor(); a[2].name = "D"; a[2].required = 1;
+  draw_args(a, GEMM_ARGS, NARGS(GEMM_ARGS));
   if (chance(25) && nlive + 3 <= MAX_LIVE) { /* coherent shapes (TN): these get past the argument checks */
     static const NVTEDType types[] = {kNVTEFloat32, kNVTEFloat16, kNVTEBFloat16};
     NVTEDType t = types[below(3)];
@@ -868,9 +897,6 @@ static void do_gemm(void) {
     a[1].h = make_live(t, n, k);
     a[2].h = make_live(t, n, m);
   }
-  a[3].h = ropt(); a[3].name = "bias"; a[3].required = 0;
-  a[4].h = ropt(); a[4].name = "pre_gelu_out"; a[4].required = 0;
-  a[5].h = ropt(); a[5].name = "workspace"; a[5].required = 0;
   if (!first_bad(a, 6)) spoil(&a[below(3)].h);
   bad = first_bad(a, 6);
   begin(F_CUBLAS_GEMM);
@@ -884,10 +910,9 @@ static void do_gemm(void) {
 static void do_cast(int f) {
   Arg a[2];
   const char *bad;
-  a[0].h = rtensor(); a[0].name = f == F_FILL_UNIFORM ? "tensor" : "input"; a[0].required = 1;
-  a[1].h = rtensor(); a[1].name = "output"; a[1].required = 1;
-  if (!first_bad(a, f == F_FILL_UNIFORM ? 1 : 2)) spoil(&a[0].h);
-  bad = first_bad(a, f == F_FILL_UNIFORM ? 1 : 2);
+  size_t n = f == F_FILL_UNIFORM ? draw_args(a, FILL_ARGS, NARGS(FILL_ARGS)) : draw_args(a, CAST_ARGS, NARGS(CAST_ARGS));
+  if (!first_bad(a, n)) spoil(&a[0].h);
+  bad = first_bad(a, n);
   begin(f);
   if (f == F_QUANTIZE) {
     nvte_quantize(a[0].h.h, a[1].h.h, rstream());
@@ -1141,51 +1166,27 @@ static void do_overlap_algo(int f) {
   begin(f);
   switch (f) {
     case F_OV_COPY:
-      a[0].h = rtensor(); a[0].name = "input"; a[0].required = 1; n = 1;
+      n = draw_args(a, COPY_ARGS, NARGS(COPY_ARGS));
       st = nvte_comm_overlap_copy_into_buffer(ov, a[0].h.h, chance(50), rstream());
       break;
     case F_OV_SPLIT_AG:
-      a[0].h = rtensor(); a[0].name = "A"; a[0].required = 1;
-      a[1].h = rtensor(); a[1].name = "B"; a[1].required = 1;
-      a[2].h = rtensor(); a[2].name = "D"; a[2].required = 1;
-      a[3].h = ropt(); a[3].name = "bias"; a[3].required = 0;
-      a[4].h = ropt(); a[4].name = "pre_gelu_out"; a[4].required = 0;
-      a[5].h = ropt(); a[5].name = "workspace"; a[5].required = 0;
-      a[6].h = ropt(); a[6].name = "B_copy"; a[6].required = 0;
-      n = 7;
+      n = draw_args(a, SPLIT_AG_ARGS, NARGS(SPLIT_AG_ARGS));
       st = nvte_comm_overlap_split_ag(ov, a[0].h.h, chance(50), a[1].h.h, chance(50), a[2].h.h, a[3].h.h, a[4].h.h,
                                       chance(50), a[5].h.h, chance(50), chance(50), a[6].h.h, rstream());
       break;
     case F_OV_SPLIT_RS:
-    case F_OV_SPLIT_RS_P2P: {
-      /* checked in this order: A, B, rs_output, then D, bias, pre_gelu_out, workspace */
-      Handle A = rtensor(), B = rtensor(), D = ropt(), bias = ropt(), pre = ropt(), ws = ropt(), out = rtensor();
-      a[0].h = A; a[0].name = "A"; a[0].required = 1;
-      a[1].h = B; a[1].name = "B"; a[1].required = 1;
-      a[2].h = out; a[2].name = "rs_output"; a[2].required = 1;
-      a[3].h = D; a[3].name = "D"; a[3].required = 0;
-      a[4].h = bias; a[4].name = "bias"; a[4].required = 0;
-      a[5].h = pre; a[5].name = "pre_gelu_out"; a[5].required = 0;
-      a[6].h = ws; a[6].name = "workspace"; a[6].required = 0;
-      n = 7;
+    case F_OV_SPLIT_RS_P2P:
+      /* the table's order: A, B, rs_output, D, bias, pre_gelu_out, workspace */
+      n = draw_args(a, SPLIT_RS_ARGS, NARGS(SPLIT_RS_ARGS));
       if (f == F_OV_SPLIT_RS)
-        st = nvte_comm_overlap_split_rs(ov, A.h, chance(50), B.h, chance(50), D.h, bias.h, pre.h, chance(50), ws.h,
-                                        chance(50), chance(50), out.h, rstream());
+        st = nvte_comm_overlap_split_rs(ov, a[0].h.h, chance(50), a[1].h.h, chance(50), a[3].h.h, a[4].h.h, a[5].h.h,
+                                        chance(50), a[6].h.h, chance(50), chance(50), a[2].h.h, rstream());
       else
-        st = nvte_comm_overlap_split_rs_p2p(ov, A.h, chance(50), B.h, chance(50), D.h, bias.h, pre.h, chance(50), ws.h,
-                                            chance(50), chance(50), out.h, rstream());
+        st = nvte_comm_overlap_split_rs_p2p(ov, a[0].h.h, chance(50), a[1].h.h, chance(50), a[3].h.h, a[4].h.h,
+                                            a[5].h.h, chance(50), a[6].h.h, chance(50), chance(50), a[2].h.h, rstream());
       break;
-    }
-    default: /* bulk: comm_type, then A, B, D, bias, pre_gelu_out, workspace, buffer, rs_output */
-      a[0].h = rtensor(); a[0].name = "A"; a[0].required = 1;
-      a[1].h = rtensor(); a[1].name = "B"; a[1].required = 1;
-      a[2].h = rtensor(); a[2].name = "D"; a[2].required = 1;
-      a[3].h = ropt(); a[3].name = "bias"; a[3].required = 0;
-      a[4].h = ropt(); a[4].name = "pre_gelu_out"; a[4].required = 0;
-      a[5].h = ropt(); a[5].name = "workspace"; a[5].required = 0;
-      a[6].h = ropt(); a[6].name = "buffer"; a[6].required = 0;
-      a[7].h = ropt(); a[7].name = "rs_output"; a[7].required = 0;
-      n = 8;
+    default: /* bulk: comm_type, then the table */
+      n = draw_args(a, BULK_ARGS, NARGS(BULK_ARGS));
       st = nvte_comm_overlap_bulk(ov, (NVTECommOverlapType)ct, a[0].h.h, chance(50), a[1].h.h, chance(50), a[2].h.h,
                                   a[3].h.h, a[4].h.h, chance(50), a[5].h.h, chance(50), chance(50), a[6].h.h, a[7].h.h,
                                   rstream());
