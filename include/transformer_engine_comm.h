@@ -185,6 +185,66 @@ typedef struct NVTECommBootstrap {
 typedef void *NVTETensor;
 
 /**
+ * Engine settings. Fill with nvte_comm_overlap_config_default() (TE's defaults plus the
+ * environment overrides), then change fields. `struct_size` must be sizeof(the struct).
+ * (The C struct is the library's own engine config, read as is: no field is copied.)
+ */
+typedef struct NVTECommOverlapConfig {
+  size_t struct_size;
+  /**
+   * ranks per tensor-parallel group; 0 = the whole world. Must divide the world size.
+   */
+  int32_t tp_size;
+  /**
+   * GEMM chunks of the pipelined reduce-scatter (TE default 3)
+   */
+  int32_t num_splits;
+  /**
+   * compute streams for chunk GEMMs (TE default 3)
+   */
+  int32_t num_max_streams;
+  /**
+   * accepted for TE compatibility (default 2); kernels are not cluster-launched
+   */
+  int32_t comm_cga_size;
+  /**
+   * SMs for communication kernels: SM puts and reductions (TE default 16)
+   */
+  int32_t num_comm_sm;
+  /**
+   * GEMMs leave num_comm_sm SMs free while SM kernels communicate (default true)
+   */
+  bool set_sm_margin;
+  /**
+   * copy-engine puts (true, default) or SM-kernel puts (false)
+   */
+  bool use_ce;
+  /**
+   * bidirectional ring all-gather (default false)
+   */
+  bool aggregate;
+  /**
+   * TE's atomic GEMM algorithms: must be false (cuBLASLt 13 removed the atomic-sync
+   * counters they need: bench/atomic_gemm_probe.cu)
+   */
+  bool atomic_gemm;
+  /**
+   * stream priorities, clamped to the device's range (lower = higher priority)
+   */
+  int32_t gemm_priority;
+  int32_t comm_priority;
+  /**
+   * timeout of every wait for a peer, ms (default 60000; env NVTE_COMM_TIMEOUT_MS)
+   */
+  int64_t timeout_ms;
+  /**
+   * NVTE_COMM_TRANSPORT_AUTO (default: IPC when the group is on one node, else NCCL),
+   * NVTE_COMM_TRANSPORT_IPC or NVTE_COMM_TRANSPORT_NCCL (env NVTE_COMM_TRANSPORT)
+   */
+  NVTECommTransport transport;
+} NVTECommOverlapConfig;
+
+/**
  * The figures of one call of an overlap object or comm-GEMM engine, measured with
  * NVTE_COMM_REPORT=1 (set on every rank when the object / context is created): its
  * time on the caller's stream, and the object's estimates for its shape, bound =
@@ -246,66 +306,6 @@ typedef struct NVTEBasicTensor {
   NVTEDType dtype;
   struct NVTEShape shape;
 } NVTEBasicTensor;
-
-/**
- * Engine settings. Fill with nvte_comm_overlap_config_default() (TE's defaults plus the
- * environment overrides), then change fields. `struct_size` must be sizeof(the struct).
- * (The C struct is the library's own engine config, read as is: no field is copied.)
- */
-typedef struct NVTECommOverlapConfig {
-  size_t struct_size;
-  /**
-   * ranks per tensor-parallel group; 0 = the whole world. Must divide the world size.
-   */
-  int32_t tp_size;
-  /**
-   * GEMM chunks of the pipelined reduce-scatter (TE default 3)
-   */
-  int32_t num_splits;
-  /**
-   * compute streams for chunk GEMMs (TE default 3)
-   */
-  int32_t num_max_streams;
-  /**
-   * accepted for TE compatibility (default 2); kernels are not cluster-launched
-   */
-  int32_t comm_cga_size;
-  /**
-   * SMs for communication kernels: SM puts and reductions (TE default 16)
-   */
-  int32_t num_comm_sm;
-  /**
-   * GEMMs leave num_comm_sm SMs free while SM kernels communicate (default true)
-   */
-  bool set_sm_margin;
-  /**
-   * copy-engine puts (true, default) or SM-kernel puts (false)
-   */
-  bool use_ce;
-  /**
-   * bidirectional ring all-gather (default false)
-   */
-  bool aggregate;
-  /**
-   * TE's atomic GEMM algorithms: must be false (cuBLASLt 13 removed the atomic-sync
-   * counters they need: bench/atomic_gemm_probe.cu)
-   */
-  bool atomic_gemm;
-  /**
-   * stream priorities, clamped to the device's range (lower = higher priority)
-   */
-  int32_t gemm_priority;
-  int32_t comm_priority;
-  /**
-   * timeout of every wait for a peer, ms (default 60000; env NVTE_COMM_TIMEOUT_MS)
-   */
-  int64_t timeout_ms;
-  /**
-   * NVTE_COMM_TRANSPORT_AUTO (default: IPC when the group is on one node, else NCCL),
-   * NVTE_COMM_TRANSPORT_IPC or NVTE_COMM_TRANSPORT_NCCL (env NVTE_COMM_TRANSPORT)
-   */
-  NVTECommTransport transport;
-} NVTECommOverlapConfig;
 
 
 
@@ -505,7 +505,7 @@ NVTECommStatus nvte_comm_fill_uniform(NVTETensor tensor,
  * NVTE_COMM_TRANSPORT). A variable whose value does not parse or is out of range gives
  * NVTE_COMM_ERROR_INVALID_ARGUMENT naming it and its value; `*config` is then all zero.
  */
-NVTECommStatus nvte_comm_overlap_config_default(NVTECommOverlapConfig *config);
+NVTECommStatus nvte_comm_overlap_config_default(struct NVTECommOverlapConfig *config);
 
 /**
  * Create an overlap object with a registered buffer of [rows, cols] `dtype` on every
@@ -518,7 +518,7 @@ NVTECommStatus nvte_comm_overlap_config_default(NVTECommOverlapConfig *config);
  * against).
  */
 NVTECommStatus nvte_comm_overlap_create(const struct NVTECommBootstrap *bootstrap,
-                                        const NVTECommOverlapConfig *config,
+                                        const struct NVTECommOverlapConfig *config,
                                         size_t rows,
                                         size_t cols,
                                         NVTEDType dtype,

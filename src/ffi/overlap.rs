@@ -41,9 +41,9 @@ pub struct NVTECommBootstrap {
     pub user_data: *mut c_void,
 }
 
-/// Engine settings: the core's struct itself (`repr(C)`; cbindgen names it
-/// `NVTECommOverlapConfig`), so nothing is copied field by field.
-pub use crate::overlap::Config as NVTECommOverlapConfig;
+// Engine settings: the C `NVTECommOverlapConfig` is the core's `overlap::Config` itself
+// (`repr(C)`; cbindgen.toml exports it under the C name), so nothing is copied field by
+// field. The entry points name it `Config` so that the header declares them with it.
 
 /// Opaque overlap object (not repr(C): the header declares it incomplete).
 pub struct NVTECommOverlap {
@@ -69,27 +69,21 @@ fn t_opt(h: NVTETensor, what: &str) -> Result<Option<Tensor>> {
 
 /// The caller's config, checked: its size first, then its bool fields (any byte may be
 /// there; only 0 and 1 are bools), then read.
-fn read_config(config: *const NVTECommOverlapConfig) -> Result<Config> {
+fn read_config(config: *const Config) -> Result<Config> {
     // SAFETY: non-null (checked by the caller); size checked before reading the rest.
     let size = unsafe { std::ptr::read_unaligned(config as *const usize) };
-    if size != std::mem::size_of::<NVTECommOverlapConfig>() {
+    if size != std::mem::size_of::<Config>() {
         invalid!(
             "config->struct_size = {size} but this library's NVTECommOverlapConfig has {} bytes (fill it with nvte_comm_overlap_config_default)",
-            std::mem::size_of::<NVTECommOverlapConfig>()
+            std::mem::size_of::<Config>()
         );
     }
     use std::mem::offset_of;
     for (off, name) in [
-        (
-            offset_of!(NVTECommOverlapConfig, set_sm_margin),
-            "set_sm_margin",
-        ),
-        (offset_of!(NVTECommOverlapConfig, use_ce), "use_ce"),
-        (offset_of!(NVTECommOverlapConfig, aggregate), "aggregate"),
-        (
-            offset_of!(NVTECommOverlapConfig, atomic_gemm),
-            "atomic_gemm",
-        ),
+        (offset_of!(Config, set_sm_margin), "set_sm_margin"),
+        (offset_of!(Config, use_ce), "use_ce"),
+        (offset_of!(Config, aggregate), "aggregate"),
+        (offset_of!(Config, atomic_gemm), "atomic_gemm"),
     ] {
         // SAFETY: within the struct_size bytes checked above.
         let b = unsafe { std::ptr::read_unaligned((config as *const u8).add(off)) };
@@ -107,9 +101,7 @@ fn read_config(config: *const NVTECommOverlapConfig) -> Result<Config> {
 /// NVTE_COMM_TRANSPORT). A variable whose value does not parse or is out of range gives
 /// NVTE_COMM_ERROR_INVALID_ARGUMENT naming it and its value; `*config` is then all zero.
 #[unsafe(no_mangle)]
-pub extern "C" fn nvte_comm_overlap_config_default(
-    config: *mut NVTECommOverlapConfig,
-) -> NVTECommStatus {
+pub extern "C" fn nvte_comm_overlap_config_default(config: *mut Config) -> NVTECommStatus {
     status_call("nvte_comm_overlap_config_default", || {
         if config.is_null() {
             invalid!("argument `config` is NULL");
@@ -171,7 +163,7 @@ pub(super) fn bootstrap_of(b: &NVTECommBootstrap) -> Result<Bootstrap> {
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_comm_overlap_create(
     bootstrap: *const NVTECommBootstrap,
-    config: *const NVTECommOverlapConfig,
+    config: *const Config,
     rows: usize,
     cols: usize,
     dtype: NVTEDType,

@@ -890,8 +890,18 @@ fn matmul(
     lt_check(s, "cublasLtMatmul")
 }
 
-/// The fastest of the plan's algorithm and its untimed candidates on this GEMM (each: one
-/// warm-up and 2 timed runs on `stream`; an algorithm that fails to launch is skipped).
+/// Timing rounds of [`fastest`]; each round runs every candidate [`RUNS_PER_TIMING`] times.
+const TUNE_ROUNDS: usize = 3;
+const RUNS_PER_TIMING: usize = 2;
+/// A candidate replaces the heuristic's choice only when its median is this much faster:
+/// single timings of one GEMM differ by a few percent (clocks, neighbours), and a choice
+/// made on noise would cost on every later call of the shape.
+const TUNE_MARGIN: f32 = 0.97;
+
+/// The plan's algorithm, or one of its untimed candidates when that is clearly faster on
+/// this GEMM: a warm-up of every candidate (an algorithm that fails to launch is
+/// dropped), then [`TUNE_ROUNDS`] interleaved rounds (so clock ramps and transient
+/// neighbours hit every candidate alike), the median per candidate, and [`TUNE_MARGIN`].
 fn fastest(
     h: lt::cublasLtHandle_t,
     p: &Plan,
@@ -899,21 +909,48 @@ fn fastest(
     stream: usize,
 ) -> Result<lt::cublasLtMatmulAlgo_t> {
     let (t0, t1) = (Event::timed()?, Event::timed()?);
-    let mut best = (p.algo, f32::INFINITY);
-    for algo in std::iter::once(&p.algo).chain(p.untimed.iter()) {
-        if matmul(h, p, algo, g, stream).is_err() {
-            continue;
-        }
-        t0.record(stream)?;
-        let ok = (0..2).all(|_| matmul(h, p, algo, g, stream).is_ok());
-        t1.record(stream)?;
-        t1.wait_bounded(crate::env::timeout_ms()?, "timing a GEMM algorithm")?;
-        let ms = t1.elapsed_since(&t0)?;
-        if ok && ms < best.1 {
-            best = (*algo, ms);
+    let algos: Vec<lt::cublasLtMatmulAlgo_t> = std::iter::once(p.algo)
+        .chain(p.untimed.iter().copied())
+        .filter(|algo| matmul(h, p, algo, g, stream).is_ok())
+        .collect();
+    if algos.len() < 2 {
+        return Ok(p.algo);
+    }
+    let timeout = crate::env::timeout_ms()?;
+    let mut times = vec![Vec::with_capacity(TUNE_ROUNDS); algos.len()];
+    for _ in 0..TUNE_ROUNDS {
+        for (algo, t) in algos.iter().zip(times.iter_mut()) {
+            t0.record(stream)?;
+            let ok = (0..RUNS_PER_TIMING).all(|_| matmul(h, p, algo, g, stream).is_ok());
+            t1.record(stream)?;
+            t1.wait_bounded(timeout, "timing a GEMM algorithm")?;
+            t.push(if ok {
+                t1.elapsed_since(&t0)?
+            } else {
+                f32::INFINITY
+            });
         }
     }
-    Ok(best.0)
+    Ok(algos[pick_with_margin(&times)])
+}
+
+/// Index of the candidate to keep: 0 (the heuristic's choice, `times[0]`) unless another
+/// candidate's median is below `TUNE_MARGIN` times its median.
+fn pick_with_margin(times: &[Vec<f32>]) -> usize {
+    let median = |t: &Vec<f32>| {
+        let mut t = t.clone();
+        t.sort_by(|a, b| a.total_cmp(b));
+        t[t.len() / 2]
+    };
+    let m: Vec<f32> = times.iter().map(median).collect();
+    let best = (0..m.len())
+        .min_by(|&a, &b| m[a].total_cmp(&m[b]))
+        .unwrap_or(0);
+    if m[best] < TUNE_MARGIN * m[0] {
+        best
+    } else {
+        0
+    }
 }
 
 /// TE's nvte_cublas_gemm.
@@ -924,4 +961,34 @@ pub fn cublas_gemm(args: &TeGemm, stream: usize) -> Result<()> {
     }
     let guard = ContextGuard::for_stream(stream)?;
     run(&g, &guard, stream)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pick_with_margin;
+
+    #[test]
+    fn a_gemm_candidate_replaces_the_heuristic_only_when_clearly_faster() {
+        // Medians: heuristic 1.00; 0.98 is within the margin (noise), 0.95 is not.
+        let t = |v: [f32; 3]| v.to_vec();
+        assert_eq!(
+            pick_with_margin(&[t([1.0, 1.01, 0.99]), t([0.98, 0.98, 0.99])]),
+            0
+        );
+        assert_eq!(
+            pick_with_margin(&[
+                t([1.0, 1.01, 0.99]),
+                t([0.98, 0.98, 0.99]),
+                t([0.95, 0.9, 2.0])
+            ]),
+            2
+        );
+        // One outlier round does not decide: the median does.
+        assert_eq!(
+            pick_with_margin(&[t([1.0, 1.0, 1.0]), t([0.5, 1.1, 1.1])]),
+            0
+        );
+        // A candidate that failed (infinite) is never chosen.
+        assert_eq!(pick_with_margin(&[t([1.0; 3]), t([f32::INFINITY; 3])]), 0);
+    }
 }
