@@ -260,6 +260,7 @@ struct CopySet {
   u64 bytes[MAX_PEERS];
   u32 n;
 };
+static_assert(sizeof(CopySet) == 392, "CopySet layout");
 
 extern "C" __global__ void copy_segments(CopySet s) {
   const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
@@ -290,6 +291,7 @@ struct SrcSet {
   const void *src[MAX_PEERS];
   u32 n;
 };
+static_assert(sizeof(SrcSet) == 136, "SrcSet layout");
 
 // out[r, c] = sum_i load(src_i[r, c]) * in_scale (+ out[r, c] when accumulate), for a
 // rows x cols block. Sources have row stride in_ld, the output out_ld (elements).

@@ -219,6 +219,23 @@ impl Config {
     }
 }
 
+/// The sources of a reduction: kernels/comm.cu's `SrcSet` (same layout, asserted there
+/// and in this module's tests).
+#[repr(C)]
+struct SrcSet {
+    src: [DevPtr; MAX_PEERS],
+    n: u32,
+}
+
+/// The segments of one copy kernel: kernels/comm.cu's `CopySet`.
+#[repr(C)]
+struct CopySet {
+    src: [DevPtr; MAX_PEERS],
+    dst: [DevPtr; MAX_PEERS],
+    bytes: [u64; MAX_PEERS],
+    n: u32,
+}
+
 /// NVTE_COMM_TRACE (a boolean; default off), read when an object is created.
 pub fn trace_enabled() -> Result<bool> {
     Ok(env::flag("NVTE_COMM_TRACE")?.unwrap_or(false))
@@ -895,11 +912,6 @@ impl Overlap {
             if vec_ok { "v8" } else { "v1" }
         );
         let f = self.module.function(&name)?;
-        #[repr(C)]
-        struct SrcSet {
-            src: [DevPtr; MAX_PEERS],
-            n: u32,
-        }
         let mut set = SrcSet {
             src: [DevPtr::NULL; MAX_PEERS],
             n: srcs.len() as u32,
@@ -951,13 +963,6 @@ impl Overlap {
         stream: usize,
         tail: bool,
     ) -> Result<()> {
-        #[repr(C)]
-        struct CopySet {
-            src: [DevPtr; MAX_PEERS],
-            dst: [DevPtr; MAX_PEERS],
-            bytes: [u64; MAX_PEERS],
-            n: u32,
-        }
         let mut set = CopySet {
             src: [DevPtr::NULL; MAX_PEERS],
             dst: [DevPtr::NULL; MAX_PEERS],
@@ -1249,6 +1254,19 @@ mod tests {
         // "done" of call n (tag 1) satisfies wait_done's (n << 16) (tag 0), not n + 1's;
         // wait_done before any call (counter 0) waits for 0.
         assert!(val(3, 0) >= 3 << 16 && val(3, 0) < 4 << 16);
+    }
+
+    /// The layouts kernels/comm.cu asserts with static_assert (same numbers).
+    #[test]
+    fn kernel_argument_sets_have_the_kernels_layout() {
+        use super::{CopySet, SrcSet};
+        use std::mem::{offset_of, size_of};
+        assert_eq!(size_of::<SrcSet>(), 136);
+        assert_eq!(offset_of!(SrcSet, n), 128);
+        assert_eq!(size_of::<CopySet>(), 392);
+        assert_eq!(offset_of!(CopySet, dst), 128);
+        assert_eq!(offset_of!(CopySet, bytes), 256);
+        assert_eq!(offset_of!(CopySet, n), 384);
     }
 
     #[test]
