@@ -26,6 +26,7 @@ use crate::cuda::resources::{
 };
 use crate::cuda::{ContextGuard, DevPtr};
 use crate::error::{Error, Result};
+use crate::gemm::{Operands, TeGemm};
 use crate::overlap::{Config, Overlap, ag::AgArgs, ar::ArArgs, rs::RsArgs};
 use crate::tensor::{Buffer, DType, Shape, Tensor};
 use crate::tune;
@@ -598,17 +599,20 @@ impl CommGemmCtx {
                         return Ok(());
                     }
                     let args = AgArgs {
-                        a: c.a,
-                        transa: c.transa,
-                        b: c.b,
-                        transb: c.transb,
-                        d: c.d,
-                        bias: c.bias,
-                        pre_gelu_out: aux,
-                        grad: c.grad,
-                        workspace: Some(&ws),
-                        accumulate: c.accumulate,
-                        use_split_accumulator: false,
+                        g: TeGemm {
+                            a: c.a,
+                            b: c.b,
+                            d: c.d,
+                            bias: c.bias,
+                            pre_gelu_out: aux,
+                            transa: c.transa,
+                            transb: c.transb,
+                            grad: c.grad,
+                            workspace: Some(&ws),
+                            accumulate: c.accumulate,
+                            use_split_accumulator: false,
+                            math_sm_count: 0,
+                        },
                         b_copy: c.b_gathered,
                     };
                     return self.engines[eng].split_ag(&args, stream);
@@ -655,17 +659,20 @@ impl CommGemmCtx {
                 let bp = rebased(c.b, b_pad, &if c.transb { [k, bn] } else { [bn, k] })?;
                 let dp = rebased(c.d, d_pad, &[bn * nr, ml])?;
                 let args = AgArgs {
-                    a: c.a,
-                    transa: c.transa,
-                    b: &bp,
-                    transb: c.transb,
-                    d: &dp,
-                    bias: c.bias,
-                    pre_gelu_out: ap.as_ref(),
-                    grad: false,
-                    workspace: Some(&ws),
-                    accumulate: false,
-                    use_split_accumulator: false,
+                    g: TeGemm {
+                        a: c.a,
+                        b: &bp,
+                        d: &dp,
+                        bias: c.bias,
+                        pre_gelu_out: ap.as_ref(),
+                        transa: c.transa,
+                        transb: c.transb,
+                        grad: false,
+                        workspace: Some(&ws),
+                        accumulate: false,
+                        use_split_accumulator: false,
+                        math_sm_count: 0,
+                    },
                     b_copy: bg.as_ref().map(|(_, p)| p),
                 };
                 self.engines[eng].split_ag(&args, stream)?;
@@ -754,16 +761,17 @@ impl CommGemmCtx {
                     }
                     let args = ArArgs {
                         a: c.a,
-                        transa: c.transa,
                         b: c.b,
-                        transb: c.transb,
                         d: c.d,
                         bias,
                         pre_gelu_out: None,
+                        transa: c.transa,
+                        transb: c.transb,
                         grad: false,
                         workspace: Some(&ws),
                         accumulate: c.accumulate,
                         use_split_accumulator: false,
+                        math_sm_count: 0,
                     };
                     return self.engines[eng].split_ar(&args, stream);
                 }
@@ -823,17 +831,20 @@ impl CommGemmCtx {
                     (c.b, c.d)
                 };
                 let args = RsArgs {
-                    a: c.a,
-                    transa: c.transa,
-                    b: b_use,
-                    transb: c.transb,
-                    d: None,
-                    bias,
-                    pre_gelu_out: None,
-                    grad: false,
-                    workspace: Some(&ws),
-                    accumulate: false,
-                    use_split_accumulator: false,
+                    g: Operands {
+                        a: c.a,
+                        b: b_use,
+                        d: None,
+                        bias,
+                        pre_gelu_out: None,
+                        transa: c.transa,
+                        transb: c.transb,
+                        grad: false,
+                        workspace: Some(&ws),
+                        accumulate: false,
+                        use_split_accumulator: false,
+                        math_sm_count: 0,
+                    },
                     rs_output: d_use,
                 };
                 if choice.ring {

@@ -1,6 +1,66 @@
 //! TE's GEMM entry point (transformer_engine/gemm.h).
+use super::handles::TENSORS;
 use super::{NVTETensor, cudaStream_t, firewall};
-use crate::gemm::{self, TeGemm};
+use crate::error::Result;
+use crate::gemm::{self, Operands};
+use crate::tensor::Tensor;
+
+/// The flags of TE's wide GEMM entry points (nvte_cublas_gemm's order).
+pub(super) struct TeFlags {
+    pub transa: bool,
+    pub transb: bool,
+    pub grad: bool,
+    pub accumulate: bool,
+    pub use_split_accumulator: bool,
+}
+
+/// The optional tensors of TE's wide GEMM entry points, resolved from their handles in
+/// TE's order (bias, pre_gelu_out, workspace: after A, B and the outputs, which each
+/// entry point resolves first, so that the first bad handle is the one named); they build
+/// the operands every GEMM and overlap operation takes.
+pub(super) struct GemmExtras {
+    bias: Option<Tensor>,
+    pre_gelu_out: Option<Tensor>,
+    workspace: Option<Tensor>,
+}
+
+impl GemmExtras {
+    pub(super) fn resolve(
+        bias: NVTETensor,
+        pre_gelu_out: NVTETensor,
+        workspace: NVTETensor,
+    ) -> Result<GemmExtras> {
+        Ok(GemmExtras {
+            bias: TENSORS.get_opt(bias as usize, "bias")?,
+            pre_gelu_out: TENSORS.get_opt(pre_gelu_out as usize, "pre_gelu_out")?,
+            workspace: TENSORS.get_opt(workspace as usize, "workspace")?,
+        })
+    }
+    /// The operands A, B, output `d`, these tensors and `f`.
+    pub(super) fn operands<'a, D>(
+        &'a self,
+        a: &'a Tensor,
+        b: &'a Tensor,
+        d: D,
+        f: TeFlags,
+        math_sm_count: i32,
+    ) -> Operands<'a, D> {
+        Operands {
+            a,
+            b,
+            d,
+            bias: self.bias.as_ref(),
+            pre_gelu_out: self.pre_gelu_out.as_ref(),
+            transa: f.transa,
+            transb: f.transb,
+            grad: f.grad,
+            workspace: self.workspace.as_ref(),
+            accumulate: f.accumulate,
+            use_split_accumulator: f.use_split_accumulator,
+            math_sm_count,
+        }
+    }
+}
 
 /// D = op(A) * op(B) with TE's semantics: row-major tensors, m = transa ? A.size(0) :
 /// A.size(1), k = transa ? A.size(1) : A.size(0), n = transb ? B.size(1) : B.size(0),
@@ -29,26 +89,18 @@ pub extern "C" fn nvte_cublas_gemm(
     stream: cudaStream_t,
 ) {
     firewall("nvte_cublas_gemm", (), || {
-        let a = super::handles::TENSORS.get(A as usize, "A")?;
-        let b = super::handles::TENSORS.get(B as usize, "B")?;
-        let d = super::handles::TENSORS.get(D as usize, "D")?;
-        let bias = super::handles::TENSORS.get_opt(bias as usize, "bias")?;
-        let pre = super::handles::TENSORS.get_opt(pre_gelu_out as usize, "pre_gelu_out")?;
-        let ws = super::handles::TENSORS.get_opt(workspace as usize, "workspace")?;
-        let args = TeGemm {
-            a: &a,
-            b: &b,
-            d: &d,
-            bias: bias.as_ref(),
-            pre_gelu_out: pre.as_ref(),
+        let a = TENSORS.get(A as usize, "A")?;
+        let b = TENSORS.get(B as usize, "B")?;
+        let d = TENSORS.get(D as usize, "D")?;
+        let extras = GemmExtras::resolve(bias, pre_gelu_out, workspace)?;
+        let flags = TeFlags {
             transa,
             transb,
             grad,
-            workspace: ws.as_ref(),
             accumulate,
             use_split_accumulator,
-            math_sm_count,
         };
+        let args = extras.operands(&a, &b, &d, flags, math_sm_count);
         gemm::cublas_gemm(&args, stream as usize)
     })
 }

@@ -1,10 +1,10 @@
 //! The userbuffers-style engine: `nvte_comm_overlap_*`.
 use super::enums::{NVTECommOverlapType, NVTEDType};
+use super::gemm::{GemmExtras, TeFlags};
 use super::handles::OVERLAPS;
 use super::{NVTECommStatus, NVTETensor, cudaStream_t, status_call};
 use crate::bootstrap::{AllgatherFn, BarrierFn, Bootstrap};
 use crate::error::Result;
-use crate::gemm::TeGemm;
 use crate::invalid;
 use crate::overlap::{Config, Overlap, ag::AgArgs, bulk::BulkArgs, bulk::BulkKind, rs::RsArgs};
 use crate::tensor::{DType, Tensor};
@@ -304,24 +304,17 @@ pub extern "C" fn nvte_comm_overlap_split_ag(
 ) -> NVTECommStatus {
     status_call("nvte_comm_overlap_split_ag", || {
         let (a, b, d) = (t(A, "A")?, t(B, "B")?, t(D, "D")?);
-        let (bias, pre, ws, bc) = (
-            t_opt(bias, "bias")?,
-            t_opt(pre_gelu_out, "pre_gelu_out")?,
-            t_opt(workspace, "workspace")?,
-            t_opt(B_copy, "B_copy")?,
-        );
-        let args = AgArgs {
-            a: &a,
+        let extras = GemmExtras::resolve(bias, pre_gelu_out, workspace)?;
+        let bc = t_opt(B_copy, "B_copy")?;
+        let flags = TeFlags {
             transa,
-            b: &b,
             transb,
-            d: &d,
-            bias: bias.as_ref(),
-            pre_gelu_out: pre.as_ref(),
             grad,
-            workspace: ws.as_ref(),
             accumulate,
             use_split_accumulator,
+        };
+        let args = AgArgs {
+            g: extras.operands(&a, &b, &d, flags, 0),
             b_copy: bc.as_ref(),
         };
         with(overlap, |o| o.split_ag(&args, stream as usize))
@@ -349,24 +342,17 @@ fn rs_call(
 ) -> NVTECommStatus {
     status_call(name, || {
         let (a, b, out) = (t(A, "A")?, t(B, "B")?, t(rs_output, "rs_output")?);
-        let (d, bias, pre, ws) = (
-            t_opt(D, "D")?,
-            t_opt(bias, "bias")?,
-            t_opt(pre_gelu_out, "pre_gelu_out")?,
-            t_opt(workspace, "workspace")?,
-        );
-        let args = RsArgs {
-            a: &a,
+        let d = t_opt(D, "D")?;
+        let extras = GemmExtras::resolve(bias, pre_gelu_out, workspace)?;
+        let flags = TeFlags {
             transa,
-            b: &b,
             transb,
-            d: d.as_ref(),
-            bias: bias.as_ref(),
-            pre_gelu_out: pre.as_ref(),
             grad,
-            workspace: ws.as_ref(),
             accumulate,
             use_split_accumulator,
+        };
+        let args = RsArgs {
+            g: extras.operands(&a, &b, d.as_ref(), flags, 0),
             rs_output: &out,
         };
         with(overlap, |o| {
@@ -499,28 +485,18 @@ pub extern "C" fn nvte_comm_overlap_bulk(
             other => invalid!("argument `comm_type` = {other} is not a valid NVTECommOverlapType"),
         };
         let (a, b, d) = (t(A, "A")?, t(B, "B")?, t(D, "D")?);
-        let (bias, pre, ws) = (
-            t_opt(bias, "bias")?,
-            t_opt(pre_gelu_out, "pre_gelu_out")?,
-            t_opt(workspace, "workspace")?,
-        );
+        let extras = GemmExtras::resolve(bias, pre_gelu_out, workspace)?;
         let (buf, out) = (t_opt(buffer, "buffer")?, t_opt(rs_output, "rs_output")?);
+        let flags = TeFlags {
+            transa,
+            transb,
+            grad,
+            accumulate,
+            use_split_accumulator,
+        };
         let args = BulkArgs {
             kind,
-            gemm: TeGemm {
-                a: &a,
-                b: &b,
-                d: &d,
-                bias: bias.as_ref(),
-                pre_gelu_out: pre.as_ref(),
-                transa,
-                transb,
-                grad,
-                workspace: ws.as_ref(),
-                accumulate,
-                use_split_accumulator,
-                math_sm_count: 0,
-            },
+            gemm: extras.operands(&a, &b, &d, flags, 0),
             buffer_view: buf.as_ref(),
             rs_output: out.as_ref(),
         };

@@ -152,12 +152,15 @@ fn two_d(b: &Buffer, what: &str) -> Result<(usize, usize)> {
     })
 }
 
-/// The arguments of TE's nvte_cublas_gemm, resolved to tensors.
+/// TE's GEMM operands (nvte_cublas_gemm's arguments, resolved to tensors): the one
+/// operands struct of the GEMM and of every overlap operation, built once per call by
+/// ffi/. `D` is the output's type: a tensor, or for the reduce-scatter operations an
+/// optional view of the engine's buffer (`overlap::rs::RsArgs`).
 #[derive(Clone, Copy)]
-pub struct TeGemm<'a> {
+pub struct Operands<'a, D = &'a Tensor> {
     pub a: &'a Tensor,
     pub b: &'a Tensor,
-    pub d: &'a Tensor,
+    pub d: D,
     pub bias: Option<&'a Tensor>,
     pub pre_gelu_out: Option<&'a Tensor>,
     pub transa: bool,
@@ -167,6 +170,29 @@ pub struct TeGemm<'a> {
     pub accumulate: bool,
     pub use_split_accumulator: bool,
     pub math_sm_count: i32,
+}
+
+/// nvte_cublas_gemm's operands (a tensor output).
+pub type TeGemm<'a> = Operands<'a>;
+
+impl<'a, D> Operands<'a, D> {
+    /// The same operands with output `d`.
+    pub fn with_d<E>(&self, d: E) -> Operands<'a, E> {
+        Operands {
+            a: self.a,
+            b: self.b,
+            d,
+            bias: self.bias,
+            pre_gelu_out: self.pre_gelu_out,
+            transa: self.transa,
+            transb: self.transb,
+            grad: self.grad,
+            workspace: self.workspace,
+            accumulate: self.accumulate,
+            use_split_accumulator: self.use_split_accumulator,
+            math_sm_count: self.math_sm_count,
+        }
+    }
 }
 
 /// Validate TE's arguments and translate them into a [`GemmDesc`].

@@ -15,18 +15,10 @@ use crate::tensor::{Buffer, Shape, Tensor};
 use crate::transport::{RecvOp, SendOp, Slot, WaitInfo};
 use crate::{invalid, unsupported};
 
+/// The operands of an all-gather + GEMM (B: this rank's shard or the buffer view), and
+/// where to keep a copy of the gathered B.
 pub struct AgArgs<'a> {
-    pub a: &'a Tensor,
-    pub transa: bool,
-    pub b: &'a Tensor,
-    pub transb: bool,
-    pub d: &'a Tensor,
-    pub bias: Option<&'a Tensor>,
-    pub pre_gelu_out: Option<&'a Tensor>,
-    pub grad: bool,
-    pub workspace: Option<&'a Tensor>,
-    pub accumulate: bool,
-    pub use_split_accumulator: bool,
+    pub g: TeGemm<'a>,
     pub b_copy: Option<&'a Tensor>,
 }
 
@@ -40,7 +32,7 @@ impl Overlap {
     fn split_ag_once(&mut self, x: &AgArgs, stream: usize) -> Result<()> {
         let guard = self.enter(stream)?;
         let (tp, r) = (self.tp(), self.tp_rank());
-        let bb = &x.b.data;
+        let bb = &x.g.b.data;
         if bb.dtype != self.dtype {
             invalid!(
                 "tensor `B` dtype {} differs from the buffer dtype {}",
@@ -57,7 +49,7 @@ impl Overlap {
         let is_view = bb.ptr == self.buffer();
         // transb = false: B is [n, k], gathered along its rows; transb = true: this rank's
         // shard is [k, n/tp] and the buffer holds the tp shards one after the other.
-        let (n, k) = if x.transb {
+        let (n, k) = if x.g.transb {
             if is_view {
                 unsupported!(
                     "with transb = true, B must be this rank's shard [k, n/tp], not the buffer view"
@@ -79,23 +71,14 @@ impl Overlap {
         }
         let nc = n / tp;
         // Validate the whole GEMM once, on B = the gathered buffer.
-        let mut gathered = x.b.clone();
-        let gshape = if x.transb { [k, n] } else { [n, k] };
+        let mut gathered = x.g.b.clone();
+        let gshape = if x.g.transb { [k, n] } else { [n, k] };
         gathered.data = Buffer::new(self.buffer(), self.dtype, Shape::new(&gshape)?)?;
         let comm_sms = !self.cfg.use_ce;
         let full = gemm::desc_from_te(&TeGemm {
-            a: x.a,
             b: &gathered,
-            d: x.d,
-            bias: x.bias,
-            pre_gelu_out: x.pre_gelu_out,
-            transa: x.transa,
-            transb: x.transb,
-            grad: x.grad,
-            workspace: x.workspace,
-            accumulate: x.accumulate,
-            use_split_accumulator: x.use_split_accumulator,
             math_sm_count: self.math_sms(comm_sms),
+            ..x.g
         })?;
         if full.epilogue == Epilogue::DGeluBGrad {
             unsupported!(
@@ -112,7 +95,7 @@ impl Overlap {
         } else {
             self.ev_chunk.len()
         } / tp;
-        let pieces = if x.transb || full.epilogue == Epilogue::BGradB {
+        let pieces = if x.g.transb || full.epilogue == Epilogue::BGradB {
             1
         } else {
             self.ag_pieces.clamp(1, nc.max(1)).min(limit.max(1))
@@ -249,7 +232,7 @@ impl Overlap {
                     self.ev_chunk[c * pieces + q].wait_on(self.compute[si].raw())?;
                     g.b = full.b + (c * nc + lo) * k * eb_b;
                 }
-                if x.transb {
+                if x.g.transb {
                     g.ldb = nc; // each shard [k, nc] is its own matrix (pieces: 1)
                 }
                 g.d = full.d + (c * nc + lo) * full.ldd * eb_d;

@@ -22,7 +22,7 @@ use super::rs::RsArgs;
 use super::{Op, Overlap, eb, tag};
 use crate::cuda::DevPtr;
 use crate::error::Result;
-use crate::gemm::{self, Epilogue, TeGemm};
+use crate::gemm::{self, Epilogue, Operands, TeGemm};
 use crate::tensor::{Buffer, Shape, Tensor};
 use crate::transport::{Slot, WaitInfo};
 use crate::{invalid, unsupported};
@@ -34,20 +34,8 @@ const REDUCED_EVENTS: usize = 64;
 /// Chunks at most this large (bytes) are all-reduced one-shot.
 const ONE_SHOT_MAX_BYTES: usize = 1 << 20;
 
-pub struct ArArgs<'a> {
-    pub a: &'a Tensor,
-    pub transa: bool,
-    pub b: &'a Tensor,
-    pub transb: bool,
-    /// The full output [n, m] on every rank.
-    pub d: &'a Tensor,
-    pub bias: Option<&'a Tensor>,
-    pub pre_gelu_out: Option<&'a Tensor>,
-    pub grad: bool,
-    pub workspace: Option<&'a Tensor>,
-    pub accumulate: bool,
-    pub use_split_accumulator: bool,
-}
+/// The operands of a GEMM + all-reduce: D is the full output [n, m] on every rank.
+pub type ArArgs<'a> = TeGemm<'a>;
 
 /// How the two-shot all-reduce cuts a chunk of `elems` elements into `tp` slices: slice
 /// q is elements [start(q), start(q) + len(q)) of the chunk. Slices are multiples of 8
@@ -159,17 +147,10 @@ impl Overlap {
                 ..Default::default()
             };
             let rs = RsArgs {
-                a: x.a,
-                transa: x.transa,
-                b: x.b,
-                transb: x.transb,
-                d: None,
-                bias: x.bias,
-                pre_gelu_out: x.pre_gelu_out,
-                grad: x.grad,
-                workspace: x.workspace,
-                accumulate: false,
-                use_split_accumulator: x.use_split_accumulator,
+                g: Operands {
+                    accumulate: false,
+                    ..x.with_d(None)
+                },
                 rs_output: &rows,
             };
             return self.ring_ar(&rs, db.ptr, stream);
@@ -198,18 +179,10 @@ impl Overlap {
         // SMs the communication uses beside the GEMMs (IPC: the reductions, and SM puts).
         let comm_sms = !nccl_comm;
         let full = gemm::desc_from_te(&TeGemm {
-            a: x.a,
-            b: x.b,
             d: &dv,
-            bias: x.bias,
-            pre_gelu_out: x.pre_gelu_out,
-            transa: x.transa,
-            transb: x.transb,
-            grad: x.grad,
-            workspace: x.workspace,
             accumulate: false,
-            use_split_accumulator: x.use_split_accumulator,
             math_sm_count: self.math_sms(comm_sms),
+            ..*x
         })?;
         if full.epilogue.uses_aux() || full.epilogue == Epilogue::BGradB {
             unsupported!(

@@ -25,24 +25,15 @@ use super::{Op, Overlap, eb, tag};
 use crate::cuda::resources::{copy_2d, copy_async};
 use crate::cuda::{ContextGuard, DevPtr};
 use crate::error::Result;
-use crate::gemm::{self, GemmDesc, TeGemm};
+use crate::gemm::{self, GemmDesc, Operands};
 use crate::invalid;
 use crate::tensor::{Buffer, Shape, Tensor};
 use crate::transport::{RecvOp, SendOp, Slot, WaitInfo};
 
+/// The operands of a GEMM + reduce-scatter: D is the buffer view carrying FP8 scale /
+/// scale_inv, or None for the plain view; the reduced rows go to `rs_output`.
 pub struct RsArgs<'a> {
-    pub a: &'a Tensor,
-    pub transa: bool,
-    pub b: &'a Tensor,
-    pub transb: bool,
-    /// The buffer view as the GEMM output, carrying FP8 scale / scale_inv (None: plain view).
-    pub d: Option<&'a Tensor>,
-    pub bias: Option<&'a Tensor>,
-    pub pre_gelu_out: Option<&'a Tensor>,
-    pub grad: bool,
-    pub workspace: Option<&'a Tensor>,
-    pub accumulate: bool,
-    pub use_split_accumulator: bool,
+    pub g: Operands<'a, Option<&'a Tensor>>,
     pub rs_output: &'a Tensor,
 }
 
@@ -58,21 +49,21 @@ impl Overlap {
     fn plan_rs(&self, x: &RsArgs, comm_sms: bool) -> Result<Plan> {
         let tp = self.tp();
         // m and n from A and B as nvte_cublas_gemm defines them.
-        let Some((ar, ac)) = x.a.data.rows_cols() else {
+        let Some((ar, ac)) = x.g.a.data.rows_cols() else {
             invalid!("tensor `A` must have at least 2 dimensions")
         };
-        let Some((br, bc)) = x.b.data.rows_cols() else {
+        let Some((br, bc)) = x.g.b.data.rows_cols() else {
             invalid!("tensor `B` must have at least 2 dimensions")
         };
-        let m = if x.transa { ar } else { ac };
-        let n = if x.transb { bc } else { br };
+        let m = if x.g.transa { ar } else { ac };
+        let n = if x.g.transb { bc } else { br };
         if n % tp != 0 {
             invalid!("the scattered rows n = {n} are not divisible by tp = {tp}");
         }
         self.check_capacity("the GEMM output", [n, m])?;
         // D = the buffer as [n, m], with the FP8 scaling of the caller's view if given.
-        let mut d = x.d.cloned().unwrap_or_default();
-        if let Some(v) = x.d {
+        let mut d = x.g.d.cloned().unwrap_or_default();
+        if let Some(v) = x.g.d {
             if v.data.ptr != self.buffer() {
                 invalid!(
                     "tensor `D` must be a view of the overlap buffer (nvte_comm_overlap_get_buffer), or NULL"
@@ -87,19 +78,9 @@ impl Overlap {
             }
         }
         d.data = Buffer::new(self.buffer(), self.dtype, Shape::new(&[n, m])?)?;
-        let mut full = gemm::desc_from_te(&TeGemm {
-            a: x.a,
-            b: x.b,
-            d: &d,
-            bias: x.bias,
-            pre_gelu_out: x.pre_gelu_out,
-            transa: x.transa,
-            transb: x.transb,
-            grad: x.grad,
-            workspace: x.workspace,
-            accumulate: x.accumulate,
-            use_split_accumulator: x.use_split_accumulator,
+        let mut full = gemm::desc_from_te(&Operands {
             math_sm_count: self.math_sms(comm_sms),
+            ..x.g.with_d(&d)
         })?;
         let scale_inv = if self.dtype.is_fp8() {
             Tensor::scalar_ptr(&d.scale_inv).ok_or_else(|| {
@@ -178,7 +159,7 @@ impl Overlap {
         let e = eb(self.dtype);
         let nchunks = bounds.len() - 1;
         for i in 0..nchunks {
-            let g = Self::column_chunk(&p, x.transa, bounds[i], bounds[i + 1]);
+            let g = Self::column_chunk(&p, x.g.transa, bounds[i], bounds[i + 1]);
             let si = 0; // in order: see the module doc
             self.step(|| {
                 format!(
@@ -265,7 +246,7 @@ impl Overlap {
     fn nccl_sums(x: &RsArgs, p: &Plan, dtype: crate::tensor::DType) -> bool {
         !dtype.is_fp8()
             && x.rs_output.data.dtype == dtype
-            && !x.accumulate
+            && !x.g.accumulate
             && p.full.aux.is_null()
             && p.full.epilogue != gemm::Epilogue::BGradB
     }
@@ -296,7 +277,7 @@ impl Overlap {
         for i in 0..nchunks {
             let (lo, hi) = (bounds[i], bounds[i + 1]);
             // Written contiguously: [n, hi - lo] at the chunk's place in staging.
-            let mut g = Self::column_chunk(p, x.transa, lo, hi);
+            let mut g = Self::column_chunk(p, x.g.transa, lo, hi);
             g.d = staging + lo * n * e;
             g.ldd = hi - lo;
             self.run_gemm(&g, guard, 0, false)?;
@@ -331,7 +312,7 @@ impl Overlap {
             let mut g = p.full;
             g.n = p.nc;
             g.b = p.full.b
-                + if x.transb {
+                + if x.g.transb {
                     d * p.nc
                 } else {
                     d * p.nc * p.full.ldb
