@@ -17,6 +17,7 @@
 pub mod ag;
 pub mod ar;
 pub mod bulk;
+pub mod config;
 pub mod report;
 pub mod rs;
 pub mod schedule;
@@ -31,193 +32,11 @@ use crate::transport::{
     FailureKind, Kind, MAX_PEERS, Settings, Transport, WaitInfo, call_desc, desc_op, tag,
 };
 use crate::{bootstrap::Bootstrap, env, invalid, unsupported};
+use config::MAX_SPLITS;
+pub use config::{Config, TRANSPORT_AUTO, TRANSPORT_IPC, TRANSPORT_NCCL, TransportChoice};
 
-/// Engine settings. Fill with nvte_comm_overlap_config_default() (TE's defaults plus the
-/// environment overrides), then change fields. `struct_size` must be sizeof(the struct).
-/// (The C struct is the library's own engine config, read as is: no field is copied.)
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct Config {
-    pub struct_size: usize,
-    /// ranks per tensor-parallel group; 0 = the whole world. Must divide the world size.
-    pub tp_size: i32,
-    /// GEMM chunks of the pipelined reduce-scatter (TE default 3)
-    pub num_splits: i32,
-    /// compute streams for chunk GEMMs (TE default 3)
-    pub num_max_streams: i32,
-    /// accepted for TE compatibility (default 2); kernels are not cluster-launched
-    pub comm_cga_size: i32,
-    /// SMs for communication kernels: SM puts and reductions (TE default 16)
-    pub num_comm_sm: i32,
-    /// GEMMs leave num_comm_sm SMs free while SM kernels communicate (default true)
-    pub set_sm_margin: bool,
-    /// copy-engine puts (true, default) or SM-kernel puts (false)
-    pub use_ce: bool,
-    /// bidirectional ring all-gather (default false)
-    pub aggregate: bool,
-    /// TE's atomic GEMM algorithms: must be false (cuBLASLt 13 removed the atomic-sync
-    /// counters they need: bench/atomic_gemm_probe.cu)
-    pub atomic_gemm: bool,
-    /// stream priorities, clamped to the device's range (lower = higher priority)
-    pub gemm_priority: i32,
-    pub comm_priority: i32,
-    /// timeout of every wait for a peer, ms (default 60000; env NVTE_COMM_TIMEOUT_MS)
-    pub timeout_ms: i64,
-    /// NVTE_COMM_TRANSPORT_AUTO (default: IPC when the group is on one node, else NCCL),
-    /// NVTE_COMM_TRANSPORT_IPC or NVTE_COMM_TRANSPORT_NCCL (env NVTE_COMM_TRANSPORT)
-    pub transport: TransportChoice,
-}
-
-/// The transport field of [`Config`] (C: `NVTECommTransport`, whose values ffi checks
-/// against these). A `u32` rather than an enum: any value a C caller writes is a valid
-/// Rust value, and [`Config::check`] refuses the undeclared ones.
-#[repr(transparent)]
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-pub struct TransportChoice(pub u32);
-
-pub const TRANSPORT_AUTO: TransportChoice = TransportChoice(0);
-pub const TRANSPORT_IPC: TransportChoice = TransportChoice(1);
-pub const TRANSPORT_NCCL: TransportChoice = TransportChoice(2);
-/// Upper bounds of num_splits and num_max_streams.
-const MAX_SPLITS: i32 = 64;
 /// Chunk amax slots of FP8 outputs (tp chunks of the all-gather).
 const MAX_AMAX_SLOTS: usize = 64;
-const MAX_STREAMS: i32 = 8;
-
-impl Config {
-    /// TE's defaults, then the environment overrides (parsed strictly, see [`crate::env`]):
-    /// NVTE_COMM_TIMEOUT_MS, NVTE_COMM_OVERLAP_NUM_SPLITS, NVTE_COMM_OVERLAP_MAX_STREAMS,
-    /// NVTE_COMM_OVERLAP_NUM_SM, NVTE_COMM_OVERLAP_USE_CE, NVTE_COMM_OVERLAP_AGGREGATE,
-    /// NVTE_COMM_OVERLAP_SM_MARGIN, NVTE_COMM_TRANSPORT (auto | ipc | nccl). A value that
-    /// does not parse or is out of range is an error naming the variable.
-    pub fn from_env() -> Result<Config> {
-        // Index = the transport's value.
-        let transport = env::choice("NVTE_COMM_TRANSPORT", &["auto", "ipc", "nccl"])?;
-        let mut c = Config {
-            struct_size: std::mem::size_of::<Config>(),
-            tp_size: 0,
-            num_splits: 3,
-            num_max_streams: 3,
-            comm_cga_size: 2,
-            num_comm_sm: 16,
-            set_sm_margin: true,
-            use_ce: true,
-            aggregate: false,
-            atomic_gemm: false,
-            gemm_priority: 0,
-            comm_priority: -100,
-            timeout_ms: env::timeout_ms()?,
-            transport: transport.map_or(TRANSPORT_AUTO, |t| TransportChoice(t as u32)),
-        };
-        // The ranges of `check` (num_comm_sm's upper bound is the device's SM count).
-        if let Some(v) = env::int("NVTE_COMM_OVERLAP_NUM_SPLITS", 1, MAX_SPLITS)? {
-            c.num_splits = v;
-        }
-        if let Some(v) = env::int("NVTE_COMM_OVERLAP_MAX_STREAMS", 1, MAX_STREAMS)? {
-            c.num_max_streams = v;
-        }
-        if let Some(v) = env::int("NVTE_COMM_OVERLAP_NUM_SM", 1, i32::MAX)? {
-            c.num_comm_sm = v;
-        }
-        if let Some(v) = env::flag("NVTE_COMM_OVERLAP_USE_CE")? {
-            c.use_ce = v;
-        }
-        if let Some(v) = env::flag("NVTE_COMM_OVERLAP_AGGREGATE")? {
-            c.aggregate = v;
-        }
-        if let Some(v) = env::flag("NVTE_COMM_OVERLAP_SM_MARGIN")? {
-            c.set_sm_margin = v;
-        }
-        Ok(c)
-    }
-
-    /// The checks that need neither the world nor a device: made before anything is
-    /// loaded, so a bad config is INVALID_ARGUMENT (or UNSUPPORTED) on any machine.
-    pub fn check(&self) -> Result<()> {
-        if self.tp_size < 0 {
-            invalid!(
-                "config tp_size = {} must be >= 0 (0: the whole world)",
-                self.tp_size
-            );
-        }
-        if self.tp_size as usize > MAX_PEERS {
-            unsupported!(
-                "config tp_size = {} exceeds the maximum of {MAX_PEERS}",
-                self.tp_size
-            );
-        }
-        if !(1..=MAX_SPLITS).contains(&self.num_splits) {
-            invalid!(
-                "config num_splits = {} must be in 1..={MAX_SPLITS}",
-                self.num_splits
-            );
-        }
-        if !(1..=MAX_STREAMS).contains(&self.num_max_streams) {
-            invalid!(
-                "config num_max_streams = {} must be in 1..={MAX_STREAMS}",
-                self.num_max_streams
-            );
-        }
-        if !(1..=8).contains(&self.comm_cga_size) {
-            invalid!(
-                "config comm_cga_size = {} must be in 1..=8",
-                self.comm_cga_size
-            );
-        }
-        if self.num_comm_sm < 1 {
-            invalid!(
-                "config num_comm_sm = {} must be >= 1 (and less than the device's SM count)",
-                self.num_comm_sm
-            );
-        }
-        if self.atomic_gemm {
-            unsupported!(
-                "config atomic_gemm = true: the atomic-GEMM algorithms are not implemented (cuBLASLt 13 has no atomic-sync counters: bench/atomic_gemm_probe.cu)"
-            );
-        }
-        if self.timeout_ms <= 0 {
-            invalid!("config timeout_ms = {} must be > 0", self.timeout_ms);
-        }
-        if self.transport.0 > TRANSPORT_NCCL.0 {
-            invalid!(
-                "config transport = {} must be 0 (auto), 1 (ipc) or 2 (nccl)",
-                self.transport.0
-            );
-        }
-        Ok(())
-    }
-
-    /// The group size for a world of `world` ranks (after [`Config::check`]).
-    pub fn tp_for(&self, world: usize) -> Result<usize> {
-        let tp = if self.tp_size == 0 {
-            world
-        } else {
-            self.tp_size as usize
-        };
-        if self.tp_size < 0 || tp == 0 || !world.is_multiple_of(tp) {
-            invalid!(
-                "config tp_size = {} does not divide the world size {world}",
-                self.tp_size
-            );
-        }
-        if tp > MAX_PEERS {
-            unsupported!("config tp_size = {tp} exceeds the maximum of {MAX_PEERS}");
-        }
-        Ok(tp)
-    }
-
-    fn validate(&self, world: usize, sm_count: i32) -> Result<usize> {
-        self.check()?;
-        let tp = self.tp_for(world)?;
-        if self.num_comm_sm >= sm_count {
-            invalid!(
-                "config num_comm_sm = {} must be in 1..{sm_count} (the device's SM count)",
-                self.num_comm_sm
-            );
-        }
-        Ok(tp)
-    }
-}
 
 /// The sources of a reduction: kernels/comm.cu's `SrcSet` (same layout, asserted there
 /// and in this module's tests).
@@ -1241,7 +1060,6 @@ impl Drop for Overlap {
 
 #[cfg(test)]
 mod tests {
-    use super::{Config, TRANSPORT_NCCL};
     use crate::transport::tag;
 
     #[test]
@@ -1267,63 +1085,5 @@ mod tests {
         assert_eq!(offset_of!(CopySet, dst), 128);
         assert_eq!(offset_of!(CopySet, bytes), 256);
         assert_eq!(offset_of!(CopySet, n), 384);
-    }
-
-    #[test]
-    fn config_validation_names_the_field() {
-        let base = Config {
-            transport: TRANSPORT_NCCL,
-            ..Config::from_env().unwrap()
-        };
-        assert_eq!(base.validate(4, 132).unwrap(), 4);
-        for (cfg, word) in [
-            (Config { tp_size: 3, ..base }, "tp_size"),
-            (
-                Config {
-                    num_splits: 0,
-                    ..base
-                },
-                "num_splits",
-            ),
-            (
-                Config {
-                    num_max_streams: 9,
-                    ..base
-                },
-                "num_max_streams",
-            ),
-            (
-                Config {
-                    num_comm_sm: 132,
-                    ..base
-                },
-                "num_comm_sm",
-            ),
-            (
-                Config {
-                    atomic_gemm: true,
-                    ..base
-                },
-                "atomic_gemm",
-            ),
-            (
-                Config {
-                    timeout_ms: 0,
-                    ..base
-                },
-                "timeout_ms",
-            ),
-            (
-                Config {
-                    transport: super::TransportChoice(7),
-                    ..base
-                },
-                "transport",
-            ),
-        ] {
-            let e = cfg.validate(4, 132).unwrap_err();
-            assert!(e.msg.contains(word), "{word}: {}", e.msg);
-        }
-        assert_eq!(Config { tp_size: 2, ..base }.validate(4, 132).unwrap(), 2);
     }
 }
