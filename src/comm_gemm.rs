@@ -84,6 +84,28 @@ pub struct GemmCall<'a> {
     pub tune: bool,
 }
 
+impl<'a> GemmCall<'a> {
+    /// The engine operands of this call with B `b`, output `d` and workspace `ws`: its A
+    /// and layout; no bias, pre-activation output, gradient epilogue or accumulation
+    /// (each call site sets those it passes on), fast FP8 accumulation off.
+    fn operands<D>(&self, b: &'a Tensor, d: D, ws: &'a Tensor) -> Operands<'a, D> {
+        Operands {
+            a: self.a,
+            b,
+            d,
+            bias: None,
+            pre_gelu_out: None,
+            transa: self.transa,
+            transb: self.transb,
+            grad: false,
+            workspace: Some(ws),
+            accumulate: false,
+            use_split_accumulator: false,
+            math_sm_count: 0,
+        }
+    }
+}
+
 pub struct CommGemmCtx {
     bs: Bootstrap,
     nranks: usize,
@@ -600,18 +622,11 @@ impl CommGemmCtx {
                     }
                     let args = AgArgs {
                         g: TeGemm {
-                            a: c.a,
-                            b: c.b,
-                            d: c.d,
                             bias: c.bias,
                             pre_gelu_out: aux,
-                            transa: c.transa,
-                            transb: c.transb,
                             grad: c.grad,
-                            workspace: Some(&ws),
                             accumulate: c.accumulate,
-                            use_split_accumulator: false,
-                            math_sm_count: 0,
+                            ..c.operands(c.b, c.d, &ws)
                         },
                         b_copy: c.b_gathered,
                     };
@@ -660,18 +675,9 @@ impl CommGemmCtx {
                 let dp = rebased(c.d, d_pad, &[bn * nr, ml])?;
                 let args = AgArgs {
                     g: TeGemm {
-                        a: c.a,
-                        b: &bp,
-                        d: &dp,
                         bias: c.bias,
                         pre_gelu_out: ap.as_ref(),
-                        transa: c.transa,
-                        transb: c.transb,
-                        grad: false,
-                        workspace: Some(&ws),
-                        accumulate: false,
-                        use_split_accumulator: false,
-                        math_sm_count: 0,
+                        ..c.operands(&bp, &dp, &ws)
                     },
                     b_copy: bg.as_ref().map(|(_, p)| p),
                 };
@@ -759,19 +765,10 @@ impl CommGemmCtx {
                     if self.preparing {
                         return Ok(());
                     }
-                    let args = ArArgs {
-                        a: c.a,
-                        b: c.b,
-                        d: c.d,
+                    let args: ArArgs = TeGemm {
                         bias,
-                        pre_gelu_out: None,
-                        transa: c.transa,
-                        transb: c.transb,
-                        grad: false,
-                        workspace: Some(&ws),
                         accumulate: c.accumulate,
-                        use_split_accumulator: false,
-                        math_sm_count: 0,
+                        ..c.operands(c.b, c.d, &ws)
                     };
                     return self.engines[eng].split_ar(&args, stream);
                 }
@@ -832,18 +829,8 @@ impl CommGemmCtx {
                 };
                 let args = RsArgs {
                     g: Operands {
-                        a: c.a,
-                        b: b_use,
-                        d: None,
                         bias,
-                        pre_gelu_out: None,
-                        transa: c.transa,
-                        transb: c.transb,
-                        grad: false,
-                        workspace: Some(&ws),
-                        accumulate: false,
-                        use_split_accumulator: false,
-                        math_sm_count: 0,
+                        ..c.operands(b_use, None, &ws)
                     },
                     rs_output: d_use,
                 };
