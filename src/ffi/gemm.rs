@@ -5,7 +5,9 @@ use crate::error::Result;
 use crate::gemm::{self, Operands};
 use crate::tensor::Tensor;
 
-/// The flags of TE's wide GEMM entry points (nvte_cublas_gemm's order).
+/// The flags of TE's wide GEMM entry points (nvte_cublas_gemm's order). Each entry point
+/// writes its `TeFlags { transa, transb, grad, accumulate, use_split_accumulator }` literal
+/// out (the C parameters by name, in field shorthand): a deliberate repetition.
 pub(super) struct TeFlags {
     pub transa: bool,
     pub transb: bool,
