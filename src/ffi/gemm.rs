@@ -16,10 +16,11 @@ pub(super) struct TeFlags {
     pub use_split_accumulator: bool,
 }
 
-/// The optional tensors of TE's wide GEMM entry points, resolved from their handles in
-/// TE's order (bias, pre_gelu_out, workspace: after A, B and the outputs, which each
-/// entry point resolves first, so that the first bad handle is the one named); they build
-/// the operands every GEMM and overlap operation takes.
+/// The optional tensors of TE's wide GEMM entry points (bias, pre_gelu_out, workspace),
+/// resolved from their handles in that order. Each entry point resolves A, B and its
+/// outputs before them and its own extra tensors (B_copy; buffer, rs_output) after them,
+/// so that the first bad handle in TE's order is the one named. They build the operands
+/// every GEMM and overlap operation takes.
 pub(super) struct GemmExtras {
     bias: Option<Tensor>,
     pre_gelu_out: Option<Tensor>,

@@ -925,9 +925,10 @@ const RUNS_PER_TIMING: usize = 2;
 const TUNE_MARGIN: f32 = 0.97;
 
 /// The plan's algorithm, or one of its untimed candidates when that is clearly faster on
-/// this GEMM: a warm-up of every candidate (an algorithm that fails to launch is
-/// dropped), then [`TUNE_ROUNDS`] interleaved rounds (so clock ramps and transient
-/// neighbours hit every candidate alike), the median per candidate, and [`TUNE_MARGIN`].
+/// this GEMM: a warm-up of every candidate, then [`TUNE_ROUNDS`] interleaved rounds (so
+/// clock ramps and transient neighbours hit every candidate alike), the median per
+/// candidate, and [`TUNE_MARGIN`] (see [`pick`]). A candidate whose warm-up or any timed
+/// run fails to launch is never chosen.
 fn fastest(
     h: lt::cublasLtHandle_t,
     p: &Plan,
@@ -935,44 +936,57 @@ fn fastest(
     stream: usize,
 ) -> Result<lt::cublasLtMatmulAlgo_t> {
     let (t0, t1) = (Event::timed()?, Event::timed()?);
+    // Index 0: the heuristic's choice.
     let algos: Vec<lt::cublasLtMatmulAlgo_t> = std::iter::once(p.algo)
         .chain(p.untimed.iter().copied())
-        .filter(|algo| matmul(h, p, algo, g, stream).is_ok())
         .collect();
-    if algos.len() < 2 {
-        return Ok(p.algo);
+    let mut ok: Vec<bool> = algos
+        .iter()
+        .map(|algo| matmul(h, p, algo, g, stream).is_ok())
+        .collect();
+    if ok.iter().filter(|&&o| o).count() < 2 {
+        // Nothing to compare: the heuristic's choice, or the one that launches.
+        return Ok(algos[ok.iter().position(|&o| o).unwrap_or(0)]);
     }
     let timeout = crate::env::timeout_ms()?;
     let mut times = vec![Vec::with_capacity(TUNE_ROUNDS); algos.len()];
     for _ in 0..TUNE_ROUNDS {
-        for (algo, t) in algos.iter().zip(times.iter_mut()) {
+        for (i, algo) in algos.iter().enumerate() {
+            if !ok[i] {
+                continue;
+            }
             t0.record(stream)?;
-            let ok = (0..RUNS_PER_TIMING).all(|_| matmul(h, p, algo, g, stream).is_ok());
+            ok[i] = (0..RUNS_PER_TIMING).all(|_| matmul(h, p, algo, g, stream).is_ok());
             t1.record(stream)?;
             t1.wait_bounded(timeout, "timing a GEMM algorithm")?;
-            t.push(if ok {
-                t1.elapsed_since(&t0)?
-            } else {
-                f32::INFINITY
-            });
+            times[i].push(t1.elapsed_since(&t0)?);
         }
     }
-    Ok(algos[pick_with_margin(&times)])
+    let medians: Vec<f32> = times
+        .iter()
+        .zip(&ok)
+        .map(|(t, &ok)| if ok { median(t) } else { f32::INFINITY })
+        .collect();
+    Ok(algos[pick(&medians)])
 }
 
-/// Index of the candidate to keep: 0 (the heuristic's choice, `times[0]`) unless another
-/// candidate's median is below `TUNE_MARGIN` times its median.
-fn pick_with_margin(times: &[Vec<f32>]) -> usize {
-    let median = |t: &Vec<f32>| {
-        let mut t = t.clone();
-        t.sort_by(|a, b| a.total_cmp(b));
-        t[t.len() / 2]
-    };
-    let m: Vec<f32> = times.iter().map(median).collect();
-    let best = (0..m.len())
-        .min_by(|&a, &b| m[a].total_cmp(&m[b]))
+fn median(t: &[f32]) -> f32 {
+    let mut t = t.to_vec();
+    t.sort_by(|a, b| a.total_cmp(b));
+    t.get(t.len() / 2).copied().unwrap_or(f32::INFINITY)
+}
+
+/// Index of the candidate to keep from the median times (infinite: failed), index 0 being
+/// the heuristic's choice: 0 unless another candidate's median is below `TUNE_MARGIN`
+/// times its median; when the heuristic's choice failed, the fastest that did not.
+fn pick(medians: &[f32]) -> usize {
+    let best = (0..medians.len())
+        .min_by(|&a, &b| medians[a].total_cmp(&medians[b]))
         .unwrap_or(0);
-    if m[best] < TUNE_MARGIN * m[0] {
+    if !medians[best].is_finite() {
+        return 0;
+    }
+    if !medians[0].is_finite() || medians[best] < TUNE_MARGIN * medians[0] {
         best
     } else {
         0
@@ -991,30 +1005,28 @@ pub fn cublas_gemm(args: &TeGemm, stream: usize) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::pick_with_margin;
+    use super::{median, pick};
 
     #[test]
     fn a_gemm_candidate_replaces_the_heuristic_only_when_clearly_faster() {
+        let m = |v: [f32; 3]| median(&v);
         // Medians: heuristic 1.00; 0.98 is within the margin (noise), 0.95 is not.
-        let t = |v: [f32; 3]| v.to_vec();
+        assert_eq!(pick(&[m([1.0, 1.01, 0.99]), m([0.98, 0.98, 0.99])]), 0);
         assert_eq!(
-            pick_with_margin(&[t([1.0, 1.01, 0.99]), t([0.98, 0.98, 0.99])]),
-            0
-        );
-        assert_eq!(
-            pick_with_margin(&[
-                t([1.0, 1.01, 0.99]),
-                t([0.98, 0.98, 0.99]),
-                t([0.95, 0.9, 2.0])
+            pick(&[
+                m([1.0, 1.01, 0.99]),
+                m([0.98, 0.98, 0.99]),
+                m([0.95, 0.9, 2.0])
             ]),
             2
         );
         // One outlier round does not decide: the median does.
-        assert_eq!(
-            pick_with_margin(&[t([1.0, 1.0, 1.0]), t([0.5, 1.1, 1.1])]),
-            0
-        );
+        assert_eq!(pick(&[m([1.0, 1.0, 1.0]), m([0.5, 1.1, 1.1])]), 0);
         // A candidate that failed (infinite) is never chosen.
-        assert_eq!(pick_with_margin(&[t([1.0; 3]), t([f32::INFINITY; 3])]), 0);
+        assert_eq!(pick(&[1.0, f32::INFINITY]), 0);
+        // The heuristic's choice failed: the fastest of the others, whatever the margin.
+        assert_eq!(pick(&[f32::INFINITY, 1.0, 0.99]), 2);
+        // Everything failed: the heuristic's choice (its own launch reports the error).
+        assert_eq!(pick(&[f32::INFINITY, f32::INFINITY]), 0);
     }
 }

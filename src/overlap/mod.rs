@@ -812,6 +812,10 @@ impl Overlap {
         });
     }
 
+    /// Local staging for the ring reduce-scatter's partials: as large as the buffer,
+    /// allocated on first use (nothing can be using it yet, so no synchronisation; inside
+    /// a graph capture too: the allocation is made outside the capture's rules and kept
+    /// for the object's life).
     fn staging(&mut self) -> Result<DevPtr> {
         if self.staging.is_none() {
             self.staging = Some(DeviceMem::new_relaxed(self.t.buffer_bytes())?);

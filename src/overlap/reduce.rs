@@ -192,10 +192,6 @@ impl Overlap {
         Ok(())
     }
 
-    /// Local staging for the ring reduce-scatter's partials: as large as the buffer,
-    /// allocated on first use (nothing can be using it yet, so no synchronisation; inside
-    /// a graph capture too: the allocation is made outside the capture's rules and kept
-    /// for the object's life).
     /// Before a call starts (a failure after `begin` breaks the object): an FP8 reduction
     /// output needs its scale.
     pub(super) fn check_fp8_output(t: &Tensor, what: &str) -> Result<()> {
