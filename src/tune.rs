@@ -637,6 +637,11 @@ mod tests {
         );
         assert_eq!(pick_with_margin(&[1.0, 0.9, 0.95], 0.03), 1);
         assert_eq!(pick_with_margin(&[f32::NAN, 0.9], 0.03), 1);
+        // What the GEMM algorithm selection relies on too: a failed candidate (NaN) is
+        // never chosen, and when everything failed the default is kept.
+        assert_eq!(pick_with_margin(&[1.0, f32::NAN], 0.03), 0);
+        assert_eq!(pick_with_margin(&[f32::NAN, f32::NAN], 0.03), 0);
+        assert_eq!(pick_with_margin(&[1.0, 0.98, 0.95], 0.03), 2);
     }
 
     #[test]

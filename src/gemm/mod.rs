@@ -916,19 +916,18 @@ fn matmul(
     lt_check(s, "cublasLtMatmul")
 }
 
-/// Timing rounds of [`fastest`]; each round runs every candidate [`RUNS_PER_TIMING`] times.
-const TUNE_ROUNDS: usize = 3;
+/// Runs per timing of [`fastest`] (each of the autotuner's `tune::ROUNDS` rounds times
+/// every candidate once).
 const RUNS_PER_TIMING: usize = 2;
-/// A candidate replaces the heuristic's choice only when its median is this much faster:
-/// single timings of one GEMM differ by a few percent (clocks, neighbours), and a choice
-/// made on noise would cost on every later call of the shape.
-const TUNE_MARGIN: f32 = 0.97;
 
 /// The plan's algorithm, or one of its untimed candidates when that is clearly faster on
-/// this GEMM: a warm-up of every candidate, then [`TUNE_ROUNDS`] interleaved rounds (so
-/// clock ramps and transient neighbours hit every candidate alike), the median per
-/// candidate, and [`TUNE_MARGIN`] (see [`pick`]). A candidate whose warm-up or any timed
-/// run fails to launch is never chosen.
+/// this GEMM, by the autotuner's rule (`tune::medians`, `tune::pick_with_margin`): a
+/// warm-up of every candidate, then `tune::ROUNDS` interleaved rounds (so clock ramps and
+/// transient neighbours hit every candidate alike), the median per candidate, and a
+/// candidate replaces the heuristic's choice (index 0) only when `tune::MARGIN` faster;
+/// single timings of one GEMM differ by a few percent, and a choice made on noise would
+/// cost on every later call of the shape. A candidate whose warm-up or any timed run
+/// fails to launch is never chosen; when the heuristic's fails, the fastest other is.
 fn fastest(
     h: lt::cublasLtHandle_t,
     p: &Plan,
@@ -949,8 +948,9 @@ fn fastest(
         return Ok(algos[ok.iter().position(|&o| o).unwrap_or(0)]);
     }
     let timeout = crate::env::timeout_ms()?;
-    let mut times = vec![Vec::with_capacity(TUNE_ROUNDS); algos.len()];
-    for _ in 0..TUNE_ROUNDS {
+    let rounds = crate::tune::ROUNDS;
+    let mut times = vec![Vec::with_capacity(rounds); algos.len()];
+    for _ in 0..rounds {
         for (i, algo) in algos.iter().enumerate() {
             if !ok[i] {
                 continue;
@@ -962,35 +962,14 @@ fn fastest(
             times[i].push(t1.elapsed_since(&t0)?);
         }
     }
-    let medians: Vec<f32> = times
-        .iter()
-        .zip(&ok)
-        .map(|(t, &ok)| if ok { median(t) } else { f32::INFINITY })
-        .collect();
-    Ok(algos[pick(&medians)])
-}
-
-fn median(t: &[f32]) -> f32 {
-    let mut t = t.to_vec();
-    t.sort_by(|a, b| a.total_cmp(b));
-    t.get(t.len() / 2).copied().unwrap_or(f32::INFINITY)
-}
-
-/// Index of the candidate to keep from the median times (infinite: failed), index 0 being
-/// the heuristic's choice: 0 unless another candidate's median is below `TUNE_MARGIN`
-/// times its median; when the heuristic's choice failed, the fastest that did not.
-fn pick(medians: &[f32]) -> usize {
-    let best = (0..medians.len())
-        .min_by(|&a, &b| medians[a].total_cmp(&medians[b]))
-        .unwrap_or(0);
-    if !medians[best].is_finite() {
-        return 0;
+    // A failed candidate's median is NaN: never chosen.
+    for (t, &ok) in times.iter_mut().zip(&ok) {
+        if !ok {
+            t.push(f32::NAN);
+        }
     }
-    if !medians[0].is_finite() || medians[best] < TUNE_MARGIN * medians[0] {
-        best
-    } else {
-        0
-    }
+    let medians = crate::tune::medians(&times);
+    Ok(algos[crate::tune::pick_with_margin(&medians, crate::tune::MARGIN)])
 }
 
 /// TE's nvte_cublas_gemm.
@@ -1001,32 +980,4 @@ pub fn cublas_gemm(args: &TeGemm, stream: usize) -> Result<()> {
     }
     let guard = ContextGuard::for_stream(stream)?;
     run(&g, &guard, stream)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{median, pick};
-
-    #[test]
-    fn a_gemm_candidate_replaces_the_heuristic_only_when_clearly_faster() {
-        let m = |v: [f32; 3]| median(&v);
-        // Medians: heuristic 1.00; 0.98 is within the margin (noise), 0.95 is not.
-        assert_eq!(pick(&[m([1.0, 1.01, 0.99]), m([0.98, 0.98, 0.99])]), 0);
-        assert_eq!(
-            pick(&[
-                m([1.0, 1.01, 0.99]),
-                m([0.98, 0.98, 0.99]),
-                m([0.95, 0.9, 2.0])
-            ]),
-            2
-        );
-        // One outlier round does not decide: the median does.
-        assert_eq!(pick(&[m([1.0, 1.0, 1.0]), m([0.5, 1.1, 1.1])]), 0);
-        // A candidate that failed (infinite) is never chosen.
-        assert_eq!(pick(&[1.0, f32::INFINITY]), 0);
-        // The heuristic's choice failed: the fastest of the others, whatever the margin.
-        assert_eq!(pick(&[f32::INFINITY, 1.0, 0.99]), 2);
-        // Everything failed: the heuristic's choice (its own launch reports the error).
-        assert_eq!(pick(&[f32::INFINITY, f32::INFINITY]), 0);
-    }
 }
