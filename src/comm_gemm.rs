@@ -198,6 +198,7 @@ impl CommGemmCtx {
         let cfg = Config::from_env()?;
         cfg.check()?;
         crate::overlap::ar::ar_algo_choice()?;
+        crate::overlap::rs::rs_ring_choice()?;
         crate::overlap::trace_enabled()?;
         crate::tune::mode()?;
         crate::tune::budget_ms()?;
@@ -378,6 +379,7 @@ impl CommGemmCtx {
             splits: self.cfg.num_splits,
             ring: true,
             pieces: 1,
+            accumulate: false,
         }
     }
 
@@ -387,13 +389,14 @@ impl CommGemmCtx {
         let (kind, user_sms) = (c.kind, c.comm_sm_count);
         let ch = self.current.unwrap_or_else(|| self.default_choice());
         let e = &mut self.engines[eng];
-        e.set_tuning(
-            ch.use_ce,
-            ch.aggregate,
-            ch.splits,
-            (kind == Kind::AllReduce).then_some(ch.ring),
-            ch.pieces,
-        )?;
+        e.set_tuning(&crate::overlap::Tuning {
+            use_ce: ch.use_ce,
+            aggregate: ch.aggregate,
+            splits: ch.splits,
+            ar_ring: (kind == Kind::AllReduce).then_some(ch.ring),
+            pieces: ch.pieces,
+            rs_accumulate: ch.accumulate,
+        })?;
         e.set_comm_sms(if user_sms > 0 { user_sms } else { ch.comm_sms })?;
         e.set_report_dims(Some([c.m, c.n, c.k]));
         Ok(ch)
@@ -550,6 +553,9 @@ impl CommGemmCtx {
         if c.kind == Kind::AllReduce {
             // Read again where the algorithm is chosen; a bad value fails here, before any work.
             crate::overlap::ar::ar_algo_choice()?;
+        }
+        if c.kind != Kind::AllGather {
+            crate::overlap::rs::rs_ring_choice()?;
         }
         // The stream's context stays current for the whole call (engines are created in it).
         let _guard = ContextGuard::for_stream(stream)?;

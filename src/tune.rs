@@ -64,14 +64,21 @@ pub struct Choice {
     /// reduce-scatter: the ring (p2p) algorithm, else the pipelined one;
     /// all-reduce: the ring (RS + AG), else the chunked one
     pub ring: bool,
-    /// all-gather: pieces per remote chunk (finer pipeline)
+    /// all-gather: pieces per remote chunk (finer pipeline); the accumulating ring:
+    /// pieces per chunk
     pub pieces: i32,
+    /// reduce-scatter and all-reduce rings: the GEMMs add the running sums (the
+    /// accumulating ring), else a closing reduction sums the partials
+    pub accumulate: bool,
 }
 
 impl Choice {
     /// Fits in 8 bytes for the cross-rank exchange: flags, comm SMs, splits.
     pub fn encode(&self) -> [u8; 8] {
-        let flags = (self.use_ce as u8) | (self.aggregate as u8) << 1 | (self.ring as u8) << 2;
+        let flags = (self.use_ce as u8)
+            | (self.aggregate as u8) << 1
+            | (self.ring as u8) << 2
+            | (self.accumulate as u8) << 3;
         let mut b = [0u8; 8];
         b[0] = 1; // present
         b[1] = flags;
@@ -88,6 +95,7 @@ impl Choice {
             use_ce: b[1] & 1 != 0,
             aggregate: b[1] & 2 != 0,
             ring: b[1] & 4 != 0,
+            accumulate: b[1] & 8 != 0,
             comm_sms: u16::from_le_bytes([b[2], b[3]]) as i32,
             splits: u16::from_le_bytes([b[4], b[5]]) as i32,
             pieces: (b[6] as i32).max(1),
@@ -95,13 +103,14 @@ impl Choice {
     }
     fn to_text(self) -> String {
         format!(
-            "ce={} aggregate={} ring={} comm_sms={} splits={} pieces={}",
+            "ce={} aggregate={} ring={} comm_sms={} splits={} pieces={} acc={}",
             self.use_ce as u8,
             self.aggregate as u8,
             self.ring as u8,
             self.comm_sms,
             self.splits,
-            self.pieces
+            self.pieces,
+            self.accumulate as u8
         )
     }
     fn from_text(s: &str) -> Option<Choice> {
@@ -112,6 +121,7 @@ impl Choice {
             comm_sms: 16,
             splits: 3,
             pieces: 1,
+            accumulate: false,
         };
         let mut seen = 0;
         for kv in s.split_whitespace() {
@@ -124,11 +134,12 @@ impl Choice {
                 "comm_sms" => c.comm_sms = n,
                 "splits" => c.splits = n,
                 "pieces" => c.pieces = n,
+                "acc" => c.accumulate = n != 0,
                 _ => return None,
             }
             seen += 1;
         }
-        (seen == 6
+        (seen == 7
             && c.comm_sms >= 1
             && (1..=64).contains(&c.splits)
             && (1..=16).contains(&c.pieces))
@@ -202,6 +213,17 @@ pub fn candidates(op: Op, tp: usize, nccl: bool, default: Choice, max_sms: i32) 
                     });
                 }
             }
+            // The accumulating ring (any transport), its chunks in 2 or 4 pieces (last, so
+            // that earlier candidates keep their indices).
+            for pieces in [2, 4] {
+                add(Choice {
+                    ring: true,
+                    use_ce: true,
+                    accumulate: true,
+                    pieces,
+                    ..d
+                });
+            }
         }
         Op::AllReduce => {
             if !nccl {
@@ -223,6 +245,19 @@ pub fn candidates(op: Op, tp: usize, nccl: bool, default: Choice, max_sms: i32) 
                     splits,
                     ..d
                 });
+            }
+            // The ring with the accumulating reduce-scatter (IPC: the ring needs peer
+            // buffers), last.
+            if !nccl {
+                for pieces in [2, 4] {
+                    add(Choice {
+                        ring: true,
+                        use_ce: true,
+                        accumulate: true,
+                        pieces,
+                        ..d
+                    });
+                }
             }
         }
     }
@@ -351,7 +386,7 @@ impl Cache {
                     }
                 })
                 .collect();
-            d.join(format!("tune-v2-{clean}.txt"))
+            d.join(format!("tune-v3-{clean}.txt"))
         }))
     }
 
@@ -510,6 +545,7 @@ mod tests {
             splits: 3,
             ring: true,
             pieces: 1,
+            accumulate: false,
         }
     }
 
@@ -530,6 +566,27 @@ mod tests {
                     assert!(c.len() <= 16, "{op:?}: {} candidates", c.len());
                 }
             }
+        }
+        // The accumulating ring: reduce-scatter on both transports, all-reduce over IPC.
+        for (op, nccl, want) in [
+            (Op::ReduceScatter, false, true),
+            (Op::ReduceScatter, true, true),
+            (Op::AllReduce, false, true),
+            (Op::AllReduce, true, false),
+            (Op::AllGather, false, false),
+        ] {
+            let c = candidates(op, 2, nccl, d(), 132);
+            let acc: Vec<&Choice> = c.iter().filter(|x| x.accumulate).collect();
+            assert_eq!(!acc.is_empty(), want, "{op:?} nccl {nccl}");
+            assert!(acc.iter().all(|x| x.ring && x.pieces >= 2));
+        }
+        // python/tests/jax/test_jax_gpu.py forces picks 14 and 15 (mod the candidates) to
+        // run the accumulating ring at tp 2 over IPC with the default configuration.
+        let rs = candidates(Op::ReduceScatter, 2, false, d(), 132);
+        let ar = candidates(Op::AllReduce, 2, false, d(), 132);
+        for pick in [14, 15] {
+            assert!(rs[pick % rs.len()].accumulate, "reduce-scatter pick {pick}");
+            assert!(ar[pick % ar.len()].accumulate, "all-reduce pick {pick}");
         }
         // The bidirectional ring only from tp 4.
         assert!(
@@ -554,6 +611,11 @@ mod tests {
         assert_eq!(Choice::from_text("ce=1 aggregate=0"), None);
         assert_eq!(
             Choice::from_text("ce=1 aggregate=0 ring=1 comm_sms=0 splits=3"),
+            None
+        );
+        // A line of the previous format (no acc) is not taken.
+        assert_eq!(
+            Choice::from_text("ce=1 aggregate=0 ring=1 comm_sms=16 splits=3 pieces=1"),
             None
         );
     }
@@ -655,7 +717,7 @@ mod tests {
     #[test]
     fn the_disk_cache_survives_a_reload() {
         let dir = std::env::temp_dir().join(format!("te_comm_tune_{}", std::process::id()));
-        let p = dir.join("tune-v2-test.txt");
+        let p = dir.join("tune-v3-test.txt");
         let mut c = Cache {
             path: Some(p.clone()),
             map: HashMap::new(),

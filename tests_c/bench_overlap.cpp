@@ -7,6 +7,7 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cmath>
 #include <functional>
 #include <map>
@@ -153,8 +154,12 @@ int main(int argc, char **argv) {
       check_last("gemm");
       double t_gemm = time_ms(gemm), t_coll = time_ms(coll), t_chunked = time_chunked(W, X, D, tp, ws, split_acc);
       double t_seq = time_ms([&] { gemm(); coll(); });
-      struct V { const char *name; bool p2p, ce; };
-      for (V v : {V{"pipelined RS", false, true}, V{"ring RS (CE)", true, true}, V{"ring RS (SM)", true, false}}) {
+      // rs_ring: NVTE_COMM_RS_RING for the call (the accumulating ring: each GEMM adds
+      // to the running sum that arrived, no closing reduction).
+      struct V { const char *name; bool p2p, ce; const char *rs_ring; };
+      for (V v : {V{"pipelined RS", false, true, "reduce"}, V{"ring RS (CE)", true, true, "reduce"}, V{"ring RS (SM)", true, false, "reduce"},
+                  V{"ring RS accumulate (CE)", true, true, "accumulate"}}) {
+        setenv("NVTE_COMM_RS_RING", v.rs_ring, 1);
         NVTECommOverlapConfig cfg;
         nvte_comm_overlap_config_default(&cfg);
         cfg.use_ce = v.ce;
@@ -166,6 +171,7 @@ int main(int argc, char **argv) {
         });
         check(nvte_comm_overlap_synchronize(o), "synchronize");
         nvte_comm_overlap_destroy(o);
+        unsetenv("NVTE_COMM_RS_RING");
         double bound = std::max(t_gemm, t_coll);
         char b[400];
         std::snprintf(b, sizeof b, "| %d | %s | RS | %zux%zux%zu | %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f |", tp, dtype_name(in), M, s.K,

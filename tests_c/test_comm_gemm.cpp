@@ -358,6 +358,31 @@ int main(int argc, char **argv) {
           }
     }
     unsetenv("NVTE_COMM_AR_ALGO");
+    // The accumulating ring (NVTE_COMM_RS_RING=accumulate) in a context without the
+    // autotuner (so the reduce-scatter runs the ring): reduce-scatters on both transports,
+    // even and padded n; the all-reduce ring over IPC (NCCL: ncclAllReduce); with bias,
+    // back-to-back calls.
+    setenv("NVTE_COMM_RS_RING", "accumulate", 1);
+    setenv("NVTE_COMM_AR_ALGO", "ring", 1);
+    setenv("NVTE_COMM_TUNE", "0", 1);
+    NVTECommGemmCtx *actx = nvte_comm_gemm_ctx_create(e.comm, e.size, e.rank);
+    unsetenv("NVTE_COMM_TUNE");
+    if (!actx) {
+      rep.fail(std::string(transport) + ": ctx_create (RS_RING=accumulate): " + nvte_comm_last_error());
+    } else {
+      const Shape acc[] = {{Op::RS, 64, 128, 256}, {Op::RS, 512, 1024, 512}, {Op::RS, 64, 126, 250}, large_ar[0], large_ar[1]};
+      for (const Shape &s : acc)
+        for (const Types &t : {types[0], types[1], types[2]})
+          for (const Layout &l : layouts) {
+            if (quick && t.a != bf) continue;
+            if (is_fp8(t.a) && (!(l.ta && !l.tb) || s.m % 16 || s.k % (16 * e.size))) continue;  // FP8: TN, 16-aligned
+            std::string tag = std::string(transport) + " RS_RING=accumulate";
+            run_case(e, actx, tag.c_str(), s.op, s.m, s.n, s.k, t.a, t.b, t.d, l.ta, l.tb, true, ++seed, 5);
+          }
+      nvte_comm_gemm_ctx_destroy(actx);
+    }
+    unsetenv("NVTE_COMM_AR_ALGO");
+    unsetenv("NVTE_COMM_RS_RING");
     errors(e, ctx);
     nvte_comm_gemm_ctx_destroy(ctx);
     MPI_Barrier(MPI_COMM_WORLD);

@@ -402,8 +402,10 @@ void engine_ag(Env &e, bool aggregate, bool use_ce, uint64_t salt) {
 // split_rs / split_rs_p2p: partial D = B A^T [n, m] (k split), rs_output [n/tp, m].
 void engine_rs(Env &e, bool p2p, bool use_ce, uint64_t salt) {
   const size_t n = 4096, m = 8192, kl = 4096 / e.size, nc = n / e.size;
+  const char *rs_ring = std::getenv("NVTE_COMM_RS_RING");
   const std::string label = std::string("engine ") + (p2p ? "split_rs_p2p (ring)" : "split_rs (pipelined)") + (use_ce ? " CE" : " SM") +
-                            " bf16 TN n=4096 k=4096 m=8192 tp=" + std::to_string(e.size);
+                            " bf16 TN n=4096 k=4096 m=8192 tp=" + std::to_string(e.size) +
+                            (rs_ring ? std::string(" RS_RING=") + rs_ring : std::string());
   if (!selected(label)) return;
   engine_modes([&](const Mode &mode, bool warmup) {
     NVTECommOverlap *o = create(e, n, m, use_ce, false, label);
@@ -517,10 +519,12 @@ void comm_gemm(Env &e, Op op, CgShape sh, const char *transport, const char *ar_
                const std::vector<Mode> &modes, uint64_t salt) {
   const int64_t m = sh.m, n = sh.n, k = sh.k;
   const size_t ml = m / e.size, nl = n / e.size, kl = k / e.size;
-  char lb[256];
-  std::snprintf(lb, sizeof lb, "comm-GEMM %s %s%s%s%s bf16 TN m=%lld n=%lld k=%lld tp=%d%s",
+  char lb[300];
+  const char *rs_ring = std::getenv("NVTE_COMM_RS_RING");
+  std::snprintf(lb, sizeof lb, "comm-GEMM %s %s%s%s%s%s%s bf16 TN m=%lld n=%lld k=%lld tp=%d%s",
                 op == Op::AG ? "nvte_all_gather_gemm" : op == Op::RS ? "nvte_gemm_reduce_scatter" : "nvte_gemm_all_reduce", transport,
-                ar_algo ? " AR=" : "", ar_algo ? ar_algo : "", sm_puts ? " SM puts" : "", (long long)m, (long long)n, (long long)k, e.size,
+                ar_algo ? " AR=" : "", ar_algo ? ar_algo : "", sm_puts ? " SM puts" : "", rs_ring ? " RS_RING=" : "",
+                rs_ring ? rs_ring : "", (long long)m, (long long)n, (long long)k, e.size,
                 grow ? " (engine replaced by a larger one after the capture)" : "");
   const std::string label = lb;
   if (!selected(label)) return;
@@ -631,6 +635,14 @@ int main(int argc, char **argv) {
   engine_rs(e, true, false, ++salt);
   engine_bulk(e, true, ++salt);
   engine_bulk(e, false, ++salt);
+  // The accumulating ring reduce-scatter (read at every call, captured ones too): the
+  // engine's ring, and the comm-GEMM all-reduce ring (its pieces pushed as computed).
+  setenv("NVTE_COMM_RS_RING", "accumulate", 1);
+  engine_rs(e, true, true, ++salt);
+  engine_rs(e, true, false, ++salt);
+  comm_gemm(e, Op::AR, {8192, 4096, 4096}, "ipc", "ring", false, false, {kThreadLocal, kGlobal}, ++salt);
+  comm_gemm(e, Op::RS, {2048, 1024, 1024}, "nccl", nullptr, false, false, {kGlobal}, ++salt);
+  unsetenv("NVTE_COMM_RS_RING");
   // comm-GEMM at the reported shape (4096 tokens x k 4096 x m 8192), IPC.
   const CgShape big{8192, 4096, 4096};
   const std::vector<Mode> both{kThreadLocal, kGlobal}, global_only{kGlobal};

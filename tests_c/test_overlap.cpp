@@ -413,6 +413,16 @@ void run_all(Env &e) {
       std::vector<Combo> rs = {{algo, bf, bf, bf, ce, false}, {algo, f16, f16, f16, ce, false}, {algo, e4, bf, e4, ce, false}};
       for (auto &c : rs) test_rs(e, c, p2p);
     }
+    // The accumulating ring (NVTE_COMM_RS_RING=accumulate, read at every call): 16-bit
+    // buffers, FP8 inputs into a bf16 buffer, and an FP8 buffer (which falls back to the
+    // closing reduction).
+    setenv("NVTE_COMM_RS_RING", "accumulate", 1);
+    for (const Combo &c : std::vector<Combo>{{"split_rs_p2p accumulate", bf, bf, bf, ce, false},
+                                             {"split_rs_p2p accumulate", f16, f16, f16, ce, false},
+                                             {"split_rs_p2p accumulate", e4, bf, bf, ce, false},
+                                             {"split_rs_p2p accumulate", e4, bf, e4, ce, false}})
+      test_rs(e, c, true);
+    unsetenv("NVTE_COMM_RS_RING");
     for (bool agk : {true, false}) {
       const char *algo = agk ? "bulk_ag" : "bulk_rs";
       std::vector<Combo> bk = {{algo, bf, bf, bf, ce, false}, {algo, f16, f16, f16, ce, false}, {algo, e4, bf, e4, ce, false}};
@@ -481,6 +491,9 @@ int main(int argc, char **argv) {
     test_ag(e, {"split_ag", bf, bf, bf, true, false}, true, false);
     test_ag(e, {"split_ag", e4, bf, e4, true, true}, false, false);
     test_rs(e, {"split_rs_p2p", bf, bf, bf, true, false}, true);
+    setenv("NVTE_COMM_RS_RING", "accumulate", 1);
+    test_rs(e, {"split_rs_p2p accumulate", bf, bf, bf, true, false}, true);
+    unsetenv("NVTE_COMM_RS_RING");
     test_rs(e, {"split_rs", e4, bf, e4, true, false}, false);
     test_bulk(e, {"bulk_ag", bf, bf, bf, true, false}, true);
     test_bulk(e, {"bulk_rs", bf, bf, bf, true, false}, false);

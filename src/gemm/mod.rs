@@ -65,7 +65,8 @@ impl Epilogue {
 }
 
 /// A fully validated GEMM in cuBLAS (column-major) terms:
-/// D[m x n] = op(A)[m x k] * op(B)[k x n] (+ D if accumulate), epilogue applied.
+/// D[m x n] = op(A)[m x k] * op(B)[k x n] (+ C if accumulate; C is D unless `c` is set),
+/// epilogue applied.
 /// Pointers are device addresses; the overlap engine builds these for chunks directly.
 #[derive(Clone, Copy, Debug)]
 pub struct GemmDesc {
@@ -75,6 +76,10 @@ pub struct GemmDesc {
     pub a: DevPtr,
     pub b: DevPtr,
     pub d: DevPtr,
+    /// What an accumulating GEMM adds: NULL = D itself (in place), else a matrix laid out
+    /// like D (same type and leading dimension, not overlapping D). Not part of
+    /// `check_key`: where the sum comes from is the algorithm's business.
+    pub c: DevPtr,
     pub lda: usize,
     pub ldb: usize,
     pub ldd: usize,
@@ -420,6 +425,7 @@ pub fn desc_from_te(g: &TeGemm) -> Result<GemmDesc> {
         a: ab.ptr,
         b: bb.ptr,
         d: db.ptr,
+        c: DevPtr::NULL,
         lda,
         ldb,
         ldd,
@@ -806,6 +812,11 @@ pub fn run(g: &GemmDesc, guard: &ContextGuard, stream: usize) -> Result<()> {
         if g.epilogue != Epilogue::None {
             unsupported!("k = 0 with an epilogue ({:?}) is not supported", g.epilogue);
         }
+        if g.accumulate && !g.c.is_null() {
+            // D = C + 0.
+            let (row, pitch) = (g.m * g.d_type.bits() / 8, g.ldd * g.d_type.bits() / 8);
+            return crate::cuda::resources::copy_2d(g.d, pitch, g.c, pitch, row, g.n, stream);
+        }
         if !g.accumulate {
             let bytes = g.ldd * (g.n - 1) * g.d_type.bits() / 8 + g.m * g.d_type.bits() / 8;
             // SAFETY: D spans these bytes per validation.
@@ -848,7 +859,7 @@ pub fn run(g: &GemmDesc, guard: &ContextGuard, stream: usize) -> Result<()> {
         align: [
             alignment(g.a),
             alignment(g.b),
-            alignment(g.d),
+            alignment(if g.c.is_null() { g.d } else { g.c }),
             alignment(g.d),
         ],
     };
@@ -887,7 +898,9 @@ fn matmul(
 ) -> Result<()> {
     let alpha = 1.0f32;
     let beta = if g.accumulate { 1.0f32 } else { 0.0f32 };
-    let c = if g.d_type.is_fp8() {
+    let c = if !g.c.is_null() {
+        g.c.as_void() as *const c_void
+    } else if g.d_type.is_fp8() {
         std::ptr::null()
     } else {
         g.d.as_void() as *const c_void

@@ -98,7 +98,7 @@ impl Overlap {
         let pieces = if x.g.transb || full.epilogue == Epilogue::BGradB {
             1
         } else {
-            self.ag_pieces.clamp(1, nc.max(1)).min(limit.max(1))
+            self.pieces.clamp(1, nc.max(1)).min(limit.max(1))
         };
         // FP8 output: each GEMM scales its rows and writes its own amax slot; the slots'
         // maximum goes into D's amax after the call.

@@ -85,6 +85,18 @@ fn op_name(op: u32) -> &'static str {
     }
 }
 
+/// The settings an engine takes per call ([`Overlap::set_tuning`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tuning {
+    pub use_ce: bool,
+    pub aggregate: bool,
+    pub splits: i32,
+    /// all-reduce: Some(true) the ring where it fits, Some(false) chunked, None the default
+    pub ar_ring: Option<bool>,
+    pub pieces: i32,
+    pub rs_accumulate: bool,
+}
+
 pub struct Overlap {
     pub cfg: Config,
     ctx: usize,
@@ -127,8 +139,12 @@ pub struct Overlap {
     amax_slots: Option<DeviceMem>,
     /// the comm-GEMM context's global m, n, k of the call (NVTE_COMM_REPORT's shape key)
     report_dims: Option<[i64; 3]>,
-    /// pieces per remote chunk of the ring all-gather (1: whole chunks; the autotuner)
-    ag_pieces: usize,
+    /// pieces per remote chunk of the ring all-gather (1: whole chunks), and per chunk of
+    /// the accumulating ring reduce-scatter (at least 2 there); the autotuner's
+    pieces: usize,
+    /// the ring reduce-scatter sums in its GEMMs (the accumulating ring) where the
+    /// environment says auto (NVTE_COMM_RS_RING) and the operands allow it; the autotuner's
+    rs_accumulate: bool,
     /// the all-reduce algorithm chosen by the caller (the autotuner) where the
     /// environment says auto: Some(true) ring where it fits, Some(false) chunked
     ar_ring: Option<bool>,
@@ -268,7 +284,8 @@ impl Overlap {
             ar_ring: None,
             amax_slots: None,
             report_dims: None,
-            ag_pieces: 1,
+            pieces: 1,
+            rs_accumulate: false,
             report: if Self::report_enabled()? {
                 Some(Box::new(report::Report::new()?))
             } else {
@@ -308,27 +325,23 @@ impl Overlap {
 
     /// The per-call settings the autotuner chooses (between calls): copy-engine or SM
     /// puts, the bidirectional ring all-gather, the GEMM splits of the pipelined
-    /// reduce-scatter and chunked all-reduce, and the all-reduce algorithm.
-    pub fn set_tuning(
-        &mut self,
-        use_ce: bool,
-        aggregate: bool,
-        splits: i32,
-        ar_ring: Option<bool>,
-        ag_pieces: i32,
-    ) -> Result<()> {
-        if !(1..=MAX_SPLITS).contains(&splits) {
-            invalid!("num_splits = {splits} must be in 1..={MAX_SPLITS}");
+    /// reduce-scatter and chunked all-reduce, the all-reduce algorithm, the pieces of the
+    /// ring all-gather and of the accumulating ring, and whether the ring reduce-scatter
+    /// accumulates.
+    pub fn set_tuning(&mut self, t: &Tuning) -> Result<()> {
+        if !(1..=MAX_SPLITS).contains(&t.splits) {
+            invalid!("num_splits = {} must be in 1..={MAX_SPLITS}", t.splits);
         }
-        if !(1..=16).contains(&ag_pieces) {
-            invalid!("ag_pieces = {ag_pieces} must be in 1..=16");
+        if !(1..=16).contains(&t.pieces) {
+            invalid!("pieces = {} must be in 1..=16", t.pieces);
         }
-        self.ag_pieces = ag_pieces as usize;
-        self.cfg.use_ce = use_ce;
-        self.cfg.aggregate = aggregate;
-        self.cfg.num_splits = splits;
-        self.t.set_use_ce(use_ce);
-        self.ar_ring = ar_ring;
+        self.pieces = t.pieces as usize;
+        self.cfg.use_ce = t.use_ce;
+        self.cfg.aggregate = t.aggregate;
+        self.cfg.num_splits = t.splits;
+        self.t.set_use_ce(t.use_ce);
+        self.ar_ring = t.ar_ring;
+        self.rs_accumulate = t.rs_accumulate;
         Ok(())
     }
 

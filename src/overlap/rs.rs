@@ -9,6 +9,14 @@
 //! - Ring: step i computes the rows destined for rank (r+i+1) % tp and puts them into
 //!   that rank's buffer (copy engine or SM put) while the next step computes; a final
 //!   kernel sums the tp partials that landed here.
+//! - Accumulating ring (NVTE_COMM_RS_RING=accumulate, or the autotuner's choice): the
+//!   partial sums travel along the ring and every GEMM adds its partial to the running
+//!   sum that arrived (beta = 1, C = the landed sum); the last step's GEMM writes this
+//!   rank's reduced rows, so no closing reduction is left after the last GEMM. Each
+//!   chunk is computed and sent in pieces (at least 2), so a step's GEMM starts as soon
+//!   as the first piece of the running sum it adds to has landed. For 16/32-bit buffers
+//!   with an output of the buffer's type and no per-row epilogue output or accumulation
+//!   (else the ring above); any transport (the sums move by the transport's exchange).
 //! - NCCL transport, tp > 2: the GEMM in column chunks into local staging and
 //!   ncclReduceScatter per chunk while the next computes (FP8 buffers, epilogue outputs
 //!   and accumulation run the ring over send / recv).
@@ -36,6 +44,17 @@ pub struct RsArgs<'a> {
     pub g: Operands<'a, Option<&'a Tensor>>,
     pub rs_output: &'a Tensor,
 }
+
+/// NVTE_COMM_RS_RING, parsed strictly: None (unset: auto), or the index of the choice in
+/// `auto`, `reduce`, `accumulate`. How the ring reduce-scatter (split_rs_p2p, and the
+/// ring all-reduce's reduce-scatter) sums: a closing reduction of the landed partials, or
+/// the accumulating ring; auto: the autotuner's choice, else the closing reduction. Read
+/// at every call (and checked when a comm-GEMM context is created).
+pub fn rs_ring_choice() -> Result<Option<usize>> {
+    crate::env::choice("NVTE_COMM_RS_RING", &["auto", "reduce", "accumulate"])
+}
+const RS_REDUCE: usize = 1;
+const RS_ACCUMULATE: usize = 2;
 
 /// The validated GEMM on the full buffer and the reduction's geometry.
 struct Plan {
@@ -222,13 +241,15 @@ impl Overlap {
         // NCCL-then-GEMM vs 1.01-1.08x; at tp 4 the collective 0.95-1.13x vs 1.10-1.60x).
         if self.t.nccl().is_some() && self.tp() > 2 {
             let p = self.plan_rs(x, false)?;
-            if Self::nccl_sums(x, &p, self.dtype) {
+            if Self::plain_sums(x, &p, self.dtype) && !self.rs_accumulates(x, &p)? {
                 return self.rs_nccl_chunks(&p, x, &guard, stream);
             }
         }
         let p = self.plan_rs(x, !self.cfg.use_ce)?;
+        let acc = self.rs_accumulates(x, &p)?;
         self.staging()?; // allocated (once) before the call starts
-        // GEMMs write local staging only: they need not wait for peers.
+        // GEMMs write local staging only (and read sums that landed after the call's
+        // barrier): they need not wait for peers.
         self.begin(
             stream,
             Op::SplitRsP2p,
@@ -236,14 +257,32 @@ impl Overlap {
             &p.full.check_key(),
             Some(&p.full),
         )?;
-        self.ring_rs(x, &p, &guard)?;
+        if acc {
+            self.chain_rs(x, &p, &guard, Op::SplitRsP2p, None)?;
+        } else {
+            self.ring_rs(x, &p, &guard)?;
+        }
         self.finish(stream)
     }
 
-    /// Whether ncclReduceScatter can produce this reduce-scatter: plain sums of a 16/32-bit
-    /// buffer into an output of the same type, with no per-row epilogue output or
-    /// accumulation in the partials (FP8 partials need the scaled fp32 reduction).
-    fn nccl_sums(x: &RsArgs, p: &Plan, dtype: crate::tensor::DType) -> bool {
+    /// Whether this ring reduce-scatter runs the accumulating ring: asked for
+    /// (NVTE_COMM_RS_RING, where auto: the autotuner's choice) and possible (plain sums of
+    /// the buffer's type, tp > 1). The choice is the same on every rank (same
+    /// environment and tuning, same operands per the call check).
+    fn rs_accumulates(&self, x: &RsArgs, p: &Plan) -> Result<bool> {
+        let want = match rs_ring_choice()? {
+            Some(RS_REDUCE) => false,
+            Some(RS_ACCUMULATE) => true,
+            _ => self.rs_accumulate,
+        };
+        Ok(want && self.tp() > 1 && Self::plain_sums(x, p, self.dtype))
+    }
+
+    /// Whether the reduce-scatter is plain sums of a 16/32-bit buffer into an output of
+    /// the same type, with no per-row epilogue output or accumulation in the partials
+    /// (FP8 partials need the scaled fp32 reduction): what ncclReduceScatter and the
+    /// accumulating ring can produce.
+    fn plain_sums(x: &RsArgs, p: &Plan, dtype: crate::tensor::DType) -> bool {
         !dtype.is_fp8()
             && x.rs_output.data.dtype == dtype
             && !x.g.accumulate
@@ -391,6 +430,139 @@ impl Overlap {
         self.mark(cs, || "reduced".into())
     }
 
+    /// The accumulating ring of the call (between begin and finish; module doc), ending
+    /// with this rank's reduced rows in `x.rs_output`. `gather` = (half, D), the
+    /// all-reduce: each finished piece of those rows is also pushed into every peer's
+    /// buffer at byte offset half + (its place in D), and the peers' pieces that land here
+    /// are copied into the rest of D (`x.rs_output` is this rank's rows of D).
+    fn chain_rs(
+        &mut self,
+        x: &RsArgs,
+        p: &Plan,
+        guard: &ContextGuard,
+        op: Op,
+        gather: Option<(usize, DevPtr)>,
+    ) -> Result<()> {
+        let (tp, r) = (self.tp(), self.tp_rank());
+        let staging = self.staging()?;
+        let e = eb(self.dtype);
+        let eb_b = eb(p.full.b_type);
+        let slot_bytes = p.nc * p.m * e;
+        let plan = super::schedule::rs_chain(tp, r);
+        // At least 2 pieces: with whole chunks every step would wait for the whole
+        // transfer of the one before. Events: a "computed" and a "landed" per piece and
+        // step.
+        let max_pieces = (self.ev_chunk.len() / (2 * tp)).max(1);
+        let bounds = super::schedule::row_pieces(p.nc, self.pieces.max(2).min(max_pieces));
+        let np = bounds.len() - 1;
+        let computed = |i: usize, j: usize| i * np + j;
+        let landed = |i: usize, j: usize| (tp + i) * np + j;
+        let cs = self.comm[0].raw();
+        let cmp = self.compute[0].raw();
+        let out = x.rs_output.data.ptr;
+        let info = |k: usize| WaitInfo {
+            op: op as u32,
+            step: k as u32,
+        };
+        for (i, &c) in plan.chunk.iter().enumerate() {
+            let last = i + 1 == tp;
+            self.step(|| {
+                if last {
+                    format!("GEMM of the own rows, adding the sums that arrived ({tp} of {tp})")
+                } else {
+                    format!(
+                        "GEMM partial of rank {c}'s rows{} ({} of {tp})",
+                        if i > 0 {
+                            " added to the sum that arrived"
+                        } else {
+                            ""
+                        },
+                        i + 1
+                    )
+                }
+            });
+            for j in 0..np {
+                let (lo, hi) = (bounds[j], bounds[j + 1]);
+                let off = lo * p.m * e;
+                if i > 0 {
+                    // Piece j of step i - 1's sums: ours to `to`, `from`'s to slot i - 1.
+                    let k = (i - 1) * np + j;
+                    let at = (i - 1) * slot_bytes + off;
+                    let bytes = (hi - lo) * p.m * e;
+                    self.ev_chunk[computed(i - 1, j)].wait_on(cs)?;
+                    self.t.exchange(
+                        &[SendOp {
+                            peer: plan.to,
+                            src: staging + at,
+                            dst_offset: at,
+                            bytes,
+                        }],
+                        &[RecvOp {
+                            peer: plan.from,
+                            dst_offset: at,
+                            bytes,
+                        }],
+                        Slot::RsP2p,
+                        tag(k),
+                        cs,
+                        info(k),
+                    )?;
+                    self.ev_chunk[landed(i - 1, j)].record(cs)?;
+                    self.ev_chunk[landed(i - 1, j)].wait_on(cmp)?;
+                }
+                let mut g = p.full;
+                g.n = hi - lo;
+                let row0 = c * p.nc + lo;
+                g.b = p.full.b + if x.g.transb { row0 } else { row0 * p.full.ldb } * eb_b;
+                g.d = if last {
+                    out + off
+                } else {
+                    staging + i * slot_bytes + off
+                };
+                if i > 0 {
+                    g.accumulate = true;
+                    g.c = self.buffer() + (i - 1) * slot_bytes + off;
+                }
+                self.run_gemm(&g, guard, 0, false)?;
+                self.ev_chunk[computed(i, j)].record(cmp)?;
+            }
+            self.mark(cmp, || format!("gemm{i}"))?;
+        }
+        let Some((half, d)) = gather else {
+            // The caller's stream joins comm stream 0 at finish: make it wait for the
+            // last GEMMs.
+            self.ev_chunk[computed(tp - 1, np - 1)].wait_on(cs)?;
+            return self.mark(cs, || "reduced".into());
+        };
+        // All-reduce: push each reduced piece to every peer as soon as it is computed
+        // (comm stream 0), and copy the peers' pieces into D as they land (comm stream 1).
+        let others = self.others();
+        let mine = r * slot_bytes;
+        for j in 0..np {
+            let (lo, hi) = (bounds[j], bounds[j + 1]);
+            let off = lo * p.m * e;
+            self.ev_chunk[computed(tp - 1, j)].wait_on(cs)?;
+            for k in 1..tp {
+                let q = (r + k) % tp;
+                self.t
+                    .put(q, half + mine + off, out + off, (hi - lo) * p.m * e, cs)?;
+            }
+            self.t.signal(&others, Slot::ArReduced, tag(j), cs)?;
+        }
+        let land = self.comm[1].raw();
+        for j in 0..np {
+            let (lo, hi) = (bounds[j], bounds[j + 1]);
+            let off = lo * p.m * e;
+            self.t
+                .wait(&others, Slot::ArReduced, tag(j), land, info(tp * np + j))?;
+            for &q in &others {
+                let at = q * slot_bytes + off;
+                copy_async(d + at, self.buffer() + half + at, (hi - lo) * p.m * e, land)?;
+            }
+        }
+        self.mark(land, || "gathered".into())
+    }
+
     /// GEMM + all-reduce as a ring reduce-scatter (each rank's rows of D reduced into D)
     /// followed by an all-gather of the reduced rows: each rank pushes its rows into the
     /// second half of every peer's buffer (copy engine), and every rank copies the rows
@@ -402,6 +574,7 @@ impl Overlap {
         let n = p.nc * tp;
         self.check_capacity("the all-reduce's partials and gathered rows", [2 * n, p.m])?;
         self.staging()?; // allocated (once) before the call starts
+        let acc = self.rs_accumulates(x, &p)?;
         self.begin(
             stream,
             Op::SplitAr,
@@ -409,10 +582,14 @@ impl Overlap {
             &p.full.check_key(),
             Some(&p.full),
         )?;
+        let half = n * p.m * e;
+        if acc {
+            self.chain_rs(x, &p, &guard, Op::SplitAr, Some((half, d)))?;
+            return self.finish(stream);
+        }
         self.ring_rs(x, &p, &guard)?;
         let cs = self.comm[0].raw();
         let rows = p.nc * p.m * e; // bytes of one rank's rows
-        let half = n * p.m * e;
         let others = self.others();
         for k in 1..tp {
             let q = (r + k) % tp;

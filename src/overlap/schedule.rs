@@ -91,6 +91,36 @@ pub fn rs_exchange(tp: usize, r: usize) -> RsExchange {
     }
 }
 
+/// The accumulating ring reduce-scatter (`split_rs_p2p` with the GEMMs summing): at step
+/// i rank `r` computes its partial of row chunk `chunk[i]` and adds (GEMM with beta = 1)
+/// the running sum of that chunk that `from` (r + 1) sent at step i - 1, which landed in
+/// slot i - 1 of r's buffer; before the last step it sends the new running sum to `to`
+/// (r - 1), into slot i of `to`'s buffer. The last step's chunk is r's own: the sum of
+/// every rank's partial, with no closing reduction.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RsChain {
+    pub to: usize,
+    pub from: usize,
+    pub chunk: Vec<usize>,
+}
+
+pub fn rs_chain(tp: usize, r: usize) -> RsChain {
+    RsChain {
+        to: (r + tp - 1) % tp,
+        from: (r + 1) % tp,
+        chunk: (0..tp).map(|i| (r + i + 1) % tp).collect(),
+    }
+}
+
+/// Row bounds of `pieces` near-equal pieces of `rows` rows (none empty; at most `rows`
+/// pieces): `[0, .., rows]`, just `[0]` when `rows` is 0.
+pub fn row_pieces(rows: usize, pieces: usize) -> Vec<usize> {
+    let s = pieces.clamp(1, rows.max(1));
+    let mut b: Vec<usize> = (0..=s).map(|i| i * rows / s).collect();
+    b.dedup();
+    b
+}
+
 /// Column bounds of the pipelined reduce-scatter's GEMM chunks: at most `num_splits`
 /// chunks of `m` columns, interior bounds on multiples of 16 (aligned chunk starts),
 /// none empty. `[0, .., m]`; just `[0]` when `m` is 0.
@@ -205,6 +235,73 @@ mod tests {
                 }
             }
             assert_eq!(pairs.len(), tp * (tp - 1));
+        }
+    }
+
+    /// Every rank's chain together, step by step with the sums as sets of contributing
+    /// ranks: what a rank adds to is exactly what its `from` sent the step before (into
+    /// the slot it reads), nobody's partial of a chunk is added twice, and after the last
+    /// step every rank holds its own chunk summed over all ranks.
+    #[test]
+    fn accumulating_ring_sums_every_partial_once_into_its_owner() {
+        for tp in 1..=8 {
+            let all: Vec<RsChain> = (0..tp).map(|r| rs_chain(tp, r)).collect();
+            // in_flight[r]: (slot, chunk, contributors) that landed in r's buffer.
+            let mut landed: Vec<Vec<(usize, usize, BTreeSet<usize>)>> = vec![vec![]; tp];
+            let mut result: Vec<Option<(usize, BTreeSet<usize>)>> = vec![None; tp];
+            for i in 0..tp {
+                let mut sent = vec![];
+                for (r, x) in all.iter().enumerate() {
+                    assert_eq!(all[x.to].from, r, "tp {tp}: {r}'s successor");
+                    let c = x.chunk[i];
+                    let mut sum = if i == 0 {
+                        BTreeSet::new()
+                    } else {
+                        let (slot, chunk, s) = landed[r]
+                            .iter()
+                            .find(|(slot, _, _)| *slot == i - 1)
+                            .cloned()
+                            .expect("the running sum of the step before landed");
+                        assert_eq!((slot, chunk), (i - 1, c), "tp {tp} rank {r} step {i}");
+                        s
+                    };
+                    assert!(sum.insert(r), "tp {tp}: {r}'s partial of {c} added twice");
+                    if i + 1 == tp {
+                        result[r] = Some((c, sum));
+                    } else {
+                        sent.push((x.to, i, c, sum));
+                    }
+                }
+                for (to, slot, c, sum) in sent {
+                    landed[to].push((slot, c, sum));
+                }
+            }
+            for (r, res) in result.into_iter().enumerate() {
+                let (c, sum) = res.unwrap();
+                assert_eq!(c, r, "tp {tp}: rank {r} ends with its own chunk");
+                assert_eq!(sum, (0..tp).collect(), "tp {tp}: rank {r}'s sum");
+                // Slots 0..tp-1 of the buffer each written once per call.
+                let slots: BTreeSet<usize> = landed[r].iter().map(|x| x.0).collect();
+                assert_eq!(slots.len(), tp - 1);
+            }
+        }
+    }
+
+    #[test]
+    fn row_pieces_cover_the_rows_in_nonempty_pieces() {
+        for rows in 0..100 {
+            for s in 1..=9 {
+                let b = row_pieces(rows, s);
+                assert_eq!((b[0], *b.last().unwrap()), (0, rows));
+                assert!(b.len() - 1 <= s);
+                assert!(
+                    b.windows(2).all(|w| w[0] < w[1]),
+                    "rows {rows} s {s}: {b:?}"
+                );
+                if rows >= s {
+                    assert_eq!(b.len() - 1, s);
+                }
+            }
         }
     }
 
