@@ -1,8 +1,8 @@
 // Benchmark of TE's comm_gemm.h API (nvte_all_gather_gemm, nvte_gemm_reduce_scatter,
 // nvte_gemm_all_reduce) on the anchor shapes, with the IPC and the NCCL transport,
 // against NCCL then GEMM (GEMM then NCCL for RS and AR). All ranks are one tensor-parallel
-// group. Random data, CUDA events, warm-up, median of many; each figure is the maximum
-// over ranks of that rank's median.
+// group. Random data, CUDA events, warm-up, median of many, the four figures of a row
+// timed in interleaved rounds; each figure is the maximum over ranks of that rank's median.
 #include <nccl.h>
 
 #include <algorithm>
@@ -18,7 +18,12 @@ namespace {
 cudaStream_t g_s;
 int g_iters = 20;
 
-double time_ms(const std::function<void()> &fn) { return tu::time_ms(g_s, 5, g_iters, fn); }
+// GEMM alone, the collective alone, the two in sequence and ours, in interleaved rounds
+// (tu::time_interleaved: drift hits all four alike), g_iters runs each in all.
+std::vector<double> time_all(const std::vector<std::function<void()>> &fns) {
+  const int rounds = 5;
+  return tu::time_interleaved(g_s, 3, rounds, std::max(1, g_iters / rounds), fns);
+}
 
 void ok(const char *what) {
   if (nvte_comm_last_status() != NVTE_COMM_SUCCESS) {
@@ -97,7 +102,8 @@ int main(int argc, char **argv) {
         };
         ours();
         ok("all_gather_gemm");
-        double tg = time_ms(gemm), tc = time_ms(coll), tq = time_ms([&] { coll(); gemm(); }), to = time_ms(ours);
+        std::vector<double> t = time_all({gemm, coll, [&] { coll(); gemm(); }, ours});
+        const double tg = t[0], tc = t[1], tq = t[2], to = t[3];
         char b[300];
         std::snprintf(b, sizeof b, "| %d | %s | AG | %s | %zux%zux%zu | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f |\n", tp, transport, dtype_name(in),
                       s.M, s.K, s.N, tg, tc, tq, to, to / std::max(tg, tc), to / tq);
@@ -121,7 +127,8 @@ int main(int argc, char **argv) {
           auto ours = [&] { fn(ctx, s.N, s.M, s.K, A.h, B.h, D.h, nullptr, nullptr, true, false, false, false, 0, g_s, kNVTECommGemmAlgoDefault); };
           ours();
           ok(ar ? "gemm_all_reduce" : "gemm_reduce_scatter");
-          double tg = time_ms(gemm), tc = time_ms(coll), tq = time_ms([&] { gemm(); coll(); }), to = time_ms(ours);
+          std::vector<double> t = time_all({gemm, coll, [&] { gemm(); coll(); }, ours});
+          const double tg = t[0], tc = t[1], tq = t[2], to = t[3];
           char b[300];
           std::snprintf(b, sizeof b, "| %d | %s | %s | %s | %zux%zux%zu | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f |\n", tp, transport,
                         ar ? "AR" : "RS", dtype_name(in), s.M, s.K, s.N, tg, tc, tq, to, to / std::max(tg, tc), to / tq);

@@ -1,8 +1,9 @@
 // The overlap benchmark (README's main job): on the anchor shapes, per algorithm, the
 // GEMM alone, the NCCL collective alone, NCCL then GEMM, and ours; ours / max(GEMM,
 // NCCL) ("bound") and ours / (NCCL then GEMM). All ranks form one tensor-parallel group
-// (tp = number of ranks). Random data, CUDA events, warm-up, median of many; every
-// figure is the maximum over ranks of that rank's median. Prints a markdown table on
+// (tp = number of ranks). Random data, CUDA events, warm-up, median of many; all figures
+// of a shape are timed in interleaved rounds (tu::time_interleaved), so drift hits them
+// alike; every figure is the maximum over ranks of that rank's median. Prints a markdown table on
 // rank 0 (and writes it to --out FILE) and a geomean line per dtype.
 #include <nccl.h>
 
@@ -19,10 +20,13 @@ using namespace tu;
 
 namespace {
 
-int g_warmup = 5, g_iters = 20;
+int g_warmup = 3, g_iters = 20, g_rounds = 5;
 cudaStream_t g_s;
 
-double time_ms(const std::function<void()> &fn) { return tu::time_ms(g_s, g_warmup, g_iters, fn); }
+// The regions of one shape in interleaved rounds (g_iters runs each in all).
+std::vector<double> time_all(const std::vector<std::function<void()>> &fns) {
+  return tu::time_interleaved(g_s, g_warmup, g_rounds, std::max(1, g_iters / g_rounds), fns);
+}
 
 void check(NVTECommStatus st, const char *what) {
   if (st != NVTE_COMM_SUCCESS) {
@@ -44,18 +48,19 @@ Tensor view_rows(const Tensor &t, size_t r0, size_t n) {
 }
 
 // D = X W^T (TN) as tp GEMMs on row chunks of X and D, without communication: what
-// splitting the GEMM alone costs.
-double time_chunked(const Tensor &W, const Tensor &X, const Tensor &D, int tp, const Tensor &ws, bool split_acc) {
+// splitting the GEMM alone costs. The views live in `keep`.
+std::function<void()> chunked(const Tensor &W, const Tensor &X, const Tensor &D, int tp, const Tensor &ws, bool split_acc,
+                              std::vector<Tensor> &keep) {
   const size_t rows = X.shape[0] / tp;
-  std::vector<Tensor> xc, dc;
+  keep.clear();
   for (int c = 0; c < tp; ++c) {
-    xc.push_back(view_rows(X, c * rows, rows));
-    dc.push_back(view_rows(D, c * rows, rows));
+    keep.push_back(view_rows(X, c * rows, rows));
+    keep.push_back(view_rows(D, c * rows, rows));
   }
-  return time_ms([&] {
+  return [&W, &ws, &keep, tp, split_acc] {
     for (int c = 0; c < tp; ++c)
-      nvte_cublas_gemm(W.h, xc[c].h, dc[c].h, nullptr, nullptr, true, false, false, ws.h, false, split_acc, 0, g_s);
-  });
+      nvte_cublas_gemm(W.h, keep[2 * c].h, keep[2 * c + 1].h, nullptr, nullptr, true, false, false, ws.h, false, split_acc, 0, g_s);
+  };
 }
 
 struct Row {
@@ -77,6 +82,7 @@ int main(int argc, char **argv) {
   for (int i = 1; i + 1 < argc; ++i) {
     if (!std::strcmp(argv[i], "--out")) out_path = argv[i + 1];
     if (!std::strcmp(argv[i], "--iters")) g_iters = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--rounds")) g_rounds = std::max(1, std::atoi(argv[i + 1]));
     if (!std::strcmp(argv[i], "--only")) only = argv[i + 1];
   }
   int ndev;
@@ -118,26 +124,34 @@ int main(int argc, char **argv) {
       auto coll = [&] { NCCL_OK(ncclAllGather(Xs.data.p, X.data.p, Ml * K * dtype_bytes(in), ncclUint8, nccl, g_s)); };
       gemm();
       check_last("gemm");
-      double t_gemm = time_ms(gemm), t_coll = time_ms(coll), t_chunked = time_chunked(W, X, D, tp, ws, split_acc);
-      double t_seq = time_ms([&] { coll(); gemm(); });
       struct V { const char *name; bool ce, aggregate; };
-      for (V v : {V{"ring AG (CE)", true, false}, V{"ring AG bidir (CE)", true, true}, V{"ring AG (SM)", false, false}}) {
+      const V vs[] = {{"ring AG (CE)", true, false}, {"ring AG bidir (CE)", true, true}, {"ring AG (SM)", false, false}};
+      std::vector<NVTECommOverlap *> objs;
+      for (const V &v : vs) {
         NVTECommOverlapConfig cfg;
         nvte_comm_overlap_config_default(&cfg);
         cfg.use_ce = v.ce;
         cfg.aggregate = v.aggregate;
         NVTECommOverlap *o = nullptr;
         check(nvte_comm_overlap_create(&bs, &cfg, M, K, in, &o), "create");
-        double t = time_ms([&] {
+        objs.push_back(o);
+      }
+      std::vector<Tensor> views;
+      std::vector<std::function<void()>> fns = {gemm, coll, [&] { coll(); gemm(); }, chunked(W, X, D, tp, ws, split_acc, views)};
+      for (NVTECommOverlap *o : objs)
+        fns.push_back([&, o] {
           check(nvte_comm_overlap_split_ag(o, W.h, true, Xs.h, false, D.h, nullptr, nullptr, false, ws.h, false, split_acc, nullptr, g_s), "split_ag");
         });
-        check(nvte_comm_overlap_synchronize(o), "synchronize");
-        nvte_comm_overlap_destroy(o);
-        double bound = std::max(t_gemm, t_coll);
+      std::vector<double> t = time_all(fns);
+      const double t_gemm = t[0], t_coll = t[1], t_seq = t[2], t_chunked = t[3], bound = std::max(t_gemm, t_coll);
+      for (size_t i = 0; i < objs.size(); ++i) {
+        check(nvte_comm_overlap_synchronize(objs[i]), "synchronize");
+        nvte_comm_overlap_destroy(objs[i]);
+        const double to = t[4 + i];
         char b[400];
         std::snprintf(b, sizeof b, "| %d | %s | AG | %zux%zux%zu | %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f |", tp, dtype_name(in), M, K,
-                      s.N, v.name, t_gemm, t_chunked, t_coll, t_seq, t, t / bound, t / t_seq);
-        rows.push_back({b, t / bound, std::string(dtype_name(in)) + " AG " + v.name});
+                      s.N, vs[i].name, t_gemm, t_chunked, t_coll, t_seq, to, to / bound, to / t_seq);
+        rows.push_back({b, to / bound, std::string(dtype_name(in)) + " AG " + vs[i].name});
         if (rank == 0) std::printf("%s\n", b), std::fflush(stdout);
       }
     }
@@ -152,31 +166,41 @@ int main(int argc, char **argv) {
       auto coll = [&] { NCCL_OK(ncclReduceScatter(D.data.p, R.data.p, Ml * N, ncclBfloat16, ncclSum, nccl, g_s)); };
       gemm();
       check_last("gemm");
-      double t_gemm = time_ms(gemm), t_coll = time_ms(coll), t_chunked = time_chunked(W, X, D, tp, ws, split_acc);
-      double t_seq = time_ms([&] { gemm(); coll(); });
       // rs_ring: NVTE_COMM_RS_RING for the call (the accumulating ring: each GEMM adds
       // to the running sum that arrived, no closing reduction).
       struct V { const char *name; bool p2p, ce; const char *rs_ring; };
-      for (V v : {V{"pipelined RS", false, true, "reduce"}, V{"ring RS (CE)", true, true, "reduce"}, V{"ring RS (SM)", true, false, "reduce"},
-                  V{"ring RS accumulate (CE)", true, true, "accumulate"}}) {
-        setenv("NVTE_COMM_RS_RING", v.rs_ring, 1);
+      const V vs[] = {{"pipelined RS", false, true, "reduce"},
+                      {"ring RS (CE)", true, true, "reduce"},
+                      {"ring RS (SM)", true, false, "reduce"},
+                      {"ring RS accumulate (CE)", true, true, "accumulate"}};
+      std::vector<NVTECommOverlap *> objs;
+      for (const V &v : vs) {
         NVTECommOverlapConfig cfg;
         nvte_comm_overlap_config_default(&cfg);
         cfg.use_ce = v.ce;
         NVTECommOverlap *o = nullptr;
         check(nvte_comm_overlap_create(&bs, &cfg, M, N, out, &o), "create");
-        auto fn = v.p2p ? nvte_comm_overlap_split_rs_p2p : nvte_comm_overlap_split_rs;
-        double t = time_ms([&] {
-          check(fn(o, W.h, true, X.h, false, nullptr, nullptr, nullptr, false, ws.h, false, split_acc, R.h, g_s), "split_rs");
+        objs.push_back(o);
+      }
+      std::vector<Tensor> views;
+      std::vector<std::function<void()>> fns = {gemm, coll, [&] { gemm(); coll(); }, chunked(W, X, D, tp, ws, split_acc, views)};
+      for (size_t i = 0; i < objs.size(); ++i)
+        fns.push_back([&, i] {
+          setenv("NVTE_COMM_RS_RING", vs[i].rs_ring, 1);  // read at every call
+          auto fn = vs[i].p2p ? nvte_comm_overlap_split_rs_p2p : nvte_comm_overlap_split_rs;
+          check(fn(objs[i], W.h, true, X.h, false, nullptr, nullptr, nullptr, false, ws.h, false, split_acc, R.h, g_s), "split_rs");
         });
-        check(nvte_comm_overlap_synchronize(o), "synchronize");
-        nvte_comm_overlap_destroy(o);
-        unsetenv("NVTE_COMM_RS_RING");
-        double bound = std::max(t_gemm, t_coll);
+      std::vector<double> t = time_all(fns);
+      unsetenv("NVTE_COMM_RS_RING");
+      const double t_gemm = t[0], t_coll = t[1], t_seq = t[2], t_chunked = t[3], bound = std::max(t_gemm, t_coll);
+      for (size_t i = 0; i < objs.size(); ++i) {
+        check(nvte_comm_overlap_synchronize(objs[i]), "synchronize");
+        nvte_comm_overlap_destroy(objs[i]);
+        const double to = t[4 + i];
         char b[400];
         std::snprintf(b, sizeof b, "| %d | %s | RS | %zux%zux%zu | %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f |", tp, dtype_name(in), M, s.K,
-                      N, v.name, t_gemm, t_chunked, t_coll, t_seq, t, t / bound, t / t_seq);
-        rows.push_back({b, t / bound, std::string(dtype_name(in)) + " RS " + v.name});
+                      N, vs[i].name, t_gemm, t_chunked, t_coll, t_seq, to, to / bound, to / t_seq);
+        rows.push_back({b, to / bound, std::string(dtype_name(in)) + " RS " + vs[i].name});
         if (rank == 0) std::printf("%s\n", b), std::fflush(stdout);
       }
     }

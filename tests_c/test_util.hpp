@@ -284,6 +284,41 @@ inline double time_ms(cudaStream_t s, int warmup, int iters, const std::function
   return worst;
 }
 
+// Several regions timed in interleaved rounds: round after round, each fn runs
+// `per_round` times with events around each run, so clock, power and thermal drift hit
+// every region alike (one region timed after another would see different clocks). Per fn:
+// the median of its rounds x per_round runs on this rank, then the maximum over ranks.
+// Every rank must pass the same fns in the same order (collectives inside them).
+inline std::vector<double> time_interleaved(cudaStream_t s, int warmup, int rounds, int per_round,
+                                            const std::vector<std::function<void()>> &fns) {
+  for (auto &f : fns)
+    for (int i = 0; i < warmup; ++i) f();
+  const size_t nf = fns.size(), per_fn = (size_t)rounds * per_round;
+  std::vector<cudaEvent_t> ev(2 * nf * per_fn);
+  for (auto &e : ev) CUDA_OK(cudaEventCreate(&e));
+  MPI_Barrier(MPI_COMM_WORLD);
+  CUDA_OK(cudaStreamSynchronize(s));
+  for (int r = 0; r < rounds; ++r)
+    for (size_t f = 0; f < nf; ++f)
+      for (int i = 0; i < per_round; ++i) {
+        size_t k = 2 * (f * per_fn + (size_t)r * per_round + i);
+        CUDA_OK(cudaEventRecord(ev[k], s));
+        fns[f]();
+        CUDA_OK(cudaEventRecord(ev[k + 1], s));
+      }
+  CUDA_OK(cudaStreamSynchronize(s));
+  std::vector<double> med(nf), worst(nf);
+  for (size_t f = 0; f < nf; ++f) {
+    std::vector<float> ms(per_fn);
+    for (size_t i = 0; i < per_fn; ++i) CUDA_OK(cudaEventElapsedTime(&ms[i], ev[2 * (f * per_fn + i)], ev[2 * (f * per_fn + i) + 1]));
+    std::sort(ms.begin(), ms.end());
+    med[f] = ms[per_fn / 2];
+  }
+  for (auto &e : ev) cudaEventDestroy(e);
+  MPI_Allreduce(med.data(), worst.data(), (int)nf, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return worst;
+}
+
 struct Report {
   int rank = 0, passed = 0, failed = 0, skipped = 0;
   FILE *log = stdout;
