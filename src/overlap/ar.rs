@@ -96,8 +96,8 @@ const AR_CHUNKED: usize = 2;
 impl Overlap {
     fn ar_algo(&self, n: usize, m: usize) -> Result<ArAlgo> {
         let (tp, e) = (self.tp(), eb(self.dtype));
+        // At tp 1 the ring's accumulating form is the GEMM straight into D.
         let ring_fits = self.t.nccl().is_none()
-            && tp > 1
             && n.is_multiple_of(tp)
             && 2 * n * m * e <= self.t.buffer_bytes();
         // Auto: ring wherever it applies. Measured on 2x and 4x H200 (bench/RESULTS.md),

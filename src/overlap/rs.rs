@@ -266,16 +266,17 @@ impl Overlap {
     }
 
     /// Whether this ring reduce-scatter runs the accumulating ring: asked for
-    /// (NVTE_COMM_RS_RING, where auto: the autotuner's choice) and possible (plain sums of
-    /// the buffer's type, tp > 1). The choice is the same on every rank (same
+    /// (NVTE_COMM_RS_RING, where auto: the autotuner's choice, and always at tp 1, where
+    /// it is one GEMM straight into the output instead of a GEMM and a copy) and possible
+    /// (plain sums of the buffer's type). The choice is the same on every rank (same
     /// environment and tuning, same operands per the call check).
     fn rs_accumulates(&self, x: &RsArgs, p: &Plan) -> Result<bool> {
         let want = match rs_ring_choice()? {
             Some(RS_REDUCE) => false,
             Some(RS_ACCUMULATE) => true,
-            _ => self.rs_accumulate,
+            _ => self.rs_accumulate || self.tp() == 1,
         };
-        Ok(want && self.tp() > 1 && Self::plain_sums(x, p, self.dtype))
+        Ok(want && Self::plain_sums(x, p, self.dtype))
     }
 
     /// Whether the reduce-scatter is plain sums of a 16/32-bit buffer into an output of
@@ -450,10 +451,11 @@ impl Overlap {
         let slot_bytes = p.nc * p.m * e;
         let plan = super::schedule::rs_chain(tp, r);
         // At least 2 pieces: with whole chunks every step would wait for the whole
-        // transfer of the one before. Events: a "computed" and a "landed" per piece and
-        // step.
+        // transfer of the one before (at tp 1 there is no transfer: one GEMM). Events: a
+        // "computed" and a "landed" per piece and step.
         let max_pieces = (self.ev_chunk.len() / (2 * tp)).max(1);
-        let bounds = super::schedule::row_pieces(p.nc, self.pieces.max(2).min(max_pieces));
+        let want = if tp == 1 { 1 } else { self.pieces.max(2) };
+        let bounds = super::schedule::row_pieces(p.nc, want.min(max_pieces));
         let np = bounds.len() - 1;
         let computed = |i: usize, j: usize| i * np + j;
         let landed = |i: usize, j: usize| (tp + i) * np + j;
