@@ -367,7 +367,22 @@ impl CommGemmCtx {
             dims: [c.m, c.n, c.k],
             tp: self.nranks,
             transport: self.cfg.transport,
+            forced: Self::forced_algos(c.kind)?,
         }))
+    }
+
+    /// The algorithm knobs that override the autotuner's candidates for this operation
+    /// (part of the tuning key): NVTE_COMM_AR_ALGO, NVTE_COMM_RS_RING (0: auto or unset).
+    fn forced_algos(kind: Kind) -> Result<[u8; 2]> {
+        let ar = match kind {
+            Kind::AllReduce => crate::overlap::ar::ar_algo_choice()?.unwrap_or(0),
+            _ => 0,
+        };
+        let rs = match kind {
+            Kind::AllGather => 0,
+            _ => crate::overlap::rs::rs_ring_choice()?.unwrap_or(0),
+        };
+        Ok([ar as u8, rs as u8])
     }
 
     /// The defaults (the context's engine configuration).
@@ -470,7 +485,17 @@ impl CommGemmCtx {
             .last_engine
             .map(|e| self.engines[e].transport_name() == "nccl")
             .unwrap_or(false);
-        let cands = tune::candidates(c.kind, self.nranks, nccl, default, agreed.sm_count);
+        // Where NVTE_COMM_RS_RING forces how rings sum, the accumulating candidates would
+        // measure the same as others (and the key records the override).
+        let accumulating = tkey.forced[1] == 0;
+        let cands = tune::candidates(
+            c.kind,
+            self.nranks,
+            nccl,
+            default,
+            agreed.sm_count,
+            accumulating,
+        );
         // Rounds over the candidates (interleaved, so drift hits all alike); the budget
         // covers all of them.
         let n = tune::affordable(

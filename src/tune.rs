@@ -1,7 +1,8 @@
 //! The autotuner of the comm-GEMM API (`NVTE_COMM_TUNE=0|1|force`, default 1): on the
 //! first eager call of each (operation, dtype, m, n, k, tp, transport) with algo Default,
 //! the context runs the call with each candidate configuration (algorithm, GEMM splits,
-//! copy-engine vs SM puts, comm SMs, ring direction, all-gather pieces), 1 warm-up and 3
+//! copy-engine vs SM puts, comm SMs, ring direction, all-gather pieces, the accumulating
+//! ring and its pieces), 1 warm-up and 3
 //! timed runs each, in `ROUNDS` interleaved rounds, and keeps the fastest (median of its
 //! rounds) by the slowest rank when it beats the defaults by `MARGIN`: every rank's times
 //! are gathered through the context's bootstrap, so all ranks pick the same (the rank-0
@@ -147,10 +148,19 @@ impl Choice {
     }
 }
 
-/// The candidates for `op` at `tp` ranks, the defaults first. `nccl`: the NCCL transport
-/// (its transfers are NCCL's: no CE/SM or ring-direction choice); `max_sms`: the
-/// device's SM count (comm SMs stay well below it).
-pub fn candidates(op: Op, tp: usize, nccl: bool, default: Choice, max_sms: i32) -> Vec<Choice> {
+/// The candidates for `op` at `tp` ranks, the defaults first, then roughly the most
+/// promising (the budget may cut the list short from the end). `nccl`: the NCCL
+/// transport (its transfers are NCCL's: no CE/SM or ring-direction choice); `max_sms`:
+/// the device's SM count (comm SMs stay well below it); `accumulating`: whether the
+/// accumulating ring is a choice (not where NVTE_COMM_RS_RING forces how rings sum).
+pub fn candidates(
+    op: Op,
+    tp: usize,
+    nccl: bool,
+    default: Choice,
+    max_sms: i32,
+    accumulating: bool,
+) -> Vec<Choice> {
     let mut v = vec![default];
     let mut add = |c: Choice| {
         if !v.contains(&c) && c.comm_sms >= 1 && c.comm_sms < max_sms / 2 {
@@ -186,7 +196,19 @@ pub fn candidates(op: Op, tp: usize, nccl: bool, default: Choice, max_sms: i32) 
             }
         }
         Op::ReduceScatter => {
-            // ring (p2p): CE or SM puts; pipelined: loads from peers with `splits` chunks.
+            // The accumulating ring (any transport), its chunks in 2 or 4 pieces; ring
+            // (p2p): CE or SM puts; pipelined: loads from peers with `splits` chunks.
+            for pieces in [2, 4] {
+                if accumulating {
+                    add(Choice {
+                        ring: true,
+                        use_ce: true,
+                        accumulate: true,
+                        pieces,
+                        ..d
+                    });
+                }
+            }
             if !nccl {
                 add(Choice {
                     ring: true,
@@ -213,19 +235,21 @@ pub fn candidates(op: Op, tp: usize, nccl: bool, default: Choice, max_sms: i32) 
                     });
                 }
             }
-            // The accumulating ring (any transport), its chunks in 2 or 4 pieces (last, so
-            // that earlier candidates keep their indices).
-            for pieces in [2, 4] {
-                add(Choice {
-                    ring: true,
-                    use_ce: true,
-                    accumulate: true,
-                    pieces,
-                    ..d
-                });
-            }
         }
         Op::AllReduce => {
+            // The ring with the accumulating reduce-scatter (IPC: the ring needs peer
+            // buffers) in 2 or 4 pieces; the ring with CE or SM puts; chunked.
+            if !nccl && accumulating {
+                for pieces in [2, 4] {
+                    add(Choice {
+                        ring: true,
+                        use_ce: true,
+                        accumulate: true,
+                        pieces,
+                        ..d
+                    });
+                }
+            }
             if !nccl {
                 add(Choice {
                     ring: true,
@@ -245,19 +269,6 @@ pub fn candidates(op: Op, tp: usize, nccl: bool, default: Choice, max_sms: i32) 
                     splits,
                     ..d
                 });
-            }
-            // The ring with the accumulating reduce-scatter (IPC: the ring needs peer
-            // buffers), last.
-            if !nccl {
-                for pieces in [2, 4] {
-                    add(Choice {
-                        ring: true,
-                        use_ce: true,
-                        accumulate: true,
-                        pieces,
-                        ..d
-                    });
-                }
             }
         }
     }
@@ -346,6 +357,10 @@ pub struct Key {
     pub dims: [i64; 3],
     pub tp: usize,
     pub transport: crate::overlap::TransportChoice,
+    /// The algorithm knobs that override candidates when set (index of the choice, 0 =
+    /// auto): NVTE_COMM_AR_ALGO, NVTE_COMM_RS_RING. A choice measured under an override
+    /// is another key's: it is never applied without it.
+    pub forced: [u8; 2],
 }
 
 impl std::fmt::Display for Key {
@@ -368,7 +383,14 @@ impl std::fmt::Display for Key {
             self.dims[1],
             self.dims[2],
             self.tp
-        )
+        )?;
+        // Overrides only (keys without any keep their text).
+        for (i, name) in [(0, "ar_algo"), (1, "rs_ring")] {
+            if self.forced[i] != 0 {
+                write!(f, " {name}={}", self.forced[i])?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -554,7 +576,7 @@ mod tests {
         for op in [Op::AllGather, Op::ReduceScatter, Op::AllReduce] {
             for tp in [2, 4, 8] {
                 for nccl in [false, true] {
-                    let c = candidates(op, tp, nccl, d(), 132);
+                    let c = candidates(op, tp, nccl, d(), 132, true);
                     assert_eq!(c[0], d());
                     for (i, a) in c.iter().enumerate() {
                         assert!(!c[i + 1..].contains(a), "{op:?} tp {tp}: duplicate {a:?}");
@@ -575,27 +597,45 @@ mod tests {
             (Op::AllReduce, true, false),
             (Op::AllGather, false, false),
         ] {
-            let c = candidates(op, 2, nccl, d(), 132);
+            let c = candidates(op, 2, nccl, d(), 132, true);
             let acc: Vec<&Choice> = c.iter().filter(|x| x.accumulate).collect();
             assert_eq!(!acc.is_empty(), want, "{op:?} nccl {nccl}");
             assert!(acc.iter().all(|x| x.ring && x.pieces >= 2));
         }
-        // python/tests/jax/test_jax_gpu.py forces picks 14 and 15 (mod the candidates) to
-        // run the accumulating ring at tp 2 over IPC with the default configuration.
-        let rs = candidates(Op::ReduceScatter, 2, false, d(), 132);
-        let ar = candidates(Op::AllReduce, 2, false, d(), 132);
-        for pick in [14, 15] {
-            assert!(rs[pick % rs.len()].accumulate, "reduce-scatter pick {pick}");
-            assert!(ar[pick % ar.len()].accumulate, "all-reduce pick {pick}");
+        // Where NVTE_COMM_RS_RING forces how rings sum: no accumulating candidates.
+        for op in [Op::ReduceScatter, Op::AllReduce] {
+            assert!(
+                !candidates(op, 2, false, d(), 132, false)
+                    .iter()
+                    .any(|c| c.accumulate)
+            );
         }
+        // python/tests/jax/test_jax_gpu.py forces picks 1, 2, 3, 4, 5, 7 (each is taken mod
+        // the candidates measured: all of them at its small shapes) at tp 2 over IPC with
+        // the default configuration; together they must run every kind of candidate.
+        let ag = candidates(Op::AllGather, 2, false, d(), 132, true);
+        let rs = candidates(Op::ReduceScatter, 2, false, d(), 132, true);
+        let ar = candidates(Op::AllReduce, 2, false, d(), 132, true);
+        let picks = [1, 2, 3, 4, 5, 7];
+        let run =
+            |c: &[Choice], f: &dyn Fn(&Choice) -> bool| picks.iter().any(|p| f(&c[p % c.len()]));
+        assert!(run(&ag, &|c| c.pieces == 2) && run(&ag, &|c| c.pieces == 4));
+        assert!(run(&ag, &|c| !c.use_ce));
+        for x in [&rs, &ar] {
+            assert!(run(x, &|c| c.accumulate && c.pieces == 2));
+            assert!(run(x, &|c| c.accumulate && c.pieces == 4));
+            assert!(run(x, &|c| c.ring && !c.accumulate && !c.use_ce), "SM puts");
+        }
+        assert!(run(&rs, &|c| !c.ring && c.splits == 2), "pipelined");
+        assert!(run(&ar, &|c| !c.ring), "chunked");
         // The bidirectional ring only from tp 4.
         assert!(
-            !candidates(Op::AllGather, 2, false, d(), 132)
+            !candidates(Op::AllGather, 2, false, d(), 132, true)
                 .iter()
                 .any(|c| c.aggregate)
         );
         assert!(
-            candidates(Op::AllGather, 4, false, d(), 132)
+            candidates(Op::AllGather, 4, false, d(), 132, true)
                 .iter()
                 .any(|c| c.aggregate)
         );
@@ -603,7 +643,7 @@ mod tests {
 
     #[test]
     fn encoding_round_trips() {
-        for c in candidates(Op::ReduceScatter, 4, false, d(), 132) {
+        for c in candidates(Op::ReduceScatter, 4, false, d(), 132, true) {
             assert_eq!(Choice::decode(&c.encode()), Some(c));
             assert_eq!(Choice::from_text(&c.to_text()), Some(c));
         }
@@ -730,8 +770,18 @@ mod tests {
             dims: [1, 2, 3],
             tp: 4,
             transport: crate::overlap::TRANSPORT_IPC,
-        }
-        .to_string();
+            forced: [0, 0],
+        };
+        let forced = Key {
+            forced: [0, 2],
+            ..k
+        };
+        assert_eq!(
+            forced.to_string(),
+            format!("{k} rs_ring=2"),
+            "an override is its own key"
+        );
+        let k = k.to_string();
         assert_eq!(
             k,
             "AllGather kNVTEBFloat16xkNVTEBFloat16->kNVTEBFloat16TN m=1 n=2 k=3 tp=4 ipc"

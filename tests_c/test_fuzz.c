@@ -262,9 +262,10 @@ typedef struct {
 
 static const char *const TRANSPORTS[] = {"auto", "ipc", "nccl", NULL};
 static const char *const AR_ALGOS[] = {"auto", "ring", "chunked", NULL};
+static const char *const RS_RINGS[] = {"auto", "reduce", "accumulate", NULL};
 
 /* In the order nvte_comm_overlap_config_default reads them (the first bad one is named). */
-enum { KB_TRANSPORT, KB_TIMEOUT, KB_SPLITS, KB_STREAMS, KB_NUM_SM, KB_USE_CE, KB_AGGREGATE, KB_SM_MARGIN, KB_AR_ALGO, KB_TRACE, NKNOBS };
+enum { KB_TRANSPORT, KB_TIMEOUT, KB_SPLITS, KB_STREAMS, KB_NUM_SM, KB_USE_CE, KB_AGGREGATE, KB_SM_MARGIN, KB_AR_ALGO, KB_RS_RING, KB_TRACE, NKNOBS };
 static Knob knobs[NKNOBS] = {
     {"NVTE_COMM_TRANSPORT", K_CHOICE, 0, 0, 0, TRANSPORTS, 0, 0, 0},
     {"NVTE_COMM_TIMEOUT_MS", K_INT, 1, INT64_MAX, 60000, NULL, 0, 0, 0},
@@ -275,6 +276,7 @@ static Knob knobs[NKNOBS] = {
     {"NVTE_COMM_OVERLAP_AGGREGATE", K_BOOL, 0, 0, 0, NULL, 0, 0, 0},
     {"NVTE_COMM_OVERLAP_SM_MARGIN", K_BOOL, 0, 0, 1, NULL, 0, 0, 0},
     {"NVTE_COMM_AR_ALGO", K_CHOICE, 0, 0, 0, AR_ALGOS, 0, 0, 0},
+    {"NVTE_COMM_RS_RING", K_CHOICE, 0, 0, 0, RS_RINGS, 0, 0, 0},
     {"NVTE_COMM_TRACE", K_BOOL, 0, 0, 0, NULL, 0, 0, 0},
 };
 
@@ -1207,7 +1209,11 @@ static void do_ctx_create(void) {
   int32_t rank = chance(70) && nranks > 0 ? (int32_t)below((uint64_t)nranks) : ri32();
   int consistent = nranks > 0 && rank >= 0 && rank < nranks;
   int env_bad = first_bad_knob(KB_TRANSPORT, KB_AR_ALGO);
-  int bad_knob = env_bad >= 0 ? env_bad : !knobs[KB_AR_ALGO].valid ? KB_AR_ALGO : !knobs[KB_TRACE].valid ? KB_TRACE : -1;
+  int bad_knob = env_bad >= 0                ? env_bad
+                 : !knobs[KB_AR_ALGO].valid ? KB_AR_ALGO
+                 : !knobs[KB_RS_RING].valid ? KB_RS_RING
+                 : !knobs[KB_TRACE].valid   ? KB_TRACE
+                                            : -1;
   /* A fake communicator only where the library must reject the call before using it. */
   ncclComm_t comm = (!consistent || bad_knob >= 0) && chance(70) ? (ncclComm_t)(uintptr_t)(0x1000 + 8 * below(1 << 20)) : NULL;
   NVTECommGemmCtx *c;

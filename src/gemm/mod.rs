@@ -77,8 +77,10 @@ pub struct GemmDesc {
     pub b: DevPtr,
     pub d: DevPtr,
     /// What an accumulating GEMM adds: NULL = D itself (in place), else a matrix laid out
-    /// like D (same type and leading dimension, not overlapping D). Not part of
-    /// `check_key`: where the sum comes from is the algorithm's business.
+    /// like D (D's leading dimension; D's type, or for an FP8 D the bias type as cuBLASLt
+    /// requires; not overlapping D). Set only by the overlap algorithms, never from
+    /// caller arguments. Not part of `check_key`: where the sum comes from is the
+    /// algorithm's business (the algorithms' own keys say it).
     pub c: DevPtr,
     pub lda: usize,
     pub ldb: usize,

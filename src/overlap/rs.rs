@@ -17,9 +17,14 @@
 //!   as the first piece of the running sum it adds to has landed. For 16/32-bit buffers
 //!   with an output of the buffer's type and no per-row epilogue output or accumulation
 //!   (else the ring above); any transport (the sums move by the transport's exchange).
+//!   Numerics: the running sum is rounded to the buffer type after every step (tp
+//!   roundings in all, as the closing reduction rounds each of the tp partials), so the
+//!   two rings agree to rounding, not bit for bit; with fp16 an intermediate sum can
+//!   overflow where the final one would not (as a single partial can in the other ring).
 //! - NCCL transport, tp > 2: the GEMM in column chunks into local staging and
 //!   ncclReduceScatter per chunk while the next computes (FP8 buffers, epilogue outputs
-//!   and accumulation run the ring over send / recv).
+//!   and accumulation run the ring over send / recv; the accumulating ring, where chosen,
+//!   runs over send / recv too). Over NCCL both entry points run this one.
 //!
 //! FP8 buffers: the GEMMs write FP8 partials with D's scale; the reduction dequantizes
 //! with D's scale_inv, sums in fp32 and writes bf16 / fp16 / fp32.
@@ -254,7 +259,7 @@ impl Overlap {
             stream,
             Op::SplitRsP2p,
             false,
-            &p.full.check_key(),
+            &self.ring_key(&p, acc),
             Some(&p.full),
         )?;
         if acc {
@@ -263,6 +268,36 @@ impl Overlap {
             self.ring_rs(x, &p, &guard)?;
         }
         self.finish(stream)
+    }
+
+    /// The call's check key (NVTE_COMM_CHECK): the GEMM's, and how the ring sums (the
+    /// closing reduction, or the accumulating ring and its pieces), so that ranks whose
+    /// environments chose differently fail the cross-rank check instead of exchanging
+    /// into slots the other never reads.
+    fn ring_key(&self, p: &Plan, acc: bool) -> Vec<u64> {
+        let mut k = p.full.check_key().to_vec();
+        k.push(if acc {
+            1 | (self.chain_pieces(p.nc) as u64) << 1
+        } else {
+            0
+        });
+        k
+    }
+
+    /// The row bounds of the accumulating ring's pieces of a chunk of `nc` rows: at
+    /// least 2 pieces (with whole chunks every step would wait for the whole transfer of
+    /// the one before; at tp 1 there is no transfer: one GEMM), bounded by the events (a
+    /// "computed" and a "landed" per piece and step), interior bounds on multiples of 16
+    /// rows (aligned operand offsets).
+    fn chain_bounds(&self, nc: usize) -> Vec<usize> {
+        let tp = self.tp();
+        let max_pieces = (self.ev_chunk.len() / (2 * tp)).max(1);
+        let want = if tp == 1 { 1 } else { self.pieces.max(2) };
+        super::schedule::column_splits(nc, want.min(max_pieces))
+    }
+
+    fn chain_pieces(&self, nc: usize) -> usize {
+        self.chain_bounds(nc).len().saturating_sub(1)
     }
 
     /// Whether this ring reduce-scatter runs the accumulating ring: asked for
@@ -450,12 +485,7 @@ impl Overlap {
         let eb_b = eb(p.full.b_type);
         let slot_bytes = p.nc * p.m * e;
         let plan = super::schedule::rs_chain(tp, r);
-        // At least 2 pieces: with whole chunks every step would wait for the whole
-        // transfer of the one before (at tp 1 there is no transfer: one GEMM). Events: a
-        // "computed" and a "landed" per piece and step.
-        let max_pieces = (self.ev_chunk.len() / (2 * tp)).max(1);
-        let want = if tp == 1 { 1 } else { self.pieces.max(2) };
-        let bounds = super::schedule::row_pieces(p.nc, want.min(max_pieces));
+        let bounds = self.chain_bounds(p.nc);
         let np = bounds.len() - 1;
         let computed = |i: usize, j: usize| i * np + j;
         let landed = |i: usize, j: usize| (tp + i) * np + j;
@@ -530,31 +560,34 @@ impl Overlap {
             }
             self.mark(cmp, || format!("gemm{i}"))?;
         }
+        // (finish() joins the compute stream: the caller waits for the last GEMMs.)
         let Some((half, d)) = gather else {
-            // The caller's stream joins comm stream 0 at finish: make it wait for the
-            // last GEMMs.
-            self.ev_chunk[computed(tp - 1, np - 1)].wait_on(cs)?;
-            return self.mark(cs, || "reduced".into());
+            return Ok(());
         };
         // All-reduce: push each reduced piece to every peer as soon as it is computed
-        // (comm stream 0), and copy the peers' pieces into D as they land (comm stream 1).
+        // (comm stream 2, so no push queues behind the ring's exchanges), and copy the
+        // peers' pieces into D as they land (comm stream 1). A peer's piece j lands about
+        // when this rank computed its own: the wait for it starts then, not at the call's
+        // start (a wait kernel spins on an SM, and its timeout counts from its start).
         let others = self.others();
         let mine = r * slot_bytes;
+        let push = self.comm[2].raw();
         for j in 0..np {
             let (lo, hi) = (bounds[j], bounds[j + 1]);
             let off = lo * p.m * e;
-            self.ev_chunk[computed(tp - 1, j)].wait_on(cs)?;
+            self.ev_chunk[computed(tp - 1, j)].wait_on(push)?;
             for k in 1..tp {
                 let q = (r + k) % tp;
                 self.t
-                    .put(q, half + mine + off, out + off, (hi - lo) * p.m * e, cs)?;
+                    .put(q, half + mine + off, out + off, (hi - lo) * p.m * e, push)?;
             }
-            self.t.signal(&others, Slot::ArReduced, tag(j), cs)?;
+            self.t.signal(&others, Slot::ArReduced, tag(j), push)?;
         }
         let land = self.comm[1].raw();
         for j in 0..np {
             let (lo, hi) = (bounds[j], bounds[j + 1]);
             let off = lo * p.m * e;
+            self.ev_chunk[computed(tp - 1, j)].wait_on(land)?;
             self.t
                 .wait(&others, Slot::ArReduced, tag(j), land, info(tp * np + j))?;
             for &q in &others {
@@ -581,7 +614,7 @@ impl Overlap {
             stream,
             Op::SplitAr,
             false,
-            &p.full.check_key(),
+            &self.ring_key(&p, acc),
             Some(&p.full),
         )?;
         let half = n * p.m * e;

@@ -112,18 +112,9 @@ pub fn rs_chain(tp: usize, r: usize) -> RsChain {
     }
 }
 
-/// Row bounds of `pieces` near-equal pieces of `rows` rows (none empty; at most `rows`
-/// pieces): `[0, .., rows]`, just `[0]` when `rows` is 0.
-pub fn row_pieces(rows: usize, pieces: usize) -> Vec<usize> {
-    let s = pieces.clamp(1, rows.max(1));
-    let mut b: Vec<usize> = (0..=s).map(|i| i * rows / s).collect();
-    b.dedup();
-    b
-}
-
-/// Column bounds of the pipelined reduce-scatter's GEMM chunks: at most `num_splits`
-/// chunks of `m` columns, interior bounds on multiples of 16 (aligned chunk starts),
-/// none empty. `[0, .., m]`; just `[0]` when `m` is 0.
+/// Column bounds of the pipelined reduce-scatter's GEMM chunks (and row bounds of the
+/// accumulating ring's pieces): at most `num_splits` chunks of `m` columns, interior
+/// bounds on multiples of 16 (aligned chunk starts), none empty. `[0, .., m]`; just `[0]` when `m` is 0.
 pub fn column_splits(m: usize, num_splits: usize) -> Vec<usize> {
     let s = num_splits.clamp(1, m.div_ceil(16).max(1));
     let mut b: Vec<usize> = (0..s).map(|i| (i * m / s) / 16 * 16).collect();
@@ -283,24 +274,6 @@ mod tests {
                 // Slots 0..tp-1 of the buffer each written once per call.
                 let slots: BTreeSet<usize> = landed[r].iter().map(|x| x.0).collect();
                 assert_eq!(slots.len(), tp - 1);
-            }
-        }
-    }
-
-    #[test]
-    fn row_pieces_cover_the_rows_in_nonempty_pieces() {
-        for rows in 0..100 {
-            for s in 1..=9 {
-                let b = row_pieces(rows, s);
-                assert_eq!((b[0], *b.last().unwrap()), (0, rows));
-                assert!(b.len() - 1 <= s);
-                assert!(
-                    b.windows(2).all(|w| w[0] < w[1]),
-                    "rows {rows} s {s}: {b:?}"
-                );
-                if rows >= s {
-                    assert_eq!(b.len() - 1, s);
-                }
             }
         }
     }
