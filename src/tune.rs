@@ -238,9 +238,11 @@ pub fn candidates(
         }
         Op::AllReduce => {
             // The ring with the accumulating reduce-scatter (IPC: the ring needs peer
-            // buffers) in 2 or 4 pieces; the ring with CE or SM puts; chunked.
+            // buffers) in 2, 4 or 8 pieces (each reduced piece is pushed to the peers as
+            // soon as it is computed: smaller pieces, a shorter tail after the last GEMM);
+            // the ring with CE or SM puts; chunked.
             if !nccl && accumulating {
-                for pieces in [2, 4] {
+                for pieces in [2, 4, 8] {
                     add(Choice {
                         ring: true,
                         use_ce: true,
