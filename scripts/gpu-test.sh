@@ -152,6 +152,8 @@ if [[ $stages == *" bench "* ]]; then
   tables=$(ls "$out"/bench_overlap_tp*.md "$out"/bench_comm_gemm_tp*.md "$out"/torch_ops_tp*.md "$out"/jax_ops.md 2>/dev/null)
   [ -n "$tables" ] && python3 -c 'import matplotlib' 2>/dev/null && \
     run plot 1 python3 "$root/bench/plot.py" $tables --out "$out/plot.png"
+  # The performance bar per benchmark, tp, dtype and op (geomean and worst ours/bound).
+  [ -n "$tables" ] && run acceptance 1 python3 "$root/bench/acceptance.py" $tables --out "$out/acceptance.md"
   [ "$has_torch" = 1 ] && run gemm_vs_torch 1 python3 "$root/bench/gemm_vs_torch.py" --lib "$lib" --out "$out/gemm_vs_torch.md"
 fi
 
@@ -164,6 +166,7 @@ fi
 [ -f "$out/gemm_vs_torch.md" ] && { echo; echo "nvte_cublas_gemm vs torch:"; cat "$out/gemm_vs_torch.md"; }
 for f in "$out"/bench_overlap_tp*.md "$out"/bench_comm_gemm_tp*.md "$out"/torch_ops_tp*.md "$out"/jax_ops.md; do [ -f "$f" ] && { echo; echo "benchmark ($(basename "$f" .md)):"; cat "$f"; }; done
 [ -f "$out/example/summary.md" ] && { echo; echo "layer_with_overlap.py (seed 002):"; cat "$out/example/summary.md"; }
+[ -f "$out/acceptance.md" ] && { echo; echo "performance bar (bench/acceptance.py):"; cat "$out/acceptance.md"; }
 echo; grep -E "FAIL" "$log" | head -n 30
 echo; cat "$summary"
 # At most 8 files come back from the device machine: everything in one archive beside
