@@ -168,6 +168,14 @@ pub fn candidates(
         }
     };
     let d = default;
+    // The accumulating ring (copy-engine puts) with its chunks in `pieces`.
+    let accumulating_ring = |pieces: i32| Choice {
+        ring: true,
+        use_ce: true,
+        accumulate: true,
+        pieces,
+        ..d
+    };
     match op {
         Op::AllGather => {
             if !nccl {
@@ -200,13 +208,7 @@ pub fn candidates(
             // (p2p): CE or SM puts; pipelined: loads from peers with `splits` chunks.
             for pieces in [2, 4] {
                 if accumulating {
-                    add(Choice {
-                        ring: true,
-                        use_ce: true,
-                        accumulate: true,
-                        pieces,
-                        ..d
-                    });
+                    add(accumulating_ring(pieces));
                 }
             }
             if !nccl {
@@ -243,13 +245,7 @@ pub fn candidates(
             // the ring with CE or SM puts; chunked.
             if !nccl && accumulating {
                 for pieces in [2, 4, 8] {
-                    add(Choice {
-                        ring: true,
-                        use_ce: true,
-                        accumulate: true,
-                        pieces,
-                        ..d
-                    });
+                    add(accumulating_ring(pieces));
                 }
             }
             if !nccl {

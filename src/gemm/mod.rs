@@ -107,6 +107,13 @@ pub struct GemmDesc {
 }
 
 impl GemmDesc {
+    /// B's address for the GEMM of output rows [row, ..) (row = n index: a row of B, or
+    /// with transb a column of the stored B): what the row-chunk GEMMs of the overlap
+    /// algorithms pass.
+    pub fn b_from_row(&self, row: usize) -> DevPtr {
+        self.b + if self.transb { row } else { row * self.ldb } * (self.b_type.bits() / 8)
+    }
+
     /// What must agree on every rank of a collective call with this GEMM (the cross-rank
     /// check, NVTE_COMM_CHECK): shape, types, layout, epilogue and accumulation, not the
     /// addresses or the SM budget.

@@ -197,12 +197,11 @@ impl Overlap {
             &full.check_key(),
             Some(&full),
         )?;
-        let eb_b = eb(full.b_type);
         for i in 0..s {
             let (lo, hi) = (bounds[i], bounds[i + 1]);
             let mut g = full;
             g.n = hi - lo;
-            g.b = full.b + if x.transb { lo } else { lo * full.ldb } * eb_b;
+            g.b = full.b_from_row(lo);
             g.d = full.d + lo * m * e;
             self.step(|| format!("GEMM chunk {i} of {s} (rows {lo}..{hi})"));
             self.run_gemm(&g, &guard, 0, false)?;

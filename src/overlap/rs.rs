@@ -378,7 +378,6 @@ impl Overlap {
         let (tp, r) = (self.tp(), self.tp_rank());
         let staging = self.staging()?;
         let e = eb(self.dtype);
-        let eb_b = eb(p.full.b_type);
         let slot_bytes = p.nc * p.m * e;
         let plan = super::schedule::rs_exchange(tp, r);
         let fp8 = Self::fp8_output(x.rs_output, "rs_output", self.comm[0].raw())?;
@@ -386,12 +385,7 @@ impl Overlap {
         for (i, &d) in plan.gemm_dest.iter().enumerate() {
             let mut g = p.full;
             g.n = p.nc;
-            g.b = p.full.b
-                + if x.g.transb {
-                    d * p.nc
-                } else {
-                    d * p.nc * p.full.ldb
-                } * eb_b;
+            g.b = p.full.b_from_row(d * p.nc);
             // All partials go to local staging: the GEMMs never touch the registered
             // buffer, which peers may still be loading from for the previous call.
             g.d = staging + d * slot_bytes;
@@ -482,7 +476,6 @@ impl Overlap {
         let (tp, r) = (self.tp(), self.tp_rank());
         let staging = self.staging()?;
         let e = eb(self.dtype);
-        let eb_b = eb(p.full.b_type);
         let slot_bytes = p.nc * p.m * e;
         let plan = super::schedule::rs_chain(tp, r);
         let bounds = self.chain_bounds(p.nc);
@@ -544,8 +537,7 @@ impl Overlap {
                 }
                 let mut g = p.full;
                 g.n = hi - lo;
-                let row0 = c * p.nc + lo;
-                g.b = p.full.b + if x.g.transb { row0 } else { row0 * p.full.ldb } * eb_b;
+                g.b = p.full.b_from_row(c * p.nc + lo);
                 g.d = if last {
                     out + off
                 } else {
