@@ -152,6 +152,46 @@ def test_even(tc, op, dtype, bias):
 
 
 @pytest.mark.parametrize("op", OPS)
+def test_direct_and_dispatched_calls_agree(tc, op):
+    """Eager calls on plain tensors that need no gradient run the op's function directly
+    (skipping the dispatcher's host cost); the registered op through torch.ops must give
+    the same bits, and the routing must pick the dispatcher wherever it matters."""
+    from transformer_engine_comm.torch import ops as te_ops
+
+    m, n, k = EVEN[op]
+    c = build(tc, op, tc.group, m, n, k, seed=13)
+    direct = call(op, c, tc.group)
+    name = {"ag": "all_gather_gemm", "rs": "gemm_reduce_scatter", "ar": "gemm_all_reduce"}[op]
+    calls = []
+    real = getattr(te_ops, f"_{name}_impl")
+
+    def spy(*a):
+        calls.append(1)
+        return real(*a)
+
+    setattr(te_ops, f"_{name}_impl", spy)
+    try:
+        call(op, c, tc.group)
+        direct_calls = len(calls)
+        w = c.w.detach().clone().requires_grad_(True)
+        # A weight that requires grad: the registered op (dispatcher), same values.
+        dispatched = call(op, c, tc.group, w=w)
+        after = len(calls)
+    finally:
+        setattr(te_ops, f"_{name}_impl", real)
+    torch.cuda.synchronize()
+    tc.check_all(direct_calls == 1 and after == 1, f"{op}: direct {direct_calls}, dispatched {after - direct_calls}")
+    tc.check_all(torch.equal(direct, dispatched.detach()), f"{op}: direct and dispatched outputs differ")
+    with torch.no_grad():
+        tc.check_all(te_ops._direct(c.x, w, None), "no_grad: direct")
+    tc.check_all(not te_ops._direct(c.x, w, None), "requires_grad with grad mode: dispatcher")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        tc.check_all(not te_ops._direct(torch.empty(2, 2)), "fake tensor mode: dispatcher")
+
+
+@pytest.mark.parametrize("op", OPS)
 def test_gelu(tc, op):
     m, n, k = EVEN[op]
     run_case(tc, op, tc.group, m, n, k, f"{op} gelu", gelu=True, seed=21)

@@ -283,10 +283,47 @@ def _contig(t):
 
 
 # ----------------------------------------------------------------------------- custom ops
+#
+# Each op is a plain function (``_<op>_impl``) registered as a torch custom op. The public
+# functions call the registered op through torch's dispatcher where it matters (inside
+# torch.compile / tracing, under dispatch or function modes such as fake tensors, for
+# tensor subclasses, and where autograd would record the call), and the function itself
+# otherwise: the dispatcher's custom-op layers cost about 150-200 us of host time per call
+# (bench/RESULTS.md, 2026-11-24 session 3), which showed in every call whose GPU work is
+# shorter, and in the backward and forward of the autograd modules, whose ops run with
+# gradients off.
 
 
-@torch.library.custom_op("te_comm::all_gather_gemm", mutates_args=())
-def _all_gather_gemm_op(
+def _direct(*tensors) -> bool:
+    """Whether a call may run the op's function directly: eager (not compiling or tracing),
+    no dispatch or function mode in effect, plain ``torch.Tensor`` arguments (None allowed),
+    and no argument that autograd would track. The result is the same either way."""
+    if torch.compiler.is_compiling() or torch._C._get_tracing_state() is not None:
+        return False
+    if _dispatch_mode() is not None or torch._C._is_torch_function_mode_enabled():
+        return False
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if t is None:
+            continue
+        if type(t) is not torch.Tensor or (grad and t.requires_grad) or _functorch_wrapped(t):
+            return False
+    return True
+
+
+def _dispatch_mode():
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    return _get_current_dispatch_mode()
+
+
+def _functorch_wrapped(t) -> bool:
+    f = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
+    return bool(f(t)) if f is not None else False
+
+
+
+def _all_gather_gemm_impl(
     x: torch.Tensor,
     weight: torch.Tensor,
     bias: Optional[torch.Tensor],
@@ -311,6 +348,9 @@ def _all_gather_gemm_op(
     return out, pre
 
 
+_all_gather_gemm_op = torch.library.custom_op("te_comm::all_gather_gemm", mutates_args=())(_all_gather_gemm_impl)
+
+
 @_all_gather_gemm_op.register_fake
 def _(x, weight, bias, x_scale_inv, w_scale_inv, group_name, n_global, m_global, out_dtype, gelu, algo, comm_sm_count, comm, transport):
     p = _plan_ag(x, weight, bias, x_scale_inv, w_scale_inv, group_name, n_global, m_global, out_dtype, gelu, comm_sm_count)
@@ -319,8 +359,7 @@ def _(x, weight, bias, x_scale_inv, w_scale_inv, group_name, n_global, m_global,
     return out, pre
 
 
-@torch.library.custom_op("te_comm::gemm_reduce_scatter", mutates_args=())
-def _gemm_reduce_scatter_op(
+def _gemm_reduce_scatter_impl(
     x: torch.Tensor,
     weight: torch.Tensor,
     bias: Optional[torch.Tensor],
@@ -344,6 +383,9 @@ def _gemm_reduce_scatter_op(
     return out
 
 
+_gemm_reduce_scatter_op = torch.library.custom_op("te_comm::gemm_reduce_scatter", mutates_args=())(_gemm_reduce_scatter_impl)
+
+
 @_gemm_reduce_scatter_op.register_fake
 def _(x, weight, bias, x_scale_inv, w_scale_inv, group_name, k_global, out_rows, out_dtype, algo, comm_sm_count, comm,
       transport):
@@ -352,8 +394,7 @@ def _(x, weight, bias, x_scale_inv, w_scale_inv, group_name, k_global, out_rows,
     return x.new_empty(p.out_shape, dtype=p.out_dtype)
 
 
-@torch.library.custom_op("te_comm::gemm_all_reduce", mutates_args=())
-def _gemm_all_reduce_op(
+def _gemm_all_reduce_impl(
     x: torch.Tensor,
     weight: torch.Tensor,
     bias: Optional[torch.Tensor],
@@ -374,6 +415,9 @@ def _gemm_all_reduce_op(
     _launch("gemm_all_reduce", group_name, comm, transport, p, x, weight, bias, x_scale_inv, w_scale_inv,
             out, None, algo, comm_sm_count)
     return out
+
+
+_gemm_all_reduce_op = torch.library.custom_op("te_comm::gemm_all_reduce", mutates_args=())(_gemm_all_reduce_impl)
 
 
 @_gemm_all_reduce_op.register_fake
@@ -458,11 +502,15 @@ def all_gather_gemm(
     # (compiled-graph caches are shared by ranks and by runs with other group sizes).
     n = _opt_int(n_global, "n_global")
     m = _opt_int(m_global, "m_global")
-    out, pre = torch.ops.te_comm.all_gather_gemm(
+    args = (
         x, weight, bias, x_scale_inv, w_scale_inv, group_name_of(group),
         x.shape[0] * size if n < 0 else n, weight.shape[0] * size if m < 0 else m, out_dtype, bool(gelu),
         _algo_id(algo), int(comm_sm_count), comm, transport,
     )
+    if _direct(x, weight, bias, x_scale_inv, w_scale_inv):
+        out, pre = _all_gather_gemm_impl(*args)
+    else:
+        out, pre = torch.ops.te_comm.all_gather_gemm(*args)
     return (out, pre) if gelu else out
 
 
@@ -490,10 +538,14 @@ def gemm_reduce_scatter(
     comm, transport = _kind_args(comm, transport)
     size, rank = _size_rank(group)
     k = _opt_int(k_global, "k_global")
-    y = torch.ops.te_comm.gemm_reduce_scatter(
+    args = (
         x, weight, bias, x_scale_inv, w_scale_inv, group_name_of(group), x.shape[1] * size if k < 0 else k,
         numroc(x.shape[0], size, rank), out_dtype, _algo_id(algo), int(comm_sm_count), comm, transport,
     )
+    if _direct(x, weight, bias, x_scale_inv, w_scale_inv):
+        y = _gemm_reduce_scatter_impl(*args)
+    else:
+        y = torch.ops.te_comm.gemm_reduce_scatter(*args)
     return (F.gelu(y, approximate="tanh"), y) if gelu else y
 
 
@@ -520,8 +572,12 @@ def gemm_all_reduce(
     comm, transport = _kind_args(comm, transport)
     size, _ = _size_rank(group)
     k = _opt_int(k_global, "k_global")
-    y = torch.ops.te_comm.gemm_all_reduce(
+    args = (
         x, weight, bias, x_scale_inv, w_scale_inv, group_name_of(group), x.shape[1] * size if k < 0 else k,
         out_dtype, _algo_id(algo), int(comm_sm_count), comm, transport,
     )
+    if _direct(x, weight, bias, x_scale_inv, w_scale_inv):
+        y = _gemm_all_reduce_impl(*args)
+    else:
+        y = torch.ops.te_comm.gemm_all_reduce(*args)
     return (F.gelu(y, approximate="tanh"), y) if gelu else y
