@@ -182,13 +182,19 @@ def test_direct_and_dispatched_calls_agree(tc, op):
     torch.cuda.synchronize()
     tc.check_all(direct_calls == 1 and after == 1, f"{op}: direct {direct_calls}, dispatched {after - direct_calls}")
     tc.check_all(torch.equal(direct, dispatched.detach()), f"{op}: direct and dispatched outputs differ")
+    tc.check_all(dispatched.requires_grad, f"{op}: the dispatched call is recorded by autograd")
     with torch.no_grad():
         tc.check_all(te_ops._direct(c.x, w, None), "no_grad: direct")
+        tc.check_all(te_ops._direct(c.x, torch.nn.Parameter(c.w.clone())), "nn.Parameter under no_grad: direct")
     tc.check_all(not te_ops._direct(c.x, w, None), "requires_grad with grad mode: dispatcher")
+    tc.check_all(not te_ops._direct(torch.empty(2, 2, device="meta")), "meta tensor: dispatcher (fake kernel)")
+    tc.check_all(not te_ops._direct(torch.empty(2, 2)), "CPU tensor: dispatcher")
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode():
         tc.check_all(not te_ops._direct(torch.empty(2, 2)), "fake tensor mode: dispatcher")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        tc.check_all(not te_ops._direct(c.x), "profiler on: dispatcher (the op's record range)")
 
 
 @pytest.mark.parametrize("op", OPS)

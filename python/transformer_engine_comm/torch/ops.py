@@ -286,29 +286,38 @@ def _contig(t):
 #
 # Each op is a plain function (``_<op>_impl``) registered as a torch custom op. The public
 # functions call the registered op through torch's dispatcher where it matters (inside
-# torch.compile / tracing, under dispatch or function modes such as fake tensors, for
-# tensor subclasses, and where autograd would record the call), and the function itself
-# otherwise: the dispatcher's custom-op layers cost about 150-200 us of host time per call
-# (bench/RESULTS.md, 2026-11-24 session 3), which showed in every call whose GPU work is
-# shorter, and in the backward and forward of the autograd modules, whose ops run with
-# gradients off.
+# torch.compile / tracing, functorch transforms, under dispatch or function modes such as
+# fake tensors, while the profiler records, for meta / CPU tensors and tensor subclasses,
+# and where autograd would record the call), and the function itself otherwise: the
+# dispatcher's custom-op layers cost about 100 us of host time per call (bench/RESULTS.md,
+# 2026-11-24 session 3), which showed in every call whose GPU work is shorter, e.g. the
+# autograd modules' backward and their forward under no_grad.
 
 
 def _direct(*tensors) -> bool:
-    """Whether a call may run the op's function directly: eager (not compiling or tracing),
-    no dispatch or function mode in effect, plain ``torch.Tensor`` arguments (None allowed),
-    and no argument that autograd would track. The result is the same either way."""
+    """Whether a call may run the op's function directly: eager (not compiling or tracing,
+    no functorch transform), no dispatch or function mode in effect, the profiler off, and
+    plain CUDA ``torch.Tensor`` / ``nn.Parameter`` arguments (None allowed) without
+    negative / conjugate bits that autograd would not track. Where this holds, the
+    dispatcher would only run the same function."""
     if torch.compiler.is_compiling() or torch._C._get_tracing_state() is not None:
         return False
     if _dispatch_mode() is not None or torch._C._is_torch_function_mode_enabled():
+        return False
+    if torch.autograd._profiler_enabled() or _functorch_active():
         return False
     grad = torch.is_grad_enabled()
     for t in tensors:
         if t is None:
             continue
-        if type(t) is not torch.Tensor or (grad and t.requires_grad) or _functorch_wrapped(t):
+        if type(t) not in _PLAIN or t.device.type != "cuda" or (grad and t.requires_grad):
+            return False
+        if t.is_neg() or t.is_conj() or _functorch_wrapped(t):
             return False
     return True
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 def _dispatch_mode():
@@ -317,10 +326,14 @@ def _dispatch_mode():
     return _get_current_dispatch_mode()
 
 
+def _functorch_active() -> bool:
+    f = getattr(torch._C._functorch, "peek_interpreter_stack", None)
+    return f is not None and f() is not None
+
+
 def _functorch_wrapped(t) -> bool:
     f = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
     return bool(f(t)) if f is not None else False
-
 
 
 def _all_gather_gemm_impl(
