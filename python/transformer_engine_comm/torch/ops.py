@@ -38,6 +38,7 @@ from typing import NamedTuple, Optional, Tuple, Union
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .. import _capi
 from ._context import (
@@ -318,22 +319,22 @@ def _direct(*tensors) -> bool:
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
+# Looked up once (every call asks): torch's current dispatch mode, and functorch's
+# interpreter stack / wrapped-tensor test where this torch has them.
+_PEEK_FUNCTORCH = getattr(torch._C._functorch, "peek_interpreter_stack", None)
+_IS_FUNCTORCH_WRAPPED = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
 
 
 def _dispatch_mode():
-    from torch.utils._python_dispatch import _get_current_dispatch_mode
-
     return _get_current_dispatch_mode()
 
 
 def _functorch_active() -> bool:
-    f = getattr(torch._C._functorch, "peek_interpreter_stack", None)
-    return f is not None and f() is not None
+    return _PEEK_FUNCTORCH is not None and _PEEK_FUNCTORCH() is not None
 
 
 def _functorch_wrapped(t) -> bool:
-    f = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
-    return bool(f(t)) if f is not None else False
+    return _IS_FUNCTORCH_WRAPPED is not None and bool(_IS_FUNCTORCH_WRAPPED(t))
 
 
 def _all_gather_gemm_impl(
