@@ -243,6 +243,13 @@ def main():
             raise SystemExit(f"{build}: the loss did not decrease")
         row = dict(build=build, precision=prec, step_ms=med, final_loss=losses[-1])
         if a.profile:
+            # What XLA compiled: its cuBLASLt FP8 GEMMs, its other GEMMs, the library's calls.
+            hlo = step.lower(params, meta, x, target).compile().as_text()
+            row.update(xla_fp8_gemms=hlo.count('custom_call_target="__cublas$lt$matmul$f8"'),
+                       xla_gemms=len(re.findall(r'custom_call_target="__cublas\$(lt\$matmul|gemm)"', hlo)),
+                       library_calls=len(re.findall(r'custom_call_target="te_comm_', hlo)))
+            print(f"compiled step: {row['xla_fp8_gemms']} XLA FP8 GEMMs, {row['xla_gemms']} other XLA GEMMs, "
+                  f"{row['library_calls']} library comm-GEMM calls", flush=True)
             d = a.profile_dir or tempfile.mkdtemp(prefix="te_comm_jax_trace_")
             d = os.path.join(d, f"{build}-{prec.replace(' ', '-')}")
             jax.block_until_ready(params)
