@@ -374,3 +374,276 @@ def test_ops_lower_to_custom_calls(tmp_path):
     env = dict(os.environ, PYTHONPATH=PYTHON_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""))
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and "OK" in p.stdout, p.stdout + p.stderr
+
+
+# ---- FP8 recipes (pure jnp on CPU): exact against a numpy transcription of TE's kernel ----
+
+
+def _te_amax_and_scale_update_ref(hist, scale, fp8_max, margin, algo):
+    """TE's amax_and_scale_update kernel (recipe/delayed_scaling.cu), one column per
+    block, transcribed element by element in float32."""
+    hist = np.asarray(hist, np.float32)
+    L, n = hist.shape
+    new_h = np.zeros_like(hist)
+    new_s = np.zeros(n, np.float32)
+    scaled_max = np.float32(fp8_max) * np.float32(2.0) ** np.float32(-margin)
+    for c in range(n):
+        last = hist[0, c]
+        amax = np.float32(0)
+        for i in range(L):
+            a = hist[i + 1, c] if i < L - 1 else last
+            amax = np.fmax(amax, a)  # fmaxf: NaN ignored
+            new_h[i, c] = a if i > 0 else 0
+        if algo == "most_recent":
+            amax = last
+        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+            s = np.float32(scaled_max[c] if np.ndim(scaled_max) else scaled_max) / amax \
+                if (np.isfinite(amax) and amax > 0) else np.float32(scale[c])
+        s = np.float32(s)
+        if np.isinf(s):
+            s = np.finfo(np.float32).max
+        new_s[c] = s
+    return new_h, new_s
+
+
+np = __import__("numpy")
+
+
+@needs_jax
+@pytest.mark.parametrize("algo", ["max", "most_recent"])
+@pytest.mark.parametrize("margin", [0.0, 1.0, 3.0])
+@pytest.mark.parametrize("L", [1, 2, 5, 16])
+def test_amax_and_scale_update_matches_te(algo, margin, L):
+    from transformer_engine_comm.jax import fp8 as F
+
+    rng = np.random.default_rng(L * 10 + int(margin))
+    hist = (np.abs(rng.standard_normal((L, 3))) * 10.0 ** rng.integers(-3, 3, (L, 3))).astype(np.float32)
+    # the special cases of TE's rule: a zero amax, a NaN and an inf in the history, a
+    # tiny amax whose scale overflows f32
+    hist[0, 0] = 0.0
+    if L > 1:
+        hist[-1, 1] = np.nan
+        hist[1, 2] = np.inf
+    else:
+        hist[0, 1] = 1e-37  # a normal f32 (XLA flushes subnormals)
+    scale = np.array([3.0, 5.0, 7.0], np.float32)
+    fmax = np.array([448.0, 448.0, 57344.0], np.float32)
+    got_h, got_s = F.amax_and_scale_update(hist, scale, fmax, margin, algo)
+    want_h, want_s = _te_amax_and_scale_update_ref(hist, scale, fmax, margin, algo)
+    np.testing.assert_array_equal(np.asarray(got_h), want_h)
+    np.testing.assert_array_equal(np.asarray(got_s), want_s)
+
+
+@needs_jax
+def test_scale_rule_and_quantize():
+    import jax.numpy as jnp
+    from transformer_engine_comm.jax import fp8 as F
+
+    am = np.array([0.0, np.nan, np.inf, 2.0, 1e-37], np.float32)
+    s = np.asarray(F.scale_from_amax(am, 448.0, 2.0, prev_scale=np.float32(9.0)))
+    np.testing.assert_array_equal(s, np.array([9, 9, 9, np.float32(448 * 0.25) / np.float32(2), np.finfo(np.float32).max],
+                                              np.float32))
+    x = np.array([1.0, -1000.0, 0.3, 500.0], np.float32)
+    q = F.quantize(jnp.asarray(x), np.float32(2.0), jnp.float8_e4m3fn)
+    assert q.dtype == jnp.float8_e4m3fn
+    # saturating (TE's satfinite) and round-to-nearest of x * scale
+    want = np.asarray(jnp.asarray(np.clip(x * 2, -448, 448)).astype(jnp.float8_e4m3fn).astype(jnp.float32))
+    np.testing.assert_array_equal(np.asarray(q.astype(jnp.float32)), want)
+    assert float(F.amax(jnp.asarray(x))) == 1000.0
+
+
+@needs_jax
+def test_recipes_and_meta_shapes():
+    import jax.numpy as jnp
+    import transformer_engine_comm.jax as tj
+
+    r = tj.DelayedScaling(amax_history_len=8, amax_compute_algo="most_recent", margin=1, fp8_format="hybrid")
+    assert r.fp8_format is tj.Format.HYBRID
+    assert [jnp.dtype(d).name for d in r.dtypes] == ["float8_e4m3fn", "float8_e4m3fn", "float8_e5m2"]
+    assert [jnp.dtype(d).name for d in tj.CurrentScaling(tj.Format.E4M3).dtypes] == ["float8_e4m3fn"] * 3
+    m = tj.fp8_meta_init(r)
+    assert m.amax_history.shape == (8, 3) and m.scale.shape == (3,)
+    assert float(m.amax_history.sum()) == 0 and float(m.scale.sum()) == 3
+    pair = tj.fp8_meta_init(r, 2)
+    assert len(pair) == 2 and all(isinstance(p, tj.FP8Meta) for p in pair)
+    with pytest.raises(ValueError):
+        tj.DelayedScaling(amax_compute_algo="mean")
+    with pytest.raises(ValueError):
+        tj.DelayedScaling(amax_history_len=0)
+    with pytest.raises(ValueError):
+        tj.CurrentScaling(fp8_format="E5M2")
+    with pytest.raises(TypeError):
+        tj.fp8_meta_init(tj.CurrentScaling())
+
+
+_FP8_STATE = textwrap.dedent("""
+    import os
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import Mesh, PartitionSpec as P
+    import transformer_engine_comm.jax as tj
+    from transformer_engine_comm.jax import fp8 as F
+
+    rng = np.random.default_rng(0)
+    T, H, N = 64, 32, 128
+    X = rng.standard_normal((T, H)).astype(np.float32) * 3
+    W = (rng.standard_normal((N, H)) * H**-0.5).astype(np.float32)
+    Bb = (rng.standard_normal(N) * 0.1).astype(np.float32)
+    bf = jnp.bfloat16
+    x, w, b = (jnp.asarray(a, bf) for a in (X, W, Bb))
+    recipe = tj.DelayedScaling(amax_history_len=3, margin=0.0)
+    fmax = F.fp8_max_of(recipe)
+
+    # 1. tp 1 (XLA's FP8 GEMMs): the meta's gradient records this step's amaxes (input,
+    #    weight, output gradient) in history row 0, exactly; the update is TE's; three
+    #    steps of state round trip, each scale the one the numpy reference predicts.
+    ctx1 = tj.tp_context(Mesh(np.array(jax.devices()[:1]), ("tp",)), "tp")
+    def loss1(x, w, b, meta, y):
+        out = tj.column_parallel_dense(x, w, b, ctx=ctx1, fp8=recipe, fp8_meta=meta)
+        return jnp.sum((out.astype(jnp.float32) - y) ** 2) / T
+    step = jax.jit(jax.value_and_grad(loss1, argnums=(0, 1, 2, 3)))
+    meta = tj.fp8_meta_init(recipe)
+    hist_ref = np.zeros((3, 3), np.float32); scale_ref = np.ones(3, np.float32)
+    Y = jnp.zeros((T, N), jnp.float32)
+    for it in range(3):
+        _, (gx, gw, gb, gm) = step(x, w, b, meta, Y)
+        out = tj.column_parallel_dense(x, w, b, ctx=ctx1, fp8=recipe, fp8_meta=meta)
+        dy = (2 * (out.astype(jnp.float32) - Y) / T).astype(bf)  # the layer's output cotangent
+        am = np.array([np.abs(np.asarray(x, np.float32)).max(), np.abs(np.asarray(w, np.float32)).max(),
+                       np.abs(np.asarray(dy, np.float32)).max()], np.float32)
+        h = np.asarray(gm.amax_history)
+        np.testing.assert_array_equal(h[0], np.maximum(hist_ref[0], am))
+        np.testing.assert_array_equal(h[1:], hist_ref[1:])
+        np.testing.assert_array_equal(np.asarray(gm.scale), scale_ref)
+        meta = tj.fp8_meta_update(gm, recipe)
+        hist_ref[0] = np.maximum(hist_ref[0], am)
+        hist_ref = np.concatenate([np.zeros((1, 3), np.float32), hist_ref[2:], hist_ref[:1]])
+        scale_ref = np.where(np.fmax.reduce(np.concatenate([hist_ref, h[:1]]), axis=0) > 0,
+                             fmax / np.fmax.reduce(np.concatenate([hist_ref, h[:1]]), axis=0), scale_ref).astype(np.float32)
+        np.testing.assert_array_equal(np.asarray(meta.amax_history), hist_ref)
+        np.testing.assert_array_equal(np.asarray(meta.scale), scale_ref)
+        # the gradients are FP8 GEMMs of the quantized operands: close to the float ones
+        ref = jax.grad(lambda x, w, b: jnp.sum((x @ w.T + b - Y) ** 2) / T, argnums=(0, 1, 2))(
+            *(a.astype(jnp.float32) for a in (x, w, b)))
+        for n_, g, r in zip("xwb", (gx, gw, gb), ref):
+            e = float(jnp.linalg.norm(g.astype(jnp.float32) - r) / jnp.linalg.norm(r))
+            assert e < (0.15 if it == 0 else 0.08), (it, n_, e)  # step 0 quantizes with scale 1
+    assert gx.dtype == bf and gw.dtype == bf and gm.amax_history.dtype == jnp.float32
+
+    # 2. tp 4 inside shard_map (x replicated: column layer without sequence parallelism,
+    #    local FP8 GEMMs): the replicated state's gradient is the max over the devices'
+    #    amaxes, exactly once (shard_map sums the devices' cotangents; only the first
+    #    hands it out).
+    mesh = Mesh(np.array(jax.devices()), ("tp",))
+    ctx4 = tj.tp_context(mesh, "tp")
+    f = tj.tp_shard_map(lambda x, w, b, m: tj.column_parallel_dense(x, w, b, ctx=ctx4, sequence_parallel=False,
+                                                                    fp8=recipe, fp8_meta=m),
+                        mesh, (P(), P("tp", None), P("tp"), P()), P(None, "tp"))
+    gm = jax.jit(jax.grad(lambda x, w, b, m: jnp.sum(f(x, w, b, m).astype(jnp.float32) ** 2), argnums=3))(
+        x, w, b, tj.fp8_meta_init(recipe))
+    h0 = np.asarray(gm.amax_history[0])
+    assert h0[0] == np.abs(np.asarray(x, np.float32)).max(), h0
+    assert h0[1] == np.abs(np.asarray(w, np.float32)).max(), h0  # the max over the 4 shards
+    assert np.asarray(gm.amax_history[1:]).sum() == 0 and np.all(np.asarray(gm.scale) == 1), gm
+
+    # 3. errors: a delayed recipe without state, state with a current recipe, wrong shapes
+    for kw, exc in ((dict(fp8=recipe), TypeError), (dict(fp8=tj.CurrentScaling(), fp8_meta=tj.fp8_meta_init(recipe)), ValueError),
+                    (dict(fp8=recipe, fp8_meta=tj.fp8_meta_init(tj.DelayedScaling(amax_history_len=5))), ValueError)):
+        try:
+            tj.column_parallel_dense(x, w, b, ctx=ctx1, **kw)
+        except exc:
+            pass
+        else:
+            raise AssertionError(kw)
+    print("OK")
+""")
+
+
+@needs_jax
+def test_fp8_state_round_trip_cpu():
+    """Delayed scaling's functional state through the layers' custom VJP (CPU, XLA's FP8
+    GEMM path): the recorded amaxes, TE's update over 3 steps, the max over a shard_map
+    axis, and the errors."""
+    env = dict(os.environ, PYTHONPATH=PYTHON_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-c", _FP8_STATE], env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and "OK" in p.stdout, p.stdout + p.stderr
+
+
+@needs_jax
+def test_fp8_layers_and_layouts_lower_to_custom_calls():
+    """tp 2 on CPU devices lowered for CUDA: the FP8 MLP (delayed scaling) runs all four
+    comm-GEMMs in FP8 TN (forward e4m3 x e4m3, backward with the e5m2 gradient), gathers
+    FP8, and passes transa / transb through; the layouts the library cannot run are
+    refused at trace time with TE's words; at tp 1 the layers lower to XLA's dot (no
+    custom call) unless library=True."""
+    code = textwrap.dedent("""
+        import os, re
+        os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+        os.environ["JAX_PLATFORMS"] = "cpu"
+        import jax, jax.numpy as jnp, numpy as np
+        from jax.sharding import Mesh, PartitionSpec as P
+        import transformer_engine_comm.jax as tj
+        mesh = Mesh(np.array(jax.devices()), ("tp",))
+        ctx = tj.tp_context(mesh, "tp")
+        recipe = tj.DelayedScaling(amax_history_len=4)
+        specs = (P("tp", None), P("tp", None), P("tp"), P(None, "tp"), P(), P())
+        sm = tj.tp_shard_map(lambda x, w1, b1, w2, b2, m: tj.mlp(x, w1, b1, w2, b2, ctx=ctx, fp8=recipe, fp8_meta=m),
+                             mesh, specs, P("tp", None))
+        loss = lambda *a: jnp.sum(sm(*a).astype(jnp.float32) ** 2)
+        T, H, F = 64, 32, 128
+        args = [jax.ShapeDtypeStruct(s, jnp.bfloat16) for s in [(T, H), (F, H), (F,), (H, F), (H,)]]
+        meta = tj.fp8_meta_init(recipe, 2)
+        txt = jax.jit(jax.grad(loss, argnums=range(6))).trace(*args, meta).lower(lowering_platforms=("cuda",)).as_text()
+        calls = re.findall(r"custom_call @(te_comm_\\w+)\\((.*?)\\) \\{.*?mhlo.backend_config = \\{([^}]*)\\}.*?\\}\\s*:\\s*\\(([^)]*)\\)", txt)
+        assert len(calls) == 4, [c[0] for c in calls]
+        for name, _, attrs, types in calls:
+            a = dict(kv.split(" = ") for kv in attrs.split(", "))
+            assert a["transa"] == "true" and a["transb"] == "false" and a["has_scales"] == "true", (name, a)
+            assert "f8E4M3FN" in types, (name, types)
+        bwd = [t for n, _, a, t in calls if "f8E5M2" in t]
+        assert len(bwd) == 2, [c[3] for c in calls]  # the two backward comm-GEMMs take the e5m2 gradient
+        gathered = [c for c in calls if c[0].endswith("all_gather_gemm") and "gather_b = true" in c[2]]
+        assert len(gathered) == 2, gathered  # the FP8 input (forward) and the FP8 gradient (backward)
+
+        x8 = jnp.zeros((32, 16), jnp.float8_e4m3fn); s = jnp.ones((1,), jnp.float32)
+        for kw, words in ((dict(transa=False), "TN layout"), (dict(transa=False, transb=True), "TN layout")):
+            try:
+                jax.jit(lambda x, w: tj.gemm_reduce_scatter(x, w, ctx=ctx, x_scale_inv=s, w_scale_inv=s, **kw)).trace(x8, x8)
+            except ValueError as e:
+                assert words in str(e), e
+            else:
+                raise AssertionError(kw)
+        xb = jnp.zeros((32, 16), jnp.bfloat16)
+        for f in (lambda x, w: tj.gemm_all_reduce(x, w, ctx=ctx, transa=True, transb=True),
+                  lambda x, w: tj.all_gather_gemm(x, w, ctx=ctx, transb=True, transa=False, return_gathered=True)):
+            try:
+                jax.jit(f).trace(xb, xb)
+            except ValueError as e:
+                assert "TT" in str(e) or "transb = False" in str(e), e
+            else:
+                raise AssertionError("refused layout accepted")
+        # NN and NT lower with their attributes and TE's shapes: w [K, N/tp], x [K, T/tp] -> y [T, N/tp]
+        out = jax.eval_shape(lambda x, w: tj.all_gather_gemm(x, w, ctx=ctx, transa=False, transb=False),
+                             jax.ShapeDtypeStruct((16, 32), jnp.bfloat16), jax.ShapeDtypeStruct((32, 8), jnp.bfloat16))
+        assert out.shape == (32, 8), out
+        out = jax.eval_shape(lambda x, w: tj.gemm_reduce_scatter(x, w, ctx=ctx, transa=False, transb=True),
+                             jax.ShapeDtypeStruct((16, 64), jnp.bfloat16), jax.ShapeDtypeStruct((16, 24), jnp.bfloat16))
+        assert out.shape == (32, 24), out
+        ctx.close()
+
+        mesh1 = Mesh(np.array(jax.devices()[:1]), ("tp",))
+        c1 = tj.tp_context(mesh1, "tp")
+        for lib, want in ((None, 0), (True, 4)):
+            sm1 = tj.tp_shard_map(lambda x, w1, b1, w2, b2: tj.mlp(x, w1, b1, w2, b2, ctx=c1, library=lib),
+                                  mesh1, specs[:5], P("tp", None))
+            t1 = jax.jit(jax.grad(lambda *a: jnp.sum(sm1(*a).astype(jnp.float32) ** 2), argnums=range(5))).trace(
+                *args).lower(lowering_platforms=("cuda",)).as_text()
+            n = len(re.findall(r"custom_call @te_comm_", t1))
+            assert n == want, (lib, n)
+        c1.close()
+        print("OK")
+    """)
+    env = dict(os.environ, PYTHONPATH=PYTHON_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and "OK" in p.stdout, p.stdout + p.stderr

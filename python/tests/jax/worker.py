@@ -189,6 +189,78 @@ def local_checks():
     check(f"tp{tp} rs fp8 e4m3", lambda: rs_case(256 * tp, 256, 256, bf, 2e-2, fp8=True))
     check(f"tp{tp} ar bf16 bias", lambda: rs_case(128 * tp, 256, 256, bf, tol, all_reduce=True))
 
+    def layouts():
+        """Every layout the ops take (TE's transa / transb: TN, NN, NT) vs jnp.dot, and
+        FP8 TN with the e4m3 x e5m2 mix of a HYBRID backward."""
+        T, K, N = 64 * tp, 128, 96
+        errs = []
+        X, W = rnd(rng, (T, K)), rnd(rng, (N, K), K**-0.5)
+        x0, x1 = block(T, tp, r)
+        Xb, Wb = (np.asarray(jnp.asarray(a, bf), np.float32) for a in (X, W))
+        for ta, tb in ((True, False), (False, False), (False, True)):
+            w_in = put(W if ta else W.T, bf)
+            x_in = put(X[x0:x1] if not tb else X[x0:x1].T, bf)
+            f = jax.jit(lambda x, w, ta=ta, tb=tb: tj.all_gather_gemm(x, w, ctx=ctx, transa=ta, transb=tb))
+            errs.append(expect_close(f"ag ta={ta} tb={tb}", f(x_in, w_in), Xb @ Wb.T, 1e-2))
+        Xr, Wr = rnd(rng, (T, K * tp)), rnd(rng, (N, K * tp), (K * tp) ** -0.5)
+        xs, ws = Xr[:, r * K:(r + 1) * K], Wr[:, r * K:(r + 1) * K]
+        ref = np.asarray(jnp.asarray(Xr, bf), np.float32) @ np.asarray(jnp.asarray(Wr, bf), np.float32).T
+        for ta, tb in ((True, False), (False, False), (False, True)):
+            w_in = put(ws if ta else ws.T, bf)
+            x_in = put(xs if not tb else xs.T, bf)
+            for ar in (False, True):
+                op = tj.gemm_all_reduce if ar else tj.gemm_reduce_scatter
+                f = jax.jit(lambda x, w, ta=ta, tb=tb, op=op: op(x, w, ctx=ctx, transa=ta, transb=tb))
+                want = ref if ar else ref[x0:x1]
+                errs.append(expect_close(f"{'ar' if ar else 'rs'} ta={ta} tb={tb}", f(x_in, w_in), want, 1e-2))
+        # FP8 TN, A = weight e4m3, B = gradient e5m2 (gathered, as the row layer's backward)
+        sx, sw = 57344 / np.abs(X).max() / 4, 448 / np.abs(W).max()
+        xq = np.asarray(jnp.asarray(X * sx, jnp.float8_e5m2).astype(jnp.float32)) / sx
+        wq = np.asarray(jnp.asarray(W * sw, jnp.float8_e4m3fn).astype(jnp.float32)) / sw
+        f = jax.jit(lambda x, w, a, b: tj.all_gather_gemm(x, w, ctx=ctx, x_scale_inv=a, w_scale_inv=b,
+                                                          return_gathered=True))
+        y, g = f(jax.device_put(jnp.asarray(X[x0:x1] * sx, jnp.float8_e5m2), dev),
+                 jax.device_put(jnp.asarray(W * sw, jnp.float8_e4m3fn), dev), put([1 / sx], jnp.float32),
+                 put([1 / sw], jnp.float32))
+        errs.append(expect_close("ag fp8 e5m2 x e4m3", y, xq @ wq.T, 2e-2))
+        if g.dtype != jnp.float8_e5m2 or not np.array_equal(np.asarray(g.astype(jnp.float32)) / sx, xq):
+            raise AssertionError("the gathered e5m2 input differs")
+        return f"max rel err {max(errs):.2e} over {len(errs)} layouts"
+
+    check(f"tp{tp} layouts (TN, NN, NT) and FP8 e5m2 x e4m3", layouts)
+
+    def fp8_training_tp1():
+        """tp 1 with the library forced (the comm-GEMMs in FP8, TN) and XLA's FP8 GEMMs:
+        gradients vs float32 jax.grad, delayed scaling's state over steps, loss within 2 %."""
+        T, H, F = 256, 256, 512
+        X, W1, B1 = rnd(rng, (T, H)), rnd(rng, (F, H), H**-0.5), rnd(rng, (F,), 0.1)
+        W2, B2 = rnd(rng, (H, F), F**-0.5), rnd(rng, (H,), 0.1)
+
+        def ref_loss(x, w1, b1, w2, b2):
+            return jnp.sum((jax.nn.gelu(x @ w1.T + b1, approximate=True) @ w2.T + b2) ** 2) / T
+
+        full = [jnp.asarray(np.asarray(jnp.asarray(a, bf), np.float32)) for a in (X, W1, B1, W2, B2)]
+        ref = [np.asarray(g) for g in jax.jit(jax.grad(ref_loss, argnums=range(5)))(*full)]
+        out = []
+        for recipe in (tj.DelayedScaling(amax_history_len=8), tj.CurrentScaling(), tj.CurrentScaling(tj.Format.E4M3)):
+            for lib in (True, None):
+                def loss(x, w1, b1, w2, b2, m, recipe=recipe, lib=lib):
+                    y = tj.mlp(x, w1, b1, w2, b2, ctx=ctx, fp8=recipe, fp8_meta=m, library=lib)
+                    return jnp.sum(y.astype(jnp.float32) ** 2) / T
+                g = jax.jit(jax.grad(loss, argnums=range(6)))
+                meta = tj.fp8_meta_init(recipe, 2) if recipe.delayed else None
+                args = [put(a, bf) for a in (X, W1, B1, W2, B2)]
+                for it in range(3):  # delayed: step 0 quantizes with scale 1, later steps with the history's
+                    gs = g(*args, meta)
+                    if meta is not None:
+                        meta = tj.fp8_meta_update(gs[5], recipe)
+                errs = [expect_close(n, a, b, 0.12) for n, a, b in zip(("dx", "dw1", "db1", "dw2", "db2"), gs, ref)]
+                out.append(f"{type(recipe).__name__}{'' if lib else ' xla'} {max(errs):.2e}")
+        return "max rel err of the 5 gradients: " + ", ".join(out)
+
+    if tp == 1:
+        check("tp1 fp8 training gradients (library forced and XLA), delayed and current", fp8_training_tp1)
+
     def grads():
         T, H, F = 128 * tp, 256, 512
         X, W1, B1 = rnd(rng, (T, H)), rnd(rng, (F, H), H**-0.5), rnd(rng, (F,), 0.1)
@@ -350,10 +422,11 @@ def shard_map_checks():
         def grad(fp8=fp8):
             def loss_with(layer):
                 return lambda *a: jnp.sum(smap(layer, P("tp", None))(*a).astype(jnp.float32) ** 2) / T
-            gf = jax.jit(jax.grad(loss_with(lambda *a: tj.mlp(*a, ctx=ctx, fp8=fp8)), argnums=range(5)))
+            # FP8: both layers' backward GEMMs in FP8 too (HYBRID: e5m2 gradients)
+            gf = jax.jit(jax.grad(loss_with(lambda *a: tj.mlp(*a, ctx=ctx, fp8=fp8, library=True)), argnums=range(5)))
             ref = jax.jit(jax.grad(loss_with(lax_layers), argnums=range(5)))(*glob)
             whole = jax.grad(lambda *a: jnp.sum(ref_model(*a) ** 2) / T, argnums=range(5))(*full)
-            tol = 1e-1 if fp8 else 3e-2
+            tol = 1.2e-1 if fp8 else 3e-2
             errs = []
             def vs_global(what, got, want):
                 # Both global arrays of one sharding: shard by shard (other processes' are

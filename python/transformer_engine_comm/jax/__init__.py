@@ -8,12 +8,23 @@ tensor-parallel all-gather / reduce-scatter / all-reduce with the GEMM.
   :func:`all_gather_gemm`, :func:`gemm_reduce_scatter`, :func:`gemm_all_reduce`
   (bf16 / fp16 / FP8 with scales; bias; GELU).
 - Layers with gradients: :func:`column_parallel_dense`, :func:`row_parallel_dense`,
-  :func:`mlp` (``transformer_engine_comm.jax.layers``).
+  :func:`mlp` (``transformer_engine_comm.jax.layers``), bf16 or FP8 in forward and
+  backward with TE's recipes (:class:`DelayedScaling` with its functional state
+  :class:`FP8Meta`, :class:`CurrentScaling`; ``transformer_engine_comm.jax.fp8``).
 
 Handlers are registered with XLA (platform CUDA) on first use, or by :func:`register`.
 """
 from ._bootstrap import ExchangeTimeout, KVExchange, LocalExchange
 from ._context import TPContext, close_all, live_contexts, tp_context
+from .fp8 import (
+    CurrentScaling,
+    DelayedScaling,
+    FP8Meta,
+    Format,
+    amax_and_scale_update,
+    fp8_meta_init,
+    fp8_meta_update,
+)
 from .layers import column_parallel_dense, mlp, row_parallel_dense, tp_shard_map
 from .ops import (
     TARGETS,
@@ -28,6 +39,13 @@ from .ops import (
 )
 
 __all__ = [
+    "CurrentScaling",
+    "DelayedScaling",
+    "FP8Meta",
+    "Format",
+    "amax_and_scale_update",
+    "fp8_meta_init",
+    "fp8_meta_update",
     "ExchangeTimeout",
     "KVExchange",
     "LocalExchange",

@@ -22,20 +22,39 @@ Shardings (``P`` = ``jax.sharding.PartitionSpec``, ``tp`` = ``ctx.axis``): colum
 replicated input (the row bias) is each device's share, which ``shard_map`` sums over the
 axis.
 
-FP8 (``fp8=True``): x and w are quantized to e4m3 with current per-tensor scaling (the
-all-gathered input's scale from the amax over the whole axis, ``lax.pmax``), the GEMMs
-run in FP8 with bf16 output; the backward GEMMs run in the input precision (the weight
-gradient reads the gathered FP8 input, dequantized), as TE's FP8 recipes do for the
-forward pass.
+FP8 (``fp8=`` a recipe of :mod:`transformer_engine_comm.jax.fp8`: ``DelayedScaling`` with
+``fp8_meta``, or ``CurrentScaling``; ``fp8=True`` is ``CurrentScaling()``): every GEMM of
+forward and backward runs in FP8 with bf16 output, as TE's recipes do. The input and the
+weight are quantized once in the forward (e4m3) and reused by the backward (the weight's
+transposed FP8 copy for the dgrad, the FP8 input for the wgrad); the output gradient is
+quantized to e5m2 (HYBRID) or e4m3 (E4M3). Hopper's FP8 GEMMs are TN: the library's
+comm-GEMMs get the transposed FP8 copies; the local wgrad is a dot of the dequantized
+FP8 operands, which XLA's GEMM rewriter turns into one cuBLASLt FP8 GEMM (it transposes
+the FP8 operands itself). The all-gathers carry FP8: the column layer gathers the FP8
+input inside its GEMM and keeps it for the wgrad, the row layer's backward gathers the
+FP8 gradient and keeps it likewise. A gathered tensor's scale is the same on every
+device (its amax max-reduced over the axis; with delayed scaling every recorded amax is,
+so the replicated state stays identical).
+
+Routing: where nothing is communicated (tp = 1) the layers lower to XLA's own dot and
+fusions (bf16: the plain jnp expression; FP8: the same FP8 GEMMs through XLA), since the
+library would add only overhead there. ``library=True`` (or the environment variable
+``TE_COMM_JAX_LIBRARY=1``) forces the library's custom calls at tp = 1 too, so that
+their cost stays measurable; ``library=False`` is refused at tp > 1 in the layers that
+communicate.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
 
+from . import fp8 as _f8
 from ._context import TPContext
+from .fp8 import FP8Meta
 from .ops import ag_gemm, rs_gemm
 
 
@@ -53,58 +72,31 @@ def tp_shard_map(f, mesh, in_specs, out_specs):
         return shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_rep=False)
 
 
+# kinds: "col_sp" (AG + GEMM), "row_sp" (GEMM + RS), "row_ar" (GEMM + AR), "local" (no
+# communication: XLA's dot)
 @dataclass(frozen=True)
 class _Cfg:
     ctx: TPContext
-    fp8: bool
+    kind: str
+    recipe: Optional[object]
     comm_sms: int
+    library: bool
 
 
-def _quantize(x, amax):
-    dt = jnp.float8_e4m3fn
-    fmax = float(jnp.finfo(dt).max)
-    amax = amax.astype(jnp.float32)
-    scale = jnp.where(amax > 0, fmax / amax, 1.0)
-    q = jnp.clip(x.astype(jnp.float32) * scale, -fmax, fmax).astype(dt)
-    return q, (1.0 / scale).reshape(1)
+def _axis_bound(axis: str) -> bool:
+    try:
+        jax.lax.axis_index(axis)
+        return True
+    except NameError:
+        return False
 
 
-def _absmax(x):
-    return jnp.max(jnp.abs(x)).astype(jnp.float32)
-
-
-def _wgrad(dy, x, dtype):
-    return jnp.dot(dy.T, x, preferred_element_type=jnp.float32).astype(dtype)
-
-
-# ---- column parallel, sequence parallel: AG + GEMM forward, GEMM + RS backward ----
-
-
-def _col_fwd(x, w, bias, cfg: _Cfg):
-    if cfg.fp8:
-        xq, xsi = _quantize(x, jax.lax.pmax(_absmax(x), cfg.ctx.axis))
-        wq, wsi = _quantize(w, _absmax(w))
-        y, xt = ag_gemm(wq, xq, bias, ctx=cfg.ctx, gather_b=True, a_scale_inv=wsi, b_scale_inv=xsi,
-                        out_dtype=x.dtype, comm_sms=cfg.comm_sms)
-        return y, (xt, xsi, w, bias)
-    y, xt = ag_gemm(w, x, bias, ctx=cfg.ctx, gather_b=True, comm_sms=cfg.comm_sms)
-    return y, (xt, None, w, bias)
-
-
-def _col_bwd(cfg: _Cfg, res, dy):
-    xt, xsi, w, bias = res
-    # dx = RS(dy @ w): A = w [N/tp, K] as [k_local, m] (transa = false), B = dy [T, N/tp].
-    dx = rs_gemm(w, dy.astype(w.dtype), ctx=cfg.ctx, transa=False, comm_sms=cfg.comm_sms)[0]
-    x_full = xt.astype(jnp.float32) * xsi if xsi is not None else xt
-    dw = _wgrad(dy, x_full.astype(dy.dtype), w.dtype)
-    return dx.astype(dy.dtype), dw, _bias_share(bias, dy)
-
-
-def _layer(fwd, bwd):
-    """f(x, w, bias, cfg) = fwd(...)[0] with fwd / bwd as its custom VJP (cfg static)."""
-    f = jax.custom_vjp(lambda x, w, bias, cfg: fwd(x, w, bias, cfg)[0], nondiff_argnums=(3,))
-    f.defvjp(fwd, bwd)
-    return f
+def _use_library(ctx: TPContext, library: Optional[bool]) -> bool:
+    if library is None:
+        return ctx.size > 1 or os.environ.get("TE_COMM_JAX_LIBRARY", "0") == "1"
+    if not library and ctx.size > 1:
+        raise ValueError(f"library=False at tp = {ctx.size}: the layers communicate through the library")
+    return bool(library)
 
 
 def _bias_share(bias, dy):
@@ -112,81 +104,238 @@ def _bias_share(bias, dy):
     return None if bias is None else dy.sum(0).astype(bias.dtype)
 
 
-_col_sp = _layer(_col_fwd, _col_bwd)
+def _wgrad(dy, x, dtype):
+    return jnp.dot(dy.T, x, preferred_element_type=jnp.float32).astype(dtype)
 
 
-def column_parallel_dense(x, w, bias=None, *, ctx: TPContext, sequence_parallel: bool = True, fp8: bool = False,
-                          comm_sms: int = 0):
-    """y = x @ w.T + bias with w split by rows (output features) over ``ctx.axis``:
-    x ``[T/tp, K]`` (sequence parallel; gathered inside the GEMM) or ``[T, K]``, w
-    ``[N/tp, K]``, bias ``[N/tp]`` -> y ``[T, N/tp]``."""
-    if sequence_parallel:
-        return _col_sp(x, w, bias, _Cfg(ctx, bool(fp8), int(comm_sms)))
-    y = jnp.dot(x, w.T, preferred_element_type=jnp.float32)
-    if bias is not None:
-        y = y + bias.astype(jnp.float32)
-    return y.astype(x.dtype)
+def _pmax(v, cfg: _Cfg):
+    """max over the TP axis (a no-op at tp = 1); FP8 with tp > 1 runs inside shard_map."""
+    if cfg.ctx.size == 1:
+        return v
+    if not _axis_bound(cfg.ctx.axis):
+        raise ValueError(f"FP8 layers at tp = {cfg.ctx.size} run inside shard_map over {cfg.ctx.axis!r} "
+                         "(a gathered tensor's amax is max-reduced over the axis)")
+    return jax.lax.pmax(v, cfg.ctx.axis)
 
 
-# ---- row parallel: GEMM + RS (or AR) forward, AG + GEMM backward ----
+def _first_device_share(tree, cfg: _Cfg):
+    """``tree`` on the axis' first device, zeros elsewhere: shard_map sums the devices'
+    cotangents of a replicated input, so the sum is ``tree`` exactly."""
+    if cfg.ctx.size == 1 or not _axis_bound(cfg.ctx.axis):
+        return tree
+    first = jax.lax.axis_index(cfg.ctx.axis) == 0
+    return jax.tree_util.tree_map(lambda v: jnp.where(first, v, jnp.zeros_like(v)), tree)
 
 
-def _row_fwd(x, w, bias, cfg: _Cfg, all_reduce: bool):
-    if cfg.fp8:
-        xq, xsi = _quantize(x, _absmax(x))
-        wq, wsi = _quantize(w, _absmax(w))
-        y = rs_gemm(wq, xq, bias, ctx=cfg.ctx, all_reduce=all_reduce, a_scale_inv=wsi, b_scale_inv=xsi,
-                    out_dtype=x.dtype, comm_sms=cfg.comm_sms)[0]
-    else:
-        y = rs_gemm(w, x, bias, ctx=cfg.ctx, all_reduce=all_reduce, comm_sms=cfg.comm_sms)[0]
+def _scale(cfg: _Cfg, meta, role: int, amax_value):
+    """The scale of ``role``: the state's (delayed) or from ``amax_value`` (current)."""
+    r = cfg.recipe
+    if r.delayed:
+        return meta.scale[role]
+    fmax = _f8.FP8_MAX[jnp.dtype(r.dtypes[role]).name]
+    return _f8.scale_from_amax(amax_value, fmax)
+
+
+# ------------------------------------------------------------------------------ bf16
+
+
+def _bf16_fwd(x, w, bias, cfg: _Cfg):
+    k, ctx, sms = cfg.kind, cfg.ctx, cfg.comm_sms
+    if k == "col_sp":
+        if ctx.size == 1:  # the gathered input is x itself: no copy
+            y = ag_gemm(w, x, bias, ctx=ctx, comm_sms=sms)[0]
+            return y, (x, w, bias)
+        y, xt = ag_gemm(w, x, bias, ctx=ctx, gather_b=True, comm_sms=sms)
+        return y, (xt, w, bias)
+    y = rs_gemm(w, x, bias, ctx=ctx, all_reduce=(k == "row_ar"), comm_sms=sms)[0]
     return y, (x, w, bias)
 
 
-def _row_sp_fwd(x, w, bias, cfg):
-    return _row_fwd(x, w, bias, cfg, False)
-
-
-def _row_sp_bwd(cfg: _Cfg, res, dy):
+def _bf16_bwd(cfg: _Cfg, res, dy):
     x, w, bias = res
-    # dx = AG(dy) @ w: A = w [N, K/tp] as [k, m_local] (transa = false), B = dy [T/tp, N].
-    dx, dyt = ag_gemm(w, dy.astype(w.dtype), ctx=cfg.ctx, transa=False, gather_b=True, comm_sms=cfg.comm_sms)
-    dw = _wgrad(dyt, x.astype(dyt.dtype), w.dtype)
-    # The bias is replicated: this device's share (its tokens); shard_map sums the shares.
-    return dx.astype(dy.dtype), dw, _bias_share(bias, dy)
-
-
-_row_sp = _layer(_row_sp_fwd, _row_sp_bwd)
-
-
-def _row_ar_fwd(x, w, bias, cfg):
-    return _row_fwd(x, w, bias, cfg, True)
-
-
-def _row_ar_bwd(cfg: _Cfg, res, dy):
-    x, w, bias = res
-    # The output is replicated (out_specs P()): shard_map hands each device 1/tp of its
-    # cotangent, and sums what the devices return for the replicated bias.
-    dy_full = dy * cfg.ctx.size
+    ctx, sms = cfg.ctx, cfg.comm_sms
+    if cfg.kind == "col_sp":
+        # dx = RS(dy @ w), NN: A = w [N/tp, K] as [k_local, m] (transa = false), B = dy [T, N/tp].
+        dx = rs_gemm(w, dy.astype(w.dtype), ctx=ctx, transa=False, comm_sms=sms)[0]
+        # dw = dy^T @ AG(x) [N/tp, K] (NT; XLA's dot reads both untransposed).
+        return dx.astype(dy.dtype), _wgrad(dy, x.astype(dy.dtype), w.dtype), _bias_share(bias, dy)
+    if cfg.kind == "row_sp":
+        # dx = AG(dy) @ w, NN: A = w [N, K/tp] as [k, m_local] (transa = false), B = dy [T/tp, N].
+        if ctx.size == 1:
+            dx = ag_gemm(w, dy.astype(w.dtype), ctx=ctx, transa=False, comm_sms=sms)[0]
+            dyt = dy
+        else:
+            dx, dyt = ag_gemm(w, dy.astype(w.dtype), ctx=ctx, transa=False, gather_b=True, comm_sms=sms)
+        # The bias is replicated: this device's share (its tokens); shard_map sums the shares.
+        return dx.astype(dy.dtype), _wgrad(dyt, x.astype(dyt.dtype), w.dtype), _bias_share(bias, dy)
+    # row_ar: the output is replicated (out_specs P()): shard_map hands each device 1/tp of
+    # its cotangent, and sums what the devices return for the replicated bias.
+    dy_full = dy * ctx.size
     dx = jnp.dot(dy_full, w.astype(dy.dtype), preferred_element_type=jnp.float32).astype(dy.dtype)
-    dw = _wgrad(dy_full, x.astype(dy.dtype), w.dtype)
-    return dx, dw, _bias_share(bias, dy)
+    return dx, _wgrad(dy_full, x.astype(dy.dtype), w.dtype), _bias_share(bias, dy)
 
 
-_row_ar = _layer(_row_ar_fwd, _row_ar_bwd)
+def _bf16_layer():
+    f = jax.custom_vjp(lambda x, w, bias, cfg: _bf16_fwd(x, w, bias, cfg)[0], nondiff_argnums=(3,))
+    f.defvjp(_bf16_fwd, _bf16_bwd)
+    return f
 
 
-def row_parallel_dense(x, w, bias=None, *, ctx: TPContext, sequence_parallel: bool = True, fp8: bool = False,
-                       comm_sms: int = 0):
+_bf16 = _bf16_layer()
+
+
+def _xla_dense(x, w, bias):
+    """The layer as XLA's own build writes it (nothing communicated)."""
+    y = x @ w.T
+    return y if bias is None else y + bias.astype(y.dtype)
+
+
+# ------------------------------------------------------------------------------- FP8
+
+
+def _fp8_fwd(x, w, bias, meta, cfg: _Cfg):
+    r, ctx, sms, k = cfg.recipe, cfg.ctx, cfg.comm_sms, cfg.kind
+    dx_t, dw_t, _ = r.dtypes
+    out_dt = x.dtype if x.dtype in (jnp.bfloat16, jnp.float16, jnp.float32) else jnp.bfloat16
+    ax, aw = _f8.amax(x), _f8.amax(w)
+    # Current scaling: a gathered input has one scale on every device (amax over the axis).
+    sx = _scale(cfg, meta, _f8.INPUT, _pmax(ax, cfg) if k == "col_sp" else ax)
+    sw = _scale(cfg, meta, _f8.WEIGHT, aw)
+    xq, wq = _f8.quantize(x, sx, dx_t), _f8.quantize(w, sw, dw_t)
+    sxi, swi = (1.0 / sx).reshape(1), (1.0 / sw).reshape(1)
+    lib = cfg.library
+    if k == "col_sp" and lib:
+        if ctx.size > 1:
+            y, xg = ag_gemm(wq, xq, bias, ctx=ctx, gather_b=True, a_scale_inv=swi, b_scale_inv=sxi,
+                            out_dtype=out_dt, comm_sms=sms)
+        else:
+            y, xg = ag_gemm(wq, xq, bias, ctx=ctx, a_scale_inv=swi, b_scale_inv=sxi, out_dtype=out_dt,
+                            comm_sms=sms)[0], xq
+    elif k in ("row_sp", "row_ar") and lib:
+        y, xg = rs_gemm(wq, xq, bias, ctx=ctx, all_reduce=(k == "row_ar"), a_scale_inv=swi, b_scale_inv=sxi,
+                        out_dtype=out_dt, comm_sms=sms)[0], xq
+    else:  # local: XLA's FP8 GEMM
+        y = _f8.fp8_dot(xq, sxi, wq, swi, ((1,), (1,)), out_dt)
+        if bias is not None:
+            y = y + bias.astype(out_dt)
+        xg = xq
+    # The weight's transposed FP8 copy for the comm-GEMM dgrad (TN); XLA's local GEMMs
+    # read wq as it is.
+    wres = wq.T if lib and k in ("col_sp", "row_sp") else wq
+    # (zero-size arrays carry the dtypes of x and w: residuals are arrays)
+    return y, (xg, sxi, wres, swi, jnp.stack([ax, aw]), bias, meta, jnp.zeros((0,), x.dtype), jnp.zeros((0,), w.dtype))
+
+
+def _fp8_bwd(cfg: _Cfg, res, dy):
+    xg, sxi, wres, swi, amax_xw, bias, meta, x_dt, w_dt = res
+    x_dt, w_dt = x_dt.dtype, w_dt.dtype
+    r, ctx, sms, k = cfg.recipe, cfg.ctx, cfg.comm_sms, cfg.kind
+    g_t = r.dtypes[_f8.GRAD]
+    out_dt = x_dt if x_dt in (jnp.bfloat16, jnp.float16, jnp.float32) else jnp.bfloat16
+    if k == "row_ar" and cfg.library:
+        g = dy * ctx.size  # see _bf16_bwd
+    else:
+        g = dy
+    ag = _f8.amax(g)
+    # The row layer's gradient is gathered: one scale on every device.
+    sg = _scale(cfg, meta, _f8.GRAD, _pmax(ag, cfg) if k == "row_sp" else ag)
+    gq = _f8.quantize(g, sg, g_t)
+    sgi = (1.0 / sg).reshape(1)
+    lib = cfg.library
+    if k == "col_sp" and lib:
+        # dx = RS(dy @ w), TN: A = w^T (FP8) [K, N/tp], B = dy (FP8) [T, N/tp].
+        dx = rs_gemm(wres, gq, ctx=ctx, a_scale_inv=swi, b_scale_inv=sgi, out_dtype=out_dt, comm_sms=sms)[0]
+        gg = gq
+    elif k == "row_sp" and lib:
+        # dx = AG(dy) @ w, TN: A = w^T (FP8) [K/tp, N], B = dy (FP8) [T/tp, N] gathered (kept).
+        if ctx.size > 1:
+            dx, gg = ag_gemm(wres, gq, ctx=ctx, gather_b=True, a_scale_inv=swi, b_scale_inv=sgi, out_dtype=out_dt,
+                             comm_sms=sms)
+        else:
+            dx, gg = ag_gemm(wres, gq, ctx=ctx, a_scale_inv=swi, b_scale_inv=sgi, out_dtype=out_dt,
+                             comm_sms=sms)[0], gq
+    else:  # local dgrad: dx = dy @ w
+        dx = _f8.fp8_dot(gq, sgi, wres, swi, ((1,), (0,)), out_dt)
+        gg = gq
+    # wgrad: dw = dy^T @ x over all tokens (the gathered FP8 tensors), XLA's FP8 GEMM.
+    dw = _f8.fp8_dot(gg, sgi, xg, sxi, ((0,), (0,)), w_dt)
+    db = _bias_share(bias, dy)
+    if meta is None:
+        dmeta = None
+    else:
+        amaxes = _pmax(jnp.concatenate([amax_xw, ag.reshape(1)]), cfg)
+        hist = meta.amax_history.at[0].max(amaxes)
+        dmeta = _first_device_share(FP8Meta(hist, meta.scale), cfg)
+    return dx.astype(x_dt), dw, db, dmeta
+
+
+def _fp8_layer():
+    f = jax.custom_vjp(lambda x, w, bias, meta, cfg: _fp8_fwd(x, w, bias, meta, cfg)[0], nondiff_argnums=(4,))
+    f.defvjp(_fp8_fwd, _fp8_bwd)
+    return f
+
+
+_fp8 = _fp8_layer()
+
+
+def _dense(x, w, bias, cfg: _Cfg, meta):
+    r = cfg.recipe
+    if r is None:
+        if cfg.kind == "local" or not cfg.library:
+            return _xla_dense(x, w, bias)
+        return _bf16(x, w, bias, cfg)
+    if r.delayed:
+        if not isinstance(meta, FP8Meta):
+            raise TypeError("DelayedScaling needs fp8_meta (tj.fp8_meta_init(recipe)); got "
+                            f"{type(meta).__name__}")
+        if meta.amax_history.shape != (r.amax_history_len, 3) or meta.scale.shape != (3,):
+            raise ValueError(f"fp8_meta has history {meta.amax_history.shape} and scale {meta.scale.shape}: "
+                             f"the recipe needs ({r.amax_history_len}, 3) and (3,)")
+    elif meta is not None:
+        raise ValueError("CurrentScaling has no state: pass fp8_meta=None")
+    return _fp8(x, w, bias, meta, cfg)
+
+
+def column_parallel_dense(x, w, bias=None, *, ctx: TPContext, sequence_parallel: bool = True, fp8=False,
+                          fp8_meta: Optional[FP8Meta] = None, comm_sms: int = 0, library: Optional[bool] = None):
+    """y = x @ w.T + bias with w split by rows (output features) over ``ctx.axis``:
+    x ``[T/tp, K]`` (sequence parallel; gathered inside the GEMM) or ``[T, K]``, w
+    ``[N/tp, K]``, bias ``[N/tp]`` -> y ``[T, N/tp]``. ``fp8``: False, True
+    (``CurrentScaling()``) or a recipe; ``fp8_meta``: this layer's state under
+    ``DelayedScaling`` (its gradient is the state with this step's amaxes recorded: see
+    :mod:`transformer_engine_comm.jax.fp8`)."""
+    recipe = _f8.as_recipe(fp8)
+    if sequence_parallel:
+        lib = _use_library(ctx, library)
+        cfg = _Cfg(ctx, "col_sp" if lib else "local", recipe, int(comm_sms), lib)
+    else:  # x replicated: nothing to communicate
+        cfg = _Cfg(ctx, "local", recipe, int(comm_sms), False)
+    return _dense(x, w, bias, cfg, fp8_meta)
+
+
+def row_parallel_dense(x, w, bias=None, *, ctx: TPContext, sequence_parallel: bool = True, fp8=False,
+                       fp8_meta: Optional[FP8Meta] = None, comm_sms: int = 0, library: Optional[bool] = None):
     """y = x @ w.T + bias with w split by columns (input features) over ``ctx.axis``:
     x ``[T, K/tp]``, w ``[N, K/tp]``, bias ``[N]`` (replicated) -> y ``[T/tp, N]``
-    (sequence parallel: reduce-scattered along tokens) or ``[T, N]`` (all-reduced)."""
-    cfg = _Cfg(ctx, bool(fp8), int(comm_sms))
-    return (_row_sp if sequence_parallel else _row_ar)(x, w, bias, cfg)
+    (sequence parallel: reduce-scattered along tokens) or ``[T, N]`` (all-reduced).
+    ``fp8`` / ``fp8_meta`` as :func:`column_parallel_dense`."""
+    recipe = _f8.as_recipe(fp8)
+    lib = _use_library(ctx, library)
+    kind = ("row_sp" if sequence_parallel else "row_ar") if lib else "local"
+    return _dense(x, w, bias, _Cfg(ctx, kind, recipe, int(comm_sms), lib), fp8_meta)
 
 
-def mlp(x, w1, b1, w2, b2, *, ctx: TPContext, sequence_parallel: bool = True, fp8: bool = False,
-        comm_sms: int = 0):
-    """The TP MLP block: ``row(gelu(column(x)))`` (w1 ``[F/tp, H]``, w2 ``[H, F/tp]``)."""
-    h = column_parallel_dense(x, w1, b1, ctx=ctx, sequence_parallel=sequence_parallel, fp8=fp8, comm_sms=comm_sms)
+def mlp(x, w1, b1, w2, b2, *, ctx: TPContext, sequence_parallel: bool = True, fp8=False, fp8_meta=None,
+        comm_sms: int = 0, library: Optional[bool] = None):
+    """The TP MLP block: ``row(gelu(column(x)))`` (w1 ``[F/tp, H]``, w2 ``[H, F/tp]``).
+    ``fp8_meta``: the two layers' states (``tj.fp8_meta_init(recipe, 2)``) under
+    ``DelayedScaling``."""
+    m1 = m2 = None
+    if fp8_meta is not None:
+        if isinstance(fp8_meta, FP8Meta) or len(fp8_meta) != 2:
+            raise ValueError("mlp's fp8_meta is a pair of FP8Meta (tj.fp8_meta_init(recipe, 2))")
+        m1, m2 = fp8_meta
+    kw = dict(ctx=ctx, sequence_parallel=sequence_parallel, fp8=fp8, comm_sms=comm_sms, library=library)
+    h = column_parallel_dense(x, w1, b1, fp8_meta=m1, **kw)
     h = jax.nn.gelu(h, approximate=True)
-    return row_parallel_dense(h, w2, b2, ctx=ctx, sequence_parallel=sequence_parallel, fp8=fp8, comm_sms=comm_sms)
+    return row_parallel_dense(h, w2, b2, fp8_meta=m2, **kw)

@@ -11,6 +11,13 @@ arrays with one device per process):
   ``RS(x @ w.T) (+ bias)`` ``[tokens/tp, N]``.
 - :func:`gemm_all_reduce`: as above, every device gets ``[tokens, N]``.
 
+Layouts of TE's ``nvte_cublas_gemm`` (A = ``w``, B = ``x``): ``transa`` (default True: ``w``
+is ``[N, K]``; False: ``[K, N]``) and ``transb`` (default False: ``x`` is ``[tokens, K]``;
+True: ``[K, tokens]``, e.g. a gradient stored transposed); the output is always
+``[tokens, N]`` (per device as above). TN, NN and NT are supported; TT is not; FP8
+operands need TN (Hopper's FP8 GEMMs: pass the transposed FP8 copy instead), and the
+gathered input (``return_gathered``) needs ``transb = False``.
+
 FP8: ``x`` and ``w`` as ``jnp.float8_e4m3fn`` / ``float8_e5m2`` with ``x_scale_inv`` /
 ``w_scale_inv`` (f32, one element; dequantized = stored x scale_inv); the output is bf16
 unless ``out_dtype`` says otherwise. Tokens need not divide by tp outside ``shard_map``
@@ -96,13 +103,14 @@ def _scales(a, b, a_scale_inv, b_scale_inv):
 
 def ffi_gemm(kind: str, a, b, bias=None, a_scale_inv=None, b_scale_inv=None, *, ctx: TPContext, m: int, n: int,
              k: int, transa: bool, d_shape, d_dtype, gelu: bool = False, gather_b: bool = False, comm_sms: int = 0,
-             algo: int = 0):
-    """The custom call in TE's terms (``a`` = A, ``b`` = B with transb = false, global m, n,
-    k as in ``nvte_all_gather_gemm``). Returns a list: d, [pre_act], [b gathered]."""
+             algo: int = 0, transb: bool = False):
+    """The custom call in TE's terms (``a`` = A, ``b`` = B, global m, n, k as in
+    ``nvte_all_gather_gemm``). Returns a list: d, [pre_act], [b gathered]."""
     import jax
 
     if ctx.closed:
         raise ValueError(f"{ctx!r} is closed")
+    _check_layout(a, b, transa, transb, gather_b)
     register()
     target = TARGETS[kind][0]
     outs = [jax.ShapeDtypeStruct(tuple(d_shape), d_dtype)]
@@ -119,7 +127,7 @@ def ffi_gemm(kind: str, a, b, bias=None, a_scale_inv=None, b_scale_inv=None, *, 
         n=np.int64(n),
         k=np.int64(k),
         transa=bool(transa),
-        transb=False,
+        transb=bool(transb),
         comm_sms=np.int32(comm_sms),
         algo=np.int32(algo),
         has_bias=bias is not None,
@@ -130,24 +138,37 @@ def ffi_gemm(kind: str, a, b, bias=None, a_scale_inv=None, b_scale_inv=None, *, 
     return list(res)
 
 
+def _check_layout(a, b, transa: bool, transb: bool, gather_b: bool) -> None:
+    """The layouts the library runs, checked at trace time with TE's words."""
+    if transa and transb:
+        raise ValueError("transa = transb = True (TT) is not supported: TE's GEMMs take TN, NN and NT")
+    if (_is_fp8(a.dtype) or _is_fp8(b.dtype)) and not (transa and not transb):
+        raise ValueError(
+            f"FP8 operands need the TN layout (transa = True, transb = False; got transa = {bool(transa)}, "
+            f"transb = {bool(transb)}): Hopper's FP8 GEMMs are TN only; pass the transposed FP8 copy")
+    if gather_b and transb:
+        raise ValueError("the gathered input (return_gathered / gather_b) needs transb = False "
+                         "(B stored [tokens, K], gathered along its rows)")
+
+
 def _check2(x, what):
     if x.ndim != 2:
         raise ValueError(f"{what} must be 2-D (reshape [batch, seq, hidden] to [batch*seq, hidden]), got {x.shape}")
 
 
-def ag_gemm(a, b, bias=None, *, ctx: TPContext, transa: bool = True, n_tokens: Optional[int] = None,
-            gelu: bool = False, gather_b: bool = False, a_scale_inv=None, b_scale_inv=None, out_dtype=None,
-            comm_sms: int = 0, algo: int = 0):
-    """All-gather GEMM in TE's terms: B ``[n_local, k]`` gathered along n; A is
-    ``[m_local, k]`` (transa) or ``[k, m_local]``; D ``[n, m_local]``."""
+def ag_gemm(a, b, bias=None, *, ctx: TPContext, transa: bool = True, transb: bool = False,
+            n_tokens: Optional[int] = None, gelu: bool = False, gather_b: bool = False, a_scale_inv=None,
+            b_scale_inv=None, out_dtype=None, comm_sms: int = 0, algo: int = 0):
+    """All-gather GEMM in TE's terms: B ``[n_local, k]`` (``[k, n_local]`` with transb)
+    gathered along n; A is ``[m_local, k]`` (transa) or ``[k, m_local]``; D ``[n, m_local]``."""
     _check2(a, "A")
     _check2(b, "B")
-    n_l, k = b.shape
+    n_l, k = (b.shape[1], b.shape[0]) if transb else b.shape
     m_l = a.shape[0] if transa else a.shape[1]
     n = int(n_tokens) if n_tokens is not None else n_l * ctx.size
     return ffi_gemm("ag", a, b, bias, a_scale_inv, b_scale_inv, ctx=ctx, m=m_l * ctx.size, n=n, k=k, transa=transa,
                     d_shape=(n, m_l), d_dtype=_out_dtype(b, out_dtype), gelu=gelu, gather_b=gather_b,
-                    comm_sms=comm_sms, algo=algo)
+                    comm_sms=comm_sms, algo=algo, transb=transb)
 
 
 def _scattered_rows(n: int, ctx: TPContext) -> int:
@@ -156,40 +177,46 @@ def _scattered_rows(n: int, ctx: TPContext) -> int:
     return numroc(n, ctx.size, ctx.rank)  # one device per process: its own rank
 
 
-def rs_gemm(a, b, bias=None, *, ctx: TPContext, transa: bool = True, all_reduce: bool = False, a_scale_inv=None,
-            b_scale_inv=None, out_dtype=None, comm_sms: int = 0, algo: int = 0):
-    """GEMM + reduce-scatter (or all-reduce) in TE's terms: k split; B ``[n, k_local]``; A
-    ``[m, k_local]`` (transa) or ``[k_local, m]``; D ``[n/tp, m]`` (all-reduce: ``[n, m]``)."""
+def rs_gemm(a, b, bias=None, *, ctx: TPContext, transa: bool = True, transb: bool = False,
+            all_reduce: bool = False, a_scale_inv=None, b_scale_inv=None, out_dtype=None, comm_sms: int = 0,
+            algo: int = 0):
+    """GEMM + reduce-scatter (or all-reduce) in TE's terms: k split; B ``[n, k_local]``
+    (``[k_local, n]`` with transb); A ``[m, k_local]`` (transa) or ``[k_local, m]``; D
+    ``[n/tp, m]`` (all-reduce: ``[n, m]``)."""
     _check2(a, "A")
     _check2(b, "B")
-    n, k_l = b.shape
+    n, k_l = (b.shape[1], b.shape[0]) if transb else b.shape
     m = a.shape[0] if transa else a.shape[1]
     rows = n if all_reduce else _scattered_rows(n, ctx)
     return ffi_gemm("ar" if all_reduce else "rs", a, b, bias, a_scale_inv, b_scale_inv, ctx=ctx, m=m, n=n,
                     k=k_l * ctx.size, transa=transa, d_shape=(rows, m), d_dtype=_out_dtype(b, out_dtype),
-                    comm_sms=comm_sms, algo=algo)
+                    comm_sms=comm_sms, algo=algo, transb=transb)
 
 
 def all_gather_gemm(x, w, bias=None, *, ctx: TPContext, n_tokens: Optional[int] = None, gelu: bool = False,
                     return_gathered: bool = False, x_scale_inv=None, w_scale_inv=None, out_dtype=None,
-                    comm_sms: int = 0, algo: int = 0):
-    """``y = AG(x) @ w.T (+ bias)``: x ``[tokens/tp, K]``, w ``[N/tp, K]`` -> y ``[tokens, N/tp]``.
+                    comm_sms: int = 0, algo: int = 0, transa: bool = True, transb: bool = False):
+    """``y = AG(x) @ w.T (+ bias)``: x ``[tokens/tp, K]``, w ``[N/tp, K]`` -> y ``[tokens, N/tp]``
+    (``transa=False``: w ``[K, N/tp]``; ``transb=True``: x ``[K, tokens/tp]``).
     With ``gelu``: returns ``(gelu(y), y)``; with ``return_gathered``: also ``AG(x)``."""
-    out = ag_gemm(w, x, bias, ctx=ctx, transa=True, n_tokens=n_tokens, gelu=gelu, gather_b=return_gathered,
+    out = ag_gemm(w, x, bias, ctx=ctx, transa=transa, transb=transb, n_tokens=n_tokens, gelu=gelu,
+                  gather_b=return_gathered,
                   a_scale_inv=w_scale_inv, b_scale_inv=x_scale_inv, out_dtype=out_dtype, comm_sms=comm_sms,
                   algo=algo)
     return out[0] if len(out) == 1 else tuple(out)
 
 
 def gemm_reduce_scatter(x, w, bias=None, *, ctx: TPContext, x_scale_inv=None, w_scale_inv=None, out_dtype=None,
-                        comm_sms: int = 0, algo: int = 0):
-    """``RS(x @ w.T) (+ bias)``: x ``[tokens, K/tp]``, w ``[N, K/tp]`` -> ``[tokens/tp, N]``."""
-    return rs_gemm(w, x, bias, ctx=ctx, transa=True, a_scale_inv=w_scale_inv, b_scale_inv=x_scale_inv,
+                        comm_sms: int = 0, algo: int = 0, transa: bool = True, transb: bool = False):
+    """``RS(x @ w.T) (+ bias)``: x ``[tokens, K/tp]``, w ``[N, K/tp]`` -> ``[tokens/tp, N]``
+    (``transa=False``: w ``[K/tp, N]``; ``transb=True``: x ``[K/tp, tokens]``)."""
+    return rs_gemm(w, x, bias, ctx=ctx, transa=transa, transb=transb, a_scale_inv=w_scale_inv, b_scale_inv=x_scale_inv,
                    out_dtype=out_dtype, comm_sms=comm_sms, algo=algo)[0]
 
 
 def gemm_all_reduce(x, w, bias=None, *, ctx: TPContext, x_scale_inv=None, w_scale_inv=None, out_dtype=None,
-                    comm_sms: int = 0, algo: int = 0):
-    """``AR(x @ w.T) (+ bias)``: x ``[tokens, K/tp]``, w ``[N, K/tp]`` -> ``[tokens, N]``."""
-    return rs_gemm(w, x, bias, ctx=ctx, transa=True, all_reduce=True, a_scale_inv=w_scale_inv,
+                    comm_sms: int = 0, algo: int = 0, transa: bool = True, transb: bool = False):
+    """``AR(x @ w.T) (+ bias)``: x ``[tokens, K/tp]``, w ``[N, K/tp]`` -> ``[tokens, N]``
+    (layouts as :func:`gemm_reduce_scatter`)."""
+    return rs_gemm(w, x, bias, ctx=ctx, transa=transa, transb=transb, all_reduce=True, a_scale_inv=w_scale_inv,
                    b_scale_inv=x_scale_inv, out_dtype=out_dtype, comm_sms=comm_sms, algo=algo)[0]

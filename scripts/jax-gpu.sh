@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The JAX package's GPU checks on a one-GPU box without cargo (the library prebuilt):
+#   TE_COMM_LIB=/path/libtransformer_engine_comm.so OUT=/tmp/out scripts/jax-gpu.sh
+# Runs, with logs under $OUT: the JAX GPU tests (TE_COMM_JAX_NP=1,2,4 processes sharing the
+# GPU; the autotuner-candidate sweep is left to scripts/gpu-test.sh), the example in every
+# mode with --profile (bf16: XLA's build, the layers, the library forced; FP8 delayed and
+# current: the layers and the library forced), then the acceptance checks at tp 1: the
+# layers within 1.03x of XLA's build, FP8's final loss within 2 % of bf16's, the FP8 builds'
+# GEMMs in FP8. Prints a table last; exits non-zero when anything failed.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+out=${OUT:-$root/gpu-out}
+mkdir -p "$out"
+export PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}"
+export NCCL_NVLS_ENABLE=0 XLA_PYTHON_CLIENT_PREALLOCATE=false
+: "${TE_COMM_LIB:?set TE_COMM_LIB to the prebuilt libtransformer_engine_comm.so}"
+fail=0
+step() {  # name, command...
+  local name=$1; shift
+  local t0=$SECONDS
+  if "$@" >"$out/$name.log" 2>&1; then echo "ok    $name ($((SECONDS - t0)) s)"; else echo "FAIL  $name ($((SECONDS - t0)) s): $out/$name.log"; tail -20 "$out/$name.log"; fail=1; fi
+}
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$out/device.txt" 2>&1
+python3 -c 'import jax; print("jax", jax.__version__, jax.devices())' >> "$out/device.txt" 2>&1
+cat "$out/device.txt"
+
+TE_COMM_JAX_NP=1,2,4 step jax-tests timeout 420 python3 -m pytest -q -rs -p no:cacheprovider \
+  "$root/python/tests/jax/test_jax_gpu.py" -k "test_ops_grads_training or test_shard_map"
+ex="$root/examples/jax/mlp_with_overlap.py"
+step example-bf16 timeout 300 python3 "$ex" --builds xla,layers,library --profile --profile-dir "$out/traces"
+step example-fp8-delayed timeout 300 python3 "$ex" --fp8-recipe delayed --builds layers,library --profile --profile-dir "$out/traces"
+step example-fp8-current timeout 300 python3 "$ex" --fp8-recipe current --builds layers,library --profile --profile-dir "$out/traces"
+
+python3 - "$out" <<'PY' || fail=1
+import json, sys, os
+out = sys.argv[1]
+rows = []
+for name in ("example-bf16", "example-fp8-delayed", "example-fp8-current"):
+    p = os.path.join(out, name + ".log")
+    if os.path.exists(p):
+        rows += [json.loads(l[7:]) for l in open(p) if l.startswith("RESULT ")]
+by = {(r["build"], r["precision"]): r for r in rows}
+checks = []
+xla, lay = by.get(("xla", "bf16")), by.get(("layers", "bf16"))
+if xla and lay:
+    checks.append(("tp-1 layers / XLA step <= 1.03", lay["step_ms"] / xla["step_ms"], lay["step_ms"] / xla["step_ms"] <= 1.03))
+for rec in ("delayed", "current"):
+    f = by.get(("layers", f"fp8 {rec}"))
+    if f and lay:
+        d = abs(f["final_loss"] - lay["final_loss"]) / abs(lay["final_loss"])
+        checks.append((f"fp8 {rec} final loss within 2 % of bf16", d, d <= 0.02))
+    if f and "xla_fp8_gemms" in f:
+        checks.append((f"fp8 {rec} (tp 1): XLA FP8 GEMMs in the step (6 expected)", f["xla_fp8_gemms"], f["xla_fp8_gemms"] >= 6))
+    g = by.get(("library", f"fp8 {rec}"))
+    if g and "library_calls" in g:
+        checks.append((f"fp8 {rec}, library forced: comm-GEMM calls (4) + XLA FP8 wgrads (2)",
+                       f"{g['library_calls']} + {g['xla_fp8_gemms']}", g["library_calls"] == 4 and g["xla_fp8_gemms"] >= 2))
+cols = ["build", "precision", "step_ms", "profiled_step_ms", "gpu_busy", "gemm", "comm_exposed", "comm_hidden", "host",
+        "kernels", "final_loss"]
+print("\n| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
+for r in rows:
+    print("| " + " | ".join(f"{r[c]:.3f}" if isinstance(r.get(c), float) else str(r.get(c, "-")) for c in cols) + " |")
+print()
+bad = 0
+for what, v, ok in checks:
+    print(f"{'PASS' if ok else 'FAIL'}  {what}: {v if not isinstance(v, float) else round(v, 4)}")
+    bad += not ok
+if not rows:
+    print("FAIL  no RESULT lines"); bad += 1
+sys.exit(1 if bad else 0)
+PY
+exit $fail
