@@ -228,7 +228,13 @@ mod tests {
         use std::fmt::Write;
         let before = counters().0;
         let mut s: StackStr<32> = StackStr::new();
-        write!(s, "reduce_{}_{}_{}", "bf16", "f32", "v8").unwrap();
+        let (i, o) = ("bf16", "f32");
+        write!(
+            s,
+            "reduce_{i}_{o}_{}",
+            if i.len() == 4 { "v8" } else { "v1" }
+        )
+        .unwrap();
         assert_eq!(s.as_str(), "reduce_bf16_f32_v8");
         assert_eq!(counters().0, before);
         let mut t: StackStr<4> = StackStr::new();
