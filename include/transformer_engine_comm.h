@@ -477,6 +477,16 @@ void nvte_cublas_gemm(NVTETensor A,
                       cudaStream_t stream);
 
 /**
+ * The calling thread's running totals since it started: `*heap_allocations`, the host
+ * heap allocations (and reallocations) this library made on this thread;
+ * `*library_calls`, the CUDA driver, cuBLASLt and NCCL calls it made on this thread (every
+ * checked call). The difference of two readings around a call is that call's host cost:
+ * a steady-state call of the overlap and comm-GEMM APIs allocates nothing. Either
+ * pointer may be NULL. Allocates nothing and calls no CUDA library itself.
+ */
+NVTECommStatus nvte_comm_host_counters(uint64_t *heap_allocations, uint64_t *library_calls);
+
+/**
  * Cast `input` into `output`'s dtype (TE semantics for delayed scaling): for an FP8
  * output, output = cast(input * scale), amax updated with max|input| (atomic max: zero
  * it first), scale_inv = 1/scale. Errors are recorded (nvte_comm_last_error).

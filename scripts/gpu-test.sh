@@ -63,6 +63,13 @@ if [[ $stages == *" c "* ]]; then
       run "$t" "$np" "$root/tests_c/run_mpi.sh" "$np" "$build/tests_c/$t"
     done
   done
+  # FP8 accumulation of the comm-GEMM API against TE's reference (contexts from MPI
+  # callbacks over IPC): every rank count, and with one GPU also 2 and 4 ranks sharing it.
+  fp8_nps=("${nps[@]}")
+  [ "$ngpu" -lt 2 ] && fp8_nps+=(2 4)
+  for np in "${fp8_nps[@]}"; do
+    run test_comm_gemm_fp8 "$np" "$root/tests_c/run_mpi.sh" "$np" "$build/tests_c/test_comm_gemm_fp8"
+  done
 fi
 
 if [[ $stages == *" reliability "* ]]; then
@@ -140,6 +147,9 @@ fi
 if [[ $stages == *" bench "* ]]; then
   # Benchmark on all GPUs, then the comparison with torch.matmul in one process.
   run bench_gemm "$ngpu" "$root/tests_c/run_mpi.sh" "$ngpu" "$build/tests_c/bench_gemm" --out "$out/bench_gemm.md"
+  # Host cost of a C call: tp 1 (the 10 us bar, --strict) and 2 ranks sharing GPU 0.
+  run bench_host 1 "$root/tests_c/run_mpi.sh" 1 "$build/tests_c/bench_host" --strict --out "$out/bench_host_tp1.md"
+  CUDA_VISIBLE_DEVICES=0 run bench_host "2 shared" "$root/tests_c/run_mpi.sh" 2 "$build/tests_c/bench_host" --out "$out/bench_host_tp2_shared.md"
   for np in "${nps[@]}"; do
     [ "$np" -ge 2 ] || continue
     run bench_overlap "$np" "$root/tests_c/run_mpi.sh" "$np" "$build/tests_c/bench_overlap" --out "$out/bench_overlap_tp$np.md" ${TE_COMM_BENCH_ARGS:-}
@@ -163,6 +173,7 @@ fi
   printf '%s\n' "${rows[@]}"
 } >"$summary"
 [ -f "$out/bench_gemm.md" ] && { echo; echo "GEMM benchmark:"; cat "$out/bench_gemm.md"; }
+for f in "$out"/bench_host_*.md; do [ -f "$f" ] && { echo; echo "host cost per C call ($(basename "$f" .md)):"; cat "$f"; }; done
 [ -f "$out/gemm_vs_torch.md" ] && { echo; echo "nvte_cublas_gemm vs torch:"; cat "$out/gemm_vs_torch.md"; }
 for f in "$out"/bench_overlap_tp*.md "$out"/bench_comm_gemm_tp*.md "$out"/torch_ops_tp*.md "$out"/jax_ops.md; do [ -f "$f" ] && { echo; echo "benchmark ($(basename "$f" .md)):"; cat "$f"; }; done
 [ -f "$out/example/summary.md" ] && { echo; echo "layer_with_overlap.py (seed 002):"; cat "$out/example/summary.md"; }

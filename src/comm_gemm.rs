@@ -52,6 +52,14 @@ impl Kind {
     }
 }
 
+/// NVTE_COMM_GEMM_FP8_FAST_ACCUM (a boolean; default off), read once when a context is
+/// created: 1 runs the comm-GEMM calls' FP8 GEMMs with cuBLASLt's fast accumulation
+/// (`CUBLASLT_MATMUL_DESC_FAST_ACCUM`, `use_split_accumulator = false`); 0 or unset
+/// accumulates at full precision, as TE's comm-GEMM (cuBLASMp) backend does.
+pub fn fp8_fast_accum() -> Result<bool> {
+    Ok(crate::env::flag("NVTE_COMM_GEMM_FP8_FAST_ACCUM")?.unwrap_or(false))
+}
+
 /// This rank's share of `global` under block distribution with block ceil(global / nranks).
 pub fn numroc(global: i64, nranks: usize, rank: usize) -> i64 {
     if global <= 0 {
@@ -87,8 +95,16 @@ pub struct GemmCall<'a> {
 impl<'a> GemmCall<'a> {
     /// The engine operands of this call with B `b`, output `d` and workspace `ws`: its A
     /// and layout; no bias, pre-activation output, gradient epilogue or accumulation
-    /// (each call site sets those it passes on), fast FP8 accumulation off.
-    fn operands<D>(&self, b: &'a Tensor, d: D, ws: &'a Tensor) -> Operands<'a, D> {
+    /// (each call site sets those it passes on). FP8 GEMMs accumulate at full precision
+    /// (TE's comm-GEMM backend) unless `fast_accum` (the context's
+    /// NVTE_COMM_GEMM_FP8_FAST_ACCUM) asks for cuBLASLt's fast accumulation.
+    fn operands<D>(
+        &self,
+        b: &'a Tensor,
+        d: D,
+        ws: &'a Tensor,
+        fast_accum: bool,
+    ) -> Operands<'a, D> {
         Operands {
             a: self.a,
             b,
@@ -100,7 +116,7 @@ impl<'a> GemmCall<'a> {
             grad: false,
             workspace: Some(ws),
             accumulate: false,
-            use_split_accumulator: false,
+            use_split_accumulator: !fast_accum,
             math_sm_count: 0,
         }
     }
@@ -124,6 +140,11 @@ pub struct CommGemmCtx {
     last_engine: Option<usize>,
     /// NVTE_COMM_REPORT at the context's creation: its engines report
     report: bool,
+    /// NVTE_COMM_GEMM_FP8_FAST_ACCUM at the context's creation: FP8 GEMMs use cuBLASLt's
+    /// fast accumulation (default off: full-precision accumulation, as TE's backend)
+    fp8_fast_accum: bool,
+    /// NVTE_COMM_AR_ALGO / NVTE_COMM_RS_RING at the context's creation (its engines')
+    knobs: crate::overlap::AlgoKnobs,
     /// NVTE_COMM_TUNE at the context's creation, the agreed choices of this context, the
     /// disk cache, and the configuration of the call in progress
     tune_mode: tune::Mode,
@@ -204,6 +225,7 @@ impl CommGemmCtx {
         crate::tune::budget_ms()?;
         crate::tune::forced_pick()?;
         crate::env::flag("NVTE_COMM_TUNE_VERBOSE")?;
+        fp8_fast_accum()?;
         Ok(cfg)
     }
 
@@ -227,6 +249,8 @@ impl CommGemmCtx {
             preparing: false,
             last_engine: None,
             report: Overlap::report_enabled()?,
+            fp8_fast_accum: fp8_fast_accum()?,
+            knobs: crate::overlap::AlgoKnobs::from_env()?,
             tune_mode: tune::mode()?,
             tuned: HashMap::new(),
             tune_cache: tune::Cache::default(),
@@ -291,6 +315,7 @@ impl CommGemmCtx {
         let mut cfg = self.cfg;
         cfg.tp_size = tp as i32;
         let mut o = Overlap::create(&self.bs, cfg, rows, cols, dtype)?;
+        o.set_algo_knobs(self.knobs);
         if self.report {
             o.enable_report()?;
         }
@@ -367,22 +392,24 @@ impl CommGemmCtx {
             dims: [c.m, c.n, c.k],
             tp: self.nranks,
             transport: self.cfg.transport,
-            forced: Self::forced_algos(c.kind)?,
+            forced: self.forced_algos(c),
         }))
     }
 
-    /// The algorithm knobs that override the autotuner's candidates for this operation
-    /// (part of the tuning key): NVTE_COMM_AR_ALGO, NVTE_COMM_RS_RING (0: auto or unset).
-    fn forced_algos(kind: Kind) -> Result<[u8; 2]> {
-        let ar = match kind {
-            Kind::AllReduce => crate::overlap::ar::ar_algo_choice()?.unwrap_or(0),
+    /// The knobs that override the autotuner's candidates for this call (part of the
+    /// tuning key; read at the context's creation): NVTE_COMM_AR_ALGO, NVTE_COMM_RS_RING
+    /// (0: auto or unset), and NVTE_COMM_GEMM_FP8_FAST_ACCUM for FP8 inputs.
+    fn forced_algos(&self, c: &GemmCall) -> [u8; 3] {
+        let ar = match c.kind {
+            Kind::AllReduce => self.knobs.ar_algo.unwrap_or(0),
             _ => 0,
         };
-        let rs = match kind {
+        let rs = match c.kind {
             Kind::AllGather => 0,
-            _ => crate::overlap::rs::rs_ring_choice()?.unwrap_or(0),
+            _ => self.knobs.rs_ring.unwrap_or(0),
         };
-        Ok([ar as u8, rs as u8])
+        let fast = self.fp8_fast_accum && c.a.data.dtype.is_fp8();
+        [ar as u8, rs as u8, fast as u8]
     }
 
     /// The defaults (the context's engine configuration).
@@ -575,13 +602,6 @@ impl CommGemmCtx {
                 c.comm_sm_count
             );
         }
-        if c.kind == Kind::AllReduce {
-            // Read again where the algorithm is chosen; a bad value fails here, before any work.
-            crate::overlap::ar::ar_algo_choice()?;
-        }
-        if c.kind != Kind::AllGather {
-            crate::overlap::rs::rs_ring_choice()?;
-        }
         // The stream's context stays current for the whole call (engines are created in it).
         let _guard = ContextGuard::for_stream(stream)?;
         let capture = capture_status(stream)?;
@@ -657,7 +677,7 @@ impl CommGemmCtx {
                             pre_gelu_out: aux,
                             grad: c.grad,
                             accumulate: c.accumulate,
-                            ..c.operands(c.b, c.d, &ws)
+                            ..c.operands(c.b, c.d, &ws, self.fp8_fast_accum)
                         },
                         b_copy: c.b_gathered,
                     };
@@ -708,7 +728,7 @@ impl CommGemmCtx {
                     g: TeGemm {
                         bias: c.bias,
                         pre_gelu_out: ap.as_ref(),
-                        ..c.operands(&bp, &dp, &ws)
+                        ..c.operands(&bp, &dp, &ws, self.fp8_fast_accum)
                     },
                     b_copy: bg.as_ref().map(|(_, p)| p),
                 };
@@ -799,7 +819,7 @@ impl CommGemmCtx {
                     let args: ArArgs = TeGemm {
                         bias,
                         accumulate: c.accumulate,
-                        ..c.operands(c.b, c.d, &ws)
+                        ..c.operands(c.b, c.d, &ws, self.fp8_fast_accum)
                     };
                     return self.engines[eng].split_ar(&args, stream);
                 }
@@ -861,7 +881,7 @@ impl CommGemmCtx {
                 let args = RsArgs {
                     g: Operands {
                         bias,
-                        ..c.operands(b_use, None, &ws)
+                        ..c.operands(b_use, None, &ws, self.fp8_fast_accum)
                     },
                     rs_output: d_use,
                 };

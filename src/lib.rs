@@ -12,7 +12,8 @@
 //!   `kernels/*.cu`), `cuda` (driver, NVRTC, contexts, device memory), `tensor` (TE tensors,
 //!   element types, shapes);
 //! - `error` (`ErrorKind` + message, the thread's last error), `env` (the `NVTE_COMM_*`
-//!   knobs, parsed strictly), `handle` (handle values);
+//!   knobs, parsed strictly), `handle` (handle values), `host` (the hot path's
+//!   fixed-capacity lists, allocation and library-call counters);
 //! - `ffi`: the only `extern "C"` code: the panic firewall, the handle table, the C
 //!   enums and the mapping of error kinds to `NVTECommStatus`.
 pub mod bootstrap;
@@ -23,8 +24,13 @@ pub mod error;
 pub mod ffi;
 pub mod gemm;
 pub mod handle;
+pub mod host;
 pub mod kernels;
 pub mod overlap;
 pub mod tensor;
 pub mod transport;
 pub mod tune;
+
+/// Counts each thread's heap allocations (`host::counters`); otherwise the system allocator.
+#[global_allocator]
+static ALLOC: host::CountingAlloc = host::CountingAlloc;

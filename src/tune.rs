@@ -356,9 +356,10 @@ pub struct Key {
     pub tp: usize,
     pub transport: crate::overlap::TransportChoice,
     /// The algorithm knobs that override candidates when set (index of the choice, 0 =
-    /// auto): NVTE_COMM_AR_ALGO, NVTE_COMM_RS_RING. A choice measured under an override
-    /// is another key's: it is never applied without it.
-    pub forced: [u8; 2],
+    /// auto): NVTE_COMM_AR_ALGO, NVTE_COMM_RS_RING; and 1 where FP8 GEMMs run with fast
+    /// accumulation (NVTE_COMM_GEMM_FP8_FAST_ACCUM, FP8 inputs only). A choice measured
+    /// under an override is another key's: it is never applied without it.
+    pub forced: [u8; 3],
 }
 
 impl std::fmt::Display for Key {
@@ -383,7 +384,7 @@ impl std::fmt::Display for Key {
             self.tp
         )?;
         // Overrides only (keys without any keep their text).
-        for (i, name) in [(0, "ar_algo"), (1, "rs_ring")] {
+        for (i, name) in [(0, "ar_algo"), (1, "rs_ring"), (2, "fp8_fast_accum")] {
             if self.forced[i] != 0 {
                 write!(f, " {name}={}", self.forced[i])?;
             }
@@ -768,10 +769,10 @@ mod tests {
             dims: [1, 2, 3],
             tp: 4,
             transport: crate::overlap::TRANSPORT_IPC,
-            forced: [0, 0],
+            forced: [0, 0, 0],
         };
         let forced = Key {
-            forced: [0, 2],
+            forced: [0, 2, 0],
             ..k
         };
         assert_eq!(

@@ -307,6 +307,7 @@ PROTOTYPES = [
     ("nvte_comm_version", c_char_p, []),
     ("nvte_comm_check_runtime", _ST, []),
     ("nvte_comm_device_count", c_int32, []),
+    ("nvte_comm_host_counters", _ST, [POINTER(c_uint64), POINTER(c_uint64)]),
     ("nvte_comm_library_info", _ST, [c_enum, POINTER(c_char_p), POINTER(c_int32), POINTER(c_bool)]),
     ("nvte_comm_nccl_get_unique_id", _ST, [POINTER(c_uint8), c_size_t]),
     ("nvte_comm_nccl_comm_init_rank", _ST, [POINTER(c_uint8), c_size_t, c_int32, c_int32, POINTER(_COMM)]),

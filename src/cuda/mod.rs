@@ -178,11 +178,18 @@ pub fn error_name(r: cu::CUresult) -> String {
     }
 }
 
-/// Turn a driver result into a Result, naming the call.
+/// Turn a driver result into a Result, naming the call (counted: `host::counters`).
 pub fn check(r: cu::CUresult, call: &str) -> Result<()> {
+    check_with(r, || call.to_string())
+}
+
+/// [`check`] with the call's name made only on failure (no formatting on the hot path).
+pub fn check_with(r: cu::CUresult, call: impl FnOnce() -> String) -> Result<()> {
+    crate::host::count_lib_call();
     if r == cu::CUresult::CUDA_SUCCESS {
         return Ok(());
     }
+    let call = call();
     let status = if r == cu::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
         K::OutOfMemory
     } else {
@@ -198,6 +205,7 @@ pub fn check(r: cu::CUresult, call: &str) -> Result<()> {
 /// An NCCL result (from the bound NCCL) as an error naming the call.
 pub fn nccl_check(r: dynlib::nccl_sys::ncclResult_t, call: &str) -> Result<()> {
     use dynlib::nccl_sys as nc;
+    crate::host::count_lib_call();
     if r == nc::ncclResult_t::ncclSuccess {
         return Ok(());
     }
@@ -304,9 +312,13 @@ pub fn device_info(ordinal: i32) -> Result<DeviceInfo> {
 
 /// While alive, the context of the caller's stream (or the current / primary context)
 /// is current on this thread; the caller's previous current context is restored on drop.
+/// When that context is current already (the usual case: a framework thread on its
+/// device, or a guard inside another), nothing is pushed or popped.
 pub struct ContextGuard {
     pub ctx: usize,
     pub device: i32,
+    /// the context was pushed (and is popped on drop)
+    pushed: bool,
 }
 
 impl ContextGuard {
@@ -315,7 +327,10 @@ impl ContextGuard {
     /// primary context of device 0 when the thread has none.
     pub fn for_stream(stream: usize) -> Result<ContextGuard> {
         init_driver()?;
-        let mut ctx: cu::CUcontext = std::ptr::null_mut();
+        let mut cur: cu::CUcontext = std::ptr::null_mut();
+        // SAFETY: out pointer.
+        check(unsafe { cu::cuCtxGetCurrent(&mut cur) }, "cuCtxGetCurrent")?;
+        let mut ctx: cu::CUcontext = cur;
         if stream > 2 {
             // SAFETY: the caller passes a stream handle; an invalid one yields an error code.
             check(
@@ -327,27 +342,27 @@ impl ContextGuard {
                     "argument `stream` ({stream:#x}) is not a usable CUDA stream"
                 ))
             })?;
-        } else {
-            // SAFETY: out pointer.
-            check(unsafe { cu::cuCtxGetCurrent(&mut ctx) }, "cuCtxGetCurrent")?;
-            if ctx.is_null() {
-                let mut dev = 0;
-                // SAFETY: out pointers; the primary context stays retained for the process.
-                check(unsafe { cu::cuDeviceGet(&mut dev, 0) }, "cuDeviceGet(0)")?;
-                check(
-                    unsafe { cu::cuDevicePrimaryCtxRetain(&mut ctx, dev) },
-                    "cuDevicePrimaryCtxRetain",
-                )?;
-            }
+        } else if ctx.is_null() {
+            let mut dev = 0;
+            // SAFETY: out pointers; the primary context stays retained for the process.
+            check(unsafe { cu::cuDeviceGet(&mut dev, 0) }, "cuDeviceGet(0)")?;
+            check(
+                unsafe { cu::cuDevicePrimaryCtxRetain(&mut ctx, dev) },
+                "cuDevicePrimaryCtxRetain",
+            )?;
         }
-        // SAFETY: ctx is a valid context.
-        check(unsafe { cu::cuCtxPushCurrent_v2(ctx) }, "cuCtxPushCurrent")?;
+        let pushed = ctx != cur;
+        if pushed {
+            // SAFETY: ctx is a valid context.
+            check(unsafe { cu::cuCtxPushCurrent_v2(ctx) }, "cuCtxPushCurrent")?;
+        }
         let mut dev: cu::CUdevice = 0;
         // SAFETY: a context is current.
         let r = check(unsafe { cu::cuCtxGetDevice(&mut dev) }, "cuCtxGetDevice");
         let guard = ContextGuard {
             ctx: ctx as usize,
             device: dev,
+            pushed,
         };
         r.map(|_| guard)
     }
@@ -355,6 +370,9 @@ impl ContextGuard {
 
 impl Drop for ContextGuard {
     fn drop(&mut self) {
+        if !self.pushed {
+            return;
+        }
         let mut old: cu::CUcontext = std::ptr::null_mut();
         // SAFETY: pops the context pushed in for_stream.
         unsafe { cu::cuCtxPopCurrent_v2(&mut old) };
@@ -396,7 +414,7 @@ pub unsafe fn launch(
             std::ptr::null_mut(),
         )
     };
-    check(r, &format!("cuLaunchKernel({name})"))
+    check_with(r, || format!("cuLaunchKernel({name})"))
 }
 
 /// Kernel argument helper: a pointer to the value, as cuLaunchKernel wants.

@@ -7,6 +7,7 @@ pub mod enums;
 mod errors;
 mod gemm;
 mod handles;
+mod host_counters;
 mod kernels;
 mod overlap;
 mod report;

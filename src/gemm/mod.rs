@@ -461,6 +461,12 @@ pub fn desc_from_te(g: &TeGemm) -> Result<GemmDesc> {
 }
 
 fn lt_check(s: lt::cublasStatus_t, call: &str) -> Result<()> {
+    lt_check_with(s, || call.to_string())
+}
+
+/// [`lt_check`] with the call's name made only on failure (counted: `host::counters`).
+fn lt_check_with(s: lt::cublasStatus_t, call: impl FnOnce() -> String) -> Result<()> {
+    crate::host::count_lib_call();
     if s == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
         return Ok(());
     }
@@ -473,7 +479,7 @@ fn lt_check(s: lt::cublasStatus_t, call: &str) -> Result<()> {
         lt::cublasStatus_t::CUBLAS_STATUS_ALLOC_FAILED => K::OutOfMemory,
         _ => K::Cublas,
     };
-    Err(Error::new(status, format!("{call} failed: {name}")))
+    Err(Error::new(status, format!("{} failed: {name}", call())))
 }
 
 /// One cuBLASLt handle per context, created on first use and kept for the process.
@@ -529,6 +535,8 @@ struct Plan {
     /// the heuristic's other algorithms, timed on the plan's first eager run
     /// (NVTE_COMM_GEMM_TUNE) and then dropped
     untimed: Vec<lt::cublasLtMatmulAlgo_t>,
+    /// the pointer attributes the descriptor holds (`set_pointers`)
+    ptrs: [DevPtr; 6],
 }
 
 /// Heuristic algorithms a plan considers (NVTE_COMM_GEMM_TUNE: timed on first use).
@@ -571,7 +579,7 @@ fn set_attr<T>(
     v: &T,
 ) -> Result<()> {
     // SAFETY: `v` is a value of the type cuBLASLt documents for `attr`.
-    lt_check(
+    lt_check_with(
         unsafe {
             lt::cublasLtMatmulDescSetAttribute(
                 desc,
@@ -580,47 +588,54 @@ fn set_attr<T>(
                 std::mem::size_of::<T>(),
             )
         },
-        &format!("cublasLtMatmulDescSetAttribute({attr:?})"),
+        || format!("cublasLtMatmulDescSetAttribute({attr:?})"),
     )
 }
 
-/// Set the per-call pointer attributes of a descriptor.
-fn set_pointers(desc: lt::cublasLtMatmulDesc_t, g: &GemmDesc) -> Result<()> {
+/// The per-call pointer attributes of a GEMM: bias, aux, A / B scale_inv, D scale, D
+/// amax (NULL: not set; which ones a plan uses is part of its key).
+fn pointers(g: &GemmDesc) -> [DevPtr; 6] {
+    [
+        if g.epilogue.uses_bias() {
+            g.bias
+        } else {
+            DevPtr::NULL
+        },
+        if g.epilogue.uses_aux() {
+            g.aux
+        } else {
+            DevPtr::NULL
+        },
+        g.a_scale_inv,
+        g.b_scale_inv,
+        g.d_scale,
+        g.d_amax,
+    ]
+}
+
+/// Set the pointer attributes of a descriptor that differ from `last` (what it holds;
+/// all NULL for a fresh descriptor), and record them there: a plan used again with the
+/// same pointers makes no cuBLASLt call here.
+fn set_pointers(
+    desc: lt::cublasLtMatmulDesc_t,
+    g: &GemmDesc,
+    last: &mut [DevPtr; 6],
+) -> Result<()> {
     use lt::cublasLtMatmulDescAttributes_t as A;
-    let ptr = |p: DevPtr| p.as_void() as *const c_void;
-    if g.epilogue.uses_bias() {
-        set_attr(desc, A::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ptr(g.bias))?;
-    }
-    if g.epilogue.uses_aux() {
-        set_attr(
-            desc,
-            A::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
-            &ptr(g.aux),
-        )?;
-    }
-    if !g.a_scale_inv.is_null() {
-        set_attr(
-            desc,
-            A::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
-            &ptr(g.a_scale_inv),
-        )?;
-    }
-    if !g.b_scale_inv.is_null() {
-        set_attr(
-            desc,
-            A::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
-            &ptr(g.b_scale_inv),
-        )?;
-    }
-    if !g.d_scale.is_null() {
-        set_attr(
-            desc,
-            A::CUBLASLT_MATMUL_DESC_D_SCALE_POINTER,
-            &ptr(g.d_scale),
-        )?;
-    }
-    if !g.d_amax.is_null() {
-        set_attr(desc, A::CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, &ptr(g.d_amax))?;
+    const ATTRS: [A; 6] = [
+        A::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+        A::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+        A::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+        A::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+        A::CUBLASLT_MATMUL_DESC_D_SCALE_POINTER,
+        A::CUBLASLT_MATMUL_DESC_AMAX_D_POINTER,
+    ];
+    let now = pointers(g);
+    for i in 0..6 {
+        if now[i] != last[i] && !now[i].is_null() {
+            set_attr(desc, ATTRS[i], &(now[i].as_void() as *const c_void))?;
+            last[i] = now[i];
+        }
     }
     Ok(())
 }
@@ -669,6 +684,7 @@ fn build(h: lt::cublasLtHandle_t, g: &GemmDesc, key: &PlanKey) -> Result<Plan> {
         d: std::ptr::null_mut(),
         algo: lt::cublasLtMatmulAlgo_t { data: [0; 8] },
         untimed: Vec::new(),
+        ptrs: [DevPtr::NULL; 6],
     };
     let r = (|| {
         let (ta, tb) = (g.transa as i32, g.transb as i32);
@@ -695,7 +711,7 @@ fn build(h: lt::cublasLtHandle_t, g: &GemmDesc, key: &PlanKey) -> Result<Plan> {
                 set_attr(desc, A::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &at)?;
             }
         }
-        set_pointers(desc, g)?;
+        set_pointers(desc, g, &mut plan.ptrs)?;
         let (ar, ac) = if g.transa { (g.k, g.m) } else { (g.m, g.k) };
         let (br, bc) = if g.transb { (g.n, g.k) } else { (g.k, g.n) };
         plan.a = layout(g.a_type, ar, ac, g.lda)?;
@@ -882,18 +898,19 @@ pub fn run(g: &GemmDesc, guard: &ContextGuard, stream: usize) -> Result<()> {
             }
             let p = build(h, g, &key)?;
             plans.insert(key, p);
-        } else {
-            set_pointers(plans[&key].desc, g)?;
         }
+        // One lookup of the plan per call (the key is hashed once more above).
+        let p = plans
+            .get_mut(&key)
+            .expect("the plan was just found or inserted");
+        set_pointers(p.desc, g, &mut p.ptrs)?;
         // First eager run of a plan with candidates: time them (the run that follows
         // overwrites D; a GEMM that accumulates or is being captured is not timed).
-        if !plans[&key].untimed.is_empty() && !g.accumulate && !capture_status(stream)?.active() {
-            let p = plans.get_mut(&key).unwrap();
+        if !p.untimed.is_empty() && !g.accumulate && !capture_status(stream)?.active() {
             p.algo = fastest(h, p, g, stream)?;
             p.untimed.clear();
             TIMED_PLANS.with(|c| c.set(c.get() + 1));
         }
-        let p = &plans[&key];
         matmul(h, p, &p.algo, g, stream)
     })
 }

@@ -156,9 +156,9 @@ impl Overlap {
             }
             // NCCL operations of one communicator must not run concurrently on two streams.
             let st = if self.t.nccl().is_some() {
-                self.comm[0].raw()
+                self.comm_stream(0)?
             } else {
-                self.comm[dir].raw()
+                self.comm_stream(dir)?
             };
             for (s, t) in steps.iter().enumerate() {
                 // Our chunk at s = 0 (from the shard), else the one received at step s-1.
@@ -206,7 +206,12 @@ impl Overlap {
 
         // Off the critical path, on comm stream 1 after its ring: the shard into the
         // buffer's local chunk (the buffer holds all of B after the call), and B_copy.
-        let c1 = self.comm[1].raw();
+        // (At tp 1 there is no ring: comm stream 0 copies, and no other stream is forked.)
+        let c1 = if ring.forward.is_empty() && ring.backward.is_empty() {
+            self.comm_stream(0)?
+        } else {
+            self.comm_stream(1)?
+        };
         if !is_view {
             copy_async(self.buffer() + off(r), bb.ptr, chunk_bytes, c1)?;
         }
@@ -229,7 +234,7 @@ impl Overlap {
                 if c == r {
                     g.b = local_src;
                 } else {
-                    self.ev_chunk[c * pieces + q].wait_on(self.compute[si].raw())?;
+                    self.ev_chunk[c * pieces + q].wait_on(self.compute_stream(si)?)?;
                     g.b = full.b + (c * nc + lo) * k * eb_b;
                 }
                 if x.g.transb {

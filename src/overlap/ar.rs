@@ -19,6 +19,7 @@
 //! ncclAllReduce on every anchor shape (0.77-0.96x) and was as fast as or faster than
 //! chunked everywhere; chunked lost to GEMM-then-ncclAllReduce at tp 4 on four of six.
 use super::rs::RsArgs;
+use super::schedule::{Bounds, PerRank};
 use super::{Op, Overlap, eb, tag};
 use crate::cuda::DevPtr;
 use crate::error::Result;
@@ -85,8 +86,8 @@ enum ArAlgo {
 }
 
 /// NVTE_COMM_AR_ALGO, parsed strictly: None (unset: auto), or the index of the choice in
-/// `auto`, `ring`, `chunked`. Read at every GEMM + all-reduce call (and checked when a
-/// comm-GEMM context is created).
+/// `auto`, `ring`, `chunked`. Read once when an overlap object or comm-GEMM context is
+/// created (`super::AlgoKnobs`).
 pub fn ar_algo_choice() -> Result<Option<usize>> {
     crate::env::choice("NVTE_COMM_AR_ALGO", &["auto", "ring", "chunked"])
 }
@@ -102,7 +103,7 @@ impl Overlap {
             && 2 * n * m * e <= self.t.buffer_bytes();
         // Auto: ring wherever it applies. Measured on 2x and 4x H200 (bench/RESULTS.md),
         // it was as fast or faster than the chunked algorithm on every anchor shape.
-        Ok(match ar_algo_choice()? {
+        Ok(match self.knobs.ar_algo {
             Some(AR_CHUNKED) => ArAlgo::Chunked,
             Some(AR_RING) if ring_fits => ArAlgo::Ring,
             // auto: the caller's (autotuner's) choice, else ring where it fits
@@ -158,7 +159,7 @@ impl Overlap {
         let guard = self.enter(stream)?;
         self.check_capacity("the GEMM output", [n, m])?;
         let s = (self.cfg.num_splits as usize).clamp(1, n.max(1));
-        let bounds: Vec<usize> = (0..=s).map(|i| i * n / s).collect();
+        let bounds: Bounds = (0..=s).map(|i| i * n / s).collect();
         let nccl_comm = self.t.nccl().is_some();
         // Two-shot over the copy engines when every chunk is large enough; the partials
         // are then computed into local staging (peers never read them), else into the
@@ -205,8 +206,8 @@ impl Overlap {
             g.d = full.d + lo * m * e;
             self.step(|| format!("GEMM chunk {i} of {s} (rows {lo}..{hi})"));
             self.run_gemm(&g, &guard, 0, false)?;
-            self.ev_chunk[1 + i].record(self.compute[0].raw())?;
-            self.mark(self.compute[0].raw(), || format!("gemm{i}"))?;
+            self.ev_chunk[1 + i].record(self.compute_stream(0)?)?;
+            self.mark(self.compute_stream(0)?, || format!("gemm{i}"))?;
         }
         if two_shot {
             self.ar_two_shot(db.ptr, partials, m, &bounds)?;
@@ -226,7 +227,7 @@ impl Overlap {
         let (tp, e) = (self.tp(), eb(self.dtype));
         let n = *bounds.last().unwrap();
         let s = bounds.len() - 1;
-        let cs = self.comm[0].raw();
+        let cs = self.comm_stream(0)?;
         let others = self.others();
         let out = Buffer::new(db.ptr, db.dtype, Shape::new(&[n, m])?)?;
         for i in 0..s {
@@ -249,7 +250,7 @@ impl Overlap {
             };
             self.t.signal(&others, Slot::RsReady, tag(i), cs)?;
             self.t.wait(&others, Slot::RsReady, tag(i), cs, info)?;
-            let srcs: Vec<DevPtr> = (0..tp)
+            let srcs: PerRank<DevPtr> = (0..tp)
                 .map(|q| self.t.peer_buffer(q).unwrap() + lo * m * e)
                 .collect();
             self.reduce(
@@ -288,7 +289,11 @@ impl Overlap {
         let (tp, r, e) = (self.tp(), self.tp_rank(), eb(self.dtype));
         let s = bounds.len() - 1;
         let others = self.others();
-        let [scatter, reduce, gather] = [0, 1, 2].map(|j| self.comm[j].raw());
+        let (scatter, reduce, gather) = (
+            self.comm_stream(0)?,
+            self.comm_stream(1)?,
+            self.comm_stream(2)?,
+        );
         let info = |i: usize| WaitInfo {
             op: Op::SplitAr as u32,
             step: i as u32,
@@ -319,8 +324,9 @@ impl Overlap {
             self.ev_chunk[1 + i].wait_on(reduce)?;
             self.t.wait(&others, Slot::RsP2p, tag(i), reduce, info(i))?;
             self.mark(reduce, || format!("received{i}"))?;
-            let mut srcs = vec![partials + (base + at) * e];
-            srcs.extend((0..tp - 1).map(|j| region + j * sl.step * e));
+            let mut srcs: PerRank<DevPtr> = (0..tp - 1).map(|j| region + j * sl.step * e).collect();
+            srcs.push(partials + (base + at) * e);
+            srcs.rotate_right(1); // own partial first
             let out = Buffer::new(region, self.dtype, Shape::new(&[1, sl.elems])?)?;
             self.reduce(
                 &out,
@@ -343,7 +349,7 @@ impl Overlap {
             self.t
                 .wait(&others, Slot::ArReduced, tag(i), gather, info(i))?;
             self.mark(gather, || format!("peers_reduced{i}"))?;
-            let segs: Vec<(DevPtr, DevPtr, usize)> = (0..tp)
+            let segs: PerRank<(DevPtr, DevPtr, usize)> = (0..tp)
                 .map(|k| {
                     let q = (r + k) % tp;
                     let off = (base + sl.start(q)) * e;

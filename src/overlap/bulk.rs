@@ -85,7 +85,7 @@ impl Overlap {
             None,
         )?;
         let others = self.others();
-        let cs = self.comm[0].raw();
+        let cs = self.comm_stream(0)?;
         let info = WaitInfo {
             op: if x.kind == BulkKind::AllGather {
                 Op::BulkAg
@@ -112,7 +112,7 @@ impl Overlap {
             (BulkKind::AllGather, None) => {
                 // Spread the puts over both comm streams (two copy engines / SM groups).
                 for (j, &p) in others.iter().enumerate() {
-                    let st = self.comm[j % 2].raw();
+                    let st = self.comm_stream(j % 2)?;
                     self.t.put(
                         p,
                         r * chunk_bytes,
@@ -122,14 +122,17 @@ impl Overlap {
                     )?;
                     self.t.signal(&[p], Slot::Bulk, tag(0), st)?;
                 }
-                self.ev_chunk[1].record(self.comm[1].raw())?;
-                self.ev_chunk[1].wait_on(cs)?;
+                if others.len() > 1 {
+                    // comm stream 1 carried puts: comm stream 0 waits for them
+                    self.ev_chunk[1].record(self.comm_stream(1)?)?;
+                    self.ev_chunk[1].wait_on(cs)?;
+                }
                 self.t.wait(&others, Slot::Bulk, tag(0), cs, info)?;
             }
             (BulkKind::ReduceScatter, None) => {
                 self.t.signal(&others, Slot::Bulk, tag(0), cs)?;
                 self.t.wait(&others, Slot::Bulk, tag(0), cs, info)?;
-                let srcs: Vec<DevPtr> = (0..tp)
+                let srcs: super::schedule::PerRank<DevPtr> = (0..tp)
                     .map(|q| self.t.peer_buffer(q).unwrap() + r * chunk_bytes)
                     .collect();
                 let o = x.rs_output.unwrap();

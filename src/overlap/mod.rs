@@ -37,6 +37,9 @@ use config::MAX_SPLITS;
 pub use config::{Config, TRANSPORT_AUTO, TRANSPORT_IPC, TRANSPORT_NCCL, TransportChoice};
 use reduce::{reduce_outputs, short};
 
+/// Words of a call's key (`begin`): the GEMM's check key and a few algorithm words.
+const MAX_KEY_WORDS: usize = 16;
+
 /// Chunk amax slots of FP8 outputs (tp chunks of the all-gather).
 const MAX_AMAX_SLOTS: usize = 64;
 
@@ -55,6 +58,25 @@ pub fn trace_enabled() -> Result<bool> {
 /// without the check).
 pub fn check_enabled() -> Result<bool> {
     Ok(env::flag("NVTE_COMM_CHECK")?.unwrap_or(false))
+}
+
+/// The algorithm knobs of the environment, read once when an object (or a comm-GEMM
+/// context) is created, never per call: NVTE_COMM_AR_ALGO and NVTE_COMM_RS_RING (the
+/// index of the choice; None: unset, auto).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AlgoKnobs {
+    pub ar_algo: Option<usize>,
+    pub rs_ring: Option<usize>,
+}
+
+impl AlgoKnobs {
+    /// Parse both knobs (strictly: a bad value is an error naming it).
+    pub fn from_env() -> Result<AlgoKnobs> {
+        Ok(AlgoKnobs {
+            ar_algo: ar::ar_algo_choice()?,
+            rs_ring: rs::rs_ring_choice()?,
+        })
+    }
 }
 
 /// Operation ids (in timeout messages).
@@ -149,6 +171,13 @@ pub struct Overlap {
     /// environment says auto: Some(true) ring where it fits, Some(false) chunked
     ar_ring: Option<bool>,
     nvtx_step: std::cell::RefCell<Option<nvtx::Range>>,
+    /// NVTE_COMM_AR_ALGO / NVTE_COMM_RS_RING, read at creation
+    knobs: AlgoKnobs,
+    /// the streams the call in progress forked (bit i: compute stream i; bit 16 + j:
+    /// comm stream j >= 1); `finish` joins exactly these
+    forked: std::cell::Cell<u32>,
+    /// the call in progress gates its compute streams on the arrival barrier
+    gate_compute: bool,
 }
 
 /// NVTE_COMM_TRACE=1: timed events at the steps of the last call, printed (per rank, in
@@ -213,6 +242,7 @@ impl Overlap {
     ) -> Result<Overlap> {
         let bytes = Self::check_buffer(rows, cols, dtype)?;
         let trace = trace_enabled()?;
+        let knobs = AlgoKnobs::from_env()?;
         let check = check_enabled()?;
         let guard = ContextGuard::for_stream(0)?;
         let dev = cuda::device_info(guard.device)?;
@@ -292,6 +322,9 @@ impl Overlap {
                 None
             },
             nvtx_step: Default::default(),
+            knobs,
+            forked: std::cell::Cell::new(0),
+            gate_compute: false,
             trace: if trace {
                 Some(Trace {
                     events: (0..256).map(|_| Event::timed()).collect::<Result<_>>()?,
@@ -345,6 +378,12 @@ impl Overlap {
         Ok(())
     }
 
+    /// Replace the algorithm knobs read at creation (a comm-GEMM context passes the ones
+    /// it read at its own creation to its engines).
+    pub fn set_algo_knobs(&mut self, k: AlgoKnobs) {
+        self.knobs = k;
+    }
+
     /// "ipc", "inproc" (every peer in this process) or "nccl".
     pub fn transport_name(&self) -> &'static str {
         self.t.name()
@@ -355,8 +394,38 @@ impl Overlap {
     fn buffer(&self) -> DevPtr {
         self.t.buffer()
     }
-    fn others(&self) -> Vec<usize> {
+    fn others(&self) -> crate::transport::Peers {
         self.t.group().others()
+    }
+
+    /// Compute stream `i` of the call in progress, forked from the caller's stream at its
+    /// first use in the call (it waits for the call's start, or its arrival barrier when
+    /// the call gates compute): a call forks, and `finish` joins, only the streams it uses.
+    fn compute_stream(&self, i: usize) -> Result<usize> {
+        let s = self.compute[i].raw();
+        let bit = 1u32 << i;
+        if self.forked.get() & bit == 0 {
+            if self.gate_compute {
+                self.ev_arrived.wait_on(s)?;
+            } else {
+                self.ev_start.wait_on(s)?;
+            }
+            self.forked.set(self.forked.get() | bit);
+        }
+        Ok(s)
+    }
+
+    /// Comm stream `j` of the call in progress: stream 0 runs the call's barrier and end;
+    /// the others are forked at their first use (after the arrival barrier), as
+    /// [`Self::compute_stream`].
+    fn comm_stream(&self, j: usize) -> Result<usize> {
+        let s = self.comm[j].raw();
+        let bit = 1u32 << (16 + j);
+        if j > 0 && self.forked.get() & bit == 0 {
+            self.ev_arrived.wait_on(s)?;
+            self.forked.set(self.forked.get() | bit);
+        }
+        Ok(s)
     }
 
     fn timeout_error(&self) -> Option<Error> {
@@ -548,10 +617,19 @@ impl Overlap {
                 self.dtype.name()
             )
         }));
-        let mut parts = Vec::with_capacity(key.len() + 3);
-        parts.extend_from_slice(&[self.rows as u64, self.cols as u64, self.dtype as u64]);
-        parts.extend_from_slice(key);
-        let desc = call_desc(op as u32, &parts);
+        // The descriptor's words: the buffer's shape and type, then the call's key (on
+        // the stack: no allocation per call).
+        let mut parts = [0u64; 3 + MAX_KEY_WORDS];
+        if key.len() > MAX_KEY_WORDS {
+            return Err(Error::internal(format!(
+                "a call key of {} words exceeds {MAX_KEY_WORDS}",
+                key.len()
+            )));
+        }
+        parts[..3].copy_from_slice(&[self.rows as u64, self.cols as u64, self.dtype as u64]);
+        parts[3..3 + key.len()].copy_from_slice(key);
+        let parts = &parts[..3 + key.len()];
+        let desc = call_desc(op as u32, parts);
         self.calls += 1;
         self.last_captured = self.capturing;
         self.captured |= self.capturing;
@@ -576,31 +654,37 @@ impl Overlap {
         )?;
         self.ev_arrived.record(cs)?;
         self.mark(cs, || "arrived".into())?;
-        for c in &self.comm[1..] {
-            self.ev_arrived.wait_on(c.raw())?;
-        }
-        for s in &self.compute {
-            if gate_compute {
-                self.ev_arrived.wait_on(s.raw())?
-            } else {
-                self.ev_start.wait_on(s.raw())?
-            }
-        }
+        // The other streams are forked when the call first uses them
+        // (`compute_stream`, `comm_stream`).
+        self.forked.set(0);
+        self.gate_compute = gate_compute;
         Ok(())
     }
 
     /// Finish a call: comm stream 0 waits for everything, tells the peers this rank is
     /// done with the call, and the caller's stream waits for it. Every stream the call
-    /// used is joined back into the caller's (as a capture requires).
+    /// used (and only those: the ones it forked) is joined back into the caller's (as a
+    /// capture requires).
     fn finish(&mut self, stream: usize) -> Result<()> {
         let cs = self.comm[0].raw();
-        for (s, e) in self.compute.iter().zip(self.ev_compute.iter()) {
-            e.record(s.raw())?;
-            e.wait_on(cs)?;
+        let forked = self.forked.replace(0);
+        for (i, (s, e)) in self.compute.iter().zip(self.ev_compute.iter()).enumerate() {
+            if forked & (1 << i) != 0 {
+                e.record(s.raw())?;
+                e.wait_on(cs)?;
+            }
         }
-        for (c, e) in self.comm.iter().zip(self.ev_comm.iter()).skip(1) {
-            e.record(c.raw())?;
-            e.wait_on(cs)?;
+        for (j, (c, e)) in self
+            .comm
+            .iter()
+            .zip(self.ev_comm.iter())
+            .enumerate()
+            .skip(1)
+        {
+            if forked & (1 << (16 + j)) != 0 {
+                e.record(c.raw())?;
+                e.wait_on(cs)?;
+            }
         }
         self.t.end_call(self.calls, cs)?;
         self.mark(cs, || "end".into())?;
@@ -671,7 +755,7 @@ impl Overlap {
         let (w, wb) = Self::workspace_slice(&g, stream_idx, n);
         g.workspace = w;
         g.workspace_bytes = wb;
-        gemm::run(&g, guard, self.compute[stream_idx].raw())
+        gemm::run(&g, guard, self.compute_stream(stream_idx)?)
     }
 
     /// Error unless a [rows, cols] matrix of the buffer's dtype fits the buffer.

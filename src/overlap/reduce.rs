@@ -76,13 +76,19 @@ impl Overlap {
             && out_ld.is_multiple_of(8)
             && srcs.iter().all(|&p| p.is_aligned(16))
             && out_ptr.is_aligned(16);
-        let name = format!(
-            "reduce_{}_{}_{}",
-            short(self.dtype),
-            short(out.dtype),
-            if vec_ok { "v8" } else { "v1" }
-        );
-        let f = self.module.function(&name)?;
+        let mut name = crate::host::StackStr::<32>::new();
+        std::fmt::Write::write_fmt(
+            &mut name,
+            format_args!(
+                "reduce_{}_{}_{}",
+                short(self.dtype),
+                short(out.dtype),
+                if vec_ok { "v8" } else { "v1" }
+            ),
+        )
+        .map_err(|_| crate::error::Error::internal("a reduction kernel name is too long"))?;
+        let name = name.as_str();
+        let f = self.module.function(name)?;
         let mut set = SrcSet {
             src: [DevPtr::NULL; MAX_PEERS],
             n: srcs.len() as u32,
@@ -123,7 +129,7 @@ impl Overlap {
         // current for calls on `stream`); `set` is repr(C) like the kernel's SrcSet. `out`
         // and the sources are the caller's / peers' mapped buffers holding rows x cols
         // elements at their leading dimensions (the callers' contract).
-        unsafe { cuda::launch(f, (blocks, 1, 1), (512, 1, 1), 0, stream, &mut args, &name) }
+        unsafe { cuda::launch(f, (blocks, 1, 1), (512, 1, 1), 0, stream, &mut args, name) }
     }
 
     /// Copy each (dst, src, bytes) segment (up to MAX_PEERS; either side may be a peer's

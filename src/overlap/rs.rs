@@ -34,6 +34,7 @@
 //! only makes every chunk finish late and delays the first chunk's communication.
 //! Measured on 4x H200, tp 4, bf16 (bench/RESULTS.md): ring RS (CE) geomean 1.10x
 //! bound in order vs 1.40x round-robin over 3 streams.
+use super::schedule::{Bounds, PerRank};
 use super::{Op, Overlap, eb, tag};
 use crate::cuda::resources::{copy_2d, copy_async};
 use crate::cuda::{ContextGuard, DevPtr};
@@ -54,7 +55,7 @@ pub struct RsArgs<'a> {
 /// `auto`, `reduce`, `accumulate`. How the ring reduce-scatter (split_rs_p2p, and the
 /// ring all-reduce's reduce-scatter) sums: a closing reduction of the landed partials, or
 /// the accumulating ring; auto: the autotuner's choice, else the closing reduction. Read
-/// at every call (and checked when a comm-GEMM context is created).
+/// once when an overlap object or comm-GEMM context is created (`super::AlgoKnobs`).
 pub fn rs_ring_choice() -> Result<Option<usize>> {
     crate::env::choice("NVTE_COMM_RS_RING", &["auto", "reduce", "accumulate"])
 }
@@ -152,7 +153,7 @@ impl Overlap {
     }
 
     /// Column boundaries of the pipelined chunks (multiples of 16 where possible).
-    fn splits(&self, m: usize) -> Vec<usize> {
+    fn splits(&self, m: usize) -> Bounds {
         super::schedule::column_splits(m, self.cfg.num_splits as usize)
     }
 
@@ -178,7 +179,6 @@ impl Overlap {
             &p.full.check_key(),
             Some(&p.full),
         )?;
-        let all: Vec<usize> = (0..tp).collect();
         let others = self.others();
         let e = eb(self.dtype);
         let nchunks = bounds.len() - 1;
@@ -194,13 +194,13 @@ impl Overlap {
                 )
             });
             self.run_gemm(&g, &guard, si, false)?;
-            self.ev_chunk[1 + i].record(self.compute[si].raw())?;
+            self.ev_chunk[1 + i].record(self.compute_stream(si)?)?;
         }
-        let cs = self.comm[0].raw();
+        let cs = self.comm_stream(0)?;
         let fp8 = Self::fp8_output(x.rs_output, "rs_output", cs)?;
-        let srcs_at = |lo: usize| -> Vec<DevPtr> {
-            all.iter()
-                .map(|&q| self.t.peer_buffer(q).unwrap() + (r * p.nc * p.m + lo) * e)
+        let srcs_at = |lo: usize| -> PerRank<DevPtr> {
+            (0..tp)
+                .map(|q| self.t.peer_buffer(q).unwrap() + (r * p.nc * p.m + lo) * e)
                 .collect()
         };
         for i in 0..nchunks {
@@ -274,14 +274,14 @@ impl Overlap {
     /// closing reduction, or the accumulating ring and its pieces), so that ranks whose
     /// environments chose differently fail the cross-rank check instead of exchanging
     /// into slots the other never reads.
-    fn ring_key(&self, p: &Plan, acc: bool) -> Vec<u64> {
-        let mut k = p.full.check_key().to_vec();
-        k.push(if acc {
+    fn ring_key(&self, p: &Plan, acc: bool) -> [u64; 6] {
+        let g = p.full.check_key();
+        let ring = if acc {
             1 | (self.chain_pieces(p.nc) as u64) << 1
         } else {
             0
-        });
-        k
+        };
+        [g[0], g[1], g[2], g[3], g[4], ring]
     }
 
     /// The row bounds of the accumulating ring's pieces of a chunk of `nc` rows: at
@@ -289,7 +289,7 @@ impl Overlap {
     /// the one before; at tp 1 there is no transfer: one GEMM), bounded by the events (a
     /// "computed" and a "landed" per piece and step), interior bounds on multiples of 16
     /// rows (aligned operand offsets).
-    fn chain_bounds(&self, nc: usize) -> Vec<usize> {
+    fn chain_bounds(&self, nc: usize) -> Bounds {
         let tp = self.tp();
         let max_pieces = (self.ev_chunk.len() / (2 * tp)).max(1);
         let want = if tp == 1 { 1 } else { self.pieces.max(2) };
@@ -306,7 +306,7 @@ impl Overlap {
     /// (plain sums of the buffer's type). The choice is the same on every rank (same
     /// environment and tuning, same operands per the call check).
     fn rs_accumulates(&self, x: &RsArgs, p: &Plan) -> Result<bool> {
-        let want = match rs_ring_choice()? {
+        let want = match self.knobs.rs_ring {
             Some(RS_REDUCE) => false,
             Some(RS_ACCUMULATE) => true,
             _ => self.rs_accumulate || self.tp() == 1,
@@ -356,9 +356,9 @@ impl Overlap {
             g.d = staging + lo * n * e;
             g.ldd = hi - lo;
             self.run_gemm(&g, guard, 0, false)?;
-            self.ev_chunk[1 + i].record(self.compute[0].raw())?;
+            self.ev_chunk[1 + i].record(self.compute_stream(0)?)?;
         }
-        let cs = self.comm[0].raw();
+        let cs = self.comm_stream(0)?;
         let out = x.rs_output.data.ptr;
         for i in 0..nchunks {
             let (lo, hi) = (bounds[i], bounds[i + 1]);
@@ -380,7 +380,7 @@ impl Overlap {
         let e = eb(self.dtype);
         let slot_bytes = p.nc * p.m * e;
         let plan = super::schedule::rs_exchange(tp, r);
-        let fp8 = Self::fp8_output(x.rs_output, "rs_output", self.comm[0].raw())?;
+        let fp8 = Self::fp8_output(x.rs_output, "rs_output", self.comm_stream(0)?)?;
         // GEMM for destination d: B's rows [d nc, (d+1) nc), output [nc, m].
         for (i, &d) in plan.gemm_dest.iter().enumerate() {
             let mut g = p.full;
@@ -398,13 +398,13 @@ impl Overlap {
             let si = 0; // in order: see the module doc
             self.step(|| format!("GEMM partial for rank {d} ({} of {tp})", i + 1));
             self.run_gemm(&g, guard, si, false)?;
-            self.ev_chunk[i].record(self.compute[si].raw())?;
-            self.mark(self.compute[si].raw(), || format!("gemm{i}"))?;
+            self.ev_chunk[i].record(self.compute_stream(si)?)?;
+            self.mark(self.compute_stream(si)?, || format!("gemm{i}"))?;
         }
         // Step i: our partial for rank d = r+i+1 goes to its slot r, and the partial of
         // rank s = r-i-1 for us lands in our slot s (the barrier at the start of the call
         // made sure every rank is done with its buffer from the last call).
-        let cs = self.comm[0].raw();
+        let cs = self.comm_stream(0)?;
         for (i, t) in plan.steps.iter().enumerate() {
             self.ev_chunk[i].wait_on(cs)?;
             let send = SendOp {
@@ -435,7 +435,7 @@ impl Overlap {
             self.mark(cs, || format!("exchanged{i}"))?;
         }
         self.ev_chunk[tp - 1].wait_on(cs)?;
-        let srcs: Vec<DevPtr> = (0..tp)
+        let srcs: PerRank<DevPtr> = (0..tp)
             .map(|s| {
                 if s == r {
                     staging + r * slot_bytes
@@ -482,8 +482,8 @@ impl Overlap {
         let np = bounds.len() - 1;
         let computed = |i: usize, j: usize| i * np + j;
         let landed = |i: usize, j: usize| (tp + i) * np + j;
-        let cs = self.comm[0].raw();
-        let cmp = self.compute[0].raw();
+        let cs = self.comm_stream(0)?;
+        let cmp = self.compute_stream(0)?;
         let out = x.rs_output.data.ptr;
         let info = |k: usize| WaitInfo {
             op: op as u32,
@@ -563,7 +563,7 @@ impl Overlap {
         // start (a wait kernel spins on an SM, and its timeout counts from its start).
         let others = self.others();
         let mine = r * slot_bytes;
-        let push = self.comm[2].raw();
+        let push = self.comm_stream(2)?;
         for j in 0..np {
             let (lo, hi) = (bounds[j], bounds[j + 1]);
             let off = lo * p.m * e;
@@ -575,7 +575,7 @@ impl Overlap {
             }
             self.t.signal(&others, Slot::ArReduced, tag(j), push)?;
         }
-        let land = self.comm[1].raw();
+        let land = self.comm_stream(1)?;
         for j in 0..np {
             let (lo, hi) = (bounds[j], bounds[j + 1]);
             let off = lo * p.m * e;
@@ -615,7 +615,7 @@ impl Overlap {
             return self.finish(stream);
         }
         self.ring_rs(x, &p, &guard)?;
-        let cs = self.comm[0].raw();
+        let cs = self.comm_stream(0)?;
         let rows = p.nc * p.m * e; // bytes of one rank's rows
         let others = self.others();
         for k in 1..tp {

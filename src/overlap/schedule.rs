@@ -1,10 +1,18 @@
 //! Schedules: which chunk goes to which peer at which step. Pure functions of the group
 //! size, the rank and the shape, used by the algorithms and checked on the host against
-//! a simulated group (every rank's schedule together, tp 1..=8, uneven sizes).
+//! a simulated group (every rank's schedule together, tp 1..=8, uneven sizes). Lists are
+//! [`Small`] (on the stack): computing a call's schedule allocates nothing.
+use crate::host::Small;
+use crate::transport::MAX_PEERS;
+
+/// Up to one entry per rank of a group.
+pub type PerRank<T> = Small<T, MAX_PEERS>;
+/// Chunk bounds: at most `MAX_SPLITS` chunks, so `MAX_SPLITS + 1` bounds.
+pub type Bounds = Small<usize, { super::config::MAX_SPLITS as usize + 1 }>;
 
 /// One exchange step of a rank: send chunk `send` to `to`, receive chunk `recv` from
 /// `from` (chunks / slots are indices in the buffer, in tp ranks' order).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Transfer {
     pub to: usize,
     pub send: usize,
@@ -18,9 +26,9 @@ pub struct Transfer {
 /// then in arrival order).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AgRing {
-    pub forward: Vec<Transfer>,
-    pub backward: Vec<Transfer>,
-    pub order: Vec<usize>,
+    pub forward: PerRank<Transfer>,
+    pub backward: PerRank<Transfer>,
+    pub order: PerRank<usize>,
 }
 
 pub fn ag_ring(tp: usize, r: usize, bidirectional: bool) -> AgRing {
@@ -48,7 +56,8 @@ pub fn ag_ring(tp: usize, r: usize, bidirectional: bool) -> AgRing {
             recv: (r + s + 1) % tp,
         })
         .collect();
-    let mut order = vec![r];
+    let mut order = PerRank::new();
+    order.push(r);
     for s in 1..=fwd.max(bwd) {
         if s <= fwd {
             order.push((r + tp - s) % tp);
@@ -70,8 +79,8 @@ pub fn ag_ring(tp: usize, r: usize, bidirectional: bool) -> AgRing {
 /// `from` of its own (`send` / `recv` name those slots).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RsExchange {
-    pub gemm_dest: Vec<usize>,
-    pub steps: Vec<Transfer>,
+    pub gemm_dest: PerRank<usize>,
+    pub steps: PerRank<Transfer>,
 }
 
 pub fn rs_exchange(tp: usize, r: usize) -> RsExchange {
@@ -101,7 +110,7 @@ pub fn rs_exchange(tp: usize, r: usize) -> RsExchange {
 pub struct RsChain {
     pub to: usize,
     pub from: usize,
-    pub chunk: Vec<usize>,
+    pub chunk: PerRank<usize>,
 }
 
 pub fn rs_chain(tp: usize, r: usize) -> RsChain {
@@ -115,9 +124,9 @@ pub fn rs_chain(tp: usize, r: usize) -> RsChain {
 /// Column bounds of the pipelined reduce-scatter's GEMM chunks (and row bounds of the
 /// accumulating ring's pieces): at most `num_splits` chunks of `m` columns, interior
 /// bounds on multiples of 16 (aligned chunk starts), none empty. `[0, .., m]`; just `[0]` when `m` is 0.
-pub fn column_splits(m: usize, num_splits: usize) -> Vec<usize> {
+pub fn column_splits(m: usize, num_splits: usize) -> Bounds {
     let s = num_splits.clamp(1, m.div_ceil(16).max(1));
-    let mut b: Vec<usize> = (0..s).map(|i| (i * m / s) / 16 * 16).collect();
+    let mut b: Bounds = (0..s).map(|i| (i * m / s) / 16 * 16).collect();
     b.push(m);
     b.dedup();
     b

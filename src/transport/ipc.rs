@@ -191,7 +191,7 @@ impl IpcTransport {
 }
 
 impl IpcTransport {
-    fn others(&self) -> Vec<usize> {
+    fn others(&self) -> super::Peers {
         self.group.others()
     }
 }
@@ -217,9 +217,9 @@ impl Transport for IpcTransport {
         for s in sends {
             self.put(s.peer, s.dst_offset, s.src, s.bytes, stream)?;
         }
-        let dsts: Vec<usize> = sends.iter().map(|s| s.peer).collect();
+        let dsts: super::Peers = sends.iter().map(|s| s.peer).collect();
         self.signal(&dsts, slot, tag, stream)?;
-        let srcs: Vec<usize> = recvs.iter().map(|r| r.peer).collect();
+        let srcs: super::Peers = recvs.iter().map(|r| r.peer).collect();
         self.wait(&srcs, slot, tag, stream, info)
     }
     /// The call counter is incremented, the call's descriptor written into every peer's

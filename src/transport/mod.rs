@@ -332,13 +332,16 @@ impl Group {
             buffer,
         }
     }
-    /// Every member but this rank.
-    pub fn others(&self) -> Vec<usize> {
+    /// Every member but this rank (a list on the stack: no allocation per call).
+    pub fn others(&self) -> Peers {
         (0..self.world_ranks.len())
             .filter(|&p| p != self.tp_rank)
             .collect()
     }
 }
+
+/// A list of group ranks (at most `MAX_PEERS`), on the stack.
+pub type Peers = crate::host::Small<usize, MAX_PEERS>;
 
 pub trait Transport: Send {
     /// The group and this rank's buffer.

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# GPU check of issue 21 item 7 (comm-GEMM FP8 accumulation) and item 4, library half (host
+# cost of a C call), on one GPU: builds tests_c against the library ($TE_COMM_LIB, else
+# cargo), then test_comm_gemm_fp8 at 1, 2 and 4 ranks (2 and 4 sharing the GPU), bench_host
+# at tp 1 (--strict: fails when a comm-GEMM / overlap call costs more than 10 us of host
+# time or allocates) and with 2 ranks sharing the GPU, and the regression tests whose code
+# paths changed (test_gemm, test_comm_gemm, test_overlap, test_graph at 1 rank). Logs and
+# tables under $OUT (or gpu-out/); the summary table is printed last; exit 1 on any failure.
+set -uo pipefail
+source "$(dirname "$0")/common.sh"
+out=${OUT:-$root/gpu-out}
+mkdir -p "$out"
+export NVTE_COMM_CACHE_DIR=${NVTE_COMM_CACHE_DIR:-/tmp/te_comm_kernel_cache}
+lib=$(te_comm_library) || exit 1
+build=$root/build-gpu
+te_comm_cmake_build "$lib" "$build" -DTE_COMM_GPU_TESTS=ON 2>"$out/build.log" || { tail -n 40 "$out/build.log"; exit 1; }
+fail=0
+rows=()
+step() {  # step NAME LIMIT_S CMD...
+  local name=$1 limit=$2; shift 2
+  local t0=$(date +%s) rc result
+  timeout -k 10 "$limit" "$@" >"$out/$name.log" 2>&1
+  rc=$?
+  result=PASS
+  if [ $rc -eq 77 ]; then result=SKIPPED; elif [ $rc -eq 124 ]; then result="FAIL (timeout)"; fail=1
+  elif [ $rc -ne 0 ]; then result="FAIL (rc $rc)"; fail=1; fi
+  local counts=$(grep -E "[0-9]+ passed, [0-9]+ failed" "$out/$name.log" | tail -n 1 | sed -E 's/^[^:]*: //')
+  local bar=$(grep -E "^host-cost bar" "$out/$name.log" | sed -E 's/.*: //')
+  rows+=("| $name | $result | ${counts:-${bar:--}} | $(( $(date +%s) - t0 )) |")
+}
+mpi=$root/tests_c/run_mpi.sh
+for np in 1 2 4; do step "test_comm_gemm_fp8_np$np" 120 "$mpi" "$np" "$build/tests_c/test_comm_gemm_fp8"; done
+step bench_host_tp1 120 "$mpi" 1 "$build/tests_c/bench_host" --strict --out "$out/bench_host_tp1.md"
+step bench_host_tp2_shared 150 "$mpi" 2 "$build/tests_c/bench_host" --out "$out/bench_host_tp2_shared.md"
+for t in test_gemm test_comm_gemm test_overlap test_graph; do step "${t}_np1" 180 "$mpi" 1 "$build/tests_c/$t"; done
+grep -hE "max \|fast - full" "$out"/test_comm_gemm_fp8_np*.log
+grep -hE "FAIL" "$out"/*.log | head -n 20
+for f in "$out"/bench_host_*.md; do [ -f "$f" ] && { echo; echo "host cost per C call ($(basename "$f" .md)):"; cat "$f"; }; done
+grep -hE "^host-cost bar|^tp [0-9]+: no bar|^\(nccl" "$out"/bench_host_*.log
+echo
+echo "| step | result | counts / bar | seconds |"
+echo "|---|---|---|---|"
+printf '%s\n' "${rows[@]}"
+exit $fail
