@@ -9,6 +9,7 @@ mod gemm;
 mod handles;
 mod kernels;
 mod overlap;
+mod packed;
 mod report;
 mod runtime;
 mod tensor;
