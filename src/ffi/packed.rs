@@ -73,7 +73,9 @@ fn scalar(p: *mut f32) -> Result<Buffer> {
     Buffer::new(DevPtr::from_c(p), DType::F32, Shape::new(&[1])?)
 }
 
-/// The core tensor of operand `o`, or None when it is absent and `optional`.
+/// The core tensor of operand `o`, or None when it is optional and absent (NULL data, no
+/// elements). A required operand may be empty (NULL data, a zero-sized dimension: a rank
+/// whose share is empty); the core checks its shape.
 fn operand(o: &NVTECommGemmOperand, what: &str, optional: bool) -> Result<Option<Tensor>> {
     if o.ndim > 2 {
         invalid!(
@@ -82,16 +84,19 @@ fn operand(o: &NVTECommGemmOperand, what: &str, optional: bool) -> Result<Option
         );
     }
     let dims = &o.shape[..o.ndim as usize];
-    let numel = dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
-    let numel = if o.ndim == 0 { Some(0) } else { numel };
-    if o.data.is_null() && numel == Some(0) {
-        if optional {
-            return Ok(None);
-        }
-        invalid!("operand `{what}` is required but has no data");
+    let empty = o.ndim == 0 || dims.contains(&0);
+    if optional && o.data.is_null() && empty {
+        return Ok(None);
     }
     if o.ndim == 0 {
-        invalid!("operand `{what}` has data but ndim = 0 (1 or 2 dimensions)");
+        invalid!(
+            "operand `{what}` has ndim = 0: {}",
+            if optional {
+                "a present operand has 1 or 2 dimensions (absent: NULL data)"
+            } else {
+                "it is required (1 or 2 dimensions)"
+            }
+        );
     }
     let dtype = DType::from_c(o.dtype)
         .map_err(|e| crate::error::Error::invalid(format!("operand `{what}`: {}", e.msg)))?;
@@ -214,7 +219,16 @@ mod tests {
                 .is_none()
         );
         let e = operand(&op(0, bf, 0, [0, 0]), "a", false).unwrap_err();
-        assert!(e.msg.contains("`a` is required"), "{}", e.msg);
+        assert!(
+            e.msg.contains("`a` has ndim = 0: it is required"),
+            "{}",
+            e.msg
+        );
+        // an empty required operand (a rank with no rows) is a tensor, not absent
+        let t = operand(&op(0, bf, 2, [0, 64]), "b", false)
+            .unwrap()
+            .unwrap();
+        assert_eq!(t.data.rows_cols(), Some((0, 64)));
         let e = operand(&op(0x10, bf, 3, [1, 1]), "b", false).unwrap_err();
         assert!(e.msg.contains("ndim = 3"), "{}", e.msg);
         let e = operand(&op(0x10, bf, 0, [1, 1]), "d", false).unwrap_err();
