@@ -114,6 +114,21 @@ typedef enum NVTECommGemmAlgoType {
 
 
 
+/**
+ * `NVTECommGemmPacked::op` of the all-gather GEMM (`nvte_all_gather_gemm`).
+ */
+#define NVTE_COMM_GEMM_PACKED_ALL_GATHER 0
+
+/**
+ * `NVTECommGemmPacked::op` of the GEMM reduce-scatter (`nvte_gemm_reduce_scatter`).
+ */
+#define NVTE_COMM_GEMM_PACKED_REDUCE_SCATTER 1
+
+/**
+ * `NVTECommGemmPacked::op` of the GEMM all-reduce (`nvte_gemm_all_reduce`).
+ */
+#define NVTE_COMM_GEMM_PACKED_ALL_REDUCE 2
+
 #define NUM_SLOTS 8
 
 #define MAX_PEERS 16
@@ -243,6 +258,60 @@ typedef struct NVTECommOverlapConfig {
    */
   NVTECommTransport transport;
 } NVTECommOverlapConfig;
+
+/**
+ * One operand of a packed call: a row-major device array with TE's per-tensor
+ * (delayed) scaling. An operand with `data` NULL and no elements is absent (optional
+ * operands only: bias, pre_act_out), as TE's empty tensors are.
+ */
+typedef struct NVTECommGemmOperand {
+  /**
+   * device address of the elements (row-major, contiguous)
+   */
+  void *data;
+  NVTEDType dtype;
+  /**
+   * 1 or 2 (0 only for an absent operand)
+   */
+  uint32_t ndim;
+  /**
+   * the sizes of the `ndim` dimensions (the rest ignored)
+   */
+  size_t shape[2];
+  /**
+   * device float32 scalars (NULL: none): 1/scale of FP8 data (inputs), and the scale
+   * and amax of an FP8 output
+   */
+  float *scale_inv;
+  float *scale;
+  float *amax;
+} NVTECommGemmOperand;
+
+/**
+ * The arguments of one comm-GEMM call, with `nvte_all_gather_gemm`'s meanings (global
+ * m, n, k; A, B, D local with nvte_cublas_gemm's layouts and this rank's shares).
+ */
+typedef struct NVTECommGemmPacked {
+  /**
+   * NVTE_COMM_GEMM_PACKED_ALL_GATHER, _REDUCE_SCATTER or _ALL_REDUCE
+   */
+  int32_t op;
+  int32_t comm_sm_count;
+  int64_t m;
+  int64_t n;
+  int64_t k;
+  struct NVTECommGemmOperand a;
+  struct NVTECommGemmOperand b;
+  struct NVTECommGemmOperand d;
+  struct NVTECommGemmOperand bias;
+  struct NVTECommGemmOperand pre_act_out;
+  bool transa;
+  bool transb;
+  bool grad;
+  bool accumulate;
+  NVTECommGemmAlgoType algo;
+  cudaStream_t stream;
+} NVTECommGemmPacked;
 
 /**
  * The figures of one call of an overlap object or comm-GEMM engine, measured with
@@ -664,6 +733,18 @@ NVTECommStatus nvte_comm_overlap_bulk(struct NVTECommOverlap *overlap,
  * graph's launches is the launching stream's business).
  */
 NVTECommStatus nvte_comm_overlap_synchronize(struct NVTECommOverlap *overlap);
+
+/**
+ * Run the comm-GEMM call `args` describes on `ctx`: the all-gather GEMM, GEMM
+ * reduce-scatter or GEMM all-reduce of `args->op`, exactly as the corresponding
+ * `nvte_*` function with the same arguments (same checks, same algorithms, same
+ * asynchronous work on `args->stream`). Operands are given by pointer, dtype and shape
+ * instead of tensor handles. Returns the call's status (its message:
+ * nvte_comm_last_error()); `*args` is only read, so the caller may keep one struct and
+ * change the pointers and stream between calls.
+ */
+NVTECommStatus nvte_comm_gemm_call_packed(struct NVTECommGemmCtx *ctx,
+                                          const struct NVTECommGemmPacked *args);
 
 /**
  * The last timed call of `overlap` (waits, bounded by the timeout, for it to complete).

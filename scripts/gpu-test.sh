@@ -164,6 +164,8 @@ if [[ $stages == *" bench "* ]]; then
     run plot 1 python3 "$root/bench/plot.py" $tables --out "$out/plot.png"
   # The performance bar per benchmark, tp, dtype and op (geomean and worst ours/bound).
   [ -n "$tables" ] && run acceptance 1 python3 "$root/bench/acceptance.py" $tables --out "$out/acceptance.md"
+  # Host µs per torch op call at tp 1 (PASS/FAIL against 40 µs at 256³).
+  [ "$has_torch" = 1 ] && run host_cost 1 python3 "$root/bench/host_cost.py" --out "$out/host_cost.md"
   [ "$has_torch" = 1 ] && run gemm_vs_torch 1 python3 "$root/bench/gemm_vs_torch.py" --lib "$lib" --out "$out/gemm_vs_torch.md"
 fi
 

@@ -599,6 +599,110 @@ static void test_handles_and_out_params(void) {
   nvte_destroy_tensor(a);
 }
 
+/* nvte_comm_gemm_call_packed: every bad input is refused with INVALID_ARGUMENT and a
+ * message naming the argument, before any device work (a one-rank context over
+ * callbacks needs no GPU to exist). */
+static int32_t one_rank_allgather(void *user, void *global, size_t global_bytes, const void *local, size_t local_bytes) {
+  (void)user;
+  if (global_bytes != local_bytes) return 1;
+  memcpy(global, local, local_bytes);
+  return 0;
+}
+static int32_t one_rank_barrier(void *user) {
+  (void)user;
+  return 0;
+}
+
+static NVTECommGemmOperand packed_operand(uintptr_t data, NVTEDType t, uint32_t ndim, size_t d0, size_t d1) {
+  NVTECommGemmOperand o;
+  memset(&o, 0, sizeof o);
+  o.data = (void *)data;
+  o.dtype = t;
+  o.ndim = ndim;
+  o.shape[0] = d0;
+  o.shape[1] = d1;
+  return o;
+}
+
+static void test_gemm_call_packed(void) {
+  const NVTECommStatus INV = NVTE_COMM_ERROR_INVALID_ARGUMENT;
+  NVTECommGemmCtx *fake_ctx = (NVTECommGemmCtx *)(uintptr_t)0x5EED;
+  NVTECommGemmCtx *ctx = NULL;
+  NVTECommBootstrap bs;
+  NVTECommGemmPacked p, q;
+  memset(&bs, 0, sizeof bs);
+  bs.world_rank = 0;
+  bs.world_size = 1;
+  bs.allgather = one_rank_allgather;
+  bs.barrier = one_rank_barrier;
+  CHECK(nvte_comm_gemm_ctx_create_bootstrap(&bs, &ctx) == NVTE_COMM_SUCCESS && ctx != NULL, "one-rank callback context\n");
+
+  memset(&p, 0, sizeof p);
+  p.op = NVTE_COMM_GEMM_PACKED_ALL_GATHER;
+  p.m = 16;
+  p.n = 32;
+  p.k = 64;
+  p.a = packed_operand(0x1000, kNVTEBFloat16, 2, 16, 64);
+  p.b = packed_operand(0x2000, kNVTEBFloat16, 2, 32, 64);
+  p.d = packed_operand(0x3000, kNVTEBFloat16, 2, 32, 16);
+  p.transa = true;
+  p.algo = kNVTECommGemmAlgoDefault;
+
+  CHECK(nvte_comm_gemm_call_packed(ctx, NULL) == INV, "packed: NULL args\n");
+  expect_error(INV, "packed NULL args", "nvte_comm_gemm_call_packed", "`args` is NULL");
+  CHECK(nvte_comm_gemm_call_packed(NULL, &p) == INV, "packed: NULL ctx\n");
+  expect_error(INV, "packed NULL ctx", "nvte_comm_gemm_call_packed", "`ctx` is NULL");
+  CHECK(nvte_comm_gemm_call_packed(fake_ctx, &p) == INV, "packed: dead ctx\n");
+  expect_error(INV, "packed dead ctx", "nvte_comm_gemm_call_packed", "not a live context");
+
+  q = p;
+  q.op = 3;
+  CHECK(nvte_comm_gemm_call_packed(ctx, &q) == INV, "packed: op 3\n");
+  expect_error(INV, "packed op", "`args->op` = 3", "all-reduce");
+  q = p;
+  q.algo = (NVTECommGemmAlgoType)9;
+  CHECK(nvte_comm_gemm_call_packed(ctx, &q) == INV, "packed: algo 9\n");
+  expect_error(INV, "packed algo", "`args->algo`", "NVTECommGemmAlgoType");
+  q = p;
+  q.a.data = NULL;
+  q.a.ndim = 0;
+  CHECK(nvte_comm_gemm_call_packed(ctx, &q) == INV, "packed: no A\n");
+  expect_error(INV, "packed no a", "operand `a` has ndim = 0", "required");
+  q = p;
+  q.b.ndim = 3;
+  CHECK(nvte_comm_gemm_call_packed(ctx, &q) == INV, "packed: ndim 3\n");
+  expect_error(INV, "packed ndim", "operand `b`", "ndim = 3");
+  q = p;
+  q.d.ndim = 0;
+  CHECK(nvte_comm_gemm_call_packed(ctx, &q) == INV, "packed: data with ndim 0\n");
+  expect_error(INV, "packed ndim 0", "operand `d`", "ndim = 0");
+  q = p;
+  q.b.dtype = (NVTEDType)42;
+  CHECK(nvte_comm_gemm_call_packed(ctx, &q) == INV, "packed: dtype 42\n");
+  expect_error(INV, "packed dtype", "operand `b`", "not a valid NVTEDType");
+  q = p;
+  q.a.shape[0] = SIZE_MAX;
+  q.a.shape[1] = 4;
+  CHECK(nvte_comm_gemm_call_packed(ctx, &q) == INV, "packed: overflowing shape\n");
+  expect_error(INV, "packed overflow", "nvte_comm_gemm_call_packed", "overflows");
+  q = p;
+  q.bias = packed_operand(0x4000, kNVTEBFloat16, 3, 16, 1);
+  CHECK(nvte_comm_gemm_call_packed(ctx, &q) == INV, "packed: bias ndim 3\n");
+  expect_error(INV, "packed bias", "operand `bias`", "ndim = 3");
+  q = p;
+  q.op = NVTE_COMM_GEMM_PACKED_ALL_REDUCE;
+  q.m = -1;
+  CHECK(nvte_comm_gemm_call_packed(ctx, &q) == INV, "packed: m -1\n");
+  expect_error(INV, "packed m", "nvte_comm_gemm_call_packed", "m = -1");
+  q = p;
+  q.op = NVTE_COMM_GEMM_PACKED_REDUCE_SCATTER;
+  q.comm_sm_count = -2;
+  CHECK(nvte_comm_gemm_call_packed(ctx, &q) == INV, "packed: comm_sm_count -2\n");
+  expect_error(INV, "packed comm_sm_count", "nvte_comm_gemm_call_packed", "comm_sm_count");
+  nvte_comm_gemm_ctx_destroy(ctx);
+  expect_ok("packed: ctx destroy");
+}
+
 static void test_runtime(void) {
   NVTECommStatus s = nvte_comm_check_runtime();
   if (s == NVTE_COMM_SUCCESS) {
@@ -622,6 +726,7 @@ int main(void) {
   test_env_knobs();
   test_overlap_create_args();
   test_handles_and_out_params();
+  test_gemm_call_packed();
   test_runtime();
   CHECK(nvte_comm_live_tensor_count() == 0, "leaked tensor handles: %zu\n", nvte_comm_live_tensor_count());
   printf("test_api: %d passed, %d failed\n", passed, failed);

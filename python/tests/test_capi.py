@@ -187,6 +187,7 @@ def _expected_ctypes(capi, ctype, enum_names):
         "const struct NVTECommOverlapConfig *": P(capi.OverlapConfig),
         "const struct NVTECommBootstrap *": P(capi.Bootstrap),
         "struct NVTECommCallReport *": P(capi.CallReport),
+        "const struct NVTECommGemmPacked *": P(capi.GemmPacked),
     }
     if ctype in enum_names:
         return c_uint
@@ -215,7 +216,7 @@ def test_prototypes_match_the_header(capi, header_text):
 
 
 STRUCTS = {"NVTEShape": "Shape", "NVTEBasicTensor": "BasicTensor", "NVTECommOverlapConfig": "OverlapConfig", "NVTECommBootstrap": "Bootstrap",
-           "NVTECommCallReport": "CallReport"}
+           "NVTECommCallReport": "CallReport", "NVTECommGemmOperand": "GemmOperand", "NVTECommGemmPacked": "GemmPacked"}
 
 
 def test_struct_members_match_the_header(capi, header_text):

@@ -266,6 +266,48 @@ class Bootstrap(Structure):
     ]
 
 
+
+class GemmOperand(Structure):
+    """NVTECommGemmOperand: one operand of nvte_comm_gemm_call_packed (NULL data and no
+    elements: absent)."""
+
+    _fields_ = [
+        ("data", c_void_p),
+        ("dtype", c_enum),
+        ("ndim", c_uint),  # uint32_t
+        ("shape", c_size_t * 2),
+        ("scale_inv", c_void_p),
+        ("scale", c_void_p),
+        ("amax", c_void_p),
+    ]
+
+
+class GemmPacked(Structure):
+    """NVTECommGemmPacked: the arguments of one nvte_comm_gemm_call_packed call."""
+
+    _fields_ = [
+        ("op", c_int32),
+        ("comm_sm_count", c_int32),
+        ("m", c_int64),
+        ("n", c_int64),
+        ("k", c_int64),
+        ("a", GemmOperand),
+        ("b", GemmOperand),
+        ("d", GemmOperand),
+        ("bias", GemmOperand),
+        ("pre_act_out", GemmOperand),
+        ("transa", c_bool),
+        ("transb", c_bool),
+        ("grad", c_bool),
+        ("accumulate", c_bool),
+        ("algo", c_enum),
+        ("stream", c_void_p),
+    ]
+
+
+# GemmPacked.op values (NVTE_COMM_GEMM_PACKED_*)
+PACKED_ALL_GATHER, PACKED_REDUCE_SCATTER, PACKED_ALL_REDUCE = 0, 1, 2
+
 # --------------------------------------------------------------------------------------
 # Prototypes: (name, restype, argtypes) of every function of the header
 # --------------------------------------------------------------------------------------
@@ -289,6 +331,7 @@ PROTOTYPES = [
     ("nvte_gemm_reduce_scatter", None, _COMM_GEMM_ARGS),
     ("nvte_gemm_all_reduce", None, _COMM_GEMM_ARGS),
     ("nvte_comm_gemm_ctx_create_bootstrap", _ST, [POINTER(Bootstrap), POINTER(_CTX)]),
+    ("nvte_comm_gemm_call_packed", _ST, [_CTX, POINTER(GemmPacked)]),
     # XLA FFI handlers (XLA_FFI_Handler: XLA_FFI_Error *(XLA_FFI_CallFrame *)) and their contexts
     ("nvte_comm_xla_bind", _ST, [c_uint64, c_int32, _CTX]),
     ("nvte_comm_xla_unbind", _ST, [c_uint64, c_int32]),

@@ -10,6 +10,7 @@ mod handles;
 mod host_counters;
 mod kernels;
 mod overlap;
+mod packed;
 mod report;
 mod runtime;
 mod tensor;

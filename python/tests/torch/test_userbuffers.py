@@ -142,7 +142,7 @@ def test_split_ag_nccl_transport(tc):
 
 
 def run_split_rs(tc, group, *, p2p=False, dtype=torch.bfloat16, fp8_in=False, fp8_buffer=False,
-                 bootstrap="nccl", tp_size=None, transport=None, seed=0):
+                 bootstrap="nccl", tp_size=None, transport=None, seed=0, transa=True, transb=False):
     nc = rows_per_rank()
     tp_n = tp_size or group.size()
     n = nc * tp_n
@@ -176,13 +176,16 @@ def run_split_rs(tc, group, *, p2p=False, dtype=torch.bfloat16, fp8_in=False, fp
             out = torch.full((nc, M), float("nan"), dtype=od, device=tc.device)
             tc.skew(it)
             fn = ub.split_overlap_rs_p2p if p2p else ub.split_overlap_rs
-            fn(mine[1], mine[0], out, x_scale_inv=xsi, w_scale_inv=wsi, buffer_scale=bscale, buffer_scale_inv=bsinv)
+            wl = mine[1] if transa else mine[1].t().contiguous()  # NN / NT: weight [k_local, m]
+            xl = mine[0].t().contiguous() if transb else mine[0]  # NT: x [k_local, n]
+            fn(wl, xl, out, x_scale_inv=xsi, w_scale_inv=wsi, buffer_scale=bscale, buffer_scale_inv=bsinv,
+               transa=transa, transb=transb)
             outs.append(out)
             refs.append(total[r * nc:(r + 1) * nc])
         ub.synchronize()
         torch.cuda.synchronize()
         what = (f"split_rs{'_p2p' if p2p else ''} in={'fp8' if fp8_in else dtype} buffer={ub.dtype} tp={tp} "
-                f"bootstrap={bootstrap}")
+                f"bootstrap={bootstrap} transa={transa} transb={transb}")
         check_calls(tc, what, outs, refs, 8e-2 if fp8_buffer else 5e-2 if fp8_in else 1e-2)
     finally:
         ub.close()
@@ -249,6 +252,99 @@ def test_bulk(tc, kind, transport):
         what = f"bulk_{kind} transport={transport}"
         check_calls(tc, what + " collective", got, want, 1e-2, exact=(kind == "ag"))
         check_calls(tc, what + " concurrent GEMM", gemm, gemm_ref, 1e-2)
+    finally:
+        ub.close()
+
+
+# ----------------------------------------------------------------------------- layouts
+
+
+@pytest.mark.parametrize("transa,transb", [(False, False), (False, True)], ids=["NN", "NT"])
+@pytest.mark.parametrize("p2p", [False, True], ids=["pipelined", "p2p"])
+def test_split_rs_layouts(tc, p2p, transa, transb):
+    run_split_rs(tc, tc.group, p2p=p2p, seed=8000, transa=transa, transb=transb)
+
+
+@pytest.mark.parametrize("transa,transb", [(False, False), (False, True)], ids=["NN", "NT"])
+def test_split_ag_layouts(tc, transa, transb):
+    """AG(x) with weight [k, m] (NN) and x_local [k, n / tp] gathered along its columns (NT)."""
+    nc = rows_per_rank()
+    n = nc * tc.size
+    ub = te.CommOverlap((n, K), torch.bfloat16, tc.group)
+    try:
+        tp, r = tp_of(ub)
+        ranks = members(tc, ub)
+        outs, refs = [], []
+        for it in range(ITERS):
+            s = 8100 + 1000 * it
+            xs = [tc.gen((nc, K), s + q).to(torch.bfloat16) for q in ranks]
+            w = tc.gen((M, K), s + 500 + tc.rank).to(torch.bfloat16)
+            out = torch.full((n, M), float("nan"), dtype=torch.bfloat16, device=tc.device)
+            tc.skew(it)
+            xl = xs[r].t().contiguous() if transb else xs[r]
+            wl = w if transa else w.t().contiguous()
+            ub.split_overlap_ag(wl, xl, out, transa=transa, transb=transb)
+            outs.append(out)
+            refs.append(torch.cat(xs).float() @ w.float().T)
+        ub.synchronize()
+        torch.cuda.synchronize()
+        check_calls(tc, f"split_ag transa={transa} transb={transb}", outs, refs, 1e-2)
+        with pytest.raises(ValueError, match="needs x_local"):
+            ub.split_overlap_ag(w.t().contiguous(), None, outs[0], transa=False, transb=True)
+        with pytest.raises(ValueError, match="TT layout"):
+            ub.split_overlap_ag(w, xs[r].t().contiguous(), outs[0], transa=True, transb=True)
+    finally:
+        ub.close()
+
+
+@pytest.mark.parametrize("kind", ["ag", "rs"])
+def test_bulk_beside_wgrad_nt(tc, kind):
+    """The modules' bulk wgrad overlap: the collective on the buffer beside dW = dY^T X,
+    an NT GEMM (weight = X [tokens, k] with transa=False, x = dY [tokens, m] with
+    transb=True, out dW [m, k]), then accumulated into (accumulate=True)."""
+    nc = rows_per_rank()
+    n = nc * tc.size
+    ub = te.CommOverlap((n, COLS), torch.bfloat16, tc.group)
+    try:
+        tp, r = tp_of(ub)
+        ranks = members(tc, ub)
+        tokens = 320
+        got, want, gemm, gemm_ref = [], [], [], []
+        for it in range(ITERS):
+            s = 8200 + 1000 * it
+            X = tc.gen((tokens, K), s + 300 + tc.rank).to(torch.bfloat16)
+            dY = tc.gen((tokens, M), s + 400 + tc.rank).to(torch.bfloat16)
+            dW = torch.full((M, K), float("nan"), dtype=torch.bfloat16, device=tc.device)
+            tc.skew(it)
+            if kind == "ag":
+                chunks = [tc.gen((nc, COLS), s + q).to(torch.bfloat16) for q in ranks]
+                ub.copy_into_buffer(chunks[r], local_chunk=True)
+                ub.bulk_overlap("ag", X, dY, dW, transa=False, transb=True)
+                got.append(ub.get_buffer().clone())
+                want.append(torch.cat(chunks))
+            else:
+                fulls = [tc.gen((n, COLS), s + q).to(torch.bfloat16) for q in ranks]
+                ro = torch.full((nc, COLS), float("nan"), dtype=torch.bfloat16, device=tc.device)
+                ub.copy_into_buffer(fulls[r], local_chunk=False)
+                ub.bulk_overlap("rs", X, dY, dW, rs_output=ro, transa=False, transb=True)
+                got.append(ro)
+                want.append(sum(f.float() for f in fulls)[r * nc:(r + 1) * nc])
+            ref = dY.float().T @ X.float()
+            gemm.append(dW.clone())
+            gemm_ref.append(ref)
+            # gradient accumulation: dW += dY^T X (the next micro-batch's)
+            if kind == "ag":
+                ub.copy_into_buffer(chunks[r], local_chunk=True)
+                ub.bulk_overlap("ag", X, dY, dW, transa=False, transb=True, accumulate=True)
+            else:
+                ub.copy_into_buffer(fulls[r], local_chunk=False)
+                ub.bulk_overlap("rs", X, dY, dW, rs_output=ro, transa=False, transb=True, accumulate=True)
+            gemm.append(dW)
+            gemm_ref.append(2.0 * ref)
+        ub.synchronize()
+        torch.cuda.synchronize()
+        check_calls(tc, f"bulk_{kind} beside NT wgrad: collective", got, want, 1e-2, exact=(kind == "ag"))
+        check_calls(tc, f"bulk_{kind} beside NT wgrad: dW (then accumulated)", gemm, gemm_ref, 1e-2)
     finally:
         ub.close()
 

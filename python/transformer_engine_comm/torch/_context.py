@@ -375,6 +375,8 @@ def destroy_contexts(group=None) -> None:
     this package created for them. Call before ``dist.destroy_process_group()``; runs at
     interpreter exit for whatever is left. Work queued on them must be complete or at
     least enqueued (the device is synchronized first)."""
+    for fn in list(_destroy_hooks):
+        fn()
     with _lock:
         if group is None:
             keys = list(_contexts)
@@ -412,6 +414,13 @@ def cached_contexts():
 
 
 _exit_hooks = []
+_destroy_hooks = []
+
+
+def register_destroy_hook(fn) -> None:
+    """Run ``fn()`` whenever contexts are destroyed (ops.py drops its prepared calls, which
+    hold contexts)."""
+    _destroy_hooks.append(fn)
 
 
 def register_exit_hook(fn) -> None:

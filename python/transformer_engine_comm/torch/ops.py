@@ -4,16 +4,25 @@ nvte_gemm_reduce_scatter, nvte_gemm_all_reduce), registered as torch custom ops
 with fake (meta) implementations: usable eagerly, under CUDA graph capture and inside
 ``torch.compile(fullgraph=True)``.
 
-Every op computes ``x @ weight.T`` (TE's TN GEMM: A = weight, B = x, D = out) with the
-tensor-parallel collective of its name over a process group, asynchronously on
-``torch.cuda.current_stream()``. Shares follow block distribution (:func:`numroc`: block =
-ceil(global / tp), the last ranks may get fewer rows, possibly none):
+Every op computes ``op(x) @ op(weight)`` with the tensor-parallel collective of its name
+over a process group, asynchronously on ``torch.cuda.current_stream()``, in TE's
+``nvte_cublas_gemm`` terms: A = weight, B = x, D = out [n, m]. ``transa`` / ``transb`` have
+nvte_cublas_gemm's meaning: weight is [m, k] when transa (the default: ``x @ weight.T``)
+and [k, m] otherwise (``x @ weight``); x is [n, k] unless transb, then [k, n] (``x.T @ ...``).
+The layouts are TN (the default), NN (``transa=False``: e.g. dgrad ``dY @ W``) and NT
+(``transa=False, transb=True``: e.g. wgrad ``dY.T @ X``); TT is refused (as TE), and FP8
+inputs take TN only (Hopper's FP8 GEMMs). Shares follow block distribution
+(:func:`numroc`: block = ceil(global / tp), the last ranks may get fewer rows, possibly
+none); in the TN layout:
 
 - ``all_gather_gemm(x [n_local, k], weight [m_local, k]) -> [n_global, m_local]``:
   x's rows are gathered from all ranks (n split), weight's rows are this rank's share of m.
 - ``gemm_reduce_scatter(x [n, k_local], weight [m, k_local]) -> [numroc(n), m]``:
   k split; the sum over ranks, this rank's rows of it.
 - ``gemm_all_reduce(x [n, k_local], weight [m, k_local]) -> [n, m]``: k split; the sum.
+
+(Other layouts split the same dimensions: with transb, x is [k, n_local] / [k_local, n];
+without transa, weight is [k, m_local] / [k_local, m].)
 
 The bias is added once. ``gelu=True`` returns ``(gelu(y), y)`` with ``y`` the
 pre-activation (tanh-approximate GELU, as cuBLASLt's epilogue): the all-gather GEMM fuses it
@@ -27,12 +36,20 @@ collective, and not allowed during CUDA graph capture — run every op once eage
 shapes you will capture (the library sizes its buffers on demand) before capturing.
 Captured calls replay correctly on both transports (the library's peer waits read
 device-resident call counters).
+
+Host cost: a plain eager call (see :func:`_direct`) whose arguments have the shapes,
+dtypes, devices and options of an earlier call reuses that call's validated plan (one
+``nvte_comm_gemm_call_packed`` through ctypes, its argument struct filled in place); only
+what may change between such calls (data pointers, contiguity, the current stream, grad
+mode) is looked at again. The plans are dropped with the contexts (destroy_contexts).
 """
 
 from __future__ import annotations
 
+import ctypes
 import enum
 import os
+import threading
 from typing import NamedTuple, Optional, Tuple, Union
 
 import torch
@@ -41,6 +58,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .. import _capi
+from . import _context
 from ._context import (
     FP8_DTYPES,
     block_offset,
@@ -48,7 +66,7 @@ from ._context import (
     get_context,
     group_name_of,
     numroc,
-    handle_cache,
+    nvte_dtype,
 )
 
 __all__ = [
@@ -135,6 +153,33 @@ def _check_scale_inv(op: str, what: str, t, device: torch.device) -> None:
         raise ValueError(f"{op}: {what} is on {t.device} but x is on {device}")
 
 
+def _check_trans(op: str, transa, transb, fp8: bool) -> None:
+    """The layouts the library's GEMMs take: TN, NN, NT (TE's); FP8 inputs TN only."""
+    if transa and transb:
+        raise ValueError(
+            f"{op}: transa=True with transb=True (the TT layout) is not supported: the GEMMs take TN "
+            "(transa=True, transb=False), NN (transa=False) and NT (transa=False, transb=True), as TE's do"
+        )
+    if fp8 and not (transa and not transb):
+        raise ValueError(
+            f"{op}: FP8 inputs need the TN layout (transa=True, transb=False): Hopper's FP8 GEMMs take "
+            f"no other; got transa={bool(transa)}, transb={bool(transb)} (quantize the transposed operand instead)"
+        )
+
+
+def _dims(x, weight, transa, transb) -> Tuple[int, int, int, int]:
+    """(n, k) of x and (m, k) of weight as the tensors hold them (nvte_cublas_gemm's
+    layouts: x is [n, k], or [k, n] with transb; weight is [m, k] with transa, else [k, m])."""
+    xs, ws = x.shape, weight.shape
+    xn, xk = (xs[1], xs[0]) if transb else (xs[0], xs[1])
+    wm, wk = (ws[0], ws[1]) if transa else (ws[1], ws[0])
+    return int(xn), int(xk), int(wm), int(wk)
+
+
+def _layout_names(transa, transb) -> Tuple[str, str]:
+    return ("[k, n]" if transb else "[n, k]"), ("[m, k]" if transa else "[k, m]")
+
+
 def _check_common(
     op: str,
     x,
@@ -144,18 +189,23 @@ def _check_common(
     w_scale_inv,
     out_dtype: Optional[torch.dtype],
     comm_sm_count: int,
+    transa: bool = True,
+    transb: bool = False,
 ) -> Tuple[bool, torch.dtype]:
     """Checks shared by the three ops; returns (fp8, output dtype)."""
     _check_tensor(op, "x", x)
     _check_tensor(op, "weight", weight)
     if weight.device != x.device:
         raise ValueError(f"{op}: weight is on {weight.device} but x is on {x.device}")
-    if x.shape[1] != weight.shape[1]:
-        raise ValueError(
-            f"{op}: x {tuple(x.shape)} and weight {tuple(weight.shape)} must have the same "
-            "number of columns (the local k)"
-        )
     fp8 = x.dtype in FP8_DTYPES or weight.dtype in FP8_DTYPES
+    _check_trans(op, transa, transb, fp8)
+    _, xk, _, wk = _dims(x, weight, transa, transb)
+    if xk != wk:
+        xl, wl = _layout_names(transa, transb)
+        raise ValueError(
+            f"{op}: x {tuple(x.shape)} (read as {xl}, transb={bool(transb)}) and weight {tuple(weight.shape)} "
+            f"(read as {wl}, transa={bool(transa)}) must agree on the (local) k: {xk} vs {wk}"
+        )
     if fp8:
         if not (x.dtype in FP8_DTYPES and weight.dtype in FP8_DTYPES):
             raise TypeError(f"{op}: FP8 needs both x and weight in FP8, got x {x.dtype} and weight {weight.dtype}")
@@ -202,32 +252,31 @@ def _global(op: str, what: str, local: int, given: int, tp: int, rank: int, tens
     return given
 
 
-def _plan_ag(x, weight, bias, x_scale_inv, w_scale_inv, group_name, n_global, m_global, out_dtype, gelu, comm_sm_count) -> _Plan:
+def _plan_ag(x, weight, bias, x_scale_inv, w_scale_inv, group_name, n_global, m_global, out_dtype, gelu, comm_sm_count,
+             transa=True, transb=False) -> _Plan:
     op = "te_comm.all_gather_gemm"
-    fp8, od = _check_common(op, x, weight, bias, x_scale_inv, w_scale_inv, out_dtype, comm_sm_count)
+    fp8, od = _check_common(op, x, weight, bias, x_scale_inv, w_scale_inv, out_dtype, comm_sm_count, transa, transb)
     tp, rank = _group_size_rank(group_name)
-    nl, k = int(x.shape[0]), int(x.shape[1])
-    ml = int(weight.shape[0])
+    nl, k, ml, _ = _dims(x, weight, transa, transb)
     n = _global(op, "n_global", nl, n_global, tp, rank, f"x {tuple(x.shape)}")
     m = _global(op, "m_global", ml, m_global, tp, rank, f"weight {tuple(weight.shape)}")
     if bias is not None and bias.numel() != ml:
-        raise ValueError(f"{op}: bias must have weight.shape[0] = {ml} elements (this rank's m), got {bias.numel()}")
+        raise ValueError(f"{op}: bias must have {ml} elements (this rank's m: weight's m dimension), got {bias.numel()}")
     if fp8 and (k % 16 or ml % 16):
         raise ValueError(f"{op}: FP8 needs k and this rank's m to be multiples of 16, got k={k}, m_local={ml}")
     if gelu and ml % 8:
-        raise ValueError(f"{op}: gelu=True needs this rank's m (weight.shape[0]) to be a multiple of 8, got {ml}")
+        raise ValueError(f"{op}: gelu=True needs this rank's m (weight's m dimension) to be a multiple of 8, got {ml}")
     return _Plan(m, n, k, (n, ml), od, fp8)
 
 
 def _plan_k_split(op, x, weight, bias, x_scale_inv, w_scale_inv, group_name, k_global, out_dtype, comm_sm_count,
-                  scatter: bool, out_rows: int = -1) -> _Plan:
-    fp8, od = _check_common(op, x, weight, bias, x_scale_inv, w_scale_inv, out_dtype, comm_sm_count)
+                  scatter: bool, out_rows: int = -1, transa: bool = True, transb: bool = False) -> _Plan:
+    fp8, od = _check_common(op, x, weight, bias, x_scale_inv, w_scale_inv, out_dtype, comm_sm_count, transa, transb)
     tp, rank = _group_size_rank(group_name)
-    n, kl = int(x.shape[0]), int(x.shape[1])
-    m = int(weight.shape[0])
+    n, kl, m, _ = _dims(x, weight, transa, transb)
     k = _global(op, "k_global", kl, k_global, tp, rank, f"x {tuple(x.shape)} / weight {tuple(weight.shape)}")
     if bias is not None and bias.numel() != m:
-        raise ValueError(f"{op}: bias must have weight.shape[0] = {m} elements, got {bias.numel()}")
+        raise ValueError(f"{op}: bias must have m = {m} elements (weight's m dimension), got {bias.numel()}")
     if fp8 and (kl % 16 or m % 16):
         raise ValueError(f"{op}: FP8 needs this rank's k and m to be multiples of 16, got k_local={kl}, m={m}")
     rows = numroc(n, tp, rank) if scatter else n
@@ -243,40 +292,157 @@ def _plan_k_split(op, x, weight, bias, x_scale_inv, w_scale_inv, group_name, k_g
 
 # ----------------------------------------------------------------------------- execution
 
+_PACKED_OPS = {
+    "all_gather_gemm": _capi.PACKED_ALL_GATHER,
+    "gemm_reduce_scatter": _capi.PACKED_REDUCE_SCATTER,
+    "gemm_all_reduce": _capi.PACKED_ALL_REDUCE,
+}
 
-def _launch(fn_name: str, group_name, comm, transport, p: _Plan, x, weight, bias, x_scale_inv, w_scale_inv, out, pre, algo, comm_sm_count):
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+if _raw_stream is None:  # older torch
+
+    def _raw_stream(index: int) -> int:
+        return torch.cuda.current_stream(index).cuda_stream
+
+
+def _set_operand(o, t: Optional[torch.Tensor], shape, dtype: torch.dtype, scale_inv=None) -> None:
+    """Fill the constant part of a packed operand (dtype, shape; the data pointer is set
+    per call)."""
+    o.dtype = int(nvte_dtype(dtype))
+    o.ndim = len(shape)
+    for i, d in enumerate(shape):
+        o.shape[i] = int(d)
+    o.data = None if t is None else (t.data_ptr() or None)
+    o.scale_inv = None if scale_inv is None else scale_inv.data_ptr()
+
+
+class _Prepared:
+    """One validated call: the context, the packed argument struct with everything but the
+    data pointers and the stream filled in, and the output's shape and dtype. Calling it
+    allocates the output(s), fills the pointers and the current stream, and makes the one C
+    call (``nvte_comm_gemm_call_packed``). Thread-safe (a lock guards the struct: the
+    autograd engine's threads may call too)."""
+
+    __slots__ = ("what", "ctx", "ctx_h", "fn", "args", "ptr", "pa", "pb", "pd", "pbias", "ppre", "out_shape",
+                 "out_dtype", "device", "dev", "gelu_pre", "fp8", "has_bias", "lock")
+
+    def __init__(self, fn_name: str, ctx, p: _Plan, x, weight, bias, x_scale_inv, w_scale_inv, gelu_pre: bool,
+                 algo: int, comm_sm_count: int, transa: bool, transb: bool):
+        self.what = f"te_comm.{fn_name}"
+        self.fn = _capi._fn("nvte_comm_gemm_call_packed")
+        self.ctx = ctx  # keeps the context object alive
+        self.ctx_h = ctx.handle
+        a = _capi.GemmPacked()
+        a.op = _PACKED_OPS[fn_name]
+        a.comm_sm_count = int(comm_sm_count)
+        a.m, a.n, a.k = p.m, p.n, p.k
+        _set_operand(a.a, weight, tuple(weight.shape), weight.dtype, w_scale_inv if p.fp8 else None)
+        _set_operand(a.b, x, tuple(x.shape), x.dtype, x_scale_inv if p.fp8 else None)
+        _set_operand(a.d, None, p.out_shape, p.out_dtype)
+        if bias is not None:
+            _set_operand(a.bias, bias, (bias.numel(),), bias.dtype)
+        if gelu_pre:
+            _set_operand(a.pre_act_out, None, p.out_shape, p.out_dtype)
+        a.transa, a.transb = bool(transa), bool(transb)
+        a.grad = a.accumulate = False
+        a.algo = int(algo)
+        self.args = a
+        self.ptr = ctypes.pointer(a)
+        # The embedded operand structs share the struct's memory: set through them per call.
+        self.pa, self.pb, self.pd, self.pbias, self.ppre = a.a, a.b, a.d, a.bias, a.pre_act_out
+        self.out_shape = p.out_shape
+        self.out_dtype = p.out_dtype
+        self.device = x.device
+        self.dev = x.device.index
+        self.gelu_pre = bool(gelu_pre)
+        self.fp8 = p.fp8
+        self.has_bias = bias is not None
+        self.lock = threading.Lock()
+
+    def __call__(self, x, weight, bias, x_scale_inv, w_scale_inv):
+        out = torch.empty(self.out_shape, dtype=self.out_dtype, device=self.device)
+        pre = torch.empty(self.out_shape, dtype=self.out_dtype, device=self.device) if self.gelu_pre else None
+        if _poison:
+            out.fill_(float("nan"))
+            if pre is not None:
+                pre.fill_(float("nan"))
+        err = None
+        with self.lock:
+            self.pa.data = weight.data_ptr()
+            self.pb.data = x.data_ptr()
+            self.pd.data = out.data_ptr()
+            if self.has_bias:
+                self.pbias.data = bias.data_ptr()
+            if pre is not None:
+                self.ppre.data = pre.data_ptr()
+            if self.fp8:
+                self.pa.scale_inv = w_scale_inv.data_ptr()
+                self.pb.scale_inv = x_scale_inv.data_ptr()
+            self.args.stream = _raw_stream(self.dev)
+            status = self.fn(self.ctx_h, self.ptr)
+            if status:
+                err = _capi.CommError(status, _capi.last_error(), self.what)  # the thread's message, now
+        if err is not None:
+            self._raise(err)
+        return out, pre
+
+    def _raise(self, e):
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"{self.what} failed during CUDA graph capture: {e}. The library allocates "
+                "its buffers on the first call of each size: run the op eagerly with the same "
+                "shapes and dtypes before capturing."
+            ) from e
+        raise e
+
+
+# Prepared calls: by the registered op's arguments (_plans) and by a public function's
+# own arguments on the eager direct path (_fast). Bounded; dropped with the contexts.
+_plans: dict = {}
+_fast: dict = {}
+_MAX_PLANS = 1024
+
+
+def _remember(cache: dict, key, value) -> None:
+    if len(cache) >= _MAX_PLANS:
+        cache.clear()
+    try:
+        cache[key] = value
+    except TypeError:  # an unhashable argument: no caching
+        pass
+
+
+def clear_prepared_calls() -> None:
+    """Drop every prepared call (they hold the contexts; destroy_contexts calls this)."""
+    _plans.clear()
+    _fast.clear()
+
+
+_context.register_destroy_hook(clear_prepared_calls)
+
+
+def _sig(t):
+    return None if t is None else (t.shape, t.dtype, t.get_device())
+
+
+def _prepared(fn_name: str, key, plan_fn, group_name, comm, transport, x, weight, bias, x_scale_inv, w_scale_inv,
+              gelu_pre, algo, comm_sm_count, transa, transb) -> _Prepared:
+    try:
+        pr = _plans.get(key)
+    except TypeError:
+        pr = None
+    if pr is not None:
+        return pr
+    p = plan_fn()
     pg = dist.distributed_c10d._resolve_process_group(group_name)
     ctx = get_context(pg, comm=comm, transport=transport or None)
     dev = context_device(ctx)
     if dev is not None and x.device.index != dev:
-        raise ValueError(
-            f"te_comm.{fn_name}: x is on {x.device} but the group's context was created on cuda:{dev}"
-        )
-    stream = torch.cuda.current_stream(x.device).cuda_stream
-    hc = handle_cache
-    a = hc.get(weight, w_scale_inv if p.fp8 else None)
-    b = hc.get(x, x_scale_inv if p.fp8 else None)
-    d = hc.get(out)
-    bt = hc.get(bias) if bias is not None else _capi.NULL_TENSOR
-    pt = hc.get(pre) if pre is not None else _capi.NULL_TENSOR
-    fn = getattr(ctx, fn_name)
-    try:
-        fn(p.m, p.n, p.k, a, b, d, bt, pt, True, False, False, False, int(comm_sm_count), stream, _capi.GemmAlgo(algo))
-    except _capi.CommError as e:
-        if torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(
-                f"te_comm.{fn_name} failed during CUDA graph capture: {e}. The library allocates "
-                "its buffers on the first call of each size: run the op eagerly with the same "
-                "shapes and dtypes before capturing."
-            ) from e
-        raise
-
-
-def _empty(shape, dtype, device):
-    t = torch.empty(shape, dtype=dtype, device=device)
-    if _poison and t.numel():
-        t.fill_(float("nan"))
-    return t
+        raise ValueError(f"te_comm.{fn_name}: x is on {x.device} but the group's context was created on cuda:{dev}")
+    pr = _Prepared(fn_name, ctx, p, x, weight, bias, x_scale_inv, w_scale_inv, gelu_pre, algo, comm_sm_count, transa,
+                   transb)
+    _remember(_plans, key, pr)
+    return pr
 
 
 def _contig(t):
@@ -292,7 +458,9 @@ def _contig(t):
 # and where autograd would record the call), and the function itself otherwise: the
 # dispatcher's custom-op layers cost about 100 us of host time per call (bench/RESULTS.md,
 # 2026-11-24 session 3), which showed in every call whose GPU work is shorter, e.g. the
-# autograd modules' backward and their forward under no_grad.
+# autograd modules' backward and their forward under no_grad. A direct call whose
+# arguments match an earlier one's (shapes, dtypes, devices, options) reuses its prepared
+# call (``_fast``): no validation or planning again, one C call.
 
 
 def _direct(*tensors) -> bool:
@@ -301,17 +469,17 @@ def _direct(*tensors) -> bool:
     plain CUDA ``torch.Tensor`` / ``nn.Parameter`` arguments (None allowed) without
     negative / conjugate bits that autograd would not track. Where this holds, the
     dispatcher would only run the same function."""
-    if torch.compiler.is_compiling() or torch._C._get_tracing_state() is not None:
+    if _is_compiling() or _tracing_state() is not None:
         return False
-    if _dispatch_mode() is not None or torch._C._is_torch_function_mode_enabled():
+    if _get_current_dispatch_mode() is not None or _function_mode_enabled():
         return False
-    if torch.autograd._profiler_enabled() or _functorch_active():
+    if _profiler_enabled() or _functorch_active():
         return False
     grad = torch.is_grad_enabled()
     for t in tensors:
         if t is None:
             continue
-        if type(t) not in _PLAIN or t.device.type != "cuda" or (grad and t.requires_grad):
+        if type(t) not in _PLAIN or not t.is_cuda or (grad and t.requires_grad):
             return False
         if t.is_neg() or t.is_conj() or _functorch_wrapped(t):
             return False
@@ -323,6 +491,10 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)
 # interpreter stack / wrapped-tensor test where this torch has them.
 _PEEK_FUNCTORCH = getattr(torch._C._functorch, "peek_interpreter_stack", None)
 _IS_FUNCTORCH_WRAPPED = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
+_is_compiling = torch.compiler.is_compiling
+_tracing_state = torch._C._get_tracing_state
+_function_mode_enabled = torch._C._is_torch_function_mode_enabled
+_profiler_enabled = torch.autograd._profiler_enabled
 
 
 def _dispatch_mode():
@@ -335,6 +507,26 @@ def _functorch_active() -> bool:
 
 def _functorch_wrapped(t) -> bool:
     return _IS_FUNCTORCH_WRAPPED is not None and bool(_IS_FUNCTORCH_WRAPPED(t))
+
+
+def _contiguous(x, weight, bias) -> bool:
+    return x.is_contiguous() and weight.is_contiguous() and (bias is None or bias.is_contiguous())
+
+
+def _ag_run(x, weight, bias, x_scale_inv, w_scale_inv, group_name, n_global, m_global, out_dtype, gelu, algo,
+            comm_sm_count, comm, transport, transa, transb):
+    """(out, pre or None, the prepared call)."""
+    x, weight, bias = _contig(x), _contig(weight), _contig(bias)
+    key = ("ag", group_name, comm, transport, n_global, m_global, out_dtype, gelu, algo, comm_sm_count, transa, transb,
+           _sig(x), _sig(weight), _sig(bias), _sig(x_scale_inv), _sig(w_scale_inv))
+    pr = _prepared(
+        "all_gather_gemm", key,
+        lambda: _plan_ag(x, weight, bias, x_scale_inv, w_scale_inv, group_name, n_global, m_global, out_dtype, gelu,
+                         comm_sm_count, transa, transb),
+        group_name, comm, transport, x, weight, bias, x_scale_inv, w_scale_inv, gelu, algo, comm_sm_count, transa,
+        transb)
+    out, pre = pr(x, weight, bias, x_scale_inv, w_scale_inv)
+    return out, pre, pr
 
 
 def _all_gather_gemm_impl(
@@ -352,13 +544,13 @@ def _all_gather_gemm_impl(
     comm_sm_count: int,
     comm: str,
     transport: str,
+    transa: bool,
+    transb: bool,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    x, weight, bias = _contig(x), _contig(weight), _contig(bias)
-    p = _plan_ag(x, weight, bias, x_scale_inv, w_scale_inv, group_name, n_global, m_global, out_dtype, gelu, comm_sm_count)
-    out = _empty(p.out_shape, p.out_dtype, x.device)
-    pre = _empty(p.out_shape if gelu else (0,), p.out_dtype, x.device)
-    _launch("all_gather_gemm", group_name, comm, transport, p, x, weight, bias, x_scale_inv, w_scale_inv,
-            out, pre if gelu else None, algo, comm_sm_count)
+    out, pre, _ = _ag_run(x, weight, bias, x_scale_inv, w_scale_inv, group_name, n_global, m_global, out_dtype, gelu,
+                          algo, comm_sm_count, comm, transport, transa, transb)
+    if pre is None:
+        pre = out.new_empty((0,))
     return out, pre
 
 
@@ -366,11 +558,31 @@ _all_gather_gemm_op = torch.library.custom_op("te_comm::all_gather_gemm", mutate
 
 
 @_all_gather_gemm_op.register_fake
-def _(x, weight, bias, x_scale_inv, w_scale_inv, group_name, n_global, m_global, out_dtype, gelu, algo, comm_sm_count, comm, transport):
-    p = _plan_ag(x, weight, bias, x_scale_inv, w_scale_inv, group_name, n_global, m_global, out_dtype, gelu, comm_sm_count)
+def _(x, weight, bias, x_scale_inv, w_scale_inv, group_name, n_global, m_global, out_dtype, gelu, algo, comm_sm_count, comm,
+      transport, transa, transb):
+    p = _plan_ag(x, weight, bias, x_scale_inv, w_scale_inv, group_name, n_global, m_global, out_dtype, gelu, comm_sm_count,
+                 transa, transb)
     out = x.new_empty(p.out_shape, dtype=p.out_dtype)
     pre = x.new_empty(p.out_shape if gelu else (0,), dtype=p.out_dtype)
     return out, pre
+
+
+def _k_split_run(fn_name, x, weight, bias, x_scale_inv, w_scale_inv, group_name, k_global, out_rows, out_dtype, algo,
+                 comm_sm_count, comm, transport, transa, transb):
+    """(out, the prepared call) of the reduce-scatter (out_rows >= 0) or the all-reduce."""
+    x, weight, bias = _contig(x), _contig(weight), _contig(bias)
+    scatter = fn_name == "gemm_reduce_scatter"
+    key = (fn_name, group_name, comm, transport, k_global, out_rows, out_dtype, algo, comm_sm_count, transa, transb,
+           _sig(x), _sig(weight), _sig(bias), _sig(x_scale_inv), _sig(w_scale_inv))
+    pr = _prepared(
+        fn_name, key,
+        lambda: _plan_k_split(f"te_comm.{fn_name}", x, weight, bias, x_scale_inv, w_scale_inv, group_name, k_global,
+                              out_dtype, comm_sm_count, scatter=scatter, out_rows=out_rows, transa=transa,
+                              transb=transb),
+        group_name, comm, transport, x, weight, bias, x_scale_inv, w_scale_inv, False, algo, comm_sm_count, transa,
+        transb)
+    out, _ = pr(x, weight, bias, x_scale_inv, w_scale_inv)
+    return out, pr
 
 
 def _gemm_reduce_scatter_impl(
@@ -387,14 +599,11 @@ def _gemm_reduce_scatter_impl(
     comm_sm_count: int,
     comm: str,
     transport: str,
+    transa: bool,
+    transb: bool,
 ) -> torch.Tensor:
-    x, weight, bias = _contig(x), _contig(weight), _contig(bias)
-    p = _plan_k_split("te_comm.gemm_reduce_scatter", x, weight, bias, x_scale_inv, w_scale_inv, group_name,
-                      k_global, out_dtype, comm_sm_count, scatter=True, out_rows=out_rows)
-    out = _empty(p.out_shape, p.out_dtype, x.device)
-    _launch("gemm_reduce_scatter", group_name, comm, transport, p, x, weight, bias, x_scale_inv, w_scale_inv,
-            out, None, algo, comm_sm_count)
-    return out
+    return _k_split_run("gemm_reduce_scatter", x, weight, bias, x_scale_inv, w_scale_inv, group_name, k_global, out_rows,
+                        out_dtype, algo, comm_sm_count, comm, transport, transa, transb)[0]
 
 
 _gemm_reduce_scatter_op = torch.library.custom_op("te_comm::gemm_reduce_scatter", mutates_args=())(_gemm_reduce_scatter_impl)
@@ -402,9 +611,9 @@ _gemm_reduce_scatter_op = torch.library.custom_op("te_comm::gemm_reduce_scatter"
 
 @_gemm_reduce_scatter_op.register_fake
 def _(x, weight, bias, x_scale_inv, w_scale_inv, group_name, k_global, out_rows, out_dtype, algo, comm_sm_count, comm,
-      transport):
+      transport, transa, transb):
     p = _plan_k_split("te_comm.gemm_reduce_scatter", x, weight, bias, x_scale_inv, w_scale_inv, group_name,
-                      k_global, out_dtype, comm_sm_count, scatter=True, out_rows=out_rows)
+                      k_global, out_dtype, comm_sm_count, scatter=True, out_rows=out_rows, transa=transa, transb=transb)
     return x.new_empty(p.out_shape, dtype=p.out_dtype)
 
 
@@ -421,23 +630,21 @@ def _gemm_all_reduce_impl(
     comm_sm_count: int,
     comm: str,
     transport: str,
+    transa: bool,
+    transb: bool,
 ) -> torch.Tensor:
-    x, weight, bias = _contig(x), _contig(weight), _contig(bias)
-    p = _plan_k_split("te_comm.gemm_all_reduce", x, weight, bias, x_scale_inv, w_scale_inv, group_name,
-                      k_global, out_dtype, comm_sm_count, scatter=False)
-    out = _empty(p.out_shape, p.out_dtype, x.device)
-    _launch("gemm_all_reduce", group_name, comm, transport, p, x, weight, bias, x_scale_inv, w_scale_inv,
-            out, None, algo, comm_sm_count)
-    return out
+    return _k_split_run("gemm_all_reduce", x, weight, bias, x_scale_inv, w_scale_inv, group_name, k_global, -1,
+                        out_dtype, algo, comm_sm_count, comm, transport, transa, transb)[0]
 
 
 _gemm_all_reduce_op = torch.library.custom_op("te_comm::gemm_all_reduce", mutates_args=())(_gemm_all_reduce_impl)
 
 
 @_gemm_all_reduce_op.register_fake
-def _(x, weight, bias, x_scale_inv, w_scale_inv, group_name, k_global, out_dtype, algo, comm_sm_count, comm, transport):
+def _(x, weight, bias, x_scale_inv, w_scale_inv, group_name, k_global, out_dtype, algo, comm_sm_count, comm, transport,
+      transa, transb):
     p = _plan_k_split("te_comm.gemm_all_reduce", x, weight, bias, x_scale_inv, w_scale_inv, group_name,
-                      k_global, out_dtype, comm_sm_count, scatter=False)
+                      k_global, out_dtype, comm_sm_count, scatter=False, transa=transa, transb=transb)
     return x.new_empty(p.out_shape, dtype=p.out_dtype)
 
 
@@ -453,7 +660,7 @@ def _opt_int(v, what: str) -> int:
     return v
 
 
-def _check_layout(op: str, x, weight, bias) -> None:
+def _check_layout(op: str, x, weight, bias, transa, transb) -> None:
     # The custom ops make inputs contiguous (compiled graphs may hand them other strides);
     # a caller passing a transposed view gets an error here instead of a silent copy.
     for name, t in (("x", x), ("weight", weight)):
@@ -463,7 +670,18 @@ def _check_layout(op: str, x, weight, bias) -> None:
             raise ValueError(f"{op}: {name} must have 2 dimensions, got shape {tuple(t.shape)}")
     for name, t in (("x", x), ("weight", weight), ("bias", bias)):
         if isinstance(t, torch.Tensor) and not t.is_contiguous():
-            raise ValueError(f"{op}: {name} must be contiguous (row-major), got shape {tuple(t.shape)} strides {t.stride()}")
+            hint = ""
+            if name in ("x", "weight") and t.t().is_contiguous():
+                flag = "transb" if name == "x" else "transa"
+                hint = f" (a transposed view: pass the contiguous tensor and flip {flag} instead of copying)"
+            raise ValueError(
+                f"{op}: {name} must be contiguous (row-major), got shape {tuple(t.shape)} strides {t.stride()}{hint}"
+            )
+    for name, v in (("transa", transa), ("transb", transb)):
+        if not isinstance(v, (bool, int)):
+            raise TypeError(f"{op}: {name} must be a bool, got {type(v).__name__}")
+    fp8 = x.dtype in FP8_DTYPES or weight.dtype in FP8_DTYPES
+    _check_trans(op, transa, transb, fp8)
 
 
 def _size_rank(group) -> Tuple[int, int]:
@@ -484,6 +702,13 @@ def _kind_args(comm: str, transport: Optional[str]) -> Tuple[str, str]:
     return comm, transport or ""
 
 
+def _fast_get(key):
+    try:
+        return _fast.get(key)
+    except TypeError:  # an unhashable argument
+        return None
+
+
 def all_gather_gemm(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -500,29 +725,44 @@ def all_gather_gemm(
     comm_sm_count: int = 0,
     comm: str = "pg",
     transport: Optional[str] = None,
+    transa: bool = True,
+    transb: bool = False,
 ):
     """``AG(x) @ weight.T (+ bias)``: x [n_local, k] = this rank's rows (n split),
     weight [m_local, k] = this rank's rows of the weight (m split) -> [n_global, m_local].
 
-    n_global / m_global: the global sizes; required when the shares are uneven (block
+    transa=False: weight is [k, m_local] (``AG(x) @ weight``, NN); transb=True (with
+    transa=False): x is [k, n_local], gathered along its columns (``AG(x).T @ weight``,
+    NT). n_global / m_global: the global sizes; required when the shares are uneven (block
     distribution, see numroc), else n_local * tp / m_local * tp. gelu=True returns
     ``(gelu(y), y)``. group: a ProcessGroup (None = world). comm: "pg" (the group's NCCL
     communicator) or "own"; transport: None, "auto", "ipc" or "nccl" (see get_context).
     """
-    _check_layout("te_comm.all_gather_gemm", x, weight, bias)
-    comm, transport = _kind_args(comm, transport)
+    direct = _direct(x, weight, bias, x_scale_inv, w_scale_inv)
+    if direct:
+        key = ("ag", group, gelu, n_global, m_global, out_dtype, algo, comm_sm_count, comm, transport, transa, transb,
+               _sig(x), _sig(weight), _sig(bias), _sig(x_scale_inv), _sig(w_scale_inv))
+        pr = _fast_get(key)
+        if pr is not None and _contiguous(x, weight, bias):
+            out, pre = pr(x, weight, bias, x_scale_inv, w_scale_inv)
+            return (out, pre) if gelu else out
+    op = "te_comm.all_gather_gemm"
+    _check_layout(op, x, weight, bias, transa, transb)
+    comm_, transport_ = _kind_args(comm, transport)
     size, _ = _size_rank(group)
     # Concrete global sizes: the op's output shape must follow from its arguments alone
     # (compiled-graph caches are shared by ranks and by runs with other group sizes).
     n = _opt_int(n_global, "n_global")
     m = _opt_int(m_global, "m_global")
+    nl, _, ml, _ = _dims(x, weight, transa, transb)
     args = (
         x, weight, bias, x_scale_inv, w_scale_inv, group_name_of(group),
-        x.shape[0] * size if n < 0 else n, weight.shape[0] * size if m < 0 else m, out_dtype, bool(gelu),
-        _algo_id(algo), int(comm_sm_count), comm, transport,
+        nl * size if n < 0 else n, ml * size if m < 0 else m, out_dtype, bool(gelu),
+        _algo_id(algo), int(comm_sm_count), comm_, transport_, bool(transa), bool(transb),
     )
-    if _direct(x, weight, bias, x_scale_inv, w_scale_inv):
-        out, pre = _all_gather_gemm_impl(*args)
+    if direct:
+        out, pre, pr = _ag_run(*args)
+        _remember(_fast, key, pr)
     else:
         out, pre = torch.ops.te_comm.all_gather_gemm(*args)
     return (out, pre) if gelu else out
@@ -543,21 +783,36 @@ def gemm_reduce_scatter(
     comm_sm_count: int = 0,
     comm: str = "pg",
     transport: Optional[str] = None,
+    transa: bool = True,
+    transb: bool = False,
 ):
     """``RS_rows(x @ weight.T) (+ bias once)``: x [n, k_local], weight [m, k_local] (k split)
-    -> this rank's rows [numroc(n), m] of the sum over ranks. k_global: the global k, required
-    when the k shares are uneven. gelu=True returns ``(gelu(y), y)`` (applied after the
-    reduction)."""
-    _check_layout("te_comm.gemm_reduce_scatter", x, weight, bias)
-    comm, transport = _kind_args(comm, transport)
+    -> this rank's rows [numroc(n), m] of the sum over ranks. transa=False: weight is
+    [k_local, m] (``x @ weight``, NN, e.g. dgrad ``dY @ W``); transb=True (with
+    transa=False): x is [k_local, n] (NT). k_global: the global k, required when the k
+    shares are uneven. gelu=True returns ``(gelu(y), y)`` (applied after the reduction)."""
+    direct = _direct(x, weight, bias, x_scale_inv, w_scale_inv)
+    if direct:
+        key = ("rs", group, k_global, out_dtype, algo, comm_sm_count, comm, transport, transa, transb,
+               _sig(x), _sig(weight), _sig(bias), _sig(x_scale_inv), _sig(w_scale_inv))
+        pr = _fast_get(key)
+        if pr is not None and _contiguous(x, weight, bias):
+            y = pr(x, weight, bias, x_scale_inv, w_scale_inv)[0]
+            return (F.gelu(y, approximate="tanh"), y) if gelu else y
+    op = "te_comm.gemm_reduce_scatter"
+    _check_layout(op, x, weight, bias, transa, transb)
+    comm_, transport_ = _kind_args(comm, transport)
     size, rank = _size_rank(group)
     k = _opt_int(k_global, "k_global")
+    n, kl, _, _ = _dims(x, weight, transa, transb)
     args = (
-        x, weight, bias, x_scale_inv, w_scale_inv, group_name_of(group), x.shape[1] * size if k < 0 else k,
-        numroc(x.shape[0], size, rank), out_dtype, _algo_id(algo), int(comm_sm_count), comm, transport,
+        x, weight, bias, x_scale_inv, w_scale_inv, group_name_of(group), kl * size if k < 0 else k,
+        numroc(n, size, rank), out_dtype, _algo_id(algo), int(comm_sm_count), comm_, transport_, bool(transa),
+        bool(transb),
     )
-    if _direct(x, weight, bias, x_scale_inv, w_scale_inv):
-        y = _gemm_reduce_scatter_impl(*args)
+    if direct:
+        y, pr = _k_split_run("gemm_reduce_scatter", *args)
+        _remember(_fast, key, pr)
     else:
         y = torch.ops.te_comm.gemm_reduce_scatter(*args)
     return (F.gelu(y, approximate="tanh"), y) if gelu else y
@@ -578,20 +833,33 @@ def gemm_all_reduce(
     comm_sm_count: int = 0,
     comm: str = "pg",
     transport: Optional[str] = None,
+    transa: bool = True,
+    transb: bool = False,
 ):
     """``AR(x @ weight.T) (+ bias once)``: x [n, k_local], weight [m, k_local] (k split) ->
-    [n, m] on every rank. k_global as in gemm_reduce_scatter; gelu=True returns
-    ``(gelu(y), y)`` (applied after the reduction)."""
-    _check_layout("te_comm.gemm_all_reduce", x, weight, bias)
-    comm, transport = _kind_args(comm, transport)
+    [n, m] on every rank. transa / transb as in gemm_reduce_scatter; k_global as there;
+    gelu=True returns ``(gelu(y), y)`` (applied after the reduction)."""
+    direct = _direct(x, weight, bias, x_scale_inv, w_scale_inv)
+    if direct:
+        key = ("ar", group, k_global, out_dtype, algo, comm_sm_count, comm, transport, transa, transb,
+               _sig(x), _sig(weight), _sig(bias), _sig(x_scale_inv), _sig(w_scale_inv))
+        pr = _fast_get(key)
+        if pr is not None and _contiguous(x, weight, bias):
+            y = pr(x, weight, bias, x_scale_inv, w_scale_inv)[0]
+            return (F.gelu(y, approximate="tanh"), y) if gelu else y
+    op = "te_comm.gemm_all_reduce"
+    _check_layout(op, x, weight, bias, transa, transb)
+    comm_, transport_ = _kind_args(comm, transport)
     size, _ = _size_rank(group)
     k = _opt_int(k_global, "k_global")
+    _, kl, _, _ = _dims(x, weight, transa, transb)
     args = (
-        x, weight, bias, x_scale_inv, w_scale_inv, group_name_of(group), x.shape[1] * size if k < 0 else k,
-        out_dtype, _algo_id(algo), int(comm_sm_count), comm, transport,
+        x, weight, bias, x_scale_inv, w_scale_inv, group_name_of(group), kl * size if k < 0 else k,
+        out_dtype, _algo_id(algo), int(comm_sm_count), comm_, transport_, bool(transa), bool(transb),
     )
-    if _direct(x, weight, bias, x_scale_inv, w_scale_inv):
-        y = _gemm_all_reduce_impl(*args)
+    if direct:
+        y, pr = _k_split_run("gemm_all_reduce", *args[:7], -1, *args[7:])
+        _remember(_fast, key, pr)
     else:
         y = torch.ops.te_comm.gemm_all_reduce(*args)
     return (F.gelu(y, approximate="tanh"), y) if gelu else y

@@ -13,7 +13,13 @@ library's overlap algorithms on ``torch.cuda.current_stream()``:
 - :meth:`CommOverlap.bulk_overlap`: an all-gather or reduce-scatter of the buffer beside an
   unrelated GEMM (TE BULK_OVERLAP_AG / BULK_OVERLAP_RS).
 
-All GEMMs are TE's TN form: A = weight [m, k], B = x [n, k], D = [n, m] = ``x @ weight.T``.
+GEMMs follow nvte_cublas_gemm (A = weight, B = x, D = [n, m]); by default TE's TN form,
+weight [m, k], x [n, k], D = ``x @ weight.T``. Every method takes ``transa`` / ``transb``
+with nvte_cublas_gemm's meaning: weight is [m, k] when transa (default) else [k, m]; x is
+[n, k] unless transb, then [k, n]. Layouts TN, NN (``transa=False``: ``x @ weight``, e.g.
+dgrad) and NT (``transa=False, transb=True``: ``x.T @ weight``, e.g. wgrad ``dY.T @ X`` with
+weight = X, x = dY); TT is refused, FP8 inputs take TN only. Tensor handles are cached by
+description (``_context.handle_cache``), so a call on tensors seen before creates none.
 Creation is collective over the group. :meth:`CommOverlap.get_buffer` returns a torch
 view of the registered buffer (valid until :meth:`CommOverlap.close`).
 """
@@ -35,12 +41,15 @@ from .. import _capi
 from . import _context
 from ._context import (
     FP8_DTYPES,
+    handle_cache,
     nvte_dtype,
     nvte_tensor,
     process_group_nccl_comm,
     register_exit_hook,
     resolve_group,
 )
+
+from .ops import _check_trans, _dims, _raw_stream  # noqa: E402  (the layout rules the ops use)
 
 __all__ = ["CommOverlap", "CommOverlapType", "destroy_userbuffers"]
 
@@ -345,7 +354,7 @@ class CommOverlap:
             raise RuntimeError("CommOverlap: the object is closed")
 
     def _stream(self) -> int:
-        return torch.cuda.current_stream(self.device).cuda_stream
+        return _raw_stream(self.device.index)
 
     def is_fp8_ubuf(self) -> bool:
         return self.dtype in FP8_DTYPES
@@ -382,9 +391,18 @@ class CommOverlap:
 
     # ------------------------------------------------------------------ argument plumbing
 
-    def _gemm_inputs(self, what: str, weight, x, x_scale_inv, w_scale_inv, use_split_accumulator):
+    def _gemm_inputs(self, what: str, weight, x, x_scale_inv, w_scale_inv, use_split_accumulator, transa=True,
+                     transb=False):
         _check_cuda("weight", weight, self.device)
         fp8 = weight.dtype in FP8_DTYPES or (x is not None and x.dtype in FP8_DTYPES)
+        _check_trans(f"CommOverlap.{what}", transa, transb, fp8)
+        if x is not None:
+            _, xk, _, wk = _dims(x, weight, transa, transb)
+            if xk != wk:
+                raise ValueError(
+                    f"CommOverlap.{what}: x {tuple(x.shape)} (transb={bool(transb)}) and weight {tuple(weight.shape)} "
+                    f"(transa={bool(transa)}) must agree on k: {xk} vs {wk}"
+                )
         if fp8:
             for name, s in (("x_scale_inv", x_scale_inv), ("w_scale_inv", w_scale_inv)):
                 if s is None:
@@ -396,7 +414,12 @@ class CommOverlap:
         if t is None:
             return _capi.NULL_TENSOR
         _check_cuda(what, t, self.device, ndim=ndim)
-        return es.enter_context(nvte_tensor(t))
+        return handle_cache.get(t)
+
+    def _buffer_handle(self, es, scale=None, scale_inv=None):
+        if scale is None:
+            return handle_cache.get(self._buffer, scale_inv)
+        return es.enter_context(self._buffer_tensor(scale=scale, scale_inv=scale_inv))
 
     # ------------------------------------------------------------------ algorithms
 
@@ -413,6 +436,8 @@ class CommOverlap:
         w_scale_inv: Optional[torch.Tensor] = None,
         accumulate: bool = False,
         use_split_accumulator: Optional[bool] = None,
+        transa: bool = True,
+        transb: bool = False,
     ) -> torch.Tensor:
         """``out [n, m] = AG(x) @ weight.T (+ bias)`` by ring exchange through the buffer.
 
@@ -420,13 +445,23 @@ class CommOverlap:
         the local chunk was filled with :meth:`copy_into_buffer` (then n, k = rows, cols).
         pre_gelu_out [n, m]: GELU epilogue (out = gelu(pre)); x_copy [n, k]: receives the
         gathered x. FP8 buffer: x_scale_inv / w_scale_inv (float32 one-element tensors).
+        transa=False: weight [k, m] (NN); transb=True (NT): x_local is this rank's [k, n / tp]
+        shard, gathered along its columns (x_local required; no x_copy).
         """
         self._check_open()
         _check_cuda("weight", weight, self.device)
         _check_cuda("out", out, self.device)
+        if transb and x_local is None:
+            raise ValueError(
+                "CommOverlap.split_overlap_ag: transb=True needs x_local (this rank's [k, n / tp] shard): "
+                "the pre-filled buffer holds x as [n, k] rows"
+            )
+        if transb and x_copy is not None:
+            raise ValueError("CommOverlap.split_overlap_ag: x_copy (the gathered x as [n, k]) needs transb=False")
         if x_local is None:
             n, k = self.shape
-            if out.shape[0] != n or weight.shape[1] != k:
+            wk = weight.shape[1] if transa else weight.shape[0]
+            if out.shape[0] != n or wk != k:
                 raise ValueError(
                     f"CommOverlap.split_overlap_ag: with x_local=None the gathered x is the whole buffer "
                     f"{self.shape}: out must have {n} rows and weight {k} columns, got out {tuple(out.shape)}, "
@@ -436,42 +471,45 @@ class CommOverlap:
             _check_cuda("x_local", x_local, self.device)
             if x_local.dtype != self.dtype:
                 raise TypeError(f"CommOverlap.split_overlap_ag: x_local dtype {x_local.dtype} differs from the buffer's {self.dtype}")
-        fp8, usa = self._gemm_inputs("split_overlap_ag", weight, x_local, x_scale_inv, w_scale_inv, use_split_accumulator)
+        fp8, usa = self._gemm_inputs("split_overlap_ag", weight, x_local, x_scale_inv, w_scale_inv, use_split_accumulator,
+                                     transa, transb)
         with contextlib.ExitStack() as es:
-            a = es.enter_context(nvte_tensor(weight, scale_inv=w_scale_inv if fp8 else None))
+            a = handle_cache.get(weight, w_scale_inv if fp8 else None)
             if x_local is None:
-                b = es.enter_context(self._buffer_tensor(scale_inv=x_scale_inv if fp8 else None))
+                b = self._buffer_handle(es, scale_inv=x_scale_inv if fp8 else None)
             else:
-                b = es.enter_context(nvte_tensor(x_local, scale_inv=x_scale_inv if fp8 else None))
-            d = es.enter_context(nvte_tensor(out))
+                b = handle_cache.get(x_local, x_scale_inv if fp8 else None)
+            d = handle_cache.get(out)
             bt = self._opt(es, bias, "bias", ndim=None)
             pt = self._opt(es, pre_gelu_out, "pre_gelu_out")
             ct = self._opt(es, x_copy, "x_copy")
-            ws = es.enter_context(nvte_tensor(self._workspace))
-            self._ov.split_ag(a, True, b, False, d, bt, pt, False, ws, bool(accumulate), usa, ct, self._stream())
+            ws = handle_cache.get(self._workspace)
+            self._ov.split_ag(a, bool(transa), b, bool(transb), d, bt, pt, False, ws, bool(accumulate), usa, ct,
+                              self._stream())
         return out
 
     def _split_rs(self, p2p, weight, x, out, bias, x_scale_inv, w_scale_inv, buffer_scale, buffer_scale_inv,
-                  accumulate, use_split_accumulator):
+                  accumulate, use_split_accumulator, transa=True, transb=False):
         what = "split_overlap_rs_p2p" if p2p else "split_overlap_rs"
         self._check_open()
         _check_cuda("x", x, self.device)
         _check_cuda("out", out, self.device)
-        fp8, usa = self._gemm_inputs(what, weight, x, x_scale_inv, w_scale_inv, use_split_accumulator)
+        fp8, usa = self._gemm_inputs(what, weight, x, x_scale_inv, w_scale_inv, use_split_accumulator, transa, transb)
         if self.is_fp8_ubuf() and (buffer_scale is None or buffer_scale_inv is None):
             raise ValueError(
                 f"CommOverlap.{what}: an FP8 buffer holds the partial products quantized: pass "
                 "buffer_scale and buffer_scale_inv (float32 one-element tensors, scale_inv = 1/scale)"
             )
         with contextlib.ExitStack() as es:
-            a = es.enter_context(nvte_tensor(weight, scale_inv=w_scale_inv if fp8 else None))
-            b = es.enter_context(nvte_tensor(x, scale_inv=x_scale_inv if fp8 else None))
-            d = es.enter_context(self._buffer_tensor(scale=buffer_scale, scale_inv=buffer_scale_inv))
+            a = handle_cache.get(weight, w_scale_inv if fp8 else None)
+            b = handle_cache.get(x, x_scale_inv if fp8 else None)
+            d = self._buffer_handle(es, scale=buffer_scale, scale_inv=buffer_scale_inv)
             bt = self._opt(es, bias, "bias", ndim=None)
-            o = es.enter_context(nvte_tensor(out))
-            ws = es.enter_context(nvte_tensor(self._workspace))
+            o = handle_cache.get(out)
+            ws = handle_cache.get(self._workspace)
             fn = self._ov.split_rs_p2p if p2p else self._ov.split_rs
-            fn(a, True, b, False, d, bt, _capi.NULL_TENSOR, False, ws, bool(accumulate), usa, o, self._stream())
+            fn(a, bool(transa), b, bool(transb), d, bt, _capi.NULL_TENSOR, False, ws, bool(accumulate), usa, o,
+               self._stream())
         return out
 
     def split_overlap_rs(
@@ -487,13 +525,16 @@ class CommOverlap:
         buffer_scale_inv: Optional[torch.Tensor] = None,
         accumulate: bool = False,
         use_split_accumulator: Optional[bool] = None,
+        transa: bool = True,
+        transb: bool = False,
     ) -> torch.Tensor:
         """``out [n / tp, m] = this rank's rows of sum_ranks(x @ weight.T) (+ bias on every
         rank's partial, TE's convention)``, pipelined: GEMM column chunks into the buffer
         ([n, m]), each reduce-scattered while the next computes. x [n, k_local], weight
-        [m, k_local]. FP8 buffer: buffer_scale / buffer_scale_inv (partials quantized)."""
+        [m, k_local]. FP8 buffer: buffer_scale / buffer_scale_inv (partials quantized).
+        transa=False: weight [k_local, m] (NN, e.g. dgrad); transb=True: x [k_local, n] (NT)."""
         return self._split_rs(False, weight, x, out, bias, x_scale_inv, w_scale_inv, buffer_scale,
-                              buffer_scale_inv, accumulate, use_split_accumulator)
+                              buffer_scale_inv, accumulate, use_split_accumulator, transa, transb)
 
     def split_overlap_rs_p2p(
         self,
@@ -508,11 +549,13 @@ class CommOverlap:
         buffer_scale_inv: Optional[torch.Tensor] = None,
         accumulate: bool = False,
         use_split_accumulator: Optional[bool] = None,
+        transa: bool = True,
+        transb: bool = False,
     ) -> torch.Tensor:
         """As :meth:`split_overlap_rs`, by ring exchange: step i computes the rows owned by
         rank (r+i+1) % tp and puts them there while the next step computes."""
         return self._split_rs(True, weight, x, out, bias, x_scale_inv, w_scale_inv, buffer_scale,
-                              buffer_scale_inv, accumulate, use_split_accumulator)
+                              buffer_scale_inv, accumulate, use_split_accumulator, transa, transb)
 
     def bulk_overlap(
         self,
@@ -529,9 +572,15 @@ class CommOverlap:
         buffer_scale_inv: Optional[torch.Tensor] = None,
         accumulate: bool = False,
         use_split_accumulator: Optional[bool] = None,
+        transa: bool = True,
+        transb: bool = False,
     ) -> torch.Tensor:
         """The collective ``comm_type`` on the pre-filled buffer beside the unrelated GEMM
-        ``out = x @ weight.T (+ bias)``.
+        ``out = x @ weight.T (+ bias)``; with transa=False ``x @ weight`` (NN), with
+        transa=False, transb=True ``x.T @ weight`` (NT: the wgrad ``dW = dY.T @ X`` is
+        ``bulk_overlap(kind, X, dY, dW, transa=False, transb=True)``, dW [m, k] from X
+        [tokens, k] and dY [tokens, m]). ``accumulate=True`` adds to ``out`` (gradient
+        accumulation).
 
         AG ("ag"): every rank's chunk (filled with copy_into_buffer(..., local_chunk=True))
         is gathered into every rank's buffer (read it with get_buffer()). RS ("rs"): the
@@ -547,7 +596,8 @@ class CommOverlap:
             ct = CommOverlapType(int(comm_type))
         _check_cuda("x", x, self.device)
         _check_cuda("out", out, self.device)
-        fp8, usa = self._gemm_inputs("bulk_overlap", weight, x, x_scale_inv, w_scale_inv, use_split_accumulator)
+        fp8, usa = self._gemm_inputs("bulk_overlap", weight, x, x_scale_inv, w_scale_inv, use_split_accumulator, transa,
+                                     transb)
         if ct == CommOverlapType.RS:
             if rs_output is None:
                 raise ValueError("CommOverlap.bulk_overlap: a reduce-scatter needs rs_output [rows / tp, cols]")
@@ -556,16 +606,16 @@ class CommOverlap:
         elif rs_output is not None:
             raise ValueError("CommOverlap.bulk_overlap: rs_output is for comm_type RS only")
         with contextlib.ExitStack() as es:
-            a = es.enter_context(nvte_tensor(weight, scale_inv=w_scale_inv if fp8 else None))
-            b = es.enter_context(nvte_tensor(x, scale_inv=x_scale_inv if fp8 else None))
-            d = es.enter_context(nvte_tensor(out))
+            a = handle_cache.get(weight, w_scale_inv if fp8 else None)
+            b = handle_cache.get(x, x_scale_inv if fp8 else None)
+            d = handle_cache.get(out)
             bt = self._opt(es, bias, "bias", ndim=None)
             pt = self._opt(es, pre_gelu_out, "pre_gelu_out")
-            ws = es.enter_context(nvte_tensor(self._workspace))
-            buf = es.enter_context(self._buffer_tensor(scale_inv=buffer_scale_inv))
+            ws = handle_cache.get(self._workspace)
+            buf = self._buffer_handle(es, scale_inv=buffer_scale_inv)
             ro = self._opt(es, rs_output, "rs_output")
-            self._ov.bulk(int(ct), a, True, b, False, d, bt, pt, False, ws, bool(accumulate), usa, buf, ro,
-                          self._stream())
+            self._ov.bulk(int(ct), a, bool(transa), b, bool(transb), d, bt, pt, False, ws, bool(accumulate), usa, buf,
+                          ro, self._stream())
         return out
 
     # ------------------------------------------------------------------ lifetime
