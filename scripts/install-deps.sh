@@ -14,8 +14,17 @@ command -v g++ >/dev/null || need_apt+=(g++)
 command -v pkg-config >/dev/null || need_apt+=(pkg-config)
 if [ ${#need_apt[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
-  $SUDO apt-get update -qq >&2
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >&2
+  # apt (seen once: "dpkg-deb: error: failed to read archive") can fail on a broken
+  # download; one retry after cleaning the package cache, saying what failed.
+  apt_install() {
+    $SUDO apt-get update -qq >&2 &&
+      DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >&2
+  }
+  if ! apt_install; then
+    echo "install-deps: apt-get install ${need_apt[*]} failed; cleaning the package cache and retrying once" >&2
+    $SUDO apt-get clean >&2 || true
+    apt_install || { echo "install-deps: apt-get install ${need_apt[*]} failed twice" >&2; exit 1; }
+  fi
 fi
 
 # CUDA 13.0 / NCCL 2.28 wheels. cuda_runtime.h needs crt/host_config.h (nvidia-cuda-crt);

@@ -117,6 +117,9 @@ need = {"transformer_engine_comm/libtransformer_engine_comm.so", "transformer_en
         "transformer_engine_comm/_capi.py"}
 assert need <= names, f"{wheels[0]} lacks {sorted(need - names)}"
 assert "-py3-none-" in wheels[0], wheels[0]
+# Package indexes accept manylinux tags, not linux_*: the build hook derives the tag from
+# the library's own ELF needs (python/hatch_build.py: manylinux_platform).
+assert "-py3-none-manylinux_" in wheels[0], wheels[0]
 print("wheel:", wheels[0].rsplit("/", 1)[1], f"({len(names)} files)")
 PY
 "$py" -m pip install -q --disable-pip-version-check --no-deps --no-index --target "$whl/site" "$whl"/dist/*.whl >&2

@@ -1,0 +1,110 @@
+"""Host tests of transformer_engine_comm.torch.fp8's reference arithmetic (the CPU path,
+and the reference the library's kernels are checked against on the GPU): TE's delayed
+scaling update, scale from amax, the saturating cast and its transposed copy."""
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from transformer_engine_comm.torch import fp8  # noqa: E402
+
+
+def _te_update(hist, scale, fmax, margin, algo):
+    """TE's amax_and_scale_update, written out per element in plain Python."""
+    L = len(hist)
+    amax = max(hist) if algo == "max" else hist[0]
+    if math.isfinite(amax) and amax > 0:
+        s = (fmax / amax) / (2.0 ** margin)
+        s = min(s, 3.4028234663852886e38) if math.isfinite(s) else 3.4028234663852886e38
+    else:
+        s = scale
+    rolled = [hist[(i + 1) % L] for i in range(L)]
+    rolled[0] = 0.0
+    return rolled, s
+
+
+@pytest.mark.parametrize("algo", ["max", "most_recent"])
+@pytest.mark.parametrize("margin", [0, 1, 3])
+@pytest.mark.parametrize("dtype", [fp8.E4M3, fp8.E5M2])
+def test_delayed_update_matches_te(algo, margin, dtype):
+    g = torch.Generator().manual_seed(7)
+    hist = (torch.rand(5, generator=g) * 100).tolist()
+    hist[2] = 0.0
+    h = torch.tensor(hist, dtype=torch.float32)
+    s = torch.tensor([0.5], dtype=torch.float32)
+    fp8.delayed_scaling_update(h, s, dtype, margin=margin, amax_compute_algo=algo)
+    want_h, want_s = _te_update([float(v) for v in torch.tensor(hist, dtype=torch.float32)], 0.5,
+                                fp8.FP8_MAX[dtype], margin, algo)
+    assert h.tolist() == pytest.approx(want_h, rel=0, abs=0)
+    assert s.item() == pytest.approx(want_s, rel=1e-7)
+
+
+def test_delayed_update_keeps_scale_on_zero_or_nonfinite_amax():
+    for bad in (0.0, float("inf"), float("nan")):
+        h = torch.tensor([bad], dtype=torch.float32)
+        s = torch.tensor([3.0])
+        fp8.delayed_scaling_update(h, s, fp8.E4M3, amax_compute_algo="most_recent")
+        assert s.item() == 3.0
+        assert h.tolist() == [0.0]
+
+
+def test_delayed_update_2d_history():
+    h = torch.tensor([[1.0, 2.0], [4.0, 0.5], [0.0, 8.0]])
+    s = torch.ones(2)
+    fp8.delayed_scaling_update(h, s, fp8.E4M3)
+    assert s.tolist() == pytest.approx([448.0 / 4.0, 448.0 / 8.0])
+    assert h.tolist() == [[0.0, 0.0], [0.0, 8.0], [1.0, 2.0]]
+
+
+def test_scale_from_amax_rules():
+    f = fp8.compute_scale_from_amax
+    assert f(torch.tensor([2.0]), fp8.E4M3).item() == 224.0
+    assert f(torch.tensor([0.0]), fp8.E4M3).item() == 1.0
+    assert f(torch.tensor([1e-45]), fp8.E4M3).item() == torch.finfo(torch.float32).max
+    assert f(torch.tensor([0.0]), fp8.E4M3, epsilon=2.0).item() == 224.0
+    assert f(torch.tensor([3.0]), fp8.E4M3, force_pow_2_scales=True).item() == 128.0
+
+
+def test_quantize_saturates_and_transposes():
+    x = torch.tensor([[1000.0, -1000.0, 1.0], [float("nan"), 0.0, -0.0]], dtype=torch.float32)
+    amax = torch.tensor([5.0])
+    si = torch.empty(1)
+    q, qt = fp8.quantize(x, fp8.E4M3, torch.tensor([1.0]), amax=amax, scale_inv=si, columnwise=True)
+    assert q[0, 0].item() == 448.0 and q[0, 1].item() == -448.0
+    assert math.isnan(q[1, 0].float().item())
+    assert qt.shape == (3, 2) and torch.equal(qt.view(torch.uint8), q.t().contiguous().view(torch.uint8))
+    assert si.item() == 1.0
+    # amax is a running maximum; NaN elements are ignored (fmaxf, as TE's amax kernels).
+    q2, _ = fp8.quantize(x[:1], fp8.E4M3, torch.tensor([2.0]), amax=amax)
+    assert amax.item() == 1000.0
+
+
+def test_meta_delayed_first_cast_scale_one_then_history():
+    m = fp8.Fp8Meta(fp8.DelayedScaling(amax_history_len=3), fp8.E4M3, "cpu")
+    x = torch.full((4, 4), 7.0)
+    t = m.cast(x)
+    assert t.scale_inv.item() == 1.0
+    assert m.scale.item() == pytest.approx(448.0 / 7.0)
+    assert m.amax_history.tolist() == [0.0, 0.0, 7.0]
+    t2 = m.cast(x * 2)
+    assert t2.scale_inv.item() == pytest.approx(7.0 / 448.0)
+    assert t.scale_inv.item() == 1.0  # each cast keeps its own scale_inv
+    assert m.scale.item() == pytest.approx(448.0 / 14.0)
+
+
+def test_meta_current_scaling():
+    m = fp8.Fp8Meta(fp8.Float8CurrentScaling(), fp8.E5M2, "cpu")
+    x = torch.tensor([[1.0, -3.0], [2.0, 0.5]])
+    t = m.cast(x, rowwise=False, columnwise=True)
+    assert t.data is None and t.data_t.shape == (2, 2)
+    assert t.scale_inv.item() == pytest.approx(3.0 / 57344.0)
+
+
+def test_recipe_validation():
+    with pytest.raises(ValueError):
+        fp8.DelayedScaling(amax_compute_algo="mean")
+    with pytest.raises(ValueError):
+        fp8.DelayedScaling(amax_history_len=0)
+    with pytest.raises(ValueError):
+        fp8.recipe_from_name("blockwise")
+    assert isinstance(fp8.recipe_from_name("current"), fp8.Float8CurrentScaling)

@@ -1,0 +1,421 @@
+"""FP8 with per-tensor scaling for torch: Transformer Engine's recipes and the quantization
+primitives they run on.
+
+Recipes (TE's names and defaults, ``transformer_engine.common.recipe``):
+
+- :class:`DelayedScaling` -- the scale of step t comes from an amax history of the steps
+  before it: ``scale = (fp8_max / amax) / 2**margin`` with amax the maximum
+  (``amax_compute_algo="max"``) or the newest entry (``"most_recent"``) of the history.
+  One pass over the data per cast: the cast writes the tensor's amax into the history.
+- :class:`Float8CurrentScaling` -- the scale comes from the tensor itself: an amax pass,
+  a one-thread scale kernel, then the cast (two passes over the data).
+
+``fp8_format``: :attr:`Format.HYBRID` (TE's default: e4m3 for forward tensors -- inputs
+and weights --, e5m2 for gradients), :attr:`Format.E4M3` (e4m3 everywhere).
+
+Primitives (functional, on torch tensors; CUDA tensors run the library's kernels
+``nvte_quantize`` (rowwise and transposed columnwise output from one kernel),
+``nvte_compute_amax``, ``nvte_compute_scale_from_amax``,
+``nvte_delayed_scaling_recipe_amax_and_scale_update``, ``nvte_transpose``,
+``nvte_dequantize`` on torch's current stream; other tensors, and
+``reference=True``, run the same arithmetic as plain torch ops -- the reference the
+library's kernels are tested against bit for bit):
+
+- :func:`quantize` ``q = fp8(clamp(x * scale, -fp8_max, fp8_max))`` (saturating; NaN stays
+  NaN), optionally its transpose in the same pass, the amax folded into a given amax
+  tensor (a running maximum: not reset) and ``scale_inv = 1 / scale`` written;
+- :func:`compute_amax`, :func:`compute_scale_from_amax`, :func:`delayed_scaling_update`,
+  :func:`transpose`, :func:`dequantize`.
+
+State: :class:`Fp8Meta` keeps one tensor role's scaling state (amax history, scale) on the
+device and casts with its recipe; :class:`Fp8Tensor` is a cast result (rowwise data,
+optional columnwise = transposed data, and its own ``scale_inv``). Nothing here reads a
+value back to the host, so every cast can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import NamedTuple, Optional, Tuple, Union
+
+import torch
+import torch.distributed as dist
+
+__all__ = [
+    "DelayedScaling",
+    "Float8CurrentScaling",
+    "Format",
+    "Fp8Meta",
+    "Fp8Tensor",
+    "FP8_MAX",
+    "compute_amax",
+    "compute_scale_from_amax",
+    "delayed_scaling_update",
+    "dequantize",
+    "quantize",
+    "transpose",
+]
+
+E4M3 = torch.float8_e4m3fn
+E5M2 = torch.float8_e5m2
+FP8_MAX = {E4M3: 448.0, E5M2: 57344.0}
+_FLOAT_MAX = torch.finfo(torch.float32).max
+_AMAX_ALGOS = ("max", "most_recent")
+
+
+class Format(enum.Enum):
+    """FP8 formats of a recipe: (forward dtype, backward dtype), TE's ``recipe.Format``."""
+
+    E4M3 = (E4M3, E4M3)
+    HYBRID = (E4M3, E5M2)
+
+    @property
+    def fwd(self) -> torch.dtype:
+        return self.value[0]
+
+    @property
+    def bwd(self) -> torch.dtype:
+        return self.value[1]
+
+
+@dataclass(frozen=True)
+class DelayedScaling:
+    """TE's delayed scaling recipe (per-tensor scales from an amax history).
+
+    ``reduce_amax``: amaxes are max-reduced over the module's tensor-parallel group before
+    each update (TE reduces over its amax group), so every rank computes the same scales;
+    a tensor that is all-gathered before its GEMM needs this (one scale for all shards).
+    """
+
+    margin: int = 0
+    fp8_format: Format = Format.HYBRID
+    amax_history_len: int = 1024
+    amax_compute_algo: str = "max"
+    reduce_amax: bool = True
+
+    def __post_init__(self):
+        if self.amax_history_len < 1:
+            raise ValueError(f"DelayedScaling: amax_history_len must be >= 1, got {self.amax_history_len}")
+        if self.amax_compute_algo not in _AMAX_ALGOS:
+            raise ValueError(
+                f"DelayedScaling: amax_compute_algo must be one of {_AMAX_ALGOS}, got {self.amax_compute_algo!r}"
+            )
+        if not isinstance(self.fp8_format, Format):
+            raise ValueError(f"DelayedScaling: fp8_format must be a Format, got {self.fp8_format!r}")
+
+
+@dataclass(frozen=True)
+class Float8CurrentScaling:
+    """TE's per-tensor current scaling recipe (the scale from the tensor's own amax)."""
+
+    fp8_format: Format = Format.HYBRID
+    amax_epsilon: float = 0.0
+    force_pow_2_scales: bool = False
+
+    def __post_init__(self):
+        if not isinstance(self.fp8_format, Format):
+            raise ValueError(f"Float8CurrentScaling: fp8_format must be a Format, got {self.fp8_format!r}")
+        if not self.amax_epsilon >= 0.0:
+            raise ValueError(f"Float8CurrentScaling: amax_epsilon must be >= 0, got {self.amax_epsilon}")
+
+
+Recipe = Union[DelayedScaling, Float8CurrentScaling]
+
+
+def recipe_from_name(name: str, **kwargs) -> Recipe:
+    """``"delayed"`` -> :class:`DelayedScaling`, ``"current"`` -> :class:`Float8CurrentScaling`."""
+    if name == "delayed":
+        return DelayedScaling(**kwargs)
+    if name == "current":
+        return Float8CurrentScaling(**kwargs)
+    raise ValueError(f"unknown FP8 recipe {name!r}: expected 'delayed' or 'current'")
+
+
+# ------------------------------------------------------------------------------ checks
+
+
+def _check_fp8_dtype(fp8_dtype) -> float:
+    if fp8_dtype not in FP8_MAX:
+        raise ValueError(f"fp8_dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got {fp8_dtype}")
+    return FP8_MAX[fp8_dtype]
+
+
+def _check_scalar(t, what: str, like: torch.Tensor) -> None:
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or t.numel() != 1:
+        raise ValueError(f"{what} must be a one-element float32 tensor, got "
+                         f"{getattr(t, 'dtype', type(t))} with {getattr(t, 'numel', lambda: '?')()} elements")
+    if t.device != like.device:
+        raise ValueError(f"{what} is on {t.device} but the data is on {like.device}")
+
+
+def _as_2d_shape(x: torch.Tensor) -> Tuple[int, int]:
+    if x.dim() == 0:
+        return 1, 1
+    cols = x.shape[-1]
+    return (x.numel() // cols if cols else 0), cols
+
+
+# ---------------------------------------------------------------- library dispatch point
+#
+# CUDA tensors go to the library's kernels through `_library()` (the ctypes binding of
+# nvte_quantize & co.); a None backend (a library without these functions) or
+# reference=True runs the torch arithmetic below, which is also the bit-exact reference.
+
+
+def _library():
+    """The library backend for CUDA tensors, or None. Set by the binding of the
+    quantization kernels (``transformer_engine_comm.torch._fp8_lib``)."""
+    return _BACKEND
+
+
+_BACKEND = None
+
+
+def _use_library(x: torch.Tensor, reference: bool) -> bool:
+    return not reference and x.is_cuda and _library() is not None
+
+
+# ------------------------------------------------------------------------- primitives
+
+
+def _abs_max(x: torch.Tensor) -> torch.Tensor:
+    # max|x| as the kernels compute it (fmaxf): NaN elements are ignored, inf counts.
+    return x.abs().float().nan_to_num(nan=0.0, posinf=float("inf")).amax()
+
+
+def quantize(
+    x: torch.Tensor,
+    fp8_dtype: torch.dtype,
+    scale: torch.Tensor,
+    *,
+    amax: Optional[torch.Tensor] = None,
+    scale_inv: Optional[torch.Tensor] = None,
+    rowwise: bool = True,
+    columnwise: bool = False,
+    reference: bool = False,
+) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """Cast ``x`` (float32 / bfloat16 / float16) to ``fp8_dtype`` with ``scale``.
+
+    Returns ``(q, q_t)``: ``q = fp8(clamp(x * scale, -max, max))`` in ``x``'s shape when
+    ``rowwise``, and when ``columnwise`` the transpose of the 2-D view (``x`` flattened to
+    ``[rows, x.shape[-1]]``): ``q_t`` is ``[x.shape[-1], rows]``; the other is None.
+    ``amax`` (one-element float32): ``amax = max(amax, max|x|)`` (a running maximum, as
+    TE's cast; it is not reset). ``scale_inv`` (one-element float32): set to ``1 / scale``.
+    """
+    fmax = _check_fp8_dtype(fp8_dtype)
+    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"quantize: x must be float32, bfloat16 or float16, got {x.dtype}")
+    if not (rowwise or columnwise):
+        raise ValueError("quantize: ask for rowwise and/or columnwise output")
+    _check_scalar(scale, "scale", x)
+    if amax is not None:
+        _check_scalar(amax, "amax", x)
+    if scale_inv is not None:
+        _check_scalar(scale_inv, "scale_inv", x)
+    x = x.contiguous()
+    if _use_library(x, reference):
+        return _library().quantize(x, fp8_dtype, scale, amax, scale_inv, rowwise, columnwise)
+    if amax is not None and x.numel():
+        amax.copy_(torch.maximum(amax.reshape(()), _abs_max(x)).reshape(amax.shape))
+    if scale_inv is not None:
+        scale_inv.copy_(scale.reciprocal())
+    q = (x.float() * scale.reshape(())).clamp_(-fmax, fmax).to(fp8_dtype)
+    q_t = None
+    if columnwise:
+        rows, cols = _as_2d_shape(x)
+        q_t = q.reshape(rows, cols).t().contiguous()
+    return (q if rowwise else None), q_t
+
+
+def compute_amax(x: torch.Tensor, amax: Optional[torch.Tensor] = None, *, reference: bool = False) -> torch.Tensor:
+    """``amax = max|x|`` (overwritten; 0 for an empty tensor), a one-element float32 tensor
+    (allocated when not given). TE's ``nvte_compute_amax``."""
+    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"compute_amax: x must be float32, bfloat16 or float16, got {x.dtype}")
+    if amax is None:
+        amax = torch.empty(1, dtype=torch.float32, device=x.device)
+    _check_scalar(amax, "amax", x)
+    x = x.contiguous()
+    if _use_library(x, reference):
+        return _library().compute_amax(x, amax)
+    if x.numel():
+        amax.copy_(_abs_max(x).reshape(amax.shape))
+    else:
+        amax.zero_()
+    return amax
+
+
+def compute_scale_from_amax(
+    amax: torch.Tensor,
+    fp8_dtype: torch.dtype,
+    scale: Optional[torch.Tensor] = None,
+    *,
+    epsilon: float = 0.0,
+    force_pow_2_scales: bool = False,
+    reference: bool = False,
+) -> torch.Tensor:
+    """TE's ``nvte_compute_scale_from_amax``: ``a = max(amax, epsilon)``;
+    ``scale = fp8_max / a`` (1 when ``a`` is 0, float32's max when the quotient is inf),
+    rounded down to a power of 2 with ``force_pow_2_scales``. Returns ``scale``
+    (one-element float32, allocated when not given)."""
+    fmax = _check_fp8_dtype(fp8_dtype)
+    if scale is None:
+        scale = torch.empty(1, dtype=torch.float32, device=amax.device)
+    _check_scalar(amax, "amax", amax)
+    _check_scalar(scale, "scale", amax)
+    if _use_library(amax, reference):
+        return _library().compute_scale_from_amax(amax, fp8_dtype, scale, float(epsilon), bool(force_pow_2_scales))
+    a = torch.clamp_min(amax.reshape(()), float(epsilon))
+    s = torch.where(a > 0, fmax / a, torch.ones_like(a))
+    s = torch.where(torch.isinf(s), torch.full_like(s, _FLOAT_MAX), s)
+    if force_pow_2_scales:
+        # Round down to a power of 2: keep the exponent bits (scale is positive and finite).
+        s = (s.view(torch.int32) & 0x7F800000).view(torch.float32)
+    scale.copy_(s.reshape(scale.shape))
+    return scale
+
+
+def delayed_scaling_update(
+    amax_history: torch.Tensor,
+    scale: torch.Tensor,
+    fp8_dtype: torch.dtype,
+    *,
+    margin: float = 0.0,
+    amax_compute_algo: str = "max",
+    reference: bool = False,
+) -> None:
+    """TE's ``nvte_delayed_scaling_recipe_amax_and_scale_update``, in place.
+
+    ``amax_history``: ``[history_len]`` or ``[history_len, num_scales]`` float32, entry 0 the
+    newest; ``scale``: ``[num_scales]`` float32 (``[1]`` for a 1-D history). Per scale:
+    ``amax`` = max over the history (``"max"``) or entry 0 (``"most_recent"``); the new
+    scale is ``(fp8_max / amax) / 2**margin`` when amax is finite and > 0 (float32's max
+    if that overflows), else the old scale is kept; the history is rolled by -1 (entry 0
+    moves to the end, entry i to i-1) and entry 0 is zeroed, ready for the next cast.
+    """
+    fmax = _check_fp8_dtype(fp8_dtype)
+    if amax_compute_algo not in _AMAX_ALGOS:
+        raise ValueError(f"amax_compute_algo must be one of {_AMAX_ALGOS}, got {amax_compute_algo!r}")
+    if amax_history.dtype != torch.float32 or amax_history.dim() not in (1, 2) or amax_history.shape[0] < 1:
+        raise ValueError(
+            f"amax_history must be float32 [history_len] or [history_len, num_scales], got "
+            f"{amax_history.dtype} {tuple(amax_history.shape)}"
+        )
+    num = 1 if amax_history.dim() == 1 else amax_history.shape[1]
+    if scale.dtype != torch.float32 or scale.numel() != num or scale.device != amax_history.device:
+        raise ValueError(
+            f"scale must be float32 with {num} elements on {amax_history.device}, got "
+            f"{scale.dtype} {tuple(scale.shape)} on {scale.device}"
+        )
+    if not amax_history.is_contiguous() or not scale.is_contiguous():
+        raise ValueError("amax_history and scale must be contiguous")
+    if _use_library(amax_history, reference):
+        _library().delayed_scaling_update(amax_history, scale, fp8_dtype, float(margin), amax_compute_algo)
+        return
+    h = amax_history.reshape(amax_history.shape[0], num)
+    amax = h.amax(0) if amax_compute_algo == "max" else h[0]
+    scaled_max = torch.tensor(fmax, dtype=torch.float32, device=h.device) * torch.pow(
+        torch.tensor(2.0, dtype=torch.float32, device=h.device), -float(margin)
+    )
+    new = scaled_max / amax
+    new = torch.where(torch.isinf(new), torch.full_like(new, _FLOAT_MAX), new)
+    ok = torch.isfinite(amax) & (amax > 0)
+    s = scale.view(num)
+    s.copy_(torch.where(ok, new, s))
+    rolled = torch.roll(h, -1, 0)
+    rolled[0].zero_()
+    h.copy_(rolled)
+
+
+def transpose(x: torch.Tensor, *, reference: bool = False) -> torch.Tensor:
+    """The transpose of the 2-D view of ``x`` (``[rows, x.shape[-1]]`` -> ``[x.shape[-1], rows]``),
+    contiguous; FP8 and 16-bit tensors on CUDA run the library's ``nvte_transpose``."""
+    rows, cols = _as_2d_shape(x)
+    x = x.contiguous()
+    if _use_library(x, reference) and x.element_size() in (1, 2):
+        return _library().transpose(x.reshape(rows, cols))
+    return x.reshape(rows, cols).t().contiguous()
+
+
+def dequantize(q: torch.Tensor, scale_inv: torch.Tensor, dtype: torch.dtype = torch.bfloat16, *,
+               reference: bool = False) -> torch.Tensor:
+    """``dtype(q * scale_inv)`` for an FP8 tensor ``q``."""
+    _check_fp8_dtype(q.dtype)
+    _check_scalar(scale_inv, "scale_inv", q)
+    if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"dequantize: dtype must be float32, bfloat16 or float16, got {dtype}")
+    q = q.contiguous()
+    if _use_library(q, reference):
+        return _library().dequantize(q, scale_inv, dtype)
+    return (q.float() * scale_inv.reshape(())).to(dtype)
+
+
+# ------------------------------------------------------------------------- state
+
+
+class Fp8Tensor(NamedTuple):
+    """A cast result: ``data`` (rowwise, ``x``'s shape) and/or ``data_t`` (the transposed
+    2-D view), their common ``scale_inv`` (one-element float32, this cast's own: later
+    casts with the same :class:`Fp8Meta` do not change it) and the FP8 dtype."""
+
+    data: Optional[torch.Tensor]
+    data_t: Optional[torch.Tensor]
+    scale_inv: torch.Tensor
+    dtype: torch.dtype
+
+
+class Fp8Meta:
+    """Scaling state of one FP8 tensor role (e.g. "fc1's input") under a recipe.
+
+    :meth:`cast` quantizes a tensor and advances the state:
+
+    - delayed scaling: casts with the current scale, writing the tensor's amax into entry 0
+      of the history; then (``reduce_amax`` and a group of more than one rank) max-reduces
+      that entry over ``group``, and runs :func:`delayed_scaling_update` (new scale for the
+      next cast, history rolled). The first cast uses scale 1.
+    - current scaling: amax of the tensor (max-reduced over ``group`` when given, so that
+      shards gathered afterwards share one scale), the scale from it, then the cast.
+
+    ``group`` is the process group whose ranks must agree on the scale (None: no reduction).
+    """
+
+    def __init__(self, recipe: Recipe, fp8_dtype: torch.dtype, device, group=None):
+        self.recipe = recipe
+        self.fp8_dtype = fp8_dtype
+        _check_fp8_dtype(fp8_dtype)
+        self.group = group
+        self.device = torch.device(device)
+        self.scale = torch.ones(1, dtype=torch.float32, device=self.device)
+        if isinstance(recipe, DelayedScaling):
+            self.amax_history = torch.zeros(recipe.amax_history_len, dtype=torch.float32, device=self.device)
+        elif isinstance(recipe, Float8CurrentScaling):
+            self.amax_history = None
+            self._amax = torch.zeros(1, dtype=torch.float32, device=self.device)
+        else:
+            raise ValueError(f"unknown FP8 recipe {recipe!r}")
+
+    def _reduce(self, amax: torch.Tensor) -> None:
+        g = self.group
+        if g is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size(g) > 1:
+            dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=g)
+
+    def cast(self, x: torch.Tensor, *, rowwise: bool = True, columnwise: bool = False) -> Fp8Tensor:
+        scale_inv = torch.empty(1, dtype=torch.float32, device=x.device)
+        r = self.recipe
+        if isinstance(r, DelayedScaling):
+            amax = self.amax_history[0:1]
+            q, q_t = quantize(x, self.fp8_dtype, self.scale, amax=amax, scale_inv=scale_inv,
+                              rowwise=rowwise, columnwise=columnwise)
+            if r.reduce_amax:
+                self._reduce(amax)
+            delayed_scaling_update(self.amax_history, self.scale, self.fp8_dtype, margin=float(r.margin),
+                                   amax_compute_algo=r.amax_compute_algo)
+        else:
+            amax = compute_amax(x, self._amax)
+            self._reduce(amax)
+            compute_scale_from_amax(amax, self.fp8_dtype, self.scale, epsilon=r.amax_epsilon,
+                                    force_pow_2_scales=r.force_pow_2_scales)
+            q, q_t = quantize(x, self.fp8_dtype, self.scale, scale_inv=scale_inv,
+                              rowwise=rowwise, columnwise=columnwise)
+        return Fp8Tensor(q, q_t, scale_inv, self.fp8_dtype)
