@@ -126,6 +126,7 @@ if [[ $stages == *" torch "* ]] && [ "$has_torch" = 1 ]; then
   TE_COMM_TEST_TIMEOUT=1200 run torch-test "2,4" "$root/scripts/torch-test.sh"
   run torch_extension "2,4" "$root/scripts/torch-ext-test.sh"
   TE_COMM_TEST_TIMEOUT=900 run example-test "2,4" "$root/scripts/example-test.sh"
+  run quantize-test 1 python3 -m pytest -q -rs -p no:cacheprovider "$root/python/tests/test_quantize.py"
 fi
 
 if [[ $stages == *" jax "* ]] && [ "$has_jax" = 1 ]; then
@@ -154,6 +155,7 @@ if [[ $stages == *" bench "* ]]; then
     run plot 1 python3 "$root/bench/plot.py" $tables --out "$out/plot.png"
   # The performance bar per benchmark, tp, dtype and op (geomean and worst ours/bound).
   [ -n "$tables" ] && run acceptance 1 python3 "$root/bench/acceptance.py" $tables --out "$out/acceptance.md"
+  [ "$has_torch" = 1 ] && run quantize_bench 1 python3 "$root/bench/quantize_bench.py" --out "$out/quantize_bench.md"
   [ "$has_torch" = 1 ] && run gemm_vs_torch 1 python3 "$root/bench/gemm_vs_torch.py" --lib "$lib" --out "$out/gemm_vs_torch.md"
 fi
 
@@ -164,6 +166,7 @@ fi
 } >"$summary"
 [ -f "$out/bench_gemm.md" ] && { echo; echo "GEMM benchmark:"; cat "$out/bench_gemm.md"; }
 [ -f "$out/gemm_vs_torch.md" ] && { echo; echo "nvte_cublas_gemm vs torch:"; cat "$out/gemm_vs_torch.md"; }
+[ -f "$out/quantize_bench.md" ] && { echo; echo "quantization kernels (bench/quantize_bench.py):"; cat "$out/quantize_bench.md"; }
 for f in "$out"/bench_overlap_tp*.md "$out"/bench_comm_gemm_tp*.md "$out"/torch_ops_tp*.md "$out"/jax_ops.md; do [ -f "$f" ] && { echo; echo "benchmark ($(basename "$f" .md)):"; cat "$f"; }; done
 [ -f "$out/example/summary.md" ] && { echo; echo "layer_with_overlap.py (seed 002):"; cat "$out/example/summary.md"; }
 [ -f "$out/acceptance.md" ] && { echo; echo "performance bar (bench/acceptance.py):"; cat "$out/acceptance.md"; }

@@ -129,13 +129,6 @@ fn is_float_input(d: DType) -> bool {
 pub fn quantize(input: &Tensor, output: &Tensor, cfg: &QuantConfig, stream: usize) -> Result<()> {
     let i = &input.data;
     let (o, cw) = (&output.data, &output.columnwise_data);
-    if !is_float_input(i.dtype) {
-        unsupported!(
-            "tensor `input` dtype {} is not supported: expected kNVTEFloat32, kNVTEBFloat16 or kNVTEFloat16",
-            i.dtype.name()
-        );
-    }
-    need_data(i, "input")?;
     // Rowwise is wanted unless only the columnwise data is set.
     let has_row = !o.ptr.is_null() || cw.ptr.is_null();
     let has_col = !cw.ptr.is_null();
@@ -153,6 +146,13 @@ pub fn quantize(input: &Tensor, output: &Tensor, cfg: &QuantConfig, stream: usiz
             o.shape
         );
     }
+    if !is_float_input(i.dtype) {
+        unsupported!(
+            "tensor `input` dtype {} is not supported: expected kNVTEFloat32, kNVTEBFloat16 or kNVTEFloat16",
+            i.dtype.name()
+        );
+    }
+    need_data(i, "input")?;
     let out_dtype = if has_row { o.dtype } else { cw.dtype };
     if !out_dtype.is_fp8() {
         if has_col {
