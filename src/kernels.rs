@@ -464,7 +464,7 @@ impl AmaxAlgo {
     }
 }
 
-/// (history_length, num_scales) of an amax history: [len] (one scale) or [len, num_scales].
+/// (history_length, num_scales) of an amax history: `[len]` (one scale) or `[len, num_scales]`.
 pub fn history_dims(h: &Buffer, what: &str) -> Result<(usize, usize)> {
     let s = h.shape.as_slice();
     let d = match s.len() {
@@ -724,4 +724,54 @@ pub fn fill_uniform(t: &Tensor, seed: u64, lo: f32, hi: f32, stream: usize) -> R
     // (held by `guard`); `args` are its five parameters (out, n: 8 bytes; seed: u64; lo, hi:
     // f32). `dst` is the caller's tensor of n elements (TE's contract, NULL checked above).
     unsafe { launch_elementwise(f, sms, b.numel(), &mut args, stream, "fill_uniform") }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tensor::Shape;
+
+    fn buf(dtype: DType, dims: &[usize]) -> Buffer {
+        Buffer::new(DevPtr::new(0x1000), dtype, Shape::new(dims).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn flat_2d_view_is_tes() {
+        assert_eq!(flat_2d(&buf(DType::BF16, &[])), (1, 1));
+        assert_eq!(flat_2d(&buf(DType::BF16, &[7])), (1, 7));
+        assert_eq!(flat_2d(&buf(DType::BF16, &[3, 5])), (3, 5));
+        assert_eq!(flat_2d(&buf(DType::BF16, &[2, 3, 4])), (6, 4));
+    }
+
+    #[test]
+    fn columnwise_shape_is_the_transpose() {
+        assert!(check_columnwise_shape(&buf(DType::E4M3, &[64, 32]), 32, 64).is_ok());
+        assert!(check_columnwise_shape(&buf(DType::E4M3, &[4, 2, 3]), 6, 4).is_ok());
+        assert!(check_columnwise_shape(&buf(DType::E4M3, &[7]), 1, 7).is_ok());
+        let e = check_columnwise_shape(&buf(DType::E4M3, &[32, 64]), 32, 64).unwrap_err();
+        assert!(e.to_string().contains("[64, 32]"), "{e}");
+        assert!(check_columnwise_shape(&buf(DType::E4M3, &[64, 31]), 32, 64).is_err());
+        assert!(check_columnwise_shape(&buf(DType::E4M3, &[0]), 0, 16).is_ok());
+    }
+
+    #[test]
+    fn history_shapes_and_algos() {
+        assert_eq!(history_dims(&buf(DType::F32, &[16]), "h").unwrap(), (16, 1));
+        assert_eq!(
+            history_dims(&buf(DType::F32, &[16, 3]), "h").unwrap(),
+            (16, 3)
+        );
+        assert!(history_dims(&buf(DType::F32, &[2, 3, 4]), "h").is_err());
+        assert!(history_dims(&buf(DType::F32, &[0, 3]), "h").is_err());
+        assert!(history_dims(&buf(DType::BF16, &[16]), "h").is_err());
+        assert_eq!(AmaxAlgo::parse("max").unwrap(), AmaxAlgo::Max);
+        assert_eq!(
+            AmaxAlgo::parse("most_recent").unwrap(),
+            AmaxAlgo::MostRecent
+        );
+        assert!(AmaxAlgo::parse("MAX").is_err());
+        assert_eq!(fp8_max(DType::E4M3), Some(448.0));
+        assert_eq!(fp8_max(DType::E5M2), Some(57344.0));
+        assert_eq!(fp8_max(DType::BF16), None);
+    }
 }
