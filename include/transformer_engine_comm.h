@@ -64,6 +64,24 @@ typedef enum NVTEScalingMode {
   NVTE_INVALID_SCALING = 100,
 } NVTEScalingMode;
 
+/** Options of a quantization config (TE's NVTEQuantizationConfigAttribute). Used here: */
+/** ForcePow2Scales (uint8_t), AmaxEpsilon (float), NoopTensor (NVTETensor); the others */
+/** are stored and read back as TE does but change nothing for per-tensor FP8. */
+typedef enum NVTEQuantizationConfigAttribute {
+  kNVTEQuantizationConfigForcePow2Scales = 0,
+  kNVTEQuantizationConfigAmaxEpsilon = 1,
+  kNVTEQuantizationConfigNoopTensor = 2,
+  kNVTEQuantizationConfigFloat8BlockScaleTensorFormat = 3,
+  kNVTEQuantizationConfigRNGState = 4,
+  kNVTEQuantizationConfigNVFP42DQuantization = 5,
+  kNVTEQuantizationConfigStochasticRounding = 6,
+  kNVTEQuantizationConfigUseFastMath = 7,
+  kNVTEQuantizationConfigNVFP44Over6Mode = 8,
+  kNVTEQuantizationConfigNVFP44Over6ErrUseFastMath = 9,
+  kNVTEQuantizationConfigMXFP82DQuantization = 10,
+  kNVTEQuantizationConfigNumAttributes = 11,
+} NVTEQuantizationConfigAttribute;
+
 /** Status returned by every non-TE function of this library. */
 typedef enum NVTECommStatus {
   NVTE_COMM_SUCCESS = 0,
@@ -198,6 +216,11 @@ typedef struct NVTECommBootstrap {
  * Opaque tensor handle (TE: `typedef void *NVTETensor;`).
  */
 typedef void *NVTETensor;
+
+/**
+ * Opaque quantization config handle (TE: `typedef void *NVTEQuantizationConfig;`).
+ */
+typedef void *NVTEQuantizationConfig;
 
 /**
  * Engine settings. Fill with nvte_comm_overlap_config_default() (TE's defaults plus the
@@ -556,16 +579,107 @@ void nvte_cublas_gemm(NVTETensor A,
 NVTECommStatus nvte_comm_host_counters(uint64_t *heap_allocations, uint64_t *library_calls);
 
 /**
- * Cast `input` into `output`'s dtype (TE semantics for delayed scaling): for an FP8
- * output, output = cast(input * scale), amax updated with max|input| (atomic max: zero
- * it first), scale_inv = 1/scale. Errors are recorded (nvte_comm_last_error).
+ * Create a quantization config with TE's defaults (no pow-2 scales, epsilon 0, no noop
+ * tensor). Destroy it with nvte_destroy_quantization_config.
+ */
+NVTEQuantizationConfig nvte_create_quantization_config(void);
+
+/**
+ * Read attribute `attr` of `config` into `buf` (`size_in_bytes` bytes). `*size_written`
+ * (when not NULL) gets the attribute's size; a NULL `buf` only asks for that size (TE).
+ */
+void nvte_get_quantization_config_attribute(NVTEQuantizationConfig config,
+                                            NVTEQuantizationConfigAttribute attr,
+                                            void *buf,
+                                            size_t size_in_bytes,
+                                            size_t *size_written);
+
+/**
+ * Set attribute `attr` of `config` from `buf` (`size_in_bytes` bytes, at least the
+ * attribute's size: uint8_t for the flags, float for the epsilon, NVTETensor for the
+ * noop tensor). The noop tensor is looked up when the config is used.
+ */
+void nvte_set_quantization_config_attribute(NVTEQuantizationConfig config,
+                                            NVTEQuantizationConfigAttribute attr,
+                                            const void *buf,
+                                            size_t size_in_bytes);
+
+/**
+ * Destroy a quantization config (NULL is a no-op, as in TE).
+ */
+void nvte_destroy_quantization_config(NVTEQuantizationConfig config);
+
+/**
+ * Quantize `input` (float32/bf16/fp16) into `output` with per-tensor scaling (TE
+ * semantics): FP8 rowwise data = cast(input * scale) and / or, when `output` has
+ * kNVTEColumnwiseData, its FP8 transpose ([cols, rows] of the input flattened to 2-D),
+ * both from one pass; amax = max(amax, max|input|) (an atomic max: zero it first);
+ * scale_inv and columnwise scale_inv = 1/scale. A float output is a plain cast.
  */
 void nvte_quantize(NVTETensor input, NVTETensor output, cudaStream_t stream);
+
+/**
+ * nvte_quantize with the noop flag of TE: nothing happens when `noop` holds 1.
+ */
+void nvte_quantize_noop(NVTETensor input, NVTETensor output, NVTETensor noop, cudaStream_t stream);
+
+/**
+ * nvte_quantize with a quantization config (NULL: the defaults); the noop tensor is
+ * honoured, force_pow_2_scales and amax_epsilon concern nvte_compute_scale_from_amax.
+ */
+void nvte_quantize_v2(NVTETensor input,
+                      NVTETensor output,
+                      NVTEQuantizationConfig quant_config,
+                      cudaStream_t stream);
 
 /**
  * output = cast(input * input.scale_inv) from FP8 to float32/bfloat16/float16.
  */
 void nvte_dequantize(NVTETensor input, NVTETensor output, cudaStream_t stream);
+
+/**
+ * output.amax = max|input| (float32/bf16/fp16 input; amax zeroed, then computed).
+ */
+void nvte_compute_amax(NVTETensor input, NVTETensor output, cudaStream_t stream);
+
+/**
+ * nvte_compute_amax with a quantization config (its noop tensor skips the call on the
+ * device).
+ */
+void nvte_compute_amax_with_config(NVTETensor input,
+                                   NVTETensor output,
+                                   NVTEQuantizationConfig config,
+                                   cudaStream_t stream);
+
+/**
+ * output.scale = fp8_max / max(output.amax, amax_epsilon) (TE's current scaling: amax 0,
+ * inf or NaN gives 1, an overflowing scale float max, force_pow_2_scales rounds down to
+ * a power of 2). Only the scale is written. `config` must not be NULL (TE).
+ */
+void nvte_compute_scale_from_amax(NVTETensor output,
+                                  NVTEQuantizationConfig config,
+                                  cudaStream_t stream);
+
+/**
+ * TE's delayed-scaling update: `amax_history` [history_length, num_scales] (or
+ * [history_length]) rolled by -1 into `updated_amax_history` with its first row zeroed;
+ * amax = "max" over the history or its "most_recent" (first) row; `updated_scale` =
+ * fp8_max * 2^-margin / amax, keeping `scale` when amax is 0, inf or NaN, float max when
+ * that overflows. The updated tensors may be the inputs (in place).
+ */
+void nvte_delayed_scaling_recipe_amax_and_scale_update(NVTETensor amax_history,
+                                                       NVTETensor scale,
+                                                       NVTETensor updated_amax_history,
+                                                       NVTETensor updated_scale,
+                                                       const char *amax_compute_algo,
+                                                       NVTEDType fp8_dtype,
+                                                       float margin,
+                                                       cudaStream_t stream);
+
+/**
+ * transposed_output [H, N] = input [N, H]^T (2-D, same dtype; 1-, 2- and 4-byte types).
+ */
+void nvte_transpose(NVTETensor input, NVTETensor transposed_output, cudaStream_t stream);
 
 /**
  * Fill `tensor` (float32/bf16/fp16/fp8) with uniform values in [lo, hi), determined by
@@ -576,6 +690,11 @@ NVTECommStatus nvte_comm_fill_uniform(NVTETensor tensor,
                                       float lo,
                                       float hi,
                                       cudaStream_t stream);
+
+/**
+ * Number of live quantization configs (for leak checks in tests).
+ */
+size_t nvte_comm_live_quantization_config_count(void);
 
 /**
  * TE's defaults, then the environment overrides (NVTE_COMM_TIMEOUT_MS,

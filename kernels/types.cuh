@@ -70,3 +70,56 @@ struct E5M2 {
     return (u8)(r & 0xff);
   }
 };
+
+// Two FP8 values from a pair of floats in one conversion: `lo` lands in the low byte.
+// Saturating round-to-nearest-even; NaN stays NaN (cvt ... satfinite).
+template <class O>
+__device__ __forceinline__ u32 fp8_pack2(float lo, float hi);
+template <>
+__device__ __forceinline__ u32 fp8_pack2<E4M3>(float lo, float hi) {
+  u16 r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+template <>
+__device__ __forceinline__ u32 fp8_pack2<E5M2>(float lo, float hi) {
+  u16 r;
+  asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+__device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
+  u32 d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
+
+// Eight consecutive elements (16-byte aligned for 16-bit types, 32 for float32) as floats.
+template <class I>
+__device__ __forceinline__ void load8(const typename I::T *p, float *f);
+template <>
+__device__ __forceinline__ void load8<F32>(const float *p, float *f) {
+  const float4 a = reinterpret_cast<const float4 *>(p)[0], b = reinterpret_cast<const float4 *>(p)[1];
+  f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w;
+  f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
+}
+template <>
+__device__ __forceinline__ void load8<BF16>(const u16 *p, float *f) {
+  const uint4 v = *reinterpret_cast<const uint4 *>(p);
+  const u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    f[2 * j] = __uint_as_float(w[j] << 16);
+    f[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+  }
+}
+template <>
+__device__ __forceinline__ void load8<F16>(const u16 *p, float *f) {
+  const uint4 v = *reinterpret_cast<const uint4 *>(p);
+  const u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    f[2 * j] = F16::load((u16)(w[j] & 0xffff));
+    f[2 * j + 1] = F16::load((u16)(w[j] >> 16));
+  }
+}

@@ -133,6 +133,7 @@ if [[ $stages == *" torch "* ]] && [ "$has_torch" = 1 ]; then
   TE_COMM_TEST_TIMEOUT=1200 run torch-test "2,4" "$root/scripts/torch-test.sh"
   run torch_extension "2,4" "$root/scripts/torch-ext-test.sh"
   TE_COMM_TEST_TIMEOUT=900 run example-test "2,4" "$root/scripts/example-test.sh"
+  run quantize-test 1 python3 -m pytest -q -rs -p no:cacheprovider "$root/python/tests/test_quantize.py"
 fi
 
 if [[ $stages == *" jax "* ]] && [ "$has_jax" = 1 ]; then
@@ -166,6 +167,7 @@ if [[ $stages == *" bench "* ]]; then
   [ -n "$tables" ] && run acceptance 1 python3 "$root/bench/acceptance.py" $tables --out "$out/acceptance.md"
   # Host µs per torch op call at tp 1 (PASS/FAIL against 40 µs at 256³).
   [ "$has_torch" = 1 ] && run host_cost 1 python3 "$root/bench/host_cost.py" --out "$out/host_cost.md"
+  [ "$has_torch" = 1 ] && run quantize_bench 1 python3 "$root/bench/quantize_bench.py" --out "$out/quantize_bench.md"
   [ "$has_torch" = 1 ] && run gemm_vs_torch 1 python3 "$root/bench/gemm_vs_torch.py" --lib "$lib" --out "$out/gemm_vs_torch.md"
 fi
 
@@ -177,6 +179,7 @@ fi
 [ -f "$out/bench_gemm.md" ] && { echo; echo "GEMM benchmark:"; cat "$out/bench_gemm.md"; }
 for f in "$out"/bench_host_*.md; do [ -f "$f" ] && { echo; echo "host cost per C call ($(basename "$f" .md)):"; cat "$f"; }; done
 [ -f "$out/gemm_vs_torch.md" ] && { echo; echo "nvte_cublas_gemm vs torch:"; cat "$out/gemm_vs_torch.md"; }
+[ -f "$out/quantize_bench.md" ] && { echo; echo "quantization kernels (bench/quantize_bench.py):"; cat "$out/quantize_bench.md"; }
 for f in "$out"/bench_overlap_tp*.md "$out"/bench_comm_gemm_tp*.md "$out"/torch_ops_tp*.md "$out"/jax_ops.md; do [ -f "$f" ] && { echo; echo "benchmark ($(basename "$f" .md)):"; cat "$f"; }; done
 [ -f "$out/example/summary.md" ] && { echo; echo "layer_with_overlap.py (seed 002):"; cat "$out/example/summary.md"; }
 [ -f "$out/acceptance.md" ] && { echo; echo "performance bar (bench/acceptance.py):"; cat "$out/acceptance.md"; }

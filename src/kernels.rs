@@ -1,4 +1,6 @@
-//! Typed launches of the element-wise kernels in `kernels/cast.cu`.
+//! Typed launches of the kernels in `kernels/cast.cu`: quantize (rowwise and / or the
+//! transposed columnwise FP8 output in one pass), amax, current and delayed scaling,
+//! transpose, dequantize, random fill.
 use crate::cuda::{self, ContextGuard, DevPtr, arg, nvrtc};
 use crate::error::Result;
 use crate::tensor::{Buffer, DType, Tensor};
@@ -70,11 +72,72 @@ fn opt_ptr(b: &Buffer) -> DevPtr {
     Tensor::scalar_ptr(b).unwrap_or_default()
 }
 
-/// TE's nvte_quantize for delayed scaling: output = cast(input * output.scale), with
-/// output.amax = max(output.amax, max|input|) and output.scale_inv = 1/output.scale.
-pub fn quantize(input: &Tensor, output: &Tensor, stream: usize) -> Result<()> {
-    let (i, o) = (&input.data, &output.data);
-    if i.numel() != o.numel() {
+/// Options of a quantization (TE's NVTEQuantizationConfig, resolved for a call).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct QuantConfig {
+    /// Round current-scaling scales down to a power of 2.
+    pub force_pow_2_scales: bool,
+    /// Lower bound of the amax used for a current-scaling scale.
+    pub amax_epsilon: f32,
+    /// Device float: kernels given a flag holding 1 do nothing (NULL: none).
+    pub noop: DevPtr,
+}
+
+/// Largest finite value of an FP8 type (TE's max_norm).
+pub fn fp8_max(d: DType) -> Option<f32> {
+    match d {
+        DType::E4M3 => Some(448.0),
+        DType::E5M2 => Some(57344.0),
+        _ => None,
+    }
+}
+
+/// TE's 2-D view of a buffer: leading dimensions flattened into rows (a 1-D or scalar
+/// tensor is one row).
+pub fn flat_2d(b: &Buffer) -> (usize, usize) {
+    let s = b.shape.as_slice();
+    match s.len() {
+        0 => (1, 1),
+        n => (s[..n - 1].iter().product(), s[n - 1]),
+    }
+}
+
+/// Checks that `cw` can hold the columnwise (transposed) copy of a [rows, cols] input:
+/// as many elements, and cols first (TE's transposed shape [cols, rest...]).
+pub fn check_columnwise_shape(cw: &Buffer, rows: usize, cols: usize) -> Result<()> {
+    let s = cw.shape.as_slice();
+    if cw.numel() != rows * cols || (rows * cols > 0 && s.first() != Some(&cols)) {
+        invalid!(
+            "tensor `output` columnwise data has shape {} but the input is [{rows}, {cols}] as 2-D: expected the transpose [{cols}, {rows}] (cols first, {} elements)",
+            cw.shape,
+            rows * cols
+        );
+    }
+    Ok(())
+}
+
+fn is_float_input(d: DType) -> bool {
+    matches!(d, DType::F32 | DType::BF16 | DType::F16)
+}
+
+/// TE's nvte_quantize / nvte_quantize_v2 for per-tensor scaling. An FP8 output gets
+/// rowwise data = cast(input * scale) when it has kNVTERowwiseData, columnwise data = the
+/// cast transpose ([cols, rows] of the input's 2-D view) when it has kNVTEColumnwiseData
+/// (both from one pass over the input), amax = max(amax, max|input|) (not zeroed: TE's
+/// atomic max), scale_inv and columnwise_scale_inv = 1/scale. A float output
+/// (float32/bf16/fp16) is a plain cast (times the scale when one is set).
+pub fn quantize(input: &Tensor, output: &Tensor, cfg: &QuantConfig, stream: usize) -> Result<()> {
+    let i = &input.data;
+    let (o, cw) = (&output.data, &output.columnwise_data);
+    // Rowwise is wanted unless only the columnwise data is set.
+    let has_row = !o.ptr.is_null() || cw.ptr.is_null();
+    let has_col = !cw.ptr.is_null();
+    if o.ptr.is_null() && cw.ptr.is_null() && i.numel() > 0 {
+        invalid!(
+            "tensor `output` has neither rowwise nor columnwise data (set kNVTERowwiseData and / or kNVTEColumnwiseData)"
+        );
+    }
+    if has_row && i.numel() != o.numel() {
         invalid!(
             "tensor `input` has {} elements ({}) but `output` has {} ({})",
             i.numel(),
@@ -83,26 +146,148 @@ pub fn quantize(input: &Tensor, output: &Tensor, stream: usize) -> Result<()> {
             o.shape
         );
     }
-    if !matches!(i.dtype, DType::F32 | DType::BF16 | DType::F16) {
+    if !is_float_input(i.dtype) {
         unsupported!(
             "tensor `input` dtype {} is not supported: expected kNVTEFloat32, kNVTEBFloat16 or kNVTEFloat16",
             i.dtype.name()
         );
     }
+    need_data(i, "input")?;
+    let out_dtype = if has_row { o.dtype } else { cw.dtype };
+    if !out_dtype.is_fp8() {
+        if has_col {
+            unsupported!(
+                "tensor `output` has columnwise data of dtype {}: the columnwise (transposed) output is FP8 only (kNVTEFloat8E4M3 / kNVTEFloat8E5M2)",
+                cw.dtype.name()
+            );
+        }
+        return cast_plain(input, output, stream);
+    }
+    if has_row && has_col && cw.dtype != o.dtype {
+        invalid!(
+            "tensor `output` rowwise data is {} but its columnwise data is {}: both must be the same FP8 type",
+            o.dtype.name(),
+            cw.dtype.name()
+        );
+    }
+    let (rows, cols) = flat_2d(i);
+    if has_col {
+        check_columnwise_shape(cw, rows, cols)?;
+    }
+    if has_row {
+        need_data(o, "output")?;
+    }
+    if Tensor::scalar_ptr(&output.scale).is_none() {
+        invalid!(
+            "tensor `output` is {} but has no scale (set kNVTEScale)",
+            out_dtype.name()
+        );
+    }
+    if i.numel() == 0 {
+        return Ok(());
+    }
+    let guard = ContextGuard::for_stream(stream)?;
+    let iname = short(i.dtype).unwrap();
+    let oname = short(out_dtype).unwrap();
+    let dev = cuda::device_info(guard.device)?;
+    let m = nvrtc::module(&nvrtc::CAST, guard.ctx, &dev)?;
+    let (src, scale, amax, sinv, sinv_t, noop) = (
+        i.ptr,
+        opt_ptr(&output.scale),
+        opt_ptr(&output.amax),
+        opt_ptr(&output.scale_inv),
+        opt_ptr(&output.columnwise_scale_inv),
+        cfg.noop,
+    );
+    if !has_col {
+        let f = m.function(&format!("quantize_fp8_{iname}_{oname}"))?;
+        let dst = o.ptr;
+        let n = i.numel() as u64;
+        let vec: i32 = (src.is_aligned(16) && dst.is_aligned(16)) as i32;
+        let work = if vec == 1 { i.numel() / 16 } else { i.numel() };
+        let grid =
+            (work.div_ceil(BLOCK as usize)).clamp(1, dev.sm_count.max(1) as usize * 8) as u32;
+        let mut args = [
+            arg(&src),
+            arg(&dst),
+            arg(&n),
+            arg(&scale),
+            arg(&amax),
+            arg(&sinv),
+            arg(&sinv_t),
+            arg(&noop),
+            arg(&vec),
+        ];
+        // SAFETY: `f` is quantize_fp8_<in>_<out> of kernels/cast.cu, loaded in the stream's
+        // context (held by `guard`); `args` are its nine parameters (in, out: pointers; n:
+        // u64; scale, amax, scale_inv, columnwise scale_inv, noop: pointers, each NULL or
+        // one float; vec: i32). `in` and `out` are the caller's buffers of n elements (TE's
+        // contract; NULL checked above); vec is 1 only when both are 16-byte aligned.
+        return unsafe {
+            cuda::launch(
+                f,
+                (grid, 1, 1),
+                (BLOCK, 1, 1),
+                0,
+                stream,
+                &mut args,
+                "quantize",
+            )
+        };
+    }
+    let f = m.function(&format!("cast_transpose_{iname}_{oname}"))?;
+    let dst = if has_row { o.ptr } else { DevPtr::NULL };
+    let dst_t = cw.ptr;
+    let (r, c) = (rows as u64, cols as u64);
+    let fast: i32 = (src.is_aligned(16)
+        && dst.is_aligned(8)
+        && dst_t.is_aligned(16)
+        && cols % 8 == 0
+        && rows % 16 == 0) as i32;
+    let tiles = rows.div_ceil(64) * cols.div_ceil(64);
+    let grid = tiles.div_ceil(8).clamp(1, dev.sm_count.max(1) as usize * 2) as u32;
+    let mut args = [
+        arg(&src),
+        arg(&dst),
+        arg(&dst_t),
+        arg(&r),
+        arg(&c),
+        arg(&scale),
+        arg(&amax),
+        arg(&sinv),
+        arg(&sinv_t),
+        arg(&noop),
+        arg(&fast),
+    ];
+    // SAFETY: `f` is cast_transpose_<in>_<out> of kernels/cast.cu, loaded in the stream's
+    // context (held by `guard`); `args` are its eleven parameters (in, out, out_t: pointers;
+    // rows, cols: u64; scale, amax, scale_inv, columnwise scale_inv, noop: pointers, each
+    // NULL or one float; fast: i32). `in` holds rows*cols elements, `out` (NULL when not
+    // requested) as many, `out_t` as many (checked above); fast is 1 only when the vector
+    // accesses are aligned (pointers, cols % 8, rows % 16), as the kernel requires.
+    unsafe {
+        cuda::launch(
+            f,
+            (grid, 1, 1),
+            (BLOCK, 1, 1),
+            0,
+            stream,
+            &mut args,
+            "quantize (cast + transpose)",
+        )
+    }
+}
+
+/// The float-to-float cast of nvte_quantize (times the scale when one is set).
+fn cast_plain(input: &Tensor, output: &Tensor, stream: usize) -> Result<()> {
+    let (i, o) = (&input.data, &output.data);
     let Some(oname) = short(o.dtype) else {
         unsupported!(
             "tensor `output` dtype {} is not supported: expected an FP8 type or kNVTEFloat32/BFloat16/Float16",
             o.dtype.name()
         );
     };
-    need_data(i, "input")?;
     need_data(o, "output")?;
-    if o.dtype.is_fp8() && Tensor::scalar_ptr(&output.scale).is_none() {
-        invalid!(
-            "tensor `output` is {} but has no scale (set kNVTEScale)",
-            o.dtype.name()
-        );
-    }
     if i.numel() == 0 {
         return Ok(());
     }
@@ -131,6 +316,332 @@ pub fn quantize(input: &Tensor, output: &Tensor, stream: usize) -> Result<()> {
     // each a pointer-sized value. The data pointers are the caller's tensors of n elements
     // (TE's contract, NULL checked above); the scalars are NULL or single floats.
     unsafe { launch_elementwise(f, sms, i.numel(), &mut args, stream, "quantize") }
+}
+
+/// One-float component `b` of tensor `what` that a call needs: set, one element, float32.
+fn need_scalar(b: &Buffer, what: &str, param: &str) -> Result<DevPtr> {
+    if b.ptr.is_null() {
+        invalid!("tensor `{what}` has no {param} (set it: one float32)");
+    }
+    if b.numel() != 1 || b.dtype != DType::F32 {
+        invalid!(
+            "tensor `{what}` {param} must be one kNVTEFloat32 element, got {} of shape {}",
+            b.dtype.name(),
+            b.shape
+        );
+    }
+    Ok(b.ptr)
+}
+
+/// TE's nvte_compute_amax(_with_config): output.amax = max|input| (zeroed first, then an
+/// atomic max per block; the noop flag skips both).
+pub fn compute_amax(
+    input: &Tensor,
+    output: &Tensor,
+    cfg: &QuantConfig,
+    stream: usize,
+) -> Result<()> {
+    let i = &input.data;
+    if !is_float_input(i.dtype) {
+        unsupported!(
+            "tensor `input` dtype {} is not supported: the amax input must be unquantized (kNVTEFloat32, kNVTEBFloat16 or kNVTEFloat16)",
+            i.dtype.name()
+        );
+    }
+    if i.ptr.is_null() && i.numel() > 0 {
+        invalid!("tensor `input` has no data");
+    }
+    let amax_buf = if output.amax.ptr.is_null() && !output.columnwise_amax.ptr.is_null() {
+        &output.columnwise_amax
+    } else {
+        &output.amax
+    };
+    let amax = need_scalar(amax_buf, "output", "amax (kNVTEAmax)")?;
+    let guard = ContextGuard::for_stream(stream)?;
+    let dev = cuda::device_info(guard.device)?;
+    let m = nvrtc::module(&nvrtc::CAST, guard.ctx, &dev)?;
+    let noop = cfg.noop;
+    let z = m.function("zero_amax")?;
+    let mut zargs = [arg(&amax), arg(&noop)];
+    // SAFETY: zero_amax of kernels/cast.cu in the stream's context (held by `guard`); its
+    // two parameters are pointers: amax (one float, checked above) and noop (NULL or one
+    // float).
+    unsafe { cuda::launch(z, (1, 1, 1), (1, 1, 1), 0, stream, &mut zargs, "zero_amax")? };
+    if i.numel() == 0 {
+        return Ok(());
+    }
+    let f = m.function(&format!("amax_{}", short(i.dtype).unwrap()))?;
+    let (src, n) = (i.ptr, i.numel() as u64);
+    let vec: i32 = src.is_aligned(16) as i32;
+    let work = if vec == 1 { i.numel() / 16 } else { i.numel() };
+    let grid = work
+        .div_ceil(BLOCK as usize)
+        .clamp(1, dev.sm_count.max(1) as usize * 8) as u32;
+    let mut args = [arg(&src), arg(&n), arg(&amax), arg(&noop), arg(&vec)];
+    // SAFETY: amax_<in> of kernels/cast.cu in the stream's context; parameters (in: pointer
+    // to the caller's n elements, NULL checked; n: u64; amax: one float; noop: NULL or one
+    // float; vec: i32, 1 only for a 16-byte aligned input).
+    unsafe {
+        cuda::launch(
+            f,
+            (grid, 1, 1),
+            (BLOCK, 1, 1),
+            0,
+            stream,
+            &mut args,
+            "compute_amax",
+        )
+    }
+}
+
+/// TE's nvte_compute_scale_from_amax: output.scale = fp8_max / max(amax, epsilon) (amax 0,
+/// inf or NaN: 1; an overflowing scale: float max; optionally a power of 2). Only the
+/// scale is written (scale_inv is the next quantize's).
+pub fn compute_scale_from_amax(output: &Tensor, cfg: &QuantConfig, stream: usize) -> Result<()> {
+    let d = if output.data.ptr.is_null() && !output.columnwise_data.ptr.is_null() {
+        output.columnwise_data.dtype
+    } else {
+        output.data.dtype
+    };
+    let Some(max) = fp8_max(d) else {
+        invalid!(
+            "tensor `output` must be FP8 (kNVTEFloat8E4M3 / kNVTEFloat8E5M2), got {}",
+            d.name()
+        );
+    };
+    let amax = need_scalar(&output.amax, "output", "amax (kNVTEAmax)")?;
+    let scale = need_scalar(&output.scale, "output", "scale (kNVTEScale)")?;
+    if !cfg.amax_epsilon.is_finite() || cfg.amax_epsilon < 0.0 {
+        invalid!(
+            "quantization config amax_epsilon = {} must be finite and >= 0",
+            cfg.amax_epsilon
+        );
+    }
+    let guard = ContextGuard::for_stream(stream)?;
+    let (f, _) = function(&guard, "scale_from_amax".into())?;
+    let (pow2, eps, noop) = (cfg.force_pow_2_scales as i32, cfg.amax_epsilon, cfg.noop);
+    let mut args = [
+        arg(&amax),
+        arg(&scale),
+        arg(&max),
+        arg(&pow2),
+        arg(&eps),
+        arg(&noop),
+    ];
+    // SAFETY: scale_from_amax of kernels/cast.cu in the stream's context; parameters: amax
+    // and scale (one float each, checked above), fp8_max (f32), pow2 (i32), epsilon (f32),
+    // noop (NULL or one float).
+    unsafe {
+        cuda::launch(
+            f,
+            (1, 1, 1),
+            (1, 1, 1),
+            0,
+            stream,
+            &mut args,
+            "compute_scale_from_amax",
+        )
+    }
+}
+
+/// How the delayed-scaling recipe reduces the amax history (TE's amax_compute_algo).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AmaxAlgo {
+    MostRecent = 0,
+    Max = 1,
+}
+
+impl AmaxAlgo {
+    /// TE's names: "max" and "most_recent".
+    pub fn parse(s: &str) -> Result<AmaxAlgo> {
+        match s {
+            "max" => Ok(AmaxAlgo::Max),
+            "most_recent" => Ok(AmaxAlgo::MostRecent),
+            other => invalid!(
+                "argument `amax_compute_algo` = {other:?} is not supported: expected \"max\" or \"most_recent\""
+            ),
+        }
+    }
+}
+
+/// (history_length, num_scales) of an amax history: `[len]` (one scale) or `[len, num_scales]`.
+pub fn history_dims(h: &Buffer, what: &str) -> Result<(usize, usize)> {
+    let s = h.shape.as_slice();
+    let d = match s.len() {
+        1 => (s[0], 1),
+        2 => (s[0], s[1]),
+        n => invalid!(
+            "tensor `{what}` has shape {} ({n} dims): expected [history_length] or [history_length, num_scales]",
+            h.shape
+        ),
+    };
+    if h.dtype != DType::F32 {
+        invalid!(
+            "tensor `{what}` must be kNVTEFloat32, got {}",
+            h.dtype.name()
+        );
+    }
+    if d.0 == 0 {
+        invalid!("tensor `{what}` has history length 0 (shape {})", h.shape);
+    }
+    Ok(d)
+}
+
+/// TE's nvte_delayed_scaling_recipe_amax_and_scale_update: roll the history by -1 into
+/// `updated_history` (its newest row zeroed), amax = "max" of the history or its
+/// "most_recent" row, updated_scale = fp8_max * 2^-margin / amax (the old scale when amax
+/// is 0, inf or NaN; float max when that overflows). In place allowed.
+#[allow(clippy::too_many_arguments)]
+pub fn delayed_scaling_update(
+    history: &Tensor,
+    scale: &Tensor,
+    updated_history: &Tensor,
+    updated_scale: &Tensor,
+    algo: AmaxAlgo,
+    fp8_dtype: DType,
+    margin: f32,
+    stream: usize,
+) -> Result<()> {
+    let (len, ns) = history_dims(&history.data, "amax_history")?;
+    let (ulen, uns) = history_dims(&updated_history.data, "updated_amax_history")?;
+    if (ulen, uns) != (len, ns) {
+        invalid!(
+            "tensor `updated_amax_history` has shape {} but `amax_history` has {}: they must match",
+            updated_history.data.shape,
+            history.data.shape
+        );
+    }
+    for (t, what) in [(scale, "scale"), (updated_scale, "updated_scale")] {
+        if t.data.dtype != DType::F32 || t.data.numel() != ns {
+            invalid!(
+                "tensor `{what}` must be {ns} kNVTEFloat32 elements (one per history column), got {} of shape {}",
+                t.data.dtype.name(),
+                t.data.shape
+            );
+        }
+    }
+    let Some(max) = fp8_max(fp8_dtype) else {
+        invalid!(
+            "argument `fp8_dtype` = {} is not an FP8 type: expected kNVTEFloat8E4M3 or kNVTEFloat8E5M2",
+            fp8_dtype.name()
+        );
+    };
+    if !margin.is_finite() {
+        invalid!("argument `margin` = {margin} must be finite");
+    }
+    for (b, what) in [
+        (&history.data, "amax_history"),
+        (&scale.data, "scale"),
+        (&updated_history.data, "updated_amax_history"),
+        (&updated_scale.data, "updated_scale"),
+    ] {
+        need_data(b, what)?;
+    }
+    if ns == 0 {
+        return Ok(());
+    }
+    // TE: fp8_max * 2^-margin in float.
+    let scaled_max = max * 2f32.powf(-margin);
+    let guard = ContextGuard::for_stream(stream)?;
+    let (f, _) = function(&guard, "delayed_scaling_update".into())?;
+    let (h, s, uh, us) = (
+        history.data.ptr,
+        scale.data.ptr,
+        updated_history.data.ptr,
+        updated_scale.data.ptr,
+    );
+    let (l, stride, a) = (len as u64, ns as u64, algo as i32);
+    let mut args = [
+        arg(&h),
+        arg(&s),
+        arg(&uh),
+        arg(&us),
+        arg(&l),
+        arg(&stride),
+        arg(&a),
+        arg(&scaled_max),
+    ];
+    let grid = u32::try_from(ns).map_err(|_| {
+        crate::error::Error::invalid(format!("num_scales = {ns} exceeds the grid limit"))
+    })?;
+    // SAFETY: delayed_scaling_update of kernels/cast.cu in the stream's context; parameters:
+    // four pointers (histories of len*ns floats, scales of ns floats: shapes checked above,
+    // NULL checked), len and stride (u64), algo (i32), scaled_max (f32). One block per column.
+    unsafe {
+        cuda::launch(
+            f,
+            (grid, 1, 1),
+            (256, 1, 1),
+            0,
+            stream,
+            &mut args,
+            "delayed_scaling_update",
+        )
+    }
+}
+
+/// TE's nvte_transpose: output [cols, rows] = input [rows, cols]^T, both 2-D, same dtype
+/// (element sizes 1, 2 and 4 bytes).
+pub fn transpose(input: &Tensor, output: &Tensor, stream: usize) -> Result<()> {
+    let (i, o) = (&input.data, &output.data);
+    let (is, os) = (i.shape.as_slice(), o.shape.as_slice());
+    if is.len() != 2 || os.len() != 2 {
+        invalid!(
+            "nvte_transpose takes 2-D tensors: `input` has shape {}, `transposed_output` {}",
+            i.shape,
+            o.shape
+        );
+    }
+    if os[0] != is[1] || os[1] != is[0] {
+        invalid!(
+            "tensor `transposed_output` has shape {} but `input` is {}: expected [{}, {}]",
+            o.shape,
+            i.shape,
+            is[1],
+            is[0]
+        );
+    }
+    if i.dtype != o.dtype {
+        invalid!(
+            "tensor `input` is {} but `transposed_output` is {}: they must match",
+            i.dtype.name(),
+            o.dtype.name()
+        );
+    }
+    let kname = match i.dtype.bits() {
+        8 => "transpose_b1",
+        16 => "transpose_b2",
+        32 => "transpose_b4",
+        _ => unsupported!(
+            "nvte_transpose of {} is not supported (1-, 2- and 4-byte elements)",
+            i.dtype.name()
+        ),
+    };
+    need_data(i, "input")?;
+    need_data(o, "transposed_output")?;
+    if i.numel() == 0 {
+        return Ok(());
+    }
+    let guard = ContextGuard::for_stream(stream)?;
+    let (f, sms) = function(&guard, kname.into())?;
+    let (src, dst, r, c) = (i.ptr, o.ptr, is[0] as u64, is[1] as u64);
+    let tiles = is[0].div_ceil(32) * is[1].div_ceil(32);
+    let grid = tiles.clamp(1, sms.max(1) as usize * 8) as u32;
+    let mut args = [arg(&src), arg(&dst), arg(&r), arg(&c)];
+    // SAFETY: transpose_b<size> of kernels/cast.cu in the stream's context, for the tensors'
+    // element size; parameters: in and out (pointers to rows*cols elements each, shapes and
+    // NULL checked above), rows and cols (u64).
+    unsafe {
+        cuda::launch(
+            f,
+            (grid, 1, 1),
+            (256, 1, 1),
+            0,
+            stream,
+            &mut args,
+            "transpose",
+        )
+    }
 }
 
 /// TE's nvte_dequantize: output = cast(input * input.scale_inv) from FP8.
@@ -213,4 +724,54 @@ pub fn fill_uniform(t: &Tensor, seed: u64, lo: f32, hi: f32, stream: usize) -> R
     // (held by `guard`); `args` are its five parameters (out, n: 8 bytes; seed: u64; lo, hi:
     // f32). `dst` is the caller's tensor of n elements (TE's contract, NULL checked above).
     unsafe { launch_elementwise(f, sms, b.numel(), &mut args, stream, "fill_uniform") }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tensor::Shape;
+
+    fn buf(dtype: DType, dims: &[usize]) -> Buffer {
+        Buffer::new(DevPtr::new(0x1000), dtype, Shape::new(dims).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn flat_2d_view_is_tes() {
+        assert_eq!(flat_2d(&buf(DType::BF16, &[])), (1, 1));
+        assert_eq!(flat_2d(&buf(DType::BF16, &[7])), (1, 7));
+        assert_eq!(flat_2d(&buf(DType::BF16, &[3, 5])), (3, 5));
+        assert_eq!(flat_2d(&buf(DType::BF16, &[2, 3, 4])), (6, 4));
+    }
+
+    #[test]
+    fn columnwise_shape_is_the_transpose() {
+        assert!(check_columnwise_shape(&buf(DType::E4M3, &[64, 32]), 32, 64).is_ok());
+        assert!(check_columnwise_shape(&buf(DType::E4M3, &[4, 2, 3]), 6, 4).is_ok());
+        assert!(check_columnwise_shape(&buf(DType::E4M3, &[7]), 1, 7).is_ok());
+        let e = check_columnwise_shape(&buf(DType::E4M3, &[32, 64]), 32, 64).unwrap_err();
+        assert!(e.to_string().contains("[64, 32]"), "{e}");
+        assert!(check_columnwise_shape(&buf(DType::E4M3, &[64, 31]), 32, 64).is_err());
+        assert!(check_columnwise_shape(&buf(DType::E4M3, &[0]), 0, 16).is_ok());
+    }
+
+    #[test]
+    fn history_shapes_and_algos() {
+        assert_eq!(history_dims(&buf(DType::F32, &[16]), "h").unwrap(), (16, 1));
+        assert_eq!(
+            history_dims(&buf(DType::F32, &[16, 3]), "h").unwrap(),
+            (16, 3)
+        );
+        assert!(history_dims(&buf(DType::F32, &[2, 3, 4]), "h").is_err());
+        assert!(history_dims(&buf(DType::F32, &[0, 3]), "h").is_err());
+        assert!(history_dims(&buf(DType::BF16, &[16]), "h").is_err());
+        assert_eq!(AmaxAlgo::parse("max").unwrap(), AmaxAlgo::Max);
+        assert_eq!(
+            AmaxAlgo::parse("most_recent").unwrap(),
+            AmaxAlgo::MostRecent
+        );
+        assert!(AmaxAlgo::parse("MAX").is_err());
+        assert_eq!(fp8_max(DType::E4M3), Some(448.0));
+        assert_eq!(fp8_max(DType::E5M2), Some(57344.0));
+        assert_eq!(fp8_max(DType::BF16), None);
+    }
 }

@@ -717,11 +717,163 @@ static void test_runtime(void) {
   }
 }
 
+/* The quantization API (TE's cast.h / recipe.h / transpose.h and NVTEQuantizationConfig):
+ * every bad input is reported before any device work. */
+static void set(NVTETensor t, NVTETensorParam param, void *p, NVTEDType dt, size_t ndim, const size_t *dims) {
+  NVTEBasicTensor b = basic(p, dt, ndim, dims);
+  nvte_set_tensor_param_v2(t, param, &b, sizeof b);
+}
+
+static void test_quantization_errors(void) {
+  void *p = (void *)0x10000, *f = (void *)0x20000;
+  size_t one = 1, d3[3] = {2, 3, 4}, t_ok[2] = {64, 32}, t_bad[2] = {32, 64}, h2[2] = {16, 4}, h0 = 0, s4 = 4, s3 = 3;
+  size_t sz = 0;
+  uint8_t u8 = 1;
+  float eps = 0.5f, got = 0.0f, neg = -1.0f;
+  NVTEQuantizationConfig cfg = nvte_create_quantization_config(), dead_cfg = nvte_create_quantization_config();
+  NVTETensor x = make(p, kNVTEBFloat16, 32, 64), xf8 = make(p, kNVTEFloat8E4M3, 32, 64);
+  NVTETensor q = make(p, kNVTEFloat8E4M3, 32, 64), qns = make(p, kNVTEFloat8E4M3, 32, 64);
+  NVTETensor bf = make(p, kNVTEBFloat16, 32, 64), noop_bad = make(f, kNVTEBFloat16, 1, 1);
+  NVTETensor hist = make(p, kNVTEFloat32, 16, 4), hist_bad = make(p, kNVTEFloat32, 8, 4), scale = NULL, scale3 = NULL;
+  NVTETensor hist3 = NULL, hist0 = NULL, x64 = make(p, kNVTEInt64, 32, 64), tr = make(p, kNVTEBFloat16, 64, 32);
+  NVTETensor trbad = make(p, kNVTEBFloat16, 64, 31), trf8 = make(p, kNVTEFloat8E4M3, 64, 32);
+  CHECK(cfg != NULL && dead_cfg != NULL, "create config\n");
+  nvte_destroy_quantization_config(dead_cfg);
+  expect_ok("destroy config");
+  CHECK(kNVTEQuantizationConfigForcePow2Scales == 0 && kNVTEQuantizationConfigAmaxEpsilon == 1 &&
+            kNVTEQuantizationConfigNoopTensor == 2 && kNVTEQuantizationConfigMXFP82DQuantization == 10 &&
+            kNVTEQuantizationConfigNumAttributes == 11,
+        "NVTEQuantizationConfigAttribute values\n");
+
+  /* Config attributes. */
+  nvte_set_quantization_config_attribute(cfg, kNVTEQuantizationConfigAmaxEpsilon, &eps, sizeof eps);
+  expect_ok("set epsilon");
+  nvte_get_quantization_config_attribute(cfg, kNVTEQuantizationConfigAmaxEpsilon, NULL, 0, &sz);
+  CHECK(sz == sizeof(float), "epsilon size query: %zu\n", sz);
+  nvte_get_quantization_config_attribute(cfg, kNVTEQuantizationConfigAmaxEpsilon, &got, sizeof got, &sz);
+  CHECK(got == 0.5f && sz == sizeof(float), "epsilon round trip: %g\n", (double)got);
+  nvte_get_quantization_config_attribute(cfg, kNVTEQuantizationConfigNoopTensor, NULL, 0, &sz);
+  CHECK(sz == sizeof(NVTETensor), "noop size: %zu\n", sz);
+  nvte_set_quantization_config_attribute(cfg, kNVTEQuantizationConfigAmaxEpsilon, &eps, 2);
+  expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "epsilon too small buffer", "size_in_bytes", "4 bytes");
+  nvte_set_quantization_config_attribute(cfg, kNVTEQuantizationConfigAmaxEpsilon, &neg, sizeof neg);
+  expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "negative epsilon", "AmaxEpsilon", "-1");
+  nvte_set_quantization_config_attribute(cfg, (NVTEQuantizationConfigAttribute)99, &u8, 1);
+  expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "bad attribute", "attr", "99");
+  nvte_set_quantization_config_attribute(cfg, kNVTEQuantizationConfigForcePow2Scales, NULL, 1);
+  expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "NULL buf", "buf", "NULL");
+  nvte_set_quantization_config_attribute(NULL, kNVTEQuantizationConfigForcePow2Scales, &u8, 1);
+  expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "NULL config", "config", "NULL");
+  nvte_set_quantization_config_attribute(dead_cfg, kNVTEQuantizationConfigForcePow2Scales, &u8, 1);
+  expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "destroyed config", "config", "already destroyed");
+  nvte_get_quantization_config_attribute(cfg, kNVTEQuantizationConfigAmaxEpsilon, &got, 1, &sz);
+  expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "get too small", "size_in_bytes", NULL);
+  nvte_destroy_quantization_config(NULL);
+  expect_ok("destroy NULL config");
+
+  /* nvte_quantize / _v2. */
+  set(q, kNVTEScale, f, kNVTEFloat32, 1, &one);
+  nvte_quantize_v2(NULL, q, cfg, NULL);
+  expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "quantize NULL input", "nvte_quantize_v2", "`input` is NULL");
+  nvte_quantize_v2(x, q, dead_cfg, NULL);
+  expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "quantize destroyed config", "config", NULL);
+  nvte_quantize_v2(x, qns, NULL, NULL);
+  expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "quantize without scale", "scale", "kNVTEScale");
+  nvte_quantize_v2(xf8, q, NULL, NULL);
+  expect_error(NVTE_COMM_ERROR_UNSUPPORTED, "quantize FP8 input", "`input`", "kNVTEFloat8E4M3");
+  set(q, kNVTEColumnwiseData, p, kNVTEFloat8E4M3, 2, t_bad);
+  nvte_quantize_v2(x, q, NULL, NULL);
+  expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "quantize columnwise not transposed", "columnwise", "[64, 32]");
+  set(q, kNVTEColumnwiseData, p, kNVTEFloat8E5M2, 2, t_ok);
+  nvte_quantize_v2(x, q, NULL, NULL);
+  expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "quantize columnwise dtype", "kNVTEFloat8E5M2", "same FP8 type");
+  set(bf, kNVTEColumnwiseData, p, kNVTEBFloat16, 2, t_ok);
+  nvte_quantize(x, bf, NULL);
+  expect_error(NVTE_COMM_ERROR_UNSUPPORTED, "quantize columnwise bf16", "columnwise", "FP8 only");
+  nvte_set_quantization_config_attribute(cfg, kNVTEQuantizationConfigNoopTensor, &noop_bad, sizeof noop_bad);
+  expect_ok("set noop tensor");
+  set(q, kNVTEColumnwiseData, p, kNVTEFloat8E4M3, 2, t_ok);
+  nvte_quantize_v2(x, q, cfg, NULL);
+  expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "quantize bf16 noop", "noop", "kNVTEFloat32");
+  nvte_quantize_noop(x, q, noop_bad, NULL);
+  expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "quantize_noop bf16 noop", "nvte_quantize_noop", "noop");
+
+  /* nvte_compute_amax(_with_config). */
+  nvte_compute_amax(xf8, q, NULL);
+  expect_error(NVTE_COMM_ERROR_UNSUPPORTED, "amax FP8 input", "unquantized", NULL);
+  nvte_compute_amax(x, q, NULL);
+  expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "amax without amax", "amax", "kNVTEAmax");
+  nvte_compute_amax(x, NULL, NULL);
+  expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "amax NULL output", "nvte_compute_amax", "`output` is NULL");
+  set(q, kNVTEAmax, f, kNVTEFloat32, 1, &one);
+  nvte_compute_amax_with_config(x, q, cfg, NULL);
+  expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "amax bad noop", "nvte_compute_amax_with_config", "noop");
+
+  /* nvte_compute_scale_from_amax. */
+  {
+    NVTETensor none = NULL;
+    nvte_set_quantization_config_attribute(cfg, kNVTEQuantizationConfigNoopTensor, &none, sizeof none);
+    expect_ok("clear noop tensor");
+  }
+  nvte_compute_scale_from_amax(q, NULL, NULL);
+  expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "scale NULL config", "`config` is NULL", NULL);
+  nvte_compute_scale_from_amax(x, cfg, NULL);
+  expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "scale of bf16", "must be FP8", "kNVTEBFloat16");
+  nvte_compute_scale_from_amax(qns, cfg, NULL);
+  expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "scale without amax", "amax", NULL);
+
+  /* nvte_delayed_scaling_recipe_amax_and_scale_update. */
+  scale = make(f, kNVTEFloat32, 1, 4);
+  scale3 = make(f, kNVTEFloat32, 1, 3);
+  CHECK(nvte_comm_tensor_create_simple(p, kNVTEFloat32, d3, 3, &hist3) == NVTE_COMM_SUCCESS, "3-D history\n");
+  CHECK(nvte_comm_tensor_create_simple(p, kNVTEFloat32, &h0, 1, &hist0) == NVTE_COMM_SUCCESS, "empty history\n");
+  (void)h2; (void)s4; (void)s3;
+  nvte_delayed_scaling_recipe_amax_and_scale_update(hist, scale, hist, scale, NULL, kNVTEFloat8E4M3, 0.0f, NULL);
+  expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "delayed NULL algo", "amax_compute_algo", "NULL");
+  nvte_delayed_scaling_recipe_amax_and_scale_update(hist, scale, hist, scale, "mean", kNVTEFloat8E4M3, 0.0f, NULL);
+  expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "delayed bad algo", "\"mean\"", "most_recent");
+  nvte_delayed_scaling_recipe_amax_and_scale_update(hist3, scale, hist3, scale, "max", kNVTEFloat8E4M3, 0.0f, NULL);
+  expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "delayed 3-D history", "amax_history", "3 dims");
+  nvte_delayed_scaling_recipe_amax_and_scale_update(hist0, scale, hist0, scale, "max", kNVTEFloat8E4M3, 0.0f, NULL);
+  expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "delayed empty history", "history length 0", NULL);
+  nvte_delayed_scaling_recipe_amax_and_scale_update(hist, scale3, hist, scale3, "max", kNVTEFloat8E4M3, 0.0f, NULL);
+  expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "delayed scale count", "`scale`", "4 kNVTEFloat32");
+  nvte_delayed_scaling_recipe_amax_and_scale_update(hist, scale, hist_bad, scale, "max", kNVTEFloat8E4M3, 0.0f, NULL);
+  expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "delayed history mismatch", "updated_amax_history", "must match");
+  nvte_delayed_scaling_recipe_amax_and_scale_update(hist, scale, hist, scale, "max", kNVTEBFloat16, 0.0f, NULL);
+  expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "delayed bf16 dtype", "fp8_dtype", "kNVTEBFloat16");
+  nvte_delayed_scaling_recipe_amax_and_scale_update(hist, scale, hist, scale, "max", kNVTEFloat8E4M3, 0.0f / 0.0f, NULL);
+  expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "delayed NaN margin", "margin", NULL);
+  nvte_delayed_scaling_recipe_amax_and_scale_update(x, scale, x, scale, "max", kNVTEFloat8E4M3, 0.0f, NULL);
+  expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "delayed bf16 history", "kNVTEFloat32", NULL);
+
+  /* nvte_transpose. */
+  nvte_transpose(hist3, hist3, NULL);
+  expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "transpose 3-D", "2-D", NULL);
+  nvte_transpose(x, trbad, NULL);
+  expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "transpose shape", "[64, 32]", NULL);
+  nvte_transpose(x, trf8, NULL);
+  expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "transpose dtype", "must match", NULL);
+  nvte_transpose(x64, x64, NULL);
+  expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "transpose int64 shape first", "[64, 32]", NULL);
+  nvte_transpose(NULL, tr, NULL);
+  expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "transpose NULL", "`input` is NULL", NULL);
+
+  nvte_destroy_quantization_config(cfg);
+  CHECK(nvte_comm_live_quantization_config_count() == 0, "leaked configs: %zu\n",
+        nvte_comm_live_quantization_config_count());
+  nvte_destroy_tensor(x); nvte_destroy_tensor(xf8); nvte_destroy_tensor(q); nvte_destroy_tensor(qns);
+  nvte_destroy_tensor(bf); nvte_destroy_tensor(noop_bad); nvte_destroy_tensor(hist); nvte_destroy_tensor(hist_bad);
+  nvte_destroy_tensor(scale); nvte_destroy_tensor(scale3); nvte_destroy_tensor(hist3); nvte_destroy_tensor(hist0);
+  nvte_destroy_tensor(x64); nvte_destroy_tensor(tr); nvte_destroy_tensor(trbad); nvte_destroy_tensor(trf8);
+}
+
 int main(void) {
   test_enums();
   test_tensor_api();
   test_tensor_errors();
   test_gemm_errors();
+  test_quantization_errors();
   test_ctx_args();
   test_env_knobs();
   test_overlap_create_args();

@@ -173,7 +173,7 @@ def _expected_ctypes(capi, ctype, enum_names):
     table = {
         "void": None, "bool": c_bool, "int32_t": c_int32, "int64_t": c_int64, "size_t": c_size_t,
         "uint64_t": c_uint64, "float": c_float,
-        "NVTETensor": c_void_p, "cudaStream_t": c_void_p, "ncclComm_t": c_void_p, "void *": c_void_p,
+        "NVTETensor": c_void_p, "NVTEQuantizationConfig": c_void_p, "cudaStream_t": c_void_p, "ncclComm_t": c_void_p, "void *": c_void_p,
         "const void *": c_void_p, "float *": c_void_p,  # float*: device addresses, as ints
         "struct NVTECommGemmCtx *": c_void_p, "struct NVTECommOverlap *": c_void_p,
         "const char *": c_char_p, "const char **": P(c_char_p),
@@ -709,3 +709,25 @@ def test_gpu_callback_exceptions_propagate(capi, gpu):
     with pytest.raises(capi.CommError) as ei:
         capi.Overlap.from_callbacks(0, 1, lambda local: local + b"x", lambda: None, None, 64, 128, capi.DType.kNVTEBFloat16)
     assert isinstance(ei.value.__cause__, ValueError) and "allgather_fn returned" in str(ei.value.__cause__)
+
+
+def test_quantization_config_round_trip_and_errors(capi):
+    before = capi.live_quantization_config_count()
+    with capi.QuantizationConfig(force_pow_2_scales=True, amax_epsilon=0.25) as c:
+        assert c.force_pow_2_scales is True and c.amax_epsilon == 0.25
+        c.force_pow_2_scales = False
+        assert c.force_pow_2_scales is False
+        A = capi.QuantizationConfigAttribute
+        assert len(c.get_raw(A.kNVTEQuantizationConfigNoopTensor)) == sizeof(c_void_p)
+        with pytest.raises(capi.CommError, match="amax_epsilon|AmaxEpsilon"):
+            c.amax_epsilon = -1.0
+        with pytest.raises(capi.CommError, match="attr"):
+            c.get_raw(99)
+        # A noop handle that is not a live tensor is reported when the config is used.
+        c.noop_tensor = 0x1234
+        t = capi.Tensor(FAKE_PTR, capi.DType.kNVTEBFloat16, (4, 4))
+        with pytest.raises(capi.CommError, match="noop"):
+            capi.quantize_v2(t, t, c)
+        t.close()
+        assert capi.live_quantization_config_count() == before + 1
+    assert capi.live_quantization_config_count() == before

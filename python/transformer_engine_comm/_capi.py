@@ -145,8 +145,26 @@ class GemmAlgo(enum.IntEnum):
     kNVTECommGemmAlgoAtomicMulticast = 4
 
 
+class QuantizationConfigAttribute(enum.IntEnum):
+    """NVTEQuantizationConfigAttribute (TE's values)."""
+
+    kNVTEQuantizationConfigForcePow2Scales = 0
+    kNVTEQuantizationConfigAmaxEpsilon = 1
+    kNVTEQuantizationConfigNoopTensor = 2
+    kNVTEQuantizationConfigFloat8BlockScaleTensorFormat = 3
+    kNVTEQuantizationConfigRNGState = 4
+    kNVTEQuantizationConfigNVFP42DQuantization = 5
+    kNVTEQuantizationConfigStochasticRounding = 6
+    kNVTEQuantizationConfigUseFastMath = 7
+    kNVTEQuantizationConfigNVFP44Over6Mode = 8
+    kNVTEQuantizationConfigNVFP44Over6ErrUseFastMath = 9
+    kNVTEQuantizationConfigMXFP82DQuantization = 10
+    kNVTEQuantizationConfigNumAttributes = 11
+
+
 # Python enum -> the C typedef it mirrors (used by the header check in the tests).
 C_ENUMS = {
+    "NVTEQuantizationConfigAttribute": QuantizationConfigAttribute,
     "NVTEDType": DType,
     "NVTETensorParam": TensorParam,
     "NVTEScalingMode": ScalingMode,
@@ -318,6 +336,7 @@ _OV = c_void_p  # struct NVTECommOverlap *
 _COMM = c_void_p  # ncclComm_t
 _STREAM = c_void_p  # cudaStream_t
 _ST = c_enum  # NVTECommStatus
+_QC = c_void_p  # NVTEQuantizationConfig
 
 _COMM_GEMM_ARGS = [_CTX, c_int64, c_int64, c_int64, _T, _T, _T, _T, _T, c_bool, c_bool, c_bool, c_bool, c_int32, _STREAM, c_enum]
 _SPLIT_ARGS = [_OV, _T, c_bool, _T, c_bool, _T, _T, _T, c_bool, _T, c_bool, c_bool, _T, _STREAM]
@@ -357,8 +376,21 @@ PROTOTYPES = [
     ("nvte_comm_nccl_comm_destroy", _ST, [_COMM]),
     # GEMM and kernels
     ("nvte_cublas_gemm", None, [_T, _T, _T, _T, _T, c_bool, c_bool, c_bool, _T, c_bool, c_bool, c_int32, _STREAM]),
+    # quantization (TE's cast.h, recipe.h, transpose.h, NVTEQuantizationConfig)
+    ("nvte_create_quantization_config", _QC, []),
+    ("nvte_get_quantization_config_attribute", None, [_QC, c_enum, c_void_p, c_size_t, POINTER(c_size_t)]),
+    ("nvte_set_quantization_config_attribute", None, [_QC, c_enum, c_void_p, c_size_t]),
+    ("nvte_destroy_quantization_config", None, [_QC]),
     ("nvte_quantize", None, [_T, _T, _STREAM]),
+    ("nvte_quantize_noop", None, [_T, _T, _T, _STREAM]),
+    ("nvte_quantize_v2", None, [_T, _T, _QC, _STREAM]),
     ("nvte_dequantize", None, [_T, _T, _STREAM]),
+    ("nvte_compute_amax", None, [_T, _T, _STREAM]),
+    ("nvte_compute_amax_with_config", None, [_T, _T, _QC, _STREAM]),
+    ("nvte_compute_scale_from_amax", None, [_T, _QC, _STREAM]),
+    ("nvte_delayed_scaling_recipe_amax_and_scale_update", None, [_T, _T, _T, _T, c_char_p, c_enum, c_float, _STREAM]),
+    ("nvte_transpose", None, [_T, _T, _STREAM]),
+    ("nvte_comm_live_quantization_config_count", c_size_t, []),
     ("nvte_comm_fill_uniform", _ST, [_T, c_uint64, c_float, c_float, _STREAM]),
     # overlap engine
     ("nvte_comm_overlap_config_default", _ST, [POINTER(OverlapConfig)]),
@@ -933,6 +965,151 @@ def quantize(input, output, stream=0) -> None:
 def dequantize(input, output, stream=0) -> None:
     lib().nvte_dequantize(_h(input, "input"), _h(output, "output"), _ptr(stream))
     check_last("dequantize")
+
+
+# ---- quantization (TE's cast.h / recipe.h / transpose.h); owned by the quantization work
+
+
+class QuantizationConfig:
+    """Owns an NVTEQuantizationConfig (TE's QuantizationConfigWrapper): force_pow_2_scales,
+    amax_epsilon, noop_tensor (a one-float32 :class:`Tensor`: kernels skip when it holds
+    1). ``.handle`` is usable as a ctypes argument; ``close()`` destroys it."""
+
+    def __init__(self, *, force_pow_2_scales: bool = False, amax_epsilon: float = 0.0, noop_tensor=None):
+        self._handle = lib().nvte_create_quantization_config()
+        check_last("QuantizationConfig")
+        self._noop = None
+        if force_pow_2_scales:
+            self.force_pow_2_scales = True
+        if amax_epsilon:
+            self.amax_epsilon = amax_epsilon
+        if noop_tensor is not None:
+            self.noop_tensor = noop_tensor
+
+    @property
+    def handle(self) -> c_void_p:
+        if self._handle is None:
+            raise ValueError("QuantizationConfig is closed")
+        return c_void_p(self._handle)
+
+    @property
+    def _as_parameter_(self):
+        return self.handle
+
+    def _set(self, attr: int, value) -> None:
+        lib().nvte_set_quantization_config_attribute(self.handle, int(attr), ctypes.cast(byref(value), c_void_p), sizeof(value))
+        check_last("QuantizationConfig.set")
+
+    def get_raw(self, attr: int) -> bytes:
+        """The attribute's bytes as the library stores them."""
+        n = c_size_t()
+        lib().nvte_get_quantization_config_attribute(self.handle, int(attr), None, 0, byref(n))
+        check_last("QuantizationConfig.get")
+        buf = (ctypes.c_char * n.value)()
+        lib().nvte_get_quantization_config_attribute(self.handle, int(attr), buf, n.value, byref(n))
+        check_last("QuantizationConfig.get")
+        return bytes(buf)
+
+    @property
+    def force_pow_2_scales(self) -> bool:
+        return self.get_raw(QuantizationConfigAttribute.kNVTEQuantizationConfigForcePow2Scales) != b"\x00"
+
+    @force_pow_2_scales.setter
+    def force_pow_2_scales(self, v: bool) -> None:
+        self._set(QuantizationConfigAttribute.kNVTEQuantizationConfigForcePow2Scales, c_uint8(1 if v else 0))
+
+    @property
+    def amax_epsilon(self) -> float:
+        return c_float.from_buffer_copy(self.get_raw(QuantizationConfigAttribute.kNVTEQuantizationConfigAmaxEpsilon)).value
+
+    @amax_epsilon.setter
+    def amax_epsilon(self, v: float) -> None:
+        self._set(QuantizationConfigAttribute.kNVTEQuantizationConfigAmaxEpsilon, c_float(float(v)))
+
+    @property
+    def noop_tensor(self):
+        return self._noop
+
+    @noop_tensor.setter
+    def noop_tensor(self, t) -> None:
+        h = _h(t, "noop_tensor")
+        self._set(QuantizationConfigAttribute.kNVTEQuantizationConfigNoopTensor, c_void_p(h.value if h is not None else None))
+        self._noop = t  # keep the tensor alive while the config refers to it
+
+    def close(self) -> None:
+        if self._handle is not None and lib is not None:
+            lib().nvte_destroy_quantization_config(c_void_p(self._handle))
+        self._handle = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def live_quantization_config_count() -> int:
+    return int(lib().nvte_comm_live_quantization_config_count())
+
+
+def quantize_v2(input, output, config=None, stream=0) -> None:
+    """nvte_quantize_v2: per-tensor FP8 cast of ``input`` into ``output``'s rowwise and/or
+    columnwise (transposed) data, amax (running max) and scale_inv; ``config`` a
+    :class:`QuantizationConfig` or None."""
+    lib().nvte_quantize_v2(_h(input, "input"), _h(output, "output"), _qc(config), _ptr(stream))
+    check_last("quantize_v2")
+
+
+def compute_amax(input, output, config=None, stream=0) -> None:
+    """nvte_compute_amax(_with_config): ``output``'s amax = max|input|."""
+    if config is None:
+        lib().nvte_compute_amax(_h(input, "input"), _h(output, "output"), _ptr(stream))
+    else:
+        lib().nvte_compute_amax_with_config(_h(input, "input"), _h(output, "output"), _qc(config), _ptr(stream))
+    check_last("compute_amax")
+
+
+def compute_scale_from_amax(output, config, stream=0) -> None:
+    """nvte_compute_scale_from_amax: ``output``'s scale from its amax (TE's current scaling)."""
+    lib().nvte_compute_scale_from_amax(_h(output, "output"), _qc(config), _ptr(stream))
+    check_last("compute_scale_from_amax")
+
+
+def delayed_scaling_update(amax_history, scale, updated_amax_history, updated_scale, amax_compute_algo: str,
+                           fp8_dtype: int, margin: float, stream=0) -> None:
+    """nvte_delayed_scaling_recipe_amax_and_scale_update (in place when the updated tensors
+    are the inputs)."""
+    lib().nvte_delayed_scaling_recipe_amax_and_scale_update(
+        _h(amax_history, "amax_history"), _h(scale, "scale"), _h(updated_amax_history, "updated_amax_history"),
+        _h(updated_scale, "updated_scale"), amax_compute_algo.encode(), int(fp8_dtype), float(margin), _ptr(stream))
+    check_last("delayed_scaling_update")
+
+
+def transpose(input, output, stream=0) -> None:
+    """nvte_transpose: ``output`` [cols, rows] = ``input`` [rows, cols]^T."""
+    lib().nvte_transpose(_h(input, "input"), _h(output, "transposed_output"), _ptr(stream))
+    check_last("transpose")
+
+
+def _qc(config):
+    if config is None:
+        return None
+    if isinstance(config, QuantizationConfig):
+        return config.handle
+    if isinstance(config, int):
+        return c_void_p(config or None)
+    if isinstance(config, c_void_p):
+        return config
+    raise TypeError(f"config: expected a QuantizationConfig, None or an int handle, got {type(config).__name__}")
+
+
+# ---- end of the quantization block
 
 
 def fill_uniform(tensor, seed: int, lo: float, hi: float, stream=0) -> None:

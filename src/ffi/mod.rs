@@ -16,7 +16,9 @@ mod runtime;
 mod tensor;
 mod xla;
 
-pub use enums::{NVTECommStatus, NVTEDType, NVTEScalingMode, NVTETensorParam};
+pub use enums::{
+    NVTECommStatus, NVTEDType, NVTEQuantizationConfigAttribute, NVTEScalingMode, NVTETensorParam,
+};
 pub use tensor::{NVTEBasicTensor, NVTEShape, NVTETensor};
 
 use crate::error::{Error, Result, clear_last_error, set_last_error};

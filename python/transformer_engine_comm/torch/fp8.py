@@ -164,12 +164,19 @@ def _as_2d_shape(x: torch.Tensor) -> Tuple[int, int]:
 
 
 def _library():
-    """The library backend for CUDA tensors, or None. Set by the binding of the
-    quantization kernels (``transformer_engine_comm.torch._fp8_lib``)."""
+    """The library backend for CUDA tensors, or None (loaded on first use from
+    ``transformer_engine_comm.torch._fp8_lib``)."""
+    global _BACKEND, _BACKEND_LOADED
+    if not _BACKEND_LOADED:
+        _BACKEND_LOADED = True
+        from . import _fp8_lib
+
+        _BACKEND = _fp8_lib.backend()
     return _BACKEND
 
 
 _BACKEND = None
+_BACKEND_LOADED = False
 
 
 def _use_library(x: torch.Tensor, reference: bool) -> bool:

@@ -1,0 +1,114 @@
+"""Bandwidth of the library's quantization kernels on one GPU (torch tensors, CUDA events).
+
+For 64M elements (default; --numel): quantize bf16 -> e4m3 rowwise, rowwise + columnwise
+(one kernel), compute_amax, transpose (bf16), dequantize (e4m3 -> bf16), and torch's
+unfused equivalents (abs/amax/float/multiply/clamp/cast; .t().contiguous()). Each timing:
+warm-up, then the median of --iters runs, each between its own pair of events, rotating
+over several input buffers so that no run reads what the previous one left in L2. GB/s
+count the bytes each operation must move (inputs read once, outputs written once), and
+are given against the nominal HBM bandwidth (--nominal, 3352 GB/s for H100 SXM) and a
+measured device-to-device copy. Last line: PASS/FAIL for the bar (>= 80 % of nominal for
+quantize rowwise, rowwise + columnwise, and amax)."""
+import argparse
+import statistics
+import sys
+
+import torch
+
+from transformer_engine_comm.torch import fp8
+
+
+def timed(fn, iters, warmup=10):
+    for _ in range(warmup):
+        fn(0)
+    torch.cuda.synchronize()
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    for i, (a, b) in enumerate(ev):
+        a.record()
+        fn(i)
+        b.record()
+    torch.cuda.synchronize()
+    return statistics.median(a.elapsed_time(b) for a, b in ev) * 1e-3  # seconds
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--numel", type=int, default=64 << 20)
+    ap.add_argument("--cols", type=int, default=8192)
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--nominal", type=float, default=3352.0, help="nominal HBM GB/s (H100 SXM5: 3352)")
+    ap.add_argument("--bar", type=float, default=0.80)
+    ap.add_argument("--out", default=None, help="also write the table (markdown) here")
+    a = ap.parse_args()
+    assert fp8._library() is not None, "library backend not available"
+    dev = torch.device("cuda", 0)
+    rows = a.numel // a.cols
+    n = rows * a.cols
+    nbuf = 3  # rotate: 3 x 128 MB inputs >> L2
+    xs = [torch.randn(rows, a.cols, device=dev, dtype=torch.bfloat16) for _ in range(nbuf)]
+    e4 = torch.float8_e4m3fn
+    scale = torch.tensor([3.0], device=dev)
+    amax = torch.zeros(1, device=dev)
+    sinv = torch.empty(1, device=dev)
+    qs = [fp8.quantize(x, e4, scale)[0] for x in xs]
+    lib = fp8._library()
+    # Preallocated outputs for the library calls would save the allocator's time, but the
+    # caching allocator's reuse costs ~nothing on the device; torch's path allocates too.
+    cases = []
+
+    def case(name, nbytes, fn, barred=False):
+        t = timed(fn, a.iters)
+        cases.append((name, nbytes, t, barred))
+
+    copy_dst = torch.empty_like(xs[0])
+    case("D2D copy (torch, bf16)", 2 * n * 2, lambda i: copy_dst.copy_(xs[i % nbuf]))
+    copy_gbs = 2 * n * 2 / cases[0][2] / 1e9
+    case("quantize bf16->e4m3 rowwise", n * 3,
+         lambda i: lib.quantize(xs[i % nbuf], e4, scale, amax, sinv, True, False), True)
+    case("quantize bf16->e4m3 rowwise+columnwise", n * 4,
+         lambda i: lib.quantize(xs[i % nbuf], e4, scale, amax, sinv, True, True), True)
+    case("compute_amax bf16", n * 2, lambda i: lib.compute_amax(xs[i % nbuf], amax), True)
+    case("current scaling: amax + scale + quantize", n * 5,
+         lambda i: (lib.compute_amax(xs[i % nbuf], amax), lib.compute_scale_from_amax(amax, e4, scale, 0.0, False),
+                    lib.quantize(xs[i % nbuf], e4, scale, None, sinv, True, True)))
+    case("transpose bf16", n * 4, lambda i: lib.transpose(xs[i % nbuf]))
+    case("transpose e4m3", n * 2, lambda i: lib.transpose(qs[i % nbuf]))
+    case("dequantize e4m3->bf16", n * 3, lambda i: lib.dequantize(qs[i % nbuf], sinv, torch.bfloat16))
+
+    def torch_quant(i, columnwise):
+        x = xs[i % nbuf]
+        am = x.abs().amax().float()
+        torch.maximum(amax, am, out=amax)
+        q = (x.float() * scale).clamp(-448.0, 448.0).to(e4)
+        return q.t().contiguous() if columnwise else q
+
+    case("torch unfused quantize rowwise", n * 3, lambda i: torch_quant(i, False))
+    case("torch unfused quantize rowwise+columnwise", n * 4, lambda i: torch_quant(i, True))
+    case("torch amax", n * 2, lambda i: xs[i % nbuf].abs().amax())
+    case("torch transpose bf16", n * 4, lambda i: xs[i % nbuf].t().contiguous())
+
+    lines = [f"device: {torch.cuda.get_device_name(dev)}; {n} elements ([{rows}, {a.cols}]), median of {a.iters}",
+             "", "| operation | us | GB/s | % nominal | % D2D copy |", "|---|---:|---:|---:|---:|"]
+    ok = True
+    for name, nbytes, t, barred in cases:
+        gbs = nbytes / t / 1e9
+        pn, pc = 100 * gbs / a.nominal, 100 * gbs / copy_gbs
+        mark = ""
+        if barred:
+            passed = gbs >= a.bar * a.nominal
+            ok &= passed
+            mark = " (bar: PASS)" if passed else " (bar: FAIL)"
+        lines.append(f"| {name}{mark} | {t * 1e6:.1f} | {gbs:.0f} | {pn:.1f} | {pc:.1f} |")
+    verdict = f"quantize bar (>= {100 * a.bar:.0f}% of {a.nominal:.0f} GB/s for rowwise, rowwise+columnwise, amax): " \
+              + ("PASS" if ok else "FAIL")
+    lines += ["", verdict]
+    text = "\n".join(lines)
+    print(text)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text + "\n")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,170 @@
+"""The library backend of :mod:`transformer_engine_comm.torch.fp8` for CUDA tensors: each
+primitive is one library call (``nvte_quantize_v2``, ``nvte_compute_amax``,
+``nvte_compute_scale_from_amax``, ``nvte_delayed_scaling_recipe_amax_and_scale_update``,
+``nvte_transpose``, ``nvte_dequantize``) on torch's current stream.
+
+Cheap to call: the ctypes functions are looked up once, and the NVTETensor handles
+(which only hold device addresses, dtypes and shapes) are cached by exactly those values
+(a small LRU), so a training step that casts the same buffers again creates none.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from ctypes import c_void_p, byref, sizeof
+
+import torch
+
+from .. import _capi
+
+_DT = {
+    torch.float32: _capi.DType.kNVTEFloat32,
+    torch.bfloat16: _capi.DType.kNVTEBFloat16,
+    torch.float16: _capi.DType.kNVTEFloat16,
+    torch.float8_e4m3fn: _capi.DType.kNVTEFloat8E4M3,
+    torch.float8_e5m2: _capi.DType.kNVTEFloat8E5M2,
+    torch.uint8: _capi.DType.kNVTEByte,
+    torch.int16: _capi.DType.kNVTEInt16,
+}
+_P = _capi.TensorParam
+_F32 = int(_capi.DType.kNVTEFloat32)
+_CACHE_SIZE = 512
+
+
+class _Handles:
+    """LRU of NVTETensor handles keyed by their components (pointer, dtype, shape)."""
+
+    def __init__(self, lib):
+        self._lib = lib
+        self._map: OrderedDict = OrderedDict()
+
+    def get(self, key):
+        h = self._map.get(key)
+        if h is not None:
+            self._map.move_to_end(key)
+            return h
+        out = c_void_p()
+        lib = self._lib
+        (ptr, dt, shape), extras = key[0], key[1:]
+        dims = (_capi.c_size_t * max(len(shape), 1))(*shape)
+        _capi.check(lib.nvte_comm_tensor_create_simple(c_void_p(ptr or None), dt, dims, len(shape), byref(out)),
+                    "fp8 tensor")
+        h = out.value
+        try:
+            for param, (p, pdt, pshape) in extras:
+                if p:
+                    bt = _capi.BasicTensor(c_void_p(p), pdt, _capi.Shape.of(pshape))
+                    lib.nvte_set_tensor_param_v2(c_void_p(h), int(param), byref(bt), sizeof(bt))
+                    _capi.check_last("fp8 tensor param")
+        except BaseException:
+            lib.nvte_destroy_tensor(c_void_p(h))
+            raise
+        self._map[key] = h
+        if len(self._map) > _CACHE_SIZE:
+            _, old = self._map.popitem(last=False)
+            lib.nvte_destroy_tensor(c_void_p(old))
+        return h
+
+
+def _buf(t):
+    return (t.data_ptr(), int(_DT[t.dtype]), tuple(t.shape)) if t is not None else (0, _F32, (0,))
+
+
+def _scalar(t):
+    return (t.data_ptr() if t is not None else 0, _F32, (1,))
+
+
+class Backend:
+    """What :func:`transformer_engine_comm.torch.fp8._library` returns."""
+
+    def __init__(self):
+        lib = _capi.lib()
+        self._lib = lib
+        self._h = _Handles(lib)
+        self._q = lib.nvte_quantize_v2
+        self._amax = lib.nvte_compute_amax
+        self._scale = lib.nvte_compute_scale_from_amax
+        self._ds = lib.nvte_delayed_scaling_recipe_amax_and_scale_update
+        self._tr = lib.nvte_transpose
+        self._dq = lib.nvte_dequantize
+        self._err = lib.nvte_comm_last_status
+        self._configs = {}
+
+    def _check(self, what):
+        if self._err() != 0:
+            _capi.check_last(what)
+
+    def _config(self, epsilon: float, pow2: bool):
+        key = (float(epsilon), bool(pow2))
+        c = self._configs.get(key)
+        if c is None:
+            c = _capi.QuantizationConfig(force_pow_2_scales=pow2, amax_epsilon=epsilon)
+            self._configs[key] = c
+        return c.handle
+
+    def _in(self, x):
+        return self._h.get((_buf(x),))
+
+    @staticmethod
+    def _stream(x):
+        return c_void_p(torch.cuda.current_stream(x.device).cuda_stream or None)
+
+    def quantize(self, x, fp8_dtype, scale, amax, scale_inv, rowwise, columnwise):
+        rows = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else (1 if x.dim() == 0 else 0)
+        cols = x.shape[-1] if x.dim() else 1
+        q = torch.empty(x.shape, dtype=fp8_dtype, device=x.device) if rowwise else None
+        q_t = torch.empty((cols, rows), dtype=fp8_dtype, device=x.device) if columnwise else None
+        dt = int(_DT[fp8_dtype])
+        key = (
+            (q.data_ptr() if q is not None else 0, dt, tuple(x.shape)),
+            (_P.kNVTEColumnwiseData, (q_t.data_ptr() if q_t is not None else 0, dt, (cols, rows))),
+            (_P.kNVTEScale, _scalar(scale)),
+            (_P.kNVTEAmax, _scalar(amax)),
+            (_P.kNVTERowwiseScaleInv, _scalar(scale_inv)),
+        )
+        self._q(self._in(x), self._h.get(key), None, self._stream(x))
+        self._check("quantize")
+        return q, q_t
+
+    def compute_amax(self, x, amax):
+        key = ((0, int(_capi.DType.kNVTEFloat8E4M3), (0,)), (_P.kNVTEAmax, _scalar(amax)))
+        self._amax(self._in(x), self._h.get(key), self._stream(x))
+        self._check("compute_amax")
+        return amax
+
+    def compute_scale_from_amax(self, amax, fp8_dtype, scale, epsilon, pow2):
+        # The rowwise data only carries the FP8 type (an empty buffer).
+        key = ((0, int(_DT[fp8_dtype]), (0,)), (_P.kNVTEAmax, _scalar(amax)), (_P.kNVTEScale, _scalar(scale)))
+        self._scale(self._h.get(key), self._config(epsilon, pow2), self._stream(amax))
+        self._check("compute_scale_from_amax")
+        return scale
+
+    def delayed_scaling_update(self, amax_history, scale, fp8_dtype, margin, algo):
+        h = self._in(amax_history)
+        s = self._in(scale.reshape(-1))
+        self._ds(h, s, h, s, algo.encode(), int(_DT[fp8_dtype]), float(margin), self._stream(amax_history))
+        self._check("delayed_scaling_update")
+
+    def transpose(self, x2d):
+        out = torch.empty((x2d.shape[1], x2d.shape[0]), dtype=x2d.dtype, device=x2d.device)
+        self._tr(self._in(x2d), self._in(out), self._stream(x2d))
+        self._check("transpose")
+        return out
+
+    def dequantize(self, q, scale_inv, dtype):
+        out = torch.empty(q.shape, dtype=dtype, device=q.device)
+        key = (_buf(q), (_P.kNVTERowwiseScaleInv, _scalar(scale_inv)))
+        self._dq(self._h.get(key), self._in(out), self._stream(q))
+        self._check("dequantize")
+        return out
+
+
+def backend():
+    """A :class:`Backend`, or None when the loaded library lacks the quantization API."""
+    try:
+        if not all(_capi.has_function(f) for f in (
+                "nvte_quantize_v2", "nvte_compute_amax", "nvte_compute_scale_from_amax",
+                "nvte_delayed_scaling_recipe_amax_and_scale_update", "nvte_transpose")):
+            return None
+        return Backend()
+    except _capi.CommError:
+        return None
