@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The seed-002 workflow on the GPU machine: examples/pytorch/layer_with_overlap.py with and
-# without overlap, bf16 and --fp8, tp 2 and 4, and --num-replicas 2 on 4 GPUs. For each
-# configuration: overlap step time must be below no-overlap, and the loss curves must
-# agree (max relative difference per iteration under TOL). Logs and a table under
+# without overlap, bf16 and --fp8 (--fp8-recipe delayed and current), tp 2 and 4, and
+# --num-replicas 2 on 4 GPUs, each with --profile (the step breakdown's PROFILE line: host ms,
+# exposed / hidden communication). For each configuration: overlap step time must be below
+# no-overlap, and the loss curves must agree (max relative difference per iteration under
+# TOL). Logs and a table under
 # ${OUT:-gpu-out}/example/; the table is printed last; exits non-zero on any failure.
 # Usage: scripts/example-test.sh [--iters N] [--tol T]
 set -uo pipefail
@@ -23,22 +25,23 @@ py=${PYTHON:-python3}
 ngpu=$(gpu_count)
 [ "$ngpu" -ge 2 ] || { echo "example-test: SKIPPED (needs 2 GPUs, found $ngpu)"; exit 77; }
 
-configs=()   # "NPROC REPLICAS FP8"
+configs=()   # "NPROC REPLICAS RECIPE" (RECIPE: none = bf16, delayed, current = --fp8)
 for np in 2 4; do
   [ "$np" -le "$ngpu" ] || continue
-  configs+=("$np 1 0" "$np 1 1")
+  configs+=("$np 1 none" "$np 1 delayed" "$np 1 current")
 done
-[ "$ngpu" -ge 4 ] && configs+=("4 2 0")
+[ "$ngpu" -ge 4 ] && configs+=("4 2 none")
 
 fail=0
 rows=()
 result_field() { sed -n "s/.*RESULT .*\b$2=\([^ ]*\).*/\1/p" "$1" | tail -n 1; }
+profile_field() { sed -n "s/.*PROFILE .*\b$2=\([^ ]*\).*/\1/p" "$1" | tail -n 1; }
 for c in "${configs[@]}"; do
-  read -r np rep fp8 <<<"$c"
-  tag="np${np}_dp${rep}_fp8${fp8}"
+  read -r np rep recipe <<<"$c"
+  tag="np${np}_dp${rep}_${recipe/none/bf16}"
   for mode in overlap no-overlap; do
-    args=(--iters "$iters" --num-replicas "$rep")
-    [ "$fp8" = 1 ] && args+=(--fp8)
+    args=(--iters "$iters" --num-replicas "$rep" --profile)
+    [ "$recipe" != none ] && args+=(--fp8 --fp8-recipe "$recipe")
     [ "$mode" = no-overlap ] && args+=(--no-comm-overlap)
     timeout -k 10 300 "$py" -m torch.distributed.run --standalone --nproc-per-node="$np" \
       "$root/examples/pytorch/layer_with_overlap.py" "${args[@]}" >"$out/${tag}_$mode.log" 2>&1
@@ -66,11 +69,16 @@ PY
 )
   IFS='|' read -r v ratio diff <<<"$verdict"
   [ "${v%% *}" = PASS ] || fail=1
-  rows+=("| $np | $((np / rep)) | $rep | $([ "$fp8" = 1 ] && echo e4m3 || echo bf16) | ${to:--} | ${tn:--} | $ratio | $diff | $v |")
+  breakdown=""
+  for mode in overlap no-overlap; do
+    f=$out/${tag}_$mode.log
+    breakdown+=" | $(result_field "$f" host_ms | cut -c1-6) / $(profile_field "$f" comm_exposed_ms | cut -c1-6) / $(profile_field "$f" comm_hidden_ms | cut -c1-6)"
+  done
+  rows+=("| $np | $((np / rep)) | $rep | $([ "$recipe" = none ] && echo bf16 || echo "FP8 $recipe") | ${to:--} | ${tn:--} | $ratio | $diff$breakdown | $v |")
 done
 {
-  echo "| GPUs | tp | dp | GEMM dtype | overlap step ms | no-overlap step ms | ratio | max loss rel. diff | result |"
-  echo "|---|---|---|---|---|---|---|---|---|"
+  echo "| GPUs | tp | dp | GEMMs | overlap step ms | no-overlap step ms | ratio | max loss rel. diff | overlap host / exposed comm / hidden comm ms | no-overlap host / exposed / hidden ms | result |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|"
   printf '%s\n' "${rows[@]}"
 } | tee "$out/summary.md"
 npass=$(grep -c '| PASS |' "$out/summary.md"); nfail=$(( ${#rows[@]} - npass ))

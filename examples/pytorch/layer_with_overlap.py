@@ -3,7 +3,8 @@
 workflow, on transformer_engine_comm).
 
     torchrun --nnodes=1 --nproc-per-node=$(nvidia-smi -L | wc -l) \\
-        examples/pytorch/layer_with_overlap.py [--fp8] [--no-comm-overlap] [--num-replicas N]
+        examples/pytorch/layer_with_overlap.py [--fp8 [--fp8-recipe delayed|current]] \\
+        [--no-comm-overlap] [--num-replicas N] [--cuda-graph] [--profile]
 
 From the source tree (no wheel installed): ``PYTHONPATH=python`` (the library is then found
 at ``target/release/libtransformer_engine_comm.so``, or wherever ``TE_COMM_LIB`` points);
@@ -18,19 +19,59 @@ when there is more than one replica. Each replica trains on its own fixed random
 sharded across its TP group (sequence parallelism). ``--no-comm-overlap`` builds the same
 model on plain torch.distributed (NCCL) collectives and torch matmuls: the reference.
 
+FP8 (``--fp8``): TE's recipes from ``transformer_engine_comm.torch.fp8``, ``--fp8-recipe
+delayed`` (DelayedScaling: HYBRID, amax history; the default) or ``current``
+(Float8CurrentScaling). One micro-batch per optimizer step: the model is called with
+``is_first_microbatch=True`` (TE's semantics), so the FP8 weights are cast once per step.
+The optimizer is Adam, fused on CUDA (``torch.optim.Adam(fused=True)``).
+
+``--cuda-graph`` captures the whole forward and backward of the model with
+``torch.cuda.make_graphed_callables`` (its warm-up iterations also make the library's
+first eager calls); the loss (MSE, in float32) and the optimizer step run eagerly outside
+the graph. Needs CUDA and one replica (no DistributedDataParallel).
+
+``--force-library-path`` (bench only): at tp 1 the overlap build runs the library's
+comm-GEMM ops exactly as at tp > 1 (``force_library_path=True`` of the modules), so their
+host cost and kernels can be measured on one GPU.
+
 Output: TE-style progress lines (``[rank0:node0] |-- Forward pass`` ...) for the first
 iterations (every iteration with ``--verbose``), the loss every ``--log-every`` iterations,
-the mean step time (CUDA events around forward + backward + optimizer step, warm-up
-iterations excluded, the maximum over ranks) and, last, one machine-readable line:
+the mean step time (CUDA events around zero_grad + forward + loss + backward + optimizer
+step, warm-up iterations excluded, the maximum over ranks), the mean host time per step
+(``time.perf_counter`` from the step's start to the return of ``optimizer.step()``, i.e.
+to its last enqueue: nothing inside the step synchronizes; same iterations, maximum over
+ranks) and, last, one machine-readable line:
 
-    RESULT mode=<overlap|no-overlap> fp8=<0|1> tp=<n> dp=<n> step_ms=<x> final_loss=<y> losses=<l1,l2,...>
+    RESULT mode=<overlap|no-overlap> fp8=<0|1> recipe=<none|delayed|current> graph=<0|1>
+        forced=<0|1> tp=<n> dp=<n> step_ms=<x> host_ms=<h> final_loss=<y> losses=<l1,l2,...>
+
+(one line). ``--profile`` adds a step breakdown from ``torch.profiler`` (CUDA activities)
+over ``--profile-steps`` further steps, in a separate pass after the timed iterations (the
+profiler's overhead stays out of step_ms and host_ms): per step, the median over the
+profiled steps and then the maximum over ranks of each figure, GPU-busy ms (union of all
+kernel, memcpy and memset intervals), GEMM ms (union of the GEMM kernels), communication
+ms (union of NCCL kernels, the library's communication kernels of kernels/comm.cu and
+peer-to-peer memcpys) split into exposed (not overlapped by any other kernel) and hidden,
+and the kernel count; and one more machine-readable line before RESULT:
+
+    PROFILE mode=... fp8=... recipe=... graph=... forced=... tp=... dp=... steps=<n> step_ms=<x>
+        host_ms=<h> gpu_busy_ms=<b> gemm_ms=<g> comm_ms=<c> comm_exposed_ms=<e>
+        comm_hidden_ms=<d> kernels=<k> copies=<m> unassigned=<u>
+
+(one line; copies: memcpy and memset operations per step; unassigned: device operations
+of the profiled window that fell in no step, expected 0).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
+import shutil
+import statistics
 import sys
+import tempfile
 import time
 from typing import Dict, List, Optional
 
@@ -45,6 +86,7 @@ except ImportError:  # running from the source tree without PYTHONPATH=python
     import transformer_engine_comm  # noqa: F401
 
 from transformer_engine_comm.torch import modules as te_comm_modules
+from transformer_engine_comm.torch.fp8 import recipe_from_name
 
 WORLD_RANK = int(os.environ.get("RANK", "0"))
 WORLD_SIZE = int(os.environ.get("WORLD_SIZE", "1"))
@@ -74,7 +116,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--lr", type=float, default=1e-4,
                    help="Adam learning rate (1e-4: a smooth fall at the default size; 1e-3 overshoots there)")
-    p.add_argument("--fp8", action="store_true", help="FP8 (e4m3, per-tensor current scaling) forward GEMMs")
+    p.add_argument("--fp8", action="store_true", help="FP8 GEMMs with TE's recipe --fp8-recipe")
+    p.add_argument("--fp8-recipe", choices=("delayed", "current"), default=None,
+                   help="with --fp8: delayed (DelayedScaling, HYBRID; the default) or current (Float8CurrentScaling)")
     p.add_argument("--no-comm-overlap", action="store_true",
                    help="reference build: torch.distributed collectives + torch matmuls")
     p.add_argument("--num-replicas", type=int, default=1, help="data-parallel replicas (TP size = world / N)")
@@ -89,6 +133,15 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="cpu: gloo + CPU tensors, reference build only (for smoke tests)")
     p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="parameter / activation dtype")
+    p.add_argument("--cuda-graph", action="store_true",
+                   help="capture forward + backward with torch.cuda.make_graphed_callables (loss and optimizer eager)")
+    p.add_argument("--profile", action="store_true",
+                   help="step breakdown from torch.profiler in a separate pass after the timed iterations")
+    p.add_argument("--profile-steps", type=int, default=5, help="steps of the profiled pass (after one warm-up step)")
+    p.add_argument("--profile-trace", default=None, metavar="FILE",
+                   help="with --profile: also write the profiled pass's Chrome trace to FILE (rank r: FILE.rank<r>)")
+    p.add_argument("--force-library-path", action="store_true",
+                   help="bench only: the overlap build runs the library's comm-GEMM ops at tp 1 as at tp > 1")
     opts = p.parse_args(argv)
     if opts.iters < 1:
         p.error("--iters must be >= 1")
@@ -98,6 +151,20 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         p.error("--num-replicas must be >= 1")
     if opts.device == "cpu" and not opts.no_comm_overlap:
         p.error("--device cpu runs the reference build only: add --no-comm-overlap")
+    if opts.warmup < 0:
+        p.error("--warmup must be >= 0")
+    if opts.fp8_recipe is not None and not opts.fp8:
+        p.error("--fp8-recipe needs --fp8")
+    if opts.fp8 and opts.fp8_recipe is None:
+        opts.fp8_recipe = "delayed"
+    if opts.force_library_path and opts.no_comm_overlap:
+        p.error("--force-library-path applies to the overlap build (drop --no-comm-overlap)")
+    if opts.device == "cpu" and (opts.cuda_graph or opts.profile):
+        p.error("--cuda-graph and --profile need --device cuda")
+    if opts.cuda_graph and opts.num_replicas > 1:
+        p.error("--cuda-graph runs one replica only (the graph does not hold DistributedDataParallel's hooks)")
+    if opts.profile_steps < 1:
+        p.error("--profile-steps must be >= 1")
     return opts
 
 
@@ -170,14 +237,191 @@ def make_groups(num_replicas: int, verbose: bool = True):
     return tp_group, dp_group, tp_size, num_replicas
 
 
+# ----------------------------------------------------------------------------- step breakdown
+
+# Classification of the device operations of a profiled step (names as the Chrome trace of
+# torch.profiler writes them). GEMM kernels: cuBLAS / cuBLASLt (xmma, nvjet, cutlass) and
+# anything named gemm. Communication: NCCL's kernels, the library's communication kernels
+# (kernels/comm.cu: the flag / arrival kernels, the NCCL bracketing kernels, the peer puts,
+# the segment copies and the reductions of received partials) and peer-to-peer memcpys.
+# The library's amax_max (a local max over per-chunk amaxes) is compute.
+GEMM_RE = re.compile(r"gemm|cutlass|nvjet|xmma|cublas", re.IGNORECASE)
+LIB_COMM_KERNELS = frozenset(
+    ("wait_flags", "wait_arrival_checked", "signal_flags", "begin_call", "nccl_begin", "nccl_arrived",
+     "nccl_end", "put_bytes", "copy_segments")
+)
+LIB_REDUCE_RE = re.compile(r"^reduce_[a-z0-9]+_[a-z0-9]+_v[0-9]+$")
+DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+STEP_MARK = "te_comm_step#"
+
+
+def classify(name: str, cat: str) -> str:
+    """'gemm', 'comm', 'compute' (other kernels) or 'copy' (memcpy / memset, not peer)."""
+    if cat == "kernel":
+        if "nccl" in name.lower() or name in LIB_COMM_KERNELS or LIB_REDUCE_RE.match(name):
+            return "comm"
+        return "gemm" if GEMM_RE.search(name) else "compute"
+    if cat == "gpu_memcpy" and ("PtoP" in name or "Peer" in name):
+        return "comm"
+    return "copy"
+
+
+def union(intervals) -> List[tuple]:
+    """Merged, sorted (start, end) intervals covering the given ones."""
+    out: List[list] = []
+    for a, b in sorted(intervals):
+        if b <= a:
+            continue
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [tuple(i) for i in out]
+
+
+def measure(merged) -> float:
+    return sum(b - a for a, b in merged)
+
+
+def overlap_length(x, y) -> float:
+    """Length of the intersection of two merged interval lists."""
+    i = j = 0
+    tot = 0.0
+    while i < len(x) and j < len(y):
+        a, b = max(x[i][0], y[j][0]), min(x[i][1], y[j][1])
+        if b > a:
+            tot += b - a
+        if x[i][1] < y[j][1]:
+            i += 1
+        else:
+            j += 1
+    return tot
+
+
+def analyze_trace(trace: dict) -> dict:
+    """Per-step breakdown of a torch.profiler Chrome trace whose steps are host ranges named
+    ``te_comm_step#<i>`` (each closed by a device synchronize, so a step's device work lies
+    inside its range). Returns {"steps": [per-step dict], "unassigned": n}; per step (ms,
+    from the trace's microseconds): gpu_busy_ms, gemm_ms, comm_ms, comm_exposed_ms,
+    comm_hidden_ms, and kernels, copies (counts)."""
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    steps = sorted(
+        (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)))
+        for e in events
+        if e.get("ph") == "X" and str(e.get("name", "")).startswith(STEP_MARK)
+        and not str(e.get("cat", "")).startswith("gpu")
+    )
+    per = [{"all": [], "gemm": [], "comm": [], "compute": [], "kernels": 0, "copies": 0} for _ in steps]
+    unassigned = 0
+    for e in events:
+        cat = str(e.get("cat", "")).lower()
+        if e.get("ph") != "X" or cat not in DEVICE_CATS:
+            continue
+        t0 = float(e["ts"])
+        iv = (t0, t0 + float(e.get("dur", 0.0)))
+        k = next((i for i, (a, b) in enumerate(steps) if a <= t0 <= b), None)
+        if k is None:
+            unassigned += 1
+            continue
+        s = per[k]
+        kind = classify(str(e.get("name", "")), cat)
+        s["all"].append(iv)
+        if cat == "kernel":
+            s["kernels"] += 1
+        else:
+            s["copies"] += 1
+        if kind == "comm":
+            s["comm"].append(iv)
+        else:
+            if kind == "gemm":
+                s["gemm"].append(iv)
+            if kind in ("gemm", "compute"):
+                s["compute"].append(iv)
+    out = []
+    for s in per:
+        comm, compute = union(s["comm"]), union(s["compute"])
+        hidden = overlap_length(comm, compute)
+        comm_ms = measure(comm) / 1e3
+        out.append({
+            "gpu_busy_ms": measure(union(s["all"])) / 1e3,
+            "gemm_ms": measure(union(s["gemm"])) / 1e3,
+            "comm_ms": comm_ms,
+            "comm_hidden_ms": hidden / 1e3,
+            "comm_exposed_ms": comm_ms - hidden / 1e3,
+            "kernels": s["kernels"],
+            "copies": s["copies"],
+        })
+    return {"steps": out, "unassigned": unassigned}
+
+
+PROFILE_KEYS = ("gpu_busy_ms", "gemm_ms", "comm_ms", "comm_exposed_ms", "comm_hidden_ms", "kernels", "copies")
+
+
+def median_steps(steps: List[dict]) -> dict:
+    """Median over the steps of each figure (PROFILE_KEYS)."""
+    if not steps:
+        raise ValueError("no profiled step found in the trace")
+    return {k: statistics.median(s[k] for s in steps) for k in PROFILE_KEYS}
+
+
+def profile_steps(step_fn, nsteps: int, trace_path: Optional[str] = None) -> dict:
+    """Run one warm-up step and ``nsteps`` annotated steps under torch.profiler (CPU and
+    CUDA activities), each step closed by a device synchronize; returns analyze_trace()'s
+    result for this rank."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step_fn()  # the profiler's own first-events cost lands here, outside the steps
+        torch.cuda.synchronize()
+        for i in range(nsteps):
+            with record_function(f"{STEP_MARK}{i}"):
+                step_fn()
+                torch.cuda.synchronize()
+    fd, path = tempfile.mkstemp(suffix=".json", prefix="te_comm_profile_")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        with open(path, encoding="utf-8") as f:
+            trace = json.load(f)
+        if trace_path:
+            shutil.copyfile(path, trace_path if WORLD_SIZE == 1 else f"{trace_path}.rank{WORLD_RANK}")
+    finally:
+        os.unlink(path)
+    return analyze_trace(trace)
+
+
 # ----------------------------------------------------------------------------- training
 
 
+def make_optimizer(params, lr: float, device: torch.device) -> torch.optim.Optimizer:
+    """The example's optimizer: Adam, fused (one kernel launch per step group) on CUDA;
+    torch's default implementation on the CPU. bench/step_parts.py times this very call."""
+    if device.type == "cuda":
+        return torch.optim.Adam(params, lr=lr, fused=True)
+    return torch.optim.Adam(params, lr=lr)
+
+
+class _FirstMicrobatch(torch.nn.Module):
+    """model(x, is_first_microbatch=True) as a one-argument module (what
+    make_graphed_callables captures: the flag is a capture-time constant)."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x, is_first_microbatch=True)
+
+
 def train(opts: argparse.Namespace) -> dict:
-    """Build the model, train ``opts.iters`` iterations; returns
-    ``{"mode", "fp8", "tp", "dp", "step_ms", "final_loss", "losses"}`` (losses: the mean
-    loss over all ranks, per iteration). Needs torch.distributed initialised (or
-    initialises it from torchrun's environment). Leaves the process groups alive."""
+    """Build the model, train ``opts.iters`` iterations (then, with ``opts.profile``, a
+    profiled pass); returns ``{"mode", "fp8", "recipe", "graph", "forced", "tp", "dp",
+    "step_ms", "host_ms", "final_loss", "losses"}`` (losses: the mean loss over all ranks,
+    per iteration) plus ``"profile"`` (PROFILE_KEYS, steps, unassigned) with
+    ``opts.profile``. Needs torch.distributed initialised (or initialises it from
+    torchrun's environment). Leaves the process groups alive."""
+    fp8_recipe_name = getattr(opts, "fp8_recipe", None) or ("delayed" if opts.fp8 else None)
     device = init_distributed(opts.device)
     dtype = torch.bfloat16 if opts.dtype == "bf16" else torch.float32
     overlap = not opts.no_comm_overlap
@@ -190,8 +434,10 @@ def train(opts: argparse.Namespace) -> dict:
         raise SystemExit(f"--seq-length {opts.seq_length} must be divisible by the TP size {tp_size}")
 
     mode = "overlap" if overlap else "no-overlap"
+    recipe = fp8_recipe_name if opts.fp8 else "none"
     dist_print(
-        f"Config: mode={mode} fp8={int(opts.fp8)} tp={tp_size} dp={dp_size} seq={opts.seq_length} "
+        f"Config: mode={mode} fp8={int(opts.fp8)} recipe={recipe} graph={int(opts.cuda_graph)} "
+        f"forced={int(opts.force_library_path)} tp={tp_size} dp={dp_size} seq={opts.seq_length} "
         f"batch={opts.batch_size} hidden={hidden} ffn_hidden={ffn_hidden} dtype={opts.dtype} "
         f"iters={opts.iters} seed={opts.seed}"
     )
@@ -211,6 +457,8 @@ def train(opts: argparse.Namespace) -> dict:
         ub_bulk_dgrad=not opts.no_ub_bulk_dgrad,
         ub_bulk_wgrad=not opts.no_ub_bulk_wgrad,
         fp8=opts.fp8,
+        fp8_recipe=recipe_from_name(fp8_recipe_name) if opts.fp8 else None,
+        force_library_path=opts.force_library_path,
         params_dtype=dtype,
         device=device,
         seed=opts.seed,
@@ -223,7 +471,7 @@ def train(opts: argparse.Namespace) -> dict:
             process_group=dp_group,
             device_ids=[device.index] if device.type == "cuda" else None,
         )
-    optim = torch.optim.Adam(model.parameters(), lr=opts.lr)
+    optim = make_optimizer(model.parameters(), opts.lr, device)
 
     # This replica's fixed batch and target, [seq, batch, hidden] with the sequence sharded
     # across the TP group (drawn on the CPU: identical for every build and device).
@@ -235,23 +483,24 @@ def train(opts: argparse.Namespace) -> dict:
     target = y_full.chunk(tp_size, 0)[tp_rank].to(device=device, dtype=torch.float32).contiguous()
     del x_full, y_full
 
-    cuda = device.type == "cuda"
-    losses: List[float] = []
-    times: List[float] = []
-    world = dist.get_world_size()
-    for it in range(opts.iters):
-        verbose = opts.verbose or it < 2
-        if verbose:
-            dist_print(f"Iter {it + 1}")
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-        else:
-            t0 = time.perf_counter()
+    # One micro-batch per optimizer step: is_first_microbatch=True casts the FP8 weights
+    # once per step (TE's semantics).
+    forward = _FirstMicrobatch(model)
+    if opts.cuda_graph:
+        # make_graphed_callables runs its own warm-up iterations (forward + backward through
+        # torch.autograd.grad: no .grad is touched), which are also the library ops' first
+        # eager calls, then captures one forward and one backward graph. x is the static
+        # input (it needs no gradient); the loss and the optimizer stay outside the graph.
+        dist_print("|-- Capturing forward and backward (torch.cuda.make_graphed_callables)")
+        torch.cuda.synchronize()
+        forward = torch.cuda.make_graphed_callables(forward, (x,))
+        torch.cuda.synchronize()
+
+    def step(verbose: bool = False) -> torch.Tensor:
         optim.zero_grad(set_to_none=True)
         if verbose:
             dist_print("|-- Forward pass")
-        out = model(x)
+        out = forward(x)
         if verbose:
             dist_print("|-- Compute loss")
         # Mean over this rank's tokens; the loss of the replica is the mean over its TP
@@ -264,6 +513,23 @@ def train(opts: argparse.Namespace) -> dict:
         if verbose:
             dist_print("|-- Optimizer step")
         optim.step()
+        return loss
+
+    cuda = device.type == "cuda"
+    losses: List[float] = []
+    times: List[float] = []
+    host: List[float] = []
+    world = dist.get_world_size()
+    for it in range(opts.iters):
+        verbose = opts.verbose or it < 2
+        if verbose:
+            dist_print(f"Iter {it + 1}")
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        t0 = time.perf_counter()
+        loss = step(verbose)
+        t1 = time.perf_counter()  # the step's last enqueue (nothing above synchronizes)
         if cuda:
             end.record()
         # Outside the timed region: the loss averaged over every rank (DP replicas included).
@@ -274,34 +540,87 @@ def train(opts: argparse.Namespace) -> dict:
             torch.cuda.synchronize()
             times.append(start.elapsed_time(end))
         else:
-            times.append((time.perf_counter() - t0) * 1e3)
+            times.append((t1 - t0) * 1e3)
+        host.append((t1 - t0) * 1e3)
         if (it + 1) % opts.log_every == 0 or it == opts.iters - 1:
             dist_print(f"Iter {it + 1}: loss {losses[-1]:.6f}  step {times[-1]:.3f} ms")
 
-    timed = times[opts.warmup:] if len(times) > opts.warmup else times[-1:]
-    step_ms = sum(timed) / len(timed)
-    t = torch.tensor([step_ms], dtype=torch.float64, device=device if opts.device == "cuda" else "cpu")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    step_ms = float(t.item())
-    dist_print(f"Mean step time: {step_ms:.3f} ms over {len(timed)} iterations (max over ranks, warm-up excluded)")
+    first = opts.warmup if len(times) > opts.warmup else len(times) - 1
+    step_ms, host_ms = _max_over_ranks(
+        [statistics.fmean(times[first:]), statistics.fmean(host[first:])], device
+    )
+    n = len(times) - first
+    dist_print(f"Mean step time: {step_ms:.3f} ms over {n} iterations (max over ranks, warm-up excluded)")
+    dist_print(f"Mean host time per step: {host_ms:.3f} ms (to the last enqueue; max over ranks)")
     result = {
         "mode": mode,
         "fp8": int(opts.fp8),
+        "recipe": recipe,
+        "graph": int(opts.cuda_graph),
+        "forced": int(opts.force_library_path),
         "tp": tp_size,
         "dp": dp_size,
         "step_ms": step_ms,
+        "host_ms": host_ms,
         "final_loss": losses[-1],
         "losses": losses,
     }
+    if opts.profile:
+        dist_print(f"|-- Profiling {opts.profile_steps} steps (torch.profiler, a separate pass)")
+        mine = profile_steps(step, opts.profile_steps, opts.profile_trace)
+        med = median_steps(mine["steps"])
+        vals = _max_over_ranks([med[k] for k in PROFILE_KEYS] + [mine["unassigned"], len(mine["steps"])], device)
+        prof = dict(zip(PROFILE_KEYS, vals[: len(PROFILE_KEYS)]))
+        prof["unassigned"] = int(vals[len(PROFILE_KEYS)])
+        prof["steps"] = int(vals[len(PROFILE_KEYS) + 1])
+        result["profile"] = prof
+        dist_print(
+            f"Step breakdown (median of {prof['steps']} profiled steps, max over ranks; step and host "
+            f"from the timed iterations):\n"
+            f"    step ms          {step_ms:9.3f}\n"
+            f"    host ms          {host_ms:9.3f}   (host / GPU busy {host_ms / max(prof['gpu_busy_ms'], 1e-9):.2f})\n"
+            f"    GPU busy ms      {prof['gpu_busy_ms']:9.3f}\n"
+            f"    GEMM ms          {prof['gemm_ms']:9.3f}\n"
+            f"    comm ms          {prof['comm_ms']:9.3f}   (exposed {prof['comm_exposed_ms']:.3f}, "
+            f"hidden {prof['comm_hidden_ms']:.3f})\n"
+            f"    kernels / step   {prof['kernels']:9.0f}   (+ {prof['copies']:.0f} memcpy / memset)"
+        )
+        if prof["unassigned"]:
+            dist_print(f"warning: {prof['unassigned']} device operations of the profiled window fell in no step")
+        if WORLD_RANK == 0:
+            print(profile_line(result), flush=True)
     if WORLD_RANK == 0:
         print(result_line(result), flush=True)
     return result
 
 
+def _max_over_ranks(values: List[float], device: torch.device) -> List[float]:
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return [float(v) for v in t.tolist()]
+
+
+def _head(r: dict) -> str:
+    return (
+        f"mode={r['mode']} fp8={r['fp8']} recipe={r['recipe']} graph={r['graph']} forced={r['forced']} "
+        f"tp={r['tp']} dp={r['dp']}"
+    )
+
+
 def result_line(r: dict) -> str:
     return (
-        f"RESULT mode={r['mode']} fp8={r['fp8']} tp={r['tp']} dp={r['dp']} step_ms={r['step_ms']:.4f} "
+        f"RESULT {_head(r)} step_ms={r['step_ms']:.4f} host_ms={r['host_ms']:.4f} "
         f"final_loss={r['final_loss']:.6f} losses={','.join(f'{v:.6f}' for v in r['losses'])}"
+    )
+
+
+def profile_line(r: dict) -> str:
+    p = r["profile"]
+    return (
+        f"PROFILE {_head(r)} steps={p['steps']} step_ms={r['step_ms']:.4f} host_ms={r['host_ms']:.4f} "
+        f"gpu_busy_ms={p['gpu_busy_ms']:.4f} gemm_ms={p['gemm_ms']:.4f} comm_ms={p['comm_ms']:.4f} "
+        f"comm_exposed_ms={p['comm_exposed_ms']:.4f} comm_hidden_ms={p['comm_hidden_ms']:.4f} "
+        f"kernels={p['kernels']:g} copies={p['copies']:g} unassigned={p['unassigned']}"
     )
 
 
