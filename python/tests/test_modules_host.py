@@ -216,7 +216,8 @@ def test_is_first_microbatch_caches_the_weight_cast():
     recipe = fp8.DelayedScaling(amax_history_len=16)
     m = tm.ColumnParallelLinear(H, FFN, True, comm_overlap=False, fp8=True, fp8_recipe=recipe, device="cpu",
                                 params_dtype=F32, seed=9)
-    st = m._f8 if m._f8 is not None else (m.fp8_meta and m._f8)
+    m.fp8_meta  # creates the FP8 state
+    st = m._f8
     x, g = _data(60, N, H), _data(61, N, FFN)
     # None: a cast on every forward (one amax entry each), nothing cached.
     _grads(m, x, g)
