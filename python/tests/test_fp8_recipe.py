@@ -108,3 +108,11 @@ def test_recipe_validation():
     with pytest.raises(ValueError):
         fp8.recipe_from_name("blockwise")
     assert isinstance(fp8.recipe_from_name("current"), fp8.Float8CurrentScaling)
+
+
+def test_format_dtypes():
+    # TE's Format: HYBRID = e4m3 forward / e5m2 backward; E4M3 everywhere.
+    assert fp8.Format.HYBRID.fwd == torch.float8_e4m3fn
+    assert fp8.Format.HYBRID.bwd == torch.float8_e5m2
+    assert fp8.Format.E4M3.fwd == torch.float8_e4m3fn
+    assert fp8.Format.E4M3.bwd == torch.float8_e4m3fn

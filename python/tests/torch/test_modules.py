@@ -20,13 +20,18 @@ torch, dist = require_torchrun_gpus()
 
 import torch.nn.functional as F  # noqa: E402
 
+from transformer_engine_comm.torch import fp8 as tfp8  # noqa: E402
 from transformer_engine_comm.torch import modules as tm  # noqa: E402
+
+
+def fp8_recipe(name):
+    return tfp8.recipe_from_name(name)
 
 BF16 = torch.bfloat16
 # (seq, batch, hidden, ffn): tokens = seq * batch, sharded over tp along seq.
 S, B, H, FFN = 128, 2, 256, 1024
 TOL = 2e-2  # overlap vs reference, bf16
-TOL_FP8 = 4e-2  # overlap vs reference, FP8 forward GEMMs (same quantized operands)
+TOL_FP8 = 4e-2  # overlap vs reference, FP8 GEMMs (same quantized operands; accumulation may differ)
 TOL_FULL = 3e-2  # reference (bf16) vs the float32 single-GPU layer
 
 COL_FLAGS = {
@@ -98,9 +103,9 @@ def shard_of(kind, name, t, group):
     return t  # replicated: row bias, fc2 bias, LayerNorm
 
 
-def build(tc, kind, group, overlap, flags, *, fp8=False, bias=True, sp=True, seed=1):
+def build(tc, kind, group, overlap, flags, *, fp8=False, bias=True, sp=True, seed=1, recipe=None):
     kw = dict(tp_group=group, comm_overlap=overlap, fp8=fp8, sequence_parallel=sp, params_dtype=BF16,
-              device=tc.device, seed=seed)
+              device=tc.device, seed=seed, fp8_recipe=recipe)
     if kind == "col":
         return tm.ColumnParallelLinear(H, FFN, bias, **kw, **flags)
     if kind == "row":
@@ -201,10 +206,11 @@ def compare(tc, what, kind, group, ovl, ref, tol, full=None, full_tol=None, sp=T
     tc.check_all(ok, f"{what}: {detail} (tol {tol:g}; worst overlap/ref {worst:.3g})")
 
 
-def case(tc, kind, group, flags, *, fp8=False, bias=True, sp=True, seed=5, iters=1, x_grad=True, check_full=True):
+def case(tc, kind, group, flags, *, fp8=False, bias=True, sp=True, seed=5, iters=1, x_grad=True, check_full=True,
+         recipe=None):
     full = full_params(tc, kind, seed, bias)
-    ref = build(tc, kind, group, False, flags, fp8=fp8, bias=bias, sp=sp)
-    ovl = build(tc, kind, group, True, flags, fp8=fp8, bias=bias, sp=sp)
+    ref = build(tc, kind, group, False, flags, fp8=fp8, bias=bias, sp=sp, recipe=recipe)
+    ovl = build(tc, kind, group, True, flags, fp8=fp8, bias=bias, sp=sp, recipe=recipe)
     load(ref, kind, full, group)
     load(ovl, kind, full, group)
     xs, gs = io_shapes(kind)
@@ -222,7 +228,7 @@ def case(tc, kind, group, flags, *, fp8=False, bias=True, sp=True, seed=5, iters
             yf = full_layer(kind, fp, xf, sp)
             yf.backward(g)
             f = (yf.detach(), xf.grad if x_grad else None, {n: t.grad for n, t in fp.items()})
-        what = f"{kind} tp={group.size()} flags={flags} fp8={fp8} bias={bias} sp={sp} iter={it}"
+        what = f"{kind} tp={group.size()} flags={flags} fp8={fp8} {recipe} bias={bias} sp={sp} iter={it}"
         compare(tc, what, kind, group, o, r, TOL_FP8 if fp8 else TOL, f, TOL_FULL, sp)
 
 
@@ -259,16 +265,27 @@ def test_no_bias(tc, kind):
     case(tc, kind, tc.group, flags, bias=False)
 
 
+@pytest.mark.parametrize("recipe", ["delayed", "current"])
 @pytest.mark.parametrize("layout", ["world", "tp2"])
 @pytest.mark.parametrize("kind", ["col", "row", "mlp"])
-def test_fp8(tc, subgroups, layout, kind):
+def test_fp8(tc, subgroups, layout, kind, recipe):
+    # Forward, dgrad and wgrad in FP8 in both builds; the FP8 all-gathers (x forward and
+    # re-gathered, dY of the row layer) and the scales shared over the group. Three
+    # iterations: delayed scaling's histories advance alike in both builds.
     group = pick_group(tc, subgroups, layout)
     flags = {"col": COL_FLAGS["te_default"], "row": ROW_FLAGS["rs_ag"], "mlp": MLP_FLAGS["te_default"]}[kind]
-    case(tc, kind, group, flags, fp8=True)
+    case(tc, kind, group, flags, fp8=True, recipe=fp8_recipe(recipe), iters=3)
 
 
-def test_fp8_mlp_rs_dgrad(tc):
-    case(tc, "mlp", tc.group, MLP_FLAGS["rs_dgrad"], fp8=True)
+@pytest.mark.parametrize("flags", ["rs_dgrad", "bulk_only"])
+def test_fp8_mlp_flags(tc, flags):
+    case(tc, "mlp", tc.group, MLP_FLAGS[flags], fp8=True, recipe=fp8_recipe("current"), iters=2)
+
+
+@pytest.mark.parametrize("kind", ["col", "row", "mlp"])
+def test_fp8_no_sequence_parallel(tc, kind):
+    flags = {"col": COL_FLAGS["rs_dgrad"], "row": ROW_FLAGS["rs_ag"], "mlp": MLP_FLAGS["te_default"]}[kind]
+    case(tc, kind, tc.group, flags, fp8=True, sp=False)
 
 
 @pytest.mark.parametrize("kind", ["col", "row", "mlp"])

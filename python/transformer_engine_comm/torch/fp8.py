@@ -67,8 +67,9 @@ _AMAX_ALGOS = ("max", "most_recent")
 class Format(enum.Enum):
     """FP8 formats of a recipe: (forward dtype, backward dtype), TE's ``recipe.Format``."""
 
-    E4M3 = (E4M3, E4M3)
-    HYBRID = (E4M3, E5M2)
+    # The dtypes by their torch names: inside the class body ``E4M3`` is the member above.
+    E4M3 = (torch.float8_e4m3fn, torch.float8_e4m3fn)
+    HYBRID = (torch.float8_e4m3fn, torch.float8_e5m2)
 
     @property
     def fwd(self) -> torch.dtype:

@@ -16,9 +16,12 @@ hidden dimension is sharded. Every module flattens its input to 2-D ``[tokens, f
 Two builds of every module (``comm_overlap``):
 
 - ``comm_overlap=False`` -- the *reference*: plain ``torch.distributed`` collectives
-  (NCCL, or any backend: it runs on CPU with gloo too) around ``torch`` matmuls, composed
-  from small differentiable collectives so that autograd derives every gradient (no
-  hand-written backward for the GEMMs). The ``ub_*`` flags are ignored.
+  (NCCL, or any backend: it runs on CPU with gloo too) around ``torch`` matmuls. In bf16
+  it is composed from small differentiable collectives so that autograd derives every
+  gradient (no hand-written backward for the GEMMs). With ``fp8=True`` the GEMMs' FP8
+  backward cannot be derived by autograd: the reference then runs the hand-written
+  functions below with every ``ub_*`` flag off (synchronous ``torch.distributed``
+  collectives carrying FP8 bytes, ``torch._scaled_mm``). The ``ub_*`` flags are ignored.
 - ``comm_overlap=True`` -- hand-written forward/backward that run each communication
   step its flag selects through this package: the comm-GEMM ops
   (:func:`transformer_engine_comm.torch.ops.all_gather_gemm`, ``gemm_reduce_scatter``,
@@ -41,41 +44,87 @@ Two builds of every module (``comm_overlap``):
                            needs it) is a userbuffers *bulk all-gather*
                            (``CommOverlap.bulk_overlap("ag")``) running beside the dgrad GEMM;
                            the wgrad GEMM reads the gathered input from the buffer.
-  ``ub_bulk_wgrad``        column backward: the reduce-scatter of the dgrad runs beside the
-                           wgrad GEMM as an *asynchronous torch.distributed collective* (NCCL
-                           runs it on its own stream while the current stream computes the
-                           GEMM; ``Work.wait()`` joins them) -- not through a userbuffers bulk
-                           object: the userbuffers GEMMs are TN-only and the wgrad GEMM
-                           (dY^T @ X, contracting over the tokens) would need both
-                           activations transposed first.
+  ``ub_bulk_wgrad``        column backward: the reduce-scatter of the dgrad is a userbuffers
+                           *bulk reduce-scatter* (``CommOverlap.bulk_overlap("rs")``) running
+                           beside the wgrad GEMM, which the library runs (bf16: the NT GEMM
+                           ``dW = dY^T X``; FP8: TN on the transposed FP8 operands). The dgrad
+                           is copied into the buffer with ``copy_into_buffer`` (which waits
+                           until the peers are done with the buffer's previous call: a peer
+                           may still read it). Without sequence parallelism the dgrad is
+                           all-reduced instead: an async NCCL all-reduce beside the wgrad GEMM.
 
-  The ops and userbuffers GEMMs take the weight as the TN operand (``y = x @ weight^T``); the
-  GEMMs with the weight *not* transposed (dgrad ``dY @ W``: ``ub_overlap_rs_dgrad``,
-  ``ub_bulk_dgrad``, the row-parallel ``ub_overlap_ag``) are given ``W^T`` as a contiguous
-  copy, made in each backward pass (one copy of this rank's weight shard).
+  The GEMMs take TE's layouts (``transa`` / ``transb`` of the ops and the userbuffers
+  methods): in bf16 the dgrad GEMMs are NN (``dY @ W``, the weight as stored) and the wgrad
+  GEMM of the bulk overlap is NT -- no copy of the weight is made in any pass. FP8 GEMMs
+  are TN (what Hopper's FP8 GEMMs take) on the transposed FP8 copies that the casts write
+  (see FP8 below).
   Userbuffers objects are created on first use (collectively over the TP group), cached per
-  (group, shape, dtype) and shared between modules; :func:`destroy_module_userbuffers`
+  (role, group, shape, dtype) and shared between modules; :func:`destroy_module_userbuffers`
   closes them.
+
+  At tp 1 nothing is communicated and the overlap build runs the plain torch path (no
+  library call). ``force_library_path=True`` (or ``TE_COMM_FORCE_LIBRARY_PATH=1`` in the
+  environment when the module is built) makes a tp-1 overlap build run exactly the calls
+  it would make at tp > 1 (library ops and userbuffers over the one-rank group, the GELU
+  epilogue, the NCCL collectives of the steps whose flag is off): a benchmark switch, so that
+  the library path's host cost and kernel count are measurable on one GPU. It needs an
+  initialised process group.
 
 Parameters are initialised from a CPU ``torch.Generator`` seeded with ``seed``: the
 *full* (unsharded) matrix is drawn, and each rank keeps its shard, so the overlap and the
 reference build -- and builds with different TP sizes -- start from the same global
 weights given the same seed (weights ~ N(0, init_std), biases 0, LayerNorm gamma 1 / beta 0).
 
-FP8 (``fp8=True``): the forward GEMMs quantize their inputs per tensor to
-``float8_e4m3fn`` with the scale taken from the *current* amax (``scale = 448 / amax``,
-no amax history: "delayed-scaling-like"; an input that is all-gathered before its GEMM
-uses the amax of the whole gathered tensor, i.e. an all-reduce(MAX) of the local amaxes
-over the TP group, so that every rank's shard has the same scale). The overlap build
-passes the FP8 tensors and their ``scale_inv`` to the ops; the reference build runs
-``torch._scaled_mm`` (CUDA; dequantized fp32 matmul elsewhere). Outputs stay in the
-parameter dtype. The backward pass is *not* quantized: it runs in the parameter dtype on
-the unquantized saved inputs and weights (a straight-through estimator of the FP8
-forward), in both builds.
+FP8 (``fp8=True``, ``fp8_recipe``: :class:`~transformer_engine_comm.torch.fp8.DelayedScaling`
+(the default) or :class:`~transformer_engine_comm.torch.fp8.Float8CurrentScaling`), both
+builds:
+
+- What runs in FP8: all three GEMMs of every linear layer -- forward ``y = x W^T``, dgrad
+  ``dX = dY W``, wgrad ``dW = dY^T X`` -- with per-tensor scales. Forward tensors (the
+  layer input and the weight) use the recipe's forward format (e4m3), the gradient dY its
+  backward format (e5m2 under ``Format.HYBRID``, e4m3 under ``Format.E4M3``). The GEMM
+  outputs, the bias (added in the GEMM's epilogue), GELU and its backward, LayerNorm, the
+  bias gradients (column sums of dY before its cast, as TE's cast+dbias) and the weight
+  gradients are in the parameter dtype.
+- Casts: each cast writes exactly the outputs its GEMMs need, in one pass
+  (:meth:`~transformer_engine_comm.torch.fp8.Fp8Meta.cast`): the input rowwise (forward)
+  and transposed (wgrad), the weight rowwise (forward) and transposed (dgrad), dY rowwise
+  (dgrad) and transposed (wgrad). Only the FP8 copies are saved for the backward (the
+  input as FP8: half the bytes of bf16), plus fc1's bf16 pre-activation for GELU's
+  backward.
+- Scales: each module keeps one :class:`~transformer_engine_comm.torch.fp8.Fp8Meta` per
+  tensor role (``module.fp8_meta["input"|"weight"|"grad_output"]``). Delayed scaling: a
+  cast uses the role's current scale and writes the tensor's amax into entry 0 of the
+  amax history; then the scale for the next cast is updated from the history
+  (``(fp8_max / amax) / 2**margin``, amax = max of the history or its newest entry) and the
+  history rolled (TE's ``amax_and_scale_update``); the first cast uses scale 1. Current
+  scaling: the scale comes from the tensor's own amax at each cast. A tensor that is
+  all-gathered before its GEMM (the column-parallel input and the row-parallel dY with
+  sequence parallelism at tp > 1) has its amax max-reduced over the TP group, so all shards
+  share one scale.
+- Weights: one cast per optimizer step with TE's ``is_first_microbatch`` on ``forward``:
+  None casts on every forward; True casts and caches (rowwise and transposed); False reuses
+  the cache -- unless the weight changed in place since (its version counter or storage
+  differs), then it recasts.
+- Communication: the all-gathers carry FP8 bytes. The column-parallel input is cast on each
+  rank (shared scale) and gathered in FP8 (the overlap build passes the FP8 shard to
+  ``ops.all_gather_gemm``); for the wgrad GEMM the backward re-gathers the saved FP8 shard
+  (half the bytes of a bf16 re-gather; nothing gathered is kept between the passes) and
+  transposes it. The row-parallel backward casts its dY shard, gathers the FP8 bytes
+  (``split_overlap_ag`` on an FP8 buffer in the overlap build), runs the dgrad on them and
+  the wgrad on their transpose; its bias gradient is the all-reduced column sum of the
+  local bf16 dY.
+- Accumulation (TE's defaults, module constants :data:`FP8_FWD_FAST_ACCUM` = True,
+  :data:`FP8_DGRAD_FAST_ACCUM` = :data:`FP8_WGRAD_FAST_ACCUM` = False): fast accumulation in
+  the forward GEMM, full precision (split accumulator) in dgrad and wgrad. The comm-GEMM ops
+  accumulate as the library does for their FP8 GEMMs.
+- Local FP8 GEMMs run ``torch._scaled_mm`` on CUDA (sizes multiples of 16); elsewhere (CPU,
+  odd sizes) a dequantized fp32 matmul of the same FP8 values.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
@@ -84,17 +133,28 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from . import fp8 as _fp8
+
 __all__ = [
     "ColumnParallelLinear",
     "RowParallelLinear",
     "LayerNormMLP",
+    "FP8_DGRAD_FAST_ACCUM",
+    "FP8_FWD_FAST_ACCUM",
+    "FP8_WGRAD_FAST_ACCUM",
     "destroy_module_userbuffers",
-    "quantize_fp8",
     "tp_size_rank",
 ]
 
-FP8_E4M3_MAX = 448.0
 _GELU_APPROX = "tanh"  # cuBLASLt's GELU epilogue (and TE's "gelu") is the tanh approximation
+
+# FP8 GEMM accumulation, TE's defaults: fast (FP8 accumulator folded into fp32 less often)
+# in the forward GEMM, full precision (split accumulator) for the gradients.
+FP8_FWD_FAST_ACCUM = True
+FP8_DGRAD_FAST_ACCUM = False
+FP8_WGRAD_FAST_ACCUM = False
+
+_FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 # ============================================================================ helpers
@@ -107,30 +167,38 @@ def tp_size_rank(group=None) -> Tuple[int, int]:
     return dist.get_world_size(group), dist.get_rank(group)
 
 
-def _ops():
-    # Imported lazily: the reference build (and importing this module) needs neither the
-    # compiled library nor CUDA.
-    from . import ops
+_OPS = None
 
-    return ops
+
+def _ops():
+    # Imported lazily (once): the reference build (and importing this module) needs neither
+    # the compiled library nor CUDA.
+    global _OPS
+    if _OPS is None:
+        from . import ops
+
+        _OPS = ops
+    return _OPS
 
 
 _USERBUFFERS = {}
 
 
-def _get_userbuffer(group, rows: int, cols: int, dtype: torch.dtype):
+def _get_userbuffer(role: str, group, rows: int, cols: int, dtype: torch.dtype):
     """A userbuffers object (``CommOverlap``) with a ``[rows, cols]`` buffer over ``group``,
-    cached per (group, shape, dtype, device) and shared by every module that needs that
-    shape (their calls are ordered on the stream, and the library's arrival barrier keeps
-    peers off a buffer until this rank has reached its next call). Created on first use:
-    collective over the group (all its ranks reach the same backward steps in order)."""
+    cached per (role, group, shape, dtype, device) and shared by every module that needs it
+    (their calls are ordered on the stream; the library keeps peers off a buffer until this
+    rank has reached its next call, and ``copy_into_buffer`` waits until the peers are done
+    with the previous one). ``role`` separates buffers that are live at the same time (the
+    column backward's gathered input and its dgrad being reduce-scattered). Created on first
+    use: collective over the group (all its ranks reach the same backward steps in order)."""
     from ._context import group_name_of
     from .userbuffers import CommOverlap
 
-    key = (group_name_of(group), int(rows), int(cols), dtype, torch.cuda.current_device())
+    key = (role, group_name_of(group), rows, cols, dtype, torch.cuda.current_device())
     ub = _USERBUFFERS.get(key)
-    if ub is None or getattr(ub, "_ov", None) is None:
-        ub = CommOverlap((int(rows), int(cols)), dtype, group)
+    if ub is None or ub._ov is None:
+        ub = CommOverlap((rows, cols), dtype, group)
         _USERBUFFERS[key] = ub
     return ub
 
@@ -158,7 +226,7 @@ def _all_gather(x: torch.Tensor, group, async_op: bool = False):
     ws = dist.get_world_size(group)
     x = x.contiguous()
     out = torch.empty((ws * x.shape[0],) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
-    if x.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+    if x.dtype in _FP8_DTYPES:
         work = dist.all_gather_into_tensor(
             out.view(torch.uint8), x.view(torch.uint8), group=group, async_op=async_op
         )
@@ -191,45 +259,29 @@ def _wait(work) -> None:
         work.wait()
 
 
-def _amax(t: torch.Tensor) -> torch.Tensor:
-    if t.numel() == 0:
-        return torch.zeros((), dtype=torch.float32, device=t.device)
-    return t.detach().abs().amax().float()
+def _fp8_gemm(a: torch.Tensor, a_si: torch.Tensor, b: torch.Tensor, b_si: torch.Tensor,
+              out_dtype: torch.dtype, bias: Optional[torch.Tensor] = None, fast_accum: bool = False,
+              out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """TN FP8 GEMM: ``(a * a_si) @ (b * b_si)^T (+ bias)`` -> ``out_dtype``, a ``[M, K]`` and
+    b ``[N, K]`` row-major FP8 (not both e5m2), scale_invs one-element float32.
 
-
-def quantize_fp8(t: torch.Tensor, group=None, reduce_amax: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Per-tensor ``float8_e4m3fn`` quantization from the current amax.
-
-    Returns ``(q, scale_inv)``: ``q = fp8(t * scale)`` with ``scale = 448 / amax`` (1 when
-    amax is 0), ``scale_inv = 1 / scale`` a 0-dim float32 tensor on ``t``'s device. With
-    ``reduce_amax``, amax is the maximum over the ranks of ``group`` (None = world; an
-    all-reduce MAX), so shards that are gathered afterwards share one scale.
-    """
-    amax = _amax(t)
-    if reduce_amax and dist.is_initialized() and dist.get_world_size(group) > 1:
-        dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=group)
-    scale = torch.where(amax > 0, FP8_E4M3_MAX / amax, torch.ones_like(amax))
-    q = (t.detach().float() * scale).clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
-    return q, scale.reciprocal()
-
-
-def _fp8_mm(xq, x_si, wq, w_si, out_dtype) -> torch.Tensor:
-    """``(xq * x_si) @ (wq * w_si)^T`` -> out_dtype. cuBLASLt FP8 GEMM (torch._scaled_mm)
-    on CUDA when the sizes allow it (multiples of 16), else a dequantized fp32 matmul."""
-    n, k = xq.shape
-    m = wq.shape[0]
-    if xq.is_cuda and n % 16 == 0 and k % 16 == 0 and m % 16 == 0:
-        return torch._scaled_mm(
-            xq,
-            wq.t(),
-            scale_a=x_si.reshape(()).float(),
-            scale_b=w_si.reshape(()).float(),
-            out_dtype=out_dtype,
-            use_fast_accum=True,
-        )
-    x = xq.float() * x_si
-    w = wq.float() * w_si
-    return (x @ w.t()).to(out_dtype)
+    CUDA with K, N (and M) multiples of 16: cuBLASLt through ``torch._scaled_mm`` (b.t() is
+    the column-major operand it wants; bias in the epilogue where its dtype allows);
+    elsewhere a dequantized fp32 matmul of the same values. ``out``: written in place."""
+    if a.is_cuda and a.shape[1] % 16 == 0 and b.shape[0] % 16 == 0 and a.shape[0] % 16 == 0:
+        fuse_bias = bias is None or (bias.dtype == out_dtype and out_dtype in (torch.bfloat16, torch.float16))
+        kw = {} if out is None else {"out": out}
+        y = torch._scaled_mm(a, b.t(), scale_a=a_si, scale_b=b_si, bias=bias if fuse_bias else None,
+                             out_dtype=out_dtype, use_fast_accum=fast_accum, **kw)
+        if not fuse_bias:
+            y.add_(bias)
+        return y
+    y = (a.float() * a_si) @ (b.float() * b_si).t()
+    if bias is not None:
+        y = y + bias.float()
+    if out is not None:
+        return out.copy_(y)
+    return y.to(out_dtype)
 
 
 def _gelu_backward(dy: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
@@ -317,45 +369,20 @@ class _AllReduceBwd(torch.autograd.Function):
         return _all_reduce(dy.clone(), ctx.group)[0], None
 
 
-class _Fp8Linear(torch.autograd.Function):
-    """Reference FP8 linear: forward quantizes x and w (current amax) and runs an FP8 GEMM
-    (+ bias in the output dtype); backward is the bf16 linear backward on the unquantized
-    x and w (straight-through)."""
-
-    @staticmethod
-    def forward(ctx, x, w, b):
-        xq, x_si = quantize_fp8(x)
-        wq, w_si = quantize_fp8(w)
-        y = _fp8_mm(xq, x_si, wq, w_si, x.dtype)
-        if b is not None:
-            y = y + b
-        ctx.save_for_backward(x, w)
-        ctx.has_bias = b is not None
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, w = ctx.saved_tensors
-        dx = dy @ w if ctx.needs_input_grad[0] else None
-        dw = dy.t() @ x if ctx.needs_input_grad[1] else None
-        db = dy.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return dx, dw, db
-
-
-def _ref_linear(x, w, b, fp8: bool):
-    if fp8:
-        return _Fp8Linear.apply(x, w, b)
-    return F.linear(x, w, b)
-
-
-# ============================================================ overlap build: hand-written
+# ============================================================ hand-written functions
+#
+# The overlap build (bf16 and FP8) and the FP8 reference build (every flag off) run these.
 
 
 @dataclass(frozen=True)
 class _Cfg:
+    """A module's communication plan, fixed at construction (one object per module)."""
+
     group: object  # ProcessGroup or None (world)
     tp: int
     sequence_parallel: bool
+    comm: bool  # run the communicating path: tp > 1, or the library path forced at tp 1
+    sp: bool  # comm and sequence_parallel: tokens gathered / reduce-scattered
     ub_overlap_ag: bool
     ub_overlap_rs: bool
     ub_overlap_rs_dgrad: bool
@@ -363,20 +390,53 @@ class _Cfg:
     ub_bulk_wgrad: bool
     fp8: bool
 
-    @property
-    def comm(self) -> bool:
-        return self.tp > 1
+
+class _Fp8State:
+    """One module's FP8 state: an :class:`~transformer_engine_comm.torch.fp8.Fp8Meta` per
+    tensor role (input and weight in the recipe's forward format, grad_output in its
+    backward format) and the cached weight cast (``is_first_microbatch``)."""
+
+    def __init__(self, recipe, device, input_group, grad_group):
+        fmt = recipe.fp8_format
+        self.recipe = recipe
+        self.device = torch.device(device)
+        self.input = _fp8.Fp8Meta(recipe, fmt.fwd, self.device, group=input_group)
+        self.weight = _fp8.Fp8Meta(recipe, fmt.fwd, self.device)
+        self.grad_output = _fp8.Fp8Meta(recipe, fmt.bwd, self.device, group=grad_group)
+        self.cached_weight: Optional[_fp8.Fp8Tensor] = None
+        self._cached_key = None
+
+    def metas(self):
+        return {"input": self.input, "weight": self.weight, "grad_output": self.grad_output}
+
+    def cast_weight(self, w: torch.Tensor, first: Optional[bool], need_t: bool) -> _fp8.Fp8Tensor:
+        """TE's ``is_first_microbatch``: None casts (rowwise, transposed when the dgrad needs
+        it) and keeps nothing; True casts both layouts and caches them; False reuses the
+        cache unless the weight changed in place since (version counter or storage)."""
+        if first is None:
+            self.cached_weight = None
+            return self.weight.cast(w, rowwise=True, columnwise=need_t)
+        if not first and self.cached_weight is not None and self._cached_key == (w._version, w.data_ptr()):
+            return self.cached_weight
+        c = self.weight.cast(w, rowwise=True, columnwise=True)
+        self.cached_weight = c
+        self._cached_key = (w._version, w.data_ptr())
+        return c
 
 
-def _weight_t(weight: torch.Tensor) -> torch.Tensor:
-    # The ops take the weight operand as [m, k] with y = x @ weight^T (TN). A GEMM with the
-    # weight *not* transposed (dgrad: dY @ W) therefore needs W^T as a contiguous [k, m]
-    # matrix: one transposed copy of the weight shard per backward.
-    return weight.t().contiguous()
+def _dx_reduce(cfg: _Cfg, dx_partial, need_dw: bool):
+    """The column dgrad's reduction when the wgrad GEMM is not run by a bulk RS:
+    -> (dx, work to wait for after the wgrad GEMM, or None)."""
+    if cfg.sp:
+        return _reduce_scatter(dx_partial, cfg.group)[0], None
+    if cfg.comm:
+        # Without SP: all-reduce, asynchronous beside the wgrad GEMM when ub_bulk_wgrad.
+        return _all_reduce(dx_partial, cfg.group, async_op=cfg.ub_bulk_wgrad and need_dw)
+    return dx_partial, None
 
 
 class _ColumnParallelFn(torch.autograd.Function):
-    """Column-parallel linear (+ optional fused tanh-GELU), overlap build.
+    """Column-parallel linear (+ optional fused tanh-GELU).
 
     Forward  (SP): y = AG(x) @ W^T + b           [n/tp, k] -> [n, m/tp]
     Backward (SP): dgrad = RS(dY @ W)            [n, m/tp] -> [n/tp, k]
@@ -386,185 +446,359 @@ class _ColumnParallelFn(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, weight, bias, cfg: _Cfg, gelu: bool):
+    def forward(ctx, x, weight, bias, cfg: _Cfg, gelu: bool, f8: Optional[_Fp8State],
+                first_microbatch: Optional[bool], grad: bool):
         group = cfg.group
-        sp = cfg.comm and cfg.sequence_parallel
+        need_dx = grad and ctx.needs_input_grad[0]
+        need_dw = grad and ctx.needs_input_grad[1]
         pre = None
+        fused = cfg.sp and cfg.ub_overlap_ag
         if cfg.fp8:
-            # A gathered input needs one scale on every rank: amax over the group.
-            xq, x_si = quantize_fp8(x, group, reduce_amax=sp)
-            wq, w_si = quantize_fp8(weight)
-        if sp and cfg.ub_overlap_ag:
-            ops = _ops()
-            if cfg.fp8:
-                out = ops.all_gather_gemm(
-                    xq, wq, bias, group=group, gelu=gelu,
-                    x_scale_inv=x_si.reshape(1), w_scale_inv=w_si.reshape(1), out_dtype=x.dtype,
-                )
+            odt = weight.dtype
+            # A gathered input's meta max-reduces its amax over the group: one scale.
+            xf = f8.input.cast(x, rowwise=True, columnwise=need_dw and not cfg.sp)
+            wf = f8.cast_weight(weight, first_microbatch, need_dx)
+            if fused:
+                out = _ops().all_gather_gemm(xf.data, wf.data, bias, group=group, gelu=gelu,
+                                             x_scale_inv=xf.scale_inv, w_scale_inv=wf.scale_inv,
+                                             out_dtype=odt)
             else:
-                out = ops.all_gather_gemm(x, weight, bias, group=group, gelu=gelu)
-            if gelu:
-                y, pre = out
-            else:
-                y = out
+                xg = _all_gather(xf.data, group)[0] if cfg.sp else xf.data
+                out = _fp8_gemm(xg, xf.scale_inv, wf.data, wf.scale_inv, odt, bias, FP8_FWD_FAST_ACCUM)
+            # Saved: the FP8 shard (SP: re-gathered in the backward) or the transposed FP8
+            # input, the transposed FP8 weight; never the bf16 input.
+            x_save = (xf.data if cfg.sp else xf.data_t) if need_dw else None
+            saved = (x_save, xf.scale_inv, wf.data_t if need_dx else None, wf.scale_inv)
+            ctx.f8 = f8
+            ctx.w_dtype = weight.dtype
         else:
-            if cfg.fp8:
-                if sp:
-                    xq = _all_gather(xq, group)[0]
-                y = _fp8_mm(xq, x_si, wq, w_si, x.dtype)
-                if bias is not None:
-                    y = y + bias
+            if fused:
+                out = _ops().all_gather_gemm(x, weight, bias, group=group, gelu=gelu)
             else:
-                x_in = _all_gather(x, group)[0] if sp else x
-                y = F.linear(x_in, weight, bias)
-            if gelu:
-                pre = y
-                y = F.gelu(pre, approximate=_GELU_APPROX)
+                x_in = _all_gather(x, group)[0] if cfg.sp else x
+                out = F.linear(x_in, weight, bias)
+            saved = (x if need_dw else None, weight if need_dx else None)
+        if fused and gelu:
+            y, pre = out
+        elif gelu:
+            pre = out
+            y = F.gelu(pre, approximate=_GELU_APPROX)
+        else:
+            y = out
+        ctx.save_for_backward(*saved, pre)
+        ctx.k = x.shape[1]
         ctx.cfg = cfg
         ctx.gelu = gelu
         ctx.has_bias = bias is not None
-        ctx.save_for_backward(x, weight, pre)
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        x, weight, pre = ctx.saved_tensors
         cfg: _Cfg = ctx.cfg
-        group = cfg.group
+        *saved, pre = ctx.saved_tensors
         if ctx.gelu:
             dy = _gelu_backward(dy, pre)
         dy = dy.contiguous()
-        need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        need_db = ctx.has_bias and ctx.needs_input_grad[2]
-        sp = cfg.comm and cfg.sequence_parallel
-        n_local, k = x.shape
-
-        x_full, dx, dx_partial, red_work = x, None, None, None
-        if need_dx and cfg.comm and cfg.ub_overlap_rs_dgrad:
-            # dgrad GEMM + reduce-scatter (all-reduce without SP) fused in the library. The
-            # input re-gather for the wgrad GEMM runs beside it as an async NCCL all-gather
-            # (as TE does when the dgrad RS is overlapped).
-            ag_work = None
-            if need_dw and sp:
-                x_full, ag_work = _all_gather(x, group, async_op=True)
-            ops = _ops()
-            fn = ops.gemm_reduce_scatter if sp else ops.gemm_all_reduce
-            dx = fn(dy, _weight_t(weight), None, group=group)
-            _wait(ag_work)
+        if cfg.fp8:
+            dx, dw, db = _column_backward_fp8(ctx, cfg, dy, *saved)
         else:
-            if need_dx and need_dw and sp and cfg.ub_bulk_dgrad:
-                # Userbuffers bulk all-gather of the input beside the dgrad GEMM (which the
-                # library runs: TN with W^T); the gathered input stays in the buffer.
-                ub = _get_userbuffer(group, n_local * cfg.tp, k, x.dtype)
-                ub.copy_into_buffer(x, local_chunk=True)
-                dx_partial = torch.empty((dy.shape[0], k), dtype=dy.dtype, device=dy.device)
-                ub.bulk_overlap("ag", _weight_t(weight), dy, dx_partial)
-                x_full = ub.get_buffer()
-            else:
-                if need_dw and sp:
-                    x_full = _all_gather(x, group)[0]
-                if need_dx:
-                    dx_partial = dy @ weight  # [n, k]
-            if dx_partial is not None:
-                # The dgrad reduction, in the background beside the wgrad GEMM when
-                # ub_bulk_wgrad (async NCCL collective; see the module docstring).
-                async_op = cfg.ub_bulk_wgrad and need_dw
-                if sp:
-                    dx, red_work = _reduce_scatter(dx_partial, group, async_op=async_op)
-                elif cfg.comm:
-                    dx, red_work = _all_reduce(dx_partial, group, async_op=async_op)
-                else:
-                    dx = dx_partial
+            dx, dw, db = _column_backward(ctx, cfg, dy, *saved)
+        return dx, dw, db, None, None, None, None, None
 
-        dw = dy.t() @ x_full if need_dw else None
-        db = dy.sum(0) if need_db else None
-        _wait(red_work)
-        return dx, dw, db, None, None
+
+def _column_backward(ctx, cfg: _Cfg, dy, x, weight):
+    group = cfg.group
+    need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    need_db = ctx.has_bias and ctx.needs_input_grad[2]
+    n = dy.shape[0]
+    x_full, dx, dw, red_work = x, None, None, None
+    if need_dx and cfg.comm and cfg.ub_overlap_rs_dgrad:
+        # dgrad GEMM (NN: dY @ W) + reduce-scatter (all-reduce without SP) fused in the
+        # library; the input re-gather for the wgrad GEMM runs beside it as an async NCCL
+        # all-gather (as TE does when the dgrad RS is overlapped).
+        ag_work = None
+        if need_dw and cfg.sp:
+            x_full, ag_work = _all_gather(x, group, async_op=True)
+        ops = _ops()
+        fn = ops.gemm_reduce_scatter if cfg.sp else ops.gemm_all_reduce
+        dx = fn(dy, weight, None, group=group, transa=False)
+        _wait(ag_work)
+    else:
+        k = ctx.k
+        dx_partial = None
+        if need_dx and need_dw and cfg.sp and cfg.ub_bulk_dgrad:
+            # Userbuffers bulk all-gather of the input beside the dgrad GEMM (NN, run by
+            # the library); the gathered input stays in the buffer for the wgrad GEMM.
+            ub = _get_userbuffer("ag", group, n, k, x.dtype)
+            ub.copy_into_buffer(x, local_chunk=True)
+            dx_partial = torch.empty((n, k), dtype=dy.dtype, device=dy.device)
+            ub.bulk_overlap("ag", weight, dy, dx_partial, transa=False)
+            x_full = ub.get_buffer()
+        else:
+            if need_dw and cfg.sp:
+                x_full = _all_gather(x, group)[0]
+            if need_dx:
+                dx_partial = dy @ weight  # [n, k]
+        if dx_partial is not None:
+            if cfg.sp and cfg.ub_bulk_wgrad and need_dw:
+                # Bulk reduce-scatter of the dgrad beside the wgrad GEMM, both in the
+                # library: NT, A = X [n, k] (transa=False), B = dY [n, m] (transb=True),
+                # D = dW [m, k].
+                ub_rs = _get_userbuffer("rs", group, n, k, dx_partial.dtype)
+                ub_rs.copy_into_buffer(dx_partial)
+                dx = torch.empty((n // cfg.tp, k), dtype=dx_partial.dtype, device=dy.device)
+                dw = torch.empty((dy.shape[1], k), dtype=dy.dtype, device=dy.device)
+                ub_rs.bulk_overlap("rs", x_full, dy, dw, rs_output=dx, transa=False, transb=True)
+            else:
+                dx, red_work = _dx_reduce(cfg, dx_partial, need_dw)
+    if need_dw and dw is None:
+        dw = dy.t() @ x_full
+    db = dy.sum(0) if need_db else None
+    _wait(red_work)
+    return dx, dw, db
+
+
+def _column_backward_fp8(ctx, cfg: _Cfg, dy, x_sv, x_si, w_t, w_si):
+    f8: _Fp8State = ctx.f8
+    group = cfg.group
+    need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    need_db = ctx.has_bias and ctx.needs_input_grad[2]
+    n, m = dy.shape
+    k = ctx.k
+    odt = ctx.w_dtype
+    # dY: rowwise for the dgrad, transposed for the wgrad, one cast; dbias from bf16 dY.
+    dyf = f8.grad_output.cast(dy, rowwise=need_dx, columnwise=need_dw)
+    db = dy.sum(0) if need_db else None
+    x_t = None if cfg.sp else x_sv  # without SP the forward saved X^T
+    x_full, dx, dw, red_work = None, None, None, None
+    if need_dx and cfg.comm and cfg.ub_overlap_rs_dgrad:
+        ag_work = None
+        if need_dw and cfg.sp:
+            x_full, ag_work = _all_gather(x_sv, group, async_op=True)  # FP8 bytes
+        ops = _ops()
+        fn = ops.gemm_reduce_scatter if cfg.sp else ops.gemm_all_reduce
+        dx = fn(dyf.data, w_t, None, group=group, x_scale_inv=dyf.scale_inv, w_scale_inv=w_si, out_dtype=odt)
+        _wait(ag_work)
+        if need_dw and cfg.sp:
+            x_t = _fp8.transpose(x_full)
+    else:
+        dx_partial = None
+        if need_dx and need_dw and cfg.sp and cfg.ub_bulk_dgrad:
+            # FP8 bulk all-gather of the saved FP8 shard beside the FP8 dgrad GEMM (TN:
+            # dY [n, m] x W^T [k, m]).
+            ub = _get_userbuffer("ag", group, n, k, x_sv.dtype)
+            ub.copy_into_buffer(x_sv, local_chunk=True)
+            dx_partial = torch.empty((n, k), dtype=odt, device=dy.device)
+            ub.bulk_overlap("ag", w_t, dyf.data, dx_partial, x_scale_inv=dyf.scale_inv, w_scale_inv=w_si,
+                            use_split_accumulator=not FP8_DGRAD_FAST_ACCUM)
+            x_full = ub.get_buffer()
+        else:
+            if need_dw and cfg.sp:
+                x_full = _all_gather(x_sv, group)[0]
+            if need_dx:
+                dx_partial = _fp8_gemm(dyf.data, dyf.scale_inv, w_t, w_si, odt, None, FP8_DGRAD_FAST_ACCUM)
+        if need_dw and cfg.sp:
+            x_t = _fp8.transpose(x_full)  # [k, n], read before the buffer's next use
+        if dx_partial is not None:
+            if cfg.sp and cfg.ub_bulk_wgrad and need_dw:
+                # Bulk RS of the dgrad beside the FP8 wgrad GEMM (TN: dY^T [m, n] x X^T [k, n]).
+                ub_rs = _get_userbuffer("rs", group, n, k, dx_partial.dtype)
+                ub_rs.copy_into_buffer(dx_partial)
+                dx = torch.empty((n // cfg.tp, k), dtype=dx_partial.dtype, device=dy.device)
+                dw = torch.empty((m, k), dtype=odt, device=dy.device)
+                ub_rs.bulk_overlap("rs", x_t, dyf.data_t, dw, rs_output=dx, x_scale_inv=dyf.scale_inv,
+                                   w_scale_inv=x_si, use_split_accumulator=not FP8_WGRAD_FAST_ACCUM)
+            else:
+                dx, red_work = _dx_reduce(cfg, dx_partial, need_dw)
+    if need_dw and dw is None:
+        dw = _fp8_gemm(dyf.data_t, dyf.scale_inv, x_t, x_si, odt, None, FP8_WGRAD_FAST_ACCUM)
+    _wait(red_work)
+    return dx, dw, db
 
 
 class _RowParallelFn(torch.autograd.Function):
-    """Row-parallel linear, overlap build.
+    """Row-parallel linear.
 
     Forward  (SP): y = RS(x @ W^T) + b           [n, k/tp] -> [n/tp, m] (b added once)
     Backward (SP): dY_full = AG(dY)              [n/tp, m] -> [n, m]
                    dgrad = dY_full @ W           [n, k/tp]
                    wgrad = dY_full^T @ x
-                   bgrad = sum_rows(dY_full)     (complete on every rank: no all-reduce)
+                   bgrad = sum_rows(dY_full)     (complete on every rank)
     Without SP: y = AR(x @ W^T) + b; the backward needs no communication.
     """
 
     @staticmethod
-    def forward(ctx, x, weight, bias, cfg: _Cfg):
+    def forward(ctx, x, weight, bias, cfg: _Cfg, f8: Optional[_Fp8State], first_microbatch: Optional[bool],
+                grad: bool):
         group = cfg.group
+        need_dx = grad and ctx.needs_input_grad[0]
+        need_dw = grad and ctx.needs_input_grad[1]
+        fused = cfg.comm and cfg.ub_overlap_rs
+        # Without communication the bias goes into the GEMM's epilogue.
+        gemm_bias = bias if not cfg.comm else None
         if cfg.fp8:
-            xq, x_si = quantize_fp8(x)
-            wq, w_si = quantize_fp8(weight)
-        if cfg.comm and cfg.ub_overlap_rs:
-            ops = _ops()
-            fn = ops.gemm_reduce_scatter if cfg.sequence_parallel else ops.gemm_all_reduce
-            if cfg.fp8:
-                y = fn(xq, wq, bias, group=group, x_scale_inv=x_si.reshape(1),
-                       w_scale_inv=w_si.reshape(1), out_dtype=x.dtype)
+            odt = weight.dtype
+            xf = f8.input.cast(x, rowwise=True, columnwise=need_dw)
+            wf = f8.cast_weight(weight, first_microbatch, need_dx)
+            if fused:
+                ops = _ops()
+                fn = ops.gemm_reduce_scatter if cfg.sequence_parallel else ops.gemm_all_reduce
+                y = fn(xf.data, wf.data, bias, group=group, x_scale_inv=xf.scale_inv,
+                       w_scale_inv=wf.scale_inv, out_dtype=odt)
             else:
-                y = fn(x, weight, bias, group=group)
+                y = _fp8_gemm(xf.data, xf.scale_inv, wf.data, wf.scale_inv, odt, gemm_bias, FP8_FWD_FAST_ACCUM)
+            ctx.save_for_backward(xf.data_t if need_dw else None, xf.scale_inv,
+                                  wf.data_t if need_dx else None, wf.scale_inv)
+            ctx.f8 = f8
+            ctx.w_dtype = weight.dtype
         else:
-            if cfg.fp8:
-                partial = _fp8_mm(xq, x_si, wq, w_si, x.dtype)
+            if fused:
+                ops = _ops()
+                fn = ops.gemm_reduce_scatter if cfg.sequence_parallel else ops.gemm_all_reduce
+                y = fn(x, weight, bias, group=group)
             else:
-                partial = F.linear(x, weight)
-            if cfg.comm and cfg.sequence_parallel:
-                y = _reduce_scatter(partial, group)[0]
-            elif cfg.comm:
-                y = _all_reduce(partial, group)[0]
+                y = F.linear(x, weight, gemm_bias)
+            ctx.save_for_backward(x if need_dw else None, weight if need_dx else None)
+        if not fused and cfg.comm:
+            if cfg.sp:
+                y = _reduce_scatter(y, group)[0]
             else:
-                y = partial
+                y = _all_reduce(y, group)[0]
             if bias is not None:
                 y = y + bias
         ctx.cfg = cfg
         ctx.has_bias = bias is not None
-        ctx.save_for_backward(x, weight)
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        x, weight = ctx.saved_tensors
         cfg: _Cfg = ctx.cfg
-        group = cfg.group
         dy = dy.contiguous()
-        need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        need_db = ctx.has_bias and ctx.needs_input_grad[2]
-        sp = cfg.comm and cfg.sequence_parallel
-
-        dx = None
-        if sp and cfg.ub_overlap_ag and need_dx:
-            # dgrad = AG(dY) @ W by the userbuffers ring all-gather GEMM (TN: W^T as the
-            # weight operand); the gathered dY comes back through x_copy for wgrad/bgrad.
-            n, m = dy.shape[0] * cfg.tp, dy.shape[1]
-            ub = _get_userbuffer(group, n, m, dy.dtype)
-            dx = torch.empty((n, x.shape[1]), dtype=dy.dtype, device=dy.device)
-            dy_full = None
-            if need_dw or need_db:
-                dy_full = torch.empty((n, m), dtype=dy.dtype, device=dy.device)
-            ub.split_overlap_ag(_weight_t(weight), dy, dx, x_copy=dy_full)
+        if cfg.fp8:
+            dx, dw, db = _row_backward_fp8(ctx, cfg, dy)
         else:
-            dy_full = _all_gather(dy, group)[0] if sp else dy
+            dx, dw, db = _row_backward(ctx, cfg, dy)
+        return dx, dw, db, None, None, None, None
+
+
+def _row_backward(ctx, cfg: _Cfg, dy):
+    x, weight = ctx.saved_tensors
+    group = cfg.group
+    need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    need_db = ctx.has_bias and ctx.needs_input_grad[2]
+    dx = None
+    if cfg.sp and cfg.ub_overlap_ag and need_dx:
+        # dgrad = AG(dY) @ W by the userbuffers ring all-gather GEMM (NN: the weight as
+        # stored, transa=False); the gathered dY comes back through x_copy for wgrad/bgrad.
+        n, m = dy.shape[0] * cfg.tp, dy.shape[1]
+        ub = _get_userbuffer("ag", group, n, m, dy.dtype)
+        dx = torch.empty((n, weight.shape[1]), dtype=dy.dtype, device=dy.device)
+        dy_full = None
+        if need_dw or need_db:
+            dy_full = torch.empty((n, m), dtype=dy.dtype, device=dy.device)
+        ub.split_overlap_ag(weight, dy, dx, x_copy=dy_full, transa=False)
+    else:
+        dy_full = _all_gather(dy, group)[0] if cfg.sp else dy
+        if need_dx:
+            dx = dy_full @ weight
+    dw = dy_full.t() @ x if need_dw else None
+    db = dy_full.sum(0) if need_db else None
+    return dx, dw, db
+
+
+def _row_backward_fp8(ctx, cfg: _Cfg, dy):
+    x_t, x_si, w_t, w_si = ctx.saved_tensors
+    f8: _Fp8State = ctx.f8
+    group = cfg.group
+    need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    need_db = ctx.has_bias and ctx.needs_input_grad[2]
+    odt = ctx.w_dtype
+    dx = None
+    if cfg.sp:
+        # Cast the dY shard (amax max-reduced over the group: one scale), gather FP8 bytes,
+        # dgrad on the gathered rows, wgrad on their transpose.
+        dyf = f8.grad_output.cast(dy, rowwise=True, columnwise=False)
+        n, m = dy.shape[0] * cfg.tp, dy.shape[1]
+        if cfg.ub_overlap_ag and need_dx:
+            ub = _get_userbuffer("ag", group, n, m, dyf.dtype)
+            dx = torch.empty((n, w_t.shape[0]), dtype=odt, device=dy.device)
+            dy_full = torch.empty((n, m), dtype=dyf.dtype, device=dy.device) if need_dw else None
+            ub.split_overlap_ag(w_t, dyf.data, dx, x_copy=dy_full, x_scale_inv=dyf.scale_inv, w_scale_inv=w_si,
+                                use_split_accumulator=not FP8_DGRAD_FAST_ACCUM)
+        else:
+            dy_full = _all_gather(dyf.data, group)[0]
             if need_dx:
-                dx = dy_full @ weight
-        dw = dy_full.t() @ x if need_dw else None
-        db = dy_full.sum(0) if need_db else None
-        return dx, dw, db, None
+                dx = _fp8_gemm(dy_full, dyf.scale_inv, w_t, w_si, odt, None, FP8_DGRAD_FAST_ACCUM)
+        dy_t = _fp8.transpose(dy_full) if need_dw else None
+        db = _all_reduce(dy.sum(0), group)[0] if need_db else None
+    else:
+        dyf = f8.grad_output.cast(dy, rowwise=need_dx, columnwise=need_dw)
+        if need_dx:
+            dx = _fp8_gemm(dyf.data, dyf.scale_inv, w_t, w_si, odt, None, FP8_DGRAD_FAST_ACCUM)
+        dy_t = dyf.data_t
+        db = dy.sum(0) if need_db else None
+    dw = _fp8_gemm(dy_t, dyf.scale_inv, x_t, x_si, odt, None, FP8_WGRAD_FAST_ACCUM) if need_dw else None
+    return dx, dw, db
 
 
 # ======================================================================== the modules
 
 
+def _env_force_library_path() -> bool:
+    return os.environ.get("TE_COMM_FORCE_LIBRARY_PATH", "") not in ("", "0")
+
+
 class _TPModule(nn.Module):
-    def _setup_tp(self, tp_group, sequence_parallel, comm_overlap, fp8):
+    def _setup_tp(self, tp_group, sequence_parallel, comm_overlap, fp8, fp8_recipe, force_library_path):
         self.tp_group = tp_group
         self.tp_size, self.tp_rank = tp_size_rank(tp_group)
         self.sequence_parallel = bool(sequence_parallel)
         self.comm_overlap = bool(comm_overlap)
         self.fp8 = bool(fp8)
+        if fp8_recipe is not None and not isinstance(fp8_recipe, (_fp8.DelayedScaling, _fp8.Float8CurrentScaling)):
+            raise TypeError(f"fp8_recipe must be a DelayedScaling or Float8CurrentScaling, got {fp8_recipe!r}")
+        self.fp8_recipe = (fp8_recipe if fp8_recipe is not None else _fp8.DelayedScaling()) if self.fp8 else fp8_recipe
+        # Read once, here: a benchmark switch (see the module docstring).
+        self.force_library_path = bool(force_library_path) or _env_force_library_path()
+        if self.force_library_path and self.comm_overlap and not (dist.is_available() and dist.is_initialized()):
+            raise ValueError("force_library_path needs an initialised torch.distributed process group "
+                             "(the library's ops run over the tensor-parallel group)")
+        gathered = self.sequence_parallel and self.tp_size > 1
+        if (self.fp8 and gathered and isinstance(self.fp8_recipe, _fp8.DelayedScaling)
+                and not self.fp8_recipe.reduce_amax):
+            raise ValueError("fp8 with sequence parallelism at tp > 1 gathers FP8 shards, which need one "
+                             "scale: DelayedScaling(reduce_amax=False) cannot be used")
+        self._f8: Optional[_Fp8State] = None
+
+    def _make_cfg(self, **flags) -> _Cfg:
+        if not self.comm_overlap:
+            # Reference build: only used with fp8 (every flag off, torch.distributed).
+            flags = {k: False for k in flags}
+        comm = self.tp_size > 1 or (self.comm_overlap and self.force_library_path)
+        return _Cfg(group=self.tp_group, tp=self.tp_size, sequence_parallel=self.sequence_parallel,
+                    comm=comm, sp=comm and self.sequence_parallel, fp8=self.fp8, **flags)
+
+    def _group_or_world(self):
+        return self.tp_group if self.tp_group is not None else dist.group.WORLD
+
+    def _fp8_groups(self):  # (input group, grad_output group): those gathered
+        raise NotImplementedError
+
+    def _fp8_state(self) -> _Fp8State:
+        f = self._f8
+        dev = self.weight.device
+        if f is None or f.device != dev:
+            ig, gg = self._fp8_groups()
+            f = self._f8 = _Fp8State(self.fp8_recipe, dev, ig, gg)
+        return f
+
+    @property
+    def fp8_meta(self):
+        """``{"input", "weight", "grad_output"}`` -> :class:`~transformer_engine_comm.torch.fp8.Fp8Meta`
+        (the scaling state of each FP8 tensor role); None without ``fp8``."""
+        if not self.fp8:
+            return None
+        return self._fp8_state().metas()
 
 
 def _divide(a: int, b: int, what: str) -> int:
@@ -584,22 +818,26 @@ class ColumnParallelLinear(_TPModule):
     With ``sequence_parallel=False`` the input is replicated and dim 0 is kept.
 
     ``comm_overlap=False`` builds the reference (torch.distributed collectives + torch
-    matmuls, autograd backward; ub flags ignored). With ``comm_overlap=True``:
+    matmuls; ub flags ignored). With ``comm_overlap=True``:
 
     - forward: ``ub_overlap_ag`` -> ``ops.all_gather_gemm`` (ring AG overlapped with the
       GEMM chunks), else ``dist.all_gather_into_tensor`` then a torch matmul;
     - backward: dgrad = dY @ W reduce-scattered over the tokens, wgrad = dY^T @ AG(x) with
       the input re-gathered (it is not kept gathered from the forward pass):
 
-      * ``ub_overlap_rs_dgrad``: ``ops.gemm_reduce_scatter(dY, W^T)`` (W^T: a transposed
-        contiguous copy of the shard), the re-gather an async NCCL all-gather beside it;
+      * ``ub_overlap_rs_dgrad``: ``ops.gemm_reduce_scatter(dY, W, transa=False)``, the
+        re-gather an async NCCL all-gather beside it;
       * else ``ub_bulk_dgrad``: userbuffers bulk all-gather of x beside the dgrad GEMM
-        (``CommOverlap.bulk_overlap``), else a synchronous all-gather and a torch GEMM;
-        then the dgrad reduce-scatter: an async NCCL ``reduce_scatter_tensor`` beside the
-        wgrad GEMM with ``ub_bulk_wgrad``, else synchronous.
+        (``CommOverlap.bulk_overlap("ag", W, dY, transa=False)``), else a synchronous
+        all-gather and a torch GEMM; then the dgrad reduce-scatter: a userbuffers bulk
+        reduce-scatter beside the library's wgrad GEMM with ``ub_bulk_wgrad``
+        (``CommOverlap.bulk_overlap("rs", X, dY, transa=False, transb=True)``), else
+        synchronous.
 
-    ``fp8=True``: forward GEMM in FP8 (see the module docstring); backward in
-    ``params_dtype``.
+    ``fp8=True`` (``fp8_recipe``: TE's DelayedScaling (default) or Float8CurrentScaling):
+    forward, dgrad and wgrad GEMMs in FP8 (see the module docstring);
+    ``forward(x, is_first_microbatch)`` caches the weight's FP8 cast as TE does.
+    ``force_library_path``: at tp 1, run the library path anyway (benchmarks).
 
     Init: the full ``[out_features, in_features]`` weight ~ N(0, init_std) from a CPU
     generator seeded with ``seed`` (None: a seed drawn from torch's default generator, so
@@ -621,13 +859,15 @@ class ColumnParallelLinear(_TPModule):
         ub_bulk_dgrad: bool = True,
         ub_bulk_wgrad: bool = True,
         fp8: bool = False,
+        fp8_recipe: Optional[_fp8.Recipe] = None,
+        force_library_path: bool = False,
         params_dtype: torch.dtype = torch.bfloat16,
         device="cuda",
         seed: Optional[int] = None,
         init_std: float = 0.02,
     ):
         super().__init__()
-        self._setup_tp(tp_group, sequence_parallel, comm_overlap, fp8)
+        self._setup_tp(tp_group, sequence_parallel, comm_overlap, fp8, fp8_recipe, force_library_path)
         self.in_features = int(in_features)
         self.out_features = int(out_features)
         self.out_features_per_rank = _divide(self.out_features, self.tp_size, "out_features")
@@ -646,42 +886,48 @@ class ColumnParallelLinear(_TPModule):
             self.register_parameter("bias", None)
         _init_weight_shard(self.weight, (self.out_features, self.in_features), 0,
                            self.tp_rank, self.tp_size, init_std, self.seed)
-
-    def _cfg(self) -> _Cfg:
-        return _Cfg(
-            group=self.tp_group,
-            tp=self.tp_size,
-            sequence_parallel=self.sequence_parallel,
+        self._cfg_obj = self._make_cfg(
             ub_overlap_ag=self.ub_overlap_ag,
             ub_overlap_rs=False,
             ub_overlap_rs_dgrad=self.ub_overlap_rs_dgrad,
             ub_bulk_dgrad=self.ub_bulk_dgrad,
             ub_bulk_wgrad=self.ub_bulk_wgrad,
-            fp8=self.fp8,
         )
 
-    def _forward(self, x: torch.Tensor, gelu: bool = False) -> torch.Tensor:
+    def _cfg(self) -> _Cfg:
+        """The communication plan (fixed at construction: the flags are read once)."""
+        return self._cfg_obj
+
+    def _fp8_groups(self):
+        # The input is gathered (one scale over the group) with SP at tp > 1.
+        gathered = self.sequence_parallel and self.tp_size > 1
+        return (self._group_or_world() if gathered else None), None
+
+    def _forward(self, x: torch.Tensor, gelu: bool = False, is_first_microbatch: Optional[bool] = None) -> torch.Tensor:
         lead = tuple(x.shape[:-1])
         x2 = _flat(x)
-        comm = self.tp_size > 1
-        if self.comm_overlap:
-            y = _ColumnParallelFn.apply(x2, self.weight, self.bias, self._cfg(), gelu)
+        cfg = self._cfg_obj
+        if self.comm_overlap or self.fp8:
+            f8 = self._fp8_state() if self.fp8 else None
+            y = _ColumnParallelFn.apply(x2, self.weight, self.bias, cfg, gelu, f8, is_first_microbatch,
+                                        torch.is_grad_enabled())
         else:
+            comm = self.tp_size > 1
             if comm and self.sequence_parallel:
                 xg = _AllGatherSeq.apply(x2, self.tp_group)
             elif comm:
                 xg = _AllReduceBwd.apply(x2, self.tp_group)
             else:
                 xg = x2
-            y = _ref_linear(xg, self.weight, self.bias, self.fp8)
+            y = F.linear(xg, self.weight, self.bias)
             if gelu:
                 y = F.gelu(y, approximate=_GELU_APPROX)
-        if comm and self.sequence_parallel and lead:
+        if cfg.sp and lead:
             lead = (lead[0] * self.tp_size,) + lead[1:]
         return y.reshape(lead + (self.out_features_per_rank,))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._forward(x, gelu=False)
+    def forward(self, x: torch.Tensor, is_first_microbatch: Optional[bool] = None) -> torch.Tensor:
+        return self._forward(x, gelu=False, is_first_microbatch=is_first_microbatch)
 
     def extra_repr(self) -> str:
         return (
@@ -690,6 +936,8 @@ class ColumnParallelLinear(_TPModule):
             f"sequence_parallel={self.sequence_parallel}, comm_overlap={self.comm_overlap}, "
             f"ub_overlap_ag={self.ub_overlap_ag}, ub_overlap_rs_dgrad={self.ub_overlap_rs_dgrad}, "
             f"ub_bulk_dgrad={self.ub_bulk_dgrad}, ub_bulk_wgrad={self.ub_bulk_wgrad}, fp8={self.fp8}"
+            + (f", fp8_recipe={self.fp8_recipe}" if self.fp8 else "")
+            + (", force_library_path=True" if self.force_library_path else "")
         )
 
 
@@ -709,13 +957,16 @@ class RowParallelLinear(_TPModule):
       added once; ``ops.gemm_all_reduce`` without sequence parallelism), else torch GEMM +
       ``dist.reduce_scatter_tensor`` (``all_reduce``) + bias;
     - backward: ``ub_overlap_ag`` -> dgrad = AG(dY) @ W by the userbuffers ring
-      (``CommOverlap.split_overlap_ag`` with a transposed contiguous copy of ``W``), which
+      (``CommOverlap.split_overlap_ag(W, dY, transa=False)``: NN, no weight copy), which
       also returns the gathered dY (``x_copy``) for wgrad = AG(dY)^T @ x; else dY is
       all-gathered once and both GEMMs are torch GEMMs. bgrad is the column sum of the
-      gathered dY (complete: no all-reduce).
+      gathered dY (complete: no all-reduce); FP8: the all-reduced column sum of the local dY.
 
-    The reference build (``comm_overlap=False``) adds the bias after the reduce-scatter and
-    all-reduces its (token-partial) gradient over the group.
+    The bf16 reference build (``comm_overlap=False``) adds the bias after the reduce-scatter
+    and all-reduces its (token-partial) gradient over the group.
+
+    ``fp8``, ``fp8_recipe``, ``is_first_microbatch``, ``force_library_path``: as
+    :class:`ColumnParallelLinear`.
 
     Init: the full weight ~ N(0, init_std) from a CPU generator seeded with ``seed``, this
     rank's columns kept; bias 0.
@@ -733,13 +984,15 @@ class RowParallelLinear(_TPModule):
         ub_overlap_rs: bool = True,
         ub_overlap_ag: bool = True,
         fp8: bool = False,
+        fp8_recipe: Optional[_fp8.Recipe] = None,
+        force_library_path: bool = False,
         params_dtype: torch.dtype = torch.bfloat16,
         device="cuda",
         seed: Optional[int] = None,
         init_std: float = 0.02,
     ):
         super().__init__()
-        self._setup_tp(tp_group, sequence_parallel, comm_overlap, fp8)
+        self._setup_tp(tp_group, sequence_parallel, comm_overlap, fp8, fp8_recipe, force_library_path)
         self.in_features = int(in_features)
         self.out_features = int(out_features)
         self.in_features_per_rank = _divide(self.in_features, self.tp_size, "in_features")
@@ -755,42 +1008,48 @@ class RowParallelLinear(_TPModule):
             self.register_parameter("bias", None)
         _init_weight_shard(self.weight, (self.out_features, self.in_features), 1,
                            self.tp_rank, self.tp_size, init_std, self.seed)
-
-    def _cfg(self) -> _Cfg:
-        return _Cfg(
-            group=self.tp_group,
-            tp=self.tp_size,
-            sequence_parallel=self.sequence_parallel,
+        self._cfg_obj = self._make_cfg(
             ub_overlap_ag=self.ub_overlap_ag,
             ub_overlap_rs=self.ub_overlap_rs,
             ub_overlap_rs_dgrad=False,
             ub_bulk_dgrad=False,
             ub_bulk_wgrad=False,
-            fp8=self.fp8,
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _cfg(self) -> _Cfg:
+        """The communication plan (fixed at construction: the flags are read once)."""
+        return self._cfg_obj
+
+    def _fp8_groups(self):
+        # dY is gathered in the backward (one scale over the group) with SP at tp > 1.
+        gathered = self.sequence_parallel and self.tp_size > 1
+        return None, (self._group_or_world() if gathered else None)
+
+    def forward(self, x: torch.Tensor, is_first_microbatch: Optional[bool] = None) -> torch.Tensor:
         lead = tuple(x.shape[:-1])
         x2 = _flat(x)
-        comm = self.tp_size > 1
-        if comm and self.sequence_parallel:
+        cfg = self._cfg_obj
+        if cfg.sp:
             if not lead or lead[0] % self.tp_size:
                 raise ValueError(
                     f"RowParallelLinear (sequence parallel): dim 0 of the input {tuple(x.shape)} "
                     f"must be divisible by the tensor-parallel size {self.tp_size}"
                 )
             lead = (lead[0] // self.tp_size,) + lead[1:]
-        if self.comm_overlap:
-            y = _RowParallelFn.apply(x2, self.weight, self.bias, self._cfg())
+        if self.comm_overlap or self.fp8:
+            f8 = self._fp8_state() if self.fp8 else None
+            y = _RowParallelFn.apply(x2, self.weight, self.bias, cfg, f8, is_first_microbatch,
+                                     torch.is_grad_enabled())
         else:
-            y = _ref_linear(x2, self.weight, None, self.fp8)
+            comm = self.tp_size > 1
+            y = F.linear(x2, self.weight, None if comm else self.bias)
             if comm and self.sequence_parallel:
                 y = _ReduceScatterSeq.apply(y, self.tp_group)
             elif comm:
                 y = _AllReduceFwd.apply(y, self.tp_group)
-            if self.bias is not None:
+            if comm and self.bias is not None:
                 b = self.bias
-                if comm and self.sequence_parallel:
+                if self.sequence_parallel:
                     b = _AllReduceBwd.apply(b, self.tp_group)
                 y = y + b
         return y.reshape(lead + (self.out_features,))
@@ -801,6 +1060,8 @@ class RowParallelLinear(_TPModule):
             f"out_features={self.out_features}, bias={self.bias is not None}, tp={self.tp_size}, "
             f"sequence_parallel={self.sequence_parallel}, comm_overlap={self.comm_overlap}, "
             f"ub_overlap_rs={self.ub_overlap_rs}, ub_overlap_ag={self.ub_overlap_ag}, fp8={self.fp8}"
+            + (f", fp8_recipe={self.fp8_recipe}" if self.fp8 else "")
+            + (", force_library_path=True" if self.force_library_path else "")
         )
 
 
@@ -821,7 +1082,10 @@ class LayerNormMLP(nn.Module):
 
     In the overlap build fc1's GELU is fused into the all-gather GEMM's epilogue (bias +
     GELU, the pre-activation kept for the backward) when ``ub_overlap_ag`` is on.
-    ``fp8=True`` runs both forward GEMMs in FP8 (backward in ``params_dtype``).
+    ``fp8=True`` runs fc1's and fc2's forward, dgrad and wgrad GEMMs in FP8 with
+    ``fp8_recipe`` (each linear layer keeps its own scaling state);
+    ``forward(x, is_first_microbatch)`` is passed down to both (one weight cast per
+    optimizer step with True / False). ``force_library_path``: passed down (benchmarks).
 
     Parameter names: ``layer_norm_weight``, ``layer_norm_bias``, ``fc1.weight``,
     ``fc1.bias``, ``fc2.weight``, ``fc2.bias``. fc1's weight is drawn with ``seed``, fc2's
@@ -844,6 +1108,8 @@ class LayerNormMLP(nn.Module):
         ub_bulk_dgrad: bool = True,
         ub_bulk_wgrad: bool = True,
         fp8: bool = False,
+        fp8_recipe: Optional[_fp8.Recipe] = None,
+        force_library_path: bool = False,
         params_dtype: torch.dtype = torch.bfloat16,
         device="cuda",
         seed: Optional[int] = None,
@@ -866,6 +1132,8 @@ class LayerNormMLP(nn.Module):
             sequence_parallel=sequence_parallel,
             comm_overlap=comm_overlap,
             fp8=fp8,
+            fp8_recipe=fp8_recipe,
+            force_library_path=force_library_path,
             params_dtype=params_dtype,
             device=device,
             init_std=init_std,
@@ -881,19 +1149,24 @@ class LayerNormMLP(nn.Module):
             ub_overlap_rs=ub_overlap_rs, ub_overlap_ag=ub_overlap_ag,
             seed=self.seed + 1, **common,
         )
+        self.fp8_recipe = self.fc1.fp8_recipe
+        self.force_library_path = self.fc1.force_library_path
+        self._ln_allreduce = self.sequence_parallel and self.tp_size > 1
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, is_first_microbatch: Optional[bool] = None) -> torch.Tensor:
         w, b = self.layer_norm_weight, self.layer_norm_bias
-        if self.sequence_parallel and self.tp_size > 1:
+        if self._ln_allreduce:
             w = _AllReduceBwd.apply(w, self.tp_group)
             b = _AllReduceBwd.apply(b, self.tp_group)
         ln_out = F.layer_norm(x, (self.hidden_size,), w, b, self.eps)
-        h = self.fc1._forward(ln_out, gelu=True)
-        return self.fc2(h)
+        h = self.fc1._forward(ln_out, gelu=True, is_first_microbatch=is_first_microbatch)
+        return self.fc2(h, is_first_microbatch=is_first_microbatch)
 
     def extra_repr(self) -> str:
         return (
             f"hidden_size={self.hidden_size}, ffn_hidden_size={self.ffn_hidden_size}, eps={self.eps}, "
             f"tp={self.tp_size}, sequence_parallel={self.sequence_parallel}, "
             f"comm_overlap={self.comm_overlap}, fp8={self.fp8}"
+            + (f", fp8_recipe={self.fp8_recipe}" if self.fp8 else "")
+            + (", force_library_path=True" if self.force_library_path else "")
         )

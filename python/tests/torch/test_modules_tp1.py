@@ -1,0 +1,218 @@
+"""transformer_engine_comm.torch.modules on ONE GPU (tp 1): the overlap build (plain tp-1
+path, and the library path forced with force_library_path=True: comm-GEMM ops and
+userbuffers over a one-rank group) against the reference build, FP8 (both recipes) against
+float, and CUDA graph capture of forward + backward with fp8=True.
+
+Runs standalone (``python -m pytest python/tests/torch/test_modules_tp1.py``: a one-rank
+NCCL group is created here) and under scripts/torch-test.sh's torchrun (every rank then
+runs the tests on its own one-rank group)."""
+import os
+import socket
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed")
+if not hasattr(torch, "cuda"):
+    pytest.skip("torch is not installed", allow_module_level=True)
+if not torch.cuda.is_available():
+    pytest.skip("CUDA is not available", allow_module_level=True)
+import torch.distributed as dist  # noqa: E402
+
+if not dist.is_available() or not dist.is_nccl_available():
+    pytest.skip("torch.distributed with NCCL is not available", allow_module_level=True)
+
+from transformer_engine_comm.torch import fp8  # noqa: E402
+from transformer_engine_comm.torch import modules as tm  # noqa: E402
+
+BF16 = torch.bfloat16
+S, B, H, FFN = 128, 2, 256, 1024
+TOL_BF16 = 1e-2  # overlap vs reference, bf16 (same GEMMs; the library's may tile differently)
+TOL_FP8_SAME = 3e-2  # overlap vs reference, FP8 (same quantized operands; accumulation may differ)
+FP8_OUT_TOL, FP8_GRAD_TOL = 0.08, 0.15  # FP8 vs float (e4m3 / e5m2 rounding, two layers)
+
+MLP_FLAGS = {
+    "te_default": dict(ub_overlap_ag=True, ub_overlap_rs=True, ub_overlap_rs_dgrad=False,
+                       ub_bulk_dgrad=True, ub_bulk_wgrad=True),
+    "rs_dgrad": dict(ub_overlap_ag=True, ub_overlap_rs=True, ub_overlap_rs_dgrad=True,
+                     ub_bulk_dgrad=False, ub_bulk_wgrad=False),
+    "none": dict(ub_overlap_ag=False, ub_overlap_rs=False, ub_overlap_rs_dgrad=False,
+                 ub_bulk_dgrad=False, ub_bulk_wgrad=False),
+}
+
+
+@pytest.fixture(scope="module")
+def group():
+    """A one-rank NCCL group: this rank's own (torchrun with more ranks), or the world of a
+    standalone run (created here)."""
+    if not dist.is_initialized():
+        if "MASTER_ADDR" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            dist.init_process_group("nccl")
+        else:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            torch.cuda.set_device(0)
+            dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    if dist.get_world_size() == 1:
+        return dist.group.WORLD
+    mine = None
+    for r in range(dist.get_world_size()):
+        g = dist.new_group([r])
+        if r == dist.get_rank():
+            mine = g
+    return mine
+
+
+def dev():
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def data(seed, *shape, scale=1.0):
+    g = torch.Generator(device=dev()).manual_seed(seed)
+    return torch.randn(*shape, generator=g, device=dev()) * scale
+
+
+def rel(a, b):
+    a, b = a.double(), b.double()
+    if not torch.isfinite(a).all():
+        return float("inf")
+    return ((a - b).norm() / b.norm()).item()
+
+
+def build(group, overlap, *, fp8_on=False, recipe=None, force=False, flags="te_default", dtype=BF16, seed=3):
+    return tm.LayerNormMLP(H, FFN, tp_group=group, comm_overlap=overlap, fp8=fp8_on, fp8_recipe=recipe,
+                           force_library_path=force, params_dtype=dtype, device=dev(), seed=seed,
+                           **MLP_FLAGS[flags])
+
+
+def run(m, x, g, **kw):
+    x = x.detach().clone().requires_grad_(True)
+    for p in m.parameters():
+        p.grad = None
+    y = m(x, **kw)
+    y.backward(g.to(y.dtype))
+    torch.cuda.synchronize()
+    return [y.detach().float(), x.grad.float()] + [p.grad.float() for p in m.parameters()]
+
+
+def names(m):
+    return ["out", "dx"] + ["d" + n for n, _ in m.named_parameters()]
+
+
+def check(what, m, got, ref, tol, skip_zero=True):
+    errs = {n: rel(a, b) for n, a, b in zip(names(m), got, ref) if not (skip_zero and b.abs().max() == 0)}
+    bad = {n: e for n, e in errs.items() if not e < tol}
+    assert not bad, f"{what}: {bad} (tol {tol}; all {errs})"
+
+
+def inputs(seed=0):
+    return data(100 + seed, S, B, H).to(BF16), data(200 + seed, S, B, H, scale=0.1).to(BF16)
+
+
+# ------------------------------------------------------------------- bf16
+
+
+@pytest.mark.parametrize("force", [False, True], ids=["plain", "forced"])
+@pytest.mark.parametrize("flags", list(MLP_FLAGS))
+def test_bf16_overlap_vs_reference(group, flags, force):
+    if not force and flags != "te_default":
+        pytest.skip("the plain tp-1 path ignores the flags")
+    ref, ovl = build(group, False), build(group, True, force=force, flags=flags)
+    for it in range(3):  # fresh inputs through the same modules (cached userbuffers reused)
+        x, g = inputs(it)
+        check(f"bf16 flags={flags} forced={force} iter={it}", ovl, run(ovl, x, g), run(ref, x, g), TOL_BF16)
+
+
+def test_forced_vs_plain_bf16(group):
+    a, b = build(group, True, force=True), build(group, True)
+    x, g = inputs(5)
+    check("forced vs plain", a, run(a, x, g), run(b, x, g), TOL_BF16)
+
+
+# ------------------------------------------------------------------- FP8
+
+
+@pytest.mark.parametrize("recipe", ["delayed", "current"])
+@pytest.mark.parametrize("force", [False, True], ids=["plain", "forced"])
+@pytest.mark.parametrize("flags", ["te_default", "rs_dgrad"])
+def test_fp8_overlap_vs_reference(group, recipe, force, flags):
+    if not force and flags != "te_default":
+        pytest.skip("the plain tp-1 path ignores the flags")
+    r = fp8.recipe_from_name(recipe)
+    ref = build(group, False, fp8_on=True, recipe=r)
+    ovl = build(group, True, fp8_on=True, recipe=r, force=force, flags=flags)
+    for it in range(3):  # delayed scaling: both builds' histories advance alike
+        x, g = inputs(it)
+        check(f"fp8 {recipe} flags={flags} forced={force} iter={it}", ovl, run(ovl, x, g), run(ref, x, g),
+              TOL_FP8_SAME)
+    for role in ("input", "weight", "grad_output"):
+        for sub in ("fc1", "fc2"):
+            a, b = getattr(ovl, sub).fp8_meta[role].scale, getattr(ref, sub).fp8_meta[role].scale
+            assert rel(a, b) < 1e-6, (sub, role, a, b)
+
+
+@pytest.mark.parametrize("recipe", ["delayed", "current"])
+@pytest.mark.parametrize("force", [False, True], ids=["plain", "forced"])
+def test_fp8_gradients_vs_float(group, recipe, force):
+    ref = build(group, False, dtype=torch.float32)
+    f8m = build(group, True, fp8_on=True, recipe=fp8.recipe_from_name(recipe), force=force)
+    x, g = inputs(7)
+    run(f8m, x, g)  # delayed scaling: the first step casts with scale 1
+    got = run(f8m, x, g)
+    want = run(ref, x.float(), g.float())
+    errs = {n: rel(a, b) for n, a, b in zip(names(ref), got, want) if b.abs().max() > 0}
+    assert errs["out"] < FP8_OUT_TOL and max(errs.values()) < FP8_GRAD_TOL, errs
+    # Really FP8: not the bf16 numbers.
+    bf = run(build(group, True), x, g)
+    assert rel(got[1], bf[1]) > 1e-3
+
+
+def test_fp8_is_first_microbatch(group):
+    m = build(group, True, fp8_on=True, force=True)
+    x, g = inputs(8)
+    a = run(m, x, g, is_first_microbatch=True)
+    c1 = m.fc1._f8.cached_weight
+    b = run(m, x, g, is_first_microbatch=False)
+    assert m.fc1._f8.cached_weight is c1
+    assert torch.equal(a[1], b[1]) or rel(b[1], a[1]) < TOL_FP8_SAME  # input scales advanced (delayed)
+
+
+# ------------------------------------------------------------------- CUDA graphs
+
+
+@pytest.mark.parametrize("recipe", ["delayed", "current"])
+@pytest.mark.parametrize("force", [False, True], ids=["plain", "forced"])
+def test_fp8_cuda_graph_matches_eager(group, recipe, force):
+    """make_graphed_callables on an fp8=True LayerNormMLP: replays match the eager module
+    step for step (same state: both start from reset FP8 metas)."""
+    r = fp8.recipe_from_name(recipe)
+    eager = build(group, True, fp8_on=True, recipe=r, force=force)
+    graphed_mod = build(group, True, fp8_on=True, recipe=r, force=force)  # same seed: same weights
+    x0, g0 = inputs(9)
+    run(eager, x0, g0)  # first eager calls: contexts and userbuffers created (not allowed in capture)
+    sample = x0.detach().clone().requires_grad_(True)
+    graphed = torch.cuda.make_graphed_callables(graphed_mod, (sample,))
+
+    def reset(m):
+        for sub in (m.fc1, m.fc2):
+            for meta in sub.fp8_meta.values():
+                meta.scale.fill_(1.0)
+                if meta.amax_history is not None:
+                    meta.amax_history.zero_()
+
+    reset(eager)
+    reset(graphed_mod)
+    torch.cuda.synchronize()
+    for it in range(4):
+        x, g = inputs(10 + it)
+        e = run(eager, x, g)
+        xs = x.detach().clone().requires_grad_(True)
+        for p in graphed_mod.parameters():
+            p.grad = None
+        y = graphed(xs)
+        y.backward(g)
+        torch.cuda.synchronize()
+        gr = [y.detach().float(), xs.grad.float()] + [p.grad.float() for p in graphed_mod.parameters()]
+        check(f"graph {recipe} forced={force} step {it}", eager, gr, e, 1e-3)
