@@ -48,6 +48,13 @@ def test_delayed_update_keeps_scale_on_zero_or_nonfinite_amax():
         assert h.tolist() == [0.0]
 
 
+def test_delayed_update_max_skips_nan():
+    h = torch.tensor([float("nan"), 4.0, 2.0])
+    s = torch.ones(1)
+    fp8.delayed_scaling_update(h, s, fp8.E4M3)
+    assert s.item() == 112.0
+
+
 def test_delayed_update_2d_history():
     h = torch.tensor([[1.0, 2.0], [4.0, 0.5], [0.0, 8.0]])
     s = torch.ones(2)
@@ -62,6 +69,11 @@ def test_scale_from_amax_rules():
     assert f(torch.tensor([0.0]), fp8.E4M3).item() == 1.0
     assert f(torch.tensor([1e-45]), fp8.E4M3).item() == torch.finfo(torch.float32).max
     assert f(torch.tensor([0.0]), fp8.E4M3, epsilon=2.0).item() == 224.0
+    assert f(torch.tensor([float("inf")]), fp8.E4M3).item() == 1.0
+    assert f(torch.tensor([float("nan")]), fp8.E4M3).item() == 1.0
+    # One correctly rounded division, not reciprocal-then-multiply.
+    a = torch.tensor([3.3e-3])
+    assert f(a, fp8.E4M3).item() == (torch.tensor([448.0]) / a).item()
     assert f(torch.tensor([3.0]), fp8.E4M3, force_pow_2_scales=True).item() == 128.0
 
 
@@ -79,17 +91,19 @@ def test_quantize_saturates_and_transposes():
     assert amax.item() == 1000.0
 
 
-def test_meta_delayed_first_cast_scale_one_then_history():
-    m = fp8.Fp8Meta(fp8.DelayedScaling(amax_history_len=3), fp8.E4M3, "cpu")
+def test_meta_delayed_first_cast_primes_then_history():
+    m = fp8.Fp8Meta(fp8.DelayedScaling(amax_history_len=3, margin=1), fp8.E4M3, "cpu")
     x = torch.full((4, 4), 7.0)
     t = m.cast(x)
-    assert t.scale_inv.item() == 1.0
-    assert m.scale.item() == pytest.approx(448.0 / 7.0)
+    # No history yet: the first cast takes its scale from its own amax (with the margin).
+    assert t.scale_inv.item() == pytest.approx(7.0 * 2 / 448.0)
     assert m.amax_history.tolist() == [0.0, 0.0, 7.0]
+    assert m.scale.item() == pytest.approx(448.0 / 7.0 / 2)
     t2 = m.cast(x * 2)
-    assert t2.scale_inv.item() == pytest.approx(7.0 / 448.0)
-    assert t.scale_inv.item() == 1.0  # each cast keeps its own scale_inv
-    assert m.scale.item() == pytest.approx(448.0 / 14.0)
+    assert t2.scale_inv.item() == pytest.approx(7.0 * 2 / 448.0)  # delayed: last step's scale
+    assert t.scale_inv.item() == pytest.approx(7.0 * 2 / 448.0)  # each cast keeps its own
+    assert m.amax_history.tolist() == [0.0, 7.0, 14.0]
+    assert m.scale.item() == pytest.approx(448.0 / 14.0 / 2)
 
 
 def test_meta_current_scaling():

@@ -170,7 +170,8 @@ def test_fp8_training_tracks_float(recipe):
 
 def test_delayed_scaling_state_evolves_as_te():
     """Per role: entry 0 of the history is the cast tensor's amax, the next scale is
-    fp8_max / max(history) / 2**margin, the history rolls; the first cast uses scale 1."""
+    fp8_max / max(history) / 2**margin, the history rolls; the first cast takes its scale from
+    the tensor itself."""
     L, margin = 4, 1
     recipe = fp8.DelayedScaling(margin=margin, amax_history_len=L)
     m = tm.ColumnParallelLinear(H, FFN, True, comm_overlap=False, fp8=True, fp8_recipe=recipe, device="cpu",
@@ -181,13 +182,17 @@ def test_delayed_scaling_state_evolves_as_te():
     for step in range(6):
         x, g = _data(20 + step, N, H, scale=1.0 + step), _data(40 + step, N, FFN, scale=10.0 ** -step)
         scales_before = {r: meta[r].scale.item() for r in meta}
+        if step == 0:
+            # The first cast of each role has no history: its scale comes from the tensor
+            # itself (fp8.Fp8Meta's priming), with the margin.
+            assert all(s == 1.0 for s in scales_before.values())
+            for role, t in (("input", x), ("weight", m.weight.detach())):
+                scales_before[role] = torch.finfo(meta[role].fp8_dtype).max / t.abs().amax().item() / 2 ** margin
         y, dx, grads = _grads(m, x, g)
         xq_ref = _q(x, torch.float8_e4m3fn, scales_before["input"])
         wq_ref = _q(m.weight.detach(), torch.float8_e4m3fn, scales_before["weight"])
         # The forward used the scales from before this step (delayed).
         torch.testing.assert_close(y, xq_ref @ wq_ref.t() + m.bias.detach(), rtol=1e-5, atol=1e-5)
-        if step == 0:
-            assert all(s == 1.0 for s in scales_before.values())
         for role, t in (("input", x), ("weight", m.weight.detach()), ("grad_output", g)):
             hist[role].insert(0, t.abs().amax().item())
             window = hist[role][:L]

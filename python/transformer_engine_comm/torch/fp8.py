@@ -264,7 +264,8 @@ def compute_scale_from_amax(
     reference: bool = False,
 ) -> torch.Tensor:
     """TE's ``nvte_compute_scale_from_amax``: ``a = max(amax, epsilon)``;
-    ``scale = fp8_max / a`` (1 when ``a`` is 0, float32's max when the quotient is inf),
+    ``scale = fp8_max / a`` (1 when ``a`` is 0, inf or NaN; float32's max when the quotient
+    is inf),
     rounded down to a power of 2 with ``force_pow_2_scales``. Returns ``scale``
     (one-element float32, allocated when not given)."""
     fmax = _check_fp8_dtype(fp8_dtype)
@@ -275,8 +276,11 @@ def compute_scale_from_amax(
     if _use_library(amax, reference):
         return _library().compute_scale_from_amax(amax, fp8_dtype, scale, float(epsilon), bool(force_pow_2_scales))
     a = torch.clamp_min(amax.reshape(()), float(epsilon))
-    s = torch.where(a > 0, fmax / a, torch.ones_like(a))
+    # tensor / tensor: one correctly rounded division (float / tensor would be
+    # reciprocal-then-multiply, rounded twice).
+    s = torch.full_like(a, fmax) / a
     s = torch.where(torch.isinf(s), torch.full_like(s, _FLOAT_MAX), s)
+    s = torch.where((a > 0) & torch.isfinite(a), s, torch.ones_like(s))  # 0, inf, NaN: scale 1
     if force_pow_2_scales:
         # Round down to a power of 2: keep the exponent bits (scale is positive and finite).
         s = (s.view(torch.int32) & 0x7F800000).view(torch.float32)
@@ -322,7 +326,8 @@ def delayed_scaling_update(
         _library().delayed_scaling_update(amax_history, scale, fp8_dtype, float(margin), amax_compute_algo)
         return
     h = amax_history.reshape(amax_history.shape[0], num)
-    amax = h.amax(0) if amax_compute_algo == "max" else h[0]
+    # "max" skips NaN entries (fmaxf, as TE's kernel); "most_recent" takes entry 0 as it is.
+    amax = torch.where(torch.isnan(h), torch.zeros_like(h), h).amax(0) if amax_compute_algo == "max" else h[0]
     scaled_max = torch.tensor(fmax, dtype=torch.float32, device=h.device) * torch.pow(
         torch.tensor(2.0, dtype=torch.float32, device=h.device), -float(margin)
     )
@@ -381,7 +386,14 @@ class Fp8Meta:
     - delayed scaling: casts with the current scale, writing the tensor's amax into entry 0
       of the history; then (``reduce_amax`` and a group of more than one rank) max-reduces
       that entry over ``group``, and runs :func:`delayed_scaling_update` (new scale for the
-      next cast, history rolled). The first cast uses scale 1.
+      next cast, history rolled). The first cast of a role, which has no history yet, takes
+      its scale from the tensor itself (an amax pass, reduced over ``group``, then TE's
+      update rule with the recipe's margin): TE starts from scale 1, which flushes
+      small-magnitude tensors (weights of std 0.02, gradients of 1e-5) towards zero in the
+      first step and costs measurable loss (bench/RESULTS.md, 2026-11-24). The first cast is
+      the only one with an extra pass; a host flag (no device read) marks it, so the first
+      cast must run eagerly before any CUDA-graph capture (torch's make_graphed_callables
+      warm-up does).
     - current scaling: amax of the tensor (max-reduced over ``group`` when given, so that
       shards gathered afterwards share one scale), the scale from it, then the cast.
 
@@ -395,6 +407,7 @@ class Fp8Meta:
         self.group = group
         self.device = torch.device(device)
         self.scale = torch.ones(1, dtype=torch.float32, device=self.device)
+        self.primed = False  # delayed scaling: whether a cast has recorded an amax yet
         if isinstance(recipe, DelayedScaling):
             self.amax_history = torch.zeros(recipe.amax_history_len, dtype=torch.float32, device=self.device)
         elif isinstance(recipe, Float8CurrentScaling):
@@ -413,6 +426,15 @@ class Fp8Meta:
         r = self.recipe
         if isinstance(r, DelayedScaling):
             amax = self.amax_history[0:1]
+            if not self.primed:
+                # No history yet: the scale from this tensor's own amax (see the docstring).
+                compute_amax(x, amax)
+                if r.reduce_amax:
+                    self._reduce(amax)
+                delayed_scaling_update(self.amax_history, self.scale, self.fp8_dtype,
+                                       margin=float(r.margin), amax_compute_algo="most_recent")
+                self.amax_history.zero_()
+                self.primed = True
             q, q_t = quantize(x, self.fp8_dtype, self.scale, amax=amax, scale_inv=scale_inv,
                               rowwise=rowwise, columnwise=columnwise)
             if r.reduce_amax:
