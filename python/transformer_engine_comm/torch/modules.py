@@ -284,6 +284,32 @@ def _fp8_gemm(a: torch.Tensor, a_si: torch.Tensor, b: torch.Tensor, b_si: torch.
     return y.to(out_dtype)
 
 
+def _gemm():
+    # The library's nvte_cublas_gemm with TE's epilogues (imported lazily, as _ops).
+    from .gemm import gemm
+
+    return gemm
+
+
+def _epilogues(t: torch.Tensor, m: int) -> bool:
+    """Whether a local bf16/fp16 GEMM producing ``[*, m]`` runs through the library's
+    nvte_cublas_gemm to fuse TE's epilogues (GELU with its pre-activation in the forward,
+    the bias gradient in the wgrad GEMM): CUDA tensors, 16-bit, m a multiple of 8 (cuBLASLt's
+    aux leading dimension). Measured on one H100 (bench/gemm_epilogues.py): fc1's
+    linear+bias+GELU 0.94x and the wgrad with its bias gradient 0.98x the unfused torch ops."""
+    return t.is_cuda and t.dtype in (torch.bfloat16, torch.float16) and m % 8 == 0
+
+
+def _wgrad(x: torch.Tensor, dy: torch.Tensor, need_db: bool):
+    """``(dW, db)`` = ``(dY^T @ X, dY.sum(0) or None)``: one NT GEMM with the bias gradient
+    in its epilogue (BGRADB) where :func:`_epilogues` allows, else torch."""
+    if need_db and _epilogues(dy, x.shape[1]) and x.dtype == dy.dtype and x.is_contiguous():
+        db = torch.empty(dy.shape[1], dtype=dy.dtype, device=dy.device)
+        dw = _gemm()(x, dy, transa=False, transb=True, bias_grad=db)
+        return dw, db
+    return dy.t() @ x, None
+
+
 def _gelu_backward(dy: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
     return torch.ops.aten.gelu_backward(dy, pre, approximate=_GELU_APPROX)
 
@@ -476,7 +502,13 @@ class _ColumnParallelFn(torch.autograd.Function):
                 out = _ops().all_gather_gemm(x, weight, bias, group=group, gelu=gelu)
             else:
                 x_in = _all_gather(x, group)[0] if cfg.sp else x
-                out = F.linear(x_in, weight, bias)
+                if gelu and _epilogues(x_in, weight.shape[0]):
+                    # Bias + GELU in the GEMM's epilogue (the pre-activation as its aux
+                    # output): no separate GELU pass over the [n, m] activations.
+                    out = _gemm()(weight, x_in, transa=True, transb=False, bias=bias, gelu=True)
+                    fused = True
+                else:
+                    out = F.linear(x_in, weight, bias)
             saved = (x if need_dw else None, weight if need_dx else None)
         if fused and gelu:
             y, pre = out
@@ -551,9 +583,11 @@ def _column_backward(ctx, cfg: _Cfg, dy, x, weight):
                 ub_rs.bulk_overlap("rs", x_full, dy, dw, rs_output=dx, transa=False, transb=True)
             else:
                 dx, red_work = _dx_reduce(cfg, dx_partial, need_dw)
+    db = None
     if need_dw and dw is None:
-        dw = dy.t() @ x_full
-    db = dy.sum(0) if need_db else None
+        dw, db = _wgrad(x_full, dy, need_db)
+    if need_db and db is None:
+        db = dy.sum(0)
     _wait(red_work)
     return dx, dw, db
 
@@ -701,8 +735,9 @@ def _row_backward(ctx, cfg: _Cfg, dy):
         dy_full = _all_gather(dy, group)[0] if cfg.sp else dy
         if need_dx:
             dx = dy_full @ weight
-    dw = dy_full.t() @ x if need_dw else None
-    db = dy_full.sum(0) if need_db else None
+    dw, db = _wgrad(x, dy_full, need_db) if need_dw else (None, None)
+    if need_db and db is None:
+        db = dy_full.sum(0)
     return dx, dw, db
 
 

@@ -1,0 +1,125 @@
+"""``nvte_cublas_gemm`` on torch tensors: TE's GEMM with its cuBLASLt epilogues.
+
+:func:`gemm` computes, with TE's conventions (row-major tensors; ``m = transa ? A.size(0) :
+A.size(1)``, ``k = transa ? A.size(1) : A.size(0)``, ``n = transb ? B.size(1) :
+B.size(0)``; D is ``[n, m]``; "TN" = ``D = B @ A.T``, a Linear forward with A = weight):
+
+- ``bias`` (``[m]``) added in the epilogue;
+- ``gelu=True``: ``D = gelu(B·A (+ bias))`` with the pre-activation written to a second output
+  (cuBLASLt's GELU_AUX(_BIAS) epilogue; tanh-approximate GELU, as TE's) -- returns ``(D, pre)``;
+- ``dgelu_pre=pre``: ``D = (B·A) * gelu'(pre)`` (DGELU epilogue: the GELU backward fused
+  into the dgrad GEMM), and with ``bias_grad`` (a ``[m]`` output) also ``bias_grad =
+  D.sum(0)`` (DGELU_BGRAD);
+- ``bias_grad`` without ``dgelu_pre``: ``bias_grad = op(B).sum over the tokens`` (``[n]``,
+  BGRADB: the bias gradient beside a wgrad GEMM, ``dW = dY.T @ X`` with A = X, B = dY, NT);
+- ``accumulate=True``: ``D += B·A`` (``out`` given);
+- FP8 operands (TN only, Hopper): ``a_scale_inv`` / ``b_scale_inv`` one-element float32,
+  ``use_split_accumulator`` chooses full-precision accumulation.
+
+Runs asynchronously on torch's current stream, with a per-device 32 MiB workspace (TE's
+size for Hopper). Used by the autograd modules where a fused epilogue saves passes over the
+activations (:mod:`transformer_engine_comm.torch.modules`).
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Optional, Tuple, Union
+
+import torch
+
+from .. import _capi
+from ._context import FP8_DTYPES, handle_cache
+
+__all__ = ["gemm"]
+
+_WORKSPACE_BYTES = 32 * 1024 * 1024
+_workspaces: Dict[int, Tuple[torch.Tensor, object]] = {}
+_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _workspace(device: torch.device):
+    w = _workspaces.get(device.index)
+    if w is None:
+        t = torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        w = (t, handle_cache.get(t))
+        _workspaces[device.index] = w
+    return w[1]
+
+
+def _dims(A: torch.Tensor, B: torch.Tensor, transa: bool, transb: bool):
+    m = A.shape[0] if transa else A.shape[1]
+    k = A.shape[1] if transa else A.shape[0]
+    kb = B.shape[0] if transb else B.shape[1]
+    n = B.shape[1] if transb else B.shape[0]
+    if k != kb:
+        raise ValueError(
+            f"gemm: A {tuple(A.shape)} (transa={transa}) and B {tuple(B.shape)} (transb={transb}) "
+            f"disagree on k: {k} vs {kb}"
+        )
+    return m, n, k
+
+
+def gemm(
+    A: torch.Tensor,
+    B: torch.Tensor,
+    *,
+    transa: bool,
+    transb: bool,
+    out_dtype: Optional[torch.dtype] = None,
+    out: Optional[torch.Tensor] = None,
+    bias: Optional[torch.Tensor] = None,
+    gelu: bool = False,
+    dgelu_pre: Optional[torch.Tensor] = None,
+    bias_grad: Optional[torch.Tensor] = None,
+    accumulate: bool = False,
+    a_scale_inv: Optional[torch.Tensor] = None,
+    b_scale_inv: Optional[torch.Tensor] = None,
+    use_split_accumulator: bool = False,
+) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+    """TE's ``nvte_cublas_gemm`` (see the module docstring). Returns D, or ``(D, pre)`` with
+    ``gelu=True``."""
+    for name, t in (("A", A), ("B", B)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 2 or not t.is_cuda:
+            raise ValueError(f"gemm: {name} must be a 2-D CUDA tensor, got {getattr(t, 'shape', type(t))}")
+        if not t.is_contiguous():
+            raise ValueError(f"gemm: {name} must be contiguous (pass the other layout flag instead of a view)")
+    fp8 = A.dtype in FP8_DTYPES or B.dtype in FP8_DTYPES
+    if fp8 and not (transa and not transb):
+        raise ValueError("gemm: FP8 operands need the TN layout (transa=True, transb=False) on Hopper")
+    if fp8 and (a_scale_inv is None or b_scale_inv is None):
+        raise ValueError("gemm: FP8 operands need a_scale_inv and b_scale_inv")
+    if gelu and dgelu_pre is not None:
+        raise ValueError("gemm: gelu (forward) and dgelu_pre (backward) exclude each other")
+    if bias is not None and bias_grad is not None:
+        raise ValueError("gemm: bias (forward) and bias_grad (backward) exclude each other")
+    m, n, _ = _dims(A, B, transa, transb)
+    if out is None:
+        if accumulate:
+            raise ValueError("gemm: accumulate=True needs out")
+        od = out_dtype or (A.dtype if not fp8 else torch.bfloat16)
+        if od not in _OUT_DTYPES:
+            raise ValueError(f"gemm: out_dtype must be one of {_OUT_DTYPES}, got {od}")
+        out = torch.empty((n, m), dtype=od, device=A.device)
+    elif tuple(out.shape) != (n, m) or not out.is_contiguous():
+        raise ValueError(f"gemm: out must be a contiguous [{n}, {m}] tensor, got {tuple(out.shape)}")
+    pre = None
+    aux = None
+    if gelu:
+        pre = torch.empty((n, m), dtype=out.dtype, device=A.device)
+        aux = pre
+    elif dgelu_pre is not None:
+        if tuple(dgelu_pre.shape) != (n, m) or not dgelu_pre.is_contiguous():
+            raise ValueError(f"gemm: dgelu_pre must be a contiguous [{n}, {m}] tensor, got {tuple(dgelu_pre.shape)}")
+        aux = dgelu_pre
+    bias_t = bias if bias is not None else bias_grad
+    hc = handle_cache
+    a = hc.get(A, a_scale_inv if fp8 else None)
+    b = hc.get(B, b_scale_inv if fp8 else None)
+    d = hc.get(out)
+    bh = hc.get(bias_t) if bias_t is not None else _capi.NULL_TENSOR
+    ph = hc.get(aux) if aux is not None else _capi.NULL_TENSOR
+    grad = dgelu_pre is not None or bias_grad is not None
+    stream = torch._C._cuda_getCurrentRawStream(A.device.index)
+    _capi.cublas_gemm(a, b, d, bh, ph, bool(transa), bool(transb), grad, _workspace(A.device),
+                      bool(accumulate), bool(use_split_accumulator), 0, stream)
+    return (out, pre) if gelu else out
