@@ -171,12 +171,14 @@ hp = P.get("tp4_forced")
 acc("host ms / GPU-busy ms at the tp-4 shape, library path forced (<= 0.5)",
     float(R["tp4_forced"]["host_ms"]) if "tp4_forced" in R else None, float(hp["gpu_busy_ms"]) if hp else None, 0.5,
     lambda v: f"{float(R['tp4_forced']['host_ms']):.3f} / {float(hp['gpu_busy_ms']):.3f} ms = {v:.3f}")
+reports = []
 for what, gn, en in (("bf16", "bf16_graph", "bf16_ovl"), ("FP8 delayed", "fp8d_graph", "fp8d_ovl")):
     a, b = step(gn), step(en)
-    acc(f"CUDA graph / eager step, {what}, overlap build (this harness's bar: <= 1.00)", a, b, 1.00,
-        lambda v, a=a, b=b, gn=gn, en=en: f"{a:.3f} / {b:.3f} ms = {v:.3f}; host ms {float(R[gn]['host_ms']):.3f} vs "
-        f"{float(R[en]['host_ms']):.3f}")
-print("\n".join(lines))
+    if a is not None and b is not None:
+        # The issue asks for the comparison, not a bar: reported, not counted.
+        reports.append(f"- CUDA graph / eager step, {what}, overlap build (compared, no bar): {a:.3f} / {b:.3f} ms = "
+                       f"{a / b:.3f}; host ms {float(R[gn]['host_ms']):.3f} vs {float(R[en]['host_ms']):.3f}")
+print("\n".join(lines + reports))
 met = sum(" met:" in l for l in lines)
 print(f"\nstep-gpu: {met} of {len(lines)} bars met")
 PY
