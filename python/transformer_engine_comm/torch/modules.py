@@ -68,7 +68,11 @@ Two builds of every module (``comm_overlap``):
   it would make at tp > 1 (library ops and userbuffers over the one-rank group, the GELU
   epilogue, the NCCL collectives of the steps whose flag is off): a benchmark switch, so that
   the library path's host cost and kernel count are measurable on one GPU. It needs an
-  initialised process group.
+  initialised process group. At tp 1 it leaves out only the buffer copies that move nothing
+  there: the bulk all-gather's input is not copied into its buffer (the wgrad GEMM reads the
+  input itself), the dgrad beside it is written straight into the bulk reduce-scatter's buffer
+  (no ``copy_into_buffer``: no peer reads it), and the row backward's split all-gather
+  returns no ``x_copy`` (the gathered dY is dY).
 
 Parameters are initialised from a CPU ``torch.Generator`` seeded with ``seed``: the
 *full* (unsharded) matrix is drawn, and each rank keeps its shard, so the overlap and the
