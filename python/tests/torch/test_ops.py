@@ -169,33 +169,53 @@ def test_even(tc, op, dtype, bias):
 def test_direct_and_dispatched_calls_agree(tc, op):
     """Eager calls on plain tensors that need no gradient run the op's function directly
     (skipping the dispatcher's host cost); the registered op through torch.ops must give
-    the same bits, and the routing must pick the dispatcher wherever it matters."""
+    the same bits, and the routing must pick the dispatcher wherever it matters.
+
+    The routing is observed where it happens: a spy on the registered op's entry in the
+    ``torch.ops.te_comm`` namespace (what the public functions call to dispatch) counts the
+    dispatched calls, a spy on ``_Prepared.__call__`` (the one C call every route ends in)
+    counts the library calls."""
     from transformer_engine_comm.torch import ops as te_ops
 
     m, n, k = EVEN[op]
     c = build(tc, op, tc.group, m, n, k, seed=13)
     direct = call(op, c, tc.group)
     name = {"ag": "all_gather_gemm", "rs": "gemm_reduce_scatter", "ar": "gemm_all_reduce"}[op]
-    calls = []
-    real = getattr(te_ops, f"_{name}_impl")
+    ns = torch.ops.te_comm
+    packet = getattr(ns, name)
+    real_call = te_ops._Prepared.__call__
+    dispatched_calls, library_calls = [], []
 
-    def spy(*a):
-        calls.append(1)
-        return real(*a)
+    def dispatch_spy(*a, **kw):
+        dispatched_calls.append(1)
+        return packet(*a, **kw)
 
-    setattr(te_ops, f"_{name}_impl", spy)
+    def call_spy(self, *a):
+        library_calls.append(1)
+        return real_call(self, *a)
+
+    setattr(ns, name, dispatch_spy)
+    te_ops._Prepared.__call__ = call_spy
     try:
-        call(op, c, tc.group)
-        direct_calls = len(calls)
+        call(op, c, tc.group)  # plain eager: direct (a prepared call, no dispatcher)
+        counts_direct = (len(dispatched_calls), len(library_calls))
         w = c.w.detach().clone().requires_grad_(True)
         # A weight that requires grad: the registered op (dispatcher), same values.
         dispatched = call(op, c, tc.group, w=w)
-        after = len(calls)
+        counts_after = (len(dispatched_calls), len(library_calls))
+        with torch.no_grad():
+            call(op, c, tc.group, w=w)  # no_grad: direct again
+        counts_no_grad = (len(dispatched_calls), len(library_calls))
     finally:
-        setattr(te_ops, f"_{name}_impl", real)
+        te_ops._Prepared.__call__ = real_call
+        setattr(ns, name, packet)
     torch.cuda.synchronize()
-    # The direct calls never enter the registered op's function; the dispatched one does.
-    tc.check_all(direct_calls == 0 and after == 1, f"{op}: direct {direct_calls}, dispatched {after - direct_calls}")
+    tc.check_all(counts_direct == (0, 1), f"{op}: plain eager call (dispatched, library calls) {counts_direct}, "
+                 "expected (0, 1)")
+    tc.check_all(counts_after == (1, 2), f"{op}: requires_grad call (dispatched, library calls) {counts_after}, "
+                 "expected (1, 2)")
+    tc.check_all(counts_no_grad == (1, 3), f"{op}: no_grad call (dispatched, library calls) {counts_no_grad}, "
+                 "expected (1, 3)")
     tc.check_all(torch.equal(direct, dispatched.detach()), f"{op}: direct and dispatched outputs differ")
     tc.check_all(dispatched.requires_grad, f"{op}: the dispatched call is recorded by autograd")
     with torch.no_grad():
@@ -206,10 +226,14 @@ def test_direct_and_dispatched_calls_agree(tc, op):
     tc.check_all(not te_ops._direct(torch.empty(2, 2)), "CPU tensor: dispatcher")
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    # check_all is collective (it gathers every rank's verdict): the verdicts are taken
+    # under the mode / profiler and checked after it.
     with FakeTensorMode():
-        tc.check_all(not te_ops._direct(torch.empty(2, 2)), "fake tensor mode: dispatcher")
+        fake_direct = te_ops._direct(torch.empty(2, 2))
+    tc.check_all(not fake_direct, "fake tensor mode: dispatcher")
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
-        tc.check_all(not te_ops._direct(c.x), "profiler on: dispatcher (the op's record range)")
+        prof_direct = te_ops._direct(c.x)
+    tc.check_all(not prof_direct, "profiler on: dispatcher (the op's record range)")
 
 
 @pytest.mark.parametrize("op", OPS)

@@ -138,14 +138,34 @@ class _HandleCache:
     def get(self, t: torch.Tensor, scale_inv: Optional[torch.Tensor] = None) -> "_capi.Tensor":
         if not t.is_contiguous():
             raise ValueError("internal: nvte_tensor needs a contiguous tensor")
-        key = (t.data_ptr(), t.dtype, tuple(t.shape), _scalar_ptr(scale_inv, "scale_inv"))
+        key = (t.data_ptr(), t.dtype, t.shape, _scalar_ptr(scale_inv, "scale_inv"))
         with self._lock:
             h = self._map.get(key)
             if h is not None:
                 self._map.move_to_end(key)
                 return h
+        return self._add(key, t)
+
+    def raw(self, t: torch.Tensor, scale_inv_ptr: int = 0) -> int:
+        """The handle of ``t`` as an int (what the C functions take), with 1/scale at
+        ``scale_inv_ptr`` (0: none). The caller has checked that ``t`` is contiguous and
+        that the scale_inv tensor is a CUDA float32 scalar (the hot path of the prepared
+        calls: one dictionary look-up)."""
+        key = (t.data_ptr(), t.dtype, t.shape, scale_inv_ptr)
+        with self._lock:
+            h = self._map.get(key)
+            if h is not None:
+                self._map.move_to_end(key)
+                return h._handle
+        return self._add(key, t)._handle
+
+    def _add(self, key, t: torch.Tensor) -> "_capi.Tensor":
         h = _capi.Tensor(key[0], nvte_dtype(t.dtype), tuple(int(s) for s in key[2]), scale_inv=key[3])
         with self._lock:
+            old = self._map.get(key)
+            if old is not None:  # another thread added it meanwhile
+                h.close()
+                return old
             self._map[key] = h
             while len(self._map) > self._capacity:
                 self._map.popitem(last=False)[1].close()

@@ -68,7 +68,11 @@ Two builds of every module (``comm_overlap``):
   it would make at tp > 1 (library ops and userbuffers over the one-rank group, the GELU
   epilogue, the NCCL collectives of the steps whose flag is off): a benchmark switch, so that
   the library path's host cost and kernel count are measurable on one GPU. It needs an
-  initialised process group.
+  initialised process group. At tp 1 it leaves out only the buffer copies that move nothing
+  there: the bulk all-gather's input is not copied into its buffer (the wgrad GEMM reads the
+  input itself), the dgrad beside it is written straight into the bulk reduce-scatter's buffer
+  (no ``copy_into_buffer``: no peer reads it), and the row backward's split all-gather
+  returns no ``x_copy`` (the gathered dY is dY).
 
 Parameters are initialised from a CPU ``torch.Generator`` seeded with ``seed``: the
 *full* (unsharded) matrix is drawn, and each rank keeps its shard, so the overlap and the
@@ -192,15 +196,24 @@ def _get_userbuffer(role: str, group, rows: int, cols: int, dtype: torch.dtype):
     with the previous one). ``role`` separates buffers that are live at the same time (the
     column backward's gathered input and its dgrad being reduce-scattered). Created on first
     use: collective over the group (all its ranks reach the same backward steps in order)."""
+    dev = torch.cuda.current_device()
+    # Looked up by the group object first (no name resolution per call), then by name.
+    ub = _UB_BY_GROUP.get((role, group, rows, cols, dtype, dev))
+    if ub is not None and ub._ov is not None:
+        return ub
     from ._context import group_name_of
     from .userbuffers import CommOverlap
 
-    key = (role, group_name_of(group), rows, cols, dtype, torch.cuda.current_device())
+    key = (role, group_name_of(group), rows, cols, dtype, dev)
     ub = _USERBUFFERS.get(key)
     if ub is None or ub._ov is None:
         ub = CommOverlap((rows, cols), dtype, group)
         _USERBUFFERS[key] = ub
+    _UB_BY_GROUP[(role, group, rows, cols, dtype, dev)] = ub
     return ub
+
+
+_UB_BY_GROUP = {}
 
 
 def destroy_module_userbuffers() -> None:
@@ -209,6 +222,7 @@ def destroy_module_userbuffers() -> None:
     on every rank, after the last backward pass, before destroying the process groups."""
     objs = list(_USERBUFFERS.values())
     _USERBUFFERS.clear()
+    _UB_BY_GROUP.clear()
     if objs and torch.cuda.is_available():
         torch.cuda.synchronize()
     for ub in objs:
@@ -450,6 +464,17 @@ class _Fp8State:
         return c
 
 
+def _dgrad_out(cfg: _Cfg, group, n: int, k: int, dtype: torch.dtype, device, need_dw: bool) -> torch.Tensor:
+    """Where the column dgrad GEMM beside the bulk all-gather writes ``[n, k]``. At tp 1,
+    when a bulk reduce-scatter of it follows (beside the wgrad GEMM), straight into that
+    reduce-scatter's buffer: no peer reads the buffer, so the ``copy_into_buffer`` that
+    tp > 1 needs (it waits until the peers are done with the buffer's previous call) would
+    only copy the dgrad onto itself. Otherwise a new tensor."""
+    if cfg.tp == 1 and cfg.sp and cfg.ub_bulk_wgrad and need_dw:
+        return _get_userbuffer("rs", group, n, k, dtype).get_buffer()
+    return torch.empty((n, k), dtype=dtype, device=device)
+
+
 def _dx_reduce(cfg: _Cfg, dx_partial, need_dw: bool):
     """The column dgrad's reduction when the wgrad GEMM is not run by a bulk RS:
     -> (dx, work to wait for after the wgrad GEMM, or None)."""
@@ -562,10 +587,12 @@ def _column_backward(ctx, cfg: _Cfg, dy, x, weight):
             # Userbuffers bulk all-gather of the input beside the dgrad GEMM (NN, run by
             # the library); the gathered input stays in the buffer for the wgrad GEMM.
             ub = _get_userbuffer("ag", group, n, k, x.dtype)
-            ub.copy_into_buffer(x, local_chunk=True)
-            dx_partial = torch.empty((n, k), dtype=dy.dtype, device=dy.device)
+            if cfg.tp > 1:
+                ub.copy_into_buffer(x, local_chunk=True)
+            dx_partial = _dgrad_out(cfg, group, n, k, dy.dtype, dy.device, need_dw)
             ub.bulk_overlap("ag", weight, dy, dx_partial, transa=False)
-            x_full = ub.get_buffer()
+            # At tp 1 the gathered input is the input itself (the buffer is not filled).
+            x_full = ub.get_buffer() if cfg.tp > 1 else x
         else:
             if need_dw and cfg.sp:
                 x_full = _all_gather(x, group)[0]
@@ -577,7 +604,8 @@ def _column_backward(ctx, cfg: _Cfg, dy, x, weight):
                 # library: NT, A = X [n, k] (transa=False), B = dY [n, m] (transb=True),
                 # D = dW [m, k].
                 ub_rs = _get_userbuffer("rs", group, n, k, dx_partial.dtype)
-                ub_rs.copy_into_buffer(dx_partial)
+                if dx_partial.data_ptr() != ub_rs.get_buffer().data_ptr():
+                    ub_rs.copy_into_buffer(dx_partial)
                 dx = torch.empty((n // cfg.tp, k), dtype=dx_partial.dtype, device=dy.device)
                 dw = torch.empty((dy.shape[1], k), dtype=dy.dtype, device=dy.device)
                 ub_rs.bulk_overlap("rs", x_full, dy, dw, rs_output=dx, transa=False, transb=True)
@@ -621,11 +649,12 @@ def _column_backward_fp8(ctx, cfg: _Cfg, dy, x_sv, x_si, w_t, w_si):
             # FP8 bulk all-gather of the saved FP8 shard beside the FP8 dgrad GEMM (TN:
             # dY [n, m] x W^T [k, m]).
             ub = _get_userbuffer("ag", group, n, k, x_sv.dtype)
-            ub.copy_into_buffer(x_sv, local_chunk=True)
-            dx_partial = torch.empty((n, k), dtype=odt, device=dy.device)
+            if cfg.tp > 1:
+                ub.copy_into_buffer(x_sv, local_chunk=True)
+            dx_partial = _dgrad_out(cfg, group, n, k, odt, dy.device, need_dw)
             ub.bulk_overlap("ag", w_t, dyf.data, dx_partial, x_scale_inv=dyf.scale_inv, w_scale_inv=w_si,
                             use_split_accumulator=not FP8_DGRAD_FAST_ACCUM)
-            x_full = ub.get_buffer()
+            x_full = ub.get_buffer() if cfg.tp > 1 else x_sv
         else:
             if need_dw and cfg.sp:
                 x_full = _all_gather(x_sv, group)[0]
@@ -637,7 +666,8 @@ def _column_backward_fp8(ctx, cfg: _Cfg, dy, x_sv, x_si, w_t, w_si):
             if cfg.sp and cfg.ub_bulk_wgrad and need_dw:
                 # Bulk RS of the dgrad beside the FP8 wgrad GEMM (TN: dY^T [m, n] x X^T [k, n]).
                 ub_rs = _get_userbuffer("rs", group, n, k, dx_partial.dtype)
-                ub_rs.copy_into_buffer(dx_partial)
+                if dx_partial.data_ptr() != ub_rs.get_buffer().data_ptr():
+                    ub_rs.copy_into_buffer(dx_partial)
                 dx = torch.empty((n // cfg.tp, k), dtype=dx_partial.dtype, device=dy.device)
                 dw = torch.empty((m, k), dtype=odt, device=dy.device)
                 ub_rs.bulk_overlap("rs", x_t, dyf.data_t, dw, rs_output=dx, x_scale_inv=dyf.scale_inv,
@@ -728,9 +758,11 @@ def _row_backward(ctx, cfg: _Cfg, dy):
         ub = _get_userbuffer("ag", group, n, m, dy.dtype)
         dx = torch.empty((n, weight.shape[1]), dtype=dy.dtype, device=dy.device)
         dy_full = None
-        if need_dw or need_db:
+        if cfg.tp == 1:
+            dy_full = dy  # the gathered dY is dY: no copy of it out of the buffer
+        elif need_dw or need_db:
             dy_full = torch.empty((n, m), dtype=dy.dtype, device=dy.device)
-        ub.split_overlap_ag(weight, dy, dx, x_copy=dy_full, transa=False)
+        ub.split_overlap_ag(weight, dy, dx, x_copy=dy_full if cfg.tp > 1 else None, transa=False)
     else:
         dy_full = _all_gather(dy, group)[0] if cfg.sp else dy
         if need_dx:
@@ -757,8 +789,12 @@ def _row_backward_fp8(ctx, cfg: _Cfg, dy):
         if cfg.ub_overlap_ag and need_dx:
             ub = _get_userbuffer("ag", group, n, m, dyf.dtype)
             dx = torch.empty((n, w_t.shape[0]), dtype=odt, device=dy.device)
-            dy_full = torch.empty((n, m), dtype=dyf.dtype, device=dy.device) if need_dw else None
-            ub.split_overlap_ag(w_t, dyf.data, dx, x_copy=dy_full, x_scale_inv=dyf.scale_inv, w_scale_inv=w_si,
+            if cfg.tp == 1:
+                dy_full = dyf.data  # the gathered dY is dY: no copy of it out of the buffer
+            else:
+                dy_full = torch.empty((n, m), dtype=dyf.dtype, device=dy.device) if need_dw else None
+            ub.split_overlap_ag(w_t, dyf.data, dx, x_copy=dy_full if cfg.tp > 1 else None,
+                                x_scale_inv=dyf.scale_inv, w_scale_inv=w_si,
                                 use_split_accumulator=not FP8_DGRAD_FAST_ACCUM)
         else:
             dy_full = _all_gather(dyf.data, group)[0]

@@ -41,6 +41,7 @@ from .. import _capi
 from . import _context
 from ._context import (
     FP8_DTYPES,
+    _scalar_ptr,
     handle_cache,
     nvte_dtype,
     nvte_tensor,
@@ -195,6 +196,25 @@ def bytes_tensor(ptr: int, nbytes: int, device: torch.device, owner) -> torch.Te
     return t
 
 
+def _sig(t):
+    """What the checks of a call look at in a tensor argument (None: absent): calls with
+    the same signatures reuse the validation of the first (``CommOverlap._plans``)."""
+    return None if t is None else (t.shape, t.dtype, t.get_device())
+
+
+def _contiguous(*tensors) -> None:
+    # Checked on every call (the signature does not cover strides).
+    for t in tensors:
+        if t is not None and not t.is_contiguous():
+            raise ValueError(
+                f"CommOverlap: every tensor argument must be contiguous (row-major), got shape {tuple(t.shape)} "
+                f"strides {t.stride()}"
+            )
+
+
+_MAX_PLANS = 256
+
+
 def _check_cuda(what: str, t, device: torch.device, ndim: Optional[int] = 2) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"CommOverlap: {what} must be a torch.Tensor, got {type(t).__name__}")
@@ -266,6 +286,8 @@ class CommOverlap:
         workspace_bytes: int = DEFAULT_WORKSPACE_BYTES,
     ):
         self._ov = None
+        self._ovh = None
+        self._plans = {}
         if len(shape) != 2 or int(shape[0]) <= 0 or int(shape[1]) <= 0:
             raise ValueError(f"CommOverlap: shape must be (rows, cols) with positive sizes, got {shape}")
         rows, cols = int(shape[0]), int(shape[1])
@@ -325,6 +347,14 @@ class CommOverlap:
         nbytes = rows * cols * torch.tensor([], dtype=dtype).element_size()
         self._buffer = bytes_tensor(self._buffer_ptr, nbytes, self.device, self._ov).view(dtype).view(rows, cols)
         self._workspace = torch.empty(int(workspace_bytes), dtype=torch.uint8, device=self.device)
+        self._dev = self.device.index
+        lib = _capi.lib()
+        self._c_copy = lib.nvte_comm_overlap_copy_into_buffer
+        self._c_split_ag = lib.nvte_comm_overlap_split_ag
+        self._c_split_rs = lib.nvte_comm_overlap_split_rs
+        self._c_split_rs_p2p = lib.nvte_comm_overlap_split_rs_p2p
+        self._c_bulk = lib.nvte_comm_overlap_bulk
+        self._ovh = int(self._ov._ov)  # the raw object handle the C calls take
         with _live_lock:
             _live.add(self)
 
@@ -373,9 +403,49 @@ class CommOverlap:
     def _buffer_tensor(self, *, scale=None, scale_inv=None, shape=None):
         return nvte_tensor(self._buffer, scale=scale, scale_inv=scale_inv, shape=shape)
 
+    # ------------------------------------------------------------------ per-call plumbing
+    #
+    # Every method validates its arguments once per *signature* (each tensor's shape, dtype
+    # and device, every flag): the result is kept in ``self._plans``, and a later call with
+    # the same signature only checks what the signature does not cover (contiguity, that
+    # the object is open), looks the tensor handles up by pointer in the shared handle
+    # cache and makes the C call through ctypes directly.
+
+    def _plan(self, key, make):
+        try:
+            p = self._plans.get(key)
+        except TypeError:  # an unhashable argument: validate every time
+            return make()
+        if p is None:
+            p = make()
+            if len(self._plans) >= _MAX_PLANS:
+                self._plans.clear()
+            self._plans[key] = p
+        return p
+
+    def _handle(self) -> int:
+        h = self._ovh
+        if h is None:
+            raise RuntimeError("CommOverlap: the object is closed")
+        return h
+
+    @staticmethod
+    def _failed(status: int, what: str):
+        return _capi.CommError(status, _capi.last_error(), what)
+
     def copy_into_buffer(self, input: torch.Tensor, local_chunk: bool = False) -> None:
         """Copy ``input`` into this rank's chunk (local_chunk) or the whole buffer, on the
         current stream, once the peers are done with the previous call."""
+        key = ("copy", _sig(input), local_chunk)
+        self._plan(key, lambda: self._check_copy(input, local_chunk))
+        ovh = self._handle()
+        if not input.is_contiguous():
+            raise ValueError("CommOverlap: input must be contiguous (row-major)")
+        st = self._c_copy(ovh, handle_cache.raw(input), bool(local_chunk), _raw_stream(self._dev))
+        if st:
+            raise self._failed(st, "Overlap.copy_into_buffer")
+
+    def _check_copy(self, input, local_chunk):
         self._check_open()
         _check_cuda("input", input, self.device, ndim=None)
         if input.dtype != self.dtype:
@@ -386,8 +456,7 @@ class CommOverlap:
                 f"CommOverlap.copy_into_buffer: input has {input.numel()} elements but the "
                 f"{'local chunk' if local_chunk else 'buffer'} has {want}"
             )
-        with nvte_tensor(input) as t:
-            self._ov.copy_into_buffer(t, bool(local_chunk), self._stream())
+        return True
 
     # ------------------------------------------------------------------ argument plumbing
 
@@ -407,19 +476,13 @@ class CommOverlap:
             for name, s in (("x_scale_inv", x_scale_inv), ("w_scale_inv", w_scale_inv)):
                 if s is None:
                     raise ValueError(f"CommOverlap.{what}: FP8 inputs need {name}")
+                _scalar_ptr(s, f"CommOverlap.{what}: {name}")
         usa = (not fp8) if use_split_accumulator is None else bool(use_split_accumulator)
         return fp8, usa
 
-    def _opt(self, es, t, what: str, ndim=None):
-        if t is None:
-            return _capi.NULL_TENSOR
-        _check_cuda(what, t, self.device, ndim=ndim)
-        return handle_cache.get(t)
-
-    def _buffer_handle(self, es, scale=None, scale_inv=None):
-        if scale is None:
-            return handle_cache.get(self._buffer, scale_inv)
-        return es.enter_context(self._buffer_tensor(scale=scale, scale_inv=scale_inv))
+    def _check_opt(self, t, what: str, ndim=None) -> None:
+        if t is not None:
+            _check_cuda(what, t, self.device, ndim=ndim)
 
     # ------------------------------------------------------------------ algorithms
 
@@ -448,6 +511,26 @@ class CommOverlap:
         transa=False: weight [k, m] (NN); transb=True (NT): x_local is this rank's [k, n / tp]
         shard, gathered along its columns (x_local required; no x_copy).
         """
+        key = ("ag", _sig(weight), _sig(x_local), _sig(out), _sig(bias), _sig(pre_gelu_out), _sig(x_copy),
+               _sig(x_scale_inv), _sig(w_scale_inv), accumulate, use_split_accumulator, transa, transb)
+        fp8, usa, ta, tb, acc = self._plan(key, lambda: self._check_split_ag(
+            weight, x_local, out, bias, pre_gelu_out, x_copy, x_scale_inv, w_scale_inv, accumulate,
+            use_split_accumulator, transa, transb))
+        ovh = self._handle()
+        _contiguous(weight, x_local, out, bias, pre_gelu_out, x_copy)
+        hr = handle_cache.raw
+        a = hr(weight, w_scale_inv.data_ptr() if fp8 else 0)
+        b = hr(self._buffer if x_local is None else x_local, x_scale_inv.data_ptr() if fp8 else 0)
+        st = self._c_split_ag(
+            ovh, a, ta, b, tb, hr(out), None if bias is None else hr(bias),
+            None if pre_gelu_out is None else hr(pre_gelu_out), False, self._ws_handle(), acc, usa,
+            None if x_copy is None else hr(x_copy), _raw_stream(self._dev))
+        if st:
+            raise self._failed(st, "Overlap.split_ag")
+        return out
+
+    def _check_split_ag(self, weight, x_local, out, bias, pre_gelu_out, x_copy, x_scale_inv, w_scale_inv, accumulate,
+                        use_split_accumulator, transa, transb):
         self._check_open()
         _check_cuda("weight", weight, self.device)
         _check_cuda("out", out, self.device)
@@ -473,24 +556,40 @@ class CommOverlap:
                 raise TypeError(f"CommOverlap.split_overlap_ag: x_local dtype {x_local.dtype} differs from the buffer's {self.dtype}")
         fp8, usa = self._gemm_inputs("split_overlap_ag", weight, x_local, x_scale_inv, w_scale_inv, use_split_accumulator,
                                      transa, transb)
-        with contextlib.ExitStack() as es:
-            a = handle_cache.get(weight, w_scale_inv if fp8 else None)
-            if x_local is None:
-                b = self._buffer_handle(es, scale_inv=x_scale_inv if fp8 else None)
-            else:
-                b = handle_cache.get(x_local, x_scale_inv if fp8 else None)
-            d = handle_cache.get(out)
-            bt = self._opt(es, bias, "bias", ndim=None)
-            pt = self._opt(es, pre_gelu_out, "pre_gelu_out")
-            ct = self._opt(es, x_copy, "x_copy")
-            ws = handle_cache.get(self._workspace)
-            self._ov.split_ag(a, bool(transa), b, bool(transb), d, bt, pt, False, ws, bool(accumulate), usa, ct,
-                              self._stream())
-        return out
+        self._check_opt(bias, "bias")
+        self._check_opt(pre_gelu_out, "pre_gelu_out")
+        self._check_opt(x_copy, "x_copy")
+        return fp8, usa, bool(transa), bool(transb), bool(accumulate)
+
+    def _ws_handle(self) -> int:
+        return handle_cache.raw(self._workspace)
 
     def _split_rs(self, p2p, weight, x, out, bias, x_scale_inv, w_scale_inv, buffer_scale, buffer_scale_inv,
                   accumulate, use_split_accumulator, transa=True, transb=False):
         what = "split_overlap_rs_p2p" if p2p else "split_overlap_rs"
+        key = (what, _sig(weight), _sig(x), _sig(out), _sig(bias), _sig(x_scale_inv), _sig(w_scale_inv),
+               _sig(buffer_scale), _sig(buffer_scale_inv), accumulate, use_split_accumulator, transa, transb)
+        fp8, usa, ta, tb, acc = self._plan(key, lambda: self._check_split_rs(
+            what, weight, x, out, bias, x_scale_inv, w_scale_inv, buffer_scale, buffer_scale_inv, accumulate,
+            use_split_accumulator, transa, transb))
+        ovh = self._handle()
+        _contiguous(weight, x, out, bias)
+        hr = handle_cache.raw
+        with contextlib.ExitStack() as es:
+            if buffer_scale is None:
+                d = hr(self._buffer, 0 if buffer_scale_inv is None else buffer_scale_inv.data_ptr())
+            else:  # an FP8 buffer written with a scale: a handle of its own (rare)
+                d = es.enter_context(self._buffer_tensor(scale=buffer_scale, scale_inv=buffer_scale_inv))._handle
+            fn = self._c_split_rs_p2p if p2p else self._c_split_rs
+            st = fn(ovh, hr(weight, w_scale_inv.data_ptr() if fp8 else 0), ta, hr(x, x_scale_inv.data_ptr() if fp8 else 0),
+                    tb, d, None if bias is None else hr(bias), None, False, self._ws_handle(), acc, usa, hr(out),
+                    _raw_stream(self._dev))
+        if st:
+            raise self._failed(st, "Overlap.split_rs_p2p" if p2p else "Overlap.split_rs")
+        return out
+
+    def _check_split_rs(self, what, weight, x, out, bias, x_scale_inv, w_scale_inv, buffer_scale, buffer_scale_inv,
+                        accumulate, use_split_accumulator, transa, transb):
         self._check_open()
         _check_cuda("x", x, self.device)
         _check_cuda("out", out, self.device)
@@ -500,17 +599,10 @@ class CommOverlap:
                 f"CommOverlap.{what}: an FP8 buffer holds the partial products quantized: pass "
                 "buffer_scale and buffer_scale_inv (float32 one-element tensors, scale_inv = 1/scale)"
             )
-        with contextlib.ExitStack() as es:
-            a = handle_cache.get(weight, w_scale_inv if fp8 else None)
-            b = handle_cache.get(x, x_scale_inv if fp8 else None)
-            d = self._buffer_handle(es, scale=buffer_scale, scale_inv=buffer_scale_inv)
-            bt = self._opt(es, bias, "bias", ndim=None)
-            o = handle_cache.get(out)
-            ws = handle_cache.get(self._workspace)
-            fn = self._ov.split_rs_p2p if p2p else self._ov.split_rs
-            fn(a, bool(transa), b, bool(transb), d, bt, _capi.NULL_TENSOR, False, ws, bool(accumulate), usa, o,
-               self._stream())
-        return out
+        for name, s in (("buffer_scale", buffer_scale), ("buffer_scale_inv", buffer_scale_inv)):
+            _scalar_ptr(s, f"CommOverlap.{what}: {name}")
+        self._check_opt(bias, "bias")
+        return fp8, usa, bool(transa), bool(transb), bool(accumulate)
 
     def split_overlap_rs(
         self,
@@ -586,6 +678,26 @@ class CommOverlap:
         is gathered into every rank's buffer (read it with get_buffer()). RS ("rs"): the
         buffers (filled whole) are summed, this rank's rows into ``rs_output``
         [rows / tp, cols]; an FP8 buffer needs buffer_scale_inv. Returns ``out``."""
+        key = ("bulk", comm_type, _sig(weight), _sig(x), _sig(out), _sig(rs_output), _sig(bias), _sig(pre_gelu_out),
+               _sig(x_scale_inv), _sig(w_scale_inv), _sig(buffer_scale_inv), accumulate, use_split_accumulator, transa,
+               transb)
+        ct, fp8, usa, ta, tb, acc = self._plan(key, lambda: self._check_bulk(
+            comm_type, weight, x, out, rs_output, bias, pre_gelu_out, x_scale_inv, w_scale_inv, buffer_scale_inv,
+            accumulate, use_split_accumulator, transa, transb))
+        ovh = self._handle()
+        _contiguous(weight, x, out, rs_output, bias, pre_gelu_out)
+        hr = handle_cache.raw
+        st = self._c_bulk(
+            ovh, ct, hr(weight, w_scale_inv.data_ptr() if fp8 else 0), ta, hr(x, x_scale_inv.data_ptr() if fp8 else 0),
+            tb, hr(out), None if bias is None else hr(bias), None if pre_gelu_out is None else hr(pre_gelu_out), False,
+            self._ws_handle(), acc, usa, hr(self._buffer, 0 if buffer_scale_inv is None else buffer_scale_inv.data_ptr()),
+            None if rs_output is None else hr(rs_output), _raw_stream(self._dev))
+        if st:
+            raise self._failed(st, "Overlap.bulk")
+        return out
+
+    def _check_bulk(self, comm_type, weight, x, out, rs_output, bias, pre_gelu_out, x_scale_inv, w_scale_inv,
+                    buffer_scale_inv, accumulate, use_split_accumulator, transa, transb):
         self._check_open()
         if isinstance(comm_type, str):
             key = comm_type.upper()
@@ -605,18 +717,11 @@ class CommOverlap:
                 raise ValueError("CommOverlap.bulk_overlap: an FP8 buffer's reduce-scatter needs buffer_scale_inv")
         elif rs_output is not None:
             raise ValueError("CommOverlap.bulk_overlap: rs_output is for comm_type RS only")
-        with contextlib.ExitStack() as es:
-            a = handle_cache.get(weight, w_scale_inv if fp8 else None)
-            b = handle_cache.get(x, x_scale_inv if fp8 else None)
-            d = handle_cache.get(out)
-            bt = self._opt(es, bias, "bias", ndim=None)
-            pt = self._opt(es, pre_gelu_out, "pre_gelu_out")
-            ws = handle_cache.get(self._workspace)
-            buf = self._buffer_handle(es, scale_inv=buffer_scale_inv)
-            ro = self._opt(es, rs_output, "rs_output")
-            self._ov.bulk(int(ct), a, bool(transa), b, bool(transb), d, bt, pt, False, ws, bool(accumulate), usa, buf,
-                          ro, self._stream())
-        return out
+        _scalar_ptr(buffer_scale_inv, "CommOverlap.bulk_overlap: buffer_scale_inv")
+        self._check_opt(bias, "bias")
+        self._check_opt(pre_gelu_out, "pre_gelu_out")
+        self._check_opt(rs_output, "rs_output")
+        return int(ct), fp8, usa, bool(transa), bool(transb), bool(accumulate)
 
     # ------------------------------------------------------------------ lifetime
 
@@ -632,6 +737,8 @@ class CommOverlap:
         ov, self._ov = self._ov, None
         if ov is None:
             return
+        self._ovh = None
+        self._plans.clear()
         with _live_lock:
             _live.discard(self)
         self._buffer = None
