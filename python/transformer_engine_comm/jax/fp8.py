@@ -2,7 +2,9 @@
 
 - :class:`DelayedScaling` (TE's ``DelayedScaling``): each FP8 tensor of a layer has an
   amax history (``amax_history_len`` steps) and a scale; a step quantizes with the scale
-  computed from the history of the earlier steps and records its own amax. ``margin``,
+  computed from the history of the earlier steps and records its own amax. A tensor's
+  first cast (its history column still all zero) takes its scale from its own amax
+  instead of TE's initial 1, as the torch side does. ``margin``,
   ``amax_compute_algo`` (``"max"`` over the history or ``"most_recent"``) and the format
   (:attr:`Format.HYBRID`: e4m3 for the forward tensors, e5m2 for the gradients;
   :attr:`Format.E4M3`: e4m3 everywhere) as TE's.

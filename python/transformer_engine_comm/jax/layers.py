@@ -131,9 +131,14 @@ def _first_device_share(tree, cfg: _Cfg):
 def _scale(cfg: _Cfg, meta, role: int, amax_value):
     """The scale of ``role``: the state's (delayed) or from ``amax_value`` (current)."""
     r = cfg.recipe
-    if r.delayed:
-        return meta.scale[role]
     fmax = _f8.FP8_MAX[jnp.dtype(r.dtypes[role]).name]
+    if r.delayed:
+        # A role's first cast (no amax recorded yet: a fresh state) takes its scale from
+        # the tensor itself, as the torch side's Fp8Meta: TE's initial scale 1 flushes
+        # small tensors (output gradients of 1e-5 and below underflow e5m2) in step one.
+        fresh = jnp.all(meta.amax_history[:, role] == 0)
+        own = _f8.scale_from_amax(amax_value, fmax, r.margin, meta.scale[role])
+        return jnp.where(fresh, own, meta.scale[role])
     return _f8.scale_from_amax(amax_value, fmax)
 
 
