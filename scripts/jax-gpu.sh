@@ -73,7 +73,8 @@ cols = ["build", "precision", "step_ms", "host_enqueue_ms", "profiled_step_ms", 
         "kernels", "xla_fp8_gemms", "xla_gemms", "library_calls", "final_loss"]
 print("\n| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
 for r in rows:
-    print("| " + " | ".join(f"{r[c]:.3f}" if isinstance(r.get(c), float) else str(r.get(c, "-")) for c in cols) + " |")
+    print("| " + " | ".join((f"{r[c]:.6f}" if c == "final_loss" else f"{r[c]:.3f}") if isinstance(r.get(c), float)
+                            else str(r.get(c, "-")) for c in cols) + " |")
 print()
 bad = 0
 for what, v, ok in checks:

@@ -263,10 +263,10 @@ def fp8_dot(a, a_scale_inv, b, b_scale_inv, dims, out_dtype, split_accumulator: 
         return jax.lax.dot_general(da, db, (dims, ((), ())), precision=prec,
                                    preferred_element_type=f32).astype(out_dtype)
     acc = out_dtype if jnp.dtype(out_dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)) else f32
-    # The barriers keep the dot a bare FP8 x FP8 dot: without them XLA's Triton GEMM pass
-    # fuses the cast that produced an operand (or the output scaling) into a Triton GEMM
-    # and its autotuner compiles and times dozens of Triton FP8 configurations per GEMM
-    # (minutes for a training step); a bare dot goes straight to cuBLASLt's FP8 GEMM.
+    # The barriers keep the dot a bare FP8 x FP8 dot: XLA's Triton GEMM pass leaves a bare
+    # dot (a "pure matmul") to cuBLASLt, where it would otherwise fuse the cast producing
+    # an operand, or the output scaling, into a Triton GEMM and leave the choice between
+    # Triton and cuBLASLt to its autotuner.
     a, b = jax.lax.optimization_barrier((a, b))
     y = jax.lax.optimization_barrier(jax.lax.dot_general(a, b, (dims, ((), ())), precision=prec,
                                                          preferred_element_type=acc))
