@@ -2,7 +2,9 @@
 
 - :class:`DelayedScaling` (TE's ``DelayedScaling``): each FP8 tensor of a layer has an
   amax history (``amax_history_len`` steps) and a scale; a step quantizes with the scale
-  computed from the history of the earlier steps and records its own amax. ``margin``,
+  computed from the history of the earlier steps and records its own amax. A tensor's
+  first cast (its history column still all zero) takes its scale from its own amax
+  instead of TE's initial 1, as the torch side does. ``margin``,
   ``amax_compute_algo`` (``"max"`` over the history or ``"most_recent"``) and the format
   (:attr:`Format.HYBRID`: e4m3 for the forward tensors, e5m2 for the gradients;
   :attr:`Format.E4M3`: e4m3 everywhere) as TE's.
@@ -229,14 +231,43 @@ def quantize(x, scale, dtype):
     return jnp.clip(x.astype(jnp.float32) * scale, -fmax, fmax).astype(dtype)
 
 
-def fp8_dot(a, a_scale_inv, b, b_scale_inv, dims, out_dtype):
-    """A GEMM of two quantized operands in the form XLA's GEMM rewriter turns into one
-    cuBLASLt FP8 GEMM with the scales as its a/b scales (``dot(convert(q) * s_inv, ...)``;
-    XLA transposes the FP8 operands into the TN layout Hopper needs)."""
+# How fp8_dot writes its GEMM (tests and probes may switch it): "direct" (the default) or
+# "dequant" (XLA's older pattern, kept to compare: see fp8_dot).
+_DOT_FORM = "direct"
+
+
+def fp8_dot(a, a_scale_inv, b, b_scale_inv, dims, out_dtype, split_accumulator: bool = False):
+    """A GEMM of two FP8 operands (``a`` and ``b`` quantized with the scales whose inverses
+    are given), contracting ``dims`` = ``((a's,), (b's,))``, dequantized to ``out_dtype``.
+
+    XLA's dot on the FP8 arrays themselves (``preferred_element_type`` the output type),
+    then the output times ``a_scale_inv * b_scale_inv``, as TE-JAX's and Flax's direct FP8
+    GEMMs: XLA lowers an FP8 x FP8 dot on Hopper to one cuBLASLt FP8 GEMM
+    (``__cublas$lt$matmul$f8``; it transposes an operand itself where the contraction is
+    not TN) and fuses the output scaling into the GEMM's consumer. The older form, a dot of the dequantized
+    operands (``convert(q) * s``) that XLA's GEMM rewriter was to match, is unreliable: in
+    a step that quantizes and dequantizes inside one program XLA folds the
+    ``f32 -> f8 -> f32`` conversions away (``SimplifyFPConversions``, on by default) and
+    runs the GEMM in f32 on unquantized data. ``split_accumulator``: Hopper's FP8 GEMMs
+    accumulate in full f32 (``Precision.HIGHEST``; TE's ``use_split_accumulator``, which
+    its recipes set for the dgrad and wgrad) rather than with fast accumulation."""
     import jax
     import jax.numpy as jnp
 
     f32 = jnp.float32
-    da = a.astype(f32) * jnp.asarray(a_scale_inv, f32).reshape(())
-    db = b.astype(f32) * jnp.asarray(b_scale_inv, f32).reshape(())
-    return jax.lax.dot_general(da, db, (dims, ((), ())), preferred_element_type=f32).astype(out_dtype)
+    s = jnp.asarray(a_scale_inv, f32).reshape(()) * jnp.asarray(b_scale_inv, f32).reshape(())
+    prec = jax.lax.Precision.HIGHEST if split_accumulator else None
+    if _DOT_FORM == "dequant":
+        da = a.astype(f32) * jnp.asarray(a_scale_inv, f32).reshape(())
+        db = b.astype(f32) * jnp.asarray(b_scale_inv, f32).reshape(())
+        return jax.lax.dot_general(da, db, (dims, ((), ())), precision=prec,
+                                   preferred_element_type=f32).astype(out_dtype)
+    acc = out_dtype if jnp.dtype(out_dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)) else f32
+    # The barriers keep the dot a bare FP8 x FP8 dot: XLA's Triton GEMM pass leaves a bare
+    # dot (a "pure matmul") to cuBLASLt, where it would otherwise fuse the cast producing
+    # an operand, or the output scaling, into a Triton GEMM and leave the choice between
+    # Triton and cuBLASLt to its autotuner.
+    a, b = jax.lax.optimization_barrier((a, b))
+    y = jax.lax.optimization_barrier(jax.lax.dot_general(a, b, (dims, ((), ())), precision=prec,
+                                                         preferred_element_type=acc))
+    return (y.astype(f32) * s).astype(out_dtype)

@@ -28,9 +28,10 @@ forward and backward runs in FP8 with bf16 output, as TE's recipes do. The input
 weight are quantized once in the forward (e4m3) and reused by the backward (the weight's
 transposed FP8 copy for the dgrad, the FP8 input for the wgrad); the output gradient is
 quantized to e5m2 (HYBRID) or e4m3 (E4M3). Hopper's FP8 GEMMs are TN: the library's
-comm-GEMMs get the transposed FP8 copies; the local wgrad is a dot of the dequantized
-FP8 operands, which XLA's GEMM rewriter turns into one cuBLASLt FP8 GEMM (it transposes
-the FP8 operands itself). The all-gathers carry FP8: the column layer gathers the FP8
+comm-GEMMs and XLA's dgrad get the weight's transposed FP8 copy; XLA's local GEMMs are
+dots of the FP8 arrays themselves with the output dequantized (:func:`fp8_dot
+<transformer_engine_comm.jax.fp8.fp8_dot>`), which XLA runs as FP8 GEMMs (the wgrad's
+operands it transposes into TN itself). The all-gathers carry FP8: the column layer gathers the FP8
 input inside its GEMM and keeps it for the wgrad, the row layer's backward gathers the
 FP8 gradient and keeps it likewise. A gathered tensor's scale is the same on every
 device (its amax max-reduced over the axis; with delayed scaling every recorded amax is,
@@ -130,9 +131,14 @@ def _first_device_share(tree, cfg: _Cfg):
 def _scale(cfg: _Cfg, meta, role: int, amax_value):
     """The scale of ``role``: the state's (delayed) or from ``amax_value`` (current)."""
     r = cfg.recipe
-    if r.delayed:
-        return meta.scale[role]
     fmax = _f8.FP8_MAX[jnp.dtype(r.dtypes[role]).name]
+    if r.delayed:
+        # A role's first cast (no amax recorded yet: a fresh state) takes its scale from
+        # the tensor itself, as the torch side's Fp8Meta: TE's initial scale 1 flushes
+        # small tensors (output gradients of 1e-5 and below underflow e5m2) in step one.
+        fresh = jnp.all(meta.amax_history[:, role] == 0)
+        own = _f8.scale_from_amax(amax_value, fmax, r.margin, meta.scale[role])
+        return jnp.where(fresh, own, meta.scale[role])
     return _f8.scale_from_amax(amax_value, fmax)
 
 
@@ -219,9 +225,9 @@ def _fp8_fwd(x, w, bias, meta, cfg: _Cfg):
         if bias is not None:
             y = y + bias.astype(out_dt)
         xg = xq
-    # The weight's transposed FP8 copy for the comm-GEMM dgrad (TN); XLA's local GEMMs
-    # read wq as it is.
-    wres = wq.T if lib and k in ("col_sp", "row_sp") else wq
+    # The weight's transposed FP8 copy for the dgrad (TN, as Hopper's FP8 GEMMs take their
+    # operands; XLA fuses the transpose into the weight's cast).
+    wres = wq.T
     # (zero-size arrays carry the dtypes of x and w: residuals are arrays)
     return y, (xg, sxi, wres, swi, jnp.stack([ax, aw]), bias, meta, jnp.zeros((0,), x.dtype), jnp.zeros((0,), w.dtype))
 
@@ -254,11 +260,13 @@ def _fp8_bwd(cfg: _Cfg, res, dy):
         else:
             dx, gg = ag_gemm(wres, gq, ctx=ctx, a_scale_inv=swi, b_scale_inv=sgi, out_dtype=out_dt,
                              comm_sms=sms)[0], gq
-    else:  # local dgrad: dx = dy @ w
-        dx = _f8.fp8_dot(gq, sgi, wres, swi, ((1,), (0,)), out_dt)
+    else:  # local dgrad: dx = dy @ w = dy @ (w^T)^T, TN
+        dx = _f8.fp8_dot(gq, sgi, wres, swi, ((1,), (1,)), out_dt, split_accumulator=True)
         gg = gq
-    # wgrad: dw = dy^T @ x over all tokens (the gathered FP8 tensors), XLA's FP8 GEMM.
-    dw = _f8.fp8_dot(gg, sgi, xg, sxi, ((0,), (0,)), w_dt)
+    # wgrad: dw = dy^T @ x over all tokens (the gathered FP8 tensors), XLA's FP8 GEMM (it
+    # transposes the operands into TN itself). dgrad and wgrad accumulate in full f32, as
+    # TE's recipes (use_split_accumulator); the forward GEMM with fast accumulation.
+    dw = _f8.fp8_dot(gg, sgi, xg, sxi, ((0,), (0,)), w_dt, split_accumulator=True)
     db = _bias_share(bias, dy)
     if meta is None:
         dmeta = None
