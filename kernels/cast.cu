@@ -45,14 +45,6 @@ __device__ void quantize_impl(const typename I::T *in, typename O::T *out, u64 n
   if (scale_inv != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *scale_inv = 1.0f / s;
 }
 
-// out = cast(in * scale_inv)
-template <class I, class O>
-__device__ void dequantize_impl(const typename I::T *in, typename O::T *out, u64 n, const float *scale_inv) {
-  const float s = scale_inv ? *scale_inv : 1.0f;
-  const u64 stride = (u64)gridDim.x * blockDim.x;
-  for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) out[i] = O::store(I::load(in[i]) * s);
-}
-
 __device__ __forceinline__ u64 mix64(u64 z) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
@@ -87,18 +79,6 @@ QUANTIZE_FROM(f32, F32)
 QUANTIZE_FROM(bf16, BF16)
 QUANTIZE_FROM(f16, F16)
 
-#define DEQUANTIZE(iname, I, oname, O)                                                           \
-  extern "C" __global__ void dequantize_##iname##_##oname(const I::T *in, O::T *out, u64 n,     \
-                                                          const float *scale_inv) {              \
-    dequantize_impl<I, O>(in, out, n, scale_inv);                                                \
-  }
-DEQUANTIZE(e4m3, E4M3, f32, F32)
-DEQUANTIZE(e4m3, E4M3, bf16, BF16)
-DEQUANTIZE(e4m3, E4M3, f16, F16)
-DEQUANTIZE(e5m2, E5M2, f32, F32)
-DEQUANTIZE(e5m2, E5M2, bf16, BF16)
-DEQUANTIZE(e5m2, E5M2, f16, F16)
-
 #define FILL(oname, O)                                                                           \
   extern "C" __global__ void fill_uniform_##oname(O::T *out, u64 n, u64 seed, float lo, float hi) { \
     fill_uniform_impl<O>(out, n, seed, lo, hi);                                                  \
@@ -132,32 +112,131 @@ __device__ __forceinline__ void finish_amax(float local, float *amax) {
   }
 }
 
-// Rowwise FP8 quantize of n elements: 16 elements a thread per step (16-byte FP8 stores,
-// 16- or 32-byte-aligned loads) when `vec` (both pointers 16-byte aligned), the rest
-// (or everything when !vec) one element at a time. One atomic per block for amax.
-template <class I, class O>
+// ------------------------------------------------------------- vector loads, conversions
+
+template <class A, class B>
+struct same_type {
+  static constexpr bool value = false;
+};
+template <class A>
+struct same_type<A, A> {
+  static constexpr bool value = true;
+};
+
+// One 16-byte load of data that stays unchanged during the kernel (non-coherent path, no
+// L1 allocation). H = 1 adds the L2 hint to fetch the whole 256-byte block.
+template <int H>
+__device__ __forceinline__ void ld16(const void *p, u32 *w) {
+  if constexpr (H == 1)
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+                 : "l"(p));
+  else
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+                 : "l"(p));
+}
+
+__device__ __forceinline__ void st16(void *p, u32 a, u32 b, u32 c, u32 d) {
+  *reinterpret_cast<uint4 *>(p) = make_uint4(a, b, c, d);
+}
+
+// 32-bit words holding 8 elements of I (4 for 16-bit types, 8 for float32).
+template <class I>
+struct W8 {
+  static constexpr int N = 2 * (int)sizeof(typename I::T);
+};
+
+// Eight consecutive elements as raw words (16-byte aligned).
+template <class I, int H>
+__device__ __forceinline__ void ld8(const typename I::T *p, u32 *w) {
+  ld16<H>(p, w);
+  if constexpr (W8<I>::N == 8) ld16<H>(reinterpret_cast<const char *>(p) + 16, w + 4);
+}
+
+template <class I>
+__device__ __forceinline__ void cvt8(const u32 *w, float *f);
+template <>
+__device__ __forceinline__ void cvt8<F32>(const u32 *w, float *f) {
+#pragma unroll
+  for (int k = 0; k < 8; ++k) f[k] = __uint_as_float(w[k]);
+}
+template <>
+__device__ __forceinline__ void cvt8<BF16>(const u32 *w, float *f) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    f[2 * j] = __uint_as_float(w[j] << 16);
+    f[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+  }
+}
+template <>
+__device__ __forceinline__ void cvt8<F16>(const u32 *w, float *f) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    f[2 * j] = F16::load((u16)(w[j] & 0xffff));
+    f[2 * j + 1] = F16::load((u16)(w[j] >> 16));
+  }
+}
+
+// Programmatic dependent launch (sm_90+): wait until the grid this one depends on has
+// finished and its writes are visible (a no-op for a normal launch), and let the next
+// grid start launching.
+__device__ __forceinline__ void griddep_wait() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void griddep_launch_dependents() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// ------------------------------------------------------------------ rowwise quantize
+
+// Rowwise FP8 quantize of n elements. Vector path (`vec`: both pointers 16-byte
+// aligned): chunks of 16 elements (one 16-byte FP8 store), U chunks a thread per step,
+// all their loads issued before the first use; the rest (everything when !vec) one
+// element at a time. One atomic per block for amax.
+template <class I, class O, int U, int H>
 __device__ void quantize_fp8_impl(const typename I::T *__restrict__ in, u8 *__restrict__ out, u64 n,
                                   const float *scale, float *amax, float *sinv, float *sinv_t,
                                   const float *noop, int vec) {
   if (noop_set(noop)) return;
+  constexpr int NW = W8<I>::N;
   const float s = scale ? *scale : 1.0f;
   float local = 0.0f;
   const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
   const u64 stride = (u64)gridDim.x * blockDim.x;
   const u64 nv = vec ? n / 16 : 0;
-  for (u64 v = tid; v < nv; v += stride) {
-    float x[16];
-    load8<I>(in + v * 16, x);
-    load8<I>(in + v * 16 + 8, x + 8);
-    u32 w[4];
+  for (u64 v = tid; v < nv; v += U * stride) {
+    u32 w[U][2][NW];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-#pragma unroll
-      for (int k = 0; k < 4; ++k) local = fmaxf(local, fabsf(x[4 * j + k]));
-      w[j] = fp8_pack2<O>(x[4 * j] * s, x[4 * j + 1] * s) |
-             (fp8_pack2<O>(x[4 * j + 2] * s, x[4 * j + 3] * s) << 16);
+    for (int j = 0; j < U; ++j) {
+      const u64 k = v + j * stride;
+      if (k < nv) {
+        ld8<I, H>(in + k * 16, w[j][0]);
+        ld8<I, H>(in + k * 16 + 8, w[j][1]);
+      }
     }
-    *reinterpret_cast<uint4 *>(out + v * 16) = make_uint4(w[0], w[1], w[2], w[3]);
+#pragma unroll
+    for (int j = 0; j < U; ++j) {
+      const u64 k = v + j * stride;
+      if (k < nv) {
+        float x[16];
+        cvt8<I>(w[j][0], x);
+        cvt8<I>(w[j][1], x + 8);
+        u32 q[4];
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) local = fmaxf(local, fabsf(x[4 * m + e]));
+          q[m] = fp8_pack2<O>(x[4 * m] * s, x[4 * m + 1] * s) |
+                 (fp8_pack2<O>(x[4 * m + 2] * s, x[4 * m + 3] * s) << 16);
+        }
+        st16(out + k * 16, q[0], q[1], q[2], q[3]);
+      }
+    }
   }
   for (u64 i = nv * 16 + tid; i < n; i += stride) {
     const float x = I::load(in[i]);
@@ -168,133 +247,247 @@ __device__ void quantize_fp8_impl(const typename I::T *__restrict__ in, u8 *__re
   write_scale_inv(s, sinv, sinv_t);
 }
 
-// Cast + transpose of a [rows, cols] input: `out` (may be null) gets the rowwise FP8
-// data, `out_t` (may be null) the FP8 transpose [cols, rows]. Each warp owns 64x64 tiles
-// (grid-stride over tiles); a lane converts 16 rows x 8 columns: two rows at a time, each
-// pair of vertically adjacent elements in one cvt (low byte the upper row), so the bytes
-// of a column's 16 rows assemble in registers as one 16-byte word; the rowwise bytes are
-// picked out of the same pairs with prmt. The column words go through shared memory
-// (swizzled: conflict-free 16-byte stores and loads) so that the transposed tile leaves
-// as 64-byte runs of each output row. Tiles past an edge, or any tile when `fast` is 0
-// (unaligned pointers, cols % 8 or rows % 16 non-zero), go element by element.
-#define CT_WARPS 8
-template <class I, class O>
+// ------------------------------------------------------------- cast + transpose
+
+// Cast + transpose of a [rows, cols] input (rows % 16 == 0, cols % 8 == 0, input and
+// out_t 16-byte aligned, out 8-byte aligned): `out` (may be null) gets the rowwise FP8
+// data, `out_t` the FP8 transpose [cols, rows]. A block of TC/8 x 16 threads owns tiles
+// of 128 rows x TC columns (grid-stride over tiles); a thread loads its 8 rows x 8 columns
+// with 8 (16 for float32) independent 16-byte loads, converts two rows at a time (each
+// pair of vertically adjacent elements in one cvt, low byte the upper row) so that each
+// column's 8 bytes assemble in two registers, and picks the rowwise bytes out of the same
+// pairs with prmt (8-byte stores: TC-byte runs of each output row). The column words go
+// through shared memory ([TC columns][128 rows] bytes, 8-byte units XOR-swizzled so that
+// both the 8-byte stores and the 16-byte loads are conflict-free) and leave as 128-byte
+// runs of each transposed row. With PF, the loads of the block's next tile are issued
+// before the current tile's transposed half is written. Partial tiles at the edges take
+// the same path with their out-of-range lanes masked.
+template <class I, class O, int TC, int PF, int H>
 __device__ void cast_transpose_impl(const typename I::T *__restrict__ in, u8 *__restrict__ out,
                                     u8 *__restrict__ out_t, u64 rows, u64 cols, const float *scale,
-                                    float *amax, float *sinv, float *sinv_t, const float *noop,
-                                    int fast) {
-  __shared__ uint4 tile_t[CT_WARPS][64 * 4];  // per warp: 64 columns x 64 rows of FP8
+                                    float *amax, float *sinv, float *sinv_t, const float *noop) {
+  constexpr int CG = TC / 8, NT = CG * 16, NW = W8<I>::N;
+  __shared__ __align__(16) u8 tile[TC * 128];
   if (noop_set(noop)) return;
   const float s = scale ? *scale : 1.0f;
   float local = 0.0f;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int rg = lane & 3, cg = lane >> 2;  // 16-row group, 8-column group
-  const u64 tiles_c = (cols + 63) / 64, ntiles = ((rows + 63) / 64) * tiles_c;
-  uint4 *sm = tile_t[warp];
-  for (u64 t = (u64)blockIdx.x * CT_WARPS + warp; t < ntiles; t += (u64)gridDim.x * CT_WARPS) {
-    const u64 r0 = (t / tiles_c) * 64, c0 = (t % tiles_c) * 64;
-    if (fast && r0 + 64 <= rows && c0 + 64 <= cols) {
-      u32 pk[8][4];
-      const typename I::T *src = in + (r0 + 16 * rg) * cols + c0 + 8 * cg;
-      u8 *dst = out ? out + (r0 + 16 * rg) * cols + c0 + 8 * cg : nullptr;
+  const int cg = threadIdx.x % CG, rg = threadIdx.x / CG;
+  const u64 tiles_c = (cols + TC - 1) / TC, ntiles = ((rows + 127) / 128) * tiles_c;
+  u32 w[8][NW];
+  // Issue the loads of tile t into w (zeros for lanes past an edge).
+  auto load = [&](u64 t) {
+    const u64 r0 = (t / tiles_c) * 128, c0 = (t % tiles_c) * TC;
+    if (r0 + 8 * rg < rows && c0 + 8 * cg < cols) {
+      const typename I::T *src = in + (r0 + 8 * rg) * cols + c0 + 8 * cg;
 #pragma unroll
-      for (int i = 0; i < 16; i += 2) {
-        float a[8], b[8];
-        load8<I>(src + (u64)i * cols, a);
-        load8<I>(src + (u64)(i + 1) * cols, b);
-        u32 h[8];
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          local = fmaxf(local, fmaxf(fabsf(a[k]), fabsf(b[k])));
-          h[k] = fp8_pack2<O>(a[k] * s, b[k] * s);  // byte 0: row i, byte 1: row i + 1
-          if ((i & 2) == 0)
-            pk[k][i >> 2] = h[k];
-          else
-            pk[k][i >> 2] |= h[k] << 16;
-        }
-        if (dst != nullptr) {
-          const u32 t01 = prmt(h[0], h[1], 0x5140), t23 = prmt(h[2], h[3], 0x5140);
-          const u32 t45 = prmt(h[4], h[5], 0x5140), t67 = prmt(h[6], h[7], 0x5140);
-          *reinterpret_cast<uint2 *>(dst + (u64)i * cols) = make_uint2(prmt(t01, t23, 0x5410), prmt(t45, t67, 0x5410));
-          *reinterpret_cast<uint2 *>(dst + (u64)(i + 1) * cols) =
-              make_uint2(prmt(t01, t23, 0x7632), prmt(t45, t67, 0x7632));
-        }
-      }
-      if (out_t != nullptr) {
-        // Column c's rows 16*rg.. go to 16-byte unit rg of shared row (c ^ (c/8 & 1)):
-        // the 8 lanes of a store phase (rg 0..3, two adjacent cg) hit 8 different units.
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          const int c = 8 * cg + k, pc = c ^ (cg & 1);
-          sm[pc * 4 + rg] = make_uint4(pk[k][0], pk[k][1], pk[k][2], pk[k][3]);
-        }
-        __syncwarp();
-#pragma unroll
-        for (int it = 0; it < 8; ++it) {
-          const int u = lane & 3, c = 8 * it + (lane >> 2), pc = c ^ (it & 1);
-          *reinterpret_cast<uint4 *>(out_t + (c0 + c) * rows + r0 + 16 * u) = sm[pc * 4 + u];
-        }
-        __syncwarp();
-      }
+      for (int i = 0; i < 8; ++i) ld8<I, H>(src + (u64)i * cols, w[i]);
     } else {
-      const u64 rn = (rows - r0 < 64) ? rows - r0 : 64, cn = (cols - c0 < 64) ? cols - c0 : 64;
-      for (u64 e = lane; e < rn * cn; e += 32) {
-        const u64 r = r0 + e / cn, c = c0 + e % cn;
-        const float x = I::load(in[r * cols + c]);
-        local = fmaxf(local, fabsf(x));
-        const u8 q = O::store(x * s);
-        if (out) out[r * cols + c] = q;
-        if (out_t) out_t[c * rows + r] = q;
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int k = 0; k < NW; ++k) w[i][k] = 0u;
+    }
+  };
+  u64 t = blockIdx.x;
+  if (PF && t < ntiles) load(t);
+  for (; t < ntiles; t += gridDim.x) {
+    if (!PF) load(t);
+    const u64 r0 = (t / tiles_c) * 128, c0 = (t % tiles_c) * TC;
+    const bool ok = r0 + 8 * rg < rows && c0 + 8 * cg < cols;
+    u32 colw[8][2];
+    u8 *dst = (out != nullptr && ok) ? out + (r0 + 8 * rg) * cols + c0 + 8 * cg : nullptr;
+#pragma unroll
+    for (int i = 0; i < 8; i += 2) {
+      float a[8], b[8];
+      cvt8<I>(w[i], a);
+      cvt8<I>(w[i + 1], b);
+      u32 h[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        local = fmaxf(local, fmaxf(fabsf(a[k]), fabsf(b[k])));
+        h[k] = fp8_pack2<O>(a[k] * s, b[k] * s);  // byte 0: row i, byte 1: row i + 1
+        if ((i & 2) == 0)
+          colw[k][i >> 2] = h[k];
+        else
+          colw[k][i >> 2] |= h[k] << 16;
+      }
+      if (dst != nullptr) {
+        const u32 t01 = prmt(h[0], h[1], 0x5140), t23 = prmt(h[2], h[3], 0x5140);
+        const u32 t45 = prmt(h[4], h[5], 0x5140), t67 = prmt(h[6], h[7], 0x5140);
+        *reinterpret_cast<uint2 *>(dst + (u64)i * cols) = make_uint2(prmt(t01, t23, 0x5410), prmt(t45, t67, 0x5410));
+        *reinterpret_cast<uint2 *>(dst + (u64)(i + 1) * cols) =
+            make_uint2(prmt(t01, t23, 0x7632), prmt(t45, t67, 0x7632));
       }
     }
+    if (PF && t + gridDim.x < ntiles) load(t + gridDim.x);
+    // Column c = 8 cg + k, rows 8 rg .. 8 rg + 7: 8-byte unit rg of shared row c, stored at
+    // unit rg ^ 2 (cg & 7) (16-byte unit (rg / 2) ^ (cg & 7), its half rg & 1).
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      *reinterpret_cast<uint2 *>(tile + (8 * cg + k) * 128 + 8 * (rg ^ ((cg & 7) << 1))) =
+          make_uint2(colw[k][0], colw[k][1]);
+    __syncthreads();
+    // 16-byte unit m (rows 16 m .. 16 m + 15) of column c to out_t row c0 + c.
+    constexpr int NQ = TC * 8 / NT;
+    uint4 v[NQ];
+#pragma unroll
+    for (int q = 0; q < NQ; ++q) {
+      const int j = threadIdx.x + q * NT, c = j >> 3, m = j & 7;
+      v[q] = *reinterpret_cast<const uint4 *>(tile + c * 128 + 16 * (m ^ ((c >> 3) & 7)));
+    }
+#pragma unroll
+    for (int q = 0; q < NQ; ++q) {
+      const int j = threadIdx.x + q * NT, c = j >> 3, m = j & 7;
+      if (c0 + c < cols && r0 + 16 * m < rows) *reinterpret_cast<uint4 *>(out_t + (c0 + c) * rows + r0 + 16 * m) = v[q];
+    }
+    __syncthreads();
   }
   finish_amax(local, amax);
   write_scale_inv(s, sinv, sinv_t);
 }
 
-// amax = max(amax, max|in|) (callers zero it first, as TE's nvte_compute_amax does).
-template <class I>
+// Cast + transpose of any shape and alignment, one element at a time (grid-stride).
+template <class I, class O>
+__device__ void cast_transpose_slow_impl(const typename I::T *__restrict__ in, u8 *__restrict__ out,
+                                         u8 *__restrict__ out_t, u64 rows, u64 cols, const float *scale,
+                                         float *amax, float *sinv, float *sinv_t, const float *noop) {
+  if (noop_set(noop)) return;
+  const float s = scale ? *scale : 1.0f;
+  float local = 0.0f;
+  const u64 n = rows * cols, stride = (u64)gridDim.x * blockDim.x;
+  for (u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += stride) {
+    const u64 r = e / cols, c = e - r * cols;
+    const float x = I::load(in[e]);
+    local = fmaxf(local, fabsf(x));
+    const u8 q = O::store(x * s);
+    if (out) out[e] = q;
+    if (out_t) out_t[c * rows + r] = q;
+  }
+  finish_amax(local, amax);
+  write_scale_inv(s, sinv, sinv_t);
+}
+
+// ------------------------------------------------------------------------- amax
+
+// amax = max(amax, max|in|) (callers zero it first, as TE's nvte_compute_amax does):
+// U independent 16-byte loads a thread per step; the atomic waits for the grid this one
+// depends on (griddep_wait: the zeroing kernel, when launched as its programmatic
+// dependent).
+template <class I, int U, int H>
 __device__ void amax_impl(const typename I::T *__restrict__ in, u64 n, float *amax, const float *noop, int vec) {
   if (noop_set(noop)) return;
+  constexpr int NW = W8<I>::N;
   float local = 0.0f;
   const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
   const u64 stride = (u64)gridDim.x * blockDim.x;
-  const u64 nv = vec ? n / 16 : 0;
-  for (u64 v = tid; v < nv; v += stride) {
-    float x[16];
-    load8<I>(in + v * 16, x);
-    load8<I>(in + v * 16 + 8, x + 8);
+  const u64 nv = vec ? n / 8 : 0;
+  for (u64 v = tid; v < nv; v += U * stride) {
+    u32 w[U][NW];
 #pragma unroll
-    for (int k = 0; k < 16; ++k) local = fmaxf(local, fabsf(x[k]));
+    for (int j = 0; j < U; ++j) {
+      if (v + j * stride < nv) {
+        ld8<I, H>(in + (v + j * stride) * 8, w[j]);
+      } else {
+#pragma unroll
+        for (int k = 0; k < NW; ++k) w[j][k] = 0u;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < U; ++j) {
+      float x[8];
+      cvt8<I>(w[j], x);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) local = fmaxf(local, fabsf(x[k]));
+    }
   }
-  for (u64 i = nv * 16 + tid; i < n; i += stride) local = fmaxf(local, fabsf(I::load(in[i])));
+  for (u64 i = nv * 8 + tid; i < n; i += stride) local = fmaxf(local, fabsf(I::load(in[i])));
+  griddep_wait();
   finish_amax(local, amax);
 }
+
+// Launch shapes of the library's instances (kernels.rs reads the block size and the
+// occupancy off each function): rowwise quantize U chunks of 16 a thread per step; cast +
+// transpose tiles of 128 x CT_TC with CT_PF prefetching, at least CT_MINB blocks an SM;
+// amax AMAX_U loads a thread per step.
+#ifndef QROW_U
+#define QROW_U 2
+#endif
+#ifndef CT_TC
+#define CT_TC 64
+#endif
+#ifndef CT_PF
+#define CT_PF 1
+#endif
+#ifndef CT_MINB
+#define CT_MINB 6
+#endif
+#ifndef AMAX_U
+#define AMAX_U 4
+#endif
+#ifndef LDG_H
+#define LDG_H 0
+#endif
 
 #define QUANTIZE_FP8(iname, I, oname, O)                                                              \
   extern "C" __global__ void __launch_bounds__(256) quantize_fp8_##iname##_##oname(                   \
       const I::T *in, u8 *out, u64 n, const float *scale, float *amax, float *sinv, float *sinv_t,   \
       const float *noop, int vec) {                                                                   \
-    quantize_fp8_impl<I, O>(in, out, n, scale, amax, sinv, sinv_t, noop, vec);                        \
+    quantize_fp8_impl<I, O, QROW_U, LDG_H>(in, out, n, scale, amax, sinv, sinv_t, noop, vec);         \
   }                                                                                                   \
-  extern "C" __global__ void __launch_bounds__(256, 2) cast_transpose_##iname##_##oname(              \
+  extern "C" __global__ void __launch_bounds__(CT_TC * 2, CT_MINB) cast_transpose_##iname##_##oname(  \
       const I::T *in, u8 *out, u8 *out_t, u64 rows, u64 cols, const float *scale, float *amax,       \
-      float *sinv, float *sinv_t, const float *noop, int fast) {                                      \
-    cast_transpose_impl<I, O>(in, out, out_t, rows, cols, scale, amax, sinv, sinv_t, noop, fast);     \
+      float *sinv, float *sinv_t, const float *noop) {                                                \
+    cast_transpose_impl<I, O, CT_TC, CT_PF, LDG_H>(in, out, out_t, rows, cols, scale, amax, sinv,     \
+                                                   sinv_t, noop);                                     \
+  }                                                                                                   \
+  extern "C" __global__ void __launch_bounds__(256) cast_transpose_slow_##iname##_##oname(            \
+      const I::T *in, u8 *out, u8 *out_t, u64 rows, u64 cols, const float *scale, float *amax,       \
+      float *sinv, float *sinv_t, const float *noop) {                                                \
+    cast_transpose_slow_impl<I, O>(in, out, out_t, rows, cols, scale, amax, sinv, sinv_t, noop);      \
   }
 #define QUANTIZE_FP8_FROM(iname, I)  \
   QUANTIZE_FP8(iname, I, e4m3, E4M3) \
   QUANTIZE_FP8(iname, I, e5m2, E5M2) \
   extern "C" __global__ void __launch_bounds__(256) amax_##iname(const I::T *in, u64 n, float *amax, \
                                                                  const float *noop, int vec) {       \
-    amax_impl<I>(in, n, amax, noop, vec);                                                            \
+    amax_impl<I, AMAX_U, LDG_H>(in, n, amax, noop, vec);                                             \
   }
 QUANTIZE_FP8_FROM(f32, F32)
 QUANTIZE_FP8_FROM(bf16, BF16)
 QUANTIZE_FP8_FROM(f16, F16)
 
-// *amax = 0 unless the noop flag is set (TE zeroes before its atomic-max amax pass).
+#ifdef TE_COMM_VARIANTS
+// bench variants (bf16 -> e4m3 only), compiled by the sweep script, not by the library.
+#define V_QROW(U, H)                                                                                  \
+  extern "C" __global__ void __launch_bounds__(256) v_qrow_u##U##_h##H(                               \
+      const u16 *in, u8 *out, u64 n, const float *scale, float *amax, float *sinv, float *sinv_t,    \
+      const float *noop, int vec) {                                                                   \
+    quantize_fp8_impl<BF16, E4M3, U, H>(in, out, n, scale, amax, sinv, sinv_t, noop, vec);            \
+  }
+V_QROW(1, 0) V_QROW(2, 0) V_QROW(4, 0) V_QROW(2, 1) V_QROW(4, 1)
+#define V_CT(TC, PF, H, MB)                                                                           \
+  extern "C" __global__ void __launch_bounds__(TC * 2, MB) v_ct_tc##TC##_pf##PF##_h##H##_m##MB(      \
+      const u16 *in, u8 *out, u8 *out_t, u64 rows, u64 cols, const float *scale, float *amax,        \
+      float *sinv, float *sinv_t, const float *noop) {                                                \
+    cast_transpose_impl<BF16, E4M3, TC, PF, H>(in, out, out_t, rows, cols, scale, amax, sinv, sinv_t, \
+                                               noop);                                                 \
+  }
+V_CT(64, 0, 0, 8) V_CT(64, 1, 0, 6) V_CT(64, 1, 0, 4) V_CT(64, 0, 1, 8) V_CT(64, 1, 1, 6)
+V_CT(128, 0, 0, 4) V_CT(128, 1, 0, 3) V_CT(128, 1, 0, 2) V_CT(128, 1, 1, 3)
+#define V_AMAX(U, H)                                                                                  \
+  extern "C" __global__ void __launch_bounds__(256) v_amax_u##U##_h##H(const u16 *in, u64 n,          \
+                                                                       float *amax, const float *noop, \
+                                                                       int vec) {                     \
+    amax_impl<BF16, U, H>(in, n, amax, noop, vec);                                                    \
+  }
+V_AMAX(2, 0) V_AMAX(4, 0) V_AMAX(8, 0) V_AMAX(4, 1) V_AMAX(8, 1)
+#endif
+
+// *amax = 0 unless the noop flag is set (TE zeroes before its atomic-max amax pass). The
+// amax kernel may be launched as its programmatic dependent: it reads its input while
+// this runs and waits for it (griddep_wait) before its atomics.
 extern "C" __global__ void zero_amax(float *amax, const float *noop) {
+  griddep_launch_dependents();
   if (!noop_set(noop)) *amax = 0.0f;
 }
 
@@ -361,6 +554,130 @@ extern "C" __global__ void __launch_bounds__(256) delayed_scaling_update(
     upd_scale[col] = sc;
   }
 }
+
+// out[c, r] = in[r, c] with 16-byte accesses, for E-byte elements (1, 2, 4; V = 16 / E
+// a vector) when rows and cols are multiples of V and both pointers 16-byte aligned:
+// tiles of 8 V rows x 128 / E columns (128-byte runs of each input and output row),
+// grid-stride. The tile goes to shared memory as 16-byte vectors (vector ch of row r at
+// ch ^ (r / V % 8): conflict-free stores, and conflict-free element reads down a column);
+// a thread then gathers V elements of one column into a 16-byte output vector.
+template <int E>
+__device__ void transpose_vec_impl(const u8 *__restrict__ in, u8 *__restrict__ out, u64 rows, u64 cols) {
+  constexpr int V = 16 / E, TR = 8 * V, TC = 128 / E, NT = 256;
+  __shared__ __align__(16) u8 tile[TR * 128];
+  const u64 tiles_c = (cols + TC - 1) / TC, ntiles = ((rows + TR - 1) / TR) * tiles_c;
+  for (u64 t = blockIdx.x; t < ntiles; t += gridDim.x) {
+    const u64 r0 = (t / tiles_c) * TR, c0 = (t % tiles_c) * TC;
+    constexpr int NL = TR * 8 / NT;  // input vectors a thread
+    u32 w[NL][4];
+#pragma unroll
+    for (int q = 0; q < NL; ++q) {
+      const int j = threadIdx.x + q * NT, r = j >> 3, ch = j & 7;
+      if (r0 + r < rows && c0 + ch * V < cols) ld16<0>(in + ((r0 + r) * cols + c0 + ch * V) * E, w[q]);
+    }
+#pragma unroll
+    for (int q = 0; q < NL; ++q) {
+      const int j = threadIdx.x + q * NT, r = j >> 3, ch = j & 7;
+      st16(tile + r * 128 + 16 * (ch ^ ((r / V) & 7)), w[q][0], w[q][1], w[q][2], w[q][3]);
+    }
+    __syncthreads();
+    constexpr int NS = TC * 8 / NT;  // output vectors a thread
+#pragma unroll
+    for (int q = 0; q < NS; ++q) {
+      const int j = threadIdx.x + q * NT, c = j >> 3, rv = j & 7;
+      const u8 *col = tile + 16 * ((c / V) ^ rv) + (c % V) * E + rv * V * 128;
+      u32 o[4];
+      if constexpr (E == 4) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) o[k] = *reinterpret_cast<const u32 *>(col + k * 128);
+      } else if constexpr (E == 2) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+          o[k] = (u32) * reinterpret_cast<const u16 *>(col + 2 * k * 128) |
+                 ((u32) * reinterpret_cast<const u16 *>(col + (2 * k + 1) * 128) << 16);
+      } else {
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+          o[k] = prmt(prmt(col[4 * k * 128], col[(4 * k + 1) * 128], 0x0040),
+                      prmt(col[(4 * k + 2) * 128], col[(4 * k + 3) * 128], 0x0040), 0x5410);
+      }
+      if (c0 + c < cols && r0 + rv * V < rows) st16(out + ((c0 + c) * rows + r0 + rv * V) * E, o[0], o[1], o[2], o[3]);
+    }
+    __syncthreads();
+  }
+}
+extern "C" __global__ void __launch_bounds__(256) transpose_vec_b1(const u8 *in, u8 *out, u64 rows, u64 cols) {
+  transpose_vec_impl<1>(in, out, rows, cols);
+}
+extern "C" __global__ void __launch_bounds__(256) transpose_vec_b2(const u8 *in, u8 *out, u64 rows, u64 cols) {
+  transpose_vec_impl<2>(in, out, rows, cols);
+}
+extern "C" __global__ void __launch_bounds__(256) transpose_vec_b4(const u8 *in, u8 *out, u64 rows, u64 cols) {
+  transpose_vec_impl<4>(in, out, rows, cols);
+}
+
+// out = cast(in * scale_inv) from FP8, 16 elements a thread per step (one 16-byte load,
+// U steps' loads issued first) when `vec` (both pointers 16-byte aligned), the rest one
+// element at a time.
+// Two FP8 values (low byte first) -> f[0], f[1] (times s): one cvt to f16x2 (exact), then f32.
+template <class I>
+__device__ __forceinline__ void fp8x2_to_f32(u16 v, float *f, float s) {
+  u32 h2;
+  if constexpr (same_type<I, E4M3>::value)
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(v));
+  else
+    asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(h2) : "h"(v));
+  f[0] = F16::load((u16)(h2 & 0xffff)) * s;
+  f[1] = F16::load((u16)(h2 >> 16)) * s;
+}
+
+template <class I, class O, int U>
+__device__ void dequantize_vec_impl(const u8 *__restrict__ in, typename O::T *__restrict__ out, u64 n,
+                                    const float *scale_inv, int vec) {
+  const float s = scale_inv ? *scale_inv : 1.0f;
+  const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+  const u64 stride = (u64)gridDim.x * blockDim.x;
+  const u64 nv = vec ? n / 16 : 0;
+  for (u64 v = tid; v < nv; v += U * stride) {
+    u32 w[U][4];
+#pragma unroll
+    for (int j = 0; j < U; ++j)
+      if (v + j * stride < nv) ld16<0>(in + (v + j * stride) * 16, w[j]);
+#pragma unroll
+    for (int j = 0; j < U; ++j) {
+      const u64 k = v + j * stride;
+      if (k < nv) {
+        float f[16];
+#pragma unroll
+        for (int e = 0; e < 16; e += 2) fp8x2_to_f32<I>((u16)(w[j][e / 4] >> (8 * (e % 4))), f + e, s);
+        if constexpr (sizeof(typename O::T) == 4) {
+#pragma unroll
+          for (int e = 0; e < 16; e += 4)
+            st16(out + k * 16 + e, __float_as_uint(f[e]), __float_as_uint(f[e + 1]), __float_as_uint(f[e + 2]),
+                 __float_as_uint(f[e + 3]));
+        } else {
+          u32 o[8];
+#pragma unroll
+          for (int e = 0; e < 8; ++e) o[e] = (u32)O::store(f[2 * e]) | ((u32)O::store(f[2 * e + 1]) << 16);
+          st16(out + k * 16, o[0], o[1], o[2], o[3]);
+          st16(out + k * 16 + 8, o[4], o[5], o[6], o[7]);
+        }
+      }
+    }
+  }
+  for (u64 i = nv * 16 + tid; i < n; i += stride) out[i] = O::store(I::load(in[i]) * s);
+}
+#define DEQUANTIZE_VEC(iname, I, oname, O)                                                          \
+  extern "C" __global__ void __launch_bounds__(256) dequantize_vec_##iname##_##oname(              \
+      const u8 *in, O::T *out, u64 n, const float *scale_inv, int vec) {                            \
+    dequantize_vec_impl<I, O, 2>(in, out, n, scale_inv, vec);                                       \
+  }
+DEQUANTIZE_VEC(e4m3, E4M3, f32, F32)
+DEQUANTIZE_VEC(e4m3, E4M3, bf16, BF16)
+DEQUANTIZE_VEC(e4m3, E4M3, f16, F16)
+DEQUANTIZE_VEC(e5m2, E5M2, f32, F32)
+DEQUANTIZE_VEC(e5m2, E5M2, bf16, BF16)
+DEQUANTIZE_VEC(e5m2, E5M2, f16, F16)
 
 // out[c, r] = in[r, c] for elements of 1, 2 or 4 bytes: 32x32 tiles through padded shared
 // memory (grid-stride over tiles; 32x8 threads, 4 rows each).

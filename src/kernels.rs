@@ -5,6 +5,7 @@ use crate::cuda::{self, ContextGuard, DevPtr, arg, nvrtc};
 use crate::error::Result;
 use crate::tensor::{Buffer, DType, Tensor};
 use crate::{invalid, unsupported};
+use std::sync::Mutex;
 
 const BLOCK: u32 = 256;
 
@@ -50,6 +51,95 @@ unsafe fn launch_elementwise(
             what,
         )
     }
+}
+
+/// Block size (the kernel's `__launch_bounds__`) and resident blocks per SM of a kernel
+/// launched without dynamic shared memory, read off the function once.
+fn launch_shape(f: cudarc::driver::sys::CUfunction) -> Result<(u32, u32)> {
+    use cudarc::driver::sys as cu;
+    static CACHE: Mutex<Vec<(usize, (u32, u32))>> = Mutex::new(Vec::new());
+    let key = f as usize;
+    if let Some(&(_, v)) = CACHE
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .find(|(k, _)| *k == key)
+    {
+        return Ok(v);
+    }
+    let mut threads = 0;
+    // SAFETY: `f` is a loaded function; out pointer.
+    cuda::check(
+        unsafe {
+            cu::cuFuncGetAttribute(
+                &mut threads,
+                cu::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
+                f,
+            )
+        },
+        "cuFuncGetAttribute(MAX_THREADS_PER_BLOCK)",
+    )?;
+    let threads = threads.clamp(32, 1024);
+    let mut blocks = 0;
+    // SAFETY: as above.
+    cuda::check(
+        unsafe { cu::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut blocks, f, threads, 0) },
+        "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+    )?;
+    let v = (threads as u32, blocks.max(1) as u32);
+    CACHE
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push((key, v));
+    Ok(v)
+}
+
+/// Grid of a grid-stride kernel: enough blocks for `work` items of `per_block` each, at
+/// most one full wave (`sm_count` x resident blocks an SM).
+fn persistent_grid(work: usize, per_block: usize, sms: i32, blocks_per_sm: u32) -> u32 {
+    let full = sms.max(1) as usize * blocks_per_sm.max(1) as usize;
+    work.div_ceil(per_block.max(1)).clamp(1, full) as u32
+}
+
+/// Launch `f` as the programmatic dependent of the previous kernel on `stream` (it may
+/// start before that one finishes and waits for it with griddepcontrol.wait); a plain
+/// launch when the driver refuses the attribute.
+///
+/// # Safety
+/// As [`cuda::launch`].
+unsafe fn launch_dependent(
+    f: cudarc::driver::sys::CUfunction,
+    grid: u32,
+    block: u32,
+    stream: usize,
+    args: &mut [*mut std::ffi::c_void],
+    what: &str,
+) -> Result<()> {
+    use cudarc::driver::sys as cu;
+    // SAFETY: a plain-old-data union; the field set below is the one the id selects.
+    let mut attr: cu::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = cu::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    let cfg = cu::CUlaunchConfig {
+        gridDimX: grid,
+        gridDimY: 1,
+        gridDimZ: 1,
+        blockDimX: block,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: 0,
+        hStream: stream as cu::CUstream,
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    // SAFETY: the caller's obligations (as for cuLaunchKernel); `cfg` and `attr` live
+    // through the call, which reads the argument values before it returns.
+    let r = unsafe { cu::cuLaunchKernelEx(&cfg, f, args.as_mut_ptr(), std::ptr::null_mut()) };
+    if r == cu::CUresult::CUDA_SUCCESS {
+        return Ok(());
+    }
+    // SAFETY: the caller's obligations.
+    unsafe { cuda::launch(f, (grid, 1, 1), (block, 1, 1), 0, stream, args, what) }
 }
 
 fn function(guard: &ContextGuard, name: String) -> Result<(cudarc::driver::sys::CUfunction, i32)> {
@@ -204,9 +294,10 @@ pub fn quantize(input: &Tensor, output: &Tensor, cfg: &QuantConfig, stream: usiz
         let dst = o.ptr;
         let n = i.numel() as u64;
         let vec: i32 = (src.is_aligned(16) && dst.is_aligned(16)) as i32;
+        // The vector path: chunks of 16 elements.
         let work = if vec == 1 { i.numel() / 16 } else { i.numel() };
-        let grid =
-            (work.div_ceil(BLOCK as usize)).clamp(1, dev.sm_count.max(1) as usize * 8) as u32;
+        let (block, per_sm) = launch_shape(f)?;
+        let grid = persistent_grid(work, block as usize, dev.sm_count, per_sm);
         let mut args = [
             arg(&src),
             arg(&dst),
@@ -222,12 +313,13 @@ pub fn quantize(input: &Tensor, output: &Tensor, cfg: &QuantConfig, stream: usiz
         // context (held by `guard`); `args` are its nine parameters (in, out: pointers; n:
         // u64; scale, amax, scale_inv, columnwise scale_inv, noop: pointers, each NULL or
         // one float; vec: i32). `in` and `out` are the caller's buffers of n elements (TE's
-        // contract; NULL checked above); vec is 1 only when both are 16-byte aligned.
+        // contract; NULL checked above); vec is 1 only when both are 16-byte aligned. Any
+        // grid and block size is valid (grid-stride loops; block = the launch bounds).
         return unsafe {
             cuda::launch(
                 f,
                 (grid, 1, 1),
-                (BLOCK, 1, 1),
+                (block, 1, 1),
                 0,
                 stream,
                 &mut args,
@@ -235,17 +327,29 @@ pub fn quantize(input: &Tensor, output: &Tensor, cfg: &QuantConfig, stream: usiz
             )
         };
     }
-    let f = m.function(&format!("cast_transpose_{iname}_{oname}"))?;
     let dst = if has_row { o.ptr } else { DevPtr::NULL };
     let dst_t = cw.ptr;
     let (r, c) = (rows as u64, cols as u64);
-    let fast: i32 = (src.is_aligned(16)
+    // The tiled kernel: 16-byte input and columnwise accesses, 8-byte rowwise ones, whole
+    // 16-row units of the transpose and 8-column units of a row.
+    let fast = src.is_aligned(16)
         && dst.is_aligned(8)
         && dst_t.is_aligned(16)
         && cols % 8 == 0
-        && rows % 16 == 0) as i32;
-    let tiles = rows.div_ceil(64) * cols.div_ceil(64);
-    let grid = tiles.div_ceil(8).clamp(1, dev.sm_count.max(1) as usize * 2) as u32;
+        && rows % 16 == 0;
+    let (f, grid, block) = if fast {
+        let f = m.function(&format!("cast_transpose_{iname}_{oname}"))?;
+        let (block, per_sm) = launch_shape(f)?;
+        // Tiles of 128 rows x (block / 16 * 8) columns.
+        let tile_cols = (block as usize / 16) * 8;
+        let tiles = rows.div_ceil(128) * cols.div_ceil(tile_cols);
+        (f, persistent_grid(tiles, 1, dev.sm_count, per_sm), block)
+    } else {
+        let f = m.function(&format!("cast_transpose_slow_{iname}_{oname}"))?;
+        let (block, per_sm) = launch_shape(f)?;
+        let grid = persistent_grid(i.numel(), block as usize, dev.sm_count, per_sm);
+        (f, grid, block)
+    };
     let mut args = [
         arg(&src),
         arg(&dst),
@@ -257,19 +361,19 @@ pub fn quantize(input: &Tensor, output: &Tensor, cfg: &QuantConfig, stream: usiz
         arg(&sinv),
         arg(&sinv_t),
         arg(&noop),
-        arg(&fast),
     ];
-    // SAFETY: `f` is cast_transpose_<in>_<out> of kernels/cast.cu, loaded in the stream's
-    // context (held by `guard`); `args` are its eleven parameters (in, out, out_t: pointers;
-    // rows, cols: u64; scale, amax, scale_inv, columnwise scale_inv, noop: pointers, each
-    // NULL or one float; fast: i32). `in` holds rows*cols elements, `out` (NULL when not
-    // requested) as many, `out_t` as many (checked above); fast is 1 only when the vector
-    // accesses are aligned (pointers, cols % 8, rows % 16), as the kernel requires.
+    // SAFETY: `f` is cast_transpose(_slow)_<in>_<out> of kernels/cast.cu, loaded in the
+    // stream's context (held by `guard`); `args` are its ten parameters (in, out, out_t:
+    // pointers; rows, cols: u64; scale, amax, scale_inv, columnwise scale_inv, noop:
+    // pointers, each NULL or one float). `in` holds rows*cols elements, `out` (NULL when not
+    // requested) as many, `out_t` as many (checked above). The tiled kernel runs only with
+    // the alignment and divisibility it requires (`fast`), with its own block size (its
+    // launch bounds) and any grid (grid-stride over tiles); the slow one takes any shape.
     unsafe {
         cuda::launch(
             f,
             (grid, 1, 1),
-            (BLOCK, 1, 1),
+            (block, 1, 1),
             0,
             stream,
             &mut args,
@@ -373,25 +477,16 @@ pub fn compute_amax(
     let f = m.function(&format!("amax_{}", short(i.dtype).unwrap()))?;
     let (src, n) = (i.ptr, i.numel() as u64);
     let vec: i32 = src.is_aligned(16) as i32;
-    let work = if vec == 1 { i.numel() / 16 } else { i.numel() };
-    let grid = work
-        .div_ceil(BLOCK as usize)
-        .clamp(1, dev.sm_count.max(1) as usize * 8) as u32;
+    let work = if vec == 1 { i.numel() / 8 } else { i.numel() };
+    let (block, per_sm) = launch_shape(f)?;
+    let grid = persistent_grid(work, block as usize, dev.sm_count, per_sm);
     let mut args = [arg(&src), arg(&n), arg(&amax), arg(&noop), arg(&vec)];
     // SAFETY: amax_<in> of kernels/cast.cu in the stream's context; parameters (in: pointer
     // to the caller's n elements, NULL checked; n: u64; amax: one float; noop: NULL or one
-    // float; vec: i32, 1 only for a 16-byte aligned input).
-    unsafe {
-        cuda::launch(
-            f,
-            (grid, 1, 1),
-            (BLOCK, 1, 1),
-            0,
-            stream,
-            &mut args,
-            "compute_amax",
-        )
-    }
+    // float; vec: i32, 1 only for a 16-byte aligned input); any grid (grid-stride), its
+    // launch-bounds block. Launched as the dependent of zero_amax: it reads the input while
+    // that runs and waits for it (griddepcontrol.wait) before touching amax.
+    unsafe { launch_dependent(f, grid, block, stream, &mut args, "compute_amax") }
 }
 
 /// TE's nvte_compute_scale_from_amax: output.scale = fp8_max / max(amax, epsilon) (amax 0,
@@ -608,10 +703,10 @@ pub fn transpose(input: &Tensor, output: &Tensor, stream: usize) -> Result<()> {
             o.dtype.name()
         );
     }
-    let kname = match i.dtype.bits() {
-        8 => "transpose_b1",
-        16 => "transpose_b2",
-        32 => "transpose_b4",
+    let esize = match i.dtype.bits() {
+        8 => 1,
+        16 => 2,
+        32 => 4,
         _ => unsupported!(
             "nvte_transpose of {} is not supported (1-, 2- and 4-byte elements)",
             i.dtype.name()
@@ -623,19 +718,30 @@ pub fn transpose(input: &Tensor, output: &Tensor, stream: usize) -> Result<()> {
         return Ok(());
     }
     let guard = ContextGuard::for_stream(stream)?;
-    let (f, sms) = function(&guard, kname.into())?;
     let (src, dst, r, c) = (i.ptr, o.ptr, is[0] as u64, is[1] as u64);
-    let tiles = is[0].div_ceil(32) * is[1].div_ceil(32);
-    let grid = tiles.clamp(1, sms.max(1) as usize * 8) as u32;
+    // 16-byte vectors of 16 / esize elements along both dimensions.
+    let v = 16 / esize;
+    let vec = src.is_aligned(16) && dst.is_aligned(16) && is[0] % v == 0 && is[1] % v == 0;
+    let (f, sms) = function(
+        &guard,
+        format!("transpose_{}b{esize}", if vec { "vec_" } else { "" }),
+    )?;
+    let (block, per_sm) = launch_shape(f)?;
+    // transpose_vec: tiles of 8 v rows x 128 / esize columns; transpose: 32 x 32.
+    let (tr, tc) = if vec { (8 * v, 128 / esize) } else { (32, 32) };
+    let tiles = is[0].div_ceil(tr) * is[1].div_ceil(tc);
+    let grid = persistent_grid(tiles, 1, sms, per_sm);
     let mut args = [arg(&src), arg(&dst), arg(&r), arg(&c)];
-    // SAFETY: transpose_b<size> of kernels/cast.cu in the stream's context, for the tensors'
-    // element size; parameters: in and out (pointers to rows*cols elements each, shapes and
-    // NULL checked above), rows and cols (u64).
+    // SAFETY: transpose(_vec)_b<size> of kernels/cast.cu in the stream's context, for the
+    // tensors' element size; parameters: in and out (pointers to rows*cols elements each,
+    // shapes and NULL checked above), rows and cols (u64). The vector kernel only with
+    // 16-byte aligned pointers and both dimensions multiples of its vector width; both
+    // take any grid (grid-stride over tiles) with their launch-bounds block (256).
     unsafe {
         cuda::launch(
             f,
             (grid, 1, 1),
-            (256, 1, 1),
+            (block, 1, 1),
             0,
             stream,
             &mut args,
@@ -683,19 +789,34 @@ pub fn dequantize(input: &Tensor, output: &Tensor, stream: usize) -> Result<()> 
     let (f, sms) = function(
         &guard,
         format!(
-            "dequantize_{}_{}",
+            "dequantize_vec_{}_{}",
             short(i.dtype).unwrap(),
             short(o.dtype).unwrap()
         ),
     )?;
     let n = i.numel() as u64;
     let (src, dst, sinv) = (i.ptr, o.ptr, opt_ptr(&input.scale_inv));
-    let mut args = [arg(&src), arg(&dst), arg(&n), arg(&sinv)];
-    // SAFETY: `f` is dequantize_<in>_<out> of kernels/cast.cu, loaded in the stream's context
-    // (held by `guard`); `args` are its four parameters (in, out, n, scale_inv), each a
-    // pointer-sized value. The data pointers are the caller's tensors of n elements (TE's
-    // contract, NULL checked above); scale_inv is a single float (checked above).
-    unsafe { launch_elementwise(f, sms, i.numel(), &mut args, stream, "dequantize") }
+    let vec: i32 = (src.is_aligned(16) && dst.is_aligned(16)) as i32;
+    let work = if vec == 1 { i.numel() / 16 } else { i.numel() };
+    let (block, per_sm) = launch_shape(f)?;
+    let grid = persistent_grid(work, block as usize, sms, per_sm);
+    let mut args = [arg(&src), arg(&dst), arg(&n), arg(&sinv), arg(&vec)];
+    // SAFETY: `f` is dequantize_vec_<in>_<out> of kernels/cast.cu, loaded in the stream's
+    // context (held by `guard`); `args` are its five parameters (in, out, n, scale_inv:
+    // pointer-sized values; vec: i32, 1 only when both pointers are 16-byte aligned). The
+    // data pointers are the caller's tensors of n elements (TE's contract, NULL checked
+    // above); scale_inv is a single float (checked above). Any grid (grid-stride).
+    unsafe {
+        cuda::launch(
+            f,
+            (grid, 1, 1),
+            (block, 1, 1),
+            0,
+            stream,
+            &mut args,
+            "dequantize",
+        )
+    }
 }
 
 /// Fill a tensor with uniform random values in [lo, hi) from a counter-based generator:
