@@ -731,3 +731,20 @@ def test_quantization_config_round_trip_and_errors(capi):
         t.close()
         assert capi.live_quantization_config_count() == before + 1
     assert capi.live_quantization_config_count() == before
+
+
+def test_shape_arguments_are_checked_before_the_library_sees_them(capi):
+    """A negative size would wrap to ~1.8e19 as size_t and a float would be truncated: both
+    are a ValueError naming the argument, raised before any library call."""
+    for bad, frag in (((-1, 2), "shape[0] = -1 is negative"), ((4, 2.5), "shape[1] must be an integer"),
+                      ((True, 2), "shape[0] must be an integer"), (("3",), "shape[0] must be an integer"),
+                      (None, "shape must be a sequence")):
+        with pytest.raises(ValueError, match=re.escape(frag)):
+            capi.Tensor(0, capi.DType.kNVTEFloat32, bad)
+        with pytest.raises(ValueError, match=re.escape(frag)):
+            capi.Shape.of(bad)
+    class Index:  # integer-like (numpy ints, torch sizes) are accepted through __index__
+        def __index__(self):
+            return 3
+
+    assert capi.Shape.of((Index(), 4)).to_tuple() == (3, 4)

@@ -190,7 +190,7 @@ class Shape(Structure):
 
     @classmethod
     def of(cls, dims: Sequence[int]) -> "Shape":
-        dims = tuple(int(d) for d in dims)
+        dims = _dims_arg(dims, "shape")
         if len(dims) > MAX_DIMS:
             raise CommError(
                 Status.NVTE_COMM_ERROR_INVALID_ARGUMENT,
@@ -198,8 +198,6 @@ class Shape(Structure):
             )
         s = cls()
         for i, d in enumerate(dims):
-            if d < 0:
-                raise CommError(Status.NVTE_COMM_ERROR_INVALID_ARGUMENT, f"shape {dims} has a negative size")
             s.data[i] = d
         s.ndim = len(dims)
         return s
@@ -800,6 +798,25 @@ def _ptr(p) -> Optional[int]:
     return p or None
 
 
+def _dims_arg(dims, what: str) -> tuple:
+    """A shape argument as a tuple of non-negative ints: ValueError naming ``what`` for a
+    negative size (which size_t would wrap to ~1.8e19) or a size that is not an integer
+    (2.5, "3", None; bools too), instead of a silent truncation or wrap."""
+    try:
+        items = tuple(dims)
+    except TypeError:
+        raise ValueError(f"{what} must be a sequence of integers, got {dims!r}") from None
+    out = []
+    for i, d in enumerate(items):
+        if isinstance(d, bool) or not hasattr(d, "__index__"):
+            raise ValueError(f"{what}[{i}] must be an integer, got {d!r} in {what}={items!r}")
+        v = d.__index__()
+        if v < 0:
+            raise ValueError(f"{what}[{i}] = {v} is negative in {what}={items!r}")
+        out.append(v)
+    return tuple(out)
+
+
 class Tensor:
     """Owns one NVTETensor handle (delayed scaling) over memory ``ptr`` (an int device
     address; the library never dereferences it on the host) of ``dtype`` and ``shape``.
@@ -811,7 +828,7 @@ class Tensor:
     def __init__(self, ptr: int, dtype: int, shape: Iterable[int], *, scale_inv: int = 0, scale: int = 0, amax: int = 0):
         self._handle = None
         self._owned = True
-        shape = tuple(int(s) for s in shape)
+        shape = _dims_arg(shape, "shape")
         dims = (c_size_t * max(len(shape), 1))(*shape)
         out = c_void_p()
         check(lib().nvte_comm_tensor_create_simple(_ptr(ptr), int(dtype), dims, len(shape), byref(out)), "Tensor")

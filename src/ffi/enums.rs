@@ -23,7 +23,9 @@ macro_rules! c_enums {
                 fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                     match self.name() {
                         Some(n) => write!(f, "{n}"),
-                        None => write!(f, "{}({})", stringify!($name), self.0),
+                        // C enums are ints: a negative value (stored as its u32 bits) prints
+                        // as the caller wrote it, e.g. NVTEScalingMode(-1).
+                        None => write!(f, "{}({})", stringify!($name), self.0 as i32),
                     }
                 }
             }
@@ -32,3 +34,22 @@ macro_rules! c_enums {
 }
 
 include!("c_enums.in");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn undeclared_values_print_as_the_c_int_the_caller_passed() {
+        assert_eq!(NVTEScalingMode(u32::MAX).to_string(), "NVTEScalingMode(-1)");
+        assert_eq!(
+            NVTEScalingMode(-7i32 as u32).to_string(),
+            "NVTEScalingMode(-7)"
+        );
+        assert_eq!(NVTEScalingMode(77).to_string(), "NVTEScalingMode(77)");
+        assert_eq!(
+            NVTEScalingMode::NVTE_DELAYED_TENSOR_SCALING.to_string(),
+            "NVTE_DELAYED_TENSOR_SCALING"
+        );
+    }
+}
