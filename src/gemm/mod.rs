@@ -569,7 +569,8 @@ impl Plan {
 const MAX_PLANS: usize = 512;
 
 thread_local! {
-    static PLANS: RefCell<HashMap<PlanKey, Plan>> = RefCell::new(HashMap::new());
+    static PLANS: RefCell<HashMap<PlanKey, Plan, crate::host::FxBuild>> =
+        RefCell::new(HashMap::default());
     static TIMED_PLANS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
@@ -890,19 +891,19 @@ pub fn run(g: &GemmDesc, guard: &ContextGuard, stream: usize) -> Result<()> {
     };
     PLANS.with(|plans| {
         let mut plans = plans.borrow_mut();
-        if !plans.contains_key(&key) {
-            if plans.len() >= MAX_PLANS {
-                for (_, p) in plans.drain() {
-                    p.destroy();
+        // Steady state: one lookup (FxHash of the key); a new plan: build, insert, look up.
+        let p = match plans.get_mut(&key) {
+            Some(p) => p,
+            None => {
+                if plans.len() >= MAX_PLANS {
+                    for (_, p) in plans.drain() {
+                        p.destroy();
+                    }
                 }
+                let p = build(h, g, &key)?;
+                plans.entry(key).or_insert(p)
             }
-            let p = build(h, g, &key)?;
-            plans.insert(key, p);
-        }
-        // One lookup of the plan per call (the key is hashed once more above).
-        let p = plans
-            .get_mut(&key)
-            .expect("the plan was just found or inserted");
+        };
         set_pointers(p.desc, g, &mut p.ptrs)?;
         // First eager run of a plan with candidates: time them (the run that follows
         // overwrites D; a GEMM that accumulates or is being captured is not timed).
@@ -1017,6 +1018,7 @@ pub fn cublas_gemm(args: &TeGemm, stream: usize) -> Result<()> {
     if g.m == 0 || g.n == 0 {
         return Ok(()); // empty output: nothing to launch (and no device needed)
     }
-    let guard = ContextGuard::for_stream(stream)?;
+    // The stream's context (made current if it is not): all a GEMM needs of it.
+    let guard = ContextGuard::for_stream_no_device(stream)?;
     run(&g, &guard, stream)
 }
