@@ -160,7 +160,7 @@ impl Overlap {
         }
         let f = self.module.function("copy_segments")?;
         let mut args = [arg(&set)];
-        let cap = if tail {
+        let cap = if tail || self.inline.is_some() {
             4 * self.dev.sm_count as u32
         } else {
             2 * self.cfg.num_comm_sm as u32
