@@ -18,9 +18,9 @@
 // Run: tests_c/run_mpi.sh N build/tests_c/bench_host [--strict] [--out FILE]
 #include <nccl.h>
 
+#include <dlfcn.h>
 #if __has_include(<cublasLt.h>)
 #include <cublasLt.h>
-#include <dlfcn.h>
 #define TE_BENCH_HAVE_LT 1
 #endif
 
@@ -212,6 +212,8 @@ struct BareLt {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  std::vector<cublasLtMatmulAlgo_t> algos;  // the heuristic's top candidates (algos[0] = algo)
+  std::vector<std::string> names;           // each one's configuration, for the table
   std::string error;
 
   BareLt(size_t N, size_t ws_bytes) {
@@ -221,14 +223,14 @@ struct BareLt {
 #define TE_LT(f) auto f##_ = (decltype(&f))dlsym(lib, #f)
     TE_LT(cublasLtCreate); TE_LT(cublasLtMatmulDescCreate); TE_LT(cublasLtMatmulDescSetAttribute);
     TE_LT(cublasLtMatrixLayoutCreate); TE_LT(cublasLtMatmulPreferenceCreate); TE_LT(cublasLtMatmulPreferenceSetAttribute);
-    TE_LT(cublasLtMatmulAlgoGetHeuristic); TE_LT(cublasLtMatmulPreferenceDestroy);
+    TE_LT(cublasLtMatmulAlgoGetHeuristic); TE_LT(cublasLtMatmulPreferenceDestroy); TE_LT(cublasLtMatmulAlgoConfigGetAttribute);
 #undef TE_LT
     matmul = (decltype(&cublasLtMatmul))dlsym(lib, "cublasLtMatmul");
     if (!cublasLtCreate_ || !matmul || !cublasLtMatmulAlgoGetHeuristic_ || !cublasLtMatmulPreferenceDestroy_) { error = "symbols missing"; return; }
     cublasOperation_t t = CUBLAS_OP_T, nt = CUBLAS_OP_N;
     uint64_t wsb = ws_bytes;
     cublasLtMatmulPreference_t pref = nullptr;
-    cublasLtMatmulHeuristicResult_t res{};
+    cublasLtMatmulHeuristicResult_t res[8] = {};
     int count = 0;
     bool ok = cublasLtCreate_(&h) == CUBLAS_STATUS_SUCCESS &&
               cublasLtMatmulDescCreate_(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
@@ -240,14 +242,30 @@ struct BareLt {
               cublasLtMatmulPreferenceCreate_(&pref) == CUBLAS_STATUS_SUCCESS &&
               cublasLtMatmulPreferenceSetAttribute_(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb) ==
                   CUBLAS_STATUS_SUCCESS &&
-              cublasLtMatmulAlgoGetHeuristic_(h, desc, la, lb, ld, ld, pref, 1, &res, &count) == CUBLAS_STATUS_SUCCESS && count > 0;
+              cublasLtMatmulAlgoGetHeuristic_(h, desc, la, lb, ld, ld, pref, 8, res, &count) == CUBLAS_STATUS_SUCCESS && count > 0;
     if (pref) cublasLtMatmulPreferenceDestroy_(pref);
     if (!ok) { error = "setup failed"; return; }
-    algo = res.algo;
+    algo = res[0].algo;
+    for (int i = 0; i < count; ++i) {
+      if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
+      auto get = [&](cublasLtMatmulAlgoConfigAttributes_t a) {
+        uint32_t v = 0;
+        size_t w = 0;
+        if (cublasLtMatmulAlgoConfigGetAttribute_) cublasLtMatmulAlgoConfigGetAttribute_(&res[i].algo, a, &v, sizeof v, &w);
+        return v;
+      };
+      char b[160];
+      std::snprintf(b, sizeof b, "heuristic #%d (algo %u, tile %u, stages %u, split-K %u, reduction %u, cluster %u)", i,
+                    get(CUBLASLT_ALGO_CONFIG_ID), get(CUBLASLT_ALGO_CONFIG_TILE_ID), get(CUBLASLT_ALGO_CONFIG_STAGES_ID),
+                    get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM), get(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME),
+                    get(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID));
+      algos.push_back(res[i].algo);
+      names.push_back(b);
+    }
   }
-  bool run(const void *A, const void *B, void *D, void *ws, size_t ws_bytes, cudaStream_t s) const {
+  bool run(const void *A, const void *B, void *D, void *ws, size_t ws_bytes, cudaStream_t s, int i = 0) const {
     const float alpha = 1.0f, beta = 0.0f;
-    return matmul(h, desc, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &algo, ws, ws_bytes, s) == CUBLAS_STATUS_SUCCESS;
+    return matmul(h, desc, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &algos[i], ws, ws_bytes, s) == CUBLAS_STATUS_SUCCESS;
   }
 };
 #endif
@@ -294,9 +312,20 @@ int main(int argc, char **argv) {
   DevBuf tiny(4);
   cudaEvent_t ev;
   CUDA_OK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  // The driver API from the loaded libcuda (no link-time dependency).
+  void *cuda_drv = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  using GetCur = int (*)(void **);
+  using GetCtx = int (*)(cudaStream_t, void **);
+  GetCur ctx_get_current = cuda_drv ? (GetCur)dlsym(cuda_drv, "cuCtxGetCurrent") : nullptr;
+  GetCtx stream_get_ctx = cuda_drv ? (GetCtx)dlsym(cuda_drv, "cuStreamGetCtx") : nullptr;
   for (size_t N : sizes) {
     measure("cudaMemsetAsync 4 B (launch floor)", (int)N, "-", [&] { return cudaMemsetAsync(tiny.p, 0, 4, g_s) == cudaSuccess; });
     measure("cudaEventRecord (floor)", (int)N, "-", [&] { return cudaEventRecord(ev, g_s) == cudaSuccess; });
+    if (ctx_get_current && stream_get_ctx) {  // the driver calls of the library's context lookup
+      void *c0 = nullptr, *c1 = nullptr;
+      measure("cuCtxGetCurrent + cuStreamGetCtx (floor)", (int)N, "-",
+              [&] { return ctx_get_current(&c0) == 0 && stream_get_ctx(g_s, &c1) == 0; });
+    }
     {
       Tensor A = bf16({N, N}), B = bf16({N, N}), D = bf16({N, N});
       measure("nvte_cublas_gemm", (int)N, "-", [&] {
@@ -306,9 +335,14 @@ int main(int argc, char **argv) {
 #ifdef TE_BENCH_HAVE_LT
       // (after nvte_cublas_gemm: the library has loaded cuBLASLt)
       BareLt lt(N, ws.data.bytes);
-      if (lt.error.empty())
+      if (lt.error.empty()) {
         measure("cublasLtMatmul bare (GEMM floor)", (int)N, "-", [&] { return lt.run(A.data.p, B.data.p, D.data.p, ws.data.p, ws.data.bytes, g_s); });
-      else
+        // Each of the heuristic's candidates (what a launch of each costs the host).
+        for (size_t i = 1; i < lt.algos.size() && N <= 256; ++i)
+          measure("cublasLtMatmul bare, " + lt.names[i], (int)N, "-",
+                  [&] { return lt.run(A.data.p, B.data.p, D.data.p, ws.data.p, ws.data.bytes, g_s, (int)i); });
+        if (g_rank == 0 && N <= 256) std::printf("bare cublasLtMatmul floor: %s\n", lt.names[0].c_str());
+      } else
         g_rows.push_back(Row{"cublasLtMatmul bare (GEMM floor)", (int)N, g_tp, "-", 0, 0, 0, 0, lt.error});
 #endif
     }
