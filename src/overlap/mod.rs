@@ -6,7 +6,7 @@
 //! the engine's compute and comm streams and joins them at the end. At tp 1 over peer
 //! memory (nothing to communicate) a call runs inline instead: all of its work on the
 //! caller's stream in program order, with no fork, join, barrier or flag
-//! ([`Overlap::inline_ok`]). Waits for peers are
+//! (`Overlap::inline_ok`). Waits for peers are
 //! kernels with a timeout: a peer that never arrives makes the call's stream finish with
 //! a recorded timeout (see [`Overlap::synchronize`]) and the object refuses further work.
 //!
