@@ -535,28 +535,21 @@ struct Plan {
     /// the heuristic's other algorithms, timed on the plan's first eager run
     /// (NVTE_COMM_GEMM_TUNE) and then dropped
     untimed: Vec<lt::cublasLtMatmulAlgo_t>,
-    /// below `TUNE_MIN_MNK` multiply-adds: launch-bound, timed per call back to back
-    /// ([`cheapest`]) rather than by GPU time ([`fastest`])
-    small: bool,
     /// the pointer attributes the descriptor holds (`set_pointers`)
     ptrs: [DevPtr; 6],
 }
 
 /// Heuristic algorithms a plan considers (NVTE_COMM_GEMM_TUNE: timed on first use).
 const GEMM_CANDIDATES: usize = 8;
-/// GEMMs of at least this many multiply-adds (m n k) are timed by GPU time
-/// ([`fastest`]); smaller ones (a few microseconds of GPU time at most, about what
-/// launching one costs the host) by their cost per call back to back, host and GPU
-/// ([`cheapest`]).
+/// Only GEMMs of at least this many multiply-adds (m n k) are timed: below it the
+/// timing costs more than a better algorithm can save.
 const TUNE_MIN_MNK: usize = 1 << 30;
 /// At most this many plans are timed per thread (workloads with ever new shapes, e.g.
 /// varying sequence lengths, must not keep timing).
 const TUNE_MAX_PLANS: usize = 256;
 
 /// NVTE_COMM_GEMM_TUNE (a boolean; default on): time the heuristic's top algorithms
-/// on each GEMM shape's first eager run that does not accumulate, keep the fastest (by
-/// GPU time; below `TUNE_MIN_MNK`, by the cost per call back to back, where launching
-/// costs the host as much as the GEMM costs the GPU).
+/// on each GEMM shape's first eager run that does not accumulate, keep the fastest.
 pub fn tune_enabled() -> Result<bool> {
     Ok(crate::env::flag("NVTE_COMM_GEMM_TUNE")?.unwrap_or(true))
 }
@@ -695,7 +688,6 @@ fn build(h: lt::cublasLtHandle_t, g: &GemmDesc, key: &PlanKey) -> Result<Plan> {
         d: std::ptr::null_mut(),
         algo: lt::cublasLtMatmulAlgo_t { data: [0; 8] },
         untimed: Vec::new(),
-        small: g.m.saturating_mul(g.n).saturating_mul(g.k) < TUNE_MIN_MNK,
         ptrs: [DevPtr::NULL; 6],
     };
     let r = (|| {
@@ -782,7 +774,9 @@ fn build(h: lt::cublasLtHandle_t, g: &GemmDesc, key: &PlanKey) -> Result<Plan> {
             // SAFETY: zeroed POD result structs.
             let mut results: [lt::cublasLtMatmulHeuristicResult_t; GEMM_CANDIDATES] =
                 unsafe { std::mem::zeroed() };
-            let timed = tune_enabled()? && TIMED_PLANS.with(|c| c.get()) < TUNE_MAX_PLANS;
+            let timed = tune_enabled()?
+                && g.m.saturating_mul(g.n).saturating_mul(g.k) >= TUNE_MIN_MNK
+                && TIMED_PLANS.with(|c| c.get()) < TUNE_MAX_PLANS;
             let want = if timed { GEMM_CANDIDATES } else { 1 };
             let mut count = 0;
             // SAFETY: all descriptors are valid.
@@ -848,17 +842,6 @@ fn build(h: lt::cublasLtHandle_t, g: &GemmDesc, key: &PlanKey) -> Result<Plan> {
 
 /// Run a validated GEMM on `stream`. The stream's context must be current.
 pub fn run(g: &GemmDesc, guard: &ContextGuard, stream: usize) -> Result<()> {
-    run_with(g, guard, stream, true)
-}
-
-/// [`run`] for a chunk GEMM of an overlap call on the engine's streams: a small plan is
-/// not timed there (its launch cost is not the call's; a later direct run of the same
-/// plan times it).
-pub fn run_in_engine(g: &GemmDesc, guard: &ContextGuard, stream: usize) -> Result<()> {
-    run_with(g, guard, stream, false)
-}
-
-fn run_with(g: &GemmDesc, guard: &ContextGuard, stream: usize, direct: bool) -> Result<()> {
     if g.m == 0 || g.n == 0 {
         return Ok(());
     }
@@ -935,16 +918,8 @@ fn run_with(g: &GemmDesc, guard: &ContextGuard, stream: usize, direct: bool) -> 
         set_pointers(p.desc, g, &mut p.ptrs)?;
         // First eager run of a plan with candidates: time them (the run that follows
         // overwrites D; a GEMM that accumulates or is being captured is not timed).
-        if !p.untimed.is_empty()
-            && !g.accumulate
-            && (direct || !p.small)
-            && !capture_status(stream)?.active()
-        {
-            p.algo = if p.small {
-                cheapest(h, p, g, stream)?
-            } else {
-                fastest(h, p, g, stream)?
-            };
+        if !p.untimed.is_empty() && !g.accumulate && !capture_status(stream)?.active() {
+            p.algo = fastest(h, p, g, stream)?;
             p.untimed.clear();
             TIMED_PLANS.with(|c| c.set(c.get() + 1));
         }
@@ -1039,63 +1014,6 @@ fn fastest(
         }
     }
     // A failed candidate's median is NaN: never chosen.
-    for (t, &ok) in times.iter_mut().zip(&ok) {
-        if !ok {
-            t.push(f32::NAN);
-        }
-    }
-    let medians = crate::tune::medians(&times);
-    Ok(algos[crate::tune::pick_with_margin(&medians, crate::tune::MARGIN)])
-}
-
-/// Back-to-back calls per measurement of [`cheapest`].
-const CALLS_PER_LAUNCH_TIMING: usize = 16;
-
-/// [`fastest`] for small GEMMs (below `TUNE_MIN_MNK`), whose cost is launching them: the
-/// candidates' cost per call when `CALLS_PER_LAUNCH_TIMING` calls run back to back, the
-/// larger of the host's enqueue time and the GPU's time from before the first to after
-/// the last (which counts the GPU waiting for the host), per call. Algorithms differ in
-/// what a launch costs the host (one kernel or a split-K GEMM and its reduction; their
-/// launch arguments) as much as in GPU time. Same rounds, median and margin as
-/// [`fastest`].
-fn cheapest(
-    h: lt::cublasLtHandle_t,
-    p: &Plan,
-    g: &GemmDesc,
-    stream: usize,
-) -> Result<lt::cublasLtMatmulAlgo_t> {
-    let (t0, t1) = (Event::timed()?, Event::timed()?);
-    let algos: Vec<lt::cublasLtMatmulAlgo_t> = std::iter::once(p.algo)
-        .chain(p.untimed.iter().copied())
-        .collect();
-    let mut ok: Vec<bool> = algos
-        .iter()
-        .map(|algo| matmul(h, p, algo, g, stream).is_ok())
-        .collect();
-    if ok.iter().filter(|&&o| o).count() < 2 {
-        return Ok(algos[ok.iter().position(|&o| o).unwrap_or(0)]);
-    }
-    let timeout = crate::env::timeout_ms()?;
-    let rounds = crate::tune::ROUNDS;
-    let mut times = vec![Vec::with_capacity(rounds); algos.len()];
-    for _ in 0..rounds {
-        for (i, algo) in algos.iter().enumerate() {
-            if !ok[i] {
-                continue;
-            }
-            // The stream idle first: the GPU time counts only these calls.
-            t1.record(stream)?;
-            t1.wait_bounded(timeout, "timing a GEMM algorithm")?;
-            t0.record(stream)?;
-            let start = std::time::Instant::now();
-            ok[i] = (0..CALLS_PER_LAUNCH_TIMING).all(|_| matmul(h, p, algo, g, stream).is_ok());
-            let host_ms = start.elapsed().as_secs_f32() * 1e3;
-            t1.record(stream)?;
-            t1.wait_bounded(timeout, "timing a GEMM algorithm")?;
-            let gpu_ms = t1.elapsed_since(&t0)?;
-            times[i].push(host_ms.max(gpu_ms) / CALLS_PER_LAUNCH_TIMING as f32);
-        }
-    }
     for (t, &ok) in times.iter_mut().zip(&ok) {
         if !ok {
             t.push(f32::NAN);

@@ -847,12 +847,7 @@ impl Overlap {
         let (w, wb) = Self::workspace_slice(&g, stream_idx, n);
         g.workspace = w;
         g.workspace_bytes = wb;
-        if self.inline.is_some() {
-            // (inline: the caller's stream, as a direct GEMM)
-            gemm::run(&g, guard, self.compute_stream(stream_idx)?)
-        } else {
-            gemm::run_in_engine(&g, guard, self.compute_stream(stream_idx)?)
-        }
+        gemm::run(&g, guard, self.compute_stream(stream_idx)?)
     }
 
     /// Error unless a [rows, cols] matrix of the buffer's dtype fits the buffer.
