@@ -4,8 +4,11 @@
 # cargo), then test_comm_gemm_fp8 at 1, 2 and 4 ranks (2 and 4 sharing the GPU), bench_host
 # at tp 1 (--strict: fails when a comm-GEMM / overlap call costs more than 10 us of host
 # time or allocates) and with 2 ranks sharing the GPU, and the regression tests whose code
-# paths changed (test_gemm, test_comm_gemm, test_overlap, test_graph at 1 rank). Logs and
-# tables under $OUT (or gpu-out/); the summary table is printed last; exit 1 on any failure.
+# paths changed (test_gemm, test_comm_gemm, test_overlap, test_graph at 1 rank), and the
+# comm-GEMM calls at tp 1 against torch.mm on the six GEMMs of the training step
+# (bench/comm_gemm_tp1_vs_torch.py: each within 1.02x of torch.mm's time; skipped without
+# torch). Logs and tables under $OUT (or gpu-out/); the summary table is printed last;
+# exit 1 on any failure.
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
 out=${OUT:-$root/gpu-out}
@@ -33,8 +36,14 @@ for np in 1 2 4; do step "test_comm_gemm_fp8_np$np" 120 "$mpi" "$np" "$build/tes
 step bench_host_tp1 120 "$mpi" 1 "$build/tests_c/bench_host" --strict --out "$out/bench_host_tp1.md"
 step bench_host_tp2_shared 150 "$mpi" 2 "$build/tests_c/bench_host" --out "$out/bench_host_tp2_shared.md"
 for t in test_gemm test_comm_gemm test_overlap test_graph; do step "${t}_np1" 180 "$mpi" 1 "$build/tests_c/$t"; done
+if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+  step tp1_vs_torch 240 python3 "$root/bench/comm_gemm_tp1_vs_torch.py" --lib "$lib" --out "$out/tp1_vs_torch.md"
+else
+  rows+=("| tp1_vs_torch | SKIPPED (no torch with CUDA) | - | 0 |")
+fi
 grep -hE "max \|fast - full" "$out"/test_comm_gemm_fp8_np*.log
 grep -hE "FAIL" "$out"/*.log | head -n 20
+[ -f "$out/tp1_vs_torch.md" ] && { echo; echo "comm-GEMM calls at tp 1 vs torch.mm (training-step GEMMs):"; cat "$out/tp1_vs_torch.md"; }
 for f in "$out"/bench_host_*.md; do [ -f "$f" ] && { echo; echo "host cost per C call ($(basename "$f" .md)):"; cat "$f"; }; done
 grep -hE "^host-cost bar|^tp [0-9]+: no bar|^\(nccl" "$out"/bench_host_*.log
 echo

@@ -13,13 +13,22 @@
 //! and re-created larger when a larger call arrives (collectively: every rank makes the
 //! same calls).
 //!
+//! At one rank (nothing to communicate) a call is its GEMM: validated as at any size, then
+//! one cuBLASLt GEMM on the caller's stream with the context's workspace, no SM reserved
+//! and no engine (plus the copy into `b_gathered` when asked), unless NVTE_COMM_REPORT or
+//! NVTE_COMM_TRACE asked for the engine's figures at the context's creation, or the
+//! reduce-scatter writes an FP8 output from 16-bit inputs (which cuBLASLt cannot: the
+//! engine's bf16 partials and scaling kernel do it).
+//!
 //! CUDA graphs: a call can be captured (any capture mode) once the context has an engine
 //! large enough for it, i.e. after one eager call of that operation with those (or larger)
 //! sizes (warm-up): creating an engine is collective (NCCL exchanges, allocation,
 //! synchronisation) and cannot be captured, so a call that would need one returns
 //! NVTE_COMM_ERROR_UNSUPPORTED during a capture, before enqueueing anything. Engines and
 //! scratch buffers that a captured call used are kept (not freed) when a larger eager call
-//! replaces them, so the graph stays valid for the context's life.
+//! replaces them, so the graph stays valid for the context's life. At one rank the same
+//! warm-up rule holds (the sizes of the eager calls are recorded; no engine is made), so
+//! that code written at one rank captures the same way at any size.
 use crate::bootstrap::Bootstrap;
 use crate::cuda::resources::{
     Capture, DeviceMem, capture_status, copy_2d, copy_async, memset_async,
@@ -154,6 +163,11 @@ pub struct CommGemmCtx {
     /// engines and scratch replaced by larger ones while a graph may still use them
     retired_engines: Vec<Overlap>,
     retired_scratch: Vec<DeviceMem>,
+    /// one rank, no report or trace: every call is its GEMM (module doc)
+    direct: bool,
+    /// the direct calls' stand-in for the engines: the largest buffer (bytes) an eager
+    /// call of each buffer dtype would have sized its engine to (the warm-up rule)
+    direct_sizes: Vec<(DType, usize)>,
 }
 
 fn shape_of(t: &Tensor, what: &str) -> Result<(usize, usize)> {
@@ -236,6 +250,8 @@ impl CommGemmCtx {
         // No CUDA here: each call enters its stream's context (a framework thread may
         // have none current, and device 0 may not be this rank's).
         let cfg = Self::check_env()?;
+        let direct =
+            bs.size == 1 && !Overlap::report_enabled()? && !crate::overlap::trace_enabled()?;
         Ok(CommGemmCtx {
             nranks: bs.size,
             rank: bs.rank,
@@ -257,6 +273,8 @@ impl CommGemmCtx {
             current: None,
             retired_engines: Vec::new(),
             retired_scratch: Vec::new(),
+            direct,
+            direct_sizes: Vec::new(),
         })
     }
 
@@ -322,6 +340,70 @@ impl CommGemmCtx {
         self.engines.push(o);
         self.last_engine = Some(self.engines.len() - 1);
         Ok(self.engines.len() - 1)
+    }
+
+    /// The direct calls' warm-up rule ([`Self::engine`]'s, without an engine): a call
+    /// whose buffer dtype has not yet been sized to `bytes` by an eager call is refused
+    /// during a capture, else the size is recorded.
+    fn direct_size(&mut self, kind: Kind, dtype: DType, bytes: usize) -> Result<()> {
+        let existing = self.direct_sizes.iter().position(|e| e.0 == dtype);
+        if let Some(i) = existing
+            && self.direct_sizes[i].1 >= bytes
+        {
+            return Ok(());
+        }
+        if self.capturing {
+            unsupported!(
+                "{} was called during a CUDA graph capture, but the context has no {} engine with {bytes} bytes of buffer{}: make one eager call of this operation with these (or larger) sizes before capturing (warm-up; at one rank no engine is made, but the rule is the same as at any size); nothing was enqueued",
+                kind.api_name(),
+                dtype.name(),
+                if existing.is_some() {
+                    " (the one it has is smaller)"
+                } else {
+                    " yet"
+                }
+            );
+        }
+        match existing {
+            Some(i) => self.direct_sizes[i].1 = bytes,
+            None => self.direct_sizes.push((dtype, bytes)),
+        }
+        Ok(())
+    }
+
+    /// A direct call (one rank, module doc): the GEMM `g` on `stream` with no SM margin,
+    /// after `copy` (dst, src, bytes) when given; `kind`, `dtype` and `bytes` are what
+    /// the engine path would size its engine by (the warm-up rule). `comm_sm_count`
+    /// (nothing communicates) is checked against the device as the engine would.
+    #[allow(clippy::too_many_arguments)]
+    fn direct_call(
+        &mut self,
+        c: &GemmCall,
+        dtype: DType,
+        bytes: usize,
+        g: &TeGemm,
+        copy: Option<(DevPtr, DevPtr, usize)>,
+        guard: &ContextGuard,
+        stream: usize,
+    ) -> Result<()> {
+        let desc = crate::gemm::desc_from_te(g)?;
+        if c.comm_sm_count > 0 {
+            let sms = crate::cuda::device_info(crate::cuda::current_device()?)?.sm_count;
+            if c.comm_sm_count >= sms {
+                invalid!(
+                    "comm_sm_count = {} must be in 1..{sms} (the device's SM count)",
+                    c.comm_sm_count
+                );
+            }
+        }
+        self.direct_size(c.kind, dtype, bytes)?;
+        if self.preparing {
+            return Ok(());
+        }
+        if let Some((dst, src, bytes)) = copy {
+            copy_async(dst, src, bytes, stream)?;
+        }
+        crate::gemm::run(&desc, guard, stream)
     }
 
     /// NVTE_COMM_REPORT: the last timed call's figures (of the engine of the last call).
@@ -572,6 +654,26 @@ impl CommGemmCtx {
         Ok(())
     }
 
+    /// The all-gather's `b_gathered` (if any): [n, k] of B's dtype, transb = false.
+    fn check_b_gathered(c: &GemmCall, n: usize, k: usize, dt: DType) -> Result<()> {
+        if let Some(g) = c.b_gathered {
+            if c.transb {
+                unsupported!(
+                    "b_gathered needs transb = false (B stored [n, k], gathered along its rows)"
+                );
+            }
+            expect_shape(g, "b_gathered", [n, k], "all of B, gathered")?;
+            if g.data.dtype != dt {
+                invalid!(
+                    "tensor `b_gathered` has dtype {} but B has {}",
+                    g.data.dtype.name(),
+                    dt.name()
+                );
+            }
+        }
+        Ok(())
+    }
+
     fn call_inner(&mut self, c: &GemmCall, stream: usize) -> Result<()> {
         for (v, name) in [(c.m, "m"), (c.n, "n"), (c.k, "k")] {
             if v < 0 {
@@ -603,7 +705,7 @@ impl CommGemmCtx {
             );
         }
         // The stream's context stays current for the whole call (engines are created in it).
-        let _guard = ContextGuard::for_stream(stream)?;
+        let guard = ContextGuard::for_stream_no_device(stream)?;
         let capture = capture_status(stream)?;
         if capture == Capture::Invalidated {
             return Err(Error::new(
@@ -612,7 +714,10 @@ impl CommGemmCtx {
             ));
         }
         self.capturing = capture.active();
-        self.captured |= self.capturing;
+        if !self.direct {
+            // (a direct call leaves no buffer a graph could hold)
+            self.captured |= self.capturing;
+        }
         let ws = self.workspace()?;
         // The algorithm choice: every value runs the split (P2P) algorithms; the
         // multicast and atomic variants are not implemented and fall back to them, which
@@ -646,27 +751,28 @@ impl CommGemmCtx {
                 let dt = c.b.data.dtype;
                 let e = dt.bits() / 8;
                 let padded = bn * nr != n || bn != nl;
-                let eng = self.engine(c.kind, dt, bn * nr * k * e)?;
                 let aux = c.pre_act_out;
+                if self.direct {
+                    if let Some(p) = aux {
+                        expect_shape(p, "pre_act_out", [n, ml], "like D")?;
+                    }
+                    Self::check_b_gathered(c, n, k, dt)?;
+                    let g = TeGemm {
+                        bias: c.bias,
+                        pre_gelu_out: aux,
+                        grad: c.grad,
+                        accumulate: c.accumulate,
+                        ..c.operands(c.b, c.d, &ws, self.fp8_fast_accum)
+                    };
+                    let copy = c.b_gathered.map(|g| (g.data.ptr, c.b.data.ptr, n * k * e));
+                    return self.direct_call(c, dt, bn * nr * k * e, &g, copy, &guard, stream);
+                }
+                let eng = self.engine(c.kind, dt, bn * nr * k * e)?;
                 if let Some(p) = aux {
                     expect_shape(p, "pre_act_out", [n, ml], "like D")?;
                 }
                 self.configure(eng, c)?;
-                if let Some(g) = c.b_gathered {
-                    if c.transb {
-                        unsupported!(
-                            "b_gathered needs transb = false (B stored [n, k], gathered along its rows)"
-                        );
-                    }
-                    expect_shape(g, "b_gathered", [n, k], "all of B, gathered")?;
-                    if g.data.dtype != dt {
-                        invalid!(
-                            "tensor `b_gathered` has dtype {} but B has {}",
-                            g.data.dtype.name(),
-                            dt.name()
-                        );
-                    }
-                }
+                Self::check_b_gathered(c, n, k, dt)?;
                 if !padded {
                     if self.preparing {
                         return Ok(());
@@ -809,6 +915,33 @@ impl CommGemmCtx {
                     );
                 }
                 let de = dt.bits() / 8;
+                let bn = block(n);
+                // FP8 output: bf16 partials, summed in fp32 and scaled into D (with amax).
+                let pdt = if dt.is_fp8() { DType::BF16 } else { dt };
+                // (cuBLASLt writes FP8 outputs from FP8 inputs only: 16-bit inputs take the
+                // engine's bf16 partials)
+                if self.direct && (!dt.is_fp8() || c.a.data.dtype.is_fp8()) {
+                    if c.accumulate {
+                        unsupported!(
+                            "{}",
+                            if c.kind == Kind::AllReduce {
+                                "accumulate = true with an all-reduce would add D to every rank's partial"
+                            } else {
+                                "accumulate = true is not supported by the reduce-scatter (it would add D to every rank's partial)"
+                            }
+                        );
+                    }
+                    let g = TeGemm {
+                        bias,
+                        ..c.operands(c.b, c.d, &ws, self.fp8_fast_accum)
+                    };
+                    let (bdt, bytes) = if c.kind == Kind::AllReduce {
+                        (dt, 2 * n * m * de)
+                    } else {
+                        (pdt, bn * nr * m * pdt.bits() / 8)
+                    };
+                    return self.direct_call(c, bdt, bytes, &g, None, &guard, stream);
+                }
                 if c.kind == Kind::AllReduce {
                     // Twice D: the ring all-reduce's partials and gathered rows.
                     let eng = self.engine(c.kind, dt, 2 * n * m * de)?;
@@ -823,9 +956,6 @@ impl CommGemmCtx {
                     };
                     return self.engines[eng].split_ar(&args, stream);
                 }
-                let bn = block(n);
-                // FP8 output: bf16 partials, summed in fp32 and scaled into D (with amax).
-                let pdt = if dt.is_fp8() { DType::BF16 } else { dt };
                 if dt.is_fp8() && c.bias.is_some() && (bn * nr != n || bn != share(n)) {
                     unsupported!(
                         "an FP8 output with bias when n = {n} is not divisible by nranks = {nr}: the padding rows would count in D's amax"

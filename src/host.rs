@@ -64,6 +64,62 @@ pub fn counters() -> (u64, u64) {
     )
 }
 
+/// FxHash (rustc's hasher): a multiply-rotate hash of machine words, for the hot path's
+/// maps keyed by small plain values (the GEMM plans). Not DoS-resistant; its keys come
+/// from this library, never from untrusted input.
+#[derive(Clone, Copy, Default)]
+pub struct FxHasher {
+    hash: u64,
+}
+
+impl FxHasher {
+    const SEED: u64 = 0x51_7c_c1_b7_27_22_0a_95;
+    #[inline]
+    fn add(&mut self, w: u64) {
+        self.hash = (self.hash.rotate_left(5) ^ w).wrapping_mul(Self::SEED);
+    }
+}
+
+impl std::hash::Hasher for FxHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for c in bytes.chunks(8) {
+            let mut w = [0u8; 8];
+            w[..c.len()].copy_from_slice(c);
+            self.add(u64::from_le_bytes(w));
+        }
+    }
+    #[inline]
+    fn write_u8(&mut self, i: u8) {
+        self.add(i as u64);
+    }
+    #[inline]
+    fn write_u32(&mut self, i: u32) {
+        self.add(i as u64);
+    }
+    #[inline]
+    fn write_u64(&mut self, i: u64) {
+        self.add(i);
+    }
+    #[inline]
+    fn write_usize(&mut self, i: usize) {
+        self.add(i as u64);
+    }
+    #[inline]
+    fn write_isize(&mut self, i: isize) {
+        self.add(i as u64);
+    }
+    #[inline]
+    fn write_i32(&mut self, i: i32) {
+        self.add(i as u32 as u64);
+    }
+    fn finish(&self) -> u64 {
+        self.hash
+    }
+}
+
+/// `HashMap<K, V, FxBuild>`: a map hashed with [`FxHasher`].
+pub type FxBuild = std::hash::BuildHasherDefault<FxHasher>;
+
 /// A list of at most `N` `Copy` values, on the stack (no heap allocation). Pushing past
 /// `N` panics (caught by the C firewall as an internal error); every list of the hot
 /// path has a capacity its inputs are validated against (tp <= `MAX_PEERS`, splits <=
@@ -221,6 +277,28 @@ mod tests {
         let t: Small<usize, 8> = v.iter().copied().collect();
         assert_eq!(t, v);
         assert_eq!(counters().0, mid, "a Small list allocates nothing");
+    }
+
+    #[test]
+    fn fx_hashed_maps_find_what_they_hold() {
+        use std::collections::HashMap;
+        let mut m: HashMap<(usize, [u32; 3], bool), usize, FxBuild> = HashMap::default();
+        for i in 0..1000usize {
+            m.insert((i, [i as u32, 7, 9], i % 2 == 0), i);
+        }
+        for i in 0..1000usize {
+            assert_eq!(m.get(&(i, [i as u32, 7, 9], i % 2 == 0)), Some(&i));
+            assert_eq!(m.get(&(i, [i as u32, 7, 9], i % 2 == 1)), None);
+        }
+        // Different words give different hashes (no trivial collisions of small keys).
+        use std::hash::{BuildHasher, Hash, Hasher};
+        let h = |v: &dyn Fn(&mut FxHasher)| {
+            let mut s = FxBuild::default().build_hasher();
+            v(&mut s);
+            s.finish()
+        };
+        assert_ne!(h(&|s| 1u64.hash(s)), h(&|s| 2u64.hash(s)));
+        assert_ne!(h(&|s| (1u32, 2u32).hash(s)), h(&|s| (2u32, 1u32).hash(s)));
     }
 
     #[test]

@@ -1,5 +1,8 @@
 // Host cost of a C call (issue 21, item 4): microseconds of host time per call, back to
-// back, for an empty launch (cudaMemsetAsync of 4 bytes: the floor), nvte_cublas_gemm, the
+// back, for an empty launch (cudaMemsetAsync of 4 bytes: the floor), cudaEventRecord, a
+// bare cublasLtMatmul (the GEMM's floor: descriptors, layouts and the heuristic's algorithm
+// made once, as nvte_cublas_gemm's cached plan holds them, with the same workspace; what
+// nvte_cublas_gemm costs beyond it is what the library adds), nvte_cublas_gemm, the
 // comm-GEMM API (nvte_all_gather_gemm, nvte_gemm_reduce_scatter, nvte_gemm_all_reduce)
 // and the overlap API (nvte_comm_overlap_split_ag, _split_rs, _split_rs_p2p, _bulk), at
 // 256^3 (where the GPU is not the bottleneck) and 4096^3 (for reference), over the IPC
@@ -14,6 +17,12 @@
 // no allocation. `--strict`: exit 1 when the bar is missed. `--out FILE`: the table too.
 // Run: tests_c/run_mpi.sh N build/tests_c/bench_host [--strict] [--out FILE]
 #include <nccl.h>
+
+#include <dlfcn.h>
+#if __has_include(<cublasLt.h>)
+#include <cublasLt.h>
+#define TE_BENCH_HAVE_LT 1
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -192,6 +201,88 @@ void bench_ops(size_t N, const char *transport, ncclComm_t nccl, Tensor &ws) {
   nvte_comm_overlap_destroy(o);
 }
 
+#ifdef TE_BENCH_HAVE_LT
+// A bare cublasLtMatmul of D [N, N] = B [N, N] x A [N, N]^T (bf16, fp32 compute: nvte_cublas_gemm's
+// TN call above in cuBLAS terms), its functions taken from the cuBLASLt the library loaded
+// (no link-time dependency): descriptors, layouts and the heuristic's first algorithm made
+// once, then only cublasLtMatmul per call.
+struct BareLt {
+  decltype(&cublasLtMatmul) matmul = nullptr;
+  cublasLtHandle_t h = nullptr;
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
+  cublasLtMatrixLayout_t lc = nullptr;       // a second layout object like ld (C's own, as the library makes)
+  cublasLtMatmulDesc_t desc_epi = nullptr;   // desc with the epilogue attribute set (DEFAULT), as the library's
+  cublasLtMatmulAlgo_t algo{};
+  std::vector<cublasLtMatmulAlgo_t> algos;  // the heuristic's top candidates (algos[0] = algo)
+  std::vector<std::string> names;           // each one's configuration, for the table
+  std::string error;
+
+  BareLt(size_t N, size_t ws_bytes) {
+    void *lib = dlopen("libcublasLt.so.13", RTLD_NOW | RTLD_NOLOAD);
+    if (!lib) lib = dlopen("libcublasLt.so.13", RTLD_NOW);
+    if (!lib) { error = "libcublasLt.so.13 not loaded"; return; }
+#define TE_LT(f) auto f##_ = (decltype(&f))dlsym(lib, #f)
+    TE_LT(cublasLtCreate); TE_LT(cublasLtMatmulDescCreate); TE_LT(cublasLtMatmulDescSetAttribute);
+    TE_LT(cublasLtMatrixLayoutCreate); TE_LT(cublasLtMatmulPreferenceCreate); TE_LT(cublasLtMatmulPreferenceSetAttribute);
+    TE_LT(cublasLtMatmulAlgoGetHeuristic); TE_LT(cublasLtMatmulPreferenceDestroy); TE_LT(cublasLtMatmulAlgoConfigGetAttribute);
+#undef TE_LT
+    matmul = (decltype(&cublasLtMatmul))dlsym(lib, "cublasLtMatmul");
+    if (!cublasLtCreate_ || !matmul || !cublasLtMatmulAlgoGetHeuristic_ || !cublasLtMatmulPreferenceDestroy_) { error = "symbols missing"; return; }
+    cublasOperation_t t = CUBLAS_OP_T, nt = CUBLAS_OP_N;
+    uint64_t wsb = ws_bytes;
+    cublasLtMatmulPreference_t pref = nullptr;
+    cublasLtMatmulHeuristicResult_t res[8] = {};
+    int count = 0;
+    bool ok = cublasLtCreate_(&h) == CUBLAS_STATUS_SUCCESS &&
+              cublasLtMatmulDescCreate_(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
+              cublasLtMatmulDescSetAttribute_(desc, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof t) == CUBLAS_STATUS_SUCCESS &&
+              cublasLtMatmulDescSetAttribute_(desc, CUBLASLT_MATMUL_DESC_TRANSB, &nt, sizeof nt) == CUBLAS_STATUS_SUCCESS &&
+              cublasLtMatrixLayoutCreate_(&la, CUDA_R_16BF, N, N, N) == CUBLAS_STATUS_SUCCESS &&
+              cublasLtMatrixLayoutCreate_(&lb, CUDA_R_16BF, N, N, N) == CUBLAS_STATUS_SUCCESS &&
+              cublasLtMatrixLayoutCreate_(&ld, CUDA_R_16BF, N, N, N) == CUBLAS_STATUS_SUCCESS &&
+              cublasLtMatrixLayoutCreate_(&lc, CUDA_R_16BF, N, N, N) == CUBLAS_STATUS_SUCCESS &&
+              cublasLtMatmulPreferenceCreate_(&pref) == CUBLAS_STATUS_SUCCESS &&
+              cublasLtMatmulPreferenceSetAttribute_(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb) ==
+                  CUBLAS_STATUS_SUCCESS &&
+              cublasLtMatmulAlgoGetHeuristic_(h, desc, la, lb, ld, ld, pref, 8, res, &count) == CUBLAS_STATUS_SUCCESS && count > 0;
+    if (pref) cublasLtMatmulPreferenceDestroy_(pref);
+    if (!ok) { error = "setup failed"; return; }
+    algo = res[0].algo;
+    cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
+    if (cublasLtMatmulDescCreate_(&desc_epi, CUBLAS_COMPUTE_32F, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS ||
+        cublasLtMatmulDescSetAttribute_(desc_epi, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof t) != CUBLAS_STATUS_SUCCESS ||
+        cublasLtMatmulDescSetAttribute_(desc_epi, CUBLASLT_MATMUL_DESC_TRANSB, &nt, sizeof nt) != CUBLAS_STATUS_SUCCESS ||
+        cublasLtMatmulDescSetAttribute_(desc_epi, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi) != CUBLAS_STATUS_SUCCESS)
+      desc_epi = nullptr;
+    for (int i = 0; i < count; ++i) {
+      if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
+      auto get = [&](cublasLtMatmulAlgoConfigAttributes_t a) {
+        uint32_t v = 0;
+        size_t w = 0;
+        if (cublasLtMatmulAlgoConfigGetAttribute_) cublasLtMatmulAlgoConfigGetAttribute_(&res[i].algo, a, &v, sizeof v, &w);
+        return v;
+      };
+      char b[160];
+      std::snprintf(b, sizeof b, "heuristic #%d (algo %u, tile %u, stages %u, split-K %u, reduction %u, cluster %u)", i,
+                    get(CUBLASLT_ALGO_CONFIG_ID), get(CUBLASLT_ALGO_CONFIG_TILE_ID), get(CUBLASLT_ALGO_CONFIG_STAGES_ID),
+                    get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM), get(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME),
+                    get(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID));
+      algos.push_back(res[i].algo);
+      names.push_back(b);
+    }
+  }
+  // Candidate i; `own_c`: C with its own layout object; `epi`: the descriptor with the
+  // epilogue attribute set.
+  bool run(const void *A, const void *B, void *D, void *ws, size_t ws_bytes, cudaStream_t s, int i = 0, bool own_c = false,
+           bool epi = false) const {
+    const float alpha = 1.0f, beta = 0.0f;
+    return matmul(h, epi && desc_epi ? desc_epi : desc, &alpha, A, la, B, lb, &beta, D, own_c ? lc : ld, D, ld, &algos[i], ws,
+                  ws_bytes, s) == CUBLAS_STATUS_SUCCESS;
+  }
+};
+#endif
+
 bool in_bar(const Row &r) {
   return r.tp == 1 && r.size == 256 && r.transport == "ipc" && r.op.rfind("nvte_", 0) == 0 && r.op != "nvte_cublas_gemm";
 }
@@ -232,18 +323,63 @@ int main(int argc, char **argv) {
   }
   Tensor ws(kNVTEByte, {(size_t)32 << 20});
   DevBuf tiny(4);
+  cudaEvent_t ev;
+  CUDA_OK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  // The driver API from the loaded libcuda (no link-time dependency).
+  void *cuda_drv = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  using GetCur = int (*)(void **);
+  using GetCtx = int (*)(cudaStream_t, void **);
+  GetCur ctx_get_current = cuda_drv ? (GetCur)dlsym(cuda_drv, "cuCtxGetCurrent") : nullptr;
+  GetCtx stream_get_ctx = cuda_drv ? (GetCtx)dlsym(cuda_drv, "cuStreamGetCtx") : nullptr;
   for (size_t N : sizes) {
     measure("cudaMemsetAsync 4 B (launch floor)", (int)N, "-", [&] { return cudaMemsetAsync(tiny.p, 0, 4, g_s) == cudaSuccess; });
+    measure("cudaEventRecord (floor)", (int)N, "-", [&] { return cudaEventRecord(ev, g_s) == cudaSuccess; });
+    if (ctx_get_current && stream_get_ctx) {  // the driver calls of the library's context lookup
+      void *c0 = nullptr, *c1 = nullptr;
+      measure("cuCtxGetCurrent + cuStreamGetCtx (floor)", (int)N, "-",
+              [&] { return ctx_get_current(&c0) == 0 && stream_get_ctx(g_s, &c1) == 0; });
+    }
     {
       Tensor A = bf16({N, N}), B = bf16({N, N}), D = bf16({N, N});
       measure("nvte_cublas_gemm", (int)N, "-", [&] {
         nvte_cublas_gemm(A.h, B.h, D.h, nullptr, nullptr, true, false, false, ws.h, false, false, 0, g_s);
         return ok_status();
       });
+#ifdef TE_BENCH_HAVE_LT
+      // (after nvte_cublas_gemm: the library has loaded cuBLASLt)
+      BareLt lt(N, ws.data.bytes);
+      if (lt.error.empty()) {
+        measure("cublasLtMatmul bare (GEMM floor)", (int)N, "-", [&] { return lt.run(A.data.p, B.data.p, D.data.p, ws.data.p, ws.data.bytes, g_s); });
+        // Each of the heuristic's candidates (what a launch of each costs the host).
+        for (size_t i = 1; i < lt.algos.size() && N <= 256; ++i)
+          measure("cublasLtMatmul bare, " + lt.names[i], (int)N, "-",
+                  [&] { return lt.run(A.data.p, B.data.p, D.data.p, ws.data.p, ws.data.bytes, g_s, (int)i); });
+        if (g_rank == 0 && N <= 256) std::printf("bare cublasLtMatmul floor: %s\n", lt.names[0].c_str());
+        if (N <= 256) {  // what around a launch changes its cost (the library's differences)
+          measure("cublasLtMatmul bare, C with its own layout object", (int)N, "-",
+                  [&] { return lt.run(A.data.p, B.data.p, D.data.p, ws.data.p, ws.data.bytes, g_s, 0, true); });
+          measure("cublasLtMatmul bare, epilogue attribute set", (int)N, "-",
+                  [&] { return lt.run(A.data.p, B.data.p, D.data.p, ws.data.p, ws.data.bytes, g_s, 0, false, true); });
+          if (ctx_get_current && stream_get_ctx) {
+            void *c0 = nullptr, *c1 = nullptr;
+            measure("cuCtxGetCurrent + cuStreamGetCtx + cublasLtMatmul bare", (int)N, "-", [&] {
+              return ctx_get_current(&c0) == 0 && stream_get_ctx(g_s, &c1) == 0 &&
+                     lt.run(A.data.p, B.data.p, D.data.p, ws.data.p, ws.data.bytes, g_s);
+            });
+          }
+          measure("cudaMemsetAsync 4 B + cublasLtMatmul bare", (int)N, "-", [&] {
+            return cudaMemsetAsync(tiny.p, 0, 4, g_s) == cudaSuccess &&
+                   lt.run(A.data.p, B.data.p, D.data.p, ws.data.p, ws.data.bytes, g_s);
+          });
+        }
+      } else
+        g_rows.push_back(Row{"cublasLtMatmul bare (GEMM floor)", (int)N, g_tp, "-", 0, 0, 0, 0, lt.error});
+#endif
     }
     bench_ops(N, "ipc", nullptr, ws);
     if (nccl) bench_ops(N, "nccl", nccl, ws);
   }
+  cudaEventDestroy(ev);
   bool pass = true;
   int in = 0;
   std::string table = "| op | size | tp | transport | host us/call (median) | GPU us/call | allocs/call | CUDA lib calls/call |\n"
@@ -265,6 +401,17 @@ int main(int argc, char **argv) {
   }
   if (g_rank == 0) {
     std::printf("\n%s", table.c_str());
+    for (size_t N : sizes) {
+      const Row *bare = nullptr, *gemm = nullptr;
+      for (const Row &r : g_rows)
+        if (r.size == (int)N && r.error.empty()) {
+          if (r.op == "cublasLtMatmul bare (GEMM floor)") bare = &r;
+          if (r.op == "nvte_cublas_gemm") gemm = &r;
+        }
+      if (bare && gemm)
+        std::printf("%zu^3: nvte_cublas_gemm costs %.2f us of host time beyond the bare cublasLtMatmul (%.2f vs %.2f)\n", N,
+                    gemm->host_us - bare->host_us, gemm->host_us, bare->host_us);
+    }
     if (!nccl) std::printf("(nccl: not measured: %s)\n", shared ? "ranks share a GPU, which NCCL refuses" : "no communicator");
     if (g_tp == 1)
       std::printf("host-cost bar (tp 1, 256^3, ipc, %d comm-GEMM / overlap ops: <= 10 us/call and 0 allocations): %s\n", in,

@@ -326,6 +326,18 @@ impl ContextGuard {
     /// cudaStreamLegacy (1) / cudaStreamPerThread (2) use the current context, or the
     /// primary context of device 0 when the thread has none.
     pub fn for_stream(stream: usize) -> Result<ContextGuard> {
+        let mut g = Self::for_stream_no_device(stream)?;
+        let mut dev: cu::CUdevice = 0;
+        // SAFETY: a context is current (the guard's).
+        check(unsafe { cu::cuCtxGetDevice(&mut dev) }, "cuCtxGetDevice")?;
+        g.device = dev;
+        Ok(g)
+    }
+
+    /// [`Self::for_stream`] without the device lookup (`device` is -1; [`current_device`]
+    /// gives it while the guard lives): the hot paths that only need the context (a GEMM,
+    /// an overlap call on its object's context) save a driver call.
+    pub fn for_stream_no_device(stream: usize) -> Result<ContextGuard> {
         init_driver()?;
         let mut cur: cu::CUcontext = std::ptr::null_mut();
         // SAFETY: out pointer.
@@ -356,16 +368,21 @@ impl ContextGuard {
             // SAFETY: ctx is a valid context.
             check(unsafe { cu::cuCtxPushCurrent_v2(ctx) }, "cuCtxPushCurrent")?;
         }
-        let mut dev: cu::CUdevice = 0;
-        // SAFETY: a context is current.
-        let r = check(unsafe { cu::cuCtxGetDevice(&mut dev) }, "cuCtxGetDevice");
-        let guard = ContextGuard {
+        // Made before anything else can fail: a pushed context is popped on drop.
+        Ok(ContextGuard {
             ctx: ctx as usize,
-            device: dev,
+            device: -1,
             pushed,
-        };
-        r.map(|_| guard)
+        })
     }
+}
+
+/// The device of the current context (e.g. inside a [`ContextGuard`]).
+pub fn current_device() -> Result<i32> {
+    let mut dev: cu::CUdevice = 0;
+    // SAFETY: out pointer; an error code when no context is current.
+    check(unsafe { cu::cuCtxGetDevice(&mut dev) }, "cuCtxGetDevice")?;
+    Ok(dev)
 }
 
 impl Drop for ContextGuard {

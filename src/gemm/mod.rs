@@ -559,8 +559,11 @@ impl Plan {
         // SAFETY: descriptors created by `build`, destroyed once when evicted.
         unsafe {
             lt::cublasLtMatmulDescDestroy(self.desc);
-            for l in [self.a, self.b, self.c, self.d] {
+            for l in [self.a, self.b, self.d] {
                 lt::cublasLtMatrixLayoutDestroy(l);
+            }
+            if self.c != self.d {
+                lt::cublasLtMatrixLayoutDestroy(self.c);
             }
         }
     }
@@ -569,7 +572,8 @@ impl Plan {
 const MAX_PLANS: usize = 512;
 
 thread_local! {
-    static PLANS: RefCell<HashMap<PlanKey, Plan>> = RefCell::new(HashMap::new());
+    static PLANS: RefCell<HashMap<PlanKey, Plan, crate::host::FxBuild>> =
+        RefCell::new(HashMap::default());
     static TIMED_PLANS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
@@ -697,8 +701,11 @@ fn build(h: lt::cublasLtHandle_t, g: &GemmDesc, key: &PlanKey) -> Result<Plan> {
             let fast: i8 = g.fast_accum as i8;
             set_attr(desc, A::CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast)?;
         }
-        let epi = g.epilogue.to_lt();
-        set_attr(desc, A::CUBLASLT_MATMUL_DESC_EPILOGUE, &epi)?;
+        if g.epilogue != Epilogue::None {
+            // (DEFAULT is the descriptor's own: left unset, as a plain cuBLASLt call)
+            let epi = g.epilogue.to_lt();
+            set_attr(desc, A::CUBLASLT_MATMUL_DESC_EPILOGUE, &epi)?;
+        }
         if g.epilogue.uses_bias() && (g.a_type.is_fp8() || g.bias_type != g.d_type) {
             let bt = lt_type(g.bias_type);
             set_attr(desc, A::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt)?;
@@ -716,8 +723,13 @@ fn build(h: lt::cublasLtHandle_t, g: &GemmDesc, key: &PlanKey) -> Result<Plan> {
         let (br, bc) = if g.transb { (g.n, g.k) } else { (g.k, g.n) };
         plan.a = layout(g.a_type, ar, ac, g.lda)?;
         plan.b = layout(g.b_type, br, bc, g.ldb)?;
-        plan.c = layout(c_type(g), g.m, g.n, g.ldd)?;
         plan.d = layout(g.d_type, g.m, g.n, g.ldd)?;
+        // C laid out like D: the same layout object (as a plain cuBLASLt call passes it).
+        plan.c = if c_type(g) == g.d_type {
+            plan.d
+        } else {
+            layout(c_type(g), g.m, g.n, g.ldd)?
+        };
 
         let mut pref: lt::cublasLtMatmulPreference_t = std::ptr::null_mut();
         // SAFETY: out pointer.
@@ -890,19 +902,19 @@ pub fn run(g: &GemmDesc, guard: &ContextGuard, stream: usize) -> Result<()> {
     };
     PLANS.with(|plans| {
         let mut plans = plans.borrow_mut();
-        if !plans.contains_key(&key) {
-            if plans.len() >= MAX_PLANS {
-                for (_, p) in plans.drain() {
-                    p.destroy();
+        // Steady state: one lookup (FxHash of the key); a new plan: build, insert, look up.
+        let p = match plans.get_mut(&key) {
+            Some(p) => p,
+            None => {
+                if plans.len() >= MAX_PLANS {
+                    for (_, p) in plans.drain() {
+                        p.destroy();
+                    }
                 }
+                let p = build(h, g, &key)?;
+                plans.entry(key).or_insert(p)
             }
-            let p = build(h, g, &key)?;
-            plans.insert(key, p);
-        }
-        // One lookup of the plan per call (the key is hashed once more above).
-        let p = plans
-            .get_mut(&key)
-            .expect("the plan was just found or inserted");
+        };
         set_pointers(p.desc, g, &mut p.ptrs)?;
         // First eager run of a plan with candidates: time them (the run that follows
         // overwrites D; a GEMM that accumulates or is being captured is not timed).
@@ -1017,6 +1029,7 @@ pub fn cublas_gemm(args: &TeGemm, stream: usize) -> Result<()> {
     if g.m == 0 || g.n == 0 {
         return Ok(()); // empty output: nothing to launch (and no device needed)
     }
-    let guard = ContextGuard::for_stream(stream)?;
+    // The stream's context (made current if it is not): all a GEMM needs of it.
+    let guard = ContextGuard::for_stream_no_device(stream)?;
     run(&g, &guard, stream)
 }

@@ -102,7 +102,8 @@ impl Overlap {
         };
         // FP8 output: each GEMM scales its rows and writes its own amax slot; the slots'
         // maximum goes into D's amax after the call.
-        let amax_slots = if fp8_amax {
+        // (At tp 1 the one GEMM writes D's amax itself.)
+        let amax_slots = if fp8_amax && tp > 1 {
             if tp > MAX_AMAX_SLOTS {
                 unsupported!("an FP8 output with amax at tp = {tp} > {MAX_AMAX_SLOTS}");
             }
@@ -207,15 +208,29 @@ impl Overlap {
         // Off the critical path, on comm stream 1 after its ring: the shard into the
         // buffer's local chunk (the buffer holds all of B after the call), and B_copy.
         // (At tp 1 there is no ring: comm stream 0 copies, and no other stream is forked.)
-        let c1 = if ring.forward.is_empty() && ring.backward.is_empty() {
-            self.comm_stream(0)?
+        if self.inline.is_some() {
+            // Inline (tp 1): the shard into the buffer and into B_copy by one copy kernel
+            // on the caller's stream (a launch costs the host less than a device-to-device
+            // cuMemcpyAsync).
+            let mut segs: crate::host::Small<(DevPtr, DevPtr, usize), 2> = Default::default();
+            if !is_view {
+                segs.push((self.buffer() + off(r), bb.ptr, chunk_bytes));
+            }
+            if let Some(bc) = x.b_copy {
+                segs.push((bc.data.ptr + off(r), local_src, chunk_bytes));
+            }
+            self.copy_segments(&segs, stream, true)?;
         } else {
-            self.comm_stream(1)?
-        };
-        if !is_view {
-            copy_async(self.buffer() + off(r), bb.ptr, chunk_bytes, c1)?;
+            let c1 = if ring.forward.is_empty() && ring.backward.is_empty() {
+                self.comm_stream(0)?
+            } else {
+                self.comm_stream(1)?
+            };
+            if !is_view {
+                copy_async(self.buffer() + off(r), bb.ptr, chunk_bytes, c1)?;
+            }
+            copy_out(r, (0, nc), c1)?;
         }
-        copy_out(r, (0, nc), c1)?;
 
         // Compute streams: the local chunk first (from the shard or the buffer, at once:
         // it is already in place), then chunks in arrival order.

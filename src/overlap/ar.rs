@@ -140,6 +140,25 @@ impl Overlap {
             invalid!("tensor `D` must have at least 2 dimensions")
         };
         let e = eb(self.dtype);
+        if self.inline_ok() {
+            // tp 1: the sum of the one partial is the GEMM itself, straight into D.
+            let guard = self.enter(stream)?;
+            let full = gemm::desc_from_te(&TeGemm {
+                accumulate: false,
+                math_sm_count: self.math_sms(true),
+                ..*x
+            })?;
+            if full.epilogue.uses_aux() || full.epilogue == Epilogue::BGradB {
+                unsupported!(
+                    "epilogue {:?} cannot be applied to partial sums before the all-reduce",
+                    full.epilogue
+                );
+            }
+            self.begin(stream, Op::SplitAr, false, &full.check_key(), Some(&full))?;
+            self.step(|| "GEMM (tp 1: the all-reduce of one partial is the GEMM)".into());
+            self.run_gemm(&full, &guard, 0, false)?;
+            return self.finish(stream);
+        }
         if self.ar_algo(n, m)? == ArAlgo::Ring {
             let r = self.tp_rank();
             let nc = n / tp;

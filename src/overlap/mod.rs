@@ -3,7 +3,10 @@
 //! into chunks so that one chunk's communication runs while another computes.
 //!
 //! Every call is asynchronous (no host synchronisation): the caller's stream fans out to
-//! the engine's compute and comm streams and joins them at the end. Waits for peers are
+//! the engine's compute and comm streams and joins them at the end. At tp 1 over peer
+//! memory (nothing to communicate) a call runs inline instead: all of its work on the
+//! caller's stream in program order, with no fork, join, barrier or flag
+//! (`Overlap::inline_ok`). Waits for peers are
 //! kernels with a timeout: a peer that never arrives makes the call's stream finish with
 //! a recorded timeout (see [`Overlap::synchronize`]) and the object refuses further work.
 //!
@@ -178,6 +181,9 @@ pub struct Overlap {
     forked: std::cell::Cell<u32>,
     /// the call in progress gates its compute streams on the arrival barrier
     gate_compute: bool,
+    /// the caller's stream while an inline call runs ([`Overlap::inline_ok`]): every
+    /// compute and comm stream of the call is that stream
+    inline: Option<usize>,
 }
 
 /// NVTE_COMM_TRACE=1: timed events at the steps of the last call, printed (per rank, in
@@ -325,6 +331,7 @@ impl Overlap {
             knobs,
             forked: std::cell::Cell::new(0),
             gate_compute: false,
+            inline: None,
             trace: if trace {
                 Some(Trace {
                     events: (0..256).map(|_| Event::timed()).collect::<Result<_>>()?,
@@ -402,6 +409,9 @@ impl Overlap {
     /// first use in the call (it waits for the call's start, or its arrival barrier when
     /// the call gates compute): a call forks, and `finish` joins, only the streams it uses.
     fn compute_stream(&self, i: usize) -> Result<usize> {
+        if let Some(s) = self.inline {
+            return Ok(s);
+        }
         let s = self.compute[i].raw();
         let bit = 1u32 << i;
         if self.forked.get() & bit == 0 {
@@ -419,6 +429,9 @@ impl Overlap {
     /// the others are forked at their first use (after the arrival barrier), as
     /// [`Self::compute_stream`].
     fn comm_stream(&self, j: usize) -> Result<usize> {
+        if let Some(s) = self.inline {
+            return Ok(s);
+        }
         let s = self.comm[j].raw();
         let bit = 1u32 << (16 + j);
         if j > 0 && self.forked.get() & bit == 0 {
@@ -481,6 +494,7 @@ impl Overlap {
     /// Refuse work on a broken object; otherwise enter its context on `stream`, and note
     /// whether the call is being captured into a CUDA graph.
     fn enter(&mut self, stream: usize) -> Result<ContextGuard> {
+        self.inline = None; // (set again by the call's begin)
         if self.broken.is_none()
             && let Some(e) = self.timeout_error()
         {
@@ -498,11 +512,11 @@ impl Overlap {
         if let Some(e) = &self.broken {
             return Err(e.clone());
         }
-        let guard = ContextGuard::for_stream(stream)?;
+        let guard = ContextGuard::for_stream_no_device(stream)?;
         if guard.ctx != self.ctx {
             invalid!(
                 "argument `stream` belongs to device {} but the overlap object was created on device {}",
-                guard.device,
+                cuda::current_device().unwrap_or(-1),
                 self.dev.ordinal
             );
         }
@@ -516,7 +530,13 @@ impl Overlap {
     /// be recorded into that capture instead of running.
     fn check_capture(&self, stream: usize) -> Result<bool> {
         let caller = capture_status(stream)?;
-        let ours = capture_status(self.comm[0].raw())?;
+        // An inline object's streams join only the captures of its captured calls: while
+        // none was ever captured they are in none (one driver call saved per call).
+        let ours = if self.inline_ok() && !self.captured {
+            Capture::None
+        } else {
+            capture_status(self.comm[0].raw())?
+        };
         match (caller, ours) {
             (Capture::Invalidated, _) => Err(Error::new(
                 K::Cuda,
@@ -606,6 +626,9 @@ impl Overlap {
         // ranges are a per-thread stack).
         drop(self.nvtx_step.get_mut().take());
         drop(self.nvtx_call.take());
+        if self.inline_ok() {
+            return self.begin_inline(stream, op);
+        }
         self.nvtx_call = Some(nvtx::range(|| {
             format!(
                 "te_comm {op:?} call {} (tp {}, world rank {}, buffer {}x{} {})",
@@ -666,6 +689,9 @@ impl Overlap {
     /// used (and only those: the ones it forked) is joined back into the caller's (as a
     /// capture requires).
     fn finish(&mut self, stream: usize) -> Result<()> {
+        if self.inline.is_some() {
+            return self.finish_inline(stream);
+        }
         let cs = self.comm[0].raw();
         let forked = self.forked.replace(0);
         for (i, (s, e)) in self.compute.iter().zip(self.ev_compute.iter()).enumerate() {
@@ -703,6 +729,66 @@ impl Overlap {
         self.ev_done.record(stream)
     }
 
+    /// Whether this object's calls run inline: tp 1 over peer memory (no peer, no flag,
+    /// no barrier: the IPC transport's per-call kernels are no-ops there), without
+    /// NVTE_COMM_REPORT (which times the comm alone on its streams) or NVTE_COMM_TRACE.
+    /// Fixed for the object's life. An inline call enqueues its work on the caller's
+    /// stream in program order (the order its dependencies already follow), its GEMMs
+    /// with the whole workspace and no SM margin; it forks and joins nothing, so a
+    /// comm-GEMM-sized call costs about one nvte_cublas_gemm of host time.
+    pub(crate) fn inline_ok(&self) -> bool {
+        self.tp() == 1 && self.t.nccl().is_none() && self.report.is_none() && self.trace.is_none()
+    }
+
+    /// [`Self::begin`] of an inline call. While the caller's stream is captured, comm
+    /// stream 0 joins the capture (an empty fork, joined back by `finish_inline`): the
+    /// object then belongs to the capture until it ends, as a forking call's streams do,
+    /// so `synchronize` and eager calls are refused meanwhile, as documented.
+    fn begin_inline(&mut self, stream: usize, op: Op) -> Result<()> {
+        if nvtx::enabled() {
+            self.nvtx_call = Some(nvtx::range(|| {
+                format!(
+                    "te_comm {op:?} call {} (tp 1, inline, world rank {}, buffer {}x{} {})",
+                    self.calls + 1,
+                    self.world_rank,
+                    self.rows,
+                    self.cols,
+                    self.dtype.name()
+                )
+            }));
+        }
+        self.calls += 1;
+        self.last_captured = self.capturing;
+        self.captured |= self.capturing;
+        if self.capturing {
+            self.ev_start.record(stream)?;
+            self.ev_start.wait_on(self.comm[0].raw())?;
+        }
+        self.forked.set(0);
+        self.gate_compute = false;
+        self.inline = Some(stream);
+        Ok(())
+    }
+
+    /// [`Self::finish`] of an inline call: the capture's join of comm stream 0, or (eager)
+    /// the completion event `synchronize` waits for.
+    fn finish_inline(&mut self, stream: usize) -> Result<()> {
+        self.inline = None;
+        if self.capturing {
+            let cs = self.comm[0].raw();
+            self.ev_comm[0].record(cs)?;
+            self.ev_comm[0].wait_on(stream)?;
+        }
+        drop(self.nvtx_step.get_mut().take());
+        drop(self.nvtx_call.take());
+        self.in_call = false;
+        if self.capturing {
+            return Ok(());
+        }
+        self.done_recorded = true;
+        self.ev_done.record(stream)
+    }
+
     /// Wait (on `stream`) until every peer finished the last call begun on this rank (the
     /// call number is read on the device; no-op when no call was ever issued).
     fn wait_done(&self, stream: usize, op: Op) -> Result<()> {
@@ -717,8 +803,9 @@ impl Overlap {
     }
 
     /// SM count for the chunk GEMMs: leave the comm SMs free when SM kernels communicate.
+    /// (None at tp 1: nothing communicates.)
     fn math_sms(&self, comm_uses_sms: bool) -> i32 {
-        if self.cfg.set_sm_margin && comm_uses_sms {
+        if self.cfg.set_sm_margin && comm_uses_sms && self.tp() > 1 {
             self.dev.sm_count - self.cfg.num_comm_sm
         } else {
             0
@@ -751,7 +838,12 @@ impl Overlap {
             return Ok(()); // NVTE_COMM_REPORT's comm-alone runs
         }
         let mut g = *g;
-        let n = if concurrent { self.compute.len() } else { 1 };
+        // Inline, every GEMM runs in order on the caller's stream: all of the workspace.
+        let n = if concurrent && self.inline.is_none() {
+            self.compute.len()
+        } else {
+            1
+        };
         let (w, wb) = Self::workspace_slice(&g, stream_idx, n);
         g.workspace = w;
         g.workspace_bytes = wb;

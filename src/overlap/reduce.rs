@@ -117,8 +117,8 @@ impl Overlap {
         ];
         let work = rows * cols / if vec_ok { 8 } else { 1 };
         // Overlapped with GEMMs: the comm SM budget. On the critical tail (nothing left
-        // to overlap): the whole GPU.
-        let cap = if tail {
+        // to overlap), or inline (in order with the GEMMs): the whole GPU.
+        let cap = if tail || self.inline.is_some() {
             4 * self.dev.sm_count as u32
         } else {
             2 * self.cfg.num_comm_sm as u32
@@ -160,7 +160,7 @@ impl Overlap {
         }
         let f = self.module.function("copy_segments")?;
         let mut args = [arg(&set)];
-        let cap = if tail {
+        let cap = if tail || self.inline.is_some() {
             4 * self.dev.sm_count as u32
         } else {
             2 * self.cfg.num_comm_sm as u32

@@ -167,6 +167,11 @@ impl Overlap {
             // entry point runs ncclReduceScatter per chunk or the send/recv ring.
             return self.split_rs_p2p_once(x, stream);
         }
+        if self.inline_ok() && Self::plain_sums_of(x, self.dtype) {
+            // tp 1: the ring's form, one GEMM straight into `rs_output` (the pipelined
+            // chunks would only copy the buffer into it).
+            return self.split_rs_p2p_once(x, stream);
+        }
         let guard = self.enter(stream)?;
         let p = self.plan_rs(x, true)?;
         let (tp, r) = (self.tp(), self.tp_rank());
@@ -252,7 +257,9 @@ impl Overlap {
         }
         let p = self.plan_rs(x, !self.cfg.use_ce)?;
         let acc = self.rs_accumulates(x, &p)?;
-        self.staging()?; // allocated (once) before the call starts
+        if !(acc && self.tp() == 1) {
+            self.staging()?; // allocated (once) before the call starts (tp 1 chain: unused)
+        }
         // GEMMs write local staging only (and read sums that landed after the call's
         // barrier): they need not wait for peers.
         self.begin(
@@ -307,6 +314,9 @@ impl Overlap {
     /// environment and tuning, same operands per the call check).
     fn rs_accumulates(&self, x: &RsArgs, p: &Plan) -> Result<bool> {
         let want = match self.knobs.rs_ring {
+            // (tp 1 inline: one GEMM into the output whatever the knob says: a closing
+            // "sum" of the one partial would only copy it)
+            _ if self.inline_ok() => true,
             Some(RS_REDUCE) => false,
             Some(RS_ACCUMULATE) => true,
             _ => self.rs_accumulate || self.tp() == 1,
@@ -324,6 +334,18 @@ impl Overlap {
             && !x.g.accumulate
             && p.full.aux.is_null()
             && p.full.epilogue != gemm::Epilogue::BGradB
+    }
+
+    /// [`Self::plain_sums`] from the operands alone (before the GEMM is planned): no
+    /// pre-GELU output, no bias gradient (bias with grad), no accumulation.
+    fn plain_sums_of(x: &RsArgs, dtype: crate::tensor::DType) -> bool {
+        let used = |t: Option<&Tensor>| t.is_some_and(|t| !t.data.ptr.is_null());
+        let bias_grad = x.g.grad && used(x.g.bias);
+        !dtype.is_fp8()
+            && x.rs_output.data.dtype == dtype
+            && !x.g.accumulate
+            && !used(x.g.pre_gelu_out)
+            && !bias_grad
     }
 
     /// NCCL transport: the GEMM in column chunks, each written contiguously ([n, m_i])
@@ -548,12 +570,16 @@ impl Overlap {
                     g.c = self.buffer() + (i - 1) * slot_bytes + off;
                 }
                 self.run_gemm(&g, guard, 0, false)?;
-                self.ev_chunk[computed(i, j)].record(cmp)?;
+                if self.inline.is_none() {
+                    // (inline: one stream, program order)
+                    self.ev_chunk[computed(i, j)].record(cmp)?;
+                }
             }
             self.mark(cmp, || format!("gemm{i}"))?;
         }
         // (finish() joins the compute stream: the caller waits for the last GEMMs.)
-        let Some((half, d)) = gather else {
+        // (At tp 1 there is nothing to gather.)
+        let Some((half, d)) = gather.filter(|_| tp > 1) else {
             return Ok(());
         };
         // All-reduce: push each reduced piece to every peer as soon as it is computed
