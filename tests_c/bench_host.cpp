@@ -211,8 +211,6 @@ struct BareLt {
   cublasLtHandle_t h = nullptr;
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
-  cublasLtMatrixLayout_t lc = nullptr;       // a second layout object like ld (C's own, as the library makes)
-  cublasLtMatmulDesc_t desc_epi = nullptr;   // desc with the epilogue attribute set (DEFAULT), as the library's
   cublasLtMatmulAlgo_t algo{};
   std::vector<cublasLtMatmulAlgo_t> algos;  // the heuristic's top candidates (algos[0] = algo)
   std::vector<std::string> names;           // each one's configuration, for the table
@@ -241,7 +239,6 @@ struct BareLt {
               cublasLtMatrixLayoutCreate_(&la, CUDA_R_16BF, N, N, N) == CUBLAS_STATUS_SUCCESS &&
               cublasLtMatrixLayoutCreate_(&lb, CUDA_R_16BF, N, N, N) == CUBLAS_STATUS_SUCCESS &&
               cublasLtMatrixLayoutCreate_(&ld, CUDA_R_16BF, N, N, N) == CUBLAS_STATUS_SUCCESS &&
-              cublasLtMatrixLayoutCreate_(&lc, CUDA_R_16BF, N, N, N) == CUBLAS_STATUS_SUCCESS &&
               cublasLtMatmulPreferenceCreate_(&pref) == CUBLAS_STATUS_SUCCESS &&
               cublasLtMatmulPreferenceSetAttribute_(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb) ==
                   CUBLAS_STATUS_SUCCESS &&
@@ -249,12 +246,6 @@ struct BareLt {
     if (pref) cublasLtMatmulPreferenceDestroy_(pref);
     if (!ok) { error = "setup failed"; return; }
     algo = res[0].algo;
-    cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
-    if (cublasLtMatmulDescCreate_(&desc_epi, CUBLAS_COMPUTE_32F, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS ||
-        cublasLtMatmulDescSetAttribute_(desc_epi, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof t) != CUBLAS_STATUS_SUCCESS ||
-        cublasLtMatmulDescSetAttribute_(desc_epi, CUBLASLT_MATMUL_DESC_TRANSB, &nt, sizeof nt) != CUBLAS_STATUS_SUCCESS ||
-        cublasLtMatmulDescSetAttribute_(desc_epi, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi) != CUBLAS_STATUS_SUCCESS)
-      desc_epi = nullptr;
     for (int i = 0; i < count; ++i) {
       if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
       auto get = [&](cublasLtMatmulAlgoConfigAttributes_t a) {
@@ -272,13 +263,9 @@ struct BareLt {
       names.push_back(b);
     }
   }
-  // Candidate i; `own_c`: C with its own layout object; `epi`: the descriptor with the
-  // epilogue attribute set.
-  bool run(const void *A, const void *B, void *D, void *ws, size_t ws_bytes, cudaStream_t s, int i = 0, bool own_c = false,
-           bool epi = false) const {
+  bool run(const void *A, const void *B, void *D, void *ws, size_t ws_bytes, cudaStream_t s, int i = 0) const {
     const float alpha = 1.0f, beta = 0.0f;
-    return matmul(h, epi && desc_epi ? desc_epi : desc, &alpha, A, la, B, lb, &beta, D, own_c ? lc : ld, D, ld, &algos[i], ws,
-                  ws_bytes, s) == CUBLAS_STATUS_SUCCESS;
+    return matmul(h, desc, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &algos[i], ws, ws_bytes, s) == CUBLAS_STATUS_SUCCESS;
   }
 };
 #endif
@@ -355,23 +342,6 @@ int main(int argc, char **argv) {
           measure("cublasLtMatmul bare, " + lt.names[i], (int)N, "-",
                   [&] { return lt.run(A.data.p, B.data.p, D.data.p, ws.data.p, ws.data.bytes, g_s, (int)i); });
         if (g_rank == 0 && N <= 256) std::printf("bare cublasLtMatmul floor: %s\n", lt.names[0].c_str());
-        if (N <= 256) {  // what around a launch changes its cost (the library's differences)
-          measure("cublasLtMatmul bare, C with its own layout object", (int)N, "-",
-                  [&] { return lt.run(A.data.p, B.data.p, D.data.p, ws.data.p, ws.data.bytes, g_s, 0, true); });
-          measure("cublasLtMatmul bare, epilogue attribute set", (int)N, "-",
-                  [&] { return lt.run(A.data.p, B.data.p, D.data.p, ws.data.p, ws.data.bytes, g_s, 0, false, true); });
-          if (ctx_get_current && stream_get_ctx) {
-            void *c0 = nullptr, *c1 = nullptr;
-            measure("cuCtxGetCurrent + cuStreamGetCtx + cublasLtMatmul bare", (int)N, "-", [&] {
-              return ctx_get_current(&c0) == 0 && stream_get_ctx(g_s, &c1) == 0 &&
-                     lt.run(A.data.p, B.data.p, D.data.p, ws.data.p, ws.data.bytes, g_s);
-            });
-          }
-          measure("cudaMemsetAsync 4 B + cublasLtMatmul bare", (int)N, "-", [&] {
-            return cudaMemsetAsync(tiny.p, 0, 4, g_s) == cudaSuccess &&
-                   lt.run(A.data.p, B.data.p, D.data.p, ws.data.p, ws.data.bytes, g_s);
-          });
-        }
       } else
         g_rows.push_back(Row{"cublasLtMatmul bare (GEMM floor)", (int)N, g_tp, "-", 0, 0, 0, 0, lt.error});
 #endif

@@ -559,11 +559,8 @@ impl Plan {
         // SAFETY: descriptors created by `build`, destroyed once when evicted.
         unsafe {
             lt::cublasLtMatmulDescDestroy(self.desc);
-            for l in [self.a, self.b, self.d] {
+            for l in [self.a, self.b, self.c, self.d] {
                 lt::cublasLtMatrixLayoutDestroy(l);
-            }
-            if self.c != self.d {
-                lt::cublasLtMatrixLayoutDestroy(self.c);
             }
         }
     }
@@ -701,11 +698,8 @@ fn build(h: lt::cublasLtHandle_t, g: &GemmDesc, key: &PlanKey) -> Result<Plan> {
             let fast: i8 = g.fast_accum as i8;
             set_attr(desc, A::CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast)?;
         }
-        if g.epilogue != Epilogue::None {
-            // (DEFAULT is the descriptor's own: left unset, as a plain cuBLASLt call)
-            let epi = g.epilogue.to_lt();
-            set_attr(desc, A::CUBLASLT_MATMUL_DESC_EPILOGUE, &epi)?;
-        }
+        let epi = g.epilogue.to_lt();
+        set_attr(desc, A::CUBLASLT_MATMUL_DESC_EPILOGUE, &epi)?;
         if g.epilogue.uses_bias() && (g.a_type.is_fp8() || g.bias_type != g.d_type) {
             let bt = lt_type(g.bias_type);
             set_attr(desc, A::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt)?;
@@ -723,13 +717,8 @@ fn build(h: lt::cublasLtHandle_t, g: &GemmDesc, key: &PlanKey) -> Result<Plan> {
         let (br, bc) = if g.transb { (g.n, g.k) } else { (g.k, g.n) };
         plan.a = layout(g.a_type, ar, ac, g.lda)?;
         plan.b = layout(g.b_type, br, bc, g.ldb)?;
+        plan.c = layout(c_type(g), g.m, g.n, g.ldd)?;
         plan.d = layout(g.d_type, g.m, g.n, g.ldd)?;
-        // C laid out like D: the same layout object (as a plain cuBLASLt call passes it).
-        plan.c = if c_type(g) == g.d_type {
-            plan.d
-        } else {
-            layout(c_type(g), g.m, g.n, g.ldd)?
-        };
 
         let mut pref: lt::cublasLtMatmulPreference_t = std::ptr::null_mut();
         // SAFETY: out pointer.
