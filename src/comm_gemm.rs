@@ -442,6 +442,8 @@ impl CommGemmCtx {
 
     pub fn call(&mut self, c: &GemmCall, stream: usize) -> Result<()> {
         self.current = None;
+        // Argument checks first: no driver call (capture status, tuning) before them.
+        self.check_operands(c)?;
         if let Some(key) = self.tune_key(c)? {
             // At most MAX_KEYS keys are tuned per context: a workload with ever new
             // shapes (varying token counts) must not keep tuning. The count is the same on
@@ -674,13 +676,16 @@ impl CommGemmCtx {
         Ok(())
     }
 
-    fn call_inner(&mut self, c: &GemmCall, stream: usize) -> Result<()> {
+    /// The checks of a call's arguments that need no device: sizes, element types and the
+    /// operands' shapes for this rank's shares. Run first, before any driver or library
+    /// call (also before tuning), so a bad argument is reported as such on any machine.
+    fn check_operands(&self, c: &GemmCall) -> Result<()> {
         for (v, name) in [(c.m, "m"), (c.n, "n"), (c.k, "k")] {
             if v < 0 {
                 invalid!("{name} = {v} must be >= 0");
             }
         }
-        // Sub-byte element types (fp4) have no byte size for the slicing below.
+        // Sub-byte element types (fp4) have no byte size for the slicing of the calls.
         for (t, name) in [(Some(c.a), "a"), (Some(c.b), "b"), (Some(c.d), "d")]
             .into_iter()
             .chain([(c.bias, "bias"), (c.pre_act_out, "pre_act_out")])
@@ -694,35 +699,14 @@ impl CommGemmCtx {
                 );
             }
         }
-        let (m, n, k) = (c.m as usize, c.n as usize, c.k as usize);
-        let (nr, r) = (self.nranks, self.rank);
-        let share = |g: usize| numroc(g as i64, nr, r) as usize;
-        let block = |g: usize| g.div_ceil(nr);
         if c.comm_sm_count < 0 {
             invalid!(
                 "comm_sm_count = {} must be >= 0 (0: the default)",
                 c.comm_sm_count
             );
         }
-        // The stream's context stays current for the whole call (engines are created in it).
-        let guard = ContextGuard::for_stream_no_device(stream)?;
-        let capture = capture_status(stream)?;
-        if capture == Capture::Invalidated {
-            return Err(Error::new(
-                crate::error::ErrorKind::Cuda,
-                "argument `main_stream` is in a CUDA graph capture that was invalidated by an earlier illegal operation: end that capture (cudaStreamEndCapture) and capture again",
-            ));
-        }
-        self.capturing = capture.active();
-        if !self.direct {
-            // (a direct call leaves no buffer a graph could hold)
-            self.captured |= self.capturing;
-        }
-        let ws = self.workspace()?;
-        // The algorithm choice: every value runs the split (P2P) algorithms; the
-        // multicast and atomic variants are not implemented and fall back to them, which
-        // compute the same result (multicast is never used by this library). Default
-        // lets the autotuner choose the configuration (`tune`).
+        let (m, n, k) = (c.m as usize, c.n as usize, c.k as usize);
+        let share = |g: usize| numroc(g as i64, self.nranks, self.rank) as usize;
         match c.kind {
             Kind::AllGather => {
                 let (ml, nl) = (share(m), share(n));
@@ -747,6 +731,66 @@ impl CommGemmCtx {
                         b.data.numel()
                     );
                 }
+            }
+            Kind::ReduceScatter | Kind::AllReduce => {
+                if c.b_gathered.is_some() {
+                    invalid!(
+                        "b_gathered is an all-gather output: {} gathers nothing",
+                        c.kind.api_name()
+                    );
+                }
+                let kl = share(k);
+                expect_shape(
+                    c.a,
+                    "a",
+                    if c.transa { [m, kl] } else { [kl, m] },
+                    "k is split: this rank's share is numroc(k)",
+                )?;
+                expect_shape(
+                    c.b,
+                    "b",
+                    if c.transb { [kl, n] } else { [n, kl] },
+                    "k is split: this rank's share is numroc(k)",
+                )?;
+                let (dshape, why) = if c.kind == Kind::AllReduce {
+                    ([n, m], "every rank gets all of D")
+                } else {
+                    ([share(n), m], "D is scattered along n")
+                };
+                expect_shape(c.d, "d", dshape, why)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn call_inner(&mut self, c: &GemmCall, stream: usize) -> Result<()> {
+        self.check_operands(c)?;
+        let (m, n, k) = (c.m as usize, c.n as usize, c.k as usize);
+        let (nr, r) = (self.nranks, self.rank);
+        let share = |g: usize| numroc(g as i64, nr, r) as usize;
+        let block = |g: usize| g.div_ceil(nr);
+        // The stream's context stays current for the whole call (engines are created in it).
+        let guard = ContextGuard::for_stream_no_device(stream)?;
+        let capture = capture_status(stream)?;
+        if capture == Capture::Invalidated {
+            return Err(Error::new(
+                crate::error::ErrorKind::Cuda,
+                "argument `main_stream` is in a CUDA graph capture that was invalidated by an earlier illegal operation: end that capture (cudaStreamEndCapture) and capture again",
+            ));
+        }
+        self.capturing = capture.active();
+        if !self.direct {
+            // (a direct call leaves no buffer a graph could hold)
+            self.captured |= self.capturing;
+        }
+        let ws = self.workspace()?;
+        // The algorithm choice: every value runs the split (P2P) algorithms; the
+        // multicast and atomic variants are not implemented and fall back to them, which
+        // compute the same result (multicast is never used by this library). Default
+        // lets the autotuner choose the configuration (`tune`).
+        match c.kind {
+            Kind::AllGather => {
+                let (ml, nl) = (share(m), share(n));
                 let bn = block(n);
                 let dt = c.b.data.dtype;
                 let e = dt.bits() / 8;
@@ -854,40 +898,7 @@ impl CommGemmCtx {
                 Ok(())
             }
             Kind::ReduceScatter | Kind::AllReduce => {
-                if c.b_gathered.is_some() {
-                    invalid!(
-                        "b_gathered is an all-gather output: {} gathers nothing",
-                        c.kind.api_name()
-                    );
-                }
                 let (kl, nl) = (share(k), share(n));
-                expect_shape(
-                    c.a,
-                    "a",
-                    if c.transa { [m, kl] } else { [kl, m] },
-                    "k is split: this rank's share is numroc(k)",
-                )?;
-                expect_shape(
-                    c.b,
-                    "b",
-                    if c.transb { [kl, n] } else { [n, kl] },
-                    "k is split: this rank's share is numroc(k)",
-                )?;
-                let dshape = if c.kind == Kind::AllReduce {
-                    [n, m]
-                } else {
-                    [nl, m]
-                };
-                expect_shape(
-                    c.d,
-                    "d",
-                    dshape,
-                    if c.kind == Kind::AllReduce {
-                        "every rank gets all of D"
-                    } else {
-                        "D is scattered along n"
-                    },
-                )?;
                 if c.pre_act_out.is_some() && nr > 1 {
                     unsupported!(
                         "pre_act_out (GELU) cannot be applied before the reduction over k; compute the activation after the call"

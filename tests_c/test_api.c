@@ -699,6 +699,35 @@ static void test_gemm_call_packed(void) {
   q.comm_sm_count = -2;
   CHECK(nvte_comm_gemm_call_packed(ctx, &q) == INV, "packed: comm_sm_count -2\n");
   expect_error(INV, "packed comm_sm_count", "nvte_comm_gemm_call_packed", "comm_sm_count");
+  /* Operand shapes are checked before any driver call: on a machine without a GPU a
+   * wrong shape is INVALID_ARGUMENT naming the tensor, not "library not found". */
+  q = p;
+  q.d = packed_operand(0x3000, kNVTEBFloat16, 2, 31, 16);
+  CHECK(nvte_comm_gemm_call_packed(ctx, &q) == INV, "packed: D shape\n");
+  expect_error(INV, "packed d shape", "tensor `d` has shape", "must be [32, 16]");
+  q = p;
+  q.op = NVTE_COMM_GEMM_PACKED_REDUCE_SCATTER;
+  q.a = packed_operand(0x1000, kNVTEBFloat16, 2, 16, 63);
+  CHECK(nvte_comm_gemm_call_packed(ctx, &q) == INV, "packed: A shape (reduce-scatter)\n");
+  expect_error(INV, "packed a shape", "tensor `a` has shape", "k is split");
+  {
+    /* The TE-API entry: nvte_all_gather_gemm with a B of the wrong shape. */
+    size_t da[2] = {16, 64}, db[2] = {32, 60}, dd[2] = {32, 16};
+    NVTETensor ta = nvte_create_tensor(NVTE_DELAYED_TENSOR_SCALING), tb = nvte_create_tensor(NVTE_DELAYED_TENSOR_SCALING),
+               td = nvte_create_tensor(NVTE_DELAYED_TENSOR_SCALING);
+    NVTEBasicTensor ba = {(void *)0x1000, kNVTEBFloat16, nvte_make_shape(da, 2)};
+    NVTEBasicTensor bb = {(void *)0x2000, kNVTEBFloat16, nvte_make_shape(db, 2)};
+    NVTEBasicTensor bd = {(void *)0x3000, kNVTEBFloat16, nvte_make_shape(dd, 2)};
+    nvte_set_tensor_param_v2(ta, kNVTERowwiseData, &ba, sizeof ba);
+    nvte_set_tensor_param_v2(tb, kNVTERowwiseData, &bb, sizeof bb);
+    nvte_set_tensor_param_v2(td, kNVTERowwiseData, &bd, sizeof bd);
+    nvte_all_gather_gemm(ctx, 16, 32, 64, ta, tb, td, NULL, NULL, true, false, false, false, 0, NULL,
+                         kNVTECommGemmAlgoDefault);
+    expect_error(INV, "all_gather_gemm b shape", "tensor `b` has shape", "must be [32, 64]");
+    nvte_destroy_tensor(ta);
+    nvte_destroy_tensor(tb);
+    nvte_destroy_tensor(td);
+  }
   nvte_comm_gemm_ctx_destroy(ctx);
   expect_ok("packed: ctx destroy");
 }
