@@ -1025,6 +1025,9 @@ static int create_model(const NVTECommBootstrap *bs, const NVTECommOverlapConfig
   }
   if (rows * cols == 0) { *why = "empty"; return NVTE_COMM_ERROR_INVALID_ARGUMENT; }
   if (!knobs[KB_TRACE].valid) { *why = knobs[KB_TRACE].name; return NVTE_COMM_ERROR_INVALID_ARGUMENT; }
+  /* The algorithm knobs are read once, at creation (after NVTE_COMM_TRACE). */
+  if (!knobs[KB_AR_ALGO].valid) { *why = knobs[KB_AR_ALGO].name; return NVTE_COMM_ERROR_INVALID_ARGUMENT; }
+  if (!knobs[KB_RS_RING].valid) { *why = knobs[KB_RS_RING].name; return NVTE_COMM_ERROR_INVALID_ARGUMENT; }
   *pre_bootstrap = 0;
   /* callbacks bootstrap (a non-NULL nccl_comm is only passed when a check above fails) */
   if (bs->world_size <= 0 || bs->world_rank < 0 || bs->world_rank >= bs->world_size) {

@@ -181,6 +181,9 @@ pub extern "C" fn nvte_comm_overlap_create(
         let dt = DType::from_c(dtype).map_err(|e| e.context("argument `dtype`"))?;
         Overlap::check_buffer(rows, cols, dt)?;
         crate::overlap::trace_enabled()?;
+        // The algorithm knobs too (Overlap::create keeps them): a bad value is reported
+        // before the bootstrap is used or NCCL loaded.
+        crate::overlap::AlgoKnobs::from_env()?;
         let bs = bootstrap_of(&b)?;
         Overlap::check_rows(rows, cfg.tp_for(bs.size)?)?;
         let o = Overlap::create(&bs, cfg, rows, cols, dt)?;
