@@ -563,6 +563,20 @@ class _ColumnParallelFn(torch.autograd.Function):
         return dx, dw, db, None, None, None, None, None
 
 
+def _bulk_rs_beside_wgrad(cfg: _Cfg, dx_partial, dw_shape, dw_dtype, a, b, **gemm_kwargs):
+    """The column backward's dgrad reduce-scatter as a userbuffers bulk RS beside the wgrad
+    GEMM (``bulk_overlap("rs", a, b, dW, ...)``): returns ``(dx, dW)``. The dgrad enters the
+    buffer unless it was written there (tp 1 writes it in place)."""
+    n, k = dx_partial.shape
+    ub_rs = _get_userbuffer("rs", cfg.group, n, k, dx_partial.dtype)
+    if dx_partial.data_ptr() != ub_rs.get_buffer().data_ptr():
+        ub_rs.copy_into_buffer(dx_partial)
+    dx = torch.empty((n // cfg.tp, k), dtype=dx_partial.dtype, device=dx_partial.device)
+    dw = torch.empty(dw_shape, dtype=dw_dtype, device=dx_partial.device)
+    ub_rs.bulk_overlap("rs", a, b, dw, rs_output=dx, **gemm_kwargs)
+    return dx, dw
+
+
 def _column_backward(ctx, cfg: _Cfg, dy, x, weight):
     group = cfg.group
     need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
@@ -603,12 +617,8 @@ def _column_backward(ctx, cfg: _Cfg, dy, x, weight):
                 # Bulk reduce-scatter of the dgrad beside the wgrad GEMM, both in the
                 # library: NT, A = X [n, k] (transa=False), B = dY [n, m] (transb=True),
                 # D = dW [m, k].
-                ub_rs = _get_userbuffer("rs", group, n, k, dx_partial.dtype)
-                if dx_partial.data_ptr() != ub_rs.get_buffer().data_ptr():
-                    ub_rs.copy_into_buffer(dx_partial)
-                dx = torch.empty((n // cfg.tp, k), dtype=dx_partial.dtype, device=dy.device)
-                dw = torch.empty((dy.shape[1], k), dtype=dy.dtype, device=dy.device)
-                ub_rs.bulk_overlap("rs", x_full, dy, dw, rs_output=dx, transa=False, transb=True)
+                dx, dw = _bulk_rs_beside_wgrad(cfg, dx_partial, (dy.shape[1], k), dy.dtype, x_full, dy,
+                                               transa=False, transb=True)
             else:
                 dx, red_work = _dx_reduce(cfg, dx_partial, need_dw)
     db = None
@@ -665,13 +675,9 @@ def _column_backward_fp8(ctx, cfg: _Cfg, dy, x_sv, x_si, w_t, w_si):
         if dx_partial is not None:
             if cfg.sp and cfg.ub_bulk_wgrad and need_dw:
                 # Bulk RS of the dgrad beside the FP8 wgrad GEMM (TN: dY^T [m, n] x X^T [k, n]).
-                ub_rs = _get_userbuffer("rs", group, n, k, dx_partial.dtype)
-                if dx_partial.data_ptr() != ub_rs.get_buffer().data_ptr():
-                    ub_rs.copy_into_buffer(dx_partial)
-                dx = torch.empty((n // cfg.tp, k), dtype=dx_partial.dtype, device=dy.device)
-                dw = torch.empty((m, k), dtype=odt, device=dy.device)
-                ub_rs.bulk_overlap("rs", x_t, dyf.data_t, dw, rs_output=dx, x_scale_inv=dyf.scale_inv,
-                                   w_scale_inv=x_si, use_split_accumulator=not FP8_WGRAD_FAST_ACCUM)
+                dx, dw = _bulk_rs_beside_wgrad(cfg, dx_partial, (m, k), odt, x_t, dyf.data_t,
+                                               x_scale_inv=dyf.scale_inv, w_scale_inv=x_si,
+                                               use_split_accumulator=not FP8_WGRAD_FAST_ACCUM)
             else:
                 dx, red_work = _dx_reduce(cfg, dx_partial, need_dw)
     if need_dw and dw is None:
