@@ -942,8 +942,15 @@ impl CommGemmCtx {
                             }
                         );
                     }
+                    // One rank: nothing is reduced, so the GEMM's own epilogues apply as in
+                    // nvte_cublas_gemm (GELU with pre_act_out, the grad epilogues).
+                    if let Some(p) = c.pre_act_out {
+                        expect_shape(p, "pre_act_out", [n, m], "like D")?;
+                    }
                     let g = TeGemm {
                         bias,
+                        pre_gelu_out: c.pre_act_out,
+                        grad: c.grad,
                         ..c.operands(c.b, c.d, &ws, self.fp8_fast_accum)
                     };
                     let (bdt, bytes) = if c.kind == Kind::AllReduce {
@@ -952,6 +959,14 @@ impl CommGemmCtx {
                         (pdt, bn * nr * m * pdt.bits() / 8)
                     };
                     return self.direct_call(c, bdt, bytes, &g, None, &guard, stream);
+                }
+                if c.pre_act_out.is_some() || c.grad {
+                    // (only the one-rank direct GEMM above applies them; the engine's
+                    // partials would silently drop them)
+                    unsupported!(
+                        "pre_act_out / grad epilogues of {} at one rank need the direct GEMM: not with NVTE_COMM_REPORT / NVTE_COMM_TRACE or an FP8 output from 16-bit inputs",
+                        c.kind.api_name()
+                    );
                 }
                 if c.kind == Kind::AllReduce {
                     // Twice D: the ring all-reduce's partials and gathered rows.

@@ -204,9 +204,20 @@ def test_delayed_scaling_state_evolves_as_te():
             assert h[0] == 0.0 and h[-1] == pytest.approx(window[0], rel=1e-6), (role, step, h)
 
 
-def test_reduce_amax_off_rejected_when_gathered():
-    # One rank: nothing is gathered, so reduce_amax=False is allowed here.
-    tm.ColumnParallelLinear(H, FFN, comm_overlap=False, fp8=True, device="cpu",
+def test_reduce_amax_off_rejected_when_gathered(monkeypatch):
+    # One rank: nothing is gathered, so reduce_amax=False is allowed.
+    m = tm.ColumnParallelLinear(H, FFN, comm_overlap=False, fp8=True, device="cpu",
+                                fp8_recipe=fp8.DelayedScaling(reduce_amax=False))
+    assert m.fp8_recipe.reduce_amax is False
+    # Two ranks with sequence parallelism: the shards are gathered in FP8 and need one
+    # scale, so a recipe that does not reduce the amaxes is refused (module construction
+    # asks tp_size_rank only; no process group is needed for the check).
+    monkeypatch.setattr(tm, "tp_size_rank", lambda group=None: (2, 0))
+    with pytest.raises(ValueError, match="reduce_amax=False"):
+        tm.ColumnParallelLinear(H, 2 * FFN, comm_overlap=False, fp8=True, device="cpu",
+                                fp8_recipe=fp8.DelayedScaling(reduce_amax=False))
+    # Without sequence parallelism nothing is gathered: allowed at tp 2 too.
+    tm.ColumnParallelLinear(H, 2 * FFN, comm_overlap=False, fp8=True, device="cpu", sequence_parallel=False,
                             fp8_recipe=fp8.DelayedScaling(reduce_amax=False))
 
 

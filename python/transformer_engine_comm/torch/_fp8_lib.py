@@ -128,6 +128,10 @@ class Backend:
         )
         self._q(self._in(x), self._h.get(key), None, self._stream(x))
         self._check("quantize")
+        if x.numel() == 0 and scale_inv is not None:
+            # An empty input launches nothing in the library (as TE's nvte_quantize); the
+            # cast's scale_inv is still 1 / scale, as the reference writes it.
+            torch.reciprocal(scale, out=scale_inv)
         return q, q_t
 
     def compute_amax(self, x, amax):

@@ -33,17 +33,21 @@ from ._context import FP8_DTYPES, handle_cache
 __all__ = ["gemm"]
 
 _WORKSPACE_BYTES = 32 * 1024 * 1024
-_workspaces: Dict[int, Tuple[torch.Tensor, object]] = {}
+_workspaces: Dict[Tuple[int, int], torch.Tensor] = {}
 _OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def _workspace(device: torch.device):
-    w = _workspaces.get(device.index)
-    if w is None:
+def _workspace(device: torch.device, stream: int):
+    """The cuBLASLt workspace of (device, stream): GEMMs on different streams may run at
+    once, so each stream has its own (one stream reusing its workspace is ordered). Its
+    handle is looked up on every call (the shared handle cache evicts entries it has not
+    seen lately, and an evicted handle is closed)."""
+    key = (device.index, stream)
+    t = _workspaces.get(key)
+    if t is None:
         t = torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
-        w = (t, handle_cache.get(t))
-        _workspaces[device.index] = w
-    return w[1]
+        _workspaces[key] = t
+    return handle_cache.get(t)
 
 
 def _dims(A: torch.Tensor, B: torch.Tensor, transa: bool, transb: bool):
@@ -83,6 +87,11 @@ def gemm(
             raise ValueError(f"gemm: {name} must be a 2-D CUDA tensor, got {getattr(t, 'shape', type(t))}")
         if not t.is_contiguous():
             raise ValueError(f"gemm: {name} must be contiguous (pass the other layout flag instead of a view)")
+    for name, t in (("B", B), ("out", out), ("bias", bias), ("dgelu_pre", dgelu_pre), ("bias_grad", bias_grad),
+                    ("a_scale_inv", a_scale_inv), ("b_scale_inv", b_scale_inv)):
+        if t is not None and (not isinstance(t, torch.Tensor) or t.device != A.device):
+            raise ValueError(f"gemm: {name} must be a tensor on {A.device} (A's device), got "
+                             f"{getattr(t, 'device', type(t))}")
     fp8 = A.dtype in FP8_DTYPES or B.dtype in FP8_DTYPES
     if fp8 and not (transa and not transb):
         raise ValueError("gemm: FP8 operands need the TN layout (transa=True, transb=False) on Hopper")
@@ -102,6 +111,8 @@ def gemm(
         out = torch.empty((n, m), dtype=od, device=A.device)
     elif tuple(out.shape) != (n, m) or not out.is_contiguous():
         raise ValueError(f"gemm: out must be a contiguous [{n}, {m}] tensor, got {tuple(out.shape)}")
+    elif out_dtype is not None and out.dtype != out_dtype:
+        raise ValueError(f"gemm: out is {out.dtype} but out_dtype is {out_dtype}")
     pre = None
     aux = None
     if gelu:
@@ -111,6 +122,12 @@ def gemm(
         if tuple(dgelu_pre.shape) != (n, m) or not dgelu_pre.is_contiguous():
             raise ValueError(f"gemm: dgelu_pre must be a contiguous [{n}, {m}] tensor, got {tuple(dgelu_pre.shape)}")
         aux = dgelu_pre
+    # TE's lengths: the bias and DGELU's bias gradient have m elements, BGRADB's (a wgrad's
+    # bias gradient, over op(B)'s rows) n.
+    want = n if (bias_grad is not None and dgelu_pre is None) else m
+    for name, t in (("bias", bias), ("bias_grad", bias_grad)):
+        if t is not None and (t.numel() != want or not t.is_contiguous()):
+            raise ValueError(f"gemm: {name} must be a contiguous tensor of {want} elements, got {tuple(t.shape)}")
     bias_t = bias if bias is not None else bias_grad
     hc = handle_cache
     a = hc.get(A, a_scale_inv if fp8 else None)
@@ -120,6 +137,6 @@ def gemm(
     ph = hc.get(aux) if aux is not None else _capi.NULL_TENSOR
     grad = dgelu_pre is not None or bias_grad is not None
     stream = torch._C._cuda_getCurrentRawStream(A.device.index)
-    _capi.cublas_gemm(a, b, d, bh, ph, bool(transa), bool(transb), grad, _workspace(A.device),
+    _capi.cublas_gemm(a, b, d, bh, ph, bool(transa), bool(transb), grad, _workspace(A.device, stream),
                       bool(accumulate), bool(use_split_accumulator), 0, stream)
     return (out, pre) if gelu else out

@@ -101,7 +101,8 @@ builds:
   cast uses the role's current scale and writes the tensor's amax into entry 0 of the
   amax history; then the scale for the next cast is updated from the history
   (``(fp8_max / amax) / 2**margin``, amax = max of the history or its newest entry) and the
-  history rolled (TE's ``amax_and_scale_update``); the first cast uses scale 1. Current
+  history rolled (TE's ``amax_and_scale_update``); a role's first cast, with no history
+  yet, takes its scale from the tensor itself (``fp8.Fp8Meta``; TE starts from 1). Current
   scaling: the scale comes from the tensor's own amax at each cast. A tensor that is
   all-gathered before its GEMM (the column-parallel input and the row-parallel dY with
   sequence parallelism at tp > 1) has its amax max-reduced over the TP group, so all shards
