@@ -42,12 +42,27 @@ def probe(**env):
 
 @pytest.fixture(scope="module")
 def search_path_nccl():
-    from transformer_engine_comm import _capi
-
-    try:
-        info = _capi.library_info()["nccl"]
-    except _capi.CommError as e:
-        pytest.skip(f"no NCCL on the library search path: {e}")
+    """The NCCL the library binds from the search path, asked in a fresh interpreter: this
+    test process may already hold another copy (other test files import torch, which maps
+    its wheel's NCCL), and the library would bind that one here."""
+    code = textwrap.dedent(
+        """
+        import json
+        from transformer_engine_comm import _capi
+        try:
+            print(json.dumps(_capi.library_info()["nccl"]))
+        except _capi.CommError as e:
+            print(json.dumps({"error": str(e)}))
+        """
+    )
+    e = dict(os.environ)
+    e["PYTHONPATH"] = PYTHON_DIR + os.pathsep + e.get("PYTHONPATH", "")
+    e.pop("NVTE_COMM_NCCL_LIBRARY", None)
+    r = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout.strip().splitlines()[-1])
+    if "error" in info:
+        pytest.skip(f"no NCCL on the library search path: {info['error']}")
     return info
 
 
