@@ -179,6 +179,21 @@ fn shape_of(t: &Tensor, what: &str) -> Result<(usize, usize)> {
     })
 }
 
+/// The error of a call that needs a new or larger buffer while the context's stream is
+/// being captured (creating or growing one cannot be captured; nothing is enqueued).
+fn needs_warmup(kind: Kind, dtype: DType, bytes: usize, smaller: bool, what_to_do: &str) -> Error {
+    Error::unsupported(format!(
+        "{} was called during a CUDA graph capture, but the context has no {} engine with {bytes} bytes of buffer{}: {what_to_do}; nothing was enqueued",
+        kind.api_name(),
+        dtype.name(),
+        if smaller {
+            " (the one it has is smaller)"
+        } else {
+            " yet"
+        }
+    ))
+}
+
 fn expect_shape(t: &Tensor, what: &str, want: [usize; 2], why: &str) -> Result<()> {
     let got = shape_of(t, what)?;
     if got != (want[0], want[1]) {
@@ -307,16 +322,13 @@ impl CommGemmCtx {
             }
         }
         if self.capturing {
-            unsupported!(
-                "{} was called during a CUDA graph capture, but the context has no {} engine with {bytes} bytes of buffer{}: creating one is collective (NCCL exchanges, allocation, synchronisation) and cannot be captured. Make one eager call of this operation with these (or larger) sizes on every rank before capturing (warm-up); nothing was enqueued",
-                kind.api_name(),
-                dtype.name(),
-                if existing.is_some() {
-                    " (the one it has is smaller)"
-                } else {
-                    " yet"
-                }
-            );
+            return Err(needs_warmup(
+                kind,
+                dtype,
+                bytes,
+                existing.is_some(),
+                "creating one is collective (NCCL exchanges, allocation, synchronisation) and cannot be captured. Make one eager call of this operation with these (or larger) sizes on every rank before capturing (warm-up)",
+            ));
         }
         if let Some(i) = existing {
             let old = self.engines.remove(i);
@@ -353,16 +365,13 @@ impl CommGemmCtx {
             return Ok(());
         }
         if self.capturing {
-            unsupported!(
-                "{} was called during a CUDA graph capture, but the context has no {} engine with {bytes} bytes of buffer{}: make one eager call of this operation with these (or larger) sizes before capturing (warm-up; at one rank no engine is made, but the rule is the same as at any size); nothing was enqueued",
-                kind.api_name(),
-                dtype.name(),
-                if existing.is_some() {
-                    " (the one it has is smaller)"
-                } else {
-                    " yet"
-                }
-            );
+            return Err(needs_warmup(
+                kind,
+                dtype,
+                bytes,
+                existing.is_some(),
+                "make one eager call of this operation with these (or larger) sizes before capturing (warm-up; at one rank no engine is made, but the rule is the same as at any size)",
+            ));
         }
         match existing {
             Some(i) => self.direct_sizes[i].1 = bytes,
