@@ -27,16 +27,9 @@ import sys
 
 import torch
 
-K_BF16, K_BYTE = 6, 0
-
-
-class NVTEShape(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_size_t * 15), ("ndim", ctypes.c_size_t)]
-
-
-class NVTEBasicTensor(ctypes.Structure):
-    _fields_ = [("data_ptr", ctypes.c_void_p), ("dtype", ctypes.c_int), ("shape", NVTEShape)]
-
+# The ctypes binding, tensor descriptions and event timer of the nvte_cublas_gemm benchmark
+# beside this script (bench/ is on sys.path when a script of it runs).
+from gemm_vs_torch import K_BF16, K_BYTE, Lib as GemmLib, timed
 
 ALLGATHER = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
                              ctypes.c_size_t)
@@ -59,17 +52,12 @@ def _barrier(_user):
     return 0
 
 
-class Lib:
+class Lib(GemmLib):
+    """gemm_vs_torch's binding plus the comm-GEMM API (a one-rank callback context)."""
+
     def __init__(self, path):
-        l = self.l = ctypes.CDLL(path)
-        l.nvte_create_tensor.restype = ctypes.c_void_p
-        l.nvte_create_tensor.argtypes = [ctypes.c_int]
-        l.nvte_destroy_tensor.argtypes = [ctypes.c_void_p]
-        l.nvte_set_tensor_param_v2.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t]
-        l.nvte_comm_last_error.restype = ctypes.c_char_p
-        l.nvte_comm_last_status.restype = ctypes.c_int
-        l.nvte_cublas_gemm.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_bool] * 3 + [ctypes.c_void_p] + \
-            [ctypes.c_bool] * 2 + [ctypes.c_int, ctypes.c_void_p]
+        super().__init__(path)
+        l = self.l
         l.nvte_comm_gemm_ctx_create_bootstrap.argtypes = [ctypes.POINTER(Bootstrap), ctypes.POINTER(ctypes.c_void_p)]
         l.nvte_comm_gemm_ctx_create_bootstrap.restype = ctypes.c_int
         l.nvte_comm_gemm_ctx_destroy.argtypes = [ctypes.c_void_p]
@@ -77,24 +65,6 @@ class Lib:
             getattr(l, f).argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 5 + \
                 [ctypes.c_bool] * 4 + [ctypes.c_int32, ctypes.c_void_p, ctypes.c_int]
             getattr(l, f).restype = None
-        self.handles = []
-
-    def check(self, what):
-        if self.l.nvte_comm_last_status() != 0:
-            raise RuntimeError(f"{what}: {self.l.nvte_comm_last_error().decode()}")
-
-    def tensor(self, t, dtype):
-        h = self.l.nvte_create_tensor(0)
-        self.handles.append(h)
-        b = NVTEBasicTensor()
-        b.data_ptr = t.data_ptr()
-        b.dtype = dtype
-        b.shape.ndim = t.dim()
-        for i, s in enumerate(t.shape):
-            b.shape.data[i] = s
-        self.l.nvte_set_tensor_param_v2(h, 0, ctypes.byref(b), ctypes.sizeof(b))
-        self.check("nvte_set_tensor_param_v2")
-        return h
 
     def ctx(self):
         bs = Bootstrap(0, 1, None, _allgather, _barrier, None)
@@ -103,17 +73,6 @@ class Lib:
             raise RuntimeError(self.l.nvte_comm_last_error().decode())
         self._bs = bs  # the callbacks must outlive the context
         return out
-
-
-def timed(fn, stream, iters):
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
-    with torch.cuda.stream(stream):
-        for s, e in ev:
-            s.record(stream)
-            fn()
-            e.record(stream)
-    stream.synchronize()
-    return [s.elapsed_time(e) for s, e in ev]
 
 
 def main():
