@@ -77,6 +77,15 @@ def block_offset(global_size: int, nranks: int, rank: int) -> int:
     return min(rank * block, global_size)
 
 
+# The raw handle (an int) of torch's current stream on a device: torch's own cheap getter
+# (no Stream object), or the Stream object's handle on a torch without it.
+raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+if raw_stream is None:  # older torch
+
+    def raw_stream(index: int) -> int:
+        return torch.cuda.current_stream(index).cuda_stream
+
+
 def nvte_dtype(dtype: torch.dtype):
     """The ``_capi.DType`` of a torch dtype (TypeError for dtypes the library lacks)."""
     name = _NVTE_DTYPE_NAMES.get(dtype)

@@ -15,6 +15,7 @@ from ctypes import c_void_p, byref, sizeof
 import torch
 
 from .. import _capi
+from ._context import raw_stream
 
 _DT = {
     torch.float32: _capi.DType.kNVTEFloat32,
@@ -26,7 +27,6 @@ _DT = {
     torch.int16: _capi.DType.kNVTEInt16,
 }
 _P = _capi.TensorParam
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _F32 = int(_capi.DType.kNVTEFloat32)
 _CACHE_SIZE = 512
 
@@ -107,11 +107,8 @@ class Backend:
 
     @staticmethod
     def _stream(x):
-        # The raw handle of torch's current stream on x's device (an int; 0 is the legacy
-        # default stream): torch's own cheap getter when it has one (no Stream object).
-        if _raw_stream is not None:
-            return _raw_stream(x.get_device()) or None
-        return torch.cuda.current_stream(x.device).cuda_stream or None
+        # torch's current stream on x's device (0, the legacy default stream, as None).
+        return raw_stream(x.get_device()) or None
 
     def quantize(self, x, fp8_dtype, scale, amax, scale_inv, rowwise, columnwise):
         rows = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else (1 if x.dim() == 0 else 0)

@@ -28,7 +28,7 @@ from typing import Dict, Optional, Tuple, Union
 import torch
 
 from .. import _capi
-from ._context import FP8_DTYPES, handle_cache
+from ._context import FP8_DTYPES, handle_cache, raw_stream
 
 __all__ = ["gemm"]
 
@@ -136,7 +136,7 @@ def gemm(
     bh = hc.get(bias_t) if bias_t is not None else _capi.NULL_TENSOR
     ph = hc.get(aux) if aux is not None else _capi.NULL_TENSOR
     grad = dgelu_pre is not None or bias_grad is not None
-    stream = torch._C._cuda_getCurrentRawStream(A.device.index)
+    stream = raw_stream(A.device.index)
     _capi.cublas_gemm(a, b, d, bh, ph, bool(transa), bool(transb), grad, _workspace(A.device, stream),
                       bool(accumulate), bool(use_split_accumulator), 0, stream)
     return (out, pre) if gelu else out

@@ -67,6 +67,7 @@ from ._context import (
     group_name_of,
     numroc,
     nvte_dtype,
+    raw_stream,
 )
 
 __all__ = [
@@ -298,13 +299,6 @@ _PACKED_OPS = {
     "gemm_all_reduce": _capi.PACKED_ALL_REDUCE,
 }
 
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-if _raw_stream is None:  # older torch
-
-    def _raw_stream(index: int) -> int:
-        return torch.cuda.current_stream(index).cuda_stream
-
-
 def _set_operand(o, t: Optional[torch.Tensor], shape, dtype: torch.dtype, scale_inv=None) -> None:
     """Fill the constant part of a packed operand (dtype, shape; the data pointer is set
     per call)."""
@@ -378,7 +372,7 @@ class _Prepared:
             if self.fp8:
                 self.pa.scale_inv = w_scale_inv.data_ptr()
                 self.pb.scale_inv = x_scale_inv.data_ptr()
-            self.args.stream = _raw_stream(self.dev)
+            self.args.stream = raw_stream(self.dev)
             status = self.fn(self.ctx_h, self.ptr)
             if status:
                 err = _capi.CommError(status, _capi.last_error(), self.what)  # the thread's message, now

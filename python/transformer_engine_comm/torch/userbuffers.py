@@ -46,11 +46,12 @@ from ._context import (
     nvte_dtype,
     nvte_tensor,
     process_group_nccl_comm,
+    raw_stream,
     register_exit_hook,
     resolve_group,
 )
 
-from .ops import _check_trans, _dims, _raw_stream  # noqa: E402  (the layout rules the ops use)
+from .ops import _check_trans, _dims  # noqa: E402  (the layout rules the ops use)
 
 __all__ = ["CommOverlap", "CommOverlapType", "destroy_userbuffers"]
 
@@ -384,7 +385,7 @@ class CommOverlap:
             raise RuntimeError("CommOverlap: the object is closed")
 
     def _stream(self) -> int:
-        return _raw_stream(self.device.index)
+        return raw_stream(self.device.index)
 
     def is_fp8_ubuf(self) -> bool:
         return self.dtype in FP8_DTYPES
@@ -441,7 +442,7 @@ class CommOverlap:
         ovh = self._handle()
         if not input.is_contiguous():
             raise ValueError("CommOverlap: input must be contiguous (row-major)")
-        st = self._c_copy(ovh, handle_cache.raw(input), bool(local_chunk), _raw_stream(self._dev))
+        st = self._c_copy(ovh, handle_cache.raw(input), bool(local_chunk), raw_stream(self._dev))
         if st:
             raise self._failed(st, "Overlap.copy_into_buffer")
 
@@ -524,7 +525,7 @@ class CommOverlap:
         st = self._c_split_ag(
             ovh, a, ta, b, tb, hr(out), None if bias is None else hr(bias),
             None if pre_gelu_out is None else hr(pre_gelu_out), False, self._ws_handle(), acc, usa,
-            None if x_copy is None else hr(x_copy), _raw_stream(self._dev))
+            None if x_copy is None else hr(x_copy), raw_stream(self._dev))
         if st:
             raise self._failed(st, "Overlap.split_ag")
         return out
@@ -583,7 +584,7 @@ class CommOverlap:
             fn = self._c_split_rs_p2p if p2p else self._c_split_rs
             st = fn(ovh, hr(weight, w_scale_inv.data_ptr() if fp8 else 0), ta, hr(x, x_scale_inv.data_ptr() if fp8 else 0),
                     tb, d, None if bias is None else hr(bias), None, False, self._ws_handle(), acc, usa, hr(out),
-                    _raw_stream(self._dev))
+                    raw_stream(self._dev))
         if st:
             raise self._failed(st, "Overlap.split_rs_p2p" if p2p else "Overlap.split_rs")
         return out
@@ -691,7 +692,7 @@ class CommOverlap:
             ovh, ct, hr(weight, w_scale_inv.data_ptr() if fp8 else 0), ta, hr(x, x_scale_inv.data_ptr() if fp8 else 0),
             tb, hr(out), None if bias is None else hr(bias), None if pre_gelu_out is None else hr(pre_gelu_out), False,
             self._ws_handle(), acc, usa, hr(self._buffer, 0 if buffer_scale_inv is None else buffer_scale_inv.data_ptr()),
-            None if rs_output is None else hr(rs_output), _raw_stream(self._dev))
+            None if rs_output is None else hr(rs_output), raw_stream(self._dev))
         if st:
             raise self._failed(st, "Overlap.bulk")
         return out
