@@ -135,25 +135,29 @@ class _HandleCache:
     reused across calls: a handle only describes memory (the library copies that description
     when a call starts), so two tensors with the same description can share one, and the
     per-call cost of creating and destroying handles (~16 us each through ctypes) goes away.
-    Bounded (least recently used handles are destroyed); thread-safe (autograd's thread)."""
+    Bounded (least recently used handles are destroyed); thread-safe (autograd's thread).
+    One cache serves the ops, userbuffers, torch.gemm and the FP8 backend (`described`)."""
 
-    def __init__(self, capacity: int = 512):
+    def __init__(self, capacity: int = 1024):
         import collections
 
         self._lock = threading.Lock()
         self._map = collections.OrderedDict()
         self._capacity = capacity
 
-    def get(self, t: torch.Tensor, scale_inv: Optional[torch.Tensor] = None) -> "_capi.Tensor":
-        if not t.is_contiguous():
-            raise ValueError("internal: nvte_tensor needs a contiguous tensor")
-        key = (t.data_ptr(), t.dtype, t.shape, _scalar_ptr(scale_inv, "scale_inv"))
+    def _lookup(self, key) -> "Optional[_capi.Tensor]":
         with self._lock:
             h = self._map.get(key)
             if h is not None:
                 self._map.move_to_end(key)
-                return h
-        return self._add(key, t)
+            return h
+
+    def get(self, t: torch.Tensor, scale_inv: Optional[torch.Tensor] = None) -> "_capi.Tensor":
+        if not t.is_contiguous():
+            raise ValueError("internal: nvte_tensor needs a contiguous tensor")
+        key = (t.data_ptr(), t.dtype, t.shape, _scalar_ptr(scale_inv, "scale_inv"))
+        h = self._lookup(key)
+        return h if h is not None else self._add(key, self._new(key, t))
 
     def raw(self, t: torch.Tensor, scale_inv_ptr: int = 0) -> int:
         """The handle of ``t`` as an int (what the C functions take), with 1/scale at
@@ -161,15 +165,33 @@ class _HandleCache:
         that the scale_inv tensor is a CUDA float32 scalar (the hot path of the prepared
         calls: one dictionary look-up)."""
         key = (t.data_ptr(), t.dtype, t.shape, scale_inv_ptr)
-        with self._lock:
-            h = self._map.get(key)
-            if h is not None:
-                self._map.move_to_end(key)
-                return h._handle
-        return self._add(key, t)._handle
+        h = self._lookup(key)
+        return (h if h is not None else self._add(key, self._new(key, t)))._handle
 
-    def _add(self, key, t: torch.Tensor) -> "_capi.Tensor":
-        h = _capi.Tensor(key[0], nvte_dtype(t.dtype), tuple(int(s) for s in key[2]), scale_inv=key[3])
+    def described(self, key) -> int:
+        """The handle (an int) of a description ``((ptr, nvte dtype, shape), (param, (ptr,
+        nvte dtype, shape)), ...)``: the rowwise data, then further tensor parameters (those
+        with a NULL pointer are left unset), e.g. an FP8 cast's columnwise data, scale, amax
+        and scale_inv."""
+        h = self._lookup(key)
+        if h is None:
+            (ptr, dt, shape), extras = key[0], key[1:]
+            h = _capi.Tensor(ptr, dt, shape)
+            try:
+                for param, (p, pdt, pshape) in extras:
+                    if p:
+                        h.set_param(param, p, pdt, pshape)
+            except BaseException:
+                h.close()
+                raise
+            h = self._add(key, h)
+        return h._handle
+
+    @staticmethod
+    def _new(key, t: torch.Tensor) -> "_capi.Tensor":
+        return _capi.Tensor(key[0], nvte_dtype(t.dtype), tuple(int(s) for s in key[2]), scale_inv=key[3])
+
+    def _add(self, key, h: "_capi.Tensor") -> "_capi.Tensor":
         with self._lock:
             old = self._map.get(key)
             if old is not None:  # another thread added it meanwhile

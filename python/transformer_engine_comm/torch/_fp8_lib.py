@@ -4,18 +4,17 @@ primitive is one library call (``nvte_quantize_v2``, ``nvte_compute_amax``,
 ``nvte_transpose``, ``nvte_dequantize``) on torch's current stream.
 
 Cheap to call: the ctypes functions are looked up once, and the NVTETensor handles
-(which only hold device addresses, dtypes and shapes) are cached by exactly those values
-(a small LRU), so a training step that casts the same buffers again creates none.
+(which only hold device addresses, dtypes and shapes) come from the package's one handle
+cache, keyed by exactly those values, so a training step that casts the same buffers
+again creates none.
 """
 from __future__ import annotations
 
-from collections import OrderedDict
-from ctypes import c_void_p, byref, sizeof
 
 import torch
 
 from .. import _capi
-from ._context import raw_stream
+from ._context import handle_cache, raw_stream
 
 _DT = {
     torch.float32: _capi.DType.kNVTEFloat32,
@@ -28,42 +27,6 @@ _DT = {
 }
 _P = _capi.TensorParam
 _F32 = int(_capi.DType.kNVTEFloat32)
-_CACHE_SIZE = 512
-
-
-class _Handles:
-    """LRU of NVTETensor handles keyed by their components (pointer, dtype, shape)."""
-
-    def __init__(self, lib):
-        self._lib = lib
-        self._map: OrderedDict = OrderedDict()
-
-    def get(self, key):
-        h = self._map.get(key)
-        if h is not None:
-            self._map.move_to_end(key)
-            return h
-        out = c_void_p()
-        lib = self._lib
-        (ptr, dt, shape), extras = key[0], key[1:]
-        dims = (_capi.c_size_t * max(len(shape), 1))(*shape)
-        _capi.check(lib.nvte_comm_tensor_create_simple(c_void_p(ptr or None), dt, dims, len(shape), byref(out)),
-                    "fp8 tensor")
-        h = out.value
-        try:
-            for param, (p, pdt, pshape) in extras:
-                if p:
-                    bt = _capi.BasicTensor(c_void_p(p), pdt, _capi.Shape.of(pshape))
-                    lib.nvte_set_tensor_param_v2(c_void_p(h), int(param), byref(bt), sizeof(bt))
-                    _capi.check_last("fp8 tensor param")
-        except BaseException:
-            lib.nvte_destroy_tensor(c_void_p(h))
-            raise
-        self._map[key] = h
-        if len(self._map) > _CACHE_SIZE:
-            _, old = self._map.popitem(last=False)
-            lib.nvte_destroy_tensor(c_void_p(old))
-        return h
 
 
 def _buf(t):
@@ -80,7 +43,7 @@ class Backend:
     def __init__(self):
         lib = _capi.lib()
         self._lib = lib
-        self._h = _Handles(lib)
+        self._h = handle_cache.described  # handles by description (pointer, dtype, shape, params)
         self._q = lib.nvte_quantize_v2
         self._amax = lib.nvte_compute_amax
         self._scale = lib.nvte_compute_scale_from_amax
@@ -103,7 +66,7 @@ class Backend:
         return c.handle
 
     def _in(self, x):
-        return self._h.get((_buf(x),))
+        return self._h((_buf(x),))
 
     @staticmethod
     def _stream(x):
@@ -123,7 +86,7 @@ class Backend:
             (_P.kNVTEAmax, _scalar(amax)),
             (_P.kNVTERowwiseScaleInv, _scalar(scale_inv)),
         )
-        self._q(self._in(x), self._h.get(key), None, self._stream(x))
+        self._q(self._in(x), self._h(key), None, self._stream(x))
         self._check("quantize")
         if x.numel() == 0 and scale_inv is not None:
             # An empty input launches nothing in the library (as TE's nvte_quantize); the
@@ -133,14 +96,14 @@ class Backend:
 
     def compute_amax(self, x, amax):
         key = ((0, int(_capi.DType.kNVTEFloat8E4M3), (0,)), (_P.kNVTEAmax, _scalar(amax)))
-        self._amax(self._in(x), self._h.get(key), self._stream(x))
+        self._amax(self._in(x), self._h(key), self._stream(x))
         self._check("compute_amax")
         return amax
 
     def compute_scale_from_amax(self, amax, fp8_dtype, scale, epsilon, pow2):
         # The rowwise data only carries the FP8 type (an empty buffer).
         key = ((0, int(_DT[fp8_dtype]), (0,)), (_P.kNVTEAmax, _scalar(amax)), (_P.kNVTEScale, _scalar(scale)))
-        self._scale(self._h.get(key), self._config(epsilon, pow2), self._stream(amax))
+        self._scale(self._h(key), self._config(epsilon, pow2), self._stream(amax))
         self._check("compute_scale_from_amax")
         return scale
 
@@ -159,7 +122,7 @@ class Backend:
     def dequantize(self, q, scale_inv, dtype):
         out = torch.empty(q.shape, dtype=dtype, device=q.device)
         key = (_buf(q), (_P.kNVTERowwiseScaleInv, _scalar(scale_inv)))
-        self._dq(self._h.get(key), self._in(out), self._stream(q))
+        self._dq(self._h(key), self._in(out), self._stream(q))
         self._check("dequantize")
         return out
 
