@@ -170,6 +170,15 @@ pub struct CommGemmCtx {
     direct_sizes: Vec<(DType, usize)>,
 }
 
+/// The environment a context is created with (`CommGemmCtx::read_env`).
+struct CtxEnv {
+    cfg: Config,
+    knobs: crate::overlap::AlgoKnobs,
+    trace: bool,
+    tune_mode: tune::Mode,
+    fp8_fast_accum: bool,
+}
+
 fn shape_of(t: &Tensor, what: &str) -> Result<(usize, usize)> {
     t.data.rows_cols().ok_or_else(|| {
         Error::invalid(format!(
@@ -226,7 +235,7 @@ impl CommGemmCtx {
                 "nranks = {nranks} and rank = {rank} are inconsistent (need nranks >= 1 and 0 <= rank < nranks)"
             );
         }
-        Self::check_env()?;
+        let env = Self::read_env()?;
         let bs = Bootstrap::from_nccl(comm)?;
         if bs.size == 0 {
             invalid!("the communicator reports size 0");
@@ -239,39 +248,46 @@ impl CommGemmCtx {
             );
         }
         let _guard = ContextGuard::for_stream(0)?;
-        Self::from_bootstrap(bs)
+        Self::with_env(bs, env)
     }
 
-    /// The environment knobs of the context's engines (strict: a bad value is an error
-    /// naming it), checked before anything is loaded.
-    fn check_env() -> Result<Config> {
+    /// The context's environment knobs, each read once (strict: a bad value is an error
+    /// naming it), before anything is loaded.
+    fn read_env() -> Result<CtxEnv> {
         let cfg = Config::from_env()?;
         cfg.check()?;
-        crate::overlap::ar::ar_algo_choice()?;
-        crate::overlap::rs::rs_ring_choice()?;
-        crate::overlap::trace_enabled()?;
-        crate::tune::mode()?;
-        crate::tune::budget_ms()?;
-        crate::tune::forced_pick()?;
+        let knobs = crate::overlap::AlgoKnobs::from_env()?;
+        let trace = crate::overlap::trace_enabled()?;
+        let tune_mode = tune::mode()?;
+        tune::budget_ms()?;
+        tune::forced_pick()?;
         crate::env::flag("NVTE_COMM_TUNE_VERBOSE")?;
-        fp8_fast_accum()?;
-        Ok(cfg)
+        Ok(CtxEnv {
+            cfg,
+            knobs,
+            trace,
+            tune_mode,
+            fp8_fast_accum: fp8_fast_accum()?,
+        })
     }
 
     /// A context whose setup exchanges go through `bs` (an NCCL communicator or the
     /// caller's allgather/barrier callbacks). Nothing collective happens here: the
     /// engines are created, collectively, by the first call (or `prepare`) of each kind.
     pub fn from_bootstrap(bs: Bootstrap) -> Result<CommGemmCtx> {
+        Self::with_env(bs, Self::read_env()?)
+    }
+
+    fn with_env(bs: Bootstrap, env: CtxEnv) -> Result<CommGemmCtx> {
         // No CUDA here: each call enters its stream's context (a framework thread may
         // have none current, and device 0 may not be this rank's).
-        let cfg = Self::check_env()?;
-        let direct =
-            bs.size == 1 && !Overlap::report_enabled()? && !crate::overlap::trace_enabled()?;
+        let report = Overlap::report_enabled()?;
+        let direct = bs.size == 1 && !report && !env.trace;
         Ok(CommGemmCtx {
             nranks: bs.size,
             rank: bs.rank,
             bs,
-            cfg,
+            cfg: env.cfg,
             engines: Vec::new(),
             workspace: None,
             scratch: Vec::new(),
@@ -279,10 +295,10 @@ impl CommGemmCtx {
             captured: false,
             preparing: false,
             last_engine: None,
-            report: Overlap::report_enabled()?,
-            fp8_fast_accum: fp8_fast_accum()?,
-            knobs: crate::overlap::AlgoKnobs::from_env()?,
-            tune_mode: tune::mode()?,
+            report,
+            fp8_fast_accum: env.fp8_fast_accum,
+            knobs: env.knobs,
+            tune_mode: env.tune_mode,
             tuned: HashMap::new(),
             tune_cache: tune::Cache::default(),
             current: None,
