@@ -360,8 +360,7 @@ impl CommGemmCtx {
         let rows = bytes.div_ceil(cols * e).div_ceil(tp).max(1) * tp;
         let mut cfg = self.cfg;
         cfg.tp_size = tp as i32;
-        let mut o = Overlap::create(&self.bs, cfg, rows, cols, dtype)?;
-        o.set_algo_knobs(self.knobs);
+        let mut o = Overlap::create(&self.bs, cfg, self.knobs, rows, cols, dtype)?;
         if self.report {
             o.enable_report()?;
         }

@@ -181,12 +181,12 @@ pub extern "C" fn nvte_comm_overlap_create(
         let dt = DType::from_c(dtype).map_err(|e| e.context("argument `dtype`"))?;
         Overlap::check_buffer(rows, cols, dt)?;
         crate::overlap::trace_enabled()?;
-        // The algorithm knobs too (Overlap::create keeps them): a bad value is reported
-        // before the bootstrap is used or NCCL loaded.
-        crate::overlap::AlgoKnobs::from_env()?;
+        // The algorithm knobs too, read once here for the object's life: a bad value is
+        // reported before the bootstrap is used or NCCL loaded.
+        let knobs = crate::overlap::AlgoKnobs::from_env()?;
         let bs = bootstrap_of(&b)?;
         Overlap::check_rows(rows, cfg.tp_for(bs.size)?)?;
-        let o = Overlap::create(&bs, cfg, rows, cols, dt)?;
+        let o = Overlap::create(&bs, cfg, knobs, rows, cols, dt)?;
         let id = OVERLAPS.insert(Arc::new(Mutex::new(o)));
         // SAFETY: non-null output pointer.
         unsafe { *out = id as *mut NVTECommOverlap };

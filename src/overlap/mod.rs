@@ -239,16 +239,18 @@ impl Overlap {
 
     /// Collective over the world: every rank creates the object with the same config and
     /// buffer shape. The current CUDA context (the caller's device) owns everything.
+    /// `knobs`: the algorithm knobs, read by the creator (the C entry, or a comm-GEMM
+    /// context for its engines) when it was created.
     pub fn create(
         bs: &Bootstrap,
         cfg: Config,
+        knobs: AlgoKnobs,
         rows: usize,
         cols: usize,
         dtype: DType,
     ) -> Result<Overlap> {
         let bytes = Self::check_buffer(rows, cols, dtype)?;
         let trace = trace_enabled()?;
-        let knobs = AlgoKnobs::from_env()?;
         let check = check_enabled()?;
         let guard = ContextGuard::for_stream(0)?;
         let dev = cuda::device_info(guard.device)?;
@@ -383,12 +385,6 @@ impl Overlap {
         self.ar_ring = t.ar_ring;
         self.rs_accumulate = t.rs_accumulate;
         Ok(())
-    }
-
-    /// Replace the algorithm knobs read at creation (a comm-GEMM context passes the ones
-    /// it read at its own creation to its engines).
-    pub fn set_algo_knobs(&mut self, k: AlgoKnobs) {
-        self.knobs = k;
     }
 
     /// "ipc", "inproc" (every peer in this process) or "nccl".
