@@ -6,14 +6,18 @@
 # no-overlap, and the loss curves must agree (max relative difference per iteration under
 # TOL). Logs and a table under
 # ${OUT:-gpu-out}/example/; the table is printed last; exits non-zero on any failure.
-# Usage: scripts/example-test.sh [--iters N] [--tol T]
+# Usage: scripts/example-test.sh [--iters N] [--tol T] [--np LIST] [--recipes LIST]
+#   --np: comma list of GPU counts (default 2,4); --recipes: comma list of none (bf16),
+#   delayed, current (default all three).
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
-iters=30 tol=0.02
+iters=30 tol=0.02 nplist=2,4 recipes=none,delayed,current
 while [ $# -gt 0 ]; do
   case $1 in
     --iters) iters=$2; shift 2 ;;
     --tol) tol=$2; shift 2 ;;
+    --np) nplist=$2; shift 2 ;;
+    --recipes) recipes=$2; shift 2 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -26,11 +30,11 @@ ngpu=$(gpu_count)
 [ "$ngpu" -ge 2 ] || { echo "example-test: SKIPPED (needs 2 GPUs, found $ngpu)"; exit 77; }
 
 configs=()   # "NPROC REPLICAS RECIPE" (RECIPE: none = bf16, delayed, current = --fp8)
-for np in 2 4; do
+for np in ${nplist//,/ }; do
   [ "$np" -le "$ngpu" ] || continue
-  configs+=("$np 1 none" "$np 1 delayed" "$np 1 current")
+  for r in ${recipes//,/ }; do configs+=("$np 1 $r"); done
 done
-[ "$ngpu" -ge 4 ] && configs+=("4 2 none")
+[ "$ngpu" -ge 4 ] && [[ ",$nplist," == *,4,* ]] && configs+=("4 2 none")
 
 fail=0
 rows=()

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# The multi-GPU acceptance on a machine of 2 or 4 GPUs, in two device calls that each fit
+# the 10-minute limit of one command (a time budget skips, and reports, what would not fit):
+#   part a: the C/C++ GPU tests at 2 and 4 ranks; bench_overlap and bench_comm_gemm (both
+#           transports) at 2 and 4; torch's async-TP comparison (bench/torch_ops.py) at the
+#           largest count; the seed-002 example at the largest count (bf16, FP8 delayed and
+#           current, each with and without overlap, plus --num-replicas 2 on 4 GPUs); the
+#           library at an older commit against HEAD (bench_comm_gemm, same call, when
+#           .mg/old holds that tree's CMake files, tests_c and its library); bench/acceptance.py.
+#   part b: the reliability tests (fault injection, cross-rank check, soak, churn) at 2 and 4
+#           ranks, processes and threads; the PyTorch package tests; the JAX tests and
+#           example; the seed-002 example at 2 GPUs; torch_ops at 2; compute-sanitizer.
+# Everything lands under $OUT (or gpu-out/) as one archive, results.tgz, beside summary.md;
+# the summary table is printed last.
+# Usage: scripts/multigpu-gpu.sh a|b   (env TE_COMM_MG_BUDGET: seconds, default 560)
+set -uo pipefail
+source "$(dirname "$0")/common.sh"
+part=${1:-a}
+out=${OUT:-$root/gpu-out}
+mkdir -p "$out/logs"
+budget=${TE_COMM_MG_BUDGET:-560}
+t_start=$(date +%s)
+export NVTE_COMM_CACHE_DIR=${NVTE_COMM_CACHE_DIR:-/tmp/te_comm_kernel_cache}
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+ngpu=$(gpu_count)
+[ "$ngpu" -ge 2 ] || { echo "multigpu-gpu: SKIPPED (needs 2 GPUs, found $ngpu)"; exit 77; }
+big=$ngpu
+[ "$big" -gt 4 ] && big=4
+nps=(2)
+[ "$ngpu" -ge 4 ] && nps+=(4)
+lib=$(te_comm_library) || exit 1
+export TE_COMM_LIB=$lib PYTHONPATH=$root/python${PYTHONPATH:+:$PYTHONPATH}
+build=$root/build-gpu
+echo "part $part; GPUs: $ngpu ($(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -n1)); library $lib"
+nvidia-smi topo -m >"$out/logs/topo.txt" 2>&1 || true
+
+fail=0
+rows=()
+# step NAME LIMIT CMD...: run with the smaller of LIMIT and the budget left (skip under
+# 20 s left), log to logs/NAME.log, one summary row with the run's last "N passed" line.
+step() {
+  local name=$1 lim=$2; shift 2
+  local left=$((budget - ($(date +%s) - t_start)))
+  if [ "$left" -lt 20 ]; then rows+=("| $name | NOT RUN (time budget) | - | - |"); return; fi
+  [ "$lim" -gt "$left" ] && lim=$left
+  local t0=$(date +%s) rc
+  timeout -k 5 "$lim" "$@" >"$out/logs/$name.log" 2>&1
+  rc=$?
+  local res=PASS
+  if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then res="FAIL (timeout ${lim}s)"; fail=1
+  elif [ $rc -eq 77 ]; then res=SKIPPED
+  elif [ $rc -ne 0 ]; then res="FAIL (rc $rc)"; fail=1; fi
+  local counts=$(grep -aE "[0-9]+ passed" "$out/logs/$name.log" | tail -n 1 | sed -E 's/^[^0-9]*//; s/ =+$//' | cut -c1-90)
+  rows+=("| $name | $res | ${counts:--} | $(($(date +%s) - t0)) |")
+  echo "$name: $res ($(($(date +%s) - t0)) s)"
+}
+
+mpi() { "$root/tests_c/run_mpi.sh" "$@"; }
+
+if [ "$part" = a ]; then
+  step c 170 env OUT="$out/c" TE_COMM_STAGES=c "$root/scripts/gpu-test.sh" "${nps[@]}"
+  mkdir -p "$out/tables"
+  for np in "${nps[@]}"; do
+    step "bench_overlap_tp$np" 60 mpi "$np" "$build/tests_c/bench_overlap" --out "$out/tables/bench_overlap_tp$np.md"
+    step "bench_comm_gemm_tp$np" 80 mpi "$np" "$build/tests_c/bench_comm_gemm" --out "$out/tables/bench_comm_gemm_tp$np.md"
+  done
+  step "torch_ops_tp$big" 120 python3 -m torch.distributed.run --standalone --nproc-per-node="$big" \
+    "$root/bench/torch_ops.py" --out "$out/tables/torch_ops_tp$big.md"
+  step "example_tp$big" 260 env OUT="$out" "$root/scripts/example-test.sh" --np "$big" --iters 20
+  if [ -f "$root/.mg/old/libtransformer_engine_comm.so" ]; then
+    # Old against new in one call: the old tree's bench_comm_gemm against its own library,
+    # then HEAD's again, on the anchor shapes, IPC and NCCL.
+    old=$root/.mg/old
+    step old_build 90 bash -c "source '$old/scripts/common.sh' && te_comm_cmake_build '$old/libtransformer_engine_comm.so' '$old/build' -DTE_COMM_GPU_TESTS=ON"
+    step "old_bench_comm_gemm_tp$big" 80 mpi "$big" "$old/build/tests_c/bench_comm_gemm" --out "$out/tables/old_comm_gemm_tp$big.md"
+    step "new_bench_comm_gemm_tp$big" 80 mpi "$big" "$build/tests_c/bench_comm_gemm" --out "$out/tables/new_comm_gemm_tp$big.md"
+  fi
+  tables=$(ls "$out"/tables/bench_*.md "$out"/tables/torch_ops_tp*.md 2>/dev/null)
+  [ -n "$tables" ] && step acceptance 30 python3 "$root/bench/acceptance.py" $tables --out "$out/acceptance.md"
+  [ -n "$tables" ] && step plot 30 python3 "$root/bench/plot.py" $tables --out "$out/tables/plot.png"
+else
+  for np in "${nps[@]}"; do
+    step "reliability_np$np" 150 "$build/tests_c/test_reliability" --ranks "$np" --soak-calls 20000 --churn-cycles 30
+    step "reliability_threads_np$np" 100 "$build/tests_c/test_reliability" --ranks "$np" --threads --soak-calls 5000 --churn-cycles 10
+  done
+  step torch_test 200 env OUT="$out" TE_COMM_TEST_TIMEOUT=190 "$root/scripts/torch-test.sh" "$big"
+  jnps=$(IFS=,; echo "${nps[*]}")
+  step jax_test 150 env TE_COMM_JAX_NP="$jnps" python3 -m pytest -q -rs -p no:cacheprovider "$root/python/tests/jax"
+  step jax_example 90 python3 "$root/examples/jax/mlp_with_overlap.py" --steps 20
+  [ "$big" -gt 2 ] && step example_tp2 150 env OUT="$out" "$root/scripts/example-test.sh" --np 2 --iters 20 --recipes none,delayed
+  mkdir -p "$out/tables"
+  step torch_ops_tp2 100 python3 -m torch.distributed.run --standalone --nproc-per-node=2 \
+    "$root/bench/torch_ops.py" --out "$out/tables/torch_ops_tp2.md"
+  step sanitizer 120 env OUT="$out/san" TE_COMM_STAGES=sanitizer TE_COMM_SANITIZER_TOOLS=memcheck "$root/scripts/gpu-test.sh" 2
+fi
+
+{
+  echo "| step | result | counts | seconds |"
+  echo "|---|---|---|---|"
+  printf '%s\n' "${rows[@]}"
+} >"$out/summary.md"
+for f in "$out"/c/summary.md "$out"/tables/*.md "$out"/example/summary.md "$out"/torch/summary.md "$out"/acceptance.md; do
+  [ -f "$f" ] && { echo; echo "== ${f#$out/}"; cat "$f"; }
+done
+echo; grep -ahE "FAIL" "$out"/logs/*.log "$out"/c/*.log 2>/dev/null | head -n 20
+echo; cat "$out/summary.md"
+if tar czf "$root/.mg-results.tgz" -C "$out" .; then
+  find "$out" -mindepth 1 -maxdepth 1 ! -name summary.md -exec rm -rf {} +
+  mv "$root/.mg-results.tgz" "$out/results.tgz"
+fi
+exit $fail
