@@ -42,24 +42,8 @@ use crate::tune;
 use crate::{invalid, unsupported};
 use std::collections::HashMap;
 
-/// The calls of the context.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Kind {
-    AllGather,
-    ReduceScatter,
-    AllReduce,
-}
-
-impl Kind {
-    /// The C function of the call (for messages).
-    pub fn api_name(self) -> &'static str {
-        match self {
-            Kind::AllGather => "nvte_all_gather_gemm",
-            Kind::ReduceScatter => "nvte_gemm_reduce_scatter",
-            Kind::AllReduce => "nvte_gemm_all_reduce",
-        }
-    }
-}
+/// The calls of the context (the autotuner's operations).
+pub use crate::tune::Op as Kind;
 
 /// NVTE_COMM_GEMM_FP8_FAST_ACCUM (a boolean; default off), read once when a context is
 /// created: 1 runs the comm-GEMM calls' FP8 GEMMs with cuBLASLt's fast accumulation
@@ -499,7 +483,7 @@ impl CommGemmCtx {
             trans: [c.transa, c.transb],
             dims: [c.m, c.n, c.k],
             tp: self.nranks,
-            transport: self.cfg.transport,
+            transport: crate::transport::choice_name(self.cfg.transport.0),
             forced: self.forced_algos(c),
         }))
     }
@@ -616,17 +600,16 @@ impl CommGemmCtx {
             self.tuned.insert(tkey, default);
             return Ok(());
         }
-        let nccl = self
+        let peer_memory = self
             .last_engine
-            .map(|e| self.engines[e].transport_name() == "nccl")
-            .unwrap_or(false);
+            .is_none_or(|e| self.engines[e].caps().peer_memory);
         // Where NVTE_COMM_RS_RING forces how rings sum, the accumulating candidates would
         // measure the same as others (and the key records the override).
         let accumulating = tkey.forced[1] == 0;
         let cands = tune::candidates(
             c.kind,
             self.nranks,
-            nccl,
+            peer_memory,
             default,
             agreed.sm_count,
             accumulating,

@@ -101,9 +101,11 @@ fn with_last<R>(f: impl Fn(&mut LastError) -> R) -> R {
     }
 }
 
-pub fn set_last_error(func: &str, e: &Error) {
+/// Record `e` of C function `func` as the thread's last error; `print`: also write it
+/// to stderr (NVTE_COMM_DEBUG, which the caller reads: this module reads no environment).
+pub fn set_last_error(func: &str, e: &Error, print: bool) {
     let text = format!("{func}: {}", e.msg).replace('\0', "\\0");
-    if crate::env::debug() {
+    if print {
         // Never eprintln!: it panics when stderr is a closed pipe (SIGPIPE ignored).
         use std::io::Write;
         let _ = writeln!(

@@ -29,6 +29,9 @@ pub mod kernels;
 pub mod overlap;
 pub mod tensor;
 pub mod transport;
+// (between `transport` and `tune`: the generated header lists the crate's public
+// constants in module order)
+pub mod timing;
 pub mod tune;
 
 /// Counts each thread's heap allocations (`host::counters`); otherwise the system allocator.

@@ -48,8 +48,24 @@ pub fn forced_pick() -> Result<Option<i32>> {
     crate::env::int("NVTE_COMM_TUNE_PICK", 0, 1 << 20)
 }
 
-/// The operation a choice is for: the comm-GEMM call's kind.
-pub use crate::comm_gemm::Kind as Op;
+/// The operation a choice is for: the comm-GEMM calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Op {
+    AllGather,
+    ReduceScatter,
+    AllReduce,
+}
+
+impl Op {
+    /// The C function of the call (for messages).
+    pub fn api_name(self) -> &'static str {
+        match self {
+            Op::AllGather => "nvte_all_gather_gemm",
+            Op::ReduceScatter => "nvte_gemm_reduce_scatter",
+            Op::AllReduce => "nvte_gemm_all_reduce",
+        }
+    }
+}
 
 /// One configuration of a call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -149,14 +165,15 @@ impl Choice {
 }
 
 /// The candidates for `op` at `tp` ranks, the defaults first, then roughly the most
-/// promising (the budget may cut the list short from the end). `nccl`: the NCCL
-/// transport (its transfers are NCCL's: no CE/SM or ring-direction choice); `max_sms`:
+/// promising (the budget may cut the list short from the end). `peer_memory`: the
+/// transport has peer memory (without it the transfers are the transport's own: no CE/SM
+/// or ring-direction choice, no ring all-reduce); `max_sms`:
 /// the device's SM count (comm SMs stay well below it); `accumulating`: whether the
 /// accumulating ring is a choice (not where NVTE_COMM_RS_RING forces how rings sum).
 pub fn candidates(
     op: Op,
     tp: usize,
-    nccl: bool,
+    peer_memory: bool,
     default: Choice,
     max_sms: i32,
     accumulating: bool,
@@ -178,7 +195,7 @@ pub fn candidates(
     };
     match op {
         Op::AllGather => {
-            if !nccl {
+            if peer_memory {
                 for aggregate in [false, true] {
                     if aggregate && tp < 4 {
                         continue; // a 2-ring has one neighbour each way: nothing to gain
@@ -211,7 +228,7 @@ pub fn candidates(
                     add(accumulating_ring(pieces));
                 }
             }
-            if !nccl {
+            if peer_memory {
                 add(Choice {
                     ring: true,
                     use_ce: true,
@@ -243,12 +260,12 @@ pub fn candidates(
             // buffers) in 2, 4 or 8 pieces (each reduced piece is pushed to the peers as
             // soon as it is computed: smaller pieces, a shorter tail after the last GEMM);
             // the ring with CE or SM puts; chunked.
-            if !nccl && accumulating {
+            if peer_memory && accumulating {
                 for pieces in [2, 4, 8] {
                     add(accumulating_ring(pieces));
                 }
             }
-            if !nccl {
+            if peer_memory {
                 add(Choice {
                     ring: true,
                     use_ce: true,
@@ -273,68 +290,7 @@ pub fn candidates(
     v
 }
 
-/// Keys tuned per context at most (then the defaults).
-pub const MAX_KEYS: usize = 64;
-
-/// Rounds over the candidates; each candidate's time is the median of its rounds.
-pub const ROUNDS: usize = 3;
-/// A candidate replaces the defaults only when at least this much faster (measurement
-/// noise must not swap a configuration for an equal or worse one).
-pub const MARGIN: f32 = 0.03;
-
-/// Each candidate's median time (NaN when a round failed or none ran).
-pub fn medians(times: &[Vec<f32>]) -> Vec<f32> {
-    times
-        .iter()
-        .map(|t| {
-            if t.is_empty() || t.iter().any(|x| x.is_nan()) {
-                return f32::NAN;
-            }
-            let mut v = t.clone();
-            v.sort_by(|a, b| a.total_cmp(b));
-            v[v.len() / 2]
-        })
-        .collect()
-}
-
-/// The fastest candidate if it beats the defaults (candidate 0) by `margin`, else 0.
-pub fn pick_with_margin(medians: &[f32], margin: f32) -> usize {
-    let Some(best) = pick(&[medians.to_vec()]) else {
-        return 0;
-    };
-    let d = medians.first().copied().unwrap_or(f32::NAN);
-    if d.is_nan() || medians[best] < d * (1.0 - margin) {
-        best
-    } else {
-        0
-    }
-}
-
-/// How many candidates fit the budget, from the first candidate's slowest-rank time per
-/// run (each candidate makes 4 runs).
-pub fn affordable(n: usize, first_ms: f64, budget_ms: f64) -> usize {
-    if first_ms.is_nan() || first_ms <= 0.0 {
-        return n;
-    }
-    ((budget_ms / (4.0 * first_ms)).floor() as usize).clamp(1, n)
-}
-
-/// The candidate with the smallest slowest-rank time; `times[rank][candidate]` (NaN or
-/// missing: not measured). Ties: the earlier candidate (the defaults first).
-pub fn pick(times: &[Vec<f32>]) -> Option<usize> {
-    let n = times.iter().map(|t| t.len()).min()?;
-    let mut best: Option<(usize, f32)> = None;
-    for c in 0..n {
-        let worst = times.iter().map(|t| t[c]).fold(f32::NEG_INFINITY, f32::max);
-        if worst.is_nan() || !worst.is_finite() {
-            continue;
-        }
-        if best.is_none_or(|(_, b)| worst < b) {
-            best = Some((c, worst));
-        }
-    }
-    best.map(|(c, _)| c)
-}
+pub use crate::timing::{MARGIN, MAX_KEYS, ROUNDS, affordable, medians, pick, pick_with_margin};
 
 /// The tuned choices, in memory and on disk.
 #[derive(Default)]
@@ -354,7 +310,8 @@ pub struct Key {
     pub trans: [bool; 2],
     pub dims: [i64; 3],
     pub tp: usize,
-    pub transport: crate::overlap::TransportChoice,
+    /// the transport setting's name (NVTE_COMM_TRANSPORT: auto, ipc, nccl)
+    pub transport: &'static str,
     /// The algorithm knobs that override candidates when set (index of the choice, 0 =
     /// auto): NVTE_COMM_AR_ALGO, NVTE_COMM_RS_RING; and 1 where FP8 GEMMs run with fast
     /// accumulation (NVTE_COMM_GEMM_FP8_FAST_ACCUM, FP8 inputs only). A choice measured
@@ -365,10 +322,7 @@ pub struct Key {
 impl std::fmt::Display for Key {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let t = |b: bool| if b { "T" } else { "N" };
-        let transport = ["auto", "ipc", "nccl"]
-            .get(self.transport.0 as usize)
-            .copied()
-            .unwrap_or("auto");
+        let transport = self.transport;
         write!(
             f,
             "{:?} {}x{}->{}{}{} m={} n={} k={} tp={} {transport}",
@@ -574,37 +528,40 @@ mod tests {
     fn candidates_start_with_the_defaults_and_are_distinct() {
         for op in [Op::AllGather, Op::ReduceScatter, Op::AllReduce] {
             for tp in [2, 4, 8] {
-                for nccl in [false, true] {
-                    let c = candidates(op, tp, nccl, d(), 132, true);
+                for peer_memory in [true, false] {
+                    let c = candidates(op, tp, peer_memory, d(), 132, true);
                     assert_eq!(c[0], d());
                     for (i, a) in c.iter().enumerate() {
                         assert!(!c[i + 1..].contains(a), "{op:?} tp {tp}: duplicate {a:?}");
                         assert!(a.comm_sms >= 1 && a.comm_sms < 66);
                     }
-                    if nccl {
-                        assert!(c.iter().all(|x| x.use_ce), "NCCL moves its own bytes");
+                    if !peer_memory {
+                        assert!(
+                            c.iter().all(|x| x.use_ce),
+                            "the transport moves its own bytes"
+                        );
                     }
                     assert!(c.len() <= 16, "{op:?}: {} candidates", c.len());
                 }
             }
         }
         // The accumulating ring: reduce-scatter on both transports, all-reduce over IPC.
-        for (op, nccl, want) in [
-            (Op::ReduceScatter, false, true),
+        for (op, peer_memory, want) in [
             (Op::ReduceScatter, true, true),
-            (Op::AllReduce, false, true),
-            (Op::AllReduce, true, false),
-            (Op::AllGather, false, false),
+            (Op::ReduceScatter, false, true),
+            (Op::AllReduce, true, true),
+            (Op::AllReduce, false, false),
+            (Op::AllGather, true, false),
         ] {
-            let c = candidates(op, 2, nccl, d(), 132, true);
+            let c = candidates(op, 2, peer_memory, d(), 132, true);
             let acc: Vec<&Choice> = c.iter().filter(|x| x.accumulate).collect();
-            assert_eq!(!acc.is_empty(), want, "{op:?} nccl {nccl}");
+            assert_eq!(!acc.is_empty(), want, "{op:?} peer memory {peer_memory}");
             assert!(acc.iter().all(|x| x.ring && x.pieces >= 2));
         }
         // Where NVTE_COMM_RS_RING forces how rings sum: no accumulating candidates.
         for op in [Op::ReduceScatter, Op::AllReduce] {
             assert!(
-                !candidates(op, 2, false, d(), 132, false)
+                !candidates(op, 2, true, d(), 132, false)
                     .iter()
                     .any(|c| c.accumulate)
             );
@@ -612,9 +569,9 @@ mod tests {
         // python/tests/jax/test_jax_gpu.py forces picks 1, 2, 3, 4, 5, 7 (each is taken mod
         // the candidates measured: all of them at its small shapes) at tp 2 over IPC with
         // the default configuration; together they must run every kind of candidate.
-        let ag = candidates(Op::AllGather, 2, false, d(), 132, true);
-        let rs = candidates(Op::ReduceScatter, 2, false, d(), 132, true);
-        let ar = candidates(Op::AllReduce, 2, false, d(), 132, true);
+        let ag = candidates(Op::AllGather, 2, true, d(), 132, true);
+        let rs = candidates(Op::ReduceScatter, 2, true, d(), 132, true);
+        let ar = candidates(Op::AllReduce, 2, true, d(), 132, true);
         let picks = [1, 2, 3, 4, 5, 7];
         let run =
             |c: &[Choice], f: &dyn Fn(&Choice) -> bool| picks.iter().any(|p| f(&c[p % c.len()]));
@@ -629,12 +586,12 @@ mod tests {
         assert!(run(&ar, &|c| !c.ring), "chunked");
         // The bidirectional ring only from tp 4.
         assert!(
-            !candidates(Op::AllGather, 2, false, d(), 132, true)
+            !candidates(Op::AllGather, 2, true, d(), 132, true)
                 .iter()
                 .any(|c| c.aggregate)
         );
         assert!(
-            candidates(Op::AllGather, 4, false, d(), 132, true)
+            candidates(Op::AllGather, 4, true, d(), 132, true)
                 .iter()
                 .any(|c| c.aggregate)
         );
@@ -642,7 +599,7 @@ mod tests {
 
     #[test]
     fn encoding_round_trips() {
-        for c in candidates(Op::ReduceScatter, 4, false, d(), 132, true) {
+        for c in candidates(Op::ReduceScatter, 4, true, d(), 132, true) {
             assert_eq!(Choice::decode(&c.encode()), Some(c));
             assert_eq!(Choice::from_text(&c.to_text()), Some(c));
         }
@@ -768,7 +725,7 @@ mod tests {
             trans: [true, false],
             dims: [1, 2, 3],
             tp: 4,
-            transport: crate::overlap::TRANSPORT_IPC,
+            transport: "ipc",
             forced: [0, 0, 0],
         };
         let forced = Key {

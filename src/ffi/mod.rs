@@ -88,7 +88,7 @@ pub(crate) fn firewall_with<T>(
             }
         }
     };
-    set_last_error(func, &err);
+    set_last_error(func, &err, crate::env::debug());
     on_error(&err)
 }
 

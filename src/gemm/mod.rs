@@ -956,15 +956,15 @@ fn matmul(
     lt_check(s, "cublasLtMatmul")
 }
 
-/// Runs per timing of [`fastest`] (each of the autotuner's `tune::ROUNDS` rounds times
+/// Runs per timing of [`fastest`] (each of the autotuner's `timing::ROUNDS` rounds times
 /// every candidate once).
 const RUNS_PER_TIMING: usize = 2;
 
 /// The plan's algorithm, or one of its untimed candidates when that is clearly faster on
-/// this GEMM, by the autotuner's rule (`tune::medians`, `tune::pick_with_margin`): a
-/// warm-up of every candidate, then `tune::ROUNDS` interleaved rounds (so clock ramps and
+/// this GEMM, by the autotuner's rule (`timing::medians`, `timing::pick_with_margin`): a
+/// warm-up of every candidate, then `timing::ROUNDS` interleaved rounds (so clock ramps and
 /// transient neighbours hit every candidate alike), the median per candidate, and a
-/// candidate replaces the heuristic's choice (index 0) only when `tune::MARGIN` faster;
+/// candidate replaces the heuristic's choice (index 0) only when `timing::MARGIN` faster;
 /// single timings of one GEMM differ by a few percent, and a choice made on noise would
 /// cost on every later call of the shape. A candidate whose warm-up or any timed run
 /// fails to launch is never chosen; when the heuristic's fails, the fastest other is.
@@ -988,7 +988,7 @@ fn fastest(
         return Ok(algos[ok.iter().position(|&o| o).unwrap_or(0)]);
     }
     let timeout = crate::env::timeout_ms()?;
-    let rounds = crate::tune::ROUNDS;
+    let rounds = crate::timing::ROUNDS;
     let mut times = vec![Vec::with_capacity(rounds); algos.len()];
     for _ in 0..rounds {
         for (i, algo) in algos.iter().enumerate() {
@@ -1008,8 +1008,8 @@ fn fastest(
             t.push(f32::NAN);
         }
     }
-    let medians = crate::tune::medians(&times);
-    Ok(algos[crate::tune::pick_with_margin(&medians, crate::tune::MARGIN)])
+    let medians = crate::timing::medians(&times);
+    Ok(algos[crate::timing::pick_with_margin(&medians, crate::timing::MARGIN)])
 }
 
 /// TE's nvte_cublas_gemm.

@@ -6,13 +6,14 @@
 //! output rows written straight into their place in D. Unidirectional: tp-1 steps to the
 //! next rank. Bidirectional (config `aggregate`): chunks travel both ways at once, so the
 //! gather takes about tp/2 steps, on two comm streams.
+use super::plan::{Lane, Planner};
+use super::schedule::AgRing;
 use super::{MAX_AMAX_SLOTS, Op, Overlap, eb, tag};
 use crate::cuda::DevPtr;
-use crate::cuda::resources::copy_async;
 use crate::error::Result;
-use crate::gemm::{self, Epilogue, TeGemm};
+use crate::gemm::{self, Epilogue, GemmDesc, TeGemm};
 use crate::tensor::{Buffer, Shape, Tensor};
-use crate::transport::{RecvOp, SendOp, Slot, WaitInfo};
+use crate::transport::{RecvOp, SendOp, WaitInfo};
 use crate::{invalid, unsupported};
 
 /// The operands of an all-gather + GEMM (B: this rank's shard or the buffer view), and
@@ -26,18 +27,59 @@ impl Overlap {
     /// D = gather(B) x op(A). `B` is either the buffer view (its local chunk already
     /// filled, e.g. by copy_into_buffer) or this rank's shard [n/tp, k], copied in first.
     pub fn split_ag(&mut self, x: &AgArgs, stream: usize) -> Result<()> {
-        self.reported(stream, |o| o.split_ag_once(x, stream))
+        self.reported(stream, |o| o.run_planned(stream, |p| p.split_ag(x)))
+    }
+}
+
+/// The all-gather's geometry, validated: the gathered B is [n, k] (chunks of nc rows),
+/// the GEMM on all of it `full`, split into `pieces` per remote chunk.
+struct AgShape {
+    k: usize,
+    nc: usize,
+    is_view: bool,
+    /// where this rank's chunk is read from (the shard, or its place in the buffer)
+    local_src: DevPtr,
+    full: GemmDesc,
+    pieces: usize,
+    /// FP8 output: per-GEMM amax slots (NULL: none)
+    amax_slots: DevPtr,
+}
+
+impl AgShape {
+    fn chunk_bytes(&self, e: usize) -> usize {
+        self.nc * self.k * e
+    }
+    /// Rows [lo, hi) of a chunk are piece j's.
+    fn rows(&self, j: usize) -> (usize, usize) {
+        (self.nc * j / self.pieces, self.nc * (j + 1) / self.pieces)
+    }
+}
+
+impl Planner<'_> {
+    /// The ring all-gather + GEMM (module doc).
+    pub fn split_ag(&mut self, x: &AgArgs) -> Result<()> {
+        let sh = self.ag_shape(x)?;
+        self.begin(Op::SplitAg, false, &sh.full.check_key(), Some(&sh.full));
+        let ring = super::schedule::ag_ring(self.tp(), self.tp_rank(), self.e.settings.aggregate);
+        self.ag_rings(x, &sh, &ring)?;
+        self.ag_local_copies(x, &sh, &ring);
+        let gemms = self.ag_gemms(x, &sh, &ring);
+        self.finish();
+        if !sh.amax_slots.is_null() {
+            self.amax_max(sh.full.d_amax, sh.amax_slots, gemms);
+        }
+        Ok(())
     }
 
-    fn split_ag_once(&mut self, x: &AgArgs, stream: usize) -> Result<()> {
-        let guard = self.enter(stream)?;
-        let (tp, r) = (self.tp(), self.tp_rank());
+    /// B's gathered shape from B (the buffer view or this rank's shard) and transb.
+    fn ag_dims(&self, x: &AgArgs) -> Result<(usize, usize, bool)> {
+        let tp = self.tp();
         let bb = &x.g.b.data;
-        if bb.dtype != self.dtype {
+        if bb.dtype != self.dtype() {
             invalid!(
                 "tensor `B` dtype {} differs from the buffer dtype {}",
                 bb.dtype.name(),
-                self.dtype.name()
+                self.dtype().name()
             );
         }
         let Some((r0, c0)) = bb.rows_cols() else {
@@ -64,17 +106,24 @@ impl Overlap {
         if n % tp != 0 {
             invalid!("the gathered rows n = {n} are not divisible by tp = {tp}");
         }
-        let e = eb(self.dtype);
         self.check_capacity("gathering B into", [n, k])?;
         if !is_view && bb.ptr.is_null() {
             invalid!("tensor `B` has a NULL data pointer");
         }
+        Ok((n, k, is_view))
+    }
+
+    /// Validate the call and plan its geometry (before the call begins).
+    fn ag_shape(&mut self, x: &AgArgs) -> Result<AgShape> {
+        let (tp, r) = (self.tp(), self.tp_rank());
+        let (n, k, is_view) = self.ag_dims(x)?;
+        let e = eb(self.dtype());
         let nc = n / tp;
         // Validate the whole GEMM once, on B = the gathered buffer.
         let mut gathered = x.g.b.clone();
         let gshape = if x.g.transb { [k, n] } else { [n, k] };
-        gathered.data = Buffer::new(self.buffer(), self.dtype, Shape::new(&gshape)?)?;
-        let comm_sms = !self.cfg.use_ce;
+        gathered.data = Buffer::new(self.buffer(), self.dtype(), Shape::new(&gshape)?)?;
+        let comm_sms = !self.e.settings.use_ce;
         let full = gemm::desc_from_te(&TeGemm {
             b: &gathered,
             math_sm_count: self.math_sms(comm_sms),
@@ -93,12 +142,12 @@ impl Overlap {
         let limit = if fp8_amax {
             MAX_AMAX_SLOTS
         } else {
-            self.ev_chunk.len()
+            self.e.events
         } / tp;
         let pieces = if x.g.transb || full.epilogue == Epilogue::BGradB {
             1
         } else {
-            self.pieces.clamp(1, nc.max(1)).min(limit.max(1))
+            self.e.tuning.pieces.clamp(1, nc.max(1)).min(limit.max(1))
         };
         // FP8 output: each GEMM scales its rows and writes its own amax slot; the slots'
         // maximum goes into D's amax after the call.
@@ -113,64 +162,79 @@ impl Overlap {
         };
         if let Some(c) = x.b_copy {
             let cb = &c.data;
-            if cb.dtype != self.dtype || cb.numel() != n * k || cb.ptr.is_null() {
+            if cb.dtype != self.dtype() || cb.numel() != n * k || cb.ptr.is_null() {
                 invalid!(
                     "tensor `B_copy` must be [{n}, {k}] of {} with data, got {} of {}",
-                    self.dtype.name(),
+                    self.dtype().name(),
                     cb.shape,
                     cb.dtype.name()
                 );
             }
         }
-        self.begin(stream, Op::SplitAg, false, &full.check_key(), Some(&full))?;
-        let chunk_bytes = nc * k * e;
-        let off = |c: usize| c * chunk_bytes;
-        // Rows [lo, hi) of a chunk are piece j's.
-        let rows = |j: usize| (nc * j / pieces, nc * (j + 1) / pieces);
-        let ring = super::schedule::ag_ring(tp, r, self.cfg.aggregate);
-        let info = |step: usize| WaitInfo {
-            op: Op::SplitAg as u32,
-            step: step as u32,
-        };
-        // B_copy of chunk c's rows [lo, hi).
-        let copy_out = |c: usize, (lo, hi): (usize, usize), s: usize| -> Result<()> {
-            if let Some(bc) = x.b_copy {
-                let at = off(c) + lo * k * e;
-                copy_async(bc.data.ptr + at, self.buffer() + at, (hi - lo) * k * e, s)?;
-            }
-            Ok(())
-        };
-
-        // Comm streams: the rings; ev_chunk[c] marks chunk c landed. The first send of
-        // each ring reads the caller's shard directly when one was given.
         let local_src = if is_view {
-            self.buffer() + off(r)
+            self.buffer() + r * nc * k * e
         } else {
-            bb.ptr
+            x.g.b.data.ptr
         };
+        Ok(AgShape {
+            k,
+            nc,
+            is_view,
+            local_src,
+            full,
+            pieces,
+            amax_slots,
+        })
+    }
+
+    /// B_copy of chunk c's rows [lo, hi), on `lane`.
+    fn ag_copy_out(
+        &mut self,
+        x: &AgArgs,
+        sh: &AgShape,
+        c: usize,
+        (lo, hi): (usize, usize),
+        lane: Lane,
+    ) {
+        if let Some(bc) = x.b_copy {
+            let e = eb(self.dtype());
+            let at = c * sh.chunk_bytes(e) + lo * sh.k * e;
+            self.copy(
+                bc.data.ptr + at,
+                self.buffer() + at,
+                (hi - lo) * sh.k * e,
+                lane,
+            );
+        }
+    }
+
+    /// Comm streams: the rings; ev_chunk[c * pieces + j] marks piece j of chunk c landed.
+    /// The first send of each ring reads the caller's shard directly when one was given.
+    fn ag_rings(&mut self, x: &AgArgs, sh: &AgShape, ring: &AgRing) -> Result<()> {
+        let e = eb(self.dtype());
+        let (k, pieces) = (sh.k, sh.pieces);
+        let off = |c: usize| c * sh.chunk_bytes(e);
+        let slots = self.e.slots;
         for (dir, steps, slot) in [
-            (0usize, &ring.forward, Slot::AgForward),
-            (1, &ring.backward, Slot::AgBackward),
+            (0usize, &ring.forward, slots.ag_forward),
+            (1, &ring.backward, slots.ag_backward),
         ] {
-            if steps.is_empty() {
-                continue;
-            }
-            // NCCL operations of one communicator must not run concurrently on two streams.
-            let st = if self.t.nccl().is_some() {
-                self.comm_stream(0)?
+            // Exchanges that must not run on two streams at once share comm stream 0.
+            let st = if self.e.caps.concurrent_exchange {
+                Lane::Comm(dir)
             } else {
-                self.comm_stream(dir)?
+                Lane::Comm(0)
             };
             for (s, t) in steps.iter().enumerate() {
                 // Our chunk at s = 0 (from the shard), else the one received at step s-1.
                 let (c, rc) = (t.send, t.recv);
                 let src = if s == 0 {
-                    local_src
+                    sh.local_src
                 } else {
                     self.buffer() + off(c)
                 };
                 for j in 0..pieces {
-                    let (lo, hi) = rows(j);
+                    let (lo, hi) = sh.rows(j);
                     let send = SendOp {
                         peer: t.to,
                         src: src + lo * k * e,
@@ -191,65 +255,73 @@ impl Overlap {
                             j + 1
                         )
                     });
-                    self.t.exchange(
-                        &[send],
-                        &[recv],
-                        slot,
-                        tag(s * pieces + j),
-                        st,
-                        info(s + 1),
-                    )?;
-                    copy_out(rc, (lo, hi), st)?;
-                    self.ev_chunk[rc * pieces + j].record(st)?;
+                    let info = WaitInfo {
+                        op: Op::SplitAg as u32,
+                        step: (s + 1) as u32,
+                    };
+                    self.exchange(send, recv, (slot, tag(s * pieces + j)), st, info)?;
+                    self.ag_copy_out(x, sh, rc, (lo, hi), st);
+                    self.record(rc * pieces + j, st);
                 }
             }
         }
+        Ok(())
+    }
 
-        // Off the critical path, on comm stream 1 after its ring: the shard into the
-        // buffer's local chunk (the buffer holds all of B after the call), and B_copy.
-        // (At tp 1 there is no ring: comm stream 0 copies, and no other stream is forked.)
-        if self.inline.is_some() {
+    /// Off the critical path, on comm stream 1 after its ring: the shard into the
+    /// buffer's local chunk (the buffer holds all of B after the call), and B_copy.
+    /// (At tp 1 there is no ring: comm stream 0 copies, and no other stream is forked.)
+    fn ag_local_copies(&mut self, x: &AgArgs, sh: &AgShape, ring: &AgRing) {
+        let r = self.tp_rank();
+        let cb = sh.chunk_bytes(eb(self.dtype()));
+        let mine = self.buffer() + r * cb;
+        if self.e.inline {
             // Inline (tp 1): the shard into the buffer and into B_copy by one copy kernel
             // on the caller's stream (a launch costs the host less than a device-to-device
             // cuMemcpyAsync).
             let mut segs: crate::host::Small<(DevPtr, DevPtr, usize), 2> = Default::default();
-            if !is_view {
-                segs.push((self.buffer() + off(r), bb.ptr, chunk_bytes));
+            if !sh.is_view {
+                segs.push((mine, x.g.b.data.ptr, cb));
             }
             if let Some(bc) = x.b_copy {
-                segs.push((bc.data.ptr + off(r), local_src, chunk_bytes));
+                segs.push((bc.data.ptr + r * cb, sh.local_src, cb));
             }
-            self.copy_segments(&segs, stream, true)?;
-        } else {
-            let c1 = if ring.forward.is_empty() && ring.backward.is_empty() {
-                self.comm_stream(0)?
-            } else {
-                self.comm_stream(1)?
-            };
-            if !is_view {
-                copy_async(self.buffer() + off(r), bb.ptr, chunk_bytes, c1)?;
-            }
-            copy_out(r, (0, nc), c1)?;
+            self.copy_segments(&segs, Lane::Caller, true);
+            return;
         }
+        let c1 = if ring.forward.is_empty() && ring.backward.is_empty() {
+            Lane::Comm(0)
+        } else {
+            Lane::Comm(1)
+        };
+        if !sh.is_view {
+            self.copy(mine, x.g.b.data.ptr, cb, c1);
+        }
+        self.ag_copy_out(x, sh, r, (0, sh.nc), c1);
+    }
 
-        // Compute streams: the local chunk first (from the shard or the buffer, at once:
-        // it is already in place), then chunks in arrival order.
+    /// Compute streams: the local chunk first (from the shard or the buffer, at once: it
+    /// is already in place), then chunks in arrival order. Returns the GEMMs issued
+    /// (each its own amax slot).
+    fn ag_gemms(&mut self, x: &AgArgs, sh: &AgShape, ring: &AgRing) -> usize {
+        let (tp, r) = (self.tp(), self.tp_rank());
+        let (full, nc, k, pieces) = (&sh.full, sh.nc, sh.k, sh.pieces);
         let order = &ring.order;
         debug_assert_eq!(order.len(), tp);
-        let (eb_d, eb_b) = (eb(full.d_type), e);
-        let mut gemms = 0; // GEMMs issued (each its own amax slot)
+        let (eb_d, eb_b) = (eb(full.d_type), eb(self.dtype()));
+        let mut gemms = 0;
         for (j, &c) in order.iter().enumerate() {
-            let si = j % self.compute.len();
+            let si = j % self.e.compute_streams;
             // The local chunk in one GEMM (it is in place already), remote ones by piece.
             let parts = if c == r { 1 } else { pieces };
             for q in 0..parts {
-                let (lo, hi) = if parts == 1 { (0, nc) } else { rows(q) };
-                let mut g = full;
+                let (lo, hi) = if parts == 1 { (0, nc) } else { sh.rows(q) };
+                let mut g = *full;
                 g.n = hi - lo;
                 if c == r {
-                    g.b = local_src;
+                    g.b = sh.local_src;
                 } else {
-                    self.ev_chunk[c * pieces + q].wait_on(self.compute_stream(si)?)?;
+                    self.wait_event(c * pieces + q, Lane::Compute(si));
                     g.b = full.b + (c * nc + lo) * k * eb_b;
                 }
                 if x.g.transb {
@@ -262,18 +334,14 @@ impl Overlap {
                 if full.epilogue == Epilogue::BGradB {
                     g.bias = full.bias + c * nc * eb(full.bias_type); // pieces: 1
                 }
-                if !amax_slots.is_null() {
-                    g.d_amax = amax_slots + 4 * gemms;
+                if !sh.amax_slots.is_null() {
+                    g.d_amax = sh.amax_slots + 4 * gemms;
                 }
                 gemms += 1;
                 self.step(|| format!("GEMM chunk {c} rows {lo}..{hi} ({} of {tp})", j + 1));
-                self.run_gemm(&g, &guard, si, true)?;
+                self.gemm(&g, si, true);
             }
         }
-        self.finish(stream)?;
-        if !amax_slots.is_null() && !self.skipping_gemms() {
-            self.reduce_amax(full.d_amax, amax_slots, gemms, stream)?;
-        }
-        Ok(())
+        gemms
     }
 }

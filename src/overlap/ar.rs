@@ -18,14 +18,15 @@
 //! Measured on 2x and 4x H200 (bench/RESULTS.md, 2026-11-21): ring beat GEMM-then-
 //! ncclAllReduce on every anchor shape (0.77-0.96x) and was as fast as or faster than
 //! chunked everywhere; chunked lost to GEMM-then-ncclAllReduce at tp 4 on four of six.
+use super::plan::{Lane, Planner, Reduce};
 use super::rs::RsArgs;
 use super::schedule::{Bounds, PerRank};
 use super::{Op, Overlap, eb, tag};
 use crate::cuda::DevPtr;
 use crate::error::Result;
-use crate::gemm::{self, Epilogue, Operands, TeGemm};
-use crate::tensor::{Buffer, Shape, Tensor};
-use crate::transport::{Slot, WaitInfo};
+use crate::gemm::{self, Epilogue, GemmDesc, Operands, TeGemm};
+use crate::tensor::{Buffer, DType, Shape, Tensor};
+use crate::transport::WaitInfo;
 use crate::{invalid, unsupported};
 
 /// Events ev_chunk[REDUCED_EVENTS + i]: chunk i's slice is reduced (chunk GEMMs use
@@ -33,7 +34,7 @@ use crate::{invalid, unsupported};
 const REDUCED_EVENTS: usize = 64;
 
 /// Chunks at most this large (bytes) are all-reduced one-shot.
-const ONE_SHOT_MAX_BYTES: usize = 1 << 20;
+pub(crate) const ONE_SHOT_MAX_BYTES: usize = 1 << 20;
 
 /// The operands of a GEMM + all-reduce: D is the full output [n, m] on every rank.
 pub type ArArgs<'a> = TeGemm<'a>;
@@ -95,75 +96,95 @@ const AR_RING: usize = 1;
 const AR_CHUNKED: usize = 2;
 
 impl Overlap {
-    fn ar_algo(&self, n: usize, m: usize) -> Result<ArAlgo> {
-        let (tp, e) = (self.tp(), eb(self.dtype));
-        // At tp 1 the ring's accumulating form is the GEMM straight into D.
-        let ring_fits = self.t.nccl().is_none()
-            && n.is_multiple_of(tp)
-            && 2 * n * m * e <= self.t.buffer_bytes();
+    pub fn split_ar(&mut self, x: &ArArgs, stream: usize) -> Result<()> {
+        self.reported(stream, |o| {
+            check_ar(x, o.shape().2)?;
+            o.run_planned(stream, |p| p.split_ar(x))
+        })
+    }
+}
+
+/// The all-reduce's argument checks that need no engine state but its dtype (made before
+/// the call enters the engine); D's [n, m].
+fn check_ar(x: &ArArgs, dtype: DType) -> Result<(usize, usize)> {
+    let db = &x.d.data;
+    if db.dtype != dtype || dtype.is_fp8() {
+        unsupported!(
+            "the all-reduce sums in the output dtype: tensor `D` ({}) must match the buffer dtype ({}), and not be FP8",
+            db.dtype.name(),
+            dtype.name()
+        );
+    }
+    if x.accumulate {
+        unsupported!("accumulate = true with an all-reduce would add D to every rank's partial");
+    }
+    if x.pre_gelu_out.is_some() || (x.grad && x.bias.is_some()) {
+        unsupported!(
+            "GELU and bias-gradient epilogues cannot be applied to partial sums before the all-reduce"
+        );
+    }
+    let Some((n, m)) = db.rows_cols() else {
+        invalid!("tensor `D` must have at least 2 dimensions")
+    };
+    Ok((n, m))
+}
+
+/// Refuse the epilogues that cannot apply to partial sums.
+fn check_partial_epilogue(full: &GemmDesc) -> Result<()> {
+    if full.epilogue.uses_aux() || full.epilogue == Epilogue::BGradB {
+        unsupported!(
+            "epilogue {:?} cannot be applied to partial sums before the all-reduce",
+            full.epilogue
+        );
+    }
+    Ok(())
+}
+
+impl Planner<'_> {
+    fn ar_algo(&self, n: usize, m: usize) -> ArAlgo {
+        let (tp, e) = (self.tp(), eb(self.dtype()));
+        // At tp 1 the ring's accumulating form is the GEMM straight into D. The ring
+        // pushes reduced rows into the peers' buffers: it needs peer memory.
+        let ring_fits =
+            self.e.caps.peer_memory && n.is_multiple_of(tp) && 2 * n * m * e <= self.e.buffer_bytes;
         // Auto: ring wherever it applies. Measured on 2x and 4x H200 (bench/RESULTS.md),
         // it was as fast or faster than the chunked algorithm on every anchor shape.
-        Ok(match self.knobs.ar_algo {
+        match self.e.knobs.ar_algo {
             Some(AR_CHUNKED) => ArAlgo::Chunked,
             Some(AR_RING) if ring_fits => ArAlgo::Ring,
             // auto: the caller's (autotuner's) choice, else ring where it fits
-            _ if ring_fits && self.ar_ring != Some(false) => ArAlgo::Ring,
+            _ if ring_fits && self.e.tuning.ar_ring != Some(false) => ArAlgo::Ring,
             _ => ArAlgo::Chunked,
-        })
+        }
     }
 
-    pub fn split_ar(&mut self, x: &ArArgs, stream: usize) -> Result<()> {
-        self.reported(stream, |o| o.split_ar_once(x, stream))
-    }
-
-    fn split_ar_once(&mut self, x: &ArArgs, stream: usize) -> Result<()> {
-        let tp = self.tp();
-        let db = &x.d.data;
-        if db.dtype != self.dtype || self.dtype.is_fp8() {
-            unsupported!(
-                "the all-reduce sums in the output dtype: tensor `D` ({}) must match the buffer dtype ({}), and not be FP8",
-                db.dtype.name(),
-                self.dtype.name()
-            );
-        }
-        if x.accumulate {
-            unsupported!(
-                "accumulate = true with an all-reduce would add D to every rank's partial"
-            );
-        }
-        if x.pre_gelu_out.is_some() || (x.grad && x.bias.is_some()) {
-            unsupported!(
-                "GELU and bias-gradient epilogues cannot be applied to partial sums before the all-reduce"
-            );
-        }
-        let Some((n, m)) = db.rows_cols() else {
-            invalid!("tensor `D` must have at least 2 dimensions")
-        };
-        let e = eb(self.dtype);
-        if self.inline_ok() {
+    /// GEMM + all-reduce (module doc).
+    pub fn split_ar(&mut self, x: &ArArgs) -> Result<()> {
+        let (n, m) = check_ar(x, self.dtype())?;
+        if self.e.inline {
             // tp 1: the sum of the one partial is the GEMM itself, straight into D.
-            let guard = self.enter(stream)?;
             let full = gemm::desc_from_te(&TeGemm {
                 accumulate: false,
                 math_sm_count: self.math_sms(true),
                 ..*x
             })?;
-            if full.epilogue.uses_aux() || full.epilogue == Epilogue::BGradB {
-                unsupported!(
-                    "epilogue {:?} cannot be applied to partial sums before the all-reduce",
-                    full.epilogue
-                );
-            }
-            self.begin(stream, Op::SplitAr, false, &full.check_key(), Some(&full))?;
+            check_partial_epilogue(&full)?;
+            self.begin(Op::SplitAr, false, &full.check_key(), Some(&full));
             self.step(|| "GEMM (tp 1: the all-reduce of one partial is the GEMM)".into());
-            self.run_gemm(&full, &guard, 0, false)?;
-            return self.finish(stream);
+            self.gemm(&full, 0, false);
+            self.finish();
+            return Ok(());
         }
-        if self.ar_algo(n, m)? == ArAlgo::Ring {
-            let r = self.tp_rank();
-            let nc = n / tp;
+        if self.ar_algo(n, m) == ArAlgo::Ring {
+            let db = &x.d.data;
+            let e = eb(self.dtype());
+            let nc = n / self.tp();
             let rows = Tensor {
-                data: Buffer::new(db.ptr + r * nc * m * e, db.dtype, Shape::new(&[nc, m])?)?,
+                data: Buffer::new(
+                    db.ptr + self.tp_rank() * nc * m * e,
+                    db.dtype,
+                    Shape::new(&[nc, m])?,
+                )?,
                 ..Default::default()
             };
             let rs = RsArgs {
@@ -173,21 +194,29 @@ impl Overlap {
                 },
                 rs_output: &rows,
             };
-            return self.ring_ar(&rs, db.ptr, stream);
+            return self.ring_ar(&rs, db.ptr);
         }
-        let guard = self.enter(stream)?;
+        self.chunked_ar(x, n, m)
+    }
+
+    /// The chunked all-reduce: row chunks, each all-reduced (one-shot, two-shot, or the
+    /// transport's collective) while the next computes.
+    fn chunked_ar(&mut self, x: &ArArgs, n: usize, m: usize) -> Result<()> {
+        let (tp, e) = (self.tp(), eb(self.dtype()));
         self.check_capacity("the GEMM output", [n, m])?;
-        let s = (self.cfg.num_splits as usize).clamp(1, n.max(1));
+        let s = self.e.settings.num_splits.clamp(1, n.max(1));
         let bounds: Bounds = (0..=s).map(|i| i * n / s).collect();
-        let nccl_comm = self.t.nccl().is_some();
+        // Without peer memory, the transport's all-reduce collective per chunk.
+        let collective = !self.e.caps.peer_memory;
         // Two-shot over the copy engines when every chunk is large enough; the partials
         // are then computed into local staging (peers never read them), else into the
-        // registered buffer that peers load from (one-shot) or NCCL reads.
-        let two_shot = !nccl_comm
+        // registered buffer that peers load from (one-shot) or the collective reads.
+        let two_shot = !collective
             && tp > 1
             && bounds.windows(2).all(|w| {
                 let rows = w[1] - w[0];
-                rows * m * e > ONE_SHOT_MAX_BYTES && Slices::new(rows * m, tp).fits()
+                rows * m * e > self.e.settings.one_shot_max_bytes
+                    && Slices::new(rows * m, tp).fits()
             });
         let partials = if two_shot {
             self.staging()?
@@ -195,28 +224,18 @@ impl Overlap {
             self.buffer()
         };
         let mut dv = x.d.clone();
-        dv.data = Buffer::new(partials, self.dtype, Shape::new(&[n, m])?)?;
-        // SMs the communication uses beside the GEMMs (IPC: the reductions, and SM puts).
-        let comm_sms = !nccl_comm;
+        dv.data = Buffer::new(partials, self.dtype(), Shape::new(&[n, m])?)?;
+        // SMs the communication uses beside the GEMMs (peer memory: the reductions, and
+        // SM puts).
+        let comm_sms = !collective;
         let full = gemm::desc_from_te(&TeGemm {
             d: &dv,
             accumulate: false,
             math_sm_count: self.math_sms(comm_sms),
             ..*x
         })?;
-        if full.epilogue.uses_aux() || full.epilogue == Epilogue::BGradB {
-            unsupported!(
-                "epilogue {:?} cannot be applied to partial sums before the all-reduce",
-                full.epilogue
-            );
-        }
-        self.begin(
-            stream,
-            Op::SplitAr,
-            !two_shot,
-            &full.check_key(),
-            Some(&full),
-        )?;
+        check_partial_epilogue(&full)?;
+        self.begin(Op::SplitAr, !two_shot, &full.check_key(), Some(&full));
         for i in 0..s {
             let (lo, hi) = (bounds[i], bounds[i + 1]);
             let mut g = full;
@@ -224,67 +243,65 @@ impl Overlap {
             g.b = full.b_from_row(lo);
             g.d = full.d + lo * m * e;
             self.step(|| format!("GEMM chunk {i} of {s} (rows {lo}..{hi})"));
-            self.run_gemm(&g, &guard, 0, false)?;
-            self.ev_chunk[1 + i].record(self.compute_stream(0)?)?;
-            self.mark(self.compute_stream(0)?, || format!("gemm{i}"))?;
+            self.gemm(&g, 0, false);
+            self.record(1 + i, Lane::Compute(0));
+            self.mark(Lane::Compute(0), || format!("gemm{i}"));
         }
+        let d = x.d.data.ptr;
         if two_shot {
-            self.ar_two_shot(db.ptr, partials, m, &bounds)?;
+            self.ar_two_shot(d, partials, m, &bounds)?;
         } else {
-            self.ar_one_shot(db, nccl_comm, m, &bounds)?;
+            self.ar_one_shot(d, collective, m, &bounds)?;
         }
-        self.finish(stream)
+        self.finish();
+        Ok(())
     }
 
     fn ar_one_shot(
         &mut self,
-        db: &Buffer,
-        nccl_comm: bool,
+        d: DevPtr,
+        collective: bool,
         m: usize,
         bounds: &[usize],
     ) -> Result<()> {
-        let (tp, e) = (self.tp(), eb(self.dtype));
-        let n = *bounds.last().unwrap();
+        let (tp, e) = (self.tp(), eb(self.dtype()));
         let s = bounds.len() - 1;
-        let cs = self.comm_stream(0)?;
+        let cs = Lane::Comm(0);
         let others = self.others();
-        let out = Buffer::new(db.ptr, db.dtype, Shape::new(&[n, m])?)?;
+        let slot = self.e.slots.rs_ready;
         for i in 0..s {
             let (lo, hi) = (bounds[i], bounds[i + 1]);
             let rows = hi - lo;
-            self.ev_chunk[1 + i].wait_on(cs)?;
-            if let Some(nc) = self.t.nccl().filter(|_| nccl_comm) {
-                nc.all_reduce(
-                    self.buffer() + lo * m * e,
-                    db.ptr + lo * m * e,
-                    rows * m,
-                    self.dtype,
-                    cs,
-                )?;
+            self.wait_event(1 + i, cs);
+            if collective {
+                let src = self.buffer() + lo * m * e;
+                self.all_reduce((src, d + lo * m * e, rows * m), self.dtype(), cs)?;
                 continue;
             }
             let info = WaitInfo {
                 op: Op::SplitAr as u32,
                 step: i as u32,
             };
-            self.t.signal(&others, Slot::RsReady, tag(i), cs)?;
-            self.t.wait(&others, Slot::RsReady, tag(i), cs, info)?;
+            self.signal(&others, slot, tag(i), cs)?;
+            self.wait(&others, (slot, tag(i)), cs, info)?;
             let srcs: PerRank<DevPtr> = (0..tp)
-                .map(|q| self.t.peer_buffer(q).unwrap() + lo * m * e)
-                .collect();
+                .map(|q| self.peer(q).map(|b| b + lo * m * e))
+                .collect::<Result<_>>()?;
             self.reduce(
-                &out,
-                lo * m,
-                m,
-                &srcs,
-                m,
-                rows,
-                m,
-                DevPtr::NULL,
-                (DevPtr::NULL, DevPtr::NULL),
+                Reduce {
+                    out: d + lo * m * e,
+                    out_type: self.dtype(),
+                    out_ld: m,
+                    srcs,
+                    in_ld: m,
+                    rows,
+                    cols: m,
+                    in_scale: DevPtr::NULL,
+                    fp8_out: (DevPtr::NULL, DevPtr::NULL),
+                    tail: i + 1 == s,
+                },
                 cs,
-                i + 1 == s,
-            )?;
+            );
         }
         Ok(())
     }
@@ -305,79 +322,164 @@ impl Overlap {
         m: usize,
         bounds: &[usize],
     ) -> Result<()> {
-        let (tp, r, e) = (self.tp(), self.tp_rank(), eb(self.dtype));
         let s = bounds.len() - 1;
+        for i in 0..s {
+            let base = bounds[i] * m; // chunk start, elements
+            let sl = Slices::new((bounds[i + 1] - bounds[i]) * m, self.tp());
+            self.step(|| format!("all-reduce chunk {i} of {s}: scatter, reduce, gather"));
+            self.two_shot_scatter(i, base, &sl, partials)?;
+            self.two_shot_reduce(i, base, &sl, partials, i + 1 == s)?;
+            self.two_shot_gather(i, base, &sl, d, i + 1 == s)?;
+        }
+        Ok(())
+    }
+
+    /// Scatter: slice q of this rank's partial to rank q's slots (comm stream 0).
+    fn two_shot_scatter(
+        &mut self,
+        i: usize,
+        base: usize,
+        sl: &Slices,
+        partials: DevPtr,
+    ) -> Result<()> {
+        let (tp, r, e) = (self.tp(), self.tp_rank(), eb(self.dtype()));
+        let scatter = Lane::Comm(0);
+        self.wait_event(1 + i, scatter);
+        for k in 1..tp {
+            let q = (r + k) % tp;
+            let src = partials + (base + sl.start(q)) * e;
+            self.put(
+                q,
+                (base + sl.slot_offset(q, r)) * e,
+                src,
+                sl.len(q) * e,
+                scatter,
+            )?;
+        }
         let others = self.others();
-        let (scatter, reduce, gather) = (
-            self.comm_stream(0)?,
-            self.comm_stream(1)?,
-            self.comm_stream(2)?,
-        );
-        let info = |i: usize| WaitInfo {
+        self.signal(&others, self.e.slots.rs_p2p, tag(i), scatter)?;
+        self.mark(scatter, || format!("scattered{i}"));
+        Ok(())
+    }
+
+    /// Reduce (comm stream 1): own partial + the tp-1 received copies, written to this
+    /// slice's place in the region, which is slot r's range or past the slots: each
+    /// element is read before it is written, by the same thread.
+    fn two_shot_reduce(
+        &mut self,
+        i: usize,
+        base: usize,
+        sl: &Slices,
+        partials: DevPtr,
+        tail: bool,
+    ) -> Result<()> {
+        let (tp, r, e) = (self.tp(), self.tp_rank(), eb(self.dtype()));
+        let reduce = Lane::Comm(1);
+        let others = self.others();
+        let region = self.buffer() + base * e;
+        let (at, len) = (sl.start(r), sl.len(r));
+        self.wait_event(1 + i, reduce);
+        let info = WaitInfo {
             op: Op::SplitAr as u32,
             step: i as u32,
         };
-        for i in 0..s {
-            let base = bounds[i] * m; // chunk start, elements
-            let region = self.buffer() + base * e;
-            let sl = Slices::new((bounds[i + 1] - bounds[i]) * m, tp);
-            let (at, len) = (sl.start(r), sl.len(r));
-            // Scatter: slice q of this rank's partial to rank q's slots.
-            self.step(|| format!("all-reduce chunk {i} of {s}: scatter, reduce, gather"));
-            self.ev_chunk[1 + i].wait_on(scatter)?;
-            for k in 1..tp {
+        self.wait(&others, (self.e.slots.rs_p2p, tag(i)), reduce, info)?;
+        self.mark(reduce, || format!("received{i}"));
+        let mut srcs: PerRank<DevPtr> = (0..tp - 1).map(|j| region + j * sl.step * e).collect();
+        srcs.push(partials + (base + at) * e);
+        srcs.rotate_right(1); // own partial first
+        self.reduce(
+            Reduce {
+                out: region + at * e,
+                out_type: self.dtype(),
+                out_ld: len,
+                srcs,
+                in_ld: len,
+                rows: 1,
+                cols: len,
+                in_scale: DevPtr::NULL,
+                fp8_out: (DevPtr::NULL, DevPtr::NULL),
+                tail,
+            },
+            reduce,
+        );
+        self.signal(&others, self.e.slots.ar_reduced, tag(i), reduce)?;
+        self.record(REDUCED_EVENTS + i, reduce);
+        self.mark(reduce, || format!("reduced{i}"));
+        Ok(())
+    }
+
+    /// Gather (comm stream 2): every reduced slice (this rank's too) from its owner into
+    /// D.
+    fn two_shot_gather(
+        &mut self,
+        i: usize,
+        base: usize,
+        sl: &Slices,
+        d: DevPtr,
+        tail: bool,
+    ) -> Result<()> {
+        let (tp, r, e) = (self.tp(), self.tp_rank(), eb(self.dtype()));
+        let gather = Lane::Comm(2);
+        let others = self.others();
+        self.wait_event(REDUCED_EVENTS + i, gather);
+        let info = WaitInfo {
+            op: Op::SplitAr as u32,
+            step: i as u32,
+        };
+        self.wait(&others, (self.e.slots.ar_reduced, tag(i)), gather, info)?;
+        self.mark(gather, || format!("peers_reduced{i}"));
+        let segs: PerRank<(DevPtr, DevPtr, usize)> = (0..tp)
+            .map(|k| {
                 let q = (r + k) % tp;
-                self.t.put(
-                    q,
-                    (base + sl.slot_offset(q, r)) * e,
-                    partials + (base + sl.start(q)) * e,
-                    sl.len(q) * e,
-                    scatter,
-                )?;
-            }
-            self.t.signal(&others, Slot::RsP2p, tag(i), scatter)?;
-            self.mark(scatter, || format!("scattered{i}"))?;
-            // Reduce: own partial + the tp-1 received copies, written to this slice's
-            // place in the region, which is slot r's range or past the slots: each
-            // element is read before it is written, by the same thread.
-            self.ev_chunk[1 + i].wait_on(reduce)?;
-            self.t.wait(&others, Slot::RsP2p, tag(i), reduce, info(i))?;
-            self.mark(reduce, || format!("received{i}"))?;
-            let mut srcs: PerRank<DevPtr> = (0..tp - 1).map(|j| region + j * sl.step * e).collect();
-            srcs.push(partials + (base + at) * e);
-            srcs.rotate_right(1); // own partial first
-            let out = Buffer::new(region, self.dtype, Shape::new(&[1, sl.elems])?)?;
-            self.reduce(
-                &out,
-                at,
-                len,
-                &srcs,
-                len,
-                1,
-                len,
-                DevPtr::NULL,
-                (DevPtr::NULL, DevPtr::NULL),
-                reduce,
-                i + 1 == s,
-            )?;
-            self.t.signal(&others, Slot::ArReduced, tag(i), reduce)?;
-            self.ev_chunk[REDUCED_EVENTS + i].record(reduce)?;
-            self.mark(reduce, || format!("reduced{i}"))?;
-            // Gather: every reduced slice (this rank's too) from its owner into D.
-            self.ev_chunk[REDUCED_EVENTS + i].wait_on(gather)?;
-            self.t
-                .wait(&others, Slot::ArReduced, tag(i), gather, info(i))?;
-            self.mark(gather, || format!("peers_reduced{i}"))?;
-            let segs: PerRank<(DevPtr, DevPtr, usize)> = (0..tp)
-                .map(|k| {
-                    let q = (r + k) % tp;
-                    let off = (base + sl.start(q)) * e;
-                    (d + off, self.t.peer_buffer(q).unwrap() + off, sl.len(q) * e)
-                })
-                .collect();
-            self.copy_segments(&segs, gather, i + 1 == s)?;
-            self.mark(gather, || format!("gathered{i}"))?;
+                let off = (base + sl.start(q)) * e;
+                self.peer(q).map(|b| (d + off, b + off, sl.len(q) * e))
+            })
+            .collect::<Result<_>>()?;
+        self.copy_segments(&segs, gather, tail);
+        self.mark(gather, || format!("gathered{i}"));
+        Ok(())
+    }
+
+    /// GEMM + all-reduce as a ring reduce-scatter (each rank's rows of D reduced into D)
+    /// followed by an all-gather of the reduced rows: each rank pushes its rows into the
+    /// second half of every peer's buffer (copy engine), and every rank copies the rows
+    /// that landed into D. Needs n divisible by tp and a buffer of twice D.
+    fn ring_ar(&mut self, x: &RsArgs, d: DevPtr) -> Result<()> {
+        let p = self.plan_rs(x, !self.e.settings.use_ce)?;
+        let (tp, r, e) = (self.tp(), self.tp_rank(), eb(self.dtype()));
+        let n = p.nc * tp;
+        self.check_capacity("the all-reduce's partials and gathered rows", [2 * n, p.m])?;
+        self.staging()?; // allocated (once) before the call starts
+        let acc = self.rs_accumulates(x, &p);
+        self.begin(Op::SplitAr, false, &self.ring_key(&p, acc), Some(&p.full));
+        let half = n * p.m * e;
+        if acc {
+            self.chain_rs(x, &p, Op::SplitAr, Some((half, d)))?;
+            self.finish();
+            return Ok(());
         }
+        self.ring_rs(x, &p)?;
+        let cs = Lane::Comm(0);
+        let rows = p.nc * p.m * e; // bytes of one rank's rows
+        let others = self.others();
+        for k in 1..tp {
+            let q = (r + k) % tp;
+            self.put(q, half + r * rows, d + r * rows, rows, cs)?;
+        }
+        let slot = self.e.slots.ar_reduced;
+        self.signal(&others, slot, tag(0), cs)?;
+        let info = WaitInfo {
+            op: Op::SplitAr as u32,
+            step: 0,
+        };
+        self.wait(&others, (slot, tag(0)), cs, info)?;
+        // The peers' rows: before and after this rank's.
+        let landed = self.buffer() + half;
+        self.copy(d, landed, r * rows, cs);
+        let after = (tp - r - 1) * rows;
+        self.copy(d + (r + 1) * rows, landed + (r + 1) * rows, after, cs);
+        self.finish();
         Ok(())
     }
 }

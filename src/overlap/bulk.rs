@@ -6,12 +6,14 @@
 //!   buffer, leaving the whole buffer gathered on every rank.
 //! - RS: the buffer [rows, cols] is summed over ranks; rank r gets its rows in
 //!   `rs_output` [rows/tp, cols].
+use super::plan::{Lane, Planner, Reduce};
+use super::schedule::PerRank;
 use super::{Op, Overlap, eb, tag};
 use crate::cuda::DevPtr;
 use crate::error::Result;
 use crate::gemm::{self, TeGemm};
 use crate::tensor::Tensor;
-use crate::transport::{Slot, WaitInfo};
+use crate::transport::WaitInfo;
 use crate::{invalid, unsupported};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,120 +32,154 @@ pub struct BulkArgs<'a> {
 
 impl Overlap {
     pub fn bulk(&mut self, x: &BulkArgs, stream: usize) -> Result<()> {
-        let guard = self.enter(stream)?;
-        let (tp, r) = (self.tp(), self.tp_rank());
-        let comm_sms = x.kind == BulkKind::ReduceScatter || !self.cfg.use_ce;
+        self.run_planned(stream, |p| p.bulk(x))
+    }
+}
+
+impl Planner<'_> {
+    /// The collective on the buffer (peer memory: puts and a reduction of the peers'
+    /// buffers; else the transport's collectives) beside the unrelated GEMM.
+    pub fn bulk(&mut self, x: &BulkArgs) -> Result<()> {
+        let comm_sms = x.kind == BulkKind::ReduceScatter || !self.e.settings.use_ce;
         let mut g: TeGemm = x.gemm;
         g.math_sm_count = self.math_sms(comm_sms);
         let desc = gemm::desc_from_te(&g)?;
-        let rc = self.rows / tp;
-        let e = eb(self.dtype);
+        let scale_inv = self.bulk_check(x)?;
+        let op = if x.kind == BulkKind::AllGather {
+            Op::BulkAg
+        } else {
+            Op::BulkRs
+        };
+        self.begin(op, false, &desc.check_key(), None);
+        if self.e.caps.peer_memory {
+            self.bulk_peer_memory(x, op, scale_inv)?;
+        } else {
+            self.bulk_collective(x)?;
+        }
+        self.gemm(&desc, 0, false);
+        self.finish();
+        Ok(())
+    }
+
+    /// The arguments' checks; the buffer's scale_inv (FP8 reduce-scatter).
+    fn bulk_check(&self, x: &BulkArgs) -> Result<DevPtr> {
+        let rc = self.e.rows / self.tp();
         let mut scale_inv = DevPtr::NULL;
         if let Some(v) = x.buffer_view {
-            if v.data.ptr != self.buffer() || v.data.dtype != self.dtype {
+            if v.data.ptr != self.buffer() || v.data.dtype != self.dtype() {
                 invalid!(
                     "tensor `buffer` must be a view of the overlap buffer (nvte_comm_overlap_get_buffer) of its dtype"
                 );
             }
             scale_inv = Tensor::scalar_ptr(&v.scale_inv).unwrap_or_default();
         }
-        if x.kind == BulkKind::ReduceScatter {
-            let Some(o) = x.rs_output else {
-                invalid!("tensor `rs_output` is required for a bulk reduce-scatter")
-            };
-            self.check_reduce_output(&o.data, "rs_output")?;
-            Self::check_fp8_output(o, "rs_output")?;
-            if self.t.nccl().is_some() && o.data.dtype != self.dtype {
-                unsupported!(
-                    "a bulk reduce-scatter over NCCL writes the buffer's dtype {}: tensor `rs_output` is {}",
-                    self.dtype.name(),
-                    o.data.dtype.name()
-                );
-            }
-            if o.data.numel() != rc * self.cols {
-                invalid!(
-                    "tensor `rs_output` has shape {} but must be [rows/tp, cols] = [{rc}, {}]",
-                    o.data.shape,
-                    self.cols
-                );
-            }
-            if self.dtype.is_fp8() && scale_inv.is_null() {
-                invalid!(
-                    "an FP8 bulk reduce-scatter needs tensor `buffer` with scale_inv (1/scale of the buffer's data)"
-                );
-            }
+        if x.kind != BulkKind::ReduceScatter {
+            return Ok(scale_inv);
         }
-        self.begin(
-            stream,
-            if x.kind == BulkKind::AllGather {
-                Op::BulkAg
-            } else {
-                Op::BulkRs
-            },
-            false,
-            &desc.check_key(),
-            None,
-        )?;
-        let others = self.others();
-        let cs = self.comm_stream(0)?;
-        let info = WaitInfo {
-            op: if x.kind == BulkKind::AllGather {
-                Op::BulkAg
-            } else {
-                Op::BulkRs
-            } as u32,
-            step: 0,
+        let Some(o) = x.rs_output else {
+            invalid!("tensor `rs_output` is required for a bulk reduce-scatter")
         };
-        let chunk_bytes = rc * self.cols * e;
-        match (x.kind, self.t.nccl()) {
-            (BulkKind::AllGather, Some(comm)) => {
+        self.check_reduce_output(&o.data, "rs_output")?;
+        Self::check_fp8_output(o, "rs_output")?;
+        if !self.e.caps.peer_memory && o.data.dtype != self.dtype() {
+            unsupported!(
+                "a bulk reduce-scatter by the transport's collective writes the buffer's dtype {}: tensor `rs_output` is {}",
+                self.dtype().name(),
+                o.data.dtype.name()
+            );
+        }
+        if o.data.numel() != rc * self.e.cols {
+            invalid!(
+                "tensor `rs_output` has shape {} but must be [rows/tp, cols] = [{rc}, {}]",
+                o.data.shape,
+                self.e.cols
+            );
+        }
+        if self.dtype().is_fp8() && scale_inv.is_null() {
+            invalid!(
+                "an FP8 bulk reduce-scatter needs tensor `buffer` with scale_inv (1/scale of the buffer's data)"
+            );
+        }
+        Ok(scale_inv)
+    }
+
+    /// Without peer memory: the transport's all-gather (in place) or reduce-scatter.
+    fn bulk_collective(&mut self, x: &BulkArgs) -> Result<()> {
+        let r = self.tp_rank();
+        let rc = self.e.rows / self.tp();
+        let chunk_bytes = rc * self.e.cols * eb(self.dtype());
+        let cs = Lane::Comm(0);
+        match (x.kind, x.rs_output) {
+            (BulkKind::AllGather, _) => {
                 // In place: this rank's chunk is already at its offset in the buffer.
-                comm.all_gather_bytes(
+                self.all_gather(
                     self.buffer() + r * chunk_bytes,
                     self.buffer(),
                     chunk_bytes,
                     cs,
-                )?;
+                )
             }
-            (BulkKind::ReduceScatter, Some(comm)) => {
-                let out = &x.rs_output.unwrap().data; // dtype checked before the call
-                comm.reduce_scatter(self.buffer(), out.ptr, rc * self.cols, self.dtype, cs)?;
+            (BulkKind::ReduceScatter, Some(o)) => {
+                let count = rc * self.e.cols;
+                self.reduce_scatter((self.buffer(), o.data.ptr, count), self.dtype(), cs)
             }
-            (BulkKind::AllGather, None) => {
-                // Spread the puts over both comm streams (two copy engines / SM groups).
-                for (j, &p) in others.iter().enumerate() {
-                    let st = self.comm_stream(j % 2)?;
-                    self.t.put(
-                        p,
-                        r * chunk_bytes,
-                        self.buffer() + r * chunk_bytes,
-                        chunk_bytes,
-                        st,
-                    )?;
-                    self.t.signal(&[p], Slot::Bulk, tag(0), st)?;
-                }
-                if others.len() > 1 {
-                    // comm stream 1 carried puts: comm stream 0 waits for them
-                    self.ev_chunk[1].record(self.comm_stream(1)?)?;
-                    self.ev_chunk[1].wait_on(cs)?;
-                }
-                self.t.wait(&others, Slot::Bulk, tag(0), cs, info)?;
-            }
-            (BulkKind::ReduceScatter, None) => {
-                self.t.signal(&others, Slot::Bulk, tag(0), cs)?;
-                self.t.wait(&others, Slot::Bulk, tag(0), cs, info)?;
-                let srcs: super::schedule::PerRank<DevPtr> = (0..tp)
-                    .map(|q| self.t.peer_buffer(q).unwrap() + r * chunk_bytes)
-                    .collect();
-                let o = x.rs_output.unwrap();
-                let fp8 = Self::fp8_output(o, "rs_output", cs)?;
-                self.reduce(
-                    &o.data, 0, self.cols, &srcs, self.cols, rc, self.cols, scale_inv, fp8, cs,
-                    false,
-                )?;
-            }
+            (BulkKind::ReduceScatter, None) => invalid!("tensor `rs_output` is required"),
         }
-        self.run_gemm(&desc, &guard, 0, false)?;
-        self.finish(stream)
+    }
+
+    /// With peer memory: AG puts this rank's chunk into every peer's buffer; RS sums
+    /// this rank's rows of every buffer.
+    fn bulk_peer_memory(&mut self, x: &BulkArgs, op: Op, scale_inv: DevPtr) -> Result<()> {
+        let (tp, r) = (self.tp(), self.tp_rank());
+        let rc = self.e.rows / tp;
+        let cols = self.e.cols;
+        let chunk_bytes = rc * cols * eb(self.dtype());
+        let others = self.others();
+        let cs = Lane::Comm(0);
+        let slot = self.e.slots.bulk;
+        let info = WaitInfo {
+            op: op as u32,
+            step: 0,
+        };
+        if x.kind == BulkKind::AllGather {
+            // Spread the puts over both comm streams (two copy engines / SM groups).
+            for (j, &p) in others.iter().enumerate() {
+                let st = Lane::Comm(j % 2);
+                let mine = self.buffer() + r * chunk_bytes;
+                self.put(p, r * chunk_bytes, mine, chunk_bytes, st)?;
+                self.signal(&[p], slot, tag(0), st)?;
+            }
+            if others.len() > 1 {
+                // comm stream 1 carried puts: comm stream 0 waits for them
+                self.record(1, Lane::Comm(1));
+                self.wait_event(1, cs);
+            }
+            return self.wait(&others, (slot, tag(0)), cs, info);
+        }
+        self.signal(&others, slot, tag(0), cs)?;
+        self.wait(&others, (slot, tag(0)), cs, info)?;
+        let srcs: PerRank<DevPtr> = (0..tp)
+            .map(|q| self.peer(q).map(|b| b + r * chunk_bytes))
+            .collect::<Result<_>>()?;
+        let Some(o) = x.rs_output else {
+            invalid!("tensor `rs_output` is required for a bulk reduce-scatter")
+        };
+        let fp8_out = self.fp8_output(o, "rs_output", cs)?;
+        self.reduce(
+            Reduce {
+                out: o.data.ptr,
+                out_type: o.data.dtype,
+                out_ld: cols,
+                srcs,
+                in_ld: cols,
+                rows: rc,
+                cols,
+                in_scale: scale_inv,
+                fp8_out,
+                tail: false,
+            },
+            cs,
+        );
+        Ok(())
     }
 }

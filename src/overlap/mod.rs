@@ -21,6 +21,10 @@ pub mod ag;
 pub mod ar;
 pub mod bulk;
 pub mod config;
+mod device;
+pub mod plan;
+#[cfg(test)]
+mod protocol;
 pub mod reduce;
 pub mod report;
 pub mod rs;
@@ -33,15 +37,13 @@ use crate::error::{Error, Result};
 use crate::gemm::{self, GemmDesc};
 use crate::tensor::{Buffer, DType, Shape, Tensor};
 use crate::transport::{
-    FailureKind, Kind, MAX_PEERS, Settings, Transport, WaitInfo, call_desc, desc_op, tag,
+    Caps, FailureKind, MAX_PEERS, Settings, Transport, WaitInfo, call_desc, desc_op, tag,
 };
 use crate::{bootstrap::Bootstrap, env, invalid, unsupported};
 use config::MAX_SPLITS;
 pub use config::{Config, TRANSPORT_AUTO, TRANSPORT_IPC, TRANSPORT_NCCL, TransportChoice};
+use plan::{AlgoSlots, MAX_KEY_WORDS};
 use reduce::{reduce_outputs, short};
-
-/// Words of a call's key (`begin`): the GEMM's check key and a few algorithm words.
-const MAX_KEY_WORDS: usize = 16;
 
 /// Chunk amax slots of FP8 outputs (tp chunks of the all-gather).
 const MAX_AMAX_SLOTS: usize = 64;
@@ -123,7 +125,19 @@ pub struct Tuning {
 }
 
 pub struct Overlap {
-    pub cfg: Config,
+    /// the C API's config the object was created with (not changed afterwards)
+    cfg: Config,
+    /// the settings the calls plan with: the config's, with the per-call ones applied
+    /// (`set_tuning`, `set_comm_sms`)
+    settings: plan::Settings,
+    tuned: plan::Tuned,
+    /// what the transport can do, and the flag slots the algorithms took from it
+    caps: Caps,
+    slots: AlgoSlots,
+    /// the plan of the call in progress (kept: its steps' memory is reused call after call)
+    plan: plan::Plan,
+    /// the caller's stream of the call in progress
+    caller: usize,
     ctx: usize,
     dev: DeviceInfo,
     world_rank: usize,
@@ -164,15 +178,6 @@ pub struct Overlap {
     amax_slots: Option<DeviceMem>,
     /// the comm-GEMM context's global m, n, k of the call (NVTE_COMM_REPORT's shape key)
     report_dims: Option<[i64; 3]>,
-    /// pieces per remote chunk of the ring all-gather (1: whole chunks), and per chunk of
-    /// the accumulating ring reduce-scatter (at least 2 there); the autotuner's
-    pieces: usize,
-    /// the ring reduce-scatter sums in its GEMMs (the accumulating ring) where the
-    /// environment says auto (NVTE_COMM_RS_RING) and the operands allow it; the autotuner's
-    rs_accumulate: bool,
-    /// the all-reduce algorithm chosen by the caller (the autotuner) where the
-    /// environment says auto: Some(true) ring where it fits, Some(false) chunked
-    ar_ring: Option<bool>,
     nvtx_step: std::cell::RefCell<Option<nvtx::Range>>,
     /// NVTE_COMM_AR_ALGO / NVTE_COMM_RS_RING, read at creation
     knobs: AlgoKnobs,
@@ -264,11 +269,7 @@ impl Overlap {
             &guard,
             &dev,
             &Settings {
-                kind: match cfg.transport {
-                    TRANSPORT_IPC => Kind::PeerMemory,
-                    TRANSPORT_NCCL => Kind::Nccl,
-                    _ => Kind::Auto,
-                },
+                kind: crate::transport::kind_of_choice(cfg.transport.0),
                 buffer_bytes: bytes,
                 use_ce: cfg.use_ce,
                 comm_sms: cfg.num_comm_sm as u32,
@@ -292,8 +293,28 @@ impl Overlap {
             .map(|_| Stream::new(cfg.comm_priority))
             .collect::<Result<Vec<_>>>()?;
         let events = |n: usize| (0..n).map(|_| Event::new()).collect::<Result<Vec<_>>>();
+        let caps = Caps::of(t.as_ref());
+        let slots = AlgoSlots::take(t.flag_slots())?;
         Ok(Overlap {
             cfg,
+            settings: plan::Settings {
+                use_ce: cfg.use_ce,
+                aggregate: cfg.aggregate,
+                num_splits: cfg.num_splits as usize,
+                num_comm_sm: cfg.num_comm_sm,
+                set_sm_margin: cfg.set_sm_margin,
+                sm_count: dev.sm_count,
+                one_shot_max_bytes: ar::ONE_SHOT_MAX_BYTES,
+            },
+            tuned: plan::Tuned {
+                pieces: 1,
+                rs_accumulate: false,
+                ar_ring: None,
+            },
+            caps,
+            slots,
+            plan: plan::Plan::default(),
+            caller: 0,
             ctx: guard.ctx,
             world_rank: bs.rank,
             t,
@@ -319,11 +340,8 @@ impl Overlap {
             module,
             dev,
             nvtx_call: None,
-            ar_ring: None,
             amax_slots: None,
             report_dims: None,
-            pieces: 1,
-            rs_accumulate: false,
             report: if Self::report_enabled()? {
                 Some(Box::new(report::Report::new()?))
             } else {
@@ -360,7 +378,7 @@ impl Overlap {
                 self.dev.sm_count
             );
         }
-        self.cfg.num_comm_sm = n;
+        self.settings.num_comm_sm = n;
         self.t.set_comm_sms(n as u32);
         Ok(())
     }
@@ -377,28 +395,32 @@ impl Overlap {
         if !(1..=16).contains(&t.pieces) {
             invalid!("pieces = {} must be in 1..=16", t.pieces);
         }
-        self.pieces = t.pieces as usize;
-        self.cfg.use_ce = t.use_ce;
-        self.cfg.aggregate = t.aggregate;
-        self.cfg.num_splits = t.splits;
+        self.settings.use_ce = t.use_ce;
+        self.settings.aggregate = t.aggregate;
+        self.settings.num_splits = t.splits as usize;
         self.t.set_use_ce(t.use_ce);
-        self.ar_ring = t.ar_ring;
-        self.rs_accumulate = t.rs_accumulate;
+        self.tuned = plan::Tuned {
+            pieces: t.pieces as usize,
+            rs_accumulate: t.rs_accumulate,
+            ar_ring: t.ar_ring,
+        };
         Ok(())
     }
 
-    /// "ipc", "inproc" (every peer in this process) or "nccl".
+    /// The transport's name, for messages: "ipc", "inproc" (every peer in this process)
+    /// or "nccl".
     pub fn transport_name(&self) -> &'static str {
         self.t.name()
+    }
+    /// What the transport can do.
+    pub fn caps(&self) -> Caps {
+        self.caps
     }
     pub fn shape(&self) -> (usize, usize, DType) {
         (self.rows, self.cols, self.dtype)
     }
     fn buffer(&self) -> DevPtr {
         self.t.buffer()
-    }
-    fn others(&self) -> crate::transport::Peers {
-        self.t.group().others()
     }
 
     /// Compute stream `i` of the call in progress, forked from the caller's stream at its
@@ -733,7 +755,7 @@ impl Overlap {
     /// with the whole workspace and no SM margin; it forks and joins nothing, so a
     /// comm-GEMM-sized call costs about one nvte_cublas_gemm of host time.
     pub(crate) fn inline_ok(&self) -> bool {
-        self.tp() == 1 && self.t.nccl().is_none() && self.report.is_none() && self.trace.is_none()
+        self.tp() == 1 && self.caps.idle_alone && self.report.is_none() && self.trace.is_none()
     }
 
     /// [`Self::begin`] of an inline call. While the caller's stream is captured, comm
@@ -798,16 +820,6 @@ impl Overlap {
         )
     }
 
-    /// SM count for the chunk GEMMs: leave the comm SMs free when SM kernels communicate.
-    /// (None at tp 1: nothing communicates.)
-    fn math_sms(&self, comm_uses_sms: bool) -> i32 {
-        if self.cfg.set_sm_margin && comm_uses_sms && self.tp() > 1 {
-            self.dev.sm_count - self.cfg.num_comm_sm
-        } else {
-            0
-        }
-    }
-
     /// The workspace slice of compute stream `i` when `n` streams run GEMMs at once
     /// (concurrent GEMMs must not share one; GEMMs in order use all of it).
     fn workspace_slice(full: &GemmDesc, i: usize, n: usize) -> (DevPtr, usize) {
@@ -844,23 +856,6 @@ impl Overlap {
         g.workspace = w;
         g.workspace_bytes = wb;
         gemm::run(&g, guard, self.compute_stream(stream_idx)?)
-    }
-
-    /// Error unless a [rows, cols] matrix of the buffer's dtype fits the buffer.
-    fn check_capacity(&self, what: &str, shape: [usize; 2]) -> Result<()> {
-        let need = shape[0] * shape[1] * eb(self.dtype);
-        if need > self.t.buffer_bytes() {
-            invalid!(
-                "the buffer is too small: {what} [{}, {}] of {} needs {need} bytes, the buffer has {} ([{}, {}])",
-                shape[0],
-                shape[1],
-                self.dtype.name(),
-                self.t.buffer_bytes(),
-                self.rows,
-                self.cols
-            );
-        }
-        Ok(())
     }
 
     /// A tensor view of the buffer (TE's get_ubuf): the whole [rows, cols] or this
@@ -995,17 +990,6 @@ impl Overlap {
             }
             Ok(())
         });
-    }
-
-    /// Local staging for the ring reduce-scatter's partials: as large as the buffer,
-    /// allocated on first use (nothing can be using it yet, so no synchronisation; inside
-    /// a graph capture too: the allocation is made outside the capture's rules and kept
-    /// for the object's life).
-    fn staging(&mut self) -> Result<DevPtr> {
-        if self.staging.is_none() {
-            self.staging = Some(DeviceMem::new_relaxed(self.t.buffer_bytes())?);
-        }
-        Ok(self.staging.as_ref().unwrap().ptr)
     }
 }
 

@@ -2,8 +2,8 @@
 //! buffers (reductions, with FP8 output scaling and amax), segment copies, and the FP8
 //! amax of split GEMMs. The algorithms (ag, rs, ar, bulk) call these; the kernels are in
 //! kernels/comm.cu.
-use super::{MAX_AMAX_SLOTS, Overlap, eb};
-use crate::cuda::resources::DeviceMem;
+use super::Overlap;
+use super::plan::{Lane, Planner, Reduce};
 use crate::cuda::{self, DevPtr, arg};
 use crate::error::Result;
 use crate::tensor::{Buffer, DType, Tensor};
@@ -49,28 +49,24 @@ pub(super) fn reduce_outputs(d: DType) -> &'static [DType] {
 }
 
 impl Overlap {
-    /// out[rows, cols] (row stride out_ld) = sum over srcs (row stride in_ld) * scale.
-    /// `tail`: nothing runs beside it, so it may use every SM.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn reduce(
-        &self,
-        out: &Buffer,
-        out_off_elems: usize,
-        out_ld: usize,
-        srcs: &[DevPtr],
-        in_ld: usize,
-        rows: usize,
-        cols: usize,
-        in_scale: DevPtr,
-        fp8_out: (DevPtr, DevPtr),
-        stream: usize,
-        tail: bool,
-    ) -> Result<()> {
+    /// The reduction `r` (kernels/comm.cu `reduce_<in>_<out>_<v8|v1>`) on `stream`.
+    pub(super) fn reduce(&self, r: &Reduce, stream: usize) -> Result<()> {
+        let Reduce {
+            out: out_ptr,
+            out_type,
+            out_ld,
+            ref srcs,
+            in_ld,
+            rows,
+            cols,
+            in_scale,
+            fp8_out,
+            tail,
+        } = *r;
         if rows == 0 || cols == 0 {
             return Ok(());
         }
         let (out_scale, out_amax) = fp8_out;
-        let out_ptr = out.ptr + out_off_elems * eb(out.dtype);
         let vec_ok = cols.is_multiple_of(8)
             && in_ld.is_multiple_of(8)
             && out_ld.is_multiple_of(8)
@@ -82,7 +78,7 @@ impl Overlap {
             format_args!(
                 "reduce_{}_{}_{}",
                 short(self.dtype),
-                short(out.dtype),
+                short(out_type),
                 if vec_ok { "v8" } else { "v1" }
             ),
         )
@@ -183,13 +179,32 @@ impl Overlap {
         }
     }
 
+    /// *out = max of the `n` amax slots, on `stream` (after the chunk GEMMs).
+    pub(super) fn reduce_amax(
+        &self,
+        out: DevPtr,
+        slots: DevPtr,
+        n: usize,
+        stream: usize,
+    ) -> Result<()> {
+        let f = self.module.function("amax_max")?;
+        let n = n as u32;
+        let mut args = [arg(&out), arg(&slots), arg(&n)];
+        // SAFETY: `f` is amax_max(float *out, const float *in, u32 n) of kernels/comm.cu
+        // in this object's module; `slots` holds n <= MAX_AMAX_SLOTS floats written by the
+        // chunk GEMMs, `out` is the output tensor's amax (validated by desc_from_te).
+        unsafe { cuda::launch(f, (1, 1, 1), (32, 1, 1), 0, stream, &mut args, "amax_max") }
+    }
+}
+
+impl Planner<'_> {
     /// The output types a reduction of this buffer can write.
     pub(super) fn check_reduce_output(&self, out: &Buffer, what: &str) -> Result<()> {
-        if !reduce_outputs(self.dtype).contains(&out.dtype) {
+        if !reduce_outputs(self.dtype()).contains(&out.dtype) {
             unsupported!(
                 "tensor `{what}` dtype {} cannot receive a reduction of a {} buffer",
                 out.dtype.name(),
-                self.dtype.name()
+                self.dtype().name()
             );
         }
         if out.ptr.is_null() && out.numel() > 0 {
@@ -211,9 +226,14 @@ impl Overlap {
     }
 
     /// An FP8 reduction output's scale (required) and amax (optional) pointers, and the
-    /// amax zeroed on `stream` (before the call's first reduction on it); (0, 0) for
+    /// amax zeroed on `lane` (before the call's first reduction on it); (0, 0) for
     /// 16/32-bit outputs.
-    pub(super) fn fp8_output(t: &Tensor, what: &str, stream: usize) -> Result<(DevPtr, DevPtr)> {
+    pub(super) fn fp8_output(
+        &mut self,
+        t: &Tensor,
+        what: &str,
+        lane: Lane,
+    ) -> Result<(DevPtr, DevPtr)> {
         if !t.data.dtype.is_fp8() {
             return Ok((DevPtr::NULL, DevPtr::NULL));
         }
@@ -221,34 +241,9 @@ impl Overlap {
         let scale = Tensor::scalar_ptr(&t.scale).unwrap_or_default();
         let amax = Tensor::scalar_ptr(&t.amax).unwrap_or_default();
         if !amax.is_null() {
-            crate::cuda::resources::memset_async(amax, 4, stream)?;
+            self.memset(amax, 4, lane);
         }
         Ok((scale, amax))
-    }
-
-    /// Per-chunk amax slots (MAX_AMAX_SLOTS floats; FP8 outputs of split GEMMs).
-    pub(super) fn amax_slots(&mut self) -> Result<DevPtr> {
-        if self.amax_slots.is_none() {
-            self.amax_slots = Some(DeviceMem::new_relaxed(MAX_AMAX_SLOTS * 4)?);
-        }
-        Ok(self.amax_slots.as_ref().unwrap().ptr)
-    }
-
-    /// *out = max of the `n` amax slots, on `stream` (after the chunk GEMMs).
-    pub(super) fn reduce_amax(
-        &self,
-        out: DevPtr,
-        slots: DevPtr,
-        n: usize,
-        stream: usize,
-    ) -> Result<()> {
-        let f = self.module.function("amax_max")?;
-        let n = n as u32;
-        let mut args = [arg(&out), arg(&slots), arg(&n)];
-        // SAFETY: `f` is amax_max(float *out, const float *in, u32 n) of kernels/comm.cu
-        // in this object's module; `slots` holds n <= MAX_AMAX_SLOTS floats written by the
-        // chunk GEMMs, `out` is the output tensor's amax (validated by desc_from_te).
-        unsafe { cuda::launch(f, (1, 1, 1), (32, 1, 1), 0, stream, &mut args, "amax_max") }
     }
 }
 

@@ -34,15 +34,15 @@
 //! only makes every chunk finish late and delays the first chunk's communication.
 //! Measured on 4x H200, tp 4, bf16 (bench/RESULTS.md): ring RS (CE) geomean 1.10x
 //! bound in order vs 1.40x round-robin over 3 streams.
+use super::plan::{Lane, Planner, Reduce};
 use super::schedule::{Bounds, PerRank};
 use super::{Op, Overlap, eb, tag};
-use crate::cuda::resources::{copy_2d, copy_async};
-use crate::cuda::{ContextGuard, DevPtr};
+use crate::cuda::DevPtr;
 use crate::error::Result;
 use crate::gemm::{self, GemmDesc, Operands};
 use crate::invalid;
-use crate::tensor::{Buffer, Shape, Tensor};
-use crate::transport::{RecvOp, SendOp, Slot, WaitInfo};
+use crate::tensor::{Buffer, DType, Shape, Tensor};
+use crate::transport::{RecvOp, SendOp, WaitInfo};
 
 /// The operands of a GEMM + reduce-scatter: D is the buffer view carrying FP8 scale /
 /// scale_inv, or None for the plain view; the reduced rows go to `rs_output`.
@@ -63,15 +63,46 @@ const RS_REDUCE: usize = 1;
 const RS_ACCUMULATE: usize = 2;
 
 /// The validated GEMM on the full buffer and the reduction's geometry.
-struct Plan {
-    full: GemmDesc,
-    m: usize,
-    nc: usize,
-    scale_inv: DevPtr,
+pub(super) struct RsPlan {
+    pub full: GemmDesc,
+    pub m: usize,
+    pub nc: usize,
+    pub scale_inv: DevPtr,
 }
 
 impl Overlap {
-    fn plan_rs(&self, x: &RsArgs, comm_sms: bool) -> Result<Plan> {
+    pub fn split_rs(&mut self, x: &RsArgs, stream: usize) -> Result<()> {
+        self.reported(stream, |o| o.run_planned(stream, |p| p.split_rs(x)))
+    }
+
+    pub fn split_rs_p2p(&mut self, x: &RsArgs, stream: usize) -> Result<()> {
+        self.reported(stream, |o| o.run_planned(stream, |p| p.split_rs_p2p(x)))
+    }
+}
+
+impl Planner<'_> {
+    /// The buffer view D of the call as [n, m], with the FP8 scaling of the caller's view.
+    fn rs_buffer_view(&self, x: &RsArgs, n: usize, m: usize) -> Result<Tensor> {
+        let mut d = x.g.d.cloned().unwrap_or_default();
+        if let Some(v) = x.g.d {
+            if v.data.ptr != self.buffer() {
+                invalid!(
+                    "tensor `D` must be a view of the overlap buffer (nvte_comm_overlap_get_buffer), or NULL"
+                );
+            }
+            if v.data.dtype != self.dtype() {
+                invalid!(
+                    "tensor `D` dtype {} differs from the buffer dtype {}",
+                    v.data.dtype.name(),
+                    self.dtype().name()
+                );
+            }
+        }
+        d.data = Buffer::new(self.buffer(), self.dtype(), Shape::new(&[n, m])?)?;
+        Ok(d)
+    }
+
+    pub(super) fn plan_rs(&self, x: &RsArgs, comm_sms: bool) -> Result<RsPlan> {
         let tp = self.tp();
         // m and n from A and B as nvte_cublas_gemm defines them.
         let Some((ar, ac)) = x.g.a.data.rows_cols() else {
@@ -86,28 +117,12 @@ impl Overlap {
             invalid!("the scattered rows n = {n} are not divisible by tp = {tp}");
         }
         self.check_capacity("the GEMM output", [n, m])?;
-        // D = the buffer as [n, m], with the FP8 scaling of the caller's view if given.
-        let mut d = x.g.d.cloned().unwrap_or_default();
-        if let Some(v) = x.g.d {
-            if v.data.ptr != self.buffer() {
-                invalid!(
-                    "tensor `D` must be a view of the overlap buffer (nvte_comm_overlap_get_buffer), or NULL"
-                );
-            }
-            if v.data.dtype != self.dtype {
-                invalid!(
-                    "tensor `D` dtype {} differs from the buffer dtype {}",
-                    v.data.dtype.name(),
-                    self.dtype.name()
-                );
-            }
-        }
-        d.data = Buffer::new(self.buffer(), self.dtype, Shape::new(&[n, m])?)?;
+        let d = self.rs_buffer_view(x, n, m)?;
         let mut full = gemm::desc_from_te(&Operands {
             math_sm_count: self.math_sms(comm_sms),
             ..x.g.with_d(&d)
         })?;
-        let scale_inv = if self.dtype.is_fp8() {
+        let scale_inv = if self.dtype().is_fp8() {
             Tensor::scalar_ptr(&d.scale_inv).ok_or_else(|| {
                 crate::error::Error::invalid(
                     "tensor `D` (the FP8 buffer view) needs scale_inv = 1/scale for the reduction",
@@ -127,7 +142,7 @@ impl Overlap {
                 n / tp
             );
         }
-        Ok(Plan {
+        Ok(RsPlan {
             full,
             m,
             nc: n / tp,
@@ -137,7 +152,7 @@ impl Overlap {
 
     /// The GEMM of output columns [lo, hi) (A's rows or columns, aux and bias offset to
     /// match), writing its place in the full D.
-    fn column_chunk(p: &Plan, transa: bool, lo: usize, hi: usize) -> GemmDesc {
+    fn column_chunk(p: &RsPlan, transa: bool, lo: usize, hi: usize) -> GemmDesc {
         let f = &p.full;
         let mut g = *f;
         g.m = hi - lo;
@@ -154,38 +169,25 @@ impl Overlap {
 
     /// Column boundaries of the pipelined chunks (multiples of 16 where possible).
     fn splits(&self, m: usize) -> Bounds {
-        super::schedule::column_splits(m, self.cfg.num_splits as usize)
+        super::schedule::column_splits(m, self.e.settings.num_splits)
     }
 
-    pub fn split_rs(&mut self, x: &RsArgs, stream: usize) -> Result<()> {
-        self.reported(stream, |o| o.split_rs_once(x, stream))
-    }
-
-    fn split_rs_once(&mut self, x: &RsArgs, stream: usize) -> Result<()> {
-        if self.t.nccl().is_some() {
-            // The pipelined algorithm loads from the peers' buffers; over NCCL the ring
-            // entry point runs ncclReduceScatter per chunk or the send/recv ring.
-            return self.split_rs_p2p_once(x, stream);
+    /// The pipelined GEMM + reduce-scatter (module doc).
+    pub fn split_rs(&mut self, x: &RsArgs) -> Result<()> {
+        if !self.e.caps.peer_memory {
+            // The pipelined algorithm loads from the peers' buffers; without peer memory
+            // the ring entry point runs the collective per chunk or the exchange ring.
+            return self.split_rs_p2p(x);
         }
-        if self.inline_ok() && Self::plain_sums_of(x, self.dtype) {
+        if self.e.inline && Self::plain_sums_of(x, self.dtype()) {
             // tp 1: the ring's form, one GEMM straight into `rs_output` (the pipelined
             // chunks would only copy the buffer into it).
-            return self.split_rs_p2p_once(x, stream);
+            return self.split_rs_p2p(x);
         }
-        let guard = self.enter(stream)?;
         let p = self.plan_rs(x, true)?;
-        let (tp, r) = (self.tp(), self.tp_rank());
         let bounds = self.splits(p.m);
         // The chunk GEMMs write this buffer, which peers read: gate them on the barrier.
-        self.begin(
-            stream,
-            Op::SplitRs,
-            true,
-            &p.full.check_key(),
-            Some(&p.full),
-        )?;
-        let others = self.others();
-        let e = eb(self.dtype);
+        self.begin(Op::SplitRs, true, &p.full.check_key(), Some(&p.full));
         let nchunks = bounds.len() - 1;
         for i in 0..nchunks {
             let g = Self::column_chunk(&p, x.g.transa, bounds[i], bounds[i + 1]);
@@ -198,90 +200,96 @@ impl Overlap {
                     i + 1
                 )
             });
-            self.run_gemm(&g, &guard, si, false)?;
-            self.ev_chunk[1 + i].record(self.compute_stream(si)?)?;
+            self.gemm(&g, si, false);
+            self.record(1 + i, Lane::Compute(si));
         }
-        let cs = self.comm_stream(0)?;
-        let fp8 = Self::fp8_output(x.rs_output, "rs_output", cs)?;
-        let srcs_at = |lo: usize| -> PerRank<DevPtr> {
-            (0..tp)
-                .map(|q| self.t.peer_buffer(q).unwrap() + (r * p.nc * p.m + lo) * e)
-                .collect()
-        };
+        self.split_rs_reductions(x, &p, &bounds)?;
+        self.finish();
+        Ok(())
+    }
+
+    /// The pipelined reduce-scatter's reductions on comm stream 0: chunk i once every
+    /// rank computed it.
+    fn split_rs_reductions(&mut self, x: &RsArgs, p: &RsPlan, bounds: &[usize]) -> Result<()> {
+        let (tp, r) = (self.tp(), self.tp_rank());
+        let e = eb(self.dtype());
+        let others = self.others();
+        let nchunks = bounds.len() - 1;
+        let cs = Lane::Comm(0);
+        let fp8 = self.fp8_output(x.rs_output, "rs_output", cs)?;
+        let slot = self.e.slots.rs_ready;
         for i in 0..nchunks {
             let (lo, hi) = (bounds[i], bounds[i + 1]);
             self.step(|| format!("reduce-scatter columns {lo}..{hi} ({} of {nchunks})", i + 1));
-            self.ev_chunk[1 + i].wait_on(cs)?;
-            self.t.signal(&others, Slot::RsReady, tag(i), cs)?;
-            self.t.wait(
-                &others,
-                Slot::RsReady,
-                tag(i),
-                cs,
-                WaitInfo {
-                    op: Op::SplitRs as u32,
-                    step: i as u32,
-                },
-            )?;
+            self.wait_event(1 + i, cs);
+            self.signal(&others, slot, tag(i), cs)?;
+            let info = WaitInfo {
+                op: Op::SplitRs as u32,
+                step: i as u32,
+            };
+            self.wait(&others, (slot, tag(i)), cs, info)?;
+            let srcs: PerRank<DevPtr> = (0..tp)
+                .map(|q| self.peer(q).map(|b| b + (r * p.nc * p.m + lo) * e))
+                .collect::<Result<_>>()?;
+            let out = &x.rs_output.data;
             self.reduce(
-                &x.rs_output.data,
-                lo,
-                p.m,
-                &srcs_at(lo),
-                p.m,
-                p.nc,
-                hi - lo,
-                p.scale_inv,
-                fp8,
+                Reduce {
+                    out: out.ptr + lo * eb(out.dtype),
+                    out_type: out.dtype,
+                    out_ld: p.m,
+                    srcs,
+                    in_ld: p.m,
+                    rows: p.nc,
+                    cols: hi - lo,
+                    in_scale: p.scale_inv,
+                    fp8_out: fp8,
+                    tail: i + 1 == nchunks,
+                },
                 cs,
-                i + 1 == nchunks,
-            )?;
+            );
         }
-        self.finish(stream)
+        Ok(())
     }
 
-    pub fn split_rs_p2p(&mut self, x: &RsArgs, stream: usize) -> Result<()> {
-        self.reported(stream, |o| o.split_rs_p2p_once(x, stream))
-    }
-
-    fn split_rs_p2p_once(&mut self, x: &RsArgs, stream: usize) -> Result<()> {
-        let guard = self.enter(stream)?;
-        // NCCL at tp > 2: ncclReduceScatter per chunk. At tp 2 the ring is one send/recv
-        // step and was faster (bench/RESULTS.md, 2026-11-21: ring 0.92-1.03x of
+    /// The ring GEMM + reduce-scatter (module doc); without peer memory at tp > 2 with
+    /// collectives, the collective per column chunk.
+    pub fn split_rs_p2p(&mut self, x: &RsArgs) -> Result<()> {
+        // Collectives at tp > 2: ncclReduceScatter per chunk. At tp 2 the ring is one
+        // send/recv step and was faster (bench/RESULTS.md, 2026-11-21: ring 0.92-1.03x of
         // NCCL-then-GEMM vs 1.01-1.08x; at tp 4 the collective 0.95-1.13x vs 1.10-1.60x).
-        if self.t.nccl().is_some() && self.tp() > 2 {
+        if !self.e.caps.peer_memory && self.e.caps.collectives && self.tp() > 2 {
             let p = self.plan_rs(x, false)?;
-            if Self::plain_sums(x, &p, self.dtype) && !self.rs_accumulates(x, &p)? {
-                return self.rs_nccl_chunks(&p, x, &guard, stream);
+            if Self::plain_sums(x, &p, self.dtype()) && !self.rs_accumulates(x, &p) {
+                return self.rs_collective_chunks(&p, x);
             }
         }
-        let p = self.plan_rs(x, !self.cfg.use_ce)?;
-        let acc = self.rs_accumulates(x, &p)?;
+        let p = self.plan_rs(x, !self.e.settings.use_ce)?;
+        let acc = self.rs_accumulates(x, &p);
         if !(acc && self.tp() == 1) {
             self.staging()?; // allocated (once) before the call starts (tp 1 chain: unused)
         }
         // GEMMs write local staging only (and read sums that landed after the call's
         // barrier): they need not wait for peers.
         self.begin(
-            stream,
             Op::SplitRsP2p,
             false,
             &self.ring_key(&p, acc),
             Some(&p.full),
-        )?;
+        );
         if acc {
-            self.chain_rs(x, &p, &guard, Op::SplitRsP2p, None)?;
+            self.chain_rs(x, &p, Op::SplitRsP2p, None)?;
         } else {
-            self.ring_rs(x, &p, &guard)?;
+            self.ring_rs(x, &p)?;
         }
-        self.finish(stream)
+        self.finish();
+        Ok(())
     }
 
     /// The call's check key (NVTE_COMM_CHECK): the GEMM's, and how the ring sums (the
     /// closing reduction, or the accumulating ring and its pieces), so that ranks whose
     /// environments chose differently fail the cross-rank check instead of exchanging
     /// into slots the other never reads.
-    fn ring_key(&self, p: &Plan, acc: bool) -> [u64; 6] {
+    pub(super) fn ring_key(&self, p: &RsPlan, acc: bool) -> [u64; 6] {
         let g = p.full.check_key();
         let ring = if acc {
             1 | (self.chain_pieces(p.nc) as u64) << 1
@@ -298,8 +306,12 @@ impl Overlap {
     /// rows (aligned operand offsets).
     fn chain_bounds(&self, nc: usize) -> Bounds {
         let tp = self.tp();
-        let max_pieces = (self.ev_chunk.len() / (2 * tp)).max(1);
-        let want = if tp == 1 { 1 } else { self.pieces.max(2) };
+        let max_pieces = (self.e.events / (2 * tp)).max(1);
+        let want = if tp == 1 {
+            1
+        } else {
+            self.e.tuning.pieces.max(2)
+        };
         super::schedule::column_splits(nc, want.min(max_pieces))
     }
 
@@ -312,23 +324,23 @@ impl Overlap {
     /// it is one GEMM straight into the output instead of a GEMM and a copy) and possible
     /// (plain sums of the buffer's type). The choice is the same on every rank (same
     /// environment and tuning, same operands per the call check).
-    fn rs_accumulates(&self, x: &RsArgs, p: &Plan) -> Result<bool> {
-        let want = match self.knobs.rs_ring {
+    pub(super) fn rs_accumulates(&self, x: &RsArgs, p: &RsPlan) -> bool {
+        let want = match self.e.knobs.rs_ring {
             // (tp 1 inline: one GEMM into the output whatever the knob says: a closing
             // "sum" of the one partial would only copy it)
-            _ if self.inline_ok() => true,
+            _ if self.e.inline => true,
             Some(RS_REDUCE) => false,
             Some(RS_ACCUMULATE) => true,
-            _ => self.rs_accumulate || self.tp() == 1,
+            _ => self.e.tuning.rs_accumulate || self.tp() == 1,
         };
-        Ok(want && Self::plain_sums(x, p, self.dtype))
+        want && Self::plain_sums(x, p, self.dtype())
     }
 
     /// Whether the reduce-scatter is plain sums of a 16/32-bit buffer into an output of
     /// the same type, with no per-row epilogue output or accumulation in the partials
-    /// (FP8 partials need the scaled fp32 reduction): what ncclReduceScatter and the
-    /// accumulating ring can produce.
-    fn plain_sums(x: &RsArgs, p: &Plan, dtype: crate::tensor::DType) -> bool {
+    /// (FP8 partials need the scaled fp32 reduction): what a reduce-scatter collective and
+    /// the accumulating ring can produce.
+    fn plain_sums(x: &RsArgs, p: &RsPlan, dtype: DType) -> bool {
         !dtype.is_fp8()
             && x.rs_output.data.dtype == dtype
             && !x.g.accumulate
@@ -338,7 +350,7 @@ impl Overlap {
 
     /// [`Self::plain_sums`] from the operands alone (before the GEMM is planned): no
     /// pre-GELU output, no bias gradient (bias with grad), no accumulation.
-    fn plain_sums_of(x: &RsArgs, dtype: crate::tensor::DType) -> bool {
+    fn plain_sums_of(x: &RsArgs, dtype: DType) -> bool {
         let used = |t: Option<&Tensor>| t.is_some_and(|t| !t.data.ptr.is_null());
         let bias_grad = x.g.grad && used(x.g.bias);
         !dtype.is_fp8()
@@ -348,27 +360,15 @@ impl Overlap {
             && !bias_grad
     }
 
-    /// NCCL transport: the GEMM in column chunks, each written contiguously ([n, m_i])
-    /// into local staging, and ncclReduceScatter of chunk i (into the buffer, then a 2-D
-    /// copy into its columns of `rs_output`) while chunk i+1 computes.
-    fn rs_nccl_chunks(
-        &mut self,
-        p: &Plan,
-        x: &RsArgs,
-        guard: &ContextGuard,
-        stream: usize,
-    ) -> Result<()> {
+    /// Collectives: the GEMM in column chunks, each written contiguously ([n, m_i]) into
+    /// local staging, and the reduce-scatter collective of chunk i (into the buffer, then
+    /// a 2-D copy into its columns of `rs_output`) while chunk i+1 computes.
+    fn rs_collective_chunks(&mut self, p: &RsPlan, x: &RsArgs) -> Result<()> {
         let tp = self.tp();
         let staging = self.staging()?;
-        self.begin(
-            stream,
-            Op::SplitRs,
-            false,
-            &p.full.check_key(),
-            Some(&p.full),
-        )?;
+        self.begin(Op::SplitRs, false, &p.full.check_key(), Some(&p.full));
         let bounds = self.splits(p.m);
-        let e = eb(self.dtype);
+        let e = eb(self.dtype());
         let n = p.nc * tp;
         let nchunks = bounds.len() - 1;
         for i in 0..nchunks {
@@ -377,39 +377,46 @@ impl Overlap {
             let mut g = Self::column_chunk(p, x.g.transa, lo, hi);
             g.d = staging + lo * n * e;
             g.ldd = hi - lo;
-            self.run_gemm(&g, guard, 0, false)?;
-            self.ev_chunk[1 + i].record(self.compute_stream(0)?)?;
+            self.gemm(&g, 0, false);
+            self.record(1 + i, Lane::Compute(0));
         }
-        let cs = self.comm_stream(0)?;
+        let cs = Lane::Comm(0);
         let out = x.rs_output.data.ptr;
         for i in 0..nchunks {
             let (lo, hi) = (bounds[i], bounds[i + 1]);
             let w = hi - lo;
-            self.ev_chunk[1 + i].wait_on(cs)?;
+            self.wait_event(1 + i, cs);
             let recv = self.buffer() + lo * p.nc * e;
-            let nc = self.t.nccl().expect("the NCCL transport");
-            nc.reduce_scatter(staging + lo * n * e, recv, p.nc * w, self.dtype, cs)?;
-            copy_2d(out + lo * e, p.m * e, recv, w * e, w * e, p.nc, cs)?;
+            let src = staging + lo * n * e;
+            self.reduce_scatter((src, recv, p.nc * w), self.dtype(), cs)?;
+            self.copy_2d(out + lo * e, p.m * e, recv, w * e, w * e, p.nc, cs);
         }
-        self.finish(stream)
+        self.finish();
+        Ok(())
     }
 
     /// The ring reduce-scatter of the call (between begin and finish), ending with the
     /// reduction into `x.rs_output` on comm stream 0.
-    fn ring_rs(&mut self, x: &RsArgs, p: &Plan, guard: &ContextGuard) -> Result<()> {
-        let (tp, r) = (self.tp(), self.tp_rank());
+    pub(super) fn ring_rs(&mut self, x: &RsArgs, p: &RsPlan) -> Result<()> {
         let staging = self.staging()?;
-        let e = eb(self.dtype);
-        let slot_bytes = p.nc * p.m * e;
-        let plan = super::schedule::rs_exchange(tp, r);
-        let fp8 = Self::fp8_output(x.rs_output, "rs_output", self.comm_stream(0)?)?;
-        // GEMM for destination d: B's rows [d nc, (d+1) nc), output [nc, m].
-        for (i, &d) in plan.gemm_dest.iter().enumerate() {
+        let slot_bytes = p.nc * p.m * eb(self.dtype());
+        let plan = super::schedule::rs_exchange(self.tp(), self.tp_rank());
+        let fp8 = self.fp8_output(x.rs_output, "rs_output", Lane::Comm(0))?;
+        self.ring_rs_gemms(p, staging, &plan.gemm_dest);
+        self.ring_rs_exchanges(staging, slot_bytes, &plan.steps)?;
+        self.ring_rs_reduce(x, p, staging, fp8)
+    }
+
+    /// GEMM for destination d: B's rows [d nc, (d+1) nc), output [nc, m], into local
+    /// staging: the GEMMs never touch the registered buffer, which peers may still be
+    /// loading from for the previous call.
+    fn ring_rs_gemms(&mut self, p: &RsPlan, staging: DevPtr, dests: &[usize]) {
+        let tp = self.tp();
+        let slot_bytes = p.nc * p.m * eb(self.dtype());
+        for (i, &d) in dests.iter().enumerate() {
             let mut g = p.full;
             g.n = p.nc;
             g.b = p.full.b_from_row(d * p.nc);
-            // All partials go to local staging: the GEMMs never touch the registered
-            // buffer, which peers may still be loading from for the previous call.
             g.d = staging + d * slot_bytes;
             if !p.full.aux.is_null() {
                 g.aux = p.full.aux + d * p.nc * p.m * eb(p.full.aux_type);
@@ -419,16 +426,25 @@ impl Overlap {
             }
             let si = 0; // in order: see the module doc
             self.step(|| format!("GEMM partial for rank {d} ({} of {tp})", i + 1));
-            self.run_gemm(&g, guard, si, false)?;
-            self.ev_chunk[i].record(self.compute_stream(si)?)?;
-            self.mark(self.compute_stream(si)?, || format!("gemm{i}"))?;
+            self.gemm(&g, si, false);
+            self.record(i, Lane::Compute(si));
+            self.mark(Lane::Compute(si), || format!("gemm{i}"));
         }
-        // Step i: our partial for rank d = r+i+1 goes to its slot r, and the partial of
-        // rank s = r-i-1 for us lands in our slot s (the barrier at the start of the call
-        // made sure every rank is done with its buffer from the last call).
-        let cs = self.comm_stream(0)?;
-        for (i, t) in plan.steps.iter().enumerate() {
-            self.ev_chunk[i].wait_on(cs)?;
+    }
+
+    /// Step i: our partial for rank d = r+i+1 goes to its slot r, and the partial of rank
+    /// s = r-i-1 for us lands in our slot s (the barrier at the start of the call made
+    /// sure every rank is done with its buffer from the last call).
+    fn ring_rs_exchanges(
+        &mut self,
+        staging: DevPtr,
+        slot_bytes: usize,
+        steps: &[super::schedule::Transfer],
+    ) -> Result<()> {
+        let cs = Lane::Comm(0);
+        let slot = self.e.slots.rs_p2p;
+        for (i, t) in steps.iter().enumerate() {
+            self.wait_event(i, cs);
             let send = SendOp {
                 peer: t.to,
                 src: staging + t.to * slot_bytes,
@@ -452,11 +468,25 @@ impl Overlap {
                     t.from
                 )
             });
-            self.t
-                .exchange(&[send], &[recv], Slot::RsP2p, tag(i), cs, info)?;
-            self.mark(cs, || format!("exchanged{i}"))?;
+            self.exchange(send, recv, (slot, tag(i)), cs, info)?;
+            self.mark(cs, || format!("exchanged{i}"));
         }
-        self.ev_chunk[tp - 1].wait_on(cs)?;
+        Ok(())
+    }
+
+    /// The closing reduction of the tp partials (this rank's own from staging, the
+    /// others' landed in the buffer) into `rs_output`.
+    fn ring_rs_reduce(
+        &mut self,
+        x: &RsArgs,
+        p: &RsPlan,
+        staging: DevPtr,
+        fp8: (DevPtr, DevPtr),
+    ) -> Result<()> {
+        let (tp, r) = (self.tp(), self.tp_rank());
+        let slot_bytes = p.nc * p.m * eb(self.dtype());
+        let cs = Lane::Comm(0);
+        self.wait_event(tp - 1, cs);
         let srcs: PerRank<DevPtr> = (0..tp)
             .map(|s| {
                 if s == r {
@@ -466,20 +496,24 @@ impl Overlap {
                 }
             })
             .collect();
+        let out = &x.rs_output.data;
         self.reduce(
-            &x.rs_output.data,
-            0,
-            p.m,
-            &srcs,
-            p.m,
-            p.nc,
-            p.m,
-            p.scale_inv,
-            fp8,
+            Reduce {
+                out: out.ptr,
+                out_type: out.dtype,
+                out_ld: p.m,
+                srcs,
+                in_ld: p.m,
+                rows: p.nc,
+                cols: p.m,
+                in_scale: p.scale_inv,
+                fp8_out: fp8,
+                tail: true,
+            },
             cs,
-            true,
-        )?;
-        self.mark(cs, || "reduced".into())
+        );
+        self.mark(cs, || "reduced".into());
+        Ok(())
     }
 
     /// The accumulating ring of the call (between begin and finish; module doc), ending
@@ -487,47 +521,41 @@ impl Overlap {
     /// all-reduce: each finished piece of those rows is also pushed into every peer's
     /// buffer at byte offset half + (its place in D), and the peers' pieces that land here
     /// are copied into the rest of D (`x.rs_output` is this rank's rows of D).
-    fn chain_rs(
+    pub(super) fn chain_rs(
         &mut self,
         x: &RsArgs,
-        p: &Plan,
-        guard: &ContextGuard,
+        p: &RsPlan,
         op: Op,
         gather: Option<(usize, DevPtr)>,
     ) -> Result<()> {
+        let tp = self.tp();
+        let bounds = self.chain_bounds(p.nc);
+        self.chain_steps(x, p, op, &bounds)?;
+        // (finish() joins the compute stream: the caller waits for the last GEMMs.)
+        // (At tp 1 there is nothing to gather.)
+        let Some((half, d)) = gather.filter(|_| tp > 1) else {
+            return Ok(());
+        };
+        self.chain_gather(x, p, op, &bounds, (half, d))
+    }
+
+    /// The accumulating ring's steps: step i computes the partial of chunk
+    /// `plan.chunk[i]`'s rows, piece by piece, adding the running sum that arrived.
+    fn chain_steps(&mut self, x: &RsArgs, p: &RsPlan, op: Op, bounds: &[usize]) -> Result<()> {
         let (tp, r) = (self.tp(), self.tp_rank());
         let staging = self.staging()?;
-        let e = eb(self.dtype);
+        let e = eb(self.dtype());
         let slot_bytes = p.nc * p.m * e;
         let plan = super::schedule::rs_chain(tp, r);
-        let bounds = self.chain_bounds(p.nc);
         let np = bounds.len() - 1;
         let computed = |i: usize, j: usize| i * np + j;
         let landed = |i: usize, j: usize| (tp + i) * np + j;
-        let cs = self.comm_stream(0)?;
-        let cmp = self.compute_stream(0)?;
+        let (cs, cmp) = (Lane::Comm(0), Lane::Compute(0));
         let out = x.rs_output.data.ptr;
-        let info = |k: usize| WaitInfo {
-            op: op as u32,
-            step: k as u32,
-        };
+        let slot = self.e.slots.rs_p2p;
         for (i, &c) in plan.chunk.iter().enumerate() {
             let last = i + 1 == tp;
-            self.step(|| {
-                if last {
-                    format!("GEMM of the own rows, adding the sums that arrived ({tp} of {tp})")
-                } else {
-                    format!(
-                        "GEMM partial of rank {c}'s rows{} ({} of {tp})",
-                        if i > 0 {
-                            " added to the sum that arrived"
-                        } else {
-                            ""
-                        },
-                        i + 1
-                    )
-                }
-            });
+            self.step(|| chain_step_name(i, c, tp));
             for j in 0..np {
                 let (lo, hi) = (bounds[j], bounds[j + 1]);
                 let off = lo * p.m * e;
@@ -536,26 +564,25 @@ impl Overlap {
                     let k = (i - 1) * np + j;
                     let at = (i - 1) * slot_bytes + off;
                     let bytes = (hi - lo) * p.m * e;
-                    self.ev_chunk[computed(i - 1, j)].wait_on(cs)?;
-                    self.t.exchange(
-                        &[SendOp {
-                            peer: plan.to,
-                            src: staging + at,
-                            dst_offset: at,
-                            bytes,
-                        }],
-                        &[RecvOp {
-                            peer: plan.from,
-                            dst_offset: at,
-                            bytes,
-                        }],
-                        Slot::RsP2p,
-                        tag(k),
-                        cs,
-                        info(k),
-                    )?;
-                    self.ev_chunk[landed(i - 1, j)].record(cs)?;
-                    self.ev_chunk[landed(i - 1, j)].wait_on(cmp)?;
+                    self.wait_event(computed(i - 1, j), cs);
+                    let send = SendOp {
+                        peer: plan.to,
+                        src: staging + at,
+                        dst_offset: at,
+                        bytes,
+                    };
+                    let recv = RecvOp {
+                        peer: plan.from,
+                        dst_offset: at,
+                        bytes,
+                    };
+                    let info = WaitInfo {
+                        op: op as u32,
+                        step: k as u32,
+                    };
+                    self.exchange(send, recv, (slot, tag(k)), cs, info)?;
+                    self.record(landed(i - 1, j), cs);
+                    self.wait_event(landed(i - 1, j), cmp);
                 }
                 let mut g = p.full;
                 g.n = hi - lo;
@@ -569,105 +596,83 @@ impl Overlap {
                     g.accumulate = true;
                     g.c = self.buffer() + (i - 1) * slot_bytes + off;
                 }
-                self.run_gemm(&g, guard, 0, false)?;
-                if self.inline.is_none() {
+                self.gemm(&g, 0, false);
+                if !self.e.inline {
                     // (inline: one stream, program order)
-                    self.ev_chunk[computed(i, j)].record(cmp)?;
+                    self.record(computed(i, j), cmp);
                 }
             }
-            self.mark(cmp, || format!("gemm{i}"))?;
+            self.mark(cmp, || format!("gemm{i}"));
         }
-        // (finish() joins the compute stream: the caller waits for the last GEMMs.)
-        // (At tp 1 there is nothing to gather.)
-        let Some((half, d)) = gather.filter(|_| tp > 1) else {
-            return Ok(());
-        };
-        // All-reduce: push each reduced piece to every peer as soon as it is computed
-        // (comm stream 2, so no push queues behind the ring's exchanges), and copy the
-        // peers' pieces into D as they land (comm stream 1). A peer's piece j lands about
-        // when this rank computed its own: the wait for it starts then, not at the call's
-        // start (a wait kernel spins on an SM, and its timeout counts from its start).
-        let others = self.others();
-        let mine = r * slot_bytes;
-        let push = self.comm_stream(2)?;
-        for j in 0..np {
-            let (lo, hi) = (bounds[j], bounds[j + 1]);
-            let off = lo * p.m * e;
-            self.ev_chunk[computed(tp - 1, j)].wait_on(push)?;
-            for k in 1..tp {
-                let q = (r + k) % tp;
-                self.t
-                    .put(q, half + mine + off, out + off, (hi - lo) * p.m * e, push)?;
-            }
-            self.t.signal(&others, Slot::ArReduced, tag(j), push)?;
-        }
-        let land = self.comm_stream(1)?;
-        for j in 0..np {
-            let (lo, hi) = (bounds[j], bounds[j + 1]);
-            let off = lo * p.m * e;
-            self.ev_chunk[computed(tp - 1, j)].wait_on(land)?;
-            self.t
-                .wait(&others, Slot::ArReduced, tag(j), land, info(tp * np + j))?;
-            for &q in &others {
-                let at = q * slot_bytes + off;
-                copy_async(d + at, self.buffer() + half + at, (hi - lo) * p.m * e, land)?;
-            }
-        }
-        self.mark(land, || "gathered".into())
+        Ok(())
     }
 
-    /// GEMM + all-reduce as a ring reduce-scatter (each rank's rows of D reduced into D)
-    /// followed by an all-gather of the reduced rows: each rank pushes its rows into the
-    /// second half of every peer's buffer (copy engine), and every rank copies the rows
-    /// that landed into D. Needs n divisible by tp and a buffer of twice D.
-    pub(crate) fn ring_ar(&mut self, x: &RsArgs, d: DevPtr, stream: usize) -> Result<()> {
-        let guard = self.enter(stream)?;
-        let p = self.plan_rs(x, !self.cfg.use_ce)?;
-        let (tp, r, e) = (self.tp(), self.tp_rank(), eb(self.dtype));
-        let n = p.nc * tp;
-        self.check_capacity("the all-reduce's partials and gathered rows", [2 * n, p.m])?;
-        self.staging()?; // allocated (once) before the call starts
-        let acc = self.rs_accumulates(x, &p)?;
-        self.begin(
-            stream,
-            Op::SplitAr,
-            false,
-            &self.ring_key(&p, acc),
-            Some(&p.full),
-        )?;
-        let half = n * p.m * e;
-        if acc {
-            self.chain_rs(x, &p, &guard, Op::SplitAr, Some((half, d)))?;
-            return self.finish(stream);
-        }
-        self.ring_rs(x, &p, &guard)?;
-        let cs = self.comm_stream(0)?;
-        let rows = p.nc * p.m * e; // bytes of one rank's rows
+    /// All-reduce: push each reduced piece to every peer as soon as it is computed (comm
+    /// stream 2, so no push queues behind the ring's exchanges), and copy the peers'
+    /// pieces into D as they land (comm stream 1). A peer's piece j lands about when this
+    /// rank computed its own: the wait for it starts then, not at the call's start (a
+    /// wait kernel spins on an SM, and its timeout counts from its start).
+    fn chain_gather(
+        &mut self,
+        x: &RsArgs,
+        p: &RsPlan,
+        op: Op,
+        bounds: &[usize],
+        (half, d): (usize, DevPtr),
+    ) -> Result<()> {
+        let (tp, r) = (self.tp(), self.tp_rank());
+        let e = eb(self.dtype());
+        let slot_bytes = p.nc * p.m * e;
+        let np = bounds.len() - 1;
+        let computed = |i: usize, j: usize| i * np + j;
+        let out = x.rs_output.data.ptr;
         let others = self.others();
-        for k in 1..tp {
-            let q = (r + k) % tp;
-            self.t.put(q, half + r * rows, d + r * rows, rows, cs)?;
+        let mine = r * slot_bytes;
+        let slot = self.e.slots.ar_reduced;
+        let push = Lane::Comm(2);
+        for j in 0..np {
+            let (lo, hi) = (bounds[j], bounds[j + 1]);
+            let off = lo * p.m * e;
+            self.wait_event(computed(tp - 1, j), push);
+            for k in 1..tp {
+                let q = (r + k) % tp;
+                self.put(q, half + mine + off, out + off, (hi - lo) * p.m * e, push)?;
+            }
+            self.signal(&others, slot, tag(j), push)?;
         }
-        self.t.signal(&others, Slot::ArReduced, tag(0), cs)?;
-        self.t.wait(
-            &others,
-            Slot::ArReduced,
-            tag(0),
-            cs,
-            WaitInfo {
-                op: Op::SplitAr as u32,
-                step: 0,
+        let land = Lane::Comm(1);
+        for j in 0..np {
+            let (lo, hi) = (bounds[j], bounds[j + 1]);
+            let off = lo * p.m * e;
+            self.wait_event(computed(tp - 1, j), land);
+            let info = WaitInfo {
+                op: op as u32,
+                step: (tp * np + j) as u32,
+            };
+            self.wait(&others, (slot, tag(j)), land, info)?;
+            for &q in &others {
+                let at = q * slot_bytes + off;
+                self.copy(d + at, self.buffer() + half + at, (hi - lo) * p.m * e, land);
+            }
+        }
+        self.mark(land, || "gathered".into());
+        Ok(())
+    }
+}
+
+/// The NVTX name of the accumulating ring's step i (chunk c).
+fn chain_step_name(i: usize, c: usize, tp: usize) -> String {
+    if i + 1 == tp {
+        format!("GEMM of the own rows, adding the sums that arrived ({tp} of {tp})")
+    } else {
+        format!(
+            "GEMM partial of rank {c}'s rows{} ({} of {tp})",
+            if i > 0 {
+                " added to the sum that arrived"
+            } else {
+                ""
             },
-        )?;
-        // The peers' rows: before and after this rank's.
-        let landed = self.buffer() + half;
-        copy_async(d, landed, r * rows, cs)?;
-        copy_async(
-            d + (r + 1) * rows,
-            landed + (r + 1) * rows,
-            (tp - r - 1) * rows,
-            cs,
-        )?;
-        self.finish(stream)
+            i + 1
+        )
     }
 }

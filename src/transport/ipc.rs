@@ -8,8 +8,8 @@
 //! each replay synchronises afresh.
 use super::inproc::{LOCAL_BYTES, Local, PeerMem, enable_access};
 use super::{
-    ErrorRecord, Group, MAX_PEERS, NUM_SLOTS, PeerSet, RecvOp, SendOp, Slot, Timeout, Transport,
-    WaitInfo,
+    ALGO_SLOTS, Entry, ErrorRecord, FlagSlot, Group, MAX_PEERS, NUM_SLOTS, PeerMemory, PeerSet,
+    RecvOp, SendOp, Timeout, Transport, TwoSided, WaitInfo,
 };
 use crate::bootstrap::Bootstrap;
 use crate::cuda::resources::{DeviceMem, HostMapped, IpcMapping, copy_async};
@@ -40,9 +40,40 @@ pub struct IpcTransport {
 // SAFETY: device addresses and owned handles; used from one thread at a time per object.
 unsafe impl Send for IpcTransport {}
 
+/// The call barrier's own flag slots, after the algorithms' ([`ALGO_SLOTS`]): "I finished
+/// call seq" (nobody reads or writes my buffer for it any more), and "I entered call seq"
+/// (signalled after my previous call completed on my GPU).
+const DONE: FlagSlot = FlagSlot(ALGO_SLOTS as u8);
+const ARRIVE: FlagSlot = FlagSlot(ALGO_SLOTS as u8 + 1);
+
+/// The registry's entry: picked by auto when the whole group shares this node.
+pub const ENTRY: Entry = Entry {
+    name: "ipc",
+    auto: |p| p.one_node,
+    create: |s| {
+        if let Some((w, host, mine)) = &s.placement.away {
+            unsupported!(
+                "world rank {w} (host {host}) is on another node than rank {} (host {mine}): the IPC transport needs the whole tensor-parallel group on one node (use the NCCL transport)",
+                s.bs.rank
+            );
+        }
+        let st = s.settings;
+        let settings = IpcSettings {
+            buffer_bytes: st.buffer_bytes,
+            use_ce: st.use_ce,
+            comm_sms: st.comm_sms,
+            timeout_ms: st.timeout_ms,
+            check: st.check,
+        };
+        Ok(Box::new(IpcTransport::create(
+            s.bs, s.group, s.guard, s.dev, &settings,
+        )?))
+    },
+};
+
 /// Byte offset of (slot, source) in a rank's flag array.
-fn flag_offset(slot: Slot, src: usize) -> usize {
-    ((slot as usize) * MAX_PEERS + src) * 8
+fn flag_offset(slot: FlagSlot, src: usize) -> usize {
+    (slot.index() * MAX_PEERS + src) * 8
 }
 
 /// Byte offset of source `src`'s {descriptor, call number} check slot in a rank's flag
@@ -204,23 +235,14 @@ impl Transport for IpcTransport {
     fn name(&self) -> &'static str {
         if self.in_process { "inproc" } else { "ipc" }
     }
-    /// Puts, then one signal per destination, then one wait for all sources.
-    fn exchange(
-        &self,
-        sends: &[SendOp],
-        recvs: &[RecvOp],
-        slot: Slot,
-        tag: u64,
-        stream: usize,
-        info: WaitInfo,
-    ) -> Result<()> {
-        for s in sends {
-            self.put(s.peer, s.dst_offset, s.src, s.bytes, stream)?;
-        }
-        let dsts: super::Peers = sends.iter().map(|s| s.peer).collect();
-        self.signal(&dsts, slot, tag, stream)?;
-        let srcs: super::Peers = recvs.iter().map(|r| r.peer).collect();
-        self.wait(&srcs, slot, tag, stream, info)
+    fn idle_alone(&self) -> bool {
+        true
+    }
+    fn peer_memory(&self) -> Option<&dyn PeerMemory> {
+        Some(self)
+    }
+    fn two_sided(&self) -> Option<&dyn TwoSided> {
+        Some(self)
     }
     /// The call counter is incremented, the call's descriptor written into every peer's
     /// check slot for this rank, then the arrival barrier (tag 1): a rank signals only
@@ -235,9 +257,7 @@ impl Transport for IpcTransport {
             return Ok(());
         }
         let me = self.group.tp_rank;
-        let set = self.flag_set(&others, |p| {
-            self.flags_base(p) + flag_offset(Slot::Arrive, me)
-        });
+        let set = self.flag_set(&others, |p| self.flags_base(p) + flag_offset(ARRIVE, me));
         let check = self.flag_set(&others, |p| self.flags_base(p) + check_offset(me));
         let counter = self.counter.ptr;
         let mut args = [arg(&set), arg(&check), arg(&counter), arg(&desc)];
@@ -248,9 +268,9 @@ impl Transport for IpcTransport {
         // live as long as the object.
         unsafe { self.launch_flags("begin_call", &mut args, stream)? };
         if !self.check {
-            return self.wait(&others, Slot::Arrive, 1, stream, info);
+            return self.wait(&others, ARRIVE, 1, stream, info);
         }
-        let wait = self.flag_set(&others, |p| self.flags.ptr + flag_offset(Slot::Arrive, p));
+        let wait = self.flag_set(&others, |p| self.flags.ptr + flag_offset(ARRIVE, p));
         let slots = self.flag_set(&others, |p| self.flags.ptr + check_offset(p));
         let err = self.error.device;
         let op = info.op;
@@ -272,7 +292,7 @@ impl Transport for IpcTransport {
     }
     /// "Done" with tag 1: (call number << 16) + 1.
     fn end_call(&self, _calls: u64, stream: usize) -> Result<()> {
-        self.signal(&self.others(), Slot::Done, 1, stream)
+        self.signal(&self.others(), DONE, 1, stream)
     }
     /// Waits for "done" >= (call number << 16) (tag 0): the peers' end of the last call
     /// begun here, and nothing when no call ever ran (counter 0).
@@ -280,96 +300,8 @@ impl Transport for IpcTransport {
         if calls == 0 {
             return Ok(());
         }
-        self.wait(&self.others(), Slot::Done, 0, stream, info)
+        self.wait(&self.others(), DONE, 0, stream, info)
     }
-    fn peer_buffer(&self, peer: usize) -> Option<DevPtr> {
-        if peer == self.group.tp_rank {
-            Some(self.group.buffer.ptr)
-        } else {
-            self.peer_buffers[peer].as_ref().map(|m| m.ptr())
-        }
-    }
-
-    fn put(
-        &self,
-        peer: usize,
-        offset: usize,
-        src: DevPtr,
-        bytes: usize,
-        stream: usize,
-    ) -> Result<()> {
-        let dst = self.peer_buffer(peer).unwrap() + offset;
-        if self.use_ce {
-            return copy_async(dst, src, bytes, stream);
-        }
-        if bytes == 0 {
-            return Ok(());
-        }
-        let f = self.func("put_bytes")?;
-        let n = bytes as u64;
-        let mut args = [arg(&dst), arg(&src), arg(&n)];
-        // SAFETY: `f` is put_bytes(u8 *dst, const u8 *src, u64 bytes) of kernels/comm.cu in
-        // this object's module (its device's context); `dst` lies in the peer's mapped buffer
-        // (callers keep offset + bytes inside it), `src` is the caller's device range.
-        unsafe {
-            cuda::launch(
-                f,
-                (self.comm_sms, 1, 1),
-                (1024, 1, 1),
-                0,
-                stream,
-                &mut args,
-                "put_bytes",
-            )
-        }
-    }
-
-    fn signal(&self, peers: &[usize], slot: Slot, tag: u64, stream: usize) -> Result<()> {
-        if peers.is_empty() {
-            return Ok(());
-        }
-        let me = self.group.tp_rank;
-        let set = self.flag_set(peers, |p| self.flags_base(p) + flag_offset(slot, me));
-        let counter = self.counter.ptr;
-        let mut args = [arg(&set), arg(&counter), arg(&tag)];
-        // SAFETY: signal_flags(FlagSet, const u64 *counter, u64 tag) of
-        // kernels/comm.cu in this object's module (its device's context); `set` (repr(C))
-        // holds the peers' mapped flag addresses, `counter` this object's device counter:
-        // both live as long as the object.
-        unsafe { self.launch_flags("signal_flags", &mut args, stream) }
-    }
-
-    fn wait(
-        &self,
-        peers: &[usize],
-        slot: Slot,
-        tag: u64,
-        stream: usize,
-        info: WaitInfo,
-    ) -> Result<()> {
-        if peers.is_empty() {
-            return Ok(());
-        }
-        let set = self.flag_set(peers, |p| self.flags.ptr + flag_offset(slot, p));
-        let err = self.error.device;
-        let counter = self.counter.ptr;
-        let mut args = [
-            arg(&set),
-            arg(&counter),
-            arg(&tag),
-            arg(&self.timeout_ns),
-            arg(&err),
-            arg(&info.op),
-            arg(&info.step),
-        ];
-        // SAFETY: wait_flags(FlagSet, const u64 *counter, u64 tag, u64 timeout_ns,
-        // ErrorRecord *err, u32 op, u32 step) of kernels/comm.cu in this object's module (its
-        // device's context); `set` (repr(C)) holds this rank's own flag addresses, `counter`
-        // its device counter and `err` the device address of its host-mapped ErrorRecord
-        // (repr(C)): all live as long as the object.
-        unsafe { self.launch_flags("wait_flags", &mut args, stream) }
-    }
-
     fn timeout(&self) -> Option<Timeout> {
         // SAFETY: the host side of this object's host-mapped record, written by the device.
         unsafe { ErrorRecord::read(self.error.host as *const ErrorRecord) }
@@ -396,5 +328,122 @@ impl Transport for IpcTransport {
             self.group.buffer.leak();
             self.flags.leak();
         }
+    }
+}
+
+impl PeerMemory for IpcTransport {
+    fn peer_buffer(&self, peer: usize) -> DevPtr {
+        if peer == self.group.tp_rank {
+            self.group.buffer.ptr
+        } else {
+            // (mapped for every peer when the object was created)
+            self.peer_buffers[peer]
+                .as_ref()
+                .map_or(DevPtr::NULL, |m| m.ptr())
+        }
+    }
+
+    fn put(
+        &self,
+        peer: usize,
+        offset: usize,
+        src: DevPtr,
+        bytes: usize,
+        stream: usize,
+    ) -> Result<()> {
+        let dst = self.peer_buffer(peer) + offset;
+        if self.use_ce {
+            return copy_async(dst, src, bytes, stream);
+        }
+        if bytes == 0 {
+            return Ok(());
+        }
+        let f = self.func("put_bytes")?;
+        let n = bytes as u64;
+        let mut args = [arg(&dst), arg(&src), arg(&n)];
+        // SAFETY: `f` is put_bytes(u8 *dst, const u8 *src, u64 bytes) of kernels/comm.cu in
+        // this object's module (its device's context); `dst` lies in the peer's mapped buffer
+        // (callers keep offset + bytes inside it), `src` is the caller's device range.
+        unsafe {
+            cuda::launch(
+                f,
+                (self.comm_sms, 1, 1),
+                (1024, 1, 1),
+                0,
+                stream,
+                &mut args,
+                "put_bytes",
+            )
+        }
+    }
+
+    fn signal(&self, peers: &[usize], slot: FlagSlot, tag: u64, stream: usize) -> Result<()> {
+        if peers.is_empty() {
+            return Ok(());
+        }
+        let me = self.group.tp_rank;
+        let set = self.flag_set(peers, |p| self.flags_base(p) + flag_offset(slot, me));
+        let counter = self.counter.ptr;
+        let mut args = [arg(&set), arg(&counter), arg(&tag)];
+        // SAFETY: signal_flags(FlagSet, const u64 *counter, u64 tag) of
+        // kernels/comm.cu in this object's module (its device's context); `set` (repr(C))
+        // holds the peers' mapped flag addresses, `counter` this object's device counter:
+        // both live as long as the object.
+        unsafe { self.launch_flags("signal_flags", &mut args, stream) }
+    }
+
+    fn wait(
+        &self,
+        peers: &[usize],
+        slot: FlagSlot,
+        tag: u64,
+        stream: usize,
+        info: WaitInfo,
+    ) -> Result<()> {
+        if peers.is_empty() {
+            return Ok(());
+        }
+        let set = self.flag_set(peers, |p| self.flags.ptr + flag_offset(slot, p));
+        let err = self.error.device;
+        let counter = self.counter.ptr;
+        let mut args = [
+            arg(&set),
+            arg(&counter),
+            arg(&tag),
+            arg(&self.timeout_ns),
+            arg(&err),
+            arg(&info.op),
+            arg(&info.step),
+        ];
+        // SAFETY: wait_flags(FlagSet, const u64 *counter, u64 tag, u64 timeout_ns,
+        // ErrorRecord *err, u32 op, u32 step) of kernels/comm.cu in this object's module (its
+        // device's context); `set` (repr(C)) holds this rank's own flag addresses, `counter`
+        // its device counter and `err` the device address of its host-mapped ErrorRecord
+        // (repr(C)): all live as long as the object.
+        unsafe { self.launch_flags("wait_flags", &mut args, stream) }
+    }
+}
+
+impl TwoSided for IpcTransport {
+    /// Puts, then one signal per destination, then one wait for all sources.
+    fn exchange(
+        &self,
+        sends: &[SendOp],
+        recvs: &[RecvOp],
+        slot: FlagSlot,
+        tag: u64,
+        stream: usize,
+        info: WaitInfo,
+    ) -> Result<()> {
+        for s in sends {
+            self.put(s.peer, s.dst_offset, s.src, s.bytes, stream)?;
+        }
+        let dsts: super::Peers = sends.iter().map(|s| s.peer).collect();
+        self.signal(&dsts, slot, tag, stream)?;
+        let srcs: super::Peers = recvs.iter().map(|r| r.peer).collect();
+        self.wait(&srcs, slot, tag, stream, info)
+    }
+    fn concurrent_streams(&self) -> bool {
+        true
     }
 }

@@ -7,6 +7,8 @@
 //!   peer when the group is created);
 //! - `nccl`: any placement (also across nodes); ncclSend / ncclRecv for the exchange
 //!   steps and NCCL collectives where an algorithm needs peer loads.
+#[cfg(test)]
+pub mod fake;
 pub mod inproc;
 pub mod ipc;
 pub mod nccl;
@@ -15,17 +17,17 @@ use crate::bootstrap::Bootstrap;
 use crate::cuda::resources::DeviceMem;
 use crate::cuda::{ContextGuard, DevPtr, DeviceInfo};
 use crate::error::Result;
+use crate::tensor::DType;
 use crate::unsupported;
 
 /// Which transport a group asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
-    /// peer memory when the whole group shares this node, else NCCL
+    /// the first registered transport that reaches the whole group (the registry's order:
+    /// peer memory when the whole group shares this node, else NCCL)
     Auto,
-    /// peer memory: CUDA IPC, or device pointers for peers in this process
-    PeerMemory,
-    /// NCCL point-to-point and collectives (any placement)
-    Nccl,
+    /// the registered transport of this name ([`Entry::name`])
+    Named(&'static str),
 }
 
 /// What creating a transport needs besides the bootstrap and the group.
@@ -40,9 +42,70 @@ pub struct Settings {
     pub check: bool,
 }
 
+/// Where the group's ranks are, as the factory found them (host identities exchanged
+/// through the bootstrap).
+pub struct Placement {
+    /// every member of the group is on this rank's node
+    pub one_node: bool,
+    /// the first member on another node: (its world rank, its host, this rank's host)
+    pub away: Option<(usize, String, String)>,
+}
+
+/// What a transport's constructor gets (collective over the world: every rank calls it
+/// with its group).
+pub struct Setup<'a> {
+    pub bs: &'a Bootstrap,
+    /// world ranks of this rank's group, in group order
+    pub group: &'a [usize],
+    pub guard: &'a ContextGuard,
+    pub dev: &'a DeviceInfo,
+    pub settings: &'a Settings,
+    pub placement: &'a Placement,
+}
+
+/// A registered transport: its name, whether [`Kind::Auto`] may pick it for a placement,
+/// and its constructor. A new transport is its module plus one line in [`REGISTRY`].
+pub struct Entry {
+    pub name: &'static str,
+    pub auto: fn(&Placement) -> bool,
+    pub create: fn(&Setup) -> Result<Box<dyn Transport>>,
+}
+
+/// The transports, in the order [`Kind::Auto`] tries them.
+pub static REGISTRY: &[Entry] = &[
+    ipc::ENTRY,
+    nccl::ENTRY,
+    #[cfg(test)]
+    fake::ENTRY,
+];
+
+/// The transport a config's choice asks for (the C API's `NVTECommTransport` values:
+/// 1 IPC, 2 NCCL, anything else auto).
+pub fn kind_of_choice(choice: u32) -> Kind {
+    match choice {
+        1 => Kind::Named("ipc"),
+        2 => Kind::Named("nccl"),
+        _ => Kind::Auto,
+    }
+}
+
+/// The name of a config's transport choice (as NVTE_COMM_TRANSPORT spells it).
+pub fn choice_name(choice: u32) -> &'static str {
+    match choice {
+        1 => "ipc",
+        2 => "nccl",
+        _ => "auto",
+    }
+}
+
+/// The registered transport named `name`.
+pub fn entry(name: &str) -> Option<&'static Entry> {
+    REGISTRY.iter().find(|e| e.name == name)
+}
+
 /// The transport factory (collective over the world: every rank calls it with its
-/// group): the one place that knows the transports. A new transport is its module plus
-/// a `Kind` and an arm here.
+/// group): checks that every rank made the same buffer, finds where the group's ranks
+/// are, and creates the registered transport `s.kind` asks for.
 pub fn create(
     bs: &Bootstrap,
     group: &[usize],
@@ -67,41 +130,38 @@ pub fn create(
             );
         }
     }
-    // Auto: peer memory when the whole group shares this node, else NCCL.
-    let one_node = group.iter().all(|&w| id(w) == id(bs.rank));
-    let use_nccl = s.kind == Kind::Nccl || (s.kind == Kind::Auto && !one_node);
-    if !use_nccl && !one_node {
-        let w = *group.iter().find(|&&w| id(w) != id(bs.rank)).unwrap();
-        unsupported!(
-            "world rank {w} (host {}) is on another node than rank {} (host {}): the IPC transport needs the whole tensor-parallel group on one node (use the NCCL transport)",
+    let away = group.iter().find(|&&w| id(w) != id(bs.rank)).map(|&w| {
+        (
+            w,
             crate::bootstrap::host_name(id(w)),
-            bs.rank,
-            crate::bootstrap::host_name(id(bs.rank))
-        );
-    }
-    Ok(if use_nccl {
-        let settings = nccl::NcclSettings {
-            buffer_bytes: s.buffer_bytes,
-            timeout_ms: s.timeout_ms,
-            check: s.check,
-        };
-        Box::new(nccl::NcclTransport::create(
-            bs, group, guard, dev, &settings,
-        )?)
-    } else {
-        let settings = ipc::IpcSettings {
-            buffer_bytes: s.buffer_bytes,
-            use_ce: s.use_ce,
-            comm_sms: s.comm_sms,
-            timeout_ms: s.timeout_ms,
-            check: s.check,
-        };
-        Box::new(ipc::IpcTransport::create(bs, group, guard, dev, &settings)?)
+            crate::bootstrap::host_name(id(bs.rank)),
+        )
+    });
+    let placement = Placement {
+        one_node: away.is_none(),
+        away,
+    };
+    let e = match s.kind {
+        Kind::Auto => REGISTRY.iter().find(|e| (e.auto)(&placement)),
+        Kind::Named(n) => entry(n),
+    };
+    let Some(e) = e else {
+        unsupported!("no registered transport {:?} reaches this group", s.kind);
+    };
+    (e.create)(&Setup {
+        bs,
+        group,
+        guard,
+        dev,
+        settings: s,
+        placement: &placement,
     })
 }
 
-/// Flag slots: each rank holds one monotonically increasing 64-bit counter per
-/// (slot, source rank). A wait is "counter >= value", so flags never need resetting.
+/// A flag slot: each rank holds one monotonically increasing 64-bit counter per (slot,
+/// source rank). A wait is "counter >= value", so flags never need resetting. The
+/// transport hands its slots out through [`FlagSlots`]; what a slot is for is the
+/// algorithm's business (the transport keeps its own call barrier's slots apart).
 ///
 /// Flag values are never computed on the host: a value is (call number << 16) + tag,
 /// where the call number is a counter in this rank's device memory that
@@ -109,27 +169,48 @@ pub fn create(
 /// step. Every execution of a call, eager or a replay of a captured CUDA graph, therefore
 /// signals and waits for new values; a value fixed on the host would be frozen into a
 /// captured graph, and every replay after the first would find its waits satisfied.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Slot {
-    /// ring all-gather, chunks travelling to the next rank
-    AgForward = 0,
-    /// ring all-gather, chunks travelling to the previous rank
-    AgBackward = 1,
-    /// pipelined reduce-scatter: "my chunk i is computed"
-    RsReady = 2,
-    /// ring reduce-scatter: "my partial for you has arrived"
-    RsP2p = 3,
-    /// bulk collectives
-    Bulk = 4,
-    /// "I finished call seq": nobody reads or writes my buffer for it any more
-    Done = 5,
-    /// "I entered call seq" (signalled after my previous call completed on my GPU)
-    Arrive = 6,
-    /// all-reduce (two-shot): "my slice of chunk i is reduced (load it)"
-    ArReduced = 7,
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FlagSlot(pub(crate) u8);
+
+impl FlagSlot {
+    /// The slot's index in the transport's flag memory.
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// The flag slots a transport offers the algorithms: taken one at a time, each once.
+#[derive(Clone, Copy, Debug)]
+pub struct FlagSlots {
+    next: u8,
+    end: u8,
+}
+
+impl FlagSlots {
+    /// Slots `0..n`.
+    pub fn new(n: usize) -> FlagSlots {
+        FlagSlots {
+            next: 0,
+            end: n.min(u8::MAX as usize) as u8,
+        }
+    }
+    /// The next free slot; an error when the transport has no more.
+    pub fn take(&mut self) -> Result<FlagSlot> {
+        if self.next >= self.end {
+            return Err(crate::error::Error::internal(format!(
+                "the transport offers {} flag slots: all are taken",
+                self.end
+            )));
+        }
+        self.next += 1;
+        Ok(FlagSlot(self.next - 1))
+    }
 }
 
 pub const NUM_SLOTS: usize = 8;
+/// Flag slots of the peer-memory transports for the algorithms: all but the call
+/// barrier's own two (arrival, done).
+pub(crate) const ALGO_SLOTS: usize = NUM_SLOTS - 2;
 pub const MAX_PEERS: usize = 16;
 
 /// The tag of algorithm step `step` (flag value (call number << 16) + tag; steps < 65535).
@@ -343,23 +424,16 @@ impl Group {
 /// A list of group ranks (at most `MAX_PEERS`), on the stack.
 pub type Peers = crate::host::Small<usize, MAX_PEERS>;
 
+/// What every transport does: the group, the call's arrival barrier and end, failure
+/// records and its settings. What it can move is asked of its capabilities
+/// ([`Transport::peer_memory`], [`Transport::two_sided`], [`Transport::collectives`]):
+/// the algorithms choose their variant from them when they plan a call, never from the
+/// transport's name.
 pub trait Transport: Send {
     /// The group and this rank's buffer.
     fn group(&self) -> &Group;
-    /// "ipc", "inproc" or "nccl".
+    /// The transport's name, for messages ("ipc", "inproc", "nccl"); never a decision.
     fn name(&self) -> &'static str;
-    /// One exchange step on `stream`: every send lands in its peer's buffer, and once the
-    /// step is done (in stream order) every receive has landed here. IPC orders it with
-    /// `slot` flags of value (call number << 16) + `tag`; NCCL with grouped send / recv.
-    fn exchange(
-        &self,
-        sends: &[SendOp],
-        recvs: &[RecvOp],
-        slot: Slot,
-        tag: u64,
-        stream: usize,
-        info: WaitInfo,
-    ) -> Result<()>;
     /// Start of a call on `stream`: increment the device-side call counter, then the
     /// group's arrival barrier, which also carries the call's descriptor `desc` (see
     /// [`call_desc`]; compared across ranks with NVTE_COMM_CHECK). `calls`: the calls
@@ -372,9 +446,27 @@ pub trait Transport: Send {
     /// (the call number read on the device; IPC; NCCL: stream order already implies it).
     /// `calls` = 0 (nothing was ever issued) makes it a no-op.
     fn wait_done(&self, calls: u64, stream: usize, info: WaitInfo) -> Result<()>;
-    /// The NCCL transport, for algorithms that run NCCL collectives on the group.
-    fn nccl(&self) -> Option<&nccl::NcclTransport> {
+    /// Whether `begin_call`, `end_call` and `wait_done` enqueue nothing when the group is
+    /// this rank alone (then an engine may run a call inline on the caller's stream).
+    fn idle_alone(&self) -> bool {
+        false
+    }
+    /// One-sided access to the peers' buffers and flags, if the transport has it.
+    fn peer_memory(&self) -> Option<&dyn PeerMemory> {
         None
+    }
+    /// Two-sided exchange steps, if the transport has them.
+    fn two_sided(&self) -> Option<&dyn TwoSided> {
+        None
+    }
+    /// Collectives on the group, if the transport has them.
+    fn collectives(&self) -> Option<&dyn Collectives> {
+        None
+    }
+    /// The flag slots the algorithms may take (none without peer memory: two-sided
+    /// exchanges of such a transport ignore their slot).
+    fn flag_slots(&self) -> FlagSlots {
+        FlagSlots::new(ALGO_SLOTS)
     }
     /// Ranks in the group (tensor-parallel size) and this rank's index in it.
     fn size(&self) -> usize {
@@ -394,30 +486,6 @@ pub trait Transport: Send {
     fn buffer_bytes(&self) -> usize {
         self.group().buffer.bytes
     }
-    /// Direct load/store address of a peer's buffer, when the transport has one.
-    fn peer_buffer(&self, peer: usize) -> Option<DevPtr>;
-    /// Copy `bytes` from local `src` to `offset` in `peer`'s buffer, on `stream`.
-    fn put(
-        &self,
-        peer: usize,
-        offset: usize,
-        src: DevPtr,
-        bytes: usize,
-        stream: usize,
-    ) -> Result<()>;
-    /// After the work already on `stream`: set `slot` (from this rank) to (call number <<
-    /// 16) + `tag` at each peer.
-    fn signal(&self, peers: &[usize], slot: Slot, tag: u64, stream: usize) -> Result<()>;
-    /// Make `stream` wait until each peer has signalled `slot` >= (call number << 16) +
-    /// `tag`, or time out.
-    fn wait(
-        &self,
-        peers: &[usize],
-        slot: Slot,
-        tag: u64,
-        stream: usize,
-        info: WaitInfo,
-    ) -> Result<()>;
     /// The first timeout recorded by any wait, if one happened.
     fn timeout(&self) -> Option<Timeout>;
     /// SMs the transport's kernels use (0: copy engine only).
@@ -432,6 +500,105 @@ pub trait Transport: Send {
     /// free memory that peers may still write and that this process could reuse (peers in
     /// this process write it by device pointer). Default: nothing to keep.
     fn keep_memory_after_failure(&mut self) {}
+}
+
+/// Capability: the peers' buffers are addressable (loads and stores by kernels, puts),
+/// and flags order them.
+pub trait PeerMemory {
+    /// Direct load/store address of group member `peer`'s buffer (this rank's own too).
+    fn peer_buffer(&self, peer: usize) -> DevPtr;
+    /// Copy `bytes` from local `src` to `offset` in `peer`'s buffer, on `stream`.
+    fn put(
+        &self,
+        peer: usize,
+        offset: usize,
+        src: DevPtr,
+        bytes: usize,
+        stream: usize,
+    ) -> Result<()>;
+    /// After the work already on `stream`: set `slot` (from this rank) to (call number <<
+    /// 16) + `tag` at each peer.
+    fn signal(&self, peers: &[usize], slot: FlagSlot, tag: u64, stream: usize) -> Result<()>;
+    /// Make `stream` wait until each peer has signalled `slot` >= (call number << 16) +
+    /// `tag`, or time out.
+    fn wait(
+        &self,
+        peers: &[usize],
+        slot: FlagSlot,
+        tag: u64,
+        stream: usize,
+        info: WaitInfo,
+    ) -> Result<()>;
+}
+
+/// Capability: two-sided exchange steps (every send matched by the peer's receive).
+pub trait TwoSided {
+    /// One exchange step on `stream`: every send lands in its peer's buffer, and once the
+    /// step is done (in stream order) every receive has landed here. Peer memory orders it
+    /// with `slot` flags of value (call number << 16) + `tag`; NCCL with grouped send /
+    /// recv (ignoring the slot).
+    fn exchange(
+        &self,
+        sends: &[SendOp],
+        recvs: &[RecvOp],
+        slot: FlagSlot,
+        tag: u64,
+        stream: usize,
+        info: WaitInfo,
+    ) -> Result<()>;
+    /// Whether exchange steps may run on several streams at once (NCCL: the operations of
+    /// one communicator must not run concurrently on two streams).
+    fn concurrent_streams(&self) -> bool;
+}
+
+/// Capability: sum reductions and gathers over the group.
+pub trait Collectives {
+    /// All-reduce (sum) of `count` elements of `d` from `src` into `dst`.
+    fn all_reduce(
+        &self,
+        src: DevPtr,
+        dst: DevPtr,
+        count: usize,
+        d: DType,
+        stream: usize,
+    ) -> Result<()>;
+    /// Reduce-scatter (sum): `src` holds tp * `recv_count` elements, `dst` gets this
+    /// rank's `recv_count`.
+    fn reduce_scatter(
+        &self,
+        src: DevPtr,
+        dst: DevPtr,
+        recv_count: usize,
+        d: DType,
+        stream: usize,
+    ) -> Result<()>;
+    /// All-gather of `bytes` per rank from `src` into `dst` (tp * `bytes`, rank order).
+    fn all_gather_bytes(&self, src: DevPtr, dst: DevPtr, bytes: usize, stream: usize)
+    -> Result<()>;
+}
+
+/// What a transport can do, as the algorithms plan with it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Caps {
+    pub peer_memory: bool,
+    pub two_sided: bool,
+    pub collectives: bool,
+    /// two-sided exchange steps may run on several streams at once
+    pub concurrent_exchange: bool,
+    /// the per-call barrier enqueues nothing when the group is this rank alone
+    pub idle_alone: bool,
+}
+
+impl Caps {
+    pub fn of(t: &dyn Transport) -> Caps {
+        Caps {
+            peer_memory: t.peer_memory().is_some(),
+            two_sided: t.two_sided().is_some(),
+            collectives: t.collectives().is_some(),
+            concurrent_exchange: t.two_sided().is_some_and(|x| x.concurrent_streams()),
+            idle_alone: t.idle_alone(),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -16,8 +16,8 @@
 //! to and received from every peer, copied to the progress record after it), so a
 //! timeout names the peers that never entered the call.
 use super::{
-    ErrorRecord, FailureKind, Group, MAX_PEERS, PeerSet, RecvOp, SendOp, Slot, Timeout, Transport,
-    WaitInfo,
+    Collectives, Entry, ErrorRecord, FailureKind, FlagSlot, FlagSlots, Group, MAX_PEERS, PeerSet,
+    RecvOp, SendOp, Timeout, Transport, TwoSided, WaitInfo,
 };
 use crate::bootstrap::Bootstrap;
 use crate::cuda::dynlib::nccl_sys as nc;
@@ -600,62 +600,6 @@ impl NcclTransport {
         })
     }
 
-    /// ncclAllReduce (sum) of `count` elements.
-    pub fn all_reduce(
-        &self,
-        src: DevPtr,
-        dst: DevPtr,
-        count: usize,
-        d: DType,
-        stream: usize,
-    ) -> Result<()> {
-        self.sum(
-            "ncclAllReduce",
-            nc::ncclAllReduce,
-            (src, dst, count),
-            d,
-            stream,
-        )
-    }
-
-    /// ncclReduceScatter (sum): `src` holds tp * `recv_count` elements.
-    pub fn reduce_scatter(
-        &self,
-        src: DevPtr,
-        dst: DevPtr,
-        recv_count: usize,
-        d: DType,
-        stream: usize,
-    ) -> Result<()> {
-        self.sum(
-            "ncclReduceScatter",
-            nc::ncclReduceScatter,
-            (src, dst, recv_count),
-            d,
-            stream,
-        )
-    }
-
-    pub fn all_gather_bytes(
-        &self,
-        src: DevPtr,
-        dst: DevPtr,
-        bytes: usize,
-        stream: usize,
-    ) -> Result<()> {
-        // SAFETY: dst holds tp * bytes.
-        self.collective("ncclAllGather", |c| unsafe {
-            nc::ncclAllGather(
-                src.as_void(),
-                dst.as_void(),
-                bytes,
-                nc::ncclDataType_t::ncclUint8,
-                c,
-                stream as nc::cudaStream_t,
-            )
-        })
-    }
-
     /// Grouped sends and receives of raw device ranges.
     fn p2p(
         &self,
@@ -741,29 +685,6 @@ impl Transport for NcclTransport {
     fn name(&self) -> &'static str {
         "nccl"
     }
-    fn peer_buffer(&self, peer: usize) -> Option<DevPtr> {
-        if peer == self.group.tp_rank {
-            Some(self.group.buffer.ptr)
-        } else {
-            None
-        }
-    }
-    fn exchange(
-        &self,
-        sends: &[SendOp],
-        recvs: &[RecvOp],
-        _slot: Slot,
-        _value: u64,
-        stream: usize,
-        _info: WaitInfo,
-    ) -> Result<()> {
-        let s: Vec<_> = sends.iter().map(|s| (s.peer, s.src, s.bytes)).collect();
-        let r: Vec<_> = recvs
-            .iter()
-            .map(|v| (v.peer, self.group.buffer.ptr + v.dst_offset, v.bytes))
-            .collect();
-        self.p2p(&s, &r, stream)
-    }
     /// Increment the call counter and record "started" (one kernel), exchange arrival
     /// tokens {desc, call number} with every peer (one grouped NCCL launch), then copy
     /// them to the progress record and, with NVTE_COMM_CHECK, compare them (one kernel).
@@ -826,31 +747,15 @@ impl Transport for NcclTransport {
     fn wait_done(&self, _seq: u64, _stream: usize, _info: WaitInfo) -> Result<()> {
         Ok(())
     }
-    fn nccl(&self) -> Option<&NcclTransport> {
+    fn two_sided(&self) -> Option<&dyn TwoSided> {
         Some(self)
     }
-    fn put(
-        &self,
-        _peer: usize,
-        _offset: usize,
-        _src: DevPtr,
-        _bytes: usize,
-        _stream: usize,
-    ) -> Result<()> {
-        unsupported!("one-sided puts are not available with the NCCL transport")
+    fn collectives(&self) -> Option<&dyn Collectives> {
+        Some(self)
     }
-    fn signal(&self, _peers: &[usize], _slot: Slot, _value: u64, _stream: usize) -> Result<()> {
-        unsupported!("flags are not available with the NCCL transport")
-    }
-    fn wait(
-        &self,
-        _peers: &[usize],
-        _slot: Slot,
-        _value: u64,
-        _stream: usize,
-        _info: WaitInfo,
-    ) -> Result<()> {
-        unsupported!("flags are not available with the NCCL transport")
+    /// No flags: the exchanges are ordered by NCCL itself.
+    fn flag_slots(&self) -> FlagSlots {
+        FlagSlots::new(super::ALGO_SLOTS)
     }
     fn timeout(&self) -> Option<Timeout> {
         self.shared.failure()
@@ -859,6 +764,104 @@ impl Transport for NcclTransport {
         0
     }
 }
+
+impl TwoSided for NcclTransport {
+    fn exchange(
+        &self,
+        sends: &[SendOp],
+        recvs: &[RecvOp],
+        _slot: FlagSlot,
+        _value: u64,
+        stream: usize,
+        _info: WaitInfo,
+    ) -> Result<()> {
+        let s: Vec<_> = sends.iter().map(|s| (s.peer, s.src, s.bytes)).collect();
+        let r: Vec<_> = recvs
+            .iter()
+            .map(|v| (v.peer, self.group.buffer.ptr + v.dst_offset, v.bytes))
+            .collect();
+        self.p2p(&s, &r, stream)
+    }
+    fn concurrent_streams(&self) -> bool {
+        false
+    }
+}
+
+impl Collectives for NcclTransport {
+    /// ncclAllReduce (sum) of `count` elements.
+    fn all_reduce(
+        &self,
+        src: DevPtr,
+        dst: DevPtr,
+        count: usize,
+        d: DType,
+        stream: usize,
+    ) -> Result<()> {
+        self.sum(
+            "ncclAllReduce",
+            nc::ncclAllReduce,
+            (src, dst, count),
+            d,
+            stream,
+        )
+    }
+
+    /// ncclReduceScatter (sum): `src` holds tp * `recv_count` elements.
+    fn reduce_scatter(
+        &self,
+        src: DevPtr,
+        dst: DevPtr,
+        recv_count: usize,
+        d: DType,
+        stream: usize,
+    ) -> Result<()> {
+        self.sum(
+            "ncclReduceScatter",
+            nc::ncclReduceScatter,
+            (src, dst, recv_count),
+            d,
+            stream,
+        )
+    }
+
+    fn all_gather_bytes(
+        &self,
+        src: DevPtr,
+        dst: DevPtr,
+        bytes: usize,
+        stream: usize,
+    ) -> Result<()> {
+        // SAFETY: dst holds tp * bytes.
+        self.collective("ncclAllGather", |c| unsafe {
+            nc::ncclAllGather(
+                src.as_void(),
+                dst.as_void(),
+                bytes,
+                nc::ncclDataType_t::ncclUint8,
+                c,
+                stream as nc::cudaStream_t,
+            )
+        })
+    }
+}
+
+/// The registry's entry: any placement; picked by auto when peer memory cannot reach the
+/// group.
+pub const ENTRY: Entry = Entry {
+    name: "nccl",
+    auto: |_| true,
+    create: |s| {
+        let st = s.settings;
+        let settings = NcclSettings {
+            buffer_bytes: st.buffer_bytes,
+            timeout_ms: st.timeout_ms,
+            check: st.check,
+        };
+        Ok(Box::new(NcclTransport::create(
+            s.bs, s.group, s.guard, s.dev, &settings,
+        )?))
+    },
+};
 
 /// A new NCCL unique id (128 bytes) from the bound NCCL: the seed of a communicator that
 /// a framework creates for this library (the id is then broadcast by the framework).

@@ -1,0 +1,188 @@
+//! The engine's side of plan + enqueue: the [`Env`] a call plans with, the scratch memory
+//! it may need, and the GPU [`Device`] that issues a plan's steps on the engine's streams
+//! (the same CUDA calls, in the same order, as the algorithms made before they were
+//! plans).
+use super::plan::{self, Device, Env, Lane, Planner, Reduce, Scratch};
+use super::{MAX_AMAX_SLOTS, Op, Overlap};
+use crate::cuda::resources::{DeviceMem, copy_2d, copy_async, memset_async};
+use crate::cuda::{ContextGuard, DevPtr, nvtx};
+use crate::error::Result;
+use crate::gemm::GemmDesc;
+use crate::transport::Transport;
+
+/// The engine's lazily made scratch memory.
+struct EngineScratch<'a> {
+    staging: &'a mut Option<DeviceMem>,
+    amax_slots: &'a mut Option<DeviceMem>,
+    buffer_bytes: usize,
+}
+
+impl Scratch for EngineScratch<'_> {
+    /// Local staging for the ring reduce-scatter's partials: as large as the buffer,
+    /// allocated on first use (nothing can be using it yet, so no synchronisation; inside
+    /// a graph capture too: the allocation is made outside the capture's rules and kept
+    /// for the object's life).
+    fn staging(&mut self) -> Result<DevPtr> {
+        if self.staging.is_none() {
+            *self.staging = Some(DeviceMem::new_relaxed(self.buffer_bytes)?);
+        }
+        Ok(self.staging.as_ref().map_or(DevPtr::NULL, |m| m.ptr))
+    }
+    /// Per-chunk amax slots (MAX_AMAX_SLOTS floats; FP8 outputs of split GEMMs).
+    fn amax_slots(&mut self) -> Result<DevPtr> {
+        if self.amax_slots.is_none() {
+            *self.amax_slots = Some(DeviceMem::new_relaxed(MAX_AMAX_SLOTS * 4)?);
+        }
+        Ok(self.amax_slots.as_ref().map_or(DevPtr::NULL, |m| m.ptr))
+    }
+}
+
+impl Overlap {
+    /// What this object's calls plan with now.
+    fn env(&self) -> Env {
+        let peers = match self.t.peer_memory() {
+            Some(pm) => (0..self.tp()).map(|q| pm.peer_buffer(q)).collect(),
+            None => Default::default(),
+        };
+        Env {
+            tp: self.tp(),
+            rank: self.tp_rank(),
+            dtype: self.dtype,
+            rows: self.rows,
+            cols: self.cols,
+            buffer: self.t.buffer(),
+            buffer_bytes: self.t.buffer_bytes(),
+            peers,
+            caps: self.caps,
+            slots: self.slots,
+            settings: self.settings,
+            tuning: self.tuned,
+            knobs: self.knobs,
+            events: self.ev_chunk.len(),
+            compute_streams: self.compute.len(),
+            inline: self.inline_ok(),
+            nvtx: nvtx::enabled(),
+            trace: self.trace.is_some() && !self.capturing,
+        }
+    }
+
+    /// One call: enter the object on `stream`, plan the call with `algo` (validation and
+    /// the steps, no device work), then enqueue the plan's steps.
+    pub(super) fn run_planned(
+        &mut self,
+        stream: usize,
+        algo: impl FnOnce(&mut Planner) -> Result<()>,
+    ) -> Result<()> {
+        let guard = self.enter(stream)?;
+        let env = self.env();
+        let mut plan = std::mem::take(&mut self.plan);
+        plan.steps.clear();
+        let planned = {
+            let mut scratch = EngineScratch {
+                staging: &mut self.staging,
+                amax_slots: &mut self.amax_slots,
+                buffer_bytes: env.buffer_bytes,
+            };
+            algo(&mut Planner {
+                e: &env,
+                res: &mut scratch,
+                plan: &mut plan,
+            })
+        };
+        self.caller = stream;
+        let r = planned.and_then(|()| {
+            plan::enqueue(
+                &plan,
+                &mut GpuDevice {
+                    o: self,
+                    guard: &guard,
+                },
+            )
+        });
+        self.plan = plan;
+        r
+    }
+}
+
+/// The GPU device of a call: the engine's streams, events, GEMMs and kernels.
+struct GpuDevice<'a> {
+    o: &'a mut Overlap,
+    guard: &'a ContextGuard,
+}
+
+impl Device for GpuDevice<'_> {
+    fn transport(&self) -> &dyn Transport {
+        self.o.t.as_ref()
+    }
+    fn begin(
+        &mut self,
+        op: Op,
+        gate_compute: bool,
+        key: &[u64],
+        full: Option<&GemmDesc>,
+    ) -> Result<()> {
+        let stream = self.o.caller;
+        self.o.begin(stream, op, gate_compute, key, full)
+    }
+    fn finish(&mut self) -> Result<()> {
+        let stream = self.o.caller;
+        self.o.finish(stream)
+    }
+    fn lane(&self, lane: Lane) -> Result<usize> {
+        match lane {
+            Lane::Compute(i) => self.o.compute_stream(i),
+            Lane::Comm(j) => self.o.comm_stream(j),
+            Lane::Caller => Ok(self.o.caller),
+        }
+    }
+    fn gemm(&self, g: &GemmDesc, index: usize, concurrent: bool) -> Result<()> {
+        self.o.run_gemm(g, self.guard, index, concurrent)
+    }
+    fn record(&self, ev: usize, stream: usize) -> Result<()> {
+        self.o.ev_chunk[ev].record(stream)
+    }
+    fn wait_event(&self, ev: usize, stream: usize) -> Result<()> {
+        self.o.ev_chunk[ev].wait_on(stream)
+    }
+    fn copy(&self, dst: DevPtr, src: DevPtr, bytes: usize, stream: usize) -> Result<()> {
+        copy_async(dst, src, bytes, stream)
+    }
+    fn copy_2d(
+        &self,
+        dst: DevPtr,
+        dpitch: usize,
+        src: DevPtr,
+        spitch: usize,
+        width: usize,
+        height: usize,
+        stream: usize,
+    ) -> Result<()> {
+        copy_2d(dst, dpitch, src, spitch, width, height, stream)
+    }
+    fn memset(&self, dst: DevPtr, bytes: usize, stream: usize) -> Result<()> {
+        memset_async(dst, bytes, stream)
+    }
+    fn reduce(&self, r: &Reduce, stream: usize) -> Result<()> {
+        self.o.reduce(r, stream)
+    }
+    fn copy_segments(
+        &self,
+        segs: &[(DevPtr, DevPtr, usize)],
+        stream: usize,
+        tail: bool,
+    ) -> Result<()> {
+        self.o.copy_segments(segs, stream, tail)
+    }
+    fn amax_max(&self, out: DevPtr, slots: DevPtr, n: usize) -> Result<()> {
+        if self.o.skipping_gemms() {
+            return Ok(()); // NVTE_COMM_REPORT's comm-alone runs wrote no slot
+        }
+        self.o.reduce_amax(out, slots, n, self.o.caller)
+    }
+    fn nvtx(&self, name: &str) {
+        self.o.step(|| name.to_string());
+    }
+    fn mark(&mut self, stream: usize, name: &str) -> Result<()> {
+        self.o.mark(stream, || name.to_string())
+    }
+}

@@ -1,0 +1,1422 @@
+//! Host protocol tests of every algorithm (tests only): each rank of a group of tp 1..8
+//! plans its call exactly as the engine does (`plan::Planner`), the plan is enqueued
+//! through `plan::enqueue` into a recording device and the fake transport
+//! (`crate::transport::fake`), and the ranks' logs are then run together on the host:
+//! a scheduler runs each stream in order, a step only when what it waits for (events,
+//! flags, the matching receive, every rank's collective or barrier) has happened; the
+//! GEMMs, copies, reductions and collectives compute on f32 data in host memory. Checked:
+//! - no deadlock (every rank runs to its end), hence every wait has its signal, and every
+//!   signal is waited for;
+//! - every access lies inside one allocation (the buffers, staging, the operands), and
+//!   reads only bytes that were written (or are inputs), by a step that happens before
+//!   the read (vector clocks over the streams and ranks: a race is an error even where
+//!   this schedule happened to run the writer first); two writes of a byte are ordered;
+//! - every byte of the outputs is written exactly once, with the exact sums (small
+//!   integers: f32 sums are exact).
+use super::ar::ArArgs;
+use super::bulk::{BulkArgs, BulkKind};
+use super::plan::{self, AlgoSlots, Device, Env, Lane, Plan, Planner, Reduce, Scratch};
+use super::rs::RsArgs;
+use super::{AlgoKnobs, Op, ag::AgArgs};
+use crate::cuda::DevPtr;
+use crate::error::Result;
+use crate::gemm::{Epilogue, GemmDesc, TeGemm};
+use crate::tensor::{Buffer, DType, Shape, Tensor};
+use crate::transport::fake::{Call, Coll, FakeTransport, Flavour, Log, Rec, SharedLog};
+use crate::transport::{Caps, FlagSlot, Transport};
+use std::cell::Cell;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+/// A device step as the recording device logs it.
+#[derive(Clone, Debug)]
+pub enum Dev {
+    Gemm(GemmDesc),
+    Copy(DevPtr, DevPtr, usize),
+    Copy2d {
+        dst: DevPtr,
+        dpitch: usize,
+        src: DevPtr,
+        spitch: usize,
+        width: usize,
+        height: usize,
+    },
+    Memset(DevPtr, usize),
+    Reduce(Reduce),
+    Segments(Vec<(DevPtr, DevPtr, usize)>),
+    AmaxMax,
+    Record(usize),
+    WaitEvent(usize),
+}
+
+type L = Log<Dev>;
+
+// Streams of the recording device, and the engine's own events (fork / join).
+const CALLER: usize = 0;
+const COMPUTE: usize = 100;
+const COMM: usize = 200;
+const EV_START: usize = 10_000;
+const EV_ARRIVED: usize = 10_001;
+const EV_END: usize = 10_002;
+const EV_JOIN: usize = 10_100;
+
+/// The recording device of one rank: mirrors the engine's fork / join of its streams
+/// (`Overlap::begin`, `compute_stream`, `comm_stream`, `finish`) as event records and
+/// waits, and logs every other step.
+struct RecDevice {
+    rank: usize,
+    t: FakeTransport<Dev>,
+    log: SharedLog<Dev>,
+    inline: bool,
+    gate: Cell<bool>,
+    forked: Cell<u64>,
+}
+
+impl RecDevice {
+    fn push(&self, stream: usize, d: Dev) {
+        let mut l = self.log.lock().unwrap();
+        l.ranks[self.rank].push((stream, Rec::Device(d)));
+    }
+    fn fork(&self, stream: usize, after: usize) {
+        let bit = 1u64 << (stream % 64);
+        if self.forked.get() & bit == 0 {
+            self.push(stream, Dev::WaitEvent(after));
+            self.forked.set(self.forked.get() | bit);
+        }
+    }
+}
+
+impl Device for RecDevice {
+    fn transport(&self) -> &dyn Transport {
+        &self.t
+    }
+    fn begin(&mut self, op: Op, gate: bool, _key: &[u64], _full: Option<&GemmDesc>) -> Result<()> {
+        if self.inline {
+            return Ok(());
+        }
+        self.gate.set(gate);
+        self.push(CALLER, Dev::Record(EV_START));
+        self.push(COMM, Dev::WaitEvent(EV_START));
+        let info = crate::transport::WaitInfo {
+            op: op as u32,
+            step: 0,
+        };
+        self.t.begin_call(1, COMM, info, 0)?;
+        self.push(COMM, Dev::Record(EV_ARRIVED));
+        Ok(())
+    }
+    fn finish(&mut self) -> Result<()> {
+        if self.inline {
+            return Ok(());
+        }
+        for s in (COMPUTE..COMPUTE + 8).chain(COMM + 1..COMM + 3) {
+            if self.forked.get() & (1 << (s % 64)) != 0 {
+                self.push(s, Dev::Record(EV_JOIN + s));
+                self.push(COMM, Dev::WaitEvent(EV_JOIN + s));
+            }
+        }
+        self.t.end_call(1, COMM)?;
+        self.push(COMM, Dev::Record(EV_END));
+        self.push(CALLER, Dev::WaitEvent(EV_END));
+        Ok(())
+    }
+    fn lane(&self, lane: Lane) -> Result<usize> {
+        if self.inline {
+            return Ok(CALLER);
+        }
+        Ok(match lane {
+            Lane::Caller => CALLER,
+            Lane::Compute(i) => {
+                let after = if self.gate.get() {
+                    EV_ARRIVED
+                } else {
+                    EV_START
+                };
+                self.fork(COMPUTE + i, after);
+                COMPUTE + i
+            }
+            Lane::Comm(0) => COMM,
+            Lane::Comm(j) => {
+                self.fork(COMM + j, EV_ARRIVED);
+                COMM + j
+            }
+        })
+    }
+    fn gemm(&self, g: &GemmDesc, index: usize, _concurrent: bool) -> Result<()> {
+        let s = self.lane(Lane::Compute(index))?;
+        self.push(s, Dev::Gemm(*g));
+        Ok(())
+    }
+    fn record(&self, ev: usize, stream: usize) -> Result<()> {
+        self.push(stream, Dev::Record(ev));
+        Ok(())
+    }
+    fn wait_event(&self, ev: usize, stream: usize) -> Result<()> {
+        self.push(stream, Dev::WaitEvent(ev));
+        Ok(())
+    }
+    fn copy(&self, dst: DevPtr, src: DevPtr, bytes: usize, stream: usize) -> Result<()> {
+        self.push(stream, Dev::Copy(dst, src, bytes));
+        Ok(())
+    }
+    fn copy_2d(
+        &self,
+        dst: DevPtr,
+        dpitch: usize,
+        src: DevPtr,
+        spitch: usize,
+        width: usize,
+        height: usize,
+        stream: usize,
+    ) -> Result<()> {
+        let d = Dev::Copy2d {
+            dst,
+            dpitch,
+            src,
+            spitch,
+            width,
+            height,
+        };
+        self.push(stream, d);
+        Ok(())
+    }
+    fn memset(&self, dst: DevPtr, bytes: usize, stream: usize) -> Result<()> {
+        self.push(stream, Dev::Memset(dst, bytes));
+        Ok(())
+    }
+    fn reduce(&self, r: &Reduce, stream: usize) -> Result<()> {
+        self.push(stream, Dev::Reduce(*r));
+        Ok(())
+    }
+    fn copy_segments(
+        &self,
+        segs: &[(DevPtr, DevPtr, usize)],
+        stream: usize,
+        _tail: bool,
+    ) -> Result<()> {
+        self.push(stream, Dev::Segments(segs.to_vec()));
+        Ok(())
+    }
+    fn amax_max(&self, _out: DevPtr, _slots: DevPtr, _n: usize) -> Result<()> {
+        self.push(CALLER, Dev::AmaxMax);
+        Ok(())
+    }
+    fn nvtx(&self, _name: &str) {}
+    fn mark(&mut self, _stream: usize, _name: &str) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// Who wrote a byte: nobody yet, the test's input, or step i of the run.
+const NEVER: u32 = 0;
+const INPUT: u32 = u32::MAX;
+
+struct Alloc {
+    name: String,
+    base: u64,
+    data: Vec<u8>,
+    writer: Vec<u32>,
+    writes: Vec<u16>,
+}
+
+/// Host memory behind the fake device addresses: allocations 4 GiB apart.
+#[derive(Default)]
+struct Mem {
+    allocs: Vec<Alloc>,
+}
+
+impl Mem {
+    /// A new allocation of `bytes`, never written (poisoned: NaN bytes).
+    fn alloc(&mut self, name: &str, bytes: usize) -> DevPtr {
+        let base = (self.allocs.len() as u64 + 16) << 32;
+        self.allocs.push(Alloc {
+            name: name.into(),
+            base,
+            data: vec![0xff; bytes],
+            writer: vec![NEVER; bytes],
+            writes: vec![0; bytes],
+        });
+        DevPtr::new(base)
+    }
+    /// A new input allocation holding `v`.
+    fn input(&mut self, name: &str, v: &[f32]) -> DevPtr {
+        let p = self.alloc(name, v.len() * 4);
+        let a = self.allocs.last_mut().unwrap();
+        for (i, x) in v.iter().enumerate() {
+            a.data[4 * i..4 * i + 4].copy_from_slice(&x.to_le_bytes());
+        }
+        a.writer.fill(INPUT);
+        p
+    }
+    fn find(&self, p: DevPtr, len: usize) -> std::result::Result<(usize, usize), String> {
+        let addr = p.raw();
+        for (i, a) in self.allocs.iter().enumerate() {
+            if addr >= a.base && addr < a.base + (1 << 32) {
+                let off = (addr - a.base) as usize;
+                if off + len > a.data.len() {
+                    return Err(format!(
+                        "{len} bytes at offset {off} of `{}` ({} bytes): out of bounds",
+                        a.name,
+                        a.data.len()
+                    ));
+                }
+                return Ok((i, off));
+            }
+        }
+        Err(format!("address {addr:#x} is in no allocation"))
+    }
+    fn f32_at(&self, p: DevPtr) -> f32 {
+        let (i, o) = self.find(p, 4).unwrap();
+        f32::from_le_bytes(self.allocs[i].data[o..o + 4].try_into().unwrap())
+    }
+}
+
+/// Happens-before: `a` <= `b` component-wise.
+fn before(a: &[u32], b: &[u32]) -> bool {
+    a.iter().zip(b).all(|(x, y)| x <= y)
+}
+
+fn join(a: &mut [u32], b: &[u32]) {
+    for (x, y) in a.iter_mut().zip(b) {
+        *x = (*x).max(*y);
+    }
+}
+
+/// One logged step.
+struct Step {
+    rank: usize,
+    stream: usize,
+    rec: Rec<Dev>,
+    /// WaitEvent: the record it waits for (the last before it on the rank)
+    dep: Option<usize>,
+}
+
+/// The run of every rank's log.
+struct Sim {
+    steps: Vec<Step>,
+    clock: Vec<Vec<u32>>,
+    done: Vec<bool>,
+    posted: Vec<Option<Vec<u32>>>,
+    mem: Mem,
+    tp: usize,
+    buffers: Vec<DevPtr>,
+    /// (rank, stream) -> clock index
+    lanes: HashMap<(usize, usize), usize>,
+    /// flags: (receiver, slot, sender) -> (tag, clock of the signal)
+    flags: HashMap<(usize, FlagSlot, usize), (u64, Vec<u32>)>,
+    signalled: HashSet<(usize, FlagSlot, usize, u64)>,
+    waited: HashSet<(usize, FlagSlot, usize, u64)>,
+    /// per rank: its barrier / collective / send / receive steps in issue order
+    arrivals: Vec<Vec<usize>>,
+    colls: Vec<Vec<usize>>,
+    coll_done: HashSet<usize>,
+    /// each rank's step of a computed collective: (its output, the bytes)
+    coll_out: HashMap<usize, (DevPtr, Vec<u8>)>,
+    /// (from, to): the sends from `from` to `to` (step, index in it), in order; and the
+    /// receives of `to` from `from`
+    sends: HashMap<(usize, usize), Vec<usize>>,
+    recvs: HashMap<(usize, usize), Vec<usize>>,
+}
+
+impl Sim {
+    fn new(log: &L, mem: Mem, buffers: Vec<DevPtr>) -> Sim {
+        let tp = log.ranks.len();
+        let mut steps = Vec::new();
+        let mut lanes = HashMap::new();
+        let (mut arrivals, mut colls) = (vec![Vec::new(); tp], vec![Vec::new(); tp]);
+        let (mut sends, mut recvs) = (HashMap::new(), HashMap::new());
+        for (r, entries) in log.ranks.iter().enumerate() {
+            let mut last: HashMap<usize, usize> = HashMap::new();
+            for (s, rec) in entries {
+                let n = lanes.len();
+                lanes.entry((r, *s)).or_insert(n);
+                let i = steps.len();
+                let mut dep = None;
+                match rec {
+                    Rec::Device(Dev::Record(ev)) => {
+                        last.insert(*ev, i);
+                    }
+                    Rec::Device(Dev::WaitEvent(ev)) => dep = last.get(ev).copied(),
+                    Rec::Transport(Call::Arrive) => arrivals[r].push(i),
+                    Rec::Transport(Call::Collective { .. }) => colls[r].push(i),
+                    Rec::Transport(Call::SendRecv {
+                        sends: ss,
+                        recvs: rr,
+                    }) => {
+                        for &(q, _, _) in ss {
+                            sends.entry((r, q)).or_insert_with(Vec::new).push(i);
+                        }
+                        for &(q, _, _) in rr {
+                            recvs.entry((q, r)).or_insert_with(Vec::new).push(i);
+                        }
+                    }
+                    _ => {}
+                }
+                steps.push(Step {
+                    rank: r,
+                    stream: *s,
+                    rec: rec.clone(),
+                    dep,
+                });
+            }
+        }
+        let n = steps.len();
+        Sim {
+            steps,
+            clock: vec![Vec::new(); n],
+            done: vec![false; n],
+            posted: vec![None; n],
+            mem,
+            tp,
+            buffers,
+            lanes,
+            flags: HashMap::new(),
+            signalled: HashSet::new(),
+            waited: HashSet::new(),
+            arrivals,
+            colls,
+            coll_done: HashSet::new(),
+            coll_out: HashMap::new(),
+            sends,
+            recvs,
+        }
+    }
+
+    /// Run every stream of every rank to its end; Err on a deadlock or a bad access.
+    fn run(&mut self) -> std::result::Result<(), String> {
+        let nl = self.lanes.len();
+        let mut queues: Vec<(usize, std::collections::VecDeque<usize>)> = Vec::new();
+        let mut by_lane: HashMap<usize, usize> = HashMap::new();
+        for (i, s) in self.steps.iter().enumerate() {
+            let l = self.lanes[&(s.rank, s.stream)];
+            let q = *by_lane.entry(l).or_insert_with(|| {
+                queues.push((l, Default::default()));
+                queues.len() - 1
+            });
+            queues[q].1.push_back(i);
+        }
+        let mut lane_clock = vec![vec![0u32; nl]; nl];
+        loop {
+            let mut progress = false;
+            for (l, q) in queues.iter_mut() {
+                while let Some(&h) = q.front() {
+                    if self.posted[h].is_none() {
+                        self.posted[h] = Some(lane_clock[*l].clone());
+                    }
+                    let Some(deps) = self.ready(h) else { break };
+                    let mut c = lane_clock[*l].clone();
+                    for d in deps {
+                        join(&mut c, &d);
+                    }
+                    c[*l] += 1;
+                    self.clock[h] = c.clone();
+                    lane_clock[*l] = c;
+                    self.execute(h)?;
+                    self.done[h] = true;
+                    q.pop_front();
+                    progress = true;
+                }
+            }
+            if queues.iter().all(|(_, q)| q.is_empty()) {
+                break;
+            }
+            if !progress {
+                let heads: Vec<String> = queues
+                    .iter()
+                    .filter_map(|(_, q)| q.front())
+                    .map(|&h| {
+                        let s = &self.steps[h];
+                        format!("rank {} stream {}: {:?}", s.rank, s.stream, s.rec)
+                    })
+                    .collect();
+                return Err(format!("deadlock; blocked:\n{}", heads.join("\n")));
+            }
+        }
+        let unwaited: Vec<_> = self.signalled.difference(&self.waited).collect();
+        if !unwaited.is_empty() {
+            return Err(format!("signals nobody waited for: {unwaited:?}"));
+        }
+        Ok(())
+    }
+
+    /// The clocks step `h` joins when it can run now; None while it must wait.
+    fn ready(&self, h: usize) -> Option<Vec<Vec<u32>>> {
+        let s = &self.steps[h];
+        let r = s.rank;
+        let posted = |i: usize| self.posted[i].clone();
+        match &s.rec {
+            Rec::Device(Dev::WaitEvent(_)) => match s.dep {
+                Some(d) if !self.done[d] => None,
+                Some(d) => Some(vec![self.clock[d].clone()]),
+                None => Some(vec![]),
+            },
+            Rec::Transport(Call::Arrive) => {
+                let k = self.arrivals[r].iter().position(|&i| i == h)?;
+                (0..self.tp)
+                    .map(|q| self.arrivals[q].get(k).and_then(|&i| posted(i)))
+                    .collect()
+            }
+            Rec::Transport(Call::Collective { .. }) => {
+                let k = self.colls[r].iter().position(|&i| i == h)?;
+                (0..self.tp)
+                    .map(|q| self.colls[q].get(k).and_then(|&i| posted(i)))
+                    .collect()
+            }
+            Rec::Transport(Call::Wait { peers, slot, tag }) => peers
+                .iter()
+                .map(|&p| match self.flags.get(&(r, *slot, p)) {
+                    Some((t, c)) if t >= tag => Some(c.clone()),
+                    _ => None,
+                })
+                .collect(),
+            Rec::Transport(Call::SendRecv { sends, recvs }) => {
+                let mut v = Vec::new();
+                for &(q, _, _) in sends {
+                    v.push(self.counterpart(h, (r, q), true).and_then(posted)?);
+                }
+                for &(q, _, _) in recvs {
+                    v.push(self.counterpart(h, (q, r), false).and_then(posted)?);
+                }
+                Some(v)
+            }
+            _ => Some(vec![]),
+        }
+    }
+
+    /// The step holding the matching receive (of a send of `h` on `pair` = (from, to)),
+    /// or the matching send (of a receive).
+    fn counterpart(&self, h: usize, pair: (usize, usize), is_send: bool) -> Option<usize> {
+        let (mine, theirs) = if is_send {
+            (&self.sends, &self.recvs)
+        } else {
+            (&self.recvs, &self.sends)
+        };
+        let k = mine.get(&pair)?.iter().position(|&i| i == h)?;
+        theirs.get(&pair)?.get(k).copied()
+    }
+
+    /// Read `len` bytes at `p` for step `h`: in bounds, written before, by a step that
+    /// happens before `h`.
+    fn read(&self, h: usize, p: DevPtr, len: usize) -> std::result::Result<Vec<u8>, String> {
+        let (i, o) = self.mem.find(p, len)?;
+        let a = &self.mem.allocs[i];
+        let mut seen = HashSet::new();
+        for b in o..o + len {
+            let w = a.writer[b];
+            if w == NEVER {
+                return Err(format!(
+                    "step {h} {:?} reads byte {b} of `{}`, which nothing wrote",
+                    self.steps[h].rec, a.name
+                ));
+            }
+            if w != INPUT && seen.insert(w) && !before(&self.clock[w as usize - 1], &self.clock[h])
+            {
+                return Err(format!(
+                    "race: step {h} (rank {}) {:?} reads byte {b} of `{}` written by step {} (rank {}) {:?}, which does not happen before it",
+                    self.steps[h].rank,
+                    self.steps[h].rec,
+                    a.name,
+                    w - 1,
+                    self.steps[w as usize - 1].rank,
+                    self.steps[w as usize - 1].rec
+                ));
+            }
+        }
+        Ok(a.data[o..o + len].to_vec())
+    }
+
+    fn write(&mut self, h: usize, p: DevPtr, v: &[u8]) -> std::result::Result<(), String> {
+        let (i, o) = self.mem.find(p, v.len())?;
+        for (b, &x) in v.iter().enumerate() {
+            let w = self.mem.allocs[i].writer[o + b];
+            if w != NEVER
+                && w != INPUT
+                && w as usize - 1 != h
+                && !before(&self.clock[w as usize - 1], &self.clock[h])
+            {
+                return Err(format!(
+                    "race: step {h} {:?} and step {} {:?} write byte {} of `{}` unordered",
+                    self.steps[h].rec,
+                    w - 1,
+                    self.steps[w as usize - 1].rec,
+                    o + b,
+                    self.mem.allocs[i].name
+                ));
+            }
+            let a = &mut self.mem.allocs[i];
+            a.data[o + b] = x;
+            a.writer[o + b] = h as u32 + 1;
+            a.writes[o + b] += 1;
+        }
+        Ok(())
+    }
+
+    fn read_f32(&self, h: usize, p: DevPtr) -> std::result::Result<f32, String> {
+        let b = self.read(h, p, 4)?;
+        Ok(f32::from_le_bytes(b.try_into().unwrap()))
+    }
+
+    fn copy(&mut self, h: usize, dst: DevPtr, src: DevPtr, bytes: usize) -> Res {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let v = self.read(h, src, bytes)?;
+        self.write(h, dst, &v)
+    }
+
+    fn execute(&mut self, h: usize) -> Res {
+        let (r, rec) = (self.steps[h].rank, self.steps[h].rec.clone());
+        match rec {
+            Rec::Device(d) => self.device(h, d),
+            Rec::Transport(c) => self.transport(h, r, c),
+        }
+    }
+
+    fn device(&mut self, h: usize, d: Dev) -> Res {
+        match d {
+            Dev::Gemm(g) => self.gemm(h, &g),
+            Dev::Copy(dst, src, n) => self.copy(h, dst, src, n),
+            Dev::Copy2d {
+                dst,
+                dpitch,
+                src,
+                spitch,
+                width,
+                height,
+            } => {
+                for row in 0..height {
+                    self.copy(h, dst + row * dpitch, src + row * spitch, width)?;
+                }
+                Ok(())
+            }
+            Dev::Memset(dst, n) => self.write(h, dst, &vec![0; n]),
+            Dev::Reduce(x) => self.reduce(h, &x),
+            Dev::Segments(segs) => {
+                for (dst, src, n) in segs {
+                    self.copy(h, dst, src, n)?;
+                }
+                Ok(())
+            }
+            Dev::AmaxMax | Dev::Record(_) | Dev::WaitEvent(_) => Ok(()),
+        }
+    }
+
+    /// D = op(A) op(B) (+ C, + bias) in cuBLAS's column-major terms (module `gemm`).
+    fn gemm(&mut self, h: usize, g: &GemmDesc) -> Res {
+        if g.a_type != DType::F32 || !matches!(g.epilogue, Epilogue::None | Epilogue::Bias) {
+            return Err(format!(
+                "the host GEMM computes f32 without epilogues: {g:?}"
+            ));
+        }
+        let at = |i: usize, l: usize| {
+            if g.transa {
+                l + i * g.lda
+            } else {
+                i + l * g.lda
+            }
+        };
+        let bt = |l: usize, j: usize| {
+            if g.transb {
+                j + l * g.ldb
+            } else {
+                l + j * g.ldb
+            }
+        };
+        let mut out = Vec::with_capacity(g.m * 4);
+        for j in 0..g.n {
+            out.clear();
+            for i in 0..g.m {
+                let mut acc = 0f32;
+                for l in 0..g.k {
+                    acc += self.read_f32(h, g.a + at(i, l) * 4)?
+                        * self.read_f32(h, g.b + bt(l, j) * 4)?;
+                }
+                if g.accumulate {
+                    let c = if g.c.is_null() { g.d } else { g.c };
+                    acc += self.read_f32(h, c + (i + j * g.ldd) * 4)?;
+                }
+                if g.epilogue == Epilogue::Bias {
+                    acc += self.read_f32(h, g.bias + i * 4)?;
+                }
+                out.extend_from_slice(&acc.to_le_bytes());
+            }
+            self.write(h, g.d + j * g.ldd * 4, &out)?;
+        }
+        Ok(())
+    }
+
+    fn reduce(&mut self, h: usize, x: &Reduce) -> Res {
+        if x.out_type != DType::F32 || !x.in_scale.is_null() {
+            return Err("the host reduction sums f32 without scaling".into());
+        }
+        for row in 0..x.rows {
+            let mut out = Vec::with_capacity(x.cols * 4);
+            for c in 0..x.cols {
+                let mut acc = 0f32;
+                for &s in x.srcs.iter() {
+                    acc += self.read_f32(h, s + (row * x.in_ld + c) * 4)?;
+                }
+                out.extend_from_slice(&acc.to_le_bytes());
+            }
+            self.write(h, x.out + row * x.out_ld * 4, &out)?;
+        }
+        Ok(())
+    }
+
+    fn transport(&mut self, h: usize, r: usize, c: Call) -> Res {
+        match c {
+            Call::Arrive | Call::End | Call::WaitDone => Ok(()),
+            Call::Put {
+                peer,
+                offset,
+                src,
+                bytes,
+            } => {
+                let dst = self.buffers[peer] + offset;
+                self.copy(h, dst, src, bytes)
+            }
+            Call::Signal { peers, slot, tag } => {
+                for p in peers {
+                    let e = self.flags.entry((p, slot, r)).or_insert((0, Vec::new()));
+                    e.0 = e.0.max(tag);
+                    e.1 = self.clock[h].clone();
+                    self.signalled.insert((p, slot, r, tag));
+                }
+                Ok(())
+            }
+            Call::Wait { peers, slot, tag } => {
+                for p in peers {
+                    self.waited.insert((r, slot, p, tag));
+                }
+                Ok(())
+            }
+            Call::SendRecv { recvs, .. } => {
+                // The data of each receive moves here (from its sender's source).
+                for (q, dst_offset, bytes) in recvs {
+                    let s = self
+                        .counterpart(h, (q, r), false)
+                        .ok_or("no matching send")?;
+                    let Rec::Transport(Call::SendRecv { sends, .. }) = &self.steps[s].rec else {
+                        return Err("the matching send is no exchange".into());
+                    };
+                    let &(_, src, sb) = sends.iter().find(|x| x.0 == r).ok_or("no send")?;
+                    if sb != bytes {
+                        return Err(format!("send of {sb} bytes received as {bytes}"));
+                    }
+                    self.copy(h, self.buffers[r] + dst_offset, src, bytes)?;
+                }
+                Ok(())
+            }
+            Call::Collective { .. } => self.collective(h, r),
+        }
+    }
+
+    /// Collective k: its results are computed when the first rank's step of it runs
+    /// (which joined every rank's clock: it reads every rank's input), and each rank's
+    /// step writes its own output.
+    fn collective(&mut self, h: usize, r: usize) -> Res {
+        let k = self.colls[r].iter().position(|&i| i == h).unwrap();
+        if !self.coll_done.contains(&k) {
+            self.coll_done.insert(k);
+            self.compute_collective(h, k)?;
+        }
+        let (dst, out) = self
+            .coll_out
+            .remove(&h)
+            .ok_or("a collective without result")?;
+        self.write(h, dst, &out)
+    }
+
+    fn compute_collective(&mut self, h: usize, k: usize) -> Res {
+        let parts = |c: &Rec<Dev>| match *c {
+            Rec::Transport(Call::Collective {
+                kind,
+                src,
+                dst,
+                count,
+                ..
+            }) => (kind, src, dst, count),
+            _ => unreachable!(),
+        };
+        let all: Vec<(usize, (Coll, DevPtr, DevPtr, usize))> = (0..self.tp)
+            .map(|q| {
+                let i = self.colls[q][k];
+                (i, parts(&self.steps[i].rec))
+            })
+            .collect();
+        let (kind, _, _, count) = all[0].1;
+        if all.iter().any(|(_, x)| (x.0, x.3) != (kind, count)) {
+            return Err(format!("collective {k}: the ranks disagree: {all:?}"));
+        }
+        let tp = self.tp;
+        let n = match kind {
+            Coll::AllReduce => count * 4,
+            Coll::ReduceScatter => tp * count * 4,
+            Coll::AllGather => count,
+        };
+        let inputs: Vec<Vec<u8>> = all
+            .iter()
+            .map(|(_, x)| self.read(h, x.1, n))
+            .collect::<std::result::Result<_, _>>()?;
+        let f = |b: &[u8], i: usize| f32::from_le_bytes(b[4 * i..4 * i + 4].try_into().unwrap());
+        for (q, (i, x)) in all.iter().enumerate() {
+            let out: Vec<u8> = match kind {
+                Coll::AllGather => inputs.concat(),
+                Coll::AllReduce => (0..count)
+                    .flat_map(|e| inputs.iter().map(|b| f(b, e)).sum::<f32>().to_le_bytes())
+                    .collect(),
+                Coll::ReduceScatter => (0..count)
+                    .flat_map(|e| {
+                        let at = q * count + e;
+                        inputs.iter().map(|b| f(b, at)).sum::<f32>().to_le_bytes()
+                    })
+                    .collect(),
+            };
+            self.coll_out.insert(*i, (x.2, out));
+        }
+        Ok(())
+    }
+}
+
+type Res = std::result::Result<(), String>;
+
+/// Small integers in -2..=2 from a seed (f32 sums of them are exact).
+fn values(seed: usize, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| {
+            let h = (seed.wrapping_mul(0x9e37_79b9) ^ i.wrapping_mul(0x85eb_ca6b)) % 5;
+            h as f32 - 2.0
+        })
+        .collect()
+}
+
+/// row-major x [n, k] times a [m, k] transposed: [n, m].
+fn matmul_nt(x: &[f32], a: &[f32], n: usize, k: usize, m: usize) -> Vec<f32> {
+    let mut d = vec![0f32; n * m];
+    for t in 0..n {
+        for i in 0..m {
+            d[t * m + i] = (0..k).map(|l| x[t * k + l] * a[i * k + l]).sum();
+        }
+    }
+    d
+}
+
+fn tensor(p: DevPtr, shape: &[usize]) -> Tensor {
+    Tensor {
+        data: Buffer::new(p, DType::F32, Shape::new(shape).unwrap()).unwrap(),
+        ..Default::default()
+    }
+}
+
+/// The engine's configuration of a run.
+#[derive(Clone, Copy, Debug)]
+struct Cfg {
+    flavour: Flavour,
+    aggregate: bool,
+    use_ce: bool,
+    splits: usize,
+    pieces: usize,
+    rs_accumulate: bool,
+    ar_ring: Option<bool>,
+    knobs: AlgoKnobs,
+}
+
+impl Cfg {
+    fn new(flavour: Flavour) -> Cfg {
+        Cfg {
+            flavour,
+            aggregate: false,
+            use_ce: true,
+            splits: 3,
+            pieces: 1,
+            rs_accumulate: false,
+            ar_ring: None,
+            knobs: AlgoKnobs::default(),
+        }
+    }
+}
+
+struct FakeScratch<'a> {
+    mem: &'a mut Mem,
+    rank: usize,
+    bytes: usize,
+    staging: Option<DevPtr>,
+}
+
+impl Scratch for FakeScratch<'_> {
+    fn staging(&mut self) -> Result<DevPtr> {
+        if self.staging.is_none() {
+            let name = format!("staging of rank {}", self.rank);
+            self.staging = Some(self.mem.alloc(&name, self.bytes));
+        }
+        Ok(self.staging.unwrap())
+    }
+    fn amax_slots(&mut self) -> Result<DevPtr> {
+        Ok(self.mem.alloc("amax slots", 256))
+    }
+}
+
+/// A group of `tp` ranks with buffers of `rows` x `cols` f32, each rank planning its call
+/// with `plan_call(planner, mem, rank)` and enqueueing it; then the run. Returns the
+/// memory after the run.
+fn run_group(
+    tp: usize,
+    (rows, cols): (usize, usize),
+    cfg: Cfg,
+    mem: &mut Mem,
+    buffers: &[DevPtr],
+    plan_call: &mut dyn FnMut(&mut Planner, usize) -> Result<()>,
+) -> std::result::Result<Vec<usize>, String> {
+    let bytes = rows * cols * 4;
+    let log: SharedLog<Dev> = Arc::new(Mutex::new(Log {
+        ranks: vec![Vec::new(); tp],
+    }));
+    let mut steps = Vec::new();
+    for r in 0..tp {
+        let t = FakeTransport::new(r, buffers, bytes, cfg.flavour, log.clone());
+        let caps = Caps::of(&t);
+        let env = Env {
+            tp,
+            rank: r,
+            dtype: DType::F32,
+            rows,
+            cols,
+            buffer: buffers[r],
+            buffer_bytes: bytes,
+            peers: match t.peer_memory() {
+                Some(pm) => (0..tp).map(|q| pm.peer_buffer(q)).collect(),
+                None => Default::default(),
+            },
+            caps,
+            slots: AlgoSlots::take(t.flag_slots()).unwrap(),
+            settings: plan::Settings {
+                use_ce: cfg.use_ce,
+                aggregate: cfg.aggregate,
+                num_splits: cfg.splits,
+                num_comm_sm: 16,
+                set_sm_margin: true,
+                sm_count: 132,
+                one_shot_max_bytes: 256,
+            },
+            tuning: plan::Tuned {
+                pieces: cfg.pieces,
+                rs_accumulate: cfg.rs_accumulate,
+                ar_ring: cfg.ar_ring,
+            },
+            knobs: cfg.knobs,
+            events: 128,
+            compute_streams: 3,
+            inline: tp == 1 && caps.idle_alone,
+            nvtx: false,
+            trace: false,
+        };
+        let mut plan = Plan::default();
+        {
+            let mut scratch = FakeScratch {
+                mem,
+                rank: r,
+                bytes,
+                staging: None,
+            };
+            let mut p = Planner {
+                e: &env,
+                res: &mut scratch,
+                plan: &mut plan,
+            };
+            plan_call(&mut p, r).map_err(|e| format!("rank {r} planning: {}", e.msg))?;
+        }
+        steps.push(plan.steps.len());
+        let mut dev = RecDevice {
+            rank: r,
+            t,
+            log: log.clone(),
+            inline: env.inline,
+            gate: Cell::new(false),
+            forked: Cell::new(0),
+        };
+        plan::enqueue(&plan, &mut dev).map_err(|e| format!("rank {r} enqueue: {}", e.msg))?;
+    }
+    let l = log.lock().unwrap();
+    let mut sim = Sim::new(&l, std::mem::take(mem), buffers.to_vec());
+    sim.run()?;
+    *mem = sim.mem;
+    Ok(steps)
+}
+
+/// Every byte of `len` bytes at `p` was written exactly once, and the values are `want`.
+fn expect_once(mem: &Mem, p: DevPtr, want: &[f32], what: &str) -> Res {
+    let (i, o) = mem.find(p, want.len() * 4)?;
+    let a = &mem.allocs[i];
+    if let Some(b) = (o..o + want.len() * 4).find(|&b| a.writes[b] != 1) {
+        return Err(format!(
+            "{what}: byte {b} of `{}` written {} times",
+            a.name, a.writes[b]
+        ));
+    }
+    for (e, w) in want.iter().enumerate() {
+        let got = mem.f32_at(p + 4 * e);
+        if got != *w {
+            return Err(format!("{what}: element {e} is {got}, want {w}"));
+        }
+    }
+    Ok(())
+}
+
+/// Buffers of a group.
+fn buffers(mem: &mut Mem, tp: usize, bytes: usize) -> Vec<DevPtr> {
+    (0..tp)
+        .map(|r| mem.alloc(&format!("buffer of rank {r}"), bytes))
+        .collect()
+}
+
+/// Ring all-gather + GEMM: D = gather(B) A^T on every rank; B_copy and the buffer hold
+/// the gathered B. `view`: B is the buffer view (the local chunk filled beforehand).
+fn check_ag(tp: usize, cfg: Cfg, view: bool) -> Res {
+    let (nc, k, m) = (4, 8, 16);
+    let n = nc * tp;
+    let mut mem = Mem::default();
+    let bufs = buffers(&mut mem, tp, n * k * 4);
+    let shards: Vec<Vec<f32>> = (0..tp).map(|r| values(r + 1, nc * k)).collect();
+    let gathered = shards.concat();
+    let mut ops = Vec::new();
+    for r in 0..tp {
+        let a = values(100 + r, m * k);
+        let pa = mem.input(&format!("A{r}"), &a);
+        let pb = if view {
+            let (i, o) = mem.find(bufs[r] + r * nc * k * 4, nc * k * 4)?;
+            for (e, x) in shards[r].iter().enumerate() {
+                let al = &mut mem.allocs[i];
+                al.data[o + 4 * e..o + 4 * e + 4].copy_from_slice(&x.to_le_bytes());
+                al.writer[o + 4 * e..o + 4 * e + 4].fill(INPUT);
+            }
+            bufs[r]
+        } else {
+            mem.input(&format!("B{r}"), &shards[r])
+        };
+        let pd = mem.alloc(&format!("D{r}"), n * m * 4);
+        let pc = mem.alloc(&format!("B_copy{r}"), n * k * 4);
+        ops.push((a, pa, pb, pd, pc));
+    }
+    let mut plan_call = |p: &mut Planner, r: usize| {
+        let (_, pa, pb, pd, pc) = &ops[r];
+        let (ta, td, tc) = (
+            tensor(*pa, &[m, k]),
+            tensor(*pd, &[n, m]),
+            tensor(*pc, &[n, k]),
+        );
+        let tb = tensor(*pb, &[if view { n } else { nc }, k]);
+        let args = AgArgs {
+            g: gemm(&ta, &tb, &td),
+            b_copy: Some(&tc),
+        };
+        p.split_ag(&args)
+    };
+    run_group(tp, (n, k), cfg, &mut mem, &bufs, &mut plan_call)?;
+    for (r, (a, _, _, pd, pc)) in ops.iter().enumerate() {
+        let want = matmul_nt(&gathered, a, n, k, m);
+        expect_once(&mem, *pd, &want, &format!("rank {r}: D"))?;
+        expect_once(&mem, *pc, &gathered, &format!("rank {r}: B_copy"))?;
+        for (e, w) in gathered.iter().enumerate() {
+            if mem.f32_at(bufs[r] + 4 * e) != *w {
+                return Err(format!("rank {r}: the buffer's element {e} is not B's"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// TN operands with no epilogue.
+fn gemm<'a>(a: &'a Tensor, b: &'a Tensor, d: &'a Tensor) -> TeGemm<'a> {
+    TeGemm {
+        a,
+        b,
+        d,
+        bias: None,
+        pre_gelu_out: None,
+        transa: true,
+        transb: false,
+        grad: false,
+        workspace: None,
+        accumulate: false,
+        use_split_accumulator: true,
+        math_sm_count: 0,
+    }
+}
+
+/// Every rank's partial [n, m] = B_r A_r^T (k split across ranks).
+struct Partials {
+    a: Vec<(Vec<f32>, DevPtr)>,
+    b: Vec<(Vec<f32>, DevPtr)>,
+    sum: Vec<f32>,
+}
+
+fn partials(mem: &mut Mem, tp: usize, (n, k, m): (usize, usize, usize)) -> Partials {
+    let mut p = Partials {
+        a: Vec::new(),
+        b: Vec::new(),
+        sum: vec![0f32; n * m],
+    };
+    for r in 0..tp {
+        let a = values(200 + r, m * k);
+        let b = values(300 + r, n * k);
+        for (s, x) in p.sum.iter_mut().zip(matmul_nt(&b, &a, n, k, m)) {
+            *s += x;
+        }
+        let pa = mem.input(&format!("A{r}"), &a);
+        let pb = mem.input(&format!("B{r}"), &b);
+        p.a.push((a, pa));
+        p.b.push((b, pb));
+    }
+    p
+}
+
+/// GEMM + reduce-scatter: rank r gets rows [r n/tp, (r+1) n/tp) of the sum of the
+/// partials. `ring`: the ring entry point (split_rs_p2p), else the pipelined one.
+fn check_rs(tp: usize, cfg: Cfg, ring: bool) -> Res {
+    let (nc, k, m) = (4, 8, 48);
+    let n = nc * tp;
+    let mut mem = Mem::default();
+    let bufs = buffers(&mut mem, tp, n * m * 4);
+    let p = partials(&mut mem, tp, (n, k, m));
+    let outs: Vec<DevPtr> = (0..tp)
+        .map(|r| mem.alloc(&format!("rs_output{r}"), nc * m * 4))
+        .collect();
+    let mut plan_call = |pl: &mut Planner, r: usize| {
+        let (ta, tb, to) = (
+            tensor(p.a[r].1, &[m, k]),
+            tensor(p.b[r].1, &[n, k]),
+            tensor(outs[r], &[nc, m]),
+        );
+        let args = RsArgs {
+            g: gemm(&ta, &tb, &to).with_d(None),
+            rs_output: &to,
+        };
+        if ring {
+            pl.split_rs_p2p(&args)
+        } else {
+            pl.split_rs(&args)
+        }
+    };
+    run_group(tp, (n, m), cfg, &mut mem, &bufs, &mut plan_call)?;
+    for (r, &o) in outs.iter().enumerate() {
+        let want = &p.sum[r * nc * m..(r + 1) * nc * m];
+        expect_once(&mem, o, want, &format!("rank {r}: rs_output"))?;
+    }
+    Ok(())
+}
+
+/// GEMM + all-reduce: every rank gets the sum of the partials in D.
+fn check_ar(tp: usize, cfg: Cfg) -> Res {
+    let (nc, k, m) = (4, 8, 32);
+    let n = nc * tp;
+    let mut mem = Mem::default();
+    let bufs = buffers(&mut mem, tp, 2 * n * m * 4);
+    let p = partials(&mut mem, tp, (n, k, m));
+    let ds: Vec<DevPtr> = (0..tp)
+        .map(|r| mem.alloc(&format!("D{r}"), n * m * 4))
+        .collect();
+    let mut plan_call = |pl: &mut Planner, r: usize| {
+        let (ta, tb, td) = (
+            tensor(p.a[r].1, &[m, k]),
+            tensor(p.b[r].1, &[n, k]),
+            tensor(ds[r], &[n, m]),
+        );
+        let args: ArArgs = gemm(&ta, &tb, &td);
+        pl.split_ar(&args)
+    };
+    run_group(tp, (2 * n, m), cfg, &mut mem, &bufs, &mut plan_call)?;
+    for (r, &d) in ds.iter().enumerate() {
+        expect_once(&mem, d, &p.sum, &format!("rank {r}: D"))?;
+    }
+    Ok(())
+}
+
+/// Bulk all-gather / reduce-scatter on the buffer beside an unrelated GEMM.
+fn check_bulk(tp: usize, cfg: Cfg, kind: BulkKind) -> Res {
+    let (rc, cols, k, m, n) = (4, 16, 8, 16, 8);
+    let rows = rc * tp;
+    let mut mem = Mem::default();
+    let bufs = buffers(&mut mem, tp, rows * cols * 4);
+    // Inputs in the buffers: AG the own chunk, RS all of it.
+    let data: Vec<Vec<f32>> = (0..tp).map(|r| values(400 + r, rows * cols)).collect();
+    for r in 0..tp {
+        let (lo, hi) = match kind {
+            BulkKind::AllGather => (r * rc * cols, (r + 1) * rc * cols),
+            BulkKind::ReduceScatter => (0, rows * cols),
+        };
+        let (i, o) = mem.find(bufs[r], rows * cols * 4)?;
+        let a = &mut mem.allocs[i];
+        for (e, x) in data[r].iter().enumerate().take(hi).skip(lo) {
+            a.data[o + 4 * e..o + 4 * e + 4].copy_from_slice(&x.to_le_bytes());
+            a.writer[o + 4 * e..o + 4 * e + 4].fill(INPUT);
+        }
+    }
+    let g = partials(&mut mem, tp, (n, k, m));
+    let ds: Vec<DevPtr> = (0..tp)
+        .map(|r| mem.alloc(&format!("D{r}"), n * m * 4))
+        .collect();
+    let outs: Vec<DevPtr> = (0..tp)
+        .map(|r| mem.alloc(&format!("rs_output{r}"), rc * cols * 4))
+        .collect();
+    let mut plan_call = |pl: &mut Planner, r: usize| {
+        let (ta, tb, td, to) = (
+            tensor(g.a[r].1, &[m, k]),
+            tensor(g.b[r].1, &[n, k]),
+            tensor(ds[r], &[n, m]),
+            tensor(outs[r], &[rc, cols]),
+        );
+        let args = BulkArgs {
+            kind,
+            gemm: gemm(&ta, &tb, &td),
+            buffer_view: None,
+            rs_output: (kind == BulkKind::ReduceScatter).then_some(&to),
+        };
+        pl.bulk(&args)
+    };
+    run_group(tp, (rows, cols), cfg, &mut mem, &bufs, &mut plan_call)?;
+    for r in 0..tp {
+        let want = matmul_nt(&g.b[r].0, &g.a[r].0, n, k, m);
+        expect_once(&mem, ds[r], &want, &format!("rank {r}: the GEMM's D"))?;
+        match kind {
+            BulkKind::AllGather => {
+                for q in (0..tp).filter(|&q| q != r) {
+                    let at = q * rc * cols;
+                    let want = &data[q][at..at + rc * cols];
+                    let what = format!("rank {r}: chunk {q} gathered");
+                    expect_once(&mem, bufs[r] + at * 4, want, &what)?;
+                }
+            }
+            BulkKind::ReduceScatter => {
+                let want: Vec<f32> = (0..rc * cols)
+                    .map(|e| data.iter().map(|d| d[r * rc * cols + e]).sum())
+                    .collect();
+                expect_once(&mem, outs[r], &want, &format!("rank {r}: rs_output"))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+const FLAVOURS: [Flavour; 2] = [Flavour::PeerMemory, Flavour::Messages];
+
+/// Run `check` for tp 1..=8 on both flavours; every failure is reported.
+fn all(name: &str, check: impl Fn(usize, Flavour) -> Res) {
+    let mut failed = Vec::new();
+    for f in FLAVOURS {
+        for tp in 1..=8 {
+            if let Err(e) = check(tp, f) {
+                failed.push(format!("{name} {f:?} tp {tp}: {e}"));
+            }
+        }
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n\n"));
+}
+
+#[test]
+fn ring_all_gather_gemm() {
+    all("split_ag", |tp, f| check_ag(tp, Cfg::new(f), false));
+    all("split_ag (buffer view)", |tp, f| {
+        check_ag(tp, Cfg::new(f), true)
+    });
+    all("split_ag (bidirectional, 2 pieces)", |tp, f| {
+        let cfg = Cfg {
+            aggregate: true,
+            pieces: 2,
+            ..Cfg::new(f)
+        };
+        check_ag(tp, cfg, false)
+    });
+    all("split_ag (SM puts, 3 pieces)", |tp, f| {
+        let cfg = Cfg {
+            use_ce: false,
+            pieces: 3,
+            ..Cfg::new(f)
+        };
+        check_ag(tp, cfg, false)
+    });
+}
+
+#[test]
+fn pipelined_and_ring_reduce_scatter() {
+    all("split_rs (pipelined)", |tp, f| {
+        check_rs(tp, Cfg::new(f), false)
+    });
+    all("split_rs (pipelined, 1 split)", |tp, f| {
+        check_rs(
+            tp,
+            Cfg {
+                splits: 1,
+                ..Cfg::new(f)
+            },
+            false,
+        )
+    });
+    all("split_rs_p2p (ring)", |tp, f| {
+        check_rs(tp, Cfg::new(f), true)
+    });
+}
+
+#[test]
+fn accumulating_ring_reduce_scatter() {
+    for pieces in [1, 2, 3] {
+        all(
+            &format!("split_rs_p2p (accumulating, {pieces} pieces)"),
+            |tp, f| {
+                let cfg = Cfg {
+                    rs_accumulate: true,
+                    pieces,
+                    ..Cfg::new(f)
+                };
+                check_rs(tp, cfg, true)
+            },
+        );
+    }
+    all("split_rs_p2p (NVTE_COMM_RS_RING=accumulate)", |tp, f| {
+        let knobs = AlgoKnobs {
+            rs_ring: Some(2),
+            ..Default::default()
+        };
+        check_rs(
+            tp,
+            Cfg {
+                knobs,
+                ..Cfg::new(f)
+            },
+            true,
+        )
+    });
+}
+
+#[test]
+fn all_reduce_variants() {
+    all("split_ar (ring)", |tp, f| check_ar(tp, Cfg::new(f)));
+    all("split_ar (ring, accumulating)", |tp, f| {
+        let cfg = Cfg {
+            rs_accumulate: true,
+            pieces: 2,
+            ..Cfg::new(f)
+        };
+        check_ar(tp, cfg)
+    });
+    // Chunked: one-shot chunks (small), two-shot (more than 256 bytes per chunk here).
+    for splits in [8, 2] {
+        all(&format!("split_ar (chunked, {splits} splits)"), |tp, f| {
+            let cfg = Cfg {
+                ar_ring: Some(false),
+                splits,
+                ..Cfg::new(f)
+            };
+            check_ar(tp, cfg)
+        });
+    }
+}
+
+#[test]
+fn bulk_collectives() {
+    all("bulk all-gather", |tp, f| {
+        check_bulk(tp, Cfg::new(f), BulkKind::AllGather)
+    });
+    all("bulk reduce-scatter", |tp, f| {
+        check_bulk(tp, Cfg::new(f), BulkKind::ReduceScatter)
+    });
+}
+
+/// The checker itself: a wait nobody signals deadlocks, a read racing its write and a
+/// put out of the buffer are reported.
+#[test]
+fn the_checker_finds_deadlocks_races_and_overruns() {
+    let cfg = Cfg::new(Flavour::PeerMemory);
+    let mut mem = Mem::default();
+    let bufs = buffers(&mut mem, 2, 64);
+    // Rank 0 waits for a signal rank 1 never sends.
+    let mut lonely = |p: &mut Planner, r: usize| {
+        p.begin(Op::BulkAg, false, &[], None);
+        if r == 0 {
+            let info = crate::transport::WaitInfo { op: 0, step: 0 };
+            p.wait(&[1], (p.e.slots.bulk, 1), Lane::Comm(0), info)?;
+        }
+        p.finish();
+        Ok(())
+    };
+    let e = run_group(2, (4, 4), cfg, &mut mem, &bufs, &mut lonely).unwrap_err();
+    assert!(e.contains("deadlock"), "{e}");
+    // Rank 1 reads its buffer, where rank 0 puts with no flag between.
+    let mut mem = Mem::default();
+    let bufs = buffers(&mut mem, 2, 64);
+    let src = mem.input("src", &[1.0; 16]);
+    let out = mem.alloc("out", 64);
+    let mut racy = |p: &mut Planner, r: usize| {
+        p.begin(Op::BulkAg, false, &[], None);
+        if r == 0 {
+            p.put(1, 0, src, 64, Lane::Comm(0))?;
+        } else {
+            p.copy(out, bufs[1], 64, Lane::Comm(0));
+        }
+        p.finish();
+        Ok(())
+    };
+    let e = run_group(2, (4, 4), cfg, &mut mem, &bufs, &mut racy).unwrap_err();
+    assert!(e.contains("race") || e.contains("nothing wrote"), "{e}");
+    // A put past the end of the peer's buffer.
+    let mut mem = Mem::default();
+    let bufs = buffers(&mut mem, 2, 64);
+    let src = mem.input("src", &[1.0; 16]);
+    let mut over = |p: &mut Planner, r: usize| {
+        p.begin(Op::BulkAg, false, &[], None);
+        if r == 0 {
+            p.put(1, 32, src, 64, Lane::Comm(0))?;
+        }
+        p.finish();
+        Ok(())
+    };
+    let e = run_group(2, (4, 4), cfg, &mut mem, &bufs, &mut over).unwrap_err();
+    assert!(e.contains("out of bounds"), "{e}");
+}
+
+/// A capability the transport lacks is a planning error, never a panic.
+#[test]
+fn a_missing_capability_is_an_error() {
+    let cfg = Cfg::new(Flavour::Messages);
+    let mut mem = Mem::default();
+    let bufs = buffers(&mut mem, 2, 64);
+    let src = mem.input("src", &[1.0; 16]);
+    let mut put = |p: &mut Planner, _r: usize| {
+        p.begin(Op::BulkAg, false, &[], None);
+        p.put(1, 0, src, 64, Lane::Comm(0))?;
+        p.finish();
+        Ok(())
+    };
+    let e = run_group(2, (4, 4), cfg, &mut mem, &bufs, &mut put).unwrap_err();
+    assert!(e.contains("peer memory"), "{e}");
+}
+
+/// A new transport is one file and a registry line: the fake is made through the
+/// registry by name, and auto never picks it.
+#[test]
+fn the_fake_transport_is_registered() {
+    let e = crate::transport::entry("fake").expect("registered");
+    let p = crate::transport::Placement {
+        one_node: true,
+        away: None,
+    };
+    assert!(!(e.auto)(&p));
+    assert_eq!(
+        crate::transport::REGISTRY
+            .iter()
+            .filter(|e| (e.auto)(&p))
+            .map(|e| e.name)
+            .next(),
+        Some("ipc")
+    );
+    let far = crate::transport::Placement {
+        one_node: false,
+        away: Some((1, "b".into(), "a".into())),
+    };
+    assert_eq!(
+        crate::transport::REGISTRY
+            .iter()
+            .find(|e| (e.auto)(&far))
+            .map(|e| e.name),
+        Some("nccl")
+    );
+}
