@@ -42,6 +42,8 @@ use crate::tune;
 use crate::{invalid, unsupported};
 use std::collections::HashMap;
 
+pub(crate) mod call;
+
 /// The calls of the context (the autotuner's operations).
 pub use crate::tune::Op as Kind;
 
@@ -772,10 +774,6 @@ impl CommGemmCtx {
 
     fn call_inner(&mut self, c: &GemmCall, stream: usize) -> Result<()> {
         self.check_operands(c)?;
-        let (m, n, k) = (c.m as usize, c.n as usize, c.k as usize);
-        let (nr, r) = (self.nranks, self.rank);
-        let share = |g: usize| numroc(g as i64, nr, r) as usize;
-        let block = |g: usize| g.div_ceil(nr);
         // The stream's context stays current for the whole call (engines are created in it).
         let guard = ContextGuard::for_stream_no_device(stream)?;
         let capture = capture_status(stream)?;
@@ -795,270 +793,87 @@ impl CommGemmCtx {
         // multicast and atomic variants are not implemented and fall back to them, which
         // compute the same result (multicast is never used by this library). Default
         // lets the autotuner choose the configuration (`tune`).
-        match c.kind {
-            Kind::AllGather => {
-                let (ml, nl) = (share(m), share(n));
-                let bn = block(n);
-                let dt = c.b.data.dtype;
-                let e = dt.bits() / 8;
-                let padded = bn * nr != n || bn != nl;
-                let aux = c.pre_act_out;
-                if self.direct {
-                    if let Some(p) = aux {
-                        expect_shape(p, "pre_act_out", [n, ml], "like D")?;
-                    }
-                    Self::check_b_gathered(c, n, k, dt)?;
-                    let g = TeGemm {
-                        bias: c.bias,
-                        pre_gelu_out: aux,
-                        grad: c.grad,
-                        accumulate: c.accumulate,
-                        ..c.operands(c.b, c.d, &ws, self.fp8_fast_accum)
-                    };
-                    let copy = c.b_gathered.map(|g| (g.data.ptr, c.b.data.ptr, n * k * e));
-                    return self.direct_call(c, dt, bn * nr * k * e, &g, copy, &guard, stream);
-                }
-                let eng = self.engine(c.kind, dt, bn * nr * k * e)?;
-                if let Some(p) = aux {
-                    expect_shape(p, "pre_act_out", [n, ml], "like D")?;
-                }
-                self.configure(eng, c)?;
-                Self::check_b_gathered(c, n, k, dt)?;
-                if !padded {
-                    if self.preparing {
-                        return Ok(());
-                    }
-                    let args = AgArgs {
-                        g: TeGemm {
-                            bias: c.bias,
-                            pre_gelu_out: aux,
-                            grad: c.grad,
-                            accumulate: c.accumulate,
-                            ..c.operands(c.b, c.d, &ws, self.fp8_fast_accum)
-                        },
-                        b_copy: c.b_gathered,
-                    };
-                    return self.engines[eng].split_ag(&args, stream);
-                }
-                if c.grad || c.accumulate {
-                    unsupported!("grad / accumulate with n = {n} not divisible by nranks = {nr}");
-                }
-                if c.d.data.dtype.is_fp8() && c.bias.is_some() {
-                    unsupported!(
-                        "an FP8 output with bias when n = {n} is not divisible by nranks = {nr}: the padding rows would count in D's amax"
-                    );
-                }
-                // Pad this rank's B share to a full block, gather, keep D's first n rows.
-                // Every scratch buffer first, then the work.
-                let de = c.d.data.dtype.bits() / 8;
-                let b_pad = self.scratch(0, bn * k * e)?;
-                let d_pad = self.scratch(1, bn * nr * ml * de)?;
-                let ap = match aux {
-                    Some(p) => {
-                        let ae = p.data.dtype.bits() / 8;
-                        let ptr = self.scratch(2, bn * nr * ml * ae)?;
-                        Some(rebased(p, ptr, &[bn * nr, ml])?)
-                    }
-                    None => None,
-                };
-                // The gathered B of the padded rows: block distribution puts every
-                // valid row before the padding, so its first n rows are B gathered.
-                let bg = match c.b_gathered {
-                    Some(g) => {
-                        let ptr = self.scratch(3, bn * nr * k * e)?;
-                        Some((g, rebased(g, ptr, &[bn * nr, k])?))
-                    }
-                    None => None,
-                };
-                if self.preparing {
-                    return Ok(());
-                }
-                memset_async(b_pad, bn * k * e, stream)?;
-                if c.transb {
-                    copy_2d(b_pad, bn * e, c.b.data.ptr, nl * e, nl * e, k, stream)?;
-                } else {
-                    copy_async(b_pad, c.b.data.ptr, nl * k * e, stream)?;
-                }
-                let bp = rebased(c.b, b_pad, &if c.transb { [k, bn] } else { [bn, k] })?;
-                let dp = rebased(c.d, d_pad, &[bn * nr, ml])?;
-                let args = AgArgs {
-                    g: TeGemm {
-                        bias: c.bias,
-                        pre_gelu_out: ap.as_ref(),
-                        ..c.operands(&bp, &dp, &ws, self.fp8_fast_accum)
-                    },
-                    b_copy: bg.as_ref().map(|(_, p)| p),
-                };
-                self.engines[eng].split_ag(&args, stream)?;
-                copy_async(c.d.data.ptr, d_pad, n * ml * de, stream)?;
-                if let Some((g, p)) = &bg {
-                    copy_async(g.data.ptr, p.data.ptr, n * k * e, stream)?;
-                }
-                if let (Some(p), Some(q)) = (aux, ap.as_ref()) {
-                    copy_async(
-                        p.data.ptr,
-                        q.data.ptr,
-                        n * ml * p.data.dtype.bits() / 8,
-                        stream,
-                    )?;
-                }
-                Ok(())
-            }
-            Kind::ReduceScatter | Kind::AllReduce => {
-                let (kl, nl) = (share(k), share(n));
-                if c.pre_act_out.is_some() && nr > 1 {
-                    unsupported!(
-                        "pre_act_out (GELU) cannot be applied before the reduction over k; compute the activation after the call"
-                    );
-                }
-                if c.grad && nr > 1 {
-                    unsupported!(
-                        "grad epilogues cannot be applied to partial sums before the reduction over k"
-                    );
-                }
-                if let Some(b) = c.bias
-                    && b.data.numel() != m
-                {
-                    invalid!(
-                        "tensor `bias` has {} elements but must have m = {m}",
-                        b.data.numel()
-                    );
-                }
-                // The bias is added once: in rank 0's partial.
-                let bias = if r == 0 { c.bias } else { None };
-                let dt = c.d.data.dtype;
-                if dt.is_fp8() && c.kind == Kind::AllReduce {
-                    unsupported!(
-                        "an FP8 output D of the all-reduce is not supported: use fp16, bf16 or fp32 (the reduce-scatter takes FP8 outputs)"
-                    );
-                }
-                let de = dt.bits() / 8;
-                let bn = block(n);
-                // FP8 output: bf16 partials, summed in fp32 and scaled into D (with amax).
-                let pdt = if dt.is_fp8() { DType::BF16 } else { dt };
-                // (cuBLASLt writes FP8 outputs from FP8 inputs only: 16-bit inputs take the
-                // engine's bf16 partials)
-                if self.direct && (!dt.is_fp8() || c.a.data.dtype.is_fp8()) {
-                    if c.accumulate {
-                        unsupported!(
-                            "{}",
-                            if c.kind == Kind::AllReduce {
-                                "accumulate = true with an all-reduce would add D to every rank's partial"
-                            } else {
-                                "accumulate = true is not supported by the reduce-scatter (it would add D to every rank's partial)"
-                            }
-                        );
-                    }
-                    // One rank: nothing is reduced, so the GEMM's own epilogues apply as in
-                    // nvte_cublas_gemm (GELU with pre_act_out, the grad epilogues).
-                    if let Some(p) = c.pre_act_out {
-                        expect_shape(p, "pre_act_out", [n, m], "like D")?;
-                    }
-                    let g = TeGemm {
-                        bias,
-                        pre_gelu_out: c.pre_act_out,
-                        grad: c.grad,
-                        ..c.operands(c.b, c.d, &ws, self.fp8_fast_accum)
-                    };
-                    let (bdt, bytes) = if c.kind == Kind::AllReduce {
-                        (dt, 2 * n * m * de)
-                    } else {
-                        (pdt, bn * nr * m * pdt.bits() / 8)
-                    };
-                    return self.direct_call(c, bdt, bytes, &g, None, &guard, stream);
-                }
-                if c.pre_act_out.is_some() || c.grad {
-                    // (only the one-rank direct GEMM above applies them; the engine's
-                    // partials would silently drop them)
-                    unsupported!(
-                        "pre_act_out / grad epilogues of {} at one rank need the direct GEMM: not with NVTE_COMM_REPORT / NVTE_COMM_TRACE or an FP8 output from 16-bit inputs",
-                        c.kind.api_name()
-                    );
-                }
-                if c.kind == Kind::AllReduce {
-                    // Twice D: the ring all-reduce's partials and gathered rows.
-                    let eng = self.engine(c.kind, dt, 2 * n * m * de)?;
-                    self.configure(eng, c)?;
-                    if self.preparing {
-                        return Ok(());
-                    }
-                    let args: ArArgs = TeGemm {
-                        bias,
-                        accumulate: c.accumulate,
-                        ..c.operands(c.b, c.d, &ws, self.fp8_fast_accum)
-                    };
-                    return self.engines[eng].split_ar(&args, stream);
-                }
-                if dt.is_fp8() && c.bias.is_some() && (bn * nr != n || bn != share(n)) {
-                    unsupported!(
-                        "an FP8 output with bias when n = {n} is not divisible by nranks = {nr}: the padding rows would count in D's amax"
-                    );
-                }
-                let eng = self.engine(c.kind, pdt, bn * nr * m * pdt.bits() / 8)?;
-                let choice = self.configure(eng, c)?;
-                if c.accumulate {
-                    unsupported!(
-                        "accumulate = true is not supported by the reduce-scatter (it would add D to every rank's partial)"
-                    );
-                }
-                let padded = bn * nr != n || bn != nl;
-                let (bp, dp);
-                let (b_use, d_use) = if padded {
-                    let be = c.b.data.dtype.bits() / 8;
-                    let b_pad = self.scratch(0, bn * nr * kl * be)?;
-                    let d_pad = self.scratch(1, bn * m * de)?;
-                    if self.preparing {
-                        return Ok(());
-                    }
-                    memset_async(b_pad, bn * nr * kl * be, stream)?;
-                    if c.transb {
-                        copy_2d(
-                            b_pad,
-                            bn * nr * be,
-                            c.b.data.ptr,
-                            n * be,
-                            n * be,
-                            kl,
-                            stream,
-                        )?;
-                    } else {
-                        copy_async(b_pad, c.b.data.ptr, n * kl * be, stream)?;
-                    }
-                    bp = rebased(
-                        c.b,
-                        b_pad,
-                        &if c.transb {
-                            [kl, bn * nr]
-                        } else {
-                            [bn * nr, kl]
-                        },
-                    )?;
-                    dp = rebased(c.d, d_pad, &[bn, m])?;
-                    (&bp, &dp)
-                } else {
-                    if self.preparing {
-                        return Ok(());
-                    }
-                    (c.b, c.d)
-                };
-                let args = RsArgs {
-                    g: Operands {
-                        bias,
-                        ..c.operands(b_use, None, &ws, self.fp8_fast_accum)
-                    },
-                    rs_output: d_use,
-                };
-                if choice.ring {
-                    self.engines[eng].split_rs_p2p(&args, stream)?;
-                } else {
-                    self.engines[eng].split_rs(&args, stream)?;
-                }
-                if padded {
-                    copy_async(c.d.data.ptr, d_use.data.ptr, nl * m * de, stream)?;
-                }
-                Ok(())
-            }
+        call::run(
+            &mut GpuCall {
+                ctx: self,
+                guard: &guard,
+                stream,
+            },
+            c,
+            &ws,
+        )
+    }
+}
+
+/// A call of the context on the GPU: its engines, on the caller's stream.
+struct GpuCall<'a> {
+    ctx: &'a mut CommGemmCtx,
+    guard: &'a ContextGuard,
+    stream: usize,
+}
+
+impl call::CallBackend for GpuCall<'_> {
+    fn ranks(&self) -> (usize, usize) {
+        (self.ctx.nranks, self.ctx.rank)
+    }
+    fn direct(&self) -> bool {
+        self.ctx.direct
+    }
+    fn fast_accum(&self) -> bool {
+        self.ctx.fp8_fast_accum
+    }
+    fn preparing(&self) -> bool {
+        self.ctx.preparing
+    }
+    fn direct_call(
+        &mut self,
+        c: &GemmCall,
+        dtype: DType,
+        bytes: usize,
+        g: &TeGemm,
+        copy: Option<(DevPtr, DevPtr, usize)>,
+    ) -> Result<()> {
+        self.ctx
+            .direct_call(c, dtype, bytes, g, copy, self.guard, self.stream)
+    }
+    fn engine(&mut self, kind: Kind, dtype: DType, bytes: usize) -> Result<usize> {
+        self.ctx.engine(kind, dtype, bytes)
+    }
+    fn configure(&mut self, eng: usize, c: &GemmCall) -> Result<bool> {
+        Ok(self.ctx.configure(eng, c)?.ring)
+    }
+    fn scratch(&mut self, slot: usize, bytes: usize) -> Result<DevPtr> {
+        self.ctx.scratch(slot, bytes)
+    }
+    fn memset(&mut self, dst: DevPtr, bytes: usize) -> Result<()> {
+        memset_async(dst, bytes, self.stream)
+    }
+    fn copy(&mut self, dst: DevPtr, src: DevPtr, bytes: usize) -> Result<()> {
+        copy_async(dst, src, bytes, self.stream)
+    }
+    fn copy_2d(
+        &mut self,
+        dst: DevPtr,
+        dpitch: usize,
+        src: DevPtr,
+        spitch: usize,
+        width: usize,
+        height: usize,
+    ) -> Result<()> {
+        copy_2d(dst, dpitch, src, spitch, width, height, self.stream)
+    }
+    fn split_ag(&mut self, eng: usize, x: &AgArgs) -> Result<()> {
+        self.ctx.engines[eng].split_ag(x, self.stream)
+    }
+    fn split_rs(&mut self, eng: usize, x: &RsArgs, ring: bool) -> Result<()> {
+        if ring {
+            self.ctx.engines[eng].split_rs_p2p(x, self.stream)
+        } else {
+            self.ctx.engines[eng].split_rs(x, self.stream)
         }
+    }
+    fn split_ar(&mut self, eng: usize, x: &ArArgs) -> Result<()> {
+        self.ctx.engines[eng].split_ar(x, self.stream)
     }
 }
 

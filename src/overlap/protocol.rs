@@ -856,91 +856,125 @@ impl Scratch for FakeScratch<'_> {
     }
 }
 
+/// The engine's view of rank `r` of a group of `tp` with buffers `buffers` of `rows` x
+/// `cols` f32, over transport `t`.
+fn env_of(
+    t: &FakeTransport<Dev>,
+    (tp, r): (usize, usize),
+    (rows, cols): (usize, usize),
+    cfg: Cfg,
+) -> Env {
+    let caps = Caps::of(t);
+    Env {
+        tp,
+        rank: r,
+        dtype: DType::F32,
+        rows,
+        cols,
+        buffer: t.buffer(),
+        buffer_bytes: rows * cols * 4,
+        peers: match t.peer_memory() {
+            Some(pm) => (0..tp).map(|q| pm.peer_buffer(q)).collect(),
+            None => Default::default(),
+        },
+        caps,
+        slots: AlgoSlots::take(t.flag_slots()).unwrap(),
+        settings: plan::Settings {
+            use_ce: cfg.use_ce,
+            aggregate: cfg.aggregate,
+            num_splits: cfg.splits,
+            num_comm_sm: 16,
+            set_sm_margin: true,
+            sm_count: 132,
+            one_shot_max_bytes: 256,
+        },
+        tuning: plan::Tuned {
+            pieces: cfg.pieces,
+            rs_accumulate: cfg.rs_accumulate,
+            ar_ring: cfg.ar_ring,
+        },
+        knobs: cfg.knobs,
+        events: 128,
+        compute_streams: 3,
+        inline: tp == 1 && caps.idle_alone,
+        nvtx: false,
+        trace: false,
+    }
+}
+
+/// Rank `r`'s engine call: planned by `plan_call` on its engine (buffers `buffers` of
+/// `rows` x `cols` f32), then enqueued into the group's log.
+#[allow(clippy::too_many_arguments)]
+fn rank_call(
+    (tp, r): (usize, usize),
+    geometry: (usize, usize),
+    cfg: Cfg,
+    mem: &mut Mem,
+    buffers: &[DevPtr],
+    log: &SharedLog<Dev>,
+    plan_call: &mut dyn FnMut(&mut Planner) -> Result<()>,
+) -> Res {
+    let bytes = geometry.0 * geometry.1 * 4;
+    let t = FakeTransport::new(r, buffers, bytes, cfg.flavour, log.clone());
+    let env = env_of(&t, (tp, r), geometry, cfg);
+    let mut plan = Plan::default();
+    {
+        let mut scratch = FakeScratch {
+            mem,
+            rank: r,
+            bytes,
+            staging: None,
+        };
+        let mut p = Planner {
+            e: &env,
+            res: &mut scratch,
+            plan: &mut plan,
+        };
+        plan_call(&mut p).map_err(|e| format!("rank {r} planning: {}", e.msg))?;
+    }
+    let mut dev = RecDevice {
+        rank: r,
+        t,
+        log: log.clone(),
+        inline: env.inline,
+        gate: Cell::new(false),
+        forked: Cell::new(0),
+    };
+    plan::enqueue(&plan, &mut dev).map_err(|e| format!("rank {r} enqueue: {}", e.msg))
+}
+
+fn new_log(tp: usize) -> SharedLog<Dev> {
+    Arc::new(Mutex::new(Log {
+        ranks: vec![Vec::new(); tp],
+    }))
+}
+
+/// Run the group's logs together (the memory after the run replaces `mem`).
+fn simulate(log: &SharedLog<Dev>, mem: &mut Mem, buffers: &[DevPtr]) -> Res {
+    let l = log.lock().unwrap();
+    let mut sim = Sim::new(&l, std::mem::take(mem), buffers.to_vec());
+    let r = sim.run();
+    *mem = sim.mem;
+    r
+}
+
 /// A group of `tp` ranks with buffers of `rows` x `cols` f32, each rank planning its call
-/// with `plan_call(planner, mem, rank)` and enqueueing it; then the run. Returns the
-/// memory after the run.
+/// with `plan_call(planner, rank)` and enqueueing it; then the run.
 fn run_group(
     tp: usize,
-    (rows, cols): (usize, usize),
+    geometry: (usize, usize),
     cfg: Cfg,
     mem: &mut Mem,
     buffers: &[DevPtr],
     plan_call: &mut dyn FnMut(&mut Planner, usize) -> Result<()>,
-) -> std::result::Result<Vec<usize>, String> {
-    let bytes = rows * cols * 4;
-    let log: SharedLog<Dev> = Arc::new(Mutex::new(Log {
-        ranks: vec![Vec::new(); tp],
-    }));
-    let mut steps = Vec::new();
+) -> Res {
+    let log = new_log(tp);
     for r in 0..tp {
-        let t = FakeTransport::new(r, buffers, bytes, cfg.flavour, log.clone());
-        let caps = Caps::of(&t);
-        let env = Env {
-            tp,
-            rank: r,
-            dtype: DType::F32,
-            rows,
-            cols,
-            buffer: buffers[r],
-            buffer_bytes: bytes,
-            peers: match t.peer_memory() {
-                Some(pm) => (0..tp).map(|q| pm.peer_buffer(q)).collect(),
-                None => Default::default(),
-            },
-            caps,
-            slots: AlgoSlots::take(t.flag_slots()).unwrap(),
-            settings: plan::Settings {
-                use_ce: cfg.use_ce,
-                aggregate: cfg.aggregate,
-                num_splits: cfg.splits,
-                num_comm_sm: 16,
-                set_sm_margin: true,
-                sm_count: 132,
-                one_shot_max_bytes: 256,
-            },
-            tuning: plan::Tuned {
-                pieces: cfg.pieces,
-                rs_accumulate: cfg.rs_accumulate,
-                ar_ring: cfg.ar_ring,
-            },
-            knobs: cfg.knobs,
-            events: 128,
-            compute_streams: 3,
-            inline: tp == 1 && caps.idle_alone,
-            nvtx: false,
-            trace: false,
-        };
-        let mut plan = Plan::default();
-        {
-            let mut scratch = FakeScratch {
-                mem,
-                rank: r,
-                bytes,
-                staging: None,
-            };
-            let mut p = Planner {
-                e: &env,
-                res: &mut scratch,
-                plan: &mut plan,
-            };
-            plan_call(&mut p, r).map_err(|e| format!("rank {r} planning: {}", e.msg))?;
-        }
-        steps.push(plan.steps.len());
-        let mut dev = RecDevice {
-            rank: r,
-            t,
-            log: log.clone(),
-            inline: env.inline,
-            gate: Cell::new(false),
-            forked: Cell::new(0),
-        };
-        plan::enqueue(&plan, &mut dev).map_err(|e| format!("rank {r} enqueue: {}", e.msg))?;
+        rank_call((tp, r), geometry, cfg, mem, buffers, &log, &mut |p| {
+            plan_call(p, r)
+        })?;
     }
-    let l = log.lock().unwrap();
-    let mut sim = Sim::new(&l, std::mem::take(mem), buffers.to_vec());
-    sim.run()?;
-    *mem = sim.mem;
-    Ok(steps)
+    simulate(&log, mem, buffers)
 }
 
 /// Every byte of `len` bytes at `p` was written exactly once, and the values are `want`.
@@ -1419,4 +1453,289 @@ fn the_fake_transport_is_registered() {
             .map(|e| e.name),
         Some("nccl")
     );
+}
+
+/// The comm-GEMM calls' host backend of one rank: engines sized as the context sizes them
+/// (one group of buffers per engine size, shared by the ranks), the caller's stream's
+/// copies and the engine calls into the group's log.
+struct HostCall<'a> {
+    tp: usize,
+    rank: usize,
+    cfg: Cfg,
+    /// the reduce-scatter's configuration: ring (else pipelined)
+    ring: bool,
+    mem: &'a mut Mem,
+    /// engine rows -> the group's buffers
+    engines: &'a mut HashMap<usize, Vec<DevPtr>>,
+    log: SharedLog<Dev>,
+    /// the engine of the call (rows)
+    rows: Option<usize>,
+}
+
+/// The comm-GEMM context's engine columns.
+const CG_COLS: usize = 256;
+
+impl HostCall<'_> {
+    fn push(&self, d: Dev) {
+        self.log.lock().unwrap().ranks[self.rank].push((CALLER, Rec::Device(d)));
+    }
+    fn engine_call(&mut self, f: &mut dyn FnMut(&mut Planner) -> Result<()>) -> Result<()> {
+        let rows = self.rows.expect("an engine was made");
+        let bufs = self.engines[&rows].clone();
+        let (tp, r, cfg) = (self.tp, self.rank, self.cfg);
+        rank_call((tp, r), (rows, CG_COLS), cfg, self.mem, &bufs, &self.log, f)
+            .map_err(crate::error::Error::internal)
+    }
+}
+
+impl crate::comm_gemm::call::CallBackend for HostCall<'_> {
+    fn ranks(&self) -> (usize, usize) {
+        (self.tp, self.rank)
+    }
+    fn direct(&self) -> bool {
+        self.tp == 1
+    }
+    fn fast_accum(&self) -> bool {
+        false
+    }
+    fn preparing(&self) -> bool {
+        false
+    }
+    fn direct_call(
+        &mut self,
+        _c: &crate::comm_gemm::GemmCall,
+        _dtype: DType,
+        _bytes: usize,
+        g: &TeGemm,
+        copy: Option<(DevPtr, DevPtr, usize)>,
+    ) -> Result<()> {
+        let desc = crate::gemm::desc_from_te(g)?;
+        if let Some((d, s, n)) = copy {
+            self.push(Dev::Copy(d, s, n));
+        }
+        self.push(Dev::Gemm(desc));
+        Ok(())
+    }
+    fn engine(
+        &mut self,
+        _kind: crate::comm_gemm::Kind,
+        dtype: DType,
+        bytes: usize,
+    ) -> Result<usize> {
+        let e = dtype.bits() / 8;
+        let rows = bytes.div_ceil(CG_COLS * e).div_ceil(self.tp).max(1) * self.tp;
+        let tp = self.tp;
+        let mem = &mut *self.mem;
+        self.engines
+            .entry(rows)
+            .or_insert_with(|| buffers(mem, tp, rows * CG_COLS * e));
+        self.rows = Some(rows);
+        Ok(0)
+    }
+    fn configure(&mut self, _eng: usize, _c: &crate::comm_gemm::GemmCall) -> Result<bool> {
+        Ok(self.ring)
+    }
+    fn scratch(&mut self, slot: usize, bytes: usize) -> Result<DevPtr> {
+        Ok(self
+            .mem
+            .alloc(&format!("scratch {slot} of rank {}", self.rank), bytes))
+    }
+    fn memset(&mut self, dst: DevPtr, bytes: usize) -> Result<()> {
+        self.push(Dev::Memset(dst, bytes));
+        Ok(())
+    }
+    fn copy(&mut self, dst: DevPtr, src: DevPtr, bytes: usize) -> Result<()> {
+        self.push(Dev::Copy(dst, src, bytes));
+        Ok(())
+    }
+    fn copy_2d(
+        &mut self,
+        dst: DevPtr,
+        dpitch: usize,
+        src: DevPtr,
+        spitch: usize,
+        width: usize,
+        height: usize,
+    ) -> Result<()> {
+        self.push(Dev::Copy2d {
+            dst,
+            dpitch,
+            src,
+            spitch,
+            width,
+            height,
+        });
+        Ok(())
+    }
+    fn split_ag(&mut self, _eng: usize, x: &AgArgs) -> Result<()> {
+        self.engine_call(&mut |p| p.split_ag(x))
+    }
+    fn split_rs(&mut self, _eng: usize, x: &RsArgs, ring: bool) -> Result<()> {
+        self.engine_call(&mut |p| {
+            if ring {
+                p.split_rs_p2p(x)
+            } else {
+                p.split_rs(x)
+            }
+        })
+    }
+    fn split_ar(&mut self, _eng: usize, x: &ArArgs) -> Result<()> {
+        self.engine_call(&mut |p| p.split_ar(x))
+    }
+}
+
+/// A comm-GEMM call of kind `kind` with global m, n, k at tp ranks (block distribution,
+/// padded where n does not divide): every rank's result checked against the sum.
+fn check_comm_gemm(
+    tp: usize,
+    cfg: Cfg,
+    ring: bool,
+    kind: crate::comm_gemm::Kind,
+    (m, n, k): (usize, usize, usize),
+) -> Res {
+    use crate::comm_gemm::{GemmCall, Kind, numroc};
+    let share = |g: usize, r: usize| numroc(g as i64, tp, r) as usize;
+    let mut mem = Mem::default();
+    let mut engines = HashMap::new();
+    let log = new_log(tp);
+    // Global operands: A [m, k], B [n, k] (row-major, TN); D = B A^T [n, m].
+    let a = values(500, m * k);
+    let bg = values(600, n * k);
+    let d_full = matmul_nt(&bg, &a, n, k, m);
+    let ws = tensor(mem.alloc("workspace", 4), &[1]);
+    let mut outs = Vec::new();
+    for r in 0..tp {
+        // This rank's shares: AG splits m and n; RS / AR split k.
+        let (al, bl, dshape, gathered) = match kind {
+            Kind::AllGather => {
+                let (m0, ml) = (r * m.div_ceil(tp), share(m, r));
+                let (n0, nl) = (r * n.div_ceil(tp), share(n, r));
+                let al: Vec<f32> = a[m0.min(m) * k..(m0 + ml).min(m) * k].to_vec();
+                let bl: Vec<f32> = bg[n0.min(n) * k..(n0 + nl).min(n) * k].to_vec();
+                (
+                    (al, [ml, k]),
+                    (bl, [nl, k]),
+                    [n, ml],
+                    Some(mem.alloc(&format!("b_gathered{r}"), n * k * 4)),
+                )
+            }
+            _ => {
+                let (k0, kl) = ((r * k.div_ceil(tp)).min(k), share(k, r));
+                let cols = |x: &[f32], rows: usize| -> Vec<f32> {
+                    (0..rows)
+                        .flat_map(|i| x[i * k + k0..i * k + k0 + kl].to_vec())
+                        .collect()
+                };
+                let dshape = if kind == Kind::AllReduce {
+                    [n, m]
+                } else {
+                    [share(n, r), m]
+                };
+                (
+                    (cols(&a, m), [m, kl]),
+                    (cols(&bg, n), [n, kl]),
+                    dshape,
+                    None,
+                )
+            }
+        };
+        let pa = mem.input(&format!("A{r}"), &al.0);
+        let pb = mem.input(&format!("B{r}"), &bl.0);
+        let pd = mem.alloc(&format!("D{r}"), dshape[0] * dshape[1] * 4);
+        let (ta, tb, td) = (tensor(pa, &al.1), tensor(pb, &bl.1), tensor(pd, &dshape));
+        let tg = gathered.map(|p| tensor(p, &[n, k]));
+        let call = GemmCall {
+            kind,
+            m: m as i64,
+            n: n as i64,
+            k: k as i64,
+            a: &ta,
+            b: &tb,
+            d: &td,
+            bias: None,
+            pre_act_out: None,
+            transa: true,
+            transb: false,
+            grad: false,
+            accumulate: false,
+            comm_sm_count: 0,
+            b_gathered: tg.as_ref(),
+            tune: false,
+        };
+        let mut host = HostCall {
+            tp,
+            rank: r,
+            cfg,
+            ring,
+            mem: &mut mem,
+            engines: &mut engines,
+            log: log.clone(),
+            rows: None,
+        };
+        crate::comm_gemm::call::run(&mut host, &call, &ws)
+            .map_err(|e| format!("rank {r}: {}", e.msg))?;
+        outs.push((pd, dshape, gathered));
+    }
+    let bufs = engines.values().next().cloned().unwrap_or_default();
+    simulate(&log, &mut mem, &bufs)?;
+    for (r, (pd, dshape, gathered)) in outs.into_iter().enumerate() {
+        let want: Vec<f32> = match kind {
+            Kind::AllGather => {
+                let m0 = r * m.div_ceil(tp);
+                (0..n)
+                    .flat_map(|t| (0..dshape[1]).map(move |i| (t, m0 + i)))
+                    .map(|(t, i)| d_full[t * m + i])
+                    .collect()
+            }
+            Kind::AllReduce => d_full.clone(),
+            Kind::ReduceScatter => {
+                let n0 = r * n.div_ceil(tp);
+                d_full[n0.min(n) * m..(n0.min(n) + dshape[0]) * m].to_vec()
+            }
+        };
+        expect_once(&mem, pd, &want, &format!("rank {r}: D"))?;
+        if let Some(g) = gathered {
+            expect_once(&mem, g, &bg, &format!("rank {r}: b_gathered"))?;
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn comm_gemm_calls() {
+    use crate::comm_gemm::Kind;
+    for (extra, what) in [(0usize, "n divisible"), (3, "n padded")] {
+        all(&format!("comm-GEMM all-gather ({what})"), |tp, f| {
+            check_comm_gemm(
+                tp,
+                Cfg::new(f),
+                true,
+                Kind::AllGather,
+                (16 * tp, 4 * tp + extra, 8),
+            )
+        });
+        for ring in [true, false] {
+            all(
+                &format!("comm-GEMM reduce-scatter ({what}, ring {ring})"),
+                |tp, f| {
+                    check_comm_gemm(
+                        tp,
+                        Cfg::new(f),
+                        ring,
+                        Kind::ReduceScatter,
+                        (32, 4 * tp + extra, 4 * tp + 1),
+                    )
+                },
+            );
+        }
+        all(&format!("comm-GEMM all-reduce ({what})"), |tp, f| {
+            check_comm_gemm(
+                tp,
+                Cfg::new(f),
+                true,
+                Kind::AllReduce,
+                (32, 4 * tp + extra, 4 * tp + 1),
+            )
+        });
+    }
 }
