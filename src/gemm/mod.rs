@@ -209,8 +209,64 @@ impl<'a, D> Operands<'a, D> {
     }
 }
 
-/// Validate TE's arguments and translate them into a [`GemmDesc`].
+/// Validate TE's arguments and translate them into a [`GemmDesc`]: the shapes, the
+/// element types, the FP8 scaling factors, the epilogue's operands, the workspace.
 pub fn desc_from_te(g: &TeGemm) -> Result<GemmDesc> {
+    let dims = te_dims(g)?;
+    let (m, n, k) = (dims.m, dims.n, dims.k);
+    let (at, bt, dt) = (g.a.data.dtype, g.b.data.dtype, g.d.data.dtype);
+    let fp8 = check_types(g, (m, k))?;
+    let (a_scale_inv, b_scale_inv, d_scale, d_amax) = fp8_scales(g)?;
+    let ep = epilogue_operands(g, (m, n), fp8)?;
+    let (workspace, workspace_bytes) = match g.workspace {
+        Some(w) if !w.data.ptr.is_null() => (w.data.ptr, w.data.bytes()),
+        _ => (DevPtr::NULL, 0),
+    };
+    Ok(GemmDesc {
+        m,
+        n,
+        k,
+        a: g.a.data.ptr,
+        b: g.b.data.ptr,
+        d: g.d.data.ptr,
+        c: DevPtr::NULL,
+        lda: dims.lda,
+        ldb: dims.ldb,
+        ldd: dims.ldd,
+        a_type: at,
+        b_type: bt,
+        d_type: dt,
+        transa: g.transa,
+        transb: g.transb,
+        epilogue: ep.epilogue,
+        bias: ep.bias,
+        bias_type: ep.bias_type,
+        aux: ep.aux,
+        aux_type: ep.aux_type,
+        a_scale_inv,
+        b_scale_inv,
+        d_scale,
+        d_amax,
+        accumulate: g.accumulate,
+        fast_accum: fp8 && !g.use_split_accumulator,
+        sm_count: g.math_sm_count,
+        workspace,
+        workspace_bytes,
+    })
+}
+
+/// A GEMM's sizes and leading dimensions (cuBLAS's column-major terms).
+struct Dims {
+    m: usize,
+    n: usize,
+    k: usize,
+    lda: usize,
+    ldb: usize,
+    ldd: usize,
+}
+
+/// The layout, the operands' shapes (A, B and D agree), their data and the SM count.
+fn te_dims(g: &TeGemm) -> Result<Dims> {
     let (ab, bb, db) = (&g.a.data, &g.b.data, &g.d.data);
     if g.transa && g.transb {
         invalid!(
@@ -248,17 +304,24 @@ pub fn desc_from_te(g: &TeGemm) -> Result<GemmDesc> {
             g.math_sm_count
         );
     }
-    let lda = if g.transa { k } else { m };
-    let ldb = if g.transb { n } else { k };
-    let ldd = m;
     for (x, w) in [(m, "m"), (n, "n"), (k, "k")] {
         if x > i32::MAX as usize {
             unsupported!("{w} = {x} exceeds cuBLASLt's 32-bit dimension limit");
         }
     }
+    Ok(Dims {
+        m,
+        n,
+        k,
+        lda: if g.transa { k } else { m },
+        ldb: if g.transb { n } else { k },
+        ldd: m,
+    })
+}
 
-    // Element types.
-    let (at, bt, dt) = (ab.dtype, bb.dtype, db.dtype);
+/// The element types cuBLASLt takes (with the FP8 rules); whether the GEMM is FP8.
+fn check_types(g: &TeGemm, (m, k): (usize, usize)) -> Result<bool> {
+    let (at, bt, dt) = (g.a.data.dtype, g.b.data.dtype, g.d.data.dtype);
     let fp8 = at.is_fp8() || bt.is_fp8();
     let gemm_types = [
         DType::F32,
@@ -320,8 +383,13 @@ pub fn desc_from_te(g: &TeGemm) -> Result<GemmDesc> {
             );
         }
     }
+    Ok(fp8)
+}
 
-    // FP8 scaling factors.
+/// The FP8 scaling factors: A's and B's scale_inv, D's scale and amax (NULL where the
+/// tensor is not FP8).
+fn fp8_scales(g: &TeGemm) -> Result<(DevPtr, DevPtr, DevPtr, DevPtr)> {
+    let (at, bt, dt) = (g.a.data.dtype, g.b.data.dtype, g.d.data.dtype);
     let scalar = |b: &Buffer, which: &str, name: &str| -> Result<DevPtr> {
         Tensor::scalar_ptr(b)
             .ok_or_else(|| Error::invalid(format!("tensor `{which}` is FP8 but has no {name}")))
@@ -350,114 +418,116 @@ pub fn desc_from_te(g: &TeGemm) -> Result<GemmDesc> {
     } else {
         (DevPtr::NULL, DevPtr::NULL)
     };
+    Ok((a_scale_inv, b_scale_inv, d_scale, d_amax))
+}
 
-    // Epilogue inputs / outputs.
+/// The epilogue and its operands.
+struct EpilogueOperands {
+    epilogue: Epilogue,
+    bias: DevPtr,
+    bias_type: DType,
+    aux: DevPtr,
+    aux_type: DType,
+}
+
+/// The epilogue from the bias, the pre-GELU output and `grad`, with its operands checked.
+fn epilogue_operands(g: &TeGemm, (m, n): (usize, usize), fp8: bool) -> Result<EpilogueOperands> {
+    let dt = g.d.data.dtype;
     let bias = g.bias.map(|t| &t.data).filter(|b| !b.ptr.is_null());
     let aux = g.pre_gelu_out.map(|t| &t.data).filter(|b| !b.ptr.is_null());
     let epilogue = Epilogue::select(bias.is_some(), aux.is_some(), g.grad);
     let (mut bias_ptr, mut bias_type) = (DevPtr::NULL, if dt.is_fp8() { DType::BF16 } else { dt });
     if let Some(bb) = bias {
-        let want = if epilogue == Epilogue::BGradB { n } else { m };
-        if bb.numel() != want {
-            let what = if epilogue == Epilogue::BGradB {
-                "n (bias gradient of B)"
-            } else {
-                "m"
-            };
-            invalid!(
-                "tensor `bias` has {} elements (shape {}) but must have {what} = {want}",
-                bb.numel(),
-                bb.shape
-            );
-        }
-        if fp8 {
-            // cuBLASLt's FP8 table: the bias is typed like a 16-bit output, bf16 for a
-            // float32 output, and bf16 or fp16 for an FP8 output.
-            let ok = match dt {
-                DType::F16 => bb.dtype == DType::F16,
-                DType::BF16 | DType::F32 => bb.dtype == DType::BF16,
-                _ => matches!(bb.dtype, DType::BF16 | DType::F16),
-            };
-            if !ok {
-                unsupported!(
-                    "bias dtype {} is not supported with FP8 inputs and output {} (cuBLASLt: bf16 bias for bf16/float32 output, fp16 for fp16, bf16 or fp16 for FP8)",
-                    bb.dtype.name(),
-                    dt.name()
-                );
-            }
-        } else if bb.dtype != dt {
-            unsupported!(
-                "bias dtype {} must equal the output dtype {} for non-FP8 GEMMs",
-                bb.dtype.name(),
-                dt.name()
-            );
-        }
+        check_bias(bb, epilogue, (m, n), dt, fp8)?;
         bias_ptr = bb.ptr;
         bias_type = bb.dtype;
     }
     let (mut aux_ptr, mut aux_type) = (DevPtr::NULL, dt);
     if let Some(xb) = aux {
-        if xb.numel() != n * m {
-            invalid!(
-                "tensor `pre_gelu_out` has {} elements (shape {}) but must be [n, m] = [{n}, {m}]",
-                xb.numel(),
-                xb.shape
-            );
-        }
-        if xb.dtype.is_fp8() {
-            unsupported!("an FP8 pre_gelu_out ({}) is not supported", xb.dtype.name());
-        }
-        if !fp8 && xb.dtype != dt {
-            unsupported!(
-                "pre_gelu_out dtype {} must equal the output dtype {} for non-FP8 GEMMs",
-                xb.dtype.name(),
-                dt.name()
-            );
-        }
-        if m % 8 != 0 {
-            unsupported!(
-                "GELU epilogues need m to be a multiple of 8 (cuBLASLt aux leading dimension); got m = {m}"
-            );
-        }
+        check_aux(xb, (m, n), dt, fp8)?;
         aux_ptr = xb.ptr;
         aux_type = xb.dtype;
     }
-
-    let (workspace, workspace_bytes) = match g.workspace {
-        Some(w) if !w.data.ptr.is_null() => (w.data.ptr, w.data.bytes()),
-        _ => (DevPtr::NULL, 0),
-    };
-    Ok(GemmDesc {
-        m,
-        n,
-        k,
-        a: ab.ptr,
-        b: bb.ptr,
-        d: db.ptr,
-        c: DevPtr::NULL,
-        lda,
-        ldb,
-        ldd,
-        a_type: at,
-        b_type: bt,
-        d_type: dt,
-        transa: g.transa,
-        transb: g.transb,
+    Ok(EpilogueOperands {
         epilogue,
         bias: bias_ptr,
         bias_type,
         aux: aux_ptr,
         aux_type,
-        a_scale_inv,
-        b_scale_inv,
-        d_scale,
-        d_amax,
-        accumulate: g.accumulate,
-        fast_accum: fp8 && !g.use_split_accumulator,
-        sm_count: g.math_sm_count,
-        workspace,
-        workspace_bytes,
     })
+}
+
+/// The bias: its length (m, or n for the bias gradient of B) and type.
+fn check_bias(
+    bb: &Buffer,
+    epilogue: Epilogue,
+    (m, n): (usize, usize),
+    dt: DType,
+    fp8: bool,
+) -> Result<()> {
+    let want = if epilogue == Epilogue::BGradB { n } else { m };
+    if bb.numel() != want {
+        let what = if epilogue == Epilogue::BGradB {
+            "n (bias gradient of B)"
+        } else {
+            "m"
+        };
+        invalid!(
+            "tensor `bias` has {} elements (shape {}) but must have {what} = {want}",
+            bb.numel(),
+            bb.shape
+        );
+    }
+    if fp8 {
+        // cuBLASLt's FP8 table: the bias is typed like a 16-bit output, bf16 for a
+        // float32 output, and bf16 or fp16 for an FP8 output.
+        let ok = match dt {
+            DType::F16 => bb.dtype == DType::F16,
+            DType::BF16 | DType::F32 => bb.dtype == DType::BF16,
+            _ => matches!(bb.dtype, DType::BF16 | DType::F16),
+        };
+        if !ok {
+            unsupported!(
+                "bias dtype {} is not supported with FP8 inputs and output {} (cuBLASLt: bf16 bias for bf16/float32 output, fp16 for fp16, bf16 or fp16 for FP8)",
+                bb.dtype.name(),
+                dt.name()
+            );
+        }
+    } else if bb.dtype != dt {
+        unsupported!(
+            "bias dtype {} must equal the output dtype {} for non-FP8 GEMMs",
+            bb.dtype.name(),
+            dt.name()
+        );
+    }
+    Ok(())
+}
+
+/// The pre-GELU output: [n, m], 16/32-bit, typed like D for non-FP8 GEMMs.
+fn check_aux(xb: &Buffer, (m, n): (usize, usize), dt: DType, fp8: bool) -> Result<()> {
+    if xb.numel() != n * m {
+        invalid!(
+            "tensor `pre_gelu_out` has {} elements (shape {}) but must be [n, m] = [{n}, {m}]",
+            xb.numel(),
+            xb.shape
+        );
+    }
+    if xb.dtype.is_fp8() {
+        unsupported!("an FP8 pre_gelu_out ({}) is not supported", xb.dtype.name());
+    }
+    if !fp8 && xb.dtype != dt {
+        unsupported!(
+            "pre_gelu_out dtype {} must equal the output dtype {} for non-FP8 GEMMs",
+            xb.dtype.name(),
+            dt.name()
+        );
+    }
+    if m % 8 != 0 {
+        unsupported!(
+            "GELU epilogues need m to be a multiple of 8 (cuBLASLt aux leading dimension); got m = {m}"
+        );
+    }
+    Ok(())
 }
 
 fn lt_check(s: lt::cublasStatus_t, call: &str) -> Result<()> {
