@@ -143,6 +143,9 @@ pub struct CommGemmCtx {
     /// NVTE_COMM_TUNE at the context's creation, the agreed choices of this context, the
     /// disk cache, and the configuration of the call in progress
     tune_mode: tune::Mode,
+    /// NVTE_COMM_TUNE_BUDGET_MS, NVTE_COMM_TUNE_PICK, NVTE_COMM_TUNE_VERBOSE at the
+    /// context's creation
+    tune_env: TuneEnv,
     tuned: HashMap<tune::Key, tune::Choice>,
     tune_cache: tune::Cache,
     current: Option<tune::Choice>,
@@ -157,7 +160,16 @@ pub struct CommGemmCtx {
 }
 
 /// The environment a context is created with (`CommGemmCtx::read_env`).
+/// The autotuner's environment knobs besides its mode, read when a context is created.
+#[derive(Clone, Copy, Debug)]
+struct TuneEnv {
+    budget_ms: f64,
+    pick: Option<i32>,
+    verbose: bool,
+}
+
 struct CtxEnv {
+    tune_env: TuneEnv,
     cfg: Config,
     knobs: crate::overlap::AlgoKnobs,
     trace: bool,
@@ -245,10 +257,13 @@ impl CommGemmCtx {
         let knobs = crate::overlap::AlgoKnobs::from_env()?;
         let trace = crate::overlap::trace_enabled()?;
         let tune_mode = tune::mode()?;
-        tune::budget_ms()?;
-        tune::forced_pick()?;
-        crate::env::flag("NVTE_COMM_TUNE_VERBOSE")?;
+        let tune_env = TuneEnv {
+            budget_ms: tune::budget_ms()?,
+            pick: tune::forced_pick()?,
+            verbose: crate::env::flag("NVTE_COMM_TUNE_VERBOSE")?.unwrap_or(false),
+        };
         Ok(CtxEnv {
+            tune_env,
             cfg,
             knobs,
             trace,
@@ -285,6 +300,7 @@ impl CommGemmCtx {
             fp8_fast_accum: env.fp8_fast_accum,
             knobs: env.knobs,
             tune_mode: env.tune_mode,
+            tune_env: env.tune_env,
             tuned: HashMap::new(),
             tune_cache: tune::Cache::default(),
             current: None,
@@ -546,54 +562,13 @@ impl CommGemmCtx {
         // Every decision below is taken from data gathered from all ranks (rank 0's
         // settings, the slowest rank's times, every rank's success), so all ranks run the
         // same candidates and pick the same one even when their environments differ.
-        let guard = ContextGuard::for_stream(stream)?;
-        let dev = crate::cuda::device_info(guard.device)?;
-        self.tune_cache
-            .load(|| tune::fingerprint(&crate::cuda::device_name(guard.device)?, dev.sm_count))?;
-        if self.tune_mode == tune::Mode::Force {
-            self.tune_cache.forget(&key);
-        }
-        let cached = self
-            .tune_cache
-            .get(&key)
-            .map(|ch| ch.encode())
-            .unwrap_or([0; 8]);
-        let settings = tune::Settings {
-            cached,
-            default: self.default_choice(),
-            sm_count: dev.sm_count,
-            budget_ms: tune::budget_ms()?,
-            pick: tune::forced_pick()?,
-        };
-        let all = self.bs.allgather(&settings.encode())?;
-        let agreed = tune::Settings::agree(&all)?;
+        let agreed = self.tune_agree(stream, &key)?;
         if let Some(ch) = agreed.cached {
             self.tuned.insert(tkey, ch);
             return Ok(());
         }
-        let time = |this: &mut Self, ch: tune::Choice| -> Result<f32> {
-            this.current = Some(ch);
-            let timeout_ms = this.cfg.timeout_ms;
-            crate::cuda::resources::mean_time(
-                this,
-                stream,
-                timeout_ms,
-                &format!("autotuning {key}: a candidate's calls"),
-                3,
-                |t| t.call_inner(c, stream),
-            )
-        };
-        // One candidate on every rank, then its slowest-rank time (NaN: some rank failed).
-        let run = |this: &mut Self, ch: tune::Choice| -> Result<(f32, Option<Error>)> {
-            let (t, err) = match time(this, ch) {
-                Ok(t) => (t, None),
-                Err(e) => (f32::NAN, Some(e)),
-            };
-            let all = this.bs.allgather(&t.to_le_bytes())?;
-            Ok((tune::slowest(&all), err))
-        };
         let default = agreed.default;
-        let (first, err) = run(self, default)?;
+        let (first, err) = self.tune_run(c, stream, &key, default)?;
         if let Some(e) = err {
             return Err(e);
         }
@@ -623,24 +598,11 @@ impl CommGemmCtx {
             first as f64 * tune::ROUNDS as f64,
             agreed.budget_ms,
         );
-        let mut times: Vec<Vec<f32>> = vec![vec![first]];
-        times.resize(n, Vec::new());
-        'rounds: for round in 0..tune::ROUNDS {
-            for (i, ch) in cands[..n].iter().enumerate() {
-                if round == 0 && i == 0 {
-                    continue; // measured above
-                }
-                let (t, err) = run(self, *ch)?;
-                if let Some(e) = err {
-                    // This rank failed (its peers see NaN and stop too): the defaults.
-                    self.tuned.insert(tkey, default);
-                    return Err(e);
-                }
-                times[i].push(t);
-                if t.is_nan() {
-                    break 'rounds; // another rank failed: stop here, as it does
-                }
-            }
+        let (times, err) = self.tune_rounds(c, stream, &key, &cands[..n], first)?;
+        if let Some(e) = err {
+            // This rank failed (its peers see NaN and stop too): the defaults.
+            self.tuned.insert(tkey, default);
+            return Err(e);
         }
         let medians = tune::medians(&times);
         let mut best = tune::pick_with_margin(&medians, tune::MARGIN);
@@ -652,7 +614,7 @@ impl CommGemmCtx {
         if agreed.pick.is_none() && !medians.iter().any(|t| t.is_nan()) {
             self.tune_cache.put(&key, ch); // a forced pick is not the fastest: not cached
         }
-        if crate::env::flag("NVTE_COMM_TUNE_VERBOSE")?.unwrap_or(false) && self.rank == 0 {
+        if self.tune_env.verbose && self.rank == 0 {
             let worst: Vec<String> = medians.iter().map(|w| format!("{w:.3}")).collect();
             eprintln!(
                 "[te_comm tune] {key}: {} of {} candidates, median of {} rounds of the slowest rank's ms [{}], chose #{best} {ch:?}",
@@ -663,6 +625,90 @@ impl CommGemmCtx {
             );
         }
         Ok(())
+    }
+
+    /// The tuning settings every rank agrees on for `key` (rank 0's): the disk cache's
+    /// choice when every rank has the same one, the defaults, the SM count, the budget.
+    fn tune_agree(&mut self, stream: usize, key: &str) -> Result<tune::Agreed> {
+        let guard = ContextGuard::for_stream(stream)?;
+        let dev = crate::cuda::device_info(guard.device)?;
+        self.tune_cache
+            .load(|| tune::fingerprint(&crate::cuda::device_name(guard.device)?, dev.sm_count))?;
+        if self.tune_mode == tune::Mode::Force {
+            self.tune_cache.forget(key);
+        }
+        let cached = self
+            .tune_cache
+            .get(key)
+            .map(|ch| ch.encode())
+            .unwrap_or([0; 8]);
+        let settings = tune::Settings {
+            cached,
+            default: self.default_choice(),
+            sm_count: dev.sm_count,
+            budget_ms: self.tune_env.budget_ms,
+            pick: self.tune_env.pick,
+        };
+        let all = self.bs.allgather(&settings.encode())?;
+        tune::Settings::agree(&all)
+    }
+
+    /// One candidate on every rank, then its slowest-rank time (NaN: some rank failed)
+    /// and this rank's error, if it failed.
+    fn tune_run(
+        &mut self,
+        c: &GemmCall,
+        stream: usize,
+        key: &str,
+        ch: tune::Choice,
+    ) -> Result<(f32, Option<Error>)> {
+        self.current = Some(ch);
+        let timeout_ms = self.cfg.timeout_ms;
+        let timed = crate::cuda::resources::mean_time(
+            self,
+            stream,
+            timeout_ms,
+            &format!("autotuning {key}: a candidate's calls"),
+            3,
+            |t| t.call_inner(c, stream),
+        );
+        let (t, err) = match timed {
+            Ok(t) => (t, None),
+            Err(e) => (f32::NAN, Some(e)),
+        };
+        let all = self.bs.allgather(&t.to_le_bytes())?;
+        Ok((tune::slowest(&all), err))
+    }
+
+    /// `tune::ROUNDS` interleaved rounds over `cands` (the first's first time is
+    /// `first`): each candidate's slowest-rank times. Stops early (NaN) when another rank
+    /// failed, and with this rank's error when it failed.
+    fn tune_rounds(
+        &mut self,
+        c: &GemmCall,
+        stream: usize,
+        key: &str,
+        cands: &[tune::Choice],
+        first: f32,
+    ) -> Result<(Vec<Vec<f32>>, Option<Error>)> {
+        let mut times: Vec<Vec<f32>> = vec![vec![first]];
+        times.resize(cands.len(), Vec::new());
+        for round in 0..tune::ROUNDS {
+            for (i, ch) in cands.iter().enumerate() {
+                if round == 0 && i == 0 {
+                    continue; // measured above
+                }
+                let (t, err) = self.tune_run(c, stream, key, *ch)?;
+                if err.is_some() {
+                    return Ok((times, err));
+                }
+                times[i].push(t);
+                if t.is_nan() {
+                    return Ok((times, None)); // another rank failed: stop here, as it does
+                }
+            }
+        }
+        Ok((times, None))
     }
 
     /// The all-gather's `b_gathered` (if any): [n, k] of B's dtype, transb = false.

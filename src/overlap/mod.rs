@@ -261,30 +261,8 @@ impl Overlap {
         let dev = cuda::device_info(guard.device)?;
         let tp = cfg.validate(bs.size, dev.sm_count)?;
         Self::check_rows(rows, tp)?;
-        let first = bs.rank / tp * tp;
-        let group: Vec<usize> = (first..first + tp).collect();
-        let t = crate::transport::create(
-            bs,
-            &group,
-            &guard,
-            &dev,
-            &Settings {
-                kind: crate::transport::kind_of_choice(cfg.transport.0),
-                buffer_bytes: bytes,
-                use_ce: cfg.use_ce,
-                comm_sms: cfg.num_comm_sm as u32,
-                timeout_ms: cfg.timeout_ms as u64,
-                check,
-            },
-        )?;
-        let module = nvrtc::module(&nvrtc::COMM, guard.ctx, &dev)?;
-        // Look up every kernel a call may launch now, outside any graph capture.
-        for &o in reduce_outputs(dtype) {
-            for v in ["v8", "v1"] {
-                module.function(&format!("reduce_{}_{}_{v}", short(dtype), short(o)))?;
-            }
-        }
-        module.function("copy_segments")?;
+        let t = Self::create_transport(bs, &cfg, (&guard, &dev), (tp, bytes), check)?;
+        let module = Self::comm_module(&guard, &dev, dtype)?;
         let ns = cfg.num_max_streams as usize;
         let compute = (0..ns)
             .map(|_| Stream::new(cfg.gemm_priority))
@@ -361,6 +339,50 @@ impl Overlap {
                 None
             },
         })
+    }
+
+    /// The group's transport (collective over the world: groups of `tp` consecutive
+    /// world ranks), with a buffer of `bytes`.
+    fn create_transport(
+        bs: &Bootstrap,
+        cfg: &Config,
+        (guard, dev): (&ContextGuard, &DeviceInfo),
+        (tp, bytes): (usize, usize),
+        check: bool,
+    ) -> Result<Box<dyn Transport>> {
+        let first = bs.rank / tp * tp;
+        let group: Vec<usize> = (first..first + tp).collect();
+        crate::transport::create(
+            bs,
+            &group,
+            guard,
+            dev,
+            &Settings {
+                kind: crate::transport::kind_of_choice(cfg.transport.0),
+                buffer_bytes: bytes,
+                use_ce: cfg.use_ce,
+                comm_sms: cfg.num_comm_sm as u32,
+                timeout_ms: cfg.timeout_ms as u64,
+                check,
+            },
+        )
+    }
+
+    /// The engine's kernels (kernels/comm.cu), every one a call may launch looked up now,
+    /// outside any graph capture.
+    fn comm_module(
+        guard: &ContextGuard,
+        dev: &DeviceInfo,
+        dtype: DType,
+    ) -> Result<std::sync::Arc<nvrtc::Module>> {
+        let module = nvrtc::module(&nvrtc::COMM, guard.ctx, dev)?;
+        for &o in reduce_outputs(dtype) {
+            for v in ["v8", "v1"] {
+                module.function(&format!("reduce_{}_{}_{v}", short(dtype), short(o)))?;
+            }
+        }
+        module.function("copy_segments")?;
+        Ok(module)
     }
 
     pub fn tp(&self) -> usize {
