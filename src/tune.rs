@@ -178,116 +178,137 @@ pub fn candidates(
     max_sms: i32,
     accumulating: bool,
 ) -> Vec<Choice> {
-    let mut v = vec![default];
-    let mut add = |c: Choice| {
-        if !v.contains(&c) && c.comm_sms >= 1 && c.comm_sms < max_sms / 2 {
-            v.push(c);
-        }
-    };
-    let d = default;
-    // The accumulating ring (copy-engine puts) with its chunks in `pieces`.
-    let accumulating_ring = |pieces: i32| Choice {
-        ring: true,
-        use_ce: true,
-        accumulate: true,
-        pieces,
-        ..d
+    let mut l = Candidates {
+        v: vec![default],
+        max_sms,
     };
     match op {
-        Op::AllGather => {
-            if peer_memory {
-                for aggregate in [false, true] {
-                    if aggregate && tp < 4 {
-                        continue; // a 2-ring has one neighbour each way: nothing to gain
-                    }
-                    add(Choice {
-                        aggregate,
-                        use_ce: true,
-                        ..d
-                    });
-                    for sms in [8, 16, 32] {
-                        add(Choice {
-                            aggregate,
-                            use_ce: false,
-                            comm_sms: sms,
-                            ..d
-                        });
-                    }
-                }
-            }
-            // Finer pipelines: each remote chunk in 2 or 4 pieces (any transport).
-            for pieces in [2, 4] {
-                add(Choice { pieces, ..d });
-            }
+        Op::AllGather => l.all_gather(default, tp, peer_memory),
+        Op::ReduceScatter => l.reduce_scatter(default, peer_memory, accumulating),
+        Op::AllReduce => l.all_reduce(default, peer_memory, accumulating),
+    }
+    l.v
+}
+
+/// A candidate list being made: distinct choices whose comm SMs stay well below the
+/// device's.
+struct Candidates {
+    v: Vec<Choice>,
+    max_sms: i32,
+}
+
+impl Candidates {
+    fn add(&mut self, c: Choice) {
+        if !self.v.contains(&c) && c.comm_sms >= 1 && c.comm_sms < self.max_sms / 2 {
+            self.v.push(c);
         }
-        Op::ReduceScatter => {
-            // The accumulating ring (any transport), its chunks in 2 or 4 pieces; ring
-            // (p2p): CE or SM puts; pipelined: loads from peers with `splits` chunks.
-            for pieces in [2, 4] {
-                if accumulating {
-                    add(accumulating_ring(pieces));
+    }
+
+    /// The accumulating ring (copy-engine puts) with its chunks in `pieces`.
+    fn accumulating_ring(d: Choice, pieces: i32) -> Choice {
+        Choice {
+            ring: true,
+            use_ce: true,
+            accumulate: true,
+            pieces,
+            ..d
+        }
+    }
+
+    fn all_gather(&mut self, d: Choice, tp: usize, peer_memory: bool) {
+        if peer_memory {
+            for aggregate in [false, true] {
+                if aggregate && tp < 4 {
+                    continue; // a 2-ring has one neighbour each way: nothing to gain
                 }
-            }
-            if peer_memory {
-                add(Choice {
-                    ring: true,
+                self.add(Choice {
+                    aggregate,
                     use_ce: true,
                     ..d
                 });
                 for sms in [8, 16, 32] {
-                    add(Choice {
-                        ring: true,
+                    self.add(Choice {
+                        aggregate,
                         use_ce: false,
                         comm_sms: sms,
                         ..d
                     });
                 }
             }
-            for splits in [2, 3, 4, 6, 8] {
-                for sms in [16, 32] {
-                    add(Choice {
-                        ring: false,
-                        use_ce: true,
-                        splits,
-                        comm_sms: sms,
-                        ..d
-                    });
-                }
+        }
+        // Finer pipelines: each remote chunk in 2 or 4 pieces (any transport).
+        for pieces in [2, 4] {
+            self.add(Choice { pieces, ..d });
+        }
+    }
+
+    /// The accumulating ring (any transport), its chunks in 2 or 4 pieces; ring (p2p):
+    /// CE or SM puts; pipelined: loads from peers with `splits` chunks.
+    fn reduce_scatter(&mut self, d: Choice, peer_memory: bool, accumulating: bool) {
+        for pieces in [2, 4] {
+            if accumulating {
+                self.add(Self::accumulating_ring(d, pieces));
             }
         }
-        Op::AllReduce => {
-            // The ring with the accumulating reduce-scatter (IPC: the ring needs peer
-            // buffers) in 2, 4 or 8 pieces (each reduced piece is pushed to the peers as
-            // soon as it is computed: smaller pieces, a shorter tail after the last GEMM);
-            // the ring with CE or SM puts; chunked.
-            if peer_memory && accumulating {
-                for pieces in [2, 4, 8] {
-                    add(accumulating_ring(pieces));
-                }
-            }
-            if peer_memory {
-                add(Choice {
-                    ring: true,
-                    use_ce: true,
-                    ..d
-                });
-                add(Choice {
+        if peer_memory {
+            self.add(Choice {
+                ring: true,
+                use_ce: true,
+                ..d
+            });
+            for sms in [8, 16, 32] {
+                self.add(Choice {
                     ring: true,
                     use_ce: false,
-                    comm_sms: 32,
+                    comm_sms: sms,
                     ..d
                 });
             }
-            for splits in [2, 3, 4, 6] {
-                add(Choice {
+        }
+        for splits in [2, 3, 4, 6, 8] {
+            for sms in [16, 32] {
+                self.add(Choice {
                     ring: false,
+                    use_ce: true,
                     splits,
+                    comm_sms: sms,
                     ..d
                 });
             }
         }
     }
-    v
+
+    /// The ring with the accumulating reduce-scatter (the ring needs peer memory) in 2, 4
+    /// or 8 pieces (each reduced piece is pushed to the peers as soon as it is computed:
+    /// smaller pieces, a shorter tail after the last GEMM); the ring with CE or SM puts;
+    /// chunked.
+    fn all_reduce(&mut self, d: Choice, peer_memory: bool, accumulating: bool) {
+        if peer_memory && accumulating {
+            for pieces in [2, 4, 8] {
+                self.add(Self::accumulating_ring(d, pieces));
+            }
+        }
+        if peer_memory {
+            self.add(Choice {
+                ring: true,
+                use_ce: true,
+                ..d
+            });
+            self.add(Choice {
+                ring: true,
+                use_ce: false,
+                comm_sms: 32,
+                ..d
+            });
+        }
+        for splits in [2, 3, 4, 6] {
+            self.add(Choice {
+                ring: false,
+                splits,
+                ..d
+            });
+        }
+    }
 }
 
 pub use crate::timing::{MARGIN, MAX_KEYS, ROUNDS, affordable, medians, pick, pick_with_margin};

@@ -1584,6 +1584,38 @@ impl crate::comm_gemm::call::CallBackend for HostCall<'_> {
     }
 }
 
+/// Rank r's shares of the global A [m, k] and B [n, k] (with their shapes) and its D's
+/// shape: the all-gather splits m and n, the reductions split k.
+#[allow(clippy::type_complexity)]
+fn comm_gemm_shares(
+    kind: crate::comm_gemm::Kind,
+    (tp, r): (usize, usize),
+    (m, n, k): (usize, usize, usize),
+    (a, bg): (&[f32], &[f32]),
+) -> ((Vec<f32>, [usize; 2]), (Vec<f32>, [usize; 2]), [usize; 2]) {
+    use crate::comm_gemm::{Kind, numroc};
+    let share = |g: usize| numroc(g as i64, tp, r) as usize;
+    if kind == Kind::AllGather {
+        let (m0, ml) = (r * m.div_ceil(tp), share(m));
+        let (n0, nl) = (r * n.div_ceil(tp), share(n));
+        let al = a[m0.min(m) * k..(m0 + ml).min(m) * k].to_vec();
+        let bl = bg[n0.min(n) * k..(n0 + nl).min(n) * k].to_vec();
+        return ((al, [ml, k]), (bl, [nl, k]), [n, ml]);
+    }
+    let (k0, kl) = ((r * k.div_ceil(tp)).min(k), share(k));
+    let cols = |x: &[f32], rows: usize| -> Vec<f32> {
+        (0..rows)
+            .flat_map(|i| x[i * k + k0..i * k + k0 + kl].to_vec())
+            .collect()
+    };
+    let dshape = if kind == Kind::AllReduce {
+        [n, m]
+    } else {
+        [share(n), m]
+    };
+    ((cols(a, m), [m, kl]), (cols(bg, n), [n, kl]), dshape)
+}
+
 /// A comm-GEMM call of kind `kind` with global m, n, k at tp ranks (block distribution,
 /// padded where n does not divide): every rank's result checked against the sum.
 fn check_comm_gemm(
@@ -1593,8 +1625,7 @@ fn check_comm_gemm(
     kind: crate::comm_gemm::Kind,
     (m, n, k): (usize, usize, usize),
 ) -> Res {
-    use crate::comm_gemm::{GemmCall, Kind, numroc};
-    let share = |g: usize, r: usize| numroc(g as i64, tp, r) as usize;
+    use crate::comm_gemm::{GemmCall, Kind};
     let mut mem = Mem::default();
     let mut engines = HashMap::new();
     let log = new_log(tp);
@@ -1605,40 +1636,9 @@ fn check_comm_gemm(
     let ws = tensor(mem.alloc("workspace", 4), &[1]);
     let mut outs = Vec::new();
     for r in 0..tp {
-        // This rank's shares: AG splits m and n; RS / AR split k.
-        let (al, bl, dshape, gathered) = match kind {
-            Kind::AllGather => {
-                let (m0, ml) = (r * m.div_ceil(tp), share(m, r));
-                let (n0, nl) = (r * n.div_ceil(tp), share(n, r));
-                let al: Vec<f32> = a[m0.min(m) * k..(m0 + ml).min(m) * k].to_vec();
-                let bl: Vec<f32> = bg[n0.min(n) * k..(n0 + nl).min(n) * k].to_vec();
-                (
-                    (al, [ml, k]),
-                    (bl, [nl, k]),
-                    [n, ml],
-                    Some(mem.alloc(&format!("b_gathered{r}"), n * k * 4)),
-                )
-            }
-            _ => {
-                let (k0, kl) = ((r * k.div_ceil(tp)).min(k), share(k, r));
-                let cols = |x: &[f32], rows: usize| -> Vec<f32> {
-                    (0..rows)
-                        .flat_map(|i| x[i * k + k0..i * k + k0 + kl].to_vec())
-                        .collect()
-                };
-                let dshape = if kind == Kind::AllReduce {
-                    [n, m]
-                } else {
-                    [share(n, r), m]
-                };
-                (
-                    (cols(&a, m), [m, kl]),
-                    (cols(&bg, n), [n, kl]),
-                    dshape,
-                    None,
-                )
-            }
-        };
+        let (al, bl, dshape) = comm_gemm_shares(kind, (tp, r), (m, n, k), (&a, &bg));
+        let gathered =
+            (kind == Kind::AllGather).then(|| mem.alloc(&format!("b_gathered{r}"), n * k * 4));
         let pa = mem.input(&format!("A{r}"), &al.0);
         let pb = mem.input(&format!("B{r}"), &bl.0);
         let pd = mem.alloc(&format!("D{r}"), dshape[0] * dshape[1] * 4);
