@@ -217,6 +217,57 @@ fn is_float_input(d: DType) -> bool {
 /// atomic max), scale_inv and columnwise_scale_inv = 1/scale. A float output
 /// (float32/bf16/fp16) is a plain cast (times the scale when one is set).
 pub fn quantize(input: &Tensor, output: &Tensor, cfg: &QuantConfig, stream: usize) -> Result<()> {
+    let (has_row, has_col, rows, cols, out_dtype) = match quantize_kind(input, output)? {
+        Quantize::Plain => return cast_plain(input, output, stream),
+        Quantize::Nothing => return Ok(()),
+        Quantize::Fp8 {
+            has_row,
+            has_col,
+            rows,
+            cols,
+            out_dtype,
+        } => (has_row, has_col, rows, cols, out_dtype),
+    };
+    let (i, o, cw) = (&input.data, &output.data, &output.columnwise_data);
+    let guard = ContextGuard::for_stream(stream)?;
+    let iname = short(i.dtype).unwrap();
+    let oname = short(out_dtype).unwrap();
+    let dev = cuda::device_info(guard.device)?;
+    let m = nvrtc::module(&nvrtc::CAST, guard.ctx, &dev)?;
+    let p = QuantPtrs {
+        src: i.ptr,
+        scale: opt_ptr(&output.scale),
+        amax: opt_ptr(&output.amax),
+        sinv: opt_ptr(&output.scale_inv),
+        sinv_t: opt_ptr(&output.columnwise_scale_inv),
+        noop: cfg.noop,
+    };
+    let names = (iname, oname);
+    if !has_col {
+        return quantize_rowwise(&m, &dev, names, (&p, o.ptr, i.numel()), stream);
+    }
+    let dst = if has_row { o.ptr } else { DevPtr::NULL };
+    cast_transpose(&m, &dev, names, (&p, dst, cw.ptr), (rows, cols), stream)
+}
+
+/// What nvte_quantize does with its arguments (checked; the checks come before anything
+/// is loaded).
+enum Quantize {
+    /// a float-to-float cast
+    Plain,
+    /// an empty input: nothing
+    Nothing,
+    /// FP8: rowwise and / or columnwise data of the input's 2-D view [rows, cols]
+    Fp8 {
+        has_row: bool,
+        has_col: bool,
+        rows: usize,
+        cols: usize,
+        out_dtype: DType,
+    },
+}
+
+fn quantize_kind(input: &Tensor, output: &Tensor) -> Result<Quantize> {
     let i = &input.data;
     let (o, cw) = (&output.data, &output.columnwise_data);
     // Rowwise is wanted unless only the columnwise data is set.
@@ -251,7 +302,7 @@ pub fn quantize(input: &Tensor, output: &Tensor, cfg: &QuantConfig, stream: usiz
                 cw.dtype.name()
             );
         }
-        return cast_plain(input, output, stream);
+        return Ok(Quantize::Plain);
     }
     if has_row && has_col && cw.dtype != o.dtype {
         invalid!(
@@ -274,61 +325,99 @@ pub fn quantize(input: &Tensor, output: &Tensor, cfg: &QuantConfig, stream: usiz
         );
     }
     if i.numel() == 0 {
-        return Ok(());
+        return Ok(Quantize::Nothing);
     }
-    let guard = ContextGuard::for_stream(stream)?;
-    let iname = short(i.dtype).unwrap();
-    let oname = short(out_dtype).unwrap();
-    let dev = cuda::device_info(guard.device)?;
-    let m = nvrtc::module(&nvrtc::CAST, guard.ctx, &dev)?;
-    let (src, scale, amax, sinv, sinv_t, noop) = (
-        i.ptr,
-        opt_ptr(&output.scale),
-        opt_ptr(&output.amax),
-        opt_ptr(&output.scale_inv),
-        opt_ptr(&output.columnwise_scale_inv),
-        cfg.noop,
-    );
-    if !has_col {
-        let f = m.function(&format!("quantize_fp8_{iname}_{oname}"))?;
-        let dst = o.ptr;
-        let n = i.numel() as u64;
-        let vec: i32 = (src.is_aligned(16) && dst.is_aligned(16)) as i32;
-        // The vector path: chunks of 16 elements.
-        let work = if vec == 1 { i.numel() / 16 } else { i.numel() };
-        let (block, per_sm) = launch_shape(f)?;
-        let grid = persistent_grid(work, block as usize, dev.sm_count, per_sm);
-        let mut args = [
-            arg(&src),
-            arg(&dst),
-            arg(&n),
-            arg(&scale),
-            arg(&amax),
-            arg(&sinv),
-            arg(&sinv_t),
-            arg(&noop),
-            arg(&vec),
-        ];
-        // SAFETY: `f` is quantize_fp8_<in>_<out> of kernels/cast.cu, loaded in the stream's
-        // context (held by `guard`); `args` are its nine parameters (in, out: pointers; n:
-        // u64; scale, amax, scale_inv, columnwise scale_inv, noop: pointers, each NULL or
-        // one float; vec: i32). `in` and `out` are the caller's buffers of n elements (TE's
-        // contract; NULL checked above); vec is 1 only when both are 16-byte aligned. Any
-        // grid and block size is valid (grid-stride loops; block = the launch bounds).
-        return unsafe {
-            cuda::launch(
-                f,
-                (grid, 1, 1),
-                (block, 1, 1),
-                0,
-                stream,
-                &mut args,
-                "quantize",
-            )
-        };
+    Ok(Quantize::Fp8 {
+        has_row,
+        has_col,
+        rows,
+        cols,
+        out_dtype,
+    })
+}
+
+/// The device addresses of a quantization: input, scale, amax, scale_inv, columnwise
+/// scale_inv, noop flag (each NULL or one float).
+struct QuantPtrs {
+    src: DevPtr,
+    scale: DevPtr,
+    amax: DevPtr,
+    sinv: DevPtr,
+    sinv_t: DevPtr,
+    noop: DevPtr,
+}
+
+/// Rowwise FP8 only: quantize_fp8_<in>_<out> over the `numel` elements into `dst`.
+fn quantize_rowwise(
+    m: &nvrtc::Module,
+    dev: &cuda::DeviceInfo,
+    (iname, oname): (&str, &str),
+    (p, dst, numel): (&QuantPtrs, DevPtr, usize),
+    stream: usize,
+) -> Result<()> {
+    let QuantPtrs {
+        src,
+        scale,
+        amax,
+        sinv,
+        sinv_t,
+        noop,
+    } = *p;
+    let f = m.function(&format!("quantize_fp8_{iname}_{oname}"))?;
+    let n = numel as u64;
+    let vec: i32 = (src.is_aligned(16) && dst.is_aligned(16)) as i32;
+    // The vector path: chunks of 16 elements.
+    let work = if vec == 1 { numel / 16 } else { numel };
+    let (block, per_sm) = launch_shape(f)?;
+    let grid = persistent_grid(work, block as usize, dev.sm_count, per_sm);
+    let mut args = [
+        arg(&src),
+        arg(&dst),
+        arg(&n),
+        arg(&scale),
+        arg(&amax),
+        arg(&sinv),
+        arg(&sinv_t),
+        arg(&noop),
+        arg(&vec),
+    ];
+    // SAFETY: `f` is quantize_fp8_<in>_<out> of kernels/cast.cu, loaded in the stream's
+    // context (held by `guard`); `args` are its nine parameters (in, out: pointers; n:
+    // u64; scale, amax, scale_inv, columnwise scale_inv, noop: pointers, each NULL or
+    // one float; vec: i32). `in` and `out` are the caller's buffers of n elements (TE's
+    // contract; NULL checked above); vec is 1 only when both are 16-byte aligned. Any
+    // grid and block size is valid (grid-stride loops; block = the launch bounds).
+    unsafe {
+        cuda::launch(
+            f,
+            (grid, 1, 1),
+            (block, 1, 1),
+            0,
+            stream,
+            &mut args,
+            "quantize",
+        )
     }
-    let dst = if has_row { o.ptr } else { DevPtr::NULL };
-    let dst_t = cw.ptr;
+}
+
+/// Rowwise and / or columnwise FP8: cast_transpose(_slow)_<in>_<out> of the [rows, cols]
+/// input into `dst` (NULL: no rowwise output) and `dst_t`.
+fn cast_transpose(
+    m: &nvrtc::Module,
+    dev: &cuda::DeviceInfo,
+    (iname, oname): (&str, &str),
+    (p, dst, dst_t): (&QuantPtrs, DevPtr, DevPtr),
+    (rows, cols): (usize, usize),
+    stream: usize,
+) -> Result<()> {
+    let QuantPtrs {
+        src,
+        scale,
+        amax,
+        sinv,
+        sinv_t,
+        noop,
+    } = *p;
     let (r, c) = (rows as u64, cols as u64);
     // The tiled kernel: 16-byte input and columnwise accesses, 8-byte rowwise ones, whole
     // 16-row units of the transpose and 8-column units of a row.
@@ -347,7 +436,7 @@ pub fn quantize(input: &Tensor, output: &Tensor, cfg: &QuantConfig, stream: usiz
     } else {
         let f = m.function(&format!("cast_transpose_slow_{iname}_{oname}"))?;
         let (block, per_sm) = launch_shape(f)?;
-        let grid = persistent_grid(i.numel(), block as usize, dev.sm_count, per_sm);
+        let grid = persistent_grid(rows * cols, block as usize, dev.sm_count, per_sm);
         (f, grid, block)
     };
     let mut args = [

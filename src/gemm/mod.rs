@@ -733,8 +733,6 @@ fn c_type(g: &GemmDesc) -> DType {
 }
 
 fn build(h: lt::cublasLtHandle_t, g: &GemmDesc, key: &PlanKey) -> Result<Plan> {
-    use lt::cublasLtMatmulDescAttributes_t as A;
-    use lt::cublasLtMatmulPreferenceAttributes_t as P;
     let mut desc: lt::cublasLtMatmulDesc_t = std::ptr::null_mut();
     // SAFETY: out pointer. Full fp32 compute (no TF32) for every input type, as TE.
     lt_check(
@@ -757,139 +755,7 @@ fn build(h: lt::cublasLtHandle_t, g: &GemmDesc, key: &PlanKey) -> Result<Plan> {
         untimed: Vec::new(),
         ptrs: [DevPtr::NULL; 6],
     };
-    let r = (|| {
-        let (ta, tb) = (g.transa as i32, g.transb as i32);
-        set_attr(desc, A::CUBLASLT_MATMUL_DESC_TRANSA, &ta)?;
-        set_attr(desc, A::CUBLASLT_MATMUL_DESC_TRANSB, &tb)?;
-        if g.sm_count > 0 {
-            set_attr(desc, A::CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &g.sm_count)?;
-        }
-        if g.a_type.is_fp8() {
-            let fast: i8 = g.fast_accum as i8;
-            set_attr(desc, A::CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast)?;
-        }
-        let epi = g.epilogue.to_lt();
-        set_attr(desc, A::CUBLASLT_MATMUL_DESC_EPILOGUE, &epi)?;
-        if g.epilogue.uses_bias() && (g.a_type.is_fp8() || g.bias_type != g.d_type) {
-            let bt = lt_type(g.bias_type);
-            set_attr(desc, A::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt)?;
-        }
-        if g.epilogue.uses_aux() {
-            let ld = g.ldd as i64;
-            set_attr(desc, A::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld)?;
-            if g.aux_type != g.d_type {
-                let at = lt_type(g.aux_type);
-                set_attr(desc, A::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &at)?;
-            }
-        }
-        set_pointers(desc, g, &mut plan.ptrs)?;
-        let (ar, ac) = if g.transa { (g.k, g.m) } else { (g.m, g.k) };
-        let (br, bc) = if g.transb { (g.n, g.k) } else { (g.k, g.n) };
-        plan.a = layout(g.a_type, ar, ac, g.lda)?;
-        plan.b = layout(g.b_type, br, bc, g.ldb)?;
-        plan.c = layout(c_type(g), g.m, g.n, g.ldd)?;
-        plan.d = layout(g.d_type, g.m, g.n, g.ldd)?;
-
-        let mut pref: lt::cublasLtMatmulPreference_t = std::ptr::null_mut();
-        // SAFETY: out pointer.
-        lt_check(
-            unsafe { lt::cublasLtMatmulPreferenceCreate(&mut pref) },
-            "cublasLtMatmulPreferenceCreate",
-        )?;
-        let set_pref = |a: P, v: u64| -> Result<()> {
-            let v32 = v as u32;
-            let (p, n) = if a == P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES {
-                (&v as *const u64 as *const c_void, 8)
-            } else {
-                (&v32 as *const u32 as *const c_void, 4)
-            };
-            // SAFETY: value of the documented type (u64 workspace size, u32 alignments).
-            lt_check(
-                unsafe { lt::cublasLtMatmulPreferenceSetAttribute(pref, a, p, n) },
-                "cublasLtMatmulPreferenceSetAttribute",
-            )
-        };
-        let res = (|| {
-            set_pref(
-                P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                g.workspace_bytes as u64,
-            )?;
-            set_pref(
-                P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-                key.align[0] as u64,
-            )?;
-            set_pref(
-                P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                key.align[1] as u64,
-            )?;
-            set_pref(
-                P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                key.align[2] as u64,
-            )?;
-            set_pref(
-                P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
-                key.align[3] as u64,
-            )?;
-            // SAFETY: zeroed POD result structs.
-            let mut results: [lt::cublasLtMatmulHeuristicResult_t; GEMM_CANDIDATES] =
-                unsafe { std::mem::zeroed() };
-            let timed = tune_enabled()?
-                && g.m.saturating_mul(g.n).saturating_mul(g.k) >= TUNE_MIN_MNK
-                && TIMED_PLANS.with(|c| c.get()) < TUNE_MAX_PLANS;
-            let want = if timed { GEMM_CANDIDATES } else { 1 };
-            let mut count = 0;
-            // SAFETY: all descriptors are valid.
-            let s = unsafe {
-                lt::cublasLtMatmulAlgoGetHeuristic(
-                    h,
-                    desc,
-                    plan.a,
-                    plan.b,
-                    plan.c,
-                    plan.d,
-                    pref,
-                    want as i32,
-                    results.as_mut_ptr(),
-                    &mut count,
-                )
-            };
-            // NOT_SUPPORTED, INVALID_VALUE (a type combination cuBLASLt rejects) or no result.
-            if matches!(
-                s,
-                lt::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED
-                    | lt::cublasStatus_t::CUBLAS_STATUS_INVALID_VALUE
-            ) || (s == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS && count == 0)
-            {
-                unsupported!(
-                    "cuBLASLt has no algorithm for this GEMM ({s:?}): {} x {} -> {}, {}{} m={} n={} k={}, epilogue {:?}, bias {}, aux {}, workspace {} bytes",
-                    g.a_type.name(),
-                    g.b_type.name(),
-                    g.d_type.name(),
-                    if g.transa { "T" } else { "N" },
-                    if g.transb { "T" } else { "N" },
-                    g.m,
-                    g.n,
-                    g.k,
-                    g.epilogue,
-                    g.bias_type.name(),
-                    g.aux_type.name(),
-                    g.workspace_bytes
-                );
-            }
-            lt_check(s, "cublasLtMatmulAlgoGetHeuristic")?;
-            plan.algo = results[0].algo;
-            let ok = (count.max(0) as usize).min(want);
-            plan.untimed = results[1..ok]
-                .iter()
-                .filter(|r| r.state == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS)
-                .map(|r| r.algo)
-                .collect();
-            Ok(())
-        })();
-        // SAFETY: created above.
-        unsafe { lt::cublasLtMatmulPreferenceDestroy(pref) };
-        res
-    })();
+    let r = describe(desc, g, &mut plan).and_then(|()| choose_algo(h, desc, g, key, &mut plan));
     match r {
         Ok(()) => Ok(plan),
         Err(e) => {
@@ -897,6 +763,166 @@ fn build(h: lt::cublasLtHandle_t, g: &GemmDesc, key: &PlanKey) -> Result<Plan> {
             Err(e)
         }
     }
+}
+
+/// The plan's matmul attributes (layout, SM target, fast accumulation, epilogue and
+/// its types), pointers and matrix layouts.
+fn describe(desc: lt::cublasLtMatmulDesc_t, g: &GemmDesc, plan: &mut Plan) -> Result<()> {
+    use lt::cublasLtMatmulDescAttributes_t as A;
+    let (ta, tb) = (g.transa as i32, g.transb as i32);
+    set_attr(desc, A::CUBLASLT_MATMUL_DESC_TRANSA, &ta)?;
+    set_attr(desc, A::CUBLASLT_MATMUL_DESC_TRANSB, &tb)?;
+    if g.sm_count > 0 {
+        set_attr(desc, A::CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &g.sm_count)?;
+    }
+    if g.a_type.is_fp8() {
+        let fast: i8 = g.fast_accum as i8;
+        set_attr(desc, A::CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast)?;
+    }
+    let epi = g.epilogue.to_lt();
+    set_attr(desc, A::CUBLASLT_MATMUL_DESC_EPILOGUE, &epi)?;
+    if g.epilogue.uses_bias() && (g.a_type.is_fp8() || g.bias_type != g.d_type) {
+        let bt = lt_type(g.bias_type);
+        set_attr(desc, A::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt)?;
+    }
+    if g.epilogue.uses_aux() {
+        let ld = g.ldd as i64;
+        set_attr(desc, A::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld)?;
+        if g.aux_type != g.d_type {
+            let at = lt_type(g.aux_type);
+            set_attr(desc, A::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &at)?;
+        }
+    }
+    set_pointers(desc, g, &mut plan.ptrs)?;
+    let (ar, ac) = if g.transa { (g.k, g.m) } else { (g.m, g.k) };
+    let (br, bc) = if g.transb { (g.n, g.k) } else { (g.k, g.n) };
+    plan.a = layout(g.a_type, ar, ac, g.lda)?;
+    plan.b = layout(g.b_type, br, bc, g.ldb)?;
+    plan.c = layout(c_type(g), g.m, g.n, g.ldd)?;
+    plan.d = layout(g.d_type, g.m, g.n, g.ldd)?;
+    Ok(())
+}
+
+/// The heuristic's algorithm for the plan (and, when GEMM plans are timed, its other
+/// candidates).
+fn choose_algo(
+    h: lt::cublasLtHandle_t,
+    desc: lt::cublasLtMatmulDesc_t,
+    g: &GemmDesc,
+    key: &PlanKey,
+    plan: &mut Plan,
+) -> Result<()> {
+    use lt::cublasLtMatmulPreferenceAttributes_t as P;
+    let mut pref: lt::cublasLtMatmulPreference_t = std::ptr::null_mut();
+    // SAFETY: out pointer.
+    lt_check(
+        unsafe { lt::cublasLtMatmulPreferenceCreate(&mut pref) },
+        "cublasLtMatmulPreferenceCreate",
+    )?;
+    let set_pref = |a: P, v: u64| -> Result<()> {
+        let v32 = v as u32;
+        let (p, n) = if a == P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES {
+            (&v as *const u64 as *const c_void, 8)
+        } else {
+            (&v32 as *const u32 as *const c_void, 4)
+        };
+        // SAFETY: value of the documented type (u64 workspace size, u32 alignments).
+        lt_check(
+            unsafe { lt::cublasLtMatmulPreferenceSetAttribute(pref, a, p, n) },
+            "cublasLtMatmulPreferenceSetAttribute",
+        )
+    };
+    let res = (|| {
+        set_pref(
+            P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+            g.workspace_bytes as u64,
+        )?;
+        set_pref(
+            P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+            key.align[0] as u64,
+        )?;
+        set_pref(
+            P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+            key.align[1] as u64,
+        )?;
+        set_pref(
+            P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+            key.align[2] as u64,
+        )?;
+        set_pref(
+            P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+            key.align[3] as u64,
+        )?;
+        heuristic(h, desc, g, pref, plan)
+    })();
+    // SAFETY: created above.
+    unsafe { lt::cublasLtMatmulPreferenceDestroy(pref) };
+    res
+}
+
+/// The heuristic's algorithms for the plan under the preferences `pref`.
+fn heuristic(
+    h: lt::cublasLtHandle_t,
+    desc: lt::cublasLtMatmulDesc_t,
+    g: &GemmDesc,
+    pref: lt::cublasLtMatmulPreference_t,
+    plan: &mut Plan,
+) -> Result<()> {
+    // SAFETY: zeroed POD result structs.
+    let mut results: [lt::cublasLtMatmulHeuristicResult_t; GEMM_CANDIDATES] =
+        unsafe { std::mem::zeroed() };
+    let timed = tune_enabled()?
+        && g.m.saturating_mul(g.n).saturating_mul(g.k) >= TUNE_MIN_MNK
+        && TIMED_PLANS.with(|c| c.get()) < TUNE_MAX_PLANS;
+    let want = if timed { GEMM_CANDIDATES } else { 1 };
+    let mut count = 0;
+    // SAFETY: all descriptors are valid.
+    let s = unsafe {
+        lt::cublasLtMatmulAlgoGetHeuristic(
+            h,
+            desc,
+            plan.a,
+            plan.b,
+            plan.c,
+            plan.d,
+            pref,
+            want as i32,
+            results.as_mut_ptr(),
+            &mut count,
+        )
+    };
+    // NOT_SUPPORTED, INVALID_VALUE (a type combination cuBLASLt rejects) or no result.
+    if matches!(
+        s,
+        lt::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED
+            | lt::cublasStatus_t::CUBLAS_STATUS_INVALID_VALUE
+    ) || (s == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS && count == 0)
+    {
+        unsupported!(
+            "cuBLASLt has no algorithm for this GEMM ({s:?}): {} x {} -> {}, {}{} m={} n={} k={}, epilogue {:?}, bias {}, aux {}, workspace {} bytes",
+            g.a_type.name(),
+            g.b_type.name(),
+            g.d_type.name(),
+            if g.transa { "T" } else { "N" },
+            if g.transb { "T" } else { "N" },
+            g.m,
+            g.n,
+            g.k,
+            g.epilogue,
+            g.bias_type.name(),
+            g.aux_type.name(),
+            g.workspace_bytes
+        );
+    }
+    lt_check(s, "cublasLtMatmulAlgoGetHeuristic")?;
+    plan.algo = results[0].algo;
+    let ok = (count.max(0) as usize).min(want);
+    plan.untimed = results[1..ok]
+        .iter()
+        .filter(|r| r.state == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS)
+        .map(|r| r.algo)
+        .collect();
+    Ok(())
 }
 
 /// Run a validated GEMM on `stream`. The stream's context must be current.
