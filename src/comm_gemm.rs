@@ -43,6 +43,8 @@ use crate::{invalid, unsupported};
 use std::collections::HashMap;
 
 pub(crate) mod call;
+#[cfg(test)]
+mod protocol;
 
 /// The calls of the context (the autotuner's operations).
 pub use crate::tune::Op as Kind;

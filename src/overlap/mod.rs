@@ -24,7 +24,7 @@ pub mod config;
 mod device;
 pub mod plan;
 #[cfg(test)]
-mod protocol;
+pub(crate) mod protocol;
 pub mod reduce;
 pub mod report;
 pub mod rs;

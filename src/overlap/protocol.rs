@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex};
 
 /// A device step as the recording device logs it.
 #[derive(Clone, Debug)]
-pub enum Dev {
+pub(crate) enum Dev {
     Gemm(GemmDesc),
     Copy(DevPtr, DevPtr, usize),
     Copy2d {
@@ -52,7 +52,7 @@ pub enum Dev {
 type L = Log<Dev>;
 
 // Streams of the recording device, and the engine's own events (fork / join).
-const CALLER: usize = 0;
+pub(crate) const CALLER: usize = 0;
 const COMPUTE: usize = 100;
 const COMM: usize = 200;
 const EV_START: usize = 10_000;
@@ -221,13 +221,13 @@ struct Alloc {
 
 /// Host memory behind the fake device addresses: allocations 4 GiB apart.
 #[derive(Default)]
-struct Mem {
+pub(crate) struct Mem {
     allocs: Vec<Alloc>,
 }
 
 impl Mem {
     /// A new allocation of `bytes`, never written (poisoned: NaN bytes).
-    fn alloc(&mut self, name: &str, bytes: usize) -> DevPtr {
+    pub(crate) fn alloc(&mut self, name: &str, bytes: usize) -> DevPtr {
         let base = (self.allocs.len() as u64 + 16) << 32;
         self.allocs.push(Alloc {
             name: name.into(),
@@ -239,7 +239,7 @@ impl Mem {
         DevPtr::new(base)
     }
     /// A new input allocation holding `v`.
-    fn input(&mut self, name: &str, v: &[f32]) -> DevPtr {
+    pub(crate) fn input(&mut self, name: &str, v: &[f32]) -> DevPtr {
         let p = self.alloc(name, v.len() * 4);
         let a = self.allocs.last_mut().unwrap();
         for (i, x) in v.iter().enumerate() {
@@ -778,10 +778,10 @@ impl Sim {
     }
 }
 
-type Res = std::result::Result<(), String>;
+pub(crate) type Res = std::result::Result<(), String>;
 
 /// Small integers in -2..=2 from a seed (f32 sums of them are exact).
-fn values(seed: usize, n: usize) -> Vec<f32> {
+pub(crate) fn values(seed: usize, n: usize) -> Vec<f32> {
     (0..n)
         .map(|i| {
             let h = (seed.wrapping_mul(0x9e37_79b9) ^ i.wrapping_mul(0x85eb_ca6b)) % 5;
@@ -791,7 +791,7 @@ fn values(seed: usize, n: usize) -> Vec<f32> {
 }
 
 /// row-major x [n, k] times a [m, k] transposed: [n, m].
-fn matmul_nt(x: &[f32], a: &[f32], n: usize, k: usize, m: usize) -> Vec<f32> {
+pub(crate) fn matmul_nt(x: &[f32], a: &[f32], n: usize, k: usize, m: usize) -> Vec<f32> {
     let mut d = vec![0f32; n * m];
     for t in 0..n {
         for i in 0..m {
@@ -801,7 +801,7 @@ fn matmul_nt(x: &[f32], a: &[f32], n: usize, k: usize, m: usize) -> Vec<f32> {
     d
 }
 
-fn tensor(p: DevPtr, shape: &[usize]) -> Tensor {
+pub(crate) fn tensor(p: DevPtr, shape: &[usize]) -> Tensor {
     Tensor {
         data: Buffer::new(p, DType::F32, Shape::new(shape).unwrap()).unwrap(),
         ..Default::default()
@@ -810,7 +810,7 @@ fn tensor(p: DevPtr, shape: &[usize]) -> Tensor {
 
 /// The engine's configuration of a run.
 #[derive(Clone, Copy, Debug)]
-struct Cfg {
+pub(crate) struct Cfg {
     flavour: Flavour,
     aggregate: bool,
     use_ce: bool,
@@ -822,7 +822,7 @@ struct Cfg {
 }
 
 impl Cfg {
-    fn new(flavour: Flavour) -> Cfg {
+    pub(crate) fn new(flavour: Flavour) -> Cfg {
         Cfg {
             flavour,
             aggregate: false,
@@ -905,7 +905,7 @@ fn env_of(
 /// Rank `r`'s engine call: planned by `plan_call` on its engine (buffers `buffers` of
 /// `rows` x `cols` f32), then enqueued into the group's log.
 #[allow(clippy::too_many_arguments)]
-fn rank_call(
+pub(crate) fn rank_call(
     (tp, r): (usize, usize),
     geometry: (usize, usize),
     cfg: Cfg,
@@ -943,14 +943,14 @@ fn rank_call(
     plan::enqueue(&plan, &mut dev).map_err(|e| format!("rank {r} enqueue: {}", e.msg))
 }
 
-fn new_log(tp: usize) -> SharedLog<Dev> {
+pub(crate) fn new_log(tp: usize) -> SharedLog<Dev> {
     Arc::new(Mutex::new(Log {
         ranks: vec![Vec::new(); tp],
     }))
 }
 
 /// Run the group's logs together (the memory after the run replaces `mem`).
-fn simulate(log: &SharedLog<Dev>, mem: &mut Mem, buffers: &[DevPtr]) -> Res {
+pub(crate) fn simulate(log: &SharedLog<Dev>, mem: &mut Mem, buffers: &[DevPtr]) -> Res {
     let l = log.lock().unwrap();
     let mut sim = Sim::new(&l, std::mem::take(mem), buffers.to_vec());
     let r = sim.run();
@@ -978,7 +978,7 @@ fn run_group(
 }
 
 /// Every byte of `len` bytes at `p` was written exactly once, and the values are `want`.
-fn expect_once(mem: &Mem, p: DevPtr, want: &[f32], what: &str) -> Res {
+pub(crate) fn expect_once(mem: &Mem, p: DevPtr, want: &[f32], what: &str) -> Res {
     let (i, o) = mem.find(p, want.len() * 4)?;
     let a = &mem.allocs[i];
     if let Some(b) = (o..o + want.len() * 4).find(|&b| a.writes[b] != 1) {
@@ -997,7 +997,7 @@ fn expect_once(mem: &Mem, p: DevPtr, want: &[f32], what: &str) -> Res {
 }
 
 /// Buffers of a group.
-fn buffers(mem: &mut Mem, tp: usize, bytes: usize) -> Vec<DevPtr> {
+pub(crate) fn buffers(mem: &mut Mem, tp: usize, bytes: usize) -> Vec<DevPtr> {
     (0..tp)
         .map(|r| mem.alloc(&format!("buffer of rank {r}"), bytes))
         .collect()
@@ -1234,7 +1234,7 @@ fn check_bulk(tp: usize, cfg: Cfg, kind: BulkKind) -> Res {
 const FLAVOURS: [Flavour; 2] = [Flavour::PeerMemory, Flavour::Messages];
 
 /// Run `check` for tp 1..=8 on both flavours; every failure is reported.
-fn all(name: &str, check: impl Fn(usize, Flavour) -> Res) {
+pub(crate) fn all(name: &str, check: impl Fn(usize, Flavour) -> Res) {
     let mut failed = Vec::new();
     for f in FLAVOURS {
         for tp in 1..=8 {
@@ -1453,289 +1453,4 @@ fn the_fake_transport_is_registered() {
             .map(|e| e.name),
         Some("nccl")
     );
-}
-
-/// The comm-GEMM calls' host backend of one rank: engines sized as the context sizes them
-/// (one group of buffers per engine size, shared by the ranks), the caller's stream's
-/// copies and the engine calls into the group's log.
-struct HostCall<'a> {
-    tp: usize,
-    rank: usize,
-    cfg: Cfg,
-    /// the reduce-scatter's configuration: ring (else pipelined)
-    ring: bool,
-    mem: &'a mut Mem,
-    /// engine rows -> the group's buffers
-    engines: &'a mut HashMap<usize, Vec<DevPtr>>,
-    log: SharedLog<Dev>,
-    /// the engine of the call (rows)
-    rows: Option<usize>,
-}
-
-/// The comm-GEMM context's engine columns.
-const CG_COLS: usize = 256;
-
-impl HostCall<'_> {
-    fn push(&self, d: Dev) {
-        self.log.lock().unwrap().ranks[self.rank].push((CALLER, Rec::Device(d)));
-    }
-    fn engine_call(&mut self, f: &mut dyn FnMut(&mut Planner) -> Result<()>) -> Result<()> {
-        let rows = self.rows.expect("an engine was made");
-        let bufs = self.engines[&rows].clone();
-        let (tp, r, cfg) = (self.tp, self.rank, self.cfg);
-        rank_call((tp, r), (rows, CG_COLS), cfg, self.mem, &bufs, &self.log, f)
-            .map_err(crate::error::Error::internal)
-    }
-}
-
-impl crate::comm_gemm::call::CallBackend for HostCall<'_> {
-    fn ranks(&self) -> (usize, usize) {
-        (self.tp, self.rank)
-    }
-    fn direct(&self) -> bool {
-        self.tp == 1
-    }
-    fn fast_accum(&self) -> bool {
-        false
-    }
-    fn preparing(&self) -> bool {
-        false
-    }
-    fn direct_call(
-        &mut self,
-        _c: &crate::comm_gemm::GemmCall,
-        _dtype: DType,
-        _bytes: usize,
-        g: &TeGemm,
-        copy: Option<(DevPtr, DevPtr, usize)>,
-    ) -> Result<()> {
-        let desc = crate::gemm::desc_from_te(g)?;
-        if let Some((d, s, n)) = copy {
-            self.push(Dev::Copy(d, s, n));
-        }
-        self.push(Dev::Gemm(desc));
-        Ok(())
-    }
-    fn engine(
-        &mut self,
-        _kind: crate::comm_gemm::Kind,
-        dtype: DType,
-        bytes: usize,
-    ) -> Result<usize> {
-        let e = dtype.bits() / 8;
-        let rows = bytes.div_ceil(CG_COLS * e).div_ceil(self.tp).max(1) * self.tp;
-        let tp = self.tp;
-        let mem = &mut *self.mem;
-        self.engines
-            .entry(rows)
-            .or_insert_with(|| buffers(mem, tp, rows * CG_COLS * e));
-        self.rows = Some(rows);
-        Ok(0)
-    }
-    fn configure(&mut self, _eng: usize, _c: &crate::comm_gemm::GemmCall) -> Result<bool> {
-        Ok(self.ring)
-    }
-    fn scratch(&mut self, slot: usize, bytes: usize) -> Result<DevPtr> {
-        Ok(self
-            .mem
-            .alloc(&format!("scratch {slot} of rank {}", self.rank), bytes))
-    }
-    fn memset(&mut self, dst: DevPtr, bytes: usize) -> Result<()> {
-        self.push(Dev::Memset(dst, bytes));
-        Ok(())
-    }
-    fn copy(&mut self, dst: DevPtr, src: DevPtr, bytes: usize) -> Result<()> {
-        self.push(Dev::Copy(dst, src, bytes));
-        Ok(())
-    }
-    fn copy_2d(
-        &mut self,
-        dst: DevPtr,
-        dpitch: usize,
-        src: DevPtr,
-        spitch: usize,
-        width: usize,
-        height: usize,
-    ) -> Result<()> {
-        self.push(Dev::Copy2d {
-            dst,
-            dpitch,
-            src,
-            spitch,
-            width,
-            height,
-        });
-        Ok(())
-    }
-    fn split_ag(&mut self, _eng: usize, x: &AgArgs) -> Result<()> {
-        self.engine_call(&mut |p| p.split_ag(x))
-    }
-    fn split_rs(&mut self, _eng: usize, x: &RsArgs, ring: bool) -> Result<()> {
-        self.engine_call(&mut |p| {
-            if ring {
-                p.split_rs_p2p(x)
-            } else {
-                p.split_rs(x)
-            }
-        })
-    }
-    fn split_ar(&mut self, _eng: usize, x: &ArArgs) -> Result<()> {
-        self.engine_call(&mut |p| p.split_ar(x))
-    }
-}
-
-/// Rank r's shares of the global A [m, k] and B [n, k] (with their shapes) and its D's
-/// shape: the all-gather splits m and n, the reductions split k.
-#[allow(clippy::type_complexity)]
-fn comm_gemm_shares(
-    kind: crate::comm_gemm::Kind,
-    (tp, r): (usize, usize),
-    (m, n, k): (usize, usize, usize),
-    (a, bg): (&[f32], &[f32]),
-) -> ((Vec<f32>, [usize; 2]), (Vec<f32>, [usize; 2]), [usize; 2]) {
-    use crate::comm_gemm::{Kind, numroc};
-    let share = |g: usize| numroc(g as i64, tp, r) as usize;
-    if kind == Kind::AllGather {
-        let (m0, ml) = (r * m.div_ceil(tp), share(m));
-        let (n0, nl) = (r * n.div_ceil(tp), share(n));
-        let al = a[m0.min(m) * k..(m0 + ml).min(m) * k].to_vec();
-        let bl = bg[n0.min(n) * k..(n0 + nl).min(n) * k].to_vec();
-        return ((al, [ml, k]), (bl, [nl, k]), [n, ml]);
-    }
-    let (k0, kl) = ((r * k.div_ceil(tp)).min(k), share(k));
-    let cols = |x: &[f32], rows: usize| -> Vec<f32> {
-        (0..rows)
-            .flat_map(|i| x[i * k + k0..i * k + k0 + kl].to_vec())
-            .collect()
-    };
-    let dshape = if kind == Kind::AllReduce {
-        [n, m]
-    } else {
-        [share(n), m]
-    };
-    ((cols(a, m), [m, kl]), (cols(bg, n), [n, kl]), dshape)
-}
-
-/// A comm-GEMM call of kind `kind` with global m, n, k at tp ranks (block distribution,
-/// padded where n does not divide): every rank's result checked against the sum.
-fn check_comm_gemm(
-    tp: usize,
-    cfg: Cfg,
-    ring: bool,
-    kind: crate::comm_gemm::Kind,
-    (m, n, k): (usize, usize, usize),
-) -> Res {
-    use crate::comm_gemm::{GemmCall, Kind};
-    let mut mem = Mem::default();
-    let mut engines = HashMap::new();
-    let log = new_log(tp);
-    // Global operands: A [m, k], B [n, k] (row-major, TN); D = B A^T [n, m].
-    let a = values(500, m * k);
-    let bg = values(600, n * k);
-    let d_full = matmul_nt(&bg, &a, n, k, m);
-    let ws = tensor(mem.alloc("workspace", 4), &[1]);
-    let mut outs = Vec::new();
-    for r in 0..tp {
-        let (al, bl, dshape) = comm_gemm_shares(kind, (tp, r), (m, n, k), (&a, &bg));
-        let gathered =
-            (kind == Kind::AllGather).then(|| mem.alloc(&format!("b_gathered{r}"), n * k * 4));
-        let pa = mem.input(&format!("A{r}"), &al.0);
-        let pb = mem.input(&format!("B{r}"), &bl.0);
-        let pd = mem.alloc(&format!("D{r}"), dshape[0] * dshape[1] * 4);
-        let (ta, tb, td) = (tensor(pa, &al.1), tensor(pb, &bl.1), tensor(pd, &dshape));
-        let tg = gathered.map(|p| tensor(p, &[n, k]));
-        let call = GemmCall {
-            kind,
-            m: m as i64,
-            n: n as i64,
-            k: k as i64,
-            a: &ta,
-            b: &tb,
-            d: &td,
-            bias: None,
-            pre_act_out: None,
-            transa: true,
-            transb: false,
-            grad: false,
-            accumulate: false,
-            comm_sm_count: 0,
-            b_gathered: tg.as_ref(),
-            tune: false,
-        };
-        let mut host = HostCall {
-            tp,
-            rank: r,
-            cfg,
-            ring,
-            mem: &mut mem,
-            engines: &mut engines,
-            log: log.clone(),
-            rows: None,
-        };
-        crate::comm_gemm::call::run(&mut host, &call, &ws)
-            .map_err(|e| format!("rank {r}: {}", e.msg))?;
-        outs.push((pd, dshape, gathered));
-    }
-    let bufs = engines.values().next().cloned().unwrap_or_default();
-    simulate(&log, &mut mem, &bufs)?;
-    for (r, (pd, dshape, gathered)) in outs.into_iter().enumerate() {
-        let want: Vec<f32> = match kind {
-            Kind::AllGather => {
-                let m0 = r * m.div_ceil(tp);
-                (0..n)
-                    .flat_map(|t| (0..dshape[1]).map(move |i| (t, m0 + i)))
-                    .map(|(t, i)| d_full[t * m + i])
-                    .collect()
-            }
-            Kind::AllReduce => d_full.clone(),
-            Kind::ReduceScatter => {
-                let n0 = r * n.div_ceil(tp);
-                d_full[n0.min(n) * m..(n0.min(n) + dshape[0]) * m].to_vec()
-            }
-        };
-        expect_once(&mem, pd, &want, &format!("rank {r}: D"))?;
-        if let Some(g) = gathered {
-            expect_once(&mem, g, &bg, &format!("rank {r}: b_gathered"))?;
-        }
-    }
-    Ok(())
-}
-
-#[test]
-fn comm_gemm_calls() {
-    use crate::comm_gemm::Kind;
-    for (extra, what) in [(0usize, "n divisible"), (3, "n padded")] {
-        all(&format!("comm-GEMM all-gather ({what})"), |tp, f| {
-            check_comm_gemm(
-                tp,
-                Cfg::new(f),
-                true,
-                Kind::AllGather,
-                (16 * tp, 4 * tp + extra, 8),
-            )
-        });
-        for ring in [true, false] {
-            all(
-                &format!("comm-GEMM reduce-scatter ({what}, ring {ring})"),
-                |tp, f| {
-                    check_comm_gemm(
-                        tp,
-                        Cfg::new(f),
-                        ring,
-                        Kind::ReduceScatter,
-                        (32, 4 * tp + extra, 4 * tp + 1),
-                    )
-                },
-            );
-        }
-        all(&format!("comm-GEMM all-reduce ({what})"), |tp, f| {
-            check_comm_gemm(
-                tp,
-                Cfg::new(f),
-                true,
-                Kind::AllReduce,
-                (32, 4 * tp + extra, 4 * tp + 1),
-            )
-        });
-    }
 }

@@ -1,0 +1,296 @@
+//! Host protocol tests of the comm-GEMM calls (tests only): `call::run`, the calls'
+//! steps as the context runs them, over a host backend whose engines plan and enqueue
+//! their algorithms as the overlap engine does, checked by the overlap engine's protocol
+//! harness (`crate::overlap::protocol`): every rank's D and b_gathered against the global
+//! product, each byte written once, at tp 1..8 (tp 1: the direct GEMM), n divisible and
+//! padded, on both fake transport flavours.
+use super::call::CallBackend;
+use super::{GemmCall, Kind, numroc};
+use crate::cuda::DevPtr;
+use crate::error::Result;
+use crate::gemm::TeGemm;
+use crate::overlap::plan::Planner;
+use crate::overlap::protocol::{
+    CALLER, Cfg, Dev, Mem, Res, all, buffers, expect_once, matmul_nt, new_log, rank_call, simulate,
+    tensor, values,
+};
+use crate::overlap::{ag::AgArgs, ar::ArArgs, rs::RsArgs};
+use crate::tensor::DType;
+use crate::transport::fake::{Rec, SharedLog};
+use std::collections::HashMap;
+
+/// The comm-GEMM calls' host backend of one rank: engines sized as the context sizes them
+/// (one group of buffers per engine size, shared by the ranks), the caller's stream's
+/// copies and the engine calls into the group's log.
+struct HostCall<'a> {
+    tp: usize,
+    rank: usize,
+    cfg: Cfg,
+    /// the reduce-scatter's configuration: ring (else pipelined)
+    ring: bool,
+    mem: &'a mut Mem,
+    /// engine rows -> the group's buffers
+    engines: &'a mut HashMap<usize, Vec<DevPtr>>,
+    log: SharedLog<Dev>,
+    /// the engine of the call (rows)
+    rows: Option<usize>,
+}
+
+/// The comm-GEMM context's engine columns.
+const CG_COLS: usize = 256;
+
+impl HostCall<'_> {
+    fn push(&self, d: Dev) {
+        self.log.lock().unwrap().ranks[self.rank].push((CALLER, Rec::Device(d)));
+    }
+    fn engine_call(&mut self, f: &mut dyn FnMut(&mut Planner) -> Result<()>) -> Result<()> {
+        let rows = self.rows.expect("an engine was made");
+        let bufs = self.engines[&rows].clone();
+        let (tp, r, cfg) = (self.tp, self.rank, self.cfg);
+        rank_call((tp, r), (rows, CG_COLS), cfg, self.mem, &bufs, &self.log, f)
+            .map_err(crate::error::Error::internal)
+    }
+}
+
+impl CallBackend for HostCall<'_> {
+    fn ranks(&self) -> (usize, usize) {
+        (self.tp, self.rank)
+    }
+    fn direct(&self) -> bool {
+        self.tp == 1
+    }
+    fn fast_accum(&self) -> bool {
+        false
+    }
+    fn preparing(&self) -> bool {
+        false
+    }
+    fn direct_call(
+        &mut self,
+        _c: &GemmCall,
+        _dtype: DType,
+        _bytes: usize,
+        g: &TeGemm,
+        copy: Option<(DevPtr, DevPtr, usize)>,
+    ) -> Result<()> {
+        let desc = crate::gemm::desc_from_te(g)?;
+        if let Some((d, s, n)) = copy {
+            self.push(Dev::Copy(d, s, n));
+        }
+        self.push(Dev::Gemm(desc));
+        Ok(())
+    }
+    fn engine(&mut self, _kind: Kind, dtype: DType, bytes: usize) -> Result<usize> {
+        let e = dtype.bits() / 8;
+        let rows = bytes.div_ceil(CG_COLS * e).div_ceil(self.tp).max(1) * self.tp;
+        let tp = self.tp;
+        let mem = &mut *self.mem;
+        self.engines
+            .entry(rows)
+            .or_insert_with(|| buffers(mem, tp, rows * CG_COLS * e));
+        self.rows = Some(rows);
+        Ok(0)
+    }
+    fn configure(&mut self, _eng: usize, _c: &GemmCall) -> Result<bool> {
+        Ok(self.ring)
+    }
+    fn scratch(&mut self, slot: usize, bytes: usize) -> Result<DevPtr> {
+        Ok(self
+            .mem
+            .alloc(&format!("scratch {slot} of rank {}", self.rank), bytes))
+    }
+    fn memset(&mut self, dst: DevPtr, bytes: usize) -> Result<()> {
+        self.push(Dev::Memset(dst, bytes));
+        Ok(())
+    }
+    fn copy(&mut self, dst: DevPtr, src: DevPtr, bytes: usize) -> Result<()> {
+        self.push(Dev::Copy(dst, src, bytes));
+        Ok(())
+    }
+    fn copy_2d(
+        &mut self,
+        dst: DevPtr,
+        dpitch: usize,
+        src: DevPtr,
+        spitch: usize,
+        width: usize,
+        height: usize,
+    ) -> Result<()> {
+        self.push(Dev::Copy2d {
+            dst,
+            dpitch,
+            src,
+            spitch,
+            width,
+            height,
+        });
+        Ok(())
+    }
+    fn split_ag(&mut self, _eng: usize, x: &AgArgs) -> Result<()> {
+        self.engine_call(&mut |p| p.split_ag(x))
+    }
+    fn split_rs(&mut self, _eng: usize, x: &RsArgs, ring: bool) -> Result<()> {
+        self.engine_call(&mut |p| {
+            if ring {
+                p.split_rs_p2p(x)
+            } else {
+                p.split_rs(x)
+            }
+        })
+    }
+    fn split_ar(&mut self, _eng: usize, x: &ArArgs) -> Result<()> {
+        self.engine_call(&mut |p| p.split_ar(x))
+    }
+}
+
+/// Rank r's shares of the global A [m, k] and B [n, k] (with their shapes) and its D's
+/// shape: the all-gather splits m and n, the reductions split k.
+#[allow(clippy::type_complexity)]
+fn comm_gemm_shares(
+    kind: Kind,
+    (tp, r): (usize, usize),
+    (m, n, k): (usize, usize, usize),
+    (a, bg): (&[f32], &[f32]),
+) -> ((Vec<f32>, [usize; 2]), (Vec<f32>, [usize; 2]), [usize; 2]) {
+    let share = |g: usize| numroc(g as i64, tp, r) as usize;
+    if kind == Kind::AllGather {
+        let (m0, ml) = (r * m.div_ceil(tp), share(m));
+        let (n0, nl) = (r * n.div_ceil(tp), share(n));
+        let al = a[m0.min(m) * k..(m0 + ml).min(m) * k].to_vec();
+        let bl = bg[n0.min(n) * k..(n0 + nl).min(n) * k].to_vec();
+        return ((al, [ml, k]), (bl, [nl, k]), [n, ml]);
+    }
+    let (k0, kl) = ((r * k.div_ceil(tp)).min(k), share(k));
+    let cols = |x: &[f32], rows: usize| -> Vec<f32> {
+        (0..rows)
+            .flat_map(|i| x[i * k + k0..i * k + k0 + kl].to_vec())
+            .collect()
+    };
+    let dshape = if kind == Kind::AllReduce {
+        [n, m]
+    } else {
+        [share(n), m]
+    };
+    ((cols(a, m), [m, kl]), (cols(bg, n), [n, kl]), dshape)
+}
+
+/// A comm-GEMM call of kind `kind` with global m, n, k at tp ranks (block distribution,
+/// padded where n does not divide): every rank's result checked against the sum.
+fn check_comm_gemm(
+    tp: usize,
+    cfg: Cfg,
+    ring: bool,
+    kind: Kind,
+    (m, n, k): (usize, usize, usize),
+) -> Res {
+    let mut mem = Mem::default();
+    let mut engines = HashMap::new();
+    let log = new_log(tp);
+    // Global operands: A [m, k], B [n, k] (row-major, TN); D = B A^T [n, m].
+    let a = values(500, m * k);
+    let bg = values(600, n * k);
+    let d_full = matmul_nt(&bg, &a, n, k, m);
+    let ws = tensor(mem.alloc("workspace", 4), &[1]);
+    let mut outs = Vec::new();
+    for r in 0..tp {
+        let (al, bl, dshape) = comm_gemm_shares(kind, (tp, r), (m, n, k), (&a, &bg));
+        let gathered =
+            (kind == Kind::AllGather).then(|| mem.alloc(&format!("b_gathered{r}"), n * k * 4));
+        let pa = mem.input(&format!("A{r}"), &al.0);
+        let pb = mem.input(&format!("B{r}"), &bl.0);
+        let pd = mem.alloc(&format!("D{r}"), dshape[0] * dshape[1] * 4);
+        let (ta, tb, td) = (tensor(pa, &al.1), tensor(pb, &bl.1), tensor(pd, &dshape));
+        let tg = gathered.map(|p| tensor(p, &[n, k]));
+        let call = GemmCall {
+            kind,
+            m: m as i64,
+            n: n as i64,
+            k: k as i64,
+            a: &ta,
+            b: &tb,
+            d: &td,
+            bias: None,
+            pre_act_out: None,
+            transa: true,
+            transb: false,
+            grad: false,
+            accumulate: false,
+            comm_sm_count: 0,
+            b_gathered: tg.as_ref(),
+            tune: false,
+        };
+        let mut host = HostCall {
+            tp,
+            rank: r,
+            cfg,
+            ring,
+            mem: &mut mem,
+            engines: &mut engines,
+            log: log.clone(),
+            rows: None,
+        };
+        super::call::run(&mut host, &call, &ws).map_err(|e| format!("rank {r}: {}", e.msg))?;
+        outs.push((pd, dshape, gathered));
+    }
+    let bufs = engines.values().next().cloned().unwrap_or_default();
+    simulate(&log, &mut mem, &bufs)?;
+    for (r, (pd, dshape, gathered)) in outs.into_iter().enumerate() {
+        let want: Vec<f32> = match kind {
+            Kind::AllGather => {
+                let m0 = r * m.div_ceil(tp);
+                (0..n)
+                    .flat_map(|t| (0..dshape[1]).map(move |i| (t, m0 + i)))
+                    .map(|(t, i)| d_full[t * m + i])
+                    .collect()
+            }
+            Kind::AllReduce => d_full.clone(),
+            Kind::ReduceScatter => {
+                let n0 = r * n.div_ceil(tp);
+                d_full[n0.min(n) * m..(n0.min(n) + dshape[0]) * m].to_vec()
+            }
+        };
+        expect_once(&mem, pd, &want, &format!("rank {r}: D"))?;
+        if let Some(g) = gathered {
+            expect_once(&mem, g, &bg, &format!("rank {r}: b_gathered"))?;
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn comm_gemm_calls() {
+    for (extra, what) in [(0usize, "n divisible"), (3, "n padded")] {
+        all(&format!("comm-GEMM all-gather ({what})"), |tp, f| {
+            check_comm_gemm(
+                tp,
+                Cfg::new(f),
+                true,
+                Kind::AllGather,
+                (16 * tp, 4 * tp + extra, 8),
+            )
+        });
+        for ring in [true, false] {
+            all(
+                &format!("comm-GEMM reduce-scatter ({what}, ring {ring})"),
+                |tp, f| {
+                    check_comm_gemm(
+                        tp,
+                        Cfg::new(f),
+                        ring,
+                        Kind::ReduceScatter,
+                        (32, 4 * tp + extra, 4 * tp + 1),
+                    )
+                },
+            );
+        }
+        all(&format!("comm-GEMM all-reduce ({what})"), |tp, f| {
+            check_comm_gemm(
+                tp,
+                Cfg::new(f),
+                true,
+                Kind::AllReduce,
+                (32, 4 * tp + extra, 4 * tp + 1),
+            )
+        });
+    }
+}
