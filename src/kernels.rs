@@ -364,7 +364,10 @@ pub fn quantize(input: &Tensor, output: &Tensor, cfg: &QuantConfig, stream: usiz
             )
         }
     };
-    let (block, per_sm) = launch_shape(f)?;
+    // The kernel indexes its threads as 2 x tile rows: launch exactly that many (a launch
+    // beyond its launch bounds fails instead of running a partial tile).
+    let (_, per_sm) = launch_shape(f)?;
+    let block = 2 * tile_rows as u32;
     let tiles = rows.div_ceil(tile_rows) * cols.div_ceil(128);
     let grid = if one_tile_a_block {
         tiles.clamp(1, i32::MAX as usize) as u32
@@ -392,8 +395,8 @@ pub fn quantize(input: &Tensor, output: &Tensor, cfg: &QuantConfig, stream: usiz
     // requested) as many, `out_t` as many (checked above). The vector kernels run only with
     // the alignment and divisibility they need (`vec`), the element kernel takes any shape
     // and alignment; t_vec is 1 only when out_t is 16-byte aligned and rows % 16 == 0. The
-    // block size is the kernel's launch bounds (its tile rows x 2 threads), any grid is
-    // valid (grid-stride over tiles).
+    // block size is the kernel's launch bounds (its tile rows x 2 threads, which it
+    // assumes); any grid is valid (grid-stride over tiles).
     unsafe {
         cuda::launch(
             f,
