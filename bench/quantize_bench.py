@@ -10,8 +10,15 @@ are given against the nominal HBM bandwidth (--nominal, 3352 GB/s for H100 SXM) 
 measured device-to-device copy. Then the host cost (microseconds of Python and library
 enqueue per call: Fp8Meta.cast under both recipes, and single library calls, on a small
 tensor). Last line: PASS/FAIL for the bar (>= 80 % of nominal for quantize rowwise,
-rowwise + columnwise, and amax)."""
+rowwise + columnwise, and amax).
+
+The cast + transpose kernel (NVTE_COMM_CAST_TRANSPOSE, read by the library at each call):
+the barred "rowwise+columnwise" row runs the environment's choice (unset: v2); --ct-variants (default
+"v2,v1"; "all": every value) adds a table of each kernel, timed in --ct-rounds interleaved
+rounds (median of the rounds' medians, and the best round), so that old and new are
+compared in one process on the same buffers."""
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -19,6 +26,12 @@ import time
 import torch
 
 from transformer_engine_comm.torch import fp8
+
+
+# Every value of NVTE_COMM_CAST_TRANSPOSE (src/kernels.rs): v2 (default), v1 (the previous
+# kernel), v2's bench variants (bf16 -> e4m3 only).
+CT_ALL = ["v2", "v1", "v2-np", "v2-tr64", "v2-tr64-np", "v2-tr64-g16", "v2-g16", "v2-cs", "v2-g32-cs",
+          "v2-pf0", "v2-m4-np"]
 
 
 def timed(fn, iters, warmup=10):
@@ -42,7 +55,11 @@ def main():
     ap.add_argument("--nominal", type=float, default=3352.0, help="nominal HBM GB/s (H100 SXM5: 3352)")
     ap.add_argument("--bar", type=float, default=0.80)
     ap.add_argument("--out", default=None, help="also write the table (markdown) here")
+    ap.add_argument("--ct-variants", default="v2,v1",
+                    help="cast + transpose kernels to compare (NVTE_COMM_CAST_TRANSPOSE values; 'all')")
+    ap.add_argument("--ct-rounds", type=int, default=5)
     a = ap.parse_args()
+    ct_variants = CT_ALL if a.ct_variants == "all" else [v for v in a.ct_variants.split(",") if v]
     assert fp8._library() is not None, "library backend not available"
     dev = torch.device("cuda", 0)
     rows = a.numel // a.cols
@@ -113,6 +130,20 @@ def main():
                  host_us(lambda: lib.quantize(small, e4, scale, amax, sinv, True, True))))
     host.append(("compute_amax (library call)", host_us(lambda: lib.compute_amax(small, amax))))
 
+    # Cast + transpose kernels compared, interleaved rounds (each: every variant in turn).
+    ct = {v: [] for v in ct_variants}
+    saved = os.environ.get("NVTE_COMM_CAST_TRANSPOSE")
+    try:
+        for _ in range(a.ct_rounds):
+            for v in ct_variants:
+                os.environ["NVTE_COMM_CAST_TRANSPOSE"] = v
+                ct[v].append(timed(lambda i: lib.quantize(xs[i % nbuf], e4, scale, amax, sinv, True, True), a.iters))
+    finally:
+        if saved is None:
+            os.environ.pop("NVTE_COMM_CAST_TRANSPOSE", None)
+        else:
+            os.environ["NVTE_COMM_CAST_TRANSPOSE"] = saved
+
     lines = [f"device: {torch.cuda.get_device_name(dev)}; {n} elements ([{rows}, {a.cols}]), median of {a.iters}",
              "", "| operation | us | GB/s | % nominal | % D2D copy |", "|---|---:|---:|---:|---:|"]
     ok = True
@@ -125,6 +156,18 @@ def main():
             ok &= passed
             mark = " (bar: PASS)" if passed else " (bar: FAIL)"
         lines.append(f"| {name}{mark} | {t * 1e6:.1f} | {gbs:.0f} | {pn:.1f} | {pc:.1f} |")
+    if ct:
+        lines += ["", f"cast + transpose bf16->e4m3 by kernel (NVTE_COMM_CAST_TRANSPOSE; {a.ct_rounds} interleaved "
+                      f"rounds of {a.iters}; bar {100 * a.bar:.0f}% = {4 * n / (a.bar * a.nominal * 1e9) * 1e6:.1f} us)",
+                  "", "| kernel | us (median of rounds) | us (best round) | % nominal | % D2D copy | vs v1 |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        base = statistics.median(ct["v1"]) if "v1" in ct else None
+        for v, ts in ct.items():
+            t = statistics.median(ts)
+            gbs = 4 * n / t / 1e9
+            rel = f"{base / t:.3f}x" if base else "-"
+            lines.append(f"| {v} | {t * 1e6:.1f} | {min(ts) * 1e6:.1f} | {100 * gbs / a.nominal:.1f} | "
+                         f"{100 * gbs / copy_gbs:.1f} | {rel} |")
     lines += ["", "| host cost per call ([256, 1024] bf16) | us |", "|---|---:|"]
     lines += [f"| {name} | {us:.1f} |" for name, us in host]
     verdict = f"quantize bar (>= {100 * a.bar:.0f}% of {a.nominal:.0f} GB/s for rowwise, rowwise+columnwise, amax): " \

@@ -346,6 +346,212 @@ __device__ void cast_transpose_impl(const typename I::T *__restrict__ in, u8 *__
   write_scale_inv(s, sinv, sinv_t);
 }
 
+// ------------------------------------------------------------- cast + transpose, v2
+
+// 8- and 16-byte global stores; CS = 1 marks them streaming (st.global.cs: evict first).
+template <int CS>
+__device__ __forceinline__ void stg8(void *p, u32 a, u32 b) {
+  if constexpr (CS == 1)
+    asm volatile("st.global.cs.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(a), "r"(b) : "memory");
+  else
+    *reinterpret_cast<uint2 *>(p) = make_uint2(a, b);
+}
+template <int CS>
+__device__ __forceinline__ void stg16(void *p, uint4 v) {
+  if constexpr (CS == 1)
+    asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+  else
+    *reinterpret_cast<uint4 *>(p) = v;
+}
+
+// The raw bits of one element (a 32-bit word for float32, the low half for 16-bit types).
+template <class I>
+__device__ __forceinline__ u32 raw_bits(const typename I::T *p) {
+  if constexpr (sizeof(typename I::T) == 4)
+    return __float_as_uint(*p);
+  else
+    return (u32)*p;
+}
+
+// Cast + transpose of a [rows, cols] input, any shape: `out` (may be null) gets the rowwise
+// FP8 data, `out_t` the FP8 transpose [cols, rows]. Tiles of TR (64 or 128) rows x 128
+// columns, NT = 2 TR threads a block, each owning 8 rows x 8 columns of a tile. Lanes map
+// to (column group cg, row group rg) so that each 16-byte load instruction of a warp reads
+// 2 rows x 256 bytes (bf16) and each half-warp holds 8 column groups of 2 row groups (the
+// bank pattern of the shared-memory writes below). A thread's 8 rows are 8 independent
+// 16-byte loads (16 for float32); pairs of vertically adjacent elements are converted in one
+// cvt (low byte: the upper row), so each column's 8 bytes assemble in two registers and the
+// rowwise bytes are picked out of the same pairs with prmt (8-byte stores: 2 rows x 128
+// bytes per warp instruction). The column words go to shared memory, double buffered (one
+// __syncthreads a tile): column c holds TR bytes, 128 / TR columns a 128-byte line, its
+// 8-byte units XOR-swizzled by 2 (cg & 7), which keeps 8-byte stores and 16-byte loads
+// conflict-free; they leave as 16-byte stores, 8 threads writing TR contiguous bytes of
+// one transposed row. PF: the next tile's loads are issued before the current tile's
+// transpose is read back and written. G > 0: tiles run in groups of G tile rows, column-major inside a
+// group (blocks running at the same time write longer runs of each transposed row).
+// VEC = 1 (input 16-byte aligned, out 8-byte aligned, cols % 8 == 0): vector loads and
+// rowwise stores, rows masked one at a time; VEC = 0: element loads and byte stores (any
+// shape, any alignment). t_vec (out_t 16-byte aligned, rows % 16 == 0) selects 16-byte
+// transposed stores, else bytes. Masked-out elements read as 0 (amax unchanged). One
+// atomic a block for amax. Grid-stride over tiles (any grid).
+template <class I, class O, int TR, int G, int PF, int CS, int VEC>
+__device__ void cast_transpose2_impl(const typename I::T *__restrict__ in, u8 *__restrict__ out,
+                                     u8 *__restrict__ out_t, u64 rows, u64 cols, const float *scale,
+                                     float *amax, float *sinv, float *sinv_t, const float *noop, int t_vec) {
+  static_assert(TR == 64 || TR == 128, "tile rows: 64 or 128");
+  constexpr int TC = 128, NT = 2 * TR, NW = W8<I>::N;
+  constexpr int UC = TR / 8;       // 8-byte units of one column in shared memory
+  constexpr int UT = TR / 16;      // 16-byte units of one column
+  constexpr int CPL = 128 / TR;    // columns a 128-byte shared line
+  constexpr int NQ = TC * UT / NT; // 16-byte transposed stores a thread (4)
+  __shared__ __align__(16) u8 tile[2][TC * TR];
+  if (noop_set(noop)) return;
+  const float s = scale ? *scale : 1.0f;
+  float local = 0.0f;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int cg = (lane & 7) | ((lane >> 4) << 3);
+  const int rg = 2 * warp + ((lane >> 3) & 1);
+  const u64 tiles_r = (rows + TR - 1) / TR, tiles_c = (cols + TC - 1) / TC, ntiles = tiles_r * tiles_c;
+  // Tile t -> its first row and column.
+  auto coords = [&](u64 t, u64 &r0, u64 &c0) {
+    u64 tr, tc;
+    if constexpr (G > 0) {
+      const u64 span = (u64)G * tiles_c, g = t / span, within = t - g * span;
+      const u64 left = tiles_r - g * G, gr = left < (u64)G ? left : (u64)G;
+      tr = g * G + within % gr;
+      tc = within / gr;
+    } else {
+      tr = t / tiles_c;
+      tc = t - tr * tiles_c;
+    }
+    r0 = tr * TR;
+    c0 = tc * TC;
+  };
+  u32 w[8][NW];
+  // Issue the loads of tile t into w (zeros past an edge).
+  auto load = [&](u64 t) {
+    u64 r0, c0;
+    coords(t, r0, c0);
+    const u64 rb = r0 + 8 * rg, cb = c0 + 8 * cg;
+    // Rows of this thread's 8 inside the tensor (0 when its columns are outside).
+    const u32 vr = (rb < rows && cb < cols) ? (u32)(rows - rb < 8 ? rows - rb : 8) : 0u;
+    if constexpr (VEC == 1) {
+      const typename I::T *src = in + rb * cols + cb;  // cols % 8 == 0: 8 columns in or out
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        if ((u32)i < vr) {
+          ld8<I, 0>(src + (u64)i * cols, w[i]);
+        } else {
+#pragma unroll
+          for (int k = 0; k < NW; ++k) w[i][k] = 0u;
+        }
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+#pragma unroll
+        for (int k = 0; k < NW; ++k) w[i][k] = 0u;
+        if ((u32)i < vr) {
+          const typename I::T *src = in + (rb + i) * cols;
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            if (cb + e < cols) {
+              const u32 b = raw_bits<I>(src + cb + e);
+              if constexpr (NW == 8)
+                w[i][e] = b;
+              else
+                w[i][e >> 1] |= b << (16 * (e & 1));
+            }
+          }
+        }
+      }
+    }
+  };
+  u64 t = blockIdx.x;
+  if (PF && t < ntiles) load(t);
+  int buf = 0;
+  for (; t < ntiles; t += gridDim.x, buf ^= 1) {
+    if (!PF) load(t);
+    u64 r0, c0;
+    coords(t, r0, c0);
+    const u64 rb = r0 + 8 * rg, cb = c0 + 8 * cg;
+    const u32 vr = (rb < rows && cb < cols) ? (u32)(rows - rb < 8 ? rows - rb : 8) : 0u;
+    u8 *dst = out != nullptr ? out + rb * cols + cb : nullptr;
+    u32 colw[8][2];
+#pragma unroll
+    for (int i = 0; i < 8; i += 2) {
+      float a[8], b[8];
+      cvt8<I>(w[i], a);
+      cvt8<I>(w[i + 1], b);
+      u32 h[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        local = fmaxf(local, fmaxf(fabsf(a[k]), fabsf(b[k])));
+        h[k] = fp8_pack2<O>(a[k] * s, b[k] * s);  // byte 0: row i, byte 1: row i + 1
+        if ((i & 2) == 0)
+          colw[k][i >> 2] = h[k];
+        else
+          colw[k][i >> 2] |= h[k] << 16;
+      }
+      if (dst != nullptr && (u32)i < vr) {
+        u8 *d = dst + (u64)i * cols;
+        if constexpr (VEC == 1) {
+          const u32 t01 = prmt(h[0], h[1], 0x5140), t23 = prmt(h[2], h[3], 0x5140);
+          const u32 t45 = prmt(h[4], h[5], 0x5140), t67 = prmt(h[6], h[7], 0x5140);
+          stg8<CS>(d, prmt(t01, t23, 0x5410), prmt(t45, t67, 0x5410));
+          if ((u32)i + 1 < vr) stg8<CS>(d + cols, prmt(t01, t23, 0x7632), prmt(t45, t67, 0x7632));
+        } else {
+#pragma unroll
+          for (int k = 0; k < 8; ++k) {
+            if (cb + k < cols) {
+              d[k] = (u8)(h[k] & 0xff);
+              if ((u32)i + 1 < vr) d[cols + k] = (u8)((h[k] >> 8) & 0xff);
+            }
+          }
+        }
+      }
+    }
+    u8 *tl = tile[buf];
+    // Column c = 8 cg + k, rows 8 rg .. 8 rg + 7: 8-byte unit (c % CPL) UC + rg of shared
+    // line c / CPL, stored at that unit ^ 2 (cg & 7).
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const int c = 8 * cg + k;
+      const int unit = (((c % CPL) * UC + rg) ^ ((cg & 7) << 1));
+      *reinterpret_cast<uint2 *>(tl + (c / CPL) * 128 + 8 * unit) = make_uint2(colw[k][0], colw[k][1]);
+    }
+    if (PF && t + gridDim.x < ntiles) load(t + gridDim.x);  // (after colw is dead)
+    __syncthreads();  // (double buffer: the next write of this one follows the next barrier)
+    // 16-byte unit m (rows 16 m .. 16 m + 15) of column c -> transposed row c0 + c.
+    uint4 v[NQ];
+#pragma unroll
+    for (int q = 0; q < NQ; ++q) {
+      const int j = threadIdx.x + q * NT, c = j / UT, m = j % UT;
+      const int unit = ((c % CPL) * UT + m) ^ ((c >> 3) & 7);
+      v[q] = *reinterpret_cast<const uint4 *>(tl + (c / CPL) * 128 + 16 * unit);
+    }
+#pragma unroll
+    for (int q = 0; q < NQ; ++q) {
+      const int j = threadIdx.x + q * NT, c = j / UT, m = j % UT;
+      const u64 rr = r0 + 16 * m;
+      if (c0 + c < cols && rr < rows) {
+        u8 *d = out_t + (c0 + c) * rows + rr;
+        if (t_vec) {
+          stg16<CS>(d, v[q]);
+        } else {
+          const u32 vw[4] = {v[q].x, v[q].y, v[q].z, v[q].w};
+#pragma unroll
+          for (int e = 0; e < 16; ++e)
+            if (rr + e < rows) d[e] = (u8)(vw[e >> 2] >> (8 * (e & 3)));
+        }
+      }
+    }
+  }
+  finish_amax(local, amax);
+  write_scale_inv(s, sinv, sinv_t);
+}
+
 // Cast + transpose of any shape and alignment, one element at a time (grid-stride).
 template <class I, class O>
 __device__ void cast_transpose_slow_impl(const typename I::T *__restrict__ in, u8 *__restrict__ out,
@@ -445,6 +651,62 @@ __device__ void amax_impl(const typename I::T *__restrict__ in, u64 n, float *am
       float *sinv, float *sinv_t, const float *noop) {                                                \
     cast_transpose_slow_impl<I, O>(in, out, out_t, rows, cols, scale, amax, sinv, sinv_t, noop);      \
   }
+// The v2 cast + transpose (the library's default; NVTE_COMM_CAST_TRANSPOSE=v1 runs the
+// one above): tiles of CT2_TR rows, CT2_G tile-row groups (0: row-major), CT2_PF
+// prefetching, CT2_CS streaming stores, at least CT2_MINB blocks an SM (half for float32,
+// whose tiles take twice the registers). `ct2_vec_*` is VEC = 1, `ct2_any_*` VEC = 0.
+#ifndef CT2_TR
+#define CT2_TR 128
+#endif
+#ifndef CT2_G
+#define CT2_G 0
+#endif
+#ifndef CT2_PF
+#define CT2_PF 1
+#endif
+#ifndef CT2_CS
+#define CT2_CS 0
+#endif
+#ifndef CT2_MINB
+#define CT2_MINB 3
+#endif
+#define CT2_ONE(kind, VEC, iname, I, oname, O, MB)                                                      \
+  extern "C" __global__ void __launch_bounds__(CT2_TR * 2, MB) ct2_##kind##_##iname##_##oname(          \
+      const I::T *in, u8 *out, u8 *out_t, u64 rows, u64 cols, const float *scale, float *amax,         \
+      float *sinv, float *sinv_t, const float *noop, int t_vec) {                                       \
+    cast_transpose2_impl<I, O, CT2_TR, CT2_G, CT2_PF, CT2_CS, VEC>(in, out, out_t, rows, cols, scale,   \
+                                                                   amax, sinv, sinv_t, noop, t_vec);    \
+  }
+#define CT2(iname, I, oname, O, MB)        \
+  CT2_ONE(vec, 1, iname, I, oname, O, MB) \
+  CT2_ONE(any, 0, iname, I, oname, O, MB)
+CT2(f32, F32, e4m3, E4M3, (CT2_MINB + 1) / 2)
+CT2(f32, F32, e5m2, E5M2, (CT2_MINB + 1) / 2)
+CT2(bf16, BF16, e4m3, E4M3, CT2_MINB)
+CT2(bf16, BF16, e5m2, E5M2, CT2_MINB)
+CT2(f16, F16, e4m3, E4M3, CT2_MINB)
+CT2(f16, F16, e5m2, E5M2, CT2_MINB)
+
+#ifdef TE_COMM_CT2_VARIANTS
+// Bench variants of the v2 cast + transpose (bf16 -> e4m3, VEC = 1 only), in a module of
+// their own (kernels.rs: CAST_VARIANTS, compiled only when NVTE_COMM_CAST_TRANSPOSE names
+// one): ct2x_tr<TR>_g<G>_pf<PF>_cs<CS>_m<MINB>.
+#define CT2X(TR, G, PF, CS, MB)                                                                         \
+  extern "C" __global__ void __launch_bounds__(TR * 2, MB) ct2x_tr##TR##_g##G##_pf##PF##_cs##CS##_m##MB( \
+      const u16 *in, u8 *out, u8 *out_t, u64 rows, u64 cols, const float *scale, float *amax,          \
+      float *sinv, float *sinv_t, const float *noop, int t_vec) {                                        \
+    cast_transpose2_impl<BF16, E4M3, TR, G, PF, CS, 1>(in, out, out_t, rows, cols, scale, amax, sinv,    \
+                                                      sinv_t, noop, t_vec);                              \
+  }
+CT2X(64, 0, 1, 0, 6)
+CT2X(128, 16, 1, 0, 3)
+CT2X(128, 0, 1, 1, 3)
+CT2X(128, 0, 0, 0, 3)
+CT2X(128, 0, 0, 0, 4)
+CT2X(128, 32, 1, 1, 3)
+CT2X(64, 16, 1, 0, 6)
+#endif
+
 #define QUANTIZE_FP8_FROM(iname, I)  \
   QUANTIZE_FP8(iname, I, e4m3, E4M3) \
   QUANTIZE_FP8(iname, I, e5m2, E5M2) \

@@ -12,7 +12,7 @@
 #           example; the seed-002 example at 2 GPUs; torch_ops at 2; compute-sanitizer.
 # Everything lands under $OUT (or gpu-out/) as one archive, results.tgz, beside summary.md;
 # the summary table is printed last.
-# Usage: scripts/multigpu-gpu.sh a|b   (env TE_COMM_MG_BUDGET: seconds, default 560)
+# Usage: scripts/multigpu-gpu.sh a|a2|b   (env TE_COMM_MG_BUDGET: seconds, default 560)
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
 part=${1:-a}
@@ -55,25 +55,33 @@ step() {
   echo "$name: $res ($(($(date +%s) - t0)) s)"
 }
 
-mpi() { "$root/tests_c/run_mpi.sh" "$@"; }
+mpi=$root/tests_c/run_mpi.sh   # (a path, not a function: step runs it under timeout)
 
-if [ "$part" = a ]; then
-  step c 170 env OUT="$out/c" TE_COMM_STAGES=c "$root/scripts/gpu-test.sh" "${nps[@]}"
+if [ "$part" = a ] || [ "$part" = a2 ]; then
+  if [ "$part" = a ]; then
+    step c 300 env OUT="$out/c" TE_COMM_STAGES=c "$root/scripts/gpu-test.sh" "${nps[@]}"
+  else
+    # a2: what part a's C stage leaves after its np 4 test_overlap, then the rest of part a.
+    te_comm_cmake_build "$lib" "$build" -DTE_COMM_GPU_TESTS=ON || exit 1
+    step "test_comm_gemm_np$big" 90 "$mpi" "$big" "$build/tests_c/test_comm_gemm"
+    step "test_graph_np$big" 60 "$mpi" "$big" "$build/tests_c/test_graph"
+    for np in "${nps[@]}"; do step "test_comm_gemm_fp8_np$np" 60 "$mpi" "$np" "$build/tests_c/test_comm_gemm_fp8"; done
+  fi
   mkdir -p "$out/tables"
   for np in "${nps[@]}"; do
-    step "bench_overlap_tp$np" 60 mpi "$np" "$build/tests_c/bench_overlap" --out "$out/tables/bench_overlap_tp$np.md"
-    step "bench_comm_gemm_tp$np" 80 mpi "$np" "$build/tests_c/bench_comm_gemm" --out "$out/tables/bench_comm_gemm_tp$np.md"
+    step "bench_overlap_tp$np" 60 "$mpi" "$np" "$build/tests_c/bench_overlap" --out "$out/tables/bench_overlap_tp$np.md"
+    step "bench_comm_gemm_tp$np" 80 "$mpi" "$np" "$build/tests_c/bench_comm_gemm" --out "$out/tables/bench_comm_gemm_tp$np.md"
   done
   step "torch_ops_tp$big" 120 python3 -m torch.distributed.run --standalone --nproc-per-node="$big" \
     "$root/bench/torch_ops.py" --out "$out/tables/torch_ops_tp$big.md"
-  step "example_tp$big" 260 env OUT="$out" "$root/scripts/example-test.sh" --np "$big" --iters 20
+  [ "$part" = a ] && step "example_tp$big" 260 env OUT="$out" "$root/scripts/example-test.sh" --np "$big" --iters 20
   if [ -f "$root/.mg/old/libtransformer_engine_comm.so" ]; then
     # Old against new in one call: the old tree's bench_comm_gemm against its own library,
     # then HEAD's again, on the anchor shapes, IPC and NCCL.
     old=$root/.mg/old
     step old_build 90 bash -c "source '$old/scripts/common.sh' && te_comm_cmake_build '$old/libtransformer_engine_comm.so' '$old/build' -DTE_COMM_GPU_TESTS=ON"
-    step "old_bench_comm_gemm_tp$big" 80 mpi "$big" "$old/build/tests_c/bench_comm_gemm" --out "$out/tables/old_comm_gemm_tp$big.md"
-    step "new_bench_comm_gemm_tp$big" 80 mpi "$big" "$build/tests_c/bench_comm_gemm" --out "$out/tables/new_comm_gemm_tp$big.md"
+    step "old_bench_comm_gemm_tp$big" 80 "$mpi" "$big" "$old/build/tests_c/bench_comm_gemm" --out "$out/tables/old_comm_gemm_tp$big.md"
+    step "new_bench_comm_gemm_tp$big" 80 "$mpi" "$big" "$build/tests_c/bench_comm_gemm" --out "$out/tables/new_comm_gemm_tp$big.md"
   fi
   tables=$(ls "$out"/tables/bench_*.md "$out"/tables/torch_ops_tp*.md 2>/dev/null)
   [ -n "$tables" ] && step acceptance 30 python3 "$root/bench/acceptance.py" $tables --out "$out/acceptance.md"

@@ -419,6 +419,180 @@ fn cast_transpose(
         noop,
     } = *p;
     let (r, c) = (rows as u64, cols as u64);
+    let ptrs = [src, dst, dst_t, scale, amax, sinv, sinv_t, noop];
+    let ct = CastTranspose::from_env()?;
+    if ct == CastTranspose::V1 {
+        return cast_transpose_v1(&m, &dev, (iname, oname), (r, c), ptrs, stream);
+    }
+    // v2: vector loads and rowwise stores when the input is 16-byte aligned, the rowwise
+    // output 8-byte aligned (or absent) and rows hold whole 8-element units; 16-byte
+    // transposed stores when out_t is 16-byte aligned and rows % 16 == 0.
+    let vec = src.is_aligned(16) && dst.is_aligned(8) && cols % 8 == 0;
+    let t_vec: i32 = (dst_t.is_aligned(16) && rows % 16 == 0) as i32;
+    // A bench variant runs only where it exists (bf16 -> e4m3, vector path); else v2.
+    let variant = match ct {
+        CastTranspose::Bench(k) if vec && iname == "bf16" && oname == "e4m3" => Some(CT2_BENCH[k]),
+        _ => None,
+    };
+    let (f, tile_rows, one_tile_a_block) = match variant {
+        Some(v) if v.kernel.is_empty() => (
+            m.function(&format!("ct2_vec_{iname}_{oname}"))?,
+            CT2_TILE_ROWS,
+            v.one_tile_a_block,
+        ),
+        Some(v) => {
+            let mv = nvrtc::module(&CAST_VARIANTS, guard.ctx, &dev)?;
+            (mv.function(v.kernel)?, v.tile_rows, v.one_tile_a_block)
+        }
+        None => {
+            let kind = if vec { "vec" } else { "any" };
+            (
+                m.function(&format!("ct2_{kind}_{iname}_{oname}"))?,
+                CT2_TILE_ROWS,
+                false,
+            )
+        }
+    };
+    // The kernel indexes its threads as 2 x tile rows: launch exactly that many (a launch
+    // beyond its launch bounds fails instead of running a partial tile).
+    let (_, per_sm) = launch_shape(f)?;
+    let block = 2 * tile_rows as u32;
+    let tiles = rows.div_ceil(tile_rows) * cols.div_ceil(128);
+    let grid = if one_tile_a_block {
+        tiles.clamp(1, i32::MAX as usize) as u32
+    } else {
+        persistent_grid(tiles, 1, dev.sm_count, per_sm)
+    };
+    let mut args = [
+        arg(&src),
+        arg(&dst),
+        arg(&dst_t),
+        arg(&r),
+        arg(&c),
+        arg(&scale),
+        arg(&amax),
+        arg(&sinv),
+        arg(&sinv_t),
+        arg(&noop),
+        arg(&t_vec),
+    ];
+    // SAFETY: `f` is ct2_(vec|any)_<in>_<out> of kernels/cast.cu or a ct2x_* bench variant
+    // of the same template (bf16 -> e4m3) in CAST_VARIANTS, loaded in the stream's context
+    // (held by `guard`); `args` are its eleven parameters (in, out, out_t: pointers; rows,
+    // cols: u64; scale, amax, scale_inv, columnwise scale_inv, noop: pointers, each NULL or
+    // one float; t_vec: i32). `in` holds rows*cols elements, `out` (NULL when not
+    // requested) as many, `out_t` as many (checked above). The vector kernels run only with
+    // the alignment and divisibility they need (`vec`), the element kernel takes any shape
+    // and alignment; t_vec is 1 only when out_t is 16-byte aligned and rows % 16 == 0. The
+    // block size is the kernel's launch bounds (its tile rows x 2 threads, which it
+    // assumes); any grid is valid (grid-stride over tiles).
+    unsafe {
+        cuda::launch(
+            f,
+            (grid, 1, 1),
+            (block, 1, 1),
+            0,
+            stream,
+            &mut args,
+            "quantize (cast + transpose)",
+        )
+    }
+}
+
+/// Rows of a v2 cast + transpose tile (CT2_TR of kernels/cast.cu); 128 columns.
+const CT2_TILE_ROWS: usize = 128;
+
+/// The bench variants of the v2 cast + transpose (kernels/cast.cu under
+/// TE_COMM_CT2_VARIANTS), compiled into a module of their own only when asked for.
+pub const CAST_VARIANTS: nvrtc::Source = nvrtc::Source {
+    name: "cast_ct2_variants.cu",
+    code: concat!(
+        "#define TE_COMM_CT2_VARIANTS 1\n",
+        include_str!("../kernels/cast.cu")
+    ),
+};
+
+/// A bench variant of the v2 cast + transpose.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Ct2Variant {
+    /// Value of NVTE_COMM_CAST_TRANSPOSE that selects it.
+    name: &'static str,
+    /// Its kernel in CAST_VARIANTS; empty: the library's ct2_vec_bf16_e4m3.
+    kernel: &'static str,
+    /// Rows of its tiles.
+    tile_rows: usize,
+    /// One tile a block (grid = tiles) instead of one persistent wave.
+    one_tile_a_block: bool,
+}
+
+const fn ct2v(name: &'static str, kernel: &'static str, tile_rows: usize, one: bool) -> Ct2Variant {
+    Ct2Variant {
+        name,
+        kernel,
+        tile_rows,
+        one_tile_a_block: one,
+    }
+}
+
+/// The bench variants (bf16 -> e4m3 on the vector path; other casts run v2).
+const CT2_BENCH: &[Ct2Variant] = &[
+    ct2v("v2-np", "", 128, true),
+    ct2v("v2-tr64", "ct2x_tr64_g0_pf1_cs0_m6", 64, false),
+    ct2v("v2-tr64-np", "ct2x_tr64_g0_pf1_cs0_m6", 64, true),
+    ct2v("v2-tr64-g16", "ct2x_tr64_g16_pf1_cs0_m6", 64, false),
+    ct2v("v2-g16", "ct2x_tr128_g16_pf1_cs0_m3", 128, false),
+    ct2v("v2-cs", "ct2x_tr128_g0_pf1_cs1_m3", 128, false),
+    ct2v("v2-g32-cs", "ct2x_tr128_g32_pf1_cs1_m3", 128, false),
+    ct2v("v2-pf0", "ct2x_tr128_g0_pf0_cs0_m3", 128, false),
+    ct2v("v2-m4-np", "ct2x_tr128_g0_pf0_cs0_m4", 128, true),
+];
+
+/// NVTE_COMM_CAST_TRANSPOSE: the kernel of a quantize with columnwise output, read at each
+/// such call. `v2` (default): 128 x 128 tiles (any shape); `v1`: the previous kernel
+/// (128 x 64 tiles for rows % 16 == 0 and cols % 8 == 0 with aligned pointers, else one
+/// element at a time); `v2-*`: bench variants of v2 (bf16 -> e4m3; other casts run v2).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum CastTranspose {
+    V1,
+    V2,
+    Bench(usize),
+}
+
+impl CastTranspose {
+    const KNOB: &'static str = "NVTE_COMM_CAST_TRANSPOSE";
+
+    fn from_env() -> Result<Self> {
+        let mut names = vec!["v2", "v1"];
+        names.extend(CT2_BENCH.iter().map(|v| v.name));
+        Ok(match crate::env::choice(Self::KNOB, &names)? {
+            None | Some(0) => Self::V2,
+            Some(1) => Self::V1,
+            Some(k) => Self::Bench(k - 2),
+        })
+    }
+}
+
+/// Every value NVTE_COMM_CAST_TRANSPOSE takes (v2, v1, then the bench variants).
+pub fn cast_transpose_variants() -> Vec<&'static str> {
+    let mut v = vec!["v2", "v1"];
+    v.extend(CT2_BENCH.iter().map(|x| x.name));
+    v
+}
+
+/// The previous cast + transpose (NVTE_COMM_CAST_TRANSPOSE=v1): tiles of 128 rows x 64
+/// columns when rows % 16 == 0, cols % 8 == 0 and the pointers are aligned, else one
+/// element at a time. `ptrs`: in, out, out_t, scale, amax, scale_inv, columnwise
+/// scale_inv, noop.
+fn cast_transpose_v1(
+    m: &nvrtc::Module,
+    dev: &cuda::DeviceInfo,
+    (iname, oname): (&str, &str),
+    (r, c): (u64, u64),
+    ptrs: [DevPtr; 8],
+    stream: usize,
+) -> Result<()> {
+    let [src, dst, dst_t, scale, amax, sinv, sinv_t, noop] = ptrs;
+    let (rows, cols) = (r as usize, c as usize);
     // The tiled kernel: 16-byte input and columnwise accesses, 8-byte rowwise ones, whole
     // 16-row units of the transpose and 8-column units of a row.
     let fast = src.is_aligned(16)
@@ -452,12 +626,13 @@ fn cast_transpose(
         arg(&noop),
     ];
     // SAFETY: `f` is cast_transpose(_slow)_<in>_<out> of kernels/cast.cu, loaded in the
-    // stream's context (held by `guard`); `args` are its ten parameters (in, out, out_t:
-    // pointers; rows, cols: u64; scale, amax, scale_inv, columnwise scale_inv, noop:
-    // pointers, each NULL or one float). `in` holds rows*cols elements, `out` (NULL when not
-    // requested) as many, `out_t` as many (checked above). The tiled kernel runs only with
-    // the alignment and divisibility it requires (`fast`), with its own block size (its
-    // launch bounds) and any grid (grid-stride over tiles); the slow one takes any shape.
+    // stream's context (the caller holds it current); `args` are its ten parameters (in,
+    // out, out_t: pointers; rows, cols: u64; scale, amax, scale_inv, columnwise scale_inv,
+    // noop: pointers, each NULL or one float). `in` holds rows*cols elements, `out` (NULL
+    // when not requested) as many, `out_t` as many (checked by the caller). The tiled kernel
+    // runs only with the alignment and divisibility it requires (`fast`), with its own block
+    // size (its launch bounds) and any grid (grid-stride over tiles); the slow one takes any
+    // shape.
     unsafe {
         cuda::launch(
             f,
@@ -983,5 +1158,34 @@ mod tests {
         assert_eq!(fp8_max(DType::E4M3), Some(448.0));
         assert_eq!(fp8_max(DType::E5M2), Some(57344.0));
         assert_eq!(fp8_max(DType::BF16), None);
+    }
+
+    #[test]
+    fn cast_transpose_variants_exist_in_the_source() {
+        let names = cast_transpose_variants();
+        assert_eq!(&names[..2], &["v2", "v1"]);
+        let mut sorted = names.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(sorted.len(), names.len(), "duplicate variant names");
+        let src = CAST_VARIANTS.code;
+        assert!(src.starts_with("#define TE_COMM_CT2_VARIANTS"));
+        for v in CT2_BENCH {
+            assert!(v.name.starts_with("v2-"), "{}", v.name);
+            if v.kernel.is_empty() {
+                assert_eq!(v.tile_rows, CT2_TILE_ROWS);
+                continue;
+            }
+            // ct2x_tr<TR>_g<G>_pf<PF>_cs<CS>_m<MINB> <- CT2X(TR, G, PF, CS, MINB)
+            let p: Vec<&str> = v.kernel.trim_start_matches("ct2x_").split('_').collect();
+            assert_eq!(p[0], format!("tr{}", v.tile_rows), "{}", v.kernel);
+            let args: Vec<&str> = p
+                .iter()
+                .map(|x| x.trim_start_matches(char::is_alphabetic))
+                .collect();
+            let inst = format!("CT2X({})", args.join(", "));
+            assert!(src.contains(&inst), "{} has no instance {inst}", v.kernel);
+        }
+        assert!(nvrtc::CAST.code.contains("#define CT2_TR 128"));
     }
 }

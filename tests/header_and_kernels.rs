@@ -70,7 +70,12 @@ fn kernels_compile_for_hopper_with_nvrtc() {
         return;
     }
     // Always a real compilation (no disk cache), for the exact Hopper target.
-    for src in [nvrtc::CAST, nvrtc::COMM] {
+    // CAST_VARIANTS: the bench variants of the cast + transpose (NVTE_COMM_CAST_TRANSPOSE).
+    for src in [
+        nvrtc::CAST,
+        nvrtc::COMM,
+        transformer_engine_comm::kernels::CAST_VARIANTS,
+    ] {
         let cubin = nvrtc::compile_fresh(&src, "sm_90a")
             .unwrap_or_else(|e| panic!("kernels/{} must compile for sm_90a: {e}", src.name));
         assert!(

@@ -241,11 +241,15 @@ void sm_count_reaches_puts(Env &e) {
 
 // NVTE_COMM_REPORT=1: calls stay correct (the first call of each shape measures the
 // GEMM alone and the comm alone, then runs again), and the last call's figures are there.
+// The autotuner is off (NVTE_COMM_TUNE=0) so that the report names the default algorithm:
+// with it on, a tiny shape at tp 4 may pick the pipelined reduce-scatter (split_rs).
 void report_cases(Env &e) {
   for (const char *transport : {"ipc", "nccl"}) {
     setenv("NVTE_COMM_TRANSPORT", transport, 1);
     setenv("NVTE_COMM_REPORT", "1", 1);
+    setenv("NVTE_COMM_TUNE", "0", 1);
     NVTECommGemmCtx *ctx = nvte_comm_gemm_ctx_create(e.comm, e.size, e.rank);
+    unsetenv("NVTE_COMM_TUNE");
     unsetenv("NVTE_COMM_REPORT");
     unsetenv("NVTE_COMM_TRANSPORT");
     if (!ctx) { e.rep->fail(std::string("report: ctx_create: ") + nvte_comm_last_error()); continue; }

@@ -287,3 +287,88 @@ def test_fp8_meta_end_to_end(recipe):
         assert torch.equal(lib_meta.scale, ref_meta.scale)
         if recipe == "delayed":
             assert torch.equal(lib_meta.amax_history, ref_meta.amax_history)
+
+
+# The cast + transpose kernels (NVTE_COMM_CAST_TRANSPOSE, read at each columnwise call):
+# v2 (default), v1 (the previous kernel) and v2's bench variants (bf16 -> e4m3 on the
+# vector path; every other cast runs v2 under those names).
+CT_VARIANTS = ["v2", "v1"]
+CT_BENCH_VARIANTS = ["v2-np", "v2-tr64", "v2-tr64-np", "v2-tr64-g16", "v2-g16", "v2-cs", "v2-g32-cs",
+                     "v2-pf0", "v2-m4-np"]
+# Odd sizes (rows % 16 != 0: byte transposed stores; cols % 8 != 0: the element path),
+# partial edge tiles, and more tiles than one persistent wave (blocks loop over tiles).
+CT_SHAPES = [(129, 72), (300, 1000), (520, 136), (1000, 33), (7, 4100), (1040, 8200), (2048, 4096)]
+
+
+def _cast_transpose_case(x, out_dtype, what, noop=False):
+    """Rowwise + columnwise and columnwise alone through the library (poisoned outputs)
+    against the torch reference: same bytes, amax exact (a running max), scale_inv. With
+    `noop`, a flag holding 1: nothing may change."""
+    scale_v = float(torch.empty(()).uniform_(0.3, 40.0))
+    scale = torch.tensor([scale_v], device=DEV)
+    cols = x.shape[-1]
+    rows = x.numel() // cols
+    odt = _dt(out_dtype)
+    stream = torch.cuda.current_stream().cuda_stream
+    for rowwise in (True, False):
+        q = torch.full((rows, cols), 0x7f, dtype=torch.uint8, device=DEV)
+        q_t = torch.full((cols, rows), 0x7f, dtype=torch.uint8, device=DEV)
+        amax = torch.full((1,), 0.125, device=DEV)
+        sinv = torch.full((1,), -1.0, device=DEV)
+        flag = torch.ones(1, device=DEV)
+        with _capi.Tensor(x.data_ptr(), _dt(x.dtype), (rows, cols)) as ti, \
+                _capi.Tensor(q.data_ptr() if rowwise else 0, odt, q.shape, scale=scale.data_ptr(),
+                             amax=amax.data_ptr(), scale_inv=sinv.data_ptr()) as to, \
+                _capi.Tensor(flag.data_ptr(), _capi.DType.kNVTEFloat32, (1,)) as tn, \
+                _capi.QuantizationConfig(noop_tensor=tn if noop else None) as cfg:
+            to.set_param(_capi.TensorParam.kNVTEColumnwiseData, q_t.data_ptr(), odt, q_t.shape)
+            _capi.quantize_v2(ti, to, cfg, stream)
+        torch.cuda.synchronize()
+        w = f"{what} rowwise={rowwise}"
+        if noop:
+            assert int((q != 0x7f).sum()) == 0 and int((q_t != 0x7f).sum()) == 0, w
+            assert amax.item() == 0.125 and sinv.item() == -1.0, w
+            continue
+        amax_ref = torch.full((1,), 0.125, device=DEV)
+        r, r_t = fp8.quantize(x.reshape(rows, cols), out_dtype, scale, amax=amax_ref, rowwise=True,
+                              columnwise=True, reference=True)
+        if rowwise:
+            same_bits(q.view(out_dtype), r, w + " rowwise")
+        else:
+            assert int((q != 0x7f).sum()) == 0, w + ": rowwise data written although not asked for"
+        same_bits(q_t.view(out_dtype), r_t, w + " columnwise")
+        assert torch.equal(amax, amax_ref), (w, amax.item(), amax_ref.item())
+        assert torch.equal(sinv, scale.reciprocal()), (w, sinv.item())
+
+
+@pytest.mark.parametrize("variant", CT_VARIANTS)
+@pytest.mark.parametrize("shape", CT_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("in_dtype", IN_DTYPES, ids=str)
+@pytest.mark.parametrize("out_dtype", FP8, ids=str)
+def test_cast_transpose_bit_exact(variant, shape, in_dtype, out_dtype, monkeypatch):
+    monkeypatch.setenv("NVTE_COMM_CAST_TRANSPOSE", variant)
+    x = special_input(shape, in_dtype, 8.0)
+    _cast_transpose_case(x, out_dtype, f"{variant} {shape} {in_dtype}->{out_dtype}")
+
+
+@pytest.mark.parametrize("variant", CT_VARIANTS + CT_BENCH_VARIANTS)
+def test_cast_transpose_variants(variant, monkeypatch):
+    """Every value of NVTE_COMM_CAST_TRANSPOSE on bf16 -> e4m3 (the bench variants' own
+    kernels; 8192 x 8192 is the benchmark's shape) and on a cast they leave to v2;
+    unaligned input (the element path); the noop flag."""
+    monkeypatch.setenv("NVTE_COMM_CAST_TRANSPOSE", variant)
+    for shape in [(64, 64), (300, 1000), (1040, 8200), (2048, 4096), (4096, 128), (8192, 8192)]:
+        x = special_input(shape, torch.bfloat16, 8.0)
+        _cast_transpose_case(x, torch.float8_e4m3fn, f"{variant} {shape}")
+    _cast_transpose_case(special_input((512, 256), torch.float16, 8.0), torch.float8_e5m2, f"{variant} f16->e5m2")
+    flat = special_input((1 + 96 * 40,), torch.bfloat16, 8.0)
+    _cast_transpose_case(flat[1:].view(96, 40), torch.float8_e4m3fn, f"{variant} unaligned")
+    _cast_transpose_case(special_input((256, 512), torch.bfloat16, 8.0), torch.float8_e4m3fn,
+                         f"{variant} noop", noop=True)
+
+
+def test_cast_transpose_knob_is_checked(monkeypatch):
+    monkeypatch.setenv("NVTE_COMM_CAST_TRANSPOSE", "v3")
+    x = torch.randn(64, 64, device=DEV, dtype=torch.bfloat16)
+    with pytest.raises(_capi.CommError, match="NVTE_COMM_CAST_TRANSPOSE"):
+        fp8._library().quantize(x, torch.float8_e4m3fn, torch.ones(1, device=DEV), None, None, True, True)

@@ -24,7 +24,6 @@ read right after a call is that call's.
 from __future__ import annotations
 
 import ctypes
-import enum
 import os
 import threading
 from ctypes import (
@@ -46,134 +45,26 @@ from ctypes import (
 )
 from typing import Callable, Iterable, NamedTuple, Optional, Sequence, Union
 
+# The C enums and the packed op codes: defined in the framework-neutral core (checked
+# against src/ffi/c_enums.in and the header by python/tests/test_core.py), re-exported.
+from ._core import (
+    C_ENUMS,
+    PACKED_ALL_GATHER,
+    PACKED_ALL_REDUCE,
+    PACKED_REDUCE_SCATTER,
+    DType,
+    GemmAlgo,
+    Library,
+    OverlapType,
+    QuantizationConfigAttribute,
+    ScalingMode,
+    Status,
+    TensorParam,
+    Transport,
+)
+
 LIBRARY_NAME = "libtransformer_engine_comm.so"
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
-
-# --------------------------------------------------------------------------------------
-# Enums (values from the header; python/tests/test_capi.py checks them against it)
-# --------------------------------------------------------------------------------------
-
-
-class DType(enum.IntEnum):
-    """NVTEDType."""
-
-    kNVTEByte = 0
-    kNVTEInt16 = 1
-    kNVTEInt32 = 2
-    kNVTEInt64 = 3
-    kNVTEFloat32 = 4
-    kNVTEFloat16 = 5
-    kNVTEBFloat16 = 6
-    kNVTEFloat8E4M3 = 7
-    kNVTEFloat8E5M2 = 8
-    kNVTEFloat8E8M0 = 9
-    kNVTEFloat4E2M1 = 10
-    kNVTENumTypes = 11
-
-
-class TensorParam(enum.IntEnum):
-    """NVTETensorParam."""
-
-    kNVTERowwiseData = 0
-    kNVTEColumnwiseData = 1
-    kNVTEScale = 2
-    kNVTEAmax = 3
-    kNVTERowwiseScaleInv = 4
-    kNVTEColumnwiseScaleInv = 5
-    kNVTEColumnwiseAmax = 6
-    kNVTENumTensorParams = 7
-
-
-class ScalingMode(enum.IntEnum):
-    """NVTEScalingMode (only NVTE_DELAYED_TENSOR_SCALING is implemented)."""
-
-    NVTE_DELAYED_TENSOR_SCALING = 0
-    NVTE_MXFP8_1D_SCALING = 1
-    NVTE_BLOCK_SCALING_1D = 2
-    NVTE_BLOCK_SCALING_2D = 3
-    NVTE_NVFP4_1D_SCALING = 4
-    NVTE_INVALID_SCALING = 100
-
-
-class Status(enum.IntEnum):
-    """NVTECommStatus."""
-
-    NVTE_COMM_SUCCESS = 0
-    NVTE_COMM_ERROR_INVALID_ARGUMENT = 1
-    NVTE_COMM_ERROR_CUDA = 2
-    NVTE_COMM_ERROR_CUBLAS = 3
-    NVTE_COMM_ERROR_NCCL = 4
-    NVTE_COMM_ERROR_NVRTC = 5
-    NVTE_COMM_ERROR_TIMEOUT = 6
-    NVTE_COMM_ERROR_UNSUPPORTED = 7
-    NVTE_COMM_ERROR_LIBRARY_NOT_FOUND = 8
-    NVTE_COMM_ERROR_OUT_OF_MEMORY = 9
-    NVTE_COMM_ERROR_INTERNAL = 10
-
-
-class OverlapType(enum.IntEnum):
-    """NVTECommOverlapType."""
-
-    NVTE_COMM_OVERLAP_RS = 0
-    NVTE_COMM_OVERLAP_AG = 1
-
-
-class Transport(enum.IntEnum):
-    """NVTECommTransport."""
-
-    NVTE_COMM_TRANSPORT_AUTO = 0
-    NVTE_COMM_TRANSPORT_IPC = 1
-    NVTE_COMM_TRANSPORT_NCCL = 2
-
-
-class Library(enum.IntEnum):
-    """NVTECommLibrary: the CUDA libraries loaded at run time."""
-
-    NVTE_COMM_LIB_CUDA_DRIVER = 0
-    NVTE_COMM_LIB_CUBLASLT = 1
-    NVTE_COMM_LIB_NVRTC = 2
-    NVTE_COMM_LIB_NCCL = 3
-
-
-class GemmAlgo(enum.IntEnum):
-    """NVTECommGemmAlgoType."""
-
-    kNVTECommGemmAlgoDefault = 0
-    kNVTECommGemmAlgoSplitP2P = 1
-    kNVTECommGemmAlgoSplitMulticast = 2
-    kNVTECommGemmAlgoAtomicP2P = 3
-    kNVTECommGemmAlgoAtomicMulticast = 4
-
-
-class QuantizationConfigAttribute(enum.IntEnum):
-    """NVTEQuantizationConfigAttribute (TE's values)."""
-
-    kNVTEQuantizationConfigForcePow2Scales = 0
-    kNVTEQuantizationConfigAmaxEpsilon = 1
-    kNVTEQuantizationConfigNoopTensor = 2
-    kNVTEQuantizationConfigFloat8BlockScaleTensorFormat = 3
-    kNVTEQuantizationConfigRNGState = 4
-    kNVTEQuantizationConfigNVFP42DQuantization = 5
-    kNVTEQuantizationConfigStochasticRounding = 6
-    kNVTEQuantizationConfigUseFastMath = 7
-    kNVTEQuantizationConfigNVFP44Over6Mode = 8
-    kNVTEQuantizationConfigNVFP44Over6ErrUseFastMath = 9
-    kNVTEQuantizationConfigMXFP82DQuantization = 10
-    kNVTEQuantizationConfigNumAttributes = 11
-
-
-# Python enum -> the C typedef it mirrors (used by the header check in the tests).
-C_ENUMS = {
-    "NVTEQuantizationConfigAttribute": QuantizationConfigAttribute,
-    "NVTEDType": DType,
-    "NVTETensorParam": TensorParam,
-    "NVTEScalingMode": ScalingMode,
-    "NVTECommStatus": Status,
-    "NVTECommOverlapType": OverlapType,
-    "NVTECommTransport": Transport,
-    "NVTECommLibrary": Library,
-    "NVTECommGemmAlgoType": GemmAlgo,
-}
 
 # --------------------------------------------------------------------------------------
 # Structures (layouts checked against the header by compiling a C program in the tests)
@@ -321,8 +212,8 @@ class GemmPacked(Structure):
     ]
 
 
-# GemmPacked.op values (NVTE_COMM_GEMM_PACKED_*)
-PACKED_ALL_GATHER, PACKED_REDUCE_SCATTER, PACKED_ALL_REDUCE = 0, 1, 2
+# GemmPacked.op values (NVTE_COMM_GEMM_PACKED_*): PACKED_ALL_GATHER, PACKED_REDUCE_SCATTER,
+# PACKED_ALL_REDUCE (from the core, above)
 
 # --------------------------------------------------------------------------------------
 # Prototypes: (name, restype, argtypes) of every function of the header

@@ -46,10 +46,12 @@ from typing import NamedTuple, Optional, Union
 
 import numpy as np
 
+from .. import _core
+
 INPUT, WEIGHT, GRAD = 0, 1, 2
 ROLES = ("input", "weight", "grad_output")
 FLT_MAX = float(np.finfo(np.float32).max)
-FP8_MAX = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}
+FP8_MAX = _core.FP8_MAX  # by dtype name
 
 
 class Format(enum.Enum):
@@ -62,10 +64,9 @@ class Format(enum.Enum):
 def _dtypes(fmt: Format):
     import jax.numpy as jnp
 
-    if fmt == Format.HYBRID:
-        return (jnp.float8_e4m3fn, jnp.float8_e4m3fn, jnp.float8_e5m2)
-    if fmt == Format.E4M3:
-        return (jnp.float8_e4m3fn,) * 3
+    if isinstance(fmt, Format):  # (input, weight, output gradient): forward, forward, backward
+        fwd, bwd = (getattr(jnp, n) for n in _core.FP8_FORMATS[fmt.value])
+        return (fwd, fwd, bwd)
     raise ValueError(f"fp8_format {fmt!r}: Format.E4M3 or Format.HYBRID")
 
 

@@ -35,7 +35,7 @@ from typing import Optional
 
 import numpy as np
 
-from .. import _capi
+from .. import _capi, _core
 from ._context import TPContext
 
 # op -> (XLA custom-call target, library symbol)
@@ -66,21 +66,24 @@ def register() -> None:
         _registered = True
 
 
-def numroc(global_size: int, nranks: int, rank: int) -> int:
-    """A rank's share under the library's block distribution (block ceil(global / nranks))."""
-    if global_size <= 0:
-        return 0
-    block = -(-global_size // nranks)
-    return max(0, min(block, global_size - rank * block))
+# The library's block distribution (block ceil(global / nranks)), from the core.
+numroc = _core.numroc
+# op kind -> the core's op name
+_OPS = {"ag": "all_gather_gemm", "rs": "gemm_reduce_scatter", "ar": "gemm_all_reduce"}
+
+
+def _dtype_name(dtype) -> str:
+    import jax.numpy as jnp
+
+    return jnp.dtype(dtype).name
 
 
 def _is_fp8(dtype) -> bool:
-    import jax.numpy as jnp
-
-    return dtype in (jnp.float8_e4m3fn, jnp.float8_e5m2)
+    return _core.is_fp8(_dtype_name(dtype))
 
 
 def _out_dtype(x, out_dtype):
+    """``out_dtype``, else the core's default (bfloat16 for FP8 inputs, else x's)."""
     import jax.numpy as jnp
 
     if out_dtype is not None:
@@ -110,7 +113,7 @@ def ffi_gemm(kind: str, a, b, bias=None, a_scale_inv=None, b_scale_inv=None, *, 
 
     if ctx.closed:
         raise ValueError(f"{ctx!r} is closed")
-    _check_layout(a, b, transa, transb, gather_b)
+    _check_layout(a, b, transa, transb, gather_b, TARGETS[kind][0])
     register()
     target = TARGETS[kind][0]
     outs = [jax.ShapeDtypeStruct(tuple(d_shape), d_dtype)]
@@ -138,14 +141,10 @@ def ffi_gemm(kind: str, a, b, bias=None, a_scale_inv=None, b_scale_inv=None, *, 
     return list(res)
 
 
-def _check_layout(a, b, transa: bool, transb: bool, gather_b: bool) -> None:
-    """The layouts the library runs, checked at trace time with TE's words."""
-    if transa and transb:
-        raise ValueError("transa = transb = True (TT) is not supported: TE's GEMMs take TN, NN and NT")
-    if (_is_fp8(a.dtype) or _is_fp8(b.dtype)) and not (transa and not transb):
-        raise ValueError(
-            f"FP8 operands need the TN layout (transa = True, transb = False; got transa = {bool(transa)}, "
-            f"transb = {bool(transb)}): Hopper's FP8 GEMMs are TN only; pass the transposed FP8 copy")
+def _check_layout(a, b, transa: bool, transb: bool, gather_b: bool, op: str = "te_comm") -> None:
+    """The layouts the library runs (the core's rule: TN, NN, NT; FP8 TN only), checked at
+    trace time."""
+    _core.check_trans(op, transa, transb, _is_fp8(a.dtype) or _is_fp8(b.dtype))
     if gather_b and transb:
         raise ValueError("the gathered input (return_gathered / gather_b) needs transb = False "
                          "(B stored [tokens, K], gathered along its rows)")
@@ -163,18 +162,19 @@ def ag_gemm(a, b, bias=None, *, ctx: TPContext, transa: bool = True, transb: boo
     gathered along n; A is ``[m_local, k]`` (transa) or ``[k, m_local]``; D ``[n, m_local]``."""
     _check2(a, "A")
     _check2(b, "B")
-    n_l, k = (b.shape[1], b.shape[0]) if transb else b.shape
-    m_l = a.shape[0] if transa else a.shape[1]
-    n = int(n_tokens) if n_tokens is not None else n_l * ctx.size
-    return ffi_gemm("ag", a, b, bias, a_scale_inv, b_scale_inv, ctx=ctx, m=m_l * ctx.size, n=n, k=k, transa=transa,
-                    d_shape=(n, m_l), d_dtype=_out_dtype(b, out_dtype), gelu=gelu, gather_b=gather_b,
+    # The core's plan, unvalidated (inside shard_map there is no one rank to check shares
+    # against; the library checks the call): m and n global, D [n, m_local].
+    p = _core.plan_all_gather("te_comm_all_gather_gemm", b.shape, a.shape, nranks=ctx.size, rank=None,
+                              transa=transa, transb=transb, n_global=None if n_tokens is None else int(n_tokens),
+                              validate=False)
+    return ffi_gemm("ag", a, b, bias, a_scale_inv, b_scale_inv, ctx=ctx, m=p.m, n=p.n, k=p.k, transa=transa,
+                    d_shape=p.out_shape, d_dtype=_out_dtype(b, out_dtype), gelu=gelu, gather_b=gather_b,
                     comm_sms=comm_sms, algo=algo, transb=transb)
 
 
 def _scattered_rows(n: int, ctx: TPContext) -> int:
-    if n % ctx.size == 0:
-        return n // ctx.size
-    return numroc(n, ctx.size, ctx.rank)  # one device per process: its own rank
+    # n / tp when even; else this process's rank's share (one device per process)
+    return _core.scattered_rows(n, ctx.size, lambda: ctx.rank)
 
 
 def rs_gemm(a, b, bias=None, *, ctx: TPContext, transa: bool = True, transb: bool = False,
@@ -185,12 +185,12 @@ def rs_gemm(a, b, bias=None, *, ctx: TPContext, transa: bool = True, transb: boo
     ``[n/tp, m]`` (all-reduce: ``[n, m]``)."""
     _check2(a, "A")
     _check2(b, "B")
-    n, k_l = (b.shape[1], b.shape[0]) if transb else b.shape
-    m = a.shape[0] if transa else a.shape[1]
-    rows = n if all_reduce else _scattered_rows(n, ctx)
-    return ffi_gemm("ar" if all_reduce else "rs", a, b, bias, a_scale_inv, b_scale_inv, ctx=ctx, m=m, n=n,
-                    k=k_l * ctx.size, transa=transa, d_shape=(rows, m), d_dtype=_out_dtype(b, out_dtype),
-                    comm_sms=comm_sms, algo=algo, transb=transb)
+    kind = "ar" if all_reduce else "rs"
+    p = _core.plan_k_split(TARGETS[kind][0], b.shape, a.shape, nranks=ctx.size, rank=lambda: ctx.rank,
+                           scatter=not all_reduce, transa=transa, transb=transb, validate=False)
+    return ffi_gemm(kind, a, b, bias, a_scale_inv, b_scale_inv, ctx=ctx, m=p.m, n=p.n, k=p.k, transa=transa,
+                    d_shape=p.out_shape, d_dtype=_out_dtype(b, out_dtype), comm_sms=comm_sms, algo=algo,
+                    transb=transb)
 
 
 def all_gather_gemm(x, w, bias=None, *, ctx: TPContext, n_tokens: Optional[int] = None, gelu: bool = False,

@@ -9,7 +9,8 @@
 - :func:`destroy_contexts` destroys them (and the package's own communicators). It runs
   at interpreter exit too; call it yourself before ``dist.destroy_process_group()``.
 - Helpers shared by ops.py and userbuffers.py: torch dtype -> NVTEDType, torch tensor ->
-  ``_capi.Tensor``, block distribution (:func:`numroc`).
+  ``_capi.Tensor``; block distribution (:func:`numroc`), transport names, dtype rules and
+  the context key come from the framework-neutral core (``transformer_engine_comm._core``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Dict, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from .. import _capi
+from .. import _capi, _core
 
 __all__ = [
     "COMM_KINDS",
@@ -39,42 +40,19 @@ __all__ = [
     "resolve_group",
 ]
 
-COMM_KINDS = ("pg", "own")
-TRANSPORTS = ("auto", "ipc", "nccl")
+COMM_KINDS = _core.COMM_KINDS
+TRANSPORTS = _core.TRANSPORTS
 
-FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
-
-_NVTE_DTYPE_NAMES = {
-    torch.uint8: "kNVTEByte",
-    torch.int16: "kNVTEInt16",
-    torch.int32: "kNVTEInt32",
-    torch.int64: "kNVTEInt64",
-    torch.float32: "kNVTEFloat32",
-    torch.float16: "kNVTEFloat16",
-    torch.bfloat16: "kNVTEBFloat16",
-    torch.float8_e4m3fn: "kNVTEFloat8E4M3",
-    torch.float8_e5m2: "kNVTEFloat8E5M2",
-}
+# torch's dtypes by the core's names, for its dtype rules; NVTEDType by torch dtype.
+DTYPES = _core.Dtypes({n: getattr(torch, n) for n in _core.NVTE_DTYPES if hasattr(torch, n)})
+FP8_DTYPES = DTYPES.fp8
+NVTE_DTYPES = {DTYPES.of(n): d for n, d in _core.NVTE_DTYPES.items() if n in DTYPES.by_name}
 
 
 # ----------------------------------------------------------------------------- helpers
 
-
-def numroc(global_size: int, nranks: int, rank: int) -> int:
-    """This rank's share of ``global_size`` under block distribution (block =
-    ceil(global / nranks); the last ranks may get fewer, possibly 0), as the library."""
-    if global_size <= 0:
-        return 0
-    block = -(-global_size // nranks)
-    return max(0, min(block, global_size - rank * block))
-
-
-def block_offset(global_size: int, nranks: int, rank: int) -> int:
-    """First global index of this rank's share under :func:`numroc`'s distribution."""
-    if global_size <= 0:
-        return 0
-    block = -(-global_size // nranks)
-    return min(rank * block, global_size)
+numroc = _core.numroc
+block_offset = _core.block_offset
 
 
 # The raw handle (an int) of torch's current stream on a device: torch's own cheap getter
@@ -88,10 +66,10 @@ if raw_stream is None:  # older torch
 
 def nvte_dtype(dtype: torch.dtype):
     """The ``_capi.DType`` of a torch dtype (TypeError for dtypes the library lacks)."""
-    name = _NVTE_DTYPE_NAMES.get(dtype)
-    if name is None:
+    d = NVTE_DTYPES.get(dtype)
+    if d is None:
         raise TypeError(f"torch dtype {dtype} has no NVTEDType equivalent")
-    return getattr(_capi.DType, name)
+    return d
 
 
 def _scalar_ptr(t: Optional[torch.Tensor], what: str) -> int:
@@ -333,12 +311,7 @@ _contexts: Dict[Tuple[str, str, str], _Entry] = {}
 
 def _check_kind(comm: str, transport: Optional[str]) -> str:
     """Validate; the transport key: "" (None: the environment decides) or a TRANSPORTS value."""
-    if comm not in COMM_KINDS:
-        raise ValueError(f"comm must be one of {COMM_KINDS}, got {comm!r}")
-    t = transport or ""
-    if t and t not in TRANSPORTS:
-        raise ValueError(f"transport must be None or one of {TRANSPORTS}, got {transport!r}")
-    return t
+    return _core.context_key("", comm, transport)[2]
 
 
 def _own_comm(pg, dev: torch.device) -> int:
@@ -366,10 +339,11 @@ def get_context(group=None, comm: str = "pg", transport: Optional[str] = None):
     Creation is collective over the group (every rank must call it, in the same order
     relative to other collectives), and must not happen during CUDA graph capture.
     """
-    t = _check_kind(comm, transport)
+    _check_kind(comm, transport)  # before the group: a bad argument fails without one
     pg = resolve_group(group)
     name = pg.group_name
-    key = (name, comm, t)
+    key = _core.context_key(name, comm, transport)
+    t = key[2]
     with _lock:
         e = _contexts.get(key)
         if e is not None:
@@ -389,13 +363,13 @@ def get_context(group=None, comm: str = "pg", transport: Optional[str] = None):
             own = _own_comm(pg, dev)
             ptr = own
         try:
-            with _env("NVTE_COMM_TRANSPORT", t or None):
+            with _env(_core.TRANSPORT_ENV, t or None):
                 ctx = _capi.GemmCtx(ptr, size, rank)
         except BaseException:
             if own:
                 _capi.nccl_comm_destroy(own)
             raise
-        eff = t or (os.environ.get("NVTE_COMM_TRANSPORT", "").strip().lower() or "auto")
+        eff = _core.effective_transport(t)
         _contexts[key] = _Entry(ctx, name, comm, t, size, rank, dev.index, own, eff)
         return ctx
 

@@ -14,17 +14,8 @@ from __future__ import annotations
 import torch
 
 from .. import _capi
-from ._context import handle_cache, raw_stream
+from ._context import NVTE_DTYPES as _DT, handle_cache, raw_stream
 
-_DT = {
-    torch.float32: _capi.DType.kNVTEFloat32,
-    torch.bfloat16: _capi.DType.kNVTEBFloat16,
-    torch.float16: _capi.DType.kNVTEFloat16,
-    torch.float8_e4m3fn: _capi.DType.kNVTEFloat8E4M3,
-    torch.float8_e5m2: _capi.DType.kNVTEFloat8E5M2,
-    torch.uint8: _capi.DType.kNVTEByte,
-    torch.int16: _capi.DType.kNVTEInt16,
-}
 _P = _capi.TensorParam
 _F32 = int(_capi.DType.kNVTEFloat32)
 

@@ -42,6 +42,8 @@ from typing import NamedTuple, Optional, Tuple, Union
 import torch
 import torch.distributed as dist
 
+from .. import _core
+
 __all__ = [
     "DelayedScaling",
     "Float8CurrentScaling",
@@ -57,9 +59,10 @@ __all__ = [
     "transpose",
 ]
 
-E4M3 = torch.float8_e4m3fn
-E5M2 = torch.float8_e5m2
-FP8_MAX = {E4M3: 448.0, E5M2: 57344.0}
+E4M3 = getattr(torch, _core.E4M3)
+E5M2 = getattr(torch, _core.E5M2)
+FP8_DTYPES = (E4M3, E5M2)
+FP8_MAX = {getattr(torch, n): v for n, v in _core.FP8_MAX.items()}
 _FLOAT_MAX = torch.finfo(torch.float32).max
 _AMAX_ALGOS = ("max", "most_recent")
 
@@ -67,9 +70,9 @@ _AMAX_ALGOS = ("max", "most_recent")
 class Format(enum.Enum):
     """FP8 formats of a recipe: (forward dtype, backward dtype), TE's ``recipe.Format``."""
 
-    # The dtypes by their torch names: inside the class body ``E4M3`` is the member above.
-    E4M3 = (torch.float8_e4m3fn, torch.float8_e4m3fn)
-    HYBRID = (torch.float8_e4m3fn, torch.float8_e5m2)
+    # The core's formats with torch's dtypes (inside the class body ``E4M3`` is the member).
+    E4M3 = tuple(getattr(torch, n) for n in _core.FP8_FORMATS["E4M3"])
+    HYBRID = tuple(getattr(torch, n) for n in _core.FP8_FORMATS["HYBRID"])
 
     @property
     def fwd(self) -> torch.dtype:

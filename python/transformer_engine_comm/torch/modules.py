@@ -159,7 +159,7 @@ FP8_FWD_FAST_ACCUM = True
 FP8_DGRAD_FAST_ACCUM = False
 FP8_WGRAD_FAST_ACCUM = False
 
-_FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+_FP8_DTYPES = _fp8.FP8_DTYPES
 
 
 # ============================================================================ helpers

@@ -47,19 +47,19 @@ mode) is looked at again. The plans are dropped with the contexts (destroy_conte
 from __future__ import annotations
 
 import ctypes
-import enum
 import os
 import threading
-from typing import NamedTuple, Optional, Tuple, Union
+from typing import Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from .. import _capi
+from .. import _capi, _core
 from . import _context
 from ._context import (
+    DTYPES,
     FP8_DTYPES,
     block_offset,
     context_device,
@@ -81,17 +81,8 @@ __all__ = [
 ]
 
 
-class GemmAlgo(enum.IntEnum):
-    """NVTECommGemmAlgoType (the multicast / atomic variants run the split P2P ones)."""
-
-    DEFAULT = 0
-    SPLIT_P2P = 1
-    SPLIT_MULTICAST = 2
-    ATOMIC_P2P = 3
-    ATOMIC_MULTICAST = 4
-
-
-_ALGO_NAMES = {a.name.lower(): int(a) for a in GemmAlgo}
+# NVTECommGemmAlgoType with short names (DEFAULT, SPLIT_P2P, ...), from the core.
+GemmAlgo = _core.Algo
 
 _poison = os.environ.get("TE_COMM_TORCH_POISON", "") not in ("", "0")
 
@@ -103,28 +94,17 @@ def set_debug_poison(enabled: bool) -> None:
     _poison = bool(enabled)
 
 
-def _algo_id(algo: Union[str, int]) -> int:
-    if isinstance(algo, str):
-        a = _ALGO_NAMES.get(algo.lower())
-        if a is None:
-            raise ValueError(f"algo must be one of {sorted(_ALGO_NAMES)} (or a GemmAlgo), got {algo!r}")
-        return a
-    a = int(algo)
-    if a not in _ALGO_NAMES.values():
-        raise ValueError(f"algo must be one of {sorted(_ALGO_NAMES)} (or a GemmAlgo), got {algo!r}")
-    return a
+_algo_id = _core.algo_id
 
 
 # ----------------------------------------------------------------------------- validation
+#
+# The rules (layouts, dtypes, block distribution, shapes) are the core's
+# (transformer_engine_comm._core); here: the torch tensors' own checks, and the group's size
+# and rank. A plan is made once per argument signature (see _prepared), and by the fake
+# implementations when torch traces.
 
-
-class _Plan(NamedTuple):
-    m: int  # global sizes passed to the library
-    n: int
-    k: int
-    out_shape: Tuple[int, int]
-    out_dtype: torch.dtype
-    fp8: bool
+_Plan = _core.Plan
 
 
 def _group_size_rank(group_name: str) -> Tuple[int, int]:
@@ -154,31 +134,7 @@ def _check_scale_inv(op: str, what: str, t, device: torch.device) -> None:
         raise ValueError(f"{op}: {what} is on {t.device} but x is on {device}")
 
 
-def _check_trans(op: str, transa, transb, fp8: bool) -> None:
-    """The layouts the library's GEMMs take: TN, NN, NT (TE's); FP8 inputs TN only."""
-    if transa and transb:
-        raise ValueError(
-            f"{op}: transa=True with transb=True (the TT layout) is not supported: the GEMMs take TN "
-            "(transa=True, transb=False), NN (transa=False) and NT (transa=False, transb=True), as TE's do"
-        )
-    if fp8 and not (transa and not transb):
-        raise ValueError(
-            f"{op}: FP8 inputs need the TN layout (transa=True, transb=False): Hopper's FP8 GEMMs take "
-            f"no other; got transa={bool(transa)}, transb={bool(transb)} (quantize the transposed operand instead)"
-        )
-
-
-def _dims(x, weight, transa, transb) -> Tuple[int, int, int, int]:
-    """(n, k) of x and (m, k) of weight as the tensors hold them (nvte_cublas_gemm's
-    layouts: x is [n, k], or [k, n] with transb; weight is [m, k] with transa, else [k, m])."""
-    xs, ws = x.shape, weight.shape
-    xn, xk = (xs[1], xs[0]) if transb else (xs[0], xs[1])
-    wm, wk = (ws[0], ws[1]) if transa else (ws[1], ws[0])
-    return int(xn), int(xk), int(wm), int(wk)
-
-
-def _layout_names(transa, transb) -> Tuple[str, str]:
-    return ("[k, n]" if transb else "[n, k]"), ("[m, k]" if transa else "[k, m]")
+_check_trans = _core.check_trans
 
 
 def _check_common(
@@ -198,59 +154,25 @@ def _check_common(
     _check_tensor(op, "weight", weight)
     if weight.device != x.device:
         raise ValueError(f"{op}: weight is on {weight.device} but x is on {x.device}")
-    fp8 = x.dtype in FP8_DTYPES or weight.dtype in FP8_DTYPES
-    _check_trans(op, transa, transb, fp8)
-    _, xk, _, wk = _dims(x, weight, transa, transb)
-    if xk != wk:
-        xl, wl = _layout_names(transa, transb)
-        raise ValueError(
-            f"{op}: x {tuple(x.shape)} (read as {xl}, transb={bool(transb)}) and weight {tuple(weight.shape)} "
-            f"(read as {wl}, transa={bool(transa)}) must agree on the (local) k: {xk} vs {wk}"
-        )
-    if fp8:
-        if not (x.dtype in FP8_DTYPES and weight.dtype in FP8_DTYPES):
-            raise TypeError(f"{op}: FP8 needs both x and weight in FP8, got x {x.dtype} and weight {weight.dtype}")
-        if x.dtype == torch.float8_e5m2 and weight.dtype == torch.float8_e5m2:
-            raise TypeError(f"{op}: x and weight cannot both be float8_e5m2 (use float8_e4m3fn for one)")
+
+    def check_scales():
         _check_scale_inv(op, "x_scale_inv", x_scale_inv, x.device)
         _check_scale_inv(op, "w_scale_inv", w_scale_inv, x.device)
-        od = torch.bfloat16 if out_dtype is None else out_dtype
-        if od not in (torch.bfloat16, torch.float16, torch.float32):
-            raise TypeError(f"{op}: out_dtype with FP8 inputs must be bfloat16, float16 or float32, got {od}")
-    else:
-        if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
-            raise TypeError(f"{op}: x dtype must be bfloat16, float16, float32 or FP8, got {x.dtype}")
-        if weight.dtype != x.dtype:
-            raise TypeError(f"{op}: weight dtype {weight.dtype} differs from x dtype {x.dtype}")
-        if x_scale_inv is not None or w_scale_inv is not None:
-            raise ValueError(f"{op}: x_scale_inv / w_scale_inv are for FP8 inputs only (x is {x.dtype})")
-        od = x.dtype if out_dtype is None else out_dtype
-        if od not in (x.dtype, torch.float32):
-            raise TypeError(f"{op}: out_dtype with {x.dtype} inputs must be {x.dtype} or float32, got {od}")
-    if bias is not None:
+
+    def check_bias():
         _check_tensor(op, "bias", bias, ndim=None)
         if bias.device != x.device:
             raise ValueError(f"{op}: bias is on {bias.device} but x is on {x.device}")
-        want = (torch.float16 if od == torch.float16 else torch.bfloat16) if fp8 else od
-        if bias.dtype != want:
-            raise TypeError(f"{op}: bias dtype must be {want} (output {od}{', FP8 inputs' if fp8 else ''}), got {bias.dtype}")
-    if comm_sm_count < 0:
-        raise ValueError(f"{op}: comm_sm_count must be >= 0 (0 = the library default), got {comm_sm_count}")
-    return fp8, od
+
+    return _core.check_operands(
+        op, DTYPES, x.shape, x.dtype, weight.shape, weight.dtype, transa=transa, transb=transb, out_dtype=out_dtype,
+        has_scales=x_scale_inv is not None or w_scale_inv is not None, check_fp8_scales=check_scales,
+        b_dtype=None if bias is None else bias.dtype, check_bias=check_bias, comm_sm_count=comm_sm_count)
 
 
-def _global(op: str, what: str, local: int, given: int, tp: int, rank: int, tensor: str) -> int:
-    """The global size of a split dimension: ``given`` (>= 0) checked against this rank's
-    share, else local * tp."""
-    if given < 0:
-        return local * tp
-    share = numroc(given, tp, rank)
-    if share != local:
-        raise ValueError(
-            f"{op}: {tensor} has {local} along the split dimension but this rank's share of "
-            f"{what}={given} over {tp} ranks is {share} (block distribution: block = ceil({what}/tp))"
-        )
-    return given
+def _given(v: int) -> Optional[int]:
+    """A registered op's global size argument: -1 (not given) -> None."""
+    return None if v < 0 else v
 
 
 def _plan_ag(x, weight, bias, x_scale_inv, w_scale_inv, group_name, n_global, m_global, out_dtype, gelu, comm_sm_count,
@@ -258,46 +180,24 @@ def _plan_ag(x, weight, bias, x_scale_inv, w_scale_inv, group_name, n_global, m_
     op = "te_comm.all_gather_gemm"
     fp8, od = _check_common(op, x, weight, bias, x_scale_inv, w_scale_inv, out_dtype, comm_sm_count, transa, transb)
     tp, rank = _group_size_rank(group_name)
-    nl, k, ml, _ = _dims(x, weight, transa, transb)
-    n = _global(op, "n_global", nl, n_global, tp, rank, f"x {tuple(x.shape)}")
-    m = _global(op, "m_global", ml, m_global, tp, rank, f"weight {tuple(weight.shape)}")
-    if bias is not None and bias.numel() != ml:
-        raise ValueError(f"{op}: bias must have {ml} elements (this rank's m: weight's m dimension), got {bias.numel()}")
-    if fp8 and (k % 16 or ml % 16):
-        raise ValueError(f"{op}: FP8 needs k and this rank's m to be multiples of 16, got k={k}, m_local={ml}")
-    if gelu and ml % 8:
-        raise ValueError(f"{op}: gelu=True needs this rank's m (weight's m dimension) to be a multiple of 8, got {ml}")
-    return _Plan(m, n, k, (n, ml), od, fp8)
+    return _core.plan_all_gather(op, x.shape, weight.shape, nranks=tp, rank=rank, transa=transa, transb=transb,
+                                 n_global=_given(n_global), m_global=_given(m_global), out_dtype=od, fp8=fp8,
+                                 bias_numel=None if bias is None else bias.numel(), gelu=gelu)
 
 
 def _plan_k_split(op, x, weight, bias, x_scale_inv, w_scale_inv, group_name, k_global, out_dtype, comm_sm_count,
                   scatter: bool, out_rows: int = -1, transa: bool = True, transb: bool = False) -> _Plan:
     fp8, od = _check_common(op, x, weight, bias, x_scale_inv, w_scale_inv, out_dtype, comm_sm_count, transa, transb)
     tp, rank = _group_size_rank(group_name)
-    n, kl, m, _ = _dims(x, weight, transa, transb)
-    k = _global(op, "k_global", kl, k_global, tp, rank, f"x {tuple(x.shape)} / weight {tuple(weight.shape)}")
-    if bias is not None and bias.numel() != m:
-        raise ValueError(f"{op}: bias must have m = {m} elements (weight's m dimension), got {bias.numel()}")
-    if fp8 and (kl % 16 or m % 16):
-        raise ValueError(f"{op}: FP8 needs this rank's k and m to be multiples of 16, got k_local={kl}, m={m}")
-    rows = numroc(n, tp, rank) if scatter else n
-    if scatter and out_rows != rows:
-        # The output's row count is an argument (not derived from the group's rank inside
-        # the op) so that compiled-graph caches, shared by the ranks, key on it.
-        raise ValueError(
-            f"{op}: out_rows={out_rows} but this rank's share of n={n} over {tp} ranks is {rows} "
-            "(call through transformer_engine_comm.torch.gemm_reduce_scatter)"
-        )
-    return _Plan(m, n, k, (rows, m), od, fp8)
+    return _core.plan_k_split(op, x.shape, weight.shape, nranks=tp, rank=rank, scatter=scatter, transa=transa,
+                              transb=transb, k_global=_given(k_global), out_rows=out_rows, out_dtype=od, fp8=fp8,
+                              bias_numel=None if bias is None else bias.numel())
 
 
 # ----------------------------------------------------------------------------- execution
 
-_PACKED_OPS = {
-    "all_gather_gemm": _capi.PACKED_ALL_GATHER,
-    "gemm_reduce_scatter": _capi.PACKED_REDUCE_SCATTER,
-    "gemm_all_reduce": _capi.PACKED_ALL_REDUCE,
-}
+_PACKED_OPS = _core.PACKED_OPS
+
 
 def _set_operand(o, t: Optional[torch.Tensor], shape, dtype: torch.dtype, scale_inv=None) -> None:
     """Fill the constant part of a packed operand (dtype, shape; the data pointer is set
@@ -645,13 +545,7 @@ def _(x, weight, bias, x_scale_inv, w_scale_inv, group_name, k_global, out_dtype
 # ----------------------------------------------------------------------------- public API
 
 
-def _opt_int(v, what: str) -> int:
-    if v is None:
-        return -1
-    v = int(v)
-    if v < 0:
-        raise ValueError(f"{what} must be >= 0, got {v}")
-    return v
+_opt_int = _core.opt_size
 
 
 def _check_layout(op: str, x, weight, bias, transa, transb) -> None:
@@ -688,12 +582,7 @@ def _size_rank(group) -> Tuple[int, int]:
     return pg.size(), pg.rank()
 
 
-def _kind_args(comm: str, transport: Optional[str]) -> Tuple[str, str]:
-    if comm not in ("pg", "own"):
-        raise ValueError(f"comm must be 'pg' or 'own', got {comm!r}")
-    if transport not in (None, "auto", "ipc", "nccl"):
-        raise ValueError(f"transport must be None, 'auto', 'ipc' or 'nccl', got {transport!r}")
-    return comm, transport or ""
+_kind_args = _core.check_op_kind
 
 
 def _fast_get(key):
@@ -748,7 +637,7 @@ def all_gather_gemm(
     # (compiled-graph caches are shared by ranks and by runs with other group sizes).
     n = _opt_int(n_global, "n_global")
     m = _opt_int(m_global, "m_global")
-    nl, _, ml, _ = _dims(x, weight, transa, transb)
+    nl, _, ml, _ = _core.operand_dims(x.shape, weight.shape, transa, transb)
     args = (
         x, weight, bias, x_scale_inv, w_scale_inv, group_name_of(group),
         nl * size if n < 0 else n, ml * size if m < 0 else m, out_dtype, bool(gelu),
@@ -798,7 +687,7 @@ def gemm_reduce_scatter(
     comm_, transport_ = _kind_args(comm, transport)
     size, rank = _size_rank(group)
     k = _opt_int(k_global, "k_global")
-    n, kl, _, _ = _dims(x, weight, transa, transb)
+    n, kl, _, _ = _core.operand_dims(x.shape, weight.shape, transa, transb)
     args = (
         x, weight, bias, x_scale_inv, w_scale_inv, group_name_of(group), kl * size if k < 0 else k,
         numroc(n, size, rank), out_dtype, _algo_id(algo), int(comm_sm_count), comm_, transport_, bool(transa),
@@ -846,7 +735,7 @@ def gemm_all_reduce(
     comm_, transport_ = _kind_args(comm, transport)
     size, _ = _size_rank(group)
     k = _opt_int(k_global, "k_global")
-    _, kl, _, _ = _dims(x, weight, transa, transb)
+    _, kl, _, _ = _core.operand_dims(x.shape, weight.shape, transa, transb)
     args = (
         x, weight, bias, x_scale_inv, w_scale_inv, group_name_of(group), kl * size if k < 0 else k,
         out_dtype, _algo_id(algo), int(comm_sm_count), comm_, transport_, bool(transa), bool(transb),

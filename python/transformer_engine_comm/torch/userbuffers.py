@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 import torch.utils.dlpack
 
-from .. import _capi
+from .. import _capi, _core
 from . import _context
 from ._context import (
     FP8_DTYPES,
@@ -51,13 +51,11 @@ from ._context import (
     resolve_group,
 )
 
-from .ops import _check_trans, _dims  # noqa: E402  (the layout rules the ops use)
-
 __all__ = ["CommOverlap", "CommOverlapType", "destroy_userbuffers"]
 
 DEFAULT_WORKSPACE_BYTES = 32 << 20
 
-_TRANSPORT_IDS = {"auto": 0, "ipc": 1, "nccl": 2}
+_TRANSPORT_IDS = _core.TRANSPORT_IDS
 
 
 class CommOverlapType(enum.IntEnum):
@@ -327,7 +325,7 @@ class CommOverlap:
                 setattr(cfg, name, value)
         if transport is not None:
             cfg.transport = _TRANSPORT_IDS[transport]
-        self._transport = {v: k for k, v in _TRANSPORT_IDS.items()}.get(int(cfg.transport), "auto")
+        self._transport = _core.transport_name(int(cfg.transport))
 
         self.device = _context._current_device()
         self.group = pg
@@ -465,9 +463,9 @@ class CommOverlap:
                      transb=False):
         _check_cuda("weight", weight, self.device)
         fp8 = weight.dtype in FP8_DTYPES or (x is not None and x.dtype in FP8_DTYPES)
-        _check_trans(f"CommOverlap.{what}", transa, transb, fp8)
+        _core.check_trans(f"CommOverlap.{what}", transa, transb, fp8)
         if x is not None:
-            _, xk, _, wk = _dims(x, weight, transa, transb)
+            _, xk, _, wk = _core.operand_dims(x.shape, weight.shape, transa, transb)
             if xk != wk:
                 raise ValueError(
                     f"CommOverlap.{what}: x {tuple(x.shape)} (transb={bool(transb)}) and weight {tuple(weight.shape)} "

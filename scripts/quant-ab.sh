@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# One-GPU A/B of the cast + transpose kernels (NVTE_COMM_CAST_TRANSPOSE: v2 = the default,
+# v1 = the previous kernel, v2-* = bench variants), in ONE device call, with a prebuilt
+# library (no cargo on the GPU machine):
+#   TE_COMM_LIB=<libtransformer_engine_comm.so> scripts/quant-ab.sh
+# 1. python/tests/test_quantize.py: every quantization test, including the bit-exact
+#    cast + transpose tests of every kernel (odd sizes, edges, unaligned, noop, 8192^2);
+# 2. bench/quantize_bench.py --ct-variants all: the usual table (barred rows with the
+#    default kernel) and every cast + transpose kernel at 64M elements, interleaved rounds.
+# Logs and tables under $OUT (default quant-ab-out/); a short table last; exits non-zero
+# when a step fails (the bench fails when a barred row misses its bar).
+# QUANT_AB_ITERS / QUANT_AB_ROUNDS: the bench's --iters / --ct-rounds (50 / 5).
+set -u
+root=$(cd "$(dirname "$0")/.." && pwd)
+out=${OUT:-$root/quant-ab-out}
+mkdir -p "$out"
+: "${TE_COMM_LIB:?set TE_COMM_LIB to the prebuilt libtransformer_engine_comm.so}"
+export TE_COMM_LIB
+export PYTHONPATH=$root/python${PYTHONPATH:+:$PYTHONPATH}
+export NVTE_COMM_CACHE_DIR=${NVTE_COMM_CACHE_DIR:-/tmp/te_comm_kernel_cache}
+unset NVTE_COMM_CAST_TRANSPOSE  # the default kernel, except where the test / bench sets it
+{ nvidia-smi -L; nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem,power.limit --format=csv; } \
+  >"$out/device.txt" 2>&1
+git -C "$root" log -1 --format='%H %s' >"$out/commit.txt" 2>/dev/null || true
+rows=()
+fail=0
+step() {  # step NAME CMD...
+  local name=$1; shift
+  local t0=$(date +%s)
+  echo "=== $name: $*"
+  timeout -k 10 540 "$@" >"$out/$name.log" 2>&1
+  local rc=$?
+  local res=PASS
+  [ $rc -ne 0 ] && { res="FAIL (rc $rc)"; fail=1; tail -n 40 "$out/$name.log"; }
+  rows+=("| $name | $res | $(( $(date +%s) - t0 )) s |")
+}
+
+step test_quantize python3 -m pytest -q -rs -p no:cacheprovider --junitxml="$out/test_quantize.xml" \
+  "$root/python/tests/test_quantize.py"
+step quantize_bench python3 "$root/bench/quantize_bench.py" --ct-variants all \
+  --iters "${QUANT_AB_ITERS:-50}" --ct-rounds "${QUANT_AB_ROUNDS:-5}" --out "$out/quantize_bench.md"
+
+echo
+cat "$out/device.txt" | head -n 1
+echo "commit: $(cut -c1-12 "$out/commit.txt" 2>/dev/null)"
+echo
+echo "| step | result | time |"
+echo "|---|---|---|"
+printf '%s\n' "${rows[@]}"
+grep -E "passed|failed|error" "$out/test_quantize.log" | tail -n 1
+if [ -f "$out/quantize_bench.md" ]; then
+  echo
+  grep -E "^\|( (operation|quantize|compute_amax|D2D)|---)" "$out/quantize_bench.md" | head -n 6
+  echo
+  awk '/^cast \+ transpose bf16->e4m3 by kernel/ { on = 1 } /^\| host cost/ { on = 0 } on' \
+    "$out/quantize_bench.md"
+  tail -n 1 "$out/quantize_bench.md"
+fi
+exit $fail
