@@ -247,7 +247,8 @@ pub fn quantize(input: &Tensor, output: &Tensor, cfg: &QuantConfig, stream: usiz
         return quantize_rowwise(&m, &dev, names, (&p, o.ptr, i.numel()), stream);
     }
     let dst = if has_row { o.ptr } else { DevPtr::NULL };
-    cast_transpose(&m, &dev, names, (&p, dst, cw.ptr), (rows, cols), stream)
+    let ctx = (&*m, &dev, guard.ctx);
+    cast_transpose(ctx, names, (&p, dst, cw.ptr), (rows, cols), stream)
 }
 
 /// What nvte_quantize does with its arguments (checked; the checks come before anything
@@ -400,11 +401,11 @@ fn quantize_rowwise(
     }
 }
 
-/// Rowwise and / or columnwise FP8: cast_transpose(_slow)_<in>_<out> of the [rows, cols]
-/// input into `dst` (NULL: no rowwise output) and `dst_t`.
+/// Rowwise and / or columnwise FP8: the cast + transpose kernels (v2, its bench variants,
+/// or v1: NVTE_COMM_CAST_TRANSPOSE) of the [rows, cols]
+/// input into `dst` (NULL: no rowwise output) and `dst_t`, in the CUDA context `ctx`.
 fn cast_transpose(
-    m: &nvrtc::Module,
-    dev: &cuda::DeviceInfo,
+    (m, dev, ctx): (&nvrtc::Module, &cuda::DeviceInfo, usize),
     (iname, oname): (&str, &str),
     (p, dst, dst_t): (&QuantPtrs, DevPtr, DevPtr),
     (rows, cols): (usize, usize),
@@ -422,7 +423,7 @@ fn cast_transpose(
     let ptrs = [src, dst, dst_t, scale, amax, sinv, sinv_t, noop];
     let ct = CastTranspose::from_env()?;
     if ct == CastTranspose::V1 {
-        return cast_transpose_v1(&m, &dev, (iname, oname), (r, c), ptrs, stream);
+        return cast_transpose_v1(m, dev, (iname, oname), (r, c), ptrs, stream);
     }
     // v2: vector loads and rowwise stores when the input is 16-byte aligned, the rowwise
     // output 8-byte aligned (or absent) and rows hold whole 8-element units; 16-byte
@@ -441,7 +442,7 @@ fn cast_transpose(
             v.one_tile_a_block,
         ),
         Some(v) => {
-            let mv = nvrtc::module(&CAST_VARIANTS, guard.ctx, &dev)?;
+            let mv = nvrtc::module(&CAST_VARIANTS, ctx, dev)?;
             (mv.function(v.kernel)?, v.tile_rows, v.one_tile_a_block)
         }
         None => {
