@@ -130,7 +130,7 @@ impl Bootstrap {
                             n,
                             nccl::ncclDataType_t::ncclUint8,
                             comm as nccl::ncclComm_t,
-                            stream.raw() as nccl::cudaStream_t,
+                            stream.raw().raw() as nccl::cudaStream_t,
                         )
                     },
                     "ncclAllGather",

@@ -30,6 +30,7 @@
 //! warm-up rule holds (the sizes of the eager calls are recorded; no engine is made), so
 //! that code written at one rank captures the same way at any size.
 use crate::bootstrap::Bootstrap;
+use crate::cuda::StreamHandle;
 use crate::cuda::resources::{
     Capture, DeviceMem, capture_status, copy_2d, copy_async, memset_async,
 };
@@ -247,7 +248,7 @@ impl CommGemmCtx {
                 bs.rank
             );
         }
-        let _guard = ContextGuard::for_stream(0)?;
+        let _guard = ContextGuard::for_stream(StreamHandle::NULL)?;
         Self::with_env(bs, env)
     }
 
@@ -316,7 +317,7 @@ impl CommGemmCtx {
     /// Everything `call(c, stream)` would create (engine, scratch and workspace
     /// buffers), created now, with nothing enqueued: collective like the call. Lets a
     /// framework allocate outside a later graph capture (XLA's initialize stage).
-    pub fn prepare(&mut self, c: &GemmCall, stream: usize) -> Result<()> {
+    pub fn prepare(&mut self, c: &GemmCall, stream: StreamHandle) -> Result<()> {
         self.preparing = true;
         let r = self.call(c, stream);
         self.preparing = false;
@@ -412,7 +413,7 @@ impl CommGemmCtx {
         g: &TeGemm,
         copy: Option<(DevPtr, DevPtr, usize)>,
         guard: &ContextGuard,
-        stream: usize,
+        stream: StreamHandle,
     ) -> Result<()> {
         let desc = crate::gemm::desc_from_te(g)?;
         if c.comm_sm_count > 0 {
@@ -468,7 +469,7 @@ impl CommGemmCtx {
         })
     }
 
-    pub fn call(&mut self, c: &GemmCall, stream: usize) -> Result<()> {
+    pub fn call(&mut self, c: &GemmCall, stream: StreamHandle) -> Result<()> {
         self.current = None;
         // Argument checks first: no driver call (capture status, tuning) before them.
         self.check_operands(c)?;
@@ -559,7 +560,7 @@ impl CommGemmCtx {
     /// Measure the candidates of `key` on this call's data (collectively: every rank
     /// runs the same candidates in the same order) and keep the fastest by the slowest
     /// rank; or take the disk cache's choice when every rank has the same one.
-    fn tune(&mut self, c: &GemmCall, stream: usize, tkey: tune::Key) -> Result<()> {
+    fn tune(&mut self, c: &GemmCall, stream: StreamHandle, tkey: tune::Key) -> Result<()> {
         let key = tkey.to_string(); // the disk cache's key
         // Every decision below is taken from data gathered from all ranks (rank 0's
         // settings, the slowest rank's times, every rank's success), so all ranks run the
@@ -631,7 +632,7 @@ impl CommGemmCtx {
 
     /// The tuning settings every rank agrees on for `key` (rank 0's): the disk cache's
     /// choice when every rank has the same one, the defaults, the SM count, the budget.
-    fn tune_agree(&mut self, stream: usize, key: &str) -> Result<tune::Agreed> {
+    fn tune_agree(&mut self, stream: StreamHandle, key: &str) -> Result<tune::Agreed> {
         let guard = ContextGuard::for_stream(stream)?;
         let dev = crate::cuda::device_info(guard.device)?;
         self.tune_cache
@@ -660,7 +661,7 @@ impl CommGemmCtx {
     fn tune_run(
         &mut self,
         c: &GemmCall,
-        stream: usize,
+        stream: StreamHandle,
         key: &str,
         ch: tune::Choice,
     ) -> Result<(f32, Option<Error>)> {
@@ -688,7 +689,7 @@ impl CommGemmCtx {
     fn tune_rounds(
         &mut self,
         c: &GemmCall,
-        stream: usize,
+        stream: StreamHandle,
         key: &str,
         cands: &[tune::Choice],
         first: f32,
@@ -820,7 +821,7 @@ impl CommGemmCtx {
         Ok(())
     }
 
-    fn call_inner(&mut self, c: &GemmCall, stream: usize) -> Result<()> {
+    fn call_inner(&mut self, c: &GemmCall, stream: StreamHandle) -> Result<()> {
         self.check_operands(c)?;
         // The stream's context stays current for the whole call (engines are created in it).
         let guard = ContextGuard::for_stream_no_device(stream)?;
@@ -857,7 +858,7 @@ impl CommGemmCtx {
 struct GpuCall<'a> {
     ctx: &'a mut CommGemmCtx,
     guard: &'a ContextGuard,
-    stream: usize,
+    stream: StreamHandle,
 }
 
 impl call::CallBackend for GpuCall<'_> {

@@ -1,6 +1,7 @@
 //! Typed launches of the kernels in `kernels/cast.cu`: quantize (rowwise and / or the
 //! transposed columnwise FP8 output in one pass), amax, current and delayed scaling,
 //! transpose, dequantize, random fill.
+use crate::cuda::StreamHandle;
 use crate::cuda::{self, ContextGuard, DevPtr, arg, nvrtc};
 use crate::error::Result;
 use crate::tensor::{Buffer, DType, Tensor};
@@ -36,7 +37,7 @@ unsafe fn launch_elementwise(
     sms: i32,
     n: usize,
     args: &mut [*mut std::ffi::c_void],
-    stream: usize,
+    stream: StreamHandle,
     what: &str,
 ) -> Result<()> {
     // SAFETY: the caller's obligations.
@@ -111,7 +112,7 @@ unsafe fn launch_dependent(
     f: cudarc::driver::sys::CUfunction,
     grid: u32,
     block: u32,
-    stream: usize,
+    stream: StreamHandle,
     args: &mut [*mut std::ffi::c_void],
     what: &str,
 ) -> Result<()> {
@@ -128,7 +129,7 @@ unsafe fn launch_dependent(
         blockDimY: 1,
         blockDimZ: 1,
         sharedMemBytes: 0,
-        hStream: stream as cu::CUstream,
+        hStream: stream.cu(),
         attrs: &mut attr,
         numAttrs: 1,
     };
@@ -216,7 +217,12 @@ fn is_float_input(d: DType) -> bool {
 /// (both from one pass over the input), amax = max(amax, max|input|) (not zeroed: TE's
 /// atomic max), scale_inv and columnwise_scale_inv = 1/scale. A float output
 /// (float32/bf16/fp16) is a plain cast (times the scale when one is set).
-pub fn quantize(input: &Tensor, output: &Tensor, cfg: &QuantConfig, stream: usize) -> Result<()> {
+pub fn quantize(
+    input: &Tensor,
+    output: &Tensor,
+    cfg: &QuantConfig,
+    stream: StreamHandle,
+) -> Result<()> {
     let (has_row, has_col, rows, cols, out_dtype) = match quantize_kind(input, output)? {
         Quantize::Plain => return cast_plain(input, output, stream),
         Quantize::Nothing => return Ok(()),
@@ -354,7 +360,7 @@ fn quantize_rowwise(
     dev: &cuda::DeviceInfo,
     (iname, oname): (&str, &str),
     (p, dst, numel): (&QuantPtrs, DevPtr, usize),
-    stream: usize,
+    stream: StreamHandle,
 ) -> Result<()> {
     let QuantPtrs {
         src,
@@ -409,7 +415,7 @@ fn cast_transpose(
     (iname, oname): (&str, &str),
     (p, dst, dst_t): (&QuantPtrs, DevPtr, DevPtr),
     (rows, cols): (usize, usize),
-    stream: usize,
+    stream: StreamHandle,
 ) -> Result<()> {
     let QuantPtrs {
         src,
@@ -590,7 +596,7 @@ fn cast_transpose_v1(
     (iname, oname): (&str, &str),
     (r, c): (u64, u64),
     ptrs: [DevPtr; 8],
-    stream: usize,
+    stream: StreamHandle,
 ) -> Result<()> {
     let [src, dst, dst_t, scale, amax, sinv, sinv_t, noop] = ptrs;
     let (rows, cols) = (r as usize, c as usize);
@@ -648,7 +654,7 @@ fn cast_transpose_v1(
 }
 
 /// The float-to-float cast of nvte_quantize (times the scale when one is set).
-fn cast_plain(input: &Tensor, output: &Tensor, stream: usize) -> Result<()> {
+fn cast_plain(input: &Tensor, output: &Tensor, stream: StreamHandle) -> Result<()> {
     let (i, o) = (&input.data, &output.data);
     let Some(oname) = short(o.dtype) else {
         unsupported!(
@@ -708,7 +714,7 @@ pub fn compute_amax(
     input: &Tensor,
     output: &Tensor,
     cfg: &QuantConfig,
-    stream: usize,
+    stream: StreamHandle,
 ) -> Result<()> {
     let i = &input.data;
     if !is_float_input(i.dtype) {
@@ -757,7 +763,11 @@ pub fn compute_amax(
 /// TE's nvte_compute_scale_from_amax: output.scale = fp8_max / max(amax, epsilon) (amax 0,
 /// inf or NaN: 1; an overflowing scale: float max; optionally a power of 2). Only the
 /// scale is written (scale_inv is the next quantize's).
-pub fn compute_scale_from_amax(output: &Tensor, cfg: &QuantConfig, stream: usize) -> Result<()> {
+pub fn compute_scale_from_amax(
+    output: &Tensor,
+    cfg: &QuantConfig,
+    stream: StreamHandle,
+) -> Result<()> {
     let d = if output.data.ptr.is_null() && !output.columnwise_data.ptr.is_null() {
         output.columnwise_data.dtype
     } else {
@@ -860,7 +870,7 @@ pub fn delayed_scaling_update(
     algo: AmaxAlgo,
     fp8_dtype: DType,
     margin: f32,
-    stream: usize,
+    stream: StreamHandle,
 ) -> Result<()> {
     let (len, ns) = history_dims(&history.data, "amax_history")?;
     let (ulen, uns) = history_dims(&updated_history.data, "updated_amax_history")?;
@@ -942,7 +952,7 @@ pub fn delayed_scaling_update(
 
 /// TE's nvte_transpose: output [cols, rows] = input [rows, cols]^T, both 2-D, same dtype
 /// (element sizes 1, 2 and 4 bytes).
-pub fn transpose(input: &Tensor, output: &Tensor, stream: usize) -> Result<()> {
+pub fn transpose(input: &Tensor, output: &Tensor, stream: StreamHandle) -> Result<()> {
     let (i, o) = (&input.data, &output.data);
     let (is, os) = (i.shape.as_slice(), o.shape.as_slice());
     if is.len() != 2 || os.len() != 2 {
@@ -1016,7 +1026,7 @@ pub fn transpose(input: &Tensor, output: &Tensor, stream: usize) -> Result<()> {
 }
 
 /// TE's nvte_dequantize: output = cast(input * input.scale_inv) from FP8.
-pub fn dequantize(input: &Tensor, output: &Tensor, stream: usize) -> Result<()> {
+pub fn dequantize(input: &Tensor, output: &Tensor, stream: StreamHandle) -> Result<()> {
     let (i, o) = (&input.data, &output.data);
     if i.numel() != o.numel() {
         invalid!(
@@ -1086,7 +1096,7 @@ pub fn dequantize(input: &Tensor, output: &Tensor, stream: usize) -> Result<()> 
 
 /// Fill a tensor with uniform random values in [lo, hi) from a counter-based generator:
 /// the same (seed, size) always gives the same data.
-pub fn fill_uniform(t: &Tensor, seed: u64, lo: f32, hi: f32, stream: usize) -> Result<()> {
+pub fn fill_uniform(t: &Tensor, seed: u64, lo: f32, hi: f32, stream: StreamHandle) -> Result<()> {
     let b = &t.data;
     let Some(name) = short(b.dtype) else {
         unsupported!(

@@ -325,7 +325,7 @@ impl ContextGuard {
     /// Enter the context that `stream` belongs to. NULL and the special handles
     /// cudaStreamLegacy (1) / cudaStreamPerThread (2) use the current context, or the
     /// primary context of device 0 when the thread has none.
-    pub fn for_stream(stream: usize) -> Result<ContextGuard> {
+    pub fn for_stream(stream: StreamHandle) -> Result<ContextGuard> {
         let mut g = Self::for_stream_no_device(stream)?;
         let mut dev: cu::CUdevice = 0;
         // SAFETY: a context is current (the guard's).
@@ -337,21 +337,22 @@ impl ContextGuard {
     /// [`Self::for_stream`] without the device lookup (`device` is -1; [`current_device`]
     /// gives it while the guard lives): the hot paths that only need the context (a GEMM,
     /// an overlap call on its object's context) save a driver call.
-    pub fn for_stream_no_device(stream: usize) -> Result<ContextGuard> {
+    pub fn for_stream_no_device(stream: StreamHandle) -> Result<ContextGuard> {
         init_driver()?;
         let mut cur: cu::CUcontext = std::ptr::null_mut();
         // SAFETY: out pointer.
         check(unsafe { cu::cuCtxGetCurrent(&mut cur) }, "cuCtxGetCurrent")?;
         let mut ctx: cu::CUcontext = cur;
-        if stream > 2 {
+        if stream.raw() > 2 {
             // SAFETY: the caller passes a stream handle; an invalid one yields an error code.
             check(
-                unsafe { cu::cuStreamGetCtx(stream as cu::CUstream, &mut ctx) },
+                unsafe { cu::cuStreamGetCtx(stream.cu(), &mut ctx) },
                 "cuStreamGetCtx(stream)",
             )
             .map_err(|e| {
                 e.context(format!(
-                    "argument `stream` ({stream:#x}) is not a usable CUDA stream"
+                    "argument `stream` ({:#x}) is not a usable CUDA stream",
+                    stream.raw()
                 ))
             })?;
         } else if ctx.is_null() {
@@ -396,6 +397,29 @@ impl Drop for ContextGuard {
     }
 }
 
+/// A CUDA stream handle (`cudaStream_t` / `CUstream`) the library was given or owns,
+/// as a value: not owned (the owning type is `resources::Stream`). NULL and the special
+/// handles cudaStreamLegacy (1) and cudaStreamPerThread (2) are valid values.
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct StreamHandle(usize);
+
+impl StreamHandle {
+    /// The legacy default stream (NULL).
+    pub const NULL: StreamHandle = StreamHandle(0);
+    /// A handle from its raw value (the C API's `cudaStream_t`, a framework's integer).
+    pub const fn from_raw(raw: usize) -> StreamHandle {
+        StreamHandle(raw)
+    }
+    pub const fn raw(self) -> usize {
+        self.0
+    }
+    /// As the driver API's `CUstream`.
+    pub fn cu(self) -> cu::CUstream {
+        self.0 as cu::CUstream
+    }
+}
+
 /// Launch a kernel. `args` holds pointers to each kernel argument.
 ///
 /// # Safety
@@ -410,7 +434,7 @@ pub unsafe fn launch(
     grid: (u32, u32, u32),
     block: (u32, u32, u32),
     shared_mem: u32,
-    stream: usize,
+    stream: StreamHandle,
     args: &mut [*mut c_void],
     name: &str,
 ) -> Result<()> {
@@ -426,7 +450,7 @@ pub unsafe fn launch(
             block.1,
             block.2,
             shared_mem,
-            stream as cu::CUstream,
+            stream.cu(),
             args.as_mut_ptr(),
             std::ptr::null_mut(),
         )

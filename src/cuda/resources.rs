@@ -1,6 +1,7 @@
 //! Owned CUDA resources (streams, events, device / host-mapped memory, IPC mappings).
 //! Each frees itself on drop; every creation names the call that failed.
 use super::{DevPtr, check};
+use crate::cuda::StreamHandle;
 use crate::error::Result;
 use cudarc::driver::sys as cu;
 use std::ffi::c_void;
@@ -32,8 +33,8 @@ impl Stream {
         )?;
         Ok(Stream(s as usize))
     }
-    pub fn raw(&self) -> usize {
-        self.0
+    pub fn raw(&self) -> StreamHandle {
+        StreamHandle::from_raw(self.0)
     }
     pub fn synchronize(&self) -> Result<()> {
         // SAFETY: valid stream.
@@ -93,18 +94,18 @@ impl Event {
         )?;
         Ok(ms)
     }
-    pub fn record(&self, stream: usize) -> Result<()> {
+    pub fn record(&self, stream: StreamHandle) -> Result<()> {
         // SAFETY: valid event; the stream is the caller's or ours.
         check(
-            unsafe { cu::cuEventRecord(self.0 as cu::CUevent, stream as cu::CUstream) },
+            unsafe { cu::cuEventRecord(self.0 as cu::CUevent, stream.cu()) },
             "cuEventRecord",
         )
     }
     /// Make `stream` wait for this event's latest record.
-    pub fn wait_on(&self, stream: usize) -> Result<()> {
+    pub fn wait_on(&self, stream: StreamHandle) -> Result<()> {
         // SAFETY: valid event and stream.
         check(
-            unsafe { cu::cuStreamWaitEvent(stream as cu::CUstream, self.0 as cu::CUevent, 0) },
+            unsafe { cu::cuStreamWaitEvent(stream.cu(), self.0 as cu::CUevent, 0) },
             "cuStreamWaitEvent",
         )
     }
@@ -145,7 +146,7 @@ impl Event {
 /// `state` is handed to every run.
 pub fn mean_time<S>(
     state: &mut S,
-    stream: usize,
+    stream: StreamHandle,
     timeout_ms: i64,
     what: &str,
     runs: usize,
@@ -198,7 +199,7 @@ impl DeviceMem {
         let s = Stream::new(0)?;
         // SAFETY: owned allocation of `bytes`; `s` is a live stream of this context.
         check(
-            unsafe { cu::cuMemsetD8Async(self.ptr.raw(), 0, self.bytes, s.raw() as cu::CUstream) },
+            unsafe { cu::cuMemsetD8Async(self.ptr.raw(), 0, self.bytes, s.raw().cu()) },
             "cuMemsetD8Async",
         )?;
         s.synchronize()
@@ -325,13 +326,13 @@ impl Drop for HostMapped {
 }
 
 /// cuMemcpyDtoDAsync (copy engine; either side may be a peer's IPC mapping).
-pub fn copy_async(dst: DevPtr, src: DevPtr, bytes: usize, stream: usize) -> Result<()> {
+pub fn copy_async(dst: DevPtr, src: DevPtr, bytes: usize, stream: StreamHandle) -> Result<()> {
     if bytes == 0 {
         return Ok(());
     }
     // SAFETY: the caller validated both ranges.
     check(
-        unsafe { cu::cuMemcpyDtoDAsync_v2(dst.raw(), src.raw(), bytes, stream as cu::CUstream) },
+        unsafe { cu::cuMemcpyDtoDAsync_v2(dst.raw(), src.raw(), bytes, stream.cu()) },
         "cuMemcpyDtoDAsync",
     )
 }
@@ -353,13 +354,13 @@ pub fn copy_from_host(dst: DevPtr, src: &[u8]) -> Result<()> {
 }
 
 /// Zero `bytes` of device memory on `stream`.
-pub fn memset_async(ptr: DevPtr, bytes: usize, stream: usize) -> Result<()> {
+pub fn memset_async(ptr: DevPtr, bytes: usize, stream: StreamHandle) -> Result<()> {
     if bytes == 0 {
         return Ok(());
     }
     // SAFETY: a scratch range of `bytes` owned by the context.
     check(
-        unsafe { cu::cuMemsetD8Async(ptr.raw(), 0, bytes, stream as cu::CUstream) },
+        unsafe { cu::cuMemsetD8Async(ptr.raw(), 0, bytes, stream.cu()) },
         "cuMemsetD8Async",
     )
 }
@@ -372,7 +373,7 @@ pub fn copy_2d(
     src_pitch: usize,
     width: usize,
     rows: usize,
-    stream: usize,
+    stream: StreamHandle,
 ) -> Result<()> {
     if width == 0 || rows == 0 {
         return Ok(());
@@ -399,7 +400,7 @@ pub fn copy_2d(
     };
     // SAFETY: device-to-device ranges validated by the caller.
     check(
-        unsafe { cu::cuMemcpy2DAsync_v2(&p, stream as cu::CUstream) },
+        unsafe { cu::cuMemcpy2DAsync_v2(&p, stream.cu()) },
         "cuMemcpy2DAsync",
     )
 }
@@ -426,8 +427,8 @@ impl Capture {
 /// The capture status of `stream` (a safe query during any capture). The legacy default
 /// stream (handles 0 and 1) cannot be captured and is not queried: using it while another
 /// stream captures is itself illegal.
-pub fn capture_status(stream: usize) -> Result<Capture> {
-    if stream <= 1 {
+pub fn capture_status(stream: StreamHandle) -> Result<Capture> {
+    if stream.raw() <= 1 {
         return Ok(Capture::None);
     }
     let mut status = cu::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
@@ -436,7 +437,7 @@ pub fn capture_status(stream: usize) -> Result<Capture> {
     check(
         unsafe {
             cu::cuStreamGetCaptureInfo_v3(
-                stream as cu::CUstream,
+                stream.cu(),
                 &mut status,
                 &mut id,
                 std::ptr::null_mut(),

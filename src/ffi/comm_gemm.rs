@@ -140,7 +140,7 @@ fn call(
             tune: algo_type == NVTECommGemmAlgoType::kNVTECommGemmAlgoDefault,
         };
         let mut g = c.lock().unwrap_or_else(|e| e.into_inner());
-        g.call(&call, main_stream as usize)
+        g.call(&call, crate::ffi::stream_of(main_stream))
     })
 }
 

@@ -104,6 +104,6 @@ pub extern "C" fn nvte_cublas_gemm(
             use_split_accumulator,
         };
         let args = extras.operands(&a, &b, &d, flags, math_sm_count);
-        gemm::cublas_gemm(&args, stream as usize)
+        gemm::cublas_gemm(&args, crate::ffi::stream_of(stream))
     })
 }

@@ -267,7 +267,12 @@ pub extern "C" fn nvte_quantize(input: NVTETensor, output: NVTETensor, stream: c
     firewall("nvte_quantize", (), || {
         let i = tensor(input, "input")?;
         let o = tensor(output, "output")?;
-        kernels::quantize(&i, &o, &QuantConfig::default(), stream as usize)
+        kernels::quantize(
+            &i,
+            &o,
+            &QuantConfig::default(),
+            crate::ffi::stream_of(stream),
+        )
     })
 }
 
@@ -287,7 +292,7 @@ pub extern "C" fn nvte_quantize_noop(
             ..Default::default()
         }
         .resolve()?;
-        kernels::quantize(&i, &o, &cfg, stream as usize)
+        kernels::quantize(&i, &o, &cfg, crate::ffi::stream_of(stream))
     })
 }
 
@@ -304,7 +309,7 @@ pub extern "C" fn nvte_quantize_v2(
         let i = tensor(input, "input")?;
         let o = tensor(output, "output")?;
         let cfg = resolve_config(quant_config)?;
-        kernels::quantize(&i, &o, &cfg, stream as usize)
+        kernels::quantize(&i, &o, &cfg, crate::ffi::stream_of(stream))
     })
 }
 
@@ -314,7 +319,7 @@ pub extern "C" fn nvte_dequantize(input: NVTETensor, output: NVTETensor, stream:
     firewall("nvte_dequantize", (), || {
         let i = tensor(input, "input")?;
         let o = tensor(output, "output")?;
-        kernels::dequantize(&i, &o, stream as usize)
+        kernels::dequantize(&i, &o, crate::ffi::stream_of(stream))
     })
 }
 
@@ -324,7 +329,12 @@ pub extern "C" fn nvte_compute_amax(input: NVTETensor, output: NVTETensor, strea
     firewall("nvte_compute_amax", (), || {
         let i = tensor(input, "input")?;
         let o = tensor(output, "output")?;
-        kernels::compute_amax(&i, &o, &QuantConfig::default(), stream as usize)
+        kernels::compute_amax(
+            &i,
+            &o,
+            &QuantConfig::default(),
+            crate::ffi::stream_of(stream),
+        )
     })
 }
 
@@ -341,7 +351,7 @@ pub extern "C" fn nvte_compute_amax_with_config(
         let i = tensor(input, "input")?;
         let o = tensor(output, "output")?;
         let cfg = resolve_config(config)?;
-        kernels::compute_amax(&i, &o, &cfg, stream as usize)
+        kernels::compute_amax(&i, &o, &cfg, crate::ffi::stream_of(stream))
     })
 }
 
@@ -360,7 +370,7 @@ pub extern "C" fn nvte_compute_scale_from_amax(
             invalid!("argument `config` is NULL");
         }
         let cfg = resolve_config(config)?;
-        kernels::compute_scale_from_amax(&o, &cfg, stream as usize)
+        kernels::compute_scale_from_amax(&o, &cfg, crate::ffi::stream_of(stream))
     })
 }
 
@@ -396,7 +406,16 @@ pub extern "C" fn nvte_delayed_scaling_recipe_amax_and_scale_update(
             let s = tensor(scale, "scale")?;
             let uh = tensor(updated_amax_history, "updated_amax_history")?;
             let us = tensor(updated_scale, "updated_scale")?;
-            kernels::delayed_scaling_update(&h, &s, &uh, &us, algo, fp8, margin, stream as usize)
+            kernels::delayed_scaling_update(
+                &h,
+                &s,
+                &uh,
+                &us,
+                algo,
+                fp8,
+                margin,
+                crate::ffi::stream_of(stream),
+            )
         },
     )
 }
@@ -411,7 +430,7 @@ pub extern "C" fn nvte_transpose(
     firewall("nvte_transpose", (), || {
         let i = tensor(input, "input")?;
         let o = tensor(transposed_output, "transposed_output")?;
-        kernels::transpose(&i, &o, stream as usize)
+        kernels::transpose(&i, &o, crate::ffi::stream_of(stream))
     })
 }
 
@@ -427,7 +446,7 @@ pub extern "C" fn nvte_comm_fill_uniform(
 ) -> NVTECommStatus {
     status_call("nvte_comm_fill_uniform", || {
         let t = TENSORS.get(tensor as usize, "tensor")?;
-        kernels::fill_uniform(&t, seed, lo, hi, stream as usize)
+        kernels::fill_uniform(&t, seed, lo, hi, crate::ffi::stream_of(stream))
     })
 }
 

@@ -128,6 +128,11 @@ pub(crate) fn status_call(func: &'static str, f: impl FnOnce() -> Result<()>) ->
     )
 }
 
+/// The core's stream handle of a C `cudaStream_t`.
+pub(crate) fn stream_of(s: cudaStream_t) -> crate::cuda::StreamHandle {
+    crate::cuda::StreamHandle::from_raw(s as usize)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -277,7 +277,7 @@ pub extern "C" fn nvte_comm_overlap_copy_into_buffer(
     status_call("nvte_comm_overlap_copy_into_buffer", || {
         let i = t(input, "input")?;
         with(overlap, |o| {
-            o.copy_into_buffer(&i, local_chunk, stream as usize)
+            o.copy_into_buffer(&i, local_chunk, crate::ffi::stream_of(stream))
         })
     })
 }
@@ -320,7 +320,9 @@ pub extern "C" fn nvte_comm_overlap_split_ag(
             g: extras.operands(&a, &b, &d, flags, 0),
             b_copy: bc.as_ref(),
         };
-        with(overlap, |o| o.split_ag(&args, stream as usize))
+        with(overlap, |o| {
+            o.split_ag(&args, crate::ffi::stream_of(stream))
+        })
     })
 }
 
@@ -360,9 +362,9 @@ fn rs_call(
         };
         with(overlap, |o| {
             if p2p {
-                o.split_rs_p2p(&args, stream as usize)
+                o.split_rs_p2p(&args, crate::ffi::stream_of(stream))
             } else {
-                o.split_rs(&args, stream as usize)
+                o.split_rs(&args, crate::ffi::stream_of(stream))
             }
         })
     })
@@ -503,7 +505,7 @@ pub extern "C" fn nvte_comm_overlap_bulk(
             buffer_view: buf.as_ref(),
             rs_output: out.as_ref(),
         };
-        with(overlap, |o| o.bulk(&args, stream as usize))
+        with(overlap, |o| o.bulk(&args, crate::ffi::stream_of(stream)))
     })
 }
 

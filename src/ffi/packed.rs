@@ -174,7 +174,7 @@ pub extern "C" fn nvte_comm_gemm_call_packed(
             tune: p.algo == NVTECommGemmAlgoType::kNVTECommGemmAlgoDefault,
         };
         let mut g = c.lock().unwrap_or_else(|e| e.into_inner());
-        g.call(&call, p.stream as usize)
+        g.call(&call, crate::ffi::stream_of(p.stream))
     })
 }
 

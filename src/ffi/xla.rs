@@ -30,6 +30,7 @@ use super::enums::NVTECommStatus;
 use super::{firewall_with, status_call, status_of};
 use crate::comm_gemm::{GemmCall, Kind};
 use crate::cuda::DevPtr;
+use crate::cuda::StreamHandle;
 use crate::cuda::resources::capture_status;
 use crate::error::{Error, ErrorKind, Result};
 use crate::tensor::{Buffer, DType, Shape, Tensor};
@@ -547,12 +548,12 @@ fn run(kind: Kind, f: &Frame) -> Result<()> {
     let stream = f.stream()?;
     let mut g = ctx.lock().unwrap_or_else(|e| e.into_inner());
     if prepare {
-        g.prepare(&call, stream)?;
+        g.prepare(&call, StreamHandle::from_raw(stream))?;
         COUNTERS[2].fetch_add(1, Ordering::Relaxed);
     } else {
-        g.call(&call, stream)?;
+        g.call(&call, StreamHandle::from_raw(stream))?;
         COUNTERS[0].fetch_add(1, Ordering::Relaxed);
-        if capture_status(stream)?.active() {
+        if capture_status(StreamHandle::from_raw(stream))?.active() {
             COUNTERS[1].fetch_add(1, Ordering::Relaxed);
         }
     }

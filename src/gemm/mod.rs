@@ -2,6 +2,7 @@
 //! cuBLAS as column-major, epilogues (bias, GELU with aux, DGELU, bias gradient), FP8
 //! scaling, accumulate, fast FP8 accumulation and an SM budget. Descriptors and the
 //! heuristic's choice are cached per thread and shape ("plans").
+use crate::cuda::StreamHandle;
 use crate::cuda::dynlib::cublaslt_sys as lt;
 use crate::cuda::resources::{Event, capture_status};
 use crate::cuda::{self, ContextGuard, DevPtr, Lib};
@@ -926,7 +927,7 @@ fn heuristic(
 }
 
 /// Run a validated GEMM on `stream`. The stream's context must be current.
-pub fn run(g: &GemmDesc, guard: &ContextGuard, stream: usize) -> Result<()> {
+pub fn run(g: &GemmDesc, guard: &ContextGuard, stream: StreamHandle) -> Result<()> {
     if g.m == 0 || g.n == 0 {
         return Ok(());
     }
@@ -943,14 +944,7 @@ pub fn run(g: &GemmDesc, guard: &ContextGuard, stream: usize) -> Result<()> {
             let bytes = g.ldd * (g.n - 1) * g.d_type.bits() / 8 + g.m * g.d_type.bits() / 8;
             // SAFETY: D spans these bytes per validation.
             cuda::check(
-                unsafe {
-                    cudarc::driver::sys::cuMemsetD8Async(
-                        g.d.raw(),
-                        0,
-                        bytes,
-                        stream as cudarc::driver::sys::CUstream,
-                    )
-                },
+                unsafe { cudarc::driver::sys::cuMemsetD8Async(g.d.raw(), 0, bytes, stream.cu()) },
                 "cuMemsetD8Async(D)",
             )?;
         }
@@ -1017,7 +1011,7 @@ fn matmul(
     p: &Plan,
     algo: &lt::cublasLtMatmulAlgo_t,
     g: &GemmDesc,
-    stream: usize,
+    stream: StreamHandle,
 ) -> Result<()> {
     let alpha = 1.0f32;
     let beta = if g.accumulate { 1.0f32 } else { 0.0f32 };
@@ -1046,7 +1040,7 @@ fn matmul(
             algo,
             g.workspace.as_void(),
             g.workspace_bytes,
-            stream as lt::cudaStream_t,
+            stream.raw() as lt::cudaStream_t,
         )
     };
     lt_check(s, "cublasLtMatmul")
@@ -1068,7 +1062,7 @@ fn fastest(
     h: lt::cublasLtHandle_t,
     p: &Plan,
     g: &GemmDesc,
-    stream: usize,
+    stream: StreamHandle,
 ) -> Result<lt::cublasLtMatmulAlgo_t> {
     let (t0, t1) = (Event::timed()?, Event::timed()?);
     // Index 0: the heuristic's choice.
@@ -1109,7 +1103,7 @@ fn fastest(
 }
 
 /// TE's nvte_cublas_gemm.
-pub fn cublas_gemm(args: &TeGemm, stream: usize) -> Result<()> {
+pub fn cublas_gemm(args: &TeGemm, stream: StreamHandle) -> Result<()> {
     let g = desc_from_te(args)?;
     if g.m == 0 || g.n == 0 {
         return Ok(()); // empty output: nothing to launch (and no device needed)

@@ -10,6 +10,7 @@ use super::plan::{Lane, Planner};
 use super::schedule::AgRing;
 use super::{MAX_AMAX_SLOTS, Op, Overlap, eb, tag};
 use crate::cuda::DevPtr;
+use crate::cuda::StreamHandle;
 use crate::error::Result;
 use crate::gemm::{self, Epilogue, GemmDesc, TeGemm};
 use crate::tensor::{Buffer, Shape, Tensor};
@@ -26,7 +27,7 @@ pub struct AgArgs<'a> {
 impl Overlap {
     /// D = gather(B) x op(A). `B` is either the buffer view (its local chunk already
     /// filled, e.g. by copy_into_buffer) or this rank's shard [n/tp, k], copied in first.
-    pub fn split_ag(&mut self, x: &AgArgs, stream: usize) -> Result<()> {
+    pub fn split_ag(&mut self, x: &AgArgs, stream: StreamHandle) -> Result<()> {
         self.reported(stream, |o| o.run_planned(stream, |p| p.split_ag(x)))
     }
 }

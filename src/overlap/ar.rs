@@ -23,6 +23,7 @@ use super::rs::RsArgs;
 use super::schedule::{Bounds, PerRank};
 use super::{Op, Overlap, eb, tag};
 use crate::cuda::DevPtr;
+use crate::cuda::StreamHandle;
 use crate::error::Result;
 use crate::gemm::{self, Epilogue, GemmDesc, Operands, TeGemm};
 use crate::tensor::{Buffer, DType, Shape, Tensor};
@@ -96,7 +97,7 @@ const AR_RING: usize = 1;
 const AR_CHUNKED: usize = 2;
 
 impl Overlap {
-    pub fn split_ar(&mut self, x: &ArArgs, stream: usize) -> Result<()> {
+    pub fn split_ar(&mut self, x: &ArArgs, stream: StreamHandle) -> Result<()> {
         self.reported(stream, |o| {
             check_ar(x, o.shape().2)?;
             o.run_planned(stream, |p| p.split_ar(x))

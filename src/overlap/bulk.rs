@@ -10,6 +10,7 @@ use super::plan::{Lane, Planner, Reduce};
 use super::schedule::PerRank;
 use super::{Op, Overlap, eb, tag};
 use crate::cuda::DevPtr;
+use crate::cuda::StreamHandle;
 use crate::error::Result;
 use crate::gemm::{self, TeGemm};
 use crate::tensor::Tensor;
@@ -31,7 +32,7 @@ pub struct BulkArgs<'a> {
 }
 
 impl Overlap {
-    pub fn bulk(&mut self, x: &BulkArgs, stream: usize) -> Result<()> {
+    pub fn bulk(&mut self, x: &BulkArgs, stream: StreamHandle) -> Result<()> {
         self.run_planned(stream, |p| p.bulk(x))
     }
 }

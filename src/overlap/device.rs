@@ -4,6 +4,7 @@
 //! plans).
 use super::plan::{self, Device, Env, Lane, Planner, Reduce, Scratch};
 use super::{MAX_AMAX_SLOTS, Op, Overlap};
+use crate::cuda::StreamHandle;
 use crate::cuda::resources::{DeviceMem, copy_2d, copy_async, memset_async};
 use crate::cuda::{ContextGuard, DevPtr, nvtx};
 use crate::error::Result;
@@ -70,7 +71,7 @@ impl Overlap {
     /// the steps, no device work), then enqueue the plan's steps.
     pub(super) fn run_planned(
         &mut self,
-        stream: usize,
+        stream: StreamHandle,
         algo: impl FnOnce(&mut Planner) -> Result<()>,
     ) -> Result<()> {
         let guard = self.enter(stream)?;
@@ -128,7 +129,7 @@ impl Device for GpuDevice<'_> {
         let stream = self.o.caller;
         self.o.finish(stream)
     }
-    fn lane(&self, lane: Lane) -> Result<usize> {
+    fn lane(&self, lane: Lane) -> Result<StreamHandle> {
         match lane {
             Lane::Compute(i) => self.o.compute_stream(i),
             Lane::Comm(j) => self.o.comm_stream(j),
@@ -138,13 +139,13 @@ impl Device for GpuDevice<'_> {
     fn gemm(&self, g: &GemmDesc, index: usize, concurrent: bool) -> Result<()> {
         self.o.run_gemm(g, self.guard, index, concurrent)
     }
-    fn record(&self, ev: usize, stream: usize) -> Result<()> {
+    fn record(&self, ev: usize, stream: StreamHandle) -> Result<()> {
         self.o.ev_chunk[ev].record(stream)
     }
-    fn wait_event(&self, ev: usize, stream: usize) -> Result<()> {
+    fn wait_event(&self, ev: usize, stream: StreamHandle) -> Result<()> {
         self.o.ev_chunk[ev].wait_on(stream)
     }
-    fn copy(&self, dst: DevPtr, src: DevPtr, bytes: usize, stream: usize) -> Result<()> {
+    fn copy(&self, dst: DevPtr, src: DevPtr, bytes: usize, stream: StreamHandle) -> Result<()> {
         copy_async(dst, src, bytes, stream)
     }
     fn copy_2d(
@@ -155,20 +156,20 @@ impl Device for GpuDevice<'_> {
         spitch: usize,
         width: usize,
         height: usize,
-        stream: usize,
+        stream: StreamHandle,
     ) -> Result<()> {
         copy_2d(dst, dpitch, src, spitch, width, height, stream)
     }
-    fn memset(&self, dst: DevPtr, bytes: usize, stream: usize) -> Result<()> {
+    fn memset(&self, dst: DevPtr, bytes: usize, stream: StreamHandle) -> Result<()> {
         memset_async(dst, bytes, stream)
     }
-    fn reduce(&self, r: &Reduce, stream: usize) -> Result<()> {
+    fn reduce(&self, r: &Reduce, stream: StreamHandle) -> Result<()> {
         self.o.reduce(r, stream)
     }
     fn copy_segments(
         &self,
         segs: &[(DevPtr, DevPtr, usize)],
-        stream: usize,
+        stream: StreamHandle,
         tail: bool,
     ) -> Result<()> {
         self.o.copy_segments(segs, stream, tail)
@@ -182,7 +183,7 @@ impl Device for GpuDevice<'_> {
     fn nvtx(&self, name: &str) {
         self.o.step(|| name.to_string());
     }
-    fn mark(&mut self, stream: usize, name: &str) -> Result<()> {
+    fn mark(&mut self, stream: StreamHandle, name: &str) -> Result<()> {
         self.o.mark(stream, || name.to_string())
     }
 }

@@ -30,6 +30,7 @@ pub mod report;
 pub mod rs;
 pub mod schedule;
 
+use crate::cuda::StreamHandle;
 use crate::cuda::resources::{Capture, DeviceMem, Event, Stream, capture_status, copy_async};
 use crate::cuda::{self, ContextGuard, DevPtr, DeviceInfo, nvrtc, nvtx};
 use crate::error::ErrorKind as K;
@@ -137,7 +138,7 @@ pub struct Overlap {
     /// the plan of the call in progress (kept: its steps' memory is reused call after call)
     plan: plan::Plan,
     /// the caller's stream of the call in progress
-    caller: usize,
+    caller: StreamHandle,
     ctx: usize,
     dev: DeviceInfo,
     world_rank: usize,
@@ -188,7 +189,7 @@ pub struct Overlap {
     gate_compute: bool,
     /// the caller's stream while an inline call runs ([`Overlap::inline_ok`]): every
     /// compute and comm stream of the call is that stream
-    inline: Option<usize>,
+    inline: Option<StreamHandle>,
 }
 
 /// NVTE_COMM_TRACE=1: timed events at the steps of the last call, printed (per rank, in
@@ -257,7 +258,7 @@ impl Overlap {
         let bytes = Self::check_buffer(rows, cols, dtype)?;
         let trace = trace_enabled()?;
         let check = check_enabled()?;
-        let guard = ContextGuard::for_stream(0)?;
+        let guard = ContextGuard::for_stream(StreamHandle::NULL)?;
         let dev = cuda::device_info(guard.device)?;
         let tp = cfg.validate(bs.size, dev.sm_count)?;
         Self::check_rows(rows, tp)?;
@@ -292,7 +293,7 @@ impl Overlap {
             caps,
             slots,
             plan: plan::Plan::default(),
-            caller: 0,
+            caller: StreamHandle::NULL,
             ctx: guard.ctx,
             world_rank: bs.rank,
             t,
@@ -448,7 +449,7 @@ impl Overlap {
     /// Compute stream `i` of the call in progress, forked from the caller's stream at its
     /// first use in the call (it waits for the call's start, or its arrival barrier when
     /// the call gates compute): a call forks, and `finish` joins, only the streams it uses.
-    fn compute_stream(&self, i: usize) -> Result<usize> {
+    fn compute_stream(&self, i: usize) -> Result<StreamHandle> {
         if let Some(s) = self.inline {
             return Ok(s);
         }
@@ -468,7 +469,7 @@ impl Overlap {
     /// Comm stream `j` of the call in progress: stream 0 runs the call's barrier and end;
     /// the others are forked at their first use (after the arrival barrier), as
     /// [`Self::compute_stream`].
-    fn comm_stream(&self, j: usize) -> Result<usize> {
+    fn comm_stream(&self, j: usize) -> Result<StreamHandle> {
         if let Some(s) = self.inline {
             return Ok(s);
         }
@@ -533,7 +534,7 @@ impl Overlap {
 
     /// Refuse work on a broken object; otherwise enter its context on `stream`, and note
     /// whether the call is being captured into a CUDA graph.
-    fn enter(&mut self, stream: usize) -> Result<ContextGuard> {
+    fn enter(&mut self, stream: StreamHandle) -> Result<ContextGuard> {
         self.inline = None; // (set again by the call's begin)
         if self.broken.is_none()
             && let Some(e) = self.timeout_error()
@@ -568,7 +569,7 @@ impl Overlap {
     /// The object's own streams join the capture of a captured call and stay in it until
     /// the capture ends: an eager call before that, or a call from another capture, would
     /// be recorded into that capture instead of running.
-    fn check_capture(&self, stream: usize) -> Result<bool> {
+    fn check_capture(&self, stream: StreamHandle) -> Result<bool> {
         let caller = capture_status(stream)?;
         // An inline object's streams join only the captures of its captured calls: while
         // none was ever captured they are in none (one driver call saved per call).
@@ -608,7 +609,7 @@ impl Overlap {
 
     /// NVTE_COMM_TRACE: mark a step of this call on `stream`.
     /// Not while capturing: the trace is of the last eager call.
-    fn mark(&mut self, stream: usize, name: impl FnOnce() -> String) -> Result<()> {
+    fn mark(&mut self, stream: StreamHandle, name: impl FnOnce() -> String) -> Result<()> {
         if self.capturing {
             return Ok(());
         }
@@ -655,7 +656,7 @@ impl Overlap {
     /// is compared with every peer's under NVTE_COMM_CHECK.
     fn begin(
         &mut self,
-        stream: usize,
+        stream: StreamHandle,
         op: Op,
         gate_compute: bool,
         key: &[u64],
@@ -728,7 +729,7 @@ impl Overlap {
     /// done with the call, and the caller's stream waits for it. Every stream the call
     /// used (and only those: the ones it forked) is joined back into the caller's (as a
     /// capture requires).
-    fn finish(&mut self, stream: usize) -> Result<()> {
+    fn finish(&mut self, stream: StreamHandle) -> Result<()> {
         if self.inline.is_some() {
             return self.finish_inline(stream);
         }
@@ -784,7 +785,7 @@ impl Overlap {
     /// stream 0 joins the capture (an empty fork, joined back by `finish_inline`): the
     /// object then belongs to the capture until it ends, as a forking call's streams do,
     /// so `synchronize` and eager calls are refused meanwhile, as documented.
-    fn begin_inline(&mut self, stream: usize, op: Op) -> Result<()> {
+    fn begin_inline(&mut self, stream: StreamHandle, op: Op) -> Result<()> {
         if nvtx::enabled() {
             self.nvtx_call = Some(nvtx::range(|| {
                 format!(
@@ -812,7 +813,7 @@ impl Overlap {
 
     /// [`Self::finish`] of an inline call: the capture's join of comm stream 0, or (eager)
     /// the completion event `synchronize` waits for.
-    fn finish_inline(&mut self, stream: usize) -> Result<()> {
+    fn finish_inline(&mut self, stream: StreamHandle) -> Result<()> {
         self.inline = None;
         if self.capturing {
             let cs = self.comm[0].raw();
@@ -831,7 +832,7 @@ impl Overlap {
 
     /// Wait (on `stream`) until every peer finished the last call begun on this rank (the
     /// call number is read on the device; no-op when no call was ever issued).
-    fn wait_done(&self, stream: usize, op: Op) -> Result<()> {
+    fn wait_done(&self, stream: StreamHandle, op: Op) -> Result<()> {
         self.t.wait_done(
             self.calls,
             stream,
@@ -904,7 +905,7 @@ impl Overlap {
         &mut self,
         input: &Tensor,
         local_chunk: bool,
-        stream: usize,
+        stream: StreamHandle,
     ) -> Result<()> {
         let _guard = self.enter(stream)?;
         let view = self.view(local_chunk)?;
@@ -943,7 +944,7 @@ impl Overlap {
         if let Some(e) = &self.broken {
             return Err(e.clone());
         }
-        let _guard = ContextGuard::for_stream(0)?;
+        let _guard = ContextGuard::for_stream(StreamHandle::NULL)?;
         if !capture_status(self.comm[0].raw())?.none() {
             unsupported!(
                 "called while a CUDA graph capture that contains this overlap object's calls is still open: a host wait cannot be captured; end the capture (cudaStreamEndCapture) first, then synchronize the stream its graph is launched on"
@@ -994,7 +995,7 @@ impl Overlap {
             self.t.keep_memory_after_failure();
             return;
         }
-        let Ok(_guard) = ContextGuard::for_stream(0) else {
+        let Ok(_guard) = ContextGuard::for_stream(StreamHandle::NULL) else {
             return;
         };
         let cs = self.comm[0].raw();

@@ -9,6 +9,7 @@
 use super::schedule::PerRank;
 use super::{AlgoKnobs, Op, eb};
 use crate::cuda::DevPtr;
+use crate::cuda::StreamHandle;
 use crate::error::{Error, Result};
 use crate::gemm::GemmDesc;
 use crate::host::Small;
@@ -96,11 +97,11 @@ pub enum Step {
     },
     /// the call's end: every stream joined into the caller's
     Finish,
-    /// a GEMM on compute stream `stream`; `concurrent`: GEMMs on other compute streams
+    /// a GEMM on compute stream `index`; `concurrent`: GEMMs on other compute streams
     /// may run at the same time (the workspace is split)
     Gemm {
         g: GemmDesc,
-        stream: usize,
+        index: usize,
         concurrent: bool,
     },
     /// record chunk event `ev` on `lane` / make `lane` wait for its last record
@@ -368,10 +369,10 @@ impl Planner<'_> {
     pub fn finish(&mut self) {
         self.push(Step::Finish);
     }
-    pub fn gemm(&mut self, g: &GemmDesc, stream: usize, concurrent: bool) {
+    pub fn gemm(&mut self, g: &GemmDesc, index: usize, concurrent: bool) {
         self.push(Step::Gemm {
             g: *g,
-            stream,
+            index,
             concurrent,
         });
     }
@@ -580,13 +581,13 @@ pub trait Device {
     ) -> Result<()>;
     fn finish(&mut self) -> Result<()>;
     /// The stream of `lane` in the call in progress (forked at its first use).
-    fn lane(&self, lane: Lane) -> Result<usize>;
+    fn lane(&self, lane: Lane) -> Result<StreamHandle>;
     /// A GEMM on compute stream `index` (the device resolves the lane itself: a GEMM it
     /// skips forks nothing).
     fn gemm(&self, g: &GemmDesc, index: usize, concurrent: bool) -> Result<()>;
-    fn record(&self, ev: usize, stream: usize) -> Result<()>;
-    fn wait_event(&self, ev: usize, stream: usize) -> Result<()>;
-    fn copy(&self, dst: DevPtr, src: DevPtr, bytes: usize, stream: usize) -> Result<()>;
+    fn record(&self, ev: usize, stream: StreamHandle) -> Result<()>;
+    fn wait_event(&self, ev: usize, stream: StreamHandle) -> Result<()>;
+    fn copy(&self, dst: DevPtr, src: DevPtr, bytes: usize, stream: StreamHandle) -> Result<()>;
     #[allow(clippy::too_many_arguments)]
     fn copy_2d(
         &self,
@@ -596,20 +597,20 @@ pub trait Device {
         spitch: usize,
         width: usize,
         height: usize,
-        stream: usize,
+        stream: StreamHandle,
     ) -> Result<()>;
-    fn memset(&self, dst: DevPtr, bytes: usize, stream: usize) -> Result<()>;
-    fn reduce(&self, r: &Reduce, stream: usize) -> Result<()>;
+    fn memset(&self, dst: DevPtr, bytes: usize, stream: StreamHandle) -> Result<()>;
+    fn reduce(&self, r: &Reduce, stream: StreamHandle) -> Result<()>;
     fn copy_segments(
         &self,
         segs: &[(DevPtr, DevPtr, usize)],
-        stream: usize,
+        stream: StreamHandle,
         tail: bool,
     ) -> Result<()>;
     /// On the caller's stream, after the call (skipped where the GEMMs were).
     fn amax_max(&self, out: DevPtr, slots: DevPtr, n: usize) -> Result<()>;
     fn nvtx(&self, name: &str);
-    fn mark(&mut self, stream: usize, name: &str) -> Result<()>;
+    fn mark(&mut self, stream: StreamHandle, name: &str) -> Result<()>;
 }
 
 fn missing(what: &str) -> Error {
@@ -638,9 +639,9 @@ fn enqueue_step(s: &Step, dev: &mut dyn Device) -> Result<()> {
         Step::Finish => dev.finish(),
         Step::Gemm {
             g,
-            stream,
+            index,
             concurrent,
-        } => dev.gemm(g, *stream, *concurrent),
+        } => dev.gemm(g, *index, *concurrent),
         Step::Record { ev, lane } => dev.record(*ev, dev.lane(*lane)?),
         Step::WaitEvent { ev, lane } => dev.wait_event(*ev, dev.lane(*lane)?),
         Step::Copy {

@@ -19,6 +19,7 @@ use super::plan::{self, AlgoSlots, Device, Env, Lane, Plan, Planner, Reduce, Scr
 use super::rs::RsArgs;
 use super::{AlgoKnobs, Op, ag::AgArgs};
 use crate::cuda::DevPtr;
+use crate::cuda::StreamHandle;
 use crate::error::Result;
 use crate::gemm::{Epilogue, GemmDesc, TeGemm};
 use crate::tensor::{Buffer, DType, Shape, Tensor};
@@ -101,7 +102,8 @@ impl Device for RecDevice {
             op: op as u32,
             step: 0,
         };
-        self.t.begin_call(1, COMM, info, 0)?;
+        self.t
+            .begin_call(1, StreamHandle::from_raw(COMM), info, 0)?;
         self.push(COMM, Dev::Record(EV_ARRIVED));
         Ok(())
     }
@@ -115,16 +117,16 @@ impl Device for RecDevice {
                 self.push(COMM, Dev::WaitEvent(EV_JOIN + s));
             }
         }
-        self.t.end_call(1, COMM)?;
+        self.t.end_call(1, StreamHandle::from_raw(COMM))?;
         self.push(COMM, Dev::Record(EV_END));
         self.push(CALLER, Dev::WaitEvent(EV_END));
         Ok(())
     }
-    fn lane(&self, lane: Lane) -> Result<usize> {
+    fn lane(&self, lane: Lane) -> Result<StreamHandle> {
         if self.inline {
-            return Ok(CALLER);
+            return Ok(StreamHandle::from_raw(CALLER));
         }
-        Ok(match lane {
+        let s = match lane {
             Lane::Caller => CALLER,
             Lane::Compute(i) => {
                 let after = if self.gate.get() {
@@ -140,23 +142,24 @@ impl Device for RecDevice {
                 self.fork(COMM + j, EV_ARRIVED);
                 COMM + j
             }
-        })
+        };
+        Ok(StreamHandle::from_raw(s))
     }
     fn gemm(&self, g: &GemmDesc, index: usize, _concurrent: bool) -> Result<()> {
         let s = self.lane(Lane::Compute(index))?;
-        self.push(s, Dev::Gemm(*g));
+        self.push(s.raw(), Dev::Gemm(*g));
         Ok(())
     }
-    fn record(&self, ev: usize, stream: usize) -> Result<()> {
-        self.push(stream, Dev::Record(ev));
+    fn record(&self, ev: usize, stream: StreamHandle) -> Result<()> {
+        self.push(stream.raw(), Dev::Record(ev));
         Ok(())
     }
-    fn wait_event(&self, ev: usize, stream: usize) -> Result<()> {
-        self.push(stream, Dev::WaitEvent(ev));
+    fn wait_event(&self, ev: usize, stream: StreamHandle) -> Result<()> {
+        self.push(stream.raw(), Dev::WaitEvent(ev));
         Ok(())
     }
-    fn copy(&self, dst: DevPtr, src: DevPtr, bytes: usize, stream: usize) -> Result<()> {
-        self.push(stream, Dev::Copy(dst, src, bytes));
+    fn copy(&self, dst: DevPtr, src: DevPtr, bytes: usize, stream: StreamHandle) -> Result<()> {
+        self.push(stream.raw(), Dev::Copy(dst, src, bytes));
         Ok(())
     }
     fn copy_2d(
@@ -167,7 +170,7 @@ impl Device for RecDevice {
         spitch: usize,
         width: usize,
         height: usize,
-        stream: usize,
+        stream: StreamHandle,
     ) -> Result<()> {
         let d = Dev::Copy2d {
             dst,
@@ -177,24 +180,24 @@ impl Device for RecDevice {
             width,
             height,
         };
-        self.push(stream, d);
+        self.push(stream.raw(), d);
         Ok(())
     }
-    fn memset(&self, dst: DevPtr, bytes: usize, stream: usize) -> Result<()> {
-        self.push(stream, Dev::Memset(dst, bytes));
+    fn memset(&self, dst: DevPtr, bytes: usize, stream: StreamHandle) -> Result<()> {
+        self.push(stream.raw(), Dev::Memset(dst, bytes));
         Ok(())
     }
-    fn reduce(&self, r: &Reduce, stream: usize) -> Result<()> {
-        self.push(stream, Dev::Reduce(*r));
+    fn reduce(&self, r: &Reduce, stream: StreamHandle) -> Result<()> {
+        self.push(stream.raw(), Dev::Reduce(*r));
         Ok(())
     }
     fn copy_segments(
         &self,
         segs: &[(DevPtr, DevPtr, usize)],
-        stream: usize,
+        stream: StreamHandle,
         _tail: bool,
     ) -> Result<()> {
-        self.push(stream, Dev::Segments(segs.to_vec()));
+        self.push(stream.raw(), Dev::Segments(segs.to_vec()));
         Ok(())
     }
     fn amax_max(&self, _out: DevPtr, _slots: DevPtr, _n: usize) -> Result<()> {
@@ -202,7 +205,7 @@ impl Device for RecDevice {
         Ok(())
     }
     fn nvtx(&self, _name: &str) {}
-    fn mark(&mut self, _stream: usize, _name: &str) -> Result<()> {
+    fn mark(&mut self, _stream: StreamHandle, _name: &str) -> Result<()> {
         Ok(())
     }
 }

@@ -4,6 +4,7 @@
 //! kernels/comm.cu.
 use super::Overlap;
 use super::plan::{Lane, Planner, Reduce};
+use crate::cuda::StreamHandle;
 use crate::cuda::{self, DevPtr, arg};
 use crate::error::Result;
 use crate::tensor::{Buffer, DType, Tensor};
@@ -50,7 +51,7 @@ pub(super) fn reduce_outputs(d: DType) -> &'static [DType] {
 
 impl Overlap {
     /// The reduction `r` (kernels/comm.cu `reduce_<in>_<out>_<v8|v1>`) on `stream`.
-    pub(super) fn reduce(&self, r: &Reduce, stream: usize) -> Result<()> {
+    pub(super) fn reduce(&self, r: &Reduce, stream: StreamHandle) -> Result<()> {
         let Reduce {
             out: out_ptr,
             out_type,
@@ -133,7 +134,7 @@ impl Overlap {
     pub(super) fn copy_segments(
         &self,
         segs: &[(DevPtr, DevPtr, usize)],
-        stream: usize,
+        stream: StreamHandle,
         tail: bool,
     ) -> Result<()> {
         let mut set = CopySet {
@@ -185,7 +186,7 @@ impl Overlap {
         out: DevPtr,
         slots: DevPtr,
         n: usize,
-        stream: usize,
+        stream: StreamHandle,
     ) -> Result<()> {
         let f = self.module.function("amax_max")?;
         let n = n as u32;

@@ -15,6 +15,7 @@
 //! - `nvte_comm_overlap_last_report` / `nvte_comm_gemm_last_report` give the last call's
 //!   figures; at destroy each rank prints one line per shape to stderr.
 use super::{Op, Overlap};
+use crate::cuda::StreamHandle;
 use crate::cuda::resources::{DeviceMem, Event, capture_status, mean_time};
 use crate::cuda::{ContextGuard, DevPtr};
 use crate::error::Result;
@@ -136,7 +137,7 @@ impl Overlap {
     /// when NVTE_COMM_REPORT was set at the context's creation).
     pub fn enable_report(&mut self) -> Result<()> {
         if self.report.is_none() {
-            let _guard = ContextGuard::for_stream(0)?;
+            let _guard = ContextGuard::for_stream(StreamHandle::NULL)?;
             self.report = Some(Box::new(Report::new()?));
         }
         Ok(())
@@ -151,7 +152,7 @@ impl Overlap {
     /// alone: the last eager call stays the reported one.
     pub(super) fn report_begin(
         &mut self,
-        stream: usize,
+        stream: StreamHandle,
         op: Op,
         full: Option<&GemmDesc>,
     ) -> Result<()> {
@@ -186,7 +187,7 @@ impl Overlap {
     }
 
     /// finish(): the call's end on the caller's stream.
-    pub(super) fn report_end(&mut self, stream: usize) -> Result<()> {
+    pub(super) fn report_end(&mut self, stream: StreamHandle) -> Result<()> {
         let Some(r) = self.report.as_deref_mut() else {
             return Ok(());
         };
@@ -247,7 +248,7 @@ impl Overlap {
     /// first timed call of a shape, measure the estimates and run the call again.
     pub(super) fn reported(
         &mut self,
-        stream: usize,
+        stream: StreamHandle,
         call: impl Fn(&mut Self) -> Result<()>,
     ) -> Result<()> {
         let Some(r) = self.report.as_deref_mut() else {
@@ -310,7 +311,7 @@ impl Overlap {
     /// scratch (GEMM alone). The caller resets the flags this sets.
     fn estimates(
         &mut self,
-        stream: usize,
+        stream: StreamHandle,
         full: GemmDesc,
         call: &impl Fn(&mut Self) -> Result<()>,
     ) -> Result<(f32, f32)> {
@@ -341,7 +342,7 @@ impl Overlap {
     /// Mean time of `run` on `stream`: a warm-up, then 3 timed runs.
     fn time_runs(
         &mut self,
-        stream: usize,
+        stream: StreamHandle,
         run: impl FnMut(&mut Self) -> Result<()>,
     ) -> Result<f32> {
         let timeout_ms = self.cfg.timeout_ms;

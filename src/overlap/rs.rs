@@ -38,6 +38,7 @@ use super::plan::{Lane, Planner, Reduce};
 use super::schedule::{Bounds, PerRank};
 use super::{Op, Overlap, eb, tag};
 use crate::cuda::DevPtr;
+use crate::cuda::StreamHandle;
 use crate::error::Result;
 use crate::gemm::{self, GemmDesc, Operands};
 use crate::invalid;
@@ -71,11 +72,11 @@ pub(super) struct RsPlan {
 }
 
 impl Overlap {
-    pub fn split_rs(&mut self, x: &RsArgs, stream: usize) -> Result<()> {
+    pub fn split_rs(&mut self, x: &RsArgs, stream: StreamHandle) -> Result<()> {
         self.reported(stream, |o| o.run_planned(stream, |p| p.split_rs(x)))
     }
 
-    pub fn split_rs_p2p(&mut self, x: &RsArgs, stream: usize) -> Result<()> {
+    pub fn split_rs_p2p(&mut self, x: &RsArgs, stream: StreamHandle) -> Result<()> {
         self.reported(stream, |o| o.run_planned(stream, |p| p.split_rs_p2p(x)))
     }
 }

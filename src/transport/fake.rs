@@ -13,6 +13,7 @@ use super::{
     WaitInfo,
 };
 use crate::cuda::DevPtr;
+use crate::cuda::StreamHandle;
 use crate::cuda::resources::DeviceMem;
 use crate::error::Result;
 use crate::tensor::DType;
@@ -118,9 +119,9 @@ impl<D: Send + 'static> FakeTransport<D> {
             log,
         }
     }
-    fn record(&self, stream: usize, c: Call) -> Result<()> {
+    fn record(&self, stream: StreamHandle, c: Call) -> Result<()> {
         let mut l = self.log.lock().unwrap_or_else(|e| e.into_inner());
-        l.ranks[self.group.tp_rank].push((stream, Rec::Transport(c)));
+        l.ranks[self.group.tp_rank].push((stream.raw(), Rec::Transport(c)));
         Ok(())
     }
 }
@@ -161,16 +162,22 @@ impl<D: Send + 'static> Transport for FakeTransport<D> {
     fn name(&self) -> &'static str {
         "fake"
     }
-    fn begin_call(&self, _calls: u64, stream: usize, _info: WaitInfo, _desc: u64) -> Result<()> {
+    fn begin_call(
+        &self,
+        _calls: u64,
+        stream: StreamHandle,
+        _info: WaitInfo,
+        _desc: u64,
+    ) -> Result<()> {
         if self.idle_alone() && self.size() == 1 {
             return Ok(());
         }
         self.record(stream, Call::Arrive)
     }
-    fn end_call(&self, _calls: u64, stream: usize) -> Result<()> {
+    fn end_call(&self, _calls: u64, stream: StreamHandle) -> Result<()> {
         self.record(stream, Call::End)
     }
-    fn wait_done(&self, _calls: u64, stream: usize, _info: WaitInfo) -> Result<()> {
+    fn wait_done(&self, _calls: u64, stream: StreamHandle, _info: WaitInfo) -> Result<()> {
         self.record(stream, Call::WaitDone)
     }
     fn idle_alone(&self) -> bool {
@@ -203,7 +210,7 @@ impl<D: Send + 'static> PeerMemory for FakeTransport<D> {
         offset: usize,
         src: DevPtr,
         bytes: usize,
-        stream: usize,
+        stream: StreamHandle,
     ) -> Result<()> {
         self.record(
             stream,
@@ -215,7 +222,13 @@ impl<D: Send + 'static> PeerMemory for FakeTransport<D> {
             },
         )
     }
-    fn signal(&self, peers: &[usize], slot: FlagSlot, tag: u64, stream: usize) -> Result<()> {
+    fn signal(
+        &self,
+        peers: &[usize],
+        slot: FlagSlot,
+        tag: u64,
+        stream: StreamHandle,
+    ) -> Result<()> {
         if peers.is_empty() {
             return Ok(());
         }
@@ -227,7 +240,7 @@ impl<D: Send + 'static> PeerMemory for FakeTransport<D> {
         peers: &[usize],
         slot: FlagSlot,
         tag: u64,
-        stream: usize,
+        stream: StreamHandle,
         _info: WaitInfo,
     ) -> Result<()> {
         if peers.is_empty() {
@@ -245,7 +258,7 @@ impl<D: Send + 'static> TwoSided for FakeTransport<D> {
         recvs: &[RecvOp],
         slot: FlagSlot,
         tag: u64,
-        stream: usize,
+        stream: StreamHandle,
         info: WaitInfo,
     ) -> Result<()> {
         if self.flavour == Flavour::PeerMemory {
@@ -277,7 +290,7 @@ impl<D: Send + 'static> Collectives for FakeTransport<D> {
         dst: DevPtr,
         count: usize,
         dtype: DType,
-        stream: usize,
+        stream: StreamHandle,
     ) -> Result<()> {
         let c = Call::Collective {
             kind: Coll::AllReduce,
@@ -294,7 +307,7 @@ impl<D: Send + 'static> Collectives for FakeTransport<D> {
         dst: DevPtr,
         recv_count: usize,
         dtype: DType,
-        stream: usize,
+        stream: StreamHandle,
     ) -> Result<()> {
         let c = Call::Collective {
             kind: Coll::ReduceScatter,
@@ -310,7 +323,7 @@ impl<D: Send + 'static> Collectives for FakeTransport<D> {
         src: DevPtr,
         dst: DevPtr,
         bytes: usize,
-        stream: usize,
+        stream: StreamHandle,
     ) -> Result<()> {
         let c = Call::Collective {
             kind: Coll::AllGather,

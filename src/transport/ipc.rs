@@ -12,6 +12,7 @@ use super::{
     RecvOp, SendOp, Timeout, Transport, TwoSided, WaitInfo,
 };
 use crate::bootstrap::Bootstrap;
+use crate::cuda::StreamHandle;
 use crate::cuda::resources::{DeviceMem, HostMapped, IpcMapping, copy_async};
 use crate::cuda::{self, ContextGuard, DevPtr, DeviceInfo, arg, nvrtc};
 use crate::error::Result;
@@ -212,7 +213,7 @@ impl IpcTransport {
         &self,
         name: &str,
         args: &mut [*mut std::ffi::c_void],
-        stream: usize,
+        stream: StreamHandle,
     ) -> Result<()> {
         let f = self.func(name)?;
         // SAFETY: `f` is `name` of kernels/comm.cu in this object's module (its device's
@@ -251,7 +252,13 @@ impl Transport for IpcTransport {
     /// second waits (and with NVTE_COMM_CHECK compares the peers' descriptors with this
     /// rank's: the same kernel, no extra launch). At tp 1 nothing reads the counter: no
     /// launch.
-    fn begin_call(&self, _calls: u64, stream: usize, info: WaitInfo, desc: u64) -> Result<()> {
+    fn begin_call(
+        &self,
+        _calls: u64,
+        stream: StreamHandle,
+        info: WaitInfo,
+        desc: u64,
+    ) -> Result<()> {
         let others = self.others();
         if others.is_empty() {
             return Ok(());
@@ -291,12 +298,12 @@ impl Transport for IpcTransport {
         unsafe { self.launch_flags("wait_arrival_checked", &mut args, stream) }
     }
     /// "Done" with tag 1: (call number << 16) + 1.
-    fn end_call(&self, _calls: u64, stream: usize) -> Result<()> {
+    fn end_call(&self, _calls: u64, stream: StreamHandle) -> Result<()> {
         self.signal(&self.others(), DONE, 1, stream)
     }
     /// Waits for "done" >= (call number << 16) (tag 0): the peers' end of the last call
     /// begun here, and nothing when no call ever ran (counter 0).
-    fn wait_done(&self, calls: u64, stream: usize, info: WaitInfo) -> Result<()> {
+    fn wait_done(&self, calls: u64, stream: StreamHandle, info: WaitInfo) -> Result<()> {
         if calls == 0 {
             return Ok(());
         }
@@ -349,7 +356,7 @@ impl PeerMemory for IpcTransport {
         offset: usize,
         src: DevPtr,
         bytes: usize,
-        stream: usize,
+        stream: StreamHandle,
     ) -> Result<()> {
         let dst = self.peer_buffer(peer) + offset;
         if self.use_ce {
@@ -377,7 +384,13 @@ impl PeerMemory for IpcTransport {
         }
     }
 
-    fn signal(&self, peers: &[usize], slot: FlagSlot, tag: u64, stream: usize) -> Result<()> {
+    fn signal(
+        &self,
+        peers: &[usize],
+        slot: FlagSlot,
+        tag: u64,
+        stream: StreamHandle,
+    ) -> Result<()> {
         if peers.is_empty() {
             return Ok(());
         }
@@ -397,7 +410,7 @@ impl PeerMemory for IpcTransport {
         peers: &[usize],
         slot: FlagSlot,
         tag: u64,
-        stream: usize,
+        stream: StreamHandle,
         info: WaitInfo,
     ) -> Result<()> {
         if peers.is_empty() {
@@ -432,7 +445,7 @@ impl TwoSided for IpcTransport {
         recvs: &[RecvOp],
         slot: FlagSlot,
         tag: u64,
-        stream: usize,
+        stream: StreamHandle,
         info: WaitInfo,
     ) -> Result<()> {
         for s in sends {

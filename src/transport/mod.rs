@@ -14,6 +14,7 @@ pub mod ipc;
 pub mod nccl;
 
 use crate::bootstrap::Bootstrap;
+use crate::cuda::StreamHandle;
 use crate::cuda::resources::DeviceMem;
 use crate::cuda::{ContextGuard, DevPtr, DeviceInfo};
 use crate::error::Result;
@@ -439,13 +440,14 @@ pub trait Transport: Send {
     /// [`call_desc`]; compared across ranks with NVTE_COMM_CHECK). `calls`: the calls
     /// issued on the object so far, this one included (a host count, eager and captured
     /// calls alike: diagnostics only).
-    fn begin_call(&self, calls: u64, stream: usize, info: WaitInfo, desc: u64) -> Result<()>;
+    fn begin_call(&self, calls: u64, stream: StreamHandle, info: WaitInfo, desc: u64)
+    -> Result<()>;
     /// End of the call on `stream`, after all of this rank's work (IPC: "done" signal).
-    fn end_call(&self, calls: u64, stream: usize) -> Result<()>;
+    fn end_call(&self, calls: u64, stream: StreamHandle) -> Result<()>;
     /// Make `stream` wait until every peer finished the last call begun on this rank
     /// (the call number read on the device; IPC; NCCL: stream order already implies it).
     /// `calls` = 0 (nothing was ever issued) makes it a no-op.
-    fn wait_done(&self, calls: u64, stream: usize, info: WaitInfo) -> Result<()>;
+    fn wait_done(&self, calls: u64, stream: StreamHandle, info: WaitInfo) -> Result<()>;
     /// Whether `begin_call`, `end_call` and `wait_done` enqueue nothing when the group is
     /// this rank alone (then an engine may run a call inline on the caller's stream).
     fn idle_alone(&self) -> bool {
@@ -514,11 +516,12 @@ pub trait PeerMemory {
         offset: usize,
         src: DevPtr,
         bytes: usize,
-        stream: usize,
+        stream: StreamHandle,
     ) -> Result<()>;
     /// After the work already on `stream`: set `slot` (from this rank) to (call number <<
     /// 16) + `tag` at each peer.
-    fn signal(&self, peers: &[usize], slot: FlagSlot, tag: u64, stream: usize) -> Result<()>;
+    fn signal(&self, peers: &[usize], slot: FlagSlot, tag: u64, stream: StreamHandle)
+    -> Result<()>;
     /// Make `stream` wait until each peer has signalled `slot` >= (call number << 16) +
     /// `tag`, or time out.
     fn wait(
@@ -526,7 +529,7 @@ pub trait PeerMemory {
         peers: &[usize],
         slot: FlagSlot,
         tag: u64,
-        stream: usize,
+        stream: StreamHandle,
         info: WaitInfo,
     ) -> Result<()>;
 }
@@ -543,7 +546,7 @@ pub trait TwoSided {
         recvs: &[RecvOp],
         slot: FlagSlot,
         tag: u64,
-        stream: usize,
+        stream: StreamHandle,
         info: WaitInfo,
     ) -> Result<()>;
     /// Whether exchange steps may run on several streams at once (NCCL: the operations of
@@ -560,7 +563,7 @@ pub trait Collectives {
         dst: DevPtr,
         count: usize,
         d: DType,
-        stream: usize,
+        stream: StreamHandle,
     ) -> Result<()>;
     /// Reduce-scatter (sum): `src` holds tp * `recv_count` elements, `dst` gets this
     /// rank's `recv_count`.
@@ -570,11 +573,16 @@ pub trait Collectives {
         dst: DevPtr,
         recv_count: usize,
         d: DType,
-        stream: usize,
+        stream: StreamHandle,
     ) -> Result<()>;
     /// All-gather of `bytes` per rank from `src` into `dst` (tp * `bytes`, rank order).
-    fn all_gather_bytes(&self, src: DevPtr, dst: DevPtr, bytes: usize, stream: usize)
-    -> Result<()>;
+    fn all_gather_bytes(
+        &self,
+        src: DevPtr,
+        dst: DevPtr,
+        bytes: usize,
+        stream: StreamHandle,
+    ) -> Result<()>;
 }
 
 /// What a transport can do, as the algorithms plan with it.

@@ -20,6 +20,7 @@ use super::{
     RecvOp, SendOp, Timeout, Transport, TwoSided, WaitInfo,
 };
 use crate::bootstrap::Bootstrap;
+use crate::cuda::StreamHandle;
 use crate::cuda::dynlib::nccl_sys as nc;
 use crate::cuda::resources::{DeviceMem, HostMapped};
 use crate::cuda::{self, ContextGuard, DevPtr, DeviceInfo, Lib, arg, nccl_check as check, nvrtc};
@@ -564,7 +565,7 @@ impl NcclTransport {
         name: &str,
         args: &mut [*mut c_void],
         threads: u32,
-        stream: usize,
+        stream: StreamHandle,
     ) -> Result<()> {
         let f: cu::CUfunction = self.module.function(name)?;
         // SAFETY: `f` is kernel `name` of kernels/comm.cu in this object's module (its
@@ -600,7 +601,7 @@ impl NcclTransport {
         ) -> nc::ncclResult_t,
         (src, dst, count): (DevPtr, DevPtr, usize),
         d: DType,
-        stream: usize,
+        stream: StreamHandle,
     ) -> Result<()> {
         let t = nccl_type(d)?;
         // SAFETY: `f` is ncclAllReduce or ncclReduceScatter of the bound NCCL; the device
@@ -613,7 +614,7 @@ impl NcclTransport {
                 t,
                 nc::ncclRedOp_t::ncclSum,
                 c,
-                stream as nc::cudaStream_t,
+                stream.raw() as nc::cudaStream_t,
             )
         })
     }
@@ -623,10 +624,10 @@ impl NcclTransport {
         &self,
         sends: &[(usize, DevPtr, usize)],
         recvs: &[(usize, DevPtr, usize)],
-        stream: usize,
+        stream: StreamHandle,
     ) -> Result<()> {
         let u8t = nc::ncclDataType_t::ncclUint8;
-        let st = stream as nc::cudaStream_t;
+        let st = stream.raw() as nc::cudaStream_t;
         let timeout = self.shared.timeout;
         self.with_comm("ncclSend/ncclRecv", |c| {
             // SAFETY: grouped point-to-point calls on device ranges validated by the caller.
@@ -706,7 +707,13 @@ impl Transport for NcclTransport {
     /// Increment the call counter and record "started" (one kernel), exchange arrival
     /// tokens {desc, call number} with every peer (one grouped NCCL launch), then copy
     /// them to the progress record and, with NVTE_COMM_CHECK, compare them (one kernel).
-    fn begin_call(&self, _calls: u64, stream: usize, info: WaitInfo, desc: u64) -> Result<()> {
+    fn begin_call(
+        &self,
+        _calls: u64,
+        stream: StreamHandle,
+        info: WaitInfo,
+        desc: u64,
+    ) -> Result<()> {
         if self.shared.failure().is_some() {
             return Err(self.aborted_error());
         }
@@ -757,12 +764,12 @@ impl Transport for NcclTransport {
             stream,
         )
     }
-    fn end_call(&self, _seq: u64, stream: usize) -> Result<()> {
+    fn end_call(&self, _seq: u64, stream: StreamHandle) -> Result<()> {
         let counter = self.counter.ptr;
         let progress = self.shared.progress.device;
         self.launch("nccl_end", &mut [arg(&counter), arg(&progress)], 1, stream)
     }
-    fn wait_done(&self, _seq: u64, _stream: usize, _info: WaitInfo) -> Result<()> {
+    fn wait_done(&self, _seq: u64, _stream: StreamHandle, _info: WaitInfo) -> Result<()> {
         Ok(())
     }
     fn two_sided(&self) -> Option<&dyn TwoSided> {
@@ -790,7 +797,7 @@ impl TwoSided for NcclTransport {
         recvs: &[RecvOp],
         _slot: FlagSlot,
         _value: u64,
-        stream: usize,
+        stream: StreamHandle,
         _info: WaitInfo,
     ) -> Result<()> {
         let s: Vec<_> = sends.iter().map(|s| (s.peer, s.src, s.bytes)).collect();
@@ -813,7 +820,7 @@ impl Collectives for NcclTransport {
         dst: DevPtr,
         count: usize,
         d: DType,
-        stream: usize,
+        stream: StreamHandle,
     ) -> Result<()> {
         self.sum(
             "ncclAllReduce",
@@ -831,7 +838,7 @@ impl Collectives for NcclTransport {
         dst: DevPtr,
         recv_count: usize,
         d: DType,
-        stream: usize,
+        stream: StreamHandle,
     ) -> Result<()> {
         self.sum(
             "ncclReduceScatter",
@@ -847,7 +854,7 @@ impl Collectives for NcclTransport {
         src: DevPtr,
         dst: DevPtr,
         bytes: usize,
-        stream: usize,
+        stream: StreamHandle,
     ) -> Result<()> {
         // SAFETY: dst holds tp * bytes.
         self.collective("ncclAllGather", |c| unsafe {
@@ -857,7 +864,7 @@ impl Collectives for NcclTransport {
                 bytes,
                 nc::ncclDataType_t::ncclUint8,
                 c,
-                stream as nc::cudaStream_t,
+                stream.raw() as nc::cudaStream_t,
             )
         })
     }
