@@ -225,7 +225,6 @@ typedef void *NVTEQuantizationConfig;
 /**
  * Engine settings. Fill with nvte_comm_overlap_config_default() (TE's defaults plus the
  * environment overrides), then change fields. `struct_size` must be sizeof(the struct).
- * (The C struct is the library's own engine config, read as is: no field is copied.)
  */
 typedef struct NVTECommOverlapConfig {
   size_t struct_size;

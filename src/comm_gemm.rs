@@ -37,7 +37,7 @@ use crate::cuda::resources::{
 use crate::cuda::{ContextGuard, DevPtr};
 use crate::error::{Error, Result};
 use crate::gemm::{Operands, TeGemm};
-use crate::overlap::{Config, Overlap, ag::AgArgs, ar::ArArgs, rs::RsArgs};
+use crate::overlap::{EngineConfig, Overlap, ag::AgArgs, ar::ArArgs, rs::RsArgs};
 use crate::tensor::{Buffer, DType, Shape, Tensor};
 use crate::tune;
 use crate::{invalid, unsupported};
@@ -124,7 +124,7 @@ pub struct CommGemmCtx {
     bs: Bootstrap,
     nranks: usize,
     rank: usize,
-    cfg: Config,
+    cfg: EngineConfig,
     engines: Vec<Overlap>,
     workspace: Option<DeviceMem>,
     scratch: Vec<DeviceMem>,
@@ -173,7 +173,7 @@ struct TuneEnv {
 
 struct CtxEnv {
     tune_env: TuneEnv,
-    cfg: Config,
+    cfg: EngineConfig,
     knobs: crate::overlap::AlgoKnobs,
     trace: bool,
     tune_mode: tune::Mode,
@@ -255,7 +255,7 @@ impl CommGemmCtx {
     /// The context's environment knobs, each read once (strict: a bad value is an error
     /// naming it), before anything is loaded.
     fn read_env() -> Result<CtxEnv> {
-        let cfg = Config::from_env()?;
+        let cfg = EngineConfig::from_env()?;
         cfg.check()?;
         let knobs = crate::overlap::AlgoKnobs::from_env()?;
         let trace = crate::overlap::trace_enabled()?;

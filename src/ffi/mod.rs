@@ -3,6 +3,7 @@
 //! addresses, which it never dereferences on the host). Every entry point runs inside `firewall`: panics are caught and
 //! turned into NVTE_COMM_ERROR_INTERNAL with the panic message, never unwinding into C.
 mod comm_gemm;
+pub mod config;
 pub mod enums;
 mod errors;
 mod gemm;

@@ -1,4 +1,5 @@
 //! The userbuffers-style engine: `nvte_comm_overlap_*`.
+use super::config::Config;
 use super::enums::{NVTECommOverlapType, NVTEDType};
 use super::gemm::{GemmExtras, TeFlags};
 use super::handles::OVERLAPS;
@@ -6,7 +7,9 @@ use super::{NVTECommStatus, NVTETensor, cudaStream_t, status_call};
 use crate::bootstrap::{AllgatherFn, BarrierFn, Bootstrap};
 use crate::error::Result;
 use crate::invalid;
-use crate::overlap::{Config, Overlap, ag::AgArgs, bulk::BulkArgs, bulk::BulkKind, rs::RsArgs};
+use crate::overlap::{
+    EngineConfig, Overlap, ag::AgArgs, bulk::BulkArgs, bulk::BulkKind, rs::RsArgs,
+};
 use crate::tensor::{DType, Tensor};
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
@@ -41,9 +44,10 @@ pub struct NVTECommBootstrap {
     pub user_data: *mut c_void,
 }
 
-// Engine settings: the C `NVTECommOverlapConfig` is the core's `overlap::Config` itself
-// (`repr(C)`; cbindgen.toml exports it under the C name), so nothing is copied field by
-// field. The entry points name it `Config` so that the header declares them with it.
+// Engine settings: the C `NVTECommOverlapConfig` is `ffi::config::Config` (`repr(C)`;
+// cbindgen.toml exports it under the C name), read here and converted into the engine's
+// `EngineConfig`. The entry points name it `Config` so that the header declares them
+// with it.
 
 /// Opaque overlap object (not repr(C): the header declares it incomplete).
 pub struct NVTECommOverlap {
@@ -106,7 +110,7 @@ pub extern "C" fn nvte_comm_overlap_config_default(config: *mut Config) -> NVTEC
         if config.is_null() {
             invalid!("argument `config` is NULL");
         }
-        let c = Config::from_env();
+        let c = EngineConfig::from_env().map(|e| Config::of(&e));
         // SAFETY: non-null output pointer; all-zero bytes are a valid value of the struct.
         unsafe {
             match &c {
@@ -173,9 +177,9 @@ pub extern "C" fn nvte_comm_overlap_create(
         let b = take_bootstrap(bootstrap, out)?;
         // Everything that needs neither the world nor a device comes first.
         let cfg = if config.is_null() {
-            Config::from_env()?
+            EngineConfig::from_env()?
         } else {
-            read_config(config)?
+            read_config(config)?.engine()
         };
         cfg.check()?;
         let dt = DType::from_c(dtype).map_err(|e| e.context("argument `dtype`"))?;

@@ -1,17 +1,18 @@
-//! The engine's settings: [`Config`], the same `repr(C)` struct the C API exposes as
-//! `NVTECommOverlapConfig`, its defaults and environment overrides, and its checks.
+//! The engine's settings: [`EngineConfig`] (what the C API's `NVTECommOverlapConfig`
+//! holds, below the C boundary), its defaults and environment overrides, and its checks.
 use crate::env;
 use crate::error::Result;
 use crate::transport::MAX_PEERS;
 use crate::{invalid, unsupported};
 
-/// Engine settings. Fill with nvte_comm_overlap_config_default() (TE's defaults plus the
-/// environment overrides), then change fields. `struct_size` must be sizeof(the struct).
-/// (The C struct is the library's own engine config, read as is: no field is copied.)
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct Config {
-    pub struct_size: usize,
+/// The engine's settings, as the engine takes them: the C API's `NVTECommOverlapConfig`
+/// (`crate::ffi::config::Config`, which exists only at the C boundary) without its
+/// size field, or TE's defaults and the environment ([`EngineConfig::from_env`]). Checked
+/// before anything is loaded ([`EngineConfig::check`]) and against the world and the
+/// device when an engine is made (`EngineConfig::validate`); not changed afterwards
+/// (the per-call settings are the engine's `plan::Settings`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EngineConfig {
     /// ranks per tensor-parallel group; 0 = the whole world. Must divide the world size.
     pub tp_size: i32,
     /// GEMM chunks of the pipelined reduce-scatter (TE default 3)
@@ -36,14 +37,13 @@ pub struct Config {
     pub comm_priority: i32,
     /// timeout of every wait for a peer, ms (default 60000; env NVTE_COMM_TIMEOUT_MS)
     pub timeout_ms: i64,
-    /// NVTE_COMM_TRANSPORT_AUTO (default: IPC when the group is on one node, else NCCL),
-    /// NVTE_COMM_TRANSPORT_IPC or NVTE_COMM_TRANSPORT_NCCL (env NVTE_COMM_TRANSPORT)
+    /// auto, IPC or NCCL (env NVTE_COMM_TRANSPORT)
     pub transport: TransportChoice,
 }
 
-/// The transport field of [`Config`] (C: `NVTECommTransport`, whose values ffi checks
+/// The transport field of the config (C: `NVTECommTransport`, whose values ffi checks
 /// against these). A `u32` rather than an enum: any value a C caller writes is a valid
-/// Rust value, and [`Config::check`] refuses the undeclared ones.
+/// Rust value, and [`EngineConfig::check`] refuses the undeclared ones.
 #[repr(transparent)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub struct TransportChoice(pub u32);
@@ -55,17 +55,16 @@ pub const TRANSPORT_NCCL: TransportChoice = TransportChoice(2);
 pub(super) const MAX_SPLITS: i32 = 64;
 const MAX_STREAMS: i32 = 8;
 
-impl Config {
+impl EngineConfig {
     /// TE's defaults, then the environment overrides (parsed strictly, see [`crate::env`]):
     /// NVTE_COMM_TIMEOUT_MS, NVTE_COMM_OVERLAP_NUM_SPLITS, NVTE_COMM_OVERLAP_MAX_STREAMS,
     /// NVTE_COMM_OVERLAP_NUM_SM, NVTE_COMM_OVERLAP_USE_CE, NVTE_COMM_OVERLAP_AGGREGATE,
     /// NVTE_COMM_OVERLAP_SM_MARGIN, NVTE_COMM_TRANSPORT (auto | ipc | nccl). A value that
     /// does not parse or is out of range is an error naming the variable.
-    pub fn from_env() -> Result<Config> {
+    pub fn from_env() -> Result<EngineConfig> {
         // Index = the transport's value.
         let transport = env::choice("NVTE_COMM_TRANSPORT", &["auto", "ipc", "nccl"])?;
-        let mut c = Config {
-            struct_size: std::mem::size_of::<Config>(),
+        let mut c = EngineConfig {
             tp_size: 0,
             num_splits: 3,
             num_max_streams: 3,
@@ -158,7 +157,7 @@ impl Config {
         Ok(())
     }
 
-    /// The group size for a world of `world` ranks (after [`Config::check`]).
+    /// The group size for a world of `world` ranks (after [`EngineConfig::check`]).
     pub fn tp_for(&self, world: usize) -> Result<usize> {
         let tp = if self.tp_size == 0 {
             world
@@ -192,7 +191,7 @@ impl Config {
 
 #[cfg(test)]
 mod tests {
-    use super::{Config, TRANSPORT_NCCL};
+    use super::{EngineConfig as Config, TRANSPORT_NCCL};
 
     #[test]
     fn config_validation_names_the_field() {

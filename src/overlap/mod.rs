@@ -42,7 +42,7 @@ use crate::transport::{
 };
 use crate::{bootstrap::Bootstrap, env, invalid, unsupported};
 use config::MAX_SPLITS;
-pub use config::{Config, TRANSPORT_AUTO, TRANSPORT_IPC, TRANSPORT_NCCL, TransportChoice};
+pub use config::{EngineConfig, TRANSPORT_AUTO, TRANSPORT_IPC, TRANSPORT_NCCL, TransportChoice};
 use plan::{AlgoSlots, MAX_KEY_WORDS};
 use reduce::{reduce_outputs, short};
 
@@ -126,8 +126,8 @@ pub struct Tuning {
 }
 
 pub struct Overlap {
-    /// the C API's config the object was created with (not changed afterwards)
-    cfg: Config,
+    /// the config the object was created with (not changed afterwards)
+    cfg: EngineConfig,
     /// the settings the calls plan with: the config's, with the per-call ones applied
     /// (`set_tuning`, `set_comm_sms`)
     settings: plan::Settings,
@@ -249,7 +249,7 @@ impl Overlap {
     /// context for its engines) when it was created.
     pub fn create(
         bs: &Bootstrap,
-        cfg: Config,
+        cfg: EngineConfig,
         knobs: AlgoKnobs,
         rows: usize,
         cols: usize,
@@ -346,7 +346,7 @@ impl Overlap {
     /// world ranks), with a buffer of `bytes`.
     fn create_transport(
         bs: &Bootstrap,
-        cfg: &Config,
+        cfg: &EngineConfig,
         (guard, dev): (&ContextGuard, &DeviceInfo),
         (tp, bytes): (usize, usize),
         check: bool,
