@@ -565,7 +565,10 @@ impl CommGemmCtx {
         // Every decision below is taken from data gathered from all ranks (rank 0's
         // settings, the slowest rank's times, every rank's success), so all ranks run the
         // same candidates and pick the same one even when their environments differ.
-        let agreed = self.tune_agree(stream, &key)?;
+        // The stream's context stays current for the whole tuning (the timing events are
+        // made in it).
+        let guard = ContextGuard::for_stream(stream)?;
+        let agreed = self.tune_agree(&guard, &key)?;
         if let Some(ch) = agreed.cached {
             self.tuned.insert(tkey, ch);
             return Ok(());
@@ -632,8 +635,7 @@ impl CommGemmCtx {
 
     /// The tuning settings every rank agrees on for `key` (rank 0's): the disk cache's
     /// choice when every rank has the same one, the defaults, the SM count, the budget.
-    fn tune_agree(&mut self, stream: StreamHandle, key: &str) -> Result<tune::Agreed> {
-        let guard = ContextGuard::for_stream(stream)?;
+    fn tune_agree(&mut self, guard: &ContextGuard, key: &str) -> Result<tune::Agreed> {
         let dev = crate::cuda::device_info(guard.device)?;
         self.tune_cache
             .load(|| tune::fingerprint(&crate::cuda::device_name(guard.device)?, dev.sm_count))?;
