@@ -118,7 +118,7 @@ impl Overlap {
         let cap = if tail || self.inline.is_some() {
             4 * self.dev.sm_count as u32
         } else {
-            2 * self.cfg.num_comm_sm as u32
+            2 * self.settings.num_comm_sm as u32
         };
         let blocks = (work.div_ceil(512) as u32).clamp(1, cap);
         // SAFETY: `f` is reduce_<in>_<out>_<v8|v1>(out, out_ld, SrcSet, in_ld, rows, cols,
@@ -160,7 +160,7 @@ impl Overlap {
         let cap = if tail || self.inline.is_some() {
             4 * self.dev.sm_count as u32
         } else {
-            2 * self.cfg.num_comm_sm as u32
+            2 * self.settings.num_comm_sm as u32
         };
         let blocks = (total.div_ceil(16 * 512 * 4) as u32).clamp(1, cap);
         // SAFETY: `f` is copy_segments(CopySet) of kernels/comm.cu in this object's module
