@@ -175,11 +175,12 @@ fn comm_gemm_shares(
 }
 
 /// A comm-GEMM call of kind `kind` with global m, n, k at tp ranks (block distribution,
-/// padded where n does not divide): every rank's result checked against the sum.
+/// padded where n does not divide), with a bias or none: every rank's result checked
+/// against the global product (plus the bias, added once).
 fn check_comm_gemm(
     tp: usize,
     cfg: Cfg,
-    ring: bool,
+    (ring, with_bias): (bool, bool),
     kind: Kind,
     (m, n, k): (usize, usize, usize),
 ) -> Res {
@@ -189,7 +190,13 @@ fn check_comm_gemm(
     // Global operands: A [m, k], B [n, k] (row-major, TN); D = B A^T [n, m].
     let a = values(500, m * k);
     let bg = values(600, n * k);
-    let d_full = matmul_nt(&bg, &a, n, k, m);
+    let bias = values(800, m);
+    let mut d_full = matmul_nt(&bg, &a, n, k, m);
+    if with_bias {
+        for (e, x) in d_full.iter_mut().enumerate() {
+            *x += bias[e % m];
+        }
+    }
     let ws = tensor(mem.alloc("workspace", 4), &[1]);
     let mut outs = Vec::new();
     for r in 0..tp {
@@ -201,6 +208,15 @@ fn check_comm_gemm(
         let pd = mem.alloc(&format!("D{r}"), dshape[0] * dshape[1] * 4);
         let (ta, tb, td) = (tensor(pa, &al.1), tensor(pb, &bl.1), tensor(pd, &dshape));
         let tg = gathered.map(|p| tensor(p, &[n, k]));
+        // The bias of D's columns: this rank's m-share (all-gather), all of m (reductions).
+        let bl = match kind {
+            Kind::AllGather => {
+                let m0 = (r * m.div_ceil(tp)).min(m);
+                bias[m0..m0 + dshape[1]].to_vec()
+            }
+            _ => bias.clone(),
+        };
+        let tbias = tensor(mem.input(&format!("bias{r}"), &bl), &[bl.len()]);
         let call = GemmCall {
             kind,
             m: m as i64,
@@ -209,7 +225,7 @@ fn check_comm_gemm(
             a: &ta,
             b: &tb,
             d: &td,
-            bias: None,
+            bias: with_bias.then_some(&tbias),
             pre_act_out: None,
             transa: true,
             transb: false,
@@ -259,38 +275,33 @@ fn check_comm_gemm(
 
 #[test]
 fn comm_gemm_calls() {
-    for (extra, what) in [(0usize, "n divisible"), (3, "n padded")] {
+    for (extra, with_bias) in [(0usize, false), (3, false), (0, true), (3, true)] {
+        let what = format!(
+            "n {}, bias {with_bias}",
+            if extra == 0 { "divisible" } else { "padded" }
+        );
         all(&format!("comm-GEMM all-gather ({what})"), |tp, f| {
-            check_comm_gemm(
-                tp,
-                Cfg::new(f),
-                true,
-                Kind::AllGather,
-                (16 * tp, 4 * tp + extra, 8),
-            )
+            let dims = (16 * tp, 4 * tp + extra, 8);
+            check_comm_gemm(tp, Cfg::new(f), (true, with_bias), Kind::AllGather, dims)
         });
         for ring in [true, false] {
             all(
                 &format!("comm-GEMM reduce-scatter ({what}, ring {ring})"),
                 |tp, f| {
+                    let dims = (32, 4 * tp + extra, 4 * tp + 1);
                     check_comm_gemm(
                         tp,
                         Cfg::new(f),
-                        ring,
+                        (ring, with_bias),
                         Kind::ReduceScatter,
-                        (32, 4 * tp + extra, 4 * tp + 1),
+                        dims,
                     )
                 },
             );
         }
         all(&format!("comm-GEMM all-reduce ({what})"), |tp, f| {
-            check_comm_gemm(
-                tp,
-                Cfg::new(f),
-                true,
-                Kind::AllReduce,
-                (32, 4 * tp + extra, 4 * tp + 1),
-            )
+            let dims = (32, 4 * tp + extra, 4 * tp + 1);
+            check_comm_gemm(tp, Cfg::new(f), (true, with_bias), Kind::AllReduce, dims)
         });
     }
 }

@@ -133,6 +133,26 @@ impl GemmDesc {
                 | (self.epilogue as u64) << 8,
         ]
     }
+
+    /// [`Self::check_key`] of a GEMM whose partial sums are reduced across the ranks (k
+    /// split: each rank's k is its share, and one rank adds the bias): without k and the
+    /// bias (a bias-only epilogue counts as none), which legitimately differ from rank to
+    /// rank.
+    pub fn sum_key(&self) -> [u64; 5] {
+        let epilogue = match self.epilogue {
+            Epilogue::Bias => Epilogue::None,
+            e => e,
+        };
+        let mut k = Self {
+            k: 0,
+            bias: DevPtr::NULL,
+            epilogue,
+            ..*self
+        }
+        .check_key();
+        k[2] = 0;
+        k
+    }
 }
 
 fn lt_type(d: DType) -> lt::cudaDataType_t {

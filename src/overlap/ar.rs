@@ -170,7 +170,7 @@ impl Planner<'_> {
                 ..*x
             })?;
             check_partial_epilogue(&full)?;
-            self.begin(Op::SplitAr, false, &full.check_key(), Some(&full));
+            self.begin(Op::SplitAr, false, &full.sum_key(), Some(&full));
             self.step(|| "GEMM (tp 1: the all-reduce of one partial is the GEMM)".into());
             self.gemm(&full, 0, false);
             self.finish();
@@ -236,7 +236,7 @@ impl Planner<'_> {
             ..*x
         })?;
         check_partial_epilogue(&full)?;
-        self.begin(Op::SplitAr, !two_shot, &full.check_key(), Some(&full));
+        self.begin(Op::SplitAr, !two_shot, &full.sum_key(), Some(&full));
         for i in 0..s {
             let (lo, hi) = (bounds[i], bounds[i + 1]);
             let mut g = full;

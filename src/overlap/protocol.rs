@@ -46,6 +46,9 @@ pub(crate) enum Dev {
     Reduce(Reduce),
     Segments(Vec<(DevPtr, DevPtr, usize)>),
     AmaxMax,
+    /// a call's start: its operation and the key every rank's must equal (the
+    /// NVTE_COMM_CHECK descriptor is made of it)
+    Begin(u32, Vec<u64>),
     Record(usize),
     WaitEvent(usize),
 }
@@ -91,7 +94,8 @@ impl Device for RecDevice {
     fn transport(&self) -> &dyn Transport {
         &self.t
     }
-    fn begin(&mut self, op: Op, gate: bool, _key: &[u64], _full: Option<&GemmDesc>) -> Result<()> {
+    fn begin(&mut self, op: Op, gate: bool, key: &[u64], _full: Option<&GemmDesc>) -> Result<()> {
+        self.push(CALLER, Dev::Begin(op as u32, key.to_vec()));
         if self.inline {
             return Ok(());
         }
@@ -435,6 +439,21 @@ impl Sim {
                 return Err(format!("deadlock; blocked:\n{}", heads.join("\n")));
             }
         }
+        // Every rank began the same calls with the same keys (else NVTE_COMM_CHECK would
+        // report a mismatch where the ranks agree).
+        let keys = |r: usize| -> Vec<&Rec<Dev>> {
+            self.steps
+                .iter()
+                .filter(|s| s.rank == r && matches!(s.rec, Rec::Device(Dev::Begin(..))))
+                .map(|s| &s.rec)
+                .collect()
+        };
+        for r in 1..self.tp {
+            let (k0, kr) = (keys(0), keys(r));
+            if format!("{k0:?}") != format!("{kr:?}") {
+                return Err(format!("rank {r} began {kr:?}, rank 0 {k0:?}"));
+            }
+        }
         let unwaited: Vec<_> = self.signalled.difference(&self.waited).collect();
         if !unwaited.is_empty() {
             return Err(format!("signals nobody waited for: {unwaited:?}"));
@@ -600,7 +619,7 @@ impl Sim {
                 }
                 Ok(())
             }
-            Dev::AmaxMax | Dev::Record(_) | Dev::WaitEvent(_) => Ok(()),
+            Dev::AmaxMax | Dev::Begin(..) | Dev::Record(_) | Dev::WaitEvent(_) => Ok(()),
         }
     }
 

@@ -188,7 +188,7 @@ impl Planner<'_> {
         let p = self.plan_rs(x, true)?;
         let bounds = self.splits(p.m);
         // The chunk GEMMs write this buffer, which peers read: gate them on the barrier.
-        self.begin(Op::SplitRs, true, &p.full.check_key(), Some(&p.full));
+        self.begin(Op::SplitRs, true, &p.full.sum_key(), Some(&p.full));
         let nchunks = bounds.len() - 1;
         for i in 0..nchunks {
             let g = Self::column_chunk(&p, x.g.transa, bounds[i], bounds[i + 1]);
@@ -291,7 +291,7 @@ impl Planner<'_> {
     /// environments chose differently fail the cross-rank check instead of exchanging
     /// into slots the other never reads.
     pub(super) fn ring_key(&self, p: &RsPlan, acc: bool) -> [u64; 6] {
-        let g = p.full.check_key();
+        let g = p.full.sum_key();
         let ring = if acc {
             1 | (self.chain_pieces(p.nc) as u64) << 1
         } else {
@@ -367,7 +367,7 @@ impl Planner<'_> {
     fn rs_collective_chunks(&mut self, p: &RsPlan, x: &RsArgs) -> Result<()> {
         let tp = self.tp();
         let staging = self.staging()?;
-        self.begin(Op::SplitRs, false, &p.full.check_key(), Some(&p.full));
+        self.begin(Op::SplitRs, false, &p.full.sum_key(), Some(&p.full));
         let bounds = self.splits(p.m);
         let e = eb(self.dtype());
         let n = p.nc * tp;
