@@ -441,16 +441,19 @@ impl Sim {
         }
         // Every rank began the same calls with the same keys (else NVTE_COMM_CHECK would
         // report a mismatch where the ranks agree).
-        let keys = |r: usize| -> Vec<&Rec<Dev>> {
+        let keys = |r: usize| -> Vec<(u32, Vec<u64>)> {
             self.steps
                 .iter()
-                .filter(|s| s.rank == r && matches!(s.rec, Rec::Device(Dev::Begin(..))))
-                .map(|s| &s.rec)
+                .filter(|s| s.rank == r)
+                .filter_map(|s| match &s.rec {
+                    Rec::Device(Dev::Begin(op, key)) => Some((*op, key.clone())),
+                    _ => None,
+                })
                 .collect()
         };
         for r in 1..self.tp {
             let (k0, kr) = (keys(0), keys(r));
-            if format!("{k0:?}") != format!("{kr:?}") {
+            if k0 != kr {
                 return Err(format!("rank {r} began {kr:?}, rank 0 {k0:?}"));
             }
         }
