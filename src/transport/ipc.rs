@@ -14,10 +14,9 @@ use super::{
 use crate::bootstrap::Bootstrap;
 use crate::cuda::StreamHandle;
 use crate::cuda::resources::{DeviceMem, HostMapped, IpcMapping, copy_async};
-use crate::cuda::{self, ContextGuard, DevPtr, DeviceInfo, arg, nvrtc};
+use crate::cuda::{ContextGuard, DevPtr, DeviceInfo, Kernel, nvrtc};
 use crate::error::Result;
 use crate::unsupported;
-use cudarc::driver::sys as cu;
 use std::sync::Arc;
 
 pub struct IpcTransport {
@@ -35,8 +34,51 @@ pub struct IpcTransport {
     timeout_ns: u64,
     /// NVTE_COMM_CHECK: compare the peers' call descriptors at every arrival barrier
     check: bool,
-    module: Arc<nvrtc::Module>,
+    /// the module of `k`'s kernels, kept loaded as long as the object
+    _module: Arc<nvrtc::Module>,
+    k: IpcKernels,
 }
+
+/// The kernels of kernels/comm.cu this transport launches, with their parameter lists.
+#[derive(Clone, Copy)]
+struct IpcKernels {
+    /// wait_flags(FlagSet, const u64 *counter, u64 tag, u64 timeout_ns, ErrorRecord *err,
+    /// u32 op, u32 step)
+    wait_flags: Kernel<(PeerSet, DevPtr, u64, u64, DevPtr, u32, u32)>,
+    /// wait_arrival_checked(FlagSet, CheckSet, const u64 *counter, u64 desc, u64
+    /// timeout_ns, ErrorRecord *err, u32 op)
+    wait_arrival_checked: Kernel<(PeerSet, PeerSet, DevPtr, u64, u64, DevPtr, u32)>,
+    /// signal_flags(FlagSet, const u64 *counter, u64 tag)
+    signal_flags: Kernel<(PeerSet, DevPtr, u64)>,
+    /// begin_call(FlagSet, FlagSet, u64 *counter, u64 desc)
+    begin_call: Kernel<(PeerSet, PeerSet, DevPtr, u64)>,
+    /// put_bytes(u8 *dst, const u8 *src, u64 bytes)
+    put_bytes: Kernel<(DevPtr, DevPtr, u64)>,
+}
+
+impl IpcKernels {
+    /// Looked up now, outside any graph capture.
+    fn new(m: &nvrtc::Module) -> Result<IpcKernels> {
+        // SAFETY: each parameter list is the kernel's in kernels/comm.cu (FlagSet and
+        // CheckSet are PeerSet's layout, pointers are DevPtr, repr(transparent) u64).
+        unsafe {
+            Ok(IpcKernels {
+                wait_flags: Kernel::new(m, "wait_flags", "wait_flags")?,
+                wait_arrival_checked: Kernel::new(
+                    m,
+                    "wait_arrival_checked",
+                    "wait_arrival_checked",
+                )?,
+                signal_flags: Kernel::new(m, "signal_flags", "signal_flags")?,
+                begin_call: Kernel::new(m, "begin_call", "begin_call")?,
+                put_bytes: Kernel::new(m, "put_bytes", "put_bytes")?,
+            })
+        }
+    }
+}
+
+/// One block of 32 threads (one thread per peer): the flag kernels' shape.
+const FLAG_SHAPE: ((u32, u32, u32), (u32, u32, u32)) = ((1, 1, 1), (32, 1, 1));
 
 // SAFETY: device addresses and owned handles; used from one thread at a time per object.
 unsafe impl Send for IpcTransport {}
@@ -117,16 +159,7 @@ impl IpcTransport {
         flags.zero()?;
         let counter = DeviceMem::new(8)?;
         counter.zero()?;
-        // Look the kernels up now, outside any graph capture.
-        for f in [
-            "wait_flags",
-            "wait_arrival_checked",
-            "signal_flags",
-            "begin_call",
-            "put_bytes",
-        ] {
-            module.function(f)?;
-        }
+        let k = IpcKernels::new(&module)?;
         buffer.zero()?;
         let error = HostMapped::new(std::mem::size_of::<ErrorRecord>())?;
 
@@ -183,7 +216,8 @@ impl IpcTransport {
             comm_sms: s.comm_sms.max(1),
             timeout_ns: s.timeout_ms.saturating_mul(1_000_000),
             check: s.check,
-            module,
+            _module: module,
+            k,
         })
     }
 
@@ -197,28 +231,6 @@ impl IpcTransport {
 
     fn flag_set(&self, peers: &[usize], addr: impl Fn(usize) -> DevPtr) -> PeerSet {
         PeerSet::new(peers, &self.group.world_ranks, addr)
-    }
-
-    fn func(&self, name: &str) -> Result<cu::CUfunction> {
-        self.module.function(name)
-    }
-
-    /// Launch flag kernel `name` of this object's module as one block of 32 threads (one
-    /// thread per peer) on `stream`.
-    ///
-    /// # Safety
-    /// `args` are exactly the kernel's parameters, every pointer in them valid for as long
-    /// as the launch may run (this object's memory and its peers' mappings).
-    unsafe fn launch_flags(
-        &self,
-        name: &str,
-        args: &mut [*mut std::ffi::c_void],
-        stream: StreamHandle,
-    ) -> Result<()> {
-        let f = self.func(name)?;
-        // SAFETY: `f` is `name` of kernels/comm.cu in this object's module (its device's
-        // context); the parameters are the caller's obligation.
-        unsafe { cuda::launch(f, (1, 1, 1), (32, 1, 1), 0, stream, args, name) }
     }
 }
 
@@ -267,13 +279,16 @@ impl Transport for IpcTransport {
         let set = self.flag_set(&others, |p| self.flags_base(p) + flag_offset(ARRIVE, me));
         let check = self.flag_set(&others, |p| self.flags_base(p) + check_offset(me));
         let counter = self.counter.ptr;
-        let mut args = [arg(&set), arg(&check), arg(&counter), arg(&desc)];
         // SAFETY: begin_call(FlagSet, FlagSet, u64 *counter, u64 desc) of
         // kernels/comm.cu in this object's module (its device's context, current for calls
         // on `stream`); `set` and `check` (repr(C), the kernel's layout) hold the peers'
         // mapped flag and check-slot addresses, `counter` this object's device counter: all
         // live as long as the object.
-        unsafe { self.launch_flags("begin_call", &mut args, stream)? };
+        unsafe {
+            self.k
+                .begin_call
+                .launch(FLAG_SHAPE, stream, (set, check, counter, desc))?
+        };
         if !self.check {
             return self.wait(&others, ARRIVE, 1, stream, info);
         }
@@ -281,21 +296,17 @@ impl Transport for IpcTransport {
         let slots = self.flag_set(&others, |p| self.flags.ptr + check_offset(p));
         let err = self.error.device;
         let op = info.op;
-        let mut args = [
-            arg(&wait),
-            arg(&slots),
-            arg(&counter),
-            arg(&desc),
-            arg(&self.timeout_ns),
-            arg(&err),
-            arg(&op),
-        ];
+        let params = (wait, slots, counter, desc, self.timeout_ns, err, op);
         // SAFETY: wait_arrival_checked(FlagSet, CheckSet, const u64 *counter, u64
         // desc, u64 timeout_ns, ErrorRecord *err, u32 op) of kernels/comm.cu in this
         // object's module; `wait` / `slots` (repr(C)) hold this rank's own flag and check
         // slot addresses, `err` the device address of its host-mapped ErrorRecord: all live
         // as long as the object.
-        unsafe { self.launch_flags("wait_arrival_checked", &mut args, stream) }
+        unsafe {
+            self.k
+                .wait_arrival_checked
+                .launch(FLAG_SHAPE, stream, params)
+        }
     }
     /// "Done" with tag 1: (call number << 16) + 1.
     fn end_call(&self, _calls: u64, stream: StreamHandle) -> Result<()> {
@@ -365,23 +376,12 @@ impl PeerMemory for IpcTransport {
         if bytes == 0 {
             return Ok(());
         }
-        let f = self.func("put_bytes")?;
         let n = bytes as u64;
-        let mut args = [arg(&dst), arg(&src), arg(&n)];
-        // SAFETY: `f` is put_bytes(u8 *dst, const u8 *src, u64 bytes) of kernels/comm.cu in
-        // this object's module (its device's context); `dst` lies in the peer's mapped buffer
-        // (callers keep offset + bytes inside it), `src` is the caller's device range.
-        unsafe {
-            cuda::launch(
-                f,
-                (self.comm_sms, 1, 1),
-                (1024, 1, 1),
-                0,
-                stream,
-                &mut args,
-                "put_bytes",
-            )
-        }
+        let shape = ((self.comm_sms, 1, 1), (1024, 1, 1));
+        // SAFETY: put_bytes of this object's module (its device's context); `dst` lies in
+        // the peer's mapped buffer (callers keep offset + bytes inside it), `src` is the
+        // caller's device range.
+        unsafe { self.k.put_bytes.launch(shape, stream, (dst, src, n)) }
     }
 
     fn signal(
@@ -397,12 +397,14 @@ impl PeerMemory for IpcTransport {
         let me = self.group.tp_rank;
         let set = self.flag_set(peers, |p| self.flags_base(p) + flag_offset(slot, me));
         let counter = self.counter.ptr;
-        let mut args = [arg(&set), arg(&counter), arg(&tag)];
-        // SAFETY: signal_flags(FlagSet, const u64 *counter, u64 tag) of
-        // kernels/comm.cu in this object's module (its device's context); `set` (repr(C))
-        // holds the peers' mapped flag addresses, `counter` this object's device counter:
-        // both live as long as the object.
-        unsafe { self.launch_flags("signal_flags", &mut args, stream) }
+        // SAFETY: signal_flags of this object's module (its device's context); `set`
+        // (repr(C)) holds the peers' mapped flag addresses, `counter` this object's device
+        // counter: both live as long as the object.
+        unsafe {
+            self.k
+                .signal_flags
+                .launch(FLAG_SHAPE, stream, (set, counter, tag))
+        }
     }
 
     fn wait(
@@ -419,21 +421,12 @@ impl PeerMemory for IpcTransport {
         let set = self.flag_set(peers, |p| self.flags.ptr + flag_offset(slot, p));
         let err = self.error.device;
         let counter = self.counter.ptr;
-        let mut args = [
-            arg(&set),
-            arg(&counter),
-            arg(&tag),
-            arg(&self.timeout_ns),
-            arg(&err),
-            arg(&info.op),
-            arg(&info.step),
-        ];
-        // SAFETY: wait_flags(FlagSet, const u64 *counter, u64 tag, u64 timeout_ns,
-        // ErrorRecord *err, u32 op, u32 step) of kernels/comm.cu in this object's module (its
-        // device's context); `set` (repr(C)) holds this rank's own flag addresses, `counter`
-        // its device counter and `err` the device address of its host-mapped ErrorRecord
-        // (repr(C)): all live as long as the object.
-        unsafe { self.launch_flags("wait_flags", &mut args, stream) }
+        let params = (set, counter, tag, self.timeout_ns, err, info.op, info.step);
+        // SAFETY: wait_flags of this object's module (its device's context); `set`
+        // (repr(C)) holds this rank's own flag addresses, `counter` its device counter and
+        // `err` the device address of its host-mapped ErrorRecord (repr(C)): all live as
+        // long as the object.
+        unsafe { self.k.wait_flags.launch(FLAG_SHAPE, stream, params) }
     }
 }
 

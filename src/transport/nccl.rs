@@ -23,12 +23,13 @@ use crate::bootstrap::Bootstrap;
 use crate::cuda::StreamHandle;
 use crate::cuda::dynlib::nccl_sys as nc;
 use crate::cuda::resources::{DeviceMem, HostMapped};
-use crate::cuda::{self, ContextGuard, DevPtr, DeviceInfo, Lib, arg, nccl_check as check, nvrtc};
+use crate::cuda::{
+    self, ContextGuard, DevPtr, DeviceInfo, Kernel, Lib, nccl_check as check, nvrtc,
+};
 use crate::error::ErrorKind as K;
 use crate::error::{Error, Result};
 use crate::tensor::DType;
 use crate::unsupported;
-use cudarc::driver::sys as cu;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -412,8 +413,45 @@ pub struct NcclTransport {
     token: DeviceMem,
     tokens: DeviceMem,
     check: bool,
-    module: Arc<nvrtc::Module>,
+    /// the module of `k`'s kernels, kept loaded as long as the object
+    _module: Arc<nvrtc::Module>,
+    k: NcclKernels,
 }
+
+/// nccl_arrived's parameters: tokens, the check set, counter, descriptor, do_check, error
+/// record, operation, progress record, tp.
+type ArrivedParams = (DevPtr, PeerSet, DevPtr, u64, u32, DevPtr, u32, DevPtr, u32);
+
+/// The kernels of kernels/comm.cu this transport launches, with their parameter lists.
+#[derive(Clone, Copy)]
+struct NcclKernels {
+    /// nccl_begin(u64 *counter, u64 *token, u64 desc, u32 op, Progress *p)
+    begin: Kernel<(DevPtr, DevPtr, u64, u32, DevPtr)>,
+    /// nccl_arrived(const u64 *tokens, CheckSet check, const u64 *counter, u64 desc, u32
+    /// do_check, ErrorRecord *err, u32 op, Progress *p, u32 tp)
+    arrived: Kernel<ArrivedParams>,
+    /// nccl_end(const u64 *counter, Progress *p)
+    end: Kernel<(DevPtr, DevPtr)>,
+}
+
+impl NcclKernels {
+    /// Looked up now, outside any graph capture.
+    fn new(m: &nvrtc::Module) -> Result<NcclKernels> {
+        // SAFETY: each parameter list is the kernel's in kernels/comm.cu (CheckSet is
+        // PeerSet's layout, pointers are DevPtr, repr(transparent) u64).
+        unsafe {
+            Ok(NcclKernels {
+                begin: Kernel::new(m, "nccl_begin", "nccl")?,
+                arrived: Kernel::new(m, "nccl_arrived", "nccl")?,
+                end: Kernel::new(m, "nccl_end", "nccl")?,
+            })
+        }
+    }
+}
+
+/// The tracking kernels' shapes: one thread, or one warp (a thread per peer).
+const ONE_THREAD: ((u32, u32, u32), (u32, u32, u32)) = ((1, 1, 1), (1, 1, 1));
+const ONE_WARP: ((u32, u32, u32), (u32, u32, u32)) = ((1, 1, 1), (32, 1, 1));
 
 // SAFETY: an owned communicator (behind a lock) and device memory, used from one thread
 // at a time (plus the watchdog, which only touches `Shared`).
@@ -443,9 +481,7 @@ impl NcclTransport {
             );
         }
         let module = nvrtc::module(&nvrtc::COMM, guard.ctx, dev)?;
-        for f in ["nccl_begin", "nccl_arrived", "nccl_end"] {
-            module.function(f)?;
-        }
+        let k = NcclKernels::new(&module)?;
         let timeout = Duration::from_millis(s.timeout_ms);
         let tp_rank = group
             .iter()
@@ -503,7 +539,8 @@ impl NcclTransport {
             token,
             tokens,
             check: s.check,
-            module,
+            _module: module,
+            k,
         };
         // (Dropping `t` on error finalizes or aborts the communicator.)
         t.watchdog = Some(watchdog?);
@@ -558,21 +595,6 @@ impl NcclTransport {
                 "the NCCL transport failed earlier: {note}. The object is unusable now: destroy it."
             ),
         )
-    }
-
-    fn launch(
-        &self,
-        name: &str,
-        args: &mut [*mut c_void],
-        threads: u32,
-        stream: StreamHandle,
-    ) -> Result<()> {
-        let f: cu::CUfunction = self.module.function(name)?;
-        // SAFETY: `f` is kernel `name` of kernels/comm.cu in this object's module (its
-        // device's context); the callers pass exactly its parameters, device addresses of
-        // this object's allocations (counter, tokens, host-mapped records) that live as
-        // long as the object.
-        unsafe { cuda::launch(f, (1, 1, 1), (threads, 1, 1), 0, stream, args, "nccl") }
     }
 
     /// A collective on the group communicator, on `stream`.
@@ -720,18 +742,13 @@ impl Transport for NcclTransport {
         let (counter, token, tokens) = (self.counter.ptr, self.token.ptr, self.tokens.ptr);
         let progress = self.shared.progress.device;
         let op = info.op;
-        self.launch(
-            "nccl_begin",
-            &mut [
-                arg(&counter),
-                arg(&token),
-                arg(&desc),
-                arg(&op),
-                arg(&progress),
-            ],
-            1,
-            stream,
-        )?;
+        // SAFETY: nccl_begin of this object's module (its device's context); the counter,
+        // token and host-mapped progress record are this object's, live as long as it.
+        unsafe {
+            self.k
+                .begin
+                .launch(ONE_THREAD, stream, (counter, token, desc, op, progress))?
+        };
         let others = self.group.others();
         if !others.is_empty() {
             let sends: Vec<_> = others.iter().map(|&p| (p, self.token.ptr, 16)).collect();
@@ -747,27 +764,19 @@ impl Transport for NcclTransport {
         let err = self.shared.error.device;
         let do_check = self.check as u32;
         let tp = self.group.world_ranks.len() as u32;
-        self.launch(
-            "nccl_arrived",
-            &mut [
-                arg(&tokens),
-                arg(&slots),
-                arg(&counter),
-                arg(&desc),
-                arg(&do_check),
-                arg(&err),
-                arg(&op),
-                arg(&progress),
-                arg(&tp),
-            ],
-            32,
-            stream,
-        )
+        let params = (
+            tokens, slots, counter, desc, do_check, err, op, progress, tp,
+        );
+        // SAFETY: nccl_arrived of this object's module; the tokens, counter and host-mapped
+        // records are this object's, live as long as it.
+        unsafe { self.k.arrived.launch(ONE_WARP, stream, params) }
     }
     fn end_call(&self, _seq: u64, stream: StreamHandle) -> Result<()> {
         let counter = self.counter.ptr;
         let progress = self.shared.progress.device;
-        self.launch("nccl_end", &mut [arg(&counter), arg(&progress)], 1, stream)
+        // SAFETY: nccl_end of this object's module; its counter and host-mapped progress
+        // record live as long as it.
+        unsafe { self.k.end.launch(ONE_THREAD, stream, (counter, progress)) }
     }
     fn wait_done(&self, _seq: u64, _stream: StreamHandle, _info: WaitInfo) -> Result<()> {
         Ok(())
