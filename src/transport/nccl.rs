@@ -163,7 +163,16 @@ struct Shared {
     world_ranks: Vec<usize>,
     tp_rank: usize,
     stop: AtomicBool,
+    /// Set while the watchdog, having recorded a failure and aborted the communicator,
+    /// finds out which peers entered the call: readers wait for that account (bounded)
+    /// rather than report the failure without it.
+    refining: AtomicBool,
 }
+
+/// How long a reader of a failure waits for the watchdog's account of the absent peers
+/// (`Shared::absent_peers` waits up to 500 ms after the abort, which itself may take a
+/// while).
+const REFINE_WAIT: Duration = Duration::from_millis(2000);
 
 impl Shared {
     fn progress(&self) -> (u64, u64, u64, u64) {
@@ -190,11 +199,22 @@ impl Shared {
     /// The recorded failure: the watchdog's, else the device's (a mismatch not yet seen
     /// by the watchdog).
     fn failure(&self) -> Option<Timeout> {
-        let f = self
-            .failure
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let read = || {
+            self.failure
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone()
+        };
+        let f = read();
+        if f.is_some() && self.refining.load(Ordering::Acquire) {
+            // The watchdog is naming the absent peers: wait for it (bounded), then read
+            // the refined record.
+            let t0 = Instant::now();
+            while self.refining.load(Ordering::Acquire) && t0.elapsed() < REFINE_WAIT {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            return read();
+        }
         f.or_else(|| self.device_failure())
     }
     /// Abort the communicator (once): NCCL's kernels of the group exit. `aborted` is set
@@ -235,6 +255,16 @@ impl Shared {
     fn abort(&self, f: Timeout) {
         self.record(f);
         self.abort_comm();
+    }
+    /// Record `f` for call `seq`, abort the communicator, then refine the record with
+    /// the peers that never entered the call (`note` says what happened). Readers of the
+    /// failure wait for the refined record (`refining`, set before the record appears).
+    fn abort_and_name(&self, f: Timeout, seq: u64, note: &str) {
+        self.refining.store(true, Ordering::Release);
+        self.abort(f);
+        let (peer, who) = self.name_absent(seq);
+        self.refine(peer, format!("{who}; {note}"));
+        self.refining.store(false, Ordering::Release);
     }
     /// After an abort in call `seq`: the first absent peer (u32::MAX: none known) and an
     /// account of who entered the call.
@@ -306,16 +336,17 @@ fn watchdog(w: Weak<Shared>) {
                     "the group's NCCL communicator reported an asynchronous error: {}; the watchdog aborted it",
                     result_name(e)
                 );
-                sh.abort(Timeout::host(
+                let f = Timeout::host(
                     FailureKind::Transport,
                     op as u32,
                     started,
                     0.0,
                     note.clone(),
-                ));
+                );
                 if started > finished {
-                    let (peer, who) = sh.name_absent(started);
-                    sh.refine(peer, format!("{note}; {who}"));
+                    sh.abort_and_name(f, started, &note);
+                } else {
+                    sh.abort(f);
                 }
                 return;
             }
@@ -327,15 +358,14 @@ fn watchdog(w: Weak<Shared>) {
             } else if since.elapsed() > sh.timeout {
                 const ABORTED: &str = "the watchdog aborted the group's NCCL communicator";
                 // Record, abort (that ends the stuck kernels), then read who arrived.
-                sh.abort(Timeout::host(
+                let f = Timeout::host(
                     FailureKind::Timeout,
                     op as u32,
                     started,
                     since.elapsed().as_secs_f64() * 1e3,
                     ABORTED.into(),
-                ));
-                let (peer, note) = sh.name_absent(started);
-                sh.refine(peer, format!("{note}; {ABORTED}"));
+                );
+                sh.abort_and_name(f, started, ABORTED);
                 return;
             }
         } else {
@@ -520,6 +550,7 @@ impl NcclTransport {
             world_ranks: group.to_vec(),
             tp_rank,
             stop: AtomicBool::new(false),
+            refining: AtomicBool::new(false),
         });
         let w = Arc::downgrade(&shared);
         let watchdog = std::thread::Builder::new()
