@@ -504,6 +504,7 @@ def train(opts: argparse.Namespace) -> dict:
         torch.cuda.synchronize()
 
     def step(verbose: bool = False) -> torch.Tensor:
+        """One training step; returns the output (detached) for the logged loss."""
         optim.zero_grad(set_to_none=True)
         if verbose:
             dist_print("|-- Forward pass")
@@ -520,7 +521,7 @@ def train(opts: argparse.Namespace) -> dict:
         if verbose:
             dist_print("|-- Optimizer step")
         optim.step()
-        return loss
+        return out.detach()
 
     cuda = device.type == "cuda"
     losses: List[float] = []
@@ -546,13 +547,14 @@ def train(opts: argparse.Namespace) -> dict:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
         t0 = time.perf_counter()
-        loss = step(verbose)
+        out = step(verbose)
         t1 = time.perf_counter()  # the step's last enqueue (nothing above synchronizes)
         if cuda:
             end.record()
             events.append((start, end))
-        # Outside the timed region: the loss summed over every rank (DP replicas included).
-        l = loss.detach().float()  # (a new tensor: summed in float32)
+        # Outside the timed region: the loss in float32 (the step's own is bf16-rounded, too
+        # coarse to compare builds), summed over every rank (DP replicas included).
+        l = F.mse_loss(out.float(), target.float()).reshape(())
         dist.all_reduce(l, group=dist.group.WORLD)
         loss_dev.append(l)
         if not cuda:
