@@ -10,6 +10,8 @@ use crate::error::{Error, Result};
 use crate::invalid;
 use std::ffi::c_void;
 
+pub mod channel;
+
 /// allgather(user, global, global_bytes, local, local_bytes): gather `local_bytes` from
 /// every rank into `global` in rank order; returns 0 on success.
 pub type AllgatherFn =
@@ -18,12 +20,15 @@ pub type AllgatherFn =
 pub type BarrierFn = unsafe extern "C" fn(*mut c_void) -> i32;
 
 pub enum Exchange {
+    /// the caller's communicator (not owned)
     Nccl(usize),
     Callbacks {
         allgather: AllgatherFn,
         barrier: BarrierFn,
         user: usize,
     },
+    /// the library's own communicator over the ranks of the caller's ([`Bootstrap::owned`])
+    Owned(channel::Channel),
 }
 
 pub struct Bootstrap {
@@ -90,12 +95,30 @@ impl Bootstrap {
         })
     }
 
+    /// This bootstrap with its exchanges over a communicator of the library's own when
+    /// it is the caller's NCCL communicator of more than one rank (collective: see
+    /// [`channel`]; every wait bounded by `timeout`), else itself.
+    pub fn owned(self, timeout: std::time::Duration) -> Result<Bootstrap> {
+        match self.exchange {
+            Exchange::Nccl(_) if self.size > 1 => {
+                let ch = channel::Channel::create(&self, timeout)?;
+                Ok(Bootstrap {
+                    rank: self.rank,
+                    size: self.size,
+                    exchange: Exchange::Owned(ch),
+                })
+            }
+            _ => Ok(self),
+        }
+    }
+
     /// Gather `local` (same length on every rank) from all ranks, in rank order.
     pub fn allgather(&self, local: &[u8]) -> Result<Vec<u8>> {
         let n = local.len();
         let mut out = vec![0u8; n * self.size];
-        match self.exchange {
-            Exchange::Callbacks {
+        match &self.exchange {
+            Exchange::Owned(ch) => return ch.allgather(local),
+            &Exchange::Callbacks {
                 allgather, user, ..
             } => {
                 // SAFETY: buffers sized as the callback contract states.
@@ -111,11 +134,13 @@ impl Bootstrap {
                 if rc != 0 {
                     return Err(Error::new(
                         K::Internal,
-                        format!("the allgather callback failed (returned {rc})"),
+                        format!(
+                            "the allgather callback failed (returned {rc}; if it timed out: a rank did not take the same collective step, most likely because the ranks called with different shapes, types or options, which NVTE_COMM_CHECK=1 reports as a cross-rank mismatch, or a rank is absent or failed)"
+                        ),
                     ));
                 }
             }
-            Exchange::Nccl(comm) => {
+            &Exchange::Nccl(comm) => {
                 // Setup only: a private stream and a host synchronisation are fine here.
                 let stream = Stream::new(0)?;
                 let send = DeviceMem::new(n)?;
@@ -172,7 +197,7 @@ impl Bootstrap {
                 }
                 Ok(())
             }
-            Exchange::Nccl(_) => self.allgather(&[0u8]).map(|_| ()),
+            Exchange::Nccl(_) | Exchange::Owned(_) => self.allgather(&[0u8]).map(|_| ()),
         }
     }
 }
