@@ -1,7 +1,10 @@
 //! Out-of-band exchange among the ranks of the world at setup time: an allgather and a
 //! barrier, either through an NCCL communicator or through the caller's callbacks (the
 //! analog of TE's ExtAllgatherOp / ExtBarrierOp, so a framework can use its own process
-//! group). Used only while creating and destroying objects, never in the hot path.
+//! group). Used while creating objects, by a comm-GEMM context's engine creation and
+//! autotuning, and under NVTE_COMM_CHECK once per eager comm-GEMM call (a debug mode);
+//! never in the hot path otherwise. A comm-GEMM context moves its exchanges from the
+//! caller's NCCL communicator to one of its own ([`Bootstrap::owned`], [`channel`]).
 use crate::cuda::dynlib::nccl_sys as nccl;
 use crate::cuda::resources::{DeviceMem, Stream, copy_from_host, copy_to_host};
 use crate::cuda::{self, Lib, nccl_check};
