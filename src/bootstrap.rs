@@ -1,7 +1,10 @@
 //! Out-of-band exchange among the ranks of the world at setup time: an allgather and a
 //! barrier, either through an NCCL communicator or through the caller's callbacks (the
 //! analog of TE's ExtAllgatherOp / ExtBarrierOp, so a framework can use its own process
-//! group). Used only while creating and destroying objects, never in the hot path.
+//! group). Used while creating objects, by a comm-GEMM context's engine creation and
+//! autotuning, and under NVTE_COMM_CHECK once per eager comm-GEMM call (a debug mode);
+//! never in the hot path otherwise. A comm-GEMM context moves its exchanges from the
+//! caller's NCCL communicator to one of its own ([`Bootstrap::owned`], [`channel`]).
 use crate::cuda::dynlib::nccl_sys as nccl;
 use crate::cuda::resources::{DeviceMem, Stream, copy_from_host, copy_to_host};
 use crate::cuda::{self, Lib, nccl_check};
@@ -9,6 +12,8 @@ use crate::error::ErrorKind as K;
 use crate::error::{Error, Result};
 use crate::invalid;
 use std::ffi::c_void;
+
+pub mod channel;
 
 /// allgather(user, global, global_bytes, local, local_bytes): gather `local_bytes` from
 /// every rank into `global` in rank order; returns 0 on success.
@@ -18,12 +23,15 @@ pub type AllgatherFn =
 pub type BarrierFn = unsafe extern "C" fn(*mut c_void) -> i32;
 
 pub enum Exchange {
+    /// the caller's communicator (not owned)
     Nccl(usize),
     Callbacks {
         allgather: AllgatherFn,
         barrier: BarrierFn,
         user: usize,
     },
+    /// the library's own communicator over the ranks of the caller's ([`Bootstrap::owned`])
+    Owned(channel::Channel),
 }
 
 pub struct Bootstrap {
@@ -90,12 +98,30 @@ impl Bootstrap {
         })
     }
 
+    /// This bootstrap with its exchanges over a communicator of the library's own when
+    /// it is the caller's NCCL communicator of more than one rank (collective: see
+    /// [`channel`]; every wait bounded by `timeout`), else itself.
+    pub fn owned(self, timeout: std::time::Duration) -> Result<Bootstrap> {
+        match self.exchange {
+            Exchange::Nccl(_) if self.size > 1 => {
+                let ch = channel::Channel::create(&self, timeout)?;
+                Ok(Bootstrap {
+                    rank: self.rank,
+                    size: self.size,
+                    exchange: Exchange::Owned(ch),
+                })
+            }
+            _ => Ok(self),
+        }
+    }
+
     /// Gather `local` (same length on every rank) from all ranks, in rank order.
     pub fn allgather(&self, local: &[u8]) -> Result<Vec<u8>> {
         let n = local.len();
         let mut out = vec![0u8; n * self.size];
-        match self.exchange {
-            Exchange::Callbacks {
+        match &self.exchange {
+            Exchange::Owned(ch) => return ch.allgather(local),
+            &Exchange::Callbacks {
                 allgather, user, ..
             } => {
                 // SAFETY: buffers sized as the callback contract states.
@@ -111,11 +137,13 @@ impl Bootstrap {
                 if rc != 0 {
                     return Err(Error::new(
                         K::Internal,
-                        format!("the allgather callback failed (returned {rc})"),
+                        format!(
+                            "the allgather callback failed (returned {rc}; if it timed out: a rank did not take the same collective step, most likely because the ranks called with different shapes, types or options, which NVTE_COMM_CHECK=1 reports as a cross-rank mismatch, or a rank is absent or failed)"
+                        ),
                     ));
                 }
             }
-            Exchange::Nccl(comm) => {
+            &Exchange::Nccl(comm) => {
                 // Setup only: a private stream and a host synchronisation are fine here.
                 let stream = Stream::new(0)?;
                 let send = DeviceMem::new(n)?;
@@ -172,7 +200,7 @@ impl Bootstrap {
                 }
                 Ok(())
             }
-            Exchange::Nccl(_) => self.allgather(&[0u8]).map(|_| ()),
+            Exchange::Nccl(_) | Exchange::Owned(_) => self.allgather(&[0u8]).map(|_| ()),
         }
     }
 }

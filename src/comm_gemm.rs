@@ -43,6 +43,7 @@ use crate::tune;
 use crate::{invalid, unsupported};
 use std::collections::HashMap;
 
+mod agree;
 pub(crate) mod call;
 #[cfg(test)]
 mod protocol;
@@ -157,6 +158,11 @@ pub struct CommGemmCtx {
     retired_scratch: Vec<DeviceMem>,
     /// one rank, no report or trace: every call is its GEMM (module doc)
     direct: bool,
+    /// NVTE_COMM_CHECK at the context's creation: eager calls agree with the peers on
+    /// the host first (`agree`)
+    check: bool,
+    /// the eager calls agreed on so far (the agreement's call number)
+    agreed: u64,
     /// the direct calls' stand-in for the engines: the largest buffer (bytes) an eager
     /// call of each buffer dtype would have sized its engine to (the warm-up rule)
     direct_sizes: Vec<(DType, usize)>,
@@ -178,6 +184,7 @@ struct CtxEnv {
     trace: bool,
     tune_mode: tune::Mode,
     fp8_fast_accum: bool,
+    check: bool,
 }
 
 fn shape_of(t: &Tensor, what: &str) -> Result<(usize, usize)> {
@@ -272,19 +279,28 @@ impl CommGemmCtx {
             trace,
             tune_mode,
             fp8_fast_accum: fp8_fast_accum()?,
+            check: crate::overlap::check_enabled()?,
         })
     }
 
     /// A context whose setup exchanges go through `bs` (an NCCL communicator or the
-    /// caller's allgather/barrier callbacks). Nothing collective happens here: the
-    /// engines are created, collectively, by the first call (or `prepare`) of each kind.
+    /// caller's allgather/barrier callbacks). Collective over an NCCL communicator of
+    /// several ranks (the context's own communicator is made here), else nothing
+    /// collective happens here: the engines are created, collectively, by the first call
+    /// (or `prepare`) of each kind.
     pub fn from_bootstrap(bs: Bootstrap) -> Result<CommGemmCtx> {
         Self::with_env(bs, Self::read_env()?)
     }
 
     fn with_env(bs: Bootstrap, env: CtxEnv) -> Result<CommGemmCtx> {
-        // No CUDA here: each call enters its stream's context (a framework thread may
-        // have none current, and device 0 may not be this rank's).
+        // Over a caller's NCCL communicator of several ranks, the one collective step
+        // here: the context's own communicator, which every later exchange uses (its
+        // waits end by aborting it, so none can leave a kernel on the GPU for good; see
+        // `crate::bootstrap::channel`). Otherwise no CUDA here: each call enters its
+        // stream's context (a framework thread may have none current, and device 0 may
+        // not be this rank's).
+        let timeout = std::time::Duration::from_millis(env.cfg.timeout_ms.max(1) as u64);
+        let bs = bs.owned(timeout)?;
         let report = Overlap::report_enabled()?;
         let direct = bs.size == 1 && !report && !env.trace;
         Ok(CommGemmCtx {
@@ -311,6 +327,8 @@ impl CommGemmCtx {
             retired_scratch: Vec::new(),
             direct,
             direct_sizes: Vec::new(),
+            check: env.check,
+            agreed: 0,
         })
     }
 
@@ -471,8 +489,18 @@ impl CommGemmCtx {
 
     pub fn call(&mut self, c: &GemmCall, stream: StreamHandle) -> Result<()> {
         self.current = None;
-        // Argument checks first: no driver call (capture status, tuning) before them.
-        self.check_operands(c)?;
+        // Argument checks first: no driver call (capture status, tuning) before them,
+        // except that under NVTE_COMM_CHECK the ranks agree on the call (and on the
+        // checks' verdict) before any collective step, so that a rank that called
+        // differently cannot take another collective path than its peers.
+        let checked = self.check_operands(c);
+        if self.check && self.nranks > 1 {
+            let agreed = self.agree(c, stream, checked.is_err());
+            checked?;
+            agreed?;
+        } else {
+            checked?;
+        }
         if let Some(key) = self.tune_key(c)? {
             // At most MAX_KEYS keys are tuned per context: a workload with ever new
             // shapes (varying token counts) must not keep tuning. The count is the same on
@@ -486,6 +514,32 @@ impl CommGemmCtx {
             self.current = self.tuned.get(&key).copied();
         }
         self.call_inner(c, stream)
+    }
+
+    /// NVTE_COMM_CHECK's host-side agreement of an eager call (see `agree`): every rank's
+    /// record of the call (with this rank's verdict on its arguments, `failed`, and
+    /// whether the call autotunes now) gathered through the bootstrap and compared. A
+    /// captured call cannot wait for its peers on the host: the in-kernel check at the
+    /// arrival barrier applies to it (and to every replay). Cost: one bootstrap exchange
+    /// of a few bytes per eager call (over NCCL, tens of microseconds), only under the
+    /// check.
+    fn agree(&mut self, c: &GemmCall, stream: StreamHandle, failed: bool) -> Result<()> {
+        if capture_status(stream)?.active() {
+            return Ok(());
+        }
+        self.agreed += 1;
+        let tunes = !failed
+            && self
+                .tune_key(c)?
+                .is_some_and(|k| !self.tuned.contains_key(&k) && self.tuned.len() < tune::MAX_KEYS);
+        let mode = match self.tune_mode {
+            tune::Mode::Off => 0,
+            tune::Mode::On => 1,
+            tune::Mode::Force => 2,
+        };
+        let rec = agree::Record::of(c, self.agreed, failed, self.preparing, (tunes, mode));
+        let all = self.bs.allgather(&rec.encode())?;
+        agree::verdict(&all, self.rank)
     }
 
     /// The autotuner's key of this call, None when the call is not tuned.

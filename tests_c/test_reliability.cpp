@@ -15,9 +15,13 @@
 //   churn     create / call / destroy cycles of overlap objects (IPC and NCCL) and of
 //             comm-GEMM contexts: device memory and handle count flat.
 //
+// The comm-GEMM cases run twice over IPC: with a context made from an NCCL communicator
+// (nvte_comm_gemm_ctx_create) and with one made from the ranks' bootstrap callbacks
+// (nvte_comm_gemm_ctx_create_bootstrap, "callbacks"; no NCCL at all).
+//
 // Ranks get GPU rank % #GPUs. With more ranks than GPUs (ranks sharing a GPU) only the
-// IPC transport and the overlap API run: NCCL refuses two ranks on one GPU (and the
-// comm-GEMM API needs an NCCL communicator); what is left out is printed.
+// IPC transport runs (the overlap API, and the comm-GEMM API with callback contexts):
+// NCCL refuses two ranks on one GPU; what is left out is printed.
 //
 // Usage: test_reliability [--ranks N] [--only fault,mismatch,soak,churn]
 //                         [--soak-calls C] [--churn-cycles K] [--verify-every V] [--timeout-ms T]
@@ -296,31 +300,47 @@ std::vector<NVTECommTransport> transports(pg::Rank &r) {
   return {NVTE_COMM_TRANSPORT_IPC, NVTE_COMM_TRANSPORT_NCCL};
 }
 
+// A comm-GEMM context of all ranks: from an NCCL communicator of theirs, or (`cb`) from
+// the group's bootstrap callbacks (no NCCL; ranks may share a GPU over IPC).
+NVTECommGemmCtx *make_ctx(Ctx &c, bool cb, const std::string &what) {
+  NVTECommGemmCtx *ctx = nullptr;
+  if (cb) {
+    NVTECommBootstrap b = pg::bootstrap(c.r);
+    if (nvte_comm_gemm_ctx_create_bootstrap(&b, &ctx) != NVTE_COMM_SUCCESS) ctx = nullptr;
+  } else {
+    ncclComm_t comm = pg::nccl_world(c.r);
+    c.rep.check(comm != nullptr, what + ": NCCL communicator");
+    // (The communicator is not destroyed: after a peer's death only its owner could
+    // abort it; the library never touches it again.)
+    if (comm) ctx = nvte_comm_gemm_ctx_create(comm, c.r.n, c.r.rank);
+  }
+  c.rep.check(ctx != nullptr, what + ": ctx_create" + (ctx ? "" : std::string(": ") + nvte_comm_last_error()));
+  return ctx;
+}
+
+const char *api_name(bool cg_api, bool cb) {
+  return !cg_api ? "overlap API" : cb ? "comm-GEMM API callbacks" : "comm-GEMM API";
+}
+
 // ---------------------------------------------------------------- fault injection
 
 // `mid`: the victim enqueues the call and dies once the first chunk of its output is
 // written (poisoned before: NaN bytes); else it dies before the call.
-int fault_case(pg::Rank &r, NVTECommTransport tr, bool cg_api, bool mid) {
+int fault_case(pg::Rank &r, NVTECommTransport tr, bool cg_api, bool cb, bool mid) {
   Ctx c(r);
   const int victim = r.n - 1;
   std::string what = std::string("fault ") + (mid ? "mid-pipeline" : "before-call") + " " + tname(tr) + " " +
-                     (cg_api ? "comm-GEMM API" : "overlap API") + " np" + std::to_string(r.n);
+                     api_name(cg_api, cb) + " np" + std::to_string(r.n);
   setenv("NVTE_COMM_TRANSPORT", tname(tr), 1);
   setenv("NVTE_COMM_TIMEOUT_MS", std::to_string(g.timeout_ms).c_str(), 1);
   OvOp *ov = nullptr;
   CgOp *cg = nullptr;
   NVTECommGemmCtx *ctx = nullptr;
   if (cg_api) {
-    ncclComm_t comm = pg::nccl_world(r);
-    c.rep.check(comm != nullptr, what + ": NCCL communicator");
-    if (!comm) return c.rep.code();
-    ctx = nvte_comm_gemm_ctx_create(comm, r.n, r.rank);
-    c.rep.check(ctx != nullptr, what + ": ctx_create");
+    ctx = make_ctx(c, cb, what);
     if (!ctx) return c.rep.code();
     cg = make_cg(c, kCgAg, 1024 * r.n, 2048 * r.n, 1024, 0);
     c.rep.check(cg_call(c, ctx, *cg) == NVTE_COMM_SUCCESS && cg_err(c, *cg) < 2e-2, what + ": warm-up call correct");
-    // (The communicator is not destroyed: after a peer's death only its owner could
-    // abort it; the library never touches it again.)
   } else {
     ov = make_ov(c, kAg, tr, 2048, 1024, 1024, 0);
     if (!ov) return c.rep.code();
@@ -413,11 +433,10 @@ int fault_case(pg::Rank &r, NVTECommTransport tr, bool cg_api, bool mid) {
 
 // ---------------------------------------------------------------- cross-rank check
 
-int mismatch_case(pg::Rank &r, NVTECommTransport tr, bool cg_api) {
+int mismatch_case(pg::Rank &r, NVTECommTransport tr, bool cg_api, bool cb = false) {
   Ctx c(r);
   const int odd = r.n - 1;
-  std::string what = std::string("mismatch ") + tname(tr) + " " + (cg_api ? "comm-GEMM API" : "overlap API") + " np" +
-                     std::to_string(r.n);
+  std::string what = std::string("mismatch ") + tname(tr) + " " + api_name(cg_api, cb) + " np" + std::to_string(r.n);
   if (!r.threaded) {  // (threads: the launcher set them)
     setenv("NVTE_COMM_CHECK", "1", 1);
     setenv("NVTE_COMM_TRANSPORT", tname(tr), 1);
@@ -428,9 +447,7 @@ int mismatch_case(pg::Rank &r, NVTECommTransport tr, bool cg_api) {
   double ms;
   std::string msg;
   if (cg_api) {
-    ncclComm_t comm = pg::nccl_world(r);
-    NVTECommGemmCtx *ctx = comm ? nvte_comm_gemm_ctx_create(comm, r.n, r.rank) : nullptr;
-    c.rep.check(ctx != nullptr, what + ": ctx");
+    NVTECommGemmCtx *ctx = make_ctx(c, cb, what);
     if (!ctx) return c.rep.code();
     {
       CgOp *ops[3] = {make_cg(c, kCgAg, 256 * r.n, 256 * r.n, 256, 1), make_cg(c, kCgRs, 256, 256 * r.n, 256 * r.n, 1),
@@ -453,7 +470,17 @@ int mismatch_case(pg::Rank &r, NVTECommTransport tr, bool cg_api) {
     ms = since(t0);
     msg = nvte_comm_last_error();
     delete x;
+    // The mismatch was found before any collective step: the context is still usable.
+    if (st == NVTE_COMM_ERROR_INVALID_ARGUMENT) {
+      CgOp *y = make_cg(c, kCgAg, 256 * r.n, 256 * r.n, 256, 3);
+      c.rep.check(cg_call(c, ctx, *y) == NVTE_COMM_SUCCESS && cg_err(c, *y) < 2e-2,
+                  what + ": a matching call after the mismatch passes, result correct");
+      delete y;
+    }
+    auto t1 = std::chrono::steady_clock::now();
     nvte_comm_gemm_ctx_destroy(ctx);
+    c.rep.check(nvte_comm_last_status() == NVTE_COMM_SUCCESS && since(t1) <= g.timeout_ms + 6000.0,
+                what + ": ctx_destroy after the mismatch (" + std::to_string((int)since(t1)) + " ms)");
   } else {
     OvOp *ops[3] = {make_ov(c, kAg, tr, 128, 256, 192, 1), make_ov(c, kRs, tr, 128, 256, 192, 1),
                     make_ov(c, kRsP2p, tr, 128, 256, 192, 1)};
@@ -695,7 +722,7 @@ int churn(pg::Rank &r) {
 }
 
 // Whether rank `r` skips case `what` that needs one GPU per rank (`needs_own_gpu`: NCCL,
-// and the comm-GEMM API, which needs an NCCL communicator, refuse two ranks on one GPU)
+// and comm-GEMM contexts made from an NCCL communicator, refuse two ranks on one GPU)
 // while the ranks share a GPU. Rank 0 says so.
 bool skip_shared(pg::Rank &r, bool needs_own_gpu, const std::string &what) {
   if (!needs_own_gpu || !r.shared_gpu()) return false;
@@ -790,17 +817,26 @@ int main(int argc, char **argv) {
     if (failed) return 1;
     return passed == 0 && skipped > 0 ? pg::kSkip : 0;
   }
+  // API variants: the overlap API, the comm-GEMM API with a context from an NCCL
+  // communicator (one GPU per rank), and with one from the bootstrap callbacks (IPC only:
+  // ranks may share a GPU).
+  struct Api {
+    bool cg_api, cb;
+  };
+  const Api apis[3] = {{false, false}, {true, false}, {true, true}};
+  auto needs_own_gpu = [](NVTECommTransport tr, Api a) { return tr == NVTE_COMM_TRANSPORT_NCCL || (a.cg_api && !a.cb); };
   if (g.ranks >= 2 && wants("fault")) {
     for (auto tr : trs)
-      for (bool cg_api : {false, true})
+      for (Api a : apis)
         for (bool mid : {false, true}) {
-          std::string what = std::string("fault ") + (mid ? "mid-pipeline " : "before-call ") + tname(tr) +
-                             (cg_api ? " comm-GEMM API" : " overlap API");
+          if (a.cb && tr == NVTE_COMM_TRANSPORT_NCCL) continue;
+          std::string what = std::string("fault ") + (mid ? "mid-pipeline " : "before-call ") + tname(tr) + " " +
+                             api_name(a.cg_api, a.cb);
           int code = pg::run(
               g.ranks, case_deadline,
               [&](pg::Rank &r) {
-                if (skip_shared(r, tr == NVTE_COMM_TRANSPORT_NCCL || cg_api, what)) return pg::kSkip;
-                return fault_case(r, tr, cg_api, mid);
+                if (skip_shared(r, needs_own_gpu(tr, a), what)) return pg::kSkip;
+                return fault_case(r, tr, a.cg_api, a.cb, mid);
               },
               what.c_str(), {g.ranks - 1});
           tally(code, what + " np" + std::to_string(g.ranks));
@@ -808,13 +844,14 @@ int main(int argc, char **argv) {
   }
   if (g.ranks >= 2 && wants("mismatch")) {
     for (auto tr : trs)
-      for (bool cg_api : {false, true}) {
-        std::string what = std::string("mismatch ") + tname(tr) + (cg_api ? " comm-GEMM API" : " overlap API");
+      for (Api a : apis) {
+        if (a.cb && tr == NVTE_COMM_TRANSPORT_NCCL) continue;
+        std::string what = std::string("mismatch ") + tname(tr) + " " + api_name(a.cg_api, a.cb);
         int code = pg::run(
             g.ranks, case_deadline,
             [&](pg::Rank &r) {
-              if (skip_shared(r, tr == NVTE_COMM_TRANSPORT_NCCL || cg_api, what)) return pg::kSkip;
-              return mismatch_case(r, tr, cg_api);
+              if (skip_shared(r, needs_own_gpu(tr, a), what)) return pg::kSkip;
+              return mismatch_case(r, tr, a.cg_api, a.cb);
             },
             what.c_str());
         tally(code, what + " np" + std::to_string(g.ranks));

@@ -337,6 +337,41 @@ pub fn copy_async(dst: DevPtr, src: DevPtr, bytes: usize, stream: StreamHandle) 
     )
 }
 
+/// cuMemcpyHtoDAsync of `bytes` from pinned host memory `src` (e.g. a [`HostMapped`]'s
+/// `host`) on `stream`: asynchronous, no device-wide synchronisation.
+///
+/// # Safety
+/// `src` is pinned host memory holding `bytes`, left alone until the copy completed.
+pub unsafe fn copy_from_pinned_async(
+    dst: DevPtr,
+    src: *const c_void,
+    bytes: usize,
+    stream: StreamHandle,
+) -> Result<()> {
+    // SAFETY: the caller's obligations.
+    check(
+        unsafe { cu::cuMemcpyHtoDAsync_v2(dst.raw(), src, bytes, stream.cu()) },
+        "cuMemcpyHtoDAsync",
+    )
+}
+
+/// cuMemcpyDtoHAsync of `bytes` into pinned host memory `dst` on `stream`.
+///
+/// # Safety
+/// `dst` is pinned host memory of at least `bytes`, not read until the copy completed.
+pub unsafe fn copy_to_pinned_async(
+    dst: *mut c_void,
+    src: DevPtr,
+    bytes: usize,
+    stream: StreamHandle,
+) -> Result<()> {
+    // SAFETY: the caller's obligations.
+    check(
+        unsafe { cu::cuMemcpyDtoHAsync_v2(dst, src.raw(), bytes, stream.cu()) },
+        "cuMemcpyDtoHAsync",
+    )
+}
+
 pub fn copy_to_host(dst: &mut [u8], src: DevPtr) -> Result<()> {
     // SAFETY: dst is a host slice of the copied length.
     check(

@@ -513,7 +513,7 @@ impl Overlap {
                 K::Timeout,
                 format!(
                     "timeout after {:.1} ms: {who} waited for {peer} in {} at step {} of call {}; \
-                     the peer never signalled (it did not enter the call, failed, or hangs).{note} {tail}",
+                     the peer never signalled (it did not enter the call, e.g. because it called with other shapes, types or options, which NVTE_COMM_CHECK=1 reports as a cross-rank mismatch; or it failed, or hangs).{note} {tail}",
                     to.waited_ms,
                     op_name(to.op),
                     to.step,

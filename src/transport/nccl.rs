@@ -20,6 +20,9 @@ use super::{
     RecvOp, SendOp, Timeout, Transport, TwoSided, WaitInfo,
 };
 use crate::bootstrap::Bootstrap;
+use crate::bootstrap::channel::{
+    IN_PROGRESS, async_state, check_nb, nonblocking_config, result_name, wait_ready,
+};
 use crate::cuda::StreamHandle;
 use crate::cuda::dynlib::nccl_sys as nc;
 use crate::cuda::resources::{DeviceMem, HostMapped};
@@ -34,96 +37,6 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
-
-const IN_PROGRESS: u32 = nc::ncclResult_t::ncclInProgress as u32;
-
-fn result_name(r: u32) -> String {
-    match r {
-        0 => "success".into(),
-        1 => "unhandled CUDA error".into(),
-        2 => "system error".into(),
-        3 => "internal error".into(),
-        4 => "invalid argument".into(),
-        5 => "invalid usage".into(),
-        6 => "remote error (a peer failed or exited)".into(),
-        7 => "in progress".into(),
-        8 => "timeout".into(),
-        other => format!("error {other}"),
-    }
-}
-
-/// `r` of a call on a non-blocking communicator: success, or in progress (to be polled).
-fn check_nb(r: nc::ncclResult_t, call: &str) -> Result<bool> {
-    if r == nc::ncclResult_t::ncclInProgress {
-        return Ok(true);
-    }
-    check(r, call).map(|_| false)
-}
-
-/// The communicator's asynchronous state (ncclCommGetAsyncError).
-fn async_state(comm: usize) -> Result<u32> {
-    let mut st = 0u32;
-    // SAFETY: live communicator; out pointer (a u32: NCCL may return codes newer than
-    // the bindings' enum).
-    check(
-        unsafe { nc::ncclCommGetAsyncError(comm as nc::ncclComm_t, &mut st) },
-        "ncclCommGetAsyncError",
-    )?;
-    Ok(st)
-}
-
-/// Poll a non-blocking communicator until its pending operation is done, for at most
-/// `limit`. Err(TIMEOUT) when it is still in progress then (the caller aborts the
-/// communicator), Err(NCCL) on an NCCL error.
-fn wait_ready(comm: usize, limit: Duration, what: &str) -> Result<()> {
-    let t0 = Instant::now();
-    loop {
-        match async_state(comm)? {
-            0 => return Ok(()),
-            IN_PROGRESS => {}
-            e => {
-                return Err(Error::new(
-                    K::Nccl,
-                    format!("{what}: NCCL reported {}", result_name(e)),
-                ));
-            }
-        }
-        if t0.elapsed() > limit {
-            return Err(Error::new(
-                K::Timeout,
-                format!(
-                    "{what}: not done after {:.1} s (a peer of the group did not join: it is absent, failed or hangs)",
-                    limit.as_secs_f64()
-                ),
-            ));
-        }
-        std::thread::sleep(Duration::from_micros(50));
-    }
-}
-
-/// NCCL_CONFIG_INITIALIZER with `blocking = 0` (layout of NCCL 2.28; a newer NCCL reads
-/// only the fields of the version given, an older one only those it knows).
-fn nonblocking_config() -> nc::ncclConfig_t {
-    const UNDEF: i32 = i32::MIN;
-    // SAFETY: plain C struct; NULL pointers are NCCL's "undefined" pointers.
-    let mut c: nc::ncclConfig_t = unsafe { std::mem::zeroed() };
-    c.size = std::mem::size_of::<nc::ncclConfig_t>();
-    c.magic = 0xcafe_beef;
-    c.version = 22800;
-    c.blocking = 0;
-    c.cgaClusterSize = UNDEF;
-    c.minCTAs = UNDEF;
-    c.maxCTAs = UNDEF;
-    c.splitShare = UNDEF;
-    c.trafficClass = UNDEF;
-    c.collnetEnable = UNDEF;
-    c.CTAPolicy = UNDEF;
-    c.shrinkShare = UNDEF;
-    c.nvlsCTAs = UNDEF;
-    c.nChannelsPerNetPeer = UNDEF;
-    c.nvlinkCentricSched = UNDEF;
-    c
-}
 
 /// NCCL's element type for a reduction of `d`.
 pub fn nccl_type(d: DType) -> Result<nc::ncclDataType_t> {
