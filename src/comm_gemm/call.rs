@@ -108,6 +108,7 @@ fn all_gather<B: CallBackend>(b: &mut B, c: &GemmCall, ws: &Tensor) -> Result<()
         let args = AgArgs {
             g,
             b_copy: c.b_gathered,
+            key_m: Some(c.m as usize),
         };
         return b.split_ag(eng, &args);
     }
@@ -174,6 +175,7 @@ fn all_gather_padded<B: CallBackend>(
             ..c.operands(&bp, &dp, ws, b.fast_accum())
         },
         b_copy: bg.as_ref().map(|(_, p)| p),
+        key_m: Some(c.m as usize),
     };
     b.split_ag(eng, &args)?;
     b.copy(c.d.data.ptr, d_pad, n * ml * de)?;

@@ -280,10 +280,15 @@ fn comm_gemm_calls() {
             "n {}, bias {with_bias}",
             if extra == 0 { "divisible" } else { "padded" }
         );
-        all(&format!("comm-GEMM all-gather ({what})"), |tp, f| {
-            let dims = (16 * tp, 4 * tp + extra, 8);
-            check_comm_gemm(tp, Cfg::new(f), (true, with_bias), Kind::AllGather, dims)
-        });
+        all(
+            &format!("comm-GEMM all-gather ({what}, m uneven: {})", extra > 0),
+            |tp, f| {
+                // m + extra is not divisible by tp > 1 either: the ranks' shares of m (and of
+                // the bias) differ, and their cross-rank check keys must still agree.
+                let dims = (16 * tp + extra, 4 * tp + extra, 8);
+                check_comm_gemm(tp, Cfg::new(f), (true, with_bias), Kind::AllGather, dims)
+            },
+        );
         for ring in [true, false] {
             all(
                 &format!("comm-GEMM reduce-scatter ({what}, ring {ring})"),

@@ -323,6 +323,7 @@ pub extern "C" fn nvte_comm_overlap_split_ag(
         let args = AgArgs {
             g: extras.operands(&a, &b, &d, flags, 0),
             b_copy: bc.as_ref(),
+            key_m: None,
         };
         with(overlap, |o| {
             o.split_ag(&args, crate::ffi::stream_of(stream))

@@ -22,6 +22,10 @@ use crate::{invalid, unsupported};
 pub struct AgArgs<'a> {
     pub g: TeGemm<'a>,
     pub b_copy: Option<&'a Tensor>,
+    /// The m every rank's cross-rank check key carries instead of this rank's own (None:
+    /// its own). The comm-GEMM API splits m unevenly across the ranks (numroc): its calls
+    /// pass the global m, so ranks with different shares of m agree.
+    pub key_m: Option<usize>,
 }
 
 impl Overlap {
@@ -60,7 +64,11 @@ impl Planner<'_> {
     /// The ring all-gather + GEMM (module doc).
     pub fn split_ag(&mut self, x: &AgArgs) -> Result<()> {
         let sh = self.ag_shape(x)?;
-        self.begin(Op::SplitAg, false, &sh.full.check_key(), Some(&sh.full));
+        let mut key = sh.full.check_key();
+        if let Some(m) = x.key_m {
+            key[0] = m as u64;
+        }
+        self.begin(Op::SplitAg, false, &key, Some(&sh.full));
         let ring = super::schedule::ag_ring(self.tp(), self.tp_rank(), self.e.settings.aggregate);
         self.ag_rings(x, &sh, &ring)?;
         self.ag_local_copies(x, &sh, &ring);

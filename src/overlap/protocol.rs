@@ -1067,6 +1067,7 @@ fn check_ag(tp: usize, cfg: Cfg, view: bool) -> Res {
         let args = AgArgs {
             g: gemm(&ta, &tb, &td),
             b_copy: Some(&tc),
+            key_m: None,
         };
         p.split_ag(&args)
     };
