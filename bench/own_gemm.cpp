@@ -273,18 +273,39 @@ static void fill_u32(void *p, size_t count, uint32_t v, cudaStream_t s = 0) {
   launch(M.fill_u32, 1024, 1, 256, 1, 0, s, {&p, &c, &v});
 }
 
-static CUtensorMap tmap(void *ptr, bool fp8, int rows, int k, int box_rows) {
-  CUtensorMap t;
+// false (with the driver's reason printed) when the driver refuses the map.
+static bool tmap(CUtensorMap &t, void *ptr, bool fp8, int rows, int k, int box_rows) {
   const int es = fp8 ? 1 : 2;
   cuuint64_t dims[2] = {(cuuint64_t)k, (cuuint64_t)rows};
   cuuint64_t strides[1] = {(cuuint64_t)k * es};
   cuuint32_t box[2] = {(cuuint32_t)(128 / es), (cuuint32_t)box_rows};
   cuuint32_t estr[2] = {1, 1};
-  CU(p_cuTensorMapEncodeTiled(&t, fp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-                              2, ptr, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                              CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
-  return t;
+  CUresult r = p_cuTensorMapEncodeTiled(&t, fp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                                        2, ptr, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                        CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    const char *e = "unknown";
+    p_cuGetErrorString(r, &e);
+    std::printf("  cuTensorMapEncodeTiled refused rows %d k %d box %d x %d: %s\n", rows, k, 128 / es, box_rows, e);
+  }
+  return r == CUDA_SUCCESS;
+}
+
+// Waits for stream s; a kernel still running after `seconds` is reported as a hang and
+// the process ends (status 1) so that the log says where.
+static void sync_or_hang(cudaStream_t s, const char *what, int seconds = 30) {
+  const auto t0 = std::chrono::steady_clock::now();
+  while (cudaStreamQuery(s) == cudaErrorNotReady) {
+    if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(seconds)) {
+      std::printf("HANG: %s still running after %d s\n", what, seconds);
+      std::fflush(stdout);
+      std::_Exit(1);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  CK(cudaStreamSynchronize(s));
+  CK(cudaGetLastError());
 }
 
 static int g_sms = 132;
@@ -297,10 +318,7 @@ struct Own {
   void *A, *B, *D;
   const float *a_si = nullptr, *b_si = nullptr;
   CUtensorMap ta, tb;
-  void prepare() {
-    tb = tmap(B, fp8, n, k, 128);
-    ta = tmap(A, fp8, m, k, bn);
-  }
+  bool prepare() { return tmap(tb, B, fp8, n, k, 128) && tmap(ta, A, fp8, m, k, bn); }
   int tiles() const { return ((n + 127) / 128) * ((m + bn - 1) / bn); }
   void run(cudaStream_t s) {
     CUfunction f = M.own[fp8][out_f32][bn == 256];
@@ -578,10 +596,11 @@ static Row run_case(const Case &c, Lt &lt, int iters, cudaStream_t s) {
   own.D = D;
   own.a_si = si;
   own.b_si = si + 1;
-  own.prepare();
-  own.run(s);
-  CK(cudaStreamSynchronize(s));
-  CK(cudaGetLastError());
+  const bool mapped = own.prepare();
+  if (mapped) {
+    own.run(s);
+    sync_or_hang(s, "our kernel");
+  }
 
   const float rms = (float)rms_of(R, true, nd);
   const float tol = tol_of(c.fp8, c.out_f32);
@@ -593,13 +612,13 @@ static Row run_case(const Case &c, Lt &lt, int iters, cudaStream_t s) {
     CK(cudaStreamSynchronize(s));
     row.vs_lt = compare(D, c.out_f32, Dlt, c.out_f32, nd, rms, tol);
   }
-  row.ok = row.vs_ref.bad == 0 && row.cpu.e_own <= tol && row.cpu.e_ref <= tol;
+  row.ok = mapped && row.vs_ref.bad == 0 && row.cpu.e_own <= tol && row.cpu.e_ref <= tol;
 
   // Flags set beforehand: the same kernel with waits, and the result again.
   Own flagged = own;
   flagged.flags = flags;
   flagged.rows_per_flag = rpf;
-  if (c.timed) {
+  if (c.timed && mapped) {
     std::vector<std::function<void(cudaStream_t)>> fs = {[&](cudaStream_t st) { own.run(st); },
                                                          [&](cudaStream_t st) { flagged.run(st); }};
     if (row.lt_ok) fs.push_back([&](cudaStream_t st) { lt.run(A, B, Dlt, st); });
@@ -609,9 +628,10 @@ static Row run_case(const Case &c, Lt &lt, int iters, cudaStream_t s) {
     if (row.lt_ok) row.lt_ms = t[2];
   }
   fill_u32(D, nd * os / 4, 0x7fc07fc0u);
-  flagged.run(s);
-  CK(cudaStreamSynchronize(s));
-  CK(cudaGetLastError());
+  if (mapped) {
+    flagged.run(s);
+    sync_or_hang(s, "our kernel with pre-set flags");
+  }
   Cmp fl = compare(D, c.out_f32, R, true, nd, rms, tol);
   if (fl.bad) {
     std::printf("  flags-set run of %dx%dx%d: %u bad elements\n", c.m, c.n, c.k, fl.bad);
@@ -676,7 +696,7 @@ static bool flag_arrival_test(int m, int n, int k, int tp) {
   own.flags = flags;
   own.rows_per_flag = rpf;
   own.rot = (order[0] * rpf) / 128;
-  own.prepare();
+  if (!own.prepare()) die("tensor map for the flag arrival test", __FILE__, __LINE__);
   own.run(s1);
   CK(cudaLaunchHostFunc(
       s2, [](void *) { std::this_thread::sleep_for(std::chrono::milliseconds(50)); }, nullptr));
@@ -790,8 +810,10 @@ int main(int argc, char **argv) {
 
   Lt lt;
   lt.init();
+  // A blocking stream: the fills, reference and compare kernels run on the legacy default
+  // stream and must stay ordered with our kernel and cuBLASLt.
   cudaStream_t s;
-  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CK(cudaStreamCreate(&s));
 
   // Small and odd shapes, every kernel (both tile widths, both outputs, both inputs):
   // partial tiles in m, n and k, one row, a single tile, multi-wave squares with other
@@ -829,7 +851,11 @@ int main(int argc, char **argv) {
 
   bool all_ok = true;
   std::vector<Row> rows;
-  for (auto &c : cases) {
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case &c = cases[i];
+    std::printf("case %zu/%zu: %s %dx%dx%d -> %s bn %d\n", i + 1, cases.size(), in_names[c.fp8], c.m, c.n, c.k,
+                out_names[c.out_f32], c.bn ? c.bn : pick_bn(c.m, c.n));
+    std::fflush(stdout);
     Row r = run_case(c, lt, iters, s);
     std::printf("%-5s %5dx%5dx%5d -> %-4s bn %d group %d rot %d: vs fp32 ref bad %u (nonfinite %u) max e %.3g; "
                 "fp64 samples: ours %.3g ref %.3g; vs cuBLASLt max e %s%.3g -> %s\n",
