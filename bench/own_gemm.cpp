@@ -221,16 +221,20 @@ extern "C" __global__ void sum_sq(const void *R, int r_f32, u64 count, double *o
 }
 // stats[0]: elements with e > tol or not finite, stats[1]: not finite, stats[2]: max e
 // (as float bits; e >= 0 so the bits order like the values), e = |d - r| / (|r| + rms).
+// first_bad: the lowest index of a bad element (all ones: none).
 extern "C" __global__ void compare(const void *D, int d_f32, const void *R, int r_f32, u64 count,
-                                   float rms, float tol, u32 *stats) {
-  u32 bad = 0, nonfinite = 0; float emax = 0.f;
+                                   float rms, float tol, u32 *stats, u64 *first_bad) {
+  u32 bad = 0, nonfinite = 0; float emax = 0.f; u64 first = ~0ULL;
   for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < count; i += (u64)gridDim.x * blockDim.x) {
     const float d = ld_out(D, d_f32, i), r = ld_out(R, r_f32, i);
-    if ((__float_as_uint(d) & 0x7f800000u) == 0x7f800000u) { ++nonfinite; ++bad; continue; }
+    if ((__float_as_uint(d) & 0x7f800000u) == 0x7f800000u) {
+      ++nonfinite; ++bad; first = first < i ? first : i; continue;
+    }
     const float e = fabsf(d - r) / (fabsf(r) + rms);
-    if (!(e <= tol)) ++bad;
+    if (!(e <= tol)) { ++bad; first = first < i ? first : i; }
     emax = fmaxf(emax, e);
   }
+  if (first != ~0ULL) atomicMin(first_bad, first);
   for (int o = 16; o > 0; o >>= 1) {
     bad += __shfl_down_sync(0xffffffffu, bad, o);
     nonfinite += __shfl_down_sync(0xffffffffu, nonfinite, o);
@@ -395,6 +399,7 @@ struct Lt {
 struct Cmp {
   uint32_t bad, nonfinite;
   float emax;
+  uint64_t first_bad;  // index of the first bad element, ~0 if none
 };
 static double rms_of(const void *R, bool f32, size_t count) {
   double *d;
@@ -410,19 +415,49 @@ static double rms_of(const void *R, bool f32, size_t count) {
 }
 static Cmp compare(const void *D, bool d_f32, const void *R, bool r_f32, size_t count, float rms, float tol) {
   uint32_t *st;
+  uint64_t *fb;
   CK(cudaMalloc(&st, 3 * sizeof(uint32_t)));
+  CK(cudaMalloc(&fb, sizeof(uint64_t)));
   CK(cudaMemset(st, 0, 3 * sizeof(uint32_t)));
+  CK(cudaMemset(fb, 0xff, sizeof(uint64_t)));
   int d32 = d_f32, r32 = r_f32;
   uint64_t c = count;
-  launch(M.compare, 1024, 1, 256, 1, 0, 0, {(void *)&D, &d32, (void *)&R, &r32, &c, &rms, &tol, &st});
+  launch(M.compare, 1024, 1, 256, 1, 0, 0, {(void *)&D, &d32, (void *)&R, &r32, &c, &rms, &tol, &st, &fb});
   uint32_t h[3];
-  CK(cudaMemcpy(h, st, sizeof h, cudaMemcpyDeviceToHost));
-  CK(cudaFree(st));
   Cmp r;
+  CK(cudaMemcpy(h, st, sizeof h, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(&r.first_bad, fb, sizeof(uint64_t), cudaMemcpyDeviceToHost));
+  CK(cudaFree(st));
+  CK(cudaFree(fb));
   r.bad = h[0];
   r.nonfinite = h[1];
   std::memcpy(&r.emax, &h[2], 4);
   return r;
+}
+
+static float h_bf16(uint16_t v);
+// For a failed check: where the first bad elements are, in tile terms, to tell a
+// descriptor / swizzle / fragment-layout mistake (a pattern inside tiles) from a
+// scheduling one (whole tiles poisoned).
+static void print_bad(const Cmp &c, const void *D, bool d_f32, const float *R, int m, int bn) {
+  if (c.bad == 0 || c.first_bad == ~0ULL) return;
+  std::printf("  %u bad elements (%u not finite); first ones (row n, col m: ours vs ref; tile row/col, "
+              "offset in tile):\n", c.bad, c.nonfinite);
+  for (uint64_t i = c.first_bad, shown = 0; shown < 6 && i < c.first_bad + 64; ++i) {
+    float d, r;
+    if (d_f32) {
+      CK(cudaMemcpy(&d, (const float *)D + i, 4, cudaMemcpyDeviceToHost));
+    } else {
+      uint16_t v;
+      CK(cudaMemcpy(&v, (const uint16_t *)D + i, 2, cudaMemcpyDeviceToHost));
+      d = h_bf16(v);
+    }
+    CK(cudaMemcpy(&r, R + i, 4, cudaMemcpyDeviceToHost));
+    const long row = (long)(i / m), col = (long)(i % m);
+    std::printf("    [%ld, %ld]: %g vs %g (tile %ld/%ld, +%ld/+%ld)\n", row, col, d, r, row / 128, col / bn, row % 128,
+                col % bn);
+    ++shown;
+  }
 }
 
 static float h_bf16(uint16_t v) {
@@ -605,6 +640,7 @@ static Row run_case(const Case &c, Lt &lt, int iters, cudaStream_t s) {
   const float rms = (float)rms_of(R, true, nd);
   const float tol = tol_of(c.fp8, c.out_f32);
   row.vs_ref = compare(D, c.out_f32, R, true, nd, rms, tol);
+  print_bad(row.vs_ref, D, c.out_f32, R, c.m, row.bn);
   row.cpu = cpu_check(c.fp8, c.out_f32, c.m, c.n, c.k, A, B, D, R, scale, c.timed ? 256 : 512);
   row.lt_ok = lt.setup(c.fp8, c.out_f32, c.m, c.n, c.k, si, si + 1);
   if (row.lt_ok) {
@@ -720,6 +756,7 @@ static bool flag_arrival_test(int m, int n, int k, int tp) {
   CK(cudaGetLastError());
   const float rms = (float)rms_of(R, true, (size_t)m * n);
   Cmp c = compare(D, false, R, true, (size_t)m * n, rms, tol_of(false, false));
+  print_bad(c, D, false, R, m, 256);
   std::printf("flag arrival test (%dx%dx%d, %d row blocks arriving by copy engine during the kernel): "
               "%u bad, max e %.3g -> %s\n",
               m, n, k, tp, c.bad, c.emax, c.bad ? "FAIL" : "ok");
