@@ -23,7 +23,9 @@
 // - AG hook: with `flags` non-null, before loading the first K slice of a tile the
 //   producer spins (ld.acquire.sys) until flags[r] != 0 for every row block r
 //   (`rows_per_flag` rows of B each) the tile's rows touch, then fences the generic proxy
-//   against the async (TMA) proxy. flags == nullptr: no waits.
+//   against the async (TMA) proxy; a block once seen is not read again by that CTA.
+//   flags == nullptr (or rows_per_flag <= 0): no waits. Scope .sys: the flags are set by
+//   copy engines or peer GPUs.
 //
 // Constraints (the host checks them): k > 0 and k * sizeof(in) a multiple of 16 bytes
 // (TMA strides), m a multiple of 8, any n >= 1, A, B, D 16-byte aligned, ldd == m;
@@ -277,14 +279,20 @@ __device__ __forceinline__ u32 ld_acquire_flag(const u32 *p) {
 }
 
 // Spin until every row block of B that rows [row0, row1) touch has arrived, then order
-// the TMA (async proxy) reads that follow after the acquire (generic proxy).
+// the TMA (async proxy) reads that follow after the acquire (generic proxy). Flags only
+// go from 0 to non-zero during a launch, so a block seen arrived (bit r of `seen`, for
+// the first 64 blocks) is not read again: a CTA pays one acquire per block, not per tile.
 __device__ __forceinline__ void wait_row_blocks(const u32 *flags, int rows_per_flag, int row0,
-                                                int row1) {
+                                                int row1, u64 &seen) {
+  bool acquired = false;
   for (int r = row0 / rows_per_flag; r <= (row1 - 1) / rows_per_flag; ++r) {
+    if (r < 64 && ((seen >> r) & 1)) continue;
     while (ld_acquire_flag(flags + r) == 0) {
     }
+    if (r < 64) seen |= 1ull << r;
+    acquired = true;
   }
-  asm volatile("fence.proxy.async.global;" ::: "memory");
+  if (acquired) asm volatile("fence.proxy.async.global;" ::: "memory");
 }
 
 __device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
@@ -339,11 +347,13 @@ __device__ __forceinline__ void gemm_tn(const GemmTmaDesc *tmap_b, const GemmTma
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
     if (threadIdx.x == 0) {
       u32 it = 0;
+      u64 seen = 0;
       for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
         int tn, tm;
         tile_coords(t, tiles_n, tiles_m, gn, n_tile_rot, tn, tm);
         const int n0 = tn * BM, m0 = tm * BN;
-        if (flags != nullptr) wait_row_blocks(flags, rows_per_flag, n0, min(n0 + BM, n));
+        if (flags != nullptr && rows_per_flag > 0)
+          wait_row_blocks(flags, rows_per_flag, n0, min(n0 + BM, n), seen);
         for (int kb = 0; kb < kblocks; ++kb, ++it) {
           const u32 s = it % C::STAGES;
           const u32 phase = (it / C::STAGES) & 1;
