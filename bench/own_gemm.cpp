@@ -12,7 +12,8 @@
 // Options: --kernel FILE (default kernels/gemm_sm90.cu), --iters N (timed iterations,
 // median; default 30), --quick (small shapes only), --compile-only (NVRTC only, no GPU),
 // --bn 128|256 (force the tile width of the timed runs), --group G (tile rows per
-// rasterization group, default 8), --no-fp8.
+// rasterization group, default 8), --no-fp8, --define NAME=VALUE (a -D for the kernel's
+// compilation, e.g. GEMM90_STAGES_256=3; repeatable).
 // Exit status: 0 all checks passed, 1 a wrong result (or a hang in the flag test),
 // 2 a setup error.
 #include <cublasLt.h>
@@ -65,6 +66,7 @@ static CUresult (*p_cuGetErrorString)(CUresult, const char **);
 static CUresult (*p_cuModuleLoadData)(CUmodule *, const void *);
 static CUresult (*p_cuModuleGetFunction)(CUfunction *, CUmodule, const char *);
 static CUresult (*p_cuFuncSetAttribute)(CUfunction, CUfunction_attribute, int);
+static CUresult (*p_cuModuleGetGlobal)(CUdeviceptr *, size_t *, CUmodule, const char *);
 static CUresult (*p_cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
                                     unsigned, unsigned, CUstream, void **, void **);
 static CUresult (*p_cuTensorMapEncodeTiled)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
@@ -94,12 +96,14 @@ static void load_driver() {
   entry("cuModuleLoadData", p_cuModuleLoadData);
   entry("cuModuleGetFunction", p_cuModuleGetFunction);
   entry("cuFuncSetAttribute", p_cuFuncSetAttribute);
+  entry("cuModuleGetGlobal", p_cuModuleGetGlobal);
   entry("cuLaunchKernel", p_cuLaunchKernel);
   entry("cuTensorMapEncodeTiled", p_cuTensorMapEncodeTiled);
 }
 
 // ---------------------------------------------------------------- NVRTC
 // The library's options (src/cuda/nvrtc.rs `options`), for the device's architecture.
+static std::vector<std::string> g_defines;  // --define NAME=VALUE (tuning knobs)
 static std::vector<char> nvrtc_compile(const std::string &src, const char *name,
                                        const std::string &arch, bool verbose) {
   nvrtcProgram prog;
@@ -108,6 +112,9 @@ static std::vector<char> nvrtc_compile(const std::string &src, const char *name,
   std::vector<const char *> opts = {a.c_str(), "--std=c++17", "--device-as-default-execution-space",
                                     "-lineinfo"};
   if (verbose) opts.push_back("--ptxas-options=-v");
+  std::vector<std::string> defs;
+  for (auto &d : g_defines) defs.push_back("-D" + d);
+  for (auto &d : defs) opts.push_back(d.c_str());
   nvrtcResult r = nvrtcCompileProgram(prog, (int)opts.size(), opts.data());
   size_t n = 0;
   nvrtcGetProgramLogSize(prog, &n);
@@ -249,13 +256,11 @@ extern "C" __global__ void compare(const void *D, int d_f32, const void *R, int 
 )SRC";
 
 // ---------------------------------------------------------------- kernel configuration
-// Mirrors gemm90::Cfg / THREADS in kernels/gemm_sm90.cu.
-static int stages_of(int bn) { return bn == 256 ? 4 : 6; }
-static int smem_of(int bn) {
-  const int stage = 128 * 128 + bn * 128;
-  return stages_of(bn) * stage + 2 * stages_of(bn) * 8 + 1024;
-}
+// gemm90::THREADS in kernels/gemm_sm90.cu; the shared memory sizes come from the module
+// (gemm_sm90_smem_bytes_<BN>).
 static const int THREADS = 384;
+static int g_smem[2];  // [bn == 256]
+static int smem_of(int bn) { return g_smem[bn == 256]; }
 
 struct Mods {
   CUmodule gemm = nullptr, ref = nullptr;
@@ -797,9 +802,10 @@ int main(int argc, char **argv) {
     else if (a == "--quick") quick = true;
     else if (a == "--compile-only") compile_only = true;
     else if (a == "--no-fp8") fp8 = false;
+    else if (a == "--define") g_defines.push_back(next());
     else {
       std::printf("usage: own_gemm [--kernel FILE] [--iters N] [--bn 128|256] [--group G] [--quick] "
-                  "[--compile-only] [--no-fp8]\n");
+                  "[--compile-only] [--no-fp8] [--define NAME=VALUE ...]\n");
       return a == "--help" ? 0 : 2;
     }
   }
@@ -827,6 +833,14 @@ int main(int argc, char **argv) {
   load_driver();
   CU(p_cuModuleLoadData(&M.gemm, cubin.data()));
   CU(p_cuModuleLoadData(&M.ref, ref_cubin.data()));
+  for (int w = 0; w < 2; ++w) {
+    const char *g = w ? "gemm_sm90_smem_bytes_256" : "gemm_sm90_smem_bytes_128";
+    CUdeviceptr dp;
+    size_t bytes;
+    CU(p_cuModuleGetGlobal(&dp, &bytes, M.gemm, g));
+    CK(cudaMemcpy(&g_smem[w], (const void *)dp, sizeof(int), cudaMemcpyDeviceToHost));
+    std::printf("%s = %d\n", g, g_smem[w]);
+  }
   const char *in_names[2] = {"bf16", "e4m3"}, *out_names[2] = {"bf16", "f32"};
   for (int f8 = 0; f8 < 2; ++f8)
     for (int o = 0; o < 2; ++o)

@@ -301,12 +301,21 @@ __device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
   return r;
 }
 
+// Pipeline depth per tile width (a tuning knob: -D at compile time; the kernels export
+// their shared memory size, gemm_sm90_smem_bytes_<BN>, so hosts need not mirror it).
+#ifndef GEMM90_STAGES_256
+#define GEMM90_STAGES_256 4
+#endif
+#ifndef GEMM90_STAGES_128
+#define GEMM90_STAGES_128 6
+#endif
+
 template <int BN>
 struct Cfg {
   static constexpr int A_BYTES = BM * K_BYTES;   // rows of B (wgmma A): 16 KiB
   static constexpr int B_BYTES = BN * K_BYTES;   // rows of A (wgmma B): 32 or 16 KiB
   static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
-  static constexpr int STAGES = BN == 256 ? 4 : 6;
+  static constexpr int STAGES = BN == 256 ? GEMM90_STAGES_256 : GEMM90_STAGES_128;
   // + barriers, + 1024 for aligning the dynamic shared memory base by hand.
   static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 2 * STAGES * 8 + 1024;
 };
@@ -441,7 +450,7 @@ __device__ __forceinline__ void gemm_tn(const GemmTmaDesc *tmap_b, const GemmTma
 }  // namespace gemm90
 
 // Kernels: gemm_sm90_tn_<in>_<out>_<BN>. Grid: min(tiles, SMs) CTAs of 384 threads,
-// gemm90::Cfg<BN>::SMEM_BYTES of dynamic shared memory (set the function attribute).
+// gemm_sm90_smem_bytes_<BN> bytes of dynamic shared memory (set the function attribute).
 // tmap_b: B [n, k], box {K_BYTES / sizeof(in), 128}; tmap_a: A [m, k], box {.., BN};
 // both 128B swizzle. The scale_inv pointers are read for e4m3 only.
 #define GEMM90_KERNEL(NAME, BN, FP8, OUT_F32)                                               \
@@ -453,6 +462,9 @@ __device__ __forceinline__ void gemm_tn(const GemmTmaDesc *tmap_b, const GemmTma
     gemm90::gemm_tn<BN, FP8, OUT_F32>(&tmap_b, &tmap_a, d, m, n, k, flags, rows_per_flag,   \
                                       group_n, n_tile_rot, a_scale_inv, b_scale_inv);       \
   }
+
+extern "C" __constant__ int gemm_sm90_smem_bytes_256 = gemm90::Cfg<256>::SMEM_BYTES;
+extern "C" __constant__ int gemm_sm90_smem_bytes_128 = gemm90::Cfg<128>::SMEM_BYTES;
 
 GEMM90_KERNEL(gemm_sm90_tn_bf16_bf16_256, 256, false, false)
 GEMM90_KERNEL(gemm_sm90_tn_bf16_bf16_128, 128, false, false)

@@ -6,7 +6,8 @@
 # e4m3) against an fp32 reference GEMM and fp64 CPU samples, speed against cuBLASLt, the
 # cost of pre-set arrival flags, and an AG-style run whose row blocks arrive by copy
 # engine while the kernel runs. Markdown table last.
-#   scripts/own-gemm-gpu.sh [own_gemm options: --quick --iters N --bn 128|256 --group G --no-fp8]
+#   scripts/own-gemm-gpu.sh [own_gemm options: --quick --iters N --bn 128|256 --group G --no-fp8
+#                            --define GEMM90_STAGES_256=3 ...]
 # Log and binary under $OUT (default own-gemm-out/); exits with own_gemm's status
 # (1: a wrong result or a hang, 2: setup error). CUDA_HOME (default /usr/local/cuda).
 set -u
@@ -14,6 +15,9 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-$root/own-gemm-out}
 mkdir -p "$out"
 cuda=${CUDA_HOME:-/usr/local/cuda}
+if [ ! -d "$cuda/include" ] && command -v nvcc >/dev/null; then
+  cuda=$(cd "$(dirname "$(command -v nvcc)")/.." && pwd)
+fi
 [ -d "$cuda/include" ] || { echo "own-gemm-gpu: no CUDA toolkit at $cuda (set CUDA_HOME)" >&2; exit 2; }
 libdir=$cuda/lib64
 [ -d "$libdir" ] || libdir=$cuda/lib
