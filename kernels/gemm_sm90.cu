@@ -301,6 +301,90 @@ __device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
   return r;
 }
 
+// Epilogue knob: 0 (default) stores each thread's column pairs straight from the
+// fragments (4- or 8-byte stores); 1 first transposes the pairs across each quad of lanes
+// so that every thread stores 8 consecutive columns (16-byte stores, 64 contiguous bytes
+// per row per quad).
+#ifndef GEMM90_EPI_WIDE
+#define GEMM90_EPI_WIDE 0
+#endif
+
+// 4 x 4 transpose across the lanes of a quad: lane q's slot g goes to lane g's slot q,
+// in two butterfly stages (xor 1, xor 2), each swapping the slots whose bit differs
+// from the lane's bit.
+__device__ __forceinline__ void quad_transpose(u32 &x0, u32 &x1, u32 &x2, u32 &x3, int q) {
+  {
+    const bool hi = q & 1;
+    u32 a = hi ? x0 : x1, b = hi ? x2 : x3;
+    a = __shfl_xor_sync(0xffffffffu, a, 1);
+    b = __shfl_xor_sync(0xffffffffu, b, 1);
+    if (hi) {
+      x0 = a;
+      x2 = b;
+    } else {
+      x1 = a;
+      x3 = b;
+    }
+  }
+  {
+    const bool hi = q & 2;
+    u32 a = hi ? x0 : x2, b = hi ? x1 : x3;
+    a = __shfl_xor_sync(0xffffffffu, a, 2);
+    b = __shfl_xor_sync(0xffffffffu, b, 2);
+    if (hi) {
+      x0 = a;
+      x1 = b;
+    } else {
+      x2 = a;
+      x3 = b;
+    }
+  }
+}
+
+// The wide epilogue: for each block of 4 column groups (32 columns) and each of the two
+// rows (row, row + 8), lane q of a quad ends up with the 8 columns of group 4 jj + q.
+// Needs m % 8 == 0 (a group is all in or all out of bounds) and 16-byte aligned D.
+template <int BN, bool OUT_F32>
+__device__ __forceinline__ void store_tile_wide(float (&acc)[BN / 2], float scale, void *d_out,
+                                                int m, int n, int row, int m0, int lane) {
+  const int q = lane % 4;
+#pragma unroll
+  for (int jj = 0; jj < BN / 32; ++jj) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = row + 8 * h;
+      const int col = m0 + 8 * (4 * jj + q);
+      const bool ok = r < n && col < m;
+      const u64 off = (u64)r * (u64)m + (u64)col;
+      if (OUT_F32) {
+        u32 lo[4], hi[4];
+#pragma unroll
+        for (int g = 0; g < 4; ++g) {
+          lo[g] = __float_as_uint(acc[4 * (4 * jj + g) + 2 * h] * scale);
+          hi[g] = __float_as_uint(acc[4 * (4 * jj + g) + 2 * h + 1] * scale);
+        }
+        quad_transpose(lo[0], lo[1], lo[2], lo[3], q);
+        quad_transpose(hi[0], hi[1], hi[2], hi[3], q);
+        if (ok) {
+          uint4 *p = reinterpret_cast<uint4 *>(reinterpret_cast<float *>(d_out) + off);
+          p[0] = make_uint4(lo[0], hi[0], lo[1], hi[1]);
+          p[1] = make_uint4(lo[2], hi[2], lo[3], hi[3]);
+        }
+      } else {
+        u32 x[4];
+#pragma unroll
+        for (int g = 0; g < 4; ++g)
+          x[g] = pack_bf16x2(acc[4 * (4 * jj + g) + 2 * h] * scale,
+                             acc[4 * (4 * jj + g) + 2 * h + 1] * scale);
+        quad_transpose(x[0], x[1], x[2], x[3], q);
+        if (ok)
+          *reinterpret_cast<uint4 *>(reinterpret_cast<u16 *>(d_out) + off) =
+              make_uint4(x[0], x[1], x[2], x[3]);
+      }
+    }
+  }
+}
+
 // Pipeline depth per tile width (a tuning knob: -D at compile time; the kernels export
 // their shared memory size, gemm_sm90_smem_bytes_<BN>, so hosts need not mirror it).
 #ifndef GEMM90_STAGES_256
@@ -419,26 +503,30 @@ __device__ __forceinline__ void gemm_tn(const GemmTmaDesc *tmap_b, const GemmTma
       fence_regs(acc);
       if (lane == 0) mbar_arrive(bars + 8 * (C::STAGES + prev));
 
-      // Epilogue from the accumulator fragments of m64nBN: thread (warp w, lane l) holds,
-      // for j < BN/8, rows w*16 + l/4 (+8) and columns 8j + 2(l%4) (+1).
-      const int row = n0 + cw * 64 + warp * 16 + lane / 4;
-      const int col0 = m0 + 2 * (lane % 4);
-#pragma unroll
-      for (int j = 0; j < BN / 8; ++j) {
-        const int col = col0 + 8 * j;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int r = row + 8 * h;
-          if (r < n && col < m) {
-            float v0 = acc[4 * j + 2 * h] * scale, v1 = acc[4 * j + 2 * h + 1] * scale;
-            const u64 off = (u64)r * (u64)m + (u64)col;
-            if (OUT_F32) {
-              float2 v;
-              v.x = v0;
-              v.y = v1;
-              *reinterpret_cast<float2 *>(reinterpret_cast<float *>(d_out) + off) = v;
-            } else {
-              *reinterpret_cast<u32 *>(reinterpret_cast<u16 *>(d_out) + off) = pack_bf16x2(v0, v1);
+      if (GEMM90_EPI_WIDE) {
+        store_tile_wide<BN, OUT_F32>(acc, scale, d_out, m, n, n0 + cw * 64 + warp * 16 + lane / 4, m0, lane);
+      } else {
+        // Epilogue from the accumulator fragments of m64nBN: thread (warp w, lane l) holds,
+        // for j < BN/8, rows w*16 + l/4 (+8) and columns 8j + 2(l%4) (+1).
+        const int row = n0 + cw * 64 + warp * 16 + lane / 4;
+        const int col0 = m0 + 2 * (lane % 4);
+        #pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+          const int col = col0 + 8 * j;
+        #pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int r = row + 8 * h;
+            if (r < n && col < m) {
+              float v0 = acc[4 * j + 2 * h] * scale, v1 = acc[4 * j + 2 * h + 1] * scale;
+              const u64 off = (u64)r * (u64)m + (u64)col;
+              if (OUT_F32) {
+                float2 v;
+                v.x = v0;
+                v.y = v1;
+                *reinterpret_cast<float2 *>(reinterpret_cast<float *>(d_out) + off) = v;
+              } else {
+                *reinterpret_cast<u32 *>(reinterpret_cast<u16 *>(d_out) + off) = pack_bf16x2(v0, v1);
+              }
             }
           }
         }
