@@ -585,7 +585,10 @@ struct Row {
 };
 
 static float tol_of(bool fp8, bool out_f32) {
-  if (fp8) return 2e-2f;        // wgmma's fast FP8 accumulation
+  // wgmma's fast FP8 accumulation keeps fewer mantissa bits than fp32 over the whole K
+  // (about 14 by public accounts): up to ~1e-2 of the rms at K = 8192 if its rounding is
+  // biased. A layout or pipeline mistake gives errors of order 1.
+  if (fp8) return 5e-2f;
   return out_f32 ? 2e-3f : 1e-2f;  // accumulation order; bf16 output rounding
 }
 

@@ -32,6 +32,7 @@ if [ $rc -ne 0 ]; then
   echo "own-gemm-gpu: build failed" >&2
   exit 2
 fi
+(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo "commit: unknown") >>"$out/own_gemm.log"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader >>"$out/own_gemm.log" 2>&1 || true
 cd "$root"
 # Passes: "base" (the kernel as committed, the library's exact NVRTC options) decides the
