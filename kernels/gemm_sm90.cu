@@ -27,7 +27,11 @@
 //   flags == nullptr (or rows_per_flag <= 0): no waits. Scope .sys: the flags are set by
 //   copy engines or peer GPUs.
 //
-// Constraints (the host checks them): k > 0 and k * sizeof(in) a multiple of 16 bytes
+// Knobs (-D at compile time): GEMM90_STAGES_256 / GEMM90_STAGES_128 (pipeline depth, 4 / 6),
+// GEMM90_EPI_WIDE (16-byte epilogue stores, default 0).
+//
+// Constraints (not checked here; a caller must, bench/own_gemm.cpp runs only shapes that
+// meet them): k > 0 and k * sizeof(in) a multiple of 16 bytes
 // (TMA strides), m a multiple of 8, any n >= 1, A, B, D 16-byte aligned, ldd == m;
 // partial tiles are handled by TMA's zero fill (loads) and predicated stores.
 // FP8: e4m3 x e4m3 only, scale_inv pointers (a_scale_inv * b_scale_inv applied in the
