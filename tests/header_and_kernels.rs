@@ -70,10 +70,12 @@ fn kernels_compile_for_hopper_with_nvrtc() {
         return;
     }
     // Always a real compilation (no disk cache), for the exact Hopper target.
+    // GEMM_SM90: the own-GEMM prototype (bench/own_gemm.cpp runs it on a GPU).
     // CAST_VARIANTS: the bench variants of the cast + transpose (NVTE_COMM_CAST_TRANSPOSE).
     for src in [
         nvrtc::CAST,
         nvrtc::COMM,
+        nvrtc::GEMM_SM90,
         transformer_engine_comm::kernels::CAST_VARIANTS,
     ] {
         let cubin = nvrtc::compile_fresh(&src, "sm_90a")

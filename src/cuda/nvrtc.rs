@@ -32,6 +32,13 @@ pub const COMM: Source = Source {
     code: include_str!("../../kernels/comm.cu"),
 };
 
+/// Our own persistent Hopper GEMM (issue 22, step 1): a prototype, not yet run on a GPU
+/// and not used by the library; compiled by the kernel test, run by bench/own_gemm.cpp.
+pub const GEMM_SM90: Source = Source {
+    name: "gemm_sm90.cu",
+    code: include_str!("../../kernels/gemm_sm90.cu"),
+};
+
 fn nvrtc_check(r: nv::nvrtcResult, call: &str) -> Result<()> {
     if r == nv::nvrtcResult::NVRTC_SUCCESS {
         return Ok(());

@@ -1,0 +1,970 @@
+// Standalone check of kernels/gemm_sm90.cu (issue 22, step 1; the kernel is a prototype,
+// not used by the library): correctness against an fp32 reference GEMM and an fp64 CPU
+// check on sampled elements, speed against cuBLASLt, the cost of the arrival-flag waits,
+// and an AG-style run where row blocks of B and their flags arrive by copy engine while
+// the kernel runs. Plain C++ (no nvcc needed): the kernel is compiled with NVRTC exactly
+// as the library compiles its kernels (same options, sm_90a), the reference kernels
+// likewise; driver functions come through cudaGetDriverEntryPointByVersion.
+//
+// Build + run in one call: scripts/own-gemm-gpu.sh (writes under $OUT). By hand:
+//   g++ -std=c++17 -O2 bench/own_gemm.cpp -I$CUDA/include -L$CUDA/lib64
+//       -lcudart -lnvrtc -lcublasLt -o own_gemm && ./own_gemm [options]
+// Options: --kernel FILE (default kernels/gemm_sm90.cu), --iters N (timed iterations,
+// median; default 30), --quick (small shapes only), --compile-only (NVRTC only, no GPU),
+// --bn 128|256 (force the tile width of the timed runs), --group G (tile rows per
+// rasterization group, default 8), --no-fp8, --define NAME=VALUE (a -D for the kernel's
+// compilation, e.g. GEMM90_STAGES_256=3; repeatable).
+// Exit status: 0 all checks passed, 1 a wrong result (or a hang in the flag test),
+// 2 a setup error.
+#include <cublasLt.h>
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <nvrtc.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+// ---------------------------------------------------------------- error handling
+[[noreturn]] static void die(const char *what, const char *file, int line) {
+  std::fprintf(stderr, "own_gemm: setup error at %s:%d: %s\n", file, line, what);
+  std::exit(2);
+}
+#define CK(x)                                                           \
+  do {                                                                  \
+    cudaError_t e_ = (x);                                               \
+    if (e_ != cudaSuccess) die(cudaGetErrorString(e_), __FILE__, __LINE__); \
+  } while (0)
+#define NV(x)                                                              \
+  do {                                                                     \
+    nvrtcResult e_ = (x);                                                  \
+    if (e_ != NVRTC_SUCCESS) die(nvrtcGetErrorString(e_), __FILE__, __LINE__); \
+  } while (0)
+#define LT(x)                                                              \
+  do {                                                                     \
+    cublasStatus_t e_ = (x);                                               \
+    if (e_ != CUBLAS_STATUS_SUCCESS) {                                     \
+      char b_[64];                                                         \
+      std::snprintf(b_, sizeof b_, "cuBLASLt status %d", (int)e_);         \
+      die(b_, __FILE__, __LINE__);                                         \
+    }                                                                      \
+  } while (0)
+
+// ---------------------------------------------------------------- driver entry points
+static CUresult (*p_cuGetErrorString)(CUresult, const char **);
+static CUresult (*p_cuModuleLoadData)(CUmodule *, const void *);
+static CUresult (*p_cuModuleGetFunction)(CUfunction *, CUmodule, const char *);
+static CUresult (*p_cuFuncSetAttribute)(CUfunction, CUfunction_attribute, int);
+static CUresult (*p_cuModuleGetGlobal)(CUdeviceptr *, size_t *, CUmodule, const char *);
+static CUresult (*p_cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                    unsigned, unsigned, CUstream, void **, void **);
+static CUresult (*p_cuTensorMapEncodeTiled)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
+                                            const cuuint64_t *, const cuuint64_t *,
+                                            const cuuint32_t *, const cuuint32_t *,
+                                            CUtensorMapInterleave, CUtensorMapSwizzle,
+                                            CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+static void cu_check(CUresult r, const char *file, int line) {
+  if (r == CUDA_SUCCESS) return;
+  const char *s = "unknown";
+  if (p_cuGetErrorString) p_cuGetErrorString(r, &s);
+  die(s, file, line);
+}
+#define CU(x) cu_check((x), __FILE__, __LINE__)
+
+template <class F>
+static void entry(const char *name, F &fn) {
+  void *p = nullptr;
+  cudaDriverEntryPointQueryResult q;
+  CK(cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &q));
+  if (p == nullptr || q != cudaDriverEntryPointSuccess) die(name, __FILE__, __LINE__);
+  fn = reinterpret_cast<F>(p);
+}
+static void load_driver() {
+  entry("cuGetErrorString", p_cuGetErrorString);
+  entry("cuModuleLoadData", p_cuModuleLoadData);
+  entry("cuModuleGetFunction", p_cuModuleGetFunction);
+  entry("cuFuncSetAttribute", p_cuFuncSetAttribute);
+  entry("cuModuleGetGlobal", p_cuModuleGetGlobal);
+  entry("cuLaunchKernel", p_cuLaunchKernel);
+  entry("cuTensorMapEncodeTiled", p_cuTensorMapEncodeTiled);
+}
+
+// ---------------------------------------------------------------- NVRTC
+// The library's options (src/cuda/nvrtc.rs `options`), for the device's architecture.
+static std::vector<std::string> g_defines;  // --define NAME=VALUE (tuning knobs)
+static std::vector<char> nvrtc_compile(const std::string &src, const char *name,
+                                       const std::string &arch, bool verbose) {
+  nvrtcProgram prog;
+  NV(nvrtcCreateProgram(&prog, src.c_str(), name, 0, nullptr, nullptr));
+  std::string a = "--gpu-architecture=" + arch;
+  std::vector<const char *> opts = {a.c_str(), "--std=c++17", "--device-as-default-execution-space",
+                                    "-lineinfo"};
+  if (verbose) opts.push_back("--ptxas-options=-v");
+  std::vector<std::string> defs;
+  for (auto &d : g_defines) defs.push_back("-D" + d);
+  for (auto &d : defs) opts.push_back(d.c_str());
+  nvrtcResult r = nvrtcCompileProgram(prog, (int)opts.size(), opts.data());
+  size_t n = 0;
+  nvrtcGetProgramLogSize(prog, &n);
+  std::string log(n, '\0');
+  nvrtcGetProgramLog(prog, &log[0]);
+  if (r != NVRTC_SUCCESS || verbose) std::printf("NVRTC log for %s (%s):\n%s\n", name, arch.c_str(), log.c_str());
+  if (r != NVRTC_SUCCESS) die("NVRTC compilation failed", __FILE__, __LINE__);
+  size_t cn = 0;
+  NV(nvrtcGetCUBINSize(prog, &cn));
+  std::vector<char> cubin(cn);
+  NV(nvrtcGetCUBIN(prog, cubin.data()));
+  nvrtcDestroyProgram(&prog);
+  return cubin;
+}
+
+// ---------------------------------------------------------------- reference kernels
+// Compiled by NVRTC too (self-contained: no CUDA headers there either).
+static const char *REF_SRC = R"SRC(
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+__device__ __forceinline__ u32 mix(u64 x) {
+  x ^= x >> 33; x *= 0xff51afd7ed558ccdULL; x ^= x >> 33; x *= 0xc4ceb9fe1a85ec53ULL;
+  x ^= x >> 33; return (u32)x;
+}
+__device__ __forceinline__ float uni(u64 seed, u64 i) {   // [-1, 1)
+  return (float)(mix(seed * 0x9E3779B97F4A7C15ULL + i) >> 8) * (2.0f / 16777216.0f) - 1.0f;
+}
+__device__ __forceinline__ float bf16_to_f(u16 v) { return __uint_as_float(((u32)v) << 16); }
+__device__ __forceinline__ u16 f_to_bf16(float f) {
+  u16 r; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f)); return r;
+}
+__device__ __forceinline__ float e4m3_to_f(u8 v) {
+  u32 h2; u16 in = v; u16 h;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(in));
+  h = (u16)(h2 & 0xffff);
+  float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
+}
+__device__ __forceinline__ u8 f_to_e4m3(float f) {
+  u16 r; asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(0.0f), "f"(f));
+  return (u8)(r & 0xff);
+}
+
+extern "C" __global__ void fill_bf16(u16 *p, u64 count, u64 seed) {
+  for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < count; i += (u64)gridDim.x * blockDim.x)
+    p[i] = f_to_bf16(uni(seed, i));
+}
+// e4m3 values in [-4, 4): the format's whole mantissa range gets exercised.
+extern "C" __global__ void fill_e4m3(u8 *p, u64 count, u64 seed) {
+  for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < count; i += (u64)gridDim.x * blockDim.x)
+    p[i] = f_to_e4m3(4.0f * uni(seed, i));
+}
+extern "C" __global__ void fill_u32(u32 *p, u64 count, u32 v) {
+  for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < count; i += (u64)gridDim.x * blockDim.x)
+    p[i] = v;
+}
+
+// R[n, m] (fp32) = scale * sum_k B[r, k] * A[c, k], fp32 accumulation; 64 x 64 tiles,
+// 16 x 16 threads of 4 x 4 outputs.
+template <bool FP8>
+__device__ __forceinline__ float ld_in(const void *p, u64 i) {
+  return FP8 ? e4m3_to_f(((const u8 *)p)[i]) : bf16_to_f(((const u16 *)p)[i]);
+}
+template <bool FP8>
+__device__ void ref_body(const void *A, const void *B, float *R, int m, int n, int k, float scale) {
+  __shared__ float Bs[16][65];
+  __shared__ float As[16][65];
+  const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * 16 + tx;
+  const int row0 = blockIdx.y * 64, col0 = blockIdx.x * 64;
+  float acc[4][4];
+  for (int i = 0; i < 4; ++i) for (int j = 0; j < 4; ++j) acc[i][j] = 0.f;
+  for (int k0 = 0; k0 < k; k0 += 16) {
+    for (int e = tid; e < 1024; e += 256) {
+      const int r = e / 16, kk = e % 16, gk = k0 + kk;
+      Bs[kk][r] = (row0 + r < n && gk < k) ? ld_in<FP8>(B, (u64)(row0 + r) * k + gk) : 0.f;
+      As[kk][r] = (col0 + r < m && gk < k) ? ld_in<FP8>(A, (u64)(col0 + r) * k + gk) : 0.f;
+    }
+    __syncthreads();
+    for (int kk = 0; kk < 16; ++kk) {
+      float b[4], a[4];
+      for (int i = 0; i < 4; ++i) { b[i] = Bs[kk][ty + 16 * i]; a[i] = As[kk][tx + 16 * i]; }
+      for (int i = 0; i < 4; ++i) for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(b[i], a[j], acc[i][j]);
+    }
+    __syncthreads();
+  }
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < 4; ++j) {
+      const int r = row0 + ty + 16 * i, c = col0 + tx + 16 * j;
+      if (r < n && c < m) R[(u64)r * m + c] = acc[i][j] * scale;
+    }
+}
+extern "C" __global__ void ref_gemm_bf16(const void *A, const void *B, float *R, int m, int n, int k, float s) {
+  ref_body<false>(A, B, R, m, n, k, s);
+}
+extern "C" __global__ void ref_gemm_e4m3(const void *A, const void *B, float *R, int m, int n, int k, float s) {
+  ref_body<true>(A, B, R, m, n, k, s);
+}
+
+__device__ __forceinline__ float ld_out(const void *p, int f32, u64 i) {
+  return f32 ? ((const float *)p)[i] : bf16_to_f(((const u16 *)p)[i]);
+}
+extern "C" __global__ void sum_sq(const void *R, int r_f32, u64 count, double *out) {
+  double s = 0;
+  for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < count; i += (u64)gridDim.x * blockDim.x) {
+    const double v = ld_out(R, r_f32, i); s += v * v;
+  }
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
+  if ((threadIdx.x & 31) == 0) atomicAdd(out, s);
+}
+// stats[0]: elements with e > tol or not finite, stats[1]: not finite, stats[2]: max e
+// (as float bits; e >= 0 so the bits order like the values), e = |d - r| / (|r| + rms).
+// first_bad: the lowest index of a bad element (all ones: none).
+extern "C" __global__ void compare(const void *D, int d_f32, const void *R, int r_f32, u64 count,
+                                   float rms, float tol, u32 *stats, u64 *first_bad) {
+  u32 bad = 0, nonfinite = 0; float emax = 0.f; u64 first = ~0ULL;
+  for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < count; i += (u64)gridDim.x * blockDim.x) {
+    const float d = ld_out(D, d_f32, i), r = ld_out(R, r_f32, i);
+    if ((__float_as_uint(d) & 0x7f800000u) == 0x7f800000u) {
+      ++nonfinite; ++bad; first = first < i ? first : i; continue;
+    }
+    const float e = fabsf(d - r) / (fabsf(r) + rms);
+    if (!(e <= tol)) { ++bad; first = first < i ? first : i; }
+    emax = fmaxf(emax, e);
+  }
+  if (first != ~0ULL) atomicMin(first_bad, first);
+  for (int o = 16; o > 0; o >>= 1) {
+    bad += __shfl_down_sync(0xffffffffu, bad, o);
+    nonfinite += __shfl_down_sync(0xffffffffu, nonfinite, o);
+    emax = fmaxf(emax, __shfl_down_sync(0xffffffffu, emax, o));
+  }
+  if ((threadIdx.x & 31) == 0) {
+    if (bad) atomicAdd(&stats[0], bad);
+    if (nonfinite) atomicAdd(&stats[1], nonfinite);
+    atomicMax(&stats[2], __float_as_uint(emax));
+  }
+}
+)SRC";
+
+// ---------------------------------------------------------------- kernel configuration
+// gemm90::THREADS in kernels/gemm_sm90.cu; the shared memory sizes come from the module
+// (gemm_sm90_smem_bytes_<BN>).
+static const int THREADS = 384;
+static int g_smem[2];  // [bn == 256]
+static int smem_of(int bn) { return g_smem[bn == 256]; }
+
+struct Mods {
+  CUmodule gemm = nullptr, ref = nullptr;
+  CUfunction own[2][2][2];  // [fp8][out_f32][bn == 256]
+  CUfunction fill_bf16, fill_e4m3, fill_u32, ref_bf16, ref_e4m3, sum_sq, compare;
+};
+static Mods M;
+
+static void launch(CUfunction f, unsigned gx, unsigned gy, unsigned bx, unsigned by, unsigned smem,
+                   cudaStream_t s, std::vector<void *> args) {
+  CU(p_cuLaunchKernel(f, gx, gy, 1, bx, by, 1, smem, (CUstream)s, args.data(), nullptr));
+}
+static void fill(void *p, size_t count, bool fp8, uint64_t seed) {
+  uint64_t c = count;
+  launch(fp8 ? M.fill_e4m3 : M.fill_bf16, 1024, 1, 256, 1, 0, 0, {&p, &c, &seed});
+}
+static void fill_u32(void *p, size_t count, uint32_t v, cudaStream_t s = 0) {
+  uint64_t c = count;
+  launch(M.fill_u32, 1024, 1, 256, 1, 0, s, {&p, &c, &v});
+}
+
+// false (with the driver's reason printed) when the driver refuses the map.
+static bool tmap(CUtensorMap &t, void *ptr, bool fp8, int rows, int k, int box_rows) {
+  const int es = fp8 ? 1 : 2;
+  cuuint64_t dims[2] = {(cuuint64_t)k, (cuuint64_t)rows};
+  cuuint64_t strides[1] = {(cuuint64_t)k * es};
+  cuuint32_t box[2] = {(cuuint32_t)(128 / es), (cuuint32_t)box_rows};
+  cuuint32_t estr[2] = {1, 1};
+  CUresult r = p_cuTensorMapEncodeTiled(&t, fp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                                        2, ptr, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                        CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    const char *e = "unknown";
+    p_cuGetErrorString(r, &e);
+    std::printf("  cuTensorMapEncodeTiled refused rows %d k %d box %d x %d: %s\n", rows, k, 128 / es, box_rows, e);
+  }
+  return r == CUDA_SUCCESS;
+}
+
+// Waits for stream s; a kernel still running after `seconds` is reported as a hang and
+// the process ends (status 1) so that the log says where.
+static void sync_or_hang(cudaStream_t s, const char *what, int seconds = 30) {
+  const auto t0 = std::chrono::steady_clock::now();
+  while (cudaStreamQuery(s) == cudaErrorNotReady) {
+    if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(seconds)) {
+      std::printf("HANG: %s still running after %d s\n", what, seconds);
+      std::fflush(stdout);
+      std::_Exit(1);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  CK(cudaStreamSynchronize(s));
+  CK(cudaGetLastError());
+}
+
+static int g_sms = 132;
+
+// Our GEMM: D[n, m] = B[n, k] . A[m, k]^T (* a_si * b_si for e4m3).
+struct Own {
+  bool fp8, out_f32;
+  int m, n, k, bn, group_n = 8, rot = 0, rows_per_flag = 0;
+  const uint32_t *flags = nullptr;
+  void *A, *B, *D;
+  const float *a_si = nullptr, *b_si = nullptr;
+  CUtensorMap ta, tb;
+  bool prepare() { return tmap(tb, B, fp8, n, k, 128) && tmap(ta, A, fp8, m, k, bn); }
+  int tiles() const { return ((n + 127) / 128) * ((m + bn - 1) / bn); }
+  void run(cudaStream_t s) {
+    CUfunction f = M.own[fp8][out_f32][bn == 256];
+    int grid = std::min(tiles(), g_sms);
+    int rpf = rows_per_flag > 0 ? rows_per_flag : 128;
+    launch(f, grid, 1, THREADS, 1, smem_of(bn), s,
+           {&tb, &ta, &D, &m, &n, &k, &flags, &rpf, &group_n, &rot, &a_si, &b_si});
+  }
+};
+
+// Tile width: 256 unless 128 fills the last wave clearly better.
+static int pick_bn(int m, int n) {
+  auto eff = [&](int bn) {
+    long t = (long)((n + 127) / 128) * ((m + bn - 1) / bn);
+    long waves = (t + g_sms - 1) / g_sms;
+    double useful = (double)m * n / ((double)t * 128 * bn);  // partial tiles waste
+    return useful * t / (double)(waves * g_sms);
+  };
+  return eff(128) > eff(256) + 0.05 ? 128 : 256;
+}
+
+// ---------------------------------------------------------------- cuBLASLt
+struct Lt {
+  cublasLtHandle_t h = nullptr;
+  void *ws = nullptr;
+  size_t wsz = 64 << 20;
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
+  cublasLtMatmulHeuristicResult_t heur;
+  void init() {
+    LT(cublasLtCreate(&h));
+    CK(cudaMalloc(&ws, wsz));
+  }
+  void release() {
+    if (op) cublasLtMatmulDescDestroy(op);
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (ld) cublasLtMatrixLayoutDestroy(ld);
+    op = nullptr;
+    la = lb = ld = nullptr;
+  }
+  // nvte_cublas_gemm's TN in column-major terms: D(m x n, ld m) = A(k x m)^T . B(k x n).
+  bool setup(bool fp8, bool out_f32, int m, int n, int k, const float *a_si, const float *b_si) {
+    release();
+    LT(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    if (fp8) {
+      LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_si, sizeof a_si));
+      LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_si, sizeof b_si));
+      int8_t fast = 1;  // our kernel has wgmma's fast accumulation only
+      LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
+    }
+    cudaDataType_t tin = fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF, tout = out_f32 ? CUDA_R_32F : CUDA_R_16BF;
+    LT(cublasLtMatrixLayoutCreate(&la, tin, k, m, k));
+    LT(cublasLtMatrixLayoutCreate(&lb, tin, k, n, k));
+    LT(cublasLtMatrixLayoutCreate(&ld, tout, m, n, m));
+    cublasLtMatmulPreference_t pref;
+    LT(cublasLtMatmulPreferenceCreate(&pref));
+    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsz, sizeof wsz));
+    int found = 0;
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(h, op, la, lb, ld, ld, pref, 1, &heur, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    return st == CUBLAS_STATUS_SUCCESS && found > 0;
+  }
+  void run(const void *A, const void *B, void *D, cudaStream_t s) {
+    const float alpha = 1.f, beta = 0.f;
+    LT(cublasLtMatmul(h, op, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &heur.algo, ws, wsz, s));
+  }
+};
+
+// ---------------------------------------------------------------- checks
+struct Cmp {
+  uint32_t bad, nonfinite;
+  float emax;
+  uint64_t first_bad;  // index of the first bad element, ~0 if none
+};
+static double rms_of(const void *R, bool f32, size_t count) {
+  double *d;
+  CK(cudaMalloc(&d, sizeof(double)));
+  CK(cudaMemset(d, 0, sizeof(double)));
+  int r32 = f32;
+  uint64_t c = count;
+  launch(M.sum_sq, 1024, 1, 256, 1, 0, 0, {(void *)&R, &r32, &c, &d});
+  double h;
+  CK(cudaMemcpy(&h, d, sizeof h, cudaMemcpyDeviceToHost));
+  CK(cudaFree(d));
+  return std::sqrt(h / (double)count);
+}
+static Cmp compare(const void *D, bool d_f32, const void *R, bool r_f32, size_t count, float rms, float tol) {
+  uint32_t *st;
+  uint64_t *fb;
+  CK(cudaMalloc(&st, 3 * sizeof(uint32_t)));
+  CK(cudaMalloc(&fb, sizeof(uint64_t)));
+  CK(cudaMemset(st, 0, 3 * sizeof(uint32_t)));
+  CK(cudaMemset(fb, 0xff, sizeof(uint64_t)));
+  int d32 = d_f32, r32 = r_f32;
+  uint64_t c = count;
+  launch(M.compare, 1024, 1, 256, 1, 0, 0, {(void *)&D, &d32, (void *)&R, &r32, &c, &rms, &tol, &st, &fb});
+  uint32_t h[3];
+  Cmp r;
+  CK(cudaMemcpy(h, st, sizeof h, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(&r.first_bad, fb, sizeof(uint64_t), cudaMemcpyDeviceToHost));
+  CK(cudaFree(st));
+  CK(cudaFree(fb));
+  r.bad = h[0];
+  r.nonfinite = h[1];
+  std::memcpy(&r.emax, &h[2], 4);
+  return r;
+}
+
+static float h_bf16(uint16_t v);
+// For a failed check: where the first bad elements are, in tile terms, to tell a
+// descriptor / swizzle / fragment-layout mistake (a pattern inside tiles) from a
+// scheduling one (whole tiles poisoned).
+static void print_bad(const Cmp &c, const void *D, bool d_f32, const float *R, int m, int bn) {
+  if (c.bad == 0 || c.first_bad == ~0ULL) return;
+  std::printf("  %u bad elements (%u not finite); first ones (row n, col m: ours vs ref; tile row/col, "
+              "offset in tile):\n", c.bad, c.nonfinite);
+  for (uint64_t i = c.first_bad, shown = 0; shown < 6 && i < c.first_bad + 64; ++i) {
+    float d, r;
+    if (d_f32) {
+      CK(cudaMemcpy(&d, (const float *)D + i, 4, cudaMemcpyDeviceToHost));
+    } else {
+      uint16_t v;
+      CK(cudaMemcpy(&v, (const uint16_t *)D + i, 2, cudaMemcpyDeviceToHost));
+      d = h_bf16(v);
+    }
+    CK(cudaMemcpy(&r, R + i, 4, cudaMemcpyDeviceToHost));
+    const long row = (long)(i / m), col = (long)(i % m);
+    std::printf("    [%ld, %ld]: %g vs %g (tile %ld/%ld, +%ld/+%ld)\n", row, col, d, r, row / 128, col / bn, row % 128,
+                col % bn);
+    ++shown;
+  }
+}
+
+static float h_bf16(uint16_t v) {
+  uint32_t u = (uint32_t)v << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+static float h_e4m3(uint8_t v) {
+  const int s = v >> 7, e = (v >> 3) & 15, mt = v & 7;
+  float f;
+  if (e == 15 && mt == 7) return NAN;
+  if (e == 0)
+    f = std::ldexp((float)mt / 8.f, -6);
+  else
+    f = std::ldexp(1.f + (float)mt / 8.f, e - 7);
+  return s ? -f : f;
+}
+
+// fp64 on the CPU at sampled elements: the max normalized error of ours and of the fp32
+// reference, e = |x - r64| / (|r64| + rms64).
+struct CpuCheck {
+  double e_own = 0, e_ref = 0;
+};
+static CpuCheck cpu_check(bool fp8, bool out_f32, int m, int n, int k, const void *A, const void *B,
+                          const void *D, const float *R, float scale, int samples) {
+  const size_t es = fp8 ? 1 : 2;
+  std::vector<uint8_t> ha((size_t)m * k * es), hb((size_t)n * k * es);
+  CK(cudaMemcpy(ha.data(), A, ha.size(), cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(hb.data(), B, hb.size(), cudaMemcpyDeviceToHost));
+  auto in = [&](const std::vector<uint8_t> &v, size_t i) {
+    if (fp8) return (double)h_e4m3(v[i]);
+    uint16_t x;
+    std::memcpy(&x, &v[2 * i], 2);
+    return (double)h_bf16(x);
+  };
+  uint64_t st = 0x1234567ULL ^ ((uint64_t)m << 40) ^ ((uint64_t)n << 20) ^ (uint64_t)k;
+  std::vector<double> r64(samples), own(samples), ref(samples);
+  double ss = 0;
+  for (int s = 0; s < samples; ++s) {
+    st = st * 6364136223846793005ULL + 1442695040888963407ULL;
+    const int r = (int)((st >> 33) % (uint64_t)n);
+    st = st * 6364136223846793005ULL + 1442695040888963407ULL;
+    const int c = (int)((st >> 33) % (uint64_t)m);
+    double acc = 0;
+    for (int kk = 0; kk < k; ++kk) acc += in(hb, (size_t)r * k + kk) * in(ha, (size_t)c * k + kk);
+    r64[s] = acc * scale;
+    ss += r64[s] * r64[s];
+    const size_t off = (size_t)r * m + c;
+    float rv;
+    CK(cudaMemcpy(&rv, R + off, 4, cudaMemcpyDeviceToHost));
+    ref[s] = rv;
+    if (out_f32) {
+      float dv;
+      CK(cudaMemcpy(&dv, (const float *)D + off, 4, cudaMemcpyDeviceToHost));
+      own[s] = dv;
+    } else {
+      uint16_t dv;
+      CK(cudaMemcpy(&dv, (const uint16_t *)D + off, 2, cudaMemcpyDeviceToHost));
+      own[s] = h_bf16(dv);
+    }
+  }
+  const double rms = std::sqrt(ss / samples) + 1e-30;
+  CpuCheck out;
+  for (int s = 0; s < samples; ++s) {
+    const double den = std::fabs(r64[s]) + rms;
+    const double eo = std::fabs(own[s] - r64[s]) / den, er = std::fabs(ref[s] - r64[s]) / den;
+    out.e_own = std::isfinite(eo) ? std::max(out.e_own, eo) : INFINITY;
+    out.e_ref = std::max(out.e_ref, er);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------- timing
+static float median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+// Times several launchers interleaved (one iteration of each in turn), median ms each.
+static std::vector<float> time_ms(std::vector<std::function<void(cudaStream_t)>> fs, int iters, cudaStream_t s) {
+  for (int w = 0; w < 3; ++w)
+    for (auto &f : fs) f(s);
+  std::vector<std::vector<float>> t(fs.size());
+  std::vector<cudaEvent_t> ev(2 * fs.size() * iters);
+  for (auto &e : ev) CK(cudaEventCreate(&e));
+  for (int i = 0; i < iters; ++i)
+    for (size_t j = 0; j < fs.size(); ++j) {
+      CK(cudaEventRecord(ev[2 * (i * fs.size() + j)], s));
+      fs[j](s);
+      CK(cudaEventRecord(ev[2 * (i * fs.size() + j) + 1], s));
+    }
+  CK(cudaStreamSynchronize(s));
+  for (int i = 0; i < iters; ++i)
+    for (size_t j = 0; j < fs.size(); ++j) {
+      float ms;
+      CK(cudaEventElapsedTime(&ms, ev[2 * (i * fs.size() + j)], ev[2 * (i * fs.size() + j) + 1]));
+      t[j].push_back(ms);
+    }
+  for (auto &e : ev) CK(cudaEventDestroy(e));
+  std::vector<float> out;
+  for (auto &v : t) out.push_back(median(v));
+  return out;
+}
+
+// ---------------------------------------------------------------- cases
+struct Case {
+  int m, n, k, tp;  // D[n, m] = B[n, k] . A[m, k]^T; tp 0: not an anchor
+  bool fp8, out_f32;
+  int bn;  // 0: pick_bn
+  int group_n = 8, rot = 0;
+  bool timed = false;
+};
+struct Row {
+  Case c;
+  int bn;
+  float own_ms = 0, lt_ms = 0, own_flags_ms = 0;
+  Cmp vs_ref{}, vs_lt{};
+  CpuCheck cpu;
+  bool lt_ok = false, ok = false;
+};
+
+static float tol_of(bool fp8, bool out_f32) {
+  // wgmma's fast FP8 accumulation keeps fewer mantissa bits than fp32 over the whole K
+  // (about 14 by public accounts): up to ~1e-2 of the rms at K = 8192 if its rounding is
+  // biased. A layout or pipeline mistake gives errors of order 1.
+  if (fp8) return 5e-2f;
+  return out_f32 ? 2e-3f : 1e-2f;  // accumulation order; bf16 output rounding
+}
+
+static Row run_case(const Case &c, Lt &lt, int iters, cudaStream_t s) {
+  Row row;
+  row.c = c;
+  row.bn = c.bn ? c.bn : pick_bn(c.m, c.n);
+  const size_t es = c.fp8 ? 1 : 2, os = c.out_f32 ? 4 : 2;
+  const size_t nd = (size_t)c.m * c.n;
+  void *A, *B, *D, *Dlt;
+  float *R, *si;
+  uint32_t *flags;
+  CK(cudaMalloc(&A, (size_t)c.m * c.k * es));
+  CK(cudaMalloc(&B, (size_t)c.n * c.k * es));
+  CK(cudaMalloc(&D, nd * os));
+  CK(cudaMalloc(&Dlt, nd * os));
+  CK(cudaMalloc(&R, nd * 4));
+  CK(cudaMalloc(&si, 2 * sizeof(float)));
+  const int tp = c.tp > 0 ? c.tp : 4;
+  const int rpf = std::max(1, (c.n + tp - 1) / tp);
+  const int nflags = (c.n + rpf - 1) / rpf;
+  CK(cudaMalloc(&flags, nflags * sizeof(uint32_t)));
+  fill(A, (size_t)c.m * c.k, c.fp8, 1000 + c.m + c.k);
+  fill(B, (size_t)c.n * c.k, c.fp8, 2000 + c.n + c.k);
+  const float hsi[2] = {c.fp8 ? 0.5f : 1.f, c.fp8 ? 0.25f : 1.f};
+  CK(cudaMemcpy(si, hsi, sizeof hsi, cudaMemcpyHostToDevice));
+  fill_u32(flags, nflags, 1);
+  // Poison: NaN in both output types (0x7fc0 bf16 pairs / 0x7fc07fc0 as f32 is NaN too).
+  fill_u32(D, nd * os / 4, 0x7fc07fc0u);
+  fill_u32(Dlt, nd * os / 4, 0x7fc07fc0u);
+  CK(cudaDeviceSynchronize());
+
+  const float scale = hsi[0] * hsi[1];
+  launch(c.fp8 ? M.ref_e4m3 : M.ref_bf16, (c.m + 63) / 64, (c.n + 63) / 64, 16, 16, 0, 0,
+         {&A, &B, &R, (void *)&c.m, (void *)&c.n, (void *)&c.k, (void *)&scale});
+
+  Own own;
+  own.fp8 = c.fp8;
+  own.out_f32 = c.out_f32;
+  own.m = c.m;
+  own.n = c.n;
+  own.k = c.k;
+  own.bn = row.bn;
+  own.group_n = c.group_n;
+  own.rot = c.rot;
+  own.A = A;
+  own.B = B;
+  own.D = D;
+  own.a_si = si;
+  own.b_si = si + 1;
+  const bool mapped = own.prepare();
+  if (mapped) {
+    own.run(s);
+    sync_or_hang(s, "our kernel");
+  }
+
+  const float rms = (float)rms_of(R, true, nd);
+  const float tol = tol_of(c.fp8, c.out_f32);
+  row.vs_ref = compare(D, c.out_f32, R, true, nd, rms, tol);
+  print_bad(row.vs_ref, D, c.out_f32, R, c.m, row.bn);
+  row.cpu = cpu_check(c.fp8, c.out_f32, c.m, c.n, c.k, A, B, D, R, scale, c.timed ? 256 : 512);
+  row.lt_ok = lt.setup(c.fp8, c.out_f32, c.m, c.n, c.k, si, si + 1);
+  if (row.lt_ok) {
+    lt.run(A, B, Dlt, s);
+    CK(cudaStreamSynchronize(s));
+    row.vs_lt = compare(D, c.out_f32, Dlt, c.out_f32, nd, rms, tol);
+  }
+  row.ok = mapped && row.vs_ref.bad == 0 && row.cpu.e_own <= tol && row.cpu.e_ref <= tol;
+
+  // Flags set beforehand: the same kernel with waits, and the result again.
+  Own flagged = own;
+  flagged.flags = flags;
+  flagged.rows_per_flag = rpf;
+  if (c.timed && mapped) {
+    std::vector<std::function<void(cudaStream_t)>> fs = {[&](cudaStream_t st) { own.run(st); },
+                                                         [&](cudaStream_t st) { flagged.run(st); }};
+    if (row.lt_ok) fs.push_back([&](cudaStream_t st) { lt.run(A, B, Dlt, st); });
+    auto t = time_ms(fs, iters, s);
+    row.own_ms = t[0];
+    row.own_flags_ms = t[1];
+    if (row.lt_ok) row.lt_ms = t[2];
+  }
+  fill_u32(D, nd * os / 4, 0x7fc07fc0u);
+  if (mapped) {
+    flagged.run(s);
+    sync_or_hang(s, "our kernel with pre-set flags");
+  }
+  Cmp fl = compare(D, c.out_f32, R, true, nd, rms, tol);
+  if (fl.bad) {
+    std::printf("  flags-set run of %dx%dx%d: %u bad elements\n", c.m, c.n, c.k, fl.bad);
+    row.ok = false;
+  }
+
+  CK(cudaFree(A));
+  CK(cudaFree(B));
+  CK(cudaFree(D));
+  CK(cudaFree(Dlt));
+  CK(cudaFree(R));
+  CK(cudaFree(si));
+  CK(cudaFree(flags));
+  return row;
+}
+
+// AG-style arrival: B starts as other data, flags at 0; the kernel is launched, then a
+// second stream (copy engine, after a 50 ms host delay so that the kernel is already
+// waiting) copies row block r of the true B and then sets flag r, blocks in the order
+// 2, 0, 3, 1; tiles are rotated so that block 2's tiles come first. The result must
+// match the reference; a kernel still running 30 s later counts as a hang.
+static bool flag_arrival_test(int m, int n, int k, int tp) {
+  const size_t nb = (size_t)n * k * 2;
+  void *A, *B, *D;
+  float *R;
+  uint32_t *flags;
+  CK(cudaMalloc(&A, (size_t)m * k * 2));
+  CK(cudaMalloc(&B, nb));
+  CK(cudaMalloc(&D, (size_t)m * n * 2));
+  CK(cudaMalloc(&R, (size_t)m * n * 4));
+  CK(cudaMalloc(&flags, tp * sizeof(uint32_t)));
+  fill(A, (size_t)m * k, false, 11);
+  fill(B, (size_t)n * k, false, 12);
+  float one = 1.f;
+  launch(M.ref_bf16, (m + 63) / 64, (n + 63) / 64, 16, 16, 0, 0, {&A, &B, &R, &m, &n, &k, &one});
+  uint16_t *hB;
+  uint32_t *hone;
+  CK(cudaMallocHost(&hB, nb));
+  CK(cudaMallocHost(&hone, sizeof(uint32_t)));
+  *hone = 1;
+  CK(cudaMemcpy(hB, B, nb, cudaMemcpyDeviceToHost));
+  fill(B, (size_t)n * k, false, 99);  // stale data until the blocks arrive
+  fill_u32(flags, tp, 0);
+  fill_u32(D, (size_t)m * n / 2, 0x7fc07fc0u);
+  CK(cudaDeviceSynchronize());
+
+  cudaStream_t s1, s2;
+  CK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+  CK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+  const int rpf = n / tp;
+  const int order[4] = {2, 0, 3, 1};
+  Own own;
+  own.fp8 = false;
+  own.out_f32 = false;
+  own.m = m;
+  own.n = n;
+  own.k = k;
+  own.bn = 256;
+  own.A = A;
+  own.B = B;
+  own.D = D;
+  own.flags = flags;
+  own.rows_per_flag = rpf;
+  own.rot = (order[0] * rpf) / 128;
+  if (!own.prepare()) die("tensor map for the flag arrival test", __FILE__, __LINE__);
+  own.run(s1);
+  CK(cudaLaunchHostFunc(
+      s2, [](void *) { std::this_thread::sleep_for(std::chrono::milliseconds(50)); }, nullptr));
+  for (int i = 0; i < tp; ++i) {
+    const int r = order[i % 4] % tp;
+    CK(cudaMemcpyAsync((char *)B + (size_t)r * rpf * k * 2, (char *)hB + (size_t)r * rpf * k * 2,
+                       (size_t)rpf * k * 2, cudaMemcpyHostToDevice, s2));
+    CK(cudaMemcpyAsync(flags + r, hone, sizeof(uint32_t), cudaMemcpyHostToDevice, s2));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  while (cudaStreamQuery(s1) == cudaErrorNotReady) {
+    if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(30)) {
+      std::printf("flag arrival test: HANG (kernel still waiting after 30 s)\n");
+      std::fflush(stdout);
+      std::_Exit(1);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  CK(cudaStreamSynchronize(s1));
+  CK(cudaStreamSynchronize(s2));
+  CK(cudaGetLastError());
+  const float rms = (float)rms_of(R, true, (size_t)m * n);
+  Cmp c = compare(D, false, R, true, (size_t)m * n, rms, tol_of(false, false));
+  print_bad(c, D, false, R, m, 256);
+  std::printf("flag arrival test (%dx%dx%d, %d row blocks arriving by copy engine during the kernel): "
+              "%u bad, max e %.3g -> %s\n",
+              m, n, k, tp, c.bad, c.emax, c.bad ? "FAIL" : "ok");
+  CK(cudaFreeHost(hB));
+  CK(cudaFreeHost(hone));
+  CK(cudaStreamDestroy(s1));
+  CK(cudaStreamDestroy(s2));
+  CK(cudaFree(A));
+  CK(cudaFree(B));
+  CK(cudaFree(D));
+  CK(cudaFree(R));
+  CK(cudaFree(flags));
+  return c.bad == 0;
+}
+
+static std::string read_file(const std::string &p) {
+  std::ifstream f(p);
+  if (!f) die(("cannot read " + p).c_str(), __FILE__, __LINE__);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+int main(int argc, char **argv) {
+  std::string kernel_path = "kernels/gemm_sm90.cu";
+  int iters = 30, force_bn = 0, group = 8;
+  bool quick = false, compile_only = false, fp8 = true;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() -> const char * {
+      if (i + 1 >= argc) die(("missing value after " + a).c_str(), __FILE__, __LINE__);
+      return argv[++i];
+    };
+    if (a == "--kernel") kernel_path = next();
+    else if (a == "--iters") iters = std::max(1, std::atoi(next()));
+    else if (a == "--bn") force_bn = std::atoi(next());
+    else if (a == "--group") group = std::max(1, std::atoi(next()));
+    else if (a == "--quick") quick = true;
+    else if (a == "--compile-only") compile_only = true;
+    else if (a == "--no-fp8") fp8 = false;
+    else if (a == "--define") g_defines.push_back(next());
+    else {
+      std::printf("usage: own_gemm [--kernel FILE] [--iters N] [--bn 128|256] [--group G] [--quick] "
+                  "[--compile-only] [--no-fp8] [--define NAME=VALUE ...]\n");
+      return a == "--help" ? 0 : 2;
+    }
+  }
+  if (force_bn != 0 && force_bn != 128 && force_bn != 256) die("--bn takes 128 or 256", __FILE__, __LINE__);
+  const std::string src = read_file(kernel_path);
+
+  std::string arch = "sm_90a";
+  if (!compile_only) {
+    CK(cudaSetDevice(0));
+    CK(cudaFree(nullptr));
+    cudaDeviceProp p;
+    CK(cudaGetDeviceProperties(&p, 0));
+    g_sms = p.multiProcessorCount;
+    if (p.major != 9) {
+      std::printf("own_gemm: needs a Hopper GPU (sm_90a); device 0 is %s (sm_%d%d)\n", p.name, p.major, p.minor);
+      return 2;
+    }
+    std::printf("device: %s, %d SMs; NVRTC for %s\n", p.name, g_sms, arch.c_str());
+  }
+  auto cubin = nvrtc_compile(src, "gemm_sm90.cu", arch, true);
+  auto ref_cubin = nvrtc_compile(REF_SRC, "own_gemm_ref.cu", arch, false);
+  std::printf("compiled: gemm_sm90.cu %zu bytes, reference kernels %zu bytes\n", cubin.size(), ref_cubin.size());
+  if (compile_only) return 0;
+
+  load_driver();
+  CU(p_cuModuleLoadData(&M.gemm, cubin.data()));
+  CU(p_cuModuleLoadData(&M.ref, ref_cubin.data()));
+  for (int w = 0; w < 2; ++w) {
+    const char *g = w ? "gemm_sm90_smem_bytes_256" : "gemm_sm90_smem_bytes_128";
+    CUdeviceptr dp;
+    size_t bytes;
+    CU(p_cuModuleGetGlobal(&dp, &bytes, M.gemm, g));
+    CK(cudaMemcpy(&g_smem[w], (const void *)dp, sizeof(int), cudaMemcpyDeviceToHost));
+    std::printf("%s = %d\n", g, g_smem[w]);
+  }
+  const char *in_names[2] = {"bf16", "e4m3"}, *out_names[2] = {"bf16", "f32"};
+  for (int f8 = 0; f8 < 2; ++f8)
+    for (int o = 0; o < 2; ++o)
+      for (int w = 0; w < 2; ++w) {
+        char name[64];
+        std::snprintf(name, sizeof name, "gemm_sm90_tn_%s_%s_%d", in_names[f8], out_names[o], w ? 256 : 128);
+        CU(p_cuModuleGetFunction(&M.own[f8][o][w], M.gemm, name));
+        CU(p_cuFuncSetAttribute(M.own[f8][o][w], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                smem_of(w ? 256 : 128)));
+      }
+  CU(p_cuModuleGetFunction(&M.fill_bf16, M.ref, "fill_bf16"));
+  CU(p_cuModuleGetFunction(&M.fill_e4m3, M.ref, "fill_e4m3"));
+  CU(p_cuModuleGetFunction(&M.fill_u32, M.ref, "fill_u32"));
+  CU(p_cuModuleGetFunction(&M.ref_bf16, M.ref, "ref_gemm_bf16"));
+  CU(p_cuModuleGetFunction(&M.ref_e4m3, M.ref, "ref_gemm_e4m3"));
+  CU(p_cuModuleGetFunction(&M.sum_sq, M.ref, "sum_sq"));
+  CU(p_cuModuleGetFunction(&M.compare, M.ref, "compare"));
+
+  Lt lt;
+  lt.init();
+  // A blocking stream: the fills, reference and compare kernels run on the legacy default
+  // stream and must stay ordered with our kernel and cuBLASLt.
+  cudaStream_t s;
+  CK(cudaStreamCreate(&s));
+
+  // Small and odd shapes, every kernel (both tile widths, both outputs, both inputs):
+  // partial tiles in m, n and k, one row, a single tile, multi-wave squares with other
+  // rasterization groups and rotations.
+  std::vector<Case> cases;
+  const int small[][3] = {{128, 128, 64}, {256, 128, 128}, {192, 320, 144}, {1000, 77, 208},
+                          {8, 1, 16},     {384, 1000, 1024}, {4096, 4096, 4096}};
+  for (auto &sh : small)
+    for (int f8 = 0; f8 < (fp8 ? 2 : 1); ++f8)
+      for (int o = 0; o < 2; ++o)
+        for (int bn : {128, 256}) {
+          Case c{sh[0], sh[1], sh[2], 0, f8 == 1, o == 1, bn};
+          cases.push_back(c);
+        }
+  {
+    Case c{4096, 4096, 4096, 0, false, false, 256};
+    c.group_n = 3;
+    c.rot = 5;
+    cases.push_back(c);
+    c.group_n = 1;
+    c.rot = 31;
+    cases.push_back(c);
+  }
+  // The per-rank anchor shapes of issue 22 (tokens x K x N/tp): n = tokens, k = K, m = N/tp.
+  if (!quick)
+    for (int f8 = 0; f8 < (fp8 ? 2 : 1); ++f8)
+      for (int tp : {2, 4, 8})
+        for (auto sh : {std::array<int, 3>{8192, 8192, 28672}, std::array<int, 3>{8192, 4096, 16384},
+                        std::array<int, 3>{16384, 8192, 8192}}) {
+          Case c{sh[2] / tp, sh[0], sh[1], tp, f8 == 1, false, force_bn};
+          c.group_n = group;
+          c.timed = true;
+          cases.push_back(c);
+        }
+
+  bool all_ok = true;
+  std::vector<Row> rows;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case &c = cases[i];
+    std::printf("case %zu/%zu: %s %dx%dx%d -> %s bn %d\n", i + 1, cases.size(), in_names[c.fp8], c.m, c.n, c.k,
+                out_names[c.out_f32], c.bn ? c.bn : pick_bn(c.m, c.n));
+    std::fflush(stdout);
+    Row r = run_case(c, lt, iters, s);
+    std::printf("%-5s %5dx%5dx%5d -> %-4s bn %d group %d rot %d: vs fp32 ref bad %u (nonfinite %u) max e %.3g; "
+                "fp64 samples: ours %.3g ref %.3g; vs cuBLASLt max e %s%.3g -> %s\n",
+                in_names[c.fp8], c.m, c.n, c.k, out_names[c.out_f32], r.bn, c.group_n, c.rot, r.vs_ref.bad,
+                r.vs_ref.nonfinite, r.vs_ref.emax, r.cpu.e_own, r.cpu.e_ref, r.lt_ok ? "" : "(no algo) ",
+                r.vs_lt.emax, r.ok ? "ok" : "FAIL");
+    std::fflush(stdout);
+    all_ok &= r.ok;
+    rows.push_back(r);
+  }
+  const bool flags_ok = flag_arrival_test(2048, 4096, 4096, 4);
+  all_ok &= flags_ok;
+
+  // Markdown last.
+  std::printf("\n## own GEMM (kernels/gemm_sm90.cu) vs cuBLASLt, TN, D[n,m] = B[n,k] A[m,k]^T\n\n");
+  std::printf("Median of %d back-to-back runs (CUDA events). Speed = cuBLASLt time / our time "
+              "(> 1: ours faster). Flag cost = time with all arrival flags pre-set / time without flags.\n\n",
+              iters);
+  std::printf("| in | tp | tokens x K x N/tp | BN | ours ms | cuBLASLt ms | ours TFLOP/s | cuBLASLt TFLOP/s | "
+              "speed | flag cost | max err | ok |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  double lsum[2] = {0, 0}, fsum = 0, worst[2] = {1e9, 1e9};
+  int cnt[2] = {0, 0}, fcnt = 0;
+  for (auto &r : rows) {
+    if (!r.c.timed) continue;
+    const double fl = 2.0 * r.c.m * r.c.n * (double)r.c.k;
+    const double sp = r.lt_ok && r.own_ms > 0 ? r.lt_ms / r.own_ms : 0;
+    const double fc = r.own_ms > 0 ? r.own_flags_ms / r.own_ms : 0;
+    std::printf("| %s | %d | %dx%dx%d | %d | %.3f | %.3f | %.0f | %.0f | %.3f | %.4f | %.2g | %s |\n",
+                in_names[r.c.fp8], r.c.tp, r.c.n, r.c.k, r.c.m, r.bn, r.own_ms, r.lt_ms, fl / r.own_ms / 1e9,
+                r.lt_ok ? fl / r.lt_ms / 1e9 : 0.0, sp, fc, r.vs_ref.emax, r.ok ? "yes" : "NO");
+    if (sp > 0) {
+      lsum[r.c.fp8] += std::log(sp);
+      cnt[r.c.fp8]++;
+      worst[r.c.fp8] = std::min(worst[r.c.fp8], sp);
+    }
+    if (fc > 0) {
+      fsum += std::log(fc);
+      fcnt++;
+    }
+  }
+  std::printf("\n");
+  for (int f8 = 0; f8 < 2; ++f8)
+    if (cnt[f8])
+      std::printf("- %s: geomean speed vs cuBLASLt %.3f (bar: %s), worst %.3f (bar 0.80)\n", in_names[f8],
+                  std::exp(lsum[f8] / cnt[f8]), f8 ? ">= 0.90" : ">= 0.95", worst[f8]);
+  if (fcnt) std::printf("- flag waits (pre-set): geomean cost %.4f (bar <= 1.01)\n", std::exp(fsum / fcnt));
+  int nsmall = 0, nsmall_ok = 0;
+  for (auto &r : rows)
+    if (!r.c.timed) {
+      nsmall++;
+      nsmall_ok += r.ok;
+    }
+  std::printf("- small/odd shapes: %d of %d correct; flag arrival test: %s\n", nsmall_ok, nsmall,
+              flags_ok ? "ok" : "FAIL");
+  std::printf("- overall: %s\n", all_ok ? "PASS" : "FAIL (wrong results)");
+  return all_ok ? 0 : 1;
+}

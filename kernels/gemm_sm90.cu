@@ -1,0 +1,568 @@
+// Prototype, not yet run on a GPU (issue 22, step 1): a persistent, warp-specialized
+// Hopper GEMM of our own, for sm_90a, self-contained (NVRTC 13 ships no cuda_bf16.h /
+// cuda_fp8.h; everything below is inline PTX). Not wired into the library yet;
+// bench/own_gemm.cpp (scripts/own-gemm-gpu.sh) checks it against cuBLASLt.
+//
+// Layout: nvte_cublas_gemm's TN, D[n, m] = B[n, k] . A[m, k]^T, all row-major, K
+// contiguous for both operands, fp32 accumulation. In wgmma's terms B is the "A" operand
+// (rows = wgmma M) and A the "B" operand (rows = wgmma N), both K-major.
+//
+// Structure (one CTA per SM, 384 threads):
+// - warpgroup 0, the producer: one thread walks the CTA's tiles and issues the TMA loads
+//   (cp.async.bulk.tensor, 128B swizzle) of each K slice into a ring of STAGES shared
+//   memory stages guarded by full / empty mbarriers (expect_tx on full);
+// - warpgroups 1 and 2, the consumers: each owns 64 of the tile's 128 rows of D and issues
+//   wgmma.mma_async m64nBNk16 (bf16) or m64nBNk32 (e4m3) from the stage, keeps one K slice
+//   of wgmma in flight, releases a stage when its wgmma has retired, then stores its
+//   accumulators straight from registers (bounds-checked).
+// - tiles: 128 rows of D (n) x BN columns (m, 256 or 128), K slices of 128 bytes (64 bf16
+//   or 128 e4m3); a static persistent schedule (tile = blockIdx.x + i * gridDim.x) in
+//   grouped rasterization: `group_n` tile rows at a time, columns within a group, tile rows
+//   rotated by `n_tile_rot` (so that a chosen row block, e.g. the local one in AG, comes
+//   first).
+// - AG hook: with `flags` non-null, before loading the first K slice of a tile the
+//   producer spins (ld.acquire.sys) until flags[r] != 0 for every row block r
+//   (`rows_per_flag` rows of B each) the tile's rows touch, then fences the generic proxy
+//   against the async (TMA) proxy; a block once seen is not read again by that CTA.
+//   flags == nullptr (or rows_per_flag <= 0): no waits. Scope .sys: the flags are set by
+//   copy engines or peer GPUs.
+//
+// Knobs (-D at compile time): GEMM90_STAGES_256 / GEMM90_STAGES_128 (pipeline depth, 4 / 6),
+// GEMM90_EPI_WIDE (16-byte epilogue stores, default 0).
+//
+// Constraints (not checked here; a caller must, bench/own_gemm.cpp runs only shapes that
+// meet them): k > 0 and k * sizeof(in) a multiple of 16 bytes
+// (TMA strides), m a multiple of 8, any n >= 1, A, B, D 16-byte aligned, ldd == m;
+// partial tiles are handled by TMA's zero fill (loads) and predicated stores.
+// FP8: e4m3 x e4m3 only, scale_inv pointers (a_scale_inv * b_scale_inv applied in the
+// epilogue), fast accumulation only (wgmma's own; no periodic promotion yet).
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+// The driver's CUtensorMap: 128 opaque bytes, 64-byte aligned, made on the host by
+// cuTensorMapEncodeTiled and passed by value as a __grid_constant__ kernel parameter.
+struct __align__(64) GemmTmaDesc {
+  u64 opaque[16];
+};
+
+namespace gemm90 {
+
+constexpr int BM = 128;               // rows of D per tile (n), 64 per consumer warpgroup
+constexpr int K_BYTES = 128;          // bytes of K per stage: one 128B-swizzle row
+constexpr int THREADS = 384;          // producer warpgroup + 2 consumer warpgroups
+constexpr int CONSUMER_WARPS = 8;     // arrivals on an empty barrier per use
+
+__device__ __forceinline__ u32 smem_u32(const void *p) {
+  return (u32)__cvta_generic_to_shared(p);
+}
+
+// ---- mbarrier ----
+__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(u32 bar, u32 bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+// Wait until the phase of parity `parity` has completed (a fresh barrier is in phase 0,
+// so waiting on parity 1 returns at once: the producer's first pass over the ring).
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+  u32 done;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+// ---- TMA ----
+__device__ __forceinline__ void tma_prefetch_desc(const GemmTmaDesc *d) {
+  asm volatile("prefetch.tensormap [%0];" ::"l"((u64)d) : "memory");
+}
+// 2D tile load: c0 = element index along K (inner), c1 = row; completes on `bar`.
+__device__ __forceinline__ void tma_load_2d(u32 dst, const GemmTmaDesc *d, u32 bar, int c0,
+                                            int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4}], [%2];" ::"r"(dst),
+      "l"((u64)d), "r"(bar), "r"(c0), "r"(c1)
+      : "memory");
+}
+
+// ---- wgmma ----
+// Shared-memory matrix descriptor of a K-major tile in the 128B swizzle as TMA writes
+// it: rows of 128 bytes, 8-row (1024-byte) swizzle atoms stacked along M/N. Start address
+// bits 0-13 (>> 4), leading byte offset bits 16-29 (unused for swizzled K-major, 1 by
+// convention), stride byte offset bits 32-45 (1024 >> 4: from one 8-row group to the
+// next), base offset bits 49-51 (0: stages are 1024-aligned), layout bits 62-63 (1 =
+// 128B swizzle). The k-th 32-byte step along K inside the row adds 32 bytes (2 in the
+// >>4 units) to the start address; the hardware applies the swizzle to the final address.
+__device__ __forceinline__ u64 smem_desc_sw128(u32 addr) {
+  u64 d = 0;
+  d |= (u64)((addr & 0x3FFFF) >> 4);
+  d |= (u64)1 << 16;
+  d |= (u64)(1024 >> 4) << 32;
+  d |= (u64)1 << 62;
+  return d;
+}
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving accumulator reads/writes across the asm above.
+template <int R>
+__device__ __forceinline__ void fence_regs(float (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// wgmma wrappers: d = (scale_d ? d : 0) + A.B over one K step, operands from descriptors.
+__device__ __forceinline__ void wgmma_bf16_n256(float (&d)[128], u64 da, u64 db, u32 scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "setp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"
+      "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,"
+      "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,"
+      "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,"
+      "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127},"
+      " %128, %129, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+
+__device__ __forceinline__ void wgmma_e4m3_n256(float (&d)[128], u64 da, u64 db, u32 scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "setp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"
+      "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,"
+      "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,"
+      "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,"
+      "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127},"
+      " %128, %129, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+
+__device__ __forceinline__ void wgmma_bf16_n128(float (&d)[64], u64 da, u64 db, u32 scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63},"
+      " %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+
+__device__ __forceinline__ void wgmma_e4m3_n128(float (&d)[64], u64 da, u64 db, u32 scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63},"
+      " %64, %65, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+
+template <int BN, bool FP8>
+__device__ __forceinline__ void wgmma_tile(float (&d)[BN / 2], u64 da, u64 db, u32 scale_d);
+template <>
+__device__ __forceinline__ void wgmma_tile<256, false>(float (&d)[128], u64 da, u64 db, u32 s) {
+  wgmma_bf16_n256(d, da, db, s);
+}
+template <>
+__device__ __forceinline__ void wgmma_tile<128, false>(float (&d)[64], u64 da, u64 db, u32 s) {
+  wgmma_bf16_n128(d, da, db, s);
+}
+template <>
+__device__ __forceinline__ void wgmma_tile<256, true>(float (&d)[128], u64 da, u64 db, u32 s) {
+  wgmma_e4m3_n256(d, da, db, s);
+}
+template <>
+__device__ __forceinline__ void wgmma_tile<128, true>(float (&d)[64], u64 da, u64 db, u32 s) {
+  wgmma_e4m3_n128(d, da, db, s);
+}
+
+// ---- schedule ----
+// Linear tile index -> (tile row tn over n, tile column tm over m): `group_n` tile rows
+// at a time, walking columns within the group (tile rows fastest), then rotated by `rot`.
+__device__ __forceinline__ void tile_coords(int t, int tiles_n, int tiles_m, int group_n,
+                                            int rot, int &tn, int &tm) {
+  int per_group = group_n * tiles_m;
+  int g = t / per_group;
+  int first = g * group_n;
+  int gs = min(group_n, tiles_n - first);
+  int r = t - g * per_group;
+  tn = first + r % gs;
+  tm = r / gs;
+  tn += rot;
+  if (tn >= tiles_n) tn -= tiles_n;
+}
+
+__device__ __forceinline__ u32 ld_acquire_flag(const u32 *p) {
+  u32 v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Spin until every row block of B that rows [row0, row1) touch has arrived, then order
+// the TMA (async proxy) reads that follow after the acquire (generic proxy). Flags only
+// go from 0 to non-zero during a launch, so a block seen arrived (bit r of `seen`, for
+// the first 64 blocks) is not read again: a CTA pays one acquire per block, not per tile.
+__device__ __forceinline__ void wait_row_blocks(const u32 *flags, int rows_per_flag, int row0,
+                                                int row1, u64 &seen) {
+  bool acquired = false;
+  for (int r = row0 / rows_per_flag; r <= (row1 - 1) / rows_per_flag; ++r) {
+    if (r < 64 && ((seen >> r) & 1)) continue;
+    while (ld_acquire_flag(flags + r) == 0) {
+    }
+    if (r < 64) seen |= 1ull << r;
+    acquired = true;
+  }
+  if (acquired) asm volatile("fence.proxy.async.global;" ::: "memory");
+}
+
+__device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
+  u32 r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// Epilogue knob: 0 (default) stores each thread's column pairs straight from the
+// fragments (4- or 8-byte stores); 1 first transposes the pairs across each quad of lanes
+// so that every thread stores 8 consecutive columns (16-byte stores, 64 contiguous bytes
+// per row per quad).
+#ifndef GEMM90_EPI_WIDE
+#define GEMM90_EPI_WIDE 0
+#endif
+
+// 4 x 4 transpose across the lanes of a quad: lane q's slot g goes to lane g's slot q,
+// in two butterfly stages (xor 1, xor 2), each swapping the slots whose bit differs
+// from the lane's bit.
+__device__ __forceinline__ void quad_transpose(u32 &x0, u32 &x1, u32 &x2, u32 &x3, int q) {
+  {
+    const bool hi = q & 1;
+    u32 a = hi ? x0 : x1, b = hi ? x2 : x3;
+    a = __shfl_xor_sync(0xffffffffu, a, 1);
+    b = __shfl_xor_sync(0xffffffffu, b, 1);
+    if (hi) {
+      x0 = a;
+      x2 = b;
+    } else {
+      x1 = a;
+      x3 = b;
+    }
+  }
+  {
+    const bool hi = q & 2;
+    u32 a = hi ? x0 : x2, b = hi ? x1 : x3;
+    a = __shfl_xor_sync(0xffffffffu, a, 2);
+    b = __shfl_xor_sync(0xffffffffu, b, 2);
+    if (hi) {
+      x0 = a;
+      x1 = b;
+    } else {
+      x2 = a;
+      x3 = b;
+    }
+  }
+}
+
+// The wide epilogue: for each block of 4 column groups (32 columns) and each of the two
+// rows (row, row + 8), lane q of a quad ends up with the 8 columns of group 4 jj + q.
+// Needs m % 8 == 0 (a group is all in or all out of bounds) and 16-byte aligned D.
+template <int BN, bool OUT_F32>
+__device__ __forceinline__ void store_tile_wide(float (&acc)[BN / 2], float scale, void *d_out,
+                                                int m, int n, int row, int m0, int lane) {
+  const int q = lane % 4;
+#pragma unroll
+  for (int jj = 0; jj < BN / 32; ++jj) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = row + 8 * h;
+      const int col = m0 + 8 * (4 * jj + q);
+      const bool ok = r < n && col < m;
+      const u64 off = (u64)r * (u64)m + (u64)col;
+      if (OUT_F32) {
+        u32 lo[4], hi[4];
+#pragma unroll
+        for (int g = 0; g < 4; ++g) {
+          lo[g] = __float_as_uint(acc[4 * (4 * jj + g) + 2 * h] * scale);
+          hi[g] = __float_as_uint(acc[4 * (4 * jj + g) + 2 * h + 1] * scale);
+        }
+        quad_transpose(lo[0], lo[1], lo[2], lo[3], q);
+        quad_transpose(hi[0], hi[1], hi[2], hi[3], q);
+        if (ok) {
+          uint4 *p = reinterpret_cast<uint4 *>(reinterpret_cast<float *>(d_out) + off);
+          p[0] = make_uint4(lo[0], hi[0], lo[1], hi[1]);
+          p[1] = make_uint4(lo[2], hi[2], lo[3], hi[3]);
+        }
+      } else {
+        u32 x[4];
+#pragma unroll
+        for (int g = 0; g < 4; ++g)
+          x[g] = pack_bf16x2(acc[4 * (4 * jj + g) + 2 * h] * scale,
+                             acc[4 * (4 * jj + g) + 2 * h + 1] * scale);
+        quad_transpose(x[0], x[1], x[2], x[3], q);
+        if (ok)
+          *reinterpret_cast<uint4 *>(reinterpret_cast<u16 *>(d_out) + off) =
+              make_uint4(x[0], x[1], x[2], x[3]);
+      }
+    }
+  }
+}
+
+// Pipeline depth per tile width (a tuning knob: -D at compile time; the kernels export
+// their shared memory size, gemm_sm90_smem_bytes_<BN>, so hosts need not mirror it).
+#ifndef GEMM90_STAGES_256
+#define GEMM90_STAGES_256 4
+#endif
+#ifndef GEMM90_STAGES_128
+#define GEMM90_STAGES_128 6
+#endif
+
+template <int BN>
+struct Cfg {
+  static constexpr int A_BYTES = BM * K_BYTES;   // rows of B (wgmma A): 16 KiB
+  static constexpr int B_BYTES = BN * K_BYTES;   // rows of A (wgmma B): 32 or 16 KiB
+  static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
+  static constexpr int STAGES = BN == 256 ? GEMM90_STAGES_256 : GEMM90_STAGES_128;
+  // + barriers, + 1024 for aligning the dynamic shared memory base by hand.
+  static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 2 * STAGES * 8 + 1024;
+};
+
+template <int BN, bool FP8, bool OUT_F32>
+__device__ __forceinline__ void gemm_tn(const GemmTmaDesc *tmap_b, const GemmTmaDesc *tmap_a,
+                                        void *d_out, int m, int n, int k, const u32 *flags,
+                                        int rows_per_flag, int group_n, int n_tile_rot,
+                                        const float *a_scale_inv, const float *b_scale_inv) {
+  typedef Cfg<BN> C;
+  constexpr int K_ELEMS = FP8 ? K_BYTES : K_BYTES / 2;
+  extern __shared__ __align__(1024) u8 smem_raw[];
+  const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const u32 bars = base + C::STAGES * C::STAGE_BYTES;
+  // full[s] = bars + 8 s, empty[s] = bars + 8 (STAGES + s)
+
+  const int tiles_n = (n + BM - 1) / BM;
+  const int tiles_m = (m + BN - 1) / BN;
+  const int tiles = tiles_n * tiles_m;
+  const int kblocks = (k + K_ELEMS - 1) / K_ELEMS;
+  const int gn = group_n > 0 ? group_n : 1;
+  const int wg = threadIdx.x / 128;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < C::STAGES; ++s) {
+      mbar_init(bars + 8 * s, 1);
+      mbar_init(bars + 8 * (C::STAGES + s), CONSUMER_WARPS);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    tma_prefetch_desc(tmap_b);
+    tma_prefetch_desc(tmap_a);
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // Producer: one thread issues every load; the rest of the warpgroup only gives
+    // back its registers.
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    if (threadIdx.x == 0) {
+      u32 it = 0;
+      u64 seen = 0;
+      for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+        int tn, tm;
+        tile_coords(t, tiles_n, tiles_m, gn, n_tile_rot, tn, tm);
+        const int n0 = tn * BM, m0 = tm * BN;
+        if (flags != nullptr && rows_per_flag > 0)
+          wait_row_blocks(flags, rows_per_flag, n0, min(n0 + BM, n), seen);
+        for (int kb = 0; kb < kblocks; ++kb, ++it) {
+          const u32 s = it % C::STAGES;
+          const u32 phase = (it / C::STAGES) & 1;
+          mbar_wait(bars + 8 * (C::STAGES + s), phase ^ 1);
+          const u32 full = bars + 8 * s;
+          const u32 st = base + s * C::STAGE_BYTES;
+          // Zero-filled out-of-bounds bytes count too: always the whole box.
+          mbar_arrive_expect_tx(full, C::STAGE_BYTES);
+          tma_load_2d(st, tmap_b, full, kb * K_ELEMS, n0);
+          tma_load_2d(st + C::A_BYTES, tmap_a, full, kb * K_ELEMS, m0);
+        }
+      }
+    }
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    const int cw = wg - 1;                  // which 64 rows of the tile
+    const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
+    float acc[BN / 2];
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+    float scale = 1.f;
+    if (FP8) scale = *a_scale_inv * *b_scale_inv;
+    u32 it = 0;
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+      int tn, tm;
+      tile_coords(t, tiles_n, tiles_m, gn, n_tile_rot, tn, tm);
+      const int n0 = tn * BM, m0 = tm * BN;
+      u32 prev = 0;
+      for (int kb = 0; kb < kblocks; ++kb, ++it) {
+        const u32 s = it % C::STAGES;
+        const u32 phase = (it / C::STAGES) & 1;
+        mbar_wait(bars + 8 * s, phase);
+        const u32 st = base + s * C::STAGE_BYTES;
+        const u64 da = smem_desc_sw128(st + cw * 64 * K_BYTES);
+        const u64 db = smem_desc_sw128(st + C::A_BYTES);
+        wgmma_fence();
+        fence_regs(acc);
+#pragma unroll
+        for (int kk = 0; kk < K_BYTES / 32; ++kk) {
+          // The first wgmma of a tile overwrites the accumulators (scale-d = 0).
+          wgmma_tile<BN, FP8>(acc, da + 2 * kk, db + 2 * kk, (kb | kk) != 0);
+        }
+        wgmma_commit();
+        fence_regs(acc);
+        if (kb > 0) {
+          // The previous slice's wgmma has retired: give its stage back.
+          wgmma_wait<1>();
+          fence_regs(acc);
+          if (lane == 0) mbar_arrive(bars + 8 * (C::STAGES + prev));
+        }
+        prev = s;
+      }
+      wgmma_wait<0>();
+      fence_regs(acc);
+      if (lane == 0) mbar_arrive(bars + 8 * (C::STAGES + prev));
+
+      if (GEMM90_EPI_WIDE) {
+        store_tile_wide<BN, OUT_F32>(acc, scale, d_out, m, n, n0 + cw * 64 + warp * 16 + lane / 4, m0, lane);
+      } else {
+        // Epilogue from the accumulator fragments of m64nBN: thread (warp w, lane l) holds,
+        // for j < BN/8, rows w*16 + l/4 (+8) and columns 8j + 2(l%4) (+1).
+        const int row = n0 + cw * 64 + warp * 16 + lane / 4;
+        const int col0 = m0 + 2 * (lane % 4);
+        #pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+          const int col = col0 + 8 * j;
+        #pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int r = row + 8 * h;
+            if (r < n && col < m) {
+              float v0 = acc[4 * j + 2 * h] * scale, v1 = acc[4 * j + 2 * h + 1] * scale;
+              const u64 off = (u64)r * (u64)m + (u64)col;
+              if (OUT_F32) {
+                float2 v;
+                v.x = v0;
+                v.y = v1;
+                *reinterpret_cast<float2 *>(reinterpret_cast<float *>(d_out) + off) = v;
+              } else {
+                *reinterpret_cast<u32 *>(reinterpret_cast<u16 *>(d_out) + off) = pack_bf16x2(v0, v1);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace gemm90
+
+// Kernels: gemm_sm90_tn_<in>_<out>_<BN>. Grid: min(tiles, SMs) CTAs of 384 threads,
+// gemm_sm90_smem_bytes_<BN> bytes of dynamic shared memory (set the function attribute).
+// tmap_b: B [n, k], box {K_BYTES / sizeof(in), 128}; tmap_a: A [m, k], box {.., BN};
+// both 128B swizzle. The scale_inv pointers are read for e4m3 only.
+#define GEMM90_KERNEL(NAME, BN, FP8, OUT_F32)                                               \
+  extern "C" __global__ void __launch_bounds__(gemm90::THREADS, 1)                          \
+      NAME(const __grid_constant__ GemmTmaDesc tmap_b, const __grid_constant__ GemmTmaDesc  \
+                                                           tmap_a,                          \
+           void *d, int m, int n, int k, const u32 *flags, int rows_per_flag, int group_n,  \
+           int n_tile_rot, const float *a_scale_inv, const float *b_scale_inv) {            \
+    gemm90::gemm_tn<BN, FP8, OUT_F32>(&tmap_b, &tmap_a, d, m, n, k, flags, rows_per_flag,   \
+                                      group_n, n_tile_rot, a_scale_inv, b_scale_inv);       \
+  }
+
+extern "C" __constant__ int gemm_sm90_smem_bytes_256 = gemm90::Cfg<256>::SMEM_BYTES;
+extern "C" __constant__ int gemm_sm90_smem_bytes_128 = gemm90::Cfg<128>::SMEM_BYTES;
+
+GEMM90_KERNEL(gemm_sm90_tn_bf16_bf16_256, 256, false, false)
+GEMM90_KERNEL(gemm_sm90_tn_bf16_bf16_128, 128, false, false)
+GEMM90_KERNEL(gemm_sm90_tn_bf16_f32_256, 256, false, true)
+GEMM90_KERNEL(gemm_sm90_tn_bf16_f32_128, 128, false, true)
+GEMM90_KERNEL(gemm_sm90_tn_e4m3_bf16_256, 256, true, false)
+GEMM90_KERNEL(gemm_sm90_tn_e4m3_bf16_128, 128, true, false)
+GEMM90_KERNEL(gemm_sm90_tn_e4m3_f32_256, 256, true, true)
+GEMM90_KERNEL(gemm_sm90_tn_e4m3_f32_128, 128, true, true)

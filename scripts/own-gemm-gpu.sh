@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# One-GPU check of our own Hopper GEMM prototype (kernels/gemm_sm90.cu, issue 22 step 1;
+# not used by the library yet) in one call: builds bench/own_gemm.cpp (plain C++ against
+# the CUDA toolkit: cudart, NVRTC, cuBLASLt; no cargo, no nvcc kernels) and runs it:
+# correctness on small/odd shapes and the per-rank anchor shapes at tp 2/4/8 (bf16 and
+# e4m3) against an fp32 reference GEMM and fp64 CPU samples, speed against cuBLASLt, the
+# cost of pre-set arrival flags, and an AG-style run whose row blocks arrive by copy
+# engine while the kernel runs. Markdown table last.
+#   scripts/own-gemm-gpu.sh [own_gemm options: --quick --iters N --bn 128|256 --group G --no-fp8
+#                            --define GEMM90_STAGES_256=3 ...]
+# Log and binary under $OUT (default own-gemm-out/); exits with own_gemm's status
+# (1: a wrong result or a hang, 2: setup error). CUDA_HOME (default /usr/local/cuda).
+set -u
+root=$(cd "$(dirname "$0")/.." && pwd)
+out=${OUT:-$root/own-gemm-out}
+mkdir -p "$out"
+cuda=${CUDA_HOME:-/usr/local/cuda}
+if [ ! -d "$cuda/include" ] && command -v nvcc >/dev/null; then
+  cuda=$(cd "$(dirname "$(command -v nvcc)")/.." && pwd)
+fi
+[ -d "$cuda/include" ] || { echo "own-gemm-gpu: no CUDA toolkit at $cuda (set CUDA_HOME)" >&2; exit 2; }
+libdir=$cuda/lib64
+[ -d "$libdir" ] || libdir=$cuda/lib
+cxx=${CXX:-g++}
+command -v "$cxx" >/dev/null || cxx=$cuda/bin/nvcc
+echo "=== build ($cxx, CUDA at $cuda)" | tee "$out/own_gemm.log"
+"$cxx" -std=c++17 -O2 "$root/bench/own_gemm.cpp" -I"$cuda/include" -L"$libdir" \
+  -Wl,-rpath,"$libdir" -lcudart -lnvrtc -lcublasLt -o "$out/own_gemm" >>"$out/own_gemm.log" 2>&1
+rc=$?
+if [ $rc -ne 0 ]; then
+  tail -n 40 "$out/own_gemm.log"
+  echo "own-gemm-gpu: build failed" >&2
+  exit 2
+fi
+(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo "commit: unknown") >>"$out/own_gemm.log"
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader >>"$out/own_gemm.log" 2>&1 || true
+cd "$root"
+# Passes: "base" (the kernel as committed, the library's exact NVRTC options) decides the
+# exit status; "wide" (-DGEMM90_EPI_WIDE=1: 16-byte epilogue stores) is an A/B run in the
+# same call, reported in the summary. OWN_GEMM_VARIANTS picks (default "base wide").
+rc=0
+summary=()
+for v in ${OWN_GEMM_VARIANTS:-base wide}; do
+  case $v in
+    base) extra=() ;;
+    wide) extra=(--define GEMM90_EPI_WIDE=1) ;;
+    *) echo "own-gemm-gpu: unknown variant $v" >&2; exit 2 ;;
+  esac
+  echo "=== pass $v: own_gemm ${extra[*]} $*" | tee -a "$out/own_gemm.log"
+  timeout -k 10 280 "$out/own_gemm" --kernel "$root/kernels/gemm_sm90.cu" ${extra[@]+"${extra[@]}"} "$@" 2>&1 |
+    tee "$out/own_gemm_$v.log" | tee -a "$out/own_gemm.log"
+  prc=${PIPESTATUS[0]}
+  [ $prc -eq 124 ] && echo "own-gemm-gpu: pass $v timed out (280 s)" | tee -a "$out/own_gemm.log"
+  [ "$v" = base ] && rc=$prc
+  summary+=("pass $v: exit $prc; $(grep -E '^- (bf16|e4m3|flag|overall)' "$out/own_gemm_$v.log" | tr '\n' ' ')")
+done
+echo
+printf '%s\n' "${summary[@]}" | tee -a "$out/own_gemm.log"
+exit $rc
