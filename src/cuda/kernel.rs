@@ -147,7 +147,7 @@ impl<P: Params> Binding<P> {
     }
 
     /// The kernel name with `parts` in the pattern's `{}`, in order.
-    fn name(&self, parts: &[&str]) -> Result<Label> {
+    pub(crate) fn name(&self, parts: &[&str]) -> Result<Label> {
         let mut name = Label::new();
         let mut pieces = self.sig.pattern.split("{}");
         let mut ok = true;
@@ -277,16 +277,7 @@ impl<P: Params> Kernel<P> {
         let mut ptrs = params.pointers();
         // SAFETY: `f` takes `P` (the binding's contract), `ptrs` point to the values of
         // `params`, which live until this call returns; the rest is the caller's.
-        unsafe {
-            launch(
-                self.f,
-                grid,
-                block,
-                stream,
-                ptrs.as_mut(),
-                self.what.as_str(),
-            )
-        }
+        unsafe { launch(self.f, grid, block, stream, ptrs.as_mut(), &self.what) }
     }
 
     /// Launch as the programmatic dependent of the previous kernel on `stream` (it may
@@ -328,9 +319,17 @@ impl<P: Params> Kernel<P> {
         if r == cu::CUresult::CUDA_SUCCESS {
             return Ok(());
         }
-        let what = self.what.as_str();
         // SAFETY: as above.
-        unsafe { launch(self.f, (grid, 1, 1), (block, 1, 1), stream, args, what) }
+        unsafe {
+            launch(
+                self.f,
+                (grid, 1, 1),
+                (block, 1, 1),
+                stream,
+                args,
+                &self.what,
+            )
+        }
     }
 }
 
@@ -350,7 +349,7 @@ unsafe fn launch(
     block: (u32, u32, u32),
     stream: StreamHandle,
     args: &mut [*mut c_void],
-    name: &str,
+    name: &Label,
 ) -> Result<()> {
     // SAFETY: the caller guarantees `f` and `args` (this function's contract);
     // cuLaunchKernel reads the argument values before it returns.
@@ -369,7 +368,7 @@ unsafe fn launch(
             std::ptr::null_mut(),
         )
     };
-    check_with(r, || format!("cuLaunchKernel({name})"))
+    check_with(r, || format!("cuLaunchKernel({})", name.as_str()))
 }
 
 /// Kernel argument helper: a pointer to the value, as cuLaunchKernel wants.

@@ -305,6 +305,36 @@ impl Planner<'_> {
 
 #[cfg(test)]
 mod tests {
+    /// Every reduction kernel the engine looks up at creation is instantiated in
+    /// kernels/comm.cu (`REDUCE(in, IN, out, OUT)` gives reduce_<in>_<out>_v8 and _v1).
+    #[test]
+    fn every_reduction_the_engine_looks_up_is_instantiated() {
+        use super::{REDUCE, reduce_outputs, short};
+        use crate::tensor::DType;
+        let src = crate::cuda::nvrtc::COMM.code;
+        for d in [
+            DType::F32,
+            DType::BF16,
+            DType::F16,
+            DType::E4M3,
+            DType::E5M2,
+        ] {
+            for &o in reduce_outputs(d) {
+                let (i, o) = (short(d), short(o));
+                let inst = format!(
+                    "REDUCE({i}, {}, {o}, {})",
+                    i.to_uppercase(),
+                    o.to_uppercase()
+                );
+                assert!(src.contains(&inst), "kernels/comm.cu has no {inst}");
+                for v in ["v8", "v1"] {
+                    let name = REDUCE.name(&[i, o, v]).unwrap();
+                    assert_eq!(name.as_str(), format!("reduce_{i}_{o}_{v}"));
+                }
+            }
+        }
+    }
+
     /// The layouts kernels/comm.cu asserts with static_assert (same numbers).
     #[test]
     fn kernel_argument_sets_have_the_kernels_layout() {
