@@ -216,6 +216,7 @@ impl<T: Copy + Default + PartialEq, const N: usize> PartialEq<Vec<T>> for Small<
 
 /// A short string formatted on the stack (`write!` into it; text past `N` bytes is an
 /// error): kernel names built per call without a heap allocation.
+#[derive(Clone, Copy)]
 pub struct StackStr<const N: usize> {
     len: usize,
     buf: [u8; N],

@@ -2,7 +2,7 @@
 //! transposed columnwise FP8 output in one pass), amax, current and delayed scaling,
 //! transpose, dequantize, random fill.
 use crate::cuda::StreamHandle;
-use crate::cuda::{self, ContextGuard, DevPtr, arg, nvrtc};
+use crate::cuda::{self, Binding, ContextGuard, DevPtr, Kernel, Params, Signature, nvrtc};
 use crate::error::Result;
 use crate::tensor::{Buffer, DType, Tensor};
 use crate::{invalid, unsupported};
@@ -26,32 +26,137 @@ fn grid_for(n: usize, sm_count: i32) -> u32 {
     blocks.clamp(1, (sm_count.max(1) as usize) * 8) as u32
 }
 
-/// Look up `prefix_<types>` in the cast module of the current context.
-/// Launch element-wise kernel `f` over `n` elements (grid-stride loops; BLOCK threads a
+// The kernels of kernels/cast.cu, each family with its parameter list. Pointers are
+// DevPtr (repr(transparent) u64), u64 is the kernels' u64, i32 their int, f32 their float.
+// SAFETY (each binding): the parameter list of every kernel of kernels/cast.cu its
+// pattern names, as the comment above it states (checked by tests/kernel_signatures.rs).
+
+/// quantize_<in>_<out>(const I::T *in, O::T *out, u64 n, const float *scale, float *amax,
+/// float *scale_inv)
+const QUANTIZE: Binding<(DevPtr, DevPtr, u64, DevPtr, DevPtr, DevPtr)> =
+    unsafe { Binding::new(&nvrtc::CAST, "quantize_{}_{}", "quantize") };
+/// quantize_fp8_<in>_<out>(const I::T *in, u8 *out, u64 n, const float *scale, float *amax,
+/// float *sinv, float *sinv_t, const float *noop, int vec)
+type QuantizeFp8Params = (
+    DevPtr,
+    DevPtr,
+    u64,
+    DevPtr,
+    DevPtr,
+    DevPtr,
+    DevPtr,
+    DevPtr,
+    i32,
+);
+const QUANTIZE_FP8: Binding<QuantizeFp8Params> =
+    unsafe { Binding::new(&nvrtc::CAST, "quantize_fp8_{}_{}", "quantize") };
+/// cast_transpose(_slow)_<in>_<out>(const I::T *in, u8 *out, u8 *out_t, u64 rows, u64 cols,
+/// const float *scale, float *amax, float *sinv, float *sinv_t, const float *noop)
+type CastTransposeParams = (
+    DevPtr,
+    DevPtr,
+    DevPtr,
+    u64,
+    u64,
+    DevPtr,
+    DevPtr,
+    DevPtr,
+    DevPtr,
+    DevPtr,
+);
+const CAST_TRANSPOSE: Binding<CastTransposeParams> =
+    unsafe { Binding::new(&nvrtc::CAST, "cast_transpose_{}_{}", CT_WHAT) };
+const CAST_TRANSPOSE_SLOW: Binding<CastTransposeParams> =
+    unsafe { Binding::new(&nvrtc::CAST, "cast_transpose_slow_{}_{}", CT_WHAT) };
+/// ct2_<vec|any>_<in>_<out> and the bench variants ct2x_*: cast_transpose's parameters,
+/// then int t_vec
+type Ct2Params = (
+    DevPtr,
+    DevPtr,
+    DevPtr,
+    u64,
+    u64,
+    DevPtr,
+    DevPtr,
+    DevPtr,
+    DevPtr,
+    DevPtr,
+    i32,
+);
+const CT2: Binding<Ct2Params> = unsafe { Binding::new(&nvrtc::CAST, "ct2_{}_{}_{}", CT_WHAT) };
+/// (compiled into CAST_VARIANTS: kernels/cast.cu with TE_COMM_CT2_VARIANTS defined)
+const CT2X: Binding<Ct2Params> =
+    unsafe { Binding::new(&nvrtc::CAST, "ct2x_tr{}_g{}_pf{}_cs{}_m{}", CT_WHAT) };
+/// zero_amax(float *amax, const float *noop)
+const ZERO_AMAX: Binding<(DevPtr, DevPtr)> =
+    unsafe { Binding::new(&nvrtc::CAST, "zero_amax", "zero_amax") };
+/// amax_<in>(const I::T *in, u64 n, float *amax, const float *noop, int vec)
+const AMAX: Binding<(DevPtr, u64, DevPtr, DevPtr, i32)> =
+    unsafe { Binding::new(&nvrtc::CAST, "amax_{}", "compute_amax") };
+/// scale_from_amax(const float *amax, float *scale, float fp8_max, int pow2, float
+/// epsilon, const float *noop)
+const SCALE_FROM_AMAX: Binding<(DevPtr, DevPtr, f32, i32, f32, DevPtr)> =
+    unsafe { Binding::new(&nvrtc::CAST, "scale_from_amax", "compute_scale_from_amax") };
+/// delayed_scaling_update(const float *hist, const float *scale, float *upd_hist, float
+/// *upd_scale, u64 len, u64 stride, int algo, float scaled_max)
+type DelayedParams = (DevPtr, DevPtr, DevPtr, DevPtr, u64, u64, i32, f32);
+const DELAYED_SCALING_UPDATE: Binding<DelayedParams> = unsafe {
+    Binding::new(
+        &nvrtc::CAST,
+        "delayed_scaling_update",
+        "delayed_scaling_update",
+    )
+};
+/// transpose(_vec)_b<size>(const T *in, T *out, u64 rows, u64 cols)
+const TRANSPOSE: Binding<(DevPtr, DevPtr, u64, u64)> =
+    unsafe { Binding::new(&nvrtc::CAST, "transpose_b{}", "transpose") };
+const TRANSPOSE_VEC: Binding<(DevPtr, DevPtr, u64, u64)> =
+    unsafe { Binding::new(&nvrtc::CAST, "transpose_vec_b{}", "transpose") };
+/// dequantize_vec_<in>_<out>(const u8 *in, O::T *out, u64 n, const float *scale_inv, int vec)
+const DEQUANTIZE: Binding<(DevPtr, DevPtr, u64, DevPtr, i32)> =
+    unsafe { Binding::new(&nvrtc::CAST, "dequantize_vec_{}_{}", "dequantize") };
+/// fill_uniform_<out>(O::T *out, u64 n, u64 seed, float lo, float hi)
+const FILL_UNIFORM: Binding<(DevPtr, u64, u64, f32, f32)> =
+    unsafe { Binding::new(&nvrtc::CAST, "fill_uniform_{}", "fill_uniform") };
+
+/// What launch errors of the cast + transpose kernels say.
+const CT_WHAT: &str = "quantize (cast + transpose)";
+
+/// The kernel bindings of this module (checked against kernels/cast.cu by
+/// tests/kernel_signatures.rs).
+pub fn kernel_signatures() -> Vec<Signature> {
+    vec![
+        QUANTIZE.signature(),
+        QUANTIZE_FP8.signature(),
+        CAST_TRANSPOSE.signature(),
+        CAST_TRANSPOSE_SLOW.signature(),
+        CT2.signature(),
+        CT2X.signature(),
+        ZERO_AMAX.signature(),
+        AMAX.signature(),
+        SCALE_FROM_AMAX.signature(),
+        DELAYED_SCALING_UPDATE.signature(),
+        TRANSPOSE.signature(),
+        TRANSPOSE_VEC.signature(),
+        DEQUANTIZE.signature(),
+        FILL_UNIFORM.signature(),
+    ]
+}
+
+/// Launch element-wise kernel `k` over `n` elements (grid-stride loops; BLOCK threads a
 /// block, at most 8 blocks an SM).
 ///
 /// # Safety
-/// `args` are exactly `f`'s parameters, with pointers valid for the kernel's run.
-unsafe fn launch_elementwise(
-    f: cudarc::driver::sys::CUfunction,
+/// As [`Kernel::launch`] (any grid and block of this shape).
+unsafe fn launch_elementwise<P: Params>(
+    k: &Kernel<P>,
     sms: i32,
     n: usize,
-    args: &mut [*mut std::ffi::c_void],
+    params: P,
     stream: StreamHandle,
-    what: &str,
 ) -> Result<()> {
     // SAFETY: the caller's obligations.
-    unsafe {
-        cuda::launch(
-            f,
-            (grid_for(n, sms), 1, 1),
-            (BLOCK, 1, 1),
-            0,
-            stream,
-            args,
-            what,
-        )
-    }
+    unsafe { k.launch(((grid_for(n, sms), 1, 1), (BLOCK, 1, 1)), stream, params) }
 }
 
 /// Block size (the kernel's `__launch_bounds__`) and resident blocks per SM of a kernel
@@ -102,51 +207,17 @@ fn persistent_grid(work: usize, per_block: usize, sms: i32, blocks_per_sm: u32) 
     work.div_ceil(per_block.max(1)).clamp(1, full) as u32
 }
 
-/// Launch `f` as the programmatic dependent of the previous kernel on `stream` (it may
-/// start before that one finishes and waits for it with griddepcontrol.wait); a plain
-/// launch when the driver refuses the attribute.
-///
-/// # Safety
-/// As [`cuda::launch`].
-unsafe fn launch_dependent(
-    f: cudarc::driver::sys::CUfunction,
-    grid: u32,
-    block: u32,
-    stream: StreamHandle,
-    args: &mut [*mut std::ffi::c_void],
-    what: &str,
-) -> Result<()> {
-    use cudarc::driver::sys as cu;
-    // SAFETY: a plain-old-data union; the field set below is the one the id selects.
-    let mut attr: cu::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-    attr.id = cu::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    attr.value.programmaticStreamSerializationAllowed = 1;
-    let cfg = cu::CUlaunchConfig {
-        gridDimX: grid,
-        gridDimY: 1,
-        gridDimZ: 1,
-        blockDimX: block,
-        blockDimY: 1,
-        blockDimZ: 1,
-        sharedMemBytes: 0,
-        hStream: stream.cu(),
-        attrs: &mut attr,
-        numAttrs: 1,
-    };
-    // SAFETY: the caller's obligations (as for cuLaunchKernel); `cfg` and `attr` live
-    // through the call, which reads the argument values before it returns.
-    let r = unsafe { cu::cuLaunchKernelEx(&cfg, f, args.as_mut_ptr(), std::ptr::null_mut()) };
-    if r == cu::CUresult::CUDA_SUCCESS {
-        return Ok(());
-    }
-    // SAFETY: the caller's obligations.
-    unsafe { cuda::launch(f, (grid, 1, 1), (block, 1, 1), 0, stream, args, what) }
-}
-
-fn function(guard: &ContextGuard, name: String) -> Result<(cudarc::driver::sys::CUfunction, i32)> {
+/// Kernel `parts` of binding `b` in the cast module of the guard's context, and the
+/// device's SM count.
+fn kernel<P: Params>(
+    guard: &ContextGuard,
+    b: &Binding<P>,
+    parts: &[&str],
+) -> Result<(Kernel<P>, i32)> {
     let dev = cuda::device_info(guard.device)?;
     let m = nvrtc::module(&nvrtc::CAST, guard.ctx, &dev)?;
-    Ok((m.function(&name)?, dev.sm_count))
+    // SAFETY: `m` is kernels/cast.cu's module, the source of every binding of this module.
+    Ok((unsafe { Kernel::new(&m, b, parts)? }, dev.sm_count))
 }
 
 fn need_data(b: &Buffer, what: &str) -> Result<()> {
@@ -370,41 +441,22 @@ fn quantize_rowwise(
         sinv_t,
         noop,
     } = *p;
-    let f = m.function(&format!("quantize_fp8_{iname}_{oname}"))?;
+    // SAFETY: `m` is kernels/cast.cu's module.
+    let k = unsafe { Kernel::new(m, &QUANTIZE_FP8, &[iname, oname])? };
     let n = numel as u64;
     let vec: i32 = (src.is_aligned(16) && dst.is_aligned(16)) as i32;
     // The vector path: chunks of 16 elements.
     let work = if vec == 1 { numel / 16 } else { numel };
-    let (block, per_sm) = launch_shape(f)?;
+    let (block, per_sm) = launch_shape(k.raw())?;
     let grid = persistent_grid(work, block as usize, dev.sm_count, per_sm);
-    let mut args = [
-        arg(&src),
-        arg(&dst),
-        arg(&n),
-        arg(&scale),
-        arg(&amax),
-        arg(&sinv),
-        arg(&sinv_t),
-        arg(&noop),
-        arg(&vec),
-    ];
-    // SAFETY: `f` is quantize_fp8_<in>_<out> of kernels/cast.cu, loaded in the stream's
-    // context (held by `guard`); `args` are its nine parameters (in, out: pointers; n:
-    // u64; scale, amax, scale_inv, columnwise scale_inv, noop: pointers, each NULL or
-    // one float; vec: i32). `in` and `out` are the caller's buffers of n elements (TE's
-    // contract; NULL checked above); vec is 1 only when both are 16-byte aligned. Any
-    // grid and block size is valid (grid-stride loops; block = the launch bounds).
-    unsafe {
-        cuda::launch(
-            f,
-            (grid, 1, 1),
-            (block, 1, 1),
-            0,
-            stream,
-            &mut args,
-            "quantize",
-        )
-    }
+    let params = (src, dst, n, scale, amax, sinv, sinv_t, noop, vec);
+    // SAFETY: `k` is quantize_fp8_<in>_<out> of kernels/cast.cu, loaded in the stream's
+    // context (held by `guard`); its parameters: in, out: pointers; n: u64; scale, amax,
+    // scale_inv, columnwise scale_inv, noop: pointers, each NULL or one float; vec: i32.
+    // `in` and `out` are the caller's buffers of n elements (TE's contract; NULL checked
+    // above); vec is 1 only when both are 16-byte aligned. Any grid and block size is
+    // valid (grid-stride loops; block = the launch bounds).
+    unsafe { k.launch(((grid, 1, 1), (block, 1, 1)), stream, params) }
 }
 
 /// Rowwise and / or columnwise FP8: the cast + transpose kernels (v2, its bench variants,
@@ -441,20 +493,23 @@ fn cast_transpose(
         CastTranspose::Bench(k) if vec && iname == "bf16" && oname == "e4m3" => Some(CT2_BENCH[k]),
         _ => None,
     };
-    let (f, tile_rows, one_tile_a_block) = match variant {
+    // SAFETY (the lookups): `m` is kernels/cast.cu's module, `mv` the same source with
+    // its bench variants.
+    let (k, tile_rows, one_tile_a_block) = match variant {
         Some(v) if v.kernel.is_empty() => (
-            m.function(&format!("ct2_vec_{iname}_{oname}"))?,
+            unsafe { Kernel::new(m, &CT2, &["vec", iname, oname])? },
             CT2_TILE_ROWS,
             v.one_tile_a_block,
         ),
         Some(v) => {
             let mv = nvrtc::module(&CAST_VARIANTS, ctx, dev)?;
-            (mv.function(v.kernel)?, v.tile_rows, v.one_tile_a_block)
+            let k = unsafe { Kernel::named(&mv, &CT2X, v.kernel)? };
+            (k, v.tile_rows, v.one_tile_a_block)
         }
         None => {
             let kind = if vec { "vec" } else { "any" };
             (
-                m.function(&format!("ct2_{kind}_{iname}_{oname}"))?,
+                unsafe { Kernel::new(m, &CT2, &[kind, iname, oname])? },
                 CT2_TILE_ROWS,
                 false,
             )
@@ -462,7 +517,7 @@ fn cast_transpose(
     };
     // The kernel indexes its threads as 2 x tile rows: launch exactly that many (a launch
     // beyond its launch bounds fails instead of running a partial tile).
-    let (_, per_sm) = launch_shape(f)?;
+    let (_, per_sm) = launch_shape(k.raw())?;
     let block = 2 * tile_rows as u32;
     let tiles = rows.div_ceil(tile_rows) * cols.div_ceil(128);
     let grid = if one_tile_a_block {
@@ -470,40 +525,20 @@ fn cast_transpose(
     } else {
         persistent_grid(tiles, 1, dev.sm_count, per_sm)
     };
-    let mut args = [
-        arg(&src),
-        arg(&dst),
-        arg(&dst_t),
-        arg(&r),
-        arg(&c),
-        arg(&scale),
-        arg(&amax),
-        arg(&sinv),
-        arg(&sinv_t),
-        arg(&noop),
-        arg(&t_vec),
-    ];
-    // SAFETY: `f` is ct2_(vec|any)_<in>_<out> of kernels/cast.cu or a ct2x_* bench variant
+    let params = (
+        src, dst, dst_t, r, c, scale, amax, sinv, sinv_t, noop, t_vec,
+    );
+    // SAFETY: `k` is ct2_(vec|any)_<in>_<out> of kernels/cast.cu or a ct2x_* bench variant
     // of the same template (bf16 -> e4m3) in CAST_VARIANTS, loaded in the stream's context
-    // (held by `guard`); `args` are its eleven parameters (in, out, out_t: pointers; rows,
-    // cols: u64; scale, amax, scale_inv, columnwise scale_inv, noop: pointers, each NULL or
-    // one float; t_vec: i32). `in` holds rows*cols elements, `out` (NULL when not
-    // requested) as many, `out_t` as many (checked above). The vector kernels run only with
-    // the alignment and divisibility they need (`vec`), the element kernel takes any shape
-    // and alignment; t_vec is 1 only when out_t is 16-byte aligned and rows % 16 == 0. The
-    // block size is the kernel's launch bounds (its tile rows x 2 threads, which it
-    // assumes); any grid is valid (grid-stride over tiles).
-    unsafe {
-        cuda::launch(
-            f,
-            (grid, 1, 1),
-            (block, 1, 1),
-            0,
-            stream,
-            &mut args,
-            "quantize (cast + transpose)",
-        )
-    }
+    // (held by `guard`); its parameters: in, out, out_t: pointers; rows, cols: u64; scale,
+    // amax, scale_inv, columnwise scale_inv, noop: pointers, each NULL or one float; t_vec:
+    // i32. `in` holds rows*cols elements, `out` (NULL when not requested) as many, `out_t`
+    // as many (checked above). The vector kernels run only with the alignment and
+    // divisibility they need (`vec`), the element kernel takes any shape and alignment;
+    // t_vec is 1 only when out_t is 16-byte aligned and rows % 16 == 0. The block size is
+    // the kernel's launch bounds (its tile rows x 2 threads, which it assumes); any grid is
+    // valid (grid-stride over tiles).
+    unsafe { k.launch(((grid, 1, 1), (block, 1, 1)), stream, params) }
 }
 
 /// Rows of a v2 cast + transpose tile (CT2_TR of kernels/cast.cu); 128 columns.
@@ -607,50 +642,30 @@ fn cast_transpose_v1(
         && dst_t.is_aligned(16)
         && cols % 8 == 0
         && rows % 16 == 0;
-    let (f, grid, block) = if fast {
-        let f = m.function(&format!("cast_transpose_{iname}_{oname}"))?;
-        let (block, per_sm) = launch_shape(f)?;
+    // SAFETY (the lookups): `m` is kernels/cast.cu's module.
+    let (k, grid, block) = if fast {
+        let k = unsafe { Kernel::new(m, &CAST_TRANSPOSE, &[iname, oname])? };
+        let (block, per_sm) = launch_shape(k.raw())?;
         // Tiles of 128 rows x (block / 16 * 8) columns.
         let tile_cols = (block as usize / 16) * 8;
         let tiles = rows.div_ceil(128) * cols.div_ceil(tile_cols);
-        (f, persistent_grid(tiles, 1, dev.sm_count, per_sm), block)
+        (k, persistent_grid(tiles, 1, dev.sm_count, per_sm), block)
     } else {
-        let f = m.function(&format!("cast_transpose_slow_{iname}_{oname}"))?;
-        let (block, per_sm) = launch_shape(f)?;
+        let k = unsafe { Kernel::new(m, &CAST_TRANSPOSE_SLOW, &[iname, oname])? };
+        let (block, per_sm) = launch_shape(k.raw())?;
         let grid = persistent_grid(rows * cols, block as usize, dev.sm_count, per_sm);
-        (f, grid, block)
+        (k, grid, block)
     };
-    let mut args = [
-        arg(&src),
-        arg(&dst),
-        arg(&dst_t),
-        arg(&r),
-        arg(&c),
-        arg(&scale),
-        arg(&amax),
-        arg(&sinv),
-        arg(&sinv_t),
-        arg(&noop),
-    ];
-    // SAFETY: `f` is cast_transpose(_slow)_<in>_<out> of kernels/cast.cu, loaded in the
-    // stream's context (the caller holds it current); `args` are its ten parameters (in,
-    // out, out_t: pointers; rows, cols: u64; scale, amax, scale_inv, columnwise scale_inv,
-    // noop: pointers, each NULL or one float). `in` holds rows*cols elements, `out` (NULL
-    // when not requested) as many, `out_t` as many (checked by the caller). The tiled kernel
-    // runs only with the alignment and divisibility it requires (`fast`), with its own block
-    // size (its launch bounds) and any grid (grid-stride over tiles); the slow one takes any
-    // shape.
-    unsafe {
-        cuda::launch(
-            f,
-            (grid, 1, 1),
-            (block, 1, 1),
-            0,
-            stream,
-            &mut args,
-            "quantize (cast + transpose)",
-        )
-    }
+    let params = (src, dst, dst_t, r, c, scale, amax, sinv, sinv_t, noop);
+    // SAFETY: `k` is cast_transpose(_slow)_<in>_<out> of kernels/cast.cu, loaded in the
+    // stream's context (the caller holds it current); its parameters: in, out, out_t:
+    // pointers; rows, cols: u64; scale, amax, scale_inv, columnwise scale_inv, noop:
+    // pointers, each NULL or one float. `in` holds rows*cols elements, `out` (NULL when not
+    // requested) as many, `out_t` as many (checked by the caller). The tiled kernel runs
+    // only with the alignment and divisibility it requires (`fast`), with its own block
+    // size (its launch bounds) and any grid (grid-stride over tiles); the slow one takes
+    // any shape.
+    unsafe { k.launch(((grid, 1, 1), (block, 1, 1)), stream, params) }
 }
 
 /// The float-to-float cast of nvte_quantize (times the scale when one is set).
@@ -667,10 +682,7 @@ fn cast_plain(input: &Tensor, output: &Tensor, stream: StreamHandle) -> Result<(
         return Ok(());
     }
     let guard = ContextGuard::for_stream(stream)?;
-    let (f, sms) = function(
-        &guard,
-        format!("quantize_{}_{oname}", short(i.dtype).unwrap()),
-    )?;
+    let (k, sms) = kernel(&guard, &QUANTIZE, &[short(i.dtype).unwrap(), oname])?;
     let n = i.numel() as u64;
     let (src, dst) = (i.ptr, o.ptr);
     let (scale, amax, sinv) = (
@@ -678,19 +690,12 @@ fn cast_plain(input: &Tensor, output: &Tensor, stream: StreamHandle) -> Result<(
         opt_ptr(&output.amax),
         opt_ptr(&output.scale_inv),
     );
-    let mut args = [
-        arg(&src),
-        arg(&dst),
-        arg(&n),
-        arg(&scale),
-        arg(&amax),
-        arg(&sinv),
-    ];
-    // SAFETY: `f` is quantize_<in>_<out> of kernels/cast.cu, loaded in the stream's context
-    // (held by `guard`); `args` are its six parameters (in, out, n, scale, amax, scale_inv),
-    // each a pointer-sized value. The data pointers are the caller's tensors of n elements
-    // (TE's contract, NULL checked above); the scalars are NULL or single floats.
-    unsafe { launch_elementwise(f, sms, i.numel(), &mut args, stream, "quantize") }
+    let params = (src, dst, n, scale, amax, sinv);
+    // SAFETY: `k` is quantize_<in>_<out> of kernels/cast.cu, loaded in the stream's context
+    // (held by `guard`); its six parameters (in, out, n, scale, amax, scale_inv) are each a
+    // pointer-sized value. The data pointers are the caller's tensors of n elements (TE's
+    // contract, NULL checked above); the scalars are NULL or single floats.
+    unsafe { launch_elementwise(&k, sms, i.numel(), params, stream) }
 }
 
 /// One-float component `b` of tensor `what` that a call needs: set, one element, float32.
@@ -736,28 +741,28 @@ pub fn compute_amax(
     let dev = cuda::device_info(guard.device)?;
     let m = nvrtc::module(&nvrtc::CAST, guard.ctx, &dev)?;
     let noop = cfg.noop;
-    let z = m.function("zero_amax")?;
-    let mut zargs = [arg(&amax), arg(&noop)];
+    // SAFETY: `m` is kernels/cast.cu's module.
+    let z = unsafe { Kernel::new(&m, &ZERO_AMAX, &[])? };
     // SAFETY: zero_amax of kernels/cast.cu in the stream's context (held by `guard`); its
     // two parameters are pointers: amax (one float, checked above) and noop (NULL or one
     // float).
-    unsafe { cuda::launch(z, (1, 1, 1), (1, 1, 1), 0, stream, &mut zargs, "zero_amax")? };
+    unsafe { z.launch(((1, 1, 1), (1, 1, 1)), stream, (amax, noop))? };
     if i.numel() == 0 {
         return Ok(());
     }
-    let f = m.function(&format!("amax_{}", short(i.dtype).unwrap()))?;
+    // SAFETY: as above.
+    let k = unsafe { Kernel::new(&m, &AMAX, &[short(i.dtype).unwrap()])? };
     let (src, n) = (i.ptr, i.numel() as u64);
     let vec: i32 = src.is_aligned(16) as i32;
     let work = if vec == 1 { i.numel() / 8 } else { i.numel() };
-    let (block, per_sm) = launch_shape(f)?;
+    let (block, per_sm) = launch_shape(k.raw())?;
     let grid = persistent_grid(work, block as usize, dev.sm_count, per_sm);
-    let mut args = [arg(&src), arg(&n), arg(&amax), arg(&noop), arg(&vec)];
     // SAFETY: amax_<in> of kernels/cast.cu in the stream's context; parameters (in: pointer
     // to the caller's n elements, NULL checked; n: u64; amax: one float; noop: NULL or one
     // float; vec: i32, 1 only for a 16-byte aligned input); any grid (grid-stride), its
     // launch-bounds block. Launched as the dependent of zero_amax: it reads the input while
     // that runs and waits for it (griddepcontrol.wait) before touching amax.
-    unsafe { launch_dependent(f, grid, block, stream, &mut args, "compute_amax") }
+    unsafe { k.launch_dependent(grid, block, stream, (src, n, amax, noop, vec)) }
 }
 
 /// TE's nvte_compute_scale_from_amax: output.scale = fp8_max / max(amax, epsilon) (amax 0,
@@ -788,28 +793,16 @@ pub fn compute_scale_from_amax(
         );
     }
     let guard = ContextGuard::for_stream(stream)?;
-    let (f, _) = function(&guard, "scale_from_amax".into())?;
+    let (k, _) = kernel(&guard, &SCALE_FROM_AMAX, &[])?;
     let (pow2, eps, noop) = (cfg.force_pow_2_scales as i32, cfg.amax_epsilon, cfg.noop);
-    let mut args = [
-        arg(&amax),
-        arg(&scale),
-        arg(&max),
-        arg(&pow2),
-        arg(&eps),
-        arg(&noop),
-    ];
     // SAFETY: scale_from_amax of kernels/cast.cu in the stream's context; parameters: amax
     // and scale (one float each, checked above), fp8_max (f32), pow2 (i32), epsilon (f32),
     // noop (NULL or one float).
     unsafe {
-        cuda::launch(
-            f,
-            (1, 1, 1),
-            (1, 1, 1),
-            0,
+        k.launch(
+            ((1, 1, 1), (1, 1, 1)),
             stream,
-            &mut args,
-            "compute_scale_from_amax",
+            (amax, scale, max, pow2, eps, noop),
         )
     }
 }
@@ -913,7 +906,7 @@ pub fn delayed_scaling_update(
     // TE: fp8_max * 2^-margin in float.
     let scaled_max = max * 2f32.powf(-margin);
     let guard = ContextGuard::for_stream(stream)?;
-    let (f, _) = function(&guard, "delayed_scaling_update".into())?;
+    let (k, _) = kernel(&guard, &DELAYED_SCALING_UPDATE, &[])?;
     let (h, s, uh, us) = (
         history.data.ptr,
         scale.data.ptr,
@@ -921,33 +914,14 @@ pub fn delayed_scaling_update(
         updated_scale.data.ptr,
     );
     let (l, stride, a) = (len as u64, ns as u64, algo as i32);
-    let mut args = [
-        arg(&h),
-        arg(&s),
-        arg(&uh),
-        arg(&us),
-        arg(&l),
-        arg(&stride),
-        arg(&a),
-        arg(&scaled_max),
-    ];
+    let params = (h, s, uh, us, l, stride, a, scaled_max);
     let grid = u32::try_from(ns).map_err(|_| {
         crate::error::Error::invalid(format!("num_scales = {ns} exceeds the grid limit"))
     })?;
     // SAFETY: delayed_scaling_update of kernels/cast.cu in the stream's context; parameters:
     // four pointers (histories of len*ns floats, scales of ns floats: shapes checked above,
     // NULL checked), len and stride (u64), algo (i32), scaled_max (f32). One block per column.
-    unsafe {
-        cuda::launch(
-            f,
-            (grid, 1, 1),
-            (256, 1, 1),
-            0,
-            stream,
-            &mut args,
-            "delayed_scaling_update",
-        )
-    }
+    unsafe { k.launch(((grid, 1, 1), (256, 1, 1)), stream, params) }
 }
 
 /// TE's nvte_transpose: output [cols, rows] = input [rows, cols]^T, both 2-D, same dtype
@@ -978,10 +952,10 @@ pub fn transpose(input: &Tensor, output: &Tensor, stream: StreamHandle) -> Resul
             o.dtype.name()
         );
     }
-    let esize = match i.dtype.bits() {
-        8 => 1,
-        16 => 2,
-        32 => 4,
+    let (esize, size_name) = match i.dtype.bits() {
+        8 => (1, "1"),
+        16 => (2, "2"),
+        32 => (4, "4"),
         _ => unsupported!(
             "nvte_transpose of {} is not supported (1-, 2- and 4-byte elements)",
             i.dtype.name()
@@ -997,32 +971,19 @@ pub fn transpose(input: &Tensor, output: &Tensor, stream: StreamHandle) -> Resul
     // 16-byte vectors of 16 / esize elements along both dimensions.
     let v = 16 / esize;
     let vec = src.is_aligned(16) && dst.is_aligned(16) && is[0] % v == 0 && is[1] % v == 0;
-    let (f, sms) = function(
-        &guard,
-        format!("transpose_{}b{esize}", if vec { "vec_" } else { "" }),
-    )?;
-    let (block, per_sm) = launch_shape(f)?;
+    let b = if vec { &TRANSPOSE_VEC } else { &TRANSPOSE };
+    let (k, sms) = kernel(&guard, b, &[size_name])?;
+    let (block, per_sm) = launch_shape(k.raw())?;
     // transpose_vec: tiles of 8 v rows x 128 / esize columns; transpose: 32 x 32.
     let (tr, tc) = if vec { (8 * v, 128 / esize) } else { (32, 32) };
     let tiles = is[0].div_ceil(tr) * is[1].div_ceil(tc);
     let grid = persistent_grid(tiles, 1, sms, per_sm);
-    let mut args = [arg(&src), arg(&dst), arg(&r), arg(&c)];
     // SAFETY: transpose(_vec)_b<size> of kernels/cast.cu in the stream's context, for the
     // tensors' element size; parameters: in and out (pointers to rows*cols elements each,
     // shapes and NULL checked above), rows and cols (u64). The vector kernel only with
     // 16-byte aligned pointers and both dimensions multiples of its vector width; both
     // take any grid (grid-stride over tiles) with their launch-bounds block (256).
-    unsafe {
-        cuda::launch(
-            f,
-            (grid, 1, 1),
-            (block, 1, 1),
-            0,
-            stream,
-            &mut args,
-            "transpose",
-        )
-    }
+    unsafe { k.launch(((grid, 1, 1), (block, 1, 1)), stream, (src, dst, r, c)) }
 }
 
 /// TE's nvte_dequantize: output = cast(input * input.scale_inv) from FP8.
@@ -1061,35 +1022,24 @@ pub fn dequantize(input: &Tensor, output: &Tensor, stream: StreamHandle) -> Resu
         return Ok(());
     }
     let guard = ContextGuard::for_stream(stream)?;
-    let (f, sms) = function(
-        &guard,
-        format!(
-            "dequantize_vec_{}_{}",
-            short(i.dtype).unwrap(),
-            short(o.dtype).unwrap()
-        ),
-    )?;
+    let names = [short(i.dtype).unwrap(), short(o.dtype).unwrap()];
+    let (k, sms) = kernel(&guard, &DEQUANTIZE, &names)?;
     let n = i.numel() as u64;
     let (src, dst, sinv) = (i.ptr, o.ptr, opt_ptr(&input.scale_inv));
     let vec: i32 = (src.is_aligned(16) && dst.is_aligned(16)) as i32;
     let work = if vec == 1 { i.numel() / 16 } else { i.numel() };
-    let (block, per_sm) = launch_shape(f)?;
+    let (block, per_sm) = launch_shape(k.raw())?;
     let grid = persistent_grid(work, block as usize, sms, per_sm);
-    let mut args = [arg(&src), arg(&dst), arg(&n), arg(&sinv), arg(&vec)];
-    // SAFETY: `f` is dequantize_vec_<in>_<out> of kernels/cast.cu, loaded in the stream's
-    // context (held by `guard`); `args` are its five parameters (in, out, n, scale_inv:
-    // pointer-sized values; vec: i32, 1 only when both pointers are 16-byte aligned). The
-    // data pointers are the caller's tensors of n elements (TE's contract, NULL checked
-    // above); scale_inv is a single float (checked above). Any grid (grid-stride).
+    // SAFETY: `k` is dequantize_vec_<in>_<out> of kernels/cast.cu, loaded in the stream's
+    // context (held by `guard`); its five parameters: in, out, n, scale_inv: pointer-sized
+    // values; vec: i32, 1 only when both pointers are 16-byte aligned. The data pointers
+    // are the caller's tensors of n elements (TE's contract, NULL checked above);
+    // scale_inv is a single float (checked above). Any grid (grid-stride).
     unsafe {
-        cuda::launch(
-            f,
-            (grid, 1, 1),
-            (block, 1, 1),
-            0,
+        k.launch(
+            ((grid, 1, 1), (block, 1, 1)),
             stream,
-            &mut args,
-            "dequantize",
+            (src, dst, n, sinv, vec),
         )
     }
 }
@@ -1112,14 +1062,13 @@ pub fn fill_uniform(t: &Tensor, seed: u64, lo: f32, hi: f32, stream: StreamHandl
         return Ok(());
     }
     let guard = ContextGuard::for_stream(stream)?;
-    let (f, sms) = function(&guard, format!("fill_uniform_{name}"))?;
+    let (k, sms) = kernel(&guard, &FILL_UNIFORM, &[name])?;
     let n = b.numel() as u64;
     let dst = b.ptr;
-    let mut args = [arg(&dst), arg(&n), arg(&seed), arg(&lo), arg(&hi)];
-    // SAFETY: `f` is fill_uniform_<type> of kernels/cast.cu, loaded in the stream's context
-    // (held by `guard`); `args` are its five parameters (out, n: 8 bytes; seed: u64; lo, hi:
-    // f32). `dst` is the caller's tensor of n elements (TE's contract, NULL checked above).
-    unsafe { launch_elementwise(f, sms, b.numel(), &mut args, stream, "fill_uniform") }
+    // SAFETY: `k` is fill_uniform_<type> of kernels/cast.cu, loaded in the stream's context
+    // (held by `guard`); its five parameters: out, n: 8 bytes; seed: u64; lo, hi: f32.
+    // `dst` is the caller's tensor of n elements (TE's contract, NULL checked above).
+    unsafe { launch_elementwise(&k, sms, b.numel(), (dst, n, seed, lo, hi), stream) }
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! checked driver calls, and kernel launches. Uses cudarc's raw `sys` bindings, which
 //! load libcuda / libcublasLt / libnvrtc / libnccl on first use.
 pub mod dynlib;
+pub mod kernel;
 pub mod nvrtc;
 pub mod nvtx;
 pub mod ptr;
@@ -12,9 +13,9 @@ use crate::error::{Error, Result};
 use cudarc::driver::sys as cu;
 use once_cell::sync::OnceCell;
 use std::collections::HashMap;
-use std::ffi::c_void;
 use std::sync::Mutex;
 
+pub use kernel::{ArgClass, Binding, Kernel, KernelArg, ParamInfo, Params, Signature};
 pub use ptr::DevPtr;
 
 /// A CUDA library loaded at run time.
@@ -417,147 +418,5 @@ impl StreamHandle {
     /// As the driver API's `CUstream`.
     pub fn cu(self) -> cu::CUstream {
         self.0 as cu::CUstream
-    }
-}
-
-/// Launch a kernel. `args` holds pointers to each kernel argument.
-///
-/// # Safety
-///
-/// `f` must be a function of a module loaded in the context `stream` belongs to (the
-/// current context), and `args` must match its parameter list: one pointer per parameter,
-/// each to a live value of that parameter's type and layout (read during this call). The
-/// device memory the argument values point to must be valid for everything the kernel
-/// reads and writes until it has run on `stream`.
-pub unsafe fn launch(
-    f: cu::CUfunction,
-    grid: (u32, u32, u32),
-    block: (u32, u32, u32),
-    shared_mem: u32,
-    stream: StreamHandle,
-    args: &mut [*mut c_void],
-    name: &str,
-) -> Result<()> {
-    // SAFETY: the caller guarantees `f` and `args` (this function's contract);
-    // cuLaunchKernel reads the argument values before it returns.
-    let r = unsafe {
-        cu::cuLaunchKernel(
-            f,
-            grid.0,
-            grid.1,
-            grid.2,
-            block.0,
-            block.1,
-            block.2,
-            shared_mem,
-            stream.cu(),
-            args.as_mut_ptr(),
-            std::ptr::null_mut(),
-        )
-    };
-    check_with(r, || format!("cuLaunchKernel({name})"))
-}
-
-/// A kernel's parameter list: a tuple of the kernel's parameter types, in order, whose
-/// values a launch passes by pointer.
-pub trait Params {
-    /// One pointer per parameter (an array on the stack).
-    type Ptrs: AsMut<[*mut c_void]>;
-    /// Pointers to each value of `self` (valid while `self` is).
-    fn pointers(&mut self) -> Self::Ptrs;
-}
-
-macro_rules! params {
-    ($n:expr; $($t:ident $i:tt),+) => {
-        impl<$($t),+> Params for ($($t,)+) {
-            type Ptrs = [*mut c_void; $n];
-            fn pointers(&mut self) -> Self::Ptrs {
-                [$(arg(&self.$i)),+]
-            }
-        }
-    };
-}
-params!(1; A 0);
-params!(2; A 0, B 1);
-params!(3; A 0, B 1, C 2);
-params!(4; A 0, B 1, C 2, D 3);
-params!(5; A 0, B 1, C 2, D 3, E 4);
-params!(6; A 0, B 1, C 2, D 3, E 4, F 5);
-params!(7; A 0, B 1, C 2, D 3, E 4, F 5, G 6);
-params!(8; A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7);
-params!(9; A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8);
-params!(10; A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9);
-
-/// A kernel of a loaded module, typed by its parameter list `P` (a [`Params`] tuple):
-/// looked up and bound to its parameter types once ([`Kernel::new`], the one place that
-/// states them); every launch then passes exactly one value of each type.
-pub struct Kernel<P> {
-    f: cu::CUfunction,
-    /// the name launch errors give
-    what: &'static str,
-    _p: std::marker::PhantomData<fn(P)>,
-}
-
-impl<P> Clone for Kernel<P> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-impl<P> Copy for Kernel<P> {}
-
-impl<P: Params> Kernel<P> {
-    /// Kernel `name` of `m`; launch errors name it `what`.
-    ///
-    /// # Safety
-    /// `P` is the kernel's parameter list: its types, with their layouts, in order.
-    pub unsafe fn new(m: &nvrtc::Module, name: &str, what: &'static str) -> Result<Kernel<P>> {
-        Ok(Kernel {
-            f: m.function(name)?,
-            what,
-            _p: std::marker::PhantomData,
-        })
-    }
-
-    /// Launch with `params` on `stream`.
-    ///
-    /// # Safety
-    /// The kernel's module stays loaded and belongs to the context of `stream` (the
-    /// current context); the device memory `params` point to is valid for everything the
-    /// kernel reads and writes until it has run on `stream`.
-    pub unsafe fn launch(
-        &self,
-        (grid, block): ((u32, u32, u32), (u32, u32, u32)),
-        stream: StreamHandle,
-        mut params: P,
-    ) -> Result<()> {
-        let mut ptrs = params.pointers();
-        // SAFETY: `f` takes `P` (Kernel::new's contract), `ptrs` point to the values of
-        // `params`, which live until this call returns; the rest is the caller's.
-        unsafe { launch(self.f, grid, block, 0, stream, ptrs.as_mut(), self.what) }
-    }
-}
-
-/// Kernel argument helper: a pointer to the value, as cuLaunchKernel wants.
-pub fn arg<T>(v: &T) -> *mut c_void {
-    v as *const T as *mut c_void
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{DevPtr, Params};
-
-    /// A typed launch passes a pointer to each parameter value, in order.
-    #[test]
-    fn params_point_at_each_value_in_order() {
-        let mut p = (7u32, 0x1234_5678_9abc_u64, DevPtr::new(0xdead_0000), -3i32);
-        let ptrs = p.pointers();
-        assert_eq!(ptrs.len(), 4);
-        // SAFETY: each pointer is to the field of `p` of that type (alive here).
-        unsafe {
-            assert_eq!(*(ptrs[0] as *const u32), 7);
-            assert_eq!(*(ptrs[1] as *const u64), 0x1234_5678_9abc);
-            assert_eq!(*(ptrs[2] as *const DevPtr), DevPtr::new(0xdead_0000));
-            assert_eq!(*(ptrs[3] as *const i32), -3);
-        }
     }
 }

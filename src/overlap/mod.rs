@@ -44,7 +44,7 @@ use crate::{bootstrap::Bootstrap, env, invalid, unsupported};
 use config::MAX_SPLITS;
 pub use config::{EngineConfig, TRANSPORT_AUTO, TRANSPORT_IPC, TRANSPORT_NCCL, TransportChoice};
 use plan::{AlgoSlots, MAX_KEY_WORDS};
-use reduce::{reduce_outputs, short};
+use reduce::EngineKernels;
 
 /// Chunk amax slots of FP8 outputs (tp chunks of the all-gather).
 const MAX_AMAX_SLOTS: usize = 64;
@@ -170,6 +170,8 @@ pub struct Overlap {
     staging: Option<DeviceMem>,
     broken: Option<Error>,
     module: std::sync::Arc<nvrtc::Module>,
+    /// the engine's kernels of `module`
+    kernels: EngineKernels,
     trace: Option<Trace>,
     /// NVTE_COMM_NVTX: the open NVTX ranges of the call in progress and of its step
     nvtx_call: Option<nvtx::Range>,
@@ -263,7 +265,7 @@ impl Overlap {
         let tp = cfg.validate(bs.size, dev.sm_count)?;
         Self::check_rows(rows, tp)?;
         let t = Self::create_transport(bs, &cfg, (&guard, &dev), (tp, bytes), check)?;
-        let module = Self::comm_module(&guard, &dev, dtype)?;
+        let (module, kernels) = Self::comm_module(&guard, &dev, dtype)?;
         let ns = cfg.num_max_streams as usize;
         let compute = (0..ns)
             .map(|_| Stream::new(cfg.gemm_priority))
@@ -317,6 +319,7 @@ impl Overlap {
             staging: None,
             broken: None,
             module,
+            kernels,
             dev,
             nvtx_call: None,
             amax_slots: None,
@@ -375,15 +378,10 @@ impl Overlap {
         guard: &ContextGuard,
         dev: &DeviceInfo,
         dtype: DType,
-    ) -> Result<std::sync::Arc<nvrtc::Module>> {
+    ) -> Result<(std::sync::Arc<nvrtc::Module>, EngineKernels)> {
         let module = nvrtc::module(&nvrtc::COMM, guard.ctx, dev)?;
-        for &o in reduce_outputs(dtype) {
-            for v in ["v8", "v1"] {
-                module.function(&format!("reduce_{}_{}_{v}", short(dtype), short(o)))?;
-            }
-        }
-        module.function("copy_segments")?;
-        Ok(module)
+        let kernels = EngineKernels::new(&module, dtype)?;
+        Ok((module, kernels))
     }
 
     pub fn tp(&self) -> usize {

@@ -5,7 +5,7 @@
 use super::Overlap;
 use super::plan::{Lane, Planner, Reduce};
 use crate::cuda::StreamHandle;
-use crate::cuda::{self, DevPtr, arg};
+use crate::cuda::{Binding, DevPtr, Kernel, KernelArg, ParamInfo, Signature, nvrtc};
 use crate::error::Result;
 use crate::tensor::{Buffer, DType, Tensor};
 use crate::transport::MAX_PEERS;
@@ -14,6 +14,7 @@ use crate::{invalid, unsupported};
 /// The sources of a reduction: kernels/comm.cu's `SrcSet` (same layout, asserted there
 /// and in this module's tests).
 #[repr(C)]
+#[derive(Clone, Copy)]
 struct SrcSet {
     src: [DevPtr; MAX_PEERS],
     n: u32,
@@ -21,11 +22,88 @@ struct SrcSet {
 
 /// The segments of one copy kernel: kernels/comm.cu's `CopySet`.
 #[repr(C)]
+#[derive(Clone, Copy)]
 struct CopySet {
     src: [DevPtr; MAX_PEERS],
     dst: [DevPtr; MAX_PEERS],
     bytes: [u64; MAX_PEERS],
     n: u32,
+}
+
+// SAFETY: repr(C) structs passed by value, kernels/comm.cu's SrcSet and CopySet (same
+// layouts: asserted there and in this module's tests).
+unsafe impl KernelArg for SrcSet {
+    const INFO: ParamInfo = ParamInfo::by_value::<SrcSet>();
+}
+// SAFETY: as above.
+unsafe impl KernelArg for CopySet {
+    const INFO: ParamInfo = ParamInfo::by_value::<CopySet>();
+}
+
+/// reduce_<in>_<out>_<v8|v1>(O::T *out, u64 out_ld, SrcSet, u64 in_ld, u64 rows, u64 cols,
+/// const float *scale, int acc, const float *out_scale, float *amax)
+type ReduceParams = (
+    DevPtr,
+    u64,
+    SrcSet,
+    u64,
+    u64,
+    u64,
+    DevPtr,
+    i32,
+    DevPtr,
+    DevPtr,
+);
+
+// SAFETY: the parameter list of every reduce_<in>_<out>_<v8|v1> of kernels/comm.cu
+// (pointers are DevPtr, repr(transparent) u64; SrcSet is the kernels' layout).
+const REDUCE: Binding<ReduceParams> = unsafe { Binding::new(&nvrtc::COMM, "reduce_{}_{}_{}", "") };
+// SAFETY: copy_segments(CopySet) of kernels/comm.cu.
+const COPY_SEGMENTS: Binding<(CopySet,)> =
+    unsafe { Binding::new(&nvrtc::COMM, "copy_segments", "") };
+// SAFETY: amax_max(float *out, const float *in, u32 n) of kernels/comm.cu.
+const AMAX_MAX: Binding<(DevPtr, DevPtr, u32)> =
+    unsafe { Binding::new(&nvrtc::COMM, "amax_max", "") };
+
+/// The kernel bindings of the engine (checked against kernels/comm.cu by
+/// tests/kernel_signatures.rs).
+pub fn kernel_signatures() -> Vec<Signature> {
+    vec![
+        REDUCE.signature(),
+        COPY_SEGMENTS.signature(),
+        AMAX_MAX.signature(),
+    ]
+}
+
+/// The engine's kernels, looked up once at creation (outside any graph capture).
+pub(super) struct EngineKernels {
+    /// the buffer's dtype: the reductions' input
+    dtype: DType,
+    /// reduce_<dtype>_<out>_{v8, v1} for each `out` of `reduce_outputs(dtype)`
+    reduce: Vec<(DType, [Kernel<ReduceParams>; 2])>,
+    copy_segments: Kernel<(CopySet,)>,
+    amax_max: Kernel<(DevPtr, DevPtr, u32)>,
+}
+
+impl EngineKernels {
+    /// The kernels of `m` (kernels/comm.cu's module) for a buffer of `dtype`.
+    pub(super) fn new(m: &nvrtc::Module, dtype: DType) -> Result<EngineKernels> {
+        let mut reduce = Vec::new();
+        for &o in reduce_outputs(dtype) {
+            // SAFETY: `m` is kernels/comm.cu's module, the bindings' source.
+            let k = |v| unsafe { Kernel::new(m, &REDUCE, &[short(dtype), short(o), v]) };
+            reduce.push((o, [k("v8")?, k("v1")?]));
+        }
+        // SAFETY: as above.
+        unsafe {
+            Ok(EngineKernels {
+                dtype,
+                reduce,
+                copy_segments: Kernel::new(m, &COPY_SEGMENTS, &[])?,
+                amax_max: Kernel::new(m, &AMAX_MAX, &[])?,
+            })
+        }
+    }
 }
 
 /// A dtype's name in the reduction kernels' names.
@@ -73,45 +151,24 @@ impl Overlap {
             && out_ld.is_multiple_of(8)
             && srcs.iter().all(|&p| p.is_aligned(16))
             && out_ptr.is_aligned(16);
-        let mut name = crate::host::StackStr::<32>::new();
-        std::fmt::Write::write_fmt(
-            &mut name,
-            format_args!(
-                "reduce_{}_{}_{}",
-                short(self.dtype),
-                short(out_type),
-                if vec_ok { "v8" } else { "v1" }
-            ),
-        )
-        .map_err(|_| crate::error::Error::internal("a reduction kernel name is too long"))?;
-        let name = name.as_str();
-        let f = self.module.function(name)?;
+        let k = self.reduce_kernel(out_type, vec_ok)?;
         let mut set = SrcSet {
             src: [DevPtr::NULL; MAX_PEERS],
             n: srcs.len() as u32,
         };
         set.src[..srcs.len()].copy_from_slice(srcs);
-        let (o, old, ild, r, c, sc, acc) = (
+        let params = (
             out_ptr,
             out_ld as u64,
+            set,
             in_ld as u64,
             rows as u64,
             cols as u64,
             in_scale,
             0i32,
+            out_scale,
+            out_amax,
         );
-        let mut args = [
-            arg(&o),
-            arg(&old),
-            arg(&set),
-            arg(&ild),
-            arg(&r),
-            arg(&c),
-            arg(&sc),
-            arg(&acc),
-            arg(&out_scale),
-            arg(&out_amax),
-        ];
         let work = rows * cols / if vec_ok { 8 } else { 1 };
         // Overlapped with GEMMs: the comm SM budget. On the critical tail (nothing left
         // to overlap), or inline (in order with the GEMMs): the whole GPU.
@@ -121,12 +178,24 @@ impl Overlap {
             2 * self.settings.num_comm_sm as u32
         };
         let blocks = (work.div_ceil(512) as u32).clamp(1, cap);
-        // SAFETY: `f` is reduce_<in>_<out>_<v8|v1>(out, out_ld, SrcSet, in_ld, rows, cols,
-        // scale, acc, out_scale, amax) of kernels/comm.cu in this object's module (its device's context,
-        // current for calls on `stream`); `set` is repr(C) like the kernel's SrcSet. `out`
-        // and the sources are the caller's / peers' mapped buffers holding rows x cols
-        // elements at their leading dimensions (the callers' contract).
-        unsafe { cuda::launch(f, (blocks, 1, 1), (512, 1, 1), 0, stream, &mut args, name) }
+        // SAFETY: `k` is reduce_<in>_<out>_<v8|v1> of kernels/comm.cu in this object's
+        // module (its device's context, current for calls on `stream`). `out` and the
+        // sources are the caller's / peers' mapped buffers holding rows x cols elements at
+        // their leading dimensions (the callers' contract); the v8 kernel only when
+        // `vec_ok`. Any grid (grid-stride), 512 threads a block.
+        unsafe { k.launch(((blocks, 1, 1), (512, 1, 1)), stream, params) }
+    }
+
+    /// reduce_<dtype>_<out_type>_<v8|v1>: looked up at creation for the output types the
+    /// buffer's dtype reduces to; any other looked up now, as a by-name lookup would.
+    fn reduce_kernel(&self, out_type: DType, vec_ok: bool) -> Result<Kernel<ReduceParams>> {
+        let k = &self.kernels;
+        if let Some((_, pair)) = k.reduce.iter().find(|(o, _)| *o == out_type) {
+            return Ok(pair[if vec_ok { 0 } else { 1 }]);
+        }
+        let v = if vec_ok { "v8" } else { "v1" };
+        // SAFETY: this object's module is kernels/comm.cu's.
+        unsafe { Kernel::new(&self.module, &REDUCE, &[short(k.dtype), short(out_type), v]) }
     }
 
     /// Copy each (dst, src, bytes) segment (up to MAX_PEERS; either side may be a peer's
@@ -155,29 +224,17 @@ impl Overlap {
         if set.n == 0 {
             return Ok(());
         }
-        let f = self.module.function("copy_segments")?;
-        let mut args = [arg(&set)];
         let cap = if tail || self.inline.is_some() {
             4 * self.dev.sm_count as u32
         } else {
             2 * self.settings.num_comm_sm as u32
         };
         let blocks = (total.div_ceil(16 * 512 * 4) as u32).clamp(1, cap);
-        // SAFETY: `f` is copy_segments(CopySet) of kernels/comm.cu in this object's module
-        // (its device's context, current for calls on `stream`); `set` is repr(C) like the
-        // kernel's CopySet, each segment a device range of the caller's or a peer's mapped
-        // buffer (the callers' contract).
-        unsafe {
-            cuda::launch(
-                f,
-                (blocks, 1, 1),
-                (512, 1, 1),
-                0,
-                stream,
-                &mut args,
-                "copy_segments",
-            )
-        }
+        let k = &self.kernels.copy_segments;
+        // SAFETY: copy_segments(CopySet) of kernels/comm.cu in this object's module (its
+        // device's context, current for calls on `stream`); each segment of `set` is a
+        // device range of the caller's or a peer's mapped buffer (the callers' contract).
+        unsafe { k.launch(((blocks, 1, 1), (512, 1, 1)), stream, (set,)) }
     }
 
     /// *out = max of the `n` amax slots, on `stream` (after the chunk GEMMs).
@@ -188,13 +245,11 @@ impl Overlap {
         n: usize,
         stream: StreamHandle,
     ) -> Result<()> {
-        let f = self.module.function("amax_max")?;
-        let n = n as u32;
-        let mut args = [arg(&out), arg(&slots), arg(&n)];
-        // SAFETY: `f` is amax_max(float *out, const float *in, u32 n) of kernels/comm.cu
-        // in this object's module; `slots` holds n <= MAX_AMAX_SLOTS floats written by the
-        // chunk GEMMs, `out` is the output tensor's amax (validated by desc_from_te).
-        unsafe { cuda::launch(f, (1, 1, 1), (32, 1, 1), 0, stream, &mut args, "amax_max") }
+        let k = &self.kernels.amax_max;
+        // SAFETY: amax_max(float *out, const float *in, u32 n) of kernels/comm.cu in this
+        // object's module; `slots` holds n <= MAX_AMAX_SLOTS floats written by the chunk
+        // GEMMs, `out` is the output tensor's amax (validated by desc_from_te).
+        unsafe { k.launch(((1, 1, 1), (32, 1, 1)), stream, (out, slots, n as u32)) }
     }
 }
 
@@ -250,6 +305,36 @@ impl Planner<'_> {
 
 #[cfg(test)]
 mod tests {
+    /// Every reduction kernel the engine looks up at creation is instantiated in
+    /// kernels/comm.cu (`REDUCE(in, IN, out, OUT)` gives reduce_<in>_<out>_v8 and _v1).
+    #[test]
+    fn every_reduction_the_engine_looks_up_is_instantiated() {
+        use super::{REDUCE, reduce_outputs, short};
+        use crate::tensor::DType;
+        let src = crate::cuda::nvrtc::COMM.code;
+        for d in [
+            DType::F32,
+            DType::BF16,
+            DType::F16,
+            DType::E4M3,
+            DType::E5M2,
+        ] {
+            for &o in reduce_outputs(d) {
+                let (i, o) = (short(d), short(o));
+                let inst = format!(
+                    "REDUCE({i}, {}, {o}, {})",
+                    i.to_uppercase(),
+                    o.to_uppercase()
+                );
+                assert!(src.contains(&inst), "kernels/comm.cu has no {inst}");
+                for v in ["v8", "v1"] {
+                    let name = REDUCE.name(&[i, o, v]).unwrap();
+                    assert_eq!(name.as_str(), format!("reduce_{i}_{o}_{v}"));
+                }
+            }
+        }
+    }
+
     /// The layouts kernels/comm.cu asserts with static_assert (same numbers).
     #[test]
     fn kernel_argument_sets_have_the_kernels_layout() {

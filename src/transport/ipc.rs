@@ -14,7 +14,7 @@ use super::{
 use crate::bootstrap::Bootstrap;
 use crate::cuda::StreamHandle;
 use crate::cuda::resources::{DeviceMem, HostMapped, IpcMapping, copy_async};
-use crate::cuda::{ContextGuard, DevPtr, DeviceInfo, Kernel, nvrtc};
+use crate::cuda::{Binding, ContextGuard, DevPtr, DeviceInfo, Kernel, Signature, nvrtc};
 use crate::error::Result;
 use crate::unsupported;
 use std::sync::Arc;
@@ -39,39 +39,59 @@ pub struct IpcTransport {
     k: IpcKernels,
 }
 
-/// The kernels of kernels/comm.cu this transport launches, with their parameter lists.
+/// wait_flags(FlagSet, const u64 *counter, u64 tag, u64 timeout_ns, ErrorRecord *err, u32
+/// op, u32 step)
+// SAFETY (each binding): the kernel's parameter list in kernels/comm.cu (FlagSet and
+// CheckSet are PeerSet's layout, pointers are DevPtr, repr(transparent) u64).
+const WAIT_FLAGS: Binding<(PeerSet, DevPtr, u64, u64, DevPtr, u32, u32)> =
+    unsafe { Binding::new(&nvrtc::COMM, "wait_flags", "") };
+/// wait_arrival_checked(FlagSet, CheckSet, const u64 *counter, u64 desc, u64 timeout_ns,
+/// ErrorRecord *err, u32 op)
+const WAIT_ARRIVAL_CHECKED: Binding<(PeerSet, PeerSet, DevPtr, u64, u64, DevPtr, u32)> =
+    unsafe { Binding::new(&nvrtc::COMM, "wait_arrival_checked", "") };
+/// signal_flags(FlagSet, const u64 *counter, u64 tag)
+const SIGNAL_FLAGS: Binding<(PeerSet, DevPtr, u64)> =
+    unsafe { Binding::new(&nvrtc::COMM, "signal_flags", "") };
+/// begin_call(FlagSet, FlagSet, u64 *counter, u64 desc)
+const BEGIN_CALL: Binding<(PeerSet, PeerSet, DevPtr, u64)> =
+    unsafe { Binding::new(&nvrtc::COMM, "begin_call", "") };
+/// put_bytes(u8 *dst, const u8 *src, u64 bytes)
+const PUT_BYTES: Binding<(DevPtr, DevPtr, u64)> =
+    unsafe { Binding::new(&nvrtc::COMM, "put_bytes", "") };
+
+/// The kernel bindings of this transport (checked against kernels/comm.cu by
+/// tests/kernel_signatures.rs).
+pub fn kernel_signatures() -> Vec<Signature> {
+    vec![
+        WAIT_FLAGS.signature(),
+        WAIT_ARRIVAL_CHECKED.signature(),
+        SIGNAL_FLAGS.signature(),
+        BEGIN_CALL.signature(),
+        PUT_BYTES.signature(),
+    ]
+}
+
+/// The kernels of kernels/comm.cu this transport launches.
 #[derive(Clone, Copy)]
 struct IpcKernels {
-    /// wait_flags(FlagSet, const u64 *counter, u64 tag, u64 timeout_ns, ErrorRecord *err,
-    /// u32 op, u32 step)
     wait_flags: Kernel<(PeerSet, DevPtr, u64, u64, DevPtr, u32, u32)>,
-    /// wait_arrival_checked(FlagSet, CheckSet, const u64 *counter, u64 desc, u64
-    /// timeout_ns, ErrorRecord *err, u32 op)
     wait_arrival_checked: Kernel<(PeerSet, PeerSet, DevPtr, u64, u64, DevPtr, u32)>,
-    /// signal_flags(FlagSet, const u64 *counter, u64 tag)
     signal_flags: Kernel<(PeerSet, DevPtr, u64)>,
-    /// begin_call(FlagSet, FlagSet, u64 *counter, u64 desc)
     begin_call: Kernel<(PeerSet, PeerSet, DevPtr, u64)>,
-    /// put_bytes(u8 *dst, const u8 *src, u64 bytes)
     put_bytes: Kernel<(DevPtr, DevPtr, u64)>,
 }
 
 impl IpcKernels {
     /// Looked up now, outside any graph capture.
     fn new(m: &nvrtc::Module) -> Result<IpcKernels> {
-        // SAFETY: each parameter list is the kernel's in kernels/comm.cu (FlagSet and
-        // CheckSet are PeerSet's layout, pointers are DevPtr, repr(transparent) u64).
+        // SAFETY: `m` is kernels/comm.cu's module, the bindings' source.
         unsafe {
             Ok(IpcKernels {
-                wait_flags: Kernel::new(m, "wait_flags", "wait_flags")?,
-                wait_arrival_checked: Kernel::new(
-                    m,
-                    "wait_arrival_checked",
-                    "wait_arrival_checked",
-                )?,
-                signal_flags: Kernel::new(m, "signal_flags", "signal_flags")?,
-                begin_call: Kernel::new(m, "begin_call", "begin_call")?,
-                put_bytes: Kernel::new(m, "put_bytes", "put_bytes")?,
+                wait_flags: Kernel::new(m, &WAIT_FLAGS, &[])?,
+                wait_arrival_checked: Kernel::new(m, &WAIT_ARRIVAL_CHECKED, &[])?,
+                signal_flags: Kernel::new(m, &SIGNAL_FLAGS, &[])?,
+                begin_call: Kernel::new(m, &BEGIN_CALL, &[])?,
+                put_bytes: Kernel::new(m, &PUT_BYTES, &[])?,
             })
         }
     }

@@ -338,6 +338,12 @@ pub struct PeerSet {
     pub n: u32,
 }
 
+// SAFETY: a repr(C) struct passed by value (kernels/comm.cu's FlagSet and CheckSet, same
+// layout: asserted there and in this module's tests).
+unsafe impl crate::cuda::KernelArg for PeerSet {
+    const INFO: crate::cuda::ParamInfo = crate::cuda::ParamInfo::by_value::<PeerSet>();
+}
+
 impl PeerSet {
     /// Addresses `addr(peer)` of group members `peers` (tp ranks); `world` maps tp ranks
     /// to world ranks.

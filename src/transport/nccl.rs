@@ -27,7 +27,8 @@ use crate::cuda::StreamHandle;
 use crate::cuda::dynlib::nccl_sys as nc;
 use crate::cuda::resources::{DeviceMem, HostMapped};
 use crate::cuda::{
-    self, ContextGuard, DevPtr, DeviceInfo, Kernel, Lib, nccl_check as check, nvrtc,
+    self, Binding, ContextGuard, DevPtr, DeviceInfo, Kernel, Lib, Signature, nccl_check as check,
+    nvrtc,
 };
 use crate::error::ErrorKind as K;
 use crate::error::{Error, Result};
@@ -365,28 +366,41 @@ pub struct NcclTransport {
 /// record, operation, progress record, tp.
 type ArrivedParams = (DevPtr, PeerSet, DevPtr, u64, u32, DevPtr, u32, DevPtr, u32);
 
-/// The kernels of kernels/comm.cu this transport launches, with their parameter lists.
+/// nccl_begin(u64 *counter, u64 *token, u64 desc, u32 op, Progress *p)
+// SAFETY (each binding): the kernel's parameter list in kernels/comm.cu (CheckSet is
+// PeerSet's layout, pointers are DevPtr, repr(transparent) u64).
+const BEGIN: Binding<(DevPtr, DevPtr, u64, u32, DevPtr)> =
+    unsafe { Binding::new(&nvrtc::COMM, "nccl_begin", "nccl") };
+/// nccl_arrived(const u64 *tokens, CheckSet check, const u64 *counter, u64 desc, u32
+/// do_check, ErrorRecord *err, u32 op, Progress *p, u32 tp)
+const ARRIVED: Binding<ArrivedParams> =
+    unsafe { Binding::new(&nvrtc::COMM, "nccl_arrived", "nccl") };
+/// nccl_end(const u64 *counter, Progress *p)
+const END: Binding<(DevPtr, DevPtr)> = unsafe { Binding::new(&nvrtc::COMM, "nccl_end", "nccl") };
+
+/// The kernel bindings of this transport (checked against kernels/comm.cu by
+/// tests/kernel_signatures.rs).
+pub fn kernel_signatures() -> Vec<Signature> {
+    vec![BEGIN.signature(), ARRIVED.signature(), END.signature()]
+}
+
+/// The kernels of kernels/comm.cu this transport launches.
 #[derive(Clone, Copy)]
 struct NcclKernels {
-    /// nccl_begin(u64 *counter, u64 *token, u64 desc, u32 op, Progress *p)
     begin: Kernel<(DevPtr, DevPtr, u64, u32, DevPtr)>,
-    /// nccl_arrived(const u64 *tokens, CheckSet check, const u64 *counter, u64 desc, u32
-    /// do_check, ErrorRecord *err, u32 op, Progress *p, u32 tp)
     arrived: Kernel<ArrivedParams>,
-    /// nccl_end(const u64 *counter, Progress *p)
     end: Kernel<(DevPtr, DevPtr)>,
 }
 
 impl NcclKernels {
     /// Looked up now, outside any graph capture.
     fn new(m: &nvrtc::Module) -> Result<NcclKernels> {
-        // SAFETY: each parameter list is the kernel's in kernels/comm.cu (CheckSet is
-        // PeerSet's layout, pointers are DevPtr, repr(transparent) u64).
+        // SAFETY: `m` is kernels/comm.cu's module, the bindings' source.
         unsafe {
             Ok(NcclKernels {
-                begin: Kernel::new(m, "nccl_begin", "nccl")?,
-                arrived: Kernel::new(m, "nccl_arrived", "nccl")?,
-                end: Kernel::new(m, "nccl_end", "nccl")?,
+                begin: Kernel::new(m, &BEGIN, &[])?,
+                arrived: Kernel::new(m, &ARRIVED, &[])?,
+                end: Kernel::new(m, &END, &[])?,
             })
         }
     }

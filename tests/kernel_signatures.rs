@@ -1,0 +1,447 @@
+//! The typed launches, checked on the host: every kernel binding of `src/` (a
+//! `cuda::Binding<P>`: a source file, a name pattern and the parameter list `P`) names
+//! kernels that exist in that file of `kernels/`, and `P` matches each one's C parameter
+//! list in count, order, class (pointer, integer, float, struct by value) and size. The C
+//! side is read from the `extern "C" __global__` declarations of `kernels/*.cu`, after
+//! expanding the function-like macros that instantiate them (`QUANTIZE(f32, F32, ...)`,
+//! `REDUCE(...)`, with `##` pasting); by-value struct sizes come from the sources'
+//! `static_assert(sizeof(X) == N, ...)`.
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use transformer_engine_comm::cuda::kernel::pattern_matches;
+use transformer_engine_comm::cuda::{ArgClass, ParamInfo, Signature};
+
+/// Every binding of the library.
+fn bindings() -> Vec<Signature> {
+    let mut v = transformer_engine_comm::kernels::kernel_signatures();
+    v.extend(transformer_engine_comm::overlap::reduce::kernel_signatures());
+    v.extend(transformer_engine_comm::transport::ipc::kernel_signatures());
+    v.extend(transformer_engine_comm::transport::nccl::kernel_signatures());
+    v
+}
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Source with comments removed and backslash-newlines joined (string literals kept).
+fn clean(src: &str) -> String {
+    let src = src.replace("\\\r\n", " ").replace("\\\n", " ");
+    let b = src.as_bytes();
+    let (mut out, mut i) = (String::new(), 0);
+    while i < b.len() {
+        if b[i] == b'"' {
+            let start = i;
+            i += 1;
+            while i < b.len() && b[i] != b'"' {
+                i += if b[i] == b'\\' { 2 } else { 1 };
+            }
+            i = (i + 1).min(b.len());
+            out.push_str(&src[start..i]);
+        } else if src[i..].starts_with("//") {
+            while i < b.len() && b[i] != b'\n' {
+                i += 1;
+            }
+        } else if src[i..].starts_with("/*") {
+            i = src[i + 2..].find("*/").map_or(b.len(), |e| i + 2 + e + 2);
+            out.push(' ');
+        } else {
+            let c = src[i..].chars().next().unwrap();
+            out.push(c);
+            i += c.len_utf8();
+        }
+    }
+    out
+}
+
+/// A function-like macro: parameters and body.
+type Macros = HashMap<String, (Vec<String>, String)>;
+
+/// The function-like `#define`s of `text`, and the text without its directive lines.
+fn split_directives(text: &str) -> (Macros, String) {
+    let (mut macros, mut rest) = (Macros::new(), String::new());
+    for line in text.lines() {
+        let t = line.trim_start();
+        let Some(d) = t.strip_prefix('#') else {
+            rest.push_str(line);
+            rest.push('\n');
+            continue;
+        };
+        let Some(def) = d.trim_start().strip_prefix("define") else {
+            continue;
+        };
+        let def = def.trim_start();
+        let name: String = def.chars().take_while(is_ident).collect();
+        let Some(after) = def[name.len()..].strip_prefix('(') else {
+            continue; // object-like: not needed for names or parameter lists
+        };
+        let close = after.find(')').expect("macro parameter list");
+        let params = after[..close]
+            .split(',')
+            .map(|p| p.trim().to_string())
+            .filter(|p| !p.is_empty())
+            .collect();
+        macros.insert(name, (params, after[close + 1..].to_string()));
+    }
+    (macros, rest)
+}
+
+fn is_ident(c: &char) -> bool {
+    c.is_ascii_alphanumeric() || *c == '_'
+}
+
+/// The arguments of a call whose `(` is at `open`: (arguments, index after `)`).
+fn call_args(s: &str, open: usize) -> (Vec<String>, usize) {
+    let (mut depth, mut args, mut start) = (0, Vec::new(), open + 1);
+    for (i, c) in s[open..].char_indices() {
+        let i = open + i;
+        match c {
+            '(' => depth += 1,
+            ')' => {
+                depth -= 1;
+                if depth == 0 {
+                    args.push(s[start..i].trim().to_string());
+                    return (args, i + 1);
+                }
+            }
+            ',' if depth == 1 => {
+                args.push(s[start..i].trim().to_string());
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    panic!("unbalanced parentheses after {}", &s[open..open + 40]);
+}
+
+/// `text` with every invocation of a function-like macro expanded (arguments substituted
+/// as whole identifiers, `##` pasted, the result expanded again).
+fn expand(text: &str, macros: &Macros, depth: usize) -> String {
+    assert!(depth < 16, "macro expansion too deep");
+    let (mut out, mut i) = (String::new(), 0);
+    while i < text.len() {
+        let c = text[i..].chars().next().unwrap();
+        if c == '"' {
+            let end = text[i + 1..]
+                .find('"')
+                .map_or(text.len(), |e| i + 1 + e + 1);
+            out.push_str(&text[i..end]);
+            i = end;
+            continue;
+        }
+        if !(c.is_ascii_alphabetic() || c == '_') {
+            out.push(c);
+            i += c.len_utf8();
+            continue;
+        }
+        let ident: String = text[i..].chars().take_while(is_ident).collect();
+        let after = i + ident.len();
+        let open = after + (text[after..].len() - text[after..].trim_start().len());
+        match macros.get(&ident) {
+            Some((params, body)) if text[open..].starts_with('(') => {
+                let (args, end) = call_args(text, open);
+                let args = if params.is_empty() { vec![] } else { args };
+                assert_eq!(args.len(), params.len(), "arguments of {ident}");
+                let subst = substitute(body, params, &args).replace("##", "\u{0}");
+                let pasted = subst
+                    .split('\u{0}')
+                    .map(str::trim)
+                    .collect::<Vec<_>>()
+                    .join("");
+                out.push_str(&expand(&pasted, macros, depth + 1));
+                out.push(' ');
+                i = end;
+            }
+            _ => {
+                out.push_str(&ident);
+                i = after;
+            }
+        }
+    }
+    out
+}
+
+/// `body` with each identifier that is a parameter replaced by its argument.
+fn substitute(body: &str, params: &[String], args: &[String]) -> String {
+    let (mut out, mut i) = (String::new(), 0);
+    while i < body.len() {
+        let c = body[i..].chars().next().unwrap();
+        if c.is_ascii_alphanumeric() || c == '_' {
+            let word: String = body[i..].chars().take_while(is_ident).collect();
+            match params.iter().position(|p| *p == word) {
+                Some(k) if !c.is_ascii_digit() => out.push_str(&args[k]),
+                _ => out.push_str(&word),
+            }
+            i += word.len();
+        } else {
+            out.push(c);
+            i += c.len_utf8();
+        }
+    }
+    out
+}
+
+/// One C parameter: its class and size (0: a struct of unknown size).
+fn c_param(decl: &str, structs: &HashMap<String, usize>) -> Result<ParamInfo, String> {
+    let decl = decl.trim();
+    // Drop the parameter's name (the last identifier), keep the type.
+    let ty = decl
+        .trim_end_matches(|c: char| is_ident(&c))
+        .trim()
+        .to_string();
+    let (class, size) = if ty.contains('*') {
+        (ArgClass::Pointer, 8)
+    } else {
+        let words: Vec<&str> = ty
+            .split_whitespace()
+            .filter(|w| !matches!(*w, "const" | "volatile" | "__restrict__"))
+            .collect();
+        match words.join(" ").as_str() {
+            "int" | "unsigned" | "unsigned int" | "u32" | "int32_t" | "uint32_t" => {
+                (ArgClass::Int, 4)
+            }
+            "long long" | "unsigned long long" | "u64" | "size_t" | "int64_t" | "uint64_t" => {
+                (ArgClass::Int, 8)
+            }
+            "float" => (ArgClass::Float, 4),
+            "double" => (ArgClass::Float, 8),
+            name => match structs.get(name) {
+                Some(&n) => (ArgClass::Struct, n),
+                None => return Err(format!("parameter `{decl}`: unknown type `{name}`")),
+            },
+        }
+    };
+    Ok(ParamInfo { class, size })
+}
+
+/// A kernel's C parameters (or why one could not be read).
+type CParams = Result<Vec<ParamInfo>, String>;
+
+/// The `extern "C" __global__` kernels of expanded source `text`, by name.
+fn kernels_of(text: &str, structs: &HashMap<String, usize>) -> BTreeMap<String, CParams> {
+    let mut found = BTreeMap::new();
+    let key = "extern \"C\"";
+    let mut rest = text;
+    while let Some(p) = rest.find(key) {
+        rest = &rest[p + key.len()..];
+        let t = rest.trim_start();
+        let Some(mut t) = t.strip_prefix("__global__") else {
+            continue;
+        };
+        // void, __launch_bounds__(...), then the name and its parameter list.
+        let name = loop {
+            t = t.trim_start();
+            let word: String = t.chars().take_while(is_ident).collect();
+            assert!(!word.is_empty(), "kernel declaration at {}", &t[..40]);
+            t = t[word.len()..].trim_start();
+            match word.as_str() {
+                "void" => {}
+                "__launch_bounds__" => t = &t[call_args(t, 0).1..],
+                _ => break word,
+            }
+        };
+        assert!(t.starts_with('('), "kernel {name}: no parameter list");
+        let (args, _) = call_args(t, 0);
+        let params = args
+            .iter()
+            .filter(|a| !a.is_empty() && a.as_str() != "void")
+            .map(|a| c_param(a, structs))
+            .collect();
+        found.insert(name, params);
+    }
+    found
+}
+
+/// `sizeof(X) == N` of every `static_assert` in `text`.
+fn struct_sizes(text: &str, sizes: &mut HashMap<String, usize>) {
+    for part in text.split("static_assert(sizeof(").skip(1) {
+        let Some((name, rest)) = part.split_once(')') else {
+            continue;
+        };
+        let Some(n) = rest.trim_start().strip_prefix("==") else {
+            continue;
+        };
+        let digits: String = n
+            .trim_start()
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        let after = n.trim_start()[digits.len()..].trim_start();
+        // Only plain numbers (an expression such as `32 + 16 * MAX_PEERS` is skipped).
+        if !digits.is_empty() && after.starts_with(',') {
+            sizes.insert(name.trim().to_string(), digits.parse().unwrap());
+        }
+    }
+}
+
+/// The kernels of every `kernels/*.cu`, by file name, then kernel name.
+fn c_kernels() -> BTreeMap<String, BTreeMap<String, CParams>> {
+    let dir = root().join("kernels");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    let text = |p: &Path| clean(&std::fs::read_to_string(p).unwrap());
+    let mut sizes = HashMap::new();
+    for f in &files {
+        struct_sizes(&text(f), &mut sizes);
+    }
+    files
+        .iter()
+        .filter(|f| f.extension().is_some_and(|e| e == "cu"))
+        .map(|f| {
+            let (macros, rest) = split_directives(&text(f));
+            let name = f.file_name().unwrap().to_str().unwrap().to_string();
+            (name, kernels_of(&expand(&rest, &macros, 0), &sizes))
+        })
+        .collect()
+}
+
+fn show(p: &[ParamInfo]) -> String {
+    let v: Vec<String> = p
+        .iter()
+        .map(|x| format!("{:?}:{}", x.class, x.size))
+        .collect();
+    format!("({})", v.join(", "))
+}
+
+/// The reading of the sources itself: known kernels with known parameter lists.
+#[test]
+fn the_kernel_sources_are_read_as_the_compiler_sees_them() {
+    let k = c_kernels();
+    let (cast, comm) = (&k["cast.cu"], &k["comm.cu"]);
+    use ArgClass::*;
+    let p = |c, s| ParamInfo { class: c, size: s };
+    // A macro instance (QUANTIZE_FROM -> QUANTIZE), one nested in __launch_bounds__, a
+    // plain kernel, and by-value structs.
+    assert_eq!(
+        cast["quantize_bf16_e4m3"].as_ref().unwrap(),
+        &[
+            p(Pointer, 8),
+            p(Pointer, 8),
+            p(Int, 8),
+            p(Pointer, 8),
+            p(Pointer, 8),
+            p(Pointer, 8)
+        ]
+    );
+    assert_eq!(cast["ct2_vec_f16_e5m2"].as_ref().unwrap().len(), 11);
+    assert!(cast.contains_key("ct2x_tr64_g0_pf1_cs0_m6"));
+    assert_eq!(
+        cast["scale_from_amax"].as_ref().unwrap(),
+        &[
+            p(Pointer, 8),
+            p(Pointer, 8),
+            p(Float, 4),
+            p(Int, 4),
+            p(Float, 4),
+            p(Pointer, 8)
+        ]
+    );
+    assert_eq!(comm["copy_segments"].as_ref().unwrap(), &[p(Struct, 392)]);
+    assert_eq!(
+        comm["reduce_e5m2_f32_v1"].as_ref().unwrap()[2],
+        p(Struct, 136)
+    );
+    assert_eq!(comm["wait_flags"].as_ref().unwrap()[0], p(Struct, 200));
+    // Every REDUCE(...) line gives two kernels; every dtype pair of QUANTIZE_FROM one.
+    assert_eq!(
+        comm.keys().filter(|n| n.starts_with("reduce_")).count(),
+        2 * 17
+    );
+    assert_eq!(
+        cast.keys()
+            .filter(|n| pattern_matches("quantize_{}_{}", n))
+            .count(),
+        15
+    );
+}
+
+/// Each binding names kernels of its file, and its parameter list is theirs.
+#[test]
+fn every_binding_matches_its_kernels_parameter_lists() {
+    let k = c_kernels();
+    let mut errors = Vec::new();
+    for b in bindings() {
+        let Some(file) = k.get(b.file) else {
+            errors.push(format!("{}: no kernels/{}", b.pattern, b.file));
+            continue;
+        };
+        let matching: Vec<_> = file
+            .iter()
+            .filter(|(n, _)| pattern_matches(b.pattern, n))
+            .collect();
+        if matching.is_empty() {
+            errors.push(format!(
+                "{}: no kernel of {} has that name",
+                b.pattern, b.file
+            ));
+        }
+        for (name, c) in matching {
+            match c {
+                Err(e) => errors.push(format!("{name} ({}): {e}", b.file)),
+                Ok(c) if c.as_slice() != b.params => errors.push(format!(
+                    "{name} ({}): the C parameters are {} but the binding {} takes {}",
+                    b.file,
+                    show(c),
+                    b.pattern,
+                    show(b.params)
+                )),
+                Ok(_) => {}
+            }
+        }
+    }
+    assert!(errors.is_empty(), "{}", errors.join("\n"));
+}
+
+/// Source lines without `//` comments.
+fn code_of(p: &Path) -> String {
+    std::fs::read_to_string(p)
+        .unwrap()
+        .lines()
+        .map(|l| l.split("//").next().unwrap_or(""))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn rs_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            rs_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// Every launch is typed: the only raw launches are in src/cuda/kernel.rs, and every
+/// binding in src/ is among those this test checks.
+#[test]
+fn every_launch_goes_through_a_checked_binding() {
+    let src = root().join("src");
+    let mut files = Vec::new();
+    rs_files(&src, &mut files);
+    let (mut declared, mut raw) = (0, Vec::new());
+    for f in &files {
+        let code = code_of(f);
+        if f.ends_with("cuda/kernel.rs") {
+            continue; // the launch primitives and their unit tests
+        }
+        declared += code.matches("Binding::new(").count();
+        if code.contains("cuLaunchKernel") || code.contains("cuLaunchCooperativeKernel") {
+            raw.push(f.display().to_string());
+        }
+    }
+    assert!(
+        raw.is_empty(),
+        "raw launches outside src/cuda/kernel.rs: {raw:?}"
+    );
+    assert_eq!(
+        declared,
+        bindings().len(),
+        "src/ declares {declared} kernel bindings but the modules' kernel_signatures() list {}: add the new one to its module's list",
+        bindings().len()
+    );
+}
