@@ -153,57 +153,78 @@ pub struct Channel {
     st: Mutex<State>,
 }
 
+/// A non-blocking communicator of `nranks` ranks, this one joining as `rank`, made from
+/// the unique id of world rank `leader`, which goes through `bs` (collective over `bs`'s
+/// world: every rank contributes, the others' ids are ignored); ready, waited for at
+/// most `timeout` (on failure it is aborted). `what` names it in errors.
+pub fn init_nonblocking(
+    bs: &super::Bootstrap,
+    leader: usize,
+    (nranks, rank): (usize, usize),
+    config: &mut nc::ncclConfig_t,
+    timeout: Duration,
+    what: &str,
+) -> Result<usize> {
+    // SAFETY: zeroed POD id; filled by NCCL on the leader.
+    let mut id: nc::ncclUniqueId = unsafe { std::mem::zeroed() };
+    if bs.rank == leader {
+        // SAFETY: out pointer.
+        check(unsafe { nc::ncclGetUniqueId(&mut id) }, "ncclGetUniqueId")?;
+    }
+    let mine: Vec<u8> = id.internal.iter().map(|&c| c as u8).collect();
+    let all = bs.allgather(&mine)?;
+    for (c, b) in id
+        .internal
+        .iter_mut()
+        .zip(&all[leader * 128..leader * 128 + 128])
+    {
+        *c = *b as std::ffi::c_char;
+    }
+    let mut comm: nc::ncclComm_t = std::ptr::null_mut();
+    // SAFETY: the leader's id; every member joins with its rank; `config` outlives the
+    // call (NCCL copies it).
+    let pending = check_nb(
+        unsafe { nc::ncclCommInitRankConfig(&mut comm, nranks as i32, id, rank as i32, config) },
+        "ncclCommInitRankConfig",
+    )?;
+    let raw = comm as usize;
+    if raw == 0 {
+        return Err(Error::new(
+            K::Nccl,
+            format!("creating {what} returned no communicator"),
+        ));
+    }
+    if pending && let Err(e) = wait_ready(raw, timeout, &format!("creating {what}")) {
+        // SAFETY: the communicator created above, used nowhere else yet.
+        unsafe { nc::ncclCommAbort(raw as nc::ncclComm_t) };
+        return Err(e);
+    }
+    Ok(raw)
+}
+
 impl Channel {
     /// Collective over the caller's communicator (`via`): rank 0's unique id goes through
     /// `via` (its last use), then every rank joins the new communicator and connects it
     /// with one small exchange, each wait bounded by `timeout`.
     pub fn create(via: &super::Bootstrap, timeout: Duration) -> Result<Channel> {
         let _guard = ContextGuard::for_stream(StreamHandle::NULL)?;
-        // SAFETY: zeroed POD id; filled by NCCL on rank 0.
-        let mut id: nc::ncclUniqueId = unsafe { std::mem::zeroed() };
-        if via.rank == 0 {
-            // SAFETY: out pointer.
-            check(unsafe { nc::ncclGetUniqueId(&mut id) }, "ncclGetUniqueId")?;
-        }
-        let mine: Vec<u8> = id.internal.iter().map(|&c| c as u8).collect();
-        let all = via.allgather(&mine)?;
-        for (c, b) in id.internal.iter_mut().zip(&all[..128]) {
-            *c = *b as std::ffi::c_char;
-        }
         let mut config = nonblocking_config();
         // One channel (CTA) is plenty for these few bytes, and keeps NCCL's buffers small.
         config.minCTAs = 1;
         config.maxCTAs = 1;
-        let mut comm: nc::ncclComm_t = std::ptr::null_mut();
-        // SAFETY: rank 0's id; every rank joins with its rank; `config` outlives the call.
-        let pending = check_nb(
-            unsafe {
-                nc::ncclCommInitRankConfig(
-                    &mut comm,
-                    via.size as i32,
-                    id,
-                    via.rank as i32,
-                    &mut config,
-                )
-            },
-            "ncclCommInitRankConfig",
+        let raw = init_nonblocking(
+            via,
+            0,
+            (via.size, via.rank),
+            &mut config,
+            timeout,
+            "the context's exchange communicator",
         )?;
-        let raw = comm as usize;
-        if raw == 0 {
-            return Err(Error::new(
-                K::Nccl,
-                "creating the context's exchange communicator returned no communicator",
-            ));
-        }
         let fail = |e: Error| {
             // SAFETY: the communicator created above, used nowhere else yet.
             unsafe { nc::ncclCommAbort(raw as nc::ncclComm_t) };
             e
         };
-        if pending {
-            wait_ready(raw, timeout, "creating the context's exchange communicator")
-                .map_err(fail)?;
-        }
         let bufs = Buffers::new(256, via.size).map_err(fail)?;
         let ch = Channel {
             comm: raw,

@@ -301,51 +301,15 @@ fn init_group_comm(
     // wait for the group is bounded by the timeout). Not ncclCommSplit of the caller's
     // communicator: a split follows the parent's blocking mode, so with a blocking
     // parent (the usual case) a rank that never joins would block it without a limit.
-    let mut comm: nc::ncclComm_t = std::ptr::null_mut();
     let mut config = nonblocking_config();
-    // SAFETY: zeroed POD id; filled by NCCL on the group leader.
-    let mut id: nc::ncclUniqueId = unsafe { std::mem::zeroed() };
-    if tp_rank == 0 {
-        // SAFETY: out pointer.
-        check(unsafe { nc::ncclGetUniqueId(&mut id) }, "ncclGetUniqueId")?;
-    }
-    let mine: Vec<u8> = id.internal.iter().map(|&c| c as u8).collect();
-    let all = bs.allgather(&mine)?;
-    let leader = &all[group[0] * 128..group[0] * 128 + 128];
-    for (c, b) in id.internal.iter_mut().zip(leader) {
-        *c = *b as std::ffi::c_char;
-    }
-    // SAFETY: the leader's id; every member joins with its group rank; `config` outlives
-    // the call (NCCL copies it).
-    let pending = check_nb(
-        unsafe {
-            nc::ncclCommInitRankConfig(
-                &mut comm,
-                group.len() as i32,
-                id,
-                tp_rank as i32,
-                &mut config,
-            )
-        },
-        "ncclCommInitRankConfig",
-    )?;
-    let raw = comm as usize;
-    if raw == 0 {
-        return Err(Error::new(
-            K::Nccl,
-            "creating the group's NCCL communicator returned no communicator",
-        ));
-    }
-    // From here the communicator is ours: abort it on any failure.
-    let fail = |e: Error| {
-        // SAFETY: the communicator created above, not used elsewhere yet.
-        unsafe { nc::ncclCommAbort(raw as nc::ncclComm_t) };
-        e
-    };
-    if pending {
-        wait_ready(raw, timeout, "creating the group's NCCL communicator").map_err(fail)?;
-    }
-    Ok(raw)
+    crate::bootstrap::channel::init_nonblocking(
+        bs,
+        group[0],
+        (group.len(), tp_rank),
+        &mut config,
+        timeout,
+        "the group's NCCL communicator",
+    )
 }
 
 pub struct NcclTransport {
