@@ -524,14 +524,17 @@ impl CommGemmCtx {
     /// of a few bytes per eager call (over NCCL, tens of microseconds), only under the
     /// check.
     fn agree(&mut self, c: &GemmCall, stream: StreamHandle, failed: bool) -> Result<()> {
-        if capture_status(stream)?.active() {
+        // Not in an invalidated capture either: its peers (capturing) do not exchange, and
+        // the call fails with the capture's error below without a collective step.
+        if !capture_status(stream)?.none() {
             return Ok(());
         }
         self.agreed += 1;
-        let tunes = !failed
-            && self
-                .tune_key(c)?
-                .is_some_and(|k| !self.tuned.contains_key(&k) && self.tuned.len() < tune::MAX_KEYS);
+        // (also when this rank's checks failed: its record then differs from its peers'
+        // only by `failed`, so they report its failed checks, not another call)
+        let tunes = self
+            .tune_key(c)?
+            .is_some_and(|k| !self.tuned.contains_key(&k) && self.tuned.len() < tune::MAX_KEYS);
         let mode = match self.tune_mode {
             tune::Mode::Off => 0,
             tune::Mode::On => 1,
