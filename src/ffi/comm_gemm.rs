@@ -40,7 +40,9 @@ pub extern "C" fn nvte_comm_gemm_ctx_create(
 /// with `world_rank` / `world_size` (no NCCL needed with the IPC transport; the callbacks
 /// and `user_data` must stay valid until the context is destroyed, as the first call of
 /// each operation, or `nvte_comm_xla_*`'s initialize stage, exchanges through them).
-/// `*out` is NULL on failure. Not collective itself.
+/// `*out` is NULL on failure. Collective over an NCCL communicator of more than one rank
+/// (every rank must call it: the context makes its own exchange communicator, whose
+/// unique id goes through that communicator); not collective with the callbacks.
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_comm_gemm_ctx_create_bootstrap(
     bootstrap: *const NVTECommBootstrap,
