@@ -6,7 +6,8 @@
 #   part a: bench_overlap and bench_comm_gemm (both transports) at 2 and 4; torch's async-TP
 #           comparison (bench/torch_ops.py) at the largest count; the seed-002 example at the
 #           largest count (bf16, FP8 delayed and current, each with and without overlap, plus
-#           --num-replicas 2 on 4 GPUs); the library at an older commit against HEAD
+#           --num-replicas 2 on 4 GPUs) and the FP8 step's host profile (--host-profile);
+#           the library at an older commit against HEAD
 #           (bench_comm_gemm, same call, when .mg/old holds that tree's CMake files, tests_c
 #           and its library); bench/acceptance.py and the plot.
 #   part b: the reliability tests (fault injection, cross-rank check, soak, churn) at 2 and 4
@@ -71,6 +72,14 @@ elif [ "$part" = a ]; then
   step "torch_ops_tp$big" 120 python3 -m torch.distributed.run --standalone --nproc-per-node="$big" \
     "$root/bench/torch_ops.py" --out "$out/tables/torch_ops_tp$big.md"
   step "example_tp$big" 260 env OUT="$out" "$root/scripts/example-test.sh" --np "$big" --iters 20
+  # Where an FP8 step's host time goes at the largest count (host-bound on 4 H200s,
+  # 2026-11-26): cProfile over 5 steps, rank 0's top functions (logs/hostprofile_*.log).
+  for ov in overlap no-overlap; do
+    extra=()
+    [ "$ov" = no-overlap ] && extra=(--no-comm-overlap)
+    step "hostprofile_fp8_${ov}_tp$big" 90 python3 -m torch.distributed.run --standalone --nproc-per-node="$big" \
+      "$root/examples/pytorch/layer_with_overlap.py" --fp8 --iters 8 --host-profile 5 "${extra[@]}"
+  done
   if [ -f "$root/.mg/old/libtransformer_engine_comm.so" ]; then
     # Old against new in one call: the old tree's bench_comm_gemm against its own library,
     # then HEAD's again, on the anchor shapes, IPC and NCCL.

@@ -61,6 +61,13 @@ and the kernel count; and one more machine-readable line before RESULT:
 
 (one line; copies: memcpy and memset operations per step; unassigned: device operations
 of the profiled window that fell in no step, expected 0).
+
+``--host-profile N`` runs N further steps under Python's ``cProfile`` on every rank, in a
+separate pass (its overhead inflates host time, so it stays out of step_ms and host_ms), and
+prints rank 0's functions with the most own host time, µs per step (own time and with
+callees) and calls per step: where the host time of a step goes (the library's ctypes
+calls, the torch ops, the FP8 scaling). ``--host-profile-out FILE`` also writes each rank's
+raw statistics (``pstats``; rank r: FILE.rank<r>).
 """
 
 from __future__ import annotations
@@ -141,6 +148,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--profile-steps", type=int, default=5, help="steps of the profiled pass (after one warm-up step)")
     p.add_argument("--profile-trace", default=None, metavar="FILE",
                    help="with --profile: also write the profiled pass's Chrome trace to FILE (rank r: FILE.rank<r>)")
+    p.add_argument("--host-profile", type=int, default=0, metavar="N",
+                   help="N further steps under cProfile (a separate pass): host time per function and step")
+    p.add_argument("--host-profile-out", default=None, metavar="FILE",
+                   help="with --host-profile: write each rank's pstats to FILE.rank<r>")
     p.add_argument("--force-library-path", action="store_true",
                    help="bench only: the overlap build runs the library's comm-GEMM ops at tp 1 as at tp > 1")
     opts = p.parse_args(argv)
@@ -166,6 +177,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         p.error("--cuda-graph runs one replica only (the graph does not hold DistributedDataParallel's hooks)")
     if opts.profile_steps < 1:
         p.error("--profile-steps must be >= 1")
+    if opts.host_profile < 0:
+        p.error("--host-profile must be >= 0")
     return opts
 
 
@@ -612,9 +625,49 @@ def train(opts: argparse.Namespace) -> dict:
             dist_print(f"warning: {prof['unassigned']} device operations of the profiled window fell in no step")
         if WORLD_RANK == 0:
             print(profile_line(result), flush=True)
+    if opts.host_profile:
+        dist_print(f"|-- Host profile of {opts.host_profile} steps (cProfile, a separate pass)")
+        report = host_profile(step, opts.host_profile, cuda, opts.host_profile_out)
+        if WORLD_RANK == 0:
+            print(report, flush=True)
     if WORLD_RANK == 0:
         print(result_line(result), flush=True)
     return result
+
+
+def host_profile(step, steps: int, cuda: bool, out: Optional[str], top: int = 30) -> str:
+    """Run ``steps`` steps under cProfile (every rank: the steps' collectives need them
+    all); return this rank's table of the ``top`` functions by own time, per step."""
+    import cProfile
+    import pstats
+
+    step()  # not profiled: the profiler's first calls
+    if cuda:
+        torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        step()
+    prof.disable()
+    if cuda:
+        torch.cuda.synchronize()
+    if out:
+        prof.dump_stats(f"{out}.rank{WORLD_RANK}")
+    st = pstats.Stats(prof)
+    rows = []
+    for (file, line, name), (_cc, nc, tt, ct, _callers) in st.stats.items():  # type: ignore[attr-defined]
+        where = name if file == "~" else f"{os.path.basename(file)}:{line}({name})"
+        rows.append((tt, ct, nc, where))
+    rows.sort(reverse=True)
+    total = sum(r[0] for r in rows)
+    lines = [
+        f"HOSTPROFILE rank {WORLD_RANK}: {total / steps * 1e6:.0f} us of profiled host time per step "
+        f"(cProfile inflates it); top {top} by own time",
+        f"{'own us/step':>12} {'cum us/step':>12} {'calls/step':>10}  function",
+    ]
+    for tt, ct, nc, where in rows[:top]:
+        lines.append(f"{tt / steps * 1e6:12.1f} {ct / steps * 1e6:12.1f} {nc / steps:10.1f}  {where}")
+    return "\n".join(lines)
 
 
 def _max_over_ranks(values: List[float], device: torch.device) -> List[float]:
