@@ -25,3 +25,42 @@ te_comm_cmake_build() {
 gpu_count() {
   nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true
 }
+
+# The scripts of one device call with a time budget: `step NAME LIMIT CMD...` runs CMD with
+# the smaller of LIMIT and the budget left (skipped under 20 s left), logs it to
+# $out/logs/NAME.log and adds a summary row (the run's last "N passed" line); a failure sets
+# fail=1. The caller sets out, budget, t_start, and `fail=0 rows=()`.
+step() {
+  local name=$1 lim=$2; shift 2
+  local left=$((budget - ($(date +%s) - t_start)))
+  if [ "$left" -lt 20 ]; then rows+=("| $name | NOT RUN (time budget) | - | - |"); return; fi
+  [ "$lim" -gt "$left" ] && lim=$left
+  local t0=$(date +%s) rc
+  mkdir -p "$out/logs"
+  timeout -k 5 "$lim" "$@" >"$out/logs/$name.log" 2>&1
+  rc=$?
+  local res=PASS
+  if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then res="FAIL (timeout ${lim}s)"; fail=1
+  elif [ $rc -eq 77 ]; then res=SKIPPED
+  elif [ $rc -ne 0 ]; then res="FAIL (rc $rc)"; fail=1; fi
+  local counts=$(grep -aE "[0-9]+ passed" "$out/logs/$name.log" | tail -n 1 | sed -E 's/^[^0-9]*//; s/ =+$//' | cut -c1-90)
+  rows+=("| $name | $res | ${counts:--} | $(($(date +%s) - t0)) |")
+  echo "$name: $res ($(($(date +%s) - t0)) s)"
+}
+
+# The summary table of the steps run.
+step_table() {
+  echo "| step | result | counts | seconds |"
+  echo "|---|---|---|---|"
+  printf '%s\n' "${rows[@]}"
+}
+
+# At most 8 files come back from the device machine: everything under $1 into one archive,
+# results.tgz, beside summary.md.
+pack_results() {
+  local dir=$1
+  if tar czf "$root/.step-results.tgz" -C "$dir" .; then
+    find "$dir" -mindepth 1 -maxdepth 1 ! -name summary.md -exec rm -rf {} +
+    mv "$root/.step-results.tgz" "$dir/results.tgz"
+  fi
+}

@@ -187,8 +187,5 @@ echo; grep -E "FAIL" "$log" | head -n 30
 echo; cat "$summary"
 # At most 8 files come back from the device machine: everything in one archive beside
 # the summary (tar -xzf results.tgz to read the logs and tables).
-if tar czf "$root/.gpu-results.tgz" -C "$out" .; then
-  find "$out" -mindepth 1 -maxdepth 1 ! -name summary.md -exec rm -rf {} +
-  mv "$root/.gpu-results.tgz" "$out/results.tgz"
-fi
+pack_results "$out"
 exit $fail

@@ -39,25 +39,6 @@ nvidia-smi topo -m >"$out/logs/topo.txt" 2>&1 || true
 
 fail=0
 rows=()
-# step NAME LIMIT CMD...: run with the smaller of LIMIT and the budget left (skip under
-# 20 s left), log to logs/NAME.log, one summary row with the run's last "N passed" line.
-step() {
-  local name=$1 lim=$2; shift 2
-  local left=$((budget - ($(date +%s) - t_start)))
-  if [ "$left" -lt 20 ]; then rows+=("| $name | NOT RUN (time budget) | - | - |"); return; fi
-  [ "$lim" -gt "$left" ] && lim=$left
-  local t0=$(date +%s) rc
-  timeout -k 5 "$lim" "$@" >"$out/logs/$name.log" 2>&1
-  rc=$?
-  local res=PASS
-  if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then res="FAIL (timeout ${lim}s)"; fail=1
-  elif [ $rc -eq 77 ]; then res=SKIPPED
-  elif [ $rc -ne 0 ]; then res="FAIL (rc $rc)"; fail=1; fi
-  local counts=$(grep -aE "[0-9]+ passed" "$out/logs/$name.log" | tail -n 1 | sed -E 's/^[^0-9]*//; s/ =+$//' | cut -c1-90)
-  rows+=("| $name | $res | ${counts:--} | $(($(date +%s) - t0)) |")
-  echo "$name: $res ($(($(date +%s) - t0)) s)"
-}
-
 mpi=$root/tests_c/run_mpi.sh   # (a path, not a function: step runs it under timeout)
 
 if [ "$part" = c ]; then
@@ -108,18 +89,11 @@ else
   step sanitizer 120 env OUT="$out/san" TE_COMM_STAGES=sanitizer TE_COMM_SANITIZER_TOOLS=memcheck "$root/scripts/gpu-test.sh" 2
 fi
 
-{
-  echo "| step | result | counts | seconds |"
-  echo "|---|---|---|---|"
-  printf '%s\n' "${rows[@]}"
-} >"$out/summary.md"
+step_table >"$out/summary.md"
 for f in "$out"/c/summary.md "$out"/tables/*.md "$out"/example/summary.md "$out"/torch/summary.md "$out"/acceptance.md; do
   [ -f "$f" ] && { echo; echo "== ${f#$out/}"; cat "$f"; }
 done
 echo; grep -ahE "FAIL" "$out"/logs/*.log "$out"/c/*.log 2>/dev/null | head -n 20
 echo; cat "$out/summary.md"
-if tar czf "$root/.mg-results.tgz" -C "$out" .; then
-  find "$out" -mindepth 1 -maxdepth 1 ! -name summary.md -exec rm -rf {} +
-  mv "$root/.mg-results.tgz" "$out/results.tgz"
-fi
+pack_results "$out"
 exit $fail
