@@ -178,6 +178,27 @@ __device__ __forceinline__ void cvt8<F16>(const u32 *w, float *f) {
   }
 }
 
+// Rows i and i + 1 of a cast + transpose thread's 8 x 8 block (raw words wi, wj) in FP8
+// at scale s, two vertically adjacent elements per cvt: h[k] is column k's pair (byte 0
+// row i, byte 1 row i + 1), placed in column k's words colw[k][i / 4] (the pair of rows
+// i % 4 = 0 in the low half, of rows i % 4 = 2 in the high half); `local` takes their amax.
+template <class I, class O>
+__device__ __forceinline__ void ct_pair_rows(const u32 *wi, const u32 *wj, int i, float s, float &local,
+                                             u32 (&h)[8], u32 (&colw)[8][2]) {
+  float a[8], b[8];
+  cvt8<I>(wi, a);
+  cvt8<I>(wj, b);
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    local = fmaxf(local, fmaxf(fabsf(a[k]), fabsf(b[k])));
+    h[k] = fp8_pack2<O>(a[k] * s, b[k] * s);
+    if ((i & 2) == 0)
+      colw[k][i >> 2] = h[k];
+    else
+      colw[k][i >> 2] |= h[k] << 16;
+  }
+}
+
 // Programmatic dependent launch (sm_90+): wait until the grid this one depends on has
 // finished and its writes are visible (a no-op for a normal launch), and let the next
 // grid start launching.
@@ -298,19 +319,8 @@ __device__ void cast_transpose_impl(const typename I::T *__restrict__ in, u8 *__
     u8 *dst = (out != nullptr && ok) ? out + (r0 + 8 * rg) * cols + c0 + 8 * cg : nullptr;
 #pragma unroll
     for (int i = 0; i < 8; i += 2) {
-      float a[8], b[8];
-      cvt8<I>(w[i], a);
-      cvt8<I>(w[i + 1], b);
       u32 h[8];
-#pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        local = fmaxf(local, fmaxf(fabsf(a[k]), fabsf(b[k])));
-        h[k] = fp8_pack2<O>(a[k] * s, b[k] * s);  // byte 0: row i, byte 1: row i + 1
-        if ((i & 2) == 0)
-          colw[k][i >> 2] = h[k];
-        else
-          colw[k][i >> 2] |= h[k] << 16;
-      }
+      ct_pair_rows<I, O>(w[i], w[i + 1], i, s, local, h, colw);
       if (dst != nullptr) {
         const u32 t01 = prmt(h[0], h[1], 0x5140), t23 = prmt(h[2], h[3], 0x5140);
         const u32 t45 = prmt(h[4], h[5], 0x5140), t67 = prmt(h[6], h[7], 0x5140);
@@ -481,19 +491,8 @@ __device__ void cast_transpose2_impl(const typename I::T *__restrict__ in, u8 *_
     u32 colw[8][2];
 #pragma unroll
     for (int i = 0; i < 8; i += 2) {
-      float a[8], b[8];
-      cvt8<I>(w[i], a);
-      cvt8<I>(w[i + 1], b);
       u32 h[8];
-#pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        local = fmaxf(local, fmaxf(fabsf(a[k]), fabsf(b[k])));
-        h[k] = fp8_pack2<O>(a[k] * s, b[k] * s);  // byte 0: row i, byte 1: row i + 1
-        if ((i & 2) == 0)
-          colw[k][i >> 2] = h[k];
-        else
-          colw[k][i >> 2] |= h[k] << 16;
-      }
+      ct_pair_rows<I, O>(w[i], w[i + 1], i, s, local, h, colw);
       if (dst != nullptr && (u32)i < vr) {
         u8 *d = dst + (u64)i * cols;
         if constexpr (VEC == 1) {
