@@ -26,24 +26,27 @@ gpu_count() {
   nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true
 }
 
-# The scripts of one device call with a time budget: `step NAME LIMIT CMD...` runs CMD with
-# the smaller of LIMIT and the budget left (skipped under 20 s left), logs it to
-# $out/logs/NAME.log and adds a summary row (the run's last "N passed" line); a failure sets
-# fail=1. The caller sets out, budget, t_start, and `fail=0 rows=()`.
+# The GPU scripts' steps: `step NAME LIMIT CMD...` runs CMD with the smaller of LIMIT and
+# the time budget left (skipped under 20 s left), logs it to $step_logs/NAME.log (default
+# $out/logs) and adds a summary row (the run's last "N passed" or bar line); a failure
+# (77: a skip) sets fail=1. The caller sets out and `fail=0 rows=()`; with a budget, also
+# budget (seconds) and t_start (its start, `date +%s`).
 step() {
   local name=$1 lim=$2; shift 2
-  local left=$((budget - ($(date +%s) - t_start)))
+  local logs=${step_logs:-$out/logs}
+  local left=$((${budget:-1000000} - ($(date +%s) - ${t_start:-$(date +%s)})))
   if [ "$left" -lt 20 ]; then rows+=("| $name | NOT RUN (time budget) | - | - |"); return; fi
   [ "$lim" -gt "$left" ] && lim=$left
   local t0=$(date +%s) rc
-  mkdir -p "$out/logs"
-  timeout -k 5 "$lim" "$@" >"$out/logs/$name.log" 2>&1
+  mkdir -p "$logs"
+  timeout -k 5 "$lim" "$@" >"$logs/$name.log" 2>&1
   rc=$?
   local res=PASS
   if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then res="FAIL (timeout ${lim}s)"; fail=1
   elif [ $rc -eq 77 ]; then res=SKIPPED
   elif [ $rc -ne 0 ]; then res="FAIL (rc $rc)"; fail=1; fi
-  local counts=$(grep -aE "[0-9]+ passed" "$out/logs/$name.log" | tail -n 1 | sed -E 's/^[^0-9]*//; s/ =+$//' | cut -c1-90)
+  local counts=$(grep -aE "[0-9]+ passed|^host-cost bar" "$logs/$name.log" | tail -n 1 |
+    sed -E 's/^(.*[^0-9])?([0-9]+ passed)/\2/; s/ =+$//' | cut -c1-110)
   rows+=("| $name | $res | ${counts:--} | $(($(date +%s) - t0)) |")
   echo "$name: $res ($(($(date +%s) - t0)) s)"
 }

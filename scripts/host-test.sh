@@ -19,18 +19,7 @@ build=$root/build-gpu
 te_comm_cmake_build "$lib" "$build" -DTE_COMM_GPU_TESTS=ON 2>"$out/build.log" || { tail -n 40 "$out/build.log"; exit 1; }
 fail=0
 rows=()
-step() {  # step NAME LIMIT_S CMD...
-  local name=$1 limit=$2; shift 2
-  local t0=$(date +%s) rc result
-  timeout -k 10 "$limit" "$@" >"$out/$name.log" 2>&1
-  rc=$?
-  result=PASS
-  if [ $rc -eq 77 ]; then result=SKIPPED; elif [ $rc -eq 124 ]; then result="FAIL (timeout)"; fail=1
-  elif [ $rc -ne 0 ]; then result="FAIL (rc $rc)"; fail=1; fi
-  local counts=$(grep -E "[0-9]+ passed, [0-9]+ failed" "$out/$name.log" | tail -n 1 | sed -E 's/^[^:]*: //')
-  local bar=$(grep -E "^host-cost bar" "$out/$name.log" | sed -E 's/.*: //')
-  rows+=("| $name | $result | ${counts:-${bar:--}} | $(( $(date +%s) - t0 )) |")
-}
+step_logs=$out  # (common.sh's step: the logs beside the tables)
 mpi=$root/tests_c/run_mpi.sh
 for np in 1 2 4; do step "test_comm_gemm_fp8_np$np" 120 "$mpi" "$np" "$build/tests_c/test_comm_gemm_fp8"; done
 step bench_host_tp1 120 "$mpi" 1 "$build/tests_c/bench_host" --strict --out "$out/bench_host_tp1.md"
