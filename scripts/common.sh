@@ -51,6 +51,22 @@ step() {
   echo "$name: $res ($(($(date +%s) - t0)) s)"
 }
 
+# Old against new in one call: `old_vs_new NP LIMIT BENCH...` builds tests_c of the older
+# tree in .mg/old (its library beside its CMakeLists.txt, cmake/, include/, tests_c/ and
+# scripts/common.sh) against that library, then runs each benchmark with NP ranks from the
+# old build and from $build, tables in $out/tables/{old,new}_BENCH_tpNP.md. Nothing when
+# .mg/old holds no library. Needs what step needs, plus build and mpi.
+old_vs_new() {
+  local np=$1 lim=$2 b old=$root/.mg/old; shift 2
+  [ -f "$old/libtransformer_engine_comm.so" ] || return 0
+  mkdir -p "$out/tables"
+  step old_build 90 bash -c "source '$old/scripts/common.sh' && te_comm_cmake_build '$old/libtransformer_engine_comm.so' '$old/build' -DTE_COMM_GPU_TESTS=ON"
+  for b in "$@"; do
+    step "old_${b}_tp$np" "$lim" "$mpi" "$np" "$old/build/tests_c/$b" --out "$out/tables/old_${b}_tp$np.md"
+    step "new_${b}_tp$np" "$lim" "$mpi" "$np" "$build/tests_c/$b" --out "$out/tables/new_${b}_tp$np.md"
+  done
+}
+
 # The summary table of the steps run.
 step_table() {
   echo "| step | result | counts | seconds |"

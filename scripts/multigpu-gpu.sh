@@ -61,14 +61,8 @@ elif [ "$part" = a ]; then
     step "hostprofile_fp8_${ov}_tp$big" 90 python3 -m torch.distributed.run --standalone --nproc-per-node="$big" \
       "$root/examples/pytorch/layer_with_overlap.py" --fp8 --iters 8 --host-profile 5 "${extra[@]}"
   done
-  if [ -f "$root/.mg/old/libtransformer_engine_comm.so" ]; then
-    # Old against new in one call: the old tree's bench_comm_gemm against its own library,
-    # then HEAD's again, on the anchor shapes, IPC and NCCL.
-    old=$root/.mg/old
-    step old_build 90 bash -c "source '$old/scripts/common.sh' && te_comm_cmake_build '$old/libtransformer_engine_comm.so' '$old/build' -DTE_COMM_GPU_TESTS=ON"
-    step "old_bench_comm_gemm_tp$big" 80 "$mpi" "$big" "$old/build/tests_c/bench_comm_gemm" --out "$out/tables/old_comm_gemm_tp$big.md"
-    step "new_bench_comm_gemm_tp$big" 80 "$mpi" "$big" "$build/tests_c/bench_comm_gemm" --out "$out/tables/new_comm_gemm_tp$big.md"
-  fi
+  # The older tree's bench_comm_gemm against HEAD's, anchor shapes, IPC and NCCL.
+  old_vs_new "$big" 80 bench_comm_gemm
   tables=$(ls "$out"/tables/bench_*.md "$out"/tables/torch_ops_tp*.md 2>/dev/null)
   [ -n "$tables" ] && step acceptance 30 python3 "$root/bench/acceptance.py" $tables --out "$out/acceptance.md"
   [ -n "$tables" ] && step plot 30 python3 "$root/bench/plot.py" $tables --out "$out/tables/plot.png"

@@ -39,14 +39,7 @@ for np in 2 4; do
     --only fault,mismatch,unchecked,soak,churn --soak-calls 1000 --churn-cycles 10
 done
 step bench_host_tp1 60 "$mpi" 1 "$build/tests_c/bench_host" --small-only --out "$out/tables/bench_host_tp1.md"
-old=$root/.mg/old
-if [ -f "$old/libtransformer_engine_comm.so" ]; then
-  step old_build 90 bash -c "source '$old/scripts/common.sh' && te_comm_cmake_build '$old/libtransformer_engine_comm.so' '$old/build' -DTE_COMM_GPU_TESTS=ON"
-  for b in bench_overlap bench_comm_gemm; do
-    step "old_${b}_tp1" 60 "$mpi" 1 "$old/build/tests_c/$b" --out "$out/tables/old_${b}_tp1.md"
-    step "new_${b}_tp1" 60 "$mpi" 1 "$build/tests_c/$b" --out "$out/tables/new_${b}_tp1.md"
-  done
-fi
+old_vs_new 1 60 bench_overlap bench_comm_gemm
 
 step_table >"$out/summary.md"
 for f in "$out"/tables/*.md; do [ -f "$f" ] && { echo; echo "== ${f#$out/}"; cat "$f"; }; done
