@@ -90,12 +90,22 @@ fn is_ident(c: &char) -> bool {
     c.is_ascii_alphanumeric() || *c == '_'
 }
 
-/// The arguments of a call whose `(` is at `open`: (arguments, index after `)`).
+/// The arguments of a call whose `(` is at `open`: (arguments, index after `)`). Commas
+/// and parentheses inside string literals (`"1, 1"`) are the string's.
 fn call_args(s: &str, open: usize) -> (Vec<String>, usize) {
     let (mut depth, mut args, mut start) = (0, Vec::new(), open + 1);
+    let mut in_str = false;
+    let mut prev = ' ';
     for (i, c) in s[open..].char_indices() {
         let i = open + i;
+        let escaped = prev == '\\';
+        prev = if escaped { ' ' } else { c };
+        if in_str {
+            in_str = c != '"' || escaped;
+            continue;
+        }
         match c {
+            '"' => in_str = true,
             '(' => depth += 1,
             ')' => {
                 depth -= 1;
