@@ -10,12 +10,15 @@
 #           the library at an older commit against HEAD
 #           (bench_comm_gemm, same call, when .mg/old holds that tree's CMake files, tests_c
 #           and its library); bench/acceptance.py and the plot.
+#   part r: a recheck of fixes made after a full run, in one call: the reliability tests at 2
+#           and 4 ranks (one GPU each; short soak and churn), test_comm_gemm at the largest
+#           count, and the FP8 step's host profile at the largest count.
 #   part b: the reliability tests (fault injection, cross-rank check, soak, churn) at 2 and 4
 #           ranks, processes and threads; the PyTorch package tests; the JAX tests and
 #           example; the seed-002 example at 2 GPUs; torch_ops at 2; compute-sanitizer.
 # Everything lands under $OUT (or gpu-out/) as one archive, results.tgz, beside summary.md;
 # the summary table is printed last.
-# Usage: scripts/multigpu-gpu.sh c|a|b   (env TE_COMM_MG_BUDGET: seconds, default 560)
+# Usage: scripts/multigpu-gpu.sh c|a|b|r   (env TE_COMM_MG_BUDGET: seconds, default 560)
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
 part=${1:-a}
@@ -66,6 +69,22 @@ elif [ "$part" = a ]; then
   tables=$(ls "$out"/tables/bench_*.md "$out"/tables/torch_ops_tp*.md 2>/dev/null)
   [ -n "$tables" ] && step acceptance 30 python3 "$root/bench/acceptance.py" $tables --out "$out/acceptance.md"
   [ -n "$tables" ] && step plot 30 python3 "$root/bench/plot.py" $tables --out "$out/tables/plot.png"
+elif [ "$part" = r ]; then
+  te_comm_cmake_build "$lib" "$build" -DTE_COMM_GPU_TESTS=ON || exit 1
+  for np in "${nps[@]}"; do
+    step "reliability_np$np" 120 "$build/tests_c/test_reliability" --ranks "$np" --soak-calls 1000 --churn-cycles 5
+  done
+  step "test_comm_gemm_np$big" 150 "$mpi" "$big" "$build/tests_c/test_comm_gemm"
+  for ov in overlap no-overlap; do
+    extra=()
+    [ "$ov" = no-overlap ] && extra=(--no-comm-overlap)
+    for fp in bf16 fp8; do
+      f=()
+      [ "$fp" = fp8 ] && f=(--fp8)
+      step "hostprofile_${fp}_${ov}_tp$big" 60 python3 -m torch.distributed.run --standalone --nproc-per-node="$big" \
+        "$root/examples/pytorch/layer_with_overlap.py" "${f[@]}" --iters 8 --host-profile 5 "${extra[@]}"
+    done
+  done
 else
   te_comm_cmake_build "$lib" "$build" -DTE_COMM_GPU_TESTS=ON || exit 1
   for np in "${nps[@]}"; do

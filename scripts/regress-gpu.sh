@@ -7,6 +7,7 @@
 #   2. the reliability cases with 2 and 4 ranks sharing the GPU (IPC: the overlap API and
 #      the comm-GEMM API with callback contexts): fault, mismatch, unchecked, and a short
 #      soak and churn;
+#   2b. the JAX GPU tests with 1 and 2 processes sharing the GPU;
 #   3. host cost per C call (bench_host: µs and allocations per call, tp 1);
 #   4. old against new at tp 1, same card, same call: bench_overlap and bench_comm_gemm
 #      with the library and tests_c of an older tree in .mg/old (libtransformer_engine_comm.so
@@ -38,6 +39,11 @@ for np in 2 4; do
   step "reliability_shared_np$np" 150 "$build/tests_c/test_reliability" --ranks "$np" \
     --only fault,mismatch,unchecked,soak,churn --soak-calls 1000 --churn-cycles 10
 done
+# JAX with 1 and 2 processes sharing the GPU (process-local mode, the library's IPC).
+if python3 -c 'import jax' 2>/dev/null; then
+  step jax_shared_np1_2 150 env PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" TE_COMM_JAX_NP=1,2 \
+    TE_COMM_JAX_SHARED=1 python3 -m pytest -q -rs -p no:cacheprovider "$root/python/tests/jax"
+fi
 step bench_host_tp1 60 "$mpi" 1 "$build/tests_c/bench_host" --small-only --out "$out/tables/bench_host_tp1.md"
 old_vs_new 1 60 bench_overlap bench_comm_gemm
 
