@@ -202,6 +202,12 @@ typedef int32_t (*NVTECommBarrierFn)(void *user_data);
  * How the ranks exchange setup data: through `nccl_comm` when it is not NULL (rank and
  * size are then taken from it), else through the callbacks (TE's ExtAllgatherOp /
  * ExtBarrierOp analog) with `world_rank` / `world_size`.
+ *
+ * The library bounds its own exchanges (NVTE_COMM_TIMEOUT_MS) but cannot interrupt a
+ * callback: a call that exchanges through the callbacks (a context's first call of an
+ * operation, an autotuning call) returns no sooner than they do. Where a peer may never
+ * join (a rank that failed, or one that called with other shapes), give the callbacks a
+ * timeout of their own and return non-zero on it; the call then fails with that reason.
  */
 typedef struct NVTECommBootstrap {
   int32_t world_rank;

@@ -275,8 +275,10 @@ void report_cases(Env &e) {
       bool ok = st == NVTE_COMM_SUCCESS && r.call_ms > 0 && r.gemm_alone_ms > 0 && r.comm_alone_ms > 0 &&
                 r.bound_ms == std::max(r.gemm_alone_ms, r.comm_alone_ms) && r.ratio > 0 && r.ratio < 1e3 && r.k > 0;
       // Over IPC the all-reduce may take the ring (an RS + AG) or the chunked path; the
-      // comm-GEMM reduce-scatter runs the ring (p2p) algorithm.
-      if (s.op != Op::AR) ok = ok && std::strcmp(r.op, s.name) == 0;
+      // comm-GEMM reduce-scatter runs the ring (p2p) algorithm, except over NCCL at tp > 2,
+      // where it runs a collective reduce-scatter per chunk (reported as split_rs).
+      const char *want = s.op == Op::RS && t > 2 && std::strcmp(transport, "nccl") == 0 ? "split_rs" : s.name;
+      if (s.op != Op::AR) ok = ok && std::strcmp(r.op, want) == 0;
       e.rep->check(ok, b);
     }
     nvte_comm_gemm_ctx_destroy(ctx);

@@ -34,6 +34,12 @@ pub type NVTECommBarrierFn = Option<unsafe extern "C" fn(user_data: *mut c_void)
 /// How the ranks exchange setup data: through `nccl_comm` when it is not NULL (rank and
 /// size are then taken from it), else through the callbacks (TE's ExtAllgatherOp /
 /// ExtBarrierOp analog) with `world_rank` / `world_size`.
+///
+/// The library bounds its own exchanges (NVTE_COMM_TIMEOUT_MS) but cannot interrupt a
+/// callback: a call that exchanges through the callbacks (a context's first call of an
+/// operation, an autotuning call) returns no sooner than they do. Where a peer may never
+/// join (a rank that failed, or one that called with other shapes), give the callbacks a
+/// timeout of their own and return non-zero on it; the call then fails with that reason.
 #[repr(C)]
 pub struct NVTECommBootstrap {
     pub world_rank: i32,
