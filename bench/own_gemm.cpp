@@ -74,6 +74,7 @@ static CUresult (*p_cuTensorMapEncodeTiled)(CUtensorMap *, CUtensorMapDataType, 
                                             const cuuint32_t *, const cuuint32_t *,
                                             CUtensorMapInterleave, CUtensorMapSwizzle,
                                             CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+static CUresult (*p_cuStreamWaitValue32)(CUstream, CUdeviceptr, cuuint32_t, unsigned);
 
 static void cu_check(CUresult r, const char *file, int line) {
   if (r == CUDA_SUCCESS) return;
@@ -99,6 +100,7 @@ static void load_driver() {
   entry("cuModuleGetGlobal", p_cuModuleGetGlobal);
   entry("cuLaunchKernel", p_cuLaunchKernel);
   entry("cuTensorMapEncodeTiled", p_cuTensorMapEncodeTiled);
+  entry("cuStreamWaitValue32", p_cuStreamWaitValue32);
 }
 
 // ---------------------------------------------------------------- NVRTC
@@ -319,11 +321,29 @@ static void sync_or_hang(cudaStream_t s, const char *what, int seconds = 30) {
 
 static int g_sms = 132;
 
+// The kernel's Gemm90Args (kernels/gemm_sm90.cu), field for field.
+struct Gemm90Args {
+  void *d;
+  const void *bias;
+  void *aux;
+  const float *a_scale_inv, *b_scale_inv, *d_scale;
+  float *d_amax;
+  const uint32_t *flags;
+  uint32_t *done;
+  int m, n, k, rows_per_flag, done_rows, group_n, n_tile_rot;
+  uint32_t flag_value, done_value;
+  float beta;
+  int epilogue, pad_;
+};
+static_assert(sizeof(Gemm90Args) == 120, "Gemm90Args mirrors the kernel's struct");
+
 // Our GEMM: D[n, m] = B[n, k] . A[m, k]^T (* a_si * b_si for e4m3).
 struct Own {
   bool fp8, out_f32;
-  int m, n, k, bn, group_n = 8, rot = 0, rows_per_flag = 0;
+  int m, n, k, bn, group_n = 8, rot = 0, rows_per_flag = 0, done_rows = 0;
   const uint32_t *flags = nullptr;
+  uint32_t flag_value = 1, done_value = 1;
+  uint32_t *done = nullptr;  // RS signals (2 * ceil(n / done_rows) words, zeroed)
   void *A, *B, *D;
   const float *a_si = nullptr, *b_si = nullptr;
   CUtensorMap ta, tb;
@@ -332,9 +352,23 @@ struct Own {
   void run(cudaStream_t s) {
     CUfunction f = M.own[fp8][out_f32][bn == 256];
     int grid = std::min(tiles(), g_sms);
-    int rpf = rows_per_flag > 0 ? rows_per_flag : 128;
-    launch(f, grid, 1, THREADS, 1, smem_of(bn), s,
-           {&tb, &ta, &D, &m, &n, &k, &flags, &rpf, &group_n, &rot, &a_si, &b_si});
+    Gemm90Args g;
+    std::memset(&g, 0, sizeof g);
+    g.d = D;
+    g.a_scale_inv = a_si;
+    g.b_scale_inv = b_si;
+    g.flags = flags;
+    g.done = done;
+    g.m = m;
+    g.n = n;
+    g.k = k;
+    g.rows_per_flag = flags ? (rows_per_flag > 0 ? rows_per_flag : 128) : 0;
+    g.done_rows = done ? done_rows : 0;
+    g.group_n = group_n;
+    g.n_tile_rot = rot;
+    g.flag_value = flag_value;
+    g.done_value = done_value;
+    launch(f, grid, 1, THREADS, 1, smem_of(bn), s, {&tb, &ta, &g});
   }
 };
 
@@ -717,6 +751,79 @@ static Row run_case(const Case &c, Lt &lt, int iters, cudaStream_t s) {
 // waiting) copies row block r of the true B and then sets flag r, blocks in the order
 // 2, 0, 3, 1; tiles are rotated so that block 2's tiles come first. The result must
 // match the reference; a kernel still running 30 s later counts as a hang.
+// RS hook: with done signals on, every row block's flag ends at done_value and every
+// counter back at zero (so a second launch, with the next value, signals again), and D is
+// still right. Run twice (values 1 and 2) for row blocks aligned and not aligned to the
+// 128-row tiles; a consumer stream waits on the last block's signal (cuStreamWaitValue32)
+// and copies it out, and that copy must equal the reference.
+static bool done_signal_test(int m, int n, int k) {
+  void *A, *B, *D, *Blk;
+  float *R;
+  uint32_t *done;
+  CK(cudaMalloc(&A, (size_t)m * k * 2));
+  CK(cudaMalloc(&B, (size_t)n * k * 2));
+  CK(cudaMalloc(&D, (size_t)m * n * 2));
+  CK(cudaMalloc(&Blk, (size_t)m * n * 2));
+  CK(cudaMalloc(&R, (size_t)m * n * 4));
+  CK(cudaMalloc(&done, 4096 * sizeof(uint32_t)));
+  fill(A, (size_t)m * k, false, 21);
+  fill(B, (size_t)n * k, false, 22);
+  float one = 1.f;
+  launch(M.ref_bf16, (m + 63) / 64, (n + 63) / 64, 16, 16, 0, 0, {&A, &B, &R, &m, &n, &k, &one});
+  cudaStream_t s1, s2;
+  CK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+  CK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+  bool ok = true;
+  for (int rows : {n / 4, 300}) {
+    const int nblk = (n + rows - 1) / rows;
+    fill_u32(done, 2 * nblk, 0);
+    for (uint32_t v = 1; v <= 2; ++v) {
+      fill_u32(D, (size_t)m * n / 2, 0x7fc07fc0u);
+      fill_u32(Blk, (size_t)m * n / 2, 0x7fc07fc0u);
+      CK(cudaDeviceSynchronize());
+      Own own;
+      own.fp8 = false;
+      own.out_f32 = false;
+      own.m = m;
+      own.n = n;
+      own.k = k;
+      own.bn = 256;
+      own.A = A;
+      own.B = B;
+      own.D = D;
+      own.done = done;
+      own.done_rows = rows;
+      own.done_value = v;
+      if (!own.prepare()) die("tensor map for the done-signal test", __FILE__, __LINE__);
+      // The consumer first: it waits for the last block, then copies it.
+      const int j = nblk - 1;
+      const size_t off = (size_t)j * rows * m * 2, bytes = (size_t)(n - j * rows) * m * 2;
+      CU(p_cuStreamWaitValue32((CUstream)s2, (CUdeviceptr)(done + j), v, CU_STREAM_WAIT_VALUE_EQ));
+      CK(cudaMemcpyAsync((char *)Blk + off, (char *)D + off, bytes, cudaMemcpyDeviceToDevice, s2));
+      own.run(s1);
+      sync_or_hang(s1, "our kernel (done signals)");
+      sync_or_hang(s2, "the consumer of the last block's done signal");
+      std::vector<uint32_t> h(2 * nblk);
+      CK(cudaMemcpy(h.data(), done, h.size() * 4, cudaMemcpyDeviceToHost));
+      int bad_flags = 0;
+      for (int b = 0; b < nblk; ++b) bad_flags += h[b] != v || h[nblk + b] != 0;
+      const float rms = (float)rms_of(R, true, (size_t)m * n);
+      Cmp c = compare(D, false, R, true, (size_t)m * n, rms, tol_of(false, false));
+      Cmp cb = compare((char *)Blk + off, false, (const char *)R + (size_t)j * rows * m * 4, true,
+                       bytes / 2, rms, tol_of(false, false));
+      const bool good = bad_flags == 0 && c.bad == 0 && cb.bad == 0;
+      std::printf("done-signal test (%dx%dx%d, %d blocks of %d rows, value %u): %d bad signals, %u bad in D, "
+                  "%u bad in the consumer's copy -> %s\n",
+                  m, n, k, nblk, rows, v, bad_flags, c.bad, cb.bad, good ? "ok" : "FAIL");
+      ok &= good;
+    }
+  }
+  CK(cudaStreamDestroy(s1));
+  CK(cudaStreamDestroy(s2));
+  for (void *p : {A, B, D, Blk, (void *)R, (void *)done}) CK(cudaFree(p));
+  return ok;
+}
+
 static bool flag_arrival_test(int m, int n, int k, int tp) {
   const size_t nb = (size_t)n * k * 2;
   void *A, *B, *D;
@@ -942,6 +1049,8 @@ int main(int argc, char **argv) {
   }
   const bool flags_ok = flag_arrival_test(2048, 4096, 4096, 4);
   all_ok &= flags_ok;
+  const bool done_ok = done_signal_test(2048, 4096, 1024);
+  all_ok &= done_ok;
 
   // Markdown last.
   std::printf("\n## own GEMM (kernels/gemm_sm90.cu) vs cuBLASLt, TN, D[n,m] = B[n,k] A[m,k]^T\n\n");
@@ -983,8 +1092,8 @@ int main(int argc, char **argv) {
       nsmall++;
       nsmall_ok += r.ok;
     }
-  std::printf("- small/odd shapes: %d of %d correct; flag arrival test: %s\n", nsmall_ok, nsmall,
-              flags_ok ? "ok" : "FAIL");
+  std::printf("- small/odd shapes: %d of %d correct; flag arrival test: %s; done-signal test: %s\n", nsmall_ok,
+              nsmall, flags_ok ? "ok" : "FAIL", done_ok ? "ok" : "FAIL");
   std::printf("- overall: %s\n", all_ok ? "PASS" : "FAIL (wrong results)");
   return all_ok ? 0 : 1;
 }
