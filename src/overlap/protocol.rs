@@ -1068,6 +1068,7 @@ fn check_ag(tp: usize, cfg: Cfg, view: bool) -> Res {
             g: gemm(&ta, &tb, &td),
             b_copy: Some(&tc),
             key_m: None,
+            keep_gathered: true,
         };
         p.split_ag(&args)
     };
