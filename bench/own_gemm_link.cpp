@@ -191,19 +191,21 @@ __device__ __forceinline__ u64 sleep_until(u64 t) {
   return now - t;
 }
 
-// Mirrored by the host's PaceArgs (112 bytes).
+// Mirrored by the host's PaceArgs (88 bytes). The order is packed so that nothing indexes
+// the parameters at run time (which would put a copy of them on the stack).
 struct PaceArgs {
   u32 *flags;        // AG: arrival flags [tp]: [local] at the start; flags variant: remote ones too
   const u32 *ready;  // RS: per-block ready words (our done signals / chunked writes), or null
   u32 *sig;          // [0] started, then go[nsend * pieces], due[nsend], fin
-  u32 *status;       // [0] timeouts, [1] largest lateness (ns, clamped)
+  u32 *status;       // [0] timeouts, [1] largest lateness (ns, clamped), [3] hold CTAs started
   u64 block_ns;      // one block's link time
   u64 hold_ns;       // mode 2
   u64 timeout_ns;    // per ready wait
   int mode;          // 0 AG, 1 RS, 2 hold (the co-residence probe)
   int nsend, pieces, copies, local;
   u32 epoch;
-  int order[8];      // blocks in arrival / send order
+  u32 order;         // blocks in arrival / send order, 4 bits each (entry i: bits 4i..4i+3)
+  u32 pad_;
 };
 
 extern "C" __global__ void link_pacer(const PaceArgs a) {
@@ -215,6 +217,7 @@ extern "C" __global__ void link_pacer(const PaceArgs a) {
   u64 late = 0;
   u32 timeouts = 0;
   if (a.mode == 2) {
+    atomicAdd(a.status + 3, 1u);  // CTAs resident
     st_rel(a.sig, a.epoch);
     sleep_until(t0 + a.hold_ns);
     return;
@@ -234,7 +237,7 @@ extern "C" __global__ void link_pacer(const PaceArgs a) {
       const u64 e = s + T;
       sleep_until(e);
       if (a.copies) st_rel(due + i, a.epoch);
-      else st_rel(a.flags + a.order[i], a.epoch);
+      else st_rel(a.flags + ((a.order >> (4 * i)) & 15u), a.epoch);
       const u64 l = gtime() - e; late = l > late ? l : late;
     }
     st_rel(fin, a.epoch);
@@ -242,7 +245,7 @@ extern "C" __global__ void link_pacer(const PaceArgs a) {
     u64 E = t0;  // the previous transfer's scheduled end
     bool dead = false;
     for (int s = 0; s < a.nsend; ++s) {
-      const int j = a.order[s];
+      const int j = (int)((a.order >> (4 * s)) & 15u);
       if (a.ready && !dead) {
         const u64 dl = gtime() + a.timeout_ns;
         while ((int)(ld_acq(a.ready + j) - a.epoch) < 0) {
@@ -291,9 +294,10 @@ struct PaceArgs {
   uint64_t block_ns, hold_ns, timeout_ns;
   int32_t mode, nsend, pieces, copies, local;
   uint32_t epoch;
-  int32_t order[8];
+  uint32_t order;  // 4 bits per entry
+  uint32_t pad_;
 };
-static_assert(sizeof(PaceArgs) == 112, "PaceArgs mirrors the pacer's struct");
+static_assert(sizeof(PaceArgs) == 88, "PaceArgs mirrors the pacer's struct");
 
 struct Helpers {
   CUmodule help = nullptr, pace = nullptr;
@@ -311,6 +315,8 @@ static uint32_t g_gate_value = 0;
 static int g_iters = 30, g_warmup = 5, g_pieces = 4, g_me = 1, g_group = 8;
 static double g_bw = 350.0;  // GB/s = bytes per ns
 static const uint64_t TIMEOUT_NS = 2000000000ull;  // a pacer's wait for a ready word
+static bool g_copies_ok = true;  // device-to-device copies run on a copy engine (ce_check)
+static int nvariants() { return g_copies_ok ? 2 : 1; }
 
 static void fill_rand(void *p, size_t count, bool fp8, uint64_t seed, cudaStream_t s) {
   uint64_t c = count;
@@ -418,7 +424,9 @@ struct Row {
   bool ran = false, timed = false;
   float late_us = 0;
   std::string notes;
-  bool ok() const { return ran && own_ok && fused_ok[0] && fused_ok[1] && chunk_ok[0] && chunk_ok[1]; }
+  bool ok() const {
+    return ran && own_ok && fused_ok[0] && chunk_ok[0] && (!g_copies_ok || (fused_ok[1] && chunk_ok[1]));
+  }
 };
 
 struct Ctx {
@@ -457,7 +465,7 @@ struct Ctx {
     p.copies = copies;
     p.local = g_me;
     p.epoch = e;
-    for (int i = 0; i < 8; ++i) p.order[i] = order[i];
+    for (int i = 0; i < 8; ++i) p.order |= (uint32_t)(order[i] & 15) << (4 * i);
     return p;
   }
   uint32_t *go() const { return sig + 1; }
@@ -510,7 +518,11 @@ struct Ctx {
       if (r.rs && cfg.kind == CHUNKED) rdy = ready;
       PaceArgs p = pace(r.rs ? 1 : 0, copies, rdy, e);
       launch(H.pacer, 1, 1, 32, 1, 0, g_prod, {&p});
-      if (copies) enqueue_copies(cfg.kind, e);
+      // Enqueue order: what is waited on first (AG: the copies, which write the flags the
+      // GEMM waits on; RS: the GEMM, whose signals the copies wait on through the pacer),
+      // so that even two streams sharing one hardware queue would only serialize, never
+      // wait on each other in a cycle.
+      if (copies && !r.rs) enqueue_copies(cfg.kind, e);
       wait_geq(g_comp, sig, e);  // the pacer is resident
       if (cfg.kind == FUSED) {
         if (r.rs) own_fused.done_value = e;
@@ -525,6 +537,7 @@ struct Ctx {
           if (r.rs) write_value(g_comp, ready + blk, e);
         }
       }
+      if (copies && r.rs) enqueue_copies(cfg.kind, e);
       CK(cudaEventRecord(join_prod, g_prod));
       CK(cudaStreamWaitEvent(g_comp, join_prod, 0));
       if (copies) {
@@ -589,7 +602,7 @@ static bool verify(Ctx &c, Kind kind, int copies, float rms) {
   c.enqueue({kind, copies}, ++c.epoch, nullptr, nullptr);
   char what[96];
   std::snprintf(what, sizeof what, "%s (%s) verification run", kname, vname);
-  sync_all(what);
+  sync_all(what, 20);
   uint32_t st[3];
   read_status(st);
   bool ok = st[0] == 0;
@@ -615,6 +628,53 @@ static bool verify(Ctx &c, Kind kind, int copies, float rms) {
       if (b.bad) std::printf("  %s: delivered block %d differs from D in %u words\n", what, blk, b.bad);
       ok &= b.bad == 0;
     }
+  return ok;
+}
+
+// Do device-to-device copies run on a copy engine here (no SM needed)? A copy issued while
+// every SM holds a 100 ms kernel CTA with all the shared memory a CTA may have must end
+// long before that kernel. If it cannot, the copies variant would deadlock against our
+// persistent kernel (its CTAs wait for flags that only the copies' ends release): skipped.
+static bool ce_check() {
+  int optin = 0;
+  CK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
+  CU(drv.FuncSetAttribute(H.pacer, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, optin));
+  const size_t bytes = 64u << 20;
+  void *a, *b;
+  uint32_t *sig, *st;
+  CK(cudaMalloc(&a, bytes));
+  CK(cudaMalloc(&b, bytes));
+  CK(cudaMalloc(&sig, 64 * sizeof(uint32_t)));
+  CK(cudaMalloc(&st, 4 * sizeof(uint32_t)));
+  fill_words(sig, 64 * sizeof(uint32_t), 0, g_comp);
+  fill_words(st, 4 * sizeof(uint32_t), 0, g_comp);
+  fill_words(a, bytes, 0x3f803f80u, g_comp);
+  wait_stream(g_comp, "copy-engine check setup");
+  PaceArgs p;
+  std::memset(&p, 0, sizeof p);
+  p.sig = sig;
+  p.status = st;
+  p.hold_ns = 100000000ull;
+  p.mode = 2;
+  p.epoch = 1;
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  launch(H.pacer, (unsigned)g_sms, 1, 32, 1, (unsigned)optin, g_prod, {&p});
+  wait_geq(g_copy, st + 3, (uint32_t)g_sms);  // every SM holds one
+  CK(cudaEventRecord(e0, g_copy));
+  CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, g_copy));
+  CK(cudaEventRecord(e1, g_copy));
+  sync_all("copy-engine check", 20);
+  float ms = 0;
+  CK(cudaEventElapsedTime(&ms, e0, e1));
+  const bool ok = ms < 50.f;
+  std::printf("copy-engine check: a 64 MiB device-to-device copy while every SM is held took %.3f ms (%.0f GB/s) -> "
+              "%s\n",
+              ms, bytes / (ms * 1e6), ok ? "copy engine, the copies variant runs" : "NEEDS SMs: copies variant skipped");
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+  for (void *q : {a, b, (void *)sig, (void *)st}) CK(cudaFree(q));
   return ok;
 }
 
@@ -785,7 +845,7 @@ static void run_row(Row &r, cublasLtHandle_t lth, void *ws, size_t wsz) {
   }
 
   // Verification runs (before timing).
-  for (int v = 0; v < 2; ++v) {
+  for (int v = 0; v < nvariants(); ++v) {
     r.fused_ok[v] = verify(c, FUSED, v, rms);
     r.chunk_ok[v] = verify(c, CHUNKED, v, rms);
   }
@@ -797,8 +857,8 @@ static void run_row(Row &r, cublasLtHandle_t lth, void *ws, size_t wsz) {
   }
 
   // Timed runs: every configuration interleaved, groups of rounds behind a gate.
-  const std::vector<Cfg> cfgs = {{LT_ALONE, 0}, {OWN_ALONE, 0}, {LINK, 0},  {FUSED, 0},
-                                 {CHUNKED, 0},  {LINK, 1},      {FUSED, 1}, {CHUNKED, 1}};
+  std::vector<Cfg> cfgs = {{LT_ALONE, 0}, {OWN_ALONE, 0}, {LINK, 0}, {FUSED, 0}, {CHUNKED, 0}};
+  if (g_copies_ok) cfgs.insert(cfgs.end(), {{LINK, 1}, {FUSED, 1}, {CHUNKED, 1}});
   const int rounds = g_warmup + g_iters;
   std::vector<cudaEvent_t> ev((size_t)rounds * cfgs.size() * 2);
   for (auto &e : ev) CK(cudaEventCreate(&e));
@@ -832,20 +892,21 @@ static void run_row(Row &r, cublasLtHandle_t lth, void *ws, size_t wsz) {
   if (st[2]) r.notes += "gate opened by timeout " + std::to_string(st[2]) + "x; ";
   r.lt_ms = median(t[0]);
   r.own_ms = median(t[1]);
-  for (int v = 0; v < 2; ++v) {
+  for (int v = 0; v < nvariants(); ++v) {
     r.link_ms[v] = median(t[2 + 3 * v]);
     r.fused_ms[v] = median(t[3 + 3 * v]);
     r.chunk_ms[v] = median(t[4 + 3 * v]);
   }
   r.timed = true;
-  // After the timed runs (the last ones were the copies variant): the outputs again.
+  // After the timed runs (the last ones were the copies variant, if any): the outputs again.
   {
+    const int v = nvariants() - 1;
     Cmp fb = compare_bits(c.Df, c.Down, c.d_bytes());
     Cmp cb = compare_tol(c.Dc, c.Dlt, (size_t)r.n * r.m, rms, tol_of(r.fp8));
     if (fb.bad || cb.bad) {
       std::printf("  after the timed runs: fused %u words differ, chunked %u elements off\n", fb.bad, cb.bad);
-      r.fused_ok[1] = r.fused_ok[1] && fb.bad == 0;
-      r.chunk_ok[1] = r.chunk_ok[1] && cb.bad == 0;
+      r.fused_ok[v] = r.fused_ok[v] && fb.bad == 0;
+      r.chunk_ok[v] = r.chunk_ok[v] && cb.bad == 0;
     }
   }
   cleanup();
@@ -953,6 +1014,7 @@ int main(int argc, char **argv) {
     *g_gate_host = 0;
     g_gate_dev = (uint32_t *)dp;
   }
+  g_copies_ok = ce_check();
   cublasLtHandle_t lth;
   LT(cublasLtCreate(&lth));
   void *ws;
@@ -1033,7 +1095,7 @@ int main(int argc, char **argv) {
       md << line;
       continue;
     }
-    for (int v = 0; v < 2; ++v) {
+    for (int v = 0; v < nvariants(); ++v) {
       const double bound = std::max(r.lt_ms, r.link_ms[v]);
       const double fb = r.fused_ms[v] / bound, cb = r.chunk_ms[v] / bound, fc = r.chunk_ms[v] / r.fused_ms[v];
       const bool ok = r.fused_ok[v] && r.chunk_ok[v] && r.own_ok;
