@@ -37,17 +37,21 @@
 // - chunked: one cuBLASLt GEMM per row block on the compute stream, local block first;
 //   AG: each after a cuStreamWaitValue32 on its block's flag; RS: in send order, each
 //   followed by a cuStreamWriteValue32 of its ready word that the pacer waits on.
-// The compute stream first waits (cuStreamWaitValue32) until the pacer has started: the
-// pacer (1 warp) is then resident on an SM before the GEMM fills them, so the schedule
-// cannot be held up behind the GEMM. A probe per row checks that a GEMM CTA still fits
-// beside the pacer (our kernel: 168 registers x 384 threads leaves exactly one warp of 32
-// registers); if not, our kernel runs on SMs - 1 CTAs in the fused runs and cuBLASLt's
+// Start of an iteration: the pacer is launched first and announces itself; the compute
+// stream waits for that (cuStreamWaitValue32, untimed), so the pacer (1 warp) is resident
+// on an SM before any GEMM fills them and the schedule cannot be held up behind a GEMM.
+// Then the compute stream records the start event and writes a start word
+// (cuStreamWriteValue32) that the pacer spins on: t0 is when the pacer sees it; the GEMM
+// is launched right after. A probe per row checks that a GEMM CTA still fits beside the
+// pacer (our kernel: 168 registers x 384 threads leaves exactly one warp of 32 registers;
+// the pacer asks for the largest shared-memory carveout so that its SM need not change
+// configuration); if not, our kernel runs on SMs - 1 CTAs in the fused runs and cuBLASLt's
 // chunks get CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET = SMs - 1 (said in the row's notes).
-// Timing: CUDA events on the compute stream, from one recorded just before the pacer
-// starts (the pacer's stream and the copy stream wait on it) to the end of everything of
-// the iteration (the GEMM and, joined into the compute stream, the pacer and the copies).
-// For AG that is the GEMM's end (it cannot end before the last arrival); for RS it is the
-// later of the GEMM's end and the last block's delivery (scheduled end and copy end). The
+// Timing: CUDA events on the compute stream, from the start event to the end of
+// everything of the iteration (the GEMM and, joined into the compute stream, the pacer
+// and the copies); the alone runs from an event just before their launch. For AG that is
+// the GEMM's end (it cannot end before the last arrival); for RS it is the later of the
+// GEMM's end and the last block's delivery (its scheduled end and its copy's end). The
 // iterations of all configurations of a row run interleaved (one of each in turn), each
 // group of rounds enqueued behind a gate kernel that the host opens after enqueueing it, so
 // that the host's enqueue speed never paces the GPU. Median over --iters iterations after
@@ -193,13 +197,14 @@ __device__ __forceinline__ u64 sleep_until(u64 t) {
   return now - t;
 }
 
-// Mirrored by the host's PaceArgs (88 bytes). The order is packed so that nothing indexes
+// Mirrored by the host's PaceArgs (96 bytes). The order is packed so that nothing indexes
 // the parameters at run time (which would put a copy of them on the stack).
 struct PaceArgs {
   u32 *flags;        // AG: arrival flags [tp]: [local] at the start; flags variant: remote ones too
   const u32 *ready;  // RS: per-block ready words (our done signals / chunked writes), or null
   u32 *sig;          // [0] started, then go[nsend * pieces], due[nsend], fin
   u32 *status;       // [0] timeouts, [1] largest lateness (ns, clamped), [3] hold CTAs started
+  const u32 *start;  // t0 is when this word reaches the epoch (written by the compute stream)
   u64 block_ns;      // one block's link time
   u64 hold_ns;       // mode 2
   u64 timeout_ns;    // per ready wait
@@ -212,7 +217,7 @@ struct PaceArgs {
 
 extern "C" __global__ void link_pacer(const PaceArgs a) {
   if (threadIdx.x != 0) return;
-  const u64 t0 = gtime();
+  u64 t0 = gtime();
   const u64 T = a.block_ns;
   const int P = a.pieces > 0 ? a.pieces : 1;
   u32 *go = a.sig + 1, *due = a.sig + 1 + a.nsend * P, *fin = due + a.nsend;
@@ -224,8 +229,16 @@ extern "C" __global__ void link_pacer(const PaceArgs a) {
     sleep_until(t0 + a.hold_ns);
     return;
   }
-  if (a.mode == 0 && a.flags) st_rel(a.flags + a.local, a.epoch);
-  st_rel(a.sig, a.epoch);
+  if (a.mode == 0 && a.flags) st_rel(a.flags + a.local, a.epoch);  // the local block is there
+  st_rel(a.sig, a.epoch);                                           // resident
+  if (a.start) {
+    const u64 dl = gtime() + a.timeout_ns;
+    while ((int)(ld_acq(a.start) - a.epoch) < 0) {
+      if (gtime() > dl) { ++timeouts; break; }
+      nsleep(32);
+    }
+  }
+  t0 = gtime();
   if (a.mode == 0) {
     for (int i = 0; i < a.nsend; ++i) {
       const u64 s = t0 + (u64)i * T;
@@ -293,13 +306,14 @@ struct PaceArgs {
   const uint32_t *ready;
   uint32_t *sig;
   uint32_t *status;
+  const uint32_t *start;
   uint64_t block_ns, hold_ns, timeout_ns;
   int32_t mode, nsend, pieces, copies, local;
   uint32_t epoch;
   uint32_t order;  // 4 bits per entry
   uint32_t pad_;
 };
-static_assert(sizeof(PaceArgs) == 88, "PaceArgs mirrors the pacer's struct");
+static_assert(sizeof(PaceArgs) == 96, "PaceArgs mirrors the pacer's struct");
 
 struct Helpers {
   CUmodule help = nullptr, pace = nullptr;
@@ -458,6 +472,7 @@ struct Ctx {
     p.ready = rdy;
     p.sig = sig;
     p.status = g_status;
+    p.start = mode == 2 ? nullptr : start();
     p.block_ns = (uint64_t)std::llround(r.block_bytes / g_bw);
     p.hold_ns = 100000000ull;  // the probe: 100 ms
     p.timeout_ns = TIMEOUT_NS;
@@ -473,6 +488,7 @@ struct Ctx {
   uint32_t *go() const { return sig + 1; }
   uint32_t *due() const { return sig + 1 + (r.tp - 1) * g_pieces; }
   uint32_t *fin() const { return due() + (r.tp - 1); }
+  uint32_t *start() const { return sig + 1023; }  // beyond go / due / fin (at most 1 + 7 * 64 + 7 + 1 words)
 
   // The copy stream's part of one iteration (copies variant).
   void enqueue_copies(Kind kind, uint32_t e) {
@@ -504,14 +520,15 @@ struct Ctx {
   // One iteration of a configuration with epoch e, between events e0 and e1 on the compute
   // stream (either may be null).
   void enqueue(Cfg cfg, uint32_t e, cudaEvent_t e0, cudaEvent_t e1) {
-    if (e0) CK(cudaEventRecord(e0, g_comp));
     if (cfg.kind == LT_ALONE) {
+      if (e0) CK(cudaEventRecord(e0, g_comp));
       lt_whole.run(A, B, Dlt, g_comp);
     } else if (cfg.kind == OWN_ALONE) {
+      if (e0) CK(cudaEventRecord(e0, g_comp));
       own_plain.run(g_comp);
     } else {
       const bool copies = cfg.copies != 0;
-      // Both side streams start with the compute stream (after e0 / what precedes).
+      // Both side streams start after what precedes on the compute stream.
       CK(cudaEventRecord(join_prod, g_comp));
       CK(cudaStreamWaitEvent(g_prod, join_prod, 0));
       if (copies) CK(cudaStreamWaitEvent(g_copy, join_prod, 0));
@@ -525,7 +542,11 @@ struct Ctx {
       // so that even two streams sharing one hardware queue would only serialize, never
       // wait on each other in a cycle.
       if (copies && !r.rs) enqueue_copies(cfg.kind, e);
-      wait_geq(g_comp, sig, e);  // the pacer is resident
+      // Untimed: the pacer is resident (on an SM before the GEMM fills them). Then the
+      // start event, and the start word that the pacer takes as t0; the GEMM right after.
+      wait_geq(g_comp, sig, e);
+      if (e0) CK(cudaEventRecord(e0, g_comp));
+      write_value(g_comp, start(), e);
       if (cfg.kind == FUSED) {
         if (r.rs) own_fused.done_value = e;
         else own_fused.flag_value = e;
@@ -1075,9 +1096,9 @@ int main(int argc, char **argv) {
   char line[1024];
   md << "\n## Emulated-link overlap, one GPU (our fused kernel vs chunked cuBLASLt)\n\n";
   std::snprintf(line, sizeof line,
-                "Link %.0f GB/s per peer (copies in %d pieces per block), rank %d; median of %d iterations, from the "
-                "pacer's start to the end of the GEMM and the link; ms. bound = max(Lt, link); f vs c = chunked / "
-                "fused (> 1: fused faster).\n\n",
+                "Link %.0f GB/s per peer (copies in %d pieces per block), rank %d; median of %d iterations, from t0 "
+                "(the start event, the pacer's schedule starting with it) to the end of the GEMM and the link; ms. "
+                "bound = max(Lt, link); f vs c = chunked / fused (> 1: fused faster).\n\n",
                 g_bw, g_pieces, g_me, g_iters);
   md << line;
   md << "| op | in | tp | shape | link | Lt alone | ours alone | link alone | bound | fused | chunked | fused/bound | "
