@@ -886,7 +886,7 @@ static void run_row(Row &r, cublasLtHandle_t lth, void *ws, size_t wsz) {
   std::vector<cudaEvent_t> ev((size_t)rounds * cfgs.size() * 2);
   for (auto &e : ev) CK(cudaEventCreate(&e));
   reset_status();
-  const int per_gate = 4;
+  const int per_gate = 2;  // rounds per gate: a few ms of GPU work, a few hundred stream operations
   for (int r0 = 0; r0 < rounds; r0 += per_gate) {
     const uint32_t gv = ++g_gate_value;
     uint64_t gate_timeout = 500000000ull;  // 0.5 s
