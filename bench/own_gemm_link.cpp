@@ -537,16 +537,17 @@ struct Ctx {
       if (r.rs && cfg.kind == CHUNKED) rdy = ready;
       PaceArgs p = pace(r.rs ? 1 : 0, copies, rdy, e);
       launch(H.pacer, 1, 1, 32, 1, 0, g_prod, {&p});
-      // Enqueue order: what is waited on first (AG: the copies, which write the flags the
-      // GEMM waits on; RS: the GEMM, whose signals the copies wait on through the pacer),
-      // so that even two streams sharing one hardware queue would only serialize, never
-      // wait on each other in a cycle.
-      if (copies && !r.rs) enqueue_copies(cfg.kind, e);
       // Untimed: the pacer is resident (on an SM before the GEMM fills them). Then the
-      // start event, and the start word that the pacer takes as t0; the GEMM right after.
+      // start event, and the start word that the pacer takes as t0; the GEMM right after
+      // (in GPU time: a gate holds the timed iterations until all are enqueued).
       wait_geq(g_comp, sig, e);
       if (e0) CK(cudaEventRecord(e0, g_comp));
       write_value(g_comp, start(), e);
+      // Enqueue order: what is waited on first (AG: the copies, which write the flags the
+      // GEMM waits on; RS: the GEMM, whose signals the copies wait on through the pacer),
+      // so that even streams sharing one hardware queue would only serialize, never wait
+      // on each other in a cycle.
+      if (copies && !r.rs) enqueue_copies(cfg.kind, e);
       if (cfg.kind == FUSED) {
         if (r.rs) own_fused.done_value = e;
         else own_fused.flag_value = e;
