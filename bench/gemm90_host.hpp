@@ -31,9 +31,8 @@ namespace g90 {
 // A setup error ends the process with status 2 (a wrong result is the caller's 1).
 inline const char *g_prog = "gemm90";
 [[noreturn]] inline void die(const char *what, const char *file, int line) {
-  std::fprintf(stderr, "%s: setup error at %s:%d: %s\n", g_prog, file, line, what);
-  std::fprintf(stdout, "%s: setup error at %s:%d: %s\n", g_prog, file, line, what);
   std::fflush(stdout);
+  std::fprintf(stderr, "%s: setup error at %s:%d: %s\n", g_prog, file, line, what);
   std::exit(2);
 }
 
