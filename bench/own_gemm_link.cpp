@@ -1,0 +1,1189 @@
+// One-GPU overlap benchmark with an emulated link (issue 22, deliverable 5): how close our
+// fused comm-GEMM kernel (kernels/gemm_sm90.cu with AG arrival flags / RS done signals)
+// and the chunked cuBLASLt algorithm come to max(GEMM alone, link alone) per rank, when
+// the tensor-parallel peers are replaced by a paced producer (AG) or consumer (RS) on
+// the same GPU.
+//
+// Method. Per row (dtype bf16 or e4m3 in, bf16 out; tp 4 or 8; the per-rank anchor shapes
+// of issue 22; this GPU plays rank `me`, default 1):
+// - AG (tokens x K x N/tp): B = the gathered activations [tokens, K] in tp row blocks of
+//   tokens/tp rows; block `me` is local, the others arrive in ring order me+1, me+2, ...:
+//   remote block i (1-based) has arrived at t0 + i * bytes_per_block / BW (BW default 350
+//   GB/s per peer, --bw). A = this rank's weights [N/tp, K]; D [tokens, N/tp].
+// - RS (tokens x K/tp x N): A = weights [N, K/tp], B = activations [tokens, K/tp], D
+//   [tokens, N] partial sums in tp row blocks by destination rank. The emulated consumer
+//   takes the blocks in send order me+1, me+2, ... (the local block is last and not sent):
+//   each waits until its block is computed and until the previous transfer's scheduled end,
+//   then takes bytes_per_block / BW.
+// The link is paced by a one-thread kernel on a side stream (the "pacer") that reads
+// %globaltimer; its start is t0. Two link variants: "flags": no data moves, the pacer
+// itself writes each AG arrival flag at its scheduled time (st.release.sys), and in RS
+// only keeps the schedule; "copies": the data really moves by copy engine
+// (cudaMemcpyAsync, device to device) on a copy stream, each block in --pieces pieces
+// (default 4), piece c of a transfer started no earlier than its share of the schedule
+// (the copy stream waits, with cuStreamWaitValue32, on a word the pacer writes at that
+// time); an AG block's flag is written (cuStreamWriteValue32, after the copy) once its
+// copy has ended and its scheduled arrival has passed. RS copies go from D into a
+// separate receive buffer. The copies read and write this GPU's HBM (a real link only
+// writes it on AG / only reads it on RS), so they cost the GEMM more memory traffic than a
+// real link would. A start-up check times a device-to-device copy while every SM is held:
+// where such copies would need an SM (not a copy engine), the copies variant would
+// deadlock against our persistent kernel and is skipped (exit status 2).
+// Against the same schedule:
+// - fused: ONE launch of our kernel; AG: waits on the arrival flags, local block's tile
+//   rows first (n_tile_rot), flag_value an epoch that grows per iteration (no resets);
+//   RS: done signals per destination block (done_value the epoch), tile rows rotated so
+//   that the first block to send is computed first; the pacer waits on the done signals.
+// - chunked: one cuBLASLt GEMM per row block on the compute stream, local block first;
+//   AG: each after a cuStreamWaitValue32 on its block's flag; RS: in send order, each
+//   followed by a cuStreamWriteValue32 of its ready word that the pacer waits on.
+// Start of an iteration: the pacer is launched first and announces itself; the compute
+// stream waits for that (cuStreamWaitValue32, untimed), so the pacer (1 warp) is resident
+// on an SM before any GEMM fills them and the schedule cannot be held up behind a GEMM.
+// Then the compute stream records the start event and writes a start word
+// (cuStreamWriteValue32) that the pacer spins on: t0 is when the pacer sees it; the GEMM
+// is launched right after. A probe per row checks that a GEMM CTA still fits beside the
+// pacer (our kernel: 168 registers x 384 threads leaves exactly one warp of 32 registers;
+// the pacer asks for the largest shared-memory carveout so that its SM need not change
+// configuration); if not, our kernel runs on SMs - 1 CTAs in the fused runs and cuBLASLt's
+// chunks get CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET = SMs - 1 (said in the row's notes).
+// Timing: CUDA events on the compute stream, from the start event to the end of
+// everything of the iteration (the GEMM and, joined into the compute stream, the pacer
+// and the copies); the alone runs from an event just before their launch. For AG that is
+// the GEMM's end (it cannot end before the last arrival); for RS it is the later of the
+// GEMM's end and the last block's delivery (its scheduled end and its copy's end). The
+// iterations of all configurations of a row run interleaved (one of each in turn), each
+// group of rounds enqueued behind a gate kernel that the host opens after enqueueing it, so
+// that the host's enqueue speed never paces the GPU. Median over --iters iterations after
+// --warmup.
+//
+// Columns. Lt ms: cuBLASLt alone on the whole problem (no waits, no link). ours ms: our
+// kernel alone (no waits, full grid). link ms: the link schedule alone (pacer, and the
+// copies in the copies variant; RS: every block ready at t0). bound = max(Lt, link).
+// fused ms / chunked ms: as above. fused/bound, chunked/bound: <= 1 is perfect overlap.
+// f vs c = chunked / fused (> 1: fused faster). ok: fused D equals our no-wait D bit for
+// bit, chunked D matches cuBLASLt's whole-GEMM D within tolerance (|d - r| <= tol (|r| +
+// rms), tol 1e-2, 5e-2 for e4m3 inputs, as bench/own_gemm.cpp) (and in RS
+// copies, every delivered block equals the block it was copied from, bit for bit); plus
+// our no-wait D against cuBLASLt's within tolerance; checked on a run whose AG remote rows
+// of B (copies variant) and outputs start as NaN, and again after the timed runs. late us:
+// the pacer's largest delay past a scheduled time over the timed runs. Bar lines last.
+//
+// Build + run: scripts/own-gemm-link-gpu.sh (writes under $OUT). By hand:
+//   g++ -std=c++17 -O2 bench/own_gemm_link.cpp -I$CUDA/include -L$CUDA/lib64
+//       -lcudart -lnvrtc -lcublasLt -o own_gemm_link && ./own_gemm_link [options]
+// Options: --kernel FILE (default kernels/gemm_sm90.cu), --iters N (default 30; --quick:
+// 10), --warmup N (default 5), --bw GBPS (link per peer, default 350), --pieces P (copy
+// pieces per block, default 4), --me R (default 1), --group G (our tile-row groups,
+// default 8), --quick (one shape per op), --only ag|rs, --dtype bf16|e4m3|both, --tp LIST
+// (e.g. 8 or 4,8), --out FILE (the markdown table, also printed), --compile-only,
+// --define NAME=VALUE (a -D for our kernel).
+// Exit status: 0 every result right, 1 a wrong result, a hang or a pacer timeout, 2 a
+// setup error (or a row that could not run).
+#include "gemm90_host.hpp"
+
+#include <array>
+#include <cmath>
+#include <functional>
+
+using namespace g90;
+
+// ---------------------------------------------------------------- helper kernels
+// Compiled by NVRTC too (self-contained, no CUDA headers).
+static const char *HELP_SRC = R"SRC(
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+__device__ __forceinline__ u32 mix(u64 x) {
+  x ^= x >> 33; x *= 0xff51afd7ed558ccdULL; x ^= x >> 33; x *= 0xc4ceb9fe1a85ec53ULL;
+  x ^= x >> 33; return (u32)x;
+}
+__device__ __forceinline__ float uni(u64 seed, u64 i) {   // [-1, 1)
+  return (float)(mix(seed * 0x9E3779B97F4A7C15ULL + i) >> 8) * (2.0f / 16777216.0f) - 1.0f;
+}
+__device__ __forceinline__ float bf16_to_f(u16 v) { return __uint_as_float(((u32)v) << 16); }
+__device__ __forceinline__ u16 f_to_bf16(float f) {
+  u16 r; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f)); return r;
+}
+__device__ __forceinline__ u8 f_to_e4m3(float f) {
+  u16 r; asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(0.0f), "f"(f));
+  return (u8)(r & 0xff);
+}
+extern "C" __global__ void fill_bf16(u16 *p, u64 count, u64 seed) {
+  for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < count; i += (u64)gridDim.x * blockDim.x)
+    p[i] = f_to_bf16(uni(seed, i));
+}
+extern "C" __global__ void fill_e4m3(u8 *p, u64 count, u64 seed) {
+  for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < count; i += (u64)gridDim.x * blockDim.x)
+    p[i] = f_to_e4m3(4.0f * uni(seed, i));
+}
+extern "C" __global__ void fill_u32(u32 *p, u64 count, u32 v) {
+  for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < count; i += (u64)gridDim.x * blockDim.x)
+    p[i] = v;
+}
+// Sum of squares of bf16 values (out: one double, zeroed by the caller).
+extern "C" __global__ void sum_sq_bf16(const u16 *r, u64 count, double *out) {
+  double s = 0;
+  for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < count; i += (u64)gridDim.x * blockDim.x) {
+    const double v = bf16_to_f(r[i]); s += v * v;
+  }
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
+  if ((threadIdx.x & 31) == 0) atomicAdd(out, s);
+}
+// bf16 D against bf16 R: stats[0] elements with e > tol or not finite, stats[1] not
+// finite, stats[2] max e as float bits, e = |d - r| / (|r| + rms); first: lowest bad index.
+extern "C" __global__ void compare_bf16(const u16 *D, const u16 *R, u64 count, float rms, float tol, u32 *stats,
+                                        u64 *first) {
+  u32 bad = 0, nonfinite = 0; float emax = 0.f; u64 f = ~0ULL;
+  for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < count; i += (u64)gridDim.x * blockDim.x) {
+    const float d = bf16_to_f(D[i]), r = bf16_to_f(R[i]);
+    if ((__float_as_uint(d) & 0x7f800000u) == 0x7f800000u || (__float_as_uint(r) & 0x7f800000u) == 0x7f800000u) {
+      ++nonfinite; ++bad; f = f < i ? f : i; continue;
+    }
+    const float e = fabsf(d - r) / (fabsf(r) + rms);
+    if (!(e <= tol)) { ++bad; f = f < i ? f : i; }
+    emax = fmaxf(emax, e);
+  }
+  if (f != ~0ULL) atomicMin(first, f);
+  for (int o = 16; o > 0; o >>= 1) {
+    bad += __shfl_down_sync(0xffffffffu, bad, o);
+    nonfinite += __shfl_down_sync(0xffffffffu, nonfinite, o);
+    emax = fmaxf(emax, __shfl_down_sync(0xffffffffu, emax, o));
+  }
+  if ((threadIdx.x & 31) == 0) {
+    if (bad) atomicAdd(&stats[0], bad);
+    if (nonfinite) atomicAdd(&stats[1], nonfinite);
+    atomicMax(&stats[2], __float_as_uint(emax));
+  }
+}
+// Words that differ (bit for bit); first: lowest differing word.
+extern "C" __global__ void bitdiff(const u32 *a, const u32 *b, u64 words, u32 *count, u64 *first) {
+  u32 n = 0; u64 f = ~0ULL;
+  for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < words; i += (u64)gridDim.x * blockDim.x)
+    if (a[i] != b[i]) { ++n; f = f < i ? f : i; }
+  if (f != ~0ULL) atomicMin(first, f);
+  for (int o = 16; o > 0; o >>= 1) n += __shfl_down_sync(0xffffffffu, n, o);
+  if ((threadIdx.x & 31) == 0 && n) atomicAdd(count, n);
+}
+)SRC";
+
+// The pacer and the gate: compiled with --maxrregcount=32 so that the pacer's one warp
+// (32 x 32 registers) fits beside a 168-register, 384-thread GEMM CTA on one SM.
+static const char *PACE_SRC = R"SRC(
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+__device__ __forceinline__ u64 gtime() {
+  u64 t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t;
+}
+__device__ __forceinline__ void nsleep(u32 ns) { asm volatile("nanosleep.u32 %0;" ::"r"(ns)); }
+__device__ __forceinline__ void st_rel(u32 *p, u32 v) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ u32 ld_acq(const u32 *p) {
+  u32 v; asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory"); return v;
+}
+__device__ __forceinline__ u32 ld_acq_generic(const u32 *p) {
+  u32 v; asm volatile("ld.acquire.sys.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory"); return v;
+}
+// Sleeps until the global timer reaches t; returns how late it woke (ns).
+__device__ __forceinline__ u64 sleep_until(u64 t) {
+  u64 now;
+  while ((now = gtime()) < t) {
+    const u64 left = t - now;
+    nsleep(left > 2000 ? 1000 : 100);
+  }
+  return now - t;
+}
+
+// Mirrored by the host's PaceArgs (96 bytes). The order is packed so that nothing indexes
+// the parameters at run time (which would put a copy of them on the stack).
+struct PaceArgs {
+  u32 *flags;        // AG: arrival flags [tp]: [local] at the start; flags variant: remote ones too
+  const u32 *ready;  // RS: per-block ready words (our done signals / chunked writes), or null
+  u32 *sig;          // [0] started, then go[nsend * pieces], due[nsend], fin
+  u32 *status;       // [0] timeouts, [1] largest lateness (ns, clamped), [3] hold CTAs started
+  const u32 *start;  // t0 is when this word reaches the epoch (written by the compute stream)
+  u64 block_ns;      // one block's link time
+  u64 hold_ns;       // mode 2
+  u64 timeout_ns;    // per ready wait
+  int mode;          // 0 AG, 1 RS, 2 hold (the co-residence probe)
+  int nsend, pieces, copies, local;
+  u32 epoch;
+  u32 order;         // blocks in arrival / send order, 4 bits each (entry i: bits 4i..4i+3)
+  u32 pad_;
+};
+
+extern "C" __global__ void link_pacer(const PaceArgs a) {
+  if (threadIdx.x != 0) return;
+  u64 t0 = gtime();
+  const u64 T = a.block_ns;
+  const int P = a.pieces > 0 ? a.pieces : 1;
+  u32 *go = a.sig + 1, *due = a.sig + 1 + a.nsend * P, *fin = due + a.nsend;
+  u64 late = 0;
+  u32 timeouts = 0;
+  if (a.mode == 2) {
+    atomicAdd(a.status + 3, 1u);  // CTAs resident
+    st_rel(a.sig, a.epoch);
+    sleep_until(t0 + a.hold_ns);
+    return;
+  }
+  if (a.mode == 0 && a.flags) st_rel(a.flags + a.local, a.epoch);  // the local block is there
+  st_rel(a.sig, a.epoch);                                           // resident
+  if (a.start) {
+    const u64 dl = gtime() + a.timeout_ns;
+    while ((int)(ld_acq(a.start) - a.epoch) < 0) {
+      if (gtime() > dl) { ++timeouts; break; }
+      nsleep(32);
+    }
+  }
+  t0 = gtime();
+  if (a.mode == 0) {
+    for (int i = 0; i < a.nsend; ++i) {
+      const u64 s = t0 + (u64)i * T;
+      if (a.copies)
+        for (int c = 0; c < P; ++c) {
+          const u64 tc = s + (T * (u64)c) / (u64)P;
+          sleep_until(tc);
+          st_rel(go + i * P + c, a.epoch);
+          const u64 l = gtime() - tc; late = l > late ? l : late;
+        }
+      const u64 e = s + T;
+      sleep_until(e);
+      if (a.copies) st_rel(due + i, a.epoch);
+      else st_rel(a.flags + ((a.order >> (4 * i)) & 15u), a.epoch);
+      const u64 l = gtime() - e; late = l > late ? l : late;
+    }
+    st_rel(fin, a.epoch);
+  } else {
+    u64 E = t0;  // the previous transfer's scheduled end
+    bool dead = false;
+    for (int s = 0; s < a.nsend; ++s) {
+      const int j = (int)((a.order >> (4 * s)) & 15u);
+      if (a.ready && !dead) {
+        const u64 dl = gtime() + a.timeout_ns;
+        while ((int)(ld_acq(a.ready + j) - a.epoch) < 0) {
+          if (gtime() > dl) { dead = true; ++timeouts; break; }
+          nsleep(64);
+        }
+      }
+      sleep_until(E);
+      const u64 S = gtime();
+      if (a.copies)
+        for (int c = 0; c < P; ++c) {
+          const u64 tc = S + (T * (u64)c) / (u64)P;
+          sleep_until(tc);
+          st_rel(go + s * P + c, a.epoch);
+          const u64 l = gtime() - tc; late = l > late ? l : late;
+        }
+      st_rel(due + s, a.epoch);
+      E = S + T;
+    }
+    sleep_until(E);
+    st_rel(fin, a.epoch);
+    const u64 l = gtime() - E; late = l > late ? l : late;
+  }
+  if (timeouts) atomicAdd(a.status, timeouts);
+  atomicMax(a.status + 1, (u32)(late < 0xffffffffULL ? late : 0xffffffffULL));
+}
+
+// Holds its stream until the host has written `value` (or more) into the mapped host word
+// (the host enqueues a group of iterations first), or timeout_ns passed (counted in
+// status[2]).
+extern "C" __global__ void gate(const u32 *host_word, u32 value, u64 timeout_ns, u32 *status) {
+  if (threadIdx.x != 0) return;
+  const u64 t0 = gtime();
+  while ((int)(ld_acq_generic(host_word) - value) < 0) {
+    if (gtime() - t0 > timeout_ns) { atomicAdd(status + 2, 1u); return; }
+    nsleep(1000);
+  }
+}
+)SRC";
+
+struct PaceArgs {
+  uint32_t *flags;
+  const uint32_t *ready;
+  uint32_t *sig;
+  uint32_t *status;
+  const uint32_t *start;
+  uint64_t block_ns, hold_ns, timeout_ns;
+  int32_t mode, nsend, pieces, copies, local;
+  uint32_t epoch;
+  uint32_t order;  // 4 bits per entry
+  uint32_t pad_;
+};
+static_assert(sizeof(PaceArgs) == 96, "PaceArgs mirrors the pacer's struct");
+
+struct Helpers {
+  CUmodule help = nullptr, pace = nullptr;
+  CUfunction fill_bf16, fill_e4m3, fill_u32, sum_sq, compare, bitdiff, pacer, gate;
+  int pacer_regs = 0;
+};
+static Helpers H;
+
+// ---------------------------------------------------------------- globals
+static cudaStream_t g_comp, g_prod, g_copy;  // compute, pacer, copy engine
+static uint32_t *g_status;                   // [0] pacer timeouts [1] lateness ns [2] gate timeouts
+static volatile uint32_t *g_gate_host;       // mapped pinned word the gate kernel reads
+static uint32_t *g_gate_dev;
+static uint32_t g_gate_value = 0;
+static int g_iters = 30, g_warmup = 5, g_pieces = 4, g_me = 1, g_group = 8;
+static double g_bw = 350.0;  // GB/s = bytes per ns
+static const uint64_t TIMEOUT_NS = 2000000000ull;  // a pacer's wait for a ready word
+static bool g_copies_ok = true;  // device-to-device copies run on a copy engine (ce_check)
+static int nvariants() { return g_copies_ok ? 2 : 1; }
+
+static void fill_rand(void *p, size_t count, bool fp8, uint64_t seed, cudaStream_t s) {
+  uint64_t c = count;
+  launch(fp8 ? H.fill_e4m3 : H.fill_bf16, 1024, 1, 256, 1, 0, s, {&p, &c, &seed});
+}
+static void fill_words(void *p, size_t bytes, uint32_t v, cudaStream_t s) {
+  if (bytes % 4) die("fill_words: bytes not a multiple of 4", __FILE__, __LINE__);
+  uint64_t c = bytes / 4;
+  launch(H.fill_u32, 1024, 1, 256, 1, 0, s, {&p, &c, &v});
+}
+// NaN in the element type: bf16 0x7fc0 pairs, e4m3 0x7f bytes.
+static void poison(void *p, size_t bytes, bool fp8, cudaStream_t s) {
+  fill_words(p, bytes, fp8 ? 0x7f7f7f7fu : 0x7fc07fc0u, s);
+}
+static void sync_all(const char *what, int seconds = 60) {
+  wait_stream(g_comp, what, seconds);
+  wait_stream(g_prod, what, seconds);
+  wait_stream(g_copy, what, seconds);
+}
+
+struct Cmp {
+  uint32_t bad = 0, nonfinite = 0;
+  float emax = 0;
+  uint64_t first = ~0ull;
+};
+static double rms_bf16(const void *R, size_t count) {
+  double *d;
+  CK(cudaMalloc(&d, sizeof(double)));
+  CK(cudaMemsetAsync(d, 0, sizeof(double), g_comp));
+  uint64_t c = count;
+  launch(H.sum_sq, 1024, 1, 256, 1, 0, g_comp, {(void *)&R, &c, &d});
+  double h = 0;
+  CK(cudaMemcpyAsync(&h, d, sizeof h, cudaMemcpyDeviceToHost, g_comp));
+  wait_stream(g_comp, "rms");
+  CK(cudaFree(d));
+  return std::sqrt(h / (double)count);
+}
+static Cmp compare_tol(const void *D, const void *R, size_t count, float rms, float tol) {
+  uint32_t *st;
+  uint64_t *fb;
+  CK(cudaMalloc(&st, 3 * sizeof(uint32_t)));
+  CK(cudaMalloc(&fb, sizeof(uint64_t)));
+  CK(cudaMemsetAsync(st, 0, 3 * sizeof(uint32_t), g_comp));
+  CK(cudaMemsetAsync(fb, 0xff, sizeof(uint64_t), g_comp));
+  uint64_t c = count;
+  launch(H.compare, 1024, 1, 256, 1, 0, g_comp, {(void *)&D, (void *)&R, &c, &rms, &tol, &st, &fb});
+  uint32_t h[3];
+  Cmp r;
+  CK(cudaMemcpyAsync(h, st, sizeof h, cudaMemcpyDeviceToHost, g_comp));
+  CK(cudaMemcpyAsync(&r.first, fb, sizeof(uint64_t), cudaMemcpyDeviceToHost, g_comp));
+  wait_stream(g_comp, "compare");
+  CK(cudaFree(st));
+  CK(cudaFree(fb));
+  r.bad = h[0];
+  r.nonfinite = h[1];
+  std::memcpy(&r.emax, &h[2], 4);
+  return r;
+}
+// Differing 32-bit words between two buffers of `bytes` bytes.
+static Cmp compare_bits(const void *a, const void *b, size_t bytes) {
+  uint32_t *cnt;
+  uint64_t *fb;
+  CK(cudaMalloc(&cnt, sizeof(uint32_t)));
+  CK(cudaMalloc(&fb, sizeof(uint64_t)));
+  CK(cudaMemsetAsync(cnt, 0, sizeof(uint32_t), g_comp));
+  CK(cudaMemsetAsync(fb, 0xff, sizeof(uint64_t), g_comp));
+  uint64_t w = bytes / 4;
+  launch(H.bitdiff, 1024, 1, 256, 1, 0, g_comp, {(void *)&a, (void *)&b, &w, &cnt, &fb});
+  Cmp r;
+  CK(cudaMemcpyAsync(&r.bad, cnt, sizeof(uint32_t), cudaMemcpyDeviceToHost, g_comp));
+  CK(cudaMemcpyAsync(&r.first, fb, sizeof(uint64_t), cudaMemcpyDeviceToHost, g_comp));
+  wait_stream(g_comp, "bitdiff");
+  CK(cudaFree(cnt));
+  CK(cudaFree(fb));
+  return r;
+}
+static float tol_of(bool fp8) { return fp8 ? 5e-2f : 1e-2f; }  // as bench/own_gemm.cpp, bf16 out
+
+static void read_status(uint32_t out[3]) {
+  CK(cudaMemcpyAsync(out, g_status, 3 * sizeof(uint32_t), cudaMemcpyDeviceToHost, g_comp));
+  wait_stream(g_comp, "status");
+}
+static void reset_status() {
+  CK(cudaMemsetAsync(g_status, 0, 4 * sizeof(uint32_t), g_comp));
+  wait_stream(g_comp, "status reset");
+}
+
+// ---------------------------------------------------------------- one row
+enum Kind { LT_ALONE, OWN_ALONE, LINK, FUSED, CHUNKED };
+struct Cfg {
+  Kind kind;
+  int copies;  // link variant: 0 flags, 1 copies
+};
+
+struct Row {
+  bool rs = false, fp8 = false;
+  int tp = 0, tokens = 0, K = 0, N = 0;  // the anchor: tokens x K x N (AG: N/tp per rank; RS: K/tp)
+  int m = 0, n = 0, k = 0, bn = 0, rows_blk = 0;
+  int grid_fused = 0;  // our kernel's CTAs in the fused runs
+  double block_bytes = 0, nominal_link_ms = 0;
+  float lt_ms = 0, own_ms = 0;
+  float link_ms[2] = {0, 0}, fused_ms[2] = {0, 0}, chunk_ms[2] = {0, 0};
+  bool fused_ok[2] = {false, false}, chunk_ok[2] = {false, false};
+  bool own_ok = false;  // our no-wait D vs cuBLASLt's
+  bool ran = false, timed = false;
+  float late_us = 0;
+  std::string notes;
+  bool ok() const {
+    return ran && own_ok && fused_ok[0] && chunk_ok[0] && (!g_copies_ok || (fused_ok[1] && chunk_ok[1]));
+  }
+};
+
+struct Ctx {
+  Row &r;
+  size_t es = 2, os = 2;  // element sizes of inputs and of D
+  void *A = nullptr, *B = nullptr, *Bsrc = nullptr, *Down = nullptr, *Dlt = nullptr, *Df = nullptr, *Dc = nullptr,
+       *recv = nullptr;
+  float *si = nullptr;
+  uint32_t *flags = nullptr, *ready = nullptr, *done = nullptr, *sig = nullptr;
+  Own own_plain, own_fused;
+  LtPlan lt_whole, lt_chunk;
+  std::array<int, 8> order{};  // arrival / send order
+  uint32_t epoch = 0;
+  cudaEvent_t join_prod = nullptr, join_copy = nullptr;
+
+  explicit Ctx(Row &row) : r(row) {}
+  size_t b_off(int blk) const { return (size_t)blk * r.rows_blk * r.k * es; }  // bytes into B
+  size_t d_off(int blk) const { return (size_t)blk * r.rows_blk * r.m * os; }  // bytes into D
+  size_t d_bytes() const { return (size_t)r.n * r.m * os; }
+  size_t blk_d_bytes() const { return (size_t)r.rows_blk * r.m * os; }
+  size_t blk_b_bytes() const { return (size_t)r.rows_blk * r.k * es; }
+
+  PaceArgs pace(int mode, bool copies, const uint32_t *rdy, uint32_t e) const {
+    PaceArgs p;
+    std::memset(&p, 0, sizeof p);
+    p.flags = r.rs ? nullptr : flags;
+    p.ready = rdy;
+    p.sig = sig;
+    p.status = g_status;
+    p.start = mode == 2 ? nullptr : start();
+    p.block_ns = (uint64_t)std::llround(r.block_bytes / g_bw);
+    p.hold_ns = 100000000ull;  // the probe: 100 ms
+    p.timeout_ns = TIMEOUT_NS;
+    p.mode = mode;
+    p.nsend = r.tp - 1;
+    p.pieces = g_pieces;
+    p.copies = copies;
+    p.local = g_me;
+    p.epoch = e;
+    for (int i = 0; i < 8; ++i) p.order |= (uint32_t)(order[i] & 15) << (4 * i);
+    return p;
+  }
+  uint32_t *go() const { return sig + 1; }
+  uint32_t *due() const { return sig + 1 + (r.tp - 1) * g_pieces; }
+  uint32_t *fin() const { return due() + (r.tp - 1); }
+  uint32_t *start() const { return sig + 1023; }  // beyond go / due / fin (at most 1 + 7 * 64 + 7 + 1 words)
+
+  // The copy stream's part of one iteration (copies variant).
+  void enqueue_copies(Kind kind, uint32_t e) {
+    const int P = g_pieces;
+    for (int i = 0; i < r.tp - 1; ++i) {
+      const int blk = order[i];
+      const int rows_piece = (r.rows_blk + P - 1) / P;
+      for (int c = 0; c < P; ++c) {
+        const int row0 = std::min(c * rows_piece, r.rows_blk), row1 = std::min(row0 + rows_piece, r.rows_blk);
+        wait_geq(g_copy, go() + i * P + c, e);
+        if (row1 <= row0) continue;
+        if (!r.rs) {
+          const size_t off = b_off(blk) + (size_t)row0 * r.k * es, bytes = (size_t)(row1 - row0) * r.k * es;
+          CK(cudaMemcpyAsync((char *)B + off, (const char *)Bsrc + off, bytes, cudaMemcpyDeviceToDevice, g_copy));
+        } else {
+          const void *src = kind == FUSED ? Df : kind == CHUNKED ? Dc : Down;
+          const size_t off = d_off(blk) + (size_t)row0 * r.m * os, bytes = (size_t)(row1 - row0) * r.m * os;
+          CK(cudaMemcpyAsync((char *)recv + off, (const char *)src + off, bytes, cudaMemcpyDeviceToDevice, g_copy));
+        }
+      }
+      if (!r.rs) {
+        wait_geq(g_copy, due() + i, e);
+        write_value(g_copy, flags + blk, e);
+      }
+    }
+    if (r.rs) wait_geq(g_copy, fin(), e);
+  }
+
+  // One iteration of a configuration with epoch e, between events e0 and e1 on the compute
+  // stream (either may be null).
+  void enqueue(Cfg cfg, uint32_t e, cudaEvent_t e0, cudaEvent_t e1) {
+    if (cfg.kind == LT_ALONE) {
+      if (e0) CK(cudaEventRecord(e0, g_comp));
+      lt_whole.run(A, B, Dlt, g_comp);
+    } else if (cfg.kind == OWN_ALONE) {
+      if (e0) CK(cudaEventRecord(e0, g_comp));
+      own_plain.run(g_comp);
+    } else {
+      const bool copies = cfg.copies != 0;
+      // Both side streams start after what precedes on the compute stream.
+      CK(cudaEventRecord(join_prod, g_comp));
+      CK(cudaStreamWaitEvent(g_prod, join_prod, 0));
+      if (copies) CK(cudaStreamWaitEvent(g_copy, join_prod, 0));
+      const uint32_t *rdy = nullptr;
+      if (r.rs && cfg.kind == FUSED) rdy = done;
+      if (r.rs && cfg.kind == CHUNKED) rdy = ready;
+      PaceArgs p = pace(r.rs ? 1 : 0, copies, rdy, e);
+      launch(H.pacer, 1, 1, 32, 1, 0, g_prod, {&p});
+      // Untimed: the pacer is resident (on an SM before the GEMM fills them). Then the
+      // start event, and the start word that the pacer takes as t0; the GEMM right after
+      // (in GPU time: a gate holds the timed iterations until all are enqueued).
+      wait_geq(g_comp, sig, e);
+      if (e0) CK(cudaEventRecord(e0, g_comp));
+      write_value(g_comp, start(), e);
+      // Enqueue order: what is waited on first (AG: the copies, which write the flags the
+      // GEMM waits on; RS: the GEMM, whose signals the copies wait on through the pacer),
+      // so that even streams sharing one hardware queue would only serialize, never wait
+      // on each other in a cycle.
+      if (copies && !r.rs) enqueue_copies(cfg.kind, e);
+      if (cfg.kind == FUSED) {
+        if (r.rs) own_fused.done_value = e;
+        else own_fused.flag_value = e;
+        own_fused.run(g_comp);
+      } else if (cfg.kind == CHUNKED) {
+        for (int idx = 0; idx < r.tp; ++idx) {
+          // AG: local block first, then in arrival order; RS: send order, local last.
+          const int blk = r.rs ? (g_me + 1 + idx) % r.tp : (g_me + idx) % r.tp;
+          if (!r.rs && idx > 0) wait_geq(g_comp, flags + blk, e);
+          lt_chunk.run(A, (const char *)B + b_off(blk), (char *)Dc + d_off(blk), g_comp);
+          if (r.rs) write_value(g_comp, ready + blk, e);
+        }
+      }
+      if (copies && r.rs) enqueue_copies(cfg.kind, e);
+      CK(cudaEventRecord(join_prod, g_prod));
+      CK(cudaStreamWaitEvent(g_comp, join_prod, 0));
+      if (copies) {
+        CK(cudaEventRecord(join_copy, g_copy));
+        CK(cudaStreamWaitEvent(g_comp, join_copy, 0));
+      }
+    }
+    if (e1) CK(cudaEventRecord(e1, g_comp));
+  }
+
+  // Runs fn on the compute stream while a pacer (hold mode, 100 ms) sits on an SM; returns
+  // fn's time in ms (about 100 or more: some CTA of fn could not share the pacer's SM).
+  float probe(const std::function<void(cudaStream_t)> &fn) {
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    const uint32_t e = ++epoch;
+    PaceArgs p = pace(2, false, nullptr, e);
+    launch(H.pacer, 1, 1, 32, 1, 0, g_prod, {&p});
+    wait_geq(g_comp, sig, e);
+    CK(cudaEventRecord(a, g_comp));
+    fn(g_comp);
+    CK(cudaEventRecord(b, g_comp));
+    sync_all("co-residence probe", 20);
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    CK(cudaEventDestroy(a));
+    CK(cudaEventDestroy(b));
+    return ms;
+  }
+  float alone_once(const std::function<void(cudaStream_t)> &fn) {
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    CK(cudaEventRecord(a, g_comp));
+    fn(g_comp);
+    CK(cudaEventRecord(b, g_comp));
+    wait_stream(g_comp, "alone run", 20);
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    CK(cudaEventDestroy(a));
+    CK(cudaEventDestroy(b));
+    return ms;
+  }
+};
+
+static const float PROBE_BLOCKED_MS = 50.f;  // the hold is 100 ms; our GEMMs take < 10 ms
+
+// One verification run of the fused or chunked configuration: inputs / outputs poisoned
+// first, then the result checked. Returns true when right.
+static bool verify(Ctx &c, Kind kind, int copies, float rms) {
+  Row &r = c.r;
+  const char *vname = copies ? "copies" : "flags";
+  const char *kname = kind == FUSED ? "fused" : "chunked";
+  void *D = kind == FUSED ? c.Df : c.Dc;
+  poison(D, c.d_bytes(), false, g_comp);
+  if (!r.rs && copies)
+    for (int i = 0; i < r.tp - 1; ++i) poison((char *)c.B + c.b_off(c.order[i]), c.blk_b_bytes(), r.fp8, g_comp);
+  if (r.rs && copies) poison(c.recv, c.d_bytes(), false, g_comp);
+  wait_stream(g_comp, "poison");
+  reset_status();
+  c.enqueue({kind, copies}, ++c.epoch, nullptr, nullptr);
+  char what[96];
+  std::snprintf(what, sizeof what, "%s (%s) verification run", kname, vname);
+  sync_all(what, 20);
+  uint32_t st[3];
+  read_status(st);
+  bool ok = st[0] == 0;
+  if (st[0]) std::printf("  %s: the pacer timed out waiting %u time(s)\n", what, st[0]);
+  Cmp m;
+  if (kind == FUSED) {
+    m = compare_bits(D, c.Down, c.d_bytes());
+    if (m.bad)
+      std::printf("  %s: %u words differ from our no-wait D (first word %llu: row %llu)\n", what, m.bad,
+                  (unsigned long long)m.first, (unsigned long long)(m.first * 4 / (r.m * c.os)));
+  } else {
+    m = compare_tol(D, c.Dlt, (size_t)r.n * r.m, rms, tol_of(r.fp8));
+    if (m.bad)
+      std::printf("  %s: %u elements off cuBLASLt's whole D (%u not finite, max e %.3g; first %llu: row %llu)\n",
+                  what, m.bad, m.nonfinite, m.emax, (unsigned long long)m.first,
+                  (unsigned long long)(m.first / r.m));
+  }
+  ok &= m.bad == 0;
+  if (r.rs && copies)
+    for (int i = 0; i < r.tp - 1; ++i) {
+      const int blk = c.order[i];
+      Cmp b = compare_bits((char *)c.recv + c.d_off(blk), (char *)D + c.d_off(blk), c.blk_d_bytes());
+      if (b.bad) std::printf("  %s: delivered block %d differs from D in %u words\n", what, blk, b.bad);
+      ok &= b.bad == 0;
+    }
+  return ok;
+}
+
+// Do device-to-device copies run on a copy engine here (no SM needed)? A copy issued while
+// every SM holds a 100 ms kernel CTA with all the shared memory a CTA may have must end
+// long before that kernel. If it cannot, the copies variant would deadlock against our
+// persistent kernel (its CTAs wait for flags that only the copies' ends release): skipped.
+static bool ce_check() {
+  int optin = 0;
+  CK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
+  CU(drv.FuncSetAttribute(H.pacer, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, optin));
+  const size_t bytes = 64u << 20;
+  void *a, *b;
+  uint32_t *sig, *st;
+  CK(cudaMalloc(&a, bytes));
+  CK(cudaMalloc(&b, bytes));
+  CK(cudaMalloc(&sig, 64 * sizeof(uint32_t)));
+  CK(cudaMalloc(&st, 4 * sizeof(uint32_t)));
+  fill_words(sig, 64 * sizeof(uint32_t), 0, g_comp);
+  fill_words(st, 4 * sizeof(uint32_t), 0, g_comp);
+  fill_words(a, bytes, 0x3f803f80u, g_comp);
+  wait_stream(g_comp, "copy-engine check setup");
+  PaceArgs p;
+  std::memset(&p, 0, sizeof p);
+  p.sig = sig;
+  p.status = st;
+  p.hold_ns = 100000000ull;
+  p.mode = 2;
+  p.epoch = 1;
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  launch(H.pacer, (unsigned)g_sms, 1, 32, 1, (unsigned)optin, g_prod, {&p});
+  wait_geq(g_copy, st + 3, (uint32_t)g_sms);  // every SM holds one
+  CK(cudaEventRecord(e0, g_copy));
+  CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, g_copy));
+  CK(cudaEventRecord(e1, g_copy));
+  sync_all("copy-engine check", 20);
+  float ms = 0;
+  CK(cudaEventElapsedTime(&ms, e0, e1));
+  const bool ok = ms < 50.f;
+  std::printf("copy-engine check: a 64 MiB device-to-device copy while every SM is held took %.3f ms (%.0f GB/s) -> "
+              "%s\n",
+              ms, bytes / (ms * 1e6), ok ? "copy engine, the copies variant runs" : "NEEDS SMs: copies variant skipped");
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+  for (void *q : {a, b, (void *)sig, (void *)st}) CK(cudaFree(q));
+  return ok;
+}
+
+static float median(std::vector<float> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+static void run_row(Row &r, cublasLtHandle_t lth, void *ws, size_t wsz) {
+  Ctx c(r);
+  c.es = r.fp8 ? 1 : 2;
+  c.os = 2;
+  if (r.rs) {
+    r.m = r.N;
+    r.k = r.K / r.tp;
+  } else {
+    r.m = r.N / r.tp;
+    r.k = r.K;
+  }
+  r.n = r.tokens;
+  r.rows_blk = r.n / r.tp;
+  if (r.n % r.tp || r.rows_blk % BM || (r.rs ? r.K : r.N) % r.tp || !shape_ok(r.fp8, r.m, r.n, r.k) ||
+      g_me >= r.tp) {
+    r.notes = "shape not supported (row blocks must be whole 128-row tiles)";
+    return;
+  }
+  r.bn = pick_bn(r.m, r.n, g_sms);
+  r.block_bytes = r.rs ? (double)r.rows_blk * r.m * 2 : (double)r.rows_blk * r.k * c.es;
+  r.nominal_link_ms = (r.tp - 1) * r.block_bytes / g_bw / 1e6;
+  for (int i = 0; i < r.tp - 1; ++i) c.order[i] = (g_me + 1 + i) % r.tp;
+
+  const size_t a_bytes = (size_t)r.m * r.k * c.es, b_bytes = (size_t)r.n * r.k * c.es;
+  CK(cudaMalloc(&c.A, a_bytes));
+  CK(cudaMalloc(&c.B, b_bytes));
+  if (!r.rs) CK(cudaMalloc(&c.Bsrc, b_bytes));
+  for (void **p : {&c.Down, &c.Dlt, &c.Df, &c.Dc}) CK(cudaMalloc(p, c.d_bytes()));
+  if (r.rs) CK(cudaMalloc(&c.recv, c.d_bytes()));
+  CK(cudaMalloc(&c.si, 128 * sizeof(float)));
+  CK(cudaMalloc(&c.flags, 64 * sizeof(uint32_t)));
+  CK(cudaMalloc(&c.ready, 64 * sizeof(uint32_t)));
+  CK(cudaMalloc(&c.done, 64 * sizeof(uint32_t)));
+  CK(cudaMalloc(&c.sig, 1024 * sizeof(uint32_t)));
+  CK(cudaEventCreateWithFlags(&c.join_prod, cudaEventDisableTiming));
+  CK(cudaEventCreateWithFlags(&c.join_copy, cudaEventDisableTiming));
+  fill_rand(c.A, (size_t)r.m * r.k, r.fp8, 1000 + r.m + r.k, g_comp);
+  fill_rand(c.B, (size_t)r.n * r.k, r.fp8, 2000 + r.n + r.k, g_comp);
+  if (!r.rs) CK(cudaMemcpyAsync(c.Bsrc, c.B, b_bytes, cudaMemcpyDeviceToDevice, g_comp));
+  for (void *p : {c.Down, c.Dlt, c.Df, c.Dc}) poison(p, c.d_bytes(), false, g_comp);
+  if (r.rs) poison(c.recv, c.d_bytes(), false, g_comp);
+  for (uint32_t *p : {c.flags, c.ready, c.done}) fill_words(p, 64 * sizeof(uint32_t), 0, g_comp);
+  fill_words(c.sig, 1024 * sizeof(uint32_t), 0, g_comp);
+  // e4m3: the scale_invs 256 bytes apart, as separate tensors would be.
+  const float hsi[2] = {r.fp8 ? 0.5f : 1.f, r.fp8 ? 0.25f : 1.f};
+  CK(cudaMemcpyAsync(c.si, hsi, sizeof(float), cudaMemcpyHostToDevice, g_comp));
+  CK(cudaMemcpyAsync(c.si + 64, hsi + 1, sizeof(float), cudaMemcpyHostToDevice, g_comp));
+  wait_stream(g_comp, "row setup");
+
+  auto cleanup = [&]() {
+    sync_all("row cleanup");
+    for (void *p : {c.A, c.B, c.Bsrc, c.Down, c.Dlt, c.Df, c.Dc, c.recv, (void *)c.si, (void *)c.flags,
+                    (void *)c.ready, (void *)c.done, (void *)c.sig})
+      if (p) CK(cudaFree(p));
+    CK(cudaEventDestroy(c.join_prod));
+    CK(cudaEventDestroy(c.join_copy));
+    c.lt_whole.release();
+    c.lt_chunk.release();
+  };
+
+  // Our kernel: plain (no waits) and fused (flags or done signals).
+  Own &o = c.own_plain;
+  o.fp8 = r.fp8;
+  o.out_f32 = false;
+  o.m = r.m;
+  o.n = r.n;
+  o.k = r.k;
+  o.bn = r.bn;
+  o.group_n = g_group;
+  o.A = c.A;
+  o.B = c.B;
+  o.D = c.Down;
+  o.a_si = c.si;
+  o.b_si = c.si + 64;
+  if (!o.prepare()) {
+    r.notes = "tensor maps refused";
+    cleanup();
+    return;
+  }
+  Own &f = c.own_fused;
+  f = o;
+  f.D = c.Df;
+  if (r.rs) {
+    f.done = c.done;
+    f.done_rows = r.rows_blk;
+    f.rot = ((g_me + 1) % r.tp) * (r.rows_blk / BM);
+  } else {
+    f.flags = c.flags;
+    f.rows_per_flag = r.rows_blk;
+    f.rot = g_me * (r.rows_blk / BM);
+  }
+  o.run(g_comp);
+  wait_stream(g_comp, "our kernel (no waits)", 20);
+
+  // cuBLASLt: the whole GEMM and the per-block chunks.
+  if (!c.lt_whole.setup(lth, ws, wsz, r.fp8, false, r.m, r.n, r.k, c.si, c.si + 64) ||
+      !c.lt_whole.first_run(c.A, c.B, c.Dlt, g_comp)) {
+    r.notes = "cuBLASLt: no algorithm runs the whole GEMM";
+    cleanup();
+    return;
+  }
+  wait_stream(g_comp, "cuBLASLt whole", 20);
+  auto setup_chunk = [&](int target) {
+    return c.lt_chunk.setup(lth, ws, wsz, r.fp8, false, r.m, r.rows_blk, r.k, c.si, c.si + 64, target) &&
+           c.lt_chunk.first_run(c.A, c.B, c.Dc, g_comp);
+  };
+  if (!setup_chunk(0)) {
+    r.notes = "cuBLASLt: no algorithm runs a chunk";
+    cleanup();
+    return;
+  }
+  wait_stream(g_comp, "cuBLASLt chunk", 20);
+  const float rms = (float)rms_bf16(c.Dlt, (size_t)r.n * r.m);
+  {
+    Cmp m = compare_tol(c.Down, c.Dlt, (size_t)r.n * r.m, rms, tol_of(r.fp8));
+    r.own_ok = m.bad == 0;
+    if (m.bad)
+      std::printf("  our no-wait D vs cuBLASLt: %u bad (%u not finite), max e %.3g\n", m.bad, m.nonfinite, m.emax);
+  }
+
+  // Co-residence with the pacer (see the header).
+  {
+    auto own_fn = [&](cudaStream_t s) { c.own_plain.run(s); };
+    auto chunks_fn = [&](cudaStream_t s) {
+      for (int b = 0; b < r.tp; ++b) c.lt_chunk.run(c.A, (char *)c.B + c.b_off(b), (char *)c.Dc + c.d_off(b), s);
+    };
+    const float own_alone = c.alone_once(own_fn), own_beside = c.probe(own_fn);
+    r.grid_fused = c.own_plain.grid_used();
+    if (own_beside > PROBE_BLOCKED_MS) {
+      c.own_fused.grid = g_sms - 1;
+      c.own_plain.grid = g_sms - 1;
+      const float again = c.probe(own_fn);
+      c.own_plain.grid = 0;
+      r.grid_fused = c.own_fused.grid_used();
+      r.notes += "ours: no room beside the pacer, fused on " + std::to_string(r.grid_fused) + " CTAs; ";
+      if (again > PROBE_BLOCKED_MS) {
+        std::printf("  our kernel on %d CTAs still waits for the pacer's SM (%.1f ms)\n", g_sms - 1, again);
+        r.notes += "still blocked: not run; ";
+        cleanup();
+        return;
+      }
+    }
+    const float lt_alone = c.alone_once(chunks_fn), lt_beside = c.probe(chunks_fn);
+    float lt_again = 0;
+    if (lt_beside > PROBE_BLOCKED_MS) {
+      if (!setup_chunk(g_sms - 1)) {
+        r.notes = "cuBLASLt: no algorithm runs a chunk on SMs - 1";
+        cleanup();
+        return;
+      }
+      wait_stream(g_comp, "cuBLASLt chunk (SM target)", 20);
+      lt_again = c.probe(chunks_fn);
+      r.notes += "cuBLASLt chunks: no room beside the pacer, SM count target " + std::to_string(g_sms - 1) +
+                 (lt_again > PROBE_BLOCKED_MS ? " (still blocked: chunked is penalized)" : "") + "; ";
+    }
+    std::printf("  beside a resident pacer: ours %.3f ms (alone %.3f), cuBLASLt chunks %.3f ms (alone %.3f)%s\n",
+                own_beside, own_alone, lt_beside, lt_alone,
+                lt_again > 0 ? (" then " + std::to_string(lt_again) + " ms with the SM target").c_str() : "");
+  }
+
+  // Verification runs (before timing).
+  for (int v = 0; v < nvariants(); ++v) {
+    r.fused_ok[v] = verify(c, FUSED, v, rms);
+    r.chunk_ok[v] = verify(c, CHUNKED, v, rms);
+  }
+  r.ran = true;
+  if (!r.ok()) {
+    std::printf("  wrong results: not timed\n");
+    cleanup();
+    return;
+  }
+
+  // Timed runs: every configuration interleaved, groups of rounds behind a gate.
+  std::vector<Cfg> cfgs = {{LT_ALONE, 0}, {OWN_ALONE, 0}, {LINK, 0}, {FUSED, 0}, {CHUNKED, 0}};
+  if (g_copies_ok) cfgs.insert(cfgs.end(), {{LINK, 1}, {FUSED, 1}, {CHUNKED, 1}});
+  const int rounds = g_warmup + g_iters;
+  std::vector<cudaEvent_t> ev((size_t)rounds * cfgs.size() * 2);
+  for (auto &e : ev) CK(cudaEventCreate(&e));
+  reset_status();
+  const int per_gate = 2;  // rounds per gate: a few ms of GPU work, a few hundred stream operations
+  for (int r0 = 0; r0 < rounds; r0 += per_gate) {
+    const uint32_t gv = ++g_gate_value;
+    uint64_t gate_timeout = 500000000ull;  // 0.5 s
+    launch(H.gate, 1, 1, 32, 1, 0, g_comp, {&g_gate_dev, (void *)&gv, &gate_timeout, &g_status});
+    for (int it = r0; it < std::min(rounds, r0 + per_gate); ++it)
+      for (size_t j = 0; j < cfgs.size(); ++j)
+        c.enqueue(cfgs[j], ++c.epoch, ev[2 * (it * cfgs.size() + j)], ev[2 * (it * cfgs.size() + j) + 1]);
+    __atomic_store_n(g_gate_host, gv, __ATOMIC_SEQ_CST);
+  }
+  sync_all("timed runs", 120);
+  std::vector<std::vector<float>> t(cfgs.size());
+  for (int it = g_warmup; it < rounds; ++it)
+    for (size_t j = 0; j < cfgs.size(); ++j) {
+      float ms = 0;
+      CK(cudaEventElapsedTime(&ms, ev[2 * (it * cfgs.size() + j)], ev[2 * (it * cfgs.size() + j) + 1]));
+      t[j].push_back(ms);
+    }
+  for (auto &e : ev) CK(cudaEventDestroy(e));
+  uint32_t st[3];
+  read_status(st);
+  r.late_us = st[1] / 1000.f;
+  if (st[0]) {
+    std::printf("  timed runs: the pacer timed out %u time(s)\n", st[0]);
+    r.fused_ok[0] = r.fused_ok[1] = false;
+  }
+  if (st[2]) r.notes += "gate opened by timeout " + std::to_string(st[2]) + "x; ";
+  r.lt_ms = median(t[0]);
+  r.own_ms = median(t[1]);
+  for (int v = 0; v < nvariants(); ++v) {
+    r.link_ms[v] = median(t[2 + 3 * v]);
+    r.fused_ms[v] = median(t[3 + 3 * v]);
+    r.chunk_ms[v] = median(t[4 + 3 * v]);
+  }
+  r.timed = true;
+  // After the timed runs (the last ones were the copies variant, if any): the outputs again.
+  {
+    const int v = nvariants() - 1;
+    Cmp fb = compare_bits(c.Df, c.Down, c.d_bytes());
+    Cmp cb = compare_tol(c.Dc, c.Dlt, (size_t)r.n * r.m, rms, tol_of(r.fp8));
+    if (fb.bad || cb.bad) {
+      std::printf("  after the timed runs: fused %u words differ, chunked %u elements off\n", fb.bad, cb.bad);
+      r.fused_ok[v] = r.fused_ok[v] && fb.bad == 0;
+      r.chunk_ok[v] = r.chunk_ok[v] && cb.bad == 0;
+    }
+  }
+  cleanup();
+}
+
+// ---------------------------------------------------------------- main
+int main(int argc, char **argv) {
+  g_prog = "own_gemm_link";
+  std::string kernel_path = "kernels/gemm_sm90.cu", only, dtype = "both", tps = "4,8", out_path;
+  std::vector<std::string> defines;
+  bool quick = false, compile_only = false, iters_set = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() -> const char * {
+      if (i + 1 >= argc) die(("missing value after " + a).c_str(), __FILE__, __LINE__);
+      return argv[++i];
+    };
+    if (a == "--kernel") kernel_path = next();
+    else if (a == "--iters") g_iters = std::max(1, std::atoi(next())), iters_set = true;
+    else if (a == "--warmup") g_warmup = std::max(0, std::atoi(next()));
+    else if (a == "--bw") g_bw = std::atof(next());
+    else if (a == "--pieces") g_pieces = std::atoi(next());
+    else if (a == "--me") g_me = std::atoi(next());
+    else if (a == "--group") g_group = std::max(1, std::atoi(next()));
+    else if (a == "--quick") quick = true;
+    else if (a == "--only") only = next();
+    else if (a == "--dtype") dtype = next();
+    else if (a == "--tp") tps = next();
+    else if (a == "--out") out_path = next();
+    else if (a == "--compile-only") compile_only = true;
+    else if (a == "--define") defines.push_back(std::string("-D") + next());
+    else {
+      std::printf("usage: own_gemm_link [--kernel FILE] [--iters N] [--warmup N] [--bw GBPS] [--pieces P] [--me R] "
+                  "[--group G] [--quick] [--only ag|rs] [--dtype bf16|e4m3|both] [--tp 4,8] [--out FILE] "
+                  "[--compile-only] [--define NAME=VALUE ...]\n");
+      return a == "--help" ? 0 : 2;
+    }
+  }
+  if (quick && !iters_set) g_iters = 10;
+  if (!(g_bw > 0) || g_pieces < 1 || g_pieces > 64 || g_me < 0) die("bad --bw / --pieces / --me", __FILE__, __LINE__);
+  if (!only.empty() && only != "ag" && only != "rs") die("--only takes ag or rs", __FILE__, __LINE__);
+  if (dtype != "both" && dtype != "bf16" && dtype != "e4m3") die("--dtype takes bf16, e4m3 or both", __FILE__, __LINE__);
+  std::vector<int> tp_list;
+  {
+    std::stringstream ss(tps);
+    std::string x;
+    while (std::getline(ss, x, ',')) {
+      const int t = std::atoi(x.c_str());
+      if (t < 2 || t > 8) die("--tp values must be 2..8", __FILE__, __LINE__);
+      tp_list.push_back(t);
+    }
+    if (tp_list.empty()) die("--tp: empty list", __FILE__, __LINE__);
+  }
+
+  const std::string src = read_text(kernel_path);
+  const std::string arch = "sm_90a";
+  if (!compile_only) {
+    CK(cudaSetDevice(0));
+    CK(cudaFree(nullptr));
+    cudaDeviceProp p;
+    CK(cudaGetDeviceProperties(&p, 0));
+    g_sms = p.multiProcessorCount;
+    if (p.major != 9) {
+      std::printf("own_gemm_link: needs a Hopper GPU (sm_90a); device 0 is %s (sm_%d%d)\n", p.name, p.major, p.minor);
+      return 2;
+    }
+    std::printf("device: %s, %d SMs, %zu KB shared memory per SM; NVRTC for %s\n", p.name, g_sms,
+                p.sharedMemPerMultiprocessor / 1024, arch.c_str());
+  }
+  const auto gemm_cubin = nvrtc_compile(src, "gemm_sm90.cu", arch, defines, false);
+  const auto help_cubin = nvrtc_compile(HELP_SRC, "own_gemm_link_help.cu", arch, {}, false);
+  const auto pace_cubin = nvrtc_compile(PACE_SRC, "own_gemm_link_pace.cu", arch, {"--maxrregcount=32"}, true);
+  std::printf("compiled: gemm_sm90.cu %zu bytes, helpers %zu, pacer %zu\n", gemm_cubin.size(), help_cubin.size(),
+              pace_cubin.size());
+  if (compile_only) return 0;
+
+  load_driver();
+  gemm_mod.load(gemm_cubin);
+  CU(drv.ModuleLoadData(&H.help, help_cubin.data()));
+  CU(drv.ModuleLoadData(&H.pace, pace_cubin.data()));
+  CU(drv.ModuleGetFunction(&H.fill_bf16, H.help, "fill_bf16"));
+  CU(drv.ModuleGetFunction(&H.fill_e4m3, H.help, "fill_e4m3"));
+  CU(drv.ModuleGetFunction(&H.fill_u32, H.help, "fill_u32"));
+  CU(drv.ModuleGetFunction(&H.sum_sq, H.help, "sum_sq_bf16"));
+  CU(drv.ModuleGetFunction(&H.compare, H.help, "compare_bf16"));
+  CU(drv.ModuleGetFunction(&H.bitdiff, H.help, "bitdiff"));
+  CU(drv.ModuleGetFunction(&H.pacer, H.pace, "link_pacer"));
+  CU(drv.ModuleGetFunction(&H.gate, H.pace, "gate"));
+  // The pacer's SM configured for the most shared memory, as the GEMMs need: a CTA of
+  // theirs can then join it without the SM changing its L1 / shared split.
+  CU(drv.FuncSetAttribute(H.pacer, CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100));
+  CU(drv.FuncGetAttribute(&H.pacer_regs, CU_FUNC_ATTRIBUTE_NUM_REGS, H.pacer));
+  std::printf("registers per thread: ours %d (bf16 256), pacer %d; ours' shared memory %d / %d bytes (BN 256 / 128)\n",
+              gemm_mod.regs[0][0][1], H.pacer_regs, gemm_mod.smem[1], gemm_mod.smem[0]);
+
+  CK(cudaStreamCreateWithFlags(&g_comp, cudaStreamNonBlocking));
+  CK(cudaStreamCreateWithFlags(&g_prod, cudaStreamNonBlocking));
+  CK(cudaStreamCreateWithFlags(&g_copy, cudaStreamNonBlocking));
+  CK(cudaMalloc(&g_status, 4 * sizeof(uint32_t)));
+  {
+    void *hp = nullptr, *dp = nullptr;
+    CK(cudaHostAlloc(&hp, 64, cudaHostAllocMapped));
+    CK(cudaHostGetDevicePointer(&dp, hp, 0));
+    g_gate_host = (volatile uint32_t *)hp;
+    *g_gate_host = 0;
+    g_gate_dev = (uint32_t *)dp;
+  }
+  g_copies_ok = ce_check();
+  cublasLtHandle_t lth;
+  LT(cublasLtCreate(&lth));
+  void *ws;
+  const size_t wsz = 64u << 20;
+  CK(cudaMalloc(&ws, wsz));
+
+  // The rows: per-rank anchor shapes of issue 22 (tokens, K, N).
+  const std::array<int, 3> ag_shapes[3] = {{8192, 8192, 28672}, {8192, 4096, 16384}, {16384, 8192, 8192}};
+  const std::array<int, 3> rs_shapes[3] = {{8192, 28672, 8192}, {8192, 16384, 4096}, {16384, 8192, 8192}};
+  std::vector<Row> rows;
+  for (int rs = 0; rs < 2; ++rs) {
+    if (!only.empty() && only != (rs ? "rs" : "ag")) continue;
+    for (int f8 = 0; f8 < 2; ++f8) {
+      if ((f8 && dtype == "bf16") || (!f8 && dtype == "e4m3")) continue;
+      for (int tp : tp_list)
+        for (int s = 0; s < (quick ? 1 : 3); ++s) {
+          const auto &sh = rs ? rs_shapes[quick ? 1 : s] : ag_shapes[quick ? 1 : s];
+          Row r;
+          r.rs = rs;
+          r.fp8 = f8;
+          r.tp = tp;
+          r.tokens = sh[0];
+          r.K = sh[1];
+          r.N = sh[2];
+          rows.push_back(r);
+        }
+    }
+  }
+  std::printf("link: %.0f GB/s per peer, %d copy pieces per block; this GPU is rank %d; %d timed iterations after %d "
+              "warm-up (median)\n",
+              g_bw, g_pieces, g_me, g_iters, g_warmup);
+  auto shape_str = [](const Row &r) {
+    char b[64];
+    if (r.rs) std::snprintf(b, sizeof b, "%dx(%d/%d)x%d", r.tokens, r.K, r.tp, r.N);
+    else std::snprintf(b, sizeof b, "%dx%dx(%d/%d)", r.tokens, r.K, r.N, r.tp);
+    return std::string(b);
+  };
+  for (size_t i = 0; i < rows.size(); ++i) {
+    Row &r = rows[i];
+    std::printf("row %zu/%zu: %s %s tp %d %s\n", i + 1, rows.size(), r.rs ? "RS" : "AG", r.fp8 ? "e4m3" : "bf16", r.tp,
+                shape_str(r).c_str());
+    std::fflush(stdout);
+    run_row(r, lth, ws, wsz);
+    if (r.timed)
+      std::printf("  Lt %.3f ours %.3f | flags: link %.3f fused %.3f chunked %.3f | copies: link %.3f fused %.3f "
+                  "chunked %.3f ms (nominal link %.3f) late %.1f us -> %s\n",
+                  r.lt_ms, r.own_ms, r.link_ms[0], r.fused_ms[0], r.chunk_ms[0], r.link_ms[1], r.fused_ms[1],
+                  r.chunk_ms[1], r.nominal_link_ms, r.late_us, r.ok() ? "ok" : "WRONG");
+    else
+      std::printf("  not timed: %s%s\n", r.ran ? "wrong results " : "", r.notes.c_str());
+    std::fflush(stdout);
+  }
+
+  // Markdown table and bar lines last.
+  std::ostringstream md;
+  char line[1024];
+  md << "\n## Emulated-link overlap, one GPU (our fused kernel vs chunked cuBLASLt)\n\n";
+  std::snprintf(line, sizeof line,
+                "Link %.0f GB/s per peer (copies in %d pieces per block), rank %d; median of %d iterations, from t0 "
+                "(the start event, the pacer's schedule starting with it) to the end of the GEMM and the link; ms. "
+                "bound = max(Lt, link); f vs c = chunked / fused (> 1: fused faster).\n\n",
+                g_bw, g_pieces, g_me, g_iters);
+  md << line;
+  md << "| op | in | tp | shape | link | Lt alone | ours alone | link alone | bound | fused | chunked | fused/bound | "
+        "chunked/bound | f vs c | late us | ok | notes |\n";
+  md << "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  bool all_ok = true, all_ran = true;
+  double lsum[2][2][2] = {};  // [variant][fp8][rs]
+  int lcnt[2][2][2] = {};
+  int tp8_rows = 0, tp8_faster = 0, tp8_v[2] = {0, 0}, tp8_vn[2] = {0, 0};
+  for (auto &r : rows) {
+    if (!r.ran) all_ran = false;
+    if (r.ran && !r.ok()) all_ok = false;
+    if (!r.timed) {
+      std::snprintf(line, sizeof line, "| %s | %s | %d | %s | - | - | - | - | - | - | - | - | - | - | - | %s | %s |\n",
+                    r.rs ? "RS" : "AG", r.fp8 ? "e4m3" : "bf16", r.tp, shape_str(r).c_str(),
+                    r.ran ? "NO" : "not run", r.notes.c_str());
+      md << line;
+      continue;
+    }
+    for (int v = 0; v < nvariants(); ++v) {
+      const double bound = std::max(r.lt_ms, r.link_ms[v]);
+      const double fb = r.fused_ms[v] / bound, cb = r.chunk_ms[v] / bound, fc = r.chunk_ms[v] / r.fused_ms[v];
+      const bool ok = r.fused_ok[v] && r.chunk_ok[v] && r.own_ok;
+      std::snprintf(line, sizeof line,
+                    "| %s | %s | %d | %s | %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.1f | "
+                    "%s | %s |\n",
+                    r.rs ? "RS" : "AG", r.fp8 ? "e4m3" : "bf16", r.tp, shape_str(r).c_str(), v ? "copies" : "flags",
+                    r.lt_ms, r.own_ms, r.link_ms[v], bound, r.fused_ms[v], r.chunk_ms[v], fb, cb, fc, r.late_us,
+                    ok ? "yes" : "NO", r.notes.c_str());
+      md << line;
+      if (fb > 0 && std::isfinite(fb)) {
+        lsum[v][r.fp8][r.rs] += std::log(fb);
+        lcnt[v][r.fp8][r.rs]++;
+      }
+      if (r.tp == 8) {
+        tp8_rows++;
+        tp8_vn[v]++;
+        if (r.fused_ms[v] < r.chunk_ms[v]) {
+          tp8_faster++;
+          tp8_v[v]++;
+        }
+      }
+    }
+  }
+  md << "\n";
+  for (int v = 0; v < 2; ++v)
+    for (int f8 = 0; f8 < 2; ++f8) {
+      const int n = lcnt[v][f8][0] + lcnt[v][f8][1];
+      if (!n) continue;
+      const double g = std::exp((lsum[v][f8][0] + lsum[v][f8][1]) / n);
+      auto part = [&](int rs) {
+        return lcnt[v][f8][rs] ? std::exp(lsum[v][f8][rs] / lcnt[v][f8][rs]) : 0.0;
+      };
+      std::snprintf(line, sizeof line,
+                    "- %s, %s: fused <= 1.05x max(GEMM, link), geomean over tp 4 and 8 rows: %.3f (%s; %d rows: AG "
+                    "%.3f, RS %.3f)\n",
+                    v ? "real copies" : "flags only", f8 ? "e4m3" : "bf16", g, g <= 1.05 ? "met" : "missed", n,
+                    part(0), part(1));
+      md << line;
+    }
+  if (tp8_rows) {
+    std::snprintf(line, sizeof line,
+                  "- fused faster than chunked on %d of %d tp-8 rows (bar >= 80 %%: %s; flags only %d of %d, real "
+                  "copies %d of %d)\n",
+                  tp8_faster, tp8_rows, tp8_faster * 5 >= tp8_rows * 4 ? "met" : "missed", tp8_v[0], tp8_vn[0],
+                  tp8_v[1], tp8_vn[1]);
+    md << line;
+  }
+  if (!g_copies_ok) {
+    md << "- real copies: NOT RUN (device-to-device copies needed SMs on this device; see the copy-engine check)\n";
+    all_ran = false;
+  }
+  std::snprintf(line, sizeof line, "- correctness: %s%s\n", all_ok ? "every row right" : "WRONG RESULTS",
+                all_ran ? "" : " (some rows or variants did not run)");
+  md << line;
+  std::printf("%s", md.str().c_str());
+  if (!out_path.empty()) {
+    std::ofstream f(out_path);
+    f << md.str();
+  }
+  std::fflush(stdout);
+  CK(cudaFree(ws));
+  LT(cublasLtDestroy(lth));
+  if (!all_ok) return 1;
+  return all_ran ? 0 : 2;
+}

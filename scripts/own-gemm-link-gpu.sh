@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# One-GPU overlap benchmark with an emulated link (issue 22, deliverable 5), in one call:
+# builds bench/own_gemm_link.cpp (plain C++ against the CUDA toolkit: cudart, NVRTC,
+# cuBLASLt; our kernel kernels/gemm_sm90.cu compiled by NVRTC with the library's options)
+# and runs it: per row (AG and RS per-rank anchor shapes, bf16 and e4m3, tp 4 and 8), our
+# fused kernel and the chunked cuBLASLt algorithm against a paced link (flags only, and
+# real copy-engine copies), next to the GEMM alone, our kernel alone and the link alone;
+# every fused / chunked result checked. Method and columns: the header of
+# bench/own_gemm_link.cpp. Needs one Hopper GPU; about a minute (limit 270 s for the run).
+#   scripts/own-gemm-link-gpu.sh [own_gemm_link options: --quick --iters N --bw GBPS
+#                                 --pieces P --me R --only ag|rs --dtype bf16|e4m3 --tp 8 ...]
+# Under $OUT (default own-gemm-link-out/): own_gemm_link.log (everything),
+# own_gemm_link.md (the full table and bar lines), the binary. Prints a short table and the
+# bar lines last. Exit status: the benchmark's (1: a wrong result, a hang or a pacer
+# timeout; 2: a setup error; 124: out of time), 2 for a failed build.
+set -u
+root=$(cd "$(dirname "$0")/.." && pwd)
+out=${OUT:-$root/own-gemm-link-out}
+mkdir -p "$out"
+log=$out/own_gemm_link.log
+md=$out/own_gemm_link.md
+rm -f "$md"
+cuda=${CUDA_HOME:-/usr/local/cuda}
+if [ ! -d "$cuda/include" ] && command -v nvcc >/dev/null; then
+  cuda=$(cd "$(dirname "$(command -v nvcc)")/.." && pwd)
+fi
+[ -d "$cuda/include" ] || { echo "own-gemm-link-gpu: no CUDA toolkit at $cuda (set CUDA_HOME)" >&2; exit 2; }
+libdir=$cuda/lib64
+[ -d "$libdir" ] || libdir=$cuda/lib
+cxx=${CXX:-g++}
+command -v "$cxx" >/dev/null || cxx=$cuda/bin/nvcc
+echo "=== build ($cxx, CUDA at $cuda)" | tee "$log"
+"$cxx" -std=c++17 -O2 "$root/bench/own_gemm_link.cpp" -I"$cuda/include" -L"$libdir" \
+  -Wl,-rpath,"$libdir" -lcudart -lnvrtc -lcublasLt -o "$out/own_gemm_link" >>"$log" 2>&1
+rc=$?
+if [ $rc -ne 0 ]; then
+  tail -n 40 "$log"
+  echo "own-gemm-link-gpu: build failed" >&2
+  exit 2
+fi
+(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo "commit: unknown") >>"$log"
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader >>"$log" 2>&1 || true
+cd "$root"
+echo "=== own_gemm_link $*" | tee -a "$log"
+# Three streams (compute, pacer, copies) must sit on separate hardware queues; 8 (the
+# default) is plenty, set here so that an environment asking for fewer cannot serialize them.
+export CUDA_DEVICE_MAX_CONNECTIONS=8
+# The full log goes to the file; the console gets the per-row summaries, then the table.
+timeout -k 10 270 "$out/own_gemm_link" --kernel "$root/kernels/gemm_sm90.cu" --out "$md" "$@" >>"$log" 2>&1
+rc=$?
+grep -aE '^(device:|registers|link:|row |  Lt |  not timed|  beside|HANG|own_gemm_link:)|wrong|differ|timed out' "$log" |
+  cut -c1-240
+[ $rc -eq 124 ] && echo "own-gemm-link-gpu: out of time (270 s)" | tee -a "$log"
+echo
+if [ -f "$md" ]; then
+  # The short table: op, in, tp, shape, link, bound, fused, chunked, the ratios, ok.
+  awk -F'|' '/^\| op \|/{
+      print "| op | in | tp | shape | link | bound | fused | chunked | fused/bound | chunked/bound | f vs c | ok |"
+      print "|---|---|---|---|---|---|---|---|---|---|---|---|"; next }
+    /^\| (AG|RS) \|/{
+      printf "|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|\n", $2,$3,$4,$5,$6,$10,$11,$12,$13,$14,$15,$17 }' "$md"
+  echo
+  grep -E '^- ' "$md"
+else
+  echo "(no table: see $log)"
+  tail -n 20 "$log"
+fi
+echo "own-gemm-link-gpu: exit $rc (log $log)"
+exit $rc
