@@ -1337,6 +1337,119 @@ static bool fpacc_precision_test(double &e_fast, double &e_full) {
   return ok;
 }
 
+// Speed of the feature kernels against the plain fast path on one anchor shape (tp 4 of
+// 8192 x 8192 x 28672: D [8192, 7168], k 8192), random data, median of `iters`; cuBLASLt
+// (plain, fast accumulation) for reference. Printed as a markdown table.
+static std::string g_speed_summary;  // "<types> <what>: ratio to plain; ..."
+static void feature_timing(Lt &lt, int iters, cudaStream_t s) {
+  const int m = 7168, n = 8192, k = 8192;
+  struct T {
+    const char *what;
+    int layout, ta, tb, to;
+    const char *variant;  // "" plain
+    int epi;
+    bool amax;
+  };
+  const T rows[] = {
+      {"plain", L_TN, T_BF16, T_BF16, T_BF16, "", 0, false},
+      {"_epi, epilogue 0", L_TN, T_BF16, T_BF16, T_BF16, "epi", 0, false},
+      {"_epi, bias", L_TN, T_BF16, T_BF16, T_BF16, "epi", EPI_BIAS, false},
+      {"_epi, bias + GELU + aux", L_TN, T_BF16, T_BF16, T_BF16, "epi", EPI_BIAS | EPI_GELU, false},
+      {"plain", L_TN, T_BF16, T_BF16, T_F32, "", 0, false},
+      {"_epi, accumulate", L_TN, T_BF16, T_BF16, T_F32, "epi", EPI_ACCUM, false},
+      {"_epi NN, epilogue 0", L_NN, T_BF16, T_BF16, T_BF16, "epi", 0, false},
+      {"_epi NT, accumulate", L_NT, T_BF16, T_BF16, T_F32, "epi", EPI_ACCUM, false},
+      {"_epi, epilogue 0", L_TN, T_F16, T_F16, T_F16, "epi", 0, false},
+      {"plain", L_TN, T_E4M3, T_E4M3, T_BF16, "", 0, false},
+      {"_epi, epilogue 0", L_TN, T_E4M3, T_E4M3, T_BF16, "epi", 0, false},
+      {"_epi, bias + GELU + aux", L_TN, T_E4M3, T_E4M3, T_BF16, "epi", EPI_BIAS | EPI_GELU, false},
+      {"_epi, e4m3 x e5m2", L_TN, T_E4M3, T_E5M2, T_BF16, "epi", 0, false},
+      {"_epi, FP8 D + amax", L_TN, T_E4M3, T_E4M3, T_E4M3, "epi", 0, true},
+      {"_fpacc (BN 128)", L_TN, T_E4M3, T_E4M3, T_BF16, "fpacc", 0, false},
+  };
+  void *A, *B, *D, *aux, *bias;
+  float *si;
+  CK(cudaMalloc(&A, (size_t)m * k * 2));
+  CK(cudaMalloc(&B, (size_t)n * k * 2));
+  CK(cudaMalloc(&D, (size_t)m * n * 4));
+  CK(cudaMalloc(&aux, (size_t)m * n * 2));
+  CK(cudaMalloc(&bias, (size_t)m * 4));
+  CK(cudaMalloc(&si, 256 * sizeof(float)));
+  fill_u32(si, 256, 0x3f800000u);  // all scales 1
+  fill_u32(bias, m, 0);
+  std::printf("\n## feature kernels vs the plain fast path, %dx%dx%d (tokens x K x N/tp at tp 4)\n\n", n, k, m);
+  std::printf("| A x B -> D | layout | kernel | BN | ms | TFLOP/s | vs plain (same types) | vs cuBLASLt plain |\n");
+  std::printf("|---|---|---|---|---|---|---|---|\n");
+  double plain_ms[5] = {0, 0, 0, 0, 0};  // by D type, of the last plain row
+  int last_in = -1, last_b = -1;
+  double lt_ms = 0;
+  for (const T &r : rows) {
+    const bool fp8 = t_fp8(r.ta);
+    if (r.ta != last_in) {
+      // Fresh inputs of this type (and cuBLASLt's plain time for bf16 / e4m3).
+      fill_t(A, (size_t)m * k, r.ta, 77, fp8 ? -4.f : -1.f, fp8 ? 4.f : 1.f);
+      fill_t(B, (size_t)n * k, r.tb, 78, fp8 ? -4.f : -1.f, fp8 ? 4.f : 1.f);
+      lt_ms = 0;
+      if ((r.ta == T_BF16 || r.ta == T_E4M3) && r.ta == r.tb && lt.setup(fp8, false, m, n, k, si, si + 64) &&
+          lt.first_run(A, B, D, s))
+        lt_ms = time_ms({[&](cudaStream_t st) { lt.run(A, B, D, st); }}, iters, s)[0];
+      last_in = r.ta;
+      last_b = r.tb;
+    }
+    if (r.tb != last_b) {
+      fill_t(B, (size_t)n * k, r.tb, 78, fp8 ? -4.f : -1.f, fp8 ? 4.f : 1.f);
+      last_b = r.tb;
+    }
+    const bool fpacc = std::string(r.variant) == "fpacc";
+    const int bn = pick_tile(m, n, fpacc).bn, group = pick_tile(m, n, fpacc).group_n;
+    CUtensorMap tmb, tma;
+    if (!tmap_t(tmb, B, r.tb, r.layout == L_NT, n, k, 128) || !tmap_t(tma, A, r.ta, r.layout != L_TN, m, k, bn))
+      continue;
+    const std::string name = own_name(r.layout, r.ta, r.tb, r.to, bn, r.variant);
+    CUfunction f = own_kernel(name, bn);
+    Gemm90Args g;
+    std::memset(&g, 0, sizeof g);
+    g.d = D;
+    g.a_scale_inv = si;
+    g.b_scale_inv = si + 64;
+    if (*r.variant) {
+      g.bias = bias;
+      g.aux = aux;
+      g.d_scale = si + 128;
+      g.d_amax = r.amax ? si + 192 : nullptr;
+      g.beta = 1.f;
+      g.epilogue = r.epi;
+    }
+    g.m = m;
+    g.n = n;
+    g.k = k;
+    g.group_n = group;
+    const int tiles = ((n + 127) / 128) * ((m + bn - 1) / bn);
+    fill_u32(D, (size_t)m * n, 0);
+    CK(cudaDeviceSynchronize());
+    const float ms = time_ms({[&](cudaStream_t st) {
+                               launch(f, std::min(tiles, g_sms), 1, THREADS, 1, smem_of(bn), st, {&tmb, &tma, &g});
+                             }},
+                             iters, s)[0];
+    sync_or_hang(s, name.c_str());
+    if (!*r.variant) plain_ms[r.to] = ms;
+    const double fl = 2.0 * m * n * (double)k;
+    const double base = plain_ms[t_fp8(r.to) ? T_BF16 : r.to];
+    std::printf("| %s x %s -> %s | %s | %s (%s) | %d | %.3f | %.0f | %s | %s |\n", T_NAME[r.ta], T_NAME[r.tb],
+                T_NAME[r.to], L_NAME[r.layout], r.what, name.c_str(), bn, ms, fl / ms / 1e9,
+                base > 0 ? std::to_string(base / ms).substr(0, 5).c_str() : "-",
+                lt_ms > 0 ? std::to_string(lt_ms / ms).substr(0, 5).c_str() : "-");
+    std::fflush(stdout);
+    if (*r.variant && base > 0) {
+      char b[160];
+      std::snprintf(b, sizeof b, " %s%s%s -> %s %s: %.3f;", T_NAME[r.ta], r.ta == r.tb ? "" : " x ",
+                    r.ta == r.tb ? "" : T_NAME[r.tb], T_NAME[r.to], r.what, base / ms);
+      g_speed_summary += b;
+    }
+  }
+  for (void *p : {A, B, D, aux, bias, (void *)si}) CK(cudaFree(p));
+}
+
 // AG-style arrival: B starts as other data, flags at 0; the kernel is launched, then a
 // second stream (copy engine, after a 50 ms host delay so that the kernel is already
 // waiting) copies row block r of the true B and then sets flag r, blocks in the order
@@ -1674,6 +1787,7 @@ int main(int argc, char **argv) {
     }
     prec_ok = fpacc_precision_test(e_fast, e_full);
     all_ok &= prec_ok;
+    if (!quick) feature_timing(lt, iters, s);
   }
 
   // Markdown last.
@@ -1723,6 +1837,8 @@ int main(int argc, char **argv) {
   if (features)
     std::printf("- feature fpacc-precision: fp64-sample max e fast %.3g vs full precision %.3g (bar: < 1/4) -> %s\n",
                 e_fast, e_full, prec_ok ? "ok" : "FAIL");
+  if (!g_speed_summary.empty())
+    std::printf("- feature speed vs the plain kernel (tp-4 anchor, 1 = same):%s\n", g_speed_summary.c_str());
   if (plain) {
     std::printf("- tile rule (BN, group_n) on the anchors:");
     for (auto &r : rows)
