@@ -93,6 +93,7 @@ typedef unsigned long long u64;
 struct __align__(64) GemmTmaDesc {
   u64 opaque[16];
 };
+static_assert(sizeof(GemmTmaDesc) == 128, "a CUtensorMap: 128 bytes");
 
 // The kernel's arguments besides the two tensor maps (one struct, passed by value as a
 // __grid_constant__ parameter; hosts mirror it field for field: 8-byte pointers first,
