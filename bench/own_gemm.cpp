@@ -1271,14 +1271,14 @@ static std::vector<FCase> feature_cases() {
         if (si == 3 && bn == 128) continue;
         add("types", L_TN, t.ta, t.tb, t.to, "epi", 0, false, shapes[si][0], shapes[si][1], shapes[si][2], bn);
       }
-  // 2. epilogues: bias, GELU with aux, bias + GELU, accumulate, bias + accumulate.
-  const Ty epi_types[] = {{T_BF16, T_BF16, T_BF16}, {T_F16, T_F16, T_F16}, {T_BF16, T_BF16, T_F32},
-                          {T_E4M3, T_E4M3, T_BF16}, {T_E4M3, T_E5M2, T_F16}};
-  for (auto &t : epi_types)
-    for (int epi : {EPI_BIAS, EPI_GELU, EPI_BIAS | EPI_GELU, EPI_ACCUM, EPI_BIAS | EPI_ACCUM})
+  // 2. epilogues: bias, GELU with aux, bias + GELU, accumulate, bias + accumulate, for
+  // every type combination of the _epi kernels (FP8 D: below).
+  const int epis[] = {EPI_BIAS, EPI_GELU, EPI_BIAS | EPI_GELU, EPI_ACCUM, EPI_BIAS | EPI_ACCUM};
+  for (auto &t : types)
+    for (int epi : epis)
       for (int bn : {128, 256})
-        add("epilogue", L_TN, t.ta, t.tb, t.to, "epi", epi, false, bn == 128 ? 1000 : 768,
-            bn == 128 ? 77 : 640, bn == 128 ? 208 : 1024, bn);
+        add("epilogue", L_TN, t.ta, t.tb, t.to, "epi", epi, false, bn == 128 ? 1000 : 768, bn == 128 ? 77 : 640,
+            bn == 128 ? 208 : 1024, bn);
   // 3. FP8 output with d_scale (saturating) and amax, plain and with bias + GELU; amax
   // also with a 16-bit D.
   for (int to : {T_E4M3, T_E5M2})
@@ -1287,17 +1287,18 @@ static std::vector<FCase> feature_cases() {
         for (int si : {1, 3}) add("fp8-out", L_TN, T_E4M3, T_E4M3, to, "epi", epi, true, shapes[si][0],
                                   shapes[si][1], shapes[si][2], bn);
   add("fp8-out", L_TN, T_E4M3, T_E4M3, T_BF16, "epi", EPI_BIAS, true, 1000, 77, 208, 256);
-  // 4. _fpacc: every instantiated kernel, epilogue 0 and bias + GELU (+ amax).
+  // 4. _fpacc: every instantiated kernel, epilogue 0 at three shapes, then each epilogue
+  // (FP8 D: bias, bias + GELU; with amax) at the odd shape.
   const Ty fp[] = {{T_E4M3, T_E4M3, T_BF16}, {T_E4M3, T_E4M3, T_F16}, {T_E4M3, T_E4M3, T_F32},
                    {T_E4M3, T_E4M3, T_E4M3}, {T_E4M3, T_E5M2, T_BF16}, {T_E4M3, T_E5M2, T_F32},
                    {T_E5M2, T_E4M3, T_BF16}, {T_E5M2, T_E4M3, T_F32}};
-  for (auto &t : fp)
-    for (int si : {0, 1, 3}) {
+  for (auto &t : fp) {
+    for (int si : {0, 1, 3})
       add("fpacc", L_TN, t.ta, t.tb, t.to, "fpacc", 0, t_fp8(t.to), shapes[si][0], shapes[si][1], shapes[si][2], 128);
-      if (si == 1)
-        add("fpacc", L_TN, t.ta, t.tb, t.to, "fpacc", EPI_BIAS | EPI_GELU, true, shapes[si][0], shapes[si][1],
-            shapes[si][2], 128);
-    }
+    for (int epi : epis)
+      if (!t_fp8(t.to) || !(epi & EPI_ACCUM))
+        add("fpacc", L_TN, t.ta, t.tb, t.to, "fpacc", epi, true, 1000, 77, 208, 128);
+  }
   // 5. NN (A [k, m]) and NT (A [k, m], B [k, n]): n % 8 == 0 for NT, k of any size there.
   for (int l : {L_NN, L_NT})
     for (auto &t : {Ty{T_BF16, T_BF16, T_BF16}, Ty{T_BF16, T_BF16, T_F32}, Ty{T_F16, T_F16, T_F16},
@@ -1308,9 +1309,8 @@ static std::vector<FCase> feature_cases() {
         add("layout", l, t.ta, t.tb, t.to, "epi", 0, false, 192, 320, 144, bn);
         add("layout", l, t.ta, t.tb, t.to, "epi", 0, false, 8, 8, 16, bn);
         add("layout", l, t.ta, t.tb, t.to, "epi", 0, false, 768, 640, 1024, bn);
-        // dgrad with bias + GELU (NN), wgrad accumulating into fp32 (NT).
-        add("layout", l, t.ta, t.tb, t.to, "epi", l == L_NN ? EPI_BIAS | EPI_GELU : EPI_ACCUM, false, 1000, nodd,
-            kodd, bn);
+        // Every epilogue (TE: dgrad with bias + GELU on NN, wgrad accumulating on NT).
+        for (int epi : epis) add("layout", l, t.ta, t.tb, t.to, "epi", epi, false, 1000, nodd, kodd, bn);
       }
   return v;
 }
