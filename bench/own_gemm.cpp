@@ -1775,6 +1775,7 @@ int main(int argc, char **argv) {
   std::vector<std::pair<std::string, std::array<int, 2>>> feat;  // feature -> {cases, ok}
   double e_fast = 0, e_full = 0;
   bool prec_ok = true;
+  std::vector<std::string> failed;  // the first failing feature cases
   if (features) {
     const auto fc = feature_cases();
     std::printf("feature cases: %zu\n", fc.size());
@@ -1788,6 +1789,13 @@ int main(int argc, char **argv) {
       for (const FCase &c : fc) {
         if ((std::string(c.feature) == "layout") != (pass == 1)) continue;
         const FResult r = run_fcase(c);
+        if (!r.ok && failed.size() < 12) {
+          char b[200];
+          std::snprintf(b, sizeof b, "%s %dx%dx%d epi %d", own_name(c.layout, c.ta, c.tb, c.to,
+                        c.bn ? c.bn : pick_tile(c.m, c.n, std::string(c.variant) == "fpacc").bn, c.variant).c_str(),
+                        c.m, c.n, c.k, c.epi);
+          failed.push_back(b);
+        }
         size_t i = 0;
         while (i < feat.size() && feat[i].first != c.feature) ++i;
         if (i == feat.size()) feat.push_back({c.feature, {0, 0}});
@@ -1846,6 +1854,11 @@ int main(int argc, char **argv) {
   if (features)
     std::printf("- feature fpacc-precision: fp64-sample max e fast %.3g vs full precision %.3g (bar: < 1/4) -> %s\n",
                 e_fast, e_full, prec_ok ? "ok" : "FAIL");
+  if (!failed.empty()) {
+    std::printf("- feature failures (first %zu):", failed.size());
+    for (auto &f : failed) std::printf(" %s;", f.c_str());
+    std::printf("\n");
+  }
   if (!g_speed_summary.empty())
     std::printf("- feature speed vs the plain kernel (tp-4 anchor, 1 = same):%s\n", g_speed_summary.c_str());
   if (plain) {
