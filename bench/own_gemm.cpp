@@ -1154,7 +1154,7 @@ static FResult run_fcase(const FCase &c, bool verbose = true) {
     g.epilogue = c.epi;
     const int tiles = ((c.n + 127) / 128) * ((c.m + bn - 1) / bn);
     launch(own_kernel(name, bn), std::min(tiles, g_sms), 1, THREADS, 1, smem_of(bn), 0, {&tmb, &tma, &g});
-    sync_or_hang(0, name.c_str());
+    sync_or_hang(0, name.c_str(), 10);  // small shapes: a hang shows in 10 s
   }
   const float tol = tol_t(c.ta, c.to);
   const float rms = (float)rms_pre;
