@@ -1,43 +1,87 @@
 // A persistent, warp-specialized Hopper GEMM of our own (issue 22), for sm_90a,
 // self-contained (NVRTC 13 ships no cuda_bf16.h / cuda_fp8.h; everything below is inline
 // PTX). Not wired into the library yet; bench/own_gemm.cpp (scripts/own-gemm-gpu.sh)
-// checks it against cuBLASLt: on one H100 (2026-11-26) it was correct on every case and
-// ran at 0.996 of cuBLASLt's speed (bf16 geomean over the per-rank anchor shapes at tp
-// 2/4/8, worst 0.974), with pre-set arrival flags costing 0.26 %.
+// checks it against cuBLASLt: on one H100 (2026-11-26) the plain TN kernels were correct
+// on every case and ran at 0.996 of cuBLASLt's speed (bf16 geomean over the per-rank
+// anchor shapes at tp 2/4/8, worst 0.980; e4m3 0.981, worst 0.924), with pre-set arrival
+// flags costing 0.09 %. The _epi / _fpacc kernels and the NN / NT layouts (below) are
+// newer: compiled and checked for register spills on the host, not yet run on a GPU.
 //
-// Layout: nvte_cublas_gemm's TN, D[n, m] = B[n, k] . A[m, k]^T, all row-major, K
-// contiguous for both operands, fp32 accumulation. In wgmma's terms B is the "A" operand
-// (rows = wgmma M) and A the "B" operand (rows = wgmma N), both K-major.
+// Layouts (nvte_cublas_gemm's transa / transb, row-major names; fp32 accumulation):
+// - TN: D[n, m] = B[n, k] . A[m, k]^T, K contiguous for both operands;
+// - NN: D[n, m] = B[n, k] . A[k, m] (A's m contiguous: TE's dgrad);
+// - NT: D[n, m] = B[k, n]^T . A[k, m] (both MN-contiguous: TE's wgrad).
+// In wgmma's terms B is the "A" operand (rows = wgmma M) and A the "B" operand (rows =
+// wgmma N); K-major operands use the default wgmma layout, MN-major ones (16-bit types
+// only: wgmma has no transposed FP8) the transpose bits and MN-major descriptors.
+//
+// Kernel names: gemm_sm90_<layout>_<a>_<b>_<out>_<BN>[_<variant>], layout tn / nn / nt,
+// a / b the types of A / B (bf16, f16, e4m3, e5m2), out the type of D (bf16, f16, f32,
+// e4m3, e5m2), BN 256 or 128, variant:
+// - (none) plain, the fast path: epilogue must be 0; d_scale / d_amax / bias / aux unused;
+// - _epi: Gemm90Args::epilogue, a bit set: EPI_BIAS = 1, EPI_GELU = 2 (with aux when
+//   aux != null), EPI_ACCUM = 4 (see "Epilogue" below); 0 = none;
+//   FP8 D (D = saturate(result * *d_scale)), d_amax (when non-null: atomicMax of
+//   max |result| before scaling, on the float's bits: *d_amax must start at 0 (or at a
+//   running maximum));
+// - _fpacc: _epi plus full-precision FP8 accumulation (TE's use_split_accumulator,
+//   cuBLASLt FAST_ACCUM = 0): each 128-deep K stage is accumulated by wgmma into a zeroed
+//   fp32 set, then added into the main accumulators; BN 128 only (two 64-register sets).
+// Instantiated, 62 kernels (what TE uses; NVRTC time grows with every kernel: ~0.5 s
+// each, 33-36 s for the whole file on a 2-core x86 host, 2.3 s for the plain ones):
+// - plain: tn bf16 x bf16 and e4m3 x e4m3 -> bf16, f32; BN 256, 128 (8);
+// - _epi, tn: bf16 x bf16 -> bf16, f32; f16 x f16 -> f16, f32; e4m3 x e4m3 -> bf16, f16,
+//   f32, e4m3, e5m2; e4m3 x e5m2 and e5m2 x e4m3 (TE's backward GEMMs; e5m2 x e5m2 is not
+//   supported, as in cuBLASLt) -> bf16, f16, f32; BN 256, 128 (30);
+// - _fpacc, tn, BN 128: e4m3 x e4m3 -> bf16, f16, f32, e4m3; e4m3 x e5m2 and e5m2 x e4m3
+//   -> bf16, f32 (8);
+// - _epi, nn and nt: bf16 x bf16 -> bf16, f32; f16 x f16 -> f16, f32; BN 256, 128 (16).
+// Groups of them can be left out at compile time (-D or a #define before the source):
+// GEMM90_NO_EPI (all _epi tn), GEMM90_NO_FPACC, GEMM90_NO_NN_NT; the plain ones always.
+//
+// Epilogue (_epi, _fpacc), in cuBLASLt's order: v = scale * acc (scale = a_scale_inv *
+// b_scale_inv for FP8 inputs, else 1); EPI_ACCUM: v += beta * D_old (16/32-bit D; TE's
+// accumulate is beta = 1); EPI_BIAS: v += bias[col] (bias: m elements, one per column of
+// D); EPI_GELU: aux[row, col] = v when aux != null (TE's pre_gelu_out), v = gelu(v)
+// (tanh approximation, as cuBLASLt's GELU / GELU_AUX epilogues); amax; FP8 D:
+// v = saturate(v * d_scale) (satfinite: +-448 / +-57344, NaN stays NaN). bias and aux
+// have D's type for 16/32-bit D and bf16 for FP8 D.
 //
 // Structure (one CTA per SM, 384 threads):
 // - warpgroup 0, the producer: one thread walks the CTA's tiles and issues the TMA loads
 //   (cp.async.bulk.tensor, 128B swizzle) of each K slice into a ring of STAGES shared
-//   memory stages guarded by full / empty mbarriers (expect_tx on full);
+//   memory stages guarded by full / empty mbarriers (expect_tx on full); an MN-major
+//   operand takes one {64 x 64} box per 64 rows of the tile;
 // - warpgroups 1 and 2, the consumers: each owns 64 of the tile's 128 rows of D and issues
-//   wgmma.mma_async m64nBNk16 (bf16) or m64nBNk32 (e4m3) from the stage, keeps one K slice
-//   of wgmma in flight, releases a stage when its wgmma has retired, then stores its
-//   accumulators straight from registers (bounds-checked).
-// - tiles: 128 rows of D (n) x BN columns (m, 256 or 128), K slices of 128 bytes (64 bf16
-//   or 128 e4m3); a static persistent schedule (tile = blockIdx.x + i * gridDim.x) in
-//   grouped rasterization: `group_n` tile rows at a time, columns within a group, tile rows
-//   rotated by `n_tile_rot` (so that a chosen row block, e.g. the local one in AG, comes
-//   first).
+//   wgmma.mma_async m64nBNk16 (16-bit) or m64nBNk32 (FP8) from the stage, keeps one K
+//   slice of wgmma in flight (not in _fpacc, which waits for each stage's partial sums),
+//   releases a stage when its wgmma has retired, then stores its accumulators straight
+//   from registers (bounds-checked).
+// - tiles: 128 rows of D (n) x BN columns (m, 256 or 128), K slices of 128 bytes (64
+//   16-bit or 128 FP8 elements); a static persistent schedule (tile = blockIdx.x + i *
+//   gridDim.x) in grouped rasterization: `group_n` tile rows at a time, columns within a
+//   group, tile rows rotated by `n_tile_rot` (so that a chosen row block, e.g. the local
+//   one in AG, comes first). The host's choice of BN and group_n: pick_tile in
+//   bench/own_gemm.cpp.
 // - AG hook: with `flags` non-null, before loading the first K slice of a tile the
-//   producer spins (ld.acquire.sys) until flags[r] != 0 for every row block r
-//   (`rows_per_flag` rows of B each) the tile's rows touch, then fences the generic proxy
-//   against the async (TMA) proxy; a block once seen is not read again by that CTA.
-//   flags == nullptr (or rows_per_flag <= 0): no waits. Scope .sys: the flags are set by
-//   copy engines or peer GPUs.
+//   producer spins (ld.acquire.sys) until flags[r] has reached flag_value for every row
+//   block r (`rows_per_flag` rows of B each) the tile's rows touch, then fences the
+//   generic proxy against the async (TMA) proxy; a block once seen is not read again by
+//   that CTA. flags == nullptr (or rows_per_flag <= 0): no waits. Scope .sys: the flags
+//   are set by copy engines or peer GPUs.
+// - RS hook: see signal_done.
 //
 // Knobs (-D at compile time): GEMM90_STAGES_256 / GEMM90_STAGES_128 (pipeline depth, 4 / 6),
-// GEMM90_EPI_WIDE (16-byte epilogue stores, default 1: 0.996 vs 0.929 of cuBLASLt, bf16, H100, 2026-11-26).
+// GEMM90_EPI_WIDE (16-byte epilogue stores of the plain kernels, default 1: 0.996 vs
+// 0.929 of cuBLASLt, bf16, H100, 2026-11-26; the _epi epilogue always stores wide).
 //
 // Constraints (not checked here; a caller must, bench/own_gemm.cpp runs only shapes that
-// meet them): k > 0 and k * sizeof(in) a multiple of 16 bytes
-// (TMA strides), m a multiple of 8, any n >= 1, A, B, D 16-byte aligned, ldd == m;
-// partial tiles are handled by TMA's zero fill (loads) and predicated stores.
-// FP8: e4m3 x e4m3 only, scale_inv pointers (a_scale_inv * b_scale_inv applied in the
-// epilogue), fast accumulation only (wgmma's own; no periodic promotion yet).
+// meet them): k > 0; every TMA row stride a multiple of 16 bytes: TN k * sizeof(in)
+// (k % 8 for 16-bit, k % 16 for FP8), NN k % 8 and m % 8, NT m % 8 and n % 8 (k of any
+// size there); m a multiple of 8, any n >= 1; A, B, D, aux, bias 16-byte aligned,
+// ldd == m (aux likewise); partial tiles are handled by TMA's zero fill (loads) and
+// predicated stores. FP8: TN only, scale_inv pointers (a_scale_inv * b_scale_inv applied
+// in the epilogue), FP8 D only from FP8 inputs; EPI_ACCUM not with FP8 D.
 
 typedef unsigned char u8;
 typedef unsigned short u16;
@@ -49,19 +93,20 @@ typedef unsigned long long u64;
 struct __align__(64) GemmTmaDesc {
   u64 opaque[16];
 };
+static_assert(sizeof(GemmTmaDesc) == 128, "a CUtensorMap: 128 bytes");
 
 // The kernel's arguments besides the two tensor maps (one struct, passed by value as a
 // __grid_constant__ parameter; hosts mirror it field for field: 8-byte pointers first,
-// then 4-byte fields, no padding). Fields marked "reserved" must be null / 0 until the
-// kernel implements them.
+// then 4-byte fields, no padding). Fields marked "_epi" are read by _epi / _fpacc
+// kernels only (plain kernels ignore them: keep them null / 0 there).
 struct Gemm90Args {
   void *d;                   // D [n, m] row-major (ldd == m)
-  const void *bias;          // reserved: bias [m]
-  void *aux;                 // reserved: pre-GELU output [n, m]
+  const void *bias;          // _epi, EPI_BIAS: bias [m] (D's type; bf16 for FP8 D)
+  void *aux;                 // _epi, EPI_GELU: pre-GELU output [n, m] (bias's type), or null
   const float *a_scale_inv;  // FP8 inputs: read when the inputs are FP8
   const float *b_scale_inv;
-  const float *d_scale;      // reserved: FP8 output scale
-  float *d_amax;             // reserved: FP8 output amax
+  const float *d_scale;      // _epi, FP8 D: D = saturate(result * *d_scale) (null: 1)
+  float *d_amax;             // _epi: atomicMax(max |result|) before scaling, or null
   const unsigned *flags;     // AG arrivals, or null: see wait_row_blocks
   unsigned *done;            // RS signals, or null: see signal_done
   int m, n, k;
@@ -71,10 +116,11 @@ struct Gemm90Args {
   int n_tile_rot;            // tile rows rotated by this many (the first one computed first)
   unsigned flag_value;       // a row block has arrived once (int)(flag - flag_value) >= 0
   unsigned done_value;       // written to done[j] when row block j of D is stored
-  float beta;                // reserved: 0 (1: D += result)
-  int epilogue;              // reserved: 0
+  float beta;                // _epi, EPI_ACCUM: D = beta * D_old + result (TE: 1)
+  int epilogue;              // _epi: EPI_* bits (gemm90 namespace); plain kernels: 0
   int pad_;
 };
+static_assert(sizeof(Gemm90Args) == 120, "hosts mirror Gemm90Args: 9 pointers, 12 4-byte fields");
 
 namespace gemm90 {
 
@@ -143,6 +189,21 @@ __device__ __forceinline__ u64 smem_desc_sw128(u32 addr) {
   d |= (u64)1 << 62;
   return d;
 }
+// The same for an MN-major tile (16-bit types only; NN / NT layouts) as TMA writes it from
+// boxes of {64 elements along M/N (128 bytes), 64 rows along K}: each K row is 128 bytes
+// of 64 consecutive M/N elements, 8 K rows make a 1024-byte swizzle atom; the stride
+// byte offset (bits 32-45) steps 8 rows along K (1024 bytes), the leading byte offset
+// (bits 16-29) steps 64 elements along M/N (the next box: 64 rows x 128 bytes = 8 KiB).
+// A K step of 16 elements inside the stage adds 16 rows (2048 bytes, 128 in >> 4 units).
+constexpr int MN_BOX_BYTES = 64 * 128;
+__device__ __forceinline__ u64 smem_desc_sw128_mn(u32 addr) {
+  u64 d = 0;
+  d |= (u64)((addr & 0x3FFFF) >> 4);
+  d |= (u64)(MN_BOX_BYTES >> 4) << 16;
+  d |= (u64)(1024 >> 4) << 32;
+  d |= (u64)1 << 62;
+  return d;
+}
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 }
@@ -196,28 +257,62 @@ __device__ __forceinline__ void fence_regs(float (&d)[R]) {
         : DOPS                                                                            \
         : "l"(da), "l"(db), "r"(scale_d));                                                \
   }
+// Operand types (template parameters and kernel names): our A [m, k] is wgmma's B
+// operand, our B [n, k] wgmma's A operand, so an FP8 wgmma names B's type first.
+// Transpose bits (16-bit types only): tnspA = our B is MN-major (NT), tnspB = our A is
+// MN-major (NN, NT).
 WGMMA_FN(wgmma_bf16_n256, 128, "m64n256k16.f32.bf16.bf16", "1, 1, 0, 0", WG_R128, WG_D128, "128", "129", "130")
 WGMMA_FN(wgmma_e4m3_n256, 128, "m64n256k32.f32.e4m3.e4m3", "1, 1", WG_R128, WG_D128, "128", "129", "130")
 WGMMA_FN(wgmma_bf16_n128, 64, "m64n128k16.f32.bf16.bf16", "1, 1, 0, 0", WG_R64, WG_D64(0), "64", "65", "66")
 WGMMA_FN(wgmma_e4m3_n128, 64, "m64n128k32.f32.e4m3.e4m3", "1, 1", WG_R64, WG_D64(0), "64", "65", "66")
+WGMMA_FN(wgmma_f16_n256, 128, "m64n256k16.f32.f16.f16", "1, 1, 0, 0", WG_R128, WG_D128, "128", "129", "130")
+WGMMA_FN(wgmma_f16_n128, 64, "m64n128k16.f32.f16.f16", "1, 1, 0, 0", WG_R64, WG_D64(0), "64", "65", "66")
+WGMMA_FN(wgmma_bf16_nn_n256, 128, "m64n256k16.f32.bf16.bf16", "1, 1, 0, 1", WG_R128, WG_D128, "128", "129", "130")
+WGMMA_FN(wgmma_bf16_nn_n128, 64, "m64n128k16.f32.bf16.bf16", "1, 1, 0, 1", WG_R64, WG_D64(0), "64", "65", "66")
+WGMMA_FN(wgmma_f16_nn_n256, 128, "m64n256k16.f32.f16.f16", "1, 1, 0, 1", WG_R128, WG_D128, "128", "129", "130")
+WGMMA_FN(wgmma_f16_nn_n128, 64, "m64n128k16.f32.f16.f16", "1, 1, 0, 1", WG_R64, WG_D64(0), "64", "65", "66")
+WGMMA_FN(wgmma_bf16_nt_n256, 128, "m64n256k16.f32.bf16.bf16", "1, 1, 1, 1", WG_R128, WG_D128, "128", "129", "130")
+WGMMA_FN(wgmma_bf16_nt_n128, 64, "m64n128k16.f32.bf16.bf16", "1, 1, 1, 1", WG_R64, WG_D64(0), "64", "65", "66")
+WGMMA_FN(wgmma_f16_nt_n256, 128, "m64n256k16.f32.f16.f16", "1, 1, 1, 1", WG_R128, WG_D128, "128", "129", "130")
+WGMMA_FN(wgmma_f16_nt_n128, 64, "m64n128k16.f32.f16.f16", "1, 1, 1, 1", WG_R64, WG_D64(0), "64", "65", "66")
+// FP8 mixes, wgmma's A (our B) type first: e5m2.e4m3 = A e4m3 x B e5m2.
+WGMMA_FN(wgmma_e5m2_e4m3_n256, 128, "m64n256k32.f32.e5m2.e4m3", "1, 1", WG_R128, WG_D128, "128", "129", "130")
+WGMMA_FN(wgmma_e5m2_e4m3_n128, 64, "m64n128k32.f32.e5m2.e4m3", "1, 1", WG_R64, WG_D64(0), "64", "65", "66")
+WGMMA_FN(wgmma_e4m3_e5m2_n256, 128, "m64n256k32.f32.e4m3.e5m2", "1, 1", WG_R128, WG_D128, "128", "129", "130")
+WGMMA_FN(wgmma_e4m3_e5m2_n128, 64, "m64n128k32.f32.e4m3.e5m2", "1, 1", WG_R64, WG_D64(0), "64", "65", "66")
 
-template <int BN, bool FP8>
-__device__ __forceinline__ void wgmma_tile(float (&d)[BN / 2], u64 da, u64 db, u32 scale_d);
-template <>
-__device__ __forceinline__ void wgmma_tile<256, false>(float (&d)[128], u64 da, u64 db, u32 s) {
-  wgmma_bf16_n256(d, da, db, s);
-}
-template <>
-__device__ __forceinline__ void wgmma_tile<128, false>(float (&d)[64], u64 da, u64 db, u32 s) {
-  wgmma_bf16_n128(d, da, db, s);
-}
-template <>
-__device__ __forceinline__ void wgmma_tile<256, true>(float (&d)[128], u64 da, u64 db, u32 s) {
-  wgmma_e4m3_n256(d, da, db, s);
-}
-template <>
-__device__ __forceinline__ void wgmma_tile<128, true>(float (&d)[64], u64 da, u64 db, u32 s) {
-  wgmma_e4m3_n128(d, da, db, s);
+// Element types (kernel template parameters and name parts).
+enum : int { T_BF16 = 0, T_F16 = 1, T_E4M3 = 2, T_E5M2 = 3, T_F32 = 4 };
+__host__ __device__ constexpr bool is_fp8(int t) { return t == T_E4M3 || t == T_E5M2; }
+__host__ __device__ constexpr int type_bytes(int t) { return t == T_F32 ? 4 : is_fp8(t) ? 1 : 2; }
+// Layouts (nvte_cublas_gemm's transa / transb): TN: A [m, k], B [n, k] (both K-major);
+// NN: A [k, m] (MN-major), B [n, k]; NT: A [k, m], B [k, n] (both MN-major).
+enum : int { L_TN = 0, L_NN = 1, L_NT = 2 };
+
+// One K step (16 or 32 elements) of the tile: TA / TB the types of our A / B.
+template <int BN, int TA, int TB, int L>
+__device__ __forceinline__ void wgmma_tile(float (&d)[BN / 2], u64 da, u64 db, u32 s) {
+  if constexpr (BN == 256) {
+    if constexpr (TA == T_BF16 && L == L_TN) wgmma_bf16_n256(d, da, db, s);
+    else if constexpr (TA == T_BF16 && L == L_NN) wgmma_bf16_nn_n256(d, da, db, s);
+    else if constexpr (TA == T_BF16 && L == L_NT) wgmma_bf16_nt_n256(d, da, db, s);
+    else if constexpr (TA == T_F16 && L == L_TN) wgmma_f16_n256(d, da, db, s);
+    else if constexpr (TA == T_F16 && L == L_NN) wgmma_f16_nn_n256(d, da, db, s);
+    else if constexpr (TA == T_F16 && L == L_NT) wgmma_f16_nt_n256(d, da, db, s);
+    else if constexpr (TA == T_E4M3 && TB == T_E4M3) wgmma_e4m3_n256(d, da, db, s);
+    else if constexpr (TA == T_E4M3 && TB == T_E5M2) wgmma_e5m2_e4m3_n256(d, da, db, s);
+    else if constexpr (TA == T_E5M2 && TB == T_E4M3) wgmma_e4m3_e5m2_n256(d, da, db, s);
+  } else {
+    if constexpr (TA == T_BF16 && L == L_TN) wgmma_bf16_n128(d, da, db, s);
+    else if constexpr (TA == T_BF16 && L == L_NN) wgmma_bf16_nn_n128(d, da, db, s);
+    else if constexpr (TA == T_BF16 && L == L_NT) wgmma_bf16_nt_n128(d, da, db, s);
+    else if constexpr (TA == T_F16 && L == L_TN) wgmma_f16_n128(d, da, db, s);
+    else if constexpr (TA == T_F16 && L == L_NN) wgmma_f16_nn_n128(d, da, db, s);
+    else if constexpr (TA == T_F16 && L == L_NT) wgmma_f16_nt_n128(d, da, db, s);
+    else if constexpr (TA == T_E4M3 && TB == T_E4M3) wgmma_e4m3_n128(d, da, db, s);
+    else if constexpr (TA == T_E4M3 && TB == T_E5M2) wgmma_e5m2_e4m3_n128(d, da, db, s);
+    else if constexpr (TA == T_E5M2 && TB == T_E4M3) wgmma_e4m3_e5m2_n128(d, da, db, s);
+  }
 }
 
 // ---- schedule ----
@@ -392,9 +487,169 @@ __device__ __forceinline__ void signal_done(u32 *done, int done_rows, u32 done_v
   }
 }
 
-template <int BN, bool FP8, bool OUT_F32>
-__device__ __forceinline__ void gemm_tn(const GemmTmaDesc *tmap_b, const GemmTmaDesc *tmap_a,
-                                        const Gemm90Args &g) {
+// ---- the epilogue of the _epi / _fpacc kernels ----
+// Gemm90Args::epilogue bits (read by _epi and _fpacc kernels only; plain kernels need 0).
+enum : int {
+  EPI_BIAS = 1,    // + bias[col] (length m; type: see epi_type)
+  EPI_GELU = 2,    // D = gelu_tanh(pre); with aux != null, aux[n, m] = pre (type: epi_type)
+  EPI_ACCUM = 4,   // + beta * D (the old D, read before the store; 16/32-bit D only)
+};
+// The type of bias and aux: D's type for 16/32-bit D, bf16 for FP8 D.
+__host__ __device__ constexpr int epi_type(int to) { return is_fp8(to) ? T_BF16 : to; }
+
+__device__ __forceinline__ float bf16_to_f32(u32 h) { return __uint_as_float(h << 16); }
+__device__ __forceinline__ float f16_to_f32(u32 h) {
+  float f;
+  asm("{\n.reg .b16 t;\ncvt.u16.u32 t, %1;\ncvt.f32.f16 %0, t;\n}" : "=f"(f) : "r"(h));
+  return f;
+}
+__device__ __forceinline__ u32 pack_f16x2(float lo, float hi) {
+  u32 r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+// Four floats -> four saturated FP8 bytes (x0 in the lowest byte); NaN stays NaN.
+template <int T>
+__device__ __forceinline__ u32 pack_fp8x4(float x0, float x1, float x2, float x3) {
+  u32 lo, hi;
+  if constexpr (T == T_E4M3) {
+    asm("{\n.reg .b16 t;\ncvt.rn.satfinite.e4m3x2.f32 t, %1, %2;\ncvt.u32.u16 %0, t;\n}" : "=r"(lo) : "f"(x1), "f"(x0));
+    asm("{\n.reg .b16 t;\ncvt.rn.satfinite.e4m3x2.f32 t, %1, %2;\ncvt.u32.u16 %0, t;\n}" : "=r"(hi) : "f"(x3), "f"(x2));
+  } else {
+    asm("{\n.reg .b16 t;\ncvt.rn.satfinite.e5m2x2.f32 t, %1, %2;\ncvt.u32.u16 %0, t;\n}" : "=r"(lo) : "f"(x1), "f"(x0));
+    asm("{\n.reg .b16 t;\ncvt.rn.satfinite.e5m2x2.f32 t, %1, %2;\ncvt.u32.u16 %0, t;\n}" : "=r"(hi) : "f"(x3), "f"(x2));
+  }
+  return lo | (hi << 16);
+}
+// 8 consecutive elements of type T at p + off (16-byte aligned for 16-bit types, 32 for
+// f32) as floats, and back.
+template <int T>
+__device__ __forceinline__ void load8(const void *p, u64 off, float (&v)[8]) {
+  if constexpr (T == T_F32) {
+    const uint4 *q = reinterpret_cast<const uint4 *>(reinterpret_cast<const float *>(p) + off);
+    const uint4 a = q[0], b = q[1];
+    v[0] = __uint_as_float(a.x); v[1] = __uint_as_float(a.y); v[2] = __uint_as_float(a.z); v[3] = __uint_as_float(a.w);
+    v[4] = __uint_as_float(b.x); v[5] = __uint_as_float(b.y); v[6] = __uint_as_float(b.z); v[7] = __uint_as_float(b.w);
+  } else {
+    const uint4 a = *reinterpret_cast<const uint4 *>(reinterpret_cast<const u16 *>(p) + off);
+    const u32 w[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      v[2 * i] = T == T_BF16 ? bf16_to_f32(w[i] & 0xffff) : f16_to_f32(w[i] & 0xffff);
+      v[2 * i + 1] = T == T_BF16 ? bf16_to_f32(w[i] >> 16) : f16_to_f32(w[i] >> 16);
+    }
+  }
+}
+template <int T>
+__device__ __forceinline__ void store8(void *p, u64 off, const float (&v)[8]) {
+  if constexpr (T == T_F32) {
+    uint4 *q = reinterpret_cast<uint4 *>(reinterpret_cast<float *>(p) + off);
+    q[0] = make_uint4(__float_as_uint(v[0]), __float_as_uint(v[1]), __float_as_uint(v[2]), __float_as_uint(v[3]));
+    q[1] = make_uint4(__float_as_uint(v[4]), __float_as_uint(v[5]), __float_as_uint(v[6]), __float_as_uint(v[7]));
+  } else if constexpr (is_fp8(T)) {
+    *reinterpret_cast<uint2 *>(reinterpret_cast<u8 *>(p) + off) =
+        make_uint2(pack_fp8x4<T>(v[0], v[1], v[2], v[3]), pack_fp8x4<T>(v[4], v[5], v[6], v[7]));
+  } else {
+    u32 w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      w[i] = T == T_BF16 ? pack_bf16x2(v[2 * i], v[2 * i + 1]) : pack_f16x2(v[2 * i], v[2 * i + 1]);
+    *reinterpret_cast<uint4 *>(reinterpret_cast<u16 *>(p) + off) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+// GELU, tanh approximation (as cuBLASLt's GELU epilogues):
+// 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), tanh(u) = 1 - 2 / (exp(2u) + 1).
+__device__ __forceinline__ float gelu_tanh(float x) {
+  const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+  float e;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(2.8853900817779268f * u));  // exp(2u)
+  const float t = 1.f - __fdividef(2.f, e + 1.f);
+  return 0.5f * x * (1.f + t);
+}
+
+// The _epi epilogue (the wide store's quad transpose, on floats): each lane gets 8
+// consecutive columns of one row, then v = scale * acc (+ beta * D_old) (+ bias);
+// aux = v; v = gelu(v); amax = max(amax, |v|); FP8 D: v *= d_scale (saturating cast).
+// Needs m % 8 == 0 and 16-byte aligned D, aux and bias.
+template <int BN, int TO>
+__device__ __forceinline__ void store_tile_epi(float (&acc)[BN / 2], float scale, const Gemm90Args &g,
+                                               int row, int m0, int lane, float d_scale, float &amax) {
+  constexpr int TX = epi_type(TO);
+  const int q = lane % 4;
+  const int m = g.m, n = g.n, epi = g.epilogue;
+#pragma unroll
+  for (int jj = 0; jj < BN / 32; ++jj) {
+    const int col = m0 + 8 * (4 * jj + q);
+    const bool col_ok = col < m;
+    float bias[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) bias[i] = 0.f;
+    if ((epi & EPI_BIAS) && col_ok) load8<TX>(g.bias, (u64)col, bias);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = row + 8 * h;
+      u32 lo[4], hi[4];
+#pragma unroll
+      for (int gg = 0; gg < 4; ++gg) {
+        lo[gg] = __float_as_uint(acc[4 * (4 * jj + gg) + 2 * h] * scale);
+        hi[gg] = __float_as_uint(acc[4 * (4 * jj + gg) + 2 * h + 1] * scale);
+      }
+      quad_transpose(lo[0], lo[1], lo[2], lo[3], q);
+      quad_transpose(hi[0], hi[1], hi[2], hi[3], q);
+      if (r < n && col_ok) {
+        const u64 off = (u64)r * (u64)m + (u64)col;
+        float v[8];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          v[2 * i] = __uint_as_float(lo[i]) + bias[2 * i];
+          v[2 * i + 1] = __uint_as_float(hi[i]) + bias[2 * i + 1];
+        }
+        if constexpr (!is_fp8(TO)) {
+          if (epi & EPI_ACCUM) {
+            float old[8];
+            load8<TO>(g.d, off, old);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) v[i] = fmaf(g.beta, old[i], v[i]);
+          }
+        }
+        if (epi & EPI_GELU) {
+          if (g.aux != nullptr) store8<TX>(g.aux, off, v);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) v[i] = gelu_tanh(v[i]);
+        }
+#pragma unroll
+        for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
+        if constexpr (is_fp8(TO)) {
+#pragma unroll
+          for (int i = 0; i < 8; ++i) v[i] *= d_scale;
+        }
+        store8<TO>(g.d, off, v);
+      }
+    }
+  }
+}
+
+// Variant bits (template parameter V; kernel name suffixes): plain kernels (V = 0) have
+// the fast path only (epilogue must be 0, d_scale / d_amax unused).
+enum : int {
+  V_EPI = 1,    // _epi: the epilogue bits, FP8 D with d_scale, d_amax
+  V_FPACC = 2,  // _fpacc (FP8 in; implies V_EPI): full-precision accumulation
+};
+
+template <int BN, int L, int TA, int TB, int TO, int V>
+__device__ __forceinline__ void gemm(const GemmTmaDesc *tmap_b, const GemmTmaDesc *tmap_a,
+                                     const Gemm90Args &g) {
+  constexpr bool FP8 = is_fp8(TA);
+  constexpr bool OUT_F32 = TO == T_F32;
+  constexpr bool EPI = (V & (V_EPI | V_FPACC)) != 0;
+  constexpr bool FPACC = (V & V_FPACC) != 0;
+  static_assert(!FP8 || L == L_TN, "FP8 operands are K-major only (wgmma)");
+  static_assert(FP8 == is_fp8(TB), "both inputs FP8 or both 16-bit");
+  static_assert(FP8 || TA == TB, "16-bit inputs of one type");
+  static_assert(EPI || TO == T_BF16 || TO == T_F32, "plain kernels store bf16 or f32");
+  static_assert(!FPACC || (FP8 && BN == 128), "_fpacc: FP8 inputs, BN 128");
+  constexpr bool A_MN = L != L_TN;  // A [k, m]
+  constexpr bool B_MN = L == L_NT;  // B [k, n]
   void *const d_out = g.d;
   const int m = g.m, n = g.n, k = g.k;
   const u32 *const flags = g.flags;
@@ -445,8 +700,21 @@ __device__ __forceinline__ void gemm_tn(const GemmTmaDesc *tmap_b, const GemmTma
           const u32 st = base + s * C::STAGE_BYTES;
           // Zero-filled out-of-bounds bytes count too: always the whole box.
           mbar_arrive_expect_tx(full, C::STAGE_BYTES);
-          tma_load_2d(st, tmap_b, full, kb * K_ELEMS, n0);
-          tma_load_2d(st + C::A_BYTES, tmap_a, full, kb * K_ELEMS, m0);
+          if constexpr (B_MN) {
+            // B [k, n]: boxes of 64 columns x 64 rows of K, MN_BOX_BYTES apart.
+#pragma unroll
+            for (int c = 0; c < BM / 64; ++c)
+              tma_load_2d(st + c * MN_BOX_BYTES, tmap_b, full, n0 + 64 * c, kb * K_ELEMS);
+          } else {
+            tma_load_2d(st, tmap_b, full, kb * K_ELEMS, n0);
+          }
+          if constexpr (A_MN) {
+#pragma unroll
+            for (int c = 0; c < BN / 64; ++c)
+              tma_load_2d(st + C::A_BYTES + c * MN_BOX_BYTES, tmap_a, full, m0 + 64 * c, kb * K_ELEMS);
+          } else {
+            tma_load_2d(st + C::A_BYTES, tmap_a, full, kb * K_ELEMS, m0);
+          }
         }
       }
     }
@@ -459,25 +727,63 @@ __device__ __forceinline__ void gemm_tn(const GemmTmaDesc *tmap_b, const GemmTma
     for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
     float scale = 1.f;
     if (FP8) scale = *g.a_scale_inv * *g.b_scale_inv;
+    float d_scale = 1.f, amax = 0.f;
+    if constexpr (EPI && is_fp8(TO)) {
+      if (g.d_scale != nullptr) d_scale = *g.d_scale;
+    }
+    // Descriptor steps per K step (16 or 32 elements) inside a stage: K-major +32 bytes,
+    // MN-major +16 rows of 128 bytes (both in >> 4 units).
+    constexpr u64 A_STEP = B_MN ? 128 : 2;   // wgmma A = our B
+    constexpr u64 B_STEP = A_MN ? 128 : 2;   // wgmma B = our A
     u32 it = 0;
     for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
       int tn, tm;
       tile_coords(t, tiles_n, tiles_m, gn, n_tile_rot, tn, tm);
       const int n0 = tn * BM, m0 = tm * BN;
       u32 prev = 0;
+      if constexpr (FPACC) {
+        // Full-precision accumulation: each stage's wgmmas (4 K steps of 32) into `part`
+        // (starting from zero), then acc += part in fp32: wgmma's own (fast) accumulation
+        // spans at most 128 products.
+        float part[BN / 2];
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+        for (int kb = 0; kb < kblocks; ++kb, ++it) {
+          const u32 s = it % C::STAGES;
+          const u32 phase = (it / C::STAGES) & 1;
+          mbar_wait(bars + 8 * s, phase);
+          const u32 st = base + s * C::STAGE_BYTES;
+          const u64 da = smem_desc_sw128(st + cw * 64 * K_BYTES);
+          const u64 db = smem_desc_sw128(st + C::A_BYTES);
+          wgmma_fence();
+          fence_regs(part);
+#pragma unroll
+          for (int kk = 0; kk < K_BYTES / 32; ++kk)
+            wgmma_tile<BN, TA, TB, L>(part, da + 2 * kk, db + 2 * kk, kk != 0);
+          wgmma_commit();
+          wgmma_wait<0>();
+          fence_regs(part);
+          if (lane == 0) mbar_arrive(bars + 8 * (C::STAGES + s));
+#pragma unroll
+          for (int i = 0; i < BN / 2; ++i) acc[i] += part[i];
+        }
+      } else {
       for (int kb = 0; kb < kblocks; ++kb, ++it) {
         const u32 s = it % C::STAGES;
         const u32 phase = (it / C::STAGES) & 1;
         mbar_wait(bars + 8 * s, phase);
         const u32 st = base + s * C::STAGE_BYTES;
-        const u64 da = smem_desc_sw128(st + cw * 64 * K_BYTES);
-        const u64 db = smem_desc_sw128(st + C::A_BYTES);
+        u64 da, db;
+        if constexpr (B_MN) da = smem_desc_sw128_mn(st + cw * MN_BOX_BYTES);
+        else da = smem_desc_sw128(st + cw * 64 * K_BYTES);
+        if constexpr (A_MN) db = smem_desc_sw128_mn(st + C::A_BYTES);
+        else db = smem_desc_sw128(st + C::A_BYTES);
         wgmma_fence();
         fence_regs(acc);
 #pragma unroll
         for (int kk = 0; kk < K_BYTES / 32; ++kk) {
           // The first wgmma of a tile overwrites the accumulators (scale-d = 0).
-          wgmma_tile<BN, FP8>(acc, da + 2 * kk, db + 2 * kk, (kb | kk) != 0);
+          wgmma_tile<BN, TA, TB, L>(acc, da + A_STEP * kk, db + B_STEP * kk, (kb | kk) != 0);
         }
         wgmma_commit();
         fence_regs(acc);
@@ -492,8 +798,11 @@ __device__ __forceinline__ void gemm_tn(const GemmTmaDesc *tmap_b, const GemmTma
       wgmma_wait<0>();
       fence_regs(acc);
       if (lane == 0) mbar_arrive(bars + 8 * (C::STAGES + prev));
+      }
 
-      if (GEMM90_EPI_WIDE) {
+      if constexpr (EPI) {
+        store_tile_epi<BN, TO>(acc, scale, g, n0 + cw * 64 + warp * 16 + lane / 4, m0, lane, d_scale, amax);
+      } else if (GEMM90_EPI_WIDE) {
         store_tile_wide<BN, OUT_F32>(acc, scale, d_out, m, n, n0 + cw * 64 + warp * 16 + lane / 4, m0, lane);
       } else {
         // Epilogue from the accumulator fragments of m64nBN: thread (warp w, lane l) holds,
@@ -527,31 +836,89 @@ __device__ __forceinline__ void gemm_tn(const GemmTmaDesc *tmap_b, const GemmTma
         if (threadIdx.x == 128) signal_done(g.done, g.done_rows, g.done_value, n, tiles_m, n0, min(n0 + BM, n));
       }
     }
+    if constexpr (EPI) {
+      // amax of D before scaling: a warp's maximum, then one atomicMax on the float's
+      // bits (non-negative floats order like their bits); *d_amax must start at 0.
+      if (g.d_amax != nullptr) {
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        if (lane == 0) atomicMax(reinterpret_cast<unsigned *>(g.d_amax), __float_as_uint(amax));
+      }
+    }
   }
 }
 
 }  // namespace gemm90
 
-// Kernels: gemm_sm90_tn_<in>_<out>_<BN>. Grid: min(tiles, SMs) CTAs of 384 threads,
-// gemm_sm90_smem_bytes_<BN> bytes of dynamic shared memory (set the function attribute).
-// tmap_b: B [n, k], box {K_BYTES / sizeof(in), 128}; tmap_a: A [m, k], box {.., BN};
-// both 128B swizzle. The scale_inv pointers are read for e4m3 only.
-#define GEMM90_KERNEL(NAME, BN, FP8, OUT_F32)                                               \
+// Kernels: gemm_sm90_<layout>_<a>_<b>_<out>_<BN>[_<variant>] (see the header). Grid:
+// min(tiles, SMs) CTAs of 384 threads, gemm_sm90_smem_bytes_<BN> bytes of dynamic shared
+// memory (set the function attribute). Tensor maps (both 128B swizzle): a K-major operand
+// (A [m, k] in TN; B [n, k] in TN, NN) box {K_BYTES / sizeof(in), rows: 128 for B, BN for
+// A}; an MN-major one (A [k, m] in NN, NT; B [k, n] in NT) box {64, 64} (64 elements of
+// m or n, 64 rows of k). The scale_inv pointers are read for FP8 inputs only.
+#define GEMM90_KERNEL(NAME, BN, L, TA, TB, TO, V)                                           \
   extern "C" __global__ void __launch_bounds__(gemm90::THREADS, 1)                          \
       NAME(const __grid_constant__ GemmTmaDesc tmap_b, const __grid_constant__ GemmTmaDesc  \
                                                            tmap_a,                          \
            const __grid_constant__ Gemm90Args args) {                                       \
-    gemm90::gemm_tn<BN, FP8, OUT_F32>(&tmap_b, &tmap_a, args);                              \
+    gemm90::gemm<BN, L, TA, TB, TO, V>(&tmap_b, &tmap_a, args);                             \
   }
+// Both tile widths of one kernel.
+#define GEMM90_KERNEL2(NAME, L, TA, TB, TO, V)       \
+  GEMM90_KERNEL(NAME##_256, 256, L, TA, TB, TO, V)   \
+  GEMM90_KERNEL(NAME##_128, 128, L, TA, TB, TO, V)
+#define GEMM90_KERNEL2_EPI(NAME, L, TA, TB, TO)                    \
+  GEMM90_KERNEL(NAME##_256_epi, 256, L, TA, TB, TO, gemm90::V_EPI) \
+  GEMM90_KERNEL(NAME##_128_epi, 128, L, TA, TB, TO, gemm90::V_EPI)
 
 extern "C" __constant__ int gemm_sm90_smem_bytes_256 = gemm90::Cfg<256>::SMEM_BYTES;
 extern "C" __constant__ int gemm_sm90_smem_bytes_128 = gemm90::Cfg<128>::SMEM_BYTES;
 
-GEMM90_KERNEL(gemm_sm90_tn_bf16_bf16_256, 256, false, false)
-GEMM90_KERNEL(gemm_sm90_tn_bf16_bf16_128, 128, false, false)
-GEMM90_KERNEL(gemm_sm90_tn_bf16_f32_256, 256, false, true)
-GEMM90_KERNEL(gemm_sm90_tn_bf16_f32_128, 128, false, true)
-GEMM90_KERNEL(gemm_sm90_tn_e4m3_bf16_256, 256, true, false)
-GEMM90_KERNEL(gemm_sm90_tn_e4m3_bf16_128, 128, true, false)
-GEMM90_KERNEL(gemm_sm90_tn_e4m3_f32_256, 256, true, true)
-GEMM90_KERNEL(gemm_sm90_tn_e4m3_f32_128, 128, true, true)
+using namespace gemm90;
+// Plain (the fast path): TN, bf16 x bf16 and e4m3 x e4m3, bf16 or f32 out.
+GEMM90_KERNEL2(gemm_sm90_tn_bf16_bf16_bf16, L_TN, T_BF16, T_BF16, T_BF16, 0)
+GEMM90_KERNEL2(gemm_sm90_tn_bf16_bf16_f32, L_TN, T_BF16, T_BF16, T_F32, 0)
+GEMM90_KERNEL2(gemm_sm90_tn_e4m3_e4m3_bf16, L_TN, T_E4M3, T_E4M3, T_BF16, 0)
+GEMM90_KERNEL2(gemm_sm90_tn_e4m3_e4m3_f32, L_TN, T_E4M3, T_E4M3, T_F32, 0)
+#ifndef GEMM90_NO_EPI
+// _epi, TN, 16-bit inputs (out: the input type or f32).
+GEMM90_KERNEL2_EPI(gemm_sm90_tn_bf16_bf16_bf16, L_TN, T_BF16, T_BF16, T_BF16)
+GEMM90_KERNEL2_EPI(gemm_sm90_tn_bf16_bf16_f32, L_TN, T_BF16, T_BF16, T_F32)
+GEMM90_KERNEL2_EPI(gemm_sm90_tn_f16_f16_f16, L_TN, T_F16, T_F16, T_F16)
+GEMM90_KERNEL2_EPI(gemm_sm90_tn_f16_f16_f32, L_TN, T_F16, T_F16, T_F32)
+// _epi, TN, FP8: e4m3 x e4m3 to every output; the mixes (backward GEMMs) to 16/32-bit.
+GEMM90_KERNEL2_EPI(gemm_sm90_tn_e4m3_e4m3_bf16, L_TN, T_E4M3, T_E4M3, T_BF16)
+GEMM90_KERNEL2_EPI(gemm_sm90_tn_e4m3_e4m3_f16, L_TN, T_E4M3, T_E4M3, T_F16)
+GEMM90_KERNEL2_EPI(gemm_sm90_tn_e4m3_e4m3_f32, L_TN, T_E4M3, T_E4M3, T_F32)
+GEMM90_KERNEL2_EPI(gemm_sm90_tn_e4m3_e4m3_e4m3, L_TN, T_E4M3, T_E4M3, T_E4M3)
+GEMM90_KERNEL2_EPI(gemm_sm90_tn_e4m3_e4m3_e5m2, L_TN, T_E4M3, T_E4M3, T_E5M2)
+GEMM90_KERNEL2_EPI(gemm_sm90_tn_e4m3_e5m2_bf16, L_TN, T_E4M3, T_E5M2, T_BF16)
+GEMM90_KERNEL2_EPI(gemm_sm90_tn_e4m3_e5m2_f16, L_TN, T_E4M3, T_E5M2, T_F16)
+GEMM90_KERNEL2_EPI(gemm_sm90_tn_e4m3_e5m2_f32, L_TN, T_E4M3, T_E5M2, T_F32)
+GEMM90_KERNEL2_EPI(gemm_sm90_tn_e5m2_e4m3_bf16, L_TN, T_E5M2, T_E4M3, T_BF16)
+GEMM90_KERNEL2_EPI(gemm_sm90_tn_e5m2_e4m3_f16, L_TN, T_E5M2, T_E4M3, T_F16)
+GEMM90_KERNEL2_EPI(gemm_sm90_tn_e5m2_e4m3_f32, L_TN, T_E5M2, T_E4M3, T_F32)
+#endif
+#ifndef GEMM90_NO_FPACC
+// _fpacc (BN 128 only): full-precision FP8 accumulation, with the _epi epilogue.
+GEMM90_KERNEL(gemm_sm90_tn_e4m3_e4m3_bf16_128_fpacc, 128, L_TN, T_E4M3, T_E4M3, T_BF16, V_FPACC)
+GEMM90_KERNEL(gemm_sm90_tn_e4m3_e4m3_f16_128_fpacc, 128, L_TN, T_E4M3, T_E4M3, T_F16, V_FPACC)
+GEMM90_KERNEL(gemm_sm90_tn_e4m3_e4m3_f32_128_fpacc, 128, L_TN, T_E4M3, T_E4M3, T_F32, V_FPACC)
+GEMM90_KERNEL(gemm_sm90_tn_e4m3_e4m3_e4m3_128_fpacc, 128, L_TN, T_E4M3, T_E4M3, T_E4M3, V_FPACC)
+GEMM90_KERNEL(gemm_sm90_tn_e4m3_e5m2_bf16_128_fpacc, 128, L_TN, T_E4M3, T_E5M2, T_BF16, V_FPACC)
+GEMM90_KERNEL(gemm_sm90_tn_e4m3_e5m2_f32_128_fpacc, 128, L_TN, T_E4M3, T_E5M2, T_F32, V_FPACC)
+GEMM90_KERNEL(gemm_sm90_tn_e5m2_e4m3_bf16_128_fpacc, 128, L_TN, T_E5M2, T_E4M3, T_BF16, V_FPACC)
+GEMM90_KERNEL(gemm_sm90_tn_e5m2_e4m3_f32_128_fpacc, 128, L_TN, T_E5M2, T_E4M3, T_F32, V_FPACC)
+#endif
+#ifndef GEMM90_NO_NN_NT
+// NN (dgrad) and NT (wgrad), 16-bit inputs, _epi (NT with EPI_ACCUM: wgrad into fp32
+// main_grad).
+GEMM90_KERNEL2_EPI(gemm_sm90_nn_bf16_bf16_bf16, L_NN, T_BF16, T_BF16, T_BF16)
+GEMM90_KERNEL2_EPI(gemm_sm90_nn_bf16_bf16_f32, L_NN, T_BF16, T_BF16, T_F32)
+GEMM90_KERNEL2_EPI(gemm_sm90_nn_f16_f16_f16, L_NN, T_F16, T_F16, T_F16)
+GEMM90_KERNEL2_EPI(gemm_sm90_nn_f16_f16_f32, L_NN, T_F16, T_F16, T_F32)
+GEMM90_KERNEL2_EPI(gemm_sm90_nt_bf16_bf16_bf16, L_NT, T_BF16, T_BF16, T_BF16)
+GEMM90_KERNEL2_EPI(gemm_sm90_nt_bf16_bf16_f32, L_NT, T_BF16, T_BF16, T_F32)
+GEMM90_KERNEL2_EPI(gemm_sm90_nt_f16_f16_f16, L_NT, T_F16, T_F16, T_F16)
+GEMM90_KERNEL2_EPI(gemm_sm90_nt_f16_f16_f32, L_NT, T_F16, T_F16, T_F32)
+#endif

@@ -5,8 +5,13 @@
 # correctness on small/odd shapes and the per-rank anchor shapes at tp 2/4/8 (bf16 and
 # e4m3) against an fp32 reference GEMM and fp64 CPU samples, speed against cuBLASLt, the
 # cost of pre-set arrival flags, and an AG-style run whose row blocks arrive by copy
-# engine while the kernel runs. Markdown table last.
+# engine while the kernel runs; then the feature cases (every input / output type, the
+# epilogues, FP8 output with d_scale and amax, full-precision FP8 accumulation, NN / NT
+# layouts) at small and odd shapes against fp32 + fp64 references, and the precision
+# test of full-precision against fast FP8 accumulation at k = 8192. A summary line per
+# feature, the markdown table last (options --no-features, --features-only).
 #   scripts/own-gemm-gpu.sh [own_gemm options: --quick --iters N --bn 128|256 --group G --no-fp8
+#                            --no-features --features-only
 #                            --define GEMM90_STAGES_256=3 ...]
 # Log and binary under $OUT (default own-gemm-out/); exits with own_gemm's status
 # (1: a wrong result or a hang, 2: setup error). CUDA_HOME (default /usr/local/cuda).
@@ -52,7 +57,7 @@ for v in ${OWN_GEMM_VARIANTS:-base narrow}; do
   prc=${PIPESTATUS[0]}
   [ $prc -eq 124 ] && echo "own-gemm-gpu: pass $v timed out (280 s)" | tee -a "$out/own_gemm.log"
   [ "$v" = base ] && rc=$prc
-  summary+=("pass $v: exit $prc; $(grep -E '^- (bf16|e4m3|flag|overall)' "$out/own_gemm_$v.log" | tr '\n' ' ')")
+  summary+=("pass $v: exit $prc; $(grep -E '^- (bf16|e4m3|flag|small|feature|tile|overall)' "$out/own_gemm_$v.log" | tr '\n' ' ')")
 done
 echo
 printf '%s\n' "${summary[@]}" | tee -a "$out/own_gemm.log"

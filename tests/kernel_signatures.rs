@@ -204,7 +204,12 @@ fn c_param(decl: &str, structs: &HashMap<String, usize>) -> Result<ParamInfo, St
     } else {
         let words: Vec<&str> = ty
             .split_whitespace()
-            .filter(|w| !matches!(*w, "const" | "volatile" | "__restrict__"))
+            .filter(|w| {
+                !matches!(
+                    *w,
+                    "const" | "volatile" | "__restrict__" | "__grid_constant__"
+                )
+            })
             .collect();
         match words.join(" ").as_str() {
             "int" | "unsigned" | "unsigned int" | "u32" | "int32_t" | "uint32_t" => {
@@ -454,4 +459,48 @@ fn every_launch_goes_through_a_checked_binding() {
         "src/ declares {declared} kernel bindings but the modules' kernel_signatures() list {}: add the new one to its module's list",
         bindings().len()
     );
+}
+
+/// The own GEMM's kernels (kernels/gemm_sm90.cu) follow its naming scheme,
+/// gemm_sm90_<layout>_<a>_<b>_<out>_<BN>[_<variant>], and all take (tensor map B, tensor
+/// map A, Gemm90Args) by value: hosts build kernel names from the scheme.
+#[test]
+fn own_gemm_kernels_follow_the_naming_scheme() {
+    let k = c_kernels();
+    let gemm = &k["gemm_sm90.cu"];
+    let p = |c, s| ParamInfo { class: c, size: s };
+    let params = [
+        p(ArgClass::Struct, 128),
+        p(ArgClass::Struct, 128),
+        p(ArgClass::Struct, 120),
+    ];
+    let types = ["bf16", "f16", "e4m3", "e5m2"];
+    let mut count = 0;
+    for (name, c) in gemm {
+        let parts: Vec<&str> = name.split('_').collect();
+        assert!(
+            (7..=8).contains(&parts.len()) && parts[0] == "gemm" && parts[1] == "sm90",
+            "{name}: not gemm_sm90_<layout>_<a>_<b>_<out>_<BN>[_<variant>]"
+        );
+        assert!(["tn", "nn", "nt"].contains(&parts[2]), "{name}: layout");
+        assert!(
+            types.contains(&parts[3]) && types.contains(&parts[4]),
+            "{name}: input types"
+        );
+        assert!(
+            types.contains(&parts[5]) || parts[5] == "f32",
+            "{name}: output type"
+        );
+        assert!(["128", "256"].contains(&parts[6]), "{name}: BN");
+        if parts.len() == 8 {
+            assert!(["epi", "fpacc"].contains(&parts[7]), "{name}: variant");
+        }
+        assert_eq!(
+            c.as_ref().unwrap().as_slice(),
+            &params,
+            "{name}: parameters"
+        );
+        count += 1;
+    }
+    assert_eq!(count, 62, "the instantiation list of the header");
 }
