@@ -147,6 +147,11 @@ typedef enum NVTECommGemmAlgoType {
  */
 #define NVTE_COMM_GEMM_PACKED_ALL_REDUCE 2
 
+/**
+ * Rows of D per tile (the kernel's BM).
+ */
+#define TILE_ROWS 128
+
 #define NUM_SLOTS 8
 
 #define MAX_PEERS 16
