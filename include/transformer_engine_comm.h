@@ -147,11 +147,6 @@ typedef enum NVTECommGemmAlgoType {
  */
 #define NVTE_COMM_GEMM_PACKED_ALL_REDUCE 2
 
-/**
- * Rows of D per tile (the kernel's BM).
- */
-#define TILE_ROWS 128
-
 #define NUM_SLOTS 8
 
 #define MAX_PEERS 16
@@ -272,8 +267,18 @@ typedef struct NVTECommOverlapConfig {
    */
   bool aggregate;
   /**
-   * TE's atomic GEMM algorithms: must be false (cuBLASLt 13 removed the atomic-sync
-   * counters they need: bench/atomic_gemm_probe.cu)
+   * TE's atomic GEMM algorithms (default false): true makes the all-gather + GEMM
+   * (split_ag) the fused one: the chunks travel the backward ring as in the split
+   * all-gather, and one launch of our own Hopper GEMM (kernels/gemm_sm90.cu) computes
+   * all of D, waiting on a per-chunk arrival flag that the ring's stream writes after
+   * each chunk has landed (every wait on a peer stays bounded by the timeout). Our GEMM
+   * runs where it can: an sm_90 device, TN, bf16 or e4m3 inputs (e4m3 with fast
+   * accumulation), bf16 or fp32 output, no bias / GELU / accumulate / FP8 output, k *
+   * the input size a multiple of 16 bytes, m a multiple of 8, 16-byte aligned operands;
+   * elsewhere the same ring feeds cuBLASLt GEMMs per chunk (the reason is the call's
+   * NVTX step). While it waits our GEMM leaves num_comm_sm SMs to communication. The
+   * reduce-scatter and all-reduce keep their split algorithms. Not TE's cuBLAS
+   * atomic-counter GEMMs, which cuBLASLt 13 removed (bench/atomic_gemm_probe.cu).
    */
   bool atomic_gemm;
   /**

@@ -98,7 +98,7 @@ pub fn args_layout() -> Vec<(&'static str, usize, usize)> {
 }
 
 /// Rows of D per tile (the kernel's BM).
-pub const TILE_ROWS: usize = 128;
+pub(crate) const TILE_ROWS: usize = 128;
 /// Tile rows per group of the grouped rasterization.
 const GROUP_N: i32 = 8;
 const THREADS: u32 = 384;
@@ -164,7 +164,7 @@ pub struct Hooks {
     /// tile rows rotated so that this tile row is computed first
     pub n_tile_rot: usize,
     /// done signals (u32 [2 * blocks]: the signals, then the kernel's self-resetting
-    /// counters, zero before the first launch); done[j] = `done_value` once every tile of
+    /// counters, zero before the first launch); `done[j] = done_value` once every tile of
     /// rows [j * done_rows, ..) of D is stored (NULL: none)
     pub done: DevPtr,
     pub done_rows: usize,

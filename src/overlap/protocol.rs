@@ -21,6 +21,7 @@ use super::{AlgoKnobs, Op, ag::AgArgs};
 use crate::cuda::DevPtr;
 use crate::cuda::StreamHandle;
 use crate::error::Result;
+use crate::gemm::sm90::Hooks;
 use crate::gemm::{Epilogue, GemmDesc, TeGemm};
 use crate::tensor::{Buffer, DType, Shape, Tensor};
 use crate::transport::fake::{Call, Coll, FakeTransport, Flavour, Log, Rec, SharedLog};
@@ -51,6 +52,10 @@ pub(crate) enum Dev {
     Begin(u32, Vec<u64>),
     Record(usize),
     WaitEvent(usize),
+    /// a flag written (cuStreamWriteValue32)
+    WriteFlag(DevPtr, u32),
+    /// our own GEMM: runs once every flag of its rows has reached the value
+    Fused(GemmDesc, Hooks),
 }
 
 type L = Log<Dev>;
@@ -195,6 +200,15 @@ impl Device for RecDevice {
         self.push(stream.raw(), Dev::Reduce(*r));
         Ok(())
     }
+    fn write_flag(&self, dst: DevPtr, value: u32, stream: StreamHandle) -> Result<()> {
+        self.push(stream.raw(), Dev::WriteFlag(dst, value));
+        Ok(())
+    }
+    fn fused_gemm(&self, g: &GemmDesc, hooks: &Hooks, _sms: usize, index: usize) -> Result<()> {
+        let s = self.lane(Lane::Compute(index))?;
+        self.push(s.raw(), Dev::Fused(*g, *hooks));
+        Ok(())
+    }
     fn copy_segments(
         &self,
         segs: &[(DevPtr, DevPtr, usize)],
@@ -271,6 +285,13 @@ impl Mem {
             }
         }
         Err(format!("address {addr:#x} is in no allocation"))
+    }
+    /// The allocation called `name`, if any.
+    fn named(&self, name: &str) -> Option<DevPtr> {
+        self.allocs
+            .iter()
+            .find(|a| a.name == name)
+            .map(|a| DevPtr::new(a.base))
     }
     fn f32_at(&self, p: DevPtr) -> f32 {
         let (i, o) = self.find(p, 4).unwrap();
@@ -504,8 +525,34 @@ impl Sim {
                 }
                 Some(v)
             }
+            Rec::Device(Dev::Fused(g, hk)) => self.flags_ready(g, hk),
             _ => Some(vec![]),
         }
+    }
+
+    /// Our GEMM's flags: every row block's has reached the value (wrap-around compare, as
+    /// the kernel's), joining the clocks of their writers. Flags out of bounds: ready (the
+    /// step then reports them).
+    fn flags_ready(&self, g: &GemmDesc, hk: &Hooks) -> Option<Vec<Vec<u32>>> {
+        if hk.flags.is_null() {
+            return Some(vec![]);
+        }
+        let mut deps = Vec::new();
+        for i in 0..g.n.div_ceil(hk.rows_per_flag.max(1)) {
+            let Ok((a, o)) = self.mem.find(hk.flags + 4 * i, 4) else {
+                return Some(vec![]);
+            };
+            let al = &self.mem.allocs[a];
+            let v = u32::from_le_bytes(al.data[o..o + 4].try_into().unwrap());
+            let w = al.writer[o];
+            if w == NEVER || (v.wrapping_sub(hk.flag_value) as i32) < 0 {
+                return None;
+            }
+            if w != INPUT {
+                deps.push(self.clock[w as usize - 1].clone());
+            }
+        }
+        Some(deps)
     }
 
     /// The step holding the matching receive (of a send of `h` on `pair` = (from, to)),
@@ -621,6 +668,14 @@ impl Sim {
                     self.copy(h, dst, src, n)?;
                 }
                 Ok(())
+            }
+            Dev::WriteFlag(dst, v) => self.write(h, dst, &v.to_le_bytes()),
+            Dev::Fused(g, hk) => {
+                if !hk.flags.is_null() {
+                    let nf = g.n.div_ceil(hk.rows_per_flag.max(1));
+                    self.mem.find(hk.flags, 4 * nf)?;
+                }
+                self.gemm(h, &g)
             }
             Dev::AmaxMax | Dev::Begin(..) | Dev::Record(_) | Dev::WaitEvent(_) => Ok(()),
         }
@@ -844,6 +899,12 @@ pub(crate) struct Cfg {
     rs_accumulate: bool,
     ar_ring: Option<bool>,
     knobs: AlgoKnobs,
+    /// the fused algorithms (settings.atomic), and whether "our GEMM" (the host GEMM
+    /// here) is loaded
+    atomic: bool,
+    own_gemm: bool,
+    /// the call's number on its rank (flag values; logs of several calls)
+    call: u64,
 }
 
 impl Cfg {
@@ -857,6 +918,9 @@ impl Cfg {
             rs_accumulate: false,
             ar_ring: None,
             knobs: AlgoKnobs::default(),
+            atomic: false,
+            own_gemm: true,
+            call: 0,
         }
     }
 }
@@ -878,6 +942,14 @@ impl Scratch for FakeScratch<'_> {
     }
     fn amax_slots(&mut self) -> Result<DevPtr> {
         Ok(self.mem.alloc("amax slots", 256))
+    }
+    /// The rank's flags, made zero once and kept across its calls (as the engine's).
+    fn flags(&mut self) -> Result<DevPtr> {
+        let name = format!("flags of rank {}", self.rank);
+        Ok(match self.mem.named(&name) {
+            Some(p) => p,
+            None => self.mem.input(&name, &[0.0; plan::MAX_FLAGS]),
+        })
     }
 }
 
@@ -912,6 +984,7 @@ fn env_of(
             set_sm_margin: true,
             sm_count: 132,
             one_shot_max_bytes: 256,
+            atomic: cfg.atomic,
         },
         tuning: plan::Tuned {
             pieces: cfg.pieces,
@@ -922,6 +995,11 @@ fn env_of(
         events: 128,
         compute_streams: 3,
         inline: tp == 1 && caps.idle_alone,
+        own_gemm: if cfg.own_gemm {
+            Some(|_: &GemmDesc| None)
+        } else {
+            None
+        },
         nvtx: false,
         trace: false,
     }
@@ -940,7 +1018,7 @@ pub(crate) fn rank_call(
     plan_call: &mut dyn FnMut(&mut Planner) -> Result<()>,
 ) -> Res {
     let bytes = geometry.0 * geometry.1 * 4;
-    let t = FakeTransport::new(r, buffers, bytes, cfg.flavour, log.clone());
+    let t = FakeTransport::new(r, buffers, bytes, cfg.flavour, log.clone()).for_call(cfg.call);
     let env = env_of(&t, (tp, r), geometry, cfg);
     let mut plan = Plan::default();
     {
@@ -1294,6 +1372,134 @@ fn ring_all_gather_gemm() {
         };
         check_ag(tp, cfg, false)
     });
+}
+
+/// The fused all-gather + GEMM: the ring's arrivals as flags and one GEMM waiting on
+/// them (or, without our GEMM, cuBLASLt per chunk on the same ring); selected through
+/// split_ag by settings.atomic wherever the transport has a two-sided exchange.
+#[test]
+fn fused_all_gather_gemm() {
+    let fused = |f| Cfg {
+        atomic: true,
+        ..Cfg::new(f)
+    };
+    all("fused_ag", |tp, f| check_ag(tp, fused(f), false));
+    all("fused_ag (buffer view)", |tp, f| {
+        check_ag(tp, fused(f), true)
+    });
+    all("fused_ag (2 pieces)", |tp, f| {
+        check_ag(
+            tp,
+            Cfg {
+                pieces: 2,
+                ..fused(f)
+            },
+            false,
+        )
+    });
+    all("fused_ag (3 pieces: 1 divides the chunk)", |tp, f| {
+        check_ag(
+            tp,
+            Cfg {
+                pieces: 3,
+                ..fused(f)
+            },
+            false,
+        )
+    });
+    all("fused_ag (SM puts, bidirectional asked)", |tp, f| {
+        let cfg = Cfg {
+            use_ce: false,
+            aggregate: true,
+            ..fused(f)
+        };
+        check_ag(tp, cfg, false)
+    });
+    all(
+        "fused_ag (our GEMM not loaded: cuBLASLt per chunk)",
+        |tp, f| {
+            let cfg = Cfg {
+                own_gemm: false,
+                pieces: 2,
+                ..fused(f)
+            };
+            check_ag(tp, cfg, false)
+        },
+    );
+    all("fused_ag (two calls, new data)", |tp, f| {
+        check_fused_ag_twice(tp, fused(f))
+    });
+}
+
+/// Two fused all-gather calls in a row on the same flags, the second with other shards:
+/// its GEMM sees only its own arrivals (a flag left set by the first call would let it
+/// read the first call's rows, and D would be wrong), and every flag is zero after each.
+fn check_fused_ag_twice(tp: usize, cfg: Cfg) -> Res {
+    let (nc, k, m) = (4, 8, 16);
+    let n = nc * tp;
+    let mut mem = Mem::default();
+    let bufs = buffers(&mut mem, tp, n * k * 4);
+    let log = new_log(tp);
+    let mut want = Vec::new();
+    for call in 0..2 {
+        let shards: Vec<Vec<f32>> = (0..tp).map(|r| values(10 * call + r + 1, nc * k)).collect();
+        let gathered = shards.concat();
+        for (r, shard) in shards.iter().enumerate() {
+            let a = values(100 + r, m * k);
+            let (pa, pb) = (
+                mem.input(&format!("A{r}.{call}"), &a),
+                mem.input(&format!("B{r}.{call}"), shard),
+            );
+            let pd = mem.alloc(&format!("D{r}.{call}"), n * m * 4);
+            want.push((pd, matmul_nt(&gathered, &a, n, k, m)));
+            let (ta, tb, td) = (
+                tensor(pa, &[m, k]),
+                tensor(pb, &[nc, k]),
+                tensor(pd, &[n, m]),
+            );
+            let args = AgArgs {
+                g: gemm(&ta, &tb, &td),
+                b_copy: None,
+                key_m: None,
+            };
+            let cfg = Cfg {
+                call: call as u64,
+                ..cfg
+            };
+            rank_call((tp, r), (n, k), cfg, &mut mem, &bufs, &log, &mut |p| {
+                p.split_ag(&args)
+            })?;
+        }
+    }
+    let fused = log
+        .lock()
+        .unwrap()
+        .ranks
+        .iter()
+        .flatten()
+        .filter(|(_, x)| matches!(x, Rec::Device(Dev::Fused(..))))
+        .count();
+    if fused != 2 * tp {
+        return Err(format!(
+            "{fused} launches of our GEMM, want one per rank and call"
+        ));
+    }
+    simulate(&log, &mut mem, &bufs)?;
+    for (i, (pd, w)) in want.iter().enumerate() {
+        expect_once(&mem, *pd, w, &format!("call {} rank {}: D", i / tp, i % tp))?;
+    }
+    for r in 0..tp {
+        if let Some(f) = mem.named(&format!("flags of rank {r}")) {
+            let (a, o) = mem.find(f, 4 * plan::MAX_FLAGS)?;
+            if mem.allocs[a].data[o..o + 4 * plan::MAX_FLAGS]
+                .iter()
+                .any(|&b| b != 0)
+            {
+                return Err(format!("rank {r}: flags left set after the calls"));
+            }
+        }
+    }
+    Ok(())
 }
 
 #[test]
