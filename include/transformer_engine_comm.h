@@ -119,9 +119,14 @@ typedef enum NVTECommLibrary {
 } NVTECommLibrary;
 
 /** Algorithm of the comm-GEMM calls (TE's comm_gemm.h values). Default: the */
-/** autotuner's choice (NVTE_COMM_TUNE; the defaults with NVTE_COMM_TUNE=0). SplitP2P: */
-/** the split algorithms with the defaults. The multicast and atomic variants are not */
-/** implemented and run as kNVTECommGemmAlgoSplitP2P. */
+/** autotuner's choice (NVTE_COMM_TUNE; the defaults with NVTE_COMM_TUNE=0), whose */
+/** all-gather candidates include the fused one (picked only where measured faster). */
+/** SplitP2P: the split algorithms with the defaults. AtomicP2P: the all-gather GEMM is */
+/** the fused one (the engine config's atomic_gemm: one launch of our Hopper GEMM on */
+/** per-chunk arrival flags where it can compute the call, else cuBLASLt per chunk on */
+/** the same ring); the reduce-scatter and all-reduce GEMMs run their split algorithms. */
+/** AtomicMulticast runs as AtomicP2P and SplitMulticast as SplitP2P (NVLink multicast */
+/** is never used). */
 typedef enum NVTECommGemmAlgoType {
   kNVTECommGemmAlgoDefault = 0,
   kNVTECommGemmAlgoSplitP2P = 1,

@@ -127,6 +127,8 @@ pub struct Tuning {
     pub ar_ring: Option<bool>,
     pub pieces: i32,
     pub rs_accumulate: bool,
+    /// the fused algorithms (as config atomic_gemm, which stays on where it is set)
+    pub atomic: bool,
 }
 
 pub struct Overlap {
@@ -440,6 +442,7 @@ impl Overlap {
         self.settings.use_ce = t.use_ce;
         self.settings.aggregate = t.aggregate;
         self.settings.num_splits = t.splits as usize;
+        self.settings.atomic = t.atomic || self.cfg.atomic_gemm;
         self.t.set_use_ce(t.use_ce);
         self.tuned = plan::Tuned {
             pieces: t.pieces as usize,

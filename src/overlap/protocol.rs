@@ -899,10 +899,10 @@ pub(crate) struct Cfg {
     rs_accumulate: bool,
     ar_ring: Option<bool>,
     knobs: AlgoKnobs,
-    /// the fused algorithms (settings.atomic), and whether "our GEMM" (the host GEMM
-    /// here) is loaded
+    /// the fused algorithms (settings.atomic), and "our GEMM" where loaded: what it
+    /// refuses (the host GEMM computes every f32 GEMM)
     atomic: bool,
-    own_gemm: bool,
+    own_gemm: Option<plan::OwnGemm>,
     /// the call's number on its rank (flag values; logs of several calls)
     call: u64,
 }
@@ -919,8 +919,21 @@ impl Cfg {
             ar_ring: None,
             knobs: AlgoKnobs::default(),
             atomic: false,
-            own_gemm: true,
+            own_gemm: Some(|_| None),
             call: 0,
+        }
+    }
+    /// The fused algorithms; our GEMM refuses odd m (so that ranks with uneven shares of
+    /// m differ in which GEMM they run) when `mixed`.
+    pub(crate) fn fused(flavour: Flavour, mixed: bool) -> Cfg {
+        Cfg {
+            atomic: true,
+            own_gemm: if mixed {
+                Some(|g| (g.m % 2 == 1).then_some("odd m (test)"))
+            } else {
+                Some(|_| None)
+            },
+            ..Cfg::new(flavour)
         }
     }
 }
@@ -995,11 +1008,7 @@ fn env_of(
         events: 128,
         compute_streams: 3,
         inline: tp == 1 && caps.idle_alone,
-        own_gemm: if cfg.own_gemm {
-            Some(|_: &GemmDesc| None)
-        } else {
-            None
-        },
+        own_gemm: cfg.own_gemm,
         nvtx: false,
         trace: false,
     }
@@ -1419,7 +1428,7 @@ fn fused_all_gather_gemm() {
         "fused_ag (our GEMM not loaded: cuBLASLt per chunk)",
         |tp, f| {
             let cfg = Cfg {
-                own_gemm: false,
+                own_gemm: None,
                 pieces: 2,
                 ..fused(f)
             };
