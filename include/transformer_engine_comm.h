@@ -124,7 +124,8 @@ typedef enum NVTECommLibrary {
 /** SplitP2P: the split algorithms with the defaults. AtomicP2P: the all-gather GEMM is */
 /** the fused one (the engine config's atomic_gemm: one launch of our Hopper GEMM on */
 /** per-chunk arrival flags where it can compute the call, else cuBLASLt per chunk on */
-/** the same ring); the reduce-scatter and all-reduce GEMMs run their split algorithms. */
+/** the same ring), and the ring reduce-scatter / all-reduce run one launch of it that */
+/** signals each destination's rows (where it can; else their split GEMMs). */
 /** AtomicMulticast runs as AtomicP2P and SplitMulticast as SplitP2P (NVLink multicast */
 /** is never used). */
 typedef enum NVTECommGemmAlgoType {
@@ -282,8 +283,12 @@ typedef struct NVTECommOverlapConfig {
    * the input size a multiple of 16 bytes, m a multiple of 8, 16-byte aligned operands;
    * elsewhere the same ring feeds cuBLASLt GEMMs per chunk (the reason is the call's
    * NVTX step). While it waits our GEMM leaves num_comm_sm SMs to communication. The
-   * reduce-scatter and all-reduce keep their split algorithms. Not TE's cuBLAS
-   * atomic-counter GEMMs, which cuBLASLt 13 removed (bench/atomic_gemm_probe.cu).
+   * ring reduce-scatter (split_rs_p2p, and the ring all-reduce's reduce-scatter) runs
+   * our GEMM too where it can: one launch computing every destination's partial, each
+   * destination's exchange starting once its rows are signalled done; the pipelined
+   * reduce-scatter, the accumulating ring and the chunked all-reduce are unchanged. Not
+   * TE's cuBLAS atomic-counter GEMMs, which cuBLASLt 13 removed
+   * (bench/atomic_gemm_probe.cu).
    */
   bool atomic_gemm;
   /**

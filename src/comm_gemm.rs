@@ -89,8 +89,8 @@ pub struct GemmCall<'a> {
     /// the caller left the algorithm to the library (algo Default): the autotuner may
     /// choose the configuration (see `crate::tune`)
     pub tune: bool,
-    /// kNVTECommGemmAlgoAtomicP2P / AtomicMulticast: the fused all-gather (the engine's
-    /// `atomic` setting; the reduce-scatter and all-reduce keep their split algorithms)
+    /// kNVTECommGemmAlgoAtomicP2P / AtomicMulticast: the engine's `atomic` setting (the
+    /// fused all-gather, and our GEMM in one launch for the ring reduce-scatter)
     pub atomic: bool,
 }
 

@@ -292,8 +292,9 @@ void report_cases(Env &e) {
 // 8; else cuBLASLt per chunk on the same ring: bias, FP8 with full-precision accumulation,
 // odd shares); m = 62 at 4 ranks gives shares 16, 16, 16, 14: ranks run different GEMMs
 // on the same protocol. 5 back-to-back calls each (the flags of one call must not leak
-// into the next). AtomicMulticast runs the same; the reduce-scatter and all-reduce keep
-// their split algorithms. Then FP8 with fast accumulation (our GEMM's e4m3 path).
+// into the next). The ring reduce-scatter and the ring all-reduce run our GEMM in one
+// launch with done signals (bias: GEMMs per destination); AtomicMulticast runs as
+// AtomicP2P. Then FP8 with fast accumulation (our GEMM's e4m3 path).
 void atomic_cases(Env &e, NVTECommGemmCtx *ctx, const char *transport, uint64_t &seed) {
   const NVTEDType bf = kNVTEBFloat16, e4 = kNVTEFloat8E4M3, f32 = kNVTEFloat32;
   const auto P2P = kNVTECommGemmAlgoAtomicP2P;
@@ -301,7 +302,8 @@ void atomic_cases(Env &e, NVTECommGemmCtx *ctx, const char *transport, uint64_t 
   for (const C &c : {C{Op::AG, 1024, 512, 256, bf, bf, false}, C{Op::AG, 1024, 512, 256, bf, f32, false},
                      C{Op::AG, 1024, 512, 256, bf, bf, true}, C{Op::AG, 1024, 512, 256, e4, bf, false},
                      C{Op::AG, 62, 128, 64, bf, bf, false}, C{Op::AG, 256, 126, 64, bf, bf, false},
-                     C{Op::RS, 64, 128, 256, bf, bf, false}, C{Op::AR, 64, 256, 256, bf, bf, true}})
+                     C{Op::RS, 64, 128, 256, bf, bf, false}, C{Op::RS, 512, 1024, 512, bf, bf, false},
+                     C{Op::AR, 64, 256, 256, bf, bf, false}, C{Op::AR, 64, 256, 256, bf, bf, true}})
     run_case(e, ctx, transport, c.op, c.m, c.n, c.k, c.in, c.in, c.out, true, false, c.bias, ++seed, 5, P2P);
   run_case(e, ctx, transport, Op::AG, 1024, 512, 256, bf, bf, bf, true, false, false, ++seed, 2, kNVTECommGemmAlgoAtomicMulticast);
   setenv("NVTE_COMM_GEMM_FP8_FAST_ACCUM", "1", 1);

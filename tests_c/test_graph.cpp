@@ -6,7 +6,7 @@
 // and every replay's output kept and checked afterwards against a reference computed
 // eagerly (NCCL collective + nvte_cublas_gemm) by relative error.
 // - Engine (nvte_comm_overlap_*, IPC): split_ag unidirectional and bidirectional, the
-//   fused all-gather (config atomic_gemm),
+//   fused all-gather and the fused ring reduce-scatter (config atomic_gemm),
 //   split_rs (pipelined), split_rs_p2p (ring), bulk AG and bulk RS (copy_into_buffer
 //   captured with them); copy-engine puts, and SM puts for the rings. Thread-local mode
 //   after an eager warm-up call; global mode with the very first call of a fresh object
@@ -406,15 +406,16 @@ void engine_ag(Env &e, bool aggregate, bool use_ce, uint64_t salt, bool atomic =
 }
 
 // split_rs / split_rs_p2p: partial D = B A^T [n, m] (k split), rs_output [n/tp, m].
-void engine_rs(Env &e, bool p2p, bool use_ce, uint64_t salt) {
+void engine_rs(Env &e, bool p2p, bool use_ce, uint64_t salt, bool atomic = false) {
   const size_t n = 4096, m = 8192, kl = 4096 / e.size, nc = n / e.size;
   const char *rs_ring = std::getenv("NVTE_COMM_RS_RING");
   const std::string label = std::string("engine ") + (p2p ? "split_rs_p2p (ring)" : "split_rs (pipelined)") + (use_ce ? " CE" : " SM") +
                             " bf16 TN n=4096 k=4096 m=8192 tp=" + std::to_string(e.size) +
-                            (rs_ring ? std::string(" RS_RING=") + rs_ring : std::string());
+                            (rs_ring ? std::string(" RS_RING=") + rs_ring : std::string()) +
+                            (atomic ? " atomic_gemm (our GEMM, done signals)" : "");
   if (!selected(label)) return;
   engine_modes([&](const Mode &mode, bool warmup) {
-    NVTECommOverlap *o = create(e, n, m, use_ce, false, label);
+    NVTECommOverlap *o = create(e, n, m, use_ce, false, label, atomic);
     if (!all_ok(o != nullptr)) { if (o) nvte_comm_overlap_destroy(o); return; }
     Tensor A(bf, {m, kl}), B(bf, {n, kl}), out(bf, {nc, m}), out2(bf, {nc, m}), full(f32, {n, m}), ref(f32, {nc, m});
     Case c;
@@ -638,6 +639,7 @@ int main(int argc, char **argv) {
   engine_ag(e, false, false, ++salt);
   engine_ag(e, false, true, ++salt, true);
   engine_ag(e, false, false, ++salt, true);
+  engine_rs(e, true, true, ++salt, true);
   engine_rs(e, false, true, ++salt);
   engine_rs(e, true, true, ++salt);
   engine_rs(e, true, false, ++salt);

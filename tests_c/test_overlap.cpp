@@ -426,6 +426,13 @@ void run_all(Env &e) {
                                              {"fused_ag", e4, bf, e4, ce, true, true}})
       test_ag(e, c, !c.aggregate, false);
     if (ce) test_ag(e, {"fused_ag", bf, bf, bf, ce, false, true}, false, true);
+    // The fused ring reduce-scatter (config atomic_gemm): one launch of our GEMM signalling
+    // each destination's rows (bf16 partials: bf16 and e4m3 inputs); an FP8 buffer (FP8
+    // partials, which our GEMM does not write) runs the GEMMs per destination.
+    for (const Combo &c : std::vector<Combo>{{"split_rs_p2p fused", bf, bf, bf, ce, false, true},
+                                             {"split_rs_p2p fused", e4, bf, bf, ce, false, true},
+                                             {"split_rs_p2p fused", e4, bf, e4, ce, false, true}})
+      test_rs(e, c, true);
     for (const char *algo : {"split_rs", "split_rs_p2p"}) {
       bool p2p = std::string(algo) == "split_rs_p2p";
       std::vector<Combo> rs = {{algo, bf, bf, bf, ce, false}, {algo, f16, f16, f16, ce, false}, {algo, e4, bf, e4, ce, false}};
@@ -511,6 +518,7 @@ int main(int argc, char **argv) {
     test_ag(e, {"split_ag", e4, bf, e4, true, true}, false, false);
     test_ag(e, {"fused_ag", bf, bf, bf, true, false, true}, true, false);
     test_ag(e, {"fused_ag", e4, bf, e4, true, false, true}, false, false);
+    test_rs(e, {"split_rs_p2p fused", bf, bf, bf, true, false, true}, true);
     test_rs(e, {"split_rs_p2p", bf, bf, bf, true, false}, true);
     setenv("NVTE_COMM_RS_RING", "accumulate", 1);
     test_rs(e, {"split_rs_p2p accumulate", bf, bf, bf, true, false}, true);

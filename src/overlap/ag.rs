@@ -446,7 +446,7 @@ impl Planner<'_> {
     /// SMs our GEMM may use while the call communicates: all but the comm SMs (at least
     /// one SM stays free: the transport's waits and SM puts are kernels, which a GEMM
     /// holding every SM while it waits for their flags would starve). 0: all (tp 1).
-    fn fused_sms(&self) -> usize {
+    pub(super) fn fused_sms(&self) -> usize {
         let s = &self.e.settings;
         if self.tp() == 1 {
             return 0;

@@ -6,7 +6,8 @@ use super::plan::{self, Device, Env, Lane, Planner, Reduce, Scratch};
 use super::{MAX_AMAX_SLOTS, Op, Overlap};
 use crate::cuda::StreamHandle;
 use crate::cuda::resources::{
-    DeviceMem, copy_2d, copy_async, memset_async, with_relaxed_capture, write_value32,
+    DeviceMem, copy_2d, copy_async, memset_async, wait_value32_geq, with_relaxed_capture,
+    write_value32,
 };
 use crate::cuda::{ContextGuard, DevPtr, nvtx};
 use crate::error::Result;
@@ -44,7 +45,7 @@ impl Scratch for EngineScratch<'_> {
     /// mode relaxed); every call leaves them zero.
     fn flags(&mut self) -> Result<DevPtr> {
         if self.flags.is_none() {
-            let m = DeviceMem::new_relaxed(plan::MAX_FLAGS * 4)?;
+            let m = DeviceMem::new_relaxed(2 * plan::MAX_FLAGS * 4)?;
             with_relaxed_capture(|| m.zero())?;
             *self.flags = Some(m);
         }
@@ -187,6 +188,9 @@ impl Device for GpuDevice<'_> {
     }
     fn write_flag(&self, dst: DevPtr, value: u32, stream: StreamHandle) -> Result<()> {
         write_value32(dst, value, stream)
+    }
+    fn wait_flag(&self, ptr: DevPtr, value: u32, stream: StreamHandle) -> Result<()> {
+        wait_value32_geq(ptr, value, stream)
     }
     fn fused_gemm(&self, g: &GemmDesc, hooks: &Hooks, sms: usize, index: usize) -> Result<()> {
         self.o.run_fused(g, hooks, sms, index)

@@ -32,7 +32,7 @@ pub mod schedule;
 
 use crate::cuda::StreamHandle;
 use crate::cuda::resources::{
-    Capture, DeviceMem, Event, Stream, capture_status, copy_async, memset_async,
+    Capture, DeviceMem, Event, Stream, capture_status, copy_async, memset_async, write_value32,
 };
 use crate::cuda::{self, ContextGuard, DevPtr, DeviceInfo, nvrtc, nvtx};
 use crate::error::ErrorKind as K;
@@ -904,7 +904,9 @@ impl Overlap {
     }
 
     /// Our own GEMM on compute stream `stream_idx` (the fused algorithms). A launch that
-    /// fails clears the flags it would have waited on (the next call starts from zero).
+    /// fails clears the flags it would have waited on (the next call starts from zero);
+    /// where it does not run (a failed launch, NVTE_COMM_REPORT's comm-alone runs) its
+    /// done signals are written all the same, so that no stream waits for them forever.
     fn run_fused(
         &self,
         g: &GemmDesc,
@@ -912,11 +914,10 @@ impl Overlap {
         sms: usize,
         stream_idx: usize,
     ) -> Result<()> {
-        if self.skipping_gemms() {
-            return Ok(()); // NVTE_COMM_REPORT's comm-alone runs (the flags are cleared after)
-        }
         let s = self.compute_stream(stream_idx)?;
+        let skip = self.skipping_gemms(); // NVTE_COMM_REPORT's comm-alone runs
         let r = match &self.own_gemm {
+            _ if skip => Ok(()),
             Some(Ok(b)) => b.run(g, hooks, sms, s),
             _ => Err(Error::internal(
                 "the plan runs our sm90 GEMM, which is not loaded",
@@ -925,6 +926,11 @@ impl Overlap {
         if r.is_err() && !hooks.flags.is_null() {
             let n = g.n.div_ceil(hooks.rows_per_flag.max(1));
             let _ = memset_async(hooks.flags, 4 * n, s);
+        }
+        if (r.is_err() || skip) && !hooks.done.is_null() {
+            for j in 0..g.n.div_ceil(hooks.done_rows.max(1)) {
+                let _ = write_value32(hooks.done + 4 * j, hooks.done_value, s);
+            }
         }
         r
     }

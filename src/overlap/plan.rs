@@ -172,6 +172,14 @@ pub enum Step {
         value: u32,
         lane: Lane,
     },
+    /// the lane waits until the u32 at `ptr` is >= `value` (cuStreamWaitValue32: no
+    /// timeout, so only for signals of our own GEMM, which waits on nothing itself: the
+    /// fused reduce-scatter's done signals)
+    WaitFlag {
+        ptr: DevPtr,
+        value: u32,
+        lane: Lane,
+    },
     /// one launch of our own GEMM (`gemm::sm90`) on compute stream `index`, on at most
     /// `sms` SMs (0: all), waiting on / signalling through `hooks`
     FusedGemm {
@@ -270,7 +278,9 @@ pub struct Env {
 /// GPU; the host tests' host GEMM computes every f32 GEMM.
 pub type OwnGemm = fn(&GemmDesc) -> Option<&'static str>;
 
-/// Arrival flags of the fused all-gather (u32 each): at most this many row blocks.
+/// Arrival flags of the fused all-gather (u32 each): at most this many row blocks. The
+/// flags scratch holds twice as many: the fused reduce-scatter's done signals and their
+/// counters are its second half.
 pub(crate) const MAX_FLAGS: usize = 256;
 
 /// The engine's immutable settings, below the C API's config (`config::Config`), with the
@@ -311,7 +321,7 @@ pub trait Scratch {
     fn staging(&mut self) -> Result<DevPtr>;
     /// Per-chunk amax slots (`super::MAX_AMAX_SLOTS` floats).
     fn amax_slots(&mut self) -> Result<DevPtr>;
-    /// The fused algorithms' `MAX_FLAGS` u32 flags, zero when made (the algorithms
+    /// The fused algorithms' 2 * `MAX_FLAGS` u32 flags, zero when made (the algorithms
     /// leave them zero after every call).
     fn flags(&mut self) -> Result<DevPtr>;
 }
@@ -520,6 +530,9 @@ impl Planner<'_> {
     pub fn write_flag(&mut self, dst: DevPtr, value: u32, lane: Lane) {
         self.push(Step::WriteFlag { dst, value, lane });
     }
+    pub fn wait_flag(&mut self, ptr: DevPtr, value: u32, lane: Lane) {
+        self.push(Step::WaitFlag { ptr, value, lane });
+    }
     pub fn fused_gemm(&mut self, g: &GemmDesc, hooks: Hooks, sms: usize, index: usize) {
         self.push(Step::FusedGemm {
             g: *g,
@@ -649,6 +662,7 @@ pub trait Device {
     ) -> Result<()>;
     fn memset(&self, dst: DevPtr, bytes: usize, stream: StreamHandle) -> Result<()>;
     fn write_flag(&self, dst: DevPtr, value: u32, stream: StreamHandle) -> Result<()>;
+    fn wait_flag(&self, ptr: DevPtr, value: u32, stream: StreamHandle) -> Result<()>;
     /// Our own GEMM on compute stream `index` (resolved by the device, as [`Device::gemm`]).
     fn fused_gemm(&self, g: &GemmDesc, hooks: &Hooks, sms: usize, index: usize) -> Result<()>;
     fn reduce(&self, r: &Reduce, stream: StreamHandle) -> Result<()>;
@@ -720,6 +734,7 @@ fn enqueue_step(s: &Step, dev: &mut dyn Device) -> Result<()> {
         ),
         Step::Memset { dst, bytes, lane } => dev.memset(*dst, *bytes, dev.lane(*lane)?),
         Step::WriteFlag { dst, value, lane } => dev.write_flag(*dst, *value, dev.lane(*lane)?),
+        Step::WaitFlag { ptr, value, lane } => dev.wait_flag(*ptr, *value, dev.lane(*lane)?),
         Step::FusedGemm {
             g,
             hooks,

@@ -52,8 +52,9 @@ pub(crate) enum Dev {
     Begin(u32, Vec<u64>),
     Record(usize),
     WaitEvent(usize),
-    /// a flag written (cuStreamWriteValue32)
+    /// a flag written (cuStreamWriteValue32) / waited for (cuStreamWaitValue32 GEQ)
     WriteFlag(DevPtr, u32),
+    WaitFlag(DevPtr, u32),
     /// our own GEMM: runs once every flag of its rows has reached the value
     Fused(GemmDesc, Hooks),
 }
@@ -202,6 +203,10 @@ impl Device for RecDevice {
     }
     fn write_flag(&self, dst: DevPtr, value: u32, stream: StreamHandle) -> Result<()> {
         self.push(stream.raw(), Dev::WriteFlag(dst, value));
+        Ok(())
+    }
+    fn wait_flag(&self, ptr: DevPtr, value: u32, stream: StreamHandle) -> Result<()> {
+        self.push(stream.raw(), Dev::WaitFlag(ptr, value));
         Ok(())
     }
     fn fused_gemm(&self, g: &GemmDesc, hooks: &Hooks, _sms: usize, index: usize) -> Result<()> {
@@ -526,6 +531,7 @@ impl Sim {
                 Some(v)
             }
             Rec::Device(Dev::Fused(g, hk)) => self.flags_ready(g, hk),
+            Rec::Device(Dev::WaitFlag(p, v)) => self.flag_ready(*p, *v, false),
             _ => Some(vec![]),
         }
     }
@@ -539,20 +545,34 @@ impl Sim {
         }
         let mut deps = Vec::new();
         for i in 0..g.n.div_ceil(hk.rows_per_flag.max(1)) {
-            let Ok((a, o)) = self.mem.find(hk.flags + 4 * i, 4) else {
-                return Some(vec![]);
-            };
-            let al = &self.mem.allocs[a];
-            let v = u32::from_le_bytes(al.data[o..o + 4].try_into().unwrap());
-            let w = al.writer[o];
-            if w == NEVER || (v.wrapping_sub(hk.flag_value) as i32) < 0 {
-                return None;
-            }
-            if w != INPUT {
-                deps.push(self.clock[w as usize - 1].clone());
-            }
+            deps.extend(self.flag_ready(hk.flags + 4 * i, hk.flag_value, true)?);
         }
         Some(deps)
+    }
+
+    /// A u32 flag has reached `value` (`wrap`: the kernel's wrap-around compare, else
+    /// cuStreamWaitValue32's GEQ): the clock of its writer; None while it has not.
+    /// Out of bounds: ready (the step then reports it).
+    fn flag_ready(&self, p: DevPtr, value: u32, wrap: bool) -> Option<Vec<Vec<u32>>> {
+        let Ok((a, o)) = self.mem.find(p, 4) else {
+            return Some(vec![]);
+        };
+        let al = &self.mem.allocs[a];
+        let v = u32::from_le_bytes(al.data[o..o + 4].try_into().unwrap());
+        let w = al.writer[o];
+        let reached = if wrap {
+            (v.wrapping_sub(value) as i32) >= 0
+        } else {
+            v >= value
+        };
+        if w == NEVER || !reached {
+            return None;
+        }
+        Some(if w == INPUT {
+            vec![]
+        } else {
+            vec![self.clock[w as usize - 1].clone()]
+        })
     }
 
     /// The step holding the matching receive (of a send of `h` on `pair` = (from, to)),
@@ -670,12 +690,22 @@ impl Sim {
                 Ok(())
             }
             Dev::WriteFlag(dst, v) => self.write(h, dst, &v.to_le_bytes()),
+            Dev::WaitFlag(p, _) => self.mem.find(p, 4).map(|_| ()),
             Dev::Fused(g, hk) => {
                 if !hk.flags.is_null() {
                     let nf = g.n.div_ceil(hk.rows_per_flag.max(1));
                     self.mem.find(hk.flags, 4 * nf)?;
                 }
-                self.gemm(h, &g)
+                self.gemm(h, &g)?;
+                // done signals (then the kernel's own counters: bounds only)
+                if !hk.done.is_null() {
+                    let nb = g.n.div_ceil(hk.done_rows.max(1));
+                    self.mem.find(hk.done, 8 * nb)?;
+                    for j in 0..nb {
+                        self.write(h, hk.done + 4 * j, &hk.done_value.to_le_bytes())?;
+                    }
+                }
+                Ok(())
             }
             Dev::AmaxMax | Dev::Begin(..) | Dev::Record(_) | Dev::WaitEvent(_) => Ok(()),
         }
@@ -961,7 +991,7 @@ impl Scratch for FakeScratch<'_> {
         let name = format!("flags of rank {}", self.rank);
         Ok(match self.mem.named(&name) {
             Some(p) => p,
-            None => self.mem.input(&name, &[0.0; plan::MAX_FLAGS]),
+            None => self.mem.input(&name, &[0.0; 2 * plan::MAX_FLAGS]),
         })
     }
 }
@@ -1499,8 +1529,8 @@ fn check_fused_ag_twice(tp: usize, cfg: Cfg) -> Res {
     }
     for r in 0..tp {
         if let Some(f) = mem.named(&format!("flags of rank {r}")) {
-            let (a, o) = mem.find(f, 4 * plan::MAX_FLAGS)?;
-            if mem.allocs[a].data[o..o + 4 * plan::MAX_FLAGS]
+            let (a, o) = mem.find(f, 8 * plan::MAX_FLAGS)?;
+            if mem.allocs[a].data[o..o + 8 * plan::MAX_FLAGS]
                 .iter()
                 .any(|&b| b != 0)
             {
@@ -1528,6 +1558,24 @@ fn pipelined_and_ring_reduce_scatter() {
     });
     all("split_rs_p2p (ring)", |tp, f| {
         check_rs(tp, Cfg::new(f), true)
+    });
+    // The fused ring: one launch of our GEMM signalling each destination's rows; mixed:
+    // our GEMM refusing odd m (m is even here: every rank fuses), and not loaded.
+    all("split_rs_p2p (fused ring)", |tp, f| {
+        check_rs(tp, Cfg::fused(f, false), true)
+    });
+    all(
+        "split_rs_p2p (fused asked, our GEMM not loaded)",
+        |tp, f| {
+            let cfg = Cfg {
+                own_gemm: None,
+                ..Cfg::fused(f, false)
+            };
+            check_rs(tp, cfg, true)
+        },
+    );
+    all("split_rs (pipelined, fused asked: unchanged)", |tp, f| {
+        check_rs(tp, Cfg::fused(f, false), false)
     });
 }
 
@@ -1565,6 +1613,9 @@ fn accumulating_ring_reduce_scatter() {
 #[test]
 fn all_reduce_variants() {
     all("split_ar (ring)", |tp, f| check_ar(tp, Cfg::new(f)));
+    all("split_ar (ring, fused reduce-scatter)", |tp, f| {
+        check_ar(tp, Cfg::fused(f, false))
+    });
     all("split_ar (ring, accumulating)", |tp, f| {
         let cfg = Cfg {
             rs_accumulate: true,
