@@ -1227,15 +1227,25 @@ struct Partials {
     sum: Vec<f32>,
 }
 
-fn partials(mem: &mut Mem, tp: usize, (n, k, m): (usize, usize, usize)) -> Partials {
+fn partials(mem: &mut Mem, tp: usize, dims: (usize, usize, usize)) -> Partials {
+    partials_seeded(mem, tp, dims, 0)
+}
+
+/// [`partials`] from other values (`seed`).
+fn partials_seeded(
+    mem: &mut Mem,
+    tp: usize,
+    (n, k, m): (usize, usize, usize),
+    seed: usize,
+) -> Partials {
     let mut p = Partials {
         a: Vec::new(),
         b: Vec::new(),
         sum: vec![0f32; n * m],
     };
     for r in 0..tp {
-        let a = values(200 + r, m * k);
-        let b = values(300 + r, n * k);
+        let a = values(seed + 200 + r, m * k);
+        let b = values(seed + 300 + r, n * k);
         for (s, x) in p.sum.iter_mut().zip(matmul_nt(&b, &a, n, k, m)) {
             *s += x;
         }
@@ -1280,6 +1290,51 @@ fn check_rs(tp: usize, cfg: Cfg, ring: bool) -> Res {
         expect_once(&mem, o, want, &format!("rank {r}: rs_output"))?;
     }
     Ok(())
+}
+
+/// Two fused ring reduce-scatters in a row with other partials, on the same signals: the
+/// second call's exchanges wait for its own GEMM's signals (one left set by the first
+/// call would send the first call's partials), and every flag is zero after each.
+fn check_fused_rs_twice(tp: usize, cfg: Cfg) -> Res {
+    let (nc, k, m) = (4, 8, 48);
+    let n = nc * tp;
+    let mut mem = Mem::default();
+    let bufs = buffers(&mut mem, tp, n * m * 4);
+    let log = new_log(tp);
+    let mut want = Vec::new();
+    for call in 0..2 {
+        let p = partials_seeded(&mut mem, tp, (n, k, m), 1000 * call);
+        for r in 0..tp {
+            let o = mem.alloc(&format!("rs_output{r}.{call}"), nc * m * 4);
+            want.push((o, p.sum[r * nc * m..(r + 1) * nc * m].to_vec()));
+            let (ta, tb, to) = (
+                tensor(p.a[r].1, &[m, k]),
+                tensor(p.b[r].1, &[n, k]),
+                tensor(o, &[nc, m]),
+            );
+            let args = RsArgs {
+                g: gemm(&ta, &tb, &to).with_d(None),
+                rs_output: &to,
+            };
+            let cfg = Cfg {
+                call: call as u64,
+                ..cfg
+            };
+            rank_call((tp, r), (n, m), cfg, &mut mem, &bufs, &log, &mut |pl| {
+                pl.split_rs_p2p(&args)
+            })?;
+        }
+    }
+    simulate(&log, &mut mem, &bufs)?;
+    for (i, (o, w)) in want.iter().enumerate() {
+        expect_once(
+            &mem,
+            *o,
+            w,
+            &format!("call {} rank {}: rs_output", i / tp, i % tp),
+        )?;
+    }
+    flags_left_zero(&mem, tp)
 }
 
 /// GEMM + all-reduce: every rank gets the sum of the partials in D.
@@ -1527,6 +1582,11 @@ fn check_fused_ag_twice(tp: usize, cfg: Cfg) -> Res {
     for (i, (pd, w)) in want.iter().enumerate() {
         expect_once(&mem, *pd, w, &format!("call {} rank {}: D", i / tp, i % tp))?;
     }
+    flags_left_zero(&mem, tp)
+}
+
+/// Every rank's fused-algorithm flags are zero (after its calls).
+fn flags_left_zero(mem: &Mem, tp: usize) -> Res {
     for r in 0..tp {
         if let Some(f) = mem.named(&format!("flags of rank {r}")) {
             let (a, o) = mem.find(f, 8 * plan::MAX_FLAGS)?;
@@ -1574,6 +1634,9 @@ fn pipelined_and_ring_reduce_scatter() {
             check_rs(tp, cfg, true)
         },
     );
+    all("split_rs_p2p (fused ring, two calls, new data)", |tp, f| {
+        check_fused_rs_twice(tp, Cfg::fused(f, false))
+    });
     all("split_rs (pipelined, fused asked: unchanged)", |tp, f| {
         check_rs(tp, Cfg::fused(f, false), false)
     });
