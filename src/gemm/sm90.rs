@@ -99,8 +99,10 @@ pub fn args_layout() -> Vec<(&'static str, usize, usize)> {
 
 /// Rows of D per tile (the kernel's BM).
 pub(crate) const TILE_ROWS: usize = 128;
-/// Tile rows per group of the grouped rasterization.
-const GROUP_N: i32 = 8;
+/// Tile rows per group of the grouped rasterization (at most; with flags or done signals,
+/// no more than a row block's tile rows, so that a group never waits on, or holds up the
+/// signal of, a later block).
+const GROUP_N: usize = 8;
 const THREADS: u32 = 384;
 
 /// Why the kernel cannot compute `g` (None: it can). Exactly the kernel's constraints
@@ -345,12 +347,23 @@ fn args_of(g: &GemmDesc, h: &Hooks) -> Result<Gemm90Args> {
         } else {
             i(h.done_rows.max(1), "done_rows")?
         },
-        group_n: GROUP_N,
+        group_n: group_n(h) as i32,
         n_tile_rot: i(h.n_tile_rot % g.n.div_ceil(TILE_ROWS).max(1), "n_tile_rot")?,
         flag_value: h.flag_value,
         done_value: h.done_value,
         ..Default::default()
     })
+}
+
+/// The grouped rasterization's tile rows per group for `h` (see [`GROUP_N`]).
+fn group_n(h: &Hooks) -> usize {
+    let mut g = GROUP_N;
+    for (p, rows) in [(h.flags, h.rows_per_flag), (h.done, h.done_rows)] {
+        if !p.is_null() {
+            g = g.min((rows / TILE_ROWS).max(1));
+        }
+    }
+    g
 }
 
 /// cuTensorMapEncodeTiled for a row-major [rows, k] operand: box {128 bytes of K,
@@ -514,11 +527,15 @@ mod tests {
             (a.done, a.done_rows, a.a_scale_inv),
             (DevPtr::NULL, 0, DevPtr::NULL)
         );
+        assert_eq!(a.group_n, 1); // 250 rows per flag: one tile row per group
         let a = args_of(&g, &Hooks::default()).unwrap();
-        assert_eq!(
-            (a.flags, a.rows_per_flag, a.group_n),
-            (DevPtr::NULL, 0, GROUP_N)
-        );
+        assert_eq!((a.flags, a.rows_per_flag, a.group_n), (DevPtr::NULL, 0, 8));
+        let h = Hooks {
+            done: DevPtr::new(4096),
+            done_rows: 512,
+            ..Default::default()
+        };
+        assert_eq!(args_of(&g, &h).unwrap().group_n, 4);
         assert_eq!(pick_bn(4096, 4096, 132), 256);
     }
 }
