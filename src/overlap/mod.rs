@@ -188,7 +188,7 @@ pub struct Overlap {
     /// the fused algorithms' flags (allocated and zeroed on first use)
     flags: Option<DeviceMem>,
     /// our own GEMM, loaded at the first call that wants it (Err: why it is not there)
-    own_gemm: Option<std::result::Result<std::sync::Arc<gemm::sm90::Sm90Gemm>, String>>,
+    own_gemm: Option<OwnGemmSlot>,
     /// the comm-GEMM context's global m, n, k of the call (NVTE_COMM_REPORT's shape key)
     report_dims: Option<[i64; 3]>,
     nvtx_step: std::cell::RefCell<Option<nvtx::Range>>,
@@ -203,6 +203,9 @@ pub struct Overlap {
     /// compute and comm stream of the call is that stream
     inline: Option<StreamHandle>,
 }
+
+/// Our own GEMM as an engine holds it once tried: loaded, or why not.
+type OwnGemmSlot = std::result::Result<std::sync::Arc<gemm::sm90::Sm90Gemm>, String>;
 
 /// NVTE_COMM_TRACE=1: timed events at the steps of the last call, printed (per rank, in
 /// ms from the call's start) when the object is destroyed. A diagnostic, not a profiler.
@@ -359,11 +362,7 @@ impl Overlap {
     }
 
     /// With config atomic_gemm: our GEMM, loaded now (outside any capture), or why not.
-    #[allow(clippy::type_complexity)]
-    fn own_gemm_at_creation(
-        cfg: &EngineConfig,
-        guard: &ContextGuard,
-    ) -> Option<std::result::Result<std::sync::Arc<gemm::sm90::Sm90Gemm>, String>> {
+    fn own_gemm_at_creation(cfg: &EngineConfig, guard: &ContextGuard) -> Option<OwnGemmSlot> {
         cfg.atomic_gemm
             .then(|| gemm::sm90::Sm90Gemm::get(guard).map_err(|e| e.msg))
     }
