@@ -119,9 +119,15 @@ typedef enum NVTECommLibrary {
 } NVTECommLibrary;
 
 /** Algorithm of the comm-GEMM calls (TE's comm_gemm.h values). Default: the */
-/** autotuner's choice (NVTE_COMM_TUNE; the defaults with NVTE_COMM_TUNE=0). SplitP2P: */
-/** the split algorithms with the defaults. The multicast and atomic variants are not */
-/** implemented and run as kNVTECommGemmAlgoSplitP2P. */
+/** autotuner's choice (NVTE_COMM_TUNE; the defaults with NVTE_COMM_TUNE=0), whose */
+/** all-gather candidates include the fused one (picked only where measured faster). */
+/** SplitP2P: the split algorithms with the defaults. AtomicP2P: the all-gather GEMM is */
+/** the fused one (the engine config's atomic_gemm: one launch of our Hopper GEMM on */
+/** per-chunk arrival flags where it can compute the call, else cuBLASLt per chunk on */
+/** the same ring), and the ring reduce-scatter / all-reduce run one launch of it that */
+/** signals each destination's rows (where it can; else their split GEMMs). */
+/** AtomicMulticast runs as AtomicP2P and SplitMulticast as SplitP2P (NVLink multicast */
+/** is never used). */
 typedef enum NVTECommGemmAlgoType {
   kNVTECommGemmAlgoDefault = 0,
   kNVTECommGemmAlgoSplitP2P = 1,
@@ -267,8 +273,22 @@ typedef struct NVTECommOverlapConfig {
    */
   bool aggregate;
   /**
-   * TE's atomic GEMM algorithms: must be false (cuBLASLt 13 removed the atomic-sync
-   * counters they need: bench/atomic_gemm_probe.cu)
+   * TE's atomic GEMM algorithms (default false): true makes the all-gather + GEMM
+   * (split_ag) the fused one: the chunks travel the backward ring as in the split
+   * all-gather, and one launch of our own Hopper GEMM (kernels/gemm_sm90.cu) computes
+   * all of D, waiting on a per-chunk arrival flag that the ring's stream writes after
+   * each chunk has landed (every wait on a peer stays bounded by the timeout). Our GEMM
+   * runs where it can: an sm_90 device, TN, bf16 or e4m3 inputs (e4m3 with fast
+   * accumulation), bf16 or fp32 output, no bias / GELU / accumulate / FP8 output, k *
+   * the input size a multiple of 16 bytes, m a multiple of 8, 16-byte aligned operands;
+   * elsewhere the same ring feeds cuBLASLt GEMMs per chunk (the reason is the call's
+   * NVTX step). While it waits our GEMM leaves num_comm_sm SMs to communication. The
+   * ring reduce-scatter (split_rs_p2p, and the ring all-reduce's reduce-scatter) runs
+   * our GEMM too where it can: one launch computing every destination's partial, each
+   * destination's exchange starting once its rows are signalled done; the pipelined
+   * reduce-scatter, the accumulating ring and the chunked all-reduce are unchanged. Not
+   * TE's cuBLAS atomic-counter GEMMs, which cuBLASLt 13 removed
+   * (bench/atomic_gemm_probe.cu).
    */
   bool atomic_gemm;
   /**

@@ -89,6 +89,9 @@ pub struct GemmCall<'a> {
     /// the caller left the algorithm to the library (algo Default): the autotuner may
     /// choose the configuration (see `crate::tune`)
     pub tune: bool,
+    /// kNVTECommGemmAlgoAtomicP2P / AtomicMulticast: the engine's `atomic` setting (the
+    /// fused all-gather, and our GEMM in one launch for the ring reduce-scatter)
+    pub atomic: bool,
 }
 
 impl<'a> GemmCall<'a> {
@@ -592,6 +595,7 @@ impl CommGemmCtx {
             ring: true,
             pieces: 1,
             accumulate: false,
+            fused: false,
         }
     }
 
@@ -608,6 +612,7 @@ impl CommGemmCtx {
             ar_ring: (kind == Kind::AllReduce).then_some(ch.ring),
             pieces: ch.pieces,
             rs_accumulate: ch.accumulate,
+            atomic: c.atomic || ch.fused,
         })?;
         e.set_comm_sms(if user_sms > 0 { user_sms } else { ch.comm_sms })?;
         e.set_report_dims(Some([c.m, c.n, c.k]));
@@ -897,10 +902,11 @@ impl CommGemmCtx {
             self.captured |= self.capturing;
         }
         let ws = self.workspace()?;
-        // The algorithm choice: every value runs the split (P2P) algorithms; the
-        // multicast and atomic variants are not implemented and fall back to them, which
-        // compute the same result (multicast is never used by this library). Default
-        // lets the autotuner choose the configuration (`tune`).
+        // The algorithm choice: the atomic values make the all-gather the fused one
+        // (`GemmCall::atomic`, applied in `configure`), everything else runs the split
+        // (P2P) algorithms; multicast is never used by this library. Default lets the
+        // autotuner choose the configuration (`tune`), the fused all-gather among its
+        // candidates.
         call::run(
             &mut GpuCall {
                 ctx: self,

@@ -87,6 +87,8 @@ pub struct Choice {
     /// reduce-scatter and all-reduce rings: the GEMMs add the running sums (the
     /// accumulating ring), else a closing reduction sums the partials
     pub accumulate: bool,
+    /// all-gather: the fused algorithm (one launch of our GEMM on arrival flags)
+    pub fused: bool,
 }
 
 impl Choice {
@@ -95,7 +97,8 @@ impl Choice {
         let flags = (self.use_ce as u8)
             | (self.aggregate as u8) << 1
             | (self.ring as u8) << 2
-            | (self.accumulate as u8) << 3;
+            | (self.accumulate as u8) << 3
+            | (self.fused as u8) << 4;
         let mut b = [0u8; 8];
         b[0] = 1; // present
         b[1] = flags;
@@ -113,6 +116,7 @@ impl Choice {
             aggregate: b[1] & 2 != 0,
             ring: b[1] & 4 != 0,
             accumulate: b[1] & 8 != 0,
+            fused: b[1] & 16 != 0,
             comm_sms: u16::from_le_bytes([b[2], b[3]]) as i32,
             splits: u16::from_le_bytes([b[4], b[5]]) as i32,
             pieces: (b[6] as i32).max(1),
@@ -120,14 +124,15 @@ impl Choice {
     }
     fn to_text(self) -> String {
         format!(
-            "ce={} aggregate={} ring={} comm_sms={} splits={} pieces={} acc={}",
+            "ce={} aggregate={} ring={} comm_sms={} splits={} pieces={} acc={} fused={}",
             self.use_ce as u8,
             self.aggregate as u8,
             self.ring as u8,
             self.comm_sms,
             self.splits,
             self.pieces,
-            self.accumulate as u8
+            self.accumulate as u8,
+            self.fused as u8
         )
     }
     fn from_text(s: &str) -> Option<Choice> {
@@ -139,6 +144,7 @@ impl Choice {
             splits: 3,
             pieces: 1,
             accumulate: false,
+            fused: false,
         };
         let mut seen = 0;
         for kv in s.split_whitespace() {
@@ -152,11 +158,12 @@ impl Choice {
                 "splits" => c.splits = n,
                 "pieces" => c.pieces = n,
                 "acc" => c.accumulate = n != 0,
+                "fused" => c.fused = n != 0,
                 _ => return None,
             }
             seen += 1;
         }
-        (seen == 7
+        (seen == 8
             && c.comm_sms >= 1
             && (1..=64).contains(&c.splits)
             && (1..=16).contains(&c.pieces))
@@ -239,6 +246,16 @@ impl Candidates {
         // Finer pipelines: each remote chunk in 2 or 4 pieces (any transport).
         for pieces in [2, 4] {
             self.add(Choice { pieces, ..d });
+        }
+        // The fused all-gather (one launch of our GEMM on arrival flags; where our GEMM
+        // cannot compute the call, the same ring with cuBLASLt per chunk), whole chunks
+        // and in 2 pieces: chosen only where measured faster, as every candidate.
+        for pieces in [1, 2] {
+            self.add(Choice {
+                fused: true,
+                pieces,
+                ..d
+            });
         }
     }
 
@@ -542,6 +559,7 @@ mod tests {
             ring: true,
             pieces: 1,
             accumulate: false,
+            fused: false,
         }
     }
 
@@ -605,6 +623,9 @@ mod tests {
         }
         assert!(run(&rs, &|c| !c.ring && c.splits == 2), "pipelined");
         assert!(run(&ar, &|c| !c.ring), "chunked");
+        // The fused all-gather: all-gather candidates only, among the forced picks.
+        assert!(run(&ag, &|c| c.fused));
+        assert!(!rs.iter().chain(ar.iter()).any(|c| c.fused));
         // The bidirectional ring only from tp 4.
         assert!(
             !candidates(Op::AllGather, 2, true, d(), 132, true)
@@ -620,7 +641,10 @@ mod tests {
 
     #[test]
     fn encoding_round_trips() {
-        for c in candidates(Op::ReduceScatter, 4, true, d(), 132, true) {
+        let all = candidates(Op::ReduceScatter, 4, true, d(), 132, true)
+            .into_iter()
+            .chain(candidates(Op::AllGather, 4, true, d(), 132, true));
+        for c in all {
             assert_eq!(Choice::decode(&c.encode()), Some(c));
             assert_eq!(Choice::from_text(&c.to_text()), Some(c));
         }
@@ -630,7 +654,11 @@ mod tests {
             Choice::from_text("ce=1 aggregate=0 ring=1 comm_sms=0 splits=3"),
             None
         );
-        // A line of the previous format (no acc) is not taken.
+        // Lines of previous formats (no acc; no fused) are not taken.
+        assert_eq!(
+            Choice::from_text("ce=1 aggregate=0 ring=1 comm_sms=16 splits=3 pieces=1 acc=0"),
+            None
+        );
         assert_eq!(
             Choice::from_text("ce=1 aggregate=0 ring=1 comm_sms=16 splits=3 pieces=1"),
             None

@@ -5,7 +5,10 @@
 //! side is read from the `extern "C" __global__` declarations of `kernels/*.cu`, after
 //! expanding the function-like macros that instantiate them (`QUANTIZE(f32, F32, ...)`,
 //! `REDUCE(...)`, with `##` pasting); by-value struct sizes come from the sources'
-//! `static_assert(sizeof(X) == N, ...)`.
+//! `static_assert(sizeof(X) == N, ...)`, or else from the struct's definition laid out
+//! as C does (fields of scalar, pointer or array-of-scalar type, natural alignment,
+//! `__align__(N)`; a struct with any other field has no size, and a kernel taking it
+//! fails the check).
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use transformer_engine_comm::cuda::kernel::pattern_matches;
@@ -17,6 +20,7 @@ fn bindings() -> Vec<Signature> {
     v.extend(transformer_engine_comm::overlap::reduce::kernel_signatures());
     v.extend(transformer_engine_comm::transport::ipc::kernel_signatures());
     v.extend(transformer_engine_comm::transport::nccl::kernel_signatures());
+    v.extend(transformer_engine_comm::gemm::sm90::kernel_signatures());
     v
 }
 
@@ -289,6 +293,107 @@ fn struct_sizes(text: &str, sizes: &mut HashMap<String, usize>) {
     }
 }
 
+/// A field's C size and alignment (None: not a scalar or pointer type).
+fn field_type(ty: &str) -> Option<usize> {
+    if ty.contains('*') {
+        return Some(8);
+    }
+    let words: Vec<&str> = ty
+        .split_whitespace()
+        .filter(|w| !matches!(*w, "const" | "volatile"))
+        .collect();
+    Some(match words.join(" ").as_str() {
+        "u8" | "char" | "unsigned char" | "uint8_t" | "bool" => 1,
+        "u16" | "short" | "unsigned short" | "uint16_t" => 2,
+        "int" | "unsigned" | "unsigned int" | "u32" | "int32_t" | "uint32_t" | "float" => 4,
+        "u64" | "long long" | "unsigned long long" | "uint64_t" | "int64_t" | "size_t"
+        | "double" => 8,
+        _ => return None,
+    })
+}
+
+/// The fields of `struct name { ... }` in `text` laid out as C does: (name, offset, size)
+/// each, and the struct's size (None: no such struct, or a field this reading does not
+/// know).
+/// Fields (name, offset, size) and the struct's size.
+type Layout = (Vec<(String, usize, usize)>, usize);
+
+fn struct_layout(text: &str, name: &str) -> Option<Layout> {
+    let mut at = 0;
+    let (align, body) = loop {
+        let p = at + text[at..].find("struct ")?;
+        at = p + 7;
+        let mut rest = text[at..].trim_start();
+        let mut align = 1;
+        if let Some(r) = rest.strip_prefix("__align__(") {
+            let close = r.find(')')?;
+            align = r[..close].trim().parse().ok()?;
+            rest = r[close + 1..].trim_start();
+        }
+        let Some(r) = rest.strip_prefix(name) else {
+            continue;
+        };
+        let r = r.trim_start();
+        if let Some(r) = r.strip_prefix('{') {
+            break (align, &r[..r.find('}')?]);
+        }
+    };
+    let (mut fields, mut off, mut max_align) = (Vec::new(), 0usize, align);
+    for decl in body.split(';').map(str::trim).filter(|d| !d.is_empty()) {
+        // `type a, *b, c[4]`: the type is the first declarator's words but its name.
+        let mut parts = decl.split(',');
+        let first = parts.next()?.trim();
+        let name_start = first.rfind(|c: char| !(is_ident(&c) || c == '[' || c == ']'))? + 1;
+        let base = first[..name_start].trim_end_matches('*').trim().to_string();
+        let mut decls = vec![first[name_start..].to_string()];
+        let stars0 = first[..name_start].matches('*').count();
+        let mut stars = vec![stars0];
+        for d in parts {
+            let d = d.trim();
+            stars.push(d.matches('*').count());
+            decls.push(d.trim_start_matches('*').trim().to_string());
+        }
+        for (d, st) in decls.iter().zip(stars) {
+            let (fname, count) = match d.split_once('[') {
+                Some((n, c)) => (
+                    n.trim(),
+                    c.trim_end_matches(']').trim().parse::<usize>().ok()?,
+                ),
+                None => (d.as_str(), 1),
+            };
+            let ty = if st > 0 {
+                format!("{base} *")
+            } else {
+                base.clone()
+            };
+            let sz = field_type(&ty)?;
+            off = off.div_ceil(sz) * sz;
+            fields.push((fname.to_string(), off, sz * count));
+            off += sz * count;
+            max_align = max_align.max(sz);
+        }
+    }
+    Some((fields, off.div_ceil(max_align) * max_align))
+}
+
+/// The size of every struct defined in `text` that `static_assert` did not size already.
+fn struct_defs(text: &str, sizes: &mut HashMap<String, usize>) {
+    for part in text.split("struct ").skip(1) {
+        let t = part.trim_start();
+        let t = match t.strip_prefix("__align__(") {
+            Some(r) => r.split_once(')').map_or("", |x| x.1).trim_start(),
+            None => t,
+        };
+        let name: String = t.chars().take_while(is_ident).collect();
+        if name.is_empty() || sizes.contains_key(&name) {
+            continue;
+        }
+        if let Some((_, n)) = struct_layout(text, &name) {
+            sizes.insert(name, n);
+        }
+    }
+}
+
 /// The kernels of every `kernels/*.cu`, by file name, then kernel name.
 fn c_kernels() -> BTreeMap<String, BTreeMap<String, CParams>> {
     let dir = root().join("kernels");
@@ -301,6 +406,9 @@ fn c_kernels() -> BTreeMap<String, BTreeMap<String, CParams>> {
     let mut sizes = HashMap::new();
     for f in &files {
         struct_sizes(&text(f), &mut sizes);
+    }
+    for f in &files {
+        struct_defs(&text(f), &mut sizes);
     }
     files
         .iter()
@@ -370,6 +478,43 @@ fn the_kernel_sources_are_read_as_the_compiler_sees_them() {
             .filter(|n| pattern_matches("quantize_{}_{}", n))
             .count(),
         15
+    );
+}
+
+/// Our GEMM's argument struct: the Rust mirror (`gemm::sm90::Gemm90Args`) has the C
+/// struct's fields, in order, at the same offsets and sizes; its tensor map is 128 bytes;
+/// and the kernels take (map, map, args) by value.
+#[test]
+fn the_gemm_argument_struct_is_mirrored_field_for_field() {
+    let text = clean(&std::fs::read_to_string(root().join("kernels/gemm_sm90.cu")).unwrap());
+    let (c_fields, c_size) = struct_layout(&text, "Gemm90Args").expect("struct Gemm90Args");
+    let rust: Vec<(String, usize, usize)> = transformer_engine_comm::gemm::sm90::args_layout()
+        .into_iter()
+        .map(|(n, o, s)| (n.to_string(), o, s))
+        .collect();
+    assert_eq!(c_fields, rust);
+    assert_eq!(
+        c_size,
+        std::mem::size_of::<transformer_engine_comm::gemm::sm90::Gemm90Args>()
+    );
+    assert_eq!(struct_layout(&text, "GemmTmaDesc").unwrap().1, 128);
+    let k = c_kernels();
+    let p = |s| ParamInfo {
+        class: ArgClass::Struct,
+        size: s,
+    };
+    assert_eq!(
+        k["gemm_sm90.cu"]["gemm_sm90_tn_e4m3_f32_128"]
+            .as_ref()
+            .unwrap(),
+        &[p(128), p(128), p(120)]
+    );
+    assert_eq!(
+        k["gemm_sm90.cu"]
+            .keys()
+            .filter(|n| pattern_matches("gemm_sm90_tn_{}_{}_{}", n))
+            .count(),
+        8
     );
 }
 

@@ -450,7 +450,6 @@ static const ConfigCase bad_configs[] = {
     {"timeout 0", CFG_FIELD(timeout_ms), 0, NVTE_COMM_ERROR_INVALID_ARGUMENT, "timeout_ms = 0", NULL},
     {"tp_size -2", CFG_FIELD(tp_size), -2, NVTE_COMM_ERROR_INVALID_ARGUMENT, "tp_size = -2", NULL},
     {"tp_size 17", CFG_FIELD(tp_size), 17, NVTE_COMM_ERROR_UNSUPPORTED, "tp_size = 17", NULL},
-    {"atomic_gemm", CFG_FIELD(atomic_gemm), 1, NVTE_COMM_ERROR_UNSUPPORTED, "atomic_gemm", NULL},
     {"bool byte 7", CFG_FIELD(use_ce), 7, NVTE_COMM_ERROR_INVALID_ARGUMENT, "use_ce = 7", "not a bool"},
 };
 

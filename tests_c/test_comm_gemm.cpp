@@ -48,11 +48,13 @@ enum class Op { AG, RS, AR };
 const char *op_name(Op o) { return o == Op::AG ? "all_gather_gemm" : o == Op::RS ? "gemm_reduce_scatter" : "gemm_all_reduce"; }
 
 void run_case(Env &e, NVTECommGemmCtx *ctx, const char *transport, Op op, int64_t m, int64_t n, int64_t k, NVTEDType ta_t,
-              NVTEDType tb_t, NVTEDType td_t, bool transa, bool transb, bool with_bias, uint64_t seed, int reps = 1) {
+              NVTEDType tb_t, NVTEDType td_t, bool transa, bool transb, bool with_bias, uint64_t seed, int reps = 1,
+              NVTECommGemmAlgoType algo = kNVTECommGemmAlgoDefault) {
   char what[256];
-  std::snprintf(what, sizeof what, "%s %s (m,n,k)=(%lld,%lld,%lld) %s x %s -> %s %c%c%s x%d", transport, op_name(op), (long long)m,
+  std::snprintf(what, sizeof what, "%s %s (m,n,k)=(%lld,%lld,%lld) %s x %s -> %s %c%c%s x%d%s", transport, op_name(op), (long long)m,
                 (long long)n, (long long)k, dtype_name(ta_t), dtype_name(tb_t), dtype_name(td_t), transa ? 'T' : 'N',
-                transb ? 'T' : 'N', with_bias ? " +bias" : "", reps);
+                transb ? 'T' : 'N', with_bias ? " +bias" : "", reps,
+                algo == kNVTECommGemmAlgoAtomicP2P ? " AtomicP2P" : algo == kNVTECommGemmAlgoAtomicMulticast ? " AtomicMulticast" : "");
   // Global matrices, identical on every rank: op(A) is m x k, op(B) is k x n.
   Rng rng(seed);
   size_t ar = transa ? m : k, ac = transa ? k : m, br = transb ? k : n, bc = transb ? n : k;
@@ -109,8 +111,7 @@ void run_case(Env &e, NVTECommGemmCtx *ctx, const char *transport, Op op, int64_
   NVTECommStatus st = NVTE_COMM_SUCCESS;
   std::string msg;
   for (int rep = 0; rep < reps && st == NVTE_COMM_SUCCESS; ++rep) {
-    fn(ctx, m, n, k, Aloc.h, Bloc.h, D.h, with_bias ? bias1.h : nullptr, nullptr, transa, transb, false, false, 0, e.s,
-       kNVTECommGemmAlgoDefault);
+    fn(ctx, m, n, k, Aloc.h, Bloc.h, D.h, with_bias ? bias1.h : nullptr, nullptr, transa, transb, false, false, 0, e.s, algo);
     st = nvte_comm_last_status();
     msg = nvte_comm_last_error();
   }
@@ -286,6 +287,38 @@ void report_cases(Env &e) {
   }
 }
 
+// kNVTECommGemmAlgoAtomicP2P: the fused all-gather GEMM (our sm90 GEMM on arrival flags
+// where it computes the call: TN, bf16 in, bf16 / fp32 out, no bias, m share a multiple of
+// 8; else cuBLASLt per chunk on the same ring: bias, FP8 with full-precision accumulation,
+// odd shares); m = 62 at 4 ranks gives shares 16, 16, 16, 14: ranks run different GEMMs
+// on the same protocol. 5 back-to-back calls each (the flags of one call must not leak
+// into the next). The ring reduce-scatter and the ring all-reduce run our GEMM in one
+// launch with done signals (bias: GEMMs per destination); AtomicMulticast runs as
+// AtomicP2P. Then FP8 with fast accumulation (our GEMM's e4m3 path).
+void atomic_cases(Env &e, NVTECommGemmCtx *ctx, const char *transport, uint64_t &seed) {
+  const NVTEDType bf = kNVTEBFloat16, e4 = kNVTEFloat8E4M3, f32 = kNVTEFloat32;
+  const auto P2P = kNVTECommGemmAlgoAtomicP2P;
+  struct C { Op op; int64_t m, n, k; NVTEDType in, out; bool bias; };
+  for (const C &c : {C{Op::AG, 1024, 512, 256, bf, bf, false}, C{Op::AG, 1024, 512, 256, bf, f32, false},
+                     C{Op::AG, 1024, 512, 256, bf, bf, true}, C{Op::AG, 1024, 512, 256, e4, bf, false},
+                     C{Op::AG, 62, 128, 64, bf, bf, false}, C{Op::AG, 256, 126, 64, bf, bf, false},
+                     C{Op::RS, 64, 128, 256, bf, bf, false}, C{Op::RS, 512, 1024, 512, bf, bf, false},
+                     C{Op::AR, 64, 256, 256, bf, bf, false}, C{Op::AR, 64, 256, 256, bf, bf, true}})
+    run_case(e, ctx, transport, c.op, c.m, c.n, c.k, c.in, c.in, c.out, true, false, c.bias, ++seed, 5, P2P);
+  run_case(e, ctx, transport, Op::AG, 1024, 512, 256, bf, bf, bf, true, false, false, ++seed, 2, kNVTECommGemmAlgoAtomicMulticast);
+  setenv("NVTE_COMM_GEMM_FP8_FAST_ACCUM", "1", 1);
+  NVTECommGemmCtx *fctx = nvte_comm_gemm_ctx_create(e.comm, e.size, e.rank);
+  unsetenv("NVTE_COMM_GEMM_FP8_FAST_ACCUM");
+  if (!fctx) {
+    e.rep->fail(std::string(transport) + ": ctx_create (FP8 fast accumulation): " + nvte_comm_last_error());
+    return;
+  }
+  std::string tag = std::string(transport) + " FP8_FAST_ACCUM";
+  run_case(e, fctx, tag.c_str(), Op::AG, 1024, 512, 256, e4, e4, bf, true, false, false, ++seed, 5, P2P);
+  run_case(e, fctx, tag.c_str(), Op::AG, 1024, 512, 256, e4, e4, f32, true, false, false, ++seed, 5, P2P);
+  nvte_comm_gemm_ctx_destroy(fctx);
+}
+
 int main(int argc, char **argv) {
   probe_or_continue(argc, argv);
   MPI_Init(&argc, &argv);
@@ -389,6 +422,7 @@ int main(int argc, char **argv) {
     }
     unsetenv("NVTE_COMM_AR_ALGO");
     unsetenv("NVTE_COMM_RS_RING");
+    atomic_cases(e, ctx, transport, seed);
     errors(e, ctx);
     nvte_comm_gemm_ctx_destroy(ctx);
     MPI_Barrier(MPI_COMM_WORLD);

@@ -1009,7 +1009,6 @@ static int create_model(const NVTECommBootstrap *bs, const NVTECommOverlapConfig
     if (cfg->num_max_streams < 1 || cfg->num_max_streams > 8) { *why = "num_max_streams"; return NVTE_COMM_ERROR_INVALID_ARGUMENT; }
     if (cfg->comm_cga_size < 1 || cfg->comm_cga_size > 8) { *why = "comm_cga_size"; return NVTE_COMM_ERROR_INVALID_ARGUMENT; }
     if (cfg->num_comm_sm < 1) { *why = "num_comm_sm"; return NVTE_COMM_ERROR_INVALID_ARGUMENT; }
-    if (bools[3]) { *why = "atomic_gemm"; return NVTE_COMM_ERROR_UNSUPPORTED; }
     if (cfg->timeout_ms <= 0) { *why = "timeout_ms"; return NVTE_COMM_ERROR_INVALID_ARGUMENT; }
     if ((uint32_t)cfg->transport > 2) { *why = "transport"; return NVTE_COMM_ERROR_INVALID_ARGUMENT; }
     tp_size = cfg->tp_size;

@@ -5,7 +5,8 @@
 // eager call of the same operation on the same object / context after every tenth replay,
 // and every replay's output kept and checked afterwards against a reference computed
 // eagerly (NCCL collective + nvte_cublas_gemm) by relative error.
-// - Engine (nvte_comm_overlap_*, IPC): split_ag unidirectional and bidirectional,
+// - Engine (nvte_comm_overlap_*, IPC): split_ag unidirectional and bidirectional, the
+//   fused all-gather and the fused ring reduce-scatter (config atomic_gemm),
 //   split_rs (pipelined), split_rs_p2p (ring), bulk AG and bulk RS (copy_into_buffer
 //   captured with them); copy-engine puts, and SM puts for the rings. Thread-local mode
 //   after an eager warm-up call; global mode with the very first call of a fresh object
@@ -341,12 +342,14 @@ void run_case(Env &e, Case &c, const Mode &m, bool warmup, bool check_sync, uint
 }
 
 // ---------------------------------------------------------------- engine cases
-NVTECommOverlap *create(Env &e, size_t rows, size_t cols, bool use_ce, bool aggregate, const std::string &name) {
+NVTECommOverlap *create(Env &e, size_t rows, size_t cols, bool use_ce, bool aggregate, const std::string &name,
+                        bool atomic = false) {
   NVTECommOverlapConfig cfg;
   nvte_comm_overlap_config_default(&cfg);
   cfg.tp_size = e.size;
   cfg.use_ce = use_ce;
   cfg.aggregate = aggregate;
+  cfg.atomic_gemm = atomic;
   cfg.transport = NVTE_COMM_TRANSPORT_IPC;
   cfg.timeout_ms = kTimeoutMs;
   NVTECommBootstrap bs{};
@@ -369,13 +372,16 @@ void engine_modes(const std::function<void(const Mode &, bool warmup)> &one) {
 }
 
 // split_ag: B [n, k] gathered from shards [n/tp, k]; D [n, m] = B A^T; B_copy [n, k].
-void engine_ag(Env &e, bool aggregate, bool use_ce, uint64_t salt) {
+// `atomic`: config atomic_gemm (the fused all-gather: one launch of our GEMM on arrival
+// flags, which every call and replay must leave zero).
+void engine_ag(Env &e, bool aggregate, bool use_ce, uint64_t salt, bool atomic = false) {
   const size_t n = 4096, k = 4096, m = 2048, nc = n / e.size;
-  const std::string label = std::string("engine split_ag ") + (aggregate ? "bidirectional" : "unidirectional") +
+  const std::string label = std::string(atomic ? "engine fused_ag (atomic_gemm) " : "engine split_ag ") +
+                            (aggregate ? "bidirectional" : "unidirectional") +
                             (use_ce ? " CE" : " SM") + " bf16 TN n=4096 k=4096 m=2048 tp=" + std::to_string(e.size);
   if (!selected(label)) return;
   engine_modes([&](const Mode &mode, bool warmup) {
-    NVTECommOverlap *o = create(e, n, k, use_ce, aggregate, label);
+    NVTECommOverlap *o = create(e, n, k, use_ce, aggregate, label, atomic);
     if (!all_ok(o != nullptr)) { if (o) nvte_comm_overlap_destroy(o); return; }
     Tensor A(bf, {m, k}), Bs(bf, {nc, k}), D(bf, {n, m}), D2(bf, {n, m}), Bc(bf, {n, k}), Bc2(bf, {n, k});
     Tensor Bfull(bf, {n, k}), Dref(f32, {n, m});
@@ -400,15 +406,16 @@ void engine_ag(Env &e, bool aggregate, bool use_ce, uint64_t salt) {
 }
 
 // split_rs / split_rs_p2p: partial D = B A^T [n, m] (k split), rs_output [n/tp, m].
-void engine_rs(Env &e, bool p2p, bool use_ce, uint64_t salt) {
+void engine_rs(Env &e, bool p2p, bool use_ce, uint64_t salt, bool atomic = false) {
   const size_t n = 4096, m = 8192, kl = 4096 / e.size, nc = n / e.size;
   const char *rs_ring = std::getenv("NVTE_COMM_RS_RING");
   const std::string label = std::string("engine ") + (p2p ? "split_rs_p2p (ring)" : "split_rs (pipelined)") + (use_ce ? " CE" : " SM") +
                             " bf16 TN n=4096 k=4096 m=8192 tp=" + std::to_string(e.size) +
-                            (rs_ring ? std::string(" RS_RING=") + rs_ring : std::string());
+                            (rs_ring ? std::string(" RS_RING=") + rs_ring : std::string()) +
+                            (atomic ? " atomic_gemm (our GEMM, done signals)" : "");
   if (!selected(label)) return;
   engine_modes([&](const Mode &mode, bool warmup) {
-    NVTECommOverlap *o = create(e, n, m, use_ce, false, label);
+    NVTECommOverlap *o = create(e, n, m, use_ce, false, label, atomic);
     if (!all_ok(o != nullptr)) { if (o) nvte_comm_overlap_destroy(o); return; }
     Tensor A(bf, {m, kl}), B(bf, {n, kl}), out(bf, {nc, m}), out2(bf, {nc, m}), full(f32, {n, m}), ref(f32, {nc, m});
     Case c;
@@ -630,6 +637,9 @@ int main(int argc, char **argv) {
   engine_ag(e, false, true, ++salt);
   engine_ag(e, true, true, ++salt);
   engine_ag(e, false, false, ++salt);
+  engine_ag(e, false, true, ++salt, true);
+  engine_ag(e, false, false, ++salt, true);
+  engine_rs(e, true, true, ++salt, true);
   engine_rs(e, false, true, ++salt);
   engine_rs(e, true, true, ++salt);
   engine_rs(e, true, false, ++salt);

@@ -3,7 +3,9 @@
 // engine, SM} puts, for tp = world and (on 4+ GPUs) groups of tp 2. Each combination
 // runs 200 back-to-back calls (no host synchronisation between them) with fresh random
 // inputs for every call; each call's output is kept and checked. Plus bad inputs, and a
-// rank that never enters a call (the others must report a timeout, not hang).
+// rank that never enters a call (the others must report a timeout, not hang). The fused
+// all-gather (config atomic_gemm: "fused_ag ... atomic_gemm") runs in the split_ag cases'
+// harness, checked against the same reference.
 #include <nccl.h>
 
 #include <algorithm>
@@ -94,12 +96,14 @@ struct Combo {
   const char *algo;
   NVTEDType in, out, buf;
   bool use_ce, aggregate;
+  bool atomic = false;  // config atomic_gemm: the fused all-gather (fused_ag)
 };
 
 std::string name_of(const Combo &c, const Env &e) {
   char b[200];
-  std::snprintf(b, sizeof b, "%s %s->%s buf=%s %s%s tp=%d", c.algo, dtype_name(c.in), dtype_name(c.out), dtype_name(c.buf),
-                g_transport == NVTE_COMM_TRANSPORT_NCCL ? "NCCL" : c.use_ce ? "CE" : "SM", c.aggregate ? " bidirectional" : "", e.tp);
+  std::snprintf(b, sizeof b, "%s %s->%s buf=%s %s%s%s tp=%d", c.algo, dtype_name(c.in), dtype_name(c.out), dtype_name(c.buf),
+                g_transport == NVTE_COMM_TRANSPORT_NCCL ? "NCCL" : c.use_ce ? "CE" : "SM", c.aggregate ? " bidirectional" : "",
+                c.atomic ? " atomic_gemm" : "", e.tp);
   return b;
 }
 
@@ -109,6 +113,7 @@ NVTECommOverlap *create(Env &e, const Combo &c, size_t rows, size_t cols, bool n
   cfg.tp_size = e.tp;
   cfg.use_ce = c.use_ce;
   cfg.aggregate = c.aggregate;
+  cfg.atomic_gemm = c.atomic;
   cfg.transport = g_transport;
   if (timeout_ms) cfg.timeout_ms = timeout_ms;
   NVTECommBootstrap bs{};
@@ -325,8 +330,13 @@ void test_errors(Env &e) {
   cfg.struct_size = 8;
   expect(e, nvte_comm_overlap_create(&bs, &cfg, 256, 256, kNVTEBFloat16, &o), NVTE_COMM_ERROR_INVALID_ARGUMENT, "config struct_size");
   nvte_comm_overlap_config_default(&cfg);
-  cfg.atomic_gemm = true;
-  expect(e, nvte_comm_overlap_create(&bs, &cfg, 256, 256, kNVTEBFloat16, &o), NVTE_COMM_ERROR_UNSUPPORTED, "atomic gemm");
+  cfg.atomic_gemm = true;  // accepted (the fused all-gather); tested by test_ag
+  {
+    NVTECommStatus st = nvte_comm_overlap_create(&bs, &cfg, 256, 256, kNVTEBFloat16, &o);
+    e.rep->check(st == NVTE_COMM_SUCCESS, std::string("config atomic_gemm = true is accepted -> ") + nvte_comm_status_string(st));
+    if (st == NVTE_COMM_SUCCESS) nvte_comm_overlap_destroy(o);
+    o = nullptr;
+  }
   if (e.wsize > 1)
     expect(e, nvte_comm_overlap_create(&bs, nullptr, 255, 256, kNVTEBFloat16, &o), NVTE_COMM_ERROR_INVALID_ARGUMENT, "rows not divisible by tp");
   NVTECommBootstrap bad{};
@@ -408,6 +418,21 @@ void run_all(Env &e) {
                              {"split_ag", bf, bf, bf, ce, true}, {"split_ag", e4, bf, e4, ce, true}};
     for (auto &c : ag) test_ag(e, c, !c.aggregate, false);
     if (ce) test_ag(e, {"split_ag", bf, bf, bf, ce, false}, false, true);
+    // The fused all-gather (config atomic_gemm): our sm90 GEMM on arrival flags, bf16 and
+    // e4m3 (bidirectional asked: the fused one gathers one way); with an epilogue our
+    // GEMM does not compute, the same ring feeds cuBLASLt per chunk.
+    for (const Combo &c : std::vector<Combo>{{"fused_ag", bf, bf, bf, ce, false, true},
+                                             {"fused_ag", e4, bf, e4, ce, false, true},
+                                             {"fused_ag", e4, bf, e4, ce, true, true}})
+      test_ag(e, c, !c.aggregate, false);
+    if (ce) test_ag(e, {"fused_ag", bf, bf, bf, ce, false, true}, false, true);
+    // The fused ring reduce-scatter (config atomic_gemm): one launch of our GEMM signalling
+    // each destination's rows (bf16 partials: bf16 and e4m3 inputs); an FP8 buffer (FP8
+    // partials, which our GEMM does not write) runs the GEMMs per destination.
+    for (const Combo &c : std::vector<Combo>{{"split_rs_p2p fused", bf, bf, bf, ce, false, true},
+                                             {"split_rs_p2p fused", e4, bf, bf, ce, false, true},
+                                             {"split_rs_p2p fused", e4, bf, e4, ce, false, true}})
+      test_rs(e, c, true);
     for (const char *algo : {"split_rs", "split_rs_p2p"}) {
       bool p2p = std::string(algo) == "split_rs_p2p";
       std::vector<Combo> rs = {{algo, bf, bf, bf, ce, false}, {algo, f16, f16, f16, ce, false}, {algo, e4, bf, e4, ce, false}};
@@ -471,6 +496,7 @@ int main(int argc, char **argv) {
                       {"split_rs_p2p", kNVTEFloat8E4M3, kNVTEBFloat16, kNVTEFloat8E4M3, false, false},
                       {"bulk_rs", kNVTEBFloat16, kNVTEBFloat16, kNVTEBFloat16, false, false}};
     test_ag(e, groups[0], false, false);
+    test_ag(e, {"fused_ag", kNVTEFloat8E4M3, kNVTEBFloat16, kNVTEFloat8E4M3, true, false, true}, false, false);
     test_rs(e, groups[1], false);
     test_rs(e, groups[2], true);
     test_bulk(e, groups[3], false);
@@ -490,6 +516,9 @@ int main(int argc, char **argv) {
     const NVTEDType bf = kNVTEBFloat16, e4 = kNVTEFloat8E4M3;
     test_ag(e, {"split_ag", bf, bf, bf, true, false}, true, false);
     test_ag(e, {"split_ag", e4, bf, e4, true, true}, false, false);
+    test_ag(e, {"fused_ag", bf, bf, bf, true, false, true}, true, false);
+    test_ag(e, {"fused_ag", e4, bf, e4, true, false, true}, false, false);
+    test_rs(e, {"split_rs_p2p fused", bf, bf, bf, true, false, true}, true);
     test_rs(e, {"split_rs_p2p", bf, bf, bf, true, false}, true);
     setenv("NVTE_COMM_RS_RING", "accumulate", 1);
     test_rs(e, {"split_rs_p2p accumulate", bf, bf, bf, true, false}, true);

@@ -164,7 +164,7 @@ def _short_name(name: str, prefix: str) -> str:
 
 
 # GemmAlgo with short names (the torch ops' ``GemmAlgo``: DEFAULT, SPLIT_P2P, ...; the
-# multicast / atomic variants run the split P2P ones). Its class is named GemmAlgo, as the
+# atomic variants run the fused algorithms, the multicast ones never use multicast). Its class is named GemmAlgo, as the
 # torch ops have always shown it; it is found (pickled) as _core.Algo.
 Algo = enum.IntEnum(
     "GemmAlgo",
@@ -172,7 +172,10 @@ Algo = enum.IntEnum(
     module=__name__,
     qualname="Algo",
 )
-Algo.__doc__ = "NVTECommGemmAlgoType (the multicast / atomic variants run the split P2P ones)."
+Algo.__doc__ = (
+    "NVTECommGemmAlgoType (ATOMIC_P2P / ATOMIC_MULTICAST: the fused algorithms, our GEMM "
+    "in one launch; SPLIT_MULTICAST runs as SPLIT_P2P; multicast is never used)."
+)
 
 ALGO_NAMES = {a.name.lower(): int(a) for a in Algo}
 

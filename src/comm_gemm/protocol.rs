@@ -234,6 +234,7 @@ fn check_comm_gemm(
             comm_sm_count: 0,
             b_gathered: tg.as_ref(),
             tune: false,
+            atomic: false,
         };
         let mut host = HostCall {
             tp,
@@ -287,6 +288,19 @@ fn comm_gemm_calls() {
                 // the bias) differ, and their cross-rank check keys must still agree.
                 let dims = (16 * tp + extra, 4 * tp + extra, 8);
                 check_comm_gemm(tp, Cfg::new(f), (true, with_bias), Kind::AllGather, dims)
+            },
+        );
+        // The fused all-gather (kNVTECommGemmAlgoAtomicP2P), our GEMM refusing odd m:
+        // with m uneven, ranks differ in the GEMM they run, never in the protocol.
+        all(
+            &format!(
+                "comm-GEMM fused all-gather ({what}, m uneven: {})",
+                extra > 0
+            ),
+            |tp, f| {
+                let dims = (16 * tp + extra, 4 * tp + extra, 8);
+                let cfg = Cfg::fused(f, true);
+                check_comm_gemm(tp, cfg, (true, with_bias), Kind::AllGather, dims)
             },
         );
         for ring in [true, false] {

@@ -277,7 +277,32 @@ impl<P: Params> Kernel<P> {
         let mut ptrs = params.pointers();
         // SAFETY: `f` takes `P` (the binding's contract), `ptrs` point to the values of
         // `params`, which live until this call returns; the rest is the caller's.
-        unsafe { launch(self.f, grid, block, stream, ptrs.as_mut(), &self.what) }
+        unsafe { launch(self.f, (grid, block, 0), stream, ptrs.as_mut(), &self.what) }
+    }
+
+    /// Launch with `params` on `stream` and `smem` bytes of dynamic shared memory (beyond
+    /// 48 KiB the kernel's CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES must allow it).
+    ///
+    /// # Safety
+    /// As [`Kernel::launch`].
+    pub unsafe fn launch_shared(
+        &self,
+        (grid, block): ((u32, u32, u32), (u32, u32, u32)),
+        smem: u32,
+        stream: StreamHandle,
+        mut params: P,
+    ) -> Result<()> {
+        let mut ptrs = params.pointers();
+        // SAFETY: as in `launch`.
+        unsafe {
+            launch(
+                self.f,
+                (grid, block, smem),
+                stream,
+                ptrs.as_mut(),
+                &self.what,
+            )
+        }
     }
 
     /// Launch as the programmatic dependent of the previous kernel on `stream` (it may
@@ -323,8 +348,7 @@ impl<P: Params> Kernel<P> {
         unsafe {
             launch(
                 self.f,
-                (grid, 1, 1),
-                (block, 1, 1),
+                ((grid, 1, 1), (block, 1, 1), 0),
                 stream,
                 args,
                 &self.what,
@@ -333,8 +357,8 @@ impl<P: Params> Kernel<P> {
     }
 }
 
-/// Launch a kernel without dynamic shared memory. `args` holds pointers to each kernel
-/// argument.
+/// Launch a kernel with `smem` bytes of dynamic shared memory. `args` holds pointers to
+/// each kernel argument.
 ///
 /// # Safety
 ///
@@ -345,8 +369,7 @@ impl<P: Params> Kernel<P> {
 /// reads and writes until it has run on `stream`.
 unsafe fn launch(
     f: cu::CUfunction,
-    grid: (u32, u32, u32),
-    block: (u32, u32, u32),
+    (grid, block, smem): ((u32, u32, u32), (u32, u32, u32), u32),
     stream: StreamHandle,
     args: &mut [*mut c_void],
     name: &Label,
@@ -362,7 +385,7 @@ unsafe fn launch(
             block.0,
             block.1,
             block.2,
-            0,
+            smem,
             stream.cu(),
             args.as_mut_ptr(),
             std::ptr::null_mut(),

@@ -32,8 +32,8 @@ pub const COMM: Source = Source {
     code: include_str!("../../kernels/comm.cu"),
 };
 
-/// Our own persistent Hopper GEMM (issue 22, step 1): a prototype, not yet run on a GPU
-/// and not used by the library; compiled by the kernel test, run by bench/own_gemm.cpp.
+/// Our own persistent Hopper GEMM (issue 22): the fused (atomic) comm-GEMM algorithms'
+/// GEMM (`gemm::sm90`), compiled by the kernel test, benchmarked by bench/own_gemm.cpp.
 pub const GEMM_SM90: Source = Source {
     name: "gemm_sm90.cu",
     code: include_str!("../../kernels/gemm_sm90.cu"),
@@ -238,6 +238,29 @@ impl Module {
         )?;
         g.insert(name.to_string(), f as usize);
         Ok(f)
+    }
+}
+
+impl Module {
+    /// The device address and size of the module's global `name` (a `__constant__` or
+    /// `__device__` variable of the source).
+    pub fn global(&self, name: &str) -> Result<(super::DevPtr, usize)> {
+        let cname = CString::new(name)
+            .map_err(|_| Error::internal(format!("global name {name:?} has a NUL byte")))?;
+        let (mut p, mut n): (cu::CUdeviceptr, usize) = (0, 0);
+        // SAFETY: module is loaded; out pointers.
+        check(
+            unsafe {
+                cu::cuModuleGetGlobal_v2(
+                    &mut p,
+                    &mut n,
+                    self.module as cu::CUmodule,
+                    cname.as_ptr(),
+                )
+            },
+            &format!("cuModuleGetGlobal({name})"),
+        )?;
+        Ok((super::DevPtr::new(p), n))
     }
 }
 

@@ -400,6 +400,42 @@ pub fn memset_async(ptr: DevPtr, bytes: usize, stream: StreamHandle) -> Result<(
     )
 }
 
+/// Write the u32 `value` at `ptr` on `stream` once the stream's earlier work is done
+/// (cuStreamWriteValue32, with its default memory barrier: what the stream wrote before is
+/// visible to whoever sees the value).
+pub fn write_value32(ptr: DevPtr, value: u32, stream: StreamHandle) -> Result<()> {
+    // SAFETY: a 4-byte, 4-aligned flag owned by the context.
+    check(
+        unsafe {
+            cu::cuStreamWriteValue32_v2(
+                stream.cu(),
+                ptr.raw(),
+                value,
+                cu::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32,
+            )
+        },
+        "cuStreamWriteValue32",
+    )
+}
+
+/// Make `stream` wait until the u32 at `ptr` is >= `value` (cuStreamWaitValue32 GEQ,
+/// wrap-around unaware; no timeout: only for flags a kernel of this process that cannot
+/// block writes).
+pub fn wait_value32_geq(ptr: DevPtr, value: u32, stream: StreamHandle) -> Result<()> {
+    // SAFETY: a 4-byte, 4-aligned flag owned by the context.
+    check(
+        unsafe {
+            cu::cuStreamWaitValue32_v2(
+                stream.cu(),
+                ptr.raw(),
+                value,
+                cu::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
+            )
+        },
+        "cuStreamWaitValue32",
+    )
+}
+
 /// Copy `rows` rows of `width` bytes between pitched device ranges.
 pub fn copy_2d(
     dst: DevPtr,

@@ -81,8 +81,8 @@ pub extern "C" fn nvte_comm_gemm_numroc(ctx: *mut NVTECommGemmCtx, global_size: 
     })
 }
 
-/// Every declared algorithm is accepted; all run the split (P2P) algorithms (see
-/// `crate::comm_gemm`). Undeclared values are an error.
+/// Every declared algorithm is accepted (see `crate::comm_gemm`: the atomic ones select
+/// the fused all-gather); undeclared values are an error.
 fn check_algo(a: NVTECommGemmAlgoType) -> Result<()> {
     if a.name().is_none() {
         invalid!("argument `algo` = {a} is not a valid NVTECommGemmAlgoType");
@@ -140,6 +140,7 @@ fn call(
             comm_sm_count,
             b_gathered: None,
             tune: algo_type == NVTECommGemmAlgoType::kNVTECommGemmAlgoDefault,
+            atomic: algo_type.is_atomic(),
         };
         let mut g = c.lock().unwrap_or_else(|e| e.into_inner());
         g.call(&call, crate::ffi::stream_of(main_stream))

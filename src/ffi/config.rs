@@ -25,8 +25,22 @@ pub struct Config {
     pub use_ce: bool,
     /// bidirectional ring all-gather (default false)
     pub aggregate: bool,
-    /// TE's atomic GEMM algorithms: must be false (cuBLASLt 13 removed the atomic-sync
-    /// counters they need: bench/atomic_gemm_probe.cu)
+    /// TE's atomic GEMM algorithms (default false): true makes the all-gather + GEMM
+    /// (split_ag) the fused one: the chunks travel the backward ring as in the split
+    /// all-gather, and one launch of our own Hopper GEMM (kernels/gemm_sm90.cu) computes
+    /// all of D, waiting on a per-chunk arrival flag that the ring's stream writes after
+    /// each chunk has landed (every wait on a peer stays bounded by the timeout). Our GEMM
+    /// runs where it can: an sm_90 device, TN, bf16 or e4m3 inputs (e4m3 with fast
+    /// accumulation), bf16 or fp32 output, no bias / GELU / accumulate / FP8 output, k *
+    /// the input size a multiple of 16 bytes, m a multiple of 8, 16-byte aligned operands;
+    /// elsewhere the same ring feeds cuBLASLt GEMMs per chunk (the reason is the call's
+    /// NVTX step). While it waits our GEMM leaves num_comm_sm SMs to communication. The
+    /// ring reduce-scatter (split_rs_p2p, and the ring all-reduce's reduce-scatter) runs
+    /// our GEMM too where it can: one launch computing every destination's partial, each
+    /// destination's exchange starting once its rows are signalled done; the pipelined
+    /// reduce-scatter, the accumulating ring and the chunked all-reduce are unchanged. Not
+    /// TE's cuBLAS atomic-counter GEMMs, which cuBLASLt 13 removed
+    /// (bench/atomic_gemm_probe.cu).
     pub atomic_gemm: bool,
     /// stream priorities, clamped to the device's range (lower = higher priority)
     pub gemm_priority: i32,

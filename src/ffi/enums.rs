@@ -35,6 +35,14 @@ macro_rules! c_enums {
 
 include!("c_enums.in");
 
+impl NVTECommGemmAlgoType {
+    /// kNVTECommGemmAlgoAtomicP2P or kNVTECommGemmAlgoAtomicMulticast: the fused
+    /// all-gather (multicast is never used: both run the P2P transport).
+    pub fn is_atomic(self) -> bool {
+        self == Self::kNVTECommGemmAlgoAtomicP2P || self == Self::kNVTECommGemmAlgoAtomicMulticast
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

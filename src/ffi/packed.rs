@@ -172,6 +172,7 @@ pub extern "C" fn nvte_comm_gemm_call_packed(
             comm_sm_count: p.comm_sm_count,
             b_gathered: None,
             tune: p.algo == NVTECommGemmAlgoType::kNVTECommGemmAlgoDefault,
+            atomic: p.algo.is_atomic(),
         };
         let mut g = c.lock().unwrap_or_else(|e| e.into_inner());
         g.call(&call, crate::ffi::stream_of(p.stream))

@@ -45,6 +45,7 @@ fn op_cname(op: Op) -> &'static std::ffi::CStr {
         Op::SplitRs => c"split_rs",
         Op::SplitRsP2p => c"split_rs_p2p",
         Op::SplitAr => c"split_ar",
+        Op::FusedAg => c"fused_ag",
         Op::BulkAg => c"bulk_ag",
         Op::BulkRs => c"bulk_rs",
         Op::CopyIntoBuffer => c"copy_into_buffer",

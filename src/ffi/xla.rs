@@ -541,6 +541,7 @@ fn run(kind: Kind, f: &Frame) -> Result<()> {
             .map_err(|_| Error::invalid("attribute `comm_sms` out of range"))?,
         b_gathered: bg.as_ref(),
         tune: algo == 0,
+        atomic: algo == 3 || algo == 4,
     };
     let key = f.attr("context")? as u64;
     let ordinal = f.device_ordinal();

@@ -2,6 +2,8 @@
 //! cuBLAS as column-major, epilogues (bias, GELU with aux, DGELU, bias gradient), FP8
 //! scaling, accumulate, fast FP8 accumulation and an SM budget. Descriptors and the
 //! heuristic's choice are cached per thread and shape ("plans").
+pub mod sm90;
+
 use crate::cuda::StreamHandle;
 use crate::cuda::dynlib::cublaslt_sys as lt;
 use crate::cuda::resources::{Event, capture_status};

@@ -6,12 +6,17 @@
 //! output rows written straight into their place in D. Unidirectional: tp-1 steps to the
 //! next rank. Bidirectional (config `aggregate`): chunks travel both ways at once, so the
 //! gather takes about tp/2 steps, on two comm streams.
-use super::plan::{Lane, Planner};
+//!
+//! The fused all-gather + GEMM (`fused_ag`, config `atomic_gemm` / the comm-GEMM API's
+//! kNVTECommGemmAlgoAtomicP2P) gathers the same way along the backward ring alone and
+//! runs one launch of our own GEMM that waits on per-piece arrival flags.
+use super::plan::{Lane, MAX_FLAGS, Planner};
 use super::schedule::AgRing;
 use super::{MAX_AMAX_SLOTS, Op, Overlap, eb, tag};
 use crate::cuda::DevPtr;
 use crate::cuda::StreamHandle;
 use crate::error::Result;
+use crate::gemm::sm90::{Hooks, TILE_ROWS};
 use crate::gemm::{self, Epilogue, GemmDesc, TeGemm};
 use crate::tensor::{Buffer, Shape, Tensor};
 use crate::transport::{RecvOp, SendOp, WaitInfo};
@@ -68,6 +73,9 @@ impl AgShape {
 impl Planner<'_> {
     /// The ring all-gather + GEMM (module doc).
     pub fn split_ag(&mut self, x: &AgArgs) -> Result<()> {
+        if self.e.settings.atomic && self.e.caps.two_sided {
+            return self.fused_ag(x);
+        }
         let sh = self.ag_shape(x)?;
         let mut key = sh.full.check_key();
         if let Some(m) = x.key_m {
@@ -75,7 +83,7 @@ impl Planner<'_> {
         }
         self.begin(Op::SplitAg, false, &key, Some(&sh.full));
         let ring = super::schedule::ag_ring(self.tp(), self.tp_rank(), self.e.settings.aggregate);
-        self.ag_rings(x, &sh, &ring)?;
+        self.ag_rings(x, &sh, &ring, None)?;
         self.ag_local_copies(x, &sh, &ring);
         let gemms = self.ag_gemms(x, &sh, &ring);
         self.finish();
@@ -222,9 +230,17 @@ impl Planner<'_> {
         }
     }
 
-    /// Comm streams: the rings; ev_chunk[c * pieces + j] marks piece j of chunk c landed.
-    /// The first send of each ring reads the caller's shard directly when one was given.
-    fn ag_rings(&mut self, x: &AgArgs, sh: &AgShape, ring: &AgRing) -> Result<()> {
+    /// Comm streams: the rings; ev_chunk[c * pieces + j] marks piece j of chunk c landed,
+    /// and so does flags[c * pieces + j] = 1 where `flags` are given (the fused
+    /// all-gather). The first send of each ring reads the caller's shard directly when
+    /// one was given.
+    fn ag_rings(
+        &mut self,
+        x: &AgArgs,
+        sh: &AgShape,
+        ring: &AgRing,
+        flags: Option<DevPtr>,
+    ) -> Result<()> {
         let e = eb(self.dtype());
         let (k, pieces) = (sh.k, sh.pieces);
         let off = |c: usize| c * sh.chunk_bytes(e);
@@ -276,6 +292,9 @@ impl Planner<'_> {
                     self.exchange(send, recv, (slot, tag(s * pieces + j)), st, info)?;
                     self.ag_copy_out(x, sh, rc, (lo, hi), st);
                     self.record(rc * pieces + j, st);
+                    if let Some(f) = flags {
+                        self.write_flag(f + 4 * (rc * pieces + j), 1, st);
+                    }
                 }
             }
         }
@@ -357,5 +376,148 @@ impl Planner<'_> {
             }
         }
         gemms
+    }
+}
+
+/// Pieces per chunk of the fused all-gather: at most `pieces`, dividing the chunk's `nc`
+/// rows (one flag per piece, `nc / pieces` rows each), every piece of every chunk its own
+/// flag and event, and one event left for the flags' clearing.
+fn fused_pieces(pieces: usize, nc: usize, tp: usize, events: usize) -> usize {
+    let most = MAX_FLAGS.min(events.saturating_sub(1));
+    let mut p = pieces.max(1);
+    while p > 1 && (!nc.is_multiple_of(p) || tp * p > most) {
+        p -= 1;
+    }
+    p
+}
+
+impl Planner<'_> {
+    /// The fused all-gather + GEMM [TE: ATOMIC_GEMM_AG_P2P]: the chunks of B travel the
+    /// backward ring (rank r receives chunks r+1, r+2, ... in that order) exactly as the
+    /// split all-gather's do, but where our own GEMM can compute the call, one launch of
+    /// it computes all of D: its tile rows start at this rank's chunk and wait on a local
+    /// arrival flag per piece, which the ring's stream writes after each piece has landed
+    /// (after the transport's bounded wait: a peer that fails makes that wait time out
+    /// and report, the flag is still written and the GEMM still ends). Elsewhere (our
+    /// GEMM not loaded, or a GEMM it does not compute: the reason is the call's NVTX step)
+    /// the same ring feeds cuBLASLt GEMMs per chunk. The protocol (ring, pieces) is the
+    /// same on every rank whichever GEMM each one runs.
+    pub fn fused_ag(&mut self, x: &AgArgs) -> Result<()> {
+        let mut sh = self.ag_shape(x)?;
+        let (tp, r) = (self.tp(), self.tp_rank());
+        sh.pieces = fused_pieces(sh.pieces, sh.nc, tp, self.e.events);
+        if tp * sh.pieces + 1 > self.e.events {
+            unsupported!("the fused all-gather at tp = {tp} needs {} events", tp + 1);
+        }
+        let mut key = sh.full.check_key();
+        if let Some(m) = x.key_m {
+            key[0] = m as u64;
+        }
+        self.begin(Op::FusedAg, false, &key, Some(&sh.full));
+        let ring = super::schedule::ag_ring_backward(tp, r);
+        let mut gemms = 0;
+        match self.own_gemm_refusal(x, &sh) {
+            None => self.fused_ag_kernel(x, &sh, &ring)?,
+            Some(why) => {
+                self.step(|| format!("fused_ag: GEMMs per chunk on cuBLASLt ({why})"));
+                self.ag_rings(x, &sh, &ring, None)?;
+                self.ag_local_copies(x, &sh, &ring);
+                gemms = self.ag_gemms(x, &sh, &ring);
+            }
+        }
+        self.finish();
+        if !sh.amax_slots.is_null() {
+            self.amax_max(sh.full.d_amax, sh.amax_slots, gemms);
+        }
+        Ok(())
+    }
+
+    /// The GEMM one launch of our own would compute (B: the gathered buffer, or at tp 1
+    /// the shard itself), or why it cannot.
+    fn own_gemm_refusal(&self, x: &AgArgs, sh: &AgShape) -> Option<&'static str> {
+        let Some(f) = self.e.own_gemm else {
+            return Some("our sm90 GEMM is not loaded: not an sm_90 device, or it failed to load");
+        };
+        if !sh.amax_slots.is_null() {
+            return Some("an FP8 output with amax");
+        }
+        let mut g = sh.full;
+        if self.tp() == 1 && !sh.is_view {
+            g.b = x.g.b.data.ptr;
+        }
+        f(&g)
+    }
+
+    /// SMs our GEMM may use while the call communicates: all but the comm SMs (at least
+    /// one SM stays free: the transport's waits and SM puts are kernels, which a GEMM
+    /// holding every SM while it waits for their flags would starve). 0: all (tp 1).
+    pub(super) fn fused_sms(&self) -> usize {
+        let s = &self.e.settings;
+        if self.tp() == 1 {
+            return 0;
+        }
+        let reserve = s.num_comm_sm.max(1);
+        if s.sm_count > reserve {
+            (s.sm_count - reserve) as usize
+        } else {
+            1
+        }
+    }
+
+    /// [`Self::fused_ag`] with our GEMM: the ring writes the remote chunks' flags (after
+    /// clearing them), compute stream 0 puts the local chunk in place, sets its flags,
+    /// runs the GEMM, clears every flag again and copies the local chunk out.
+    fn fused_ag_kernel(&mut self, x: &AgArgs, sh: &AgShape, ring: &AgRing) -> Result<()> {
+        let (tp, r, pieces) = (self.tp(), self.tp_rank(), sh.pieces);
+        let mut g = sh.full;
+        if tp == 1 {
+            if !sh.is_view {
+                g.b = x.g.b.data.ptr;
+            }
+            self.step(|| "fused_ag: our sm90 GEMM".into());
+            self.fused_gemm(&g, Hooks::default(), 0, 0);
+            self.ag_local_copies(x, sh, ring);
+            return Ok(());
+        }
+        let flags = self.flags()?;
+        // The ring's lane (as ag_rings picks it for the backward ring) clears the remote
+        // chunks' flags before it writes any (a call that failed before its GEMM ran may
+        // have left some set), and the GEMM starts after that.
+        let lane = if self.e.caps.concurrent_exchange {
+            Lane::Comm(1)
+        } else {
+            Lane::Comm(0)
+        };
+        self.memset(flags, 4 * r * pieces, lane);
+        self.memset(
+            flags + 4 * (r + 1) * pieces,
+            4 * (tp - r - 1) * pieces,
+            lane,
+        );
+        let ev_clear = self.e.events - 1;
+        self.record(ev_clear, lane);
+        self.ag_rings(x, sh, ring, Some(flags))?;
+        let c0 = Lane::Compute(0);
+        let cb = sh.chunk_bytes(eb(self.dtype()));
+        if !sh.is_view {
+            self.copy(self.buffer() + r * cb, x.g.b.data.ptr, cb, c0);
+        }
+        for j in 0..pieces {
+            self.write_flag(flags + 4 * (r * pieces + j), 1, c0);
+        }
+        self.wait_event(ev_clear, c0);
+        let hooks = Hooks {
+            flags,
+            rows_per_flag: sh.nc / pieces,
+            flag_value: 1,
+            n_tile_rot: r * sh.nc / TILE_ROWS,
+            ..Default::default()
+        };
+        self.step(|| format!("fused_ag: our sm90 GEMM on {tp} chunks ({pieces} flags each)"));
+        self.fused_gemm(&g, hooks, self.fused_sms(), 0);
+        // Every flag back to zero: the next call (or graph replay) starts from zero.
+        self.memset(flags, 4 * tp * pieces, c0);
+        self.ag_copy_out(x, sh, r, (0, sh.nc), c0);
+        Ok(())
     }
 }

@@ -5,16 +5,21 @@
 use super::plan::{self, Device, Env, Lane, Planner, Reduce, Scratch};
 use super::{MAX_AMAX_SLOTS, Op, Overlap};
 use crate::cuda::StreamHandle;
-use crate::cuda::resources::{DeviceMem, copy_2d, copy_async, memset_async};
+use crate::cuda::resources::{
+    DeviceMem, copy_2d, copy_async, memset_async, wait_value32_geq, with_relaxed_capture,
+    write_value32,
+};
 use crate::cuda::{ContextGuard, DevPtr, nvtx};
 use crate::error::Result;
 use crate::gemm::GemmDesc;
+use crate::gemm::sm90::{Hooks, Sm90Gemm};
 use crate::transport::Transport;
 
 /// The engine's lazily made scratch memory.
 struct EngineScratch<'a> {
     staging: &'a mut Option<DeviceMem>,
     amax_slots: &'a mut Option<DeviceMem>,
+    flags: &'a mut Option<DeviceMem>,
     buffer_bytes: usize,
 }
 
@@ -35,6 +40,16 @@ impl Scratch for EngineScratch<'_> {
             *self.amax_slots = Some(DeviceMem::new_relaxed(MAX_AMAX_SLOTS * 4)?);
         }
         Ok(self.amax_slots.as_ref().map_or(DevPtr::NULL, |m| m.ptr))
+    }
+    /// The fused algorithms' flags, zeroed once (on a stream of their own, the capture
+    /// mode relaxed); every call leaves them zero.
+    fn flags(&mut self) -> Result<DevPtr> {
+        if self.flags.is_none() {
+            let m = DeviceMem::new_relaxed(2 * plan::MAX_FLAGS * 4)?;
+            with_relaxed_capture(|| m.zero())?;
+            *self.flags = Some(m);
+        }
+        Ok(self.flags.as_ref().map_or(DevPtr::NULL, |m| m.ptr))
     }
 }
 
@@ -62,6 +77,10 @@ impl Overlap {
             events: self.ev_chunk.len(),
             compute_streams: self.compute.len(),
             inline: self.inline_ok(),
+            own_gemm: match self.own_gemm {
+                Some(Ok(_)) => Some(crate::gemm::sm90::supports as plan::OwnGemm),
+                _ => None,
+            },
             nvtx: nvtx::enabled(),
             trace: self.trace.is_some() && !self.capturing,
         }
@@ -75,6 +94,9 @@ impl Overlap {
         algo: impl FnOnce(&mut Planner) -> Result<()>,
     ) -> Result<()> {
         let guard = self.enter(stream)?;
+        if self.settings.atomic && self.own_gemm.is_none() {
+            self.own_gemm = Some(Sm90Gemm::get(&guard).map_err(|e| e.msg));
+        }
         let env = self.env();
         let mut plan = std::mem::take(&mut self.plan);
         plan.steps.clear();
@@ -82,6 +104,7 @@ impl Overlap {
             let mut scratch = EngineScratch {
                 staging: &mut self.staging,
                 amax_slots: &mut self.amax_slots,
+                flags: &mut self.flags,
                 buffer_bytes: env.buffer_bytes,
             };
             algo(&mut Planner {
@@ -162,6 +185,15 @@ impl Device for GpuDevice<'_> {
     }
     fn memset(&self, dst: DevPtr, bytes: usize, stream: StreamHandle) -> Result<()> {
         memset_async(dst, bytes, stream)
+    }
+    fn write_flag(&self, dst: DevPtr, value: u32, stream: StreamHandle) -> Result<()> {
+        write_value32(dst, value, stream)
+    }
+    fn wait_flag(&self, ptr: DevPtr, value: u32, stream: StreamHandle) -> Result<()> {
+        wait_value32_geq(ptr, value, stream)
+    }
+    fn fused_gemm(&self, g: &GemmDesc, hooks: &Hooks, sms: usize, index: usize) -> Result<()> {
+        self.o.run_fused(g, hooks, sms, index)
     }
     fn reduce(&self, r: &Reduce, stream: StreamHandle) -> Result<()> {
         self.o.reduce(r, stream)

@@ -31,7 +31,9 @@ pub mod rs;
 pub mod schedule;
 
 use crate::cuda::StreamHandle;
-use crate::cuda::resources::{Capture, DeviceMem, Event, Stream, capture_status, copy_async};
+use crate::cuda::resources::{
+    Capture, DeviceMem, Event, Stream, capture_status, copy_async, memset_async, write_value32,
+};
 use crate::cuda::{self, ContextGuard, DevPtr, DeviceInfo, nvrtc, nvtx};
 use crate::error::ErrorKind as K;
 use crate::error::{Error, Result};
@@ -97,6 +99,7 @@ pub enum Op {
     CopyIntoBuffer = 6,
     Destroy = 7,
     SplitAr = 8,
+    FusedAg = 9,
 }
 
 fn op_name(op: u32) -> &'static str {
@@ -109,6 +112,7 @@ fn op_name(op: u32) -> &'static str {
         6 => "copy_into_buffer",
         7 => "destroy",
         8 => "split_ar (pipelined GEMM + all-reduce)",
+        9 => "fused_ag (ring all-gather into one GEMM on arrival flags)",
         _ => "?",
     }
 }
@@ -123,6 +127,8 @@ pub struct Tuning {
     pub ar_ring: Option<bool>,
     pub pieces: i32,
     pub rs_accumulate: bool,
+    /// the fused algorithms (as config atomic_gemm, which stays on where it is set)
+    pub atomic: bool,
 }
 
 pub struct Overlap {
@@ -179,6 +185,10 @@ pub struct Overlap {
     report: Option<Box<report::Report>>,
     /// per-chunk amax of FP8 outputs (allocated on first use)
     amax_slots: Option<DeviceMem>,
+    /// the fused algorithms' flags (allocated and zeroed on first use)
+    flags: Option<DeviceMem>,
+    /// our own GEMM, loaded at the first call that wants it (Err: why it is not there)
+    own_gemm: Option<OwnGemmSlot>,
     /// the comm-GEMM context's global m, n, k of the call (NVTE_COMM_REPORT's shape key)
     report_dims: Option<[i64; 3]>,
     nvtx_step: std::cell::RefCell<Option<nvtx::Range>>,
@@ -193,6 +203,9 @@ pub struct Overlap {
     /// compute and comm stream of the call is that stream
     inline: Option<StreamHandle>,
 }
+
+/// Our own GEMM as an engine holds it once tried: loaded, or why not.
+type OwnGemmSlot = std::result::Result<std::sync::Arc<gemm::sm90::Sm90Gemm>, String>;
 
 /// NVTE_COMM_TRACE=1: timed events at the steps of the last call, printed (per rank, in
 /// ms from the call's start) when the object is destroyed. A diagnostic, not a profiler.
@@ -286,6 +299,7 @@ impl Overlap {
                 set_sm_margin: cfg.set_sm_margin,
                 sm_count: dev.sm_count,
                 one_shot_max_bytes: ar::ONE_SHOT_MAX_BYTES,
+                atomic: cfg.atomic_gemm,
             },
             tuned: plan::Tuned {
                 pieces: 1,
@@ -323,6 +337,8 @@ impl Overlap {
             dev,
             nvtx_call: None,
             amax_slots: None,
+            flags: None,
+            own_gemm: Self::own_gemm_at_creation(&cfg, &guard),
             report_dims: None,
             report: if Self::report_enabled()? {
                 Some(Box::new(report::Report::new()?))
@@ -343,6 +359,12 @@ impl Overlap {
                 None
             },
         })
+    }
+
+    /// With config atomic_gemm: our GEMM, loaded now (outside any capture), or why not.
+    fn own_gemm_at_creation(cfg: &EngineConfig, guard: &ContextGuard) -> Option<OwnGemmSlot> {
+        cfg.atomic_gemm
+            .then(|| gemm::sm90::Sm90Gemm::get(guard).map_err(|e| e.msg))
     }
 
     /// The group's transport (collective over the world: groups of `tp` consecutive
@@ -419,6 +441,7 @@ impl Overlap {
         self.settings.use_ce = t.use_ce;
         self.settings.aggregate = t.aggregate;
         self.settings.num_splits = t.splits as usize;
+        self.settings.atomic = t.atomic || self.cfg.atomic_gemm;
         self.t.set_use_ce(t.use_ce);
         self.tuned = plan::Tuned {
             pieces: t.pieces as usize,
@@ -877,6 +900,38 @@ impl Overlap {
         g.workspace = w;
         g.workspace_bytes = wb;
         gemm::run(&g, guard, self.compute_stream(stream_idx)?)
+    }
+
+    /// Our own GEMM on compute stream `stream_idx` (the fused algorithms). A launch that
+    /// fails clears the flags it would have waited on (the next call starts from zero);
+    /// where it does not run (a failed launch, NVTE_COMM_REPORT's comm-alone runs) its
+    /// done signals are written all the same, so that no stream waits for them forever.
+    fn run_fused(
+        &self,
+        g: &GemmDesc,
+        hooks: &gemm::sm90::Hooks,
+        sms: usize,
+        stream_idx: usize,
+    ) -> Result<()> {
+        let s = self.compute_stream(stream_idx)?;
+        let skip = self.skipping_gemms(); // NVTE_COMM_REPORT's comm-alone runs
+        let r = match &self.own_gemm {
+            _ if skip => Ok(()),
+            Some(Ok(b)) => b.run(g, hooks, sms, s),
+            _ => Err(Error::internal(
+                "the plan runs our sm90 GEMM, which is not loaded",
+            )),
+        };
+        if r.is_err() && !hooks.flags.is_null() {
+            let n = g.n.div_ceil(hooks.rows_per_flag.max(1));
+            let _ = memset_async(hooks.flags, 4 * n, s);
+        }
+        if (r.is_err() || skip) && !hooks.done.is_null() {
+            for j in 0..g.n.div_ceil(hooks.done_rows.max(1)) {
+                let _ = write_value32(hooks.done + 4 * j, hooks.done_value, s);
+            }
+        }
+        r
     }
 
     /// A tensor view of the buffer (TE's get_ubuf): the whole [rows, cols] or this

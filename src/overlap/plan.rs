@@ -12,6 +12,7 @@ use crate::cuda::DevPtr;
 use crate::cuda::StreamHandle;
 use crate::error::{Error, Result};
 use crate::gemm::GemmDesc;
+use crate::gemm::sm90::Hooks;
 use crate::host::Small;
 use crate::tensor::DType;
 use crate::transport::{
@@ -164,6 +165,29 @@ pub enum Step {
         bytes: usize,
         lane: Lane,
     },
+    /// a u32 flag written once the lane's earlier work is done (cuStreamWriteValue32,
+    /// with its memory barrier): the fused algorithms' local arrival flags
+    WriteFlag {
+        dst: DevPtr,
+        value: u32,
+        lane: Lane,
+    },
+    /// the lane waits until the u32 at `ptr` is >= `value` (cuStreamWaitValue32: no
+    /// timeout, so only for signals of our own GEMM, which waits on nothing itself: the
+    /// fused reduce-scatter's done signals)
+    WaitFlag {
+        ptr: DevPtr,
+        value: u32,
+        lane: Lane,
+    },
+    /// one launch of our own GEMM (`gemm::sm90`) on compute stream `index`, on at most
+    /// `sms` SMs (0: all), waiting on / signalling through `hooks`
+    FusedGemm {
+        g: GemmDesc,
+        hooks: Hooks,
+        sms: usize,
+        index: usize,
+    },
     /// the engine's kernels
     Reduce {
         r: Reduce,
@@ -242,10 +266,22 @@ pub struct Env {
     pub compute_streams: usize,
     /// the call runs inline (tp 1, no barrier: every lane is the caller's stream)
     pub inline: bool,
+    /// our own GEMM, where loaded: why it cannot compute a GEMM (None: it can). The fused
+    /// algorithms use it where it can, else cuBLASLt per chunk.
+    pub own_gemm: Option<OwnGemm>,
     /// NVTE_COMM_NVTX ranges / NVTE_COMM_TRACE marks wanted
     pub nvtx: bool,
     pub trace: bool,
 }
+
+/// Why our own GEMM cannot compute a GEMM (None: it can): `gemm::sm90::supports` on the
+/// GPU; the host tests' host GEMM computes every f32 GEMM.
+pub type OwnGemm = fn(&GemmDesc) -> Option<&'static str>;
+
+/// Arrival flags of the fused all-gather (u32 each): at most this many row blocks. The
+/// flags scratch holds twice as many: the fused reduce-scatter's done signals and their
+/// counters are its second half.
+pub(crate) const MAX_FLAGS: usize = 256;
 
 /// The engine's immutable settings, below the C API's config (`config::Config`), with the
 /// per-call settings applied.
@@ -260,6 +296,9 @@ pub struct Settings {
     /// chunks of the chunked all-reduce at most this large (bytes) are all-reduced
     /// one-shot (`ar::ONE_SHOT_MAX_BYTES`; the host tests make it small)
     pub one_shot_max_bytes: usize,
+    /// the fused (atomic) algorithms where they apply (config `atomic_gemm`, or the
+    /// comm-GEMM API's kNVTECommGemmAlgoAtomicP2P)
+    pub atomic: bool,
 }
 
 /// The autotuner's per-call choices the engine holds.
@@ -282,6 +321,9 @@ pub trait Scratch {
     fn staging(&mut self) -> Result<DevPtr>;
     /// Per-chunk amax slots (`super::MAX_AMAX_SLOTS` floats).
     fn amax_slots(&mut self) -> Result<DevPtr>;
+    /// The fused algorithms' 2 * `MAX_FLAGS` u32 flags, zero when made (the algorithms
+    /// leave them zero after every call).
+    fn flags(&mut self) -> Result<DevPtr>;
 }
 
 /// An algorithm's view while it plans a call.
@@ -324,6 +366,9 @@ impl Planner<'_> {
     }
     pub fn amax_slots(&mut self) -> Result<DevPtr> {
         self.res.amax_slots()
+    }
+    pub fn flags(&mut self) -> Result<DevPtr> {
+        self.res.flags()
     }
 
     /// SM count for the chunk GEMMs: leave the comm SMs free when SM kernels communicate.
@@ -478,7 +523,23 @@ impl Planner<'_> {
         });
     }
     pub fn memset(&mut self, dst: DevPtr, bytes: usize, lane: Lane) {
-        self.push(Step::Memset { dst, bytes, lane });
+        if bytes > 0 {
+            self.push(Step::Memset { dst, bytes, lane });
+        }
+    }
+    pub fn write_flag(&mut self, dst: DevPtr, value: u32, lane: Lane) {
+        self.push(Step::WriteFlag { dst, value, lane });
+    }
+    pub fn wait_flag(&mut self, ptr: DevPtr, value: u32, lane: Lane) {
+        self.push(Step::WaitFlag { ptr, value, lane });
+    }
+    pub fn fused_gemm(&mut self, g: &GemmDesc, hooks: Hooks, sms: usize, index: usize) {
+        self.push(Step::FusedGemm {
+            g: *g,
+            hooks,
+            sms,
+            index,
+        });
     }
     /// A reduction (nothing when it is empty).
     pub fn reduce(&mut self, r: Reduce, lane: Lane) {
@@ -600,6 +661,10 @@ pub trait Device {
         stream: StreamHandle,
     ) -> Result<()>;
     fn memset(&self, dst: DevPtr, bytes: usize, stream: StreamHandle) -> Result<()>;
+    fn write_flag(&self, dst: DevPtr, value: u32, stream: StreamHandle) -> Result<()>;
+    fn wait_flag(&self, ptr: DevPtr, value: u32, stream: StreamHandle) -> Result<()>;
+    /// Our own GEMM on compute stream `index` (resolved by the device, as [`Device::gemm`]).
+    fn fused_gemm(&self, g: &GemmDesc, hooks: &Hooks, sms: usize, index: usize) -> Result<()>;
     fn reduce(&self, r: &Reduce, stream: StreamHandle) -> Result<()>;
     fn copy_segments(
         &self,
@@ -668,6 +733,14 @@ fn enqueue_step(s: &Step, dev: &mut dyn Device) -> Result<()> {
             dev.lane(*lane)?,
         ),
         Step::Memset { dst, bytes, lane } => dev.memset(*dst, *bytes, dev.lane(*lane)?),
+        Step::WriteFlag { dst, value, lane } => dev.write_flag(*dst, *value, dev.lane(*lane)?),
+        Step::WaitFlag { ptr, value, lane } => dev.wait_flag(*ptr, *value, dev.lane(*lane)?),
+        Step::FusedGemm {
+            g,
+            hooks,
+            sms,
+            index,
+        } => dev.fused_gemm(g, hooks, *sms, *index),
         Step::Reduce { r, lane } => dev.reduce(r, dev.lane(*lane)?),
         Step::CopySegments { segs, lane, tail } => dev.copy_segments(segs, dev.lane(*lane)?, *tail),
         Step::AmaxMax { out, slots, n } => dev.amax_max(*out, *slots, *n),

@@ -21,6 +21,7 @@ use super::{AlgoKnobs, Op, ag::AgArgs};
 use crate::cuda::DevPtr;
 use crate::cuda::StreamHandle;
 use crate::error::Result;
+use crate::gemm::sm90::Hooks;
 use crate::gemm::{Epilogue, GemmDesc, TeGemm};
 use crate::tensor::{Buffer, DType, Shape, Tensor};
 use crate::transport::fake::{Call, Coll, FakeTransport, Flavour, Log, Rec, SharedLog};
@@ -51,6 +52,11 @@ pub(crate) enum Dev {
     Begin(u32, Vec<u64>),
     Record(usize),
     WaitEvent(usize),
+    /// a flag written (cuStreamWriteValue32) / waited for (cuStreamWaitValue32 GEQ)
+    WriteFlag(DevPtr, u32),
+    WaitFlag(DevPtr, u32),
+    /// our own GEMM: runs once every flag of its rows has reached the value
+    Fused(GemmDesc, Hooks),
 }
 
 type L = Log<Dev>;
@@ -195,6 +201,19 @@ impl Device for RecDevice {
         self.push(stream.raw(), Dev::Reduce(*r));
         Ok(())
     }
+    fn write_flag(&self, dst: DevPtr, value: u32, stream: StreamHandle) -> Result<()> {
+        self.push(stream.raw(), Dev::WriteFlag(dst, value));
+        Ok(())
+    }
+    fn wait_flag(&self, ptr: DevPtr, value: u32, stream: StreamHandle) -> Result<()> {
+        self.push(stream.raw(), Dev::WaitFlag(ptr, value));
+        Ok(())
+    }
+    fn fused_gemm(&self, g: &GemmDesc, hooks: &Hooks, _sms: usize, index: usize) -> Result<()> {
+        let s = self.lane(Lane::Compute(index))?;
+        self.push(s.raw(), Dev::Fused(*g, *hooks));
+        Ok(())
+    }
     fn copy_segments(
         &self,
         segs: &[(DevPtr, DevPtr, usize)],
@@ -271,6 +290,13 @@ impl Mem {
             }
         }
         Err(format!("address {addr:#x} is in no allocation"))
+    }
+    /// The allocation called `name`, if any.
+    fn named(&self, name: &str) -> Option<DevPtr> {
+        self.allocs
+            .iter()
+            .find(|a| a.name == name)
+            .map(|a| DevPtr::new(a.base))
     }
     fn f32_at(&self, p: DevPtr) -> f32 {
         let (i, o) = self.find(p, 4).unwrap();
@@ -504,8 +530,49 @@ impl Sim {
                 }
                 Some(v)
             }
+            Rec::Device(Dev::Fused(g, hk)) => self.flags_ready(g, hk),
+            Rec::Device(Dev::WaitFlag(p, v)) => self.flag_ready(*p, *v, false),
             _ => Some(vec![]),
         }
+    }
+
+    /// Our GEMM's flags: every row block's has reached the value (wrap-around compare, as
+    /// the kernel's), joining the clocks of their writers. Flags out of bounds: ready (the
+    /// step then reports them).
+    fn flags_ready(&self, g: &GemmDesc, hk: &Hooks) -> Option<Vec<Vec<u32>>> {
+        if hk.flags.is_null() {
+            return Some(vec![]);
+        }
+        let mut deps = Vec::new();
+        for i in 0..g.n.div_ceil(hk.rows_per_flag.max(1)) {
+            deps.extend(self.flag_ready(hk.flags + 4 * i, hk.flag_value, true)?);
+        }
+        Some(deps)
+    }
+
+    /// A u32 flag has reached `value` (`wrap`: the kernel's wrap-around compare, else
+    /// cuStreamWaitValue32's GEQ): the clock of its writer; None while it has not.
+    /// Out of bounds: ready (the step then reports it).
+    fn flag_ready(&self, p: DevPtr, value: u32, wrap: bool) -> Option<Vec<Vec<u32>>> {
+        let Ok((a, o)) = self.mem.find(p, 4) else {
+            return Some(vec![]);
+        };
+        let al = &self.mem.allocs[a];
+        let v = u32::from_le_bytes(al.data[o..o + 4].try_into().unwrap());
+        let w = al.writer[o];
+        let reached = if wrap {
+            (v.wrapping_sub(value) as i32) >= 0
+        } else {
+            v >= value
+        };
+        if w == NEVER || !reached {
+            return None;
+        }
+        Some(if w == INPUT {
+            vec![]
+        } else {
+            vec![self.clock[w as usize - 1].clone()]
+        })
     }
 
     /// The step holding the matching receive (of a send of `h` on `pair` = (from, to)),
@@ -619,6 +686,24 @@ impl Sim {
             Dev::Segments(segs) => {
                 for (dst, src, n) in segs {
                     self.copy(h, dst, src, n)?;
+                }
+                Ok(())
+            }
+            Dev::WriteFlag(dst, v) => self.write(h, dst, &v.to_le_bytes()),
+            Dev::WaitFlag(p, _) => self.mem.find(p, 4).map(|_| ()),
+            Dev::Fused(g, hk) => {
+                if !hk.flags.is_null() {
+                    let nf = g.n.div_ceil(hk.rows_per_flag.max(1));
+                    self.mem.find(hk.flags, 4 * nf)?;
+                }
+                self.gemm(h, &g)?;
+                // done signals (then the kernel's own counters: bounds only)
+                if !hk.done.is_null() {
+                    let nb = g.n.div_ceil(hk.done_rows.max(1));
+                    self.mem.find(hk.done, 8 * nb)?;
+                    for j in 0..nb {
+                        self.write(h, hk.done + 4 * j, &hk.done_value.to_le_bytes())?;
+                    }
                 }
                 Ok(())
             }
@@ -844,6 +929,12 @@ pub(crate) struct Cfg {
     rs_accumulate: bool,
     ar_ring: Option<bool>,
     knobs: AlgoKnobs,
+    /// the fused algorithms (settings.atomic), and "our GEMM" where loaded: what it
+    /// refuses (the host GEMM computes every f32 GEMM)
+    atomic: bool,
+    own_gemm: Option<plan::OwnGemm>,
+    /// the call's number on its rank (flag values; logs of several calls)
+    call: u64,
 }
 
 impl Cfg {
@@ -857,6 +948,22 @@ impl Cfg {
             rs_accumulate: false,
             ar_ring: None,
             knobs: AlgoKnobs::default(),
+            atomic: false,
+            own_gemm: Some(|_| None),
+            call: 0,
+        }
+    }
+    /// The fused algorithms; our GEMM refuses odd m (so that ranks with uneven shares of
+    /// m differ in which GEMM they run) when `mixed`.
+    pub(crate) fn fused(flavour: Flavour, mixed: bool) -> Cfg {
+        Cfg {
+            atomic: true,
+            own_gemm: if mixed {
+                Some(|g| (g.m % 2 == 1).then_some("odd m (test)"))
+            } else {
+                Some(|_| None)
+            },
+            ..Cfg::new(flavour)
         }
     }
 }
@@ -878,6 +985,14 @@ impl Scratch for FakeScratch<'_> {
     }
     fn amax_slots(&mut self) -> Result<DevPtr> {
         Ok(self.mem.alloc("amax slots", 256))
+    }
+    /// The rank's flags, made zero once and kept across its calls (as the engine's).
+    fn flags(&mut self) -> Result<DevPtr> {
+        let name = format!("flags of rank {}", self.rank);
+        Ok(match self.mem.named(&name) {
+            Some(p) => p,
+            None => self.mem.input(&name, &[0.0; 2 * plan::MAX_FLAGS]),
+        })
     }
 }
 
@@ -912,6 +1027,7 @@ fn env_of(
             set_sm_margin: true,
             sm_count: 132,
             one_shot_max_bytes: 256,
+            atomic: cfg.atomic,
         },
         tuning: plan::Tuned {
             pieces: cfg.pieces,
@@ -922,6 +1038,7 @@ fn env_of(
         events: 128,
         compute_streams: 3,
         inline: tp == 1 && caps.idle_alone,
+        own_gemm: cfg.own_gemm,
         nvtx: false,
         trace: false,
     }
@@ -940,7 +1057,7 @@ pub(crate) fn rank_call(
     plan_call: &mut dyn FnMut(&mut Planner) -> Result<()>,
 ) -> Res {
     let bytes = geometry.0 * geometry.1 * 4;
-    let t = FakeTransport::new(r, buffers, bytes, cfg.flavour, log.clone());
+    let t = FakeTransport::new(r, buffers, bytes, cfg.flavour, log.clone()).for_call(cfg.call);
     let env = env_of(&t, (tp, r), geometry, cfg);
     let mut plan = Plan::default();
     {
@@ -1111,15 +1228,25 @@ struct Partials {
     sum: Vec<f32>,
 }
 
-fn partials(mem: &mut Mem, tp: usize, (n, k, m): (usize, usize, usize)) -> Partials {
+fn partials(mem: &mut Mem, tp: usize, dims: (usize, usize, usize)) -> Partials {
+    partials_seeded(mem, tp, dims, 0)
+}
+
+/// [`partials`] from other values (`seed`).
+fn partials_seeded(
+    mem: &mut Mem,
+    tp: usize,
+    (n, k, m): (usize, usize, usize),
+    seed: usize,
+) -> Partials {
     let mut p = Partials {
         a: Vec::new(),
         b: Vec::new(),
         sum: vec![0f32; n * m],
     };
     for r in 0..tp {
-        let a = values(200 + r, m * k);
-        let b = values(300 + r, n * k);
+        let a = values(seed + 200 + r, m * k);
+        let b = values(seed + 300 + r, n * k);
         for (s, x) in p.sum.iter_mut().zip(matmul_nt(&b, &a, n, k, m)) {
             *s += x;
         }
@@ -1164,6 +1291,51 @@ fn check_rs(tp: usize, cfg: Cfg, ring: bool) -> Res {
         expect_once(&mem, o, want, &format!("rank {r}: rs_output"))?;
     }
     Ok(())
+}
+
+/// Two fused ring reduce-scatters in a row with other partials, on the same signals: the
+/// second call's exchanges wait for its own GEMM's signals (one left set by the first
+/// call would send the first call's partials), and every flag is zero after each.
+fn check_fused_rs_twice(tp: usize, cfg: Cfg) -> Res {
+    let (nc, k, m) = (4, 8, 48);
+    let n = nc * tp;
+    let mut mem = Mem::default();
+    let bufs = buffers(&mut mem, tp, n * m * 4);
+    let log = new_log(tp);
+    let mut want = Vec::new();
+    for call in 0..2 {
+        let p = partials_seeded(&mut mem, tp, (n, k, m), 1000 * call);
+        for r in 0..tp {
+            let o = mem.alloc(&format!("rs_output{r}.{call}"), nc * m * 4);
+            want.push((o, p.sum[r * nc * m..(r + 1) * nc * m].to_vec()));
+            let (ta, tb, to) = (
+                tensor(p.a[r].1, &[m, k]),
+                tensor(p.b[r].1, &[n, k]),
+                tensor(o, &[nc, m]),
+            );
+            let args = RsArgs {
+                g: gemm(&ta, &tb, &to).with_d(None),
+                rs_output: &to,
+            };
+            let cfg = Cfg {
+                call: call as u64,
+                ..cfg
+            };
+            rank_call((tp, r), (n, m), cfg, &mut mem, &bufs, &log, &mut |pl| {
+                pl.split_rs_p2p(&args)
+            })?;
+        }
+    }
+    simulate(&log, &mut mem, &bufs)?;
+    for (i, (o, w)) in want.iter().enumerate() {
+        expect_once(
+            &mem,
+            *o,
+            w,
+            &format!("call {} rank {}: rs_output", i / tp, i % tp),
+        )?;
+    }
+    flags_left_zero(&mem, tp)
 }
 
 /// GEMM + all-reduce: every rank gets the sum of the partials in D.
@@ -1297,6 +1469,139 @@ fn ring_all_gather_gemm() {
     });
 }
 
+/// The fused all-gather + GEMM: the ring's arrivals as flags and one GEMM waiting on
+/// them (or, without our GEMM, cuBLASLt per chunk on the same ring); selected through
+/// split_ag by settings.atomic wherever the transport has a two-sided exchange.
+#[test]
+fn fused_all_gather_gemm() {
+    let fused = |f| Cfg {
+        atomic: true,
+        ..Cfg::new(f)
+    };
+    all("fused_ag", |tp, f| check_ag(tp, fused(f), false));
+    all("fused_ag (buffer view)", |tp, f| {
+        check_ag(tp, fused(f), true)
+    });
+    all("fused_ag (2 pieces)", |tp, f| {
+        check_ag(
+            tp,
+            Cfg {
+                pieces: 2,
+                ..fused(f)
+            },
+            false,
+        )
+    });
+    all("fused_ag (3 pieces: 1 divides the chunk)", |tp, f| {
+        check_ag(
+            tp,
+            Cfg {
+                pieces: 3,
+                ..fused(f)
+            },
+            false,
+        )
+    });
+    all("fused_ag (SM puts, bidirectional asked)", |tp, f| {
+        let cfg = Cfg {
+            use_ce: false,
+            aggregate: true,
+            ..fused(f)
+        };
+        check_ag(tp, cfg, false)
+    });
+    all(
+        "fused_ag (our GEMM not loaded: cuBLASLt per chunk)",
+        |tp, f| {
+            let cfg = Cfg {
+                own_gemm: None,
+                pieces: 2,
+                ..fused(f)
+            };
+            check_ag(tp, cfg, false)
+        },
+    );
+    all("fused_ag (two calls, new data)", |tp, f| {
+        check_fused_ag_twice(tp, fused(f))
+    });
+}
+
+/// Two fused all-gather calls in a row on the same flags, the second with other shards:
+/// its GEMM sees only its own arrivals (a flag left set by the first call would let it
+/// read the first call's rows, and D would be wrong), and every flag is zero after each.
+fn check_fused_ag_twice(tp: usize, cfg: Cfg) -> Res {
+    let (nc, k, m) = (4, 8, 16);
+    let n = nc * tp;
+    let mut mem = Mem::default();
+    let bufs = buffers(&mut mem, tp, n * k * 4);
+    let log = new_log(tp);
+    let mut want = Vec::new();
+    for call in 0..2 {
+        let shards: Vec<Vec<f32>> = (0..tp).map(|r| values(10 * call + r + 1, nc * k)).collect();
+        let gathered = shards.concat();
+        for (r, shard) in shards.iter().enumerate() {
+            let a = values(100 + r, m * k);
+            let (pa, pb) = (
+                mem.input(&format!("A{r}.{call}"), &a),
+                mem.input(&format!("B{r}.{call}"), shard),
+            );
+            let pd = mem.alloc(&format!("D{r}.{call}"), n * m * 4);
+            want.push((pd, matmul_nt(&gathered, &a, n, k, m)));
+            let (ta, tb, td) = (
+                tensor(pa, &[m, k]),
+                tensor(pb, &[nc, k]),
+                tensor(pd, &[n, m]),
+            );
+            let args = AgArgs {
+                g: gemm(&ta, &tb, &td),
+                b_copy: None,
+                key_m: None,
+            };
+            let cfg = Cfg {
+                call: call as u64,
+                ..cfg
+            };
+            rank_call((tp, r), (n, k), cfg, &mut mem, &bufs, &log, &mut |p| {
+                p.split_ag(&args)
+            })?;
+        }
+    }
+    let fused = log
+        .lock()
+        .unwrap()
+        .ranks
+        .iter()
+        .flatten()
+        .filter(|(_, x)| matches!(x, Rec::Device(Dev::Fused(..))))
+        .count();
+    if fused != 2 * tp {
+        return Err(format!(
+            "{fused} launches of our GEMM, want one per rank and call"
+        ));
+    }
+    simulate(&log, &mut mem, &bufs)?;
+    for (i, (pd, w)) in want.iter().enumerate() {
+        expect_once(&mem, *pd, w, &format!("call {} rank {}: D", i / tp, i % tp))?;
+    }
+    flags_left_zero(&mem, tp)
+}
+
+/// Every rank's fused-algorithm flags are zero (after its calls).
+fn flags_left_zero(mem: &Mem, tp: usize) -> Res {
+    for r in 0..tp {
+        if let Some(f) = mem.named(&format!("flags of rank {r}")) {
+            let (a, o) = mem.find(f, 8 * plan::MAX_FLAGS)?;
+            if mem.allocs[a].data[o..o + 8 * plan::MAX_FLAGS]
+                .iter()
+                .any(|&b| b != 0)
+            {
+                return Err(format!("rank {r}: flags left set after the calls"));
+            }
+        }
+    }
+    Ok(())
+}
+
 #[test]
 fn pipelined_and_ring_reduce_scatter() {
     all("split_rs (pipelined)", |tp, f| {
@@ -1314,6 +1619,27 @@ fn pipelined_and_ring_reduce_scatter() {
     });
     all("split_rs_p2p (ring)", |tp, f| {
         check_rs(tp, Cfg::new(f), true)
+    });
+    // The fused ring: one launch of our GEMM signalling each destination's rows; mixed:
+    // our GEMM refusing odd m (m is even here: every rank fuses), and not loaded.
+    all("split_rs_p2p (fused ring)", |tp, f| {
+        check_rs(tp, Cfg::fused(f, false), true)
+    });
+    all(
+        "split_rs_p2p (fused asked, our GEMM not loaded)",
+        |tp, f| {
+            let cfg = Cfg {
+                own_gemm: None,
+                ..Cfg::fused(f, false)
+            };
+            check_rs(tp, cfg, true)
+        },
+    );
+    all("split_rs_p2p (fused ring, two calls, new data)", |tp, f| {
+        check_fused_rs_twice(tp, Cfg::fused(f, false))
+    });
+    all("split_rs (pipelined, fused asked: unchanged)", |tp, f| {
+        check_rs(tp, Cfg::fused(f, false), false)
     });
 }
 
@@ -1351,6 +1677,9 @@ fn accumulating_ring_reduce_scatter() {
 #[test]
 fn all_reduce_variants() {
     all("split_ar (ring)", |tp, f| check_ar(tp, Cfg::new(f)));
+    all("split_ar (ring, fused reduce-scatter)", |tp, f| {
+        check_ar(tp, Cfg::fused(f, false))
+    });
     all("split_ar (ring, accumulating)", |tp, f| {
         let cfg = Cfg {
             rs_accumulate: true,

@@ -26,6 +26,16 @@
 //!   and accumulation run the ring over send / recv; the accumulating ring, where chosen,
 //!   runs over send / recv too). Over NCCL both entry points run this one.
 //!
+//! - Fused ring (settings `atomic`: config atomic_gemm, the comm-GEMM API's atomic
+//!   algorithms): the ring above (and the ring all-reduce's reduce-scatter) with one
+//!   launch of our own GEMM instead of a GEMM per destination: it computes the whole
+//!   partial into staging, its tile rows starting at destination r+1's rows (the ring's
+//!   order), and signals each destination's rows as done (a u32 per row block); comm
+//!   stream 0 waits for each signal (cuStreamWaitValue32: no timeout, but the GEMM waits
+//!   on nothing itself, so its signals always come) before that destination's exchange,
+//!   which stays the transport's bounded one. Where our GEMM cannot compute the call, the
+//!   GEMMs per destination as above; the exchanges are the same either way.
+//!
 //! FP8 buffers: the GEMMs write FP8 partials with D's scale; the reduction dequantizes
 //! with D's scale_inv, sums in fp32 and writes bf16 / fp16 / fp32.
 //!
@@ -34,12 +44,13 @@
 //! only makes every chunk finish late and delays the first chunk's communication.
 //! Measured on 4x H200, tp 4, bf16 (bench/RESULTS.md): ring RS (CE) geomean 1.10x
 //! bound in order vs 1.40x round-robin over 3 streams.
-use super::plan::{Lane, Planner, Reduce};
+use super::plan::{Lane, MAX_FLAGS, Planner, Reduce};
 use super::schedule::{Bounds, PerRank};
 use super::{Op, Overlap, eb, tag};
 use crate::cuda::DevPtr;
 use crate::cuda::StreamHandle;
 use crate::error::Result;
+use crate::gemm::sm90::{Hooks, TILE_ROWS};
 use crate::gemm::{self, GemmDesc, Operands};
 use crate::invalid;
 use crate::tensor::{Buffer, DType, Shape, Tensor};
@@ -403,9 +414,54 @@ impl Planner<'_> {
         let slot_bytes = p.nc * p.m * eb(self.dtype());
         let plan = super::schedule::rs_exchange(self.tp(), self.tp_rank());
         let fp8 = self.fp8_output(x.rs_output, "rs_output", Lane::Comm(0))?;
-        self.ring_rs_gemms(p, staging, &plan.gemm_dest);
-        self.ring_rs_exchanges(staging, slot_bytes, &plan.steps)?;
-        self.ring_rs_reduce(x, p, staging, fp8)
+        let done = self.fused_rs_gemm(p, staging)?;
+        if done.is_none() {
+            self.ring_rs_gemms(p, staging, &plan.gemm_dest);
+        }
+        self.ring_rs_exchanges(staging, slot_bytes, &plan.steps, done)?;
+        self.ring_rs_reduce(x, p, staging, fp8, done)?;
+        if let Some(d) = done {
+            // every signal back to zero (the next call clears them again before its GEMM)
+            self.memset(d, 4 * self.tp(), Lane::Comm(0));
+        }
+        Ok(())
+    }
+
+    /// The fused ring's GEMM (module doc) where the settings ask for it and our GEMM can
+    /// compute the call: comm stream 0 clears the done signals, then one launch computes
+    /// the whole partial into staging. Returns the signals (u32 per destination), or None
+    /// (the GEMMs per destination are the caller's).
+    fn fused_rs_gemm(&mut self, p: &RsPlan, staging: DevPtr) -> Result<Option<DevPtr>> {
+        if !self.e.settings.atomic {
+            return Ok(None);
+        }
+        let mut g = p.full;
+        g.d = staging; // rows d * nc.. of the partial: destination d's slot
+        let why = match self.e.own_gemm {
+            None => Some("our sm90 GEMM is not loaded"),
+            Some(f) => f(&g),
+        };
+        if let Some(why) = why {
+            self.step(|| format!("fused ring: GEMMs per destination on cuBLASLt ({why})"));
+            return Ok(None);
+        }
+        let (tp, r) = (self.tp(), self.tp_rank());
+        let done = self.flags()? + 4 * MAX_FLAGS;
+        let cs = Lane::Comm(0);
+        self.memset(done, 4 * tp, cs);
+        let ev_clear = self.e.events - 1;
+        self.record(ev_clear, cs);
+        self.wait_event(ev_clear, Lane::Compute(0));
+        let hooks = Hooks {
+            done,
+            done_rows: p.nc,
+            done_value: 1,
+            n_tile_rot: (r + 1) % tp * p.nc / TILE_ROWS,
+            ..Default::default()
+        };
+        self.step(|| format!("fused ring: our sm90 GEMM, {tp} destinations signalled"));
+        self.fused_gemm(&g, hooks, self.fused_sms(), 0);
+        Ok(Some(done))
     }
 
     /// GEMM for destination d: B's rows [d nc, (d+1) nc), output [nc, m], into local
@@ -441,11 +497,15 @@ impl Planner<'_> {
         staging: DevPtr,
         slot_bytes: usize,
         steps: &[super::schedule::Transfer],
+        done: Option<DevPtr>,
     ) -> Result<()> {
         let cs = Lane::Comm(0);
         let slot = self.e.slots.rs_p2p;
         for (i, t) in steps.iter().enumerate() {
-            self.wait_event(i, cs);
+            match done {
+                Some(d) => self.wait_flag(d + 4 * t.to, 1, cs),
+                None => self.wait_event(i, cs),
+            }
             let send = SendOp {
                 peer: t.to,
                 src: staging + t.to * slot_bytes,
@@ -483,11 +543,15 @@ impl Planner<'_> {
         p: &RsPlan,
         staging: DevPtr,
         fp8: (DevPtr, DevPtr),
+        done: Option<DevPtr>,
     ) -> Result<()> {
         let (tp, r) = (self.tp(), self.tp_rank());
         let slot_bytes = p.nc * p.m * eb(self.dtype());
         let cs = Lane::Comm(0);
-        self.wait_event(tp - 1, cs);
+        match done {
+            Some(d) => self.wait_flag(d + 4 * r, 1, cs),
+            None => self.wait_event(tp - 1, cs),
+        }
         let srcs: PerRank<DevPtr> = (0..tp)
             .map(|s| {
                 if s == r {

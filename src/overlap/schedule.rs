@@ -73,6 +73,26 @@ pub fn ag_ring(tp: usize, r: usize, bidirectional: bool) -> AgRing {
     }
 }
 
+/// The fused all-gather's ring: the backward ring alone (to r-1, from r+1), so that
+/// rank `r` receives chunks r+1, r+2, ... in that order: the order in which our GEMM,
+/// its tile rows rotated to start at chunk r, computes them.
+pub fn ag_ring_backward(tp: usize, r: usize) -> AgRing {
+    let (next, prev) = ((r + 1) % tp, (r + tp - 1) % tp);
+    let backward = (0..tp.saturating_sub(1))
+        .map(|s| Transfer {
+            to: prev,
+            send: (r + s) % tp,
+            from: next,
+            recv: (r + s + 1) % tp,
+        })
+        .collect();
+    AgRing {
+        forward: PerRank::new(),
+        backward,
+        order: (0..tp).map(|s| (r + s) % tp).collect(),
+    }
+}
+
 /// The reduce-scatter by direct exchange (`split_rs_p2p`): rank `r` computes the partial
 /// for destination `gemm_dest[i]` i-th (its own last), and at step i sends the partial for
 /// `to` into slot r of `to`'s buffer while the partial of `from` for r lands in slot
@@ -144,8 +164,14 @@ mod tests {
     #[test]
     fn ring_all_gather_delivers_every_chunk_to_every_rank() {
         for tp in 1..=8 {
-            for bidi in [false, true] {
-                let rings: Vec<AgRing> = (0..tp).map(|r| ag_ring(tp, r, bidi)).collect();
+            // 0: forward, 1: bidirectional, 2: backward alone (the fused all-gather's)
+            for bidi in [0, 1, 2] {
+                let rings: Vec<AgRing> = (0..tp)
+                    .map(|r| match bidi {
+                        2 => ag_ring_backward(tp, r),
+                        b => ag_ring(tp, r, b == 1),
+                    })
+                    .collect();
                 let mut held: Vec<BTreeSet<usize>> = (0..tp).map(|r| BTreeSet::from([r])).collect();
                 let mut arrival: Vec<Vec<usize>> = (0..tp).map(|r| vec![r]).collect();
                 let steps = rings[0].forward.len().max(rings[0].backward.len());
@@ -199,6 +225,11 @@ mod tests {
                     assert_eq!(order.iter().copied().collect::<BTreeSet<_>>().len(), tp);
                     // Computed in arrival order (so no GEMM waits for a later chunk).
                     assert_eq!(order, &arrival[r], "tp {tp} bidi {bidi} rank {r}");
+                    if bidi == 2 {
+                        // ascending from r: the rotated tile order of our GEMM
+                        let want: Vec<usize> = (0..tp).map(|s| (r + s) % tp).collect();
+                        assert_eq!(order.iter().copied().collect::<Vec<_>>(), want);
+                    }
                 }
             }
         }

@@ -97,9 +97,17 @@ pub struct FakeTransport<D: Send + 'static> {
     flavour: Flavour,
     buffers: Vec<DevPtr>,
     log: SharedLog<D>,
+    /// the call number flag values carry (value = (call << 16) + tag, as the IPC
+    /// transport's): a log of several calls per rank sets it per call
+    call: u64,
 }
 
 impl<D: Send + 'static> FakeTransport<D> {
+    /// The same transport for call number `call` of its rank (its flag values).
+    pub fn for_call(mut self, call: u64) -> FakeTransport<D> {
+        self.call = call;
+        self
+    }
     pub fn new(
         rank: usize,
         buffers: &[DevPtr],
@@ -117,6 +125,7 @@ impl<D: Send + 'static> FakeTransport<D> {
             flavour,
             buffers: buffers.to_vec(),
             log,
+            call: 0,
         }
     }
     fn record(&self, stream: StreamHandle, c: Call) -> Result<()> {
@@ -233,6 +242,7 @@ impl<D: Send + 'static> PeerMemory for FakeTransport<D> {
             return Ok(());
         }
         let peers = peers.to_vec();
+        let tag = (self.call << 16) + tag;
         self.record(stream, Call::Signal { peers, slot, tag })
     }
     fn wait(
@@ -247,6 +257,7 @@ impl<D: Send + 'static> PeerMemory for FakeTransport<D> {
             return Ok(());
         }
         let peers = peers.to_vec();
+        let tag = (self.call << 16) + tag;
         self.record(stream, Call::Wait { peers, slot, tag })
     }
 }

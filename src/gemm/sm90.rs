@@ -1,0 +1,541 @@
+//! Our own Hopper GEMM (`kernels/gemm_sm90.cu`, issue 22) as a GEMM backend: the GEMM of
+//! the fused (atomic) comm-GEMM algorithms, which wait on per-row-block arrival flags
+//! (all-gather) and signal per-row-block completion (reduce-scatter) inside one launch.
+//!
+//! [`supports`] says exactly which [`GemmDesc`]s the kernel computes today: TE's TN
+//! (`transa`, not `transb`: D[n, m] = B[n, k] . A[m, k]^T, row-major, K contiguous), bf16
+//! or e4m3 inputs (both the same; e4m3 with both scale_invs and fast accumulation), bf16
+//! or fp32 output, no epilogue, bias, aux, accumulation or FP8 output scaling, k * the
+//! input size a multiple of 16 bytes, m a multiple of 8, A, B and D 16-byte aligned with
+//! their leading dimensions packed. Everything else stays on cuBLASLt; the caller records
+//! the reason the answer gives.
+//!
+//! [`Sm90Gemm`] is the module loaded in one context (once per context, outside or inside
+//! a graph capture: the loading runs with the capture mode relaxed and reads the
+//! kernel's shared-memory size on a stream of its own), its kernels' dynamic shared memory
+//! allowed, and a small cache of tensor maps by (address, rows, k, box, type): a map
+//! depends on nothing else, so a cached one is always right.
+use super::{Epilogue, GemmDesc};
+use crate::cuda::kernel::{Binding, Kernel, KernelArg, ParamInfo, Signature};
+use crate::cuda::resources::{Stream, with_relaxed_capture};
+use crate::cuda::{ContextGuard, DevPtr, StreamHandle, check, device_info, nvrtc};
+use crate::error::{Error, Result};
+use crate::tensor::DType;
+use cudarc::driver::sys as cu;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// The driver's CUtensorMap as the kernel takes it (`GemmTmaDesc`: 128 opaque bytes,
+/// 64-byte aligned), by value.
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TmaDesc(pub [u64; 16]);
+
+/// The kernel's `Gemm90Args`, field for field (8-byte pointers first, then 4-byte
+/// fields; 120 bytes). Reserved fields stay zero.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Gemm90Args {
+    pub d: DevPtr,
+    pub bias: DevPtr,
+    pub aux: DevPtr,
+    pub a_scale_inv: DevPtr,
+    pub b_scale_inv: DevPtr,
+    pub d_scale: DevPtr,
+    pub d_amax: DevPtr,
+    pub flags: DevPtr,
+    pub done: DevPtr,
+    pub m: i32,
+    pub n: i32,
+    pub k: i32,
+    pub rows_per_flag: i32,
+    pub done_rows: i32,
+    pub group_n: i32,
+    pub n_tile_rot: i32,
+    pub flag_value: u32,
+    pub done_value: u32,
+    pub beta: f32,
+    pub epilogue: i32,
+    pub pad_: i32,
+}
+
+// SAFETY: a repr(C) struct passed by value: the Struct class and its own size.
+unsafe impl KernelArg for TmaDesc {
+    const INFO: ParamInfo = ParamInfo::by_value::<TmaDesc>();
+}
+// SAFETY: as above.
+unsafe impl KernelArg for Gemm90Args {
+    const INFO: ParamInfo = ParamInfo::by_value::<Gemm90Args>();
+}
+
+/// The kernels' parameters: the tensor maps of B and A, then the arguments.
+type Gemm90Params = (TmaDesc, TmaDesc, Gemm90Args);
+
+// SAFETY: gemm_sm90_tn_<in>_<out>_<BN>(GemmTmaDesc tmap_b, GemmTmaDesc tmap_a,
+// Gemm90Args args) of kernels/gemm_sm90.cu, all three by value (`__grid_constant__`).
+const GEMM90: Binding<Gemm90Params> =
+    unsafe { Binding::new(&nvrtc::GEMM_SM90, "gemm_sm90_tn_{}_{}_{}", "gemm_sm90") };
+
+/// The kernel bindings of this backend (checked against kernels/gemm_sm90.cu by
+/// tests/kernel_signatures.rs).
+pub fn kernel_signatures() -> Vec<Signature> {
+    vec![GEMM90.signature()]
+}
+
+/// `Gemm90Args`'s fields as (name, offset, size), for the host test that compares them
+/// with the C struct of kernels/gemm_sm90.cu.
+pub fn args_layout() -> Vec<(&'static str, usize, usize)> {
+    use std::mem::{offset_of, size_of};
+    macro_rules! f {
+        ($($n:ident: $t:ty),+) => {
+            vec![$((stringify!($n), offset_of!(Gemm90Args, $n), size_of::<$t>())),+]
+        };
+    }
+    f!(d: DevPtr, bias: DevPtr, aux: DevPtr, a_scale_inv: DevPtr, b_scale_inv: DevPtr,
+       d_scale: DevPtr, d_amax: DevPtr, flags: DevPtr, done: DevPtr, m: i32, n: i32, k: i32,
+       rows_per_flag: i32, done_rows: i32, group_n: i32, n_tile_rot: i32, flag_value: u32,
+       done_value: u32, beta: f32, epilogue: i32, pad_: i32)
+}
+
+/// Rows of D per tile (the kernel's BM).
+pub(crate) const TILE_ROWS: usize = 128;
+/// Tile rows per group of the grouped rasterization (at most; with flags or done signals,
+/// no more than a row block's tile rows, so that a group never waits on, or holds up the
+/// signal of, a later block).
+const GROUP_N: usize = 8;
+const THREADS: u32 = 384;
+
+/// Why the kernel cannot compute `g` (None: it can). Exactly the kernel's constraints
+/// (module doc).
+pub fn supports(g: &GemmDesc) -> Option<&'static str> {
+    let es = g.a_type.bits() / 8;
+    let checks: [(bool, &'static str); 13] = [
+        (g.transa && !g.transb, "layout is not TN"),
+        (g.a_type == g.b_type, "A and B types differ"),
+        (
+            matches!(g.a_type, DType::BF16 | DType::E4M3),
+            "inputs are neither bf16 nor e4m3",
+        ),
+        (
+            matches!(g.d_type, DType::BF16 | DType::F32),
+            "output is neither bf16 nor fp32",
+        ),
+        (
+            g.epilogue == Epilogue::None && g.bias.is_null() && g.aux.is_null(),
+            "an epilogue (bias / GELU)",
+        ),
+        (!g.accumulate && g.c.is_null(), "accumulation"),
+        (
+            g.d_scale.is_null() && g.d_amax.is_null(),
+            "FP8 output scaling / amax",
+        ),
+        (
+            !g.a_type.is_fp8()
+                || (!g.a_scale_inv.is_null() && !g.b_scale_inv.is_null() && g.fast_accum),
+            "FP8 without both scale_invs or with split (full-precision) accumulation",
+        ),
+        (g.m > 0 && g.n > 0 && g.k > 0, "an empty dimension"),
+        (
+            g.m <= i32::MAX as usize && g.n <= i32::MAX as usize && g.k <= i32::MAX as usize,
+            "a dimension beyond 32 bits",
+        ),
+        (
+            (g.k * es).is_multiple_of(16) && g.m.is_multiple_of(8),
+            "k * input size not a multiple of 16 bytes, or m not a multiple of 8",
+        ),
+        (
+            g.lda == g.k && g.ldb == g.k && g.ldd == g.m,
+            "leading dimensions not packed",
+        ),
+        (
+            g.a.is_aligned(16) && g.b.is_aligned(16) && g.d.is_aligned(16),
+            "A, B or D not 16-byte aligned",
+        ),
+    ];
+    checks.iter().find(|c| !c.0).map(|c| c.1)
+}
+
+/// The fused algorithms' hooks into one launch (all off by default).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Hooks {
+    /// arrival flags (u32 per `rows_per_flag` rows of B): a tile waits until its blocks'
+    /// flags reach `flag_value` (NULL: no waits)
+    pub flags: DevPtr,
+    pub rows_per_flag: usize,
+    pub flag_value: u32,
+    /// tile rows rotated so that this tile row is computed first
+    pub n_tile_rot: usize,
+    /// done signals (u32 [2 * blocks]: the signals, then the kernel's self-resetting
+    /// counters, zero before the first launch); `done[j] = done_value` once every tile of
+    /// rows [j * done_rows, ..) of D is stored (NULL: none)
+    pub done: DevPtr,
+    pub done_rows: usize,
+    pub done_value: u32,
+}
+
+/// Tile width: 256 unless 128 fills the last wave clearly better (as bench/own_gemm.cpp).
+fn pick_bn(m: usize, n: usize, sms: usize) -> usize {
+    let eff = |bn: usize| {
+        let t = n.div_ceil(TILE_ROWS) * m.div_ceil(bn);
+        let waves = t.div_ceil(sms.max(1));
+        let useful = (m * n) as f64 / (t * TILE_ROWS * bn) as f64;
+        useful * t as f64 / (waves * sms.max(1)) as f64
+    };
+    if eff(128) > eff(256) + 0.05 { 128 } else { 256 }
+}
+
+/// A tensor map's key: (address, rows, k, box rows, FP8).
+type MapKey = (u64, usize, usize, usize, bool);
+
+/// The backend in one context: the kernels, their shared memory, tensor maps.
+pub struct Sm90Gemm {
+    /// [e4m3][f32 out][BN 256]
+    kernels: [[[Kernel<Gemm90Params>; 2]; 2]; 2],
+    smem: [u32; 2],
+    sms: usize,
+    maps: Mutex<HashMap<MapKey, TmaDesc>>,
+}
+
+impl Sm90Gemm {
+    /// The backend of the current context (`guard`'s), loaded at its first use; an
+    /// `Unsupported` error on a device other than sm_90.
+    pub fn get(guard: &ContextGuard) -> Result<Arc<Sm90Gemm>> {
+        static LOADED: Mutex<Option<HashMap<usize, Arc<Sm90Gemm>>>> = Mutex::new(None);
+        let mut g = LOADED.lock().unwrap_or_else(|e| e.into_inner());
+        let map = g.get_or_insert_with(HashMap::new);
+        if let Some(b) = map.get(&guard.ctx) {
+            return Ok(b.clone());
+        }
+        let b = Arc::new(with_relaxed_capture(|| Self::load(guard))?);
+        map.insert(guard.ctx, b.clone());
+        Ok(b)
+    }
+
+    fn load(guard: &ContextGuard) -> Result<Sm90Gemm> {
+        let dev = device_info(guard.device)?;
+        if (dev.cc_major, dev.cc_minor) != (9, 0) {
+            crate::unsupported!(
+                "our sm90 GEMM needs an sm_90 (Hopper) device, this one is sm_{}{}",
+                dev.cc_major,
+                dev.cc_minor
+            );
+        }
+        let m = nvrtc::module(&nvrtc::GEMM_SM90, guard.ctx, &dev)?;
+        let smem = [
+            read_i32(&m, "gemm_sm90_smem_bytes_128")?,
+            read_i32(&m, "gemm_sm90_smem_bytes_256")?,
+        ];
+        let smem = smem.map(|v| v.max(0) as u32);
+        let k = |i: &str, o: &str, bn: usize| -> Result<Kernel<Gemm90Params>> {
+            let bn_s = if bn == 1 { "256" } else { "128" };
+            // SAFETY: `m` is kernels/gemm_sm90.cu's module, the binding's source.
+            let kern = unsafe { Kernel::new(&m, &GEMM90, &[i, o, bn_s])? };
+            // SAFETY: a function of the loaded module; a plain attribute.
+            check(
+                unsafe {
+                    cu::cuFuncSetAttribute(
+                        kern.raw(),
+                        cu::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        smem[bn] as i32,
+                    )
+                },
+                "cuFuncSetAttribute(gemm_sm90 dynamic shared memory)",
+            )?;
+            Ok(kern)
+        };
+        let per_in = |i: &str| -> Result<[[Kernel<Gemm90Params>; 2]; 2]> {
+            Ok([
+                [k(i, "bf16", 0)?, k(i, "bf16", 1)?],
+                [k(i, "f32", 0)?, k(i, "f32", 1)?],
+            ])
+        };
+        Ok(Sm90Gemm {
+            kernels: [per_in("bf16")?, per_in("e4m3")?],
+            smem,
+            sms: dev.sm_count.max(1) as usize,
+            maps: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The device's SM count.
+    pub fn sm_count(&self) -> usize {
+        self.sms
+    }
+
+    /// The tensor map of a row-major [rows, k] operand at `ptr`, `box_rows` rows per box.
+    fn map(
+        &self,
+        ptr: DevPtr,
+        rows: usize,
+        k: usize,
+        box_rows: usize,
+        fp8: bool,
+    ) -> Result<TmaDesc> {
+        let key = (ptr.raw(), rows, k, box_rows, fp8);
+        let mut maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(t) = maps.get(&key) {
+            return Ok(*t);
+        }
+        let t = encode(ptr, rows, k, box_rows, fp8)?;
+        if maps.len() >= 1024 {
+            maps.clear(); // a bounded cache: the maps are cheap to make again
+        }
+        maps.insert(key, t);
+        Ok(t)
+    }
+
+    /// D = B . A^T (`g`, which [`supports`] accepts) on `stream` with `hooks`, on at most
+    /// `sms` SMs (0: all; the grid is min(tiles, SMs)).
+    pub fn run(&self, g: &GemmDesc, hooks: &Hooks, sms: usize, stream: StreamHandle) -> Result<()> {
+        if let Some(why) = supports(g) {
+            return Err(Error::internal(format!(
+                "our sm90 GEMM cannot compute this GEMM: {why}"
+            )));
+        }
+        let sms = if sms == 0 {
+            self.sms
+        } else {
+            sms.min(self.sms)
+        };
+        let bn = pick_bn(g.m, g.n, sms);
+        let fp8 = g.a_type == DType::E4M3;
+        let tb = self.map(g.b, g.n, g.k, TILE_ROWS, fp8)?;
+        let ta = self.map(g.a, g.m, g.k, bn, fp8)?;
+        let args = args_of(g, hooks)?;
+        let tiles = g.n.div_ceil(TILE_ROWS) * g.m.div_ceil(bn);
+        let grid = tiles.min(sms).max(1) as u32;
+        let b256 = (bn == 256) as usize;
+        let kern = &self.kernels[fp8 as usize][(g.d_type == DType::F32) as usize][b256];
+        // SAFETY: the module stays loaded (the cache never unloads) in the current
+        // context; the maps and `args` describe memory the caller's GemmDesc validated
+        // (`supports`: shapes, packing, alignment); grid, block and shared memory are the
+        // kernel's documented launch shape.
+        unsafe {
+            kern.launch_shared(
+                ((grid, 1, 1), (THREADS, 1, 1)),
+                self.smem[b256],
+                stream,
+                (tb, ta, args),
+            )
+        }
+    }
+}
+
+/// The kernel's arguments for `g` with `hooks`.
+fn args_of(g: &GemmDesc, h: &Hooks) -> Result<Gemm90Args> {
+    let i = |v: usize, what: &str| -> Result<i32> {
+        i32::try_from(v)
+            .map_err(|_| Error::internal(format!("sm90 GEMM {what} = {v} exceeds 32 bits")))
+    };
+    let fp8 = g.a_type.is_fp8();
+    Ok(Gemm90Args {
+        d: g.d,
+        a_scale_inv: if fp8 { g.a_scale_inv } else { DevPtr::NULL },
+        b_scale_inv: if fp8 { g.b_scale_inv } else { DevPtr::NULL },
+        flags: h.flags,
+        done: h.done,
+        m: i(g.m, "m")?,
+        n: i(g.n, "n")?,
+        k: i(g.k, "k")?,
+        rows_per_flag: if h.flags.is_null() {
+            0
+        } else {
+            i(h.rows_per_flag.max(1), "rows_per_flag")?
+        },
+        done_rows: if h.done.is_null() {
+            0
+        } else {
+            i(h.done_rows.max(1), "done_rows")?
+        },
+        group_n: group_n(h) as i32,
+        n_tile_rot: i(h.n_tile_rot % g.n.div_ceil(TILE_ROWS).max(1), "n_tile_rot")?,
+        flag_value: h.flag_value,
+        done_value: h.done_value,
+        ..Default::default()
+    })
+}
+
+/// The grouped rasterization's tile rows per group for `h` (see [`GROUP_N`]).
+fn group_n(h: &Hooks) -> usize {
+    let mut g = GROUP_N;
+    for (p, rows) in [(h.flags, h.rows_per_flag), (h.done, h.done_rows)] {
+        if !p.is_null() {
+            g = g.min((rows / TILE_ROWS).max(1));
+        }
+    }
+    g
+}
+
+/// cuTensorMapEncodeTiled for a row-major [rows, k] operand: box {128 bytes of K,
+/// box_rows}, 128B swizzle (what the kernel's loads expect).
+fn encode(ptr: DevPtr, rows: usize, k: usize, box_rows: usize, fp8: bool) -> Result<TmaDesc> {
+    let es = if fp8 { 1u64 } else { 2 };
+    let dims = [k as u64, rows as u64];
+    let strides = [k as u64 * es];
+    let boxd = [(128 / es) as u32, box_rows as u32];
+    let estr = [1u32, 1];
+    // SAFETY: plain-old data, written by the driver below.
+    let mut t: cu::CUtensorMap = unsafe { std::mem::zeroed() };
+    use cu::CUtensorMapDataType as T;
+    // SAFETY: out pointer to a CUtensorMap; the arrays hold rank (2) entries (strides
+    // rank - 1); the address is only recorded in the map.
+    let r = unsafe {
+        cu::cuTensorMapEncodeTiled(
+            &mut t,
+            if fp8 {
+                T::CU_TENSOR_MAP_DATA_TYPE_UINT8
+            } else {
+                T::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+            },
+            2,
+            ptr.as_void(),
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxd.as_ptr(),
+            estr.as_ptr(),
+            cu::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            cu::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            cu::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            cu::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    check(
+        r,
+        &format!("cuTensorMapEncodeTiled(rows {rows}, k {k}, box rows {box_rows})"),
+    )?;
+    Ok(TmaDesc(t.opaque))
+}
+
+/// A `__constant__ int` of module `m`, read on a stream of its own (no legacy-stream
+/// synchronisation: safe while another stream is being captured).
+fn read_i32(m: &nvrtc::Module, name: &str) -> Result<i32> {
+    let (p, n) = m.global(name)?;
+    if n != 4 {
+        return Err(Error::internal(format!("{name} has {n} bytes, not 4")));
+    }
+    let s = Stream::new(0)?;
+    let mut v = 0i32;
+    // SAFETY: 4 bytes from a module global into `v`; the stream is synchronised before
+    // `v` is read or dropped.
+    check(
+        unsafe { cu::cuMemcpyDtoHAsync_v2(&mut v as *mut i32 as *mut _, p.raw(), 4, s.raw().cu()) },
+        &format!("cuMemcpyDtoHAsync({name})"),
+    )?;
+    s.synchronize()?;
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tn(m: usize, n: usize, k: usize, t: DType) -> GemmDesc {
+        let fp8 = t.is_fp8();
+        let si = |a: u64| if fp8 { DevPtr::new(a) } else { DevPtr::NULL };
+        GemmDesc {
+            m,
+            n,
+            k,
+            a: DevPtr::new(1 << 20),
+            b: DevPtr::new(2 << 20),
+            d: DevPtr::new(3 << 20),
+            c: DevPtr::NULL,
+            lda: k,
+            ldb: k,
+            ldd: m,
+            a_type: t,
+            b_type: t,
+            d_type: DType::BF16,
+            transa: true,
+            transb: false,
+            epilogue: Epilogue::None,
+            bias: DevPtr::NULL,
+            bias_type: DType::BF16,
+            aux: DevPtr::NULL,
+            aux_type: DType::BF16,
+            a_scale_inv: si(4 << 20),
+            b_scale_inv: si(5 << 20),
+            d_scale: DevPtr::NULL,
+            d_amax: DevPtr::NULL,
+            accumulate: false,
+            fast_accum: fp8,
+            sm_count: 0,
+            workspace: DevPtr::NULL,
+            workspace_bytes: 0,
+        }
+    }
+
+    #[test]
+    fn the_struct_mirrors_have_the_kernels_sizes() {
+        assert_eq!(std::mem::size_of::<Gemm90Args>(), 120);
+        assert_eq!(std::mem::size_of::<TmaDesc>(), 128);
+        assert_eq!(std::mem::align_of::<TmaDesc>(), 64);
+        assert_eq!(
+            std::mem::size_of::<cu::CUtensorMap>(),
+            std::mem::size_of::<TmaDesc>()
+        );
+    }
+
+    #[test]
+    fn supports_exactly_the_kernels_cases() {
+        assert_eq!(supports(&tn(4096, 2048, 1024, DType::BF16)), None);
+        assert_eq!(supports(&tn(4096, 2048, 1024, DType::E4M3)), None);
+        let no = |f: &dyn Fn(&mut GemmDesc)| {
+            let mut g = tn(4096, 2048, 1024, DType::E4M3);
+            f(&mut g);
+            supports(&g).is_some()
+        };
+        assert!(no(&|g| g.transa = false));
+        assert!(no(&|g| g.transb = true));
+        assert!(no(&|g| g.b_type = DType::BF16));
+        assert!(no(&|g| (g.a_type, g.b_type) = (DType::E5M2, DType::E5M2)));
+        assert!(no(&|g| g.d_type = DType::E4M3));
+        assert!(no(&|g| g.epilogue = Epilogue::Bias));
+        assert!(no(&|g| g.bias = DevPtr::new(64)));
+        assert!(no(&|g| g.accumulate = true));
+        assert!(no(&|g| g.d_amax = DevPtr::new(64)));
+        assert!(no(&|g| g.fast_accum = false));
+        assert!(no(&|g| g.b_scale_inv = DevPtr::NULL));
+        assert!(no(&|g| (g.k, g.lda, g.ldb) = (1000, 1000, 1000)));
+        assert!(no(&|g| (g.m, g.ldd) = (4092, 4092)));
+        assert!(no(&|g| g.ldb = 2048));
+        assert!(no(&|g| g.d = g.d + 8));
+        assert!(no(&|g| g.n = 0));
+        // bf16: k * 2 bytes a multiple of 16 (k = 1000 fits, 1004 does not)
+        let mut g = tn(4096, 2048, 1000, DType::BF16);
+        assert_eq!(supports(&g), None);
+        (g.k, g.lda, g.ldb) = (1004, 1004, 1004);
+        assert!(supports(&g).is_some());
+    }
+
+    #[test]
+    fn arguments_carry_the_hooks() {
+        let g = tn(512, 1000, 256, DType::BF16);
+        let h = Hooks {
+            flags: DevPtr::new(4096),
+            rows_per_flag: 250,
+            flag_value: 1,
+            n_tile_rot: 9, // 8 tile rows: wraps to 1
+            ..Default::default()
+        };
+        let a = args_of(&g, &h).unwrap();
+        assert_eq!(
+            (a.m, a.n, a.k, a.rows_per_flag, a.n_tile_rot),
+            (512, 1000, 256, 250, 1)
+        );
+        assert_eq!(
+            (a.done, a.done_rows, a.a_scale_inv),
+            (DevPtr::NULL, 0, DevPtr::NULL)
+        );
+        assert_eq!(a.group_n, 1); // 250 rows per flag: one tile row per group
+        let a = args_of(&g, &Hooks::default()).unwrap();
+        assert_eq!((a.flags, a.rows_per_flag, a.group_n), (DevPtr::NULL, 0, 8));
+        let h = Hooks {
+            done: DevPtr::new(4096),
+            done_rows: 512,
+            ..Default::default()
+        };
+        assert_eq!(args_of(&g, &h).unwrap().group_n, 4);
+        assert_eq!(pick_bn(4096, 4096, 132), 256);
+    }
+}
