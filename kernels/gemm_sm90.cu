@@ -1,7 +1,9 @@
 // A persistent, warp-specialized Hopper GEMM of our own (issue 22), for sm_90a,
 // self-contained (NVRTC 13 ships no cuda_bf16.h / cuda_fp8.h; everything below is inline
-// PTX). Not wired into the library yet; bench/own_gemm.cpp (scripts/own-gemm-gpu.sh)
-// checks it against cuBLASLt: on one H100 (2026-11-26) the plain TN kernels were correct
+// PTX). The library (src/gemm/sm90.rs) launches the plain TN kernels for its fused
+// (atomic) all-gather and ring reduce-scatter, compiling only those (GEMM90_NO_*);
+// bench/own_gemm.cpp (scripts/own-gemm-gpu.sh) checks every kernel against cuBLASLt:
+// on one H100 (2026-11-26) the plain TN kernels were correct
 // on every case and ran at 0.996 of cuBLASLt's speed (bf16 geomean over the per-rank
 // anchor shapes at tp 2/4/8, worst 0.980; e4m3 0.981, worst 0.924), with pre-set arrival
 // flags costing 0.09 %. The _epi / _fpacc kernels and the NN / NT layouts (below) are

@@ -70,12 +70,14 @@ fn kernels_compile_for_hopper_with_nvrtc() {
         return;
     }
     // Always a real compilation (no disk cache), for the exact Hopper target.
-    // GEMM_SM90: the own-GEMM prototype (bench/own_gemm.cpp runs it on a GPU).
+    // GEMM_SM90: the plain kernels the library launches; GEMM_SM90_ALL: every kernel of
+    // the file (bench/own_gemm.cpp runs them on a GPU).
     // CAST_VARIANTS: the bench variants of the cast + transpose (NVTE_COMM_CAST_TRANSPOSE).
     for src in [
         nvrtc::CAST,
         nvrtc::COMM,
         nvrtc::GEMM_SM90,
+        nvrtc::GEMM_SM90_ALL,
         transformer_engine_comm::kernels::CAST_VARIANTS,
     ] {
         let cubin = nvrtc::compile_fresh(&src, "sm_90a")

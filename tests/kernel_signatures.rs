@@ -504,7 +504,7 @@ fn the_gemm_argument_struct_is_mirrored_field_for_field() {
         size: s,
     };
     assert_eq!(
-        k["gemm_sm90.cu"]["gemm_sm90_tn_e4m3_f32_128"]
+        k["gemm_sm90.cu"]["gemm_sm90_tn_e4m3_e4m3_f32_128"]
             .as_ref()
             .unwrap(),
         &[p(128), p(128), p(120)]
@@ -512,7 +512,7 @@ fn the_gemm_argument_struct_is_mirrored_field_for_field() {
     assert_eq!(
         k["gemm_sm90.cu"]
             .keys()
-            .filter(|n| pattern_matches("gemm_sm90_tn_{}_{}_{}", n))
+            .filter(|n| pattern_matches("gemm_sm90_tn_{}_{}_{}_{}", n))
             .count(),
         8
     );

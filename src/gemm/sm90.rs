@@ -71,10 +71,10 @@ unsafe impl KernelArg for Gemm90Args {
 /// The kernels' parameters: the tensor maps of B and A, then the arguments.
 type Gemm90Params = (TmaDesc, TmaDesc, Gemm90Args);
 
-// SAFETY: gemm_sm90_tn_<in>_<out>_<BN>(GemmTmaDesc tmap_b, GemmTmaDesc tmap_a,
+// SAFETY: gemm_sm90_tn_<a>_<b>_<out>_<BN>(GemmTmaDesc tmap_b, GemmTmaDesc tmap_a,
 // Gemm90Args args) of kernels/gemm_sm90.cu, all three by value (`__grid_constant__`).
 const GEMM90: Binding<Gemm90Params> =
-    unsafe { Binding::new(&nvrtc::GEMM_SM90, "gemm_sm90_tn_{}_{}_{}", "gemm_sm90") };
+    unsafe { Binding::new(&nvrtc::GEMM_SM90, "gemm_sm90_tn_{}_{}_{}_{}", "gemm_sm90") };
 
 /// The kernel bindings of this backend (checked against kernels/gemm_sm90.cu by
 /// tests/kernel_signatures.rs).
@@ -229,7 +229,7 @@ impl Sm90Gemm {
         let k = |i: &str, o: &str, bn: usize| -> Result<Kernel<Gemm90Params>> {
             let bn_s = if bn == 1 { "256" } else { "128" };
             // SAFETY: `m` is kernels/gemm_sm90.cu's module, the binding's source.
-            let kern = unsafe { Kernel::new(&m, &GEMM90, &[i, o, bn_s])? };
+            let kern = unsafe { Kernel::new(&m, &GEMM90, &[i, i, o, bn_s])? };
             // SAFETY: a function of the loaded module; a plain attribute.
             check(
                 unsafe {

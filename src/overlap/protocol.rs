@@ -1556,6 +1556,7 @@ fn check_fused_ag_twice(tp: usize, cfg: Cfg) -> Res {
                 g: gemm(&ta, &tb, &td),
                 b_copy: None,
                 key_m: None,
+                keep_gathered: true,
             };
             let cfg = Cfg {
                 call: call as u64,
