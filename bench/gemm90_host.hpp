@@ -120,9 +120,10 @@ inline void launch(CUfunction f, unsigned gx, unsigned gy, unsigned bx, unsigned
 inline void wait_geq(cudaStream_t s, const uint32_t *p, uint32_t v) {
   CU(drv.StreamWaitValue32((CUstream)s, (CUdeviceptr)p, v, CU_STREAM_WAIT_VALUE_GEQ));
 }
-inline void write_value(cudaStream_t s, uint32_t *p, uint32_t v) {
-  // Default flags: a memory fence before the write (the work before it is visible first).
-  CU(drv.StreamWriteValue32((CUstream)s, (CUdeviceptr)p, v, CU_STREAM_WRITE_VALUE_DEFAULT));
+// Default flags: a memory fence before the write (the work before it is visible first);
+// CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER: none.
+inline void write_value(cudaStream_t s, uint32_t *p, uint32_t v, unsigned flags = CU_STREAM_WRITE_VALUE_DEFAULT) {
+  CU(drv.StreamWriteValue32((CUstream)s, (CUdeviceptr)p, v, flags));
 }
 
 // ---------------------------------------------------------------- NVRTC
