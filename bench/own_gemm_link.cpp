@@ -90,12 +90,20 @@
 // pieces per block, default 4), --me R (default 1), --group G (our tile-row groups,
 // default 8), --quick (one shape per op), --only ag|rs, --dtype bf16|e4m3|both, --tp LIST
 // (e.g. 8 or 4,8), --out FILE (the markdown table, also printed), --compile-only,
-// --define NAME=VALUE (a -D for our kernel).
+// --define NAME=VALUE (a -D for our kernel), --budget SECONDS (default 180: no row starts
+// later; those rows are reported as not run).
+// A run that does not end (20 s for a verification run, 60 s for a row's timed runs) is a
+// hang: the program prints where it is stuck, without waiting on the device ('  hang:'
+// lines: which streams are busy; the pacer's progress from a host-mapped mirror of what it
+// wrote and read; for a verification run, which of its steps completed and when, from
+// events recorded after each; the flags / signal words, read by a copy on a stream of its
+// own if that completes within 2 s), then the table of the rows done so far, and exits 1.
 // Exit status: 0 every result right, 1 a wrong result, a hang or a pacer timeout, 2 a
 // setup error (or a row that could not run).
 #include "gemm90_host.hpp"
 
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <functional>
 
@@ -226,15 +234,16 @@ __device__ __forceinline__ u32 wait_word(const u32 *p, u32 e, u64 dl, bool *ok) 
   return v;
 }
 
-// Mirrored by the host's PaceArgs (104 bytes). The order is packed so that nothing indexes
+// Mirrored by the host's PaceArgs (112 bytes). The order is packed so that nothing indexes
 // the parameters at run time (which would put a copy of them on the stack).
 struct PaceArgs {
-  u32 *flags;        // AG: arrival flags [tp]: [local] at the start; flags variant: remote ones too
+  u32 *flags;        // AG: arrival flags [tp]: [local] at the start, the others at their arrival
   const u32 *ready;  // RS: per-block ready words (our done signals / chunked writes), or null
   u32 *sig;          // [0] started, then go[nsend * pieces], due[nsend], fin
-  u32 *status;       // [0] timeouts, [1] largest lateness (ns, clamped), [3] hold CTAs started
+  u32 *status;       // [0] timeouts, [1] largest lateness (ns, clamped), [3] hold CTAs started, [4] copy wait
   const u32 *start;  // t0 is when this word reaches the epoch (written by the compute stream)
   const u32 *copied; // AG copies: copied[i] reaches the epoch once block i (arrival order) is in B
+  u32 *mirror;       // host-mapped (or null): the pacer's progress, for a hang report (MIR_*)
   u64 block_ns;      // one block's link time
   u64 hold_ns;       // mode 2
   u64 timeout_ns;    // per wait for a word (start, ready, copied)
@@ -245,26 +254,57 @@ struct PaceArgs {
   u32 pad_;
 };
 
+// The mirror (host-mapped, read by the host when a run hangs; the host's MIR_* match).
+// PHASE: (what << 16) | index; what: 1 waiting for the start word, 2 sleeping to piece
+// `index`'s start, 3 sleeping to block `index`'s arrival (AG) / transfer start (RS), 4
+// waiting for block `index`'s copied word, 5 waiting for block `index`'s ready word, 6
+// holding, 7 sleeping to the last transfer's end, 8 done.
+#define MIR_EPOCH 0     // the epoch of the latest launch (written first)
+#define MIR_PHASE 1
+#define MIR_START 2     // the start word as last read
+#define MIR_GO 3        // go words written
+#define MIR_DUE 4       // AG: blocks past their arrival time; RS: transfers started
+#define MIR_COPIED 5    // AG copies: copied words seen
+#define MIR_FLAGS 6     // AG: flags written (the local one included)
+#define MIR_READY 7     // RS: ready words seen
+#define MIR_LAST 8      // the last value read from the word waited on
+#define MIR_TIMEOUTS 9
+#define MIR_EXIT 10     // the epoch, once done
+#define MIR_WORDS 16
+__device__ __forceinline__ void mput(u32 *m, int i, u32 v) {
+  if (m) *(volatile u32 *)(m + i) = v;
+}
+
 extern "C" __global__ void link_pacer(const PaceArgs a) {
   if (threadIdx.x != 0) return;
   u64 t0 = gtime();
   const u64 T = a.block_ns;
   const int P = a.pieces > 0 ? a.pieces : 1;
   u32 *go = a.sig + 1, *due = a.sig + 1 + a.nsend * P, *fin = due + a.nsend;
+  u32 *const m = a.mirror;
   u64 late = 0;
   u32 timeouts = 0;
+  for (int i = 1; i < MIR_WORDS; ++i) mput(m, i, 0);
+  mput(m, MIR_EPOCH, a.epoch);
   if (a.mode == 2) {
     atomicAdd(a.status + 3, 1u);  // CTAs resident
     st_rel(a.sig, a.epoch);
+    mput(m, MIR_PHASE, 6u << 16);
     sleep_until(t0 + a.hold_ns);
+    mput(m, MIR_PHASE, 8u << 16);
+    mput(m, MIR_EXIT, a.epoch);
     return;
   }
-  if (a.mode == 0 && a.flags) st_rel(a.flags + a.local, a.epoch);  // the local block is there
-  st_rel(a.sig, a.epoch);                                           // resident
+  if (a.mode == 0 && a.flags) {
+    st_rel(a.flags + a.local, a.epoch);  // the local block is there
+    mput(m, MIR_FLAGS, 1);
+  }
+  st_rel(a.sig, a.epoch);  // resident
   if (a.start) {
+    mput(m, MIR_PHASE, 1u << 16);
     bool ok;
-    wait_word(a.start, a.epoch, gtime() + a.timeout_ns, &ok);
-    if (!ok) ++timeouts;
+    mput(m, MIR_START, wait_word(a.start, a.epoch, gtime() + a.timeout_ns, &ok));
+    if (!ok) mput(m, MIR_TIMEOUTS, ++timeouts);
   }
   t0 = gtime();
   if (a.mode == 0) {
@@ -275,26 +315,33 @@ extern "C" __global__ void link_pacer(const PaceArgs a) {
       if (a.copies)
         for (int c = 0; c < P; ++c) {
           const u64 tc = s + (T * (u64)c) / (u64)P;
+          mput(m, MIR_PHASE, (2u << 16) | (u32)(i * P + c));
           sleep_until(tc);
           st_rel(go + i * P + c, a.epoch);
+          mput(m, MIR_GO, (u32)(i * P + c + 1));
           const u64 l = gtime() - tc; late = l > late ? l : late;
         }
       const u64 e = s + T;
+      mput(m, MIR_PHASE, (3u << 16) | (u32)i);
       sleep_until(e);
       const u64 l = gtime() - e; late = l > late ? l : late;
+      mput(m, MIR_DUE, (u32)(i + 1));
       if (a.copies) {
         st_rel(due + i, a.epoch);
         // The block's flag once its copy has ended too (the copy stream writes copied[i]
         // after the block's last piece). The flag is written even when the copy never ends
         // (a timeout, counted): our kernel never waits on the copy stream, only on us.
         if (!dead) {
+          mput(m, MIR_PHASE, (4u << 16) | (u32)i);
           bool ok;
-          wait_word(a.copied + i, a.epoch, gtime() + a.timeout_ns, &ok);
-          if (!ok) { dead = true; ++timeouts; }
+          mput(m, MIR_LAST, wait_word(a.copied + i, a.epoch, gtime() + a.timeout_ns, &ok));
+          if (!ok) { dead = true; mput(m, MIR_TIMEOUTS, ++timeouts); }
+          else mput(m, MIR_COPIED, (u32)(i + 1));
           const u64 w = gtime() - e; cwait = w > cwait ? w : cwait;
         }
       }
       st_rel(a.flags + ((a.order >> (4 * i)) & 15u), a.epoch);
+      mput(m, MIR_FLAGS, (u32)(i + 2));
     }
     st_rel(fin, a.epoch);
     if (a.copies) atomicMax(a.status + 4, (u32)(cwait < 0xffffffffULL ? cwait : 0xffffffffULL));
@@ -304,28 +351,37 @@ extern "C" __global__ void link_pacer(const PaceArgs a) {
     for (int s = 0; s < a.nsend; ++s) {
       const int j = (int)((a.order >> (4 * s)) & 15u);
       if (a.ready && !dead) {
+        mput(m, MIR_PHASE, (5u << 16) | (u32)s);
         bool ok;
-        wait_word(a.ready + j, a.epoch, gtime() + a.timeout_ns, &ok);
-        if (!ok) { dead = true; ++timeouts; }
+        mput(m, MIR_LAST, wait_word(a.ready + j, a.epoch, gtime() + a.timeout_ns, &ok));
+        if (!ok) { dead = true; mput(m, MIR_TIMEOUTS, ++timeouts); }
+        else mput(m, MIR_READY, (u32)(s + 1));
       }
+      mput(m, MIR_PHASE, (3u << 16) | (u32)s);
       sleep_until(E);
       const u64 S = gtime();
       if (a.copies)
         for (int c = 0; c < P; ++c) {
           const u64 tc = S + (T * (u64)c) / (u64)P;
+          mput(m, MIR_PHASE, (2u << 16) | (u32)(s * P + c));
           sleep_until(tc);
           st_rel(go + s * P + c, a.epoch);
+          mput(m, MIR_GO, (u32)(s * P + c + 1));
           const u64 l = gtime() - tc; late = l > late ? l : late;
         }
       st_rel(due + s, a.epoch);
+      mput(m, MIR_DUE, (u32)(s + 1));
       E = S + T;
     }
+    mput(m, MIR_PHASE, 7u << 16);
     sleep_until(E);
     st_rel(fin, a.epoch);
     const u64 l = gtime() - E; late = l > late ? l : late;
   }
   if (timeouts) atomicAdd(a.status, timeouts);
   atomicMax(a.status + 1, (u32)(late < 0xffffffffULL ? late : 0xffffffffULL));
+  mput(m, MIR_PHASE, 8u << 16);
+  mput(m, MIR_EXIT, a.epoch);
 }
 
 // Holds its stream until the host has written `value` (or more) into the mapped host word
@@ -348,13 +404,17 @@ struct PaceArgs {
   uint32_t *status;
   const uint32_t *start;
   const uint32_t *copied;
+  uint32_t *mirror;
   uint64_t block_ns, hold_ns, timeout_ns;
   int32_t mode, nsend, pieces, copies, local;
   uint32_t epoch;
   uint32_t order;  // 4 bits per entry
   uint32_t pad_;
 };
-static_assert(sizeof(PaceArgs) == 104, "PaceArgs mirrors the pacer's struct");
+static_assert(sizeof(PaceArgs) == 112, "PaceArgs mirrors the pacer's struct");
+// The pacer's mirror words (PACE_SRC's MIR_*).
+enum { MIR_EPOCH, MIR_PHASE, MIR_START, MIR_GO, MIR_DUE, MIR_COPIED, MIR_FLAGS, MIR_READY, MIR_LAST, MIR_TIMEOUTS,
+       MIR_EXIT, MIR_WORDS = 16 };
 
 struct Helpers {
   CUmodule help = nullptr, pace = nullptr;
@@ -371,6 +431,7 @@ static uint32_t *g_gate_dev;
 static uint32_t g_gate_value = 0;
 static int g_iters = 30, g_warmup = 5, g_pieces = 4, g_me = 1, g_group = 8;
 static double g_bw = 350.0;  // GB/s = bytes per ns
+static double g_budget = 180.0;  // seconds: rows not started by then are not run (the table still comes out)
 static const uint64_t TIMEOUT_NS = 2000000000ull;  // a pacer's wait for a ready word
 static bool g_copies_ok = true;  // device-to-device copies run on a copy engine (ce_check)
 // How the copy stream writes an AG block's copied word: with the default memory barrier,
@@ -379,6 +440,63 @@ static unsigned g_copied_write = CU_STREAM_WRITE_VALUE_DEFAULT;
 static int g_pacer_smem = 0;     // the pacer's dynamic shared memory: all a CTA may have (its SM to itself)
 static bool g_pacer_alone = false;  // no CTA of any kernel fits beside it (shared memory left < a CTA's reserve)
 static int nvariants() { return g_copies_ok ? 2 : 1; }
+// The hang report's means: the pacer's mirror (host-mapped, MIR_* words), a stream of its
+// own for best-effort reads of device words, and event marks through the verification
+// runs (below).
+static volatile uint32_t *g_mirror_host = nullptr;
+static uint32_t *g_mirror_dev = nullptr;
+static cudaStream_t g_diag;
+static std::vector<std::pair<uint32_t, std::string>> g_pacer_log;  // (epoch, configuration) per pacer launch
+
+// Events recorded on the three streams at each step of a verification run (off in the
+// timed runs), read without waiting: which steps have completed, and when (ms after the
+// first mark, "compute: pacer announced").
+struct Marks {
+  static const int N = 96;
+  cudaEvent_t ev[N];
+  std::string name[N];
+  int used = 0, dropped = 0;
+  bool on = false;
+  void create() {
+    for (auto &x : ev) CK(cudaEventCreate(&x));
+  }
+  void reset(bool enable) {
+    used = dropped = 0;
+    on = enable;
+  }
+  void mark(cudaStream_t s, const std::string &n) {
+    if (!on) return;
+    if (used >= N) {
+      ++dropped;
+      return;
+    }
+    CK(cudaEventRecord(ev[used], s));
+    name[used++] = n;
+  }
+  // State of mark i without waiting: "+x.xxx ms", "pending" or an error.
+  std::string state(int i) const {
+    const cudaError_t q = cudaEventQuery(ev[i]);
+    if (q == cudaErrorNotReady) return "PENDING";
+    if (q != cudaSuccess) return cudaGetErrorString(q);
+    float ms = 0;
+    if (cudaEventQuery(ev[0]) != cudaSuccess || cudaEventElapsedTime(&ms, ev[0], ev[i]) != cudaSuccess) return "done";
+    char b[32];
+    std::snprintf(b, sizeof b, "+%.3f ms", ms);
+    return b;
+  }
+  // One line per mark (hang report) or all on one line (a failed verification run).
+  void print(const char *prefix, bool one_line) const {
+    std::string l;
+    for (int i = 0; i < used; ++i) {
+      if (one_line) l += (i ? ", " : "") + name[i] + " " + state(i);
+      else std::printf("%s%-44s %s\n", prefix, name[i].c_str(), state(i).c_str());
+    }
+    if (one_line) std::printf("%s%s\n", prefix, l.c_str());
+    if (dropped) std::printf("%s(%d more marks not recorded)\n", prefix, dropped);
+  }
+};
+static Marks g_marks;
+static std::string g_stage;  // what the host waits for (a verification run), for the hang report
 
 static void fill_rand(void *p, size_t count, bool fp8, uint64_t seed, cudaStream_t s) {
   uint64_t c = count;
@@ -483,7 +601,7 @@ struct Row {
   float link_ms[2] = {0, 0}, fused_ms[2] = {0, 0}, chunk_ms[2] = {0, 0};
   bool fused_ok[2] = {false, false}, chunk_ok[2] = {false, false};
   bool own_ok = false;  // our no-wait D vs cuBLASLt's
-  bool ran = false, timed = false;
+  bool ran = false, timed = false, hung = false;
   float late_us = 0;
   std::string notes;
   bool ok() const {
@@ -520,6 +638,7 @@ struct Ctx {
     p.status = g_status;
     p.start = mode == 2 ? nullptr : start();
     p.copied = copied;
+    p.mirror = g_mirror_dev;
     p.block_ns = (uint64_t)std::llround(r.block_bytes / g_bw);
     p.hold_ns = 100000000ull;  // the probe: 100 ms
     p.timeout_ns = TIMEOUT_NS;
@@ -550,16 +669,26 @@ struct Ctx {
         if (!r.rs) {
           const size_t off = b_off(blk) + (size_t)row0 * r.k * es, bytes = (size_t)(row1 - row0) * r.k * es;
           CK(cudaMemcpyAsync((char *)B + off, (const char *)Bsrc + off, bytes, cudaMemcpyDeviceToDevice, g_copy));
+          if (g_marks.on)
+            g_marks.mark(g_copy, "copy: block " + std::to_string(blk) + " piece " + std::to_string(c) + " copied");
         } else {
           const void *src = kind == FUSED ? Df : kind == CHUNKED ? Dc : Down;
           const size_t off = d_off(blk) + (size_t)row0 * r.m * os, bytes = (size_t)(row1 - row0) * r.m * os;
           CK(cudaMemcpyAsync((char *)recv + off, (const char *)src + off, bytes, cudaMemcpyDeviceToDevice, g_copy));
+          if (g_marks.on)
+            g_marks.mark(g_copy, "copy: block " + std::to_string(blk) + " piece " + std::to_string(c) + " delivered");
         }
       }
       // AG: the block is in B; the pacer writes its flag (after its scheduled arrival).
-      if (!r.rs) write_value(g_copy, copied + i, e, g_copied_write);
+      if (!r.rs) {
+        write_value(g_copy, copied + i, e, g_copied_write);
+        if (g_marks.on) g_marks.mark(g_copy, "copy: block " + std::to_string(blk) + " copied word written");
+      }
     }
-    if (r.rs) wait_geq(g_copy, fin(), e);
+    if (r.rs) {
+      wait_geq(g_copy, fin(), e);
+      if (g_marks.on) g_marks.mark(g_copy, "copy: the pacer's fin seen");
+    }
   }
 
   // One iteration of a configuration with epoch e, between events e0 and e1 on the compute
@@ -582,12 +711,17 @@ struct Ctx {
       if (r.rs && cfg.kind == CHUNKED) rdy = ready;
       PaceArgs p = pace(r.rs ? 1 : 0, copies, rdy, e);
       launch(H.pacer, 1, 1, 32, 1, (unsigned)g_pacer_smem, g_prod, {&p});
+      if (g_pacer_log.size() < 4096)
+        g_pacer_log.push_back({e, std::string(cfg.kind == LINK ? "link alone" : cfg.kind == FUSED ? "fused" : "chunked") +
+                                      (copies ? " (copies)" : " (flags)")});
       // Untimed: the pacer is resident (on an SM before the GEMM fills them). Then the
       // start event, and the start word that the pacer takes as t0; the GEMM right after
       // (in GPU time: a gate holds the timed iterations until all are enqueued).
       wait_geq(g_comp, sig, e);
+      g_marks.mark(g_comp, "compute: pacer announced");
       if (e0) CK(cudaEventRecord(e0, g_comp));
       write_value(g_comp, start(), e);
+      g_marks.mark(g_comp, "compute: start word written");
       // Enqueue order: what is waited on first (AG: the copies, which write the flags the
       // GEMM waits on; RS: the GEMM, whose signals the copies wait on through the pacer),
       // so that even streams sharing one hardware queue would only serialize, never wait
@@ -597,16 +731,19 @@ struct Ctx {
         if (r.rs) own_fused.done_value = e;
         else own_fused.flag_value = e;
         own_fused.run(g_comp);
+        g_marks.mark(g_comp, "compute: our kernel ended");
       } else if (cfg.kind == CHUNKED) {
         for (int idx = 0; idx < r.tp; ++idx) {
           // AG: local block first, then in arrival order; RS: send order, local last.
           const int blk = r.rs ? (g_me + 1 + idx) % r.tp : (g_me + idx) % r.tp;
           if (!r.rs && idx > 0) wait_geq(g_comp, flags + blk, e);
           lt_chunk.run(A, (const char *)B + b_off(blk), (char *)Dc + d_off(blk), g_comp);
+          if (g_marks.on) g_marks.mark(g_comp, "compute: chunk of block " + std::to_string(blk) + " ended");
           if (r.rs) write_value(g_comp, ready + blk, e);
         }
       }
       if (copies && r.rs) enqueue_copies(cfg.kind, e);
+      g_marks.mark(g_prod, "pacer: kernel ended");
       CK(cudaEventRecord(join_prod, g_prod));
       CK(cudaStreamWaitEvent(g_comp, join_prod, 0));
       if (copies) {
@@ -615,6 +752,7 @@ struct Ctx {
       }
     }
     if (e1) CK(cudaEventRecord(e1, g_comp));
+    g_marks.mark(g_comp, "compute: iteration ended (joins)");
   }
 
   // Runs fn `reps` times back to back on the compute stream while a pacer (hold mode,
@@ -649,6 +787,35 @@ struct Ctx {
 static const float PROBE_BLOCKED_MS = 50.f;  // the hold is 100 ms; our GEMMs take < 10 ms
 static const float PROBE_SLOWED = 1.05f;     // beside the pacer (SMs - 1) vs alone on all SMs
 
+// The pacer's mirror, decoded (host-mapped: read without the device).
+static void print_mirror(const char *prefix) {
+  if (!g_mirror_host) return;
+  uint32_t m[MIR_WORDS];
+  for (int i = 0; i < MIR_WORDS; ++i) m[i] = g_mirror_host[i];
+  const uint32_t what = m[MIR_PHASE] >> 16, idx = m[MIR_PHASE] & 0xffff;
+  static const char *phases[] = {"not started",
+                                 "waiting for the start word",
+                                 "sleeping to the start of go piece",
+                                 "sleeping to the scheduled arrival / transfer start of block #",
+                                 "WAITING FOR THE COPIED WORD of block #",
+                                 "WAITING FOR THE READY WORD of block #",
+                                 "holding (probe)",
+                                 "sleeping to the last transfer's end",
+                                 "done"};
+  std::string cfg = "?";
+  for (auto it = g_pacer_log.rbegin(); it != g_pacer_log.rend(); ++it)
+    if (it->first == m[MIR_EPOCH]) {
+      cfg = it->second;
+      break;
+    }
+  std::printf("%slatest launch: epoch %u (%s); phase: %s%s; start word read %u; go words written %u; blocks past "
+              "their time %u; copied words seen %u; flags written %u (local included); ready words seen %u; last value "
+              "read %u; timeouts %u; exit epoch %u\n",
+              prefix, m[MIR_EPOCH], cfg.c_str(), what < 9 ? phases[what] : "?",
+              (what >= 2 && what <= 5) ? (" " + std::to_string(idx)).c_str() : "", m[MIR_START], m[MIR_GO],
+              m[MIR_DUE], m[MIR_COPIED], m[MIR_FLAGS], m[MIR_READY], m[MIR_LAST], m[MIR_TIMEOUTS], m[MIR_EXIT]);
+}
+
 // One verification run of the fused or chunked configuration: inputs / outputs poisoned
 // first, then the result checked. Returns true when right.
 static bool verify(Ctx &c, Kind kind, int copies, float rms) {
@@ -662,14 +829,20 @@ static bool verify(Ctx &c, Kind kind, int copies, float rms) {
   if (r.rs && copies) poison(c.recv, c.d_bytes(), false, g_comp);
   wait_stream(g_comp, "poison");
   reset_status();
-  c.enqueue({kind, copies}, ++c.epoch, nullptr, nullptr);
   char what[96];
   std::snprintf(what, sizeof what, "%s (%s) verification run", kname, vname);
+  g_stage = what;
+  g_marks.reset(true);
+  c.enqueue({kind, copies}, ++c.epoch, nullptr, nullptr);
+  g_marks.on = false;
   sync_all(what, 20);
   uint32_t st[5];
   read_status(st);
   bool ok = st[0] == 0;
-  if (st[0]) std::printf("  %s: the pacer timed out waiting %u time(s)\n", what, st[0]);
+  if (st[0]) {
+    std::printf("  %s: the pacer timed out waiting %u time(s)\n", what, st[0]);
+    print_mirror("  pacer: ");
+  }
   Cmp m;
   if (kind == FUSED) {
     m = compare_bits(D, c.Down, c.d_bytes());
@@ -691,6 +864,15 @@ static bool verify(Ctx &c, Kind kind, int copies, float rms) {
       if (b.bad) std::printf("  %s: delivered block %d differs from D in %u words\n", what, blk, b.bad);
       ok &= b.bad == 0;
     }
+  // The steps' times: on a failure, and once (the first copies run) for the record.
+  static bool shown = false;
+  if (!ok || (copies && !shown)) {
+    shown = shown || copies;
+    std::printf("  timeline of the %s (ms after the pacer announced itself):\n", what);
+    g_marks.print("  timeline: ", true);
+  }
+  g_marks.reset(false);
+  g_stage.clear();
   return ok;
 }
 
@@ -769,8 +951,14 @@ static float median(std::vector<float> v) {
   return v[v.size() / 2];
 }
 
+static Ctx *g_cur = nullptr;  // the row being run, for the hang report
+static Row *g_cur_row = nullptr;
+
 static void run_row(Row &r, cublasLtHandle_t lth, void *ws, size_t wsz) {
   Ctx c(r);
+  g_cur = &c;
+  g_cur_row = &r;
+  g_pacer_log.clear();
   c.es = r.fp8 ? 1 : 2;
   c.os = 2;
   if (r.rs) {
@@ -1026,181 +1214,18 @@ static void run_row(Row &r, cublasLtHandle_t lth, void *ws, size_t wsz) {
   cleanup();
 }
 
-// ---------------------------------------------------------------- main
-int main(int argc, char **argv) {
-  g_prog = "own_gemm_link";
-  std::string kernel_path = "kernels/gemm_sm90.cu", only, dtype = "both", tps = "4,8", out_path;
-  std::vector<std::string> defines;
-  bool quick = false, compile_only = false, iters_set = false;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto next = [&]() -> const char * {
-      if (i + 1 >= argc) die(("missing value after " + a).c_str(), __FILE__, __LINE__);
-      return argv[++i];
-    };
-    if (a == "--kernel") kernel_path = next();
-    else if (a == "--iters") g_iters = std::max(1, std::atoi(next())), iters_set = true;
-    else if (a == "--warmup") g_warmup = std::max(0, std::atoi(next()));
-    else if (a == "--bw") g_bw = std::atof(next());
-    else if (a == "--pieces") g_pieces = std::atoi(next());
-    else if (a == "--me") g_me = std::atoi(next());
-    else if (a == "--group") g_group = std::max(1, std::atoi(next()));
-    else if (a == "--quick") quick = true;
-    else if (a == "--only") only = next();
-    else if (a == "--dtype") dtype = next();
-    else if (a == "--tp") tps = next();
-    else if (a == "--out") out_path = next();
-    else if (a == "--compile-only") compile_only = true;
-    else if (a == "--define") defines.push_back(std::string("-D") + next());
-    else {
-      std::printf("usage: own_gemm_link [--kernel FILE] [--iters N] [--warmup N] [--bw GBPS] [--pieces P] [--me R] "
-                  "[--group G] [--quick] [--only ag|rs] [--dtype bf16|e4m3|both] [--tp 4,8] [--out FILE] "
-                  "[--compile-only] [--define NAME=VALUE ...]\n");
-      return a == "--help" ? 0 : 2;
-    }
-  }
-  if (quick && !iters_set) g_iters = 10;
-  if (!(g_bw > 0) || g_pieces < 1 || g_pieces > 64 || g_me < 0) die("bad --bw / --pieces / --me", __FILE__, __LINE__);
-  if (!only.empty() && only != "ag" && only != "rs") die("--only takes ag or rs", __FILE__, __LINE__);
-  if (dtype != "both" && dtype != "bf16" && dtype != "e4m3") die("--dtype takes bf16, e4m3 or both", __FILE__, __LINE__);
-  std::vector<int> tp_list;
-  {
-    std::stringstream ss(tps);
-    std::string x;
-    while (std::getline(ss, x, ',')) {
-      const int t = std::atoi(x.c_str());
-      if (t < 2 || t > 8) die("--tp values must be 2..8", __FILE__, __LINE__);
-      tp_list.push_back(t);
-    }
-    if (tp_list.empty()) die("--tp: empty list", __FILE__, __LINE__);
-  }
-
-  const std::string src = read_text(kernel_path);
-  const std::string arch = "sm_90a";
-  if (!compile_only) {
-    CK(cudaSetDevice(0));
-    CK(cudaFree(nullptr));
-    cudaDeviceProp p;
-    CK(cudaGetDeviceProperties(&p, 0));
-    g_sms = p.multiProcessorCount;
-    if (p.major != 9) {
-      std::printf("own_gemm_link: needs a Hopper GPU (sm_90a); device 0 is %s (sm_%d%d)\n", p.name, p.major, p.minor);
-      return 2;
-    }
-    std::printf("device: %s, %d SMs, %zu KB shared memory per SM; NVRTC for %s\n", p.name, g_sms,
-                p.sharedMemPerMultiprocessor / 1024, arch.c_str());
-  }
-  const auto gemm_cubin = nvrtc_compile(src, "gemm_sm90.cu", arch, defines, false);
-  const auto help_cubin = nvrtc_compile(HELP_SRC, "own_gemm_link_help.cu", arch, {}, false);
-  const auto pace_cubin = nvrtc_compile(PACE_SRC, "own_gemm_link_pace.cu", arch, {"--maxrregcount=32"}, true);
-  std::printf("compiled: gemm_sm90.cu %zu bytes, helpers %zu, pacer %zu\n", gemm_cubin.size(), help_cubin.size(),
-              pace_cubin.size());
-  if (compile_only) return 0;
-
-  load_driver();
-  gemm_mod.load(gemm_cubin);
-  CU(drv.ModuleLoadData(&H.help, help_cubin.data()));
-  CU(drv.ModuleLoadData(&H.pace, pace_cubin.data()));
-  CU(drv.ModuleGetFunction(&H.fill_bf16, H.help, "fill_bf16"));
-  CU(drv.ModuleGetFunction(&H.fill_e4m3, H.help, "fill_e4m3"));
-  CU(drv.ModuleGetFunction(&H.fill_u32, H.help, "fill_u32"));
-  CU(drv.ModuleGetFunction(&H.sum_sq, H.help, "sum_sq_bf16"));
-  CU(drv.ModuleGetFunction(&H.compare, H.help, "compare_bf16"));
-  CU(drv.ModuleGetFunction(&H.bitdiff, H.help, "bitdiff"));
-  CU(drv.ModuleGetFunction(&H.pacer, H.pace, "link_pacer"));
-  CU(drv.ModuleGetFunction(&H.gate, H.pace, "gate"));
-  // The pacer takes all the shared memory one CTA may have: with the SM's per-CTA reserve
-  // that is the whole SM, so no CTA of a GEMM (or of anything else) can land beside it and
-  // none is slowed by it (a CTA of ours beside the spinning pacer made our static
-  // persistent schedule 1.7x slower on the first H100 run). The GEMMs get SMs - 1.
-  {
-    int optin = 0, per_sm = 0, reserve = 0;
-    CK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
-    CK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, 0));
-    CK(cudaDeviceGetAttribute(&reserve, cudaDevAttrReservedSharedMemoryPerBlock, 0));
-    g_pacer_smem = std::min(optin, per_sm - reserve);
-    const int left = per_sm - reserve - g_pacer_smem;  // what another CTA could get, its reserve included
-    g_pacer_alone = left < std::max(reserve, 1);
-    CU(drv.FuncSetAttribute(H.pacer, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, g_pacer_smem));
-    CU(drv.FuncSetAttribute(H.pacer, CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100));
-    std::printf("pacer: one warp with %d bytes of shared memory (SM %d, reserve %d per CTA): %s\n", g_pacer_smem,
-                per_sm, reserve,
-                g_pacer_alone ? "its SM holds nothing else; the GEMMs beside it run on SMs - 1"
-                              : "ANOTHER CTA COULD SHARE ITS SM (see the probe's 'slowed')");
-  }
-  CU(drv.FuncGetAttribute(&H.pacer_regs, CU_FUNC_ATTRIBUTE_NUM_REGS, H.pacer));
-  std::printf("registers per thread: ours %d (bf16 256), pacer %d; ours' shared memory %d / %d bytes (BN 256 / 128)\n",
-              gemm_mod.regs[0][0][1], H.pacer_regs, gemm_mod.smem[1], gemm_mod.smem[0]);
-
-  CK(cudaStreamCreateWithFlags(&g_comp, cudaStreamNonBlocking));
-  CK(cudaStreamCreateWithFlags(&g_prod, cudaStreamNonBlocking));
-  CK(cudaStreamCreateWithFlags(&g_copy, cudaStreamNonBlocking));
-  CK(cudaMalloc(&g_status, 8 * sizeof(uint32_t)));
-  {
-    void *hp = nullptr, *dp = nullptr;
-    CK(cudaHostAlloc(&hp, 64, cudaHostAllocMapped));
-    CK(cudaHostGetDevicePointer(&dp, hp, 0));
-    g_gate_host = (volatile uint32_t *)hp;
-    *g_gate_host = 0;
-    g_gate_dev = (uint32_t *)dp;
-  }
-  g_copies_ok = ce_check();
-  cublasLtHandle_t lth;
-  LT(cublasLtCreate(&lth));
-  void *ws;
-  const size_t wsz = 64u << 20;
-  CK(cudaMalloc(&ws, wsz));
-
-  // The rows: per-rank anchor shapes of issue 22 (tokens, K, N).
-  const std::array<int, 3> ag_shapes[3] = {{8192, 8192, 28672}, {8192, 4096, 16384}, {16384, 8192, 8192}};
-  const std::array<int, 3> rs_shapes[3] = {{8192, 28672, 8192}, {8192, 16384, 4096}, {16384, 8192, 8192}};
-  std::vector<Row> rows;
-  for (int rs = 0; rs < 2; ++rs) {
-    if (!only.empty() && only != (rs ? "rs" : "ag")) continue;
-    for (int f8 = 0; f8 < 2; ++f8) {
-      if ((f8 && dtype == "bf16") || (!f8 && dtype == "e4m3")) continue;
-      for (int tp : tp_list)
-        for (int s = 0; s < (quick ? 1 : 3); ++s) {
-          const auto &sh = rs ? rs_shapes[quick ? 1 : s] : ag_shapes[quick ? 1 : s];
-          Row r;
-          r.rs = rs;
-          r.fp8 = f8;
-          r.tp = tp;
-          r.tokens = sh[0];
-          r.K = sh[1];
-          r.N = sh[2];
-          rows.push_back(r);
-        }
-    }
-  }
-  std::printf("link: %.0f GB/s per peer, %d copy pieces per block; this GPU is rank %d; %d timed iterations after %d "
-              "warm-up (median)\n",
-              g_bw, g_pieces, g_me, g_iters, g_warmup);
-  auto shape_str = [](const Row &r) {
-    char b[64];
-    if (r.rs) std::snprintf(b, sizeof b, "%dx(%d/%d)x%d", r.tokens, r.K, r.tp, r.N);
-    else std::snprintf(b, sizeof b, "%dx%dx(%d/%d)", r.tokens, r.K, r.N, r.tp);
-    return std::string(b);
-  };
-  for (size_t i = 0; i < rows.size(); ++i) {
-    Row &r = rows[i];
-    std::printf("row %zu/%zu: %s %s tp %d %s\n", i + 1, rows.size(), r.rs ? "RS" : "AG", r.fp8 ? "e4m3" : "bf16", r.tp,
-                shape_str(r).c_str());
-    std::fflush(stdout);
-    run_row(r, lth, ws, wsz);
-    if (r.timed)
-      std::printf("  Lt %.3f ours %.3f | flags: link %.3f fused %.3f chunked %.3f | copies: link %.3f fused %.3f "
-                  "chunked %.3f ms (nominal link %.3f) late %.1f us -> %s\n",
-                  r.lt_ms, r.own_ms, r.link_ms[0], r.fused_ms[0], r.chunk_ms[0], r.link_ms[1], r.fused_ms[1],
-                  r.chunk_ms[1], r.nominal_link_ms, r.late_us, r.ok() ? "ok" : "WRONG");
-    else
-      std::printf("  not timed: %s%s\n", r.ran ? "wrong results " : "", r.notes.c_str());
-    std::fflush(stdout);
-  }
-
-  // Markdown table and bar lines last.
+// ---------------------------------------------------------------- the table
+static std::string shape_str(const Row &r) {
+  char b[64];
+  if (r.rs) std::snprintf(b, sizeof b, "%dx(%d/%d)x%d", r.tokens, r.K, r.tp, r.N);
+  else std::snprintf(b, sizeof b, "%dx%dx(%d/%d)", r.tokens, r.K, r.N, r.tp);
+  return std::string(b);
+}
+// Prints the markdown table and the bar lines (and writes them to out_path); returns the
+// exit status: 1 a wrong result or a hang, 2 a row or variant that did not run, else 0.
+static int emit_table(const std::vector<Row> &rows, const std::string &out_path) {
   std::ostringstream md;
-  char line[1024];
+  char line[2048];
   md << "\n## Emulated-link overlap, one GPU (our fused kernel vs chunked cuBLASLt)\n\n";
   std::snprintf(line, sizeof line,
                 "Link %.0f GB/s per peer (copies in %d pieces per block), rank %d; median of %d iterations, from t0 "
@@ -1218,11 +1243,11 @@ int main(int argc, char **argv) {
   int tp8_rows = 0, tp8_faster = 0, tp8_v[2] = {0, 0}, tp8_vn[2] = {0, 0};
   for (auto &r : rows) {
     if (!r.ran) all_ran = false;
-    if (r.ran && !r.ok()) all_ok = false;
+    if ((r.ran && !r.ok()) || r.hung) all_ok = false;
     if (!r.timed) {
       std::snprintf(line, sizeof line, "| %s | %s | %d | %s | - | - | - | - | - | - | - | - | - | - | - | %s | %s |\n",
                     r.rs ? "RS" : "AG", r.fp8 ? "e4m3" : "bf16", r.tp, shape_str(r).c_str(),
-                    r.ran ? "NO" : "not run", r.notes.c_str());
+                    r.hung ? "HANG" : r.ran ? "NO" : "not run", r.notes.c_str());
       md << line;
       continue;
     }
@@ -1288,8 +1313,290 @@ int main(int argc, char **argv) {
     f << md.str();
   }
   std::fflush(stdout);
-  CK(cudaFree(ws));
-  LT(cublasLtDestroy(lth));
   if (!all_ok) return 1;
   return all_ran ? 0 : 2;
+}
+
+// ---------------------------------------------------------------- the hang report
+// Called by wait_stream when a run does not end: what is stuck, read without waiting on
+// the device (stream and event queries, the pacer's host-mapped mirror; device words only
+// through a copy on a stream of its own, given up after 2 s), then the table of the rows
+// done so far. The process then ends with status 1.
+static std::vector<Row> *g_rows = nullptr;
+static std::string g_out_path;
+static uint32_t *g_diag_host = nullptr;  // pinned, DIAG_WORDS words
+static const int DIAG_WORDS = 512;
+static std::atomic<int> g_diag_issued{0};
+
+static void on_hang(const char *what) {
+  auto q = [](cudaStream_t s) -> std::string {
+    const cudaError_t e = cudaStreamQuery(s);
+    return e == cudaSuccess ? "idle" : e == cudaErrorNotReady ? "BUSY" : cudaGetErrorString(e);
+  };
+  std::printf("  hang: %s; streams now: compute %s, pacer %s, copies %s\n", what, q(g_comp).c_str(),
+              q(g_prod).c_str(), q(g_copy).c_str());
+  print_mirror("  hang: pacer: ");
+  if (g_marks.used) {
+    std::printf("  hang: steps of the %s (events recorded after each, queried without waiting):\n", g_stage.c_str());
+    g_marks.print("  hang:   ", false);
+  }
+  if (g_cur && g_diag_host) {
+    Ctx &c = *g_cur;
+    const int tp = c.r.tp, P = g_pieces;
+    struct Span {
+      const uint32_t *src;
+      int words;
+      const char *name;
+    };
+    const int nsig = std::min(1 + (tp - 1) * P + (tp - 1) + 1, 200);
+    const Span spans[] = {{c.flags, tp, "flags"},
+                          {c.copied, tp - 1, "copied (arrival order)"},
+                          {c.done, 2 * tp, "done (signals, then counters)"},
+                          {c.ready, tp, "ready"},
+                          {c.sig, nsig, "sig (started, go..., due..., fin)"},
+                          {c.start(), 1, "start"}};
+    std::printf("  hang: the latest epoch enqueued is %u; device words (a copy on a stream of its own):\n", c.epoch);
+    std::fflush(stdout);
+    g_diag_issued = 0;
+    std::vector<Span> sp(std::begin(spans), std::end(spans));
+    std::thread([sp]() {
+      int off = 0;
+      for (const Span &x : sp) {
+        if (x.src && off + x.words <= DIAG_WORDS)
+          cudaMemcpyAsync(g_diag_host + off, x.src, (size_t)x.words * 4, cudaMemcpyDeviceToHost, g_diag);
+        off += x.words;
+      }
+      g_diag_issued = 1;
+    }).detach();
+    const auto t0 = std::chrono::steady_clock::now();
+    bool done = false;
+    while (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2)) {
+      if (g_diag_issued && cudaStreamQuery(g_diag) == cudaSuccess) {
+        done = true;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (!done) {
+      std::printf("  hang:   (not readable: the copy %s in 2 s)\n", g_diag_issued ? "did not complete" : "was not even issued");
+    } else {
+      int off = 0;
+      for (const Span &x : sp) {
+        std::string l;
+        for (int i = 0; i < x.words && off + i < DIAG_WORDS; ++i) l += " " + std::to_string(g_diag_host[off + i]);
+        std::printf("  hang:   %s:%s\n", x.name, x.src ? l.c_str() : " (none)");
+        off += x.words;
+      }
+    }
+  }
+  if (g_cur_row) {
+    g_cur_row->hung = true;
+    g_cur_row->notes += std::string("HANG: ") + what + " (the log's 'hang:' lines say where); ";
+  }
+  if (g_rows) {
+    std::printf("  hang: the table of the rows so far:\n");
+    emit_table(*g_rows, g_out_path);
+  }
+  std::fflush(stdout);
+}
+
+// ---------------------------------------------------------------- main
+int main(int argc, char **argv) {
+  const auto t_start = std::chrono::steady_clock::now();
+  g_prog = "own_gemm_link";
+  std::string kernel_path = "kernels/gemm_sm90.cu", only, dtype = "both", tps = "4,8", out_path;
+  std::vector<std::string> defines;
+  bool quick = false, compile_only = false, iters_set = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() -> const char * {
+      if (i + 1 >= argc) die(("missing value after " + a).c_str(), __FILE__, __LINE__);
+      return argv[++i];
+    };
+    if (a == "--kernel") kernel_path = next();
+    else if (a == "--iters") g_iters = std::max(1, std::atoi(next())), iters_set = true;
+    else if (a == "--warmup") g_warmup = std::max(0, std::atoi(next()));
+    else if (a == "--bw") g_bw = std::atof(next());
+    else if (a == "--pieces") g_pieces = std::atoi(next());
+    else if (a == "--me") g_me = std::atoi(next());
+    else if (a == "--group") g_group = std::max(1, std::atoi(next()));
+    else if (a == "--quick") quick = true;
+    else if (a == "--only") only = next();
+    else if (a == "--dtype") dtype = next();
+    else if (a == "--tp") tps = next();
+    else if (a == "--out") out_path = next();
+    else if (a == "--compile-only") compile_only = true;
+    else if (a == "--define") defines.push_back(std::string("-D") + next());
+    else if (a == "--budget") g_budget = std::atof(next());
+    else {
+      std::printf("usage: own_gemm_link [--kernel FILE] [--iters N] [--warmup N] [--bw GBPS] [--pieces P] [--me R] "
+                  "[--group G] [--quick] [--only ag|rs] [--dtype bf16|e4m3|both] [--tp 4,8] [--out FILE] "
+                  "[--compile-only] [--define NAME=VALUE ...] [--budget SECONDS]\n");
+      return a == "--help" ? 0 : 2;
+    }
+  }
+  if (quick && !iters_set) g_iters = 10;
+  if (!(g_bw > 0) || g_pieces < 1 || g_pieces > 64 || g_me < 0) die("bad --bw / --pieces / --me", __FILE__, __LINE__);
+  if (!only.empty() && only != "ag" && only != "rs") die("--only takes ag or rs", __FILE__, __LINE__);
+  if (dtype != "both" && dtype != "bf16" && dtype != "e4m3") die("--dtype takes bf16, e4m3 or both", __FILE__, __LINE__);
+  std::vector<int> tp_list;
+  {
+    std::stringstream ss(tps);
+    std::string x;
+    while (std::getline(ss, x, ',')) {
+      const int t = std::atoi(x.c_str());
+      if (t < 2 || t > 8) die("--tp values must be 2..8", __FILE__, __LINE__);
+      tp_list.push_back(t);
+    }
+    if (tp_list.empty()) die("--tp: empty list", __FILE__, __LINE__);
+  }
+
+  const std::string src = read_text(kernel_path);
+  const std::string arch = "sm_90a";
+  if (!compile_only) {
+    CK(cudaSetDevice(0));
+    CK(cudaFree(nullptr));
+    cudaDeviceProp p;
+    CK(cudaGetDeviceProperties(&p, 0));
+    g_sms = p.multiProcessorCount;
+    if (p.major != 9) {
+      std::printf("own_gemm_link: needs a Hopper GPU (sm_90a); device 0 is %s (sm_%d%d)\n", p.name, p.major, p.minor);
+      return 2;
+    }
+    const char *conn = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+    std::printf("device: %s, %d SMs, %zu KB shared memory per SM, %d copy engines; NVRTC for %s; "
+                "CUDA_DEVICE_MAX_CONNECTIONS=%s\n",
+                p.name, g_sms, p.sharedMemPerMultiprocessor / 1024, p.asyncEngineCount, arch.c_str(),
+                conn ? conn : "(unset: 8)");
+  }
+  const auto gemm_cubin = nvrtc_compile(src, "gemm_sm90.cu", arch, defines, false);
+  const auto help_cubin = nvrtc_compile(HELP_SRC, "own_gemm_link_help.cu", arch, {}, false);
+  const auto pace_cubin = nvrtc_compile(PACE_SRC, "own_gemm_link_pace.cu", arch, {"--maxrregcount=32"}, true);
+  std::printf("compiled: gemm_sm90.cu %zu bytes, helpers %zu, pacer %zu\n", gemm_cubin.size(), help_cubin.size(),
+              pace_cubin.size());
+  if (compile_only) return 0;
+
+  load_driver();
+  gemm_mod.load(gemm_cubin);
+  CU(drv.ModuleLoadData(&H.help, help_cubin.data()));
+  CU(drv.ModuleLoadData(&H.pace, pace_cubin.data()));
+  CU(drv.ModuleGetFunction(&H.fill_bf16, H.help, "fill_bf16"));
+  CU(drv.ModuleGetFunction(&H.fill_e4m3, H.help, "fill_e4m3"));
+  CU(drv.ModuleGetFunction(&H.fill_u32, H.help, "fill_u32"));
+  CU(drv.ModuleGetFunction(&H.sum_sq, H.help, "sum_sq_bf16"));
+  CU(drv.ModuleGetFunction(&H.compare, H.help, "compare_bf16"));
+  CU(drv.ModuleGetFunction(&H.bitdiff, H.help, "bitdiff"));
+  CU(drv.ModuleGetFunction(&H.pacer, H.pace, "link_pacer"));
+  CU(drv.ModuleGetFunction(&H.gate, H.pace, "gate"));
+  // The pacer takes all the shared memory one CTA may have: with the SM's per-CTA reserve
+  // that is the whole SM, so no CTA of a GEMM (or of anything else) can land beside it and
+  // none is slowed by it (a CTA of ours beside the spinning pacer made our static
+  // persistent schedule 1.7x slower on the first H100 run). The GEMMs get SMs - 1.
+  {
+    int optin = 0, per_sm = 0, reserve = 0;
+    CK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
+    CK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, 0));
+    CK(cudaDeviceGetAttribute(&reserve, cudaDevAttrReservedSharedMemoryPerBlock, 0));
+    g_pacer_smem = std::min(optin, per_sm - reserve);
+    const int left = per_sm - reserve - g_pacer_smem;  // what another CTA could get, its reserve included
+    g_pacer_alone = left < std::max(reserve, 1);
+    CU(drv.FuncSetAttribute(H.pacer, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, g_pacer_smem));
+    CU(drv.FuncSetAttribute(H.pacer, CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100));
+    std::printf("pacer: one warp with %d bytes of shared memory (SM %d, reserve %d per CTA): %s\n", g_pacer_smem,
+                per_sm, reserve,
+                g_pacer_alone ? "its SM holds nothing else; the GEMMs beside it run on SMs - 1"
+                              : "ANOTHER CTA COULD SHARE ITS SM (see the probe's 'slowed')");
+  }
+  CU(drv.FuncGetAttribute(&H.pacer_regs, CU_FUNC_ATTRIBUTE_NUM_REGS, H.pacer));
+  std::printf("registers per thread: ours %d (bf16 256), pacer %d; ours' shared memory %d / %d bytes (BN 256 / 128)\n",
+              gemm_mod.regs[0][0][1], H.pacer_regs, gemm_mod.smem[1], gemm_mod.smem[0]);
+
+  CK(cudaStreamCreateWithFlags(&g_comp, cudaStreamNonBlocking));
+  CK(cudaStreamCreateWithFlags(&g_prod, cudaStreamNonBlocking));
+  CK(cudaStreamCreateWithFlags(&g_copy, cudaStreamNonBlocking));
+  CK(cudaStreamCreateWithFlags(&g_diag, cudaStreamNonBlocking));
+  {
+    void *hp = nullptr, *dp = nullptr;
+    CK(cudaHostAlloc(&hp, 64 * sizeof(uint32_t), cudaHostAllocMapped));
+    CK(cudaHostGetDevicePointer(&dp, hp, 0));
+    std::memset(hp, 0, 64 * sizeof(uint32_t));
+    g_mirror_host = (volatile uint32_t *)hp;
+    g_mirror_dev = (uint32_t *)dp;
+    CK(cudaHostAlloc(&hp, DIAG_WORDS * sizeof(uint32_t), cudaHostAllocDefault));
+    g_diag_host = (uint32_t *)hp;
+  }
+  g_marks.create();
+  g_on_hang = on_hang;
+  CK(cudaMalloc(&g_status, 8 * sizeof(uint32_t)));
+  {
+    void *hp = nullptr, *dp = nullptr;
+    CK(cudaHostAlloc(&hp, 64, cudaHostAllocMapped));
+    CK(cudaHostGetDevicePointer(&dp, hp, 0));
+    g_gate_host = (volatile uint32_t *)hp;
+    *g_gate_host = 0;
+    g_gate_dev = (uint32_t *)dp;
+  }
+  g_copies_ok = ce_check();
+  cublasLtHandle_t lth;
+  LT(cublasLtCreate(&lth));
+  void *ws;
+  const size_t wsz = 64u << 20;
+  CK(cudaMalloc(&ws, wsz));
+
+  // The rows: per-rank anchor shapes of issue 22 (tokens, K, N).
+  const std::array<int, 3> ag_shapes[3] = {{8192, 8192, 28672}, {8192, 4096, 16384}, {16384, 8192, 8192}};
+  const std::array<int, 3> rs_shapes[3] = {{8192, 28672, 8192}, {8192, 16384, 4096}, {16384, 8192, 8192}};
+  std::vector<Row> rows;
+  g_rows = &rows;
+  g_out_path = out_path;
+  for (int rs = 0; rs < 2; ++rs) {
+    if (!only.empty() && only != (rs ? "rs" : "ag")) continue;
+    for (int f8 = 0; f8 < 2; ++f8) {
+      if ((f8 && dtype == "bf16") || (!f8 && dtype == "e4m3")) continue;
+      for (int tp : tp_list)
+        for (int s = 0; s < (quick ? 1 : 3); ++s) {
+          const auto &sh = rs ? rs_shapes[quick ? 1 : s] : ag_shapes[quick ? 1 : s];
+          Row r;
+          r.rs = rs;
+          r.fp8 = f8;
+          r.tp = tp;
+          r.tokens = sh[0];
+          r.K = sh[1];
+          r.N = sh[2];
+          rows.push_back(r);
+        }
+    }
+  }
+  std::printf("link: %.0f GB/s per peer, %d copy pieces per block; this GPU is rank %d; %d timed iterations after %d "
+              "warm-up (median)\n",
+              g_bw, g_pieces, g_me, g_iters, g_warmup);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    Row &r = rows[i];
+    std::printf("row %zu/%zu: %s %s tp %d %s\n", i + 1, rows.size(), r.rs ? "RS" : "AG", r.fp8 ? "e4m3" : "bf16", r.tp,
+                shape_str(r).c_str());
+    std::fflush(stdout);
+    const double spent = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+    if (spent > g_budget) {
+      r.notes = "not run: the time budget (--budget " + std::to_string((int)g_budget) + " s) was spent";
+      std::printf("  not timed: %s\n", r.notes.c_str());
+      continue;
+    }
+    run_row(r, lth, ws, wsz);
+    g_cur = nullptr;
+    g_cur_row = nullptr;
+    if (r.timed)
+      std::printf("  Lt %.3f ours %.3f | flags: link %.3f fused %.3f chunked %.3f | copies: link %.3f fused %.3f "
+                  "chunked %.3f ms (nominal link %.3f) late %.1f us -> %s\n",
+                  r.lt_ms, r.own_ms, r.link_ms[0], r.fused_ms[0], r.chunk_ms[0], r.link_ms[1], r.fused_ms[1],
+                  r.chunk_ms[1], r.nominal_link_ms, r.late_us, r.ok() ? "ok" : "WRONG");
+    else
+      std::printf("  not timed: %s%s\n", r.ran ? "wrong results " : "", r.notes.c_str());
+    std::fflush(stdout);
+  }
+
+  // Markdown table and bar lines last.
+  const int status = emit_table(rows, out_path);
+  CK(cudaFree(ws));
+  LT(cublasLtDestroy(lth));
+  return status;
 }
