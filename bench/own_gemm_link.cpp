@@ -255,24 +255,36 @@ struct PaceArgs {
 };
 
 // The mirror (host-mapped, read by the host when a run hangs; the host's MIR_* match).
-// PHASE: (what << 16) | index; what: 1 waiting for the start word, 2 sleeping to piece
-// `index`'s start, 3 sleeping to block `index`'s arrival (AG) / transfer start (RS), 4
-// waiting for block `index`'s copied word, 5 waiting for block `index`'s ready word, 6
-// holding, 7 sleeping to the last transfer's end, 8 done.
+// PHASE = (what << 16) | index, written before each sleep of more than 2 us and before
+// each wait whose first poll fails, never between a deadline and the release store it
+// gates (a st.release.sys after a store to host memory would first wait for that store to
+// drain over PCIe). what: 1 waiting for the start word; 2 sleeping to go piece `index`
+// (pieces numbered over the whole iteration: that many go words are written); 3 AG:
+// sleeping to block `index`'s arrival (arrival order), RS: to transfer `index`'s start;
+// 4 AG copies: waiting for block `index`'s copied word (its due word written); 5 RS:
+// waiting for block `index`'s ready word (send order); 6 holding; 7 RS: sleeping to the
+// last transfer's end; 8 done.
 #define MIR_EPOCH 0     // the epoch of the latest launch (written first)
 #define MIR_PHASE 1
-#define MIR_START 2     // the start word as last read
-#define MIR_GO 3        // go words written
-#define MIR_DUE 4       // AG: blocks past their arrival time; RS: transfers started
-#define MIR_COPIED 5    // AG copies: copied words seen
-#define MIR_FLAGS 6     // AG: flags written (the local one included)
-#define MIR_READY 7     // RS: ready words seen
-#define MIR_LAST 8      // the last value read from the word waited on
-#define MIR_TIMEOUTS 9
-#define MIR_EXIT 10     // the epoch, once done
-#define MIR_WORDS 16
+#define MIR_LAST 2      // on a timeout: the last value read from the word waited on
+#define MIR_TIMEOUTS 3  // on a timeout: timeouts so far
+#define MIR_EXIT 4      // the epoch, once done
+#define MIR_WORDS 8
 __device__ __forceinline__ void mput(u32 *m, int i, u32 v) {
   if (m) *(volatile u32 *)(m + i) = v;
+}
+__device__ __forceinline__ u64 sleep_to(u64 t, u32 *m, u32 phase) {
+  if (m && t > gtime() + 2000) mput(m, MIR_PHASE, phase);
+  return sleep_until(t);
+}
+// wait_word, the phase written only when the first poll fails.
+__device__ __forceinline__ bool wait_for(const u32 *p, u32 e, u64 timeout_ns, u32 *m, u32 phase) {
+  if ((int)(ld_acq(p) - e) >= 0) return true;
+  mput(m, MIR_PHASE, phase);
+  bool ok;
+  const u32 v = wait_word(p, e, gtime() + timeout_ns, &ok);
+  if (!ok) mput(m, MIR_LAST, v);
+  return ok;
 }
 
 extern "C" __global__ void link_pacer(const PaceArgs a) {
@@ -295,17 +307,9 @@ extern "C" __global__ void link_pacer(const PaceArgs a) {
     mput(m, MIR_EXIT, a.epoch);
     return;
   }
-  if (a.mode == 0 && a.flags) {
-    st_rel(a.flags + a.local, a.epoch);  // the local block is there
-    mput(m, MIR_FLAGS, 1);
-  }
-  st_rel(a.sig, a.epoch);  // resident
-  if (a.start) {
-    mput(m, MIR_PHASE, 1u << 16);
-    bool ok;
-    mput(m, MIR_START, wait_word(a.start, a.epoch, gtime() + a.timeout_ns, &ok));
-    if (!ok) mput(m, MIR_TIMEOUTS, ++timeouts);
-  }
+  if (a.mode == 0 && a.flags) st_rel(a.flags + a.local, a.epoch);  // the local block is there
+  st_rel(a.sig, a.epoch);                                           // resident
+  if (a.start && !wait_for(a.start, a.epoch, a.timeout_ns, m, 1u << 16)) mput(m, MIR_TIMEOUTS, ++timeouts);
   t0 = gtime();
   if (a.mode == 0) {
     bool dead = false;  // a copy never ended: later blocks are not waited for
@@ -315,33 +319,27 @@ extern "C" __global__ void link_pacer(const PaceArgs a) {
       if (a.copies)
         for (int c = 0; c < P; ++c) {
           const u64 tc = s + (T * (u64)c) / (u64)P;
-          mput(m, MIR_PHASE, (2u << 16) | (u32)(i * P + c));
-          sleep_until(tc);
+          sleep_to(tc, m, (2u << 16) | (u32)(i * P + c));
           st_rel(go + i * P + c, a.epoch);
-          mput(m, MIR_GO, (u32)(i * P + c + 1));
           const u64 l = gtime() - tc; late = l > late ? l : late;
         }
       const u64 e = s + T;
-      mput(m, MIR_PHASE, (3u << 16) | (u32)i);
-      sleep_until(e);
+      sleep_to(e, m, (3u << 16) | (u32)i);
       const u64 l = gtime() - e; late = l > late ? l : late;
-      mput(m, MIR_DUE, (u32)(i + 1));
       if (a.copies) {
         st_rel(due + i, a.epoch);
         // The block's flag once its copy has ended too (the copy stream writes copied[i]
         // after the block's last piece). The flag is written even when the copy never ends
         // (a timeout, counted): our kernel never waits on the copy stream, only on us.
         if (!dead) {
-          mput(m, MIR_PHASE, (4u << 16) | (u32)i);
-          bool ok;
-          mput(m, MIR_LAST, wait_word(a.copied + i, a.epoch, gtime() + a.timeout_ns, &ok));
-          if (!ok) { dead = true; mput(m, MIR_TIMEOUTS, ++timeouts); }
-          else mput(m, MIR_COPIED, (u32)(i + 1));
+          if (!wait_for(a.copied + i, a.epoch, a.timeout_ns, m, (4u << 16) | (u32)i)) {
+            dead = true;
+            mput(m, MIR_TIMEOUTS, ++timeouts);
+          }
           const u64 w = gtime() - e; cwait = w > cwait ? w : cwait;
         }
       }
       st_rel(a.flags + ((a.order >> (4 * i)) & 15u), a.epoch);
-      mput(m, MIR_FLAGS, (u32)(i + 2));
     }
     st_rel(fin, a.epoch);
     if (a.copies) atomicMax(a.status + 4, (u32)(cwait < 0xffffffffULL ? cwait : 0xffffffffULL));
@@ -350,31 +348,23 @@ extern "C" __global__ void link_pacer(const PaceArgs a) {
     bool dead = false;
     for (int s = 0; s < a.nsend; ++s) {
       const int j = (int)((a.order >> (4 * s)) & 15u);
-      if (a.ready && !dead) {
-        mput(m, MIR_PHASE, (5u << 16) | (u32)s);
-        bool ok;
-        mput(m, MIR_LAST, wait_word(a.ready + j, a.epoch, gtime() + a.timeout_ns, &ok));
-        if (!ok) { dead = true; mput(m, MIR_TIMEOUTS, ++timeouts); }
-        else mput(m, MIR_READY, (u32)(s + 1));
+      if (a.ready && !dead && !wait_for(a.ready + j, a.epoch, a.timeout_ns, m, (5u << 16) | (u32)s)) {
+        dead = true;
+        mput(m, MIR_TIMEOUTS, ++timeouts);
       }
-      mput(m, MIR_PHASE, (3u << 16) | (u32)s);
-      sleep_until(E);
+      sleep_to(E, m, (3u << 16) | (u32)s);
       const u64 S = gtime();
       if (a.copies)
         for (int c = 0; c < P; ++c) {
           const u64 tc = S + (T * (u64)c) / (u64)P;
-          mput(m, MIR_PHASE, (2u << 16) | (u32)(s * P + c));
-          sleep_until(tc);
+          sleep_to(tc, m, (2u << 16) | (u32)(s * P + c));
           st_rel(go + s * P + c, a.epoch);
-          mput(m, MIR_GO, (u32)(s * P + c + 1));
           const u64 l = gtime() - tc; late = l > late ? l : late;
         }
       st_rel(due + s, a.epoch);
-      mput(m, MIR_DUE, (u32)(s + 1));
       E = S + T;
     }
-    mput(m, MIR_PHASE, 7u << 16);
-    sleep_until(E);
+    sleep_to(E, m, 7u << 16);
     st_rel(fin, a.epoch);
     const u64 l = gtime() - E; late = l > late ? l : late;
   }
@@ -413,8 +403,7 @@ struct PaceArgs {
 };
 static_assert(sizeof(PaceArgs) == 112, "PaceArgs mirrors the pacer's struct");
 // The pacer's mirror words (PACE_SRC's MIR_*).
-enum { MIR_EPOCH, MIR_PHASE, MIR_START, MIR_GO, MIR_DUE, MIR_COPIED, MIR_FLAGS, MIR_READY, MIR_LAST, MIR_TIMEOUTS,
-       MIR_EXIT, MIR_WORDS = 16 };
+enum { MIR_EPOCH, MIR_PHASE, MIR_LAST, MIR_TIMEOUTS, MIR_EXIT, MIR_WORDS = 8 };
 
 struct Helpers {
   CUmodule help = nullptr, pace = nullptr;
@@ -756,9 +745,10 @@ struct Ctx {
   }
 
   // Runs fn `reps` times back to back on the compute stream while a pacer (hold mode,
-  // 100 ms) sits on its SM (beside = true), or alone; returns fn's shortest time in ms
-  // (beside: about 100 or more when some CTA of fn waited for the pacer's SM).
-  float timed(const std::function<void(cudaStream_t)> &fn, bool beside, int reps = 3) {
+  // 100 ms) sits on its SM (beside = true), or alone; returns fn's shortest time in ms, and
+  // in *longest its longest (beside: about 100 or more when some CTA of fn waited for the
+  // pacer's SM; the runs after the hold would not show it).
+  float timed(const std::function<void(cudaStream_t)> &fn, bool beside, float *longest = nullptr, int reps = 3) {
     std::vector<cudaEvent_t> ev((size_t)reps + 1);
     for (auto &x : ev) CK(cudaEventCreate(&x));
     if (beside) {
@@ -773,13 +763,15 @@ struct Ctx {
       CK(cudaEventRecord(ev[(size_t)i + 1], g_comp));
     }
     sync_all(beside ? "co-residence probe" : "alone run", 20);
-    float best = 1e30f;
+    float best = 1e30f, worst = 0;
     for (int i = 0; i < reps; ++i) {
       float ms = 0;
       CK(cudaEventElapsedTime(&ms, ev[(size_t)i], ev[(size_t)i + 1]));
       best = std::min(best, ms);
+      worst = std::max(worst, ms);
     }
     for (auto &x : ev) CK(cudaEventDestroy(x));
+    if (longest) *longest = worst;
     return best;
   }
 };
@@ -787,33 +779,47 @@ struct Ctx {
 static const float PROBE_BLOCKED_MS = 50.f;  // the hold is 100 ms; our GEMMs take < 10 ms
 static const float PROBE_SLOWED = 1.05f;     // beside the pacer (SMs - 1) vs alone on all SMs
 
-// The pacer's mirror, decoded (host-mapped: read without the device).
+// The pacer's mirror, decoded (host-mapped: read without the device). P: pieces per block.
 static void print_mirror(const char *prefix) {
   if (!g_mirror_host) return;
   uint32_t m[MIR_WORDS];
   for (int i = 0; i < MIR_WORDS; ++i) m[i] = g_mirror_host[i];
   const uint32_t what = m[MIR_PHASE] >> 16, idx = m[MIR_PHASE] & 0xffff;
-  static const char *phases[] = {"not started",
-                                 "waiting for the start word",
-                                 "sleeping to the start of go piece",
-                                 "sleeping to the scheduled arrival / transfer start of block #",
-                                 "WAITING FOR THE COPIED WORD of block #",
-                                 "WAITING FOR THE READY WORD of block #",
-                                 "holding (probe)",
-                                 "sleeping to the last transfer's end",
-                                 "done"};
+  const int P = g_pieces;
   std::string cfg = "?";
   for (auto it = g_pacer_log.rbegin(); it != g_pacer_log.rend(); ++it)
     if (it->first == m[MIR_EPOCH]) {
       cfg = it->second;
       break;
     }
-  std::printf("%slatest launch: epoch %u (%s); phase: %s%s; start word read %u; go words written %u; blocks past "
-              "their time %u; copied words seen %u; flags written %u (local included); ready words seen %u; last value "
-              "read %u; timeouts %u; exit epoch %u\n",
-              prefix, m[MIR_EPOCH], cfg.c_str(), what < 9 ? phases[what] : "?",
-              (what >= 2 && what <= 5) ? (" " + std::to_string(idx)).c_str() : "", m[MIR_START], m[MIR_GO],
-              m[MIR_DUE], m[MIR_COPIED], m[MIR_FLAGS], m[MIR_READY], m[MIR_LAST], m[MIR_TIMEOUTS], m[MIR_EXIT]);
+  char ph[200];
+  switch (what) {
+    case 0: std::snprintf(ph, sizeof ph, "started, announcing itself"); break;
+    case 1: std::snprintf(ph, sizeof ph, "WAITING FOR THE START WORD (the compute stream writes it)"); break;
+    case 2:
+      std::snprintf(ph, sizeof ph, "sleeping to go piece %u (block #%u piece %u; %u go words written)", idx, idx / P,
+                    idx % P, idx);
+      break;
+    case 3:
+      std::snprintf(ph, sizeof ph, "sleeping to the scheduled arrival (AG) / transfer start (RS) of block #%u", idx);
+      break;
+    case 4:
+      std::snprintf(ph, sizeof ph,
+                    "WAITING FOR THE COPIED WORD of block #%u (arrival order; the copy stream writes it after the "
+                    "block's last piece; flags of blocks #0..#%d written)",
+                    idx, (int)idx - 1);
+      break;
+    case 5:
+      std::snprintf(ph, sizeof ph, "WAITING FOR THE READY WORD of block #%u (send order: our done signal / chunk)",
+                    idx);
+      break;
+    case 6: std::snprintf(ph, sizeof ph, "holding (probe)"); break;
+    case 7: std::snprintf(ph, sizeof ph, "sleeping to the last transfer's end"); break;
+    case 8: std::snprintf(ph, sizeof ph, "done"); break;
+    default: std::snprintf(ph, sizeof ph, "? (%u)", m[MIR_PHASE]);
+  }
+  std::printf("%slatest launch: epoch %u (%s); %s; timeouts %u (last value read %u); exit epoch %u\n", prefix,
+              m[MIR_EPOCH], cfg.c_str(), ph, m[MIR_TIMEOUTS], m[MIR_LAST], m[MIR_EXIT]);
 }
 
 // One verification run of the fused or chunked configuration: inputs / outputs poisoned
@@ -1109,30 +1115,34 @@ static void run_row(Row &r, cublasLtHandle_t lth, void *ws, size_t wsz) {
         for (int b = 0; b < r.tp; ++b) plan.run(c.A, (char *)c.B + c.b_off(b), (char *)c.Dc + c.d_off(b), s);
       };
     };
+    // Shortest of 3 runs each; beside: blocked if the longest took the hold.
+    float own_max = 0, lt_max = 0;
     const float own_all = c.timed(own_fn(0), false), own_bud = c.timed(own_fn(budget), false),
-                own_bes = c.timed(own_fn(budget), true);
+                own_bes = c.timed(own_fn(budget), true, &own_max);
     const float lt_all = c.timed(chunks_fn(lt_chunk_all), false), lt_bud = c.timed(chunks_fn(c.lt_chunk), false),
-                lt_bes = c.timed(chunks_fn(c.lt_chunk), true);
+                lt_bes = c.timed(chunks_fn(c.lt_chunk), true, &lt_max);
     lt_chunk_all.release();
-    auto verdict = [](float bes, float all) {
-      return bes > PROBE_BLOCKED_MS ? "BLOCKED" : bes > PROBE_SLOWED * all ? "slowed" : "ok";
+    const bool own_blocked = own_max > PROBE_BLOCKED_MS, lt_blocked = lt_max > PROBE_BLOCKED_MS;
+    auto verdict = [](bool blocked, float bes, float all) {
+      return blocked ? "BLOCKED" : bes > PROBE_SLOWED * all ? "slowed" : "ok";
     };
     std::printf("  beside a resident pacer (its own SM; GEMMs on %d SMs): ours %.3f ms (alone: %.3f on %d SMs, %.3f "
                 "on %d; %.3fx) %s, cuBLASLt chunks %.3f ms (alone: %.3f, %.3f; %.3fx) %s\n",
-                budget, own_bes, own_all, g_sms, own_bud, budget, own_bes / own_all, verdict(own_bes, own_all), lt_bes,
-                lt_all, lt_bud, lt_bes / lt_all, verdict(lt_bes, lt_all));
+                budget, own_bes, own_all, g_sms, own_bud, budget, own_bes / own_all, verdict(own_blocked, own_bes, own_all),
+                lt_bes, lt_all, lt_bud, lt_bes / lt_all, verdict(lt_blocked, lt_bes, lt_all));
     char nb[192];
-    if (own_bes > PROBE_SLOWED * own_all) {
+    if (own_blocked || own_bes > PROBE_SLOWED * own_all) {
       std::snprintf(nb, sizeof nb, "ours %s beside the pacer: %.3fx alone on all SMs (%.3fx on %d alone); ",
-                    verdict(own_bes, own_all), own_bes / own_all, own_bes / own_bud, budget);
+                    verdict(own_blocked, own_bes, own_all), own_bes / own_all, own_bes / own_bud, budget);
       r.notes += nb;
     }
-    if (lt_bes > PROBE_SLOWED * lt_all) {
-      std::snprintf(nb, sizeof nb, "chunks %s beside the pacer: %.3fx alone on all SMs (%.3fx on %d alone); ",
-                    verdict(lt_bes, lt_all), lt_bes / lt_all, lt_bes / lt_bud, budget);
+    if (lt_blocked || lt_bes > PROBE_SLOWED * lt_all) {
+      std::snprintf(nb, sizeof nb, "chunks %s beside the pacer: %.3fx alone on all SMs (%.3fx on %d alone)%s; ",
+                    verdict(lt_blocked, lt_bes, lt_all), lt_bes / lt_all, lt_bes / lt_bud, budget,
+                    lt_blocked ? ": chunked is penalized" : "");
       r.notes += nb;
     }
-    if (own_bes > PROBE_BLOCKED_MS) {
+    if (own_blocked) {
       std::printf("  our kernel on %d CTAs waits for the pacer's SM: not run\n", budget);
       r.notes += "not run; ";
       cleanup();
