@@ -90,9 +90,9 @@
 // pieces per block, default 4), --me R (default 1), --group G (our tile-row groups,
 // default 8), --quick (one shape per op), --only ag|rs, --dtype bf16|e4m3|both, --tp LIST
 // (e.g. 8 or 4,8), --out FILE (the markdown table, also printed), --compile-only,
-// --define NAME=VALUE (a -D for our kernel), --budget SECONDS (default 180: no row starts
+// --define NAME=VALUE (a -D for our kernel), --budget SECONDS (default 170: no row starts
 // later; those rows are reported as not run).
-// A run that does not end (20 s for a verification run, 60 s for a row's timed runs) is a
+// A run that does not end (20 s for a verification run, 30 s for a row's timed runs) is a
 // hang: the program prints where it is stuck, without waiting on the device ('  hang:'
 // lines: which streams are busy; the pacer's progress from a host-mapped mirror of what it
 // wrote and read; for a verification run, which of its steps completed and when, from
@@ -420,7 +420,7 @@ static uint32_t *g_gate_dev;
 static uint32_t g_gate_value = 0;
 static int g_iters = 30, g_warmup = 5, g_pieces = 4, g_me = 1, g_group = 8;
 static double g_bw = 350.0;  // GB/s = bytes per ns
-static double g_budget = 180.0;  // seconds: rows not started by then are not run (the table still comes out)
+static double g_budget = 170.0;  // seconds: rows not started by then are not run (the table still comes out)
 static const uint64_t TIMEOUT_NS = 2000000000ull;  // a pacer's wait for a ready word
 static bool g_copies_ok = true;  // device-to-device copies run on a copy engine (ce_check)
 // How the copy stream writes an AG block's copied word: with the default memory barrier,
@@ -794,7 +794,7 @@ static void print_mirror(const char *prefix) {
     }
   char ph[200];
   switch (what) {
-    case 0: std::snprintf(ph, sizeof ph, "started, announcing itself"); break;
+    case 0: std::snprintf(ph, sizeof ph, "started (no wait or sleep of its own so far)"); break;
     case 1: std::snprintf(ph, sizeof ph, "WAITING FOR THE START WORD (the compute stream writes it)"); break;
     case 2:
       std::snprintf(ph, sizeof ph, "sleeping to go piece %u (block #%u piece %u; %u go words written)", idx, idx / P,
@@ -806,8 +806,8 @@ static void print_mirror(const char *prefix) {
     case 4:
       std::snprintf(ph, sizeof ph,
                     "WAITING FOR THE COPIED WORD of block #%u (arrival order; the copy stream writes it after the "
-                    "block's last piece; flags of blocks #0..#%d written)",
-                    idx, (int)idx - 1);
+                    "block's last piece; %u remote flags written before it)",
+                    idx, idx);
       break;
     case 5:
       std::snprintf(ph, sizeof ph, "WAITING FOR THE READY WORD of block #%u (send order: our done signal / chunk)",
@@ -1179,7 +1179,7 @@ static void run_row(Row &r, cublasLtHandle_t lth, void *ws, size_t wsz) {
         c.enqueue(cfgs[j], ++c.epoch, ev[2 * (it * cfgs.size() + j)], ev[2 * (it * cfgs.size() + j) + 1]);
     __atomic_store_n(g_gate_host, gv, __ATOMIC_SEQ_CST);
   }
-  sync_all("timed runs", 60);
+  sync_all("timed runs", 30);
   std::vector<std::vector<float>> t(cfgs.size());
   for (int it = g_warmup; it < rounds; ++it)
     for (size_t j = 0; j < cfgs.size(); ++j) {

@@ -7,7 +7,7 @@
 # real copy-engine copies), next to the GEMM alone, our kernel alone and the link alone;
 # every fused / chunked result checked. Method and columns: the header of
 # bench/own_gemm_link.cpp. Needs one Hopper GPU; about a minute. Limits: the program starts
-# no row after --budget seconds (default 180; the table still comes out), and is killed
+# no row after --budget seconds (default 170; the table still comes out), and is killed
 # after LINK_LIMIT seconds (default 215), so that build + run stay under 4 minutes.
 #   scripts/own-gemm-link-gpu.sh [own_gemm_link options: --quick --iters N --bw GBPS
 #                                 --pieces P --me R --only ag|rs --dtype bf16|e4m3 --tp 8
