@@ -423,9 +423,11 @@ static double g_bw = 350.0;  // GB/s = bytes per ns
 static double g_budget = 170.0;  // seconds: rows not started by then are not run (the table still comes out)
 static const uint64_t TIMEOUT_NS = 2000000000ull;  // a pacer's wait for a ready word
 static bool g_copies_ok = true;  // device-to-device copies run on a copy engine (ce_check)
-// How the copy stream writes an AG block's copied word: with the default memory barrier,
-// or without it where the copy-engine check found that such a write waits for the SMs.
-static unsigned g_copied_write = CU_STREAM_WRITE_VALUE_DEFAULT;
+// How a stream writes a word the pacer waits on while other work runs (an AG block's
+// copied word on the copy stream, an RS chunk's ready word on the compute stream): with
+// the default memory barrier, or without it where the copy-engine check found that such a
+// write waits for the busy SMs (the work before it in its stream has ended either way).
+static unsigned g_signal_write = CU_STREAM_WRITE_VALUE_DEFAULT;
 static int g_pacer_smem = 0;     // the pacer's dynamic shared memory: all a CTA may have (its SM to itself)
 static bool g_pacer_alone = false;  // no CTA of any kernel fits beside it (shared memory left < a CTA's reserve)
 static int nvariants() { return g_copies_ok ? 2 : 1; }
@@ -670,7 +672,7 @@ struct Ctx {
       }
       // AG: the block is in B; the pacer writes its flag (after its scheduled arrival).
       if (!r.rs) {
-        write_value(g_copy, copied + i, e, g_copied_write);
+        write_value(g_copy, copied + i, e, g_signal_write);
         if (g_marks.on) g_marks.mark(g_copy, "copy: block " + std::to_string(blk) + " copied word written");
       }
     }
@@ -728,7 +730,7 @@ struct Ctx {
           if (!r.rs && idx > 0) wait_geq(g_comp, flags + blk, e);
           lt_chunk.run(A, (const char *)B + b_off(blk), (char *)Dc + d_off(blk), g_comp);
           if (g_marks.on) g_marks.mark(g_comp, "compute: chunk of block " + std::to_string(blk) + " ended");
-          if (r.rs) write_value(g_comp, ready + blk, e);
+          if (r.rs) write_value(g_comp, ready + blk, e, g_signal_write);
         }
       }
       if (copies && r.rs) enqueue_copies(cfg.kind, e);
@@ -892,9 +894,9 @@ static bool verify(Ctx &c, Kind kind, int copies, float rms) {
 // it. A step that needed an SM (a copy done by a kernel) or waited for the busy SMs (a
 // write whose barrier waits for them) takes most of the hold. Then the copies variant would
 // make the pacer time out (no longer deadlock: the pacer writes our kernel's flags); so:
-// (1)-(3) slow: copies variant skipped; only (4) slow: the copied words are written
-// without the barrier (the copy's completion still precedes the write in stream order; the
-// verification runs check the data bit for bit).
+// (1)-(3) slow: copies variant skipped; only (4) slow: the copied words (and RS chunks'
+// ready words) are written without the barrier (the work before still completes first in
+// stream order; the verification runs check the data bit for bit).
 static bool ce_check() {
   const size_t bytes = 64u << 20, piece = 8u << 20;
   void *a, *b;
@@ -938,13 +940,13 @@ static bool ce_check() {
   const float slow = 50.f;
   const bool copy_ok = t[0] < slow && t[1] < slow, nb_ok = t[2] < slow, def_ok = nb_ok && t[3] < slow;
   const bool ok = copy_ok && nb_ok;
-  g_copied_write = def_ok ? CU_STREAM_WRITE_VALUE_DEFAULT : CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER;
+  g_signal_write = def_ok ? CU_STREAM_WRITE_VALUE_DEFAULT : CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER;
   std::printf("copy-engine check (every SM held by a kernel on the compute stream): 64 MiB copy %.3f ms (%.0f GB/s), "
               "4 x 8 MiB pieces after waits %.3f ms, write without barrier %.3f ms, with barrier %.3f ms -> %s\n",
               t[0], bytes / (t[0] * 1e6), t[1], t[2], t[3],
               !copy_ok ? "the copies NEED SMs: copies variant skipped"
               : !nb_ok ? "a stream write waits for the SMs: copies variant skipped"
-              : !def_ok ? "the write's memory barrier waits for the SMs: copied words written without it"
+              : !def_ok ? "the write's memory barrier waits for the SMs: copied / ready words written without it"
                         : "copy engine, nothing waits for the SMs: the copies variant runs");
   for (auto &x : ev) CK(cudaEventDestroy(x));
   for (void *q : {a, b, (void *)w, (void *)st}) CK(cudaFree(q));
