@@ -1475,11 +1475,11 @@ int main(int argc, char **argv) {
       std::printf("own_gemm_link: needs a Hopper GPU (sm_90a); device 0 is %s (sm_%d%d)\n", p.name, p.major, p.minor);
       return 2;
     }
-    const char *conn = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+    const char *conn = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS"), *ml = std::getenv("CUDA_MODULE_LOADING");
     std::printf("device: %s, %d SMs, %zu KB shared memory per SM, %d copy engines; NVRTC for %s; "
-                "CUDA_DEVICE_MAX_CONNECTIONS=%s\n",
+                "CUDA_DEVICE_MAX_CONNECTIONS=%s, CUDA_MODULE_LOADING=%s\n",
                 p.name, g_sms, p.sharedMemPerMultiprocessor / 1024, p.asyncEngineCount, arch.c_str(),
-                conn ? conn : "(unset: 8)");
+                conn ? conn : "(unset: 8)", ml ? ml : "(unset: lazy)");
   }
   const auto gemm_cubin = nvrtc_compile(src, "gemm_sm90.cu", arch, defines, false);
   const auto help_cubin = nvrtc_compile(HELP_SRC, "own_gemm_link_help.cu", arch, {}, false);
