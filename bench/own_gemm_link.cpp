@@ -90,7 +90,7 @@
 // pieces per block, default 4), --me R (default 1), --group G (our tile-row groups,
 // default 8), --quick (one shape per op), --only ag|rs, --dtype bf16|e4m3|both, --tp LIST
 // (e.g. 8 or 4,8), --out FILE (the markdown table, also printed), --compile-only,
-// --define NAME=VALUE (a -D for our kernel), --budget SECONDS (default 170: no row starts
+// --define NAME=VALUE (a -D for our kernel), --budget SECONDS (default 150: no row starts
 // later; those rows are reported as not run).
 // A run that does not end (20 s for a verification run, 30 s for a row's timed runs) is a
 // hang: the program prints where it is stuck, without waiting on the device ('  hang:'
@@ -420,7 +420,7 @@ static uint32_t *g_gate_dev;
 static uint32_t g_gate_value = 0;
 static int g_iters = 30, g_warmup = 5, g_pieces = 4, g_me = 1, g_group = 8;
 static double g_bw = 350.0;  // GB/s = bytes per ns
-static double g_budget = 170.0;  // seconds: rows not started by then are not run (the table still comes out)
+static double g_budget = 150.0;  // seconds: rows not started by then are not run (the table still comes out)
 static const uint64_t TIMEOUT_NS = 2000000000ull;  // a pacer's wait for a ready word
 static bool g_copies_ok = true;  // device-to-device copies run on a copy engine (ce_check)
 // How a stream writes a word the pacer waits on while other work runs (an AG block's

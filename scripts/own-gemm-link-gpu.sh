@@ -7,8 +7,8 @@
 # real copy-engine copies), next to the GEMM alone, our kernel alone and the link alone;
 # every fused / chunked result checked. Method and columns: the header of
 # bench/own_gemm_link.cpp. Needs one Hopper GPU; about a minute. Limits: the program starts
-# no row after --budget seconds (default 170; the table still comes out), and is killed
-# after LINK_LIMIT seconds (default 215), so that build + run stay under 4 minutes.
+# no row after --budget seconds (default 150; the table still comes out), and is killed
+# after LINK_LIMIT seconds (default 200), so that build + run stay under 4 minutes.
 #   scripts/own-gemm-link-gpu.sh [own_gemm_link options: --quick --iters N --bw GBPS
 #                                 --pieces P --me R --only ag|rs --dtype bf16|e4m3 --tp 8
 #                                 --budget S ...]
@@ -51,7 +51,7 @@ echo "=== own_gemm_link $*" | tee -a "$log"
 # default) is plenty, set here so that an environment asking for fewer cannot serialize them.
 export CUDA_DEVICE_MAX_CONNECTIONS=8
 # The full log goes to the file; the console gets the per-row summaries, then the table.
-limit=${LINK_LIMIT:-215}
+limit=${LINK_LIMIT:-200}
 timeout -k 5 "$limit" "$out/own_gemm_link" --kernel "$root/kernels/gemm_sm90.cu" --out "$md" "$@" >>"$log" 2>&1
 rc=$?
 grep -aE '^(device:|pacer:|copy-engine|registers|link:|row |  Lt |  not timed|  beside|HANG|  hang:|  timeline|  pacer:|own_gemm_link:)|wrong|differ|timed out' "$log" |
