@@ -120,9 +120,10 @@ inline void launch(CUfunction f, unsigned gx, unsigned gy, unsigned bx, unsigned
 inline void wait_geq(cudaStream_t s, const uint32_t *p, uint32_t v) {
   CU(drv.StreamWaitValue32((CUstream)s, (CUdeviceptr)p, v, CU_STREAM_WAIT_VALUE_GEQ));
 }
-inline void write_value(cudaStream_t s, uint32_t *p, uint32_t v) {
-  // Default flags: a memory fence before the write (the work before it is visible first).
-  CU(drv.StreamWriteValue32((CUstream)s, (CUdeviceptr)p, v, CU_STREAM_WRITE_VALUE_DEFAULT));
+// Default flags: a memory fence before the write (the work before it is visible first);
+// CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER: none.
+inline void write_value(cudaStream_t s, uint32_t *p, uint32_t v, unsigned flags = CU_STREAM_WRITE_VALUE_DEFAULT) {
+  CU(drv.StreamWriteValue32((CUstream)s, (CUdeviceptr)p, v, flags));
 }
 
 // ---------------------------------------------------------------- NVRTC
@@ -293,14 +294,24 @@ struct Own {
 };
 
 // ---------------------------------------------------------------- bounded waits
-// Waits for stream s; still busy after `seconds`: prints HANG and ends the process with
-// status 1 (the driver tears the context down, so nothing keeps the GPU).
+// Called (if set) when a bounded wait gives up, before the process ends: a program's
+// diagnosis and whatever results it has (it must not wait on the device itself).
+inline void (*g_on_hang)(const char *what) = nullptr;
+
+// Waits for stream s; still busy after `seconds`: prints HANG, calls g_on_hang and ends
+// the process with status 1 (the driver tears the context down, so nothing keeps the GPU).
 inline void wait_stream(cudaStream_t s, const char *what, int seconds = 60) {
   const auto t0 = std::chrono::steady_clock::now();
   cudaError_t q;
   while ((q = cudaStreamQuery(s)) == cudaErrorNotReady) {
     if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(seconds)) {
       std::printf("HANG: %s still running after %d s\n", what, seconds);
+      std::fflush(stdout);
+      if (g_on_hang) {
+        void (*h)(const char *) = g_on_hang;
+        g_on_hang = nullptr;  // once
+        h(what);
+      }
       std::fflush(stdout);
       std::_Exit(1);
     }

@@ -22,13 +22,19 @@
 // (cudaMemcpyAsync, device to device) on a copy stream, each block in --pieces pieces
 // (default 4), piece c of a transfer started no earlier than its share of the schedule
 // (the copy stream waits, with cuStreamWaitValue32, on a word the pacer writes at that
-// time); an AG block's flag is written (cuStreamWriteValue32, after the copy) once its
-// copy has ended and its scheduled arrival has passed. RS copies go from D into a
-// separate receive buffer. The copies read and write this GPU's HBM (a real link only
-// writes it on AG / only reads it on RS), so they cost the GEMM more memory traffic than a
-// real link would. A start-up check times a device-to-device copy while every SM is held:
-// where such copies would need an SM (not a copy engine), the copies variant would
-// deadlock against our persistent kernel and is skipped (exit status 2).
+// time); after an AG block's last piece the copy stream writes the block's "copied" word
+// (cuStreamWriteValue32), and the pacer writes the block's flag (st.release.sys) once the
+// block's scheduled arrival has passed and it has seen that word. So every word our kernel
+// waits on is written by the resident pacer, which never waits without a timeout (2 s,
+// counted, the flag written anyway): whatever the copy stream does, our kernel cannot
+// wait for it forever. (The first H100 run hung in this variant's first fused run when
+// the copy stream itself wrote the flags; see the copy-engine check.) RS copies go from D
+// into a separate receive buffer. The copies read and write this GPU's HBM (a real link
+// only writes it on AG / only reads it on RS), so they cost the GEMM more memory traffic
+// than a real link would. A start-up check runs the copy stream's steps (waits, copies,
+// writes) while every SM is held by a kernel on the compute stream and times each: where
+// one of them needs an SM or waits for the busy SMs, the copies variant is skipped (exit
+// status 2), or (only the write's memory barrier) the copied words go without it.
 // Against the same schedule:
 // - fused: ONE launch of our kernel; AG: waits on the arrival flags, local block's tile
 //   rows first (n_tile_rot), flag_value an epoch that grows per iteration (no resets);
@@ -41,12 +47,19 @@
 // stream waits for that (cuStreamWaitValue32, untimed), so the pacer (1 warp) is resident
 // on an SM before any GEMM fills them and the schedule cannot be held up behind a GEMM.
 // Then the compute stream records the start event and writes a start word
-// (cuStreamWriteValue32) that the pacer spins on: t0 is when the pacer sees it; the GEMM
-// is launched right after. A probe per row checks that a GEMM CTA still fits beside the
-// pacer (our kernel: 168 registers x 384 threads leaves exactly one warp of 32 registers;
-// the pacer asks for the largest shared-memory carveout so that its SM need not change
-// configuration); if not, our kernel runs on SMs - 1 CTAs in the fused runs and cuBLASLt's
-// chunks get CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET = SMs - 1 (said in the row's notes).
+// (cuStreamWriteValue32) that the pacer polls: t0 is when the pacer sees it; the GEMM
+// is launched right after. The pacer's SM is its own: it is launched with all the shared
+// memory one CTA may have, which with the per-CTA reserve fills the SM, so no CTA of a GEMM
+// can land beside it (on the first H100 run a CTA of ours beside a spinning pacer was
+// slowed enough that our static persistent schedule took 1.7x as long). Whenever a pacer
+// is resident the GEMMs therefore get SMs - 1: our fused kernel runs on SMs - 1 CTAs, and
+// cuBLASLt's chunks get CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET = SMs - 1 (the same budget).
+// The pacer sleeps (nanosleep, halving towards each deadline; polls every ~0.25 us) rather
+// than spinning. A probe per row times both GEMMs alone on all SMs, alone on SMs - 1 and
+// beside a resident pacer: "blocked" (some CTA waited for the pacer's SM: not run) and
+// "slowed" (beside > 1.05x alone on all SMs) go to the row's notes. The bound below uses
+// the GEMM alone on ALL SMs, so the one SM the link emulation takes counts against fused
+// and chunked alike (about 1/SMs at most).
 // Timing: CUDA events on the compute stream, from the start event to the end of
 // everything of the iteration (the GEMM and, joined into the compute stream, the pacer
 // and the copies); the alone runs from an event just before their launch. For AG that is
@@ -57,8 +70,8 @@
 // that the host's enqueue speed never paces the GPU. Median over --iters iterations after
 // --warmup.
 //
-// Columns. Lt ms: cuBLASLt alone on the whole problem (no waits, no link). ours ms: our
-// kernel alone (no waits, full grid). link ms: the link schedule alone (pacer, and the
+// Columns. Lt ms: cuBLASLt alone on the whole problem (no waits, no link, all SMs). ours
+// ms: our kernel alone (no waits, full grid: all SMs). link ms: the link schedule alone (pacer, and the
 // copies in the copies variant; RS: every block ready at t0). bound = max(Lt, link).
 // fused ms / chunked ms: as above. fused/bound, chunked/bound: <= 1 is perfect overlap.
 // f vs c = chunked / fused (> 1: fused faster). ok: fused D equals our no-wait D bit for
@@ -77,12 +90,20 @@
 // pieces per block, default 4), --me R (default 1), --group G (our tile-row groups,
 // default 8), --quick (one shape per op), --only ag|rs, --dtype bf16|e4m3|both, --tp LIST
 // (e.g. 8 or 4,8), --out FILE (the markdown table, also printed), --compile-only,
-// --define NAME=VALUE (a -D for our kernel).
+// --define NAME=VALUE (a -D for our kernel), --budget SECONDS (default 150: no row starts
+// later; those rows are reported as not run).
+// A run that does not end (20 s for a verification run, 30 s for a row's timed runs) is a
+// hang: the program prints where it is stuck, without waiting on the device ('  hang:'
+// lines: which streams are busy; the pacer's progress from a host-mapped mirror of what it
+// wrote and read; for a verification run, which of its steps completed and when, from
+// events recorded after each; the flags / signal words, read by a copy on a stream of its
+// own if that completes within 2 s), then the table of the rows done so far, and exits 1.
 // Exit status: 0 every result right, 1 a wrong result, a hang or a pacer timeout, 2 a
 // setup error (or a row that could not run).
 #include "gemm90_host.hpp"
 
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <functional>
 
@@ -169,8 +190,9 @@ extern "C" __global__ void bitdiff(const u32 *a, const u32 *b, u64 words, u32 *c
 }
 )SRC";
 
-// The pacer and the gate: compiled with --maxrregcount=32 so that the pacer's one warp
-// (32 x 32 registers) fits beside a 168-register, 384-thread GEMM CTA on one SM.
+// The pacer and the gate: compiled with --maxrregcount=32 (one warp, no stack frame). The
+// pacer is launched with all the shared memory one CTA may have, so that its SM holds
+// nothing else (see the header); it sleeps (nanosleep) between its deadlines and polls.
 static const char *PACE_SRC = R"SRC(
 typedef unsigned int u32;
 typedef unsigned long long u64;
@@ -188,27 +210,43 @@ __device__ __forceinline__ u32 ld_acq(const u32 *p) {
 __device__ __forceinline__ u32 ld_acq_generic(const u32 *p) {
   u32 v; asm volatile("ld.acquire.sys.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory"); return v;
 }
-// Sleeps until the global timer reaches t; returns how late it woke (ns).
+// Sleeps until the global timer reaches t; returns how late it woke (ns). nanosleep(d)
+// sleeps anywhere in [0, 2 d] (PTX ISA), so each sleep is at most half of what is left
+// (never past t): a few halvings down to 2 us, then 128 ns naps (at most 256 ns), then
+// 32 ns naps for the last 256 ns. A deadline 100 us away costs ~30 wake-ups, not ~100.
 __device__ __forceinline__ u64 sleep_until(u64 t) {
   u64 now;
   while ((now = gtime()) < t) {
     const u64 left = t - now;
-    nsleep(left > 2000 ? 1000 : 100);
+    nsleep(left > 2048 ? (u32)(left > 2000000 ? 1000000 : left >> 1) : left > 256 ? 128u : 32u);
   }
   return now - t;
 }
+// Polls *p until it reaches e (wrap-around safe) or the timer passes dl; one acquire load
+// per ~0.25 us (128 ns naps). Returns the last value read; *ok: reached.
+__device__ __forceinline__ u32 wait_word(const u32 *p, u32 e, u64 dl, bool *ok) {
+  u32 v;
+  while ((int)((v = ld_acq(p)) - e) < 0) {
+    if (gtime() > dl) { *ok = false; return v; }
+    nsleep(128);
+  }
+  *ok = true;
+  return v;
+}
 
-// Mirrored by the host's PaceArgs (96 bytes). The order is packed so that nothing indexes
+// Mirrored by the host's PaceArgs (112 bytes). The order is packed so that nothing indexes
 // the parameters at run time (which would put a copy of them on the stack).
 struct PaceArgs {
-  u32 *flags;        // AG: arrival flags [tp]: [local] at the start; flags variant: remote ones too
+  u32 *flags;        // AG: arrival flags [tp]: [local] at the start, the others at their arrival
   const u32 *ready;  // RS: per-block ready words (our done signals / chunked writes), or null
   u32 *sig;          // [0] started, then go[nsend * pieces], due[nsend], fin
-  u32 *status;       // [0] timeouts, [1] largest lateness (ns, clamped), [3] hold CTAs started
+  u32 *status;       // [0] timeouts, [1] largest lateness (ns, clamped), [3] hold CTAs started, [4] copy wait
   const u32 *start;  // t0 is when this word reaches the epoch (written by the compute stream)
+  const u32 *copied; // AG copies: copied[i] reaches the epoch once block i (arrival order) is in B
+  u32 *mirror;       // host-mapped (or null): the pacer's progress, for a hang report (MIR_*)
   u64 block_ns;      // one block's link time
   u64 hold_ns;       // mode 2
-  u64 timeout_ns;    // per ready wait
+  u64 timeout_ns;    // per wait for a word (start, ready, copied)
   int mode;          // 0 AG, 1 RS, 2 hold (the co-residence probe)
   int nsend, pieces, copies, local;
   u32 epoch;
@@ -216,77 +254,124 @@ struct PaceArgs {
   u32 pad_;
 };
 
+// The mirror (host-mapped, read by the host when a run hangs; the host's MIR_* match).
+// PHASE = (what << 16) | index, written before each sleep of more than 2 us and before
+// each wait whose first poll fails, never between a deadline and the release store it
+// gates (a st.release.sys after a store to host memory would first wait for that store to
+// drain over PCIe). what: 1 waiting for the start word; 2 sleeping to go piece `index`
+// (pieces numbered over the whole iteration: that many go words are written); 3 AG:
+// sleeping to block `index`'s arrival (arrival order), RS: to transfer `index`'s start;
+// 4 AG copies: waiting for block `index`'s copied word (its due word written); 5 RS:
+// waiting for block `index`'s ready word (send order); 6 holding; 7 RS: sleeping to the
+// last transfer's end; 8 done.
+#define MIR_EPOCH 0     // the epoch of the latest launch (written first)
+#define MIR_PHASE 1
+#define MIR_LAST 2      // on a timeout: the last value read from the word waited on
+#define MIR_TIMEOUTS 3  // on a timeout: timeouts so far
+#define MIR_EXIT 4      // the epoch, once done
+#define MIR_WORDS 8
+__device__ __forceinline__ void mput(u32 *m, int i, u32 v) {
+  if (m) *(volatile u32 *)(m + i) = v;
+}
+__device__ __forceinline__ u64 sleep_to(u64 t, u32 *m, u32 phase) {
+  if (m && t > gtime() + 2000) mput(m, MIR_PHASE, phase);
+  return sleep_until(t);
+}
+// wait_word, the phase written only when the first poll fails.
+__device__ __forceinline__ bool wait_for(const u32 *p, u32 e, u64 timeout_ns, u32 *m, u32 phase) {
+  if ((int)(ld_acq(p) - e) >= 0) return true;
+  mput(m, MIR_PHASE, phase);
+  bool ok;
+  const u32 v = wait_word(p, e, gtime() + timeout_ns, &ok);
+  if (!ok) mput(m, MIR_LAST, v);
+  return ok;
+}
+
 extern "C" __global__ void link_pacer(const PaceArgs a) {
   if (threadIdx.x != 0) return;
   u64 t0 = gtime();
   const u64 T = a.block_ns;
   const int P = a.pieces > 0 ? a.pieces : 1;
   u32 *go = a.sig + 1, *due = a.sig + 1 + a.nsend * P, *fin = due + a.nsend;
+  u32 *const m = a.mirror;
   u64 late = 0;
   u32 timeouts = 0;
+  for (int i = 1; i < MIR_WORDS; ++i) mput(m, i, 0);
+  mput(m, MIR_EPOCH, a.epoch);
   if (a.mode == 2) {
     atomicAdd(a.status + 3, 1u);  // CTAs resident
     st_rel(a.sig, a.epoch);
+    mput(m, MIR_PHASE, 6u << 16);
     sleep_until(t0 + a.hold_ns);
+    mput(m, MIR_PHASE, 8u << 16);
+    mput(m, MIR_EXIT, a.epoch);
     return;
   }
   if (a.mode == 0 && a.flags) st_rel(a.flags + a.local, a.epoch);  // the local block is there
   st_rel(a.sig, a.epoch);                                           // resident
-  if (a.start) {
-    const u64 dl = gtime() + a.timeout_ns;
-    while ((int)(ld_acq(a.start) - a.epoch) < 0) {
-      if (gtime() > dl) { ++timeouts; break; }
-      nsleep(32);
-    }
-  }
+  if (a.start && !wait_for(a.start, a.epoch, a.timeout_ns, m, 1u << 16)) mput(m, MIR_TIMEOUTS, ++timeouts);
   t0 = gtime();
   if (a.mode == 0) {
+    bool dead = false;  // a copy never ended: later blocks are not waited for
+    u64 cwait = 0;      // the longest wait for a copy past its block's scheduled arrival
     for (int i = 0; i < a.nsend; ++i) {
       const u64 s = t0 + (u64)i * T;
       if (a.copies)
         for (int c = 0; c < P; ++c) {
           const u64 tc = s + (T * (u64)c) / (u64)P;
-          sleep_until(tc);
+          sleep_to(tc, m, (2u << 16) | (u32)(i * P + c));
           st_rel(go + i * P + c, a.epoch);
           const u64 l = gtime() - tc; late = l > late ? l : late;
         }
       const u64 e = s + T;
-      sleep_until(e);
-      if (a.copies) st_rel(due + i, a.epoch);
-      else st_rel(a.flags + ((a.order >> (4 * i)) & 15u), a.epoch);
+      sleep_to(e, m, (3u << 16) | (u32)i);
       const u64 l = gtime() - e; late = l > late ? l : late;
+      if (a.copies) {
+        st_rel(due + i, a.epoch);
+        // The block's flag once its copy has ended too (the copy stream writes copied[i]
+        // after the block's last piece). The flag is written even when the copy never ends
+        // (a timeout, counted): our kernel never waits on the copy stream, only on us.
+        if (!dead) {
+          if (!wait_for(a.copied + i, a.epoch, a.timeout_ns, m, (4u << 16) | (u32)i)) {
+            dead = true;
+            mput(m, MIR_TIMEOUTS, ++timeouts);
+          }
+          const u64 w = gtime() - e; cwait = w > cwait ? w : cwait;
+        }
+      }
+      st_rel(a.flags + ((a.order >> (4 * i)) & 15u), a.epoch);
     }
     st_rel(fin, a.epoch);
+    if (a.copies) atomicMax(a.status + 4, (u32)(cwait < 0xffffffffULL ? cwait : 0xffffffffULL));
   } else {
     u64 E = t0;  // the previous transfer's scheduled end
     bool dead = false;
     for (int s = 0; s < a.nsend; ++s) {
       const int j = (int)((a.order >> (4 * s)) & 15u);
-      if (a.ready && !dead) {
-        const u64 dl = gtime() + a.timeout_ns;
-        while ((int)(ld_acq(a.ready + j) - a.epoch) < 0) {
-          if (gtime() > dl) { dead = true; ++timeouts; break; }
-          nsleep(64);
-        }
+      if (a.ready && !dead && !wait_for(a.ready + j, a.epoch, a.timeout_ns, m, (5u << 16) | (u32)s)) {
+        dead = true;
+        mput(m, MIR_TIMEOUTS, ++timeouts);
       }
-      sleep_until(E);
+      sleep_to(E, m, (3u << 16) | (u32)s);
       const u64 S = gtime();
       if (a.copies)
         for (int c = 0; c < P; ++c) {
           const u64 tc = S + (T * (u64)c) / (u64)P;
-          sleep_until(tc);
+          sleep_to(tc, m, (2u << 16) | (u32)(s * P + c));
           st_rel(go + s * P + c, a.epoch);
           const u64 l = gtime() - tc; late = l > late ? l : late;
         }
       st_rel(due + s, a.epoch);
       E = S + T;
     }
-    sleep_until(E);
+    sleep_to(E, m, 7u << 16);
     st_rel(fin, a.epoch);
     const u64 l = gtime() - E; late = l > late ? l : late;
   }
   if (timeouts) atomicAdd(a.status, timeouts);
   atomicMax(a.status + 1, (u32)(late < 0xffffffffULL ? late : 0xffffffffULL));
+  mput(m, MIR_PHASE, 8u << 16);
+  mput(m, MIR_EXIT, a.epoch);
 }
 
 // Holds its stream until the host has written `value` (or more) into the mapped host word
@@ -308,13 +393,17 @@ struct PaceArgs {
   uint32_t *sig;
   uint32_t *status;
   const uint32_t *start;
+  const uint32_t *copied;
+  uint32_t *mirror;
   uint64_t block_ns, hold_ns, timeout_ns;
   int32_t mode, nsend, pieces, copies, local;
   uint32_t epoch;
   uint32_t order;  // 4 bits per entry
   uint32_t pad_;
 };
-static_assert(sizeof(PaceArgs) == 96, "PaceArgs mirrors the pacer's struct");
+static_assert(sizeof(PaceArgs) == 112, "PaceArgs mirrors the pacer's struct");
+// The pacer's mirror words (PACE_SRC's MIR_*).
+enum { MIR_EPOCH, MIR_PHASE, MIR_LAST, MIR_TIMEOUTS, MIR_EXIT, MIR_WORDS = 8 };
 
 struct Helpers {
   CUmodule help = nullptr, pace = nullptr;
@@ -325,15 +414,80 @@ static Helpers H;
 
 // ---------------------------------------------------------------- globals
 static cudaStream_t g_comp, g_prod, g_copy;  // compute, pacer, copy engine
-static uint32_t *g_status;                   // [0] pacer timeouts [1] lateness ns [2] gate timeouts
+static uint32_t *g_status;  // [0] pacer timeouts [1] lateness ns [2] gate timeouts [3] hold CTAs [4] copy wait ns
 static volatile uint32_t *g_gate_host;       // mapped pinned word the gate kernel reads
 static uint32_t *g_gate_dev;
 static uint32_t g_gate_value = 0;
 static int g_iters = 30, g_warmup = 5, g_pieces = 4, g_me = 1, g_group = 8;
 static double g_bw = 350.0;  // GB/s = bytes per ns
+static double g_budget = 150.0;  // seconds: rows not started by then are not run (the table still comes out)
 static const uint64_t TIMEOUT_NS = 2000000000ull;  // a pacer's wait for a ready word
 static bool g_copies_ok = true;  // device-to-device copies run on a copy engine (ce_check)
+// How a stream writes a word the pacer waits on while other work runs (an AG block's
+// copied word on the copy stream, an RS chunk's ready word on the compute stream): with
+// the default memory barrier, or without it where the copy-engine check found that such a
+// write waits for the busy SMs (the work before it in its stream has ended either way).
+static unsigned g_signal_write = CU_STREAM_WRITE_VALUE_DEFAULT;
+static int g_pacer_smem = 0;     // the pacer's dynamic shared memory: all a CTA may have (its SM to itself)
+static bool g_pacer_alone = false;  // no CTA of any kernel fits beside it (shared memory left < a CTA's reserve)
 static int nvariants() { return g_copies_ok ? 2 : 1; }
+// The hang report's means: the pacer's mirror (host-mapped, MIR_* words), a stream of its
+// own for best-effort reads of device words, and event marks through the verification
+// runs (below).
+static volatile uint32_t *g_mirror_host = nullptr;
+static uint32_t *g_mirror_dev = nullptr;
+static cudaStream_t g_diag;
+static std::vector<std::pair<uint32_t, std::string>> g_pacer_log;  // (epoch, configuration) per pacer launch
+
+// Events recorded on the three streams at each step of a verification run (off in the
+// timed runs), read without waiting: which steps have completed, and when (ms after the
+// first mark, "compute: pacer announced").
+struct Marks {
+  static const int N = 96;
+  cudaEvent_t ev[N];
+  std::string name[N];
+  int used = 0, dropped = 0;
+  bool on = false;
+  void create() {
+    for (auto &x : ev) CK(cudaEventCreate(&x));
+  }
+  void reset(bool enable) {
+    used = dropped = 0;
+    on = enable;
+  }
+  void mark(cudaStream_t s, const std::string &n) {
+    if (!on) return;
+    if (used >= N) {
+      ++dropped;
+      return;
+    }
+    CK(cudaEventRecord(ev[used], s));
+    name[used++] = n;
+  }
+  // State of mark i without waiting: "+x.xxx ms", "pending" or an error.
+  std::string state(int i) const {
+    const cudaError_t q = cudaEventQuery(ev[i]);
+    if (q == cudaErrorNotReady) return "PENDING";
+    if (q != cudaSuccess) return cudaGetErrorString(q);
+    float ms = 0;
+    if (cudaEventQuery(ev[0]) != cudaSuccess || cudaEventElapsedTime(&ms, ev[0], ev[i]) != cudaSuccess) return "done";
+    char b[32];
+    std::snprintf(b, sizeof b, "+%.3f ms", ms);
+    return b;
+  }
+  // One line per mark (hang report) or all on one line (a failed verification run).
+  void print(const char *prefix, bool one_line) const {
+    std::string l;
+    for (int i = 0; i < used; ++i) {
+      if (one_line) l += (i ? ", " : "") + name[i] + " " + state(i);
+      else std::printf("%s%-44s %s\n", prefix, name[i].c_str(), state(i).c_str());
+    }
+    if (one_line) std::printf("%s%s\n", prefix, l.c_str());
+    if (dropped) std::printf("%s(%d more marks not recorded)\n", prefix, dropped);
+  }
+};
+static Marks g_marks;
+static std::string g_stage;  // what the host waits for (a verification run), for the hang report
 
 static void fill_rand(void *p, size_t count, bool fp8, uint64_t seed, cudaStream_t s) {
   uint64_t c = count;
@@ -412,12 +566,12 @@ static Cmp compare_bits(const void *a, const void *b, size_t bytes) {
 }
 static float tol_of(bool fp8) { return fp8 ? 5e-2f : 1e-2f; }  // as bench/own_gemm.cpp, bf16 out
 
-static void read_status(uint32_t out[3]) {
-  CK(cudaMemcpyAsync(out, g_status, 3 * sizeof(uint32_t), cudaMemcpyDeviceToHost, g_comp));
+static void read_status(uint32_t out[5]) {
+  CK(cudaMemcpyAsync(out, g_status, 5 * sizeof(uint32_t), cudaMemcpyDeviceToHost, g_comp));
   wait_stream(g_comp, "status");
 }
 static void reset_status() {
-  CK(cudaMemsetAsync(g_status, 0, 4 * sizeof(uint32_t), g_comp));
+  CK(cudaMemsetAsync(g_status, 0, 8 * sizeof(uint32_t), g_comp));
   wait_stream(g_comp, "status reset");
 }
 
@@ -438,7 +592,7 @@ struct Row {
   float link_ms[2] = {0, 0}, fused_ms[2] = {0, 0}, chunk_ms[2] = {0, 0};
   bool fused_ok[2] = {false, false}, chunk_ok[2] = {false, false};
   bool own_ok = false;  // our no-wait D vs cuBLASLt's
-  bool ran = false, timed = false;
+  bool ran = false, timed = false, hung = false;
   float late_us = 0;
   std::string notes;
   bool ok() const {
@@ -452,7 +606,7 @@ struct Ctx {
   void *A = nullptr, *B = nullptr, *Bsrc = nullptr, *Down = nullptr, *Dlt = nullptr, *Df = nullptr, *Dc = nullptr,
        *recv = nullptr;
   float *si = nullptr;
-  uint32_t *flags = nullptr, *ready = nullptr, *done = nullptr, *sig = nullptr;
+  uint32_t *flags = nullptr, *ready = nullptr, *done = nullptr, *sig = nullptr, *copied = nullptr;
   Own own_plain, own_fused;
   LtPlan lt_whole, lt_chunk;
   std::array<int, 8> order{};  // arrival / send order
@@ -474,6 +628,8 @@ struct Ctx {
     p.sig = sig;
     p.status = g_status;
     p.start = mode == 2 ? nullptr : start();
+    p.copied = copied;
+    p.mirror = g_mirror_dev;
     p.block_ns = (uint64_t)std::llround(r.block_bytes / g_bw);
     p.hold_ns = 100000000ull;  // the probe: 100 ms
     p.timeout_ns = TIMEOUT_NS;
@@ -504,18 +660,26 @@ struct Ctx {
         if (!r.rs) {
           const size_t off = b_off(blk) + (size_t)row0 * r.k * es, bytes = (size_t)(row1 - row0) * r.k * es;
           CK(cudaMemcpyAsync((char *)B + off, (const char *)Bsrc + off, bytes, cudaMemcpyDeviceToDevice, g_copy));
+          if (g_marks.on)
+            g_marks.mark(g_copy, "copy: block " + std::to_string(blk) + " piece " + std::to_string(c) + " copied");
         } else {
           const void *src = kind == FUSED ? Df : kind == CHUNKED ? Dc : Down;
           const size_t off = d_off(blk) + (size_t)row0 * r.m * os, bytes = (size_t)(row1 - row0) * r.m * os;
           CK(cudaMemcpyAsync((char *)recv + off, (const char *)src + off, bytes, cudaMemcpyDeviceToDevice, g_copy));
+          if (g_marks.on)
+            g_marks.mark(g_copy, "copy: block " + std::to_string(blk) + " piece " + std::to_string(c) + " delivered");
         }
       }
+      // AG: the block is in B; the pacer writes its flag (after its scheduled arrival).
       if (!r.rs) {
-        wait_geq(g_copy, due() + i, e);
-        write_value(g_copy, flags + blk, e);
+        write_value(g_copy, copied + i, e, g_signal_write);
+        if (g_marks.on) g_marks.mark(g_copy, "copy: block " + std::to_string(blk) + " copied word written");
       }
     }
-    if (r.rs) wait_geq(g_copy, fin(), e);
+    if (r.rs) {
+      wait_geq(g_copy, fin(), e);
+      if (g_marks.on) g_marks.mark(g_copy, "copy: the pacer's fin seen");
+    }
   }
 
   // One iteration of a configuration with epoch e, between events e0 and e1 on the compute
@@ -537,13 +701,18 @@ struct Ctx {
       if (r.rs && cfg.kind == FUSED) rdy = done;
       if (r.rs && cfg.kind == CHUNKED) rdy = ready;
       PaceArgs p = pace(r.rs ? 1 : 0, copies, rdy, e);
-      launch(H.pacer, 1, 1, 32, 1, 0, g_prod, {&p});
+      launch(H.pacer, 1, 1, 32, 1, (unsigned)g_pacer_smem, g_prod, {&p});
+      if (g_pacer_log.size() < 4096)
+        g_pacer_log.push_back({e, std::string(cfg.kind == LINK ? "link alone" : cfg.kind == FUSED ? "fused" : "chunked") +
+                                      (copies ? " (copies)" : " (flags)")});
       // Untimed: the pacer is resident (on an SM before the GEMM fills them). Then the
       // start event, and the start word that the pacer takes as t0; the GEMM right after
       // (in GPU time: a gate holds the timed iterations until all are enqueued).
       wait_geq(g_comp, sig, e);
+      g_marks.mark(g_comp, "compute: pacer announced");
       if (e0) CK(cudaEventRecord(e0, g_comp));
       write_value(g_comp, start(), e);
+      g_marks.mark(g_comp, "compute: start word written");
       // Enqueue order: what is waited on first (AG: the copies, which write the flags the
       // GEMM waits on; RS: the GEMM, whose signals the copies wait on through the pacer),
       // so that even streams sharing one hardware queue would only serialize, never wait
@@ -553,16 +722,19 @@ struct Ctx {
         if (r.rs) own_fused.done_value = e;
         else own_fused.flag_value = e;
         own_fused.run(g_comp);
+        g_marks.mark(g_comp, "compute: our kernel ended");
       } else if (cfg.kind == CHUNKED) {
         for (int idx = 0; idx < r.tp; ++idx) {
           // AG: local block first, then in arrival order; RS: send order, local last.
           const int blk = r.rs ? (g_me + 1 + idx) % r.tp : (g_me + idx) % r.tp;
           if (!r.rs && idx > 0) wait_geq(g_comp, flags + blk, e);
           lt_chunk.run(A, (const char *)B + b_off(blk), (char *)Dc + d_off(blk), g_comp);
-          if (r.rs) write_value(g_comp, ready + blk, e);
+          if (g_marks.on) g_marks.mark(g_comp, "compute: chunk of block " + std::to_string(blk) + " ended");
+          if (r.rs) write_value(g_comp, ready + blk, e, g_signal_write);
         }
       }
       if (copies && r.rs) enqueue_copies(cfg.kind, e);
+      g_marks.mark(g_prod, "pacer: kernel ended");
       CK(cudaEventRecord(join_prod, g_prod));
       CK(cudaStreamWaitEvent(g_comp, join_prod, 0));
       if (copies) {
@@ -571,45 +743,86 @@ struct Ctx {
       }
     }
     if (e1) CK(cudaEventRecord(e1, g_comp));
+    g_marks.mark(g_comp, "compute: iteration ended (joins)");
   }
 
-  // Runs fn on the compute stream while a pacer (hold mode, 100 ms) sits on an SM; returns
-  // fn's time in ms (about 100 or more: some CTA of fn could not share the pacer's SM).
-  float probe(const std::function<void(cudaStream_t)> &fn) {
-    cudaEvent_t a, b;
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
-    const uint32_t e = ++epoch;
-    PaceArgs p = pace(2, false, nullptr, e);
-    launch(H.pacer, 1, 1, 32, 1, 0, g_prod, {&p});
-    wait_geq(g_comp, sig, e);
-    CK(cudaEventRecord(a, g_comp));
-    fn(g_comp);
-    CK(cudaEventRecord(b, g_comp));
-    sync_all("co-residence probe", 20);
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    CK(cudaEventDestroy(a));
-    CK(cudaEventDestroy(b));
-    return ms;
-  }
-  float alone_once(const std::function<void(cudaStream_t)> &fn) {
-    cudaEvent_t a, b;
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
-    CK(cudaEventRecord(a, g_comp));
-    fn(g_comp);
-    CK(cudaEventRecord(b, g_comp));
-    wait_stream(g_comp, "alone run", 20);
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    CK(cudaEventDestroy(a));
-    CK(cudaEventDestroy(b));
-    return ms;
+  // Runs fn `reps` times back to back on the compute stream while a pacer (hold mode,
+  // 100 ms) sits on its SM (beside = true), or alone; returns fn's shortest time in ms, and
+  // in *longest its longest (beside: about 100 or more when some CTA of fn waited for the
+  // pacer's SM; the runs after the hold would not show it).
+  float timed(const std::function<void(cudaStream_t)> &fn, bool beside, float *longest = nullptr, int reps = 3) {
+    std::vector<cudaEvent_t> ev((size_t)reps + 1);
+    for (auto &x : ev) CK(cudaEventCreate(&x));
+    if (beside) {
+      const uint32_t e = ++epoch;
+      PaceArgs p = pace(2, false, nullptr, e);
+      launch(H.pacer, 1, 1, 32, 1, (unsigned)g_pacer_smem, g_prod, {&p});
+      wait_geq(g_comp, sig, e);
+    }
+    CK(cudaEventRecord(ev[0], g_comp));
+    for (int i = 0; i < reps; ++i) {
+      fn(g_comp);
+      CK(cudaEventRecord(ev[(size_t)i + 1], g_comp));
+    }
+    sync_all(beside ? "co-residence probe" : "alone run", 20);
+    float best = 1e30f, worst = 0;
+    for (int i = 0; i < reps; ++i) {
+      float ms = 0;
+      CK(cudaEventElapsedTime(&ms, ev[(size_t)i], ev[(size_t)i + 1]));
+      best = std::min(best, ms);
+      worst = std::max(worst, ms);
+    }
+    for (auto &x : ev) CK(cudaEventDestroy(x));
+    if (longest) *longest = worst;
+    return best;
   }
 };
 
 static const float PROBE_BLOCKED_MS = 50.f;  // the hold is 100 ms; our GEMMs take < 10 ms
+static const float PROBE_SLOWED = 1.05f;     // beside the pacer (SMs - 1) vs alone on all SMs
+
+// The pacer's mirror, decoded (host-mapped: read without the device). P: pieces per block.
+static void print_mirror(const char *prefix) {
+  if (!g_mirror_host) return;
+  uint32_t m[MIR_WORDS];
+  for (int i = 0; i < MIR_WORDS; ++i) m[i] = g_mirror_host[i];
+  const uint32_t what = m[MIR_PHASE] >> 16, idx = m[MIR_PHASE] & 0xffff;
+  const int P = g_pieces;
+  std::string cfg = "?";
+  for (auto it = g_pacer_log.rbegin(); it != g_pacer_log.rend(); ++it)
+    if (it->first == m[MIR_EPOCH]) {
+      cfg = it->second;
+      break;
+    }
+  char ph[200];
+  switch (what) {
+    case 0: std::snprintf(ph, sizeof ph, "started (no wait or sleep of its own so far)"); break;
+    case 1: std::snprintf(ph, sizeof ph, "WAITING FOR THE START WORD (the compute stream writes it)"); break;
+    case 2:
+      std::snprintf(ph, sizeof ph, "sleeping to go piece %u (block #%u piece %u; %u go words written)", idx, idx / P,
+                    idx % P, idx);
+      break;
+    case 3:
+      std::snprintf(ph, sizeof ph, "sleeping to the scheduled arrival (AG) / transfer start (RS) of block #%u", idx);
+      break;
+    case 4:
+      std::snprintf(ph, sizeof ph,
+                    "WAITING FOR THE COPIED WORD of block #%u (arrival order; the copy stream writes it after the "
+                    "block's last piece; %u remote flags written before it)",
+                    idx, idx);
+      break;
+    case 5:
+      std::snprintf(ph, sizeof ph, "WAITING FOR THE READY WORD of block #%u (send order: our done signal / chunk)",
+                    idx);
+      break;
+    case 6: std::snprintf(ph, sizeof ph, "holding (probe)"); break;
+    case 7: std::snprintf(ph, sizeof ph, "sleeping to the last transfer's end"); break;
+    case 8: std::snprintf(ph, sizeof ph, "done"); break;
+    default: std::snprintf(ph, sizeof ph, "? (%u)", m[MIR_PHASE]);
+  }
+  std::printf("%slatest launch: epoch %u (%s); %s; timeouts %u (last value read %u); exit epoch %u\n", prefix,
+              m[MIR_EPOCH], cfg.c_str(), ph, m[MIR_TIMEOUTS], m[MIR_LAST], m[MIR_EXIT]);
+}
 
 // One verification run of the fused or chunked configuration: inputs / outputs poisoned
 // first, then the result checked. Returns true when right.
@@ -624,14 +837,20 @@ static bool verify(Ctx &c, Kind kind, int copies, float rms) {
   if (r.rs && copies) poison(c.recv, c.d_bytes(), false, g_comp);
   wait_stream(g_comp, "poison");
   reset_status();
-  c.enqueue({kind, copies}, ++c.epoch, nullptr, nullptr);
   char what[96];
   std::snprintf(what, sizeof what, "%s (%s) verification run", kname, vname);
+  g_stage = what;
+  g_marks.reset(true);
+  c.enqueue({kind, copies}, ++c.epoch, nullptr, nullptr);
+  g_marks.on = false;
   sync_all(what, 20);
-  uint32_t st[3];
+  uint32_t st[5];
   read_status(st);
   bool ok = st[0] == 0;
-  if (st[0]) std::printf("  %s: the pacer timed out waiting %u time(s)\n", what, st[0]);
+  if (st[0]) {
+    std::printf("  %s: the pacer timed out waiting %u time(s)\n", what, st[0]);
+    print_mirror("  pacer: ");
+  }
   Cmp m;
   if (kind == FUSED) {
     m = compare_bits(D, c.Down, c.d_bytes());
@@ -653,53 +872,84 @@ static bool verify(Ctx &c, Kind kind, int copies, float rms) {
       if (b.bad) std::printf("  %s: delivered block %d differs from D in %u words\n", what, blk, b.bad);
       ok &= b.bad == 0;
     }
+  // The steps' times: on a failure, and once (the first copies run) for the record.
+  static bool shown = false;
+  if (!ok || (copies && !shown)) {
+    shown = shown || copies;
+    std::printf("  timeline of the %s (ms after the pacer announced itself):\n", what);
+    g_marks.print("  timeline: ", true);
+  }
+  g_marks.reset(false);
+  g_stage.clear();
   return ok;
 }
 
-// Do device-to-device copies run on a copy engine here (no SM needed)? A copy issued while
-// every SM holds a 100 ms kernel CTA with all the shared memory a CTA may have must end
-// long before that kernel. If it cannot, the copies variant would deadlock against our
-// persistent kernel (its CTAs wait for flags that only the copies' ends release): skipped.
+// Can the copy stream do its part of the copies variant while every SM is busy? A hold
+// kernel (the pacer in hold mode, 100 ms: one CTA per SM, each with all the shared memory a
+// CTA may have, so nothing else fits anywhere) runs on the COMPUTE stream, where our fused
+// kernel runs; meanwhile the copy stream does what it does in an iteration, each step timed
+// with events: (1) a 64 MiB device-to-device copy after a cuStreamWaitValue32 on a word the
+// hold CTAs wrote, (2) four 8 MiB pieces at offsets, each after a (satisfied)
+// cuStreamWaitValue32, (3) a cuStreamWriteValue32 without the memory barrier, (4) one with
+// it. A step that needed an SM (a copy done by a kernel) or waited for the busy SMs (a
+// write whose barrier waits for them) takes most of the hold. Then the copies variant would
+// make the pacer time out (no longer deadlock: the pacer writes our kernel's flags); so:
+// (1)-(3) slow: copies variant skipped; only (4) slow: the copied words (and RS chunks'
+// ready words) are written without the barrier (the work before still completes first in
+// stream order; the verification runs check the data bit for bit).
 static bool ce_check() {
-  int optin = 0;
-  CK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
-  CU(drv.FuncSetAttribute(H.pacer, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, optin));
-  const size_t bytes = 64u << 20;
+  const size_t bytes = 64u << 20, piece = 8u << 20;
   void *a, *b;
-  uint32_t *sig, *st;
+  uint32_t *w, *st;
   CK(cudaMalloc(&a, bytes));
   CK(cudaMalloc(&b, bytes));
-  CK(cudaMalloc(&sig, 64 * sizeof(uint32_t)));
-  CK(cudaMalloc(&st, 4 * sizeof(uint32_t)));
-  fill_words(sig, 64 * sizeof(uint32_t), 0, g_comp);
-  fill_words(st, 4 * sizeof(uint32_t), 0, g_comp);
+  CK(cudaMalloc(&w, 64 * sizeof(uint32_t)));
+  CK(cudaMalloc(&st, 8 * sizeof(uint32_t)));
+  fill_words(w, 64 * sizeof(uint32_t), 0, g_comp);
+  fill_words(w, sizeof(uint32_t), 1, g_comp);  // w[0] = 1: the pieces' waits pass
+  fill_words(st, 8 * sizeof(uint32_t), 0, g_comp);
   fill_words(a, bytes, 0x3f803f80u, g_comp);
   wait_stream(g_comp, "copy-engine check setup");
   PaceArgs p;
   std::memset(&p, 0, sizeof p);
-  p.sig = sig;
+  p.sig = w + 32;
   p.status = st;
   p.hold_ns = 100000000ull;
   p.mode = 2;
   p.epoch = 1;
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  launch(H.pacer, (unsigned)g_sms, 1, 32, 1, (unsigned)optin, g_prod, {&p});
+  cudaEvent_t ev[5];
+  for (auto &x : ev) CK(cudaEventCreate(&x));
+  launch(H.pacer, (unsigned)g_sms, 1, 32, 1, (unsigned)g_pacer_smem, g_comp, {&p});
   wait_geq(g_copy, st + 3, (uint32_t)g_sms);  // every SM holds one
-  CK(cudaEventRecord(e0, g_copy));
+  CK(cudaEventRecord(ev[0], g_copy));
   CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, g_copy));
-  CK(cudaEventRecord(e1, g_copy));
+  CK(cudaEventRecord(ev[1], g_copy));
+  for (size_t c = 0; c < 4; ++c) {
+    const size_t off = 4096 + c * (piece + 4096);
+    wait_geq(g_copy, w, 1);
+    CK(cudaMemcpyAsync((char *)b + off, (const char *)a + off, piece, cudaMemcpyDeviceToDevice, g_copy));
+  }
+  CK(cudaEventRecord(ev[2], g_copy));
+  write_value(g_copy, w + 1, 1, CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER);
+  CK(cudaEventRecord(ev[3], g_copy));
+  write_value(g_copy, w + 2, 1, CU_STREAM_WRITE_VALUE_DEFAULT);
+  CK(cudaEventRecord(ev[4], g_copy));
   sync_all("copy-engine check", 20);
-  float ms = 0;
-  CK(cudaEventElapsedTime(&ms, e0, e1));
-  const bool ok = ms < 50.f;
-  std::printf("copy-engine check: a 64 MiB device-to-device copy while every SM is held took %.3f ms (%.0f GB/s) -> "
-              "%s\n",
-              ms, bytes / (ms * 1e6), ok ? "copy engine, the copies variant runs" : "NEEDS SMs: copies variant skipped");
-  CK(cudaEventDestroy(e0));
-  CK(cudaEventDestroy(e1));
-  for (void *q : {a, b, (void *)sig, (void *)st}) CK(cudaFree(q));
+  float t[4];
+  for (int i = 0; i < 4; ++i) CK(cudaEventElapsedTime(&t[i], ev[i], ev[i + 1]));
+  const float slow = 50.f;
+  const bool copy_ok = t[0] < slow && t[1] < slow, nb_ok = t[2] < slow, def_ok = nb_ok && t[3] < slow;
+  const bool ok = copy_ok && nb_ok;
+  g_signal_write = def_ok ? CU_STREAM_WRITE_VALUE_DEFAULT : CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER;
+  std::printf("copy-engine check (every SM held by a kernel on the compute stream): 64 MiB copy %.3f ms (%.0f GB/s), "
+              "4 x 8 MiB pieces after waits %.3f ms, write without barrier %.3f ms, with barrier %.3f ms -> %s\n",
+              t[0], bytes / (t[0] * 1e6), t[1], t[2], t[3],
+              !copy_ok ? "the copies NEED SMs: copies variant skipped"
+              : !nb_ok ? "a stream write waits for the SMs: copies variant skipped"
+              : !def_ok ? "the write's memory barrier waits for the SMs: copied / ready words written without it"
+                        : "copy engine, nothing waits for the SMs: the copies variant runs");
+  for (auto &x : ev) CK(cudaEventDestroy(x));
+  for (void *q : {a, b, (void *)w, (void *)st}) CK(cudaFree(q));
   return ok;
 }
 
@@ -709,8 +959,14 @@ static float median(std::vector<float> v) {
   return v[v.size() / 2];
 }
 
+static Ctx *g_cur = nullptr;  // the row being run, for the hang report
+static Row *g_cur_row = nullptr;
+
 static void run_row(Row &r, cublasLtHandle_t lth, void *ws, size_t wsz) {
   Ctx c(r);
+  g_cur = &c;
+  g_cur_row = &r;
+  g_pacer_log.clear();
   c.es = r.fp8 ? 1 : 2;
   c.os = 2;
   if (r.rs) {
@@ -742,6 +998,7 @@ static void run_row(Row &r, cublasLtHandle_t lth, void *ws, size_t wsz) {
   CK(cudaMalloc(&c.flags, 64 * sizeof(uint32_t)));
   CK(cudaMalloc(&c.ready, 64 * sizeof(uint32_t)));
   CK(cudaMalloc(&c.done, 64 * sizeof(uint32_t)));
+  CK(cudaMalloc(&c.copied, 64 * sizeof(uint32_t)));
   CK(cudaMalloc(&c.sig, 1024 * sizeof(uint32_t)));
   CK(cudaEventCreateWithFlags(&c.join_prod, cudaEventDisableTiming));
   CK(cudaEventCreateWithFlags(&c.join_copy, cudaEventDisableTiming));
@@ -750,7 +1007,7 @@ static void run_row(Row &r, cublasLtHandle_t lth, void *ws, size_t wsz) {
   if (!r.rs) CK(cudaMemcpyAsync(c.Bsrc, c.B, b_bytes, cudaMemcpyDeviceToDevice, g_comp));
   for (void *p : {c.Down, c.Dlt, c.Df, c.Dc}) poison(p, c.d_bytes(), false, g_comp);
   if (r.rs) poison(c.recv, c.d_bytes(), false, g_comp);
-  for (uint32_t *p : {c.flags, c.ready, c.done}) fill_words(p, 64 * sizeof(uint32_t), 0, g_comp);
+  for (uint32_t *p : {c.flags, c.ready, c.done, c.copied}) fill_words(p, 64 * sizeof(uint32_t), 0, g_comp);
   fill_words(c.sig, 1024 * sizeof(uint32_t), 0, g_comp);
   // e4m3: the scale_invs 256 bytes apart, as separate tensors would be.
   const float hsi[2] = {r.fp8 ? 0.5f : 1.f, r.fp8 ? 0.25f : 1.f};
@@ -761,7 +1018,7 @@ static void run_row(Row &r, cublasLtHandle_t lth, void *ws, size_t wsz) {
   auto cleanup = [&]() {
     sync_all("row cleanup");
     for (void *p : {c.A, c.B, c.Bsrc, c.Down, c.Dlt, c.Df, c.Dc, c.recv, (void *)c.si, (void *)c.flags,
-                    (void *)c.ready, (void *)c.done, (void *)c.sig})
+                    (void *)c.ready, (void *)c.done, (void *)c.sig, (void *)c.copied})
       if (p) CK(cudaFree(p));
     CK(cudaEventDestroy(c.join_prod));
     CK(cudaEventDestroy(c.join_copy));
@@ -811,12 +1068,22 @@ static void run_row(Row &r, cublasLtHandle_t lth, void *ws, size_t wsz) {
     return;
   }
   wait_stream(g_comp, "cuBLASLt whole", 20);
-  auto setup_chunk = [&](int target) {
-    return c.lt_chunk.setup(lth, ws, wsz, r.fp8, false, r.m, r.rows_blk, r.k, c.si, c.si + 64, target) &&
-           c.lt_chunk.first_run(c.A, c.B, c.Dc, g_comp);
+  auto setup_chunk = [&](LtPlan &plan, int target) {
+    return plan.setup(lth, ws, wsz, r.fp8, false, r.m, r.rows_blk, r.k, c.si, c.si + 64, target) &&
+           plan.first_run(c.A, c.B, c.Dc, g_comp);
   };
-  if (!setup_chunk(0)) {
+  // Chunks planned for all SMs (only to time them alone) and for SMs - 1 (the chunked
+  // runs: the pacer has an SM to itself; the same budget as our fused kernel).
+  LtPlan lt_chunk_all;
+  if (!setup_chunk(lt_chunk_all, 0)) {
     r.notes = "cuBLASLt: no algorithm runs a chunk";
+    lt_chunk_all.release();
+    cleanup();
+    return;
+  }
+  if (!setup_chunk(c.lt_chunk, g_sms - 1)) {
+    lt_chunk_all.release();
+    r.notes = "cuBLASLt: no algorithm runs a chunk with SM count target " + std::to_string(g_sms - 1);
     cleanup();
     return;
   }
@@ -829,44 +1096,60 @@ static void run_row(Row &r, cublasLtHandle_t lth, void *ws, size_t wsz) {
       std::printf("  our no-wait D vs cuBLASLt: %u bad (%u not finite), max e %.3g\n", m.bad, m.nonfinite, m.emax);
   }
 
-  // Co-residence with the pacer (see the header).
+  // The GEMMs beside a resident pacer (see the header): ours on SMs - 1 CTAs and cuBLASLt's
+  // chunks with SM count target SMs - 1, each timed alone on all SMs, alone on SMs - 1 and
+  // beside the pacer. "blocked": beside took the pacer's whole hold (some CTA waited for
+  // its SM); "slowed": beside > 1.05x alone on all SMs (the cost of the budget and of the
+  // pacer, which the bound, taken on all SMs, does not pay).
   {
-    auto own_fn = [&](cudaStream_t s) { c.own_plain.run(s); };
-    auto chunks_fn = [&](cudaStream_t s) {
-      for (int b = 0; b < r.tp; ++b) c.lt_chunk.run(c.A, (char *)c.B + c.b_off(b), (char *)c.Dc + c.d_off(b), s);
+    const int budget = g_sms - 1;
+    c.own_fused.grid = budget;
+    r.grid_fused = c.own_fused.grid_used();
+    auto own_fn = [&](int grid) {
+      return [&c, grid](cudaStream_t s) {
+        Own o = c.own_plain;
+        o.grid = grid;
+        o.run(s);
+      };
     };
-    const float own_alone = c.alone_once(own_fn), own_beside = c.probe(own_fn);
-    r.grid_fused = c.own_plain.grid_used();
-    if (own_beside > PROBE_BLOCKED_MS) {
-      c.own_fused.grid = g_sms - 1;
-      c.own_plain.grid = g_sms - 1;
-      const float again = c.probe(own_fn);
-      c.own_plain.grid = 0;
-      r.grid_fused = c.own_fused.grid_used();
-      r.notes += "ours: no room beside the pacer, fused on " + std::to_string(r.grid_fused) + " CTAs; ";
-      if (again > PROBE_BLOCKED_MS) {
-        std::printf("  our kernel on %d CTAs still waits for the pacer's SM (%.1f ms)\n", g_sms - 1, again);
-        r.notes += "still blocked: not run; ";
-        cleanup();
-        return;
-      }
+    auto chunks_fn = [&](LtPlan &plan) {
+      return [&c, &r, &plan](cudaStream_t s) {
+        for (int b = 0; b < r.tp; ++b) plan.run(c.A, (char *)c.B + c.b_off(b), (char *)c.Dc + c.d_off(b), s);
+      };
+    };
+    // Shortest of 3 runs each; beside: blocked if the longest took the hold.
+    float own_max = 0, lt_max = 0;
+    const float own_all = c.timed(own_fn(0), false), own_bud = c.timed(own_fn(budget), false),
+                own_bes = c.timed(own_fn(budget), true, &own_max);
+    const float lt_all = c.timed(chunks_fn(lt_chunk_all), false), lt_bud = c.timed(chunks_fn(c.lt_chunk), false),
+                lt_bes = c.timed(chunks_fn(c.lt_chunk), true, &lt_max);
+    lt_chunk_all.release();
+    const bool own_blocked = own_max > PROBE_BLOCKED_MS, lt_blocked = lt_max > PROBE_BLOCKED_MS;
+    auto verdict = [](bool blocked, float bes, float all) {
+      return blocked ? "BLOCKED" : bes > PROBE_SLOWED * all ? "slowed" : "ok";
+    };
+    std::printf("  beside a resident pacer (its own SM; GEMMs on %d SMs): ours %.3f ms (alone: %.3f on %d SMs, %.3f "
+                "on %d; %.3fx) %s, cuBLASLt chunks %.3f ms (alone: %.3f, %.3f; %.3fx) %s\n",
+                budget, own_bes, own_all, g_sms, own_bud, budget, own_bes / own_all, verdict(own_blocked, own_bes, own_all),
+                lt_bes, lt_all, lt_bud, lt_bes / lt_all, verdict(lt_blocked, lt_bes, lt_all));
+    char nb[192];
+    if (own_blocked || own_bes > PROBE_SLOWED * own_all) {
+      std::snprintf(nb, sizeof nb, "ours %s beside the pacer: %.3fx alone on all SMs (%.3fx on %d alone); ",
+                    verdict(own_blocked, own_bes, own_all), own_bes / own_all, own_bes / own_bud, budget);
+      r.notes += nb;
     }
-    const float lt_alone = c.alone_once(chunks_fn), lt_beside = c.probe(chunks_fn);
-    float lt_again = 0;
-    if (lt_beside > PROBE_BLOCKED_MS) {
-      if (!setup_chunk(g_sms - 1)) {
-        r.notes = "cuBLASLt: no algorithm runs a chunk on SMs - 1";
-        cleanup();
-        return;
-      }
-      wait_stream(g_comp, "cuBLASLt chunk (SM target)", 20);
-      lt_again = c.probe(chunks_fn);
-      r.notes += "cuBLASLt chunks: no room beside the pacer, SM count target " + std::to_string(g_sms - 1) +
-                 (lt_again > PROBE_BLOCKED_MS ? " (still blocked: chunked is penalized)" : "") + "; ";
+    if (lt_blocked || lt_bes > PROBE_SLOWED * lt_all) {
+      std::snprintf(nb, sizeof nb, "chunks %s beside the pacer: %.3fx alone on all SMs (%.3fx on %d alone)%s; ",
+                    verdict(lt_blocked, lt_bes, lt_all), lt_bes / lt_all, lt_bes / lt_bud, budget,
+                    lt_blocked ? ": chunked is penalized" : "");
+      r.notes += nb;
     }
-    std::printf("  beside a resident pacer: ours %.3f ms (alone %.3f), cuBLASLt chunks %.3f ms (alone %.3f)%s\n",
-                own_beside, own_alone, lt_beside, lt_alone,
-                lt_again > 0 ? (" then " + std::to_string(lt_again) + " ms with the SM target").c_str() : "");
+    if (own_blocked) {
+      std::printf("  our kernel on %d CTAs waits for the pacer's SM: not run\n", budget);
+      r.notes += "not run; ";
+      cleanup();
+      return;
+    }
   }
 
   // Verification runs (before timing).
@@ -898,7 +1181,7 @@ static void run_row(Row &r, cublasLtHandle_t lth, void *ws, size_t wsz) {
         c.enqueue(cfgs[j], ++c.epoch, ev[2 * (it * cfgs.size() + j)], ev[2 * (it * cfgs.size() + j) + 1]);
     __atomic_store_n(g_gate_host, gv, __ATOMIC_SEQ_CST);
   }
-  sync_all("timed runs", 120);
+  sync_all("timed runs", 30);
   std::vector<std::vector<float>> t(cfgs.size());
   for (int it = g_warmup; it < rounds; ++it)
     for (size_t j = 0; j < cfgs.size(); ++j) {
@@ -907,7 +1190,7 @@ static void run_row(Row &r, cublasLtHandle_t lth, void *ws, size_t wsz) {
       t[j].push_back(ms);
     }
   for (auto &e : ev) CK(cudaEventDestroy(e));
-  uint32_t st[3];
+  uint32_t st[5];
   read_status(st);
   r.late_us = st[1] / 1000.f;
   if (st[0]) {
@@ -915,6 +1198,12 @@ static void run_row(Row &r, cublasLtHandle_t lth, void *ws, size_t wsz) {
     r.fused_ok[0] = r.fused_ok[1] = false;
   }
   if (st[2]) r.notes += "gate opened by timeout " + std::to_string(st[2]) + "x; ";
+  if (g_copies_ok && !r.rs) {
+    char nb[96];
+    std::snprintf(nb, sizeof nb, "copies: a block's copy ended at most %.1f us after its scheduled arrival; ",
+                  st[4] / 1000.0);
+    r.notes += nb;
+  }
   r.lt_ms = median(t[0]);
   r.own_ms = median(t[1]);
   for (int v = 0; v < nvariants(); ++v) {
@@ -937,171 +1226,25 @@ static void run_row(Row &r, cublasLtHandle_t lth, void *ws, size_t wsz) {
   cleanup();
 }
 
-// ---------------------------------------------------------------- main
-int main(int argc, char **argv) {
-  g_prog = "own_gemm_link";
-  std::string kernel_path = "kernels/gemm_sm90.cu", only, dtype = "both", tps = "4,8", out_path;
-  std::vector<std::string> defines;
-  bool quick = false, compile_only = false, iters_set = false;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto next = [&]() -> const char * {
-      if (i + 1 >= argc) die(("missing value after " + a).c_str(), __FILE__, __LINE__);
-      return argv[++i];
-    };
-    if (a == "--kernel") kernel_path = next();
-    else if (a == "--iters") g_iters = std::max(1, std::atoi(next())), iters_set = true;
-    else if (a == "--warmup") g_warmup = std::max(0, std::atoi(next()));
-    else if (a == "--bw") g_bw = std::atof(next());
-    else if (a == "--pieces") g_pieces = std::atoi(next());
-    else if (a == "--me") g_me = std::atoi(next());
-    else if (a == "--group") g_group = std::max(1, std::atoi(next()));
-    else if (a == "--quick") quick = true;
-    else if (a == "--only") only = next();
-    else if (a == "--dtype") dtype = next();
-    else if (a == "--tp") tps = next();
-    else if (a == "--out") out_path = next();
-    else if (a == "--compile-only") compile_only = true;
-    else if (a == "--define") defines.push_back(std::string("-D") + next());
-    else {
-      std::printf("usage: own_gemm_link [--kernel FILE] [--iters N] [--warmup N] [--bw GBPS] [--pieces P] [--me R] "
-                  "[--group G] [--quick] [--only ag|rs] [--dtype bf16|e4m3|both] [--tp 4,8] [--out FILE] "
-                  "[--compile-only] [--define NAME=VALUE ...]\n");
-      return a == "--help" ? 0 : 2;
-    }
-  }
-  if (quick && !iters_set) g_iters = 10;
-  if (!(g_bw > 0) || g_pieces < 1 || g_pieces > 64 || g_me < 0) die("bad --bw / --pieces / --me", __FILE__, __LINE__);
-  if (!only.empty() && only != "ag" && only != "rs") die("--only takes ag or rs", __FILE__, __LINE__);
-  if (dtype != "both" && dtype != "bf16" && dtype != "e4m3") die("--dtype takes bf16, e4m3 or both", __FILE__, __LINE__);
-  std::vector<int> tp_list;
-  {
-    std::stringstream ss(tps);
-    std::string x;
-    while (std::getline(ss, x, ',')) {
-      const int t = std::atoi(x.c_str());
-      if (t < 2 || t > 8) die("--tp values must be 2..8", __FILE__, __LINE__);
-      tp_list.push_back(t);
-    }
-    if (tp_list.empty()) die("--tp: empty list", __FILE__, __LINE__);
-  }
-
-  const std::string src = read_text(kernel_path);
-  const std::string arch = "sm_90a";
-  if (!compile_only) {
-    CK(cudaSetDevice(0));
-    CK(cudaFree(nullptr));
-    cudaDeviceProp p;
-    CK(cudaGetDeviceProperties(&p, 0));
-    g_sms = p.multiProcessorCount;
-    if (p.major != 9) {
-      std::printf("own_gemm_link: needs a Hopper GPU (sm_90a); device 0 is %s (sm_%d%d)\n", p.name, p.major, p.minor);
-      return 2;
-    }
-    std::printf("device: %s, %d SMs, %zu KB shared memory per SM; NVRTC for %s\n", p.name, g_sms,
-                p.sharedMemPerMultiprocessor / 1024, arch.c_str());
-  }
-  const auto gemm_cubin = nvrtc_compile(src, "gemm_sm90.cu", arch, defines, false);
-  const auto help_cubin = nvrtc_compile(HELP_SRC, "own_gemm_link_help.cu", arch, {}, false);
-  const auto pace_cubin = nvrtc_compile(PACE_SRC, "own_gemm_link_pace.cu", arch, {"--maxrregcount=32"}, true);
-  std::printf("compiled: gemm_sm90.cu %zu bytes, helpers %zu, pacer %zu\n", gemm_cubin.size(), help_cubin.size(),
-              pace_cubin.size());
-  if (compile_only) return 0;
-
-  load_driver();
-  gemm_mod.load(gemm_cubin);
-  CU(drv.ModuleLoadData(&H.help, help_cubin.data()));
-  CU(drv.ModuleLoadData(&H.pace, pace_cubin.data()));
-  CU(drv.ModuleGetFunction(&H.fill_bf16, H.help, "fill_bf16"));
-  CU(drv.ModuleGetFunction(&H.fill_e4m3, H.help, "fill_e4m3"));
-  CU(drv.ModuleGetFunction(&H.fill_u32, H.help, "fill_u32"));
-  CU(drv.ModuleGetFunction(&H.sum_sq, H.help, "sum_sq_bf16"));
-  CU(drv.ModuleGetFunction(&H.compare, H.help, "compare_bf16"));
-  CU(drv.ModuleGetFunction(&H.bitdiff, H.help, "bitdiff"));
-  CU(drv.ModuleGetFunction(&H.pacer, H.pace, "link_pacer"));
-  CU(drv.ModuleGetFunction(&H.gate, H.pace, "gate"));
-  // The pacer's SM configured for the most shared memory, as the GEMMs need: a CTA of
-  // theirs can then join it without the SM changing its L1 / shared split.
-  CU(drv.FuncSetAttribute(H.pacer, CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100));
-  CU(drv.FuncGetAttribute(&H.pacer_regs, CU_FUNC_ATTRIBUTE_NUM_REGS, H.pacer));
-  std::printf("registers per thread: ours %d (bf16 256), pacer %d; ours' shared memory %d / %d bytes (BN 256 / 128)\n",
-              gemm_mod.regs[0][0][1], H.pacer_regs, gemm_mod.smem[1], gemm_mod.smem[0]);
-
-  CK(cudaStreamCreateWithFlags(&g_comp, cudaStreamNonBlocking));
-  CK(cudaStreamCreateWithFlags(&g_prod, cudaStreamNonBlocking));
-  CK(cudaStreamCreateWithFlags(&g_copy, cudaStreamNonBlocking));
-  CK(cudaMalloc(&g_status, 4 * sizeof(uint32_t)));
-  {
-    void *hp = nullptr, *dp = nullptr;
-    CK(cudaHostAlloc(&hp, 64, cudaHostAllocMapped));
-    CK(cudaHostGetDevicePointer(&dp, hp, 0));
-    g_gate_host = (volatile uint32_t *)hp;
-    *g_gate_host = 0;
-    g_gate_dev = (uint32_t *)dp;
-  }
-  g_copies_ok = ce_check();
-  cublasLtHandle_t lth;
-  LT(cublasLtCreate(&lth));
-  void *ws;
-  const size_t wsz = 64u << 20;
-  CK(cudaMalloc(&ws, wsz));
-
-  // The rows: per-rank anchor shapes of issue 22 (tokens, K, N).
-  const std::array<int, 3> ag_shapes[3] = {{8192, 8192, 28672}, {8192, 4096, 16384}, {16384, 8192, 8192}};
-  const std::array<int, 3> rs_shapes[3] = {{8192, 28672, 8192}, {8192, 16384, 4096}, {16384, 8192, 8192}};
-  std::vector<Row> rows;
-  for (int rs = 0; rs < 2; ++rs) {
-    if (!only.empty() && only != (rs ? "rs" : "ag")) continue;
-    for (int f8 = 0; f8 < 2; ++f8) {
-      if ((f8 && dtype == "bf16") || (!f8 && dtype == "e4m3")) continue;
-      for (int tp : tp_list)
-        for (int s = 0; s < (quick ? 1 : 3); ++s) {
-          const auto &sh = rs ? rs_shapes[quick ? 1 : s] : ag_shapes[quick ? 1 : s];
-          Row r;
-          r.rs = rs;
-          r.fp8 = f8;
-          r.tp = tp;
-          r.tokens = sh[0];
-          r.K = sh[1];
-          r.N = sh[2];
-          rows.push_back(r);
-        }
-    }
-  }
-  std::printf("link: %.0f GB/s per peer, %d copy pieces per block; this GPU is rank %d; %d timed iterations after %d "
-              "warm-up (median)\n",
-              g_bw, g_pieces, g_me, g_iters, g_warmup);
-  auto shape_str = [](const Row &r) {
-    char b[64];
-    if (r.rs) std::snprintf(b, sizeof b, "%dx(%d/%d)x%d", r.tokens, r.K, r.tp, r.N);
-    else std::snprintf(b, sizeof b, "%dx%dx(%d/%d)", r.tokens, r.K, r.N, r.tp);
-    return std::string(b);
-  };
-  for (size_t i = 0; i < rows.size(); ++i) {
-    Row &r = rows[i];
-    std::printf("row %zu/%zu: %s %s tp %d %s\n", i + 1, rows.size(), r.rs ? "RS" : "AG", r.fp8 ? "e4m3" : "bf16", r.tp,
-                shape_str(r).c_str());
-    std::fflush(stdout);
-    run_row(r, lth, ws, wsz);
-    if (r.timed)
-      std::printf("  Lt %.3f ours %.3f | flags: link %.3f fused %.3f chunked %.3f | copies: link %.3f fused %.3f "
-                  "chunked %.3f ms (nominal link %.3f) late %.1f us -> %s\n",
-                  r.lt_ms, r.own_ms, r.link_ms[0], r.fused_ms[0], r.chunk_ms[0], r.link_ms[1], r.fused_ms[1],
-                  r.chunk_ms[1], r.nominal_link_ms, r.late_us, r.ok() ? "ok" : "WRONG");
-    else
-      std::printf("  not timed: %s%s\n", r.ran ? "wrong results " : "", r.notes.c_str());
-    std::fflush(stdout);
-  }
-
-  // Markdown table and bar lines last.
+// ---------------------------------------------------------------- the table
+static std::string shape_str(const Row &r) {
+  char b[64];
+  if (r.rs) std::snprintf(b, sizeof b, "%dx(%d/%d)x%d", r.tokens, r.K, r.tp, r.N);
+  else std::snprintf(b, sizeof b, "%dx%dx(%d/%d)", r.tokens, r.K, r.N, r.tp);
+  return std::string(b);
+}
+// Prints the markdown table and the bar lines (and writes them to out_path); returns the
+// exit status: 1 a wrong result or a hang, 2 a row or variant that did not run, else 0.
+static int emit_table(const std::vector<Row> &rows, const std::string &out_path) {
   std::ostringstream md;
-  char line[1024];
+  char line[2048];
   md << "\n## Emulated-link overlap, one GPU (our fused kernel vs chunked cuBLASLt)\n\n";
   std::snprintf(line, sizeof line,
                 "Link %.0f GB/s per peer (copies in %d pieces per block), rank %d; median of %d iterations, from t0 "
                 "(the start event, the pacer's schedule starting with it) to the end of the GEMM and the link; ms. "
-                "bound = max(Lt, link); f vs c = chunked / fused (> 1: fused faster).\n\n",
-                g_bw, g_pieces, g_me, g_iters);
+                "bound = max(Lt, link), Lt on all %d SMs; fused and chunked run on %d (the pacer has an SM to itself); "
+                "f vs c = chunked / fused (> 1: fused faster).\n\n",
+                g_bw, g_pieces, g_me, g_iters, g_sms, g_sms - 1);
   md << line;
   md << "| op | in | tp | shape | link | Lt alone | ours alone | link alone | bound | fused | chunked | fused/bound | "
         "chunked/bound | f vs c | late us | ok | notes |\n";
@@ -1112,11 +1255,11 @@ int main(int argc, char **argv) {
   int tp8_rows = 0, tp8_faster = 0, tp8_v[2] = {0, 0}, tp8_vn[2] = {0, 0};
   for (auto &r : rows) {
     if (!r.ran) all_ran = false;
-    if (r.ran && !r.ok()) all_ok = false;
+    if ((r.ran && !r.ok()) || r.hung) all_ok = false;
     if (!r.timed) {
       std::snprintf(line, sizeof line, "| %s | %s | %d | %s | - | - | - | - | - | - | - | - | - | - | - | %s | %s |\n",
                     r.rs ? "RS" : "AG", r.fp8 ? "e4m3" : "bf16", r.tp, shape_str(r).c_str(),
-                    r.ran ? "NO" : "not run", r.notes.c_str());
+                    r.hung ? "HANG" : r.ran ? "NO" : "not run", r.notes.c_str());
       md << line;
       continue;
     }
@@ -1182,8 +1325,290 @@ int main(int argc, char **argv) {
     f << md.str();
   }
   std::fflush(stdout);
-  CK(cudaFree(ws));
-  LT(cublasLtDestroy(lth));
   if (!all_ok) return 1;
   return all_ran ? 0 : 2;
+}
+
+// ---------------------------------------------------------------- the hang report
+// Called by wait_stream when a run does not end: what is stuck, read without waiting on
+// the device (stream and event queries, the pacer's host-mapped mirror; device words only
+// through a copy on a stream of its own, given up after 2 s), then the table of the rows
+// done so far. The process then ends with status 1.
+static std::vector<Row> *g_rows = nullptr;
+static std::string g_out_path;
+static uint32_t *g_diag_host = nullptr;  // pinned, DIAG_WORDS words
+static const int DIAG_WORDS = 512;
+static std::atomic<int> g_diag_issued{0};
+
+static void on_hang(const char *what) {
+  auto q = [](cudaStream_t s) -> std::string {
+    const cudaError_t e = cudaStreamQuery(s);
+    return e == cudaSuccess ? "idle" : e == cudaErrorNotReady ? "BUSY" : cudaGetErrorString(e);
+  };
+  std::printf("  hang: %s; streams now: compute %s, pacer %s, copies %s\n", what, q(g_comp).c_str(),
+              q(g_prod).c_str(), q(g_copy).c_str());
+  print_mirror("  hang: pacer: ");
+  if (g_marks.used) {
+    std::printf("  hang: steps of the %s (events recorded after each, queried without waiting):\n", g_stage.c_str());
+    g_marks.print("  hang:   ", false);
+  }
+  if (g_cur && g_diag_host) {
+    Ctx &c = *g_cur;
+    const int tp = c.r.tp, P = g_pieces;
+    struct Span {
+      const uint32_t *src;
+      int words;
+      const char *name;
+    };
+    const int nsig = std::min(1 + (tp - 1) * P + (tp - 1) + 1, 200);
+    const Span spans[] = {{c.flags, tp, "flags"},
+                          {c.copied, tp - 1, "copied (arrival order)"},
+                          {c.done, 2 * tp, "done (signals, then counters)"},
+                          {c.ready, tp, "ready"},
+                          {c.sig, nsig, "sig (started, go..., due..., fin)"},
+                          {c.start(), 1, "start"}};
+    std::printf("  hang: the latest epoch enqueued is %u; device words (a copy on a stream of its own):\n", c.epoch);
+    std::fflush(stdout);
+    g_diag_issued = 0;
+    std::vector<Span> sp(std::begin(spans), std::end(spans));
+    std::thread([sp]() {
+      int off = 0;
+      for (const Span &x : sp) {
+        if (x.src && off + x.words <= DIAG_WORDS)
+          cudaMemcpyAsync(g_diag_host + off, x.src, (size_t)x.words * 4, cudaMemcpyDeviceToHost, g_diag);
+        off += x.words;
+      }
+      g_diag_issued = 1;
+    }).detach();
+    const auto t0 = std::chrono::steady_clock::now();
+    bool done = false;
+    while (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2)) {
+      if (g_diag_issued && cudaStreamQuery(g_diag) == cudaSuccess) {
+        done = true;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (!done) {
+      std::printf("  hang:   (not readable: the copy %s in 2 s)\n", g_diag_issued ? "did not complete" : "was not even issued");
+    } else {
+      int off = 0;
+      for (const Span &x : sp) {
+        std::string l;
+        for (int i = 0; i < x.words && off + i < DIAG_WORDS; ++i) l += " " + std::to_string(g_diag_host[off + i]);
+        std::printf("  hang:   %s:%s\n", x.name, x.src ? l.c_str() : " (none)");
+        off += x.words;
+      }
+    }
+  }
+  if (g_cur_row) {
+    g_cur_row->hung = true;
+    g_cur_row->notes += std::string("HANG: ") + what + " (the log's 'hang:' lines say where); ";
+  }
+  if (g_rows) {
+    std::printf("  hang: the table of the rows so far:\n");
+    emit_table(*g_rows, g_out_path);
+  }
+  std::fflush(stdout);
+}
+
+// ---------------------------------------------------------------- main
+int main(int argc, char **argv) {
+  const auto t_start = std::chrono::steady_clock::now();
+  g_prog = "own_gemm_link";
+  std::string kernel_path = "kernels/gemm_sm90.cu", only, dtype = "both", tps = "4,8", out_path;
+  std::vector<std::string> defines;
+  bool quick = false, compile_only = false, iters_set = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() -> const char * {
+      if (i + 1 >= argc) die(("missing value after " + a).c_str(), __FILE__, __LINE__);
+      return argv[++i];
+    };
+    if (a == "--kernel") kernel_path = next();
+    else if (a == "--iters") g_iters = std::max(1, std::atoi(next())), iters_set = true;
+    else if (a == "--warmup") g_warmup = std::max(0, std::atoi(next()));
+    else if (a == "--bw") g_bw = std::atof(next());
+    else if (a == "--pieces") g_pieces = std::atoi(next());
+    else if (a == "--me") g_me = std::atoi(next());
+    else if (a == "--group") g_group = std::max(1, std::atoi(next()));
+    else if (a == "--quick") quick = true;
+    else if (a == "--only") only = next();
+    else if (a == "--dtype") dtype = next();
+    else if (a == "--tp") tps = next();
+    else if (a == "--out") out_path = next();
+    else if (a == "--compile-only") compile_only = true;
+    else if (a == "--define") defines.push_back(std::string("-D") + next());
+    else if (a == "--budget") g_budget = std::atof(next());
+    else {
+      std::printf("usage: own_gemm_link [--kernel FILE] [--iters N] [--warmup N] [--bw GBPS] [--pieces P] [--me R] "
+                  "[--group G] [--quick] [--only ag|rs] [--dtype bf16|e4m3|both] [--tp 4,8] [--out FILE] "
+                  "[--compile-only] [--define NAME=VALUE ...] [--budget SECONDS]\n");
+      return a == "--help" ? 0 : 2;
+    }
+  }
+  if (quick && !iters_set) g_iters = 10;
+  if (!(g_bw > 0) || g_pieces < 1 || g_pieces > 64 || g_me < 0) die("bad --bw / --pieces / --me", __FILE__, __LINE__);
+  if (!only.empty() && only != "ag" && only != "rs") die("--only takes ag or rs", __FILE__, __LINE__);
+  if (dtype != "both" && dtype != "bf16" && dtype != "e4m3") die("--dtype takes bf16, e4m3 or both", __FILE__, __LINE__);
+  std::vector<int> tp_list;
+  {
+    std::stringstream ss(tps);
+    std::string x;
+    while (std::getline(ss, x, ',')) {
+      const int t = std::atoi(x.c_str());
+      if (t < 2 || t > 8) die("--tp values must be 2..8", __FILE__, __LINE__);
+      tp_list.push_back(t);
+    }
+    if (tp_list.empty()) die("--tp: empty list", __FILE__, __LINE__);
+  }
+
+  const std::string src = read_text(kernel_path);
+  const std::string arch = "sm_90a";
+  if (!compile_only) {
+    CK(cudaSetDevice(0));
+    CK(cudaFree(nullptr));
+    cudaDeviceProp p;
+    CK(cudaGetDeviceProperties(&p, 0));
+    g_sms = p.multiProcessorCount;
+    if (p.major != 9) {
+      std::printf("own_gemm_link: needs a Hopper GPU (sm_90a); device 0 is %s (sm_%d%d)\n", p.name, p.major, p.minor);
+      return 2;
+    }
+    const char *conn = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS"), *ml = std::getenv("CUDA_MODULE_LOADING");
+    std::printf("device: %s, %d SMs, %zu KB shared memory per SM, %d copy engines; NVRTC for %s; "
+                "CUDA_DEVICE_MAX_CONNECTIONS=%s, CUDA_MODULE_LOADING=%s\n",
+                p.name, g_sms, p.sharedMemPerMultiprocessor / 1024, p.asyncEngineCount, arch.c_str(),
+                conn ? conn : "(unset: 8)", ml ? ml : "(unset: lazy)");
+  }
+  const auto gemm_cubin = nvrtc_compile(src, "gemm_sm90.cu", arch, defines, false);
+  const auto help_cubin = nvrtc_compile(HELP_SRC, "own_gemm_link_help.cu", arch, {}, false);
+  const auto pace_cubin = nvrtc_compile(PACE_SRC, "own_gemm_link_pace.cu", arch, {"--maxrregcount=32"}, true);
+  std::printf("compiled: gemm_sm90.cu %zu bytes, helpers %zu, pacer %zu\n", gemm_cubin.size(), help_cubin.size(),
+              pace_cubin.size());
+  if (compile_only) return 0;
+
+  load_driver();
+  gemm_mod.load(gemm_cubin);
+  CU(drv.ModuleLoadData(&H.help, help_cubin.data()));
+  CU(drv.ModuleLoadData(&H.pace, pace_cubin.data()));
+  CU(drv.ModuleGetFunction(&H.fill_bf16, H.help, "fill_bf16"));
+  CU(drv.ModuleGetFunction(&H.fill_e4m3, H.help, "fill_e4m3"));
+  CU(drv.ModuleGetFunction(&H.fill_u32, H.help, "fill_u32"));
+  CU(drv.ModuleGetFunction(&H.sum_sq, H.help, "sum_sq_bf16"));
+  CU(drv.ModuleGetFunction(&H.compare, H.help, "compare_bf16"));
+  CU(drv.ModuleGetFunction(&H.bitdiff, H.help, "bitdiff"));
+  CU(drv.ModuleGetFunction(&H.pacer, H.pace, "link_pacer"));
+  CU(drv.ModuleGetFunction(&H.gate, H.pace, "gate"));
+  // The pacer takes all the shared memory one CTA may have: with the SM's per-CTA reserve
+  // that is the whole SM, so no CTA of a GEMM (or of anything else) can land beside it and
+  // none is slowed by it (a CTA of ours beside the spinning pacer made our static
+  // persistent schedule 1.7x slower on the first H100 run). The GEMMs get SMs - 1.
+  {
+    int optin = 0, per_sm = 0, reserve = 0;
+    CK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
+    CK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, 0));
+    CK(cudaDeviceGetAttribute(&reserve, cudaDevAttrReservedSharedMemoryPerBlock, 0));
+    g_pacer_smem = std::min(optin, per_sm - reserve);
+    const int left = per_sm - reserve - g_pacer_smem;  // what another CTA could get, its reserve included
+    g_pacer_alone = left < std::max(reserve, 1);
+    CU(drv.FuncSetAttribute(H.pacer, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, g_pacer_smem));
+    CU(drv.FuncSetAttribute(H.pacer, CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100));
+    std::printf("pacer: one warp with %d bytes of shared memory (SM %d, reserve %d per CTA): %s\n", g_pacer_smem,
+                per_sm, reserve,
+                g_pacer_alone ? "its SM holds nothing else; the GEMMs beside it run on SMs - 1"
+                              : "ANOTHER CTA COULD SHARE ITS SM (see the probe's 'slowed')");
+  }
+  CU(drv.FuncGetAttribute(&H.pacer_regs, CU_FUNC_ATTRIBUTE_NUM_REGS, H.pacer));
+  std::printf("registers per thread: ours %d (bf16 256), pacer %d; ours' shared memory %d / %d bytes (BN 256 / 128)\n",
+              gemm_mod.regs[0][0][1], H.pacer_regs, gemm_mod.smem[1], gemm_mod.smem[0]);
+
+  CK(cudaStreamCreateWithFlags(&g_comp, cudaStreamNonBlocking));
+  CK(cudaStreamCreateWithFlags(&g_prod, cudaStreamNonBlocking));
+  CK(cudaStreamCreateWithFlags(&g_copy, cudaStreamNonBlocking));
+  CK(cudaStreamCreateWithFlags(&g_diag, cudaStreamNonBlocking));
+  {
+    void *hp = nullptr, *dp = nullptr;
+    CK(cudaHostAlloc(&hp, 64 * sizeof(uint32_t), cudaHostAllocMapped));
+    CK(cudaHostGetDevicePointer(&dp, hp, 0));
+    std::memset(hp, 0, 64 * sizeof(uint32_t));
+    g_mirror_host = (volatile uint32_t *)hp;
+    g_mirror_dev = (uint32_t *)dp;
+    CK(cudaHostAlloc(&hp, DIAG_WORDS * sizeof(uint32_t), cudaHostAllocDefault));
+    g_diag_host = (uint32_t *)hp;
+  }
+  g_marks.create();
+  g_on_hang = on_hang;
+  CK(cudaMalloc(&g_status, 8 * sizeof(uint32_t)));
+  {
+    void *hp = nullptr, *dp = nullptr;
+    CK(cudaHostAlloc(&hp, 64, cudaHostAllocMapped));
+    CK(cudaHostGetDevicePointer(&dp, hp, 0));
+    g_gate_host = (volatile uint32_t *)hp;
+    *g_gate_host = 0;
+    g_gate_dev = (uint32_t *)dp;
+  }
+  g_copies_ok = ce_check();
+  cublasLtHandle_t lth;
+  LT(cublasLtCreate(&lth));
+  void *ws;
+  const size_t wsz = 64u << 20;
+  CK(cudaMalloc(&ws, wsz));
+
+  // The rows: per-rank anchor shapes of issue 22 (tokens, K, N).
+  const std::array<int, 3> ag_shapes[3] = {{8192, 8192, 28672}, {8192, 4096, 16384}, {16384, 8192, 8192}};
+  const std::array<int, 3> rs_shapes[3] = {{8192, 28672, 8192}, {8192, 16384, 4096}, {16384, 8192, 8192}};
+  std::vector<Row> rows;
+  g_rows = &rows;
+  g_out_path = out_path;
+  for (int rs = 0; rs < 2; ++rs) {
+    if (!only.empty() && only != (rs ? "rs" : "ag")) continue;
+    for (int f8 = 0; f8 < 2; ++f8) {
+      if ((f8 && dtype == "bf16") || (!f8 && dtype == "e4m3")) continue;
+      for (int tp : tp_list)
+        for (int s = 0; s < (quick ? 1 : 3); ++s) {
+          const auto &sh = rs ? rs_shapes[quick ? 1 : s] : ag_shapes[quick ? 1 : s];
+          Row r;
+          r.rs = rs;
+          r.fp8 = f8;
+          r.tp = tp;
+          r.tokens = sh[0];
+          r.K = sh[1];
+          r.N = sh[2];
+          rows.push_back(r);
+        }
+    }
+  }
+  std::printf("link: %.0f GB/s per peer, %d copy pieces per block; this GPU is rank %d; %d timed iterations after %d "
+              "warm-up (median)\n",
+              g_bw, g_pieces, g_me, g_iters, g_warmup);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    Row &r = rows[i];
+    std::printf("row %zu/%zu: %s %s tp %d %s\n", i + 1, rows.size(), r.rs ? "RS" : "AG", r.fp8 ? "e4m3" : "bf16", r.tp,
+                shape_str(r).c_str());
+    std::fflush(stdout);
+    const double spent = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+    if (spent > g_budget) {
+      r.notes = "not run: the time budget (--budget " + std::to_string((int)g_budget) + " s) was spent";
+      std::printf("  not timed: %s\n", r.notes.c_str());
+      continue;
+    }
+    run_row(r, lth, ws, wsz);
+    g_cur = nullptr;
+    g_cur_row = nullptr;
+    if (r.timed)
+      std::printf("  Lt %.3f ours %.3f | flags: link %.3f fused %.3f chunked %.3f | copies: link %.3f fused %.3f "
+                  "chunked %.3f ms (nominal link %.3f) late %.1f us -> %s\n",
+                  r.lt_ms, r.own_ms, r.link_ms[0], r.fused_ms[0], r.chunk_ms[0], r.link_ms[1], r.fused_ms[1],
+                  r.chunk_ms[1], r.nominal_link_ms, r.late_us, r.ok() ? "ok" : "WRONG");
+    else
+      std::printf("  not timed: %s%s\n", r.ran ? "wrong results " : "", r.notes.c_str());
+    std::fflush(stdout);
+  }
+
+  // Markdown table and bar lines last.
+  const int status = emit_table(rows, out_path);
+  CK(cudaFree(ws));
+  LT(cublasLtDestroy(lth));
+  return status;
 }
