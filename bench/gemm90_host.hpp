@@ -181,7 +181,7 @@ static_assert(sizeof(Gemm90Args) == 120, "Gemm90Args mirrors the kernel's struct
 constexpr int THREADS = 384;  // gemm90::THREADS
 constexpr int BM = 128;       // gemm90::BM: rows of D per tile
 
-// The compiled kernel module: gemm_sm90_tn_<in>_<out>_<BN> and their shared memory sizes
+// The compiled kernel module: gemm_sm90_tn_<in>_<in>_<out>_<BN> and their shared memory sizes
 // (gemm_sm90_smem_bytes_<BN>, read from the module), max dynamic shared memory set.
 struct Module {
   CUmodule mod = nullptr;
@@ -203,7 +203,8 @@ struct Module {
       for (int o = 0; o < 2; ++o)
         for (int w = 0; w < 2; ++w) {
           char name[64];
-          std::snprintf(name, sizeof name, "gemm_sm90_tn_%s_%s_%d", in_names[f8], out_names[o], w ? 256 : 128);
+          std::snprintf(name, sizeof name, "gemm_sm90_tn_%s_%s_%s_%d", in_names[f8], in_names[f8], out_names[o],
+                        w ? 256 : 128);
           CU(drv.ModuleGetFunction(&fn[f8][o][w], mod, name));
           CU(drv.FuncSetAttribute(fn[f8][o][w], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem[w]));
           CU(drv.FuncGetAttribute(&regs[f8][o][w], CU_FUNC_ATTRIBUTE_NUM_REGS, fn[f8][o][w]));
