@@ -122,7 +122,21 @@ inline void wait_geq(cudaStream_t s, const uint32_t *p, uint32_t v) {
 }
 // Default flags: a memory fence before the write (the work before it is visible first);
 // CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER: none.
+// Where the driver refuses the barrier-free write (invalid argument: H100, driver
+// 580.159.04, CUDA 13.0, 2026-11-26), the default one is used from then on.
+inline bool g_write_no_barrier = true;
 inline void write_value(cudaStream_t s, uint32_t *p, uint32_t v, unsigned flags = CU_STREAM_WRITE_VALUE_DEFAULT) {
+  if (flags & CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER) {
+    if (g_write_no_barrier) {
+      const CUresult r = drv.StreamWriteValue32((CUstream)s, (CUdeviceptr)p, v, flags);
+      if (r == CUDA_SUCCESS) return;
+      if (r != CUDA_ERROR_INVALID_VALUE) CU(r);
+      g_write_no_barrier = false;
+      std::printf("note: cuStreamWriteValue32 refuses CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER here; "
+                  "every write keeps its memory barrier\n");
+    }
+    flags &= ~(unsigned)CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER;
+  }
   CU(drv.StreamWriteValue32((CUstream)s, (CUdeviceptr)p, v, flags));
 }
 
