@@ -350,7 +350,10 @@ __device__ __forceinline__ void wait_row_blocks(const u32 *flags, int rows_per_f
   bool acquired = false;
   for (int r = row0 / rows_per_flag; r <= (row1 - 1) / rows_per_flag; ++r) {
     if (r < 64 && ((seen >> r) & 1)) continue;
+    // Back off between polls: 131 producers spinning flat out on sys-scope loads slowed
+    // copy-engine arrivals several-fold (emulated link, H100, 2026-11-26).
     while ((int)(ld_acquire_flag(flags + r) - value) < 0) {
+      asm volatile("nanosleep.u32 256;" ::: "memory");
     }
     if (r < 64) seen |= 1ull << r;
     acquired = true;
