@@ -641,6 +641,44 @@ const TUNE_MIN_MNK: usize = 1 << 30;
 /// varying sequence lengths, must not keep timing).
 const TUNE_MAX_PLANS: usize = 256;
 
+/// NVTE_COMM_OWN_GEMM (a boolean, read once; default on): a GEMM below [`TUNE_MIN_MNK`]
+/// multiply-adds that our own sm90 kernel computes ([`sm90::supports`]: TN, bf16 / e4m3
+/// in, bf16 / fp32 out, no epilogue) runs on it instead of cuBLASLt. At such sizes the
+/// host's cost decides: one launch with cached tensor maps against cuBLASLt's descriptor
+/// and heuristic path (a bare cublasLtMatmul alone took 8.4-9.1 us of host at 256^3 on
+/// an H100, 2026-11-26, above the 10 us a whole library call may cost). Where the kernel
+/// cannot load (not sm_90, no NVRTC) cuBLASLt runs, and the load is not retried.
+fn own_gemm_enabled() -> Result<bool> {
+    static V: std::sync::OnceLock<std::result::Result<bool, String>> = std::sync::OnceLock::new();
+    V.get_or_init(|| {
+        crate::env::flag("NVTE_COMM_OWN_GEMM")
+            .map(|v| v.unwrap_or(true))
+            .map_err(|e| e.msg)
+    })
+    .clone()
+    .map_err(|m| Error::new(K::InvalidArgument, m))
+}
+
+/// Our kernel for `g` when NVTE_COMM_OWN_GEMM routes it there (see [`own_gemm_enabled`]).
+fn small_own_gemm(
+    g: &GemmDesc,
+    guard: &ContextGuard,
+) -> Result<Option<std::sync::Arc<sm90::Sm90Gemm>>> {
+    type Loaded = HashMap<usize, Option<std::sync::Arc<sm90::Sm90Gemm>>>;
+    static LOADED: Mutex<Option<Loaded>> = Mutex::new(None);
+    if g.m.saturating_mul(g.n).saturating_mul(g.k) >= TUNE_MIN_MNK
+        || sm90::supports(g).is_some()
+        || !own_gemm_enabled()?
+    {
+        return Ok(None);
+    }
+    let mut l = LOADED.lock().unwrap_or_else(|e| e.into_inner());
+    Ok(l.get_or_insert_with(HashMap::new)
+        .entry(guard.ctx)
+        .or_insert_with(|| sm90::Sm90Gemm::get(guard).ok())
+        .clone())
+}
+
 /// NVTE_COMM_GEMM_TUNE (a boolean; default on): time the heuristic's top algorithms
 /// on each GEMM shape's first eager run that does not accumulate, keep the fastest.
 pub fn tune_enabled() -> Result<bool> {
@@ -971,6 +1009,14 @@ pub fn run(g: &GemmDesc, guard: &ContextGuard, stream: StreamHandle) -> Result<(
             )?;
         }
         return Ok(());
+    }
+    if let Some(own) = small_own_gemm(g, guard)? {
+        return own.run(
+            g,
+            &sm90::Hooks::default(),
+            g.sm_count.max(0) as usize,
+            stream,
+        );
     }
     let h = handle(guard.ctx)?;
     let key = PlanKey {
