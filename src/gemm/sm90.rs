@@ -212,7 +212,13 @@ impl Sm90Gemm {
     }
 
     fn load(guard: &ContextGuard) -> Result<Sm90Gemm> {
-        let dev = device_info(guard.device)?;
+        // (a guard made without the device lookup, e.g. nvte_cublas_gemm's, says -1)
+        let device = if guard.device >= 0 {
+            guard.device
+        } else {
+            crate::cuda::current_device()?
+        };
+        let dev = device_info(device)?;
         if (dev.cc_major, dev.cc_minor) != (9, 0) {
             crate::unsupported!(
                 "our sm90 GEMM needs an sm_90 (Hopper) device, this one is sm_{}{}",

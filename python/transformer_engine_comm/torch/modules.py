@@ -466,19 +466,25 @@ class _Fp8State:
 
 
 def _dgrad_out(cfg: _Cfg, group, n: int, k: int, dtype: torch.dtype, device, need_dw: bool) -> torch.Tensor:
-    """Where the column dgrad GEMM beside the bulk all-gather writes ``[n, k]``. At tp 1,
-    when a bulk reduce-scatter of it follows (beside the wgrad GEMM), straight into that
-    reduce-scatter's buffer: no peer reads the buffer, so the ``copy_into_buffer`` that
-    tp > 1 needs (it waits until the peers are done with the buffer's previous call) would
-    only copy the dgrad onto itself. Otherwise a new tensor."""
-    if cfg.tp == 1 and cfg.sp and cfg.ub_bulk_wgrad and need_dw:
-        return _get_userbuffer("rs", group, n, k, dtype).get_buffer()
+    """Where the column dgrad GEMM beside the bulk all-gather writes ``[n, k]``: a new
+    tensor (at tp 1 it is the dgrad itself: no bulk reduce-scatter follows, see
+    :func:`_bulk_rs_wanted`)."""
     return torch.empty((n, k), dtype=dtype, device=device)
+
+
+def _bulk_rs_wanted(cfg: _Cfg, need_dw: bool) -> bool:
+    """Whether the column dgrad's reduce-scatter runs as a userbuffers bulk RS beside the
+    wgrad GEMM. Not at tp 1: there it would only copy the dgrad out of the buffer (64 MiB,
+    about 45 us per step at the tp-4 shape on an H100, 2026-11-26)."""
+    return cfg.sp and cfg.ub_bulk_wgrad and need_dw and cfg.tp > 1
 
 
 def _dx_reduce(cfg: _Cfg, dx_partial, need_dw: bool):
     """The column dgrad's reduction when the wgrad GEMM is not run by a bulk RS:
-    -> (dx, work to wait for after the wgrad GEMM, or None)."""
+    -> (dx, work to wait for after the wgrad GEMM, or None). At tp 1 the dgrad itself (a
+    one-rank collective would only copy it)."""
+    if cfg.tp == 1:
+        return dx_partial, None
     if cfg.sp:
         return _reduce_scatter(dx_partial, cfg.group)[0], None
     if cfg.comm:
@@ -614,7 +620,7 @@ def _column_backward(ctx, cfg: _Cfg, dy, x, weight):
             if need_dx:
                 dx_partial = dy @ weight  # [n, k]
         if dx_partial is not None:
-            if cfg.sp and cfg.ub_bulk_wgrad and need_dw:
+            if _bulk_rs_wanted(cfg, need_dw):
                 # Bulk reduce-scatter of the dgrad beside the wgrad GEMM, both in the
                 # library: NT, A = X [n, k] (transa=False), B = dY [n, m] (transb=True),
                 # D = dW [m, k].
@@ -674,7 +680,7 @@ def _column_backward_fp8(ctx, cfg: _Cfg, dy, x_sv, x_si, w_t, w_si):
         if need_dw and cfg.sp:
             x_t = _fp8.transpose(x_full)  # [k, n], read before the buffer's next use
         if dx_partial is not None:
-            if cfg.sp and cfg.ub_bulk_wgrad and need_dw:
+            if _bulk_rs_wanted(cfg, need_dw):
                 # Bulk RS of the dgrad beside the FP8 wgrad GEMM (TN: dY^T [m, n] x X^T [k, n]).
                 dx, dw = _bulk_rs_beside_wgrad(cfg, dx_partial, (m, k), odt, x_t, dyf.data_t,
                                                x_scale_inv=dyf.scale_inv, w_scale_inv=x_si,
@@ -762,14 +768,18 @@ def _row_backward(ctx, cfg: _Cfg, dy):
         # dgrad = AG(dY) @ W by the userbuffers ring all-gather GEMM (NN: the weight as
         # stored, transa=False); the gathered dY comes back through x_copy for wgrad/bgrad.
         n, m = dy.shape[0] * cfg.tp, dy.shape[1]
-        ub = _get_userbuffer("ag", group, n, m, dy.dtype)
-        dx = torch.empty((n, weight.shape[1]), dtype=dy.dtype, device=dy.device)
         dy_full = None
         if cfg.tp == 1:
-            dy_full = dy  # the gathered dY is dY: no copy of it out of the buffer
-        elif need_dw or need_db:
-            dy_full = torch.empty((n, m), dtype=dy.dtype, device=dy.device)
-        ub.split_overlap_ag(weight, dy, dx, x_copy=dy_full if cfg.tp > 1 else None, transa=False)
+            # The gathered dY is dY. The comm-GEMM op, not the userbuffers object: its
+            # buffer would have to hold dY after the call (a copy nobody reads).
+            dy_full = dy
+            dx = _ops().all_gather_gemm(dy, weight, None, group=group, transa=False)
+        else:
+            ub = _get_userbuffer("ag", group, n, m, dy.dtype)
+            dx = torch.empty((n, weight.shape[1]), dtype=dy.dtype, device=dy.device)
+            if need_dw or need_db:
+                dy_full = torch.empty((n, m), dtype=dy.dtype, device=dy.device)
+            ub.split_overlap_ag(weight, dy, dx, x_copy=dy_full, transa=False)
     else:
         dy_full = _all_gather(dy, group)[0] if cfg.sp else dy
         if need_dx:
