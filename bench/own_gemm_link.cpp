@@ -419,6 +419,12 @@ static volatile uint32_t *g_gate_host;       // mapped pinned word the gate kern
 static uint32_t *g_gate_dev;
 static uint32_t g_gate_value = 0;
 static int g_iters = 30, g_warmup = 5, g_pieces = 4, g_me = 1, g_group = 8;
+// --gemm-sms N: the SM budget of the fused kernel and of the chunks (default SMs - 1, the
+// pacer's SM left free). Fewer leave SMs to copies that run as kernels: a same-device
+// cudaMemcpyAsync may be an SM kernel, not a copy engine, and then it queues behind a
+// persistent kernel that holds every SM it can (the library leaves num_comm_sm free).
+static int g_gemm_sms = 0;
+static int gemm_budget() { return g_gemm_sms > 0 ? std::min(g_gemm_sms, g_sms - 1) : g_sms - 1; }
 static double g_bw = 350.0;  // GB/s = bytes per ns
 static double g_budget = 150.0;  // seconds: rows not started by then are not run (the table still comes out)
 static const uint64_t TIMEOUT_NS = 2000000000ull;  // a pacer's wait for a ready word
@@ -1081,9 +1087,9 @@ static void run_row(Row &r, cublasLtHandle_t lth, void *ws, size_t wsz) {
     cleanup();
     return;
   }
-  if (!setup_chunk(c.lt_chunk, g_sms - 1)) {
+  if (!setup_chunk(c.lt_chunk, gemm_budget())) {
     lt_chunk_all.release();
-    r.notes = "cuBLASLt: no algorithm runs a chunk with SM count target " + std::to_string(g_sms - 1);
+    r.notes = "cuBLASLt: no algorithm runs a chunk with SM count target " + std::to_string(gemm_budget());
     cleanup();
     return;
   }
@@ -1102,7 +1108,7 @@ static void run_row(Row &r, cublasLtHandle_t lth, void *ws, size_t wsz) {
   // its SM); "slowed": beside > 1.05x alone on all SMs (the cost of the budget and of the
   // pacer, which the bound, taken on all SMs, does not pay).
   {
-    const int budget = g_sms - 1;
+    const int budget = gemm_budget();
     c.own_fused.grid = budget;
     r.grid_fused = c.own_fused.grid_used();
     auto own_fn = [&](int grid) {
@@ -1440,10 +1446,11 @@ int main(int argc, char **argv) {
     else if (a == "--compile-only") compile_only = true;
     else if (a == "--define") defines.push_back(std::string("-D") + next());
     else if (a == "--budget") g_budget = std::atof(next());
+    else if (a == "--gemm-sms") g_gemm_sms = std::atoi(next());
     else {
       std::printf("usage: own_gemm_link [--kernel FILE] [--iters N] [--warmup N] [--bw GBPS] [--pieces P] [--me R] "
                   "[--group G] [--quick] [--only ag|rs] [--dtype bf16|e4m3|both] [--tp 4,8] [--out FILE] "
-                  "[--compile-only] [--define NAME=VALUE ...] [--budget SECONDS]\n");
+                  "[--compile-only] [--define NAME=VALUE ...] [--budget SECONDS] [--gemm-sms N]\n");
       return a == "--help" ? 0 : 2;
     }
   }
