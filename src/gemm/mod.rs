@@ -666,16 +666,23 @@ fn small_own_gemm(
 ) -> Result<Option<std::sync::Arc<sm90::Sm90Gemm>>> {
     type Loaded = HashMap<usize, Option<std::sync::Arc<sm90::Sm90Gemm>>>;
     static LOADED: Mutex<Option<Loaded>> = Mutex::new(None);
-    if g.m.saturating_mul(g.n).saturating_mul(g.k) >= TUNE_MIN_MNK
+    if !own_gemm_enabled()?
+        || g.m.saturating_mul(g.n).saturating_mul(g.k) >= TUNE_MIN_MNK
         || sm90::supports(g).is_some()
-        || !own_gemm_enabled()?
     {
         return Ok(None);
     }
-    let mut l = LOADED.lock().unwrap_or_else(|e| e.into_inner());
-    Ok(l.get_or_insert_with(HashMap::new)
+    let lock = || LOADED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(b) = lock().get_or_insert_with(HashMap::new).get(&guard.ctx) {
+        return Ok(b.clone());
+    }
+    // Loaded (an NVRTC compile at first use) outside the lock: other threads' and
+    // contexts' GEMMs go on meanwhile. A context where it fails keeps cuBLASLt.
+    let b = sm90::Sm90Gemm::get(guard).ok();
+    Ok(lock()
+        .get_or_insert_with(HashMap::new)
         .entry(guard.ctx)
-        .or_insert_with(|| sm90::Sm90Gemm::get(guard).ok())
+        .or_insert(b)
         .clone())
 }
 
@@ -988,6 +995,18 @@ fn heuristic(
 
 /// Run a validated GEMM on `stream`. The stream's context must be current.
 pub fn run(g: &GemmDesc, guard: &ContextGuard, stream: StreamHandle) -> Result<()> {
+    run_impl(g, guard, stream, true)
+}
+
+/// [`run`] for a GEMM that shares the GPU with communication kernels (an overlap engine's
+/// chunk GEMM at tp > 1, and its NVTE_COMM_REPORT timing): always cuBLASLt, whose CTAs
+/// retire as they finish, never our persistent kernel, which would hold its SMs until its
+/// last tile and make SM puts and wait kernels queue behind the whole GEMM.
+pub fn run_beside_comm(g: &GemmDesc, guard: &ContextGuard, stream: StreamHandle) -> Result<()> {
+    run_impl(g, guard, stream, false)
+}
+
+fn run_impl(g: &GemmDesc, guard: &ContextGuard, stream: StreamHandle, own: bool) -> Result<()> {
     if g.m == 0 || g.n == 0 {
         return Ok(());
     }
@@ -1010,7 +1029,7 @@ pub fn run(g: &GemmDesc, guard: &ContextGuard, stream: StreamHandle) -> Result<(
         }
         return Ok(());
     }
-    if let Some(own) = small_own_gemm(g, guard)? {
+    if let Some(own) = if own { small_own_gemm(g, guard)? } else { None } {
         return own.run(
             g,
             &sm90::Hooks::default(),

@@ -3,8 +3,9 @@
 //! into chunks so that one chunk's communication runs while another computes.
 //!
 //! Every call is asynchronous (no host synchronisation): the caller's stream fans out to
-//! the engine's compute and comm streams and joins them at the end. At tp 1 over peer
-//! memory (nothing to communicate) a call runs inline instead: all of its work on the
+//! the engine's compute and comm streams and joins them at the end. At tp 1 over a
+//! transport that is idle alone (IPC, NCCL: nothing to communicate) a call runs inline
+//! instead: all of its work on the
 //! caller's stream in program order, with no fork, join, barrier or flag
 //! (`Overlap::inline_ok`). Waits for peers are
 //! kernels with a timeout: a peer that never arrives makes the call's stream finish with
@@ -791,8 +792,8 @@ impl Overlap {
         self.ev_done.record(stream)
     }
 
-    /// Whether this object's calls run inline: tp 1 over peer memory (no peer, no flag,
-    /// no barrier: the IPC transport's per-call kernels are no-ops there), without
+    /// Whether this object's calls run inline: tp 1 over a transport that enqueues nothing
+    /// per call alone (`Caps::idle_alone`: IPC and NCCL; no peer, no flag, no barrier), without
     /// NVTE_COMM_REPORT (which times the comm alone on its streams) or NVTE_COMM_TRACE.
     /// Fixed for the object's life. An inline call enqueues its work on the caller's
     /// stream in program order (the order its dependencies already follow), its GEMMs
@@ -899,7 +900,12 @@ impl Overlap {
         let (w, wb) = Self::workspace_slice(&g, stream_idx, n);
         g.workspace = w;
         g.workspace_bytes = wb;
-        gemm::run(&g, guard, self.compute_stream(stream_idx)?)
+        let stream = self.compute_stream(stream_idx)?;
+        if self.inline.is_some() {
+            gemm::run(&g, guard, stream) // tp 1: nothing runs beside it
+        } else {
+            gemm::run_beside_comm(&g, guard, stream)
+        }
     }
 
     /// Our own GEMM on compute stream `stream_idx` (the fused algorithms). A launch that

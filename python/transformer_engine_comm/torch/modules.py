@@ -573,11 +573,10 @@ class _ColumnParallelFn(torch.autograd.Function):
 def _bulk_rs_beside_wgrad(cfg: _Cfg, dx_partial, dw_shape, dw_dtype, a, b, **gemm_kwargs):
     """The column backward's dgrad reduce-scatter as a userbuffers bulk RS beside the wgrad
     GEMM (``bulk_overlap("rs", a, b, dW, ...)``): returns ``(dx, dW)``. The dgrad enters the
-    buffer unless it was written there (tp 1 writes it in place)."""
+    buffer first (tp > 1 only: see :func:`_bulk_rs_wanted`)."""
     n, k = dx_partial.shape
     ub_rs = _get_userbuffer("rs", cfg.group, n, k, dx_partial.dtype)
-    if dx_partial.data_ptr() != ub_rs.get_buffer().data_ptr():
-        ub_rs.copy_into_buffer(dx_partial)
+    ub_rs.copy_into_buffer(dx_partial)
     dx = torch.empty((n // cfg.tp, k), dtype=dx_partial.dtype, device=dx_partial.device)
     dw = torch.empty(dw_shape, dtype=dw_dtype, device=dx_partial.device)
     ub_rs.bulk_overlap("rs", a, b, dw, rs_output=dx, **gemm_kwargs)
