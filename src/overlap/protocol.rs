@@ -1199,12 +1199,12 @@ fn check_ag_keep(tp: usize, cfg: Cfg, view: bool, keep: bool) -> Res {
     let inline = tp == 1 && cfg.flavour == Flavour::PeerMemory; // (the fake's idle_alone)
     let before = (!keep && inline && !view).then(|| mem.f32_at(bufs[0]));
     run_group(tp, (n, k), cfg, &mut mem, &bufs, &mut plan_call)?;
-    if let Some(b) = before {
-        if mem.f32_at(bufs[0]).to_bits() != b.to_bits() {
-            return Err(
-                "tp 1 inline without keep_gathered: the shard was copied into the buffer".into(),
-            );
-        }
+    if let Some(b) = before
+        && mem.f32_at(bufs[0]).to_bits() != b.to_bits()
+    {
+        return Err(
+            "tp 1 inline without keep_gathered: the shard was copied into the buffer".into(),
+        );
     }
     for (r, (a, _, _, pd, pc)) in ops.iter().enumerate() {
         let want = matmul_nt(&gathered, a, n, k, m);
