@@ -109,7 +109,6 @@ fn all_gather<B: CallBackend>(b: &mut B, c: &GemmCall, ws: &Tensor) -> Result<()
             g,
             b_copy: c.b_gathered,
             key_m: Some(c.m as usize),
-            keep_gathered: false,
         };
         return b.split_ag(eng, &args);
     }
@@ -177,7 +176,6 @@ fn all_gather_padded<B: CallBackend>(
         },
         b_copy: bg.as_ref().map(|(_, p)| p),
         key_m: Some(c.m as usize),
-        keep_gathered: false,
     };
     b.split_ag(eng, &args)?;
     b.copy(c.d.data.ptr, d_pad, n * ml * de)?;

@@ -330,7 +330,6 @@ pub extern "C" fn nvte_comm_overlap_split_ag(
             g: extras.operands(&a, &b, &d, flags, 0),
             b_copy: bc.as_ref(),
             key_m: None,
-            keep_gathered: true,
         };
         with(overlap, |o| {
             o.split_ag(&args, crate::ffi::stream_of(stream))

@@ -31,11 +31,6 @@ pub struct AgArgs<'a> {
     /// its own). The comm-GEMM API splits m unevenly across the ranks (numroc): its calls
     /// pass the global m, so ranks with different shares of m agree.
     pub key_m: Option<usize>,
-    /// Whether the buffer must hold all of B after the call (the overlap API: the caller
-    /// reads the gathered input from it). The comm-GEMM API's buffer is the library's own
-    /// scratch: at tp 1 (inline) its shard is then not copied into it at all (two such
-    /// copies of 64 MiB cost 93 us of a 2.9 ms training step at the tp-4 shape, H100).
-    pub keep_gathered: bool,
 }
 
 impl Overlap {
@@ -313,7 +308,7 @@ impl Planner<'_> {
             // on the caller's stream (a launch costs the host less than a device-to-device
             // cuMemcpyAsync).
             let mut segs: crate::host::Small<(DevPtr, DevPtr, usize), 2> = Default::default();
-            if !sh.is_view && x.keep_gathered {
+            if !sh.is_view {
                 segs.push((mine, x.g.b.data.ptr, cb));
             }
             if let Some(bc) = x.b_copy {

@@ -1148,13 +1148,6 @@ pub(crate) fn buffers(mem: &mut Mem, tp: usize, bytes: usize) -> Vec<DevPtr> {
 /// Ring all-gather + GEMM: D = gather(B) A^T on every rank; B_copy and the buffer hold
 /// the gathered B. `view`: B is the buffer view (the local chunk filled beforehand).
 fn check_ag(tp: usize, cfg: Cfg, view: bool) -> Res {
-    check_ag_keep(tp, cfg, view, true)
-}
-
-/// [`check_ag`] with `keep_gathered` as given: without it (the comm-GEMM API's scratch
-/// buffer) D and B_copy must be the same, and the buffer is checked only where the ranks
-/// exchange through it (tp > 1); at tp 1 inline its local chunk must stay unwritten.
-fn check_ag_keep(tp: usize, cfg: Cfg, view: bool, keep: bool) -> Res {
     let (nc, k, m) = (4, 8, 16);
     let n = nc * tp;
     let mut mem = Mem::default();
@@ -1192,27 +1185,14 @@ fn check_ag_keep(tp: usize, cfg: Cfg, view: bool, keep: bool) -> Res {
             g: gemm(&ta, &tb, &td),
             b_copy: Some(&tc),
             key_m: None,
-            keep_gathered: keep,
         };
         p.split_ag(&args)
     };
-    let inline = tp == 1 && cfg.flavour == Flavour::PeerMemory; // (the fake's idle_alone)
-    let before = (!keep && inline && !view).then(|| mem.f32_at(bufs[0]));
     run_group(tp, (n, k), cfg, &mut mem, &bufs, &mut plan_call)?;
-    if let Some(b) = before
-        && mem.f32_at(bufs[0]).to_bits() != b.to_bits()
-    {
-        return Err(
-            "tp 1 inline without keep_gathered: the shard was copied into the buffer".into(),
-        );
-    }
     for (r, (a, _, _, pd, pc)) in ops.iter().enumerate() {
         let want = matmul_nt(&gathered, a, n, k, m);
         expect_once(&mem, *pd, &want, &format!("rank {r}: D"))?;
         expect_once(&mem, *pc, &gathered, &format!("rank {r}: B_copy"))?;
-        if !keep && tp == 1 {
-            continue;
-        }
         for (e, w) in gathered.iter().enumerate() {
             if mem.f32_at(bufs[r] + 4 * e) != *w {
                 return Err(format!("rank {r}: the buffer's element {e} is not B's"));
@@ -1470,9 +1450,6 @@ fn ring_all_gather_gemm() {
     all("split_ag (buffer view)", |tp, f| {
         check_ag(tp, Cfg::new(f), true)
     });
-    all("split_ag (scratch buffer: keep_gathered off)", |tp, f| {
-        check_ag_keep(tp, Cfg::new(f), false, false)
-    });
     all("split_ag (bidirectional, 2 pieces)", |tp, f| {
         let cfg = Cfg {
             aggregate: true,
@@ -1578,7 +1555,6 @@ fn check_fused_ag_twice(tp: usize, cfg: Cfg) -> Res {
                 g: gemm(&ta, &tb, &td),
                 b_copy: None,
                 key_m: None,
-                keep_gathered: true,
             };
             let cfg = Cfg {
                 call: call as u64,
