@@ -465,13 +465,6 @@ class _Fp8State:
         return c
 
 
-def _dgrad_out(cfg: _Cfg, group, n: int, k: int, dtype: torch.dtype, device, need_dw: bool) -> torch.Tensor:
-    """Where the column dgrad GEMM beside the bulk all-gather writes ``[n, k]``: a new
-    tensor (at tp 1 it is the dgrad itself: no bulk reduce-scatter follows, see
-    :func:`_bulk_rs_wanted`)."""
-    return torch.empty((n, k), dtype=dtype, device=device)
-
-
 def _bulk_rs_wanted(cfg: _Cfg, need_dw: bool) -> bool:
     """Whether the column dgrad's reduce-scatter runs as a userbuffers bulk RS beside the
     wgrad GEMM. Not at tp 1: there it would only copy the dgrad out of the buffer (64 MiB,
@@ -609,7 +602,7 @@ def _column_backward(ctx, cfg: _Cfg, dy, x, weight):
             ub = _get_userbuffer("ag", group, n, k, x.dtype)
             if cfg.tp > 1:
                 ub.copy_into_buffer(x, local_chunk=True)
-            dx_partial = _dgrad_out(cfg, group, n, k, dy.dtype, dy.device, need_dw)
+            dx_partial = torch.empty((n, k), dtype=dy.dtype, device=dy.device)
             ub.bulk_overlap("ag", weight, dy, dx_partial, transa=False)
             # At tp 1 the gathered input is the input itself (the buffer is not filled).
             x_full = ub.get_buffer() if cfg.tp > 1 else x
@@ -667,7 +660,7 @@ def _column_backward_fp8(ctx, cfg: _Cfg, dy, x_sv, x_si, w_t, w_si):
             ub = _get_userbuffer("ag", group, n, k, x_sv.dtype)
             if cfg.tp > 1:
                 ub.copy_into_buffer(x_sv, local_chunk=True)
-            dx_partial = _dgrad_out(cfg, group, n, k, odt, dy.device, need_dw)
+            dx_partial = torch.empty((n, k), dtype=odt, device=dy.device)
             ub.bulk_overlap("ag", w_t, dyf.data, dx_partial, x_scale_inv=dyf.scale_inv, w_scale_inv=w_si,
                             use_split_accumulator=not FP8_DGRAD_FAST_ACCUM)
             x_full = ub.get_buffer() if cfg.tp > 1 else x_sv
