@@ -375,36 +375,28 @@ __device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
 #define GEMM90_EPI_WIDE 1
 #endif
 
+// One butterfly stage of quad_transpose: the lanes whose bit `bit` is set send their
+// (a_lo, b_lo) and receive into them, the others send and receive (a_hi, b_hi).
+__device__ __forceinline__ void quad_swap(u32 &a_lo, u32 &a_hi, u32 &b_lo, u32 &b_hi, bool hi,
+                                          int bit) {
+  u32 a = hi ? a_lo : a_hi, b = hi ? b_lo : b_hi;
+  a = __shfl_xor_sync(0xffffffffu, a, bit);
+  b = __shfl_xor_sync(0xffffffffu, b, bit);
+  if (hi) {
+    a_lo = a;
+    b_lo = b;
+  } else {
+    a_hi = a;
+    b_hi = b;
+  }
+}
+
 // 4 x 4 transpose across the lanes of a quad: lane q's slot g goes to lane g's slot q,
 // in two butterfly stages (xor 1, xor 2), each swapping the slots whose bit differs
 // from the lane's bit.
 __device__ __forceinline__ void quad_transpose(u32 &x0, u32 &x1, u32 &x2, u32 &x3, int q) {
-  {
-    const bool hi = q & 1;
-    u32 a = hi ? x0 : x1, b = hi ? x2 : x3;
-    a = __shfl_xor_sync(0xffffffffu, a, 1);
-    b = __shfl_xor_sync(0xffffffffu, b, 1);
-    if (hi) {
-      x0 = a;
-      x2 = b;
-    } else {
-      x1 = a;
-      x3 = b;
-    }
-  }
-  {
-    const bool hi = q & 2;
-    u32 a = hi ? x0 : x2, b = hi ? x1 : x3;
-    a = __shfl_xor_sync(0xffffffffu, a, 2);
-    b = __shfl_xor_sync(0xffffffffu, b, 2);
-    if (hi) {
-      x0 = a;
-      x1 = b;
-    } else {
-      x2 = a;
-      x3 = b;
-    }
-  }
+  quad_swap(x0, x1, x2, x3, q & 1, 1);
+  quad_swap(x0, x2, x1, x3, q & 2, 2);
 }
 
 // The wide epilogue: for each block of 4 column groups (32 columns) and each of the two
