@@ -277,12 +277,7 @@ bool in_bar(const Row &r) {
 }  // namespace
 
 int main(int argc, char **argv) {
-  // Ranks may share GPUs: one GPU is enough for any rank count.
-  if (argc >= 3 && std::strcmp(argv[1], "--probe") == 0) {
-    char one[] = "1";
-    char *pa[] = {argv[0], argv[1], one};
-    probe_or_continue(3, pa);
-  }
+  probe_one_gpu_or_continue(argc, argv);  // ranks may share GPUs
   MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &g_tp);

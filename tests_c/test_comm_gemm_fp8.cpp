@@ -192,12 +192,7 @@ Result run(Report &rep, NVTECommGemmCtx *ctx, bool all_reduce, bool split, NVTED
 }  // namespace
 
 int main(int argc, char **argv) {
-  // Ranks may share GPUs: one GPU is enough for any rank count.
-  if (argc >= 3 && std::strcmp(argv[1], "--probe") == 0) {
-    char one[] = "1";
-    char *pa[] = {argv[0], argv[1], one};
-    probe_or_continue(3, pa);
-  }
+  probe_one_gpu_or_continue(argc, argv);  // ranks may share GPUs
   MPI_Init(&argc, &argv);
   Report rep;
   int rank, size, ndev = 0;

@@ -303,12 +303,7 @@ void engine_case(Env &e, bool ag, bool use_ce, bool view, bool graph) {
 }  // namespace
 
 int main(int argc, char **argv) {
-  // Ranks may share GPUs: one GPU is enough for any rank count.
-  if (argc >= 3 && std::strcmp(argv[1], "--probe") == 0) {
-    char one[] = "1";
-    char *pa[] = {argv[0], argv[1], one};
-    probe_or_continue(3, pa);
-  }
+  probe_one_gpu_or_continue(argc, argv);  // ranks may share GPUs
   MPI_Init(&argc, &argv);
   Report rep;
   Env e{};

@@ -58,6 +58,16 @@ inline void probe_or_continue(int argc, char **argv) {
   }
 }
 
+// probe_or_continue for a test whose ranks may share GPUs: one GPU is enough for any
+// rank count, whatever `--probe N` asks.
+inline void probe_one_gpu_or_continue(int argc, char **argv) {
+  if (argc >= 3 && std::strcmp(argv[1], "--probe") == 0) {
+    char one[] = "1";
+    char *pa[] = {argv[0], argv[1], one};
+    probe_or_continue(3, pa);
+  }
+}
+
 inline size_t dtype_bytes(NVTEDType t) {
   switch (t) {
     case kNVTEFloat32: case kNVTEInt32: return 4;
