@@ -22,6 +22,33 @@ te_comm_cmake_build() {
   cmake --build "$dir" -j "$(nproc)" >"$dir/build.log" 2>&1 || { tail -n 60 "$dir/build.log" >&2; return 1; }
 }
 
+# Build a plain C++ benchmark against the CUDA toolkit (cudart, NVRTC, cuBLASLt; no cargo,
+# no nvcc kernels): `build_cuda_bench NAME SRC BIN LOG`. The toolkit: $CUDA_HOME, else
+# /usr/local/cuda, else nvcc's; the compiler: $CXX, else g++, else nvcc. The log starts
+# with the build, then the commit and the GPU. Exit status 2 (build log tail printed) when
+# it fails.
+build_cuda_bench() {
+  local name=$1 src=$2 bin=$3 log=$4
+  local cuda=${CUDA_HOME:-/usr/local/cuda}
+  if [ ! -d "$cuda/include" ] && command -v nvcc >/dev/null; then
+    cuda=$(cd "$(dirname "$(command -v nvcc)")/.." && pwd)
+  fi
+  [ -d "$cuda/include" ] || { echo "$name: no CUDA toolkit at $cuda (set CUDA_HOME)" >&2; return 2; }
+  local libdir=$cuda/lib64
+  [ -d "$libdir" ] || libdir=$cuda/lib
+  local cxx=${CXX:-g++}
+  command -v "$cxx" >/dev/null || cxx=$cuda/bin/nvcc
+  echo "=== build ($cxx, CUDA at $cuda)" | tee "$log"
+  "$cxx" -std=c++17 -O2 "$src" -I"$cuda/include" -L"$libdir" \
+    -Wl,-rpath,"$libdir" -lcudart -lnvrtc -lcublasLt -o "$bin" >>"$log" 2>&1 || {
+    tail -n 40 "$log"
+    echo "$name: build failed" >&2
+    return 2
+  }
+  (git -C "$root" rev-parse --short HEAD 2>/dev/null || echo "commit: unknown") >>"$log"
+  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader >>"$log" 2>&1 || true
+}
+
 gpu_count() {
   nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true
 }

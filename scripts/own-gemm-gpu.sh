@@ -16,29 +16,10 @@
 # Log and binary under $OUT (default own-gemm-out/); exits with own_gemm's status
 # (1: a wrong result or a hang, 2: setup error). CUDA_HOME (default /usr/local/cuda).
 set -u
-root=$(cd "$(dirname "$0")/.." && pwd)
+source "$(dirname "$0")/common.sh"
 out=${OUT:-$root/own-gemm-out}
 mkdir -p "$out"
-cuda=${CUDA_HOME:-/usr/local/cuda}
-if [ ! -d "$cuda/include" ] && command -v nvcc >/dev/null; then
-  cuda=$(cd "$(dirname "$(command -v nvcc)")/.." && pwd)
-fi
-[ -d "$cuda/include" ] || { echo "own-gemm-gpu: no CUDA toolkit at $cuda (set CUDA_HOME)" >&2; exit 2; }
-libdir=$cuda/lib64
-[ -d "$libdir" ] || libdir=$cuda/lib
-cxx=${CXX:-g++}
-command -v "$cxx" >/dev/null || cxx=$cuda/bin/nvcc
-echo "=== build ($cxx, CUDA at $cuda)" | tee "$out/own_gemm.log"
-"$cxx" -std=c++17 -O2 "$root/bench/own_gemm.cpp" -I"$cuda/include" -L"$libdir" \
-  -Wl,-rpath,"$libdir" -lcudart -lnvrtc -lcublasLt -o "$out/own_gemm" >>"$out/own_gemm.log" 2>&1
-rc=$?
-if [ $rc -ne 0 ]; then
-  tail -n 40 "$out/own_gemm.log"
-  echo "own-gemm-gpu: build failed" >&2
-  exit 2
-fi
-(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo "commit: unknown") >>"$out/own_gemm.log"
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader >>"$out/own_gemm.log" 2>&1 || true
+build_cuda_bench own-gemm-gpu "$root/bench/own_gemm.cpp" "$out/own_gemm" "$out/own_gemm.log" || exit 2
 cd "$root"
 # Passes: "base" (the kernel as committed, the library's exact NVRTC options) decides the
 # exit status; "narrow" (-DGEMM90_EPI_WIDE=0: 4- or 8-byte epilogue stores) is an A/B run in the

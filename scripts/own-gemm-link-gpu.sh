@@ -19,32 +19,13 @@
 # program prints where it is stuck ('  hang:' lines: stream states, the pacer's mirror,
 # the verification run's steps, device words) and the table of the rows done so far.
 set -u
-root=$(cd "$(dirname "$0")/.." && pwd)
+source "$(dirname "$0")/common.sh"
 out=${OUT:-$root/own-gemm-link-out}
 mkdir -p "$out"
 log=$out/own_gemm_link.log
 md=$out/own_gemm_link.md
 rm -f "$md"
-cuda=${CUDA_HOME:-/usr/local/cuda}
-if [ ! -d "$cuda/include" ] && command -v nvcc >/dev/null; then
-  cuda=$(cd "$(dirname "$(command -v nvcc)")/.." && pwd)
-fi
-[ -d "$cuda/include" ] || { echo "own-gemm-link-gpu: no CUDA toolkit at $cuda (set CUDA_HOME)" >&2; exit 2; }
-libdir=$cuda/lib64
-[ -d "$libdir" ] || libdir=$cuda/lib
-cxx=${CXX:-g++}
-command -v "$cxx" >/dev/null || cxx=$cuda/bin/nvcc
-echo "=== build ($cxx, CUDA at $cuda)" | tee "$log"
-"$cxx" -std=c++17 -O2 "$root/bench/own_gemm_link.cpp" -I"$cuda/include" -L"$libdir" \
-  -Wl,-rpath,"$libdir" -lcudart -lnvrtc -lcublasLt -o "$out/own_gemm_link" >>"$log" 2>&1
-rc=$?
-if [ $rc -ne 0 ]; then
-  tail -n 40 "$log"
-  echo "own-gemm-link-gpu: build failed" >&2
-  exit 2
-fi
-(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo "commit: unknown") >>"$log"
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader >>"$log" 2>&1 || true
+build_cuda_bench own-gemm-link-gpu "$root/bench/own_gemm_link.cpp" "$out/own_gemm_link" "$log" || exit 2
 cd "$root"
 echo "=== own_gemm_link $*" | tee -a "$log"
 # Three streams (compute, pacer, copies) should sit on separate hardware queues, or the
