@@ -1637,6 +1637,41 @@ fn pipelined_and_ring_reduce_scatter() {
     all("split_rs_p2p (fused ring, two calls, new data)", |tp, f| {
         check_fused_rs_twice(tp, Cfg::fused(f, false))
     });
+    // In pieces: a done signal and an exchange per piece (3: the largest count that
+    // divides the rows is taken).
+    for pieces in [2, 3] {
+        all(
+            &format!("split_rs_p2p (fused ring, {pieces} pieces)"),
+            |tp, f| {
+                let cfg = Cfg {
+                    pieces,
+                    ..Cfg::fused(f, false)
+                };
+                check_rs(tp, cfg, true)
+            },
+        );
+    }
+    all(
+        "split_rs_p2p (fused ring in 2 pieces, our GEMM not loaded)",
+        |tp, f| {
+            let cfg = Cfg {
+                own_gemm: None,
+                pieces: 2,
+                ..Cfg::fused(f, false)
+            };
+            check_rs(tp, cfg, true)
+        },
+    );
+    all(
+        "split_rs_p2p (fused ring in 2 pieces, two calls, new data)",
+        |tp, f| {
+            let cfg = Cfg {
+                pieces: 2,
+                ..Cfg::fused(f, false)
+            };
+            check_fused_rs_twice(tp, cfg)
+        },
+    );
     all("split_rs (pipelined, fused asked: unchanged)", |tp, f| {
         check_rs(tp, Cfg::fused(f, false), false)
     });
@@ -1679,6 +1714,16 @@ fn all_reduce_variants() {
     all("split_ar (ring, fused reduce-scatter)", |tp, f| {
         check_ar(tp, Cfg::fused(f, false))
     });
+    all(
+        "split_ar (ring, fused reduce-scatter in 2 pieces)",
+        |tp, f| {
+            let cfg = Cfg {
+                pieces: 2,
+                ..Cfg::fused(f, false)
+            };
+            check_ar(tp, cfg)
+        },
+    );
     all("split_ar (ring, accumulating)", |tp, f| {
         let cfg = Cfg {
             rs_accumulate: true,

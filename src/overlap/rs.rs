@@ -30,11 +30,12 @@
 //!   algorithms): the ring above (and the ring all-reduce's reduce-scatter) with one
 //!   launch of our own GEMM instead of a GEMM per destination: it computes the whole
 //!   partial into staging, its tile rows starting at destination r+1's rows (the ring's
-//!   order), and signals each destination's rows as done (a u32 per row block); comm
-//!   stream 0 waits for each signal (cuStreamWaitValue32: no timeout, but the GEMM waits
-//!   on nothing itself, so its signals always come) before that destination's exchange,
-//!   which stays the transport's bounded one. Where our GEMM cannot compute the call, the
-//!   GEMMs per destination as above; the exchanges are the same either way.
+//!   order), and signals each piece of a destination's rows as done (a u32 per piece;
+//!   the tuning's `pieces` per destination); comm stream 0 waits for each signal
+//!   (cuStreamWaitValue32: no timeout, but the GEMM waits on nothing itself, so its
+//!   signals always come) before that piece's exchange, which stays the transport's
+//!   bounded one. Where our GEMM cannot compute the call, the GEMMs per destination as
+//!   above; the exchanges (pieces included) are the same either way.
 //!
 //! FP8 buffers: the GEMMs write FP8 partials with D's scale; the reduction dequantizes
 //! with D's scale_inv, sums in fp32 and writes bf16 / fp16 / fp32.
@@ -414,24 +415,50 @@ impl Planner<'_> {
         let slot_bytes = p.nc * p.m * eb(self.dtype());
         let plan = super::schedule::rs_exchange(self.tp(), self.tp_rank());
         let fp8 = self.fp8_output(x.rs_output, "rs_output", Lane::Comm(0))?;
-        let done = self.fused_rs_gemm(p, staging)?;
+        let pieces = self.fused_rs_pieces(p.nc);
+        let done = self.fused_rs_gemm(p, staging, pieces)?;
         if done.is_none() {
             self.ring_rs_gemms(p, staging, &plan.gemm_dest);
         }
-        self.ring_rs_exchanges(staging, slot_bytes, &plan.steps, done)?;
-        self.ring_rs_reduce(x, p, staging, fp8, done)?;
+        self.ring_rs_exchanges(staging, (slot_bytes, pieces), &plan.steps, done)?;
+        self.ring_rs_reduce(x, p, staging, fp8, done.map(|d| (d, pieces)))?;
         if let Some(d) = done {
             // every signal back to zero (the next call clears them again before its GEMM)
-            self.memset(d, 4 * self.tp(), Lane::Comm(0));
+            self.memset(d, 4 * self.tp() * pieces, Lane::Comm(0));
         }
         Ok(())
     }
 
+    /// Pieces per destination of the fused ring (settings `atomic`; else 1): the tuning's
+    /// pieces, at most as many as divide the `nc` rows evenly and leave room for a done
+    /// signal and a tile counter per piece. Each piece is signalled by our GEMM and
+    /// exchanged on its own, so the first exchange starts after 1/pieces of a
+    /// destination's rows and the last one after the GEMM is 1/pieces of a block. It
+    /// depends only on values every rank shares, so every rank exchanges the same pieces
+    /// whichever GEMM it runs.
+    fn fused_rs_pieces(&self, nc: usize) -> usize {
+        if !self.e.settings.atomic {
+            return 1;
+        }
+        let tp = self.tp();
+        let mut pieces = (self.e.tuning.pieces.max(1)).min(nc.max(1));
+        while pieces > 1 && (!nc.is_multiple_of(pieces) || 2 * tp * pieces > MAX_FLAGS) {
+            pieces -= 1;
+        }
+        pieces
+    }
+
     /// The fused ring's GEMM (module doc) where the settings ask for it and our GEMM can
     /// compute the call: comm stream 0 clears the done signals, then one launch computes
-    /// the whole partial into staging. Returns the signals (u32 per destination), or None
-    /// (the GEMMs per destination are the caller's).
-    fn fused_rs_gemm(&mut self, p: &RsPlan, staging: DevPtr) -> Result<Option<DevPtr>> {
+    /// the whole partial into staging. Returns the signals (u32 per piece of each
+    /// destination: `pieces` per destination, in row order), or None (the GEMMs per
+    /// destination are the caller's).
+    fn fused_rs_gemm(
+        &mut self,
+        p: &RsPlan,
+        staging: DevPtr,
+        pieces: usize,
+    ) -> Result<Option<DevPtr>> {
         if !self.e.settings.atomic {
             return Ok(None);
         }
@@ -446,20 +473,23 @@ impl Planner<'_> {
             return Ok(None);
         }
         let (tp, r) = (self.tp(), self.tp_rank());
+        // signals [tp * pieces], then the kernel's tile counters (it keeps them at zero)
         let done = self.flags()? + 4 * MAX_FLAGS;
         let cs = Lane::Comm(0);
-        self.memset(done, 4 * tp, cs);
+        self.memset(done, 4 * tp * pieces, cs);
         let ev_clear = self.e.events - 1;
         self.record(ev_clear, cs);
         self.wait_event(ev_clear, Lane::Compute(0));
         let hooks = Hooks {
             done,
-            done_rows: p.nc,
+            done_rows: p.nc / pieces,
             done_value: 1,
             n_tile_rot: (r + 1) % tp * p.nc / TILE_ROWS,
             ..Default::default()
         };
-        self.step(|| format!("fused ring: our sm90 GEMM, {tp} destinations signalled"));
+        self.step(|| {
+            format!("fused ring: our sm90 GEMM, {tp} destinations x {pieces} pieces signalled")
+        });
         self.fused_gemm(&g, hooks, self.fused_sms(), 0);
         Ok(Some(done))
     }
@@ -491,65 +521,84 @@ impl Planner<'_> {
 
     /// Step i: our partial for rank d = r+i+1 goes to its slot r, and the partial of rank
     /// s = r-i-1 for us lands in our slot s (the barrier at the start of the call made
-    /// sure every rank is done with its buffer from the last call).
+    /// sure every rank is done with its buffer from the last call). In `pieces` exchanges
+    /// (the fused ring's; each after our GEMM's done signal of that piece), else one
+    /// after the destination's GEMM.
     fn ring_rs_exchanges(
         &mut self,
         staging: DevPtr,
-        slot_bytes: usize,
+        (slot_bytes, pieces): (usize, usize),
         steps: &[super::schedule::Transfer],
         done: Option<DevPtr>,
     ) -> Result<()> {
         let cs = Lane::Comm(0);
         let slot = self.e.slots.rs_p2p;
+        // `pieces` divides the slot's rows, so each piece is slot_bytes / pieces bytes.
+        let piece = slot_bytes / pieces;
         for (i, t) in steps.iter().enumerate() {
-            match done {
-                Some(d) => self.wait_flag(d + 4 * t.to, 1, cs),
-                None => self.wait_event(i, cs),
+            if done.is_none() {
+                self.wait_event(i, cs);
             }
-            let send = SendOp {
-                peer: t.to,
-                src: staging + t.to * slot_bytes,
-                dst_offset: t.send * slot_bytes,
-                bytes: slot_bytes,
-            };
-            let recv = RecvOp {
-                peer: t.from,
-                dst_offset: t.recv * slot_bytes,
-                bytes: slot_bytes,
-            };
-            let info = WaitInfo {
-                op: Op::SplitRsP2p as u32,
-                step: i as u32,
-            };
-            self.step(|| {
-                format!(
-                    "exchange {}: partial to rank {}, from rank {}",
-                    i + 1,
-                    t.to,
-                    t.from
-                )
-            });
-            self.exchange(send, recv, (slot, tag(i)), cs, info)?;
+            for c in 0..pieces {
+                if let Some(d) = done {
+                    self.wait_flag(d + 4 * (t.to * pieces + c), 1, cs);
+                }
+                let send = SendOp {
+                    peer: t.to,
+                    src: staging + t.to * slot_bytes + c * piece,
+                    dst_offset: t.send * slot_bytes + c * piece,
+                    bytes: piece,
+                };
+                let recv = RecvOp {
+                    peer: t.from,
+                    dst_offset: t.recv * slot_bytes + c * piece,
+                    bytes: piece,
+                };
+                let q = i * pieces + c;
+                let info = WaitInfo {
+                    op: Op::SplitRsP2p as u32,
+                    step: q as u32,
+                };
+                self.step(|| {
+                    let of = if pieces > 1 {
+                        format!(" (piece {} of {pieces})", c + 1)
+                    } else {
+                        String::new()
+                    };
+                    format!(
+                        "exchange {}: partial to rank {}, from rank {}{of}",
+                        i + 1,
+                        t.to,
+                        t.from
+                    )
+                });
+                self.exchange(send, recv, (slot, tag(q)), cs, info)?;
+            }
             self.mark(cs, || format!("exchanged{i}"));
         }
         Ok(())
     }
 
     /// The closing reduction of the tp partials (this rank's own from staging, the
-    /// others' landed in the buffer) into `rs_output`.
+    /// others' landed in the buffer) into `rs_output`. `done`: the fused ring's signals
+    /// and pieces per destination (all of this rank's own are waited for).
     fn ring_rs_reduce(
         &mut self,
         x: &RsArgs,
         p: &RsPlan,
         staging: DevPtr,
         fp8: (DevPtr, DevPtr),
-        done: Option<DevPtr>,
+        done: Option<(DevPtr, usize)>,
     ) -> Result<()> {
         let (tp, r) = (self.tp(), self.tp_rank());
         let slot_bytes = p.nc * p.m * eb(self.dtype());
         let cs = Lane::Comm(0);
         match done {
-            Some(d) => self.wait_flag(d + 4 * r, 1, cs),
+            Some((d, pieces)) => {
+                for c in 0..pieces {
+                    self.wait_flag(d + 4 * (r * pieces + c), 1, cs);
+                }
+            }
             None => self.wait_event(tp - 1, cs),
         }
         let srcs: PerRank<DevPtr> = (0..tp)
