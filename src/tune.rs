@@ -87,7 +87,8 @@ pub struct Choice {
     /// reduce-scatter and all-reduce rings: the GEMMs add the running sums (the
     /// accumulating ring), else a closing reduction sums the partials
     pub accumulate: bool,
-    /// all-gather: the fused algorithm (one launch of our GEMM on arrival flags)
+    /// the fused algorithms (one launch of our GEMM): the all-gather on arrival flags,
+    /// the reduce-scatter ring (and the ring all-reduce's) on done signals per piece
     pub fused: bool,
 }
 
@@ -282,7 +283,8 @@ impl Candidates {
                 });
             }
         }
-        for splits in [2, 3, 4, 6, 8] {
+        // (3 splits left out for the fused ring's two: at most 16 candidates)
+        for splits in [2, 4, 6, 8] {
             for sms in [16, 32] {
                 self.add(Choice {
                     ring: false,
@@ -292,6 +294,24 @@ impl Candidates {
                     ..d
                 });
             }
+        }
+        if peer_memory {
+            self.fused_ring(d, &[1, 4]);
+        }
+    }
+
+    /// The fused ring (one launch of our GEMM signalling each piece of a destination's
+    /// rows, each piece pushed by copy engine as soon as it is signalled) in `pieces`
+    /// pieces per destination: chosen only where measured faster, as every candidate.
+    fn fused_ring(&mut self, d: Choice, pieces: &[i32]) {
+        for &pieces in pieces {
+            self.add(Choice {
+                ring: true,
+                use_ce: true,
+                fused: true,
+                pieces,
+                ..d
+            });
         }
     }
 
@@ -324,6 +344,9 @@ impl Candidates {
                 splits,
                 ..d
             });
+        }
+        if peer_memory {
+            self.fused_ring(d, &[4]);
         }
     }
 }
@@ -625,7 +648,22 @@ mod tests {
         assert!(run(&ar, &|c| !c.ring), "chunked");
         // The fused all-gather: all-gather candidates only, among the forced picks.
         assert!(run(&ag, &|c| c.fused));
-        assert!(!rs.iter().chain(ar.iter()).any(|c| c.fused));
+        // The fused ring (reduce-scatter and the ring all-reduce's): after the other
+        // candidates (the forced picks above stay where they were), ring and copy engine
+        // only, with peer memory only.
+        for x in [&rs, &ar] {
+            let f: Vec<_> = x.iter().filter(|c| c.fused).collect();
+            assert!(!f.is_empty() && f.iter().all(|c| c.ring && c.use_ce && !c.accumulate));
+            assert!(x.iter().skip_while(|c| !c.fused).all(|c| c.fused));
+        }
+        assert!(rs.iter().any(|c| c.fused && c.pieces == 4));
+        for op in [Op::ReduceScatter, Op::AllReduce] {
+            assert!(
+                !candidates(op, 2, false, d(), 132, true)
+                    .iter()
+                    .any(|c| c.fused)
+            );
+        }
         // The bidirectional ring only from tp 4.
         assert!(
             !candidates(Op::AllGather, 2, true, d(), 132, true)
