@@ -25,9 +25,10 @@
 // %globaltimer; its start is t0. Two link variants: "flags": no data moves, the pacer
 // itself writes each AG arrival flag (one per piece) at its scheduled time
 // (st.release.sys), and in RS only keeps the schedule; "copies": the data really moves on
-// a copy stream (cudaMemcpyAsync, device to device), each piece after a
-// cuStreamWaitValue32 on its go word, which the pacer writes at the piece's scheduled
-// start (AG: the previous piece's scheduled arrival; RS: the piece's start above); after
+// a copy stream (device to device, --copy-api: cudaMemcpyBatchAsync with the hint to
+// overlap with compute, else cudaMemcpyAsync), each piece after a cuStreamWaitValue32 on
+// its go word, which the pacer writes at the piece's scheduled start (AG: the previous
+// piece's scheduled arrival; RS: the piece's start above); after
 // each AG piece the copy stream writes the piece's "copied" word (cuStreamWriteValue32),
 // and the pacer writes the piece's flag (st.release.sys) once the piece's scheduled
 // arrival has passed and it has seen that word. So every word our kernel waits on is
@@ -102,7 +103,10 @@
 // ag|rs, --dtype bf16|e4m3|both, --tp LIST (e.g. 8 or 4,8), --out FILE (the markdown
 // table, also printed), --compile-only, --define NAME=VALUE (a -D for our kernel),
 // --budget SECONDS (default 150: no row starts later; those rows are reported as not
-// run), --gemm-sms N (the fused kernel's and the chunks' SM budget, default SMs - 1).
+// run), --gemm-sms N (the fused kernel's and the chunks' SM budget, default SMs - 1),
+// --copy-api memcpy|batch (the copies' API, default batch: cudaMemcpyBatchAsync, one copy
+// per call, cudaMemcpyFlagPreferOverlapWithCompute, the source read in stream order; a
+// refusal or a wrong probe copy falls back to cudaMemcpyAsync, said in the log and table).
 // A run that does not end (20 s for a verification run, 30 s for a row's timed runs) is a
 // hang: the program prints where it is stuck, without waiting on the device ('  hang:'
 // lines: which streams are busy; the pacer's progress from a host-mapped mirror of what it
@@ -263,7 +267,7 @@ struct PaceArgs {
   u64 block_ns;      // one block's link time (a piece: its share, the pieces adding up to it)
   u64 hold_ns;       // mode 2
   u64 timeout_ns;    // per wait for a word (start, ready, copied)
-  int mode;          // 0 AG, 1 RS, 2 hold (the co-residence probe)
+  int mode;          // 0 AG, 1 RS, 2 hold (the co-residence probe; flags: see the copy-engine check)
   int nsend, pieces, copies, local;
   u32 epoch;
   u32 order;         // blocks in arrival / send order, 4 bits each (entry i: bits 4i..4i+3)
@@ -331,6 +335,12 @@ extern "C" __global__ void link_pacer(const PaceArgs a) {
     atomicAdd(a.status + 3, 1u);  // CTAs resident
     st_rel(a.sig, a.epoch);
     mput(m, MIR_PHASE, 6u << 16);
+    // The copy-engine check: CTA 0 writes flags[0] half way through the hold (a stream
+    // wait released while every SM is held).
+    if (a.flags && blockIdx.x == 0) {
+      sleep_until(t0 + a.hold_ns / 2);
+      st_rel(a.flags, a.epoch);
+    }
     sleep_until(t0 + a.hold_ns);
     mput(m, MIR_PHASE, 8u << 16);
     mput(m, MIR_EXIT, a.epoch);
@@ -545,8 +555,53 @@ static void fill_words(void *p, size_t bytes, uint32_t v, cudaStream_t s) {
 static void poison(void *p, size_t bytes, bool fp8, cudaStream_t s) {
   fill_words(p, bytes, fp8 ? 0x7f7f7f7fu : 0x7fc07fc0u, s);
 }
-// A device-to-device copy on stream s (the copies variant's pieces, the copy-engine check).
+// The copies' API (--copy-api): "batch", cudaMemcpyBatchAsync (CUDA 12.8+) with one copy
+// per call, attributes cudaMemcpyFlagPreferOverlapWithCompute (a hint to overlap the copy
+// with compute work, i.e. to use a copy engine rather than SMs) and the source read in
+// stream order; or "memcpy", cudaMemcpyAsync (device to device: on one GPU the driver may
+// do it with an SM kernel, which queues behind a kernel that holds every SM).
+enum CopyApi { COPY_MEMCPY = 0, COPY_BATCH = 1 };
+static int g_copy_api = COPY_BATCH;
+static std::string g_copy_note;  // why the batch API is not used (the fallback), if so
+static const char *copy_api_name() {
+  return g_copy_api == COPY_BATCH ? "cudaMemcpyBatchAsync (PreferOverlapWithCompute, one copy per call)"
+                                  : "cudaMemcpyAsync";
+}
+static cudaError_t memcpy_batch1(void *dst, const void *src, size_t bytes, cudaStream_t s) {
+#if CUDART_VERSION >= 12080
+  cudaMemcpyAttributes at;
+  std::memset(&at, 0, sizeof at);
+  at.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+  at.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+  void *dsts[1] = {dst};
+  void *srcs[1] = {const_cast<void *>(src)};
+  size_t sizes[1] = {bytes}, idx[1] = {0};
+#if CUDART_VERSION >= 13000
+  return cudaMemcpyBatchAsync(dsts, srcs, sizes, 1, &at, idx, 1, s);
+#else
+  size_t fail_idx = 0;
+  return cudaMemcpyBatchAsync(dsts, srcs, sizes, 1, &at, idx, 1, &fail_idx, s);
+#endif
+#else
+  (void)dst, (void)src, (void)bytes, (void)s;
+  return cudaErrorNotSupported;  // built against a CUDA older than 12.8
+#endif
+}
+// Switches to cudaMemcpyAsync for the rest of the run, saying why (once).
+static void copy_fallback(const std::string &why) {
+  g_copy_api = COPY_MEMCPY;
+  g_copy_note = "cudaMemcpyBatchAsync " + why + ": cudaMemcpyAsync instead";
+  std::printf("note: %s\n", g_copy_note.c_str());
+}
+// A device-to-device copy on stream s (the copies variant's pieces, the copy-engine check),
+// by the chosen API; a refused batch call falls back to cudaMemcpyAsync from then on.
 static void copy_d2d(void *dst, const void *src, size_t bytes, cudaStream_t s) {
+  if (g_copy_api == COPY_BATCH) {
+    const cudaError_t e = memcpy_batch1(dst, src, bytes, s);
+    if (e == cudaSuccess) return;
+    (void)cudaGetLastError();  // not sticky: clear it, or the next wait_stream would take it for a failure
+    copy_fallback(std::string("refused (") + cudaGetErrorString(e) + ")");
+  }
   CK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s));
 }
 static void sync_all(const char *what, int seconds = 60) {
@@ -676,7 +731,7 @@ struct Ctx {
   PaceArgs pace(int mode, bool copies, const uint32_t *rdy, int rdy_pieces, uint32_t e) const {
     PaceArgs p;
     std::memset(&p, 0, sizeof p);
-    p.flags = r.rs ? nullptr : flags;
+    p.flags = r.rs || mode == 2 ? nullptr : flags;
     p.ready = rdy;
     p.sig = sig;
     p.status = g_status;
@@ -946,21 +1001,50 @@ static bool verify(Ctx &c, Kind kind, int copies, float rms) {
   return ok;
 }
 
+// The batch API once, before the copy-engine check: a refusal, or a copy that is not bit
+// for bit the source, and the run uses cudaMemcpyAsync instead (said so).
+static void probe_copy_api() {
+  if (g_copy_api != COPY_BATCH) return;
+  const size_t bytes = 1u << 20;
+  void *a, *b;
+  CK(cudaMalloc(&a, bytes));
+  CK(cudaMalloc(&b, bytes));
+  fill_words(a, bytes, 0x3f813f82u, g_comp);
+  fill_words(b, bytes, 0, g_comp);
+  wait_stream(g_comp, "copy API probe setup");
+  copy_d2d(b, a, bytes, g_copy);
+  wait_stream(g_copy, "copy API probe (one 1 MiB copy)", 20);
+  if (g_copy_api == COPY_BATCH) {
+    const Cmp m = compare_bits(a, b, bytes);
+    if (m.bad) copy_fallback("copied wrong (" + std::to_string(m.bad) + " of " + std::to_string(bytes / 4) +
+                             " words differ)");
+  }
+  CK(cudaFree(a));
+  CK(cudaFree(b));
+}
+
 // Can the copy stream do its part of the copies variant while every SM is busy? A hold
 // kernel (the pacer in hold mode, 100 ms: one CTA per SM, each with all the shared memory a
 // CTA may have, so nothing else fits anywhere) runs on the COMPUTE stream, where our fused
-// kernel runs; meanwhile the copy stream does what it does in an iteration, each step timed
-// with events: (1) a 64 MiB device-to-device copy after a cuStreamWaitValue32 on a word the
-// hold CTAs wrote, (2) four 8 MiB pieces at offsets, each after a (satisfied)
-// cuStreamWaitValue32, (3) a cuStreamWriteValue32 without the memory barrier, (4) one with
-// it. A step that needed an SM (a copy done by a kernel) or waited for the busy SMs (a
-// write whose barrier waits for them) takes most of the hold. Then the copies variant would
-// make the pacer time out (no longer deadlock: the pacer writes our kernel's flags); so:
-// (1)-(3) slow: copies variant skipped; only (4) slow: the copied words (and RS chunks'
-// ready words) are written without the barrier (the work before still completes first in
-// stream order; the verification runs check the data bit for bit).
+// kernel runs; meanwhile the copy stream does what it does in an iteration, by the chosen
+// copy API (--copy-api), each step timed with events: (1) a 64 MiB device-to-device copy
+// after a cuStreamWaitValue32 on a word the hold CTAs wrote, (2) four 8 MiB pieces at
+// offsets, each after a (satisfied) cuStreamWaitValue32, (3) a cuStreamWriteValue32
+// without the memory barrier, (4) one with it, (5) an 8 MiB piece after a
+// cuStreamWaitValue32 on a word that the hold kernel writes half way through the hold (as
+// the pacer's go words are written while our kernel holds the SMs; (1)-(4) find theirs
+// already there). A step that needed an SM (a copy done by a kernel) or waited for the
+// busy SMs (a write whose barrier waits for them) takes most of the hold. Then the copies
+// variant would make the pacer time out (no longer deadlock: the pacer writes our kernel's
+// flags); so: (1)-(3) slow: copies variant skipped; only (4) slow: the copied words (and
+// RS chunks' ready words) are written without the barrier (the work before still
+// completes first in stream order; the verification runs check the data bit for bit).
+// (5) only goes to the log and the table's notes (ended near the hold's end: the copies
+// crawl while our kernel holds the SMs, as on the first H100 runs, whose check passed).
+static std::string g_ce_summary;  // the check's line, for the table
 static bool ce_check() {
   const size_t bytes = 64u << 20, piece = 8u << 20;
+  const float hold_ms = 100.f;
   void *a, *b;
   uint32_t *w, *st;
   CK(cudaMalloc(&a, bytes));
@@ -974,42 +1058,54 @@ static bool ce_check() {
   wait_stream(g_comp, "copy-engine check setup");
   PaceArgs p;
   std::memset(&p, 0, sizeof p);
+  p.flags = w + 3;  // (5): CTA 0 writes it half way through the hold
   p.sig = w + 32;
   p.status = st;
-  p.hold_ns = 100000000ull;
+  p.hold_ns = (uint64_t)(hold_ms * 1e6f);
   p.mode = 2;
   p.epoch = 1;
-  cudaEvent_t ev[5];
+  cudaEvent_t ev[6];
   for (auto &x : ev) CK(cudaEventCreate(&x));
   launch(H.pacer, (unsigned)g_sms, 1, 32, 1, (unsigned)g_pacer_smem, g_comp, {&p});
   wait_geq(g_copy, st + 3, (uint32_t)g_sms);  // every SM holds one
   CK(cudaEventRecord(ev[0], g_copy));
-  CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, g_copy));
+  copy_d2d(b, a, bytes, g_copy);
   CK(cudaEventRecord(ev[1], g_copy));
   for (size_t c = 0; c < 4; ++c) {
     const size_t off = 4096 + c * (piece + 4096);
     wait_geq(g_copy, w, 1);
-    CK(cudaMemcpyAsync((char *)b + off, (const char *)a + off, piece, cudaMemcpyDeviceToDevice, g_copy));
+    copy_d2d((char *)b + off, (const char *)a + off, piece, g_copy);
   }
   CK(cudaEventRecord(ev[2], g_copy));
   write_value(g_copy, w + 1, 1, CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER);
   CK(cudaEventRecord(ev[3], g_copy));
   write_value(g_copy, w + 2, 1, CU_STREAM_WRITE_VALUE_DEFAULT);
   CK(cudaEventRecord(ev[4], g_copy));
+  wait_geq(g_copy, w + 3, 1);  // released half way through the hold
+  copy_d2d((char *)b + 4096, (const char *)a + 4096, piece, g_copy);
+  CK(cudaEventRecord(ev[5], g_copy));
   sync_all("copy-engine check", 20);
-  float t[4];
+  float t[4], t5 = 0;
   for (int i = 0; i < 4; ++i) CK(cudaEventElapsedTime(&t[i], ev[i], ev[i + 1]));
+  CK(cudaEventElapsedTime(&t5, ev[0], ev[5]));
+  t5 -= hold_ms / 2;  // about the time from the release to the piece's end
   const float slow = 50.f;
   const bool copy_ok = t[0] < slow && t[1] < slow, nb_ok = t[2] < slow, def_ok = nb_ok && t[3] < slow;
-  const bool ok = copy_ok && nb_ok;
+  const bool ok = copy_ok && nb_ok, late_ok = t5 < hold_ms / 4;
   g_signal_write = def_ok ? CU_STREAM_WRITE_VALUE_DEFAULT : CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER;
-  std::printf("copy-engine check (every SM held by a kernel on the compute stream): 64 MiB copy %.3f ms (%.0f GB/s), "
-              "4 x 8 MiB pieces after waits %.3f ms, write without barrier %.3f ms, with barrier %.3f ms -> %s\n",
-              t[0], bytes / (t[0] * 1e6), t[1], t[2], t[3],
-              !copy_ok ? "the copies NEED SMs: copies variant skipped"
-              : !nb_ok ? "a stream write waits for the SMs: copies variant skipped"
-              : !def_ok ? "the write's memory barrier waits for the SMs: copied / ready words written without it"
-                        : "copy engine, nothing waits for the SMs: the copies variant runs");
+  char line[1024];
+  std::snprintf(line, sizeof line,
+                "copy-engine check (every SM held by a kernel on the compute stream; copies by %s): 64 MiB copy %.3f "
+                "ms (%.0f GB/s), 4 x 8 MiB pieces after waits %.3f ms, write without barrier %.3f ms, with barrier "
+                "%.3f ms, 8 MiB piece after a wait released mid-hold %.3f ms after the release (%s) -> %s",
+                copy_api_name(), t[0], bytes / (t[0] * 1e6), t[1], t[2], t[3], t5,
+                late_ok ? "ok" : "WAITED FOR THE SMs: expect the copies to crawl beside our kernel",
+                !copy_ok ? "the copies NEED SMs: copies variant skipped"
+                : !nb_ok ? "a stream write waits for the SMs: copies variant skipped"
+                : !def_ok ? "the write's memory barrier waits for the SMs: copied / ready words written without it"
+                          : "copy engine, nothing waits for the SMs: the copies variant runs");
+  std::printf("%s\n", line);
+  g_ce_summary = line;
   for (auto &x : ev) CK(cudaEventDestroy(x));
   for (void *q : {a, b, (void *)w, (void *)st}) CK(cudaFree(q));
   return ok;
@@ -1392,6 +1488,8 @@ static int emit_table(const std::vector<Row> &rows, const std::string &out_path)
                   tp8_v[1], tp8_vn[1]);
     md << line;
   }
+  md << "- copies variant: by " << copy_api_name() << (g_copy_note.empty() ? "" : " (" + g_copy_note + ")") << "; "
+     << (g_ce_summary.empty() ? "copy-engine check not run" : g_ce_summary) << "\n";
   if (!g_copies_ok) {
     md << "- real copies: NOT RUN (device-to-device copies needed SMs on this device; see the copy-engine check)\n";
     all_ran = false;
@@ -1525,10 +1623,15 @@ int main(int argc, char **argv) {
     else if (a == "--define") defines.push_back(std::string("-D") + next());
     else if (a == "--budget") g_budget = std::atof(next());
     else if (a == "--gemm-sms") g_gemm_sms = std::atoi(next());
-    else {
+    else if (a == "--copy-api") {
+      const std::string v = next();
+      if (v != "memcpy" && v != "batch") die("--copy-api takes memcpy or batch", __FILE__, __LINE__);
+      g_copy_api = v == "batch" ? COPY_BATCH : COPY_MEMCPY;
+    } else {
       std::printf("usage: own_gemm_link [--kernel FILE] [--iters N] [--warmup N] [--bw GBPS] [--pieces P] [--me R] "
                   "[--group G] [--quick] [--only ag|rs] [--dtype bf16|e4m3|both] [--tp 4,8] [--out FILE] "
-                  "[--compile-only] [--define NAME=VALUE ...] [--budget SECONDS] [--gemm-sms N]\n");
+                  "[--compile-only] [--define NAME=VALUE ...] [--budget SECONDS] [--gemm-sms N] "
+                  "[--copy-api memcpy|batch]\n");
       return a == "--help" ? 0 : 2;
     }
   }
@@ -1633,6 +1736,9 @@ int main(int argc, char **argv) {
     *g_gate_host = 0;
     g_gate_dev = (uint32_t *)dp;
   }
+  probe_copy_api();
+  std::printf("copies (copies variant): %s%s%s\n", copy_api_name(), g_copy_note.empty() ? "" : "; ",
+              g_copy_note.c_str());
   g_copies_ok = ce_check();
   cublasLtHandle_t lth;
   LT(cublasLtCreate(&lth));
