@@ -48,7 +48,8 @@
 //   (n_tile_rot), flag_value an epoch that grows per iteration (no resets); RS: done
 //   signals per piece (done_rows = a piece's rows; done_value the epoch), tile rows
 //   rotated so that the first block to send is computed first; the pacer waits on the
-//   done signals.
+//   done signals. Tile-row groups (grouped rasterization) of at most a piece's tile rows,
+//   as the library picks them (--fused-group overrides).
 // - chunked: one cuBLASLt GEMM per row block on the compute stream, local block first;
 //   AG: each after a cuStreamWaitValue32 on its block's last piece flag (a chunked
 //   algorithm GEMMs a whole block); RS: in send order, each followed by a
@@ -106,7 +107,9 @@
 // run), --gemm-sms N (the fused kernel's and the chunks' SM budget, default SMs - 1),
 // --copy-api memcpy|batch (the copies' API, default batch: cudaMemcpyBatchAsync, one copy
 // per call, cudaMemcpyFlagPreferOverlapWithCompute, the source read in stream order; a
-// refusal or a wrong probe copy falls back to cudaMemcpyAsync, said in the log and table).
+// refusal or a wrong probe copy falls back to cudaMemcpyAsync, said in the log and table),
+// --fused-group G (the fused kernel's tile-row groups; default as the library,
+// src/gemm/sm90.rs group_n: min(--group, a piece's tile rows); our kernel alone: --group).
 // A run that does not end (20 s for a verification run, 30 s for a row's timed runs) is a
 // hang: the program prints where it is stuck, without waiting on the device ('  hang:'
 // lines: which streams are busy; the pacer's progress from a host-mapped mirror of what it
@@ -466,6 +469,7 @@ static volatile uint32_t *g_gate_host;       // mapped pinned word the gate kern
 static uint32_t *g_gate_dev;
 static uint32_t g_gate_value = 0;
 static int g_iters = 30, g_warmup = 5, g_pieces = 4, g_me = 1, g_group = 8;
+static int g_fused_group = 0;  // --fused-group: the fused kernel's tile-row groups (0: as the library)
 // --gemm-sms N: the SM budget of the fused kernel and of the chunks (default SMs - 1, the
 // pacer's SM left free). Fewer leave SMs to copies that run as kernels: a same-device
 // cudaMemcpyAsync may be an SM kernel, not a copy engine, and then it queues behind a
@@ -693,6 +697,7 @@ struct Row {
   int tp = 0, tokens = 0, K = 0, N = 0;  // the anchor: tokens x K x N (AG: N/tp per rank; RS: K/tp)
   int m = 0, n = 0, k = 0, bn = 0, rows_blk = 0;
   int pieces = 1;      // pieces per block (--pieces, fewer where the block has fewer 128-row tiles)
+  int fused_group = 0;  // the fused kernel's tile-row groups
   int grid_fused = 0;  // our kernel's CTAs in the fused runs
   double block_bytes = 0, nominal_link_ms = 0;
   float lt_ms = 0, own_ms = 0;
@@ -1230,6 +1235,16 @@ static void run_row(Row &r, cublasLtHandle_t lth, void *ws, size_t wsz) {
     f.rows_per_flag = c.rows_piece();  // a flag per piece: flags[blk * P + c]
     f.rot = g_me * (r.rows_blk / BM);
   }
+  // The fused kernel's tile-row groups as the library picks them (src/gemm/sm90.rs
+  // group_n): at most a piece's tile rows, so that the first tiles in the schedule need
+  // (AG) / complete (RS) the first pieces only; with --group 8 and a piece of 2 tile rows,
+  // the first wave's tiles would span all of a block's pieces (and a done signal would
+  // wait for the whole group). --fused-group G overrides it.
+  f.group_n = g_fused_group > 0 ? g_fused_group : std::max(1, std::min(g_group, c.rows_piece() / BM));
+  r.fused_group = f.group_n;
+  std::printf("  %d pieces per block of %d rows (%d rows each: a flag / done signal per piece); our fused kernel in "
+              "tile-row groups of %d (alone: %d)\n",
+              r.pieces, r.rows_blk, c.rows_piece(), f.group_n, o.group_n);
   o.run(g_comp);
   wait_stream(g_comp, "our kernel (no waits)", 20);
 
@@ -1412,15 +1427,20 @@ static int emit_table(const std::vector<Row> &rows, const std::string &out_path)
   std::ostringstream md;
   char line[2048];
   md << "\n## Emulated-link overlap, one GPU (our fused kernel vs chunked cuBLASLt)\n\n";
+  const std::string fused_groups =
+      g_fused_group > 0 ? "tile-row groups of " + std::to_string(g_fused_group) + " (--fused-group)"
+                        : "tile-row groups of min(" + std::to_string(g_group) +
+                              ", a piece's tile rows), as the library picks them";
   std::snprintf(line, sizeof line,
                 "Link %.0f GB/s per peer, each block in %d pieces (AG: an arrival flag per piece, RS: a done signal "
                 "per piece, each piece sent on its own; fewer pieces where the notes say; the chunked baseline "
-                "GEMMs whole blocks: AG after a block's last piece, RS its ready word per block), rank %d; median "
+                "GEMMs whole blocks: AG after a block's last piece, RS its ready word per block; our fused kernel in "
+                "%s), rank %d; median "
                 "of %d iterations, from t0 "
                 "(the start event, the pacer's schedule starting with it) to the end of the GEMM and the link; ms. "
                 "bound = max(Lt, link), Lt on all %d SMs; fused and chunked run on %d (the pacer has an SM to itself); "
                 "f vs c = chunked / fused (> 1: fused faster).\n\n",
-                g_bw, g_pieces, g_me, g_iters, g_sms, gemm_budget());
+                g_bw, g_pieces, fused_groups.c_str(), g_me, g_iters, g_sms, gemm_budget());
   md << line;
   md << "| op | in | tp | shape | link | Lt alone | ours alone | link alone | bound | fused | chunked | fused/bound | "
         "chunked/bound | f vs c | late us | ok | notes |\n";
@@ -1614,6 +1634,7 @@ int main(int argc, char **argv) {
     else if (a == "--pieces") g_pieces = std::atoi(next());
     else if (a == "--me") g_me = std::atoi(next());
     else if (a == "--group") g_group = std::max(1, std::atoi(next()));
+    else if (a == "--fused-group") g_fused_group = std::max(0, std::atoi(next()));
     else if (a == "--quick") quick = true;
     else if (a == "--only") only = next();
     else if (a == "--dtype") dtype = next();
@@ -1631,7 +1652,7 @@ int main(int argc, char **argv) {
       std::printf("usage: own_gemm_link [--kernel FILE] [--iters N] [--warmup N] [--bw GBPS] [--pieces P] [--me R] "
                   "[--group G] [--quick] [--only ag|rs] [--dtype bf16|e4m3|both] [--tp 4,8] [--out FILE] "
                   "[--compile-only] [--define NAME=VALUE ...] [--budget SECONDS] [--gemm-sms N] "
-                  "[--copy-api memcpy|batch]\n");
+                  "[--copy-api memcpy|batch] [--fused-group G]\n");
       return a == "--help" ? 0 : 2;
     }
   }
