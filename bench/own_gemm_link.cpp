@@ -411,7 +411,9 @@ extern "C" __global__ void link_pacer(const PaceArgs a) {
         if (on_time) late = umax(late, S - E);
         if (a.copies) st_rel(go + q, a.epoch);
         st_rel(due + q, a.epoch);
-        E = S + (T * (u64)(c + 1)) / (u64)P - (T * (u64)c) / (u64)P;
+        // The piece's scheduled end: from E where it was ready in time (the pacer's wake-up
+        // delay does not push the schedule back, piece after piece), else from S.
+        E = (on_time ? E : S) + (T * (u64)(c + 1)) / (u64)P - (T * (u64)c) / (u64)P;
       }
     }
     sleep_to(E, m, 7u << 16);
