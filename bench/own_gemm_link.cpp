@@ -6,43 +6,55 @@
 //
 // Method. Per row (dtype bf16 or e4m3 in, bf16 out; tp 4 or 8; the per-rank anchor shapes
 // of issue 22; this GPU plays rank `me`, default 1):
+// - Pieces: every block moves in P pieces (--pieces, default 4: the granularity of the
+//   library's fused all-gather, src/overlap/ag.rs, a flag per piece; P is lowered per row,
+//   with a note, to the largest divisor of the block's 128-row tiles, so that every piece
+//   is whole tiles). T = bytes_per_block / BW (BW default 350 GB/s per peer, --bw); piece
+//   c takes its share, T * c / P to T * (c + 1) / P.
 // - AG (tokens x K x N/tp): B = the gathered activations [tokens, K] in tp row blocks of
 //   tokens/tp rows; block `me` is local, the others arrive in ring order me+1, me+2, ...:
-//   remote block i (1-based) has arrived at t0 + i * bytes_per_block / BW (BW default 350
-//   GB/s per peer, --bw). A = this rank's weights [N/tp, K]; D [tokens, N/tp].
+//   piece c of the i-th remote block (i = 0, 1, ...) has arrived at t0 + i * T + T * (c +
+//   1) / P. A = this rank's weights [N/tp, K]; D [tokens, N/tp].
 // - RS (tokens x K/tp x N): A = weights [N, K/tp], B = activations [tokens, K/tp], D
 //   [tokens, N] partial sums in tp row blocks by destination rank. The emulated consumer
-//   takes the blocks in send order me+1, me+2, ... (the local block is last and not sent):
-//   each waits until its block is computed and until the previous transfer's scheduled end,
-//   then takes bytes_per_block / BW.
+//   takes the blocks in send order me+1, me+2, ... (the local block is last and not sent),
+//   piece by piece: each piece waits until it is computed (fused: its done signal; chunked:
+//   its block's ready word) and until the previous piece's scheduled end, then takes its
+//   share of T. The link alone: every block ready at t0, (tp - 1) * T in all.
 // The link is paced by a one-thread kernel on a side stream (the "pacer") that reads
 // %globaltimer; its start is t0. Two link variants: "flags": no data moves, the pacer
-// itself writes each AG arrival flag at its scheduled time (st.release.sys), and in RS
-// only keeps the schedule; "copies": the data really moves by copy engine
-// (cudaMemcpyAsync, device to device) on a copy stream, each block in --pieces pieces
-// (default 4), piece c of a transfer started no earlier than its share of the schedule
-// (the copy stream waits, with cuStreamWaitValue32, on a word the pacer writes at that
-// time); after an AG block's last piece the copy stream writes the block's "copied" word
-// (cuStreamWriteValue32), and the pacer writes the block's flag (st.release.sys) once the
-// block's scheduled arrival has passed and it has seen that word. So every word our kernel
-// waits on is written by the resident pacer, which never waits without a timeout (2 s,
-// counted, the flag written anyway): whatever the copy stream does, our kernel cannot
-// wait for it forever. (The first H100 run hung in this variant's first fused run when
-// the copy stream itself wrote the flags; see the copy-engine check.) RS copies go from D
-// into a separate receive buffer. The copies read and write this GPU's HBM (a real link
-// only writes it on AG / only reads it on RS), so they cost the GEMM more memory traffic
-// than a real link would. A start-up check runs the copy stream's steps (waits, copies,
+// itself writes each AG arrival flag (one per piece) at its scheduled time
+// (st.release.sys), and in RS only keeps the schedule; "copies": the data really moves on
+// a copy stream (device to device, --copy-api: cudaMemcpyBatchAsync with the hint to
+// overlap with compute, else cudaMemcpyAsync), each piece after a cuStreamWaitValue32 on
+// its go word, which the pacer writes at the piece's scheduled start (AG: the previous
+// piece's scheduled arrival; RS: the piece's start above); after
+// each AG piece the copy stream writes the piece's "copied" word (cuStreamWriteValue32),
+// and the pacer writes the piece's flag (st.release.sys) once the piece's scheduled
+// arrival has passed and it has seen that word. So every word our kernel waits on is
+// written by the resident pacer, which never waits without a timeout (2 s, counted, the
+// flag written anyway): whatever the copy stream does, our kernel cannot wait for it
+// forever. (The first H100 run hung in this variant's first fused run when the copy
+// stream itself wrote the flags; see the copy-engine check.) RS copies go from D into a
+// separate receive buffer. The copies read and write this GPU's HBM (a real link only
+// writes it on AG / only reads it on RS), so they cost the GEMM more memory traffic than
+// a real link would. A start-up check runs the copy stream's steps (waits, copies,
 // writes) while every SM is held by a kernel on the compute stream and times each: where
 // one of them needs an SM or waits for the busy SMs, the copies variant is skipped (exit
 // status 2), or (only the write's memory barrier) the copied words go without it.
 // Against the same schedule:
-// - fused: ONE launch of our kernel; AG: waits on the arrival flags, local block's tile
-//   rows first (n_tile_rot), flag_value an epoch that grows per iteration (no resets);
-//   RS: done signals per destination block (done_value the epoch), tile rows rotated so
-//   that the first block to send is computed first; the pacer waits on the done signals.
+// - fused: ONE launch of our kernel; AG: waits on the arrival flags (rows_per_flag = a
+//   piece's rows), local block's tile rows first, then the others in arrival order
+//   (n_tile_rot), flag_value an epoch that grows per iteration (no resets); RS: done
+//   signals per piece (done_rows = a piece's rows; done_value the epoch), tile rows
+//   rotated so that the first block to send is computed first; the pacer waits on the
+//   done signals. Tile-row groups (grouped rasterization) of at most a piece's tile rows,
+//   as the library picks them (--fused-group overrides).
 // - chunked: one cuBLASLt GEMM per row block on the compute stream, local block first;
-//   AG: each after a cuStreamWaitValue32 on its block's flag; RS: in send order, each
-//   followed by a cuStreamWriteValue32 of its ready word that the pacer waits on.
+//   AG: each after a cuStreamWaitValue32 on its block's last piece flag (a chunked
+//   algorithm GEMMs a whole block); RS: in send order, each followed by a
+//   cuStreamWriteValue32 of the block's ready word that the pacer waits on (for all of the
+//   block's pieces).
 // Start of an iteration: the pacer is launched first and announces itself; the compute
 // stream waits for that (cuStreamWaitValue32, untimed), so the pacer (1 warp) is resident
 // on an SM before any GEMM fills them and the schedule cannot be held up behind a GEMM.
@@ -86,12 +98,18 @@
 //   g++ -std=c++17 -O2 bench/own_gemm_link.cpp -I$CUDA/include -L$CUDA/lib64
 //       -lcudart -lnvrtc -lcublasLt -o own_gemm_link && ./own_gemm_link [options]
 // Options: --kernel FILE (default kernels/gemm_sm90.cu), --iters N (default 30; --quick:
-// 10), --warmup N (default 5), --bw GBPS (link per peer, default 350), --pieces P (copy
-// pieces per block, default 4), --me R (default 1), --group G (our tile-row groups,
-// default 8), --quick (one shape per op), --only ag|rs, --dtype bf16|e4m3|both, --tp LIST
-// (e.g. 8 or 4,8), --out FILE (the markdown table, also printed), --compile-only,
-// --define NAME=VALUE (a -D for our kernel), --budget SECONDS (default 150: no row starts
-// later; those rows are reported as not run).
+// 10), --warmup N (default 5), --bw GBPS (link per peer, default 350), --pieces P (pieces
+// per block: AG flags, RS done signals and transfers, copies; default 4), --me R (default
+// 1), --group G (our tile-row groups, default 8), --quick (one shape per op), --only
+// ag|rs, --dtype bf16|e4m3|both, --tp LIST (e.g. 8 or 4,8), --out FILE (the markdown
+// table, also printed), --compile-only, --define NAME=VALUE (a -D for our kernel),
+// --budget SECONDS (default 150: no row starts later; those rows are reported as not
+// run), --gemm-sms N (the fused kernel's and the chunks' SM budget, default SMs - 1),
+// --copy-api memcpy|batch (the copies' API, default batch: cudaMemcpyBatchAsync, one copy
+// per call, cudaMemcpyFlagPreferOverlapWithCompute, the source read in stream order; a
+// refusal or a wrong probe copy falls back to cudaMemcpyAsync, said in the log and table),
+// --fused-group G (the fused kernel's tile-row groups; default as the library,
+// src/gemm/sm90.rs group_n: min(--group, a piece's tile rows); our kernel alone: --group).
 // A run that does not end (20 s for a verification run, 30 s for a row's timed runs) is a
 // hang: the program prints where it is stuck, without waiting on the device ('  hang:'
 // lines: which streams are busy; the pacer's progress from a host-mapped mirror of what it
@@ -235,35 +253,42 @@ __device__ __forceinline__ u32 wait_word(const u32 *p, u32 e, u64 dl, bool *ok) 
 }
 
 // Mirrored by the host's PaceArgs (112 bytes). The order is packed so that nothing indexes
-// the parameters at run time (which would put a copy of them on the stack).
+// the parameters at run time (which would put a copy of them on the stack). Pieces: each
+// block travels in `pieces` pieces (the same granularity as the library's fused
+// all-gather: a flag per piece); piece q = i * pieces + c is piece c of the i-th block in
+// arrival (AG) / send (RS) order.
 struct PaceArgs {
-  u32 *flags;        // AG: arrival flags [tp]: [local] at the start, the others at their arrival
-  const u32 *ready;  // RS: per-block ready words (our done signals / chunked writes), or null
-  u32 *sig;          // [0] started, then go[nsend * pieces], due[nsend], fin
+  u32 *flags;        // AG: arrival flags [tp * pieces], block b's piece c at b * pieces + c: the
+                     // local block's at the start, the others at their pieces' arrivals
+  const u32 *ready;  // RS: ready words (see ready_pieces), or null (every block ready at t0)
+  u32 *sig;          // [0] started, then go[nsend * pieces], due[nsend * pieces], fin (due[q]:
+                     // AG: piece q's flag written; RS: piece q's transfer started)
   u32 *status;       // [0] timeouts, [1] largest lateness (ns, clamped), [3] hold CTAs started, [4] copy wait
   const u32 *start;  // t0 is when this word reaches the epoch (written by the compute stream)
-  const u32 *copied; // AG copies: copied[i] reaches the epoch once block i (arrival order) is in B
+  const u32 *copied; // AG copies: copied[q] reaches the epoch once piece q (arrival order) is in B
   u32 *mirror;       // host-mapped (or null): the pacer's progress, for a hang report (MIR_*)
-  u64 block_ns;      // one block's link time
+  u64 block_ns;      // one block's link time (a piece: its share, the pieces adding up to it)
   u64 hold_ns;       // mode 2
   u64 timeout_ns;    // per wait for a word (start, ready, copied)
-  int mode;          // 0 AG, 1 RS, 2 hold (the co-residence probe)
+  int mode;          // 0 AG, 1 RS, 2 hold (the co-residence probe; flags: see the copy-engine check)
   int nsend, pieces, copies, local;
   u32 epoch;
   u32 order;         // blocks in arrival / send order, 4 bits each (entry i: bits 4i..4i+3)
-  u32 pad_;
+  int ready_pieces;  // RS: ready words per block: `pieces` (our done signals, ready[j * pieces +
+                     // c]) or 1 (the chunks' ready words, ready[j]: a block's pieces wait on it)
 };
+static_assert(sizeof(PaceArgs) == 112, "the host's PaceArgs mirrors this struct");
 
 // The mirror (host-mapped, read by the host when a run hangs; the host's MIR_* match).
 // PHASE = (what << 16) | index, written before each sleep of more than 2 us and before
 // each wait whose first poll fails, never between a deadline and the release store it
 // gates (a st.release.sys after a store to host memory would first wait for that store to
-// drain over PCIe). what: 1 waiting for the start word; 2 sleeping to go piece `index`
-// (pieces numbered over the whole iteration: that many go words are written); 3 AG:
-// sleeping to block `index`'s arrival (arrival order), RS: to transfer `index`'s start;
-// 4 AG copies: waiting for block `index`'s copied word (its due word written); 5 RS:
-// waiting for block `index`'s ready word (send order); 6 holding; 7 RS: sleeping to the
-// last transfer's end; 8 done.
+// drain over PCIe). index: a piece q = i * pieces + c (block #i in arrival / send order,
+// its piece c). what: 1 waiting for the start word; 3 AG: sleeping to piece `index`'s
+// scheduled arrival, RS: to piece `index`'s transfer start (the previous piece's scheduled
+// end); 4 AG copies: waiting for piece `index`'s copied word (the next piece's go word
+// written); 5 RS: waiting for piece `index`'s ready word; 6 holding; 7 RS: sleeping to the
+// last piece's end; 8 done. (2 is not used.)
 #define MIR_EPOCH 0     // the epoch of the latest launch (written first)
 #define MIR_PHASE 1
 #define MIR_LAST 2      // on a timeout: the last value read from the word waited on
@@ -286,13 +311,24 @@ __device__ __forceinline__ bool wait_for(const u32 *p, u32 e, u64 timeout_ns, u3
   if (!ok) mput(m, MIR_LAST, v);
   return ok;
 }
+__device__ __forceinline__ u64 umax(u64 a, u64 b) { return a > b ? a : b; }
 
+// The link schedule of one iteration. T = block_ns, P = pieces; piece c of a block takes
+// its share of T: from T * c / P to T * (c + 1) / P (integer ns; the shares add up to T).
+// AG: remote block #i's piece c arrives at t0 + i * T + T * (c + 1) / P: then its flag is
+// written (copies: also once its copied word is seen; the next piece's go word is written
+// at the same time, the scheduled start of that piece's copy). RS: piece q starts at the
+// later of its ready word seen and piece q - 1's scheduled end, and takes its share of T
+// (copies: its go word written at its start); the pieces of one block follow each other.
+// Every wait has a timeout (counted; after one, later waits are skipped and the words are
+// written on schedule), so every word our kernel or a stream waits on is written.
 extern "C" __global__ void link_pacer(const PaceArgs a) {
   if (threadIdx.x != 0) return;
   u64 t0 = gtime();
   const u64 T = a.block_ns;
   const int P = a.pieces > 0 ? a.pieces : 1;
-  u32 *go = a.sig + 1, *due = a.sig + 1 + a.nsend * P, *fin = due + a.nsend;
+  const int NQ = a.nsend * P;  // pieces sent / received in an iteration
+  u32 *go = a.sig + 1, *due = go + NQ, *fin = due + NQ;
   u32 *const m = a.mirror;
   u64 late = 0;
   u32 timeouts = 0;
@@ -302,71 +338,87 @@ extern "C" __global__ void link_pacer(const PaceArgs a) {
     atomicAdd(a.status + 3, 1u);  // CTAs resident
     st_rel(a.sig, a.epoch);
     mput(m, MIR_PHASE, 6u << 16);
+    // The copy-engine check: CTA 0 writes flags[0] half way through the hold (a stream
+    // wait released while every SM is held).
+    if (a.flags && blockIdx.x == 0) {
+      sleep_until(t0 + a.hold_ns / 2);
+      st_rel(a.flags, a.epoch);
+    }
     sleep_until(t0 + a.hold_ns);
     mput(m, MIR_PHASE, 8u << 16);
     mput(m, MIR_EXIT, a.epoch);
     return;
   }
-  if (a.mode == 0 && a.flags) st_rel(a.flags + a.local, a.epoch);  // the local block is there
-  st_rel(a.sig, a.epoch);                                           // resident
+  if (a.mode == 0 && a.flags)  // the local block is there
+    for (int c = 0; c < P; ++c) st_rel(a.flags + a.local * P + c, a.epoch);
+  st_rel(a.sig, a.epoch);  // resident
   if (a.start && !wait_for(a.start, a.epoch, a.timeout_ns, m, 1u << 16)) mput(m, MIR_TIMEOUTS, ++timeouts);
   t0 = gtime();
   if (a.mode == 0) {
-    bool dead = false;  // a copy never ended: later blocks are not waited for
-    u64 cwait = 0;      // the longest wait for a copy past its block's scheduled arrival
+    bool dead = false;  // a copy never ended: later pieces are not waited for
+    u64 cwait = 0;      // the longest wait for a copy past its piece's scheduled arrival
+    if (a.copies && NQ > 0) st_rel(go, a.epoch);  // the first piece's copy starts at t0
     for (int i = 0; i < a.nsend; ++i) {
+      u32 *const fb = a.flags + ((a.order >> (4 * i)) & 15u) * P;  // block #i's flags
       const u64 s = t0 + (u64)i * T;
-      if (a.copies)
-        for (int c = 0; c < P; ++c) {
-          const u64 tc = s + (T * (u64)c) / (u64)P;
-          sleep_to(tc, m, (2u << 16) | (u32)(i * P + c));
-          st_rel(go + i * P + c, a.epoch);
-          const u64 l = gtime() - tc; late = l > late ? l : late;
-        }
-      const u64 e = s + T;
-      sleep_to(e, m, (3u << 16) | (u32)i);
-      const u64 l = gtime() - e; late = l > late ? l : late;
-      if (a.copies) {
-        st_rel(due + i, a.epoch);
-        // The block's flag once its copy has ended too (the copy stream writes copied[i]
-        // after the block's last piece). The flag is written even when the copy never ends
-        // (a timeout, counted): our kernel never waits on the copy stream, only on us.
-        if (!dead) {
-          if (!wait_for(a.copied + i, a.epoch, a.timeout_ns, m, (4u << 16) | (u32)i)) {
-            dead = true;
-            mput(m, MIR_TIMEOUTS, ++timeouts);
+      for (int c = 0; c < P; ++c) {
+        const int q = i * P + c;
+        const u64 e = s + (T * (u64)(c + 1)) / (u64)P;  // piece q's scheduled arrival
+        // Lateness only where the deadline was still ahead (not where a copy that ended
+        // late held the pacer past it: that is the copies' lag, status[4]).
+        const bool on_time = gtime() <= e;
+        sleep_to(e, m, (3u << 16) | (u32)q);
+        if (on_time) late = umax(late, gtime() - e);
+        if (a.copies) {
+          if (q + 1 < NQ) st_rel(go + q + 1, a.epoch);  // the next piece's copy may start
+          // The piece's flag once its copy has ended too (the copy stream writes copied[q]
+          // after the piece). The flag is written even when the copy never ends (a timeout,
+          // counted): our kernel never waits on the copy stream, only on us.
+          if (!dead) {
+            if (!wait_for(a.copied + q, a.epoch, a.timeout_ns, m, (4u << 16) | (u32)q)) {
+              dead = true;
+              mput(m, MIR_TIMEOUTS, ++timeouts);
+            }
+            cwait = umax(cwait, gtime() - e);
           }
-          const u64 w = gtime() - e; cwait = w > cwait ? w : cwait;
         }
+        st_rel(fb + c, a.epoch);
+        st_rel(due + q, a.epoch);  // (for the hang report: piece q's flag is written)
       }
-      st_rel(a.flags + ((a.order >> (4 * i)) & 15u), a.epoch);
     }
     st_rel(fin, a.epoch);
     if (a.copies) atomicMax(a.status + 4, (u32)(cwait < 0xffffffffULL ? cwait : 0xffffffffULL));
   } else {
-    u64 E = t0;  // the previous transfer's scheduled end
+    u64 E = t0;  // the previous piece's scheduled end
     bool dead = false;
+    const bool per_piece = a.ready_pieces == P;  // else one ready word per block
     for (int s = 0; s < a.nsend; ++s) {
       const int j = (int)((a.order >> (4 * s)) & 15u);
-      if (a.ready && !dead && !wait_for(a.ready + j, a.epoch, a.timeout_ns, m, (5u << 16) | (u32)s)) {
-        dead = true;
-        mput(m, MIR_TIMEOUTS, ++timeouts);
-      }
-      sleep_to(E, m, (3u << 16) | (u32)s);
-      const u64 S = gtime();
-      if (a.copies)
-        for (int c = 0; c < P; ++c) {
-          const u64 tc = S + (T * (u64)c) / (u64)P;
-          sleep_to(tc, m, (2u << 16) | (u32)(s * P + c));
-          st_rel(go + s * P + c, a.epoch);
-          const u64 l = gtime() - tc; late = l > late ? l : late;
+      for (int c = 0; c < P; ++c) {
+        const int q = s * P + c;
+        if (a.ready && !dead && (per_piece || c == 0)) {
+          const u32 *w = per_piece ? a.ready + j * P + c : a.ready + j;
+          if (!wait_for(w, a.epoch, a.timeout_ns, m, (5u << 16) | (u32)q)) {
+            dead = true;
+            mput(m, MIR_TIMEOUTS, ++timeouts);
+          }
         }
-      st_rel(due + s, a.epoch);
-      E = S + T;
+        // Ready before the link is free: starting later than E is lateness (else the
+        // piece starts when its ready word was seen).
+        const bool on_time = gtime() <= E;
+        sleep_to(E, m, (3u << 16) | (u32)q);
+        const u64 S = gtime();
+        if (on_time) late = umax(late, S - E);
+        if (a.copies) st_rel(go + q, a.epoch);
+        st_rel(due + q, a.epoch);
+        // The piece's scheduled end: from E where it was ready in time (the pacer's wake-up
+        // delay does not push the schedule back, piece after piece), else from S.
+        E = (on_time ? E : S) + (T * (u64)(c + 1)) / (u64)P - (T * (u64)c) / (u64)P;
+      }
     }
     sleep_to(E, m, 7u << 16);
     st_rel(fin, a.epoch);
-    const u64 l = gtime() - E; late = l > late ? l : late;
+    late = umax(late, gtime() - E);
   }
   if (timeouts) atomicAdd(a.status, timeouts);
   atomicMax(a.status + 1, (u32)(late < 0xffffffffULL ? late : 0xffffffffULL));
@@ -398,10 +450,10 @@ struct PaceArgs {
   uint64_t block_ns, hold_ns, timeout_ns;
   int32_t mode, nsend, pieces, copies, local;
   uint32_t epoch;
-  uint32_t order;  // 4 bits per entry
-  uint32_t pad_;
+  uint32_t order;        // 4 bits per entry
+  int32_t ready_pieces;  // RS: ready words per block (pieces or 1)
 };
-static_assert(sizeof(PaceArgs) == 112, "PaceArgs mirrors the pacer's struct");
+static_assert(sizeof(PaceArgs) == 112, "PaceArgs mirrors the pacer's struct (PACE_SRC asserts 112 too)");
 // The pacer's mirror words (PACE_SRC's MIR_*).
 enum { MIR_EPOCH, MIR_PHASE, MIR_LAST, MIR_TIMEOUTS, MIR_EXIT, MIR_WORDS = 8 };
 
@@ -419,6 +471,7 @@ static volatile uint32_t *g_gate_host;       // mapped pinned word the gate kern
 static uint32_t *g_gate_dev;
 static uint32_t g_gate_value = 0;
 static int g_iters = 30, g_warmup = 5, g_pieces = 4, g_me = 1, g_group = 8;
+static int g_fused_group = 0;  // --fused-group: the fused kernel's tile-row groups (0: as the library)
 // --gemm-sms N: the SM budget of the fused kernel and of the chunks (default SMs - 1, the
 // pacer's SM left free). Fewer leave SMs to copies that run as kernels: a same-device
 // cudaMemcpyAsync may be an SM kernel, not a copy engine, and then it queues behind a
@@ -449,7 +502,7 @@ static std::vector<std::pair<uint32_t, std::string>> g_pacer_log;  // (epoch, co
 // timed runs), read without waiting: which steps have completed, and when (ms after the
 // first mark, "compute: pacer announced").
 struct Marks {
-  static const int N = 96;
+  static const int N = 160;
   cudaEvent_t ev[N];
   std::string name[N];
   int used = 0, dropped = 0;
@@ -507,6 +560,55 @@ static void fill_words(void *p, size_t bytes, uint32_t v, cudaStream_t s) {
 // NaN in the element type: bf16 0x7fc0 pairs, e4m3 0x7f bytes.
 static void poison(void *p, size_t bytes, bool fp8, cudaStream_t s) {
   fill_words(p, bytes, fp8 ? 0x7f7f7f7fu : 0x7fc07fc0u, s);
+}
+// The copies' API (--copy-api): "batch", cudaMemcpyBatchAsync (CUDA 12.8+) with one copy
+// per call, attributes cudaMemcpyFlagPreferOverlapWithCompute (a hint to overlap the copy
+// with compute work, i.e. to use a copy engine rather than SMs) and the source read in
+// stream order; or "memcpy", cudaMemcpyAsync (device to device: on one GPU the driver may
+// do it with an SM kernel, which queues behind a kernel that holds every SM).
+enum CopyApi { COPY_MEMCPY = 0, COPY_BATCH = 1 };
+static int g_copy_api = COPY_BATCH;
+static std::string g_copy_note;  // why the batch API is not used (the fallback), if so
+static const char *copy_api_name() {
+  return g_copy_api == COPY_BATCH ? "cudaMemcpyBatchAsync (PreferOverlapWithCompute, one copy per call)"
+                                  : "cudaMemcpyAsync";
+}
+static cudaError_t memcpy_batch1(void *dst, const void *src, size_t bytes, cudaStream_t s) {
+#if CUDART_VERSION >= 12080
+  cudaMemcpyAttributes at;
+  std::memset(&at, 0, sizeof at);
+  at.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+  at.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+  void *dsts[1] = {dst};
+  void *srcs[1] = {const_cast<void *>(src)};
+  size_t sizes[1] = {bytes}, idx[1] = {0};
+#if CUDART_VERSION >= 13000
+  return cudaMemcpyBatchAsync(dsts, srcs, sizes, 1, &at, idx, 1, s);
+#else
+  size_t fail_idx = 0;
+  return cudaMemcpyBatchAsync(dsts, srcs, sizes, 1, &at, idx, 1, &fail_idx, s);
+#endif
+#else
+  (void)dst, (void)src, (void)bytes, (void)s;
+  return cudaErrorNotSupported;  // built against a CUDA older than 12.8
+#endif
+}
+// Switches to cudaMemcpyAsync for the rest of the run, saying why (once).
+static void copy_fallback(const std::string &why) {
+  g_copy_api = COPY_MEMCPY;
+  g_copy_note = "cudaMemcpyBatchAsync " + why + ": cudaMemcpyAsync instead";
+  std::printf("note: %s\n", g_copy_note.c_str());
+}
+// A device-to-device copy on stream s (the copies variant's pieces, the copy-engine check),
+// by the chosen API; a refused batch call falls back to cudaMemcpyAsync from then on.
+static void copy_d2d(void *dst, const void *src, size_t bytes, cudaStream_t s) {
+  if (g_copy_api == COPY_BATCH) {
+    const cudaError_t e = memcpy_batch1(dst, src, bytes, s);
+    if (e == cudaSuccess) return;
+    (void)cudaGetLastError();  // not sticky: clear it, or the next wait_stream would take it for a failure
+    copy_fallback(std::string("refused (") + cudaGetErrorString(e) + ")");
+  }
+  CK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s));
 }
 static void sync_all(const char *what, int seconds = 60) {
   wait_stream(g_comp, what, seconds);
@@ -581,6 +683,10 @@ static void reset_status() {
   wait_stream(g_comp, "status reset");
 }
 
+// Per-row word arrays (flags, ready, done, copied: WORD_ARRAY words each) and the pacer's
+// signal words (sig: SIG_WORDS, the start word last).
+static const int WORD_ARRAY = 1024, SIG_WORDS = 1024, SIG_START = SIG_WORDS - 1;
+
 // ---------------------------------------------------------------- one row
 enum Kind { LT_ALONE, OWN_ALONE, LINK, FUSED, CHUNKED };
 struct Cfg {
@@ -592,6 +698,7 @@ struct Row {
   bool rs = false, fp8 = false;
   int tp = 0, tokens = 0, K = 0, N = 0;  // the anchor: tokens x K x N (AG: N/tp per rank; RS: K/tp)
   int m = 0, n = 0, k = 0, bn = 0, rows_blk = 0;
+  int pieces = 1;      // pieces per block (--pieces, fewer where the block has fewer 128-row tiles)
   int grid_fused = 0;  // our kernel's CTAs in the fused runs
   double block_bytes = 0, nominal_link_ms = 0;
   float lt_ms = 0, own_ms = 0;
@@ -626,10 +733,11 @@ struct Ctx {
   size_t blk_d_bytes() const { return (size_t)r.rows_blk * r.m * os; }
   size_t blk_b_bytes() const { return (size_t)r.rows_blk * r.k * es; }
 
-  PaceArgs pace(int mode, bool copies, const uint32_t *rdy, uint32_t e) const {
+  // rdy_pieces: RS, ready words per block in rdy (r.pieces: our done signals; 1: the chunks').
+  PaceArgs pace(int mode, bool copies, const uint32_t *rdy, int rdy_pieces, uint32_t e) const {
     PaceArgs p;
     std::memset(&p, 0, sizeof p);
-    p.flags = r.rs ? nullptr : flags;
+    p.flags = r.rs || mode == 2 ? nullptr : flags;
     p.ready = rdy;
     p.sig = sig;
     p.status = g_status;
@@ -641,45 +749,46 @@ struct Ctx {
     p.timeout_ns = TIMEOUT_NS;
     p.mode = mode;
     p.nsend = r.tp - 1;
-    p.pieces = g_pieces;
+    p.pieces = r.pieces;
     p.copies = copies;
     p.local = g_me;
     p.epoch = e;
     for (int i = 0; i < 8; ++i) p.order |= (uint32_t)(order[i] & 15) << (4 * i);
+    p.ready_pieces = rdy_pieces;
     return p;
   }
+  // Pieces q = i * P + c (block order[i], its piece c): go[q], due[q], then fin.
+  int npieces() const { return (r.tp - 1) * r.pieces; }
   uint32_t *go() const { return sig + 1; }
-  uint32_t *due() const { return sig + 1 + (r.tp - 1) * g_pieces; }
-  uint32_t *fin() const { return due() + (r.tp - 1); }
-  uint32_t *start() const { return sig + 1023; }  // beyond go / due / fin (at most 1 + 7 * 64 + 7 + 1 words)
+  uint32_t *due() const { return go() + npieces(); }
+  uint32_t *fin() const { return due() + npieces(); }
+  uint32_t *start() const { return sig + SIG_START; }  // beyond go / due / fin (at most 1 + 2 * 7 * 64 + 1 words)
+  int rows_piece() const { return r.rows_blk / r.pieces; }
 
-  // The copy stream's part of one iteration (copies variant).
+  // The copy stream's part of one iteration (copies variant): piece q of the send / arrival
+  // order after its go word; AG: then its copied word (the pacer writes the piece's flag
+  // once its scheduled arrival passed and it has seen that word).
   void enqueue_copies(Kind kind, uint32_t e) {
-    const int P = g_pieces;
+    const int P = r.pieces, rp = rows_piece();
     for (int i = 0; i < r.tp - 1; ++i) {
       const int blk = order[i];
-      const int rows_piece = (r.rows_blk + P - 1) / P;
       for (int c = 0; c < P; ++c) {
-        const int row0 = std::min(c * rows_piece, r.rows_blk), row1 = std::min(row0 + rows_piece, r.rows_blk);
-        wait_geq(g_copy, go() + i * P + c, e);
-        if (row1 <= row0) continue;
+        const int q = i * P + c;
+        wait_geq(g_copy, go() + q, e);
         if (!r.rs) {
-          const size_t off = b_off(blk) + (size_t)row0 * r.k * es, bytes = (size_t)(row1 - row0) * r.k * es;
-          CK(cudaMemcpyAsync((char *)B + off, (const char *)Bsrc + off, bytes, cudaMemcpyDeviceToDevice, g_copy));
+          const size_t off = b_off(blk) + (size_t)c * rp * r.k * es, bytes = (size_t)rp * r.k * es;
+          copy_d2d((char *)B + off, (const char *)Bsrc + off, bytes, g_copy);
+          write_value(g_copy, copied + q, e, g_signal_write);
           if (g_marks.on)
-            g_marks.mark(g_copy, "copy: block " + std::to_string(blk) + " piece " + std::to_string(c) + " copied");
+            g_marks.mark(g_copy, "copy: block " + std::to_string(blk) + " piece " + std::to_string(c) +
+                                     " copied, word written");
         } else {
           const void *src = kind == FUSED ? Df : kind == CHUNKED ? Dc : Down;
-          const size_t off = d_off(blk) + (size_t)row0 * r.m * os, bytes = (size_t)(row1 - row0) * r.m * os;
-          CK(cudaMemcpyAsync((char *)recv + off, (const char *)src + off, bytes, cudaMemcpyDeviceToDevice, g_copy));
+          const size_t off = d_off(blk) + (size_t)c * rp * r.m * os, bytes = (size_t)rp * r.m * os;
+          copy_d2d((char *)recv + off, (const char *)src + off, bytes, g_copy);
           if (g_marks.on)
             g_marks.mark(g_copy, "copy: block " + std::to_string(blk) + " piece " + std::to_string(c) + " delivered");
         }
-      }
-      // AG: the block is in B; the pacer writes its flag (after its scheduled arrival).
-      if (!r.rs) {
-        write_value(g_copy, copied + i, e, g_signal_write);
-        if (g_marks.on) g_marks.mark(g_copy, "copy: block " + std::to_string(blk) + " copied word written");
       }
     }
     if (r.rs) {
@@ -703,10 +812,13 @@ struct Ctx {
       CK(cudaEventRecord(join_prod, g_comp));
       CK(cudaStreamWaitEvent(g_prod, join_prod, 0));
       if (copies) CK(cudaStreamWaitEvent(g_copy, join_prod, 0));
+      // RS: the pacer waits on our done signals (one per piece) or the chunks' ready words
+      // (one per block: a chunk is a whole block); the link alone has every block ready at t0.
       const uint32_t *rdy = nullptr;
-      if (r.rs && cfg.kind == FUSED) rdy = done;
+      int rdy_pieces = 1;
+      if (r.rs && cfg.kind == FUSED) rdy = done, rdy_pieces = r.pieces;
       if (r.rs && cfg.kind == CHUNKED) rdy = ready;
-      PaceArgs p = pace(r.rs ? 1 : 0, copies, rdy, e);
+      PaceArgs p = pace(r.rs ? 1 : 0, copies, rdy, rdy_pieces, e);
       launch(H.pacer, 1, 1, 32, 1, (unsigned)g_pacer_smem, g_prod, {&p});
       if (g_pacer_log.size() < 4096)
         g_pacer_log.push_back({e, std::string(cfg.kind == LINK ? "link alone" : cfg.kind == FUSED ? "fused" : "chunked") +
@@ -732,8 +844,10 @@ struct Ctx {
       } else if (cfg.kind == CHUNKED) {
         for (int idx = 0; idx < r.tp; ++idx) {
           // AG: local block first, then in arrival order; RS: send order, local last.
+          // AG: a chunk waits for its block's last piece (the pacer writes a block's flags in
+          // piece order: the last one means the whole block is there).
           const int blk = r.rs ? (g_me + 1 + idx) % r.tp : (g_me + idx) % r.tp;
-          if (!r.rs && idx > 0) wait_geq(g_comp, flags + blk, e);
+          if (!r.rs && idx > 0) wait_geq(g_comp, flags + blk * r.pieces + r.pieces - 1, e);
           lt_chunk.run(A, (const char *)B + b_off(blk), (char *)Dc + d_off(blk), g_comp);
           if (g_marks.on) g_marks.mark(g_comp, "compute: chunk of block " + std::to_string(blk) + " ended");
           if (r.rs) write_value(g_comp, ready + blk, e, g_signal_write);
@@ -761,7 +875,7 @@ struct Ctx {
     for (auto &x : ev) CK(cudaEventCreate(&x));
     if (beside) {
       const uint32_t e = ++epoch;
-      PaceArgs p = pace(2, false, nullptr, e);
+      PaceArgs p = pace(2, false, nullptr, 1, e);
       launch(H.pacer, 1, 1, 32, 1, (unsigned)g_pacer_smem, g_prod, {&p});
       wait_geq(g_comp, sig, e);
     }
@@ -787,42 +901,45 @@ struct Ctx {
 static const float PROBE_BLOCKED_MS = 50.f;  // the hold is 100 ms; our GEMMs take < 10 ms
 static const float PROBE_SLOWED = 1.05f;     // beside the pacer (SMs - 1) vs alone on all SMs
 
-// The pacer's mirror, decoded (host-mapped: read without the device). P: pieces per block.
+// The pacer's mirror, decoded (host-mapped: read without the device). P: pieces per block
+// (the row's), piece index q = block #(q / P) in arrival / send order, its piece q % P.
+static Row *g_cur_row = nullptr;  // the row being run, for the hang report
 static void print_mirror(const char *prefix) {
   if (!g_mirror_host) return;
   uint32_t m[MIR_WORDS];
   for (int i = 0; i < MIR_WORDS; ++i) m[i] = g_mirror_host[i];
   const uint32_t what = m[MIR_PHASE] >> 16, idx = m[MIR_PHASE] & 0xffff;
-  const int P = g_pieces;
+  const uint32_t P = (uint32_t)std::max(1, g_cur_row ? g_cur_row->pieces : g_pieces);
   std::string cfg = "?";
   for (auto it = g_pacer_log.rbegin(); it != g_pacer_log.rend(); ++it)
     if (it->first == m[MIR_EPOCH]) {
       cfg = it->second;
       break;
     }
-  char ph[200];
+  char ph[320];
   switch (what) {
     case 0: std::snprintf(ph, sizeof ph, "started (no wait or sleep of its own so far)"); break;
     case 1: std::snprintf(ph, sizeof ph, "WAITING FOR THE START WORD (the compute stream writes it)"); break;
-    case 2:
-      std::snprintf(ph, sizeof ph, "sleeping to go piece %u (block #%u piece %u; %u go words written)", idx, idx / P,
-                    idx % P, idx);
-      break;
     case 3:
-      std::snprintf(ph, sizeof ph, "sleeping to the scheduled arrival (AG) / transfer start (RS) of block #%u", idx);
+      std::snprintf(ph, sizeof ph,
+                    "sleeping to the scheduled arrival (AG) / transfer start (RS) of piece %u (block #%u piece %u)", idx,
+                    idx / P, idx % P);
       break;
     case 4:
       std::snprintf(ph, sizeof ph,
-                    "WAITING FOR THE COPIED WORD of block #%u (arrival order; the copy stream writes it after the "
-                    "block's last piece; %u remote flags written before it)",
-                    idx, idx);
+                    "WAITING FOR THE COPIED WORD of piece %u (block #%u piece %u, arrival order; the copy stream "
+                    "writes it after the piece's copy; the remote flags of the %u pieces before it and the go words "
+                    "up to the next piece's written)",
+                    idx, idx / P, idx % P, idx);
       break;
     case 5:
-      std::snprintf(ph, sizeof ph, "WAITING FOR THE READY WORD of block #%u (send order: our done signal / chunk)",
-                    idx);
+      std::snprintf(ph, sizeof ph,
+                    "WAITING FOR THE READY WORD of piece %u (block #%u piece %u, send order: our done signal per "
+                    "piece / the chunk's per block)",
+                    idx, idx / P, idx % P);
       break;
     case 6: std::snprintf(ph, sizeof ph, "holding (probe)"); break;
-    case 7: std::snprintf(ph, sizeof ph, "sleeping to the last transfer's end"); break;
+    case 7: std::snprintf(ph, sizeof ph, "sleeping to the last piece's scheduled end"); break;
     case 8: std::snprintf(ph, sizeof ph, "done"); break;
     default: std::snprintf(ph, sizeof ph, "? (%u)", m[MIR_PHASE]);
   }
@@ -890,21 +1007,51 @@ static bool verify(Ctx &c, Kind kind, int copies, float rms) {
   return ok;
 }
 
+// The batch API once, before the copy-engine check: a refusal, or a copy that is not bit
+// for bit the source, and the run uses cudaMemcpyAsync instead (said so).
+static void probe_copy_api() {
+  if (g_copy_api != COPY_BATCH) return;
+  const size_t bytes = 1u << 20;
+  void *a, *b;
+  CK(cudaMalloc(&a, bytes));
+  CK(cudaMalloc(&b, bytes));
+  fill_words(a, bytes, 0x3f813f82u, g_comp);
+  fill_words(b, bytes, 0, g_comp);
+  wait_stream(g_comp, "copy API probe setup");
+  copy_d2d(b, a, bytes, g_copy);
+  wait_stream(g_copy, "copy API probe (one 1 MiB copy)", 20);
+  if (g_copy_api == COPY_BATCH) {
+    const Cmp m = compare_bits(a, b, bytes);
+    if (m.bad) copy_fallback("copied wrong (" + std::to_string(m.bad) + " of " + std::to_string(bytes / 4) +
+                             " words differ)");
+  }
+  CK(cudaFree(a));
+  CK(cudaFree(b));
+}
+
 // Can the copy stream do its part of the copies variant while every SM is busy? A hold
 // kernel (the pacer in hold mode, 100 ms: one CTA per SM, each with all the shared memory a
 // CTA may have, so nothing else fits anywhere) runs on the COMPUTE stream, where our fused
-// kernel runs; meanwhile the copy stream does what it does in an iteration, each step timed
-// with events: (1) a 64 MiB device-to-device copy after a cuStreamWaitValue32 on a word the
-// hold CTAs wrote, (2) four 8 MiB pieces at offsets, each after a (satisfied)
-// cuStreamWaitValue32, (3) a cuStreamWriteValue32 without the memory barrier, (4) one with
-// it. A step that needed an SM (a copy done by a kernel) or waited for the busy SMs (a
-// write whose barrier waits for them) takes most of the hold. Then the copies variant would
-// make the pacer time out (no longer deadlock: the pacer writes our kernel's flags); so:
-// (1)-(3) slow: copies variant skipped; only (4) slow: the copied words (and RS chunks'
-// ready words) are written without the barrier (the work before still completes first in
-// stream order; the verification runs check the data bit for bit).
+// kernel runs; meanwhile the copy stream does what it does in an iteration, by the chosen
+// copy API (--copy-api), each step timed with events: (1) a 64 MiB device-to-device copy
+// after a cuStreamWaitValue32 on a word the hold CTAs wrote, (2) four 8 MiB pieces at
+// offsets, each after a (satisfied) cuStreamWaitValue32, (3) a cuStreamWriteValue32
+// without the memory barrier, (4) one with it, (5) an 8 MiB piece after a
+// cuStreamWaitValue32 on a word that the hold kernel writes half way through the hold (as
+// the pacer's go words are written while our kernel holds the SMs; (1)-(4) find theirs
+// already there). A step that needed an SM (a copy done by a kernel) or waited for the
+// busy SMs (a write whose barrier waits for them) takes most of the hold. Then the copies
+// variant would make the pacer time out (no longer deadlock: the pacer writes our kernel's
+// flags); so: (1)-(3) slow: copies variant skipped; only (4) slow: the copied words (and
+// RS chunks' ready words) are written without the barrier (the work before still
+// completes first in stream order; the verification runs check the data bit for bit).
+// (5) only goes to the log and the table's "copies variant" line (ended near the hold's
+// end: expect the copies to crawl while our kernel holds the SMs, as on the first H100
+// runs, whose check of (1)-(4) passed).
+static std::string g_ce_summary;  // the check's line, for the table
 static bool ce_check() {
   const size_t bytes = 64u << 20, piece = 8u << 20;
+  const float hold_ms = 100.f;
   void *a, *b;
   uint32_t *w, *st;
   CK(cudaMalloc(&a, bytes));
@@ -918,42 +1065,54 @@ static bool ce_check() {
   wait_stream(g_comp, "copy-engine check setup");
   PaceArgs p;
   std::memset(&p, 0, sizeof p);
+  p.flags = w + 3;  // (5): CTA 0 writes it half way through the hold
   p.sig = w + 32;
   p.status = st;
-  p.hold_ns = 100000000ull;
+  p.hold_ns = (uint64_t)(hold_ms * 1e6f);
   p.mode = 2;
   p.epoch = 1;
-  cudaEvent_t ev[5];
+  cudaEvent_t ev[6];
   for (auto &x : ev) CK(cudaEventCreate(&x));
   launch(H.pacer, (unsigned)g_sms, 1, 32, 1, (unsigned)g_pacer_smem, g_comp, {&p});
   wait_geq(g_copy, st + 3, (uint32_t)g_sms);  // every SM holds one
   CK(cudaEventRecord(ev[0], g_copy));
-  CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, g_copy));
+  copy_d2d(b, a, bytes, g_copy);
   CK(cudaEventRecord(ev[1], g_copy));
   for (size_t c = 0; c < 4; ++c) {
     const size_t off = 4096 + c * (piece + 4096);
     wait_geq(g_copy, w, 1);
-    CK(cudaMemcpyAsync((char *)b + off, (const char *)a + off, piece, cudaMemcpyDeviceToDevice, g_copy));
+    copy_d2d((char *)b + off, (const char *)a + off, piece, g_copy);
   }
   CK(cudaEventRecord(ev[2], g_copy));
   write_value(g_copy, w + 1, 1, CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER);
   CK(cudaEventRecord(ev[3], g_copy));
   write_value(g_copy, w + 2, 1, CU_STREAM_WRITE_VALUE_DEFAULT);
   CK(cudaEventRecord(ev[4], g_copy));
+  wait_geq(g_copy, w + 3, 1);  // released half way through the hold
+  copy_d2d((char *)b + 4096, (const char *)a + 4096, piece, g_copy);
+  CK(cudaEventRecord(ev[5], g_copy));
   sync_all("copy-engine check", 20);
-  float t[4];
+  float t[4], t5 = 0;
   for (int i = 0; i < 4; ++i) CK(cudaEventElapsedTime(&t[i], ev[i], ev[i + 1]));
+  CK(cudaEventElapsedTime(&t5, ev[0], ev[5]));
+  t5 -= hold_ms / 2;  // about the time from the release to the piece's end
   const float slow = 50.f;
   const bool copy_ok = t[0] < slow && t[1] < slow, nb_ok = t[2] < slow, def_ok = nb_ok && t[3] < slow;
-  const bool ok = copy_ok && nb_ok;
+  const bool ok = copy_ok && nb_ok, late_ok = t5 < hold_ms / 4;
   g_signal_write = def_ok ? CU_STREAM_WRITE_VALUE_DEFAULT : CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER;
-  std::printf("copy-engine check (every SM held by a kernel on the compute stream): 64 MiB copy %.3f ms (%.0f GB/s), "
-              "4 x 8 MiB pieces after waits %.3f ms, write without barrier %.3f ms, with barrier %.3f ms -> %s\n",
-              t[0], bytes / (t[0] * 1e6), t[1], t[2], t[3],
-              !copy_ok ? "the copies NEED SMs: copies variant skipped"
-              : !nb_ok ? "a stream write waits for the SMs: copies variant skipped"
-              : !def_ok ? "the write's memory barrier waits for the SMs: copied / ready words written without it"
-                        : "copy engine, nothing waits for the SMs: the copies variant runs");
+  char line[1024];
+  std::snprintf(line, sizeof line,
+                "copy-engine check (every SM held by a kernel on the compute stream; copies by %s): 64 MiB copy %.3f "
+                "ms (%.0f GB/s), 4 x 8 MiB pieces after waits %.3f ms, write without barrier %.3f ms, with barrier "
+                "%.3f ms, 8 MiB piece after a wait released mid-hold %.3f ms after the release (%s) -> %s",
+                copy_api_name(), t[0], bytes / (t[0] * 1e6), t[1], t[2], t[3], t5,
+                late_ok ? "ok" : "WAITED FOR THE SMs: expect the copies to crawl beside our kernel",
+                !copy_ok ? "the copies NEED SMs: copies variant skipped"
+                : !nb_ok ? "a stream write waits for the SMs: copies variant skipped"
+                : !def_ok ? "the write's memory barrier waits for the SMs: copied / ready words written without it"
+                          : "copy engine, nothing waits for the SMs: the copies variant runs");
+  std::printf("%s\n", line);
+  g_ce_summary = line;
   for (auto &x : ev) CK(cudaEventDestroy(x));
   for (void *q : {a, b, (void *)w, (void *)st}) CK(cudaFree(q));
   return ok;
@@ -966,7 +1125,6 @@ static float median(std::vector<float> v) {
 }
 
 static Ctx *g_cur = nullptr;  // the row being run, for the hang report
-static Row *g_cur_row = nullptr;
 
 static void run_row(Row &r, cublasLtHandle_t lth, void *ws, size_t wsz) {
   Ctx c(r);
@@ -989,6 +1147,25 @@ static void run_row(Row &r, cublasLtHandle_t lth, void *ws, size_t wsz) {
     r.notes = "shape not supported (row blocks must be whole 128-row tiles)";
     return;
   }
+  // Pieces per block: at most --pieces, whole 128-row tiles each, dividing the block (the
+  // largest divisor of the block's tile rows that is <= --pieces).
+  {
+    const int tiles_blk = r.rows_blk / BM;
+    int P = std::min(g_pieces, tiles_blk);
+    while (tiles_blk % P) --P;
+    r.pieces = P;
+    if (P != g_pieces) {
+      char nb[160];
+      std::snprintf(nb, sizeof nb, "%d pieces per block, not %d (a block's %d rows in whole 128-row pieces); ", P,
+                    g_pieces, r.rows_blk);
+      r.notes += nb;
+      std::printf("  %d pieces per block, not %d: pieces are whole 128-row tiles dividing the block's %d rows\n", P,
+                  g_pieces, r.rows_blk);
+    }
+    // Word arrays: flags tp * P, done 2 * tp * P (signals, counters), copied (tp - 1) * P;
+    // sig 1 + 2 * (tp - 1) * P + 1 below the start word.
+    if (2 * r.tp * P > WORD_ARRAY || 2 + 2 * (r.tp - 1) * P > SIG_START) die("too many pieces", __FILE__, __LINE__);
+  }
   r.bn = pick_bn(r.m, r.n, g_sms);
   r.block_bytes = r.rs ? (double)r.rows_blk * r.m * 2 : (double)r.rows_blk * r.k * c.es;
   r.nominal_link_ms = (r.tp - 1) * r.block_bytes / g_bw / 1e6;
@@ -1001,11 +1178,8 @@ static void run_row(Row &r, cublasLtHandle_t lth, void *ws, size_t wsz) {
   for (void **p : {&c.Down, &c.Dlt, &c.Df, &c.Dc}) CK(cudaMalloc(p, c.d_bytes()));
   if (r.rs) CK(cudaMalloc(&c.recv, c.d_bytes()));
   CK(cudaMalloc(&c.si, 128 * sizeof(float)));
-  CK(cudaMalloc(&c.flags, 64 * sizeof(uint32_t)));
-  CK(cudaMalloc(&c.ready, 64 * sizeof(uint32_t)));
-  CK(cudaMalloc(&c.done, 64 * sizeof(uint32_t)));
-  CK(cudaMalloc(&c.copied, 64 * sizeof(uint32_t)));
-  CK(cudaMalloc(&c.sig, 1024 * sizeof(uint32_t)));
+  for (uint32_t **p : {&c.flags, &c.ready, &c.done, &c.copied}) CK(cudaMalloc(p, WORD_ARRAY * sizeof(uint32_t)));
+  CK(cudaMalloc(&c.sig, SIG_WORDS * sizeof(uint32_t)));
   CK(cudaEventCreateWithFlags(&c.join_prod, cudaEventDisableTiming));
   CK(cudaEventCreateWithFlags(&c.join_copy, cudaEventDisableTiming));
   fill_rand(c.A, (size_t)r.m * r.k, r.fp8, 1000 + r.m + r.k, g_comp);
@@ -1013,8 +1187,8 @@ static void run_row(Row &r, cublasLtHandle_t lth, void *ws, size_t wsz) {
   if (!r.rs) CK(cudaMemcpyAsync(c.Bsrc, c.B, b_bytes, cudaMemcpyDeviceToDevice, g_comp));
   for (void *p : {c.Down, c.Dlt, c.Df, c.Dc}) poison(p, c.d_bytes(), false, g_comp);
   if (r.rs) poison(c.recv, c.d_bytes(), false, g_comp);
-  for (uint32_t *p : {c.flags, c.ready, c.done, c.copied}) fill_words(p, 64 * sizeof(uint32_t), 0, g_comp);
-  fill_words(c.sig, 1024 * sizeof(uint32_t), 0, g_comp);
+  for (uint32_t *p : {c.flags, c.ready, c.done, c.copied}) fill_words(p, WORD_ARRAY * sizeof(uint32_t), 0, g_comp);
+  fill_words(c.sig, SIG_WORDS * sizeof(uint32_t), 0, g_comp);
   // e4m3: the scale_invs 256 bytes apart, as separate tensors would be.
   const float hsi[2] = {r.fp8 ? 0.5f : 1.f, r.fp8 ? 0.25f : 1.f};
   CK(cudaMemcpyAsync(c.si, hsi, sizeof(float), cudaMemcpyHostToDevice, g_comp));
@@ -1056,13 +1230,22 @@ static void run_row(Row &r, cublasLtHandle_t lth, void *ws, size_t wsz) {
   f.D = c.Df;
   if (r.rs) {
     f.done = c.done;
-    f.done_rows = r.rows_blk;
+    f.done_rows = c.rows_piece();  // a done signal per piece: done[blk * P + c]
     f.rot = ((g_me + 1) % r.tp) * (r.rows_blk / BM);
   } else {
     f.flags = c.flags;
-    f.rows_per_flag = r.rows_blk;
+    f.rows_per_flag = c.rows_piece();  // a flag per piece: flags[blk * P + c]
     f.rot = g_me * (r.rows_blk / BM);
   }
+  // The fused kernel's tile-row groups as the library picks them (src/gemm/sm90.rs
+  // group_n): at most a piece's tile rows, so that the first tiles in the schedule need
+  // (AG) / complete (RS) the first pieces only; with --group 8 and a piece of 2 tile rows,
+  // the first wave's tiles would span all of a block's pieces (and a done signal would
+  // wait for the whole group). --fused-group G overrides it.
+  f.group_n = g_fused_group > 0 ? g_fused_group : std::max(1, std::min(g_group, c.rows_piece() / BM));
+  std::printf("  %d pieces per block of %d rows (%d rows each: a flag / done signal per piece); our fused kernel in "
+              "tile-row groups of %d (alone: %d)\n",
+              r.pieces, r.rows_blk, c.rows_piece(), f.group_n, o.group_n);
   o.run(g_comp);
   wait_stream(g_comp, "our kernel (no waits)", 20);
 
@@ -1206,7 +1389,7 @@ static void run_row(Row &r, cublasLtHandle_t lth, void *ws, size_t wsz) {
   if (st[2]) r.notes += "gate opened by timeout " + std::to_string(st[2]) + "x; ";
   if (g_copies_ok && !r.rs) {
     char nb[96];
-    std::snprintf(nb, sizeof nb, "copies: a block's copy ended at most %.1f us after its scheduled arrival; ",
+    std::snprintf(nb, sizeof nb, "copies: a piece's copy ended at most %.1f us after its scheduled arrival; ",
                   st[4] / 1000.0);
     r.notes += nb;
   }
@@ -1245,12 +1428,20 @@ static int emit_table(const std::vector<Row> &rows, const std::string &out_path)
   std::ostringstream md;
   char line[2048];
   md << "\n## Emulated-link overlap, one GPU (our fused kernel vs chunked cuBLASLt)\n\n";
+  const std::string fused_groups =
+      g_fused_group > 0 ? "tile-row groups of " + std::to_string(g_fused_group) + " (--fused-group)"
+                        : "tile-row groups of min(" + std::to_string(g_group) +
+                              ", a piece's tile rows), as the library picks them";
   std::snprintf(line, sizeof line,
-                "Link %.0f GB/s per peer (copies in %d pieces per block), rank %d; median of %d iterations, from t0 "
+                "Link %.0f GB/s per peer, each block in %d pieces (AG: an arrival flag per piece, RS: a done signal "
+                "per piece, each piece sent on its own; fewer pieces where the notes say; the chunked baseline "
+                "GEMMs whole blocks: AG after a block's last piece, RS its ready word per block; our fused kernel in "
+                "%s), rank %d; median "
+                "of %d iterations, from t0 "
                 "(the start event, the pacer's schedule starting with it) to the end of the GEMM and the link; ms. "
                 "bound = max(Lt, link), Lt on all %d SMs; fused and chunked run on %d (the pacer has an SM to itself); "
                 "f vs c = chunked / fused (> 1: fused faster).\n\n",
-                g_bw, g_pieces, g_me, g_iters, g_sms, g_sms - 1);
+                g_bw, g_pieces, fused_groups.c_str(), g_me, g_iters, g_sms, gemm_budget());
   md << line;
   md << "| op | in | tp | shape | link | Lt alone | ours alone | link alone | bound | fused | chunked | fused/bound | "
         "chunked/bound | f vs c | late us | ok | notes |\n";
@@ -1318,6 +1509,8 @@ static int emit_table(const std::vector<Row> &rows, const std::string &out_path)
                   tp8_v[1], tp8_vn[1]);
     md << line;
   }
+  md << "- copies variant: by " << copy_api_name() << (g_copy_note.empty() ? "" : " (" + g_copy_note + ")") << "; "
+     << (g_ce_summary.empty() ? "copy-engine check not run" : g_ce_summary) << "\n";
   if (!g_copies_ok) {
     md << "- real copies: NOT RUN (device-to-device copies needed SMs on this device; see the copy-engine check)\n";
     all_ran = false;
@@ -1343,7 +1536,7 @@ static int emit_table(const std::vector<Row> &rows, const std::string &out_path)
 static std::vector<Row> *g_rows = nullptr;
 static std::string g_out_path;
 static uint32_t *g_diag_host = nullptr;  // pinned, DIAG_WORDS words
-static const int DIAG_WORDS = 512;
+static const int DIAG_WORDS = 4096;
 static std::atomic<int> g_diag_issued{0};
 
 static void on_hang(const char *what) {
@@ -1360,18 +1553,22 @@ static void on_hang(const char *what) {
   }
   if (g_cur && g_diag_host) {
     Ctx &c = *g_cur;
-    const int tp = c.r.tp, P = g_pieces;
+    const int tp = c.r.tp, P = c.r.pieces;
     struct Span {
       const uint32_t *src;
       int words;
       const char *name;
     };
-    const int nsig = std::min(1 + (tp - 1) * P + (tp - 1) + 1, 200);
-    const Span spans[] = {{c.flags, tp, "flags"},
-                          {c.copied, tp - 1, "copied (arrival order)"},
-                          {c.done, 2 * tp, "done (signals, then counters)"},
-                          {c.ready, tp, "ready"},
-                          {c.sig, nsig, "sig (started, go..., due..., fin)"},
+    // At most 512 + 448 + 1024 + 8 + 898 + 1 words (tp 8, 64 pieces) < DIAG_WORDS.
+    const int nsig = 1 + 2 * (tp - 1) * P + 1;
+    char pn[64];
+    std::snprintf(pn, sizeof pn, "%d pieces per block", P);
+    std::printf("  hang: %s; piece q = i * %d + c: piece c of the i-th block in arrival / send order\n", pn, P);
+    const Span spans[] = {{c.flags, tp * P, "flags (block b's piece c at b * P + c)"},
+                          {c.copied, (tp - 1) * P, "copied (piece q, arrival order)"},
+                          {c.done, 2 * tp * P, "done (signals per piece at b * P + c, then counters)"},
+                          {c.ready, tp, "ready (the chunks', per block)"},
+                          {c.sig, nsig, "sig (started, go[q]..., due[q]..., fin)"},
                           {c.start(), 1, "start"}};
     std::printf("  hang: the latest epoch enqueued is %u; device words (a copy on a stream of its own):\n", c.epoch);
     std::fflush(stdout);
@@ -1438,6 +1635,7 @@ int main(int argc, char **argv) {
     else if (a == "--pieces") g_pieces = std::atoi(next());
     else if (a == "--me") g_me = std::atoi(next());
     else if (a == "--group") g_group = std::max(1, std::atoi(next()));
+    else if (a == "--fused-group") g_fused_group = std::max(0, std::atoi(next()));
     else if (a == "--quick") quick = true;
     else if (a == "--only") only = next();
     else if (a == "--dtype") dtype = next();
@@ -1447,10 +1645,15 @@ int main(int argc, char **argv) {
     else if (a == "--define") defines.push_back(std::string("-D") + next());
     else if (a == "--budget") g_budget = std::atof(next());
     else if (a == "--gemm-sms") g_gemm_sms = std::atoi(next());
-    else {
+    else if (a == "--copy-api") {
+      const std::string v = next();
+      if (v != "memcpy" && v != "batch") die("--copy-api takes memcpy or batch", __FILE__, __LINE__);
+      g_copy_api = v == "batch" ? COPY_BATCH : COPY_MEMCPY;
+    } else {
       std::printf("usage: own_gemm_link [--kernel FILE] [--iters N] [--warmup N] [--bw GBPS] [--pieces P] [--me R] "
                   "[--group G] [--quick] [--only ag|rs] [--dtype bf16|e4m3|both] [--tp 4,8] [--out FILE] "
-                  "[--compile-only] [--define NAME=VALUE ...] [--budget SECONDS] [--gemm-sms N]\n");
+                  "[--compile-only] [--define NAME=VALUE ...] [--budget SECONDS] [--gemm-sms N] "
+                  "[--copy-api memcpy|batch] [--fused-group G]\n");
       return a == "--help" ? 0 : 2;
     }
   }
@@ -1555,6 +1758,9 @@ int main(int argc, char **argv) {
     *g_gate_host = 0;
     g_gate_dev = (uint32_t *)dp;
   }
+  probe_copy_api();
+  std::printf("copies (copies variant): %s%s%s\n", copy_api_name(), g_copy_note.empty() ? "" : "; ",
+              g_copy_note.c_str());
   g_copies_ok = ce_check();
   cublasLtHandle_t lth;
   LT(cublasLtCreate(&lth));
@@ -1586,7 +1792,8 @@ int main(int argc, char **argv) {
         }
     }
   }
-  std::printf("link: %.0f GB/s per peer, %d copy pieces per block; this GPU is rank %d; %d timed iterations after %d "
+  std::printf("link: %.0f GB/s per peer, %d pieces per block (flags, done signals, copies); this GPU is rank %d; %d "
+              "timed iterations after %d "
               "warm-up (median)\n",
               g_bw, g_pieces, g_me, g_iters, g_warmup);
   for (size_t i = 0; i < rows.size(); ++i) {

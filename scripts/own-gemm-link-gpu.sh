@@ -11,7 +11,10 @@
 # after LINK_LIMIT seconds (default 200), so that build + run stay under 4 minutes.
 #   scripts/own-gemm-link-gpu.sh [own_gemm_link options: --quick --iters N --bw GBPS
 #                                 --pieces P --me R --only ag|rs --dtype bf16|e4m3 --tp 8
-#                                 --budget S ...]
+#                                 --budget S --gemm-sms N --copy-api memcpy|batch ...]
+# (--pieces: AG flags / RS done signals and transfers per block, default 4; --copy-api:
+# the copies variant's API, default batch = cudaMemcpyBatchAsync with the hint to overlap
+# with compute, falling back to cudaMemcpyAsync where refused.)
 # Under $OUT (default own-gemm-link-out/): own_gemm_link.log (everything),
 # own_gemm_link.md (the full table and bar lines), the binary. Prints a short table and the
 # bar lines last. Exit status: the benchmark's (1: a wrong result, a hang or a pacer
@@ -38,8 +41,8 @@ limit=${LINK_LIMIT:-200}
 timeout -k 5 "$limit" "$out/own_gemm_link" --kernel "$root/kernels/gemm_sm90.cu" --define GEMM90_NO_EPI=1 \
   --define GEMM90_NO_FPACC=1 --define GEMM90_NO_NN_NT=1 --out "$md" "$@" >>"$log" 2>&1
 rc=$?
-grep -aE '^(device:|pacer:|copy-engine|registers|link:|row |  Lt |  not timed|  beside|HANG|  hang:|  timeline|  pacer:|own_gemm_link:)|wrong|differ|timed out' "$log" |
-  cut -c1-400
+grep -aE '^(device:|pacer:|copies|copy-engine|note:|registers|link:|row |  Lt |  not timed|  beside|  [0-9]+ pieces|HANG|  hang:|  timeline|  pacer:|own_gemm_link:)|wrong|differ|timed out' "$log" |
+  cut -c1-600
 [ $rc -eq 124 ] && echo "own-gemm-link-gpu: out of time ($limit s)" | tee -a "$log"
 echo
 if [ -f "$md" ]; then
