@@ -266,6 +266,15 @@ inline int pick_bn(int m, int n, int sms) {
   return eff(128) > eff(256) + 0.05 ? 128 : 256;
 }
 
+// Tile width of a GEMM waiting on arrival flags (src/gemm/sm90.rs pick_bn_waiting): 128
+// where 256-wide tiles fill at most 4 waves (the tail after the last arrival is about one
+// tile's time), else pick_bn.
+inline int pick_bn_waiting(int m, int n, int sms) {
+  const int bn = pick_bn(m, n, sms);
+  const long tiles = (long)((n + BM - 1) / BM) * ((m + 255) / 256);
+  return bn == 256 && tiles <= 4L * sms ? 128 : bn;
+}
+
 // ---------------------------------------------------------------- our GEMM
 // D[n, m] = B[n, k] . A[m, k]^T (times *a_si * *b_si for e4m3). Fill the fields, call
 // prepare() once (tensor maps), then run(stream) any number of times; flag_value /

@@ -110,6 +110,8 @@
 // refusal or a wrong probe copy falls back to cudaMemcpyAsync, said in the log and table),
 // --fused-group G (the fused kernel's tile-row groups; default as the library,
 // src/gemm/sm90.rs group_n: min(--group, a piece's tile rows); our kernel alone: --group).
+// --bn 128|256 (our kernels' tile width, fused and alone; default as the library picks it:
+// pick_bn, for AG pick_bn_waiting).
 // A run that does not end (20 s for a verification run, 30 s for a row's timed runs) is a
 // hang: the program prints where it is stuck, without waiting on the device ('  hang:'
 // lines: which streams are busy; the pacer's progress from a host-mapped mirror of what it
@@ -471,6 +473,7 @@ static volatile uint32_t *g_gate_host;       // mapped pinned word the gate kern
 static uint32_t *g_gate_dev;
 static uint32_t g_gate_value = 0;
 static int g_iters = 30, g_warmup = 5, g_pieces = 4, g_me = 1, g_group = 8;
+static int g_bn = 0;           // --bn: our kernels' tile width, 128 or 256 (0: pick_bn)
 static int g_fused_group = 0;  // --fused-group: the fused kernel's tile-row groups (0: as the library)
 // --gemm-sms N: the SM budget of the fused kernel and of the chunks (default SMs - 1, the
 // pacer's SM left free). Fewer leave SMs to copies that run as kernels: a same-device
@@ -1166,7 +1169,9 @@ static void run_row(Row &r, cublasLtHandle_t lth, void *ws, size_t wsz) {
     // sig 1 + 2 * (tp - 1) * P + 1 below the start word.
     if (2 * r.tp * P > WORD_ARRAY || 2 + 2 * (r.tp - 1) * P > SIG_START) die("too many pieces", __FILE__, __LINE__);
   }
-  r.bn = pick_bn(r.m, r.n, g_sms);
+  // AG: the fused kernel waits on flags, so its tile width as the library picks it then
+  // (pick_bn_waiting); our kernel alone runs the same width, as its bit-for-bit reference.
+  r.bn = g_bn > 0 ? g_bn : r.rs ? pick_bn(r.m, r.n, g_sms) : pick_bn_waiting(r.m, r.n, g_sms);
   r.block_bytes = r.rs ? (double)r.rows_blk * r.m * 2 : (double)r.rows_blk * r.k * c.es;
   r.nominal_link_ms = (r.tp - 1) * r.block_bytes / g_bw / 1e6;
   for (int i = 0; i < r.tp - 1; ++i) c.order[i] = (g_me + 1 + i) % r.tp;
@@ -1636,6 +1641,10 @@ int main(int argc, char **argv) {
     else if (a == "--me") g_me = std::atoi(next());
     else if (a == "--group") g_group = std::max(1, std::atoi(next()));
     else if (a == "--fused-group") g_fused_group = std::max(0, std::atoi(next()));
+    else if (a == "--bn") {
+      g_bn = std::atoi(next());
+      if (g_bn != 128 && g_bn != 256) die("--bn takes 128 or 256", __FILE__, __LINE__);
+    }
     else if (a == "--quick") quick = true;
     else if (a == "--only") only = next();
     else if (a == "--dtype") dtype = next();
@@ -1653,7 +1662,7 @@ int main(int argc, char **argv) {
       std::printf("usage: own_gemm_link [--kernel FILE] [--iters N] [--warmup N] [--bw GBPS] [--pieces P] [--me R] "
                   "[--group G] [--quick] [--only ag|rs] [--dtype bf16|e4m3|both] [--tp 4,8] [--out FILE] "
                   "[--compile-only] [--define NAME=VALUE ...] [--budget SECONDS] [--gemm-sms N] "
-                  "[--copy-api memcpy|batch] [--fused-group G]\n");
+                  "[--copy-api memcpy|batch] [--fused-group G] [--bn 128|256]\n");
       return a == "--help" ? 0 : 2;
     }
   }

@@ -184,6 +184,24 @@ fn pick_bn(m: usize, n: usize, sms: usize) -> usize {
     if eff(128) > eff(256) + 0.05 { 128 } else { 256 }
 }
 
+/// Tile width of a GEMM that waits on arrival flags (the fused all-gather): as
+/// [`pick_bn`], but 128 wide where 256-wide tiles fill at most `FEW_WAVES` waves. Each
+/// tile that waits for the last piece to land runs after it, so the GEMM ends about one
+/// tile's time after the last arrival: with few waves that tail is a large part of the
+/// GEMM, and half-width tiles halve it. Measured on the emulated link (bench/RESULTS.md,
+/// 2026-11-26, third session, one H200): fused/bound 1.23 -> 1.12 and 1.11 -> 1.06 on the two such
+/// tp-8 anchor rows, while 128-wide tiles cost 5-9 % on the rows with more waves.
+fn pick_bn_waiting(m: usize, n: usize, sms: usize) -> usize {
+    const FEW_WAVES: usize = 4;
+    let bn = pick_bn(m, n, sms);
+    let tiles = n.div_ceil(TILE_ROWS) * m.div_ceil(256);
+    if bn == 256 && tiles <= FEW_WAVES * sms.max(1) {
+        128
+    } else {
+        bn
+    }
+}
+
 /// A tensor map's key: (address, rows, k, box rows, FP8).
 type MapKey = (u64, usize, usize, usize, bool);
 
@@ -303,7 +321,11 @@ impl Sm90Gemm {
         } else {
             sms.min(self.sms)
         };
-        let bn = pick_bn(g.m, g.n, sms);
+        let bn = if hooks.flags.is_null() {
+            pick_bn(g.m, g.n, sms)
+        } else {
+            pick_bn_waiting(g.m, g.n, sms)
+        };
         let fp8 = g.a_type == DType::E4M3;
         let tb = self.map(g.b, g.n, g.k, TILE_ROWS, fp8)?;
         let ta = self.map(g.a, g.m, g.k, bn, fp8)?;
@@ -543,5 +565,11 @@ mod tests {
         };
         assert_eq!(args_of(&g, &h).unwrap().group_n, 4);
         assert_eq!(pick_bn(4096, 4096, 132), 256);
+        // Waiting on flags: 128 wide at 4 waves or fewer (tp-8 anchors: AG 8192 x 2048
+        // and 16384 x 1024 per rank), else as pick_bn (8192 x 3584: 6.8 waves).
+        assert_eq!(pick_bn_waiting(2048, 8192, 131), 128);
+        assert_eq!(pick_bn_waiting(1024, 16384, 131), 128);
+        assert_eq!(pick_bn_waiting(3584, 8192, 131), 256);
+        assert_eq!(pick_bn_waiting(2048, 16384, 131), 256);
     }
 }
