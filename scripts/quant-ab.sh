@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One-GPU A/B of the cast + transpose kernels (NVTE_COMM_CAST_TRANSPOSE: v2 = the default,
-# v1 = the previous kernel, v2-* = bench variants), in ONE device call, with a prebuilt
+# v1 = the previous kernel, v2-* and v3-* = bench variants), in ONE device call, with a prebuilt
 # library (no cargo on the GPU machine):
 #   TE_COMM_LIB=<libtransformer_engine_comm.so> scripts/quant-ab.sh
 # 1. python/tests/test_quantize.py: every quantization test, including the bit-exact
