@@ -732,9 +732,11 @@ __device__ __forceinline__ void ct3_bar_expect(u32 bar, u32 bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
 }
 // Wait until the phase of parity `parity` has completed (acquire: the bulk copies' data
-// is visible after it).
+// is visible after it). A bench kernel's first runs: after 2^22 unsuccessful polls (each
+// may suspend the thread for a while; a wait normally takes a few) it traps instead of
+// hanging the device call.
 __device__ __forceinline__ void ct3_bar_wait(u32 bar, u32 parity) {
-  u32 done;
+  u32 done, polls = 0;
   do {
     asm volatile(
         "{\n.reg .pred p;\n"
@@ -743,6 +745,7 @@ __device__ __forceinline__ void ct3_bar_wait(u32 bar, u32 parity) {
         : "=r"(done)
         : "r"(bar), "r"(parity)
         : "memory");
+    if (!done && ++polls == (1u << 22)) asm volatile("trap;");
   } while (!done);
 }
 // `bytes` (a multiple of 16; both addresses 16-byte aligned) global -> shared, completing
