@@ -610,7 +610,7 @@ fn cast_transpose(
 /// Rows of a v2 cast + transpose tile (CT2_TR of kernels/cast.cu); 128 columns.
 const CT2_TILE_ROWS: usize = 128;
 
-/// The bench variants of the v2 cast + transpose (kernels/cast.cu under
+/// The bench variants of the cast + transpose (v2's template and v3: kernels/cast.cu under
 /// TE_COMM_CT2_VARIANTS), compiled into a module of their own only when asked for.
 pub const CAST_VARIANTS: nvrtc::Source = nvrtc::Source {
     name: "cast_ct2_variants.cu",
