@@ -28,10 +28,11 @@ import torch
 from transformer_engine_comm.torch import fp8
 
 
-# Every value of NVTE_COMM_CAST_TRANSPOSE (src/kernels.rs): v2 (default), v1 (the previous
-# kernel), v2's bench variants (bf16 -> e4m3 only).
+# Every value of NVTE_COMM_CAST_TRANSPOSE (src/kernels.rs, whose unit test checks this list):
+# v2 (default), v1 (the previous kernel), the bench variants of v2 and v3 (bf16 -> e4m3 only).
 CT_ALL = ["v2", "v1", "v2-np", "v2-tr64", "v2-tr64-np", "v2-tr64-g16", "v2-g16", "v2-cs", "v2-g32-cs",
-          "v2-pf0", "v2-m4-np"]
+          "v2-pf0", "v2-m4-np", "v3-r256c128", "v3-r512c64", "v3-r512c64-bs", "v3-r512c64-tma",
+          "v3-pipe-s2", "v3-pipe-s4"]
 
 
 def timed(fn, iters, warmup=10):

@@ -87,6 +87,13 @@ const CT2: Binding<Ct2Params> = unsafe { Binding::new(&nvrtc::CAST, "ct2_{}_{}_{
 /// (compiled into CAST_VARIANTS: kernels/cast.cu with TE_COMM_CT2_VARIANTS defined)
 const CT2X: Binding<Ct2Params> =
     unsafe { Binding::new(&nvrtc::CAST, "ct2x_tr{}_g{}_pf{}_cs{}_m{}", CT_WHAT) };
+/// The v3 bench variants (CAST_VARIANTS): ct3_r<TR>_c<TC>_b<BS>_m<MINB> (register path)
+/// and ct3t_r<TR>_c<TC>_s<S>_m<MINB> (bulk loads, dynamic shared memory), CT2X's
+/// parameters.
+const CT3: Binding<Ct2Params> =
+    unsafe { Binding::new(&nvrtc::CAST, "ct3_r{}_c{}_b{}_m{}", CT_WHAT) };
+const CT3T: Binding<Ct2Params> =
+    unsafe { Binding::new(&nvrtc::CAST, "ct3t_r{}_c{}_s{}_m{}", CT_WHAT) };
 /// zero_amax(float *amax, const float *noop)
 const ZERO_AMAX: Binding<(DevPtr, DevPtr)> =
     unsafe { Binding::new(&nvrtc::CAST, "zero_amax", "zero_amax") };
@@ -132,6 +139,8 @@ pub fn kernel_signatures() -> Vec<Signature> {
         CAST_TRANSPOSE_SLOW.signature(),
         CT2.signature(),
         CT2X.signature(),
+        CT3.signature(),
+        CT3T.signature(),
         ZERO_AMAX.signature(),
         AMAX.signature(),
         SCALE_FROM_AMAX.signature(),
@@ -162,9 +171,17 @@ unsafe fn launch_elementwise<P: Params>(
 /// Block size (the kernel's `__launch_bounds__`) and resident blocks per SM of a kernel
 /// launched without dynamic shared memory, read off the function once.
 fn launch_shape(f: cudarc::driver::sys::CUfunction) -> Result<(u32, u32)> {
+    launch_shape_smem(f, 0)
+}
+
+/// [`launch_shape`] for launches with `smem` bytes of dynamic shared memory (beyond 48
+/// KiB, after [`allow_dynamic_smem`]).
+fn launch_shape_smem(f: cudarc::driver::sys::CUfunction, smem: u32) -> Result<(u32, u32)> {
     use cudarc::driver::sys as cu;
-    static CACHE: Mutex<Vec<(usize, (u32, u32))>> = Mutex::new(Vec::new());
-    let key = f as usize;
+    /// (function, dynamic shared memory) -> (block size, blocks an SM)
+    type Shapes = Vec<((usize, u32), (u32, u32))>;
+    static CACHE: Mutex<Shapes> = Mutex::new(Vec::new());
+    let key = (f as usize, smem);
     if let Some(&(_, v)) = CACHE
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -189,7 +206,9 @@ fn launch_shape(f: cudarc::driver::sys::CUfunction) -> Result<(u32, u32)> {
     let mut blocks = 0;
     // SAFETY: as above.
     cuda::check(
-        unsafe { cu::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut blocks, f, threads, 0) },
+        unsafe {
+            cu::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut blocks, f, threads, smem as usize)
+        },
         "cuOccupancyMaxActiveBlocksPerMultiprocessor",
     )?;
     let v = (threads as u32, blocks.max(1) as u32);
@@ -198,6 +217,32 @@ fn launch_shape(f: cudarc::driver::sys::CUfunction) -> Result<(u32, u32)> {
         .unwrap_or_else(|e| e.into_inner())
         .push((key, v));
     Ok(v)
+}
+
+/// Lets kernel `f` be launched with `smem` bytes of dynamic shared memory
+/// (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES; needed beyond 48 KiB), once per
+/// function.
+fn allow_dynamic_smem(f: cudarc::driver::sys::CUfunction, smem: u32) -> Result<()> {
+    use cudarc::driver::sys as cu;
+    static DONE: Mutex<Vec<(usize, u32)>> = Mutex::new(Vec::new());
+    let key = (f as usize, smem);
+    let mut done = DONE.lock().unwrap_or_else(|e| e.into_inner());
+    if done.contains(&key) {
+        return Ok(());
+    }
+    // SAFETY: `f` is a loaded function; a plain attribute.
+    cuda::check(
+        unsafe {
+            cu::cuFuncSetAttribute(
+                f,
+                cu::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )
+        },
+        "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)",
+    )?;
+    done.push(key);
+    Ok(())
 }
 
 /// Grid of a grid-stride kernel: enough blocks for `work` items of `per_block` each, at
@@ -488,38 +533,57 @@ fn cast_transpose(
     // transposed stores when out_t is 16-byte aligned and rows % 16 == 0.
     let vec = src.is_aligned(16) && dst.is_aligned(8) && cols % 8 == 0;
     let t_vec: i32 = (dst_t.is_aligned(16) && rows % 16 == 0) as i32;
-    // A bench variant runs only where it exists (bf16 -> e4m3, vector path); else v2.
+    // A bench variant runs only where it exists (bf16 -> e4m3, vector path; the v3 ones on
+    // whole tiles with out_t 16-byte aligned); else v2.
     let variant = match ct {
-        CastTranspose::Bench(k) if vec && iname == "bf16" && oname == "e4m3" => Some(CT2_BENCH[k]),
+        CastTranspose::Bench(k) if vec && iname == "bf16" && oname == "e4m3" => Some(CT2_BENCH[k])
+            .filter(|v| {
+                !v.whole_tiles
+                    || (rows % v.tile_rows == 0 && cols % v.tile_cols == 0 && dst_t.is_aligned(16))
+            }),
         _ => None,
     };
     // SAFETY (the lookups): `m` is kernels/cast.cu's module, `mv` the same source with
     // its bench variants.
-    let (k, tile_rows, one_tile_a_block) = match variant {
+    let (k, (tile_rows, tile_cols), one_tile_a_block, smem) = match variant {
         Some(v) if v.kernel.is_empty() => (
             unsafe { Kernel::new(m, &CT2, &["vec", iname, oname])? },
-            CT2_TILE_ROWS,
+            (CT2_TILE_ROWS, 128),
             v.one_tile_a_block,
+            0,
         ),
         Some(v) => {
             let mv = nvrtc::module(&CAST_VARIANTS, ctx, dev)?;
-            let k = unsafe { Kernel::named(&mv, &CT2X, v.kernel)? };
-            (k, v.tile_rows, v.one_tile_a_block)
+            let b = if v.kernel.starts_with("ct3t_") {
+                &CT3T
+            } else if v.kernel.starts_with("ct3_") {
+                &CT3
+            } else {
+                &CT2X
+            };
+            let k = unsafe { Kernel::named(&mv, b, v.kernel)? };
+            if v.smem > 0 {
+                allow_dynamic_smem(k.raw(), v.smem)?;
+            }
+            let tile = (v.tile_rows, v.tile_cols);
+            (k, tile, v.one_tile_a_block, v.smem)
         }
         None => {
             let kind = if vec { "vec" } else { "any" };
             (
                 unsafe { Kernel::new(m, &CT2, &[kind, iname, oname])? },
-                CT2_TILE_ROWS,
+                (CT2_TILE_ROWS, 128),
                 false,
+                0,
             )
         }
     };
-    // The kernel indexes its threads as 2 x tile rows: launch exactly that many (a launch
-    // beyond its launch bounds fails instead of running a partial tile).
-    let (_, per_sm) = launch_shape(k.raw())?;
-    let block = 2 * tile_rows as u32;
-    let tiles = rows.div_ceil(tile_rows) * cols.div_ceil(128);
+    // The kernel indexes its threads as (tile rows / 8) x (tile columns / 8) (v2: 2 x tile
+    // rows): launch exactly that many (a launch beyond its launch bounds fails instead of
+    // running a partial tile).
+    let (_, per_sm) = launch_shape_smem(k.raw(), smem)?;
+    let block = ((tile_rows / 8) * (tile_cols / 8)) as u32;
+    let tiles = rows.div_ceil(tile_rows) * cols.div_ceil(tile_cols);
     let grid = if one_tile_a_block {
         tiles.clamp(1, i32::MAX as usize) as u32
     } else {
@@ -528,23 +592,25 @@ fn cast_transpose(
     let params = (
         src, dst, dst_t, r, c, scale, amax, sinv, sinv_t, noop, t_vec,
     );
-    // SAFETY: `k` is ct2_(vec|any)_<in>_<out> of kernels/cast.cu or a ct2x_* bench variant
-    // of the same template (bf16 -> e4m3) in CAST_VARIANTS, loaded in the stream's context
+    // SAFETY: `k` is ct2_(vec|any)_<in>_<out> of kernels/cast.cu or a ct2x_* / ct3_* /
+    // ct3t_* bench variant (bf16 -> e4m3) in CAST_VARIANTS, loaded in the stream's context
     // (held by `guard`); its parameters: in, out, out_t: pointers; rows, cols: u64; scale,
     // amax, scale_inv, columnwise scale_inv, noop: pointers, each NULL or one float; t_vec:
     // i32. `in` holds rows*cols elements, `out` (NULL when not requested) as many, `out_t`
     // as many (checked above). The vector kernels run only with the alignment and
-    // divisibility they need (`vec`), the element kernel takes any shape and alignment;
-    // t_vec is 1 only when out_t is 16-byte aligned and rows % 16 == 0. The block size is
-    // the kernel's launch bounds (its tile rows x 2 threads, which it assumes); any grid is
-    // valid (grid-stride over tiles).
-    unsafe { k.launch(((grid, 1, 1), (block, 1, 1)), stream, params) }
+    // divisibility they need (`vec`; the v3 ones also whole tiles and out_t 16-byte
+    // aligned), the element kernel takes any shape and alignment; t_vec is 1 only when
+    // out_t is 16-byte aligned and rows % 16 == 0. The block size is the one the kernel
+    // assumes (its tile's threads, its launch bounds); any grid is valid (grid-stride over
+    // tiles); `smem` is the dynamic shared memory a ct3t_* kernel needs (ct3t_smem, allowed
+    // on the function above; 0 for the others).
+    unsafe { k.launch_shared(((grid, 1, 1), (block, 1, 1)), smem, stream, params) }
 }
 
 /// Rows of a v2 cast + transpose tile (CT2_TR of kernels/cast.cu); 128 columns.
 const CT2_TILE_ROWS: usize = 128;
 
-/// The bench variants of the v2 cast + transpose (kernels/cast.cu under
+/// The bench variants of the cast + transpose (v2's template and v3: kernels/cast.cu under
 /// TE_COMM_CT2_VARIANTS), compiled into a module of their own only when asked for.
 pub const CAST_VARIANTS: nvrtc::Source = nvrtc::Source {
     name: "cast_ct2_variants.cu",
@@ -554,29 +620,93 @@ pub const CAST_VARIANTS: nvrtc::Source = nvrtc::Source {
     ),
 };
 
-/// A bench variant of the v2 cast + transpose.
+/// A bench variant of the cast + transpose (v2's template or v3's).
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct Ct2Variant {
     /// Value of NVTE_COMM_CAST_TRANSPOSE that selects it.
     name: &'static str,
-    /// Its kernel in CAST_VARIANTS; empty: the library's ct2_vec_bf16_e4m3.
+    /// Its kernel in CAST_VARIANTS (ct2x_*: v2's template; ct3_*, ct3t_*: v3); empty: the
+    /// library's ct2_vec_bf16_e4m3.
     kernel: &'static str,
     /// Rows of its tiles.
     tile_rows: usize,
+    /// Columns of its tiles (v2: 128).
+    tile_cols: usize,
     /// One tile a block (grid = tiles) instead of one persistent wave.
     one_tile_a_block: bool,
+    /// Whole tiles only (v3: rows % tile_rows == 0, cols % tile_cols == 0, out_t 16-byte
+    /// aligned); v2 runs the other shapes.
+    whole_tiles: bool,
+    /// Dynamic shared memory of its launches (ct3t_*: ct3t_smem of kernels/cast.cu); 0:
+    /// none.
+    smem: u32,
 }
 
+/// A variant of v2's template (128 columns, any shape).
 const fn ct2v(name: &'static str, kernel: &'static str, tile_rows: usize, one: bool) -> Ct2Variant {
     Ct2Variant {
         name,
         kernel,
         tile_rows,
+        tile_cols: 128,
         one_tile_a_block: one,
+        whole_tiles: false,
+        smem: 0,
     }
 }
 
-/// The bench variants (bf16 -> e4m3 on the vector path; other casts run v2).
+/// A v3 register-path variant (ct3_r<TR>_c<TC>_b<BS>_m<MINB>), one tile a block.
+const fn ct3v(name: &'static str, kernel: &'static str, tr: usize, tc: usize) -> Ct2Variant {
+    Ct2Variant {
+        name,
+        kernel,
+        tile_rows: tr,
+        tile_cols: tc,
+        one_tile_a_block: true,
+        whole_tiles: true,
+        smem: 0,
+    }
+}
+
+/// A v3 bulk-load variant (ct3t_r<TR>_c<TC>_s<S>_m<MINB>): one tile a block for S = 1, a
+/// persistent wave otherwise.
+const fn ct3tv(
+    name: &'static str,
+    kernel: &'static str,
+    tr: usize,
+    tc: usize,
+    stages: usize,
+) -> Ct2Variant {
+    Ct2Variant {
+        name,
+        kernel,
+        tile_rows: tr,
+        tile_cols: tc,
+        one_tile_a_block: stages == 1,
+        whole_tiles: true,
+        smem: ct3t_smem(tr, tc, stages),
+    }
+}
+
+/// Dynamic shared memory of ct3t_impl<TR, TC, S> (ct3t_smem of kernels/cast.cu): 128
+/// bytes of alignment slack, S input stages of TR x TC bf16, and for S > 1 two transposed
+/// tiles of TR x TC bytes + 2 TC of padding.
+const fn ct3t_smem(tr: usize, tc: usize, stages: usize) -> u32 {
+    let stage = tr * tc * 2;
+    let bytes = if stages == 1 {
+        stage
+    } else {
+        stages * stage + 2 * (tr * tc + 2 * tc)
+    };
+    (128 + bytes) as u32
+}
+
+/// The bench variants (bf16 -> e4m3 on the vector path; other casts run v2). v3 (whole
+/// tiles; kernels/cast.cu, "cast + transpose, v3"): `v3-r256c128` 256 x 128 tiles (256-byte
+/// runs of each transposed row a tile; v2-np's 128 x 128 otherwise), `v3-r512c64` 512 x 64
+/// (512-byte runs), `-bs` its transposed tile out by bulk stores, `-tma` its input in by
+/// bulk loads too, `v3-pipe-s2` / `-s4` persistent bulk-load pipelines of 256 x 64 tiles
+/// (2 stages, 2 blocks an SM / 4 stages, 1 block).
 const CT2_BENCH: &[Ct2Variant] = &[
     ct2v("v2-np", "", 128, true),
     ct2v("v2-tr64", "ct2x_tr64_g0_pf1_cs0_m6", 64, false),
@@ -587,12 +717,19 @@ const CT2_BENCH: &[Ct2Variant] = &[
     ct2v("v2-g32-cs", "ct2x_tr128_g32_pf1_cs1_m3", 128, false),
     ct2v("v2-pf0", "ct2x_tr128_g0_pf0_cs0_m3", 128, false),
     ct2v("v2-m4-np", "ct2x_tr128_g0_pf0_cs0_m4", 128, true),
+    ct3v("v3-r256c128", "ct3_r256_c128_b0_m2", 256, 128),
+    ct3v("v3-r512c64", "ct3_r512_c64_b0_m2", 512, 64),
+    ct3v("v3-r512c64-bs", "ct3_r512_c64_b1_m2", 512, 64),
+    ct3tv("v3-r512c64-tma", "ct3t_r512_c64_s1_m2", 512, 64, 1),
+    ct3tv("v3-pipe-s2", "ct3t_r256_c64_s2_m2", 256, 64, 2),
+    ct3tv("v3-pipe-s4", "ct3t_r256_c64_s4_m1", 256, 64, 4),
 ];
 
 /// NVTE_COMM_CAST_TRANSPOSE: the kernel of a quantize with columnwise output, read at each
 /// such call. `v2` (default): 128 x 128 tiles (any shape); `v1`: the previous kernel
 /// (128 x 64 tiles for rows % 16 == 0 and cols % 8 == 0 with aligned pointers, else one
-/// element at a time); `v2-*`: bench variants of v2 (bf16 -> e4m3; other casts run v2).
+/// element at a time); `v2-*`, `v3-*`: bench variants (bf16 -> e4m3; other casts run v2,
+/// and so do shapes a v3 variant does not tile).
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum CastTranspose {
     V1,
@@ -1131,21 +1268,73 @@ mod tests {
         let src = CAST_VARIANTS.code;
         assert!(src.starts_with("#define TE_COMM_CT2_VARIANTS"));
         for v in CT2_BENCH {
-            assert!(v.name.starts_with("v2-"), "{}", v.name);
             if v.kernel.is_empty() {
-                assert_eq!(v.tile_rows, CT2_TILE_ROWS);
+                assert!(v.name.starts_with("v2-"), "{}", v.name);
+                assert_eq!((v.tile_rows, v.tile_cols), (CT2_TILE_ROWS, 128));
                 continue;
             }
-            // ct2x_tr<TR>_g<G>_pf<PF>_cs<CS>_m<MINB> <- CT2X(TR, G, PF, CS, MINB)
-            let p: Vec<&str> = v.kernel.trim_start_matches("ct2x_").split('_').collect();
-            assert_eq!(p[0], format!("tr{}", v.tile_rows), "{}", v.kernel);
+            // ct2x_tr<TR>_g<G>_pf<PF>_cs<CS>_m<MINB> <- CT2X(TR, G, PF, CS, MINB),
+            // ct3_r<TR>_c<TC>_b<BS>_m<MINB> <- CT3(TR, TC, BS, MINB),
+            // ct3t_r<TR>_c<TC>_s<S>_m<MINB> <- CT3T(TR, TC, S, MINB)
+            let (family, rest) = v.kernel.split_once('_').unwrap();
+            let p: Vec<&str> = rest.split('_').collect();
             let args: Vec<&str> = p
                 .iter()
                 .map(|x| x.trim_start_matches(char::is_alphabetic))
                 .collect();
-            let inst = format!("CT2X({})", args.join(", "));
+            let num = |i: usize| args[i].parse::<usize>().unwrap();
+            assert_eq!(num(0), v.tile_rows, "{}", v.kernel);
+            match family {
+                "ct2x" => {
+                    assert!(v.name.starts_with("v2-"), "{}", v.name);
+                    assert_eq!(p[0], format!("tr{}", v.tile_rows), "{}", v.kernel);
+                    assert_eq!(v.tile_cols, 128);
+                    assert!(!v.whole_tiles && v.smem == 0, "{}", v.name);
+                }
+                "ct3" => {
+                    assert!(v.name.starts_with("v3-"), "{}", v.name);
+                    assert_eq!(num(1), v.tile_cols, "{}", v.kernel);
+                    assert!(v.whole_tiles && v.one_tile_a_block && v.smem == 0);
+                }
+                "ct3t" => {
+                    assert!(v.name.starts_with("v3-"), "{}", v.name);
+                    assert_eq!(num(1), v.tile_cols, "{}", v.kernel);
+                    assert!(v.whole_tiles);
+                    assert_eq!(v.one_tile_a_block, num(2) == 1, "{}", v.name);
+                    assert_eq!(v.smem, ct3t_smem(num(0), num(1), num(2)), "{}", v.name);
+                    // 227 KiB: the most one block may have.
+                    assert!(v.smem <= 227 * 1024, "{}", v.name);
+                }
+                _ => panic!("{}: unknown kernel family", v.kernel),
+            }
+            let inst = format!("{}({})", family.to_uppercase(), args.join(", "));
             assert!(src.contains(&inst), "{} has no instance {inst}", v.kernel);
         }
+        // The kernel's own size of its dynamic shared memory (it traps when given less),
+        // the formula of ct3t_smem.
+        assert!(src.contains(
+            "return 128 + (S == 1 ? TR * TC * 2 : S * TR * TC * 2 + 2 * (TR * TC + 2 * TC));"
+        ));
         assert!(nvrtc::CAST.code.contains("#define CT2_TR 128"));
+    }
+
+    /// The Python lists of NVTE_COMM_CAST_TRANSPOSE values (the sweep of
+    /// bench/quantize_bench.py --ct-variants all, the bit-exact tests of
+    /// python/tests/test_quantize.py) name every variant.
+    #[test]
+    fn cast_transpose_variants_are_benched_and_tested() {
+        let bench = include_str!("../bench/quantize_bench.py");
+        let tests = include_str!("../python/tests/test_quantize.py");
+        for name in cast_transpose_variants() {
+            let quoted = format!("\"{name}\"");
+            assert!(
+                bench.contains(&quoted),
+                "bench/quantize_bench.py CT_ALL lacks {name}"
+            );
+            assert!(
+                tests.contains(&quoted),
+                "python/tests/test_quantize.py lacks {name}"
+            );
+        }
     }
 }

@@ -290,11 +290,13 @@ def test_fp8_meta_end_to_end(recipe):
 
 
 # The cast + transpose kernels (NVTE_COMM_CAST_TRANSPOSE, read at each columnwise call):
-# v2 (default), v1 (the previous kernel) and v2's bench variants (bf16 -> e4m3 on the
-# vector path; every other cast runs v2 under those names).
+# v2 (default), v1 (the previous kernel) and the bench variants of v2 and v3 (bf16 -> e4m3
+# on the vector path, v3 on whole tiles only; every other case runs v2 under those names).
+# src/kernels.rs's unit test checks that these lists name every value.
 CT_VARIANTS = ["v2", "v1"]
 CT_BENCH_VARIANTS = ["v2-np", "v2-tr64", "v2-tr64-np", "v2-tr64-g16", "v2-g16", "v2-cs", "v2-g32-cs",
-                     "v2-pf0", "v2-m4-np"]
+                     "v2-pf0", "v2-m4-np", "v3-r256c128", "v3-r512c64", "v3-r512c64-bs", "v3-r512c64-tma",
+                     "v3-pipe-s2", "v3-pipe-s4"]
 # Odd sizes (rows % 16 != 0: byte transposed stores; cols % 8 != 0: the element path),
 # partial edge tiles, and more tiles than one persistent wave (blocks loop over tiles).
 CT_SHAPES = [(129, 72), (300, 1000), (520, 136), (1000, 33), (7, 4100), (1040, 8200), (2048, 4096)]
@@ -357,7 +359,7 @@ def test_cast_transpose_variants(variant, monkeypatch):
     kernels; 8192 x 8192 is the benchmark's shape) and on a cast they leave to v2;
     unaligned input (the element path); the noop flag."""
     monkeypatch.setenv("NVTE_COMM_CAST_TRANSPOSE", variant)
-    for shape in [(64, 64), (300, 1000), (1040, 8200), (2048, 4096), (4096, 128), (8192, 8192)]:
+    for shape in [(64, 64), (300, 1000), (1040, 8200), (2048, 4096), (2560, 640), (4096, 128), (8192, 8192)]:
         x = special_input(shape, torch.bfloat16, 8.0)
         _cast_transpose_case(x, torch.float8_e4m3fn, f"{variant} {shape}")
     _cast_transpose_case(special_input((512, 256), torch.float16, 8.0), torch.float8_e5m2, f"{variant} f16->e5m2")
