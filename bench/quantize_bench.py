@@ -13,7 +13,7 @@ tensor). Last line: PASS/FAIL for the bar (>= 80 % of nominal for quantize rowwi
 rowwise + columnwise, and amax).
 
 The cast + transpose kernel (NVTE_COMM_CAST_TRANSPOSE, read by the library at each call):
-the barred "rowwise+columnwise" row runs the environment's choice (unset: v2); --ct-variants (default
+the barred "rowwise+columnwise" row runs the environment's choice (unset: v3); --ct-variants (default
 "v2,v1"; "all": every value) adds a table of each kernel, timed in --ct-rounds interleaved
 rounds (median of the rounds' medians, and the best round), so that old and new are
 compared in one process on the same buffers."""
@@ -29,10 +29,10 @@ from transformer_engine_comm.torch import fp8
 
 
 # Every value of NVTE_COMM_CAST_TRANSPOSE (src/kernels.rs, whose unit test checks this list):
-# v2 (default), v1 (the previous kernel), the bench variants of v2 and v3 (bf16 -> e4m3 only).
-CT_ALL = ["v2", "v1", "v2-np", "v2-tr64", "v2-tr64-np", "v2-tr64-g16", "v2-g16", "v2-cs", "v2-g32-cs",
-          "v2-pf0", "v2-m4-np", "v3-r256c128", "v3-r512c64", "v3-r512c64-bs", "v3-r512c64-tma",
-          "v3-pipe-s2", "v3-pipe-s4"]
+# v3 (default), v2, v1 (the previous kernel), the bench variants of v2 and v3 (bf16 -> e4m3 only).
+CT_ALL = ["v3", "v2", "v1", "v2-np", "v2-tr64", "v2-tr64-np", "v2-tr64-g16", "v2-g16", "v2-cs", "v2-g32-cs",
+          "v2-pf0", "v2-m4-np", "v3-r256c128", "v3-r256c64-m4", "v3-r256c64-bs-m4", "v3-r512c64", "v3-r512c64-bs",
+          "v3-r512c64-tma", "v3-pipe-s2", "v3-pipe-s4"]
 
 
 def timed(fn, iters, warmup=10):

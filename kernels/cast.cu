@@ -706,11 +706,13 @@ CT2X(128, 32, 1, 1, 3)
 CT2X(64, 16, 1, 0, 6)
 #endif
 
-#ifdef TE_COMM_CT2_VARIANTS
-// ------------------------------------------------- cast + transpose, v3 (bench variants)
+// ------------------------------------------------------------- cast + transpose, v3
 //
-// bf16 -> e4m3 only, whole tiles only (rows % TR == 0, cols % TC == 0, in and out_t 16-byte
-// aligned, out 8-byte aligned or null: kernels.rs runs v2 for anything else). A thread's
+// Whole tiles only (rows % TR == 0, cols % TC == 0, in and out_t 16-byte aligned, out
+// 8-byte aligned or null: kernels.rs runs v2 for anything else); 16-bit inputs. The
+// library's default where its tiles fit (ct3_<in>_<out>: ct3_impl, 256 x 128 tiles, bulk
+// transposed stores; below); the other shapes are bench variants (bf16 -> e4m3, under
+// TE_COMM_CT2_VARIANTS). A thread's
 // work is v2's (8 rows x 8 columns, 8 independent 16-byte loads, pairs of vertically
 // adjacent elements in one cvt, 8-byte rowwise stores, the same conversions, amax and
 // scale_inv, so the bytes are v2's); what changes is the tile shape, how the transposed
@@ -796,18 +798,18 @@ __device__ __forceinline__ int ct3_col(int c) {
   return c * TR + (c >> 3) * 16;
 }
 
-// One thread's 8 x 8 block (raw bf16 words w: rows rb .. rb + 7, columns cb .. cb + 7):
+// One thread's 8 x 8 block (raw 16-bit words w of I: rows rb .. rb + 7, columns cb .. cb + 7):
 // converted two rows at a time as in v2 (ct_pair_rows: amax into `local`), the rowwise
 // bytes stored to `dst` (= out + rb * cols + cb; null: none) with 8-byte stores, the
 // column words to the transposed tile `tl` (ct3_col layout).
-template <int TR>
+template <class I, class O, int TR>
 __device__ __forceinline__ void ct3_block(const u32 (&w)[8][4], u8 *dst, u64 cols, u8 *tl, int cg, int rg, float s,
                                           float &local) {
   u32 colw[8][2];
 #pragma unroll
   for (int i = 0; i < 8; i += 2) {
     u32 h[8];
-    ct_pair_rows<BF16, E4M3>(w[i], w[i + 1], i, s, local, h, colw);
+    ct_pair_rows<I, O>(w[i], w[i + 1], i, s, local, h, colw);
     if (dst != nullptr) {
       const u32 t01 = prmt(h[0], h[1], 0x5140), t23 = prmt(h[2], h[3], 0x5140);
       const u32 t45 = prmt(h[4], h[5], 0x5140), t67 = prmt(h[6], h[7], 0x5140);
@@ -858,7 +860,7 @@ __device__ __forceinline__ void ct3_store_t(const u8 *tl, u8 *out_t, u64 rows, u
 // runs at once). Meant for one tile a block (grid = tiles, the hardware balances the
 // blocks); correct for any grid (a barrier between tiles, before which the bulk stores
 // have read the tile).
-template <int TR, int TC, int BS>
+template <class I, class O, int TR, int TC, int BS>
 __device__ void ct3_impl(const u16 *__restrict__ in, u8 *__restrict__ out, u8 *__restrict__ out_t, u64 rows,
                          u64 cols, const float *scale, float *amax, float *sinv, float *sinv_t, const float *noop) {
   static_assert(TC == 64 || TC == 128, "tile columns: 64 or 128");
@@ -877,7 +879,7 @@ __device__ void ct3_impl(const u16 *__restrict__ in, u8 *__restrict__ out, u8 *_
     const u16 *src = in + rb * cols + cb;
 #pragma unroll
     for (int i = 0; i < 8; ++i) ld16<0>(src + (u64)i * cols, w[i]);
-    ct3_block<TR>(w, out != nullptr ? out + rb * cols + cb : nullptr, cols, tl, cg, rg, s, local);
+    ct3_block<I, O, TR>(w, out != nullptr ? out + rb * cols + cb : nullptr, cols, tl, cg, rg, s, local);
     if constexpr (BS == 1) ct3_fence_async();
     __syncthreads();
     ct3_store_t<TR, TC, BS>(tl, out_t, rows, r0, c0);
@@ -891,6 +893,7 @@ __device__ void ct3_impl(const u16 *__restrict__ in, u8 *__restrict__ out, u8 *_
   write_scale_inv(s, sinv, sinv_t);
 }
 
+#ifdef TE_COMM_CT2_VARIANTS
 // Dynamic shared memory of ct3t_impl<TR, TC, S> (kernels.rs passes the same; the kernel
 // traps when given less): 128 bytes of alignment slack, S input stages of TR x TC bf16,
 // and for S > 1 two transposed tiles (S = 1 writes its transposed tile over the stage).
@@ -980,7 +983,7 @@ __device__ void ct3t_impl(const u16 *__restrict__ in, u8 *__restrict__ out, u8 *
     } else {
       tl = sm + S * IN + (int)(i & 1u) * TB;
     }
-    ct3_block<TR>(w, out != nullptr ? out + rb * cols + cb : nullptr, cols, tl, cg, rg, s, local);
+    ct3_block<BF16, E4M3, TR>(w, out != nullptr ? out + rb * cols + cb : nullptr, cols, tl, cg, rg, s, local);
     ct3_fence_async();
     if (S > 1 && threadIdx.x < TC) ct3_store_wait_read();
     __syncthreads();
@@ -1008,7 +1011,7 @@ __device__ void ct3t_impl(const u16 *__restrict__ in, u8 *__restrict__ out, u8 *
   extern "C" __global__ void __launch_bounds__((TR / 8) * (TC / 8), MB) ct3_r##TR##_c##TC##_b##BS##_m##MB( \
       const u16 *in, u8 *out, u8 *out_t, u64 rows, u64 cols, const float *scale, float *amax,           \
       float *sinv, float *sinv_t, const float *noop, int t_vec) {                                         \
-    ct3_impl<TR, TC, BS>(in, out, out_t, rows, cols, scale, amax, sinv, sinv_t, noop);                    \
+    ct3_impl<BF16, E4M3, TR, TC, BS>(in, out, out_t, rows, cols, scale, amax, sinv, sinv_t, noop);      \
   }
 #define CT3T(TR, TC, S, MB)                                                                               \
   extern "C" __global__ void __launch_bounds__((TR / 8) * (TC / 8), MB) ct3t_r##TR##_c##TC##_s##S##_m##MB( \
@@ -1017,6 +1020,8 @@ __device__ void ct3t_impl(const u16 *__restrict__ in, u8 *__restrict__ out, u8 *
     ct3t_impl<TR, TC, S>(in, out, out_t, rows, cols, scale, amax, sinv, sinv_t, noop);                     \
   }
 CT3(256, 128, 0, 2)
+CT3(256, 64, 0, 4)
+CT3(256, 64, 1, 4)
 CT3(512, 64, 0, 2)
 CT3(512, 64, 1, 2)
 CT3T(512, 64, 1, 2)
@@ -1034,6 +1039,20 @@ CT3T(256, 64, 4, 1)
 QUANTIZE_FP8_FROM(f32, F32)
 QUANTIZE_FP8_FROM(bf16, BF16)
 QUANTIZE_FP8_FROM(f16, F16)
+
+// v3, the library's cast + transpose where its tiles fit (16-bit inputs; kernels.rs):
+// 256 x 128 tiles, one a block, the transposed tile out by bulk stores (the fastest of the
+// bench variants on one H100 and one H200, bench/RESULTS.md 2026-11-26, third session).
+#define CT3_DEFAULT(iname, I, oname, O)                                                                    \
+  extern "C" __global__ void __launch_bounds__(512, 2) ct3_##iname##_##oname(                               \
+      const u16 *in, u8 *out, u8 *out_t, u64 rows, u64 cols, const float *scale, float *amax,              \
+      float *sinv, float *sinv_t, const float *noop, int t_vec) {                                            \
+    ct3_impl<I, O, 256, 128, 1>(in, out, out_t, rows, cols, scale, amax, sinv, sinv_t, noop);              \
+  }
+CT3_DEFAULT(bf16, BF16, e4m3, E4M3)
+CT3_DEFAULT(bf16, BF16, e5m2, E5M2)
+CT3_DEFAULT(f16, F16, e4m3, E4M3)
+CT3_DEFAULT(f16, F16, e5m2, E5M2)
 
 #ifdef TE_COMM_VARIANTS
 // bench variants (bf16 -> e4m3 only), compiled by the sweep script, not by the library.

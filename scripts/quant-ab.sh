@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One-GPU A/B of the cast + transpose kernels (NVTE_COMM_CAST_TRANSPOSE: v2 = the default,
+# One-GPU A/B of the cast + transpose kernels (NVTE_COMM_CAST_TRANSPOSE: v3 = the default, v2 = the one before,
 # v1 = the previous kernel, v2-* and v3-* = bench variants), in ONE device call, with a prebuilt
 # library (no cargo on the GPU machine):
 #   TE_COMM_LIB=<libtransformer_engine_comm.so> scripts/quant-ab.sh
@@ -59,7 +59,7 @@ for tc in ET.parse(xml).iter("testcase"):
         bad.add(name[len("test_cast_transpose_variants["):-1])
 if bad:
     print("kernels left out of the sweep (their test failed): " + ", ".join(sorted(bad)), file=sys.stderr)
-print(",".join(v for v in names if v not in bad) or "v2")
+print(",".join(v for v in names if v not in bad) or "v3")
 PY
 )
 step quantize_bench python3 "$root/bench/quantize_bench.py" --ct-variants "$ct" \

@@ -94,6 +94,12 @@ const CT3: Binding<Ct2Params> =
     unsafe { Binding::new(&nvrtc::CAST, "ct3_r{}_c{}_b{}_m{}", CT_WHAT) };
 const CT3T: Binding<Ct2Params> =
     unsafe { Binding::new(&nvrtc::CAST, "ct3t_r{}_c{}_s{}_m{}", CT_WHAT) };
+/// The v3 cast + transpose, the default where its tiles fit (kernels/cast.cu
+/// ct3_<in>_<out>: 256 x 128 tiles, one a block, 512 threads, 16-bit inputs), CT2X's
+/// parameters.
+const CT3_DEFAULT: Binding<Ct2Params> = unsafe { Binding::new(&nvrtc::CAST, "ct3_{}_{}", CT_WHAT) };
+/// Rows and columns of a v3 tile (kernels/cast.cu CT3_DEFAULT).
+const CT3_TILE: (usize, usize) = (256, 128);
 /// zero_amax(float *amax, const float *noop)
 const ZERO_AMAX: Binding<(DevPtr, DevPtr)> =
     unsafe { Binding::new(&nvrtc::CAST, "zero_amax", "zero_amax") };
@@ -140,6 +146,7 @@ pub fn kernel_signatures() -> Vec<Signature> {
         CT2.signature(),
         CT2X.signature(),
         CT3.signature(),
+        CT3_DEFAULT.signature(),
         CT3T.signature(),
         ZERO_AMAX.signature(),
         AMAX.signature(),
@@ -545,7 +552,21 @@ fn cast_transpose(
     };
     // SAFETY (the lookups): `m` is kernels/cast.cu's module, `mv` the same source with
     // its bench variants.
+    // v3 (the default): 16-bit inputs on the vector path where its 256 x 128 tiles cover
+    // the input exactly and out_t is 16-byte aligned (its bulk stores); else v2.
+    let v3 = ct == CastTranspose::V3
+        && vec
+        && matches!(iname, "bf16" | "f16")
+        && rows % CT3_TILE.0 == 0
+        && cols % CT3_TILE.1 == 0
+        && dst_t.is_aligned(16);
     let (k, (tile_rows, tile_cols), one_tile_a_block, smem) = match variant {
+        _ if v3 => (
+            unsafe { Kernel::new(m, &CT3_DEFAULT, &[iname, oname])? },
+            CT3_TILE,
+            true,
+            0,
+        ),
         Some(v) if v.kernel.is_empty() => (
             unsafe { Kernel::new(m, &CT2, &["vec", iname, oname])? },
             (CT2_TILE_ROWS, 128),
@@ -704,7 +725,9 @@ const fn ct3t_smem(tr: usize, tc: usize, stages: usize) -> u32 {
 /// The bench variants (bf16 -> e4m3 on the vector path; other casts run v2). v3 (whole
 /// tiles; kernels/cast.cu, "cast + transpose, v3"): `v3-r256c128` 256 x 128 tiles (256-byte
 /// runs of each transposed row a tile; v2-np's 128 x 128 otherwise), `v3-r512c64` 512 x 64
-/// (512-byte runs), `-bs` its transposed tile out by bulk stores, `-tma` its input in by
+/// (512-byte runs), `-bs` the transposed tile out by bulk stores (the default `v3` is
+/// 256 x 128 with them), `v3-r256c64-*` 256 x 64 tiles at least 4 blocks an SM, `-tma` its
+/// input in by
 /// bulk loads too, `v3-pipe-s2` / `-s4` persistent bulk-load pipelines of 256 x 64 tiles
 /// (2 stages, 2 blocks an SM / 4 stages, 1 block).
 const CT2_BENCH: &[Ct2Variant] = &[
@@ -718,6 +741,8 @@ const CT2_BENCH: &[Ct2Variant] = &[
     ct2v("v2-pf0", "ct2x_tr128_g0_pf0_cs0_m3", 128, false),
     ct2v("v2-m4-np", "ct2x_tr128_g0_pf0_cs0_m4", 128, true),
     ct3v("v3-r256c128", "ct3_r256_c128_b0_m2", 256, 128),
+    ct3v("v3-r256c64-m4", "ct3_r256_c64_b0_m4", 256, 64),
+    ct3v("v3-r256c64-bs-m4", "ct3_r256_c64_b1_m4", 256, 64),
     ct3v("v3-r512c64", "ct3_r512_c64_b0_m2", 512, 64),
     ct3v("v3-r512c64-bs", "ct3_r512_c64_b1_m2", 512, 64),
     ct3tv("v3-r512c64-tma", "ct3t_r512_c64_s1_m2", 512, 64, 1),
@@ -726,7 +751,9 @@ const CT2_BENCH: &[Ct2Variant] = &[
 ];
 
 /// NVTE_COMM_CAST_TRANSPOSE: the kernel of a quantize with columnwise output, read at each
-/// such call. `v2` (default): 128 x 128 tiles (any shape); `v1`: the previous kernel
+/// such call. `v3` (default): 256 x 128 tiles, one a block, bulk transposed stores, for
+/// 16-bit inputs whose shape the tiles cover exactly (else v2); `v2`: 128 x 128 tiles
+/// (any shape); `v1`: the previous kernel
 /// (128 x 64 tiles for rows % 16 == 0 and cols % 8 == 0 with aligned pointers, else one
 /// element at a time); `v2-*`, `v3-*`: bench variants (bf16 -> e4m3; other casts run v2,
 /// and so do shapes a v3 variant does not tile).
@@ -734,6 +761,7 @@ const CT2_BENCH: &[Ct2Variant] = &[
 enum CastTranspose {
     V1,
     V2,
+    V3,
     Bench(usize),
 }
 
@@ -741,19 +769,19 @@ impl CastTranspose {
     const KNOB: &'static str = "NVTE_COMM_CAST_TRANSPOSE";
 
     fn from_env() -> Result<Self> {
-        let mut names = vec!["v2", "v1"];
-        names.extend(CT2_BENCH.iter().map(|v| v.name));
+        let names = cast_transpose_variants();
         Ok(match crate::env::choice(Self::KNOB, &names)? {
-            None | Some(0) => Self::V2,
-            Some(1) => Self::V1,
-            Some(k) => Self::Bench(k - 2),
+            None | Some(0) => Self::V3,
+            Some(1) => Self::V2,
+            Some(2) => Self::V1,
+            Some(k) => Self::Bench(k - 3),
         })
     }
 }
 
-/// Every value NVTE_COMM_CAST_TRANSPOSE takes (v2, v1, then the bench variants).
+/// Every value NVTE_COMM_CAST_TRANSPOSE takes (v3, v2, v1, then the bench variants).
 pub fn cast_transpose_variants() -> Vec<&'static str> {
-    let mut v = vec!["v2", "v1"];
+    let mut v = vec!["v3", "v2", "v1"];
     v.extend(CT2_BENCH.iter().map(|x| x.name));
     v
 }
@@ -1260,7 +1288,7 @@ mod tests {
     #[test]
     fn cast_transpose_variants_exist_in_the_source() {
         let names = cast_transpose_variants();
-        assert_eq!(&names[..2], &["v2", "v1"]);
+        assert_eq!(&names[..3], &["v3", "v2", "v1"]);
         let mut sorted = names.clone();
         sorted.sort();
         sorted.dedup();

@@ -290,16 +290,16 @@ def test_fp8_meta_end_to_end(recipe):
 
 
 # The cast + transpose kernels (NVTE_COMM_CAST_TRANSPOSE, read at each columnwise call):
-# v2 (default), v1 (the previous kernel) and the bench variants of v2 and v3 (bf16 -> e4m3
+# v3 (default: v2 where its tiles do not fit), v2, v1 (the previous kernel) and the bench variants of v2 and v3 (bf16 -> e4m3
 # on the vector path, v3 on whole tiles only; every other case runs v2 under those names).
 # src/kernels.rs's unit test checks that these lists name every value.
-CT_VARIANTS = ["v2", "v1"]
+CT_VARIANTS = ["v3", "v2", "v1"]
 CT_BENCH_VARIANTS = ["v2-np", "v2-tr64", "v2-tr64-np", "v2-tr64-g16", "v2-g16", "v2-cs", "v2-g32-cs",
-                     "v2-pf0", "v2-m4-np", "v3-r256c128", "v3-r512c64", "v3-r512c64-bs", "v3-r512c64-tma",
-                     "v3-pipe-s2", "v3-pipe-s4"]
+                     "v2-pf0", "v2-m4-np", "v3-r256c128", "v3-r256c64-m4", "v3-r256c64-bs-m4", "v3-r512c64",
+                     "v3-r512c64-bs", "v3-r512c64-tma", "v3-pipe-s2", "v3-pipe-s4"]
 # Odd sizes (rows % 16 != 0: byte transposed stores; cols % 8 != 0: the element path),
 # partial edge tiles, and more tiles than one persistent wave (blocks loop over tiles).
-CT_SHAPES = [(129, 72), (300, 1000), (520, 136), (1000, 33), (7, 4100), (1040, 8200), (2048, 4096)]
+CT_SHAPES = [(129, 72), (300, 1000), (520, 136), (1000, 33), (7, 4100), (1040, 8200), (2048, 4096), (768, 384)]
 
 
 def _cast_transpose_case(x, out_dtype, what, noop=False):
@@ -370,7 +370,7 @@ def test_cast_transpose_variants(variant, monkeypatch):
 
 
 def test_cast_transpose_knob_is_checked(monkeypatch):
-    monkeypatch.setenv("NVTE_COMM_CAST_TRANSPOSE", "v3")
+    monkeypatch.setenv("NVTE_COMM_CAST_TRANSPOSE", "v9")
     x = torch.randn(64, 64, device=DEV, dtype=torch.bfloat16)
     with pytest.raises(_capi.CommError, match="NVTE_COMM_CAST_TRANSPOSE"):
         fp8._library().quantize(x, torch.float8_e4m3fn, torch.ones(1, device=DEV), None, None, True, True)
