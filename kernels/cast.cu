@@ -860,7 +860,10 @@ __device__ __forceinline__ void ct3_store_t(const u8 *tl, u8 *out_t, u64 rows, u
 // runs at once). Meant for one tile a block (grid = tiles, the hardware balances the
 // blocks); correct for any grid (a barrier between tiles, before which the bulk stores
 // have read the tile).
-template <class I, class O, int TR, int TC, int BS>
+// ORD = 1 takes the tiles column-major (consecutive blocks down a tile column: the blocks
+// running at once write long runs of fewer transposed rows); H = 1 adds the L2 256-byte
+// prefetch hint to the loads.
+template <class I, class O, int TR, int TC, int BS, int ORD = 0, int H = 0>
 __device__ void ct3_impl(const u16 *__restrict__ in, u8 *__restrict__ out, u8 *__restrict__ out_t, u64 rows,
                          u64 cols, const float *scale, float *amax, float *sinv, float *sinv_t, const float *noop) {
   static_assert(TC == 64 || TC == 128, "tile columns: 64 or 128");
@@ -871,14 +874,22 @@ __device__ void ct3_impl(const u16 *__restrict__ in, u8 *__restrict__ out, u8 *_
   float local = 0.0f;
   int cg, rg;
   ct3_lanes<TC>(cg, rg);
-  const u64 tiles_c = cols / TC, ntiles = (rows / TR) * tiles_c;
+  const u64 tiles_c = cols / TC, tiles_r = rows / TR, ntiles = tiles_r * tiles_c;
   for (u64 t = blockIdx.x; t < ntiles; t += gridDim.x) {
-    const u64 tr = t / tiles_c, r0 = tr * TR, c0 = (t - tr * tiles_c) * TC;
+    u64 tr, tc;
+    if constexpr (ORD == 1) {
+      tc = t / tiles_r;
+      tr = t - tc * tiles_r;
+    } else {
+      tr = t / tiles_c;
+      tc = t - tr * tiles_c;
+    }
+    const u64 r0 = tr * TR, c0 = tc * TC;
     const u64 rb = r0 + 8 * rg, cb = c0 + 8 * cg;
     u32 w[8][4];
     const u16 *src = in + rb * cols + cb;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) ld16<0>(src + (u64)i * cols, w[i]);
+    for (int i = 0; i < 8; ++i) ld16<H>(src + (u64)i * cols, w[i]);
     ct3_block<I, O, TR>(w, out != nullptr ? out + rb * cols + cb : nullptr, cols, tl, cg, rg, s, local);
     if constexpr (BS == 1) ct3_fence_async();
     __syncthreads();
@@ -1024,6 +1035,17 @@ CT3(256, 64, 0, 4)
 CT3(256, 64, 1, 4)
 CT3(512, 64, 0, 2)
 CT3(512, 64, 1, 2)
+// 256 x 128 with bulk stores (the default's kernel) column-major (o1) / with the L2
+// 256-byte load hint (h1) / both.
+#define CT3O(ORD, H)                                                                                       \
+  extern "C" __global__ void __launch_bounds__(512, 2) ct3_r256_c128_b1_m2o##ORD##h##H(                   \
+      const u16 *in, u8 *out, u8 *out_t, u64 rows, u64 cols, const float *scale, float *amax,               \
+      float *sinv, float *sinv_t, const float *noop, int t_vec) {                                            \
+    ct3_impl<BF16, E4M3, 256, 128, 1, ORD, H>(in, out, out_t, rows, cols, scale, amax, sinv, sinv_t, noop);  \
+  }
+CT3O(1, 0)
+CT3O(0, 1)
+CT3O(1, 1)
 CT3T(512, 64, 1, 2)
 CT3T(256, 64, 2, 2)
 CT3T(256, 64, 4, 1)

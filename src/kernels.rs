@@ -540,13 +540,62 @@ fn cast_transpose(
     // transposed stores when out_t is 16-byte aligned and rows % 16 == 0.
     let vec = src.is_aligned(16) && dst.is_aligned(8) && cols % 8 == 0;
     let t_vec: i32 = (dst_t.is_aligned(16) && rows % 16 == 0) as i32;
+    let (k, (tile_rows, tile_cols), one_tile_a_block, smem) = ct_kernel(
+        (m, dev, ctx),
+        ct,
+        (iname, oname),
+        (vec, dst_t.is_aligned(16)),
+        (rows, cols),
+    )?;
+    // The kernel indexes its threads as (tile rows / 8) x (tile columns / 8) (v2: 2 x tile
+    // rows): launch exactly that many (a launch beyond its launch bounds fails instead of
+    // running a partial tile).
+    let (_, per_sm) = launch_shape_smem(k.raw(), smem)?;
+    let block = ((tile_rows / 8) * (tile_cols / 8)) as u32;
+    let tiles = rows.div_ceil(tile_rows) * cols.div_ceil(tile_cols);
+    let grid = if one_tile_a_block {
+        tiles.clamp(1, i32::MAX as usize) as u32
+    } else {
+        persistent_grid(tiles, 1, dev.sm_count, per_sm)
+    };
+    let params = (
+        src, dst, dst_t, r, c, scale, amax, sinv, sinv_t, noop, t_vec,
+    );
+    // SAFETY: `k` is ct2_(vec|any)_<in>_<out> of kernels/cast.cu or a ct2x_* / ct3_* /
+    // ct3t_* bench variant (bf16 -> e4m3) in CAST_VARIANTS, loaded in the stream's context
+    // (held by `guard`); its parameters: in, out, out_t: pointers; rows, cols: u64; scale,
+    // amax, scale_inv, columnwise scale_inv, noop: pointers, each NULL or one float; t_vec:
+    // i32. `in` holds rows*cols elements, `out` (NULL when not requested) as many, `out_t`
+    // as many (checked above). The vector kernels run only with the alignment and
+    // divisibility they need (`vec`; the v3 ones also whole tiles and out_t 16-byte
+    // aligned), the element kernel takes any shape and alignment; t_vec is 1 only when
+    // out_t is 16-byte aligned and rows % 16 == 0. The block size is the one the kernel
+    // assumes (its tile's threads, its launch bounds); any grid is valid (grid-stride over
+    // tiles); `smem` is the dynamic shared memory a ct3t_* kernel needs (ct3t_smem, allowed
+    // on the function above; 0 for the others).
+    unsafe { k.launch_shared(((grid, 1, 1), (block, 1, 1)), smem, stream, params) }
+}
+
+/// A cast + transpose kernel as a call launches it: (kernel, its tile (rows, columns), one
+/// tile a block, dynamic shared memory).
+type CtKernel = (Kernel<Ct2Params>, (usize, usize), bool, u32);
+
+/// The cast + transpose kernel of a call (module doc of [`cast_transpose`]): (kernel, its
+/// tile (rows, columns), one tile a block, dynamic shared memory). `vec`: the vector
+/// path's alignment and divisibility hold; `t_aligned`: out_t is 16-byte aligned.
+fn ct_kernel(
+    (m, dev, ctx): (&nvrtc::Module, &cuda::DeviceInfo, usize),
+    ct: CastTranspose,
+    (iname, oname): (&str, &str),
+    (vec, t_aligned): (bool, bool),
+    (rows, cols): (usize, usize),
+) -> Result<CtKernel> {
     // A bench variant runs only where it exists (bf16 -> e4m3, vector path; the v3 ones on
     // whole tiles with out_t 16-byte aligned); else v2.
     let variant = match ct {
         CastTranspose::Bench(k) if vec && iname == "bf16" && oname == "e4m3" => Some(CT2_BENCH[k])
             .filter(|v| {
-                !v.whole_tiles
-                    || (rows % v.tile_rows == 0 && cols % v.tile_cols == 0 && dst_t.is_aligned(16))
+                !v.whole_tiles || (rows % v.tile_rows == 0 && cols % v.tile_cols == 0 && t_aligned)
             }),
         _ => None,
     };
@@ -559,8 +608,8 @@ fn cast_transpose(
         && matches!(iname, "bf16" | "f16")
         && rows % CT3_TILE.0 == 0
         && cols % CT3_TILE.1 == 0
-        && dst_t.is_aligned(16);
-    let (k, (tile_rows, tile_cols), one_tile_a_block, smem) = match variant {
+        && t_aligned;
+    Ok(match variant {
         _ if v3 => (
             unsafe { Kernel::new(m, &CT3_DEFAULT, &[iname, oname])? },
             CT3_TILE,
@@ -598,34 +647,7 @@ fn cast_transpose(
                 0,
             )
         }
-    };
-    // The kernel indexes its threads as (tile rows / 8) x (tile columns / 8) (v2: 2 x tile
-    // rows): launch exactly that many (a launch beyond its launch bounds fails instead of
-    // running a partial tile).
-    let (_, per_sm) = launch_shape_smem(k.raw(), smem)?;
-    let block = ((tile_rows / 8) * (tile_cols / 8)) as u32;
-    let tiles = rows.div_ceil(tile_rows) * cols.div_ceil(tile_cols);
-    let grid = if one_tile_a_block {
-        tiles.clamp(1, i32::MAX as usize) as u32
-    } else {
-        persistent_grid(tiles, 1, dev.sm_count, per_sm)
-    };
-    let params = (
-        src, dst, dst_t, r, c, scale, amax, sinv, sinv_t, noop, t_vec,
-    );
-    // SAFETY: `k` is ct2_(vec|any)_<in>_<out> of kernels/cast.cu or a ct2x_* / ct3_* /
-    // ct3t_* bench variant (bf16 -> e4m3) in CAST_VARIANTS, loaded in the stream's context
-    // (held by `guard`); its parameters: in, out, out_t: pointers; rows, cols: u64; scale,
-    // amax, scale_inv, columnwise scale_inv, noop: pointers, each NULL or one float; t_vec:
-    // i32. `in` holds rows*cols elements, `out` (NULL when not requested) as many, `out_t`
-    // as many (checked above). The vector kernels run only with the alignment and
-    // divisibility they need (`vec`; the v3 ones also whole tiles and out_t 16-byte
-    // aligned), the element kernel takes any shape and alignment; t_vec is 1 only when
-    // out_t is 16-byte aligned and rows % 16 == 0. The block size is the one the kernel
-    // assumes (its tile's threads, its launch bounds); any grid is valid (grid-stride over
-    // tiles); `smem` is the dynamic shared memory a ct3t_* kernel needs (ct3t_smem, allowed
-    // on the function above; 0 for the others).
-    unsafe { k.launch_shared(((grid, 1, 1), (block, 1, 1)), smem, stream, params) }
+    })
 }
 
 /// Rows of a v2 cast + transpose tile (CT2_TR of kernels/cast.cu); 128 columns.
@@ -726,7 +748,8 @@ const fn ct3t_smem(tr: usize, tc: usize, stages: usize) -> u32 {
 /// tiles; kernels/cast.cu, "cast + transpose, v3"): `v3-r256c128` 256 x 128 tiles (256-byte
 /// runs of each transposed row a tile; v2-np's 128 x 128 otherwise), `v3-r512c64` 512 x 64
 /// (512-byte runs), `-bs` the transposed tile out by bulk stores (the default `v3` is
-/// 256 x 128 with them), `v3-r256c64-*` 256 x 64 tiles at least 4 blocks an SM, `-tma` its
+/// 256 x 128 with them; `v3-cm` its tiles column-major, `v3-h` its loads with the L2
+/// 256-byte hint, `v3-cm-h` both), `v3-r256c64-*` 256 x 64 tiles at least 4 blocks an SM, `-tma` its
 /// input in by
 /// bulk loads too, `v3-pipe-s2` / `-s4` persistent bulk-load pipelines of 256 x 64 tiles
 /// (2 stages, 2 blocks an SM / 4 stages, 1 block).
@@ -741,6 +764,9 @@ const CT2_BENCH: &[Ct2Variant] = &[
     ct2v("v2-pf0", "ct2x_tr128_g0_pf0_cs0_m3", 128, false),
     ct2v("v2-m4-np", "ct2x_tr128_g0_pf0_cs0_m4", 128, true),
     ct3v("v3-r256c128", "ct3_r256_c128_b0_m2", 256, 128),
+    ct3v("v3-cm", "ct3_r256_c128_b1_m2o1h0", 256, 128),
+    ct3v("v3-h", "ct3_r256_c128_b1_m2o0h1", 256, 128),
+    ct3v("v3-cm-h", "ct3_r256_c128_b1_m2o1h1", 256, 128),
     ct3v("v3-r256c64-m4", "ct3_r256_c64_b0_m4", 256, 64),
     ct3v("v3-r256c64-bs-m4", "ct3_r256_c64_b1_m4", 256, 64),
     ct3v("v3-r512c64", "ct3_r512_c64_b0_m2", 512, 64),
@@ -1302,7 +1328,7 @@ mod tests {
                 continue;
             }
             // ct2x_tr<TR>_g<G>_pf<PF>_cs<CS>_m<MINB> <- CT2X(TR, G, PF, CS, MINB),
-            // ct3_r<TR>_c<TC>_b<BS>_m<MINB> <- CT3(TR, TC, BS, MINB),
+            // ct3_r<TR>_c<TC>_b<BS>_m<MINB> <- CT3(TR, TC, BS, MINB) (or m2o<ORD>h<H>, below),
             // ct3t_r<TR>_c<TC>_s<S>_m<MINB> <- CT3T(TR, TC, S, MINB)
             let (family, rest) = v.kernel.split_once('_').unwrap();
             let p: Vec<&str> = rest.split('_').collect();
@@ -1335,7 +1361,15 @@ mod tests {
                 }
                 _ => panic!("{}: unknown kernel family", v.kernel),
             }
-            let inst = format!("{}({})", family.to_uppercase(), args.join(", "));
+            // ct3_r256_c128_b1_m2o<ORD>h<H> <- CT3O(ORD, H) (the default's tiles)
+            let inst = if let Some((m, oh)) = args[args.len() - 1].split_once('o') {
+                assert_eq!(&args[..3], &["256", "128", "1"], "{}", v.kernel);
+                assert_eq!((family, m), ("ct3", "2"), "{}", v.kernel);
+                let (o, h) = oh.split_once('h').unwrap();
+                format!("CT3O({o}, {h})")
+            } else {
+                format!("{}({})", family.to_uppercase(), args.join(", "))
+            };
             assert!(src.contains(&inst), "{} has no instance {inst}", v.kernel);
         }
         // The kernel's own size of its dynamic shared memory (it traps when given less),
