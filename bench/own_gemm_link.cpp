@@ -325,8 +325,25 @@ __device__ __forceinline__ u64 umax(u64 a, u64 b) { return a > b ? a : b; }
 // Every wait has a timeout (counted; after one, later waits are skipped and the words are
 // written on schedule), so every word our kernel or a stream waits on is written.
 extern "C" __global__ void link_pacer(const PaceArgs a) {
-  if (threadIdx.x != 0) return;
   u64 t0 = gtime();
+  if (a.mode == 2) {
+    // The hold: every thread stays until its end, so that the CTA keeps its thread slots
+    // and registers as well as its shared memory (a kernel that needs no shared memory,
+    // such as a device-to-device copy kernel, could otherwise run beside it).
+    if (threadIdx.x == 0) {
+      atomicAdd(a.status + 3, 1u);  // CTAs resident
+      st_rel(a.sig, a.epoch);
+      // The copy-engine check: CTA 0 writes flags[0] half way through the hold (a stream
+      // wait released while every SM is held).
+      if (a.flags && blockIdx.x == 0) {
+        sleep_until(t0 + a.hold_ns / 2);
+        st_rel(a.flags, a.epoch);
+      }
+    }
+    sleep_until(t0 + a.hold_ns);
+    return;
+  }
+  if (threadIdx.x != 0) return;
   const u64 T = a.block_ns;
   const int P = a.pieces > 0 ? a.pieces : 1;
   const int NQ = a.nsend * P;  // pieces sent / received in an iteration
@@ -336,21 +353,6 @@ extern "C" __global__ void link_pacer(const PaceArgs a) {
   u32 timeouts = 0;
   for (int i = 1; i < MIR_WORDS; ++i) mput(m, i, 0);
   mput(m, MIR_EPOCH, a.epoch);
-  if (a.mode == 2) {
-    atomicAdd(a.status + 3, 1u);  // CTAs resident
-    st_rel(a.sig, a.epoch);
-    mput(m, MIR_PHASE, 6u << 16);
-    // The copy-engine check: CTA 0 writes flags[0] half way through the hold (a stream
-    // wait released while every SM is held).
-    if (a.flags && blockIdx.x == 0) {
-      sleep_until(t0 + a.hold_ns / 2);
-      st_rel(a.flags, a.epoch);
-    }
-    sleep_until(t0 + a.hold_ns);
-    mput(m, MIR_PHASE, 8u << 16);
-    mput(m, MIR_EXIT, a.epoch);
-    return;
-  }
   if (a.mode == 0 && a.flags)  // the local block is there
     for (int c = 0; c < P; ++c) st_rel(a.flags + a.local * P + c, a.epoch);
   st_rel(a.sig, a.epoch);  // resident
@@ -484,12 +486,14 @@ static int gemm_budget() { return g_gemm_sms > 0 ? std::min(g_gemm_sms, g_sms - 
 static double g_bw = 350.0;  // GB/s = bytes per ns
 static double g_budget = 150.0;  // seconds: rows not started by then are not run (the table still comes out)
 static const uint64_t TIMEOUT_NS = 2000000000ull;  // a pacer's wait for a ready word
+static bool g_copies_need_sms = false;  // ce_check: the copies are kernels (the stream words are not)
 static bool g_copies_ok = true;  // device-to-device copies run on a copy engine (ce_check)
 // How a stream writes a word the pacer waits on while other work runs (an AG block's
 // copied word on the copy stream, an RS chunk's ready word on the compute stream): with
 // the default memory barrier, or without it where the copy-engine check found that such a
 // write waits for the busy SMs (the work before it in its stream has ended either way).
 static unsigned g_signal_write = CU_STREAM_WRITE_VALUE_DEFAULT;
+static int g_hold_smem = 0;      // the copy-engine check's hold CTAs (two an SM): half an SM's shared memory each
 static int g_pacer_smem = 0;     // the pacer's dynamic shared memory: all a CTA may have (its SM to itself)
 static bool g_pacer_alone = false;  // no CTA of any kernel fits beside it (shared memory left < a CTA's reserve)
 static int nvariants() { return g_copies_ok ? 2 : 1; }
@@ -1033,8 +1037,11 @@ static void probe_copy_api() {
 }
 
 // Can the copy stream do its part of the copies variant while every SM is busy? A hold
-// kernel (the pacer in hold mode, 100 ms: one CTA per SM, each with all the shared memory a
-// CTA may have, so nothing else fits anywhere) runs on the COMPUTE stream, where our fused
+// kernel (the pacer in hold mode, 100 ms: two CTAs of 1024 threads per SM, each with half
+// the SM's shared memory, every thread staying: no thread slot, register or shared memory
+// is left, so nothing else fits anywhere; with one-warp CTAs a copy kernel needing no
+// shared memory fit beside them and the check wrongly found a copy engine, H100
+// 2026-11-26) runs on the COMPUTE stream, where our fused
 // kernel runs; meanwhile the copy stream does what it does in an iteration, by the chosen
 // copy API (--copy-api), each step timed with events: (1) a 64 MiB device-to-device copy
 // after a cuStreamWaitValue32 on a word the hold CTAs wrote, (2) four 8 MiB pieces at
@@ -1076,8 +1083,11 @@ static bool ce_check() {
   p.epoch = 1;
   cudaEvent_t ev[6];
   for (auto &x : ev) CK(cudaEventCreate(&x));
-  launch(H.pacer, (unsigned)g_sms, 1, 32, 1, (unsigned)g_pacer_smem, g_comp, {&p});
-  wait_geq(g_copy, st + 3, (uint32_t)g_sms);  // every SM holds one
+  // Two CTAs of 1024 threads an SM, each with half the SM's shared memory: every thread
+  // slot, the registers and the shared memory are taken, so a copy done by a kernel has
+  // nowhere to run until the hold ends.
+  launch(H.pacer, 2u * (unsigned)g_sms, 1, 1024, 1, (unsigned)g_hold_smem, g_comp, {&p});
+  wait_geq(g_copy, st + 3, (uint32_t)g_sms);  // at least one on every SM
   CK(cudaEventRecord(ev[0], g_copy));
   copy_d2d(b, a, bytes, g_copy);
   CK(cudaEventRecord(ev[1], g_copy));
@@ -1102,6 +1112,7 @@ static bool ce_check() {
   const float slow = 50.f;
   const bool copy_ok = t[0] < slow && t[1] < slow, nb_ok = t[2] < slow, def_ok = nb_ok && t[3] < slow;
   const bool ok = copy_ok && nb_ok, late_ok = t5 < hold_ms / 4;
+  g_copies_need_sms = !copy_ok && nb_ok;
   g_signal_write = def_ok ? CU_STREAM_WRITE_VALUE_DEFAULT : CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER;
   char line[1024];
   std::snprintf(line, sizeof line,
@@ -1729,6 +1740,7 @@ int main(int argc, char **argv) {
     CK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, 0));
     CK(cudaDeviceGetAttribute(&reserve, cudaDevAttrReservedSharedMemoryPerBlock, 0));
     g_pacer_smem = std::min(optin, per_sm - reserve);
+    g_hold_smem = std::min(optin, (per_sm - 2 * reserve) / 2);
     const int left = per_sm - reserve - g_pacer_smem;  // what another CTA could get, its reserve included
     g_pacer_alone = left < std::max(reserve, 1);
     CU(drv.FuncSetAttribute(H.pacer, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, g_pacer_smem));
@@ -1771,6 +1783,15 @@ int main(int argc, char **argv) {
   std::printf("copies (copies variant): %s%s%s\n", copy_api_name(), g_copy_note.empty() ? "" : "; ",
               g_copy_note.c_str());
   g_copies_ok = ce_check();
+  if (!g_copies_ok && g_copies_need_sms && gemm_budget() < g_sms - 1) {
+    // The copies are kernels: they run on the SMs --gemm-sms leaves free (the pacer's SM
+    // and the rest), as a real transport's SM puts would.
+    g_copies_ok = true;
+    g_ce_summary += "; the copies variant runs anyway: its copies (kernels) get the " +
+                    std::to_string(g_sms - gemm_budget()) + " SMs --gemm-sms leaves free";
+    std::printf("copies variant: the copies are kernels; they run on the %d SMs --gemm-sms leaves free\n",
+                g_sms - gemm_budget());
+  }
   cublasLtHandle_t lth;
   LT(cublasLtCreate(&lth));
   void *ws;
