@@ -14,7 +14,10 @@
 #                                 --budget S --gemm-sms N --copy-api memcpy|batch ...]
 # (--pieces: AG flags / RS done signals and transfers per block, default 4; --copy-api:
 # the copies variant's API, default batch = cudaMemcpyBatchAsync with the hint to overlap
-# with compute, falling back to cudaMemcpyAsync where refused.)
+# with compute, falling back to cudaMemcpyAsync where refused.) Where the start-up check
+# finds that the copies are kernels (so far on every H100 and H200), the copies variant is
+# skipped in the first pass and a second pass (own_gemm_link_sm_budget.md) runs both
+# variants with the GEMMs on SMs - LINK_COPY_SMS (default 16).
 # Under $OUT (default own-gemm-link-out/): own_gemm_link.log (everything),
 # own_gemm_link.md (the full table and bar lines), the binary. Prints a short table and the
 # bar lines last. Exit status: the benchmark's (1: a wrong result, a hang or a pacer
@@ -57,6 +60,23 @@ if [ -f "$md" ]; then
 else
   echo "(no table: see $log)"
   tail -n 20 "$log"
+fi
+# Same-device copies are kernels on the H100 / H200 (bench/RESULTS.md, 2026-11-26 third
+# session): beside our kernel on every SM they cannot run, so the check skips the copies
+# variant. Then a second pass runs both variants with the GEMMs on SMs - LINK_COPY_SMS
+# (default 16, as the library leaves num_comm_sm free for its fused all-gather), the
+# copies on the SMs left free; the bound stays the GEMM alone on all SMs.
+if [ -f "$md" ] && grep -q '^- real copies: NOT RUN' "$md" && [[ " $* " != *" --gemm-sms "* ]]; then
+  free=${LINK_COPY_SMS:-16}
+  sms=$(grep -aom1 '^device: .*, \([0-9]*\) SMs' "$log" | grep -o '[0-9]* SMs' | grep -o '[0-9]*')
+  [ -n "$sms" ] && [ "$sms" -gt "$free" ] || sms=132
+  md2=$out/own_gemm_link_sm_budget.md
+  echo "=== second pass: the copies variant with the GEMMs on $((sms - free)) SMs (--gemm-sms)" | tee -a "$log"
+  timeout -k 5 "$limit" "$out/own_gemm_link" --kernel "$root/kernels/gemm_sm90.cu" --define GEMM90_NO_EPI=1 \
+    --define GEMM90_NO_FPACC=1 --define GEMM90_NO_NN_NT=1 --out "$md2" "$@" --gemm-sms $((sms - free)) >>"$log" 2>&1
+  rc2=$?
+  [ -f "$md2" ] && grep -E '^- ' "$md2"
+  [ $rc -eq 0 ] && rc=$rc2
 fi
 echo "own-gemm-link-gpu: exit $rc (log $log)"
 exit $rc
