@@ -445,13 +445,22 @@ impl Planner<'_> {
 
     /// SMs our GEMM may use while the call communicates: all but the comm SMs (at least
     /// one SM stays free: the transport's waits and SM puts are kernels, which a GEMM
-    /// holding every SM while it waits for their flags would starve). 0: all (tp 1).
+    /// holding every SM while it waits for their flags would starve). Where copy engines
+    /// move the bytes (peer memory, CE puts), only the transport's one-CTA flag kernels
+    /// need SMs: `CE_RESERVE` stay free instead of num_comm_sm. 0: all (tp 1).
     pub(super) fn fused_sms(&self) -> usize {
+        /// SMs left to the flag kernels (32 threads, one CTA each; several fit on one SM)
+        /// when copy engines move the data.
+        const CE_RESERVE: i32 = 2;
         let s = &self.e.settings;
         if self.tp() == 1 {
             return 0;
         }
-        let reserve = s.num_comm_sm.max(1);
+        let reserve = if s.use_ce && self.e.caps.peer_memory {
+            CE_RESERVE.min(s.num_comm_sm.max(1))
+        } else {
+            s.num_comm_sm.max(1)
+        };
         if s.sm_count > reserve {
             (s.sm_count - reserve) as usize
         } else {
