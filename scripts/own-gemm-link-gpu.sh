@@ -64,8 +64,9 @@ fi
 # Same-device copies are kernels on the H100 / H200 (bench/RESULTS.md, 2026-11-26 third
 # session): beside our kernel on every SM they cannot run, so the check skips the copies
 # variant. Then a second pass runs both variants with the GEMMs on SMs - LINK_COPY_SMS
-# (default 16, as the library leaves num_comm_sm free for its fused all-gather), the
-# copies on the SMs left free; the bound stays the GEMM alone on all SMs.
+# (default 16: these copies are kernels, where a real link's peer copies run on copy
+# engines and the library's fused kernels then leave only 2 SMs to the flag kernels),
+# the copies on the SMs left free; the bound stays the GEMM alone on all SMs.
 if [ -f "$md" ] && grep -q '^- real copies: NOT RUN' "$md" && [[ " $* " != *" --gemm-sms "* ]]; then
   free=${LINK_COPY_SMS:-16}
   sms=$(grep -aom1 '^device: .*, \([0-9]*\) SMs' "$log" | grep -o '[0-9]* SMs' | grep -o '[0-9]*')
