@@ -802,10 +802,15 @@ __device__ __forceinline__ int ct3_col(int c) {
 // converted two rows at a time as in v2 (ct_pair_rows: amax into `local`), the rowwise
 // bytes stored to `dst` (= out + rb * cols + cb; null: none) with 8-byte stores, the
 // column words to the transposed tile `tl` (ct3_col layout).
-template <class I, class O, int TR>
+// W = 1: the rowwise bytes leave as 16-byte stores: the thread of column group cg and its
+// neighbour cg ^ 1 (lane ^ 1, same rows; TC = 128's lane mapping) swap half their rows, the
+// even one then storing rows 0 .. 3 and the odd one rows 4 .. 7 of their 16 columns (`dst`
+// null or not alike for the whole block, so every lane shuffles).
+template <class I, class O, int TR, int W = 0>
 __device__ __forceinline__ void ct3_block(const u32 (&w)[8][4], u8 *dst, u64 cols, u8 *tl, int cg, int rg, float s,
                                           float &local) {
   u32 colw[8][2];
+  u32 rw[8][2];
 #pragma unroll
   for (int i = 0; i < 8; i += 2) {
     u32 h[8];
@@ -813,9 +818,30 @@ __device__ __forceinline__ void ct3_block(const u32 (&w)[8][4], u8 *dst, u64 col
     if (dst != nullptr) {
       const u32 t01 = prmt(h[0], h[1], 0x5140), t23 = prmt(h[2], h[3], 0x5140);
       const u32 t45 = prmt(h[4], h[5], 0x5140), t67 = prmt(h[6], h[7], 0x5140);
-      u8 *d = dst + (u64)i * cols;
-      stg8<0>(d, prmt(t01, t23, 0x5410), prmt(t45, t67, 0x5410));
-      stg8<0>(d + cols, prmt(t01, t23, 0x7632), prmt(t45, t67, 0x7632));
+      rw[i][0] = prmt(t01, t23, 0x5410);
+      rw[i][1] = prmt(t45, t67, 0x5410);
+      rw[i + 1][0] = prmt(t01, t23, 0x7632);
+      rw[i + 1][1] = prmt(t45, t67, 0x7632);
+      if constexpr (W == 0) {
+        u8 *d = dst + (u64)i * cols;
+        stg8<0>(d, rw[i][0], rw[i][1]);
+        stg8<0>(d + cols, rw[i + 1][0], rw[i + 1][1]);
+      }
+    }
+  }
+  if constexpr (W == 1) {
+    if (dst != nullptr) {
+      const bool odd = (cg & 1) != 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        // even sends rows 4 + j, odd rows j; each receives the partner's.
+        const u32 a0 = __shfl_xor_sync(0xffffffffu, odd ? rw[j][0] : rw[4 + j][0], 1);
+        const u32 a1 = __shfl_xor_sync(0xffffffffu, odd ? rw[j][1] : rw[4 + j][1], 1);
+        if (odd)
+          stg16<0>(dst - 8 + (u64)(4 + j) * cols, make_uint4(a0, a1, rw[4 + j][0], rw[4 + j][1]));
+        else
+          stg16<0>(dst + (u64)j * cols, make_uint4(rw[j][0], rw[j][1], a0, a1));
+      }
     }
   }
 #pragma unroll
@@ -862,8 +888,8 @@ __device__ __forceinline__ void ct3_store_t(const u8 *tl, u8 *out_t, u64 rows, u
 // have read the tile).
 // ORD = 1 takes the tiles column-major (consecutive blocks down a tile column: the blocks
 // running at once write long runs of fewer transposed rows); H = 1 adds the L2 256-byte
-// prefetch hint to the loads.
-template <class I, class O, int TR, int TC, int BS, int ORD = 0, int H = 0>
+// prefetch hint to the loads; W = 1 stores the rowwise bytes 16 at a time (ct3_block).
+template <class I, class O, int TR, int TC, int BS, int ORD = 0, int H = 0, int W = 0>
 __device__ void ct3_impl(const u16 *__restrict__ in, u8 *__restrict__ out, u8 *__restrict__ out_t, u64 rows,
                          u64 cols, const float *scale, float *amax, float *sinv, float *sinv_t, const float *noop) {
   static_assert(TC == 64 || TC == 128, "tile columns: 64 or 128");
@@ -890,7 +916,8 @@ __device__ void ct3_impl(const u16 *__restrict__ in, u8 *__restrict__ out, u8 *_
     const u16 *src = in + rb * cols + cb;
 #pragma unroll
     for (int i = 0; i < 8; ++i) ld16<H>(src + (u64)i * cols, w[i]);
-    ct3_block<I, O, TR>(w, out != nullptr ? out + rb * cols + cb : nullptr, cols, tl, cg, rg, s, local);
+    static_assert(W == 0 || TC == 128, "16-byte rowwise stores: TC = 128's lane mapping");
+    ct3_block<I, O, TR, W>(w, out != nullptr ? out + rb * cols + cb : nullptr, cols, tl, cg, rg, s, local);
     if constexpr (BS == 1) ct3_fence_async();
     __syncthreads();
     ct3_store_t<TR, TC, BS>(tl, out_t, rows, r0, c0);
@@ -1036,16 +1063,19 @@ CT3(256, 64, 1, 4)
 CT3(512, 64, 0, 2)
 CT3(512, 64, 1, 2)
 // 256 x 128 with bulk stores (the default's kernel) column-major (o1) / with the L2
-// 256-byte load hint (h1) / both.
-#define CT3O(ORD, H)                                                                                       \
-  extern "C" __global__ void __launch_bounds__(512, 2) ct3_r256_c128_b1_m2o##ORD##h##H(                   \
+// 256-byte load hint (h1) / both / with 16-byte rowwise stores (w1), also with the hint.
+#define CT3O(ORD, H, W)                                                                                    \
+  extern "C" __global__ void __launch_bounds__(512, 2) ct3_r256_c128_b1_m2o##ORD##h##H##w##W(             \
       const u16 *in, u8 *out, u8 *out_t, u64 rows, u64 cols, const float *scale, float *amax,               \
       float *sinv, float *sinv_t, const float *noop, int t_vec) {                                            \
-    ct3_impl<BF16, E4M3, 256, 128, 1, ORD, H>(in, out, out_t, rows, cols, scale, amax, sinv, sinv_t, noop);  \
+    ct3_impl<BF16, E4M3, 256, 128, 1, ORD, H, W>(in, out, out_t, rows, cols, scale, amax, sinv, sinv_t,      \
+                                                 noop);                                                      \
   }
-CT3O(1, 0)
-CT3O(0, 1)
-CT3O(1, 1)
+CT3O(1, 0, 0)
+CT3O(0, 1, 0)
+CT3O(1, 1, 0)
+CT3O(0, 0, 1)
+CT3O(0, 1, 1)
 CT3T(512, 64, 1, 2)
 CT3T(256, 64, 2, 2)
 CT3T(256, 64, 4, 1)
