@@ -1087,7 +1087,7 @@ static bool ce_check() {
   // slot, the registers and the shared memory are taken, so a copy done by a kernel has
   // nowhere to run until the hold ends.
   launch(H.pacer, 2u * (unsigned)g_sms, 1, 1024, 1, (unsigned)g_hold_smem, g_comp, {&p});
-  wait_geq(g_copy, st + 3, (uint32_t)g_sms);  // at least one on every SM
+  wait_geq(g_copy, st + 3, (uint32_t)g_sms);  // g_sms of them resident (no wait for a second wave)
   CK(cudaEventRecord(ev[0], g_copy));
   copy_d2d(b, a, bytes, g_copy);
   CK(cudaEventRecord(ev[1], g_copy));
@@ -1180,9 +1180,10 @@ static void run_row(Row &r, cublasLtHandle_t lth, void *ws, size_t wsz) {
     // sig 1 + 2 * (tp - 1) * P + 1 below the start word.
     if (2 * r.tp * P > WORD_ARRAY || 2 + 2 * (r.tp - 1) * P > SIG_START) die("too many pieces", __FILE__, __LINE__);
   }
-  // AG: the fused kernel waits on flags, so its tile width as the library picks it then
-  // (pick_bn_waiting); our kernel alone runs the same width, as its bit-for-bit reference.
-  r.bn = g_bn > 0 ? g_bn : r.rs ? pick_bn(r.m, r.n, g_sms) : pick_bn_waiting(r.m, r.n, g_sms);
+  // The fused kernel's tile width as the library picks it for the SMs it gets (AG: it
+  // waits on flags, pick_bn_waiting); our kernel alone runs the same width, as its
+  // bit-for-bit reference.
+  r.bn = g_bn > 0 ? g_bn : r.rs ? pick_bn(r.m, r.n, gemm_budget()) : pick_bn_waiting(r.m, r.n, gemm_budget());
   r.block_bytes = r.rs ? (double)r.rows_blk * r.m * 2 : (double)r.rows_blk * r.k * c.es;
   r.nominal_link_ms = (r.tp - 1) * r.block_bytes / g_bw / 1e6;
   for (int i = 0; i < r.tp - 1; ++i) c.order[i] = (g_me + 1 + i) % r.tp;

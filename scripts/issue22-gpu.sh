@@ -40,6 +40,7 @@ for f in "$out"/own-gemm/own_gemm_base.log; do
   [ -f "$f" ] && { echo; echo "== own GEMM"; sed -n '/^## own GEMM/,$p' "$f" | tail -n 45; }
 done
 [ -f "$out/own-gemm-link/own_gemm_link.md" ] && { echo; echo "== emulated link"; tail -n 40 "$out/own-gemm-link/own_gemm_link.md"; }
+[ -f "$out/own-gemm-link/own_gemm_link_sm_budget.md" ] && { echo; echo "== emulated link, copies on the SMs the GEMMs leave free"; grep -E '^- ' "$out/own-gemm-link/own_gemm_link_sm_budget.md"; }
 [ -f "$out/fused/summary.md" ] && { echo; echo "== fused algorithms"; cat "$out/fused/summary.md"; }
 echo; grep -ahE "^(FAIL|\[rank [0-9]+\] FAIL)|HANG" "$out"/logs/*.log 2>/dev/null | head -n 20
 echo; cat "$out/summary.md"

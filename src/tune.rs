@@ -283,7 +283,8 @@ impl Candidates {
                 });
             }
         }
-        // (3 splits left out for the fused ring's two: at most 16 candidates)
+        // (3 splits left out for the fused ring's two: 16 candidates with the default
+        // comm_sms; the fused ones come last, so a tuning budget cuts them first)
         for splits in [2, 4, 6, 8] {
             for sms in [16, 32] {
                 self.add(Choice {

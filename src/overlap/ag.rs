@@ -446,9 +446,11 @@ impl Planner<'_> {
     /// SMs our GEMM may use while the call communicates: all but the comm SMs (at least
     /// one SM stays free: the transport's waits and SM puts are kernels, which a GEMM
     /// holding every SM while it waits for their flags would starve). Where copy engines
-    /// move the bytes (peer memory, CE puts), only the transport's one-CTA flag kernels
-    /// need SMs: `CE_RESERVE` stay free instead of num_comm_sm. 0: all (tp 1).
-    pub(super) fn fused_sms(&self) -> usize {
+    /// move the bytes (CE puts into peer memory on other devices) and the call copies
+    /// nothing within this device meanwhile (`local_copies` false: such a copy is a
+    /// kernel too), only the transport's one-CTA flag kernels need SMs: `CE_RESERVE` stay
+    /// free instead of num_comm_sm. 0: all (tp 1).
+    pub(super) fn fused_sms(&self, local_copies: bool) -> usize {
         /// SMs left to the flag kernels (32 threads, one CTA each; several fit on one SM)
         /// when copy engines move the data.
         const CE_RESERVE: i32 = 2;
@@ -456,7 +458,7 @@ impl Planner<'_> {
         if self.tp() == 1 {
             return 0;
         }
-        let reserve = if s.use_ce && self.e.caps.peer_memory {
+        let reserve = if s.use_ce && self.e.caps.remote_peers && !local_copies {
             CE_RESERVE.min(s.num_comm_sm.max(1))
         } else {
             s.num_comm_sm.max(1)
@@ -518,7 +520,8 @@ impl Planner<'_> {
             ..Default::default()
         };
         self.step(|| format!("fused_ag: our sm90 GEMM on {tp} chunks ({pieces} flags each)"));
-        self.fused_gemm(&g, hooks, self.fused_sms(), 0);
+        // (B_copy: each piece is copied out of the buffer between its arrival and its flag)
+        self.fused_gemm(&g, hooks, self.fused_sms(x.b_copy.is_some()), 0);
         // Every flag back to zero: the next call (or graph replay) starts from zero.
         self.memset(flags, 4 * tp * pieces, c0);
         self.ag_copy_out(x, sh, r, (0, sh.nc), c0);

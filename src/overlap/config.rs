@@ -39,13 +39,13 @@ pub struct EngineConfig {
     /// the input size a multiple of 16 bytes, m a multiple of 8, 16-byte aligned operands;
     /// elsewhere the same ring feeds cuBLASLt GEMMs per chunk (the reason is the call's
     /// NVTX step). While it runs our GEMM leaves num_comm_sm SMs to communication (2 where
-    /// copy engines move the bytes: peer memory with use_ce). The ring reduce-scatter
-    /// (split_rs_p2p, and the ring all-reduce's reduce-scatter) runs our GEMM too where it
-    /// can: one launch computing every destination's partial, each piece of a destination's
-    /// rows exchanged once it is signalled done (the tuning's pieces; 1 by default); the pipelined
-    /// reduce-scatter, the accumulating ring and the chunked all-reduce are unchanged. Not
-    /// TE's cuBLAS atomic-counter GEMMs, which cuBLASLt 13 removed
-    /// (bench/atomic_gemm_probe.cu).
+    /// copy engines move the bytes: use_ce, peers on other devices, no B_copy). The ring
+    /// reduce-scatter (split_rs_p2p, and the ring all-reduce's reduce-scatter) runs our
+    /// GEMM too where it can: one launch computing every destination's partial, each
+    /// piece of a destination's rows exchanged once it is signalled done (the tuning's
+    /// pieces; 1 by default); the pipelined reduce-scatter, the accumulating ring and the
+    /// chunked all-reduce are unchanged. Not TE's cuBLAS atomic-counter GEMMs, which
+    /// cuBLASLt 13 removed (bench/atomic_gemm_probe.cu).
     pub atomic_gemm: bool,
     /// stream priorities, clamped to the device's range (lower = higher priority)
     pub gemm_priority: i32,

@@ -299,15 +299,15 @@ impl Planner<'_> {
     }
 
     /// The call's check key (NVTE_COMM_CHECK): the GEMM's, and how the ring sums (the
-    /// closing reduction, or the accumulating ring and its pieces), so that ranks whose
-    /// environments chose differently fail the cross-rank check instead of exchanging
-    /// into slots the other never reads.
+    /// closing reduction with its exchanges per destination, or the accumulating ring
+    /// and its pieces), so that ranks whose environments chose differently fail the
+    /// cross-rank check instead of exchanging into slots the other never reads.
     pub(super) fn ring_key(&self, p: &RsPlan, acc: bool) -> [u64; 6] {
         let g = p.full.sum_key();
         let ring = if acc {
             1 | (self.chain_pieces(p.nc) as u64) << 1
         } else {
-            0
+            (self.fused_rs_pieces(p.nc) as u64) << 1
         };
         [g[0], g[1], g[2], g[3], g[4], ring]
     }
@@ -490,7 +490,7 @@ impl Planner<'_> {
         self.step(|| {
             format!("fused ring: our sm90 GEMM, {tp} destinations x {pieces} pieces signalled")
         });
-        self.fused_gemm(&g, hooks, self.fused_sms(), 0);
+        self.fused_gemm(&g, hooks, self.fused_sms(false), 0);
         Ok(Some(done))
     }
 
@@ -522,8 +522,9 @@ impl Planner<'_> {
     /// Step i: our partial for rank d = r+i+1 goes to its slot r, and the partial of rank
     /// s = r-i-1 for us lands in our slot s (the barrier at the start of the call made
     /// sure every rank is done with its buffer from the last call). In `pieces` exchanges
-    /// (the fused ring's; each after our GEMM's done signal of that piece), else one
-    /// after the destination's GEMM.
+    /// (the fused ring's, also where our GEMM does not run: every rank exchanges the
+    /// same), each after our GEMM's done signal of that piece, or all after the
+    /// destination's cuBLASLt GEMM.
     fn ring_rs_exchanges(
         &mut self,
         staging: DevPtr,

@@ -13,7 +13,7 @@ use super::{
 };
 use crate::bootstrap::Bootstrap;
 use crate::cuda::StreamHandle;
-use crate::cuda::resources::{DeviceMem, HostMapped, IpcMapping, copy_async};
+use crate::cuda::resources::{DeviceMem, HostMapped, IpcMapping, copy_async, device_of};
 use crate::cuda::{Binding, ContextGuard, DevPtr, DeviceInfo, Kernel, Signature, nvrtc};
 use crate::error::Result;
 use crate::unsupported;
@@ -28,6 +28,8 @@ pub struct IpcTransport {
     peer_flags: Vec<Option<PeerMem>>,
     /// every peer is in this process (reached by device pointers, no CUDA IPC)
     in_process: bool,
+    /// every peer's buffer is on another device than this rank's
+    remote_peers: bool,
     error: HostMapped,
     use_ce: bool,
     comm_sms: u32,
@@ -197,6 +199,7 @@ impl IpcTransport {
         let mut peer_buffers = Vec::with_capacity(group.len());
         let mut peer_flags = Vec::with_capacity(group.len());
         let mut in_process = true;
+        let mut remote_peers = true;
         for &w in group {
             if w == bs.rank {
                 peer_buffers.push(None);
@@ -208,6 +211,7 @@ impl IpcTransport {
             if me.same_process(&peer) {
                 enable_access(&me, &peer)
                     .map_err(|er| er.context(format!("reaching world rank {w} in this process")))?;
+                remote_peers &= peer.device != me.device;
                 peer_buffers.push(Some(PeerMem::InProcess(peer.buffer)));
                 peer_flags.push(Some(PeerMem::InProcess(peer.flags)));
                 continue;
@@ -215,9 +219,10 @@ impl IpcTransport {
             in_process = false;
             let hb: [u8; 64] = e[..64].try_into().unwrap();
             let hf: [u8; 64] = e[64..128].try_into().unwrap();
-            peer_buffers.push(Some(PeerMem::Ipc(IpcMapping::open(&hb).map_err(|er| {
-                er.context(format!("mapping the buffer of world rank {w}"))
-            })?)));
+            let mapped = IpcMapping::open(&hb)
+                .map_err(|er| er.context(format!("mapping the buffer of world rank {w}")))?;
+            remote_peers &= device_of(mapped.ptr).is_some_and(|d| d != guard.device);
+            peer_buffers.push(Some(PeerMem::Ipc(mapped)));
             peer_flags.push(Some(PeerMem::Ipc(IpcMapping::open(&hf).map_err(|er| {
                 er.context(format!("mapping the flags of world rank {w}"))
             })?)));
@@ -231,6 +236,7 @@ impl IpcTransport {
             peer_buffers,
             peer_flags,
             in_process: in_process && group.len() > 1,
+            remote_peers: remote_peers && group.len() > 1,
             error,
             use_ce: s.use_ce,
             comm_sms: s.comm_sms.max(1),
@@ -370,6 +376,9 @@ impl Transport for IpcTransport {
 }
 
 impl PeerMemory for IpcTransport {
+    fn peers_on_other_devices(&self) -> bool {
+        self.remote_peers
+    }
     fn peer_buffer(&self, peer: usize) -> DevPtr {
         if peer == self.group.tp_rank {
             self.group.buffer.ptr

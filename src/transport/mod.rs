@@ -538,6 +538,12 @@ pub trait PeerMemory {
         stream: StreamHandle,
         info: WaitInfo,
     ) -> Result<()>;
+    /// Whether every peer's buffer is on another device than this rank's, so that copies
+    /// to it can run on copy engines (a copy within one device is a kernel on the H100
+    /// and H200: bench/RESULTS.md, 2026-11-26 third session). Default: not known, false.
+    fn peers_on_other_devices(&self) -> bool {
+        false
+    }
 }
 
 /// Capability: two-sided exchange steps (every send matched by the peer's receive).
@@ -601,6 +607,8 @@ pub struct Caps {
     pub concurrent_exchange: bool,
     /// the per-call barrier enqueues nothing when the group is this rank alone
     pub idle_alone: bool,
+    /// peer memory on other devices only ([`PeerMemory::peers_on_other_devices`])
+    pub remote_peers: bool,
 }
 
 impl Caps {
@@ -611,6 +619,7 @@ impl Caps {
             collectives: t.collectives().is_some(),
             concurrent_exchange: t.two_sided().is_some_and(|x| x.concurrent_streams()),
             idle_alone: t.idle_alone(),
+            remote_peers: t.peer_memory().is_some_and(|p| p.peers_on_other_devices()),
         }
     }
 }
