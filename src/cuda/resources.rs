@@ -543,18 +543,12 @@ pub fn with_relaxed_capture<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
     r
 }
 
-/// The device (this process's ordinal) that holds the memory at `p` (this context's, a
-/// peer's mapped through IPC or peer access), or None where the driver does not say.
-pub fn device_of(p: DevPtr) -> Option<i32> {
-    let mut d: i32 = -1;
-    // SAFETY: `d` is a writable i32, the attribute's type; for an address the driver does
-    // not know it answers an error and writes nothing.
-    let r = unsafe {
-        cu::cuPointerGetAttribute(
-            (&mut d as *mut i32).cast(),
-            cu::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-            p.raw(),
-        )
-    };
-    (r == cu::CUresult::CUDA_SUCCESS && d >= 0).then_some(d)
+/// The UUID of device `dev` (this process's ordinal), the same in every process whatever
+/// its device numbering; None where the driver does not say.
+pub fn device_uuid(dev: i32) -> Option<[u8; 16]> {
+    let mut u = cu::CUuuid { bytes: [0; 16] };
+    // SAFETY: `u` is a writable CUuuid; `dev` is checked by the driver (an error for an
+    // ordinal it does not know).
+    let r = unsafe { cu::cuDeviceGetUuid_v2(&mut u, dev) };
+    (r == cu::CUresult::CUDA_SUCCESS).then(|| u.bytes.map(|b| b as u8))
 }

@@ -519,9 +519,12 @@ impl Planner<'_> {
             n_tile_rot: r * sh.nc / TILE_ROWS,
             ..Default::default()
         };
-        self.step(|| format!("fused_ag: our sm90 GEMM on {tp} chunks ({pieces} flags each)"));
         // (B_copy: each piece is copied out of the buffer between its arrival and its flag)
-        self.fused_gemm(&g, hooks, self.fused_sms(x.b_copy.is_some()), 0);
+        let sms = self.fused_sms(x.b_copy.is_some());
+        self.step(|| {
+            format!("fused_ag: our sm90 GEMM on {sms} SMs, {tp} chunks ({pieces} flags each)")
+        });
+        self.fused_gemm(&g, hooks, sms, 0);
         // Every flag back to zero: the next call (or graph replay) starts from zero.
         self.memset(flags, 4 * tp * pieces, c0);
         self.ag_copy_out(x, sh, r, (0, sh.nc), c0);

@@ -487,10 +487,13 @@ impl Planner<'_> {
             n_tile_rot: (r + 1) % tp * p.nc / TILE_ROWS,
             ..Default::default()
         };
+        let sms = self.fused_sms(false);
         self.step(|| {
-            format!("fused ring: our sm90 GEMM, {tp} destinations x {pieces} pieces signalled")
+            format!(
+                "fused ring: our sm90 GEMM on {sms} SMs, {tp} destinations x {pieces} pieces signalled"
+            )
         });
-        self.fused_gemm(&g, hooks, self.fused_sms(false), 0);
+        self.fused_gemm(&g, hooks, sms, 0);
         Ok(Some(done))
     }
 

@@ -13,7 +13,7 @@ use super::{
 };
 use crate::bootstrap::Bootstrap;
 use crate::cuda::StreamHandle;
-use crate::cuda::resources::{DeviceMem, HostMapped, IpcMapping, copy_async, device_of};
+use crate::cuda::resources::{DeviceMem, HostMapped, IpcMapping, copy_async, device_uuid};
 use crate::cuda::{Binding, ContextGuard, DevPtr, DeviceInfo, Kernel, Signature, nvrtc};
 use crate::error::Result;
 use crate::unsupported;
@@ -189,10 +189,14 @@ impl IpcTransport {
         // checked that the group is on one node): a peer in another process is mapped
         // through its IPC handles, a peer in this process reached by its device pointers.
         let me = Local::new(guard.ctx, guard.device, buffer.ptr, flags.ptr);
-        let mut mine = Vec::with_capacity(128 + LOCAL_BYTES);
+        // ... and the device's UUID (all zero where unknown), which tells whether a peer
+        // in another process is on another device.
+        let uuid = device_uuid(guard.device);
+        let mut mine = Vec::with_capacity(128 + LOCAL_BYTES + 16);
         mine.extend_from_slice(&buffer.ipc_handle()?);
         mine.extend_from_slice(&flags.ipc_handle()?);
         mine.extend_from_slice(&me.to_bytes());
+        mine.extend_from_slice(&uuid.unwrap_or_default());
         let rec = mine.len();
         let all = bs.allgather(&mine)?;
         let entry = |w: usize| &all[w * rec..(w + 1) * rec];
@@ -207,7 +211,8 @@ impl IpcTransport {
                 continue;
             }
             let e = entry(w);
-            let peer = Local::from_bytes(&e[128..]);
+            let peer = Local::from_bytes(&e[128..128 + LOCAL_BYTES]);
+            let peer_uuid = &e[128 + LOCAL_BYTES..];
             if me.same_process(&peer) {
                 enable_access(&me, &peer)
                     .map_err(|er| er.context(format!("reaching world rank {w} in this process")))?;
@@ -219,10 +224,11 @@ impl IpcTransport {
             in_process = false;
             let hb: [u8; 64] = e[..64].try_into().unwrap();
             let hf: [u8; 64] = e[64..128].try_into().unwrap();
-            let mapped = IpcMapping::open(&hb)
-                .map_err(|er| er.context(format!("mapping the buffer of world rank {w}")))?;
-            remote_peers &= device_of(mapped.ptr).is_some_and(|d| d != guard.device);
-            peer_buffers.push(Some(PeerMem::Ipc(mapped)));
+            remote_peers &=
+                uuid.is_some_and(|u| u[..] != *peer_uuid && peer_uuid.iter().any(|&b| b != 0));
+            peer_buffers.push(Some(PeerMem::Ipc(IpcMapping::open(&hb).map_err(|er| {
+                er.context(format!("mapping the buffer of world rank {w}"))
+            })?)));
             peer_flags.push(Some(PeerMem::Ipc(IpcMapping::open(&hf).map_err(|er| {
                 er.context(format!("mapping the flags of world rank {w}"))
             })?)));
