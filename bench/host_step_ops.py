@@ -17,7 +17,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import transformer_engine_comm.torch as tec
 from transformer_engine_comm.torch import ops as te_ops, modules as M
 from transformer_engine_comm.torch.gemm import gemm
-from transformer_engine_comm import _capi
 s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
 os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
 torch.cuda.set_device(0)
