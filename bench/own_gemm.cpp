@@ -530,8 +530,11 @@ struct Gemm90Args {
   uint32_t flag_value, done_value;
   float beta;
   int epilogue, pad_;
+  const void *copy_src;  // the side copy (0 bytes: none)
+  void *copy_dst;
+  unsigned long long copy_bytes;
 };
-static_assert(sizeof(Gemm90Args) == 120, "Gemm90Args mirrors the kernel's struct");
+static_assert(sizeof(Gemm90Args) == 144, "Gemm90Args mirrors the kernel's struct");
 
 // Our GEMM: D[n, m] = B[n, k] . A[m, k]^T (* a_si * b_si for e4m3).
 struct Own {

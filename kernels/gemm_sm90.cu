@@ -72,6 +72,7 @@
 //   that CTA. flags == nullptr (or rows_per_flag <= 0): no waits. Scope .sys: the flags
 //   are set by copy engines or peer GPUs.
 // - RS hook: see signal_done.
+// - Side copy (copy_bytes != 0): see side_copy.
 //
 // Knobs (-D at compile time): GEMM90_STAGES_256 / GEMM90_STAGES_128 (pipeline depth, 4 / 6),
 // GEMM90_EPI_WIDE (16-byte epilogue stores of the plain kernels, default 1: 0.996 vs
@@ -121,8 +122,12 @@ struct Gemm90Args {
   float beta;                // _epi, EPI_ACCUM: D = beta * D_old + result (TE: 1)
   int epilogue;              // _epi: EPI_* bits (gemm90 namespace); plain kernels: 0
   int pad_;
+  const void *copy_src;      // side copy (see side_copy): copy_bytes from copy_src to
+  void *copy_dst;            // copy_dst, beside the GEMM (0 bytes: none)
+  u64 copy_bytes;
 };
-static_assert(sizeof(Gemm90Args) == 120, "hosts mirror Gemm90Args: 9 pointers, 12 4-byte fields");
+static_assert(sizeof(Gemm90Args) == 144,
+              "hosts mirror Gemm90Args: 9 pointers, 12 4-byte fields, 2 pointers, 1 u64");
 
 namespace gemm90 {
 
@@ -331,6 +336,19 @@ __device__ __forceinline__ void tile_coords(int t, int tiles_n, int tiles_m, int
   tm = r / gs;
   tn += rot;
   if (tn >= tiles_n) tn -= tiles_n;
+}
+
+// Side copy: `bytes` (a multiple of 16; both pointers 16-byte aligned, the host checks)
+// from `src` to `dst`, by the producer warpgroup's warps 1-3 of every CTA (idle otherwise:
+// one thread issues the loads), 16 bytes a thread per step, while the GEMM runs. Ordered
+// with nothing in the GEMM (the caller passes a copy the GEMM does not read or write);
+// done when the kernel is. Lets a caller that needs a copy beside a GEMM (the tp-1
+// all-gather's shard into its buffer) launch one kernel instead of two.
+__device__ __forceinline__ void side_copy(const void *src, void *dst, u64 bytes) {
+  const uint4 *s = reinterpret_cast<const uint4 *>(src);
+  uint4 *d = reinterpret_cast<uint4 *>(dst);
+  const u64 n = bytes / 16, step = (u64)gridDim.x * 96;
+  for (u64 i = (u64)blockIdx.x * 96 + (threadIdx.x - 32); i < n; i += step) d[i] = s[i];
 }
 
 __device__ __forceinline__ u32 ld_acquire_flag(const u32 *p) {
@@ -677,9 +695,10 @@ __device__ __forceinline__ void gemm(const GemmTmaDesc *tmap_b, const GemmTmaDes
   __syncthreads();
 
   if (wg == 0) {
-    // Producer: one thread issues every load; the rest of the warpgroup only gives
-    // back its registers.
+    // Producer: one thread issues every load; the rest of the warpgroup gives back its
+    // registers (warps 1-3 then run the side copy, if any).
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    if (threadIdx.x >= 32 && g.copy_bytes != 0) side_copy(g.copy_src, g.copy_dst, g.copy_bytes);
     if (threadIdx.x == 0) {
       u32 it = 0;
       u64 seen = 0;

@@ -998,6 +998,36 @@ pub fn run(g: &GemmDesc, guard: &ContextGuard, stream: StreamHandle) -> Result<(
     run_impl(g, guard, stream, true)
 }
 
+/// [`run`] and a copy that the GEMM neither reads nor writes (`side`): where our own kernel
+/// computes the GEMM and the copy fits it ([`sm90::SideCopy::fits`]), one launch does both
+/// (its producer warps copy while the GEMM runs), else the copy and then the GEMM. One
+/// launch less on the host where it matters: small GEMMs (the tp-1 all-gather's shard into
+/// its buffer beside its GEMM).
+pub fn run_copying(
+    g: &GemmDesc,
+    side: sm90::SideCopy,
+    guard: &ContextGuard,
+    stream: StreamHandle,
+) -> Result<()> {
+    if side.bytes != 0
+        && side.fits()
+        && g.m != 0
+        && g.n != 0
+        && g.k != 0
+        && let Some(own) = small_own_gemm(g, guard)?
+    {
+        let hooks = sm90::Hooks {
+            side,
+            ..Default::default()
+        };
+        return own.run(g, &hooks, g.sm_count.max(0) as usize, stream);
+    }
+    if side.bytes != 0 {
+        crate::cuda::resources::copy_async(side.dst, side.src, side.bytes, stream)?;
+    }
+    run(g, guard, stream)
+}
+
 /// [`run`] for a GEMM that shares the GPU with communication kernels (an overlap engine's
 /// chunk GEMM at tp > 1, and its NVTE_COMM_REPORT timing): always cuBLASLt, whose CTAs
 /// retire as they finish, never our persistent kernel, which would hold its SMs until its

@@ -31,8 +31,8 @@ use std::sync::{Arc, Mutex};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TmaDesc(pub [u64; 16]);
 
-/// The kernel's `Gemm90Args`, field for field (8-byte pointers first, then 4-byte
-/// fields; 120 bytes). Reserved fields stay zero.
+/// The kernel's `Gemm90Args`, field for field (8-byte pointers, then 4-byte fields, then
+/// the side copy's two pointers and size; 144 bytes). Reserved fields stay zero.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Gemm90Args {
@@ -57,6 +57,9 @@ pub struct Gemm90Args {
     pub beta: f32,
     pub epilogue: i32,
     pub pad_: i32,
+    pub copy_src: DevPtr,
+    pub copy_dst: DevPtr,
+    pub copy_bytes: u64,
 }
 
 // SAFETY: a repr(C) struct passed by value: the Struct class and its own size.
@@ -94,7 +97,8 @@ pub fn args_layout() -> Vec<(&'static str, usize, usize)> {
     f!(d: DevPtr, bias: DevPtr, aux: DevPtr, a_scale_inv: DevPtr, b_scale_inv: DevPtr,
        d_scale: DevPtr, d_amax: DevPtr, flags: DevPtr, done: DevPtr, m: i32, n: i32, k: i32,
        rows_per_flag: i32, done_rows: i32, group_n: i32, n_tile_rot: i32, flag_value: u32,
-       done_value: u32, beta: f32, epilogue: i32, pad_: i32)
+       done_value: u32, beta: f32, epilogue: i32, pad_: i32, copy_src: DevPtr,
+       copy_dst: DevPtr, copy_bytes: u64)
 }
 
 /// Rows of D per tile (the kernel's BM).
@@ -171,6 +175,24 @@ pub struct Hooks {
     pub done: DevPtr,
     pub done_rows: usize,
     pub done_value: u32,
+    /// a copy run beside the GEMM by its otherwise idle producer warps (one launch for
+    /// both; none where `bytes` is 0): [`SideCopy::fits`] must hold
+    pub side: SideCopy,
+}
+
+/// A copy of `bytes` from `src` to `dst` that a GEMM neither reads nor writes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SideCopy {
+    pub dst: DevPtr,
+    pub src: DevPtr,
+    pub bytes: usize,
+}
+
+impl SideCopy {
+    /// Whether our kernel can run it: both pointers 16-byte aligned, whole 16-byte units.
+    pub fn fits(&self) -> bool {
+        self.bytes.is_multiple_of(16) && self.src.is_aligned(16) && self.dst.is_aligned(16)
+    }
 }
 
 /// Tile width: 256 unless 128 fills the last wave clearly better (as bench/own_gemm.cpp).
@@ -355,6 +377,14 @@ fn args_of(g: &GemmDesc, h: &Hooks) -> Result<Gemm90Args> {
         i32::try_from(v)
             .map_err(|_| Error::internal(format!("sm90 GEMM {what} = {v} exceeds 32 bits")))
     };
+    if h.side.bytes != 0 && !h.side.fits() {
+        return Err(Error::internal(format!(
+            "sm90 GEMM side copy of {} bytes ({:#x} -> {:#x}): whole 16-byte units between 16-byte aligned pointers only",
+            h.side.bytes,
+            h.side.src.raw(),
+            h.side.dst.raw()
+        )));
+    }
     let fp8 = g.a_type.is_fp8();
     Ok(Gemm90Args {
         d: g.d,
@@ -379,6 +409,9 @@ fn args_of(g: &GemmDesc, h: &Hooks) -> Result<Gemm90Args> {
         n_tile_rot: i(h.n_tile_rot % g.n.div_ceil(TILE_ROWS).max(1), "n_tile_rot")?,
         flag_value: h.flag_value,
         done_value: h.done_value,
+        copy_src: h.side.src,
+        copy_dst: h.side.dst,
+        copy_bytes: h.side.bytes as u64,
         ..Default::default()
     })
 }
@@ -495,7 +528,7 @@ mod tests {
 
     #[test]
     fn the_struct_mirrors_have_the_kernels_sizes() {
-        assert_eq!(std::mem::size_of::<Gemm90Args>(), 120);
+        assert_eq!(std::mem::size_of::<Gemm90Args>(), 144);
         assert_eq!(std::mem::size_of::<TmaDesc>(), 128);
         assert_eq!(std::mem::align_of::<TmaDesc>(), 64);
         assert_eq!(

@@ -16,7 +16,7 @@ use super::{MAX_AMAX_SLOTS, Op, Overlap, eb, tag};
 use crate::cuda::DevPtr;
 use crate::cuda::StreamHandle;
 use crate::error::Result;
-use crate::gemm::sm90::{Hooks, TILE_ROWS};
+use crate::gemm::sm90::{Hooks, SideCopy, TILE_ROWS};
 use crate::gemm::{self, Epilogue, GemmDesc, TeGemm};
 use crate::tensor::{Buffer, Shape, Tensor};
 use crate::transport::{RecvOp, SendOp, WaitInfo};
@@ -79,8 +79,8 @@ impl Planner<'_> {
         self.begin(Op::SplitAg, false, &key, Some(&sh.full));
         let ring = super::schedule::ag_ring(self.tp(), self.tp_rank(), self.e.settings.aggregate);
         self.ag_rings(x, &sh, &ring, None)?;
-        self.ag_local_copies(x, &sh, &ring);
-        let gemms = self.ag_gemms(x, &sh, &ring);
+        let side = self.ag_local_copies(x, &sh, &ring, true);
+        let gemms = self.ag_gemms(x, &sh, &ring, side);
         self.finish();
         if !sh.amax_slots.is_null() {
             self.amax_max(sh.full.d_amax, sh.amax_slots, gemms);
@@ -299,14 +299,30 @@ impl Planner<'_> {
     /// Off the critical path, on comm stream 1 after its ring: the shard into the
     /// buffer's local chunk (the buffer holds all of B after the call), and B_copy.
     /// (At tp 1 there is no ring: comm stream 0 copies, and no other stream is forked.)
-    fn ag_local_copies(&mut self, x: &AgArgs, sh: &AgShape, ring: &AgRing) {
+    /// Returns the copy left to the local chunk's GEMM (`beside_gemm`, inline, the
+    /// shard's copy alone: one launch with the GEMM where our kernel computes it), else
+    /// none.
+    fn ag_local_copies(
+        &mut self,
+        x: &AgArgs,
+        sh: &AgShape,
+        ring: &AgRing,
+        beside_gemm: bool,
+    ) -> SideCopy {
         let r = self.tp_rank();
         let cb = sh.chunk_bytes(eb(self.dtype()));
         let mine = self.buffer() + r * cb;
         if self.e.inline {
             // Inline (tp 1): the shard into the buffer and into B_copy by one copy kernel
             // on the caller's stream (a launch costs the host less than a device-to-device
-            // cuMemcpyAsync).
+            // cuMemcpyAsync), or the shard's copy alone beside the GEMM.
+            if beside_gemm && !sh.is_view && x.b_copy.is_none() {
+                return SideCopy {
+                    dst: mine,
+                    src: x.g.b.data.ptr,
+                    bytes: cb,
+                };
+            }
             let mut segs: crate::host::Small<(DevPtr, DevPtr, usize), 2> = Default::default();
             if !sh.is_view {
                 segs.push((mine, x.g.b.data.ptr, cb));
@@ -315,7 +331,7 @@ impl Planner<'_> {
                 segs.push((bc.data.ptr + r * cb, sh.local_src, cb));
             }
             self.copy_segments(&segs, Lane::Caller, true);
-            return;
+            return SideCopy::default();
         }
         let c1 = if ring.forward.is_empty() && ring.backward.is_empty() {
             Lane::Comm(0)
@@ -326,12 +342,14 @@ impl Planner<'_> {
             self.copy(mine, x.g.b.data.ptr, cb, c1);
         }
         self.ag_copy_out(x, sh, r, (0, sh.nc), c1);
+        SideCopy::default()
     }
 
     /// Compute streams: the local chunk first (from the shard or the buffer, at once: it
     /// is already in place), then chunks in arrival order. Returns the GEMMs issued
     /// (each its own amax slot).
-    fn ag_gemms(&mut self, x: &AgArgs, sh: &AgShape, ring: &AgRing) -> usize {
+    /// `side`: a copy for the local chunk's GEMM (see ag_local_copies).
+    fn ag_gemms(&mut self, x: &AgArgs, sh: &AgShape, ring: &AgRing, side: SideCopy) -> usize {
         let (tp, r) = (self.tp(), self.tp_rank());
         let (full, nc, k, pieces) = (&sh.full, sh.nc, sh.k, sh.pieces);
         let order = &ring.order;
@@ -367,7 +385,8 @@ impl Planner<'_> {
                 }
                 gemms += 1;
                 self.step(|| format!("GEMM chunk {c} rows {lo}..{hi} ({} of {tp})", j + 1));
-                self.gemm(&g, si, true);
+                let side = if c == r { side } else { SideCopy::default() };
+                self.gemm_copying(&g, si, true, side);
             }
         }
         gemms
@@ -416,8 +435,8 @@ impl Planner<'_> {
             Some(why) => {
                 self.step(|| format!("fused_ag: GEMMs per chunk on cuBLASLt ({why})"));
                 self.ag_rings(x, &sh, &ring, None)?;
-                self.ag_local_copies(x, &sh, &ring);
-                gemms = self.ag_gemms(x, &sh, &ring);
+                let side = self.ag_local_copies(x, &sh, &ring, true);
+                gemms = self.ag_gemms(x, &sh, &ring, side);
             }
         }
         self.finish();
@@ -482,7 +501,7 @@ impl Planner<'_> {
             }
             self.step(|| "fused_ag: our sm90 GEMM".into());
             self.fused_gemm(&g, Hooks::default(), 0, 0);
-            self.ag_local_copies(x, sh, ring);
+            self.ag_local_copies(x, sh, ring, false);
             return Ok(());
         }
         let flags = self.flags()?;

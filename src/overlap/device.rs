@@ -12,7 +12,7 @@ use crate::cuda::resources::{
 use crate::cuda::{ContextGuard, DevPtr, nvtx};
 use crate::error::Result;
 use crate::gemm::GemmDesc;
-use crate::gemm::sm90::{Hooks, Sm90Gemm};
+use crate::gemm::sm90::{Hooks, SideCopy, Sm90Gemm};
 use crate::transport::Transport;
 
 /// The engine's lazily made scratch memory.
@@ -159,8 +159,8 @@ impl Device for GpuDevice<'_> {
             Lane::Caller => Ok(self.o.caller),
         }
     }
-    fn gemm(&self, g: &GemmDesc, index: usize, concurrent: bool) -> Result<()> {
-        self.o.run_gemm(g, self.guard, index, concurrent)
+    fn gemm(&self, g: &GemmDesc, index: usize, concurrent: bool, side: SideCopy) -> Result<()> {
+        self.o.run_gemm(g, self.guard, (index, concurrent), side)
     }
     fn record(&self, ev: usize, stream: StreamHandle) -> Result<()> {
         self.o.ev_chunk[ev].record(stream)

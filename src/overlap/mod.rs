@@ -38,6 +38,7 @@ use crate::cuda::resources::{
 use crate::cuda::{self, ContextGuard, DevPtr, DeviceInfo, nvrtc, nvtx};
 use crate::error::ErrorKind as K;
 use crate::error::{Error, Result};
+use crate::gemm::sm90::SideCopy;
 use crate::gemm::{self, GemmDesc};
 use crate::tensor::{Buffer, DType, Shape, Tensor};
 use crate::transport::{
@@ -884,11 +885,16 @@ impl Overlap {
         &self,
         g: &GemmDesc,
         guard: &ContextGuard,
-        stream_idx: usize,
-        concurrent: bool,
+        (stream_idx, concurrent): (usize, bool),
+        side: SideCopy,
     ) -> Result<()> {
         if self.skipping_gemms() {
-            return Ok(()); // NVTE_COMM_REPORT's comm-alone runs
+            // NVTE_COMM_REPORT's comm-alone runs: the side copy is communication's share
+            if side.bytes != 0 {
+                let stream = self.compute_stream(stream_idx)?;
+                return crate::cuda::resources::copy_async(side.dst, side.src, side.bytes, stream);
+            }
+            return Ok(());
         }
         let mut g = *g;
         // Inline, every GEMM runs in order on the caller's stream: all of the workspace.
@@ -902,8 +908,11 @@ impl Overlap {
         g.workspace_bytes = wb;
         let stream = self.compute_stream(stream_idx)?;
         if self.inline.is_some() {
-            gemm::run(&g, guard, stream) // tp 1: nothing runs beside it
+            gemm::run_copying(&g, side, guard, stream) // tp 1: nothing runs beside it
         } else {
+            if side.bytes != 0 {
+                crate::cuda::resources::copy_async(side.dst, side.src, side.bytes, stream)?;
+            }
             gemm::run_beside_comm(&g, guard, stream)
         }
     }

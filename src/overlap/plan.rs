@@ -12,7 +12,7 @@ use crate::cuda::DevPtr;
 use crate::cuda::StreamHandle;
 use crate::error::{Error, Result};
 use crate::gemm::GemmDesc;
-use crate::gemm::sm90::Hooks;
+use crate::gemm::sm90::{Hooks, SideCopy};
 use crate::host::Small;
 use crate::tensor::DType;
 use crate::transport::{
@@ -99,11 +99,14 @@ pub enum Step {
     /// the call's end: every stream joined into the caller's
     Finish,
     /// a GEMM on compute stream `index`; `concurrent`: GEMMs on other compute streams
-    /// may run at the same time (the workspace is split)
+    /// may run at the same time (the workspace is split); `side`: a copy the GEMM neither
+    /// reads nor writes, done by the end of the step (in the same launch where our kernel
+    /// computes the GEMM: gemm::run_copying; 0 bytes: none)
     Gemm {
         g: GemmDesc,
         index: usize,
         concurrent: bool,
+        side: SideCopy,
     },
     /// record chunk event `ev` on `lane` / make `lane` wait for its last record
     Record {
@@ -415,10 +418,15 @@ impl Planner<'_> {
         self.push(Step::Finish);
     }
     pub fn gemm(&mut self, g: &GemmDesc, index: usize, concurrent: bool) {
+        self.gemm_copying(g, index, concurrent, SideCopy::default());
+    }
+    /// [`Self::gemm`] with a copy beside it (`Step::Gemm`'s `side`).
+    pub fn gemm_copying(&mut self, g: &GemmDesc, index: usize, concurrent: bool, side: SideCopy) {
         self.push(Step::Gemm {
             g: *g,
             index,
             concurrent,
+            side,
         });
     }
     pub fn record(&mut self, ev: usize, lane: Lane) {
@@ -645,7 +653,7 @@ pub trait Device {
     fn lane(&self, lane: Lane) -> Result<StreamHandle>;
     /// A GEMM on compute stream `index` (the device resolves the lane itself: a GEMM it
     /// skips forks nothing).
-    fn gemm(&self, g: &GemmDesc, index: usize, concurrent: bool) -> Result<()>;
+    fn gemm(&self, g: &GemmDesc, index: usize, concurrent: bool, side: SideCopy) -> Result<()>;
     fn record(&self, ev: usize, stream: StreamHandle) -> Result<()>;
     fn wait_event(&self, ev: usize, stream: StreamHandle) -> Result<()>;
     fn copy(&self, dst: DevPtr, src: DevPtr, bytes: usize, stream: StreamHandle) -> Result<()>;
@@ -706,7 +714,8 @@ fn enqueue_step(s: &Step, dev: &mut dyn Device) -> Result<()> {
             g,
             index,
             concurrent,
-        } => dev.gemm(g, *index, *concurrent),
+            side,
+        } => dev.gemm(g, *index, *concurrent, *side),
         Step::Record { ev, lane } => dev.record(*ev, dev.lane(*lane)?),
         Step::WaitEvent { ev, lane } => dev.wait_event(*ev, dev.lane(*lane)?),
         Step::Copy {

@@ -155,8 +155,18 @@ impl Device for RecDevice {
         };
         Ok(StreamHandle::from_raw(s))
     }
-    fn gemm(&self, g: &GemmDesc, index: usize, _concurrent: bool) -> Result<()> {
+    fn gemm(
+        &self,
+        g: &GemmDesc,
+        index: usize,
+        _concurrent: bool,
+        side: crate::gemm::sm90::SideCopy,
+    ) -> Result<()> {
         let s = self.lane(Lane::Compute(index))?;
+        // The side copy: independent of the GEMM (its caller's promise), so in either order.
+        if side.bytes != 0 {
+            self.push(s.raw(), Dev::Copy(side.dst, side.src, side.bytes));
+        }
         self.push(s.raw(), Dev::Gemm(*g));
         Ok(())
     }
@@ -1148,6 +1158,12 @@ pub(crate) fn buffers(mem: &mut Mem, tp: usize, bytes: usize) -> Vec<DevPtr> {
 /// Ring all-gather + GEMM: D = gather(B) A^T on every rank; B_copy and the buffer hold
 /// the gathered B. `view`: B is the buffer view (the local chunk filled beforehand).
 fn check_ag(tp: usize, cfg: Cfg, view: bool) -> Res {
+    check_ag_copy(tp, cfg, view, true)
+}
+
+/// [`check_ag`], with a B_copy or without (`b_copy`; without one, at tp 1 the shard's copy
+/// into the buffer runs beside the GEMM: Step::Gemm's side copy).
+fn check_ag_copy(tp: usize, cfg: Cfg, view: bool, b_copy: bool) -> Res {
     let (nc, k, m) = (4, 8, 16);
     let n = nc * tp;
     let mut mem = Mem::default();
@@ -1183,7 +1199,7 @@ fn check_ag(tp: usize, cfg: Cfg, view: bool) -> Res {
         let tb = tensor(*pb, &[if view { n } else { nc }, k]);
         let args = AgArgs {
             g: gemm(&ta, &tb, &td),
-            b_copy: Some(&tc),
+            b_copy: b_copy.then_some(&tc),
             key_m: None,
         };
         p.split_ag(&args)
@@ -1192,7 +1208,9 @@ fn check_ag(tp: usize, cfg: Cfg, view: bool) -> Res {
     for (r, (a, _, _, pd, pc)) in ops.iter().enumerate() {
         let want = matmul_nt(&gathered, a, n, k, m);
         expect_once(&mem, *pd, &want, &format!("rank {r}: D"))?;
-        expect_once(&mem, *pc, &gathered, &format!("rank {r}: B_copy"))?;
+        if b_copy {
+            expect_once(&mem, *pc, &gathered, &format!("rank {r}: B_copy"))?;
+        }
         for (e, w) in gathered.iter().enumerate() {
             if mem.f32_at(bufs[r] + 4 * e) != *w {
                 return Err(format!("rank {r}: the buffer's element {e} is not B's"));
@@ -1447,6 +1465,10 @@ pub(crate) fn all(name: &str, check: impl Fn(usize, Flavour) -> Res) {
 #[test]
 fn ring_all_gather_gemm() {
     all("split_ag", |tp, f| check_ag(tp, Cfg::new(f), false));
+    // Without B_copy (at tp 1 the shard's copy into the buffer rides on the GEMM's step).
+    all("split_ag (no B_copy)", |tp, f| {
+        check_ag_copy(tp, Cfg::new(f), false, false)
+    });
     all("split_ag (buffer view)", |tp, f| {
         check_ag(tp, Cfg::new(f), true)
     });
