@@ -998,24 +998,42 @@ pub fn run(g: &GemmDesc, guard: &ContextGuard, stream: StreamHandle) -> Result<(
     run_impl(g, guard, stream, true)
 }
 
+/// Bytes at most of a copy run beside our GEMM in its launch: a few of its CTAs' idle
+/// warps copy it, one 16-byte load in flight a thread, so a large copy would outlast a
+/// small GEMM (at 256^3 the 128 KiB shard already paces the launch: bench/RESULTS.md).
+const SIDE_COPY_MAX: usize = 256 << 10;
+
+/// Our own kernel when it would compute `g` (small, supported, loaded) with `side` run
+/// beside it in the same launch (see [`run_copying`]), else None.
+pub fn side_copy_runner(
+    g: &GemmDesc,
+    side: &sm90::SideCopy,
+    guard: &ContextGuard,
+) -> Result<Option<std::sync::Arc<sm90::Sm90Gemm>>> {
+    if side.bytes == 0
+        || side.bytes > SIDE_COPY_MAX
+        || !side.fits()
+        || g.m == 0
+        || g.n == 0
+        || g.k == 0
+    {
+        return Ok(None);
+    }
+    small_own_gemm(g, guard)
+}
+
 /// [`run`] and a copy that the GEMM neither reads nor writes (`side`): where our own kernel
-/// computes the GEMM and the copy fits it ([`sm90::SideCopy::fits`]), one launch does both
-/// (its producer warps copy while the GEMM runs), else the copy and then the GEMM. One
-/// launch less on the host where it matters: small GEMMs (the tp-1 all-gather's shard into
-/// its buffer beside its GEMM).
+/// computes the GEMM and the copy is small and fits it ([`side_copy_runner`]), one launch
+/// does both (its producer warps copy while the GEMM runs), else the copy (the driver's)
+/// and then the GEMM. One launch less on the host where it matters: small GEMMs (the tp-1
+/// all-gather's shard into its buffer beside its GEMM).
 pub fn run_copying(
     g: &GemmDesc,
     side: sm90::SideCopy,
     guard: &ContextGuard,
     stream: StreamHandle,
 ) -> Result<()> {
-    if side.bytes != 0
-        && side.fits()
-        && g.m != 0
-        && g.n != 0
-        && g.k != 0
-        && let Some(own) = small_own_gemm(g, guard)?
-    {
+    if let Some(own) = side_copy_runner(g, &side, guard)? {
         let hooks = sm90::Hooks {
             side,
             ..Default::default()

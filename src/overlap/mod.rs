@@ -892,7 +892,7 @@ impl Overlap {
             // NVTE_COMM_REPORT's comm-alone runs: the side copy is communication's share
             if side.bytes != 0 {
                 let stream = self.compute_stream(stream_idx)?;
-                return crate::cuda::resources::copy_async(side.dst, side.src, side.bytes, stream);
+                return self.copy_segments(&[(side.dst, side.src, side.bytes)], stream, true);
             }
             return Ok(());
         }
@@ -907,12 +907,18 @@ impl Overlap {
         g.workspace = w;
         g.workspace_bytes = wb;
         let stream = self.compute_stream(stream_idx)?;
+        // The side copy in our GEMM's launch where it runs it (inline, tp 1: nothing runs
+        // beside it), else the engine's copy kernel first (a launch costs the host less
+        // than a device-to-device cuMemcpyAsync).
+        if self.inline.is_some() && gemm::side_copy_runner(&g, &side, guard)?.is_some() {
+            return gemm::run_copying(&g, side, guard, stream);
+        }
+        if side.bytes != 0 {
+            self.copy_segments(&[(side.dst, side.src, side.bytes)], stream, true)?;
+        }
         if self.inline.is_some() {
-            gemm::run_copying(&g, side, guard, stream) // tp 1: nothing runs beside it
+            gemm::run(&g, guard, stream)
         } else {
-            if side.bytes != 0 {
-                crate::cuda::resources::copy_async(side.dst, side.src, side.bytes, stream)?;
-            }
             gemm::run_beside_comm(&g, guard, stream)
         }
     }

@@ -163,11 +163,16 @@ impl Device for RecDevice {
         side: crate::gemm::sm90::SideCopy,
     ) -> Result<()> {
         let s = self.lane(Lane::Compute(index))?;
-        // The side copy: independent of the GEMM (its caller's promise), so in either order.
+        // The side copy runs beside the GEMM in one launch: independent of it (its caller's
+        // promise). Copied both before and after the GEMM here, so that a copy into the
+        // GEMM's input (before) or out of its output (after) shows in the results.
         if side.bytes != 0 {
             self.push(s.raw(), Dev::Copy(side.dst, side.src, side.bytes));
         }
         self.push(s.raw(), Dev::Gemm(*g));
+        if side.bytes != 0 {
+            self.push(s.raw(), Dev::Copy(side.dst, side.src, side.bytes));
+        }
         Ok(())
     }
     fn record(&self, ev: usize, stream: StreamHandle) -> Result<()> {
