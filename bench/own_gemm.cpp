@@ -36,100 +36,27 @@
 #include <thread>
 #include <vector>
 
-// ---------------------------------------------------------------- error handling
-[[noreturn]] static void die(const char *what, const char *file, int line) {
-  std::fprintf(stderr, "own_gemm: setup error at %s:%d: %s\n", file, line, what);
-  std::exit(2);
-}
-#define CK(x)                                                           \
-  do {                                                                  \
-    cudaError_t e_ = (x);                                               \
-    if (e_ != cudaSuccess) die(cudaGetErrorString(e_), __FILE__, __LINE__); \
-  } while (0)
-#define NV(x)                                                              \
-  do {                                                                     \
-    nvrtcResult e_ = (x);                                                  \
-    if (e_ != NVRTC_SUCCESS) die(nvrtcGetErrorString(e_), __FILE__, __LINE__); \
-  } while (0)
-#define LT(x)                                                              \
-  do {                                                                     \
-    cublasStatus_t e_ = (x);                                               \
-    if (e_ != CUBLAS_STATUS_SUCCESS) {                                     \
-      char b_[64];                                                         \
-      std::snprintf(b_, sizeof b_, "cuBLASLt status %d", (int)e_);         \
-      die(b_, __FILE__, __LINE__);                                         \
-    }                                                                      \
-  } while (0)
+#include "gemm90_host.hpp"
 
-// ---------------------------------------------------------------- driver entry points
-static CUresult (*p_cuGetErrorString)(CUresult, const char **);
-static CUresult (*p_cuModuleLoadData)(CUmodule *, const void *);
-static CUresult (*p_cuModuleGetFunction)(CUfunction *, CUmodule, const char *);
-static CUresult (*p_cuFuncSetAttribute)(CUfunction, CUfunction_attribute, int);
-static CUresult (*p_cuModuleGetGlobal)(CUdeviceptr *, size_t *, CUmodule, const char *);
-static CUresult (*p_cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
-                                    unsigned, unsigned, CUstream, void **, void **);
-static CUresult (*p_cuTensorMapEncodeTiled)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
-                                            const cuuint64_t *, const cuuint64_t *,
-                                            const cuuint32_t *, const cuuint32_t *,
-                                            CUtensorMapInterleave, CUtensorMapSwizzle,
-                                            CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-static CUresult (*p_cuStreamWaitValue32)(CUstream, CUdeviceptr, cuuint32_t, unsigned);
-
-static void cu_check(CUresult r, const char *file, int line) {
-  if (r == CUDA_SUCCESS) return;
-  const char *s = "unknown";
-  if (p_cuGetErrorString) p_cuGetErrorString(r, &s);
-  die(s, file, line);
-}
-#define CU(x) cu_check((x), __FILE__, __LINE__)
-
-template <class F>
-static void entry(const char *name, F &fn) {
-  void *p = nullptr;
-  cudaDriverEntryPointQueryResult q;
-  CK(cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &q));
-  if (p == nullptr || q != cudaDriverEntryPointSuccess) die(name, __FILE__, __LINE__);
-  fn = reinterpret_cast<F>(p);
-}
-static void load_driver() {
-  entry("cuGetErrorString", p_cuGetErrorString);
-  entry("cuModuleLoadData", p_cuModuleLoadData);
-  entry("cuModuleGetFunction", p_cuModuleGetFunction);
-  entry("cuFuncSetAttribute", p_cuFuncSetAttribute);
-  entry("cuModuleGetGlobal", p_cuModuleGetGlobal);
-  entry("cuLaunchKernel", p_cuLaunchKernel);
-  entry("cuTensorMapEncodeTiled", p_cuTensorMapEncodeTiled);
-  entry("cuStreamWaitValue32", p_cuStreamWaitValue32);
-}
+// Error handling (CK, NV, LT, CU: a setup error ends the process with status 2), the
+// driver's entry points (g90::drv), launches and NVRTC: bench/gemm90_host.hpp, shared with
+// own_gemm_link.cpp.
+using g90::die;
+using g90::drv;
+using g90::Gemm90Args;
+using g90::launch;
+using g90::load_driver;
+using g90::read_text;
 
 // ---------------------------------------------------------------- NVRTC
-// The library's options (src/cuda/nvrtc.rs `options`), for the device's architecture.
+// The library's options (src/cuda/nvrtc.rs `options`), for the device's architecture,
+// and the -D knobs of --define.
 static std::vector<std::string> g_defines;  // --define NAME=VALUE (tuning knobs)
 static std::vector<char> nvrtc_compile(const std::string &src, const char *name,
                                        const std::string &arch, bool verbose) {
-  nvrtcProgram prog;
-  NV(nvrtcCreateProgram(&prog, src.c_str(), name, 0, nullptr, nullptr));
-  std::string a = "--gpu-architecture=" + arch;
-  std::vector<const char *> opts = {a.c_str(), "--std=c++17", "--device-as-default-execution-space",
-                                    "-lineinfo"};
-  if (verbose) opts.push_back("--ptxas-options=-v");
   std::vector<std::string> defs;
   for (auto &d : g_defines) defs.push_back("-D" + d);
-  for (auto &d : defs) opts.push_back(d.c_str());
-  nvrtcResult r = nvrtcCompileProgram(prog, (int)opts.size(), opts.data());
-  size_t n = 0;
-  nvrtcGetProgramLogSize(prog, &n);
-  std::string log(n, '\0');
-  nvrtcGetProgramLog(prog, &log[0]);
-  if (r != NVRTC_SUCCESS || verbose) std::printf("NVRTC log for %s (%s):\n%s\n", name, arch.c_str(), log.c_str());
-  if (r != NVRTC_SUCCESS) die("NVRTC compilation failed", __FILE__, __LINE__);
-  size_t cn = 0;
-  NV(nvrtcGetCUBINSize(prog, &cn));
-  std::vector<char> cubin(cn);
-  NV(nvrtcGetCUBIN(prog, cubin.data()));
-  nvrtcDestroyProgram(&prog);
-  return cubin;
+  return g90::nvrtc_compile(src, name, arch, defs, verbose);
 }
 
 // ---------------------------------------------------------------- reference kernels
@@ -395,10 +322,6 @@ struct Mods {
 };
 static Mods M;
 
-static void launch(CUfunction f, unsigned gx, unsigned gy, unsigned bx, unsigned by, unsigned smem,
-                   cudaStream_t s, std::vector<void *> args) {
-  CU(p_cuLaunchKernel(f, gx, gy, 1, bx, by, 1, smem, (CUstream)s, args.data(), nullptr));
-}
 static void fill(void *p, size_t count, bool fp8, uint64_t seed) {
   uint64_t c = count;
   launch(fp8 ? M.fill_e4m3 : M.fill_bf16, 1024, 1, 256, 1, 0, 0, {&p, &c, &seed});
@@ -432,9 +355,9 @@ static CUfunction own_kernel(const std::string &name, int bn) {
   for (auto &e : cache)
     if (e.first == name) return e.second;
   CUfunction f;
-  CUresult r = p_cuModuleGetFunction(&f, M.gemm, name.c_str());
+  CUresult r = drv.ModuleGetFunction(&f, M.gemm, name.c_str());
   if (r != CUDA_SUCCESS) die(("no kernel " + name + " in the module").c_str(), __FILE__, __LINE__);
-  CU(p_cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_of(bn)));
+  CU(drv.FuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_of(bn)));
   cache.emplace_back(name, f);
   return f;
 }
@@ -468,12 +391,12 @@ static bool tmap_t(CUtensorMap &t, void *ptr, int type, bool mn_major, int rows,
     box[0] = (cuuint32_t)(128 / es);
     box[1] = (cuuint32_t)box_rows;
   }
-  CUresult r = p_cuTensorMapEncodeTiled(&t, dt, 2, ptr, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+  CUresult r = drv.TensorMapEncodeTiled(&t, dt, 2, ptr, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
                                         CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {
     const char *e = "unknown";
-    p_cuGetErrorString(r, &e);
+    drv.GetErrorString(r, &e);
     std::printf("  cuTensorMapEncodeTiled refused %s %s rows %d k %d: %s\n", T_NAME[type], mn_major ? "MN" : "K",
                 rows, k, e);
   }
@@ -487,13 +410,13 @@ static bool tmap(CUtensorMap &t, void *ptr, bool fp8, int rows, int k, int box_r
   cuuint64_t strides[1] = {(cuuint64_t)k * es};
   cuuint32_t box[2] = {(cuuint32_t)(128 / es), (cuuint32_t)box_rows};
   cuuint32_t estr[2] = {1, 1};
-  CUresult r = p_cuTensorMapEncodeTiled(&t, fp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+  CUresult r = drv.TensorMapEncodeTiled(&t, fp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
                                         2, ptr, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
                                         CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {
     const char *e = "unknown";
-    p_cuGetErrorString(r, &e);
+    drv.GetErrorString(r, &e);
     std::printf("  cuTensorMapEncodeTiled refused rows %d k %d box %d x %d: %s\n", rows, k, 128 / es, box_rows, e);
   }
   return r == CUDA_SUCCESS;
@@ -517,24 +440,6 @@ static void sync_or_hang(cudaStream_t s, const char *what, int seconds = 30) {
 
 static int g_sms = 132;
 
-// The kernel's Gemm90Args (kernels/gemm_sm90.cu), field for field.
-struct Gemm90Args {
-  void *d;
-  const void *bias;
-  void *aux;
-  const float *a_scale_inv, *b_scale_inv, *d_scale;
-  float *d_amax;
-  const uint32_t *flags;
-  uint32_t *done;
-  int m, n, k, rows_per_flag, done_rows, group_n, n_tile_rot;
-  uint32_t flag_value, done_value;
-  float beta;
-  int epilogue, pad_;
-  const void *copy_src;  // the side copy (0 bytes: none)
-  void *copy_dst;
-  unsigned long long copy_bytes;
-};
-static_assert(sizeof(Gemm90Args) == 144, "Gemm90Args mirrors the kernel's struct");
 
 // Our GEMM: D[n, m] = B[n, k] . A[m, k]^T (* a_si * b_si for e4m3).
 struct Own {
@@ -1507,7 +1412,7 @@ static bool done_signal_test(int m, int n, int k) {
       // The consumer first: it waits for the last block, then copies it.
       const int j = nblk - 1;
       const size_t off = (size_t)j * rows * m * 2, bytes = (size_t)(n - j * rows) * m * 2;
-      CU(p_cuStreamWaitValue32((CUstream)s2, (CUdeviceptr)(done + j), v, CU_STREAM_WAIT_VALUE_EQ));
+      CU(drv.StreamWaitValue32((CUstream)s2, (CUdeviceptr)(done + j), v, CU_STREAM_WAIT_VALUE_EQ));
       CK(cudaMemcpyAsync((char *)Blk + off, (char *)D + off, bytes, cudaMemcpyDeviceToDevice, s2));
       own.run(s1);
       sync_or_hang(s1, "our kernel (done signals)");
@@ -1616,15 +1521,8 @@ static bool flag_arrival_test(int m, int n, int k, int tp) {
   return c.bad == 0;
 }
 
-static std::string read_file(const std::string &p) {
-  std::ifstream f(p);
-  if (!f) die(("cannot read " + p).c_str(), __FILE__, __LINE__);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 int main(int argc, char **argv) {
+  g90::g_prog = "own_gemm";
   std::string kernel_path = "kernels/gemm_sm90.cu";
   int iters = 30, force_bn = 0, group = 0;
   bool quick = false, compile_only = false, fp8 = true, features = true, plain = true;
@@ -1651,7 +1549,7 @@ int main(int argc, char **argv) {
     }
   }
   if (force_bn != 0 && force_bn != 128 && force_bn != 256) die("--bn takes 128 or 256", __FILE__, __LINE__);
-  const std::string src = read_file(kernel_path);
+  const std::string src = read_text(kernel_path);
 
   std::string arch = "sm_90a";
   if (!compile_only) {
@@ -1672,13 +1570,13 @@ int main(int argc, char **argv) {
   if (compile_only) return 0;
 
   load_driver();
-  CU(p_cuModuleLoadData(&M.gemm, cubin.data()));
-  CU(p_cuModuleLoadData(&M.ref, ref_cubin.data()));
+  CU(drv.ModuleLoadData(&M.gemm, cubin.data()));
+  CU(drv.ModuleLoadData(&M.ref, ref_cubin.data()));
   for (int w = 0; w < 2; ++w) {
     const char *g = w ? "gemm_sm90_smem_bytes_256" : "gemm_sm90_smem_bytes_128";
     CUdeviceptr dp;
     size_t bytes;
-    CU(p_cuModuleGetGlobal(&dp, &bytes, M.gemm, g));
+    CU(drv.ModuleGetGlobal(&dp, &bytes, M.gemm, g));
     CK(cudaMemcpy(&g_smem[w], (const void *)dp, sizeof(int), cudaMemcpyDeviceToHost));
     std::printf("%s = %d\n", g, g_smem[w]);
   }
@@ -1689,22 +1587,22 @@ int main(int argc, char **argv) {
         char name[64];
         std::snprintf(name, sizeof name, "gemm_sm90_tn_%s_%s_%s_%d", in_names[f8], in_names[f8], out_names[o],
                       w ? 256 : 128);
-        CU(p_cuModuleGetFunction(&M.own[f8][o][w], M.gemm, name));
-        CU(p_cuFuncSetAttribute(M.own[f8][o][w], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        CU(drv.ModuleGetFunction(&M.own[f8][o][w], M.gemm, name));
+        CU(drv.FuncSetAttribute(M.own[f8][o][w], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                 smem_of(w ? 256 : 128)));
       }
-  CU(p_cuModuleGetFunction(&M.fill_bf16, M.ref, "fill_bf16"));
-  CU(p_cuModuleGetFunction(&M.fill_e4m3, M.ref, "fill_e4m3"));
-  CU(p_cuModuleGetFunction(&M.fill_u32, M.ref, "fill_u32"));
-  CU(p_cuModuleGetFunction(&M.ref_bf16, M.ref, "ref_gemm_bf16"));
-  CU(p_cuModuleGetFunction(&M.ref_e4m3, M.ref, "ref_gemm_e4m3"));
-  CU(p_cuModuleGetFunction(&M.sum_sq, M.ref, "sum_sq"));
-  CU(p_cuModuleGetFunction(&M.compare, M.ref, "compare"));
-  CU(p_cuModuleGetFunction(&M.fill_t, M.ref, "fill_t"));
-  CU(p_cuModuleGetFunction(&M.ref_gemm_t, M.ref, "ref_gemm_t"));
-  CU(p_cuModuleGetFunction(&M.ref_epi, M.ref, "ref_epi"));
-  CU(p_cuModuleGetFunction(&M.sum_sq_t, M.ref, "sum_sq_t"));
-  CU(p_cuModuleGetFunction(&M.compare_t, M.ref, "compare_t"));
+  CU(drv.ModuleGetFunction(&M.fill_bf16, M.ref, "fill_bf16"));
+  CU(drv.ModuleGetFunction(&M.fill_e4m3, M.ref, "fill_e4m3"));
+  CU(drv.ModuleGetFunction(&M.fill_u32, M.ref, "fill_u32"));
+  CU(drv.ModuleGetFunction(&M.ref_bf16, M.ref, "ref_gemm_bf16"));
+  CU(drv.ModuleGetFunction(&M.ref_e4m3, M.ref, "ref_gemm_e4m3"));
+  CU(drv.ModuleGetFunction(&M.sum_sq, M.ref, "sum_sq"));
+  CU(drv.ModuleGetFunction(&M.compare, M.ref, "compare"));
+  CU(drv.ModuleGetFunction(&M.fill_t, M.ref, "fill_t"));
+  CU(drv.ModuleGetFunction(&M.ref_gemm_t, M.ref, "ref_gemm_t"));
+  CU(drv.ModuleGetFunction(&M.ref_epi, M.ref, "ref_epi"));
+  CU(drv.ModuleGetFunction(&M.sum_sq_t, M.ref, "sum_sq_t"));
+  CU(drv.ModuleGetFunction(&M.compare_t, M.ref, "compare_t"));
 
   Lt lt;
   lt.init();
