@@ -719,44 +719,12 @@ CT2X(64, 16, 1, 0, 6)
 // tile leaves shared memory and how the input arrives:
 //   ct3_impl:  register loads as v2, tall tiles (TR up to 512 rows: TR-byte runs of each
 //              transposed row per tile, v2 128), transposed stores as 16-byte vectors
-//              (BS = 0) or one bulk copy a column (BS = 1);
-//   ct3t_impl: the input tile by bulk copies (cp.async.bulk global -> shared, an mbarrier
-//              with expect_tx), in S stages (S = 1: one tile a block; S > 1: a persistent
-//              pipeline), transposed stores by bulk copies.
+//              (BS = 0) or one bulk copy a column (BS = 1).
+// (Input tiles by bulk loads on an mbarrier, one tile a block or a persistent pipeline,
+// ran at half v2's speed, their 128-byte bulk loads too small: bench/RESULTS.md,
+// 2026-11-26 third session; removed.)
 
 __device__ __forceinline__ u32 ct3_saddr(const void *p) { return (u32)__cvta_generic_to_shared(p); }
-// An mbarrier expecting one arrival a phase.
-__device__ __forceinline__ void ct3_bar_init(u32 bar) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(1u) : "memory");
-}
-// The phase's one arrival, and `bytes` more of bulk copies to complete it.
-__device__ __forceinline__ void ct3_bar_expect(u32 bar, u32 bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-// Wait until the phase of parity `parity` has completed (acquire: the bulk copies' data
-// is visible after it). A bench kernel's first runs: after 2^22 unsuccessful polls (each
-// may suspend the thread for a while; a wait normally takes a few) it traps instead of
-// hanging the device call.
-__device__ __forceinline__ void ct3_bar_wait(u32 bar, u32 parity) {
-  u32 done, polls = 0;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-    if (!done && ++polls == (1u << 22)) asm volatile("trap;");
-  } while (!done);
-}
-// `bytes` (a multiple of 16; both addresses 16-byte aligned) global -> shared, completing
-// on `bar`.
-__device__ __forceinline__ void ct3_load_bulk(u32 dst, const void *src, u32 bytes, u32 bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
-}
 // `bytes` shared -> global in this thread's current bulk group.
 __device__ __forceinline__ void ct3_store_bulk(void *dst, u32 src, u32 bytes) {
   asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(src), "r"(bytes)
@@ -932,130 +900,13 @@ __device__ void ct3_impl(const u16 *__restrict__ in, u8 *__restrict__ out, u8 *_
 }
 
 #ifdef TE_COMM_CT2_VARIANTS
-// Dynamic shared memory of ct3t_impl<TR, TC, S> (kernels.rs passes the same; the kernel
-// traps when given less): 128 bytes of alignment slack, S input stages of TR x TC bf16,
-// and for S > 1 two transposed tiles (S = 1 writes its transposed tile over the stage).
-template <int TR, int TC, int S>
-constexpr int ct3t_smem() {
-  return 128 + (S == 1 ? TR * TC * 2 : S * TR * TC * 2 + 2 * (TR * TC + 2 * TC));
-}
-
-// v3, bulk-load path: ct3_impl's tiles and per-thread work, but the input tile arrives in
-// shared memory by bulk copies (one cp.async.bulk a row segment of TC * 2 bytes, issued by
-// warp 0 after lane 0 armed the stage's mbarrier with the tile's bytes), each thread
-// reading its 8 rows x 16 bytes from there (conflict-free: a quarter warp reads 128
-// contiguous bytes of one row), and the transposed tile leaves by bulk stores (one a
-// column). S stages in dynamic shared memory (ct3t_smem):
-//   S = 1: one tile a block (grid = tiles); the transposed tile is written over the input
-//          stage after a barrier (all reads done); a further tile of the block (any grid
-//          works) is loaded once its bulk stores have read the stage.
-//   S > 1: a persistent pipeline (grid-stride over tiles, any grid): the loads of the
-//          block's next S - 1 tiles stay in flight while one is converted. Stage i % S
-//          holds the block's tile i, waited for on phase (i / S) % 2 of its barrier, and
-//          is refilled with tile i + S right after the barrier that follows every
-//          thread's reads of it. The transposed tiles alternate between two buffers; the
-//          threads that issue bulk stores wait for their earlier ones to have read their
-//          buffer before that barrier, so buffer i % 2 is free when tile i + 2 writes it.
-template <int TR, int TC, int S>
-__device__ void ct3t_impl(const u16 *__restrict__ in, u8 *__restrict__ out, u8 *__restrict__ out_t, u64 rows,
-                          u64 cols, const float *scale, float *amax, float *sinv, float *sinv_t, const float *noop) {
-  static_assert(TC == 64 || TC == 128, "tile columns: 64 or 128");
-  static_assert(TR % 128 == 0 && TR <= 512, "tile rows: a multiple of 128, at most 512");
-  static_assert(S >= 1 && S <= 8, "stages: 1 .. 8");
-  constexpr int IN = TR * TC * 2, ROW = TC * 2, TB = TR * TC + 2 * TC;
-  extern __shared__ __align__(128) u8 ct3_dyn[];
-  __shared__ __align__(8) u64 full[S];
-  if (noop_set(noop)) return;
-  u32 dyn;
-  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
-  if (dyn < (u32)ct3t_smem<TR, TC, S>()) asm volatile("trap;");
-  u8 *const sm = ct3_dyn + ((128u - (ct3_saddr(ct3_dyn) & 127u)) & 127u);
-  const float s = scale ? *scale : 1.0f;
-  float local = 0.0f;
-  int cg, rg;
-  ct3_lanes<TC>(cg, rg);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const u64 tiles_c = cols / TC, ntiles = (rows / TR) * tiles_c;
-  if (threadIdx.x == 0) {
-#pragma unroll
-    for (int st = 0; st < S; ++st) ct3_bar_init(ct3_saddr(&full[st]));
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    ct3_fence_async();
-  }
-  __syncthreads();
-  // Warp 0 (all lanes): the bulk loads of tile t into stage st.
-  auto issue = [&](u64 t, int st) {
-    const u64 tr = t / tiles_c, r0 = tr * TR, c0 = (t - tr * tiles_c) * TC;
-    const u32 bar = ct3_saddr(&full[st]), dst = ct3_saddr(sm + st * IN);
-    if (lane == 0) ct3_bar_expect(bar, IN);
-    __syncwarp();
-    for (int r = lane; r < TR; r += 32) ct3_load_bulk(dst + r * ROW, in + (r0 + r) * cols + c0, ROW, bar);
-  };
-  if (warp == 0) {
-#pragma unroll
-    for (int st = 0; st < S; ++st) {
-      const u64 t = blockIdx.x + (u64)st * gridDim.x;
-      if (t < ntiles) issue(t, st);
-    }
-  }
-  u32 i = 0;
-  for (u64 t = blockIdx.x; t < ntiles; t += gridDim.x, ++i) {
-    const int st = (int)(i % S);
-    const u64 tr = t / tiles_c, r0 = tr * TR, c0 = (t - tr * tiles_c) * TC;
-    const u64 rb = r0 + 8 * rg, cb = c0 + 8 * cg;
-    ct3_bar_wait(ct3_saddr(&full[st]), (i / S) & 1u);
-    const u8 *stage = sm + st * IN;
-    u32 w[8][4];
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const uint4 v = *reinterpret_cast<const uint4 *>(stage + (8 * rg + k) * ROW + 16 * cg);
-      w[k][0] = v.x;
-      w[k][1] = v.y;
-      w[k][2] = v.z;
-      w[k][3] = v.w;
-    }
-    u8 *tl;
-    if constexpr (S == 1) {
-      __syncthreads();  // every read of the stage before it is overwritten
-      tl = sm;
-    } else {
-      tl = sm + S * IN + (int)(i & 1u) * TB;
-    }
-    ct3_block<BF16, E4M3, TR>(w, out != nullptr ? out + rb * cols + cb : nullptr, cols, tl, cg, rg, s, local);
-    ct3_fence_async();
-    if (S > 1 && threadIdx.x < TC) ct3_store_wait_read();
-    __syncthreads();
-    if constexpr (S > 1) {
-      const u64 next = t + (u64)S * gridDim.x;
-      if (warp == 0 && next < ntiles) issue(next, st);
-    }
-    ct3_store_t<TR, TC, 1>(tl, out_t, rows, r0, c0);
-    if constexpr (S == 1) {
-      if (t + gridDim.x < ntiles) {
-        if (threadIdx.x < TC) ct3_store_wait_read();
-        __syncthreads();
-        if (warp == 0) issue(t + gridDim.x, 0);
-      }
-    }
-  }
-  if (threadIdx.x < TC) ct3_store_wait_read();
-  finish_amax(local, amax);
-  write_scale_inv(s, sinv, sinv_t);
-}
-
-// ct3_r<TR>_c<TC>_b<BS>_m<MINB> and ct3t_r<TR>_c<TC>_s<S>_m<MINB>: CT2X's parameters
+// ct3_r<TR>_c<TC>_b<BS>_m<MINB>: CT2X's parameters
 // (t_vec unused: these run only with out_t 16-byte aligned and rows % 16 == 0).
 #define CT3(TR, TC, BS, MB)                                                                              \
   extern "C" __global__ void __launch_bounds__((TR / 8) * (TC / 8), MB) ct3_r##TR##_c##TC##_b##BS##_m##MB( \
       const u16 *in, u8 *out, u8 *out_t, u64 rows, u64 cols, const float *scale, float *amax,           \
       float *sinv, float *sinv_t, const float *noop, int t_vec) {                                         \
     ct3_impl<BF16, E4M3, TR, TC, BS>(in, out, out_t, rows, cols, scale, amax, sinv, sinv_t, noop);      \
-  }
-#define CT3T(TR, TC, S, MB)                                                                               \
-  extern "C" __global__ void __launch_bounds__((TR / 8) * (TC / 8), MB) ct3t_r##TR##_c##TC##_s##S##_m##MB( \
-      const u16 *in, u8 *out, u8 *out_t, u64 rows, u64 cols, const float *scale, float *amax,            \
-      float *sinv, float *sinv_t, const float *noop, int t_vec) {                                          \
-    ct3t_impl<TR, TC, S>(in, out, out_t, rows, cols, scale, amax, sinv, sinv_t, noop);                     \
   }
 CT3(256, 128, 0, 2)
 CT3(256, 64, 0, 4)
@@ -1076,9 +927,6 @@ CT3O(0, 1, 0)
 CT3O(1, 1, 0)
 CT3O(0, 0, 1)
 CT3O(0, 1, 1)
-CT3T(512, 64, 1, 2)
-CT3T(256, 64, 2, 2)
-CT3T(256, 64, 4, 1)
 #endif
 
 #define QUANTIZE_FP8_FROM(iname, I)  \

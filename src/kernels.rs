@@ -87,13 +87,10 @@ const CT2: Binding<Ct2Params> = unsafe { Binding::new(&nvrtc::CAST, "ct2_{}_{}_{
 /// (compiled into CAST_VARIANTS: kernels/cast.cu with TE_COMM_CT2_VARIANTS defined)
 const CT2X: Binding<Ct2Params> =
     unsafe { Binding::new(&nvrtc::CAST, "ct2x_tr{}_g{}_pf{}_cs{}_m{}", CT_WHAT) };
-/// The v3 bench variants (CAST_VARIANTS): ct3_r<TR>_c<TC>_b<BS>_m<MINB> (register path)
-/// and ct3t_r<TR>_c<TC>_s<S>_m<MINB> (bulk loads, dynamic shared memory), CT2X's
+/// The v3 bench variants (CAST_VARIANTS): ct3_r<TR>_c<TC>_b<BS>_m<MINB>, CT2X's
 /// parameters.
 const CT3: Binding<Ct2Params> =
     unsafe { Binding::new(&nvrtc::CAST, "ct3_r{}_c{}_b{}_m{}", CT_WHAT) };
-const CT3T: Binding<Ct2Params> =
-    unsafe { Binding::new(&nvrtc::CAST, "ct3t_r{}_c{}_s{}_m{}", CT_WHAT) };
 /// The v3 cast + transpose, the default where its tiles fit (kernels/cast.cu
 /// ct3_<in>_<out>: 256 x 128 tiles, one a block, 512 threads, 16-bit inputs), CT2X's
 /// parameters.
@@ -147,7 +144,6 @@ pub fn kernel_signatures() -> Vec<Signature> {
         CT2X.signature(),
         CT3.signature(),
         CT3_DEFAULT.signature(),
-        CT3T.signature(),
         ZERO_AMAX.signature(),
         AMAX.signature(),
         SCALE_FROM_AMAX.signature(),
@@ -178,17 +174,9 @@ unsafe fn launch_elementwise<P: Params>(
 /// Block size (the kernel's `__launch_bounds__`) and resident blocks per SM of a kernel
 /// launched without dynamic shared memory, read off the function once.
 fn launch_shape(f: cudarc::driver::sys::CUfunction) -> Result<(u32, u32)> {
-    launch_shape_smem(f, 0)
-}
-
-/// [`launch_shape`] for launches with `smem` bytes of dynamic shared memory (beyond 48
-/// KiB, after [`allow_dynamic_smem`]).
-fn launch_shape_smem(f: cudarc::driver::sys::CUfunction, smem: u32) -> Result<(u32, u32)> {
     use cudarc::driver::sys as cu;
-    /// (function, dynamic shared memory) -> (block size, blocks an SM)
-    type Shapes = Vec<((usize, u32), (u32, u32))>;
-    static CACHE: Mutex<Shapes> = Mutex::new(Vec::new());
-    let key = (f as usize, smem);
+    static CACHE: Mutex<Vec<(usize, (u32, u32))>> = Mutex::new(Vec::new());
+    let key = f as usize;
     if let Some(&(_, v)) = CACHE
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -213,9 +201,7 @@ fn launch_shape_smem(f: cudarc::driver::sys::CUfunction, smem: u32) -> Result<(u
     let mut blocks = 0;
     // SAFETY: as above.
     cuda::check(
-        unsafe {
-            cu::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut blocks, f, threads, smem as usize)
-        },
+        unsafe { cu::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut blocks, f, threads, 0) },
         "cuOccupancyMaxActiveBlocksPerMultiprocessor",
     )?;
     let v = (threads as u32, blocks.max(1) as u32);
@@ -224,32 +210,6 @@ fn launch_shape_smem(f: cudarc::driver::sys::CUfunction, smem: u32) -> Result<(u
         .unwrap_or_else(|e| e.into_inner())
         .push((key, v));
     Ok(v)
-}
-
-/// Lets kernel `f` be launched with `smem` bytes of dynamic shared memory
-/// (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES; needed beyond 48 KiB), once per
-/// function.
-fn allow_dynamic_smem(f: cudarc::driver::sys::CUfunction, smem: u32) -> Result<()> {
-    use cudarc::driver::sys as cu;
-    static DONE: Mutex<Vec<(usize, u32)>> = Mutex::new(Vec::new());
-    let key = (f as usize, smem);
-    let mut done = DONE.lock().unwrap_or_else(|e| e.into_inner());
-    if done.contains(&key) {
-        return Ok(());
-    }
-    // SAFETY: `f` is a loaded function; a plain attribute.
-    cuda::check(
-        unsafe {
-            cu::cuFuncSetAttribute(
-                f,
-                cu::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem as i32,
-            )
-        },
-        "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)",
-    )?;
-    done.push(key);
-    Ok(())
 }
 
 /// Grid of a grid-stride kernel: enough blocks for `work` items of `per_block` each, at
@@ -540,7 +500,7 @@ fn cast_transpose(
     // transposed stores when out_t is 16-byte aligned and rows % 16 == 0.
     let vec = src.is_aligned(16) && dst.is_aligned(8) && cols % 8 == 0;
     let t_vec: i32 = (dst_t.is_aligned(16) && rows % 16 == 0) as i32;
-    let (k, (tile_rows, tile_cols), one_tile_a_block, smem) = ct_kernel(
+    let (k, (tile_rows, tile_cols), one_tile_a_block) = ct_kernel(
         (m, dev, ctx),
         ct,
         (iname, oname),
@@ -550,7 +510,7 @@ fn cast_transpose(
     // The kernel indexes its threads as (tile rows / 8) x (tile columns / 8) (v2: 2 x tile
     // rows): launch exactly that many (a launch beyond its launch bounds fails instead of
     // running a partial tile).
-    let (_, per_sm) = launch_shape_smem(k.raw(), smem)?;
+    let (_, per_sm) = launch_shape(k.raw())?;
     let block = ((tile_rows / 8) * (tile_cols / 8)) as u32;
     let tiles = rows.div_ceil(tile_rows) * cols.div_ceil(tile_cols);
     let grid = if one_tile_a_block {
@@ -561,8 +521,8 @@ fn cast_transpose(
     let params = (
         src, dst, dst_t, r, c, scale, amax, sinv, sinv_t, noop, t_vec,
     );
-    // SAFETY: `k` is ct2_(vec|any)_<in>_<out> of kernels/cast.cu or a ct2x_* / ct3_* /
-    // ct3t_* bench variant (bf16 -> e4m3) in CAST_VARIANTS, loaded in the stream's context
+    // SAFETY: `k` is ct2_(vec|any)_<in>_<out> or ct3_<in>_<out> of kernels/cast.cu or a
+    // ct2x_* / ct3_* bench variant (bf16 -> e4m3) in CAST_VARIANTS, loaded in the stream's context
     // (held by `guard`); its parameters: in, out, out_t: pointers; rows, cols: u64; scale,
     // amax, scale_inv, columnwise scale_inv, noop: pointers, each NULL or one float; t_vec:
     // i32. `in` holds rows*cols elements, `out` (NULL when not requested) as many, `out_t`
@@ -571,17 +531,16 @@ fn cast_transpose(
     // aligned), the element kernel takes any shape and alignment; t_vec is 1 only when
     // out_t is 16-byte aligned and rows % 16 == 0. The block size is the one the kernel
     // assumes (its tile's threads, its launch bounds); any grid is valid (grid-stride over
-    // tiles); `smem` is the dynamic shared memory a ct3t_* kernel needs (ct3t_smem, allowed
-    // on the function above; 0 for the others).
-    unsafe { k.launch_shared(((grid, 1, 1), (block, 1, 1)), smem, stream, params) }
+    // tiles).
+    unsafe { k.launch(((grid, 1, 1), (block, 1, 1)), stream, params) }
 }
 
 /// A cast + transpose kernel as a call launches it: (kernel, its tile (rows, columns), one
-/// tile a block, dynamic shared memory).
-type CtKernel = (Kernel<Ct2Params>, (usize, usize), bool, u32);
+/// tile a block).
+type CtKernel = (Kernel<Ct2Params>, (usize, usize), bool);
 
 /// The cast + transpose kernel of a call (module doc of [`cast_transpose`]): (kernel, its
-/// tile (rows, columns), one tile a block, dynamic shared memory). `vec`: the vector
+/// tile (rows, columns), one tile a block). `vec`: the vector
 /// path's alignment and divisibility hold; `t_aligned`: out_t is 16-byte aligned.
 fn ct_kernel(
     (m, dev, ctx): (&nvrtc::Module, &cuda::DeviceInfo, usize),
@@ -614,29 +573,21 @@ fn ct_kernel(
             unsafe { Kernel::new(m, &CT3_DEFAULT, &[iname, oname])? },
             CT3_TILE,
             true,
-            0,
         ),
         Some(v) if v.kernel.is_empty() => (
             unsafe { Kernel::new(m, &CT2, &["vec", iname, oname])? },
             (CT2_TILE_ROWS, 128),
             v.one_tile_a_block,
-            0,
         ),
         Some(v) => {
             let mv = nvrtc::module(&CAST_VARIANTS, ctx, dev)?;
-            let b = if v.kernel.starts_with("ct3t_") {
-                &CT3T
-            } else if v.kernel.starts_with("ct3_") {
+            let b = if v.kernel.starts_with("ct3_") {
                 &CT3
             } else {
                 &CT2X
             };
             let k = unsafe { Kernel::named(&mv, b, v.kernel)? };
-            if v.smem > 0 {
-                allow_dynamic_smem(k.raw(), v.smem)?;
-            }
-            let tile = (v.tile_rows, v.tile_cols);
-            (k, tile, v.one_tile_a_block, v.smem)
+            (k, (v.tile_rows, v.tile_cols), v.one_tile_a_block)
         }
         None => {
             let kind = if vec { "vec" } else { "any" };
@@ -644,7 +595,6 @@ fn ct_kernel(
                 unsafe { Kernel::new(m, &CT2, &[kind, iname, oname])? },
                 (CT2_TILE_ROWS, 128),
                 false,
-                0,
             )
         }
     })
@@ -668,7 +618,7 @@ pub const CAST_VARIANTS: nvrtc::Source = nvrtc::Source {
 struct Ct2Variant {
     /// Value of NVTE_COMM_CAST_TRANSPOSE that selects it.
     name: &'static str,
-    /// Its kernel in CAST_VARIANTS (ct2x_*: v2's template; ct3_*, ct3t_*: v3); empty: the
+    /// Its kernel in CAST_VARIANTS (ct2x_*: v2's template; ct3_*: v3); empty: the
     /// library's ct2_vec_bf16_e4m3.
     kernel: &'static str,
     /// Rows of its tiles.
@@ -680,9 +630,6 @@ struct Ct2Variant {
     /// Whole tiles only (v3: rows % tile_rows == 0, cols % tile_cols == 0, out_t 16-byte
     /// aligned); v2 runs the other shapes.
     whole_tiles: bool,
-    /// Dynamic shared memory of its launches (ct3t_*: ct3t_smem of kernels/cast.cu); 0:
-    /// none.
-    smem: u32,
 }
 
 /// A variant of v2's template (128 columns, any shape).
@@ -694,7 +641,6 @@ const fn ct2v(name: &'static str, kernel: &'static str, tile_rows: usize, one: b
         tile_cols: 128,
         one_tile_a_block: one,
         whole_tiles: false,
-        smem: 0,
     }
 }
 
@@ -707,41 +653,7 @@ const fn ct3v(name: &'static str, kernel: &'static str, tr: usize, tc: usize) ->
         tile_cols: tc,
         one_tile_a_block: true,
         whole_tiles: true,
-        smem: 0,
     }
-}
-
-/// A v3 bulk-load variant (ct3t_r<TR>_c<TC>_s<S>_m<MINB>): one tile a block for S = 1, a
-/// persistent wave otherwise.
-const fn ct3tv(
-    name: &'static str,
-    kernel: &'static str,
-    tr: usize,
-    tc: usize,
-    stages: usize,
-) -> Ct2Variant {
-    Ct2Variant {
-        name,
-        kernel,
-        tile_rows: tr,
-        tile_cols: tc,
-        one_tile_a_block: stages == 1,
-        whole_tiles: true,
-        smem: ct3t_smem(tr, tc, stages),
-    }
-}
-
-/// Dynamic shared memory of ct3t_impl<TR, TC, S> (ct3t_smem of kernels/cast.cu): 128
-/// bytes of alignment slack, S input stages of TR x TC bf16, and for S > 1 two transposed
-/// tiles of TR x TC bytes + 2 TC of padding.
-const fn ct3t_smem(tr: usize, tc: usize, stages: usize) -> u32 {
-    let stage = tr * tc * 2;
-    let bytes = if stages == 1 {
-        stage
-    } else {
-        stages * stage + 2 * (tr * tc + 2 * tc)
-    };
-    (128 + bytes) as u32
 }
 
 /// The bench variants (bf16 -> e4m3 on the vector path; other casts run v2). v3 (whole
@@ -750,10 +662,7 @@ const fn ct3t_smem(tr: usize, tc: usize, stages: usize) -> u32 {
 /// (512-byte runs), `-bs` the transposed tile out by bulk stores (the default `v3` is
 /// 256 x 128 with them; `v3-cm` its tiles column-major, `v3-h` its loads with the L2
 /// 256-byte hint, `v3-cm-h` both, `v3-w16` its rowwise bytes in 16-byte stores, `v3-w16-h`
-/// with the hint too), `v3-r256c64-*` 256 x 64 tiles at least 4 blocks an SM, `-tma` its
-/// input in by
-/// bulk loads too, `v3-pipe-s2` / `-s4` persistent bulk-load pipelines of 256 x 64 tiles
-/// (2 stages, 2 blocks an SM / 4 stages, 1 block).
+/// with the hint too), `v3-r256c64-*` 256 x 64 tiles at least 4 blocks an SM.
 const CT2_BENCH: &[Ct2Variant] = &[
     ct2v("v2-np", "", 128, true),
     ct2v("v2-tr64", "ct2x_tr64_g0_pf1_cs0_m6", 64, false),
@@ -774,9 +683,6 @@ const CT2_BENCH: &[Ct2Variant] = &[
     ct3v("v3-r256c64-bs-m4", "ct3_r256_c64_b1_m4", 256, 64),
     ct3v("v3-r512c64", "ct3_r512_c64_b0_m2", 512, 64),
     ct3v("v3-r512c64-bs", "ct3_r512_c64_b1_m2", 512, 64),
-    ct3tv("v3-r512c64-tma", "ct3t_r512_c64_s1_m2", 512, 64, 1),
-    ct3tv("v3-pipe-s2", "ct3t_r256_c64_s2_m2", 256, 64, 2),
-    ct3tv("v3-pipe-s4", "ct3t_r256_c64_s4_m1", 256, 64, 4),
 ];
 
 /// NVTE_COMM_CAST_TRANSPOSE: the kernel of a quantize with columnwise output, read at each
@@ -1331,8 +1237,7 @@ mod tests {
                 continue;
             }
             // ct2x_tr<TR>_g<G>_pf<PF>_cs<CS>_m<MINB> <- CT2X(TR, G, PF, CS, MINB),
-            // ct3_r<TR>_c<TC>_b<BS>_m<MINB> <- CT3(TR, TC, BS, MINB) (or m2o<ORD>h<H>w<W>, below),
-            // ct3t_r<TR>_c<TC>_s<S>_m<MINB> <- CT3T(TR, TC, S, MINB)
+            // ct3_r<TR>_c<TC>_b<BS>_m<MINB> <- CT3(TR, TC, BS, MINB) (or m2o<ORD>h<H>w<W>, below)
             let (family, rest) = v.kernel.split_once('_').unwrap();
             let p: Vec<&str> = rest.split('_').collect();
             let args: Vec<&str> = p
@@ -1346,21 +1251,12 @@ mod tests {
                     assert!(v.name.starts_with("v2-"), "{}", v.name);
                     assert_eq!(p[0], format!("tr{}", v.tile_rows), "{}", v.kernel);
                     assert_eq!(v.tile_cols, 128);
-                    assert!(!v.whole_tiles && v.smem == 0, "{}", v.name);
+                    assert!(!v.whole_tiles, "{}", v.name);
                 }
                 "ct3" => {
                     assert!(v.name.starts_with("v3-"), "{}", v.name);
                     assert_eq!(num(1), v.tile_cols, "{}", v.kernel);
-                    assert!(v.whole_tiles && v.one_tile_a_block && v.smem == 0);
-                }
-                "ct3t" => {
-                    assert!(v.name.starts_with("v3-"), "{}", v.name);
-                    assert_eq!(num(1), v.tile_cols, "{}", v.kernel);
-                    assert!(v.whole_tiles);
-                    assert_eq!(v.one_tile_a_block, num(2) == 1, "{}", v.name);
-                    assert_eq!(v.smem, ct3t_smem(num(0), num(1), num(2)), "{}", v.name);
-                    // 227 KiB: the most one block may have.
-                    assert!(v.smem <= 227 * 1024, "{}", v.name);
+                    assert!(v.whole_tiles && v.one_tile_a_block);
                 }
                 _ => panic!("{}: unknown kernel family", v.kernel),
             }
@@ -1376,11 +1272,6 @@ mod tests {
             };
             assert!(src.contains(&inst), "{} has no instance {inst}", v.kernel);
         }
-        // The kernel's own size of its dynamic shared memory (it traps when given less),
-        // the formula of ct3t_smem.
-        assert!(src.contains(
-            "return 128 + (S == 1 ? TR * TC * 2 : S * TR * TC * 2 + 2 * (TR * TC + 2 * TC));"
-        ));
         assert!(nvrtc::CAST.code.contains("#define CT2_TR 128"));
     }
 
