@@ -1003,13 +1003,18 @@ pub fn run(g: &GemmDesc, guard: &ContextGuard, stream: StreamHandle) -> Result<(
 /// small GEMM (at 256^3 the 128 KiB shard already paces the launch: bench/RESULTS.md).
 const SIDE_COPY_MAX: usize = 256 << 10;
 
-/// Our own kernel when it would compute `g` (small, supported, loaded) with `side` run
-/// beside it in the same launch (see [`run_copying`]), else None.
-pub fn side_copy_runner(
+/// `g` and a copy that the GEMM neither reads nor writes (`side`) in one launch of our own
+/// kernel (its producer warps copy while the GEMM runs), where our kernel computes `g`
+/// (small, supported, loaded) and the copy is small and fits it. Returns whether it ran;
+/// false: nothing was enqueued, the caller copies and runs the GEMM itself. One launch less
+/// on the host where it matters: small GEMMs (the tp-1 all-gather's shard into its buffer
+/// beside its GEMM).
+pub fn run_copying(
     g: &GemmDesc,
-    side: &sm90::SideCopy,
+    side: sm90::SideCopy,
     guard: &ContextGuard,
-) -> Result<Option<std::sync::Arc<sm90::Sm90Gemm>>> {
+    stream: StreamHandle,
+) -> Result<bool> {
     if side.bytes == 0
         || side.bytes > SIDE_COPY_MAX
         || !side.fits()
@@ -1017,33 +1022,17 @@ pub fn side_copy_runner(
         || g.n == 0
         || g.k == 0
     {
-        return Ok(None);
+        return Ok(false);
     }
-    small_own_gemm(g, guard)
-}
-
-/// [`run`] and a copy that the GEMM neither reads nor writes (`side`): where our own kernel
-/// computes the GEMM and the copy is small and fits it ([`side_copy_runner`]), one launch
-/// does both (its producer warps copy while the GEMM runs), else the copy (the driver's)
-/// and then the GEMM. One launch less on the host where it matters: small GEMMs (the tp-1
-/// all-gather's shard into its buffer beside its GEMM).
-pub fn run_copying(
-    g: &GemmDesc,
-    side: sm90::SideCopy,
-    guard: &ContextGuard,
-    stream: StreamHandle,
-) -> Result<()> {
-    if let Some(own) = side_copy_runner(g, &side, guard)? {
-        let hooks = sm90::Hooks {
-            side,
-            ..Default::default()
-        };
-        return own.run(g, &hooks, g.sm_count.max(0) as usize, stream);
-    }
-    if side.bytes != 0 {
-        crate::cuda::resources::copy_async(side.dst, side.src, side.bytes, stream)?;
-    }
-    run(g, guard, stream)
+    let Some(own) = small_own_gemm(g, guard)? else {
+        return Ok(false);
+    };
+    let hooks = sm90::Hooks {
+        side,
+        ..Default::default()
+    };
+    own.run(g, &hooks, g.sm_count.max(0) as usize, stream)?;
+    Ok(true)
 }
 
 /// [`run`] for a GEMM that shares the GPU with communication kernels (an overlap engine's

@@ -910,8 +910,8 @@ impl Overlap {
         // The side copy in our GEMM's launch where it runs it (inline, tp 1: nothing runs
         // beside it), else the engine's copy kernel first (a launch costs the host less
         // than a device-to-device cuMemcpyAsync).
-        if self.inline.is_some() && gemm::side_copy_runner(&g, &side, guard)?.is_some() {
-            return gemm::run_copying(&g, side, guard, stream);
+        if self.inline.is_some() && gemm::run_copying(&g, side, guard, stream)? {
+            return Ok(());
         }
         if side.bytes != 0 {
             self.copy_segments(&[(side.dst, side.src, side.bytes)], stream, true)?;

@@ -101,7 +101,8 @@ pub enum Step {
     /// a GEMM on compute stream `index`; `concurrent`: GEMMs on other compute streams
     /// may run at the same time (the workspace is split); `side`: a copy the GEMM neither
     /// reads nor writes, done by the end of the step (in the same launch where our kernel
-    /// computes the GEMM: gemm::run_copying; 0 bytes: none)
+    /// computes the GEMM: gemm::run_copying, else the engine's copy kernel first; 0 bytes:
+    /// none)
     Gemm {
         g: GemmDesc,
         index: usize,
