@@ -42,9 +42,15 @@ echo "=== own_gemm_link $*" | tee -a "$log"
 export CUDA_DEVICE_MAX_CONNECTIONS=8
 # The full log goes to the file; the console gets the per-row summaries, then the table.
 limit=${LINK_LIMIT:-200}
-# (only the plain kernels: the feature kernels would add ~30 s of NVRTC)
-timeout -k 5 "$limit" "$out/own_gemm_link" --kernel "$root/kernels/gemm_sm90.cu" --define GEMM90_NO_EPI=1 \
-  --define GEMM90_NO_FPACC=1 --define GEMM90_NO_NN_NT=1 --out "$md" "$@" >>"$log" 2>&1
+# One pass: `link LIMIT_S TABLE ARGS...` (only the plain kernels: the feature kernels would
+# add ~30 s of NVRTC).
+link() {
+  local lim=$1 table=$2
+  shift 2
+  timeout -k 5 "$lim" "$out/own_gemm_link" --kernel "$root/kernels/gemm_sm90.cu" --define GEMM90_NO_EPI=1 \
+    --define GEMM90_NO_FPACC=1 --define GEMM90_NO_NN_NT=1 --out "$table" "$@" >>"$log" 2>&1
+}
+link "$limit" "$md" "$@"
 rc=$?
 grep -aE '^(device:|pacer:|copies|copy-engine|note:|registers|link:|row |  Lt |  not timed|  beside|  [0-9]+ pieces|HANG|  hang:|  timeline|  pacer:|own_gemm_link:)|wrong|differ|timed out' "$log" |
   cut -c1-600
@@ -75,9 +81,7 @@ if [ -f "$md" ] && grep -q '^- real copies: NOT RUN' "$md" && [[ " $* " != *" --
   [ -n "$sms" ] && [ "$sms" -gt "$free" ] || sms=132
   md2=$out/own_gemm_link_sm_budget.md
   echo "=== second pass: the copies variant with the GEMMs on $((sms - free)) SMs (--gemm-sms)" | tee -a "$log"
-  timeout -k 5 "${LINK_LIMIT2:-80}" "$out/own_gemm_link" --kernel "$root/kernels/gemm_sm90.cu" \
-    --define GEMM90_NO_EPI=1 --define GEMM90_NO_FPACC=1 --define GEMM90_NO_NN_NT=1 --out "$md2" --budget 60 "$@" \
-    --gemm-sms $((sms - free)) >>"$log" 2>&1
+  link "${LINK_LIMIT2:-80}" "$md2" --budget 60 "$@" --gemm-sms $((sms - free))
   rc2=$?
   [ -f "$md2" ] && grep -E '^- ' "$md2"
   # (the first pass's 2 only says that its copies variant did not run: the second's status
