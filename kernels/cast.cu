@@ -770,15 +770,10 @@ __device__ __forceinline__ int ct3_col(int c) {
 // converted two rows at a time as in v2 (ct_pair_rows: amax into `local`), the rowwise
 // bytes stored to `dst` (= out + rb * cols + cb; null: none) with 8-byte stores, the
 // column words to the transposed tile `tl` (ct3_col layout).
-// W = 1: the rowwise bytes leave as 16-byte stores: the thread of column group cg and its
-// neighbour cg ^ 1 (lane ^ 1, same rows; TC = 128's lane mapping) swap half their rows, the
-// even one then storing rows 0 .. 3 and the odd one rows 4 .. 7 of their 16 columns (`dst`
-// null or not alike for the whole block, so every lane shuffles).
-template <class I, class O, int TR, int W = 0>
+template <class I, class O, int TR>
 __device__ __forceinline__ void ct3_block(const u32 (&w)[8][4], u8 *dst, u64 cols, u8 *tl, int cg, int rg, float s,
                                           float &local) {
   u32 colw[8][2];
-  u32 rw[8][2];
 #pragma unroll
   for (int i = 0; i < 8; i += 2) {
     u32 h[8];
@@ -786,30 +781,9 @@ __device__ __forceinline__ void ct3_block(const u32 (&w)[8][4], u8 *dst, u64 col
     if (dst != nullptr) {
       const u32 t01 = prmt(h[0], h[1], 0x5140), t23 = prmt(h[2], h[3], 0x5140);
       const u32 t45 = prmt(h[4], h[5], 0x5140), t67 = prmt(h[6], h[7], 0x5140);
-      rw[i][0] = prmt(t01, t23, 0x5410);
-      rw[i][1] = prmt(t45, t67, 0x5410);
-      rw[i + 1][0] = prmt(t01, t23, 0x7632);
-      rw[i + 1][1] = prmt(t45, t67, 0x7632);
-      if constexpr (W == 0) {
-        u8 *d = dst + (u64)i * cols;
-        stg8<0>(d, rw[i][0], rw[i][1]);
-        stg8<0>(d + cols, rw[i + 1][0], rw[i + 1][1]);
-      }
-    }
-  }
-  if constexpr (W == 1) {
-    if (dst != nullptr) {
-      const bool odd = (cg & 1) != 0;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        // even sends rows 4 + j, odd rows j; each receives the partner's.
-        const u32 a0 = __shfl_xor_sync(0xffffffffu, odd ? rw[j][0] : rw[4 + j][0], 1);
-        const u32 a1 = __shfl_xor_sync(0xffffffffu, odd ? rw[j][1] : rw[4 + j][1], 1);
-        if (odd)
-          stg16<0>(dst - 8 + (u64)(4 + j) * cols, make_uint4(a0, a1, rw[4 + j][0], rw[4 + j][1]));
-        else
-          stg16<0>(dst + (u64)j * cols, make_uint4(rw[j][0], rw[j][1], a0, a1));
-      }
+      u8 *d = dst + (u64)i * cols;
+      stg8<0>(d, prmt(t01, t23, 0x5410), prmt(t45, t67, 0x5410));
+      stg8<0>(d + cols, prmt(t01, t23, 0x7632), prmt(t45, t67, 0x7632));
     }
   }
 #pragma unroll
@@ -854,10 +828,9 @@ __device__ __forceinline__ void ct3_store_t(const u8 *tl, u8 *out_t, u64 rows, u
 // runs at once). Meant for one tile a block (grid = tiles, the hardware balances the
 // blocks); correct for any grid (a barrier between tiles, before which the bulk stores
 // have read the tile).
-// ORD = 1 takes the tiles column-major (consecutive blocks down a tile column: the blocks
-// running at once write long runs of fewer transposed rows); H = 1 adds the L2 256-byte
-// prefetch hint to the loads; W = 1 stores the rowwise bytes 16 at a time (ct3_block).
-template <class I, class O, int TR, int TC, int BS, int ORD = 0, int H = 0, int W = 0>
+// (Column-major tiles, the L2 256-byte load hint and 16-byte rowwise stores by row swaps
+// were each measured no faster: bench/RESULTS.md, 2026-11-26 third session.)
+template <class I, class O, int TR, int TC, int BS>
 __device__ void ct3_impl(const u16 *__restrict__ in, u8 *__restrict__ out, u8 *__restrict__ out_t, u64 rows,
                          u64 cols, const float *scale, float *amax, float *sinv, float *sinv_t, const float *noop) {
   static_assert(TC == 64 || TC == 128, "tile columns: 64 or 128");
@@ -868,24 +841,15 @@ __device__ void ct3_impl(const u16 *__restrict__ in, u8 *__restrict__ out, u8 *_
   float local = 0.0f;
   int cg, rg;
   ct3_lanes<TC>(cg, rg);
-  const u64 tiles_c = cols / TC, tiles_r = rows / TR, ntiles = tiles_r * tiles_c;
+  const u64 tiles_c = cols / TC, ntiles = (rows / TR) * tiles_c;
   for (u64 t = blockIdx.x; t < ntiles; t += gridDim.x) {
-    u64 tr, tc;
-    if constexpr (ORD == 1) {
-      tc = t / tiles_r;
-      tr = t - tc * tiles_r;
-    } else {
-      tr = t / tiles_c;
-      tc = t - tr * tiles_c;
-    }
-    const u64 r0 = tr * TR, c0 = tc * TC;
+    const u64 tr = t / tiles_c, r0 = tr * TR, c0 = (t - tr * tiles_c) * TC;
     const u64 rb = r0 + 8 * rg, cb = c0 + 8 * cg;
     u32 w[8][4];
     const u16 *src = in + rb * cols + cb;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) ld16<H>(src + (u64)i * cols, w[i]);
-    static_assert(W == 0 || TC == 128, "16-byte rowwise stores: TC = 128's lane mapping");
-    ct3_block<I, O, TR, W>(w, out != nullptr ? out + rb * cols + cb : nullptr, cols, tl, cg, rg, s, local);
+    for (int i = 0; i < 8; ++i) ld16<0>(src + (u64)i * cols, w[i]);
+    ct3_block<I, O, TR>(w, out != nullptr ? out + rb * cols + cb : nullptr, cols, tl, cg, rg, s, local);
     if constexpr (BS == 1) ct3_fence_async();
     __syncthreads();
     ct3_store_t<TR, TC, BS>(tl, out_t, rows, r0, c0);
@@ -913,20 +877,6 @@ CT3(256, 64, 0, 4)
 CT3(256, 64, 1, 4)
 CT3(512, 64, 0, 2)
 CT3(512, 64, 1, 2)
-// 256 x 128 with bulk stores (the default's kernel) column-major (o1) / with the L2
-// 256-byte load hint (h1) / both / with 16-byte rowwise stores (w1), also with the hint.
-#define CT3O(ORD, H, W)                                                                                    \
-  extern "C" __global__ void __launch_bounds__(512, 2) ct3_r256_c128_b1_m2o##ORD##h##H##w##W(             \
-      const u16 *in, u8 *out, u8 *out_t, u64 rows, u64 cols, const float *scale, float *amax,               \
-      float *sinv, float *sinv_t, const float *noop, int t_vec) {                                            \
-    ct3_impl<BF16, E4M3, 256, 128, 1, ORD, H, W>(in, out, out_t, rows, cols, scale, amax, sinv, sinv_t,      \
-                                                 noop);                                                      \
-  }
-CT3O(1, 0, 0)
-CT3O(0, 1, 0)
-CT3O(1, 1, 0)
-CT3O(0, 0, 1)
-CT3O(0, 1, 1)
 #endif
 
 #define QUANTIZE_FP8_FROM(iname, I)  \

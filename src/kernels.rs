@@ -660,9 +660,7 @@ const fn ct3v(name: &'static str, kernel: &'static str, tr: usize, tc: usize) ->
 /// tiles; kernels/cast.cu, "cast + transpose, v3"): `v3-r256c128` 256 x 128 tiles (256-byte
 /// runs of each transposed row a tile; v2-np's 128 x 128 otherwise), `v3-r512c64` 512 x 64
 /// (512-byte runs), `-bs` the transposed tile out by bulk stores (the default `v3` is
-/// 256 x 128 with them; `v3-cm` its tiles column-major, `v3-h` its loads with the L2
-/// 256-byte hint, `v3-cm-h` both, `v3-w16` its rowwise bytes in 16-byte stores, `v3-w16-h`
-/// with the hint too), `v3-r256c64-*` 256 x 64 tiles at least 4 blocks an SM.
+/// 256 x 128 with them), `v3-r256c64-*` 256 x 64 tiles at least 4 blocks an SM.
 const CT2_BENCH: &[Ct2Variant] = &[
     ct2v("v2-np", "", 128, true),
     ct2v("v2-tr64", "ct2x_tr64_g0_pf1_cs0_m6", 64, false),
@@ -674,11 +672,6 @@ const CT2_BENCH: &[Ct2Variant] = &[
     ct2v("v2-pf0", "ct2x_tr128_g0_pf0_cs0_m3", 128, false),
     ct2v("v2-m4-np", "ct2x_tr128_g0_pf0_cs0_m4", 128, true),
     ct3v("v3-r256c128", "ct3_r256_c128_b0_m2", 256, 128),
-    ct3v("v3-cm", "ct3_r256_c128_b1_m2o1h0w0", 256, 128),
-    ct3v("v3-h", "ct3_r256_c128_b1_m2o0h1w0", 256, 128),
-    ct3v("v3-cm-h", "ct3_r256_c128_b1_m2o1h1w0", 256, 128),
-    ct3v("v3-w16", "ct3_r256_c128_b1_m2o0h0w1", 256, 128),
-    ct3v("v3-w16-h", "ct3_r256_c128_b1_m2o0h1w1", 256, 128),
     ct3v("v3-r256c64-m4", "ct3_r256_c64_b0_m4", 256, 64),
     ct3v("v3-r256c64-bs-m4", "ct3_r256_c64_b1_m4", 256, 64),
     ct3v("v3-r512c64", "ct3_r512_c64_b0_m2", 512, 64),
@@ -1237,7 +1230,7 @@ mod tests {
                 continue;
             }
             // ct2x_tr<TR>_g<G>_pf<PF>_cs<CS>_m<MINB> <- CT2X(TR, G, PF, CS, MINB),
-            // ct3_r<TR>_c<TC>_b<BS>_m<MINB> <- CT3(TR, TC, BS, MINB) (or m2o<ORD>h<H>w<W>, below)
+            // ct3_r<TR>_c<TC>_b<BS>_m<MINB> <- CT3(TR, TC, BS, MINB)
             let (family, rest) = v.kernel.split_once('_').unwrap();
             let p: Vec<&str> = rest.split('_').collect();
             let args: Vec<&str> = p
@@ -1260,16 +1253,7 @@ mod tests {
                 }
                 _ => panic!("{}: unknown kernel family", v.kernel),
             }
-            // ct3_r256_c128_b1_m2o<ORD>h<H>w<W> <- CT3O(ORD, H, W) (the default's tiles)
-            let inst = if let Some((m, ohw)) = args[args.len() - 1].split_once('o') {
-                assert_eq!(&args[..3], &["256", "128", "1"], "{}", v.kernel);
-                assert_eq!((family, m), ("ct3", "2"), "{}", v.kernel);
-                let (o, hw) = ohw.split_once('h').unwrap();
-                let (h, w) = hw.split_once('w').unwrap();
-                format!("CT3O({o}, {h}, {w})")
-            } else {
-                format!("{}({})", family.to_uppercase(), args.join(", "))
-            };
+            let inst = format!("{}({})", family.to_uppercase(), args.join(", "));
             assert!(src.contains(&inst), "{} has no instance {inst}", v.kernel);
         }
         assert!(nvrtc::CAST.code.contains("#define CT2_TR 128"));
