@@ -40,14 +40,14 @@ _OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 def _workspace(device: torch.device, stream: int):
     """The cuBLASLt workspace of (device, stream): GEMMs on different streams may run at
     once, so each stream has its own (one stream reusing its workspace is ordered). Its
-    handle is looked up on every call (the shared handle cache evicts entries it has not
-    seen lately, and an evicted handle is closed)."""
+    handle (an int) is looked up on every call (the shared handle cache evicts entries it has
+    not seen lately, and an evicted handle is closed)."""
     key = (device.index, stream)
     t = _workspaces.get(key)
     if t is None:
         t = torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         _workspaces[key] = t
-    return handle_cache.get(t)
+    return handle_cache.raw(t)
 
 
 def _dims(A: torch.Tensor, B: torch.Tensor, transa: bool, transb: bool):
@@ -61,6 +61,25 @@ def _dims(A: torch.Tensor, B: torch.Tensor, transa: bool, transb: bool):
             f"disagree on k: {k} vs {kb}"
         )
     return m, n, k
+
+
+def _sig(t):
+    return None if t is None else (t.shape, t.dtype, t.get_device())
+
+
+# Validated calls by their signature (every tensor's shape, dtype and device, every flag):
+# (m, n, the output dtype, fp8, grad). A call whose signature was seen before checks only
+# what the signature does not cover (contiguity) and makes the C call. Bounded.
+_plans: Dict[tuple, tuple] = {}
+_MAX_PLANS = 1024
+_c = None
+
+
+def _c_fns():
+    global _c
+    if _c is None:
+        _c = (_capi._fn("nvte_cublas_gemm"), _capi._fn("nvte_comm_last_status"))
+    return _c
 
 
 def gemm(
@@ -82,11 +101,47 @@ def gemm(
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """TE's ``nvte_cublas_gemm`` (see the module docstring). Returns D, or ``(D, pre)`` with
     ``gelu=True``."""
+    try:
+        key = (_sig(A), _sig(B), transa, transb, out_dtype, _sig(out), _sig(bias), gelu, _sig(dgelu_pre),
+               _sig(bias_grad), accumulate, _sig(a_scale_inv), _sig(b_scale_inv), use_split_accumulator)
+        plan = _plans.get(key)
+    except (AttributeError, TypeError):  # a non-tensor argument: the checks below name it
+        key, plan = None, None
+    if plan is None:
+        plan = _check(A, B, transa, transb, out_dtype, out, bias, gelu, dgelu_pre, bias_grad, accumulate,
+                      a_scale_inv, b_scale_inv)
+        if key is not None:
+            if len(_plans) >= _MAX_PLANS:
+                _plans.clear()
+            _plans[key] = plan
+    m, n, od, fp8, grad = plan
+    for name, t in (("A", A), ("B", B), ("out", out), ("bias", bias), ("dgelu_pre", dgelu_pre),
+                    ("bias_grad", bias_grad)):
+        if t is not None and not t.is_contiguous():
+            raise ValueError(f"gemm: {name} must be contiguous (pass the other layout flag instead of a view)")
+    dev = A.device
+    if out is None:
+        out = torch.empty((n, m), dtype=od, device=dev)
+    pre = torch.empty((n, m), dtype=od, device=dev) if gelu else None
+    aux = pre if gelu else dgelu_pre
+    bias_t = bias if bias is not None else bias_grad
+    hr = handle_cache.raw
+    stream = raw_stream(dev.index)
+    fn, last_status = _c_fns()
+    fn(hr(A, a_scale_inv.data_ptr() if fp8 else 0), hr(B, b_scale_inv.data_ptr() if fp8 else 0), hr(out),
+       None if bias_t is None else hr(bias_t), None if aux is None else hr(aux), bool(transa), bool(transb), grad,
+       _workspace(dev, stream), bool(accumulate), bool(use_split_accumulator), 0, stream)
+    if last_status():
+        _capi.check_last("cublas_gemm")
+    return (out, pre) if gelu else out
+
+
+def _check(A, B, transa, transb, out_dtype, out, bias, gelu, dgelu_pre, bias_grad, accumulate, a_scale_inv,
+           b_scale_inv):
+    """Validate a call's signature -> (m, n, the output dtype, fp8, grad)."""
     for name, t in (("A", A), ("B", B)):
         if not isinstance(t, torch.Tensor) or t.dim() != 2 or not t.is_cuda:
             raise ValueError(f"gemm: {name} must be a 2-D CUDA tensor, got {getattr(t, 'shape', type(t))}")
-        if not t.is_contiguous():
-            raise ValueError(f"gemm: {name} must be contiguous (pass the other layout flag instead of a view)")
     for name, t in (("B", B), ("out", out), ("bias", bias), ("dgelu_pre", dgelu_pre), ("bias_grad", bias_grad),
                     ("a_scale_inv", a_scale_inv), ("b_scale_inv", b_scale_inv)):
         if t is not None and (not isinstance(t, torch.Tensor) or t.device != A.device):
@@ -97,6 +152,11 @@ def gemm(
         raise ValueError("gemm: FP8 operands need the TN layout (transa=True, transb=False) on Hopper")
     if fp8 and (a_scale_inv is None or b_scale_inv is None):
         raise ValueError("gemm: FP8 operands need a_scale_inv and b_scale_inv")
+    if fp8:
+        for name, t in (("a_scale_inv", a_scale_inv), ("b_scale_inv", b_scale_inv)):
+            if t.dtype != torch.float32 or t.numel() != 1:
+                raise ValueError(f"gemm: {name} must be a float32 tensor with one element, got {t.dtype} "
+                                 f"shape {tuple(t.shape)}")
     if gelu and dgelu_pre is not None:
         raise ValueError("gemm: gelu (forward) and dgelu_pre (backward) exclude each other")
     if bias is not None and bias_grad is not None:
@@ -108,35 +168,19 @@ def gemm(
         od = out_dtype or (A.dtype if not fp8 else torch.bfloat16)
         if od not in _OUT_DTYPES:
             raise ValueError(f"gemm: out_dtype must be one of {_OUT_DTYPES}, got {od}")
-        out = torch.empty((n, m), dtype=od, device=A.device)
-    elif tuple(out.shape) != (n, m) or not out.is_contiguous():
+    elif tuple(out.shape) != (n, m):
         raise ValueError(f"gemm: out must be a contiguous [{n}, {m}] tensor, got {tuple(out.shape)}")
     elif out_dtype is not None and out.dtype != out_dtype:
         raise ValueError(f"gemm: out is {out.dtype} but out_dtype is {out_dtype}")
-    pre = None
-    aux = None
-    if gelu:
-        pre = torch.empty((n, m), dtype=out.dtype, device=A.device)
-        aux = pre
-    elif dgelu_pre is not None:
-        if tuple(dgelu_pre.shape) != (n, m) or not dgelu_pre.is_contiguous():
-            raise ValueError(f"gemm: dgelu_pre must be a contiguous [{n}, {m}] tensor, got {tuple(dgelu_pre.shape)}")
-        aux = dgelu_pre
+    else:
+        od = out.dtype
+    if dgelu_pre is not None and tuple(dgelu_pre.shape) != (n, m):
+        raise ValueError(f"gemm: dgelu_pre must be a contiguous [{n}, {m}] tensor, got {tuple(dgelu_pre.shape)}")
     # TE's lengths: the bias and DGELU's bias gradient have m elements, BGRADB's (a wgrad's
     # bias gradient, over op(B)'s rows) n.
     want = n if (bias_grad is not None and dgelu_pre is None) else m
     for name, t in (("bias", bias), ("bias_grad", bias_grad)):
-        if t is not None and (t.numel() != want or not t.is_contiguous()):
+        if t is not None and t.numel() != want:
             raise ValueError(f"gemm: {name} must be a contiguous tensor of {want} elements, got {tuple(t.shape)}")
-    bias_t = bias if bias is not None else bias_grad
-    hc = handle_cache
-    a = hc.get(A, a_scale_inv if fp8 else None)
-    b = hc.get(B, b_scale_inv if fp8 else None)
-    d = hc.get(out)
-    bh = hc.get(bias_t) if bias_t is not None else _capi.NULL_TENSOR
-    ph = hc.get(aux) if aux is not None else _capi.NULL_TENSOR
     grad = dgelu_pre is not None or bias_grad is not None
-    stream = raw_stream(A.device.index)
-    _capi.cublas_gemm(a, b, d, bh, ph, bool(transa), bool(transb), grad, _workspace(A.device, stream),
-                      bool(accumulate), bool(use_split_accumulator), 0, stream)
-    return (out, pre) if gelu else out
+    return m, n, od, fp8, grad
