@@ -73,6 +73,7 @@ raw statistics (``pstats``; rank r: FILE.rank<r>).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import re
@@ -512,6 +513,9 @@ def train(opts: argparse.Namespace) -> dict:
         # eager calls, then captures one forward and one backward graph. x is the static
         # input (it needs no gradient); the loss and the optimizer stay outside the graph.
         dist_print("|-- Capturing forward and backward (torch.cuda.make_graphed_callables)")
+        # Garbage collected first (torch no longer does it when a capture begins): a
+        # collection during the capture could free objects whose release is not capturable.
+        gc.collect()
         torch.cuda.synchronize()
         forward = torch.cuda.make_graphed_callables(forward, (x,))
         torch.cuda.synchronize()
@@ -588,6 +592,9 @@ def train(opts: argparse.Namespace) -> dict:
     n = len(times) - first
     dist_print(f"Mean step time: {step_ms:.3f} ms over {n} iterations (max over ranks, warm-up excluded)")
     dist_print(f"Mean host time per step: {host_ms:.3f} ms (to the last enqueue; max over ranks)")
+    hs = sorted(host[first:])
+    dist_print(f"Host ms per step on this rank: median {statistics.median(hs):.3f}, min {hs[0]:.3f}, "
+               f"max {hs[-1]:.3f}", all_ranks=True)
     result = {
         "mode": mode,
         "fp8": int(opts.fp8),

@@ -297,6 +297,47 @@ def test_split_ag_layouts(tc, transa, transb):
         ub.close()
 
 
+def _gelu_grad(pre):
+    x = pre.float()
+    c = 0.7978845608028654
+    t = torch.tanh(c * (x + 0.044715 * x ** 3))
+    return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * c * (1 + 3 * 0.044715 * x * x)
+
+
+def test_split_ag_dgelu(tc):
+    """grad=True: the DGELU epilogue reads pre_gelu_out (TE's fc2 dgrad with GELU's backward
+    fused, as LayerNormMLP runs it): out = (AG(dY) @ W) * gelu'(pre), NN, with x_copy."""
+    nc = rows_per_rank()
+    n = nc * tc.size
+    ub = te.CommOverlap((n, K), torch.bfloat16, tc.group)
+    try:
+        tp, r = tp_of(ub)
+        ranks = members(tc, ub)
+        outs, refs = [], []
+        x_copy = torch.empty((n, K), dtype=torch.bfloat16, device=tc.device)
+        for it in range(ITERS):
+            s = 8300 + 1000 * it
+            dys = [tc.gen((nc, K), s + q).to(torch.bfloat16) for q in ranks]
+            w = tc.gen((K, M), s + 500 + tc.rank).to(torch.bfloat16)  # [k, m]: NN
+            pre = tc.gen((n, M), s + 600 + tc.rank).to(torch.bfloat16)
+            out = torch.full((n, M), float("nan"), dtype=torch.bfloat16, device=tc.device)
+            tc.skew(it)
+            ub.split_overlap_ag(w, dys[r], out, x_copy=x_copy, transa=False, pre_gelu_out=pre, grad=True)
+            outs.append(out)
+            refs.append((torch.cat(dys).float() @ w.float()) * _gelu_grad(pre))
+        ub.synchronize()
+        torch.cuda.synchronize()
+        check_calls(tc, "split_ag DGELU (grad=True)", outs, refs, 1e-2)
+        tc.check_all(torch.equal(x_copy, torch.cat(dys)), "split_ag DGELU: x_copy is the gathered dY")
+        with pytest.raises(ValueError, match="reads pre_gelu_out"):
+            ub.split_overlap_ag(w, dys[r], outs[0], transa=False, grad=True)
+        with pytest.raises(ValueError, match="takes no bias"):
+            ub.split_overlap_ag(w, dys[r], outs[0], transa=False, pre_gelu_out=pre, grad=True,
+                                bias=torch.zeros(M, dtype=torch.bfloat16, device=tc.device))
+    finally:
+        ub.close()
+
+
 @pytest.mark.parametrize("kind", ["ag", "rs"])
 def test_bulk_beside_wgrad_nt(tc, kind):
     """The modules' bulk wgrad overlap: the collective on the buffer beside dW = dY^T X,

@@ -53,6 +53,14 @@ Two builds of every module (``comm_overlap``):
                            may still read it). Without sequence parallelism the dgrad is
                            all-reduced instead: an async NCCL all-reduce beside the wgrad GEMM.
 
+  :class:`LayerNormMLP` runs fc1, GELU and fc2 as one autograd node (one hand-written
+  backward a step), and, as TE's LayerNormMLP, fuses GELU's backward into fc2's dgrad GEMM
+  (cuBLASLt's DGELU epilogue reading fc1's saved pre-activation: no separate pass over the
+  ``[n, ffn/tp]`` activations) in bf16 / fp16 wherever that GEMM is the library's: the
+  userbuffers ring with ``ub_overlap_ag`` at tp > 1 (``split_overlap_ag(..., grad=True)``),
+  :func:`transformer_engine_comm.torch.gemm.gemm` otherwise. FP8 dgrads keep GELU's
+  backward as a separate op.
+
   The GEMMs take TE's layouts (``transa`` / ``transb`` of the ops and the userbuffers
   methods): in bf16 the dgrad GEMMs are NN (``dY @ W``, the weight as stored) and the wgrad
   GEMM of the bulk overlap is NT -- no copy of the weight is made in any pass. FP8 GEMMs
@@ -70,9 +78,9 @@ Two builds of every module (``comm_overlap``):
   the library path's host cost and kernel count are measurable on one GPU. It needs an
   initialised process group. At tp 1 it leaves out only the buffer copies that move nothing
   there: the bulk all-gather's input is not copied into its buffer (the wgrad GEMM reads the
-  input itself), the dgrad beside it is written straight into the bulk reduce-scatter's buffer
-  (no ``copy_into_buffer``: no peer reads it), and the row backward's split all-gather
-  returns no ``x_copy`` (the gathered dY is dY).
+  input itself), the dgrad beside it is not reduce-scattered (the one-rank reduction is the
+  identity), and the row backward's dgrad is one GEMM on dY (the gathered dY is dY): the
+  comm-GEMM op, or the library's GEMM with the DGELU epilogue inside LayerNormMLP.
 
 Parameters are initialised from a CPU ``torch.Generator`` seeded with ``seed``: the
 *full* (unsharded) matrix is drawn, and each rank keeps its shard, so the overlap and the
@@ -499,68 +507,79 @@ class _ColumnParallelFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, cfg: _Cfg, gelu: bool, f8: Optional[_Fp8State],
                 first_microbatch: Optional[bool], grad: bool):
-        group = cfg.group
-        need_dx = grad and ctx.needs_input_grad[0]
-        need_dw = grad and ctx.needs_input_grad[1]
-        pre = None
-        fused = cfg.sp and cfg.ub_overlap_ag
-        if cfg.fp8:
-            odt = weight.dtype
-            # A gathered input's meta max-reduces its amax over the group: one scale.
-            xf = f8.input.cast(x, rowwise=True, columnwise=need_dw and not cfg.sp)
-            wf = f8.cast_weight(weight, first_microbatch, need_dx)
-            if fused:
-                out = _ops().all_gather_gemm(xf.data, wf.data, bias, group=group, gelu=gelu,
-                                             x_scale_inv=xf.scale_inv, w_scale_inv=wf.scale_inv,
-                                             out_dtype=odt)
-            else:
-                xg = _all_gather(xf.data, group)[0] if cfg.sp else xf.data
-                out = _fp8_gemm(xg, xf.scale_inv, wf.data, wf.scale_inv, odt, bias, FP8_FWD_FAST_ACCUM)
-            # Saved: the FP8 shard (SP: re-gathered in the backward) or the transposed FP8
-            # input, the transposed FP8 weight; never the bf16 input.
-            x_save = (xf.data if cfg.sp else xf.data_t) if need_dw else None
-            saved = (x_save, xf.scale_inv, wf.data_t if need_dx else None, wf.scale_inv)
-            ctx.f8 = f8
-            ctx.w_dtype = weight.dtype
-        else:
-            if fused:
-                out = _ops().all_gather_gemm(x, weight, bias, group=group, gelu=gelu)
-            else:
-                x_in = _all_gather(x, group)[0] if cfg.sp else x
-                if gelu and _epilogues(x_in, weight.shape[0]):
-                    # Bias + GELU in the GEMM's epilogue (the pre-activation as its aux
-                    # output): no separate GELU pass over the [n, m] activations.
-                    out = _gemm()(weight, x_in, transa=True, transb=False, bias=bias, gelu=True)
-                    fused = True
-                else:
-                    out = F.linear(x_in, weight, bias)
-            saved = (x if need_dw else None, weight if need_dx else None)
-        if fused and gelu:
-            y, pre = out
-        elif gelu:
-            pre = out
-            y = F.gelu(pre, approximate=_GELU_APPROX)
-        else:
-            y = out
-        ctx.save_for_backward(*saved, pre)
-        ctx.k = x.shape[1]
-        ctx.cfg = cfg
-        ctx.gelu = gelu
-        ctx.has_bias = bias is not None
-        return y
+        return _column_forward(ctx, x, weight, bias, cfg, gelu, f8, first_microbatch, grad)
 
     @staticmethod
     def backward(ctx, dy):
-        cfg: _Cfg = ctx.cfg
-        *saved, pre = ctx.saved_tensors
-        if ctx.gelu:
-            dy = _gelu_backward(dy, pre)
-        dy = dy.contiguous()
-        if cfg.fp8:
-            dx, dw, db = _column_backward_fp8(ctx, cfg, dy, *saved)
-        else:
-            dx, dw, db = _column_backward(ctx, cfg, dy, *saved)
+        dx, dw, db = _column_grads(ctx, dy)
         return dx, dw, db, None, None, None, None, None
+
+
+def _column_forward(ctx, x, weight, bias, cfg: _Cfg, gelu: bool, f8: Optional[_Fp8State],
+                    first_microbatch: Optional[bool], grad: bool):
+    """_ColumnParallelFn's forward on ``ctx`` (the Function's, or a :class:`_SubCtx`)."""
+    group = cfg.group
+    need_dx = grad and ctx.needs_input_grad[0]
+    need_dw = grad and ctx.needs_input_grad[1]
+    pre = None
+    fused = cfg.sp and cfg.ub_overlap_ag
+    if cfg.fp8:
+        odt = weight.dtype
+        # A gathered input's meta max-reduces its amax over the group: one scale.
+        xf = f8.input.cast(x, rowwise=True, columnwise=need_dw and not cfg.sp)
+        wf = f8.cast_weight(weight, first_microbatch, need_dx)
+        if fused:
+            out = _ops().all_gather_gemm(xf.data, wf.data, bias, group=group, gelu=gelu,
+                                         x_scale_inv=xf.scale_inv, w_scale_inv=wf.scale_inv,
+                                         out_dtype=odt)
+        else:
+            xg = _all_gather(xf.data, group)[0] if cfg.sp else xf.data
+            out = _fp8_gemm(xg, xf.scale_inv, wf.data, wf.scale_inv, odt, bias, FP8_FWD_FAST_ACCUM)
+        # Saved: the FP8 shard (SP: re-gathered in the backward) or the transposed FP8
+        # input, the transposed FP8 weight; never the bf16 input.
+        x_save = (xf.data if cfg.sp else xf.data_t) if need_dw else None
+        saved = (x_save, xf.scale_inv, wf.data_t if need_dx else None, wf.scale_inv)
+        ctx.f8 = f8
+        ctx.w_dtype = weight.dtype
+    else:
+        if fused:
+            out = _ops().all_gather_gemm(x, weight, bias, group=group, gelu=gelu)
+        else:
+            x_in = _all_gather(x, group)[0] if cfg.sp else x
+            if gelu and _epilogues(x_in, weight.shape[0]):
+                # Bias + GELU in the GEMM's epilogue (the pre-activation as its aux
+                # output): no separate GELU pass over the [n, m] activations.
+                out = _gemm()(weight, x_in, transa=True, transb=False, bias=bias, gelu=True)
+                fused = True
+            else:
+                out = F.linear(x_in, weight, bias)
+        saved = (x if need_dw else None, weight if need_dx else None)
+    if fused and gelu:
+        y, pre = out
+    elif gelu:
+        pre = out
+        y = F.gelu(pre, approximate=_GELU_APPROX)
+    else:
+        y = out
+    ctx.save_for_backward(*saved, pre)
+    ctx.k = x.shape[1]
+    ctx.cfg = cfg
+    ctx.gelu = gelu
+    ctx.has_bias = bias is not None
+    return y
+
+
+def _column_grads(ctx, dy, gelu_done: bool = False):
+    """_ColumnParallelFn's backward -> (dx, dw, db). ``gelu_done``: ``dy`` is already the
+    gradient of the pre-activation (the GELU backward ran in the next layer's dgrad GEMM)."""
+    cfg: _Cfg = ctx.cfg
+    *saved, pre = ctx.saved_tensors
+    if ctx.gelu and not gelu_done:
+        dy = _gelu_backward(dy, pre)
+    dy = dy.contiguous()
+    if cfg.fp8:
+        return _column_backward_fp8(ctx, cfg, dy, *saved)
+    return _column_backward(ctx, cfg, dy, *saved)
 
 
 def _bulk_rs_beside_wgrad(cfg: _Cfg, dx_partial, dw_shape, dw_dtype, a, b, **gemm_kwargs):
@@ -699,63 +718,83 @@ class _RowParallelFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, cfg: _Cfg, f8: Optional[_Fp8State], first_microbatch: Optional[bool],
                 grad: bool):
-        group = cfg.group
-        need_dx = grad and ctx.needs_input_grad[0]
-        need_dw = grad and ctx.needs_input_grad[1]
-        fused = cfg.comm and cfg.ub_overlap_rs
-        # Without communication the bias goes into the GEMM's epilogue.
-        gemm_bias = bias if not cfg.comm else None
-        if cfg.fp8:
-            odt = weight.dtype
-            xf = f8.input.cast(x, rowwise=True, columnwise=need_dw)
-            wf = f8.cast_weight(weight, first_microbatch, need_dx)
-            if fused:
-                ops = _ops()
-                fn = ops.gemm_reduce_scatter if cfg.sequence_parallel else ops.gemm_all_reduce
-                y = fn(xf.data, wf.data, bias, group=group, x_scale_inv=xf.scale_inv,
-                       w_scale_inv=wf.scale_inv, out_dtype=odt)
-            else:
-                y = _fp8_gemm(xf.data, xf.scale_inv, wf.data, wf.scale_inv, odt, gemm_bias, FP8_FWD_FAST_ACCUM)
-            ctx.save_for_backward(xf.data_t if need_dw else None, xf.scale_inv,
-                                  wf.data_t if need_dx else None, wf.scale_inv)
-            ctx.f8 = f8
-            ctx.w_dtype = weight.dtype
-        else:
-            if fused:
-                ops = _ops()
-                fn = ops.gemm_reduce_scatter if cfg.sequence_parallel else ops.gemm_all_reduce
-                y = fn(x, weight, bias, group=group)
-            else:
-                y = F.linear(x, weight, gemm_bias)
-            ctx.save_for_backward(x if need_dw else None, weight if need_dx else None)
-        if not fused and cfg.comm:
-            if cfg.sp:
-                y = _reduce_scatter(y, group)[0]
-            else:
-                y = _all_reduce(y, group)[0]
-            if bias is not None:
-                y = y + bias
-        ctx.cfg = cfg
-        ctx.has_bias = bias is not None
-        return y
+        return _row_forward(ctx, x, weight, bias, cfg, f8, first_microbatch, grad)
 
     @staticmethod
     def backward(ctx, dy):
-        cfg: _Cfg = ctx.cfg
-        dy = dy.contiguous()
-        if cfg.fp8:
-            dx, dw, db = _row_backward_fp8(ctx, cfg, dy)
-        else:
-            dx, dw, db = _row_backward(ctx, cfg, dy)
+        dx, dw, db = _row_grads(ctx, dy)
         return dx, dw, db, None, None, None, None
 
 
-def _row_backward(ctx, cfg: _Cfg, dy):
+def _row_forward(ctx, x, weight, bias, cfg: _Cfg, f8: Optional[_Fp8State], first_microbatch: Optional[bool],
+                 grad: bool):
+    """_RowParallelFn's forward on ``ctx`` (the Function's, or a :class:`_SubCtx`)."""
+    group = cfg.group
+    need_dx = grad and ctx.needs_input_grad[0]
+    need_dw = grad and ctx.needs_input_grad[1]
+    fused = cfg.comm and cfg.ub_overlap_rs
+    # Without communication the bias goes into the GEMM's epilogue.
+    gemm_bias = bias if not cfg.comm else None
+    if cfg.fp8:
+        odt = weight.dtype
+        xf = f8.input.cast(x, rowwise=True, columnwise=need_dw)
+        wf = f8.cast_weight(weight, first_microbatch, need_dx)
+        if fused:
+            ops = _ops()
+            fn = ops.gemm_reduce_scatter if cfg.sequence_parallel else ops.gemm_all_reduce
+            y = fn(xf.data, wf.data, bias, group=group, x_scale_inv=xf.scale_inv,
+                   w_scale_inv=wf.scale_inv, out_dtype=odt)
+        else:
+            y = _fp8_gemm(xf.data, xf.scale_inv, wf.data, wf.scale_inv, odt, gemm_bias, FP8_FWD_FAST_ACCUM)
+        ctx.save_for_backward(xf.data_t if need_dw else None, xf.scale_inv,
+                              wf.data_t if need_dx else None, wf.scale_inv)
+        ctx.f8 = f8
+        ctx.w_dtype = weight.dtype
+    else:
+        if fused:
+            ops = _ops()
+            fn = ops.gemm_reduce_scatter if cfg.sequence_parallel else ops.gemm_all_reduce
+            y = fn(x, weight, bias, group=group)
+        else:
+            y = F.linear(x, weight, gemm_bias)
+        ctx.save_for_backward(x if need_dw else None, weight if need_dx else None)
+    if not fused and cfg.comm:
+        if cfg.sp:
+            y = _reduce_scatter(y, group)[0]
+        else:
+            y = _all_reduce(y, group)[0]
+        if bias is not None:
+            y = y + bias
+    ctx.cfg = cfg
+    ctx.has_bias = bias is not None
+    return y
+
+
+def _row_grads(ctx, dy, gelu_pre: Optional[torch.Tensor] = None):
+    """_RowParallelFn's backward -> (dx, dw, db). With ``gelu_pre`` (the previous layer's
+    GELU pre-activation, shaped as dx) dx is the gradient of that pre-activation: the GELU
+    backward runs in the dgrad GEMM's epilogue (DGELU) where the path allows, else after it."""
+    cfg: _Cfg = ctx.cfg
+    dy = dy.contiguous()
+    if cfg.fp8:
+        dx, dw, db = _row_backward_fp8(ctx, cfg, dy)
+        if gelu_pre is not None and dx is not None:
+            dx = _gelu_backward(dx, gelu_pre)
+        return dx, dw, db
+    return _row_backward(ctx, cfg, dy, gelu_pre)
+
+
+def _row_backward(ctx, cfg: _Cfg, dy, gelu_pre: Optional[torch.Tensor] = None):
+    """bf16 / fp16 row backward; with ``gelu_pre``, dx is the GELU pre-activation's gradient
+    (see :func:`_row_grads`)."""
     x, weight = ctx.saved_tensors
     group = cfg.group
     need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     need_db = ctx.has_bias and ctx.needs_input_grad[2]
     dx = None
+    # DGELU in the dgrad GEMM's epilogue (the library's GEMMs; cuBLASLt's aux leading
+    # dimension wants m % 8 == 0).
+    dgelu = gelu_pre is not None and _epilogues(dy, weight.shape[1])
     if cfg.sp and cfg.ub_overlap_ag and need_dx:
         # dgrad = AG(dY) @ W by the userbuffers ring all-gather GEMM (NN: the weight as
         # stored, transa=False); the gathered dY comes back through x_copy for wgrad/bgrad.
@@ -763,19 +802,30 @@ def _row_backward(ctx, cfg: _Cfg, dy):
         dy_full = None
         if cfg.tp == 1:
             # The gathered dY is dY. The comm-GEMM op, not the userbuffers object: its
-            # buffer would have to hold dY after the call (a copy nobody reads).
+            # buffer would have to hold dY after the call (a copy nobody reads); with the
+            # DGELU epilogue, the library's GEMM (the comm-GEMM ops have no DGELU).
             dy_full = dy
-            dx = _ops().all_gather_gemm(dy, weight, None, group=group, transa=False)
+            if dgelu:
+                dx = _gemm()(weight, dy, transa=False, transb=False, dgelu_pre=gelu_pre)
+            else:
+                dx = _ops().all_gather_gemm(dy, weight, None, group=group, transa=False)
         else:
             ub = _get_userbuffer("ag", group, n, m, dy.dtype)
             dx = torch.empty((n, weight.shape[1]), dtype=dy.dtype, device=dy.device)
             if need_dw or need_db:
                 dy_full = torch.empty((n, m), dtype=dy.dtype, device=dy.device)
-            ub.split_overlap_ag(weight, dy, dx, x_copy=dy_full, transa=False)
+            ub.split_overlap_ag(weight, dy, dx, x_copy=dy_full, transa=False,
+                                pre_gelu_out=gelu_pre if dgelu else None, grad=dgelu)
     else:
         dy_full = _all_gather(dy, group)[0] if cfg.sp else dy
         if need_dx:
-            dx = dy_full @ weight
+            if dgelu:
+                dx = _gemm()(weight, dy_full, transa=False, transb=False, dgelu_pre=gelu_pre)
+            else:
+                dx = dy_full @ weight
+                dgelu = False
+    if gelu_pre is not None and dx is not None and not dgelu:
+        dx = _gelu_backward(dx, gelu_pre)
     dw, db = _wgrad(x, dy_full, need_db) if need_dw else (None, None)
     if need_db and db is None:
         db = dy_full.sum(0)
@@ -819,6 +869,56 @@ def _row_backward_fp8(ctx, cfg: _Cfg, dy):
         db = dy.sum(0) if need_db else None
     dw = _fp8_gemm(dy_t, dyf.scale_inv, x_t, x_si, odt, None, FP8_WGRAD_FAST_ACCUM) if need_dw else None
     return dx, dw, db
+
+
+class _SubCtx:
+    """One layer's share of :class:`_MLPFn`'s context: what the layer functions read and set
+    on an autograd ctx (needs_input_grad, save_for_backward / saved_tensors, attributes).
+    The tensors it is given to save go to the real ctx's save_for_backward (version checks,
+    saved-tensor hooks), and come back in the backward."""
+
+    def __init__(self, needs_input_grad):
+        self.needs_input_grad = needs_input_grad
+        self.saved_tensors = ()
+
+    def save_for_backward(self, *tensors):
+        self.saved_tensors = tensors
+
+
+class _MLPFn(torch.autograd.Function):
+    """fc1 (column parallel, GELU) then fc2 (row parallel) as one autograd node: one Python
+    node a step instead of two, and fc2's dgrad GEMM fuses GELU's backward (DGELU epilogue,
+    as TE's LayerNormMLP) where the path allows (bf16 / fp16, the library's GEMMs). Each
+    layer's work is its Function's (:func:`_column_forward`, :func:`_row_forward`,
+    :func:`_column_grads`, :func:`_row_grads`). ``layers``: (fc1's cfg, fc1's FP8 state,
+    fc2's cfg, fc2's FP8 state)."""
+
+    @staticmethod
+    def forward(ctx, x, w1, b1, w2, b2, layers, first_microbatch: Optional[bool], grad: bool):
+        cfg1, f1, cfg2, f2 = layers
+        nig = ctx.needs_input_grad
+        c1 = _SubCtx(nig[0:3])
+        h = _column_forward(c1, x, w1, b1, cfg1, True, f1, first_microbatch, grad)
+        c2 = _SubCtx((any(nig[0:3]), nig[3], nig[4]))
+        y = _row_forward(c2, h, w2, b2, cfg2, f2, first_microbatch, grad)
+        ctx.n1 = len(c1.saved_tensors)
+        ctx.save_for_backward(*c1.saved_tensors, *c2.saved_tensors)
+        c1.saved_tensors = c2.saved_tensors = ()
+        ctx.c1, ctx.c2 = c1, c2
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        c1, c2 = ctx.c1, ctx.c2
+        saved = ctx.saved_tensors
+        c1.saved_tensors, c2.saved_tensors = saved[:ctx.n1], saved[ctx.n1:]
+        try:
+            pre = c1.saved_tensors[-1]  # fc1's pre-activation (its saved tensors end with it)
+            dh, dw2, db2 = _row_grads(c2, dy, gelu_pre=pre)
+            dx, dw1, db1 = (None, None, None) if dh is None else _column_grads(c1, dh, gelu_done=True)
+        finally:
+            c1.saved_tensors = c2.saved_tensors = ()
+        return dx, dw1, db1, dw2, db2, None, None, None
 
 
 # ======================================================================== the modules
@@ -1232,6 +1332,7 @@ class LayerNormMLP(nn.Module):
         self.fp8_recipe = self.fc1.fp8_recipe
         self.force_library_path = self.fc1.force_library_path
         self._ln_allreduce = self.sequence_parallel and self.tp_size > 1
+        self._layers = None  # (fc1's cfg, FP8 state, fc2's cfg, FP8 state), built on the first forward
 
     def forward(self, x: torch.Tensor, is_first_microbatch: Optional[bool] = None) -> torch.Tensor:
         w, b = self.layer_norm_weight, self.layer_norm_bias
@@ -1239,8 +1340,20 @@ class LayerNormMLP(nn.Module):
             w = _AllReduceBwd.apply(w, self.tp_group)
             b = _AllReduceBwd.apply(b, self.tp_group)
         ln_out = F.layer_norm(x, (self.hidden_size,), w, b, self.eps)
-        h = self.fc1._forward(ln_out, gelu=True, is_first_microbatch=is_first_microbatch)
-        return self.fc2(h, is_first_microbatch=is_first_microbatch)
+        fc1, fc2 = self.fc1, self.fc2
+        if not (self.comm_overlap or self.fp8):  # the bf16 reference build: torch's layers
+            h = fc1._forward(ln_out, gelu=True, is_first_microbatch=is_first_microbatch)
+            return fc2(h, is_first_microbatch=is_first_microbatch)
+        # Both layers in one autograd node (see _MLPFn). fc1 gathers the tokens where fc2
+        # scatters them (both layers share the sequence-parallel setting and the group):
+        # the output has the input's shape.
+        layers = self._layers
+        if layers is None or (self.fp8 and fc1._f8.device != fc1.weight.device):
+            layers = self._layers = (fc1._cfg_obj, fc1._fp8_state() if self.fp8 else None,
+                                     fc2._cfg_obj, fc2._fp8_state() if self.fp8 else None)
+        y = _MLPFn.apply(_flat(ln_out), fc1.weight, fc1.bias, fc2.weight, fc2.bias, layers, is_first_microbatch,
+                         torch.is_grad_enabled())
+        return y.reshape(ln_out.shape)
 
     def extra_repr(self) -> str:
         return (

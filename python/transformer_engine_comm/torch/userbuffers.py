@@ -500,21 +500,24 @@ class CommOverlap:
         use_split_accumulator: Optional[bool] = None,
         transa: bool = True,
         transb: bool = False,
+        grad: bool = False,
     ) -> torch.Tensor:
         """``out [n, m] = AG(x) @ weight.T (+ bias)`` by ring exchange through the buffer.
 
         x_local: this rank's rows [n / tp, k] (copied into the buffer first), or None when
         the local chunk was filled with :meth:`copy_into_buffer` (then n, k = rows, cols).
-        pre_gelu_out [n, m]: GELU epilogue (out = gelu(pre)); x_copy [n, k]: receives the
+        pre_gelu_out [n, m]: GELU epilogue (out = gelu(pre)); with grad=True it is read
+        instead: the DGELU epilogue, out = (AG(x) @ weight.T) * gelu'(pre_gelu_out) (TE's
+        fused GELU backward in a dgrad GEMM; no bias then). x_copy [n, k]: receives the
         gathered x. FP8 buffer: x_scale_inv / w_scale_inv (float32 one-element tensors).
         transa=False: weight [k, m] (NN); transb=True (NT): x_local is this rank's [k, n / tp]
         shard, gathered along its columns (x_local required; no x_copy).
         """
         key = ("ag", _sig(weight), _sig(x_local), _sig(out), _sig(bias), _sig(pre_gelu_out), _sig(x_copy),
-               _sig(x_scale_inv), _sig(w_scale_inv), accumulate, use_split_accumulator, transa, transb)
-        fp8, usa, ta, tb, acc = self._plan(key, lambda: self._check_split_ag(
+               _sig(x_scale_inv), _sig(w_scale_inv), accumulate, use_split_accumulator, transa, transb, grad)
+        fp8, usa, ta, tb, acc, gr = self._plan(key, lambda: self._check_split_ag(
             weight, x_local, out, bias, pre_gelu_out, x_copy, x_scale_inv, w_scale_inv, accumulate,
-            use_split_accumulator, transa, transb))
+            use_split_accumulator, transa, transb, grad))
         ovh = self._handle()
         _contiguous(weight, x_local, out, bias, pre_gelu_out, x_copy)
         hr = handle_cache.raw
@@ -522,15 +525,20 @@ class CommOverlap:
         b = hr(self._buffer if x_local is None else x_local, x_scale_inv.data_ptr() if fp8 else 0)
         st = self._c_split_ag(
             ovh, a, ta, b, tb, hr(out), None if bias is None else hr(bias),
-            None if pre_gelu_out is None else hr(pre_gelu_out), False, self._ws_handle(), acc, usa,
+            None if pre_gelu_out is None else hr(pre_gelu_out), gr, self._ws_handle(), acc, usa,
             None if x_copy is None else hr(x_copy), raw_stream(self._dev))
         if st:
             raise self._failed(st, "Overlap.split_ag")
         return out
 
     def _check_split_ag(self, weight, x_local, out, bias, pre_gelu_out, x_copy, x_scale_inv, w_scale_inv, accumulate,
-                        use_split_accumulator, transa, transb):
+                        use_split_accumulator, transa, transb, grad=False):
         self._check_open()
+        if grad and pre_gelu_out is None:
+            raise ValueError("CommOverlap.split_overlap_ag: grad=True (DGELU) reads pre_gelu_out: pass it")
+        if grad and bias is not None:
+            raise ValueError("CommOverlap.split_overlap_ag: grad=True (DGELU) takes no bias (its bias gradient "
+                             "reduces over every token: not split into the ring's chunks)")
         _check_cuda("weight", weight, self.device)
         _check_cuda("out", out, self.device)
         if transb and x_local is None:
@@ -558,7 +566,7 @@ class CommOverlap:
         self._check_opt(bias, "bias")
         self._check_opt(pre_gelu_out, "pre_gelu_out")
         self._check_opt(x_copy, "x_copy")
-        return fp8, usa, bool(transa), bool(transb), bool(accumulate)
+        return fp8, usa, bool(transa), bool(transb), bool(accumulate), bool(grad)
 
     def _ws_handle(self) -> int:
         return handle_cache.raw(self._workspace)
