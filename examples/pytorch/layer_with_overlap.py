@@ -595,6 +595,7 @@ def train(opts: argparse.Namespace) -> dict:
     hs = sorted(host[first:])
     dist_print(f"Host ms per step on this rank: median {statistics.median(hs):.3f}, min {hs[0]:.3f}, "
                f"max {hs[-1]:.3f}", all_ranks=True)
+    host_median = _max_over_ranks([statistics.median(hs)], device)[0]
     result = {
         "mode": mode,
         "fp8": int(opts.fp8),
@@ -605,6 +606,7 @@ def train(opts: argparse.Namespace) -> dict:
         "dp": dp_size,
         "step_ms": step_ms,
         "host_ms": host_ms,
+        "host_ms_median": host_median,
         "final_loss": losses[-1],
         "losses": losses,
     }
@@ -693,7 +695,8 @@ def _head(r: dict) -> str:
 def result_line(r: dict) -> str:
     return (
         f"RESULT {_head(r)} step_ms={r['step_ms']:.4f} host_ms={r['host_ms']:.4f} "
-        f"final_loss={r['final_loss']:.6f} losses={','.join(f'{v:.6f}' for v in r['losses'])}"
+        + (f"host_ms_median={r['host_ms_median']:.4f} " if "host_ms_median" in r else "")
+        + f"final_loss={r['final_loss']:.6f} losses={','.join(f'{v:.6f}' for v in r['losses'])}"
     )
 
 

@@ -129,16 +129,18 @@ def test_example_profile(tc, example):
 
 def test_result_line(example):
     r = {"mode": "overlap", "fp8": 1, "recipe": "delayed", "graph": 0, "forced": 1, "tp": 2, "dp": 1,
-         "step_ms": 1.5, "host_ms": 0.75, "final_loss": 0.25, "losses": [0.5, 0.25]}
+         "step_ms": 1.5, "host_ms": 0.75, "host_ms_median": 0.5, "final_loss": 0.25, "losses": [0.5, 0.25]}
     line = example.result_line(r)
     m = re.fullmatch(
         r"RESULT mode=(overlap|no-overlap) fp8=([01]) recipe=(none|delayed|current) graph=([01]) forced=([01]) "
-        r"tp=(\d+) dp=(\d+) step_ms=([0-9.]+) host_ms=([0-9.]+) final_loss=([0-9.]+) losses=([0-9.,]+)",
+        r"tp=(\d+) dp=(\d+) step_ms=([0-9.]+) host_ms=([0-9.]+) host_ms_median=([0-9.]+) final_loss=([0-9.]+) "
+        r"losses=([0-9.,]+)",
         line,
     )
     assert m, line
     assert m.group(3) == "delayed" and m.group(5) == "1" and float(m.group(9)) == 0.75
-    assert [float(v) for v in m.group(11).split(",")] == [0.5, 0.25]
+    assert float(m.group(10)) == 0.5
+    assert [float(v) for v in m.group(12).split(",")] == [0.5, 0.25]
 
 
 def test_profile_line(example):
