@@ -102,42 +102,48 @@ class Timers:
 
 
 def instrument(t: Timers):
-    from transformer_engine_comm import _capi
     from transformer_engine_comm.torch import gemm as G, ops, userbuffers as U
-    for cls in (M._ColumnParallelFn, M._RowParallelFn):
-        for meth in ("forward", "backward"):
-            t.wrap(cls, meth, f"{cls.__name__}.{meth}", static=True)
-    for name in ("_column_backward", "_row_backward", "_wgrad", "_gelu_backward", "_get_userbuffer", "_flat",
-                 "_dx_reduce", "_bulk_rs_wanted"):
+    for meth in ("forward", "backward"):
+        t.wrap(M._MLPFn, meth, f"_MLPFn.{meth}", static=True)
+    for name in ("_column_forward", "_row_forward", "_column_grads", "_row_grads", "_column_backward",
+                 "_row_backward", "_wgrad", "_gelu_backward", "_get_userbuffer", "_flat", "_dx_reduce",
+                 "_bulk_rs_wanted"):
         t.wrap(M, name, f"modules.{name}")
     for name in ("all_gather_gemm", "gemm_reduce_scatter", "gemm_all_reduce"):
         t.wrap(ops, name, f"ops.{name}")
     t.wrap(G, "gemm", "gemm.gemm")
     for name in ("bulk_overlap", "copy_into_buffer", "get_buffer", "split_overlap_ag"):
         t.wrap(U.CommOverlap, name, f"CommOverlap.{name}")
-    t.wrap(M.ColumnParallelLinear, "_forward", "ColumnParallelLinear._forward")
-    t.wrap(M.RowParallelLinear, "forward", "RowParallelLinear.forward")
     t.wrap(M.LayerNormMLP, "forward", "LayerNormMLP.forward")
     t.wrap(F, "layer_norm", "F.layer_norm")
     t.wrap(F, "linear", "F.linear")
     t.wrap(F, "gelu", "F.gelu")
-    t.wrap(_capi, "cublas_gemm", "C _capi.cublas_gemm")
     t.wrap(ops._Prepared, "__call__", "ops._Prepared.__call__")
     t.wrap(torch, "empty", "torch.empty")
-    for pr in ops._fast.values():  # the prepared calls' C call itself
+    # The C calls themselves: the prepared comm-GEMM calls' and gemm.py's.
+    for pr in ops._fast.values():
         if not hasattr(pr.fn, "_timed"):
-            f = pr.fn
-            def c_call(*a, _f=f, _t=t):
-                t0 = time.perf_counter()
-                try:
-                    return _f(*a)
-                finally:
-                    dt = (time.perf_counter() - t0) * 1e6
-                    _t.total["C nvte_comm_gemm_call_packed"] += dt
-                    _t.calls["C nvte_comm_gemm_call_packed"] += 1
-                    _t.each["C nvte_comm_gemm_call_packed"].append(dt)
-            c_call._timed = True
-            pr.fn = c_call
+            t.undo.append((pr, "fn", pr.fn))
+            pr.fn = _timed_c(t, pr.fn, "C nvte_comm_gemm_call_packed")
+    fn, last = G._c_fns()
+    if not hasattr(fn, "_timed"):
+        G._c = (_timed_c(t, fn, "C nvte_cublas_gemm"), last)
+        t.undo.append((G, "_c", (fn, last)))
+
+
+def _timed_c(t: Timers, f, label: str):
+    def c_call(*a):
+        t0 = time.perf_counter()
+        try:
+            return f(*a)
+        finally:
+            dt = (time.perf_counter() - t0) * 1e6
+            t.total[label] += dt
+            t.calls[label] += 1
+            t.each[label].append(dt)
+
+    c_call._timed = True
+    return c_call
 
 
 def main() -> int:

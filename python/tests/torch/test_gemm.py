@@ -125,6 +125,27 @@ def test_fp8_tn(fmt):
         assert D.dtype == BF16 and rel(D, want) < 1e-2
 
 
+def test_signature_cache(monkeypatch):
+    """A call whose signature was validated before is not validated again; any change of
+    signature (output dtype, an epilogue operand, a shape) is."""
+    seen = []
+    orig = G._check
+    monkeypatch.setattr(G, "_check", lambda *a: seen.append(a) or orig(*a))
+    G._plans.clear()
+    A, B = make((M, K), BF16, 20), make((N, K), BF16, 21)
+    r1 = gemm(A, B, transa=True, transb=False)
+    A2, B2 = make((M, K), BF16, 22), make((N, K), BF16, 23)
+    r2 = gemm(A2, B2, transa=True, transb=False)  # same signature, other tensors
+    assert len(seen) == 1
+    assert rel(r1, ref(A, B, True, False)) < 2e-2 and rel(r2, ref(A2, B2, True, False)) < 2e-2
+    gemm(A, B, transa=True, transb=False, out_dtype=torch.float32)
+    gemm(A, B, transa=True, transb=False, bias=make((M,), BF16, 24))
+    assert len(seen) == 3
+    with pytest.raises(ValueError, match="elements"):  # a new signature is validated
+        gemm(A, B, transa=True, transb=False, bias=make((M + 8,), BF16, 25))
+    assert len(seen) == 4
+
+
 def test_errors():
     A, B = make((M, K), BF16, 16), make((N, K), BF16, 17)
     with pytest.raises(ValueError, match="contiguous"):

@@ -132,6 +132,40 @@ def test_forced_vs_plain_bf16(group):
     check("forced vs plain", a, run(a, x, g), run(b, x, g), TOL_BF16)
 
 
+@pytest.mark.parametrize("frozen", ["fc1", "fc2", "input"])
+@pytest.mark.parametrize("build_kind", ["plain", "forced", "fp8_forced"])
+def test_frozen_parts(group, frozen, build_kind):
+    """LayerNormMLP's one autograd node with a frozen layer or an input without gradient:
+    the same gradients (and the same missing ones) as the reference build."""
+    fp8_on = build_kind == "fp8_forced"
+    r = fp8.recipe_from_name("delayed") if fp8_on else None
+    ref = build(group, False, fp8_on=fp8_on, recipe=r)
+    ovl = build(group, True, fp8_on=fp8_on, recipe=r, force=build_kind != "plain")
+    for m in (ref, ovl):
+        if frozen != "input":
+            for p in getattr(m, frozen).parameters():
+                p.requires_grad_(False)
+    x, g = inputs(7)
+
+    def go(m):
+        xi = x.detach().clone().requires_grad_(frozen != "input")
+        for p in m.parameters():
+            p.grad = None
+        y = m(xi)
+        y.backward(g.to(y.dtype))
+        torch.cuda.synchronize()
+        return [y.detach()] + [None if t.grad is None else t.grad.float() for t in [xi] + list(m.parameters())]
+
+    a, b = go(ovl), go(ref)
+    tol = TOL_FP8_SAME if fp8_on else TOL_BF16
+    for n, u, v in zip(names(ovl), a, b):
+        assert (u is None) == (v is None), f"{frozen} {build_kind}: {n} is None in one build only"
+        if u is not None and v.abs().max() > 0:
+            assert rel(u, v) < tol, f"{frozen} {build_kind}: {n} rel {rel(u, v):.3g}"
+    assert (a[1] is None) == (frozen == "input")
+    assert all(t is None for t, (n, _) in zip(a[2:], ovl.named_parameters()) if n.startswith(frozen))
+
+
 # ------------------------------------------------------------------- FP8
 
 

@@ -118,7 +118,8 @@ def gemm(
     for name, t in (("A", A), ("B", B), ("out", out), ("bias", bias), ("dgelu_pre", dgelu_pre),
                     ("bias_grad", bias_grad)):
         if t is not None and not t.is_contiguous():
-            raise ValueError(f"gemm: {name} must be contiguous (pass the other layout flag instead of a view)")
+            hint = " (pass the other layout flag instead of a transposed view)" if name in ("A", "B") else ""
+            raise ValueError(f"gemm: {name} must be contiguous{hint}")
     dev = A.device
     if out is None:
         out = torch.empty((n, m), dtype=od, device=dev)

@@ -71,7 +71,8 @@ Two builds of every module (``comm_overlap``):
   closes them.
 
   At tp 1 nothing is communicated and the overlap build runs the plain torch path (no
-  library call). ``force_library_path=True`` (or ``TE_COMM_FORCE_LIBRARY_PATH=1`` in the
+  communication; the library's GEMM only where it fuses an epilogue: GELU, DGELU, the bias
+  gradient). ``force_library_path=True`` (or ``TE_COMM_FORCE_LIBRARY_PATH=1`` in the
   environment when the module is built) makes a tp-1 overlap build run exactly the calls
   it would make at tp > 1 (library ops and userbuffers over the one-rank group, the GELU
   epilogue, the NCCL collectives of the steps whose flag is off): a benchmark switch, so that
@@ -317,7 +318,7 @@ def _gemm():
 def _epilogues(t: torch.Tensor, m: int) -> bool:
     """Whether a local bf16/fp16 GEMM producing ``[*, m]`` runs through the library's
     nvte_cublas_gemm to fuse TE's epilogues (GELU with its pre-activation in the forward,
-    the bias gradient in the wgrad GEMM): CUDA tensors, 16-bit, m a multiple of 8 (cuBLASLt's
+    GELU's backward in fc2's dgrad GEMM, the bias gradient in the wgrad GEMM): CUDA tensors, 16-bit, m a multiple of 8 (cuBLASLt's
     aux leading dimension). Measured on one H100 (bench/gemm_epilogues.py): fc1's
     linear+bias+GELU 0.94x and the wgrad with its bias gradient 0.98x the unfused torch ops."""
     return t.is_cuda and t.dtype in (torch.bfloat16, torch.float16) and m % 8 == 0
@@ -1262,6 +1263,13 @@ class LayerNormMLP(nn.Module):
 
     In the overlap build fc1's GELU is fused into the all-gather GEMM's epilogue (bias +
     GELU, the pre-activation kept for the backward) when ``ub_overlap_ag`` is on.
+
+    The overlap build and the FP8 builds run fc1, GELU and fc2 as one autograd node (as
+    TE's LayerNormMLP, which has no submodules): fc2's dgrad GEMM applies GELU's backward in
+    its epilogue (DGELU) in bf16 / fp16. Two consequences: forward hooks registered on
+    ``fc1`` / ``fc2`` do not fire in those builds (the node calls the layers' functions, not
+    their ``forward``), and fc2's saved tensors live until fc1's gradients are done (about
+    one ``[tokens, ffn/tp]`` activation more at the backward's peak than two nodes).
     ``fp8=True`` runs fc1's and fc2's forward, dgrad and wgrad GEMMs in FP8 with
     ``fp8_recipe`` (each linear layer keeps its own scaling state);
     ``forward(x, is_first_microbatch)`` is passed down to both (one weight cast per
@@ -1332,7 +1340,7 @@ class LayerNormMLP(nn.Module):
         self.fp8_recipe = self.fc1.fp8_recipe
         self.force_library_path = self.fc1.force_library_path
         self._ln_allreduce = self.sequence_parallel and self.tp_size > 1
-        self._layers = None  # (fc1's cfg, FP8 state, fc2's cfg, FP8 state), built on the first forward
+        self._layers = None  # (fc1's cfg, None, fc2's cfg, None) without FP8, built on the first forward
 
     def forward(self, x: torch.Tensor, is_first_microbatch: Optional[bool] = None) -> torch.Tensor:
         w, b = self.layer_norm_weight, self.layer_norm_bias
@@ -1341,16 +1349,18 @@ class LayerNormMLP(nn.Module):
             b = _AllReduceBwd.apply(b, self.tp_group)
         ln_out = F.layer_norm(x, (self.hidden_size,), w, b, self.eps)
         fc1, fc2 = self.fc1, self.fc2
-        if not (self.comm_overlap or self.fp8):  # the bf16 reference build: torch's layers
+        if not (self.comm_overlap or self.fp8):  # the reference build without FP8: torch's layers
             h = fc1._forward(ln_out, gelu=True, is_first_microbatch=is_first_microbatch)
             return fc2(h, is_first_microbatch=is_first_microbatch)
         # Both layers in one autograd node (see _MLPFn). fc1 gathers the tokens where fc2
         # scatters them (both layers share the sequence-parallel setting and the group):
         # the output has the input's shape.
-        layers = self._layers
-        if layers is None or (self.fp8 and fc1._f8.device != fc1.weight.device):
-            layers = self._layers = (fc1._cfg_obj, fc1._fp8_state() if self.fp8 else None,
-                                     fc2._cfg_obj, fc2._fp8_state() if self.fp8 else None)
+        if self.fp8:  # the layers' current FP8 states (re-made when a layer moved device)
+            layers = (fc1._cfg_obj, fc1._fp8_state(), fc2._cfg_obj, fc2._fp8_state())
+        else:
+            layers = self._layers
+            if layers is None:
+                layers = self._layers = (fc1._cfg_obj, None, fc2._cfg_obj, None)
         y = _MLPFn.apply(_flat(ln_out), fc1.weight, fc1.bias, fc2.weight, fc2.bias, layers, is_first_microbatch,
                          torch.is_grad_enabled())
         return y.reshape(ln_out.shape)

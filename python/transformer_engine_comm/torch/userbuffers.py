@@ -507,8 +507,9 @@ class CommOverlap:
         x_local: this rank's rows [n / tp, k] (copied into the buffer first), or None when
         the local chunk was filled with :meth:`copy_into_buffer` (then n, k = rows, cols).
         pre_gelu_out [n, m]: GELU epilogue (out = gelu(pre)); with grad=True it is read
-        instead: the DGELU epilogue, out = (AG(x) @ weight.T) * gelu'(pre_gelu_out) (TE's
-        fused GELU backward in a dgrad GEMM; no bias then). x_copy [n, k]: receives the
+        instead: the DGELU epilogue, out = (the GEMM's product) * gelu'(pre_gelu_out), e.g.
+        ``(AG(dY) @ weight) * gelu'(pre)`` for TE's fc2 dgrad (NN) with GELU's backward
+        fused (no bias then). x_copy [n, k]: receives the
         gathered x. FP8 buffer: x_scale_inv / w_scale_inv (float32 one-element tensors).
         transa=False: weight [k, m] (NN); transb=True (NT): x_local is this rank's [k, n / tp]
         shard, gathered along its columns (x_local required; no x_copy).
