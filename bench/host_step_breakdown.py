@@ -125,10 +125,10 @@ def instrument(t: Timers):
         if not hasattr(pr.fn, "_timed"):
             t.undo.append((pr, "fn", pr.fn))
             pr.fn = _timed_c(t, pr.fn, "C nvte_comm_gemm_call_packed")
-    fn, last = G._c_fns()
-    if not hasattr(fn, "_timed"):
-        G._c = (_timed_c(t, fn, "C nvte_cublas_gemm"), last)
-        t.undo.append((G, "_c", (fn, last)))
+    for pr in G._plans.values():
+        if not hasattr(pr.fn, "_timed"):
+            t.undo.append((pr, "fn", pr.fn))
+            pr.fn = _timed_c(t, pr.fn, "C nvte_comm_cublas_gemm_packed")
 
 
 def _timed_c(t: Timers, f, label: str):

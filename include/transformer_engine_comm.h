@@ -153,6 +153,12 @@ typedef enum NVTECommGemmAlgoType {
  */
 #define NVTE_COMM_GEMM_PACKED_ALL_REDUCE 2
 
+/**
+ * `NVTECommGemmPacked::op` of a local GEMM (`nvte_comm_cublas_gemm_packed`, i.e.
+ * `nvte_cublas_gemm`).
+ */
+#define NVTE_COMM_GEMM_PACKED_GEMM 3
+
 #define NUM_SLOTS 8
 
 #define MAX_PEERS 16
@@ -892,6 +898,24 @@ NVTECommStatus nvte_comm_overlap_synchronize(struct NVTECommOverlap *overlap);
  */
 NVTECommStatus nvte_comm_gemm_call_packed(struct NVTECommGemmCtx *ctx,
                                           const struct NVTECommGemmPacked *args);
+
+/**
+ * `nvte_cublas_gemm` with its operands given as in a packed call: `args->op` must be
+ * NVTE_COMM_GEMM_PACKED_GEMM; `a`, `b`, `d`, `bias`, `pre_act_out` (nvte_cublas_gemm's
+ * pre_gelu_out), `transa`, `transb`, `grad`, `accumulate` and `stream` are read (m, n, k,
+ * comm_sm_count and algo are not: the sizes follow from the operands, as there). The
+ * workspace is `workspace_bytes` bytes at `workspace` (NULL and 0: none);
+ * `use_split_accumulator` and `math_sm_count` are nvte_cublas_gemm's. Same checks,
+ * epilogues and asynchronous work on `args->stream` as nvte_cublas_gemm with the same
+ * arguments; returns the status (its message: nvte_comm_last_error()). `*args` is only
+ * read: a binding keeps one struct per call signature and changes the pointers and the
+ * stream between calls, with no tensor handles to create or look up.
+ */
+NVTECommStatus nvte_comm_cublas_gemm_packed(const struct NVTECommGemmPacked *args,
+                                            void *workspace,
+                                            size_t workspace_bytes,
+                                            bool use_split_accumulator,
+                                            int32_t math_sm_count);
 
 /**
  * The last timed call of `overlap` (waits, bounded by the timeout, for it to complete).

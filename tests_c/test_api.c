@@ -731,6 +731,59 @@ static void test_gemm_call_packed(void) {
   expect_ok("packed: ctx destroy");
 }
 
+/* nvte_comm_cublas_gemm_packed: nvte_cublas_gemm's checks, from a packed struct, before
+ * any device work; an empty output launches nothing (no GPU needed). */
+static void test_cublas_gemm_packed(void) {
+  const NVTECommStatus INV = NVTE_COMM_ERROR_INVALID_ARGUMENT;
+  NVTECommGemmPacked p, q;
+  memset(&p, 0, sizeof p);
+  p.op = NVTE_COMM_GEMM_PACKED_GEMM;
+  p.a = packed_operand(0x1000, kNVTEBFloat16, 2, 16, 64); /* TN: A [m, k] */
+  p.b = packed_operand(0x2000, kNVTEBFloat16, 2, 32, 64); /* B [n, k] */
+  p.d = packed_operand(0x3000, kNVTEBFloat16, 2, 32, 16); /* D [n, m] */
+  p.transa = true;
+
+  CHECK(nvte_comm_cublas_gemm_packed(NULL, NULL, 0, false, 0) == INV, "gemm packed: NULL args\n");
+  expect_error(INV, "gemm packed NULL args", "nvte_comm_cublas_gemm_packed", "`args` is NULL");
+  q = p;
+  q.op = NVTE_COMM_GEMM_PACKED_ALL_GATHER;
+  CHECK(nvte_comm_cublas_gemm_packed(&q, NULL, 0, false, 0) == INV, "gemm packed: op 0\n");
+  expect_error(INV, "gemm packed op", "`args->op` = 0", "nvte_comm_gemm_call_packed");
+  CHECK(nvte_comm_gemm_call_packed(NULL, &p) == INV, "call_packed: a local GEMM\n");
+  expect_error(INV, "call_packed op 3", "`args->op` = 3", "nvte_comm_cublas_gemm_packed");
+  CHECK(nvte_comm_cublas_gemm_packed(&p, NULL, 4096, false, 0) == INV, "gemm packed: NULL workspace\n");
+  expect_error(INV, "gemm packed workspace", "`workspace` is NULL", "workspace_bytes = 4096");
+  q = p;
+  q.a.data = NULL;
+  q.a.ndim = 0;
+  CHECK(nvte_comm_cublas_gemm_packed(&q, NULL, 0, false, 0) == INV, "gemm packed: no A\n");
+  expect_error(INV, "gemm packed no a", "operand `a` has ndim = 0", "required");
+  q = p;
+  q.d = packed_operand(0x3000, kNVTEBFloat16, 2, 31, 16);
+  CHECK(nvte_comm_cublas_gemm_packed(&q, NULL, 0, false, 0) == INV, "gemm packed: D shape\n");
+  expect_error(INV, "gemm packed d shape", "tensor `D` has shape", "[32, 16]");
+  q = p;
+  q.b = packed_operand(0x2000, kNVTEBFloat16, 2, 32, 60);
+  CHECK(nvte_comm_cublas_gemm_packed(&q, NULL, 0, false, 0) == INV, "gemm packed: k\n");
+  expect_error(INV, "gemm packed k", "inner dimensions differ", "k = 60");
+  q = p;
+  q.bias = packed_operand(0x4000, kNVTEBFloat16, 1, 17, 0);
+  CHECK(nvte_comm_cublas_gemm_packed(&q, NULL, 0, false, 0) == INV, "gemm packed: bias length\n");
+  expect_error(INV, "gemm packed bias", "tensor `bias` has 17 elements", "16");
+  q = p;
+  q.transb = true;
+  CHECK(nvte_comm_cublas_gemm_packed(&q, NULL, 0, false, 0) == INV, "gemm packed: TT\n");
+  expect_error(INV, "gemm packed TT", "layout TT", NULL);
+  CHECK(nvte_comm_cublas_gemm_packed(&p, NULL, 0, false, -1) == INV, "gemm packed: math_sm_count -1\n");
+  expect_error(INV, "gemm packed sm", "math_sm_count", ">= 0");
+  /* An empty output (n = 0) is a valid call that launches nothing. */
+  q = p;
+  q.b = packed_operand(0, kNVTEBFloat16, 2, 0, 64);
+  q.d = packed_operand(0, kNVTEBFloat16, 2, 0, 16);
+  CHECK(nvte_comm_cublas_gemm_packed(&q, NULL, 0, false, 0) == NVTE_COMM_SUCCESS, "gemm packed: empty\n");
+  expect_ok("gemm packed: empty output");
+}
+
 static void test_runtime(void) {
   NVTECommStatus s = nvte_comm_check_runtime();
   if (s == NVTE_COMM_SUCCESS) {
@@ -907,6 +960,7 @@ int main(void) {
   test_overlap_create_args();
   test_handles_and_out_params();
   test_gemm_call_packed();
+  test_cublas_gemm_packed();
   test_runtime();
   CHECK(nvte_comm_live_tensor_count() == 0, "leaked tensor handles: %zu\n", nvte_comm_live_tensor_count());
   printf("test_api: %d passed, %d failed\n", passed, failed);

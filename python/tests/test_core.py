@@ -89,7 +89,7 @@ def test_packed_op_codes_match_the_header(header_text):
     defines = dict(re.findall(r"#define NVTE_COMM_GEMM_PACKED_(\w+) (\d+)", header_text))
     assert {k: int(v) for k, v in defines.items()} == {
         "ALL_GATHER": core.PACKED_ALL_GATHER, "REDUCE_SCATTER": core.PACKED_REDUCE_SCATTER,
-        "ALL_REDUCE": core.PACKED_ALL_REDUCE}
+        "ALL_REDUCE": core.PACKED_ALL_REDUCE, "GEMM": core.PACKED_GEMM}
     assert core.PACKED_OPS == {"all_gather_gemm": 0, "gemm_reduce_scatter": 1, "gemm_all_reduce": 2}
     assert core.OPS == ("all_gather_gemm", "gemm_reduce_scatter", "gemm_all_reduce")
 

@@ -51,6 +51,7 @@ from ._core import (
     C_ENUMS,
     PACKED_ALL_GATHER,
     PACKED_ALL_REDUCE,
+    PACKED_GEMM,
     PACKED_REDUCE_SCATTER,
     DType,
     GemmAlgo,
@@ -190,7 +191,8 @@ class GemmOperand(Structure):
 
 
 class GemmPacked(Structure):
-    """NVTECommGemmPacked: the arguments of one nvte_comm_gemm_call_packed call."""
+    """NVTECommGemmPacked: the arguments of one nvte_comm_gemm_call_packed call (or, with op
+    PACKED_GEMM, of one nvte_comm_cublas_gemm_packed call)."""
 
     _fields_ = [
         ("op", c_int32),
@@ -213,7 +215,7 @@ class GemmPacked(Structure):
 
 
 # GemmPacked.op values (NVTE_COMM_GEMM_PACKED_*): PACKED_ALL_GATHER, PACKED_REDUCE_SCATTER,
-# PACKED_ALL_REDUCE (from the core, above)
+# PACKED_ALL_REDUCE, PACKED_GEMM (from the core, above)
 
 # --------------------------------------------------------------------------------------
 # Prototypes: (name, restype, argtypes) of every function of the header
@@ -240,6 +242,7 @@ PROTOTYPES = [
     ("nvte_gemm_all_reduce", None, _COMM_GEMM_ARGS),
     ("nvte_comm_gemm_ctx_create_bootstrap", _ST, [POINTER(Bootstrap), POINTER(_CTX)]),
     ("nvte_comm_gemm_call_packed", _ST, [_CTX, POINTER(GemmPacked)]),
+    ("nvte_comm_cublas_gemm_packed", _ST, [POINTER(GemmPacked), c_void_p, c_size_t, c_bool, c_int32]),
     # XLA FFI handlers (XLA_FFI_Handler: XLA_FFI_Error *(XLA_FFI_CallFrame *)) and their contexts
     ("nvte_comm_xla_bind", _ST, [c_uint64, c_int32, _CTX]),
     ("nvte_comm_xla_unbind", _ST, [c_uint64, c_int32]),

@@ -21,6 +21,9 @@ pub const NVTE_COMM_GEMM_PACKED_ALL_GATHER: i32 = 0;
 pub const NVTE_COMM_GEMM_PACKED_REDUCE_SCATTER: i32 = 1;
 /// `NVTECommGemmPacked::op` of the GEMM all-reduce (`nvte_gemm_all_reduce`).
 pub const NVTE_COMM_GEMM_PACKED_ALL_REDUCE: i32 = 2;
+/// `NVTECommGemmPacked::op` of a local GEMM (`nvte_comm_cublas_gemm_packed`, i.e.
+/// `nvte_cublas_gemm`).
+pub const NVTE_COMM_GEMM_PACKED_GEMM: i32 = 3;
 
 /// One operand of a packed call: a row-major device array with TE's per-tensor
 /// (delayed) scaling. An operand with `data` NULL and no elements is absent (optional
@@ -132,6 +135,9 @@ pub extern "C" fn nvte_comm_gemm_call_packed(
             NVTE_COMM_GEMM_PACKED_ALL_GATHER => Kind::AllGather,
             NVTE_COMM_GEMM_PACKED_REDUCE_SCATTER => Kind::ReduceScatter,
             NVTE_COMM_GEMM_PACKED_ALL_REDUCE => Kind::AllReduce,
+            NVTE_COMM_GEMM_PACKED_GEMM => invalid!(
+                "argument `args->op` = 3 is a local GEMM: nvte_comm_cublas_gemm_packed runs it (here: 0: all-gather, 1: reduce-scatter, 2: all-reduce)"
+            ),
             v => invalid!(
                 "argument `args->op` = {v} is not an operation (0: all-gather, 1: reduce-scatter, 2: all-reduce)"
             ),
@@ -176,6 +182,81 @@ pub extern "C" fn nvte_comm_gemm_call_packed(
         };
         let mut g = c.lock().unwrap_or_else(|e| e.into_inner());
         g.call(&call, crate::ffi::stream_of(p.stream))
+    })
+}
+
+/// The workspace of a packed GEMM: `bytes` at `ptr` (NULL and 0: none).
+fn workspace_tensor(ptr: *mut c_void, bytes: usize) -> Result<Option<Tensor>> {
+    if ptr.is_null() {
+        if bytes != 0 {
+            invalid!("argument `workspace` is NULL with workspace_bytes = {bytes}");
+        }
+        return Ok(None);
+    }
+    Ok(Some(Tensor {
+        data: Buffer::new(DevPtr::from_c(ptr), DType::Byte, Shape::new(&[bytes])?)?,
+        ..Default::default()
+    }))
+}
+
+/// `nvte_cublas_gemm` with its operands given as in a packed call: `args->op` must be
+/// NVTE_COMM_GEMM_PACKED_GEMM; `a`, `b`, `d`, `bias`, `pre_act_out` (nvte_cublas_gemm's
+/// pre_gelu_out), `transa`, `transb`, `grad`, `accumulate` and `stream` are read (m, n, k,
+/// comm_sm_count and algo are not: the sizes follow from the operands, as there). The
+/// workspace is `workspace_bytes` bytes at `workspace` (NULL and 0: none);
+/// `use_split_accumulator` and `math_sm_count` are nvte_cublas_gemm's. Same checks,
+/// epilogues and asynchronous work on `args->stream` as nvte_cublas_gemm with the same
+/// arguments; returns the status (its message: nvte_comm_last_error()). `*args` is only
+/// read: a binding keeps one struct per call signature and changes the pointers and the
+/// stream between calls, with no tensor handles to create or look up.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvte_comm_cublas_gemm_packed(
+    args: *const NVTECommGemmPacked,
+    workspace: *mut c_void,
+    workspace_bytes: usize,
+    use_split_accumulator: bool,
+    math_sm_count: i32,
+) -> NVTECommStatus {
+    status_call("nvte_comm_cublas_gemm_packed", || {
+        if args.is_null() {
+            invalid!("argument `args` is NULL");
+        }
+        // SAFETY: non-null, points to the caller's struct (read as is).
+        let p = unsafe { std::ptr::read_unaligned(args) };
+        if p.op != NVTE_COMM_GEMM_PACKED_GEMM {
+            invalid!(
+                "argument `args->op` = {} is not NVTE_COMM_GEMM_PACKED_GEMM (3): the communicating operations are nvte_comm_gemm_call_packed's",
+                p.op
+            );
+        }
+        let required = |o: &NVTECommGemmOperand, what: &str| -> Result<Tensor> {
+            operand(o, what, false)?.ok_or_else(|| {
+                crate::error::Error::invalid(format!("operand `{what}` is required"))
+            })
+        };
+        let (a, b, d) = (
+            required(&p.a, "a")?,
+            required(&p.b, "b")?,
+            required(&p.d, "d")?,
+        );
+        let bias = operand(&p.bias, "bias", true)?;
+        let pre = operand(&p.pre_act_out, "pre_act_out", true)?;
+        let ws = workspace_tensor(workspace, workspace_bytes)?;
+        let g = crate::gemm::Operands {
+            a: &a,
+            b: &b,
+            d: &d,
+            bias: bias.as_ref(),
+            pre_gelu_out: pre.as_ref(),
+            transa: p.transa,
+            transb: p.transb,
+            grad: p.grad,
+            workspace: ws.as_ref(),
+            accumulate: p.accumulate,
+            use_split_accumulator,
+            math_sm_count,
+        };
+        crate::gemm::cublas_gemm(&g, crate::ffi::stream_of(p.stream))
     })
 }
 
@@ -243,5 +324,21 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(t.data.numel(), 16);
+    }
+
+    #[test]
+    fn packed_gemm_workspace() {
+        assert!(workspace_tensor(std::ptr::null_mut(), 0).unwrap().is_none());
+        let e = workspace_tensor(std::ptr::null_mut(), 64).unwrap_err();
+        assert!(
+            e.msg.contains("NULL with workspace_bytes = 64"),
+            "{}",
+            e.msg
+        );
+        let t = workspace_tensor(0x1000 as *mut c_void, 1 << 20)
+            .unwrap()
+            .unwrap();
+        assert_eq!(t.data.dtype, DType::Byte);
+        assert_eq!(t.data.numel(), 1 << 20);
     }
 }

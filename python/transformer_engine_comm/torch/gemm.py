@@ -23,12 +23,14 @@ activations (:mod:`transformer_engine_comm.torch.modules`).
 
 from __future__ import annotations
 
+import ctypes
+import threading
 from typing import Dict, Optional, Tuple, Union
 
 import torch
 
 from .. import _capi
-from ._context import FP8_DTYPES, handle_cache, raw_stream
+from ._context import FP8_DTYPES, nvte_dtype, raw_stream
 
 __all__ = ["gemm"]
 
@@ -37,17 +39,16 @@ _workspaces: Dict[Tuple[int, int], torch.Tensor] = {}
 _OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def _workspace(device: torch.device, stream: int):
-    """The cuBLASLt workspace of (device, stream): GEMMs on different streams may run at
-    once, so each stream has its own (one stream reusing its workspace is ordered). Its
-    handle (an int) is looked up on every call (the shared handle cache evicts entries it has
-    not seen lately, and an evicted handle is closed)."""
+def _workspace(device: torch.device, stream: int) -> int:
+    """The address of the cuBLASLt workspace (_WORKSPACE_BYTES) of (device, stream): GEMMs
+    on different streams may run at once, so each stream has its own (one stream reusing its
+    workspace is ordered)."""
     key = (device.index, stream)
     t = _workspaces.get(key)
     if t is None:
         t = torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         _workspaces[key] = t
-    return handle_cache.raw(t)
+    return t.data_ptr()
 
 
 def _dims(A: torch.Tensor, B: torch.Tensor, transa: bool, transb: bool):
@@ -67,19 +68,78 @@ def _sig(t):
     return None if t is None else (t.shape, t.dtype, t.get_device())
 
 
-# Validated calls by their signature (every tensor's shape, dtype and device, every flag):
-# (m, n, the output dtype, fp8, grad). A call whose signature was seen before checks only
-# what the signature does not cover (contiguity) and makes the C call. Bounded.
-_plans: Dict[tuple, tuple] = {}
+# Prepared calls by their signature (every tensor's shape, dtype and device, every flag):
+# validated once, then each call fills the data pointers and the stream into the call's
+# packed argument struct and makes one C call (nvte_comm_cublas_gemm_packed: no tensor
+# handles). Bounded.
+_plans: Dict[tuple, "_Prepared"] = {}
 _MAX_PLANS = 1024
-_c = None
 
 
-def _c_fns():
-    global _c
-    if _c is None:
-        _c = (_capi._fn("nvte_cublas_gemm"), _capi._fn("nvte_comm_last_status"))
-    return _c
+def _operand(o, shape, dtype: torch.dtype) -> None:
+    o.dtype = int(nvte_dtype(dtype))
+    o.ndim = len(shape)
+    for i, d in enumerate(shape):
+        o.shape[i] = int(d)
+
+
+class _Prepared:
+    """One validated signature: the packed struct with the operands' dtypes and shapes and
+    the flags filled in; calling it allocates the output(s), sets the pointers and the
+    stream and makes the C call. A lock guards the struct (autograd's threads call too)."""
+
+    __slots__ = ("args", "ptr", "pa", "pb", "pd", "pbias", "paux", "m", "n", "od", "fp8", "gelu", "usa", "fn",
+                 "lock")
+
+    def __init__(self, A, B, transa, transb, out, bias, gelu, dgelu_pre, bias_grad, accumulate, use_split_accumulator,
+                 m, n, od, fp8, grad):
+        a = _capi.GemmPacked()
+        a.op = _capi.PACKED_GEMM
+        _operand(a.a, A.shape, A.dtype)
+        _operand(a.b, B.shape, B.dtype)
+        _operand(a.d, (n, m), od)
+        bias_t = bias if bias is not None else bias_grad
+        if bias_t is not None:
+            _operand(a.bias, bias_t.shape, bias_t.dtype)
+        if gelu:
+            _operand(a.pre_act_out, (n, m), od)
+        elif dgelu_pre is not None:
+            _operand(a.pre_act_out, dgelu_pre.shape, dgelu_pre.dtype)
+        a.transa, a.transb, a.grad, a.accumulate = bool(transa), bool(transb), bool(grad), bool(accumulate)
+        self.args = a
+        self.ptr = ctypes.pointer(a)
+        # The embedded operand structs share the struct's memory: set through them per call.
+        self.pa, self.pb, self.pd, self.pbias, self.paux = a.a, a.b, a.d, a.bias, a.pre_act_out
+        self.m, self.n, self.od, self.fp8, self.gelu = m, n, od, fp8, bool(gelu)
+        self.usa = bool(use_split_accumulator)
+        self.fn = _capi._fn("nvte_comm_cublas_gemm_packed")
+        self.lock = threading.Lock()
+
+    def __call__(self, A, B, out, bias_t, aux_in, a_scale_inv, b_scale_inv):
+        dev = A.device
+        if out is None:
+            out = torch.empty((self.n, self.m), dtype=self.od, device=dev)
+        pre = torch.empty((self.n, self.m), dtype=self.od, device=dev) if self.gelu else None
+        aux = pre if self.gelu else aux_in
+        stream = raw_stream(dev.index)
+        ws = _workspace(dev, stream)
+        with self.lock:
+            self.pa.data = A.data_ptr()
+            self.pb.data = B.data_ptr()
+            self.pd.data = out.data_ptr()
+            if bias_t is not None:
+                self.pbias.data = bias_t.data_ptr()
+            if aux is not None:
+                self.paux.data = aux.data_ptr()
+            if self.fp8:
+                self.pa.scale_inv = a_scale_inv.data_ptr()
+                self.pb.scale_inv = b_scale_inv.data_ptr()
+            self.args.stream = stream
+            st = self.fn(self.ptr, ws, _WORKSPACE_BYTES, self.usa, 0)
+            err = _capi.CommError(st, _capi.last_error(), "gemm") if st else None  # this thread's message, now
+        if err is not None:
+            raise err
+        return (out, pre) if self.gelu else out
 
 
 def gemm(
@@ -104,37 +164,24 @@ def gemm(
     try:
         key = (_sig(A), _sig(B), transa, transb, out_dtype, _sig(out), _sig(bias), gelu, _sig(dgelu_pre),
                _sig(bias_grad), accumulate, _sig(a_scale_inv), _sig(b_scale_inv), use_split_accumulator)
-        plan = _plans.get(key)
+        pr = _plans.get(key)
     except (AttributeError, TypeError):  # a non-tensor argument: the checks below name it
-        key, plan = None, None
-    if plan is None:
-        plan = _check(A, B, transa, transb, out_dtype, out, bias, gelu, dgelu_pre, bias_grad, accumulate,
-                      a_scale_inv, b_scale_inv)
+        key, pr = None, None
+    if pr is None:
+        m, n, od, fp8, grad = _check(A, B, transa, transb, out_dtype, out, bias, gelu, dgelu_pre, bias_grad,
+                                     accumulate, a_scale_inv, b_scale_inv)
+        pr = _Prepared(A, B, transa, transb, out, bias, gelu, dgelu_pre, bias_grad, accumulate, use_split_accumulator,
+                       m, n, od, fp8, grad)
         if key is not None:
             if len(_plans) >= _MAX_PLANS:
                 _plans.clear()
-            _plans[key] = plan
-    m, n, od, fp8, grad = plan
+            _plans[key] = pr
     for name, t in (("A", A), ("B", B), ("out", out), ("bias", bias), ("dgelu_pre", dgelu_pre),
                     ("bias_grad", bias_grad)):
         if t is not None and not t.is_contiguous():
             hint = " (pass the other layout flag instead of a transposed view)" if name in ("A", "B") else ""
             raise ValueError(f"gemm: {name} must be contiguous{hint}")
-    dev = A.device
-    if out is None:
-        out = torch.empty((n, m), dtype=od, device=dev)
-    pre = torch.empty((n, m), dtype=od, device=dev) if gelu else None
-    aux = pre if gelu else dgelu_pre
-    bias_t = bias if bias is not None else bias_grad
-    hr = handle_cache.raw
-    stream = raw_stream(dev.index)
-    fn, last_status = _c_fns()
-    fn(hr(A, a_scale_inv.data_ptr() if fp8 else 0), hr(B, b_scale_inv.data_ptr() if fp8 else 0), hr(out),
-       None if bias_t is None else hr(bias_t), None if aux is None else hr(aux), bool(transa), bool(transb), grad,
-       _workspace(dev, stream), bool(accumulate), bool(use_split_accumulator), 0, stream)
-    if last_status():
-        _capi.check_last("cublas_gemm")
-    return (out, pre) if gelu else out
+    return pr(A, B, out, bias if bias is not None else bias_grad, dgelu_pre, a_scale_inv, b_scale_inv)
 
 
 def _check(A, B, transa, transb, out_dtype, out, bias, gelu, dgelu_pre, bias_grad, accumulate, a_scale_inv,
