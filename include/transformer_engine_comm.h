@@ -349,6 +349,7 @@ typedef struct NVTECommGemmOperand {
 typedef struct NVTECommGemmPacked {
   /**
    * NVTE_COMM_GEMM_PACKED_ALL_GATHER, _REDUCE_SCATTER or _ALL_REDUCE
+   * (nvte_comm_gemm_call_packed); NVTE_COMM_GEMM_PACKED_GEMM (nvte_comm_cublas_gemm_packed)
    */
   int32_t op;
   int32_t comm_sm_count;

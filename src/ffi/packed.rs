@@ -51,6 +51,7 @@ pub struct NVTECommGemmOperand {
 #[derive(Clone, Copy)]
 pub struct NVTECommGemmPacked {
     /// NVTE_COMM_GEMM_PACKED_ALL_GATHER, _REDUCE_SCATTER or _ALL_REDUCE
+    /// (nvte_comm_gemm_call_packed); NVTE_COMM_GEMM_PACKED_GEMM (nvte_comm_cublas_gemm_packed)
     pub op: i32,
     pub comm_sm_count: i32,
     pub m: i64,

@@ -167,6 +167,12 @@ def test_errors():
         gemm(A, B, transa=True, transb=False, gelu=True, dgelu_pre=torch.empty((N, M), dtype=BF16, device=DEV))
     with pytest.raises(ValueError, match="elements"):
         gemm(A, B, transa=True, transb=False, bias=torch.empty((M + 1,), dtype=BF16, device=DEV))
+    with pytest.raises(ValueError, match="gelu .* bias_grad"):
+        gemm(A, B, transa=True, transb=False, gelu=True, bias_grad=torch.empty((M,), dtype=BF16, device=DEV))
+    # A bias of any dimensions with m elements is taken as a vector (TE's tensors).
+    b3 = make((M,), BF16, 19)
+    D = gemm(A, B, transa=True, transb=False, bias=b3.reshape(1, M, 1))
+    assert rel(D, ref(A, B, True, False) + b3.float()) < 2e-2
     f8 = A.to(torch.float8_e4m3fn)
     s = torch.ones(1, device=DEV)
     with pytest.raises(ValueError, match="TN"):

@@ -46,8 +46,8 @@ def _workspace(device: torch.device, stream: int) -> int:
     key = (device.index, stream)
     t = _workspaces.get(key)
     if t is None:
-        t = torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
-        _workspaces[key] = t
+        # setdefault: of two threads making one at once, both use the one kept.
+        t = _workspaces.setdefault(key, torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=device))
     return t.data_ptr()
 
 
@@ -99,8 +99,8 @@ class _Prepared:
         _operand(a.b, B.shape, B.dtype)
         _operand(a.d, (n, m), od)
         bias_t = bias if bias is not None else bias_grad
-        if bias_t is not None:
-            _operand(a.bias, bias_t.shape, bias_t.dtype)
+        if bias_t is not None:  # a vector of its elements, whatever its dimensions (as TE takes it)
+            _operand(a.bias, (bias_t.numel(),), bias_t.dtype)
         if gelu:
             _operand(a.pre_act_out, (n, m), od)
         elif dgelu_pre is not None:
@@ -209,6 +209,8 @@ def _check(A, B, transa, transb, out_dtype, out, bias, gelu, dgelu_pre, bias_gra
         raise ValueError("gemm: gelu (forward) and dgelu_pre (backward) exclude each other")
     if bias is not None and bias_grad is not None:
         raise ValueError("gemm: bias (forward) and bias_grad (backward) exclude each other")
+    if gelu and bias_grad is not None:
+        raise ValueError("gemm: gelu (forward) and bias_grad (backward) exclude each other")
     m, n, _ = _dims(A, B, transa, transb)
     if out is None:
         if accumulate:
