@@ -318,8 +318,8 @@ def _gemm():
 def _epilogues(t: torch.Tensor, m: int) -> bool:
     """Whether a local bf16/fp16 GEMM producing ``[*, m]`` runs through the library's
     nvte_cublas_gemm to fuse TE's epilogues (GELU with its pre-activation in the forward,
-    GELU's backward in fc2's dgrad GEMM, the bias gradient in the wgrad GEMM): CUDA tensors, 16-bit, m a multiple of 8 (cuBLASLt's
-    aux leading dimension). Measured on one H100 (bench/gemm_epilogues.py): fc1's
+    GELU's backward in fc2's dgrad GEMM, the bias gradient in the wgrad GEMM): CUDA tensors,
+    16-bit, m a multiple of 8 (cuBLASLt's aux leading dimension). Measured on one H100 (bench/gemm_epilogues.py): fc1's
     linear+bias+GELU 0.94x and the wgrad with its bias gradient 0.98x the unfused torch ops."""
     return t.is_cuda and t.dtype in (torch.bfloat16, torch.float16) and m % 8 == 0
 
