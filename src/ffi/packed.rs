@@ -113,6 +113,24 @@ fn operand(o: &NVTECommGemmOperand, what: &str, optional: bool) -> Result<Option
     }))
 }
 
+/// The core tensors of a packed call's operands, in TE's order (the first bad one is
+/// the one named): a, b and d (required), bias and pre_act_out (optional).
+type CallOperands = (Tensor, Tensor, Tensor, Option<Tensor>, Option<Tensor>);
+
+fn call_operands(p: &NVTECommGemmPacked) -> Result<CallOperands> {
+    let required = |o: &NVTECommGemmOperand, what: &str| -> Result<Tensor> {
+        operand(o, what, false)?
+            .ok_or_else(|| crate::error::Error::invalid(format!("operand `{what}` is required")))
+    };
+    Ok((
+        required(&p.a, "a")?,
+        required(&p.b, "b")?,
+        required(&p.d, "d")?,
+        operand(&p.bias, "bias", true)?,
+        operand(&p.pre_act_out, "pre_act_out", true)?,
+    ))
+}
+
 /// Run the comm-GEMM call `args` describes on `ctx`: the all-gather GEMM, GEMM
 /// reduce-scatter or GEMM all-reduce of `args->op`, exactly as the corresponding
 /// `nvte_*` function with the same arguments (same checks, same algorithms, same
@@ -149,18 +167,7 @@ pub extern "C" fn nvte_comm_gemm_call_packed(
                 p.algo
             );
         }
-        let required = |o: &NVTECommGemmOperand, what: &str| -> Result<Tensor> {
-            operand(o, what, false)?.ok_or_else(|| {
-                crate::error::Error::invalid(format!("operand `{what}` is required"))
-            })
-        };
-        let (a, b, d) = (
-            required(&p.a, "a")?,
-            required(&p.b, "b")?,
-            required(&p.d, "d")?,
-        );
-        let bias = operand(&p.bias, "bias", true)?;
-        let pre = operand(&p.pre_act_out, "pre_act_out", true)?;
+        let (a, b, d, bias, pre) = call_operands(&p)?;
         let c = super::comm_gemm::ctx(ctx)?;
         let call = GemmCall {
             kind,
@@ -230,18 +237,7 @@ pub extern "C" fn nvte_comm_cublas_gemm_packed(
                 p.op
             );
         }
-        let required = |o: &NVTECommGemmOperand, what: &str| -> Result<Tensor> {
-            operand(o, what, false)?.ok_or_else(|| {
-                crate::error::Error::invalid(format!("operand `{what}` is required"))
-            })
-        };
-        let (a, b, d) = (
-            required(&p.a, "a")?,
-            required(&p.b, "b")?,
-            required(&p.d, "d")?,
-        );
-        let bias = operand(&p.bias, "bias", true)?;
-        let pre = operand(&p.pre_act_out, "pre_act_out", true)?;
+        let (a, b, d, bias, pre) = call_operands(&p)?;
         let ws = workspace_tensor(workspace, workspace_bytes)?;
         let g = crate::gemm::Operands {
             a: &a,
