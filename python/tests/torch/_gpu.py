@@ -1,4 +1,4 @@
-"""The guard every GPU test module of this folder starts with:
+"""Shared by the GPU test modules of this folder. The guard every multi-rank module starts with:
 ``torch, dist = require_torchrun_gpus()`` skips the importing module at collection unless
 torch with CUDA and NCCL is installed and this process is one of >= 2 torchrun ranks
 (scripts/torch-test.sh)."""
@@ -21,3 +21,12 @@ def require_torchrun_gpus():
     if "MASTER_ADDR" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) < 2:
         pytest.skip("needs >= 2 ranks under torchrun (scripts/torch-test.sh)", allow_module_level=True)
     return torch, dist
+
+
+def gelu_tanh_grad(pre):
+    """d gelu(x) / dx of the tanh-approximate GELU (cuBLASLt's DGELU epilogue, TE's "gelu")
+    at ``pre``, in float32: the reference the DGELU tests multiply by."""
+    x = pre.float()
+    c = 0.7978845608028654
+    t = (c * (x + 0.044715 * x ** 3)).tanh()
+    return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * c * (1 + 3 * 0.044715 * x * x)

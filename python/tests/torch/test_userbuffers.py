@@ -8,7 +8,7 @@ each call) and every call's output is checked. Run by scripts/torch-test.sh."""
 
 import pytest
 
-from _gpu import require_torchrun_gpus
+from _gpu import gelu_tanh_grad, require_torchrun_gpus
 
 torch, dist = require_torchrun_gpus()
 
@@ -297,13 +297,6 @@ def test_split_ag_layouts(tc, transa, transb):
         ub.close()
 
 
-def _gelu_grad(pre):
-    x = pre.float()
-    c = 0.7978845608028654
-    t = torch.tanh(c * (x + 0.044715 * x ** 3))
-    return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * c * (1 + 3 * 0.044715 * x * x)
-
-
 def test_split_ag_dgelu(tc):
     """grad=True: the DGELU epilogue reads pre_gelu_out (TE's fc2 dgrad with GELU's backward
     fused, as LayerNormMLP runs it): out = (AG(dY) @ W) * gelu'(pre), NN, with x_copy."""
@@ -324,7 +317,7 @@ def test_split_ag_dgelu(tc):
             tc.skew(it)
             ub.split_overlap_ag(w, dys[r], out, x_copy=x_copy, transa=False, pre_gelu_out=pre, grad=True)
             outs.append(out)
-            refs.append((torch.cat(dys).float() @ w.float()) * _gelu_grad(pre))
+            refs.append((torch.cat(dys).float() @ w.float()) * gelu_tanh_grad(pre))
         ub.synchronize()
         torch.cuda.synchronize()
         check_calls(tc, "split_ag DGELU (grad=True)", outs, refs, 1e-2)

@@ -72,6 +72,18 @@ def nvte_dtype(dtype: torch.dtype):
     return d
 
 
+def set_packed_operand(o, t: Optional[torch.Tensor], shape, dtype: torch.dtype, scale_inv=None) -> None:
+    """Fill a packed call's operand (``_capi.GemmOperand``) once per call signature: dtype,
+    shape, and the data / scale_inv pointers of ``t`` / ``scale_inv`` (None: NULL; the
+    prepared calls set the pointers per call)."""
+    o.dtype = int(nvte_dtype(dtype))
+    o.ndim = len(shape)
+    for i, d in enumerate(shape):
+        o.shape[i] = int(d)
+    o.data = None if t is None else (t.data_ptr() or None)
+    o.scale_inv = None if scale_inv is None else scale_inv.data_ptr()
+
+
 def _scalar_ptr(t: Optional[torch.Tensor], what: str) -> int:
     if t is None:
         return 0

@@ -30,7 +30,7 @@ from typing import Dict, Optional, Tuple, Union
 import torch
 
 from .. import _capi
-from ._context import FP8_DTYPES, nvte_dtype, raw_stream
+from ._context import FP8_DTYPES, raw_stream, set_packed_operand
 
 __all__ = ["gemm"]
 
@@ -76,13 +76,6 @@ _plans: Dict[tuple, "_Prepared"] = {}
 _MAX_PLANS = 1024
 
 
-def _operand(o, shape, dtype: torch.dtype) -> None:
-    o.dtype = int(nvte_dtype(dtype))
-    o.ndim = len(shape)
-    for i, d in enumerate(shape):
-        o.shape[i] = int(d)
-
-
 class _Prepared:
     """One validated signature: the packed struct with the operands' dtypes and shapes and
     the flags filled in; calling it allocates the output(s), sets the pointers and the
@@ -95,16 +88,16 @@ class _Prepared:
                  m, n, od, fp8, grad):
         a = _capi.GemmPacked()
         a.op = _capi.PACKED_GEMM
-        _operand(a.a, A.shape, A.dtype)
-        _operand(a.b, B.shape, B.dtype)
-        _operand(a.d, (n, m), od)
+        set_packed_operand(a.a, None, A.shape, A.dtype)
+        set_packed_operand(a.b, None, B.shape, B.dtype)
+        set_packed_operand(a.d, None, (n, m), od)
         bias_t = bias if bias is not None else bias_grad
         if bias_t is not None:  # a vector of its elements, whatever its dimensions (as TE takes it)
-            _operand(a.bias, (bias_t.numel(),), bias_t.dtype)
+            set_packed_operand(a.bias, None, (bias_t.numel(),), bias_t.dtype)
         if gelu:
-            _operand(a.pre_act_out, (n, m), od)
+            set_packed_operand(a.pre_act_out, None, (n, m), od)
         elif dgelu_pre is not None:
-            _operand(a.pre_act_out, dgelu_pre.shape, dgelu_pre.dtype)
+            set_packed_operand(a.pre_act_out, None, dgelu_pre.shape, dgelu_pre.dtype)
         a.transa, a.transb, a.grad, a.accumulate = bool(transa), bool(transb), bool(grad), bool(accumulate)
         self.args = a
         self.ptr = ctypes.pointer(a)

@@ -66,8 +66,8 @@ from ._context import (
     get_context,
     group_name_of,
     numroc,
-    nvte_dtype,
     raw_stream,
+    set_packed_operand,
 )
 
 __all__ = [
@@ -199,17 +199,6 @@ def _plan_k_split(op, x, weight, bias, x_scale_inv, w_scale_inv, group_name, k_g
 _PACKED_OPS = _core.PACKED_OPS
 
 
-def _set_operand(o, t: Optional[torch.Tensor], shape, dtype: torch.dtype, scale_inv=None) -> None:
-    """Fill the constant part of a packed operand (dtype, shape; the data pointer is set
-    per call)."""
-    o.dtype = int(nvte_dtype(dtype))
-    o.ndim = len(shape)
-    for i, d in enumerate(shape):
-        o.shape[i] = int(d)
-    o.data = None if t is None else (t.data_ptr() or None)
-    o.scale_inv = None if scale_inv is None else scale_inv.data_ptr()
-
-
 class _Prepared:
     """One validated call: the context, the packed argument struct with everything but the
     data pointers and the stream filled in, and the output's shape and dtype. Calling it
@@ -230,13 +219,13 @@ class _Prepared:
         a.op = _PACKED_OPS[fn_name]
         a.comm_sm_count = int(comm_sm_count)
         a.m, a.n, a.k = p.m, p.n, p.k
-        _set_operand(a.a, weight, tuple(weight.shape), weight.dtype, w_scale_inv if p.fp8 else None)
-        _set_operand(a.b, x, tuple(x.shape), x.dtype, x_scale_inv if p.fp8 else None)
-        _set_operand(a.d, None, p.out_shape, p.out_dtype)
+        set_packed_operand(a.a, weight, tuple(weight.shape), weight.dtype, w_scale_inv if p.fp8 else None)
+        set_packed_operand(a.b, x, tuple(x.shape), x.dtype, x_scale_inv if p.fp8 else None)
+        set_packed_operand(a.d, None, p.out_shape, p.out_dtype)
         if bias is not None:
-            _set_operand(a.bias, bias, (bias.numel(),), bias.dtype)
+            set_packed_operand(a.bias, bias, (bias.numel(),), bias.dtype)
         if gelu_pre:
-            _set_operand(a.pre_act_out, None, p.out_shape, p.out_dtype)
+            set_packed_operand(a.pre_act_out, None, p.out_shape, p.out_dtype)
         a.transa, a.transb = bool(transa), bool(transb)
         a.grad = a.accumulate = False
         a.algo = int(algo)
