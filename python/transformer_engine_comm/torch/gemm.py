@@ -169,12 +169,18 @@ def gemm(
             if len(_plans) >= _MAX_PLANS:
                 _plans.clear()
             _plans[key] = pr
-    for name, t in (("A", A), ("B", B), ("out", out), ("bias", bias), ("dgelu_pre", dgelu_pre),
-                    ("bias_grad", bias_grad)):
-        if t is not None and not t.is_contiguous():
-            hint = " (pass the other layout flag instead of a transposed view)" if name in ("A", "B") else ""
-            raise ValueError(f"gemm: {name} must be contiguous{hint}")
+    if not (A.is_contiguous() and B.is_contiguous() and _contiguous(out) and _contiguous(bias)
+            and _contiguous(dgelu_pre) and _contiguous(bias_grad)):
+        for name, t in (("A", A), ("B", B), ("out", out), ("bias", bias), ("dgelu_pre", dgelu_pre),
+                        ("bias_grad", bias_grad)):
+            if not _contiguous(t):
+                hint = " (pass the other layout flag instead of a transposed view)" if name in ("A", "B") else ""
+                raise ValueError(f"gemm: {name} must be contiguous{hint}")
     return pr(A, B, out, bias if bias is not None else bias_grad, dgelu_pre, a_scale_inv, b_scale_inv)
+
+
+def _contiguous(t) -> bool:
+    return t is None or t.is_contiguous()
 
 
 def _check(A, B, transa, transb, out_dtype, out, bias, gelu, dgelu_pre, bias_grad, accumulate, a_scale_inv,
