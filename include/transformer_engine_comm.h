@@ -463,6 +463,9 @@ NVTECommStatus nvte_comm_gemm_ctx_create_bootstrap(const struct NVTECommBootstra
 
 /**
  * Destroy a context (waits, bounded, until the peers are done with its buffers). NULL is a no-op.
+ * May run on any thread while another thread captures a CUDA graph (global mode too: a
+ * garbage collector's finalizer): the capture stays valid. Graphs captured with the
+ * context must not be replayed after it is destroyed.
  */
 void nvte_comm_gemm_ctx_destroy(struct NVTECommGemmCtx *ctx);
 
@@ -759,7 +762,10 @@ NVTECommStatus nvte_comm_overlap_create(const struct NVTECommBootstrap *bootstra
 
 /**
  * Destroy an object: waits (bounded by the timeout) until the peers are done with this
- * rank's buffer, then frees everything. Not collective. NULL is a no-op.
+ * rank's buffer, then frees everything. Not collective. NULL is a no-op. May run on any
+ * thread while another thread captures a CUDA graph (global mode too: a garbage
+ * collector's finalizer): the capture stays valid. Graphs captured with the object must
+ * not be replayed after it is destroyed.
  */
 NVTECommStatus nvte_comm_overlap_destroy(struct NVTECommOverlap *overlap);
 

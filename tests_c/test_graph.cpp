@@ -19,6 +19,8 @@
 //   cleanly (UNSUPPORTED, nothing captured, the capture still valid); then an eager warm-up
 //   call and the capture work. A graph must survive an eager call that replaces its engine
 //   with a larger one. The NCCL transport too (smaller shapes).
+// - A comm-GEMM context (IPC, NCCL) destroyed on another thread during a global-mode
+//   capture leaves the capture valid.
 // Options: --replays N (default 100); --only TEXT (the cases whose name contains TEXT);
 // --skip-first-call (every capture after an eager warm-up call; no first-call checks).
 #include <nccl.h>
@@ -597,6 +599,64 @@ void comm_gemm(Env &e, Op op, CgShape sh, const char *transport, const char *ar_
   }
 }
 
+// A context destroyed on another thread while this thread captures in global mode (as a
+// garbage collector or an autograd worker may do): its syncs, frees and NCCL teardown must
+// leave the capture valid (CUDA refuses, and invalidates the capture for, potentially
+// unsafe calls from any thread beside a global-mode capture; the library makes them with
+// its thread's capture mode relaxed). The context has run an eager call first, so that it
+// owns an engine, scratch and workspace memory, streams and events to release.
+void destroy_beside_capture(Env &e, const char *transport) {
+  const std::string label = std::string("comm-GEMM context (") + transport +
+                            ") destroyed on another thread during a global-mode capture";
+  if (!selected(label)) return;
+  setenv("NVTE_COMM_TRANSPORT", transport, 1);
+  NVTECommGemmCtx *ctx = nvte_comm_gemm_ctx_create(e.nccl, e.size, e.rank);
+  unsetenv("NVTE_COMM_TRANSPORT");
+  if (!all_ok(ctx != nullptr)) {
+    e.rep->fail(label + ": ctx_create: " + nvte_comm_last_error());
+    if (ctx) nvte_comm_gemm_ctx_destroy(ctx);
+    return;
+  }
+  const size_t m = 1024, n = 1024, k = 1024, kl = k / e.size, nl = n / e.size;
+  Tensor A(bf, {m, kl}), B(bf, {n, kl}), D(bf, {nl, m});
+  fill(A, 1, e.s);
+  fill(B, 2, e.s);
+  nvte_gemm_reduce_scatter(ctx, m, n, k, A.h, B.h, D.h, nullptr, nullptr, true, false, false, false, 0, e.s,
+                           kNVTECommGemmAlgoDefault);
+  const NVTECommStatus st = nvte_comm_last_status();
+  CUDA_OK(cudaStreamSynchronize(e.s));
+  if (!all_ok(st == NVTE_COMM_SUCCESS)) {
+    e.rep->fail(label + ": the eager call -> " + status_text(st));
+    nvte_comm_gemm_ctx_destroy(ctx);
+    return;
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  CUDA_OK(cudaStreamBeginCapture(e.s, cudaStreamCaptureModeGlobal));
+  CUDA_OK(cudaMemsetAsync(D.data.p, 0, nl * m * 2, e.s));
+  NVTECommStatus dst = NVTE_COMM_SUCCESS;
+  std::thread([&] {
+    nvte_comm_gemm_ctx_destroy(ctx);
+    dst = nvte_comm_last_status();
+  }).join();
+  cudaGraph_t g = nullptr;
+  const cudaError_t ce = cudaStreamEndCapture(e.s, &g);
+  bool ok = ce == cudaSuccess && g != nullptr;
+  std::string what = label + ": cudaStreamEndCapture -> " + cudaGetErrorString(ce);
+  if (ok) {
+    cudaGraphExec_t x = nullptr;
+    const cudaError_t ie = cudaGraphInstantiate(&x, g, 0);
+    const cudaError_t le = ie == cudaSuccess ? cudaGraphLaunch(x, e.s) : ie;
+    const cudaError_t se = le == cudaSuccess ? cudaStreamSynchronize(e.s) : le;
+    ok = se == cudaSuccess;
+    what += std::string("; instantiate + replay -> ") + cudaGetErrorString(se);
+    if (x) cudaGraphExecDestroy(x);
+  }
+  if (g) cudaGraphDestroy(g);
+  (void)cudaGetLastError();
+  e.rep->check(ok && dst == NVTE_COMM_SUCCESS, what + "; the destroy -> " + status_text(dst));
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -668,6 +728,10 @@ int main(int argc, char **argv) {
   comm_gemm(e, Op::AG, mid, "nccl", nullptr, false, false, global_only, ++salt);
   comm_gemm(e, Op::RS, mid, "nccl", nullptr, false, false, global_only, ++salt);
   comm_gemm(e, Op::AR, mid, "nccl", nullptr, false, false, global_only, ++salt);
+
+  // Releases beside a capture (another thread's destroy).
+  destroy_beside_capture(e, "ipc");
+  destroy_beside_capture(e, "nccl");
 
   int rc = rep.finish("test_graph");
   ncclCommDestroy(e.nccl);

@@ -380,6 +380,7 @@ impl Drop for Channel {
     /// it was aborted already), and aborting it needs no peer, so contexts may be destroyed
     /// in any order and a destroy never waits for a rank that is gone.
     fn drop(&mut self) {
+        let _relaxed = crate::cuda::resources::RelaxedCapture::new(); // (see NcclTransport's drop)
         let mut st = self.st.lock().unwrap_or_else(|e| e.into_inner());
         let stream = st.bufs.as_ref().map(|b| b.stream.raw());
         // (the buffers' context, current while they are freed)

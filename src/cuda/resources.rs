@@ -1,5 +1,8 @@
 //! Owned CUDA resources (streams, events, device / host-mapped memory, IPC mappings).
-//! Each frees itself on drop; every creation names the call that failed.
+//! Each frees itself on drop; every creation names the call that failed. Every release
+//! runs with the thread's stream-capture mode relaxed ([`release_relaxed`]): an object
+//! dropped on one thread (a garbage collector's, an autograd worker's) while another
+//! thread captures a CUDA graph in global mode must not invalidate that capture.
 use super::{DevPtr, check};
 use crate::cuda::StreamHandle;
 use crate::error::Result;
@@ -58,7 +61,7 @@ impl Stream {
 impl Drop for Stream {
     fn drop(&mut self) {
         // SAFETY: created by Stream::new.
-        unsafe { cu::cuStreamDestroy_v2(self.0 as cu::CUstream) };
+        release_relaxed(|| unsafe { cu::cuStreamDestroy_v2(self.0 as cu::CUstream) });
     }
 }
 
@@ -166,7 +169,7 @@ pub fn mean_time<S>(
 impl Drop for Event {
     fn drop(&mut self) {
         // SAFETY: created by Event::new.
-        unsafe { cu::cuEventDestroy_v2(self.0 as cu::CUevent) };
+        release_relaxed(|| unsafe { cu::cuEventDestroy_v2(self.0 as cu::CUevent) });
     }
 }
 
@@ -242,7 +245,7 @@ impl Drop for DeviceMem {
             return;
         }
         // SAFETY: allocated by DeviceMem::new.
-        unsafe { cu::cuMemFree_v2(self.ptr.raw()) };
+        release_relaxed(|| unsafe { cu::cuMemFree_v2(self.ptr.raw()) });
     }
 }
 
@@ -279,7 +282,7 @@ impl IpcMapping {
 impl Drop for IpcMapping {
     fn drop(&mut self) {
         // SAFETY: opened by IpcMapping::open.
-        unsafe { cu::cuIpcCloseMemHandle(self.ptr.raw()) };
+        release_relaxed(|| unsafe { cu::cuIpcCloseMemHandle(self.ptr.raw()) });
     }
 }
 
@@ -321,7 +324,7 @@ impl HostMapped {
 impl Drop for HostMapped {
     fn drop(&mut self) {
         // SAFETY: allocated by HostMapped::new.
-        unsafe { cu::cuMemFreeHost(self.host) };
+        release_relaxed(|| unsafe { cu::cuMemFreeHost(self.host) });
     }
 }
 
@@ -541,6 +544,51 @@ pub fn with_relaxed_capture<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
     // SAFETY: restores the mode returned above.
     unsafe { cu::cuThreadExchangeStreamCaptureMode(&mut mode) };
     r
+}
+
+/// This thread's stream-capture mode relaxed while the guard lives (then restored;
+/// nothing happens where the mode cannot be changed, e.g. without a driver). For
+/// releases (frees, destroys) in `Drop`s: in global mode a potentially unsafe call
+/// (cuMemFree, ...) made by any thread while another thread captures a graph in global
+/// mode is refused and invalidates that capture; relaxed, ordering the release is the
+/// caller's business (a released resource is no longer used by any graph: buffers a
+/// captured graph may use are kept by their owner, see `retired_scratch`).
+pub struct RelaxedCapture(Option<cu::CUstreamCaptureMode>);
+
+impl RelaxedCapture {
+    pub fn new() -> RelaxedCapture {
+        // Without a driver there is nothing to relax (and no driver call may be made).
+        if super::require(super::Lib::Driver).is_err() {
+            return RelaxedCapture(None);
+        }
+        let mut mode = cu::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+        // SAFETY: in/out pointer to a mode value.
+        let ok = unsafe { cu::cuThreadExchangeStreamCaptureMode(&mut mode) }
+            == cu::CUresult::CUDA_SUCCESS;
+        RelaxedCapture(ok.then_some(mode))
+    }
+}
+
+impl Default for RelaxedCapture {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for RelaxedCapture {
+    fn drop(&mut self) {
+        if let Some(mut mode) = self.0.take() {
+            // SAFETY: restores the mode returned in `new`.
+            unsafe { cu::cuThreadExchangeStreamCaptureMode(&mut mode) };
+        }
+    }
+}
+
+/// Run the release call `f` (a free or destroy in a `Drop`: its status is not used) with
+/// this thread's capture mode relaxed ([`RelaxedCapture`]).
+pub fn release_relaxed(f: impl FnOnce() -> cu::CUresult) {
+    let _relaxed = RelaxedCapture::new();
+    let _ = f();
 }
 
 /// The UUID of device `dev` (this process's ordinal), the same in every process whatever

@@ -59,13 +59,18 @@ pub extern "C" fn nvte_comm_gemm_ctx_create_bootstrap(
 }
 
 /// Destroy a context (waits, bounded, until the peers are done with its buffers). NULL is a no-op.
+/// May run on any thread while another thread captures a CUDA graph (global mode too: a
+/// garbage collector's finalizer): the capture stays valid. Graphs captured with the
+/// context must not be replayed after it is destroyed.
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_comm_gemm_ctx_destroy(ctx: *mut NVTECommGemmCtx) {
     firewall("nvte_comm_gemm_ctx_destroy", (), || {
         if ctx.is_null() {
             return Ok(());
         }
-        // Dropped here, outside the table's lock.
+        // Dropped here, outside the table's lock, with this thread's capture mode relaxed
+        // (a destroy may run beside another thread's capture: RelaxedCapture).
+        let _relaxed = crate::cuda::resources::RelaxedCapture::new();
         CONTEXTS.remove(ctx as usize, "ctx").map(drop)
     })
 }

@@ -205,14 +205,19 @@ pub extern "C" fn nvte_comm_overlap_create(
 }
 
 /// Destroy an object: waits (bounded by the timeout) until the peers are done with this
-/// rank's buffer, then frees everything. Not collective. NULL is a no-op.
+/// rank's buffer, then frees everything. Not collective. NULL is a no-op. May run on any
+/// thread while another thread captures a CUDA graph (global mode too: a garbage
+/// collector's finalizer): the capture stays valid. Graphs captured with the object must
+/// not be replayed after it is destroyed.
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_comm_overlap_destroy(overlap: *mut NVTECommOverlap) -> NVTECommStatus {
     status_call("nvte_comm_overlap_destroy", || {
         if overlap.is_null() {
             return Ok(());
         }
-        // Dropped here, outside the table's lock (quiesce, then free).
+        // Dropped here, outside the table's lock (quiesce, then free), with this thread's
+        // capture mode relaxed (a destroy may run beside another thread's capture).
+        let _relaxed = crate::cuda::resources::RelaxedCapture::new();
         OVERLAPS.remove(overlap as usize, "overlap").map(drop)
     })
 }

@@ -162,6 +162,7 @@ pub extern "C" fn nvte_comm_nccl_comm_destroy(comm: ncclComm_t) -> NVTECommStatu
                 comm as usize
             );
         }
+        let _relaxed = crate::cuda::resources::RelaxedCapture::new(); // NCCL frees device memory
         nccl::comm_destroy(comm as usize)
     })
 }

@@ -604,6 +604,9 @@ impl NcclTransport {
 
 impl Drop for NcclTransport {
     fn drop(&mut self) {
+        // NCCL frees its device memory here: not refused (and no other thread's global
+        // capture invalidated) when this runs on a thread beside a capture.
+        let _relaxed = crate::cuda::resources::RelaxedCapture::new();
         self.shared.stop.store(true, Ordering::Release);
         if let Some(w) = self.watchdog.take() {
             let _ = w.join();
