@@ -19,8 +19,8 @@
 //   cleanly (UNSUPPORTED, nothing captured, the capture still valid); then an eager warm-up
 //   call and the capture work. A graph must survive an eager call that replaces its engine
 //   with a larger one. The NCCL transport too (smaller shapes).
-// - A comm-GEMM context (IPC, NCCL) destroyed on another thread during a global-mode
-//   capture leaves the capture valid.
+// - A comm-GEMM context (IPC, NCCL) and a userbuffers object destroyed on another thread
+//   during a global-mode capture leave the capture valid.
 // Options: --replays N (default 100); --only TEXT (the cases whose name contains TEXT);
 // --skip-first-call (every capture after an eager warm-up call; no first-call checks).
 #include <nccl.h>
@@ -599,13 +599,41 @@ void comm_gemm(Env &e, Op op, CgShape sh, const char *transport, const char *ar_
   }
 }
 
-// A context destroyed on another thread while this thread captures in global mode (as a
-// garbage collector or an autograd worker may do): its syncs, frees and NCCL teardown must
-// leave the capture valid (CUDA refuses, and invalidates the capture for, potentially
-// unsafe calls from any thread beside a global-mode capture; the library makes them with
-// its thread's capture mode relaxed). The context has run an eager call first, so that it
-// owns an engine, scratch and workspace memory, streams and events to release.
-void destroy_beside_capture(Env &e, const char *transport) {
+// An object released on another thread while this thread captures in global mode (as a
+// garbage collector's finalizer or an autograd worker may do): its syncs, frees and NCCL
+// teardown must leave the capture valid (CUDA refuses, and invalidates the capture for,
+// potentially unsafe calls from any thread beside a global-mode capture; the library makes
+// them with its thread's capture mode relaxed). The capture holds a memset of `scratch`;
+// `destroy` runs on the other thread, then the graph is instantiated and replayed.
+void check_destroy_beside_capture(Env &e, const std::string &label, const std::function<NVTECommStatus()> &destroy,
+                                  void *scratch, size_t bytes) {
+  MPI_Barrier(MPI_COMM_WORLD);
+  CUDA_OK(cudaStreamBeginCapture(e.s, cudaStreamCaptureModeGlobal));
+  CUDA_OK(cudaMemsetAsync(scratch, 0, bytes, e.s));
+  NVTECommStatus dst = NVTE_COMM_SUCCESS;
+  std::thread([&] { dst = destroy(); }).join();
+  cudaGraph_t g = nullptr;
+  const cudaError_t ce = cudaStreamEndCapture(e.s, &g);
+  bool ok = ce == cudaSuccess && g != nullptr;
+  std::string what = label + ": cudaStreamEndCapture -> " + cudaGetErrorString(ce);
+  if (ok) {
+    cudaGraphExec_t x = nullptr;
+    const cudaError_t ie = cudaGraphInstantiate(&x, g, 0);
+    const cudaError_t le = ie == cudaSuccess ? cudaGraphLaunch(x, e.s) : ie;
+    const cudaError_t se = le == cudaSuccess ? cudaStreamSynchronize(e.s) : le;
+    ok = se == cudaSuccess;
+    what += std::string("; instantiate + replay -> ") + cudaGetErrorString(se);
+    if (x) cudaGraphExecDestroy(x);
+  }
+  if (g) cudaGraphDestroy(g);
+  (void)cudaGetLastError();
+  e.rep->check(ok && dst == NVTE_COMM_SUCCESS, what + "; the destroy -> " + status_text(dst));
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// A comm-GEMM context (after an eager call: it owns an engine, scratch and workspace
+// memory, streams and events) destroyed beside a global-mode capture.
+void ctx_destroy_beside_capture(Env &e, const char *transport) {
   const std::string label = std::string("comm-GEMM context (") + transport +
                             ") destroyed on another thread during a global-mode capture";
   if (!selected(label)) return;
@@ -630,31 +658,35 @@ void destroy_beside_capture(Env &e, const char *transport) {
     nvte_comm_gemm_ctx_destroy(ctx);
     return;
   }
-  MPI_Barrier(MPI_COMM_WORLD);
-  CUDA_OK(cudaStreamBeginCapture(e.s, cudaStreamCaptureModeGlobal));
-  CUDA_OK(cudaMemsetAsync(D.data.p, 0, nl * m * 2, e.s));
-  NVTECommStatus dst = NVTE_COMM_SUCCESS;
-  std::thread([&] {
+  check_destroy_beside_capture(e, label, [&] {
     nvte_comm_gemm_ctx_destroy(ctx);
-    dst = nvte_comm_last_status();
-  }).join();
-  cudaGraph_t g = nullptr;
-  const cudaError_t ce = cudaStreamEndCapture(e.s, &g);
-  bool ok = ce == cudaSuccess && g != nullptr;
-  std::string what = label + ": cudaStreamEndCapture -> " + cudaGetErrorString(ce);
-  if (ok) {
-    cudaGraphExec_t x = nullptr;
-    const cudaError_t ie = cudaGraphInstantiate(&x, g, 0);
-    const cudaError_t le = ie == cudaSuccess ? cudaGraphLaunch(x, e.s) : ie;
-    const cudaError_t se = le == cudaSuccess ? cudaStreamSynchronize(e.s) : le;
-    ok = se == cudaSuccess;
-    what += std::string("; instantiate + replay -> ") + cudaGetErrorString(se);
-    if (x) cudaGraphExecDestroy(x);
+    return nvte_comm_last_status();
+  }, D.data.p, nl * m * 2);
+}
+
+// A userbuffers object (IPC, after an eager split_ag: its buffer, flags and streams)
+// destroyed beside a global-mode capture.
+void overlap_destroy_beside_capture(Env &e) {
+  const std::string label = "userbuffers object (ipc) destroyed on another thread during a global-mode capture";
+  if (!selected(label)) return;
+  const size_t n = 1024, k = 1024, m = 512, nc = n / e.size;
+  NVTECommOverlap *o = create(e, n, k, true, false, label);
+  if (!all_ok(o != nullptr)) {
+    if (o) nvte_comm_overlap_destroy(o);
+    return;
   }
-  if (g) cudaGraphDestroy(g);
-  (void)cudaGetLastError();
-  e.rep->check(ok && dst == NVTE_COMM_SUCCESS, what + "; the destroy -> " + status_text(dst));
-  MPI_Barrier(MPI_COMM_WORLD);
+  Tensor A(bf, {m, k}), Bs(bf, {nc, k}), D(bf, {n, m});
+  fill(A, 1, e.s);
+  fill(Bs, 2, e.s);
+  const NVTECommStatus st = nvte_comm_overlap_split_ag(o, A.h, true, Bs.h, false, D.h, nullptr, nullptr, false,
+                                                       e.ws_t, false, true, nullptr, e.s);
+  CUDA_OK(cudaStreamSynchronize(e.s));
+  if (!all_ok(st == NVTE_COMM_SUCCESS)) {
+    e.rep->fail(label + ": the eager split_ag -> " + status_text(st));
+    nvte_comm_overlap_destroy(o);
+    return;
+  }
+  check_destroy_beside_capture(e, label, [&] { return nvte_comm_overlap_destroy(o); }, D.data.p, n * m * 2);
 }
 
 }  // namespace
@@ -730,8 +762,9 @@ int main(int argc, char **argv) {
   comm_gemm(e, Op::AR, mid, "nccl", nullptr, false, false, global_only, ++salt);
 
   // Releases beside a capture (another thread's destroy).
-  destroy_beside_capture(e, "ipc");
-  destroy_beside_capture(e, "nccl");
+  ctx_destroy_beside_capture(e, "ipc");
+  ctx_destroy_beside_capture(e, "nccl");
+  overlap_destroy_beside_capture(e);
 
   int rc = rep.finish("test_graph");
   ncclCommDestroy(e.nccl);
