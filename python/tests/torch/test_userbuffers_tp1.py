@@ -126,3 +126,37 @@ def test_bulk_overlap_repeated(group):
         with pytest.raises(ValueError, match="contiguous"):
             rs.bulk_overlap("rs", x, dy, torch.empty(K, M, dtype=BF16, device="cuda").t(), rs_output=dx_out,
                             transa=False, transb=True)
+
+
+def test_closed_on_another_thread_during_a_capture(group):
+    """An object closed (its finalizer run) on another thread while this thread captures a
+    CUDA graph in torch's default (global) capture mode: the capture stays valid and the
+    graph replays (the library releases with that thread's capture mode relaxed)."""
+    import threading
+
+    ub = CommOverlap((N, K), BF16, group)
+    x = rnd(1, N, K)
+    ub.copy_into_buffer(x, local_chunk=True)  # an eager call: the object's streams and buffer in use
+    out = torch.empty(N, M, dtype=BF16, device="cuda")
+    ub.split_overlap_ag(rnd(2, M, K), x, out)
+    torch.cuda.synchronize()
+    a = rnd(3, N, K)
+    errors = []
+
+    def close():
+        try:
+            ub.close()
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):  # capture_error_mode "global"
+        b = a * 2
+        t = threading.Thread(target=close)
+        t.start()
+        t.join()
+    assert not errors, errors
+    a.copy_(rnd(4, N, K))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(b, a * 2)
