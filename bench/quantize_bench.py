@@ -32,7 +32,7 @@ from transformer_engine_comm.torch import fp8
 # v3 (default), v2, v1 (the previous kernel), the bench variants of v2 and v3 (bf16 -> e4m3 only).
 CT_ALL = ["v3", "v2", "v1", "v2-np", "v2-tr64", "v2-tr64-np", "v2-tr64-g16", "v2-g16", "v2-cs", "v2-g32-cs",
           "v2-pf0", "v2-m4-np", "v3-r256c128", "v3-r256c64-m4", "v3-r256c64-bs-m4", "v3-r512c64",
-          "v3-r512c64-bs"]
+          "v3-r512c64-bs", "v3-nohint", "v3-cs", "v3-ef"]
 
 
 def timed(fn, iters, warmup=10):

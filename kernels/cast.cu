@@ -140,6 +140,19 @@ __device__ __forceinline__ void ld16(const void *p, u32 *w) {
 __device__ __forceinline__ void st16(void *p, u32 a, u32 b, u32 c, u32 d) {
   *reinterpret_cast<uint4 *>(p) = make_uint4(a, b, c, d);
 }
+// An L2 policy marking every access it is given as evict-first (createpolicy), for data
+// that streams through once.
+__device__ __forceinline__ u64 l2_evict_first() {
+  u64 p;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+// ld16<0> with an L2 cache policy.
+__device__ __forceinline__ void ld16_hint(const void *p, u32 *w, u64 pol) {
+  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+               : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+               : "l"(p), "l"(pol));
+}
 
 // 32-bit words holding 8 elements of I (4 for 16-bit types, 8 for float32).
 template <class I>
@@ -719,7 +732,9 @@ CT2X(64, 16, 1, 0, 6)
 // tile leaves shared memory and how the input arrives:
 //   ct3_impl:  register loads as v2, tall tiles (TR up to 512 rows: TR-byte runs of each
 //              transposed row per tile, v2 128), transposed stores as 16-byte vectors
-//              (BS = 0) or one bulk copy a column (BS = 1).
+//              (BS bit 0 clear) or one bulk copy a column (bit 0 set); bit 1 streaming
+//              rowwise stores (st.global.cs), bit 2 an L2 evict-first policy on the input
+//              loads and the bulk stores (the default, ct3_*: BS 7).
 // (Input tiles by bulk loads on an mbarrier, one tile a block or a persistent pipeline,
 // ran at half v2's speed, their 128-byte bulk loads too small: bench/RESULTS.md,
 // 2026-11-26 third session; removed.)
@@ -728,6 +743,12 @@ __device__ __forceinline__ u32 ct3_saddr(const void *p) { return (u32)__cvta_gen
 // `bytes` shared -> global in this thread's current bulk group.
 __device__ __forceinline__ void ct3_store_bulk(void *dst, u32 src, u32 bytes) {
   asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(src), "r"(bytes)
+               : "memory");
+}
+// The same with an L2 cache policy (createpolicy).
+__device__ __forceinline__ void ct3_store_bulk_hint(void *dst, u32 src, u32 bytes, u64 pol) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group.L2::cache_hint [%0], [%1], %2, %3;" ::"l"(dst), "r"(src),
+               "r"(bytes), "l"(pol)
                : "memory");
 }
 __device__ __forceinline__ void ct3_store_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
@@ -770,7 +791,7 @@ __device__ __forceinline__ int ct3_col(int c) {
 // converted two rows at a time as in v2 (ct_pair_rows: amax into `local`), the rowwise
 // bytes stored to `dst` (= out + rb * cols + cb; null: none) with 8-byte stores, the
 // column words to the transposed tile `tl` (ct3_col layout).
-template <class I, class O, int TR>
+template <class I, class O, int TR, int CS = 0>
 __device__ __forceinline__ void ct3_block(const u32 (&w)[8][4], u8 *dst, u64 cols, u8 *tl, int cg, int rg, float s,
                                           float &local) {
   u32 colw[8][2];
@@ -782,8 +803,8 @@ __device__ __forceinline__ void ct3_block(const u32 (&w)[8][4], u8 *dst, u64 col
       const u32 t01 = prmt(h[0], h[1], 0x5140), t23 = prmt(h[2], h[3], 0x5140);
       const u32 t45 = prmt(h[4], h[5], 0x5140), t67 = prmt(h[6], h[7], 0x5140);
       u8 *d = dst + (u64)i * cols;
-      stg8<0>(d, prmt(t01, t23, 0x5410), prmt(t45, t67, 0x5410));
-      stg8<0>(d + cols, prmt(t01, t23, 0x7632), prmt(t45, t67, 0x7632));
+      stg8<CS>(d, prmt(t01, t23, 0x5410), prmt(t45, t67, 0x5410));
+      stg8<CS>(d + cols, prmt(t01, t23, 0x7632), prmt(t45, t67, 0x7632));
     }
   }
 #pragma unroll
@@ -792,17 +813,21 @@ __device__ __forceinline__ void ct3_block(const u32 (&w)[8][4], u8 *dst, u64 col
 }
 
 // The transposed tile `tl` (TC columns of TR bytes, complete: after a barrier) to out_t
-// rows c0 .. c0 + TC - 1, bytes r0 .. r0 + TR - 1. BS = 1: thread c < TC copies column c
-// with one bulk store and commits it (the writers fenced with ct3_fence_async before the
-// barrier; the caller waits for the reads before `tl` is written again); BS = 0: 16-byte
-// vectors, 8 lanes a 128-byte run, 4 a thread.
+// rows c0 .. c0 + TC - 1, bytes r0 .. r0 + TR - 1. BS bit 0 set: thread c < TC copies
+// column c with one bulk store (with bit 2, under the L2 policy `pol`) and commits it (the
+// writers fenced with ct3_fence_async before the barrier; the caller waits for the reads
+// before `tl` is written again); bit 0 clear: 16-byte vectors, 8 lanes a 128-byte run, 4
+// a thread.
 template <int TR, int TC, int BS>
-__device__ __forceinline__ void ct3_store_t(const u8 *tl, u8 *out_t, u64 rows, u64 r0, u64 c0) {
+__device__ __forceinline__ void ct3_store_t(const u8 *tl, u8 *out_t, u64 rows, u64 r0, u64 c0, u64 pol) {
   constexpr int NT = (TR / 8) * (TC / 8), UT = TR / 16, NQ = TC * UT / NT;
-  if constexpr (BS == 1) {
+  if constexpr ((BS & 1) != 0) {
     const int c = threadIdx.x;
     if (c < TC) {
-      ct3_store_bulk(out_t + (c0 + c) * rows + r0, ct3_saddr(tl + ct3_col<TR>(c)), TR);
+      if constexpr ((BS & 4) != 0)
+        ct3_store_bulk_hint(out_t + (c0 + c) * rows + r0, ct3_saddr(tl + ct3_col<TR>(c)), TR, pol);
+      else
+        ct3_store_bulk(out_t + (c0 + c) * rows + r0, ct3_saddr(tl + ct3_col<TR>(c)), TR);
       ct3_store_commit();
     }
   } else {
@@ -841,6 +866,8 @@ __device__ void ct3_impl(const u16 *__restrict__ in, u8 *__restrict__ out, u8 *_
   float local = 0.0f;
   int cg, rg;
   ct3_lanes<TC>(cg, rg);
+  constexpr bool BULK = (BS & 1) != 0, EF = (BS & 4) != 0;
+  const u64 pol = EF ? l2_evict_first() : 0;
   const u64 tiles_c = cols / TC, ntiles = (rows / TR) * tiles_c;
   for (u64 t = blockIdx.x; t < ntiles; t += gridDim.x) {
     const u64 tr = t / tiles_c, r0 = tr * TR, c0 = (t - tr * tiles_c) * TC;
@@ -848,17 +875,21 @@ __device__ void ct3_impl(const u16 *__restrict__ in, u8 *__restrict__ out, u8 *_
     u32 w[8][4];
     const u16 *src = in + rb * cols + cb;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) ld16<0>(src + (u64)i * cols, w[i]);
-    ct3_block<I, O, TR>(w, out != nullptr ? out + rb * cols + cb : nullptr, cols, tl, cg, rg, s, local);
-    if constexpr (BS == 1) ct3_fence_async();
+    for (int i = 0; i < 8; ++i) {
+      if constexpr (EF) ld16_hint(src + (u64)i * cols, w[i], pol);
+      else ld16<0>(src + (u64)i * cols, w[i]);
+    }
+    ct3_block<I, O, TR, (BS & 2) ? 1 : 0>(w, out != nullptr ? out + rb * cols + cb : nullptr, cols, tl, cg, rg, s,
+                                         local);
+    if constexpr (BULK) ct3_fence_async();
     __syncthreads();
-    ct3_store_t<TR, TC, BS>(tl, out_t, rows, r0, c0);
+    ct3_store_t<TR, TC, BS>(tl, out_t, rows, r0, c0, pol);
     if (t + gridDim.x < ntiles) {
-      if (BS == 1 && threadIdx.x < TC) ct3_store_wait_read();
+      if (BULK && threadIdx.x < TC) ct3_store_wait_read();
       __syncthreads();
     }
   }
-  if (BS == 1 && threadIdx.x < TC) ct3_store_wait_read();
+  if (BULK && threadIdx.x < TC) ct3_store_wait_read();
   finish_amax(local, amax);
   write_scale_inv(s, sinv, sinv_t);
 }
@@ -877,6 +908,9 @@ CT3(256, 64, 0, 4)
 CT3(256, 64, 1, 4)
 CT3(512, 64, 0, 2)
 CT3(512, 64, 1, 2)
+CT3(256, 128, 1, 2)
+CT3(256, 128, 3, 2)
+CT3(256, 128, 5, 2)
 #endif
 
 #define QUANTIZE_FP8_FROM(iname, I)  \
@@ -892,12 +926,15 @@ QUANTIZE_FP8_FROM(f16, F16)
 
 // v3, the library's cast + transpose where its tiles fit (16-bit inputs; kernels.rs):
 // 256 x 128 tiles, one a block, the transposed tile out by bulk stores (the fastest of the
-// bench variants on one H100 and one H200, bench/RESULTS.md 2026-11-26, third session).
+// bench variants on one H100 and one H200, bench/RESULTS.md 2026-11-26, third session),
+// streaming rowwise stores and an L2 evict-first policy on the loads and the bulk stores
+// (BS 7: 97.6-97.9 us against 99.6-99.9 without them at 8192 x 8192 on one H100,
+// bench/RESULTS.md 2026-11-26, fifth session).
 #define CT3_DEFAULT(iname, I, oname, O)                                                                    \
   extern "C" __global__ void __launch_bounds__(512, 2) ct3_##iname##_##oname(                               \
       const u16 *in, u8 *out, u8 *out_t, u64 rows, u64 cols, const float *scale, float *amax,              \
       float *sinv, float *sinv_t, const float *noop, int t_vec) {                                            \
-    ct3_impl<I, O, 256, 128, 1>(in, out, out_t, rows, cols, scale, amax, sinv, sinv_t, noop);              \
+    ct3_impl<I, O, 256, 128, 7>(in, out, out_t, rows, cols, scale, amax, sinv, sinv_t, noop);              \
   }
 CT3_DEFAULT(bf16, BF16, e4m3, E4M3)
 CT3_DEFAULT(bf16, BF16, e5m2, E5M2)

@@ -660,7 +660,9 @@ const fn ct3v(name: &'static str, kernel: &'static str, tr: usize, tc: usize) ->
 /// tiles; kernels/cast.cu, "cast + transpose, v3"): `v3-r256c128` 256 x 128 tiles (256-byte
 /// runs of each transposed row a tile; v2-np's 128 x 128 otherwise), `v3-r512c64` 512 x 64
 /// (512-byte runs), `-bs` the transposed tile out by bulk stores (the default `v3` is
-/// 256 x 128 with them), `v3-r256c64-*` 256 x 64 tiles at least 4 blocks an SM.
+/// 256 x 128 with them), `v3-r256c64-*` 256 x 64 tiles at least 4 blocks an SM;
+/// `v3-nohint` the default v3 without its cache hints (streaming rowwise stores, an L2
+/// evict-first policy on the loads and bulk stores), `v3-cs` / `v3-ef` with one of them.
 const CT2_BENCH: &[Ct2Variant] = &[
     ct2v("v2-np", "", 128, true),
     ct2v("v2-tr64", "ct2x_tr64_g0_pf1_cs0_m6", 64, false),
@@ -676,10 +678,14 @@ const CT2_BENCH: &[Ct2Variant] = &[
     ct3v("v3-r256c64-bs-m4", "ct3_r256_c64_b1_m4", 256, 64),
     ct3v("v3-r512c64", "ct3_r512_c64_b0_m2", 512, 64),
     ct3v("v3-r512c64-bs", "ct3_r512_c64_b1_m2", 512, 64),
+    ct3v("v3-nohint", "ct3_r256_c128_b1_m2", 256, 128),
+    ct3v("v3-cs", "ct3_r256_c128_b3_m2", 256, 128),
+    ct3v("v3-ef", "ct3_r256_c128_b5_m2", 256, 128),
 ];
 
 /// NVTE_COMM_CAST_TRANSPOSE: the kernel of a quantize with columnwise output, read at each
-/// such call. `v3` (default): 256 x 128 tiles, one a block, bulk transposed stores, for
+/// such call. `v3` (default): 256 x 128 tiles, one a block, bulk transposed stores
+/// (streaming rowwise stores, an L2 evict-first policy on the loads and bulk stores), for
 /// 16-bit inputs whose shape the tiles cover exactly (else v2); `v2`: 128 x 128 tiles
 /// (any shape); `v1`: the previous kernel
 /// (128 x 64 tiles for rows % 16 == 0 and cols % 8 == 0 with aligned pointers, else one

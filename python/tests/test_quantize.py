@@ -296,7 +296,7 @@ def test_fp8_meta_end_to_end(recipe):
 CT_VARIANTS = ["v3", "v2", "v1"]
 CT_BENCH_VARIANTS = ["v2-np", "v2-tr64", "v2-tr64-np", "v2-tr64-g16", "v2-g16", "v2-cs", "v2-g32-cs",
                      "v2-pf0", "v2-m4-np", "v3-r256c128", "v3-r256c64-m4", "v3-r256c64-bs-m4", "v3-r512c64",
-                     "v3-r512c64-bs"]
+                     "v3-r512c64-bs", "v3-nohint", "v3-cs", "v3-ef"]
 # Odd sizes (rows % 16 != 0: byte transposed stores; cols % 8 != 0: the element path),
 # partial edge tiles, and more tiles than one persistent wave (blocks loop over tiles).
 CT_SHAPES = [(129, 72), (300, 1000), (520, 136), (1000, 33), (7, 4100), (1040, 8200), (2048, 4096), (768, 384)]
