@@ -464,8 +464,12 @@ NVTECommStatus nvte_comm_gemm_ctx_create_bootstrap(const struct NVTECommBootstra
 /**
  * Destroy a context (waits, bounded, until the peers are done with its buffers). NULL is a no-op.
  * May run on any thread while another thread captures a CUDA graph (global mode too: a
- * garbage collector's finalizer): the capture stays valid. Graphs captured with the
- * context must not be replayed after it is destroyed.
+ * garbage collector's finalizer): the capture stays valid, except for an NCCL-transport
+ * engine's teardown (NCCL frees memory on its own threads; see the README's CUDA
+ * graphs). Refused (an error recorded, the context kept) while a capture holding calls of
+ * one of its engines is still open.
+ * Destroy the graphs that hold its calls first (with the NCCL transport NCCL's teardown
+ * waits for them; see the README's CUDA graphs).
  */
 void nvte_comm_gemm_ctx_destroy(struct NVTECommGemmCtx *ctx);
 
@@ -764,8 +768,11 @@ NVTECommStatus nvte_comm_overlap_create(const struct NVTECommBootstrap *bootstra
  * Destroy an object: waits (bounded by the timeout) until the peers are done with this
  * rank's buffer, then frees everything. Not collective. NULL is a no-op. May run on any
  * thread while another thread captures a CUDA graph (global mode too: a garbage
- * collector's finalizer): the capture stays valid. Graphs captured with the object must
- * not be replayed after it is destroyed.
+ * collector's finalizer): the capture stays valid, except for the NCCL transport's
+ * teardown (NCCL frees memory on its own threads; see the README's CUDA graphs). Refused
+ * (NVTE_COMM_ERROR_UNSUPPORTED, the object kept) while a capture holding the object's own
+ * calls is still open: the graph being captured uses its memory. Destroy the graphs that hold its calls first (with
+ * the NCCL transport NCCL's teardown waits for them; see the README's CUDA graphs).
  */
 NVTECommStatus nvte_comm_overlap_destroy(struct NVTECommOverlap *overlap);
 

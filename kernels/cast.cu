@@ -951,7 +951,7 @@ QUANTIZE_FP8_FROM(f16, F16)
 // 256 x 128 tiles, one a block, the transposed tile out by bulk stores (the fastest of the
 // bench variants on one H100 and one H200, bench/RESULTS.md 2026-11-26, third session),
 // streaming rowwise stores and an L2 evict-first policy on the loads and the bulk stores
-// (BS 7: 97.6-97.9 us against 99.6-99.9 without them at 8192 x 8192 on one H100,
+// (BS 7: 97.6-97.9 us against 99.4-99.9 without them at 8192 x 8192 on one H100,
 // bench/RESULTS.md 2026-11-26, fifth session).
 #define CT3_DEFAULT(iname, I, oname, O)                                                                    \
   extern "C" __global__ void __launch_bounds__(512, 2) ct3_##iname##_##oname(                               \

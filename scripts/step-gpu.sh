@@ -15,8 +15,8 @@
 # missed bar is reported, not an error.
 # Usage: scripts/step-gpu.sh [--iters N] [--warmup N] [--profile-steps N]
 # The tp-4-shape rows run TE_COMM_STEP_TP4_ITERS steps (default 120, 20 of them warm-up; a
-# step is about 3 ms): their host-time bar is taken on the median step (METHOD: median of
-# many), the mean reported beside it.
+# step is about 3 ms) whatever --iters / --warmup say: their host-time bar is taken on the
+# median step (METHOD: median of many), the mean reported beside it.
 #   env: PYTHON (default python3), TE_COMM_LIB, TE_COMM_STEP_TIMEOUT (seconds per run, 150),
 #   TE_COMM_STEP_ROWS (space-separated row names to run, default all).
 set -uo pipefail
@@ -45,7 +45,7 @@ ngpu=$(gpu_count)
   echo "step-gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -n 1); GPUs: $ngpu (using 1)"
   echo "commit: $(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown); library: $TE_COMM_LIB"
   "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1 | tail -n 1
-  echo "rows: $iters iterations, $warmup warm-up, profiled pass of $psteps steps where --profile"
+  echo "rows: $iters iterations, $warmup warm-up (the tp-4-shape rows: ${TE_COMM_STEP_TP4_ITERS:-120}, 20), profiled pass of $psteps steps where --profile"
 } | tee "$out/env.log"
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 

@@ -456,6 +456,12 @@ impl CommGemmCtx {
         crate::gemm::run(&desc, guard, stream)
     }
 
+    /// Whether a CUDA-graph capture holding calls of one of its engines is still open
+    /// (see `Overlap::in_open_capture`; a context without engines cannot tell).
+    pub fn in_open_capture(&self) -> bool {
+        self.engines.iter().any(|e| e.in_open_capture())
+    }
+
     /// NVTE_COMM_REPORT: the last timed call's figures (of the engine of the last call).
     pub fn last_report(&mut self) -> Result<Option<crate::overlap::report::Figures>> {
         match self.last_engine.and_then(|i| self.engines.get_mut(i)) {

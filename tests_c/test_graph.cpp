@@ -20,7 +20,8 @@
 //   call and the capture work. A graph must survive an eager call that replaces its engine
 //   with a larger one. The NCCL transport too (smaller shapes).
 // - A comm-GEMM context (IPC, NCCL) and a userbuffers object destroyed on another thread
-//   during a global-mode capture leave the capture valid.
+//   during a global-mode capture leave the capture valid; a destroy while a capture
+//   holding the object's own calls is open is refused, the capture left intact.
 // Options: --replays N (default 100); --only TEXT (the cases whose name contains TEXT);
 // --skip-first-call (every capture after an eager warm-up call; no first-call checks).
 #include <nccl.h>
@@ -611,7 +612,18 @@ void check_destroy_beside_capture(Env &e, const std::string &label, const std::f
   CUDA_OK(cudaStreamBeginCapture(e.s, cudaStreamCaptureModeGlobal));
   CUDA_OK(cudaMemsetAsync(scratch, 0, bytes, e.s));
   NVTECommStatus dst = NVTE_COMM_SUCCESS;
-  std::thread([&] { dst = destroy(); }).join();
+  std::string derr;
+  cudaStreamCaptureMode after = cudaStreamCaptureModeRelaxed;
+  std::thread([&] {
+    dst = destroy();
+    if (dst != NVTE_COMM_SUCCESS) derr = nvte_comm_last_error();
+    // The destroying thread's own mode is back to the default (global) afterwards.
+    cudaStreamCaptureMode m = cudaStreamCaptureModeGlobal;
+    if (cudaThreadExchangeStreamCaptureMode(&m) == cudaSuccess) {
+      after = m;
+      cudaThreadExchangeStreamCaptureMode(&m);
+    }
+  }).join();
   cudaGraph_t g = nullptr;
   const cudaError_t ce = cudaStreamEndCapture(e.s, &g);
   bool ok = ce == cudaSuccess && g != nullptr;
@@ -627,19 +639,28 @@ void check_destroy_beside_capture(Env &e, const std::string &label, const std::f
   }
   if (g) cudaGraphDestroy(g);
   (void)cudaGetLastError();
-  e.rep->check(ok && dst == NVTE_COMM_SUCCESS, what + "; the destroy -> " + status_text(dst));
+  e.rep->check(ok && dst == NVTE_COMM_SUCCESS && after == cudaStreamCaptureModeGlobal,
+               what + "; the destroy -> " + status_text(dst) + (derr.empty() ? "" : " (" + derr + ")") +
+                   "; its thread's capture mode afterwards " +
+                   (after == cudaStreamCaptureModeGlobal ? "global" : "NOT global"));
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
-// A comm-GEMM context (after an eager call: it owns an engine, scratch and workspace
-// memory, streams and events) destroyed beside a global-mode capture.
-void ctx_destroy_beside_capture(Env &e, const char *transport) {
+// A comm-GEMM context (after an eager call: scratch and workspace memory; with `engine`,
+// NVTE_COMM_REPORT gives it an engine at one rank too, with its transport, streams and
+// events) destroyed beside a global-mode capture. Not with an engine on the NCCL
+// transport: NCCL's teardown frees memory on NCCL's own threads, in their (global) mode,
+// which still invalidates another thread's global-mode capture (README, CUDA graphs).
+void ctx_destroy_beside_capture(Env &e, const char *transport, bool engine) {
   const std::string label = std::string("comm-GEMM context (") + transport +
+                            (engine ? ", with an engine" : ", no engine") +
                             ") destroyed on another thread during a global-mode capture";
   if (!selected(label)) return;
   setenv("NVTE_COMM_TRANSPORT", transport, 1);
+  if (engine) setenv("NVTE_COMM_REPORT", "1", 1);
   NVTECommGemmCtx *ctx = nvte_comm_gemm_ctx_create(e.nccl, e.size, e.rank);
   unsetenv("NVTE_COMM_TRANSPORT");
+  unsetenv("NVTE_COMM_REPORT");
   if (!all_ok(ctx != nullptr)) {
     e.rep->fail(label + ": ctx_create: " + nvte_comm_last_error());
     if (ctx) nvte_comm_gemm_ctx_destroy(ctx);
@@ -687,6 +708,56 @@ void overlap_destroy_beside_capture(Env &e) {
     return;
   }
   check_destroy_beside_capture(e, label, [&] { return nvte_comm_overlap_destroy(o); }, D.data.p, n * m * 2);
+}
+
+// A destroy while a capture holding the object's own calls is open is refused
+// (UNSUPPORTED: the graph being captured uses its memory), the capture left intact; once
+// the capture has ended (and its graph is destroyed) the destroy succeeds.
+void destroy_refused_during_own_capture(Env &e) {
+  const std::string label = "userbuffers object destroyed while a capture holding its calls is open";
+  if (!selected(label)) return;
+  const size_t n = 1024, k = 1024, m = 512, nc = n / e.size;
+  NVTECommOverlap *o = create(e, n, k, true, false, label);
+  if (!all_ok(o != nullptr)) {
+    if (o) nvte_comm_overlap_destroy(o);
+    return;
+  }
+  Tensor A(bf, {m, k}), Bs(bf, {nc, k}), D(bf, {n, m});
+  fill(A, 1, e.s);
+  fill(Bs, 2, e.s);
+  auto call = [&] {
+    return nvte_comm_overlap_split_ag(o, A.h, true, Bs.h, false, D.h, nullptr, nullptr, false, e.ws_t, false, true,
+                                      nullptr, e.s);
+  };
+  const NVTECommStatus warm = call();
+  CUDA_OK(cudaStreamSynchronize(e.s));
+  if (!all_ok(warm == NVTE_COMM_SUCCESS)) {
+    e.rep->fail(label + ": the eager split_ag -> " + status_text(warm));
+    nvte_comm_overlap_destroy(o);
+    return;
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  CUDA_OK(cudaStreamBeginCapture(e.s, cudaStreamCaptureModeGlobal));
+  const NVTECommStatus captured = call();
+  const NVTECommStatus refused = nvte_comm_overlap_destroy(o);
+  const std::string msg = nvte_comm_last_error();
+  cudaGraph_t g = nullptr;
+  const cudaError_t ce = cudaStreamEndCapture(e.s, &g);
+  bool ok = captured == NVTE_COMM_SUCCESS && refused == NVTE_COMM_ERROR_UNSUPPORTED && ce == cudaSuccess && g;
+  if (ok) {
+    cudaGraphExec_t x = nullptr;
+    ok = cudaGraphInstantiate(&x, g, 0) == cudaSuccess && cudaGraphLaunch(x, e.s) == cudaSuccess &&
+         cudaStreamSynchronize(e.s) == cudaSuccess;
+    if (x) cudaGraphExecDestroy(x);
+  }
+  if (g) cudaGraphDestroy(g);
+  (void)cudaGetLastError();
+  const NVTECommStatus later = nvte_comm_overlap_destroy(o);
+  e.rep->check(ok && later == NVTE_COMM_SUCCESS,
+               label + ": the captured call -> " + status_text(captured) + "; the destroy in the capture -> " +
+                   status_text(refused) + " (" + msg + "); cudaStreamEndCapture -> " + cudaGetErrorString(ce) +
+                   "; the replay " + (ok ? "ok" : "FAILED") + "; the destroy after it -> " + status_text(later));
+  MPI_Barrier(MPI_COMM_WORLD);
 }
 
 }  // namespace
@@ -762,9 +833,10 @@ int main(int argc, char **argv) {
   comm_gemm(e, Op::AR, mid, "nccl", nullptr, false, false, global_only, ++salt);
 
   // Releases beside a capture (another thread's destroy).
-  ctx_destroy_beside_capture(e, "ipc");
-  ctx_destroy_beside_capture(e, "nccl");
+  ctx_destroy_beside_capture(e, "ipc", true);
+  ctx_destroy_beside_capture(e, "nccl", false);
   overlap_destroy_beside_capture(e);
+  destroy_refused_during_own_capture(e);
 
   int rc = rep.finish("test_graph");
   ncclCommDestroy(e.nccl);

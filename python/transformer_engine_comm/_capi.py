@@ -1112,10 +1112,13 @@ class GemmCtx:
         return r.as_dict()
 
     def close(self) -> None:
-        ctx, self._ctx = self._ctx, None
+        # Forgotten only once destroyed: a refused destroy (a capture holding the context's
+        # calls still open) leaves it usable and closable later.
+        ctx = self._ctx
         if ctx is not None:
             lib().nvte_comm_gemm_ctx_destroy(ctx)
             check_last("GemmCtx.close")
+            self._ctx = None
 
     def __enter__(self):
         return self
@@ -1314,9 +1317,11 @@ class Overlap:
         return r.as_dict()
 
     def close(self) -> None:
-        ov, self._ov = self._ov, None
+        # Forgotten only once destroyed (see GemmCtx.close).
+        ov = self._ov
         if ov is not None:
             check(lib().nvte_comm_overlap_destroy(ov), "Overlap.close")
+            self._ov = None
 
     def __enter__(self):
         return self

@@ -355,7 +355,9 @@ impl Channel {
             return;
         }
         st.aborted = true;
-        // SAFETY: the live communicator; `aborted` makes this its last use.
+        // SAFETY: the live communicator; `aborted` makes this its last use. (Relaxed: NCCL
+        // frees device memory; see NcclTransport's drop.)
+        let _relaxed = crate::cuda::resources::RelaxedCapture::new();
         unsafe { nc::ncclCommAbort(self.comm as nc::ncclComm_t) };
         if let Some(b) = st.bufs.take() {
             let t0 = Instant::now();

@@ -311,7 +311,7 @@ impl HostMapped {
             unsafe { cu::cuMemHostGetDevicePointer_v2(&mut d, h, 0) },
             "cuMemHostGetDevicePointer",
         ) {
-            unsafe { cu::cuMemFreeHost(h) };
+            release_relaxed(|| unsafe { cu::cuMemFreeHost(h) });
             return Err(e);
         }
         Ok(HostMapped {
@@ -540,10 +540,9 @@ pub fn with_relaxed_capture<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
         unsafe { cu::cuThreadExchangeStreamCaptureMode(&mut mode) },
         "cuThreadExchangeStreamCaptureMode",
     )?;
-    let r = f();
-    // SAFETY: restores the mode returned above.
-    unsafe { cu::cuThreadExchangeStreamCaptureMode(&mut mode) };
-    r
+    // The previous mode comes back when `f` returns or unwinds.
+    let _restore = RelaxedCapture(Some(mode), std::marker::PhantomData);
+    f()
 }
 
 /// This thread's stream-capture mode relaxed while the guard lives (then restored;
@@ -553,19 +552,23 @@ pub fn with_relaxed_capture<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
 /// mode is refused and invalidates that capture; relaxed, ordering the release is the
 /// caller's business (a released resource is no longer used by any graph: buffers a
 /// captured graph may use are kept by their owner, see `retired_scratch`).
-pub struct RelaxedCapture(Option<cu::CUstreamCaptureMode>);
+/// The guard is bound to its thread (not `Send`: the mode it restores is that thread's).
+pub struct RelaxedCapture(
+    Option<cu::CUstreamCaptureMode>,
+    std::marker::PhantomData<*const ()>,
+);
 
 impl RelaxedCapture {
     pub fn new() -> RelaxedCapture {
         // Without a driver there is nothing to relax (and no driver call may be made).
         if super::require(super::Lib::Driver).is_err() {
-            return RelaxedCapture(None);
+            return RelaxedCapture(None, std::marker::PhantomData);
         }
         let mut mode = cu::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
         // SAFETY: in/out pointer to a mode value.
         let ok = unsafe { cu::cuThreadExchangeStreamCaptureMode(&mut mode) }
             == cu::CUresult::CUDA_SUCCESS;
-        RelaxedCapture(ok.then_some(mode))
+        RelaxedCapture(ok.then_some(mode), std::marker::PhantomData)
     }
 }
 

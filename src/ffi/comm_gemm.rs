@@ -60,14 +60,28 @@ pub extern "C" fn nvte_comm_gemm_ctx_create_bootstrap(
 
 /// Destroy a context (waits, bounded, until the peers are done with its buffers). NULL is a no-op.
 /// May run on any thread while another thread captures a CUDA graph (global mode too: a
-/// garbage collector's finalizer): the capture stays valid. Graphs captured with the
-/// context must not be replayed after it is destroyed.
+/// garbage collector's finalizer): the capture stays valid, except for an NCCL-transport
+/// engine's teardown (NCCL frees memory on its own threads; see the README's CUDA
+/// graphs). Refused (an error recorded, the context kept) while a capture holding calls of
+/// one of its engines is still open.
+/// Destroy the graphs that hold its calls first (with the NCCL transport NCCL's teardown
+/// waits for them; see the README's CUDA graphs).
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_comm_gemm_ctx_destroy(ctx: *mut NVTECommGemmCtx) {
     firewall("nvte_comm_gemm_ctx_destroy", (), || {
         if ctx.is_null() {
             return Ok(());
         }
+        let c = CONTEXTS.get(ctx as usize, "ctx")?;
+        if c.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .in_open_capture()
+        {
+            crate::unsupported!(
+                "a CUDA graph capture that contains calls of this context is still open: its memory is in use; end the capture (cudaStreamEndCapture) and destroy that graph first"
+            );
+        }
+        drop(c);
         // Dropped here, outside the table's lock, with this thread's capture mode relaxed
         // (a destroy may run beside another thread's capture: RelaxedCapture).
         let _relaxed = crate::cuda::resources::RelaxedCapture::new();

@@ -207,14 +207,27 @@ pub extern "C" fn nvte_comm_overlap_create(
 /// Destroy an object: waits (bounded by the timeout) until the peers are done with this
 /// rank's buffer, then frees everything. Not collective. NULL is a no-op. May run on any
 /// thread while another thread captures a CUDA graph (global mode too: a garbage
-/// collector's finalizer): the capture stays valid. Graphs captured with the object must
-/// not be replayed after it is destroyed.
+/// collector's finalizer): the capture stays valid, except for the NCCL transport's
+/// teardown (NCCL frees memory on its own threads; see the README's CUDA graphs). Refused
+/// (NVTE_COMM_ERROR_UNSUPPORTED, the object kept) while a capture holding the object's own
+/// calls is still open: the graph being captured uses its memory. Destroy the graphs that hold its calls first (with
+/// the NCCL transport NCCL's teardown waits for them; see the README's CUDA graphs).
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_comm_overlap_destroy(overlap: *mut NVTECommOverlap) -> NVTECommStatus {
     status_call("nvte_comm_overlap_destroy", || {
         if overlap.is_null() {
             return Ok(());
         }
+        let o = OVERLAPS.get(overlap as usize, "overlap")?;
+        if o.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .in_open_capture()
+        {
+            crate::unsupported!(
+                "a CUDA graph capture that contains this overlap object's calls is still open: its memory is in use; end the capture (cudaStreamEndCapture) and destroy that graph first"
+            );
+        }
+        drop(o);
         // Dropped here, outside the table's lock (quiesce, then free), with this thread's
         // capture mode relaxed (a destroy may run beside another thread's capture).
         let _relaxed = crate::cuda::resources::RelaxedCapture::new();

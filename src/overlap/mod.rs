@@ -1008,6 +1008,18 @@ impl Overlap {
         copy_async(view.data.ptr, i.ptr, view.data.bytes(), stream)
     }
 
+    /// Whether a CUDA-graph capture holding this object's streams (its calls) is still
+    /// open: then its memory must not be freed (the graph being captured uses it).
+    pub fn in_open_capture(&self) -> bool {
+        let Ok(_guard) = ContextGuard::for_stream(StreamHandle::NULL) else {
+            return false;
+        };
+        matches!(
+            capture_status(self.comm[0].raw()),
+            Ok(Capture::Active(_) | Capture::Invalidated)
+        )
+    }
+
     /// Host-wait for the last call's work; reports a recorded timeout. Bounded: gives up
     /// (with a timeout error) after the configured timeout plus 5 s. When the last call
     /// was captured into a CUDA graph, its replays run on the caller's stream, which the

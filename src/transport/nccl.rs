@@ -147,7 +147,8 @@ impl Shared {
             c.raw
         };
         // SAFETY: the live communicator; `aborted` (set above, under the lock) makes this
-        // the only and last use of it.
+        // the only and last use of it. (Relaxed: see NcclTransport's drop.)
+        let _relaxed = crate::cuda::resources::RelaxedCapture::new();
         unsafe { nc::ncclCommAbort(raw as nc::ncclComm_t) };
     }
     /// Record `f` unless a failure is recorded already.

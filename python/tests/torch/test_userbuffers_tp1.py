@@ -129,9 +129,10 @@ def test_bulk_overlap_repeated(group):
 
 
 def test_closed_on_another_thread_during_a_capture(group):
-    """An object closed (its finalizer run) on another thread while this thread captures a
-    CUDA graph in torch's default (global) capture mode: the capture stays valid and the
-    graph replays (the library releases with that thread's capture mode relaxed)."""
+    """An object closed on another thread (as its finalizer would, run by a garbage
+    collector there) while this thread captures a CUDA graph in torch's default (global)
+    capture mode: the capture stays valid and the graph replays (the library releases with
+    that thread's capture mode relaxed)."""
     import threading
 
     ub = CommOverlap((N, K), BF16, group)

@@ -741,16 +741,21 @@ class CommOverlap:
 
     def close(self) -> None:
         """Destroy the object (waits, bounded, until the peers are done with this rank's
-        buffer). Views from get_buffer() must not be used afterwards. Idempotent."""
-        ov, self._ov = self._ov, None
+        buffer). Views from get_buffer() must not be used afterwards. Idempotent. Raises
+        CommError, the object left open, while a CUDA-graph capture holding its calls is
+        still open (the graph being captured uses its memory)."""
+        ov = self._ov
         if ov is None:
             return
+        # The library object first: a refused destroy (a capture holding this object's
+        # calls still open) raises and leaves this object open.
+        ov.close()
+        self._ov = None
         self._ovh = None
         self._plans.clear()
         with _live_lock:
             _live.discard(self)
         self._buffer = None
-        ov.close()
 
     def __enter__(self):
         return self
