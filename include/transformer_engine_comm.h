@@ -467,9 +467,8 @@ NVTECommStatus nvte_comm_gemm_ctx_create_bootstrap(const struct NVTECommBootstra
  * garbage collector's finalizer): the capture stays valid, except for an NCCL-transport
  * engine's teardown (NCCL frees memory on its own threads; see the README's CUDA
  * graphs). Refused (an error recorded, the context kept) while a capture holding calls of
- * one of its engines is still open.
- * Destroy the graphs that hold its calls first (with the NCCL transport NCCL's teardown
- * waits for them; see the README's CUDA graphs).
+ * one of its engines is still open. Destroy the graphs that hold its calls first (with
+ * the NCCL transport NCCL's teardown waits for them).
  */
 void nvte_comm_gemm_ctx_destroy(struct NVTECommGemmCtx *ctx);
 
@@ -771,8 +770,8 @@ NVTECommStatus nvte_comm_overlap_create(const struct NVTECommBootstrap *bootstra
  * collector's finalizer): the capture stays valid, except for the NCCL transport's
  * teardown (NCCL frees memory on its own threads; see the README's CUDA graphs). Refused
  * (NVTE_COMM_ERROR_UNSUPPORTED, the object kept) while a capture holding the object's own
- * calls is still open: the graph being captured uses its memory. Destroy the graphs that hold its calls first (with
- * the NCCL transport NCCL's teardown waits for them; see the README's CUDA graphs).
+ * calls is still open: the graph being captured uses its memory. Destroy the graphs that
+ * hold its calls first (with the NCCL transport NCCL's teardown waits for them).
  */
 NVTECommStatus nvte_comm_overlap_destroy(struct NVTECommOverlap *overlap);
 

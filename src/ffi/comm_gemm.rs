@@ -63,9 +63,8 @@ pub extern "C" fn nvte_comm_gemm_ctx_create_bootstrap(
 /// garbage collector's finalizer): the capture stays valid, except for an NCCL-transport
 /// engine's teardown (NCCL frees memory on its own threads; see the README's CUDA
 /// graphs). Refused (an error recorded, the context kept) while a capture holding calls of
-/// one of its engines is still open.
-/// Destroy the graphs that hold its calls first (with the NCCL transport NCCL's teardown
-/// waits for them; see the README's CUDA graphs).
+/// one of its engines is still open. Destroy the graphs that hold its calls first (with
+/// the NCCL transport NCCL's teardown waits for them).
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_comm_gemm_ctx_destroy(ctx: *mut NVTECommGemmCtx) {
     firewall("nvte_comm_gemm_ctx_destroy", (), || {

@@ -210,8 +210,8 @@ pub extern "C" fn nvte_comm_overlap_create(
 /// collector's finalizer): the capture stays valid, except for the NCCL transport's
 /// teardown (NCCL frees memory on its own threads; see the README's CUDA graphs). Refused
 /// (NVTE_COMM_ERROR_UNSUPPORTED, the object kept) while a capture holding the object's own
-/// calls is still open: the graph being captured uses its memory. Destroy the graphs that hold its calls first (with
-/// the NCCL transport NCCL's teardown waits for them; see the README's CUDA graphs).
+/// calls is still open: the graph being captured uses its memory. Destroy the graphs that
+/// hold its calls first (with the NCCL transport NCCL's teardown waits for them).
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_comm_overlap_destroy(overlap: *mut NVTECommOverlap) -> NVTECommStatus {
     status_call("nvte_comm_overlap_destroy", || {
