@@ -71,20 +71,12 @@ pub extern "C" fn nvte_comm_gemm_ctx_destroy(ctx: *mut NVTECommGemmCtx) {
         if ctx.is_null() {
             return Ok(());
         }
-        let c = CONTEXTS.get(ctx as usize, "ctx")?;
-        if c.lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .in_open_capture()
-        {
-            crate::unsupported!(
-                "a CUDA graph capture that contains calls of this context is still open: its memory is in use; end the capture (cudaStreamEndCapture) and destroy that graph first"
-            );
-        }
-        drop(c);
-        // Dropped here, outside the table's lock, with this thread's capture mode relaxed
-        // (a destroy may run beside another thread's capture: RelaxedCapture).
-        let _relaxed = crate::cuda::resources::RelaxedCapture::new();
-        CONTEXTS.remove(ctx as usize, "ctx").map(drop)
+        CONTEXTS.destroy(
+            ctx as usize,
+            "ctx",
+            CommGemmCtx::in_open_capture,
+            "a CUDA graph capture that contains calls of this context is still open: its memory is in use; end the capture (cudaStreamEndCapture) and destroy that graph first",
+        )
     })
 }
 

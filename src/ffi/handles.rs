@@ -130,6 +130,29 @@ impl<T: Clone> Table<T> {
     }
 }
 
+impl<U> Table<Arc<Mutex<U>>> {
+    /// Destroy object `h`, refused (UNSUPPORTED, the object kept) while
+    /// `in_open_capture` says a CUDA-graph capture holding its calls is still open (its
+    /// memory is in use; `refusal` says so); else removed and dropped here, outside the
+    /// table's lock, with this thread's capture mode relaxed (a destroy may run beside
+    /// another thread's capture: `RelaxedCapture`).
+    pub fn destroy(
+        &self,
+        h: usize,
+        what: &str,
+        in_open_capture: impl FnOnce(&U) -> bool,
+        refusal: &str,
+    ) -> Result<()> {
+        let o = self.get(h, what)?;
+        if in_open_capture(&o.lock().unwrap_or_else(|e| e.into_inner())) {
+            crate::unsupported!("{refusal}");
+        }
+        drop(o);
+        let _relaxed = crate::cuda::resources::RelaxedCapture::new();
+        self.remove(h, what).map(drop)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

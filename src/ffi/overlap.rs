@@ -218,20 +218,13 @@ pub extern "C" fn nvte_comm_overlap_destroy(overlap: *mut NVTECommOverlap) -> NV
         if overlap.is_null() {
             return Ok(());
         }
-        let o = OVERLAPS.get(overlap as usize, "overlap")?;
-        if o.lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .in_open_capture()
-        {
-            crate::unsupported!(
-                "a CUDA graph capture that contains this overlap object's calls is still open: its memory is in use; end the capture (cudaStreamEndCapture) and destroy that graph first"
-            );
-        }
-        drop(o);
-        // Dropped here, outside the table's lock (quiesce, then free), with this thread's
-        // capture mode relaxed (a destroy may run beside another thread's capture).
-        let _relaxed = crate::cuda::resources::RelaxedCapture::new();
-        OVERLAPS.remove(overlap as usize, "overlap").map(drop)
+        // (Dropped: quiesce, then free.)
+        OVERLAPS.destroy(
+            overlap as usize,
+            "overlap",
+            Overlap::in_open_capture,
+            "a CUDA graph capture that contains this overlap object's calls is still open: its memory is in use; end the capture (cudaStreamEndCapture) and destroy that graph first",
+        )
     })
 }
 
