@@ -685,29 +685,50 @@ void ctx_destroy_beside_capture(Env &e, const char *transport, bool engine) {
   }, D.data.p, nl * m * 2);
 }
 
-// A userbuffers object (IPC, after an eager split_ag: its buffer, flags and streams)
-// destroyed beside a global-mode capture.
-void overlap_destroy_beside_capture(Env &e) {
-  const std::string label = "userbuffers object (ipc) destroyed on another thread during a global-mode capture";
-  if (!selected(label)) return;
+// A small userbuffers object (IPC) and the operands of its split_ag, after one eager
+// call (its buffer, flags and streams in use): `o` null when that failed (reported).
+struct WarmOverlap {
+  NVTECommOverlap *o = nullptr;
+  Tensor A, Bs, D;
+  size_t d_bytes = 0;
+  NVTECommStatus split_ag(Env &e) {
+    return nvte_comm_overlap_split_ag(o, A.h, true, Bs.h, false, D.h, nullptr, nullptr, false, e.ws_t, false, true,
+                                      nullptr, e.s);
+  }
+};
+
+void warm_overlap(Env &e, const std::string &label, WarmOverlap &w) {
   const size_t n = 1024, k = 1024, m = 512, nc = n / e.size;
   NVTECommOverlap *o = create(e, n, k, true, false, label);
   if (!all_ok(o != nullptr)) {
     if (o) nvte_comm_overlap_destroy(o);
     return;
   }
-  Tensor A(bf, {m, k}), Bs(bf, {nc, k}), D(bf, {n, m});
-  fill(A, 1, e.s);
-  fill(Bs, 2, e.s);
-  const NVTECommStatus st = nvte_comm_overlap_split_ag(o, A.h, true, Bs.h, false, D.h, nullptr, nullptr, false,
-                                                       e.ws_t, false, true, nullptr, e.s);
+  w.A = Tensor(bf, {m, k});
+  w.Bs = Tensor(bf, {nc, k});
+  w.D = Tensor(bf, {n, m});
+  w.d_bytes = n * m * 2;
+  fill(w.A, 1, e.s);
+  fill(w.Bs, 2, e.s);
+  w.o = o;
+  const NVTECommStatus st = w.split_ag(e);
   CUDA_OK(cudaStreamSynchronize(e.s));
   if (!all_ok(st == NVTE_COMM_SUCCESS)) {
     e.rep->fail(label + ": the eager split_ag -> " + status_text(st));
     nvte_comm_overlap_destroy(o);
-    return;
+    w.o = nullptr;
   }
-  check_destroy_beside_capture(e, label, [&] { return nvte_comm_overlap_destroy(o); }, D.data.p, n * m * 2);
+}
+
+// A userbuffers object (IPC, after an eager split_ag: its buffer, flags and streams)
+// destroyed beside a global-mode capture.
+void overlap_destroy_beside_capture(Env &e) {
+  const std::string label = "userbuffers object (ipc) destroyed on another thread during a global-mode capture";
+  if (!selected(label)) return;
+  WarmOverlap w;
+  warm_overlap(e, label, w);
+  if (!w.o) return;
+  check_destroy_beside_capture(e, label, [&] { return nvte_comm_overlap_destroy(w.o); }, w.D.data.p, w.d_bytes);
 }
 
 // A destroy while a capture holding the object's own calls is open is refused
@@ -716,30 +737,13 @@ void overlap_destroy_beside_capture(Env &e) {
 void destroy_refused_during_own_capture(Env &e) {
   const std::string label = "userbuffers object destroyed while a capture holding its calls is open";
   if (!selected(label)) return;
-  const size_t n = 1024, k = 1024, m = 512, nc = n / e.size;
-  NVTECommOverlap *o = create(e, n, k, true, false, label);
-  if (!all_ok(o != nullptr)) {
-    if (o) nvte_comm_overlap_destroy(o);
-    return;
-  }
-  Tensor A(bf, {m, k}), Bs(bf, {nc, k}), D(bf, {n, m});
-  fill(A, 1, e.s);
-  fill(Bs, 2, e.s);
-  auto call = [&] {
-    return nvte_comm_overlap_split_ag(o, A.h, true, Bs.h, false, D.h, nullptr, nullptr, false, e.ws_t, false, true,
-                                      nullptr, e.s);
-  };
-  const NVTECommStatus warm = call();
-  CUDA_OK(cudaStreamSynchronize(e.s));
-  if (!all_ok(warm == NVTE_COMM_SUCCESS)) {
-    e.rep->fail(label + ": the eager split_ag -> " + status_text(warm));
-    nvte_comm_overlap_destroy(o);
-    return;
-  }
+  WarmOverlap w;
+  warm_overlap(e, label, w);
+  if (!w.o) return;
   MPI_Barrier(MPI_COMM_WORLD);
   CUDA_OK(cudaStreamBeginCapture(e.s, cudaStreamCaptureModeGlobal));
-  const NVTECommStatus captured = call();
-  const NVTECommStatus refused = nvte_comm_overlap_destroy(o);
+  const NVTECommStatus captured = w.split_ag(e);
+  const NVTECommStatus refused = nvte_comm_overlap_destroy(w.o);
   const std::string msg = nvte_comm_last_error();
   cudaGraph_t g = nullptr;
   const cudaError_t ce = cudaStreamEndCapture(e.s, &g);
@@ -752,7 +756,7 @@ void destroy_refused_during_own_capture(Env &e) {
   }
   if (g) cudaGraphDestroy(g);
   (void)cudaGetLastError();
-  const NVTECommStatus later = nvte_comm_overlap_destroy(o);
+  const NVTECommStatus later = nvte_comm_overlap_destroy(w.o);
   e.rep->check(ok && later == NVTE_COMM_SUCCESS,
                label + ": the captured call -> " + status_text(captured) + "; the destroy in the capture -> " +
                    status_text(refused) + " (" + msg + "); cudaStreamEndCapture -> " + cudaGetErrorString(ce) +
