@@ -28,6 +28,10 @@ import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
 from transformer_engine_comm.torch import modules as M  # noqa: E402
+from transformer_engine_comm.torch.optim import LeanFusedAdam  # noqa: E402
+
+# The example's optimizer (LeanFusedAdam); TE_COMM_BREAKDOWN_TORCH_ADAM=1: torch's fused Adam.
+LEAN = os.environ.get("TE_COMM_BREAKDOWN_TORCH_ADAM", "0") in ("", "0")
 
 PHASES = ("zero_grad", "forward", "loss", "backward", "optimizer")
 
@@ -36,7 +40,8 @@ def build(forced: bool, dev, hidden: int, ffn: int):
     torch.manual_seed(1)
     model = M.LayerNormMLP(hidden, ffn, tp_group=None, sequence_parallel=True, comm_overlap=forced,
                            force_library_path=forced, params_dtype=torch.bfloat16, device=dev, seed=1)
-    optim = torch.optim.Adam(model.parameters(), lr=1e-4, fused=True)
+    optim = LeanFusedAdam(model.parameters(), lr=1e-4) if LEAN else torch.optim.Adam(model.parameters(), lr=1e-4,
+                                                                                      fused=True)
     return model, optim
 
 

@@ -46,7 +46,8 @@ for np in 1 2 4; do stage "fp8_accum_np$np" 90 "$mpi" "$np" "$build/tests_c/test
 stage host_c_tp1 90 "$mpi" 1 "$build/tests_c/bench_host" --small-only --out "$out/host_c_tp1.md"
 stage host_c_tp2_shared 120 "$mpi" 2 "$build/tests_c/bench_host" --small-only --out "$out/host_c_tp2_shared.md"
 stage host_torch_ops 90 "$py" "$root/bench/host_cost.py" --sizes 256 --out "$out/host_torch_ops.md"
-stage modules_tp1 150 "$py" -m pytest -q -rs -p no:cacheprovider "$root/python/tests/torch/test_modules_tp1.py"
+stage modules_tp1 150 "$py" -m pytest -q -rs -p no:cacheprovider "$root/python/tests/torch/test_modules_tp1.py" \
+  "$root/python/tests/torch/test_optim.py"
 OUT=$out TE_COMM_STEP_ROWS=${TE_COMM_STEP_ROWS:-"parts bf16_ovl bf16_ref fp8d_ovl fp8c_ovl bf16_graph fp8d_graph bf16_forced tp4_forced tp4_ref"} \
   stage step 300 "$root/scripts/step-gpu.sh" --iters 20 --warmup 4
 ex=$root/examples/jax/mlp_with_overlap.py

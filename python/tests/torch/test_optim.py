@@ -1,0 +1,218 @@
+"""transformer_engine_comm.torch.optim.LeanFusedAdam on one GPU: bit-identical parameters
+and states to torch.optim.Adam(fused=True) over several steps (bf16 and fp32 parameters,
+mixed dtypes in one group, two groups, amsgrad, weight decay, AdamW, an LR scheduler), the
+lean path taken where it applies and torch's step where it must (a parameter without a
+gradient, a hook, a closure, the profiler, a capture), state_dict round trips, zero_grad.
+Runs standalone (no process group needed)."""
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed")
+if not hasattr(torch, "cuda"):
+    pytest.skip("torch is not installed", allow_module_level=True)
+if not torch.cuda.is_available():
+    pytest.skip("CUDA is not available", allow_module_level=True)
+
+from transformer_engine_comm.torch import optim as O  # noqa: E402
+
+DEV = "cuda"
+SHAPES = [(64, 32), (32,), (128, 64), (7,)]
+
+
+def params(dtypes, seed=0):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    return [torch.nn.Parameter(torch.randn(s, generator=g).to(DEV, d)) for s, d in zip(SHAPES, dtypes)]
+
+
+def clone(ps):
+    return [torch.nn.Parameter(p.detach().clone()) for p in ps]
+
+
+def set_grads(a, b, step, skip=()):
+    g = torch.Generator(device="cpu").manual_seed(100 + step)
+    for i, (p, q) in enumerate(zip(a, b)):
+        if i in skip:
+            p.grad = q.grad = None
+            continue
+        v = torch.randn(p.shape, generator=g).to(DEV, p.dtype)
+        p.grad, q.grad = v.clone(), v.clone()
+
+
+def same(opt_a, opt_b, a, b):
+    for p, q in zip(a, b):
+        assert torch.equal(p, q), "parameters differ"
+        sa, sb = opt_a.state.get(p, {}), opt_b.state.get(q, {})
+        assert sa.keys() == sb.keys()
+        for k in sa:
+            assert torch.equal(sa[k], sb[k]), f"state {k} differs"
+
+
+class Counting:
+    """Counts torch's step calls made by LeanFusedAdam (its fallbacks)."""
+
+    def __init__(self, monkeypatch):
+        self.n = 0
+        inner = O._TORCH_STEP
+
+        def counted(*a, **k):
+            self.n += 1
+            return inner(*a, **k)
+
+        monkeypatch.setattr(O, "_TORCH_STEP", counted)
+
+
+@pytest.mark.parametrize("dtypes", [[torch.bfloat16] * 4, [torch.float32] * 4,
+                                    [torch.bfloat16, torch.float32, torch.bfloat16, torch.float32]])
+@pytest.mark.parametrize("kw", [{}, {"weight_decay": 0.1}, {"amsgrad": True, "betas": (0.8, 0.95)},
+                                {"weight_decay": 0.05, "decoupled_weight_decay": True}])
+def test_bit_identical(dtypes, kw, monkeypatch):
+    a = params(dtypes)
+    b = clone(a)
+    lean = O.LeanFusedAdam(a, lr=1e-2, **kw)
+    ref = torch.optim.Adam(b, lr=1e-2, fused=True, **kw)
+    c = Counting(monkeypatch)
+    for step in range(6):
+        set_grads(a, b, step)
+        lean.step()
+        ref.step()
+        same(lean, ref, a, b)
+    assert c.n == 1, "only the first step (state initialisation) takes torch's path"
+
+
+def test_groups_and_scheduler(monkeypatch):
+    a = params([torch.bfloat16] * 4)
+    b = clone(a)
+    lean = O.LeanFusedAdam([{"params": a[:2]}, {"params": a[2:], "lr": 3e-3, "eps": 1e-6}], lr=1e-2)
+    ref = torch.optim.Adam([{"params": b[:2]}, {"params": b[2:], "lr": 3e-3, "eps": 1e-6}], lr=1e-2, fused=True)
+    s1 = torch.optim.lr_scheduler.StepLR(lean, step_size=2, gamma=0.5)
+    s2 = torch.optim.lr_scheduler.StepLR(ref, step_size=2, gamma=0.5)
+    c = Counting(monkeypatch)
+    for step in range(6):
+        set_grads(a, b, step)
+        lean.step()
+        ref.step()
+        s1.step()
+        s2.step()
+        same(lean, ref, a, b)
+    assert lean.param_groups[0]["lr"] == ref.param_groups[0]["lr"] < 1e-2
+    assert c.n == 1
+
+
+def test_fallbacks(monkeypatch):
+    a = params([torch.bfloat16] * 4)
+    b = clone(a)
+    lean = O.LeanFusedAdam(a, lr=1e-2)
+    ref = torch.optim.Adam(b, lr=1e-2, fused=True)
+    c = Counting(monkeypatch)
+    step = 0
+
+    def both(skip=(), **kw):
+        nonlocal step
+        set_grads(a, b, step, skip)
+        step += 1
+        out = lean.step(**kw)
+        ref.step(**kw)
+        same(lean, ref, a, b)
+        return out
+
+    both()
+    assert c.n == 1  # the first step initialises the state through torch's path
+    both(skip=(1,))  # a parameter without its gradient: torch's step skips it
+    assert c.n == 2
+    both()
+    assert c.n == 2  # lean again
+    calls = []
+    h = lean.register_step_pre_hook(lambda opt, args, kwargs: calls.append(1))
+    both()
+    assert c.n == 3 and calls == [1]  # a hook: torch's step, the hook called
+    h.remove()
+    assert both(closure=lambda: torch.tensor(2.0)) == torch.tensor(2.0)
+    assert c.n == 4
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        both()
+    assert c.n == 5
+    both()
+    assert c.n == 5
+    lean.add_param_group({"params": [torch.nn.Parameter(torch.zeros(3, device=DEV))]})
+    lean.param_groups[-1]["params"][0].grad = torch.ones(3, device=DEV)
+    ref.add_param_group({"params": [torch.nn.Parameter(torch.zeros(3, device=DEV))]})
+    ref.param_groups[-1]["params"][0].grad = torch.ones(3, device=DEV)
+    both()  # the new group has no state yet: torch's step
+    assert c.n == 6
+    assert torch.equal(lean.param_groups[-1]["params"][0], ref.param_groups[-1]["params"][0])
+    lean.param_groups[-1]["params"][0].grad = torch.ones(3, device=DEV)
+    ref.param_groups[-1]["params"][0].grad = torch.ones(3, device=DEV)
+    both()
+    assert c.n == 6  # lean, the new group included
+    assert torch.equal(lean.param_groups[-1]["params"][0], ref.param_groups[-1]["params"][0])
+
+
+def test_state_dict_round_trip(monkeypatch):
+    a = params([torch.float32] * 4)
+    b = clone(a)
+    lean = O.LeanFusedAdam(a, lr=1e-2)
+    ref = torch.optim.Adam(b, lr=1e-2, fused=True)
+    for step in range(3):
+        set_grads(a, b, step)
+        lean.step()
+        ref.step()
+    sd = lean.state_dict()
+    assert sd["state"][0].keys() == ref.state_dict()["state"][0].keys()
+    # A fresh optimizer loads the state (new state tensors): its lean lists are rebuilt.
+    lean2 = O.LeanFusedAdam(a, lr=1e-2)
+    set_grads(a, b, 10)
+    lean2.step()  # initialises its own state (torch's path) ...
+    lean2.load_state_dict(sd)  # ... then takes the saved one
+    c = Counting(monkeypatch)
+    for p, q in zip(a, b):
+        p.data.copy_(q.data)
+    for step in range(3, 6):
+        set_grads(a, b, step)
+        lean2.step()
+        ref.step()
+        same(lean2, ref, a, b)
+    assert c.n == 0
+
+
+def test_zero_grad_and_cpu():
+    a = params([torch.bfloat16] * 4)
+    lean = O.LeanFusedAdam(a, lr=1e-2)
+    for p in a:
+        p.grad = torch.ones_like(p)
+    lean.zero_grad()
+    assert all(p.grad is None for p in a)
+    for p in a:
+        p.grad = torch.ones_like(p)
+    lean.zero_grad(set_to_none=False)
+    assert all(p.grad is not None and not p.grad.any() for p in a)
+    # CPU parameters: torch's path throughout, results as torch's.
+    x = [torch.nn.Parameter(torch.randn(5, 5))]
+    y = [torch.nn.Parameter(x[0].detach().clone())]
+    o1, o2 = O.LeanFusedAdam(x, lr=1e-2), torch.optim.Adam(y, lr=1e-2, fused=True)
+    for _ in range(3):
+        g = torch.randn(5, 5)
+        x[0].grad, y[0].grad = g.clone(), g.clone()
+        o1.step()
+        o2.step()
+    assert torch.equal(x[0], y[0])
+
+
+def test_graph_capture_falls_back(monkeypatch):
+    a = params([torch.float32] * 4)
+    lean = O.LeanFusedAdam(a, lr=1e-2, capturable=True)
+    for p in a:
+        p.grad = torch.ones_like(p)
+    lean.step()  # state
+    c = Counting(monkeypatch)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        lean.step()  # warm-up on the side stream (lean)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=s):
+            lean.step()  # inside a capture: torch's step (capturable)
+    torch.cuda.current_stream().wait_stream(s)
+    assert c.n == 1
+    before = [p.detach().clone() for p in a]
+    g.replay()
+    torch.cuda.synchronize()
+    assert any(not torch.equal(p, q) for p, q in zip(a, before))
