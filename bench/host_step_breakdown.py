@@ -32,6 +32,22 @@ from transformer_engine_comm.torch.optim import LeanFusedAdam  # noqa: E402
 
 # The example's optimizer (LeanFusedAdam); TE_COMM_BREAKDOWN_TORCH_ADAM=1: torch's fused Adam.
 LEAN = os.environ.get("TE_COMM_BREAKDOWN_TORCH_ADAM", "0") in ("", "0")
+# TE_COMM_BREAKDOWN_LOG_LOSS=1: between steps, the example's loss logging (an fp32 MSE and an
+# all-reduce of it, outside the timed region), whose host work also runs between its steps.
+LOG_LOSS = os.environ.get("TE_COMM_BREAKDOWN_LOG_LOSS", "0") not in ("", "0")
+GC_COUNT = [0, 0, 0]
+
+
+def _gc_cb(phase, info):
+    if phase == "start":
+        GC_COUNT[info["generation"]] += 1
+
+
+import gc  # noqa: E402
+
+gc.callbacks.append(_gc_cb)
+if os.environ.get("TE_COMM_BREAKDOWN_NO_GC", "0") not in ("", "0"):
+    gc.disable()
 
 PHASES = ("zero_grad", "forward", "loss", "backward", "optimizer")
 
@@ -49,6 +65,7 @@ def run(model, optim, x, target, steps: int):
     """-> ({phase: [µs per step]}, [GPU ms per step])."""
     ph = defaultdict(list)
     events = []
+    logged = []
     for it in range(steps):
         if it >= 2:
             events[it - 2][1].synchronize()
@@ -67,6 +84,10 @@ def run(model, optim, x, target, steps: int):
         t5 = time.perf_counter()
         e.record()
         events.append((s, e))
+        if LOG_LOSS:  # the example's between-step work (outside the timed region)
+            lv = F.mse_loss(out.float(), target.float()).reshape(())
+            dist.all_reduce(lv)
+            logged.append(lv)
         for name, a, b in zip(PHASES, (t0, t1, t2, t3, t4), (t1, t2, t3, t4, t5)):
             ph[name].append((b - a) * 1e6)
     torch.cuda.synchronize()
@@ -104,6 +125,7 @@ class Timers:
         for owner, attr, fn in reversed(self.undo):
             setattr(owner, attr, fn)
         self.undo.clear()
+        M._GEMM = None  # (it may hold the wrapper)
 
 
 def instrument(t: Timers):
@@ -117,6 +139,7 @@ def instrument(t: Timers):
     for name in ("all_gather_gemm", "gemm_reduce_scatter", "gemm_all_reduce"):
         t.wrap(ops, name, f"ops.{name}")
     t.wrap(G, "gemm", "gemm.gemm")
+    M._GEMM = None  # the modules keep gemm.gemm once looked up: look the wrapper up
     for name in ("bulk_overlap", "copy_into_buffer", "get_buffer", "split_overlap_ag"):
         t.wrap(U.CommOverlap, name, f"CommOverlap.{name}")
     t.wrap(M.LayerNormMLP, "forward", "LayerNormMLP.forward")
@@ -183,13 +206,18 @@ def main() -> int:
     per = max(o.steps // o.rounds, 4)
     ph_all = {f: defaultdict(list) for f in builds}
     gpu_all = {f: [] for f in builds}
+    gcs = {f: [0, 0, 0, 0] for f in builds}  # collections by generation, steps
     for rnd in range(o.rounds + 1):
         for forced, (model, optim) in builds.items():
+            g0 = list(GC_COUNT)
             ph, gpu = run(model, optim, x, target, per)
             if rnd:
                 for k, v in ph.items():
                     ph_all[forced][k] += v[2:]
                 gpu_all[forced] += gpu[2:]
+                for i in range(3):
+                    gcs[forced][i] += GC_COUNT[i] - g0[i]
+                gcs[forced][3] += per
     for forced in builds:
         ph = ph_all[forced]
         res[forced] = ({k: statistics.median(v) for k, v in ph.items()}, statistics.median(gpu_all[forced]))
@@ -216,6 +244,11 @@ def main() -> int:
     lines.append(f"| GPU ms per step | {res[True][1]:.3f} | {res[False][1]:.3f} | |")
     lines.append(f"| host / GPU | {ta / 1e3 / res[True][1]:.3f} | {tb / 1e3 / res[False][1]:.3f} | |")
     lines += [""] + dist_note
+    for forced in builds:
+        c = gcs[forced]
+        lines.append(f"{'forced' if forced else 'reference'}: garbage collections per 100 steps, generation 0 / 1 / 2: "
+                     f"{100 * c[0] / c[3]:.1f} / {100 * c[1] / c[3]:.1f} / {100 * c[2] / c[3]:.1f}"
+                     + (" (collector disabled)" if not gc.isenabled() else ""))
     for forced in (True, False):
         lines += ["", f"{'Forced' if forced else 'Reference'} build, instrumented pass (inclusive µs per step; "
                   "per call: median, min):", "",

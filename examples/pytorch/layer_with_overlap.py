@@ -641,7 +641,7 @@ def train(opts: argparse.Namespace) -> dict:
             print(profile_line(result), flush=True)
     if opts.host_profile:
         dist_print(f"|-- Host profile of {opts.host_profile} steps (cProfile, a separate pass)")
-        report = host_profile(step, opts.host_profile, cuda, opts.host_profile_out)
+        report = host_profile(step, opts.host_profile, cuda, opts.host_profile_out, int(os.environ.get("TE_COMM_HOST_PROFILE_TOP", "30")))
         if WORLD_RANK == 0:
             print(report, flush=True)
     if WORLD_RANK == 0:

@@ -308,11 +308,17 @@ def _fp8_gemm(a: torch.Tensor, a_si: torch.Tensor, b: torch.Tensor, b_si: torch.
     return y.to(out_dtype)
 
 
-def _gemm():
-    # The library's nvte_cublas_gemm with TE's epilogues (imported lazily, as _ops).
-    from .gemm import gemm
+_GEMM = None
 
-    return gemm
+
+def _gemm():
+    # The library's nvte_cublas_gemm with TE's epilogues (imported lazily, once, as _ops).
+    global _GEMM
+    if _GEMM is None:
+        from .gemm import gemm
+
+        _GEMM = gemm
+    return _GEMM
 
 
 def _epilogues(t: torch.Tensor, m: int) -> bool:
