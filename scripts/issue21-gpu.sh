@@ -49,7 +49,7 @@ stage host_torch_ops 90 "$py" "$root/bench/host_cost.py" --sizes 256 --out "$out
 stage modules_tp1 150 "$py" -m pytest -q -rs -p no:cacheprovider "$root/python/tests/torch/test_modules_tp1.py" \
   "$root/python/tests/torch/test_optim.py"
 OUT=$out TE_COMM_STEP_ROWS=${TE_COMM_STEP_ROWS:-"parts bf16_ovl bf16_ref fp8d_ovl fp8c_ovl bf16_graph fp8d_graph bf16_forced tp4_forced tp4_ref"} \
-  stage step 300 "$root/scripts/step-gpu.sh" --iters 20 --warmup 4
+  stage step 420 "$root/scripts/step-gpu.sh" --iters 20 --warmup 4
 ex=$root/examples/jax/mlp_with_overlap.py
 stage jax_bf16 150 "$py" "$ex" --builds xla,layers,library --profile --profile-dir "$out/jax-traces"
 # The JAX FP8 rows (no bar) only with TE_COMM_JAX_FP8=1: XLA's autotuning of the FP8 GEMMs
