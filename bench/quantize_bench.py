@@ -6,8 +6,9 @@ unfused equivalents (abs/amax/float/multiply/clamp/cast; .t().contiguous()). Eac
 warm-up, then the median of --iters runs, each between its own pair of events, rotating
 over several input buffers so that no run reads what the previous one left in L2. GB/s
 count the bytes each operation must move (inputs read once, outputs written once), and
-are given against the nominal HBM bandwidth (--nominal, 3352 GB/s for H100 SXM) and a
-measured device-to-device copy. Then the host cost (microseconds of Python and library
+are given against the device's nominal HBM bandwidth (--nominal; by default from the device
+name: H100 SXM 3352 GB/s, H100 NVL 3938, H100 PCIe 2039, H200 4800; another device needs
+--nominal) and a measured device-to-device copy. Then the host cost (microseconds of Python and library
 enqueue per call: Fp8Meta.cast under both recipes, and single library calls, on a small
 tensor). Last line: PASS/FAIL for the bar (>= 80 % of nominal for quantize rowwise,
 rowwise + columnwise, and amax).
@@ -48,12 +49,24 @@ def timed(fn, iters, warmup=10):
     return statistics.median(a.elapsed_time(b) for a, b in ev) * 1e-3  # seconds
 
 
+# Nominal HBM bandwidth (GB/s) by a part of the device name, the most specific first.
+NOMINAL_GBS = (("H200", 4800.0), ("H100 NVL", 3938.0), ("H100 PCIe", 2039.0), ("H100", 3352.0))
+
+
+def nominal_gbs(name: str) -> float:
+    for part, gbs in NOMINAL_GBS:
+        if part in name:
+            return gbs
+    raise SystemExit(f"quantize_bench: no nominal HBM bandwidth known for {name!r}: pass --nominal GB/s")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--numel", type=int, default=64 << 20)
     ap.add_argument("--cols", type=int, default=8192)
     ap.add_argument("--iters", type=int, default=50)
-    ap.add_argument("--nominal", type=float, default=3352.0, help="nominal HBM GB/s (H100 SXM5: 3352)")
+    ap.add_argument("--nominal", type=float, default=None,
+                    help="nominal HBM GB/s (default: by device name, see NOMINAL_GBS)")
     ap.add_argument("--bar", type=float, default=0.80)
     ap.add_argument("--out", default=None, help="also write the table (markdown) here")
     ap.add_argument("--ct-variants", default="v2,v1",
@@ -63,6 +76,8 @@ def main():
     ct_variants = CT_ALL if a.ct_variants == "all" else [v for v in a.ct_variants.split(",") if v]
     assert fp8._library() is not None, "library backend not available"
     dev = torch.device("cuda", 0)
+    if a.nominal is None:
+        a.nominal = nominal_gbs(torch.cuda.get_device_name(dev))
     rows = a.numel // a.cols
     n = rows * a.cols
     nbuf = 3  # rotate: 3 x 128 MB inputs >> L2
@@ -145,7 +160,8 @@ def main():
         else:
             os.environ["NVTE_COMM_CAST_TRANSPOSE"] = saved
 
-    lines = [f"device: {torch.cuda.get_device_name(dev)}; {n} elements ([{rows}, {a.cols}]), median of {a.iters}",
+    lines = [f"device: {torch.cuda.get_device_name(dev)} (nominal HBM {a.nominal:.0f} GB/s; the D2D copy reaches "
+             f"{100 * copy_gbs / a.nominal:.1f} % of it); {n} elements ([{rows}, {a.cols}]), median of {a.iters}",
              "", "| operation | us | GB/s | % nominal | % D2D copy |", "|---|---:|---:|---:|---:|"]
     ok = True
     for name, nbytes, t, barred in cases:
