@@ -3,7 +3,8 @@
 For 64M elements (default; --numel): quantize bf16 -> e4m3 rowwise, rowwise + columnwise
 (one kernel), compute_amax, transpose (bf16), dequantize (e4m3 -> bf16), and torch's
 unfused equivalents (abs/amax/float/multiply/clamp/cast; .t().contiguous()). Each timing:
-warm-up, then the median of --iters runs, each between its own pair of events, rotating
+warm-up, then the median of --iters runs (the copy and the three barred kernels: the median
+of --bar-rounds interleaved rounds of that), each between its own pair of events, rotating
 over several input buffers so that no run reads what the previous one left in L2. GB/s
 count the bytes each operation must move (inputs read once, outputs written once), and
 are given against the device's nominal HBM bandwidth (--nominal; by default from the device
@@ -72,6 +73,8 @@ def main():
     ap.add_argument("--ct-variants", default="v2,v1",
                     help="cast + transpose kernels to compare (NVTE_COMM_CAST_TRANSPOSE values; 'all')")
     ap.add_argument("--ct-rounds", type=int, default=5)
+    ap.add_argument("--bar-rounds", type=int, default=5,
+                    help="interleaved rounds of the copy and the barred kernels (median of the rounds' medians)")
     a = ap.parse_args()
     ct_variants = CT_ALL if a.ct_variants == "all" else [v for v in a.ct_variants.split(",") if v]
     assert fp8._library() is not None, "library backend not available"
@@ -97,13 +100,23 @@ def main():
         cases.append((name, nbytes, t, barred))
 
     copy_dst = torch.empty_like(xs[0])
-    case("D2D copy (torch, bf16)", 2 * n * 2, lambda i: copy_dst.copy_(xs[i % nbuf]))
+    # The copy and the barred kernels: --bar-rounds interleaved rounds of --iters runs each,
+    # the median of the rounds' medians (single medians move by about 1.5 % between runs).
+    rounded = [
+        ("D2D copy (torch, bf16)", 2 * n * 2, lambda i: copy_dst.copy_(xs[i % nbuf]), False),
+        ("quantize bf16->e4m3 rowwise", n * 3,
+         lambda i: lib.quantize(xs[i % nbuf], e4, scale, amax, sinv, True, False), True),
+        ("quantize bf16->e4m3 rowwise+columnwise", n * 4,
+         lambda i: lib.quantize(xs[i % nbuf], e4, scale, amax, sinv, True, True), True),
+        ("compute_amax bf16", n * 2, lambda i: lib.compute_amax(xs[i % nbuf], amax), True),
+    ]
+    round_times = [[] for _ in rounded]
+    for _ in range(max(a.bar_rounds, 1)):
+        for j, (_, _, fn, _) in enumerate(rounded):
+            round_times[j].append(timed(fn, a.iters))
+    for (name, nbytes, _, barred), ts in zip(rounded, round_times):
+        cases.append((name, nbytes, statistics.median(ts), barred))
     copy_gbs = 2 * n * 2 / cases[0][2] / 1e9
-    case("quantize bf16->e4m3 rowwise", n * 3,
-         lambda i: lib.quantize(xs[i % nbuf], e4, scale, amax, sinv, True, False), True)
-    case("quantize bf16->e4m3 rowwise+columnwise", n * 4,
-         lambda i: lib.quantize(xs[i % nbuf], e4, scale, amax, sinv, True, True), True)
-    case("compute_amax bf16", n * 2, lambda i: lib.compute_amax(xs[i % nbuf], amax), True)
     case("current scaling: amax + scale + quantize", n * 5,
          lambda i: (lib.compute_amax(xs[i % nbuf], amax), lib.compute_scale_from_amax(amax, e4, scale, 0.0, False),
                     lib.quantize(xs[i % nbuf], e4, scale, None, sinv, True, True)))
@@ -161,7 +174,8 @@ def main():
             os.environ["NVTE_COMM_CAST_TRANSPOSE"] = saved
 
     lines = [f"device: {torch.cuda.get_device_name(dev)} (nominal HBM {a.nominal:.0f} GB/s; the D2D copy reaches "
-             f"{100 * copy_gbs / a.nominal:.1f} % of it); {n} elements ([{rows}, {a.cols}]), median of {a.iters}",
+             f"{100 * copy_gbs / a.nominal:.1f} % of it); {n} elements ([{rows}, {a.cols}]), median of {a.iters} "
+             f"(the copy and the barred rows: median of {max(a.bar_rounds, 1)} interleaved rounds' medians)",
              "", "| operation | us | GB/s | % nominal | % D2D copy |", "|---|---:|---:|---:|---:|"]
     ok = True
     for name, nbytes, t, barred in cases:
