@@ -216,3 +216,29 @@ def test_graph_capture_falls_back(monkeypatch):
     g.replay()
     torch.cuda.synchronize()
     assert any(not torch.equal(p, q) for p, q in zip(a, before))
+
+
+def test_torch_step_keeps_its_grad_mode(monkeypatch):
+    """The fallback is torch's step with its no-grad decorator, whether or not an Adam was
+    constructed (which wraps Adam.step in torch's hook wrapper) before this module loaded."""
+    import importlib
+
+    adam_mod = importlib.import_module("torch.optim.adam")
+    seen = []
+    inner = adam_mod.adam
+
+    def spy(*a, **k):
+        seen.append(torch.is_grad_enabled())
+        return inner(*a, **k)
+
+    monkeypatch.setattr(adam_mod, "adam", spy)
+    for _ in range(2):  # as imported, then reloaded after an Adam exists (Adam.step hooked)
+        torch.optim.Adam([torch.nn.Parameter(torch.zeros(2, device=DEV))], fused=True)
+        mod = importlib.reload(O)
+        p = [torch.nn.Parameter(torch.randn(3, device=DEV))]
+        opt = mod.LeanFusedAdam(p)
+        p[0].grad = torch.randn(3, device=DEV)
+        with torch.enable_grad():
+            opt.step()  # the first step: torch's (state initialisation)
+        assert seen == [False]
+        seen.clear()

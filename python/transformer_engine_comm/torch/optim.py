@@ -39,9 +39,11 @@ from torch.optim.optimizer import Optimizer
 
 __all__ = ["LeanFusedAdam"]
 
-# torch's own step with its hooks and profiler range (Adam.step may or may not be wrapped
-# yet: the raw function under it, wrapped once here).
-_RAW_ADAM_STEP = getattr(Adam.step, "__wrapped__", Adam.step)
+# torch's own step with its hooks and profiler range, wrapped once here. Adam.step is torch's
+# step under its grad-mode decorator, and after the first Adam's construction also under
+# the hook wrapper (marked `hooked`): only that outer wrapper is taken off (the decorator's
+# own __wrapped__ is the step without its grad mode).
+_RAW_ADAM_STEP = Adam.step.__wrapped__ if getattr(Adam.step, "hooked", False) else Adam.step
 _TORCH_STEP = Optimizer.profile_hook_step(_RAW_ADAM_STEP)
 
 
@@ -131,6 +133,9 @@ class LeanFusedAdam(Adam):
                 g = p.grad
                 if g is None or g.is_sparse:
                     return _TORCH_STEP(self, closure)
+        for plan, group in zip(plans, self.param_groups):
+            if group["amsgrad"] and any(not part[3] for part in plan.parts):
+                return _TORCH_STEP(self, closure)  # amsgrad turned on after the lists were made
         for plan, group in zip(plans, self.param_groups):
             beta1, beta2 = group["betas"]
             fn = torch._fused_adamw_ if group.get("decoupled_weight_decay", False) else torch._fused_adam_
