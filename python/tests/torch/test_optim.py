@@ -219,8 +219,9 @@ def test_graph_capture_falls_back(monkeypatch):
 
 
 def test_torch_step_keeps_its_grad_mode(monkeypatch):
-    """The fallback is torch's step with its no-grad decorator, whether or not an Adam was
-    constructed (which wraps Adam.step in torch's hook wrapper) before this module loaded."""
+    """The fallback is torch's step with its no-grad decorator, whether Adam.step is
+    already wrapped in torch's hook wrapper (an Adam was built before this module loaded)
+    or not yet."""
     import importlib
 
     adam_mod = importlib.import_module("torch.optim.adam")
@@ -232,13 +233,20 @@ def test_torch_step_keeps_its_grad_mode(monkeypatch):
         return inner(*a, **k)
 
     monkeypatch.setattr(adam_mod, "adam", spy)
-    for _ in range(2):  # as imported, then reloaded after an Adam exists (Adam.step hooked)
-        torch.optim.Adam([torch.nn.Parameter(torch.zeros(2, device=DEV))], fused=True)
-        mod = importlib.reload(O)
-        p = [torch.nn.Parameter(torch.randn(3, device=DEV))]
-        opt = mod.LeanFusedAdam(p)
-        p[0].grad = torch.randn(3, device=DEV)
-        with torch.enable_grad():
-            opt.step()  # the first step: torch's (state initialisation)
-        assert seen == [False]
-        seen.clear()
+    torch.optim.Adam([torch.nn.Parameter(torch.zeros(2, device=DEV))], fused=True)  # hooks Adam.step
+    hooked = torch.optim.Adam.step
+    assert getattr(hooked, "hooked", False)
+    try:
+        for step_fn in (hooked, hooked.__wrapped__):  # hooked; as before any Adam was built
+            monkeypatch.setattr(torch.optim.Adam, "step", step_fn)
+            mod = importlib.reload(O)
+            p = [torch.nn.Parameter(torch.randn(3, device=DEV))]
+            opt = mod.LeanFusedAdam(p)
+            p[0].grad = torch.randn(3, device=DEV)
+            with torch.enable_grad():
+                opt.step()  # the first step: torch's (state initialisation)
+            assert seen == [False]
+            seen.clear()
+    finally:
+        monkeypatch.setattr(torch.optim.Adam, "step", hooked)
+        importlib.reload(O)
