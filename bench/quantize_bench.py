@@ -8,8 +8,8 @@ of --bar-rounds interleaved rounds of that), each between its own pair of events
 over several input buffers so that no run reads what the previous one left in L2. GB/s
 count the bytes each operation must move (inputs read once, outputs written once), and
 are given against the device's nominal HBM bandwidth (--nominal; by default from the device
-name: H100 SXM 3352 GB/s, H100 NVL 3938, H100 PCIe 2039, H200 4800; another device needs
---nominal) and a measured device-to-device copy. Then the host cost (microseconds of Python and library
+name: H100 SXM 3352 GB/s, H100 NVL 3938, H100 PCIe 2039, H200 4800; another device, GH200
+included, needs --nominal) and a measured device-to-device copy. Then the host cost (microseconds of Python and library
 enqueue per call: Fp8Meta.cast under both recipes, and single library calls, on a small
 tensor). Last line: PASS/FAIL for the bar (>= 80 % of nominal for quantize rowwise,
 rowwise + columnwise, and amax).
@@ -50,13 +50,16 @@ def timed(fn, iters, warmup=10):
     return statistics.median(a.elapsed_time(b) for a, b in ev) * 1e-3  # seconds
 
 
-# Nominal HBM bandwidth (GB/s) by a part of the device name, the most specific first.
-NOMINAL_GBS = (("H200", 4800.0), ("H100 NVL", 3938.0), ("H100 PCIe", 2039.0), ("H100", 3352.0))
+# Nominal HBM bandwidth (GB/s) by a part of the device name, the most specific first (None:
+# several memory configurations share the name: --nominal needed).
+NOMINAL_GBS = (("GH200", None), ("H200", 4800.0), ("H100 NVL", 3938.0), ("H100 PCIe", 2039.0), ("H100", 3352.0))
 
 
 def nominal_gbs(name: str) -> float:
     for part, gbs in NOMINAL_GBS:
         if part in name:
+            if gbs is None:
+                break
             return gbs
     raise SystemExit(f"quantize_bench: no nominal HBM bandwidth known for {name!r}: pass --nominal GB/s")
 

@@ -53,7 +53,10 @@ export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 errors=0
 t_start=$(date +%s)
 # (a repeat NAME_rN of a row runs where NAME is wanted)
-want() { [ -z "${TE_COMM_STEP_ROWS:-}" ] || [[ " $TE_COMM_STEP_ROWS " == *" ${1%_r[0-9]*} "* ]]; }
+want() {
+  [ -z "${TE_COMM_STEP_ROWS:-}" ] || [[ " $TE_COMM_STEP_ROWS " == *" $1 "* ]] ||
+    [[ " $TE_COMM_STEP_ROWS " == *" ${1%_r[0-9]*} "* ]]
+}
 
 # 1. The parts of a step alone.
 if want parts; then
@@ -103,7 +106,7 @@ echo "runs: $(( $(date +%s) - t_start )) s"
 
 # 3. Summary and acceptance.
 "$py" - "$out" <<'PY' | tee "$out/summary.md"
-import os, sys
+import os, statistics, sys
 
 out = sys.argv[1]
 
@@ -122,7 +125,8 @@ ROWS = [  # name, description
     ("bf16_graph", "bf16, overlap build, CUDA graph"), ("fp8d_graph", "FP8 delayed, overlap build, CUDA graph"),
     ("bf16_forced", "bf16, library path forced"), ("fp8d_forced", "FP8 delayed, library path forced"),
     ("tp4_forced", "tp-4 shape (ffn 4096), bf16, library path forced"), ("tp4_ref", "tp-4 shape (ffn 4096), bf16, no-overlap"),
-    *[(f"tp4_{b}_r{i}", f"tp-4 shape, {d}, run {i}") for i in range(2, 10)
+    *[(f"tp4_{b}_r{i}", f"tp-4 shape, {d}, run {i}")
+      for i in range(2, 2 + sum(1 for f in os.listdir(out) if f.startswith("tp4_forced_r") and f.endswith(".rc")))
       for b, d in (("forced", "library path forced"), ("ref", "no-overlap"))],
     ("tp4_forced_graph", "tp-4 shape, bf16, library path forced, CUDA graph"),
     ("tp4_ref_graph", "tp-4 shape, bf16, no-overlap, CUDA graph"),
@@ -181,11 +185,19 @@ for build, n in (("overlap build", "bf16_ovl"), ("no-overlap build", "bf16_ref")
     a = step(n)
     acc(f"bf16 step / (six GEMMs + optimizer), {build} (<= 1.10)", a, bar, 1.10,
         lambda v, a=a: f"{a:.3f} / {bar:.3f} ms = {v:.3f}")
+def step_runs(base):
+    """The median step ms over the runs of row `base` (its repeats base_rN too), and their
+    count; (None, 0) without one."""
+    v = [step(n) for n in R if n == base or (n.startswith(base + "_r") and n.rsplit("_r", 1)[1].isdigit())]
+    return (statistics.median(v), len(v)) if v else (None, 0)
+
+
 for what, fn, rn in (("bf16", "bf16_forced", "bf16_ref"), ("FP8 delayed", "fp8d_forced", "fp8d_ref"),
                      ("tp-4 shape bf16", "tp4_forced", "tp4_ref")):
-    a, b = step(fn), step(rn)
+    (a, na), (b, nb) = step_runs(fn), step_runs(rn)
+    runs = f" (medians of {na} / {nb} runs)" if max(na, nb) > 1 else ""
     acc(f"library path forced / reference step, {what} (within 3 %: <= 1.03)", a, b, 1.03,
-        lambda v, a=a, b=b: f"{a:.3f} / {b:.3f} ms = {v:.3f}")
+        lambda v, a=a, b=b, runs=runs: f"{a:.3f} / {b:.3f} ms = {v:.3f}{runs}")
 # Host time per step at the tp-4 shape: each run's median step (METHOD: median of many; the
 # mean carries the host's rare stalls of several ms) over its GPU-busy time, the bar on the
 # median run (the host's speed differs between processes); every run, the means and the
@@ -200,10 +212,9 @@ def host_runs(base):
 
 
 fr = host_runs("tp4_forced")
-ratios = sorted(h / b for _, h, b in fr)
-mid = ratios[len(ratios) // 2] if ratios else None
+mid = statistics.median(h / b for _, h, b in fr) if fr else None
 acc(f"host ms / GPU-busy ms at the tp-4 shape, library path forced, median step, median of {len(fr)} runs (<= 0.5)",
-    mid, 1.0 if ratios else None, 0.5,
+    mid, 1.0 if fr else None, 0.5,
     lambda v: f"{v:.3f} (runs: " + ", ".join(f"{h:.3f} / {b:.3f} ms = {h / b:.3f}" for _, h, b in fr) + ")")
 reports = []
 for base in ("tp4_forced", "tp4_ref"):

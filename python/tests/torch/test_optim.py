@@ -218,6 +218,84 @@ def test_graph_capture_falls_back(monkeypatch):
     assert any(not torch.equal(p, q) for p, q in zip(a, before))
 
 
+def test_changes_after_the_lists_were_made(monkeypatch):
+    """A parameter swapped into a group, the state cleared, a tensor learning rate set
+    later, a copy of the optimizer: the results stay torch's."""
+    import copy
+
+    a = params([torch.float32] * 4)
+    b = clone(a)
+    lean = O.LeanFusedAdam(a, lr=1e-2, fused=True)  # Adam's own arguments are taken
+    ref = torch.optim.Adam(b, lr=1e-2, fused=True)
+    c = Counting(monkeypatch)
+    step = 0
+
+    def both():
+        nonlocal step
+        set_grads(a, b, step)
+        step += 1
+        lean.step()
+        ref.step()
+        same(lean, ref, a, b)
+
+    both()
+    both()
+    assert c.n == 1
+    # A new parameter in place of an old one: updated from its first step on.
+    a[1] = torch.nn.Parameter(torch.zeros(SHAPES[1], device=DEV))
+    b[1] = torch.nn.Parameter(torch.zeros(SHAPES[1], device=DEV))
+    lean.param_groups[0]["params"][1] = a[1]
+    ref.param_groups[0]["params"][1] = b[1]
+    both()  # its state is new: torch's step
+    both()  # lean again, with it
+    assert c.n == 2 and a[1].abs().sum() > 0
+    # The state cleared: the moments start again, and the state holds them.
+    lean.state.clear()
+    ref.state.clear()
+    both()
+    both()
+    assert c.n == 3 and len(lean.state) == 4
+    # A tensor learning rate set after the lists were made: torch's step.
+    lean.param_groups[0]["lr"] = torch.tensor(5e-3)
+    ref.param_groups[0]["lr"] = torch.tensor(5e-3)
+    both()
+    assert c.n == 4
+    lean.param_groups[0]["lr"] = ref.param_groups[0]["lr"] = 5e-3
+    # A copy steps (its lists are made again) as the original would.
+    twin = copy.deepcopy(lean)
+    ta = [p for p in twin.param_groups[0]["params"]]
+    set_grads(ta, b, step)
+    twin.step()  # (the twin's own parameters; compared with ref's step below)
+    ref.step()
+    for p, q in zip(ta, b):
+        assert torch.equal(p, q)
+
+
+def test_frozen_parameter_falls_back_without_rebuilding(monkeypatch):
+    """A parameter that never gets a gradient keeps every step on torch's path; the lists
+    are not tried again each step meanwhile (only when the state or the groups change)."""
+    a = params([torch.float32] * 4)
+    lean = O.LeanFusedAdam(a, lr=1e-2)
+    walked = []
+    device_ok = O._lean_device
+
+    def counted(p):
+        walked.append(1)
+        return device_ok(p)
+
+    monkeypatch.setattr(O, "_lean_device", counted)
+    c = Counting(monkeypatch)
+    for _ in range(5):
+        for i, p in enumerate(a):
+            p.grad = None if i == 2 else torch.ones_like(p)
+        lean.step()
+    assert c.n == 5
+    # Step 1: no state (no parameter looked at); step 2: parameters 0 and 1 looked at, 2
+    # has no state; steps 3-5: the same state and groups, not tried again.
+    assert len(walked) == 2
+    assert a[2] not in lean.state and len(lean.state) == 3
+
+
 def test_torch_step_keeps_its_grad_mode(monkeypatch):
     """The fallback is torch's step with its no-grad decorator, whether Adam.step is
     already wrapped in torch's hook wrapper (an Adam was built before this module loaded)
