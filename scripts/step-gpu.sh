@@ -185,10 +185,15 @@ for build, n in (("overlap build", "bf16_ovl"), ("no-overlap build", "bf16_ref")
     a = step(n)
     acc(f"bf16 step / (six GEMMs + optimizer), {build} (<= 1.10)", a, bar, 1.10,
         lambda v, a=a: f"{a:.3f} / {bar:.3f} ms = {v:.3f}")
+def runs_of(base):
+    """The measured runs of row `base`: base, then its repeats base_rN, in run order."""
+    rep = [n for n in R if n.startswith(base + "_r") and n.rsplit("_r", 1)[1].isdigit()]
+    return ([base] if base in R else []) + sorted(rep, key=lambda n: int(n.rsplit("_r", 1)[1]))
+
+
 def step_runs(base):
-    """The median step ms over the runs of row `base` (its repeats base_rN too), and their
-    count; (None, 0) without one."""
-    v = [step(n) for n in R if n == base or (n.startswith(base + "_r") and n.rsplit("_r", 1)[1].isdigit())]
+    """The median step ms over the runs of row `base`, and their count; (None, 0) without one."""
+    v = [step(n) for n in runs_of(base)]
     return (statistics.median(v), len(v)) if v else (None, 0)
 
 
@@ -207,8 +212,7 @@ med = lambda n: float(R[n]["host_ms_median"]) if n in R and "host_ms_median" in 
 
 def host_runs(base):
     """[(name, host median ms, GPU busy ms)] of the runs of row `base` that measured both."""
-    names = [base] + sorted((n for n in R if n.startswith(base + "_r")), key=lambda n: int(n.rsplit("_r", 1)[1]))
-    return [(n, med(n), float(P[n]["gpu_busy_ms"])) for n in names if med(n) is not None and P.get(n)]
+    return [(n, med(n), float(P[n]["gpu_busy_ms"])) for n in runs_of(base) if med(n) is not None and P.get(n)]
 
 
 fr = host_runs("tp4_forced")
