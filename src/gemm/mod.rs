@@ -2,6 +2,7 @@
 //! cuBLAS as column-major, epilogues (bias, GELU with aux, DGELU, bias gradient), FP8
 //! scaling, accumulate, fast FP8 accumulation and an SM budget. Descriptors and the
 //! heuristic's choice are cached per thread and shape ("plans").
+mod graphs;
 pub mod sm90;
 
 use crate::cuda::StreamHandle;
@@ -630,6 +631,8 @@ struct Plan {
     untimed: Vec<lt::cublasLtMatmulAlgo_t>,
     /// the pointer attributes the descriptor holds (`set_pointers`)
     ptrs: [DevPtr; 6],
+    /// the plan's calls replayed as CUDA graphs (NVTE_COMM_GEMM_GRAPHS)
+    graphs: graphs::Graphs,
 }
 
 /// Heuristic algorithms a plan considers (NVTE_COMM_GEMM_TUNE: timed on first use).
@@ -693,7 +696,8 @@ pub fn tune_enabled() -> Result<bool> {
 }
 
 impl Plan {
-    fn destroy(&self) {
+    fn destroy(mut self) {
+        graphs::destroy(self.graphs.take());
         // SAFETY: descriptors created by `build`, destroyed once when evicted.
         unsafe {
             lt::cublasLtMatmulDescDestroy(self.desc);
@@ -822,6 +826,7 @@ fn build(h: lt::cublasLtHandle_t, g: &GemmDesc, key: &PlanKey) -> Result<Plan> {
         algo: lt::cublasLtMatmulAlgo_t { data: [0; 8] },
         untimed: Vec::new(),
         ptrs: [DevPtr::NULL; 6],
+        graphs: graphs::Graphs::default(),
     };
     let r = describe(desc, g, &mut plan).and_then(|()| choose_algo(h, desc, g, key, &mut plan));
     match r {
@@ -1118,16 +1123,84 @@ fn run_impl(g: &GemmDesc, guard: &ContextGuard, stream: StreamHandle, own: bool)
                 plans.entry(key).or_insert(p)
             }
         };
+        let capturing = !capture_status(stream)?.none();
+        if p.untimed.is_empty()
+            && graphs_enabled()?
+            && let Some(done) = via_graph(h, p, g, stream, capturing)?
+        {
+            return Ok(done);
+        }
         set_pointers(p.desc, g, &mut p.ptrs)?;
         // First eager run of a plan with candidates: time them (the run that follows
         // overwrites D; a GEMM that accumulates or is being captured is not timed).
-        if !p.untimed.is_empty() && !g.accumulate && !capture_status(stream)?.active() {
+        if !p.untimed.is_empty() && !g.accumulate && !capturing {
             p.algo = fastest(h, p, g, stream)?;
             p.untimed.clear();
             TIMED_PLANS.with(|c| c.set(c.get() + 1));
         }
         matmul(h, p, &p.algo, g, stream)
     })
+}
+
+/// NVTE_COMM_GEMM_GRAPHS (a boolean, read once; default on): a plan's repeated calls
+/// replay a CUDA graph of their matmul (see `graphs`).
+fn graphs_enabled() -> Result<bool> {
+    static V: std::sync::OnceLock<std::result::Result<bool, String>> = std::sync::OnceLock::new();
+    V.get_or_init(|| {
+        crate::env::flag("NVTE_COMM_GEMM_GRAPHS")
+            .map(|v| v.unwrap_or(true))
+            .map_err(|e| e.msg)
+    })
+    .clone()
+    .map_err(|m| Error::new(K::InvalidArgument, m))
+}
+
+/// The plan's call `g` through its graph when the policy says so: Some(()) when it ran
+/// (replayed, or captured then replayed), None for the direct call. A capture that fails
+/// turns the plan's graphs off (the direct call then runs, and reports any real error).
+fn via_graph(
+    h: lt::cublasLtHandle_t,
+    p: &mut Plan,
+    g: &GemmDesc,
+    stream: StreamHandle,
+    capturing: bool,
+) -> Result<Option<()>> {
+    let key = graphs::CallKey {
+        ptrs: [
+            g.a.raw(),
+            g.b.raw(),
+            g.c.raw(),
+            g.d.raw(),
+            g.workspace.raw(),
+            g.bias.raw(),
+            g.aux.raw(),
+            g.a_scale_inv.raw(),
+            g.b_scale_inv.raw(),
+            g.d_scale.raw(),
+            g.d_amax.raw(),
+        ],
+        accumulate: g.accumulate,
+    };
+    let mut evicted = None;
+    let action = p.graphs.decide(&key, capturing, &mut evicted);
+    graphs::destroy(evicted);
+    match action {
+        graphs::Action::Launch(exec) => graphs::launch(exec, stream).map(Some),
+        graphs::Action::Direct => Ok(None),
+        graphs::Action::Capture => {
+            set_pointers(p.desc, g, &mut p.ptrs)?;
+            match graphs::capture(|s| matmul(h, p, &p.algo, g, s)) {
+                Ok(exec) => {
+                    p.graphs.captured(&key, exec);
+                    graphs::launch(exec, stream).map(Some)
+                }
+                Err(_) => {
+                    graphs::destroy(p.graphs.failed());
+                    Ok(None)
+                }
+            }
+        }
+    }
 }
 
 fn matmul(
