@@ -246,11 +246,17 @@ __device__ void quantize_fp8_impl(const typename I::T *__restrict__ in, u8 *__re
   const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
   const u64 stride = (u64)gridDim.x * blockDim.x;
   const u64 nv = vec ? n / 16 : 0;
-  for (u64 v = tid; v < nv; v += U * stride) {
+  // A grid that covers the chunks (the library's launch: flat_grid) makes one pass, each
+  // block over U * blockDim consecutive chunks (its threads' U chunks blockDim apart);
+  // a smaller one strides over them.
+  const bool one_pass = stride * U >= nv;
+  const u64 first = one_pass ? (u64)blockIdx.x * blockDim.x * U + threadIdx.x : tid;
+  const u64 apart = one_pass ? (u64)blockDim.x : stride, next = one_pass ? nv : U * stride;
+  for (u64 v = first; v < nv; v += next) {
     u32 w[U][2][NW];
 #pragma unroll
     for (int j = 0; j < U; ++j) {
-      const u64 k = v + j * stride;
+      const u64 k = v + j * apart;
       if (k < nv) {
         if constexpr (H == 2) {
           const char *p = reinterpret_cast<const char *>(in + k * 16);
@@ -266,7 +272,7 @@ __device__ void quantize_fp8_impl(const typename I::T *__restrict__ in, u8 *__re
     }
 #pragma unroll
     for (int j = 0; j < U; ++j) {
-      const u64 k = v + j * stride;
+      const u64 k = v + j * apart;
       if (k < nv) {
         float x[16];
         cvt8<I>(w[j][0], x);
@@ -615,12 +621,16 @@ __device__ void amax_impl(const typename I::T *__restrict__ in, u64 n, float *am
   const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
   const u64 stride = (u64)gridDim.x * blockDim.x;
   const u64 nv = vec ? n / 8 : 0;
-  for (u64 v = tid; v < nv; v += U * stride) {
+  // One pass of consecutive blocks when the grid covers the input (as quantize_fp8_impl).
+  const bool one_pass = stride * U >= nv;
+  const u64 first = one_pass ? (u64)blockIdx.x * blockDim.x * U + threadIdx.x : tid;
+  const u64 apart = one_pass ? (u64)blockDim.x : stride, next = one_pass ? nv : U * stride;
+  for (u64 v = first; v < nv; v += next) {
     u32 w[U][NW];
 #pragma unroll
     for (int j = 0; j < U; ++j) {
-      if (v + j * stride < nv) {
-        ld8<I, H>(in + (v + j * stride) * 8, w[j]);
+      if (v + j * apart < nv) {
+        ld8<I, H>(in + (v + j * apart) * 8, w[j]);
       } else {
 #pragma unroll
         for (int k = 0; k < NW; ++k) w[j][k] = 0u;

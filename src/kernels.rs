@@ -219,6 +219,29 @@ fn persistent_grid(work: usize, per_block: usize, sms: i32, blocks_per_sm: u32) 
     work.div_ceil(per_block.max(1)).clamp(1, full) as u32
 }
 
+/// Chunks a thread takes per pass in the rowwise quantize and the amax kernels (cast.cu's
+/// QROW_U and AMAX_U).
+const QROW_U: usize = 2;
+const AMAX_U: usize = 4;
+
+/// The grid of the streaming kernels (rowwise quantize, amax) over `work` vector chunks,
+/// `per_thread` a thread: one block per `block * per_thread` consecutive chunks, a single
+/// pass (at 64M bf16 elements 82.6 / 82.1 % of the H100's nominal HBM bandwidth for the
+/// cast / amax traffic, against 79.7-80.8 / 81.0 % with a persistent grid-stride grid:
+/// `bench/hbm_probe.cu`, bench/RESULTS.md 2026-11-26, seventh session); the kernels stride
+/// over whatever a smaller grid leaves. NVTE_COMM_QUANT_GRID=persistent (read once; for
+/// A/B benches) keeps the persistent grid.
+fn flat_grid(work: usize, block: u32, per_thread: usize, sms: i32, per_sm: u32) -> u32 {
+    static PERSISTENT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let persistent = *PERSISTENT
+        .get_or_init(|| std::env::var("NVTE_COMM_QUANT_GRID").is_ok_and(|v| v == "persistent"));
+    if persistent {
+        return persistent_grid(work, block as usize, sms, per_sm);
+    }
+    work.div_ceil((block as usize * per_thread).max(1))
+        .clamp(1, i32::MAX as usize) as u32
+}
+
 /// Kernel `parts` of binding `b` in the cast module of the guard's context, and the
 /// device's SM count.
 fn kernel<P: Params>(
@@ -460,7 +483,11 @@ fn quantize_rowwise(
     // The vector path: chunks of 16 elements.
     let work = if vec == 1 { numel / 16 } else { numel };
     let (block, per_sm) = launch_shape(k.raw())?;
-    let grid = persistent_grid(work, block as usize, dev.sm_count, per_sm);
+    let grid = if vec == 1 {
+        flat_grid(work, block, QROW_U, dev.sm_count, per_sm)
+    } else {
+        persistent_grid(work, block as usize, dev.sm_count, per_sm)
+    };
     let params = (src, dst, n, scale, amax, sinv, sinv_t, noop, vec);
     // SAFETY: `k` is quantize_fp8_<in>_<out> of kernels/cast.cu, loaded in the stream's
     // context (held by `guard`); its parameters: in, out: pointers; n: u64; scale, amax,
@@ -855,7 +882,11 @@ pub fn compute_amax(
     let vec: i32 = src.is_aligned(16) as i32;
     let work = if vec == 1 { i.numel() / 8 } else { i.numel() };
     let (block, per_sm) = launch_shape(k.raw())?;
-    let grid = persistent_grid(work, block as usize, dev.sm_count, per_sm);
+    let grid = if vec == 1 {
+        flat_grid(work, block, AMAX_U, dev.sm_count, per_sm)
+    } else {
+        persistent_grid(work, block as usize, dev.sm_count, per_sm)
+    };
     // SAFETY: amax_<in> of kernels/cast.cu in the stream's context; parameters (in: pointer
     // to the caller's n elements, NULL checked; n: u64; amax: one float; noop: NULL or one
     // float; vec: i32, 1 only for a 16-byte aligned input); any grid (grid-stride), its

@@ -117,8 +117,15 @@ impl Graphs {
 }
 
 /// Capture what `f` enqueues on a private stream as a graph and instantiate it
-/// (CUgraphExec). The capture is thread-local: other threads' calls are not affected.
+/// (CUgraphExec). The capture is thread-local (other threads' calls are not affected),
+/// and runs with this thread's capture mode relaxed: a stream, a capture and an
+/// instantiation of our own must neither be refused nor invalidate a global-mode capture
+/// that another thread is making meanwhile.
 pub fn capture(f: impl FnOnce(StreamHandle) -> Result<()>) -> Result<usize> {
+    crate::cuda::resources::with_relaxed_capture(|| capture_relaxed(f))
+}
+
+fn capture_relaxed(f: impl FnOnce(StreamHandle) -> Result<()>) -> Result<usize> {
     let s = Stream::new(0)?;
     let st = s.raw().cu();
     // SAFETY: a stream of ours, not being captured.
