@@ -11,8 +11,10 @@
 //! The policy ([`Graphs`]) is a value, tested on the host: a pointer set is captured on
 //! its second call (a workload whose buffers change every call never pays for a capture);
 //! a plan keeps at most [`MAX_CALLS`] pointer sets, the least recently used one making
-//! room; a capture that fails turns the plan's graphs off. Streams being captured (the
-//! user's own CUDA graphs) always take the direct call.
+//! room; a capture that fails turns the plan's graphs off, and so does a plan whose
+//! graphs are seldom replayed (its pointer sets cycle through more than it keeps: at
+//! [`CAPTURE_LIMIT`] captures, fewer than [`MIN_REPLAYS`] replays a capture). Streams
+//! being captured (the user's own CUDA graphs) always take the direct call.
 use crate::cuda::resources::Stream;
 use crate::cuda::{StreamHandle, check};
 use crate::error::Result;
@@ -20,6 +22,11 @@ use cudarc::driver::sys as cu;
 
 /// Pointer sets (calls) a plan keeps graphs or sightings for.
 const MAX_CALLS: usize = 8;
+/// Captures after which a plan's graphs must have paid: see [`MIN_REPLAYS`].
+const CAPTURE_LIMIT: u64 = 16;
+/// Replays a capture a plan must average by [`CAPTURE_LIMIT`] captures, else its calls go
+/// direct (a capture and an instantiation cost far more host time than a direct call).
+const MIN_REPLAYS: u64 = 4;
 
 /// What, besides the plan, fixes a matmul launch: every pointer it is given (A, B, C, D,
 /// workspace, bias, aux, the four FP8 scale / amax pointers) and beta (accumulate).
@@ -55,6 +62,8 @@ pub struct Graphs {
     calls: Vec<(CallKey, Slot, u64)>,
     clock: u64,
     off: bool,
+    captures: u64,
+    replays: u64,
 }
 
 impl Graphs {
@@ -74,8 +83,21 @@ impl Graphs {
         if let Some(c) = self.calls.iter_mut().find(|c| c.0 == *key) {
             c.2 = self.clock;
             return match c.1 {
-                Slot::Exec(e) => Action::Launch(e),
-                Slot::Seen => Action::Capture,
+                Slot::Exec(e) => {
+                    self.replays += 1;
+                    Action::Launch(e)
+                }
+                Slot::Seen
+                    if self.captures >= CAPTURE_LIMIT
+                        && self.replays < MIN_REPLAYS * self.captures =>
+                {
+                    self.off = true;
+                    Action::Direct
+                }
+                Slot::Seen => {
+                    self.captures += 1;
+                    Action::Capture
+                }
             };
         }
         if self.calls.len() >= MAX_CALLS {
@@ -95,6 +117,12 @@ impl Graphs {
         if let Some(c) = self.calls.iter_mut().find(|c| c.0 == *key) {
             c.1 = Slot::Exec(exec);
         }
+    }
+
+    /// Whether the plan's calls go direct for good (a failed capture, too few replays).
+    #[cfg(test)]
+    fn off(&self) -> bool {
+        self.off
     }
 
     /// A capture failed: the plan calls cuBLASLt directly from now on. Returns the graphs
@@ -219,6 +247,36 @@ mod tests {
         assert_eq!(g.failed(), vec![5]);
         assert_eq!(g.decide(&key(1), false, &mut ev), Action::Direct);
         assert_eq!(g.decide(&key(1), false, &mut ev), Action::Direct);
+    }
+
+    #[test]
+    fn unreplayed_captures_stop_capturing() {
+        // Pointer sets each called twice and never again (a capture each, no replay): at
+        // CAPTURE_LIMIT captures the plan goes direct; a plan whose graphs are replayed
+        // keeps them.
+        let mut g = Graphs::default();
+        let mut ev = None;
+        let mut captures = 0;
+        for i in 0..100 {
+            for _ in 0..2 {
+                if g.decide(&key(i), false, &mut ev) == Action::Capture {
+                    captures += 1;
+                    g.captured(&key(i), 1000 + i);
+                }
+            }
+        }
+        assert!(g.off() && captures as u64 == CAPTURE_LIMIT, "{captures}");
+        let mut h = Graphs::default();
+        for round in 0..100 {
+            for i in 0..MAX_CALLS {
+                match h.decide(&key(i), false, &mut ev) {
+                    Action::Capture => h.captured(&key(i), i),
+                    Action::Launch(e) => assert_eq!(e, i),
+                    Action::Direct => assert!(round == 0),
+                }
+            }
+        }
+        assert!(!h.off());
     }
 
     #[test]
