@@ -85,7 +85,7 @@ def run(model, optim, x, target, steps: int):
         e.record()
         events.append((s, e))
         if LOG_LOSS:  # the example's between-step work (outside the timed region)
-            lv = F.mse_loss(out.float(), target.float()).reshape(())
+            lv = F.mse_loss(out.float(), target.float()).reshape(()).clone()  # as the example
             dist.all_reduce(lv)
             logged.append(lv)
         for name, a, b in zip(PHASES, (t0, t1, t2, t3, t4), (t1, t2, t3, t4, t5)):

@@ -334,8 +334,16 @@ def _wgrad(x: torch.Tensor, dy: torch.Tensor, need_db: bool):
     """``(dW, db)`` = ``(dY^T @ X, dY.sum(0) or None)``: one NT GEMM with the bias gradient
     in its epilogue (BGRADB) where :func:`_epilogues` allows, else torch."""
     if need_db and _epilogues(dy, x.shape[1]) and x.dtype == dy.dtype and x.is_contiguous():
-        db = torch.empty(dy.shape[1], dtype=dy.dtype, device=dy.device)
-        dw = _gemm()(x, dy, transa=False, transb=True, bias_grad=db)
+        # dW and db in one allocation (db 256-byte aligned after dW): db on its own would
+        # come from the allocator's small-block pool, whose addresses move whenever the
+        # caller keeps a small tensor per step (a logged loss), and a GEMM whose pointers
+        # change every step never replays the library's CUDA graph of it
+        # (NVTE_COMM_GEMM_GRAPHS). Autograd takes both views as the gradients.
+        m, k = dy.shape[1], x.shape[1]
+        off = -(-(m * k) // 128) * 128
+        buf = torch.empty(off + m, dtype=dy.dtype, device=dy.device)
+        dw, db = buf[: m * k].view(m, k), buf[off:]
+        _gemm()(x, dy, transa=False, transb=True, bias_grad=db, out=dw)
         return dw, db
     return dy.t() @ x, None
 
