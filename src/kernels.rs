@@ -231,15 +231,23 @@ const AMAX_U: usize = 4;
 /// `bench/hbm_probe.cu`, bench/RESULTS.md 2026-11-26, seventh session); the kernels stride
 /// over whatever a smaller grid leaves. NVTE_COMM_QUANT_GRID=persistent (read once; for
 /// A/B benches) keeps the persistent grid.
-fn flat_grid(work: usize, block: u32, per_thread: usize, sms: i32, per_sm: u32) -> u32 {
-    static PERSISTENT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let persistent = *PERSISTENT
-        .get_or_init(|| std::env::var("NVTE_COMM_QUANT_GRID").is_ok_and(|v| v == "persistent"));
+fn flat_grid(work: usize, block: u32, per_thread: usize, sms: i32, per_sm: u32) -> Result<u32> {
+    static PERSISTENT: std::sync::OnceLock<std::result::Result<bool, String>> =
+        std::sync::OnceLock::new();
+    let persistent = PERSISTENT
+        .get_or_init(|| {
+            crate::env::choice("NVTE_COMM_QUANT_GRID", &["flat", "persistent"])
+                .map(|c| c == Some(1))
+                .map_err(|e| e.msg)
+        })
+        .clone()
+        .map_err(|m| crate::error::Error::new(crate::error::ErrorKind::InvalidArgument, m))?;
     if persistent {
-        return persistent_grid(work, block as usize, sms, per_sm);
+        return Ok(persistent_grid(work, block as usize, sms, per_sm));
     }
-    work.div_ceil((block as usize * per_thread).max(1))
-        .clamp(1, i32::MAX as usize) as u32
+    Ok(work
+        .div_ceil((block as usize * per_thread).max(1))
+        .clamp(1, i32::MAX as usize) as u32)
 }
 
 /// Kernel `parts` of binding `b` in the cast module of the guard's context, and the
@@ -484,7 +492,7 @@ fn quantize_rowwise(
     let work = if vec == 1 { numel / 16 } else { numel };
     let (block, per_sm) = launch_shape(k.raw())?;
     let grid = if vec == 1 {
-        flat_grid(work, block, QROW_U, dev.sm_count, per_sm)
+        flat_grid(work, block, QROW_U, dev.sm_count, per_sm)?
     } else {
         persistent_grid(work, block as usize, dev.sm_count, per_sm)
     };
@@ -883,7 +891,7 @@ pub fn compute_amax(
     let work = if vec == 1 { i.numel() / 8 } else { i.numel() };
     let (block, per_sm) = launch_shape(k.raw())?;
     let grid = if vec == 1 {
-        flat_grid(work, block, AMAX_U, dev.sm_count, per_sm)
+        flat_grid(work, block, AMAX_U, dev.sm_count, per_sm)?
     } else {
         persistent_grid(work, block as usize, dev.sm_count, per_sm)
     };

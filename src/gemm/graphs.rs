@@ -29,11 +29,16 @@ const CAPTURE_LIMIT: u64 = 16;
 const MIN_REPLAYS: u64 = 4;
 
 /// What, besides the plan, fixes a matmul launch: every pointer it is given (A, B, C, D,
-/// workspace, bias, aux, the four FP8 scale / amax pointers) and beta (accumulate).
+/// workspace, bias, aux, the four FP8 scale / amax pointers) and beta (accumulate); and
+/// the stream it is launched on: the driver orders each launch of a graph behind its
+/// previous launch, so a graph replayed on several streams would tie them together (an
+/// order the direct calls do not have; with the overlap engines' device-side waits, a
+/// possible deadlock). One graph per stream keeps that order the stream's own.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct CallKey {
     pub ptrs: [u64; 11],
     pub accumulate: bool,
+    pub stream: usize,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,6 +58,9 @@ pub enum Action {
     Capture,
     /// call cuBLASLt directly
     Direct,
+    /// call cuBLASLt directly, now and from now on: the plan's graphs are seldom replayed
+    /// (the caller destroys them: [`Graphs::take`])
+    TurnedOff,
 }
 
 /// A plan's graphs: the policy's state (host-testable; the graphs themselves are opaque
@@ -92,7 +100,7 @@ impl Graphs {
                         && self.replays < MIN_REPLAYS * self.captures =>
                 {
                     self.off = true;
-                    Action::Direct
+                    Action::TurnedOff
                 }
                 Slot::Seen => {
                     self.captures += 1;
@@ -145,16 +153,15 @@ impl Graphs {
 }
 
 /// Capture what `f` enqueues on a private stream as a graph and instantiate it
-/// (CUgraphExec). The capture is thread-local (other threads' calls are not affected),
-/// and runs with this thread's capture mode relaxed: a stream, a capture and an
-/// instantiation of our own must neither be refused nor invalidate a global-mode capture
-/// that another thread is making meanwhile.
+/// (CUgraphExec). The capture is thread-local: other threads' calls are not affected. Our
+/// own stream creation, instantiation and releases run with this thread's capture mode
+/// relaxed (they must neither be refused nor invalidate a global-mode capture another
+/// thread makes meanwhile); `f` runs in the caller's mode, so that a call it makes that a
+/// capture cannot hold fails the capture (and the caller calls directly) instead of
+/// running outside the graph.
 pub fn capture(f: impl FnOnce(StreamHandle) -> Result<()>) -> Result<usize> {
-    crate::cuda::resources::with_relaxed_capture(|| capture_relaxed(f))
-}
-
-fn capture_relaxed(f: impl FnOnce(StreamHandle) -> Result<()>) -> Result<usize> {
-    let s = Stream::new(0)?;
+    use crate::cuda::resources::with_relaxed_capture;
+    let s = with_relaxed_capture(|| Stream::new(0))?;
     let st = s.raw().cu();
     // SAFETY: a stream of ours, not being captured.
     check(
@@ -173,17 +180,21 @@ fn capture_relaxed(f: impl FnOnce(StreamHandle) -> Result<()>) -> Result<usize> 
     let inst = r
         .and_then(|_| check(end, "cuStreamEndCapture"))
         .and_then(|_| {
-            let mut exec: cu::CUgraphExec = std::ptr::null_mut();
-            // SAFETY: a graph just captured; out pointer.
-            check(
-                unsafe { cu::cuGraphInstantiateWithFlags(&mut exec, graph, 0) },
-                "cuGraphInstantiateWithFlags",
-            )
-            .map(|_| exec as usize)
+            with_relaxed_capture(|| {
+                let mut exec: cu::CUgraphExec = std::ptr::null_mut();
+                // SAFETY: a graph just captured; out pointer.
+                check(
+                    unsafe { cu::cuGraphInstantiateWithFlags(&mut exec, graph, 0) },
+                    "cuGraphInstantiateWithFlags",
+                )
+                .map(|_| exec as usize)
+            })
         });
     if !graph.is_null() {
-        // SAFETY: the captured graph; its instantiation (if any) does not need it.
-        unsafe { cu::cuGraphDestroy(graph) };
+        crate::cuda::resources::release_relaxed(|| {
+            // SAFETY: the captured graph; its instantiation (if any) does not need it.
+            unsafe { cu::cuGraphDestroy(graph) }
+        });
     }
     inst
 }
@@ -215,6 +226,7 @@ mod tests {
         CallKey {
             ptrs: [i as u64; 11],
             accumulate: false,
+            stream: 7,
         }
     }
 
@@ -226,10 +238,13 @@ mod tests {
         assert_eq!(g.decide(&key(1), false, &mut ev), Action::Capture);
         g.captured(&key(1), 77);
         assert_eq!(g.decide(&key(1), false, &mut ev), Action::Launch(77));
-        // Another pointer set, or beta, is another call.
+        // Another pointer set, beta or stream is another call.
         let mut acc = key(1);
         acc.accumulate = true;
         assert_eq!(g.decide(&acc, false, &mut ev), Action::Direct);
+        let mut other_stream = key(1);
+        other_stream.stream = 8;
+        assert_eq!(g.decide(&other_stream, false, &mut ev), Action::Direct);
         assert_eq!(g.decide(&key(2), false, &mut ev), Action::Direct);
         assert_eq!(ev, None);
     }
@@ -256,15 +271,25 @@ mod tests {
         // keeps them.
         let mut g = Graphs::default();
         let mut ev = None;
-        let mut captures = 0;
+        let (mut captures, mut turned_off) = (0, 0);
         for i in 0..100 {
             for _ in 0..2 {
-                if g.decide(&key(i), false, &mut ev) == Action::Capture {
-                    captures += 1;
-                    g.captured(&key(i), 1000 + i);
+                match g.decide(&key(i), false, &mut ev) {
+                    Action::Capture => {
+                        captures += 1;
+                        g.captured(&key(i), 1000 + i);
+                    }
+                    Action::TurnedOff => {
+                        turned_off += 1;
+                        // The caller destroys what the plan holds: the graphs of the other
+                        // pointer sets it keeps (this one's was never captured).
+                        assert_eq!(g.take().len(), MAX_CALLS - 1);
+                    }
+                    _ => {}
                 }
             }
         }
+        assert_eq!(turned_off, 1);
         assert!(g.off() && captures as u64 == CAPTURE_LIMIT, "{captures}");
         let mut h = Graphs::default();
         for round in 0..100 {
@@ -273,6 +298,7 @@ mod tests {
                     Action::Capture => h.captured(&key(i), i),
                     Action::Launch(e) => assert_eq!(e, i),
                     Action::Direct => assert!(round == 0),
+                    Action::TurnedOff => panic!("a replayed plan turned off"),
                 }
             }
         }

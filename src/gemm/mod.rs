@@ -1180,6 +1180,7 @@ fn via_graph(
             g.d_amax.raw(),
         ],
         accumulate: g.accumulate,
+        stream: stream.raw(),
     };
     let mut evicted = None;
     let action = p.graphs.decide(&key, capturing, &mut evicted);
@@ -1187,6 +1188,10 @@ fn via_graph(
     match action {
         graphs::Action::Launch(exec) => graphs::launch(exec, stream).map(Some),
         graphs::Action::Direct => Ok(None),
+        graphs::Action::TurnedOff => {
+            graphs::destroy(p.graphs.take());
+            Ok(None)
+        }
         graphs::Action::Capture => {
             set_pointers(p.desc, g, &mut p.ptrs)?;
             match graphs::capture(|s| matmul(h, p, &p.algo, g, s)) {
@@ -1194,7 +1199,19 @@ fn via_graph(
                     p.graphs.captured(&key, exec);
                     graphs::launch(exec, stream).map(Some)
                 }
-                Err(_) => {
+                Err(e) => {
+                    if crate::env::debug() {
+                        use std::io::Write;
+                        let _ = writeln!(
+                            std::io::stderr().lock(),
+                            "[transformer_engine_comm] a {}x{}x{} GEMM's CUDA graph capture failed \
+                             ({}); its calls go to cuBLASLt directly from now on",
+                            g.m,
+                            g.n,
+                            g.k,
+                            e.msg
+                        );
+                    }
                     graphs::destroy(p.graphs.failed());
                     Ok(None)
                 }

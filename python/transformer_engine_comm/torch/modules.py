@@ -338,7 +338,8 @@ def _wgrad(x: torch.Tensor, dy: torch.Tensor, need_db: bool):
         # come from the allocator's small-block pool, whose addresses move whenever the
         # caller keeps a small tensor per step (a logged loss), and a GEMM whose pointers
         # change every step never replays the library's CUDA graph of it
-        # (NVTE_COMM_GEMM_GRAPHS). Autograd takes both views as the gradients.
+        # (NVTE_COMM_GEMM_GRAPHS). Autograd takes both views as the gradients (they share
+        # one storage, disjoint ranges: the buffer lives while either gradient does).
         m, k = dy.shape[1], x.shape[1]
         off = -(-(m * k) // 128) * 128
         buf = torch.empty(off + m, dtype=dy.dtype, device=dy.device)
