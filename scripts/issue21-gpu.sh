@@ -2,7 +2,8 @@
 # The training-step acceptance (issue 21) on one GPU, in one call: the quantization kernels
 # (bit-exact tests, bandwidth), the comm-GEMM FP8 accumulation test (tp 1, and 2 and 4
 # ranks sharing the GPU over IPC), host cost per call (C at tp 1 and with 2 ranks sharing
-# the GPU; the public torch ops at tp 1), the modules' one-GPU tests, the training step
+# the GPU; the public torch ops at tp 1), the modules' one-GPU tests and the GEMM's (its
+# CUDA graphs included, also under the users' own captures: test_graph), the training step
 # (scripts/step-gpu.sh: FP8 vs bf16 with both recipes, bf16 vs its GEMMs + optimizer, the
 # library path forced at tp 1, host vs GPU time at tp-4 shapes, CUDA graphs) and the JAX
 # example at tp 1 (the layers vs XLA's own build, bf16 and FP8 with both recipes).
@@ -47,7 +48,9 @@ stage host_c_tp1 90 "$mpi" 1 "$build/tests_c/bench_host" --small-only --out "$ou
 stage host_c_tp2_shared 120 "$mpi" 2 "$build/tests_c/bench_host" --small-only --out "$out/host_c_tp2_shared.md"
 stage host_torch_ops 90 "$py" "$root/bench/host_cost.py" --sizes 256 --out "$out/host_torch_ops.md"
 stage modules_tp1 150 "$py" -m pytest -q -rs -p no:cacheprovider "$root/python/tests/torch/test_modules_tp1.py" \
-  "$root/python/tests/torch/test_optim.py"
+  "$root/python/tests/torch/test_optim.py" "$root/python/tests/torch/test_gemm.py"
+# The library GEMM's CUDA graphs (NVTE_COMM_GEMM_GRAPHS) under the users' own captures.
+stage graph_capture_c 90 "$mpi" 1 "$build/tests_c/test_graph"
 OUT=$out TE_COMM_STEP_ROWS=${TE_COMM_STEP_ROWS:-"parts bf16_ovl bf16_ref fp8d_ovl fp8c_ovl bf16_graph fp8d_graph bf16_forced tp4_forced tp4_ref"} \
   stage step 420 "$root/scripts/step-gpu.sh" --iters 20 --warmup 4
 ex=$root/examples/jax/mlp_with_overlap.py
