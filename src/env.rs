@@ -92,6 +92,17 @@ pub fn choice(name: &str, choices: &[&str]) -> Result<Option<usize>> {
         .transpose()
 }
 
+/// A knob read once per process: `read`'s value, or its error, kept in `cell` and given
+/// again to every later call (an error stays an InvalidArgument naming the knob).
+pub fn once<T: Clone>(
+    cell: &'static std::sync::OnceLock<std::result::Result<T, String>>,
+    read: impl FnOnce() -> Result<T>,
+) -> Result<T> {
+    cell.get_or_init(|| read().map_err(|e| e.msg))
+        .clone()
+        .map_err(Error::invalid)
+}
+
 /// NVTE_COMM_TIMEOUT_MS: how long any wait for a peer may take, ms (>= 1; default 60 s).
 /// The engine's config default and the setup exchanges read it alike.
 pub fn timeout_ms() -> Result<i64> {

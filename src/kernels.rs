@@ -234,14 +234,9 @@ const AMAX_U: usize = 4;
 fn flat_grid(work: usize, block: u32, per_thread: usize, sms: i32, per_sm: u32) -> Result<u32> {
     static PERSISTENT: std::sync::OnceLock<std::result::Result<bool, String>> =
         std::sync::OnceLock::new();
-    let persistent = PERSISTENT
-        .get_or_init(|| {
-            crate::env::choice("NVTE_COMM_QUANT_GRID", &["flat", "persistent"])
-                .map(|c| c == Some(1))
-                .map_err(|e| e.msg)
-        })
-        .clone()
-        .map_err(|m| crate::error::Error::new(crate::error::ErrorKind::InvalidArgument, m))?;
+    let persistent = crate::env::once(&PERSISTENT, || {
+        Ok(crate::env::choice("NVTE_COMM_QUANT_GRID", &["flat", "persistent"])? == Some(1))
+    })?;
     if persistent {
         return Ok(persistent_grid(work, block as usize, sms, per_sm));
     }

@@ -653,13 +653,9 @@ const TUNE_MAX_PLANS: usize = 256;
 /// cannot load (not sm_90, no NVRTC) cuBLASLt runs, and the load is not retried.
 fn own_gemm_enabled() -> Result<bool> {
     static V: std::sync::OnceLock<std::result::Result<bool, String>> = std::sync::OnceLock::new();
-    V.get_or_init(|| {
-        crate::env::flag("NVTE_COMM_OWN_GEMM")
-            .map(|v| v.unwrap_or(true))
-            .map_err(|e| e.msg)
+    crate::env::once(&V, || {
+        Ok(crate::env::flag("NVTE_COMM_OWN_GEMM")?.unwrap_or(true))
     })
-    .clone()
-    .map_err(|m| Error::new(K::InvalidArgument, m))
 }
 
 /// Our kernel for `g` when NVTE_COMM_OWN_GEMM routes it there (see [`own_gemm_enabled`]).
@@ -1146,13 +1142,9 @@ fn run_impl(g: &GemmDesc, guard: &ContextGuard, stream: StreamHandle, own: bool)
 /// replay a CUDA graph of their matmul (see `graphs`).
 fn graphs_enabled() -> Result<bool> {
     static V: std::sync::OnceLock<std::result::Result<bool, String>> = std::sync::OnceLock::new();
-    V.get_or_init(|| {
-        crate::env::flag("NVTE_COMM_GEMM_GRAPHS")
-            .map(|v| v.unwrap_or(true))
-            .map_err(|e| e.msg)
+    crate::env::once(&V, || {
+        Ok(crate::env::flag("NVTE_COMM_GEMM_GRAPHS")?.unwrap_or(true))
     })
-    .clone()
-    .map_err(|m| Error::new(K::InvalidArgument, m))
 }
 
 /// The plan's call `g` through its graph when the policy says so: Some(()) when it ran
