@@ -1119,17 +1119,16 @@ fn run_impl(g: &GemmDesc, guard: &ContextGuard, stream: StreamHandle, own: bool)
                 plans.entry(key).or_insert(p)
             }
         };
-        let capturing = !capture_status(stream)?.none();
         if p.untimed.is_empty()
             && graphs_enabled()?
-            && let Some(done) = via_graph(h, p, g, stream, capturing)?
+            && let Some(done) = via_graph(h, p, g, stream)?
         {
             return Ok(done);
         }
         set_pointers(p.desc, g, &mut p.ptrs)?;
         // First eager run of a plan with candidates: time them (the run that follows
         // overwrites D; a GEMM that accumulates or is being captured is not timed).
-        if !p.untimed.is_empty() && !g.accumulate && !capturing {
+        if !p.untimed.is_empty() && !g.accumulate && !capture_status(stream)?.active() {
             p.algo = fastest(h, p, g, stream)?;
             p.untimed.clear();
             TIMED_PLANS.with(|c| c.set(c.get() + 1));
@@ -1155,8 +1154,8 @@ fn via_graph(
     p: &mut Plan,
     g: &GemmDesc,
     stream: StreamHandle,
-    capturing: bool,
 ) -> Result<Option<()>> {
+    let capturing = !capture_status(stream)?.none();
     let key = graphs::CallKey {
         ptrs: [
             g.a.raw(),
