@@ -228,6 +228,20 @@ __device__ __forceinline__ void griddep_launch_dependents() {
 
 // ------------------------------------------------------------------ rowwise quantize
 
+// How a streaming kernel's threads walk `nv` vector chunks, U a thread per step: a grid
+// that covers them (the library's launch: kernels.rs flat_grid) makes one pass, each block
+// over U * blockDim consecutive chunks (its threads' U chunks blockDim apart); a smaller
+// one strides over them (thread tid's chunks the grid's thread count apart).
+struct ChunkWalk {
+  u64 first, apart, next;
+};
+template <int U>
+__device__ __forceinline__ ChunkWalk chunk_walk(u64 nv) {
+  const u64 stride = (u64)gridDim.x * blockDim.x;
+  if (stride * U >= nv) return {(u64)blockIdx.x * blockDim.x * U + threadIdx.x, (u64)blockDim.x, nv};
+  return {(u64)blockIdx.x * blockDim.x + threadIdx.x, stride, U * stride};
+}
+
 // Rowwise FP8 quantize of n elements. Vector path (`vec`: both pointers 16-byte
 // aligned): chunks of 16 elements (one 16-byte FP8 store), U chunks a thread per step,
 // all their loads issued before the first use; the rest (everything when !vec) one
@@ -246,17 +260,12 @@ __device__ void quantize_fp8_impl(const typename I::T *__restrict__ in, u8 *__re
   const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
   const u64 stride = (u64)gridDim.x * blockDim.x;
   const u64 nv = vec ? n / 16 : 0;
-  // A grid that covers the chunks (the library's launch: flat_grid) makes one pass, each
-  // block over U * blockDim consecutive chunks (its threads' U chunks blockDim apart);
-  // a smaller one strides over them.
-  const bool one_pass = stride * U >= nv;
-  const u64 first = one_pass ? (u64)blockIdx.x * blockDim.x * U + threadIdx.x : tid;
-  const u64 apart = one_pass ? (u64)blockDim.x : stride, next = one_pass ? nv : U * stride;
-  for (u64 v = first; v < nv; v += next) {
+  const ChunkWalk cw = chunk_walk<U>(nv);
+  for (u64 v = cw.first; v < nv; v += cw.next) {
     u32 w[U][2][NW];
 #pragma unroll
     for (int j = 0; j < U; ++j) {
-      const u64 k = v + j * apart;
+      const u64 k = v + j * cw.apart;
       if (k < nv) {
         if constexpr (H == 2) {
           const char *p = reinterpret_cast<const char *>(in + k * 16);
@@ -272,7 +281,7 @@ __device__ void quantize_fp8_impl(const typename I::T *__restrict__ in, u8 *__re
     }
 #pragma unroll
     for (int j = 0; j < U; ++j) {
-      const u64 k = v + j * apart;
+      const u64 k = v + j * cw.apart;
       if (k < nv) {
         float x[16];
         cvt8<I>(w[j][0], x);
@@ -621,16 +630,13 @@ __device__ void amax_impl(const typename I::T *__restrict__ in, u64 n, float *am
   const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
   const u64 stride = (u64)gridDim.x * blockDim.x;
   const u64 nv = vec ? n / 8 : 0;
-  // One pass of consecutive blocks when the grid covers the input (as quantize_fp8_impl).
-  const bool one_pass = stride * U >= nv;
-  const u64 first = one_pass ? (u64)blockIdx.x * blockDim.x * U + threadIdx.x : tid;
-  const u64 apart = one_pass ? (u64)blockDim.x : stride, next = one_pass ? nv : U * stride;
-  for (u64 v = first; v < nv; v += next) {
+  const ChunkWalk cw = chunk_walk<U>(nv);
+  for (u64 v = cw.first; v < nv; v += cw.next) {
     u32 w[U][NW];
 #pragma unroll
     for (int j = 0; j < U; ++j) {
-      if (v + j * apart < nv) {
-        ld8<I, H>(in + (v + j * apart) * 8, w[j]);
+      if (v + j * cw.apart < nv) {
+        ld8<I, H>(in + (v + j * cw.apart) * 8, w[j]);
       } else {
 #pragma unroll
         for (int k = 0; k < NW; ++k) w[j][k] = 0u;
