@@ -105,42 +105,46 @@ def test_dgelu_and_bias_grads():
 
 
 def _graph_cases():
-    """(name, make inputs -> dict of tensors, call(t) -> outputs, want(t) -> references) for
-    the graph-replay test: each kind of cuBLASLt call a plan may replay."""
+    """(name, shapes, call(t) -> outputs, want(t, acc_before) -> fp32 references) for the
+    graph-replay test: each kind of cuBLASLt call a plan may replay (acc_before: the
+    accumulating case's output before the call, else None)."""
     def tn_bias_gelu(t):
         return gemm(t["A"], t["B"], transa=True, transb=False, bias=t["bias"], gelu=True)
 
-    def tn_bias_gelu_want(t):
+    def tn_bias_gelu_want(t, _):
         r = ref(t["A"], t["B"], True, False) + t["bias"].float()
         return torch.nn.functional.gelu(r, approximate="tanh"), r
 
     def nn_dgelu_bgrad(t):
         return gemm(t["W"], t["dY"], transa=False, transb=False, dgelu_pre=t["pre"], bias_grad=t["db"]), t["db"]
 
-    def nn_dgelu_bgrad_want(t):
+    def nn_dgelu_bgrad_want(t, _):
         d = ref(t["W"], t["dY"], False, False) * gelu_tanh_grad(t["pre"])
         return d, d.sum(0)
 
     def nt_bgrad(t):
         return gemm(t["X"], t["dY2"], transa=False, transb=True, bias_grad=t["db2"]), t["db2"]
 
-    def nt_bgrad_want(t):
+    def nt_bgrad_want(t, _):
         return t["dY2"].float().t() @ t["X"].float(), t["dY2"].float().sum(0)
 
     def tn_accumulate(t):
         gemm(t["A"], t["B"], transa=True, transb=False, out=t["acc"], accumulate=True)
         return (t["acc"],)
 
+    def tn_accumulate_want(t, acc_before):
+        return (acc_before + ref(t["A"], t["B"], True, False),)
+
     big = (512, 1024, 2048)  # above the own kernel's size: cuBLASLt, tuned on first use
     return [
         ("tn_bias_gelu", {"A": (M, K), "B": (N, K), "bias": (M,)}, tn_bias_gelu, tn_bias_gelu_want),
         ("tn_big", {"A": (big[0], big[2]), "B": (big[1], big[2])},
          lambda t: (gemm(t["A"], t["B"], transa=True, transb=False),),
-         lambda t: (ref(t["A"], t["B"], True, False),)),
+         lambda t, _: (ref(t["A"], t["B"], True, False),)),
         ("nn_dgelu_bgrad", {"W": (K, M), "dY": (N, K), "pre": (N, M), "db": (M,)}, nn_dgelu_bgrad,
          nn_dgelu_bgrad_want),
         ("nt_bgrad", {"X": (K, M), "dY2": (K, N), "db2": (N,)}, nt_bgrad, nt_bgrad_want),
-        ("tn_accumulate", {"A": (M, K), "B": (N, K), "acc": (N, M)}, tn_accumulate, None),
+        ("tn_accumulate", {"A": (M, K), "B": (N, K), "acc": (N, M)}, tn_accumulate, tn_accumulate_want),
     ]
 
 
@@ -148,34 +152,32 @@ def _graph_cases():
 def test_repeated_calls_follow_data_and_pointers(case):
     """A plan's repeated calls replay a CUDA graph of their matmul (NVTE_COMM_GEMM_GRAPHS):
     the same tensors refilled in place before every call (direct, captured, then replayed
-    calls), outputs poisoned, each result against fp32; then new tensors (new pointers);
-    then the calls inside the user's own torch CUDA graph, replayed with new data."""
+    calls; the bias gradients poisoned with NaN), each result against fp32; then new
+    tensors (new pointers); then the calls inside the user's own torch CUDA graph,
+    replayed with new data."""
     _, shapes, call, want = next(c for c in _graph_cases() if c[0] == case)
     seed = [100]
 
     def fill(t):
+        """New data in every tensor (NaN in the bias gradients); returns the accumulating
+        case's output before the call (fp32), else None."""
         for name, x in t.items():
             seed[0] += 1
             x.copy_(make(shapes[name], BF16, seed[0]))
+            if name in ("db", "db2"):
+                x.fill_(float("nan"))
+        return t["acc"].float().clone() if "acc" in t else None
 
-    def check(t, acc_before=None):
-        got = call(t)
+    def check(got, t, acc_before, what):
         torch.cuda.synchronize()
-        if want is None:  # accumulate: acc = acc_before + B . A^T
-            w = (acc_before + ref(t["A"], t["B"], True, False),)
-        else:
-            w = want(t)
-        for g, r in zip(got, w):
-            assert rel(g, r) < 3e-2, (case, rel(g, r))
+        for g, r in zip(got, want(t, acc_before)):
+            assert rel(g, r) < 3e-2, (case, what, rel(g, r))
 
     for tensors_round in range(2):  # the second round: new tensors, new pointers
         t = {name: torch.empty(shape, dtype=BF16, device=DEV) for name, shape in shapes.items()}
         for _ in range(4):
-            fill(t)
-            for name in ("db", "db2"):
-                if name in t:
-                    t[name].fill_(float("nan"))
-            check(t, t["acc"].float().clone() if "acc" in t else None)
+            acc_before = fill(t)
+            check(call(t), t, acc_before, "eager")
     # Inside the user's capture the library calls cuBLASLt directly; the replay follows the data.
     fill(t)
     s = torch.cuda.Stream()
@@ -188,13 +190,9 @@ def test_repeated_calls_follow_data_and_pointers(case):
             outs = call(t)
     torch.cuda.current_stream().wait_stream(s)
     for _ in range(2):
-        fill(t)
-        acc_before = t["acc"].float().clone() if "acc" in t else None
+        acc_before = fill(t)
         g.replay()
-        torch.cuda.synchronize()
-        w = (acc_before + ref(t["A"], t["B"], True, False),) if want is None else want(t)
-        for o, r in zip(outs if isinstance(outs, tuple) else (outs,), w):
-            assert rel(o, r) < 3e-2, (case, "user graph", rel(o, r))
+        check(outs, t, acc_before, "user graph")
 
 
 @pytest.mark.parametrize("fmt", [torch.float8_e4m3fn, torch.float8_e5m2])
