@@ -75,6 +75,7 @@
 // - Side copy (copy_bytes != 0): see side_copy.
 //
 // Knobs (-D at compile time): GEMM90_STAGES_256 / GEMM90_STAGES_128 (pipeline depth, 4 / 6),
+// GEMM90_SIGNAL_WARP (who runs the RS done signals, default 1: see its definition),
 // GEMM90_EPI_WIDE (16-byte epilogue stores of the plain kernels, default 1: 0.996 vs
 // 0.929 of cuBLASLt, bf16, H100, 2026-11-26; the _epi epilogue always stores wide).
 //
@@ -470,6 +471,20 @@ __device__ __forceinline__ void store_tile_wide(float (&acc)[BN / 2], float scal
 #define GEMM90_STAGES_128 6
 #endif
 
+// RS done signals (GEMM90_SIGNAL_WARP, default 1): the producer warpgroup's otherwise idle
+// warp 1 runs signal_done for each stored tile, so that its system-scope fence (it waits
+// until the tile's stores are visible system-wide) no longer holds up a consumer thread,
+// and with it both consumer warpgroups. The consumers and that warp meet at named barrier
+// 1 (288 threads) after each tile's stores: the barrier makes every consumer thread's
+// stores performed relative to the warp, whose fence.acq_rel.sys and release store then
+// publish them (a side copy, if any, runs first on that warp: the consumers then wait at
+// their first barrier until it is done). Emulated link on one H100 (bench/RESULTS.md,
+// eighth session): RS fused / bound bf16 1.046-1.051 against 1.062-1.065 with 0, e4m3
+// unchanged. 0: a consumer thread signals after a 256-thread barrier (the earlier way).
+#ifndef GEMM90_SIGNAL_WARP
+#define GEMM90_SIGNAL_WARP 1
+#endif
+
 template <int BN>
 struct Cfg {
   static constexpr int A_BYTES = BM * K_BYTES;   // rows of B (wgmma A): 16 KiB
@@ -485,7 +500,7 @@ struct Cfg {
 // copy engine or peer that acquires it). done[nblk + j] (nblk = ceil(n / done_rows)) is
 // block j's tile counter: zero at launch, and reset to zero by the kernel when block j
 // completes, so that the next launch (or a CUDA-graph replay) finds it zero again.
-// Called by one consumer thread after both consumer warpgroups stored the tile.
+// Called by one thread after both consumer warpgroups stored the tile (GEMM90_SIGNAL_WARP).
 __device__ __forceinline__ void signal_done(u32 *done, int done_rows, u32 done_value, int n,
                                             int tiles_m, int n0, int n1) {
   const int nblk = (n + done_rows - 1) / done_rows;
@@ -699,6 +714,17 @@ __device__ __forceinline__ void gemm(const GemmTmaDesc *tmap_b, const GemmTmaDes
     // registers (warps 1-3 then run the side copy, if any).
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
     if (threadIdx.x >= 32 && g.copy_bytes != 0) side_copy(g.copy_src, g.copy_dst, g.copy_bytes);
+    if (GEMM90_SIGNAL_WARP && g.done != nullptr && g.done_rows > 0 && threadIdx.x / 32 == 1) {
+      // The signaller (warp 1): this CTA's tiles in the consumers' order; each, once both
+      // consumer warpgroups have stored it (named barrier 1 with them), signalled by lane 0.
+      for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+        int tn, tm;
+        tile_coords(t, tiles_n, tiles_m, gn, n_tile_rot, tn, tm);
+        const int n0 = tn * BM;
+        asm volatile("bar.sync 1, 288;" ::: "memory");
+        if (threadIdx.x == 32) signal_done(g.done, g.done_rows, g.done_value, n, tiles_m, n0, min(n0 + BM, n));
+      }
+    }
     if (threadIdx.x == 0) {
       u32 it = 0;
       u64 seen = 0;
@@ -847,9 +873,14 @@ __device__ __forceinline__ void gemm(const GemmTmaDesc *tmap_b, const GemmTmaDes
         }
       }
       if (g.done != nullptr && g.done_rows > 0) {
-        // Both consumer warpgroups' stores of this tile, then one signal.
-        asm volatile("bar.sync 1, 256;" ::: "memory");
-        if (threadIdx.x == 128) signal_done(g.done, g.done_rows, g.done_value, n, tiles_m, n0, min(n0 + BM, n));
+        // Both consumer warpgroups' stores of this tile, then one signal (GEMM90_SIGNAL_WARP:
+        // by the signaller warp, which meets them at named barrier 1).
+        if (GEMM90_SIGNAL_WARP) {
+          asm volatile("bar.sync 1, 288;" ::: "memory");
+        } else {
+          asm volatile("bar.sync 1, 256;" ::: "memory");
+          if (threadIdx.x == 128) signal_done(g.done, g.done_rows, g.done_value, n, tiles_m, n0, min(n0 + BM, n));
+        }
       }
     }
     if constexpr (EPI) {
