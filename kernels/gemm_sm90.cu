@@ -511,6 +511,10 @@ __device__ __forceinline__ void signal_done(u32 *done, int done_rows, u32 done_v
     const u32 need = (u32)((r1 - 1) / BM - r0 / BM + 1) * (u32)tiles_m;
     const u32 old = atomicAdd(done + nblk + j, 1u);
     if (old + 1 == need) {
+      // Acquire the other tiles' counts (each released by its CTA's fence above), so that
+      // their stores too come before the release below in the memory model, not only in
+      // practice.
+      asm volatile("fence.acq_rel.gpu;" ::: "memory");
       done[nblk + j] = 0;
       asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(done + j), "r"(done_value) : "memory");
     }
