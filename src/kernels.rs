@@ -253,7 +253,7 @@ fn kernel<P: Params>(
     parts: &[&str],
 ) -> Result<(Kernel<P>, i32)> {
     let dev = cuda::device_info(guard.device)?;
-    let m = nvrtc::module(&nvrtc::CAST, guard.ctx, &dev)?;
+    let m = nvrtc::module(&nvrtc::CAST, guard.id, &dev)?;
     // SAFETY: `m` is kernels/cast.cu's module, the source of every binding of this module.
     Ok((unsafe { Kernel::new(&m, b, parts)? }, dev.sm_count))
 }
@@ -348,7 +348,7 @@ pub fn quantize(
     let iname = short(i.dtype).unwrap();
     let oname = short(out_dtype).unwrap();
     let dev = cuda::device_info(guard.device)?;
-    let m = nvrtc::module(&nvrtc::CAST, guard.ctx, &dev)?;
+    let m = nvrtc::module(&nvrtc::CAST, guard.id, &dev)?;
     let p = QuantPtrs {
         src: i.ptr,
         scale: opt_ptr(&output.scale),
@@ -362,7 +362,7 @@ pub fn quantize(
         return quantize_rowwise(&m, &dev, names, (&p, o.ptr, i.numel()), stream);
     }
     let dst = if has_row { o.ptr } else { DevPtr::NULL };
-    let ctx = (&*m, &dev, guard.ctx);
+    let ctx = (&*m, &dev, guard.id);
     cast_transpose(ctx, names, (&p, dst, cw.ptr), (rows, cols), stream)
 }
 
@@ -505,7 +505,7 @@ fn quantize_rowwise(
 /// or v1: NVTE_COMM_CAST_TRANSPOSE) of the [rows, cols]
 /// input into `dst` (NULL: no rowwise output) and `dst_t`, in the CUDA context `ctx`.
 fn cast_transpose(
-    (m, dev, ctx): (&nvrtc::Module, &cuda::DeviceInfo, usize),
+    (m, dev, ctx): (&nvrtc::Module, &cuda::DeviceInfo, u64),
     (iname, oname): (&str, &str),
     (p, dst, dst_t): (&QuantPtrs, DevPtr, DevPtr),
     (rows, cols): (usize, usize),
@@ -573,7 +573,7 @@ type CtKernel = (Kernel<Ct2Params>, (usize, usize), bool);
 /// tile (rows, columns), one tile a block). `vec`: the vector
 /// path's alignment and divisibility hold; `t_aligned`: out_t is 16-byte aligned.
 fn ct_kernel(
-    (m, dev, ctx): (&nvrtc::Module, &cuda::DeviceInfo, usize),
+    (m, dev, ctx): (&nvrtc::Module, &cuda::DeviceInfo, u64),
     ct: CastTranspose,
     (iname, oname): (&str, &str),
     (vec, t_aligned): (bool, bool),
@@ -868,7 +868,7 @@ pub fn compute_amax(
     let amax = need_scalar(amax_buf, "output", "amax (kNVTEAmax)")?;
     let guard = ContextGuard::for_stream(stream)?;
     let dev = cuda::device_info(guard.device)?;
-    let m = nvrtc::module(&nvrtc::CAST, guard.ctx, &dev)?;
+    let m = nvrtc::module(&nvrtc::CAST, guard.id, &dev)?;
     let noop = cfg.noop;
     // SAFETY: `m` is kernels/cast.cu's module.
     let z = unsafe { Kernel::new(&m, &ZERO_AMAX, &[])? };

@@ -1,7 +1,8 @@
 // nvte_cublas_gemm against a float64 host reference for every dtype combination x
 // layout x epilogue, on random non-square shapes (including sizes that are not
 // multiples of 16). Outputs are poisoned (NaN) before each run; every case draws fresh
-// random inputs. Cases are spread over the MPI ranks (one GPU each).
+// random inputs. Cases are spread over the MPI ranks (one GPU each). At one rank, last:
+// the same kinds of GEMM before and after a cudaDeviceReset (device_reset_cases).
 #include <algorithm>
 #include <chrono>
 #include <functional>
@@ -53,7 +54,8 @@ std::string describe(const Case &c, size_t m, size_t n, size_t k) {
   return buf;
 }
 
-void run_case(const Case &c, uint64_t seed, cudaStream_t stream, DevBuf &workspace, Report &rep) {
+void run_case(const Case &c, uint64_t seed, cudaStream_t stream, DevBuf &workspace, Report &rep,
+              const std::string &prefix = "") {
   Rng rng(seed);
   const bool fp8 = is_fp8(c.a);
   const bool gelu_epi = c.epi == Epi::GeluAuxBias || c.epi == Epi::GeluAux || c.epi == Epi::DGelu || c.epi == Epi::DGeluBGrad;
@@ -61,7 +63,7 @@ void run_case(const Case &c, uint64_t seed, cudaStream_t stream, DevBuf &workspa
   size_t m = fp8 ? 16 * rng.range(2, 16) : gelu_epi ? 8 * rng.range(3, 30) : rng.range(17, 250);
   size_t k = fp8 ? 16 * rng.range(2, 16) : rng.range(9, 250);
   size_t n = rng.range(5, 200);
-  std::string what = describe(c, m, n, k);
+  std::string what = prefix + describe(c, m, n, k);
   std::string err;
 
   const float in_scale = 32.0f;  // FP8 inputs: values in [-1, 1] scaled into e4m3/e5m2 range
@@ -354,6 +356,33 @@ void kernel_cases(cudaStream_t stream, Report &rep, uint64_t seed) {
 
 }  // namespace
 
+// A device reset between uses of the library (cudaDeviceReset: the primary context is
+// destroyed, and the next use makes a new one, possibly at the same address): the
+// library's per-context caches (kernel modules, cuBLASLt handles and plans, our own GEMM)
+// must serve the new context its own, not the old one's handles. The same cases before
+// and after the reset, each against the float64 reference: bf16 TN (our own GEMM at
+// these sizes), bf16 TN with bias (cuBLASLt), e4m3 TN (the inputs quantized by the
+// library's cast kernels). Runs last, on one rank: it ends every CUDA object of the
+// process.
+void device_reset_cases(Report &rep, uint64_t seed, int device) {
+  const Case cases[] = {{kNVTEBFloat16, kNVTEBFloat16, kNVTEBFloat16, true, false, Epi::None, true},
+                        {kNVTEBFloat16, kNVTEBFloat16, kNVTEBFloat16, true, false, Epi::Bias, true},
+                        {kNVTEFloat8E4M3, kNVTEFloat8E4M3, kNVTEBFloat16, true, false, Epi::None, true}};
+  for (const char *when : {"before a device reset: ", "after a device reset: "}) {
+    if (when[0] == 'a') {
+      CUDA_OK(cudaDeviceReset());
+      CUDA_OK(cudaSetDevice(device));
+    }
+    cudaStream_t s;
+    CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    {
+      DevBuf ws(32u << 20);
+      for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) run_case(cases[i], seed + i, s, ws, rep, when);
+    }
+    CUDA_OK(cudaStreamDestroy(s));
+  }
+}
+
 int main(int argc, char **argv) {
   probe_or_continue(argc, argv);
   MPI_Init(&argc, &argv);
@@ -378,16 +407,19 @@ int main(int argc, char **argv) {
     rep.fail(std::string("nvte_comm_check_runtime: ") + nvte_comm_last_error());
     return rep.finish("test_gemm");
   }
-  DevBuf workspace(32u << 20);
-  auto cases = all_cases();
-  for (size_t i = 0; i < cases.size(); ++i)
-    if ((int)(i % size) == rep.rank) run_case(cases[i], base + i, stream, workspace, rep);
-  if (rep.rank == 0) {
-    error_cases(stream, rep);
+  {
+    DevBuf workspace(32u << 20);
+    auto cases = all_cases();
+    for (size_t i = 0; i < cases.size(); ++i)
+      if ((int)(i % size) == rep.rank) run_case(cases[i], base + i, stream, workspace, rep);
+    if (rep.rank == 0) {
+      error_cases(stream, rep);
+    }
+    if (rep.rank == size - 1) kernel_cases(stream, rep, base);
   }
-  if (rep.rank == size - 1) kernel_cases(stream, rep, base);
-  int rc = rep.finish("test_gemm");
   CUDA_OK(cudaStreamDestroy(stream));
+  if (size == 1) device_reset_cases(rep, base + 7919, rep.rank % ndev);
+  int rc = rep.finish("test_gemm");
   MPI_Finalize();
   return rc;
 }

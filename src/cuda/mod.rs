@@ -316,7 +316,11 @@ pub fn device_info(ordinal: i32) -> Result<DeviceInfo> {
 /// When that context is current already (the usual case: a framework thread on its
 /// device, or a guard inside another), nothing is pushed or popped.
 pub struct ContextGuard {
+    /// the context (`CUcontext`), for driver calls that take one
     pub ctx: usize,
+    /// its process-unique id (cuCtxGetId): the key of every per-context cache (a context
+    /// made at the address of a destroyed one, as after `cudaDeviceReset`, gets a new id)
+    pub id: u64,
     pub device: i32,
     /// the context was pushed (and is popped on drop)
     pushed: bool,
@@ -373,9 +377,25 @@ impl ContextGuard {
         // Made before anything else can fail: a pushed context is popped on drop.
         Ok(ContextGuard {
             ctx: ctx as usize,
+            id: context_id(ctx),
             device: -1,
             pushed,
         })
+    }
+}
+
+/// A process-unique id of context `ctx` (cuCtxGetId): the key of the per-context caches
+/// (modules, cuBLASLt handles and plans, our GEMM's backend), so that a context made at
+/// the address of a destroyed one (the primary context after `cudaDeviceReset`, a
+/// `cuCtxDestroy` then `cuCtxCreate`) is never served the old one's modules and handles.
+/// Where the driver refuses, the address with the top bit set (no id has it).
+fn context_id(ctx: cu::CUcontext) -> u64 {
+    let mut id: std::ffi::c_ulonglong = 0;
+    // SAFETY: out pointer; an error code for an invalid context.
+    if unsafe { cu::cuCtxGetId(ctx, &mut id) } == cu::CUresult::CUDA_SUCCESS {
+        id
+    } else {
+        ctx as u64 | 1 << 63
     }
 }
 

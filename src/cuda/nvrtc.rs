@@ -276,11 +276,12 @@ impl Module {
     }
 }
 
-/// Loaded modules by (context, source name).
-type LoadedModules = HashMap<(usize, &'static str), Arc<Module>>;
+/// Loaded modules by (context id, source name).
+type LoadedModules = HashMap<(u64, &'static str), Arc<Module>>;
 
-/// The module for `src` in context `ctx` (which must be current) on device `dev`.
-pub fn module(src: &Source, ctx: usize, dev: &DeviceInfo) -> Result<Arc<Module>> {
+/// The module for `src` in the current context, whose id ([`super::ContextGuard::id`])
+/// is `ctx`, on device `dev`.
+pub fn module(src: &Source, ctx: u64, dev: &DeviceInfo) -> Result<Arc<Module>> {
     static LOADED: Mutex<Option<LoadedModules>> = Mutex::new(None);
     let key = (ctx, src.name);
     if let Some(m) = LOADED

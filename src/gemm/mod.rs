@@ -576,9 +576,10 @@ fn lt_check_with(s: lt::cublasStatus_t, call: impl FnOnce() -> String) -> Result
     Err(Error::new(status, format!("{} failed: {name}", call())))
 }
 
-/// One cuBLASLt handle per context, created on first use and kept for the process.
-fn handle(ctx: usize) -> Result<lt::cublasLtHandle_t> {
-    static HANDLES: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
+/// One cuBLASLt handle per context (by its id: a reset device's new context gets its
+/// own), created on first use and kept for the process.
+fn handle(ctx: u64) -> Result<lt::cublasLtHandle_t> {
+    static HANDLES: Mutex<Vec<(u64, usize)>> = Mutex::new(Vec::new());
     let mut g = HANDLES.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(&(_, h)) = g.iter().find(|(c, _)| *c == ctx) {
         return Ok(h as lt::cublasLtHandle_t);
@@ -601,7 +602,8 @@ fn alignment(p: DevPtr) -> u32 {
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 struct PlanKey {
-    ctx: usize,
+    /// the context's id ([`cuda::ContextGuard::id`])
+    ctx: u64,
     m: usize,
     n: usize,
     k: usize,
@@ -663,7 +665,7 @@ fn small_own_gemm(
     g: &GemmDesc,
     guard: &ContextGuard,
 ) -> Result<Option<std::sync::Arc<sm90::Sm90Gemm>>> {
-    type Loaded = HashMap<usize, Option<std::sync::Arc<sm90::Sm90Gemm>>>;
+    type Loaded = HashMap<u64, Option<std::sync::Arc<sm90::Sm90Gemm>>>;
     static LOADED: Mutex<Option<Loaded>> = Mutex::new(None);
     if !own_gemm_enabled()?
         || g.m.saturating_mul(g.n).saturating_mul(g.k) >= TUNE_MIN_MNK
@@ -672,7 +674,7 @@ fn small_own_gemm(
         return Ok(None);
     }
     let lock = || LOADED.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(b) = lock().get_or_insert_with(HashMap::new).get(&guard.ctx) {
+    if let Some(b) = lock().get_or_insert_with(HashMap::new).get(&guard.id) {
         return Ok(b.clone());
     }
     // Loaded (an NVRTC compile at first use) outside the lock: other threads' and
@@ -680,7 +682,7 @@ fn small_own_gemm(
     let b = sm90::Sm90Gemm::get(guard).ok();
     Ok(lock()
         .get_or_insert_with(HashMap::new)
-        .entry(guard.ctx)
+        .entry(guard.id)
         .or_insert(b)
         .clone())
 }
@@ -1075,9 +1077,9 @@ fn run_impl(g: &GemmDesc, guard: &ContextGuard, stream: StreamHandle, own: bool)
             stream,
         );
     }
-    let h = handle(guard.ctx)?;
+    let h = handle(guard.id)?;
     let key = PlanKey {
-        ctx: guard.ctx,
+        ctx: guard.id,
         m: g.m,
         n: g.n,
         k: g.k,

@@ -240,14 +240,14 @@ impl Sm90Gemm {
     /// The backend of the current context (`guard`'s), loaded at its first use; an
     /// `Unsupported` error on a device other than sm_90.
     pub fn get(guard: &ContextGuard) -> Result<Arc<Sm90Gemm>> {
-        static LOADED: Mutex<Option<HashMap<usize, Arc<Sm90Gemm>>>> = Mutex::new(None);
+        static LOADED: Mutex<Option<HashMap<u64, Arc<Sm90Gemm>>>> = Mutex::new(None);
         let mut g = LOADED.lock().unwrap_or_else(|e| e.into_inner());
         let map = g.get_or_insert_with(HashMap::new);
-        if let Some(b) = map.get(&guard.ctx) {
+        if let Some(b) = map.get(&guard.id) {
             return Ok(b.clone());
         }
         let b = Arc::new(with_relaxed_capture(|| Self::load(guard))?);
-        map.insert(guard.ctx, b.clone());
+        map.insert(guard.id, b.clone());
         Ok(b)
     }
 
@@ -266,7 +266,7 @@ impl Sm90Gemm {
                 dev.cc_minor
             );
         }
-        let m = nvrtc::module(&nvrtc::GEMM_SM90, guard.ctx, &dev)?;
+        let m = nvrtc::module(&nvrtc::GEMM_SM90, guard.id, &dev)?;
         let smem = [
             read_i32(&m, "gemm_sm90_smem_bytes_128")?,
             read_i32(&m, "gemm_sm90_smem_bytes_256")?,

@@ -147,7 +147,8 @@ pub struct Overlap {
     plan: plan::Plan,
     /// the caller's stream of the call in progress
     caller: StreamHandle,
-    ctx: usize,
+    /// the id of the context the object was made in ([`cuda::ContextGuard::id`])
+    ctx: u64,
     dev: DeviceInfo,
     world_rank: usize,
     t: Box<dyn Transport>,
@@ -312,7 +313,7 @@ impl Overlap {
             slots,
             plan: plan::Plan::default(),
             caller: StreamHandle::NULL,
-            ctx: guard.ctx,
+            ctx: guard.id,
             world_rank: bs.rank,
             t,
             rows,
@@ -403,7 +404,7 @@ impl Overlap {
         dev: &DeviceInfo,
         dtype: DType,
     ) -> Result<(std::sync::Arc<nvrtc::Module>, EngineKernels)> {
-        let module = nvrtc::module(&nvrtc::COMM, guard.ctx, dev)?;
+        let module = nvrtc::module(&nvrtc::COMM, guard.id, dev)?;
         let kernels = EngineKernels::new(&module, dtype)?;
         Ok((module, kernels))
     }
@@ -577,9 +578,9 @@ impl Overlap {
             return Err(e.clone());
         }
         let guard = ContextGuard::for_stream_no_device(stream)?;
-        if guard.ctx != self.ctx {
+        if guard.id != self.ctx {
             invalid!(
-                "argument `stream` belongs to device {} but the overlap object was created on device {}",
+                "argument `stream` belongs to a CUDA context of device {} other than the one the overlap object was created in (device {}; after a device reset that context is gone: make the object again)",
                 cuda::current_device().unwrap_or(-1),
                 self.dev.ordinal
             );

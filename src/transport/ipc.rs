@@ -175,7 +175,7 @@ impl IpcTransport {
                 group.len()
             );
         }
-        let module = nvrtc::module(&nvrtc::COMM, guard.ctx, dev)?;
+        let module = nvrtc::module(&nvrtc::COMM, guard.id, dev)?;
         let buffer = DeviceMem::new(s.buffer_bytes)?;
         let flags = DeviceMem::new(FLAG_BYTES)?;
         flags.zero()?;

@@ -402,7 +402,7 @@ impl NcclTransport {
                 group.len()
             );
         }
-        let module = nvrtc::module(&nvrtc::COMM, guard.ctx, dev)?;
+        let module = nvrtc::module(&nvrtc::COMM, guard.id, dev)?;
         let k = NcclKernels::new(&module)?;
         let timeout = Duration::from_millis(s.timeout_ms);
         let tp_rank = group
