@@ -172,11 +172,14 @@ unsafe fn launch_elementwise<P: Params>(
 }
 
 /// Block size (the kernel's `__launch_bounds__`) and resident blocks per SM of a kernel
-/// launched without dynamic shared memory, read off the function once.
-fn launch_shape(f: cudarc::driver::sys::CUfunction) -> Result<(u32, u32)> {
+/// launched without dynamic shared memory, read off the function once per context (by
+/// the context's id `ctx`: after a device reset another kernel may get a function's
+/// address, and its launch bounds must not be taken for this one's).
+fn launch_shape(ctx: u64, f: cudarc::driver::sys::CUfunction) -> Result<(u32, u32)> {
     use cudarc::driver::sys as cu;
-    static CACHE: Mutex<Vec<(usize, (u32, u32))>> = Mutex::new(Vec::new());
-    let key = f as usize;
+    type Entry = ((u64, usize), (u32, u32));
+    static CACHE: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
+    let key = (ctx, f as usize);
     if let Some(&(_, v)) = CACHE
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -485,7 +488,7 @@ fn quantize_rowwise(
     let vec: i32 = (src.is_aligned(16) && dst.is_aligned(16)) as i32;
     // The vector path: chunks of 16 elements.
     let work = if vec == 1 { numel / 16 } else { numel };
-    let (block, per_sm) = launch_shape(k.raw())?;
+    let (block, per_sm) = launch_shape(m.ctx, k.raw())?;
     let grid = if vec == 1 {
         flat_grid(work, block, QROW_U, dev.sm_count, per_sm)?
     } else {
@@ -540,7 +543,7 @@ fn cast_transpose(
     // The kernel indexes its threads as (tile rows / 8) x (tile columns / 8) (v2: 2 x tile
     // rows): launch exactly that many (a launch beyond its launch bounds fails instead of
     // running a partial tile).
-    let (_, per_sm) = launch_shape(k.raw())?;
+    let (_, per_sm) = launch_shape(ctx, k.raw())?;
     let block = ((tile_rows / 8) * (tile_cols / 8)) as u32;
     let tiles = rows.div_ceil(tile_rows) * cols.div_ceil(tile_cols);
     let grid = if one_tile_a_block {
@@ -774,14 +777,14 @@ fn cast_transpose_v1(
     // SAFETY (the lookups): `m` is kernels/cast.cu's module.
     let (k, grid, block) = if fast {
         let k = unsafe { Kernel::new(m, &CAST_TRANSPOSE, &[iname, oname])? };
-        let (block, per_sm) = launch_shape(k.raw())?;
+        let (block, per_sm) = launch_shape(m.ctx, k.raw())?;
         // Tiles of 128 rows x (block / 16 * 8) columns.
         let tile_cols = (block as usize / 16) * 8;
         let tiles = rows.div_ceil(128) * cols.div_ceil(tile_cols);
         (k, persistent_grid(tiles, 1, dev.sm_count, per_sm), block)
     } else {
         let k = unsafe { Kernel::new(m, &CAST_TRANSPOSE_SLOW, &[iname, oname])? };
-        let (block, per_sm) = launch_shape(k.raw())?;
+        let (block, per_sm) = launch_shape(m.ctx, k.raw())?;
         let grid = persistent_grid(rows * cols, block as usize, dev.sm_count, per_sm);
         (k, grid, block)
     };
@@ -884,7 +887,7 @@ pub fn compute_amax(
     let (src, n) = (i.ptr, i.numel() as u64);
     let vec: i32 = src.is_aligned(16) as i32;
     let work = if vec == 1 { i.numel() / 8 } else { i.numel() };
-    let (block, per_sm) = launch_shape(k.raw())?;
+    let (block, per_sm) = launch_shape(m.ctx, k.raw())?;
     let grid = if vec == 1 {
         flat_grid(work, block, AMAX_U, dev.sm_count, per_sm)?
     } else {
@@ -1106,7 +1109,7 @@ pub fn transpose(input: &Tensor, output: &Tensor, stream: StreamHandle) -> Resul
     let vec = src.is_aligned(16) && dst.is_aligned(16) && is[0] % v == 0 && is[1] % v == 0;
     let b = if vec { &TRANSPOSE_VEC } else { &TRANSPOSE };
     let (k, sms) = kernel(&guard, b, &[size_name])?;
-    let (block, per_sm) = launch_shape(k.raw())?;
+    let (block, per_sm) = launch_shape(guard.id, k.raw())?;
     // transpose_vec: tiles of 8 v rows x 128 / esize columns; transpose: 32 x 32.
     let (tr, tc) = if vec { (8 * v, 128 / esize) } else { (32, 32) };
     let tiles = is[0].div_ceil(tr) * is[1].div_ceil(tc);
@@ -1161,7 +1164,7 @@ pub fn dequantize(input: &Tensor, output: &Tensor, stream: StreamHandle) -> Resu
     let (src, dst, sinv) = (i.ptr, o.ptr, opt_ptr(&input.scale_inv));
     let vec: i32 = (src.is_aligned(16) && dst.is_aligned(16)) as i32;
     let work = if vec == 1 { i.numel() / 16 } else { i.numel() };
-    let (block, per_sm) = launch_shape(k.raw())?;
+    let (block, per_sm) = launch_shape(guard.id, k.raw())?;
     let grid = persistent_grid(work, block as usize, sms, per_sm);
     // SAFETY: `k` is dequantize_vec_<in>_<out> of kernels/cast.cu, loaded in the stream's
     // context (held by `guard`); its five parameters: in, out, n, scale_inv: pointer-sized

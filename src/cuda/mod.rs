@@ -384,6 +384,24 @@ impl ContextGuard {
     }
 }
 
+/// The current context as (address, id), or None when none is current.
+pub(crate) fn current_context() -> Option<(usize, u64)> {
+    let mut c: cu::CUcontext = std::ptr::null_mut();
+    // SAFETY: out pointer.
+    let r = unsafe { cu::cuCtxGetCurrent(&mut c) };
+    (r == cu::CUresult::CUDA_SUCCESS && !c.is_null()).then(|| (c as usize, context_id(c)))
+}
+
+/// Whether the context `(address, id)` (from [`current_context`]) still exists: a context
+/// destroyed since, or the primary context reset since (same address, new id), does not;
+/// its handles and memory went with it and must not be released again.
+pub(crate) fn context_alive((addr, id): (usize, u64)) -> bool {
+    let mut now: std::ffi::c_ulonglong = 0;
+    // SAFETY: out pointer; the driver checks the handle (an error for a destroyed one).
+    let r = unsafe { cu::cuCtxGetId(addr as cu::CUcontext, &mut now) };
+    r == cu::CUresult::CUDA_SUCCESS && now == id
+}
+
 /// A process-unique id of context `ctx` (cuCtxGetId): the key of the per-context caches
 /// (modules, cuBLASLt handles and plans, our GEMM's backend), so that a context made at
 /// the address of a destroyed one (the primary context after `cudaDeviceReset`, a

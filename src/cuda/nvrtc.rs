@@ -233,6 +233,8 @@ fn compile_uncached(src: &Source, opts: &[String]) -> Result<Vec<u8>> {
 pub struct Module {
     module: usize,
     funcs: Mutex<HashMap<String, usize>>,
+    /// the id of the context it is loaded in ([`super::ContextGuard::id`])
+    pub ctx: u64,
 }
 
 impl Module {
@@ -302,6 +304,7 @@ pub fn module(src: &Source, ctx: u64, dev: &DeviceInfo) -> Result<Arc<Module>> {
     let module = Arc::new(Module {
         module: m as usize,
         funcs: Mutex::new(HashMap::new()),
+        ctx,
     });
     LOADED
         .lock()

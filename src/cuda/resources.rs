@@ -177,6 +177,10 @@ impl Drop for Event {
 pub struct DeviceMem {
     pub ptr: DevPtr,
     pub bytes: usize,
+    /// the context it was allocated in (address, id; None: not allocated here, e.g. the
+    /// host tests' fake buffers): freed on drop only while that context still exists (a
+    /// device reset frees it, and its addresses may by then belong to the new context)
+    pub(crate) owner: Option<(usize, u64)>,
 }
 
 impl DeviceMem {
@@ -190,6 +194,7 @@ impl DeviceMem {
         Ok(DeviceMem {
             ptr: DevPtr::new(p),
             bytes,
+            owner: super::current_context(),
         })
     }
     /// Zero the allocation and wait for it (setup only). cuMemsetD8 runs on the legacy
@@ -244,8 +249,14 @@ impl Drop for DeviceMem {
         if self.ptr.is_null() {
             return;
         }
-        // SAFETY: allocated by DeviceMem::new.
-        release_relaxed(|| unsafe { cu::cuMemFree_v2(self.ptr.raw()) });
+        // (the liveness query inside the relaxed window too, as the free)
+        release_relaxed(|| {
+            if self.owner.is_some_and(|o| !super::context_alive(o)) {
+                return cu::CUresult::CUDA_SUCCESS; // gone with its context
+            }
+            // SAFETY: allocated by DeviceMem::new, in a context that still exists.
+            unsafe { cu::cuMemFree_v2(self.ptr.raw()) }
+        });
     }
 }
 

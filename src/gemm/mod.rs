@@ -635,6 +635,9 @@ struct Plan {
     ptrs: [DevPtr; 6],
     /// the plan's calls replayed as CUDA graphs (NVTE_COMM_GEMM_GRAPHS)
     graphs: graphs::Graphs,
+    /// the address of the plan's context (its id is the key's): its graphs are destroyed
+    /// only while that context exists
+    ctx_addr: usize,
 }
 
 /// Heuristic algorithms a plan considers (NVTE_COMM_GEMM_TUNE: timed on first use).
@@ -694,8 +697,15 @@ pub fn tune_enabled() -> Result<bool> {
 }
 
 impl Plan {
-    fn destroy(mut self) {
-        graphs::destroy(self.graphs.take());
+    /// Release the plan: its cuBLASLt descriptors (host objects), and its graphs where
+    /// their context (address, `id`) still exists; after a device reset the reset has
+    /// freed them, and their handles may name the new context's graphs.
+    fn destroy(mut self, id: u64) {
+        let execs = self.graphs.take();
+        let _relaxed = cuda::resources::RelaxedCapture::new();
+        if cuda::context_alive((self.ctx_addr, id)) {
+            graphs::destroy(execs);
+        }
         // SAFETY: descriptors created by `build`, destroyed once when evicted.
         unsafe {
             lt::cublasLtMatmulDescDestroy(self.desc);
@@ -802,7 +812,7 @@ fn c_type(g: &GemmDesc) -> DType {
     }
 }
 
-fn build(h: lt::cublasLtHandle_t, g: &GemmDesc, key: &PlanKey) -> Result<Plan> {
+fn build(h: lt::cublasLtHandle_t, g: &GemmDesc, key: &PlanKey, ctx_addr: usize) -> Result<Plan> {
     let mut desc: lt::cublasLtMatmulDesc_t = std::ptr::null_mut();
     // SAFETY: out pointer. Full fp32 compute (no TF32) for every input type, as TE.
     lt_check(
@@ -825,12 +835,13 @@ fn build(h: lt::cublasLtHandle_t, g: &GemmDesc, key: &PlanKey) -> Result<Plan> {
         untimed: Vec::new(),
         ptrs: [DevPtr::NULL; 6],
         graphs: graphs::Graphs::default(),
+        ctx_addr,
     };
     let r = describe(desc, g, &mut plan).and_then(|()| choose_algo(h, desc, g, key, &mut plan));
     match r {
         Ok(()) => Ok(plan),
         Err(e) => {
-            plan.destroy();
+            plan.destroy(key.ctx);
             Err(e)
         }
     }
@@ -1113,11 +1124,11 @@ fn run_impl(g: &GemmDesc, guard: &ContextGuard, stream: StreamHandle, own: bool)
             Some(p) => p,
             None => {
                 if plans.len() >= MAX_PLANS {
-                    for (_, p) in plans.drain() {
-                        p.destroy();
+                    for (k, p) in plans.drain() {
+                        p.destroy(k.ctx);
                     }
                 }
-                let p = build(h, g, &key)?;
+                let p = build(h, g, &key, guard.ctx)?;
                 plans.entry(key).or_insert(p)
             }
         };

@@ -119,6 +119,7 @@ impl<D: Send + 'static> FakeTransport<D> {
         let buffer = DeviceMem {
             ptr: buffers[rank],
             bytes,
+            owner: None,
         };
         FakeTransport {
             group: Group::new(rank, &members, buffer),
