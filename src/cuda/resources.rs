@@ -177,9 +177,10 @@ impl Drop for Event {
 pub struct DeviceMem {
     pub ptr: DevPtr,
     pub bytes: usize,
-    /// the context it was allocated in (address, id; None: not allocated here, e.g. the
-    /// host tests' fake buffers): freed on drop only while that context still exists (a
-    /// device reset frees it, and its addresses may by then belong to the new context)
+    /// the context it was allocated in (address, id): freed on drop only while that
+    /// context still exists (a device reset frees it, and its addresses may by then belong
+    /// to the new context); None: no such check (the host tests' fake buffers, which are
+    /// leaked, never freed)
     pub(crate) owner: Option<(usize, u64)>,
 }
 
