@@ -31,7 +31,7 @@ pub enum Exchange {
         user: usize,
     },
     /// the library's own communicator over the ranks of the caller's ([`Bootstrap::owned`])
-    Owned(channel::Channel),
+    Owned(Box<channel::Channel>),
 }
 
 pub struct Bootstrap {
@@ -108,7 +108,7 @@ impl Bootstrap {
                 Ok(Bootstrap {
                     rank: self.rank,
                     size: self.size,
-                    exchange: Exchange::Owned(ch),
+                    exchange: Exchange::Owned(Box::new(ch)),
                 })
             }
             _ => Ok(self),

@@ -10,7 +10,9 @@ use cudarc::driver::sys as cu;
 use std::ffi::c_void;
 
 /// A non-blocking stream with a priority (clamped to the device's range).
-pub struct Stream(pub usize);
+/// (the handle, and the context it was made in: released only while that context
+/// exists, as [`DeviceMem`])
+pub struct Stream(pub usize, Option<(usize, u64)>);
 
 impl Stream {
     pub fn new(priority: i32) -> Result<Stream> {
@@ -34,7 +36,7 @@ impl Stream {
             },
             "cuStreamCreateWithPriority",
         )?;
-        Ok(Stream(s as usize))
+        Ok(Stream(s as usize, super::current_context()))
     }
     pub fn raw(&self) -> StreamHandle {
         StreamHandle::from_raw(self.0)
@@ -60,13 +62,26 @@ impl Stream {
 
 impl Drop for Stream {
     fn drop(&mut self) {
-        // SAFETY: created by Stream::new.
-        release_relaxed(|| unsafe { cu::cuStreamDestroy_v2(self.0 as cu::CUstream) });
+        release_relaxed(|| {
+            if !owner_alive(self.1) {
+                return cu::CUresult::CUDA_SUCCESS; // gone with its context
+            }
+            // SAFETY: created by Stream::new, in a context that still exists.
+            unsafe { cu::cuStreamDestroy_v2(self.0 as cu::CUstream) }
+        });
     }
 }
 
+/// Whether a resource's owning context (see [`DeviceMem::owner`]) still exists (None: no
+/// owner recorded, released as always).
+fn owner_alive(owner: Option<(usize, u64)>) -> bool {
+    owner.is_none_or(super::context_alive)
+}
+
 /// A CUDA event: without timing for cross-stream ordering ([`Event::new`]), or timed.
-pub struct Event(pub usize);
+/// (the handle, and the context it was made in: released only while that context
+/// exists, as [`DeviceMem`])
+pub struct Event(pub usize, Option<(usize, u64)>);
 
 impl Event {
     fn create(flags: cu::CUevent_flags) -> Result<Event> {
@@ -76,7 +91,7 @@ impl Event {
             unsafe { cu::cuEventCreate(&mut e, flags as u32) },
             "cuEventCreate",
         )?;
-        Ok(Event(e as usize))
+        Ok(Event(e as usize, super::current_context()))
     }
     pub fn new() -> Result<Event> {
         Self::create(cu::CUevent_flags::CU_EVENT_DISABLE_TIMING)
@@ -168,8 +183,13 @@ pub fn mean_time<S>(
 
 impl Drop for Event {
     fn drop(&mut self) {
-        // SAFETY: created by Event::new.
-        release_relaxed(|| unsafe { cu::cuEventDestroy_v2(self.0 as cu::CUevent) });
+        release_relaxed(|| {
+            if !owner_alive(self.1) {
+                return cu::CUresult::CUDA_SUCCESS;
+            }
+            // SAFETY: created by Event::new, in a context that still exists.
+            unsafe { cu::cuEventDestroy_v2(self.0 as cu::CUevent) }
+        });
     }
 }
 
@@ -252,7 +272,7 @@ impl Drop for DeviceMem {
         }
         // (the liveness query inside the relaxed window too, as the free)
         release_relaxed(|| {
-            if self.owner.is_some_and(|o| !super::context_alive(o)) {
+            if !owner_alive(self.owner) {
                 return cu::CUresult::CUDA_SUCCESS; // gone with its context
             }
             // SAFETY: allocated by DeviceMem::new, in a context that still exists.
@@ -264,6 +284,8 @@ impl Drop for DeviceMem {
 /// A peer's allocation mapped into this process through CUDA IPC.
 pub struct IpcMapping {
     pub ptr: DevPtr,
+    /// the context it was opened in (see [`DeviceMem::owner`])
+    owner: Option<(usize, u64)>,
 }
 
 impl IpcMapping {
@@ -287,14 +309,20 @@ impl IpcMapping {
         )?;
         Ok(IpcMapping {
             ptr: DevPtr::new(p),
+            owner: super::current_context(),
         })
     }
 }
 
 impl Drop for IpcMapping {
     fn drop(&mut self) {
-        // SAFETY: opened by IpcMapping::open.
-        release_relaxed(|| unsafe { cu::cuIpcCloseMemHandle(self.ptr.raw()) });
+        release_relaxed(|| {
+            if !owner_alive(self.owner) {
+                return cu::CUresult::CUDA_SUCCESS;
+            }
+            // SAFETY: opened by IpcMapping::open, in a context that still exists.
+            unsafe { cu::cuIpcCloseMemHandle(self.ptr.raw()) }
+        });
     }
 }
 
@@ -302,6 +330,8 @@ impl Drop for IpcMapping {
 pub struct HostMapped {
     pub host: *mut c_void,
     pub device: DevPtr,
+    /// the context it was allocated in (see [`DeviceMem::owner`])
+    owner: Option<(usize, u64)>,
 }
 
 // SAFETY: the pointer is owned and only accessed through volatile reads / device writes.
@@ -329,14 +359,20 @@ impl HostMapped {
         Ok(HostMapped {
             host: h,
             device: DevPtr::new(d),
+            owner: super::current_context(),
         })
     }
 }
 
 impl Drop for HostMapped {
     fn drop(&mut self) {
-        // SAFETY: allocated by HostMapped::new.
-        release_relaxed(|| unsafe { cu::cuMemFreeHost(self.host) });
+        release_relaxed(|| {
+            if !owner_alive(self.owner) {
+                return cu::CUresult::CUDA_SUCCESS;
+            }
+            // SAFETY: allocated by HostMapped::new, in a context that still exists.
+            unsafe { cu::cuMemFreeHost(self.host) }
+        });
     }
 }
 
