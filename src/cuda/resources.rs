@@ -62,20 +62,26 @@ impl Stream {
 
 impl Drop for Stream {
     fn drop(&mut self) {
-        release_relaxed(|| {
-            if !owner_alive(self.1) {
-                return cu::CUresult::CUDA_SUCCESS; // gone with its context
-            }
-            // SAFETY: created by Stream::new, in a context that still exists.
-            unsafe { cu::cuStreamDestroy_v2(self.0 as cu::CUstream) }
+        // SAFETY: created by Stream::new (released only while that context exists).
+        release_owned(self.1, || unsafe {
+            cu::cuStreamDestroy_v2(self.0 as cu::CUstream)
         });
     }
 }
 
-/// Whether a resource's owning context (see [`DeviceMem::owner`]) still exists (None: no
-/// owner recorded, released as always).
-fn owner_alive(owner: Option<(usize, u64)>) -> bool {
-    owner.is_none_or(super::context_alive)
+/// [`release_relaxed`] of a resource made in the context `owner` (see
+/// [`DeviceMem::owner`]): only while that context still exists (None: no owner recorded,
+/// released as always). A context gone (destroyed, or reset) took the resource with it,
+/// and its handle or address may name the new context's by now. The liveness query runs
+/// in the relaxed capture window too.
+fn release_owned(owner: Option<(usize, u64)>, f: impl FnOnce() -> cu::CUresult) {
+    release_relaxed(|| {
+        if owner.is_none_or(super::context_alive) {
+            f()
+        } else {
+            cu::CUresult::CUDA_SUCCESS
+        }
+    });
 }
 
 /// A CUDA event: without timing for cross-stream ordering ([`Event::new`]), or timed.
@@ -183,12 +189,9 @@ pub fn mean_time<S>(
 
 impl Drop for Event {
     fn drop(&mut self) {
-        release_relaxed(|| {
-            if !owner_alive(self.1) {
-                return cu::CUresult::CUDA_SUCCESS;
-            }
-            // SAFETY: created by Event::new, in a context that still exists.
-            unsafe { cu::cuEventDestroy_v2(self.0 as cu::CUevent) }
+        // SAFETY: created by Event::new (released only while that context exists).
+        release_owned(self.1, || unsafe {
+            cu::cuEventDestroy_v2(self.0 as cu::CUevent)
         });
     }
 }
@@ -270,14 +273,8 @@ impl Drop for DeviceMem {
         if self.ptr.is_null() {
             return;
         }
-        // (the liveness query inside the relaxed window too, as the free)
-        release_relaxed(|| {
-            if !owner_alive(self.owner) {
-                return cu::CUresult::CUDA_SUCCESS; // gone with its context
-            }
-            // SAFETY: allocated by DeviceMem::new, in a context that still exists.
-            unsafe { cu::cuMemFree_v2(self.ptr.raw()) }
-        });
+        // SAFETY: allocated by DeviceMem::new (released only while that context exists).
+        release_owned(self.owner, || unsafe { cu::cuMemFree_v2(self.ptr.raw()) });
     }
 }
 
@@ -316,12 +313,9 @@ impl IpcMapping {
 
 impl Drop for IpcMapping {
     fn drop(&mut self) {
-        release_relaxed(|| {
-            if !owner_alive(self.owner) {
-                return cu::CUresult::CUDA_SUCCESS;
-            }
-            // SAFETY: opened by IpcMapping::open, in a context that still exists.
-            unsafe { cu::cuIpcCloseMemHandle(self.ptr.raw()) }
+        // SAFETY: opened by IpcMapping::open (released only while that context exists).
+        release_owned(self.owner, || unsafe {
+            cu::cuIpcCloseMemHandle(self.ptr.raw())
         });
     }
 }
@@ -366,13 +360,8 @@ impl HostMapped {
 
 impl Drop for HostMapped {
     fn drop(&mut self) {
-        release_relaxed(|| {
-            if !owner_alive(self.owner) {
-                return cu::CUresult::CUDA_SUCCESS;
-            }
-            // SAFETY: allocated by HostMapped::new, in a context that still exists.
-            unsafe { cu::cuMemFreeHost(self.host) }
-        });
+        // SAFETY: allocated by HostMapped::new (released only while that context exists).
+        release_owned(self.owner, || unsafe { cu::cuMemFreeHost(self.host) });
     }
 }
 
