@@ -368,8 +368,9 @@ void device_reset_cases(Report &rep, uint64_t seed, int device) {
   const Case cases[] = {{kNVTEBFloat16, kNVTEBFloat16, kNVTEBFloat16, true, false, Epi::None, true},
                         {kNVTEBFloat16, kNVTEBFloat16, kNVTEBFloat16, true, false, Epi::Bias, true},
                         {kNVTEFloat8E4M3, kNVTEFloat8E4M3, kNVTEBFloat16, true, false, Epi::None, true}};
-  for (const char *when : {"before a device reset: ", "after a device reset: "}) {
-    if (when[0] == 'a') {
+  for (bool after : {false, true}) {
+    const char *when = after ? "after a device reset: " : "before a device reset: ";
+    if (after) {
       CUDA_OK(cudaDeviceReset());
       CUDA_OK(cudaSetDevice(device));
     }
