@@ -566,6 +566,28 @@ struct Lt {
     return false;
   }
   void run(const void *A, const void *B, void *D, cudaStream_t s) { LT(try_run(A, B, D, s)); }
+  // The picked algorithm's configuration as cublasLt.h's enum numbers (algo id, tile,
+  // stages, cluster shape, CTA swizzling, split-K, custom option), for the log.
+  std::string config() const {
+    const cublasLtMatmulAlgoConfigAttributes_t at[] = {
+        CUBLASLT_ALGO_CONFIG_ID,           CUBLASLT_ALGO_CONFIG_TILE_ID,       CUBLASLT_ALGO_CONFIG_STAGES_ID,
+        CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
+        CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION};
+    const char *nm[] = {"id", "tile", "stages", "cluster", "swizzle", "splitk", "custom"};
+    std::string r;
+    for (size_t i = 0; i < sizeof at / sizeof at[0]; ++i) {
+      uint32_t v = 0;
+      uint16_t v16 = 0;  // the cluster shape is a uint16_t
+      size_t got = 0;
+      const bool small = at[i] == CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID;
+      const bool ok = cublasLtMatmulAlgoConfigGetAttribute(&heurs[pick].algo, at[i], small ? (void *)&v16 : &v,
+                                                           small ? sizeof v16 : sizeof v, &got) ==
+                      CUBLAS_STATUS_SUCCESS;
+      if (small) v = v16;
+      r += std::string(i ? " " : "") + nm[i] + " " + (ok ? std::to_string(v) : std::string("?"));
+    }
+    return r;
+  }
 };
 
 // ---------------------------------------------------------------- checks
@@ -784,7 +806,7 @@ struct Case {
 struct Row {
   Case c;
   int bn;
-  float own_ms = 0, lt_ms = 0, own_flags_ms = 0;
+  float own_ms = 0, lt_ms = 0, own_flags_ms = 0, own_done_ms = 0;
   Cmp vs_ref{}, vs_lt{};
   CpuCheck cpu;
   bool lt_ok = false, ok = false;
@@ -819,6 +841,12 @@ static Row run_case(const Case &c, Lt &lt, int iters, cudaStream_t s) {
   const int rpf = std::max(1, (c.n + tp - 1) / tp);
   const int nflags = (c.n + rpf - 1) / rpf;
   CK(cudaMalloc(&flags, nflags * sizeof(uint32_t)));
+  // Done signals as the fused reduce-scatter's: 4 pieces per destination block.
+  const int done_rows = std::max(1, (c.n + 4 * tp - 1) / (4 * tp));
+  const int ndone = (c.n + done_rows - 1) / done_rows;
+  uint32_t *done;
+  CK(cudaMalloc(&done, 2 * ndone * sizeof(uint32_t)));
+  CK(cudaMemset(done, 0, 2 * ndone * sizeof(uint32_t)));
   fill(A, (size_t)c.m * c.k, c.fp8, 1000 + c.m + c.k);
   fill(B, (size_t)c.n * c.k, c.fp8, 2000 + c.n + c.k);
   const float hsi[2] = {c.fp8 ? 0.5f : 1.f, c.fp8 ? 0.25f : 1.f};
@@ -865,6 +893,7 @@ static Row run_case(const Case &c, Lt &lt, int iters, cudaStream_t s) {
     row.lt_ok = false;
   }
   if (row.lt_ok) {
+    if (c.timed) std::printf("  cuBLASLt algo (candidate %d of %d): %s\n", lt.pick + 1, lt.nheur, lt.config().c_str());
     CK(cudaStreamSynchronize(s));
     row.vs_lt = compare(D, c.out_f32, Dlt, c.out_f32, nd, rms, tol);
   }
@@ -874,14 +903,20 @@ static Row run_case(const Case &c, Lt &lt, int iters, cudaStream_t s) {
   Own flagged = own;
   flagged.flags = flags;
   flagged.rows_per_flag = rpf;
+  // Done signals that nobody waits for: their cost inside the kernel.
+  Own signalling = own;
+  signalling.done = done;
+  signalling.done_rows = done_rows;
   if (c.timed && mapped) {
     std::vector<std::function<void(cudaStream_t)>> fs = {[&](cudaStream_t st) { own.run(st); },
-                                                         [&](cudaStream_t st) { flagged.run(st); }};
+                                                         [&](cudaStream_t st) { flagged.run(st); },
+                                                         [&](cudaStream_t st) { signalling.run(st); }};
     if (row.lt_ok) fs.push_back([&](cudaStream_t st) { lt.run(A, B, Dlt, st); });
     auto t = time_ms(fs, iters, s);
     row.own_ms = t[0];
     row.own_flags_ms = t[1];
-    if (row.lt_ok) row.lt_ms = t[2];
+    row.own_done_ms = t[2];
+    if (row.lt_ok) row.lt_ms = t[3];
   }
   fill_u32(D, nd * os / 4, 0x7fc07fc0u);
   if (mapped) {
@@ -894,6 +929,7 @@ static Row run_case(const Case &c, Lt &lt, int iters, cudaStream_t s) {
     row.ok = false;
   }
 
+  CK(cudaFree(done));
   CK(cudaFree(A));
   CK(cudaFree(B));
   CK(cudaFree(D));
@@ -1526,6 +1562,7 @@ int main(int argc, char **argv) {
   std::string kernel_path = "kernels/gemm_sm90.cu";
   int iters = 30, force_bn = 0, group = 0;
   bool quick = false, compile_only = false, fp8 = true, features = true, plain = true;
+  int only[4] = {0, 0, 0, -1};  // --shape N,K,M,DT: only this timed case (DT 0 bf16, 1 e4m3)
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> const char * {
@@ -1542,9 +1579,15 @@ int main(int argc, char **argv) {
     else if (a == "--no-features") features = false;
     else if (a == "--features-only") plain = false;
     else if (a == "--define") g_defines.push_back(next());
-    else {
+    else if (a == "--shape") {
+      // for profilers: one timed case only (no small shapes, tests or features)
+      if (std::sscanf(next(), "%d,%d,%d,%d", &only[0], &only[1], &only[2], &only[3]) != 4)
+        die("--shape takes TOKENS,K,M,DTYPE (DTYPE 0 bf16, 1 e4m3)", __FILE__, __LINE__);
+      plain = features = false;
+    } else {
       std::printf("usage: own_gemm [--kernel FILE] [--iters N] [--bn 128|256] [--group G] [--quick] "
-                  "[--compile-only] [--no-fp8] [--no-features] [--features-only] [--define NAME=VALUE ...]\n");
+                  "[--compile-only] [--no-fp8] [--no-features] [--features-only] [--define NAME=VALUE ...] "
+                  "[--shape TOKENS,K,M,DTYPE]\n");
       return a == "--help" ? 0 : 2;
     }
   }
@@ -1647,6 +1690,12 @@ int main(int argc, char **argv) {
         }
   }
 
+  if (only[3] >= 0) {
+    Case c{only[2], only[0], only[1], 1, only[3] == 1, false, force_bn};
+    c.group_n = group ? group : pick_tile(c.m, c.n, false).group_n;
+    c.timed = true;
+    cases.push_back(c);
+  }
   bool all_ok = true;
   std::vector<Row> rows;
   for (size_t i = 0; i < cases.size(); ++i) {
@@ -1711,21 +1760,28 @@ int main(int argc, char **argv) {
   // Markdown last.
   std::printf("\n## own GEMM (kernels/gemm_sm90.cu) vs cuBLASLt, TN, D[n,m] = B[n,k] A[m,k]^T\n\n");
   std::printf("Median of %d back-to-back runs (CUDA events). Speed = cuBLASLt time / our time "
-              "(> 1: ours faster). Flag cost = time with all arrival flags pre-set / time without flags.\n\n",
+              "(> 1: ours faster). Flag cost = time with all arrival flags pre-set / time without flags. "
+              "Done cost = time with done signals (4 per 1/tp of the rows, as the fused reduce-scatter's; "
+              "nobody waits) / time without.\n\n",
               iters);
   std::printf("| in | tp | tokens x K x N/tp | BN | ours ms | cuBLASLt ms | ours TFLOP/s | cuBLASLt TFLOP/s | "
-              "speed | flag cost | max err | ok |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-  double lsum[2] = {0, 0}, fsum = 0, worst[2] = {1e9, 1e9};
-  int cnt[2] = {0, 0}, fcnt = 0;
+              "speed | flag cost | done cost | max err | ok |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  double lsum[2] = {0, 0}, fsum = 0, dsum = 0, worst[2] = {1e9, 1e9};
+  int cnt[2] = {0, 0}, fcnt = 0, dcnt = 0;
   for (auto &r : rows) {
     if (!r.c.timed) continue;
     const double fl = 2.0 * r.c.m * r.c.n * (double)r.c.k;
     const double sp = r.lt_ok && r.own_ms > 0 ? r.lt_ms / r.own_ms : 0;
     const double fc = r.own_ms > 0 ? r.own_flags_ms / r.own_ms : 0;
-    std::printf("| %s | %d | %dx%dx%d | %d | %.3f | %.3f | %.0f | %.0f | %.3f | %.4f | %.2g | %s |\n",
+    const double dc = r.own_ms > 0 ? r.own_done_ms / r.own_ms : 0;
+    std::printf("| %s | %d | %dx%dx%d | %d | %.3f | %.3f | %.0f | %.0f | %.3f | %.4f | %.4f | %.2g | %s |\n",
                 in_names[r.c.fp8], r.c.tp, r.c.n, r.c.k, r.c.m, r.bn, r.own_ms, r.lt_ms, fl / r.own_ms / 1e9,
-                r.lt_ok ? fl / r.lt_ms / 1e9 : 0.0, sp, fc, r.vs_ref.emax, r.ok ? "yes" : "NO");
+                r.lt_ok ? fl / r.lt_ms / 1e9 : 0.0, sp, fc, dc, r.vs_ref.emax, r.ok ? "yes" : "NO");
+    if (dc > 0) {
+      dsum += std::log(dc);
+      dcnt++;
+    }
     if (sp > 0) {
       lsum[r.c.fp8] += std::log(sp);
       cnt[r.c.fp8]++;
@@ -1742,6 +1798,7 @@ int main(int argc, char **argv) {
       std::printf("- %s: geomean speed vs cuBLASLt %.3f (bar: %s), worst %.3f (bar 0.80)\n", in_names[f8],
                   std::exp(lsum[f8] / cnt[f8]), f8 ? ">= 0.90" : ">= 0.95", worst[f8]);
   if (fcnt) std::printf("- flag waits (pre-set): geomean cost %.4f (bar <= 1.01)\n", std::exp(fsum / fcnt));
+  if (dcnt) std::printf("- done signals (nobody waiting): geomean cost %.4f\n", std::exp(dsum / dcnt));
   int nsmall = 0, nsmall_ok = 0;
   for (auto &r : rows)
     if (!r.c.timed) {
