@@ -12,7 +12,9 @@
 # feature, the markdown table last (options --no-features, --features-only).
 #   scripts/own-gemm-gpu.sh [own_gemm options: --quick --iters N --bn 128|256 --group G --no-fp8
 #                            --no-features --features-only
-#                            --define GEMM90_STAGES_256=3 ...]
+#                            --define GEMM90_STAGES_256=3 ...
+#                            --shape TOKENS,K,M,DTYPE (one timed case only, DTYPE 0 bf16 /
+#                            1 e4m3: for profilers such as ncu)]
 # Log and binary under $OUT (default own-gemm-out/); exits with own_gemm's status
 # (1: a wrong result or a hang, 2: setup error). CUDA_HOME (default /usr/local/cuda).
 set -u
