@@ -6,8 +6,8 @@
 // on one H100 (2026-11-26) the plain TN kernels were correct
 // on every case and ran at 0.996 of cuBLASLt's speed (bf16 geomean over the per-rank
 // anchor shapes at tp 2/4/8, worst 0.980; e4m3 0.981, worst 0.924), with pre-set arrival
-// flags costing 0.09 %. The _epi / _fpacc kernels and the NN / NT layouts (below) are
-// newer: compiled and checked for register spills on the host, not yet run on a GPU.
+// flags costing 0.09 %. The _epi / _fpacc kernels and the NN / NT layouts (below) were
+// correct on every feature case as well (H100, 2026-11-27: 452 cases, bench/RESULTS.md).
 //
 // Layouts (nvte_cublas_gemm's transa / transb, row-major names; fp32 accumulation):
 // - TN: D[n, m] = B[n, k] . A[m, k]^T, K contiguous for both operands;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One-GPU check of our own Hopper GEMM prototype (kernels/gemm_sm90.cu, issue 22 step 1;
-# not used by the library yet) in one call: builds bench/own_gemm.cpp (plain C++ against
+# One-GPU check of our own Hopper GEMM (kernels/gemm_sm90.cu, issue 22; the library's
+# fused algorithms launch its plain TN kernels) in one call: builds bench/own_gemm.cpp (plain C++ against
 # the CUDA toolkit: cudart, NVRTC, cuBLASLt; no cargo, no nvcc kernels) and runs it:
 # correctness on small/odd shapes and the per-rank anchor shapes at tp 2/4/8 (bf16 and
 # e4m3) against an fp32 reference GEMM and fp64 CPU samples, speed against cuBLASLt, the
