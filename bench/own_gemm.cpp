@@ -1767,8 +1767,17 @@ int main(int argc, char **argv) {
   std::printf("| in | tp | tokens x K x N/tp | BN | ours ms | cuBLASLt ms | ours TFLOP/s | cuBLASLt TFLOP/s | "
               "speed | flag cost | done cost | max err | ok |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-  double lsum[2] = {0, 0}, fsum = 0, dsum = 0, worst[2] = {1e9, 1e9};
-  int cnt[2] = {0, 0}, fcnt = 0, dcnt = 0;
+  // Geometric means of the positive ratios added.
+  struct Geomean {
+    double logs = 0;
+    int n = 0;
+    void add(double x) {
+      if (x > 0) logs += std::log(x), n++;
+    }
+    double get() const { return std::exp(logs / n); }
+  };
+  Geomean speed[2], flag_cost, done_cost;
+  double worst[2] = {1e9, 1e9};
   for (auto &r : rows) {
     if (!r.c.timed) continue;
     const double fl = 2.0 * r.c.m * r.c.n * (double)r.c.k;
@@ -1778,27 +1787,18 @@ int main(int argc, char **argv) {
     std::printf("| %s | %d | %dx%dx%d | %d | %.3f | %.3f | %.0f | %.0f | %.3f | %.4f | %.4f | %.2g | %s |\n",
                 in_names[r.c.fp8], r.c.tp, r.c.n, r.c.k, r.c.m, r.bn, r.own_ms, r.lt_ms, fl / r.own_ms / 1e9,
                 r.lt_ok ? fl / r.lt_ms / 1e9 : 0.0, sp, fc, dc, r.vs_ref.emax, r.ok ? "yes" : "NO");
-    if (dc > 0) {
-      dsum += std::log(dc);
-      dcnt++;
-    }
-    if (sp > 0) {
-      lsum[r.c.fp8] += std::log(sp);
-      cnt[r.c.fp8]++;
-      worst[r.c.fp8] = std::min(worst[r.c.fp8], sp);
-    }
-    if (fc > 0) {
-      fsum += std::log(fc);
-      fcnt++;
-    }
+    speed[r.c.fp8].add(sp);
+    if (sp > 0) worst[r.c.fp8] = std::min(worst[r.c.fp8], sp);
+    flag_cost.add(fc);
+    done_cost.add(dc);
   }
   std::printf("\n");
   for (int f8 = 0; f8 < 2; ++f8)
-    if (cnt[f8])
+    if (speed[f8].n)
       std::printf("- %s: geomean speed vs cuBLASLt %.3f (bar: %s), worst %.3f (bar 0.80)\n", in_names[f8],
-                  std::exp(lsum[f8] / cnt[f8]), f8 ? ">= 0.90" : ">= 0.95", worst[f8]);
-  if (fcnt) std::printf("- flag waits (pre-set): geomean cost %.4f (bar <= 1.01)\n", std::exp(fsum / fcnt));
-  if (dcnt) std::printf("- done signals (nobody waiting): geomean cost %.4f\n", std::exp(dsum / dcnt));
+                  speed[f8].get(), f8 ? ">= 0.90" : ">= 0.95", worst[f8]);
+  if (flag_cost.n) std::printf("- flag waits (pre-set): geomean cost %.4f (bar <= 1.01)\n", flag_cost.get());
+  if (done_cost.n) std::printf("- done signals (nobody waiting): geomean cost %.4f\n", done_cost.get());
   int nsmall = 0, nsmall_ok = 0;
   for (auto &r : rows)
     if (!r.c.timed) {
