@@ -188,7 +188,7 @@ struct Gemm90Args {
   int m, n, k, rows_per_flag, done_rows, group_n, n_tile_rot;
   uint32_t flag_value, done_value;
   float beta;
-  int epilogue, pad_;
+  int epilogue, k_pieces;
   const void *copy_src;  // the side copy (0 bytes: none)
   void *copy_dst;
   unsigned long long copy_bytes;
@@ -269,9 +269,9 @@ inline int pick_bn(int m, int n, int sms) {
   return eff(128) > eff(256) + 0.05 ? 128 : 256;
 }
 
-// Tile width of a GEMM waiting on arrival flags (src/gemm/sm90.rs pick_bn_waiting): 128
-// where 256-wide tiles fill at most 4 waves (the tail after the last arrival is about one
-// tile's time), else pick_bn.
+// Tile width of a GEMM waiting on arrival flags of row pieces (src/gemm/sm90.rs
+// pick_bn_waiting): 128 where 256-wide tiles fill at most 4 waves (the tail after the last
+// arrival is about one tile's time), else pick_bn. (Arrivals in K slices: pick_bn.)
 inline int pick_bn_waiting(int m, int n, int sms) {
   const int bn = pick_bn(m, n, sms);
   const long tiles = (long)((n + BM - 1) / BM) * ((m + 255) / 256);
@@ -288,6 +288,7 @@ struct Own {
   int grid = 0;  // CTAs; 0: min(tiles, SMs)
   const uint32_t *flags = nullptr;
   int rows_per_flag = 0;
+  int k_pieces = 0;  // > 1: a flag per K slice of each row block (kernels/gemm_sm90.cu k_pieces)
   uint32_t flag_value = 1;
   uint32_t *done = nullptr;  // 2 * ceil(n / done_rows) words, the second half zero at launch
   int done_rows = 0;
@@ -311,6 +312,7 @@ struct Own {
     g.n = n;
     g.k = k;
     g.rows_per_flag = flags ? rows_per_flag : 0;
+    g.k_pieces = flags ? k_pieces : 0;
     g.done_rows = done ? done_rows : 0;
     g.group_n = group_n;
     g.n_tile_rot = rot;

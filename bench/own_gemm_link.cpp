@@ -10,7 +10,11 @@
 //   library's fused all-gather, src/overlap/ag.rs, a flag per piece; P is lowered per row,
 //   with a note, to the largest divisor of the block's 128-row tiles, so that every piece
 //   is whole tiles). T = bytes_per_block / BW (BW default 350 GB/s per peer, --bw); piece
-//   c takes its share, T * c / P to T * (c + 1) / P.
+//   c takes its share, T * c / P to T * (c + 1) / P. AG pieces are row slices of a block,
+//   as the library's fused all-gather sends them by default; --k-pieces: K slices of the
+//   whole block (all its rows, the K columns of the kernel's K slice c; a 2D copy in the
+//   copies variant), as the library sends them with NVTE_COMM_AG_PIECES=k where its
+//   transport moves strided pieces (src/overlap/ag.rs k_slices).
 // - AG (tokens x K x N/tp): B = the gathered activations [tokens, K] in tp row blocks of
 //   tokens/tp rows; block `me` is local, the others arrive in ring order me+1, me+2, ...:
 //   piece c of the i-th remote block (i = 0, 1, ...) has arrived at t0 + i * T + T * (c +
@@ -476,6 +480,7 @@ static uint32_t *g_gate_dev;
 static uint32_t g_gate_value = 0;
 static int g_iters = 30, g_warmup = 5, g_pieces = 4, g_me = 1, g_group = 8;
 static int g_bn = 0;           // --bn: our kernels' tile width, 128 or 256 (0: pick_bn)
+static bool g_k_pieces = false;  // --k-pieces: AG pieces are K slices of a block (default: row slices)
 static int g_fused_group = 0;  // --fused-group: the fused kernel's tile-row groups (0: as the library)
 // --gemm-sms N: the SM budget of the fused kernel and of the chunks (default SMs - 1, the
 // pacer's SM left free). Fewer leave SMs to copies that run as kernels: a same-device
@@ -720,6 +725,20 @@ struct Row {
   }
 };
 
+// AG pieces as K slices (as the library's fused all-gather where its transport moves
+// strided pieces, src/overlap/ag.rs k_slices): piece c of a block is all its rows, the
+// bytes [lo, hi) of each row that the kernel's K slice c covers (src/gemm/sm90.rs
+// k_slice_bytes); needs at least as many 128-byte K blocks as pieces.
+static bool k_slices_of(const Row &r) {
+  const long kb = ((long)r.k * (r.fp8 ? 1 : 2) + 127) / 128;
+  return !r.rs && g_k_pieces && r.pieces > 1 && r.pieces <= kb;
+}
+static std::pair<size_t, size_t> k_slice_bytes(const Row &r, int c) {
+  const size_t row = (size_t)r.k * (r.fp8 ? 1 : 2), kb = (row + 127) / 128;
+  auto edge = [&](size_t j) { return std::min(j * kb / r.pieces * 128, row); };
+  return {edge(c), edge(c + 1)};
+}
+
 struct Ctx {
   Row &r;
   size_t es = 2, os = 2;  // element sizes of inputs and of D
@@ -782,7 +801,14 @@ struct Ctx {
       for (int c = 0; c < P; ++c) {
         const int q = i * P + c;
         wait_geq(g_copy, go() + q, e);
-        if (!r.rs) {
+        if (!r.rs && k_slices_of(r)) {
+          // K slice c of the block: its rows' bytes [lo, hi), one 2D copy.
+          const auto [lo, hi] = k_slice_bytes(r, c);
+          const size_t off = b_off(blk) + lo, pitch = (size_t)r.k * es;
+          CK(cudaMemcpy2DAsync((char *)B + off, pitch, (const char *)Bsrc + off, pitch, hi - lo, r.rows_blk,
+                               cudaMemcpyDeviceToDevice, g_copy));
+          write_value(g_copy, copied + q, e, g_signal_write);
+        } else if (!r.rs) {
           const size_t off = b_off(blk) + (size_t)c * rp * r.k * es, bytes = (size_t)rp * r.k * es;
           copy_d2d((char *)B + off, (const char *)Bsrc + off, bytes, g_copy);
           write_value(g_copy, copied + q, e, g_signal_write);
@@ -1183,7 +1209,9 @@ static void run_row(Row &r, cublasLtHandle_t lth, void *ws, size_t wsz) {
   // The fused kernel's tile width as the library picks it for the SMs it gets (AG: it
   // waits on flags, pick_bn_waiting); our kernel alone runs the same width, as its
   // bit-for-bit reference.
-  r.bn = g_bn > 0 ? g_bn : r.rs ? pick_bn(r.m, r.n, gemm_budget()) : pick_bn_waiting(r.m, r.n, gemm_budget());
+  r.bn = g_bn > 0                  ? g_bn
+         : r.rs || k_slices_of(r) ? pick_bn(r.m, r.n, gemm_budget())
+                                  : pick_bn_waiting(r.m, r.n, gemm_budget());
   r.block_bytes = r.rs ? (double)r.rows_blk * r.m * 2 : (double)r.rows_blk * r.k * c.es;
   r.nominal_link_ms = (r.tp - 1) * r.block_bytes / g_bw / 1e6;
   for (int i = 0; i < r.tp - 1; ++i) c.order[i] = (g_me + 1 + i) % r.tp;
@@ -1253,13 +1281,20 @@ static void run_row(Row &r, cublasLtHandle_t lth, void *ws, size_t wsz) {
     f.flags = c.flags;
     f.rows_per_flag = c.rows_piece();  // a flag per piece: flags[blk * P + c]
     f.rot = g_me * (r.rows_blk / BM);
+    if (k_slices_of(r)) {
+      // Piece c of a block = its K slice c (flags[blk * P + c] as before): the fused kernel
+      // waits per K slice of each whole block.
+      f.rows_per_flag = r.rows_blk;
+      f.k_pieces = r.pieces;
+    }
   }
   // The fused kernel's tile-row groups as the library picks them (src/gemm/sm90.rs
   // group_n): at most a piece's tile rows, so that the first tiles in the schedule need
   // (AG) / complete (RS) the first pieces only; with --group 8 and a piece of 2 tile rows,
   // the first wave's tiles would span all of a block's pieces (and a done signal would
   // wait for the whole group). --fused-group G overrides it.
-  f.group_n = g_fused_group > 0 ? g_fused_group : std::max(1, std::min(g_group, c.rows_piece() / BM));
+  f.group_n = g_fused_group > 0 ? g_fused_group
+                                : std::max(1, std::min(g_group, (f.k_pieces > 1 ? r.rows_blk : c.rows_piece()) / BM));
   std::printf("  %d pieces per block of %d rows (%d rows each: a flag / done signal per piece); our fused kernel in "
               "tile-row groups of %d (alone: %d)\n",
               r.pieces, r.rows_blk, c.rows_piece(), f.group_n, o.group_n);
@@ -1448,9 +1483,9 @@ static int emit_table(const std::vector<Row> &rows, const std::string &out_path)
   const std::string fused_groups =
       g_fused_group > 0 ? "tile-row groups of " + std::to_string(g_fused_group) + " (--fused-group)"
                         : "tile-row groups of min(" + std::to_string(g_group) +
-                              ", a piece's tile rows), as the library picks them";
+                              ", a piece's tile rows; AG with K slices: a block's), as the library picks them";
   std::snprintf(line, sizeof line,
-                "Link %.0f GB/s per peer, each block in %d pieces (AG: an arrival flag per piece, RS: a done signal "
+                "Link %.0f GB/s per peer, each block in %d pieces (AG: an arrival flag per piece, %s, RS: a done signal "
                 "per piece, each piece sent on its own; fewer pieces where the notes say; the chunked baseline "
                 "GEMMs whole blocks: AG after a block's last piece, RS its ready word per block; our fused kernel in "
                 "%s), rank %d; median "
@@ -1458,7 +1493,11 @@ static int emit_table(const std::vector<Row> &rows, const std::string &out_path)
                 "(the start event, the pacer's schedule starting with it) to the end of the GEMM and the link; ms. "
                 "bound = max(Lt, link), Lt on all %d SMs; fused and chunked run on %d (the pacer has an SM to itself); "
                 "f vs c = chunked / fused (> 1: fused faster).\n\n",
-                g_bw, g_pieces, fused_groups.c_str(), g_me, g_iters, g_sms, gemm_budget());
+                g_bw, g_pieces,
+                g_k_pieces ? "AG pieces are K slices of the whole block (--k-pieces: its rows' K columns; a 2D copy "
+                             "in the copies variant)"
+                           : "AG pieces are row slices",
+                fused_groups.c_str(), g_me, g_iters, g_sms, gemm_budget());
   md << line;
   md << "| op | in | tp | shape | link | Lt alone | ours alone | link alone | bound | fused | chunked | fused/bound | "
         "chunked/bound | f vs c | late us | ok | notes |\n";
@@ -1653,6 +1692,8 @@ int main(int argc, char **argv) {
     else if (a == "--me") g_me = std::atoi(next());
     else if (a == "--group") g_group = std::max(1, std::atoi(next()));
     else if (a == "--fused-group") g_fused_group = std::max(0, std::atoi(next()));
+    else if (a == "--k-pieces") g_k_pieces = true;
+    else if (a == "--row-pieces") g_k_pieces = false;
     else if (a == "--bn") {
       g_bn = std::atoi(next());
       if (g_bn != 128 && g_bn != 256) die("--bn takes 128 or 256", __FILE__, __LINE__);
@@ -1793,6 +1834,7 @@ int main(int argc, char **argv) {
     std::printf("copies variant: the copies are kernels; they run on the %d SMs --gemm-sms leaves free\n",
                 g_sms - gemm_budget());
   }
+
   cublasLtHandle_t lth;
   LT(cublasLtCreate(&lth));
   void *ws;

@@ -70,7 +70,9 @@
 //   block r (`rows_per_flag` rows of B each) the tile's rows touch, then fences the
 //   generic proxy against the async (TMA) proxy; a block once seen is not read again by
 //   that CTA. flags == nullptr (or rows_per_flag <= 0): no waits. Scope .sys: the flags
-//   are set by copy engines or peer GPUs.
+//   are set by copy engines or peer GPUs. With k_pieces > 1 a block arrives as k_pieces K
+//   slices (flag r * k_pieces + c for slice c): the producer waits for each slice before
+//   the first K slice's load of it, so that a block's tiles run while it still arrives.
 // - RS hook: see signal_done.
 // - Side copy (copy_bytes != 0): see side_copy.
 //
@@ -122,7 +124,7 @@ struct Gemm90Args {
   unsigned done_value;       // written to done[j] when row block j of D is stored
   float beta;                // _epi, EPI_ACCUM: D = beta * D_old + result (TE: 1)
   int epilogue;              // _epi: EPI_* bits (gemm90 namespace); plain kernels: 0
-  int pad_;
+  int k_pieces;              // AG: arrival flags per row block, one per K slice (<= 1: one)
   const void *copy_src;      // side copy (see side_copy): copy_bytes from copy_src to
   void *copy_dst;            // copy_dst, beside the GEMM (0 bytes: none)
   u64 copy_bytes;
@@ -375,6 +377,24 @@ __device__ __forceinline__ void wait_row_blocks(const u32 *flags, int rows_per_f
       asm volatile("nanosleep.u32 256;" ::: "memory");
     }
     if (r < 64) seen |= 1ull << r;
+    acquired = true;
+  }
+  if (acquired) asm volatile("fence.proxy.async.global;" ::: "memory");
+}
+
+// Spin until K slice `c` (of k_pieces) of every row block that rows [row0, row1) touch has
+// arrived: flags[r * k_pieces + c] (rows_per_flag rows of B per block r), as
+// wait_row_blocks (bit r * k_pieces + c of `seen`, for the first 64 flags).
+__device__ __forceinline__ void wait_k_piece(const u32 *flags, int rows_per_flag, int k_pieces, int c,
+                                             u32 value, int row0, int row1, u64 &seen) {
+  bool acquired = false;
+  for (int r = row0 / rows_per_flag; r <= (row1 - 1) / rows_per_flag; ++r) {
+    const int f = r * k_pieces + c;
+    if (f < 64 && ((seen >> f) & 1)) continue;
+    while ((int)(ld_acquire_flag(flags + f) - value) < 0) {
+      asm volatile("nanosleep.u32 256;" ::: "memory");
+    }
+    if (f < 64) seen |= 1ull << f;
     acquired = true;
   }
   if (acquired) asm volatile("fence.proxy.async.global;" ::: "memory");
@@ -732,13 +752,25 @@ __device__ __forceinline__ void gemm(const GemmTmaDesc *tmap_b, const GemmTmaDes
     if (threadIdx.x == 0) {
       u32 it = 0;
       u64 seen = 0;
+      // AG with K slices (k_pieces > 1): a row block arrives as kp slices of K (slice c:
+      // K blocks [c kblocks / kp, (c + 1) kblocks / kp)), each with its flag; a tile waits
+      // for each slice before loading its first K block, so that the tiles of a block run
+      // while the block is still arriving, and the last block's tiles end one slice's
+      // compute after the link (not one tile's).
+      const bool waits = flags != nullptr && rows_per_flag > 0;
+      const int kp = waits ? max(1, min(g.k_pieces, kblocks)) : 1;
       for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
         int tn, tm;
         tile_coords(t, tiles_n, tiles_m, gn, n_tile_rot, tn, tm);
         const int n0 = tn * BM, m0 = tm * BN;
-        if (flags != nullptr && rows_per_flag > 0)
-          wait_row_blocks(flags, rows_per_flag, g.flag_value, n0, min(n0 + BM, n), seen);
+        if (waits && kp == 1) wait_row_blocks(flags, rows_per_flag, g.flag_value, n0, min(n0 + BM, n), seen);
+        int piece = 0, next_piece = 0;  // the next K slice and its first K block (kp > 1)
         for (int kb = 0; kb < kblocks; ++kb, ++it) {
+          if (kp > 1 && kb == next_piece) {
+            wait_k_piece(flags, rows_per_flag, kp, piece, g.flag_value, n0, min(n0 + BM, n), seen);
+            ++piece;
+            next_piece = piece < kp ? (int)((long long)piece * kblocks / kp) : kblocks;
+          }
           const u32 s = it % C::STAGES;
           const u32 phase = (it / C::STAGES) & 1;
           mbar_wait(bars + 8 * (C::STAGES + s), phase ^ 1);

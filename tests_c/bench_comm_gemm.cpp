@@ -41,7 +41,9 @@ int main(int argc, char **argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &tp);
   const char *out_path = nullptr;
   std::string ops = "ag,rs,ar", transports = "ipc,nccl";  // --ops / --transports: comma lists
+  NVTECommGemmAlgoType algo = kNVTECommGemmAlgoDefault;   // --algo default|atomic (AtomicP2P)
   for (int i = 1; i + 1 < argc; ++i) {
+    if (!std::strcmp(argv[i], "--algo")) algo = std::strcmp(argv[i + 1], "atomic") ? kNVTECommGemmAlgoDefault : kNVTECommGemmAlgoAtomicP2P;
     if (!std::strcmp(argv[i], "--out")) out_path = argv[i + 1];
     if (!std::strcmp(argv[i], "--iters")) g_iters = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--ops")) ops = argv[i + 1];
@@ -98,7 +100,7 @@ int main(int argc, char **argv) {
         auto gemm = [&] { nvte_cublas_gemm(A.h, Bf.h, D.h, nullptr, nullptr, true, false, false, ws.h, false, split, 0, g_s); };
         auto coll = [&] { ncclAllGather(Bl.data.p, Bf.data.p, nl * s.K * dtype_bytes(in), ncclUint8, nccl, g_s); };
         auto ours = [&] {
-          nvte_all_gather_gemm(ctx, s.N, s.M, s.K, A.h, Bl.h, D.h, nullptr, nullptr, true, false, false, false, 0, g_s, kNVTECommGemmAlgoDefault);
+          nvte_all_gather_gemm(ctx, s.N, s.M, s.K, A.h, Bl.h, D.h, nullptr, nullptr, true, false, false, false, 0, g_s, algo);
         };
         ours();
         ok("all_gather_gemm");
@@ -124,7 +126,7 @@ int main(int argc, char **argv) {
             else ncclReduceScatter(Dp.data.p, D.data.p, nl * s.N, ncclBfloat16, ncclSum, nccl, g_s);
           };
           auto fn = ar ? nvte_gemm_all_reduce : nvte_gemm_reduce_scatter;
-          auto ours = [&] { fn(ctx, s.N, s.M, s.K, A.h, B.h, D.h, nullptr, nullptr, true, false, false, false, 0, g_s, kNVTECommGemmAlgoDefault); };
+          auto ours = [&] { fn(ctx, s.N, s.M, s.K, A.h, B.h, D.h, nullptr, nullptr, true, false, false, false, 0, g_s, algo); };
           ours();
           ok(ar ? "gemm_all_reduce" : "gemm_reduce_scatter");
           std::vector<double> t = time_all({gemm, coll, [&] { gemm(); coll(); }, ours});

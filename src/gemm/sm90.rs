@@ -56,7 +56,7 @@ pub struct Gemm90Args {
     pub done_value: u32,
     pub beta: f32,
     pub epilogue: i32,
-    pub pad_: i32,
+    pub k_pieces: i32,
     pub copy_src: DevPtr,
     pub copy_dst: DevPtr,
     pub copy_bytes: u64,
@@ -97,7 +97,7 @@ pub fn args_layout() -> Vec<(&'static str, usize, usize)> {
     f!(d: DevPtr, bias: DevPtr, aux: DevPtr, a_scale_inv: DevPtr, b_scale_inv: DevPtr,
        d_scale: DevPtr, d_amax: DevPtr, flags: DevPtr, done: DevPtr, m: i32, n: i32, k: i32,
        rows_per_flag: i32, done_rows: i32, group_n: i32, n_tile_rot: i32, flag_value: u32,
-       done_value: u32, beta: f32, epilogue: i32, pad_: i32, copy_src: DevPtr,
+       done_value: u32, beta: f32, epilogue: i32, k_pieces: i32, copy_src: DevPtr,
        copy_dst: DevPtr, copy_bytes: u64)
 }
 
@@ -166,6 +166,12 @@ pub struct Hooks {
     /// flags reach `flag_value` (NULL: no waits)
     pub flags: DevPtr,
     pub rows_per_flag: usize,
+    /// K slices per block: with more than one, each block of `rows_per_flag` rows arrives
+    /// as this many K slices, flag `block * k_pieces + c` for slice c (K blocks
+    /// `[c kb / k_pieces, (c + 1) kb / k_pieces)` of the kernel's `kb` = [`k_blocks`]
+    /// 128-byte K blocks), and a tile waits for each slice before loading it (see
+    /// kernels/gemm_sm90.cu); 0 or 1: a flag per block
+    pub k_pieces: usize,
     pub flag_value: u32,
     /// tile rows rotated so that this tile row is computed first
     pub n_tile_rot: usize,
@@ -178,6 +184,30 @@ pub struct Hooks {
     /// a copy run beside the GEMM by its otherwise idle producer warps (one launch for
     /// both; none where `bytes` is 0): [`SideCopy::fits`] must hold
     pub side: SideCopy,
+}
+
+impl Hooks {
+    /// The arrival flags of a GEMM of `n` rows of B (0 without flags).
+    pub fn n_flags(&self, n: usize) -> usize {
+        if self.flags.is_null() {
+            return 0;
+        }
+        n.div_ceil(self.rows_per_flag.max(1)) * self.k_pieces.max(1)
+    }
+}
+
+/// The kernel's K blocks for `k` elements of `elem_bytes` bytes: 128 bytes of K each (a
+/// K slice of [`Hooks::k_pieces`] is a run of them).
+pub fn k_blocks(k: usize, elem_bytes: usize) -> usize {
+    (k * elem_bytes).div_ceil(128)
+}
+
+/// Bytes `[lo, hi)` of a row of K (`k` elements of `elem_bytes`) that K slice `c` of
+/// `pieces` covers, as the kernel splits the K blocks (see [`Hooks::k_pieces`]).
+pub fn k_slice_bytes(k: usize, elem_bytes: usize, pieces: usize, c: usize) -> (usize, usize) {
+    let (kb, row) = (k_blocks(k, elem_bytes), k * elem_bytes);
+    let edge = |c: usize| (c * kb / pieces * 128).min(row);
+    (edge(c), edge(c + 1))
 }
 
 /// A copy of `bytes` from `src` to `dst` that a GEMM neither reads nor writes.
@@ -212,7 +242,10 @@ fn pick_bn(m: usize, n: usize, sms: usize) -> usize {
 /// tile's time after the last arrival: with few waves that tail is a large part of the
 /// GEMM, and half-width tiles halve it. Measured on the emulated link (bench/RESULTS.md,
 /// 2026-11-26, third session, one H200): fused/bound 1.23 -> 1.12 and 1.11 -> 1.06 on the two such
-/// tp-8 anchor rows, while 128-wide tiles cost 5-9 % on the rows with more waves.
+/// tp-8 anchor rows, while 128-wide tiles cost 5-9 % on the rows with more waves. Not for
+/// arrivals in K slices ([`Hooks::k_pieces`]): there the tail after the last arrival is
+/// one slice's share of a tile, and 256-wide tiles won (bench/RESULTS.md, 2026-11-27 tenth
+/// session: 1.12-1.15 against 1.25-1.28 on the tp-8 8192 x 4096 x 2048 row).
 fn pick_bn_waiting(m: usize, n: usize, sms: usize) -> usize {
     const FEW_WAVES: usize = 4;
     let bn = pick_bn(m, n, sms);
@@ -343,7 +376,9 @@ impl Sm90Gemm {
         } else {
             sms.min(self.sms)
         };
-        let bn = if hooks.flags.is_null() {
+        // (Arrivals in K slices: a tile waiting for the last one runs only that slice's
+        // share after it, so the tail needs no narrower tiles.)
+        let bn = if hooks.flags.is_null() || hooks.k_pieces > 1 {
             pick_bn(g.m, g.n, sms)
         } else {
             pick_bn_waiting(g.m, g.n, sms)
@@ -406,6 +441,11 @@ fn args_of(g: &GemmDesc, h: &Hooks) -> Result<Gemm90Args> {
             i(h.done_rows.max(1), "done_rows")?
         },
         group_n: group_n(h) as i32,
+        k_pieces: if h.flags.is_null() {
+            0
+        } else {
+            i(h.k_pieces, "k_pieces")?
+        },
         n_tile_rot: i(h.n_tile_rot % g.n.div_ceil(TILE_ROWS).max(1), "n_tile_rot")?,
         flag_value: h.flag_value,
         done_value: h.done_value,

@@ -16,11 +16,22 @@ use super::{MAX_AMAX_SLOTS, Op, Overlap, eb, tag};
 use crate::cuda::DevPtr;
 use crate::cuda::StreamHandle;
 use crate::error::Result;
-use crate::gemm::sm90::{Hooks, SideCopy, TILE_ROWS};
+use crate::gemm::sm90::{Hooks, SideCopy, TILE_ROWS, k_blocks, k_slice_bytes};
 use crate::gemm::{self, Epilogue, GemmDesc, TeGemm};
 use crate::tensor::{Buffer, Shape, Tensor};
 use crate::transport::{RecvOp, SendOp, WaitInfo};
 use crate::{invalid, unsupported};
+
+/// NVTE_COMM_AG_PIECES, parsed strictly: None (unset: auto), or the index of the choice in
+/// `auto`, `rows`, `k`. The fused all-gather's pieces: row slices of each chunk (`rows`, and
+/// `auto`: K slices measured no faster on real links, bench/RESULTS.md 2026-11-27 tenth
+/// session), or K slices (`k`) where the transport moves strided pieces and our GEMM runs
+/// the call. Read once when an overlap object or comm-GEMM context is created
+/// (`super::AlgoKnobs`).
+pub fn ag_pieces_choice() -> Result<Option<usize>> {
+    crate::env::choice("NVTE_COMM_AG_PIECES", &["auto", "rows", "k"])
+}
+const AG_PIECES_K: usize = 2;
 
 /// The operands of an all-gather + GEMM (B: this rank's shard or the buffer view), and
 /// where to keep a copy of the gathered B.
@@ -51,6 +62,12 @@ struct AgShape {
     local_src: DevPtr,
     full: GemmDesc,
     pieces: usize,
+    /// Pieces are K slices of a whole chunk (all its rows, the K columns of
+    /// [`k_slice_bytes`]), not row slices: our fused GEMM's tiles then start on a chunk
+    /// while it still arrives, and the last chunk's tiles end one slice's work after the
+    /// ring (bench/RESULTS.md, 2026-11-27 tenth session). With NVTE_COMM_AG_PIECES=k, where
+    /// the transport moves strided pieces and our kernel takes the call.
+    k_slices: bool,
     /// FP8 output: per-GEMM amax slots (NULL: none)
     amax_slots: DevPtr,
 }
@@ -200,6 +217,7 @@ impl Planner<'_> {
             local_src,
             full,
             pieces,
+            k_slices: false,
             amax_slots,
         })
     }
@@ -260,16 +278,26 @@ impl Planner<'_> {
                 };
                 for j in 0..pieces {
                     let (lo, hi) = sh.rows(j);
-                    let send = SendOp {
-                        peer: t.to,
-                        src: src + lo * k * e,
-                        dst_offset: off(c) + lo * k * e,
-                        bytes: (hi - lo) * k * e,
-                    };
-                    let recv = RecvOp {
-                        peer: t.from,
-                        dst_offset: off(rc) + lo * k * e,
-                        bytes: (hi - lo) * k * e,
+                    let (send, recv) = if sh.k_slices {
+                        // K slice j of the whole chunk: nc runs of its bytes, a row apart.
+                        let (c0, c1) = k_slice_bytes(k, e, pieces, j);
+                        let send = SendOp {
+                            rows: sh.nc,
+                            pitch: k * e,
+                            ..SendOp::contiguous(t.to, src + c0, off(c) + c0, c1 - c0)
+                        };
+                        let recv = RecvOp {
+                            rows: sh.nc,
+                            pitch: k * e,
+                            ..RecvOp::contiguous(t.from, off(rc) + c0, c1 - c0)
+                        };
+                        (send, recv)
+                    } else {
+                        let bytes = (hi - lo) * k * e;
+                        (
+                            SendOp::contiguous(t.to, src + lo * k * e, off(c) + lo * k * e, bytes),
+                            RecvOp::contiguous(t.from, off(rc) + lo * k * e, bytes),
+                        )
                     };
                     self.step(|| {
                         format!(
@@ -285,7 +313,11 @@ impl Planner<'_> {
                         step: (s + 1) as u32,
                     };
                     self.exchange(send, recv, (slot, tag(s * pieces + j)), st, info)?;
-                    self.ag_copy_out(x, sh, rc, (lo, hi), st);
+                    if !sh.k_slices {
+                        self.ag_copy_out(x, sh, rc, (lo, hi), st);
+                    } else if j + 1 == pieces {
+                        self.ag_copy_out(x, sh, rc, (0, sh.nc), st);
+                    }
                     self.record(rc * pieces + j, st);
                     if let Some(f) = flags {
                         self.write_flag(f + 4 * (rc * pieces + j), 1, st);
@@ -358,8 +390,9 @@ impl Planner<'_> {
         let mut gemms = 0;
         for (j, &c) in order.iter().enumerate() {
             let si = j % self.e.compute_streams;
-            // The local chunk in one GEMM (it is in place already), remote ones by piece.
-            let parts = if c == r { 1 } else { pieces };
+            // The local chunk in one GEMM (it is in place already), remote ones by piece
+            // (K slices: whole, after the chunk's last slice).
+            let parts = if c == r || sh.k_slices { 1 } else { pieces };
             for q in 0..parts {
                 let (lo, hi) = if parts == 1 { (0, nc) } else { sh.rows(q) };
                 let mut g = *full;
@@ -367,7 +400,8 @@ impl Planner<'_> {
                 if c == r {
                     g.b = sh.local_src;
                 } else {
-                    self.wait_event(c * pieces + q, Lane::Compute(si));
+                    let last = if sh.k_slices { pieces - 1 } else { q };
+                    self.wait_event(c * pieces + last, Lane::Compute(si));
                     g.b = full.b + (c * nc + lo) * k * eb_b;
                 }
                 if x.g.transb {
@@ -423,10 +457,31 @@ impl Planner<'_> {
         if tp * sh.pieces + 1 > self.e.events {
             unsupported!("the fused all-gather at tp = {tp} needs {} events", tp + 1);
         }
-        let mut key = sh.full.check_key();
+        // Pieces as K slices or as row slices: the same on every rank (each rank's puts land
+        // in the others' buffers, and each forwards what it received), so chosen from what
+        // the ranks share: the transport, the shape, the knob, and whether our GEMM takes
+        // calls of this kind (asked with a tile's m: m is this rank's share, which may
+        // differ between ranks; a rank whose own m it refuses multiplies each chunk whole
+        // after its last slice). Part of the cross-rank check's key.
+        let kernel_takes_kind = self.e.own_gemm.is_some_and(|f| {
+            let mut g = sh.full;
+            g.m = TILE_ROWS;
+            f(&g).is_none()
+        });
+        sh.k_slices = self.e.knobs.ag_pieces == Some(AG_PIECES_K)
+            && self.e.caps.strided_exchange
+            && kernel_takes_kind
+            && sh.amax_slots.is_null()
+            && !x.g.transb
+            && sh.pieces > 1
+            && sh.pieces <= k_blocks(sh.k, eb(self.dtype()));
+        let full_key = sh.full.check_key();
+        let mut key = [0u64; 6];
+        key[..5].copy_from_slice(&full_key);
         if let Some(m) = x.key_m {
             key[0] = m as u64;
         }
+        key[5] = sh.pieces as u64 | (sh.k_slices as u64) << 32;
         self.begin(Op::FusedAg, false, &key, Some(&sh.full));
         let ring = super::schedule::ag_ring_backward(tp, r);
         let mut gemms = 0;
@@ -533,7 +588,8 @@ impl Planner<'_> {
         self.wait_event(ev_clear, c0);
         let hooks = Hooks {
             flags,
-            rows_per_flag: sh.nc / pieces,
+            rows_per_flag: if sh.k_slices { sh.nc } else { sh.nc / pieces },
+            k_pieces: if sh.k_slices { pieces } else { 0 },
             flag_value: 1,
             n_tile_rot: r * sh.nc / TILE_ROWS,
             ..Default::default()
@@ -541,7 +597,12 @@ impl Planner<'_> {
         // (B_copy: each piece is copied out of the buffer between its arrival and its flag)
         let sms = self.fused_sms(x.b_copy.is_some());
         self.step(|| {
-            format!("fused_ag: our sm90 GEMM on {sms} SMs, {tp} chunks ({pieces} flags each)")
+            let kind = if sh.k_slices {
+                "K slices"
+            } else {
+                "row pieces"
+            };
+            format!("fused_ag: our sm90 GEMM on {sms} SMs, {tp} chunks ({pieces} {kind} each)")
         });
         self.fused_gemm(&g, hooks, sms, 0);
         // Every flag back to zero: the next call (or graph replay) starts from zero.

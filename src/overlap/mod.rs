@@ -71,20 +71,22 @@ pub fn check_enabled() -> Result<bool> {
 }
 
 /// The algorithm knobs of the environment, read once when an object (or a comm-GEMM
-/// context) is created, never per call: NVTE_COMM_AR_ALGO and NVTE_COMM_RS_RING (the
-/// index of the choice; None: unset, auto).
+/// context) is created, never per call: NVTE_COMM_AR_ALGO, NVTE_COMM_RS_RING and
+/// NVTE_COMM_AG_PIECES (the index of the choice; None: unset, auto).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct AlgoKnobs {
     pub ar_algo: Option<usize>,
     pub rs_ring: Option<usize>,
+    pub ag_pieces: Option<usize>,
 }
 
 impl AlgoKnobs {
-    /// Parse both knobs (strictly: a bad value is an error naming it).
+    /// Parse the knobs (strictly: a bad value is an error naming it).
     pub fn from_env() -> Result<AlgoKnobs> {
         Ok(AlgoKnobs {
             ar_algo: ar::ar_algo_choice()?,
             rs_ring: rs::rs_ring_choice()?,
+            ag_pieces: ag::ag_pieces_choice()?,
         })
     }
 }
@@ -945,8 +947,7 @@ impl Overlap {
             )),
         };
         if r.is_err() && !hooks.flags.is_null() {
-            let n = g.n.div_ceil(hooks.rows_per_flag.max(1));
-            let _ = memset_async(hooks.flags, 4 * n, s);
+            let _ = memset_async(hooks.flags, 4 * hooks.n_flags(g.n), s);
         }
         if (r.is_err() || skip) && !hooks.done.is_null() {
             for j in 0..g.n.div_ceil(hooks.done_rows.max(1)) {

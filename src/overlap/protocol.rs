@@ -21,7 +21,7 @@ use super::{AlgoKnobs, Op, ag::AgArgs};
 use crate::cuda::DevPtr;
 use crate::cuda::StreamHandle;
 use crate::error::Result;
-use crate::gemm::sm90::Hooks;
+use crate::gemm::sm90::{Hooks, TILE_ROWS};
 use crate::gemm::{Epilogue, GemmDesc, TeGemm};
 use crate::tensor::{Buffer, DType, Shape, Tensor};
 use crate::transport::fake::{Call, Coll, FakeTransport, Flavour, Log, Rec, SharedLog};
@@ -559,7 +559,7 @@ impl Sim {
             return Some(vec![]);
         }
         let mut deps = Vec::new();
-        for i in 0..g.n.div_ceil(hk.rows_per_flag.max(1)) {
+        for i in 0..hk.n_flags(g.n) {
             deps.extend(self.flag_ready(hk.flags + 4 * i, hk.flag_value, true)?);
         }
         Some(deps)
@@ -708,8 +708,7 @@ impl Sim {
             Dev::WaitFlag(p, _) => self.mem.find(p, 4).map(|_| ()),
             Dev::Fused(g, hk) => {
                 if !hk.flags.is_null() {
-                    let nf = g.n.div_ceil(hk.rows_per_flag.max(1));
-                    self.mem.find(hk.flags, 4 * nf)?;
+                    self.mem.find(hk.flags, 4 * hk.n_flags(g.n))?;
                 }
                 self.gemm(h, &g)?;
                 // done signals (then the kernel's own counters: bounds only)
@@ -799,6 +798,20 @@ impl Sim {
             } => {
                 let dst = self.buffers[peer] + offset;
                 self.copy(h, dst, src, bytes)
+            }
+            Call::Put2d {
+                peer,
+                offset,
+                src,
+                width,
+                rows,
+                pitch,
+            } => {
+                let dst = self.buffers[peer] + offset;
+                for row in 0..rows {
+                    self.copy(h, dst + row * pitch, src + row * pitch, width)?;
+                }
+                Ok(())
             }
             Call::Signal { peers, slot, tag } => {
                 for p in peers {
@@ -950,6 +963,9 @@ pub(crate) struct Cfg {
     own_gemm: Option<plan::OwnGemm>,
     /// the call's number on its rank (flag values; logs of several calls)
     call: u64,
+    /// K of the all-gather checks (f32: 8 is one 128-byte K block of our kernel; 96 is
+    /// three, so that the fused all-gather's pieces can be K slices)
+    ag_k: usize,
 }
 
 impl Cfg {
@@ -966,6 +982,7 @@ impl Cfg {
             atomic: false,
             own_gemm: Some(|_| None),
             call: 0,
+            ag_k: 8,
         }
     }
     /// The fused algorithms; our GEMM refuses odd m (so that ranks with uneven shares of
@@ -1169,7 +1186,7 @@ fn check_ag(tp: usize, cfg: Cfg, view: bool) -> Res {
 /// [`check_ag`], with a B_copy or without (`b_copy`; without one, at tp 1 the shard's copy
 /// into the buffer runs beside the GEMM: Step::Gemm's side copy).
 fn check_ag_copy(tp: usize, cfg: Cfg, view: bool, b_copy: bool) -> Res {
-    let (nc, k, m) = (4, 8, 16);
+    let (nc, k, m) = (4, cfg.ag_k, 16);
     let n = nc * tp;
     let mut mem = Mem::default();
     let bufs = buffers(&mut mem, tp, n * k * 4);
@@ -1550,6 +1567,75 @@ fn fused_all_gather_gemm() {
     all("fused_ag (two calls, new data)", |tp, f| {
         check_fused_ag_twice(tp, fused(f))
     });
+}
+
+/// The fused all-gather's pieces as K slices of each chunk (NVTE_COMM_AG_PIECES=k) or as
+/// row slices (`rows`, unset), on a K of three 128-byte blocks.
+#[test]
+fn fused_all_gather_k_slices() {
+    let fused = |f| Cfg {
+        atomic: true,
+        ..Cfg::new(f)
+    };
+    // Pieces as K slices (NVTE_COMM_AG_PIECES=k; the peer-memory flavour's exchange moves
+    // strided slices, the messages flavour keeps row pieces): 3 K blocks in 2 and 3
+    // slices, with a B_copy and from the buffer view.
+    let k_slices = AlgoKnobs {
+        ag_pieces: Some(2),
+        ..AlgoKnobs::default()
+    };
+    for pieces in [2, 3] {
+        let cfg = |f| Cfg {
+            pieces,
+            ag_k: 96,
+            knobs: k_slices,
+            ..fused(f)
+        };
+        all(
+            &format!("fused_ag (K of 3 blocks, {pieces} pieces)"),
+            |tp, f| check_ag(tp, cfg(f), false),
+        );
+        all(
+            &format!("fused_ag (K of 3 blocks, {pieces} pieces, buffer view)"),
+            |tp, f| check_ag(tp, cfg(f), true),
+        );
+    }
+    // K slices with cuBLASLt per chunk (our GEMM takes the kind of call but refuses this
+    // rank's m: each remote chunk whole after its last slice), then row pieces although K
+    // slices could (NVTE_COMM_AG_PIECES=rows, and unset).
+    all("fused_ag (K slices, cuBLASLt per chunk)", |tp, f| {
+        let cfg = Cfg {
+            pieces: 2,
+            ag_k: 96,
+            own_gemm: Some(|g| (g.m != TILE_ROWS).then_some("this m (test)")),
+            knobs: k_slices,
+            ..fused(f)
+        };
+        check_ag(tp, cfg, false)
+    });
+    all("fused_ag (NVTE_COMM_AG_PIECES=rows)", |tp, f| {
+        let cfg = Cfg {
+            pieces: 2,
+            ag_k: 96,
+            knobs: AlgoKnobs {
+                ag_pieces: Some(1),
+                ..AlgoKnobs::default()
+            },
+            ..fused(f)
+        };
+        check_ag(tp, cfg, false)
+    });
+    all(
+        "fused_ag (NVTE_COMM_AG_PIECES unset: row pieces)",
+        |tp, f| {
+            let cfg = Cfg {
+                pieces: 2,
+                ag_k: 96,
+                ..fused(f)
+            };
+            check_ag(tp, cfg, false)
+        },
+    );
 }
 
 /// Two fused all-gather calls in a row on the same flags, the second with other shards:

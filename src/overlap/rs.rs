@@ -547,17 +547,13 @@ impl Planner<'_> {
                 if let Some(d) = done {
                     self.wait_flag(d + 4 * (t.to * pieces + c), 1, cs);
                 }
-                let send = SendOp {
-                    peer: t.to,
-                    src: staging + t.to * slot_bytes + c * piece,
-                    dst_offset: t.send * slot_bytes + c * piece,
-                    bytes: piece,
-                };
-                let recv = RecvOp {
-                    peer: t.from,
-                    dst_offset: t.recv * slot_bytes + c * piece,
-                    bytes: piece,
-                };
+                let send = SendOp::contiguous(
+                    t.to,
+                    staging + t.to * slot_bytes + c * piece,
+                    t.send * slot_bytes + c * piece,
+                    piece,
+                );
+                let recv = RecvOp::contiguous(t.from, t.recv * slot_bytes + c * piece, piece);
                 let q = i * pieces + c;
                 let info = WaitInfo {
                     op: Op::SplitRsP2p as u32,
@@ -683,17 +679,8 @@ impl Planner<'_> {
                     let at = (i - 1) * slot_bytes + off;
                     let bytes = (hi - lo) * p.m * e;
                     self.wait_event(computed(i - 1, j), cs);
-                    let send = SendOp {
-                        peer: plan.to,
-                        src: staging + at,
-                        dst_offset: at,
-                        bytes,
-                    };
-                    let recv = RecvOp {
-                        peer: plan.from,
-                        dst_offset: at,
-                        bytes,
-                    };
+                    let send = SendOp::contiguous(plan.to, staging + at, at, bytes);
+                    let recv = RecvOp::contiguous(plan.from, at, bytes);
                     let info = WaitInfo {
                         op: op as u32,
                         step: k as u32,

@@ -50,6 +50,16 @@ pub enum Call {
         src: DevPtr,
         bytes: usize,
     },
+    /// a strided put (an exchange's column slice): `rows` runs of `width` bytes, `pitch`
+    /// apart at both ends
+    Put2d {
+        peer: usize,
+        offset: usize,
+        src: DevPtr,
+        width: usize,
+        rows: usize,
+        pitch: usize,
+    },
     Signal {
         peers: Vec<usize>,
         slot: FlagSlot,
@@ -276,12 +286,31 @@ impl<D: Send + 'static> TwoSided for FakeTransport<D> {
         if self.flavour == Flavour::PeerMemory {
             // As the IPC transport: puts, a signal per destination, a wait for the sources.
             for s in sends {
-                self.put(s.peer, s.dst_offset, s.src, s.bytes, stream)?;
+                if s.rows > 1 {
+                    self.record(
+                        stream,
+                        Call::Put2d {
+                            peer: s.peer,
+                            offset: s.dst_offset,
+                            src: s.src,
+                            width: s.bytes,
+                            rows: s.rows,
+                            pitch: s.pitch,
+                        },
+                    )?;
+                } else {
+                    self.put(s.peer, s.dst_offset, s.src, s.bytes, stream)?;
+                }
             }
             let dsts: Vec<usize> = sends.iter().map(|s| s.peer).collect();
             self.signal(&dsts, slot, tag, stream)?;
             let srcs: Vec<usize> = recvs.iter().map(|r| r.peer).collect();
             return self.wait(&srcs, slot, tag, stream, info);
+        }
+        if sends.iter().any(|s| s.rows > 1) || recvs.iter().any(|r| r.rows > 1) {
+            return Err(crate::error::Error::unsupported(
+                "fake transport (messages): strided exchange",
+            ));
         }
         let sends = sends.iter().map(|s| (s.peer, s.src, s.bytes)).collect();
         let recvs = recvs
@@ -291,6 +320,9 @@ impl<D: Send + 'static> TwoSided for FakeTransport<D> {
         self.record(stream, Call::SendRecv { sends, recvs })
     }
     fn concurrent_streams(&self) -> bool {
+        self.flavour == Flavour::PeerMemory
+    }
+    fn strided(&self) -> bool {
         self.flavour == Flavour::PeerMemory
     }
 }

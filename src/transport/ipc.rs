@@ -13,7 +13,7 @@ use super::{
 };
 use crate::bootstrap::Bootstrap;
 use crate::cuda::StreamHandle;
-use crate::cuda::resources::{DeviceMem, HostMapped, IpcMapping, copy_async, device_uuid};
+use crate::cuda::resources::{DeviceMem, HostMapped, IpcMapping, copy_2d, copy_async, device_uuid};
 use crate::cuda::{Binding, ContextGuard, DevPtr, DeviceInfo, Kernel, Signature, nvrtc};
 use crate::error::Result;
 use crate::unsupported;
@@ -477,7 +477,13 @@ impl TwoSided for IpcTransport {
         info: WaitInfo,
     ) -> Result<()> {
         for s in sends {
-            self.put(s.peer, s.dst_offset, s.src, s.bytes, stream)?;
+            if s.rows > 1 {
+                // A column slice: one 2D copy (a copy engine across devices).
+                let dst = self.peer_buffer(s.peer) + s.dst_offset;
+                copy_2d(dst, s.pitch, s.src, s.pitch, s.bytes, s.rows, stream)?;
+            } else {
+                self.put(s.peer, s.dst_offset, s.src, s.bytes, stream)?;
+            }
         }
         let dsts: super::Peers = sends.iter().map(|s| s.peer).collect();
         self.signal(&dsts, slot, tag, stream)?;
@@ -485,6 +491,9 @@ impl TwoSided for IpcTransport {
         self.wait(&srcs, slot, tag, stream, info)
     }
     fn concurrent_streams(&self) -> bool {
+        true
+    }
+    fn strided(&self) -> bool {
         true
     }
 }

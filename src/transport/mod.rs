@@ -382,21 +382,55 @@ pub fn desc_op(desc: u64) -> u32 {
 }
 
 /// One point-to-point transfer of an exchange step: `bytes` from local `src` to
-/// `dst_offset` in `peer`'s buffer.
+/// `dst_offset` in `peer`'s buffer; with `rows` > 1, `rows` runs of `bytes` each, `pitch`
+/// bytes apart at both ends (a column slice of a row-major matrix: transports whose
+/// [`TwoSided::strided`] is true only).
 #[derive(Clone, Copy, Debug)]
 pub struct SendOp {
     pub peer: usize,
     pub src: DevPtr,
     pub dst_offset: usize,
     pub bytes: usize,
+    pub rows: usize,
+    pub pitch: usize,
 }
 
-/// The matching receive: `bytes` from `peer` land at `dst_offset` in this rank's buffer.
+/// The matching receive: `bytes` (`rows` runs of them, `pitch` apart, as the send) from
+/// `peer` land at `dst_offset` in this rank's buffer.
 #[derive(Clone, Copy, Debug)]
 pub struct RecvOp {
     pub peer: usize,
     pub dst_offset: usize,
     pub bytes: usize,
+    pub rows: usize,
+    pub pitch: usize,
+}
+
+impl SendOp {
+    /// `bytes` in one contiguous run.
+    pub fn contiguous(peer: usize, src: DevPtr, dst_offset: usize, bytes: usize) -> SendOp {
+        SendOp {
+            peer,
+            src,
+            dst_offset,
+            bytes,
+            rows: 1,
+            pitch: bytes,
+        }
+    }
+}
+
+impl RecvOp {
+    /// `bytes` in one contiguous run.
+    pub fn contiguous(peer: usize, dst_offset: usize, bytes: usize) -> RecvOp {
+        RecvOp {
+            peer,
+            dst_offset,
+            bytes,
+            rows: 1,
+            pitch: bytes,
+        }
+    }
 }
 
 /// What every transport holds: the group's members (world ranks, in group order), this
@@ -564,6 +598,10 @@ pub trait TwoSided {
     /// Whether exchange steps may run on several streams at once (NCCL: the operations of
     /// one communicator must not run concurrently on two streams).
     fn concurrent_streams(&self) -> bool;
+    /// Whether sends and receives may be strided (`rows` > 1). Default: no.
+    fn strided(&self) -> bool {
+        false
+    }
 }
 
 /// Capability: sum reductions and gathers over the group.
@@ -609,6 +647,8 @@ pub struct Caps {
     pub idle_alone: bool,
     /// peer memory on other devices only ([`PeerMemory::peers_on_other_devices`])
     pub remote_peers: bool,
+    /// exchange steps may move strided column slices ([`TwoSided::strided`])
+    pub strided_exchange: bool,
 }
 
 impl Caps {
@@ -620,6 +660,7 @@ impl Caps {
             concurrent_exchange: t.two_sided().is_some_and(|x| x.concurrent_streams()),
             idle_alone: t.idle_alone(),
             remote_peers: t.peer_memory().is_some_and(|p| p.peers_on_other_devices()),
+            strided_exchange: t.two_sided().is_some_and(|x| x.strided()),
         }
     }
 }

@@ -748,6 +748,11 @@ impl TwoSided for NcclTransport {
         stream: StreamHandle,
         _info: WaitInfo,
     ) -> Result<()> {
+        if sends.iter().any(|s| s.rows > 1) || recvs.iter().any(|r| r.rows > 1) {
+            return Err(Error::unsupported(
+                "NCCL transport: strided exchange (its `strided` capability is false)",
+            ));
+        }
         let s: Vec<_> = sends.iter().map(|s| (s.peer, s.src, s.bytes)).collect();
         let r: Vec<_> = recvs
             .iter()
