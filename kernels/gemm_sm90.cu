@@ -753,12 +753,13 @@ __device__ __forceinline__ void gemm(const GemmTmaDesc *tmap_b, const GemmTmaDes
       u32 it = 0;
       u64 seen = 0;
       // AG with K slices (k_pieces > 1): a row block arrives as kp slices of K (slice c:
-      // K blocks [c kblocks / kp, (c + 1) kblocks / kp)), each with its flag; a tile waits
-      // for each slice before loading its first K block, so that the tiles of a block run
-      // while the block is still arriving, and the last block's tiles end one slice's
-      // compute after the link (not one tile's).
+      // K blocks [c kblocks / kp, (c + 1) kblocks / kp), empty where kp > kblocks), each
+      // with its flag; a tile waits for each slice before loading its first K block (for
+      // every slice that starts there), so that the tiles of a block run while the block
+      // is still arriving, and the last block's tiles end one slice's compute after the
+      // link (not one tile's).
       const bool waits = flags != nullptr && rows_per_flag > 0;
-      const int kp = waits ? max(1, min(g.k_pieces, kblocks)) : 1;
+      const int kp = waits ? max(1, g.k_pieces) : 1;
       for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
         int tn, tm;
         tile_coords(t, tiles_n, tiles_m, gn, n_tile_rot, tn, tm);
@@ -766,7 +767,7 @@ __device__ __forceinline__ void gemm(const GemmTmaDesc *tmap_b, const GemmTmaDes
         if (waits && kp == 1) wait_row_blocks(flags, rows_per_flag, g.flag_value, n0, min(n0 + BM, n), seen);
         int piece = 0, next_piece = 0;  // the next K slice and its first K block (kp > 1)
         for (int kb = 0; kb < kblocks; ++kb, ++it) {
-          if (kp > 1 && kb == next_piece) {
+          while (kp > 1 && kb == next_piece) {
             wait_k_piece(flags, rows_per_flag, kp, piece, g.flag_value, n0, min(n0 + BM, n), seen);
             ++piece;
             next_piece = piece < kp ? (int)((long long)piece * kblocks / kp) : kblocks;

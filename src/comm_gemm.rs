@@ -577,14 +577,15 @@ impl CommGemmCtx {
 
     /// The knobs that override the autotuner's candidates for this call (part of the
     /// tuning key; read at the context's creation): NVTE_COMM_AR_ALGO, NVTE_COMM_RS_RING
-    /// (0: auto or unset), and NVTE_COMM_GEMM_FP8_FAST_ACCUM for FP8 inputs.
+    /// (the all-gather: NVTE_COMM_AG_PIECES in its place; 0: auto or unset), and
+    /// NVTE_COMM_GEMM_FP8_FAST_ACCUM for FP8 inputs.
     fn forced_algos(&self, c: &GemmCall) -> [u8; 3] {
         let ar = match c.kind {
             Kind::AllReduce => self.knobs.ar_algo.unwrap_or(0),
             _ => 0,
         };
         let rs = match c.kind {
-            Kind::AllGather => 0,
+            Kind::AllGather => self.knobs.ag_pieces.unwrap_or(0),
             _ => self.knobs.rs_ring.unwrap_or(0),
         };
         let fast = self.fp8_fast_accum && c.a.data.dtype.is_fp8();

@@ -110,10 +110,34 @@ const GROUP_N: usize = 8;
 const THREADS: u32 = 384;
 
 /// Why the kernel cannot compute `g` (None: it can). Exactly the kernel's constraints
-/// (module doc).
+/// (module doc): [`supports_kind`], then what depends on m and on the pointers.
 pub fn supports(g: &GemmDesc) -> Option<&'static str> {
+    if let Some(why) = supports_kind(g) {
+        return Some(why);
+    }
+    let checks: [(bool, &'static str); 5] = [
+        (g.m > 0, "an empty dimension"),
+        (g.m <= i32::MAX as usize, "a dimension beyond 32 bits"),
+        (
+            g.m.is_multiple_of(8),
+            "k * input size not a multiple of 16 bytes, or m not a multiple of 8",
+        ),
+        (g.ldd == g.m, "leading dimensions not packed"),
+        (
+            g.a.is_aligned(16) && g.b.is_aligned(16) && g.d.is_aligned(16),
+            "A, B or D not 16-byte aligned",
+        ),
+    ];
+    checks.iter().find(|c| !c.0).map(|c| c.1)
+}
+
+/// Why the kernel cannot compute GEMMs of `g`'s kind, whatever their m and pointers (None:
+/// it can where those fit): the layout, the types, the epilogue, the FP8 scaling and
+/// accumulation, n and k. The tensor-parallel ranks of one call share all of it (m may
+/// be each rank's share), so the fused all-gather decides rank-uniform things from it.
+pub fn supports_kind(g: &GemmDesc) -> Option<&'static str> {
     let es = g.a_type.bits() / 8;
-    let checks: [(bool, &'static str); 13] = [
+    let checks: [(bool, &'static str); 12] = [
         (g.transa && !g.transb, "layout is not TN"),
         (g.a_type == g.b_type, "A and B types differ"),
         (
@@ -138,22 +162,18 @@ pub fn supports(g: &GemmDesc) -> Option<&'static str> {
                 || (!g.a_scale_inv.is_null() && !g.b_scale_inv.is_null() && g.fast_accum),
             "FP8 without both scale_invs or with split (full-precision) accumulation",
         ),
-        (g.m > 0 && g.n > 0 && g.k > 0, "an empty dimension"),
+        (g.n > 0 && g.k > 0, "an empty dimension"),
         (
-            g.m <= i32::MAX as usize && g.n <= i32::MAX as usize && g.k <= i32::MAX as usize,
+            g.n <= i32::MAX as usize && g.k <= i32::MAX as usize,
             "a dimension beyond 32 bits",
         ),
         (
-            (g.k * es).is_multiple_of(16) && g.m.is_multiple_of(8),
+            (g.k * es).is_multiple_of(16),
             "k * input size not a multiple of 16 bytes, or m not a multiple of 8",
         ),
         (
-            g.lda == g.k && g.ldb == g.k && g.ldd == g.m,
+            g.lda == g.k && g.ldb == g.k,
             "leading dimensions not packed",
-        ),
-        (
-            g.a.is_aligned(16) && g.b.is_aligned(16) && g.d.is_aligned(16),
-            "A, B or D not 16-byte aligned",
         ),
     ];
     checks.iter().find(|c| !c.0).map(|c| c.1)
@@ -607,6 +627,59 @@ mod tests {
         assert_eq!(supports(&g), None);
         (g.k, g.lda, g.ldb) = (1004, 1004, 1004);
         assert!(supports(&g).is_some());
+    }
+
+    /// The fused all-gather decides rank-uniform things from supports_kind: it refuses
+    /// what supports refuses for the call's kind, never for this rank's m or pointers.
+    #[test]
+    fn the_kind_check_leaves_out_m_and_the_pointers() {
+        let g = tn(4096, 2048, 1024, DType::BF16);
+        assert_eq!(supports_kind(&g), None);
+        let rank_only = |f: &dyn Fn(&mut GemmDesc)| {
+            let mut g = tn(4096, 2048, 1024, DType::E4M3);
+            f(&mut g);
+            supports(&g).is_some() && supports_kind(&g).is_none()
+        };
+        assert!(rank_only(&|g| (g.m, g.ldd) = (4092, 4092)));
+        assert!(rank_only(&|g| g.ldd = 8192));
+        assert!(rank_only(&|g| (g.m, g.ldd) = (0, 0)));
+        assert!(rank_only(&|g| g.d = g.d + 8));
+        assert!(rank_only(&|g| g.a = g.a + 4));
+        let kind = |f: &dyn Fn(&mut GemmDesc)| {
+            let mut g = tn(4096, 2048, 1024, DType::E4M3);
+            f(&mut g);
+            supports(&g).is_some() && supports_kind(&g).is_some()
+        };
+        assert!(kind(&|g| g.fast_accum = false));
+        assert!(kind(&|g| g.d_amax = DevPtr::new(64)));
+        assert!(kind(&|g| g.transb = true));
+        assert!(kind(&|g| (g.k, g.lda, g.ldb) = (1000, 1000, 1000)));
+    }
+
+    /// K slices: the host's byte ranges are the kernel's K-block ranges (`[c kb / p,
+    /// (c + 1) kb / p)` of 128-byte blocks), the last clipped to the row; empty slices where
+    /// there are more slices than blocks.
+    #[test]
+    fn k_slices_follow_the_kernels_k_blocks() {
+        assert_eq!(k_blocks(2048, 2), 32);
+        assert_eq!(k_blocks(100, 2), 2);
+        let edges = |k, e, p| -> Vec<(usize, usize)> {
+            (0..p).map(|c| k_slice_bytes(k, e, p, c)).collect()
+        };
+        assert_eq!(edges(2048, 2, 3), [(0, 1280), (1280, 2688), (2688, 4096)]);
+        assert_eq!(
+            edges(4096, 1, 4),
+            [(0, 1024), (1024, 2048), (2048, 3072), (3072, 4096)]
+        );
+        assert_eq!(edges(100, 2, 3), [(0, 0), (0, 128), (128, 200)]);
+        let h = Hooks {
+            flags: DevPtr::new(4096),
+            rows_per_flag: 1024,
+            k_pieces: 4,
+            ..Default::default()
+        };
+        assert_eq!(h.n_flags(8192), 32);
+        assert_eq!(Hooks::default().n_flags(8192), 0);
     }
 
     #[test]

@@ -23,15 +23,18 @@ use crate::transport::{RecvOp, SendOp, WaitInfo};
 use crate::{invalid, unsupported};
 
 /// NVTE_COMM_AG_PIECES, parsed strictly: None (unset: auto), or the index of the choice in
-/// `auto`, `rows`, `k`. The fused all-gather's pieces: row slices of each chunk (`rows`, and
-/// `auto`: K slices measured no faster on real links, bench/RESULTS.md 2026-11-27 tenth
-/// session), or K slices (`k`) where the transport moves strided pieces and our GEMM runs
-/// the call. Read once when an overlap object or comm-GEMM context is created
+/// `auto`, `rows`, `k`. The fused all-gather's pieces: row slices of each chunk (`rows` and
+/// `auto`: the tuned count, 1 by default), or K slices (`k`: 4, `K_SLICES`, or the tuned count
+/// where larger) where the transport moves strided pieces and our GEMM takes the call's
+/// kind. Read once when an overlap object or comm-GEMM context is created
 /// (`super::AlgoKnobs`).
 pub fn ag_pieces_choice() -> Result<Option<usize>> {
     crate::env::choice("NVTE_COMM_AG_PIECES", &["auto", "rows", "k"])
 }
 const AG_PIECES_K: usize = 2;
+/// K slices per chunk of the fused all-gather with NVTE_COMM_AG_PIECES=k (at least; the
+/// tuned piece count where larger): the granularity the one-GPU emulated link measured.
+const K_SLICES: usize = 4;
 
 /// The operands of an all-gather + GEMM (B: this rank's shard or the buffer view), and
 /// where to keep a copy of the gathered B.
@@ -315,12 +318,15 @@ impl Planner<'_> {
                     self.exchange(send, recv, (slot, tag(s * pieces + j)), st, info)?;
                     if !sh.k_slices {
                         self.ag_copy_out(x, sh, rc, (lo, hi), st);
-                    } else if j + 1 == pieces {
-                        self.ag_copy_out(x, sh, rc, (0, sh.nc), st);
                     }
                     self.record(rc * pieces + j, st);
                     if let Some(f) = flags {
                         self.write_flag(f + 4 * (rc * pieces + j), 1, st);
+                    }
+                    if sh.k_slices && j + 1 == pieces {
+                        // (after the last slice's flag: our GEMM does not read B_copy, and
+                        // the chunk's copy would delay the last block's tail)
+                        self.ag_copy_out(x, sh, rc, (0, sh.nc), st);
                     }
                 }
             }
@@ -460,21 +466,30 @@ impl Planner<'_> {
         // Pieces as K slices or as row slices: the same on every rank (each rank's puts land
         // in the others' buffers, and each forwards what it received), so chosen from what
         // the ranks share: the transport, the shape, the knob, and whether our GEMM takes
-        // calls of this kind (asked with a tile's m: m is this rank's share, which may
-        // differ between ranks; a rank whose own m it refuses multiplies each chunk whole
-        // after its last slice). Part of the cross-rank check's key.
-        let kernel_takes_kind = self.e.own_gemm.is_some_and(|f| {
-            let mut g = sh.full;
-            g.m = TILE_ROWS;
-            f(&g).is_none()
-        });
+        // calls of this kind whatever the rank's m and pointers (m is this rank's share and
+        // may differ between ranks; a rank whose own GEMM our kernel then refuses
+        // multiplies each chunk whole after its last slice). Part of the cross-rank check's
+        // key. (Our kernel loads on every rank of a group alike: the same device type and
+        // NVTE_COMM_OWN_GEMM everywhere, else ranks could choose differently; the check's
+        // key catches that.)
+        let kernel_takes_kind = self.e.own_gemm_kind.is_some_and(|f| f(&sh.full).is_none());
+        // K slices: at least K_SLICES of them (the tuned count where larger), at most one a
+        // K block and as many as the flags and events allow.
+        let k_pieces = sh
+            .pieces
+            .max(K_SLICES)
+            .min(k_blocks(sh.k, eb(self.dtype())))
+            .min((self.e.events - 1) / tp)
+            .min(MAX_FLAGS / tp);
         sh.k_slices = self.e.knobs.ag_pieces == Some(AG_PIECES_K)
             && self.e.caps.strided_exchange
             && kernel_takes_kind
             && sh.amax_slots.is_null()
             && !x.g.transb
-            && sh.pieces > 1
-            && sh.pieces <= k_blocks(sh.k, eb(self.dtype()));
+            && k_pieces > 1;
+        if sh.k_slices {
+            sh.pieces = k_pieces;
+        }
         let full_key = sh.full.check_key();
         let mut key = [0u64; 6];
         key[..5].copy_from_slice(&full_key);

@@ -81,6 +81,10 @@ impl Overlap {
                 Some(Ok(_)) => Some(crate::gemm::sm90::supports as plan::OwnGemm),
                 _ => None,
             },
+            own_gemm_kind: match self.own_gemm {
+                Some(Ok(_)) => Some(crate::gemm::sm90::supports_kind as plan::OwnGemm),
+                _ => None,
+            },
             nvtx: nvtx::enabled(),
             trace: self.trace.is_some() && !self.capturing,
         }

@@ -21,7 +21,7 @@ use super::{AlgoKnobs, Op, ag::AgArgs};
 use crate::cuda::DevPtr;
 use crate::cuda::StreamHandle;
 use crate::error::Result;
-use crate::gemm::sm90::{Hooks, TILE_ROWS};
+use crate::gemm::sm90::Hooks;
 use crate::gemm::{Epilogue, GemmDesc, TeGemm};
 use crate::tensor::{Buffer, DType, Shape, Tensor};
 use crate::transport::fake::{Call, Coll, FakeTransport, Flavour, Log, Rec, SharedLog};
@@ -1071,6 +1071,9 @@ fn env_of(
         compute_streams: 3,
         inline: tp == 1 && caps.idle_alone,
         own_gemm: cfg.own_gemm,
+        // (the host GEMM computes every kind of f32 GEMM: where "our GEMM" is loaded it takes
+        // every kind, and refuses calls only by `cfg.own_gemm`)
+        own_gemm_kind: cfg.own_gemm.map(|_| (|_| None) as plan::OwnGemm),
         nvtx: false,
         trace: false,
     }
@@ -1584,19 +1587,21 @@ fn fused_all_gather_k_slices() {
         ag_pieces: Some(2),
         ..AlgoKnobs::default()
     };
-    for pieces in [2, 3] {
+    // (K slices: 4, or the tuned count where larger, at most one a K block: 3 of 3
+    // blocks, 4 and 6 of 6; the tuned pieces here 1 or 6.)
+    for (blocks, pieces) in [(3, 1), (6, 1), (6, 6)] {
         let cfg = |f| Cfg {
             pieces,
-            ag_k: 96,
+            ag_k: 32 * blocks,
             knobs: k_slices,
             ..fused(f)
         };
         all(
-            &format!("fused_ag (K of 3 blocks, {pieces} pieces)"),
+            &format!("fused_ag (K of {blocks} blocks, tuned pieces {pieces})"),
             |tp, f| check_ag(tp, cfg(f), false),
         );
         all(
-            &format!("fused_ag (K of 3 blocks, {pieces} pieces, buffer view)"),
+            &format!("fused_ag (K of {blocks} blocks, tuned pieces {pieces}, buffer view)"),
             |tp, f| check_ag(tp, cfg(f), true),
         );
     }
@@ -1607,7 +1612,7 @@ fn fused_all_gather_k_slices() {
         let cfg = Cfg {
             pieces: 2,
             ag_k: 96,
-            own_gemm: Some(|g| (g.m != TILE_ROWS).then_some("this m (test)")),
+            own_gemm: Some(|_| Some("this rank's m (test)")),
             knobs: k_slices,
             ..fused(f)
         };
