@@ -6,8 +6,10 @@
 //
 // Method. Per row (dtype bf16 or e4m3 in, bf16 out; tp 4 or 8; the per-rank anchor shapes
 // of issue 22; this GPU plays rank `me`, default 1):
-// - Pieces: every block moves in P pieces (--pieces, default 4: the granularity of the
-//   library's fused all-gather, src/overlap/ag.rs, a flag per piece; P is lowered per row,
+// - Pieces: every block moves in P pieces (--pieces, default 4, a flag per piece; the
+//   library's fused algorithms, src/overlap/ag.rs and rs.rs, send whole blocks unless
+//   their tuner picks pieces (AG 2, RS 4), and the all-gather 4 K slices with
+//   NVTE_COMM_AG_PIECES=k; P is lowered per row,
 //   with a note, to the largest divisor of the block's 128-row tiles, so that every piece
 //   is whole tiles). T = bytes_per_block / BW (BW default 350 GB/s per peer, --bw); piece
 //   c takes its share, T * c / P to T * (c + 1) / P. AG pieces are row slices of a block,

@@ -478,7 +478,8 @@ impl TwoSided for IpcTransport {
     ) -> Result<()> {
         for s in sends {
             if s.rows > 1 {
-                // A column slice: one 2D copy (a copy engine across devices).
+                // A column slice: one 2D copy, whether puts go by copy engines or SM
+                // kernels (a copy engine across devices, a kernel within one).
                 let dst = self.peer_buffer(s.peer) + s.dst_offset;
                 copy_2d(dst, s.pitch, s.src, s.pitch, s.bytes, s.rows, stream)?;
             } else {
