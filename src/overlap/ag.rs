@@ -609,7 +609,8 @@ impl Planner<'_> {
             n_tile_rot: r * sh.nc / TILE_ROWS,
             ..Default::default()
         };
-        // (B_copy: each piece is copied out of the buffer between its arrival and its flag)
+        // (B_copy: each row piece is copied out of the buffer between its arrival and its
+        // flag; with K slices the whole chunk after its last slice's flag)
         let sms = self.fused_sms(x.b_copy.is_some());
         self.step(|| {
             let kind = if sh.k_slices {
