@@ -72,7 +72,8 @@
 //   that CTA. flags == nullptr (or rows_per_flag <= 0): no waits. Scope .sys: the flags
 //   are set by copy engines or peer GPUs. With k_pieces > 1 a block arrives as k_pieces K
 //   slices (flag r * k_pieces + c for slice c): the producer waits for each slice before
-//   the first K slice's load of it, so that a block's tiles run while it still arrives.
+//   loading that slice's first K block, so that a block's tiles run while it still
+//   arrives.
 // - RS hook: see signal_done.
 // - Side copy (copy_bytes != 0): see side_copy.
 //
