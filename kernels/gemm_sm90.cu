@@ -364,34 +364,19 @@ __device__ __forceinline__ u32 ld_acquire_flag(const u32 *p) {
 // Spin until every row block of B that rows [row0, row1) touch has arrived (its flag has
 // reached `value`, wrap-around safe, so that a caller may count epochs instead of
 // resetting flags), then order
-// the TMA (async proxy) reads that follow after the acquire (generic proxy). Flags only
-// go from 0 to non-zero during a launch, so a block seen arrived (bit r of `seen`, for
-// the first 64 blocks) is not read again: a CTA pays one acquire per block, not per tile.
-__device__ __forceinline__ void wait_row_blocks(const u32 *flags, int rows_per_flag, u32 value,
-                                                int row0, int row1, u64 &seen) {
-  bool acquired = false;
-  for (int r = row0 / rows_per_flag; r <= (row1 - 1) / rows_per_flag; ++r) {
-    if (r < 64 && ((seen >> r) & 1)) continue;
-    // Back off between polls: 131 producers spinning flat out on sys-scope loads slowed
-    // copy-engine arrivals several-fold (emulated link, H100, 2026-11-26).
-    while ((int)(ld_acquire_flag(flags + r) - value) < 0) {
-      asm volatile("nanosleep.u32 256;" ::: "memory");
-    }
-    if (r < 64) seen |= 1ull << r;
-    acquired = true;
-  }
-  if (acquired) asm volatile("fence.proxy.async.global;" ::: "memory");
-}
-
-// Spin until K slice `c` (of k_pieces) of every row block that rows [row0, row1) touch has
-// arrived: flags[r * k_pieces + c] (rows_per_flag rows of B per block r), as
-// wait_row_blocks (bit r * k_pieces + c of `seen`, for the first 64 flags).
-__device__ __forceinline__ void wait_k_piece(const u32 *flags, int rows_per_flag, int k_pieces, int c,
-                                             u32 value, int row0, int row1, u64 &seen) {
+// the TMA (async proxy) reads that follow after the acquire (generic proxy). Block r's flag
+// is flags[r * k_pieces + c]: K slice c of it where blocks arrive in k_pieces K slices,
+// else k_pieces = 1, c = 0. Flags only go from 0 to non-zero during a launch, so a flag
+// seen set (bit r * k_pieces + c of `seen`, for the first 64 flags) is not read again: a
+// CTA pays one acquire per flag, not per tile.
+__device__ __forceinline__ void wait_row_blocks(const u32 *flags, int rows_per_flag, int k_pieces, int c,
+                                                u32 value, int row0, int row1, u64 &seen) {
   bool acquired = false;
   for (int r = row0 / rows_per_flag; r <= (row1 - 1) / rows_per_flag; ++r) {
     const int f = r * k_pieces + c;
     if (f < 64 && ((seen >> f) & 1)) continue;
+    // Back off between polls: 131 producers spinning flat out on sys-scope loads slowed
+    // copy-engine arrivals several-fold (emulated link, H100, 2026-11-26).
     while ((int)(ld_acquire_flag(flags + f) - value) < 0) {
       asm volatile("nanosleep.u32 256;" ::: "memory");
     }
@@ -765,11 +750,11 @@ __device__ __forceinline__ void gemm(const GemmTmaDesc *tmap_b, const GemmTmaDes
         int tn, tm;
         tile_coords(t, tiles_n, tiles_m, gn, n_tile_rot, tn, tm);
         const int n0 = tn * BM, m0 = tm * BN;
-        if (waits && kp == 1) wait_row_blocks(flags, rows_per_flag, g.flag_value, n0, min(n0 + BM, n), seen);
+        if (waits && kp == 1) wait_row_blocks(flags, rows_per_flag, 1, 0, g.flag_value, n0, min(n0 + BM, n), seen);
         int piece = 0, next_piece = 0;  // the next K slice and its first K block (kp > 1)
         for (int kb = 0; kb < kblocks; ++kb, ++it) {
           while (kp > 1 && kb == next_piece) {
-            wait_k_piece(flags, rows_per_flag, kp, piece, g.flag_value, n0, min(n0 + BM, n), seen);
+            wait_row_blocks(flags, rows_per_flag, kp, piece, g.flag_value, n0, min(n0 + BM, n), seen);
             ++piece;
             next_piece = piece < kp ? (int)((long long)piece * kblocks / kp) : kblocks;
           }

@@ -1520,10 +1520,7 @@ fn ring_all_gather_gemm() {
 /// split_ag by settings.atomic wherever the transport has a two-sided exchange.
 #[test]
 fn fused_all_gather_gemm() {
-    let fused = |f| Cfg {
-        atomic: true,
-        ..Cfg::new(f)
-    };
+    let fused = |f| Cfg::fused(f, false);
     all("fused_ag", |tp, f| check_ag(tp, fused(f), false));
     all("fused_ag (buffer view)", |tp, f| {
         check_ag(tp, fused(f), true)
@@ -1573,16 +1570,13 @@ fn fused_all_gather_gemm() {
 }
 
 /// The fused all-gather's pieces as K slices of each chunk (NVTE_COMM_AG_PIECES=k) or as
-/// row slices (`rows`, unset), on a K of three 128-byte blocks.
+/// row slices (`rows`, unset), on a K of three or six 128-byte blocks.
 #[test]
 fn fused_all_gather_k_slices() {
-    let fused = |f| Cfg {
-        atomic: true,
-        ..Cfg::new(f)
-    };
+    let fused = |f| Cfg::fused(f, false);
     // Pieces as K slices (NVTE_COMM_AG_PIECES=k; the peer-memory flavour's exchange moves
-    // strided slices, the messages flavour keeps row pieces): 3 K blocks in 2 and 3
-    // slices, with a B_copy and from the buffer view.
+    // strided slices, the messages flavour keeps row pieces), with a B_copy and from the
+    // buffer view.
     let k_slices = AlgoKnobs {
         ag_pieces: Some(2),
         ..AlgoKnobs::default()
