@@ -200,15 +200,19 @@ constexpr int BM = 128;       // gemm90::BM: rows of D per tile
 
 // The compiled kernel module: gemm_sm90_tn_<in>_<in>_<out>_<BN> and their shared memory sizes
 // (gemm_sm90_smem_bytes_<BN>, read from the module), max dynamic shared memory set.
+// Tile widths: index 0 = 128, 1 = 256, 2 = 192 (the ping-pong kernels: bf16 out only).
+inline int bn_idx(int bn) { return bn == 256 ? 1 : bn == 192 ? 2 : 0; }
+inline int bn_of(int w) { return w == 1 ? 256 : w == 2 ? 192 : 128; }
 struct Module {
   CUmodule mod = nullptr;
-  CUfunction fn[2][2][2] = {};  // [fp8][out_f32][bn == 256]
-  int smem[2] = {0, 0};         // [bn == 256]
-  int regs[2][2][2] = {};       // registers per thread, as compiled
+  CUfunction fn[2][2][3] = {};  // [fp8][out_f32][bn_idx] (null: not in the module)
+  int smem[3] = {0, 0, 0};      // [bn_idx]
+  int regs[2][2][3] = {};       // registers per thread, as compiled
   void load(const std::vector<char> &cubin) {
     CU(drv.ModuleLoadData(&mod, cubin.data()));
-    for (int w = 0; w < 2; ++w) {
-      const char *g = w ? "gemm_sm90_smem_bytes_256" : "gemm_sm90_smem_bytes_128";
+    for (int w = 0; w < 3; ++w) {
+      char g[64];
+      std::snprintf(g, sizeof g, "gemm_sm90_smem_bytes_%d", bn_of(w));
       CUdeviceptr dp;
       size_t bytes = 0;
       CU(drv.ModuleGetGlobal(&dp, &bytes, mod, g));
@@ -218,10 +222,11 @@ struct Module {
     const char *in_names[2] = {"bf16", "e4m3"}, *out_names[2] = {"bf16", "f32"};
     for (int f8 = 0; f8 < 2; ++f8)
       for (int o = 0; o < 2; ++o)
-        for (int w = 0; w < 2; ++w) {
+        for (int w = 0; w < 3; ++w) {
           char name[64];
           std::snprintf(name, sizeof name, "gemm_sm90_tn_%s_%s_%s_%d", in_names[f8], in_names[f8], out_names[o],
-                        w ? 256 : 128);
+                        bn_of(w));
+          if (w == 2 && o == 1) continue;  // BN 192: bf16 out only
           CU(drv.ModuleGetFunction(&fn[f8][o][w], mod, name));
           CU(drv.FuncSetAttribute(fn[f8][o][w], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem[w]));
           CU(drv.FuncGetAttribute(&regs[f8][o][w], CU_FUNC_ATTRIBUTE_NUM_REGS, fn[f8][o][w]));
@@ -269,6 +274,20 @@ inline int pick_bn(int m, int n, int sms) {
   return eff(128) > eff(256) + 0.05 ? 128 : 256;
 }
 
+// Whether the ping-pong width (BN 192: bf16 D; src/gemm/sm90.rs takes it for GEMMs without
+// flags or done signals) beats the cooperative width bn: src/gemm/sm90.rs pingpong_pays
+// (the same model and margin: keep the two in step). A round of
+// cooperative tiles of width bn costs its k plus the epilogue, a ping-pong round 3/4 of
+// that k and hides the epilogue.
+inline bool pingpong_pays(int m, int n, int k, bool fp8, int bn, int sms) {
+  const double epi = fp8 ? 320.0 : 160.0;
+  const long rows = (n + BM - 1) / BM;
+  auto rounds = [&](int w) { return (double)((rows * ((m + w - 1) / w) + sms - 1) / sms); };
+  const double coop = rounds(bn) * (k + epi) * bn / 256.0;
+  const double pp = rounds(192) * k * 0.75 + epi * 0.75;
+  return pp <= 0.93 * coop;
+}
+
 // Tile width of a GEMM waiting on arrival flags of row pieces (src/gemm/sm90.rs
 // pick_bn_waiting): 128 where 256-wide tiles fill at most 4 waves (the tail after the last
 // arrival is about one tile's time), else pick_bn. (Arrivals in K slices: pick_bn.)
@@ -299,7 +318,7 @@ struct Own {
   bool prepare() { return shape_ok(fp8, m, n, k) && tmap(tb, B, fp8, n, k, BM) && tmap(ta, A, fp8, m, k, bn); }
   int tiles() const { return ((n + BM - 1) / BM) * ((m + bn - 1) / bn); }
   int grid_used() const { return std::min(tiles(), grid > 0 ? grid : g_sms); }
-  CUfunction fn() const { return gemm_mod.fn[fp8][out_f32][bn == 256]; }
+  CUfunction fn() const { return gemm_mod.fn[fp8][out_f32][bn_idx(bn)]; }
   void run(cudaStream_t s) {
     Gemm90Args g;
     std::memset(&g, 0, sizeof g);
@@ -318,7 +337,7 @@ struct Own {
     g.n_tile_rot = rot;
     g.flag_value = flag_value;
     g.done_value = done_value;
-    launch(fn(), (unsigned)grid_used(), 1, THREADS, 1, (unsigned)gemm_mod.smem[bn == 256], s, {&tb, &ta, &g});
+    launch(fn(), (unsigned)grid_used(), 1, THREADS, 1, (unsigned)gemm_mod.smem[bn_idx(bn)], s, {&tb, &ta, &g});
   }
 };
 

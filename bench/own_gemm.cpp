@@ -11,8 +11,9 @@
 //       -lcudart -lnvrtc -lcublasLt -o own_gemm && ./own_gemm [options]
 // Options: --kernel FILE (default kernels/gemm_sm90.cu), --iters N (timed iterations,
 // median; default 30), --quick (small shapes only), --compile-only (NVRTC only, no GPU),
-// --bn 128|256 (force the tile width of the timed runs), --group G (tile rows per
-// rasterization group, default 8), --no-fp8, --define NAME=VALUE (a -D for the kernel's
+// --bn 128|192|256 (force the tile width of the timed runs; 192: the ping-pong kernel,
+// bf16 out only), --group G (tile rows per rasterization group, default 8), --no-fp8,
+// --define NAME=VALUE (a -D for the kernel's
 // compilation, e.g. GEMM90_STAGES_256=3; repeatable).
 // Exit status: 0 all checks passed, 1 a wrong result (or a hang in the flag test),
 // 2 a setup error.
@@ -47,6 +48,8 @@ using g90::Gemm90Args;
 using g90::launch;
 using g90::load_driver;
 using g90::read_text;
+using g90::bn_idx;
+using g90::bn_of;
 
 // ---------------------------------------------------------------- NVRTC
 // The library's options (src/cuda/nvrtc.rs `options`), for the device's architecture,
@@ -311,12 +314,12 @@ extern "C" __global__ void compare_t(const void *D, int td, float d_mul, const f
 // gemm90::THREADS in kernels/gemm_sm90.cu; the shared memory sizes come from the module
 // (gemm_sm90_smem_bytes_<BN>).
 static const int THREADS = 384;
-static int g_smem[2];  // [bn == 256]
-static int smem_of(int bn) { return g_smem[bn == 256]; }
+static int g_smem[3];  // [bn_idx(bn)]
+static int smem_of(int bn) { return g_smem[bn_idx(bn)]; }
 
 struct Mods {
   CUmodule gemm = nullptr, ref = nullptr;
-  CUfunction own[2][2][2];  // [fp8][out_f32][bn == 256]
+  CUfunction own[2][2][3];  // [fp8][out_f32][bn_idx(bn)] (BN 192: bf16 out only)
   CUfunction fill_bf16, fill_e4m3, fill_u32, ref_bf16, ref_e4m3, sum_sq, compare;
   CUfunction fill_t, ref_gemm_t, ref_epi, sum_sq_t, compare_t;
 };
@@ -454,7 +457,7 @@ struct Own {
   bool prepare() { return tmap(tb, B, fp8, n, k, 128) && tmap(ta, A, fp8, m, k, bn); }
   int tiles() const { return ((n + 127) / 128) * ((m + bn - 1) / bn); }
   void run(cudaStream_t s) {
-    CUfunction f = M.own[fp8][out_f32][bn == 256];  // gemm_sm90_tn_<in>_<in>_<out>_<BN>
+    CUfunction f = M.own[fp8][out_f32][bn_idx(bn)];  // gemm_sm90_tn_<in>_<in>_<out>_<BN>
     int grid = std::min(tiles(), g_sms);
     Gemm90Args g;
     std::memset(&g, 0, sizeof g);
@@ -502,6 +505,12 @@ static Tile pick_tile(int m, int n, bool fpacc) {
   return r;
 }
 static int pick_bn(int m, int n) { return pick_tile(m, n, false).bn; }
+// A plain kernel's width (the timed cases): as the library, the ping-pong BN 192 for bf16 D
+// where g90::pingpong_pays says so (src/gemm/sm90.rs pick_tile, no arrival flags).
+static int pick_plain(int m, int n, int k, bool fp8, bool out_f32) {
+  const int bn = pick_bn(m, n);
+  return !out_f32 && g90::pingpong_pays(m, n, k, fp8, bn, g_sms) ? 192 : bn;
+}
 
 // ---------------------------------------------------------------- cuBLASLt
 struct Lt {
@@ -823,7 +832,7 @@ static float tol_of(bool fp8, bool out_f32) {
 static Row run_case(const Case &c, Lt &lt, int iters, cudaStream_t s) {
   Row row;
   row.c = c;
-  row.bn = c.bn ? c.bn : pick_bn(c.m, c.n);
+  row.bn = c.bn ? c.bn : pick_plain(c.m, c.n, c.k, c.fp8, c.out_f32);
   const size_t es = c.fp8 ? 1 : 2, os = c.out_f32 ? 4 : 2;
   const size_t nd = (size_t)c.m * c.n;
   void *A, *B, *D, *Dlt;
@@ -1585,13 +1594,14 @@ int main(int argc, char **argv) {
         die("--shape takes TOKENS,K,M,DTYPE (DTYPE 0 bf16, 1 e4m3)", __FILE__, __LINE__);
       plain = features = false;
     } else {
-      std::printf("usage: own_gemm [--kernel FILE] [--iters N] [--bn 128|256] [--group G] [--quick] "
+      std::printf("usage: own_gemm [--kernel FILE] [--iters N] [--bn 128|192|256] [--group G] [--quick] "
                   "[--compile-only] [--no-fp8] [--no-features] [--features-only] [--define NAME=VALUE ...] "
                   "[--shape TOKENS,K,M,DTYPE]\n");
       return a == "--help" ? 0 : 2;
     }
   }
-  if (force_bn != 0 && force_bn != 128 && force_bn != 256) die("--bn takes 128 or 256", __FILE__, __LINE__);
+  if (force_bn != 0 && force_bn != 128 && force_bn != 256 && force_bn != 192)
+    die("--bn takes 128, 192 or 256", __FILE__, __LINE__);
   const std::string src = read_text(kernel_path);
 
   std::string arch = "sm_90a";
@@ -1615,8 +1625,9 @@ int main(int argc, char **argv) {
   load_driver();
   CU(drv.ModuleLoadData(&M.gemm, cubin.data()));
   CU(drv.ModuleLoadData(&M.ref, ref_cubin.data()));
-  for (int w = 0; w < 2; ++w) {
-    const char *g = w ? "gemm_sm90_smem_bytes_256" : "gemm_sm90_smem_bytes_128";
+  for (int w = 0; w < 3; ++w) {
+    char g[64];
+    std::snprintf(g, sizeof g, "gemm_sm90_smem_bytes_%d", bn_of(w));
     CUdeviceptr dp;
     size_t bytes;
     CU(drv.ModuleGetGlobal(&dp, &bytes, M.gemm, g));
@@ -1626,13 +1637,14 @@ int main(int argc, char **argv) {
   const char *in_names[2] = {"bf16", "e4m3"}, *out_names[2] = {"bf16", "f32"};
   for (int f8 = 0; f8 < 2; ++f8)
     for (int o = 0; o < 2; ++o)
-      for (int w = 0; w < 2; ++w) {
+      for (int w = 0; w < 3; ++w) {
+        if (w == 2 && o == 1) continue;  // BN 192 (ping-pong): bf16 out only
         char name[64];
         std::snprintf(name, sizeof name, "gemm_sm90_tn_%s_%s_%s_%d", in_names[f8], in_names[f8], out_names[o],
-                      w ? 256 : 128);
+                      bn_of(w));
         CU(drv.ModuleGetFunction(&M.own[f8][o][w], M.gemm, name));
         CU(drv.FuncSetAttribute(M.own[f8][o][w], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                smem_of(w ? 256 : 128)));
+                                smem_of(bn_of(w))));
       }
   CU(drv.ModuleGetFunction(&M.fill_bf16, M.ref, "fill_bf16"));
   CU(drv.ModuleGetFunction(&M.fill_e4m3, M.ref, "fill_e4m3"));
@@ -1658,13 +1670,14 @@ int main(int argc, char **argv) {
   // partial tiles in m, n and k, one row, a single tile, multi-wave squares with other
   // rasterization groups and rotations.
   std::vector<Case> cases;
-  if (plain) {
+  if (plain && only[3] < 0) {  // --shape: that case alone (profilers count launches)
   const int small[][3] = {{128, 128, 64}, {256, 128, 128}, {192, 320, 144}, {1000, 77, 208},
                           {8, 1, 16},     {384, 1000, 1024}, {4096, 4096, 4096}};
   for (auto &sh : small)
     for (int f8 = 0; f8 < (fp8 ? 2 : 1); ++f8)
       for (int o = 0; o < 2; ++o)
-        for (int bn : {128, 256}) {
+        for (int bn : {128, 256, 192}) {
+          if (bn == 192 && o == 1) continue;  // BN 192: bf16 out only
           Case c{sh[0], sh[1], sh[2], 0, f8 == 1, o == 1, bn};
           cases.push_back(c);
         }
@@ -1701,7 +1714,7 @@ int main(int argc, char **argv) {
   for (size_t i = 0; i < cases.size(); ++i) {
     const Case &c = cases[i];
     std::printf("case %zu/%zu: %s %dx%dx%d -> %s bn %d\n", i + 1, cases.size(), in_names[c.fp8], c.m, c.n, c.k,
-                out_names[c.out_f32], c.bn ? c.bn : pick_bn(c.m, c.n));
+                out_names[c.out_f32], c.bn ? c.bn : pick_plain(c.m, c.n, c.k, c.fp8, c.out_f32));
     std::fflush(stdout);
     Row r = run_case(c, lt, iters, s);
     std::printf("%-5s %5dx%5dx%5d -> %-4s bn %d group %d rot %d: vs fp32 ref bad %u (nonfinite %u) max e %.3g; "
@@ -1820,11 +1833,12 @@ int main(int argc, char **argv) {
   if (!g_speed_summary.empty())
     std::printf("- feature speed vs the plain kernel (tp-4 anchor, 1 = same):%s\n", g_speed_summary.c_str());
   if (plain) {
-    std::printf("- tile rule (BN, group_n) on the anchors:");
+    std::printf("- tile rule (BN bf16 / e4m3, group_n) on the anchors:");
     for (auto &r : rows)
       if (r.c.timed && !r.c.fp8) {
         const Tile t = pick_tile(r.c.m, r.c.n, false);
-        std::printf(" %dx%d: %d/%d;", r.c.n, r.c.m, t.bn, t.group_n);
+        std::printf(" %dx%dx%d: %d / %d, %d;", r.c.n, r.c.m, r.c.k, pick_plain(r.c.m, r.c.n, r.c.k, false, false),
+                    pick_plain(r.c.m, r.c.n, r.c.k, true, false), t.group_n);
       }
     std::printf("\n");
   }

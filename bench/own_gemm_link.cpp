@@ -116,7 +116,7 @@
 // refusal or a wrong probe copy falls back to cudaMemcpyAsync, said in the log and table),
 // --fused-group G (the fused kernel's tile-row groups; default as the library,
 // src/gemm/sm90.rs group_n: min(--group, a piece's tile rows); our kernel alone: --group).
-// --bn 128|256 (our kernels' tile width, fused and alone; default as the library picks it:
+// --bn 128|192|256 (our kernels' tile width, fused and alone; default as the library picks it:
 // pick_bn, for AG pick_bn_waiting).
 // A run that does not end (20 s for a verification run, 30 s for a row's timed runs) is a
 // hang: the program prints where it is stuck, without waiting on the device ('  hang:'
@@ -481,7 +481,7 @@ static volatile uint32_t *g_gate_host;       // mapped pinned word the gate kern
 static uint32_t *g_gate_dev;
 static uint32_t g_gate_value = 0;
 static int g_iters = 30, g_warmup = 5, g_pieces = 4, g_me = 1, g_group = 8;
-static int g_bn = 0;           // --bn: our kernels' tile width, 128 or 256 (0: pick_bn)
+static int g_bn = 0;           // --bn: our kernels' tile width, 128, 192 (ping-pong) or 256 (0: as the library)
 static bool g_k_pieces = false;  // --k-pieces: AG pieces are K slices of a block (default: row slices)
 static int g_fused_group = 0;  // --fused-group: the fused kernel's tile-row groups (0: as the library)
 // --gemm-sms N: the SM budget of the fused kernel and of the chunks (default SMs - 1, the
@@ -702,7 +702,10 @@ static void reset_status() {
 static const int WORD_ARRAY = 1024, SIG_WORDS = 1024, SIG_START = SIG_WORDS - 1;
 
 // ---------------------------------------------------------------- one row
-enum Kind { LT_ALONE, OWN_ALONE, LINK, FUSED, CHUNKED };
+// IDEAL: our kernel without waits or signals (the fused kernel's CTAs) beside the link
+// schedule alone, in the fused runs' iteration (pacer, start word, joins): what a perfect
+// overlap with our kernel would take in this harness (flags variant only).
+enum Kind { LT_ALONE, OWN_ALONE, LINK, FUSED, CHUNKED, IDEAL };
 struct Cfg {
   Kind kind;
   int copies;  // link variant: 0 flags, 1 copies
@@ -715,7 +718,7 @@ struct Row {
   int pieces = 1;      // pieces per block (--pieces, fewer where the block has fewer 128-row tiles)
   int grid_fused = 0;  // our kernel's CTAs in the fused runs
   double block_bytes = 0, nominal_link_ms = 0;
-  float lt_ms = 0, own_ms = 0;
+  float lt_ms = 0, own_ms = 0, ideal_ms = 0;
   float link_ms[2] = {0, 0}, fused_ms[2] = {0, 0}, chunk_ms[2] = {0, 0};
   bool fused_ok[2] = {false, false}, chunk_ok[2] = {false, false};
   bool own_ok = false;  // our no-wait D vs cuBLASLt's
@@ -856,7 +859,10 @@ struct Ctx {
       PaceArgs p = pace(r.rs ? 1 : 0, copies, rdy, rdy_pieces, e);
       launch(H.pacer, 1, 1, 32, 1, (unsigned)g_pacer_smem, g_prod, {&p});
       if (g_pacer_log.size() < 4096)
-        g_pacer_log.push_back({e, std::string(cfg.kind == LINK ? "link alone" : cfg.kind == FUSED ? "fused" : "chunked") +
+        g_pacer_log.push_back({e, std::string(cfg.kind == LINK    ? "link alone"
+                                              : cfg.kind == FUSED ? "fused"
+                                              : cfg.kind == IDEAL ? "ideal"
+                                                                  : "chunked") +
                                       (copies ? " (copies)" : " (flags)")});
       // Untimed: the pacer is resident (on an SM before the GEMM fills them). Then the
       // start event, and the start word that the pacer takes as t0; the GEMM right after
@@ -876,6 +882,10 @@ struct Ctx {
         else own_fused.flag_value = e;
         own_fused.run(g_comp);
         g_marks.mark(g_comp, "compute: our kernel ended");
+      } else if (cfg.kind == IDEAL) {
+        Own o = own_plain;
+        o.grid = own_fused.grid;
+        o.run(g_comp);
       } else if (cfg.kind == CHUNKED) {
         for (int idx = 0; idx < r.tp; ++idx) {
           // AG: local block first, then in arrival order; RS: send order, local last.
@@ -1209,8 +1219,9 @@ static void run_row(Row &r, cublasLtHandle_t lth, void *ws, size_t wsz) {
     if (2 * r.tp * P > WORD_ARRAY || 2 + 2 * (r.tp - 1) * P > SIG_START) die("too many pieces", __FILE__, __LINE__);
   }
   // The fused kernel's tile width as the library picks it for the SMs it gets (AG: it
-  // waits on flags, pick_bn_waiting); our kernel alone runs the same width, as its
-  // bit-for-bit reference.
+  // waits on flags, pick_bn_waiting; never the ping-pong width, which src/gemm/sm90.rs
+  // pick_tile leaves out with flags or done signals); our kernel alone runs the same
+  // width, as its bit-for-bit reference.
   r.bn = g_bn > 0                  ? g_bn
          : r.rs || k_slices_of(r) ? pick_bn(r.m, r.n, gemm_budget())
                                   : pick_bn_waiting(r.m, r.n, gemm_budget());
@@ -1410,6 +1421,7 @@ static void run_row(Row &r, cublasLtHandle_t lth, void *ws, size_t wsz) {
   // Timed runs: every configuration interleaved, groups of rounds behind a gate.
   std::vector<Cfg> cfgs = {{LT_ALONE, 0}, {OWN_ALONE, 0}, {LINK, 0}, {FUSED, 0}, {CHUNKED, 0}};
   if (g_copies_ok) cfgs.insert(cfgs.end(), {{LINK, 1}, {FUSED, 1}, {CHUNKED, 1}});
+  cfgs.push_back({IDEAL, 0});  // last: the variants' indices above stay
   const int rounds = g_warmup + g_iters;
   std::vector<cudaEvent_t> ev((size_t)rounds * cfgs.size() * 2);
   for (auto &e : ev) CK(cudaEventCreate(&e));
@@ -1454,6 +1466,7 @@ static void run_row(Row &r, cublasLtHandle_t lth, void *ws, size_t wsz) {
     r.fused_ms[v] = median(t[3 + 3 * v]);
     r.chunk_ms[v] = median(t[4 + 3 * v]);
   }
+  r.ideal_ms = median(t.back());
   r.timed = true;
   // After the timed runs (the last ones were the copies variant, if any): the outputs again.
   {
@@ -1470,6 +1483,11 @@ static void run_row(Row &r, cublasLtHandle_t lth, void *ws, size_t wsz) {
 }
 
 // ---------------------------------------------------------------- the table
+static std::string fmt3(double x) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.3f", x);
+  return b;
+}
 static std::string shape_str(const Row &r) {
   char b[64];
   if (r.rs) std::snprintf(b, sizeof b, "%dx(%d/%d)x%d", r.tokens, r.K, r.tp, r.N);
@@ -1507,6 +1525,8 @@ static int emit_table(const std::vector<Row> &rows, const std::string &out_path)
   bool all_ok = true, all_ran = true;
   double lsum[2][2][2] = {};  // [variant][fp8][rs]
   int lcnt[2][2][2] = {};
+  double isum[2] = {}, hsum[2] = {};  // [fp8]: log fused / ideal, log ideal / max(ours alone, link), flags
+  int icnt[2] = {};
   int tp8_rows = 0, tp8_faster = 0, tp8_v[2] = {0, 0}, tp8_vn[2] = {0, 0};
   for (auto &r : rows) {
     if (!r.ran) all_ran = false;
@@ -1518,6 +1538,11 @@ static int emit_table(const std::vector<Row> &rows, const std::string &out_path)
       md << line;
       continue;
     }
+    if (r.ideal_ms > 0 && r.fused_ms[0] > 0) {
+      isum[r.fp8] += std::log(r.fused_ms[0] / r.ideal_ms);
+      hsum[r.fp8] += std::log(r.ideal_ms / std::max(r.own_ms, r.link_ms[0]));
+      icnt[r.fp8]++;
+    }
     for (int v = 0; v < nvariants(); ++v) {
       const double bound = std::max(r.lt_ms, r.link_ms[v]);
       const double fb = r.fused_ms[v] / bound, cb = r.chunk_ms[v] / bound, fc = r.chunk_ms[v] / r.fused_ms[v];
@@ -1527,7 +1552,11 @@ static int emit_table(const std::vector<Row> &rows, const std::string &out_path)
                     "%s | %s |\n",
                     r.rs ? "RS" : "AG", r.fp8 ? "e4m3" : "bf16", r.tp, shape_str(r).c_str(), v ? "copies" : "flags",
                     r.lt_ms, r.own_ms, r.link_ms[v], bound, r.fused_ms[v], r.chunk_ms[v], fb, cb, fc, r.late_us,
-                    ok ? "yes" : "NO", r.notes.c_str());
+                    ok ? "yes" : "NO",
+                    (r.notes + (v == 0 && r.ideal_ms > 0 ? "ideal " + fmt3(r.ideal_ms) + " (fused / ideal " +
+                                                                fmt3(r.fused_ms[0] / r.ideal_ms) + "); "
+                                                          : std::string()))
+                        .c_str());
       md << line;
       if (fb > 0 && std::isfinite(fb)) {
         lsum[v][r.fp8][r.rs] += std::log(fb);
@@ -1557,6 +1586,15 @@ static int emit_table(const std::vector<Row> &rows, const std::string &out_path)
                     "%.3f, RS %.3f)\n",
                     v ? "real copies" : "flags only", f8 ? "e4m3" : "bf16", g, g <= 1.05 ? "met" : "missed", n,
                     part(0), part(1));
+      md << line;
+    }
+  for (int f8 = 0; f8 < 2; ++f8)
+    if (icnt[f8]) {
+      std::snprintf(line, sizeof line,
+                    "- flags only, %s: fused / ideal (our kernel without waits beside the link schedule, in the same "
+                    "iteration: pacer, start word, joins) geomean %.3f; ideal / max(ours alone, link alone) %.3f "
+                    "(the harness and the shared SM; %d rows)\n",
+                    f8 ? "e4m3" : "bf16", std::exp(isum[f8] / icnt[f8]), std::exp(hsum[f8] / icnt[f8]), icnt[f8]);
       md << line;
     }
   if (tp8_rows) {
@@ -1698,7 +1736,7 @@ int main(int argc, char **argv) {
     else if (a == "--row-pieces") g_k_pieces = false;
     else if (a == "--bn") {
       g_bn = std::atoi(next());
-      if (g_bn != 128 && g_bn != 256) die("--bn takes 128 or 256", __FILE__, __LINE__);
+      if (g_bn != 128 && g_bn != 256 && g_bn != 192) die("--bn takes 128, 192 or 256", __FILE__, __LINE__);
     }
     else if (a == "--quick") quick = true;
     else if (a == "--only") only = next();
@@ -1717,7 +1755,7 @@ int main(int argc, char **argv) {
       std::printf("usage: own_gemm_link [--kernel FILE] [--iters N] [--warmup N] [--bw GBPS] [--pieces P] [--me R] "
                   "[--group G] [--quick] [--only ag|rs] [--dtype bf16|e4m3|both] [--tp 4,8] [--out FILE] "
                   "[--compile-only] [--define NAME=VALUE ...] [--budget SECONDS] [--gemm-sms N] "
-                  "[--copy-api memcpy|batch] [--fused-group G] [--bn 128|256]\n");
+                  "[--copy-api memcpy|batch] [--fused-group G] [--bn 128|192|256]\n");
       return a == "--help" ? 0 : 2;
     }
   }
@@ -1886,10 +1924,10 @@ int main(int argc, char **argv) {
     g_cur = nullptr;
     g_cur_row = nullptr;
     if (r.timed)
-      std::printf("  Lt %.3f ours %.3f | flags: link %.3f fused %.3f chunked %.3f | copies: link %.3f fused %.3f "
-                  "chunked %.3f ms (nominal link %.3f) late %.1f us -> %s\n",
-                  r.lt_ms, r.own_ms, r.link_ms[0], r.fused_ms[0], r.chunk_ms[0], r.link_ms[1], r.fused_ms[1],
-                  r.chunk_ms[1], r.nominal_link_ms, r.late_us, r.ok() ? "ok" : "WRONG");
+      std::printf("  Lt %.3f ours %.3f | flags: link %.3f fused %.3f chunked %.3f ideal %.3f | copies: link %.3f "
+                  "fused %.3f chunked %.3f ms (nominal link %.3f) late %.1f us -> %s\n",
+                  r.lt_ms, r.own_ms, r.link_ms[0], r.fused_ms[0], r.chunk_ms[0], r.ideal_ms, r.link_ms[1],
+                  r.fused_ms[1], r.chunk_ms[1], r.nominal_link_ms, r.late_us, r.ok() ? "ok" : "WRONG");
     else
       std::printf("  not timed: %s%s\n", r.ran ? "wrong results " : "", r.notes.c_str());
     std::fflush(stdout);

@@ -19,7 +19,7 @@
 //
 // Kernel names: gemm_sm90_<layout>_<a>_<b>_<out>_<BN>[_<variant>], layout tn / nn / nt,
 // a / b the types of A / B (bf16, f16, e4m3, e5m2), out the type of D (bf16, f16, f32,
-// e4m3, e5m2), BN 256 or 128, variant:
+// e4m3, e5m2), BN 256, 192 (ping-pong, plain only) or 128, variant:
 // - (none) plain, the fast path: epilogue must be 0; d_scale / d_amax / bias / aux unused;
 // - _epi: Gemm90Args::epilogue, a bit set: EPI_BIAS = 1, EPI_GELU = 2 (with aux when
 //   aux != null), EPI_ACCUM = 4 (see "Epilogue" below); 0 = none;
@@ -29,9 +29,10 @@
 // - _fpacc: _epi plus full-precision FP8 accumulation (TE's use_split_accumulator,
 //   cuBLASLt FAST_ACCUM = 0): each 128-deep K stage is accumulated by wgmma into a zeroed
 //   fp32 set, then added into the main accumulators; BN 128 only (two 64-register sets).
-// Instantiated, 62 kernels (what TE uses; NVRTC time grows with every kernel: ~0.5 s
+// Instantiated, 64 kernels (what TE uses; NVRTC time grows with every kernel: ~0.5 s
 // each, 33-36 s for the whole file on a 2-core x86 host, 2.3 s for the plain ones):
-// - plain: tn bf16 x bf16 and e4m3 x e4m3 -> bf16, f32; BN 256, 128 (8);
+// - plain: tn bf16 x bf16 and e4m3 x e4m3 -> bf16, f32; BN 256, 128 (8); -> bf16, BN 192
+//   (ping-pong, 2);
 // - _epi, tn: bf16 x bf16 -> bf16, f32; f16 x f16 -> f16, f32; e4m3 x e4m3 -> bf16, f16,
 //   f32, e4m3, e5m2; e4m3 x e5m2 and e5m2 x e4m3 (TE's backward GEMMs; e5m2 x e5m2 is not
 //   supported, as in cuBLASLt) -> bf16, f16, f32; BN 256, 128 (30);
@@ -58,13 +59,14 @@
 //   wgmma.mma_async m64nBNk16 (16-bit) or m64nBNk32 (FP8) from the stage, keeps one K
 //   slice of wgmma in flight (not in _fpacc, which waits for each stage's partial sums),
 //   releases a stage when its wgmma has retired, then stores its accumulators straight
-//   from registers (bounds-checked).
-// - tiles: 128 rows of D (n) x BN columns (m, 256 or 128), K slices of 128 bytes (64
+//   from registers (bounds-checked). BN 192 (ping-pong): each consumer warpgroup owns
+//   every other tile of its CTA, all 128 rows (see pingpong_tiles).
+// - tiles: 128 rows of D (n) x BN columns (m, 256, 192 or 128), K slices of 128 bytes (64
 //   16-bit or 128 FP8 elements); a static persistent schedule (tile = blockIdx.x + i *
 //   gridDim.x) in grouped rasterization: `group_n` tile rows at a time, columns within a
 //   group, tile rows rotated by `n_tile_rot` (so that a chosen row block, e.g. the local
 //   one in AG, comes first). The host's choice of BN and group_n: pick_tile in
-//   bench/own_gemm.cpp.
+//   src/gemm/sm90.rs (bench/own_gemm.cpp mirrors it).
 // - AG hook: with `flags` non-null, before loading the first K slice of a tile the
 //   producer spins (ld.acquire.sys) until flags[r] has reached flag_value for every row
 //   block r (`rows_per_flag` rows of B each) the tile's rows touch, then fences the
@@ -77,7 +79,7 @@
 // - RS hook: see signal_done.
 // - Side copy (copy_bytes != 0): see side_copy.
 //
-// Knobs (-D at compile time): GEMM90_STAGES_256 / GEMM90_STAGES_128 (pipeline depth, 4 / 6),
+// Knobs (-D at compile time): GEMM90_STAGES_256 / _192 / _128 (pipeline depth, 4 / 5 / 6),
 // GEMM90_SIGNAL_WARP (who runs the RS done signals, default 1: see its definition),
 // GEMM90_EPI_WIDE (16-byte epilogue stores of the plain kernels, default 1: 0.996 vs
 // 0.929 of cuBLASLt, bf16, H100, 2026-11-26; the _epi epilogue always stores wide).
@@ -241,12 +243,20 @@ __device__ __forceinline__ void fence_regs(float (&d)[R]) {
   WG_D8(o), WG_D8((o) + 8), WG_D8((o) + 16), WG_D8((o) + 24), WG_D8((o) + 32),            \
       WG_D8((o) + 40), WG_D8((o) + 48), WG_D8((o) + 56)
 #define WG_D128 WG_D64(0), WG_D64(64)
+#define WG_D96 WG_D64(0), WG_D8(64), WG_D8(72), WG_D8(80), WG_D8(88)
 // Their placeholders in the instruction: %0 .. %63, %0 .. %127.
 #define WG_R64 \
   "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15," \
   "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31," \
   "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47," \
   "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+#define WG_R96 \
+  "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15," \
+  "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31," \
+  "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47," \
+  "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63," \
+  "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79," \
+  "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95"
 #define WG_R128 \
   "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15," \
   "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31," \
@@ -286,6 +296,9 @@ WGMMA_FN(wgmma_bf16_nt_n256, 128, "m64n256k16.f32.bf16.bf16", "1, 1, 1, 1", WG_R
 WGMMA_FN(wgmma_bf16_nt_n128, 64, "m64n128k16.f32.bf16.bf16", "1, 1, 1, 1", WG_R64, WG_D64(0), "64", "65", "66")
 WGMMA_FN(wgmma_f16_nt_n256, 128, "m64n256k16.f32.f16.f16", "1, 1, 1, 1", WG_R128, WG_D128, "128", "129", "130")
 WGMMA_FN(wgmma_f16_nt_n128, 64, "m64n128k16.f32.f16.f16", "1, 1, 1, 1", WG_R64, WG_D64(0), "64", "65", "66")
+// n192: the ping-pong tiles' wgmmas (plain TN kernels, see pingpong_tiles).
+WGMMA_FN(wgmma_bf16_n192, 96, "m64n192k16.f32.bf16.bf16", "1, 1, 0, 0", WG_R96, WG_D96, "96", "97", "98")
+WGMMA_FN(wgmma_e4m3_n192, 96, "m64n192k32.f32.e4m3.e4m3", "1, 1", WG_R96, WG_D96, "96", "97", "98")
 // FP8 mixes, wgmma's A (our B) type first: e5m2.e4m3 = A e4m3 x B e5m2.
 WGMMA_FN(wgmma_e5m2_e4m3_n256, 128, "m64n256k32.f32.e5m2.e4m3", "1, 1", WG_R128, WG_D128, "128", "129", "130")
 WGMMA_FN(wgmma_e5m2_e4m3_n128, 64, "m64n128k32.f32.e5m2.e4m3", "1, 1", WG_R64, WG_D64(0), "64", "65", "66")
@@ -476,6 +489,9 @@ __device__ __forceinline__ void store_tile_wide(float (&acc)[BN / 2], float scal
 #ifndef GEMM90_STAGES_128
 #define GEMM90_STAGES_128 6
 #endif
+#ifndef GEMM90_STAGES_192
+#define GEMM90_STAGES_192 5
+#endif
 
 // RS done signals (GEMM90_SIGNAL_WARP, default 1): the producer warpgroup's otherwise idle
 // warp 1 runs signal_done for each stored tile, so that its system-scope fence (it waits
@@ -496,9 +512,10 @@ struct Cfg {
   static constexpr int A_BYTES = BM * K_BYTES;   // rows of B (wgmma A): 16 KiB
   static constexpr int B_BYTES = BN * K_BYTES;   // rows of A (wgmma B): 32 or 16 KiB
   static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
-  static constexpr int STAGES = BN == 256 ? GEMM90_STAGES_256 : GEMM90_STAGES_128;
-  // + barriers, + 1024 for aligning the dynamic shared memory base by hand.
-  static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 2 * STAGES * 8 + 1024;
+  static constexpr int STAGES = BN == 256 ? GEMM90_STAGES_256 : BN == 192 ? GEMM90_STAGES_192 : GEMM90_STAGES_128;
+  // + barriers (full and empty per stage, the two ping-pong order barriers), + 1024 for
+  // aligning the dynamic shared memory base by hand.
+  static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 2 * STAGES * 8 + 16 + 1024;
 };
 
 // RS hook: once every tile of D that touches row block j (rows [j * done_rows, ...)) is
@@ -676,6 +693,98 @@ enum : int {
   V_FPACC = 2,  // _fpacc (FP8 in; implies V_EPI): full-precision accumulation
 };
 
+// The ping-pong consumers (the BN-192 kernels): consumer warpgroup cw computes the CTA's
+// tiles j = cw, cw + 2, ... whole, 128 x 192 each (two m64n192 accumulator sets, rows 0-63
+// and 64-127 of the tile), so that one warpgroup's epilogue runs while the other's wgmmas
+// keep the tensor cores busy (the cooperative kernels stop both warpgroups for every
+// epilogue: about 9 % of the consumers' time on e4m3 8192 x 3584 x 8192, ncu, H100,
+// 2026-11-27). The producer loads every tile's K blocks in the CTA's order, as for the
+// cooperative kernels; only the consuming warpgroup releases a stage (empty barriers
+// count CONSUMER_WARPS / 2). 128 x 128 tiles a warpgroup were slower than the cooperative
+// 128 x 256 ones everywhere (32 KiB of loads per 512 tensor cycles against 48 KiB per 1024);
+// 128 x 192 pays where the epilogue is a large share (short K) and 192 divides m well
+// (bench/RESULTS.md, eleventh session); the hosts' tile rule (src/gemm/sm90.rs pick_tile)
+// takes it only there.
+// Order barriers (bars + 16 STAGES + 8 w, one per warpgroup w): a warpgroup starts a
+// tile's K loop only once the other has gone through its previous tile's whole K loop
+// (waited for each stage and issued its wgmmas). Without them a warpgroup would wait on
+// the full barrier of a stage many ring turns ahead, and a parity wait only tells the
+// current phase from the one before: it would take another tile's data.
+template <int BNP, int TA>
+__device__ __forceinline__ void wgmma_pp(float (&d)[BNP / 2], u64 da, u64 db, u32 s) {
+  if constexpr (BNP == 192) {
+    if constexpr (TA == T_BF16) wgmma_bf16_n192(d, da, db, s);
+    else wgmma_e4m3_n192(d, da, db, s);
+  } else {
+    if constexpr (TA == T_BF16) wgmma_bf16_n128(d, da, db, s);
+    else wgmma_e4m3_n128(d, da, db, s);
+  }
+}
+template <int BNP, int TA, int TB, bool OUT_F32>
+__device__ __forceinline__ void pingpong_tiles(const Gemm90Args &g, u32 base, u32 bars, int tiles, int tiles_n,
+                                               int tiles_m, int gn, int kblocks, int cw, int warp, int lane,
+                                               float scale) {
+  typedef Cfg<BNP> C;
+  float acc0[BNP / 2], acc1[BNP / 2];
+  u32 it = 0;
+  for (int t = blockIdx.x, j = 0; t < tiles; t += gridDim.x, ++j) {
+    if ((j & 1) != cw) {
+      it += (u32)kblocks;
+      continue;
+    }
+    int tn, tm;
+    tile_coords(t, tiles_n, tiles_m, gn, g.n_tile_rot, tn, tm);
+    const int n0 = tn * BM, m0 = tm * BNP;
+    // Tile j > 0 waits for the other warpgroup's K loop of tile j - 1: completion (j - 1)
+    // / 2 of this warpgroup's order barrier.
+    if (j > 0) mbar_wait(bars + 16 * C::STAGES + 8 * cw, (u32)((j - 1) / 2) & 1);
+    u32 prev = 0;
+    for (int kb = 0; kb < kblocks; ++kb, ++it) {
+      const u32 s = it % C::STAGES;
+      mbar_wait(bars + 8 * s, (it / C::STAGES) & 1);
+      const u32 st = base + s * C::STAGE_BYTES;
+      const u64 da0 = smem_desc_sw128(st), da1 = smem_desc_sw128(st + 64 * K_BYTES);
+      const u64 db = smem_desc_sw128(st + C::A_BYTES);
+      wgmma_fence();
+      fence_regs(acc0);
+      fence_regs(acc1);
+#pragma unroll
+      for (int kk = 0; kk < K_BYTES / 32; ++kk) {
+        wgmma_pp<BNP, TA>(acc0, da0 + 2 * kk, db + 2 * kk, (kb | kk) != 0);
+        wgmma_pp<BNP, TA>(acc1, da1 + 2 * kk, db + 2 * kk, (kb | kk) != 0);
+      }
+      wgmma_commit();
+      fence_regs(acc0);
+      fence_regs(acc1);
+      if (kb > 0) {
+        wgmma_wait<1>();
+        fence_regs(acc0);
+        fence_regs(acc1);
+        if (lane == 0) mbar_arrive(bars + 8 * (C::STAGES + prev));
+      }
+      prev = s;
+    }
+    // This tile's K loop is issued: the other warpgroup may start its next tile.
+    if (lane == 0) mbar_arrive(bars + 16 * C::STAGES + 8 * (cw ^ 1));
+    wgmma_wait<0>();
+    fence_regs(acc0);
+    fence_regs(acc1);
+    if (lane == 0) mbar_arrive(bars + 8 * (C::STAGES + prev));
+    const int row = n0 + warp * 16 + lane / 4;
+    store_tile_wide<BNP, OUT_F32>(acc0, scale, g.d, g.m, g.n, row, m0, lane);
+    store_tile_wide<BNP, OUT_F32>(acc1, scale, g.d, g.m, g.n, row + 64, m0, lane);
+    if (g.done != nullptr && g.done_rows > 0) {
+      if (GEMM90_SIGNAL_WARP) {
+        asm volatile("bar.sync %0, 160;" ::"r"(2 + cw) : "memory");
+      } else {
+        asm volatile("bar.sync %0, 128;" ::"r"(2 + cw) : "memory");
+        if (threadIdx.x % 128 == 0)
+          signal_done(g.done, g.done_rows, g.done_value, g.n, tiles_m, n0, min(n0 + BM, g.n));
+      }
+    }
+  }
+}
+
 template <int BN, int L, int TA, int TB, int TO, int V>
 __device__ __forceinline__ void gemm(const GemmTmaDesc *tmap_b, const GemmTmaDesc *tmap_a,
                                      const Gemm90Args &g) {
@@ -688,6 +797,9 @@ __device__ __forceinline__ void gemm(const GemmTmaDesc *tmap_b, const GemmTmaDes
   static_assert(FP8 || TA == TB, "16-bit inputs of one type");
   static_assert(EPI || TO == T_BF16 || TO == T_F32, "plain kernels store bf16 or f32");
   static_assert(!FPACC || (FP8 && BN == 128), "_fpacc: FP8 inputs, BN 128");
+  // BN 192: the ping-pong kernels (plain TN, bf16 or e4m3 in, bf16 out; pingpong_tiles).
+  constexpr bool PP = BN == 192;
+  static_assert(!PP || (V == 0 && L == L_TN && TO == T_BF16), "BN 192: plain TN, bf16 out");
   constexpr bool A_MN = L != L_TN;  // A [k, m]
   constexpr bool B_MN = L == L_NT;  // B [k, n]
   void *const d_out = g.d;
@@ -711,7 +823,11 @@ __device__ __forceinline__ void gemm(const GemmTmaDesc *tmap_b, const GemmTmaDes
   if (threadIdx.x == 0) {
     for (int s = 0; s < C::STAGES; ++s) {
       mbar_init(bars + 8 * s, 1);
-      mbar_init(bars + 8 * (C::STAGES + s), CONSUMER_WARPS);
+      mbar_init(bars + 8 * (C::STAGES + s), PP ? CONSUMER_WARPS / 2 : CONSUMER_WARPS);
+    }
+    if (PP) {
+      mbar_init(bars + 16 * C::STAGES, CONSUMER_WARPS / 2);
+      mbar_init(bars + 16 * C::STAGES + 8, CONSUMER_WARPS / 2);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     tma_prefetch_desc(tmap_b);
@@ -727,11 +843,13 @@ __device__ __forceinline__ void gemm(const GemmTmaDesc *tmap_b, const GemmTmaDes
     if (GEMM90_SIGNAL_WARP && g.done != nullptr && g.done_rows > 0 && threadIdx.x / 32 == 1) {
       // The signaller (warp 1): this CTA's tiles in the consumers' order; each, once both
       // consumer warpgroups have stored it (named barrier 1 with them), signalled by lane 0.
-      for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+      for (int t = blockIdx.x, j = 0; t < tiles; t += gridDim.x, ++j) {
         int tn, tm;
         tile_coords(t, tiles_n, tiles_m, gn, n_tile_rot, tn, tm);
         const int n0 = tn * BM;
-        asm volatile("bar.sync 1, 288;" ::: "memory");
+        // Ping-pong: tile j is warpgroup (j & 1)'s alone (named barrier 2 or 3, 160 threads).
+        if (PP) asm volatile("bar.sync %0, 160;" ::"r"(2 + (j & 1)) : "memory");
+        else asm volatile("bar.sync 1, 288;" ::: "memory");
         if (threadIdx.x == 32) signal_done(g.done, g.done_rows, g.done_value, n, tiles_m, n0, min(n0 + BM, n));
       }
     }
@@ -801,6 +919,9 @@ __device__ __forceinline__ void gemm(const GemmTmaDesc *tmap_b, const GemmTmaDes
     constexpr u64 A_STEP = B_MN ? 128 : 2;   // wgmma A = our B
     constexpr u64 B_STEP = A_MN ? 128 : 2;   // wgmma B = our A
     u32 it = 0;
+    if constexpr (PP) {
+      pingpong_tiles<BN, TA, TB, OUT_F32>(g, base, bars, tiles, tiles_n, tiles_m, gn, kblocks, cw, warp, lane, scale);
+    } else {
     for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
       int tn, tm;
       tile_coords(t, tiles_n, tiles_m, gn, n_tile_rot, tn, tm);
@@ -906,6 +1027,7 @@ __device__ __forceinline__ void gemm(const GemmTmaDesc *tmap_b, const GemmTmaDes
         }
       }
     }
+    }
     if constexpr (EPI) {
       // amax of D before scaling: a warp's maximum, then one atomicMax on the float's
       // bits (non-negative floats order like their bits); *d_amax must start at 0.
@@ -943,6 +1065,7 @@ __device__ __forceinline__ void gemm(const GemmTmaDesc *tmap_b, const GemmTmaDes
 
 extern "C" __constant__ int gemm_sm90_smem_bytes_256 = gemm90::Cfg<256>::SMEM_BYTES;
 extern "C" __constant__ int gemm_sm90_smem_bytes_128 = gemm90::Cfg<128>::SMEM_BYTES;
+extern "C" __constant__ int gemm_sm90_smem_bytes_192 = gemm90::Cfg<192>::SMEM_BYTES;
 
 using namespace gemm90;
 // Plain (the fast path): TN, bf16 x bf16 and e4m3 x e4m3, bf16 or f32 out.
@@ -950,6 +1073,9 @@ GEMM90_KERNEL2(gemm_sm90_tn_bf16_bf16_bf16, L_TN, T_BF16, T_BF16, T_BF16, 0)
 GEMM90_KERNEL2(gemm_sm90_tn_bf16_bf16_f32, L_TN, T_BF16, T_BF16, T_F32, 0)
 GEMM90_KERNEL2(gemm_sm90_tn_e4m3_e4m3_bf16, L_TN, T_E4M3, T_E4M3, T_BF16, 0)
 GEMM90_KERNEL2(gemm_sm90_tn_e4m3_e4m3_f32, L_TN, T_E4M3, T_E4M3, T_F32, 0)
+// Ping-pong, 128 x 192 tiles a warpgroup (bf16 out).
+GEMM90_KERNEL(gemm_sm90_tn_bf16_bf16_bf16_192, 192, L_TN, T_BF16, T_BF16, T_BF16, 0)
+GEMM90_KERNEL(gemm_sm90_tn_e4m3_e4m3_bf16_192, 192, L_TN, T_E4M3, T_E4M3, T_BF16, 0)
 #ifndef GEMM90_NO_EPI
 // _epi, TN, 16-bit inputs (out: the input type or f32).
 GEMM90_KERNEL2_EPI(gemm_sm90_tn_bf16_bf16_bf16, L_TN, T_BF16, T_BF16, T_BF16)

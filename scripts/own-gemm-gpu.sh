@@ -10,7 +10,7 @@
 # layouts) at small and odd shapes against fp32 + fp64 references, and the precision
 # test of full-precision against fast FP8 accumulation at k = 8192. A summary line per
 # feature, the markdown table last (options --no-features, --features-only).
-#   scripts/own-gemm-gpu.sh [own_gemm options: --quick --iters N --bn 128|256 --group G --no-fp8
+#   scripts/own-gemm-gpu.sh [own_gemm options: --quick --iters N --bn 128|192|256 --group G --no-fp8
 #                            --no-features --features-only
 #                            --define GEMM90_STAGES_256=3 ...
 #                            --shape TOKENS,K,M,DTYPE (one timed case only, DTYPE 0 bf16 /

@@ -6,7 +6,9 @@
 //   fp32 (our GEMM), with bias and FP8 with full-precision accumulation (cuBLASLt per chunk
 //   on the same ring), m = 62 (shares 16, 16, 16, 14 at 4 ranks: ranks run different GEMMs
 //   on one protocol), n = 126 (padded); e4m3 with NVTE_COMM_GEMM_FP8_FAST_ACCUM=1 (our
-//   GEMM's FP8 path); reduce-scatter and all-reduce bf16; 5 back-to-back calls each.
+//   GEMM's FP8 path); reduce-scatter and all-reduce bf16; 5 back-to-back calls each; and
+//   all-gather bf16 and e4m3 at m = 3072, n = 4096, k = 1024, where at one rank the tile
+//   rule takes the ping-pong kernel (3 calls each).
 // - engine API (config atomic_gemm = true): split_ag (shard and buffer-view B, B_copy) and
 //   split_rs_p2p, 20 back-to-back calls with fresh inputs; split_ag and split_rs_p2p
 //   captured into a CUDA graph (thread-local mode, after an eager call) and replayed 5
@@ -185,6 +187,13 @@ void comm_gemm_cases(Env &e) {
     comm_gemm_case(e, fast, "ipc AtomicP2P FP8_FAST_ACCUM", Op::RS, 512, 1024, 512, e4, bf, false, ++seed);
     comm_gemm_case(e, ctx, "ipc AtomicP2P", Op::AR, 512, 1024, 512, bf, bf, false, ++seed);
     comm_gemm_case(e, ctx, "ipc AtomicP2P (cuBLASLt: bias)", Op::AR, 512, 1024, 512, bf, bf, true, ++seed);
+    // m = 3072, n = 4096, k = 1024: at one rank (no arrival flags) the tile rule takes the
+    // ping-pong kernel (BN 192; src/gemm/sm90.rs pick_tile); with more ranks the
+    // cooperative one, as every GEMM that waits on flags.
+    comm_gemm_case(e, ctx, "ipc AtomicP2P (ping-pong tiles at 1 rank)", Op::AG, 3072, 4096, 1024, bf, bf, false, ++seed,
+                   3);
+    comm_gemm_case(e, fast, "ipc AtomicP2P FP8_FAST_ACCUM (ping-pong tiles at 1 rank)", Op::AG, 3072, 4096, 1024, e4, bf,
+                   false, ++seed, 3);
     comm_gemm_case(e, ctx, "ipc SplitP2P (control)", Op::AG, 1024, 512, 256, bf, bf, false, ++seed, 2, kNVTECommGemmAlgoSplitP2P);
   }
   if (ctx) nvte_comm_gemm_ctx_destroy(ctx);

@@ -277,6 +277,58 @@ fn pick_bn_waiting(m: usize, n: usize, sms: usize) -> usize {
     }
 }
 
+/// Whether the ping-pong kernel (128 x 192 tiles a consumer warpgroup, bf16 out) beats
+/// the cooperative one of width `bn` on D [n, m] with depth k: a model in units of one
+/// K element of a 256-wide cooperative tile. A cooperative round of tiles costs its K plus
+/// the epilogue (`EPI`: the consumers store while the tensor cores idle, about 9 % of them
+/// on e4m3 8192 x 3584 x 8192, ncu, H100, 2026-11-27); a ping-pong round costs 3/4 of
+/// that K (192 of 256 columns) and hides every epilogue but the last behind the other
+/// warpgroup's wgmmas. Ping-pong only where the model says 7 % or more: on one H200
+/// (bench/RESULTS.md, eleventh session) that kept every measured win (e4m3 m = 8192 with k
+/// of 1024 to 4096: 3-14 % faster alone; bf16 m = 8192, k 1024 / 2048: 5 / 2 %) and
+/// every loss out (m of 1024 to 7168 where 192 wastes part of a tile, 1-12 % slower;
+/// k = 8192 and m = 8192 with k >= 3584 in bf16: ties).
+fn pingpong_pays(m: usize, n: usize, k: usize, fp8: bool, bn: usize, sms: usize) -> bool {
+    const MARGIN: f64 = 0.93;
+    let epi = if fp8 { 320.0 } else { 160.0 };
+    let sms = sms.max(1);
+    let rows = n.div_ceil(TILE_ROWS);
+    let rounds = |w: usize| (rows * m.div_ceil(w)).div_ceil(sms) as f64;
+    let w = bn as f64 / 256.0;
+    let coop = rounds(bn) * (k as f64 + epi) * w;
+    let pp = rounds(192) * k as f64 * 0.75 + epi * 0.75;
+    pp <= MARGIN * coop
+}
+
+/// The tile width of our kernel for `g` with `hooks` on `sms` SMs: 128 / 256
+/// ([`pick_bn`], [`pick_bn_waiting`]), or 192 (the ping-pong kernel: bf16 D, where
+/// [`pingpong_pays`]) for GEMMs without arrival flags or done signals. The overlapped ones
+/// keep the cooperative widths: a ping-pong tile that starts after the last arrival ends
+/// 1.5 cooperative tiles later when both warpgroups run (each at half the tensor rate),
+/// against one; and on the emulated link (bench/RESULTS.md, eleventh session, one H100)
+/// the fused reduce-scatter rows where the rule would take it (m = 8192, k = 1024 / 2048
+/// per rank, link-bound) came out 0.7-1.5 % slower with it, though the kernel alone was
+/// 6-14 % faster: its tiles finish in a different order, and the link waits on the first
+/// pieces.
+fn pick_tile(g: &GemmDesc, hooks: &Hooks, sms: usize) -> usize {
+    if !hooks.flags.is_null() {
+        return if hooks.k_pieces > 1 {
+            pick_bn(g.m, g.n, sms)
+        } else {
+            pick_bn_waiting(g.m, g.n, sms)
+        };
+    }
+    let bn = pick_bn(g.m, g.n, sms);
+    if g.d_type == DType::BF16
+        && hooks.done.is_null()
+        && pingpong_pays(g.m, g.n, g.k, g.a_type.is_fp8(), bn, sms)
+    {
+        192
+    } else {
+        bn
+    }
+}
+
 /// A tensor map's key: (address, rows, k, box rows, FP8).
 type MapKey = (u64, usize, usize, usize, bool);
 
@@ -284,7 +336,10 @@ type MapKey = (u64, usize, usize, usize, bool);
 pub struct Sm90Gemm {
     /// [e4m3][f32 out][BN 256]
     kernels: [[[Kernel<Gemm90Params>; 2]; 2]; 2],
-    smem: [u32; 2],
+    /// The ping-pong kernels (BN 192, bf16 out): [e4m3]
+    pingpong: [Kernel<Gemm90Params>; 2],
+    /// Dynamic shared memory: [BN 128, BN 256, BN 192]
+    smem: [u32; 3],
     sms: usize,
     maps: Mutex<HashMap<MapKey, TmaDesc>>,
 }
@@ -323,10 +378,12 @@ impl Sm90Gemm {
         let smem = [
             read_i32(&m, "gemm_sm90_smem_bytes_128")?,
             read_i32(&m, "gemm_sm90_smem_bytes_256")?,
+            read_i32(&m, "gemm_sm90_smem_bytes_192")?,
         ];
         let smem = smem.map(|v| v.max(0) as u32);
+        // bn: an index into `smem` (0: 128, 1: 256, 2: 192)
         let k = |i: &str, o: &str, bn: usize| -> Result<Kernel<Gemm90Params>> {
-            let bn_s = if bn == 1 { "256" } else { "128" };
+            let bn_s = ["128", "256", "192"][bn];
             // SAFETY: `m` is kernels/gemm_sm90.cu's module, the binding's source.
             let kern = unsafe { Kernel::new(&m, &GEMM90, &[i, i, o, bn_s])? };
             // SAFETY: a function of the loaded module; a plain attribute.
@@ -350,6 +407,7 @@ impl Sm90Gemm {
         };
         Ok(Sm90Gemm {
             kernels: [per_in("bf16")?, per_in("e4m3")?],
+            pingpong: [k("bf16", "bf16", 2)?, k("e4m3", "bf16", 2)?],
             smem,
             sms: dev.sm_count.max(1) as usize,
             maps: Mutex::new(HashMap::new()),
@@ -396,21 +454,20 @@ impl Sm90Gemm {
         } else {
             sms.min(self.sms)
         };
-        // (Arrivals in K slices: a tile waiting for the last one runs only that slice's
-        // share after it, so the tail needs no narrower tiles.)
-        let bn = if hooks.flags.is_null() || hooks.k_pieces > 1 {
-            pick_bn(g.m, g.n, sms)
-        } else {
-            pick_bn_waiting(g.m, g.n, sms)
-        };
+        let bn = pick_tile(g, hooks, sms);
         let fp8 = g.a_type == DType::E4M3;
         let tb = self.map(g.b, g.n, g.k, TILE_ROWS, fp8)?;
         let ta = self.map(g.a, g.m, g.k, bn, fp8)?;
         let args = args_of(g, hooks)?;
         let tiles = g.n.div_ceil(TILE_ROWS) * g.m.div_ceil(bn);
         let grid = tiles.min(sms).max(1) as u32;
-        let b256 = (bn == 256) as usize;
-        let kern = &self.kernels[fp8 as usize][(g.d_type == DType::F32) as usize][b256];
+        let (kern, smem) = if bn == 192 {
+            (&self.pingpong[fp8 as usize], self.smem[2])
+        } else {
+            let b256 = (bn == 256) as usize;
+            let f32_out = (g.d_type == DType::F32) as usize;
+            (&self.kernels[fp8 as usize][f32_out][b256], self.smem[b256])
+        };
         // SAFETY: the module stays loaded (the cache never unloads) in the current
         // context; the maps and `args` describe memory the caller's GemmDesc validated
         // (`supports`: shapes, packing, alignment); grid, block and shared memory are the
@@ -418,7 +475,7 @@ impl Sm90Gemm {
         unsafe {
             kern.launch_shared(
                 ((grid, 1, 1), (THREADS, 1, 1)),
-                self.smem[b256],
+                smem,
                 stream,
                 (tb, ta, args),
             )
@@ -717,5 +774,61 @@ mod tests {
         assert_eq!(pick_bn_waiting(1024, 16384, 131), 128);
         assert_eq!(pick_bn_waiting(3584, 8192, 131), 256);
         assert_eq!(pick_bn_waiting(2048, 16384, 131), 256);
+    }
+
+    /// The ping-pong width where the eleventh session measured it faster (e4m3 and bf16 at
+    /// m = 8192 with short k), the cooperative ones where it was slower or even; never for
+    /// fp32 D (no such kernel) or a GEMM that waits on arrival flags.
+    #[test]
+    fn the_tile_rule_takes_pingpong_where_it_was_measured_faster() {
+        let tile = |m, n, k, t, h: &Hooks, sms| pick_tile(&tn(m, n, k, t), h, sms);
+        let none = Hooks::default();
+        let (e4, bf) = (DType::E4M3, DType::BF16);
+        for (m, n, k) in [
+            (8192, 8192, 4096),
+            (8192, 8192, 3584),
+            (8192, 16384, 2048),
+            (8192, 16384, 1024),
+        ] {
+            assert_eq!(tile(m, n, k, e4, &none, 132), 192, "e4m3 {m} x {n} x {k}");
+        }
+        for (m, n, k) in [(8192, 16384, 1024), (8192, 16384, 2048)] {
+            assert_eq!(tile(m, n, k, bf, &none, 132), 192, "bf16 {m} x {n} x {k}");
+        }
+        for (m, n, k, t) in [
+            (4096, 8192, 4096, e4),
+            (7168, 8192, 8192, e4),
+            (2048, 16384, 8192, e4),
+            (3584, 8192, 8192, e4),
+            (1024, 16384, 8192, e4),
+            (14336, 8192, 8192, e4),
+            (2048, 8192, 4096, e4),
+            (8192, 8192, 3584, bf),
+            (8192, 8192, 4096, bf),
+            (7168, 8192, 8192, bf),
+        ] {
+            assert_eq!(tile(m, n, k, t, &none, 132), 256, "{t:?} {m} x {n} x {k}");
+        }
+        // One SM fewer: 8192 x 3584 needs a 22nd ping-pong round (2752 tiles on 131 CTAs).
+        assert_eq!(tile(8192, 8192, 3584, e4, &none, 131), 256);
+        // Overlapped GEMMs (done signals, arrival flags) keep the cooperative widths.
+        let done = Hooks {
+            done: DevPtr::new(4096),
+            done_rows: 1024,
+            ..Default::default()
+        };
+        assert_eq!(tile(8192, 16384, 1024, e4, &done, 132), 256);
+        let flags = Hooks {
+            flags: DevPtr::new(4096),
+            rows_per_flag: 2048,
+            ..Default::default()
+        };
+        assert_eq!(tile(8192, 16384, 1024, e4, &flags, 132), 256);
+        let mut g = tn(8192, 16384, 1024, e4);
+        g.d_type = DType::F32;
+        assert_eq!(pick_tile(&g, &none, 132), 256);
+        // test_fused's all-gather cases that run it at one rank (no flags there).
+        assert_eq!(tile(3072, 4096, 1024, bf, &none, 132), 192);
+        assert_eq!(tile(3072, 4096, 1024, e4, &none, 132), 192);
     }
 }
