@@ -80,7 +80,7 @@
 // - Side copy (copy_bytes != 0): see side_copy.
 //
 // Knobs (-D at compile time): GEMM90_STAGES_256 / _192 / _128 (pipeline depth, 4 / 5 / 6),
-// GEMM90_SIGNAL_WARP (who runs the RS done signals, default 1: see its definition),
+// GEMM90_SIGNAL_WARP (who runs the RS done signals and how, default 2: see its definition),
 // GEMM90_EPI_WIDE (16-byte epilogue stores of the plain kernels, default 1: 0.996 vs
 // 0.929 of cuBLASLt, bf16, H100, 2026-11-26; the _epi epilogue always stores wide).
 //
@@ -493,18 +493,23 @@ __device__ __forceinline__ void store_tile_wide(float (&acc)[BN / 2], float scal
 #define GEMM90_STAGES_192 5
 #endif
 
-// RS done signals (GEMM90_SIGNAL_WARP, default 1): the producer warpgroup's otherwise idle
-// warp 1 runs signal_done for each stored tile, so that its system-scope fence (it waits
-// until the tile's stores are visible system-wide) no longer holds up a consumer thread,
-// and with it both consumer warpgroups. The consumers and that warp meet at named barrier
-// 1 (288 threads) after each tile's stores: the barrier makes every consumer thread's
-// stores performed relative to the warp, whose fence.acq_rel.sys and release store then
-// publish them (a side copy, if any, runs first on that warp: the consumers then wait at
-// their first barrier until it is done). Emulated link on one H100 (bench/RESULTS.md,
-// eighth session): RS fused / bound bf16 1.046-1.051 against 1.062-1.065 with 0, e4m3
-// unchanged. 0: a consumer thread signals after a 256-thread barrier (the earlier way).
+// RS done signals (GEMM90_SIGNAL_WARP, default 2): the producer warpgroup's otherwise idle
+// warp 1 (the signaller) runs signal_done for each stored tile, so that its system-scope
+// fence (it waits until the tile's stores are visible system-wide) never holds up a
+// consumer thread. 2: every consumer thread arrives on the `stored` mbarrier after its
+// stores of a tile (a release at CTA scope) and goes on to the next tile; the signaller
+// waits on it (an acquire), signals, and arrives on `signalled`, which the consumers wait
+// for before handing over the next tile (so the signaller never waits on a phase more
+// than one ahead; in practice it has long arrived). Emulated link on one H100
+// (bench/RESULTS.md, eleventh session, same call): RS fused / ideal bf16 1.047 / 1.045
+// -> 1.037 / 1.035, e4m3 1.062 / 1.060 -> 1.058 / 1.058. 1: the consumers and the
+// signaller meet at named barrier 1 (288 threads) after each tile, so both consumer
+// warpgroups wait for each other and for the signaller (eighth session: RS bf16 1.046-1.051
+// against 1.062-1.065 with 0). 0: a consumer thread signals after a 256-thread barrier.
+// (The ping-pong kernels always meet their warpgroup's named barrier, 2 or 3.) A side copy,
+// if any, runs first on the signaller.
 #ifndef GEMM90_SIGNAL_WARP
-#define GEMM90_SIGNAL_WARP 1
+#define GEMM90_SIGNAL_WARP 2
 #endif
 
 template <int BN>
@@ -513,9 +518,10 @@ struct Cfg {
   static constexpr int B_BYTES = BN * K_BYTES;   // rows of A (wgmma B): 32 or 16 KiB
   static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
   static constexpr int STAGES = BN == 256 ? GEMM90_STAGES_256 : BN == 192 ? GEMM90_STAGES_192 : GEMM90_STAGES_128;
-  // + barriers (full and empty per stage, the two ping-pong order barriers), + 1024 for
+  // + barriers (full and empty per stage, the two ping-pong order barriers, the signaller's
+  // two: see GEMM90_SIGNAL_WARP), + 1024 for
   // aligning the dynamic shared memory base by hand.
-  static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 2 * STAGES * 8 + 16 + 1024;
+  static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 2 * STAGES * 8 + 32 + 1024;
 };
 
 // RS hook: once every tile of D that touches row block j (rows [j * done_rows, ...)) is
@@ -829,6 +835,10 @@ __device__ __forceinline__ void gemm(const GemmTmaDesc *tmap_b, const GemmTmaDes
       mbar_init(bars + 16 * C::STAGES, CONSUMER_WARPS / 2);
       mbar_init(bars + 16 * C::STAGES + 8, CONSUMER_WARPS / 2);
     }
+    if (GEMM90_SIGNAL_WARP == 2) {
+      mbar_init(bars + 16 * C::STAGES + 16, 256);  // stored: every consumer thread, per tile
+      mbar_init(bars + 16 * C::STAGES + 24, 1);    // signalled: the signaller, per tile
+    }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     tma_prefetch_desc(tmap_b);
     tma_prefetch_desc(tmap_a);
@@ -842,15 +852,20 @@ __device__ __forceinline__ void gemm(const GemmTmaDesc *tmap_b, const GemmTmaDes
     if (threadIdx.x >= 32 && g.copy_bytes != 0) side_copy(g.copy_src, g.copy_dst, g.copy_bytes);
     if (GEMM90_SIGNAL_WARP && g.done != nullptr && g.done_rows > 0 && threadIdx.x / 32 == 1) {
       // The signaller (warp 1): this CTA's tiles in the consumers' order; each, once both
-      // consumer warpgroups have stored it (named barrier 1 with them), signalled by lane 0.
+      // consumer warpgroups have stored it (see GEMM90_SIGNAL_WARP), signalled by lane 0.
       for (int t = blockIdx.x, j = 0; t < tiles; t += gridDim.x, ++j) {
         int tn, tm;
         tile_coords(t, tiles_n, tiles_m, gn, n_tile_rot, tn, tm);
         const int n0 = tn * BM;
         // Ping-pong: tile j is warpgroup (j & 1)'s alone (named barrier 2 or 3, 160 threads).
         if (PP) asm volatile("bar.sync %0, 160;" ::"r"(2 + (j & 1)) : "memory");
+        else if (GEMM90_SIGNAL_WARP == 2) mbar_wait(bars + 16 * C::STAGES + 16, (u32)j & 1);
         else asm volatile("bar.sync 1, 288;" ::: "memory");
         if (threadIdx.x == 32) signal_done(g.done, g.done_rows, g.done_value, n, tiles_m, n0, min(n0 + BM, n));
+        if (!PP && GEMM90_SIGNAL_WARP == 2) {
+          __syncwarp();
+          if (threadIdx.x == 32) mbar_arrive(bars + 16 * C::STAGES + 24);
+        }
       }
     }
     if (threadIdx.x == 0) {
@@ -922,7 +937,7 @@ __device__ __forceinline__ void gemm(const GemmTmaDesc *tmap_b, const GemmTmaDes
     if constexpr (PP) {
       pingpong_tiles<BN, TA, TB, OUT_F32>(g, base, bars, tiles, tiles_n, tiles_m, gn, kblocks, cw, warp, lane, scale);
     } else {
-    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+    for (int t = blockIdx.x, jt = 0; t < tiles; t += gridDim.x, ++jt) {
       int tn, tm;
       tile_coords(t, tiles_n, tiles_m, gn, n_tile_rot, tn, tm);
       const int n0 = tn * BM, m0 = tm * BN;
@@ -1018,8 +1033,15 @@ __device__ __forceinline__ void gemm(const GemmTmaDesc *tmap_b, const GemmTmaDes
       }
       if (g.done != nullptr && g.done_rows > 0) {
         // Both consumer warpgroups' stores of this tile, then one signal (GEMM90_SIGNAL_WARP:
-        // by the signaller warp, which meets them at named barrier 1).
-        if (GEMM90_SIGNAL_WARP) {
+        // by the signaller warp).
+        if (GEMM90_SIGNAL_WARP == 2) {
+          // Hand the tile over without waiting for the signaller: arrive on `stored` (a
+          // release at CTA scope; the signaller's wait acquires it, and its system-scope
+          // fence then publishes these stores), after the signaller has taken the previous
+          // tile (so that it never waits on a phase more than one ahead).
+          if (jt > 0) mbar_wait(bars + 16 * C::STAGES + 24, (u32)(jt - 1) & 1);
+          mbar_arrive(bars + 16 * C::STAGES + 16);
+        } else if (GEMM90_SIGNAL_WARP) {
           asm volatile("bar.sync 1, 288;" ::: "memory");
         } else {
           asm volatile("bar.sync 1, 256;" ::: "memory");
