@@ -519,8 +519,7 @@ struct Cfg {
   static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
   static constexpr int STAGES = BN == 256 ? GEMM90_STAGES_256 : BN == 192 ? GEMM90_STAGES_192 : GEMM90_STAGES_128;
   // + barriers (full and empty per stage, the two ping-pong order barriers, the signaller's
-  // two: see GEMM90_SIGNAL_WARP), + 1024 for
-  // aligning the dynamic shared memory base by hand.
+  // two: see GEMM90_SIGNAL_WARP), + 1024 for aligning the dynamic shared memory base by hand.
   static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 2 * STAGES * 8 + 32 + 1024;
 };
 
@@ -718,13 +717,9 @@ enum : int {
 // current phase from the one before: it would take another tile's data.
 template <int BNP, int TA>
 __device__ __forceinline__ void wgmma_pp(float (&d)[BNP / 2], u64 da, u64 db, u32 s) {
-  if constexpr (BNP == 192) {
-    if constexpr (TA == T_BF16) wgmma_bf16_n192(d, da, db, s);
-    else wgmma_e4m3_n192(d, da, db, s);
-  } else {
-    if constexpr (TA == T_BF16) wgmma_bf16_n128(d, da, db, s);
-    else wgmma_e4m3_n128(d, da, db, s);
-  }
+  static_assert(BNP == 192 && (TA == T_BF16 || TA == T_E4M3), "ping-pong: BN 192, bf16 or e4m3");
+  if constexpr (TA == T_BF16) wgmma_bf16_n192(d, da, db, s);
+  else wgmma_e4m3_n192(d, da, db, s);
 }
 template <int BNP, int TA, int TB, bool OUT_F32>
 __device__ __forceinline__ void pingpong_tiles(const Gemm90Args &g, u32 base, u32 bars, int tiles, int tiles_n,
