@@ -932,118 +932,118 @@ __device__ __forceinline__ void gemm(const GemmTmaDesc *tmap_b, const GemmTmaDes
     if constexpr (PP) {
       pingpong_tiles<BN, TA, TB, OUT_F32>(g, base, bars, tiles, tiles_n, tiles_m, gn, kblocks, cw, warp, lane, scale);
     } else {
-    for (int t = blockIdx.x, jt = 0; t < tiles; t += gridDim.x, ++jt) {
-      int tn, tm;
-      tile_coords(t, tiles_n, tiles_m, gn, n_tile_rot, tn, tm);
-      const int n0 = tn * BM, m0 = tm * BN;
-      u32 prev = 0;
-      if constexpr (FPACC) {
-        // Full-precision accumulation: each stage's wgmmas (4 K steps of 32) into `part`
-        // (starting from zero), then acc += part in fp32: wgmma's own (fast) accumulation
-        // spans at most 128 products.
-        float part[BN / 2];
+      for (int t = blockIdx.x, jt = 0; t < tiles; t += gridDim.x, ++jt) {
+        int tn, tm;
+        tile_coords(t, tiles_n, tiles_m, gn, n_tile_rot, tn, tm);
+        const int n0 = tn * BM, m0 = tm * BN;
+        u32 prev = 0;
+        if constexpr (FPACC) {
+          // Full-precision accumulation: each stage's wgmmas (4 K steps of 32) into `part`
+          // (starting from zero), then acc += part in fp32: wgmma's own (fast) accumulation
+          // spans at most 128 products.
+          float part[BN / 2];
 #pragma unroll
-        for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+          for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+          for (int kb = 0; kb < kblocks; ++kb, ++it) {
+            const u32 s = it % C::STAGES;
+            const u32 phase = (it / C::STAGES) & 1;
+            mbar_wait(bars + 8 * s, phase);
+            const u32 st = base + s * C::STAGE_BYTES;
+            const u64 da = smem_desc_sw128(st + cw * 64 * K_BYTES);
+            const u64 db = smem_desc_sw128(st + C::A_BYTES);
+            wgmma_fence();
+            fence_regs(part);
+#pragma unroll
+            for (int kk = 0; kk < K_BYTES / 32; ++kk)
+              wgmma_tile<BN, TA, TB, L>(part, da + 2 * kk, db + 2 * kk, kk != 0);
+            wgmma_commit();
+            wgmma_wait<0>();
+            fence_regs(part);
+            if (lane == 0) mbar_arrive(bars + 8 * (C::STAGES + s));
+#pragma unroll
+            for (int i = 0; i < BN / 2; ++i) acc[i] += part[i];
+          }
+        } else {
         for (int kb = 0; kb < kblocks; ++kb, ++it) {
           const u32 s = it % C::STAGES;
           const u32 phase = (it / C::STAGES) & 1;
           mbar_wait(bars + 8 * s, phase);
           const u32 st = base + s * C::STAGE_BYTES;
-          const u64 da = smem_desc_sw128(st + cw * 64 * K_BYTES);
-          const u64 db = smem_desc_sw128(st + C::A_BYTES);
+          u64 da, db;
+          if constexpr (B_MN) da = smem_desc_sw128_mn(st + cw * MN_BOX_BYTES);
+          else da = smem_desc_sw128(st + cw * 64 * K_BYTES);
+          if constexpr (A_MN) db = smem_desc_sw128_mn(st + C::A_BYTES);
+          else db = smem_desc_sw128(st + C::A_BYTES);
           wgmma_fence();
-          fence_regs(part);
-#pragma unroll
-          for (int kk = 0; kk < K_BYTES / 32; ++kk)
-            wgmma_tile<BN, TA, TB, L>(part, da + 2 * kk, db + 2 * kk, kk != 0);
-          wgmma_commit();
-          wgmma_wait<0>();
-          fence_regs(part);
-          if (lane == 0) mbar_arrive(bars + 8 * (C::STAGES + s));
-#pragma unroll
-          for (int i = 0; i < BN / 2; ++i) acc[i] += part[i];
-        }
-      } else {
-      for (int kb = 0; kb < kblocks; ++kb, ++it) {
-        const u32 s = it % C::STAGES;
-        const u32 phase = (it / C::STAGES) & 1;
-        mbar_wait(bars + 8 * s, phase);
-        const u32 st = base + s * C::STAGE_BYTES;
-        u64 da, db;
-        if constexpr (B_MN) da = smem_desc_sw128_mn(st + cw * MN_BOX_BYTES);
-        else da = smem_desc_sw128(st + cw * 64 * K_BYTES);
-        if constexpr (A_MN) db = smem_desc_sw128_mn(st + C::A_BYTES);
-        else db = smem_desc_sw128(st + C::A_BYTES);
-        wgmma_fence();
-        fence_regs(acc);
-#pragma unroll
-        for (int kk = 0; kk < K_BYTES / 32; ++kk) {
-          // The first wgmma of a tile overwrites the accumulators (scale-d = 0).
-          wgmma_tile<BN, TA, TB, L>(acc, da + A_STEP * kk, db + B_STEP * kk, (kb | kk) != 0);
-        }
-        wgmma_commit();
-        fence_regs(acc);
-        if (kb > 0) {
-          // The previous slice's wgmma has retired: give its stage back.
-          wgmma_wait<1>();
           fence_regs(acc);
-          if (lane == 0) mbar_arrive(bars + 8 * (C::STAGES + prev));
+#pragma unroll
+          for (int kk = 0; kk < K_BYTES / 32; ++kk) {
+            // The first wgmma of a tile overwrites the accumulators (scale-d = 0).
+            wgmma_tile<BN, TA, TB, L>(acc, da + A_STEP * kk, db + B_STEP * kk, (kb | kk) != 0);
+          }
+          wgmma_commit();
+          fence_regs(acc);
+          if (kb > 0) {
+            // The previous slice's wgmma has retired: give its stage back.
+            wgmma_wait<1>();
+            fence_regs(acc);
+            if (lane == 0) mbar_arrive(bars + 8 * (C::STAGES + prev));
+          }
+          prev = s;
         }
-        prev = s;
-      }
-      wgmma_wait<0>();
-      fence_regs(acc);
-      if (lane == 0) mbar_arrive(bars + 8 * (C::STAGES + prev));
-      }
+        wgmma_wait<0>();
+        fence_regs(acc);
+        if (lane == 0) mbar_arrive(bars + 8 * (C::STAGES + prev));
+        }
 
-      if constexpr (EPI) {
-        store_tile_epi<BN, TO>(acc, scale, g, n0 + cw * 64 + warp * 16 + lane / 4, m0, lane, d_scale, amax);
-      } else if (GEMM90_EPI_WIDE) {
-        store_tile_wide<BN, OUT_F32>(acc, scale, d_out, m, n, n0 + cw * 64 + warp * 16 + lane / 4, m0, lane);
-      } else {
-        // Epilogue from the accumulator fragments of m64nBN: thread (warp w, lane l) holds,
-        // for j < BN/8, rows w*16 + l/4 (+8) and columns 8j + 2(l%4) (+1).
-        const int row = n0 + cw * 64 + warp * 16 + lane / 4;
-        const int col0 = m0 + 2 * (lane % 4);
-        #pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-          const int col = col0 + 8 * j;
-        #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int r = row + 8 * h;
-            if (r < n && col < m) {
-              float v0 = acc[4 * j + 2 * h] * scale, v1 = acc[4 * j + 2 * h + 1] * scale;
-              const u64 off = (u64)r * (u64)m + (u64)col;
-              if (OUT_F32) {
-                float2 v;
-                v.x = v0;
-                v.y = v1;
-                *reinterpret_cast<float2 *>(reinterpret_cast<float *>(d_out) + off) = v;
-              } else {
-                *reinterpret_cast<u32 *>(reinterpret_cast<u16 *>(d_out) + off) = pack_bf16x2(v0, v1);
+        if constexpr (EPI) {
+          store_tile_epi<BN, TO>(acc, scale, g, n0 + cw * 64 + warp * 16 + lane / 4, m0, lane, d_scale, amax);
+        } else if (GEMM90_EPI_WIDE) {
+          store_tile_wide<BN, OUT_F32>(acc, scale, d_out, m, n, n0 + cw * 64 + warp * 16 + lane / 4, m0, lane);
+        } else {
+          // Epilogue from the accumulator fragments of m64nBN: thread (warp w, lane l) holds,
+          // for j < BN/8, rows w*16 + l/4 (+8) and columns 8j + 2(l%4) (+1).
+          const int row = n0 + cw * 64 + warp * 16 + lane / 4;
+          const int col0 = m0 + 2 * (lane % 4);
+          #pragma unroll
+          for (int j = 0; j < BN / 8; ++j) {
+            const int col = col0 + 8 * j;
+          #pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int r = row + 8 * h;
+              if (r < n && col < m) {
+                float v0 = acc[4 * j + 2 * h] * scale, v1 = acc[4 * j + 2 * h + 1] * scale;
+                const u64 off = (u64)r * (u64)m + (u64)col;
+                if (OUT_F32) {
+                  float2 v;
+                  v.x = v0;
+                  v.y = v1;
+                  *reinterpret_cast<float2 *>(reinterpret_cast<float *>(d_out) + off) = v;
+                } else {
+                  *reinterpret_cast<u32 *>(reinterpret_cast<u16 *>(d_out) + off) = pack_bf16x2(v0, v1);
+                }
               }
             }
           }
         }
-      }
-      if (g.done != nullptr && g.done_rows > 0) {
-        // Both consumer warpgroups' stores of this tile, then one signal (GEMM90_SIGNAL_WARP:
-        // by the signaller warp).
-        if (GEMM90_SIGNAL_WARP == 2) {
-          // Hand the tile over without waiting for the signaller: arrive on `stored` (a
-          // release at CTA scope; the signaller's wait acquires it, and its system-scope
-          // fence then publishes these stores), after the signaller has taken the previous
-          // tile (so that it never waits on a phase more than one ahead).
-          if (jt > 0) mbar_wait(bars + 16 * C::STAGES + 24, (u32)(jt - 1) & 1);
-          mbar_arrive(bars + 16 * C::STAGES + 16);
-        } else if (GEMM90_SIGNAL_WARP) {
-          asm volatile("bar.sync 1, 288;" ::: "memory");
-        } else {
-          asm volatile("bar.sync 1, 256;" ::: "memory");
-          if (threadIdx.x == 128) signal_done(g.done, g.done_rows, g.done_value, n, tiles_m, n0, min(n0 + BM, n));
+        if (g.done != nullptr && g.done_rows > 0) {
+          // Both consumer warpgroups' stores of this tile, then one signal (GEMM90_SIGNAL_WARP:
+          // by the signaller warp).
+          if (GEMM90_SIGNAL_WARP == 2) {
+            // Hand the tile over without waiting for the signaller: arrive on `stored` (a
+            // release at CTA scope; the signaller's wait acquires it, and its system-scope
+            // fence then publishes these stores), after the signaller has taken the previous
+            // tile (so that it never waits on a phase more than one ahead).
+            if (jt > 0) mbar_wait(bars + 16 * C::STAGES + 24, (u32)(jt - 1) & 1);
+            mbar_arrive(bars + 16 * C::STAGES + 16);
+          } else if (GEMM90_SIGNAL_WARP) {
+            asm volatile("bar.sync 1, 288;" ::: "memory");
+          } else {
+            asm volatile("bar.sync 1, 256;" ::: "memory");
+            if (threadIdx.x == 128) signal_done(g.done, g.done_rows, g.done_value, n, tiles_m, n0, min(n0 + BM, n));
+          }
         }
       }
-    }
     }
     if constexpr (EPI) {
       // amax of D before scaling: a warp's maximum, then one atomicMax on the float's
