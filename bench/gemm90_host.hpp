@@ -283,6 +283,7 @@ inline bool pingpong_pays(int m, int n, int k, bool fp8, int bn, int sms) {
   const double epi = fp8 ? 320.0 : 160.0;
   const long rows = (n + BM - 1) / BM;
   auto rounds = [&](int w) { return (double)((rows * ((m + w - 1) / w) + sms - 1) / sms); };
+  if (rounds(192) < 2.0) return false;  // one round: a consumer warpgroup idle in most CTAs
   const double coop = rounds(bn) * (k + epi) * bn / 256.0;
   const double pp = rounds(192) * k * 0.75 + epi * 0.75;
   return pp <= 0.93 * coop;

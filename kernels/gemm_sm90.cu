@@ -495,8 +495,9 @@ __device__ __forceinline__ void store_tile_wide(float (&acc)[BN / 2], float scal
 
 // RS done signals (GEMM90_SIGNAL_WARP, default 2): the producer warpgroup's otherwise idle
 // warp 1 (the signaller) runs signal_done for each stored tile, so that its system-scope
-// fence (it waits until the tile's stores are visible system-wide) never holds up a
-// consumer thread. 2: every consumer thread arrives on the `stored` mbarrier after its
+// fence (it waits until the tile's stores are visible system-wide) does not hold up the
+// consumers (a side copy, which runs first on the signaller, can: the consumers then wait
+// at their second tile's hand-off until it is done). 2: every consumer thread arrives on the `stored` mbarrier after its
 // stores of a tile (a release at CTA scope) and goes on to the next tile; the signaller
 // waits on it (an acquire), signals, and arrives on `signalled`, which the consumers wait
 // for before handing over the next tile (so the signaller never waits on a phase more
@@ -506,8 +507,7 @@ __device__ __forceinline__ void store_tile_wide(float (&acc)[BN / 2], float scal
 // signaller meet at named barrier 1 (288 threads) after each tile, so both consumer
 // warpgroups wait for each other and for the signaller (eighth session: RS bf16 1.046-1.051
 // against 1.062-1.065 with 0). 0: a consumer thread signals after a 256-thread barrier.
-// (The ping-pong kernels always meet their warpgroup's named barrier, 2 or 3.) A side copy,
-// if any, runs first on the signaller.
+// (The ping-pong kernels always meet their warpgroup's named barrier, 2 or 3.)
 #ifndef GEMM90_SIGNAL_WARP
 #define GEMM90_SIGNAL_WARP 2
 #endif

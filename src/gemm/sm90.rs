@@ -294,6 +294,11 @@ fn pingpong_pays(m: usize, n: usize, k: usize, fp8: bool, bn: usize, sms: usize)
     let sms = sms.max(1);
     let rows = n.div_ceil(TILE_ROWS);
     let rounds = |w: usize| (rows * m.div_ceil(w)).div_ceil(sms) as f64;
+    if rounds(192) < 2.0 {
+        // One round: most CTAs would hold a single tile and leave a consumer warpgroup idle
+        // (not measured; every measured win had many rounds).
+        return false;
+    }
     let w = bn as f64 / 256.0;
     let coop = rounds(bn) * (k as f64 + epi) * w;
     let pp = rounds(192) * k as f64 * 0.75 + epi * 0.75;
@@ -811,6 +816,9 @@ mod tests {
         }
         // One SM fewer: 8192 x 3584 needs a 22nd ping-pong round (2752 tiles on 131 CTAs).
         assert_eq!(tile(8192, 8192, 3584, e4, &none, 131), 256);
+        // A single round of ping-pong tiles (one a CTA at most): cooperative.
+        assert_ne!(tile(1024, 1024, 1024, bf, &none, 132), 192);
+        assert_ne!(tile(128, 128, 64, e4, &none, 132), 192);
         // Overlapped GEMMs (done signals, arrival flags) keep the cooperative widths.
         let done = Hooks {
             done: DevPtr::new(4096),
