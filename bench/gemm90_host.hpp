@@ -277,15 +277,16 @@ inline int pick_bn(int m, int n, int sms) {
 // Whether the ping-pong width (BN 192: bf16 D; src/gemm/sm90.rs takes it for GEMMs without
 // flags or done signals) beats the cooperative width bn: src/gemm/sm90.rs pingpong_pays
 // (the same model and margin: keep the two in step). A round of
-// cooperative tiles of width bn costs its k plus the epilogue, a ping-pong round 3/4 of
-// that k and hides the epilogue.
+// cooperative tiles of width bn costs its k plus the epilogue, a ping-pong round the longer
+// of 3/4 k (tensor cores) and 3/8 k + 3/4 epilogue (two warpgroups in turn, each storing
+// 1.5 times a cooperative warpgroup's share), plus the last epilogue.
 inline bool pingpong_pays(int m, int n, int k, bool fp8, int bn, int sms) {
   const double epi = fp8 ? 320.0 : 160.0;
   const long rows = (n + BM - 1) / BM;
   auto rounds = [&](int w) { return (double)((rows * ((m + w - 1) / w) + sms - 1) / sms); };
   if (rounds(192) < 2.0) return false;  // one round: a consumer warpgroup idle in most CTAs
   const double coop = rounds(bn) * (k + epi) * bn / 256.0;
-  const double pp = rounds(192) * k * 0.75 + epi * 0.75;
+  const double pp = rounds(192) * std::max(0.75 * k, 0.375 * k + 0.75 * epi) + 0.75 * epi;
   return pp <= 0.93 * coop;
 }
 

@@ -280,10 +280,13 @@ fn pick_bn_waiting(m: usize, n: usize, sms: usize) -> usize {
 /// Whether the ping-pong kernel (128 x 192 tiles a consumer warpgroup, bf16 out) beats
 /// the cooperative one of width `bn` on D [n, m] with depth k: a model in units of one
 /// K element of a 256-wide cooperative tile. A cooperative round of tiles costs its K plus
-/// the epilogue (`EPI`: the consumers store while the tensor cores idle, about 9 % of them
-/// on e4m3 8192 x 3584 x 8192, ncu, H100, 2026-11-27); a ping-pong round costs 3/4 of
-/// that K (192 of 256 columns) and hides every epilogue but the last behind the other
-/// warpgroup's wgmmas. Ping-pong only where the model says 7 % or more: on one H200
+/// the epilogue (`epi`: the consumers store while the tensor cores idle, about 9 % of them
+/// on e4m3 8192 x 3584 x 8192, ncu, H100, 2026-11-27). A ping-pong tile has 3/4 of the
+/// wgmma work (192 of 256 columns) and its one warpgroup stores 1.5 times what a
+/// cooperative warpgroup stores; with two warpgroups in turn a round takes the longer of
+/// the tensor cores' 3/4 k and half of one warpgroup's 3/4 k + 1.5 epi, and the last
+/// epilogue shows. (With short K the stores bound both kernels alike: no gain.) Ping-pong
+/// only where the model says 7 % or more, and with two rounds or more: on one H200
 /// (bench/RESULTS.md, eleventh session) that kept every measured win (e4m3 m = 8192 with k
 /// of 1024 to 4096: 3-14 % faster alone; bf16 m = 8192, k 1024 / 2048: 5 / 2 %) and
 /// every loss out (m of 1024 to 7168 where 192 wastes part of a tile, 1-12 % slower;
@@ -299,9 +302,9 @@ fn pingpong_pays(m: usize, n: usize, k: usize, fp8: bool, bn: usize, sms: usize)
         // (not measured; every measured win had many rounds).
         return false;
     }
-    let w = bn as f64 / 256.0;
-    let coop = rounds(bn) * (k as f64 + epi) * w;
-    let pp = rounds(192) * k as f64 * 0.75 + epi * 0.75;
+    let (w, k) = (bn as f64 / 256.0, k as f64);
+    let coop = rounds(bn) * (k + epi) * w;
+    let pp = rounds(192) * (0.75 * k).max(0.375 * k + 0.75 * epi) + 0.75 * epi;
     pp <= MARGIN * coop
 }
 
@@ -819,6 +822,9 @@ mod tests {
         // A single round of ping-pong tiles (one a CTA at most): cooperative.
         assert_ne!(tile(1024, 1024, 1024, bf, &none, 132), 192);
         assert_ne!(tile(128, 128, 64, e4, &none, 132), 192);
+        // Short K: the stores bound both kernels (NVTE_COMM_OWN_GEMM's small GEMMs).
+        assert_ne!(tile(3072, 4096, 64, bf, &none, 132), 192);
+        assert_ne!(tile(8192, 4096, 64, e4, &none, 132), 192);
         // Overlapped GEMMs (done signals, arrival flags) keep the cooperative widths.
         let done = Hooks {
             done: DevPtr::new(4096),
