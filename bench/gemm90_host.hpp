@@ -208,6 +208,7 @@ struct Module {
   CUfunction fn[2][2][3] = {};  // [fp8][out_f32][bn_idx] (null: not in the module)
   int smem[3] = {0, 0, 0};      // [bn_idx]
   int regs[2][2][3] = {};       // registers per thread, as compiled
+  bool has_pp = false;          // the BN-192 kernels are there (a kernel file older than them: not)
   void load(const std::vector<char> &cubin) {
     CU(drv.ModuleLoadData(&mod, cubin.data()));
     for (int w = 0; w < 3; ++w) {
@@ -215,7 +216,12 @@ struct Module {
       std::snprintf(g, sizeof g, "gemm_sm90_smem_bytes_%d", bn_of(w));
       CUdeviceptr dp;
       size_t bytes = 0;
-      CU(drv.ModuleGetGlobal(&dp, &bytes, mod, g));
+      if (w == 2) {
+        has_pp = drv.ModuleGetGlobal(&dp, &bytes, mod, g) == CUDA_SUCCESS;
+        if (!has_pp) continue;
+      } else {
+        CU(drv.ModuleGetGlobal(&dp, &bytes, mod, g));
+      }
       if (bytes != sizeof(int)) die(g, __FILE__, __LINE__);
       CK(cudaMemcpy(&smem[w], (const void *)dp, sizeof(int), cudaMemcpyDeviceToHost));
     }
@@ -226,7 +232,7 @@ struct Module {
           char name[64];
           std::snprintf(name, sizeof name, "gemm_sm90_tn_%s_%s_%s_%d", in_names[f8], in_names[f8], out_names[o],
                         bn_of(w));
-          if (w == 2 && o == 1) continue;  // BN 192: bf16 out only
+          if (w == 2 && (o == 1 || !has_pp)) continue;  // BN 192: bf16 out only
           CU(drv.ModuleGetFunction(&fn[f8][o][w], mod, name));
           CU(drv.FuncSetAttribute(fn[f8][o][w], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem[w]));
           CU(drv.FuncGetAttribute(&regs[f8][o][w], CU_FUNC_ATTRIBUTE_NUM_REGS, fn[f8][o][w]));

@@ -1802,6 +1802,7 @@ int main(int argc, char **argv) {
 
   load_driver();
   gemm_mod.load(gemm_cubin);
+  if (g_bn == 192 && !gemm_mod.has_pp) die("--bn 192: the kernel file has no BN-192 kernels", __FILE__, __LINE__);
   CU(drv.ModuleLoadData(&H.help, help_cubin.data()));
   CU(drv.ModuleLoadData(&H.pace, pace_cubin.data()));
   CU(drv.ModuleGetFunction(&H.fill_bf16, H.help, "fill_bf16"));
