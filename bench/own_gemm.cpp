@@ -314,13 +314,13 @@ extern "C" __global__ void compare_t(const void *D, int td, float d_mul, const f
 // gemm90::THREADS in kernels/gemm_sm90.cu; the shared memory sizes come from the module
 // (gemm_sm90_smem_bytes_<BN>).
 static const int THREADS = 384;
-static int g_smem[3];  // [bn_idx(bn)]
-static bool g_has_pp = false;  // the BN-192 ping-pong kernels are in the kernel file
-static int smem_of(int bn) { return g_smem[bn_idx(bn)]; }
+// The plain kernels, their shared memory sizes and whether the BN-192 ping-pong ones are
+// there: g90::gemm_mod (bench/gemm90_host.hpp), loaded in main.
+static int smem_of(int bn) { return g90::gemm_mod.smem[bn_idx(bn)]; }
+static bool has_pp() { return g90::gemm_mod.has_pp; }
 
 struct Mods {
-  CUmodule gemm = nullptr, ref = nullptr;
-  CUfunction own[2][2][3];  // [fp8][out_f32][bn_idx(bn)] (BN 192: bf16 out only)
+  CUmodule gemm = nullptr, ref = nullptr;  // gemm: g90::gemm_mod's module
   CUfunction fill_bf16, fill_e4m3, fill_u32, ref_bf16, ref_e4m3, sum_sq, compare;
   CUfunction fill_t, ref_gemm_t, ref_epi, sum_sq_t, compare_t;
 };
@@ -353,7 +353,6 @@ static void fill_t(void *p, size_t count, int t, uint64_t seed, float lo, float 
 }
 
 // A kernel of the GEMM module by name (looked up once; its shared memory attribute set).
-static int smem_of(int bn);
 static CUfunction own_kernel(const std::string &name, int bn) {
   static std::vector<std::pair<std::string, CUfunction>> cache;
   for (auto &e : cache)
@@ -458,7 +457,7 @@ struct Own {
   bool prepare() { return tmap(tb, B, fp8, n, k, 128) && tmap(ta, A, fp8, m, k, bn); }
   int tiles() const { return ((n + 127) / 128) * ((m + bn - 1) / bn); }
   void run(cudaStream_t s) {
-    CUfunction f = M.own[fp8][out_f32][bn_idx(bn)];  // gemm_sm90_tn_<in>_<in>_<out>_<BN>
+    CUfunction f = g90::gemm_mod.fn[fp8][out_f32][bn_idx(bn)];  // gemm_sm90_tn_<in>_<in>_<out>_<BN>
     int grid = std::min(tiles(), g_sms);
     Gemm90Args g;
     std::memset(&g, 0, sizeof g);
@@ -510,7 +509,7 @@ static int pick_bn(int m, int n) { return pick_tile(m, n, false).bn; }
 // where g90::pingpong_pays says so (src/gemm/sm90.rs pick_tile, no arrival flags).
 static int pick_plain(int m, int n, int k, bool fp8, bool out_f32) {
   const int bn = pick_bn(m, n);
-  return g_has_pp && !out_f32 && g90::pingpong_pays(m, n, k, fp8, bn, g_sms) ? 192 : bn;
+  return has_pp() && !out_f32 && g90::pingpong_pays(m, n, k, fp8, bn, g_sms) ? 192 : bn;
 }
 
 // ---------------------------------------------------------------- cuBLASLt
@@ -1624,36 +1623,14 @@ int main(int argc, char **argv) {
   if (compile_only) return 0;
 
   load_driver();
-  CU(drv.ModuleLoadData(&M.gemm, cubin.data()));
+  // The plain kernels and their shared memory: the module loader the other benchmarks use.
+  g90::gemm_mod.load(cubin);
+  M.gemm = g90::gemm_mod.mod;
   CU(drv.ModuleLoadData(&M.ref, ref_cubin.data()));
-  for (int w = 0; w < 3; ++w) {
-    char g[64];
-    std::snprintf(g, sizeof g, "gemm_sm90_smem_bytes_%d", bn_of(w));
-    CUdeviceptr dp;
-    size_t bytes;
-    if (w == 2) {  // a kernel file older than the ping-pong kernels lacks them
-      g_has_pp = drv.ModuleGetGlobal(&dp, &bytes, M.gemm, g) == CUDA_SUCCESS;
-      if (!g_has_pp) continue;
-    } else {
-      CU(drv.ModuleGetGlobal(&dp, &bytes, M.gemm, g));
-    }
-    CK(cudaMemcpy(&g_smem[w], (const void *)dp, sizeof(int), cudaMemcpyDeviceToHost));
-    std::printf("%s = %d\n", g, g_smem[w]);
-  }
-  if (!g_has_pp) std::printf("no BN-192 (ping-pong) kernels in this kernel file: widths 128 and 256 only\n");
-  if (force_bn == 192 && !g_has_pp) die("--bn 192: the kernel file has no BN-192 kernels", __FILE__, __LINE__);
+  for (int w = 0; w < 3; ++w) std::printf("gemm_sm90_smem_bytes_%d = %d\n", bn_of(w), g90::gemm_mod.smem[w]);
+  if (!has_pp()) std::printf("no BN-192 (ping-pong) kernels in this kernel file: widths 128 and 256 only\n");
+  if (force_bn == 192 && !has_pp()) die("--bn 192: the kernel file has no BN-192 kernels", __FILE__, __LINE__);
   const char *in_names[2] = {"bf16", "e4m3"}, *out_names[2] = {"bf16", "f32"};
-  for (int f8 = 0; f8 < 2; ++f8)
-    for (int o = 0; o < 2; ++o)
-      for (int w = 0; w < 3; ++w) {
-        if (w == 2 && (o == 1 || !g_has_pp)) continue;  // BN 192 (ping-pong): bf16 out only
-        char name[64];
-        std::snprintf(name, sizeof name, "gemm_sm90_tn_%s_%s_%s_%d", in_names[f8], in_names[f8], out_names[o],
-                      bn_of(w));
-        CU(drv.ModuleGetFunction(&M.own[f8][o][w], M.gemm, name));
-        CU(drv.FuncSetAttribute(M.own[f8][o][w], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                smem_of(bn_of(w))));
-      }
   CU(drv.ModuleGetFunction(&M.fill_bf16, M.ref, "fill_bf16"));
   CU(drv.ModuleGetFunction(&M.fill_e4m3, M.ref, "fill_e4m3"));
   CU(drv.ModuleGetFunction(&M.fill_u32, M.ref, "fill_u32"));
@@ -1687,7 +1664,7 @@ int main(int argc, char **argv) {
     for (int f8 = 0; f8 < (fp8 ? 2 : 1); ++f8)
       for (int o = 0; o < 2; ++o)
         for (int bn : {128, 256, 192}) {
-          if (bn == 192 && (o == 1 || !g_has_pp)) continue;  // BN 192: bf16 out only
+          if (bn == 192 && (o == 1 || !has_pp())) continue;  // BN 192: bf16 out only
           Case c{sh[0], sh[1], sh[2], 0, f8 == 1, o == 1, bn};
           cases.push_back(c);
         }
