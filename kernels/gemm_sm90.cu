@@ -59,8 +59,9 @@
 // - warpgroups 1 and 2, the consumers: each owns 64 of the tile's 128 rows of D and issues
 //   wgmma.mma_async m64nBNk16 (16-bit) or m64nBNk32 (FP8) from the stage, keeps one K
 //   slice of wgmma in flight (not in _fpacc, which waits for each stage's partial sums),
-//   releases a stage when its wgmma has retired, then stores its accumulators straight
-//   from registers (bounds-checked). BN 192 (ping-pong): each consumer warpgroup owns
+//   releases a stage when its wgmma has retired, then stores its accumulators
+//   (bounds-checked; the plain bf16-out cooperative kernels through a per-warp staging
+//   chunk of shared memory, see store_tile_staged; the others straight from registers). BN 192 (ping-pong): each consumer warpgroup owns
 //   every other tile of its CTA, all 128 rows (see pingpong_tiles).
 // - tiles: 128 rows of D (n) x BN columns (m, 256, 192 or 128), K slices of 128 bytes (64
 //   16-bit or 128 FP8 elements); a static persistent schedule (tile = blockIdx.x + i *
@@ -82,8 +83,10 @@
 //
 // Knobs (-D at compile time): GEMM90_STAGES_256 / _192 / _128 (pipeline depth, 4 / 5 / 6),
 // GEMM90_SIGNAL_WARP (who runs the RS done signals and how, default 2: see its definition),
-// GEMM90_EPI_WIDE (16-byte epilogue stores of the plain kernels, default 1: 0.996 vs
-// 0.929 of cuBLASLt, bf16, H100, 2026-11-26; the _epi epilogue always stores wide).
+// GEMM90_EPI_STAGED (the plain bf16-out cooperative kernels' staged epilogue, default 1:
+// see store_tile_staged), GEMM90_EPI_WIDE (16-byte epilogue stores of the other plain
+// kernels, default 1: 0.996 vs 0.929 of cuBLASLt, bf16, H100, 2026-11-26; the _epi
+// epilogue always stores wide).
 //
 // Constraints (not checked here; a caller must, bench/own_gemm.cpp runs only shapes that
 // meet them): k > 0; every TMA row stride a multiple of 16 bytes: TN k * sizeof(in)
@@ -482,6 +485,73 @@ __device__ __forceinline__ void store_tile_wide(float (&acc)[BN / 2], float scal
   }
 }
 
+// Staged epilogue (GEMM90_EPI_STAGED, plain cooperative kernels with bf16 D): each warp
+// writes its 16 rows of the tile 64 columns at a time into a 2 KiB chunk of shared memory
+// with stmatrix (8 x 8 bf16 matrices straight from the accumulator fragments: no shuffles
+// or selects) in a 128-byte XOR swizzle (16-byte unit u of row r at u ^ (r % 8):
+// conflict-free for stmatrix's rows and for the read-back), reads it back a full row of
+// 128 bytes per 8 lanes (ld.shared.v4) and stores 16 bytes per lane, whole 128-byte lines
+// of D. Two chunks per warp in turn (4 KiB a warp, 32 KiB a CTA, after the barriers). It
+// replaces store_tile_wide's quad transposes (64 SHFL and ~190 SEL a thread per 128 x 256
+// tile, while the tensor cores idle): on one H100 (bench/RESULTS.md, twelfth session, same
+// call) our kernel alone went from 0.987 to 1.012 of cuBLASLt (e4m3 geomean over the
+// per-rank anchors at tp 2/4/8) and from 0.993 to 0.999 (bf16). 0: store_tile_wide (the
+// f32-out and ping-pong kernels use it either way).
+#ifndef GEMM90_EPI_STAGED
+#define GEMM90_EPI_STAGED 1
+#endif
+constexpr int EPI_CHUNK_BYTES = 16 * 128;  // a warp's 16 rows x 64 bf16 columns
+constexpr int EPI_CHUNKS = 2;  // per warp, used in turn
+
+__device__ __forceinline__ void stmatrix_x4(u32 addr, u32 r0, u32 r1, u32 r2, u32 r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r0),
+               "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
+__device__ __forceinline__ uint4 lds_v4(u32 addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(addr)
+               : "memory");
+  return v;
+}
+
+// Thread (warp, lane) holds rows row0 + lane / 4 (+ 8) of the warp's 16 (row0: the warp's
+// first row of D), columns 8 j + 2 (lane % 4) (+1) for j < BN / 8 (m64nBN fragments); buf:
+// the warp's two chunks. Needs m % 8 == 0 and 16-byte aligned D (as store_tile_wide).
+template <int BN>
+__device__ __forceinline__ void store_tile_staged(const float (&acc)[BN / 2], float scale, void *d_out, int m,
+                                                  int n, int row0, int m0, int lane, u32 buf) {
+  // stmatrix: lanes 8 q .. 8 q + 7 address the rows of matrix q; matrix q of step p holds
+  // rows 8 (q % 2) .. +7 and columns 8 (2 p + q / 2) .. +7 of the chunk.
+  const int rr = lane & 7, q = lane >> 3;
+  const int r_st = 8 * (q & 1) + rr;
+#pragma unroll
+  for (int c = 0; c < BN / 64; ++c) {
+    const u32 cb = buf + (u32)(c % EPI_CHUNKS) * EPI_CHUNK_BYTES;
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      const int u = 2 * p + (q >> 1);
+      const int j = 8 * c + 2 * p;  // fragments j (matrices 0, 1) and j + 1 (2, 3)
+      stmatrix_x4(cb + r_st * 128 + ((u ^ rr) << 4), pack_bf16x2(acc[4 * j] * scale, acc[4 * j + 1] * scale),
+                  pack_bf16x2(acc[4 * j + 2] * scale, acc[4 * j + 3] * scale),
+                  pack_bf16x2(acc[4 * j + 4] * scale, acc[4 * j + 5] * scale),
+                  pack_bf16x2(acc[4 * j + 6] * scale, acc[4 * j + 7] * scale));
+    }
+    __syncwarp();
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      const int r = (lane >> 3) + 4 * t, u = lane & 7;
+      const uint4 v = lds_v4(cb + r * 128 + ((u ^ (r & 7)) << 4));
+      const int row = row0 + r, col = m0 + 64 * c + 8 * u;
+      if (row < n && col < m) *reinterpret_cast<uint4 *>(reinterpret_cast<u16 *>(d_out) + (u64)row * (u64)m + col) = v;
+    }
+    // (The next stmatrix into this chunk, two chunks on, comes after the next
+    // __syncwarp: every lane's read-back above is ordered before it.)
+  }
+}
+
 // Pipeline depth per tile width (a tuning knob: -D at compile time; the kernels export
 // their shared memory size, gemm_sm90_smem_bytes_<BN>, so hosts need not mirror it).
 #ifndef GEMM90_STAGES_256
@@ -521,7 +591,13 @@ struct Cfg {
   static constexpr int STAGES = BN == 256 ? GEMM90_STAGES_256 : BN == 192 ? GEMM90_STAGES_192 : GEMM90_STAGES_128;
   // + barriers (full and empty per stage, the two ping-pong order barriers, the signaller's
   // two: see GEMM90_SIGNAL_WARP), + 1024 for aligning the dynamic shared memory base by hand.
-  static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 2 * STAGES * 8 + 32 + 1024;
+  // The staged epilogue's chunks (GEMM90_EPI_STAGED; not the ping-pong kernels) after the
+  // barriers, at STAGES * STAGE_BYTES + BAR_BYTES.
+  static constexpr int BAR_BYTES = 1024;
+  static constexpr int EPI_BYTES = (GEMM90_EPI_STAGED && BN != 192) ? 8 * EPI_CHUNKS * EPI_CHUNK_BYTES : 0;
+  static constexpr int SMEM_BYTES =
+      STAGES * STAGE_BYTES + (EPI_BYTES ? BAR_BYTES + EPI_BYTES : 2 * STAGES * 8 + 32) + 1024;
+  static_assert(2 * STAGES * 8 + 32 <= BAR_BYTES, "barriers");
 };
 
 // RS hook: once every tile of D that touches row block j (rows [j * done_rows, ...)) is
@@ -999,6 +1075,9 @@ __device__ __forceinline__ void gemm(const GemmTmaDesc *tmap_b, const GemmTmaDes
 
         if constexpr (EPI) {
           store_tile_epi<BN, TO>(acc, scale, g, n0 + cw * 64 + warp * 16 + lane / 4, m0, lane, d_scale, amax);
+        } else if (C::EPI_BYTES && !OUT_F32) {
+          store_tile_staged<BN>(acc, scale, d_out, m, n, n0 + cw * 64 + warp * 16, m0, lane,
+                                bars + C::BAR_BYTES + (u32)(4 * cw + warp) * EPI_CHUNKS * EPI_CHUNK_BYTES);
         } else if (GEMM90_EPI_WIDE) {
           store_tile_wide<BN, OUT_F32>(acc, scale, d_out, m, n, n0 + cw * 64 + warp * 16 + lane / 4, m0, lane);
         } else {
