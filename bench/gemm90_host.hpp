@@ -280,6 +280,22 @@ inline int pick_bn(int m, int n, int sms) {
   return eff(128) > eff(256) + 0.05 ? 128 : 256;
 }
 
+// Pieces per destination block of the fused reduce-scatter (src/gemm/sm90.rs rs_pieces:
+// keep the two in step): at least as many as make one piece's tiles fit in one round of
+// `sms` CTAs (whole tile rows dividing the block; every tile row its own piece where none
+// fits); `want` where that is more, where want is 1, or where the block is not whole tile rows.
+inline int rs_pieces(int want, int rows, int m, int n, int sms) {
+  if (want <= 1 || rows <= 0 || rows % BM) return want;
+  const int tile_rows = rows / BM, per_row = (m + pick_bn(m, n, sms) - 1) / pick_bn(m, n, sms);
+  int fits = tile_rows;
+  for (int p = 1; p <= tile_rows; ++p)
+    if (tile_rows % p == 0 && (long)(tile_rows / p) * per_row <= std::max(sms, 1)) {
+      fits = p;
+      break;
+    }
+  return std::max(fits, want);
+}
+
 // Whether the ping-pong width (BN 192: bf16 D; src/gemm/sm90.rs takes it for GEMMs without
 // flags or done signals) beats the cooperative width bn: src/gemm/sm90.rs pingpong_pays
 // (the same model and margin: keep the two in step). A round of

@@ -11,7 +11,9 @@
 //   their tuner picks pieces (AG 2, RS 4), and the all-gather 4 K slices with
 //   NVTE_COMM_AG_PIECES=k; P is lowered per row,
 //   with a note, to the largest divisor of the block's 128-row tiles, so that every piece
-//   is whole tiles). T = bytes_per_block / BW (BW default 350 GB/s per peer, --bw); piece
+//   is whole tiles; RS: raised per row, with a note, where one piece's tiles would not fit
+//   in one round of the fused kernel's CTAs, as the library does: src/gemm/sm90.rs
+//   rs_pieces). T = bytes_per_block / BW (BW default 350 GB/s per peer, --bw); piece
 //   c takes its share, T * c / P to T * (c + 1) / P. AG pieces are row slices of a block,
 //   as the library's fused all-gather sends them by default; --k-pieces: K slices of the
 //   whole block (all its rows, the K columns of the kernel's K slice c; a 2D copy in the
@@ -1205,14 +1207,19 @@ static void run_row(Row &r, cublasLtHandle_t lth, void *ws, size_t wsz) {
     const int tiles_blk = r.rows_blk / BM;
     int P = std::min(g_pieces, tiles_blk);
     while (tiles_blk % P) --P;
+    // RS: as the library raises them (src/gemm/sm90.rs rs_pieces), so that one piece's
+    // tiles fit in one round of the fused kernel's CTAs.
+    const int P0 = P;
+    if (r.rs) P = rs_pieces(P, r.rows_blk, r.m, r.n, gemm_budget());
     r.pieces = P;
     if (P != g_pieces) {
-      char nb[160];
-      std::snprintf(nb, sizeof nb, "%d pieces per block, not %d (a block's %d rows in whole 128-row pieces); ", P,
-                    g_pieces, r.rows_blk);
+      char nb[200];
+      std::snprintf(nb, sizeof nb, "%d pieces per block, not %d (%s); ", P, g_pieces,
+                    P > P0 ? "one piece's tiles in one round of CTAs, as the library" : "whole 128-row pieces");
       r.notes += nb;
-      std::printf("  %d pieces per block, not %d: pieces are whole 128-row tiles dividing the block's %d rows\n", P,
-                  g_pieces, r.rows_blk);
+      std::printf("  %d pieces per block, not %d: %s (the block's %d rows)\n", P, g_pieces,
+                  P > P0 ? "one piece's tiles in one round of CTAs, as the library's fused reduce-scatter"
+                         : "pieces are whole 128-row tiles dividing the block", r.rows_blk);
     }
     // Word arrays: flags tp * P, done 2 * tp * P (signals, counters), copied (tp - 1) * P;
     // sig 1 + 2 * (tp - 1) * P + 1 below the start word.

@@ -277,6 +277,27 @@ fn pick_bn_waiting(m: usize, n: usize, sms: usize) -> usize {
     }
 }
 
+/// Pieces per destination block (`rows` rows of D [n, m]) of the fused reduce-scatter on
+/// `sms` SMs, the tuner having asked for `want`: at least as many as make one piece's tiles
+/// fit in one round of CTAs, so that the first piece, which the link waits for, is done
+/// after one tile's time rather than several. The fewest such pieces of whole tile rows
+/// dividing the block (every tile row its own piece where none fits); `want` where that is
+/// more, where the tuner asked for whole blocks (1), or where the block is not whole tile
+/// rows. On the emulated link (bench/RESULTS.md, twelfth session, one H100) the one anchor
+/// this changes (e4m3 tp 4, 16384 x 2048 x 8192 per rank: 1024 tiles a block, 8 pieces
+/// instead of 4) went from 1.063 to 1.041 x max(GEMM, link).
+pub fn rs_pieces(want: usize, rows: usize, m: usize, n: usize, sms: usize) -> usize {
+    if want <= 1 || rows == 0 || !rows.is_multiple_of(TILE_ROWS) {
+        return want;
+    }
+    let (tile_rows, per_row) = (rows / TILE_ROWS, m.div_ceil(pick_bn(m, n, sms)));
+    let fits = (1..=tile_rows)
+        .filter(|p| tile_rows.is_multiple_of(*p))
+        .find(|p| tile_rows / p * per_row <= sms.max(1))
+        .unwrap_or(tile_rows);
+    fits.max(want)
+}
+
 /// Whether the ping-pong kernel (128 x 192 tiles a consumer warpgroup, bf16 out) beats
 /// the cooperative one of width `bn` on D [n, m] with depth k: a model in units of one
 /// K element of a 256-wide cooperative tile. A cooperative round of tiles costs its K plus
@@ -787,6 +808,29 @@ mod tests {
     /// The ping-pong width where the eleventh session measured it faster (e4m3 and bf16 at
     /// m = 8192 with short k), the cooperative ones where it was slower or even; never for
     /// fp32 D (no such kernel) or a GEMM that waits on arrival flags.
+    #[test]
+    fn reduce_scatter_pieces_fit_one_round_of_tiles() {
+        // The e4m3 / bf16 RS anchors at tp 4 and 8 (rows per block, m, n) on 131 SMs: only
+        // 16384 x 2048 x 8192 at tp 4 (1024 tiles a block) needs more than 4 pieces.
+        for (rows, m, n, want) in [
+            (2048, 8192, 8192, 4),
+            (2048, 4096, 8192, 4),
+            (4096, 8192, 16384, 8),
+            (1024, 8192, 8192, 4),
+            (1024, 4096, 8192, 4),
+            (2048, 8192, 16384, 4),
+        ] {
+            assert_eq!(rs_pieces(4, rows, m, n, 131), want, "{rows} x {m}");
+        }
+        assert_eq!(rs_pieces(1, 4096, 8192, 16384, 131), 1); // whole blocks stay whole
+        assert_eq!(rs_pieces(16, 4096, 8192, 16384, 131), 16); // the tuner's more stays
+        assert_eq!(rs_pieces(4, 4000, 8192, 16000, 131), 4); // not whole tile rows
+        // One tile row is more than a round: every tile row its own piece.
+        assert_eq!(rs_pieces(2, 512, 65536, 4096, 131), 4);
+        // 3 tile rows of 64 tiles: 3 pieces (the fewest dividing the block).
+        assert_eq!(rs_pieces(2, 384, 16384, 3072, 131), 3);
+    }
+
     #[test]
     fn the_tile_rule_takes_pingpong_where_it_was_measured_faster() {
         let tile = |m, n, k, t, h: &Hooks, sms| pick_tile(&tn(m, n, k, t), h, sms);

@@ -51,7 +51,7 @@ use super::{Op, Overlap, eb, tag};
 use crate::cuda::DevPtr;
 use crate::cuda::StreamHandle;
 use crate::error::Result;
-use crate::gemm::sm90::{Hooks, TILE_ROWS};
+use crate::gemm::sm90::{self, Hooks, TILE_ROWS};
 use crate::gemm::{self, GemmDesc, Operands};
 use crate::invalid;
 use crate::tensor::{Buffer, DType, Shape, Tensor};
@@ -307,7 +307,7 @@ impl Planner<'_> {
         let ring = if acc {
             1 | (self.chain_pieces(p.nc) as u64) << 1
         } else {
-            (self.fused_rs_pieces(p.nc) as u64) << 1
+            (self.fused_rs_pieces(p) as u64) << 1
         };
         [g[0], g[1], g[2], g[3], g[4], ring]
     }
@@ -415,7 +415,7 @@ impl Planner<'_> {
         let slot_bytes = p.nc * p.m * eb(self.dtype());
         let plan = super::schedule::rs_exchange(self.tp(), self.tp_rank());
         let fp8 = self.fp8_output(x.rs_output, "rs_output", Lane::Comm(0))?;
-        let pieces = self.fused_rs_pieces(p.nc);
+        let pieces = self.fused_rs_pieces(p);
         let done = self.fused_rs_gemm(p, staging, pieces)?;
         if done.is_none() {
             self.ring_rs_gemms(p, staging, &plan.gemm_dest);
@@ -430,18 +430,21 @@ impl Planner<'_> {
     }
 
     /// Pieces per destination of the fused ring (settings `atomic`; else 1): the tuning's
-    /// pieces, at most as many as divide the `nc` rows evenly and leave room for a done
-    /// signal and a tile counter per piece. Each piece is signalled by our GEMM and
+    /// pieces, raised where one piece's tiles would take more than one round of the fused
+    /// GEMM's CTAs (`sm90::rs_pieces`), at most as many as divide the `nc` rows evenly and
+    /// leave room for a done signal and a tile counter per piece. Each piece is signalled by our GEMM and
     /// exchanged on its own, so the first exchange starts after 1/pieces of a
     /// destination's rows and the last one after the GEMM is 1/pieces of a block. It
     /// depends only on values every rank shares, so every rank exchanges the same pieces
     /// whichever GEMM it runs.
-    fn fused_rs_pieces(&self, nc: usize) -> usize {
+    fn fused_rs_pieces(&self, p: &RsPlan) -> usize {
         if !self.e.settings.atomic {
             return 1;
         }
-        let tp = self.tp();
-        let mut pieces = (self.e.tuning.pieces.max(1)).min(nc.max(1));
+        let (tp, nc) = (self.tp(), p.nc);
+        let want = self.e.tuning.pieces.max(1);
+        let mut pieces =
+            sm90::rs_pieces(want, nc, p.full.m, p.full.n, self.fused_sms(false)).min(nc.max(1));
         while pieces > 1 && (!nc.is_multiple_of(pieces) || 2 * tp * pieces > MAX_FLAGS) {
             pieces -= 1;
         }
