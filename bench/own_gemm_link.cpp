@@ -56,8 +56,9 @@
 //   (n_tile_rot), flag_value an epoch that grows per iteration (no resets); RS: done
 //   signals per piece (done_rows = a piece's rows; done_value the epoch), tile rows
 //   rotated so that the first block to send is computed first; the pacer waits on the
-//   done signals. Tile-row groups (grouped rasterization) of at most a piece's tile rows,
-//   as the library picks them (--fused-group overrides).
+//   done signals. Tile-row groups (grouped rasterization) of at most a piece's tile rows
+//   (AG), of as many whole pieces as one round of tiles holds (RS), at most --group, as
+//   the library picks them (src/gemm/sm90.rs group_n; --fused-group overrides).
 // - chunked: one cuBLASLt GEMM per row block on the compute stream, local block first;
 //   AG: each after a cuStreamWaitValue32 on its block's last piece flag (a chunked
 //   algorithm GEMMs a whole block); RS: in send order, each followed by a
@@ -1313,8 +1314,13 @@ static void run_row(Row &r, cublasLtHandle_t lth, void *ws, size_t wsz) {
   // (AG) / complete (RS) the first pieces only; with --group 8 and a piece of 2 tile rows,
   // the first wave's tiles would span all of a block's pieces (and a done signal would
   // wait for the whole group). --fused-group G overrides it.
+  // RS (done signals): as many whole pieces as one round of tiles holds, at least one
+  // (src/gemm/sm90.rs group_n).
+  const int piece_rows = std::max(1, (f.k_pieces > 1 ? r.rows_blk : c.rows_piece()) / BM);
+  const int round_fit = gemm_budget() / ((r.m + r.bn - 1) / r.bn) / piece_rows * piece_rows;
   f.group_n = g_fused_group > 0 ? g_fused_group
-                                : std::max(1, std::min(g_group, (f.k_pieces > 1 ? r.rows_blk : c.rows_piece()) / BM));
+              : r.rs            ? std::min(g_group, std::max(piece_rows, round_fit))
+                                : std::min(g_group, piece_rows);
   std::printf("  %d pieces per block of %d rows (%d rows each: a flag / done signal per piece); our fused kernel in "
               "tile-row groups of %d (alone: %d)\n",
               r.pieces, r.rows_blk, c.rows_piece(), f.group_n, o.group_n);
@@ -1510,10 +1516,11 @@ static int emit_table(const std::vector<Row> &rows, const std::string &out_path)
   const std::string fused_groups =
       g_fused_group > 0 ? "tile-row groups of " + std::to_string(g_fused_group) + " (--fused-group)"
                         : "tile-row groups of min(" + std::to_string(g_group) +
-                              ", a piece's tile rows; AG with K slices: a block's), as the library picks them";
+                              ", AG: a piece's tile rows (with K slices: a block's); RS: the whole pieces one round "
+                              "of tiles holds, at least one), as the library picks them";
   std::snprintf(line, sizeof line,
                 "Link %.0f GB/s per peer, each block in %d pieces (AG: an arrival flag per piece, %s, RS: a done signal "
-                "per piece, each piece sent on its own; fewer pieces where the notes say; the chunked baseline "
+                "per piece, each piece sent on its own; other piece counts where the notes say; the chunked baseline "
                 "GEMMs whole blocks: AG after a block's last piece, RS its ready word per block; our fused kernel in "
                 "%s), rank %d; median "
                 "of %d iterations, from t0 "

@@ -487,7 +487,7 @@ impl Sm90Gemm {
         let fp8 = g.a_type == DType::E4M3;
         let tb = self.map(g.b, g.n, g.k, TILE_ROWS, fp8)?;
         let ta = self.map(g.a, g.m, g.k, bn, fp8)?;
-        let args = args_of(g, hooks)?;
+        let args = args_of(g, hooks, g.m.div_ceil(bn), sms)?;
         let tiles = g.n.div_ceil(TILE_ROWS) * g.m.div_ceil(bn);
         let grid = tiles.min(sms).max(1) as u32;
         let (kern, smem) = if bn == 192 {
@@ -512,8 +512,8 @@ impl Sm90Gemm {
     }
 }
 
-/// The kernel's arguments for `g` with `hooks`.
-fn args_of(g: &GemmDesc, h: &Hooks) -> Result<Gemm90Args> {
+/// The kernel's arguments for `g` with `hooks`, `tiles_m` tiles a tile row, on `sms` SMs.
+fn args_of(g: &GemmDesc, h: &Hooks, tiles_m: usize, sms: usize) -> Result<Gemm90Args> {
     let i = |v: usize, what: &str| -> Result<i32> {
         i32::try_from(v)
             .map_err(|_| Error::internal(format!("sm90 GEMM {what} = {v} exceeds 32 bits")))
@@ -546,7 +546,7 @@ fn args_of(g: &GemmDesc, h: &Hooks) -> Result<Gemm90Args> {
         } else {
             i(h.done_rows.max(1), "done_rows")?
         },
-        group_n: group_n(h) as i32,
+        group_n: group_n(h, tiles_m, sms) as i32,
         k_pieces: if h.flags.is_null() {
             0
         } else {
@@ -562,13 +562,25 @@ fn args_of(g: &GemmDesc, h: &Hooks) -> Result<Gemm90Args> {
     })
 }
 
-/// The grouped rasterization's tile rows per group for `h` (see [`GROUP_N`]).
-fn group_n(h: &Hooks) -> usize {
+/// The grouped rasterization's tile rows per group for `h` (see [`GROUP_N`]), with
+/// `tiles_m` tiles a tile row on `sms` SMs. Arrival flags: at most a flag's rows (a group
+/// never waits on a later block). Done signals: as many whole pieces (`done_rows`) as one
+/// round of tiles holds, at least one: the pieces of a group are all done after the same
+/// round either way (each piece within one round: [`rs_pieces`]), and larger groups read
+/// A's tiles from L2 fewer times. On the emulated link (bench/RESULTS.md, twelfth session,
+/// one H100, two runs each) groups of 8 instead of 4 (pieces of 4 tile rows, 16 tiles a
+/// row) took tp 4 8192 x 4096 x 4096 per rank from 1.057-1.059 to 1.043 of the bound
+/// (e4m3) and from 1.034-1.054 to 1.031-1.046 (bf16), while groups larger than a round
+/// lost 1-6 % (their first piece finishes a round later).
+fn group_n(h: &Hooks, tiles_m: usize, sms: usize) -> usize {
     let mut g = GROUP_N;
-    for (p, rows) in [(h.flags, h.rows_per_flag), (h.done, h.done_rows)] {
-        if !p.is_null() {
-            g = g.min((rows / TILE_ROWS).max(1));
-        }
+    if !h.flags.is_null() {
+        g = g.min((h.rows_per_flag / TILE_ROWS).max(1));
+    }
+    if !h.done.is_null() {
+        let piece = (h.done_rows / TILE_ROWS).max(1);
+        let fit = sms / tiles_m.max(1) / piece * piece;
+        g = g.min(piece.max(fit));
     }
     g
 }
@@ -778,7 +790,7 @@ mod tests {
             n_tile_rot: 9, // 8 tile rows: wraps to 1
             ..Default::default()
         };
-        let a = args_of(&g, &h).unwrap();
+        let a = args_of(&g, &h, 2, 132).unwrap();
         assert_eq!(
             (a.m, a.n, a.k, a.rows_per_flag, a.n_tile_rot),
             (512, 1000, 256, 250, 1)
@@ -788,14 +800,27 @@ mod tests {
             (DevPtr::NULL, 0, DevPtr::NULL)
         );
         assert_eq!(a.group_n, 1); // 250 rows per flag: one tile row per group
-        let a = args_of(&g, &Hooks::default()).unwrap();
+        let a = args_of(&g, &Hooks::default(), 2, 132).unwrap();
         assert_eq!((a.flags, a.rows_per_flag, a.group_n), (DevPtr::NULL, 0, 8));
         let h = Hooks {
             done: DevPtr::new(4096),
             done_rows: 512,
             ..Default::default()
         };
-        assert_eq!(args_of(&g, &h).unwrap().group_n, 4);
+        // Done signals of 4 tile rows: groups of 4 where a round holds only one piece's
+        // tiles (tiles_m 32 on 131 SMs), of 8 where it holds two (tiles_m 16), never more
+        // than GROUP_N, never less than a piece.
+        assert_eq!(args_of(&g, &h, 32, 131).unwrap().group_n, 4);
+        assert_eq!(args_of(&g, &h, 16, 131).unwrap().group_n, 8);
+        assert_eq!(args_of(&g, &h, 2, 131).unwrap().group_n, 8);
+        assert_eq!(args_of(&g, &h, 64, 131).unwrap().group_n, 4);
+        let h2 = Hooks {
+            done: DevPtr::new(4096),
+            done_rows: 256,
+            ..Default::default()
+        };
+        assert_eq!(args_of(&g, &h2, 32, 131).unwrap().group_n, 4);
+        assert_eq!(args_of(&g, &h2, 48, 131).unwrap().group_n, 2);
         assert_eq!(pick_bn(4096, 4096, 132), 256);
         // Waiting on flags: 128 wide at 4 waves or fewer (tp-8 anchors: AG 8192 x 2048
         // and 16384 x 1024 per rank), else as pick_bn (8192 x 3584: 6.8 waves).
