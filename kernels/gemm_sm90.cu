@@ -3,12 +3,12 @@
 // PTX). The library (src/gemm/sm90.rs) launches the plain TN kernels for its fused
 // (atomic) all-gather and ring reduce-scatter, compiling only those (GEMM90_NO_*);
 // bench/own_gemm.cpp (scripts/own-gemm-gpu.sh) checks every kernel against cuBLASLt:
-// on one H100 (2026-11-27, eleventh session) the plain TN kernels, with the tile rule's
-// widths (the BN-192 ping-pong kernel on one anchor), were correct on every case and ran
-// at 0.993-0.999 of cuBLASLt's speed (bf16 geomean over the per-rank anchor shapes at tp
-// 2/4/8, worst 0.968) and 0.985-0.993 (e4m3, worst 0.959), with pre-set arrival flags
-// costing 0.2-0.4 %. The _epi / _fpacc kernels and the NN / NT layouts (below) were correct
-// on every feature case as well (452 cases, bench/RESULTS.md).
+// on one H100 (2026-11-27, twelfth session, with the staged epilogue) the plain TN
+// kernels, with the tile rule's widths (the BN-192 ping-pong kernel on one anchor), were
+// correct on every case and ran at 0.997-0.999 of cuBLASLt's speed (bf16 geomean over the
+// per-rank anchor shapes at tp 2/4/8, worst 0.981) and 1.000-1.012 (e4m3, worst 0.963),
+// with pre-set arrival flags costing 0.4-0.6 %. The _epi / _fpacc kernels and the NN / NT
+// layouts (below) were correct on every feature case as well (452 cases, bench/RESULTS.md).
 //
 // Layouts (nvte_cublas_gemm's transa / transb, row-major names; fp32 accumulation):
 // - TN: D[n, m] = B[n, k] . A[m, k]^T, K contiguous for both operands;

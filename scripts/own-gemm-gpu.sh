@@ -24,14 +24,17 @@ mkdir -p "$out"
 build_cuda_bench own-gemm-gpu "$root/bench/own_gemm.cpp" "$out/own_gemm" "$out/own_gemm.log" || exit 2
 cd "$root"
 # Passes: "base" (the kernel as committed, the library's exact NVRTC options) decides the
-# exit status; "narrow" (-DGEMM90_EPI_WIDE=0: 4- or 8-byte epilogue stores) is an A/B run in the
-# same call, reported in the summary. OWN_GEMM_VARIANTS picks (default "base narrow").
+# exit status; "unstaged" (-DGEMM90_EPI_STAGED=0: the plain bf16-out kernels store
+# straight from registers after quad transposes, as before the staged epilogue) and
+# "narrow" (that, with -DGEMM90_EPI_WIDE=0: 4- or 8-byte stores) are A/B runs in the same
+# call, reported in the summary. OWN_GEMM_VARIANTS picks (default "base unstaged").
 rc=0
 summary=()
-for v in ${OWN_GEMM_VARIANTS:-base narrow}; do
+for v in ${OWN_GEMM_VARIANTS:-base unstaged}; do
   case $v in
     base) extra=() ;;
-    narrow) extra=(--define GEMM90_EPI_WIDE=0) ;;
+    unstaged) extra=(--define GEMM90_EPI_STAGED=0) ;;
+    narrow) extra=(--define GEMM90_EPI_STAGED=0 --define GEMM90_EPI_WIDE=0) ;;
     *) echo "own-gemm-gpu: unknown variant $v" >&2; exit 2 ;;
   esac
   echo "=== pass $v: own_gemm ${extra[*]} $*" | tee -a "$out/own_gemm.log"
