@@ -281,12 +281,13 @@ inline int pick_bn(int m, int n, int sms) {
 }
 
 // Pieces per destination block of the fused reduce-scatter (src/gemm/sm90.rs rs_pieces:
-// keep the two in step): at least as many as make one piece's tiles fit in one round of
-// `sms` CTAs (whole tile rows dividing the block; every tile row its own piece where none
+// keep the two in step; the library takes bn = pick_bn(m, n, sms), the fused kernel's
+// width): at least as many as make one piece's tiles (bn wide) fit in one round of `sms`
+// CTAs (whole tile rows dividing the block; every tile row its own piece where none
 // fits); `want` where that is more, where want is 1, or where the block is not whole tile rows.
-inline int rs_pieces(int want, int rows, int m, int n, int sms) {
+inline int rs_pieces(int want, int rows, int m, int bn, int sms) {
   if (want <= 1 || rows <= 0 || rows % BM) return want;
-  const int tile_rows = rows / BM, per_row = (m + pick_bn(m, n, sms) - 1) / pick_bn(m, n, sms);
+  const int tile_rows = rows / BM, per_row = (m + bn - 1) / bn;
   int fits = tile_rows;
   for (int p = 1; p <= tile_rows; ++p)
     if (tile_rows % p == 0 && (long)(tile_rows / p) * per_row <= std::max(sms, 1)) {

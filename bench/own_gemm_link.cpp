@@ -1208,23 +1208,15 @@ static void run_row(Row &r, cublasLtHandle_t lth, void *ws, size_t wsz) {
     const int tiles_blk = r.rows_blk / BM;
     int P = std::min(g_pieces, tiles_blk);
     while (tiles_blk % P) --P;
-    // RS: as the library raises them (src/gemm/sm90.rs rs_pieces), so that one piece's
-    // tiles fit in one round of the fused kernel's CTAs.
-    const int P0 = P;
-    if (r.rs) P = rs_pieces(P, r.rows_blk, r.m, r.n, gemm_budget());
     r.pieces = P;
     if (P != g_pieces) {
-      char nb[200];
-      std::snprintf(nb, sizeof nb, "%d pieces per block, not %d (%s); ", P, g_pieces,
-                    P > P0 ? "one piece's tiles in one round of CTAs, as the library" : "whole 128-row pieces");
+      char nb[160];
+      std::snprintf(nb, sizeof nb, "%d pieces per block, not %d (a block's %d rows in whole 128-row pieces); ", P,
+                    g_pieces, r.rows_blk);
       r.notes += nb;
-      std::printf("  %d pieces per block, not %d: %s (the block's %d rows)\n", P, g_pieces,
-                  P > P0 ? "one piece's tiles in one round of CTAs, as the library's fused reduce-scatter"
-                         : "pieces are whole 128-row tiles dividing the block", r.rows_blk);
+      std::printf("  %d pieces per block, not %d: pieces are whole 128-row tiles dividing the block's %d rows\n", P,
+                  g_pieces, r.rows_blk);
     }
-    // Word arrays: flags tp * P, done 2 * tp * P (signals, counters), copied (tp - 1) * P;
-    // sig 1 + 2 * (tp - 1) * P + 1 below the start word.
-    if (2 * r.tp * P > WORD_ARRAY || 2 + 2 * (r.tp - 1) * P > SIG_START) die("too many pieces", __FILE__, __LINE__);
   }
   // The fused kernel's tile width as the library picks it for the SMs it gets (AG: it
   // waits on flags, pick_bn_waiting; never the ping-pong width, which src/gemm/sm90.rs
@@ -1233,6 +1225,24 @@ static void run_row(Row &r, cublasLtHandle_t lth, void *ws, size_t wsz) {
   r.bn = g_bn > 0                  ? g_bn
          : r.rs || k_slices_of(r) ? pick_bn(r.m, r.n, gemm_budget())
                                   : pick_bn_waiting(r.m, r.n, gemm_budget());
+  // RS: the pieces raised as the library raises them (src/gemm/sm90.rs rs_pieces), so that
+  // one piece's tiles (of the width the fused kernel runs) fit in one round of its CTAs.
+  if (r.rs) {
+    const int P = rs_pieces(r.pieces, r.rows_blk, r.m, r.bn, gemm_budget());
+    if (P != r.pieces) {
+      char nb[160];
+      std::snprintf(nb, sizeof nb, "%d pieces per block, not %d (one piece's tiles in one round of CTAs, as the library); ",
+                    P, r.pieces);
+      r.notes += nb;
+      std::printf("  %d pieces per block, not %d: one piece's tiles in one round of CTAs, as the library's fused "
+                  "reduce-scatter (the block's %d rows)\n", P, r.pieces, r.rows_blk);
+      r.pieces = P;
+    }
+  }
+  // Word arrays: flags tp * P, done 2 * tp * P (signals, counters), copied (tp - 1) * P;
+  // sig 1 + 2 * (tp - 1) * P + 1 below the start word.
+  if (2 * r.tp * r.pieces > WORD_ARRAY || 2 + 2 * (r.tp - 1) * r.pieces > SIG_START)
+    die("too many pieces", __FILE__, __LINE__);
   r.block_bytes = r.rs ? (double)r.rows_blk * r.m * 2 : (double)r.rows_blk * r.k * c.es;
   r.nominal_link_ms = (r.tp - 1) * r.block_bytes / g_bw / 1e6;
   for (int i = 0; i < r.tp - 1; ++i) c.order[i] = (g_me + 1 + i) % r.tp;

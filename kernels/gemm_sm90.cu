@@ -7,7 +7,7 @@
 // kernels, with the tile rule's widths (the BN-192 ping-pong kernel on one anchor), were
 // correct on every case and ran at 0.997-0.999 of cuBLASLt's speed (bf16 geomean over the
 // per-rank anchor shapes at tp 2/4/8, worst 0.981) and 1.000-1.012 (e4m3, worst 0.963),
-// with pre-set arrival flags costing 0.4-0.6 %. The _epi / _fpacc kernels and the NN / NT
+// with pre-set arrival flags costing 0.4-0.5 %. The _epi / _fpacc kernels and the NN / NT
 // layouts (below) were correct on every feature case as well (452 cases, bench/RESULTS.md).
 //
 // Layouts (nvte_cublas_gemm's transa / transb, row-major names; fp32 accumulation):
@@ -61,8 +61,9 @@
 //   slice of wgmma in flight (not in _fpacc, which waits for each stage's partial sums),
 //   releases a stage when its wgmma has retired, then stores its accumulators
 //   (bounds-checked; the plain bf16-out cooperative kernels through a per-warp staging
-//   chunk of shared memory, see store_tile_staged; the others straight from registers). BN 192 (ping-pong): each consumer warpgroup owns
-//   every other tile of its CTA, all 128 rows (see pingpong_tiles).
+//   chunk of shared memory, see store_tile_staged; the others straight from registers).
+//   BN 192 (ping-pong): each consumer warpgroup owns every other tile of its CTA, all
+//   128 rows (see pingpong_tiles).
 // - tiles: 128 rows of D (n) x BN columns (m, 256, 192 or 128), K slices of 128 bytes (64
 //   16-bit or 128 FP8 elements); a static persistent schedule (tile = blockIdx.x + i *
 //   gridDim.x) in grouped rasterization: `group_n` tile rows at a time, columns within a
@@ -598,6 +599,10 @@ struct Cfg {
   static constexpr int SMEM_BYTES =
       STAGES * STAGE_BYTES + (EPI_BYTES ? BAR_BYTES + EPI_BYTES : 2 * STAGES * 8 + 32) + 1024;
   static_assert(2 * STAGES * 8 + 32 <= BAR_BYTES, "barriers");
+  // One CTA's dynamic shared memory on sm_90 (227 KiB). Every kernel of a width shares this
+  // size (hosts read gemm_sm90_smem_bytes_<BN>), so the _epi / _fpacc / f32-out kernels
+  // reserve the staging chunks too, unused.
+  static_assert(SMEM_BYTES <= 232448, "shared memory over the sm_90 per-block limit");
 };
 
 // RS hook: once every tile of D that touches row block j (rows [j * done_rows, ...)) is

@@ -103,9 +103,9 @@ pub fn args_layout() -> Vec<(&'static str, usize, usize)> {
 
 /// Rows of D per tile (the kernel's BM).
 pub(crate) const TILE_ROWS: usize = 128;
-/// Tile rows per group of the grouped rasterization (at most; with flags or done signals,
-/// no more than a row block's tile rows, so that a group never waits on, or holds up the
-/// signal of, a later block).
+/// Tile rows per group of the grouped rasterization (at most; with arrival flags no more
+/// than a flag's rows, so that a group never waits on a later block; with done signals
+/// see [`group_n`]).
 const GROUP_N: usize = 8;
 const THREADS: u32 = 384;
 
@@ -283,9 +283,11 @@ fn pick_bn_waiting(m: usize, n: usize, sms: usize) -> usize {
 /// after one tile's time rather than several. The fewest such pieces of whole tile rows
 /// dividing the block (every tile row its own piece where none fits); `want` where that is
 /// more, where the tuner asked for whole blocks (1), or where the block is not whole tile
-/// rows. On the emulated link (bench/RESULTS.md, twelfth session, one H100) the one anchor
-/// this changes (e4m3 tp 4, 16384 x 2048 x 8192 per rank: 1024 tiles a block, 8 pieces
-/// instead of 4) went from 1.063 to 1.041 x max(GEMM, link).
+/// rows. The tile width is the one the fused kernel takes (`pick_bn`: no ping-pong with
+/// done signals). On the emulated link (bench/RESULTS.md, twelfth session, one H100, 131
+/// SMs) the one anchor this changes (e4m3 tp 4, 16384 x 2048 x 8192 per rank: 1024 tiles
+/// a block, 8 pieces instead of 4) went from 1.063 to 1.041 x max(GEMM, link); with fewer
+/// SMs (a larger `num_comm_sm`) more anchors get more pieces (unmeasured).
 pub fn rs_pieces(want: usize, rows: usize, m: usize, n: usize, sms: usize) -> usize {
     if want <= 1 || rows == 0 || !rows.is_multiple_of(TILE_ROWS) {
         return want;
@@ -565,9 +567,12 @@ fn args_of(g: &GemmDesc, h: &Hooks, tiles_m: usize, sms: usize) -> Result<Gemm90
 /// The grouped rasterization's tile rows per group for `h` (see [`GROUP_N`]), with
 /// `tiles_m` tiles a tile row on `sms` SMs. Arrival flags: at most a flag's rows (a group
 /// never waits on a later block). Done signals: as many whole pieces (`done_rows`) as one
-/// round of tiles holds, at least one: the pieces of a group are all done after the same
-/// round either way (each piece within one round: [`rs_pieces`]), and larger groups read
-/// A's tiles from L2 fewer times. On the emulated link (bench/RESULTS.md, twelfth session,
+/// round of tiles holds, at least one (but never more than `GROUP_N` tile rows, even where
+/// a piece has more): a group of pieces whose tiles fit in one round finishes them about
+/// as early as groups of one piece would (each piece's tiles are within one round:
+/// [`rs_pieces`]; rounds and groups need not align), and larger groups read A's tiles
+/// from L2 fewer times. (A group may span two destination blocks; only when the pieces
+/// are done changes, not what is signalled.) On the emulated link (bench/RESULTS.md, twelfth session,
 /// one H100, two runs each) groups of 8 instead of 4 (pieces of 4 tile rows, 16 tiles a
 /// row) took tp 4 8192 x 4096 x 4096 per rank from 1.057-1.059 to 1.043 of the bound
 /// (e4m3) and from 1.034-1.054 to 1.031-1.046 (bf16), while groups larger than a round
@@ -809,7 +814,7 @@ mod tests {
         };
         // Done signals of 4 tile rows: groups of 4 where a round holds only one piece's
         // tiles (tiles_m 32 on 131 SMs), of 8 where it holds two (tiles_m 16), never more
-        // than GROUP_N, never less than a piece.
+        // than GROUP_N, never less than a piece (of at most GROUP_N tile rows).
         assert_eq!(args_of(&g, &h, 32, 131).unwrap().group_n, 4);
         assert_eq!(args_of(&g, &h, 16, 131).unwrap().group_n, 8);
         assert_eq!(args_of(&g, &h, 2, 131).unwrap().group_n, 8);
@@ -830,9 +835,6 @@ mod tests {
         assert_eq!(pick_bn_waiting(2048, 16384, 131), 256);
     }
 
-    /// The ping-pong width where the eleventh session measured it faster (e4m3 and bf16 at
-    /// m = 8192 with short k), the cooperative ones where it was slower or even; never for
-    /// fp32 D (no such kernel) or a GEMM that waits on arrival flags.
     #[test]
     fn reduce_scatter_pieces_fit_one_round_of_tiles() {
         // The e4m3 / bf16 RS anchors at tp 4 and 8 (rows per block, m, n) on 131 SMs: only
@@ -856,6 +858,9 @@ mod tests {
         assert_eq!(rs_pieces(2, 384, 16384, 3072, 131), 3);
     }
 
+    /// The ping-pong width where the eleventh session measured it faster (e4m3 and bf16 at
+    /// m = 8192 with short k), the cooperative ones where it was slower or even; never for
+    /// fp32 D (no such kernel) or a GEMM that waits on arrival flags.
     #[test]
     fn the_tile_rule_takes_pingpong_where_it_was_measured_faster() {
         let tile = |m, n, k, t, h: &Hooks, sms| pick_tile(&tn(m, n, k, t), h, sms);

@@ -540,14 +540,32 @@ impl Planner<'_> {
     /// kernel too), only the transport's one-CTA flag kernels need SMs: `CE_RESERVE` stay
     /// free instead of num_comm_sm. 0: all (tp 1).
     pub(super) fn fused_sms(&self, local_copies: bool) -> usize {
+        if self.tp() == 1 {
+            return 0;
+        }
+        self.fused_budget(self.e.caps.remote_peers && !local_copies)
+    }
+
+    /// [`Self::fused_sms`] as every rank computes it alike (from the settings and the
+    /// device's SM count only; `caps.remote_peers` may differ between ranks that share
+    /// devices): for choices all ranks must make the same, such as the fused
+    /// reduce-scatter's pieces. Equal to `fused_sms(false)` wherever the ranks' peers
+    /// are on other devices; all SMs at tp 1.
+    pub(super) fn fused_sms_shared(&self) -> usize {
+        if self.tp() == 1 {
+            return self.e.settings.sm_count.max(1) as usize;
+        }
+        self.fused_budget(true)
+    }
+
+    /// The SMs left beside the transport's kernels: all but `CE_RESERVE` where copy
+    /// engines move the bytes (`ce_only`, with `use_ce`), else all but num_comm_sm.
+    fn fused_budget(&self, ce_only: bool) -> usize {
         /// SMs left to the flag kernels (32 threads, one CTA each; several fit on one SM)
         /// when copy engines move the data.
         const CE_RESERVE: i32 = 2;
         let s = &self.e.settings;
-        if self.tp() == 1 {
-            return 0;
-        }
-        let reserve = if s.use_ce && self.e.caps.remote_peers && !local_copies {
+        let reserve = if s.use_ce && ce_only {
             CE_RESERVE.min(s.num_comm_sm.max(1))
         } else {
             s.num_comm_sm.max(1)

@@ -430,21 +430,27 @@ impl Planner<'_> {
     }
 
     /// Pieces per destination of the fused ring (settings `atomic`; else 1): the tuning's
-    /// pieces, raised where one piece's tiles would take more than one round of the fused
-    /// GEMM's CTAs (`sm90::rs_pieces`), at most as many as divide the `nc` rows evenly and
-    /// leave room for a done signal and a tile counter per piece. Each piece is signalled by our GEMM and
-    /// exchanged on its own, so the first exchange starts after 1/pieces of a
-    /// destination's rows and the last one after the GEMM is 1/pieces of a block. It
-    /// depends only on values every rank shares, so every rank exchanges the same pieces
-    /// whichever GEMM it runs.
+    /// pieces, raised (tp > 1) where one piece's tiles would take more than one round of
+    /// the fused GEMM's CTAs (`sm90::rs_pieces`, on [`Self::fused_sms_shared`] SMs), at
+    /// most as many as divide the `nc` rows evenly and leave room for a done signal and a
+    /// tile counter per piece. Each piece is signalled by our GEMM and exchanged on its
+    /// own, so the first exchange starts after 1/pieces of a destination's rows and the
+    /// last one after the GEMM is 1/pieces of a block. It depends only on values every
+    /// rank shares (the settings, the device's SM count, the shape), so every rank
+    /// exchanges the same pieces whichever GEMM it runs (ranks on devices of different
+    /// SM counts could differ: `NVTE_COMM_CHECK`'s key includes the pieces).
     fn fused_rs_pieces(&self, p: &RsPlan) -> usize {
         if !self.e.settings.atomic {
             return 1;
         }
         let (tp, nc) = (self.tp(), p.nc);
         let want = self.e.tuning.pieces.max(1);
-        let mut pieces =
-            sm90::rs_pieces(want, nc, p.full.m, p.full.n, self.fused_sms(false)).min(nc.max(1));
+        let mut pieces = if tp > 1 {
+            sm90::rs_pieces(want, nc, p.full.m, p.full.n, self.fused_sms_shared())
+        } else {
+            want
+        }
+        .min(nc.max(1));
         while pieces > 1 && (!nc.is_multiple_of(pieces) || 2 * tp * pieces > MAX_FLAGS) {
             pieces -= 1;
         }
