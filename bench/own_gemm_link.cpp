@@ -733,16 +733,17 @@ struct Row {
   }
 };
 
+// The kernel's 128-byte K blocks of a row of B (src/gemm/sm90.rs k_blocks).
+static size_t k_blocks_of(const Row &r) { return ((size_t)r.k * (r.fp8 ? 1 : 2) + 127) / 128; }
 // AG pieces as K slices (as the library's fused all-gather where its transport moves
 // strided pieces, src/overlap/ag.rs k_slices): piece c of a block is all its rows, the
 // bytes [lo, hi) of each row that the kernel's K slice c covers (src/gemm/sm90.rs
 // k_slice_bytes); needs at least as many 128-byte K blocks as pieces.
 static bool k_slices_of(const Row &r) {
-  const long kb = ((long)r.k * (r.fp8 ? 1 : 2) + 127) / 128;
-  return !r.rs && g_k_pieces && r.pieces > 1 && r.pieces <= kb;
+  return !r.rs && g_k_pieces && r.pieces > 1 && (size_t)r.pieces <= k_blocks_of(r);
 }
 static std::pair<size_t, size_t> k_slice_bytes(const Row &r, int c) {
-  const size_t row = (size_t)r.k * (r.fp8 ? 1 : 2), kb = (row + 127) / 128;
+  const size_t row = (size_t)r.k * (r.fp8 ? 1 : 2), kb = k_blocks_of(r);
   auto edge = [&](size_t j) { return std::min(j * kb / r.pieces * 128, row); };
   return {edge(c), edge(c + 1)};
 }

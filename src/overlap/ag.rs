@@ -549,12 +549,9 @@ impl Planner<'_> {
     /// [`Self::fused_sms`] as every rank computes it alike (from the settings and the
     /// device's SM count only; `caps.remote_peers` may differ between ranks that share
     /// devices): for choices all ranks must make the same, such as the fused
-    /// reduce-scatter's pieces. Equal to `fused_sms(false)` wherever the ranks' peers
-    /// are on other devices; all SMs at tp 1.
+    /// reduce-scatter's pieces (at tp > 1: its only caller leaves tp 1 alone). Equal to
+    /// `fused_sms(false)` wherever the ranks' peers are on other devices.
     pub(super) fn fused_sms_shared(&self) -> usize {
-        if self.tp() == 1 {
-            return self.e.settings.sm_count.max(1) as usize;
-        }
         self.fused_budget(true)
     }
 
