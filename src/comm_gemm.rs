@@ -603,6 +603,7 @@ impl CommGemmCtx {
             pieces: 1,
             accumulate: false,
             fused: false,
+            narrow: false,
         }
     }
 
@@ -620,6 +621,7 @@ impl CommGemmCtx {
             pieces: ch.pieces,
             rs_accumulate: ch.accumulate,
             atomic: c.atomic || ch.fused,
+            narrow: ch.narrow,
         })?;
         e.set_comm_sms(if user_sms > 0 { user_sms } else { ch.comm_sms })?;
         e.set_report_dims(Some([c.m, c.n, c.k]));

@@ -90,6 +90,10 @@ pub struct Choice {
     /// the fused algorithms (one launch of our GEMM): the all-gather on arrival flags,
     /// the reduce-scatter ring (and the ring all-reduce's) on done signals per piece
     pub fused: bool,
+    /// the fused algorithms' GEMM in 128-wide tiles (else the tile rule's width): half a
+    /// tile's time before a reduce-scatter's first piece can go and after an all-gather's
+    /// last arrival, for a slower GEMM (`sm90::Hooks::narrow`)
+    pub narrow: bool,
 }
 
 impl Choice {
@@ -99,7 +103,8 @@ impl Choice {
             | (self.aggregate as u8) << 1
             | (self.ring as u8) << 2
             | (self.accumulate as u8) << 3
-            | (self.fused as u8) << 4;
+            | (self.fused as u8) << 4
+            | (self.narrow as u8) << 5;
         let mut b = [0u8; 8];
         b[0] = 1; // present
         b[1] = flags;
@@ -118,6 +123,7 @@ impl Choice {
             ring: b[1] & 4 != 0,
             accumulate: b[1] & 8 != 0,
             fused: b[1] & 16 != 0,
+            narrow: b[1] & 32 != 0,
             comm_sms: u16::from_le_bytes([b[2], b[3]]) as i32,
             splits: u16::from_le_bytes([b[4], b[5]]) as i32,
             pieces: (b[6] as i32).max(1),
@@ -125,7 +131,7 @@ impl Choice {
     }
     fn to_text(self) -> String {
         format!(
-            "ce={} aggregate={} ring={} comm_sms={} splits={} pieces={} acc={} fused={}",
+            "ce={} aggregate={} ring={} comm_sms={} splits={} pieces={} acc={} fused={} narrow={}",
             self.use_ce as u8,
             self.aggregate as u8,
             self.ring as u8,
@@ -133,7 +139,8 @@ impl Choice {
             self.splits,
             self.pieces,
             self.accumulate as u8,
-            self.fused as u8
+            self.fused as u8,
+            self.narrow as u8
         )
     }
     fn from_text(s: &str) -> Option<Choice> {
@@ -146,6 +153,7 @@ impl Choice {
             pieces: 1,
             accumulate: false,
             fused: false,
+            narrow: false,
         };
         let mut seen = 0;
         for kv in s.split_whitespace() {
@@ -160,11 +168,14 @@ impl Choice {
                 "pieces" => c.pieces = n,
                 "acc" => c.accumulate = n != 0,
                 "fused" => c.fused = n != 0,
+                "narrow" => c.narrow = n != 0,
                 _ => return None,
             }
             seen += 1;
         }
-        (seen == 8
+        // (a line of an earlier format, without `narrow`, is not taken: its key is tuned
+        // again, with the newer candidates)
+        (seen == 9
             && c.comm_sms >= 1
             && (1..=64).contains(&c.splits)
             && (1..=16).contains(&c.pieces))
@@ -249,15 +260,21 @@ impl Candidates {
             self.add(Choice { pieces, ..d });
         }
         // The fused all-gather (one launch of our GEMM on arrival flags; where our GEMM
-        // cannot compute the call, the same ring with cuBLASLt per chunk), whole chunks
-        // and in 2 pieces: chosen only where measured faster, as every candidate.
-        for pieces in [1, 2] {
+        // cannot compute the call, the same ring with cuBLASLt per chunk), whole chunks,
+        // in 2 and 8 pieces (with K slices: 8 slices instead of at least 4), and in
+        // 128-wide tiles: chosen only where measured faster, as every candidate.
+        for pieces in [1, 2, 8] {
             self.add(Choice {
                 fused: true,
                 pieces,
                 ..d
             });
         }
+        self.add(Choice {
+            fused: true,
+            narrow: true,
+            ..d
+        });
     }
 
     /// The accumulating ring (any transport), its chunks in 2 or 4 pieces; ring (p2p):
@@ -283,8 +300,8 @@ impl Candidates {
                 });
             }
         }
-        // (3 splits left out for the fused ring's two: 16 candidates with the default
-        // comm_sms; the fused ones come last, so a tuning budget cuts them first)
+        // (3 splits left out for the fused ring's: 17 candidates with the default comm_sms;
+        // the fused ones come last, so a tuning budget cuts them first)
         for splits in [2, 4, 6, 8] {
             for sms in [16, 32] {
                 self.add(Choice {
@@ -303,7 +320,8 @@ impl Candidates {
 
     /// The fused ring (one launch of our GEMM signalling each piece of a destination's
     /// rows, each piece pushed by copy engine as soon as it is signalled) in `pieces`
-    /// pieces per destination: chosen only where measured faster, as every candidate.
+    /// pieces per destination, then in 4 pieces of 128-wide tiles: chosen only where
+    /// measured faster, as every candidate.
     fn fused_ring(&mut self, d: Choice, pieces: &[i32]) {
         for &pieces in pieces {
             self.add(Choice {
@@ -314,6 +332,14 @@ impl Candidates {
                 ..d
             });
         }
+        self.add(Choice {
+            ring: true,
+            use_ce: true,
+            fused: true,
+            pieces: 4,
+            narrow: true,
+            ..d
+        });
     }
 
     /// The ring with the accumulating reduce-scatter (the ring needs peer memory) in 2, 4
@@ -584,6 +610,7 @@ mod tests {
             pieces: 1,
             accumulate: false,
             fused: false,
+            narrow: false,
         }
     }
 
@@ -604,7 +631,9 @@ mod tests {
                             "the transport moves its own bytes"
                         );
                     }
-                    assert!(c.len() <= 16, "{op:?}: {} candidates", c.len());
+                    assert!(c.len() <= 17, "{op:?}: {} candidates", c.len());
+                    // 128-wide tiles: fused candidates only.
+                    assert!(c.iter().all(|x| x.fused || !x.narrow));
                 }
             }
         }
@@ -658,6 +687,11 @@ mod tests {
             assert!(x.iter().skip_while(|c| !c.fused).all(|c| c.fused));
         }
         assert!(rs.iter().any(|c| c.fused && c.pieces == 4));
+        // 128-wide tiles and 8 pieces (K slices) for the fused algorithms.
+        for x in [&ag, &rs, &ar] {
+            assert!(x.iter().any(|c| c.fused && c.narrow));
+        }
+        assert!(ag.iter().any(|c| c.fused && c.pieces == 8 && !c.narrow));
         for op in [Op::ReduceScatter, Op::AllReduce] {
             assert!(
                 !candidates(op, 2, false, d(), 132, true)
@@ -693,7 +727,13 @@ mod tests {
             Choice::from_text("ce=1 aggregate=0 ring=1 comm_sms=0 splits=3"),
             None
         );
-        // Lines of previous formats (no acc; no fused) are not taken.
+        // Lines of previous formats (no acc; no fused; no narrow) are not taken.
+        assert_eq!(
+            Choice::from_text(
+                "ce=1 aggregate=0 ring=1 comm_sms=16 splits=3 pieces=1 acc=0 fused=1"
+            ),
+            None
+        );
         assert_eq!(
             Choice::from_text("ce=1 aggregate=0 ring=1 comm_sms=16 splits=3 pieces=1 acc=0"),
             None

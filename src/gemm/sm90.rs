@@ -204,6 +204,9 @@ pub struct Hooks {
     /// a copy run beside the GEMM by its otherwise idle producer warps (one launch for
     /// both; none where `bytes` is 0): [`SideCopy::fits`] must hold
     pub side: SideCopy,
+    /// 128-wide tiles whatever the tile rule says (a tuning choice of the fused
+    /// algorithms, see `pick_tile`)
+    pub narrow: bool,
 }
 
 impl Hooks {
@@ -284,15 +287,16 @@ fn pick_bn_waiting(m: usize, n: usize, sms: usize) -> usize {
 /// dividing the block (every tile row its own piece where none fits); `want` where that is
 /// more, where the tuner asked for whole blocks (1), or where the block is not whole tile
 /// rows. The tile width is the one the fused kernel takes (`pick_bn`: no ping-pong with
-/// done signals). On the emulated link (bench/RESULTS.md, twelfth session, one H100, 131
+/// done signals; 128 where the tuning asks for `narrow` tiles). On the emulated link (bench/RESULTS.md, twelfth session, one H100, 131
 /// SMs) the one anchor this changes (e4m3 tp 4, 16384 x 2048 x 8192 per rank: 1024 tiles
 /// a block, 8 pieces instead of 4) went from 1.063 to 1.041 x max(GEMM, link); with fewer
 /// SMs (a larger `num_comm_sm`) more anchors get more pieces (unmeasured).
-pub fn rs_pieces(want: usize, rows: usize, m: usize, n: usize, sms: usize) -> usize {
+pub fn rs_pieces(want: usize, rows: usize, m: usize, n: usize, sms: usize, narrow: bool) -> usize {
     if want <= 1 || rows == 0 || !rows.is_multiple_of(TILE_ROWS) {
         return want;
     }
-    let (tile_rows, per_row) = (rows / TILE_ROWS, m.div_ceil(pick_bn(m, n, sms)));
+    let bn = if narrow { 128 } else { pick_bn(m, n, sms) };
+    let (tile_rows, per_row) = (rows / TILE_ROWS, m.div_ceil(bn));
     let fits = (1..=tile_rows)
         .filter(|p| tile_rows.is_multiple_of(*p))
         .find(|p| tile_rows / p * per_row <= sms.max(1))
@@ -341,7 +345,19 @@ fn pingpong_pays(m: usize, n: usize, k: usize, fp8: bool, bn: usize, sms: usize)
 /// per rank, link-bound) came out 0.7-1.5 % slower with it, though the kernel alone was
 /// 6-14 % faster: its tiles finish in a different order, and the link waits on the first
 /// pieces.
+///
+/// `hooks.narrow` (the tuner's choice for a fused algorithm) takes 128 whatever the rule:
+/// half a tile's time for the first piece a fused reduce-scatter's link waits for and for
+/// the tiles after an all-gather's last arrival, at the cost of the GEMM's own speed, so it
+/// pays only where the link is the longer. The tile rule cannot tell (it does not know the
+/// link); the tuner measures. On the emulated link (bench/RESULTS.md, thirteenth session,
+/// one H100) 128-wide tiles won on the link-bound tp-8 rows (e4m3 RS 8192 x 2048 x 4096:
+/// 1.13 -> 1.10 x bound; AG 16384 x 8192 x 1024: 1.037 -> 1.023) and lost 10-30 % on the
+/// others.
 fn pick_tile(g: &GemmDesc, hooks: &Hooks, sms: usize) -> usize {
+    if hooks.narrow {
+        return 128;
+    }
     if !hooks.flags.is_null() {
         return if hooks.k_pieces > 1 {
             pick_bn(g.m, g.n, sms)
@@ -847,15 +863,60 @@ mod tests {
             (1024, 4096, 8192, 4),
             (2048, 8192, 16384, 4),
         ] {
-            assert_eq!(rs_pieces(4, rows, m, n, 131), want, "{rows} x {m}");
+            assert_eq!(rs_pieces(4, rows, m, n, 131, false), want, "{rows} x {m}");
         }
-        assert_eq!(rs_pieces(1, 4096, 8192, 16384, 131), 1); // whole blocks stay whole
-        assert_eq!(rs_pieces(16, 4096, 8192, 16384, 131), 16); // the tuner's more stays
-        assert_eq!(rs_pieces(4, 4000, 8192, 16000, 131), 4); // not whole tile rows
+        assert_eq!(rs_pieces(1, 4096, 8192, 16384, 131, false), 1); // whole blocks stay whole
+        assert_eq!(rs_pieces(16, 4096, 8192, 16384, 131, false), 16); // the tuner's more stays
+        assert_eq!(rs_pieces(4, 4000, 8192, 16000, 131, false), 4); // not whole tile rows
         // One tile row is more than a round: every tile row its own piece.
-        assert_eq!(rs_pieces(2, 512, 65536, 4096, 131), 4);
+        assert_eq!(rs_pieces(2, 512, 65536, 4096, 131, false), 4);
         // 3 tile rows of 64 tiles: 3 pieces (the fewest dividing the block).
-        assert_eq!(rs_pieces(2, 384, 16384, 3072, 131), 3);
+        assert_eq!(rs_pieces(2, 384, 16384, 3072, 131, false), 3);
+        // Narrow (128-wide) tiles: twice the tiles a row, so pieces of half the rows where a
+        // piece would no longer fit (tp 4 16384 x 2048 x 8192: 16 pieces); the tp-8 8192 x
+        // 2048 x 4096 row's 4 pieces (64 narrow tiles each) still fit.
+        assert_eq!(rs_pieces(4, 4096, 8192, 16384, 131, true), 16);
+        assert_eq!(rs_pieces(4, 1024, 4096, 8192, 131, true), 4);
+    }
+
+    #[test]
+    fn narrow_hooks_take_128_wide_tiles() {
+        let g = tn(8192, 8192, 4096, DType::E4M3);
+        let done = Hooks {
+            done: DevPtr::new(4096),
+            done_rows: 256,
+            ..Default::default()
+        };
+        assert_eq!(pick_tile(&g, &done, 131), 256);
+        assert_eq!(
+            pick_tile(
+                &g,
+                &Hooks {
+                    narrow: true,
+                    ..done
+                },
+                131
+            ),
+            128
+        );
+        let flags = Hooks {
+            flags: DevPtr::new(4096),
+            rows_per_flag: 1024,
+            k_pieces: 4,
+            ..Default::default()
+        };
+        assert_eq!(pick_tile(&g, &flags, 131), 256);
+        assert_eq!(
+            pick_tile(
+                &g,
+                &Hooks {
+                    narrow: true,
+                    ..flags
+                },
+                131
+            ),
+            128
+        );
     }
 
     /// The ping-pong width where the eleventh session measured it faster (e4m3 and bf16 at

@@ -32,6 +32,29 @@ pub fn ag_pieces_choice() -> Result<Option<usize>> {
     crate::env::choice("NVTE_COMM_AG_PIECES", &["auto", "rows", "k"])
 }
 const AG_PIECES_K: usize = 2;
+
+/// NVTE_COMM_FUSED_TILES, parsed strictly: None (unset: auto), or the index of the choice
+/// in `auto`, `rule`, `narrow`. The tile width of the fused algorithms' GEMM (the fused
+/// all-gather, the fused reduce-scatter ring and the ring all-reduce's): `auto` the
+/// tuning's choice (the tile rule, or 128-wide tiles where the autotuner measured them
+/// faster), `rule` the tile rule only, `narrow` 128-wide tiles always
+/// (`sm90::Hooks::narrow`). Read once when an overlap object or comm-GEMM context is
+/// created (`super::AlgoKnobs`); a rank's own choice (it changes how many pieces the
+/// reduce-scatter sends: set the same on every rank, `NVTE_COMM_CHECK` catches ranks
+/// that differ).
+pub fn fused_tiles_choice() -> Result<Option<usize>> {
+    crate::env::choice("NVTE_COMM_FUSED_TILES", &["auto", "rule", "narrow"])
+}
+
+/// 128-wide tiles for the fused algorithms' GEMM: NVTE_COMM_FUSED_TILES's choice (`rule`:
+/// no, `narrow`: yes), else (`auto`, unset) the tuning's.
+fn narrow_tiles(knob: Option<usize>, tuned: bool) -> bool {
+    match knob {
+        Some(1) => false,
+        Some(2) => true,
+        _ => tuned,
+    }
+}
 /// K slices per chunk of the fused all-gather with NVTE_COMM_AG_PIECES=k (at least; the
 /// tuned piece count where larger): the granularity the one-GPU emulated link measured.
 const K_SLICES: usize = 4;
@@ -546,6 +569,12 @@ impl Planner<'_> {
         self.fused_budget(self.e.caps.remote_peers && !local_copies)
     }
 
+    /// Whether the fused algorithms' GEMM runs 128-wide tiles: NVTE_COMM_FUSED_TILES
+    /// (`rule`: no, `narrow`: yes), else the tuning's choice.
+    pub(super) fn fused_narrow(&self) -> bool {
+        narrow_tiles(self.e.knobs.fused_tiles, self.e.tuning.narrow)
+    }
+
     /// [`Self::fused_sms`] as every rank computes it alike (from the settings and the
     /// device's SM count only; `caps.remote_peers` may differ between ranks that share
     /// devices): for choices all ranks must make the same, such as the fused
@@ -622,6 +651,7 @@ impl Planner<'_> {
             k_pieces: if sh.k_slices { pieces } else { 0 },
             flag_value: 1,
             n_tile_rot: r * sh.nc / TILE_ROWS,
+            narrow: self.fused_narrow(),
             ..Default::default()
         };
         // (B_copy: each row piece is copied out of the buffer between its arrival and its
@@ -640,5 +670,24 @@ impl Planner<'_> {
         self.memset(flags, 4 * tp * pieces, c0);
         self.ag_copy_out(x, sh, r, (0, sh.nc), c0);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::narrow_tiles;
+
+    /// NVTE_COMM_FUSED_TILES (index of auto, rule, narrow) wins over the tuning's choice.
+    #[test]
+    fn fused_tiles_follow_the_knob_then_the_tuning() {
+        for (knob, tuned, want) in [
+            (None, false, false),
+            (None, true, true),
+            (Some(0), true, true),
+            (Some(1), true, false),
+            (Some(2), false, true),
+        ] {
+            assert_eq!(narrow_tiles(knob, tuned), want, "{knob:?} {tuned}");
+        }
     }
 }

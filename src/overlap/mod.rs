@@ -71,13 +71,15 @@ pub fn check_enabled() -> Result<bool> {
 }
 
 /// The algorithm knobs of the environment, read once when an object (or a comm-GEMM
-/// context) is created, never per call: NVTE_COMM_AR_ALGO, NVTE_COMM_RS_RING and
-/// NVTE_COMM_AG_PIECES (the index of the choice; None: unset, auto).
+/// context) is created, never per call: NVTE_COMM_AR_ALGO, NVTE_COMM_RS_RING,
+/// NVTE_COMM_AG_PIECES and NVTE_COMM_FUSED_TILES (the index of the choice; None: unset,
+/// auto).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct AlgoKnobs {
     pub ar_algo: Option<usize>,
     pub rs_ring: Option<usize>,
     pub ag_pieces: Option<usize>,
+    pub fused_tiles: Option<usize>,
 }
 
 impl AlgoKnobs {
@@ -87,6 +89,7 @@ impl AlgoKnobs {
             ar_algo: ar::ar_algo_choice()?,
             rs_ring: rs::rs_ring_choice()?,
             ag_pieces: ag::ag_pieces_choice()?,
+            fused_tiles: ag::fused_tiles_choice()?,
         })
     }
 }
@@ -133,6 +136,8 @@ pub struct Tuning {
     pub rs_accumulate: bool,
     /// the fused algorithms (as config atomic_gemm, which stays on where it is set)
     pub atomic: bool,
+    /// the fused algorithms' GEMM in 128-wide tiles
+    pub narrow: bool,
 }
 
 pub struct Overlap {
@@ -310,6 +315,7 @@ impl Overlap {
                 pieces: 1,
                 rs_accumulate: false,
                 ar_ring: None,
+                narrow: false,
             },
             caps,
             slots,
@@ -452,6 +458,7 @@ impl Overlap {
             pieces: t.pieces as usize,
             rs_accumulate: t.rs_accumulate,
             ar_ring: t.ar_ring,
+            narrow: t.narrow,
         };
         Ok(())
     }

@@ -320,6 +320,8 @@ pub struct Tuned {
     /// the all-reduce algorithm where the environment says auto: Some(true) ring where
     /// it fits, Some(false) chunked
     pub ar_ring: Option<bool>,
+    /// the fused algorithms' GEMM in 128-wide tiles (`sm90::Hooks::narrow`)
+    pub narrow: bool,
 }
 
 /// Device memory an algorithm may need besides the buffer, made on first use (outside

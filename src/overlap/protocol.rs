@@ -966,6 +966,8 @@ pub(crate) struct Cfg {
     /// K of the all-gather checks (f32: 8 is one 128-byte K block of our kernel; 96 is
     /// three, so that the fused all-gather's pieces can be K slices)
     ag_k: usize,
+    /// the tuning's 128-wide tiles for the fused algorithms
+    narrow: bool,
 }
 
 impl Cfg {
@@ -983,6 +985,7 @@ impl Cfg {
             own_gemm: Some(|_| None),
             call: 0,
             ag_k: 8,
+            narrow: false,
         }
     }
     /// The fused algorithms; our GEMM refuses odd m (so that ranks with uneven shares of
@@ -1065,6 +1068,7 @@ fn env_of(
             pieces: cfg.pieces,
             rs_accumulate: cfg.rs_accumulate,
             ar_ring: cfg.ar_ring,
+            narrow: cfg.narrow,
         },
         knobs: cfg.knobs,
         events: 128,
@@ -1567,6 +1571,14 @@ fn fused_all_gather_gemm() {
     all("fused_ag (two calls, new data)", |tp, f| {
         check_fused_ag_twice(tp, fused(f))
     });
+    all("fused_ag (tuned: 128-wide tiles, 2 pieces)", |tp, f| {
+        let cfg = Cfg {
+            narrow: true,
+            pieces: 2,
+            ..fused(f)
+        };
+        check_ag(tp, cfg, false)
+    });
 }
 
 /// The fused all-gather's pieces as K slices of each chunk (NVTE_COMM_AG_PIECES=k) or as
@@ -1782,6 +1794,17 @@ fn pipelined_and_ring_reduce_scatter() {
                 ..Cfg::fused(f, false)
             };
             check_fused_rs_twice(tp, cfg)
+        },
+    );
+    all(
+        "split_rs_p2p (fused ring, tuned: 128-wide tiles, 2 pieces)",
+        |tp, f| {
+            let cfg = Cfg {
+                narrow: true,
+                pieces: 2,
+                ..Cfg::fused(f, false)
+            };
+            check_rs(tp, cfg, true)
         },
     );
     all("split_rs (pipelined, fused asked: unchanged)", |tp, f| {

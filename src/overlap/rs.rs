@@ -446,7 +446,15 @@ impl Planner<'_> {
         let (tp, nc) = (self.tp(), p.nc);
         let want = self.e.tuning.pieces.max(1);
         let mut pieces = if tp > 1 {
-            sm90::rs_pieces(want, nc, p.full.m, p.full.n, self.fused_sms_shared())
+            let narrow = self.fused_narrow();
+            sm90::rs_pieces(
+                want,
+                nc,
+                p.full.m,
+                p.full.n,
+                self.fused_sms_shared(),
+                narrow,
+            )
         } else {
             want
         }
@@ -494,6 +502,7 @@ impl Planner<'_> {
             done_rows: p.nc / pieces,
             done_value: 1,
             n_tile_rot: (r + 1) % tp * p.nc / TILE_ROWS,
+            narrow: self.fused_narrow(),
             ..Default::default()
         };
         let sms = self.fused_sms(false);
