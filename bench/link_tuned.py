@@ -91,9 +91,11 @@ def main():
     default = names[0]
     lines = ["## The autotuner on the emulated link (bench/link_tuned.py)", "",
              "Picked per row on the TUNE passes (shortest fused ms), reported from the REPORT passes "
-             "(fused / bound of the picked candidate's own pass); another candidate than the default only "
-             f"where {a.margin:.0%} faster (the tuner's margin). Candidates: " + ", ".join(names) +
-             f" (default: {default}).", "",
+             "(fused / bound of the picked candidate's own pass); "
+             + (f"another candidate than the first only where {a.margin:.0%} faster. " if a.margin > 0 else
+                "no margin among the fused candidates (the tuner's margin is against the call's non-fused "
+                "defaults: see the line 'fused over chunked'). ")
+             + "Candidates: " + ", ".join(names) + f" (the first: {default}).", "",
              "| op | in | tp | shape | picked | fused / bound (tuned) | " + default + " / bound | tune ms (" +
              " / ".join(names) + ") |", "|---|---|---|---|---|---|---|---|"]
     per = {}  # dtype -> ([tuned], [default])

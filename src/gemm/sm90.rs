@@ -351,9 +351,9 @@ fn pingpong_pays(m: usize, n: usize, k: usize, fp8: bool, bn: usize, sms: usize)
 /// the tiles after an all-gather's last arrival, at the cost of the GEMM's own speed, so it
 /// pays only where the link is the longer. The tile rule cannot tell (it does not know the
 /// link); the tuner measures. On the emulated link (bench/RESULTS.md, thirteenth session,
-/// one H100) 128-wide tiles won on the link-bound tp-8 rows (e4m3 RS 8192 x 2048 x 4096:
-/// 1.13 -> 1.10 x bound; AG 16384 x 8192 x 1024: 1.037 -> 1.023) and lost 10-30 % on the
-/// others.
+/// one H100) 128-wide tiles won 0.4-2.6 % on the six rows the link bounds most (e4m3 RS tp
+/// 8 8192 x 2048 x 4096: 1.13 -> 1.10 x bound; AG tp 8 16384 x 8192 x 1024: 1.037 -> 1.023)
+/// and lost 4-27 % on the other eighteen.
 fn pick_tile(g: &GemmDesc, hooks: &Hooks, sms: usize) -> usize {
     if hooks.narrow {
         return 128;
