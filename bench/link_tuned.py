@@ -7,7 +7,11 @@ and piece count unless told otherwise). The library's autotuner (src/tune.rs) me
 several fused candidates per call shape and keeps the fastest: for the fused all-gather
 whole chunks, 2 and 8 pieces (with K slices, NVTE_COMM_AG_PIECES=k: 4 slices for the first
 two, 8 for the third) and 128-wide tiles; for the fused reduce-scatter ring 1 and 4 pieces
-(raised by `sm90::rs_pieces`) and 4 pieces of 128-wide tiles. This script takes two
+(raised by `sm90::rs_pieces`) and 4 pieces of 128-wide tiles. scripts/own-gemm-link-gpu.sh
+(LINK_TUNED=1) runs a subset: the bench's default (4 pieces: with --k-pieces the 4 K slices
+of the tuner's whole-chunk and 2-piece candidates; row pieces the tuner does not have
+without it), `--bn 128` (128-wide tiles) and, for the all-gather, `--pieces 8`; not the
+reduce-scatter's whole blocks. This script takes two
 independent sets of passes of the same candidates, each candidate's pass a markdown table
 of own_gemm_link (`--bn 128` for the narrow tiles, `--pieces 8` for 8 slices):
 - the TUNE set picks, per row (op, dtype, tp, shape, flags variant), the candidate with the
@@ -35,8 +39,9 @@ import math
 import sys
 
 
-def read_table(path):
-    """{(op, in, tp, shape): (fused ms, fused/bound, chunked ms)} of the flags-only rows that ran."""
+def read_table(path, wrong):
+    """{(op, in, tp, shape): (fused ms, fused/bound, chunked ms)} of the flags-only rows that ran
+    and were right; the keys of rows that ran wrong (ok not "yes") are added to `wrong`."""
     rows = {}
     head = None
     with open(path) as f:
@@ -50,24 +55,28 @@ def read_table(path):
             if head is None or cells[0] not in ("AG", "RS") or len(cells) < len(head):
                 continue
             r = dict(zip(head, cells))
-            if r["link"] != "flags" or r["ok"] != "yes":
+            if r["link"] != "flags":
+                continue
+            key = (r["op"], r["in"], int(r["tp"]), r["shape"])
+            if r["ok"] != "yes":
+                wrong.add((path, key))
                 continue
             try:
                 fused, ratio, chunked = float(r["fused"]), float(r["fused/bound"]), float(r["chunked"])
             except ValueError:
                 continue
             if fused > 0 and ratio > 0:
-                rows[(r["op"], r["in"], int(r["tp"]), r["shape"])] = (fused, ratio, chunked)
+                rows[key] = (fused, ratio, chunked)
     return rows
 
 
-def parse_set(items):
+def parse_set(items, wrong):
     out = []
     for it in items:
         name, _, path = it.partition("=")
         if not path:
             sys.exit(f"link_tuned: '{it}' is not NAME=TABLE.md")
-        out.append((name, read_table(path)))
+        out.append((name, read_table(path, wrong)))
     return out
 
 
@@ -83,7 +92,8 @@ def main():
                     help="a candidate other than the first only where this much faster (default 0: see above)")
     ap.add_argument("--out", help="write the lines here too")
     a = ap.parse_args()
-    tune, report = parse_set(a.tune), parse_set(a.report)
+    wrong = set()
+    tune, report = parse_set(a.tune, wrong), parse_set(a.report, wrong)
     names = [n for n, _ in tune]
     if names != [n for n, _ in report]:
         sys.exit("link_tuned: --tune and --report must name the same candidates in the same order")
@@ -99,19 +109,24 @@ def main():
              "| op | in | tp | shape | picked | fused / bound (tuned) | " + default + " / bound | tune ms (" +
              " / ".join(names) + ") |", "|---|---|---|---|---|---|---|---|"]
     per = {}  # dtype -> ([tuned], [default])
-    missing = over_chunked = counted = 0
-    for key in sorted(report_d[default], key=lambda k: (k[1], k[0], k[2], k[3])):
+    missing = []  # rows left out: (key, why)
+    over_chunked = counted = 0
+    every = set().union(*(set(d) for d in tune_d.values()), *(set(d) for d in report_d.values()))
+    for key in sorted(every, key=lambda k: (k[1], k[0], k[2], k[3])):
         op, dt, tp, shape = key
-        cands = [n for n in names if key in tune_d[n] and key in report_d[n]]
-        if default not in cands:
-            missing += 1
+        if key not in tune_d[default] or key not in report_d[default]:
+            missing.append((key, "the default candidate has no result in both sets"))
             continue
+        cands = [n for n in names if key in tune_d[n]]
         pick = min(cands, key=lambda n: tune_d[n][key][0])
         if tune_d[pick][key][0] >= tune_d[default][key][0] * (1 - a.margin):
             pick = default
+        if key not in report_d[pick]:
+            missing.append((key, f"picked {pick}, which has no REPORT result"))
+            continue
         tuned, base = report_d[pick][key][1], report_d[default][key][1]
         counted += 1
-        over_chunked += tune_d[pick][key][0] < tune_d[default][key][2] * (1 - 0.03)
+        over_chunked += tune_d[pick][key][0] < tune_d[pick][key][2] * (1 - 0.03)
         if tp in (4, 8):
             t, b = per.setdefault(dt, ([], []))
             t.append(tuned)
@@ -126,14 +141,16 @@ def main():
                      f"{gb:.3f})")
     lines.append(f"- fused over chunked: the picked fused candidate beat the chunked algorithm by the tuner's 3 % "
                  f"margin (TUNE set) on {over_chunked} of {counted} rows")
-    if missing:
-        lines.append(f"- {missing} rows without the default candidate's result in both sets: left out")
+    for key, why in missing:
+        lines.append(f"- LEFT OUT of the geomean: {' '.join(map(str, key))}: {why}")
+    for path, key in sorted(wrong):
+        lines.append(f"- WRONG: {' '.join(map(str, key))} in {path} (not used)")
     text = "\n".join(lines) + "\n"
     print(text, end="")
     if a.out:
         with open(a.out, "w") as f:
             f.write(text)
-    return 0
+    return 1 if wrong else 0
 
 
 if __name__ == "__main__":

@@ -11,8 +11,9 @@
 #      --iters 20), test_comm_gemm (--quick: bf16; its AtomicP2P cases), test_graph
 #      (--only atomic_gemm: the fused all-gather and ring reduce-scatter captured and
 #      replayed, both capture modes), test_api;
-#   3. with NVTE_COMM_FUSED_TILES=narrow (the tuner's 128-wide tiles for the fused GEMM):
-#      test_fused with 1 rank and 2 ranks sharing the GPU, test_graph's atomic cases.
+#   (after test_graph: with NVTE_COMM_FUSED_TILES=narrow, the tuner's 128-wide tiles for
+#   the fused GEMM, test_fused with 1 rank and 2 ranks sharing the GPU and test_graph's
+#   atomic cases).
 # Usage: scripts/fused-gpu.sh   (env TE_COMM_LIB, TE_COMM_FUSED_BUDGET seconds, default 360)
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
@@ -31,12 +32,12 @@ step test_fused_np1 60 "$mpi" 1 "$build/tests_c/test_fused"
 step test_fused_np2_shared 60 "$mpi" 2 "$build/tests_c/test_fused" --calls 5
 step test_fused_np4_shared 75 "$mpi" 4 "$build/tests_c/test_fused" --calls 3
 step test_graph_atomic_np1 45 "$mpi" 1 "$build/tests_c/test_graph" --only atomic_gemm --replays 20
-step test_comm_gemm_np1 60 "$mpi" 1 "$build/tests_c/test_comm_gemm" --quick
-step test_overlap_np1 60 "$mpi" 1 "$build/tests_c/test_overlap" --iters 20
-step test_api 20 "$build/tests_c/test_api"
 step test_fused_np1_narrow 45 env NVTE_COMM_FUSED_TILES=narrow "$mpi" 1 "$build/tests_c/test_fused"
 step test_fused_np2_shared_narrow 60 env NVTE_COMM_FUSED_TILES=narrow "$mpi" 2 "$build/tests_c/test_fused" --calls 5
 step test_graph_atomic_np1_narrow 45 env NVTE_COMM_FUSED_TILES=narrow "$mpi" 1 "$build/tests_c/test_graph" --only atomic_gemm --replays 20
+step test_comm_gemm_np1 60 "$mpi" 1 "$build/tests_c/test_comm_gemm" --quick
+step test_overlap_np1 60 "$mpi" 1 "$build/tests_c/test_overlap" --iters 20
+step test_api 20 "$build/tests_c/test_api"
 step_table >"$out/summary.md"
 echo; grep -ahE "^(FAIL|\[rank [0-9]+\] FAIL)" "$out"/logs/*.log 2>/dev/null | head -n 30
 echo; grep -ahE "atomic|fused|Atomic" "$out"/logs/*.log 2>/dev/null | grep -E "PASS|FAIL" | head -n 60

@@ -11,13 +11,13 @@
 #      ranks sharing the GPU over IPC, the atomic cases of test_graph, test_comm_gemm and
 #      test_overlap at 1 rank, and with 128-wide tiles (NVTE_COMM_FUSED_TILES=narrow).
 # Usage: TE_COMM_LIB=<libtransformer_engine_comm.so> scripts/issue22-gpu.sh
-#   env TE_COMM_I22_BUDGET: seconds (default 585); TE_COMM_I22_PARTS (default "kernel link lib").
+#   env TE_COMM_I22_BUDGET: seconds (default 570); TE_COMM_I22_PARTS (default "kernel link lib").
 # Everything under $OUT (or gpu-out/) as results.tgz beside summary.md; summary last.
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
 out=${OUT:-$root/gpu-out}
 mkdir -p "$out/logs"
-budget=${TE_COMM_I22_BUDGET:-585}
+budget=${TE_COMM_I22_BUDGET:-570}
 t_start=$(date +%s)
 parts=" ${TE_COMM_I22_PARTS:-kernel link lib} "
 export NVTE_COMM_CACHE_DIR=${NVTE_COMM_CACHE_DIR:-/tmp/te_comm_kernel_cache}

@@ -20,11 +20,14 @@
 # finds that the copies are kernels (so far on every H100 and H200), the copies variant is
 # skipped in the first pass and a second pass (own_gemm_link_sm_budget.md) runs both
 # variants with the GEMMs on SMs - LINK_COPY_SMS (default 16).
-# LINK_TUNED=1: the autotuner's view as well (bench/link_tuned.py): the fused candidates the
+# LINK_TUNED=1: the autotuner's view as well (bench/link_tuned.py): fused candidates the
 # library's tuner has (src/tune.rs: the tile rule's width, 128-wide tiles with --bn 128,
-# and for the all-gather 8 pieces, --pieces 8: 8 K slices with --k-pieces) each in a pass
-# of their own, twice (the main pass is the first set's default); the first set picks per
-# row, the second is reported (own_gemm_link_tuned.md; about 10-20 s a pass).
+# and for the all-gather 8 pieces, --pieces 8: 8 K slices with --k-pieces; use
+# --k-pieces: with row pieces the default pass's 4 pieces are not one of the tuner's) each
+# in a pass of their own, twice (the main pass is the first set's default); the first set
+# picks per row, the second is reported (own_gemm_link_tuned.md; about 10-20 s a pass, 5
+# more passes: allow 2-3 more minutes). A pass's failure (a wrong result, a hang) fails
+# the script.
 # Under $OUT (default own-gemm-link-out/): own_gemm_link.log (everything),
 # own_gemm_link.md (the full table and bar lines), the binary. Prints a short table and the
 # bar lines last. Exit status: the benchmark's (1: a wrong result, a hang or a pacer
@@ -96,11 +99,17 @@ fi
 if [ "${LINK_TUNED:-0}" = 1 ] && [ -f "$md" ]; then
   echo "=== the autotuner's candidates (LINK_TUNED=1): narrow and slices8, then all three again" | tee -a "$log"
   lim=${LINK_LIMIT_TUNED:-60}
-  link "$lim" "$out/tuned_narrow_1.md" --budget 45 "$@" --bn 128
-  link "$lim" "$out/tuned_slices8_1.md" --budget 45 "$@" --pieces 8 --only ag
-  link "$lim" "$out/tuned_default_2.md" --budget 45 "$@"
-  link "$lim" "$out/tuned_narrow_2.md" --budget 45 "$@" --bn 128
-  link "$lim" "$out/tuned_slices8_2.md" --budget 45 "$@" --pieces 8 --only ag
+  # (exit 2 only says that the copies variant did not run; 1 or a timeout fails the script)
+  tpass() {
+    link "$lim" "$@"
+    local r=$?
+    [ $r -ne 0 ] && [ $r -ne 2 ] && { echo "own-gemm-link-gpu: tuned pass $1 exit $r" | tee -a "$log"; rc=1; }
+  }
+  tpass "$out/tuned_narrow_1.md" --budget 45 "$@" --bn 128
+  tpass "$out/tuned_slices8_1.md" --budget 45 "$@" --pieces 8 --only ag
+  tpass "$out/tuned_default_2.md" --budget 45 "$@"
+  tpass "$out/tuned_narrow_2.md" --budget 45 "$@" --bn 128
+  tpass "$out/tuned_slices8_2.md" --budget 45 "$@" --pieces 8 --only ag
   python3 "$root/bench/link_tuned.py" --tune default="$md" narrow="$out/tuned_narrow_1.md" \
     slices8="$out/tuned_slices8_1.md" --report default="$out/tuned_default_2.md" \
     narrow="$out/tuned_narrow_2.md" slices8="$out/tuned_slices8_2.md" --out "$out/own_gemm_link_tuned.md" |

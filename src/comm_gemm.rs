@@ -577,9 +577,9 @@ impl CommGemmCtx {
 
     /// The knobs that override the autotuner's candidates for this call (part of the
     /// tuning key; read at the context's creation): NVTE_COMM_AR_ALGO, NVTE_COMM_RS_RING
-    /// (the all-gather: NVTE_COMM_AG_PIECES in its place; 0: auto or unset), and
-    /// NVTE_COMM_GEMM_FP8_FAST_ACCUM for FP8 inputs.
-    fn forced_algos(&self, c: &GemmCall) -> [u8; 3] {
+    /// (the all-gather: NVTE_COMM_AG_PIECES in its place; 0: auto or unset),
+    /// NVTE_COMM_GEMM_FP8_FAST_ACCUM for FP8 inputs, and NVTE_COMM_FUSED_TILES.
+    fn forced_algos(&self, c: &GemmCall) -> [u8; 4] {
         let ar = match c.kind {
             Kind::AllReduce => self.knobs.ar_algo.unwrap_or(0),
             _ => 0,
@@ -589,7 +589,8 @@ impl CommGemmCtx {
             _ => self.knobs.rs_ring.unwrap_or(0),
         };
         let fast = self.fp8_fast_accum && c.a.data.dtype.is_fp8();
-        [ar as u8, rs as u8, fast as u8]
+        let tiles = self.knobs.fused_tiles.unwrap_or(0);
+        [ar as u8, rs as u8, fast as u8, tiles as u8]
     }
 
     /// The defaults (the context's engine configuration).
@@ -659,14 +660,15 @@ impl CommGemmCtx {
             .is_none_or(|e| self.engines[e].caps().peer_memory);
         // Where NVTE_COMM_RS_RING forces how rings sum, the accumulating candidates would
         // measure the same as others (and the key records the override).
-        let accumulating = tkey.forced[1] == 0;
+        // Likewise the narrow candidates where NVTE_COMM_FUSED_TILES pins the width.
+        let (accumulating, narrow) = (tkey.forced[1] == 0, tkey.forced[3] == 0);
         let cands = tune::candidates(
             c.kind,
             self.nranks,
             peer_memory,
             default,
             agreed.sm_count,
-            accumulating,
+            (accumulating, narrow),
         );
         // Rounds over the candidates (interleaved, so drift hits all alike); the budget
         // covers all of them.

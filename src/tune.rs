@@ -155,10 +155,26 @@ impl Choice {
             fused: false,
             narrow: false,
         };
-        let mut seen = 0;
+        const KEYS: [&str; 9] = [
+            "ce",
+            "aggregate",
+            "ring",
+            "comm_sms",
+            "splits",
+            "pieces",
+            "acc",
+            "fused",
+            "narrow",
+        ];
+        let mut seen = 0u32; // a bit per key: each once
         for kv in s.split_whitespace() {
             let (k, v) = kv.split_once('=')?;
             let n: i32 = v.parse().ok()?;
+            let bit = 1u32 << KEYS.iter().position(|x| *x == k)?;
+            if seen & bit != 0 {
+                return None;
+            }
+            seen |= bit;
             match k {
                 "ce" => c.use_ce = n != 0,
                 "aggregate" => c.aggregate = n != 0,
@@ -168,14 +184,12 @@ impl Choice {
                 "pieces" => c.pieces = n,
                 "acc" => c.accumulate = n != 0,
                 "fused" => c.fused = n != 0,
-                "narrow" => c.narrow = n != 0,
-                _ => return None,
+                _ => c.narrow = n != 0,
             }
-            seen += 1;
         }
         // (a line of an earlier format, without `narrow`, is not taken: its key is tuned
         // again, with the newer candidates)
-        (seen == 9
+        (seen == (1 << KEYS.len()) - 1
             && c.comm_sms >= 1
             && (1..=64).contains(&c.splits)
             && (1..=16).contains(&c.pieces))
@@ -188,18 +202,21 @@ impl Choice {
 /// transport has peer memory (without it the transfers are the transport's own: no CE/SM
 /// or ring-direction choice, no ring all-reduce); `max_sms`:
 /// the device's SM count (comm SMs stay well below it); `accumulating`: whether the
-/// accumulating ring is a choice (not where NVTE_COMM_RS_RING forces how rings sum).
+/// accumulating ring is a choice (not where NVTE_COMM_RS_RING forces how rings sum);
+/// `narrow`: whether the fused algorithms' 128-wide tiles are a choice (not where
+/// NVTE_COMM_FUSED_TILES pins the width: they would measure the same as their twins).
 pub fn candidates(
     op: Op,
     tp: usize,
     peer_memory: bool,
     default: Choice,
     max_sms: i32,
-    accumulating: bool,
+    (accumulating, narrow): (bool, bool),
 ) -> Vec<Choice> {
     let mut l = Candidates {
         v: vec![default],
         max_sms,
+        narrow,
     };
     match op {
         Op::AllGather => l.all_gather(default, tp, peer_memory),
@@ -214,11 +231,17 @@ pub fn candidates(
 struct Candidates {
     v: Vec<Choice>,
     max_sms: i32,
+    /// 128-wide tiles are a choice
+    narrow: bool,
 }
 
 impl Candidates {
     fn add(&mut self, c: Choice) {
-        if !self.v.contains(&c) && c.comm_sms >= 1 && c.comm_sms < self.max_sms / 2 {
+        if !self.v.contains(&c)
+            && c.comm_sms >= 1
+            && c.comm_sms < self.max_sms / 2
+            && (self.narrow || !c.narrow)
+        {
             self.v.push(c);
         }
     }
@@ -401,10 +424,11 @@ pub struct Key {
     /// the transport setting's name (NVTE_COMM_TRANSPORT: auto, ipc, nccl)
     pub transport: &'static str,
     /// The algorithm knobs that override candidates when set (index of the choice, 0 =
-    /// auto): NVTE_COMM_AR_ALGO, NVTE_COMM_RS_RING; and 1 where FP8 GEMMs run with fast
-    /// accumulation (NVTE_COMM_GEMM_FP8_FAST_ACCUM, FP8 inputs only). A choice measured
-    /// under an override is another key's: it is never applied without it.
-    pub forced: [u8; 3],
+    /// auto): NVTE_COMM_AR_ALGO, NVTE_COMM_RS_RING; 1 where FP8 GEMMs run with fast
+    /// accumulation (NVTE_COMM_GEMM_FP8_FAST_ACCUM, FP8 inputs only); and
+    /// NVTE_COMM_FUSED_TILES. A choice measured under an override is another key's: it is
+    /// never applied without it.
+    pub forced: [u8; 4],
 }
 
 impl std::fmt::Display for Key {
@@ -426,7 +450,12 @@ impl std::fmt::Display for Key {
             self.tp
         )?;
         // Overrides only (keys without any keep their text).
-        for (i, name) in [(0, "ar_algo"), (1, "rs_ring"), (2, "fp8_fast_accum")] {
+        for (i, name) in [
+            (0, "ar_algo"),
+            (1, "rs_ring"),
+            (2, "fp8_fast_accum"),
+            (3, "fused_tiles"),
+        ] {
             if self.forced[i] != 0 {
                 write!(f, " {name}={}", self.forced[i])?;
             }
@@ -619,7 +648,7 @@ mod tests {
         for op in [Op::AllGather, Op::ReduceScatter, Op::AllReduce] {
             for tp in [2, 4, 8] {
                 for peer_memory in [true, false] {
-                    let c = candidates(op, tp, peer_memory, d(), 132, true);
+                    let c = candidates(op, tp, peer_memory, d(), 132, (true, true));
                     assert_eq!(c[0], d());
                     for (i, a) in c.iter().enumerate() {
                         assert!(!c[i + 1..].contains(a), "{op:?} tp {tp}: duplicate {a:?}");
@@ -632,8 +661,6 @@ mod tests {
                         );
                     }
                     assert!(c.len() <= 17, "{op:?}: {} candidates", c.len());
-                    // 128-wide tiles: fused candidates only.
-                    assert!(c.iter().all(|x| x.fused || !x.narrow));
                 }
             }
         }
@@ -645,7 +672,7 @@ mod tests {
             (Op::AllReduce, false, false),
             (Op::AllGather, true, false),
         ] {
-            let c = candidates(op, 2, peer_memory, d(), 132, true);
+            let c = candidates(op, 2, peer_memory, d(), 132, (true, true));
             let acc: Vec<&Choice> = c.iter().filter(|x| x.accumulate).collect();
             assert_eq!(!acc.is_empty(), want, "{op:?} peer memory {peer_memory}");
             assert!(acc.iter().all(|x| x.ring && x.pieces >= 2));
@@ -653,7 +680,7 @@ mod tests {
         // Where NVTE_COMM_RS_RING forces how rings sum: no accumulating candidates.
         for op in [Op::ReduceScatter, Op::AllReduce] {
             assert!(
-                !candidates(op, 2, true, d(), 132, false)
+                !candidates(op, 2, true, d(), 132, (false, true))
                     .iter()
                     .any(|c| c.accumulate)
             );
@@ -661,9 +688,9 @@ mod tests {
         // python/tests/jax/test_jax_gpu.py forces picks 1, 2, 3, 4, 5, 7 (each is taken mod
         // the candidates measured: all of them at its small shapes) at tp 2 over IPC with
         // the default configuration; together they must run every kind of candidate.
-        let ag = candidates(Op::AllGather, 2, true, d(), 132, true);
-        let rs = candidates(Op::ReduceScatter, 2, true, d(), 132, true);
-        let ar = candidates(Op::AllReduce, 2, true, d(), 132, true);
+        let ag = candidates(Op::AllGather, 2, true, d(), 132, (true, true));
+        let rs = candidates(Op::ReduceScatter, 2, true, d(), 132, (true, true));
+        let ar = candidates(Op::AllReduce, 2, true, d(), 132, (true, true));
         let picks = [1, 2, 3, 4, 5, 7];
         let run =
             |c: &[Choice], f: &dyn Fn(&Choice) -> bool| picks.iter().any(|p| f(&c[p % c.len()]));
@@ -687,36 +714,48 @@ mod tests {
             assert!(x.iter().skip_while(|c| !c.fused).all(|c| c.fused));
         }
         assert!(rs.iter().any(|c| c.fused && c.pieces == 4));
-        // 128-wide tiles and 8 pieces (K slices) for the fused algorithms.
-        for x in [&ag, &rs, &ar] {
-            assert!(x.iter().any(|c| c.fused && c.narrow));
-        }
-        assert!(ag.iter().any(|c| c.fused && c.pieces == 8 && !c.narrow));
         for op in [Op::ReduceScatter, Op::AllReduce] {
             assert!(
-                !candidates(op, 2, false, d(), 132, true)
+                !candidates(op, 2, false, d(), 132, (true, true))
                     .iter()
                     .any(|c| c.fused)
             );
         }
         // The bidirectional ring only from tp 4.
         assert!(
-            !candidates(Op::AllGather, 2, true, d(), 132, true)
+            !candidates(Op::AllGather, 2, true, d(), 132, (true, true))
                 .iter()
                 .any(|c| c.aggregate)
         );
         assert!(
-            candidates(Op::AllGather, 4, true, d(), 132, true)
+            candidates(Op::AllGather, 4, true, d(), 132, (true, true))
                 .iter()
                 .any(|c| c.aggregate)
         );
     }
 
+    /// 128-wide tiles (fused candidates only) and 8 all-gather pieces for the fused
+    /// algorithms; no narrow candidates where NVTE_COMM_FUSED_TILES pins the width.
+    #[test]
+    fn fused_candidates_offer_narrow_tiles_unless_pinned() {
+        for op in [Op::AllGather, Op::ReduceScatter, Op::AllReduce] {
+            for tp in [2, 4, 8] {
+                let c = candidates(op, tp, true, d(), 132, (true, true));
+                assert!(c.iter().any(|x| x.fused && x.narrow), "{op:?} tp {tp}");
+                assert!(c.iter().all(|x| x.fused || !x.narrow), "{op:?} tp {tp}");
+                let pinned = candidates(op, tp, true, d(), 132, (true, false));
+                assert!(!pinned.iter().any(|x| x.narrow) && pinned.iter().any(|x| x.fused));
+            }
+        }
+        let ag = candidates(Op::AllGather, 4, true, d(), 132, (true, true));
+        assert!(ag.iter().any(|c| c.fused && c.pieces == 8 && !c.narrow));
+    }
+
     #[test]
     fn encoding_round_trips() {
-        let all = candidates(Op::ReduceScatter, 4, true, d(), 132, true)
+        let all = candidates(Op::ReduceScatter, 4, true, d(), 132, (true, true))
             .into_iter()
-            .chain(candidates(Op::AllGather, 4, true, d(), 132, true));
+            .chain(candidates(Op::AllGather, 4, true, d(), 132, (true, true)));
         for c in all {
             assert_eq!(Choice::decode(&c.encode()), Some(c));
             assert_eq!(Choice::from_text(&c.to_text()), Some(c));
@@ -725,6 +764,13 @@ mod tests {
         assert_eq!(Choice::from_text("ce=1 aggregate=0"), None);
         assert_eq!(
             Choice::from_text("ce=1 aggregate=0 ring=1 comm_sms=0 splits=3"),
+            None
+        );
+        // A key twice (and another missing) is not taken.
+        assert_eq!(
+            Choice::from_text(
+                "ce=1 aggregate=0 ring=1 comm_sms=16 splits=3 pieces=1 acc=0 fused=1 fused=0"
+            ),
             None
         );
         // Lines of previous formats (no acc; no fused; no narrow) are not taken.
@@ -854,10 +900,10 @@ mod tests {
             dims: [1, 2, 3],
             tp: 4,
             transport: "ipc",
-            forced: [0, 0, 0],
+            forced: [0, 0, 0, 0],
         };
         let forced = Key {
-            forced: [0, 2, 0],
+            forced: [0, 2, 0, 0],
             ..k
         };
         assert_eq!(

@@ -440,8 +440,8 @@ impl Overlap {
     /// The per-call settings the autotuner chooses (between calls): copy-engine or SM
     /// puts, the bidirectional ring all-gather, the GEMM splits of the pipelined
     /// reduce-scatter and chunked all-reduce, the all-reduce algorithm, the pieces of the
-    /// ring all-gather and of the accumulating ring, and whether the ring reduce-scatter
-    /// accumulates.
+    /// ring all-gather and of the accumulating ring, whether the ring reduce-scatter
+    /// accumulates, the fused algorithms, and their GEMM's 128-wide tiles.
     pub fn set_tuning(&mut self, t: &Tuning) -> Result<()> {
         if !(1..=MAX_SPLITS).contains(&t.splits) {
             invalid!("num_splits = {} must be in 1..={MAX_SPLITS}", t.splits);

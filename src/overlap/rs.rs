@@ -436,9 +436,11 @@ impl Planner<'_> {
     /// tile counter per piece. Each piece is signalled by our GEMM and exchanged on its
     /// own, so the first exchange starts after 1/pieces of a destination's rows and the
     /// last one after the GEMM is 1/pieces of a block. It depends only on values every
-    /// rank shares (the settings, the device's SM count, the shape), so every rank
-    /// exchanges the same pieces whichever GEMM it runs (ranks on devices of different
-    /// SM counts could differ: `NVTE_COMM_CHECK`'s key includes the pieces).
+    /// rank shares (the settings and tuning, the device's SM count, the shape) and on
+    /// NVTE_COMM_FUSED_TILES (the tile width the pieces are sized for: set alike on every
+    /// rank), so every rank exchanges the same pieces whichever GEMM it runs (ranks on
+    /// devices of different SM counts, or with different knobs, could differ:
+    /// `NVTE_COMM_CHECK`'s key includes the pieces).
     fn fused_rs_pieces(&self, p: &RsPlan) -> usize {
         if !self.e.settings.atomic {
             return 1;
