@@ -287,10 +287,11 @@ fn pick_bn_waiting(m: usize, n: usize, sms: usize) -> usize {
 /// dividing the block (every tile row its own piece where none fits); `want` where that is
 /// more, where the tuner asked for whole blocks (1), or where the block is not whole tile
 /// rows. The tile width is the one the fused kernel takes (`pick_bn`: no ping-pong with
-/// done signals; 128 where the tuning asks for `narrow` tiles). On the emulated link (bench/RESULTS.md, twelfth session, one H100, 131
-/// SMs) the one anchor this changes (e4m3 tp 4, 16384 x 2048 x 8192 per rank: 1024 tiles
-/// a block, 8 pieces instead of 4) went from 1.063 to 1.041 x max(GEMM, link); with fewer
-/// SMs (a larger `num_comm_sm`) more anchors get more pieces (unmeasured).
+/// done signals; 128 where the tuning asks for `narrow` tiles). On the emulated link
+/// (bench/RESULTS.md, twelfth session, one H100, 131 SMs) the one anchor this changes
+/// (e4m3 tp 4, 16384 x 2048 x 8192 per rank: 1024 tiles a block, 8 pieces instead of 4)
+/// went from 1.063 to 1.041 x max(GEMM, link); with fewer SMs (a larger `num_comm_sm`)
+/// more anchors get more pieces (unmeasured).
 pub fn rs_pieces(want: usize, rows: usize, m: usize, n: usize, sms: usize, narrow: bool) -> usize {
     if want <= 1 || rows == 0 || !rows.is_multiple_of(TILE_ROWS) {
         return want;
