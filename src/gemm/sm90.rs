@@ -888,36 +888,17 @@ mod tests {
             done_rows: 256,
             ..Default::default()
         };
-        assert_eq!(pick_tile(&g, &done, 131), 256);
-        assert_eq!(
-            pick_tile(
-                &g,
-                &Hooks {
-                    narrow: true,
-                    ..done
-                },
-                131
-            ),
-            128
-        );
         let flags = Hooks {
             flags: DevPtr::new(4096),
             rows_per_flag: 1024,
             k_pieces: 4,
             ..Default::default()
         };
-        assert_eq!(pick_tile(&g, &flags, 131), 256);
-        assert_eq!(
-            pick_tile(
-                &g,
-                &Hooks {
-                    narrow: true,
-                    ..flags
-                },
-                131
-            ),
-            128
-        );
+        for h in [done, flags] {
+            assert_eq!(pick_tile(&g, &h, 131), 256);
+            let narrow = Hooks { narrow: true, ..h };
+            assert_eq!(pick_tile(&g, &narrow, 131), 128);
+        }
     }
 
     /// The ping-pong width where the eleventh session measured it faster (e4m3 and bf16 at

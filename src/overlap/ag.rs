@@ -55,6 +55,7 @@ fn narrow_tiles(knob: Option<usize>, tuned: bool) -> bool {
         _ => tuned,
     }
 }
+
 /// K slices per chunk of the fused all-gather with NVTE_COMM_AG_PIECES=k (at least; the
 /// tuned piece count where larger): the granularity the one-GPU emulated link measured.
 const K_SLICES: usize = 4;
