@@ -16,5 +16,5 @@ ex fp8_none --fp8 --no-comm-overlap
 ex fp8_all --fp8
 ex fp8_fwd_only --fp8 --no-ub-bulk-dgrad --no-ub-bulk-wgrad
 for np in 4 2; do timeout 80 python3 -m torch.distributed.run --standalone --nproc-per-node=$np bench/torch_ops.py --iters 30 --out $o/torch_ops_tp$np.md > $o/torch_ops_tp$np.log 2>&1; echo "torch_ops $np rc=$?"; done
-PYTEST_ADDOPTS="-k ops" TE_COMM_TEST_TIMEOUT=100 scripts/torch-test.sh 4 > $o/torch_test.log 2>&1; echo "torch-test rc=$?"; tail -3 $o/torch_test.log
+PYTEST_ADDOPTS="-k ops" TE_COMM_TEST_TIMEOUT=100 scripts/torch-gpu.sh 4 > $o/torch_test.log 2>&1; echo "torch-gpu rc=$?"; tail -3 $o/torch_test.log
 cat $o/torch_ops_tp4.md $o/torch_ops_tp2.md

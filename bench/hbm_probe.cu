@@ -1,6 +1,6 @@
 // HBM streaming probe (one GPU): how close can a kernel get to the device's nominal HBM
 // bandwidth for the three traffic patterns of the FP8 quantization kernels, and by which
-// technique? Not part of the library; built by scripts/quant-probe.sh with nvcc.
+// technique? Not part of the library; built by scripts/hbm-probe-gpu.sh with nvcc.
 //
 // Patterns, over n = 64M bf16 elements (--numel):
 //   amax  read 2n bytes (max |x|; the compute_amax kernel's traffic)

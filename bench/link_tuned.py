@@ -7,7 +7,7 @@ and piece count unless told otherwise). The library's autotuner (src/tune.rs) me
 several fused candidates per call shape and keeps the fastest: for the fused all-gather
 whole chunks, 2 and 8 pieces (with K slices, NVTE_COMM_AG_PIECES=k: 4 slices for the first
 two, 8 for the third) and 128-wide tiles; for the fused reduce-scatter ring 1 and 4 pieces
-(raised by `sm90::rs_pieces`) and 4 pieces of 128-wide tiles. scripts/own-gemm-link-gpu.sh
+(raised by `sm90::rs_pieces`) and 4 pieces of 128-wide tiles. scripts/emulated-link-gpu.sh
 (LINK_TUNED=1) runs a subset: the bench's default (4 pieces: with --k-pieces the 4 K slices
 of the tuner's whole-chunk and 2-piece candidates; row pieces the tuner does not have
 without it), `--bn 128` (128-wide tiles) and, for the all-gather, `--pieces 8`; not the

@@ -103,7 +103,7 @@
 // of B (copies variant) and outputs start as NaN, and again after the timed runs. late us:
 // the pacer's largest delay past a scheduled time over the timed runs. Bar lines last.
 //
-// Build + run: scripts/own-gemm-link-gpu.sh (writes under $OUT). By hand:
+// Build + run: scripts/emulated-link-gpu.sh (writes under $OUT). By hand:
 //   g++ -std=c++17 -O2 bench/own_gemm_link.cpp -I$CUDA/include -L$CUDA/lib64
 //       -lcudart -lnvrtc -lcublasLt -o own_gemm_link && ./own_gemm_link [options]
 // Options: --kernel FILE (default kernels/gemm_sm90.cu), --iters N (default 30; --quick:

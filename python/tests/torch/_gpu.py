@@ -1,7 +1,7 @@
 """Shared by the GPU test modules of this folder. The guard every multi-rank module starts with:
 ``torch, dist = require_torchrun_gpus()`` skips the importing module at collection unless
 torch with CUDA and NCCL is installed and this process is one of >= 2 torchrun ranks
-(scripts/torch-test.sh)."""
+(scripts/torch-gpu.sh)."""
 
 import os
 
@@ -19,7 +19,7 @@ def require_torchrun_gpus():
     if not dist.is_available() or not dist.is_nccl_available():
         pytest.skip("torch.distributed with NCCL is not available", allow_module_level=True)
     if "MASTER_ADDR" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) < 2:
-        pytest.skip("needs >= 2 ranks under torchrun (scripts/torch-test.sh)", allow_module_level=True)
+        pytest.skip("needs >= 2 ranks under torchrun (scripts/torch-gpu.sh)", allow_module_level=True)
     return torch, dist
 
 

@@ -1,11 +1,11 @@
 """GPU tests of transformer_engine_comm.torch, one pytest per rank under torchrun
-(scripts/torch-test.sh). Every rank runs the same tests in the same order; checks that
+(scripts/torch-gpu.sh). Every rank runs the same tests in the same order; checks that
 matter across ranks are agreed on through :func:`check_all`, so a failure on one rank fails
 the test on every rank (and no rank is left waiting in a collective).
 
 At the end the ranks agree on the outcome: every rank's exit status is non-zero when any
 rank failed, and each rank's last line says which ranks failed ("te_comm torch tests: ...").
-scripts/torch-test.sh shows rank 0's output and sends the other ranks' to log files
+scripts/torch-gpu.sh shows rank 0's output and sends the other ranks' to log files
 (torchrun --redirects); TE_COMM_TORCH_LOG_DIR names that folder in the closing line.
 """
 
@@ -35,7 +35,7 @@ def skip_reason():
     if not dist.is_available() or not dist.is_nccl_available():
         return "torch.distributed with NCCL is not available"
     if not UNDER_TORCHRUN:
-        return "not launched by torchrun (run scripts/torch-test.sh)"
+        return "not launched by torchrun (run scripts/torch-gpu.sh)"
     if WORLD_SIZE < 2:
         return "needs at least 2 ranks"
     if torch.cuda.device_count() <= LOCAL_RANK:

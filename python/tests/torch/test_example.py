@@ -1,6 +1,6 @@
 """examples/pytorch/layer_with_overlap.py.
 
-GPU tests (under torchrun, scripts/torch-test.sh; they skip themselves elsewhere), run
+GPU tests (under torchrun, scripts/torch-gpu.sh; they skip themselves elsewhere), run
 in-process (the example is itself a torchrun program): train() trains a few iterations with
 comm overlap and again without (--no-comm-overlap, the reference build); the loss curves
 must agree iteration by iteration (relative difference within tolerance), be finite and

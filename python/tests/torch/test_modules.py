@@ -8,7 +8,7 @@ single-GPU computation of the whole (unsharded) layer. Groups: the world (tp = w
 on 4+ ranks, tp-2 subgroups (consecutive and strided ranks).
 
 Every rank generates the global tensors from one seed and takes its shard; all checks are
-agreed on across the ranks (conftest.check_all). Run by scripts/torch-test.sh under
+agreed on across the ranks (conftest.check_all). Run by scripts/torch-gpu.sh under
 torchrun (skips itself elsewhere)."""
 
 

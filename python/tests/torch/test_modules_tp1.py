@@ -4,7 +4,7 @@ userbuffers over a one-rank group) against the reference build, FP8 (both recipe
 float, and CUDA graph capture of forward + backward with fp8=True.
 
 Runs standalone (``python -m pytest python/tests/torch/test_modules_tp1.py``: a one-rank
-NCCL group is created here) and under scripts/torch-test.sh's torchrun (every rank then
+NCCL group is created here) and under scripts/torch-gpu.sh's torchrun (every rank then
 runs the tests on its own one-rank group)."""
 import gc
 import os
@@ -231,7 +231,7 @@ def test_fp8_cuda_graph_matches_eager(group, recipe, force):
     # Collect garbage before capturing, as training loops do: torch (2.11) no longer does it
     # when a capture begins, and a collection during the capture may free objects whose
     # release is not capturable (garbage of the tests before this one: seen under
-    # scripts/torch-test.sh after test_modules.py, 2026-11-26).
+    # scripts/torch-gpu.sh after test_modules.py, 2026-11-26).
     gc.collect()
     graphed = torch.cuda.make_graphed_callables(graphed_mod, (sample,))
 

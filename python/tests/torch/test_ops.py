@@ -3,7 +3,7 @@ gemm_all_reduce) against a float32 torch reference built from the same data: eve
 generates the global x, weight and bias from one seed, takes its block-distributed share,
 and compares its output with the matching part of ``x @ weight.T + bias`` computed in
 float32 (relative error ||out - ref|| / ||ref||). Outputs start as NaN (debug poison), so
-anything the library did not write fails. Run by scripts/torch-test.sh under torchrun."""
+anything the library did not write fails. Run by scripts/torch-gpu.sh under torchrun."""
 
 import os
 

@@ -3,7 +3,7 @@ torch references: split all-gather + GEMM, pipelined and ring GEMM + reduce-scat
 all-gather / reduce-scatter beside a GEMM; NCCL and callback bootstraps, tensor-parallel
 groups smaller than the world, torch views of the registered buffer. Every algorithm runs
 several calls back to back (no host synchronisation, one rank delayed in turn, fresh inputs
-each call) and every call's output is checked. Run by scripts/torch-test.sh."""
+each call) and every call's output is checked. Run by scripts/torch-gpu.sh."""
 
 
 import pytest
