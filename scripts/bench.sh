@@ -17,9 +17,12 @@ lists), one MPI rank per GPU, all ranks one tensor-parallel group. Options in an
   --iters N      timed iterations per measurement
   --out FILE     also write the markdown table to FILE
   -h, --help     this text
-Needs a GPU machine with the CUDA runtime, NCCL, MPI and CMake. Environment: TE_COMM_LIB
-(a prebuilt library, else `cargo build --release`), TE_COMM_BUILD_DIR (default build-gpu/),
+Needs a GPU machine (one or more GPUs; NGPUS of them usable) with the CUDA runtime, NCCL,
+MPI and CMake; cargo only without TE_COMM_LIB. Environment: TE_COMM_LIB (a prebuilt
+library, else `cargo build --release`), TE_COMM_BUILD_DIR (default build-gpu/),
 TE_COMM_CUDA_ROOT / TE_COMM_NCCL_ROOT (CUDA runtime / NCCL folders when not installed).
+Takes a few minutes: the first build of tests_c, then the measurements (faster with
+--only or fewer --iters). Writes the build under TE_COMM_BUILD_DIR; prints the table.
 EOF
 }
 die() { echo "bench.sh: $*" >&2; echo "Run 'scripts/bench.sh --help' for usage." >&2; exit 2; }

@@ -1,7 +1,23 @@
-# Sourced by the scripts: repository root, the library to use, and the CMake build of
-# tests_c against it. Never NVLink multicast (NVLS): it can take shared GPUs out of service.
+# Sourced by the scripts (an internal helper, not run on its own): repository root, the
+# scripts' --help, the library to use, and the CMake build of tests_c against it. Never
+# NVLink multicast (NVLS): it can take shared GPUs out of service.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+# `te_comm_help "$@"`, first thing in a script: with -h or --help among the arguments, print
+# the script's leading comment block (the lines after the shebang up to the first line that
+# is not a comment, '# ' stripped: its usage text) and exit 0, before any work.
+te_comm_help() {
+  local a
+  for a in "$@"; do
+    case $a in
+      -h | --help)
+        awk 'NR == 1 && /^#!/ { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "${BASH_SOURCE[1]:-$0}"
+        exit 0
+        ;;
+    esac
+  done
+}
 
 # The library: $TE_COMM_LIB, else target/release (built with cargo when cargo exists).
 te_comm_library() {

@@ -1,16 +1,29 @@
 #!/usr/bin/env bash
-# The seed-002 workflow on the GPU machine: examples/pytorch/layer_with_overlap.py with and
-# without overlap, bf16 and --fp8 (--fp8-recipe delayed and current), tp 2 and 4, and
-# --num-replicas 2 on 4 GPUs, each with --profile (the step breakdown's PROFILE line: host ms,
-# exposed / hidden communication). For each configuration: overlap step time must be below
-# no-overlap, and the loss curves must agree (max relative difference per iteration under
-# TOL). Logs and a table under
-# ${OUT:-gpu-out}/example/; the table is printed last; exits non-zero on any failure.
-# Usage: scripts/example-test.sh [--iters N] [--tol T] [--np LIST] [--recipes LIST]
-#   --np: comma list of GPU counts (default 2,4); --recipes: comma list of none (bf16),
-#   delayed, current (default all three).
+# The PyTorch example end to end on 2 and 4 GPUs: examples/pytorch/layer_with_overlap.py
+# with and without overlap (--no-comm-overlap), bf16 and --fp8 (--fp8-recipe delayed and
+# current), tp 2 and 4, and --num-replicas 2 (tp 2 x dp 2) on 4 GPUs, each with --profile
+# (the step breakdown's PROFILE line: host ms, exposed / hidden communication). For each
+# configuration: the overlap step must be faster than the no-overlap one, and the loss curves
+# must agree (max relative difference per iteration under TOL) and fall.
+#
+# Usage: scripts/example-gpu.sh [--iters N] [--tol T] [--np LIST] [--recipes LIST]
+#   --iters N         training iterations per run (default 30)
+#   --tol T           max relative loss difference, overlap vs no-overlap (default 0.02)
+#   --np LIST         comma list of GPU counts (default 2,4; counts above the GPUs present
+#                     are left out)
+#   --recipes LIST    comma list of none (bf16), delayed, current (default all three)
+#   -h, --help        this text
+# Environment: TE_COMM_LIB (else target/release, built by cargo when present), OUT (default
+# gpu-out/; everything goes to $OUT/example), PYTHON (default python3).
+# Needs: 2 or more GPUs (4 for tp 4 and the replicas; Hopper for FP8); PyTorch with CUDA and
+# NCCL (torchrun); cargo only without TE_COMM_LIB. Exit 77 (skipped) with fewer than 2 GPUs.
+# Takes: about 30 s a run, two runs per configuration: 5-10 minutes with the defaults on 4
+# GPUs (each run at most 300 s).
+# Output: logs and a table under $OUT/example/, the table printed last; exit non-zero on any
+# failure.
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
+te_comm_help "$@"
 iters=30 tol=0.02 nplist=2,4 recipes=none,delayed,current
 while [ $# -gt 0 ]; do
   case $1 in
@@ -27,7 +40,7 @@ export PYTHONPATH=$root/python${PYTHONPATH:+:$PYTHONPATH}
 export TE_COMM_LIB=${TE_COMM_LIB:-$(te_comm_library)} || exit 1
 py=${PYTHON:-python3}
 ngpu=$(gpu_count)
-[ "$ngpu" -ge 2 ] || { echo "example-test: SKIPPED (needs 2 GPUs, found $ngpu)"; exit 77; }
+[ "$ngpu" -ge 2 ] || { echo "example-gpu: SKIPPED (needs 2 GPUs, found $ngpu)"; exit 77; }
 
 configs=()   # "NPROC REPLICAS RECIPE" (RECIPE: none = bf16, delayed, current = --fp8)
 for np in ${nplist//,/ }; do
@@ -86,5 +99,5 @@ done
   printf '%s\n' "${rows[@]}"
 } | tee "$out/summary.md"
 npass=$(grep -c '| PASS |' "$out/summary.md"); nfail=$(( ${#rows[@]} - npass ))
-echo "example-test: $npass passed, $nfail failed"
+echo "example-gpu: $npass passed, $nfail failed"
 exit $fail

@@ -1,11 +1,47 @@
 #!/usr/bin/env bash
-# One-call GPU check for the device machine: builds tests_c against the carried library,
-# runs every GPU test on 1, 2 and 4 GPUs as available (or on the counts given), runs the
-# GEMM benchmark on all GPUs and the torch.matmul comparison, writes logs and a summary
-# table under $OUT (or ./gpu-out), prints the table last, exits non-zero on any failure.
-# Usage: scripts/gpu-test.sh [NGPUS...]   (env TE_COMM_STAGES="c torch bench" selects stages)
+# The whole GPU check in one command: builds tests_c against the library, runs every GPU
+# test on 1, 2, 4 and 8 GPUs as available (or on the rank counts given), then the Python
+# packages' GPU tests, the examples and the benchmarks. Stages (TE_COMM_STAGES, default all):
+#   c            the C/C++ GPU tests (test_api, test_teardown, test_gemm, test_overlap,
+#                test_comm_gemm, test_graph; test_comm_gemm_fp8, with one GPU also at 2 and
+#                4 ranks sharing it)
+#   reliability  fault injection, the cross-rank check, soak and churn (test_reliability),
+#                processes and threads
+#   sanitizer    compute-sanitizer memcheck, racecheck and synccheck on test_comm_gemm and
+#                test_overlap, each report attributed to the library it came from
+#   torch        scripts/torch-gpu.sh, scripts/torch-ext-gpu.sh, scripts/example-gpu.sh and
+#                the quantization tests (when torch imports)
+#   jax          the JAX package's GPU tests and its example (when jax imports)
+#   bench        bench_gemm, bench_host, bench_overlap, bench_comm_gemm, torch_ops, jax_ops,
+#                the plot, the performance bar (bench/acceptance.py), host cost, the
+#                quantization bench and the GEMM against torch.matmul
+#
+# Usage: scripts/gpu-test.sh [NGPUS...]
+#   NGPUS       rank counts to run (default: 1, 2, 4, 8 up to the GPUs present)
+#   -h, --help  this text
+# Environment:
+#   TE_COMM_LIB                the library (else target/release, built by cargo when present)
+#   OUT                        output folder (default gpu-out/)
+#   TE_COMM_STAGES             the stages, e.g. "c torch bench" (default all six)
+#   TE_COMM_TESTS              the MPI tests of the c stage (default test_gemm test_overlap
+#                              test_comm_gemm test_graph)
+#   TE_COMM_TEST_TIMEOUT       seconds per test run (default 300; longer for some stages)
+#   TE_COMM_SHARED_SOAK_CALLS  soak calls with ranks sharing a GPU (default 2000)
+#   TE_COMM_THREADS_SHARED=1   also threads sharing a GPU in one process (known to time out)
+#   TE_COMM_SANITIZER_TOOLS    default "memcheck racecheck synccheck"
+#   TE_COMM_SANITIZER_TIMEOUT  seconds per sanitizer run (default 420)
+#   TE_COMM_BENCH_ARGS         extra bench_overlap options
+# Needs: 1 or more GPUs (the multi-rank runs need as many, or share one); the CUDA runtime,
+# NCCL, MPI and CMake (tests_c); compute-sanitizer for the sanitizer stage; PyTorch, JAX and
+# matplotlib (each optional: its stages and rows are left out without it); cargo only
+# without TE_COMM_LIB.
+# Takes: the c stage about 5 minutes on 4 H200s; every stage together well over the
+# 10-minute device-call limit (pick stages with TE_COMM_STAGES, or use multigpu-gpu.sh).
+# Output: logs and a summary table in one archive, results.tgz, beside summary.md under $OUT;
+# the table is printed last; exit non-zero on any failure.
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
+te_comm_help "$@"
 out=${OUT:-$root/gpu-out}
 mkdir -p "$out"
 log=$out/tests.log
@@ -45,7 +81,7 @@ run() {  # run NAME NP CMD...: log, time, and a summary row from the run's closi
 # Stages (TE_COMM_STAGES, default all): c = the C/C++ tests; reliability = fault
 # injection, cross-rank check, soak, churn; sanitizer = compute-sanitizer memcheck,
 # racecheck and synccheck on the GPU tests; torch = the PyTorch package
-# tests, the C++ extension example and the seed-002 example runs; jax = the JAX package's
+# tests, the C++ extension example and the PyTorch example's runs; jax = the JAX package's
 # GPU tests (python/tests/jax) and its example; bench = the benchmarks.
 stages=" ${TE_COMM_STAGES:-c reliability sanitizer torch jax bench} "
 has_torch=0
@@ -130,9 +166,9 @@ if [[ $stages == *" sanitizer "* ]]; then
 fi
 
 if [[ $stages == *" torch "* ]] && [ "$has_torch" = 1 ]; then
-  TE_COMM_TEST_TIMEOUT=1200 run torch-test "2,4" "$root/scripts/torch-test.sh"
-  run torch_extension "2,4" "$root/scripts/torch-ext-test.sh"
-  TE_COMM_TEST_TIMEOUT=900 run example-test "2,4" "$root/scripts/example-test.sh"
+  TE_COMM_TEST_TIMEOUT=1200 run torch-gpu "2,4" "$root/scripts/torch-gpu.sh"
+  run torch_extension "2,4" "$root/scripts/torch-ext-gpu.sh"
+  TE_COMM_TEST_TIMEOUT=900 run example-gpu "2,4" "$root/scripts/example-gpu.sh"
   run quantize-test 1 python3 -m pytest -q -rs -p no:cacheprovider "$root/python/tests/test_quantize.py"
 fi
 
@@ -181,7 +217,7 @@ for f in "$out"/bench_host_*.md; do [ -f "$f" ] && { echo; echo "host cost per C
 [ -f "$out/gemm_vs_torch.md" ] && { echo; echo "nvte_cublas_gemm vs torch:"; cat "$out/gemm_vs_torch.md"; }
 [ -f "$out/quantize_bench.md" ] && { echo; echo "quantization kernels (bench/quantize_bench.py):"; cat "$out/quantize_bench.md"; }
 for f in "$out"/bench_overlap_tp*.md "$out"/bench_comm_gemm_tp*.md "$out"/torch_ops_tp*.md "$out"/jax_ops.md; do [ -f "$f" ] && { echo; echo "benchmark ($(basename "$f" .md)):"; cat "$f"; }; done
-[ -f "$out/example/summary.md" ] && { echo; echo "layer_with_overlap.py (seed 002):"; cat "$out/example/summary.md"; }
+[ -f "$out/example/summary.md" ] && { echo; echo "layer_with_overlap.py (scripts/example-gpu.sh):"; cat "$out/example/summary.md"; }
 [ -f "$out/acceptance.md" ] && { echo; echo "performance bar (bench/acceptance.py):"; cat "$out/acceptance.md"; }
 echo; grep -E "FAIL" "$log" | head -n 30
 echo; cat "$summary"

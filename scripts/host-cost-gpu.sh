@@ -1,16 +1,29 @@
 #!/usr/bin/env bash
-# GPU check of issue 21 item 7 (comm-GEMM FP8 accumulation) and item 4, library half (host
-# cost of a C call), on one GPU: builds tests_c against the library ($TE_COMM_LIB, else
-# cargo), then test_comm_gemm_fp8 at 1, 2 and 4 ranks (2 and 4 sharing the GPU), bench_host
-# at tp 1 (--strict: fails when a comm-GEMM / overlap call costs more than 10 us of host
-# time or allocates) and with 2 ranks sharing the GPU, and the regression tests whose code
-# paths changed (test_gemm, test_comm_gemm, test_overlap, test_graph at 1 rank), and the
-# comm-GEMM calls at tp 1 against torch.mm on the six GEMMs of the training step
-# (bench/comm_gemm_tp1_vs_torch.py: each within 1.02x of torch.mm's time; skipped without
-# torch). Logs and tables under $OUT (or gpu-out/); the summary table is printed last;
-# exit 1 on any failure.
+# Host cost and FP8 accumulation of the C API on one GPU, in one call: builds tests_c against
+# the library, then
+#   - test_comm_gemm_fp8 (the comm-GEMM's FP8 accumulation against TE's reference) at 1, 2
+#     and 4 ranks (2 and 4 sharing the GPU over IPC);
+#   - bench_host at tp 1 (--strict: fails when a comm-GEMM / overlap call costs more than
+#     10 us of host time or allocates) and with 2 ranks sharing the GPU;
+#   - the regression tests of the C paths involved: test_gemm, test_comm_gemm, test_overlap,
+#     test_graph at 1 rank;
+#   - the comm-GEMM calls at tp 1 against torch.mm on the six GEMMs of the training step
+#     (bench/comm_gemm_tp1_vs_torch.py: each within 1.02x of torch.mm's time; skipped
+#     without torch with CUDA).
+#
+# Usage: scripts/host-cost-gpu.sh
+#   -h, --help  this text (no options otherwise)
+# Environment:
+#   TE_COMM_LIB          the library (else target/release, built by cargo when present)
+#   OUT                  output folder for logs and tables (default gpu-out/)
+#   NVTE_COMM_CACHE_DIR  the kernel cache (default /tmp/te_comm_kernel_cache)
+# Needs: one GPU (Hopper for the FP8 cases); the CUDA runtime, NCCL, MPI and CMake (tests_c);
+# python3 with PyTorch (CUDA) for the torch.mm comparison; cargo only without TE_COMM_LIB.
+# Takes: a few minutes (each step is limited to 120-240 s).
+# Output: the tables and a summary table printed last; exit 1 on any failure.
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
+te_comm_help "$@"
 out=${OUT:-$root/gpu-out}
 mkdir -p "$out"
 export NVTE_COMM_CACHE_DIR=${NVTE_COMM_CACHE_DIR:-/tmp/te_comm_kernel_cache}

@@ -1,15 +1,33 @@
 #!/usr/bin/env bash
-# The JAX package's GPU checks on a one-GPU box without cargo (the library prebuilt):
-#   TE_COMM_LIB=/path/libtransformer_engine_comm.so OUT=/tmp/out scripts/jax-gpu.sh
-# Runs, with logs under $OUT (STAGES="tests examples" by default; either alone): the JAX GPU
-# tests (1 and 2 processes sharing the GPU; the autotuner-candidate sweep is left to
-# scripts/gpu-test.sh), the example in every
-# mode with --profile (bf16: XLA's build, the layers, the library forced; FP8 delayed and
-# current: the layers and the library forced), then the acceptance checks at tp 1: the
-# layers within 1.03x of XLA's build, FP8's final loss within 2 % of bf16's, the FP8 builds'
-# GEMMs in FP8 and the FP8 step faster than bf16's. Prints a table last; exits non-zero when anything failed.
+# The JAX package's GPU checks on one GPU, from a prebuilt library (no cargo), in one call
+# (STAGES picks):
+#   tests     the JAX GPU tests (python/tests/jax/test_jax_gpu.py): one process with command
+#             buffers off and on, two processes sharing the GPU with them on, the shard_map
+#             checks with one and two processes (the autotuner-candidate sweep is left to
+#             scripts/gpu-test.sh);
+#   examples  examples/jax/mlp_with_overlap.py in every mode with --profile (bf16: XLA's
+#             build, the layers, the library forced; FP8 delayed and current: the layers and
+#             the library forced);
+# then the acceptance checks at tp 1: the layers within 1.03x of XLA's build, FP8's final
+# loss within 2 % of bf16's, the FP8 builds' GEMMs in FP8 and the FP8 step faster than
+# bf16's.
+#
+# Usage: TE_COMM_LIB=/path/libtransformer_engine_comm.so OUT=/tmp/out scripts/jax-gpu.sh
+#   -h, --help  this text (no options otherwise)
+# Environment:
+#   TE_COMM_LIB     the prebuilt library (required)
+#   OUT             output folder for the logs (default gpu-out/)
+#   STAGES          "tests examples" (default), or either alone
+#   TE_COMM_JAX_NP  process counts of the tests (default 1,2)
+#   JAX_TESTS_K     the tests' pytest -k expression (TE_COMM_JAX_NP=1,2,4 with
+#                   -k "test_ops_grads_training or test_shard_map" runs them all)
+# Needs: one GPU (Hopper for FP8); JAX with CUDA, pytest.
+# Takes: about 2.5 minutes for the tests on an H100; the three example runs at most 300 s
+# each (XLA's FP8 autotuning makes the FP8 ones the longest): about 5-10 minutes in all.
+# Output: a table and the PASS / FAIL checks last; exit non-zero when anything failed.
 set -uo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+source "$(dirname "$0")/common.sh"
+te_comm_help "$@"
 out=${OUT:-$root/gpu-out}
 mkdir -p "$out"
 export PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}"

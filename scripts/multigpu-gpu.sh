@@ -1,27 +1,44 @@
 #!/usr/bin/env bash
-# The multi-GPU acceptance on a machine of 2 or 4 GPUs, in three device calls that each fit
-# the 10-minute limit of one command (a time budget skips, and reports, what would not fit;
-# on 4 H200s on 2026-11-26 the C stage alone took about 300 s):
-#   part c: the C/C++ GPU tests (scripts/gpu-test.sh's c stage) at 2 and 4 ranks.
-#   part a: bench_overlap and bench_comm_gemm (both transports) at 2 and 4; torch's async-TP
-#           comparison (bench/torch_ops.py) at the largest count; the seed-002 example at the
-#           largest count (bf16, FP8 delayed and current, each with and without overlap, plus
-#           --num-replicas 2 on 4 GPUs) and the FP8 step's host profile (--host-profile);
-#           the library at an older commit against HEAD
-#           (bench_comm_gemm, same call, when .mg/old holds that tree's CMake files, tests_c
-#           and its library); bench/acceptance.py and the plot.
-#   part r: a recheck of fixes made after a full run, in one call: the reliability tests at 2
-#           and 4 ranks (one GPU each; short soak and churn), test_comm_gemm at the largest
-#           count, and the FP8 step's host profile at the largest count.
-#   part b: the reliability tests (fault injection, cross-rank check, soak, churn) at 2 and 4
-#           ranks, processes and threads; the PyTorch package tests; the JAX tests and
-#           example; the seed-002 example at 2 GPUs; torch_ops at 2; compute-sanitizer.
-# Everything lands under $OUT (or gpu-out/) as one archive, results.tgz, beside summary.md;
-# the summary table is printed last.
-# Usage: scripts/multigpu-gpu.sh c|a|b|r   (env TE_COMM_MG_BUDGET: seconds, default 560)
+# The multi-GPU check on a machine of 2 or 4 GPUs, in parts that each fit the 10-minute limit
+# of one device call (a time budget skips, and reports, what would not fit; on 4 H200s the
+# C part alone took about 300 s):
+#   c  the C/C++ GPU tests (scripts/gpu-test.sh's c stage) at 2 and 4 ranks.
+#   a  bench_overlap and bench_comm_gemm (both transports) at 2 and 4; torch's async-TP
+#      comparison (bench/torch_ops.py) at the largest count; the PyTorch example
+#      (scripts/example-gpu.sh) at the largest count (bf16, FP8 delayed and current, each
+#      with and without overlap, plus --num-replicas 2 on 4 GPUs) and the FP8 step's host
+#      profile (--host-profile); the library at an older commit against HEAD
+#      (bench_comm_gemm, same call, when .mg/old holds that tree's CMake files, tests_c and
+#      its library); bench/acceptance.py and the plot. The default part.
+#   r  a recheck of fixes made after a full run: the reliability tests at 2 and 4 ranks (one
+#      GPU each; short soak and churn), test_comm_gemm at the largest count, and the bf16
+#      and FP8 steps' host profiles at the largest count.
+#   b  the reliability tests (fault injection, cross-rank check, soak, churn) at 2 and 4
+#      ranks, processes and threads; the PyTorch package tests (scripts/torch-gpu.sh); the
+#      JAX tests and example; the PyTorch example at 2 GPUs; torch_ops at 2;
+#      compute-sanitizer memcheck.
+#
+# Usage: scripts/multigpu-gpu.sh [c|a|r|b]   (default a)
+#   -h, --help  this text
+# Environment:
+#   TE_COMM_LIB        the library (else target/release, built by cargo when present)
+#   OUT                output folder (default gpu-out/)
+#   TE_COMM_MG_BUDGET  seconds per part (default 560)
+# Needs: 2 or more GPUs (4 for the 4-rank runs; Hopper for FP8); the CUDA runtime, NCCL, MPI
+# and CMake (tests_c); PyTorch with CUDA (parts a, r, b), JAX with CUDA (part b),
+# compute-sanitizer (part b); cargo only without TE_COMM_LIB. Exit 77 (skipped) with fewer
+# than 2 GPUs.
+# Takes: up to TE_COMM_MG_BUDGET (560 s) per part, within one 10-minute device call.
+# Output: everything under $OUT as one archive, results.tgz, beside summary.md; the summary
+# table is printed last; exit 1 when a step failed.
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
+te_comm_help "$@"
 part=${1:-a}
+case $part in
+  a | b | c | r) ;;
+  *) echo "multigpu-gpu.sh: unknown part '$part' (c, a, r or b; see --help)" >&2; exit 2 ;;
+esac
 out=${OUT:-$root/gpu-out}
 mkdir -p "$out/logs"
 budget=${TE_COMM_MG_BUDGET:-560}
@@ -55,7 +72,7 @@ elif [ "$part" = a ]; then
   done
   step "torch_ops_tp$big" 120 python3 -m torch.distributed.run --standalone --nproc-per-node="$big" \
     "$root/bench/torch_ops.py" --out "$out/tables/torch_ops_tp$big.md"
-  step "example_tp$big" 260 env OUT="$out" "$root/scripts/example-test.sh" --np "$big" --iters 20
+  step "example_tp$big" 260 env OUT="$out" "$root/scripts/example-gpu.sh" --np "$big" --iters 20
   # Where an FP8 step's host time goes at the largest count (host-bound on 4 H200s,
   # 2026-11-26): cProfile over 5 steps, rank 0's top functions (logs/hostprofile_*.log).
   for ov in overlap no-overlap; do
@@ -91,11 +108,11 @@ else
     step "reliability_np$np" 200 "$build/tests_c/test_reliability" --ranks "$np" --soak-calls 5000 --churn-cycles 20
     step "reliability_threads_np$np" 100 "$build/tests_c/test_reliability" --ranks "$np" --threads --soak-calls 5000 --churn-cycles 10
   done
-  step torch_test 200 env OUT="$out" TE_COMM_TEST_TIMEOUT=190 "$root/scripts/torch-test.sh" "$big"
+  step torch_test 200 env OUT="$out" TE_COMM_TEST_TIMEOUT=190 "$root/scripts/torch-gpu.sh" "$big"
   jnps=$(IFS=,; echo "${nps[*]}")
   step jax_test 150 env TE_COMM_JAX_NP="$jnps" python3 -m pytest -q -rs -p no:cacheprovider "$root/python/tests/jax"
   step jax_example 90 python3 "$root/examples/jax/mlp_with_overlap.py" --steps 20
-  [ "$big" -gt 2 ] && step example_tp2 150 env OUT="$out" "$root/scripts/example-test.sh" --np 2 --iters 20 --recipes none,delayed
+  [ "$big" -gt 2 ] && step example_tp2 150 env OUT="$out" "$root/scripts/example-gpu.sh" --np 2 --iters 20 --recipes none,delayed
   mkdir -p "$out/tables"
   step torch_ops_tp2 100 python3 -m torch.distributed.run --standalone --nproc-per-node=2 \
     "$root/bench/torch_ops.py" --out "$out/tables/torch_ops_tp2.md"

@@ -1,24 +1,37 @@
 #!/usr/bin/env bash
-# One-GPU check of our own Hopper GEMM (kernels/gemm_sm90.cu, issue 22; the library's
-# fused algorithms launch its plain TN kernels) in one call: builds bench/own_gemm.cpp (plain C++ against
-# the CUDA toolkit: cudart, NVRTC, cuBLASLt; no cargo, no nvcc kernels) and runs it:
-# correctness on small/odd shapes and the per-rank anchor shapes at tp 2/4/8 (bf16 and
+# Our own Hopper GEMM (kernels/gemm_sm90.cu; the library's fused algorithms launch its plain
+# TN kernels) checked and timed on one GPU, in one call: builds bench/own_gemm.cpp (plain C++
+# against the CUDA toolkit: cudart, NVRTC, cuBLASLt; no cargo, no nvcc kernels) and runs it:
+# correctness on small / odd shapes and the per-rank anchor shapes at tp 2/4/8 (bf16 and
 # e4m3) against an fp32 reference GEMM and fp64 CPU samples, speed against cuBLASLt, the
-# cost of pre-set arrival flags, and an AG-style run whose row blocks arrive by copy
-# engine while the kernel runs; then the feature cases (every input / output type, the
-# epilogues, FP8 output with d_scale and amax, full-precision FP8 accumulation, NN / NT
-# layouts) at small and odd shapes against fp32 + fp64 references, and the precision
-# test of full-precision against fast FP8 accumulation at k = 8192. A summary line per
-# feature, the markdown table last (options --no-features, --features-only).
-#   scripts/own-gemm-gpu.sh [own_gemm options: --quick --iters N --bn 128|192|256 --group G --no-fp8
-#                            --no-features --features-only
-#                            --define GEMM90_STAGES_256=3 ...
-#                            --shape TOKENS,K,M,DTYPE (one timed case only, DTYPE 0 bf16 /
-#                            1 e4m3: for profilers such as ncu)]
-# Log and binary under $OUT (default own-gemm-out/); exits with own_gemm's status
-# (1: a wrong result or a hang, 2: setup error). CUDA_HOME (default /usr/local/cuda).
+# cost of pre-set arrival flags, and an AG-style run whose row blocks arrive by copy engine
+# while the kernel runs; then the feature cases (every input / output type, the epilogues,
+# FP8 output with d_scale and amax, full-precision FP8 accumulation, NN / NT layouts) at
+# small and odd shapes against fp32 + fp64 references, and the precision test of
+# full-precision against fast FP8 accumulation at k = 8192. A summary line per feature, the
+# markdown table last.
+# Passes: "base" (the kernel as committed, the library's exact NVRTC options) decides the
+# exit status; "unstaged" (-DGEMM90_EPI_STAGED=0) and "narrow" (also -DGEMM90_EPI_WIDE=0)
+# are A/B runs of the epilogue in the same call, reported in the summary.
+#
+# Usage: scripts/own-gemm-gpu.sh [own_gemm options]
+#   options go to the benchmark: --quick --iters N --bn 128|192|256 --group G --no-fp8
+#   --no-features --features-only --define GEMM90_STAGES_256=3 ...
+#   --shape TOKENS,K,M,DTYPE (one timed case only, DTYPE 0 bf16 / 1 e4m3: for profilers
+#   such as ncu)
+#   -h, --help  this text
+# Environment:
+#   OUT                output folder for the log and binary (default own-gemm-out/)
+#   OWN_GEMM_VARIANTS  the passes (default "base unstaged"; also "narrow")
+#   CUDA_HOME          the CUDA toolkit (default /usr/local/cuda, else nvcc's); CXX (default g++)
+# Needs: one Hopper GPU (H100 / H200); the CUDA toolkit (headers, cudart, NVRTC, cuBLASLt)
+# and g++ or nvcc. No cargo, no library build.
+# Takes: about 1-2 minutes a pass (each at most 280 s), two passes by default.
+# Output: the log under $OUT; exit status own_gemm's of the base pass (1: a wrong result or
+# a hang, 2: a setup error or a failed build).
 set -u
 source "$(dirname "$0")/common.sh"
+te_comm_help "$@"
 out=${OUT:-$root/own-gemm-out}
 mkdir -p "$out"
 build_cuda_bench own-gemm-gpu "$root/bench/own_gemm.cpp" "$out/own_gemm" "$out/own_gemm.log" || exit 2

@@ -1,18 +1,27 @@
 #!/usr/bin/env bash
-# One-GPU A/B of the cast + transpose kernels (NVTE_COMM_CAST_TRANSPOSE: v3 = the default, v2 = the one before,
-# v1 = the previous kernel, v2-* and v3-* = bench variants), in ONE device call, with a prebuilt
-# library (no cargo on the GPU machine):
-#   TE_COMM_LIB=<libtransformer_engine_comm.so> scripts/quant-ab.sh
-# 1. python/tests/test_quantize.py: every quantization test, including the bit-exact
-#    cast + transpose tests of every kernel (odd sizes, edges, unaligned, noop, 8192^2);
-# 2. bench/quantize_bench.py --ct-variants all: the usual table (barred rows with the
-#    default kernel) and every cast + transpose kernel at 64M elements, interleaved rounds
-#    (less any kernel whose test in step 1 failed).
-# Logs and tables under $OUT (default quant-ab-out/); a short table last; exits non-zero
-# when a step fails (the bench fails when a barred row misses its bar).
-# QUANT_AB_ITERS / QUANT_AB_ROUNDS: the bench's --iters / --ct-rounds (50 / 5).
+# A/B of the cast + transpose kernels on one GPU (NVTE_COMM_CAST_TRANSPOSE: v3 = the
+# default, v2 = the one before, v1 = the previous kernel, v2-* and v3-* = bench variants), in
+# ONE device call, from a prebuilt library (no cargo):
+#   1. python/tests/test_quantize.py: every quantization test, including the bit-exact
+#      cast + transpose tests of every kernel (odd sizes, edges, unaligned, noop, 8192^2);
+#   2. bench/quantize_bench.py --ct-variants: the usual table (barred rows with the default
+#      kernel) and every cast + transpose kernel at 64M elements, interleaved rounds (less
+#      any kernel whose test in step 1 failed).
+#
+# Usage: TE_COMM_LIB=<libtransformer_engine_comm.so> scripts/quant-ab-gpu.sh
+#   -h, --help  this text (no options otherwise)
+# Environment:
+#   TE_COMM_LIB      the prebuilt library (required)
+#   OUT              output folder for logs and tables (default quant-ab-out/)
+#   QUANT_AB_ITERS   the bench's --iters (default 50)
+#   QUANT_AB_ROUNDS  the bench's --ct-rounds (default 5)
+# Needs: one Hopper GPU (H100 / H200: FP8); PyTorch with CUDA, pytest.
+# Takes: several minutes (each step at most 540 s).
+# Output: a short table last; exit non-zero when a step fails (the bench fails when a barred
+# row misses its bar).
 set -u
-root=$(cd "$(dirname "$0")/.." && pwd)
+source "$(dirname "$0")/common.sh"
+te_comm_help "$@"
 out=${OUT:-$root/quant-ab-out}
 mkdir -p "$out"
 : "${TE_COMM_LIB:?set TE_COMM_LIB to the prebuilt libtransformer_engine_comm.so}"

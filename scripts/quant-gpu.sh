@@ -1,14 +1,25 @@
 #!/usr/bin/env bash
-# One-GPU check of the quantization kernels (H100 / H200; a prebuilt library, no cargo):
-#   TE_COMM_LIB=<libtransformer_engine_comm.so> PYTHONPATH=python scripts/quant-gpu.sh
-# 1. the C contract test (tests_c/test_api: bad inputs of every quantization function),
-# 2. python/tests/test_quantize.py (bit-exact against the torch reference, TE's scale and
-#    delayed-scaling rules, transpose, dequantize, noop, end to end),
-# 3. bench/quantize_bench.py (64M elements: GB/s, % of nominal and of a D2D copy, the 80 % bar).
-# Logs under $OUT (default quant-gpu-out/); exits non-zero on any failure; a table last.
-# QUANT_SKIP_C=1 skips step 1.
+# The quantization kernels checked on one GPU, from a prebuilt library (no cargo):
+#   1. the C contract test (tests_c/test_api: bad inputs of every quantization function),
+#      built with CMake;
+#   2. python/tests/test_quantize.py (bit-exact against the torch reference, TE's scale and
+#      delayed-scaling rules, transpose, dequantize, noop, end to end);
+#   3. bench/quantize_bench.py (64M elements: GB/s, % of nominal and of a D2D copy, the
+#      80 % bar).
+#
+# Usage: TE_COMM_LIB=<libtransformer_engine_comm.so> PYTHONPATH=python scripts/quant-gpu.sh
+#   -h, --help  this text (no options otherwise)
+# Environment:
+#   TE_COMM_LIB     the prebuilt library (required)
+#   OUT             output folder for the logs (default quant-gpu-out/)
+#   QUANT_SKIP_C=1  skip step 1
+# Needs: one Hopper GPU (H100 / H200: FP8); PyTorch with CUDA, pytest; CMake and a C
+# compiler for step 1 (skipped without cmake).
+# Takes: a few minutes (each step at most 600 s).
+# Output: logs under $OUT, a table last; exit non-zero on any failure.
 set -u
-root=$(cd "$(dirname "$0")/.." && pwd)
+source "$(dirname "$0")/common.sh"
+te_comm_help "$@"
 out=${OUT:-$root/quant-gpu-out}
 mkdir -p "$out"
 : "${TE_COMM_LIB:?set TE_COMM_LIB to the prebuilt libtransformer_engine_comm.so}"

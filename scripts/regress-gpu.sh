@@ -7,16 +7,26 @@
 #   2. the reliability cases with 2 and 4 ranks sharing the GPU (IPC: the overlap API and
 #      the comm-GEMM API with callback contexts): fault, mismatch, unchecked, and a short
 #      soak and churn;
-#   2b. the JAX GPU tests with 1 and 2 processes sharing the GPU;
-#   3. host cost per C call (bench_host: µs and allocations per call, tp 1);
-#   4. old against new at tp 1, same card, same call: bench_overlap and bench_comm_gemm
+#   3. the JAX GPU tests with 1 and 2 processes sharing the GPU (when jax imports);
+#   4. host cost per C call (bench_host: us and allocations per call, tp 1);
+#   5. old against new at tp 1, same card, same call: bench_overlap and bench_comm_gemm
 #      with the library and tests_c of an older tree in .mg/old (libtransformer_engine_comm.so
 #      beside its CMakeLists.txt, cmake/, include/, tests_c/, scripts/common.sh), when there.
+#
 # Usage: TE_COMM_LIB=<libtransformer_engine_comm.so> scripts/regress-gpu.sh
-#   env TE_COMM_REGRESS_BUDGET: seconds (default 560). Logs and tables: one archive,
-#   results.tgz, beside summary.md under $OUT (or gpu-out/); the summary is printed last.
+#   -h, --help  this text (no options otherwise)
+# Environment:
+#   TE_COMM_LIB             the library (else target/release, built by cargo when present)
+#   OUT                     output folder (default gpu-out/)
+#   TE_COMM_REGRESS_BUDGET  seconds for everything (default 560)
+# Needs: one GPU (Hopper for the FP8 and fused cases); the CUDA runtime, NCCL, MPI and CMake
+# (tests_c); JAX with CUDA for step 3 (skipped without); cargo only without TE_COMM_LIB.
+# Takes: up to TE_COMM_REGRESS_BUDGET (560 s), within one 10-minute device call.
+# Output: logs and tables in one archive, results.tgz, beside summary.md under $OUT; the
+# summary is printed last; exit 1 when a step failed.
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
+te_comm_help "$@"
 out=${OUT:-$root/gpu-out}
 mkdir -p "$out/logs" "$out/tables"
 budget=${TE_COMM_REGRESS_BUDGET:-560}

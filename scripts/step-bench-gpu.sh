@@ -1,27 +1,44 @@
 #!/usr/bin/env bash
-# The one-GPU acceptance harness of the training step (issue 21), in one call on a one-GPU
-# machine, from the repository root, with a prebuilt library (TE_COMM_LIB; no cargo
-# needed) and PYTHONPATH=python (set here):
+# The training step measured on one GPU, in one call, from the repository root
+# (PYTHONPATH=python is set here):
 #   1. bench/step_parts.py: the six GEMMs of a LayerNormMLP step and the example's optimizer
 #      step alone (the bf16 bar), and the GEMMs in FP8 for reference;
 #   2. examples/pytorch/layer_with_overlap.py at tp 1 (a world of one), default size (8192
 #      tokens, hidden 4096, ffn 16384, bf16 parameters): bf16 overlap build and no-overlap
 #      reference, FP8 delayed and current in both builds, bf16 and FP8 with --cuda-graph,
 #      bf16 and FP8 with --force-library-path, and the tp-4 per-rank shape (--ffn-mult 1:
-#      ffn 4096) forced and reference; --profile (a separate profiled pass) on the main rows;
-#   3. a summary table and the acceptance lines, each "met" or "missed" with its figures.
-# Logs and tables under ${OUT:-gpu-out}/step/ (packed into results.tgz beside summary.md at
-# the end). Exits non-zero only on errors (a run that fails or prints no RESULT line); a
-# missed bar is reported, not an error.
-# Usage: scripts/step-gpu.sh [--iters N] [--warmup N] [--profile-steps N]
-# The tp-4-shape rows run TE_COMM_STEP_TP4_ITERS steps (default 120, 20 of them warm-up; a
-# step is about 3 ms) whatever --iters / --warmup say, TE_COMM_STEP_TP4_RUNS times each
-# (default 3, in alternation): their host-time bar is taken on each run's median step
-# (METHOD: median of many) and the median run, the means reported beside it.
-#   env: PYTHON (default python3), TE_COMM_LIB, TE_COMM_STEP_TIMEOUT (seconds per run, 150),
-#   TE_COMM_STEP_ROWS (space-separated row names to run, default all).
+#      ffn 4096) forced and reference, eager and with --cuda-graph; --profile (a separate
+#      profiled pass) on the main rows;
+#   3. a summary table and the acceptance lines, each "met" or "missed" with its figures:
+#      FP8 / bf16 step (<= 0.75), FP8 loss within 2 % of bf16, bf16 step within 1.10x of its
+#      GEMMs + optimizer, the library path forced within 3 % of the reference, host time
+#      under half the GPU-busy time at the tp-4 shape; CUDA graph vs eager reported.
+# The tp-4-shape rows run TE_COMM_STEP_TP4_ITERS steps (20 of them warm-up; a step is about
+# 3 ms) whatever --iters / --warmup say, TE_COMM_STEP_TP4_RUNS times each, in alternation:
+# their host-time bar is taken on each run's median step and the median run.
+#
+# Usage: scripts/step-bench-gpu.sh [--iters N] [--warmup N] [--profile-steps N]
+#   --iters N          timed steps per row (default 30)
+#   --warmup N         warm-up steps per row (default 5)
+#   --profile-steps N  steps of the profiled pass where --profile (default 5)
+#   -h, --help         this text
+# Environment:
+#   TE_COMM_LIB             the library (else target/release, built by cargo when present)
+#   OUT                     output folder (default gpu-out/); everything goes to $OUT/step
+#   PYTHON                  the interpreter (default python3)
+#   TE_COMM_STEP_TIMEOUT    seconds per run (default 150)
+#   TE_COMM_STEP_ROWS       space-separated row names to run (default all)
+#   TE_COMM_STEP_TP4_ITERS  steps of the tp-4-shape rows (default 120)
+#   TE_COMM_STEP_TP4_RUNS   runs of each tp-4-shape row (default 3)
+#   CUDA_VISIBLE_DEVICES    the GPU (default 0)
+# Needs: one GPU (Hopper, H100 / H200, for the FP8 rows); PyTorch with CUDA; cargo only
+# without TE_COMM_LIB.
+# Takes: about 5 minutes with every row (each run at most TE_COMM_STEP_TIMEOUT s).
+# Output: the logs packed into results.tgz beside summary.md (printed); exit non-zero only on
+# errors (a run that fails or prints no RESULT line); a missed bar is reported, not an error.
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
+te_comm_help "$@"
 iters=30 warmup=5 psteps=5
 while [ $# -gt 0 ]; do
   case $1 in
@@ -41,9 +58,9 @@ export NVTE_COMM_CACHE_DIR=${NVTE_COMM_CACHE_DIR:-/tmp/te_comm_kernel_cache}
 py=${PYTHON:-python3}
 tmo=${TE_COMM_STEP_TIMEOUT:-150}
 ngpu=$(gpu_count)
-[ "$ngpu" -ge 1 ] || { echo "step-gpu: no GPU" >&2; exit 1; }
+[ "$ngpu" -ge 1 ] || { echo "step-bench-gpu: no GPU" >&2; exit 1; }
 {
-  echo "step-gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -n 1); GPUs: $ngpu (using 1)"
+  echo "step-bench-gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -n 1); GPUs: $ngpu (using 1)"
   echo "commit: $(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown); library: $TE_COMM_LIB"
   "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1 | tail -n 1
   echo "rows: $iters iterations, $warmup warm-up (the tp-4-shape rows: ${TE_COMM_STEP_TP4_ITERS:-120}, 20), profiled pass of $psteps steps where --profile"
@@ -230,18 +247,18 @@ for what, gn, en in (("bf16", "bf16_graph", "bf16_ovl"), ("FP8 delayed", "fp8d_g
                      ("tp-4 shape bf16, reference", "tp4_ref_graph", "tp4_ref")):
     a, b = step(gn), step(en)
     if a is not None and b is not None:
-        # The issue asks for the comparison, not a bar: reported, not counted.
+        # A comparison, not a bar: reported, not counted.
         gp = P.get(gn)
         busy = f"; host / GPU-busy with the graph {float(R[gn]['host_ms']) / float(gp['gpu_busy_ms']):.3f}" if gp else ""
         reports.append(f"- CUDA graph / eager step, {what} (compared, no bar): {a:.3f} / {b:.3f} ms = "
                        f"{a / b:.3f}; host ms {float(R[gn]['host_ms']):.3f} vs {float(R[en]['host_ms']):.3f}{busy}")
 print("\n".join(lines + reports))
 met = sum(" met:" in l for l in lines)
-print(f"\nstep-gpu: {met} of {len(lines)} bars met")
+print(f"\nstep-bench-gpu: {met} of {len(lines)} bars met")
 PY
 [ "${PIPESTATUS[0]}" -eq 0 ] || errors=1
 [ -f "$out/step_parts.md" ] && { echo; cat "$out/step_parts.md"; } | tee -a "$out/summary.md"
-echo "step-gpu: $(( $(date +%s) - t_start )) s; errors: $errors"
+echo "step-bench-gpu: $(( $(date +%s) - t_start )) s; errors: $errors"
 # Few files come back from the device machine: the logs in one archive beside the summary.
 if tar czf "$root/.step-results.tgz" -C "$out" --exclude summary.md . 2>/dev/null; then
   find "$out" -mindepth 1 -maxdepth 1 ! -name summary.md -exec rm -rf {} +

@@ -1,19 +1,31 @@
 #!/usr/bin/env bash
-# The PyTorch integration tests on GPUs: every test file in python/tests/torch, one pytest
-# per rank under torchrun, on 2 GPUs and on 4 when present (or on the rank counts given).
-# Rank 0's pytest output is the run's log ${OUT:-gpu-out}/torch/np<N>.log; the other ranks
-# write theirs to ${OUT:-gpu-out}/torch/np<N>/rank<R>.log. One summary line per rank count,
-# a table last (${OUT:-gpu-out}/torch/summary.md). Exits non-zero when any rank of any run
-# fails (77: fewer than 2 GPUs, nothing run).
-# Usage: scripts/torch-test.sh [NGPUS...]
-#   env: PYTHON (default python3), TE_COMM_LIB (else target/release, built by cargo when
-#   present), TE_COMM_TEST_TIMEOUT (seconds per rank count, default 540), PYTEST_ADDOPTS
-#   (extra pytest options, e.g. "-k ops -x"), TE_COMM_SKIP_INDUCTOR=1 (no inductor compile).
+# The PyTorch integration tests on GPUs: every test file in python/tests/torch (the ops,
+# the userbuffers API, the modules, the optimizer, the GEMM, the example), one pytest per
+# rank under torchrun, on 2 GPUs and on 4 when present (or on the rank counts given).
+#
+# Usage: scripts/torch-gpu.sh [NGPUS...]
+#   NGPUS       rank counts to run (default: 2, and 4 when 4 GPUs are present)
+#   -h, --help  this text
+# Environment:
+#   TE_COMM_LIB             the library (else target/release, built by cargo when present)
+#   OUT                     output folder (default gpu-out/); everything goes to $OUT/torch
+#   PYTHON                  the interpreter (default python3)
+#   TE_COMM_TEST_TIMEOUT    seconds per rank count (default 540)
+#   PYTEST_ADDOPTS          extra pytest options, e.g. "-k ops -x"
+#   TE_COMM_SKIP_INDUCTOR=1 no torch.compile inductor compile
+#   NVTE_COMM_TIMEOUT_MS    a peer's arrival timeout (default here 30000)
+# Needs: 2 or more GPUs (4 for the 4-rank run); PyTorch with CUDA and NCCL, pytest; cargo
+# only without TE_COMM_LIB. Exit 77 (skipped) with fewer than 2 GPUs.
+# Takes: about 2-4 minutes per rank count (at most TE_COMM_TEST_TIMEOUT s each).
+# Output: rank 0's pytest output is the run's log $OUT/torch/np<N>.log, the other ranks' are
+# $OUT/torch/np<N>/rank<R>.log; one summary line per rank count and a table last
+# ($OUT/torch/summary.md); exit non-zero when any rank of any run fails.
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
+te_comm_help "$@"
 out=${OUT:-$root/gpu-out}/torch
 mkdir -p "$out"
-log=$out/torch-test.log
+log=$out/torch-gpu.log
 : >"$log"
 export NVTE_COMM_CACHE_DIR=${NVTE_COMM_CACHE_DIR:-/tmp/te_comm_kernel_cache}
 # A peer that never arrives fails the call after 30 s instead of the default 60 s.
@@ -25,7 +37,7 @@ py=${PYTHON:-python3}
 ngpu=$(gpu_count)
 if [ "$#" -gt 0 ]; then nps=("$@"); else nps=(); for n in 2 4; do [ "$n" -le "$ngpu" ] && nps+=("$n"); done; fi
 echo "GPUs: $ngpu; rank counts: ${nps[*]:-none}; $("$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", ".".join(map(str, torch.cuda.nccl.version())))' 2>&1 | tail -n 1)" | tee -a "$log"
-if [ "${#nps[@]}" -eq 0 ]; then echo "torch-test: SKIPPED (needs 2 GPUs, found $ngpu)" | tee -a "$log"; exit 77; fi
+if [ "${#nps[@]}" -eq 0 ]; then echo "torch-gpu: SKIPPED (needs 2 GPUs, found $ngpu)" | tee -a "$log"; exit 77; fi
 
 lib=$(te_comm_library) || exit 1
 export TE_COMM_LIB=$lib
@@ -88,7 +100,7 @@ for np in "${nps[@]}"; do
   tot_pass=$((tot_pass + ${p:-0})); tot_skip=$((tot_skip + ${s:-0}))
   nf=$(( ${f:-0} + ${e:-0} )); [ "$result" != PASS ] && [ "$nf" -eq 0 ] && nf=1
   tot_fail=$((tot_fail + nf))
-  line="torch-test np=$np: $result${closing:+ | $closing}${outcome:+ | ${outcome#te_comm torch tests: }} | ${secs}s"
+  line="torch-gpu np=$np: $result${closing:+ | $closing}${outcome:+ | ${outcome#te_comm torch tests: }} | ${secs}s"
   echo "$line" | tee -a "$log"
   rows+=("| torch ops/userbuffers (python/tests/torch) | $np | $result | ${closing:--} | $secs |")
 done
@@ -100,5 +112,5 @@ done
 } | tee "$out/summary.md"
 # Closing line (counts summed over the rank counts; a run that failed without a pytest
 # summary counts as one failure).
-echo "torch-test: $tot_pass passed, $tot_fail failed, $tot_skip skipped (rank counts ${nps[*]})"
+echo "torch-gpu: $tot_pass passed, $tot_fail failed, $tot_skip skipped (rank counts ${nps[*]})"
 exit $fail

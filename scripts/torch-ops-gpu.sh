@@ -1,15 +1,30 @@
 #!/usr/bin/env bash
-# The torch ops' layouts (transa / transb) and host cost on ONE GPU, without cargo:
-#   TE_COMM_LIB=/path/libtransformer_engine_comm.so PYTHONPATH=python scripts/ops-gpu.sh
-# Stages: the C contract test of the header (cc; no GPU needed), the CPU shape tests of the
-# ops (meta / fake tensors), the torch GPU tests of the ops at tp 1 (torchrun, 1 rank:
-# every layout against torch in fp32, the prepared-call path, CUDA graphs, torch.compile
-# with aot_eager), and bench/host_cost.py (host µs per call; PASS/FAIL against 40 µs).
-# Logs under $OUT (default ops-gpu-out/); a table last; exit status 1 when a stage failed.
+# The torch ops' layouts (transa / transb) and host cost on ONE GPU, from a prebuilt
+# library (no cargo), in one call. Stages:
+#   1. c_test_api: the C contract test of the header, built with cc (no GPU needed);
+#   2. ops_meta_cpu: the CPU shape tests of the ops (meta / fake tensors) and the C API's
+#      Python tests;
+#   3. ops_gpu_tp1: the torch GPU tests of the ops at tp 1 (torchrun, 1 rank: every layout
+#      against torch in fp32, the prepared-call path, CUDA graphs, torch.compile with
+#      aot_eager);
+#   4. host_cost: bench/host_cost.py (host us per call; PASS/FAIL against 40 us).
+#
+# Usage: TE_COMM_LIB=/path/libtransformer_engine_comm.so scripts/torch-ops-gpu.sh
+#   -h, --help  this text (no options otherwise)
+# Environment:
+#   TE_COMM_LIB              the prebuilt library (required)
+#   OUT                      output folder for the logs (default torch-ops-out/)
+#   PYTHON                   the interpreter (default python3)
+#   PYTHONPATH               default python/
+#   TE_COMM_SKIP_INDUCTOR    default 1 (inductor's first compile alone takes minutes)
+# Needs: one GPU; PyTorch with CUDA, pytest; a C compiler (cc, gcc or clang) for stage 1.
+# Takes: about 2-4 minutes (stages limited to 60, 60, 150 and 90 s).
+# Output: logs under $OUT, a table last; exit status 1 when a stage failed.
 set -u
-root=$(cd "$(dirname "$0")/.." && pwd)
+source "$(dirname "$0")/common.sh"
+te_comm_help "$@"
 cd "$root"
-out=${OUT:-$root/ops-gpu-out}
+out=${OUT:-$root/torch-ops-out}
 mkdir -p "$out"
 : "${TE_COMM_LIB:?set TE_COMM_LIB to the prebuilt libtransformer_engine_comm.so}"
 export PYTHONPATH=${PYTHONPATH:-$root/python}
@@ -50,7 +65,7 @@ stage ops_gpu_tp1 150 env TE_COMM_TORCH_TP1=1 "$py" -m torch.distributed.run --s
 stage host_cost 90 "$py" bench/host_cost.py --out "$out/host_cost.md"
 
 echo
-echo "ops-gpu summary (logs: $out)"
+echo "torch-ops-gpu summary (logs: $out)"
 printf '| %-14s | %-16s | %5s |\n' stage result s
 printf '|%s|%s|%s|\n' "----------------" "------------------" "-------"
 for i in "${!names[@]}"; do

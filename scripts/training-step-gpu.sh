@@ -1,18 +1,39 @@
 #!/usr/bin/env bash
-# The training-step acceptance (issue 21) on one GPU, in one call: the quantization kernels
-# (bit-exact tests, bandwidth), the comm-GEMM FP8 accumulation test (tp 1, and 2 and 4
-# ranks sharing the GPU over IPC), host cost per call (C at tp 1 and with 2 ranks sharing
-# the GPU; the public torch ops at tp 1), the modules' one-GPU tests and the GEMM's (its
-# CUDA graphs included, also under the users' own captures: test_graph), the training step
-# (scripts/step-gpu.sh: FP8 vs bf16 with both recipes, bf16 vs its GEMMs + optimizer, the
-# library path forced at tp 1, host vs GPU time at tp-4 shapes, CUDA graphs) and the JAX
-# example at tp 1 (the layers vs XLA's own build, bf16 and FP8 with both recipes).
-#   TE_COMM_LIB=/path/libtransformer_engine_comm.so OUT=/tmp/out scripts/issue21-gpu.sh
-# Logs and tables under $OUT/issue21 (or gpu-out/issue21); a summary table is printed last;
-# exit 1 when a stage failed (a missed bar is reported in the tables, not an error).
+# The training-step check on one GPU, in one call:
+#   - the quantization kernels: python/tests/test_quantize.py (bit-exact) and
+#     bench/quantize_bench.py (bandwidth);
+#   - the comm-GEMM FP8 accumulation test (test_comm_gemm_fp8: 1 rank, and 2 and 4 ranks
+#     sharing the GPU over IPC);
+#   - host cost per call: bench_host in C at tp 1 and with 2 ranks sharing the GPU, the public
+#     torch ops at tp 1 (bench/host_cost.py);
+#   - the torch modules' one-GPU tests, the optimizer's and the GEMM's, and test_graph (the
+#     library GEMM's CUDA graphs, also under the users' own captures);
+#   - the training step (scripts/step-bench-gpu.sh --iters 20 --warmup 4: FP8 vs bf16 with
+#     both recipes, bf16 vs its GEMMs + optimizer, the library path forced at tp 1, host vs
+#     GPU time at tp-4 shapes, CUDA graphs);
+#   - the JAX example at tp 1 (examples/jax/mlp_with_overlap.py: the layers vs XLA's own
+#     build and the library forced, bf16; FP8 with both recipes only with TE_COMM_JAX_FP8=1).
+#
+# Usage: scripts/training-step-gpu.sh
+#   e.g. TE_COMM_LIB=/path/libtransformer_engine_comm.so OUT=/tmp/out scripts/training-step-gpu.sh
+#   -h, --help  this text (no options otherwise)
+# Environment:
+#   TE_COMM_LIB        the library (else target/release, built by cargo when present)
+#   OUT                output folder (default gpu-out/); everything goes to $OUT/training-step
+#   PYTHON             the interpreter (default python3)
+#   TE_COMM_STEP_ROWS  the training-step rows (default "parts bf16_ovl bf16_ref fp8d_ovl
+#                      fp8c_ovl bf16_graph fp8d_graph bf16_forced tp4_forced tp4_ref")
+#   TE_COMM_JAX_FP8=1  also the JAX FP8 rows (XLA's FP8 autotuning: 150 s or more each, more
+#                      than one 10-minute device call has left)
+# Needs: one Hopper GPU (H100 / H200); the CUDA runtime, NCCL, MPI and CMake (tests_c);
+# PyTorch and JAX with CUDA; cargo only without TE_COMM_LIB.
+# Takes: about 5-7 minutes on one H100 (300-420 s so far); each stage has its own limit.
+# Output: a summary table printed last (also $OUT/training-step/summary.md); exit 1 when a
+# stage failed (a missed bar is reported in the tables, not an error).
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
-out=${OUT:-$root/gpu-out}/issue21
+te_comm_help "$@"
+out=${OUT:-$root/gpu-out}/training-step
 mkdir -p "$out"
 export PYTHONPATH=$root/python${PYTHONPATH:+:$PYTHONPATH}
 export CUDA_DEVICE_MAX_CONNECTIONS=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
@@ -52,7 +73,7 @@ stage modules_tp1 150 "$py" -m pytest -q -rs -p no:cacheprovider "$root/python/t
 # The library GEMM's CUDA graphs (NVTE_COMM_GEMM_GRAPHS) under the users' own captures.
 stage graph_capture_c 90 "$mpi" 1 "$build/tests_c/test_graph"
 OUT=$out TE_COMM_STEP_ROWS=${TE_COMM_STEP_ROWS:-"parts bf16_ovl bf16_ref fp8d_ovl fp8c_ovl bf16_graph fp8d_graph bf16_forced tp4_forced tp4_ref"} \
-  stage step 420 "$root/scripts/step-gpu.sh" --iters 20 --warmup 4
+  stage step 420 "$root/scripts/step-bench-gpu.sh" --iters 20 --warmup 4
 ex=$root/examples/jax/mlp_with_overlap.py
 stage jax_bf16 150 "$py" "$ex" --builds xla,layers,library --profile --profile-dir "$out/jax-traces"
 # The JAX FP8 rows (no bar) only with TE_COMM_JAX_FP8=1: XLA's autotuning of the FP8 GEMMs
@@ -69,13 +90,13 @@ rm -rf "$out/jax-traces"
     [ -f "$out/$f.md" ] && { echo; echo "### $f"; cat "$out/$f.md"; }
   done
   grep -hE "max \|fast - full" "$out"/fp8_accum_np*.log
-  [ -f "$out/step/summary.md" ] && { echo; echo "### training step (scripts/step-gpu.sh)"; cat "$out/step/summary.md"; }
+  [ -f "$out/step/summary.md" ] && { echo; echo "### training step (scripts/step-bench-gpu.sh)"; cat "$out/step/summary.md"; }
   echo; echo "### JAX example at tp 1"
   grep -h "^RESULT" "$out"/jax_*.log | cut -c1-400
   echo
   echo "| stage | result | note | seconds |"
   echo "|---|---|---|---|"
   printf '%s\n' "${rows[@]}"
-  echo "issue21-gpu: $(( $(date +%s) - t_start )) s"
+  echo "training-step-gpu: $(( $(date +%s) - t_start )) s"
 } | tee "$out/summary.md"
 exit $fail
