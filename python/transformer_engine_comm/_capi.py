@@ -47,6 +47,7 @@ from typing import Callable, Iterable, NamedTuple, Optional, Sequence, Union
 
 # The C enums and the packed op codes: defined in the framework-neutral core (checked
 # against src/ffi/c_enums.in and the header by python/tests/test_core.py), re-exported.
+from . import _core
 from ._core import (
     C_ENUMS,
     PACKED_ALL_GATHER,
@@ -693,22 +694,18 @@ def _ptr(p) -> Optional[int]:
 
 
 def _dims_arg(dims, what: str) -> tuple:
-    """A shape argument as a tuple of non-negative ints: ValueError naming ``what`` for a
-    negative size (which size_t would wrap to ~1.8e19) or a size that is not an integer
-    (2.5, "3", None; bools too), instead of a silent truncation or wrap."""
-    try:
-        items = tuple(dims)
-    except TypeError:
-        raise ValueError(f"{what} must be a sequence of integers, got {dims!r}") from None
-    out = []
-    for i, d in enumerate(items):
-        if isinstance(d, bool) or not hasattr(d, "__index__"):
-            raise ValueError(f"{what}[{i}] must be an integer, got {d!r} in {what}={items!r}")
-        v = d.__index__()
-        if v < 0:
-            raise ValueError(f"{what}[{i}] = {v} is negative in {what}={items!r}")
-        out.append(v)
-    return tuple(out)
+    """A shape argument as a tuple of ints in [0, 2**63): ValueError naming ``what[i]`` for
+    a negative size (which size_t would wrap to ~1.8e19), one of 2**63 or more (which would
+    wrap or be truncated) or a size that is not an integer (2.5, "3", None; bools too),
+    instead of a silent truncation or wrap. The core's :func:`_core.check_shape`."""
+    return _core.check_shape(dims, what)
+
+
+def _dtype_arg(dtype, what: str = "dtype"):
+    """A dtype argument: an NVTEDType (:class:`DType` or int), a name ("bf16", "e4m3",
+    "float32", ...) or a torch / numpy / JAX dtype; TypeError naming ``what`` otherwise
+    (:func:`_core.nvte_dtype`)."""
+    return int(_core.nvte_dtype(dtype, what))
 
 
 class Tensor:
@@ -723,9 +720,10 @@ class Tensor:
         self._handle = None
         self._owned = True
         shape = _dims_arg(shape, "shape")
+        dtype = _dtype_arg(dtype, "dtype")
         dims = (c_size_t * max(len(shape), 1))(*shape)
         out = c_void_p()
-        check(lib().nvte_comm_tensor_create_simple(_ptr(ptr), int(dtype), dims, len(shape), byref(out)), "Tensor")
+        check(lib().nvte_comm_tensor_create_simple(_ptr(ptr), dtype, dims, len(shape), byref(out)), "Tensor")
         self._handle = out.value
         try:
             for param, p in (
@@ -820,7 +818,7 @@ class Tensor:
 
     def set_param(self, param: int, ptr: int, dtype: int, shape: Iterable[int]) -> None:
         """nvte_set_tensor_param_v2: set one component (data, scale, scale_inv, ...)."""
-        bt = BasicTensor(_ptr(ptr), int(dtype), Shape.of(shape))
+        bt = BasicTensor(_ptr(ptr), _dtype_arg(dtype, "dtype"), Shape.of(shape))
         lib().nvte_set_tensor_param_v2(self.handle, int(param), byref(bt), sizeof(bt))
         check_last("Tensor.set_param")
 
@@ -1076,12 +1074,13 @@ class GemmCtx:
 
     def numroc(self, global_size: int) -> int:
         """This rank's share of ``global_size`` (block ceil(global / nranks))."""
-        v = lib().nvte_comm_gemm_numroc(self.handle, int(global_size))
+        v = lib().nvte_comm_gemm_numroc(self.handle, _core.check_size(global_size, "global_size"))
         check_last("GemmCtx.numroc")
         return int(v)
 
     def _call(self, fn, what, m, n, k, a, b, d, bias, pre_act, transa, transb, grad, accumulate, comm_sm_count, stream, algo):
-        getattr(lib(), fn)(self.handle, int(m), int(n), int(k), _h(a, "a"), _h(b, "b"), _h(d, "d"), _h(bias, "bias"),
+        m, n, k = (_core.check_size(v, f"{what}: {name}") for v, name in ((m, "m"), (n, "n"), (k, "k")))
+        getattr(lib(), fn)(self.handle, m, n, k, _h(a, "a"), _h(b, "b"), _h(d, "d"), _h(bias, "bias"),
                            _h(pre_act, "pre_act"), bool(transa), bool(transb), bool(grad), bool(accumulate),
                            int(comm_sm_count), _ptr(stream), int(algo))
         check_last(what)
@@ -1230,6 +1229,8 @@ class Overlap:
         return self
 
     def _create(self, bs, config, rows, cols, dtype, keepalive, errors=None):
+        rows, cols = _core.check_size(rows, "rows"), _core.check_size(cols, "cols")
+        dtype = _dtype_arg(dtype, "dtype")
         self._keepalive = (bs,) + tuple(keepalive)
         cfg = None
         if config is not None:
@@ -1239,7 +1240,7 @@ class Overlap:
                 config.struct_size = sizeof(OverlapConfig)
             cfg = byref(config)
         out = c_void_p()
-        status = lib().nvte_comm_overlap_create(byref(bs), cfg, int(rows), int(cols), int(dtype), byref(out))
+        status = lib().nvte_comm_overlap_create(byref(bs), cfg, rows, cols, dtype, byref(out))
         if status != Status.NVTE_COMM_SUCCESS:
             err = CommError(status, last_error(), "Overlap")
             if errors:

@@ -302,6 +302,142 @@ def is_fp8(name: Optional[str]) -> bool:
     return name in FP8
 
 
+# --------------------------------------------------------------------------------------
+# Argument checks: sizes, shapes and dtypes as the public entries take them (the ctypes
+# binding, the torch and JAX adapters). Every error names the argument.
+# --------------------------------------------------------------------------------------
+
+# Sizes travel as size_t / int64_t: a size must be < 2**63 (a larger one would wrap or be
+# truncated on its way to the library).
+SIZE_LIMIT = 1 << 63
+
+# Dtype spellings accepted wherever a dtype is taken (case-insensitive), -> the canonical
+# names of NVTE_DTYPES. torch / numpy / JAX dtype objects are named by what they print.
+DTYPE_ALIASES = {
+    "bf16": "bfloat16",
+    "bfloat16": "bfloat16",
+    "fp16": "float16",
+    "half": "float16",
+    "float16": "float16",
+    "fp32": "float32",
+    "float32": "float32",
+    "e4m3": E4M3,
+    "fp8_e4m3": E4M3,
+    "float8_e4m3": E4M3,
+    "float8_e4m3fn": E4M3,
+    "e5m2": E5M2,
+    "fp8_e5m2": E5M2,
+    "float8_e5m2": E5M2,
+    "int16": "int16",
+    "int32": "int32",
+    "int64": "int64",
+    "byte": "uint8",
+    "uint8": "uint8",
+}
+# The NVTEDType enum names (kNVTEBFloat16, ...) are accepted too.
+_ENUM_NAMES = {d.name.lower(): d for d in DType if d is not DType.kNVTENumTypes}
+
+
+def check_size(v, what: str) -> int:
+    """One size (a dimension, a global size, a byte count): an integer (``__index__``:
+    int, numpy / torch integers; not bool, float or str) in [0, 2**63). ValueError naming
+    ``what`` otherwise."""
+    if isinstance(v, bool) or not hasattr(v, "__index__"):
+        raise ValueError(f"{what} must be an integer, got {v!r} ({type(v).__name__})")
+    i = v.__index__()
+    if i < 0:
+        raise ValueError(f"{what} = {i} is negative (sizes must be >= 0)")
+    if i >= SIZE_LIMIT:
+        raise ValueError(f"{what} = {i} is out of range (dims must be < 2**63)")
+    return i
+
+
+def check_shape(dims, what: str = "shape") -> tuple:
+    """A shape argument as a tuple of ints, each checked by :func:`check_size` under the
+    name ``what[i]`` (``shape[0] = -1 is negative in shape=(-1, 2)``)."""
+    if isinstance(dims, (str, bytes)):
+        raise ValueError(f"{what} must be a sequence of integers, got {dims!r}")
+    try:
+        items = tuple(dims)
+    except TypeError:
+        raise ValueError(f"{what} must be a sequence of integers, got {dims!r}") from None
+    out = []
+    for i, d in enumerate(items):
+        try:
+            out.append(check_size(d, f"{what}[{i}]"))
+        except ValueError as e:
+            raise ValueError(f"{e} in {what}={items!r}") from None
+    return tuple(out)
+
+
+def _known_dtypes() -> str:
+    return ", ".join(repr(a) for a in DTYPE_ALIASES)
+
+
+def _dtype_text(dtype) -> Optional[str]:
+    """What a dtype object calls itself (lower case), without importing its framework:
+    a str as is; torch.dtype -> 'bfloat16' (str 'torch.bfloat16'); a numpy dtype -> its
+    ``name``; a JAX / numpy scalar type (jnp.bfloat16, np.float32) -> its dtype's name or
+    its class name. None for anything else."""
+    if isinstance(dtype, str):
+        return dtype.strip().lower()
+    t = type(dtype)
+    mod = getattr(t, "__module__", "") or ""
+    if mod.split(".")[0] == "torch" and t.__name__ == "dtype":
+        return str(dtype).split(".")[-1].lower()
+    name = getattr(dtype, "name", None)
+    if isinstance(name, str) and hasattr(dtype, "kind") and hasattr(dtype, "itemsize"):  # a numpy dtype
+        return name.lower()
+    if isinstance(dtype, type):
+        # jnp.bfloat16 & co (classes carrying a numpy dtype), else np.float32,
+        # ml_dtypes.bfloat16 (scalar types named as their dtype)
+        iname = getattr(getattr(dtype, "dtype", None), "name", None)
+        return (iname if isinstance(iname, str) else dtype.__name__).lower()
+    return None
+
+
+def dtype_name(dtype, what: str = "dtype") -> str:
+    """The canonical name (a key of :data:`NVTE_DTYPES`: 'bfloat16', 'float8_e4m3fn', ...)
+    of a dtype given as a string alias (:data:`DTYPE_ALIASES`, any case: 'bf16', 'e4m3',
+    'byte', ...; also an NVTEDType name), a :class:`DType`, a torch dtype, a numpy dtype or
+    a JAX / numpy scalar type. TypeError naming ``what`` and the dtype otherwise."""
+    if isinstance(dtype, DType):
+        for n, d in NVTE_DTYPES.items():
+            if d == dtype:
+                return n
+        raise TypeError(f"{what} {dtype.name} has no framework dtype name (expected one of {_known_dtypes()})")
+    text = _dtype_text(dtype)
+    if text is None:
+        raise TypeError(f"{what} must be a dtype (a torch / numpy / JAX dtype or a name such as 'bf16'), "
+                        f"got {dtype!r} ({type(dtype).__name__})")
+    for prefix in ("torch.", "jnp.", "np.", "numpy.", "jax.numpy."):
+        if text.startswith(prefix):
+            text = text[len(prefix):]
+    name = DTYPE_ALIASES.get(text)
+    if name is None and text in _ENUM_NAMES:
+        name = dtype_name(_ENUM_NAMES[text], what)
+    if name is None:
+        shown = dtype if isinstance(dtype, str) else text
+        raise TypeError(f"{what} {shown!r} is not a known dtype; expected one of {_known_dtypes()} "
+                        "(or a torch / numpy / JAX dtype of those)")
+    return name
+
+
+def nvte_dtype(dtype, what: str = "dtype"):
+    """The NVTEDType of ``dtype``: an int or :class:`DType` as is (the library checks the
+    value), else through :func:`dtype_name`. TypeError naming ``what`` for a bool or an
+    unknown dtype."""
+    if isinstance(dtype, DType):
+        return dtype
+    if isinstance(dtype, bool):
+        raise TypeError(f"{what} must be a dtype, got {dtype!r}")
+    if isinstance(dtype, int):
+        return dtype
+    if isinstance(dtype, str) and dtype.strip().lower() in _ENUM_NAMES:
+        return _ENUM_NAMES[dtype.strip().lower()]
+    return NVTE_DTYPES[dtype_name(dtype, what)]
+
+
 class Dtypes:
     """A framework's dtype objects by the names above (those it has): ``of(name)``, and
     ``name(dtype)`` (None for a dtype without one here). The rules below take and return
@@ -385,6 +521,8 @@ def check_bias_dtype(op: str, b_dtype, fp8: bool, out_dtype, dt: Dtypes) -> None
 
 
 def check_comm_sm_count(op: str, comm_sm_count: int) -> None:
+    if isinstance(comm_sm_count, bool) or not hasattr(comm_sm_count, "__index__"):
+        raise ValueError(f"{op}: comm_sm_count must be an integer, got {comm_sm_count!r}")
     if comm_sm_count < 0:
         raise ValueError(f"{op}: comm_sm_count must be >= 0 (0 = the library default), got {comm_sm_count}")
 
@@ -504,12 +642,17 @@ def scattered_rows(n: int, nranks: int, rank: Union[int, Callable[[], int]]) -> 
 
 
 def opt_size(v, what: str) -> int:
-    """An optional global size argument: -1 for None, else a non-negative int."""
+    """An optional global size argument: -1 for None, else an integer in [0, 2**63)
+    (ValueError naming ``what`` for a negative, too large or non-integer value)."""
     if v is None:
         return -1
-    v = int(v)
+    if isinstance(v, bool) or not hasattr(v, "__index__"):
+        raise ValueError(f"{what} must be an integer or None, got {v!r} ({type(v).__name__})")
+    v = v.__index__()
     if v < 0:
         raise ValueError(f"{what} must be >= 0, got {v}")
+    if v >= SIZE_LIMIT:
+        raise ValueError(f"{what} = {v} is out of range (sizes must be < 2**63)")
     return v
 
 
