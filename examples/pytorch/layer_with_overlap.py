@@ -6,6 +6,11 @@ workflow, on transformer_engine_comm).
         examples/pytorch/layer_with_overlap.py [--fp8 [--fp8-recipe delayed|current]] \\
         [--no-comm-overlap] [--num-replicas N] [--cuda-graph] [--profile]
 
+Without a GPU (a smoke test of seconds: a world of one on gloo, the reference build, small
+default sizes that it prints; no torchrun or environment variables needed)::
+
+    python examples/pytorch/layer_with_overlap.py --device cpu
+
 From the source tree (no wheel installed): ``PYTHONPATH=python`` (the library is then found
 at ``target/release/libtransformer_engine_comm.so``, or wherever ``TE_COMM_LIB`` points);
 the script also adds ``<repo>/python`` to ``sys.path`` by itself when the package is not
@@ -112,18 +117,34 @@ def dist_print(msg: str, *, all_ranks: bool = False, end: str = "\n") -> None:
         print(f"[rank{WORLD_RANK}:node{NODE_ID}] {msg}", end=end, flush=True)
 
 
+# Sizes and iteration counts when not given: GPU_DEFAULTS (8192 tokens, hidden 4096) on
+# CUDA; CPU_DEFAULTS with --device cpu (256 tokens, hidden 128: seconds on 2 cores).
+GPU_DEFAULTS = {"seq_length": 2048, "batch_size": 4, "num_heads": 32, "head_dim": 128, "iters": 20, "warmup": 3}
+CPU_DEFAULTS = {"seq_length": 128, "batch_size": 2, "num_heads": 4, "head_dim": 32, "iters": 6, "warmup": 2}
+
+
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description="Train a tensor-parallel LayerNormMLP with comm/GEMM overlap (transformer_engine_comm)."
     )
     # Defaults: 8192 tokens, hidden 4096, ffn 16384 -- a size where communication matters.
-    p.add_argument("-s", "--seq-length", type=int, default=2048, help="sequence length (sharded over the TP group)")
-    p.add_argument("-b", "--batch-size", type=int, default=4)
-    p.add_argument("-n", "--num-heads", type=int, default=32)
-    p.add_argument("-d", "--head-dim", type=int, default=128, help="hidden = num_heads * head_dim")
+    # With --device cpu, the sizes not given are CPU_DEFAULTS' (a run of seconds).
+    p.add_argument("-s", "--seq-length", type=int, default=None,
+                   help=f"sequence length (sharded over the TP group; default {GPU_DEFAULTS['seq_length']}, "
+                        f"--device cpu: {CPU_DEFAULTS['seq_length']})")
+    p.add_argument("-b", "--batch-size", type=int, default=None,
+                   help=f"default {GPU_DEFAULTS['batch_size']} (--device cpu: {CPU_DEFAULTS['batch_size']})")
+    p.add_argument("-n", "--num-heads", type=int, default=None,
+                   help=f"default {GPU_DEFAULTS['num_heads']} (--device cpu: {CPU_DEFAULTS['num_heads']})")
+    p.add_argument("-d", "--head-dim", type=int, default=None,
+                   help=f"hidden = num_heads * head_dim; default {GPU_DEFAULTS['head_dim']} "
+                        f"(--device cpu: {CPU_DEFAULTS['head_dim']})")
     p.add_argument("--ffn-mult", type=int, default=4, help="ffn_hidden = ffn_mult * hidden")
-    p.add_argument("-i", "--iters", type=int, default=20, help="training iterations")
-    p.add_argument("--warmup", type=int, default=3, help="iterations excluded from the mean step time")
+    p.add_argument("-i", "--iters", type=int, default=None,
+                   help=f"training iterations (default {GPU_DEFAULTS['iters']}, --device cpu: {CPU_DEFAULTS['iters']})")
+    p.add_argument("--warmup", type=int, default=None,
+                   help=f"iterations excluded from the mean step time (default {GPU_DEFAULTS['warmup']}, "
+                        f"--device cpu: {CPU_DEFAULTS['warmup']})")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--lr", type=float, default=1e-4,
                    help="Adam learning rate (1e-4: a smooth fall at the default size; 1e-3 overshoots there)")
@@ -142,7 +163,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--log-every", type=int, default=1, help="print the loss every N iterations")
     p.add_argument("-v", "--verbose", action="store_true", help="progress lines on every iteration")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                   help="cpu: gloo + CPU tensors, reference build only (for smoke tests)")
+                   help="cpu: gloo + CPU tensors, the reference build (--no-comm-overlap implied), small "
+                        "default sizes: a smoke test of seconds, no GPU needed")
     p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="parameter / activation dtype")
     p.add_argument("--cuda-graph", action="store_true",
                    help="capture forward + backward with torch.cuda.make_graphed_callables (loss and optimizer eager)")
@@ -158,6 +180,22 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--force-library-path", action="store_true",
                    help="bench only: the overlap build runs the library's comm-GEMM ops at tp 1 as at tp > 1")
     opts = p.parse_args(argv)
+    # Sizes not given: the GPU defaults, or with --device cpu small ones (noted in
+    # opts.cpu_notes and printed by train()); --device cpu implies --no-comm-overlap.
+    opts.cpu_notes = []
+    defaults = CPU_DEFAULTS if opts.device == "cpu" else GPU_DEFAULTS
+    picked = []
+    for name, value in defaults.items():
+        if getattr(opts, name) is None:
+            setattr(opts, name, value)
+            picked.append(f"--{name.replace('_', '-')} {value}")
+    if opts.device == "cpu":
+        if picked:
+            opts.cpu_notes.append("--device cpu: small default sizes (" + ", ".join(picked) + "); pass them to change")
+        if not opts.no_comm_overlap and not opts.force_library_path:
+            opts.no_comm_overlap = True
+            opts.cpu_notes.append("--device cpu: the reference build (torch.distributed collectives + torch matmuls; "
+                                  "--no-comm-overlap implied: the library's overlap needs CUDA)")
     if opts.iters < 1:
         p.error("--iters must be >= 1")
     if opts.log_every < 1:
@@ -165,7 +203,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     if opts.num_replicas < 1:
         p.error("--num-replicas must be >= 1")
     if opts.device == "cpu" and not opts.no_comm_overlap:
-        p.error("--device cpu runs the reference build only: add --no-comm-overlap")
+        p.error("--device cpu runs the reference build only (--force-library-path needs --device cuda)")
     if opts.warmup < 0:
         p.error("--warmup must be >= 0")
     if opts.fp8_recipe is not None and not opts.fp8:
@@ -460,6 +498,8 @@ def train(opts: argparse.Namespace) -> dict:
 
     mode = "overlap" if overlap else "no-overlap"
     recipe = fp8_recipe_name if opts.fp8 else "none"
+    for note in getattr(opts, "cpu_notes", ()):
+        dist_print(note)
     dist_print(
         f"Config: mode={mode} fp8={int(opts.fp8)} recipe={recipe} graph={int(opts.cuda_graph)} "
         f"forced={int(opts.force_library_path)} tp={tp_size} dp={dp_size} seq={opts.seq_length} "

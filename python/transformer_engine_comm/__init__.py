@@ -116,7 +116,7 @@ def library_info(which=None):
     "missing_functions"}``: functions of the binding the loaded library lacks, [] when
     they agree), ``libraries`` (the CUDA libraries bound at run time: driver, cuBLASLt,
     NVRTC, NCCL, each its path and version or the error; ``_capi.library_info()``),
-    ``cuda_driver`` (its version, None when missing), ``device_count``, ``gpu_visible``
+    ``cuda_driver_version`` (None when the driver is missing), ``device_count``, ``gpu_visible``
     (device_count > 0), ``runtime_ok`` / ``runtime_error`` (:func:`check_runtime`).
 
     ``library_info("nccl")`` (or "cublaslt", "cuda_driver", "nvrtc", or a
@@ -137,11 +137,11 @@ def library_info(which=None):
     info["abi"] = {"header": HEADER, "version": info["library_version"],
                    "missing_functions": sorted(st.missing)}
     try:
-        info["libraries"] = dict(_capi.library_info())
+        info["libraries"] = _capi.library_info()  # a LibraryInfo: indexing a missing one raises its error
     except CommError as e:
         info["libraries"] = {"error": str(e)}
     drv = info["libraries"].get("cuda_driver") or {}
-    info["cuda_driver"] = drv.get("version") if drv.get("path") else None
+    info["cuda_driver_version"] = drv.get("version") if drv.get("path") else None
     info["device_count"] = device_count()
     info["gpu_visible"] = info["device_count"] > 0
     try:

@@ -520,9 +520,14 @@ def check_bias_dtype(op: str, b_dtype, fp8: bool, out_dtype, dt: Dtypes) -> None
         )
 
 
+def check_int(op: str, what: str, v) -> None:
+    """An integer argument (``__index__``; not bool, float or str): ValueError naming it."""
+    if isinstance(v, bool) or not hasattr(v, "__index__"):
+        raise ValueError(f"{op}: {what} must be an integer, got {v!r}")
+
+
 def check_comm_sm_count(op: str, comm_sm_count: int) -> None:
-    if isinstance(comm_sm_count, bool) or not hasattr(comm_sm_count, "__index__"):
-        raise ValueError(f"{op}: comm_sm_count must be an integer, got {comm_sm_count!r}")
+    check_int(op, "comm_sm_count", comm_sm_count)
     if comm_sm_count < 0:
         raise ValueError(f"{op}: comm_sm_count must be >= 0 (0 = the library default), got {comm_sm_count}")
 

@@ -236,7 +236,7 @@ def test_interval_helpers(example):
         (["--device", "cpu", "--no-comm-overlap", "--cuda-graph"], "need --device cuda"),
         (["--device", "cpu", "--no-comm-overlap", "--profile"], "need --device cuda"),
         (["--cuda-graph", "--num-replicas", "2"], "one replica only"),
-        (["--device", "cpu"], "reference build only"),
+        (["--device", "cpu", "--force-library-path"], "reference build only"),
     ],
 )
 def test_flag_checks(example, capsys, argv, err):
@@ -246,6 +246,13 @@ def test_flag_checks(example, capsys, argv, err):
 
 
 def test_flag_defaults(example):
+    o = example.parse_args([])
+    assert (o.seq_length, o.batch_size, o.num_heads, o.head_dim, o.iters, o.warmup) == (2048, 4, 32, 128, 20, 3)
+    assert not o.no_comm_overlap and o.cpu_notes == []
+    # --device cpu: the reference build and small sizes for what was not given
+    o = example.parse_args(["--device", "cpu", "-s", "64"])
+    assert o.no_comm_overlap and (o.seq_length, o.batch_size, o.num_heads, o.head_dim) == (64, 2, 4, 32)
+    assert len(o.cpu_notes) == 2 and "--seq-length" not in o.cpu_notes[0], o.cpu_notes
     o = example.parse_args(["--fp8"])
     assert o.fp8_recipe == "delayed" and not o.cuda_graph and not o.profile and not o.force_library_path
     assert example.parse_args([]).fp8_recipe is None

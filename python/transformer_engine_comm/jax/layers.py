@@ -56,7 +56,7 @@ import jax.numpy as jnp
 from . import fp8 as _f8
 from ._context import TPContext
 from .fp8 import FP8Meta
-from .ops import ag_gemm, rs_gemm
+from .ops import _comm_sms_arg, ag_gemm, rs_gemm
 
 
 def tp_shard_map(f, mesh, in_specs, out_specs):
@@ -315,9 +315,9 @@ def column_parallel_dense(x, w, bias=None, *, ctx: TPContext, sequence_parallel:
     recipe = _f8.as_recipe(fp8)
     if sequence_parallel:
         lib = _use_library(ctx, library)
-        cfg = _Cfg(ctx, "col_sp" if lib else "local", recipe, int(comm_sms), lib)
+        cfg = _Cfg(ctx, "col_sp" if lib else "local", recipe, _comm_sms_arg(comm_sms), lib)
     else:  # x replicated: nothing to communicate
-        cfg = _Cfg(ctx, "local", recipe, int(comm_sms), False)
+        cfg = _Cfg(ctx, "local", recipe, _comm_sms_arg(comm_sms), False)
     return _dense(x, w, bias, cfg, fp8_meta)
 
 
@@ -330,7 +330,7 @@ def row_parallel_dense(x, w, bias=None, *, ctx: TPContext, sequence_parallel: bo
     recipe = _f8.as_recipe(fp8)
     lib = _use_library(ctx, library)
     kind = ("row_sp" if sequence_parallel else "row_ar") if lib else "local"
-    return _dense(x, w, bias, _Cfg(ctx, kind, recipe, int(comm_sms), lib), fp8_meta)
+    return _dense(x, w, bias, _Cfg(ctx, kind, recipe, _comm_sms_arg(comm_sms), lib), fp8_meta)
 
 
 def mlp(x, w1, b1, w2, b2, *, ctx: TPContext, sequence_parallel: bool = True, fp8=False, fp8_meta=None,

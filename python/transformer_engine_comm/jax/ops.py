@@ -87,7 +87,8 @@ def _out_dtype(x, out_dtype):
     import jax.numpy as jnp
 
     if out_dtype is not None:
-        return jnp.dtype(out_dtype)
+        # Names ("bf16", "float32", ...), jnp / numpy / torch dtypes: the core's table
+        return jnp.dtype(_core.dtype_name(out_dtype, "out_dtype"))
     return jnp.dtype(jnp.bfloat16) if _is_fp8(x.dtype) else x.dtype
 
 
@@ -114,6 +115,7 @@ def ffi_gemm(kind: str, a, b, bias=None, a_scale_inv=None, b_scale_inv=None, *, 
     if ctx.closed:
         raise ValueError(f"{ctx!r} is closed")
     _check_layout(a, b, transa, transb, gather_b, TARGETS[kind][0])
+    comm_sms = _comm_sms_arg(comm_sms)
     register()
     target = TARGETS[kind][0]
     outs = [jax.ShapeDtypeStruct(tuple(d_shape), d_dtype)]
@@ -141,6 +143,14 @@ def ffi_gemm(kind: str, a, b, bias=None, a_scale_inv=None, b_scale_inv=None, *, 
     return list(res)
 
 
+def _comm_sms_arg(comm_sms) -> int:
+    """``comm_sms``: an integer in [0, 2**31) (ValueError naming it otherwise)."""
+    v = _core.check_size(comm_sms, "comm_sms")
+    if v >= 1 << 31:
+        raise ValueError(f"comm_sms = {v} is out of range (an SM count: < 2**31)")
+    return v
+
+
 def _check_layout(a, b, transa: bool, transb: bool, gather_b: bool, op: str = "te_comm") -> None:
     """The layouts the library runs (the core's rule: TN, NN, NT; FP8 TN only), checked at
     trace time."""
@@ -165,7 +175,8 @@ def ag_gemm(a, b, bias=None, *, ctx: TPContext, transa: bool = True, transb: boo
     # The core's plan, unvalidated (inside shard_map there is no one rank to check shares
     # against; the library checks the call): m and n global, D [n, m_local].
     p = _core.plan_all_gather("te_comm_all_gather_gemm", b.shape, a.shape, nranks=ctx.size, rank=None,
-                              transa=transa, transb=transb, n_global=None if n_tokens is None else int(n_tokens),
+                              transa=transa, transb=transb,
+                              n_global=None if n_tokens is None else _core.check_size(n_tokens, "n_tokens"),
                               validate=False)
     return ffi_gemm("ag", a, b, bias, a_scale_inv, b_scale_inv, ctx=ctx, m=p.m, n=p.n, k=p.k, transa=transa,
                     d_shape=p.out_shape, d_dtype=_out_dtype(b, out_dtype), gelu=gelu, gather_b=gather_b,

@@ -38,6 +38,7 @@ __all__ = [
     "numroc",
     "process_group_nccl_comm",
     "resolve_group",
+    "torch_dtype",
 ]
 
 COMM_KINDS = _core.COMM_KINDS
@@ -70,6 +71,41 @@ def nvte_dtype(dtype: torch.dtype):
     if d is None:
         raise TypeError(f"torch dtype {dtype} has no NVTEDType equivalent")
     return d
+
+
+def torch_dtype(dtype, what: str = "dtype"):
+    """A dtype argument as a torch.dtype: a torch.dtype (or None) as is, else a name
+    ("bf16", "e4m3", "float32", ...; the core's aliases) or a numpy / JAX dtype mapped
+    onto torch's (TypeError naming ``what`` and the dtype otherwise)."""
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    return DTYPES.of(_core.dtype_name(dtype, what))
+
+
+def no_default_group_message(what: str) -> str:
+    """The error for ``group=None`` while torch.distributed has no default process group."""
+    return (
+        f"{what}: no process group: group=None means the default (world) process group, but "
+        "torch.distributed is not initialised. Pass group=<a torch.distributed ProcessGroup>, or call "
+        "torch.distributed.init_process_group('nccl', ...) first (launched by torchrun; for a single "
+        "process, tp 1: init_process_group('nccl', init_method='tcp://127.0.0.1:29500', rank=0, "
+        "world_size=1))"
+    )
+
+
+def check_group_arg(group, what: str):
+    """``group`` as the ops take it (None = world, a ProcessGroup or a group name): the
+    ProcessGroup for None, ``group`` otherwise. RuntimeError saying what is missing when
+    group is None without a default process group; TypeError for another kind of value."""
+    if group is None:
+        pg = dist.group.WORLD if dist.is_available() else None
+        if pg is None:
+            raise RuntimeError(no_default_group_message(what))
+        return pg
+    if isinstance(group, (bool, int, float, bytes, tuple, list, dict)):
+        raise TypeError(f"{what}: group must be a torch.distributed ProcessGroup, a group name (str) or None "
+                        f"(the default group), got {group!r}")
+    return group
 
 
 def set_packed_operand(o, t: Optional[torch.Tensor], shape, dtype: torch.dtype, scale_inv=None) -> None:
@@ -205,12 +241,15 @@ def resolve_group(group=None):
     """``group`` itself, the default (world) group for None, or the group registered
     under a name (str)."""
     if not dist.is_available() or not dist.is_initialized():
+        if group is None:
+            raise RuntimeError(no_default_group_message("transformer_engine_comm.torch"))
         raise RuntimeError(
             "transformer_engine_comm.torch needs an initialized torch.distributed process "
             "group (dist.init_process_group('nccl', ...))"
         )
     if group is None:
         return dist.group.WORLD
+    check_group_arg(group, "transformer_engine_comm.torch")
     if isinstance(group, str):
         return dist.distributed_c10d._resolve_process_group(group)
     return group
@@ -219,7 +258,7 @@ def resolve_group(group=None):
 def group_name_of(group=None) -> str:
     """The name custom ops use for ``group`` (None = world)."""
     if group is None:
-        return dist.group.WORLD.group_name
+        return check_group_arg(None, "transformer_engine_comm.torch").group_name
     if isinstance(group, str):
         return group
     return group.group_name

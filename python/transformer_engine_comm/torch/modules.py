@@ -147,6 +147,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from .. import _core
 from . import fp8 as _fp8
 
 __all__ = [
@@ -997,6 +998,22 @@ class _TPModule(nn.Module):
         return self._fp8_state().metas()
 
 
+def _size_arg(v, what: str) -> int:
+    """A module's size argument: an integer in [0, 2**63) (ValueError naming it otherwise:
+    2.5 or "1024" are not truncated or parsed)."""
+    return _core.check_size(v, what)
+
+
+def _params_dtype(dtype) -> torch.dtype:
+    """``params_dtype``: a torch.dtype, or a name ("bf16", "float32", ...) / numpy or JAX
+    dtype mapped onto torch's; TypeError naming it otherwise."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    from ._context import torch_dtype
+
+    return torch_dtype(dtype, "params_dtype")
+
+
 def _divide(a: int, b: int, what: str) -> int:
     if a % b:
         raise ValueError(f"{what} = {a} must be divisible by the tensor-parallel size {b}")
@@ -1063,6 +1080,8 @@ class ColumnParallelLinear(_TPModule):
         init_std: float = 0.02,
     ):
         super().__init__()
+        in_features, out_features = _size_arg(in_features, "in_features"), _size_arg(out_features, "out_features")
+        params_dtype = _params_dtype(params_dtype)
         self._setup_tp(tp_group, sequence_parallel, comm_overlap, fp8, fp8_recipe, force_library_path)
         self.in_features = int(in_features)
         self.out_features = int(out_features)
@@ -1188,6 +1207,8 @@ class RowParallelLinear(_TPModule):
         init_std: float = 0.02,
     ):
         super().__init__()
+        in_features, out_features = _size_arg(in_features, "in_features"), _size_arg(out_features, "out_features")
+        params_dtype = _params_dtype(params_dtype)
         self._setup_tp(tp_group, sequence_parallel, comm_overlap, fp8, fp8_recipe, force_library_path)
         self.in_features = int(in_features)
         self.out_features = int(out_features)
@@ -1319,8 +1340,9 @@ class LayerNormMLP(nn.Module):
         init_std: float = 0.02,
     ):
         super().__init__()
-        self.hidden_size = int(hidden_size)
-        self.ffn_hidden_size = int(ffn_hidden_size)
+        self.hidden_size = _size_arg(hidden_size, "hidden_size")
+        self.ffn_hidden_size = _size_arg(ffn_hidden_size, "ffn_hidden_size")
+        params_dtype = _params_dtype(params_dtype)
         self.eps = float(eps)
         self.tp_group = tp_group
         self.tp_size, self.tp_rank = tp_size_rank(tp_group)

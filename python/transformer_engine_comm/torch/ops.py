@@ -561,14 +561,20 @@ def _check_layout(op: str, x, weight, bias, transa, transb) -> None:
     _check_trans(op, transa, transb, fp8)
 
 
-def _size_rank(group) -> Tuple[int, int]:
+def _size_rank(group, op: str = "te_comm") -> Tuple[int, int]:
     # ProcessGroup.size() / .rank() are constants to dynamo (no graph break).
-    pg = group
-    if pg is None:
-        pg = dist.group.WORLD
-    elif isinstance(pg, str):
+    pg = _context.check_group_arg(group, op)  # None: the world group, or an error saying it is missing
+    if isinstance(pg, str):
         pg = dist.distributed_c10d._resolve_process_group(pg)
     return pg.size(), pg.rank()
+
+
+def _out_dtype_arg(op: str, out_dtype):
+    """``out_dtype`` as a torch.dtype (None kept): names ("bf16", "float32", ...) and
+    numpy / JAX dtypes are converted (TypeError naming it otherwise)."""
+    if out_dtype is None or type(out_dtype) is torch.dtype:
+        return out_dtype
+    return _context.torch_dtype(out_dtype, f"{op}: out_dtype")
 
 
 _kind_args = _core.check_op_kind
@@ -610,6 +616,8 @@ def all_gather_gemm(
     ``(gelu(y), y)``. group: a ProcessGroup (None = world). comm: "pg" (the group's NCCL
     communicator) or "own"; transport: None, "auto", "ipc" or "nccl" (see get_context).
     """
+    if out_dtype is not None and type(out_dtype) is not torch.dtype:
+        out_dtype = _out_dtype_arg("te_comm.all_gather_gemm", out_dtype)
     direct = _direct(x, weight, bias, x_scale_inv, w_scale_inv)
     if direct:
         key = ("ag", group, gelu, n_global, m_global, out_dtype, algo, comm_sm_count, comm, transport, transa, transb,
@@ -621,11 +629,12 @@ def all_gather_gemm(
     op = "te_comm.all_gather_gemm"
     _check_layout(op, x, weight, bias, transa, transb)
     comm_, transport_ = _kind_args(comm, transport)
-    size, _ = _size_rank(group)
+    _core.check_int(op, "comm_sm_count", comm_sm_count)  # its range: with the other rules
     # Concrete global sizes: the op's output shape must follow from its arguments alone
     # (compiled-graph caches are shared by ranks and by runs with other group sizes).
     n = _opt_int(n_global, "n_global")
     m = _opt_int(m_global, "m_global")
+    size, _ = _size_rank(group, op)
     nl, _, ml, _ = _core.operand_dims(x.shape, weight.shape, transa, transb)
     args = (
         x, weight, bias, x_scale_inv, w_scale_inv, group_name_of(group),
@@ -663,6 +672,8 @@ def gemm_reduce_scatter(
     [k_local, m] (``x @ weight``, NN, e.g. dgrad ``dY @ W``); transb=True (with
     transa=False): x is [k_local, n] (NT). k_global: the global k, required when the k
     shares are uneven. gelu=True returns ``(gelu(y), y)`` (applied after the reduction)."""
+    if out_dtype is not None and type(out_dtype) is not torch.dtype:
+        out_dtype = _out_dtype_arg("te_comm.gemm_reduce_scatter", out_dtype)
     direct = _direct(x, weight, bias, x_scale_inv, w_scale_inv)
     if direct:
         key = ("rs", group, k_global, out_dtype, algo, comm_sm_count, comm, transport, transa, transb,
@@ -674,8 +685,9 @@ def gemm_reduce_scatter(
     op = "te_comm.gemm_reduce_scatter"
     _check_layout(op, x, weight, bias, transa, transb)
     comm_, transport_ = _kind_args(comm, transport)
-    size, rank = _size_rank(group)
+    _core.check_int(op, "comm_sm_count", comm_sm_count)  # its range: with the other rules
     k = _opt_int(k_global, "k_global")
+    size, rank = _size_rank(group, op)
     n, kl, _, _ = _core.operand_dims(x.shape, weight.shape, transa, transb)
     args = (
         x, weight, bias, x_scale_inv, w_scale_inv, group_name_of(group), kl * size if k < 0 else k,
@@ -711,6 +723,8 @@ def gemm_all_reduce(
     """``AR(x @ weight.T) (+ bias once)``: x [n, k_local], weight [m, k_local] (k split) ->
     [n, m] on every rank. transa / transb as in gemm_reduce_scatter; k_global as there;
     gelu=True returns ``(gelu(y), y)`` (applied after the reduction)."""
+    if out_dtype is not None and type(out_dtype) is not torch.dtype:
+        out_dtype = _out_dtype_arg("te_comm.gemm_all_reduce", out_dtype)
     direct = _direct(x, weight, bias, x_scale_inv, w_scale_inv)
     if direct:
         key = ("ar", group, k_global, out_dtype, algo, comm_sm_count, comm, transport, transa, transb,
@@ -722,8 +736,9 @@ def gemm_all_reduce(
     op = "te_comm.gemm_all_reduce"
     _check_layout(op, x, weight, bias, transa, transb)
     comm_, transport_ = _kind_args(comm, transport)
-    size, _ = _size_rank(group)
+    _core.check_int(op, "comm_sm_count", comm_sm_count)  # its range: with the other rules
     k = _opt_int(k_global, "k_global")
+    size, _ = _size_rank(group, op)
     _, kl, _, _ = _core.operand_dims(x.shape, weight.shape, transa, transb)
     args = (
         x, weight, bias, x_scale_inv, w_scale_inv, group_name_of(group), kl * size if k < 0 else k,

@@ -287,15 +287,17 @@ class CommOverlap:
         self._ov = None
         self._ovh = None
         self._plans = {}
-        if len(shape) != 2 or int(shape[0]) <= 0 or int(shape[1]) <= 0:
+        dims = _core.check_shape(shape, "CommOverlap: shape")
+        if len(dims) != 2 or dims[0] <= 0 or dims[1] <= 0:
             raise ValueError(f"CommOverlap: shape must be (rows, cols) with positive sizes, got {shape}")
-        rows, cols = int(shape[0]), int(shape[1])
+        rows, cols = dims
+        dtype = _context.torch_dtype(dtype, "CommOverlap: dtype")
         nvte_dt = nvte_dtype(dtype)
         if dtype not in (torch.float32, torch.float16, torch.bfloat16) + FP8_DTYPES:
             raise TypeError(f"CommOverlap: buffer dtype must be float32, float16, bfloat16 or FP8, got {dtype}")
         pg = resolve_group(group)
         gsize, grank = pg.size(), pg.rank()
-        tp = gsize if tp_size is None else int(tp_size)
+        tp = gsize if tp_size is None else _core.check_size(tp_size, "CommOverlap: tp_size")
         if tp <= 0 or gsize % tp:
             raise ValueError(f"CommOverlap: tp_size={tp_size} must divide the group size {gsize}")
         if rows % tp:
@@ -304,6 +306,7 @@ class CommOverlap:
             raise ValueError(f"CommOverlap: bootstrap must be 'nccl' or 'callbacks', got {bootstrap!r}")
         if transport is not None and transport not in _TRANSPORT_IDS:
             raise ValueError(f"CommOverlap: transport must be None or one of {sorted(_TRANSPORT_IDS)}, got {transport!r}")
+        workspace_bytes = _core.check_size(workspace_bytes, "CommOverlap: workspace_bytes")
         if torch.cuda.is_current_stream_capturing():
             raise RuntimeError("CommOverlap: cannot be created during CUDA graph capture")
 
