@@ -573,8 +573,10 @@ const char *nvte_comm_version(void);
 
 /**
  * Check that the CUDA driver, cuBLASLt, NVRTC and NCCL can be loaded and that a GPU is
- * visible. Returns NVTE_COMM_ERROR_LIBRARY_NOT_FOUND naming the missing library, or
- * NVTE_COMM_ERROR_CUDA when the driver loads but reports no usable device.
+ * visible. Returns NVTE_COMM_ERROR_LIBRARY_NOT_FOUND naming the missing library, or the
+ * library too old for this one (a driver for an older CUDA: the message names each
+ * entry point it lacks and the version that provides it), or NVTE_COMM_ERROR_CUDA when
+ * the driver loads but reports no usable device.
  */
 NVTECommStatus nvte_comm_check_runtime(void);
 

@@ -589,6 +589,9 @@ fn every_launch_goes_through_a_checked_binding() {
         if f.ends_with("cuda/kernel.rs") {
             continue; // the launch primitives and their unit tests
         }
+        if f.ends_with("cuda/entry_points.rs") {
+            continue; // the table of the driver's entry points names them, calls none
+        }
         declared += code.matches("Binding::new(").count();
         if code.contains("cuLaunchKernel") || code.contains("cuLaunchCooperativeKernel") {
             raw.push(f.display().to_string());

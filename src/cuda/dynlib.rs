@@ -13,6 +13,7 @@
 //! frameworks must be imported before the first NCCL call of this library.
 //! [`nccl_sys`] and [`cublaslt_sys`] are drop-in replacements of cudarc's `sys`
 //! functions for the calls this library makes (cudarc's types are reused).
+use super::entry_points;
 use std::ffi::{CStr, CString, c_int, c_void};
 use std::sync::OnceLock;
 
@@ -40,6 +41,11 @@ pub struct Spec {
     pub candidates: &'static [&'static str],
     /// A symbol every usable copy exports (checked after binding).
     pub probe: &'static str,
+    /// The entry points this library calls, all checked after binding (a copy too old
+    /// for this library is refused with a message naming the missing ones).
+    pub entry_points: &'static entry_points::Table,
+    /// The bound copy's version for that message ("NCCL 2.12.12"), from its handle.
+    pub version: fn(usize) -> Option<String>,
 }
 
 pub const NCCL: Spec = Spec {
@@ -48,6 +54,8 @@ pub const NCCL: Spec = Spec {
     prefix: "libnccl.so",
     candidates: &["libnccl.so.2", "libnccl.so"],
     probe: "ncclCommInitRank",
+    entry_points: &entry_points::NCCL,
+    version: nccl_version,
 };
 
 pub const CUBLASLT: Spec = Spec {
@@ -56,7 +64,47 @@ pub const CUBLASLT: Spec = Spec {
     prefix: "libcublasLt.so",
     candidates: &["libcublasLt.so.13", "libcublasLt.so"],
     probe: "cublasLtMatmul",
+    entry_points: &entry_points::CUBLASLT,
+    version: cublaslt_version,
 };
+
+/// The address of `name` in `handle`, if it exports it.
+fn address(handle: usize, name: &str) -> Option<*mut c_void> {
+    let s = CString::new(name).ok()?;
+    // SAFETY: a live handle and a NUL-terminated name.
+    let p = unsafe { libc::dlsym(handle as *mut c_void, s.as_ptr()) };
+    (!p.is_null()).then_some(p)
+}
+
+/// "NCCL 2.12.12" from ncclGetVersion of the copy `handle` (codes below 10000 count
+/// minor versions in hundreds: 2708 is 2.7.8).
+fn nccl_version(handle: usize) -> Option<String> {
+    let p = address(handle, "ncclGetVersion")?;
+    type F = unsafe extern "C" fn(*mut c_int) -> nccl_sys::ncclResult_t;
+    // SAFETY: ncclGetVersion has this signature in every NCCL that exports it.
+    let f: F = unsafe { std::mem::transmute::<*mut c_void, F>(p) };
+    let mut v: c_int = 0;
+    // SAFETY: out pointer.
+    if unsafe { f(&mut v) } != nccl_sys::ncclResult_t::ncclSuccess {
+        return None;
+    }
+    let (major, rest) = if v >= 10000 {
+        (v / 10000, v % 10000)
+    } else {
+        (v / 1000, v % 1000)
+    };
+    Some(format!("NCCL {major}.{}.{}", rest / 100, rest % 100))
+}
+
+/// "cuBLASLt 130100" (cublasLtGetVersion's code) of the copy `handle`.
+fn cublaslt_version(handle: usize) -> Option<String> {
+    let p = address(handle, "cublasLtGetVersion")?;
+    type F = unsafe extern "C" fn() -> usize;
+    // SAFETY: cublasLtGetVersion has this signature in every cuBLASLt.
+    let f: F = unsafe { std::mem::transmute::<*mut c_void, F>(p) };
+    // SAFETY: no arguments.
+    Some(format!("cuBLASLt version {}", unsafe { f() }))
+}
 
 unsafe extern "C" fn collect(
     info: *mut libc::dl_phdr_info,
@@ -118,12 +166,18 @@ fn path_of(handle: usize, sym: &str) -> Option<String> {
     let s = CString::new(sym).ok()?;
     // SAFETY: a live handle and a NUL-terminated name.
     let p = unsafe { libc::dlsym(handle as *mut c_void, s.as_ptr()) };
-    if p.is_null() {
+    path_of_address(p as usize)
+}
+
+/// The path of the mapped object that holds address `addr` (a symbol's), if any.
+pub fn path_of_address(addr: usize) -> Option<String> {
+    if addr == 0 {
         return None;
     }
+    let p = addr as *const c_void;
     // SAFETY: zeroed POD out-record.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
-    // SAFETY: p is a symbol address; info is written by dladdr.
+    // SAFETY: dladdr only compares `p` with the mapped objects' ranges; info is written.
     if unsafe { libc::dladdr(p, &mut info) } == 0 || info.dli_fname.is_null() {
         return None;
     }
@@ -136,15 +190,13 @@ fn path_of(handle: usize, sym: &str) -> Option<String> {
 }
 
 fn has_symbol(handle: usize, sym: &str) -> bool {
-    let s = CString::new(sym).expect("symbol names have no NUL");
-    // SAFETY: a live handle and a NUL-terminated name.
-    !unsafe { libc::dlsym(handle as *mut c_void, s.as_ptr()) }.is_null()
+    address(handle, sym).is_some()
 }
 
 /// Bind `spec` by the policy of this module. The error names what was tried.
 pub fn bind(spec: &Spec) -> Result<Bound, String> {
     let flags = libc::RTLD_NOW | libc::RTLD_LOCAL;
-    let checked = |b: Bound| -> Result<Bound, String> {
+    let probed = |b: Bound| -> Result<Bound, String> {
         if has_symbol(b.handle, spec.probe) {
             Ok(b)
         } else {
@@ -153,6 +205,20 @@ pub fn bind(spec: &Spec) -> Result<Bound, String> {
                 b.path, spec.probe, spec.name
             ))
         }
+    };
+    // A copy of the library that is too old is refused, not passed over: binding another
+    // copy beside one already mapped is what this module avoids.
+    let checked = |b: Bound| -> Result<Bound, String> {
+        let b = probed(b)?;
+        spec.entry_points
+            .check(
+                |name| has_symbol(b.handle, name),
+                || entry_points::Loaded {
+                    path: Some(b.path.clone()),
+                    version: (spec.version)(b.handle),
+                },
+            )
+            .map(|_| b)
     };
     if let Some(file) = crate::env::os(spec.env) {
         let file = file.to_string_lossy().into_owned();
@@ -170,14 +236,14 @@ pub fn bind(spec: &Spec) -> Result<Bound, String> {
     }
     for p in mapped(spec.prefix) {
         if let Ok(handle) = open(&p, flags | libc::RTLD_NOLOAD)
-            && let Ok(b) = checked(Bound {
+            && let Ok(b) = probed(Bound {
                 handle,
                 path: p,
                 preloaded: true,
                 how: "already loaded in the process",
             })
         {
-            return Ok(b);
+            return checked(b);
         }
     }
     let mut tried = Vec::new();
@@ -227,7 +293,8 @@ pub fn cublaslt() -> Result<&'static Bound, String> {
 
 /// The address of `name` in `lib`. Panics (caught by the FFI firewall and reported as
 /// LIBRARY_NOT_FOUND) when the library is not bound or lacks the symbol; callers check
-/// `crate::cuda::require` first, so this happens only for a symbol an old copy lacks.
+/// `crate::cuda::require` first, and binding checks every forwarded name
+/// (`entry_points`), so neither happens.
 pub fn symbol(lib: fn() -> Result<&'static Bound, String>, name: &str) -> usize {
     let b = match lib() {
         Ok(b) => b,
@@ -248,6 +315,8 @@ pub fn symbol(lib: fn() -> Result<&'static Bound, String>, name: &str) -> usize 
 /// Declare `pub unsafe fn NAME(args) -> ret` forwarding to the bound library's symbol.
 macro_rules! forward {
     ($lib:path; $( fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) -> $ret:ty ; )*) => {
+        /// The names forwarded here (each is in `entry_points`, checked when binding).
+        pub const FORWARDED: &[&str] = &[$(stringify!($name)),*];
         $(
             /// Forwards to the bound library's symbol of the same name.
             ///
@@ -281,7 +350,6 @@ pub mod nccl_sys {
         fn ncclGetErrorString(result: ncclResult_t) -> *const c_char;
         fn ncclGetUniqueId(id: *mut ncclUniqueId) -> ncclResult_t;
         fn ncclCommInitRank(comm: *mut ncclComm_t, nranks: c_int, id: ncclUniqueId, rank: c_int) -> ncclResult_t;
-        fn ncclCommSplit(comm: ncclComm_t, color: c_int, key: c_int, newcomm: *mut ncclComm_t, config: *mut ncclConfig_t) -> ncclResult_t;
         fn ncclCommInitRankConfig(comm: *mut ncclComm_t, nranks: c_int, id: ncclUniqueId, rank: c_int, config: *mut ncclConfig_t) -> ncclResult_t;
         fn ncclCommDestroy(comm: ncclComm_t) -> ncclResult_t;
         fn ncclCommFinalize(comm: ncclComm_t) -> ncclResult_t;
@@ -352,11 +420,65 @@ mod tests {
             prefix: "libgcc_s.so",
             candidates: &["libgcc_s_nonexistent.so"],
             probe: "_Unwind_Resume",
+            entry_points: &entry_points::NONE,
+            version: |_| None,
         };
         let b = bind(&spec).expect("libgcc_s is mapped");
         assert!(b.preloaded, "{b:?}");
         assert_eq!(b.how, "already loaded in the process");
         assert_eq!(Some(b.path.clone()), mapped("libgcc_s.so").first().cloned());
+    }
+
+    #[test]
+    fn every_forwarded_entry_point_is_checked_when_binding() {
+        for (forwarded, table) in [
+            (nccl_sys::FORWARDED, &entry_points::NCCL),
+            (cublaslt_sys::FORWARDED, &entry_points::CUBLASLT),
+        ] {
+            let mut f: Vec<&str> = forwarded.to_vec();
+            let mut t: Vec<&str> = table.entries.iter().map(|e| e.name).collect();
+            f.sort();
+            t.sort();
+            assert_eq!(f, t, "{}: forwarded vs entry_points", table.library);
+        }
+    }
+
+    #[test]
+    fn a_copy_too_old_is_refused_naming_what_it_lacks() {
+        // libgcc_s as a stand-in library whose table lists one symbol it has and one it
+        // lacks.
+        static OLD: entry_points::Table = entry_points::Table {
+            library: "libgcc_s",
+            release: "GCC",
+            advice: "use a newer one",
+            entries: &[
+                entry_points::EntryPoint {
+                    name: "_Unwind_Resume",
+                    since: entry_points::Version::new(3, 0),
+                },
+                entry_points::EntryPoint {
+                    name: "_Unwind_From_The_Future",
+                    since: entry_points::Version::new(99, 1),
+                },
+            ],
+        };
+        let spec = Spec {
+            name: "libgcc_s",
+            env: "NVTE_COMM_TEST_UNSET_LIBGCC",
+            prefix: "libgcc_s.so",
+            candidates: &["libgcc_s_nonexistent.so"],
+            probe: "_Unwind_Resume",
+            entry_points: &OLD,
+            version: |_| Some("GCC 0.1".into()),
+        };
+        let e = bind(&spec).unwrap_err();
+        let path = mapped("libgcc_s.so").first().cloned().unwrap();
+        assert_eq!(
+            e,
+            format!(
+                "libgcc_s ({path}, GCC 0.1) lacks an entry point this library calls: _Unwind_From_The_Future (GCC 99.1). This library needs GCC 99.1 or newer: use a newer one"
+            )
+        );
     }
 
     #[test]
@@ -367,6 +489,8 @@ mod tests {
             prefix: "libnothing_here.so",
             candidates: &["libnothing_here.so.7"],
             probe: "nothing",
+            entry_points: &entry_points::NONE,
+            version: |_| None,
         };
         let e = bind(&spec).unwrap_err();
         assert!(e.contains("libnothing_here.so.7"), "{e}");

@@ -2,6 +2,7 @@
 //! checked driver calls, and kernel launches. Uses cudarc's raw `sys` bindings, which
 //! load libcuda / libcublasLt / libnvrtc / libnccl on first use.
 pub mod dynlib;
+pub mod entry_points;
 pub mod kernel;
 pub mod nvrtc;
 pub mod nvtx;
@@ -55,17 +56,85 @@ impl Lib {
         };
         match self {
             // SAFETY: these only try to dlopen candidate names.
-            Lib::Driver => found(unsafe { cu::is_culib_present() }),
+            Lib::Driver => {
+                found(unsafe { cu::is_culib_present() }).and_then(|_| driver_entry_points())
+            }
             // SAFETY: as above.
-            Lib::Nvrtc => found(unsafe { cudarc::nvrtc::sys::is_culib_present() }),
+            Lib::Nvrtc => found(unsafe { cudarc::nvrtc::sys::is_culib_present() })
+                .and_then(|_| nvrtc_entry_points()),
             Lib::CublasLt => dynlib::cublaslt().map(|_| ()),
             Lib::Nccl => dynlib::nccl().map(|_| ()),
         }
     }
 }
 
+/// `table`'s check on a library cudarc loaded, given its symbol lookup `addr`: the
+/// message (only on failure) names the file that defines `version_symbol` and the
+/// `version()` it reports.
+fn check_loaded(
+    table: &entry_points::Table,
+    addr: impl Fn(&str) -> Option<*const std::ffi::c_void>,
+    version_symbol: &str,
+    version: impl FnOnce() -> Option<String>,
+) -> std::result::Result<(), String> {
+    table.check(
+        |name| addr(name).is_some(),
+        || {
+            let sym = addr(version_symbol);
+            entry_points::Loaded {
+                path: sym.and_then(|p| dynlib::path_of_address(p as usize)),
+                version: sym.and_then(|_| version()),
+            }
+        },
+    )
+}
+
+/// Every entry point of [`entry_points::DRIVER`] in the libcuda cudarc loads (its first
+/// loadable candidate, which the caller found), else the message naming the missing
+/// ones, the driver's file and the CUDA version it supports.
+fn driver_entry_points() -> std::result::Result<(), String> {
+    // SAFETY: a candidate loads (checked by the caller), so culib opens it and does not
+    // panic; the handle lives for the process.
+    let lib = unsafe { cu::culib() };
+    let addr = |name: &str| {
+        // SAFETY: only looks the name up; nothing is called here.
+        let sym = unsafe { lib.get::<*const std::ffi::c_void>(name.as_bytes()) };
+        sym.ok().map(|s| *s)
+    };
+    check_loaded(&entry_points::DRIVER, addr, "cuDriverGetVersion", || {
+        let mut v = 0;
+        // SAFETY: the driver exports it (check_loaded resolved it); an out pointer; it
+        // needs no cuInit.
+        let r = unsafe { cu::cuDriverGetVersion(&mut v) };
+        (r == cu::CUresult::CUDA_SUCCESS)
+            .then(|| format!("supports CUDA {}", entry_points::Version::of_cuda_code(v)))
+    })
+}
+
+/// Every entry point of [`entry_points::NVRTC`] in the NVRTC cudarc loads, else the
+/// message naming the missing ones and the NVRTC version.
+fn nvrtc_entry_points() -> std::result::Result<(), String> {
+    use cudarc::nvrtc::sys as nv;
+    // SAFETY: as for the driver: a candidate loads, so culib does not panic.
+    let lib = unsafe { nv::culib() };
+    let addr = |name: &str| {
+        // SAFETY: only looks the name up; nothing is called here.
+        let sym = unsafe { lib.get::<*const std::ffi::c_void>(name.as_bytes()) };
+        sym.ok().map(|s| *s)
+    };
+    check_loaded(&entry_points::NVRTC, addr, "nvrtcVersion", || {
+        let (mut major, mut minor) = (0, 0);
+        // SAFETY: NVRTC exports it (check_loaded resolved it); out pointers.
+        let r = unsafe { nv::nvrtcVersion(&mut major, &mut minor) };
+        (r == nv::nvrtcResult::NVRTC_SUCCESS).then(|| format!("NVRTC {major}.{minor}"))
+    })
+}
+
 /// Fail with NVTE_COMM_ERROR_LIBRARY_NOT_FOUND, naming the library, when it cannot be
-/// loaded. The answer is computed once per process and library.
+/// loaded or lacks an entry point this library calls (too old: the message names each
+/// missing one and the release that provides it, see [`entry_points`]). The answer is
+/// computed once per process and library; every path to a library's functions passes
+/// here first (the driver's: [`init_driver`]), so none reaches a missing symbol.
 pub fn require(lib: Lib) -> Result<()> {
     type Found = std::result::Result<(), String>;
     static PRESENT: Mutex<Option<HashMap<Lib, Found>>> = Mutex::new(None);

@@ -58,8 +58,10 @@ pub extern "C" fn nvte_comm_version() -> *const c_char {
 }
 
 /// Check that the CUDA driver, cuBLASLt, NVRTC and NCCL can be loaded and that a GPU is
-/// visible. Returns NVTE_COMM_ERROR_LIBRARY_NOT_FOUND naming the missing library, or
-/// NVTE_COMM_ERROR_CUDA when the driver loads but reports no usable device.
+/// visible. Returns NVTE_COMM_ERROR_LIBRARY_NOT_FOUND naming the missing library, or the
+/// library too old for this one (a driver for an older CUDA: the message names each
+/// entry point it lacks and the version that provides it), or NVTE_COMM_ERROR_CUDA when
+/// the driver loads but reports no usable device.
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_comm_check_runtime() -> NVTECommStatus {
     super::status_call("nvte_comm_check_runtime", || {
