@@ -69,23 +69,48 @@ fn kernels_compile_for_hopper_with_nvrtc() {
         );
         return;
     }
-    // Always a real compilation (no disk cache), for the exact Hopper target.
+    // A real NVRTC compilation for the exact Hopper target on a cache miss, kept in the
+    // library's disk cache (NVTE_COMM_CACHE_DIR, else $XDG_CACHE_HOME or ~/.cache; keyed by
+    // the full source with its defines, the headers, the options and NVRTC's version), so
+    // an unchanged kernel is compiled once per machine; NVTE_COMM_DISABLE_KERNEL_CACHE=1
+    // compiles every one afresh. The sources compile in parallel threads.
     // GEMM_SM90: the plain kernels the library launches; GEMM_SM90_ALL: every kernel of
-    // the file (bench/own_gemm.cpp runs them on a GPU).
+    // the file (bench/own_gemm.cpp runs them on a GPU): two programs, both compiled.
     // CAST_VARIANTS: the bench variants of the cast + transpose (NVTE_COMM_CAST_TRANSPOSE).
-    for src in [
-        nvrtc::CAST,
-        nvrtc::COMM,
-        nvrtc::GEMM_SM90,
-        nvrtc::GEMM_SM90_ALL,
-        transformer_engine_comm::kernels::CAST_VARIANTS,
-    ] {
-        let cubin = nvrtc::compile_fresh(&src, "sm_90a")
-            .unwrap_or_else(|e| panic!("kernels/{} must compile for sm_90a: {e}", src.name));
+    let sources = [
+        ("cast.cu", nvrtc::CAST),
+        ("comm.cu", nvrtc::COMM),
+        ("gemm_sm90.cu (the library's kernels)", nvrtc::GEMM_SM90),
+        ("gemm_sm90.cu (every kernel)", nvrtc::GEMM_SM90_ALL),
+        (
+            "cast variants",
+            transformer_engine_comm::kernels::CAST_VARIANTS,
+        ),
+    ];
+    let dir = nvrtc::cache_dir().expect("the kernel cache folder");
+    let t0 = std::time::Instant::now();
+    let results: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = sources
+            .iter()
+            .map(|(_, src)| s.spawn(|| nvrtc::compile_cached(src, "sm_90a", dir.as_deref())))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut compiled = 0;
+    for ((what, _), result) in sources.iter().zip(results) {
+        let (cubin, cached) =
+            result.unwrap_or_else(|e| panic!("kernels/{what} must compile for sm_90a: {e}"));
         assert!(
             cubin.len() > 1000 && &cubin[..4] == b"\x7fELF",
-            "NVRTC did not return an ELF cubin for {}",
-            src.name
+            "NVRTC did not return an ELF cubin for {what}"
         );
+        compiled += usize::from(!cached);
     }
+    eprintln!(
+        "kernels_compile_for_hopper_with_nvrtc: {compiled} of {} compiled with NVRTC, the rest from the cache at {} ({:.1} s)",
+        sources.len(),
+        dir.as_deref()
+            .map_or("(none)".into(), |d| d.display().to_string()),
+        t0.elapsed().as_secs_f64()
+    );
 }

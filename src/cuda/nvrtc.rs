@@ -9,8 +9,8 @@ use cudarc::driver::sys as cu;
 use cudarc::nvrtc::sys as nv;
 use std::collections::HashMap;
 use std::ffi::{CString, c_char};
-use std::hash::{Hash, Hasher};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// A kernel source file shipped in `kernels/`.
@@ -80,7 +80,7 @@ fn options(arch: &str) -> Vec<String> {
 
 /// The disk cache's folder: None when NVTE_COMM_DISABLE_KERNEL_CACHE is true (a value
 /// that is not a boolean is an error) or no folder is known.
-pub(crate) fn cache_dir() -> Result<Option<PathBuf>> {
+pub fn cache_dir() -> Result<Option<PathBuf>> {
     if crate::env::flag("NVTE_COMM_DISABLE_KERNEL_CACHE")?.unwrap_or(false) {
         return Ok(None);
     }
@@ -97,13 +97,104 @@ pub(crate) fn cache_dir() -> Result<Option<PathBuf>> {
     }))
 }
 
-/// Compiled cubins of this process by (source name, arch).
-type CubinMemo = HashMap<(String, String), Arc<Vec<u8>>>;
+/// A stable 128-bit FNV-1a hash of `parts`, each length-prefixed (so that no two lists of
+/// parts hash the same stream): the disk cache's key, the same across builds and Rust
+/// versions (std's `DefaultHasher` is not).
+fn content_hash(parts: &[&[u8]]) -> u128 {
+    const PRIME: u128 = 0x0000_0000_0100_0000_0000_0000_0000_013B;
+    let mut h: u128 = 0x6c62_272e_07bb_0142_62b8_2175_6295_c58d;
+    for part in parts {
+        for &b in (part.len() as u64).to_le_bytes().iter().chain(part.iter()) {
+            h = (h ^ u128::from(b)).wrapping_mul(PRIME);
+        }
+    }
+    h
+}
 
-/// Compile `src` for `arch` to a cubin (from the disk cache when present).
+/// The hash of everything NVRTC compiles for `src` with `opts` (its full text, defines
+/// included, and the headers), NVRTC's version and the library's version.
+fn program_hash(src: &Source, opts: &[String], ver: (i32, i32)) -> u128 {
+    let mut parts: Vec<&[u8]> = vec![src.name.as_bytes(), src.code.as_bytes()];
+    for (name, code) in HEADERS {
+        parts.extend([name.as_bytes(), code.as_bytes()]);
+    }
+    parts.extend(opts.iter().map(|o| o.as_bytes()));
+    let ver = [ver.0.to_le_bytes(), ver.1.to_le_bytes()].concat();
+    parts.extend([&ver[..], env!("CARGO_PKG_VERSION").as_bytes()]);
+    content_hash(&parts)
+}
+
+/// Whether `b` is a whole 64-bit ELF image: the magic, and the section header table
+/// (which NVRTC writes last) inside the file, so an empty or cut-short file is not.
+fn is_whole_elf(b: &[u8]) -> bool {
+    let field = |at: usize, n: usize| -> Option<u64> {
+        let mut v = [0u8; 8];
+        v[..n].copy_from_slice(b.get(at..at + n)?);
+        Some(u64::from_le_bytes(v))
+    };
+    if b.len() < 64 || &b[..4] != b"\x7fELF" || b[4] != 2 || b[5] != 1 {
+        return false;
+    }
+    match (field(0x28, 8), field(0x3A, 2), field(0x3C, 2)) {
+        (Some(shoff), Some(shentsize), Some(shnum)) => shoff
+            .checked_add(shentsize.saturating_mul(shnum))
+            .is_some_and(|end| shnum > 0 && end <= b.len() as u64),
+        _ => false,
+    }
+}
+
+/// The cached cubin in `file`: None when it is missing, unreadable or not a whole ELF
+/// image (a miss: the caller compiles and rewrites it).
+fn read_cached(file: &Path) -> Option<Vec<u8>> {
+    std::fs::read(file).ok().filter(|b| is_whole_elf(b))
+}
+
+/// Store `cubin` as `file`, best effort (a read-only or full disk just means no cache):
+/// written to a name of its own (process and call) and renamed into place, so readers
+/// and concurrent writers, in this process or another, see a whole file or none.
+fn write_cached(file: &Path, cubin: &[u8]) {
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let Some(dir) = file.parent() else { return };
+    let _ = std::fs::create_dir_all(dir);
+    let seq = SEQ.fetch_add(1, Ordering::Relaxed);
+    let tmp = file.with_extension(format!("tmp.{}.{seq}", std::process::id()));
+    if std::fs::write(&tmp, cubin).is_err() || std::fs::rename(&tmp, file).is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+}
+
+/// Compile `src` for `arch` through the disk cache folder `dir` (None: no disk cache),
+/// without the in-process memo of [`compile`]: the cubin, and whether it came from the
+/// cache. A miss is a real NVRTC compilation, stored for the next process.
+pub fn compile_cached(src: &Source, arch: &str, dir: Option<&Path>) -> Result<(Vec<u8>, bool)> {
+    require(Lib::Nvrtc)?;
+    let opts = options(arch);
+    let hash = program_hash(src, &opts, nvrtc_version()?);
+    let stem = src.name.trim_end_matches(".cu");
+    let file = dir.map(|d| d.join(format!("{stem}-{arch}-{hash:032x}.cubin")));
+    if let Some(b) = file.as_deref().and_then(read_cached) {
+        return Ok((b, true));
+    }
+    let b = compile_uncached(src, &opts)?;
+    if let Some(f) = &file {
+        write_cached(f, &b);
+    }
+    Ok((b, false))
+}
+
+/// Compiled cubins of this process by (source name, content hash of the source and its
+/// headers, arch): two sources of one name (GEMM_SM90, GEMM_SM90_ALL) are two entries.
+type CubinMemo = HashMap<(&'static str, u128, String), Arc<Vec<u8>>>;
+
+/// Compile `src` for `arch` to a cubin (once per process; from the disk cache when present).
 pub fn compile(src: &Source, arch: &str) -> Result<Arc<Vec<u8>>> {
     static MEMO: Mutex<Option<CubinMemo>> = Mutex::new(None);
-    let key = (src.name.to_string(), arch.to_string());
+    let hdrs: Vec<&[u8]> = HEADERS.iter().map(|(_, c)| c.as_bytes()).collect();
+    let key = (
+        src.name,
+        content_hash(&[src.code.as_bytes(), &hdrs.concat()]),
+        arch.to_string(),
+    );
     if let Some(c) = MEMO
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -112,38 +203,7 @@ pub fn compile(src: &Source, arch: &str) -> Result<Arc<Vec<u8>>> {
     {
         return Ok(c.clone());
     }
-    let dir = cache_dir()?;
-    require(Lib::Nvrtc)?;
-    let ver = nvrtc_version()?;
-    let opts = options(arch);
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    (src.code, HEADERS, &opts, ver, env!("CARGO_PKG_VERSION")).hash(&mut h);
-    let file = dir.map(|d| {
-        d.join(format!(
-            "{}-{arch}-{:016x}.cubin",
-            src.name.trim_end_matches(".cu"),
-            h.finish()
-        ))
-    });
-    let cubin = match file
-        .as_ref()
-        .and_then(|f| std::fs::read(f).ok())
-        .filter(|b| !b.is_empty())
-    {
-        Some(b) => b,
-        None => {
-            let b = compile_uncached(src, &opts)?;
-            if let Some(f) = &file {
-                // Best effort: a read-only home just means no disk cache.
-                let _ = std::fs::create_dir_all(f.parent().unwrap());
-                let tmp = f.with_extension(format!("tmp{}", std::process::id()));
-                if std::fs::write(&tmp, &b).is_ok() {
-                    let _ = std::fs::rename(&tmp, f);
-                }
-            }
-            b
-        }
-    };
+    let (cubin, _) = compile_cached(src, arch, cache_dir()?.as_deref())?;
     let cubin = Arc::new(cubin);
     MEMO.lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -278,14 +338,16 @@ impl Module {
     }
 }
 
-/// Loaded modules by (context id, source name).
-type LoadedModules = HashMap<(u64, &'static str), Arc<Module>>;
+/// Loaded modules by (context id, source name, address of the source text): two sources
+/// of one name (GEMM_SM90, GEMM_SM90_ALL) are two modules; the address is a cheap
+/// identity of the `&'static` text (equal addresses: the same program).
+type LoadedModules = HashMap<(u64, &'static str, usize), Arc<Module>>;
 
 /// The module for `src` in the current context, whose id ([`super::ContextGuard::id`])
 /// is `ctx`, on device `dev`.
 pub fn module(src: &Source, ctx: u64, dev: &DeviceInfo) -> Result<Arc<Module>> {
     static LOADED: Mutex<Option<LoadedModules>> = Mutex::new(None);
-    let key = (ctx, src.name);
+    let key = (ctx, src.name, src.code.as_ptr() as usize);
     if let Some(m) = LOADED
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -312,4 +374,54 @@ pub fn module(src: &Source, ctx: u64, dev: &DeviceInfo) -> Result<Arc<Module>> {
         .get_or_insert_with(HashMap::new)
         .insert(key, module.clone());
     Ok(module)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A minimal 64-bit little-endian ELF image: a header and one section header.
+    fn elf() -> Vec<u8> {
+        let mut b = vec![0u8; 128];
+        b[..6].copy_from_slice(b"\x7fELF\x02\x01");
+        b[0x28..0x30].copy_from_slice(&64u64.to_le_bytes()); // e_shoff
+        b[0x3A..0x3C].copy_from_slice(&64u16.to_le_bytes()); // e_shentsize
+        b[0x3C..0x3E].copy_from_slice(&1u16.to_le_bytes()); // e_shnum
+        b
+    }
+
+    #[test]
+    fn cache_keys_tell_sources_options_and_versions_apart() {
+        let opts = options("sm_90a");
+        let base = program_hash(&GEMM_SM90, &opts, (13, 0));
+        assert_eq!(base, program_hash(&GEMM_SM90, &opts, (13, 0)));
+        assert_ne!(base, program_hash(&GEMM_SM90_ALL, &opts, (13, 0)));
+        assert_ne!(base, program_hash(&GEMM_SM90, &options("sm_100a"), (13, 0)));
+        assert_ne!(base, program_hash(&GEMM_SM90, &opts, (13, 1)));
+        // Length prefixes: moving a byte between parts changes the hash.
+        assert_ne!(content_hash(&[b"ab", b"c"]), content_hash(&[b"a", b"bc"]));
+    }
+
+    #[test]
+    fn empty_cut_short_or_foreign_cache_entries_are_misses() {
+        let whole = elf();
+        assert!(is_whole_elf(&whole));
+        assert!(!is_whole_elf(&[]));
+        assert!(!is_whole_elf(&whole[..100]));
+        assert!(!is_whole_elf(
+            b"not a cubin, just some text of sixty-four bytes or more......"
+        ));
+        let dir = std::env::temp_dir().join(format!("te_comm_nvrtc_{}", std::process::id()));
+        let file = dir.join("k-sm_90a-0.cubin");
+        assert_eq!(read_cached(&file), None);
+        write_cached(&file, &whole);
+        assert_eq!(read_cached(&file).as_deref(), Some(&whole[..]));
+        std::fs::write(&file, b"").unwrap();
+        assert_eq!(read_cached(&file), None);
+        std::fs::write(&file, &whole[..70]).unwrap();
+        assert_eq!(read_cached(&file), None);
+        let left: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().collect();
+        assert_eq!(left.len(), 1, "no temporary file is left behind");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
