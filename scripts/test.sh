@@ -1,24 +1,75 @@
 #!/usr/bin/env bash
-# The test command (README): cargo tests, the C/C++ tests through CTest, then the Python
-# package: its binding tests (pytest) and its wheel (built, installed, imported).
-# Works without a GPU: GPU tests then report SKIPPED (CTest "not run"), never passed.
+# The test command (README): cargo tests, the C/C++ tests through CTest, C and C++ consumers
+# of the installed library (pkg-config and CMake's find_package, built and run with nothing
+# but what the install gives them), then the Python package: its binding tests (pytest) and
+# its wheel (built, installed, imported). Works without a GPU: GPU tests then report
+# SKIPPED (CTest "not run"), never passed.
+# One cargo build serves the library and the tests; NVRTC's kernel compiles are cached on
+# disk (the library's kernel cache, keyed by the full source, options and NVRTC version),
+# so a warm run compiles none; downloads (CUDA/NCCL wheels, pytest, jax CPU wheels) go to a
+# cache folder shared by every clone (scripts/install-deps.sh). Per-stage times at the end.
+#
+# Usage: scripts/test.sh
+#   -h, --help  this text
+# Environment:
+#   TE_COMM_LIB                 test this prebuilt library (cargo tests still build their own)
+#   TE_COMM_DEPS_DIR            the shared download folder (default
+#                               ${XDG_CACHE_HOME:-~/.cache}/transformer_engine_comm/deps)
+#   NVTE_COMM_CACHE_DIR         the kernel cache (default ${XDG_CACHE_HOME:-~/.cache}/transformer_engine_comm)
+#   NVTE_COMM_DISABLE_KERNEL_CACHE=1  compile every kernel afresh (about 1-5 minutes more)
+#   PYTHON                      the interpreter (default python3)
+# Needs: no GPU (GPU tests are skipped and listed); Rust (cargo), python3 with pip, and what
+# scripts/install-deps.sh installs (apt packages when missing, about 340 MB of CUDA/NCCL
+# wheels and 250 MB of jax CPU wheels the first time on a machine); 2 cores, 4 GB memory.
+# Takes: on 2 cores, about 4-8 minutes the first time on a machine (cargo build, downloads,
+# NVRTC compiles), about 1 minute when nothing changed.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
+te_comm_help "$@"
+[ $# -eq 0 ] || { echo "test.sh: unknown argument '$1' (see --help)" >&2; exit 2; }
+
+# Per-stage wall times, printed at the end (and on failure).
+stage_names=() stage_secs=() stage_t=$EPOCHREALTIME stage_cur=""
+stage() {
+  local now=$EPOCHREALTIME
+  if [ -n "$stage_cur" ]; then
+    stage_names+=("$stage_cur")
+    stage_secs+=("$(awk -v a="$stage_t" -v b="$now" 'BEGIN { printf "%.1f", b - a }')")
+  fi
+  stage_cur=$1 stage_t=$now
+  [ -z "$stage_cur" ] || echo "=== test.sh: $stage_cur" >&2
+}
+stage_report() {
+  stage ""
+  local i
+  echo "test.sh stage times (s):"
+  for i in "${!stage_names[@]}"; do printf '  %-24s %6s\n' "${stage_names[$i]}" "${stage_secs[$i]}"; done
+}
+tmp=$(mktemp -d /tmp/te_comm_test.XXXXXX)
+trap 'rc=$?; rm -rf "$tmp"; stage_report; exit $rc' EXIT
+
+stage deps
 cuda_root=$(bash "$root/scripts/install-deps.sh" | tail -n 1)
-export LD_LIBRARY_PATH=$cuda_root/lib:$root/.pydeps/nvidia/nccl/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+nccl_root=$(cd "$cuda_root/../nccl" && pwd)
+export LD_LIBRARY_PATH=$cuda_root/lib:$nccl_root/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 
 cd "$root"
-cargo build --release
-# NVRTC comes from the wheel above, so the kernel compilation test must really run.
+# One cargo build: the test binaries and, as their dependency, the release library
+# (target/release/libtransformer_engine_comm.so), the very build `cargo build --release`,
+# te_comm_library and the wheel's build hook then find up to date.
+stage "cargo build"
+cargo test --release --no-run
+stage "cargo test"
+# NVRTC comes from the wheel above, so the kernel compilation test must really run (a
+# real NVRTC compile on a kernel cache miss).
 NVTE_COMM_REQUIRE_NVRTC=1 cargo test --release
+stage "ctest build"
 lib=$(te_comm_library)
-tmp=$(mktemp -d /tmp/te_comm_test.XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
-mkdir -p build
 # GPU tests ON (not AUTO): the runtime and NCCL from the wheels above must be found, so the
 # GPU tests are always built here (and skip at run time without a GPU).
 te_comm_cmake_build "$lib" "$root/build" -DTE_COMM_GPU_TESTS=ON \
-  -DTE_COMM_CUDA_ROOT="$cuda_root" -DTE_COMM_NCCL_ROOT="$root/.pydeps/nvidia/nccl"
+  -DTE_COMM_CUDA_ROOT="$cuda_root" -DTE_COMM_NCCL_ROOT="$nccl_root"
+stage ctest
 ctest_rc=0
 ctest --test-dir "$root/build" --output-on-failure | tee "$tmp/ctest.log" || ctest_rc=$?
 # CTest counts skipped tests as passed ("100% tests passed"): list each with its reason,
@@ -39,7 +90,10 @@ fi
 
 # The install tree: `cmake --install` with a prefix given only at install time (the build
 # above was configured with the default one) must give a pkg-config file and a CMake
-# package that point into that prefix. A C consumer is built with each and run.
+# package that point into that prefix. C and C++ consumers are built with each exactly as
+# a user would (no rpath or library path of our own) and run with LD_LIBRARY_PATH unset:
+# the .pc's Libs carry the rpath; CMake gives an imported target's folder to the build rpath.
+stage "install + consumers"
 prefix=$tmp/prefix
 cmake --install "$root/build" --prefix "$prefix" >"$tmp/install.log" 2>&1 || { cat "$tmp/install.log" >&2; exit 1; }
 mkdir -p "$tmp/consumer"
@@ -48,23 +102,31 @@ cat >"$tmp/consumer/consumer.c" <<'C'
 #include "transformer_engine_comm.h"
 int main(void) { printf("%s\n", nvte_comm_version()); return 0; }
 C
+cat >"$tmp/consumer/consumer.cpp" <<'CPP'
+#include <cstdio>
+#include "transformer_engine_comm.h"
+int main() { std::printf("%s\n", nvte_comm_version()); return 0; }
+CPP
 pc_path=$(dirname "$(find "$prefix" -name transformer_engine_comm.pc)")
 pc() { PKG_CONFIG_PATH=$pc_path pkg-config "$@" transformer_engine_comm; }
 # shellcheck disable=SC2046  # word splitting of the flags is intended
-cc -std=c99 -Wall -Werror -o "$tmp/consumer/pc_consumer" "$tmp/consumer/consumer.c" \
-  $(pc --cflags --libs) -Wl,-rpath,"$(pc --variable=libdir)"
+(cd "$tmp/consumer" && env -u LD_LIBRARY_PATH cc -std=c99 -Wall -Werror -o pc_consumer consumer.c \
+  $(pc --cflags --libs))
 cat >"$tmp/consumer/CMakeLists.txt" <<'CMAKE'
 cmake_minimum_required(VERSION 3.18)
-project(consumer C)
+project(consumer C CXX)
 find_package(TransformerEngineComm REQUIRED)
 add_executable(cmake_consumer consumer.c)
 target_link_libraries(cmake_consumer PRIVATE TransformerEngineComm::transformer_engine_comm)
+add_executable(cmake_consumer_cxx consumer.cpp)
+target_link_libraries(cmake_consumer_cxx PRIVATE TransformerEngineComm::transformer_engine_comm)
 CMAKE
-cmake -S "$tmp/consumer" -B "$tmp/consumer/build" -DCMAKE_PREFIX_PATH="$prefix" >"$tmp/consumer.log" 2>&1 \
-  && cmake --build "$tmp/consumer/build" >>"$tmp/consumer.log" 2>&1 || { cat "$tmp/consumer.log" >&2; exit 1; }
+(env -u LD_LIBRARY_PATH cmake -S "$tmp/consumer" -B "$tmp/consumer/build" -DCMAKE_PREFIX_PATH="$prefix" \
+  && env -u LD_LIBRARY_PATH cmake --build "$tmp/consumer/build") >"$tmp/consumer.log" 2>&1 \
+  || { cat "$tmp/consumer.log" >&2; exit 1; }
 want=$(pc --modversion)
-for exe in "$tmp/consumer/pc_consumer" "$tmp/consumer/build/cmake_consumer"; do
-  got=$(env -u LD_LIBRARY_PATH "$exe")
+for exe in "$tmp/consumer/pc_consumer" "$tmp/consumer/build/cmake_consumer" "$tmp/consumer/build/cmake_consumer_cxx"; do
+  got=$(env -u LD_LIBRARY_PATH "$exe") || { echo "$(basename "$exe") does not run without LD_LIBRARY_PATH" >&2; exit 1; }
   [ "$got" = "$want" ] || { echo "$(basename "$exe"): library version '$got', expected '$want'" >&2; exit 1; }
   libpath=$(env -u LD_LIBRARY_PATH ldd "$exe" | awk '/libtransformer_engine_comm/ { print $3 }')
   case "$(realpath "$libpath")" in
@@ -73,26 +135,24 @@ for exe in "$tmp/consumer/pc_consumer" "$tmp/consumer/build/cmake_consumer"; do
   esac
 done
 flags=$(pc --cflags --libs)
-echo "install --prefix: pkg-config and find_package consumers build and run against $prefix (${flags% })"
+echo "install --prefix: pkg-config (C) and find_package (C, C++) consumers build and run, without LD_LIBRARY_PATH, against $prefix (${flags% })"
 
 # Python binding tests (python/tests: no GPU or torch needed; python/tests/torch is GPU-only
 # and has its own runner). pytest comes from pip when the interpreter lacks it.
+stage "python deps"
 py=${PYTHON:-python3}
 export PIP_ROOT_USER_ACTION=ignore
-pydeps_pytest=$root/.pydeps/pytest
 pypath=$root/python
 if ! "$py" -c "import pytest" 2>/dev/null; then
-  [ -d "$pydeps_pytest/pytest" ] || "$py" -m pip install -q --disable-pip-version-check --target "$pydeps_pytest" pytest >&2
-  pypath=$pypath:$pydeps_pytest
+  pypath=$pypath:$(bash "$root/scripts/install-deps.sh" --pip pytest pytest | tail -n 1)
 fi
 # jax (CPU wheels) for the JAX integration's host tests (python/tests/test_jax_host.py:
 # the XLA FFI layouts against jaxlib's c_api.h, the exchanges, the lowering), which must run.
-pydeps_jax=$root/.pydeps/jax
 if ! "$py" -c "import jax" 2>/dev/null; then
   # Below 0.12: the versions the handlers and host tests were checked with (0.10, 0.11).
-  [ -d "$pydeps_jax/jax" ] || "$py" -m pip install -q --disable-pip-version-check --target "$pydeps_jax" "jax<0.12" >&2
-  pypath=$pypath:$pydeps_jax
+  pypath=$pypath:$(bash "$root/scripts/install-deps.sh" --pip jax-lt0.12 "jax<0.12" | tail -n 1)
 fi
+stage pytest
 rc=0
 TE_COMM_REQUIRE_JAX=1 TE_COMM_LIB="$lib" PYTHONPATH="$pypath${PYTHONPATH:+:$PYTHONPATH}" \
   "$py" -m pytest -q -rsx -p no:cacheprovider "$root/python/tests" --ignore="$root/python/tests/torch" || rc=$?
@@ -102,6 +162,7 @@ if [ "$rc" -eq 5 ]; then
 fi
 [ "$rc" -eq 0 ] || exit "$rc"
 
+stage wheel
 # The wheel, as `pip install .` builds it (pyproject.toml: hatchling + python/hatch_build.py,
 # which runs the cargo build above again: nothing to rebuild). It must bundle the library and
 # work from a plain install with TE_COMM_LIB unset, outside the source tree.
