@@ -687,8 +687,13 @@ def test_gpu_single_rank_nccl_and_gemm_ctx(capi, gpu):
     try:
         with capi.GemmCtx(comm, 1, 0) as ctx:
             assert ctx.numroc(10) == 10 and ctx.numroc(0) == 0
-            with pytest.raises(capi.CommError, match="global_size = -1"):
+            # The binding names the argument before the library sees it ...
+            with pytest.raises(ValueError, match="global_size = -1 is negative"):
                 ctx.numroc(-1)
+            # ... and the library itself still refuses it through the C entry.
+            capi.lib().nvte_comm_gemm_numroc(ctx.handle, -1)
+            with pytest.raises(capi.CommError, match="global_size = -1"):
+                capi.check_last("nvte_comm_gemm_numroc")
         with pytest.raises(capi.CommError, match="disagree with the communicator"):
             capi.GemmCtx(comm, 2, 1)
     finally:
