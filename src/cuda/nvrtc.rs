@@ -182,19 +182,30 @@ pub fn compile_cached(src: &Source, arch: &str, dir: Option<&Path>) -> Result<(V
     Ok((b, false))
 }
 
-/// Compiled cubins of this process by (source name, content hash of the source and its
-/// headers, arch): two sources of one name (GEMM_SM90, GEMM_SM90_ALL) are two entries.
+/// The content hash of `src`'s text and the headers, computed once per copy of the text:
+/// the identity of a program in the in-process caches. Not its address: a `const` source
+/// may sit at several addresses in the binary (one copy per use site), and two sources of
+/// one name (GEMM_SM90, GEMM_SM90_ALL) differ in content.
+fn source_id(src: &Source) -> u128 {
+    static IDS: Mutex<Option<HashMap<(usize, usize), u128>>> = Mutex::new(None);
+    let at = (src.code.as_ptr() as usize, src.code.len());
+    let mut ids = IDS.lock().unwrap_or_else(|e| e.into_inner());
+    *ids.get_or_insert_with(HashMap::new)
+        .entry(at)
+        .or_insert_with(|| {
+            let hdrs: Vec<&[u8]> = HEADERS.iter().map(|(_, c)| c.as_bytes()).collect();
+            content_hash(&[src.code.as_bytes(), &hdrs.concat()])
+        })
+}
+
+/// Compiled cubins of this process by (source name, [`source_id`], arch): two sources of
+/// one name (GEMM_SM90, GEMM_SM90_ALL) are two entries.
 type CubinMemo = HashMap<(&'static str, u128, String), Arc<Vec<u8>>>;
 
 /// Compile `src` for `arch` to a cubin (once per process; from the disk cache when present).
 pub fn compile(src: &Source, arch: &str) -> Result<Arc<Vec<u8>>> {
     static MEMO: Mutex<Option<CubinMemo>> = Mutex::new(None);
-    let hdrs: Vec<&[u8]> = HEADERS.iter().map(|(_, c)| c.as_bytes()).collect();
-    let key = (
-        src.name,
-        content_hash(&[src.code.as_bytes(), &hdrs.concat()]),
-        arch.to_string(),
-    );
+    let key = (src.name, source_id(src), arch.to_string());
     if let Some(c) = MEMO
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -338,16 +349,15 @@ impl Module {
     }
 }
 
-/// Loaded modules by (context id, source name, address of the source text): two sources
-/// of one name (GEMM_SM90, GEMM_SM90_ALL) are two modules; the address is a cheap
-/// identity of the `&'static` text (equal addresses: the same program).
-type LoadedModules = HashMap<(u64, &'static str, usize), Arc<Module>>;
+/// Loaded modules by (context id, source name, [`source_id`]): two sources of one name
+/// (GEMM_SM90, GEMM_SM90_ALL) are two modules, and every copy of one source's text is one.
+type LoadedModules = HashMap<(u64, &'static str, u128), Arc<Module>>;
 
 /// The module for `src` in the current context, whose id ([`super::ContextGuard::id`])
 /// is `ctx`, on device `dev`.
 pub fn module(src: &Source, ctx: u64, dev: &DeviceInfo) -> Result<Arc<Module>> {
     static LOADED: Mutex<Option<LoadedModules>> = Mutex::new(None);
-    let key = (ctx, src.name, src.code.as_ptr() as usize);
+    let key = (ctx, src.name, source_id(src));
     if let Some(m) = LOADED
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -400,6 +410,20 @@ mod tests {
         assert_ne!(base, program_hash(&GEMM_SM90, &opts, (13, 1)));
         // Length prefixes: moving a byte between parts changes the hash.
         assert_ne!(content_hash(&[b"ab", b"c"]), content_hash(&[b"a", b"bc"]));
+    }
+
+    #[test]
+    fn a_source_is_known_by_its_content_not_its_address() {
+        // Two copies of one text at two addresses: one program.
+        let copy: &'static str = Box::leak(COMM.code.to_string().into_boxed_str());
+        assert_ne!(copy.as_ptr(), COMM.code.as_ptr());
+        let twin = Source {
+            name: COMM.name,
+            code: copy,
+        };
+        assert_eq!(source_id(&COMM), source_id(&twin));
+        // One name, two texts: two programs.
+        assert_ne!(source_id(&GEMM_SM90), source_id(&GEMM_SM90_ALL));
     }
 
     #[test]
