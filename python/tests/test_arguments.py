@@ -94,6 +94,15 @@ def test_dtype_aliases(alias):
     assert core.NVTE_DTYPES[core.dtype_name(alias)] is want
 
 
+def test_integer_dtype_codes_pass_through():
+    """An NVTEDType value as a plain int, or as any integer (numpy's np.int32(6) & co),
+    goes to the library as is, as before the names were added; a bool is refused."""
+    IntLike = type("int32", (), {"__index__": lambda self: 6})  # np.int32(6): an integer, not an int
+    assert core.nvte_dtype(6) == 6 and core.nvte_dtype(IntLike()) == 6
+    with pytest.raises(TypeError, match="must be a dtype"):
+        core.nvte_dtype(True)
+
+
 def test_every_alias_maps_onto_a_known_name():
     assert set(core.DTYPE_ALIASES.values()) <= set(core.NVTE_DTYPES)
 
@@ -180,37 +189,44 @@ def test_library_info_is_the_documented_report(capi):
     import transformer_engine_comm as tec
 
     info = tec.library_info()
-    for key in ("package_version", "library_version", "library_path", "abi", "libraries", "cuda_driver_version",
-                "device_count", "gpu_visible", "runtime_ok", "runtime_error"):
-        assert key in info, key
-    assert info["library_version"] == tec.version() and info["library_path"] == capi.library_path()
-    assert info["abi"]["header"] == "transformer_engine_comm.h" and info["abi"]["missing_functions"] == []
-    assert info["gpu_visible"] == (info["device_count"] > 0)
-    assert set(info["libraries"]) == {"nccl", "cublaslt", "cuda_driver", "nvrtc"}
-    text = str(info)
-    assert text.startswith(f"transformer_engine_comm {tec.__version__}") and "GPU visible: " in text
-    # the older names and forms still work
-    old = tec.runtime_info()
-    assert {k: v for k, v in old.items() if k != "libraries"} == {k: v for k, v in info.items() if k != "libraries"}
-    for key, entry in info["libraries"].items():
+    # As a mapping: the four CUDA libraries, exactly as _capi.library_info() (its older form)
+    old = capi.library_info()
+    assert set(info) == set(old) == {"nccl", "cublaslt", "cuda_driver", "nvrtc"}
+    assert dict(info) == dict(old) and set(info.errors) == set(old.errors)
+    for key, entry in info.items():
         if entry.get("path"):
             assert info[key] == entry == tec.library_info(key)
         else:
             with pytest.raises(capi.CommError):
-                info[key]  # noqa: B018 - the older library_info()["nccl"] form: raises as before
+                info[key]  # noqa: B018 - raises that library's error, as before
     with pytest.raises(KeyError):
         info["no such key"]  # noqa: B018
+    # .details: runtime_info()'s report
+    d = info.details
+    for key in ("package_version", "library_version", "library_path", "abi", "libraries", "cuda_driver_version",
+                "device_count", "gpu_visible", "runtime_ok", "runtime_error"):
+        assert key in d, key
+    assert d["library_version"] == tec.version() and d["library_path"] == capi.library_path()
+    assert d["abi"]["header"] == "transformer_engine_comm.h" and d["abi"]["missing_functions"] == []
+    assert d["gpu_visible"] == (d["device_count"] > 0)
+    assert type(d["libraries"]) is dict and d["libraries"] == dict(old)
+    assert tec.runtime_info() == d
+    text = str(info)
+    assert text.startswith(f"transformer_engine_comm {tec.__version__}") and "GPU visible: " in text
 
 
 def test_library_info_without_the_library_or_a_gpu(tmp_path):
-    """The quick start's command works on a machine with nothing: no library (reported),
-    and (with the library) no GPU."""
+    """The quick start's command works on a machine with nothing: no library (reported,
+    and indexing a CUDA library raises the load error, as before), and (with the library)
+    no GPU."""
     env = dict(os.environ, PYTHONPATH=PYTHON_DIR, TE_COMM_LIB="/nonexistent/libtransformer_engine_comm.so")
-    code = "import transformer_engine_comm as tec; i = tec.library_info(); print(i); print(i['gpu_visible'])"
+    code = ("import transformer_engine_comm as tec; i = tec.library_info(); print(i); print(i.details['gpu_visible'])\n"
+            "try:\n    i['nccl']\nexcept tec.CommError as e:\n    print(e.status_name)\n")
     r = subprocess.run([sys.executable, "-c", code], env=env, cwd=str(tmp_path), capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0, r.stderr
-    assert "library: not loaded" in r.stdout and "nonexistent" in r.stdout and r.stdout.split()[-1] == "False"
+    assert "library: not loaded" in r.stdout and "nonexistent" in r.stdout
+    assert r.stdout.split()[-2:] == ["False", "NVTE_COMM_ERROR_LIBRARY_NOT_FOUND"]
 
 
 # ----------------------------------------------------------------------------- extras

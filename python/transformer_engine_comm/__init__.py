@@ -66,79 +66,70 @@ def load():
 HEADER = "transformer_engine_comm.h"
 
 
-class LibraryInfoReport(dict):
-    """What :func:`library_info` returns: a plain dict of the package and library facts.
-    For compatibility with the older ``library_info()`` (the CUDA libraries only),
-    ``info["nccl"]`` / ``["cublaslt"]`` / ``["cuda_driver"]`` / ``["nvrtc"]`` read
-    ``info["libraries"][...]`` (raising that library's CommError when it could not be
-    bound); they are not keys of the dict."""
+class LibraryReport(_capi.LibraryInfo):
+    """What :func:`library_info` returns. As a mapping it is the same as before:
+    ``_capi.library_info()``'s map of the four CUDA libraries (``"nccl"``, ``"cublaslt"``,
+    ``"cuda_driver"``, ``"nvrtc"``: path, version, preloaded, or the error; indexing one that
+    could not be bound raises its CommError; ``.errors``). ``.details`` is
+    :func:`runtime_info`'s dict (package, library, ABI, driver, GPUs, runtime verdict), and
+    ``str()`` (``print(tec.library_info())``) a readable summary of both."""
 
-    def __missing__(self, key):
-        libs = dict.get(self, "libraries")
-        if key in _capi._LIBRARY_KEYS.values() and libs is not None:
-            return libs[key]
-        raise KeyError(key)
+    def __init__(self, details: dict, libs=None, error=None):
+        super().__init__()
+        self.details = details
+        for key in _capi._LIBRARY_KEYS.values():
+            if libs is not None:
+                dict.__setitem__(self, key, dict.__getitem__(libs, key))
+                if key in libs.errors:
+                    self.errors[key] = libs.errors[key]
+            elif error is not None:  # no library, or one without nvte_comm_library_info
+                self.errors[key] = error
+                dict.__setitem__(self, key, {"path": None, "version": None, "preloaded": False,
+                                             "error": str(error), "status": error.status_name})
 
     def __str__(self) -> str:
-        """A readable summary (``print(tec.library_info())``); ``repr`` is the dict."""
-        g = dict.get
-        lines = [f"transformer_engine_comm {g(self, 'package_version')}"]
-        if "library_error" in self:
-            lines.append(f"  library: not loaded: {self['library_error']}")
+        d = self.details
+        lines = [f"transformer_engine_comm {d.get('package_version')}"]
+        if "library_error" in d:
+            lines.append(f"  library: not loaded: {d['library_error']}")
             return "\n".join(lines)
-        abi = g(self, "abi") or {}
+        abi = d.get("abi") or {}
         missing = abi.get("missing_functions") or []
-        lines.append(f"  library: {g(self, 'library_path')} (version {g(self, 'library_version')}; C ABI of "
+        lines.append(f"  library: {d.get('library_path')} (version {d.get('library_version')}; C ABI of "
                      f"{abi.get('header')}: " + (f"missing {', '.join(missing)}" if missing else "complete") + ")")
-        n = g(self, "device_count", 0)
+        n = d.get("device_count", 0)
         lines.append(f"  GPU visible: {'yes' if n else 'no'} ({n} CUDA device{'' if n == 1 else 's'})")
         for key, label in (("cuda_driver", "CUDA driver"), ("cublaslt", "cuBLASLt"), ("nvrtc", "NVRTC"),
                            ("nccl", "NCCL")):
-            e = (g(self, "libraries") or {}).get(key) or {}
+            e = dict.get(self, key) or {}
             if e.get("path"):
                 lines.append(f"  {label}: {e['path']} (version {e.get('version')})")
             else:
                 lines.append(f"  {label}: not found ({e.get('status', 'unknown')})")
-        ok = g(self, "runtime_ok")
-        lines.append("  runtime: ready" if ok else f"  runtime: not usable here: {g(self, 'runtime_error')}")
+        ok = d.get("runtime_ok")
+        lines.append("  runtime: ready" if ok else f"  runtime: not usable here: {d.get('runtime_error')}")
         return "\n".join(lines)
 
 
-def library_info(which=None):
-    """The package and its native library, without raising on a machine with no GPU, no
-    CUDA driver or no library (what is missing is reported instead)::
-
-        python -c "import transformer_engine_comm as tec; print(tec.library_info())"
-
-    Keys: ``package_version``; ``library_error`` (only when the library cannot be loaded:
-    the paths tried) or ``library_version`` (nvte_comm_version), ``library_path`` (the
-    file loaded), ``abi`` (the C header the binding follows, ``{"header", "version",
-    "missing_functions"}``: functions of the binding the loaded library lacks, [] when
-    they agree), ``libraries`` (the CUDA libraries bound at run time: driver, cuBLASLt,
-    NVRTC, NCCL, each its path and version or the error; ``_capi.library_info()``),
-    ``cuda_driver_version`` (None when the driver is missing), ``device_count``, ``gpu_visible``
-    (device_count > 0), ``runtime_ok`` / ``runtime_error`` (:func:`check_runtime`).
-
-    ``library_info("nccl")`` (or "cublaslt", "cuda_driver", "nvrtc", or a
-    :class:`Library` value): that CUDA library's ``{"path", "version", "preloaded"}``,
-    raising CommError when it cannot be bound (``_capi.library_info(which)``).
-    :func:`runtime_info` is the same report (its older name)."""
-    if which is not None:
-        return _capi.library_info(which)
-    info = LibraryInfoReport(package_version=__version__)
+def _report():
+    """runtime_info()'s dict, with the CUDA libraries' map and the library's load error
+    (None when it loaded) for :func:`library_info`."""
+    info = {"package_version": __version__}
     try:
         st = _capi._state()
     except CommError as e:
         info["library_error"] = str(e)
         info["gpu_visible"] = False
-        return info
+        return info, None, e
     info["library_version"] = version()
     info["library_path"] = library_path()
-    info["abi"] = {"header": HEADER, "version": info["library_version"],
-                   "missing_functions": sorted(st.missing)}
+    info["abi"] = {"header": HEADER, "version": info["library_version"], "missing_functions": sorted(st.missing)}
+    libs, err = None, None
     try:
-        info["libraries"] = _capi.library_info()  # a LibraryInfo: indexing a missing one raises its error
+        libs = _capi.library_info()
+        info["libraries"] = dict(libs)
     except CommError as e:
+        err = e
         info["libraries"] = {"error": str(e)}
     drv = info["libraries"].get("cuda_driver") or {}
     info["cuda_driver_version"] = drv.get("version") if drv.get("path") else None
@@ -149,12 +140,37 @@ def library_info(which=None):
         info["runtime_ok"], info["runtime_error"] = True, None
     except CommError as e:
         info["runtime_ok"], info["runtime_error"] = False, str(e)
-    return info
+    return info, libs, err
+
+
+def library_info(which=None):
+    """The CUDA libraries this library binds at run time, and (``str()``, ``.details``)
+    everything about the native side, without raising on a machine with no GPU, no CUDA
+    driver or no library (what is missing is reported instead)::
+
+        python -c "import transformer_engine_comm as tec; print(tec.library_info())"
+
+    ``library_info()``: a :class:`LibraryReport`, as a mapping ``_capi.library_info()``'s
+    four libraries (``info["nccl"]`` raises that library's CommError when it could not be
+    bound, as before). ``library_info("nccl")`` (or "cublaslt", "cuda_driver", "nvrtc", or
+    a :class:`Library` value): that library's ``{"path", "version", "preloaded"}``, raising
+    CommError when it cannot be bound."""
+    if which is not None:
+        return _capi.library_info(which)
+    details, libs, err = _report()
+    return LibraryReport(details, libs, err)
 
 
 def runtime_info() -> dict:
-    """:func:`library_info`'s report (the older name, kept)."""
-    return library_info()
+    """Everything about the native side, without raising for a missing GPU or CUDA
+    library: ``package_version``; ``library_error`` (only when the library cannot be
+    loaded: the paths tried) or ``library_version``, ``library_path``, ``abi`` (the C header
+    the binding follows, ``{"header", "version", "missing_functions"}``: functions of the
+    binding the loaded library lacks), ``libraries`` (a plain dict: each CUDA library's
+    path and version, or its error), ``cuda_driver_version`` (None without a driver),
+    ``device_count``, ``gpu_visible``, ``runtime_ok`` / ``runtime_error``
+    (:func:`check_runtime`'s verdict)."""
+    return _report()[0]
 
 
 __all__ = [
@@ -177,7 +193,7 @@ __all__ = [
     "check_runtime",
     "device_count",
     "library_info",
-    "LibraryInfoReport",
+    "LibraryReport",
     "library_path",
     "live_tensor_count",
     "load",

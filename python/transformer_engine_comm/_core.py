@@ -26,6 +26,7 @@ signature (the adapters cache their plans), not per call.
 from __future__ import annotations
 
 import enum
+import operator
 import os
 import re
 from typing import Callable, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
@@ -424,8 +425,8 @@ def dtype_name(dtype, what: str = "dtype") -> str:
 
 
 def nvte_dtype(dtype, what: str = "dtype"):
-    """The NVTEDType of ``dtype``: an int or :class:`DType` as is (the library checks the
-    value), else through :func:`dtype_name`. TypeError naming ``what`` for a bool or an
+    """The NVTEDType of ``dtype``: an int (or an integer such as ``np.int32(6)``) or
+    :class:`DType` as is (the library checks the value), else through :func:`dtype_name`. TypeError naming ``what`` for a bool or an
     unknown dtype."""
     if isinstance(dtype, DType):
         return dtype
@@ -433,6 +434,8 @@ def nvte_dtype(dtype, what: str = "dtype"):
         raise TypeError(f"{what} must be a dtype, got {dtype!r}")
     if isinstance(dtype, int):
         return dtype
+    if getattr(type(dtype), "__index__", None) is not None:  # numpy integers & co
+        return operator.index(dtype)
     if isinstance(dtype, str) and dtype.strip().lower() in _ENUM_NAMES:
         return _ENUM_NAMES[dtype.strip().lower()]
     return NVTE_DTYPES[dtype_name(dtype, what)]
