@@ -38,8 +38,8 @@ shared_install() {
   find "$(dirname "$dir")" -maxdepth 1 -name "$(basename "$dir").tmp.*" -mmin +1440 -exec rm -rf {} + 2>/dev/null || true
   target=$(mktemp -d "$dir.tmp.XXXXXX")
   chmod 755 "$target"
-  # shellcheck disable=SC2064  # expand now: the trap must remove this very folder
-  trap "rm -rf '$target'" EXIT
+  # $target is global and set once per install: the trap reads it when it fires.
+  trap 'rm -rf -- "$target"' EXIT
   "$@" || { echo "install-deps: installing into $dir failed" >&2; exit 1; }
   touch "$target/.complete"
   if [ -e "$dir" ] && [ ! -f "$dir/.complete" ]; then

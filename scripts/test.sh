@@ -28,10 +28,13 @@ source "$(dirname "$0")/common.sh"
 te_comm_help "$@"
 [ $# -eq 0 ] || { echo "test.sh: unknown argument '$1' (see --help)" >&2; exit 2; }
 
-# Per-stage wall times, printed at the end (and on failure).
-stage_names=() stage_secs=() stage_t=$EPOCHREALTIME stage_cur=""
+# Per-stage wall times, printed at the end (and on failure). EPOCHREALTIME needs bash 5;
+# older bash (4.4: RHEL / Rocky 8) falls back to date.
+now_s() { echo "${EPOCHREALTIME:-$(date +%s.%N)}"; }
+stage_names=() stage_secs=() stage_t=$(now_s) stage_cur=""
 stage() {
-  local now=$EPOCHREALTIME
+  local now
+  now=$(now_s)
   if [ -n "$stage_cur" ]; then
     stage_names+=("$stage_cur")
     stage_secs+=("$(awk -v a="$stage_t" -v b="$now" 'BEGIN { printf "%.1f", b - a }')")
