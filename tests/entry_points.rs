@@ -4,21 +4,12 @@
 //! driver case runs without a GPU: a stub libcuda (built here with `cc`) that reports
 //! CUDA 11.8 and exports only what CUDA 11.8 has is put first on LD_LIBRARY_PATH of a
 //! child process (this test binary again), which calls the library.
+mod common;
+use common::rs_files;
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use transformer_engine_comm::cuda::entry_points::{self, Table, Version};
-
-fn rs_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for e in std::fs::read_dir(dir).unwrap() {
-        let p = e.unwrap().path();
-        if p.is_dir() {
-            rs_files(&p, out);
-        } else if p.extension().is_some_and(|x| x == "rs") {
-            out.push(p);
-        }
-    }
-}
 
 /// The source of src/ without `//` comments.
 fn source() -> Vec<(String, String)> {

@@ -9,6 +9,8 @@
 //! as C does (fields of scalar, pointer or array-of-scalar type, natural alignment,
 //! `__align__(N)`; a struct with any other field has no size, and a kernel taking it
 //! fails the check).
+mod common;
+use common::rs_files;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use transformer_engine_comm::cuda::kernel::pattern_matches;
@@ -563,17 +565,6 @@ fn code_of(p: &Path) -> String {
         .map(|l| l.split("//").next().unwrap_or(""))
         .collect::<Vec<_>>()
         .join("\n")
-}
-
-fn rs_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for e in std::fs::read_dir(dir).unwrap() {
-        let p = e.unwrap().path();
-        if p.is_dir() {
-            rs_files(&p, out);
-        } else if p.extension().is_some_and(|x| x == "rs") {
-            out.push(p);
-        }
-    }
 }
 
 /// Every launch is typed: the only raw launches are in src/cuda/kernel.rs, and every

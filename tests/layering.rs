@@ -1,8 +1,10 @@
 //! The source's shape, checked on the host: the modules' imports follow the layers (no
 //! import points up a layer, so there is no loop), and no function of `src/` is longer
 //! than 100 lines.
+mod common;
+use common::rs_files;
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// The layers, top first: a module may import only modules of lower layers (or of its
 /// own layer where listed in `SIDEWAYS`).
@@ -20,17 +22,6 @@ const LAYERS: &[&[&str]] = &[
 
 /// Imports within one layer that are allowed.
 const SIDEWAYS: &[(&str, &str)] = &[("env", "error")];
-
-fn rs_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for e in std::fs::read_dir(dir).unwrap() {
-        let p = e.unwrap().path();
-        if p.is_dir() {
-            rs_files(&p, out);
-        } else if p.extension().is_some_and(|x| x == "rs") {
-            out.push(p);
-        }
-    }
-}
 
 /// Source without `//` comments (doc comments name modules they do not import).
 fn code(p: &Path) -> String {

@@ -343,13 +343,23 @@ def check_size(v, what: str) -> int:
     """One size (a dimension, a global size, a byte count): an integer (``__index__``:
     int, numpy / torch integers; not bool, float or str) in [0, 2**63). ValueError naming
     ``what`` otherwise."""
-    if isinstance(v, bool) or not hasattr(v, "__index__"):
-        raise ValueError(f"{what} must be an integer, got {v!r} ({type(v).__name__})")
-    i = v.__index__()
+    i = _integer(v, what, "an integer")
     if i < 0:
         raise ValueError(f"{what} = {i} is negative (sizes must be >= 0)")
+    return _below_size_limit(i, what, "dims")
+
+
+def _integer(v, what: str, expected: str) -> int:
+    """``v`` as an int when it is an integer (``__index__``, not bool); ValueError naming
+    ``what`` and what was ``expected`` otherwise."""
+    if isinstance(v, bool) or not hasattr(v, "__index__"):
+        raise ValueError(f"{what} must be {expected}, got {v!r} ({type(v).__name__})")
+    return v.__index__()
+
+
+def _below_size_limit(i: int, what: str, noun: str) -> int:
     if i >= SIZE_LIMIT:
-        raise ValueError(f"{what} = {i} is out of range (dims must be < 2**63)")
+        raise ValueError(f"{what} = {i} is out of range ({noun} must be < 2**63)")
     return i
 
 
@@ -654,14 +664,10 @@ def opt_size(v, what: str) -> int:
     (ValueError naming ``what`` for a negative, too large or non-integer value)."""
     if v is None:
         return -1
-    if isinstance(v, bool) or not hasattr(v, "__index__"):
-        raise ValueError(f"{what} must be an integer or None, got {v!r} ({type(v).__name__})")
-    v = v.__index__()
+    v = _integer(v, what, "an integer or None")
     if v < 0:
         raise ValueError(f"{what} must be >= 0, got {v}")
-    if v >= SIZE_LIMIT:
-        raise ValueError(f"{what} = {v} is out of range (sizes must be < 2**63)")
-    return v
+    return _below_size_limit(v, what, "sizes")
 
 
 def split_global(op: str, what: str, local: int, given: Optional[int], nranks: int, rank: Optional[int],

@@ -410,19 +410,25 @@ mod tests {
         assert!(mapped("libdefinitely_not_here.so").is_empty());
     }
 
-    #[test]
-    fn an_already_mapped_copy_is_bound_before_the_search_path() {
-        // libgcc_s is mapped in every Rust test binary on Linux (std unwinds with it);
-        // the only search-path candidate does not exist, so only the mapped copy can bind.
-        let spec = Spec {
+    /// libgcc_s as a stand-in library: mapped in every Rust test binary on Linux (std
+    /// unwinds with it), with a search-path candidate that does not exist.
+    fn libgcc_spec(table: &'static entry_points::Table) -> Spec {
+        Spec {
             name: "libgcc_s",
             env: "NVTE_COMM_TEST_UNSET_LIBGCC",
             prefix: "libgcc_s.so",
             candidates: &["libgcc_s_nonexistent.so"],
             probe: "_Unwind_Resume",
-            entry_points: &entry_points::NONE,
+            entry_points: table,
             version: |_| None,
-        };
+        }
+    }
+
+    #[test]
+    fn an_already_mapped_copy_is_bound_before_the_search_path() {
+        // libgcc_s is mapped in every Rust test binary on Linux (std unwinds with it);
+        // the only search-path candidate does not exist, so only the mapped copy can bind.
+        let spec = libgcc_spec(&entry_points::NONE);
         let b = bind(&spec).expect("libgcc_s is mapped");
         assert!(b.preloaded, "{b:?}");
         assert_eq!(b.how, "already loaded in the process");
@@ -463,13 +469,8 @@ mod tests {
             ],
         };
         let spec = Spec {
-            name: "libgcc_s",
-            env: "NVTE_COMM_TEST_UNSET_LIBGCC",
-            prefix: "libgcc_s.so",
-            candidates: &["libgcc_s_nonexistent.so"],
-            probe: "_Unwind_Resume",
-            entry_points: &OLD,
             version: |_| Some("GCC 0.1".into()),
+            ..libgcc_spec(&OLD)
         };
         let e = bind(&spec).unwrap_err();
         let path = mapped("libgcc_s.so").first().cloned().unwrap();
