@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The PyTorch example end to end on 2 and 4 GPUs: examples/pytorch/layer_with_overlap.py
+# The PyTorch example end to end on 2, 4 (or 8) GPUs: examples/pytorch/layer_with_overlap.py
 # with and without overlap (--no-comm-overlap), bf16 and --fp8 (--fp8-recipe delayed and
-# current), tp 2 and 4, and --num-replicas 2 (tp 2 x dp 2) on 4 GPUs, each with --profile
+# current), tp 2 and 4 (8 with --np 8), and --num-replicas 2 (dp 2) on 4 and on 8 GPUs when
+# those counts are asked for, each with --profile
 # (the step breakdown's PROFILE line: host ms, exposed / hidden communication). For each
 # configuration: the overlap step must be faster than the no-overlap one, and the loss curves
 # must agree (max relative difference per iteration under TOL) and fall.
@@ -15,7 +16,7 @@
 #   -h, --help        this text
 # Environment: TE_COMM_LIB (else target/release, built by cargo when present), OUT (default
 # gpu-out/; everything goes to $OUT/example), PYTHON (default python3).
-# Needs: 2 or more GPUs (4 for tp 4 and the replicas; Hopper for FP8); PyTorch with CUDA and
+# Needs: 2 or more GPUs (4 / 8 for those counts and their replicas; Hopper for FP8); PyTorch with CUDA and
 # NCCL (torchrun); cargo only without TE_COMM_LIB. Exit 77 (skipped) with fewer than 2 GPUs.
 # Takes: about 30 s a run, two runs per configuration: 5-10 minutes with the defaults on 4
 # GPUs (each run at most 300 s).
@@ -47,7 +48,10 @@ for np in ${nplist//,/ }; do
   [ "$np" -le "$ngpu" ] || continue
   for r in ${recipes//,/ }; do configs+=("$np 1 $r"); done
 done
-[ "$ngpu" -ge 4 ] && [[ ",$nplist," == *,4,* ]] && configs+=("4 2 none")
+# Two data-parallel replicas (tp = np / 2) at 4 and 8 GPUs, when asked for.
+for np in 4 8; do
+  [ "$ngpu" -ge "$np" ] && [[ ",$nplist," == *,$np,* ]] && configs+=("$np 2 none")
+done
 
 fail=0
 rows=()

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The multi-GPU check on a machine of 2 or 4 GPUs, in parts that each fit the 10-minute limit
+# The multi-GPU check on a machine of 2, 4 or 8 GPUs, in parts that each fit the 10-minute limit
 # of one device call (a time budget skips, and reports, what would not fit; on 4 H200s the
 # C part alone took about 300 s):
 #   c  the C/C++ GPU tests (scripts/gpu-test.sh's c stage) at 2 and 4 ranks.
@@ -24,7 +24,11 @@
 #   TE_COMM_LIB        the library (else target/release, built by cargo when present)
 #   OUT                output folder (default gpu-out/)
 #   TE_COMM_MG_BUDGET  seconds per part (default 560)
-# Needs: 2 or more GPUs (4 for the 4-rank runs; Hopper for FP8); the CUDA runtime, NCCL, MPI
+#   TE_COMM_MG_NPS     the rank counts, e.g. "8" or "2 4" (default: 2, and 4 with 4 GPUs or
+#                      more; on 8 GPUs run each part again with TE_COMM_MG_NPS=8, since 2, 4
+#                      and 8 together do not fit one part's budget). The largest count is
+#                      the one the torch, example and recheck steps use.
+# Needs: 2 or more GPUs (4 or 8 for those rank counts; Hopper for FP8); the CUDA runtime, NCCL, MPI
 # and CMake (tests_c); PyTorch with CUDA (parts a, r, b), JAX with CUDA (part b),
 # compute-sanitizer (part b); cargo only without TE_COMM_LIB. Exit 77 (skipped) with fewer
 # than 2 GPUs.
@@ -47,10 +51,24 @@ export NVTE_COMM_CACHE_DIR=${NVTE_COMM_CACHE_DIR:-/tmp/te_comm_kernel_cache}
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 ngpu=$(gpu_count)
 [ "$ngpu" -ge 2 ] || { echo "multigpu-gpu: SKIPPED (needs 2 GPUs, found $ngpu)"; exit 77; }
-big=$ngpu
-[ "$big" -gt 4 ] && big=4
-nps=(2)
-[ "$ngpu" -ge 4 ] && nps+=(4)
+if [ -n "${TE_COMM_MG_NPS:-}" ]; then
+  read -r -a nps <<<"${TE_COMM_MG_NPS//,/ }"
+  [ "${#nps[@]}" -gt 0 ] || { echo "multigpu-gpu: TE_COMM_MG_NPS names no rank count" >&2; exit 2; }
+else
+  nps=(2)
+  [ "$ngpu" -ge 4 ] && nps+=(4)
+fi
+big=0
+for np in "${nps[@]}"; do
+  case $np in
+    '' | *[!0-9]*) echo "multigpu-gpu: TE_COMM_MG_NPS: '$np' is not a rank count" >&2; exit 2 ;;
+  esac
+  [ "$np" -ge 2 ] && [ "$np" -le "$ngpu" ] || {
+    echo "multigpu-gpu: TE_COMM_MG_NPS: $np ranks need 2 to $ngpu GPUs (found $ngpu)" >&2
+    exit 2
+  }
+  [ "$np" -gt "$big" ] && big=$np
+done
 lib=$(te_comm_library) || exit 1
 export TE_COMM_LIB=$lib PYTHONPATH=$root/python${PYTHONPATH:+:$PYTHONPATH}
 build=$root/build-gpu
