@@ -4,7 +4,8 @@
 //! group). Used while creating objects, by a comm-GEMM context's engine creation and
 //! autotuning, and under NVTE_COMM_CHECK once per eager comm-GEMM call (a debug mode);
 //! never in the hot path otherwise. A comm-GEMM context moves its exchanges from the
-//! caller's NCCL communicator to one of its own ([`Bootstrap::owned`], [`channel`]).
+//! caller's NCCL communicator to one of its own (an [`OwnedExchange`]: the NCCL
+//! transport's `crate::transport::nccl::channel`, above this layer, makes it).
 use crate::cuda::dynlib::nccl_sys as nccl;
 use crate::cuda::resources::{DeviceMem, Stream, copy_from_host, copy_to_host};
 use crate::cuda::{self, Lib, nccl_check};
@@ -12,8 +13,6 @@ use crate::error::ErrorKind as K;
 use crate::error::{Error, Result};
 use crate::invalid;
 use std::ffi::c_void;
-
-pub mod channel;
 
 /// allgather(user, global, global_bytes, local, local_bytes): gather `local_bytes` from
 /// every rank into `global` in rank order; returns 0 on success.
@@ -30,8 +29,17 @@ pub enum Exchange {
         barrier: BarrierFn,
         user: usize,
     },
-    /// the library's own communicator over the ranks of the caller's ([`Bootstrap::owned`])
-    Owned(Box<channel::Channel>),
+    /// the library's own communicator over the ranks of the caller's
+    /// (`crate::transport::nccl::channel::Owned`)
+    Owned(Box<dyn OwnedExchange>),
+}
+
+/// An exchange channel of the library's own over the ranks of the caller's NCCL
+/// communicator (`crate::transport::nccl::channel::Channel`, which the layer above
+/// makes): an allgather whose every wait is bounded.
+pub trait OwnedExchange: Send + Sync {
+    /// Gather `local` (same length on every rank) from all ranks, in rank order.
+    fn allgather(&self, local: &[u8]) -> Result<Vec<u8>>;
 }
 
 pub struct Bootstrap {
@@ -96,23 +104,6 @@ impl Bootstrap {
                 user,
             },
         })
-    }
-
-    /// This bootstrap with its exchanges over a communicator of the library's own when
-    /// it is the caller's NCCL communicator of more than one rank (collective: see
-    /// [`channel`]; every wait bounded by `timeout`), else itself.
-    pub fn owned(self, timeout: std::time::Duration) -> Result<Bootstrap> {
-        match self.exchange {
-            Exchange::Nccl(_) if self.size > 1 => {
-                let ch = channel::Channel::create(&self, timeout)?;
-                Ok(Bootstrap {
-                    rank: self.rank,
-                    size: self.size,
-                    exchange: Exchange::Owned(Box::new(ch)),
-                })
-            }
-            _ => Ok(self),
-        }
     }
 
     /// Gather `local` (same length on every rank) from all ranks, in rank order.

@@ -39,6 +39,7 @@ use crate::error::{Error, Result};
 use crate::gemm::{Operands, TeGemm};
 use crate::overlap::{EngineConfig, Overlap, ag::AgArgs, ar::ArArgs, rs::RsArgs};
 use crate::tensor::{Buffer, DType, Shape, Tensor};
+use crate::transport::nccl::channel::Owned as _;
 use crate::tune;
 use crate::{invalid, unsupported};
 use std::collections::HashMap;
@@ -299,7 +300,7 @@ impl CommGemmCtx {
         // Over a caller's NCCL communicator of several ranks, the one collective step
         // here: the context's own communicator, which every later exchange uses (its
         // waits end by aborting it, so none can leave a kernel on the GPU for good; see
-        // `crate::bootstrap::channel`). Otherwise no CUDA here: each call enters its
+        // `crate::transport::nccl::channel`). Otherwise no CUDA here: each call enters its
         // stream's context (a framework thread may have none current, and device 0 may
         // not be this rank's).
         let timeout = std::time::Duration::from_millis(env.cfg.timeout_ms.max(1) as u64);

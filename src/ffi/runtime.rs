@@ -6,7 +6,7 @@ use super::overlap::ncclComm_t;
 use super::{NVTECommStatus, status_call};
 use crate::cuda::{self, Lib};
 use crate::invalid;
-use crate::transport::nccl;
+use crate::transport::nccl::api as nccl;
 use once_cell::sync::OnceCell;
 use std::collections::HashSet;
 use std::ffi::{CString, c_char};

@@ -15,14 +15,14 @@
 //! starts with an arrival exchange (a 16-byte token {call descriptor, call number} sent
 //! to and received from every peer, copied to the progress record after it), so a
 //! timeout names the peers that never entered the call.
+pub mod api;
+pub mod channel;
+
 use super::{
     Collectives, Entry, ErrorRecord, FailureKind, FlagSlot, FlagSlots, Group, MAX_PEERS, PeerSet,
     RecvOp, SendOp, Timeout, Transport, TwoSided, WaitInfo,
 };
 use crate::bootstrap::Bootstrap;
-use crate::bootstrap::channel::{
-    IN_PROGRESS, async_state, check_nb, nonblocking_config, result_name, wait_ready,
-};
 use crate::cuda::StreamHandle;
 use crate::cuda::dynlib::nccl_sys as nc;
 use crate::cuda::resources::{DeviceMem, HostMapped};
@@ -34,6 +34,7 @@ use crate::error::ErrorKind as K;
 use crate::error::{Error, Result};
 use crate::tensor::DType;
 use crate::unsupported;
+use api::{IN_PROGRESS, async_state, check_nb, nonblocking_config, result_name, wait_ready};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -303,7 +304,7 @@ fn init_group_comm(
     // communicator: a split follows the parent's blocking mode, so with a blocking
     // parent (the usual case) a rank that never joins would block it without a limit.
     let mut config = nonblocking_config();
-    crate::bootstrap::channel::init_nonblocking(
+    api::init_nonblocking(
         bs,
         group[0],
         (group.len(), tp_rank),
@@ -840,58 +841,6 @@ pub const ENTRY: Entry = Entry {
         )?))
     },
 };
-
-/// A new NCCL unique id (128 bytes) from the bound NCCL: the seed of a communicator that
-/// a framework creates for this library (the id is then broadcast by the framework).
-pub fn unique_id() -> Result<[u8; 128]> {
-    cuda::require(Lib::Nccl)?;
-    // SAFETY: zeroed POD id, filled by NCCL.
-    let mut id: nc::ncclUniqueId = unsafe { std::mem::zeroed() };
-    check(unsafe { nc::ncclGetUniqueId(&mut id) }, "ncclGetUniqueId")?;
-    let mut out = [0u8; 128];
-    for (o, c) in out.iter_mut().zip(id.internal.iter()) {
-        *o = *c as u8;
-    }
-    Ok(out)
-}
-
-/// ncclCommInitRank through the bound NCCL on the calling thread's current device
-/// (collective over the `nranks` callers of the same id).
-pub fn comm_init_rank(id: &[u8; 128], nranks: i32, rank: i32) -> Result<usize> {
-    if nranks <= 0 || rank < 0 || rank >= nranks {
-        crate::invalid!(
-            "`nranks` = {nranks} and `rank` = {rank} are inconsistent (need 0 <= rank < nranks)"
-        );
-    }
-    cuda::require(Lib::Nccl)?;
-    // NCCL needs a device: without one (or without a driver) fail here, cleanly.
-    cuda::init_driver()?;
-    // SAFETY: zeroed POD id, then filled from the caller's bytes.
-    let mut uid: nc::ncclUniqueId = unsafe { std::mem::zeroed() };
-    for (c, b) in uid.internal.iter_mut().zip(id.iter()) {
-        *c = *b as std::ffi::c_char;
-    }
-    let mut comm: nc::ncclComm_t = std::ptr::null_mut();
-    // SAFETY: out pointer; the id came from ncclGetUniqueId on one of the ranks.
-    check(
-        unsafe { nc::ncclCommInitRank(&mut comm, nranks, uid, rank) },
-        "ncclCommInitRank",
-    )?;
-    Ok(comm as usize)
-}
-
-/// ncclCommDestroy of a communicator created by [`comm_init_rank`].
-pub fn comm_destroy(comm: usize) -> Result<()> {
-    if comm == 0 {
-        crate::invalid!("argument `comm` is NULL");
-    }
-    cuda::require(Lib::Nccl)?;
-    // SAFETY: the caller passes a live communicator it owns.
-    check(
-        unsafe { nc::ncclCommDestroy(comm as nc::ncclComm_t) },
-        "ncclCommDestroy",
-    )
-}
 
 #[cfg(test)]
 mod tests {

@@ -1,6 +1,6 @@
-//! Non-blocking NCCL communicators (every wait bounded; the shared helpers of the NCCL
-//! transport) and [`Channel`]: the library's own exchange channel over the ranks of a
-//! caller's communicator.
+//! [`Channel`]: the library's own exchange channel over the ranks of a caller's NCCL
+//! communicator (a non-blocking communicator of its own, every wait bounded), and
+//! [`Owned`]: a bootstrap's exchanges moved onto it.
 //!
 //! Why a channel of its own: an exchange over the caller's communicator that a peer
 //! never joins can only be given up on the host, while its `ncclAllGather` kernel stays
@@ -11,105 +11,24 @@
 //! over the caller's communicator) and runs every later exchange (engine creation,
 //! autotuning, NVTE_COMM_CHECK's per-call agreement) over it: a wait that runs out
 //! aborts it, NCCL's kernels exit, and nothing is left on the GPU.
+//!
+//! It lives with the NCCL transport, above `bootstrap` (whose [`Bootstrap`] it uses for
+//! the unique id), and shares the transport's NCCL wrappers ([`super::api`]); the
+//! bootstrap holds it as an [`OwnedExchange`].
+use super::api::{
+    IN_PROGRESS, async_state, check_nb, init_nonblocking, nonblocking_config, result_name,
+    wait_ready,
+};
+use crate::bootstrap::{Bootstrap, Exchange, OwnedExchange};
 use crate::cuda::dynlib::nccl_sys as nc;
 use crate::cuda::resources::{
     DeviceMem, HostMapped, Stream, copy_from_pinned_async, copy_to_pinned_async,
 };
-use crate::cuda::{ContextGuard, StreamHandle, nccl_check as check};
+use crate::cuda::{ContextGuard, StreamHandle};
 use crate::error::ErrorKind as K;
 use crate::error::{Error, Result};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
-
-pub const IN_PROGRESS: u32 = nc::ncclResult_t::ncclInProgress as u32;
-
-pub fn result_name(r: u32) -> String {
-    match r {
-        0 => "success".into(),
-        1 => "unhandled CUDA error".into(),
-        2 => "system error".into(),
-        3 => "internal error".into(),
-        4 => "invalid argument".into(),
-        5 => "invalid usage".into(),
-        6 => "remote error (a peer failed or exited)".into(),
-        7 => "in progress".into(),
-        8 => "timeout".into(),
-        other => format!("error {other}"),
-    }
-}
-
-/// `r` of a call on a non-blocking communicator: success, or in progress (to be polled).
-pub fn check_nb(r: nc::ncclResult_t, call: &str) -> Result<bool> {
-    if r == nc::ncclResult_t::ncclInProgress {
-        return Ok(true);
-    }
-    check(r, call).map(|_| false)
-}
-
-/// The communicator's asynchronous state (ncclCommGetAsyncError).
-pub fn async_state(comm: usize) -> Result<u32> {
-    let mut st = 0u32;
-    // SAFETY: live communicator; out pointer (a u32: NCCL may return codes newer than
-    // the bindings' enum).
-    check(
-        unsafe { nc::ncclCommGetAsyncError(comm as nc::ncclComm_t, &mut st) },
-        "ncclCommGetAsyncError",
-    )?;
-    Ok(st)
-}
-
-/// Poll a non-blocking communicator until its pending operation is done, for at most
-/// `limit`. Err(TIMEOUT) when it is still in progress then (the caller aborts the
-/// communicator), Err(NCCL) on an NCCL error.
-pub fn wait_ready(comm: usize, limit: Duration, what: &str) -> Result<()> {
-    let t0 = Instant::now();
-    loop {
-        match async_state(comm)? {
-            0 => return Ok(()),
-            IN_PROGRESS => {}
-            e => {
-                return Err(Error::new(
-                    K::Nccl,
-                    format!("{what}: NCCL reported {}", result_name(e)),
-                ));
-            }
-        }
-        if t0.elapsed() > limit {
-            return Err(Error::new(
-                K::Timeout,
-                format!(
-                    "{what}: not done after {:.1} s (a peer of the group did not join: it is absent, failed or hangs)",
-                    limit.as_secs_f64()
-                ),
-            ));
-        }
-        std::thread::sleep(Duration::from_micros(50));
-    }
-}
-
-/// NCCL_CONFIG_INITIALIZER with `blocking = 0` (layout of NCCL 2.28; a newer NCCL reads
-/// only the fields of the version given, an older one only those it knows).
-pub fn nonblocking_config() -> nc::ncclConfig_t {
-    const UNDEF: i32 = i32::MIN;
-    // SAFETY: plain C struct; NULL pointers are NCCL's "undefined" pointers.
-    let mut c: nc::ncclConfig_t = unsafe { std::mem::zeroed() };
-    c.size = std::mem::size_of::<nc::ncclConfig_t>();
-    c.magic = 0xcafe_beef;
-    c.version = 22800;
-    c.blocking = 0;
-    c.cgaClusterSize = UNDEF;
-    c.minCTAs = UNDEF;
-    c.maxCTAs = UNDEF;
-    c.splitShare = UNDEF;
-    c.trafficClass = UNDEF;
-    c.collnetEnable = UNDEF;
-    c.CTAPolicy = UNDEF;
-    c.shrinkShare = UNDEF;
-    c.nvlsCTAs = UNDEF;
-    c.nChannelsPerNetPeer = UNDEF;
-    c.nvlinkCentricSched = UNDEF;
-    c
-}
 
 /// The channel's buffers (device, and pinned host staging), `cap` bytes per rank.
 struct Buffers {
@@ -153,60 +72,11 @@ pub struct Channel {
     st: Mutex<State>,
 }
 
-/// A non-blocking communicator of `nranks` ranks, this one joining as `rank`, made from
-/// the unique id of world rank `leader`, which goes through `bs` (collective over `bs`'s
-/// world: every rank contributes, the others' ids are ignored); ready, waited for at
-/// most `timeout` (on failure it is aborted). `what` names it in errors.
-pub fn init_nonblocking(
-    bs: &super::Bootstrap,
-    leader: usize,
-    (nranks, rank): (usize, usize),
-    config: &mut nc::ncclConfig_t,
-    timeout: Duration,
-    what: &str,
-) -> Result<usize> {
-    // SAFETY: zeroed POD id; filled by NCCL on the leader.
-    let mut id: nc::ncclUniqueId = unsafe { std::mem::zeroed() };
-    if bs.rank == leader {
-        // SAFETY: out pointer.
-        check(unsafe { nc::ncclGetUniqueId(&mut id) }, "ncclGetUniqueId")?;
-    }
-    let mine: Vec<u8> = id.internal.iter().map(|&c| c as u8).collect();
-    let all = bs.allgather(&mine)?;
-    for (c, b) in id
-        .internal
-        .iter_mut()
-        .zip(&all[leader * 128..leader * 128 + 128])
-    {
-        *c = *b as std::ffi::c_char;
-    }
-    let mut comm: nc::ncclComm_t = std::ptr::null_mut();
-    // SAFETY: the leader's id; every member joins with its rank; `config` outlives the
-    // call (NCCL copies it).
-    let pending = check_nb(
-        unsafe { nc::ncclCommInitRankConfig(&mut comm, nranks as i32, id, rank as i32, config) },
-        "ncclCommInitRankConfig",
-    )?;
-    let raw = comm as usize;
-    if raw == 0 {
-        return Err(Error::new(
-            K::Nccl,
-            format!("creating {what} returned no communicator"),
-        ));
-    }
-    if pending && let Err(e) = wait_ready(raw, timeout, &format!("creating {what}")) {
-        // SAFETY: the communicator created above, used nowhere else yet.
-        unsafe { nc::ncclCommAbort(raw as nc::ncclComm_t) };
-        return Err(e);
-    }
-    Ok(raw)
-}
-
 impl Channel {
     /// Collective over the caller's communicator (`via`): rank 0's unique id goes through
     /// `via` (its last use), then every rank joins the new communicator and connects it
     /// with one small exchange, each wait bounded by `timeout`.
-    pub fn create(via: &super::Bootstrap, timeout: Duration) -> Result<Channel> {
+    pub fn create(via: &Bootstrap, timeout: Duration) -> Result<Channel> {
         let _guard = ContextGuard::for_stream(StreamHandle::NULL)?;
         let mut config = nonblocking_config();
         // One channel (CTA) is plenty for these few bytes, and keeps NCCL's buffers small.
@@ -377,6 +247,12 @@ impl Channel {
     }
 }
 
+impl OwnedExchange for Channel {
+    fn allgather(&self, local: &[u8]) -> Result<Vec<u8>> {
+        Channel::allgather(self, local)
+    }
+}
+
 impl Drop for Channel {
     /// Abort, not finalize: the communicator is idle here (every exchange completed, or
     /// it was aborted already), and aborting it needs no peer, so contexts may be destroyed
@@ -388,5 +264,29 @@ impl Drop for Channel {
         // (the buffers' context, current while they are freed)
         let _guard = stream.map(ContextGuard::for_stream_no_device);
         self.abort(&mut st);
+    }
+}
+
+/// A bootstrap's exchanges moved onto a [`Channel`] of the library's own.
+pub trait Owned: Sized {
+    /// This bootstrap with its exchanges over a communicator of the library's own when
+    /// it is the caller's NCCL communicator of more than one rank (collective: see
+    /// [`Channel::create`]; every wait bounded by `timeout`), else itself.
+    fn owned(self, timeout: Duration) -> Result<Bootstrap>;
+}
+
+impl Owned for Bootstrap {
+    fn owned(self, timeout: Duration) -> Result<Bootstrap> {
+        match self.exchange {
+            Exchange::Nccl(_) if self.size > 1 => {
+                let ch = Channel::create(&self, timeout)?;
+                Ok(Bootstrap {
+                    rank: self.rank,
+                    size: self.size,
+                    exchange: Exchange::Owned(Box::new(ch)),
+                })
+            }
+            _ => Ok(self),
+        }
     }
 }
