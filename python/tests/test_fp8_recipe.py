@@ -125,8 +125,12 @@ def test_recipe_validation():
 
 
 def test_format_dtypes():
-    # TE's Format: HYBRID = e4m3 forward / e5m2 backward; E4M3 everywhere.
-    assert fp8.Format.HYBRID.fwd == torch.float8_e4m3fn
-    assert fp8.Format.HYBRID.bwd == torch.float8_e5m2
-    assert fp8.Format.E4M3.fwd == torch.float8_e4m3fn
-    assert fp8.Format.E4M3.bwd == torch.float8_e4m3fn
+    # TE's Format: HYBRID = e4m3 forward / e5m2 backward; E4M3 everywhere. Format.X.fwd /
+    # .bwd are the dtypes' names (the Format is the framework-neutral one); fwd_dtype /
+    # bwd_dtype the torch dtypes.
+    assert fp8.fwd_dtype(fp8.Format.HYBRID) == torch.float8_e4m3fn
+    assert fp8.bwd_dtype(fp8.Format.HYBRID) == torch.float8_e5m2
+    assert fp8.fwd_dtype(fp8.Format.E4M3) == torch.float8_e4m3fn
+    assert fp8.bwd_dtype(fp8.Format.E4M3) == torch.float8_e4m3fn
+    assert (fp8.Format.HYBRID.fwd, fp8.Format.HYBRID.bwd) == ("float8_e4m3fn", "float8_e5m2")
+    assert fp8.dtypes(fp8.DelayedScaling()) == (torch.float8_e4m3fn, torch.float8_e4m3fn, torch.float8_e5m2)

@@ -84,9 +84,10 @@ def test_fp8_linear_matches_emulation(kind, fmt, overlap):
     x, g = _data(1, N, H), _data(2, N, FFN, scale=1e-3)
     y, dx, grads = _grads(m, x, g)
     W, b = m.weight.detach(), m.bias.detach()
-    xq = _q(x, fmt.fwd, _cur_scale(x, fmt.fwd))
-    wq = _q(W, fmt.fwd, _cur_scale(W, fmt.fwd))
-    gq = _q(g, fmt.bwd, _cur_scale(g, fmt.bwd))
+    fwd, bwd = fp8.fwd_dtype(fmt), fp8.bwd_dtype(fmt)  # Format.X.fwd / .bwd: the dtypes' names
+    xq = _q(x, fwd, _cur_scale(x, fwd))
+    wq = _q(W, fwd, _cur_scale(W, fwd))
+    gq = _q(g, bwd, _cur_scale(g, bwd))
     torch.testing.assert_close(y, xq @ wq.t() + b, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(dx, gq @ wq, rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(grads["weight"], gq.t() @ xq, rtol=1e-5, atol=1e-7)
@@ -99,7 +100,7 @@ def test_fp8_mlp_gelu_backward_matches_emulation():
     """LayerNormMLP, current scaling: fc1's dY is GELU's backward of fc2's FP8 dgrad on the
     saved pre-activation, then cast in the backward format."""
     recipe = fp8.Float8CurrentScaling()
-    fwd, bwd = recipe.fp8_format.fwd, recipe.fp8_format.bwd
+    fwd, bwd = fp8.fwd_dtype(recipe), fp8.bwd_dtype(recipe)
     m = tm.LayerNormMLP(H, FFN, comm_overlap=False, fp8=True, fp8_recipe=recipe, device="cpu",
                         params_dtype=F32, seed=5)
     x, g = _data(3, N, H), _data(4, N, H, scale=1e-2)

@@ -292,8 +292,9 @@ E4M3, E5M2 = "float8_e4m3fn", "float8_e5m2"
 FP8 = (E4M3, E5M2)
 # The largest finite value of each FP8 dtype.
 FP8_MAX = {E4M3: 448.0, E5M2: 57344.0}
-# TE's recipe.Format: (forward dtype: inputs and weights, backward dtype: gradients).
-FP8_FORMATS = {"E4M3": (E4M3, E4M3), "HYBRID": (E4M3, E5M2)}
+# TE's recipe.Format: (forward dtype: inputs and weights, backward dtype: gradients). The
+# recipes themselves (transformer_engine_comm.recipe) refuse E5M2, as TE's do.
+FP8_FORMATS = {"E4M3": (E4M3, E4M3), "E5M2": (E5M2, E5M2), "HYBRID": (E4M3, E5M2)}
 # Inputs of the GEMMs that are not FP8, and the outputs FP8 inputs may write.
 FLOAT_INPUTS = ("bfloat16", "float16", "float32")
 FP8_OUTPUTS = ("bfloat16", "float16", "float32")

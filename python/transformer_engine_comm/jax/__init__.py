@@ -10,7 +10,9 @@ tensor-parallel all-gather / reduce-scatter / all-reduce with the GEMM.
 - Layers with gradients: :func:`column_parallel_dense`, :func:`row_parallel_dense`,
   :func:`mlp` (``transformer_engine_comm.jax.layers``), bf16 or FP8 in forward and
   backward with TE's recipes (:class:`DelayedScaling` with its functional state
-  :class:`FP8Meta`, :class:`CurrentScaling`; ``transformer_engine_comm.jax.fp8``).
+  :class:`FP8Meta`, :class:`Float8CurrentScaling` -- also named :class:`CurrentScaling`;
+  the classes of :mod:`transformer_engine_comm.recipe`, shared with the torch side;
+  ``transformer_engine_comm.jax.fp8``).
 
 Handlers are registered with XLA (platform CUDA) on first use, or by :func:`register`.
 """
@@ -19,6 +21,7 @@ from ._context import TPContext, close_all, live_contexts, tp_context
 from .fp8 import (
     CurrentScaling,
     DelayedScaling,
+    Float8CurrentScaling,
     FP8Meta,
     Format,
     amax_and_scale_update,
@@ -41,6 +44,7 @@ from .ops import (
 __all__ = [
     "CurrentScaling",
     "DelayedScaling",
+    "Float8CurrentScaling",
     "FP8Meta",
     "Format",
     "amax_and_scale_update",

@@ -1,15 +1,27 @@
 """FP8 recipes for the JAX layers, as Transformer Engine defines them.
 
+The recipes are the framework-neutral classes of :mod:`transformer_engine_comm.recipe`,
+the same ones ``transformer_engine_comm.torch.fp8`` exports (TE's names, fields, types and
+defaults); this module adds their JAX dtypes (:func:`jax_dtype`, :func:`jax_dtypes`;
+``recipe.dtypes`` and ``Format.X.fwd`` / ``.bwd`` are dtype names, which ``jnp.dtype``
+takes) and the delayed-scaling state.
+
 - :class:`DelayedScaling` (TE's ``DelayedScaling``): each FP8 tensor of a layer has an
   amax history (``amax_history_len`` steps) and a scale; a step quantizes with the scale
   computed from the history of the earlier steps and records its own amax. A tensor's
   first cast (its history column still all zero) takes its scale from its own amax
-  instead of TE's initial 1, as the torch side does. ``margin``,
+  instead of TE's initial 1, as the torch side does. ``margin`` (an int, TE's type: an
+  integral float such as ``0.0`` is taken as that int, a fractional one refused),
   ``amax_compute_algo`` (``"max"`` over the history or ``"most_recent"``) and the format
   (:attr:`Format.HYBRID`: e4m3 for the forward tensors, e5m2 for the gradients;
-  :attr:`Format.E4M3`: e4m3 everywhere) as TE's.
-- :class:`CurrentScaling` (TE's ``Float8CurrentScaling``): each tensor's scale from its own
-  amax, computed before it is quantized (no state).
+  :attr:`Format.E4M3`: e4m3 everywhere) as TE's. ``reduce_amax`` (TE's default True):
+  the recorded amaxes are max-reduced over the TP axis (below); the layers refuse
+  ``reduce_amax=False``, as TE-JAX does: the state is replicated, so it cannot hold
+  per-device amaxes.
+- :class:`Float8CurrentScaling` (TE's name; :class:`CurrentScaling` is the same class,
+  this module's earlier name): each tensor's scale from its own amax, computed before it
+  is quantized (no state). The layers take its default ``amax_epsilon=0`` and
+  ``force_pow_2_scales=False`` only (others are refused, not ignored).
 
 Delayed scaling is functional: the state is a pytree of :class:`FP8Meta` (one per layer:
 the amax history ``[amax_history_len, 3]`` and the scale ``[3]`` of its three FP8 tensors,
@@ -40,13 +52,12 @@ one layer call per differentiated step (a second use would add to its cotangent)
 """
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass
-from typing import NamedTuple, Optional, Union
+from typing import NamedTuple, Optional, Tuple
 
 import numpy as np
 
 from .. import _core
+from ..recipe import DelayedScaling, Float8CurrentScaling, Format, Recipe, recipe_from_name
 
 INPUT, WEIGHT, GRAD = 0, 1, 2
 ROLES = ("input", "weight", "grad_output")
@@ -54,91 +65,46 @@ FLT_MAX = float(np.finfo(np.float32).max)
 FP8_MAX = _core.FP8_MAX  # by dtype name
 
 
-class Format(enum.Enum):
-    """TE's ``recipe.Format``: E4M3 everywhere, or HYBRID (e4m3 forward, e5m2 gradients)."""
+# TE's name is Float8CurrentScaling; CurrentScaling, this module's earlier name, is the same class.
+CurrentScaling = Float8CurrentScaling
 
-    E4M3 = "E4M3"
-    HYBRID = "HYBRID"
-
-
-def _dtypes(fmt: Format):
+def jax_dtype(name):
+    """The JAX dtype (``jnp.float8_e4m3fn`` / ``jnp.float8_e5m2``) of an FP8 dtype name
+    (``Format.X.fwd`` / ``.bwd``, an entry of ``recipe.dtypes``) or dtype."""
     import jax.numpy as jnp
 
-    if isinstance(fmt, Format):  # (input, weight, output gradient): forward, forward, backward
-        fwd, bwd = (getattr(jnp, n) for n in _core.FP8_FORMATS[fmt.value])
-        return (fwd, fwd, bwd)
-    raise ValueError(f"fp8_format {fmt!r}: Format.E4M3 or Format.HYBRID")
+    n = jnp.dtype(name).name
+    if n not in FP8_MAX:
+        raise ValueError(f"{name!r} is not an FP8 dtype (float8_e4m3fn or float8_e5m2)")
+    return getattr(jnp, n)
 
 
-def _fmt(f) -> Format:
-    if isinstance(f, Format):
-        return f
-    try:
-        return Format(str(f).upper())
-    except ValueError:
-        raise ValueError(f"fp8_format {f!r}: Format.E4M3 or Format.HYBRID") from None
-
-
-@dataclass(frozen=True)
-class DelayedScaling:
-    """TE's ``DelayedScaling`` (defaults as TE's): scales from an amax history."""
-
-    margin: float = 0.0
-    fp8_format: Format = Format.HYBRID
-    amax_history_len: int = 1024
-    amax_compute_algo: str = "max"
-
-    def __post_init__(self):
-        object.__setattr__(self, "fp8_format", _fmt(self.fp8_format))
-        if self.amax_compute_algo not in ("max", "most_recent"):
-            raise ValueError(f"amax_compute_algo {self.amax_compute_algo!r}: 'max' or 'most_recent'")
-        if int(self.amax_history_len) < 1:
-            raise ValueError(f"amax_history_len {self.amax_history_len} must be >= 1")
-        object.__setattr__(self, "amax_history_len", int(self.amax_history_len))
-        object.__setattr__(self, "margin", float(self.margin))
-
-    @property
-    def dtypes(self):
-        """FP8 dtypes of (input, weight, output gradient)."""
-        return _dtypes(self.fp8_format)
-
-    @property
-    def delayed(self) -> bool:
-        return True
-
-
-@dataclass(frozen=True)
-class CurrentScaling:
-    """TE's ``Float8CurrentScaling``: scale = fp8_max / amax of the tensor itself (1 where
-    the amax is 0 or not finite)."""
-
-    fp8_format: Format = Format.HYBRID
-
-    def __post_init__(self):
-        object.__setattr__(self, "fp8_format", _fmt(self.fp8_format))
-
-    @property
-    def dtypes(self):
-        return _dtypes(self.fp8_format)
-
-    @property
-    def delayed(self) -> bool:
-        return False
-
-
-Recipe = Union[DelayedScaling, CurrentScaling]
+def jax_dtypes(recipe: Recipe) -> Tuple[object, object, object]:
+    """The JAX dtypes of (input, weight, output gradient) under ``recipe``."""
+    return tuple(jax_dtype(n) for n in recipe.dtypes)
 
 
 def as_recipe(fp8) -> Optional[Recipe]:
-    """The layers' ``fp8`` argument: False / None (bf16), True (:class:`CurrentScaling`,
-    HYBRID), or a recipe."""
+    """The layers' ``fp8`` argument: False / None (bf16), True (:class:`Float8CurrentScaling`,
+    HYBRID), or a recipe. Fields the layers cannot honour are refused: ``reduce_amax=False``
+    (the replicated state holds the axis' max-reduced amaxes, as TE-JAX requires), and a
+    current-scaling ``amax_epsilon`` / ``force_pow_2_scales`` other than the defaults."""
     if fp8 is None or fp8 is False:
         return None
     if fp8 is True:
-        return CurrentScaling()
-    if isinstance(fp8, (DelayedScaling, CurrentScaling)):
+        return Float8CurrentScaling()
+    if isinstance(fp8, DelayedScaling):
+        if not fp8.reduce_amax:
+            raise ValueError("DelayedScaling(reduce_amax=False) is not supported by the JAX layers: the FP8 state is "
+                             "replicated over the TP axis, so its amaxes are max-reduced over it (TE-JAX requires "
+                             "reduce_amax=True too)")
         return fp8
-    raise TypeError(f"fp8={fp8!r}: a bool, DelayedScaling or CurrentScaling")
+    if isinstance(fp8, Float8CurrentScaling):
+        if fp8.amax_epsilon != 0.0 or fp8.force_pow_2_scales:
+            raise ValueError("Float8CurrentScaling: the JAX layers take amax_epsilon=0.0 and force_pow_2_scales=False "
+                             f"only, got amax_epsilon={fp8.amax_epsilon}, force_pow_2_scales={fp8.force_pow_2_scales}")
+        return fp8
+    raise TypeError(f"fp8={fp8!r}: a bool, DelayedScaling or Float8CurrentScaling")
 
 
 class FP8Meta(NamedTuple):
@@ -155,7 +121,7 @@ def fp8_meta_init(recipe: DelayedScaling, n: Optional[int] = None):
     import jax.numpy as jnp
 
     if not isinstance(recipe, DelayedScaling):
-        raise TypeError("only DelayedScaling has state (CurrentScaling needs none)")
+        raise TypeError("only DelayedScaling has state (Float8CurrentScaling needs none)")
 
     def one():
         return FP8Meta(jnp.zeros((recipe.amax_history_len, 3), jnp.float32), jnp.ones((3,), jnp.float32))
@@ -165,9 +131,7 @@ def fp8_meta_init(recipe: DelayedScaling, n: Optional[int] = None):
 
 def fp8_max_of(recipe) -> np.ndarray:
     """fp8_max of each role's dtype (f32 [3])."""
-    import jax.numpy as jnp
-
-    return np.array([FP8_MAX[jnp.dtype(d).name] for d in recipe.dtypes], np.float32)
+    return np.array([FP8_MAX[n] for n in recipe.dtypes], np.float32)
 
 
 def scale_from_amax(amax, fp8_max, margin: float = 0.0, prev_scale=1.0):
@@ -228,7 +192,8 @@ def quantize(x, scale, dtype):
     """Saturating cast of ``x * scale`` to ``dtype`` (TE's cast: satfinite)."""
     import jax.numpy as jnp
 
-    fmax = FP8_MAX[jnp.dtype(dtype).name]
+    dtype = jnp.dtype(dtype)  # a dtype or its name (recipe.dtypes)
+    fmax = FP8_MAX[dtype.name]
     return jnp.clip(x.astype(jnp.float32) * scale, -fmax, fmax).astype(dtype)
 
 

@@ -1,7 +1,10 @@
 """FP8 with per-tensor scaling for torch: Transformer Engine's recipes and the quantization
 primitives they run on.
 
-Recipes (TE's names and defaults, ``transformer_engine.common.recipe``):
+Recipes (TE's names, fields and defaults, ``transformer_engine.common.recipe``): the
+framework-neutral classes of :mod:`transformer_engine_comm.recipe`, the same ones
+``transformer_engine_comm.jax.fp8`` exports; this module adds their torch dtypes
+(:func:`torch_dtype`, :func:`fwd_dtype`, :func:`bwd_dtype`, :func:`dtypes`):
 
 - :class:`DelayedScaling` -- the scale of step t comes from an amax history of the steps
   before it: ``scale = (fp8_max / amax) / 2**margin`` with amax the maximum
@@ -12,6 +15,9 @@ Recipes (TE's names and defaults, ``transformer_engine.common.recipe``):
 
 ``fp8_format``: :attr:`Format.HYBRID` (TE's default: e4m3 for forward tensors -- inputs
 and weights --, e5m2 for gradients), :attr:`Format.E4M3` (e4m3 everywhere).
+``Format.X.fwd`` / ``.bwd`` are dtype names (``"float8_e4m3fn"``); ``fwd_dtype(fmt)`` /
+``bwd_dtype(fmt)`` the torch dtypes. The primitives and :class:`Fp8Meta` take an FP8
+dtype as a torch dtype or by name.
 
 Primitives (functional, on torch tensors; CUDA tensors run the library's kernels
 ``nvte_quantize`` (rowwise and transposed columnwise output from one kernel),
@@ -35,14 +41,14 @@ value back to the host, so every cast can be captured in a CUDA graph.
 
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass
-from typing import NamedTuple, Optional, Tuple, Union
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
 from .. import _core
+from ..recipe import AMAX_COMPUTE_ALGOS as _AMAX_ALGOS
+from ..recipe import DelayedScaling, Float8CurrentScaling, Format, Recipe, recipe_from_name
 
 __all__ = [
     "DelayedScaling",
@@ -51,11 +57,17 @@ __all__ = [
     "Fp8Meta",
     "Fp8Tensor",
     "FP8_MAX",
+    "Recipe",
+    "bwd_dtype",
     "compute_amax",
     "compute_scale_from_amax",
     "delayed_scaling_update",
     "dequantize",
+    "dtypes",
+    "fwd_dtype",
     "quantize",
+    "recipe_from_name",
+    "torch_dtype",
     "transpose",
 ]
 
@@ -64,85 +76,55 @@ E5M2 = getattr(torch, _core.E5M2)
 FP8_DTYPES = (E4M3, E5M2)
 FP8_MAX = {getattr(torch, n): v for n, v in _core.FP8_MAX.items()}
 _FLOAT_MAX = torch.finfo(torch.float32).max
-_AMAX_ALGOS = ("max", "most_recent")
 
 
-class Format(enum.Enum):
-    """FP8 formats of a recipe: (forward dtype, backward dtype), TE's ``recipe.Format``."""
-
-    # The core's formats with torch's dtypes (inside the class body ``E4M3`` is the member).
-    E4M3 = tuple(getattr(torch, n) for n in _core.FP8_FORMATS["E4M3"])
-    HYBRID = tuple(getattr(torch, n) for n in _core.FP8_FORMATS["HYBRID"])
-
-    @property
-    def fwd(self) -> torch.dtype:
-        return self.value[0]
-
-    @property
-    def bwd(self) -> torch.dtype:
-        return self.value[1]
+# ------------------------------------------------------------------- recipes' dtypes
 
 
-@dataclass(frozen=True)
-class DelayedScaling:
-    """TE's delayed scaling recipe (per-tensor scales from an amax history).
-
-    ``reduce_amax``: amaxes are max-reduced over the module's tensor-parallel group before
-    each update (TE reduces over its amax group), so every rank computes the same scales;
-    a tensor that is all-gathered before its GEMM needs this (one scale for all shards).
-    """
-
-    margin: int = 0
-    fp8_format: Format = Format.HYBRID
-    amax_history_len: int = 1024
-    amax_compute_algo: str = "max"
-    reduce_amax: bool = True
-
-    def __post_init__(self):
-        if self.amax_history_len < 1:
-            raise ValueError(f"DelayedScaling: amax_history_len must be >= 1, got {self.amax_history_len}")
-        if self.amax_compute_algo not in _AMAX_ALGOS:
-            raise ValueError(
-                f"DelayedScaling: amax_compute_algo must be one of {_AMAX_ALGOS}, got {self.amax_compute_algo!r}"
-            )
-        if not isinstance(self.fp8_format, Format):
-            raise ValueError(f"DelayedScaling: fp8_format must be a Format, got {self.fp8_format!r}")
+def torch_dtype(dtype) -> torch.dtype:
+    """The torch FP8 dtype of ``dtype``: a torch FP8 dtype, or a name (the core's canonical
+    names -- ``Format.X.fwd`` / ``.bwd``, ``recipe.dtypes`` -- or an alias such as ``"e4m3"``)."""
+    if isinstance(dtype, torch.dtype):
+        if dtype in FP8_MAX:
+            return dtype
+    elif isinstance(dtype, str):
+        try:
+            name = _core.dtype_name(dtype)
+        except (TypeError, ValueError):
+            name = None
+        if name in _core.FP8_MAX:
+            return getattr(torch, name)
+    raise ValueError(f"fp8_dtype must be torch.float8_e4m3fn or torch.float8_e5m2 (or their names), got {dtype!r}")
 
 
-@dataclass(frozen=True)
-class Float8CurrentScaling:
-    """TE's per-tensor current scaling recipe (the scale from the tensor's own amax)."""
-
-    fp8_format: Format = Format.HYBRID
-    amax_epsilon: float = 0.0
-    force_pow_2_scales: bool = False
-
-    def __post_init__(self):
-        if not isinstance(self.fp8_format, Format):
-            raise ValueError(f"Float8CurrentScaling: fp8_format must be a Format, got {self.fp8_format!r}")
-        if not self.amax_epsilon >= 0.0:
-            raise ValueError(f"Float8CurrentScaling: amax_epsilon must be >= 0, got {self.amax_epsilon}")
+def _format_of(what) -> Format:
+    fmt = getattr(what, "fp8_format", what)
+    if not isinstance(fmt, Format):
+        raise TypeError(f"expected a Format or a recipe, got {what!r}")
+    return fmt
 
 
-Recipe = Union[DelayedScaling, Float8CurrentScaling]
+def fwd_dtype(fmt) -> torch.dtype:
+    """The forward (inputs, weights) torch dtype of a :class:`Format` or a recipe."""
+    return getattr(torch, _format_of(fmt).fwd)
 
 
-def recipe_from_name(name: str, **kwargs) -> Recipe:
-    """``"delayed"`` -> :class:`DelayedScaling`, ``"current"`` -> :class:`Float8CurrentScaling`."""
-    if name == "delayed":
-        return DelayedScaling(**kwargs)
-    if name == "current":
-        return Float8CurrentScaling(**kwargs)
-    raise ValueError(f"unknown FP8 recipe {name!r}: expected 'delayed' or 'current'")
+def bwd_dtype(fmt) -> torch.dtype:
+    """The backward (gradients) torch dtype of a :class:`Format` or a recipe."""
+    return getattr(torch, _format_of(fmt).bwd)
+
+
+def dtypes(recipe: Recipe) -> Tuple[torch.dtype, torch.dtype, torch.dtype]:
+    """The torch dtypes of (input, weight, output gradient) under ``recipe``."""
+    return tuple(getattr(torch, n) for n in recipe.dtypes)
 
 
 # ------------------------------------------------------------------------------ checks
 
 
-def _check_fp8_dtype(fp8_dtype) -> float:
-    if fp8_dtype not in FP8_MAX:
-        raise ValueError(f"fp8_dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got {fp8_dtype}")
-    return FP8_MAX[fp8_dtype]
+def _check_fp8_dtype(fp8_dtype) -> Tuple[torch.dtype, float]:
+    dt = torch_dtype(fp8_dtype)
+    return dt, FP8_MAX[dt]
 
 
 def _check_scalar(t, what: str, like: torch.Tensor) -> None:
@@ -214,7 +196,7 @@ def quantize(
     ``amax`` (one-element float32): ``amax = max(amax, max|x|)`` (a running maximum, as
     TE's cast; it is not reset). ``scale_inv`` (one-element float32): set to ``1 / scale``.
     """
-    fmax = _check_fp8_dtype(fp8_dtype)
+    fp8_dtype, fmax = _check_fp8_dtype(fp8_dtype)
     if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ValueError(f"quantize: x must be float32, bfloat16 or float16, got {x.dtype}")
     if not (rowwise or columnwise):
@@ -271,7 +253,7 @@ def compute_scale_from_amax(
     is inf),
     rounded down to a power of 2 with ``force_pow_2_scales``. Returns ``scale``
     (one-element float32, allocated when not given)."""
-    fmax = _check_fp8_dtype(fp8_dtype)
+    fp8_dtype, fmax = _check_fp8_dtype(fp8_dtype)
     if scale is None:
         scale = torch.empty(1, dtype=torch.float32, device=amax.device)
     _check_scalar(amax, "amax", amax)
@@ -309,7 +291,7 @@ def delayed_scaling_update(
     if that overflows), else the old scale is kept; the history is rolled by -1 (entry 0
     moves to the end, entry i to i-1) and entry 0 is zeroed, ready for the next cast.
     """
-    fmax = _check_fp8_dtype(fp8_dtype)
+    fp8_dtype, fmax = _check_fp8_dtype(fp8_dtype)
     if amax_compute_algo not in _AMAX_ALGOS:
         raise ValueError(f"amax_compute_algo must be one of {_AMAX_ALGOS}, got {amax_compute_algo!r}")
     if amax_history.dtype != torch.float32 or amax_history.dim() not in (1, 2) or amax_history.shape[0] < 1:
@@ -405,8 +387,7 @@ class Fp8Meta:
 
     def __init__(self, recipe: Recipe, fp8_dtype: torch.dtype, device, group=None):
         self.recipe = recipe
-        self.fp8_dtype = fp8_dtype
-        _check_fp8_dtype(fp8_dtype)
+        self.fp8_dtype = torch_dtype(fp8_dtype)
         self.group = group
         self.device = torch.device(device)
         self.scale = torch.ones(1, dtype=torch.float32, device=self.device)

@@ -1,0 +1,221 @@
+"""Transformer Engine's FP8 recipes, framework-neutral: one family for torch and JAX.
+
+``transformer_engine_comm.torch.fp8`` and ``transformer_engine_comm.jax.fp8`` re-export
+these same classes (``torch.fp8.DelayedScaling is jax.fp8.DelayedScaling``) and add only
+the mapping from the dtype names used here (the core's canonical names,
+``"float8_e4m3fn"`` and ``"float8_e5m2"``) to their own dtypes. Nothing here imports
+torch, JAX or numpy.
+
+Names, field types and defaults are TE's (``transformer_engine.common.recipe``):
+
+- :class:`Format`: ``E4M3`` (e4m3 everywhere), ``E5M2`` (e5m2 everywhere: TE's name; no
+  recipe takes it, "pure E5M2 training is not supported", as in TE), ``HYBRID`` (e4m3 for
+  the forward tensors -- inputs and weights --, e5m2 for the gradients).
+- :class:`DelayedScaling` ``(margin: int = 0, fp8_format: Format = Format.HYBRID,
+  amax_history_len: int = 1024, amax_compute_algo: str = "max", reduce_amax: bool =
+  True)``: the scale of step t is ``(fp8_max / amax) / 2**margin`` with amax the maximum
+  (``"max"``) or the newest entry (``"most_recent"``) of the amax history of the steps
+  before it. ``reduce_amax``: the amaxes are max-reduced over the tensor-parallel group
+  before each update, so every rank computes the same scales (torch: the module's TP
+  group; JAX: the ``shard_map`` axis, where it must stay True: the state is replicated).
+- :class:`Float8CurrentScaling` ``(fp8_format: Format = Format.HYBRID, amax_epsilon: float
+  = 0.0, force_pow_2_scales: bool = False)``: each tensor's scale from its own amax (TE's
+  ``nvte_compute_scale_from_amax``: amax floored at ``amax_epsilon``, the scale rounded
+  down to a power of 2 with ``force_pow_2_scales``).
+
+Not taken (a keyword TE knows but the library does not run is refused as an unknown
+keyword, never ignored): a callable ``amax_compute_algo``, ``scaling_factor_compute_algo``,
+``fp8_dpa`` / ``fp8_mha`` (no attention here), ``backward_override``.
+
+Values are converted to TE's types where nothing is lost: an integral float margin or
+history length (``margin=1.0``) becomes an int, as TE's (pydantic) dataclass does; a
+fractional one (``margin=0.5``) is refused, naming the field, as TE refuses it; a format
+may be given by name (``fp8_format="hybrid"``).
+"""
+from __future__ import annotations
+
+import enum
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Tuple, Union
+
+from . import _core
+
+__all__ = [
+    "AMAX_COMPUTE_ALGOS",
+    "DelayedScaling",
+    "Float8CurrentScaling",
+    "Format",
+    "Recipe",
+    "RECIPE_NAMES",
+    "recipe_from_name",
+]
+
+AMAX_COMPUTE_ALGOS = ("max", "most_recent")
+# recipe_from_name's names (the examples' --fp8-recipe choices).
+RECIPE_NAMES = ("delayed", "current")
+
+
+class Format(enum.Enum):
+    """TE's ``recipe.Format``. ``fwd`` / ``bwd``: the dtype names (the core's canonical
+    names) of the forward tensors (inputs, weights) and of the gradients; ``max_fwd`` /
+    ``max_bwd``: their largest finite values (TE's ``Format.X.value.max_fwd``).
+    ``Format("hybrid")``: by name, any case."""
+
+    E4M3 = "E4M3"
+    E5M2 = "E5M2"
+    HYBRID = "HYBRID"
+
+    @classmethod
+    def _missing_(cls, value):
+        if isinstance(value, str):
+            return cls.__members__.get(value.strip().upper())
+        return None
+
+    @property
+    def fwd(self) -> str:
+        """The forward dtype's name: ``"float8_e4m3fn"`` (E4M3, HYBRID) or ``"float8_e5m2"``."""
+        return _core.FP8_FORMATS[self.value][0]
+
+    @property
+    def bwd(self) -> str:
+        """The backward (gradient) dtype's name: ``"float8_e5m2"`` (E5M2, HYBRID) or
+        ``"float8_e4m3fn"``."""
+        return _core.FP8_FORMATS[self.value][1]
+
+    @property
+    def max_fwd(self) -> float:
+        return _core.FP8_MAX[self.fwd]
+
+    @property
+    def max_bwd(self) -> float:
+        return _core.FP8_MAX[self.bwd]
+
+
+# ------------------------------------------------------------------------------ checks
+
+
+def _format(cls: str, value) -> Format:
+    if isinstance(value, Format):
+        fmt = value
+    else:
+        try:
+            fmt = Format(value)
+        except ValueError:
+            raise ValueError(f"{cls}: fp8_format must be Format.HYBRID or Format.E4M3 (or their names), "
+                             f"got {value!r}") from None
+    if fmt is Format.E5M2:
+        raise ValueError(f"{cls}: fp8_format=Format.E5M2 is not supported (pure E5M2 training, as in TE): "
+                         "use Format.HYBRID (e5m2 for the gradients) or Format.E4M3")
+    return fmt
+
+
+def _int(cls: str, field: str, value) -> int:
+    """An int (TE's type): ints and integral floats; bools, fractional floats and
+    non-numbers are refused."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{cls}: {field} must be an int, got {value!r} ({type(value).__name__})")
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    f = float(value)
+    if not (math.isfinite(f) and f.is_integer()):
+        raise ValueError(f"{cls}: {field} must be an integer (TE's type is int), got {value!r}")
+    return int(f)
+
+
+def _bool(cls: str, field: str, value) -> bool:
+    if isinstance(value, bool) or type(value).__name__ == "bool_":  # numpy's bool without numpy
+        return bool(value)
+    if isinstance(value, numbers.Integral) and int(value) in (0, 1):
+        return bool(value)
+    raise TypeError(f"{cls}: {field} must be a bool, got {value!r} ({type(value).__name__})")
+
+
+def _set(obj, field: str, value) -> None:
+    object.__setattr__(obj, field, value)  # frozen dataclass: converted in __post_init__
+
+
+# ------------------------------------------------------------------------------ recipes
+
+
+class _PerTensorRecipe:
+    """What both recipes answer, framework-neutral (dtype names)."""
+
+    fp8_format: Format
+
+    @property
+    def delayed(self) -> bool:
+        """Whether the scales come from an amax history (:class:`DelayedScaling`)."""
+        return isinstance(self, DelayedScaling)
+
+    @property
+    def dtypes(self) -> Tuple[str, str, str]:
+        """The FP8 dtype names of (input, weight, output gradient), TE's order:
+        forward, forward, backward."""
+        f = self.fp8_format
+        return (f.fwd, f.fwd, f.bwd)
+
+
+@dataclass(frozen=True)
+class DelayedScaling(_PerTensorRecipe):
+    """TE's delayed scaling recipe: per-tensor scales from an amax history (see the module
+    docstring; fields, types and defaults are TE's)."""
+
+    margin: int = 0
+    fp8_format: Format = Format.HYBRID
+    amax_history_len: int = 1024
+    amax_compute_algo: str = "max"
+    reduce_amax: bool = True
+
+    def __post_init__(self):
+        cls = "DelayedScaling"
+        _set(self, "margin", _int(cls, "margin", self.margin))
+        _set(self, "fp8_format", _format(cls, self.fp8_format))
+        n = _int(cls, "amax_history_len", self.amax_history_len)
+        if n < 1:
+            raise ValueError(f"{cls}: amax_history_len must be >= 1, got {self.amax_history_len!r}")
+        _set(self, "amax_history_len", n)
+        algo = self.amax_compute_algo
+        if callable(algo):
+            raise ValueError(f"{cls}: amax_compute_algo must be one of {AMAX_COMPUTE_ALGOS}; a callable (which TE "
+                             "takes) is not supported: the library's update kernel implements those two")
+        if algo not in AMAX_COMPUTE_ALGOS:
+            raise ValueError(f"{cls}: amax_compute_algo must be one of {AMAX_COMPUTE_ALGOS}, got {algo!r}")
+        _set(self, "reduce_amax", _bool(cls, "reduce_amax", self.reduce_amax))
+
+
+@dataclass(frozen=True)
+class Float8CurrentScaling(_PerTensorRecipe):
+    """TE's per-tensor current scaling recipe: each tensor's scale from its own amax (an
+    amax pass, then the cast). ``amax_epsilon`` and ``force_pow_2_scales`` are the
+    arguments of TE's ``nvte_compute_scale_from_amax``."""
+
+    fp8_format: Format = Format.HYBRID
+    amax_epsilon: float = 0.0
+    force_pow_2_scales: bool = False
+
+    def __post_init__(self):
+        cls = "Float8CurrentScaling"
+        _set(self, "fp8_format", _format(cls, self.fp8_format))
+        eps = self.amax_epsilon
+        if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+            raise TypeError(f"{cls}: amax_epsilon must be a float, got {eps!r} ({type(eps).__name__})")
+        eps = float(eps)
+        if not (eps >= 0.0 and math.isfinite(eps)):
+            raise ValueError(f"{cls}: amax_epsilon must be finite and >= 0, got {self.amax_epsilon!r}")
+        _set(self, "amax_epsilon", eps)
+        _set(self, "force_pow_2_scales", _bool(cls, "force_pow_2_scales", self.force_pow_2_scales))
+
+
+Recipe = Union[DelayedScaling, Float8CurrentScaling]
+
+
+def recipe_from_name(name: str, **kwargs) -> Recipe:
+    """``"delayed"`` -> :class:`DelayedScaling`, ``"current"`` ->
+    :class:`Float8CurrentScaling` (``kwargs``: the recipe's fields)."""
+    if name == "delayed":
+        return DelayedScaling(**kwargs)
+    if name == "current":
+        return Float8CurrentScaling(**kwargs)
+    raise ValueError(f"unknown FP8 recipe {name!r}: expected 'delayed' or 'current'")
