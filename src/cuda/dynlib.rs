@@ -14,6 +14,7 @@
 //! [`nccl_sys`] and [`cublaslt_sys`] are drop-in replacements of cudarc's `sys`
 //! functions for the calls this library makes (cudarc's types are reused).
 use super::entry_points;
+use crate::error::{Error, ErrorKind};
 use std::ffi::{CStr, CString, c_int, c_void};
 use std::sync::OnceLock;
 
@@ -291,23 +292,25 @@ pub fn cublaslt() -> Result<&'static Bound, String> {
     bound(&B, &CUBLASLT)
 }
 
-/// The address of `name` in `lib`. Panics (caught by the FFI firewall and reported as
-/// LIBRARY_NOT_FOUND) when the library is not bound or lacks the symbol; callers check
-/// `crate::cuda::require` first, and binding checks every forwarded name
-/// (`entry_points`), so neither happens.
+/// The address of `name` in `lib`. Panics when the library is not bound or lacks the
+/// symbol, with the error as the payload (kind `LibraryNotFound`: the FFI firewall
+/// reports the payload's kind, LIBRARY_NOT_FOUND); callers check `crate::cuda::require`
+/// first, and binding checks every forwarded name (`entry_points`), so neither happens.
 pub fn symbol(lib: fn() -> Result<&'static Bound, String>, name: &str) -> usize {
+    let missing =
+        |msg: String| -> ! { std::panic::panic_any(Error::new(ErrorKind::LibraryNotFound, msg)) };
     let b = match lib() {
         Ok(b) => b,
-        Err(e) => panic!("Unable to dynamically load: {e}"),
+        Err(e) => missing(format!("Unable to dynamically load: {e}")),
     };
     let s = CString::new(name).expect("symbol names have no NUL");
     // SAFETY: a live handle and a NUL-terminated name.
     let p = unsafe { libc::dlsym(b.handle as *mut c_void, s.as_ptr()) };
     if p.is_null() {
-        panic!(
+        missing(format!(
             "Unable to dynamically load {name}: {} does not export it (too old?)",
             b.path
-        );
+        ));
     }
     p as usize
 }
@@ -399,6 +402,43 @@ pub mod cublaslt_sys {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// This process's own symbols as a bound library (`dlopen(NULL)`).
+    fn this_process() -> Result<&'static Bound, String> {
+        static B: OnceLock<Bound> = OnceLock::new();
+        Ok(B.get_or_init(|| Bound {
+            // SAFETY: dlopen(NULL) returns the handle of the program itself.
+            handle: unsafe { libc::dlopen(std::ptr::null(), libc::RTLD_NOW) } as usize,
+            path: "this process".into(),
+            preloaded: true,
+            how: "test",
+        }))
+    }
+
+    fn unbound() -> Result<&'static Bound, String> {
+        Err("libexample.so.1 is not on the search path".into())
+    }
+
+    /// The kind of the error `symbol` panics with (none: it did not panic with one).
+    fn symbol_panic(lib: fn() -> Result<&'static Bound, String>, name: &str) -> Option<Error> {
+        let payload = std::panic::catch_unwind(|| symbol(lib, name)).err()?;
+        payload.downcast::<Error>().ok().map(|e| *e)
+    }
+
+    #[test]
+    fn a_missing_library_or_symbol_panics_with_its_error_value() {
+        assert_ne!(symbol(this_process, "malloc"), 0);
+        let e = symbol_panic(unbound, "ncclGetVersion").expect("an Error payload");
+        assert_eq!(e.kind, ErrorKind::LibraryNotFound);
+        assert!(
+            e.msg.contains("libexample.so.1 is not on the search path"),
+            "{}",
+            e.msg
+        );
+        let e = symbol_panic(this_process, "nvte_no_such_symbol").expect("an Error payload");
+        assert_eq!(e.kind, ErrorKind::LibraryNotFound);
+        assert!(e.msg.contains("nvte_no_such_symbol"), "{}", e.msg);
+    }
 
     #[test]
     fn mapped_finds_the_c_library_of_this_process() {

@@ -1,7 +1,8 @@
 //! The C ABI. This module tree is the only place with `extern "C"` functions and the
 //! only place that dereferences the caller's raw pointers (the core handles device
 //! addresses, which it never dereferences on the host). Every entry point runs inside `firewall`: panics are caught and
-//! turned into NVTE_COMM_ERROR_INTERNAL with the panic message, never unwinding into C.
+//! turned into NVTE_COMM_ERROR_INTERNAL with the panic message (LIBRARY_NOT_FOUND for a
+//! panic whose payload is a library error), never unwinding into C.
 mod comm_gemm;
 pub mod config;
 pub mod enums;
@@ -45,6 +46,7 @@ fn install_panic_hook() {
                 .downcast_ref::<&str>()
                 .map(|s| s.to_string())
                 .or_else(|| payload.downcast_ref::<String>().cloned())
+                .or_else(|| payload.downcast_ref::<Error>().map(|e| e.msg.clone()))
                 .unwrap_or_else(|| "unknown panic".to_string());
             let loc = info
                 .location()
@@ -75,17 +77,18 @@ pub(crate) fn firewall_with<T>(
     let err = match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(v)) => return v,
         Ok(Err(e)) => e,
-        Err(_) => {
+        Err(payload) => {
             let msg = PANIC_MSG
                 .try_with(|p| p.try_borrow_mut().ok().and_then(|mut p| p.take()))
                 .ok()
                 .flatten()
                 .unwrap_or_else(|| "unknown panic".into());
-            // cudarc panics when a CUDA library cannot be loaded: report that as such.
-            if msg.contains("Unable to dynamically load") {
-                Error::new(crate::error::ErrorKind::LibraryNotFound, msg)
-            } else {
-                Error::internal(format!("internal error (caught panic): {msg}"))
+            // A panic with an error as its payload (`cuda::dynlib::symbol`: a library
+            // that is not bound) is reported with that error's kind (LIBRARY_NOT_FOUND),
+            // any other as internal: its value decides, never its message.
+            match payload.downcast::<Error>() {
+                Ok(e) => Error::new(e.kind, msg),
+                Err(_) => Error::internal(format!("internal error (caught panic): {msg}")),
             }
         }
     };
@@ -153,6 +156,36 @@ mod tests {
             NVTECommStatus::NVTE_COMM_SUCCESS
         );
         assert_eq!(crate::error::last_error_string(), "");
+    }
+
+    #[test]
+    fn firewall_tells_a_missing_library_by_its_error_value_not_its_message() {
+        use crate::error::ErrorKind as K;
+        // A panic carrying a LibraryNotFound error (cuda::dynlib::symbol's), whatever
+        // its wording, is LIBRARY_NOT_FOUND with its message.
+        let s = status_call("nvte_test_lib", || {
+            std::panic::panic_any(Error::new(K::LibraryNotFound, "libexample.so.1 is absent"))
+        });
+        assert_eq!(s, NVTECommStatus::NVTE_COMM_ERROR_LIBRARY_NOT_FOUND);
+        let msg = crate::error::last_error_string();
+        assert!(
+            msg.starts_with("nvte_test_lib: libexample.so.1 is absent"),
+            "{msg}"
+        );
+        // A plain panic is internal, even when its message reads like a load failure.
+        let s = status_call("nvte_test_text", || {
+            panic!("Unable to dynamically load libexample.so.1")
+        });
+        assert_eq!(s, NVTECommStatus::NVTE_COMM_ERROR_INTERNAL);
+        // The real thing: a forwarded NCCL entry point whose library is not bound.
+        fn unbound() -> std::result::Result<&'static crate::cuda::dynlib::Bound, String> {
+            Err("NCCL is not bound".into())
+        }
+        let s = status_call("nvte_test_symbol", || {
+            crate::cuda::dynlib::symbol(unbound, "ncclGetVersion");
+            Ok(())
+        });
+        assert_eq!(s, NVTECommStatus::NVTE_COMM_ERROR_LIBRARY_NOT_FOUND);
     }
 
     #[test]
