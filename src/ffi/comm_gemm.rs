@@ -5,7 +5,7 @@ use super::enums::NVTECommGemmAlgoType;
 use super::enums::NVTECommStatus;
 use super::handles::CONTEXTS;
 use super::overlap::{NVTECommBootstrap, ncclComm_t};
-use super::{NVTETensor, cudaStream_t, firewall, status_call};
+use super::{NVTETensor, cudaStream_t};
 use crate::comm_gemm::{CommGemmCtx, GemmCall, Kind};
 use crate::error::Result;
 use crate::invalid;
@@ -29,7 +29,7 @@ pub extern "C" fn nvte_comm_gemm_ctx_create(
     nranks: i32,
     rank: i32,
 ) -> *mut NVTECommGemmCtx {
-    firewall("nvte_comm_gemm_ctx_create", std::ptr::null_mut(), || {
+    entry!(or std::ptr::null_mut(), {
         let c = CommGemmCtx::create(comm as usize, nranks, rank)?;
         Ok(CONTEXTS.insert(Arc::new(Mutex::new(c))) as *mut NVTECommGemmCtx)
     })
@@ -48,7 +48,7 @@ pub extern "C" fn nvte_comm_gemm_ctx_create_bootstrap(
     bootstrap: *const NVTECommBootstrap,
     out: *mut *mut NVTECommGemmCtx,
 ) -> NVTECommStatus {
-    status_call("nvte_comm_gemm_ctx_create_bootstrap", || {
+    entry!(status, {
         let b = super::overlap::take_bootstrap(bootstrap, out)?;
         let c = CommGemmCtx::from_bootstrap(super::overlap::bootstrap_of(&b)?)?;
         let id = CONTEXTS.insert(Arc::new(Mutex::new(c)));
@@ -67,7 +67,7 @@ pub extern "C" fn nvte_comm_gemm_ctx_create_bootstrap(
 /// the NCCL transport NCCL's teardown waits for them).
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_comm_gemm_ctx_destroy(ctx: *mut NVTECommGemmCtx) {
-    firewall("nvte_comm_gemm_ctx_destroy", (), || {
+    entry!(void, {
         if ctx.is_null() {
             return Ok(());
         }
@@ -84,7 +84,7 @@ pub extern "C" fn nvte_comm_gemm_ctx_destroy(ctx: *mut NVTECommGemmCtx) {
 /// the last ranks may get fewer, possibly 0. Returns 0 with an error recorded on bad input.
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_comm_gemm_numroc(ctx: *mut NVTECommGemmCtx, global_size: i64) -> i64 {
-    firewall("nvte_comm_gemm_numroc", 0, || {
+    entry!(or 0, {
         let c = self::ctx(ctx)?;
         let g = c.lock().unwrap_or_else(|e| e.into_inner());
         g.numroc(global_size)
@@ -100,9 +100,10 @@ fn check_algo(a: NVTECommGemmAlgoType) -> Result<()> {
     Ok(())
 }
 
+/// The body of the three comm-GEMM entry points (their parameters, and the `kind` each
+/// one is).
 #[allow(clippy::too_many_arguments)]
 fn call(
-    name: &'static str,
     kind: Kind,
     ctx: *mut NVTECommGemmCtx,
     m: i64,
@@ -120,41 +121,39 @@ fn call(
     comm_sm_count: i32,
     main_stream: cudaStream_t,
     algo_type: NVTECommGemmAlgoType,
-) {
-    firewall(name, (), || {
-        let c = self::ctx(ctx)?;
-        check_algo(algo_type)?;
-        let (ta, tb, td) = (
-            super::handles::TENSORS.get(a as usize, "a")?,
-            super::handles::TENSORS.get(b as usize, "b")?,
-            super::handles::TENSORS.get(d as usize, "d")?,
-        );
-        // Empty tensors (no data) mean "none", as in TE.
-        let some = |t: Option<tensor::Tensor>| t.filter(|t| !t.data.ptr.is_null());
-        let tbias = some(super::handles::TENSORS.get_opt(bias as usize, "bias")?);
-        let tpre = some(super::handles::TENSORS.get_opt(pre_act_out as usize, "pre_act_out")?);
-        let call = GemmCall {
-            kind,
-            m,
-            n,
-            k,
-            a: &ta,
-            b: &tb,
-            d: &td,
-            bias: tbias.as_ref(),
-            pre_act_out: tpre.as_ref(),
-            transa,
-            transb,
-            grad,
-            accumulate,
-            comm_sm_count,
-            b_gathered: None,
-            tune: algo_type == NVTECommGemmAlgoType::kNVTECommGemmAlgoDefault,
-            atomic: algo_type.is_atomic(),
-        };
-        let mut g = c.lock().unwrap_or_else(|e| e.into_inner());
-        g.call(&call, crate::ffi::stream_of(main_stream))
-    })
+) -> Result<()> {
+    let c = self::ctx(ctx)?;
+    check_algo(algo_type)?;
+    let (ta, tb, td) = (
+        super::handles::TENSORS.get(a as usize, "a")?,
+        super::handles::TENSORS.get(b as usize, "b")?,
+        super::handles::TENSORS.get(d as usize, "d")?,
+    );
+    // Empty tensors (no data) mean "none", as in TE.
+    let some = |t: Option<tensor::Tensor>| t.filter(|t| !t.data.ptr.is_null());
+    let tbias = some(super::handles::TENSORS.get_opt(bias as usize, "bias")?);
+    let tpre = some(super::handles::TENSORS.get_opt(pre_act_out as usize, "pre_act_out")?);
+    let call = GemmCall {
+        kind,
+        m,
+        n,
+        k,
+        a: &ta,
+        b: &tb,
+        d: &td,
+        bias: tbias.as_ref(),
+        pre_act_out: tpre.as_ref(),
+        transa,
+        transb,
+        grad,
+        accumulate,
+        comm_sm_count,
+        b_gathered: None,
+        tune: algo_type == NVTECommGemmAlgoType::kNVTECommGemmAlgoDefault,
+        atomic: algo_type.is_atomic(),
+    };
+    let mut g = c.lock().unwrap_or_else(|e| e.into_inner());
+    g.call(&call, crate::ffi::stream_of(main_stream))
 }
 
 /// All-gather GEMM: A's m and B's n split across ranks; B gathered along n; this rank gets
@@ -179,26 +178,27 @@ pub extern "C" fn nvte_all_gather_gemm(
     main_stream: cudaStream_t,
     algo: NVTECommGemmAlgoType,
 ) {
-    call(
-        "nvte_all_gather_gemm",
-        Kind::AllGather,
-        ctx,
-        m,
-        n,
-        k,
-        a,
-        b,
-        d,
-        bias,
-        pre_act_out,
-        transa,
-        transb,
-        grad,
-        accumulate,
-        comm_sm_count,
-        main_stream,
-        algo,
-    )
+    entry!(void, {
+        call(
+            Kind::AllGather,
+            ctx,
+            m,
+            n,
+            k,
+            a,
+            b,
+            d,
+            bias,
+            pre_act_out,
+            transa,
+            transb,
+            grad,
+            accumulate,
+            comm_sm_count,
+            main_stream,
+            algo,
+        )
+    })
 }
 
 // Written out like nvte_all_gather_gemm, not generated: cbindgen makes the header from
@@ -224,26 +224,27 @@ pub extern "C" fn nvte_gemm_reduce_scatter(
     main_stream: cudaStream_t,
     algo: NVTECommGemmAlgoType,
 ) {
-    call(
-        "nvte_gemm_reduce_scatter",
-        Kind::ReduceScatter,
-        ctx,
-        m,
-        n,
-        k,
-        a,
-        b,
-        d,
-        bias,
-        pre_act_out,
-        transa,
-        transb,
-        grad,
-        accumulate,
-        comm_sm_count,
-        main_stream,
-        algo,
-    )
+    entry!(void, {
+        call(
+            Kind::ReduceScatter,
+            ctx,
+            m,
+            n,
+            k,
+            a,
+            b,
+            d,
+            bias,
+            pre_act_out,
+            transa,
+            transb,
+            grad,
+            accumulate,
+            comm_sm_count,
+            main_stream,
+            algo,
+        )
+    })
 }
 
 /// GEMM all-reduce: k split; every rank gets the whole reduced D [n, m]; the bias is
@@ -267,24 +268,25 @@ pub extern "C" fn nvte_gemm_all_reduce(
     main_stream: cudaStream_t,
     algo: NVTECommGemmAlgoType,
 ) {
-    call(
-        "nvte_gemm_all_reduce",
-        Kind::AllReduce,
-        ctx,
-        m,
-        n,
-        k,
-        a,
-        b,
-        d,
-        bias,
-        pre_act_out,
-        transa,
-        transb,
-        grad,
-        accumulate,
-        comm_sm_count,
-        main_stream,
-        algo,
-    )
+    entry!(void, {
+        call(
+            Kind::AllReduce,
+            ctx,
+            m,
+            n,
+            k,
+            a,
+            b,
+            d,
+            bias,
+            pre_act_out,
+            transa,
+            transb,
+            grad,
+            accumulate,
+            comm_sm_count,
+            main_stream,
+            algo,
+        )
+    })
 }

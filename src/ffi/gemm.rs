@@ -1,6 +1,6 @@
 //! TE's GEMM entry point (transformer_engine/gemm.h).
 use super::handles::TENSORS;
-use super::{NVTETensor, cudaStream_t, firewall};
+use super::{NVTETensor, cudaStream_t};
 use crate::error::Result;
 use crate::gemm::{self, Operands};
 use crate::tensor::Tensor;
@@ -91,7 +91,7 @@ pub extern "C" fn nvte_cublas_gemm(
     math_sm_count: i32,
     stream: cudaStream_t,
 ) {
-    firewall("nvte_cublas_gemm", (), || {
+    entry!(void, {
         let a = TENSORS.get(A as usize, "A")?;
         let b = TENSORS.get(B as usize, "B")?;
         let d = TENSORS.get(D as usize, "D")?;

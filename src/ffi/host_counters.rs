@@ -1,5 +1,5 @@
 //! The host cost of the library's calls, for benchmarks and tests.
-use super::{NVTECommStatus, status_call};
+use super::NVTECommStatus;
 
 /// The calling thread's running totals since it started: `*heap_allocations`, the host
 /// heap allocations (and reallocations) this library made on this thread;
@@ -12,7 +12,7 @@ pub extern "C" fn nvte_comm_host_counters(
     heap_allocations: *mut u64,
     library_calls: *mut u64,
 ) -> NVTECommStatus {
-    status_call("nvte_comm_host_counters", || {
+    entry!(status, {
         let (allocs, calls) = crate::host::counters();
         // SAFETY: each out-pointer is NULL or writable, per the contract.
         unsafe {

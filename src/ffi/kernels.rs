@@ -4,7 +4,7 @@
 use super::enums::NVTEQuantizationConfigAttribute;
 use super::enums::NVTEQuantizationConfigAttribute as Attr;
 use super::handles::{TENSORS, Table};
-use super::{NVTECommStatus, NVTEDType, NVTETensor, cudaStream_t, firewall, status_call};
+use super::{NVTECommStatus, NVTEDType, NVTETensor, cudaStream_t};
 use crate::cuda::DevPtr;
 use crate::error::Result;
 use crate::invalid;
@@ -180,11 +180,9 @@ fn tensor(t: NVTETensor, what: &str) -> Result<Tensor> {
 /// tensor). Destroy it with nvte_destroy_quantization_config.
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_create_quantization_config() -> NVTEQuantizationConfig {
-    firewall(
-        "nvte_create_quantization_config",
-        std::ptr::null_mut(),
-        || Ok(QCONFIGS.insert(ConfigAttrs::default()) as NVTEQuantizationConfig),
-    )
+    entry!(or std::ptr::null_mut(), {
+        Ok(QCONFIGS.insert(ConfigAttrs::default()) as NVTEQuantizationConfig)
+    })
 }
 
 /// Read attribute `attr` of `config` into `buf` (`size_in_bytes` bytes). `*size_written`
@@ -197,7 +195,7 @@ pub extern "C" fn nvte_get_quantization_config_attribute(
     size_in_bytes: usize,
     size_written: *mut usize,
 ) {
-    firewall("nvte_get_quantization_config_attribute", (), || {
+    entry!(void, {
         let size = ConfigAttrs::size(attr)?;
         if !size_written.is_null() {
             // SAFETY: non-null output pointer supplied by the caller.
@@ -230,7 +228,7 @@ pub extern "C" fn nvte_set_quantization_config_attribute(
     buf: *const c_void,
     size_in_bytes: usize,
 ) {
-    firewall("nvte_set_quantization_config_attribute", (), || {
+    entry!(void, {
         let size = ConfigAttrs::size(attr)?;
         if size_in_bytes < size {
             invalid!(
@@ -249,7 +247,7 @@ pub extern "C" fn nvte_set_quantization_config_attribute(
 /// Destroy a quantization config (NULL is a no-op, as in TE).
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_destroy_quantization_config(config: NVTEQuantizationConfig) {
-    firewall("nvte_destroy_quantization_config", (), || {
+    entry!(void, {
         if !config.is_null() {
             QCONFIGS.remove(config as usize, "config")?;
         }
@@ -264,7 +262,7 @@ pub extern "C" fn nvte_destroy_quantization_config(config: NVTEQuantizationConfi
 /// scale_inv and columnwise scale_inv = 1/scale. A float output is a plain cast.
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_quantize(input: NVTETensor, output: NVTETensor, stream: cudaStream_t) {
-    firewall("nvte_quantize", (), || {
+    entry!(void, {
         let i = tensor(input, "input")?;
         let o = tensor(output, "output")?;
         kernels::quantize(
@@ -284,7 +282,7 @@ pub extern "C" fn nvte_quantize_noop(
     noop: NVTETensor,
     stream: cudaStream_t,
 ) {
-    firewall("nvte_quantize_noop", (), || {
+    entry!(void, {
         let i = tensor(input, "input")?;
         let o = tensor(output, "output")?;
         let cfg = ConfigAttrs {
@@ -305,7 +303,7 @@ pub extern "C" fn nvte_quantize_v2(
     quant_config: NVTEQuantizationConfig,
     stream: cudaStream_t,
 ) {
-    firewall("nvte_quantize_v2", (), || {
+    entry!(void, {
         let i = tensor(input, "input")?;
         let o = tensor(output, "output")?;
         let cfg = resolve_config(quant_config)?;
@@ -316,7 +314,7 @@ pub extern "C" fn nvte_quantize_v2(
 /// output = cast(input * input.scale_inv) from FP8 to float32/bfloat16/float16.
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_dequantize(input: NVTETensor, output: NVTETensor, stream: cudaStream_t) {
-    firewall("nvte_dequantize", (), || {
+    entry!(void, {
         let i = tensor(input, "input")?;
         let o = tensor(output, "output")?;
         kernels::dequantize(&i, &o, crate::ffi::stream_of(stream))
@@ -326,7 +324,7 @@ pub extern "C" fn nvte_dequantize(input: NVTETensor, output: NVTETensor, stream:
 /// output.amax = max|input| (float32/bf16/fp16 input; amax zeroed, then computed).
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_compute_amax(input: NVTETensor, output: NVTETensor, stream: cudaStream_t) {
-    firewall("nvte_compute_amax", (), || {
+    entry!(void, {
         let i = tensor(input, "input")?;
         let o = tensor(output, "output")?;
         kernels::compute_amax(
@@ -347,7 +345,7 @@ pub extern "C" fn nvte_compute_amax_with_config(
     config: NVTEQuantizationConfig,
     stream: cudaStream_t,
 ) {
-    firewall("nvte_compute_amax_with_config", (), || {
+    entry!(void, {
         let i = tensor(input, "input")?;
         let o = tensor(output, "output")?;
         let cfg = resolve_config(config)?;
@@ -364,7 +362,7 @@ pub extern "C" fn nvte_compute_scale_from_amax(
     config: NVTEQuantizationConfig,
     stream: cudaStream_t,
 ) {
-    firewall("nvte_compute_scale_from_amax", (), || {
+    entry!(void, {
         let o = tensor(output, "output")?;
         if config.is_null() {
             invalid!("argument `config` is NULL");
@@ -391,33 +389,29 @@ pub extern "C" fn nvte_delayed_scaling_recipe_amax_and_scale_update(
     margin: f32,
     stream: cudaStream_t,
 ) {
-    firewall(
-        "nvte_delayed_scaling_recipe_amax_and_scale_update",
-        (),
-        || {
-            if amax_compute_algo.is_null() {
-                invalid!("argument `amax_compute_algo` is NULL");
-            }
-            // SAFETY: non-null; the caller passes a NUL-terminated string (C contract).
-            let algo_s = unsafe { CStr::from_ptr(amax_compute_algo) }.to_string_lossy();
-            let algo = AmaxAlgo::parse(&algo_s)?;
-            let fp8 = DType::from_c(fp8_dtype)?;
-            let h = tensor(amax_history, "amax_history")?;
-            let s = tensor(scale, "scale")?;
-            let uh = tensor(updated_amax_history, "updated_amax_history")?;
-            let us = tensor(updated_scale, "updated_scale")?;
-            kernels::delayed_scaling_update(
-                &h,
-                &s,
-                &uh,
-                &us,
-                algo,
-                fp8,
-                margin,
-                crate::ffi::stream_of(stream),
-            )
-        },
-    )
+    entry!(void, {
+        if amax_compute_algo.is_null() {
+            invalid!("argument `amax_compute_algo` is NULL");
+        }
+        // SAFETY: non-null; the caller passes a NUL-terminated string (C contract).
+        let algo_s = unsafe { CStr::from_ptr(amax_compute_algo) }.to_string_lossy();
+        let algo = AmaxAlgo::parse(&algo_s)?;
+        let fp8 = DType::from_c(fp8_dtype)?;
+        let h = tensor(amax_history, "amax_history")?;
+        let s = tensor(scale, "scale")?;
+        let uh = tensor(updated_amax_history, "updated_amax_history")?;
+        let us = tensor(updated_scale, "updated_scale")?;
+        kernels::delayed_scaling_update(
+            &h,
+            &s,
+            &uh,
+            &us,
+            algo,
+            fp8,
+            margin,
+            crate::ffi::stream_of(stream),
+        )
+    })
 }
 
 /// transposed_output [H, N] = input [N, H]^T (2-D, same dtype; 1-, 2- and 4-byte types).
@@ -427,7 +421,7 @@ pub extern "C" fn nvte_transpose(
     transposed_output: NVTETensor,
     stream: cudaStream_t,
 ) {
-    firewall("nvte_transpose", (), || {
+    entry!(void, {
         let i = tensor(input, "input")?;
         let o = tensor(transposed_output, "transposed_output")?;
         kernels::transpose(&i, &o, crate::ffi::stream_of(stream))
@@ -444,7 +438,7 @@ pub extern "C" fn nvte_comm_fill_uniform(
     hi: f32,
     stream: cudaStream_t,
 ) -> NVTECommStatus {
-    status_call("nvte_comm_fill_uniform", || {
+    entry!(status, {
         let t = TENSORS.get(tensor as usize, "tensor")?;
         kernels::fill_uniform(&t, seed, lo, hi, crate::ffi::stream_of(stream))
     })
@@ -453,7 +447,7 @@ pub extern "C" fn nvte_comm_fill_uniform(
 /// Number of live quantization configs (for leak checks in tests).
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_comm_live_quantization_config_count() -> usize {
-    QCONFIGS.len()
+    entry!(plain, { QCONFIGS.len() })
 }
 
 #[cfg(test)]

@@ -3,6 +3,57 @@
 //! addresses, which it never dereferences on the host). Every entry point runs inside `firewall`: panics are caught and
 //! turned into NVTE_COMM_ERROR_INTERNAL with the panic message (LIBRARY_NOT_FOUND for a
 //! panic whose payload is a library error), never unwinding into C.
+//!
+//! Every `extern "C"` function's body is one `entry!` (rustls-ffi's
+//! `ffi_panic_boundary!` is the model): it names the function once, by its own
+//! declaration, and runs the firewall. The signatures stay written out, with their
+//! documentation, because cbindgen makes the header from them and does not expand macros.
+
+/// The name of the function this expands in (`nvte_comm_overlap_destroy`): the last
+/// segment of the type name of a nested item, `...::nvte_comm_overlap_destroy::here`.
+/// The type name is a `&'static str` the compiler made; [`name_of`] slices it (a
+/// backwards byte search, no allocation). Expand it in the function's body itself, not
+/// in a closure (whose type name ends `{{closure}}`).
+macro_rules! entry_name {
+    () => {{
+        fn here() {}
+        $crate::ffi::name_of(::std::any::type_name_of_val(&here))
+    }};
+}
+
+/// The body of an `extern "C"` function: runs `$body` (a block evaluating to a
+/// `Result`, `?` and `return` as in a closure) inside the firewall under the function's
+/// own name ([`entry_name!`]), which prefixes the recorded message. One arm per kind of
+/// entry point:
+/// - `entry!(status, { .. })`: returns an `NVTECommStatus` ([`status_call`]);
+/// - `entry!(void, { .. })`: TE's void functions: the error is recorded only;
+/// - `entry!(or DEFAULT, { .. })`: returns a value, `DEFAULT` on error (0, NULL, an
+///   empty shape, an invalid enum value; [`firewall`]);
+/// - `entry!(named, |name| EXPR)`: `EXPR` with the function's name bound to `name`, for
+///   the XLA handlers, which run the firewall themselves ([`firewall_with`]) and put the
+///   name into XLA's error too;
+/// - `entry!(plain, { .. })`: `$body` as it is, no firewall, for the few functions that
+///   read or clear the thread's error state (which the firewall would clear) or only
+///   read a value: they cannot fail or panic.
+macro_rules! entry {
+    (status, $body:block) => {
+        $crate::ffi::status_call(entry_name!(), || $body)
+    };
+    (void, $body:block) => {
+        $crate::ffi::firewall(entry_name!(), (), || $body)
+    };
+    (or $default:expr, $body:block) => {
+        $crate::ffi::firewall(entry_name!(), $default, || $body)
+    };
+    (named, |$name:ident| $body:expr) => {{
+        let $name: &'static str = entry_name!();
+        $body
+    }};
+    (plain, $body:block) => {
+        $body
+    };
+}
+
 mod comm_gemm;
 pub mod config;
 pub mod enums;
@@ -132,6 +183,15 @@ pub(crate) fn status_call(func: &'static str, f: impl FnOnce() -> Result<()>) ->
     )
 }
 
+/// The function name in the type name `path` of [`entry_name!`]'s nested item
+/// (`crate::ffi::m::nvte_x::here` -> `nvte_x`): a slice of it, found by a backwards
+/// byte search (nanoseconds per call, no allocation).
+#[inline]
+pub(crate) fn name_of(path: &'static str) -> &'static str {
+    let p = path.strip_suffix("::here").unwrap_or(path);
+    p.rfind(':').map_or(p, |i| &p[i + 1..])
+}
+
 /// The core's stream handle of a C `cudaStream_t`.
 pub(crate) fn stream_of(s: cudaStream_t) -> crate::cuda::StreamHandle {
     crate::cuda::StreamHandle::from_raw(s as usize)
@@ -141,59 +201,81 @@ pub(crate) fn stream_of(s: cudaStream_t) -> crate::cuda::StreamHandle {
 mod tests {
     use super::*;
 
+    // Entry points for the firewall's tests, named by their own declarations.
+    fn nvte_test_panic() -> NVTECommStatus {
+        entry!(status, { panic!("boom {}", 42) })
+    }
+    fn nvte_test_ok() -> NVTECommStatus {
+        entry!(status, { Ok(()) })
+    }
+    fn nvte_test_lib() -> NVTECommStatus {
+        entry!(status, {
+            std::panic::panic_any(Error::new(
+                crate::error::ErrorKind::LibraryNotFound,
+                "libexample.so.1 is absent",
+            ))
+        })
+    }
+    fn nvte_test_text() -> NVTECommStatus {
+        entry!(status, {
+            panic!("Unable to dynamically load libexample.so.1")
+        })
+    }
+    fn nvte_test_symbol() -> NVTECommStatus {
+        // A forwarded NCCL entry point whose library is not bound.
+        fn unbound() -> std::result::Result<&'static crate::cuda::dynlib::Bound, String> {
+            Err("NCCL is not bound".into())
+        }
+        entry!(status, {
+            crate::cuda::dynlib::symbol(unbound, "ncclGetVersion");
+            Ok(())
+        })
+    }
+    fn nvte_test_err() -> NVTECommStatus {
+        entry!(status, { crate::invalid!("argument `x` = {} is bad", 7) })
+    }
+
     #[test]
     fn firewall_turns_panics_into_internal_errors() {
-        let s = status_call("nvte_test_panic", || panic!("boom {}", 42));
-        assert_eq!(s, NVTECommStatus::NVTE_COMM_ERROR_INTERNAL);
+        assert_eq!(nvte_test_panic(), NVTECommStatus::NVTE_COMM_ERROR_INTERNAL);
         let msg = crate::error::last_error_string();
         assert!(
             msg.starts_with("nvte_test_panic: internal error (caught panic): boom 42"),
             "{msg}"
         );
         // The next call clears it.
-        assert_eq!(
-            status_call("nvte_test_ok", || Ok(())),
-            NVTECommStatus::NVTE_COMM_SUCCESS
-        );
+        assert_eq!(nvte_test_ok(), NVTECommStatus::NVTE_COMM_SUCCESS);
         assert_eq!(crate::error::last_error_string(), "");
     }
 
     #[test]
     fn firewall_tells_a_missing_library_by_its_error_value_not_its_message() {
-        use crate::error::ErrorKind as K;
         // A panic carrying a LibraryNotFound error (cuda::dynlib::symbol's), whatever
         // its wording, is LIBRARY_NOT_FOUND with its message.
-        let s = status_call("nvte_test_lib", || {
-            std::panic::panic_any(Error::new(K::LibraryNotFound, "libexample.so.1 is absent"))
-        });
-        assert_eq!(s, NVTECommStatus::NVTE_COMM_ERROR_LIBRARY_NOT_FOUND);
+        assert_eq!(
+            nvte_test_lib(),
+            NVTECommStatus::NVTE_COMM_ERROR_LIBRARY_NOT_FOUND
+        );
         let msg = crate::error::last_error_string();
         assert!(
             msg.starts_with("nvte_test_lib: libexample.so.1 is absent"),
             "{msg}"
         );
         // A plain panic is internal, even when its message reads like a load failure.
-        let s = status_call("nvte_test_text", || {
-            panic!("Unable to dynamically load libexample.so.1")
-        });
-        assert_eq!(s, NVTECommStatus::NVTE_COMM_ERROR_INTERNAL);
+        assert_eq!(nvte_test_text(), NVTECommStatus::NVTE_COMM_ERROR_INTERNAL);
         // The real thing: a forwarded NCCL entry point whose library is not bound.
-        fn unbound() -> std::result::Result<&'static crate::cuda::dynlib::Bound, String> {
-            Err("NCCL is not bound".into())
-        }
-        let s = status_call("nvte_test_symbol", || {
-            crate::cuda::dynlib::symbol(unbound, "ncclGetVersion");
-            Ok(())
-        });
-        assert_eq!(s, NVTECommStatus::NVTE_COMM_ERROR_LIBRARY_NOT_FOUND);
+        assert_eq!(
+            nvte_test_symbol(),
+            NVTECommStatus::NVTE_COMM_ERROR_LIBRARY_NOT_FOUND
+        );
     }
 
     #[test]
     fn firewall_reports_the_error_status_and_message() {
-        let s = status_call("nvte_test_err", || {
-            crate::invalid!("argument `x` = {} is bad", 7)
-        });
-        assert_eq!(s, NVTECommStatus::NVTE_COMM_ERROR_INVALID_ARGUMENT);
+        assert_eq!(
+            nvte_test_err(),
+            NVTECommStatus::NVTE_COMM_ERROR_INVALID_ARGUMENT
+        );
         assert_eq!(
             crate::error::last_error_string(),
             "nvte_test_err: argument `x` = 7 is bad"
@@ -202,6 +284,75 @@ mod tests {
             last_status(),
             NVTECommStatus::NVTE_COMM_ERROR_INVALID_ARGUMENT
         );
+    }
+
+    /// Calls the entry point `$f` with `$args` and asserts that the recorded message is
+    /// prefixed by its identifier: the name `entry!` derived is the function's own.
+    macro_rules! assert_named {
+        ($f:path [$($arg:expr),*]) => {{
+            let _ = $f($($arg),*);
+            let msg = crate::error::last_error_string();
+            let name = stringify!($f).rsplit("::").next().unwrap().trim();
+            assert!(msg.starts_with(&format!("{name}: ")), "{name}: {msg}");
+        }};
+    }
+
+    #[test]
+    fn every_arm_names_its_function() {
+        fn null<T>() -> *mut T {
+            std::ptr::null_mut()
+        }
+        // status
+        assert_named!(overlap::nvte_comm_overlap_config_default[null()]);
+        assert_named!(overlap::nvte_comm_overlap_synchronize[null()]);
+        assert_named!(overlap::nvte_comm_overlap_tp[null(), null(), null()]);
+        assert_named!(runtime::nvte_comm_nccl_get_unique_id[null(), 0]);
+        assert_named!(overlap::nvte_comm_overlap_split_rs[
+            null(), null(), false, null(), false, null(), null(), null(), false, null(), false, false, null(),
+            null()
+        ]);
+        assert_named!(overlap::nvte_comm_overlap_split_rs_p2p[
+            null(), null(), false, null(), false, null(), null(), null(), false, null(), false, false, null(),
+            null()
+        ]);
+        // void
+        assert_named!(kernels::nvte_quantize[null(), null(), null()]);
+        assert_named!(tensor::nvte_get_tensor_param_v2[
+            null(),
+            NVTETensorParam::kNVTERowwiseData,
+            null(),
+            0,
+            std::ptr::null_mut()
+        ]);
+        let algo = enums::NVTECommGemmAlgoType::kNVTECommGemmAlgoDefault;
+        assert_named!(comm_gemm::nvte_gemm_reduce_scatter[
+            null(), 1, 1, 1, null(), null(), null(), null(), null(), false, false, false, false, 0, null(),
+            algo
+        ]);
+        // or DEFAULT
+        assert_named!(tensor::nvte_tensor_ndims[null()]);
+        assert_named!(tensor::nvte_tensor_scaling_mode[null()]);
+        assert_named!(comm_gemm::nvte_comm_gemm_numroc[null(), 8]);
+    }
+
+    fn nvte_test_named() -> &'static str {
+        entry!(named, |name| name)
+    }
+
+    #[test]
+    fn the_name_is_a_slice_of_the_type_name() {
+        assert_eq!(nvte_test_named(), stringify!(nvte_test_named));
+        assert_eq!(name_of("a::b::f_x::here"), "f_x");
+        assert_eq!(name_of("f_x::here"), "f_x");
+        assert_eq!(name_of("odd"), "odd");
+        // Nanoseconds per call, no allocation: a million lookups well under the 10 us
+        // budget of one C call (generous for a debug build on a loaded machine).
+        let t = std::time::Instant::now();
+        for _ in 0..1_000_000 {
+            std::hint::black_box(nvte_test_named());
+        }
+        let per_call = t.elapsed().as_secs_f64() * 1e3; // ns per call (1e6 calls)
+        assert!(per_call < 1000.0, "{per_call} ns per name lookup");
     }
 
     #[test]

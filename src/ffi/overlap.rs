@@ -3,7 +3,7 @@ use super::config::Config;
 use super::enums::{NVTECommOverlapType, NVTEDType};
 use super::gemm::{GemmExtras, TeFlags};
 use super::handles::OVERLAPS;
-use super::{NVTECommStatus, NVTETensor, cudaStream_t, status_call};
+use super::{NVTECommStatus, NVTETensor, cudaStream_t};
 use crate::bootstrap::{AllgatherFn, BarrierFn, Bootstrap};
 use crate::error::Result;
 use crate::invalid;
@@ -112,7 +112,7 @@ fn read_config(config: *const Config) -> Result<Config> {
 /// NVTE_COMM_ERROR_INVALID_ARGUMENT naming it and its value; `*config` is then all zero.
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_comm_overlap_config_default(config: *mut Config) -> NVTECommStatus {
-    status_call("nvte_comm_overlap_config_default", || {
+    entry!(status, {
         if config.is_null() {
             invalid!("argument `config` is NULL");
         }
@@ -179,7 +179,7 @@ pub extern "C" fn nvte_comm_overlap_create(
     dtype: NVTEDType,
     out: *mut *mut NVTECommOverlap,
 ) -> NVTECommStatus {
-    status_call("nvte_comm_overlap_create", || {
+    entry!(status, {
         let b = take_bootstrap(bootstrap, out)?;
         // Everything that needs neither the world nor a device comes first.
         let cfg = if config.is_null() {
@@ -214,7 +214,7 @@ pub extern "C" fn nvte_comm_overlap_create(
 /// hold its calls first (with the NCCL transport NCCL's teardown waits for them).
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_comm_overlap_destroy(overlap: *mut NVTECommOverlap) -> NVTECommStatus {
-    status_call("nvte_comm_overlap_destroy", || {
+    entry!(status, {
         if overlap.is_null() {
             return Ok(());
         }
@@ -236,14 +236,14 @@ pub extern "C" fn nvte_comm_overlap_tp(
     tp_size: *mut i32,
     tp_rank: *mut i32,
 ) -> NVTECommStatus {
-    // Defined on every path: 0 unless the call succeeds.
-    for p in [tp_size, tp_rank] {
-        if !p.is_null() {
-            // SAFETY: non-null output pointer.
-            unsafe { *p = 0 };
+    entry!(status, {
+        // Defined on every path: 0 unless the call succeeds.
+        for p in [tp_size, tp_rank] {
+            if !p.is_null() {
+                // SAFETY: non-null output pointer.
+                unsafe { *p = 0 };
+            }
         }
-    }
-    status_call("nvte_comm_overlap_tp", || {
         let (s, r) = with(overlap, |o| Ok((o.tp(), o.tp_rank())))?;
         if !tp_size.is_null() {
             // SAFETY: non-null output pointer.
@@ -265,7 +265,7 @@ pub extern "C" fn nvte_comm_overlap_get_buffer(
     local_chunk: bool,
     out: *mut NVTETensor,
 ) -> NVTECommStatus {
-    status_call("nvte_comm_overlap_get_buffer", || {
+    entry!(status, {
         if out.is_null() {
             invalid!("argument `out` is NULL");
         }
@@ -295,7 +295,7 @@ pub extern "C" fn nvte_comm_overlap_copy_into_buffer(
     local_chunk: bool,
     stream: cudaStream_t,
 ) -> NVTECommStatus {
-    status_call("nvte_comm_overlap_copy_into_buffer", || {
+    entry!(status, {
         let i = t(input, "input")?;
         with(overlap, |o| {
             o.copy_into_buffer(&i, local_chunk, crate::ffi::stream_of(stream))
@@ -326,7 +326,7 @@ pub extern "C" fn nvte_comm_overlap_split_ag(
     B_copy: NVTETensor,
     stream: cudaStream_t,
 ) -> NVTECommStatus {
-    status_call("nvte_comm_overlap_split_ag", || {
+    entry!(status, {
         let (a, b, d) = (t(A, "A")?, t(B, "B")?, t(D, "D")?);
         let extras = GemmExtras::resolve(bias, pre_gelu_out, workspace)?;
         let bc = t_opt(B_copy, "B_copy")?;
@@ -350,7 +350,6 @@ pub extern "C" fn nvte_comm_overlap_split_ag(
 
 #[allow(non_snake_case, clippy::too_many_arguments)]
 fn rs_call(
-    name: &'static str,
     p2p: bool,
     overlap: *mut NVTECommOverlap,
     A: NVTETensor,
@@ -366,29 +365,27 @@ fn rs_call(
     use_split_accumulator: bool,
     rs_output: NVTETensor,
     stream: cudaStream_t,
-) -> NVTECommStatus {
-    status_call(name, || {
-        let (a, b, out) = (t(A, "A")?, t(B, "B")?, t(rs_output, "rs_output")?);
-        let d = t_opt(D, "D")?;
-        let extras = GemmExtras::resolve(bias, pre_gelu_out, workspace)?;
-        let flags = TeFlags {
-            transa,
-            transb,
-            grad,
-            accumulate,
-            use_split_accumulator,
-        };
-        let args = RsArgs {
-            g: extras.operands(&a, &b, d.as_ref(), flags, 0),
-            rs_output: &out,
-        };
-        with(overlap, |o| {
-            if p2p {
-                o.split_rs_p2p(&args, crate::ffi::stream_of(stream))
-            } else {
-                o.split_rs(&args, crate::ffi::stream_of(stream))
-            }
-        })
+) -> Result<()> {
+    let (a, b, out) = (t(A, "A")?, t(B, "B")?, t(rs_output, "rs_output")?);
+    let d = t_opt(D, "D")?;
+    let extras = GemmExtras::resolve(bias, pre_gelu_out, workspace)?;
+    let flags = TeFlags {
+        transa,
+        transb,
+        grad,
+        accumulate,
+        use_split_accumulator,
+    };
+    let args = RsArgs {
+        g: extras.operands(&a, &b, d.as_ref(), flags, 0),
+        rs_output: &out,
+    };
+    with(overlap, |o| {
+        if p2p {
+            o.split_rs_p2p(&args, crate::ffi::stream_of(stream))
+        } else {
+            o.split_rs(&args, crate::ffi::stream_of(stream))
+        }
     })
 }
 
@@ -415,30 +412,31 @@ pub extern "C" fn nvte_comm_overlap_split_rs(
     rs_output: NVTETensor,
     stream: cudaStream_t,
 ) -> NVTECommStatus {
-    rs_call(
-        "nvte_comm_overlap_split_rs",
-        false,
-        overlap,
-        A,
-        transa,
-        B,
-        transb,
-        D,
-        bias,
-        pre_gelu_out,
-        grad,
-        workspace,
-        accumulate,
-        use_split_accumulator,
-        rs_output,
-        stream,
-    )
+    entry!(status, {
+        rs_call(
+            false,
+            overlap,
+            A,
+            transa,
+            B,
+            transb,
+            D,
+            bias,
+            pre_gelu_out,
+            grad,
+            workspace,
+            accumulate,
+            use_split_accumulator,
+            rs_output,
+            stream,
+        )
+    })
 }
 
 // The TE entry points with identical parameter lists (split_rs / split_rs_p2p here, the
 // three comm-GEMM calls in comm_gemm.rs) are written out on purpose: cbindgen makes the
-// header from these declarations and does not expand macros. Their bodies are one helper
-// each (`rs_call`, `call`).
+// header from these declarations and does not expand macros. Their bodies are `entry!`
+// around one helper each (`rs_call`, `call`); the macro, not the helper, names the call.
 /// GEMM + reduce-scatter by ring exchange [TE SPLIT_PIPELINED_RS_P2P]: step i computes
 /// the rows owned by rank (r+i+1) % tp and puts them there while the next step computes;
 /// a final kernel sums the tp partials into `rs_output` [n/tp, m]. Arguments as split_rs.
@@ -460,24 +458,25 @@ pub extern "C" fn nvte_comm_overlap_split_rs_p2p(
     rs_output: NVTETensor,
     stream: cudaStream_t,
 ) -> NVTECommStatus {
-    rs_call(
-        "nvte_comm_overlap_split_rs_p2p",
-        true,
-        overlap,
-        A,
-        transa,
-        B,
-        transb,
-        D,
-        bias,
-        pre_gelu_out,
-        grad,
-        workspace,
-        accumulate,
-        use_split_accumulator,
-        rs_output,
-        stream,
-    )
+    entry!(status, {
+        rs_call(
+            true,
+            overlap,
+            A,
+            transa,
+            B,
+            transb,
+            D,
+            bias,
+            pre_gelu_out,
+            grad,
+            workspace,
+            accumulate,
+            use_split_accumulator,
+            rs_output,
+            stream,
+        )
+    })
 }
 
 /// Bulk overlap [TE BULK_OVERLAP_AG / BULK_OVERLAP_RS]: the collective `comm_type` on the
@@ -505,7 +504,7 @@ pub extern "C" fn nvte_comm_overlap_bulk(
     rs_output: NVTETensor,
     stream: cudaStream_t,
 ) -> NVTECommStatus {
-    status_call("nvte_comm_overlap_bulk", || {
+    entry!(status, {
         let kind = match comm_type {
             NVTECommOverlapType::NVTE_COMM_OVERLAP_AG => BulkKind::AllGather,
             NVTECommOverlapType::NVTE_COMM_OVERLAP_RS => BulkKind::ReduceScatter,
@@ -540,7 +539,5 @@ pub extern "C" fn nvte_comm_overlap_bulk(
 /// graph's launches is the launching stream's business).
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_comm_overlap_synchronize(overlap: *mut NVTECommOverlap) -> NVTECommStatus {
-    status_call("nvte_comm_overlap_synchronize", || {
-        with(overlap, |o| o.synchronize())
-    })
+    entry!(status, { with(overlap, |o| o.synchronize()) })
 }

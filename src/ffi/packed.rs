@@ -6,8 +6,8 @@
 //! function (`CommGemmCtx::call`) with the same checks as `nvte_all_gather_gemm`,
 //! `nvte_gemm_reduce_scatter` and `nvte_gemm_all_reduce`.
 use super::comm_gemm::NVTECommGemmCtx;
+use super::cudaStream_t;
 use super::enums::{NVTECommGemmAlgoType, NVTECommStatus, NVTEDType};
-use super::{cudaStream_t, status_call};
 use crate::comm_gemm::{GemmCall, Kind};
 use crate::cuda::DevPtr;
 use crate::error::Result;
@@ -143,7 +143,7 @@ pub extern "C" fn nvte_comm_gemm_call_packed(
     ctx: *mut NVTECommGemmCtx,
     args: *const NVTECommGemmPacked,
 ) -> NVTECommStatus {
-    status_call("nvte_comm_gemm_call_packed", || {
+    entry!(status, {
         if args.is_null() {
             invalid!("argument `args` is NULL");
         }
@@ -225,7 +225,7 @@ pub extern "C" fn nvte_comm_cublas_gemm_packed(
     use_split_accumulator: bool,
     math_sm_count: i32,
 ) -> NVTECommStatus {
-    status_call("nvte_comm_cublas_gemm_packed", || {
+    entry!(status, {
         if args.is_null() {
             invalid!("argument `args` is NULL");
         }

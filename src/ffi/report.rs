@@ -2,7 +2,6 @@
 use super::comm_gemm::{NVTECommGemmCtx, ctx as ctx_of};
 use super::enums::NVTECommStatus;
 use super::overlap::{NVTECommOverlap, object};
-use super::status_call;
 use crate::error::Result;
 use crate::invalid;
 use crate::overlap::Op;
@@ -83,7 +82,7 @@ pub extern "C" fn nvte_comm_overlap_last_report(
     overlap: *mut NVTECommOverlap,
     out: *mut NVTECommCallReport,
 ) -> NVTECommStatus {
-    status_call("nvte_comm_overlap_last_report", || {
+    entry!(status, {
         if out.is_null() {
             invalid!("argument `out` is NULL");
         }
@@ -101,7 +100,7 @@ pub extern "C" fn nvte_comm_gemm_last_report(
     ctx: *mut NVTECommGemmCtx,
     out: *mut NVTECommCallReport,
 ) -> NVTECommStatus {
-    status_call("nvte_comm_gemm_last_report", || {
+    entry!(status, {
         if out.is_null() {
             invalid!("argument `out` is NULL");
         }

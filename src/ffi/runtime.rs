@@ -1,9 +1,9 @@
 //! Run-time queries of the CUDA libraries this library bound, and NCCL communicator
 //! helpers that go through the bound NCCL (so a framework creating a communicator for
 //! this library uses the same NCCL copy as the library does).
+use super::NVTECommStatus;
 use super::enums::NVTECommLibrary;
 use super::overlap::ncclComm_t;
-use super::{NVTECommStatus, status_call};
 use crate::cuda::{self, Lib};
 use crate::invalid;
 use crate::transport::nccl::api as nccl;
@@ -27,19 +27,19 @@ pub extern "C" fn nvte_comm_library_info(
     version: *mut i32,
     preloaded: *mut bool,
 ) -> NVTECommStatus {
-    // SAFETY: each out-pointer is NULL or writable, per the contract.
-    unsafe {
-        if !path.is_null() {
-            *path = std::ptr::null();
+    entry!(status, {
+        // SAFETY: each out-pointer is NULL or writable, per the contract.
+        unsafe {
+            if !path.is_null() {
+                *path = std::ptr::null();
+            }
+            if !version.is_null() {
+                *version = 0;
+            }
+            if !preloaded.is_null() {
+                *preloaded = false;
+            }
         }
-        if !version.is_null() {
-            *version = 0;
-        }
-        if !preloaded.is_null() {
-            *preloaded = false;
-        }
-    }
-    status_call("nvte_comm_library_info", || {
         let (which, cell) = match lib {
             NVTECommLibrary::NVTE_COMM_LIB_CUDA_DRIVER => (Lib::Driver, 0),
             NVTECommLibrary::NVTE_COMM_LIB_CUBLASLT => (Lib::CublasLt, 1),
@@ -95,14 +95,13 @@ fn comms<R>(f: impl FnOnce(&mut HashSet<usize>) -> R) -> R {
 /// NULL) are zero.
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_comm_nccl_get_unique_id(out: *mut u8, len: usize) -> NVTECommStatus {
-    if !out.is_null() {
-        // SAFETY: the caller's buffer holds `len` writable bytes.
-        unsafe { std::ptr::write_bytes(out, 0, len.min(128)) };
-    }
-    status_call("nvte_comm_nccl_get_unique_id", || {
+    entry!(status, {
         if out.is_null() {
             invalid!("argument `out` is NULL");
         }
+        // Zero first: the bytes are zero on every error below.
+        // SAFETY: the caller's buffer holds `len` writable bytes.
+        unsafe { std::ptr::write_bytes(out, 0, len.min(128)) };
         if len < 128 {
             invalid!("argument `len` = {len} is less than the 128 bytes of an NCCL unique id");
         }
@@ -124,7 +123,7 @@ pub extern "C" fn nvte_comm_nccl_comm_init_rank(
     rank: i32,
     out: *mut ncclComm_t,
 ) -> NVTECommStatus {
-    status_call("nvte_comm_nccl_comm_init_rank", || {
+    entry!(status, {
         if out.is_null() {
             invalid!("argument `out` is NULL");
         }
@@ -152,7 +151,7 @@ pub extern "C" fn nvte_comm_nccl_comm_init_rank(
 /// value (a communicator from elsewhere, or one already destroyed) is an invalid argument.
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_comm_nccl_comm_destroy(comm: ncclComm_t) -> NVTECommStatus {
-    status_call("nvte_comm_nccl_comm_destroy", || {
+    entry!(status, {
         if comm.is_null() {
             invalid!("argument `comm` is NULL");
         }

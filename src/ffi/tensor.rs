@@ -1,7 +1,7 @@
 //! TE's tensor API (transformer_engine.h): same names, signatures and enum values.
 use super::enums::{NVTEDType, NVTEScalingMode, NVTETensorParam};
 use super::handles;
-use super::{firewall, status_call};
+
 use crate::cuda::DevPtr;
 use crate::error::Result;
 use crate::invalid;
@@ -84,7 +84,7 @@ fn h(t: NVTETensor) -> usize {
 /// invalid or unsupported mode; only NVTE_DELAYED_TENSOR_SCALING is implemented.
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_create_tensor(scaling_mode: NVTEScalingMode) -> NVTETensor {
-    firewall("nvte_create_tensor", std::ptr::null_mut(), || {
+    entry!(or std::ptr::null_mut(), {
         create(scaling_mode).map(|id| id as NVTETensor)
     })
 }
@@ -93,7 +93,7 @@ pub extern "C" fn nvte_create_tensor(scaling_mode: NVTEScalingMode) -> NVTETenso
 /// no-op, as in TE; a handle that is not live records an error.
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_destroy_tensor(tensor: NVTETensor) {
-    firewall("nvte_destroy_tensor", (), || {
+    entry!(void, {
         if tensor.is_null() {
             Ok(())
         } else {
@@ -106,7 +106,7 @@ pub extern "C" fn nvte_destroy_tensor(tensor: NVTETensor) {
 /// error and returns an empty shape.
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_make_shape(data: *const usize, ndim: usize) -> NVTEShape {
-    firewall("nvte_make_shape", NVTEShape::empty(), || {
+    entry!(or NVTEShape::empty(), {
         if ndim > MAX_DIMS {
             invalid!("argument `ndim` = {ndim} exceeds the maximum of {MAX_DIMS}");
         }
@@ -136,7 +136,7 @@ pub extern "C" fn nvte_set_tensor_param(
     param_name: NVTETensorParam,
     param: *const NVTEBasicTensor,
 ) {
-    firewall("nvte_set_tensor_param", (), || {
+    entry!(void, {
         if tensor.is_null() {
             invalid!("argument `tensor` (NVTETensor*) is NULL");
         }
@@ -155,7 +155,7 @@ pub extern "C" fn nvte_get_tensor_param(
     tensor: NVTETensor,
     param_name: NVTETensorParam,
 ) -> NVTEBasicTensor {
-    firewall("nvte_get_tensor_param", NVTEBasicTensor::empty(), || {
+    entry!(or NVTEBasicTensor::empty(), {
         let t = handles::TENSORS.get(h(tensor), "tensor")?;
         Ok(NVTEBasicTensor::from_buffer(t.param(param_name)?))
     })
@@ -170,7 +170,7 @@ pub extern "C" fn nvte_set_tensor_param_v2(
     buf: *const c_void,
     size_in_bytes: usize,
 ) {
-    firewall("nvte_set_tensor_param_v2", (), || {
+    entry!(void, {
         let need = std::mem::size_of::<NVTEBasicTensor>();
         if buf.is_null() {
             invalid!("argument `buf` is NULL");
@@ -198,21 +198,23 @@ pub extern "C" fn nvte_get_tensor_param_v2(
     size_in_bytes: usize,
     size_written: *mut usize,
 ) {
-    let write_size = |n: usize| {
-        if !size_written.is_null() {
-            // SAFETY: non-null output pointer supplied by the caller.
-            unsafe { *size_written = n };
+    entry!(void, {
+        let write_size = |n: usize| {
+            if !size_written.is_null() {
+                // SAFETY: non-null output pointer supplied by the caller.
+                unsafe { *size_written = n };
+            }
+        };
+        // Defined on every path: 0 unless the value is written (or, with buf NULL, the size needed).
+        write_size(0);
+        let need = std::mem::size_of::<NVTEBasicTensor>();
+        // On error a large enough `buf` holds an empty tensor (as nvte_get_tensor_param returns).
+        if !buf.is_null() && size_in_bytes >= need {
+            // SAFETY: non-null and at least `need` writable bytes per the caller.
+            unsafe {
+                std::ptr::write_unaligned(buf as *mut NVTEBasicTensor, NVTEBasicTensor::empty())
+            };
         }
-    };
-    // Defined on every path: 0 unless the value is written (or, with buf NULL, the size needed).
-    write_size(0);
-    let need = std::mem::size_of::<NVTEBasicTensor>();
-    // On error a large enough `buf` holds an empty tensor (as nvte_get_tensor_param returns).
-    if !buf.is_null() && size_in_bytes >= need {
-        // SAFETY: non-null and at least `need` writable bytes per the caller.
-        unsafe { std::ptr::write_unaligned(buf as *mut NVTEBasicTensor, NVTEBasicTensor::empty()) };
-    }
-    firewall("nvte_get_tensor_param_v2", (), || {
         let t = handles::TENSORS.get(h(tensor), "tensor")?;
         let value = NVTEBasicTensor::from_buffer(t.param(param)?);
         if buf.is_null() {
@@ -238,7 +240,7 @@ fn get(tensor: NVTETensor) -> Result<Tensor> {
 /// Row-wise data pointer (NULL on error).
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_tensor_data(tensor: NVTETensor) -> *mut c_void {
-    firewall("nvte_tensor_data", std::ptr::null_mut(), || {
+    entry!(or std::ptr::null_mut(), {
         Ok(get(tensor)?.data.ptr.as_void())
     })
 }
@@ -246,7 +248,7 @@ pub extern "C" fn nvte_tensor_data(tensor: NVTETensor) -> *mut c_void {
 /// Column-wise data pointer (NULL on error).
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_tensor_columnwise_data(tensor: NVTETensor) -> *mut c_void {
-    firewall("nvte_tensor_columnwise_data", std::ptr::null_mut(), || {
+    entry!(or std::ptr::null_mut(), {
         Ok(get(tensor)?.columnwise_data.ptr.as_void())
     })
 }
@@ -254,7 +256,7 @@ pub extern "C" fn nvte_tensor_columnwise_data(tensor: NVTETensor) -> *mut c_void
 /// Shape of the row-wise data (of the column-wise data when only that is set, as TE).
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_tensor_shape(tensor: NVTETensor) -> NVTEShape {
-    firewall("nvte_tensor_shape", NVTEShape::empty(), || {
+    entry!(or NVTEShape::empty(), {
         let t = get(tensor)?;
         let b = if t.data.ptr.is_null() && !t.columnwise_data.ptr.is_null() {
             &t.columnwise_data
@@ -268,7 +270,7 @@ pub extern "C" fn nvte_tensor_shape(tensor: NVTETensor) -> NVTEShape {
 /// Shape of the column-wise data.
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_tensor_columnwise_shape(tensor: NVTETensor) -> NVTEShape {
-    firewall("nvte_tensor_columnwise_shape", NVTEShape::empty(), || {
+    entry!(or NVTEShape::empty(), {
         Ok(NVTEShape::from_shape(&get(tensor)?.columnwise_data.shape))
     })
 }
@@ -276,13 +278,13 @@ pub extern "C" fn nvte_tensor_columnwise_shape(tensor: NVTETensor) -> NVTEShape 
 /// Number of dimensions (0 on error).
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_tensor_ndims(tensor: NVTETensor) -> usize {
-    firewall("nvte_tensor_ndims", 0, || Ok(get(tensor)?.data.shape.ndim))
+    entry!(or 0, { Ok(get(tensor)?.data.shape.ndim) })
 }
 
 /// Size of dimension `dim` (0 with an error recorded when `dim` is out of range).
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_tensor_size(tensor: NVTETensor, dim: usize) -> usize {
-    firewall("nvte_tensor_size", 0, || {
+    entry!(or 0, {
         let t = get(tensor)?;
         let s = t.data.shape.as_slice();
         match s.get(dim) {
@@ -298,13 +300,13 @@ pub extern "C" fn nvte_tensor_size(tensor: NVTETensor, dim: usize) -> usize {
 /// Number of elements (0 on error).
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_tensor_numel(tensor: NVTETensor) -> usize {
-    firewall("nvte_tensor_numel", 0, || Ok(get(tensor)?.data.numel()))
+    entry!(or 0, { Ok(get(tensor)?.data.numel()) })
 }
 
 /// Bytes per element (0 on error, and for sub-byte types: see nvte_tensor_element_size_bits).
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_tensor_element_size(tensor: NVTETensor) -> usize {
-    firewall("nvte_tensor_element_size", 0, || {
+    entry!(or 0, {
         Ok(get(tensor)?.data.dtype.bits() / 8)
     })
 }
@@ -312,7 +314,7 @@ pub extern "C" fn nvte_tensor_element_size(tensor: NVTETensor) -> usize {
 /// Bits per element (0 on error).
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_tensor_element_size_bits(tensor: NVTETensor) -> usize {
-    firewall("nvte_tensor_element_size_bits", 0, || {
+    entry!(or 0, {
         Ok(get(tensor)?.data.dtype.bits())
     })
 }
@@ -320,7 +322,7 @@ pub extern "C" fn nvte_tensor_element_size_bits(tensor: NVTETensor) -> usize {
 /// Element type of the data (kNVTENumTypes on error).
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_tensor_type(tensor: NVTETensor) -> NVTEDType {
-    firewall("nvte_tensor_type", NVTEDType::kNVTENumTypes, || {
+    entry!(or NVTEDType::kNVTENumTypes, {
         Ok(get(tensor)?.data.dtype.to_c())
     })
 }
@@ -328,17 +330,15 @@ pub extern "C" fn nvte_tensor_type(tensor: NVTETensor) -> NVTEDType {
 /// Scaling mode (NVTE_INVALID_SCALING on error).
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_tensor_scaling_mode(tensor: NVTETensor) -> NVTEScalingMode {
-    firewall(
-        "nvte_tensor_scaling_mode",
-        NVTEScalingMode::NVTE_INVALID_SCALING,
-        || Ok(NVTEScalingMode(get(tensor)?.scaling_mode)),
-    )
+    entry!(or NVTEScalingMode::NVTE_INVALID_SCALING, {
+        Ok(NVTEScalingMode(get(tensor)?.scaling_mode))
+    })
 }
 
 /// Device pointer of the float32 amax (NULL when unset or on error).
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_tensor_amax(tensor: NVTETensor) -> *mut f32 {
-    firewall("nvte_tensor_amax", std::ptr::null_mut(), || {
+    entry!(or std::ptr::null_mut(), {
         Ok(get(tensor)?.amax.ptr.as_void() as *mut f32)
     })
 }
@@ -346,7 +346,7 @@ pub extern "C" fn nvte_tensor_amax(tensor: NVTETensor) -> *mut f32 {
 /// Device pointer of the float32 scale (NULL when unset or on error).
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_tensor_scale(tensor: NVTETensor) -> *mut f32 {
-    firewall("nvte_tensor_scale", std::ptr::null_mut(), || {
+    entry!(or std::ptr::null_mut(), {
         Ok(get(tensor)?.scale.ptr.as_void() as *mut f32)
     })
 }
@@ -354,7 +354,7 @@ pub extern "C" fn nvte_tensor_scale(tensor: NVTETensor) -> *mut f32 {
 /// Device pointer of the float32 scale inverse (NULL when unset or on error).
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_tensor_scale_inv(tensor: NVTETensor) -> *mut f32 {
-    firewall("nvte_tensor_scale_inv", std::ptr::null_mut(), || {
+    entry!(or std::ptr::null_mut(), {
         Ok(get(tensor)?.scale_inv.ptr.as_void() as *mut f32)
     })
 }
@@ -362,7 +362,7 @@ pub extern "C" fn nvte_tensor_scale_inv(tensor: NVTETensor) -> *mut f32 {
 /// Shape of the row-wise scale inverse.
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_tensor_scale_inv_shape(tensor: NVTETensor) -> NVTEShape {
-    firewall("nvte_tensor_scale_inv_shape", NVTEShape::empty(), || {
+    entry!(or NVTEShape::empty(), {
         Ok(NVTEShape::from_shape(&get(tensor)?.scale_inv.shape))
     })
 }
@@ -370,7 +370,7 @@ pub extern "C" fn nvte_tensor_scale_inv_shape(tensor: NVTETensor) -> NVTEShape {
 /// Number of live tensor handles (for leak checks in tests).
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_comm_live_tensor_count() -> usize {
-    handles::TENSORS.len()
+    entry!(plain, { handles::TENSORS.len() })
 }
 
 /// Convenience for C callers: create a delayed-scaling tensor over `data` with the
@@ -383,7 +383,7 @@ pub extern "C" fn nvte_comm_tensor_create_simple(
     ndim: usize,
     out: *mut NVTETensor,
 ) -> super::NVTECommStatus {
-    status_call("nvte_comm_tensor_create_simple", || {
+    entry!(status, {
         if out.is_null() {
             invalid!("argument `out` is NULL");
         }

@@ -27,7 +27,7 @@
 //! context), so one SPMD program drives one context per local device.
 use super::comm_gemm::{NVTECommGemmCtx, ctx as ctx_of};
 use super::enums::NVTECommStatus;
-use super::{firewall_with, status_call, status_of};
+use super::{firewall_with, status_of};
 use crate::comm_gemm::{GemmCall, Kind};
 use crate::cuda::DevPtr;
 use crate::cuda::StreamHandle;
@@ -253,7 +253,7 @@ pub extern "C" fn nvte_comm_xla_bind(
     device_ordinal: i32,
     ctx: *mut NVTECommGemmCtx,
 ) -> NVTECommStatus {
-    status_call("nvte_comm_xla_bind", || {
+    entry!(status, {
         if device_ordinal < -1 {
             invalid!("argument `device_ordinal` = {device_ordinal} must be >= -1");
         }
@@ -268,7 +268,7 @@ pub extern "C" fn nvte_comm_xla_bind(
 /// Remove the binding of (`key`, `device_ordinal`); not bound is an error.
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_comm_xla_unbind(key: u64, device_ordinal: i32) -> NVTECommStatus {
-    status_call("nvte_comm_xla_unbind", || {
+    entry!(status, {
         let mut b = BINDINGS.lock().unwrap_or_else(|e| e.into_inner());
         match b.as_mut().and_then(|m| m.remove(&(key, device_ordinal))) {
             Some(_) => Ok(()),
@@ -574,7 +574,7 @@ pub extern "C" fn nvte_comm_xla_counters(
     captured: *mut u64,
     initialized: *mut u64,
 ) -> NVTECommStatus {
-    status_call("nvte_comm_xla_counters", || {
+    entry!(status, {
         for (p, c) in [executed, captured, initialized].into_iter().zip(&COUNTERS) {
             if !p.is_null() {
                 // SAFETY: the caller's out-pointer.
@@ -683,8 +683,10 @@ unsafe fn handle(func: &'static str, kind: Kind, frame: *mut c_void) -> *mut c_v
 /// Called by XLA with its call frame.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvte_comm_xla_all_gather_gemm(call_frame: *mut c_void) -> *mut c_void {
-    // SAFETY: forwarded from XLA.
-    unsafe { handle("nvte_comm_xla_all_gather_gemm", Kind::AllGather, call_frame) }
+    entry!(named, |name| {
+        // SAFETY: forwarded from XLA.
+        unsafe { handle(name, Kind::AllGather, call_frame) }
+    })
 }
 
 /// XLA FFI handler of `nvte_gemm_reduce_scatter` (as `nvte_comm_xla_all_gather_gemm`).
@@ -693,14 +695,10 @@ pub unsafe extern "C" fn nvte_comm_xla_all_gather_gemm(call_frame: *mut c_void) 
 /// Called by XLA with its call frame.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvte_comm_xla_gemm_reduce_scatter(call_frame: *mut c_void) -> *mut c_void {
-    // SAFETY: forwarded from XLA.
-    unsafe {
-        handle(
-            "nvte_comm_xla_gemm_reduce_scatter",
-            Kind::ReduceScatter,
-            call_frame,
-        )
-    }
+    entry!(named, |name| {
+        // SAFETY: forwarded from XLA.
+        unsafe { handle(name, Kind::ReduceScatter, call_frame) }
+    })
 }
 
 /// XLA FFI handler of `nvte_gemm_all_reduce` (as `nvte_comm_xla_all_gather_gemm`).
@@ -709,8 +707,10 @@ pub unsafe extern "C" fn nvte_comm_xla_gemm_reduce_scatter(call_frame: *mut c_vo
 /// Called by XLA with its call frame.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvte_comm_xla_gemm_all_reduce(call_frame: *mut c_void) -> *mut c_void {
-    // SAFETY: forwarded from XLA.
-    unsafe { handle("nvte_comm_xla_gemm_all_reduce", Kind::AllReduce, call_frame) }
+    entry!(named, |name| {
+        // SAFETY: forwarded from XLA.
+        unsafe { handle(name, Kind::AllReduce, call_frame) }
+    })
 }
 
 /// Offsets and sizes of the structs above, by C name, for the layout test against
@@ -753,24 +753,20 @@ pub(crate) fn layout() -> Vec<(&'static str, usize)> {
 /// at most `cap` bytes.
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_comm_xla_layout(out: *mut c_char, cap: usize) -> usize {
-    firewall_with(
-        "nvte_comm_xla_layout",
-        |_| 0,
-        || {
-            let mut s = String::new();
-            for (k, v) in layout() {
-                s.push_str(&format!("{k} {v}\n"));
+    entry!(or 0, {
+        let mut s = String::new();
+        for (k, v) in layout() {
+            s.push_str(&format!("{k} {v}\n"));
+        }
+        let bytes = s.as_bytes();
+        if !out.is_null() && cap > 0 {
+            let n = bytes.len().min(cap - 1);
+            // SAFETY: the caller's buffer of `cap` bytes.
+            unsafe {
+                std::ptr::copy_nonoverlapping(bytes.as_ptr(), out as *mut u8, n);
+                *out.add(n) = 0;
             }
-            let bytes = s.as_bytes();
-            if !out.is_null() && cap > 0 {
-                let n = bytes.len().min(cap - 1);
-                // SAFETY: the caller's buffer of `cap` bytes.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(bytes.as_ptr(), out as *mut u8, n);
-                    *out.add(n) = 0;
-                }
-            }
-            Ok(bytes.len() + 1)
-        },
-    )
+        }
+        Ok(bytes.len() + 1)
+    })
 }
