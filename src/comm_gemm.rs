@@ -57,7 +57,7 @@ pub use crate::tune::Op as Kind;
 /// (`CUBLASLT_MATMUL_DESC_FAST_ACCUM`, `use_split_accumulator = false`); 0 or unset
 /// accumulates at full precision, as TE's comm-GEMM (cuBLASMp) backend does.
 pub fn fp8_fast_accum() -> Result<bool> {
-    Ok(crate::env::flag("NVTE_COMM_GEMM_FP8_FAST_ACCUM")?.unwrap_or(false))
+    Ok(crate::env::GEMM_FP8_FAST_ACCUM.get()?.unwrap_or(false))
 }
 
 /// This rank's share of `global` under block distribution with block ceil(global / nranks).
@@ -274,7 +274,7 @@ impl CommGemmCtx {
         let tune_env = TuneEnv {
             budget_ms: tune::budget_ms()?,
             pick: tune::forced_pick()?,
-            verbose: crate::env::flag("NVTE_COMM_TUNE_VERBOSE")?.unwrap_or(false),
+            verbose: crate::env::TUNE_VERBOSE.get()?.unwrap_or(false),
         };
         Ok(CtxEnv {
             tune_env,

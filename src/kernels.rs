@@ -237,9 +237,8 @@ const AMAX_U: usize = 4;
 fn flat_grid(work: usize, block: u32, per_thread: usize, sms: i32, per_sm: u32) -> Result<u32> {
     static PERSISTENT: std::sync::OnceLock<std::result::Result<bool, String>> =
         std::sync::OnceLock::new();
-    let persistent = crate::env::once(&PERSISTENT, || {
-        Ok(crate::env::choice("NVTE_COMM_QUANT_GRID", &["flat", "persistent"])? == Some(1))
-    })?;
+    let persistent =
+        crate::env::once(&PERSISTENT, || Ok(crate::env::QUANT_GRID.get()? == Some(1)))?;
     if persistent {
         return Ok(persistent_grid(work, block as usize, sms, per_sm));
     }
@@ -733,11 +732,9 @@ enum CastTranspose {
 }
 
 impl CastTranspose {
-    const KNOB: &'static str = "NVTE_COMM_CAST_TRANSPOSE";
-
     fn from_env() -> Result<Self> {
         let names = cast_transpose_variants();
-        Ok(match crate::env::choice(Self::KNOB, &names)? {
+        Ok(match crate::env::CAST_TRANSPOSE.get(&names)? {
             None | Some(0) => Self::V3,
             Some(1) => Self::V2,
             Some(2) => Self::V1,

@@ -31,7 +31,7 @@ pub enum Mode {
 
 /// NVTE_COMM_TUNE: 0 / 1 / force (default 1).
 pub fn mode() -> Result<Mode> {
-    if let Some(i) = crate::env::choice("NVTE_COMM_TUNE", &["0", "1", "force"])? {
+    if let Some(i) = crate::env::TUNE.get()? {
         return Ok([Mode::Off, Mode::On, Mode::Force][i]);
     }
     Ok(Mode::On)
@@ -39,13 +39,13 @@ pub fn mode() -> Result<Mode> {
 
 /// NVTE_COMM_TUNE_BUDGET_MS: time for the candidates of one key (default 3000).
 pub fn budget_ms() -> Result<f64> {
-    Ok(crate::env::int("NVTE_COMM_TUNE_BUDGET_MS", 1, i32::MAX)?.unwrap_or(3000) as f64)
+    Ok(crate::env::TUNE_BUDGET_MS.get()?.unwrap_or(3000) as f64)
 }
 
 /// NVTE_COMM_TUNE_PICK (tests): use candidate PICK mod (candidates measured) instead of
 /// the fastest, so that every candidate's results can be checked.
 pub fn forced_pick() -> Result<Option<i32>> {
-    crate::env::int("NVTE_COMM_TUNE_PICK", 0, 1 << 20)
+    crate::env::TUNE_PICK.get()
 }
 
 /// The operation a choice is for: the comm-GEMM calls.

@@ -35,7 +35,7 @@ pub struct Spec {
     /// For messages: "NCCL", "cuBLASLt".
     pub name: &'static str,
     /// Environment variable naming the file to bind.
-    pub env: &'static str,
+    pub env: &'static crate::env::Path,
     /// File-name prefix of a mapped copy ("libnccl.so").
     pub prefix: &'static str,
     /// Names tried on the search path, in order.
@@ -51,7 +51,7 @@ pub struct Spec {
 
 pub const NCCL: Spec = Spec {
     name: "NCCL",
-    env: "NVTE_COMM_NCCL_LIBRARY",
+    env: &crate::env::NCCL_LIBRARY,
     prefix: "libnccl.so",
     candidates: &["libnccl.so.2", "libnccl.so"],
     probe: "ncclCommInitRank",
@@ -61,7 +61,7 @@ pub const NCCL: Spec = Spec {
 
 pub const CUBLASLT: Spec = Spec {
     name: "cuBLASLt",
-    env: "NVTE_COMM_CUBLASLT_LIBRARY",
+    env: &crate::env::CUBLASLT_LIBRARY,
     prefix: "libcublasLt.so",
     candidates: &["libcublasLt.so.13", "libcublasLt.so"],
     probe: "cublasLtMatmul",
@@ -221,11 +221,11 @@ pub fn bind(spec: &Spec) -> Result<Bound, String> {
             )
             .map(|_| b)
     };
-    if let Some(file) = crate::env::os(spec.env) {
+    if let Some(file) = spec.env.get() {
         let file = file.to_string_lossy().into_owned();
         let before = mapped(spec.prefix);
         let handle = open(&file, flags)
-            .map_err(|e| format!("{}={file} could not be loaded: {e}", spec.env))?;
+            .map_err(|e| format!("{}={file} could not be loaded: {e}", spec.env.name()))?;
         let path = path_of(handle, spec.probe).unwrap_or(file);
         let preloaded = before.contains(&path);
         return checked(Bound {
@@ -265,9 +265,9 @@ pub fn bind(spec: &Spec) -> Result<Bound, String> {
     Err(format!(
         "could not load {}: none mapped in the process, {} not set, and the search path has none of: {} (set LD_LIBRARY_PATH or {})",
         spec.name,
-        spec.env,
+        spec.env.name(),
         tried.join("; "),
-        spec.env
+        spec.env.name()
     ))
 }
 
@@ -455,7 +455,7 @@ mod tests {
     fn libgcc_spec(table: &'static entry_points::Table) -> Spec {
         Spec {
             name: "libgcc_s",
-            env: "NVTE_COMM_TEST_UNSET_LIBGCC",
+            env: &crate::env::TEST_UNSET_LIBGCC,
             prefix: "libgcc_s.so",
             candidates: &["libgcc_s_nonexistent.so"],
             probe: "_Unwind_Resume",
@@ -526,7 +526,7 @@ mod tests {
     fn a_missing_library_names_what_was_tried() {
         let spec = Spec {
             name: "Nothing",
-            env: "NVTE_COMM_TEST_UNSET_NOTHING",
+            env: &crate::env::TEST_UNSET_NOTHING,
             prefix: "libnothing_here.so",
             candidates: &["libnothing_here.so.7"],
             probe: "nothing",
@@ -535,6 +535,6 @@ mod tests {
         };
         let e = bind(&spec).unwrap_err();
         assert!(e.contains("libnothing_here.so.7"), "{e}");
-        assert!(e.contains("NVTE_COMM_TEST_UNSET_NOTHING"), "{e}");
+        assert!(e.contains(crate::env::TEST_UNSET_NOTHING.name()), "{e}");
     }
 }

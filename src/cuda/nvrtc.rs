@@ -81,16 +81,16 @@ fn options(arch: &str) -> Vec<String> {
 /// The disk cache's folder: None when NVTE_COMM_DISABLE_KERNEL_CACHE is true (a value
 /// that is not a boolean is an error) or no folder is known.
 pub fn cache_dir() -> Result<Option<PathBuf>> {
-    if crate::env::flag("NVTE_COMM_DISABLE_KERNEL_CACHE")?.unwrap_or(false) {
+    if crate::env::DISABLE_KERNEL_CACHE.get()?.unwrap_or(false) {
         return Ok(None);
     }
-    if let Some(d) = crate::env::os("NVTE_COMM_CACHE_DIR") {
+    if let Some(d) = crate::env::CACHE_DIR.get() {
         return Ok(Some(PathBuf::from(d)));
     }
-    if let Some(d) = crate::env::os("XDG_CACHE_HOME") {
+    if let Some(d) = crate::env::XDG_CACHE_HOME.get() {
         return Ok(Some(PathBuf::from(d).join("transformer_engine_comm")));
     }
-    Ok(crate::env::os("HOME").map(|h| {
+    Ok(crate::env::HOME.get().map(|h| {
         PathBuf::from(h)
             .join(".cache")
             .join("transformer_engine_comm")

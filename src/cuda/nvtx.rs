@@ -103,7 +103,7 @@ unsafe extern "C" fn get_export_table(id: u32) -> *const c_void {
 fn active() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| {
-        if !matches!(crate::env::flag("NVTE_COMM_NVTX"), Ok(Some(true))) {
+        if !matches!(crate::env::NVTX.get(), Ok(Some(true))) {
             return false;
         }
         init_injection()
@@ -111,7 +111,7 @@ fn active() -> bool {
 }
 
 fn init_injection() -> bool {
-    let Some(path) = std::env::var_os("NVTX_INJECTION64_PATH") else {
+    let Some(path) = crate::env::NVTX_INJECTION64_PATH.get() else {
         return false;
     };
     tables();

@@ -658,9 +658,7 @@ const TUNE_MAX_PLANS: usize = 256;
 /// cannot load (not sm_90, no NVRTC) cuBLASLt runs, and the load is not retried.
 fn own_gemm_enabled() -> Result<bool> {
     static V: std::sync::OnceLock<std::result::Result<bool, String>> = std::sync::OnceLock::new();
-    crate::env::once(&V, || {
-        Ok(crate::env::flag("NVTE_COMM_OWN_GEMM")?.unwrap_or(true))
-    })
+    crate::env::once(&V, || Ok(crate::env::OWN_GEMM.get()?.unwrap_or(true)))
 }
 
 /// Our kernel for `g` when NVTE_COMM_OWN_GEMM routes it there (see [`own_gemm_enabled`]).
@@ -693,7 +691,7 @@ fn small_own_gemm(
 /// NVTE_COMM_GEMM_TUNE (a boolean; default on): time the heuristic's top algorithms
 /// on each GEMM shape's first eager run that does not accumulate, keep the fastest.
 pub fn tune_enabled() -> Result<bool> {
-    Ok(crate::env::flag("NVTE_COMM_GEMM_TUNE")?.unwrap_or(true))
+    Ok(crate::env::GEMM_TUNE.get()?.unwrap_or(true))
 }
 
 impl Plan {
@@ -1154,9 +1152,7 @@ fn run_impl(g: &GemmDesc, guard: &ContextGuard, stream: StreamHandle, own: bool)
 /// replay a CUDA graph of their matmul (see `graphs`).
 fn graphs_enabled() -> Result<bool> {
     static V: std::sync::OnceLock<std::result::Result<bool, String>> = std::sync::OnceLock::new();
-    crate::env::once(&V, || {
-        Ok(crate::env::flag("NVTE_COMM_GEMM_GRAPHS")?.unwrap_or(true))
-    })
+    crate::env::once(&V, || Ok(crate::env::GEMM_GRAPHS.get()?.unwrap_or(true)))
 }
 
 /// The plan's call `g` through its graph when the policy says so: Some(()) when it ran

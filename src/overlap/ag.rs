@@ -29,7 +29,7 @@ use crate::{invalid, unsupported};
 /// kind. Read once when an overlap object or comm-GEMM context is created
 /// (`super::AlgoKnobs`).
 pub fn ag_pieces_choice() -> Result<Option<usize>> {
-    crate::env::choice("NVTE_COMM_AG_PIECES", &["auto", "rows", "k"])
+    crate::env::AG_PIECES.get()
 }
 const AG_PIECES_K: usize = 2;
 
@@ -43,7 +43,7 @@ const AG_PIECES_K: usize = 2;
 /// reduce-scatter sends: set the same on every rank, `NVTE_COMM_CHECK` catches ranks
 /// that differ).
 pub fn fused_tiles_choice() -> Result<Option<usize>> {
-    crate::env::choice("NVTE_COMM_FUSED_TILES", &["auto", "rule", "narrow"])
+    crate::env::FUSED_TILES.get()
 }
 
 /// 128-wide tiles for the fused algorithms' GEMM: NVTE_COMM_FUSED_TILES's choice (`rule`:

@@ -91,7 +91,7 @@ enum ArAlgo {
 /// `auto`, `ring`, `chunked`. Read once when an overlap object or comm-GEMM context is
 /// created (`super::AlgoKnobs`).
 pub fn ar_algo_choice() -> Result<Option<usize>> {
-    crate::env::choice("NVTE_COMM_AR_ALGO", &["auto", "ring", "chunked"])
+    crate::env::AR_ALGO.get()
 }
 const AR_RING: usize = 1;
 const AR_CHUNKED: usize = 2;

@@ -78,7 +78,7 @@ impl EngineConfig {
     /// does not parse or is out of range is an error naming the variable.
     pub fn from_env() -> Result<EngineConfig> {
         // Index = the transport's value.
-        let transport = env::choice("NVTE_COMM_TRANSPORT", &["auto", "ipc", "nccl"])?;
+        let transport = env::TRANSPORT.get()?;
         let mut c = EngineConfig {
             tp_size: 0,
             num_splits: 3,
@@ -95,22 +95,22 @@ impl EngineConfig {
             transport: transport.map_or(TRANSPORT_AUTO, |t| TransportChoice(t as u32)),
         };
         // The ranges of `check` (num_comm_sm's upper bound is the device's SM count).
-        if let Some(v) = env::int("NVTE_COMM_OVERLAP_NUM_SPLITS", 1, MAX_SPLITS)? {
+        if let Some(v) = env::OVERLAP_NUM_SPLITS.get()? {
             c.num_splits = v;
         }
-        if let Some(v) = env::int("NVTE_COMM_OVERLAP_MAX_STREAMS", 1, MAX_STREAMS)? {
+        if let Some(v) = env::OVERLAP_MAX_STREAMS.get()? {
             c.num_max_streams = v;
         }
-        if let Some(v) = env::int("NVTE_COMM_OVERLAP_NUM_SM", 1, i32::MAX)? {
+        if let Some(v) = env::OVERLAP_NUM_SM.get()? {
             c.num_comm_sm = v;
         }
-        if let Some(v) = env::flag("NVTE_COMM_OVERLAP_USE_CE")? {
+        if let Some(v) = env::OVERLAP_USE_CE.get()? {
             c.use_ce = v;
         }
-        if let Some(v) = env::flag("NVTE_COMM_OVERLAP_AGGREGATE")? {
+        if let Some(v) = env::OVERLAP_AGGREGATE.get()? {
             c.aggregate = v;
         }
-        if let Some(v) = env::flag("NVTE_COMM_OVERLAP_SM_MARGIN")? {
+        if let Some(v) = env::OVERLAP_SM_MARGIN.get()? {
             c.set_sm_margin = v;
         }
         Ok(c)
@@ -201,7 +201,18 @@ impl EngineConfig {
 
 #[cfg(test)]
 mod tests {
-    use super::{EngineConfig as Config, TRANSPORT_NCCL};
+    use super::{EngineConfig as Config, MAX_SPLITS, MAX_STREAMS, TRANSPORT_NCCL};
+    use crate::env::{self, Kind};
+
+    #[test]
+    fn the_knob_table_has_the_config_ranges() {
+        let range = |hi: i32| Kind::Int {
+            lo: 1,
+            hi: hi as i128,
+        };
+        assert_eq!(env::OVERLAP_NUM_SPLITS.knob.kind, range(MAX_SPLITS));
+        assert_eq!(env::OVERLAP_MAX_STREAMS.knob.kind, range(MAX_STREAMS));
+    }
 
     #[test]
     fn config_validation_names_the_field() {

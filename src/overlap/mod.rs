@@ -55,7 +55,7 @@ const MAX_AMAX_SLOTS: usize = 64;
 
 /// NVTE_COMM_TRACE (a boolean; default off), read when an object is created.
 pub fn trace_enabled() -> Result<bool> {
-    Ok(env::flag("NVTE_COMM_TRACE")?.unwrap_or(false))
+    Ok(env::TRACE.get()?.unwrap_or(false))
 }
 
 /// NVTE_COMM_CHECK (a boolean; default off), read when an object is created: every call
@@ -67,7 +67,7 @@ pub fn trace_enabled() -> Result<bool> {
 /// in the arrival kernel; NCCL one small kernel (the arrival tokens travel with or
 /// without the check).
 pub fn check_enabled() -> Result<bool> {
-    Ok(env::flag("NVTE_COMM_CHECK")?.unwrap_or(false))
+    Ok(env::CHECK.get()?.unwrap_or(false))
 }
 
 /// The algorithm knobs of the environment, read once when an object (or a comm-GEMM

@@ -130,7 +130,7 @@ impl Report {
 impl Overlap {
     /// NVTE_COMM_REPORT (a boolean; default off).
     pub fn report_enabled() -> Result<bool> {
-        Ok(crate::env::flag("NVTE_COMM_REPORT")?.unwrap_or(false))
+        Ok(crate::env::REPORT.get()?.unwrap_or(false))
     }
 
     /// Turn the report on for this object (the comm-GEMM context does, for its engines,

@@ -70,7 +70,7 @@ pub struct RsArgs<'a> {
 /// the accumulating ring; auto: the autotuner's choice, else the closing reduction. Read
 /// once when an overlap object or comm-GEMM context is created (`super::AlgoKnobs`).
 pub fn rs_ring_choice() -> Result<Option<usize>> {
-    crate::env::choice("NVTE_COMM_RS_RING", &["auto", "reduce", "accumulate"])
+    crate::env::RS_RING.get()
 }
 const RS_REDUCE: usize = 1;
 const RS_ACCUMULATE: usize = 2;
