@@ -21,12 +21,7 @@ fn source() -> Vec<(String, String)> {
     files
         .into_iter()
         .map(|f| {
-            let code = std::fs::read_to_string(&f)
-                .unwrap()
-                .lines()
-                .map(|l| l.split("//").next().unwrap_or(""))
-                .collect::<Vec<_>>()
-                .join("\n");
+            let code = common::code_without_comments(&f);
             (f.display().to_string(), code)
         })
         .collect()

@@ -8,14 +8,8 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use transformer_engine_comm::env::KNOBS;
 
-/// Source without `//` comments (doc comments may name knobs).
 fn code(p: &Path) -> String {
-    std::fs::read_to_string(p)
-        .unwrap()
-        .lines()
-        .map(|l| l.split("//").next().unwrap_or(""))
-        .collect::<Vec<_>>()
-        .join("\n")
+    common::code_without_comments(p)
 }
 
 /// The string literals of `s` that look like a knob's name (`"NVTE_COMM_X"`,

@@ -557,14 +557,8 @@ fn every_binding_matches_its_kernels_parameter_lists() {
     assert!(errors.is_empty(), "{}", errors.join("\n"));
 }
 
-/// Source lines without `//` comments.
 fn code_of(p: &Path) -> String {
-    std::fs::read_to_string(p)
-        .unwrap()
-        .lines()
-        .map(|l| l.split("//").next().unwrap_or(""))
-        .collect::<Vec<_>>()
-        .join("\n")
+    common::code_without_comments(p)
 }
 
 /// Every launch is typed: the only raw launches are in src/cuda/kernel.rs, and every

@@ -23,14 +23,8 @@ const LAYERS: &[&[&str]] = &[
 /// Imports within one layer that are allowed.
 const SIDEWAYS: &[(&str, &str)] = &[("env", "error")];
 
-/// Source without `//` comments (doc comments name modules they do not import).
 fn code(p: &Path) -> String {
-    std::fs::read_to_string(p)
-        .unwrap()
-        .lines()
-        .map(|l| l.split("//").next().unwrap_or(""))
-        .collect::<Vec<_>>()
-        .join("\n")
+    common::code_without_comments(p)
 }
 
 /// The top-level module of a file under src/.

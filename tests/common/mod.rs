@@ -1,4 +1,6 @@
 //! Helpers shared by the integration tests that read the crate's own sources.
+// Each test crate uses a part of this module.
+#![allow(dead_code)]
 use std::path::{Path, PathBuf};
 
 /// Every `.rs` file below `dir`, recursively, appended to `out`.
@@ -11,4 +13,15 @@ pub fn rs_files(dir: &Path, out: &mut Vec<PathBuf>) {
             out.push(p);
         }
     }
+}
+
+/// The text of the source file `p` without `//` comments (doc comments name modules,
+/// knobs and functions the code does not use).
+pub fn code_without_comments(p: &Path) -> String {
+    std::fs::read_to_string(p)
+        .unwrap()
+        .lines()
+        .map(|l| l.split("//").next().unwrap_or(""))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
