@@ -54,7 +54,8 @@ typedef enum NVTETensorParam {
   kNVTENumTensorParams = 7,
 } NVTETensorParam;
 
-/** Scaling modes (TE's NVTEScalingMode). Only delayed (per-tensor) scaling is implemented. */
+/** Scaling modes (TE's NVTEScalingMode). Implemented: delayed (per-tensor) scaling and */
+/** FP8 block scaling (1D: 1x128 blocks, 2D: 128x128 blocks). */
 typedef enum NVTEScalingMode {
   NVTE_DELAYED_TENSOR_SCALING = 0,
   NVTE_MXFP8_1D_SCALING = 1,
@@ -1088,7 +1089,8 @@ NVTECommStatus nvte_comm_nccl_comm_destroy(ncclComm_t comm);
 
 /**
  * Create a tensor with the given scaling mode. Returns NULL (error recorded) for an
- * invalid or unsupported mode; only NVTE_DELAYED_TENSOR_SCALING is implemented.
+ * invalid or unsupported mode; NVTE_DELAYED_TENSOR_SCALING and NVTE_BLOCK_SCALING_1D /
+ * _2D are implemented.
  */
 NVTETensor nvte_create_tensor(NVTEScalingMode scaling_mode);
 
