@@ -8,65 +8,39 @@
 //! 1D (2D x 2D refused), the cuBLASLt GEMM always TN: A's rowwise data with transa, its
 //! columnwise (transposed) data without; B's rowwise data without transb, its
 //! columnwise data with; the scales are the chosen data's scale_inv in TE's GEMM-ready
-//! layout ([`Blocks::scale_shape`]). Output bf16 / fp16 / fp32; epilogues none, bias
+//! layout ([`BlockMode::scale_shape`]). Output bf16 / fp16 / fp32; epilogues none, bias
 //! and DGELU (what TE allows with block scaling). Everything is checked before any
 //! device work: a refused call leaves D untouched.
 use super::*;
+use crate::tensor::{BlockMode, ScaleFormat, scale_shape};
 use cudarc::cublaslt::sys::cublasLtMatmulMatrixScale_t as Scale;
 
-/// Values per block along a row (1D) and the tile side (2D).
-const BLOCK: usize = 128;
-/// TE's NVTEScalingMode values of the block modes.
-const MODE_1D: u32 = 2;
-const MODE_2D: u32 = 3;
-
-/// A block-scaled operand's blocks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Blocks {
-    /// 1 x 128 (NVTE_BLOCK_SCALING_1D)
-    OneD,
-    /// 128 x 128 (NVTE_BLOCK_SCALING_2D)
-    TwoD,
+/// The cuBLASLt scale mode of a block-scaled operand.
+fn lt_scale_mode(b: BlockMode) -> Scale {
+    match b {
+        BlockMode::OneD => Scale::CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F,
+        BlockMode::TwoD => Scale::CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F,
+    }
 }
 
-impl Blocks {
-    /// The blocks of TE scaling mode `mode`, None for any other mode.
-    pub fn of(mode: u32) -> Option<Blocks> {
-        match mode {
-            MODE_1D => Some(Blocks::OneD),
-            MODE_2D => Some(Blocks::TwoD),
-            _ => None,
-        }
-    }
-    fn lt(self) -> Scale {
-        match self {
-            Blocks::OneD => Scale::CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F,
-            Blocks::TwoD => Scale::CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F,
-        }
-    }
-    /// The float32 scale_inv shape TE's GEMM-ready layout gives FP8 data of `rows` x
-    /// `cols` (row-major; blocks run along a row): 1D [ceil(cols / 128), round_up(rows,
-    /// 4)], the scale of row r's block j at [j, r]; 2D [ceil(rows / 128),
-    /// round_up(ceil(cols / 128), 4)], tile (i, j) at [i, j]. A columnwise buffer (the
-    /// transpose, [cols, rows] of the tensor) follows the same rule for its own shape.
-    pub fn scale_shape(self, rows: usize, cols: usize) -> [usize; 2] {
-        match self {
-            Blocks::OneD => [cols.div_ceil(BLOCK), rows.next_multiple_of(4)],
-            Blocks::TwoD => [
-                rows.div_ceil(BLOCK),
-                cols.div_ceil(BLOCK).next_multiple_of(4),
-            ],
-        }
+/// The float32 scale_inv shape of FP8 data stored as `rows` x `cols` (row-major, blocks
+/// along a row) in TE's GEMM-ready layout (`tensor::scale_shape`): a rowwise buffer's
+/// and equally a GEMM-ready columnwise one's (the transpose, [cols, rows] of the tensor).
+fn gemm_ready_scale_shape(b: BlockMode, rows: usize, cols: usize) -> [usize; 2] {
+    match b {
+        BlockMode::OneD => scale_shape::one_d_rowwise_gemm_ready(rows, cols),
+        BlockMode::TwoD => scale_shape::two_d_rowwise(rows, cols),
     }
 }
 
 /// TE's name of a scaling mode value (the C enum lives in `ffi`).
 fn mode_name(mode: u32) -> String {
+    if let Some(b) = BlockMode::from_scaling_mode(mode) {
+        return b.name().into();
+    }
     match mode {
         0 => "NVTE_DELAYED_TENSOR_SCALING".into(),
         1 => "NVTE_MXFP8_1D_SCALING".into(),
-        MODE_1D => "NVTE_BLOCK_SCALING_1D".into(),
-        MODE_2D => "NVTE_BLOCK_SCALING_2D".into(),
         4 => "NVTE_NVFP4_1D_SCALING".into(),
         m => format!("NVTEScalingMode({})", m as i32),
     }
@@ -103,7 +77,7 @@ pub fn cublas_gemm_scaled(
     };
     let block = [args.a.scaling_mode, args.b.scaling_mode]
         .iter()
-        .any(|&m| Blocks::of(m).is_some());
+        .any(|&m| BlockMode::from_scaling_mode(m).is_some());
     if !block {
         if alpha == 1.0 && (beta == 0.0 || beta == 1.0) {
             return cublas_gemm(&args, stream);
@@ -116,10 +90,13 @@ pub fn cublas_gemm_scaled(
 }
 
 /// Both operands' blocks: block-scaled both, not both 2D.
-fn operand_blocks(g: &TeGemm) -> Result<[Blocks; 2]> {
+fn operand_blocks(g: &TeGemm) -> Result<[BlockMode; 2]> {
     let (am, bm) = (g.a.scaling_mode, g.b.scaling_mode);
-    match (Blocks::of(am), Blocks::of(bm)) {
-        (Some(Blocks::TwoD), Some(Blocks::TwoD)) => unsupported!(
+    match (
+        BlockMode::from_scaling_mode(am),
+        BlockMode::from_scaling_mode(bm),
+    ) {
+        (Some(BlockMode::TwoD), Some(BlockMode::TwoD)) => unsupported!(
             "A and B are both NVTE_BLOCK_SCALING_2D: block-scaled GEMMs take 1D x 1D, 1D x 2D and 2D x 1D (as TE; quantize the activation or gradient with 1D blocks)"
         ),
         (Some(a), Some(b)) => Ok([a, b]),
@@ -165,7 +142,7 @@ fn block_operand(
     what: &str,
     rowwise: bool,
     (rows, k): (usize, usize),
-    blocks: Blocks,
+    blocks: BlockMode,
 ) -> Result<BlockOperand> {
     let (data, scale, usage, param) = if rowwise {
         (&t.data, &t.scale_inv, "rowwise", "kNVTERowwiseScaleInv")
@@ -196,18 +173,19 @@ fn block_operand(
             data.shape
         );
     }
-    let want = blocks.scale_shape(rows, k);
+    if blocks == BlockMode::OneD && t.block_format == ScaleFormat::Compact {
+        unsupported!(
+            "tensor `{what}` holds 1D block scales in the COMPACT format: the GEMM reads the GEMM_READY format (quantize with it)"
+        );
+    }
+    let want = gemm_ready_scale_shape(blocks, rows, k);
     if scale.ptr.is_null() || scale.dtype != DType::F32 || scale.shape.as_slice() != want {
         invalid!(
             "tensor `{what}`'s {usage} scale_inv ({param}) is {} of shape {}{} but {} data [{rows}, {k}] needs kNVTEFloat32 {want:?} (TE's GEMM-ready layout)",
             scale.dtype.name(),
             scale.shape,
             if scale.ptr.is_null() { ", NULL" } else { "" },
-            mode_name(if blocks == Blocks::OneD {
-                MODE_1D
-            } else {
-                MODE_2D
-            })
+            blocks.name()
         );
     }
     Ok(BlockOperand {
@@ -254,7 +232,7 @@ fn block_dims(g: &TeGemm) -> Result<(usize, usize, usize)> {
 
 /// cuBLASLt's alignment rules for block-scaled operands (TE's checks): k a multiple of
 /// 16 (the leading dimension of both FP8 operands), m of 8, n of 8 when B is 1D.
-fn block_alignment((m, n, k): (usize, usize, usize), b: Blocks) -> Result<()> {
+fn block_alignment((m, n, k): (usize, usize, usize), b: BlockMode) -> Result<()> {
     if k % 16 != 0 {
         unsupported!(
             "block-scaled GEMM needs k to be a multiple of 16 (FP8 leading dimension); got k = {k}: pad it"
@@ -263,7 +241,7 @@ fn block_alignment((m, n, k): (usize, usize, usize), b: Blocks) -> Result<()> {
     if m % 8 != 0 {
         unsupported!("block-scaled GEMM needs m to be a multiple of 8; got m = {m}: pad it");
     }
-    if b == Blocks::OneD && n % 8 != 0 {
+    if b == BlockMode::OneD && n % 8 != 0 {
         unsupported!(
             "block-scaled GEMM with a 1D-scaled B needs n to be a multiple of 8; got n = {n}: pad it"
         );
@@ -273,7 +251,7 @@ fn block_alignment((m, n, k): (usize, usize, usize), b: Blocks) -> Result<()> {
 
 /// Validate a block-scaled GEMM and translate it into the TN [`GemmDesc`] cuBLASLt runs
 /// (the scale_inv pointers are the block scales), with both operands' blocks.
-pub fn block_desc(g: &TeGemm) -> Result<(GemmDesc, [Blocks; 2])> {
+pub fn block_desc(g: &TeGemm) -> Result<(GemmDesc, [BlockMode; 2])> {
     let blocks = operand_blocks(g)?;
     let (m, n, k) = block_dims(g)?;
     let a = block_operand(g.a, "A", g.transa, (m, k), blocks[0])?;
@@ -369,7 +347,7 @@ fn require_block_support(guard: &ContextGuard) -> Result<()> {
 const MAX_SCALED_PLANS: usize = 64;
 
 /// A scaled plan's key: the plan's and the block scale modes.
-type ScaledKey = (PlanKey, Option<[Blocks; 2]>);
+type ScaledKey = (PlanKey, Option<[BlockMode; 2]>);
 
 thread_local! {
     static SCALED_PLANS: RefCell<HashMap<ScaledKey, Plan>> =
@@ -381,7 +359,7 @@ thread_local! {
 /// heuristic's first algorithm).
 pub fn run_scaled(
     g: &GemmDesc,
-    modes: Option<[Blocks; 2]>,
+    modes: Option<[BlockMode; 2]>,
     alpha: f32,
     beta: f32,
     stream: StreamHandle,
@@ -452,7 +430,7 @@ fn build_scaled(
     h: lt::cublasLtHandle_t,
     g: &GemmDesc,
     key: &PlanKey,
-    modes: Option<[Blocks; 2]>,
+    modes: Option<[BlockMode; 2]>,
     ctx_addr: usize,
 ) -> Result<Plan> {
     let mut desc: lt::cublasLtMatmulDesc_t = std::ptr::null_mut();
@@ -495,11 +473,19 @@ fn build_scaled(
 }
 
 /// CUBLASLT_MATMUL_DESC_A_SCALE_MODE / B_SCALE_MODE of a block-scaled GEMM.
-fn set_modes(desc: lt::cublasLtMatmulDesc_t, modes: Option<[Blocks; 2]>) -> Result<()> {
+fn set_modes(desc: lt::cublasLtMatmulDesc_t, modes: Option<[BlockMode; 2]>) -> Result<()> {
     use lt::cublasLtMatmulDescAttributes_t as A;
     if let Some([a, b]) = modes {
-        set_attr(desc, A::CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &a.lt())?;
-        set_attr(desc, A::CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &b.lt())?;
+        set_attr(
+            desc,
+            A::CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
+            &lt_scale_mode(a),
+        )?;
+        set_attr(
+            desc,
+            A::CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
+            &lt_scale_mode(b),
+        )?;
     }
     Ok(())
 }
@@ -553,19 +539,26 @@ mod tests {
 
     /// A block-scaled tensor of logical shape [rows, cols] with rowwise and / or
     /// columnwise data and scales in the GEMM-ready layout.
-    fn block_tensor(mode: u32, rows: usize, cols: usize, rowwise: bool, colwise: bool) -> Tensor {
-        let b = Blocks::of(mode).unwrap();
+    fn block_tensor(
+        mode: BlockMode,
+        rows: usize,
+        cols: usize,
+        rowwise: bool,
+        colwise: bool,
+    ) -> Tensor {
+        let b = mode;
         let mut t = Tensor {
-            scaling_mode: mode,
+            scaling_mode: mode.scaling_mode(),
             ..Default::default()
         };
         if rowwise {
             t.data = buf(0x10000, DType::E4M3, &[rows, cols]);
-            t.scale_inv = buf(0x20000, DType::F32, &b.scale_shape(rows, cols));
+            t.scale_inv = buf(0x20000, DType::F32, &gemm_ready_scale_shape(b, rows, cols));
         }
         if colwise {
             t.columnwise_data = buf(0x30000, DType::E4M3, &[cols, rows]);
-            t.columnwise_scale_inv = buf(0x40000, DType::F32, &b.scale_shape(cols, rows));
+            t.columnwise_scale_inv =
+                buf(0x40000, DType::F32, &gemm_ready_scale_shape(b, cols, rows));
         }
         t
     }
@@ -597,12 +590,15 @@ mod tests {
     #[test]
     fn scale_shapes_are_te_gemm_ready() {
         // TE's Float8BlockQuantizer::get_scale_shape for a [300, 1000] tensor.
-        assert_eq!(Blocks::OneD.scale_shape(300, 1000), [8, 300]);
-        assert_eq!(Blocks::OneD.scale_shape(301, 1000), [8, 304]);
-        assert_eq!(Blocks::OneD.scale_shape(1000, 300), [3, 1000]);
-        assert_eq!(Blocks::TwoD.scale_shape(300, 1000), [3, 8]);
-        assert_eq!(Blocks::TwoD.scale_shape(1000, 300), [8, 4]);
-        assert_eq!(Blocks::TwoD.scale_shape(128, 128), [1, 4]);
+        assert_eq!(gemm_ready_scale_shape(BlockMode::OneD, 300, 1000), [8, 300]);
+        assert_eq!(gemm_ready_scale_shape(BlockMode::OneD, 301, 1000), [8, 304]);
+        assert_eq!(
+            gemm_ready_scale_shape(BlockMode::OneD, 1000, 300),
+            [3, 1000]
+        );
+        assert_eq!(gemm_ready_scale_shape(BlockMode::TwoD, 300, 1000), [3, 8]);
+        assert_eq!(gemm_ready_scale_shape(BlockMode::TwoD, 1000, 300), [8, 4]);
+        assert_eq!(gemm_ready_scale_shape(BlockMode::TwoD, 128, 128), [1, 4]);
     }
 
     #[test]
@@ -611,20 +607,20 @@ mod tests {
         for (ta, tb) in [(true, false), (false, false), (true, true), (false, true)] {
             // A: logical [m, k] with transa, [k, m] without; B: [n, k] / [k, n] with transb.
             let a = if ta {
-                block_tensor(MODE_2D, m, k, true, false)
+                block_tensor(BlockMode::TwoD, m, k, true, false)
             } else {
-                block_tensor(MODE_2D, k, m, false, true)
+                block_tensor(BlockMode::TwoD, k, m, false, true)
             };
             let b = if tb {
-                block_tensor(MODE_1D, k, n, false, true)
+                block_tensor(BlockMode::OneD, k, n, false, true)
             } else {
-                block_tensor(MODE_1D, n, k, true, false)
+                block_tensor(BlockMode::OneD, n, k, true, false)
             };
             let d = out(n, m, DType::BF16);
             let (g, modes) = block_desc(&args(&a, &b, &d, ta, tb)).unwrap();
             assert_eq!((g.m, g.n, g.k, g.transa, g.transb), (m, n, k, true, false));
             assert_eq!((g.lda, g.ldb, g.ldd), (k, k, m));
-            assert_eq!(modes, [Blocks::TwoD, Blocks::OneD]);
+            assert_eq!(modes, [BlockMode::TwoD, BlockMode::OneD]);
             let a_ptr = if ta { 0x10000 } else { 0x30000 };
             let b_ptr = if tb { 0x30000 } else { 0x10000 };
             assert_eq!((g.a.raw(), g.b.raw()), (a_ptr, b_ptr), "{ta} {tb}");
@@ -632,9 +628,9 @@ mod tests {
             assert_eq!(g.b_scale_inv.raw(), b_ptr + 0x10000);
             // The usage TE needs is missing: named.
             let a_wrong = if ta {
-                block_tensor(MODE_2D, m, k, false, true)
+                block_tensor(BlockMode::TwoD, m, k, false, true)
             } else {
-                block_tensor(MODE_2D, k, m, true, false)
+                block_tensor(BlockMode::TwoD, k, m, true, false)
             };
             let e = block_desc(&args(&a_wrong, &b, &d, ta, tb)).unwrap_err();
             assert!(e.msg.contains("tensor `A` is missing"), "{}", e.msg);
@@ -645,8 +641,8 @@ mod tests {
     fn unsupported_combinations_are_refused_with_their_reason() {
         let (m, n, k) = (256, 128, 512);
         let d = out(n, m, DType::BF16);
-        let a2 = block_tensor(MODE_2D, m, k, true, true);
-        let b2 = block_tensor(MODE_2D, n, k, true, true);
+        let a2 = block_tensor(BlockMode::TwoD, m, k, true, true);
+        let b2 = block_tensor(BlockMode::TwoD, n, k, true, true);
         let e = block_desc(&args(&a2, &b2, &d, true, false)).unwrap_err();
         assert_eq!(e.kind, K::Unsupported);
         assert!(e.msg.contains("both NVTE_BLOCK_SCALING_2D"), "{}", e.msg);
@@ -671,18 +667,22 @@ mod tests {
         let e = desc_from_te(&args(&pt, &a2, &d, true, false)).unwrap_err();
         assert!(e.msg.contains("per-tensor scaling only"), "{}", e.msg);
         // FP8 output, unaligned shapes, wrong scale layouts, forward GELU.
-        let b1 = block_tensor(MODE_1D, n, k, true, true);
+        let b1 = block_tensor(BlockMode::OneD, n, k, true, true);
         let d8 = out(n, m, DType::E4M3);
         let e = block_desc(&args(&a2, &b1, &d8, true, false)).unwrap_err();
         assert!(e.msg.contains("output must be"), "{}", e.msg);
-        let a_odd = block_tensor(MODE_1D, m, 520, true, false);
-        let b_odd = block_tensor(MODE_1D, n, 520, true, false);
+        let a_odd = block_tensor(BlockMode::OneD, m, 520, true, false);
+        let b_odd = block_tensor(BlockMode::OneD, n, 520, true, false);
         let e = block_desc(&args(&a_odd, &b_odd, &d, true, false)).unwrap_err();
         assert!(e.msg.contains("multiple of 16"), "{}", e.msg);
-        let mut compact = block_tensor(MODE_1D, m, k, true, false);
-        compact.scale_inv = buf(0x20000, DType::F32, &[m, k / BLOCK]);
+        let mut compact = block_tensor(BlockMode::OneD, m, k, true, false);
+        compact.scale_inv = buf(0x20000, DType::F32, &[m, k / 128]);
         let e = block_desc(&args(&compact, &b1, &d, true, false)).unwrap_err();
         assert!(e.msg.contains("GEMM-ready"), "{}", e.msg);
+        let mut flagged = block_tensor(BlockMode::OneD, m, k, true, false);
+        flagged.block_format = ScaleFormat::Compact;
+        let e = block_desc(&args(&flagged, &b1, &d, true, false)).unwrap_err();
+        assert!(e.msg.contains("COMPACT"), "{}", e.msg);
         let aux = out(n, m, DType::BF16);
         let mut g = args(&a2, &b1, &d, true, false);
         g.pre_gelu_out = Some(&aux);
@@ -691,7 +691,7 @@ mod tests {
         g.grad = true; // DGELU is available.
         assert_eq!(block_desc(&g).unwrap().0.epilogue, Epilogue::DGelu);
         // Mismatched k and a D of the wrong shape.
-        let b_k = block_tensor(MODE_1D, n, 384, true, false);
+        let b_k = block_tensor(BlockMode::OneD, n, 384, true, false);
         let e = block_desc(&args(&a2, &b_k, &d, true, false)).unwrap_err();
         assert!(e.msg.contains("inner dimensions differ"), "{}", e.msg);
         let d_bad = out(m, n, DType::BF16);
