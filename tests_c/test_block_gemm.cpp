@@ -424,12 +424,14 @@ void bench(cudaStream_t stream, Report &rep) {
     set_param(xblk, kNVTERowwiseData, xf.data.p, kNVTEFloat8E4M3, {s.M, s.K});
     set_param(xblk, kNVTERowwiseScaleInv, xsd.p, kNVTEFloat32, xs_shape);
     std::string failed;
-    auto gemm = [&](NVTETensor a, NVTETensor b) {
-      nvte_cublas_gemm(a, b, D.h, nullptr, nullptr, true, false, false, ws, false, false, 0, stream);
+    // Each recipe's forward GEMM as TE runs it: Float8BlockScaling with the split
+    // accumulator, per-tensor FP8 (DelayedScaling's fprop) with fast accumulation.
+    auto gemm = [&](NVTETensor a, NVTETensor b, bool split) {
+      nvte_cublas_gemm(a, b, D.h, nullptr, nullptr, true, false, false, ws, false, split, 0, stream);
       if (nvte_comm_last_status() != NVTE_COMM_SUCCESS && failed.empty()) failed = nvte_comm_last_error();
     };
     auto t = time_interleaved(stream, 5, 5, 4,
-                              {[&] { gemm(wblk, xblk); }, [&] { gemm(wf.h, xf.h); }, [&] { gemm(wb.h, xb.h); }});
+                              {[&] { gemm(wblk, xblk, true); }, [&] { gemm(wf.h, xf.h, false); }, [&] { gemm(wb.h, xb.h, false); }});
     nvte_destroy_tensor(wblk);
     nvte_destroy_tensor(xblk);
     if (!failed.empty()) { rep.fail(std::string("bench ") + s.name + ": " + failed); continue; }
