@@ -233,6 +233,14 @@ pub fn plan_quantize(
         );
     }
     let dims = i.shape.as_slice().to_vec();
+    let (rows, cols) = flat_2d(i);
+    if i.numel() > 0 && (dims.len() < 2 || rows % TILE != 0 || cols % TILE != 0) {
+        invalid!(
+            "tensor `input` of shape {} ([{rows}, {cols}] as 2-D) cannot be quantized with {}: the last dimension and the row count (the product of the leading dimensions) must be multiples of {TILE}, with at least 2 dimensions (TE's Float8BlockQuantizer.is_quantizable)",
+            i.shape,
+            mode.name()
+        );
+    }
     let out = Tensor {
         block_format: cfg.format,
         ..output.clone()
@@ -253,14 +261,6 @@ pub fn plan_quantize(
     };
     if i.numel() == 0 {
         return Ok(None);
-    }
-    let (rows, cols) = flat_2d(i);
-    if dims.len() < 2 || rows % TILE != 0 || cols % TILE != 0 {
-        invalid!(
-            "tensor `input` of shape {} ([{rows}, {cols}] as 2-D) cannot be quantized with {}: the last dimension and the row count (the product of the leading dimensions) must be multiples of {TILE}, with at least 2 dimensions (TE's Float8BlockQuantizer.is_quantizable)",
-            i.shape,
-            mode.name()
-        );
     }
     if i.ptr.is_null() {
         invalid!(
