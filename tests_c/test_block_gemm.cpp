@@ -137,6 +137,63 @@ void make_block(BlockTensor &t, Mode mode, size_t R, size_t C, bool rowwise, boo
   }
 }
 
+// make_block with the operand quantized on the GPU by nvte_quantize (the library's block
+// quantization, GEMM_READY, TE's default non-power-of-2 scales) from the same kind of
+// values; the dequantized values are read back from its data and scales (the GEMM-ready
+// layout), so the GEMM is checked on what the quantizer wrote. Rows and columns must be
+// multiples of 128 (TE's quantizable shapes).
+void make_block_gpu(BlockTensor &t, Mode mode, size_t R, size_t C, bool rowwise, bool colwise, Rng &rng,
+                    cudaStream_t stream, std::string *err) {
+  t.R = R;
+  t.C = C;
+  std::vector<float> x = varied(R, C, rng);
+  Tensor src(kNVTEFloat32, {R, C});
+  src.data.upload(x.data());
+  t.h = nvte_create_tensor((NVTEScalingMode)mode);
+  const bool two_d = mode == k2D;
+  auto scale_shape = [&](size_t rows, size_t cols) {
+    return two_d ? std::vector<size_t>{ceil_div(rows, kBlock), pad4(ceil_div(cols, kBlock))}
+                 : std::vector<size_t>{ceil_div(cols, kBlock), pad4(rows)};
+  };
+  std::vector<size_t> rs = scale_shape(R, C), cs = scale_shape(C, R);
+  if (rowwise) {
+    t.data = DevBuf(R * C);
+    t.sinv = DevBuf(rs[0] * rs[1] * 4);
+    set_param(t.h, kNVTERowwiseData, t.data.p, kNVTEFloat8E4M3, {R, C});
+    set_param(t.h, kNVTERowwiseScaleInv, t.sinv.p, kNVTEFloat32, rs);
+  }
+  if (colwise) {
+    t.cdata = DevBuf(R * C);
+    t.csinv = DevBuf(cs[0] * cs[1] * 4);
+    set_param(t.h, kNVTEColumnwiseData, t.cdata.p, kNVTEFloat8E4M3, {C, R});
+    set_param(t.h, kNVTEColumnwiseScaleInv, t.csinv.p, kNVTEFloat32, cs);
+  }
+  nvte_quantize(src.h, t.h, stream);
+  if (nvte_comm_last_status() != NVTE_COMM_SUCCESS) { *err = nvte_comm_last_error(); return; }
+  CUDA_OK(cudaStreamSynchronize(stream));
+  // Dequantize a buffer [rows, cols] (blocks along rows) with scales s_shape.
+  auto deq = [&](const DevBuf &q, const DevBuf &s, size_t rows, size_t cols, const std::vector<size_t> &ss) {
+    auto qb = q.download();
+    auto sb = s.download();
+    std::vector<float> sv(sb.size() / 4);
+    std::memcpy(sv.data(), sb.data(), sb.size());
+    std::vector<double> out(rows * cols);
+    for (size_t r = 0; r < rows; ++r)
+      for (size_t c = 0; c < cols; ++c) {
+        size_t si = two_d ? (r / kBlock) * ss[1] + c / kBlock : (c / kBlock) * ss[1] + r;
+        out[r * cols + c] = decode_e4m3(qb[r * cols + c]) * (double)sv[si];
+      }
+    return out;
+  };
+  if (rowwise) t.deq_row = deq(t.data, t.sinv, R, C, rs);
+  if (colwise) {
+    auto dt = deq(t.cdata, t.csinv, C, R, cs);
+    t.deq_col.resize(R * C);
+    for (size_t r = 0; r < R; ++r)
+      for (size_t c = 0; c < C; ++c) t.deq_col[r * C + c] = dt[c * R + r];
+  }
+}
+
 enum class Entry { Gemm, Scaled, V2 };
 const char *entry_name(Entry e) { return e == Entry::Gemm ? "nvte_cublas_gemm" : e == Entry::Scaled ? "nvte_cublas_gemm_scaled" : "nvte_cublas_gemm_v2"; }
 enum class Epi { None, Bias, DGelu };
@@ -156,13 +213,14 @@ struct Case {
   float alpha, beta;
   size_t m, n, k;
   size_t samples;  // 0: check every output; else this many random ones
+  bool gpu_quant = false;  // operands quantized by nvte_quantize instead of on the host
 };
 
 std::string describe(const Case &c) {
   char buf[320];
-  std::snprintf(buf, sizeof buf, "%s %s x %s %c%c -> %s epi=%s alpha=%g beta=%g m=%zu n=%zu k=%zu", entry_name(c.entry),
+  std::snprintf(buf, sizeof buf, "%s %s x %s %c%c -> %s epi=%s alpha=%g beta=%g m=%zu n=%zu k=%zu%s", entry_name(c.entry),
                 mode_name(c.a), mode_name(c.b), c.transa ? 'T' : 'N', c.transb ? 'T' : 'N', dtype_name(c.d),
-                epi_name(c.epi), c.alpha, c.beta, c.m, c.n, c.k);
+                epi_name(c.epi), c.alpha, c.beta, c.m, c.n, c.k, c.gpu_quant ? " (nvte_quantize operands)" : "");
   return buf;
 }
 
@@ -216,16 +274,25 @@ void run_case(const Case &c, uint64_t seed, cudaStream_t stream, DevBuf &workspa
   const std::string what = describe(c);
   // A: logical [m, k] with transa (its rowwise data is read), [k, m] without (columnwise).
   BlockTensor A, B;
-  if (c.transa) make_block(A, c.a, m, k, true, false, rng);
-  else make_block(A, c.a, k, m, false, true, rng);
-  if (c.transb) make_block(B, c.b, k, n, false, true, rng);
-  else make_block(B, c.b, n, k, true, false, rng);
+  std::string err;
+  if (c.gpu_quant) {
+    // Both directions, as a training step quantizes them; the GEMM picks one.
+    if (c.transa) make_block_gpu(A, c.a, m, k, true, true, rng, stream, &err);
+    else make_block_gpu(A, c.a, k, m, true, true, rng, stream, &err);
+    if (c.transb) make_block_gpu(B, c.b, k, n, true, true, rng, stream, &err);
+    else make_block_gpu(B, c.b, n, k, true, true, rng, stream, &err);
+    if (!err.empty()) { rep.fail(what + " (nvte_quantize: " + err + ")"); return; }
+  } else {
+    if (c.transa) make_block(A, c.a, m, k, true, false, rng);
+    else make_block(A, c.a, k, m, false, true, rng);
+    if (c.transb) make_block(B, c.b, k, n, false, true, rng);
+    else make_block(B, c.b, n, k, true, false, rng);
+  }
   const auto &av = c.transa ? A.deq_row : A.deq_col;
   const auto &bv = c.transb ? B.deq_col : B.deq_row;
 
   Tensor D(c.d, {n, m});
   std::vector<double> d_old;
-  std::string err;
   if (c.beta != 0) {
     Tensor init = random_tensor(c.d, {n, m}, rng, -1, 1, 1.0f, stream, &err);
     CUDA_OK(cudaMemcpy(D.data.p, init.data.p, D.data.bytes, cudaMemcpyDeviceToDevice));
@@ -298,6 +365,14 @@ std::vector<Case> all_cases() {
       cases.push_back({cb[0], cb[1], false, false, kNVTEFloat32, e, Epi::None, alpha, 1.0f, 256, 136, 512, 0});
       if (e != Entry::Gemm)
         cases.push_back({cb[0], cb[1], true, false, kNVTEBFloat16, e, Epi::None, 2.0f, 0.25f, 128, 264, 256, 0});
+    }
+  // Operands from the library's own block quantization (both directions quantized):
+  // forward (TN), data gradient (NN) and weight gradient (NT) of a linear layer.
+  for (auto &cb : combos)
+    for (auto &l : {std::pair<bool, bool>{true, false}, {false, false}, {false, true}}) {
+      Case c{cb[0], cb[1], l.first, l.second, kNVTEBFloat16, Entry::Gemm, Epi::None, 1, 0, 256, 384, 512, 0};
+      c.gpu_quant = true;
+      cases.push_back(c);
     }
   // Anchor-sized (the all-gather GEMM of 8192 tokens, hidden 8192, 28672/8 columns):
   // weight 2D, activation 1D, sampled outputs.
