@@ -342,6 +342,94 @@ void run_case(const Case &c, uint64_t seed, cudaStream_t stream, DevBuf &workspa
   rep.check(e < tolerance(c.d), what + buf);
 }
 
+// nvte_cublas_gemm_scaled and nvte_cublas_gemm_v2 on the inputs nvte_cublas_gemm took
+// before block scaling (fp32 / fp16 / bf16, per-tensor FP8), with alpha / beta and the
+// config's epilogues (v2: bias, GELU with its aux output).
+struct PlainCase {
+  NVTEDType in, d;
+  Entry entry;
+  bool bias, gelu;
+  float alpha, beta;
+};
+
+double gelu(double x) { return 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); }
+
+void run_plain_case(const PlainCase &c, uint64_t seed, cudaStream_t stream, DevBuf &workspace, Report &rep) {
+  Rng rng(seed);
+  const size_t m = 96, n = 80, k = 64;
+  const bool fp8 = is_fp8(c.in);
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "%s per-tensor %s -> %s TN bias=%d gelu=%d alpha=%g beta=%g m=%zu n=%zu k=%zu",
+                entry_name(c.entry), dtype_name(c.in), dtype_name(c.d), c.bias, c.gelu, c.alpha, c.beta, m, n, k);
+  std::string what = buf, err;
+  Tensor A = random_tensor(c.in, {m, k}, rng, -1, 1, 32.0f, stream, &err);
+  Tensor B = random_tensor(c.in, {n, k}, rng, -1, 1, 32.0f, stream, &err);
+  Tensor D(c.d, {n, m});
+  std::vector<double> d_old;
+  if (c.beta != 0) {
+    Tensor init = random_tensor(c.d, {n, m}, rng, -1, 1, 1.0f, stream, &err);
+    CUDA_OK(cudaMemcpy(D.data.p, init.data.p, D.data.bytes, cudaMemcpyDeviceToDevice));
+    CUDA_OK(cudaStreamSynchronize(0));
+    d_old = init.values();
+  } else {
+    D.data.poison();
+  }
+  const NVTEDType side_t = fp8 && c.d == kNVTEFloat32 ? kNVTEBFloat16 : c.d;
+  Tensor bias, aux;
+  std::vector<double> biasv;
+  if (c.bias) { bias = random_tensor(side_t, {m}, rng, -1, 1, 1.0f, stream, &err); biasv = bias.values(); }
+  if (c.gelu) { aux = Tensor(side_t, {n, m}); aux.data.poison(); }
+  if (!err.empty()) { rep.fail(what + " (input setup: " + err + ")"); return; }
+  Tensor wsh;
+  NVTETensor ws = workspace_tensor(workspace, wsh);
+  NVTEMatmulConfig cfg = nullptr;
+  if (c.entry == Entry::Scaled) {
+    nvte_cublas_gemm_scaled(A.h, B.h, D.h, bias.h, aux.h, true, false, false, ws, c.alpha, c.beta, true, 0, stream);
+  } else {
+    cfg = nvte_create_matmul_config();
+    uint8_t yes = 1;
+    if (c.bias) nvte_set_matmul_config_attribute(cfg, kNVTEMatmulConfigBiasTensor, &bias.h, sizeof bias.h);
+    if (c.gelu) {
+      nvte_set_matmul_config_attribute(cfg, kNVTEMatmulConfigWithGELUEpilogue, &yes, 1);
+      nvte_set_matmul_config_attribute(cfg, kNVTEMatmulConfigEpilogueAuxTensor, &aux.h, sizeof aux.h);
+    }
+    nvte_cublas_gemm_v2(1, 0, &c.alpha, A.h, B.h, &c.beta, D.h, D.h, ws, cfg, stream);
+  }
+  NVTECommStatus st = nvte_comm_last_status();
+  std::string msg = nvte_comm_last_error();
+  nvte_destroy_matmul_config(cfg);
+  CUDA_OK(cudaStreamSynchronize(stream));
+  if (st != NVTE_COMM_SUCCESS) { rep.fail(what + " (" + msg + ")"); return; }
+  auto av = A.values(), bv = B.values(), got = D.values();
+  std::vector<double> ref(n * m), aux_ref(n * m);
+  for (size_t j = 0; j < n; ++j)
+    for (size_t i = 0; i < m; ++i) {
+      double acc = 0;
+      for (size_t l = 0; l < k; ++l) acc += av[i * k + l] * bv[j * k + l];
+      double r = c.alpha * acc + (c.beta != 0 ? c.beta * d_old[j * m + i] : 0.0) + (c.bias ? biasv[i] : 0.0);
+      aux_ref[j * m + i] = r;
+      ref[j * m + i] = c.gelu ? gelu(r) : r;
+    }
+  double e = rel_err(got, ref);
+  double tol = fp8 ? 6e-2 : c.in == kNVTEFloat32 && c.d == kNVTEFloat32 ? 1e-5 : 1e-2;
+  if (c.gelu) e = std::max(e, rel_err(aux.values(), aux_ref));
+  std::snprintf(buf, sizeof buf, " rel_err %.2e (tol %.0e)", e, tol);
+  rep.check(e < tol, what + buf);
+}
+
+std::vector<PlainCase> plain_cases() {
+  std::vector<PlainCase> cs;
+  for (Entry e : {Entry::Scaled, Entry::V2}) {
+    cs.push_back({kNVTEFloat32, kNVTEFloat32, e, false, false, 0.5f, 0.75f});
+    cs.push_back({kNVTEFloat16, kNVTEFloat16, e, true, false, 2.0f, 0.0f});
+    cs.push_back({kNVTEBFloat16, kNVTEBFloat16, e, false, false, 1.0f, 1.0f});
+    cs.push_back({kNVTEBFloat16, kNVTEBFloat16, e, true, true, 0.5f, 0.0f});
+    cs.push_back({kNVTEFloat8E4M3, kNVTEBFloat16, e, false, false, 0.25f, 0.5f});
+    cs.push_back({kNVTEFloat8E4M3, kNVTEFloat32, e, true, false, 1.0f, 0.0f});
+  }
+  return cs;
+}
+
 std::vector<Case> all_cases() {
   std::vector<Case> cases;
   const Mode combos[3][2] = {{k1D, k1D}, {k1D, k2D}, {k2D, k1D}};
@@ -556,6 +644,9 @@ int main(int argc, char **argv) {
       auto cases = all_cases();
       for (size_t i = 0; i < cases.size(); ++i)
         if ((int)(i % size) == rep.rank) run_case(cases[i], base + i, stream, workspace, rep);
+      auto plain = plain_cases();
+      for (size_t i = 0; i < plain.size(); ++i)
+        if ((int)((cases.size() + i) % size) == rep.rank) run_plain_case(plain[i], base + 1000 + i, stream, workspace, rep);
       if (rep.rank == 0) refusal_cases(stream, workspace, rep);
     }
   }
