@@ -582,6 +582,56 @@ mod tests {
         assert!(atomic.fused_on() && !base.fused_on());
     }
 
+    /// NVTE_COMM_REPORT's lines name the algorithm with its parameters.
+    #[test]
+    fn an_algorithm_prints_its_parameters() {
+        let ring = Ring {
+            sum: Sum::Accumulating,
+            pieces: 4,
+            fused: None,
+        };
+        let fused = Ring {
+            sum: Sum::Closing,
+            fused: Some(Tiles::Narrow),
+            ..ring
+        };
+        for (a, want) in [
+            (
+                Algo::RingAg {
+                    bidirectional: true,
+                    pieces: 2,
+                },
+                "ring_ag(bidirectional=1 pieces=2)",
+            ),
+            (
+                Algo::FusedAg {
+                    pieces: 8,
+                    k_slices: true,
+                    tiles: Tiles::Rule,
+                },
+                "fused_ag(pieces=8 k_slices=1 tiles=rule)",
+            ),
+            (Algo::PipelinedRs { splits: 3 }, "pipelined_rs(splits=3)"),
+            (Algo::CollectiveRs { splits: 4 }, "collective_rs(splits=4)"),
+            (Algo::RingRs(ring), "ring_rs(sum=Accumulating pieces=4)"),
+            (
+                Algo::RingAr(fused),
+                "ring_ar(sum=Closing pieces=4 fused tiles=narrow)",
+            ),
+            (Algo::ChunkedAr { splits: 6 }, "chunked_ar(splits=6)"),
+            (Algo::GemmOnly, "gemm_only"),
+            (Algo::Bulk { use_ce: false }, "bulk(ce=0)"),
+            (Algo::Noop, "noop"),
+        ] {
+            assert_eq!(a.to_string(), want);
+        }
+        let p = Policy::te_defaults();
+        assert_eq!(
+            p.summary(),
+            "ce=1 comm_sms=16 splits=3 bidirectional=0 pieces=1 ring=1 acc=0 fused=0 tiles=Rule"
+        );
+    }
+
     #[test]
     fn a_replacement_keeps_what_creation_fixed() {
         let base = Policy::from_env().unwrap();

@@ -13,10 +13,11 @@
 //!   this schedule happened to run the writer first); two writes of a byte are ordered;
 //! - every byte of the outputs is written exactly once, with the exact sums (small
 //!   integers: f32 sums are exact).
+use super::algo;
 use super::ar::ArArgs;
 use super::bulk::{BulkArgs, BulkKind};
 use super::plan::{self, AlgoSlots, Device, Env, Lane, Plan, Planner, Reduce, Scratch};
-use super::policy::{Pins, Policy};
+use super::policy::{Algo, Pins, Policy};
 use super::rs::RsArgs;
 use super::{Op, ag::AgArgs};
 use crate::cuda::DevPtr;
@@ -1818,6 +1819,111 @@ fn bulk_collectives() {
     all("bulk reduce-scatter", |tp, f| {
         check_bulk(tp, Cfg::new(f), BulkKind::ReduceScatter)
     });
+}
+
+/// A new algorithm is a variant of `Algo`, its planner method and its tests: the
+/// test-only `Algo::Noop` (the call's barrier and end, nothing between) is planned through
+/// `Planner::plan` as every real algorithm is, recorded in the plan, and runs on the fake
+/// transport at tp 1..8 on both flavours without a deadlock or a byte of any buffer
+/// written.
+#[test]
+fn a_new_algorithm_is_a_variant_and_its_planner_method() {
+    all("noop", |tp, f| {
+        let (rows, cols) = (2 * tp, 4);
+        let mut mem = Mem::default();
+        let bufs = buffers(&mut mem, tp, rows * cols * 4);
+        let g = partials(&mut mem, tp, (4, 8, 4));
+        let d = mem.alloc("D", 16 * 4);
+        let mut plan_call = |pl: &mut Planner, r: usize| {
+            let (ta, tb, td) = (
+                tensor(g.a[r].1, &[4, 8]),
+                tensor(g.b[r].1, &[4, 8]),
+                tensor(d, &[4, 4]),
+            );
+            let args = BulkArgs {
+                kind: BulkKind::AllGather,
+                gemm: gemm(&ta, &tb, &td),
+                buffer_view: None,
+                rs_output: None,
+            };
+            pl.plan(Algo::Noop, &algo::Call::Bulk(&args))?;
+            assert_eq!(pl.plan.algo, Some(Algo::Noop));
+            Ok(())
+        };
+        run_group(
+            tp,
+            (rows, cols),
+            Cfg::new(f),
+            &mut mem,
+            &bufs,
+            &mut plan_call,
+        )?;
+        for (r, &b) in bufs.iter().enumerate() {
+            let (i, o) = mem.find(b, rows * cols * 4)?;
+            if mem.allocs[i].writes[o..o + rows * cols * 4]
+                .iter()
+                .any(|&w| w != 0)
+            {
+                return Err(format!("rank {r}: the no-op call wrote its buffer"));
+            }
+        }
+        Ok(())
+    });
+}
+
+/// The planner chooses each call's algorithm from the policy, the transport and the call
+/// (`Planner::algo_of`), records it in the plan, and refuses an algorithm of another
+/// operation (an error, not a panic).
+#[test]
+fn the_planner_plans_the_algorithm_the_policy_chooses() {
+    let (tp, nc, k, m) = (4, 4, 8, 32);
+    let n = nc * tp;
+    for (f, ring, want_ring) in [
+        (Flavour::PeerMemory, true, true),
+        (Flavour::PeerMemory, false, false),
+        (Flavour::Messages, true, false),
+    ] {
+        let mut mem = Mem::default();
+        let bufs = buffers(&mut mem, tp, 2 * n * m * 4);
+        let p = partials(&mut mem, tp, (n, k, m));
+        let ds: Vec<DevPtr> = (0..tp)
+            .map(|r| mem.alloc(&format!("D{r}"), n * m * 4))
+            .collect();
+        let cfg = Cfg::new(f).with(|p| p.ring = ring);
+        let mut plan_call = |pl: &mut Planner, r: usize| {
+            let (ta, tb, td) = (
+                tensor(p.a[r].1, &[m, k]),
+                tensor(p.b[r].1, &[n, k]),
+                tensor(ds[r], &[n, m]),
+            );
+            let args: ArArgs = gemm(&ta, &tb, &td);
+            let call = algo::Call::Ar(&args);
+            let a = pl.algo_of(&call)?;
+            assert_eq!(
+                matches!(a, Algo::RingAr(_)),
+                want_ring,
+                "{f:?} ring {ring}: {a}"
+            );
+            assert!(
+                want_ring || matches!(a, Algo::ChunkedAr { splits: 3 }),
+                "{a}"
+            );
+            let wrong = Algo::RingAg {
+                bidirectional: false,
+                pieces: 1,
+            };
+            let e = pl.plan(wrong, &call).unwrap_err();
+            assert!(e.msg.contains("cannot run a split_ar call"), "{}", e.msg);
+            pl.plan.steps.clear();
+            pl.plan(a, &call)?;
+            assert_eq!(pl.plan.algo, Some(a));
+            Ok(())
+        };
+        run_group(tp, (2 * n, m), cfg, &mut mem, &bufs, &mut plan_call).unwrap();
+        for (r, &d) in ds.iter().enumerate() {
+            expect_once(&mem, d, &p.sum, &format!("rank {r}: D")).unwrap();
+        }
+    }
 }
 
 /// The checker itself: a wait nobody signals deadlocks, a read racing its write and a
