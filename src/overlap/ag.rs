@@ -567,7 +567,7 @@ impl Planner<'_> {
         self.fused_budget(self.e.caps.remote_peers && !local_copies)
     }
 
-    /// [`Self::fused_sms`] as every rank computes it alike (from the settings and the
+    /// [`Self::fused_sms`] as every rank computes it alike (from the policy and the
     /// device's SM count only; `caps.remote_peers` may differ between ranks that share
     /// devices): for choices all ranks must make the same, such as the fused
     /// reduce-scatter's pieces (at tp > 1: its only caller leaves tp 1 alone). Equal to

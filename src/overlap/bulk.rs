@@ -39,8 +39,9 @@ impl Overlap {
 
 impl Planner<'_> {
     /// [`Algo::Bulk`](super::policy::Algo::Bulk): the collective on the buffer (peer
-    /// memory: puts, copy engine where `use_ce`, and a reduction of the peers' buffers;
-    /// else the transport's collectives) beside the unrelated GEMM.
+    /// memory: puts and a reduction of the peers' buffers; else the transport's
+    /// collectives) beside the unrelated GEMM, which leaves the comm SMs free where SM
+    /// kernels move the bytes (the reduce-scatter, or puts without `use_ce`).
     pub(super) fn bulk_call(&mut self, x: &BulkArgs, use_ce: bool) -> Result<()> {
         let comm_sms = x.kind == BulkKind::ReduceScatter || !use_ce;
         let mut g: TeGemm = x.gemm;

@@ -1,7 +1,7 @@
 //! Algorithms as plan + enqueue. An algorithm ([`Planner`]'s methods in `ag.rs`, `rs.rs`,
 //! `ar.rs`, `bulk.rs`) validates its arguments and writes the call's work as a [`Plan`]:
 //! a list of [`Step`]s on the call's logical streams ([`Lane`]), from the engine's
-//! geometry, the transport's capabilities and the tuning ([`Env`], a value) alone, with
+//! geometry, the transport's capabilities and the policy ([`Env`], a value) alone, with
 //! no device call. [`enqueue`] then issues the steps in order through a [`Device`] (the
 //! engine's streams, events, GEMMs and kernels) and the transport's capabilities. The
 //! engine's device is the GPU; the host tests' is a recording fake, so the tests check

@@ -409,7 +409,7 @@ impl Policy {
         };
         if fixed(self) != fixed(next) {
             invalid!(
-                "a policy that changes what is fixed at creation (group, transport, timeout, streams, atomic_gemm, the environment's pins, the SM margin)"
+                "the new policy changes what the object's creation fixed (group, transport, timeout, streams, atomic_gemm, the environment's pins, the SM margin): make a new object for those"
             );
         }
         if !(1..=MAX_SPLITS).contains(&next.splits) {

@@ -1495,7 +1495,8 @@ fn ring_all_gather_gemm() {
 
 /// The fused all-gather + GEMM: the ring's arrivals as flags and one GEMM waiting on
 /// them (or, without our GEMM, cuBLASLt per chunk on the same ring); selected through
-/// split_ag by settings.atomic wherever the transport has a two-sided exchange.
+/// split_ag by the policy's fused algorithms wherever the transport has a two-sided
+/// exchange.
 #[test]
 fn fused_all_gather_gemm() {
     let fused = |f| Cfg::fused(f, false);

@@ -31,7 +31,7 @@
 //!   launch of our own GEMM instead of a GEMM per destination: it computes the whole
 //!   partial into staging, its tile rows starting at destination r+1's rows (the ring's
 //!   order), and signals each piece of a destination's rows as done (a u32 per piece;
-//!   the tuning's `pieces` per destination); comm stream 0 waits for each signal
+//!   the policy's `pieces` per destination); comm stream 0 waits for each signal
 //!   (cuStreamWaitValue32: no timeout, but the GEMM waits on nothing itself, so its
 //!   signals always come) before that piece's exchange, which stays the transport's
 //!   bounded one. Where our GEMM cannot compute the call, the GEMMs per destination as
@@ -446,7 +446,7 @@ impl Planner<'_> {
     /// tile counter per piece. Each piece is signalled by our GEMM and exchanged on its
     /// own, so the first exchange starts after 1/pieces of a destination's rows and the
     /// last one after the GEMM is 1/pieces of a block. It depends only on values every
-    /// rank shares (the settings and tuning, the device's SM count, the shape) and on
+    /// rank shares (the policy, the device's SM count, the shape) and on
     /// NVTE_COMM_FUSED_TILES (the tile width the pieces are sized for: set alike on every
     /// rank), so every rank exchanges the same pieces whichever GEMM it runs (ranks on
     /// devices of different SM counts, or with different knobs, could differ:
