@@ -105,6 +105,7 @@ impl Overlap {
         let env = self.env();
         let mut plan = std::mem::take(&mut self.call.plan);
         plan.steps.clear();
+        plan.algo = None;
         let planned = {
             let mut scratch = EngineScratch {
                 staging: &mut self.mem.staging,
