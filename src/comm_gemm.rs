@@ -240,7 +240,7 @@ fn rebased(t: &Tensor, ptr: DevPtr, shape: &[usize]) -> Result<Tensor> {
 
 impl CommGemmCtx {
     /// `comm` is the group's NCCL communicator (not owned); nranks / rank must match it.
-    pub fn create(comm: usize, nranks: i32, rank: i32) -> Result<CommGemmCtx> {
+    pub fn create(comm: crate::cuda::NcclComm, nranks: i32, rank: i32) -> Result<CommGemmCtx> {
         // Argument checks come before anything is loaded.
         if nranks <= 0 || rank < 0 || rank >= nranks {
             invalid!(

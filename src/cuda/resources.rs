@@ -4,7 +4,7 @@
 //! dropped on one thread (a garbage collector's, an autograd worker's) while another
 //! thread captures a CUDA graph in global mode must not invalidate that capture.
 use super::{DevPtr, check};
-use crate::cuda::StreamHandle;
+use crate::cuda::{CtxRef, EventHandle, StreamHandle};
 use crate::error::Result;
 use cudarc::driver::sys as cu;
 use std::ffi::c_void;
@@ -12,7 +12,7 @@ use std::ffi::c_void;
 /// A non-blocking stream with a priority (clamped to the device's range).
 /// (the handle, and the context it was made in: released only while that context
 /// exists, as [`DeviceMem`])
-pub struct Stream(pub usize, Option<(usize, u64)>);
+pub struct Stream(StreamHandle, Option<CtxRef>);
 
 impl Stream {
     pub fn new(priority: i32) -> Result<Stream> {
@@ -36,15 +36,15 @@ impl Stream {
             },
             "cuStreamCreateWithPriority",
         )?;
-        Ok(Stream(s as usize, super::current_context()))
+        Ok(Stream(StreamHandle::from_cu(s), super::current_context()))
     }
     pub fn raw(&self) -> StreamHandle {
-        StreamHandle::from_raw(self.0)
+        self.0
     }
     pub fn synchronize(&self) -> Result<()> {
         // SAFETY: valid stream.
         check(
-            unsafe { cu::cuStreamSynchronize(self.0 as cu::CUstream) },
+            unsafe { cu::cuStreamSynchronize(self.0.cu()) },
             "cuStreamSynchronize",
         )
     }
@@ -52,7 +52,7 @@ impl Stream {
     /// Whether everything enqueued on the stream has completed (cuStreamQuery).
     pub fn idle(&self) -> Result<bool> {
         // SAFETY: valid stream.
-        let r = unsafe { cu::cuStreamQuery(self.0 as cu::CUstream) };
+        let r = unsafe { cu::cuStreamQuery(self.0.cu()) };
         if r == cu::CUresult::CUDA_ERROR_NOT_READY {
             return Ok(false);
         }
@@ -63,9 +63,7 @@ impl Stream {
 impl Drop for Stream {
     fn drop(&mut self) {
         // SAFETY: created by Stream::new (released only while that context exists).
-        release_owned(self.1, || unsafe {
-            cu::cuStreamDestroy_v2(self.0 as cu::CUstream)
-        });
+        release_owned(self.1, || unsafe { cu::cuStreamDestroy_v2(self.0.cu()) });
     }
 }
 
@@ -74,7 +72,7 @@ impl Drop for Stream {
 /// released as always). A context gone (destroyed, or reset) took the resource with it,
 /// and its handle or address may name the new context's by now. The liveness query runs
 /// in the relaxed capture window too.
-fn release_owned(owner: Option<(usize, u64)>, f: impl FnOnce() -> cu::CUresult) {
+fn release_owned(owner: Option<CtxRef>, f: impl FnOnce() -> cu::CUresult) {
     release_relaxed(|| {
         if owner.is_none_or(super::context_alive) {
             f()
@@ -87,7 +85,7 @@ fn release_owned(owner: Option<(usize, u64)>, f: impl FnOnce() -> cu::CUresult) 
 /// A CUDA event: without timing for cross-stream ordering ([`Event::new`]), or timed.
 /// (the handle, and the context it was made in: released only while that context
 /// exists, as [`DeviceMem`])
-pub struct Event(pub usize, Option<(usize, u64)>);
+pub struct Event(EventHandle, Option<CtxRef>);
 
 impl Event {
     fn create(flags: cu::CUevent_flags) -> Result<Event> {
@@ -97,7 +95,7 @@ impl Event {
             unsafe { cu::cuEventCreate(&mut e, flags as u32) },
             "cuEventCreate",
         )?;
-        Ok(Event(e as usize, super::current_context()))
+        Ok(Event(EventHandle::from_raw(e), super::current_context()))
     }
     pub fn new() -> Result<Event> {
         Self::create(cu::CUevent_flags::CU_EVENT_DISABLE_TIMING)
@@ -111,9 +109,7 @@ impl Event {
         let mut ms = 0f32;
         // SAFETY: valid events.
         check(
-            unsafe {
-                cu::cuEventElapsedTime_v2(&mut ms, start.0 as cu::CUevent, self.0 as cu::CUevent)
-            },
+            unsafe { cu::cuEventElapsedTime_v2(&mut ms, start.0.raw(), self.0.raw()) },
             "cuEventElapsedTime",
         )?;
         Ok(ms)
@@ -121,7 +117,7 @@ impl Event {
     pub fn record(&self, stream: StreamHandle) -> Result<()> {
         // SAFETY: valid event; the stream is the caller's or ours.
         check(
-            unsafe { cu::cuEventRecord(self.0 as cu::CUevent, stream.cu()) },
+            unsafe { cu::cuEventRecord(self.0.raw(), stream.cu()) },
             "cuEventRecord",
         )
     }
@@ -129,7 +125,7 @@ impl Event {
     pub fn wait_on(&self, stream: StreamHandle) -> Result<()> {
         // SAFETY: valid event and stream.
         check(
-            unsafe { cu::cuStreamWaitEvent(stream.cu(), self.0 as cu::CUevent, 0) },
+            unsafe { cu::cuStreamWaitEvent(stream.cu(), self.0.raw(), 0) },
             "cuStreamWaitEvent",
         )
     }
@@ -157,7 +153,7 @@ impl Event {
     /// true when the work before the latest record has completed.
     pub fn done(&self) -> Result<bool> {
         // SAFETY: valid event.
-        let r = unsafe { cu::cuEventQuery(self.0 as cu::CUevent) };
+        let r = unsafe { cu::cuEventQuery(self.0.raw()) };
         if r == cu::CUresult::CUDA_ERROR_NOT_READY {
             return Ok(false);
         }
@@ -190,9 +186,7 @@ pub fn mean_time<S>(
 impl Drop for Event {
     fn drop(&mut self) {
         // SAFETY: created by Event::new (released only while that context exists).
-        release_owned(self.1, || unsafe {
-            cu::cuEventDestroy_v2(self.0 as cu::CUevent)
-        });
+        release_owned(self.1, || unsafe { cu::cuEventDestroy_v2(self.0.raw()) });
     }
 }
 
@@ -200,11 +194,11 @@ impl Drop for Event {
 pub struct DeviceMem {
     pub ptr: DevPtr,
     pub bytes: usize,
-    /// the context it was allocated in (address, id): freed on drop only while that
+    /// the context it was allocated in (handle and id): freed on drop only while that
     /// context still exists (a device reset frees it, and its addresses may by then belong
     /// to the new context); None: no such check (the host tests' fake buffers, which are
     /// leaked, never freed)
-    pub(crate) owner: Option<(usize, u64)>,
+    pub(crate) owner: Option<CtxRef>,
 }
 
 impl DeviceMem {
@@ -282,7 +276,7 @@ impl Drop for DeviceMem {
 pub struct IpcMapping {
     pub ptr: DevPtr,
     /// the context it was opened in (see [`DeviceMem::owner`])
-    owner: Option<(usize, u64)>,
+    owner: Option<CtxRef>,
 }
 
 impl IpcMapping {
@@ -325,7 +319,7 @@ pub struct HostMapped {
     pub host: *mut c_void,
     pub device: DevPtr,
     /// the context it was allocated in (see [`DeviceMem::owner`])
-    owner: Option<(usize, u64)>,
+    owner: Option<CtxRef>,
 }
 
 // SAFETY: the pointer is owned and only accessed through volatile reads / device writes.

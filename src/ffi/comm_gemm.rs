@@ -30,7 +30,7 @@ pub extern "C" fn nvte_comm_gemm_ctx_create(
     rank: i32,
 ) -> *mut NVTECommGemmCtx {
     entry!(or std::ptr::null_mut(), {
-        let c = CommGemmCtx::create(comm as usize, nranks, rank)?;
+        let c = CommGemmCtx::create(crate::cuda::NcclComm::from_c(comm), nranks, rank)?;
         Ok(CONTEXTS.insert(Arc::new(Mutex::new(c))) as *mut NVTECommGemmCtx)
     })
 }

@@ -400,7 +400,7 @@ impl Frame<'_> {
         }
     }
 
-    fn stream(&self) -> Result<usize> {
+    fn stream(&self) -> Result<StreamHandle> {
         let Some(get) = self.api.stream_get else {
             invalid!("XLA's API has no XLA_FFI_Stream_Get");
         };
@@ -419,7 +419,7 @@ impl Frame<'_> {
                 "XLA_FFI_Stream_Get failed (no stream in this stage)",
             ));
         }
-        Ok(a.stream as usize)
+        Ok(StreamHandle::from_raw(a.stream as usize))
     }
     fn device_ordinal(&self) -> i32 {
         let end = offset_of!(Api, device_ordinal_get) + size_of::<OtherFn>();
@@ -549,12 +549,12 @@ fn run(kind: Kind, f: &Frame) -> Result<()> {
     let stream = f.stream()?;
     let mut g = ctx.lock().unwrap_or_else(|e| e.into_inner());
     if prepare {
-        g.prepare(&call, StreamHandle::from_raw(stream))?;
+        g.prepare(&call, stream)?;
         COUNTERS[2].fetch_add(1, Ordering::Relaxed);
     } else {
-        g.call(&call, StreamHandle::from_raw(stream))?;
+        g.call(&call, stream)?;
         COUNTERS[0].fetch_add(1, Ordering::Relaxed);
-        if capture_status(StreamHandle::from_raw(stream))?.active() {
+        if capture_status(stream)?.active() {
             COUNTERS[1].fetch_add(1, Ordering::Relaxed);
         }
     }

@@ -155,7 +155,7 @@ pub struct Overlap {
     /// the caller's stream of the call in progress
     caller: StreamHandle,
     /// the id of the context the object was made in ([`cuda::ContextGuard::id`])
-    ctx: u64,
+    ctx: crate::cuda::CtxId,
     dev: DeviceInfo,
     world_rank: usize,
     t: Box<dyn Transport>,
