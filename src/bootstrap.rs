@@ -7,7 +7,7 @@
 //! caller's NCCL communicator to one of its own (an [`OwnedExchange`]: the NCCL
 //! transport's `crate::transport::nccl::channel`, above this layer, makes it).
 use crate::cuda::dynlib::nccl_sys as nccl;
-use crate::cuda::resources::{DeviceMem, Stream, copy_from_host, copy_to_host};
+use crate::cuda::resources::{DeviceMem, Stream, copy_to_host};
 use crate::cuda::{self, Lib, NcclComm, nccl_check};
 use crate::error::ErrorKind as K;
 use crate::error::{Error, Result};
@@ -139,7 +139,7 @@ impl Bootstrap {
                 let stream = Stream::new(0)?;
                 let send = DeviceMem::new(n)?;
                 let recv = DeviceMem::new(n * self.size)?;
-                copy_from_host(send.ptr, local)?;
+                send.as_slice::<u8>().copy_from_host(local)?;
                 // SAFETY: device buffers of the stated sizes; live communicator.
                 nccl_check(
                     unsafe {

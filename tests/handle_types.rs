@@ -271,3 +271,37 @@ fn the_checks_find_what_they_look_for() {
     let ffi = "pub extern \"C\" fn nvte_x(stream: usize) {}\n#[repr(C)]\npub struct C {\n    pub comm: u64,\n}\nfn g(stream: usize) {}\n";
     assert_eq!(bare_handles(&without_c_abi(ffi)), ["6: stream: usize"]);
 }
+
+/// The primitives that make the GPU write a raw device address are `unsafe fn`s (their
+/// callers state why the range is valid); memory the library owns is written through
+/// `DevSlice` (checked against its allocation).
+#[test]
+fn raw_address_writes_are_unsafe() {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/cuda/resources.rs");
+    let code = code_without_comments(&p);
+    for f in [
+        "copy_async",
+        "memset_async",
+        "write_value32",
+        "copy_2d",
+        "copy_from_host",
+        "copy_from_pinned_async",
+        "copy_from_raw",
+    ] {
+        let safe = format!("pub fn {f}(");
+        let unsafe_ = format!("pub unsafe fn {f}(");
+        let safe_free_fn = code
+            .match_indices(&safe)
+            .any(|(i, _)| !code[i + safe.len()..].starts_with("&self"));
+        assert!(
+            code.contains(&unsafe_) && !safe_free_fn,
+            "{f} must be a `pub unsafe fn` in src/cuda/resources.rs"
+        );
+    }
+    for checked in ["zero_async", "copy_from", "write_value", "copy_from_host"] {
+        assert!(
+            code.contains(&format!("pub fn {checked}(&self")),
+            "DevSlice::{checked} (the checked form) is missing"
+        );
+    }
+}

@@ -1075,7 +1075,11 @@ fn run_impl(g: &GemmDesc, guard: &ContextGuard, stream: StreamHandle, own: bool)
         if g.accumulate && !g.c.is_null() {
             // D = C + 0.
             let (row, pitch) = (g.m * g.d_type.bits() / 8, g.ldd * g.d_type.bits() / 8);
-            return crate::cuda::resources::copy_2d(g.d, pitch, g.c, pitch, row, g.n, stream);
+            // SAFETY: C and D hold n columns of m elements at pitch ldd (the descriptor's
+            // validation: `desc_from_te` / the engine's plan check the tensors' sizes).
+            return unsafe {
+                crate::cuda::resources::copy_2d(g.d, pitch, g.c, pitch, row, g.n, stream)
+            };
         }
         if !g.accumulate {
             let bytes = g.ldd * (g.n - 1) * g.d_type.bits() / 8 + g.m * g.d_type.bits() / 8;
