@@ -164,7 +164,7 @@ impl std::fmt::Display for CtxId {
 }
 
 /// A context as the owner of a resource: its handle and its id, both needed to tell
-/// whether that context still exists ([`super::context_alive`]).
+/// whether that context still exists (`cuda::context_alive`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CtxRef {
     pub handle: CtxHandle,

@@ -458,6 +458,20 @@ impl ContextGuard {
     }
 }
 
+#[cfg(test)]
+impl ContextGuard {
+    /// A guard that entered nothing, for host tests of code that only passes it on (no
+    /// driver call sees its NULL context; its drop pops nothing).
+    pub(crate) fn host_test() -> ContextGuard {
+        ContextGuard {
+            ctx: CtxHandle::NULL,
+            id: CtxId(0),
+            device: 0,
+            pushed: false,
+        }
+    }
+}
+
 /// The current context (handle and id), or None when none is current.
 pub(crate) fn current_context() -> Option<CtxRef> {
     let mut c: cu::CUcontext = std::ptr::null_mut();

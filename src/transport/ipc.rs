@@ -8,8 +8,8 @@
 //! each replay synchronises afresh.
 use super::inproc::{LOCAL_BYTES, Local, PeerMem, enable_access};
 use super::{
-    ALGO_SLOTS, Entry, ErrorRecord, FlagSlot, Group, MAX_PEERS, NUM_SLOTS, PeerMemory, PeerSet,
-    RecvOp, SendOp, Timeout, Transport, TwoSided, WaitInfo,
+    ALGO_SLOTS, Constructor, ErrorRecord, FlagSlot, Group, MAX_PEERS, NUM_SLOTS, PeerMemory,
+    PeerSet, RecvOp, SendOp, Timeout, Transport, TwoSided, WaitInfo,
 };
 use crate::bootstrap::Bootstrap;
 use crate::cuda::StreamHandle;
@@ -112,8 +112,7 @@ const DONE: FlagSlot = FlagSlot(ALGO_SLOTS as u8);
 const ARRIVE: FlagSlot = FlagSlot(ALGO_SLOTS as u8 + 1);
 
 /// The registry's entry: picked by auto when the whole group shares this node.
-pub const ENTRY: Entry = Entry {
-    name: "ipc",
+pub const ENTRY: Constructor = Constructor {
     auto: |p| p.one_node,
     create: |s| {
         if let Some((w, host, mine)) = &s.placement.away {

@@ -19,8 +19,8 @@ pub mod api;
 pub mod channel;
 
 use super::{
-    Collectives, Entry, ErrorRecord, FailureKind, FlagSlot, FlagSlots, Group, MAX_PEERS, PeerSet,
-    RecvOp, SendOp, Timeout, Transport, TwoSided, WaitInfo,
+    Collectives, Constructor, ErrorRecord, FailureKind, FlagSlot, FlagSlots, Group, MAX_PEERS,
+    PeerSet, RecvOp, SendOp, Timeout, Transport, TwoSided, WaitInfo,
 };
 use crate::bootstrap::Bootstrap;
 use crate::cuda::dynlib::nccl_sys as nc;
@@ -830,8 +830,7 @@ impl Collectives for NcclTransport {
 
 /// The registry's entry: any placement; picked by auto when peer memory cannot reach the
 /// group.
-pub const ENTRY: Entry = Entry {
-    name: "nccl",
+pub const ENTRY: Constructor = Constructor {
     auto: |_| true,
     create: |s| {
         let st = s.settings;
