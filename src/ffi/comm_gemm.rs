@@ -95,12 +95,14 @@ pub extern "C" fn nvte_comm_gemm_numroc(ctx: *mut NVTECommGemmCtx, global_size: 
 /// One comm-GEMM call in the core's terms, as each entry point converts its own arguments
 /// into it: the C functions (`nvte_all_gather_gemm`, ...: tensor handles), the packed
 /// call (`nvte_comm_gemm_call_packed`: pointers, dtypes and shapes) and the XLA handlers
-/// (`ffi/xla.rs`: a call frame). [`run`] is the one path all three take: the same checks
-/// in the same order, the same errors and messages, the same core call.
+/// (`ffi/xla.rs`: a call frame). Each converts its context argument first (NULL and
+/// destroyed contexts are the error before any other argument's: [`ctx`]), then the
+/// others. [`run`] is the one path all three then take: the same checks in the same
+/// order, the same errors and messages, the same core call.
 pub(super) struct Request {
     pub kind: Kind,
-    /// the context argument (a registry id; checked by [`run`])
-    pub ctx: *mut NVTECommGemmCtx,
+    /// the live context (the entry's context argument, looked up with [`ctx`])
+    pub ctx: Arc<Mutex<CommGemmCtx>>,
     pub m: i64,
     pub n: i64,
     pub k: i64,
@@ -126,11 +128,10 @@ pub(super) struct Request {
     pub prepare: bool,
 }
 
-/// The shared path of every comm-GEMM entry point: the context (NULL, destroyed), the
-/// algorithm (every declared one is accepted: see `crate::comm_gemm`; the atomic ones
-/// select the fused all-gather), then the core call, which checks the rest.
+/// The shared path of every comm-GEMM entry point: the algorithm (every declared one is
+/// accepted: see `crate::comm_gemm`; the atomic ones select the fused all-gather), then
+/// the core call, which checks the rest.
 pub(super) fn run(r: &Request) -> Result<()> {
-    let c = self::ctx(r.ctx)?;
     if r.algo.name().is_none() {
         invalid!(
             "{} = {} is not a valid NVTECommGemmAlgoType",
@@ -157,7 +158,7 @@ pub(super) fn run(r: &Request) -> Result<()> {
         tune: r.algo == NVTECommGemmAlgoType::kNVTECommGemmAlgoDefault,
         atomic: r.algo.is_atomic(),
     };
-    let mut g = c.lock().unwrap_or_else(|e| e.into_inner());
+    let mut g = r.ctx.lock().unwrap_or_else(|e| e.into_inner());
     if r.prepare {
         g.prepare(&call, r.stream)
     } else {
@@ -165,8 +166,9 @@ pub(super) fn run(r: &Request) -> Result<()> {
     }
 }
 
-/// The body of the three C functions: their arguments as a [`Request`] (tensor handles
-/// looked up; an empty tensor, without data, means "none" as in TE), then [`run`].
+/// The body of the three C functions: their arguments as a [`Request`] (the context, then
+/// the tensor handles looked up; an empty tensor, without data, means "none" as in TE),
+/// then [`run`].
 #[allow(clippy::too_many_arguments)]
 fn call(
     kind: Kind,
@@ -187,6 +189,7 @@ fn call(
     main_stream: cudaStream_t,
     algo_type: NVTECommGemmAlgoType,
 ) -> Result<()> {
+    let ctx = self::ctx(ctx)?;
     let t = &super::handles::TENSORS;
     let some = |x: Option<tensor::Tensor>| x.filter(|x| !x.data.ptr.is_null());
     run(&Request {
@@ -478,34 +481,42 @@ mod tests {
             NVTECommStatus::NVTE_COMM_SUCCESS
         );
         let packed = last_error();
-        let xla = run(&Request {
-            kind: Kind::AllGather,
-            ctx,
-            m,
-            n: 32,
-            k: 64,
-            a: bf16(0x1000, &a),
-            b: bf16(0x2000, &b),
-            d: bf16(0x3000, &d),
-            bias: None,
-            pre_act_out: None,
-            b_gathered: None,
-            transa: true,
-            transb: false,
-            grad: false,
-            accumulate: false,
-            comm_sm_count: 0,
-            algo,
-            algo_arg: "attribute `algo`",
-            stream: StreamHandle::NULL,
-            prepare: false,
-        })
-        .unwrap_err()
-        .msg;
+        // The XLA handlers' order: the bound context, then the frame's operands.
+        let xla = super::ctx(ctx)
+            .and_then(|ctx| {
+                run(&Request {
+                    kind: Kind::AllGather,
+                    ctx,
+                    m,
+                    n: 32,
+                    k: 64,
+                    a: bf16(0x1000, &a),
+                    b: bf16(0x2000, &b),
+                    d: bf16(0x3000, &d),
+                    bias: None,
+                    pre_act_out: None,
+                    b_gathered: None,
+                    transa: true,
+                    transb: false,
+                    grad: false,
+                    accumulate: false,
+                    comm_sm_count: 0,
+                    algo,
+                    algo_arg: "attribute `algo`",
+                    stream: StreamHandle::NULL,
+                    prepare: false,
+                })
+            })
+            .unwrap_err()
+            .msg;
         for x in h {
             t.remove(x as usize, "tensor").unwrap();
         }
         [c, packed, xla]
+    }
+
+    fn algo9() -> NVTECommGemmAlgoType {
+        NVTECommGemmAlgoType(9)
     }
 
     #[test]
@@ -535,5 +546,28 @@ mod tests {
         assert!(c.contains("not a live context"), "{c}");
         assert_eq!(body(&c), body(&packed));
         assert_eq!(body(&c), xla);
+        // ... and before every other argument: tensors that are no live ones either.
+        let bogus = 0x1234 as NVTETensor;
+        let null = std::ptr::null_mut();
+        let t = true;
+        nvte_gemm_all_reduce(
+            ctx,
+            -1,
+            8,
+            8,
+            bogus,
+            bogus,
+            bogus,
+            null,
+            null,
+            t,
+            t,
+            t,
+            t,
+            -1,
+            null,
+            algo9(),
+        );
+        assert!(last_error().contains("`ctx`"), "{}", last_error());
     }
 }

@@ -163,6 +163,10 @@ pub extern "C" fn nvte_comm_gemm_call_packed(
                 "argument `args->op` = {v} is not an operation (0: all-gather, 1: reduce-scatter, 2: all-reduce)"
             ),
         };
+        // The operation picks the entry (as calling one of the three C functions); then the
+        // context, before the other arguments, as every comm-GEMM entry point
+        // (`super::comm_gemm::Request`).
+        let ctx = super::comm_gemm::ctx(ctx)?;
         let (a, b, d, bias, pre_act_out) = call_operands(&p)?;
         super::comm_gemm::run(&Request {
             kind,

@@ -488,6 +488,12 @@ fn run(kind: Kind, f: &Frame) -> Result<()> {
             f.rets.len()
         );
     }
+    // The frame's shape (which operands and results the attributes ask for) picks the
+    // call, as the C function a caller picks; then the context, before the other
+    // arguments, as every comm-GEMM entry point (`super::comm_gemm::Request`): the one
+    // bound to the call's key on this device.
+    let key = f.attr("context")? as u64;
+    let ctx = ctx_of(bound(key, f.device_ordinal())? as *mut NVTECommGemmCtx)?;
     let scales = if has_scales {
         let i = 2 + has_bias as usize;
         (Some(f.args[i]), Some(f.args[i + 1]))
@@ -521,11 +527,10 @@ fn run(kind: Kind, f: &Frame) -> Result<()> {
     let Ok(algo) = u32::try_from(algo).or_else(|_| i32::try_from(algo).map(|a| a as u32)) else {
         invalid!("attribute `algo` = {algo} is not a valid NVTECommGemmAlgoType");
     };
-    let key = f.attr("context")? as u64;
     let stream = f.stream()?;
     super::comm_gemm::run(&Request {
         kind,
-        ctx: bound(key, f.device_ordinal())? as *mut NVTECommGemmCtx,
+        ctx,
         m: f.attr("m")?,
         n: f.attr("n")?,
         k: f.attr("k")?,
