@@ -19,6 +19,38 @@ macro_rules! c_enums {
     }};
 }
 
+/// The C enum `NVTECommTransport` from the transport table's rows (the unit tests' rows,
+/// `#[cfg(test)]`, are left out: a build script is not a test), and the enum it follows.
+macro_rules! transport_table {
+    (
+        $(#[doc = $doc:literal])*
+        after $after:ident;
+        auto: $auto:ident = $auto_val:literal;
+        $( $(#[$m:meta])* $var:ident = $val:literal, $name:literal => $($ctor:ident)::+ ; )*
+    ) => {{
+        let mut s = String::new();
+        $( writeln!(s, "/**{} */", $doc).unwrap(); )*
+        writeln!(s, "typedef enum NVTECommTransport {{").unwrap();
+        writeln!(s, "  {} = {},", stringify!($auto), $auto_val).unwrap();
+        $(
+            $(#[$m])*
+            writeln!(s, "  {} = {},", stringify!($var), $val).unwrap();
+        )*
+        writeln!(s, "}} NVTECommTransport;\n").unwrap();
+        (s, stringify!($after))
+    }};
+}
+
+/// `enums` with the transport enum `t` placed after the enum `after`.
+fn with_transport_enum(enums: &str, (t, after): (String, &str)) -> String {
+    let end = format!("}} {after};\n\n");
+    let at = enums
+        .find(&end)
+        .map(|i| i + end.len())
+        .unwrap_or_else(|| panic!("src/transport/table.in: no enum {after} to follow"));
+    format!("{}{t}{}", &enums[..at], &enums[at..])
+}
+
 const PRELUDE: &str = r#"
 /* CUDA and NCCL handle types, declared compatibly with the real headers so that
  * including cuda_runtime.h / nccl.h before or after this header also compiles. */
@@ -42,6 +74,7 @@ fn main() {
     }
 
     let enums: String = include!("src/ffi/c_enums.in");
+    let enums = with_transport_enum(&enums, include!("src/transport/table.in"));
     let mut config = cbindgen::Config::from_file(crate_dir.join("cbindgen.toml"))
         .expect("cbindgen.toml must parse");
     config.after_includes = Some(format!("{PRELUDE}\n{enums}"));

@@ -262,7 +262,7 @@ fn rebased(t: &Tensor, ptr: DevPtr, shape: &[usize]) -> Result<Tensor> {
 
 impl CommGemmCtx {
     /// `comm` is the group's NCCL communicator (not owned); nranks / rank must match it.
-    pub fn create(comm: usize, nranks: i32, rank: i32) -> Result<CommGemmCtx> {
+    pub fn create(comm: crate::cuda::NcclComm, nranks: i32, rank: i32) -> Result<CommGemmCtx> {
         // Argument checks come before anything is loaded.
         if nranks <= 0 || rank < 0 || rank >= nranks {
             invalid!(
@@ -472,7 +472,9 @@ impl CommGemmCtx {
             return Ok(());
         }
         if let Some((dst, src, bytes)) = copy {
-            copy_async(dst, src, bytes, stream)?;
+            // SAFETY: the call's own copy (B into the gathered output), both ranges of its
+            // tensors, whose sizes the call's checks fixed.
+            unsafe { copy_async(dst, src, bytes, stream)? };
         }
         crate::gemm::run(&desc, guard, stream)
     }
@@ -967,10 +969,13 @@ impl call::CallBackend for GpuCall<'_> {
         self.ctx.scratch(slot, bytes)
     }
     fn memset(&mut self, dst: DevPtr, bytes: usize) -> Result<()> {
-        memset_async(dst, bytes, self.stream)
+        // SAFETY: the call's steps (`comm_gemm/call.rs`) clear ranges of the context's
+        // scratch buffers and the call's checked output.
+        unsafe { memset_async(dst, bytes, self.stream) }
     }
     fn copy(&mut self, dst: DevPtr, src: DevPtr, bytes: usize) -> Result<()> {
-        copy_async(dst, src, bytes, self.stream)
+        // SAFETY: as `memset`: ranges of scratch buffers and the call's checked tensors.
+        unsafe { copy_async(dst, src, bytes, self.stream) }
     }
     fn copy_2d(
         &mut self,
@@ -981,7 +986,8 @@ impl call::CallBackend for GpuCall<'_> {
         width: usize,
         height: usize,
     ) -> Result<()> {
-        copy_2d(dst, dpitch, src, spitch, width, height, self.stream)
+        // SAFETY: as `memset`: pitched ranges of scratch buffers and checked tensors.
+        unsafe { copy_2d(dst, dpitch, src, spitch, width, height, self.stream) }
     }
     fn split_ag(&mut self, eng: usize, x: &AgArgs) -> Result<()> {
         self.ctx.engines[eng].split_ag(x, self.stream)

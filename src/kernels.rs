@@ -175,11 +175,11 @@ unsafe fn launch_elementwise<P: Params>(
 /// launched without dynamic shared memory, read off the function once per context (by
 /// the context's id `ctx`: after a device reset another kernel may get a function's
 /// address, and its launch bounds must not be taken for this one's).
-fn launch_shape(ctx: u64, f: cudarc::driver::sys::CUfunction) -> Result<(u32, u32)> {
+fn launch_shape(ctx: cuda::CtxId, f: cudarc::driver::sys::CUfunction) -> Result<(u32, u32)> {
     use cudarc::driver::sys as cu;
-    type Entry = ((u64, usize), (u32, u32));
+    type Entry = ((cuda::CtxId, cuda::FunctionHandle), (u32, u32));
     static CACHE: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
-    let key = (ctx, f as usize);
+    let key = (ctx, cuda::FunctionHandle::from_raw(f));
     if let Some(&(_, v)) = CACHE
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -507,7 +507,7 @@ fn quantize_rowwise(
 /// or v1: NVTE_COMM_CAST_TRANSPOSE) of the [rows, cols]
 /// input into `dst` (NULL: no rowwise output) and `dst_t`, in the CUDA context `ctx`.
 fn cast_transpose(
-    (m, dev, ctx): (&nvrtc::Module, &cuda::DeviceInfo, u64),
+    (m, dev, ctx): (&nvrtc::Module, &cuda::DeviceInfo, cuda::CtxId),
     (iname, oname): (&str, &str),
     (p, dst, dst_t): (&QuantPtrs, DevPtr, DevPtr),
     (rows, cols): (usize, usize),
@@ -575,7 +575,7 @@ type CtKernel = (Kernel<Ct2Params>, (usize, usize), bool);
 /// tile (rows, columns), one tile a block). `vec`: the vector
 /// path's alignment and divisibility hold; `t_aligned`: out_t is 16-byte aligned.
 fn ct_kernel(
-    (m, dev, ctx): (&nvrtc::Module, &cuda::DeviceInfo, u64),
+    (m, dev, ctx): (&nvrtc::Module, &cuda::DeviceInfo, cuda::CtxId),
     ct: CastTranspose,
     (iname, oname): (&str, &str),
     (vec, t_aligned): (bool, bool),

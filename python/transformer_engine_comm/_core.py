@@ -118,6 +118,8 @@ class OverlapType(enum.IntEnum):
     NVTE_COMM_OVERLAP_AG = 1
 
 
+# The rows of src/transport/table.in, the table the header's NVTECommTransport is generated
+# from (checked by tests/transport_table.rs and python/tests/test_core.py).
 class Transport(enum.IntEnum):
     """NVTECommTransport."""
 

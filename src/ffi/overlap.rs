@@ -150,7 +150,7 @@ pub(super) fn take_bootstrap<T>(
 /// else its callbacks.
 pub(super) fn bootstrap_of(b: &NVTECommBootstrap) -> Result<Bootstrap> {
     if !b.nccl_comm.is_null() {
-        Bootstrap::from_nccl(b.nccl_comm as usize)
+        Bootstrap::from_nccl(crate::cuda::NcclComm::from_c(b.nccl_comm))
     } else {
         Bootstrap::from_callbacks(
             b.world_rank,

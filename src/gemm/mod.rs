@@ -8,7 +8,7 @@ pub mod sm90;
 use crate::cuda::StreamHandle;
 use crate::cuda::dynlib::cublaslt_sys as lt;
 use crate::cuda::resources::{Event, capture_status};
-use crate::cuda::{self, ContextGuard, DevPtr, Lib};
+use crate::cuda::{self, ContextGuard, CtxHandle, CtxId, DevPtr, Lib, LtHandle};
 use crate::error::ErrorKind as K;
 use crate::error::{Error, Result};
 use crate::tensor::{Buffer, DType, Tensor};
@@ -578,17 +578,17 @@ fn lt_check_with(s: lt::cublasStatus_t, call: impl FnOnce() -> String) -> Result
 
 /// One cuBLASLt handle per context (by its id: a reset device's new context gets its
 /// own), created on first use and kept for the process.
-fn handle(ctx: u64) -> Result<lt::cublasLtHandle_t> {
-    static HANDLES: Mutex<Vec<(u64, usize)>> = Mutex::new(Vec::new());
+fn handle(ctx: CtxId) -> Result<lt::cublasLtHandle_t> {
+    static HANDLES: Mutex<Vec<(CtxId, LtHandle)>> = Mutex::new(Vec::new());
     let mut g = HANDLES.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(&(_, h)) = g.iter().find(|(c, _)| *c == ctx) {
-        return Ok(h as lt::cublasLtHandle_t);
+        return Ok(h.raw());
     }
     cuda::require(Lib::CublasLt)?;
     let mut h: lt::cublasLtHandle_t = std::ptr::null_mut();
     // SAFETY: out pointer; the context is current.
     lt_check(unsafe { lt::cublasLtCreate(&mut h) }, "cublasLtCreate")?;
-    g.push((ctx, h as usize));
+    g.push((ctx, LtHandle::from_raw(h)));
     Ok(h)
 }
 
@@ -603,7 +603,7 @@ fn alignment(p: DevPtr) -> u32 {
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 struct PlanKey {
     /// the context's id ([`cuda::ContextGuard::id`])
-    ctx: u64,
+    ctx: CtxId,
     m: usize,
     n: usize,
     k: usize,
@@ -635,9 +635,9 @@ struct Plan {
     ptrs: [DevPtr; 6],
     /// the plan's calls replayed as CUDA graphs (NVTE_COMM_GEMM_GRAPHS)
     graphs: graphs::Graphs,
-    /// the address of the plan's context (its id is the key's): its graphs are destroyed
-    /// only while that context exists
-    ctx_addr: usize,
+    /// the plan's context (its id is the key's): its graphs are destroyed only while
+    /// that context exists
+    ctx_addr: CtxHandle,
 }
 
 /// Heuristic algorithms a plan considers (NVTE_COMM_GEMM_TUNE: timed on first use).
@@ -666,7 +666,7 @@ fn small_own_gemm(
     g: &GemmDesc,
     guard: &ContextGuard,
 ) -> Result<Option<std::sync::Arc<sm90::Sm90Gemm>>> {
-    type Loaded = HashMap<u64, Option<std::sync::Arc<sm90::Sm90Gemm>>>;
+    type Loaded = HashMap<CtxId, Option<std::sync::Arc<sm90::Sm90Gemm>>>;
     static LOADED: Mutex<Option<Loaded>> = Mutex::new(None);
     if !own_gemm_enabled()?
         || g.m.saturating_mul(g.n).saturating_mul(g.k) >= TUNE_MIN_MNK
@@ -698,10 +698,14 @@ impl Plan {
     /// Release the plan: its cuBLASLt descriptors (host objects), and its graphs where
     /// their context (address, `id`) still exists; after a device reset the reset has
     /// freed them, and their handles may name the new context's graphs.
-    fn destroy(mut self, id: u64) {
+    fn destroy(mut self, id: CtxId) {
         let execs = self.graphs.take();
         let _relaxed = cuda::resources::RelaxedCapture::new();
-        if cuda::context_alive((self.ctx_addr, id)) {
+        let owner = cuda::CtxRef {
+            handle: self.ctx_addr,
+            id,
+        };
+        if cuda::context_alive(owner) {
             graphs::destroy(execs);
         }
         // SAFETY: descriptors created by `build`, destroyed once when evicted.
@@ -810,7 +814,12 @@ fn c_type(g: &GemmDesc) -> DType {
     }
 }
 
-fn build(h: lt::cublasLtHandle_t, g: &GemmDesc, key: &PlanKey, ctx_addr: usize) -> Result<Plan> {
+fn build(
+    h: lt::cublasLtHandle_t,
+    g: &GemmDesc,
+    key: &PlanKey,
+    ctx_addr: CtxHandle,
+) -> Result<Plan> {
     let mut desc: lt::cublasLtMatmulDesc_t = std::ptr::null_mut();
     // SAFETY: out pointer. Full fp32 compute (no TF32) for every input type, as TE.
     lt_check(
@@ -1066,7 +1075,11 @@ fn run_impl(g: &GemmDesc, guard: &ContextGuard, stream: StreamHandle, own: bool)
         if g.accumulate && !g.c.is_null() {
             // D = C + 0.
             let (row, pitch) = (g.m * g.d_type.bits() / 8, g.ldd * g.d_type.bits() / 8);
-            return crate::cuda::resources::copy_2d(g.d, pitch, g.c, pitch, row, g.n, stream);
+            // SAFETY: C and D hold n columns of m elements at pitch ldd (the descriptor's
+            // validation: `desc_from_te` / the engine's plan check the tensors' sizes).
+            return unsafe {
+                crate::cuda::resources::copy_2d(g.d, pitch, g.c, pitch, row, g.n, stream)
+            };
         }
         if !g.accumulate {
             let bytes = g.ldd * (g.n - 1) * g.d_type.bits() / 8 + g.m * g.d_type.bits() / 8;
@@ -1180,7 +1193,7 @@ fn via_graph(
             g.d_amax.raw(),
         ],
         accumulate: g.accumulate,
-        stream: stream.raw(),
+        stream,
     };
     let mut evicted = None;
     let action = p.graphs.decide(&key, capturing, &mut evicted);
@@ -1254,7 +1267,7 @@ fn matmul(
             algo,
             g.workspace.as_void(),
             g.workspace_bytes,
-            stream.raw() as lt::cudaStream_t,
+            stream.rt(),
         )
     };
     lt_check(s, "cublasLtMatmul")

@@ -396,7 +396,7 @@ impl Sm90Gemm {
     /// The backend of the current context (`guard`'s), loaded at its first use; an
     /// `Unsupported` error on a device other than sm_90.
     pub fn get(guard: &ContextGuard) -> Result<Arc<Sm90Gemm>> {
-        static LOADED: Mutex<Option<HashMap<u64, Arc<Sm90Gemm>>>> = Mutex::new(None);
+        static LOADED: Mutex<Option<HashMap<crate::cuda::CtxId, Arc<Sm90Gemm>>>> = Mutex::new(None);
         let mut g = LOADED.lock().unwrap_or_else(|e| e.into_inner());
         let map = g.get_or_insert_with(HashMap::new);
         if let Some(b) = map.get(&guard.id) {

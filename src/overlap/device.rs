@@ -178,7 +178,10 @@ impl Device for GpuDevice<'_> {
         self.o.streams.ev_chunk[ev].wait_on(stream)
     }
     fn copy(&self, dst: DevPtr, src: DevPtr, bytes: usize, stream: StreamHandle) -> Result<()> {
-        copy_async(dst, src, bytes, stream)
+        // SAFETY: a plan's step: the planner placed both ranges inside the engine's
+        // buffers and the call's checked tensors (`plan.rs`; the host protocol tests check
+        // every access in bounds).
+        unsafe { copy_async(dst, src, bytes, stream) }
     }
     fn copy_2d(
         &self,
@@ -190,13 +193,17 @@ impl Device for GpuDevice<'_> {
         height: usize,
         stream: StreamHandle,
     ) -> Result<()> {
-        copy_2d(dst, dpitch, src, spitch, width, height, stream)
+        // SAFETY: as `copy`: the plan's pitched ranges lie in the engine's buffers and the
+        // call's checked tensors.
+        unsafe { copy_2d(dst, dpitch, src, spitch, width, height, stream) }
     }
     fn memset(&self, dst: DevPtr, bytes: usize, stream: StreamHandle) -> Result<()> {
-        memset_async(dst, bytes, stream)
+        // SAFETY: as `copy`: a plan's range of the engine's own memory.
+        unsafe { memset_async(dst, bytes, stream) }
     }
     fn write_flag(&self, dst: DevPtr, value: u32, stream: StreamHandle) -> Result<()> {
-        write_value32(dst, value, stream)
+        // SAFETY: a plan's flag: a u32 of this engine's or a peer's mapped flag memory.
+        unsafe { write_value32(dst, value, stream) }
     }
     fn wait_flag(&self, ptr: DevPtr, value: u32, stream: StreamHandle) -> Result<()> {
         wait_value32_geq(ptr, value, stream)

@@ -129,7 +129,7 @@ struct Group {
     caps: Caps,
     slots: AlgoSlots,
     /// the id of the context the object was made in ([`cuda::ContextGuard::id`])
-    ctx: u64,
+    ctx: crate::cuda::CtxId,
     dev: DeviceInfo,
     world_rank: usize,
 }
@@ -932,11 +932,13 @@ impl Overlap {
             )),
         };
         if r.is_err() && !hooks.flags.is_null() {
-            let _ = memset_async(hooks.flags, 4 * hooks.n_flags(g.n), s);
+            // SAFETY: the hooks' flags are this engine's flag memory, sized for n_flags.
+            let _ = unsafe { memset_async(hooks.flags, 4 * hooks.n_flags(g.n), s) };
         }
         if (r.is_err() || skip) && !hooks.done.is_null() {
             for j in 0..g.n.div_ceil(hooks.done_rows.max(1)) {
-                let _ = write_value32(hooks.done + 4 * j, hooks.done_value, s);
+                // SAFETY: the done signals are this engine's flags, one u32 per done block.
+                let _ = unsafe { write_value32(hooks.done + 4 * j, hooks.done_value, s) };
             }
         }
         r
@@ -992,7 +994,9 @@ impl Overlap {
             invalid!("tensor `input` has a NULL data pointer");
         }
         self.wait_done(stream, Op::CopyIntoBuffer)?;
-        copy_async(view.data.ptr, i.ptr, view.data.bytes(), stream)
+        // SAFETY: the view lies in this engine's buffer; `input` has its dtype and element
+        // count (checked above), so both ranges hold the view's bytes.
+        unsafe { copy_async(view.data.ptr, i.ptr, view.data.bytes(), stream) }
     }
 
     /// Whether a CUDA-graph capture holding this object's streams (its calls) is still

@@ -351,10 +351,11 @@ impl Policy {
         if self.timeout_ms <= 0 {
             invalid!("config timeout_ms = {} must be > 0", self.timeout_ms);
         }
-        if self.transport.0 > TRANSPORT_NCCL.0 {
+        if !crate::transport::is_choice(self.transport.0) {
             invalid!(
-                "config transport = {} must be 0 (auto), 1 (ipc) or 2 (nccl)",
-                self.transport.0
+                "config transport = {} must be {}",
+                self.transport.0,
+                crate::transport::choices_text()
             );
         }
         Ok(())

@@ -84,13 +84,19 @@ struct RecDevice {
     forked: Cell<u64>,
 }
 
+/// Simulated stream number `s` (the caller's, a compute or a comm stream) as the stream
+/// handle the engine is given.
+fn sim(s: usize) -> StreamHandle {
+    StreamHandle::from_raw(s)
+}
+
 impl RecDevice {
-    fn push(&self, stream: usize, d: Dev) {
+    fn push(&self, stream: StreamHandle, d: Dev) {
         let mut l = self.log.lock().unwrap();
-        l.ranks[self.rank].push((stream, Rec::Device(d)));
+        l.ranks[self.rank].push((stream.raw(), Rec::Device(d)));
     }
-    fn fork(&self, stream: usize, after: usize) {
-        let bit = 1u64 << (stream % 64);
+    fn fork(&self, stream: StreamHandle, after: usize) {
+        let bit = 1u64 << (stream.raw() % 64);
         if self.forked.get() & bit == 0 {
             self.push(stream, Dev::WaitEvent(after));
             self.forked.set(self.forked.get() | bit);
@@ -103,20 +109,20 @@ impl Device for RecDevice {
         &self.t
     }
     fn begin(&mut self, op: Op, gate: bool, key: &[u64], _full: Option<&GemmDesc>) -> Result<()> {
-        self.push(CALLER, Dev::Begin(op as u32, key.to_vec()));
+        self.push(sim(CALLER), Dev::Begin(op as u32, key.to_vec()));
         if self.inline {
             return Ok(());
         }
         self.gate.set(gate);
-        self.push(CALLER, Dev::Record(EV_START));
-        self.push(COMM, Dev::WaitEvent(EV_START));
+        self.push(sim(CALLER), Dev::Record(EV_START));
+        self.push(sim(COMM), Dev::WaitEvent(EV_START));
         let info = crate::transport::WaitInfo {
             op: op as u32,
             step: 0,
         };
         self.t
             .begin_call(1, StreamHandle::from_raw(COMM), info, 0)?;
-        self.push(COMM, Dev::Record(EV_ARRIVED));
+        self.push(sim(COMM), Dev::Record(EV_ARRIVED));
         Ok(())
     }
     fn finish(&mut self) -> Result<()> {
@@ -125,13 +131,13 @@ impl Device for RecDevice {
         }
         for s in (COMPUTE..COMPUTE + 8).chain(COMM + 1..COMM + 3) {
             if self.forked.get() & (1 << (s % 64)) != 0 {
-                self.push(s, Dev::Record(EV_JOIN + s));
-                self.push(COMM, Dev::WaitEvent(EV_JOIN + s));
+                self.push(sim(s), Dev::Record(EV_JOIN + s));
+                self.push(sim(COMM), Dev::WaitEvent(EV_JOIN + s));
             }
         }
         self.t.end_call(1, StreamHandle::from_raw(COMM))?;
-        self.push(COMM, Dev::Record(EV_END));
-        self.push(CALLER, Dev::WaitEvent(EV_END));
+        self.push(sim(COMM), Dev::Record(EV_END));
+        self.push(sim(CALLER), Dev::WaitEvent(EV_END));
         Ok(())
     }
     fn lane(&self, lane: Lane) -> Result<StreamHandle> {
@@ -146,12 +152,12 @@ impl Device for RecDevice {
                 } else {
                     EV_START
                 };
-                self.fork(COMPUTE + i, after);
+                self.fork(sim(COMPUTE + i), after);
                 COMPUTE + i
             }
             Lane::Comm(0) => COMM,
             Lane::Comm(j) => {
-                self.fork(COMM + j, EV_ARRIVED);
+                self.fork(sim(COMM + j), EV_ARRIVED);
                 COMM + j
             }
         };
@@ -169,24 +175,24 @@ impl Device for RecDevice {
         // promise). Copied both before and after the GEMM here, so that a copy into the
         // GEMM's input (before) or out of its output (after) shows in the results.
         if side.bytes != 0 {
-            self.push(s.raw(), Dev::Copy(side.dst, side.src, side.bytes));
+            self.push(s, Dev::Copy(side.dst, side.src, side.bytes));
         }
-        self.push(s.raw(), Dev::Gemm(*g));
+        self.push(s, Dev::Gemm(*g));
         if side.bytes != 0 {
-            self.push(s.raw(), Dev::Copy(side.dst, side.src, side.bytes));
+            self.push(s, Dev::Copy(side.dst, side.src, side.bytes));
         }
         Ok(())
     }
     fn record(&self, ev: usize, stream: StreamHandle) -> Result<()> {
-        self.push(stream.raw(), Dev::Record(ev));
+        self.push(stream, Dev::Record(ev));
         Ok(())
     }
     fn wait_event(&self, ev: usize, stream: StreamHandle) -> Result<()> {
-        self.push(stream.raw(), Dev::WaitEvent(ev));
+        self.push(stream, Dev::WaitEvent(ev));
         Ok(())
     }
     fn copy(&self, dst: DevPtr, src: DevPtr, bytes: usize, stream: StreamHandle) -> Result<()> {
-        self.push(stream.raw(), Dev::Copy(dst, src, bytes));
+        self.push(stream, Dev::Copy(dst, src, bytes));
         Ok(())
     }
     fn copy_2d(
@@ -207,28 +213,28 @@ impl Device for RecDevice {
             width,
             height,
         };
-        self.push(stream.raw(), d);
+        self.push(stream, d);
         Ok(())
     }
     fn memset(&self, dst: DevPtr, bytes: usize, stream: StreamHandle) -> Result<()> {
-        self.push(stream.raw(), Dev::Memset(dst, bytes));
+        self.push(stream, Dev::Memset(dst, bytes));
         Ok(())
     }
     fn reduce(&self, r: &Reduce, stream: StreamHandle) -> Result<()> {
-        self.push(stream.raw(), Dev::Reduce(*r));
+        self.push(stream, Dev::Reduce(*r));
         Ok(())
     }
     fn write_flag(&self, dst: DevPtr, value: u32, stream: StreamHandle) -> Result<()> {
-        self.push(stream.raw(), Dev::WriteFlag(dst, value));
+        self.push(stream, Dev::WriteFlag(dst, value));
         Ok(())
     }
     fn wait_flag(&self, ptr: DevPtr, value: u32, stream: StreamHandle) -> Result<()> {
-        self.push(stream.raw(), Dev::WaitFlag(ptr, value));
+        self.push(stream, Dev::WaitFlag(ptr, value));
         Ok(())
     }
     fn fused_gemm(&self, g: &GemmDesc, hooks: &Hooks, _sms: usize, index: usize) -> Result<()> {
         let s = self.lane(Lane::Compute(index))?;
-        self.push(s.raw(), Dev::Fused(*g, *hooks));
+        self.push(s, Dev::Fused(*g, *hooks));
         Ok(())
     }
     fn copy_segments(
@@ -237,11 +243,11 @@ impl Device for RecDevice {
         stream: StreamHandle,
         _tail: bool,
     ) -> Result<()> {
-        self.push(stream.raw(), Dev::Segments(segs.to_vec()));
+        self.push(stream, Dev::Segments(segs.to_vec()));
         Ok(())
     }
     fn amax_max(&self, _out: DevPtr, _slots: DevPtr, _n: usize) -> Result<()> {
-        self.push(CALLER, Dev::AmaxMax);
+        self.push(sim(CALLER), Dev::AmaxMax);
         Ok(())
     }
     fn nvtx(&self, _name: &str) {}
@@ -335,7 +341,7 @@ fn join(a: &mut [u32], b: &[u32]) {
 /// One logged step.
 struct Step {
     rank: usize,
-    stream: usize,
+    stream: StreamHandle,
     rec: Rec<Dev>,
     /// WaitEvent: the record it waits for (the last before it on the rank)
     dep: Option<usize>,
@@ -404,7 +410,7 @@ impl Sim {
                 }
                 steps.push(Step {
                     rank: r,
-                    stream: *s,
+                    stream: sim(*s),
                     rec: rec.clone(),
                     dep,
                 });
@@ -438,7 +444,7 @@ impl Sim {
         let mut queues: Vec<(usize, std::collections::VecDeque<usize>)> = Vec::new();
         let mut by_lane: HashMap<usize, usize> = HashMap::new();
         for (i, s) in self.steps.iter().enumerate() {
-            let l = self.lanes[&(s.rank, s.stream)];
+            let l = self.lanes[&(s.rank, s.stream.raw())];
             let q = *by_lane.entry(l).or_insert_with(|| {
                 queues.push((l, Default::default()));
                 queues.len() - 1
@@ -476,7 +482,7 @@ impl Sim {
                     .filter_map(|(_, q)| q.front())
                     .map(|&h| {
                         let s = &self.steps[h];
-                        format!("rank {} stream {}: {:?}", s.rank, s.stream, s.rec)
+                        format!("rank {} stream {}: {:?}", s.rank, s.stream.raw(), s.rec)
                     })
                     .collect();
                 return Err(format!("deadlock; blocked:\n{}", heads.join("\n")));
