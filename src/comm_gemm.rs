@@ -37,6 +37,7 @@ use crate::cuda::resources::{
 use crate::cuda::{ContextGuard, DevPtr};
 use crate::error::{Error, Result};
 use crate::gemm::{Operands, TeGemm};
+use crate::overlap::policy::Tiles;
 use crate::overlap::{Overlap, Pins, Policy, ag::AgArgs, ar::ArArgs, rs::RsArgs};
 use crate::tensor::{Buffer, DType, Shape, Tensor};
 use crate::transport::nccl::channel::Owned as _;
@@ -614,7 +615,10 @@ impl CommGemmCtx {
         let ch = self.call.current.unwrap_or(self.policy);
         let mut p = Policy {
             tp_size: self.nranks as i32,
-            fused: c.atomic || ch.fused,
+            fused: match c.atomic {
+                true => Some(ch.fused.unwrap_or(Tiles::Rule)),
+                false => ch.fused,
+            },
             ..ch
         };
         if c.comm_sm_count > 0 {
@@ -963,7 +967,7 @@ impl call::CallBackend for GpuCall<'_> {
         self.ctx.engine(kind, dtype, bytes)
     }
     fn configure(&mut self, eng: usize, c: &GemmCall) -> Result<bool> {
-        Ok(self.ctx.configure(eng, c)?.ring)
+        Ok(self.ctx.configure(eng, c)?.rs_ring())
     }
     fn scratch(&mut self, slot: usize, bytes: usize) -> Result<DevPtr> {
         self.ctx.scratch(slot, bytes)

@@ -20,6 +20,7 @@
 //!
 //! Candidate generation, the encoding and the pick are pure functions tested here.
 use crate::error::{Error, Result};
+use crate::overlap::policy::{Direction, Reduction, Sum, Tiles};
 use crate::overlap::{Pins, Policy};
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -73,11 +74,11 @@ impl Op {
 /// cross-rank exchange and the disk cache: flags, comm SMs, splits, pieces.
 pub fn encode(p: &Policy) -> [u8; 8] {
     let flags = (p.comm.use_ce as u8)
-        | (p.bidirectional as u8) << 1
-        | (p.ring as u8) << 2
-        | (p.accumulate as u8) << 3
-        | (p.fused as u8) << 4
-        | (p.narrow as u8) << 5;
+        | (p.bidirectional() as u8) << 1
+        | (p.rs_ring() as u8) << 2
+        | (p.accumulates() as u8) << 3
+        | (p.fused.is_some() as u8) << 4
+        | ((p.fused == Some(Tiles::Narrow)) as u8) << 5;
     let mut b = [0u8; 8];
     b[0] = 1; // present
     b[1] = flags;
@@ -95,11 +96,26 @@ pub fn decode(b: &[u8], base: &Policy) -> Option<Policy> {
     }
     let mut p = *base;
     p.comm.use_ce = b[1] & 1 != 0;
-    p.bidirectional = b[1] & 2 != 0;
-    p.ring = b[1] & 4 != 0;
-    p.accumulate = b[1] & 8 != 0;
-    p.fused = b[1] & 16 != 0;
-    p.narrow = b[1] & 32 != 0;
+    let bit = |i: u8| b[1] & (1 << i) != 0;
+    p.direction = if bit(1) {
+        Direction::BothWays
+    } else {
+        Direction::OneWay
+    };
+    // (the bits the encoder never sets apart are read as it sets them: accumulating only
+    // with the ring, narrow tiles only with the fused algorithms)
+    p.reduce = match (bit(2), bit(3)) {
+        (false, _) => Reduction::Chunks,
+        (true, false) => Reduction::Ring { sum: Sum::Closing },
+        (true, true) => Reduction::Ring {
+            sum: Sum::Accumulating,
+        },
+    };
+    p.fused = match (bit(4), bit(5)) {
+        (false, _) => None,
+        (true, false) => Some(Tiles::Rule),
+        (true, true) => Some(Tiles::Narrow),
+    };
     p.comm.sms = u16::from_le_bytes([b[2], b[3]]) as i32;
     p.splits = u16::from_le_bytes([b[4], b[5]]) as i32;
     p.pieces = (b[6] as i32).max(1);
@@ -234,7 +250,7 @@ impl Candidates {
         if !self.v.contains(&c)
             && c.comm.sms >= 1
             && c.comm.sms < self.max_sms / 2
-            && (self.narrow || !c.narrow)
+            && (self.narrow || c.fused != Some(Tiles::Narrow))
         {
             self.v.push(c);
         }
@@ -243,17 +259,26 @@ impl Candidates {
     /// The accumulating ring (copy-engine puts) with its chunks in `pieces`.
     fn accumulating_ring(d: Policy, pieces: i32) -> Policy {
         with(d, |p| {
-            p.ring = true;
+            p.reduce = Reduction::Ring {
+                sum: Sum::Accumulating,
+            };
             p.comm.use_ce = true;
-            p.accumulate = true;
             p.pieces = pieces;
         })
+    }
+
+    /// The ring with `d`'s sum (closing where `d` runs chunks).
+    fn ring_of(d: Policy) -> Reduction {
+        match d.reduce {
+            Reduction::Chunks => Reduction::Ring { sum: Sum::Closing },
+            ring => ring,
+        }
     }
 
     /// The ring (p2p) with copy-engine puts, or SM puts on `sms` SMs.
     fn ring(d: Policy, sms: Option<i32>) -> Policy {
         with(d, |p| {
-            p.ring = true;
+            p.reduce = Self::ring_of(d);
             p.comm.use_ce = sms.is_none();
             if let Some(n) = sms {
                 p.comm.sms = n;
@@ -267,7 +292,13 @@ impl Candidates {
                 if bidirectional && tp < 4 {
                     continue; // a 2-ring has one neighbour each way: nothing to gain
                 }
-                let b = with(d, |p| p.bidirectional = bidirectional);
+                let b = with(d, |p| {
+                    p.direction = if bidirectional {
+                        Direction::BothWays
+                    } else {
+                        Direction::OneWay
+                    }
+                });
                 self.add(with(b, |p| p.comm.use_ce = true));
                 for sms in [8, 16, 32] {
                     self.add(with(b, |p| {
@@ -287,14 +318,11 @@ impl Candidates {
         // 128-wide tiles: chosen only where measured faster, as every candidate.
         for pieces in [1, 2, 8] {
             self.add(with(d, |p| {
-                p.fused = true;
+                p.fused = Some(Tiles::Rule);
                 p.pieces = pieces;
             }));
         }
-        self.add(with(d, |p| {
-            p.fused = true;
-            p.narrow = true;
-        }));
+        self.add(with(d, |p| p.fused = Some(Tiles::Narrow)));
     }
 
     /// The accumulating ring (any transport), its chunks in 2 or 4 pieces; ring (p2p):
@@ -316,7 +344,7 @@ impl Candidates {
         for splits in [2, 4, 6, 8] {
             for sms in [16, 32] {
                 self.add(with(d, |p| {
-                    p.ring = false;
+                    p.reduce = Reduction::Chunks;
                     p.comm.use_ce = true;
                     p.splits = splits;
                     p.comm.sms = sms;
@@ -333,13 +361,13 @@ impl Candidates {
     /// pieces per destination, then in 4 pieces of 128-wide tiles: chosen only where
     /// measured faster, as every candidate.
     fn fused_ring(&mut self, d: Policy, pieces: &[i32]) {
-        let fused = with(Self::ring(d, None), |p| p.fused = true);
+        let fused = with(Self::ring(d, None), |p| p.fused = Some(Tiles::Rule));
         for &pieces in pieces {
             self.add(with(fused, |p| p.pieces = pieces));
         }
         self.add(with(fused, |p| {
             p.pieces = 4;
-            p.narrow = true;
+            p.fused = Some(Tiles::Narrow);
         }));
     }
 
@@ -359,7 +387,7 @@ impl Candidates {
         }
         for splits in [2, 3, 4, 6] {
             self.add(with(d, |p| {
-                p.ring = false;
+                p.reduce = Reduction::Chunks;
                 p.splits = splits;
             }));
         }
@@ -650,16 +678,16 @@ mod tests {
             (Op::AllGather, true, false),
         ] {
             let c = candidates(op, 2, peer_memory, d(), 132, (true, true));
-            let acc: Vec<&Policy> = c.iter().filter(|x| x.accumulate).collect();
+            let acc: Vec<&Policy> = c.iter().filter(|x| x.accumulates()).collect();
             assert_eq!(!acc.is_empty(), want, "{op:?} peer memory {peer_memory}");
-            assert!(acc.iter().all(|x| x.ring && x.pieces >= 2));
+            assert!(acc.iter().all(|x| x.rs_ring() && x.pieces >= 2));
         }
         // Where NVTE_COMM_RS_RING forces how rings sum: no accumulating candidates.
         for op in [Op::ReduceScatter, Op::AllReduce] {
             assert!(
                 !candidates(op, 2, true, d(), 132, (false, true))
                     .iter()
-                    .any(|c| c.accumulate)
+                    .any(|c| c.accumulates())
             );
         }
         // python/tests/jax/test_jax_gpu.py forces picks 1, 2, 3, 4, 5, 7 (each is taken mod
@@ -674,43 +702,51 @@ mod tests {
         assert!(run(&ag, &|c| c.pieces == 2) && run(&ag, &|c| c.pieces == 4));
         assert!(run(&ag, &|c| !c.comm.use_ce));
         for x in [&rs, &ar] {
-            assert!(run(x, &|c| c.accumulate && c.pieces == 2));
-            assert!(run(x, &|c| c.accumulate && c.pieces == 4));
+            assert!(run(x, &|c| c.accumulates() && c.pieces == 2));
+            assert!(run(x, &|c| c.accumulates() && c.pieces == 4));
             assert!(
-                run(x, &|c| c.ring && !c.accumulate && !c.comm.use_ce),
+                run(x, &|c| c.rs_ring() && !c.accumulates() && !c.comm.use_ce),
                 "SM puts"
             );
         }
-        assert!(run(&rs, &|c| !c.ring && c.splits == 2), "pipelined");
-        assert!(run(&ar, &|c| !c.ring), "chunked");
+        assert!(run(&rs, &|c| !c.rs_ring() && c.splits == 2), "pipelined");
+        assert!(run(&ar, &|c| !c.rs_ring()), "chunked");
         // The fused all-gather: all-gather candidates only, among the forced picks.
-        assert!(run(&ag, &|c| c.fused));
+        assert!(run(&ag, &|c| c.fused.is_some()));
         // The fused ring (reduce-scatter and the ring all-reduce's): after the other
         // candidates (the forced picks above stay where they were), ring and copy engine
         // only, with peer memory only.
         for x in [&rs, &ar] {
-            let f: Vec<_> = x.iter().filter(|c| c.fused).collect();
-            assert!(!f.is_empty() && f.iter().all(|c| c.ring && c.comm.use_ce && !c.accumulate));
-            assert!(x.iter().skip_while(|c| !c.fused).all(|c| c.fused));
+            let f: Vec<_> = x.iter().filter(|c| c.fused.is_some()).collect();
+            assert!(
+                !f.is_empty()
+                    && f.iter()
+                        .all(|c| c.rs_ring() && c.comm.use_ce && !c.accumulates())
+            );
+            assert!(
+                x.iter()
+                    .skip_while(|c| c.fused.is_none())
+                    .all(|c| c.fused.is_some())
+            );
         }
-        assert!(rs.iter().any(|c| c.fused && c.pieces == 4));
+        assert!(rs.iter().any(|c| c.fused.is_some() && c.pieces == 4));
         for op in [Op::ReduceScatter, Op::AllReduce] {
             assert!(
                 !candidates(op, 2, false, d(), 132, (true, true))
                     .iter()
-                    .any(|c| c.fused)
+                    .any(|c| c.fused.is_some())
             );
         }
         // The bidirectional ring only from tp 4.
         assert!(
             !candidates(Op::AllGather, 2, true, d(), 132, (true, true))
                 .iter()
-                .any(|c| c.bidirectional)
+                .any(|c| c.bidirectional())
         );
         assert!(
             candidates(Op::AllGather, 4, true, d(), 132, (true, true))
                 .iter()
-                .any(|c| c.bidirectional)
+                .any(|c| c.bidirectional())
         );
     }
 
@@ -721,14 +757,19 @@ mod tests {
         for op in [Op::AllGather, Op::ReduceScatter, Op::AllReduce] {
             for tp in [2, 4, 8] {
                 let c = candidates(op, tp, true, d(), 132, (true, true));
-                assert!(c.iter().any(|x| x.fused && x.narrow), "{op:?} tp {tp}");
-                assert!(c.iter().all(|x| x.fused || !x.narrow), "{op:?} tp {tp}");
+                // (narrow tiles without the fused algorithms: the type has no such value)
+                let narrow = Some(Tiles::Narrow);
+                assert!(c.iter().any(|x| x.fused == narrow), "{op:?} tp {tp}");
                 let pinned = candidates(op, tp, true, d(), 132, (true, false));
-                assert!(!pinned.iter().any(|x| x.narrow) && pinned.iter().any(|x| x.fused));
+                assert!(!pinned.iter().any(|x| x.fused == narrow));
+                assert!(pinned.iter().any(|x| x.fused.is_some()));
             }
         }
         let ag = candidates(Op::AllGather, 4, true, d(), 132, (true, true));
-        assert!(ag.iter().any(|c| c.fused && c.pieces == 8 && !c.narrow));
+        assert!(
+            ag.iter()
+                .any(|c| c.fused == Some(Tiles::Rule) && c.pieces == 8)
+        );
     }
 
     #[test]
@@ -801,7 +842,7 @@ mod tests {
         };
         let other = Policy {
             splits: 4,
-            ring: false,
+            reduce: Reduction::Chunks,
             ..d()
         };
         let all = [

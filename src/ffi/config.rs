@@ -2,7 +2,7 @@
 //! declares (cbindgen exports [`Config`] under that name). It lives at the C boundary
 //! only: the engine runs by the `overlap::Policy` made of it ([`Config::policy`]).
 use crate::overlap::TransportChoice;
-use crate::overlap::policy::{Comm, Pins, Policy, Streams};
+use crate::overlap::policy::{Comm, Direction, Pins, Policy, Streams};
 
 /// Engine settings. Fill with nvte_comm_overlap_config_default() (TE's defaults plus the
 /// environment overrides), then change fields. `struct_size` must be sizeof(the struct).
@@ -77,12 +77,12 @@ impl Config {
                 sm_margin: self.set_sm_margin,
             },
             splits: self.num_splits,
-            bidirectional: self.aggregate,
-            pieces: 1,
-            ring: true,
-            accumulate: false,
-            fused: false,
-            narrow: false,
+            direction: if self.aggregate {
+                Direction::BothWays
+            } else {
+                Direction::OneWay
+            },
+            ..Policy::te_defaults()
         }
     }
 
@@ -97,7 +97,7 @@ impl Config {
             num_comm_sm: p.comm.sms,
             set_sm_margin: p.comm.sm_margin,
             use_ce: p.comm.use_ce,
-            aggregate: p.bidirectional,
+            aggregate: p.bidirectional(),
             atomic_gemm: p.atomic_gemm,
             gemm_priority: p.streams.gemm_priority,
             comm_priority: p.streams.comm_priority,
@@ -110,6 +110,7 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::Config;
+    use crate::overlap::policy::Direction;
     use crate::overlap::{Pins, Policy};
 
     #[test]
@@ -118,7 +119,7 @@ mod tests {
             tp_size: 2,
             splits: 5,
             timeout_ms: 1234,
-            bidirectional: true,
+            direction: Direction::BothWays,
             ..Policy::from_env().unwrap()
         };
         let mut p = p;

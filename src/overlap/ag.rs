@@ -92,7 +92,7 @@ impl Planner<'_> {
             }
         } else {
             Algo::RingAg {
-                bidirectional: p.bidirectional,
+                bidirectional: p.bidirectional(),
                 pieces,
             }
         }

@@ -71,6 +71,30 @@ pub enum Sum {
     Accumulating,
 }
 
+/// The ring all-gather's direction (config `aggregate`: both ways at once).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    /// one way round the ring (TE's default)
+    OneWay,
+    /// both ways at once, each half of the remote chunks from one neighbour
+    BothWays,
+}
+
+/// How the reductions run (the reduce-scatter of a comm-GEMM context and the
+/// all-reduce): the choice of algorithm, with the ring's parameter. One value serves
+/// both operations: a tuned policy is one operation's, and an object's default is the
+/// ring for both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reduction {
+    /// chunks, each reduced as the next computes: the pipelined reduce-scatter (where
+    /// the transport has peer memory, else the ring), the chunked all-reduce; the
+    /// policy's `splits` chunks
+    Chunks,
+    /// the rings: the reduce-scatter's, and the all-reduce's where it fits; `sum`: how
+    /// the ring sums where it can accumulate (unless NVTE_COMM_RS_RING pins it)
+    Ring { sum: Sum },
+}
+
 /// An environment knob that pins a choice the tuner would otherwise make: unset or
 /// `auto` (None here), or the choice's index in the knob's list (`crate::env`).
 pub type Pin = Option<usize>;
@@ -129,20 +153,17 @@ pub struct Policy {
     /// GEMM chunks of the pipelined reduce-scatter and the chunked all-reduce (TE
     /// default 3; config `num_splits`)
     pub splits: i32,
-    /// the ring all-gather runs both ways at once (config `aggregate`, default false)
-    pub bidirectional: bool,
+    /// the ring all-gather's direction (config `aggregate`, default one way)
+    pub direction: Direction,
     /// pieces per remote chunk of the ring all-gather, per chunk of the accumulating ring,
     /// per destination of the fused ring (1..=16, default 1)
     pub pieces: i32,
-    /// the comm-GEMM reduce-scatter runs the ring (else the pipelined one); the
-    /// all-reduce the ring where it fits (else chunked) unless NVTE_COMM_AR_ALGO pins it
-    pub ring: bool,
-    /// the rings accumulate (unless NVTE_COMM_RS_RING pins how they sum)
-    pub accumulate: bool,
-    /// the fused algorithms (as `atomic_gemm`, for this call shape)
-    pub fused: bool,
-    /// the fused algorithms' GEMM in 128-wide tiles (unless NVTE_COMM_FUSED_TILES pins it)
-    pub narrow: bool,
+    /// the reductions' algorithm: the ring (default) or chunks; the all-reduce's unless
+    /// NVTE_COMM_AR_ALGO pins it
+    pub reduce: Reduction,
+    /// the fused algorithms for this call shape (as `atomic_gemm`), their GEMM's tiles
+    /// (unless NVTE_COMM_FUSED_TILES pins them); None: the unfused ones
+    pub fused: Option<Tiles>,
 }
 
 /// The ring reduce-scatter's parameters (split_rs_p2p, and the ring all-reduce's).
@@ -263,12 +284,10 @@ impl Policy {
                 sm_margin: true,
             },
             splits: 3,
-            bidirectional: false,
+            direction: Direction::OneWay,
             pieces: 1,
-            ring: true,
-            accumulate: false,
-            fused: false,
-            narrow: false,
+            reduce: Reduction::Ring { sum: Sum::Closing },
+            fused: None,
         }
     }
 
@@ -300,7 +319,11 @@ impl Policy {
             p.comm.use_ce = v;
         }
         if let Some(v) = env::OVERLAP_AGGREGATE.get()? {
-            p.bidirectional = v;
+            p.direction = if v {
+                Direction::BothWays
+            } else {
+                Direction::OneWay
+            };
         }
         if let Some(v) = env::OVERLAP_SM_MARGIN.get()? {
             p.comm.sm_margin = v;
@@ -428,7 +451,7 @@ impl Policy {
 
     /// The fused algorithms where they apply: config `atomic_gemm` or the tuning's.
     pub fn fused_on(&self) -> bool {
-        self.atomic_gemm || self.fused
+        self.atomic_gemm || self.fused.is_some()
     }
 
     /// The fused algorithms' tiles: NVTE_COMM_FUSED_TILES (`rule`, `narrow`), else the
@@ -437,8 +460,7 @@ impl Policy {
         match self.pins.fused_tiles {
             Some(TILES_RULE) => Tiles::Rule,
             Some(TILES_NARROW) => Tiles::Narrow,
-            _ if self.narrow => Tiles::Narrow,
-            _ => Tiles::Rule,
+            _ => self.fused.unwrap_or(Tiles::Rule),
         }
     }
 
@@ -450,7 +472,7 @@ impl Policy {
             _ if inline => true,
             Some(RS_REDUCE) => false,
             Some(RS_ACCUMULATE) => true,
-            _ => self.accumulate || tp == 1,
+            _ => self.accumulates() || tp == 1,
         };
         if acc { Sum::Accumulating } else { Sum::Closing }
     }
@@ -461,8 +483,26 @@ impl Policy {
         match self.pins.ar_algo {
             Some(AR_CHUNKED) => false,
             Some(AR_RING) => true,
-            _ => self.ring,
+            _ => self.rs_ring(),
         }
+    }
+
+    /// The comm-GEMM reduce-scatter runs the ring (else the pipelined one): the tuning's.
+    pub fn rs_ring(&self) -> bool {
+        matches!(self.reduce, Reduction::Ring { .. })
+    }
+
+    /// The tuning's rings accumulate.
+    pub fn accumulates(&self) -> bool {
+        self.reduce
+            == Reduction::Ring {
+                sum: Sum::Accumulating,
+            }
+    }
+
+    /// The ring all-gather runs both ways at once.
+    pub fn bidirectional(&self) -> bool {
+        self.direction == Direction::BothWays
     }
 
     /// NVTE_COMM_AG_PIECES=k: the fused all-gather's pieces are K slices where they can be.
@@ -470,19 +510,23 @@ impl Policy {
         self.pins.ag_pieces == Some(AG_PIECES_K)
     }
 
-    /// The policy's text for the report and the tuner's messages: the per-call choices.
+    /// The policy's text for the report and the tuner's messages: the per-call choices,
+    /// as typed (the reductions' algorithm and the fused algorithms' tiles after the
+    /// pins and `atomic_gemm`).
     pub fn summary(&self) -> String {
+        // The ring's sum as a group of 2 or more sees it (after NVTE_COMM_RS_RING).
+        let reduce = match self.reduce {
+            Reduction::Chunks => "chunks".to_string(),
+            Reduction::Ring { .. } => format!("ring(sum={:?})", self.sum(2, false)),
+        };
+        let ar = if self.ar_ring() { "ring" } else { "chunks" };
+        let fused = match self.fused_on() {
+            true => format!("on(tiles={:?})", self.tiles()),
+            false => "off".to_string(),
+        };
         format!(
-            "ce={} comm_sms={} splits={} bidirectional={} pieces={} ring={} acc={} fused={} tiles={:?}",
-            self.comm.use_ce as u8,
-            self.comm.sms,
-            self.splits,
-            self.bidirectional as u8,
-            self.pieces,
-            self.ar_ring() as u8,
-            self.accumulate as u8,
-            self.fused_on() as u8,
-            self.tiles()
+            "ce={} comm_sms={} splits={} direction={:?} pieces={} reduce={reduce} ar={ar} fused={fused}",
+            self.comm.use_ce as u8, self.comm.sms, self.splits, self.direction, self.pieces,
         )
     }
 }
@@ -547,7 +591,8 @@ mod tests {
                 fused_tiles: knob,
                 ..Pins::default()
             };
-            assert_eq!(pinned(pins, &|p| p.narrow = tuned).tiles(), want);
+            let fused = tuned.then_some(Tiles::Narrow);
+            assert_eq!(pinned(pins, &|p| p.fused = fused).tiles(), want);
         }
         for (knob, tuned, tp, inline, want) in [
             (None, false, 2, false, Sum::Closing),
@@ -561,7 +606,12 @@ mod tests {
                 rs_ring: knob,
                 ..Pins::default()
             };
-            let p = pinned(pins, &|p| p.accumulate = tuned);
+            let sum = if tuned {
+                Sum::Accumulating
+            } else {
+                Sum::Closing
+            };
+            let p = pinned(pins, &|p| p.reduce = Reduction::Ring { sum });
             assert_eq!(p.sum(tp, inline), want, "{knob:?} {tuned} tp {tp}");
         }
         for (knob, tuned, want) in [
@@ -574,7 +624,12 @@ mod tests {
                 ar_algo: knob,
                 ..Pins::default()
             };
-            assert_eq!(pinned(pins, &|p| p.ring = tuned).ar_ring(), want);
+            let reduce = if tuned {
+                Reduction::Ring { sum: Sum::Closing }
+            } else {
+                Reduction::Chunks
+            };
+            assert_eq!(pinned(pins, &|p| p.reduce = reduce).ar_ring(), want);
         }
         let atomic = Policy {
             atomic_gemm: true,
@@ -629,7 +684,17 @@ mod tests {
         let p = Policy::te_defaults();
         assert_eq!(
             p.summary(),
-            "ce=1 comm_sms=16 splits=3 bidirectional=0 pieces=1 ring=1 acc=0 fused=0 tiles=Rule"
+            "ce=1 comm_sms=16 splits=3 direction=OneWay pieces=1 reduce=ring(sum=Closing) ar=ring fused=off"
+        );
+        let tuned = Policy {
+            reduce: Reduction::Chunks,
+            fused: Some(Tiles::Narrow),
+            direction: Direction::BothWays,
+            ..p
+        };
+        assert_eq!(
+            tuned.summary(),
+            "ce=1 comm_sms=16 splits=3 direction=BothWays pieces=1 reduce=chunks ar=chunks fused=on(tiles=Narrow)"
         );
     }
 
@@ -639,7 +704,7 @@ mod tests {
         let ok = Policy {
             splits: 4,
             pieces: 2,
-            fused: true,
+            fused: Some(Tiles::Rule),
             ..base
         };
         assert!(base.check_replacement(&ok, 132).is_ok());

@@ -17,7 +17,7 @@ use super::algo;
 use super::ar::ArArgs;
 use super::bulk::{BulkArgs, BulkKind};
 use super::plan::{self, AlgoSlots, Device, Env, Lane, Plan, Planner, Reduce, Scratch};
-use super::policy::{Algo, Pins, Policy};
+use super::policy::{Algo, Direction, Pins, Policy, Reduction, Sum, Tiles};
 use super::rs::RsArgs;
 use super::{Op, ag::AgArgs};
 use crate::cuda::DevPtr;
@@ -1485,7 +1485,7 @@ fn ring_all_gather_gemm() {
     });
     all("split_ag (bidirectional, 2 pieces)", |tp, f| {
         let cfg = Cfg::new(f).with(|p| {
-            p.bidirectional = true;
+            p.direction = Direction::BothWays;
             p.pieces = 2;
         });
         check_ag(tp, cfg, false)
@@ -1519,7 +1519,7 @@ fn fused_all_gather_gemm() {
     all("fused_ag (SM puts, bidirectional asked)", |tp, f| {
         let cfg = fused(f).with(|p| {
             p.comm.use_ce = false;
-            p.bidirectional = true;
+            p.direction = Direction::BothWays;
         });
         check_ag(tp, cfg, false)
     });
@@ -1538,7 +1538,7 @@ fn fused_all_gather_gemm() {
     });
     all("fused_ag (tuned: 128-wide tiles, 2 pieces)", |tp, f| {
         let cfg = fused(f).with(|p| {
-            p.narrow = true;
+            p.fused = Some(Tiles::Narrow);
             p.pieces = 2;
         });
         check_ag(tp, cfg, false)
@@ -1752,7 +1752,7 @@ fn pipelined_and_ring_reduce_scatter() {
         "split_rs_p2p (fused ring, tuned: 128-wide tiles, 2 pieces)",
         |tp, f| {
             let cfg = Cfg::fused(f, false).with(|p| {
-                p.narrow = true;
+                p.fused = Some(Tiles::Narrow);
                 p.pieces = 2;
             });
             check_rs(tp, cfg, true)
@@ -1770,7 +1770,9 @@ fn accumulating_ring_reduce_scatter() {
             &format!("split_rs_p2p (accumulating, {pieces} pieces)"),
             |tp, f| {
                 let cfg = Cfg::new(f).with(|p| {
-                    p.accumulate = true;
+                    p.reduce = Reduction::Ring {
+                        sum: Sum::Accumulating,
+                    };
                     p.pieces = pieces;
                 });
                 check_rs(tp, cfg, true)
@@ -1801,7 +1803,9 @@ fn all_reduce_variants() {
     );
     all("split_ar (ring, accumulating)", |tp, f| {
         let cfg = Cfg::new(f).with(|p| {
-            p.accumulate = true;
+            p.reduce = Reduction::Ring {
+                sum: Sum::Accumulating,
+            };
             p.pieces = 2;
         });
         check_ar(tp, cfg)
@@ -1810,7 +1814,7 @@ fn all_reduce_variants() {
     for splits in [8, 2] {
         all(&format!("split_ar (chunked, {splits} splits)"), |tp, f| {
             let cfg = Cfg::new(f).with(|p| {
-                p.ring = false;
+                p.reduce = Reduction::Chunks;
                 p.splits = splits;
             });
             check_ar(tp, cfg)
@@ -1896,7 +1900,12 @@ fn the_planner_plans_the_algorithm_the_policy_chooses() {
         let ds: Vec<DevPtr> = (0..tp)
             .map(|r| mem.alloc(&format!("D{r}"), n * m * 4))
             .collect();
-        let cfg = Cfg::new(f).with(|p| p.ring = ring);
+        let cfg = Cfg::new(f).with(|p| {
+            p.reduce = match ring {
+                true => Reduction::Ring { sum: Sum::Closing },
+                false => Reduction::Chunks,
+            }
+        });
         let mut plan_call = |pl: &mut Planner, r: usize| {
             let (ta, tb, td) = (
                 tensor(p.a[r].1, &[m, k]),
