@@ -821,6 +821,41 @@ mod tests {
         );
     }
 
+    /// The typed choices keep the encoding's bits and the disk cache's words: cache files
+    /// and the cross-rank exchange written before them read the same.
+    #[test]
+    fn typed_choices_keep_the_bytes_and_the_text() {
+        let all_on = Policy {
+            direction: Direction::BothWays,
+            reduce: Reduction::Ring {
+                sum: Sum::Accumulating,
+            },
+            fused: Some(Tiles::Narrow),
+            splits: 6,
+            pieces: 4,
+            ..d()
+        };
+        assert_eq!(encode(&all_on), [1, 63, 16, 0, 6, 0, 4, 0]);
+        assert_eq!(
+            to_text(&encode(&all_on)),
+            "ce=1 aggregate=1 ring=1 comm_sms=16 splits=6 pieces=4 acc=1 fused=1 narrow=1"
+        );
+        let chunks = Policy {
+            reduce: Reduction::Chunks,
+            ..d()
+        };
+        assert_eq!(encode(&chunks), [1, 1, 16, 0, 3, 0, 1, 0]);
+        assert_eq!(encode(&d())[1], 1 | 4, "ce and the ring: TE's defaults");
+        let fused_rule = Policy {
+            fused: Some(Tiles::Rule),
+            ..d()
+        };
+        assert_eq!(encode(&fused_rule)[1], 1 | 4 | 16);
+        // Bits the encoder never sets apart read as it sets them.
+        let odd = decode(&[1, 1 | 8 | 32, 16, 0, 3, 0, 1, 0], &d()).unwrap();
+        assert_eq!((odd.reduce, odd.fused), (Reduction::Chunks, None));
+    }
+
     #[test]
     fn pick_takes_the_best_slowest_rank() {
         // rank 0 likes candidate 1, rank 1 is slow on it: candidate 2 wins on the max.
