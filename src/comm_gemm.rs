@@ -43,6 +43,7 @@ use crate::tensor::{Buffer, DType, Shape, Tensor};
 use crate::transport::nccl::channel::Owned as _;
 use crate::tune;
 use crate::{invalid, unsupported};
+use call::EngineId;
 use std::collections::HashMap;
 
 mod agree;
@@ -166,7 +167,7 @@ struct CtxCall {
     /// `prepare`: create the engine and buffers a call needs, enqueue nothing
     preparing: bool,
     /// the engine of the last call (NVTE_COMM_REPORT)
-    last_engine: Option<usize>,
+    last_engine: Option<EngineId>,
     /// the eager calls agreed on so far (the agreement's call number)
     agreed: u64,
     /// the tuned policy of the call in progress (None: the context's)
@@ -374,13 +375,13 @@ impl CommGemmCtx {
 
     /// The engine for `dtype` with at least `bytes` of buffer (re-created larger if needed;
     /// never during a graph capture: see the module doc).
-    fn engine(&mut self, kind: Kind, dtype: DType, bytes: usize) -> Result<usize> {
+    fn engine(&mut self, kind: Kind, dtype: DType, bytes: usize) -> Result<EngineId> {
         let existing = self.engines.iter().position(|e| e.shape().2 == dtype);
         if let Some(i) = existing {
             let (r, c, _) = self.engines[i].shape();
             if r * c * dtype.bits() / 8 >= bytes {
-                self.call.last_engine = Some(i);
-                return Ok(i);
+                self.call.last_engine = Some(EngineId::new(i));
+                return Ok(EngineId::new(i));
             }
         }
         if self.call.capturing {
@@ -413,8 +414,9 @@ impl CommGemmCtx {
             o.enable_report()?;
         }
         self.engines.push(o);
-        self.call.last_engine = Some(self.engines.len() - 1);
-        Ok(self.engines.len() - 1)
+        let id = EngineId::new(self.engines.len() - 1);
+        self.call.last_engine = Some(id);
+        Ok(id)
     }
 
     /// The direct calls' warm-up rule ([`Self::engine`]'s, without an engine): a call
@@ -488,7 +490,11 @@ impl CommGemmCtx {
 
     /// NVTE_COMM_REPORT: the last timed call's figures (of the engine of the last call).
     pub fn last_report(&mut self) -> Result<Option<crate::overlap::report::Figures>> {
-        match self.call.last_engine.and_then(|i| self.engines.get_mut(i)) {
+        match self
+            .call
+            .last_engine
+            .and_then(|i| self.engines.get_mut(i.index()))
+        {
             Some(e) => e.last_report(),
             None => Ok(None),
         }
@@ -611,7 +617,7 @@ impl CommGemmCtx {
     /// context's), with the fused algorithms where the call's algo asks for them
     /// (`GemmCall::atomic`) and the call's own comm_sm_count where it gives one. `c`'s
     /// global m, n, k become the engine's report key. Returns the policy.
-    fn configure(&mut self, eng: usize, c: &GemmCall) -> Result<Policy> {
+    fn configure(&mut self, eng: EngineId, c: &GemmCall) -> Result<Policy> {
         let ch = self.call.current.unwrap_or(self.policy);
         let mut p = Policy {
             tp_size: self.nranks as i32,
@@ -624,7 +630,7 @@ impl CommGemmCtx {
         if c.comm_sm_count > 0 {
             p.comm.sms = c.comm_sm_count;
         }
-        let e = &mut self.engines[eng];
+        let e = &mut self.engines[eng.index()];
         e.set_policy(&p)?;
         e.set_report_dims(Some([c.m, c.n, c.k]));
         Ok(p)
@@ -659,7 +665,7 @@ impl CommGemmCtx {
         let peer_memory = self
             .call
             .last_engine
-            .is_none_or(|e| self.engines[e].caps().peer_memory);
+            .is_none_or(|e| self.engines[e.index()].caps().peer_memory);
         // Where NVTE_COMM_RS_RING forces how rings sum, the accumulating candidates would
         // measure the same as others (and the key records the override).
         // Likewise the narrow candidates where NVTE_COMM_FUSED_TILES pins the width.
@@ -963,10 +969,10 @@ impl call::CallBackend for GpuCall<'_> {
         self.ctx
             .direct_call(c, dtype, bytes, g, copy, self.guard, self.stream)
     }
-    fn engine(&mut self, kind: Kind, dtype: DType, bytes: usize) -> Result<usize> {
+    fn engine(&mut self, kind: Kind, dtype: DType, bytes: usize) -> Result<EngineId> {
         self.ctx.engine(kind, dtype, bytes)
     }
-    fn configure(&mut self, eng: usize, c: &GemmCall) -> Result<bool> {
+    fn configure(&mut self, eng: EngineId, c: &GemmCall) -> Result<bool> {
         Ok(self.ctx.configure(eng, c)?.rs_ring())
     }
     fn scratch(&mut self, slot: usize, bytes: usize) -> Result<DevPtr> {
@@ -993,18 +999,18 @@ impl call::CallBackend for GpuCall<'_> {
         // SAFETY: as `memset`: pitched ranges of scratch buffers and checked tensors.
         unsafe { copy_2d(dst, dpitch, src, spitch, width, height, self.stream) }
     }
-    fn split_ag(&mut self, eng: usize, x: &AgArgs) -> Result<()> {
-        self.ctx.engines[eng].split_ag(x, self.stream)
+    fn split_ag(&mut self, eng: EngineId, x: &AgArgs) -> Result<()> {
+        self.ctx.engines[eng.index()].split_ag(x, self.stream)
     }
-    fn split_rs(&mut self, eng: usize, x: &RsArgs, ring: bool) -> Result<()> {
+    fn split_rs(&mut self, eng: EngineId, x: &RsArgs, ring: bool) -> Result<()> {
         if ring {
-            self.ctx.engines[eng].split_rs_p2p(x, self.stream)
+            self.ctx.engines[eng.index()].split_rs_p2p(x, self.stream)
         } else {
-            self.ctx.engines[eng].split_rs(x, self.stream)
+            self.ctx.engines[eng.index()].split_rs(x, self.stream)
         }
     }
-    fn split_ar(&mut self, eng: usize, x: &ArArgs) -> Result<()> {
-        self.ctx.engines[eng].split_ar(x, self.stream)
+    fn split_ar(&mut self, eng: EngineId, x: &ArArgs) -> Result<()> {
+        self.ctx.engines[eng.index()].split_ar(x, self.stream)
     }
 }
 

@@ -3,7 +3,9 @@
 //! bare `usize` / `u64` type, and no integer is cast into a driver or library handle
 //! type outside the handle types' own module. The `extern "C"` signatures and `repr(C)`
 //! structs of `src/ffi/` (the C ABI's own types) are the exception: the C boundary
-//! converts them into the types listed in [`HANDLE_TYPES`].
+//! converts them into the types listed in [`HANDLE_TYPES`]. The library's own tables of
+//! objects are indexed the same way: a comm-GEMM context's engine is an `EngineId`
+//! ([`INDEX_TYPES`]), so a parameter or field named `eng` / `engine` is no bare integer.
 mod common;
 use common::{code_without_comments, rs_files};
 use std::path::Path;
@@ -24,12 +26,16 @@ const HANDLE_TYPES: &[&str] = &[
     "DlHandle",
 ];
 
+/// The library's own table indices that are typed like handles (type, defining file):
+/// the names of [`HANDLE_WORDS`]' `eng` / `engine` hold them.
+const INDEX_TYPES: &[(&str, &str)] = &[("EngineId", "src/comm_gemm/call.rs")];
+
 /// The words that make a name a handle's: the name itself, or its last `_` part
 /// (`main_stream`, `nccl_comm`), or its first part before `_addr` / `_id` / `_raw`
 /// (`ctx_addr`, `ctx_id`).
 const HANDLE_WORDS: &[&str] = &[
     "ctx", "context", "stream", "event", "comm", "exec", "graph", "handle", "module", "func",
-    "function", "prog", "program", "lt",
+    "function", "prog", "program", "lt", "eng", "engine",
 ];
 
 fn handle_like(name: &str) -> bool {
@@ -182,8 +188,13 @@ fn no_handle_is_held_as_a_bare_integer() {
     }
     assert!(
         bad.is_empty(),
-        "handles held as bare integers (use the types of src/cuda/handles.rs: {}):\n{}",
+        "handles held as bare integers (use the types of src/cuda/handles.rs: {}; engines: {}):\n{}",
         HANDLE_TYPES.join(", "),
+        INDEX_TYPES
+            .iter()
+            .map(|t| t.0)
+            .collect::<Vec<_>>()
+            .join(", "),
         bad.join("\n")
     );
 }
@@ -250,6 +261,13 @@ fn every_listed_handle_type_is_defined_in_the_handle_module() {
             "{t} is not defined in src/cuda/handles.rs"
         );
     }
+    for (t, file) in INDEX_TYPES {
+        let code = code_without_comments(&Path::new(env!("CARGO_MANIFEST_DIR")).join(file));
+        assert!(
+            code.contains(&format!("pub struct {t}(usize);")),
+            "{t} (a private index) is not defined in {file}"
+        );
+    }
 }
 
 #[test]
@@ -257,7 +275,8 @@ fn the_checks_find_what_they_look_for() {
     // The reader itself: a field, a parameter and an optional one are found; a `let`, a
     // typed handle, a non-handle name and a path are not.
     let code = "struct S {\n    pub stream: usize,\n    ctx_addr: usize,\n    rows: usize,\n    ev: EventHandle,\n}\n\
-                fn f(comm: u64, main_stream: Option<usize>, graph: GraphHandle) {\n    let ctx: u64 = 0;\n    x::y(std::a::b);\n}\n";
+                fn f(comm: u64, main_stream: Option<usize>, graph: GraphHandle) {\n    let ctx: u64 = 0;\n    x::y(std::a::b);\n}\n\
+                fn g(eng: usize, last_engine: Option<usize>, e: EngineId, engines: usize) {}\n";
     let hits = bare_handles(code);
     assert_eq!(
         hits,
@@ -265,7 +284,9 @@ fn the_checks_find_what_they_look_for() {
             "2: stream: usize",
             "3: ctx_addr: usize",
             "7: comm: u64",
-            "7: main_stream: Option<usize>"
+            "7: main_stream: Option<usize>",
+            "11: eng: usize",
+            "11: last_engine: Option<usize>"
         ]
     );
     let ffi = "pub extern \"C\" fn nvte_x(stream: usize) {}\n#[repr(C)]\npub struct C {\n    pub comm: u64,\n}\nfn g(stream: usize) {}\n";
