@@ -479,7 +479,10 @@ impl CommGemmCtx {
             // tensors, whose sizes the call's checks fixed.
             unsafe { copy_async(dst, src, bytes, stream)? };
         }
-        crate::gemm::run(&desc, guard, stream)
+        // SAFETY: `desc` is `gemm::desc_from_te` of the call's operands: the request's
+        // tensors, which the C boundary resolved and validated, and the context's own
+        // scratch, sized by the call's checks; all alive until the caller's stream runs it.
+        unsafe { crate::gemm::run(&desc, guard, stream) }
     }
 
     /// Whether a CUDA-graph capture holding calls of one of its engines is still open

@@ -1,6 +1,7 @@
 //! CUDA driver plumbing: run-time loading checks, context handling, device properties,
 //! checked driver calls, and kernel launches. Uses cudarc's raw `sys` bindings, which
 //! load libcuda / libcublasLt / libnvrtc / libnccl on first use.
+pub mod checked;
 pub mod dynlib;
 pub mod entry_points;
 pub mod handles;
@@ -17,6 +18,7 @@ use once_cell::sync::OnceCell;
 use std::collections::HashMap;
 use std::sync::Mutex;
 
+pub use checked::Checked;
 pub use handles::{
     CtxHandle, CtxId, CtxRef, DlHandle, EventHandle, FunctionHandle, GraphExecHandle, GraphHandle,
     LtHandle, ModuleHandle, NcclComm, StreamHandle,

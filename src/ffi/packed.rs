@@ -253,7 +253,11 @@ pub extern "C" fn nvte_comm_cublas_gemm_packed(
             use_split_accumulator,
             math_sm_count,
         };
-        crate::gemm::cublas_gemm(&g, crate::ffi::stream_of(p.stream))
+        // SAFETY: the packed call's pointers with the shapes and dtypes it declares
+        // (validated by `call_operands`); its contract: device memory of those extents,
+        // alive until the GEMM on its stream completes.
+        let g = unsafe { crate::cuda::Checked::vouched(&g) };
+        crate::gemm::cublas_gemm(g, crate::ffi::stream_of(p.stream))
     })
 }
 

@@ -8,7 +8,7 @@ pub mod sm90;
 use crate::cuda::StreamHandle;
 use crate::cuda::dynlib::cublaslt_sys as lt;
 use crate::cuda::resources::{Event, capture_status};
-use crate::cuda::{self, ContextGuard, CtxHandle, CtxId, DevPtr, Lib, LtHandle};
+use crate::cuda::{self, Checked, ContextGuard, CtxHandle, CtxId, DevPtr, Lib, LtHandle};
 use crate::error::ErrorKind as K;
 use crate::error::{Error, Result};
 use crate::tensor::{Buffer, DType, Tensor};
@@ -1015,8 +1015,18 @@ fn heuristic(
 }
 
 /// Run a validated GEMM on `stream`. The stream's context must be current.
-pub fn run(g: &GemmDesc, guard: &ContextGuard, stream: StreamHandle) -> Result<()> {
-    run_impl(g, guard, stream, true)
+///
+/// # Safety
+///
+/// `g` is a validated descriptor ([`desc_from_te`], or a chunk of one that the overlap
+/// planner derived inside its extents, or the library's own buffers): A and B (and C,
+/// bias, the scale inverses) are readable device memory of the extents their sizes,
+/// leading dimensions and types imply; D, aux, d_amax and the workspace (its
+/// `workspace_bytes`) are writable device memory of those extents that nothing else
+/// accesses until the GEMM completes on `stream`; all alive until then.
+pub unsafe fn run(g: &GemmDesc, guard: &ContextGuard, stream: StreamHandle) -> Result<()> {
+    // SAFETY: the caller's contract.
+    unsafe { run_impl(g, guard, stream, true) }
 }
 
 /// Bytes at most of a copy run beside our GEMM in its launch: a few of its CTAs' idle
@@ -1030,7 +1040,18 @@ const SIDE_COPY_MAX: usize = 256 << 10;
 /// false: nothing was enqueued, the caller copies and runs the GEMM itself. One launch less
 /// on the host where it matters: small GEMMs (the tp-1 all-gather's shard into its buffer
 /// beside its GEMM).
-pub fn run_copying(
+///
+/// # Safety
+///
+/// `g` is a validated descriptor ([`desc_from_te`], or a chunk of one that the overlap
+/// planner derived inside its extents, or the library's own buffers): A and B (and C,
+/// bias, the scale inverses) are readable device memory of the extents their sizes,
+/// leading dimensions and types imply; D, aux, d_amax and the workspace (its
+/// `workspace_bytes`) are writable device memory of those extents that nothing else
+/// accesses until the GEMM completes on `stream`; all alive until then.
+/// `side`'s destination is writable device memory of its bytes, its source readable,
+/// neither overlapping the GEMM's operands.
+pub unsafe fn run_copying(
     g: &GemmDesc,
     side: sm90::SideCopy,
     guard: &ContextGuard,
@@ -1052,7 +1073,8 @@ pub fn run_copying(
         side,
         ..Default::default()
     };
-    own.run(g, &hooks, g.sm_count.max(0) as usize, stream)?;
+    // SAFETY: the caller's contract (the GEMM's operands and the side copy's ranges).
+    unsafe { own.run(g, &hooks, g.sm_count.max(0) as usize, stream)? };
     Ok(true)
 }
 
@@ -1060,11 +1082,35 @@ pub fn run_copying(
 /// chunk GEMM at tp > 1, and its NVTE_COMM_REPORT timing): always cuBLASLt, whose CTAs
 /// retire as they finish, never our persistent kernel, which would hold its SMs until its
 /// last tile and make SM puts and wait kernels queue behind the whole GEMM.
-pub fn run_beside_comm(g: &GemmDesc, guard: &ContextGuard, stream: StreamHandle) -> Result<()> {
-    run_impl(g, guard, stream, false)
+///
+/// # Safety
+///
+/// `g` is a validated descriptor ([`desc_from_te`], or a chunk of one that the overlap
+/// planner derived inside its extents, or the library's own buffers): A and B (and C,
+/// bias, the scale inverses) are readable device memory of the extents their sizes,
+/// leading dimensions and types imply; D, aux, d_amax and the workspace (its
+/// `workspace_bytes`) are writable device memory of those extents that nothing else
+/// accesses until the GEMM completes on `stream`; all alive until then.
+pub unsafe fn run_beside_comm(
+    g: &GemmDesc,
+    guard: &ContextGuard,
+    stream: StreamHandle,
+) -> Result<()> {
+    // SAFETY: the caller's contract.
+    unsafe { run_impl(g, guard, stream, false) }
 }
 
-fn run_impl(g: &GemmDesc, guard: &ContextGuard, stream: StreamHandle, own: bool) -> Result<()> {
+/// [`run`] (`own`: our GEMM where it takes the call) or [`run_beside_comm`].
+///
+/// # Safety
+///
+/// [`run`]'s.
+unsafe fn run_impl(
+    g: &GemmDesc,
+    guard: &ContextGuard,
+    stream: StreamHandle,
+    own: bool,
+) -> Result<()> {
     if g.m == 0 || g.n == 0 {
         return Ok(());
     }
@@ -1092,12 +1138,15 @@ fn run_impl(g: &GemmDesc, guard: &ContextGuard, stream: StreamHandle, own: bool)
         return Ok(());
     }
     if let Some(own) = if own { small_own_gemm(g, guard)? } else { None } {
-        return own.run(
-            g,
-            &sm90::Hooks::default(),
-            g.sm_count.max(0) as usize,
-            stream,
-        );
+        // SAFETY: the caller's contract; default hooks add no flags or copies.
+        return unsafe {
+            own.run(
+                g,
+                &sm90::Hooks::default(),
+                g.sm_count.max(0) as usize,
+                stream,
+            )
+        };
     }
     let h = handle(guard.id)?;
     let key = PlanKey {
@@ -1329,13 +1378,16 @@ fn fastest(
     Ok(algos[crate::timing::pick_with_margin(&medians, crate::timing::MARGIN)])
 }
 
-/// TE's nvte_cublas_gemm.
-pub fn cublas_gemm(args: &TeGemm, stream: StreamHandle) -> Result<()> {
-    let g = desc_from_te(args)?;
+/// TE's nvte_cublas_gemm, on operands the C boundary vouched for.
+pub fn cublas_gemm(args: Checked<&TeGemm>, stream: StreamHandle) -> Result<()> {
+    let g = desc_from_te(&args)?;
     if g.m == 0 || g.n == 0 {
         return Ok(()); // empty output: nothing to launch (and no device needed)
     }
     // The stream's context (made current if it is not): all a GEMM needs of it.
     let guard = ContextGuard::for_stream_no_device(stream)?;
-    run(&g, &guard, stream)
+    // SAFETY: `desc_from_te` validated the operands' shapes, types, epilogue buffers and
+    // workspace against each other; `Checked` carries the C caller's contract that the
+    // tensors are live device memory of those extents.
+    unsafe { run(&g, &guard, stream) }
 }

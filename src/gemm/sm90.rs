@@ -491,7 +491,19 @@ impl Sm90Gemm {
 
     /// D = B . A^T (`g`, which [`supports`] accepts) on `stream` with `hooks`, on at most
     /// `sms` SMs (0: all; the grid is min(tiles, SMs)).
-    pub fn run(&self, g: &GemmDesc, hooks: &Hooks, sms: usize, stream: StreamHandle) -> Result<()> {
+    ///
+    /// # Safety
+    ///
+    /// `g`'s operands as `gemm::run` requires them; the hooks' flags, done signals and side
+    /// copy name device memory of the extents their counts imply (the fused algorithms'
+    /// own flag slots and buffers), alive until the launch completes.
+    pub unsafe fn run(
+        &self,
+        g: &GemmDesc,
+        hooks: &Hooks,
+        sms: usize,
+        stream: StreamHandle,
+    ) -> Result<()> {
         if let Some(why) = supports(g) {
             return Err(Error::internal(format!(
                 "our sm90 GEMM cannot compute this GEMM: {why}"

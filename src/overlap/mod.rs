@@ -898,16 +898,24 @@ impl Overlap {
         // The side copy in our GEMM's launch where it runs it (inline, tp 1: nothing runs
         // beside it), else the engine's copy kernel first (a launch costs the host less
         // than a device-to-device cuMemcpyAsync).
-        if self.call.inline.is_some() && gemm::run_copying(&g, side, guard, stream)? {
+        // SAFETY (here and below): `g` is a step of this call's plan: the planner derived
+        // it from the call's full descriptor (`gemm::desc_from_te` of the caller's
+        // tensors, whose extents it checked) or the engine's own buffers, inside their
+        // extents (the protocol tests check every access is in bounds), and the
+        // workspace is this stream's slice of the call's; the side copy is the plan's
+        // (the shard into the engine's buffer). All stay alive until the call finishes.
+        if self.call.inline.is_some() && unsafe { gemm::run_copying(&g, side, guard, stream)? } {
             return Ok(());
         }
         if side.bytes != 0 {
             self.copy_segments(&[(side.dst, side.src, side.bytes)], stream, true)?;
         }
         if self.call.inline.is_some() {
-            gemm::run(&g, guard, stream)
+            // SAFETY: as above.
+            unsafe { gemm::run(&g, guard, stream) }
         } else {
-            gemm::run_beside_comm(&g, guard, stream)
+            // SAFETY: as above.
+            unsafe { gemm::run_beside_comm(&g, guard, stream) }
         }
     }
 
@@ -926,7 +934,9 @@ impl Overlap {
         let skip = self.skipping_gemms(); // NVTE_COMM_REPORT's comm-alone runs
         let r = match &self.own_gemm {
             _ if skip => Ok(()),
-            Some(Ok(b)) => b.run(g, hooks, sms, s),
+            // SAFETY: `g` is a fused step of this call's plan (as in `run_gemm`); the hooks'
+            // flags and done signals are this engine's flag slots, sized by the planner.
+            Some(Ok(b)) => unsafe { b.run(g, hooks, sms, s) },
             _ => Err(Error::internal(
                 "the plan runs our sm90 GEMM, which is not loaded",
             )),
