@@ -2,7 +2,7 @@
 //! transposed columnwise FP8 output in one pass), amax, current and delayed scaling,
 //! transpose, dequantize, random fill.
 use crate::cuda::StreamHandle;
-use crate::cuda::{self, Binding, ContextGuard, DevPtr, Kernel, Params, Signature, nvrtc};
+use crate::cuda::{self, Binding, Checked, ContextGuard, DevPtr, Kernel, Params, Signature, nvrtc};
 use crate::error::Result;
 use crate::tensor::{Buffer, DType, Tensor};
 use crate::{invalid, unsupported};
@@ -329,11 +329,12 @@ fn is_float_input(d: DType) -> bool {
 /// atomic max), scale_inv and columnwise_scale_inv = 1/scale. A float output
 /// (float32/bf16/fp16) is a plain cast (times the scale when one is set).
 pub fn quantize(
-    input: &Tensor,
-    output: &Tensor,
+    input: Checked<&Tensor>,
+    output: Checked<&Tensor>,
     cfg: &QuantConfig,
     stream: StreamHandle,
 ) -> Result<()> {
+    let (input, output) = (*input, *output);
     let (has_row, has_col, rows, cols, out_dtype) = match quantize_kind(input, output)? {
         Quantize::Plain => return cast_plain(input, output, stream),
         Quantize::Nothing => return Ok(()),
@@ -845,11 +846,12 @@ fn need_scalar(b: &Buffer, what: &str, param: &str) -> Result<DevPtr> {
 /// TE's nvte_compute_amax(_with_config): output.amax = max|input| (zeroed first, then an
 /// atomic max per block; the noop flag skips both).
 pub fn compute_amax(
-    input: &Tensor,
-    output: &Tensor,
+    input: Checked<&Tensor>,
+    output: Checked<&Tensor>,
     cfg: &QuantConfig,
     stream: StreamHandle,
 ) -> Result<()> {
+    let (input, output) = (*input, *output);
     let i = &input.data;
     if !is_float_input(i.dtype) {
         unsupported!(
@@ -902,10 +904,11 @@ pub fn compute_amax(
 /// inf or NaN: 1; an overflowing scale: float max; optionally a power of 2). Only the
 /// scale is written (scale_inv is the next quantize's).
 pub fn compute_scale_from_amax(
-    output: &Tensor,
+    output: Checked<&Tensor>,
     cfg: &QuantConfig,
     stream: StreamHandle,
 ) -> Result<()> {
+    let output = *output;
     let d = if output.data.ptr.is_null() && !output.columnwise_data.ptr.is_null() {
         output.columnwise_data.dtype
     } else {
@@ -989,15 +992,17 @@ pub fn history_dims(h: &Buffer, what: &str) -> Result<(usize, usize)> {
 /// is 0, inf or NaN; float max when that overflows). In place allowed.
 #[allow(clippy::too_many_arguments)]
 pub fn delayed_scaling_update(
-    history: &Tensor,
-    scale: &Tensor,
-    updated_history: &Tensor,
-    updated_scale: &Tensor,
+    history: Checked<&Tensor>,
+    scale: Checked<&Tensor>,
+    updated_history: Checked<&Tensor>,
+    updated_scale: Checked<&Tensor>,
     algo: AmaxAlgo,
     fp8_dtype: DType,
     margin: f32,
     stream: StreamHandle,
 ) -> Result<()> {
+    let (history, scale) = (*history, *scale);
+    let (updated_history, updated_scale) = (*updated_history, *updated_scale);
     let (len, ns) = history_dims(&history.data, "amax_history")?;
     let (ulen, uns) = history_dims(&updated_history.data, "updated_amax_history")?;
     if (ulen, uns) != (len, ns) {
@@ -1059,7 +1064,12 @@ pub fn delayed_scaling_update(
 
 /// TE's nvte_transpose: output [cols, rows] = input [rows, cols]^T, both 2-D, same dtype
 /// (element sizes 1, 2 and 4 bytes).
-pub fn transpose(input: &Tensor, output: &Tensor, stream: StreamHandle) -> Result<()> {
+pub fn transpose(
+    input: Checked<&Tensor>,
+    output: Checked<&Tensor>,
+    stream: StreamHandle,
+) -> Result<()> {
+    let (input, output) = (*input, *output);
     let (i, o) = (&input.data, &output.data);
     let (is, os) = (i.shape.as_slice(), o.shape.as_slice());
     if is.len() != 2 || os.len() != 2 {
@@ -1120,7 +1130,12 @@ pub fn transpose(input: &Tensor, output: &Tensor, stream: StreamHandle) -> Resul
 }
 
 /// TE's nvte_dequantize: output = cast(input * input.scale_inv) from FP8.
-pub fn dequantize(input: &Tensor, output: &Tensor, stream: StreamHandle) -> Result<()> {
+pub fn dequantize(
+    input: Checked<&Tensor>,
+    output: Checked<&Tensor>,
+    stream: StreamHandle,
+) -> Result<()> {
+    let (input, output) = (*input, *output);
     let (i, o) = (&input.data, &output.data);
     if i.numel() != o.numel() {
         invalid!(
@@ -1179,7 +1194,14 @@ pub fn dequantize(input: &Tensor, output: &Tensor, stream: StreamHandle) -> Resu
 
 /// Fill a tensor with uniform random values in [lo, hi) from a counter-based generator:
 /// the same (seed, size) always gives the same data.
-pub fn fill_uniform(t: &Tensor, seed: u64, lo: f32, hi: f32, stream: StreamHandle) -> Result<()> {
+pub fn fill_uniform(
+    t: Checked<&Tensor>,
+    seed: u64,
+    lo: f32,
+    hi: f32,
+    stream: StreamHandle,
+) -> Result<()> {
+    let t = *t;
     let b = &t.data;
     let Some(name) = short(b.dtype) else {
         unsupported!(

@@ -5,7 +5,7 @@ use super::enums::NVTEQuantizationConfigAttribute;
 use super::enums::NVTEQuantizationConfigAttribute as Attr;
 use super::handles::{TENSORS, Table};
 use super::{NVTECommStatus, NVTEDType, NVTETensor, cudaStream_t};
-use crate::cuda::DevPtr;
+use crate::cuda::{Checked, DevPtr};
 use crate::error::Result;
 use crate::invalid;
 use crate::kernels::{self, AmaxAlgo, QuantConfig};
@@ -176,6 +176,16 @@ fn tensor(t: NVTETensor, what: &str) -> Result<Tensor> {
     TENSORS.get(t as usize, what)
 }
 
+/// A tensor resolved from the caller's handle ([`tensor`], `TENSORS.get`) as the checked
+/// operand the kernels take.
+fn checked(t: &Tensor) -> Checked<&Tensor> {
+    // SAFETY: `t` is the caller's tensor, resolved from a live handle with the shape and
+    // dtype TE set on it; the kernels check what can be checked (shapes, dtypes, NULL
+    // data) before launching, and TE's contract for these functions is that the
+    // buffers are device memory of those extents, alive until the stream runs the work.
+    unsafe { Checked::vouched(t) }
+}
+
 /// Create a quantization config with TE's defaults (no pow-2 scales, epsilon 0, no noop
 /// tensor). Destroy it with nvte_destroy_quantization_config.
 #[unsafe(no_mangle)]
@@ -266,8 +276,8 @@ pub extern "C" fn nvte_quantize(input: NVTETensor, output: NVTETensor, stream: c
         let i = tensor(input, "input")?;
         let o = tensor(output, "output")?;
         kernels::quantize(
-            &i,
-            &o,
+            checked(&i),
+            checked(&o),
             &QuantConfig::default(),
             crate::ffi::stream_of(stream),
         )
@@ -290,7 +300,12 @@ pub extern "C" fn nvte_quantize_noop(
             ..Default::default()
         }
         .resolve()?;
-        kernels::quantize(&i, &o, &cfg, crate::ffi::stream_of(stream))
+        kernels::quantize(
+            checked(&i),
+            checked(&o),
+            &cfg,
+            crate::ffi::stream_of(stream),
+        )
     })
 }
 
@@ -307,7 +322,12 @@ pub extern "C" fn nvte_quantize_v2(
         let i = tensor(input, "input")?;
         let o = tensor(output, "output")?;
         let cfg = resolve_config(quant_config)?;
-        kernels::quantize(&i, &o, &cfg, crate::ffi::stream_of(stream))
+        kernels::quantize(
+            checked(&i),
+            checked(&o),
+            &cfg,
+            crate::ffi::stream_of(stream),
+        )
     })
 }
 
@@ -317,7 +337,7 @@ pub extern "C" fn nvte_dequantize(input: NVTETensor, output: NVTETensor, stream:
     entry!(void, {
         let i = tensor(input, "input")?;
         let o = tensor(output, "output")?;
-        kernels::dequantize(&i, &o, crate::ffi::stream_of(stream))
+        kernels::dequantize(checked(&i), checked(&o), crate::ffi::stream_of(stream))
     })
 }
 
@@ -328,8 +348,8 @@ pub extern "C" fn nvte_compute_amax(input: NVTETensor, output: NVTETensor, strea
         let i = tensor(input, "input")?;
         let o = tensor(output, "output")?;
         kernels::compute_amax(
-            &i,
-            &o,
+            checked(&i),
+            checked(&o),
             &QuantConfig::default(),
             crate::ffi::stream_of(stream),
         )
@@ -349,7 +369,12 @@ pub extern "C" fn nvte_compute_amax_with_config(
         let i = tensor(input, "input")?;
         let o = tensor(output, "output")?;
         let cfg = resolve_config(config)?;
-        kernels::compute_amax(&i, &o, &cfg, crate::ffi::stream_of(stream))
+        kernels::compute_amax(
+            checked(&i),
+            checked(&o),
+            &cfg,
+            crate::ffi::stream_of(stream),
+        )
     })
 }
 
@@ -368,7 +393,7 @@ pub extern "C" fn nvte_compute_scale_from_amax(
             invalid!("argument `config` is NULL");
         }
         let cfg = resolve_config(config)?;
-        kernels::compute_scale_from_amax(&o, &cfg, crate::ffi::stream_of(stream))
+        kernels::compute_scale_from_amax(checked(&o), &cfg, crate::ffi::stream_of(stream))
     })
 }
 
@@ -402,10 +427,10 @@ pub extern "C" fn nvte_delayed_scaling_recipe_amax_and_scale_update(
         let uh = tensor(updated_amax_history, "updated_amax_history")?;
         let us = tensor(updated_scale, "updated_scale")?;
         kernels::delayed_scaling_update(
-            &h,
-            &s,
-            &uh,
-            &us,
+            checked(&h),
+            checked(&s),
+            checked(&uh),
+            checked(&us),
             algo,
             fp8,
             margin,
@@ -424,7 +449,7 @@ pub extern "C" fn nvte_transpose(
     entry!(void, {
         let i = tensor(input, "input")?;
         let o = tensor(transposed_output, "transposed_output")?;
-        kernels::transpose(&i, &o, crate::ffi::stream_of(stream))
+        kernels::transpose(checked(&i), checked(&o), crate::ffi::stream_of(stream))
     })
 }
 
@@ -440,7 +465,7 @@ pub extern "C" fn nvte_comm_fill_uniform(
 ) -> NVTECommStatus {
     entry!(status, {
         let t = TENSORS.get(tensor as usize, "tensor")?;
-        kernels::fill_uniform(&t, seed, lo, hi, crate::ffi::stream_of(stream))
+        kernels::fill_uniform(checked(&t), seed, lo, hi, crate::ffi::stream_of(stream))
     })
 }
 
