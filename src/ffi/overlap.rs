@@ -300,8 +300,12 @@ pub extern "C" fn nvte_comm_overlap_copy_into_buffer(
 ) -> NVTECommStatus {
     entry!(status, {
         let i = t(input, "input")?;
+        // SAFETY: the caller's tensor, resolved from a live handle; the function's
+        // contract (TE's): its data is device memory of its shape, alive until the copy
+        // on `stream` completes (dtype and size are checked against the buffer).
+        let i = unsafe { crate::cuda::Checked::vouched(&i) };
         with(overlap, |o| {
-            o.copy_into_buffer(&i, local_chunk, crate::ffi::stream_of(stream))
+            o.copy_into_buffer(i, local_chunk, crate::ffi::stream_of(stream))
         })
     })
 }

@@ -1100,6 +1100,36 @@ pub unsafe fn run_beside_comm(
     unsafe { run_impl(g, guard, stream, false) }
 }
 
+/// A GEMM with k = 0 (m, n > 0): D = C (accumulating into C), D unchanged (in place), or
+/// D = 0.
+///
+/// # Safety
+///
+/// [`run`]'s.
+unsafe fn run_k0(g: &GemmDesc, stream: StreamHandle) -> Result<()> {
+    if g.epilogue != Epilogue::None {
+        unsupported!("k = 0 with an epilogue ({:?}) is not supported", g.epilogue);
+    }
+    if g.accumulate && !g.c.is_null() {
+        // D = C + 0.
+        let (row, pitch) = (g.m * g.d_type.bits() / 8, g.ldd * g.d_type.bits() / 8);
+        // SAFETY: C and D hold n columns of m elements at pitch ldd (the caller's
+        // contract: `desc_from_te` / the engine's plan check the tensors' sizes).
+        return unsafe {
+            crate::cuda::resources::copy_2d(g.d, pitch, g.c, pitch, row, g.n, stream)
+        };
+    }
+    if !g.accumulate {
+        let bytes = g.ldd * (g.n - 1) * g.d_type.bits() / 8 + g.m * g.d_type.bits() / 8;
+        // SAFETY: D spans these bytes (the caller's contract).
+        cuda::check(
+            unsafe { cudarc::driver::sys::cuMemsetD8Async(g.d.raw(), 0, bytes, stream.cu()) },
+            "cuMemsetD8Async(D)",
+        )?;
+    }
+    Ok(())
+}
+
 /// [`run`] (`own`: our GEMM where it takes the call) or [`run_beside_comm`].
 ///
 /// # Safety
@@ -1115,27 +1145,8 @@ unsafe fn run_impl(
         return Ok(());
     }
     if g.k == 0 {
-        if g.epilogue != Epilogue::None {
-            unsupported!("k = 0 with an epilogue ({:?}) is not supported", g.epilogue);
-        }
-        if g.accumulate && !g.c.is_null() {
-            // D = C + 0.
-            let (row, pitch) = (g.m * g.d_type.bits() / 8, g.ldd * g.d_type.bits() / 8);
-            // SAFETY: C and D hold n columns of m elements at pitch ldd (the descriptor's
-            // validation: `desc_from_te` / the engine's plan check the tensors' sizes).
-            return unsafe {
-                crate::cuda::resources::copy_2d(g.d, pitch, g.c, pitch, row, g.n, stream)
-            };
-        }
-        if !g.accumulate {
-            let bytes = g.ldd * (g.n - 1) * g.d_type.bits() / 8 + g.m * g.d_type.bits() / 8;
-            // SAFETY: D spans these bytes per validation.
-            cuda::check(
-                unsafe { cudarc::driver::sys::cuMemsetD8Async(g.d.raw(), 0, bytes, stream.cu()) },
-                "cuMemsetD8Async(D)",
-            )?;
-        }
-        return Ok(());
+        // SAFETY: the caller's contract.
+        return unsafe { run_k0(g, stream) };
     }
     if let Some(own) = if own { small_own_gemm(g, guard)? } else { None } {
         // SAFETY: the caller's contract; default hooks add no flags or copies.

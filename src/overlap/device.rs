@@ -220,13 +220,17 @@ impl Device for GpuDevice<'_> {
         stream: StreamHandle,
         tail: bool,
     ) -> Result<()> {
-        self.o.copy_segments(segs, stream, tail)
+        // SAFETY: a plan's segments: ranges of this engine's or a peer's mapped buffers
+        // and of the call's operands, inside them (the planner's offsets).
+        unsafe { self.o.copy_segments(segs, stream, tail) }
     }
     fn amax_max(&self, out: DevPtr, slots: DevPtr, n: usize) -> Result<()> {
         if self.o.skipping_gemms() {
             return Ok(()); // NVTE_COMM_REPORT's comm-alone runs wrote no slot
         }
-        self.o.reduce_amax(out, slots, n, self.o.call.caller)
+        // SAFETY: the plan's amax step: `slots` are this engine's n amax slots, `out` the
+        // output tensor's amax (an f32 of the call's checked operands).
+        unsafe { self.o.reduce_amax(out, slots, n, self.o.call.caller) }
     }
     fn nvtx(&self, name: &str) {
         self.o.step(|| name.to_string());

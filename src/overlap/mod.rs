@@ -880,7 +880,10 @@ impl Overlap {
             // NVTE_COMM_REPORT's comm-alone runs: the side copy is communication's share
             if side.bytes != 0 {
                 let stream = self.compute_stream(stream_idx)?;
-                return self.copy_segments(&[(side.dst, side.src, side.bytes)], stream, true);
+                // SAFETY: the plan's side copy (the shard into the engine's buffer).
+                return unsafe {
+                    self.copy_segments(&[(side.dst, side.src, side.bytes)], stream, true)
+                };
             }
             return Ok(());
         }
@@ -908,7 +911,8 @@ impl Overlap {
             return Ok(());
         }
         if side.bytes != 0 {
-            self.copy_segments(&[(side.dst, side.src, side.bytes)], stream, true)?;
+            // SAFETY: the plan's side copy (the shard into the engine's buffer).
+            unsafe { self.copy_segments(&[(side.dst, side.src, side.bytes)], stream, true)? };
         }
         if self.call.inline.is_some() {
             // SAFETY: as above.
@@ -976,10 +980,11 @@ impl Overlap {
     /// after every peer has finished the previous call (which may read this buffer).
     pub fn copy_into_buffer(
         &mut self,
-        input: &Tensor,
+        input: crate::cuda::Checked<&Tensor>,
         local_chunk: bool,
         stream: StreamHandle,
     ) -> Result<()> {
+        let input = *input;
         let _guard = self.enter(stream)?;
         let view = self.view(local_chunk)?;
         let i = &input.data;

@@ -206,7 +206,14 @@ impl Overlap {
 
     /// Copy each (dst, src, bytes) segment (up to MAX_PEERS; either side may be a peer's
     /// buffer) with one SM kernel on `stream`; `tail` as for [`Overlap::reduce`].
-    pub(super) fn copy_segments(
+    ///
+    /// # Safety
+    ///
+    /// Each segment's destination is writable and its source readable device memory of
+    /// its bytes (this engine's buffers, a peer's mapped buffer, or the call's checked
+    /// operands), alive and not accessed by other work until the copy completes on
+    /// `stream`.
+    pub(super) unsafe fn copy_segments(
         &self,
         segs: &[(DevPtr, DevPtr, usize)],
         stream: StreamHandle,
@@ -244,7 +251,12 @@ impl Overlap {
     }
 
     /// *out = max of the `n` amax slots, on `stream` (after the chunk GEMMs).
-    pub(super) fn reduce_amax(
+    ///
+    /// # Safety
+    ///
+    /// `out` is a writable f32 and `slots` `n` readable f32s of device memory, alive until
+    /// the kernel completes on `stream`.
+    pub(super) unsafe fn reduce_amax(
         &self,
         out: DevPtr,
         slots: DevPtr,
@@ -253,8 +265,8 @@ impl Overlap {
     ) -> Result<()> {
         let k = &self.code.kernels.amax_max;
         // SAFETY: amax_max(float *out, const float *in, u32 n) of kernels/comm.cu in this
-        // object's module; `slots` holds n <= MAX_AMAX_SLOTS floats written by the chunk
-        // GEMMs, `out` is the output tensor's amax (validated by desc_from_te).
+        // object's module; `out` and the `n` slots as the caller's contract states (the
+        // plan's: the chunk GEMMs' slots, the output tensor's amax).
         unsafe { k.launch(((1, 1, 1), (32, 1, 1)), stream, (out, slots, n as u32)) }
     }
 }
