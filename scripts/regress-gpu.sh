@@ -12,10 +12,12 @@
 #      two-process runs sharing the GPU, which need more than this call's budget);
 #   4. torch at tp 1 (when torch imports): the ops (every layout, prepared calls, graphs),
 #      the modules and the userbuffers API on a one-rank group;
-#   5. host cost per C call (bench_host: us and allocations per call, tp 1);
+#   5. block-scaled FP8 at tp 1: quantize / dequantize bit for bit (test_block_quant), the
+#      GEMM entries against fp64 (test_block_gemm), the torch modules and JAX's layers;
 #   6. old against new at tp 1, same card, same call: bench_overlap and bench_comm_gemm
 #      with the library and tests_c of an older tree in .mg/old (libtransformer_engine_comm.so
-#      beside its CMakeLists.txt, cmake/, include/, tests_c/, scripts/common.sh), when there.
+#      beside its CMakeLists.txt, cmake/, include/, tests_c/, scripts/common.sh), when there;
+#   7. host cost per C call (bench_host: us and allocations per call, tp 1).
 #
 # Usage: TE_COMM_LIB=<libtransformer_engine_comm.so> scripts/regress-gpu.sh
 #   -h, --help  this text (no options otherwise)
@@ -71,8 +73,22 @@ if python3 -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2>/de
   step torch_modules_tp1 150 env PYTHONPATH="$pypath" python3 -m pytest -q -rfEs -p no:cacheprovider \
     "$root/python/tests/torch/test_modules_tp1.py" "$root/python/tests/torch/test_userbuffers_tp1.py"
 fi
-step bench_host_tp1 60 "$mpi" 1 "$build/tests_c/bench_host" --small-only --out "$out/tables/bench_host_tp1.md"
+# Block-scaled FP8 at tp 1: quantize / dequantize bit for bit, the GEMM entries against an
+# fp64 reference, the torch modules against their emulation, JAX's block layers.
+for t in test_block_quant test_block_gemm; do
+  [ -x "$build/tests_c/$t" ] && step "${t}_np1" 120 "$mpi" 1 "$build/tests_c/$t"
+done
+if python3 -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null \
+  && [ -f "$root/python/tests/torch/test_block_fp8.py" ]; then
+  step torch_block_fp8_tp1 120 env PYTHONPATH="$pypath" python3 -m pytest -q -rfEs -p no:cacheprovider \
+    "$root/python/tests/torch/test_block_fp8.py"
+fi
+if python3 -c 'import jax' 2>/dev/null && [ -f "$root/python/tests/jax/test_jax_block_fp8_gpu.py" ]; then
+  step jax_block_fp8_tp1 120 env PYTHONPATH="$pypath" XLA_PYTHON_CLIENT_PREALLOCATE=false \
+    python3 -m pytest -q -rfEs -p no:cacheprovider "$root/python/tests/jax/test_jax_block_fp8_gpu.py"
+fi
 old_vs_new 1 60 bench_overlap bench_comm_gemm
+step bench_host_tp1 60 "$mpi" 1 "$build/tests_c/bench_host" --small-only --out "$out/tables/bench_host_tp1.md"
 
 step_table >"$out/summary.md"
 for f in "$out"/tables/*.md; do [ -f "$f" ] && { echo; echo "== ${f#$out/}"; cat "$f"; }; done
