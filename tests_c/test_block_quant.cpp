@@ -374,18 +374,27 @@ void run_case(const Case &c, Rng &rng, cudaStream_t stream, Report &rep, bool de
   Input in = make_input(c.in, c.rows, c.cols, rng, c.specials);
   HostTensor src(c.in, {c.rows, c.cols}, in.raw.data());
   BlockOut out(c.o.mode, c.o.out, c.rows, c.cols, c.rowwise, c.columnwise, c.o.compact);
+  // (the status and message are read before any other call: each call replaces them)
+  NVTECommStatus st;
+  std::string msg;
   if (c.entry == 0) {
     NVTEQuantizationConfig cfg = make_config(c.o);
     nvte_quantize_v2(src.h, out.h, cfg, stream);
+    st = nvte_comm_last_status();
+    msg = status_text();
     nvte_destroy_quantization_config(cfg);
   } else if (c.entry == 1) {
     nvte_quantize(src.h, out.h, stream);
+    st = nvte_comm_last_status();
+    msg = status_text();
   } else {
     float zero = 0.0f;
     HostTensor flag(kNVTEFloat32, {1}, &zero);
     nvte_quantize_noop(src.h, out.h, flag.h, stream);
+    st = nvte_comm_last_status();
+    msg = status_text();
   }
-  if (nvte_comm_last_status() != NVTE_COMM_SUCCESS) { rep.fail(what + ": " + status_text()); return; }
+  if (st != NVTE_COMM_SUCCESS) { rep.fail(what + ": " + msg); return; }
   CUDA_OK(cudaStreamSynchronize(stream));
   Expected xr, xc;
   if (c.rowwise) {
@@ -469,9 +478,9 @@ void refused_cases(cudaStream_t stream, Report &rep) {
     Opts o{r.mode, true, 0.0f, r.compact_config, kNVTEFloat8E4M3};
     NVTEQuantizationConfig cfg = make_config(o);
     nvte_quantize_v2(src.h, out.h, cfg, stream);
-    nvte_destroy_quantization_config(cfg);
     const NVTECommStatus st = nvte_comm_last_status();
     const std::string msg = nvte_comm_last_error();
+    nvte_destroy_quantization_config(cfg);
     CUDA_OK(cudaStreamSynchronize(stream));
     bool untouched = true;
     for (DevBuf *b : {&out.data, &out.sinv, &out.cdata, &out.csinv})
