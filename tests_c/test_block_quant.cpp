@@ -506,7 +506,7 @@ void refused_cases(cudaStream_t stream, Report &rep) {
   rep.check(ok && untouched, "nvte_quantize_noop with the flag at 1 writes nothing");
 }
 
-// Bandwidth at 8192 x 8192 bf16: 1D and 2D, rowwise + columnwise (and 1D rowwise only),
+// Bandwidth at 8192 x 8192 bf16: 1D and 2D, rowwise + columnwise (and each direction alone),
 // as GB/s of the bytes moved, % of the H200's nominal 4.8 TB/s and % of a D2D copy of the
 // input measured in the same rounds.
 void bench(cudaStream_t stream, Report &rep) {
@@ -517,12 +517,16 @@ void bench(cudaStream_t stream, Report &rep) {
   DevBuf copy_dst(M * K * 2);
   BlockOut o1(1, kNVTEFloat8E4M3, M, K, true, true, false);
   BlockOut o1r(1, kNVTEFloat8E4M3, M, K, true, false, false);
+  BlockOut o1c(1, kNVTEFloat8E4M3, M, K, false, true, false);
   BlockOut o2(2, kNVTEFloat8E4M3, M, K, true, true, false);
+  BlockOut o2r(2, kNVTEFloat8E4M3, M, K, true, false, false);
   NVTEQuantizationConfig cfg = make_config({1, true, 0.0f, false, kNVTEFloat8E4M3});
   std::vector<std::function<void()>> fns = {
       [&] { CUDA_OK(cudaMemcpyAsync(copy_dst.p, src.buf.p, M * K * 2, cudaMemcpyDeviceToDevice, stream)); },
       [&] { nvte_quantize_v2(src.h, o1.h, cfg, stream); },
       [&] { nvte_quantize_v2(src.h, o1r.h, cfg, stream); },
+      [&] { nvte_quantize_v2(src.h, o1c.h, cfg, stream); },
+      [&] { nvte_quantize_v2(src.h, o2r.h, cfg, stream); },
       [&] { nvte_quantize_v2(src.h, o2.h, cfg, stream); },
   };
   auto ms = time_interleaved(stream, 5, 10, 5, fns);
@@ -533,10 +537,13 @@ void bench(cudaStream_t stream, Report &rep) {
   const double bytes[] = {2 * in_b,
                           in_b + 2 * M * K + 4.0 * (numel(o1.row.scale_shape) + numel(o1.col.scale_shape)),
                           in_b + M * K + 4.0 * numel(o1r.row.scale_shape),
+                          in_b + M * K + 4.0 * numel(o1c.col.scale_shape),
+                          in_b + M * K + 4.0 * numel(o2r.row.scale_shape),
                           in_b + 2 * M * K + 4.0 * (numel(o2.row.scale_shape) + numel(o2.col.scale_shape))};
-  const char *names[] = {"D2D copy (read + write)", "1D rowwise + columnwise", "1D rowwise", "2D rowwise + columnwise"};
+  const char *names[] = {"D2D copy (read + write)", "1D rowwise + columnwise", "1D rowwise", "1D columnwise",
+                         "2D rowwise", "2D rowwise + columnwise"};
   const double copy_gbs = bytes[0] / (ms[0] * 1e6);
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < 6; ++i) {
     const double gbs = bytes[i] / (ms[i] * 1e6);
     std::printf("bench 8192x8192 bf16 -> e4m3 %-26s %8.1f us %7.0f GB/s %5.1f %% of 4800 GB/s %6.1f %% of the copy\n",
                 names[i], ms[i] * 1e3, gbs, 100.0 * gbs / 4800.0, 100.0 * gbs / copy_gbs);
