@@ -104,6 +104,10 @@ pub extern "C" fn nvte_cublas_gemm(
             use_split_accumulator,
         };
         let args = extras.operands(&a, &b, &d, flags, math_sm_count);
-        gemm::cublas_gemm(&args, crate::ffi::stream_of(stream))
+        // SAFETY: the caller's tensors, resolved from live handles (their shapes and
+        // dtypes as TE set them); nvte_cublas_gemm's contract: their buffers are device
+        // memory of those extents, alive until the GEMM on `stream` completes.
+        let args = unsafe { crate::cuda::Checked::vouched(&args) };
+        gemm::cublas_gemm(args, crate::ffi::stream_of(stream))
     })
 }
