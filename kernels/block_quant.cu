@@ -6,13 +6,14 @@
 // every pointer 16-byte aligned: src/kernels/block.rs checks both). The tile is read from
 // global memory once (cp.async into shared memory), then:
 //   2D:                    the tile's amax (all 16384 values), one scale;
-//   1D columnwise:         each column's amax over the tile's 128 rows;
+//   1D columnwise:         each column's amax over the tile's 128 rows (in the rowwise pass
+//                          when both directions are written);
 //   rowwise:               each row's amax (1D) over its 128 values, the row quantized and
 //                          stored (8-byte stores; a warp writes two whole 128-byte rows);
 //   columnwise compact:    (1D) stored in the input's layout with the column scales, in the
 //                          rowwise pass;
-//   columnwise transposed: each column quantized and stored as a row of the [cols, rows]
-//                          output (32-byte runs).
+//   columnwise transposed: each column quantized, staged transposed in shared memory and
+//                          stored as 128-byte runs of the [cols, rows] output.
 // Scale (TE's compute_scale_from_amax): amax raised to epsilon; amax 0, inf or NaN gives 1;
 // scale = fp8_max / amax (IEEE division), an overflow becomes the input type's largest
 // value; pow2 keeps only sign and exponent (rounds down to a power of 2). Values:
@@ -143,16 +144,19 @@ struct BlockQuantArgs {
 static_assert(sizeof(BlockQuantArgs) == 64, "BlockQuantArgs is 64 bytes (src/kernels/block.rs)");
 
 struct BqShared {
-  float col_part[4][BQ_TILE];  // 1D columnwise: per row quarter, per column
+  float col_part[8][BQ_TILE];  // 1D columnwise: per column, partial amaxes (4 or 8 a column)
   float col_scale[BQ_TILE];
   float red[BQ_THREADS / 32];
 };
 
 // Columns of the tile: warp w takes columns (w / 4) * 64 + 2 * lane, + 1 over rows
-// (w % 4) * 32 .. + 31.
+// (w % 4) * 32 .. + 31, quantized in registers; then (every read of the tile done) the FP8
+// transpose is staged in the tile's shared memory, row c of it holding column c (16-byte
+// chunks swizzled by (c / 2) % 8: conflict-free both ways), and leaves as whole 128-byte
+// runs of the [cols, rows] output (8 threads a run).
 template <class I, class O, int TWO_D>
-__device__ __forceinline__ void bq_columns_transposed(const typename I::T *tile, BqShared &sh, float tile_scale,
-                                                      u8 *out_t, u64 rows, u64 r0, u64 c0) {
+__device__ __forceinline__ void bq_columns_transposed(const typename I::T *tile, u8 *stage, const BqShared &sh,
+                                                      float tile_scale, u8 *out_t, u64 rows, u64 r0, u64 c0) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int c = (warp >> 2) * 64 + 2 * lane, rq = (warp & 3) * 32;
   const float sa = TWO_D ? tile_scale : sh.col_scale[c], sb = TWO_D ? tile_scale : sh.col_scale[c + 1];
@@ -165,16 +169,45 @@ __device__ __forceinline__ void bq_columns_transposed(const typename I::T *tile,
     wa[k] = fp8_pack2<O>(a[0] * sa, a[1] * sa) | (fp8_pack2<O>(a[2] * sa, a[3] * sa) << 16);
     wb[k] = fp8_pack2<O>(b[0] * sb, b[1] * sb) | (fp8_pack2<O>(b[2] * sb, b[3] * sb) << 16);
   }
-  u8 *pa = out_t + (c0 + c) * rows + r0 + rq;
-  u8 *pb = pa + rows;
-  bq_st16(pa, wa[0], wa[1], wa[2], wa[3]);
-  bq_st16(pa + 16, wa[4], wa[5], wa[6], wa[7]);
-  bq_st16(pb, wb[0], wb[1], wb[2], wb[3]);
-  bq_st16(pb + 16, wb[4], wb[5], wb[6], wb[7]);
+  __syncthreads();  // the tile's last reader is done: its memory becomes the staging area
+  const int sw = (c >> 1) & 7, k0 = rq / 16;
+  uint4 *sa_row = reinterpret_cast<uint4 *>(stage + c * BQ_TILE);
+  uint4 *sb_row = reinterpret_cast<uint4 *>(stage + (c + 1) * BQ_TILE);
+  sa_row[k0 ^ sw] = make_uint4(wa[0], wa[1], wa[2], wa[3]);
+  sa_row[(k0 + 1) ^ sw] = make_uint4(wa[4], wa[5], wa[6], wa[7]);
+  sb_row[k0 ^ sw] = make_uint4(wb[0], wb[1], wb[2], wb[3]);
+  sb_row[(k0 + 1) ^ sw] = make_uint4(wb[4], wb[5], wb[6], wb[7]);
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < BQ_TILE * BQ_TILE / 16 / BQ_THREADS; ++i) {
+    const int q = i * BQ_THREADS + threadIdx.x, row = q >> 3, k = q & 7;
+    const uint4 v = reinterpret_cast<const uint4 *>(stage + row * BQ_TILE)[k ^ ((row >> 1) & 7)];
+    bq_st16(out_t + (c0 + row) * rows + r0 + 16 * k, v.x, v.y, v.z, v.w);
+  }
 }
 
-// 1D columnwise scales: each column's amax over the tile's rows; scale and scale_inv
-// (sinv_t[rb * s_r + col * s_c]) of column c in sh.col_scale[c].
+// 1D columnwise scales from the partial amaxes sh.col_part[0 .. parts)[c] (written before
+// the call): scale and scale_inv (sinv_t[rb * s_r + col * s_c]) of column c in
+// sh.col_scale[c].
+template <class I, class O, int PARTS>
+__device__ __forceinline__ void bq_finish_column_scales(BqShared &sh, float *sinv_t, u64 s_r, u64 s_c, u64 rb,
+                                                        u64 c0, float eps, int pow2) {
+  __syncthreads();
+  if (threadIdx.x < BQ_TILE) {
+    const int t = threadIdx.x;
+    float m = sh.col_part[0][t];
+#pragma unroll
+    for (int p = 1; p < PARTS; ++p) m = fmaxf(m, sh.col_part[p][t]);
+    const float s = bq_scale<I, O>(m, eps, pow2);
+    sh.col_scale[t] = s;
+    sinv_t[rb * s_r + (c0 + t) * s_c] = bq_rcp(s);
+  }
+  __syncthreads();
+}
+
+// 1D columnwise scales read off the tile: each column's amax over the tile's rows (warp w:
+// columns (w / 4) * 64 + 2 * lane, + 1 over rows (w % 4) * 32 .. + 31), then
+// bq_finish_column_scales.
 template <class I, class O>
 __device__ __forceinline__ void bq_column_scales(const typename I::T *tile, BqShared &sh, float *sinv_t, u64 s_r,
                                                  u64 s_c, u64 rb, u64 c0, float eps, int pow2) {
@@ -190,26 +223,21 @@ __device__ __forceinline__ void bq_column_scales(const typename I::T *tile, BqSh
   }
   sh.col_part[warp & 3][c] = ma;
   sh.col_part[warp & 3][c + 1] = mb;
-  __syncthreads();
-  if (threadIdx.x < BQ_TILE) {
-    const int t = threadIdx.x;
-    const float m = fmaxf(fmaxf(sh.col_part[0][t], sh.col_part[1][t]), fmaxf(sh.col_part[2][t], sh.col_part[3][t]));
-    const float s = bq_scale<I, O>(m, eps, pow2);
-    sh.col_scale[t] = s;
-    if (sinv_t != nullptr) sinv_t[rb * s_r + (c0 + t) * s_c] = bq_rcp(s);
-  }
-  __syncthreads();
+  bq_finish_column_scales<I, O, 4>(sh, sinv_t, s_r, s_c, rb, c0, eps, pow2);
 }
 
 // Rows of the tile: 16 threads a row (8 values each), a warp two rows, 8 passes. Rowwise
 // output (1D: each row's own scale; 2D: the tile's) and / or the compact columnwise
-// output (the column scales).
+// output (the column scales). col_amax (1D with the transposed columnwise output): the
+// columns' partial amaxes over the rows this warp saw, into sh.col_part[warp] (the tile
+// is read once for both directions' amaxes).
 template <class I, class O, int TWO_D>
-__device__ __forceinline__ void bq_rows(const typename I::T *tile, const BqShared &sh, float tile_scale, u8 *out,
+__device__ __forceinline__ void bq_rows(const typename I::T *tile, BqShared &sh, float tile_scale, u8 *out,
                                         u8 *out_t_compact, float *sinv, u64 s_r, u64 s_c, u64 cols, u64 r0, u64 c0,
-                                        float eps, int pow2) {
+                                        float eps, int pow2, bool col_amax) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int cc = (lane & 15) * 8;
+  float cm[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
   float cs[8];
   if (out_t_compact != nullptr) {
 #pragma unroll
@@ -221,6 +249,10 @@ __device__ __forceinline__ void bq_rows(const typename I::T *tile, const BqShare
     float v[8];
     bq_load8<I>(tile + r * BQ_TILE + cc, v);
     const u64 g = (r0 + r) * cols + c0 + cc;
+    if (col_amax) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) cm[j] = fmaxf(cm[j], fabsf(v[j]));
+    }
     if (out != nullptr) {
       float s = tile_scale;
       if (!TWO_D) {
@@ -236,6 +268,14 @@ __device__ __forceinline__ void bq_rows(const typename I::T *tile, const BqShare
       bq_st8(out + g, bq_pack8<O>(v, rs));
     }
     if (out_t_compact != nullptr) bq_st8(out_t_compact + g, bq_pack8<O>(v, cs));
+  }
+  if (col_amax) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) cm[j] = fmaxf(cm[j], __shfl_xor_sync(0xffffffffu, cm[j], 16));
+    if (lane < 16) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) sh.col_part[warp][cc + j] = cm[j];
+    }
   }
 }
 
@@ -294,19 +334,27 @@ __device__ __forceinline__ void block_quantize_impl(const typename I::T *in, u8 
       if (out != nullptr) sinv[rb * s_r + cb * s_c] = r;
       if (col_mode != BQ_COL_NONE) sinv_t[rb * t_r + cb * t_c] = r;
     }
-  } else if (col_mode != BQ_COL_NONE) {
-    bq_column_scales<I, O>(tile, sh, sinv_t, t_r, t_c, rb, c0, eps, pow2);
   }
+  // 1D rowwise + transposed columnwise: the rows pass also takes the columns' amaxes.
+  const bool fused = !TWO_D && out != nullptr && col_mode == BQ_COL_TRANSPOSED;
+  if (!TWO_D && col_mode != BQ_COL_NONE && !fused) bq_column_scales<I, O>(tile, sh, sinv_t, t_r, t_c, rb, c0, eps, pow2);
   u8 *compact = col_mode == BQ_COL_COMPACT ? out_t : nullptr;
   if (out != nullptr || compact != nullptr)
-    bq_rows<I, O, TWO_D>(tile, sh, tile_scale, out, compact, sinv, s_r, s_c, cols, r0, c0, eps, pow2);
-  if (col_mode == BQ_COL_TRANSPOSED) bq_columns_transposed<I, O, TWO_D>(tile, sh, tile_scale, out_t, rows, r0, c0);
+    bq_rows<I, O, TWO_D>(tile, sh, tile_scale, out, compact, sinv, s_r, s_c, cols, r0, c0, eps, pow2, fused);
+  if (fused) bq_finish_column_scales<I, O, BQ_THREADS / 32>(sh, sinv_t, t_r, t_c, rb, c0, eps, pow2);
+  if (col_mode == BQ_COL_TRANSPOSED)
+    bq_columns_transposed<I, O, TWO_D>(tile, bq_smem, sh, tile_scale, out_t, rows, r0, c0);
 }
 
-#define BLOCK_QUANTIZE(mname, TWO_D, iname, I, oname, O)                                               \
-  extern "C" __global__ void __launch_bounds__(BQ_THREADS) block_quantize_##mname##_##iname##_##oname( \
-      const I::T *in, u8 *out, u8 *out_t, float *sinv, float *sinv_t, const float *noop,              \
-      BlockQuantArgs args) {                                                                          \
+// Blocks an SM should hold (the launch bounds' minimum; shared memory allows 6 a SM with a
+// 32 KiB tile, 3 with 64 KiB): bf16 5 (48 registers, no spills), fp16 4, float32 3.
+#define BQ_MINB_f32 3
+#define BQ_MINB_bf16 5
+#define BQ_MINB_f16 4
+#define BLOCK_QUANTIZE(mname, TWO_D, iname, I, oname, O)                                                \
+  extern "C" __global__ void __launch_bounds__(BQ_THREADS, BQ_MINB_##iname)                           \
+      block_quantize_##mname##_##iname##_##oname(const I::T *in, u8 *out, u8 *out_t, float *sinv,     \
+                                                 float *sinv_t, const float *noop, BlockQuantArgs args) { \
     block_quantize_impl<I, O, TWO_D>(in, out, out_t, sinv, sinv_t, noop, args);                       \
   }
 #define BLOCK_QUANTIZE_IN(mname, TWO_D, iname, I)   \

@@ -323,7 +323,8 @@ fn quantize_with(
     let o = TENSORS.get(output as usize, "output")?;
     let stream = crate::ffi::stream_of(stream);
     if o.block_mode().is_some() {
-        let format = kernels::block::quantize(&i, &o, &attrs.resolve_block()?, stream)?;
+        let cfg = attrs.resolve_block()?;
+        let format = kernels::block::quantize(checked(&i), checked(&o), &cfg, stream)?;
         return TENSORS.update(output as usize, "output", |t| {
             t.block_format = format;
             Ok(())
@@ -397,7 +398,7 @@ pub extern "C" fn nvte_dequantize(input: NVTETensor, output: NVTETensor, stream:
         let o = TENSORS.get(output as usize, "output")?;
         let stream = crate::ffi::stream_of(stream);
         if i.block_mode().is_some() {
-            return kernels::block::dequantize(&i, &o, stream);
+            return kernels::block::dequantize(checked(&i), checked(&o), stream);
         }
         let (i, o) = (per_tensor(i, "input")?, per_tensor(o, "output")?);
         kernels::dequantize(checked(&i), checked(&o), stream)
