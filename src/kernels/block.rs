@@ -349,7 +349,7 @@ pub fn quantize(
     // SAFETY: `m` is kernels/block_quant.cu's module, the binding's source.
     let k = unsafe { Kernel::new(&m, &BLOCK_QUANTIZE, &names)? };
     let smem = (TILE * TILE * plan.in_dtype.bits() / 8) as u32;
-    allow_shared(guard.id.get(), k.raw(), smem)?;
+    allow_shared(guard.id, k.raw(), smem)?;
     let grid = ((plan.rows / TILE) * (plan.cols / TILE)) as u32;
     let [src, dst, dst_t, sinv, sinv_t] = plan.ptrs;
     let params = (src, dst, dst_t, sinv, sinv_t, cfg.noop, plan.args(cfg));
