@@ -37,6 +37,14 @@ FP8 gradient and keeps it likewise. A gathered tensor's scale is the same on eve
 device (its amax max-reduced over the axis; with delayed scaling every recorded amax is,
 so the replicated state stays identical).
 
+Block scaling (``fp8=Float8BlockScaling()``; TE-JAX lacks it): the input, weight and
+output gradient are quantized in jnp per block (1D / 2D by the recipe's dims: rowwise for
+one GEMM, the transposed tensor quantized along its rows for the other, as TE's casts);
+the GEMMs are the dots of the dequantized block operands (:func:`block_dot
+<transformer_engine_comm.jax.fp8.block_dot>`: the block FP8 numerics at bf16 GEMM speed,
+since the library exposes no block-scaled FP8 GEMM to XLA yet). Only where nothing is
+communicated (tp = 1, ``library`` not forced); elsewhere it is refused.
+
 Routing: where nothing is communicated (tp = 1) the layers lower to XLA's own dot and
 fusions (bf16: the plain jnp expression; FP8: the same FP8 GEMMs through XLA), since the
 library would add only overhead there. ``library=True`` (or the environment variable
@@ -286,12 +294,67 @@ def _fp8_layer():
 _fp8 = _fp8_layer()
 
 
+# ---------------------------------------------------------------- block-scaled FP8
+
+
+def _block_casts(t, role: int, r, columnwise: bool):
+    """(rowwise, columnwise or None) block casts of ``t`` for ``role`` under recipe ``r``."""
+    d, q = r.block_dims[role], r.qparams[role]
+    kw = dict(power_2_scale=q.power_2_scale, amax_epsilon=q.amax_epsilon)
+    return _f8.quantize_block(t, d, **kw), (_f8.block_columnwise(t, d, **kw) if columnwise else None)
+
+
+def _block_exact_bf16(r) -> bool:
+    return all(q.power_2_scale for q in r.qparams)
+
+
+def _block_fwd(x, w, bias, cfg: _Cfg):
+    r = cfg.recipe
+    xd, wd, _ = r.block_dims
+    out_dt = x.dtype if x.dtype in (jnp.bfloat16, jnp.float16, jnp.float32) else jnp.bfloat16
+    xr, xc = _block_casts(x, _f8.INPUT, r, True)
+    wr, wc = _block_casts(w, _f8.WEIGHT, r, True)
+    y = _f8.block_dot(xr, xd, wr, wd, out_dt, _block_exact_bf16(r))
+    if bias is not None:
+        y = y + bias.astype(out_dt)
+    # Saved: the columnwise casts (x^T for the wgrad, w^T for the dgrad), FP8.
+    return y, (xc, wc, bias, jnp.zeros((0,), x.dtype), jnp.zeros((0,), w.dtype))
+
+
+def _block_bwd(cfg: _Cfg, res, dy):
+    xc, wc, bias, x_dt, w_dt = res
+    r = cfg.recipe
+    xd, wd, gd = r.block_dims
+    exact = _block_exact_bf16(r)
+    out_dt = x_dt.dtype if x_dt.dtype in (jnp.bfloat16, jnp.float16, jnp.float32) else jnp.bfloat16
+    gr, gc = _block_casts(dy, _f8.GRAD, r, True)
+    dx = _f8.block_dot(gr, gd, wc, wd, out_dt, exact)  # dy [T, N] . (w^T [K, N])^T
+    dw = _f8.block_dot(gc, gd, xc, xd, w_dt.dtype, exact)  # dy^T [N, T] . (x^T [K, T])^T
+    return dx, dw, _bias_share(bias, dy)
+
+
+def _block_layer():
+    f = jax.custom_vjp(lambda x, w, bias, cfg: _block_fwd(x, w, bias, cfg)[0], nondiff_argnums=(3,))
+    f.defvjp(_block_fwd, _block_bwd)
+    return f
+
+
+_block = _block_layer()
+
+
 def _dense(x, w, bias, cfg: _Cfg, meta):
     r = cfg.recipe
     if r is None:
         if cfg.kind == "local" or not cfg.library:
             return _xla_dense(x, w, bias)
         return _bf16(x, w, bias, cfg)
+    if r.block:
+        if meta is not None:
+            raise ValueError("Float8BlockScaling has no state: pass fp8_meta=None")
+        if cfg.kind != "local" or cfg.library:
+            raise ValueError("Float8BlockScaling in the JAX layers runs where nothing is communicated (tp = 1, "
+                             "library not forced): the library has no block-scaled comm-GEMM or FP8 GEMM for XLA yet")
+        return _block(x, w, bias, cfg)
     if r.delayed:
         if not isinstance(meta, FP8Meta):
             raise TypeError("DelayedScaling needs fp8_meta (tj.fp8_meta_init(recipe)); got "

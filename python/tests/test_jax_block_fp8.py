@@ -1,0 +1,179 @@
+"""Float8BlockScaling in the JAX layers, on the host (CPU devices): the jnp block casts bit
+for bit against an independent numpy reference (TE's compute_scale_from_amax per 1 x 128
+block / 128 x 128 tile, saturating e4m3 cast, the columnwise form), the block dot against
+the fp32 product of the dequantized operands, and the layers' forward and backward at tp 1
+against that composition and against float. Without jax they skip, unless
+TE_COMM_REQUIRE_JAX=1 (scripts/test.sh sets it)."""
+import os
+
+import numpy as np
+import pytest
+
+try:
+    import jax
+
+    HAVE_JAX = True
+except ImportError:
+    HAVE_JAX = False
+
+if not HAVE_JAX and os.environ.get("TE_COMM_REQUIRE_JAX") == "1":
+    raise RuntimeError("TE_COMM_REQUIRE_JAX=1 but jax cannot be imported")
+pytestmark = pytest.mark.skipif(not HAVE_JAX, reason="SKIPPED: jax is not installed")
+
+B = 128
+E4M3_MAX = 448.0
+
+
+def np_scales(amax, eps, pow2, vinf):
+    a = np.maximum(amax, np.float32(eps)).astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        s = np.float32(E4M3_MAX) / a
+    s = np.where(np.isinf(s), np.float32(vinf), s).astype(np.float32)
+    s = np.where((a > 0) & np.isfinite(a), s, np.float32(1.0)).astype(np.float32)
+    if pow2:
+        s = (s.view(np.int32) & np.int32(-8388608)).view(np.float32)
+    return s
+
+
+def np_quantize(x, dim, eps=0.0, pow2=True):
+    """-> (q as float32 values of e4m3, scale_inv per block); rows of x are the blocks' rows."""
+    import ml_dtypes
+
+    x = np.asarray(x, np.float32)
+    r, c = x.shape
+    mb = -(-r // B) if dim == 2 else r
+    nb = -(-c // B)
+    q = np.zeros_like(x)
+    sinv = np.zeros((mb, nb), np.float32)
+    vinf = float(np.finfo(np.float32).max)
+    for i in range(mb):
+        rows = slice(i * B, (i + 1) * B) if dim == 2 else slice(i, i + 1)
+        for j in range(nb):
+            blk = x[rows, j * B:(j + 1) * B]
+            s = np_scales(np.float32(np.abs(blk).max()), eps, pow2, vinf)
+            q[rows, j * B:(j + 1) * B] = np.clip(blk * s, -E4M3_MAX, E4M3_MAX).astype(
+                ml_dtypes.float8_e4m3fn).astype(np.float32)
+            sinv[i, j] = np.float32(1.0) / s
+    return q, sinv
+
+
+def data(seed, *shape, scale=1.0):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+@pytest.mark.parametrize("shape", [(256, 384), (200, 300), (1, 128), (130, 129)])
+@pytest.mark.parametrize("dim", [1, 2])
+@pytest.mark.parametrize("eps, pow2", [(0.0, True), (0.0, False), (0.5, True)])
+def test_quantize_block_matches_numpy_reference(shape, dim, eps, pow2):
+    from transformer_engine_comm.jax import fp8 as F
+
+    x = data(1, *shape) * np.logspace(-2, 2, shape[1], dtype=np.float32)
+    x[0, :5] = 0.0
+    got = F.quantize_block(jax.numpy.asarray(x), dim, power_2_scale=pow2, amax_epsilon=eps)
+    q, sinv = np_quantize(x, dim, eps, pow2)
+    np.testing.assert_array_equal(np.asarray(got.q).astype(np.float32), q)
+    np.testing.assert_array_equal(np.asarray(got.scale_inv), sinv)
+    assert got.q.dtype == jax.numpy.float8_e4m3fn
+    if pow2:  # power-of-2 scales: every scale_inv is 2^k
+        m, _ = np.frexp(sinv)
+        assert (m == 0.5).all()
+
+
+def test_columnwise_forms():
+    from transformer_engine_comm.jax import fp8 as F
+
+    x = jax.numpy.asarray(data(2, 256, 384) * np.linspace(0.01, 5, 384, dtype=np.float32))
+    c1 = F.block_columnwise(x, 1)
+    q, sinv = np_quantize(np.asarray(x).T, 1)  # 1D: the transpose quantized along its rows
+    np.testing.assert_array_equal(np.asarray(c1.q).astype(np.float32), q)
+    np.testing.assert_array_equal(np.asarray(c1.scale_inv), sinv)
+    r1 = F.quantize_block(x, 1)
+    assert not np.array_equal(np.asarray(r1.q).T.astype(np.float32), q)  # not the transposed rowwise bytes
+    c2, r2 = F.block_columnwise(x, 2), F.quantize_block(x, 2)
+    np.testing.assert_array_equal(np.asarray(c2.q), np.asarray(r2.q).T)
+    np.testing.assert_array_equal(np.asarray(c2.scale_inv), np.asarray(r2.scale_inv).T)
+
+
+@pytest.mark.parametrize("b_dim", [1, 2])
+def test_block_dot_is_the_dequantized_product(b_dim):
+    from transformer_engine_comm.jax import fp8 as F
+
+    a, b = data(3, 256, 512), data(4, 384, 512, scale=0.02)
+    qa, qb = F.quantize_block(jax.numpy.asarray(a), 1), F.quantize_block(jax.numpy.asarray(b), b_dim)
+    ref = (np.asarray(F.dequantize_block(qa, 1)).astype(np.float64)
+           @ np.asarray(F.dequantize_block(qb, b_dim)).astype(np.float64).T)
+    for exact in (True, False):
+        got = np.asarray(F.block_dot(qa, 1, qb, b_dim, np.float32, exact_bf16=exact), np.float64)
+        assert np.abs(got - ref).max() <= 1e-5 * np.abs(ref).max()
+    # and the block FP8 product is close to the float one
+    assert np.linalg.norm(ref - a.astype(np.float64) @ b.T) / np.linalg.norm(a @ b.T) < 0.05
+    with pytest.raises(ValueError, match="2D by 2D"):
+        F.block_dot(F.quantize_block(jax.numpy.asarray(a), 2), 2, qb, 2, np.float32)
+
+
+def _ctx1(capi):
+    import transformer_engine_comm.jax as tj
+    from jax.sharding import Mesh
+
+    return tj.tp_context(Mesh(np.array(jax.devices()[:1]), ("tp",)), "tp")
+
+
+def test_dense_forward_backward_is_the_block_math(capi):
+    import jax.numpy as jnp
+    import transformer_engine_comm.jax as tj
+    from transformer_engine_comm.jax import fp8 as F
+
+    ctx = _ctx1(capi)
+    T, K, N = 256, 256, 384
+    x, w, b = (jnp.asarray(a, jnp.bfloat16) for a in (data(5, T, K), data(6, N, K, scale=0.05), data(7, N)))
+    g = jnp.asarray(data(8, T, N, scale=0.1), jnp.bfloat16)
+    r = tj.Float8BlockScaling()
+    y, vjp = jax.vjp(lambda x, w, b: tj.column_parallel_dense(x, w, b, ctx=ctx, fp8=r), x, w, b)
+    dx, dw, db = vjp(g)
+    f32 = np.float64
+
+    def deq(t, d):
+        return np.asarray(F.dequantize_block(t, d), f32)
+
+    # forward: x (1D) . W (2D)^T; dgrad: dy (1D) . (W^T, 2D)^T; wgrad: dy^T (1D) . (x^T, 1D)^T
+    y_ref = deq(F.quantize_block(x, 1), 1) @ deq(F.quantize_block(w, 2), 2).T + np.asarray(b, f32)
+    dx_ref = deq(F.quantize_block(g, 1), 1) @ deq(F.block_columnwise(w, 2), 2).T
+    dw_ref = deq(F.block_columnwise(g, 1), 1) @ deq(F.block_columnwise(x, 1), 1).T
+    for name, got, ref in (("y", y, y_ref), ("dx", dx, dx_ref), ("dw", dw, dw_ref)):
+        e = np.linalg.norm(np.asarray(got, f32) - ref) / np.linalg.norm(ref)
+        assert e < 1e-2, (name, e)  # bf16 outputs
+    np.testing.assert_allclose(np.asarray(db, np.float32), np.asarray(g, np.float32).sum(0), rtol=2e-2, atol=2e-2)
+    assert y.dtype == dx.dtype == dw.dtype == jnp.bfloat16
+    # and close to the float layer
+    yf, vf = jax.vjp(lambda x, w: x.astype(jnp.float32) @ w.astype(jnp.float32).T, x, w)
+    for got, ref in ((y - b, yf), (dx, vf(g.astype(jnp.float32))[0])):
+        e = float(jnp.linalg.norm(got.astype(jnp.float32) - ref) / jnp.linalg.norm(ref))
+        assert e < 0.08, e
+
+
+def test_mlp_block_jit_and_refusals(capi):
+    import jax.numpy as jnp
+    import transformer_engine_comm.jax as tj
+
+    ctx = _ctx1(capi)
+    T, H, Fh = 256, 256, 512
+    bf = jnp.bfloat16
+    x = jnp.asarray(data(9, T, H), bf)
+    w1, w2 = jnp.asarray(data(10, Fh, H, scale=0.05), bf), jnp.asarray(data(11, H, Fh, scale=0.05), bf)
+    b1, b2 = jnp.zeros((Fh,), bf), jnp.zeros((H,), bf)
+    r = tj.Float8BlockScaling()
+
+    def loss(x, w1, w2, fp8):
+        return jnp.mean(tj.mlp(x, w1, b1, w2, b2, ctx=ctx, fp8=fp8).astype(jnp.float32) ** 2)
+
+    lb, gb = jax.jit(jax.value_and_grad(lambda *a: loss(*a, r), argnums=(1, 2)))(x, w1, w2)
+    lf, gf = jax.jit(jax.value_and_grad(lambda *a: loss(*a, False), argnums=(1, 2)))(x, w1, w2)
+    assert abs(float(lb) - float(lf)) / float(lf) < 0.02
+    for a, b in zip(gb, gf):
+        e = float(jnp.linalg.norm(a.astype(jnp.float32) - b.astype(jnp.float32)) / jnp.linalg.norm(b.astype(jnp.float32)))
+        assert e < 0.15, e
+    with pytest.raises(ValueError, match="no state"):
+        tj.column_parallel_dense(x, w1, b1, ctx=ctx, fp8=r, fp8_meta=tj.fp8_meta_init(tj.DelayedScaling(amax_history_len=2)))
+    with pytest.raises(ValueError, match="nothing is communicated"):
+        tj.column_parallel_dense(x, w1, b1, ctx=ctx, fp8=r, library=True)
