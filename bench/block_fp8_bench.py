@@ -1,0 +1,195 @@
+#!/usr/bin/env python3
+"""Block-scaled FP8 (Float8BlockScaling) on one GPU, against bf16 and per-tensor FP8:
+
+1. the seed training step (examples/pytorch/layer_with_overlap.py at tp 1, one process, its
+   default size: 8192 tokens, hidden 4096, ffn 16384, bf16 parameters) in bf16, FP8 with
+   per-tensor current scaling and FP8 with block scaling, each eager and with --cuda-graph:
+   the mean step time and the final loss (the bar: block's final loss within 2 % of bf16's);
+2. the GEMMs on the anchor shapes (tokens x K x N: 8192x8192x3584, 8192x4096x2048,
+   16384x8192x1024), forward layout ``y = x W^T``: bf16 (torch), per-tensor FP8
+   (torch._scaled_mm, split accumulation), block-scaled FP8 through the torch path
+   (transformer_engine_comm.torch.fp8.block_gemm: the library's nvte_cublas_gemm on a 1D x
+   and a 2D W, split accumulation); CUDA events around each call after a warm-up, the
+   median; each GEMM's error against the fp32 product of the unquantized operands; the
+   block casts' time (x 1D rowwise + columnwise, W 2D) beside it.
+
+Prints a short table last and writes it (summary.md) and the example logs under --out.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+ANCHORS = ((8192, 8192, 3584), (8192, 4096, 2048), (16384, 8192, 1024))
+STEP_ROWS = (
+    ("bf16", []),
+    ("bf16 graph", ["--cuda-graph"]),
+    ("fp8 current", ["--fp8", "--fp8-recipe", "current"]),
+    ("fp8 current graph", ["--fp8", "--fp8-recipe", "current", "--cuda-graph"]),
+    ("fp8 block", ["--fp8", "--fp8-recipe", "block"]),
+    ("fp8 block graph", ["--fp8", "--fp8-recipe", "block", "--cuda-graph"]),
+)
+LOSS_BAR = 0.02
+
+
+def step_rows(a, lines):
+    """Run the example's rows -> {row: (step_ms, final_loss) or None}."""
+    res = {}
+    port = 29650
+    for name, args in STEP_ROWS:
+        port += 1
+        log = os.path.join(a.out, "step_" + name.replace(" ", "_") + ".log")
+        cmd = [sys.executable, os.path.join(ROOT, "examples", "pytorch", "layer_with_overlap.py"),
+               "--iters", str(a.iters), "--warmup", str(a.warmup), "--log-every", "10"] + args
+        t0 = time.time()
+        env = dict(os.environ, MASTER_PORT=str(port))
+        with open(log, "w") as f:
+            try:
+                rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, timeout=a.timeout).returncode
+            except subprocess.TimeoutExpired:
+                rc = "timeout"
+        text = open(log).read()
+        m = re.search(r"^RESULT .*step_ms=([0-9.]+).*final_loss=([0-9.]+)", text, re.M)
+        res[name] = (float(m.group(1)), float(m.group(2))) if (rc == 0 and m) else None
+        print(f"step {name}: rc {rc} ({time.time() - t0:.0f} s) {m.group(0)[:160] if m else 'no RESULT line'}",
+              flush=True)
+        if res[name] is None:
+            print("\n".join(text.splitlines()[-15:]), flush=True)
+    lines += ["", "| step (tp 1, default size) | step ms | vs bf16 | final loss | loss vs bf16 |", "|---|---|---|---|---|"]
+    for name, _ in STEP_ROWS:
+        r = res[name]
+        base = res["bf16 graph" if "graph" in name else "bf16"]
+        if r is None:
+            lines.append(f"| {name} | failed | | | |")
+            continue
+        sp = f"{r[0] / base[0]:.2f}x" if base else "-"
+        dl = f"{(r[1] - base[1]) / base[1] * 100:+.2f} %" if base else "-"
+        lines.append(f"| {name} | {r[0]:.2f} | {sp} | {r[1]:.6f} | {dl} |")
+    ok = True
+    for mode in ("", " graph"):
+        b, f = res.get("bf16" + mode), res.get("fp8 block" + mode)
+        if b and f:
+            d = abs(f[1] - b[1]) / b[1]
+            met = d <= LOSS_BAR
+            ok &= met
+            lines.append(f"bar: block final loss within 2 % of bf16 ({mode.strip() or 'eager'}): "
+                         f"{'met' if met else 'missed'} ({d * 100:.2f} %)")
+        else:
+            ok = False
+            lines.append(f"bar: block final loss within 2 % of bf16 ({mode.strip() or 'eager'}): no figures")
+    return all(v is not None for v in res.values()), ok
+
+
+def timed(fn, warmup, iters):
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    for s, e in ev:
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in ev)
+
+
+def gemm_rows(a, lines):
+    import torch
+
+    sys.path.insert(0, os.path.join(ROOT, "python"))
+    from transformer_engine_comm.torch import fp8
+
+    lib = fp8._library()
+    block_lib = lib is not None and lib.has_block_gemm
+    torch.backends.cuda.matmul.allow_tf32 = False
+    dev = torch.device("cuda")
+    bf = torch.bfloat16
+    e4 = torch.float8_e4m3fn
+    lines += ["", "| GEMM T x K x N | bf16 ms (TFLOP/s) | FP8 per-tensor ms (TFLOP/s) | FP8 block ms (TFLOP/s) | "
+              "block / per-tensor | err bf16 / pt / block | block casts ms (x 1D row+col, W 2D) |",
+              "|---|---|---|---|---|---|---|"]
+    for t, k, n in ANCHORS:
+        g = torch.Generator(device=dev).manual_seed(t + k + n)
+        x = torch.randn(t, k, device=dev, generator=g).to(bf)
+        w = (torch.randn(n, k, device=dev, generator=g) * 0.02).to(bf)
+        ref = x.float() @ w.float().t()
+        flop = 2.0 * t * k * n
+
+        def tf(ms):
+            return f"{ms:.3f} ({flop / ms / 1e9:.0f})"
+
+        def err(y):
+            return ((y.float() - ref).norm() / ref.norm()).item()
+
+        ms_bf = timed(lambda: x @ w.t(), a.gemm_warmup, a.gemm_iters)
+        e_bf = err(x @ w.t())
+        # per-tensor current scaling: one scale per tensor from its amax
+        sx = (448.0 / x.abs().amax().float()).reshape(1)
+        sw = (448.0 / w.abs().amax().float()).reshape(1)
+        xq, wq = (x.float() * sx).to(e4), (w.float() * sw).to(e4)
+        sxi, swi = sx.reciprocal(), sw.reciprocal()
+
+        def pt():
+            return torch._scaled_mm(xq, wq.t(), scale_a=sxi, scale_b=swi, out_dtype=bf, use_fast_accum=False)
+
+        ms_pt = timed(pt, a.gemm_warmup, a.gemm_iters)
+        e_pt = err(pt())
+        xb = fp8.quantize_block(x, 1, rowwise=True, columnwise=True)
+        wb = fp8.quantize_block(w, 2, rowwise=True, columnwise=True)
+        ms_cast = timed(lambda: (fp8.quantize_block(x, 1, rowwise=True, columnwise=True),
+                                 fp8.quantize_block(w, 2, rowwise=True, columnwise=True)), 2, 10)
+        if block_lib:
+            def blk():
+                return fp8.block_gemm(xb.rowwise(), wb.rowwise(), bf)
+
+            ms_bl = timed(blk, a.gemm_warmup, a.gemm_iters)
+            e_bl = err(blk())
+            bl, ratio = tf(ms_bl), f"{ms_bl / ms_pt:.2f}x"
+        else:
+            e_bl = err(fp8.block_gemm(xb.rowwise(), wb.rowwise(), torch.float32, reference=True))
+            bl, ratio = "no library block GEMM (emulated: not timed)", "-"
+        lines.append(f"| {t}x{k}x{n} | {tf(ms_bf)} | {tf(ms_pt)} | {bl} | {ratio} | "
+                     f"{e_bf:.4f} / {e_pt:.4f} / {e_bl:.4f} | {ms_cast:.3f} |")
+        print(lines[-1], flush=True)
+        del x, w, ref, xq, wq, xb, wb
+        torch.cuda.empty_cache()
+    return block_lib
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="folder for the logs and summary.md")
+    p.add_argument("--iters", type=int, default=30, help="timed steps per example row")
+    p.add_argument("--warmup", type=int, default=5, help="warm-up steps per example row")
+    p.add_argument("--timeout", type=int, default=240, help="seconds per example run")
+    p.add_argument("--gemm-iters", type=int, default=50)
+    p.add_argument("--gemm-warmup", type=int, default=10)
+    p.add_argument("--skip-step", action="store_true", help="only the GEMMs")
+    p.add_argument("--skip-gemm", action="store_true", help="only the example's steps")
+    a = p.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    lines = ["# Block-scaled FP8 vs per-tensor FP8 vs bf16 (one GPU)"]
+    ok = True
+    if not a.skip_gemm:
+        ok &= gemm_rows(a, lines)
+    if not a.skip_step:
+        ran, _bar = step_rows(a, lines)
+        ok &= ran
+    text = "\n".join(lines) + "\n"
+    with open(os.path.join(a.out, "summary.md"), "w") as f:
+        f.write(text)
+    print()
+    print(text, end="")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
