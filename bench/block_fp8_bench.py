@@ -159,7 +159,7 @@ def gemm_rows(a, lines):
         lines.append(f"| {t}x{k}x{n} | {tf(ms_bf)} | {tf(ms_pt)} | {bl} | {ratio} | "
                      f"{e_bf:.4f} / {e_pt:.4f} / {e_bl:.4f} | {ms_cast:.3f} |")
         print(lines[-1], flush=True)
-        del x, w, ref, xq, wq, xb, wb
+        x = w = ref = xq = wq = xb = wb = None  # noqa: F841 (free the operands before the next shape)
         torch.cuda.empty_cache()
     return block_lib
 

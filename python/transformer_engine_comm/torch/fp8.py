@@ -524,6 +524,13 @@ def _block_scales(amax: torch.Tensor, fmax: float, eps: float, pow2: bool, value
     return s
 
 
+def _block_amax(t: torch.Tensor, dims, shape) -> torch.Tensor:
+    # max|x| per block as the kernels compute it (fmaxf): NaN ignored, inf kept.
+    if not t.numel():
+        return torch.zeros(shape, dtype=torch.float32, device=t.device)
+    return t.abs().nan_to_num(nan=0.0, posinf=float("inf")).amax(dim=dims)
+
+
 def _quantize_rows_1d(x2: torch.Tensor, fp8_dtype, fmax, eps, pow2, vinf):
     """1 x 128 blocks along the rows of fp32 ``x2`` -> (q [r, c], scale_inv GEMM-ready)."""
     r, c = x2.shape
@@ -531,7 +538,7 @@ def _quantize_rows_1d(x2: torch.Tensor, fp8_dtype, fmax, eps, pow2, vinf):
     nb = -(-c // b)
     xp = F.pad(x2, (0, nb * b - c)) if nb * b != c else x2
     t = xp.reshape(r, nb, b)
-    amax = t.abs().nan_to_num(nan=0.0).amax(-1) if r * nb else torch.zeros((r, nb), device=x2.device)
+    amax = _block_amax(t, (-1,), (r, nb))
     s = _block_scales(amax, fmax, eps, pow2, vinf)
     q = (t * s.unsqueeze(-1)).clamp_(-fmax, fmax).to(fp8_dtype).reshape(r, nb * b)[:, :c].contiguous()
     si = torch.zeros(block_scale_shape(r, c, 1), dtype=torch.float32, device=x2.device)
@@ -547,7 +554,7 @@ def _quantize_tiles_2d(x2: torch.Tensor, fp8_dtype, fmax, eps, pow2, vinf):
     mb, nb = -(-r // b), -(-c // b)
     xp = F.pad(x2, (0, nb * b - c, 0, mb * b - r)) if (mb * b, nb * b) != (r, c) else x2
     t = xp.reshape(mb, b, nb, b)
-    amax = t.abs().nan_to_num(nan=0.0).amax(dim=(1, 3)) if mb * nb else torch.zeros((mb, nb), device=x2.device)
+    amax = _block_amax(t, (1, 3), (mb, nb))
     s = _block_scales(amax, fmax, eps, pow2, vinf)
     q = (t * s[:, None, :, None]).clamp_(-fmax, fmax).to(fp8_dtype).reshape(mb * b, nb * b)[:r, :c].contiguous()
     return q, s.reciprocal()
