@@ -54,7 +54,8 @@ typedef enum NVTETensorParam {
   kNVTENumTensorParams = 7,
 } NVTETensorParam;
 
-/** Scaling modes (TE's NVTEScalingMode). Only delayed (per-tensor) scaling is implemented. */
+/** Scaling modes (TE's NVTEScalingMode). Implemented: delayed (per-tensor) scaling and */
+/** FP8 block scaling (1D: 1x128 blocks, 2D: 128x128 blocks). */
 typedef enum NVTEScalingMode {
   NVTE_DELAYED_TENSOR_SCALING = 0,
   NVTE_MXFP8_1D_SCALING = 1,
@@ -135,6 +136,21 @@ typedef enum NVTECommGemmAlgoType {
   kNVTECommGemmAlgoAtomicP2P = 3,
   kNVTECommGemmAlgoAtomicMulticast = 4,
 } NVTECommGemmAlgoType;
+
+/** Options of a matmul config (TE's NVTEMatmulConfigAttribute, gemm.h), read by */
+/** nvte_cublas_gemm_v2: BiasTensor, DBiasTensor and EpilogueAuxTensor (NVTETensor), */
+/** WithGELUEpilogue, WithDGELUEpilogue and UseSplitAccumulator (uint8_t), SMCount */
+/** (int32_t). */
+typedef enum NVTEMatmulConfigAttribute {
+  kNVTEMatmulConfigBiasTensor = 0,
+  kNVTEMatmulConfigDBiasTensor = 1,
+  kNVTEMatmulConfigWithGELUEpilogue = 2,
+  kNVTEMatmulConfigWithDGELUEpilogue = 3,
+  kNVTEMatmulConfigEpilogueAuxTensor = 4,
+  kNVTEMatmulConfigUseSplitAccumulator = 5,
+  kNVTEMatmulConfigSMCount = 6,
+  kNVTEMatmulConfigNumAttributes = 7,
+} NVTEMatmulConfigAttribute;
 
 
 
@@ -234,6 +250,11 @@ typedef struct NVTECommBootstrap {
  * Opaque tensor handle (TE: `typedef void *NVTETensor;`).
  */
 typedef void *NVTETensor;
+
+/**
+ * Opaque matmul config handle (TE: `typedef void *NVTEMatmulConfig;`).
+ */
+typedef void *NVTEMatmulConfig;
 
 /**
  * Opaque quantization config handle (TE: `typedef void *NVTEQuantizationConfig;`).
@@ -612,6 +633,49 @@ void nvte_cublas_gemm(NVTETensor A,
                       cudaStream_t stream);
 
 /**
+ * nvte_cublas_gemm with D = alpha * op(A) op(B) (+ bias, GELU as nvte_cublas_gemm) +
+ * beta * D: `beta` = 0 overwrites D (it is not read), any other value accumulates
+ * (not with an FP8 D). Block-scaled FP8 inputs (NVTE_BLOCK_SCALING_1D / 2D) are taken
+ * as by nvte_cublas_gemm (see docs/c-api.md). TE deprecates it for nvte_cublas_gemm_v2.
+ */
+void nvte_cublas_gemm_scaled(NVTETensor A,
+                             NVTETensor B,
+                             NVTETensor D,
+                             NVTETensor bias,
+                             NVTETensor pre_gelu_out,
+                             bool transa,
+                             bool transb,
+                             bool grad,
+                             NVTETensor workspace,
+                             float alpha,
+                             float beta,
+                             bool use_split_accumulator,
+                             int32_t math_sm_count,
+                             cudaStream_t stream);
+
+/**
+ * TE 2.20's GEMM: D = alpha * op(A) op(B) + beta * C, with op = transpose where
+ * `transa` / `transb` are nonzero, A, B and D row-major as in nvte_cublas_gemm (D is
+ * [n, m]). `alpha` and `beta` are host pointers to one float each. C must be D (TE's
+ * rule). `config` (NULL: the defaults) sets the epilogue (bias, bias gradient, GELU
+ * with its aux tensor, GELU backward), the split accumulator and the SM count
+ * (nvte_set_matmul_config_attribute). Inputs as nvte_cublas_gemm: bf16 / fp16 / fp32,
+ * per-tensor FP8, block-scaled FP8 on Hopper. Errors are recorded for
+ * nvte_comm_last_error(); D is left untouched then.
+ */
+void nvte_cublas_gemm_v2(int32_t transa,
+                         int32_t transb,
+                         const float *alpha,
+                         NVTETensor A,
+                         NVTETensor B,
+                         const float *beta,
+                         NVTETensor C,
+                         NVTETensor D,
+                         NVTETensor workspace,
+                         NVTEMatmulConfig config,
+                         cudaStream_t stream);
+
+/**
  * The calling thread's running totals since it started: `*heap_allocations`, the host
  * heap allocations (and reallocations) this library made on this thread;
  * `*library_calls`, the CUDA driver, cuBLASLt and NCCL calls it made on this thread (every
@@ -738,6 +802,43 @@ NVTECommStatus nvte_comm_fill_uniform(NVTETensor tensor,
  * Number of live quantization configs (for leak checks in tests).
  */
 size_t nvte_comm_live_quantization_config_count(void);
+
+/**
+ * Create a matmul config with TE's defaults (no epilogue tensors, no GELU, split
+ * accumulator off, SM count 0 = cuBLASLt's choice). Destroy it with
+ * nvte_destroy_matmul_config.
+ */
+NVTEMatmulConfig nvte_create_matmul_config(void);
+
+/**
+ * Read attribute `attr` of `config` into `buf` (`size_in_bytes` bytes). `*size_written`
+ * (when not NULL) gets the attribute's size; a NULL `buf` only asks for that size (TE).
+ */
+void nvte_get_matmul_config_attribute(NVTEMatmulConfig config,
+                                      NVTEMatmulConfigAttribute attr,
+                                      void *buf,
+                                      size_t size_in_bytes,
+                                      size_t *size_written);
+
+/**
+ * Set attribute `attr` of `config` from `buf` (`size_in_bytes` bytes, at least the
+ * attribute's size: NVTETensor for the tensors, uint8_t for the flags, int32_t for the
+ * SM count). Tensors are looked up when a GEMM uses the config.
+ */
+void nvte_set_matmul_config_attribute(NVTEMatmulConfig config,
+                                      NVTEMatmulConfigAttribute attr,
+                                      const void *buf,
+                                      size_t size_in_bytes);
+
+/**
+ * Destroy a matmul config (NULL is a no-op, as in TE).
+ */
+void nvte_destroy_matmul_config(NVTEMatmulConfig config);
+
+/**
+ * Number of live matmul configs (for leak checks in tests).
+ */
+size_t nvte_comm_live_matmul_config_count(void);
 
 /**
  * TE's defaults, then the environment overrides (NVTE_COMM_TIMEOUT_MS,
@@ -988,7 +1089,8 @@ NVTECommStatus nvte_comm_nccl_comm_destroy(ncclComm_t comm);
 
 /**
  * Create a tensor with the given scaling mode. Returns NULL (error recorded) for an
- * invalid or unsupported mode; only NVTE_DELAYED_TENSOR_SCALING is implemented.
+ * invalid or unsupported mode; NVTE_DELAYED_TENSOR_SCALING and NVTE_BLOCK_SCALING_1D /
+ * _2D are implemented.
  */
 NVTETensor nvte_create_tensor(NVTEScalingMode scaling_mode);
 

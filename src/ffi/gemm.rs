@@ -1,8 +1,12 @@
-//! TE's GEMM entry point (transformer_engine/gemm.h).
+//! TE's GEMM entry points (transformer_engine/gemm.h): nvte_cublas_gemm,
+//! nvte_cublas_gemm_scaled and nvte_cublas_gemm_v2 (its config: `matmul_config`). All
+//! three take per-tensor and block-scaled inputs (`gemm::block`).
 use super::handles::TENSORS;
+use super::matmul_config::{MATMUL_CONFIGS, MatmulAttrs, NVTEMatmulConfig};
 use super::{NVTETensor, cudaStream_t};
 use crate::error::Result;
 use crate::gemm::{self, Operands};
+use crate::invalid;
 use crate::tensor::Tensor;
 
 /// The flags of TE's wide GEMM entry points (nvte_cublas_gemm's order). Each entry point
@@ -104,6 +108,118 @@ pub extern "C" fn nvte_cublas_gemm(
             use_split_accumulator,
         };
         let args = extras.operands(&a, &b, &d, flags, math_sm_count);
-        gemm::cublas_gemm(&args, crate::ffi::stream_of(stream))
+        let beta = if accumulate { 1.0 } else { 0.0 };
+        gemm::block::cublas_gemm_scaled(&args, 1.0, beta, crate::ffi::stream_of(stream))
     })
+}
+
+/// nvte_cublas_gemm with D = alpha * op(A) op(B) (+ bias, GELU as nvte_cublas_gemm) +
+/// beta * D: `beta` = 0 overwrites D (it is not read), any other value accumulates
+/// (not with an FP8 D). Block-scaled FP8 inputs (NVTE_BLOCK_SCALING_1D / 2D) are taken
+/// as by nvte_cublas_gemm (see docs/c-api.md). TE deprecates it for nvte_cublas_gemm_v2.
+#[unsafe(no_mangle)]
+#[allow(non_snake_case)]
+pub extern "C" fn nvte_cublas_gemm_scaled(
+    A: NVTETensor,
+    B: NVTETensor,
+    D: NVTETensor,
+    bias: NVTETensor,
+    pre_gelu_out: NVTETensor,
+    transa: bool,
+    transb: bool,
+    grad: bool,
+    workspace: NVTETensor,
+    alpha: f32,
+    beta: f32,
+    use_split_accumulator: bool,
+    math_sm_count: i32,
+    stream: cudaStream_t,
+) {
+    entry!(void, {
+        let a = TENSORS.get(A as usize, "A")?;
+        let b = TENSORS.get(B as usize, "B")?;
+        let d = TENSORS.get(D as usize, "D")?;
+        let extras = GemmExtras::resolve(bias, pre_gelu_out, workspace)?;
+        let flags = TeFlags {
+            transa,
+            transb,
+            grad,
+            accumulate: beta != 0.0,
+            use_split_accumulator,
+        };
+        let args = extras.operands(&a, &b, &d, flags, math_sm_count);
+        gemm::block::cublas_gemm_scaled(&args, alpha, beta, crate::ffi::stream_of(stream))
+    })
+}
+
+/// TE 2.20's GEMM: D = alpha * op(A) op(B) + beta * C, with op = transpose where
+/// `transa` / `transb` are nonzero, A, B and D row-major as in nvte_cublas_gemm (D is
+/// [n, m]). `alpha` and `beta` are host pointers to one float each. C must be D (TE's
+/// rule). `config` (NULL: the defaults) sets the epilogue (bias, bias gradient, GELU
+/// with its aux tensor, GELU backward), the split accumulator and the SM count
+/// (nvte_set_matmul_config_attribute). Inputs as nvte_cublas_gemm: bf16 / fp16 / fp32,
+/// per-tensor FP8, block-scaled FP8 on Hopper. Errors are recorded for
+/// nvte_comm_last_error(); D is left untouched then.
+#[unsafe(no_mangle)]
+#[allow(non_snake_case)]
+pub extern "C" fn nvte_cublas_gemm_v2(
+    transa: i32,
+    transb: i32,
+    alpha: *const f32,
+    A: NVTETensor,
+    B: NVTETensor,
+    beta: *const f32,
+    C: NVTETensor,
+    D: NVTETensor,
+    workspace: NVTETensor,
+    config: NVTEMatmulConfig,
+    stream: cudaStream_t,
+) {
+    entry!(void, {
+        let a = TENSORS.get(A as usize, "A")?;
+        let b = TENSORS.get(B as usize, "B")?;
+        TENSORS.get(C as usize, "C")?;
+        let d = TENSORS.get(D as usize, "D")?;
+        if C != D {
+            invalid!(
+                "tensors `C` and `D` differ: nvte_cublas_gemm_v2 accumulates into D only (C must be D, as in TE)"
+            );
+        }
+        let (alpha, beta) = host_scalars(alpha, beta)?;
+        let workspace = TENSORS.get_opt(workspace as usize, "workspace")?;
+        let cfg = if config.is_null() {
+            MatmulAttrs::default()
+        } else {
+            MATMUL_CONFIGS.get(config as usize, "config")?
+        };
+        let (bias, aux, grad) = cfg.epilogue()?;
+        let args = Operands {
+            a: &a,
+            b: &b,
+            d: &d,
+            bias: bias.as_ref(),
+            pre_gelu_out: aux.as_ref(),
+            transa: transa != 0,
+            transb: transb != 0,
+            grad,
+            workspace: workspace.as_ref(),
+            accumulate: beta != 0.0,
+            use_split_accumulator: cfg.use_split_accumulator,
+            math_sm_count: cfg.sm_count,
+        };
+        gemm::block::cublas_gemm_scaled(&args, alpha, beta, crate::ffi::stream_of(stream))
+    })
+}
+
+/// The values of nvte_cublas_gemm_v2's `alpha` and `beta` (host pointers, as TE reads
+/// them).
+fn host_scalars(alpha: *const f32, beta: *const f32) -> Result<(f32, f32)> {
+    if alpha.is_null() {
+        invalid!("argument `alpha` is NULL (a host pointer to one float)");
+    }
+    if beta.is_null() {
+        invalid!("argument `beta` is NULL (a host pointer to one float)");
+    }
+    // SAFETY: non-null host pointers to one float each, per the API's contract.
+    Ok(unsafe { (alpha.read_unaligned(), beta.read_unaligned()) })
 }

@@ -172,8 +172,17 @@ fn resolve_config(config: NVTEQuantizationConfig) -> Result<QuantConfig> {
     QCONFIGS.get(config as usize, "config")?.resolve()
 }
 
+/// A tensor for a per-tensor-scaling kernel: block-scaled ones are refused (their
+/// scale_inv is not one float).
 fn tensor(t: NVTETensor, what: &str) -> Result<Tensor> {
-    TENSORS.get(t as usize, what)
+    let t = TENSORS.get(t as usize, what)?;
+    if let Some(m) = t.block_mode() {
+        crate::unsupported!(
+            "tensor `{what}` is block-scaled ({}): this operation takes per-tensor-scaled tensors",
+            m.name()
+        );
+    }
+    Ok(t)
 }
 
 /// Create a quantization config with TE's defaults (no pow-2 scales, epsilon 0, no noop

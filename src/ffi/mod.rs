@@ -62,6 +62,7 @@ mod gemm;
 mod handles;
 mod host_counters;
 mod kernels;
+mod matmul_config;
 mod overlap;
 mod packed;
 mod report;

@@ -5,7 +5,7 @@ use super::handles;
 use crate::cuda::DevPtr;
 use crate::error::Result;
 use crate::invalid;
-use crate::tensor::{Buffer, DType, MAX_DIMS, Shape, Tensor};
+use crate::tensor::{BlockMode, Buffer, DType, MAX_DIMS, Shape, Tensor};
 use std::ffi::c_void;
 
 /// Opaque tensor handle (TE: `typedef void *NVTETensor;`).
@@ -81,7 +81,8 @@ fn h(t: NVTETensor) -> usize {
 }
 
 /// Create a tensor with the given scaling mode. Returns NULL (error recorded) for an
-/// invalid or unsupported mode; only NVTE_DELAYED_TENSOR_SCALING is implemented.
+/// invalid or unsupported mode; NVTE_DELAYED_TENSOR_SCALING and NVTE_BLOCK_SCALING_1D /
+/// _2D are implemented.
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_create_tensor(scaling_mode: NVTEScalingMode) -> NVTETensor {
     entry!(or std::ptr::null_mut(), {
@@ -477,7 +478,8 @@ impl Tensor {
             other => invalid!("param {other} is not a valid NVTETensorParam (expected 0..=6)"),
         })
     }
-    /// Set a component, checking what TE's delayed scaling requires of it.
+    /// Set a component, checking what TE's delayed scaling requires of it, or (a
+    /// block-scaled tensor) what TE's FP8 block scaling does.
     pub(crate) fn set_param(&mut self, p: NVTETensorParam, b: Buffer) -> Result<()> {
         let is_scalar_param = matches!(
             p,
@@ -487,7 +489,9 @@ impl Tensor {
                 | NVTETensorParam::kNVTEColumnwiseScaleInv
                 | NVTETensorParam::kNVTEColumnwiseAmax
         );
-        if is_scalar_param
+        if let Some(mode) = self.block_mode() {
+            check_block_param(mode, p, &b)?;
+        } else if is_scalar_param
             && self.scaling_mode == NVTEScalingMode::NVTE_DELAYED_TENSOR_SCALING.0
             && b.dtype != DType::F32
         {
@@ -501,13 +505,61 @@ impl Tensor {
     }
 }
 
-/// A new delayed-scaling tensor (no components) in the handle table.
+/// What TE's FP8 block scaling accepts for a component: data FP8 (quantized) or high
+/// precision (float32 / bfloat16 / float16); scale inverses float32 of 2 dimensions (their
+/// exact shape is checked against the data where the tensor is used); scale and amax
+/// (unused by block scaling) float32.
+fn check_block_param(mode: BlockMode, p: NVTETensorParam, b: &Buffer) -> Result<()> {
+    let set = !b.ptr.is_null();
+    match p {
+        NVTETensorParam::kNVTERowwiseData | NVTETensorParam::kNVTEColumnwiseData => {
+            if !(b.dtype.is_fp8() || b.dtype.is_high_precision()) {
+                invalid!(
+                    "{p} of a {} tensor must be FP8 (kNVTEFloat8E4M3 / kNVTEFloat8E5M2) or float32 / bfloat16 / float16, got {}",
+                    mode.name(),
+                    b.dtype.name()
+                );
+            }
+        }
+        NVTETensorParam::kNVTERowwiseScaleInv | NVTETensorParam::kNVTEColumnwiseScaleInv => {
+            if b.dtype != DType::F32 {
+                invalid!(
+                    "{p} of a {} tensor must be kNVTEFloat32, got {}",
+                    mode.name(),
+                    b.dtype.name()
+                );
+            }
+            if set && b.shape.ndim != 2 {
+                invalid!(
+                    "{p} of a {} tensor must have 2 dimensions, got shape {}",
+                    mode.name(),
+                    b.shape
+                );
+            }
+        }
+        _ => {
+            if b.dtype != DType::F32 {
+                invalid!(
+                    "{p} of a {} tensor must be kNVTEFloat32, got {}",
+                    mode.name(),
+                    b.dtype.name()
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A new tensor (no components) in the handle table: delayed (per-tensor) scaling or FP8
+/// block scaling (1D / 2D).
 pub(crate) fn create(scaling_mode: NVTEScalingMode) -> Result<usize> {
     match scaling_mode {
-        NVTEScalingMode::NVTE_DELAYED_TENSOR_SCALING => {}
+        NVTEScalingMode::NVTE_DELAYED_TENSOR_SCALING
+        | NVTEScalingMode::NVTE_BLOCK_SCALING_1D
+        | NVTEScalingMode::NVTE_BLOCK_SCALING_2D => {}
         m if m.name().is_some() && m != NVTEScalingMode::NVTE_INVALID_SCALING => {
             crate::unsupported!(
-                "scaling mode {m} is not supported: only NVTE_DELAYED_TENSOR_SCALING (per-tensor) is implemented"
+                "scaling mode {m} is not supported: NVTE_DELAYED_TENSOR_SCALING (per-tensor) and NVTE_BLOCK_SCALING_1D / _2D (FP8 block scaling) are implemented"
             )
         }
         m => invalid!("scaling_mode {m} is not a valid NVTEScalingMode"),
@@ -516,4 +568,81 @@ pub(crate) fn create(scaling_mode: NVTEScalingMode) -> Result<usize> {
         scaling_mode: scaling_mode.0,
         ..Default::default()
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn basic(dtype: NVTEDType, dims: &[usize]) -> NVTEBasicTensor {
+        let mut shape = NVTEShape::empty();
+        shape.data[..dims.len()].copy_from_slice(dims);
+        shape.ndim = dims.len();
+        NVTEBasicTensor {
+            data_ptr: 0x1000 as *mut c_void,
+            dtype,
+            shape,
+        }
+    }
+
+    #[test]
+    fn block_tensors_are_created_and_their_components_checked() {
+        for mode in [
+            NVTEScalingMode::NVTE_BLOCK_SCALING_1D,
+            NVTEScalingMode::NVTE_BLOCK_SCALING_2D,
+        ] {
+            let id = create(mode).unwrap();
+            let t = id as NVTETensor;
+            let ok = |p, b: NVTEBasicTensor| with_param(t, p, &b);
+            ok(
+                NVTETensorParam::kNVTERowwiseData,
+                basic(NVTEDType::kNVTEFloat8E4M3, &[256, 384]),
+            )
+            .unwrap();
+            ok(
+                NVTETensorParam::kNVTEColumnwiseData,
+                basic(NVTEDType::kNVTEFloat8E4M3, &[384, 256]),
+            )
+            .unwrap();
+            ok(
+                NVTETensorParam::kNVTERowwiseData,
+                basic(NVTEDType::kNVTEBFloat16, &[256, 384]),
+            )
+            .unwrap();
+            ok(
+                NVTETensorParam::kNVTERowwiseScaleInv,
+                basic(NVTEDType::kNVTEFloat32, &[3, 256]),
+            )
+            .unwrap();
+            let e = ok(
+                NVTETensorParam::kNVTERowwiseData,
+                basic(NVTEDType::kNVTEInt32, &[256, 384]),
+            )
+            .unwrap_err();
+            assert!(e.to_string().contains("must be FP8"), "{e}");
+            let e = ok(
+                NVTETensorParam::kNVTEColumnwiseScaleInv,
+                basic(NVTEDType::kNVTEFloat8E8M0, &[2, 384]),
+            )
+            .unwrap_err();
+            assert!(e.to_string().contains("must be kNVTEFloat32"), "{e}");
+            let e = ok(
+                NVTETensorParam::kNVTERowwiseScaleInv,
+                basic(NVTEDType::kNVTEFloat32, &[768]),
+            )
+            .unwrap_err();
+            assert!(e.to_string().contains("2 dimensions"), "{e}");
+            let got = handles::TENSORS.get(id, "tensor").unwrap();
+            assert_eq!(
+                got.scale_inv.shape.as_slice(),
+                [3, 256],
+                "a refused value changes nothing"
+            );
+            assert_eq!(got.data.dtype, DType::BF16);
+            assert_eq!(got.block_mode().unwrap().scaling_mode(), mode.0);
+            handles::TENSORS.remove(id, "tensor").unwrap();
+        }
+        let e = create(NVTEScalingMode::NVTE_MXFP8_1D_SCALING).unwrap_err();
+        assert!(e.to_string().contains("not supported"), "{e}");
+    }
 }

@@ -2,6 +2,7 @@
 //! cuBLAS as column-major, epilogues (bias, GELU with aux, DGELU, bias gradient), FP8
 //! scaling, accumulate, fast FP8 accumulation and an SM budget. Descriptors and the
 //! heuristic's choice are cached per thread and shape ("plans").
+pub mod block;
 mod graphs;
 pub mod sm90;
 
@@ -236,6 +237,7 @@ impl<'a, D> Operands<'a, D> {
 /// Validate TE's arguments and translate them into a [`GemmDesc`]: the shapes, the
 /// element types, the FP8 scaling factors, the epilogue's operands, the workspace.
 pub fn desc_from_te(g: &TeGemm) -> Result<GemmDesc> {
+    block::require_per_tensor(g)?;
     let dims = te_dims(g)?;
     let (m, n, k) = (dims.m, dims.n, dims.k);
     let (at, bt, dt) = (g.a.data.dtype, g.b.data.dtype, g.d.data.dtype);
