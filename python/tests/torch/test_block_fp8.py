@@ -60,11 +60,13 @@ def emulation(monkeypatch):
 @pytest.mark.parametrize("dtype", [BF16, torch.float32])
 @pytest.mark.parametrize("pow2, eps", [(True, 0.0), (False, 0.0), (True, 1e-3)])
 def test_quantize_block_bit_exact(shape, block_dim, dtype, pow2, eps):
-    library()
+    lib = library()
     x = (data(1, *shape) * torch.logspace(-3, 2, shape[1], device=dev())).to(dtype)
     x[0, :7] = 0.0  # a partly-zero block
     kw = dict(rowwise=True, columnwise=True, power_2_scale=pow2, amax_epsilon=eps)
     got = fp8.quantize_block(x, block_dim, **kw)
+    if lib.block_quantize is False:
+        pytest.skip("the loaded library has block tensors but no block-scaled cast (nvte_quantize)")
     ref = fp8.quantize_block(x, block_dim, reference=True, **kw)
     torch.cuda.synchronize()
     r, c = shape

@@ -49,6 +49,9 @@ class Backend:
         self._blocks = collections.OrderedDict()  # block-scaled handles by description (LRU)
         self._blocks_lock = threading.Lock()
         self.has_block = _block_tensors_supported(lib)
+        # Whether nvte_quantize casts into block tensors: None until the first block cast
+        # tells (fp8.quantize_block sets it; False: the torch arithmetic writes them).
+        self.block_quantize = None
         # The GEMM cannot be probed without a GPU call: a library whose block tensors exist
         # but whose GEMM refuses them reports that error from the first block GEMM.
         self.has_block_gemm = self.has_block

@@ -41,6 +41,7 @@ value back to the host, so every cast can be captured in a CUDA graph.
 
 from __future__ import annotations
 
+import warnings
 from typing import NamedTuple, Optional, Tuple
 
 import torch
@@ -589,10 +590,21 @@ def quantize_block(
         raise ValueError("quantize_block: ask for rowwise and/or columnwise output")
     rows, cols = _as_2d_shape(x)
     x2 = x.contiguous().reshape(rows, cols)
-    if _use_library(x2, reference) and _library().has_block:
-        q, si, qt, sit = _library().quantize_block(x2, fp8_dtype, block_dim, rowwise, columnwise,
-                                                   bool(power_2_scale), float(amax_epsilon))
-        return BlockFp8Tensor(q, si, qt, sit, block_dim, fp8_dtype)
+    lib = _library() if _use_library(x2, reference) else None
+    if lib is not None and lib.has_block and lib.block_quantize is not False:
+        try:
+            q, si, qt, sit = lib.quantize_block(x2, fp8_dtype, block_dim, rowwise, columnwise,
+                                                bool(power_2_scale), float(amax_epsilon))
+            lib.block_quantize = True
+            return BlockFp8Tensor(q, si, qt, sit, block_dim, fp8_dtype)
+        except RuntimeError as e:  # the library's CommError
+            if lib.block_quantize is not None or getattr(e, "status", None) != _core.Status.NVTE_COMM_ERROR_UNSUPPORTED:
+                raise
+            # A library with block tensors but no block cast kernel: the torch arithmetic
+            # below writes the same bytes (slower); said once.
+            lib.block_quantize = False
+            warnings.warn(f"transformer_engine_comm: the library has no block-scaled cast ({e.message}); block "
+                          "casts run as torch ops (the same bytes, slower)", RuntimeWarning, stacklevel=2)
     vinf = torch.finfo(x.dtype).max
     xf = x2.float()
     args = (fp8_dtype, fmax, float(amax_epsilon), bool(power_2_scale), vinf)
@@ -646,7 +658,7 @@ def block_gemm(a: BlockOperand, b: BlockOperand, out_dtype: torch.dtype = torch.
     """``a @ b^T`` -> ``[M, N]`` ``out_dtype`` of two block-scaled operands in rowwise form,
     ``a`` ``[M, K]`` and ``b`` ``[N, K]`` (not both 2D): TE's TN ``nvte_cublas_gemm`` with
     ``NVTE_BLOCK_SCALING_1D/2D`` operands (A = b, B = a) and split accumulation, on CUDA
-    where the library has it and K is a multiple of 128 and M, N of 16; otherwise (and
+    where the library has it and K, M and N are multiples of 16; otherwise (and
     with ``reference=True``) the fp32 matmul of the dequantized operands."""
     if a.data.shape[1] != b.data.shape[1]:
         raise ValueError(f"block_gemm: a {tuple(a.data.shape)} and b {tuple(b.data.shape)} disagree on K")
@@ -655,6 +667,6 @@ def block_gemm(a: BlockOperand, b: BlockOperand, out_dtype: torch.dtype = torch.
     m, k = a.data.shape
     n = b.data.shape[0]
     lib = _library() if (not reference and a.data.is_cuda) else None
-    if lib is not None and lib.has_block_gemm and k % BLOCK_LEN == 0 and m % 16 == 0 and n % 16 == 0:
+    if lib is not None and lib.has_block_gemm and k % 16 == 0 and m % 16 == 0 and n % 16 == 0:
         return lib.block_gemm(a, b, out_dtype)
     return (dequantize_block(a) @ dequantize_block(b).t()).to(out_dtype)
