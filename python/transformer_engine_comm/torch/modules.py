@@ -975,7 +975,7 @@ def _column_backward_block(ctx, cfg: _Cfg, dy, x_t, x_tsi, w_t, w_tsi):
     need_db = ctx.has_bias and ctx.needs_input_grad[2]
     odt = ctx.w_dtype
     xd, wd, _ = f8.dims
-    dyf = f8.cast_grad(dy, rowwise=need_dx, columnwise=need_dw)
+    dyf = f8.cast_grad(dy, rowwise=need_dx, columnwise=need_dw) if (need_dx or need_dw) else None
     db = dy.sum(0) if need_db else None
     dx = red_work = None
     if need_dx:
@@ -1006,7 +1006,7 @@ def _row_backward_block(ctx, cfg: _Cfg, dy):
     odt = ctx.w_dtype
     xd, wd, _ = f8.dims
     dy_full = _all_gather(dy, cfg.group)[0] if cfg.sp else dy
-    dyf = f8.cast_grad(dy_full, rowwise=need_dx, columnwise=need_dw)
+    dyf = f8.cast_grad(dy_full, rowwise=need_dx, columnwise=need_dw) if (need_dx or need_dw) else None
     dx = _fp8.block_gemm(dyf.rowwise(), _fp8.BlockOperand(w_t, w_tsi, wd), odt) if need_dx else None
     dw = _fp8.block_gemm(dyf.columnwise(), _fp8.BlockOperand(x_t, x_tsi, xd), odt) if need_dw else None
     db = dy_full.sum(0) if need_db else None
