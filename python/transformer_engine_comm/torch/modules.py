@@ -134,6 +134,23 @@ builds:
   accumulate as the library does for their FP8 GEMMs.
 - Local FP8 GEMMs run ``torch._scaled_mm`` on CUDA (sizes multiples of 16); elsewhere (CPU,
   odd sizes) a dequantized fp32 matmul of the same FP8 values.
+
+Block-scaled FP8 (``fp8_recipe=``:class:`~transformer_engine_comm.torch.fp8.Float8BlockScaling`,
+TE's / DeepSeek-V3's): e4m3 everywhere, one scale per 1 x 128 block (1D; by default the input
+and dY) or 128 x 128 tile (2D; by default the weight), each from its block's own amax, with the
+role's QParams (power-of-2 scales by default). No scaling state (``fp8_meta`` is empty). Each
+tensor is cast once into exactly the forms its GEMMs read (``fp8.quantize_block``: the library's
+``nvte_quantize_v2`` into ``NVTE_BLOCK_SCALING_1D/2D`` tensors on CUDA): the input rowwise
+(forward) and columnwise (wgrad: the transposed tensor quantized along its rows), the weight
+rowwise and columnwise (dgrad; one cast per step with ``is_first_microbatch``), dY rowwise
+(dgrad) and columnwise (wgrad). The GEMMs (``fp8.block_gemm``: the library's TN
+``nvte_cublas_gemm`` with split accumulation, as TE's recipe requires) are forward
+``x . W^T`` (1D x 2D), dgrad ``dY . (W^T)^T`` and wgrad ``dY^T . (X^T)^T`` (1D x 1D); the bias
+is added after the GEMM, bias gradients are column sums of bf16 dY. Only the columnwise FP8
+forms are saved for the backward. Communication is not block-scaled yet: at tp > 1 the input /
+dY are gathered in the activations' dtype before their casts and the dgrad / forward outputs
+reduced after the GEMMs with ``torch.distributed``; the ``ub_*`` flags do not apply. CPU
+tensors run the same arithmetic as torch ops (the emulation the GPU tests compare against).
 """
 
 from __future__ import annotations
