@@ -93,9 +93,12 @@ def test_block_gemm_vs_emulation(m, k, n, b_dim):
     b = fp8.quantize_block(data(3, n, k, scale=0.02).to(BF16), b_dim).rowwise()
     got = fp8.block_gemm(a, b, BF16)
     ref = fp8.block_gemm(a, b, torch.float32, reference=True)
+    bias = data(5, n).to(BF16)
+    got_b = fp8.block_gemm(a, b, BF16, bias=bias)  # the bias in the GEMM's epilogue
     torch.cuda.synchronize()
     assert got.shape == (m, n) and got.dtype == BF16
     assert rel(got.float(), ref) < 1e-2
+    assert rel(got_b.float(), ref + bias.float()) < 1e-2
 
 
 # ------------------------------------------------------------------- modules

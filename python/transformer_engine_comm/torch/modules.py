@@ -145,8 +145,8 @@ tensor is cast once into exactly the forms its GEMMs read (``fp8.quantize_block`
 rowwise and columnwise (dgrad; one cast per step with ``is_first_microbatch``), dY rowwise
 (dgrad) and columnwise (wgrad). The GEMMs (``fp8.block_gemm``: the library's TN
 ``nvte_cublas_gemm`` with split accumulation, as TE's recipe requires) are forward
-``x . W^T`` (1D x 2D), dgrad ``dY . (W^T)^T`` and wgrad ``dY^T . (X^T)^T`` (1D x 1D); the bias
-is added after the GEMM, bias gradients are column sums of bf16 dY. Only the columnwise FP8
+``x . W^T`` (1D x 2D; the bias in its epilogue), dgrad ``dY . (W^T)^T`` and wgrad
+``dY^T . (X^T)^T`` (1D x 1D); bias gradients are column sums of bf16 dY. Only the columnwise FP8
 forms are saved for the backward. Communication is not block-scaled yet: at tp > 1 the input /
 dY are gathered in the activations' dtype before their casts and the dgrad / forward outputs
 reduced after the GEMMs with ``torch.distributed``; the ``ub_*`` flags do not apply. CPU
@@ -978,9 +978,7 @@ def _column_forward_block(x, weight, bias, cfg: _Cfg, f8: _BlockFp8State, first_
     x_in = _all_gather(x, cfg.group)[0] if cfg.sp else x
     xf = f8.cast_input(x_in, columnwise=need_dw)
     wf = f8.cast_weight(weight, first_microbatch, need_dx)
-    out = _fp8.block_gemm(xf.rowwise(), wf.rowwise(), weight.dtype)
-    if bias is not None:
-        out.add_(bias)
+    out = _fp8.block_gemm(xf.rowwise(), wf.rowwise(), weight.dtype, bias=bias)
     saved = ((xf.data_t, xf.scale_inv_t) if need_dw else (None, None)) + \
         ((wf.data_t, wf.scale_inv_t) if need_dx else (None, None))
     return out, saved
@@ -1007,9 +1005,7 @@ def _row_forward_block(x, weight, gemm_bias, f8: _BlockFp8State, first_microbatc
     """-> (y before its reduction, tensors to save)."""
     xf = f8.cast_input(x, columnwise=need_dw)
     wf = f8.cast_weight(weight, first_microbatch, need_dx)
-    y = _fp8.block_gemm(xf.rowwise(), wf.rowwise(), weight.dtype)
-    if gemm_bias is not None:
-        y.add_(gemm_bias)
+    y = _fp8.block_gemm(xf.rowwise(), wf.rowwise(), weight.dtype, bias=gemm_bias)
     saved = ((xf.data_t, xf.scale_inv_t) if need_dw else (None, None)) + \
         ((wf.data_t, wf.scale_inv_t) if need_dx else (None, None))
     return y, saved
