@@ -71,6 +71,7 @@ __all__ = [
     "QParams",
     "Recipe",
     "RECIPE_NAMES",
+    "block_scale_shape",
     "recipe_from_name",
 ]
 
@@ -356,6 +357,23 @@ class Float8BlockScaling:
     def qparams(self) -> Tuple[QParams, QParams, QParams]:
         """The QParams of (input, weight, output gradient)."""
         return (self.fp8_quant_fwd_inp, self.fp8_quant_fwd_weight, self.fp8_quant_bwd_grad)
+
+
+def block_scale_shape(rows: int, cols: int, block_dim: int, columnwise: bool = False) -> Tuple[int, int]:
+    """The scale_inv shape of a block-scaled ``[rows, cols]`` tensor in TE's GEMM-ready
+    layout (``Float8BlockQuantizer.get_scale_shape``, padded to multiples of 4): 2D ->
+    ``(ceil(rows/128), roundup(ceil(cols/128), 4))`` (columnwise: rows and cols swapped);
+    1D -> ``(ceil(cols/128), roundup(rows, 4))``, each row's scales stored as a column
+    (columnwise: ``(ceil(rows/128), roundup(cols, 4))``). The columnwise data is the
+    transposed tensor ``[cols, rows]``; its scale shape is the rowwise shape of that."""
+    if block_dim not in (1, 2):
+        raise ValueError(f"block_dim must be 1 or 2, got {block_dim!r}")
+    if columnwise:
+        rows, cols = cols, rows
+    b = BLOCK_LEN
+    if block_dim == 2:
+        return -(-rows // b), -(-(-(-cols // b)) // 4) * 4
+    return -(-cols // b), -(-rows // 4) * 4
 
 
 Recipe = Union[DelayedScaling, Float8CurrentScaling, Float8BlockScaling]

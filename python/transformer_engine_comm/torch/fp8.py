@@ -50,7 +50,8 @@ import torch.nn.functional as F
 
 from .. import _core
 from ..recipe import AMAX_COMPUTE_ALGOS as _AMAX_ALGOS
-from ..recipe import BLOCK_LEN, DelayedScaling, Float8BlockScaling, Float8CurrentScaling, Format, MMParams, QParams
+from ..recipe import BLOCK_LEN, block_scale_shape
+from ..recipe import DelayedScaling, Float8BlockScaling, Float8CurrentScaling, Format, MMParams, QParams
 from ..recipe import Recipe, recipe_from_name
 
 __all__ = [
@@ -457,25 +458,6 @@ class Fp8Meta:
 # transpose of the rowwise bytes: for 1D blocks the two differ), each with its scale_inv
 # in TE's GEMM-ready layout (``block_scale_shape``). The columnwise form of a tensor is the
 # rowwise form of its transpose, so every block GEMM is TN on rowwise forms.
-
-
-def block_scale_shape(rows: int, cols: int, block_dim: int, columnwise: bool = False) -> Tuple[int, int]:
-    """TE's ``Float8BlockQuantizer.get_scale_shape`` for a ``[rows, cols]`` tensor (GEMM-ready,
-    padded to multiples of 4): 2D -> ``(ceil(rows/128), roundup(ceil(cols/128), 4))``
-    (columnwise: rows and cols swapped); 1D -> ``(ceil(cols/128), roundup(rows, 4))``, the
-    scales of each row stored transposed (columnwise: ``(ceil(rows/128), roundup(cols, 4))``)."""
-    b = BLOCK_LEN
-    if block_dim not in (1, 2):
-        raise ValueError(f"block_dim must be 1 or 2, got {block_dim!r}")
-    if columnwise:
-        rows, cols = cols, rows
-    if block_dim == 2:
-        return -(-rows // b), _round4(-(-cols // b))
-    return -(-cols // b), _round4(rows)
-
-
-def _round4(n: int) -> int:
-    return -(-n // 4) * 4
 
 
 class BlockOperand(NamedTuple):
