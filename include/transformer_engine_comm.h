@@ -717,11 +717,19 @@ void nvte_set_quantization_config_attribute(NVTEQuantizationConfig config,
 void nvte_destroy_quantization_config(NVTEQuantizationConfig config);
 
 /**
- * Quantize `input` (float32/bf16/fp16) into `output` with per-tensor scaling (TE
- * semantics): FP8 rowwise data = cast(input * scale) and / or, when `output` has
- * kNVTEColumnwiseData, its FP8 transpose ([cols, rows] of the input flattened to 2-D),
- * both from one pass; amax = max(amax, max|input|) (an atomic max: zero it first);
- * scale_inv and columnwise scale_inv = 1/scale. A float output is a plain cast.
+ * Quantize `input` (float32/bf16/fp16) into `output`.
+ *
+ * Per-tensor scaling (TE semantics): FP8 rowwise data = cast(input * scale) and / or,
+ * when `output` has kNVTEColumnwiseData, its FP8 transpose ([cols, rows] of the input
+ * flattened to 2-D), both from one pass; amax = max(amax, max|input|) (an atomic max:
+ * zero it first); scale_inv and columnwise scale_inv = 1/scale. A float output is a
+ * plain cast.
+ *
+ * FP8 block scaling (`output` created with NVTE_BLOCK_SCALING_1D / _2D): one scale per
+ * 1x128 values (1D rowwise), 128x1 (1D columnwise) or 128x128 tile (2D), each block's
+ * scale = fp8_max / amax (TE's rules; pow-2 scales off and epsilon 0 without a config),
+ * scale_inv in TE's GEMM-ready layout; rows and the last dimension must be multiples of
+ * 128.
  */
 void nvte_quantize(NVTETensor input, NVTETensor output, cudaStream_t stream);
 
@@ -732,7 +740,10 @@ void nvte_quantize_noop(NVTETensor input, NVTETensor output, NVTETensor noop, cu
 
 /**
  * nvte_quantize with a quantization config (NULL: the defaults); the noop tensor is
- * honoured, force_pow_2_scales and amax_epsilon concern nvte_compute_scale_from_amax.
+ * honoured. Per-tensor scaling: force_pow_2_scales and amax_epsilon concern
+ * nvte_compute_scale_from_amax. Block scaling: force_pow_2_scales, amax_epsilon and
+ * Float8BlockScaleTensorFormat (GEMM_READY, or COMPACT: 1D scales untransposed and
+ * unpadded, 1D columnwise data in the input's layout) apply.
  */
 void nvte_quantize_v2(NVTETensor input,
                       NVTETensor output,
@@ -740,7 +751,9 @@ void nvte_quantize_v2(NVTETensor input,
                       cudaStream_t stream);
 
 /**
- * output = cast(input * input.scale_inv) from FP8 to float32/bfloat16/float16.
+ * output = cast(input * input.scale_inv) from FP8 to float32/bfloat16/float16; a
+ * block-scaled input uses each block's scale_inv (its rowwise data, else its columnwise
+ * data) and gives the logical (untransposed) matrix.
  */
 void nvte_dequantize(NVTETensor input, NVTETensor output, cudaStream_t stream);
 

@@ -8,6 +8,8 @@ use crate::tensor::{Buffer, DType, Tensor};
 use crate::{invalid, unsupported};
 use std::sync::Mutex;
 
+pub mod block;
+
 const BLOCK: u32 = 256;
 
 fn short(d: DType) -> Option<&'static str> {

@@ -79,6 +79,10 @@ fn kernels_compile_for_hopper_with_nvrtc() {
     // CAST_VARIANTS: the bench variants of the cast + transpose (NVTE_COMM_CAST_TRANSPOSE).
     let sources = [
         ("cast.cu", nvrtc::CAST),
+        (
+            "block_quant.cu",
+            transformer_engine_comm::kernels::block::BLOCK_QUANT,
+        ),
         ("comm.cu", nvrtc::COMM),
         ("gemm_sm90.cu (the library's kernels)", nvrtc::GEMM_SM90),
         ("gemm_sm90.cu (every kernel)", nvrtc::GEMM_SM90_ALL),

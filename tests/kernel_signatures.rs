@@ -19,6 +19,7 @@ use transformer_engine_comm::cuda::{ArgClass, ParamInfo, Signature};
 /// Every binding of the library.
 fn bindings() -> Vec<Signature> {
     let mut v = transformer_engine_comm::kernels::kernel_signatures();
+    v.extend(transformer_engine_comm::kernels::block::kernel_signatures());
     v.extend(transformer_engine_comm::overlap::reduce::kernel_signatures());
     v.extend(transformer_engine_comm::transport::ipc::kernel_signatures());
     v.extend(transformer_engine_comm::transport::nccl::kernel_signatures());

@@ -190,6 +190,7 @@ def _expected_ctypes(capi, ctype, enum_names):
         "struct NVTECommGemmCtx **": P(c_void_p), "char *": c_char_p, "uint64_t *": P(c_uint64),
         "size_t *": P(c_size_t), "const size_t *": P(c_size_t), "int32_t *": P(c_int32), "bool *": P(c_bool),
         "uint8_t *": P(c_uint8), "const uint8_t *": P(c_uint8),
+        "NVTEMatmulConfig": c_void_p, "const float *": P(c_float),  # host floats (alpha, beta)
         "struct NVTEShape": capi.Shape, "struct NVTEBasicTensor": capi.BasicTensor,
         "const struct NVTEBasicTensor *": P(capi.BasicTensor),
         "struct NVTECommOverlapConfig *": P(capi.OverlapConfig),

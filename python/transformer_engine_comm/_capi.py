@@ -57,6 +57,7 @@ from ._core import (
     DType,
     GemmAlgo,
     Library,
+    MatmulConfigAttribute,
     OverlapType,
     QuantizationConfigAttribute,
     ScalingMode,
@@ -229,6 +230,7 @@ _COMM = c_void_p  # ncclComm_t
 _STREAM = c_void_p  # cudaStream_t
 _ST = c_enum  # NVTECommStatus
 _QC = c_void_p  # NVTEQuantizationConfig
+_MC = c_void_p  # NVTEMatmulConfig
 
 _COMM_GEMM_ARGS = [_CTX, c_int64, c_int64, c_int64, _T, _T, _T, _T, _T, c_bool, c_bool, c_bool, c_bool, c_int32, _STREAM, c_enum]
 _SPLIT_ARGS = [_OV, _T, c_bool, _T, c_bool, _T, _T, _T, c_bool, _T, c_bool, c_bool, _T, _STREAM]
@@ -269,6 +271,13 @@ PROTOTYPES = [
     ("nvte_comm_nccl_comm_destroy", _ST, [_COMM]),
     # GEMM and kernels
     ("nvte_cublas_gemm", None, [_T, _T, _T, _T, _T, c_bool, c_bool, c_bool, _T, c_bool, c_bool, c_int32, _STREAM]),
+    ("nvte_cublas_gemm_scaled", None, [_T, _T, _T, _T, _T, c_bool, c_bool, c_bool, _T, c_float, c_float, c_bool, c_int32, _STREAM]),
+    ("nvte_cublas_gemm_v2", None, [c_int32, c_int32, POINTER(c_float), _T, _T, POINTER(c_float), _T, _T, _T, _MC, _STREAM]),
+    ("nvte_create_matmul_config", _MC, []),
+    ("nvte_get_matmul_config_attribute", None, [_MC, c_enum, c_void_p, c_size_t, POINTER(c_size_t)]),
+    ("nvte_set_matmul_config_attribute", None, [_MC, c_enum, c_void_p, c_size_t]),
+    ("nvte_destroy_matmul_config", None, [_MC]),
+    ("nvte_comm_live_matmul_config_count", c_size_t, []),
     # quantization (TE's cast.h, recipe.h, transpose.h, NVTEQuantizationConfig)
     ("nvte_create_quantization_config", _QC, []),
     ("nvte_get_quantization_config_attribute", None, [_QC, c_enum, c_void_p, c_size_t, POINTER(c_size_t)]),

@@ -145,6 +145,19 @@ class GemmAlgo(enum.IntEnum):
     kNVTECommGemmAlgoAtomicMulticast = 4
 
 
+class MatmulConfigAttribute(enum.IntEnum):
+    """NVTEMatmulConfigAttribute (TE's values; nvte_cublas_gemm_v2's config)."""
+
+    kNVTEMatmulConfigBiasTensor = 0
+    kNVTEMatmulConfigDBiasTensor = 1
+    kNVTEMatmulConfigWithGELUEpilogue = 2
+    kNVTEMatmulConfigWithDGELUEpilogue = 3
+    kNVTEMatmulConfigEpilogueAuxTensor = 4
+    kNVTEMatmulConfigUseSplitAccumulator = 5
+    kNVTEMatmulConfigSMCount = 6
+    kNVTEMatmulConfigNumAttributes = 7
+
+
 # Python enum -> the C typedef it mirrors, in src/ffi/c_enums.in's order.
 C_ENUMS = {
     "NVTEDType": DType,
@@ -156,6 +169,7 @@ C_ENUMS = {
     "NVTECommTransport": Transport,
     "NVTECommLibrary": Library,
     "NVTECommGemmAlgoType": GemmAlgo,
+    "NVTEMatmulConfigAttribute": MatmulConfigAttribute,
 }
 
 

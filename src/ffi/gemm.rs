@@ -223,3 +223,101 @@ fn host_scalars(alpha: *const f32, beta: *const f32) -> Result<(f32, f32)> {
     // SAFETY: non-null host pointers to one float each, per the API's contract.
     Ok(unsafe { (alpha.read_unaligned(), beta.read_unaligned()) })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cuda::DevPtr;
+    use crate::error::{ErrorKind, last_error_string, last_kind};
+    use crate::tensor::{BlockMode, Buffer, DType, Shape, scale_shape};
+
+    fn buf(ptr: u64, dtype: DType, dims: &[usize]) -> Buffer {
+        Buffer::new(DevPtr::new(ptr), dtype, Shape::new(dims).unwrap()).unwrap()
+    }
+
+    /// A live handle of a block-scaled [rows, cols] tensor with rowwise data (fake
+    /// device addresses: the calls below are refused before any device work).
+    fn block(mode: BlockMode, rows: usize, cols: usize) -> NVTETensor {
+        let scales = match mode {
+            BlockMode::OneD => scale_shape::one_d_rowwise_gemm_ready(rows, cols),
+            BlockMode::TwoD => scale_shape::two_d_rowwise(rows, cols),
+        };
+        TENSORS.insert(Tensor {
+            scaling_mode: mode.scaling_mode(),
+            data: buf(0x10000, DType::E4M3, &[rows, cols]),
+            scale_inv: buf(0x20000, DType::F32, &scales),
+            ..Default::default()
+        }) as NVTETensor
+    }
+
+    fn plain(dtype: DType, dims: &[usize]) -> NVTETensor {
+        TENSORS.insert(Tensor {
+            data: buf(0x30000, dtype, dims),
+            ..Default::default()
+        }) as NVTETensor
+    }
+
+    fn expect(kind: ErrorKind, piece: &str) {
+        let msg = last_error_string();
+        assert_eq!(last_kind(), Some(kind), "{msg}");
+        assert!(msg.contains(piece), "{msg}");
+    }
+
+    #[test]
+    fn the_entry_points_refuse_before_any_device_work() {
+        let (a1, a2) = (
+            block(BlockMode::OneD, 256, 512),
+            block(BlockMode::TwoD, 256, 512),
+        );
+        let b2 = block(BlockMode::TwoD, 128, 512);
+        let d = plain(DType::BF16, &[128, 256]);
+        let other = plain(DType::BF16, &[128, 256]);
+        let null = std::ptr::null_mut();
+        nvte_cublas_gemm(
+            a2, b2, d, null, null, true, false, false, null, false, true, 0, null,
+        );
+        expect(ErrorKind::Unsupported, "both NVTE_BLOCK_SCALING_2D");
+        assert!(last_error_string().starts_with("nvte_cublas_gemm"));
+        nvte_cublas_gemm_scaled(
+            a1, d, d, null, null, true, false, false, null, 2.0, 0.5, true, 0, null,
+        );
+        expect(ErrorKind::Unsupported, "mix block scaling");
+        let (one, zero) = (1.0f32, 0.0f32);
+        nvte_cublas_gemm_v2(1, 0, &one, a1, b2, &zero, other, d, null, null, null);
+        expect(ErrorKind::InvalidArgument, "`C` and `D` differ");
+        nvte_cublas_gemm_v2(1, 0, &one, a1, b2, std::ptr::null(), d, d, null, null, null);
+        expect(ErrorKind::InvalidArgument, "`beta` is NULL");
+        nvte_cublas_gemm_v2(1, 0, &one, a1, b2, &zero, d, d, null, 0x77 as _, null);
+        expect(ErrorKind::InvalidArgument, "not a live matmul config");
+        // A config's epilogue: forward GELU is not available with block scaling.
+        let cfg = super::super::matmul_config::nvte_create_matmul_config();
+        let yes = 1u8;
+        let aux = other;
+        let set = super::super::matmul_config::nvte_set_matmul_config_attribute;
+        use super::super::enums::NVTEMatmulConfigAttribute as Attr;
+        set(
+            cfg,
+            Attr::kNVTEMatmulConfigWithGELUEpilogue,
+            &yes as *const u8 as _,
+            1,
+        );
+        set(
+            cfg,
+            Attr::kNVTEMatmulConfigEpilogueAuxTensor,
+            &aux as *const NVTETensor as _,
+            8,
+        );
+        nvte_cublas_gemm_v2(1, 0, &one, a1, b2, &zero, d, d, null, cfg, null);
+        expect(ErrorKind::Unsupported, "GeluAux");
+        super::super::matmul_config::nvte_destroy_matmul_config(cfg);
+        // The per-tensor path (the overlap operations' too) refuses block tensors.
+        let pt = plain(DType::E4M3, &[128, 512]);
+        nvte_cublas_gemm(
+            pt, a1, d, null, null, true, false, false, null, false, true, 0, null,
+        );
+        expect(ErrorKind::Unsupported, "mix block scaling");
+        for t in [a1, a2, b2, d, other, pt] {
+            TENSORS.remove(t as usize, "t").unwrap();
+        }
+    }
+}

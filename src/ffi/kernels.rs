@@ -8,8 +8,9 @@ use super::{NVTECommStatus, NVTEDType, NVTETensor, cudaStream_t};
 use crate::cuda::DevPtr;
 use crate::error::Result;
 use crate::invalid;
+use crate::kernels::block::BlockQuantConfig;
 use crate::kernels::{self, AmaxAlgo, QuantConfig};
-use crate::tensor::{DType, Tensor};
+use crate::tensor::{DType, ScaleFormat, Tensor};
 use std::ffi::{CStr, c_char, c_void};
 
 /// Opaque quantization config handle (TE: `typedef void *NVTEQuantizationConfig;`).
@@ -29,6 +30,9 @@ pub(crate) struct ConfigAttrs {
     nvfp4_4over6_mode: u8,
     nvfp4_4over6_err_use_fast_math: bool,
     mxfp8_2d_quantization: bool,
+    /// Float8BlockScaleTensorFormat of a block-scaled quantization (None: TE's INVALID,
+    /// read as GEMM_READY).
+    block_format: Option<ScaleFormat>,
 }
 
 /// `NVTEQuantizationConfig` handles.
@@ -78,7 +82,14 @@ impl ConfigAttrs {
                 self.amax_epsilon = v;
             }
             Attr::kNVTEQuantizationConfigNoopTensor => self.noop_tensor = word(),
-            Attr::kNVTEQuantizationConfigFloat8BlockScaleTensorFormat => {} // deprecated in TE
+            Attr::kNVTEQuantizationConfigFloat8BlockScaleTensorFormat => {
+                // 0 GEMM_READY, 1 COMPACT, 2 INVALID (what an unset one reads: the default).
+                let v = i32::from_ne_bytes([b[0], b[1], b[2], b[3]]);
+                self.block_format = match v {
+                    2 => None,
+                    v => Some(ScaleFormat::from_value(v).map_err(|e| e.context(a.to_string()))?),
+                };
+            }
             Attr::kNVTEQuantizationConfigRNGState => self.rng_state = word(),
             Attr::kNVTEQuantizationConfigNVFP42DQuantization => {
                 self.nvfp4_2d_quantization = b[0] != 0
@@ -108,10 +119,12 @@ impl ConfigAttrs {
             Attr::kNVTEQuantizationConfigForcePow2Scales => vec![self.force_pow_2_scales as u8],
             Attr::kNVTEQuantizationConfigAmaxEpsilon => self.amax_epsilon.to_ne_bytes().to_vec(),
             Attr::kNVTEQuantizationConfigNoopTensor => self.noop_tensor.to_ne_bytes().to_vec(),
-            // TE: deprecated, reads as Float8BlockScaleTensorFormat::INVALID (2).
-            Attr::kNVTEQuantizationConfigFloat8BlockScaleTensorFormat => {
-                2i32.to_ne_bytes().to_vec()
-            }
+            // Unset: Float8BlockScaleTensorFormat::INVALID (2), as TE reads it.
+            Attr::kNVTEQuantizationConfigFloat8BlockScaleTensorFormat => self
+                .block_format
+                .map_or(2, ScaleFormat::value)
+                .to_ne_bytes()
+                .to_vec(),
             Attr::kNVTEQuantizationConfigRNGState => self.rng_state.to_ne_bytes().to_vec(),
             Attr::kNVTEQuantizationConfigNVFP42DQuantization => {
                 vec![self.nvfp4_2d_quantization as u8]
@@ -164,18 +177,41 @@ impl ConfigAttrs {
     }
 }
 
+impl ConfigAttrs {
+    /// The options of a block-scaled quantization: TE's config values as they are (no
+    /// config: pow-2 scales off, epsilon 0, GEMM_READY, as TE's QuantizationConfig
+    /// defaults), the noop tensor resolved.
+    fn resolve_block(&self) -> Result<BlockQuantConfig> {
+        let q = self.resolve()?;
+        Ok(BlockQuantConfig {
+            force_pow_2_scales: q.force_pow_2_scales,
+            amax_epsilon: q.amax_epsilon,
+            noop: q.noop,
+            format: self.block_format.unwrap_or_default(),
+        })
+    }
+}
+
+/// The attributes of `config` (NULL: TE's defaults).
+fn config_attrs(config: NVTEQuantizationConfig) -> Result<ConfigAttrs> {
+    if config.is_null() {
+        return Ok(ConfigAttrs::default());
+    }
+    QCONFIGS.get(config as usize, "config")
+}
+
 /// The resolved options of `config` (NULL: TE's defaults).
 fn resolve_config(config: NVTEQuantizationConfig) -> Result<QuantConfig> {
-    if config.is_null() {
-        return Ok(QuantConfig::default());
-    }
-    QCONFIGS.get(config as usize, "config")?.resolve()
+    config_attrs(config)?.resolve()
 }
 
 /// A tensor for a per-tensor-scaling kernel: block-scaled ones are refused (their
 /// scale_inv is not one float).
 fn tensor(t: NVTETensor, what: &str) -> Result<Tensor> {
-    let t = TENSORS.get(t as usize, what)?;
+    per_tensor(TENSORS.get(t as usize, what)?, what)
+}
+
+fn per_tensor(t: Tensor, what: &str) -> Result<Tensor> {
     if let Some(m) = t.block_mode() {
         crate::unsupported!(
             "tensor `{what}` is block-scaled ({}): this operation takes per-tensor-scaled tensors",
@@ -264,22 +300,46 @@ pub extern "C" fn nvte_destroy_quantization_config(config: NVTEQuantizationConfi
     })
 }
 
-/// Quantize `input` (float32/bf16/fp16) into `output` with per-tensor scaling (TE
-/// semantics): FP8 rowwise data = cast(input * scale) and / or, when `output` has
-/// kNVTEColumnwiseData, its FP8 transpose ([cols, rows] of the input flattened to 2-D),
-/// both from one pass; amax = max(amax, max|input|) (an atomic max: zero it first);
-/// scale_inv and columnwise scale_inv = 1/scale. A float output is a plain cast.
+/// nvte_quantize's three forms: a block-scaled `output` takes the block quantization, any
+/// other the per-tensor one (whose tensors must not be block-scaled). A block
+/// quantization records the scale format it wrote on `output`.
+fn quantize_with(
+    input: NVTETensor,
+    output: NVTETensor,
+    attrs: &ConfigAttrs,
+    stream: cudaStream_t,
+) -> Result<()> {
+    let i = TENSORS.get(input as usize, "input")?;
+    let o = TENSORS.get(output as usize, "output")?;
+    let stream = crate::ffi::stream_of(stream);
+    if o.block_mode().is_some() {
+        let format = kernels::block::quantize(&i, &o, &attrs.resolve_block()?, stream)?;
+        return TENSORS.update(output as usize, "output", |t| {
+            t.block_format = format;
+            Ok(())
+        });
+    }
+    let (i, o) = (per_tensor(i, "input")?, per_tensor(o, "output")?);
+    kernels::quantize(&i, &o, &attrs.resolve()?, stream)
+}
+
+/// Quantize `input` (float32/bf16/fp16) into `output`.
+///
+/// Per-tensor scaling (TE semantics): FP8 rowwise data = cast(input * scale) and / or,
+/// when `output` has kNVTEColumnwiseData, its FP8 transpose ([cols, rows] of the input
+/// flattened to 2-D), both from one pass; amax = max(amax, max|input|) (an atomic max:
+/// zero it first); scale_inv and columnwise scale_inv = 1/scale. A float output is a
+/// plain cast.
+///
+/// FP8 block scaling (`output` created with NVTE_BLOCK_SCALING_1D / _2D): one scale per
+/// 1x128 values (1D rowwise), 128x1 (1D columnwise) or 128x128 tile (2D), each block's
+/// scale = fp8_max / amax (TE's rules; pow-2 scales off and epsilon 0 without a config),
+/// scale_inv in TE's GEMM-ready layout; rows and the last dimension must be multiples of
+/// 128.
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_quantize(input: NVTETensor, output: NVTETensor, stream: cudaStream_t) {
     entry!(void, {
-        let i = tensor(input, "input")?;
-        let o = tensor(output, "output")?;
-        kernels::quantize(
-            &i,
-            &o,
-            &QuantConfig::default(),
-            crate::ffi::stream_of(stream),
-        )
+        quantize_with(input, output, &ConfigAttrs::default(), stream)
     })
 }
 
@@ -292,19 +352,19 @@ pub extern "C" fn nvte_quantize_noop(
     stream: cudaStream_t,
 ) {
     entry!(void, {
-        let i = tensor(input, "input")?;
-        let o = tensor(output, "output")?;
-        let cfg = ConfigAttrs {
+        let attrs = ConfigAttrs {
             noop_tensor: noop as usize,
             ..Default::default()
-        }
-        .resolve()?;
-        kernels::quantize(&i, &o, &cfg, crate::ffi::stream_of(stream))
+        };
+        quantize_with(input, output, &attrs, stream)
     })
 }
 
 /// nvte_quantize with a quantization config (NULL: the defaults); the noop tensor is
-/// honoured, force_pow_2_scales and amax_epsilon concern nvte_compute_scale_from_amax.
+/// honoured. Per-tensor scaling: force_pow_2_scales and amax_epsilon concern
+/// nvte_compute_scale_from_amax. Block scaling: force_pow_2_scales, amax_epsilon and
+/// Float8BlockScaleTensorFormat (GEMM_READY, or COMPACT: 1D scales untransposed and
+/// unpadded, 1D columnwise data in the input's layout) apply.
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_quantize_v2(
     input: NVTETensor,
@@ -313,20 +373,24 @@ pub extern "C" fn nvte_quantize_v2(
     stream: cudaStream_t,
 ) {
     entry!(void, {
-        let i = tensor(input, "input")?;
-        let o = tensor(output, "output")?;
-        let cfg = resolve_config(quant_config)?;
-        kernels::quantize(&i, &o, &cfg, crate::ffi::stream_of(stream))
+        quantize_with(input, output, &config_attrs(quant_config)?, stream)
     })
 }
 
-/// output = cast(input * input.scale_inv) from FP8 to float32/bfloat16/float16.
+/// output = cast(input * input.scale_inv) from FP8 to float32/bfloat16/float16; a
+/// block-scaled input uses each block's scale_inv (its rowwise data, else its columnwise
+/// data) and gives the logical (untransposed) matrix.
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_dequantize(input: NVTETensor, output: NVTETensor, stream: cudaStream_t) {
     entry!(void, {
-        let i = tensor(input, "input")?;
-        let o = tensor(output, "output")?;
-        kernels::dequantize(&i, &o, crate::ffi::stream_of(stream))
+        let i = TENSORS.get(input as usize, "input")?;
+        let o = TENSORS.get(output as usize, "output")?;
+        let stream = crate::ffi::stream_of(stream);
+        if i.block_mode().is_some() {
+            return kernels::block::dequantize(&i, &o, stream);
+        }
+        let (i, o) = (per_tensor(i, "input")?, per_tensor(o, "output")?);
+        kernels::dequantize(&i, &o, stream)
     })
 }
 

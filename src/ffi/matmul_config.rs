@@ -316,3 +316,74 @@ mod tests {
         assert!(e.msg.contains("kNVTEMatmulConfigBiasTensor"), "{}", e.msg);
     }
 }
+
+#[cfg(test)]
+mod c_api_tests {
+    use super::*;
+    use crate::error::{last_error_string, last_kind};
+
+    #[test]
+    fn a_config_lives_from_create_to_destroy_through_the_handle_table() {
+        let c = nvte_create_matmul_config();
+        assert!(!c.is_null());
+        // (Other tests create configs at the same time: the count is at least this one.)
+        assert!(nvte_comm_live_matmul_config_count() >= 1);
+        // Sizes without a buffer, as TE.
+        let mut size = 0usize;
+        for (a, want) in [(0, PTR), (2, 1), (6, 4)] {
+            nvte_get_matmul_config_attribute(c, Attr(a), std::ptr::null_mut(), 0, &mut size);
+            assert_eq!((last_kind(), size), (None, want), "attr {a}");
+        }
+        let sm = 32i32;
+        nvte_set_matmul_config_attribute(
+            c,
+            Attr::kNVTEMatmulConfigSMCount,
+            &sm as *const i32 as _,
+            4,
+        );
+        assert_eq!(last_kind(), None, "{}", last_error_string());
+        let mut got = 0i32;
+        nvte_get_matmul_config_attribute(
+            c,
+            Attr::kNVTEMatmulConfigSMCount,
+            &mut got as *mut i32 as _,
+            4,
+            &mut size,
+        );
+        assert_eq!((got, size), (32, 4));
+        // Too small a buffer, an invalid attribute, a NULL buffer: errors, value kept.
+        nvte_set_matmul_config_attribute(
+            c,
+            Attr::kNVTEMatmulConfigSMCount,
+            &sm as *const i32 as _,
+            2,
+        );
+        assert!(
+            last_error_string().contains("too small"),
+            "{}",
+            last_error_string()
+        );
+        nvte_set_matmul_config_attribute(c, Attr(7), &sm as *const i32 as _, 8);
+        assert!(last_error_string().contains("not a valid NVTEMatmulConfigAttribute"));
+        nvte_set_matmul_config_attribute(c, Attr::kNVTEMatmulConfigSMCount, std::ptr::null(), 4);
+        assert!(last_error_string().contains("`buf` is NULL"));
+        nvte_destroy_matmul_config(c);
+        assert_eq!(last_kind(), None);
+        // Destroyed: every use is an error naming the handle, never a crash.
+        nvte_set_matmul_config_attribute(
+            c,
+            Attr::kNVTEMatmulConfigSMCount,
+            &sm as *const i32 as _,
+            4,
+        );
+        assert!(
+            last_error_string().contains("not a live matmul config"),
+            "{}",
+            last_error_string()
+        );
+        nvte_destroy_matmul_config(c);
+        assert!(last_error_string().contains("not a live matmul config"));
+        nvte_destroy_matmul_config(std::ptr::null_mut());
+        assert_eq!(last_kind(), None, "NULL is a no-op");
+    }
+}

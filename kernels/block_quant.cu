@@ -1,0 +1,354 @@
+// FP8 block scaling (TE's Float8BlockScaling recipe): quantize a [rows, cols] float32 /
+// bfloat16 / float16 matrix into FP8 with one float32 scale per 1x128 values (1D, rowwise;
+// 128x1 columnwise) or per 128x128 tile (2D), and dequantize back.
+//
+// Quantize: one block of 256 threads per 128x128 tile (rows and cols multiples of 128,
+// every pointer 16-byte aligned: src/kernels/block.rs checks both). The tile is read from
+// global memory once (cp.async into shared memory), then:
+//   2D:                    the tile's amax (all 16384 values), one scale;
+//   1D columnwise:         each column's amax over the tile's 128 rows;
+//   rowwise:               each row's amax (1D) over its 128 values, the row quantized and
+//                          stored (8-byte stores; a warp writes two whole 128-byte rows);
+//   columnwise compact:    (1D) stored in the input's layout with the column scales, in the
+//                          rowwise pass;
+//   columnwise transposed: each column quantized and stored as a row of the [cols, rows]
+//                          output (32-byte runs).
+// Scale (TE's compute_scale_from_amax): amax raised to epsilon; amax 0, inf or NaN gives 1;
+// scale = fp8_max / amax (IEEE division), an overflow becomes the input type's largest
+// value; pow2 keeps only sign and exponent (rounds down to a power of 2). Values:
+// cvt.rn.satfinite(float(x) * scale). scale_inv = 1 / scale (IEEE reciprocal: equal to TE's
+// double-precision 1.0 / scale rounded to float).
+// Scale inverses go to sinv[rb * s_r + cb * s_c] for block (rb, cb) of the logical matrix
+// (rowwise: block (row, col / 128) in 1D; columnwise: (row / 128, col); 2D: (row / 128,
+// col / 128)), the strides giving TE's GEMM-ready or compact layout.
+#include "types.cuh"
+
+#define BQ_THREADS 256
+#define BQ_TILE 128
+
+// TE's largest finite value of the input type (the scale given for an infinite one).
+template <class I>
+struct InMax;
+template <>
+struct InMax<F32> {
+  static constexpr float v = 3.40282346638528859812e+38f;
+};
+template <>
+struct InMax<BF16> {
+  static constexpr float v = 3.38953138925153547590e+38f;  // 0x7f7f
+};
+template <>
+struct InMax<F16> {
+  static constexpr float v = 65504.0f;
+};
+
+template <class O>
+struct Fp8Max;
+template <>
+struct Fp8Max<E4M3> {
+  static constexpr float v = 448.0f;
+};
+template <>
+struct Fp8Max<E5M2> {
+  static constexpr float v = 57344.0f;
+};
+
+template <class I, class O>
+__device__ __forceinline__ float bq_scale(float amax, float eps, int pow2) {
+  if (amax < eps) amax = eps;
+  if (isinf(amax) || amax == 0.0f || isnan(amax)) return 1.0f;
+  float s = __fdiv_rn(Fp8Max<O>::v, amax);
+  if (isinf(s)) s = InMax<I>::v;
+  if (pow2) s = __uint_as_float(__float_as_uint(s) & 0xff800000u);
+  return s;
+}
+
+__device__ __forceinline__ float bq_rcp(float s) {
+  float r;
+  asm("rcp.rn.f32 %0, %1;" : "=f"(r) : "f"(s));
+  return r;
+}
+
+__device__ __forceinline__ void bq_cp_async16(void *smem, const void *g) {
+  const u32 s = (u32)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(g) : "memory");
+}
+
+// Eight consecutive values of a row of the shared tile as floats.
+template <class I>
+__device__ __forceinline__ void bq_load8(const typename I::T *p, float *f) {
+  load8<I>(p, f);
+}
+
+// Columns c and c + 1 of one row of the shared tile.
+template <class I>
+__device__ __forceinline__ void bq_load_pair(const typename I::T *p, float &a, float &b) {
+  a = I::load(p[0]);
+  b = I::load(p[1]);
+}
+template <>
+__device__ __forceinline__ void bq_load_pair<BF16>(const u16 *p, float &a, float &b) {
+  const u32 w = *reinterpret_cast<const u32 *>(p);
+  a = __uint_as_float(w << 16);
+  b = __uint_as_float(w & 0xffff0000u);
+}
+template <>
+__device__ __forceinline__ void bq_load_pair<F32>(const float *p, float &a, float &b) {
+  const float2 v = *reinterpret_cast<const float2 *>(p);
+  a = v.x;
+  b = v.y;
+}
+
+// Eight values times their scales into eight FP8 bytes (two words, low byte first).
+template <class O>
+__device__ __forceinline__ uint2 bq_pack8(const float *v, const float *s) {
+  uint2 r;
+  r.x = fp8_pack2<O>(v[0] * s[0], v[1] * s[1]) | (fp8_pack2<O>(v[2] * s[2], v[3] * s[3]) << 16);
+  r.y = fp8_pack2<O>(v[4] * s[4], v[5] * s[5]) | (fp8_pack2<O>(v[6] * s[6], v[7] * s[7]) << 16);
+  return r;
+}
+
+__device__ __forceinline__ void bq_st8(void *p, uint2 v) {
+  asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(v.x), "r"(v.y) : "memory");
+}
+__device__ __forceinline__ void bq_st16(void *p, u32 a, u32 b, u32 c, u32 d) {
+  asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+}
+
+// Max over the block (every thread gets it); `red` holds 8 floats.
+__device__ __forceinline__ float bq_block_max(float v, float *red) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+  __syncthreads();
+  float m = red[0];
+#pragma unroll
+  for (int w = 1; w < BQ_THREADS / 32; ++w) m = fmaxf(m, red[w]);
+  return m;
+}
+
+// The column mode of a quantization: none, transposed (GEMM-ready [cols, rows] data) or
+// compact (1D only: the input's layout).
+#define BQ_COL_NONE 0
+#define BQ_COL_TRANSPOSED 1
+#define BQ_COL_COMPACT 2
+
+// The sizes and options of a quantization (src/kernels/block.rs BlockQuantArgs, same
+// layout): the [rows, cols] matrix, the scale strides of the rowwise (s_r, s_c) and
+// columnwise (t_r, t_c) scale inverses, epsilon, pow2 (0 / 1), col_mode (BQ_COL_*).
+struct BlockQuantArgs {
+  u64 rows, cols, s_r, s_c, t_r, t_c;
+  float eps;
+  int pow2, col_mode, pad;
+};
+static_assert(sizeof(BlockQuantArgs) == 64, "BlockQuantArgs is 64 bytes (src/kernels/block.rs)");
+
+struct BqShared {
+  float col_part[4][BQ_TILE];  // 1D columnwise: per row quarter, per column
+  float col_scale[BQ_TILE];
+  float red[BQ_THREADS / 32];
+};
+
+// Columns of the tile: warp w takes columns (w / 4) * 64 + 2 * lane, + 1 over rows
+// (w % 4) * 32 .. + 31.
+template <class I, class O, int TWO_D>
+__device__ __forceinline__ void bq_columns_transposed(const typename I::T *tile, BqShared &sh, float tile_scale,
+                                                      u8 *out_t, u64 rows, u64 r0, u64 c0) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int c = (warp >> 2) * 64 + 2 * lane, rq = (warp & 3) * 32;
+  const float sa = TWO_D ? tile_scale : sh.col_scale[c], sb = TWO_D ? tile_scale : sh.col_scale[c + 1];
+  u32 wa[8], wb[8];
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    float a[4], b[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) bq_load_pair<I>(tile + (rq + 4 * k + j) * BQ_TILE + c, a[j], b[j]);
+    wa[k] = fp8_pack2<O>(a[0] * sa, a[1] * sa) | (fp8_pack2<O>(a[2] * sa, a[3] * sa) << 16);
+    wb[k] = fp8_pack2<O>(b[0] * sb, b[1] * sb) | (fp8_pack2<O>(b[2] * sb, b[3] * sb) << 16);
+  }
+  u8 *pa = out_t + (c0 + c) * rows + r0 + rq;
+  u8 *pb = pa + rows;
+  bq_st16(pa, wa[0], wa[1], wa[2], wa[3]);
+  bq_st16(pa + 16, wa[4], wa[5], wa[6], wa[7]);
+  bq_st16(pb, wb[0], wb[1], wb[2], wb[3]);
+  bq_st16(pb + 16, wb[4], wb[5], wb[6], wb[7]);
+}
+
+// 1D columnwise scales: each column's amax over the tile's rows; scale and scale_inv
+// (sinv_t[rb * s_r + col * s_c]) of column c in sh.col_scale[c].
+template <class I, class O>
+__device__ __forceinline__ void bq_column_scales(const typename I::T *tile, BqShared &sh, float *sinv_t, u64 s_r,
+                                                 u64 s_c, u64 rb, u64 c0, float eps, int pow2) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int c = (warp >> 2) * 64 + 2 * lane, rq = (warp & 3) * 32;
+  float ma = 0.0f, mb = 0.0f;
+#pragma unroll 8
+  for (int r = 0; r < 32; ++r) {
+    float a, b;
+    bq_load_pair<I>(tile + (rq + r) * BQ_TILE + c, a, b);
+    ma = fmaxf(ma, fabsf(a));
+    mb = fmaxf(mb, fabsf(b));
+  }
+  sh.col_part[warp & 3][c] = ma;
+  sh.col_part[warp & 3][c + 1] = mb;
+  __syncthreads();
+  if (threadIdx.x < BQ_TILE) {
+    const int t = threadIdx.x;
+    const float m = fmaxf(fmaxf(sh.col_part[0][t], sh.col_part[1][t]), fmaxf(sh.col_part[2][t], sh.col_part[3][t]));
+    const float s = bq_scale<I, O>(m, eps, pow2);
+    sh.col_scale[t] = s;
+    if (sinv_t != nullptr) sinv_t[rb * s_r + (c0 + t) * s_c] = bq_rcp(s);
+  }
+  __syncthreads();
+}
+
+// Rows of the tile: 16 threads a row (8 values each), a warp two rows, 8 passes. Rowwise
+// output (1D: each row's own scale; 2D: the tile's) and / or the compact columnwise
+// output (the column scales).
+template <class I, class O, int TWO_D>
+__device__ __forceinline__ void bq_rows(const typename I::T *tile, const BqShared &sh, float tile_scale, u8 *out,
+                                        u8 *out_t_compact, float *sinv, u64 s_r, u64 s_c, u64 cols, u64 r0, u64 c0,
+                                        float eps, int pow2) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int cc = (lane & 15) * 8;
+  float cs[8];
+  if (out_t_compact != nullptr) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) cs[j] = sh.col_scale[cc + j];
+  }
+#pragma unroll 2
+  for (int it = 0; it < 8; ++it) {
+    const int r = it * 16 + warp * 2 + (lane >> 4);
+    float v[8];
+    bq_load8<I>(tile + r * BQ_TILE + cc, v);
+    const u64 g = (r0 + r) * cols + c0 + cc;
+    if (out != nullptr) {
+      float s = tile_scale;
+      if (!TWO_D) {
+        float m = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) m = fmaxf(m, fabsf(v[j]));
+#pragma unroll
+        for (int o = 8; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        s = bq_scale<I, O>(m, eps, pow2);
+        if ((lane & 15) == 0) sinv[(r0 + r) * s_r + (c0 / BQ_TILE) * s_c] = bq_rcp(s);
+      }
+      const float rs[8] = {s, s, s, s, s, s, s, s};
+      bq_st8(out + g, bq_pack8<O>(v, rs));
+    }
+    if (out_t_compact != nullptr) bq_st8(out_t_compact + g, bq_pack8<O>(v, cs));
+  }
+}
+
+// The tile's amax (2D).
+template <class I>
+__device__ __forceinline__ float bq_tile_amax(const typename I::T *tile, BqShared &sh) {
+  float m = 0.0f;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int cc = (lane & 15) * 8;
+#pragma unroll 2
+  for (int it = 0; it < 8; ++it) {
+    const int r = it * 16 + warp * 2 + (lane >> 4);
+    float v[8];
+    bq_load8<I>(tile + r * BQ_TILE + cc, v);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) m = fmaxf(m, fabsf(v[j]));
+  }
+  return bq_block_max(m, sh.red);
+}
+
+// One 128x128 tile a block (blockIdx.x = tile row * (cols / 128) + tile column). out: rowwise
+// FP8 [rows, cols] or null; out_t: columnwise FP8 ([cols, rows] when col_mode is
+// transposed, [rows, cols] when compact) or null (col_mode none); sinv / sinv_t: their scale
+// inverses (strides in `a`); noop: TE's noop flag (1: do nothing) or null.
+template <class I, class O, int TWO_D>
+__device__ __forceinline__ void block_quantize_impl(const typename I::T *in, u8 *out, u8 *out_t, float *sinv,
+                                                    float *sinv_t, const float *noop, const BlockQuantArgs &a) {
+  const u64 rows = a.rows, cols = a.cols, s_r = a.s_r, s_c = a.s_c, t_r = a.t_r, t_c = a.t_c;
+  const float eps = a.eps;
+  const int pow2 = a.pow2, col_mode = a.col_mode;
+  if (noop != nullptr && *noop == 1.0f) return;
+  extern __shared__ __align__(16) unsigned char bq_smem[];
+  __shared__ BqShared sh;
+  typedef typename I::T T;
+  T *tile = reinterpret_cast<T *>(bq_smem);
+  const u64 tiles_c = cols / BQ_TILE;
+  const u64 rb = blockIdx.x / tiles_c, cb = blockIdx.x % tiles_c;
+  const u64 r0 = rb * BQ_TILE, c0 = cb * BQ_TILE;
+  {
+    constexpr int per_row = BQ_TILE * (int)sizeof(T) / 16;  // 16-byte chunks a row
+    constexpr int chunks = BQ_TILE * per_row;
+#pragma unroll
+    for (int i = 0; i < chunks / BQ_THREADS; ++i) {
+      const int q = i * BQ_THREADS + threadIdx.x;
+      const int r = q / per_row, k = q % per_row;
+      bq_cp_async16(tile + r * BQ_TILE + k * (16 / sizeof(T)), in + (r0 + r) * cols + c0 + k * (16 / sizeof(T)));
+    }
+    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
+    __syncthreads();
+  }
+  float tile_scale = 1.0f;
+  if (TWO_D) {
+    tile_scale = bq_scale<I, O>(bq_tile_amax<I>(tile, sh), eps, pow2);
+    if (threadIdx.x == 0) {
+      const float r = bq_rcp(tile_scale);
+      if (out != nullptr) sinv[rb * s_r + cb * s_c] = r;
+      if (col_mode != BQ_COL_NONE) sinv_t[rb * t_r + cb * t_c] = r;
+    }
+  } else if (col_mode != BQ_COL_NONE) {
+    bq_column_scales<I, O>(tile, sh, sinv_t, t_r, t_c, rb, c0, eps, pow2);
+  }
+  u8 *compact = col_mode == BQ_COL_COMPACT ? out_t : nullptr;
+  if (out != nullptr || compact != nullptr)
+    bq_rows<I, O, TWO_D>(tile, sh, tile_scale, out, compact, sinv, s_r, s_c, cols, r0, c0, eps, pow2);
+  if (col_mode == BQ_COL_TRANSPOSED) bq_columns_transposed<I, O, TWO_D>(tile, sh, tile_scale, out_t, rows, r0, c0);
+}
+
+#define BLOCK_QUANTIZE(mname, TWO_D, iname, I, oname, O)                                               \
+  extern "C" __global__ void __launch_bounds__(BQ_THREADS) block_quantize_##mname##_##iname##_##oname( \
+      const I::T *in, u8 *out, u8 *out_t, float *sinv, float *sinv_t, const float *noop,              \
+      BlockQuantArgs args) {                                                                          \
+    block_quantize_impl<I, O, TWO_D>(in, out, out_t, sinv, sinv_t, noop, args);                       \
+  }
+#define BLOCK_QUANTIZE_IN(mname, TWO_D, iname, I)   \
+  BLOCK_QUANTIZE(mname, TWO_D, iname, I, e4m3, E4M3) \
+  BLOCK_QUANTIZE(mname, TWO_D, iname, I, e5m2, E5M2)
+#define BLOCK_QUANTIZE_MODE(mname, TWO_D)      \
+  BLOCK_QUANTIZE_IN(mname, TWO_D, f32, F32)    \
+  BLOCK_QUANTIZE_IN(mname, TWO_D, bf16, BF16)  \
+  BLOCK_QUANTIZE_IN(mname, TWO_D, f16, F16)
+BLOCK_QUANTIZE_MODE(1d, 0)
+BLOCK_QUANTIZE_MODE(2d, 1)
+
+// Dequantize: out[r, c] = cast(fp8 value * scale_inv of its block) for the [rows, cols]
+// logical matrix, from FP8 data stored as [rows, cols] (transposed = 0) or [cols, rows]
+// (transposed = 1); the scale of element (r, c) is sinv[(r / br) * s_r + (c / bc) * s_c].
+// Grid-stride over the stored elements, 4 at a time (stored rows are multiples of 4 long).
+template <class E, class O>
+__device__ __forceinline__ void block_dequantize_impl(const u8 *in, typename O::T *out, const float *sinv, u64 rows,
+                                                      u64 cols, int transposed, u64 br, u64 bc, u64 s_r, u64 s_c) {
+  const u64 n4 = rows * cols / 4;
+  const u64 inner = transposed ? rows : cols;  // length of a stored row
+  for (u64 q = (u64)blockIdx.x * blockDim.x + threadIdx.x; q < n4; q += (u64)gridDim.x * blockDim.x) {
+    const u32 w = *reinterpret_cast<const u32 *>(in + 4 * q);
+    const u64 i = (4 * q) / inner, j0 = (4 * q) % inner;  // stored row, first stored column
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const u64 r = transposed ? j0 + k : i, c = transposed ? i : j0 + k;
+      const float s = sinv[(r / br) * s_r + (c / bc) * s_c];
+      out[r * cols + c] = O::store(E::load((u8)(w >> (8 * k))) * s);
+    }
+  }
+}
+
+#define BLOCK_DEQUANTIZE(ename, E, oname, O)                                                                  \
+  extern "C" __global__ void block_dequantize_##ename##_##oname(const u8 *in, O::T *out, const float *sinv,  \
+                                                                u64 rows, u64 cols, int transposed, u64 br,  \
+                                                                u64 bc, u64 s_r, u64 s_c) {                  \
+    block_dequantize_impl<E, O>(in, out, sinv, rows, cols, transposed, br, bc, s_r, s_c);                    \
+  }
+#define BLOCK_DEQUANTIZE_FROM(ename, E)    \
+  BLOCK_DEQUANTIZE(ename, E, f32, F32)    \
+  BLOCK_DEQUANTIZE(ename, E, bf16, BF16)  \
+  BLOCK_DEQUANTIZE(ename, E, f16, F16)
+BLOCK_DEQUANTIZE_FROM(e4m3, E4M3)
+BLOCK_DEQUANTIZE_FROM(e5m2, E5M2)

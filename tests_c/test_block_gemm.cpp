@@ -1,0 +1,491 @@
+// Block-scaled FP8 GEMM (TE's Float8BlockScaling: NVTE_BLOCK_SCALING_1D, one scale per
+// 1x128 values; NVTE_BLOCK_SCALING_2D, one per 128x128 tile) through nvte_cublas_gemm,
+// nvte_cublas_gemm_scaled and nvte_cublas_gemm_v2, against a float64 reference on the
+// dequantized inputs. The operands are quantized on the host (e4m3, power-of-2 scales,
+// TE's GEMM-ready scale layout: 1D [ceil(cols/128), pad4(rows)] transposed, 2D
+// [ceil(rows/128), pad4(ceil(cols/128))]; columnwise data transposed), so the test
+// checks the GEMM alone. Every combination TE takes (1D x 1D, 1D x 2D, 2D x 1D) x every
+// layout (the data each reads: rowwise or columnwise by transa / transb) x output type,
+// with bias / DGELU epilogues and alpha / beta; shapes with partial blocks and an
+// anchor-sized one (sampled outputs). Then the refusals, each with D poisoned and
+// checked untouched. `--bench`: block-scaled vs per-tensor FP8 vs bf16 on the anchor
+// shapes (CUDA events, warm-up, interleaved rounds, median), TFLOP/s and ratios.
+#include <chrono>
+#include <cstring>
+
+#include "test_util.hpp"
+
+using namespace tu;
+
+namespace {
+
+constexpr size_t kBlock = 128;
+size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
+size_t pad4(size_t a) { return ceil_div(a, 4) * 4; }
+
+// float -> e4m3, round to nearest even, saturating at 448 (TE's quantization).
+uint8_t encode_e4m3(float v) {
+  uint8_t s = std::signbit(v) ? 0x80 : 0;
+  float a = std::fabs(v);
+  if (std::isnan(a)) return 0x7F;
+  if (a >= 448.0f) return s | 0x7E;
+  if (a < 0.015625f) return s | (uint8_t)std::nearbyint(a * 512.0f);  // subnormals: 2^-9 steps
+  int e;
+  float f = std::frexp(a, &e);  // a = f 2^e, f in [0.5, 1)
+  int q = (int)std::nearbyint((2.0f * f - 1.0f) * 8.0f), E = e + 6;
+  if (q == 8) { q = 0; ++E; }
+  if (E > 15 || (E == 15 && q == 7)) return s | 0x7E;
+  return s | (uint8_t)(E << 3) | (uint8_t)q;
+}
+
+// Quantize row-major x [R, C] with blocks along rows (1x128, or 128x128 tiles when
+// two_d) into e4m3 `q` and float32 scale inverses `s` in the GEMM-ready layout; `deq`
+// the values the GEMM sees (q times its scale inverse).
+void quantize_blocks(const std::vector<float> &x, size_t R, size_t C, bool two_d, std::vector<uint8_t> &q,
+                     std::vector<float> &s, std::vector<size_t> &s_shape, std::vector<double> &deq) {
+  const size_t nb = ceil_div(C, kBlock);
+  const size_t nr = two_d ? ceil_div(R, kBlock) : R;  // row groups sharing a scale
+  s_shape = two_d ? std::vector<size_t>{nr, pad4(nb)} : std::vector<size_t>{nb, pad4(R)};
+  s.assign(s_shape[0] * s_shape[1], 0.0f);
+  q.resize(R * C);
+  deq.resize(R * C);
+  const size_t rows_per = two_d ? kBlock : 1;
+  for (size_t g = 0; g < nr; ++g)
+    for (size_t j = 0; j < nb; ++j) {
+      size_t r0 = g * rows_per, r1 = std::min(R, r0 + rows_per), c0 = j * kBlock, c1 = std::min(C, c0 + kBlock);
+      float amax = 0;
+      for (size_t r = r0; r < r1; ++r)
+        for (size_t c = c0; c < c1; ++c) amax = std::max(amax, std::fabs(x[r * C + c]));
+      // Power-of-2 scale (TE's default for block scaling): the largest 2^e with amax 2^e <= 448.
+      float scale = amax > 0 ? std::exp2(std::floor(std::log2(448.0f / amax))) : 1.0f;
+      float inv = 1.0f / scale;
+      s[two_d ? g * s_shape[1] + j : j * s_shape[1] + g] = inv;
+      for (size_t r = r0; r < r1; ++r)
+        for (size_t c = c0; c < c1; ++c) {
+          uint8_t b = encode_e4m3(x[r * C + c] * scale);
+          q[r * C + c] = b;
+          deq[r * C + c] = decode_e4m3(b) * (double)inv;
+        }
+    }
+}
+
+enum Mode { k1D = NVTE_BLOCK_SCALING_1D, k2D = NVTE_BLOCK_SCALING_2D };
+const char *mode_name(Mode m) { return m == k1D ? "1D" : "2D"; }
+
+// A block-scaled tensor of logical shape [R, C]: rowwise data [R, C] and / or columnwise
+// data [C, R] (the transpose), each with its scales; the dequantized values of each
+// direction over the logical [R, C].
+struct BlockTensor {
+  NVTETensor h = nullptr;
+  DevBuf data, sinv, cdata, csinv;
+  std::vector<double> deq_row, deq_col;
+  size_t R = 0, C = 0;
+  BlockTensor() = default;
+  BlockTensor(const BlockTensor &) = delete;
+  ~BlockTensor() { if (h) nvte_destroy_tensor(h); }
+};
+
+void set_param(NVTETensor h, NVTETensorParam p, void *ptr, NVTEDType t, std::vector<size_t> shape) {
+  NVTEBasicTensor b = basic(ptr, t, shape);
+  nvte_set_tensor_param_v2(h, p, &b, sizeof(b));
+}
+
+// Values with a different magnitude per row and per 128-column block, so that every
+// block has its own scale and a misread scale layout shows.
+std::vector<float> varied(size_t R, size_t C, Rng &rng) {
+  std::vector<float> x(R * C);
+  std::vector<float> row(R), col(ceil_div(C, kBlock));
+  for (auto &v : row) v = std::exp2((float)rng.range(-3, 3));
+  for (auto &v : col) v = std::exp2((float)rng.range(-2, 2));
+  for (size_t r = 0; r < R; ++r)
+    for (size_t c = 0; c < C; ++c) x[r * C + c] = (float)rng.uniform(-1, 1) * row[r] * col[c / kBlock];
+  return x;
+}
+
+void make_block(BlockTensor &t, Mode mode, size_t R, size_t C, bool rowwise, bool colwise, Rng &rng) {
+  t.R = R;
+  t.C = C;
+  std::vector<float> x = varied(R, C, rng);
+  t.h = nvte_create_tensor((NVTEScalingMode)mode);
+  std::vector<uint8_t> q;
+  std::vector<float> s;
+  std::vector<size_t> ss;
+  if (rowwise) {
+    quantize_blocks(x, R, C, mode == k2D, q, s, ss, t.deq_row);
+    t.data = DevBuf(q.size());
+    t.data.upload(q.data());
+    t.sinv = DevBuf(s.size() * 4);
+    t.sinv.upload(s.data());
+    set_param(t.h, kNVTERowwiseData, t.data.p, kNVTEFloat8E4M3, {R, C});
+    set_param(t.h, kNVTERowwiseScaleInv, t.sinv.p, kNVTEFloat32, ss);
+  }
+  if (colwise) {
+    std::vector<float> xt(R * C);
+    for (size_t r = 0; r < R; ++r)
+      for (size_t c = 0; c < C; ++c) xt[c * R + r] = x[r * C + c];
+    std::vector<double> deq_t;
+    quantize_blocks(xt, C, R, mode == k2D, q, s, ss, deq_t);
+    t.deq_col.resize(R * C);
+    for (size_t r = 0; r < R; ++r)
+      for (size_t c = 0; c < C; ++c) t.deq_col[r * C + c] = deq_t[c * R + r];
+    t.cdata = DevBuf(q.size());
+    t.cdata.upload(q.data());
+    t.csinv = DevBuf(s.size() * 4);
+    t.csinv.upload(s.data());
+    set_param(t.h, kNVTEColumnwiseData, t.cdata.p, kNVTEFloat8E4M3, {C, R});
+    set_param(t.h, kNVTEColumnwiseScaleInv, t.csinv.p, kNVTEFloat32, ss);
+  }
+}
+
+enum class Entry { Gemm, Scaled, V2 };
+const char *entry_name(Entry e) { return e == Entry::Gemm ? "nvte_cublas_gemm" : e == Entry::Scaled ? "nvte_cublas_gemm_scaled" : "nvte_cublas_gemm_v2"; }
+enum class Epi { None, Bias, DGelu };
+const char *epi_name(Epi e) { return e == Epi::None ? "none" : e == Epi::Bias ? "bias" : "dgelu"; }
+
+double dgelu(double x) {
+  double t = std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x));
+  return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * x * x);
+}
+
+struct Case {
+  Mode a, b;
+  bool transa, transb;
+  NVTEDType d;
+  Entry entry;
+  Epi epi;
+  float alpha, beta;
+  size_t m, n, k;
+  size_t samples;  // 0: check every output; else this many random ones
+};
+
+std::string describe(const Case &c) {
+  char buf[320];
+  std::snprintf(buf, sizeof buf, "%s %s x %s %c%c -> %s epi=%s alpha=%g beta=%g m=%zu n=%zu k=%zu", entry_name(c.entry),
+                mode_name(c.a), mode_name(c.b), c.transa ? 'T' : 'N', c.transb ? 'T' : 'N', dtype_name(c.d),
+                epi_name(c.epi), c.alpha, c.beta, c.m, c.n, c.k);
+  return buf;
+}
+
+// Norm-wise relative error bounds: the inputs are exact in both computations, so only
+// the fp32 accumulation and the output's rounding remain (TE's GEMM tests: 16-bit
+// outputs ~1e-2).
+double tolerance(NVTEDType d) { return d == kNVTEFloat32 ? 1e-4 : 1e-2; }
+
+NVTETensor workspace_tensor(DevBuf &ws, Tensor &holder) {
+  holder = Tensor(kNVTEByte, {1});
+  set_param(holder.h, kNVTERowwiseData, ws.p, kNVTEByte, {ws.bytes});
+  return holder.h;
+}
+
+// Run case c's entry point; the status.
+NVTECommStatus launch(const Case &c, NVTETensor A, NVTETensor B, NVTETensor D, NVTETensor bias, NVTETensor aux,
+                      NVTETensor ws, cudaStream_t stream) {
+  const bool grad = c.epi == Epi::DGelu;
+  switch (c.entry) {
+    case Entry::Gemm:
+      nvte_cublas_gemm(A, B, D, bias, aux, c.transa, c.transb, grad, ws, c.beta != 0, true, 0, stream);
+      break;
+    case Entry::Scaled:
+      nvte_cublas_gemm_scaled(A, B, D, bias, aux, c.transa, c.transb, grad, ws, c.alpha, c.beta, true, 0, stream);
+      break;
+    case Entry::V2: {
+      NVTEMatmulConfig cfg = nvte_create_matmul_config();
+      uint8_t yes = 1;
+      if (c.epi == Epi::Bias) nvte_set_matmul_config_attribute(cfg, kNVTEMatmulConfigBiasTensor, &bias, sizeof bias);
+      if (c.epi == Epi::DGelu) {
+        nvte_set_matmul_config_attribute(cfg, kNVTEMatmulConfigWithDGELUEpilogue, &yes, 1);
+        nvte_set_matmul_config_attribute(cfg, kNVTEMatmulConfigEpilogueAuxTensor, &aux, sizeof aux);
+      }
+      nvte_set_matmul_config_attribute(cfg, kNVTEMatmulConfigUseSplitAccumulator, &yes, 1);
+      nvte_cublas_gemm_v2(c.transa, c.transb, &c.alpha, A, B, &c.beta, D, D, ws, cfg, stream);
+      NVTECommStatus st = nvte_comm_last_status();
+      std::string msg = nvte_comm_last_error();
+      nvte_destroy_matmul_config(cfg);
+      if (st != NVTE_COMM_SUCCESS) std::fprintf(stderr, "v2: %s\n", msg.c_str());
+      return st;
+    }
+  }
+  NVTECommStatus st = nvte_comm_last_status();
+  if (st != NVTE_COMM_SUCCESS) std::fprintf(stderr, "%s: %s\n", entry_name(c.entry), nvte_comm_last_error());
+  return st;
+}
+
+void run_case(const Case &c, uint64_t seed, cudaStream_t stream, DevBuf &workspace, Report &rep) {
+  Rng rng(seed);
+  const size_t m = c.m, n = c.n, k = c.k;
+  const std::string what = describe(c);
+  // A: logical [m, k] with transa (its rowwise data is read), [k, m] without (columnwise).
+  BlockTensor A, B;
+  if (c.transa) make_block(A, c.a, m, k, true, false, rng);
+  else make_block(A, c.a, k, m, false, true, rng);
+  if (c.transb) make_block(B, c.b, k, n, false, true, rng);
+  else make_block(B, c.b, n, k, true, false, rng);
+  const auto &av = c.transa ? A.deq_row : A.deq_col;
+  const auto &bv = c.transb ? B.deq_col : B.deq_row;
+
+  Tensor D(c.d, {n, m});
+  std::vector<double> d_old;
+  std::string err;
+  if (c.beta != 0) {
+    Tensor init = random_tensor(c.d, {n, m}, rng, -1, 1, 1.0f, stream, &err);
+    CUDA_OK(cudaMemcpy(D.data.p, init.data.p, D.data.bytes, cudaMemcpyDeviceToDevice));
+    CUDA_OK(cudaStreamSynchronize(0));
+    d_old = init.values();
+  } else {
+    D.data.poison();
+  }
+  const NVTEDType side_t = c.d == kNVTEFloat16 ? kNVTEFloat16 : kNVTEBFloat16;  // cuBLASLt's FP8 table
+  Tensor bias, aux;
+  std::vector<double> biasv, auxv;
+  if (c.epi == Epi::Bias) { bias = random_tensor(side_t, {m}, rng, -1, 1, 1.0f, stream, &err); biasv = bias.values(); }
+  if (c.epi == Epi::DGelu) { aux = random_tensor(side_t, {n, m}, rng, -2, 2, 1.0f, stream, &err); auxv = aux.values(); }
+  if (!err.empty()) { rep.fail(what + " (input setup: " + err + ")"); return; }
+  Tensor wsh;
+  NVTETensor ws = workspace_tensor(workspace, wsh);
+
+  NVTECommStatus st = launch(c, A.h, B.h, D.h, bias.h, aux.h, ws, stream);
+  CUDA_OK(cudaStreamSynchronize(stream));
+  CUDA_OK(cudaGetLastError());
+  if (st != NVTE_COMM_SUCCESS) { rep.fail(what + " (status " + nvte_comm_status_string(st) + ")"); return; }
+
+  // Reference on every output, or on `samples` random ones.
+  std::vector<size_t> idx;
+  if (c.samples == 0) { idx.resize(n * m); for (size_t i = 0; i < idx.size(); ++i) idx[i] = i; }
+  else for (size_t s = 0; s < c.samples; ++s) idx.push_back((size_t)(rng.next() % (n * m)));
+  auto got_all = D.values();
+  std::vector<double> got, ref;
+  for (size_t id : idx) {
+    size_t j = id / m, i = id % m;
+    double acc = 0;
+    for (size_t l = 0; l < k; ++l) {
+      double a = c.transa ? av[i * k + l] : av[l * m + i];
+      double b = c.transb ? bv[l * n + j] : bv[j * k + l];
+      acc += a * b;
+    }
+    double r = c.alpha * acc;
+    if (c.epi == Epi::Bias) r += biasv[i];
+    if (c.epi == Epi::DGelu) r *= dgelu(auxv[id]);
+    if (c.beta != 0) r += c.beta * d_old[id];
+    ref.push_back(r);
+    got.push_back(got_all[id]);
+  }
+  double e = rel_err(got, ref);
+  char buf[96];
+  std::snprintf(buf, sizeof buf, " rel_err %.2e (tol %.0e%s)", e, tolerance(c.d), c.samples ? ", sampled" : "");
+  rep.check(e < tolerance(c.d), what + buf);
+}
+
+std::vector<Case> all_cases() {
+  std::vector<Case> cases;
+  const Mode combos[3][2] = {{k1D, k1D}, {k1D, k2D}, {k2D, k1D}};
+  const bool layouts[4][2] = {{true, false}, {false, false}, {true, true}, {false, true}};
+  const NVTEDType outs[3] = {kNVTEBFloat16, kNVTEFloat32, kNVTEFloat16};
+  // Every combination x layout x output through nvte_cublas_gemm, full and partial blocks.
+  int v = 0;
+  for (auto &cb : combos)
+    for (auto &l : layouts) {
+      NVTEDType d = outs[v++ % 3];
+      cases.push_back({cb[0], cb[1], l[0], l[1], d, Entry::Gemm, Epi::None, 1, 0, 256, 128, 384, 0});
+      cases.push_back({cb[0], cb[1], l[0], l[1], d, Entry::Gemm, Epi::None, 1, 0, 200, 72, 336, 0});
+    }
+  // Epilogues, alpha / beta and the other entry points (TN and NN, the forward and
+  // backward layouts of a linear layer).
+  for (auto &cb : combos)
+    for (Entry e : {Entry::Gemm, Entry::Scaled, Entry::V2}) {
+      for (Epi epi : {Epi::Bias, Epi::DGelu})
+        cases.push_back({cb[0], cb[1], true, false, kNVTEBFloat16, e, epi, 1, 0, 384, 256, 512, 0});
+      float alpha = e == Entry::Gemm ? 1.0f : 0.5f;
+      cases.push_back({cb[0], cb[1], false, false, kNVTEFloat32, e, Epi::None, alpha, 1.0f, 256, 136, 512, 0});
+      if (e != Entry::Gemm)
+        cases.push_back({cb[0], cb[1], true, false, kNVTEBFloat16, e, Epi::None, 2.0f, 0.25f, 128, 264, 256, 0});
+    }
+  // Anchor-sized (the all-gather GEMM of 8192 tokens, hidden 8192, 28672/8 columns):
+  // weight 2D, activation 1D, sampled outputs.
+  cases.push_back({k2D, k1D, true, false, kNVTEBFloat16, Entry::Gemm, Epi::None, 1, 0, 3584, 8192, 8192, 4096});
+  cases.push_back({k2D, k1D, true, false, kNVTEBFloat16, Entry::V2, Epi::None, 1, 0, 3584, 8192, 8192, 4096});
+  return cases;
+}
+
+// ------------------------------------------------------------------------ refusals
+
+struct Refusal {
+  std::string what, expect;  // expect: a piece of the recorded message
+  std::function<void(NVTETensor D)> call;
+};
+
+void refusal_cases(cudaStream_t stream, DevBuf &workspace, Report &rep) {
+  Rng rng(12345);
+  const size_t m = 256, n = 128, k = 256;
+  BlockTensor a1, a2, b1, b2, a_k, b_k, a_rows_only;
+  make_block(a1, k1D, m, k, true, true, rng);
+  make_block(a2, k2D, m, k, true, true, rng);
+  make_block(b1, k1D, n, k, true, true, rng);
+  make_block(b2, k2D, n, k, true, true, rng);
+  make_block(a_k, k1D, m, 136, true, true, rng);
+  make_block(b_k, k1D, n, 136, true, true, rng);
+  make_block(a_rows_only, k1D, k, m, true, false, rng);  // logical [k, m]: NN reads its columnwise data
+  std::string err;
+  Tensor pt = random_tensor(kNVTEFloat8E4M3, {n, k}, rng, -1, 1, 32.0f, stream, &err);
+  Tensor aux(kNVTEBFloat16, {n, m});
+  Tensor wsh;
+  NVTETensor ws = workspace_tensor(workspace, wsh);
+  Tensor other(kNVTEBFloat16, {n, m});
+  const float one = 1.0f, zero = 0.0f;
+  // A gradient epilogue (dbias) with forward GELU: TE refuses the combination.
+  NVTEMatmulConfig bad_cfg = nvte_create_matmul_config();
+  {
+    uint8_t yes = 1;
+    NVTETensor bh = aux.h;
+    nvte_set_matmul_config_attribute(bad_cfg, kNVTEMatmulConfigWithGELUEpilogue, &yes, 1);
+    nvte_set_matmul_config_attribute(bad_cfg, kNVTEMatmulConfigDBiasTensor, &bh, sizeof bh);
+  }
+  std::vector<Refusal> rs = {
+      {"2D x 2D", "both NVTE_BLOCK_SCALING_2D",
+       [&](NVTETensor D) { nvte_cublas_gemm(a2.h, b2.h, D, nullptr, nullptr, true, false, false, ws, false, true, 0, stream); }},
+      {"block x per-tensor FP8", "mix block scaling",
+       [&](NVTETensor D) { nvte_cublas_gemm(a1.h, pt.h, D, nullptr, nullptr, true, false, false, ws, false, true, 0, stream); }},
+      {"per-tensor x block (scaled)", "mix block scaling",
+       [&](NVTETensor D) { nvte_cublas_gemm_scaled(pt.h, b1.h, D, nullptr, nullptr, true, false, false, ws, 1, 0, true, 0, stream); }},
+      {"forward GELU epilogue", "GeluAux",
+       [&](NVTETensor D) { nvte_cublas_gemm(a1.h, b1.h, D, nullptr, aux.h, true, false, false, ws, false, true, 0, stream); }},
+      {"k not a multiple of 16", "multiple of 16",
+       [&](NVTETensor D) { nvte_cublas_gemm(a_k.h, b_k.h, D, nullptr, nullptr, true, false, false, ws, false, true, 0, stream); }},
+      {"missing columnwise data (NN)", "missing columnwise data",
+       [&](NVTETensor D) { nvte_cublas_gemm(a_rows_only.h, b1.h, D, nullptr, nullptr, false, false, false, ws, false, true, 0, stream); }},
+      {"v2: C differs from D", "C` and `D` differ",
+       [&](NVTETensor D) { nvte_cublas_gemm_v2(1, 0, &one, a1.h, b1.h, &zero, other.h, D, ws, nullptr, stream); }},
+      {"v2: NULL alpha", "`alpha` is NULL",
+       [&](NVTETensor D) { nvte_cublas_gemm_v2(1, 0, nullptr, a1.h, b1.h, &zero, D, D, ws, nullptr, stream); }},
+      {"v2: destroyed config", "not a live matmul config",
+       [&](NVTETensor D) {
+         NVTEMatmulConfig cfg = nvte_create_matmul_config();
+         nvte_destroy_matmul_config(cfg);
+         nvte_cublas_gemm_v2(1, 0, &one, a1.h, b1.h, &zero, D, D, ws, cfg, stream);
+       }},
+      {"v2: gelu with dbias", "gradient epilogue",
+       [&](NVTETensor D) { nvte_cublas_gemm_v2(1, 0, &one, a1.h, b1.h, &zero, D, D, ws, bad_cfg, stream); }},
+  };
+  for (auto &r : rs) {
+    Tensor D(kNVTEBFloat16, {n, m});
+    D.data.poison();
+    auto before = D.data.download();
+    r.call(D.h);
+    NVTECommStatus st = nvte_comm_last_status();
+    std::string msg = nvte_comm_last_error();
+    CUDA_OK(cudaStreamSynchronize(stream));
+    bool untouched = D.data.download() == before;
+    bool named = msg.find(r.expect) != std::string::npos;
+    rep.check(st != NVTE_COMM_SUCCESS && named && untouched,
+              "refused: " + r.what + " (" + nvte_comm_status_string(st) + ": " + msg + (untouched ? "; D untouched)" : "; D CHANGED)"));
+  }
+  // FP8 output is refused.
+  Tensor D8(kNVTEFloat8E4M3, {n, m}, true);
+  D8.data.poison();
+  auto before = D8.data.download();
+  nvte_cublas_gemm(a1.h, b1.h, D8.h, nullptr, nullptr, true, false, false, ws, false, true, 0, stream);
+  std::string msg = nvte_comm_last_error();
+  CUDA_OK(cudaStreamSynchronize(stream));
+  rep.check(msg.find("output must be") != std::string::npos && D8.data.download() == before,
+            "refused: FP8 output (" + msg + ")");
+  nvte_destroy_matmul_config(bad_cfg);
+  rep.check(nvte_comm_live_matmul_config_count() == 0, "no matmul config leaked");
+}
+
+// ------------------------------------------------------------------------ benchmark
+
+void bench(cudaStream_t stream, Report &rep) {
+  const bool print = rep.rank == 0;
+  struct Shape { size_t M, K, N; const char *name; };
+  const Shape shapes[] = {{8192, 8192, 3584, "AG 8192x8192x3584"}, {8192, 4096, 2048, "8192x4096x2048"},
+                          {16384, 8192, 1024, "16384x8192x1024"}};
+  DevBuf workspace(32u << 20);
+  Tensor wsh;
+  NVTETensor ws = workspace_tensor(workspace, wsh);
+  if (print) std::printf("%-20s %10s %10s %10s %12s %12s\n", "shape (MxKxN)", "block", "fp8", "bf16", "block/fp8", "block/bf16");
+  for (const Shape &s : shapes) {
+    // TN as a linear layer's forward: A = weight [N, K] (2D blocks), B = activation [M, K] (1D), D [M, N].
+    Tensor wf(kNVTEFloat8E4M3, {s.N, s.K}, true), xf(kNVTEFloat8E4M3, {s.M, s.K}, true);
+    Tensor wb(kNVTEBFloat16, {s.N, s.K}), xb(kNVTEBFloat16, {s.M, s.K}), D(kNVTEBFloat16, {s.M, s.N});
+    nvte_comm_fill_uniform(wf.h, 1, -1, 1, stream);
+    nvte_comm_fill_uniform(xf.h, 2, -1, 1, stream);
+    nvte_comm_fill_uniform(wb.h, 3, -1, 1, stream);
+    nvte_comm_fill_uniform(xb.h, 4, -1, 1, stream);
+    CUDA_OK(cudaStreamSynchronize(stream));
+    // Block tensors over the same FP8 bytes, with GEMM-ready scales of 1/64.
+    NVTETensor wblk = nvte_create_tensor(NVTE_BLOCK_SCALING_2D), xblk = nvte_create_tensor(NVTE_BLOCK_SCALING_1D);
+    std::vector<size_t> ws_shape = {ceil_div(s.N, kBlock), pad4(ceil_div(s.K, kBlock))};
+    std::vector<size_t> xs_shape = {ceil_div(s.K, kBlock), pad4(s.M)};
+    std::vector<float> wsv(ws_shape[0] * ws_shape[1], 1.0f / 64), xsv(xs_shape[0] * xs_shape[1], 1.0f / 64);
+    DevBuf wsd(wsv.size() * 4), xsd(xsv.size() * 4);
+    wsd.upload(wsv.data());
+    xsd.upload(xsv.data());
+    set_param(wblk, kNVTERowwiseData, wf.data.p, kNVTEFloat8E4M3, {s.N, s.K});
+    set_param(wblk, kNVTERowwiseScaleInv, wsd.p, kNVTEFloat32, ws_shape);
+    set_param(xblk, kNVTERowwiseData, xf.data.p, kNVTEFloat8E4M3, {s.M, s.K});
+    set_param(xblk, kNVTERowwiseScaleInv, xsd.p, kNVTEFloat32, xs_shape);
+    std::string failed;
+    // Each recipe's forward GEMM as TE runs it: Float8BlockScaling with the split
+    // accumulator, per-tensor FP8 (DelayedScaling's fprop) with fast accumulation.
+    auto gemm = [&](NVTETensor a, NVTETensor b, bool split) {
+      nvte_cublas_gemm(a, b, D.h, nullptr, nullptr, true, false, false, ws, false, split, 0, stream);
+      if (nvte_comm_last_status() != NVTE_COMM_SUCCESS && failed.empty()) failed = nvte_comm_last_error();
+    };
+    auto t = time_interleaved(stream, 5, 5, 4,
+                              {[&] { gemm(wblk, xblk, true); }, [&] { gemm(wf.h, xf.h, false); }, [&] { gemm(wb.h, xb.h, false); }});
+    nvte_destroy_tensor(wblk);
+    nvte_destroy_tensor(xblk);
+    if (!failed.empty()) { rep.fail(std::string("bench ") + s.name + ": " + failed); continue; }
+    double flop = 2.0 * s.M * s.N * s.K;
+    auto tf = [&](double ms) { return flop / (ms * 1e-3) / 1e12; };
+    if (print) std::printf("%-20s %10.1f %10.1f %10.1f %12.3f %12.3f   TFLOP/s\n", s.name, tf(t[0]), tf(t[1]), tf(t[2]),
+                t[1] / t[0], t[2] / t[0]);
+    rep.pass(std::string("bench ") + s.name);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  probe_or_continue(argc, argv);
+  MPI_Init(&argc, &argv);
+  Report rep;
+  int size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rep.rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  int ndev = 0;
+  CUDA_OK(cudaGetDeviceCount(&ndev));
+  CUDA_OK(cudaSetDevice(rep.rank % ndev));
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  bool do_bench = false;
+  uint64_t base = (uint64_t)std::chrono::high_resolution_clock::now().time_since_epoch().count();
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--bench") == 0) do_bench = true;
+    if (std::strcmp(argv[i], "--seed") == 0 && i + 1 < argc) base = std::strtoull(argv[i + 1], nullptr, 10);
+  }
+  MPI_Bcast(&base, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+  if (rep.rank == 0) std::printf("test_block_gemm: %d rank(s), seed %llu\n", size, (unsigned long long)base);
+  cudaDeviceProp prop;
+  CUDA_OK(cudaGetDeviceProperties(&prop, rep.rank % ndev));
+  if (prop.major != 9 || prop.minor != 0) {
+    // Block-scaled GEMMs run on Hopper only: elsewhere every call must refuse cleanly.
+    if (rep.rank == 0) std::printf("SKIPPED: block-scaled FP8 GEMM needs Hopper (sm_90), found sm_%d%d\n", prop.major, prop.minor);
+    MPI_Finalize();
+    return kSkip;
+  }
+  {
+    DevBuf workspace(32u << 20);
+    if (do_bench) {
+      bench(stream, rep);
+    } else {
+      auto cases = all_cases();
+      for (size_t i = 0; i < cases.size(); ++i)
+        if ((int)(i % size) == rep.rank) run_case(cases[i], base + i, stream, workspace, rep);
+      if (rep.rank == 0) refusal_cases(stream, workspace, rep);
+    }
+  }
+  CUDA_OK(cudaStreamDestroy(stream));
+  int rc = rep.finish("test_block_gemm");
+  MPI_Finalize();
+  return rc;
+}
