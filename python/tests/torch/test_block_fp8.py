@@ -55,7 +55,7 @@ def emulation(monkeypatch):
 # ------------------------------------------------------------------- casts
 
 
-@pytest.mark.parametrize("shape", [(256, 512), (200, 300), (128, 1024), (1, 128)])
+@pytest.mark.parametrize("shape", [(256, 512), (128, 1024), (384, 256), (1024, 4096)])
 @pytest.mark.parametrize("block_dim", [1, 2])
 @pytest.mark.parametrize("dtype", [BF16, torch.float32])
 @pytest.mark.parametrize("pow2, eps", [(True, 0.0), (False, 0.0), (True, 1e-3)])
@@ -80,6 +80,19 @@ def test_quantize_block_bit_exact(shape, block_dim, dtype, pow2, eps):
         assert torch.equal(g.scale_inv[valid], e.scale_inv[valid]), f"{form} scale_inv differs"
     # The emulation's dequantized values are x within e4m3's rounding.
     assert rel(fp8.dequantize_block(ref.rowwise()), x.float()) < 0.05
+
+
+@pytest.mark.parametrize("shape", [(200, 300), (1, 128), (256, 130)])
+@pytest.mark.parametrize("block_dim", [1, 2])
+def test_quantize_block_other_shapes(shape, block_dim):
+    """Shapes the library's cast does not take (rows or columns not multiples of 128, as
+    TE's is_quantizable) are cast by the torch arithmetic on the GPU: the reference's bytes."""
+    x = data(3, *shape).to(BF16)
+    got = fp8.quantize_block(x, block_dim, rowwise=True, columnwise=True)
+    ref = fp8.quantize_block(x.cpu(), block_dim, rowwise=True, columnwise=True)
+    for form in ("rowwise", "columnwise"):
+        g, e = getattr(got, form)(), getattr(ref, form)()
+        assert g.data.is_cuda and torch.equal(g.data.cpu().view(torch.uint8), e.data.view(torch.uint8))
 
 
 # ------------------------------------------------------------------- GEMMs

@@ -560,9 +560,11 @@ def quantize_block(
     ``amax_epsilon`` and ``power_2_scale``), ``q = fp8(clamp(x * scale))``, ``scale_inv =
     1 / scale`` in TE's GEMM-ready layout (:func:`block_scale_shape`; the padding entries
     are unspecified). ``columnwise``: the transposed tensor quantized along its rows
-    (``data_t [cols, rows]``). CUDA tensors run the library's ``nvte_quantize_v2`` into an
-    ``NVTE_BLOCK_SCALING_1D/2D`` tensor; other tensors and ``reference=True`` the same
-    arithmetic in torch (the emulation the tests compare against)."""
+    (``data_t [cols, rows]``). CUDA tensors whose rows and columns are multiples of 128
+    (TE's ``Float8BlockQuantizer.is_quantizable``) run the library's ``nvte_quantize_v2``
+    into an ``NVTE_BLOCK_SCALING_1D/2D`` tensor; other shapes, other tensors and
+    ``reference=True`` the same arithmetic in torch (the same bytes: the emulation the
+    tests compare against)."""
     fp8_dtype, fmax = _check_fp8_dtype(E4M3 if fp8_dtype is None else fp8_dtype)
     if block_dim not in (1, 2):
         raise ValueError(f"quantize_block: block_dim must be 1 or 2, got {block_dim!r}")
@@ -572,7 +574,7 @@ def quantize_block(
         raise ValueError("quantize_block: ask for rowwise and/or columnwise output")
     rows, cols = _as_2d_shape(x)
     x2 = x.contiguous().reshape(rows, cols)
-    lib = _library() if _use_library(x2, reference) else None
+    lib = _library() if _use_library(x2, reference) and _block_quantizable(x2) else None
     if lib is not None and lib.has_block and lib.block_quantize is not False:
         try:
             q, si, qt, sit = lib.quantize_block(x2, fp8_dtype, block_dim, rowwise, columnwise,
@@ -610,6 +612,13 @@ def quantize_block(
                               device=x.device)
             sit[:, :mb] = s_inv.t()
     return BlockFp8Tensor(q, si, qt, sit, block_dim, fp8_dtype)
+
+
+def _block_quantizable(x2: torch.Tensor) -> bool:
+    # The library's block cast (as TE's is_quantizable): rows and columns multiples of 128,
+    # a 16-byte aligned input.
+    r, c = x2.shape
+    return r % BLOCK_LEN == 0 and c % BLOCK_LEN == 0 and r * c > 0 and x2.data_ptr() % 16 == 0
 
 
 def _block_scale_grid(op: BlockOperand) -> torch.Tensor:
