@@ -183,10 +183,10 @@ class Backend:
             self._check("quantize_block")
         return q, si, qt, sit
 
-    def block_gemm(self, a, b, out_dtype, bias=None):
+    def block_gemm(self, a, b, out_dtype, bias=None, dgelu_pre=None):
         """``a @ b^T (+ bias)`` of two block operands (rowwise forms) by TE's TN
-        nvte_cublas_gemm (A = b [N, K], B = a [M, K], D [M, N]; the bias [N] in the
-        epilogue), split accumulation, 32 MiB workspace."""
+        nvte_cublas_gemm (A = b [N, K], B = a [M, K], D [M, N]; the bias [N] or DGELU with
+        ``dgelu_pre`` [M, N] in the epilogue), split accumulation, 32 MiB workspace."""
         from .gemm import _WORKSPACE_BYTES, _workspace
 
         m, n = a.data.shape[0], b.data.shape[0]
@@ -199,7 +199,9 @@ class Backend:
         stream = self._stream(a.data)
         ws = self._h(((_workspace(dev, stream or 0), int(_capi.DType.kNVTEByte), (_WORKSPACE_BYTES,)),))
         hbias = self._in(bias.reshape(-1)) if bias is not None else None
-        self._gemm(ha, hb, hd, hbias, None, True, False, False, ws, False, True, 0, stream)
+        hpre = self._in(dgelu_pre) if dgelu_pre is not None else None
+        grad = dgelu_pre is not None
+        self._gemm(ha, hb, hd, hbias, hpre, True, False, grad, ws, False, True, 0, stream)
         self._check("block_gemm")
         return out
 

@@ -146,7 +146,8 @@ rowwise and columnwise (dgrad; one cast per step with ``is_first_microbatch``), 
 (dgrad) and columnwise (wgrad). The GEMMs (``fp8.block_gemm``: the library's TN
 ``nvte_cublas_gemm`` with split accumulation, as TE's recipe requires) are forward
 ``x . W^T`` (1D x 2D; the bias in its epilogue), dgrad ``dY . (W^T)^T`` and wgrad
-``dY^T . (X^T)^T`` (1D x 1D); bias gradients are column sums of bf16 dY. Only the columnwise FP8
+``dY^T . (X^T)^T`` (1D x 1D); in LayerNormMLP fc2's dgrad GEMM also runs GELU's backward
+(DGELU epilogue); bias gradients are column sums of bf16 dY. Only the columnwise FP8
 forms are saved for the backward. Communication is not block-scaled yet: at tp > 1 the input /
 dY are gathered in the activations' dtype before their casts and the dgrad / forward outputs
 reduced after the GEMMs with ``torch.distributed``; the ``ub_*`` flags do not apply. CPU
@@ -868,8 +869,10 @@ def _row_grads(ctx, dy, gelu_pre: Optional[torch.Tensor] = None):
     backward runs in the dgrad GEMM's epilogue (DGELU) where the path allows, else after it."""
     cfg: _Cfg = ctx.cfg
     dy = dy.contiguous()
+    if cfg.fp8 and ctx.f8.block:
+        return _row_backward_block(ctx, cfg, dy, gelu_pre)
     if cfg.fp8:
-        dx, dw, db = (_row_backward_block if ctx.f8.block else _row_backward_fp8)(ctx, cfg, dy)
+        dx, dw, db = _row_backward_fp8(ctx, cfg, dy)
         if gelu_pre is not None and dx is not None:
             dx = _gelu_backward(dx, gelu_pre)
         return dx, dw, db
@@ -1011,7 +1014,9 @@ def _row_forward_block(x, weight, gemm_bias, f8: _BlockFp8State, first_microbatc
     return y, saved
 
 
-def _row_backward_block(ctx, cfg: _Cfg, dy):
+def _row_backward_block(ctx, cfg: _Cfg, dy, gelu_pre: Optional[torch.Tensor] = None):
+    """With ``gelu_pre`` (LayerNormMLP's fc1 pre-activation) dx is its gradient: the GELU
+    backward in the dgrad GEMM's epilogue (DGELU)."""
     x_t, x_tsi, w_t, w_tsi = ctx.saved_tensors
     f8: _BlockFp8State = ctx.f8
     need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
@@ -1020,7 +1025,8 @@ def _row_backward_block(ctx, cfg: _Cfg, dy):
     xd, wd, _ = f8.dims
     dy_full = _all_gather(dy, cfg.group)[0] if cfg.sp else dy
     dyf = f8.cast_grad(dy_full, rowwise=need_dx, columnwise=need_dw) if (need_dx or need_dw) else None
-    dx = _fp8.block_gemm(dyf.rowwise(), _fp8.BlockOperand(w_t, w_tsi, wd), odt) if need_dx else None
+    dx = _fp8.block_gemm(dyf.rowwise(), _fp8.BlockOperand(w_t, w_tsi, wd), odt,
+                         dgelu_pre=gelu_pre) if need_dx else None
     dw = _fp8.block_gemm(dyf.columnwise(), _fp8.BlockOperand(x_t, x_tsi, xd), odt) if need_dw else None
     db = dy_full.sum(0) if need_db else None
     return dx, dw, db
