@@ -7,7 +7,8 @@
    the mean step time and the final loss (the bar: block's final loss within 2 % of bf16's);
 2. the GEMMs on the anchor shapes (tokens x K x N: 8192x8192x3584, 8192x4096x2048,
    16384x8192x1024), forward layout ``y = x W^T``: bf16 (torch), per-tensor FP8
-   (torch._scaled_mm, split accumulation), block-scaled FP8 through the torch path
+   (torch._scaled_mm, split accumulation; fast accumulation, TE's forward default, beside
+   it), block-scaled FP8 through the torch path
    (transformer_engine_comm.torch.fp8.block_gemm: the library's nvte_cublas_gemm on a 1D x
    and a 2D W, split accumulation); CUDA events around each call after a warm-up, the
    median; each GEMM's error against the fp32 product of the unquantized operands; the
@@ -113,9 +114,9 @@ def gemm_rows(a, lines):
     dev = torch.device("cuda")
     bf = torch.bfloat16
     e4 = torch.float8_e4m3fn
-    lines += ["", "| GEMM T x K x N | bf16 ms (TFLOP/s) | FP8 per-tensor ms (TFLOP/s) | FP8 block ms (TFLOP/s) | "
-              "block / per-tensor | err bf16 / pt / block | block casts ms (x 1D row+col, W 2D) |",
-              "|---|---|---|---|---|---|---|"]
+    lines += ["", "| GEMM T x K x N | bf16 ms (TFLOP/s) | FP8 per-tensor ms (TFLOP/s) | per-tensor fast acc. ms | "
+              "FP8 block ms (TFLOP/s) | block / per-tensor | err bf16 / pt / block | block casts ms (x 1D row+col, W 2D) |",
+              "|---|---|---|---|---|---|---|---|"]
     for t, k, n in ANCHORS:
         g = torch.Generator(device=dev).manual_seed(t + k + n)
         x = torch.randn(t, k, device=dev, generator=g).to(bf)
@@ -137,10 +138,11 @@ def gemm_rows(a, lines):
         xq, wq = (x.float() * sx).to(e4), (w.float() * sw).to(e4)
         sxi, swi = sx.reciprocal(), sw.reciprocal()
 
-        def pt():
-            return torch._scaled_mm(xq, wq.t(), scale_a=sxi, scale_b=swi, out_dtype=bf, use_fast_accum=False)
+        def pt(fast=False):
+            return torch._scaled_mm(xq, wq.t(), scale_a=sxi, scale_b=swi, out_dtype=bf, use_fast_accum=fast)
 
-        ms_pt = timed(pt, a.gemm_warmup, a.gemm_iters)
+        ms_pt = timed(pt, a.gemm_warmup, a.gemm_iters)  # split accumulation, as the block GEMM
+        ms_ptf = timed(lambda: pt(True), a.gemm_warmup, a.gemm_iters)  # TE's forward default
         e_pt = err(pt())
         xb = fp8.quantize_block(x, 1, rowwise=True, columnwise=True)
         wb = fp8.quantize_block(w, 2, rowwise=True, columnwise=True)
@@ -156,7 +158,7 @@ def gemm_rows(a, lines):
         else:
             e_bl = err(fp8.block_gemm(xb.rowwise(), wb.rowwise(), torch.float32, reference=True))
             bl, ratio = "no library block GEMM (emulated: not timed)", "-"
-        lines.append(f"| {t}x{k}x{n} | {tf(ms_bf)} | {tf(ms_pt)} | {bl} | {ratio} | "
+        lines.append(f"| {t}x{k}x{n} | {tf(ms_bf)} | {tf(ms_pt)} | {ms_ptf:.3f} | {bl} | {ratio} | "
                      f"{e_bf:.4f} / {e_pt:.4f} / {e_bl:.4f} | {ms_cast:.3f} |")
         print(lines[-1], flush=True)
         x = w = ref = xq = wq = xb = wb = None  # noqa: F841 (free the operands before the next shape)
