@@ -26,8 +26,9 @@ takes) and the delayed-scaling state.
   inputs and gradients by default) or 128 x 128 tile (2D: weights), e4m3, power-of-2
   scales, no state. Quantized in jnp (:func:`quantize_block`); the library exposes no
   block-scaled FP8 GEMM to XLA yet, so the GEMMs are the dots of the dequantized block
-  operands (:func:`block_dot`): the block FP8 numerics, exact, at bf16 GEMM speed. The
-  layers run it where nothing is communicated (tp = 1).
+  operands (:func:`block_dot`): the block FP8 numerics, exact, at bf16 GEMM speed. At
+  tp > 1 the layers communicate with XLA's collectives around them (no block-scaled
+  comm-GEMM in the library yet).
 
 Delayed scaling is functional: the state is a pytree of :class:`FP8Meta` (one per layer:
 the amax history ``[amax_history_len, 3]`` and the scale ``[3]`` of its three FP8 tensors,

@@ -42,8 +42,11 @@ output gradient are quantized in jnp per block (1D / 2D by the recipe's dims: ro
 one GEMM, the transposed tensor quantized along its rows for the other, as TE's casts);
 the GEMMs are the dots of the dequantized block operands (:func:`block_dot
 <transformer_engine_comm.jax.fp8.block_dot>`: the block FP8 numerics at bf16 GEMM speed,
-since the library exposes no block-scaled FP8 GEMM to XLA yet). Only where nothing is
-communicated (tp = 1, ``library`` not forced); elsewhere it is refused.
+since the library exposes no block-scaled FP8 GEMM to XLA yet). At tp > 1 (inside
+``shard_map``) the communication is XLA's own collectives in the activations' dtype
+(all-gather of the input / output gradient before their casts, reduce-scatter or
+all-reduce of the f32 partial sums after the GEMMs), not the library's comm-GEMMs, which
+take no block-scaled operands yet; ``library`` does not apply to it.
 
 Routing: where nothing is communicated (tp = 1) the layers lower to XLA's own dot and
 fusions (bf16: the plain jnp expression; FP8: the same FP8 GEMMs through XLA), since the
@@ -308,16 +311,36 @@ def _block_exact_bf16(r) -> bool:
     return all(q.power_2_scale for q in r.qparams)
 
 
+def _block_kind(cfg: _Cfg) -> str:
+    """The block path's communication: the layer's kind at tp > 1 (XLA's collectives over
+    the axis), "local" at tp = 1 (nothing to communicate, whatever ``library`` says)."""
+    if cfg.ctx.size == 1:
+        return "local"
+    if cfg.kind != "local" and not _axis_bound(cfg.ctx.axis):
+        raise ValueError(f"Float8BlockScaling at tp = {cfg.ctx.size} runs inside shard_map over {cfg.ctx.axis!r}")
+    return cfg.kind
+
+
 def _block_fwd(x, w, bias, cfg: _Cfg):
     r = cfg.recipe
     xd, wd, _ = r.block_dims
+    kind, ax = _block_kind(cfg), cfg.ctx.axis
     out_dt = x.dtype if x.dtype in (jnp.bfloat16, jnp.float16, jnp.float32) else jnp.bfloat16
+    if kind == "col_sp":  # the input gathered over the tokens before its casts
+        x = jax.lax.all_gather(x, ax, axis=0, tiled=True)
     xr, xc = _block_casts(x, _f8.INPUT, r, True)
     wr, wc = _block_casts(w, _f8.WEIGHT, r, True)
-    y = _f8.block_dot(xr, xd, wr, wd, out_dt, _block_exact_bf16(r))
+    exact = _block_exact_bf16(r)
+    if kind in ("row_sp", "row_ar"):  # partial sums reduced in f32 over the axis
+        y = _f8.block_dot(xr, xd, wr, wd, jnp.float32, exact)
+        y = (jax.lax.psum_scatter(y, ax, scatter_dimension=0, tiled=True) if kind == "row_sp"
+             else jax.lax.psum(y, ax)).astype(out_dt)
+    else:
+        y = _f8.block_dot(xr, xd, wr, wd, out_dt, exact)
     if bias is not None:
         y = y + bias.astype(out_dt)
-    # Saved: the columnwise casts (x^T for the wgrad, w^T for the dgrad), FP8.
+    # Saved: the columnwise casts (x^T -- of the gathered input -- for the wgrad, w^T for
+    # the dgrad), FP8.
     return y, (xc, wc, bias, jnp.zeros((0,), x.dtype), jnp.zeros((0,), w.dtype))
 
 
@@ -325,10 +348,20 @@ def _block_bwd(cfg: _Cfg, res, dy):
     xc, wc, bias, x_dt, w_dt = res
     r = cfg.recipe
     xd, wd, gd = r.block_dims
+    kind, ax = _block_kind(cfg), cfg.ctx.axis
     exact = _block_exact_bf16(r)
     out_dt = x_dt.dtype if x_dt.dtype in (jnp.bfloat16, jnp.float16, jnp.float32) else jnp.bfloat16
-    gr, gc = _block_casts(dy, _f8.GRAD, r, True)
-    dx = _f8.block_dot(gr, gd, wc, wd, out_dt, exact)  # dy [T, N] . (w^T [K, N])^T
+    g = dy
+    if kind == "row_sp":  # dY gathered over the tokens before its casts
+        g = jax.lax.all_gather(dy, ax, axis=0, tiled=True)
+    elif kind == "row_ar":  # replicated output: each device holds 1/tp of its cotangent (see _bf16_bwd)
+        g = dy * cfg.ctx.size
+    gr, gc = _block_casts(g, _f8.GRAD, r, True)
+    if kind == "col_sp":  # dx = RS(dy . w), reduced in f32
+        dx = _f8.block_dot(gr, gd, wc, wd, jnp.float32, exact)  # dy [T, N/tp] . (w^T [K, N/tp])^T
+        dx = jax.lax.psum_scatter(dx, ax, scatter_dimension=0, tiled=True).astype(out_dt)
+    else:
+        dx = _f8.block_dot(gr, gd, wc, wd, out_dt, exact)
     dw = _f8.block_dot(gc, gd, xc, xd, w_dt.dtype, exact)  # dy^T [N, T] . (x^T [K, T])^T
     return dx, dw, _bias_share(bias, dy)
 
@@ -351,9 +384,6 @@ def _dense(x, w, bias, cfg: _Cfg, meta):
     if r.block:
         if meta is not None:
             raise ValueError("Float8BlockScaling has no state: pass fp8_meta=None")
-        if cfg.kind != "local" or cfg.library:
-            raise ValueError("Float8BlockScaling in the JAX layers runs where nothing is communicated (tp = 1, "
-                             "library not forced): the library has no block-scaled comm-GEMM or FP8 GEMM for XLA yet")
         return _block(x, w, bias, cfg)
     if r.delayed:
         if not isinstance(meta, FP8Meta):
