@@ -46,6 +46,28 @@ def test_quantize_block_matches_numpy_reference(shape, dim, eps, pow2):
         assert (m == 0.5).all()
 
 
+def test_div_rn_is_correctly_rounded():
+    """The scales' division is IEEE's (numpy's f32 division), whatever the backend divides with."""
+    from transformer_engine_comm.jax import fp8 as F
+
+    rng = np.random.default_rng(5)
+    d = np.concatenate([rng.uniform(1e-6, 1e6, 20000), np.exp(rng.uniform(-80, 80, 20000))]).astype(np.float32)
+    for n in (np.float32(448.0), np.float32(57344.0), np.float32(1.0)):
+        want = n / d
+        got = np.asarray(F.div_rn(n, jax.numpy.asarray(d)))
+        ok = np.isfinite(want)
+        np.testing.assert_array_equal(got[ok], want[ok])
+    # The correction itself: a first quotient an ulp off either way (as a GPU's approximate
+    # division gives at times) comes back correctly rounded.
+    mn = np.float32(448.0 / 512.0)
+    md = np.frexp(d)[0].astype(np.float32)
+    want = mn / md
+    for off in (-np.inf, np.inf):
+        q0 = np.nextafter(want, np.float32(off)).astype(np.float32)
+        got = np.asarray(F._div_mantissas(jax.numpy.float32(mn), jax.numpy.asarray(md), jax.numpy.asarray(q0)))
+        np.testing.assert_array_equal(got, want)
+
+
 def test_columnwise_forms():
     from transformer_engine_comm.jax import fp8 as F
 
@@ -195,6 +217,7 @@ def test_block_mlp_tp4_matches_tp1(capi):
     import sys
 
     here = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, PYTHONPATH=os.path.dirname(here) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(here) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               JAX_PLATFORMS="cpu")  # four host devices, also where a GPU is present
     out = subprocess.run([sys.executable, "-c", _TP4], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0 and out.stdout.strip().endswith("OK"), out.stdout[-2000:] + out.stderr[-4000:]

@@ -270,6 +270,57 @@ class BlockQ(NamedTuple):
     scale_inv: object
 
 
+def _two_product(a, b):
+    """``a * b`` as ``p + e`` exactly (Dekker's product with Veltkamp splitting, f32)."""
+    import jax.numpy as jnp
+
+    def split(v):
+        c = v * jnp.float32(4097.0)
+        hi = c - (c - v)
+        return hi, v - hi
+
+    p = a * b
+    ah, al = split(a)
+    bh, bl = split(b)
+    e = ((ah * bh - p) + ah * bl + al * bh) + al * bl
+    return p, e
+
+
+def div_rn(n, d):
+    """``n / d`` correctly rounded in f32 (CUDA's ``__fdiv_rn``, what TE's scale kernels
+    use), for positive finite operands: XLA's GPU backend divides with an approximate
+    instruction, off by an ulp at times, which a bit-exact scale must not be. The quotient
+    is corrected to whichever neighbour leaves the smallest exact residual ``n - q d``."""
+    import jax.numpy as jnp
+
+    n = jnp.asarray(n, jnp.float32)
+    d = jnp.asarray(d, jnp.float32)
+    # Divide the mantissas (in [0.5, 1): the exact products below neither overflow nor
+    # underflow), then scale by the exponents' difference (exact for a normal quotient).
+    mn, en = jnp.frexp(n)
+    md, ed = jnp.frexp(d)
+    q = _div_mantissas(mn, md)
+    return jnp.where((n > 0) & (d > 0) & jnp.isfinite(n) & jnp.isfinite(d), jnp.ldexp(q, en - ed), n / d)
+
+
+def _div_mantissas(n, d, q0=None):
+    """``n / d`` correctly rounded for ``n``, ``d`` in [0.5, 1), from a first quotient
+    ``q0`` within an ulp (the backend's division when not given)."""
+    import jax.numpy as jnp
+
+    q0 = n / d if q0 is None else q0
+    best, best_r = q0, None
+    for q in (jnp.nextafter(q0, jnp.float32(0.0)), q0, jnp.nextafter(q0, jnp.float32(jnp.inf))):
+        p, e = _two_product(q, d)
+        r = jnp.abs((n - p) - e)
+        if best_r is None:
+            best, best_r = q, r
+        else:
+            take = r < best_r
+            best, best_r = jnp.where(take, q, best), jnp.where(take, r, best_r)
+    return best
+
+
 def block_scales(amax, fp8_max: float, eps: float = 0.0, pow2: bool = True, value_for_inf: float = FLT_MAX):
     """TE's ``compute_scale_from_amax`` per block: amax floored at ``eps``; 1 for an amax of
     0, inf or NaN; ``fp8_max / amax`` (``value_for_inf``, the input dtype's max, where that
@@ -281,7 +332,7 @@ def block_scales(amax, fp8_max: float, eps: float = 0.0, pow2: bool = True, valu
     if eps > 0:
         a = jnp.maximum(a, jnp.float32(eps))
     ok = (a > 0) & jnp.isfinite(a)
-    s = jnp.where(ok, jnp.float32(fp8_max) / jnp.where(ok, a, 1.0), jnp.float32(1.0))
+    s = jnp.where(ok, div_rn(jnp.float32(fp8_max), jnp.where(ok, a, 1.0)), jnp.float32(1.0))
     s = jnp.where(jnp.isinf(s), jnp.float32(value_for_inf), s)
     if pow2:
         bits = jax.lax.bitcast_convert_type(s, jnp.int32) & jnp.int32(-8388608)  # 0xFF800000
@@ -317,7 +368,7 @@ def quantize_block(x, block_dim: int, *, power_2_scale: bool = True, amax_epsilo
         amax = jnp.max(jnp.where(jnp.isnan(t), 0.0, jnp.abs(t)), axis=(1, 3), initial=0.0)
         s = block_scales(amax, fmax, amax_epsilon, power_2_scale, vinf)
         q = jnp.clip(t * s[:, None, :, None], -fmax, fmax).astype(dtype).reshape(rp, nb * b)[:r, :c]
-    return BlockQ(q, 1.0 / s)
+    return BlockQ(q, div_rn(jnp.float32(1.0), s))
 
 
 def block_columnwise(x, block_dim: int, **kw) -> BlockQ:
