@@ -1163,7 +1163,8 @@ void *nvte_tensor_data(NVTETensor tensor);
 void *nvte_tensor_columnwise_data(NVTETensor tensor);
 
 /**
- * Shape of the row-wise data (of the column-wise data when only that is set, as TE).
+ * Shape of the row-wise data (of the column-wise data when only that is set; a
+ * block-scaled tensor's logical shape, untransposed, as TE).
  */
 struct NVTEShape nvte_tensor_shape(NVTETensor tensor);
 

@@ -11,8 +11,8 @@
 //                          stored (8-byte stores; a warp writes two whole 128-byte rows);
 //   columnwise compact:    (1D) stored in the input's layout with the column scales, in the
 //                          rowwise pass;
-//   columnwise transposed: each column quantized and stored as a row of the [cols, rows]
-//                          output (32-byte runs).
+//   columnwise transposed: each column quantized, staged transposed in shared memory and
+//                          stored as 128-byte runs of the [cols, rows] output.
 // Scale (TE's compute_scale_from_amax): amax raised to epsilon; amax 0, inf or NaN gives 1;
 // scale = fp8_max / amax (IEEE division), an overflow becomes the input type's largest
 // value; pow2 keeps only sign and exponent (rounds down to a power of 2). Values:
@@ -149,10 +149,13 @@ struct BqShared {
 };
 
 // Columns of the tile: warp w takes columns (w / 4) * 64 + 2 * lane, + 1 over rows
-// (w % 4) * 32 .. + 31.
+// (w % 4) * 32 .. + 31, quantized in registers; then (every read of the tile done) the FP8
+// transpose is staged in the tile's shared memory, row c of it holding column c (16-byte
+// chunks swizzled by (c / 2) % 8: conflict-free both ways), and leaves as whole 128-byte
+// runs of the [cols, rows] output (8 threads a run).
 template <class I, class O, int TWO_D>
-__device__ __forceinline__ void bq_columns_transposed(const typename I::T *tile, BqShared &sh, float tile_scale,
-                                                      u8 *out_t, u64 rows, u64 r0, u64 c0) {
+__device__ __forceinline__ void bq_columns_transposed(const typename I::T *tile, u8 *stage, const BqShared &sh,
+                                                      float tile_scale, u8 *out_t, u64 rows, u64 r0, u64 c0) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int c = (warp >> 2) * 64 + 2 * lane, rq = (warp & 3) * 32;
   const float sa = TWO_D ? tile_scale : sh.col_scale[c], sb = TWO_D ? tile_scale : sh.col_scale[c + 1];
@@ -165,12 +168,21 @@ __device__ __forceinline__ void bq_columns_transposed(const typename I::T *tile,
     wa[k] = fp8_pack2<O>(a[0] * sa, a[1] * sa) | (fp8_pack2<O>(a[2] * sa, a[3] * sa) << 16);
     wb[k] = fp8_pack2<O>(b[0] * sb, b[1] * sb) | (fp8_pack2<O>(b[2] * sb, b[3] * sb) << 16);
   }
-  u8 *pa = out_t + (c0 + c) * rows + r0 + rq;
-  u8 *pb = pa + rows;
-  bq_st16(pa, wa[0], wa[1], wa[2], wa[3]);
-  bq_st16(pa + 16, wa[4], wa[5], wa[6], wa[7]);
-  bq_st16(pb, wb[0], wb[1], wb[2], wb[3]);
-  bq_st16(pb + 16, wb[4], wb[5], wb[6], wb[7]);
+  __syncthreads();  // the tile's last reader is done: its memory becomes the staging area
+  const int sw = (c >> 1) & 7, k0 = rq / 16;
+  uint4 *sa_row = reinterpret_cast<uint4 *>(stage + c * BQ_TILE);
+  uint4 *sb_row = reinterpret_cast<uint4 *>(stage + (c + 1) * BQ_TILE);
+  sa_row[k0 ^ sw] = make_uint4(wa[0], wa[1], wa[2], wa[3]);
+  sa_row[(k0 + 1) ^ sw] = make_uint4(wa[4], wa[5], wa[6], wa[7]);
+  sb_row[k0 ^ sw] = make_uint4(wb[0], wb[1], wb[2], wb[3]);
+  sb_row[(k0 + 1) ^ sw] = make_uint4(wb[4], wb[5], wb[6], wb[7]);
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < BQ_TILE * BQ_TILE / 16 / BQ_THREADS; ++i) {
+    const int q = i * BQ_THREADS + threadIdx.x, row = q >> 3, k = q & 7;
+    const uint4 v = reinterpret_cast<const uint4 *>(stage + row * BQ_TILE)[k ^ ((row >> 1) & 7)];
+    bq_st16(out_t + (c0 + row) * rows + r0 + 16 * k, v.x, v.y, v.z, v.w);
+  }
 }
 
 // 1D columnwise scales: each column's amax over the tile's rows; scale and scale_inv
@@ -300,7 +312,8 @@ __device__ __forceinline__ void block_quantize_impl(const typename I::T *in, u8 
   u8 *compact = col_mode == BQ_COL_COMPACT ? out_t : nullptr;
   if (out != nullptr || compact != nullptr)
     bq_rows<I, O, TWO_D>(tile, sh, tile_scale, out, compact, sinv, s_r, s_c, cols, r0, c0, eps, pow2);
-  if (col_mode == BQ_COL_TRANSPOSED) bq_columns_transposed<I, O, TWO_D>(tile, sh, tile_scale, out_t, rows, r0, c0);
+  if (col_mode == BQ_COL_TRANSPOSED)
+    bq_columns_transposed<I, O, TWO_D>(tile, bq_smem, sh, tile_scale, out_t, rows, r0, c0);
 }
 
 #define BLOCK_QUANTIZE(mname, TWO_D, iname, I, oname, O)                                               \

@@ -456,6 +456,14 @@ impl Tensor {
         }
     }
 
+    /// TE's logical shape of a block-scaled tensor (Tensor::shape()): the rowwise data's,
+    /// else the columnwise data's untransposed (as stored in the 1D compact format). None
+    /// for another scaling mode.
+    pub fn block_logical_shape(&self) -> Option<Shape> {
+        let mode = self.block_mode()?;
+        Shape::new(&self.block_logical_dims(mode, self.block_format)).ok()
+    }
+
     /// The layout of direction `dir` of a block-scaled tensor, checked against its
     /// buffers: None when that direction has no data; an error when the tensor is not
     /// block-scaled, or its data or (FP8 data) scale inverse fits no layout TE defines.

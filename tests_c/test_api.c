@@ -814,6 +814,101 @@ static void set(NVTETensor t, NVTETensorParam param, void *p, NVTEDType dt, size
   nvte_set_tensor_param_v2(t, param, &b, sizeof b);
 }
 
+/* nvte_cublas_gemm_v2's matmul config (TE's attribute values and sizes, the handle table's
+   checks) and the argument errors of nvte_cublas_gemm_v2 / _scaled and of block-scaled GEMMs,
+   all detected before any device work. */
+static void test_matmul_config_and_gemm_v2(void) {
+  void *p = (void *)0x10000, *s = (void *)0x20000;
+  size_t sz = 0, sd[2], sa[2] = {4, 32}, sb[2] = {4, 16}; /* 1D GEMM-ready scales of [32|16, 512] */
+  uint8_t u8 = 1;
+  int32_t sm = 8, got = 0;
+  float one = 1.0f, zero = 0.0f;
+  NVTEMatmulConfig cfg = nvte_create_matmul_config(), dead = nvte_create_matmul_config();
+  NVTETensor a = make(p, kNVTEBFloat16, 32, 64), b = make(p, kNVTEBFloat16, 16, 64);
+  NVTETensor d = make(p, kNVTEBFloat16, 16, 32), c = make(p, kNVTEBFloat16, 16, 32);
+  NVTETensor a1 = nvte_create_tensor(NVTE_BLOCK_SCALING_1D), b2 = nvte_create_tensor(NVTE_BLOCK_SCALING_2D);
+  NVTETensor a2 = nvte_create_tensor(NVTE_BLOCK_SCALING_2D), pt = make(p, kNVTEFloat8E4M3, 16, 512);
+  NVTETensor a1n = nvte_create_tensor(NVTE_BLOCK_SCALING_1D);
+  CHECK(cfg != NULL && dead != NULL && a1 != NULL && b2 != NULL, "create config / block tensors\n");
+  CHECK(kNVTEMatmulConfigBiasTensor == 0 && kNVTEMatmulConfigEpilogueAuxTensor == 4 &&
+            kNVTEMatmulConfigSMCount == 6 && kNVTEMatmulConfigNumAttributes == 7,
+        "NVTEMatmulConfigAttribute values\n");
+  nvte_destroy_matmul_config(dead);
+  expect_ok("destroy matmul config");
+
+  /* Sizes (a NULL buffer asks for them), round trip, errors. */
+  nvte_get_matmul_config_attribute(cfg, kNVTEMatmulConfigBiasTensor, NULL, 0, &sz);
+  CHECK(sz == sizeof(NVTETensor), "bias attribute size: %zu\n", sz);
+  nvte_get_matmul_config_attribute(cfg, kNVTEMatmulConfigWithGELUEpilogue, NULL, 0, &sz);
+  CHECK(sz == 1, "gelu attribute size: %zu\n", sz);
+  nvte_get_matmul_config_attribute(cfg, kNVTEMatmulConfigSMCount, NULL, 0, &sz);
+  CHECK(sz == sizeof(int32_t), "sm count attribute size: %zu\n", sz);
+  nvte_set_matmul_config_attribute(cfg, kNVTEMatmulConfigSMCount, &sm, sizeof sm);
+  expect_ok("set sm count");
+  nvte_get_matmul_config_attribute(cfg, kNVTEMatmulConfigSMCount, &got, sizeof got, &sz);
+  CHECK(got == 8, "sm count round trip: %d\n", got);
+  nvte_set_matmul_config_attribute(cfg, kNVTEMatmulConfigSMCount, &sm, 2);
+  expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "sm count too small buffer", "size_in_bytes", "4 bytes");
+  nvte_set_matmul_config_attribute(cfg, (NVTEMatmulConfigAttribute)7, &u8, 1);
+  expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "bad matmul attribute", "attr", "NVTEMatmulConfigAttribute");
+  nvte_set_matmul_config_attribute(NULL, kNVTEMatmulConfigWithGELUEpilogue, &u8, 1);
+  expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "NULL matmul config", "config", "NULL");
+  nvte_set_matmul_config_attribute(dead, kNVTEMatmulConfigWithGELUEpilogue, &u8, 1);
+  expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "destroyed matmul config", "not a live matmul config", NULL);
+  nvte_get_matmul_config_attribute(cfg, kNVTEMatmulConfigSMCount, &got, 1, &sz);
+  expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "get too small", "size_in_bytes", NULL);
+
+  /* nvte_cublas_gemm_v2's own arguments. */
+  nvte_cublas_gemm_v2(1, 0, &one, a, b, &zero, c, d, NULL, NULL, NULL);
+  expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "v2 C != D", "nvte_cublas_gemm_v2", "`C` and `D` differ");
+  nvte_cublas_gemm_v2(1, 0, NULL, a, b, &zero, d, d, NULL, NULL, NULL);
+  expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "v2 NULL alpha", "`alpha` is NULL", NULL);
+  nvte_cublas_gemm_v2(1, 0, &one, a, b, &zero, d, d, NULL, dead, NULL);
+  expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "v2 destroyed config", "not a live matmul config", NULL);
+  nvte_set_matmul_config_attribute(cfg, kNVTEMatmulConfigWithDGELUEpilogue, &u8, 1);
+  nvte_cublas_gemm_v2(1, 0, &one, a, b, &zero, d, d, NULL, cfg, NULL);
+  expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "v2 dgelu without aux", "without an aux tensor", NULL);
+  nvte_cublas_gemm_v2(0, 0, &one, a, b, &zero, d, d, NULL, NULL, NULL);
+  expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "v2 inner dimensions", "inner dimensions", NULL);
+  nvte_cublas_gemm_scaled(a, NULL, d, NULL, NULL, true, false, false, NULL, 2.0f, 0.5f, true, 0, NULL);
+  expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "scaled NULL B", "nvte_cublas_gemm_scaled", "`B` is NULL");
+
+  /* Block-scaled: [32, 512] 1D and [16, 512] 2D operands (fake addresses: refused first). */
+  sd[0] = 32; sd[1] = 512;
+  set(a1, kNVTERowwiseData, p, kNVTEFloat8E4M3, 2, sd);
+  set(a1, kNVTERowwiseScaleInv, s, kNVTEFloat32, 2, sa);
+  set(a2, kNVTERowwiseData, p, kNVTEFloat8E4M3, 2, sd);
+  sd[0] = 1; sd[1] = 4;
+  set(a2, kNVTERowwiseScaleInv, s, kNVTEFloat32, 2, sd);
+  sd[0] = 16; sd[1] = 512;
+  set(b2, kNVTERowwiseData, p, kNVTEFloat8E4M3, 2, sd);
+  sd[0] = 1; sd[1] = 4;
+  set(b2, kNVTERowwiseScaleInv, s, kNVTEFloat32, 2, sd);
+  expect_ok("block tensor components");
+  nvte_cublas_gemm(a2, b2, d, NULL, NULL, true, false, false, NULL, false, true, 0, NULL);
+  expect_error(NVTE_COMM_ERROR_UNSUPPORTED, "2D x 2D", "nvte_cublas_gemm", "both NVTE_BLOCK_SCALING_2D");
+  nvte_cublas_gemm(a1, pt, d, NULL, NULL, true, false, false, NULL, false, true, 0, NULL);
+  expect_error(NVTE_COMM_ERROR_UNSUPPORTED, "block x per-tensor", "mix block scaling", NULL);
+  /* NN reads A's columnwise data: a [512, 32] A with rowwise data only lacks it. */
+  sd[0] = 512; sd[1] = 32;
+  set(a1n, kNVTERowwiseData, p, kNVTEFloat8E4M3, 2, sd);
+  sd[0] = 1; sd[1] = 512;
+  set(a1n, kNVTERowwiseScaleInv, s, kNVTEFloat32, 2, sd);
+  nvte_cublas_gemm(a1n, b2, d, NULL, NULL, false, false, false, NULL, false, true, 0, NULL);
+  expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "NN without columnwise data", "missing columnwise data", NULL);
+  set(b2, kNVTERowwiseScaleInv, s, kNVTEFloat32, 2, sb);
+  nvte_cublas_gemm_v2(1, 0, &one, a1, b2, &zero, d, d, NULL, NULL, NULL);
+  expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "2D operand with 1D scales", "GEMM-ready", "[1, 4]");
+
+  nvte_destroy_matmul_config(cfg);
+  nvte_destroy_matmul_config(NULL);
+  expect_ok("destroy NULL matmul config");
+  CHECK(nvte_comm_live_matmul_config_count() == 0, "leaked matmul configs: %zu\n", nvte_comm_live_matmul_config_count());
+  nvte_destroy_tensor(a); nvte_destroy_tensor(b); nvte_destroy_tensor(c); nvte_destroy_tensor(d);
+  nvte_destroy_tensor(a1); nvte_destroy_tensor(a2); nvte_destroy_tensor(b2); nvte_destroy_tensor(pt);
+  nvte_destroy_tensor(a1n);
+}
+
 static void test_quantization_errors(void) {
   void *p = (void *)0x10000, *f = (void *)0x20000;
   size_t one = 1, d3[3] = {2, 3, 4}, t_ok[2] = {64, 32}, t_bad[2] = {32, 64}, h2[2] = {16, 4}, h0 = 0, s4 = 4, s3 = 3;
@@ -964,6 +1059,7 @@ int main(void) {
   test_tensor_errors();
   test_gemm_errors();
   test_quantization_errors();
+  test_matmul_config_and_gemm_v2();
   test_ctx_args();
   test_env_knobs();
   test_overlap_create_args();

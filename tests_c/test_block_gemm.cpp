@@ -137,6 +137,63 @@ void make_block(BlockTensor &t, Mode mode, size_t R, size_t C, bool rowwise, boo
   }
 }
 
+// make_block with the operand quantized on the GPU by nvte_quantize (the library's block
+// quantization, GEMM_READY, TE's default non-power-of-2 scales) from the same kind of
+// values; the dequantized values are read back from its data and scales (the GEMM-ready
+// layout), so the GEMM is checked on what the quantizer wrote. Rows and columns must be
+// multiples of 128 (TE's quantizable shapes).
+void make_block_gpu(BlockTensor &t, Mode mode, size_t R, size_t C, bool rowwise, bool colwise, Rng &rng,
+                    cudaStream_t stream, std::string *err) {
+  t.R = R;
+  t.C = C;
+  std::vector<float> x = varied(R, C, rng);
+  Tensor src(kNVTEFloat32, {R, C});
+  src.data.upload(x.data());
+  t.h = nvte_create_tensor((NVTEScalingMode)mode);
+  const bool two_d = mode == k2D;
+  auto scale_shape = [&](size_t rows, size_t cols) {
+    return two_d ? std::vector<size_t>{ceil_div(rows, kBlock), pad4(ceil_div(cols, kBlock))}
+                 : std::vector<size_t>{ceil_div(cols, kBlock), pad4(rows)};
+  };
+  std::vector<size_t> rs = scale_shape(R, C), cs = scale_shape(C, R);
+  if (rowwise) {
+    t.data = DevBuf(R * C);
+    t.sinv = DevBuf(rs[0] * rs[1] * 4);
+    set_param(t.h, kNVTERowwiseData, t.data.p, kNVTEFloat8E4M3, {R, C});
+    set_param(t.h, kNVTERowwiseScaleInv, t.sinv.p, kNVTEFloat32, rs);
+  }
+  if (colwise) {
+    t.cdata = DevBuf(R * C);
+    t.csinv = DevBuf(cs[0] * cs[1] * 4);
+    set_param(t.h, kNVTEColumnwiseData, t.cdata.p, kNVTEFloat8E4M3, {C, R});
+    set_param(t.h, kNVTEColumnwiseScaleInv, t.csinv.p, kNVTEFloat32, cs);
+  }
+  nvte_quantize(src.h, t.h, stream);
+  if (nvte_comm_last_status() != NVTE_COMM_SUCCESS) { *err = nvte_comm_last_error(); return; }
+  CUDA_OK(cudaStreamSynchronize(stream));
+  // Dequantize a buffer [rows, cols] (blocks along rows) with scales s_shape.
+  auto deq = [&](const DevBuf &q, const DevBuf &s, size_t rows, size_t cols, const std::vector<size_t> &ss) {
+    auto qb = q.download();
+    auto sb = s.download();
+    std::vector<float> sv(sb.size() / 4);
+    std::memcpy(sv.data(), sb.data(), sb.size());
+    std::vector<double> out(rows * cols);
+    for (size_t r = 0; r < rows; ++r)
+      for (size_t c = 0; c < cols; ++c) {
+        size_t si = two_d ? (r / kBlock) * ss[1] + c / kBlock : (c / kBlock) * ss[1] + r;
+        out[r * cols + c] = decode_e4m3(qb[r * cols + c]) * (double)sv[si];
+      }
+    return out;
+  };
+  if (rowwise) t.deq_row = deq(t.data, t.sinv, R, C, rs);
+  if (colwise) {
+    auto dt = deq(t.cdata, t.csinv, C, R, cs);
+    t.deq_col.resize(R * C);
+    for (size_t r = 0; r < R; ++r)
+      for (size_t c = 0; c < C; ++c) t.deq_col[r * C + c] = dt[c * R + r];
+  }
+}
+
 enum class Entry { Gemm, Scaled, V2 };
 const char *entry_name(Entry e) { return e == Entry::Gemm ? "nvte_cublas_gemm" : e == Entry::Scaled ? "nvte_cublas_gemm_scaled" : "nvte_cublas_gemm_v2"; }
 enum class Epi { None, Bias, DGelu };
@@ -156,13 +213,14 @@ struct Case {
   float alpha, beta;
   size_t m, n, k;
   size_t samples;  // 0: check every output; else this many random ones
+  bool gpu_quant = false;  // operands quantized by nvte_quantize instead of on the host
 };
 
 std::string describe(const Case &c) {
   char buf[320];
-  std::snprintf(buf, sizeof buf, "%s %s x %s %c%c -> %s epi=%s alpha=%g beta=%g m=%zu n=%zu k=%zu", entry_name(c.entry),
+  std::snprintf(buf, sizeof buf, "%s %s x %s %c%c -> %s epi=%s alpha=%g beta=%g m=%zu n=%zu k=%zu%s", entry_name(c.entry),
                 mode_name(c.a), mode_name(c.b), c.transa ? 'T' : 'N', c.transb ? 'T' : 'N', dtype_name(c.d),
-                epi_name(c.epi), c.alpha, c.beta, c.m, c.n, c.k);
+                epi_name(c.epi), c.alpha, c.beta, c.m, c.n, c.k, c.gpu_quant ? " (nvte_quantize operands)" : "");
   return buf;
 }
 
@@ -216,16 +274,25 @@ void run_case(const Case &c, uint64_t seed, cudaStream_t stream, DevBuf &workspa
   const std::string what = describe(c);
   // A: logical [m, k] with transa (its rowwise data is read), [k, m] without (columnwise).
   BlockTensor A, B;
-  if (c.transa) make_block(A, c.a, m, k, true, false, rng);
-  else make_block(A, c.a, k, m, false, true, rng);
-  if (c.transb) make_block(B, c.b, k, n, false, true, rng);
-  else make_block(B, c.b, n, k, true, false, rng);
+  std::string err;
+  if (c.gpu_quant) {
+    // Both directions, as a training step quantizes them; the GEMM picks one.
+    if (c.transa) make_block_gpu(A, c.a, m, k, true, true, rng, stream, &err);
+    else make_block_gpu(A, c.a, k, m, true, true, rng, stream, &err);
+    if (c.transb) make_block_gpu(B, c.b, k, n, true, true, rng, stream, &err);
+    else make_block_gpu(B, c.b, n, k, true, true, rng, stream, &err);
+    if (!err.empty()) { rep.fail(what + " (nvte_quantize: " + err + ")"); return; }
+  } else {
+    if (c.transa) make_block(A, c.a, m, k, true, false, rng);
+    else make_block(A, c.a, k, m, false, true, rng);
+    if (c.transb) make_block(B, c.b, k, n, false, true, rng);
+    else make_block(B, c.b, n, k, true, false, rng);
+  }
   const auto &av = c.transa ? A.deq_row : A.deq_col;
   const auto &bv = c.transb ? B.deq_col : B.deq_row;
 
   Tensor D(c.d, {n, m});
   std::vector<double> d_old;
-  std::string err;
   if (c.beta != 0) {
     Tensor init = random_tensor(c.d, {n, m}, rng, -1, 1, 1.0f, stream, &err);
     CUDA_OK(cudaMemcpy(D.data.p, init.data.p, D.data.bytes, cudaMemcpyDeviceToDevice));
@@ -275,6 +342,94 @@ void run_case(const Case &c, uint64_t seed, cudaStream_t stream, DevBuf &workspa
   rep.check(e < tolerance(c.d), what + buf);
 }
 
+// nvte_cublas_gemm_scaled and nvte_cublas_gemm_v2 on the inputs nvte_cublas_gemm took
+// before block scaling (fp32 / fp16 / bf16, per-tensor FP8), with alpha / beta and the
+// config's epilogues (v2: bias, GELU with its aux output).
+struct PlainCase {
+  NVTEDType in, d;
+  Entry entry;
+  bool bias, gelu;
+  float alpha, beta;
+};
+
+double gelu(double x) { return 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); }
+
+void run_plain_case(const PlainCase &c, uint64_t seed, cudaStream_t stream, DevBuf &workspace, Report &rep) {
+  Rng rng(seed);
+  const size_t m = 96, n = 80, k = 64;
+  const bool fp8 = is_fp8(c.in);
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "%s per-tensor %s -> %s TN bias=%d gelu=%d alpha=%g beta=%g m=%zu n=%zu k=%zu",
+                entry_name(c.entry), dtype_name(c.in), dtype_name(c.d), c.bias, c.gelu, c.alpha, c.beta, m, n, k);
+  std::string what = buf, err;
+  Tensor A = random_tensor(c.in, {m, k}, rng, -1, 1, 32.0f, stream, &err);
+  Tensor B = random_tensor(c.in, {n, k}, rng, -1, 1, 32.0f, stream, &err);
+  Tensor D(c.d, {n, m});
+  std::vector<double> d_old;
+  if (c.beta != 0) {
+    Tensor init = random_tensor(c.d, {n, m}, rng, -1, 1, 1.0f, stream, &err);
+    CUDA_OK(cudaMemcpy(D.data.p, init.data.p, D.data.bytes, cudaMemcpyDeviceToDevice));
+    CUDA_OK(cudaStreamSynchronize(0));
+    d_old = init.values();
+  } else {
+    D.data.poison();
+  }
+  const NVTEDType side_t = fp8 && c.d == kNVTEFloat32 ? kNVTEBFloat16 : c.d;
+  Tensor bias, aux;
+  std::vector<double> biasv;
+  if (c.bias) { bias = random_tensor(side_t, {m}, rng, -1, 1, 1.0f, stream, &err); biasv = bias.values(); }
+  if (c.gelu) { aux = Tensor(side_t, {n, m}); aux.data.poison(); }
+  if (!err.empty()) { rep.fail(what + " (input setup: " + err + ")"); return; }
+  Tensor wsh;
+  NVTETensor ws = workspace_tensor(workspace, wsh);
+  NVTEMatmulConfig cfg = nullptr;
+  if (c.entry == Entry::Scaled) {
+    nvte_cublas_gemm_scaled(A.h, B.h, D.h, bias.h, aux.h, true, false, false, ws, c.alpha, c.beta, true, 0, stream);
+  } else {
+    cfg = nvte_create_matmul_config();
+    uint8_t yes = 1;
+    if (c.bias) nvte_set_matmul_config_attribute(cfg, kNVTEMatmulConfigBiasTensor, &bias.h, sizeof bias.h);
+    if (c.gelu) {
+      nvte_set_matmul_config_attribute(cfg, kNVTEMatmulConfigWithGELUEpilogue, &yes, 1);
+      nvte_set_matmul_config_attribute(cfg, kNVTEMatmulConfigEpilogueAuxTensor, &aux.h, sizeof aux.h);
+    }
+    nvte_cublas_gemm_v2(1, 0, &c.alpha, A.h, B.h, &c.beta, D.h, D.h, ws, cfg, stream);
+  }
+  NVTECommStatus st = nvte_comm_last_status();
+  std::string msg = nvte_comm_last_error();
+  nvte_destroy_matmul_config(cfg);
+  CUDA_OK(cudaStreamSynchronize(stream));
+  if (st != NVTE_COMM_SUCCESS) { rep.fail(what + " (" + msg + ")"); return; }
+  auto av = A.values(), bv = B.values(), got = D.values();
+  std::vector<double> ref(n * m), aux_ref(n * m);
+  for (size_t j = 0; j < n; ++j)
+    for (size_t i = 0; i < m; ++i) {
+      double acc = 0;
+      for (size_t l = 0; l < k; ++l) acc += av[i * k + l] * bv[j * k + l];
+      double r = c.alpha * acc + (c.beta != 0 ? c.beta * d_old[j * m + i] : 0.0) + (c.bias ? biasv[i] : 0.0);
+      aux_ref[j * m + i] = r;
+      ref[j * m + i] = c.gelu ? gelu(r) : r;
+    }
+  double e = rel_err(got, ref);
+  double tol = fp8 ? 6e-2 : c.in == kNVTEFloat32 && c.d == kNVTEFloat32 ? 1e-5 : 1e-2;
+  if (c.gelu) e = std::max(e, rel_err(aux.values(), aux_ref));
+  std::snprintf(buf, sizeof buf, " rel_err %.2e (tol %.0e)", e, tol);
+  rep.check(e < tol, what + buf);
+}
+
+std::vector<PlainCase> plain_cases() {
+  std::vector<PlainCase> cs;
+  for (Entry e : {Entry::Scaled, Entry::V2}) {
+    cs.push_back({kNVTEFloat32, kNVTEFloat32, e, false, false, 0.5f, 0.75f});
+    cs.push_back({kNVTEFloat16, kNVTEFloat16, e, true, false, 2.0f, 0.0f});
+    cs.push_back({kNVTEBFloat16, kNVTEBFloat16, e, false, false, 1.0f, 1.0f});
+    cs.push_back({kNVTEBFloat16, kNVTEBFloat16, e, true, true, 0.5f, 0.0f});
+    cs.push_back({kNVTEFloat8E4M3, kNVTEBFloat16, e, false, false, 0.25f, 0.5f});
+    cs.push_back({kNVTEFloat8E4M3, kNVTEFloat32, e, true, false, 1.0f, 0.0f});
+  }
+  return cs;
+}
+
 std::vector<Case> all_cases() {
   std::vector<Case> cases;
   const Mode combos[3][2] = {{k1D, k1D}, {k1D, k2D}, {k2D, k1D}};
@@ -298,6 +453,14 @@ std::vector<Case> all_cases() {
       cases.push_back({cb[0], cb[1], false, false, kNVTEFloat32, e, Epi::None, alpha, 1.0f, 256, 136, 512, 0});
       if (e != Entry::Gemm)
         cases.push_back({cb[0], cb[1], true, false, kNVTEBFloat16, e, Epi::None, 2.0f, 0.25f, 128, 264, 256, 0});
+    }
+  // Operands from the library's own block quantization (both directions quantized):
+  // forward (TN), data gradient (NN) and weight gradient (NT) of a linear layer.
+  for (auto &cb : combos)
+    for (auto &l : {std::pair<bool, bool>{true, false}, {false, false}, {false, true}}) {
+      Case c{cb[0], cb[1], l.first, l.second, kNVTEBFloat16, Entry::Gemm, Epi::None, 1, 0, 256, 384, 512, 0};
+      c.gpu_quant = true;
+      cases.push_back(c);
     }
   // Anchor-sized (the all-gather GEMM of 8192 tokens, hidden 8192, 28672/8 columns):
   // weight 2D, activation 1D, sampled outputs.
@@ -481,6 +644,9 @@ int main(int argc, char **argv) {
       auto cases = all_cases();
       for (size_t i = 0; i < cases.size(); ++i)
         if ((int)(i % size) == rep.rank) run_case(cases[i], base + i, stream, workspace, rep);
+      auto plain = plain_cases();
+      for (size_t i = 0; i < plain.size(); ++i)
+        if ((int)((cases.size() + i) % size) == rep.rank) run_plain_case(plain[i], base + 1000 + i, stream, workspace, rep);
       if (rep.rank == 0) refusal_cases(stream, workspace, rep);
     }
   }

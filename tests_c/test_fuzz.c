@@ -547,12 +547,12 @@ static void do_create_tensor(void) {
   {
     int fresh = t != NULL && find_live(t) < 0;
     if (fresh && !block) model_add(t);
+    if (block && t != NULL) nvte_destroy_tensor(t); /* before end() counts the live handles */
     end(F_CREATE_TENSOR, -1);
     if (mode == 0 || block) CHECK(fresh, "a new handle %p (NULL or already live)\n", t);
   }
   if (mode == 0 || block) {
     expect_status(NVTE_COMM_SUCCESS);
-    if (block && t != NULL) nvte_destroy_tensor(t);
   } else {
     expect_status(mode <= 4 ? NVTE_COMM_ERROR_UNSUPPORTED : NVTE_COMM_ERROR_INVALID_ARGUMENT);
     CHECK(t == NULL, "handle %p on error\n", t);

@@ -254,11 +254,21 @@ pub extern "C" fn nvte_tensor_columnwise_data(tensor: NVTETensor) -> *mut c_void
     })
 }
 
-/// Shape of the row-wise data (of the column-wise data when only that is set, as TE).
+/// The shape the size queries report: the row-wise data's; a block-scaled tensor's
+/// logical shape (TE's: with only column-wise data, that data's shape untransposed).
+fn size_shape(t: &Tensor) -> Shape {
+    t.block_logical_shape().unwrap_or(t.data.shape)
+}
+
+/// Shape of the row-wise data (of the column-wise data when only that is set; a
+/// block-scaled tensor's logical shape, untransposed, as TE).
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_tensor_shape(tensor: NVTETensor) -> NVTEShape {
     entry!(or NVTEShape::empty(), {
         let t = get(tensor)?;
+        if let Some(s) = t.block_logical_shape() {
+            return Ok(NVTEShape::from_shape(&s));
+        }
         let b = if t.data.ptr.is_null() && !t.columnwise_data.ptr.is_null() {
             &t.columnwise_data
         } else {
@@ -279,15 +289,15 @@ pub extern "C" fn nvte_tensor_columnwise_shape(tensor: NVTETensor) -> NVTEShape 
 /// Number of dimensions (0 on error).
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_tensor_ndims(tensor: NVTETensor) -> usize {
-    entry!(or 0, { Ok(get(tensor)?.data.shape.ndim) })
+    entry!(or 0, { Ok(size_shape(&get(tensor)?).ndim) })
 }
 
 /// Size of dimension `dim` (0 with an error recorded when `dim` is out of range).
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_tensor_size(tensor: NVTETensor, dim: usize) -> usize {
     entry!(or 0, {
-        let t = get(tensor)?;
-        let s = t.data.shape.as_slice();
+        let shape = size_shape(&get(tensor)?);
+        let s = shape.as_slice();
         match s.get(dim) {
             Some(&d) => Ok(d),
             None => invalid!(
@@ -301,7 +311,9 @@ pub extern "C" fn nvte_tensor_size(tensor: NVTETensor, dim: usize) -> usize {
 /// Number of elements (0 on error).
 #[unsafe(no_mangle)]
 pub extern "C" fn nvte_tensor_numel(tensor: NVTETensor) -> usize {
-    entry!(or 0, { Ok(get(tensor)?.data.numel()) })
+    entry!(or 0, {
+        Ok(size_shape(&get(tensor)?).checked_numel().unwrap_or(0))
+    })
 }
 
 /// Bytes per element (0 on error, and for sub-byte types: see nvte_tensor_element_size_bits).
@@ -642,6 +654,19 @@ mod tests {
             assert_eq!(got.block_mode().unwrap().scaling_mode(), mode.0);
             handles::TENSORS.remove(id, "tensor").unwrap();
         }
+        // Columnwise data only: the sizes are the logical (untransposed) shape's, as TE's.
+        let id = create(NVTEScalingMode::NVTE_BLOCK_SCALING_1D).unwrap();
+        let t = id as NVTETensor;
+        let cw = basic(NVTEDType::kNVTEFloat8E4M3, &[384, 2, 128]);
+        with_param(t, NVTETensorParam::kNVTEColumnwiseData, &cw).unwrap();
+        let s = nvte_tensor_shape(t);
+        assert_eq!(&s.data[..s.ndim], [2, 128, 384]);
+        assert_eq!(nvte_tensor_ndims(t), 3);
+        assert_eq!(nvte_tensor_size(t, 2), 384);
+        assert_eq!(nvte_tensor_numel(t), 256 * 384);
+        let s = nvte_tensor_columnwise_shape(t);
+        assert_eq!(&s.data[..s.ndim], [384, 2, 128]);
+        handles::TENSORS.remove(id, "tensor").unwrap();
         let e = create(NVTEScalingMode::NVTE_MXFP8_1D_SCALING).unwrap_err();
         assert!(e.to_string().contains("not supported"), "{e}");
     }

@@ -8,7 +8,7 @@
 //! 1D (2D x 2D refused), the cuBLASLt GEMM always TN: A's rowwise data with transa, its
 //! columnwise (transposed) data without; B's rowwise data without transb, its
 //! columnwise data with; the scales are the chosen data's scale_inv in TE's GEMM-ready
-//! layout ([`BlockMode::scale_shape`]). Output bf16 / fp16 / fp32; epilogues none, bias
+//! layout ([`gemm_ready_scale_shape`]). Output bf16 / fp16 / fp32; epilogues none, bias
 //! and DGELU (what TE allows with block scaling). Everything is checked before any
 //! device work: a refused call leaves D untouched.
 use super::*;
@@ -26,7 +26,7 @@ fn lt_scale_mode(b: BlockMode) -> Scale {
 /// The float32 scale_inv shape of FP8 data stored as `rows` x `cols` (row-major, blocks
 /// along a row) in TE's GEMM-ready layout (`tensor::scale_shape`): a rowwise buffer's
 /// and equally a GEMM-ready columnwise one's (the transpose, [cols, rows] of the tensor).
-fn gemm_ready_scale_shape(b: BlockMode, rows: usize, cols: usize) -> [usize; 2] {
+pub fn gemm_ready_scale_shape(b: BlockMode, rows: usize, cols: usize) -> [usize; 2] {
     match b {
         BlockMode::OneD => scale_shape::one_d_rowwise_gemm_ready(rows, cols),
         BlockMode::TwoD => scale_shape::two_d_rowwise(rows, cols),

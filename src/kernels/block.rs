@@ -233,6 +233,14 @@ pub fn plan_quantize(
         );
     }
     let dims = i.shape.as_slice().to_vec();
+    let (rows, cols) = flat_2d(i);
+    if i.numel() > 0 && (dims.len() < 2 || rows % TILE != 0 || cols % TILE != 0) {
+        invalid!(
+            "tensor `input` of shape {} ([{rows}, {cols}] as 2-D) cannot be quantized with {}: the last dimension and the row count (the product of the leading dimensions) must be multiples of {TILE}, with at least 2 dimensions (TE's Float8BlockQuantizer.is_quantizable)",
+            i.shape,
+            mode.name()
+        );
+    }
     let out = Tensor {
         block_format: cfg.format,
         ..output.clone()
@@ -253,14 +261,6 @@ pub fn plan_quantize(
     };
     if i.numel() == 0 {
         return Ok(None);
-    }
-    let (rows, cols) = flat_2d(i);
-    if dims.len() < 2 || rows % TILE != 0 || cols % TILE != 0 {
-        invalid!(
-            "tensor `input` of shape {} ([{rows}, {cols}] as 2-D) cannot be quantized with {}: the last dimension and the row count (the product of the leading dimensions) must be multiples of {TILE}, with at least 2 dimensions (TE's Float8BlockQuantizer.is_quantizable)",
-            i.shape,
-            mode.name()
-        );
     }
     if i.ptr.is_null() {
         invalid!(
@@ -469,4 +469,409 @@ pub fn dequantize(input: &Tensor, output: &Tensor, stream: StreamHandle) -> Resu
     // given (every index in range), the output holds rows * cols elements. Any grid
     // (grid-stride).
     unsafe { k.launch(((grid, 1, 1), (block, 1, 1)), stream, params) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tensor::Shape;
+
+    // ------------------------------------------------- a reference from TE's definitions
+
+    /// TE's compute_scale_from_amax for an FP8 maximum and the input type's largest value.
+    fn ref_scale(amax: f32, eps: f32, pow2: bool, fp8_max: f32, in_max: f32) -> f32 {
+        let amax = if amax < eps { eps } else { amax };
+        if amax.is_infinite() || amax == 0.0 || amax.is_nan() {
+            return 1.0;
+        }
+        let mut s = fp8_max / amax;
+        if s.is_infinite() {
+            s = in_max;
+        }
+        if pow2 {
+            s = f32::from_bits(s.to_bits() & 0xff80_0000);
+        }
+        s
+    }
+
+    /// float -> e4m3, round to nearest even, saturating to +-448; NaN -> 0x7f.
+    fn e4m3(x: f32) -> u8 {
+        if x.is_nan() {
+            return 0x7f;
+        }
+        let s = if x.is_sign_negative() { 0x80 } else { 0 };
+        let a = (x as f64).abs();
+        if a >= 448.0 {
+            return s | 0x7e;
+        }
+        if a < 2f64.powi(-6) {
+            return s | (a * 512.0).round_ties_even() as u8;
+        }
+        let mut e = a.log2().floor() as i32;
+        let mut q = ((a / 2f64.powi(e) - 1.0) * 8.0).round_ties_even() as i32;
+        if q == 8 {
+            q = 0;
+            e += 1;
+        }
+        s | (((e + 7) << 3) | q).min(0x7e) as u8
+    }
+
+    fn e4m3_value(b: u8) -> f64 {
+        let (e, m) = ((b >> 3) & 15, (b & 7) as f64);
+        let v = if e == 0 {
+            m * 2f64.powi(-9)
+        } else {
+            (1.0 + m / 8.0) * 2f64.powi(e as i32 - 7)
+        };
+        if b & 0x80 != 0 { -v } else { v }
+    }
+
+    /// Quantize a [rows, cols] matrix into layout `l` (e4m3): data in the layout's storage
+    /// order and the scale inverses (NaN where no block's scale goes: the padding).
+    fn ref_quantize(x: &[f32], l: &BlockLayout, eps: f32, pow2: bool) -> (Vec<u8>, Vec<f32>) {
+        let (br, bc) = l.block_dims();
+        let (mut data, mut sinv) = (vec![0u8; l.rows * l.cols], vec![f32::NAN; l.scale_numel()]);
+        for r0 in (0..l.rows).step_by(br) {
+            for c0 in (0..l.cols).step_by(bc) {
+                let block = || (r0..r0 + br).flat_map(|r| (c0..c0 + bc).map(move |c| (r, c)));
+                let amax = block().fold(0f32, |m, (r, c)| m.max(x[r * l.cols + c].abs()));
+                let s = ref_scale(amax, eps, pow2, 448.0, f32::MAX);
+                sinv[l.scale_index(r0, c0)] = 1.0 / s;
+                for (r, c) in block() {
+                    let at = if l.transposed {
+                        c * l.rows + r
+                    } else {
+                        r * l.cols + c
+                    };
+                    data[at] = e4m3(x[r * l.cols + c] * s);
+                }
+            }
+        }
+        (data, sinv)
+    }
+
+    #[test]
+    fn scales_follow_te() {
+        let s = |amax, eps, pow2| ref_scale(amax, eps, pow2, 448.0, f32::MAX);
+        assert_eq!(s(0.0, 0.0, false), 1.0, "amax 0: scale 1");
+        assert_eq!(s(f32::INFINITY, 0.0, true), 1.0, "amax inf: scale 1");
+        assert_eq!(s(f32::NAN, 0.0, false), 1.0, "amax NaN: scale 1");
+        assert_eq!(s(2.0, 0.0, false), 224.0);
+        assert_eq!(s(3.0, 0.0, false), 448.0f32 / 3.0);
+        assert_eq!(s(3.0, 0.0, true), 128.0, "pow2 rounds 149.3 down to 128");
+        assert_eq!(s(0.1, 0.5, false), 896.0, "epsilon raises the amax");
+        assert_eq!(
+            s(0.0, 0.5, false),
+            896.0,
+            "epsilon applies to a zero block too"
+        );
+        assert_eq!(
+            s(1e-40, 0.0, false),
+            f32::MAX,
+            "an overflowing scale is the input's max"
+        );
+        assert_eq!(s(1e-40, 0.0, true), 2f32.powi(127));
+        assert_eq!(
+            ref_scale(1e-40, 0.0, false, 448.0, 65504.0),
+            65504.0,
+            "fp16 input"
+        );
+        // pow2 scales and their inverses are exact powers of 2.
+        for amax in [0.3f32, 1.0, 7.5, 448.0, 1000.0, 1e-20] {
+            let sc = s(amax, 0.0, true);
+            assert_eq!(sc.to_bits() & 0x007f_ffff, 0, "{amax}: {sc}");
+            assert!(amax * sc <= 448.0 && amax * sc > 224.0, "{amax}: {sc}");
+            assert_eq!((1.0 / sc) * sc, 1.0);
+        }
+    }
+
+    #[test]
+    fn e4m3_rounds_to_nearest_even_and_saturates() {
+        for b in 0u8..=255 {
+            if b & 0x7f == 0x7f {
+                continue; // NaN
+            }
+            assert_eq!(e4m3(e4m3_value(b) as f32), b, "code {b:#04x}");
+        }
+        assert_eq!(e4m3(1.0625), 0x38, "tie between 1 and 1.125: even");
+        assert_eq!(e4m3(1.1875), 0x3a, "tie between 1.125 and 1.25: even");
+        assert_eq!(e4m3(464.0), 0x7e, "saturates instead of 480");
+        assert_eq!(e4m3(-1e30), 0xfe);
+        assert_eq!(e4m3(f32::INFINITY), 0x7e);
+        assert_eq!(
+            e4m3(2f32.powi(-10)),
+            0x00,
+            "half the smallest subnormal: even"
+        );
+        assert_eq!(e4m3(3.0 * 2f32.powi(-10)), 0x02);
+        assert_eq!(e4m3(f32::NAN), 0x7f);
+    }
+
+    /// A matrix whose blocks differ in magnitude (deterministic).
+    fn matrix(rows: usize, cols: usize) -> Vec<f32> {
+        let mut z = 0x9e37_79b9_7f4a_7c15u64;
+        (0..rows * cols)
+            .map(|i| {
+                z ^= z << 13;
+                z ^= z >> 7;
+                z ^= z << 17;
+                let u = (z >> 40) as f32 / (1u64 << 24) as f32;
+                let (r, c) = (i / cols, i % cols);
+                let e = ((r / 128) * 5 + (c / 128) * 3 + r % 3) as i32 % 13 - 6;
+                (u * 2.0 - 1.0) * 2f32.powi(e)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_reference_quantization_meets_te_bounds() {
+        let (rows, cols) = (256, 384);
+        let x = matrix(rows, cols);
+        for mode in [BlockMode::OneD, BlockMode::TwoD] {
+            for dir in [Direction::Rowwise, Direction::Columnwise] {
+                for pow2 in [false, true] {
+                    let l = BlockLayout::new(mode, dir, ScaleFormat::GemmReady, rows, cols);
+                    let (q, sinv) = ref_quantize(&x, &l, 0.0, pow2);
+                    let (br, bc) = l.block_dims();
+                    let (nr, nc) = l.block_counts();
+                    assert_eq!(sinv.iter().filter(|v| !v.is_nan()).count(), nr * nc);
+                    for rb in 0..nr {
+                        for cb in 0..nc {
+                            let si = sinv[l.scale_index(rb * br, cb * bc)];
+                            let mut top = 0u8;
+                            for r in rb * br..(rb + 1) * br {
+                                for c in cb * bc..(cb + 1) * bc {
+                                    let at = if l.transposed {
+                                        c * rows + r
+                                    } else {
+                                        r * cols + c
+                                    };
+                                    top = top.max(q[at] & 0x7f);
+                                    // Dequantized within half an e4m3 step (relative 2^-4,
+                                    // or the subnormal step).
+                                    let v = x[r * cols + c] as f64;
+                                    let d = e4m3_value(q[at]) * si as f64;
+                                    let tol =
+                                        (v.abs() * 2f64.powi(-4)).max(2f64.powi(-10) * si as f64);
+                                    assert!(
+                                        (d - v).abs() <= tol,
+                                        "{mode:?} {dir:?} ({r},{c}): {v} -> {d}"
+                                    );
+                                }
+                            }
+                            // The block's largest value lands on 448 (pow2: at least 224).
+                            let want = if pow2 { 0x76 } else { 0x7e };
+                            assert!(
+                                top >= want,
+                                "{mode:?} {dir:?} block ({rb},{cb}): top code {top:#x}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    // ------------------------------------------------------------------------ the plans
+
+    fn buf(ptr: usize, dtype: DType, dims: &[usize]) -> Buffer {
+        Buffer::new(
+            DevPtr::from_c(ptr as *const u8),
+            dtype,
+            Shape::new(dims).unwrap(),
+        )
+        .unwrap()
+    }
+
+    fn input(dtype: DType, dims: &[usize]) -> Tensor {
+        Tensor {
+            data: buf(0x10_0000, dtype, dims),
+            ..Default::default()
+        }
+    }
+
+    /// A block-scaled output for [rows, cols] in `mode` / `format` (its buffers' shapes
+    /// from TE's rules).
+    fn output(
+        mode: BlockMode,
+        format: ScaleFormat,
+        rows: usize,
+        cols: usize,
+        row: bool,
+        col: bool,
+    ) -> Tensor {
+        let mut t = Tensor {
+            scaling_mode: mode.scaling_mode(),
+            ..Default::default()
+        };
+        if row {
+            let l = BlockLayout::new(mode, Direction::Rowwise, format, rows, cols);
+            t.data = buf(0x20_0000, DType::E4M3, &l.data_shape_2d());
+            t.scale_inv = buf(0x30_0000, DType::F32, &l.scale_shape);
+        }
+        if col {
+            let l = BlockLayout::new(mode, Direction::Columnwise, format, rows, cols);
+            t.columnwise_data = buf(0x40_0000, DType::E4M3, &l.data_shape_2d());
+            t.columnwise_scale_inv = buf(0x50_0000, DType::F32, &l.scale_shape);
+        }
+        t
+    }
+
+    fn cfg(format: ScaleFormat) -> BlockQuantConfig {
+        BlockQuantConfig {
+            force_pow_2_scales: true,
+            amax_epsilon: 0.5,
+            format,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn args_layout_is_the_kernels() {
+        assert_eq!(std::mem::size_of::<BlockQuantArgs>(), 64);
+        assert_eq!(std::mem::offset_of!(BlockQuantArgs, eps), 48);
+        assert_eq!(std::mem::offset_of!(BlockQuantArgs, col_mode), 56);
+    }
+
+    #[test]
+    fn plans_give_the_kernel_te_layouts() {
+        use ScaleFormat::*;
+        let i = input(DType::BF16, &[256, 384]);
+        // 1D GEMM-ready, both directions.
+        let o = output(BlockMode::OneD, GemmReady, 256, 384, true, true);
+        let p = plan_quantize(&i, &o, &cfg(GemmReady)).unwrap().unwrap();
+        let a = p.args(&cfg(GemmReady));
+        assert_eq!(
+            (a.rows, a.cols, a.s_r, a.s_c, a.t_r, a.t_c),
+            (256, 384, 1, 256, 384, 1)
+        );
+        assert_eq!((a.pow2, a.eps, a.col_mode), (1, 0.5, 1));
+        assert_eq!(p.ptrs.map(|q| q.is_null()), [false; 5]);
+        // 1D compact: rowwise scales [rows, cols / 128], columnwise data untransposed.
+        let o = output(BlockMode::OneD, Compact, 256, 384, true, true);
+        let p = plan_quantize(&i, &o, &cfg(Compact)).unwrap().unwrap();
+        let a = p.args(&cfg(Compact));
+        assert_eq!((a.s_r, a.s_c, a.t_r, a.t_c, a.col_mode), (3, 1, 384, 1, 2));
+        assert_eq!(p.format(), Compact);
+        // 2D, columnwise only: the transpose; the format option does not apply.
+        let o = output(BlockMode::TwoD, GemmReady, 256, 384, false, true);
+        let p = plan_quantize(&i, &o, &cfg(Compact)).unwrap().unwrap();
+        let a = p.args(&cfg(Compact));
+        assert_eq!((a.t_r, a.t_c, a.col_mode), (1, 4, 1));
+        assert!(p.ptrs[1].is_null() && p.ptrs[3].is_null());
+        // N-D input: [2, 128, 384] is [256, 384]; columnwise data [384, 2, 128].
+        let i3 = input(DType::F32, &[2, 128, 384]);
+        let mut o = output(BlockMode::OneD, GemmReady, 256, 384, true, true);
+        o.data.shape = Shape::new(&[2, 128, 384]).unwrap();
+        o.columnwise_data.shape = Shape::new(&[384, 2, 128]).unwrap();
+        assert!(plan_quantize(&i3, &o, &cfg(GemmReady)).unwrap().is_some());
+        // An empty input: nothing to do.
+        let e = input(DType::F32, &[0, 384]);
+        let o = output(BlockMode::OneD, GemmReady, 0, 384, true, false);
+        assert!(plan_quantize(&e, &o, &cfg(GemmReady)).unwrap().is_none());
+    }
+
+    fn refused(i: &Tensor, o: &Tensor, c: &BlockQuantConfig, want: &str) {
+        let e = plan_quantize(i, o, c).unwrap_err().to_string();
+        assert!(e.contains(want), "expected {want:?} in: {e}");
+    }
+
+    #[test]
+    fn plans_refuse_what_te_refuses() {
+        use ScaleFormat::*;
+        let g = cfg(GemmReady);
+        for (dims, mode) in [
+            (&[100usize, 128][..], BlockMode::OneD),
+            (&[128, 100], BlockMode::OneD),
+            (&[384, 130], BlockMode::TwoD),
+            (&[2, 100, 128], BlockMode::TwoD),
+            (&[256], BlockMode::OneD),
+        ] {
+            let k = *dims.last().unwrap();
+            let o = output(
+                mode,
+                GemmReady,
+                dims.iter().product::<usize>() / k,
+                k,
+                true,
+                false,
+            );
+            refused(&input(DType::F32, dims), &o, &g, "multiples of 128");
+        }
+        let i = input(DType::BF16, &[256, 384]);
+        refused(
+            &i,
+            &output(BlockMode::OneD, GemmReady, 256, 384, true, true),
+            &cfg(Compact),
+            "is GEMM_READY",
+        );
+        refused(
+            &i,
+            &output(BlockMode::OneD, Compact, 256, 384, true, false),
+            &g,
+            "is COMPACT",
+        );
+        refused(
+            &i,
+            &output(BlockMode::OneD, GemmReady, 256, 256, true, false),
+            &g,
+            "needs [256, 384]",
+        );
+        refused(
+            &i,
+            &output(BlockMode::OneD, GemmReady, 256, 384, false, false),
+            &g,
+            "neither rowwise nor columnwise",
+        );
+        refused(
+            &input(DType::E4M3, &[256, 384]),
+            &output(BlockMode::OneD, GemmReady, 256, 384, true, false),
+            &g,
+            "reads kNVTEFloat32",
+        );
+        let mut o = output(BlockMode::OneD, GemmReady, 256, 384, true, false);
+        o.scale_inv.shape = Shape::new(&[3, 255]).unwrap();
+        refused(&i, &o, &g, "fits no layout");
+        let mut o = output(BlockMode::TwoD, GemmReady, 256, 384, true, true);
+        o.columnwise_data.dtype = DType::E5M2;
+        refused(&i, &o, &g, "same FP8 type");
+        o.columnwise_data.dtype = DType::BF16;
+        refused(&i, &o, &g, "writes FP8");
+        let mut o = output(BlockMode::TwoD, GemmReady, 256, 384, true, false);
+        o.scale_inv = Buffer::default();
+        refused(&i, &o, &g, "(not set)");
+        let mut o = output(BlockMode::TwoD, GemmReady, 256, 384, true, false);
+        o.data.ptr = o.data.ptr + 8;
+        refused(&i, &o, &g, "16-byte aligned");
+        let mut u = i.clone();
+        u.data.ptr = u.data.ptr + 2;
+        refused(
+            &u,
+            &output(BlockMode::TwoD, GemmReady, 256, 384, true, false),
+            &g,
+            "16-byte aligned",
+        );
+        refused(&i, &input(DType::E4M3, &[256, 384]), &g, "not block-scaled");
+    }
+
+    #[test]
+    fn dequantize_plans_read_either_direction() {
+        use ScaleFormat::*;
+        let out = input(DType::BF16, &[256, 384]);
+        let o = output(BlockMode::OneD, GemmReady, 256, 384, true, true);
+        let p = plan_dequantize(&o, &out).unwrap().unwrap();
+        assert_eq!(p.layout.direction, Direction::Rowwise);
+        let o = output(BlockMode::TwoD, GemmReady, 256, 384, false, true);
+        let p = plan_dequantize(&o, &out).unwrap().unwrap();
+        assert!(p.layout.transposed);
+        assert_eq!((p.layout.rows, p.layout.cols), (256, 384));
+        let e = plan_dequantize(&o, &input(DType::BF16, &[384, 256]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("[256, 384]"), "{e}");
+        let e = plan_dequantize(&o, &input(DType::E4M3, &[256, 384]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not supported"), "{e}");
+    }
 }
