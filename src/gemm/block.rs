@@ -321,12 +321,14 @@ pub fn block_desc(g: &TeGemm) -> Result<(GemmDesc, [BlockMode; 2])> {
 const BLOCK_CUBLASLT: usize = 120900;
 
 /// Block-scaled GEMMs run on Hopper (sm_90) with cuBLASLt 12.9+ only.
-fn require_block_support(guard: &ContextGuard) -> Result<()> {
-    let info = cuda::device_info(guard.device)?;
+fn require_block_support() -> Result<()> {
+    // The guard's context is current (`for_stream_no_device` leaves its device unset).
+    let device = cuda::current_device()?;
+    let info = cuda::device_info(device)?;
     if (info.cc_major, info.cc_minor) != (9, 0) {
         unsupported!(
             "block-scaled FP8 GEMMs (NVTE_BLOCK_SCALING_1D / 2D) run on Hopper (sm_90) only; device {} is sm_{}{}",
-            guard.device,
+            device,
             info.cc_major,
             info.cc_minor
         );
@@ -372,7 +374,7 @@ pub fn run_scaled(
     }
     let guard = ContextGuard::for_stream_no_device(stream)?;
     if modes.is_some() {
-        require_block_support(&guard)?;
+        require_block_support()?;
     }
     let h = handle(guard.id)?;
     let key = (plan_key(g, &guard), modes);
