@@ -357,8 +357,8 @@ thread_local! {
 }
 
 /// Run a validated GEMM with `alpha` and `beta` (and the block scale modes `modes`) on
-/// cuBLASLt, from a per-thread plan: no CUDA graph, no own kernel, no timing (its
-/// heuristic's first algorithm).
+/// cuBLASLt, from a per-thread plan: no CUDA graph, no own kernel; the heuristic's
+/// candidates timed on the plan's first eager run with beta = 0 (as `run_impl`).
 pub fn run_scaled(
     g: &GemmDesc,
     modes: Option<[BlockMode; 2]>,
@@ -391,6 +391,13 @@ pub fn run_scaled(
         }
         let p = plans.get_mut(&key).expect("inserted above");
         set_pointers(p.desc, g, &mut p.ptrs)?;
+        // The plan's first eager run that overwrites D times the heuristic's candidates
+        // (NVTE_COMM_GEMM_TUNE), as nvte_cublas_gemm's plans do.
+        if !p.untimed.is_empty() && beta == 0.0 && !capture_status(stream)?.active() {
+            p.algo = fastest(h, p, g, stream)?;
+            p.untimed.clear();
+            TIMED_PLANS.with(|c| c.set(c.get() + 1));
+        }
         matmul_scaled(h, p, g, (alpha, beta), stream)
     })
 }
@@ -463,10 +470,7 @@ fn build_scaled(
         .and_then(|()| set_modes(desc, modes))
         .and_then(|()| choose_algo(h, desc, g, key, &mut plan));
     match r {
-        Ok(()) => {
-            plan.untimed.clear();
-            Ok(plan)
-        }
+        Ok(()) => Ok(plan),
         Err(e) => {
             plan.destroy(key.ctx);
             Err(e)
