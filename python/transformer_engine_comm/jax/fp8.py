@@ -270,27 +270,32 @@ class BlockQ(NamedTuple):
     scale_inv: object
 
 
-def _two_product(a, b):
-    """``a * b`` as ``p + e`` exactly (Dekker's product with Veltkamp splitting, f32)."""
+def _split12(v):
+    """``v = hi + lo`` with ``hi`` the top 12 significant bits (the low 12 mantissa bits
+    cleared by a mask: unlike Veltkamp's split, no fused multiply-add can change it) and
+    ``lo`` the rest (exact): their pairwise products are exact in f32."""
+    import jax
     import jax.numpy as jnp
 
-    def split(v):
-        c = v * jnp.float32(4097.0)
-        hi = c - (c - v)
-        return hi, v - hi
+    hi = jax.lax.bitcast_convert_type(jax.lax.bitcast_convert_type(v, jnp.int32) & jnp.int32(-4096), jnp.float32)
+    return hi, v - hi
 
-    p = a * b
-    ah, al = split(a)
-    bh, bl = split(b)
-    e = ((ah * bh - p) + ah * bl + al * bh) + al * bl
-    return p, e
+
+def _residual(n, q, d):
+    """``n - q d`` for ``q`` within a few ulps of ``n / d`` (mantissas in [0.5, 2)), to far
+    better than the ``d * ulp(q) / 2`` that separates neighbouring quotients: the product
+    as four exact partial products, subtracted largest first (the first difference is
+    exact), so neither rounding nor FMA contraction can reorder two candidates."""
+    qh, ql = _split12(q)
+    dh, dl = _split12(d)
+    return (((n - qh * dh) - qh * dl) - ql * dh) - ql * dl
 
 
 def div_rn(n, d):
     """``n / d`` correctly rounded in f32 (CUDA's ``__fdiv_rn``, what TE's scale kernels
     use), for positive finite operands: XLA's GPU backend divides with an approximate
     instruction, off by an ulp at times, which a bit-exact scale must not be. The quotient
-    is corrected to whichever neighbour leaves the smallest exact residual ``n - q d``."""
+    is corrected to whichever neighbour leaves the smallest residual ``n - q d``."""
     import jax.numpy as jnp
 
     n = jnp.asarray(n, jnp.float32)
@@ -311,8 +316,7 @@ def _div_mantissas(n, d, q0=None):
     q0 = n / d if q0 is None else q0
     best, best_r = q0, None
     for q in (jnp.nextafter(q0, jnp.float32(0.0)), q0, jnp.nextafter(q0, jnp.float32(jnp.inf))):
-        p, e = _two_product(q, d)
-        r = jnp.abs((n - p) - e)
+        r = jnp.abs(_residual(n, q, d))
         if best_r is None:
             best, best_r = q, r
         else:
