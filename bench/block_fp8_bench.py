@@ -166,6 +166,97 @@ def gemm_rows(a, lines):
     return block_lib
 
 
+def breakdown(a, lines):
+    """The seed step's parts at the example's default size (tokens 8192, hidden 4096, ffn
+    16384), block vs per-tensor current scaling: each GEMM (with the epilogue the modules
+    fuse, and without) and each cast, CUDA events, median; then torch.profiler's top kernels
+    of whole LayerNormMLP steps (forward + backward) under each recipe."""
+    import torch
+
+    sys.path.insert(0, os.path.join(ROOT, "python"))
+    from transformer_engine_comm.torch import fp8
+    from transformer_engine_comm.torch import modules as tm
+
+    dev, bf, e4 = torch.device("cuda"), torch.bfloat16, torch.float8_e4m3fn
+    T, H, F = 8192, 4096, 16384
+    g = torch.Generator(device=dev).manual_seed(0)
+
+    def rnd(*s, scale=1.0):
+        return (torch.randn(*s, device=dev, generator=g) * scale).to(bf)
+
+    x, w1, h, w2, dy, dh = rnd(T, H), rnd(F, H, scale=0.02), rnd(T, F), rnd(H, F, scale=0.02), rnd(T, H), rnd(T, F)
+    b1, b2 = rnd(F), rnd(H)
+    q = fp8.quantize_block
+    xb, w1b, hb, w2b = q(x, 1, columnwise=True), q(w1, 2, columnwise=True), q(h, 1, columnwise=True), \
+        q(w2, 2, columnwise=True)
+    dyb, dhb = q(dy, 1, columnwise=True), q(dh, 1, columnwise=True)
+    cur = fp8.Float8CurrentScaling(fp8.Format.E4M3)
+
+    def pt(t):
+        return fp8.Fp8Meta(cur, e4, dev).cast(t, rowwise=True, columnwise=True)
+
+    xp, w1p, hp, w2p, dyp, dhp = (pt(t) for t in (x, w1, h, w2, dy, dh))
+    G = fp8.block_gemm
+
+    def smm(a_, asi, b_, bsi, bias=None):
+        return torch._scaled_mm(a_, b_.t(), scale_a=asi, scale_b=bsi, bias=bias, out_dtype=bf, use_fast_accum=False)
+
+    rows = [
+        ("fc1 fprop +bias", lambda: G(xb.rowwise(), w1b.rowwise(), bf, bias=b1),
+         lambda: smm(xp.data, xp.scale_inv, w1p.data, w1p.scale_inv, b1)),
+        ("fc1 fprop", lambda: G(xb.rowwise(), w1b.rowwise(), bf),
+         lambda: smm(xp.data, xp.scale_inv, w1p.data, w1p.scale_inv)),
+        ("fc2 fprop +bias", lambda: G(hb.rowwise(), w2b.rowwise(), bf, bias=b2),
+         lambda: smm(hp.data, hp.scale_inv, w2p.data, w2p.scale_inv, b2)),
+        ("fc2 dgrad +dgelu", lambda: G(dyb.rowwise(), w2b.columnwise(), bf, dgelu_pre=h),
+         lambda: smm(dyp.data, dyp.scale_inv, w2p.data_t, w2p.scale_inv)),
+        ("fc2 dgrad", lambda: G(dyb.rowwise(), w2b.columnwise(), bf),
+         lambda: smm(dyp.data, dyp.scale_inv, w2p.data_t, w2p.scale_inv)),
+        ("fc2 wgrad (1Dx1D)", lambda: G(dyb.columnwise(), hb.columnwise(), bf),
+         lambda: smm(dyp.data_t, dyp.scale_inv, hp.data_t, hp.scale_inv)),
+        ("fc1 dgrad", lambda: G(dhb.rowwise(), w1b.columnwise(), bf),
+         lambda: smm(dhp.data, dhp.scale_inv, w1p.data_t, w1p.scale_inv)),
+        ("fc1 wgrad (1Dx1D)", lambda: G(dhb.columnwise(), xb.columnwise(), bf),
+         lambda: smm(dhp.data_t, dhp.scale_inv, xp.data_t, xp.scale_inv)),
+    ]
+    for name, t, dim in (("x", x, 1), ("w1", w1, 2), ("h", h, 1), ("w2", w2, 2), ("dy", dy, 1), ("dh", dh, 1)):
+        rows.append((f"cast {name} {tuple(t.shape)} row+col", (lambda t=t, dim=dim: q(t, dim, columnwise=True)),
+                     (lambda t=t: pt(t))))
+    lines += ["", "| step part (T 8192, H 4096, F 16384) | block ms | per-tensor current ms | block / pt |",
+              "|---|---|---|---|"]
+    for name, fb, fp in rows:
+        mb, mp = timed(fb, 3, 20), timed(fp, 3, 20)
+        lines.append(f"| {name} | {mb:.3f} | {mp:.3f} | {mb / mp:.2f}x |")
+        print(lines[-1], flush=True)
+    rows = xb = w1b = hb = w2b = dyb = dhb = xp = w1p = hp = w2p = dyp = dhp = None  # noqa: F841 (freed)
+    torch.cuda.empty_cache()
+    from torch.profiler import ProfilerActivity, profile
+
+    for rname, r in (("block", fp8.Float8BlockScaling()), ("current", cur)):
+        m = tm.LayerNormMLP(H, F, comm_overlap=False, fp8=True, fp8_recipe=r, params_dtype=bf, device=dev, seed=1)
+        xi = rnd(T, H).requires_grad_(True)
+        gy = rnd(T, H, scale=0.01)
+
+        def step():
+            m(xi, is_first_microbatch=True).backward(gy)
+
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                step()
+            torch.cuda.synchronize()
+        evs = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+        tot = sum(e.self_device_time_total for e in evs) / 3e3
+        lines += ["", f"{rname}: GPU {tot:.3f} ms per LayerNormMLP step (forward + backward); top kernels (ms/step, calls/step):"]
+        for e in sorted(evs, key=lambda e: -e.self_device_time_total)[:14]:
+            lines.append(f"  {e.self_device_time_total / 3e3:7.3f}  {e.count // 3:3d}  {e.key[:110]}")
+        print("\n".join(lines[-15:]), flush=True)
+        m = xi = None  # noqa: F841 (freed before the next recipe)
+        torch.cuda.empty_cache()
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="folder for the logs and summary.md")
@@ -176,12 +267,16 @@ def main():
     p.add_argument("--gemm-warmup", type=int, default=10)
     p.add_argument("--skip-step", action="store_true", help="only the GEMMs")
     p.add_argument("--skip-gemm", action="store_true", help="only the example's steps")
+    p.add_argument("--breakdown", action="store_true",
+                   help="also the step's GEMMs and casts, block vs per-tensor, and torch.profiler's top kernels")
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
     lines = ["# Block-scaled FP8 vs per-tensor FP8 vs bf16 (one GPU)"]
     ok = True
     if not a.skip_gemm:
         ok &= gemm_rows(a, lines)
+    if a.breakdown:
+        breakdown(a, lines)
     if not a.skip_step:
         ran, _bar = step_rows(a, lines)
         ok &= ran
