@@ -6,7 +6,8 @@
 // every pointer 16-byte aligned: src/kernels/block.rs checks both). The tile is read from
 // global memory once (cp.async into shared memory), then:
 //   2D:                    the tile's amax (all 16384 values), one scale;
-//   1D columnwise:         each column's amax over the tile's 128 rows;
+//   1D columnwise:         each column's amax over the tile's 128 rows (in the rowwise pass
+//                          when both directions are written);
 //   rowwise:               each row's amax (1D) over its 128 values, the row quantized and
 //                          stored (8-byte stores; a warp writes two whole 128-byte rows);
 //   columnwise compact:    (1D) stored in the input's layout with the column scales, in the
@@ -143,7 +144,7 @@ struct BlockQuantArgs {
 static_assert(sizeof(BlockQuantArgs) == 64, "BlockQuantArgs is 64 bytes (src/kernels/block.rs)");
 
 struct BqShared {
-  float col_part[4][BQ_TILE];  // 1D columnwise: per row quarter, per column
+  float col_part[8][BQ_TILE];  // 1D columnwise: per column, partial amaxes (4 or 8 a column)
   float col_scale[BQ_TILE];
   float red[BQ_THREADS / 32];
 };
@@ -185,8 +186,28 @@ __device__ __forceinline__ void bq_columns_transposed(const typename I::T *tile,
   }
 }
 
-// 1D columnwise scales: each column's amax over the tile's rows; scale and scale_inv
-// (sinv_t[rb * s_r + col * s_c]) of column c in sh.col_scale[c].
+// 1D columnwise scales from the partial amaxes sh.col_part[0 .. parts)[c] (written before
+// the call): scale and scale_inv (sinv_t[rb * s_r + col * s_c]) of column c in
+// sh.col_scale[c].
+template <class I, class O, int PARTS>
+__device__ __forceinline__ void bq_finish_column_scales(BqShared &sh, float *sinv_t, u64 s_r, u64 s_c, u64 rb,
+                                                        u64 c0, float eps, int pow2) {
+  __syncthreads();
+  if (threadIdx.x < BQ_TILE) {
+    const int t = threadIdx.x;
+    float m = sh.col_part[0][t];
+#pragma unroll
+    for (int p = 1; p < PARTS; ++p) m = fmaxf(m, sh.col_part[p][t]);
+    const float s = bq_scale<I, O>(m, eps, pow2);
+    sh.col_scale[t] = s;
+    sinv_t[rb * s_r + (c0 + t) * s_c] = bq_rcp(s);
+  }
+  __syncthreads();
+}
+
+// 1D columnwise scales read off the tile: each column's amax over the tile's rows (warp w:
+// columns (w / 4) * 64 + 2 * lane, + 1 over rows (w % 4) * 32 .. + 31), then
+// bq_finish_column_scales.
 template <class I, class O>
 __device__ __forceinline__ void bq_column_scales(const typename I::T *tile, BqShared &sh, float *sinv_t, u64 s_r,
                                                  u64 s_c, u64 rb, u64 c0, float eps, int pow2) {
@@ -202,26 +223,21 @@ __device__ __forceinline__ void bq_column_scales(const typename I::T *tile, BqSh
   }
   sh.col_part[warp & 3][c] = ma;
   sh.col_part[warp & 3][c + 1] = mb;
-  __syncthreads();
-  if (threadIdx.x < BQ_TILE) {
-    const int t = threadIdx.x;
-    const float m = fmaxf(fmaxf(sh.col_part[0][t], sh.col_part[1][t]), fmaxf(sh.col_part[2][t], sh.col_part[3][t]));
-    const float s = bq_scale<I, O>(m, eps, pow2);
-    sh.col_scale[t] = s;
-    if (sinv_t != nullptr) sinv_t[rb * s_r + (c0 + t) * s_c] = bq_rcp(s);
-  }
-  __syncthreads();
+  bq_finish_column_scales<I, O, 4>(sh, sinv_t, s_r, s_c, rb, c0, eps, pow2);
 }
 
 // Rows of the tile: 16 threads a row (8 values each), a warp two rows, 8 passes. Rowwise
 // output (1D: each row's own scale; 2D: the tile's) and / or the compact columnwise
-// output (the column scales).
+// output (the column scales). col_amax (1D with the transposed columnwise output): the
+// columns' partial amaxes over the rows this warp saw, into sh.col_part[warp] (the tile
+// is read once for both directions' amaxes).
 template <class I, class O, int TWO_D>
-__device__ __forceinline__ void bq_rows(const typename I::T *tile, const BqShared &sh, float tile_scale, u8 *out,
+__device__ __forceinline__ void bq_rows(const typename I::T *tile, BqShared &sh, float tile_scale, u8 *out,
                                         u8 *out_t_compact, float *sinv, u64 s_r, u64 s_c, u64 cols, u64 r0, u64 c0,
-                                        float eps, int pow2) {
+                                        float eps, int pow2, bool col_amax) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int cc = (lane & 15) * 8;
+  float cm[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
   float cs[8];
   if (out_t_compact != nullptr) {
 #pragma unroll
@@ -233,6 +249,10 @@ __device__ __forceinline__ void bq_rows(const typename I::T *tile, const BqShare
     float v[8];
     bq_load8<I>(tile + r * BQ_TILE + cc, v);
     const u64 g = (r0 + r) * cols + c0 + cc;
+    if (col_amax) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) cm[j] = fmaxf(cm[j], fabsf(v[j]));
+    }
     if (out != nullptr) {
       float s = tile_scale;
       if (!TWO_D) {
@@ -248,6 +268,14 @@ __device__ __forceinline__ void bq_rows(const typename I::T *tile, const BqShare
       bq_st8(out + g, bq_pack8<O>(v, rs));
     }
     if (out_t_compact != nullptr) bq_st8(out_t_compact + g, bq_pack8<O>(v, cs));
+  }
+  if (col_amax) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) cm[j] = fmaxf(cm[j], __shfl_xor_sync(0xffffffffu, cm[j], 16));
+    if (lane < 16) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) sh.col_part[warp][cc + j] = cm[j];
+    }
   }
 }
 
@@ -306,12 +334,14 @@ __device__ __forceinline__ void block_quantize_impl(const typename I::T *in, u8 
       if (out != nullptr) sinv[rb * s_r + cb * s_c] = r;
       if (col_mode != BQ_COL_NONE) sinv_t[rb * t_r + cb * t_c] = r;
     }
-  } else if (col_mode != BQ_COL_NONE) {
-    bq_column_scales<I, O>(tile, sh, sinv_t, t_r, t_c, rb, c0, eps, pow2);
   }
+  // 1D rowwise + transposed columnwise: the rows pass also takes the columns' amaxes.
+  const bool fused = !TWO_D && out != nullptr && col_mode == BQ_COL_TRANSPOSED;
+  if (!TWO_D && col_mode != BQ_COL_NONE && !fused) bq_column_scales<I, O>(tile, sh, sinv_t, t_r, t_c, rb, c0, eps, pow2);
   u8 *compact = col_mode == BQ_COL_COMPACT ? out_t : nullptr;
   if (out != nullptr || compact != nullptr)
-    bq_rows<I, O, TWO_D>(tile, sh, tile_scale, out, compact, sinv, s_r, s_c, cols, r0, c0, eps, pow2);
+    bq_rows<I, O, TWO_D>(tile, sh, tile_scale, out, compact, sinv, s_r, s_c, cols, r0, c0, eps, pow2, fused);
+  if (fused) bq_finish_column_scales<I, O, BQ_THREADS / 32>(sh, sinv_t, t_r, t_c, rb, c0, eps, pow2);
   if (col_mode == BQ_COL_TRANSPOSED)
     bq_columns_transposed<I, O, TWO_D>(tile, bq_smem, sh, tile_scale, out_t, rows, r0, c0);
 }

@@ -7,8 +7,8 @@
 //! caller's NCCL communicator to one of its own (an [`OwnedExchange`]: the NCCL
 //! transport's `crate::transport::nccl::channel`, above this layer, makes it).
 use crate::cuda::dynlib::nccl_sys as nccl;
-use crate::cuda::resources::{DeviceMem, Stream, copy_from_host, copy_to_host};
-use crate::cuda::{self, Lib, nccl_check};
+use crate::cuda::resources::{DeviceMem, Stream, copy_to_host};
+use crate::cuda::{self, Lib, NcclComm, nccl_check};
 use crate::error::ErrorKind as K;
 use crate::error::{Error, Result};
 use crate::invalid;
@@ -23,7 +23,7 @@ pub type BarrierFn = unsafe extern "C" fn(*mut c_void) -> i32;
 
 pub enum Exchange {
     /// the caller's communicator (not owned)
-    Nccl(usize),
+    Nccl(NcclComm),
     Callbacks {
         allgather: AllgatherFn,
         barrier: BarrierFn,
@@ -50,20 +50,20 @@ pub struct Bootstrap {
 
 impl Bootstrap {
     /// Rank and size from an NCCL communicator (the caller's; not owned).
-    pub fn from_nccl(comm: usize) -> Result<Bootstrap> {
-        if comm == 0 {
+    pub fn from_nccl(comm: NcclComm) -> Result<Bootstrap> {
+        if comm.is_null() {
             invalid!("argument `nccl_comm` is NULL");
         }
         cuda::require(Lib::Nccl)?;
         let (mut rank, mut size) = (0, 0);
         // SAFETY: the caller passes a live communicator.
         nccl_check(
-            unsafe { nccl::ncclCommUserRank(comm as nccl::ncclComm_t, &mut rank) },
+            unsafe { nccl::ncclCommUserRank(comm.raw(), &mut rank) },
             "ncclCommUserRank",
         )?;
         nccl_check(
             // SAFETY: as above.
-            unsafe { nccl::ncclCommCount(comm as nccl::ncclComm_t, &mut size) },
+            unsafe { nccl::ncclCommCount(comm.raw(), &mut size) },
             "ncclCommCount",
         )?;
         Ok(Bootstrap {
@@ -139,7 +139,7 @@ impl Bootstrap {
                 let stream = Stream::new(0)?;
                 let send = DeviceMem::new(n)?;
                 let recv = DeviceMem::new(n * self.size)?;
-                copy_from_host(send.ptr, local)?;
+                send.as_slice::<u8>().copy_from_host(local)?;
                 // SAFETY: device buffers of the stated sizes; live communicator.
                 nccl_check(
                     unsafe {
@@ -148,8 +148,8 @@ impl Bootstrap {
                             recv.ptr.as_void(),
                             n,
                             nccl::ncclDataType_t::ncclUint8,
-                            comm as nccl::ncclComm_t,
-                            stream.raw().raw() as nccl::cudaStream_t,
+                            comm.raw(),
+                            stream.raw().rt(),
                         )
                     },
                     "ncclAllGather",

@@ -37,11 +37,13 @@ use crate::cuda::resources::{
 use crate::cuda::{ContextGuard, DevPtr};
 use crate::error::{Error, Result};
 use crate::gemm::{Operands, TeGemm};
-use crate::overlap::{EngineConfig, Overlap, ag::AgArgs, ar::ArArgs, rs::RsArgs};
+use crate::overlap::policy::Tiles;
+use crate::overlap::{Overlap, Pins, Policy, ag::AgArgs, ar::ArArgs, rs::RsArgs};
 use crate::tensor::{Buffer, DType, Shape, Tensor};
 use crate::transport::nccl::channel::Owned as _;
 use crate::tune;
 use crate::{invalid, unsupported};
+use call::EngineId;
 use std::collections::HashMap;
 
 mod agree;
@@ -125,14 +127,39 @@ impl<'a> GemmCall<'a> {
     }
 }
 
+/// A comm-GEMM context: the group (bootstrap, ranks), the [`Policy`] its engines are made
+/// with, its engines (one per buffer dtype), its memory, the call in progress, the options
+/// read at its creation and the autotuner's state.
 pub struct CommGemmCtx {
     bs: Bootstrap,
     nranks: usize,
     rank: usize,
-    cfg: EngineConfig,
+    /// the engines' policy: TE's defaults, the environment and its pins, read at the
+    /// context's creation (a call's tuned policy is this one with the tuner's choices)
+    policy: Policy,
     engines: Vec<Overlap>,
+    mem: CtxMem,
+    call: CtxCall,
+    opts: CtxOptions,
+    tuner: Tuner,
+}
+
+/// The context's device memory, and what it keeps for graphs.
+#[derive(Default)]
+struct CtxMem {
     workspace: Option<DeviceMem>,
     scratch: Vec<DeviceMem>,
+    /// engines and scratch replaced by larger ones while a graph may still use them
+    retired_engines: Vec<Overlap>,
+    retired_scratch: Vec<DeviceMem>,
+    /// the direct calls' stand-in for the engines: the largest buffer (bytes) an eager
+    /// call of each buffer dtype would have sized its engine to (the warm-up rule)
+    direct_sizes: Vec<(DType, usize)>,
+}
+
+/// The call in progress and the calls so far.
+#[derive(Default)]
+struct CtxCall {
     /// the call in progress is being captured into a CUDA graph
     capturing: bool,
     /// some call was captured: replaced scratch buffers may be used by a graph
@@ -140,39 +167,36 @@ pub struct CommGemmCtx {
     /// `prepare`: create the engine and buffers a call needs, enqueue nothing
     preparing: bool,
     /// the engine of the last call (NVTE_COMM_REPORT)
-    last_engine: Option<usize>,
-    /// NVTE_COMM_REPORT at the context's creation: its engines report
-    report: bool,
-    /// NVTE_COMM_GEMM_FP8_FAST_ACCUM at the context's creation: FP8 GEMMs use cuBLASLt's
-    /// fast accumulation (default off: full-precision accumulation, as TE's backend)
-    fp8_fast_accum: bool,
-    /// NVTE_COMM_AR_ALGO / NVTE_COMM_RS_RING at the context's creation (its engines')
-    knobs: crate::overlap::AlgoKnobs,
-    /// NVTE_COMM_TUNE at the context's creation, the agreed choices of this context, the
-    /// disk cache, and the configuration of the call in progress
-    tune_mode: tune::Mode,
-    /// NVTE_COMM_TUNE_BUDGET_MS, NVTE_COMM_TUNE_PICK, NVTE_COMM_TUNE_VERBOSE at the
-    /// context's creation
-    tune_env: TuneEnv,
-    tuned: HashMap<tune::Key, tune::Choice>,
-    tune_cache: tune::Cache,
-    current: Option<tune::Choice>,
-    /// engines and scratch replaced by larger ones while a graph may still use them
-    retired_engines: Vec<Overlap>,
-    retired_scratch: Vec<DeviceMem>,
-    /// one rank, no report or trace: every call is its GEMM (module doc)
-    direct: bool,
-    /// NVTE_COMM_CHECK at the context's creation: eager calls agree with the peers on
-    /// the host first (`agree`)
-    check: bool,
+    last_engine: Option<EngineId>,
     /// the eager calls agreed on so far (the agreement's call number)
     agreed: u64,
-    /// the direct calls' stand-in for the engines: the largest buffer (bytes) an eager
-    /// call of each buffer dtype would have sized its engine to (the warm-up rule)
-    direct_sizes: Vec<(DType, usize)>,
+    /// the tuned policy of the call in progress (None: the context's)
+    current: Option<Policy>,
 }
 
-/// The environment a context is created with (`CommGemmCtx::read_env`).
+/// What the environment said at the context's creation besides the policy.
+#[derive(Clone, Copy, Debug)]
+struct CtxOptions {
+    /// NVTE_COMM_REPORT: its engines report
+    report: bool,
+    /// NVTE_COMM_GEMM_FP8_FAST_ACCUM: FP8 GEMMs use cuBLASLt's fast accumulation
+    /// (default off: full-precision accumulation, as TE's backend)
+    fp8_fast_accum: bool,
+    /// one rank, no report or trace: every call is its GEMM (module doc)
+    direct: bool,
+    /// NVTE_COMM_CHECK: eager calls agree with the peers on the host first (`agree`)
+    check: bool,
+}
+
+/// The autotuner: NVTE_COMM_TUNE and its knobs at the context's creation, the agreed
+/// policies of this context by key, and the disk cache.
+struct Tuner {
+    mode: tune::Mode,
+    env: TuneEnv,
+    tuned: HashMap<tune::Key, Policy>,
+    cache: tune::Cache,
+}
+
 /// The autotuner's environment knobs besides its mode, read when a context is created.
 #[derive(Clone, Copy, Debug)]
 struct TuneEnv {
@@ -181,10 +205,10 @@ struct TuneEnv {
     verbose: bool,
 }
 
+/// The environment a context is created with (`CommGemmCtx::read_env`).
 struct CtxEnv {
     tune_env: TuneEnv,
-    cfg: EngineConfig,
-    knobs: crate::overlap::AlgoKnobs,
+    policy: Policy,
     trace: bool,
     tune_mode: tune::Mode,
     fp8_fast_accum: bool,
@@ -240,7 +264,7 @@ fn rebased(t: &Tensor, ptr: DevPtr, shape: &[usize]) -> Result<Tensor> {
 
 impl CommGemmCtx {
     /// `comm` is the group's NCCL communicator (not owned); nranks / rank must match it.
-    pub fn create(comm: usize, nranks: i32, rank: i32) -> Result<CommGemmCtx> {
+    pub fn create(comm: crate::cuda::NcclComm, nranks: i32, rank: i32) -> Result<CommGemmCtx> {
         // Argument checks come before anything is loaded.
         if nranks <= 0 || rank < 0 || rank >= nranks {
             invalid!(
@@ -266,9 +290,12 @@ impl CommGemmCtx {
     /// The context's environment knobs, each read once (strict: a bad value is an error
     /// naming it), before anything is loaded.
     fn read_env() -> Result<CtxEnv> {
-        let cfg = EngineConfig::from_env()?;
-        cfg.check()?;
-        let knobs = crate::overlap::AlgoKnobs::from_env()?;
+        let policy = Policy::from_env()?;
+        policy.check()?;
+        let policy = Policy {
+            pins: Pins::from_env()?,
+            ..policy
+        };
         let trace = crate::overlap::trace_enabled()?;
         let tune_mode = tune::mode()?;
         let tune_env = TuneEnv {
@@ -278,8 +305,7 @@ impl CommGemmCtx {
         };
         Ok(CtxEnv {
             tune_env,
-            cfg,
-            knobs,
+            policy,
             trace,
             tune_mode,
             fp8_fast_accum: fp8_fast_accum()?,
@@ -303,7 +329,7 @@ impl CommGemmCtx {
         // `crate::transport::nccl::channel`). Otherwise no CUDA here: each call enters its
         // stream's context (a framework thread may have none current, and device 0 may
         // not be this rank's).
-        let timeout = std::time::Duration::from_millis(env.cfg.timeout_ms.max(1) as u64);
+        let timeout = std::time::Duration::from_millis(env.policy.timeout_ms.max(1) as u64);
         let bs = bs.owned(timeout)?;
         let report = Overlap::report_enabled()?;
         let direct = bs.size == 1 && !report && !env.trace;
@@ -311,28 +337,22 @@ impl CommGemmCtx {
             nranks: bs.size,
             rank: bs.rank,
             bs,
-            cfg: env.cfg,
+            policy: env.policy,
             engines: Vec::new(),
-            workspace: None,
-            scratch: Vec::new(),
-            capturing: false,
-            captured: false,
-            preparing: false,
-            last_engine: None,
-            report,
-            fp8_fast_accum: env.fp8_fast_accum,
-            knobs: env.knobs,
-            tune_mode: env.tune_mode,
-            tune_env: env.tune_env,
-            tuned: HashMap::new(),
-            tune_cache: tune::Cache::default(),
-            current: None,
-            retired_engines: Vec::new(),
-            retired_scratch: Vec::new(),
-            direct,
-            direct_sizes: Vec::new(),
-            check: env.check,
-            agreed: 0,
+            mem: CtxMem::default(),
+            call: CtxCall::default(),
+            opts: CtxOptions {
+                report,
+                fp8_fast_accum: env.fp8_fast_accum,
+                direct,
+                check: env.check,
+            },
+            tuner: Tuner {
+                mode: env.tune_mode,
+                env: env.tune_env,
+                tuned: HashMap::new(),
+                cache: tune::Cache::default(),
+            },
         })
     }
 
@@ -340,9 +360,9 @@ impl CommGemmCtx {
     /// buffers), created now, with nothing enqueued: collective like the call. Lets a
     /// framework allocate outside a later graph capture (XLA's initialize stage).
     pub fn prepare(&mut self, c: &GemmCall, stream: StreamHandle) -> Result<()> {
-        self.preparing = true;
+        self.call.preparing = true;
         let r = self.call(c, stream);
-        self.preparing = false;
+        self.call.preparing = false;
         r
     }
 
@@ -355,16 +375,16 @@ impl CommGemmCtx {
 
     /// The engine for `dtype` with at least `bytes` of buffer (re-created larger if needed;
     /// never during a graph capture: see the module doc).
-    fn engine(&mut self, kind: Kind, dtype: DType, bytes: usize) -> Result<usize> {
+    fn engine(&mut self, kind: Kind, dtype: DType, bytes: usize) -> Result<EngineId> {
         let existing = self.engines.iter().position(|e| e.shape().2 == dtype);
         if let Some(i) = existing {
             let (r, c, _) = self.engines[i].shape();
             if r * c * dtype.bits() / 8 >= bytes {
-                self.last_engine = Some(i);
-                return Ok(i);
+                self.call.last_engine = Some(EngineId::new(i));
+                return Ok(EngineId::new(i));
             }
         }
-        if self.capturing {
+        if self.call.capturing {
             return Err(needs_warmup(
                 kind,
                 dtype,
@@ -375,38 +395,41 @@ impl CommGemmCtx {
         }
         if let Some(i) = existing {
             let old = self.engines.remove(i);
-            if old.captured {
+            if old.captured() {
                 // A captured graph may still use its buffers, flags and peers' mappings
                 // (every rank keeps its own: the calls are collective).
-                self.retired_engines.push(old);
+                self.mem.retired_engines.push(old);
             } // else dropped: waits for peers, frees
         }
         let tp = self.nranks;
         let cols = 256usize;
         let e = dtype.bits() / 8;
         let rows = bytes.div_ceil(cols * e).div_ceil(tp).max(1) * tp;
-        let mut cfg = self.cfg;
-        cfg.tp_size = tp as i32;
-        let mut o = Overlap::create(&self.bs, cfg, self.knobs, rows, cols, dtype)?;
-        if self.report {
+        let policy = Policy {
+            tp_size: tp as i32,
+            ..self.policy
+        };
+        let mut o = Overlap::create(&self.bs, policy, rows, cols, dtype)?;
+        if self.opts.report {
             o.enable_report()?;
         }
         self.engines.push(o);
-        self.last_engine = Some(self.engines.len() - 1);
-        Ok(self.engines.len() - 1)
+        let id = EngineId::new(self.engines.len() - 1);
+        self.call.last_engine = Some(id);
+        Ok(id)
     }
 
     /// The direct calls' warm-up rule ([`Self::engine`]'s, without an engine): a call
     /// whose buffer dtype has not yet been sized to `bytes` by an eager call is refused
     /// during a capture, else the size is recorded.
     fn direct_size(&mut self, kind: Kind, dtype: DType, bytes: usize) -> Result<()> {
-        let existing = self.direct_sizes.iter().position(|e| e.0 == dtype);
+        let existing = self.mem.direct_sizes.iter().position(|e| e.0 == dtype);
         if let Some(i) = existing
-            && self.direct_sizes[i].1 >= bytes
+            && self.mem.direct_sizes[i].1 >= bytes
         {
             return Ok(());
         }
-        if self.capturing {
+        if self.call.capturing {
             return Err(needs_warmup(
                 kind,
                 dtype,
@@ -416,8 +439,8 @@ impl CommGemmCtx {
             ));
         }
         match existing {
-            Some(i) => self.direct_sizes[i].1 = bytes,
-            None => self.direct_sizes.push((dtype, bytes)),
+            Some(i) => self.mem.direct_sizes[i].1 = bytes,
+            None => self.mem.direct_sizes.push((dtype, bytes)),
         }
         Ok(())
     }
@@ -448,13 +471,18 @@ impl CommGemmCtx {
             }
         }
         self.direct_size(c.kind, dtype, bytes)?;
-        if self.preparing {
+        if self.call.preparing {
             return Ok(());
         }
         if let Some((dst, src, bytes)) = copy {
-            copy_async(dst, src, bytes, stream)?;
+            // SAFETY: the call's own copy (B into the gathered output), both ranges of its
+            // tensors, whose sizes the call's checks fixed.
+            unsafe { copy_async(dst, src, bytes, stream)? };
         }
-        crate::gemm::run(&desc, guard, stream)
+        // SAFETY: `desc` is `gemm::desc_from_te` of the call's operands: the request's
+        // tensors, which the C boundary resolved and validated, and the context's own
+        // scratch, sized by the call's checks; all alive until the caller's stream runs it.
+        unsafe { crate::gemm::run(&desc, guard, stream) }
     }
 
     /// Whether a CUDA-graph capture holding calls of one of its engines is still open
@@ -465,7 +493,11 @@ impl CommGemmCtx {
 
     /// NVTE_COMM_REPORT: the last timed call's figures (of the engine of the last call).
     pub fn last_report(&mut self) -> Result<Option<crate::overlap::report::Figures>> {
-        match self.last_engine.and_then(|i| self.engines.get_mut(i)) {
+        match self
+            .call
+            .last_engine
+            .and_then(|i| self.engines.get_mut(i.index()))
+        {
             Some(e) => e.last_report(),
             None => Ok(None),
         }
@@ -474,23 +506,24 @@ impl CommGemmCtx {
     /// Scratch buffer `slot` of at least `bytes` (allocations also during a capture; a
     /// replaced buffer is kept when a graph may use it).
     fn scratch(&mut self, slot: usize, bytes: usize) -> Result<DevPtr> {
-        while self.scratch.len() <= slot {
-            self.scratch.push(DeviceMem::new_relaxed(1)?);
+        while self.mem.scratch.len() <= slot {
+            self.mem.scratch.push(DeviceMem::new_relaxed(1)?);
         }
-        if self.scratch[slot].bytes < bytes {
-            let old = std::mem::replace(&mut self.scratch[slot], DeviceMem::new_relaxed(bytes)?);
-            if self.captured || self.capturing {
-                self.retired_scratch.push(old);
+        if self.mem.scratch[slot].bytes < bytes {
+            let old =
+                std::mem::replace(&mut self.mem.scratch[slot], DeviceMem::new_relaxed(bytes)?);
+            if self.call.captured || self.call.capturing {
+                self.mem.retired_scratch.push(old);
             }
         }
-        Ok(self.scratch[slot].ptr)
+        Ok(self.mem.scratch[slot].ptr)
     }
 
     fn workspace(&mut self) -> Result<Tensor> {
-        if self.workspace.is_none() {
-            self.workspace = Some(DeviceMem::new_relaxed(32 << 20)?);
+        if self.mem.workspace.is_none() {
+            self.mem.workspace = Some(DeviceMem::new_relaxed(32 << 20)?);
         }
-        let w = self.workspace.as_ref().unwrap();
+        let w = self.mem.workspace.as_ref().unwrap();
         Ok(Tensor {
             data: Buffer::new(w.ptr, DType::Byte, Shape::new(&[w.bytes])?)?,
             ..Default::default()
@@ -498,13 +531,13 @@ impl CommGemmCtx {
     }
 
     pub fn call(&mut self, c: &GemmCall, stream: StreamHandle) -> Result<()> {
-        self.current = None;
+        self.call.current = None;
         // Argument checks first: no driver call (capture status, tuning) before them,
         // except that under NVTE_COMM_CHECK the ranks agree on the call (and on the
         // checks' verdict) before any collective step, so that a rank that called
         // differently cannot take another collective path than its peers.
         let checked = self.check_operands(c);
-        if self.check && self.nranks > 1 {
+        if self.opts.check && self.nranks > 1 {
             let agreed = self.agree(c, stream, checked.is_err());
             checked?;
             agreed?;
@@ -515,13 +548,13 @@ impl CommGemmCtx {
             // At most MAX_KEYS keys are tuned per context: a workload with ever new
             // shapes (varying token counts) must not keep tuning. The count is the same on
             // every rank (same calls in the same order).
-            if !self.tuned.contains_key(&key)
-                && self.tuned.len() < tune::MAX_KEYS
+            if !self.tuner.tuned.contains_key(&key)
+                && self.tuner.tuned.len() < tune::MAX_KEYS
                 && !capture_status(stream)?.active()
             {
                 self.tune(c, stream, key)?;
             }
-            self.current = self.tuned.get(&key).copied();
+            self.call.current = self.tuner.tuned.get(&key).copied();
         }
         self.call_inner(c, stream)
     }
@@ -539,28 +572,34 @@ impl CommGemmCtx {
         if !capture_status(stream)?.none() {
             return Ok(());
         }
-        self.agreed += 1;
+        self.call.agreed += 1;
         // (also when this rank's checks failed: its record then differs from its peers'
         // only by `failed`, so they report its failed checks, not another call)
-        let tunes = self
-            .tune_key(c)?
-            .is_some_and(|k| !self.tuned.contains_key(&k) && self.tuned.len() < tune::MAX_KEYS);
-        let mode = match self.tune_mode {
+        let tunes = self.tune_key(c)?.is_some_and(|k| {
+            !self.tuner.tuned.contains_key(&k) && self.tuner.tuned.len() < tune::MAX_KEYS
+        });
+        let mode = match self.tuner.mode {
             tune::Mode::Off => 0,
             tune::Mode::On => 1,
             tune::Mode::Force => 2,
         };
-        let rec = agree::Record::of(c, self.agreed, failed, self.preparing, (tunes, mode));
+        let rec = agree::Record::of(
+            c,
+            self.call.agreed,
+            failed,
+            self.call.preparing,
+            (tunes, mode),
+        );
         let all = self.bs.allgather(&rec.encode())?;
         agree::verdict(&all, self.rank)
     }
 
     /// The autotuner's key of this call, None when the call is not tuned.
     fn tune_key(&self, c: &GemmCall) -> Result<Option<tune::Key>> {
-        if self.tune_mode == tune::Mode::Off
+        if self.tuner.mode == tune::Mode::Off
             || !c.tune
             || self.nranks < 2
-            || self.preparing
+            || self.call.preparing
             || c.accumulate
         {
             return Ok(None);
@@ -571,63 +610,33 @@ impl CommGemmCtx {
             trans: [c.transa, c.transb],
             dims: [c.m, c.n, c.k],
             tp: self.nranks,
-            transport: crate::transport::choice_name(self.cfg.transport.0),
-            forced: self.forced_algos(c),
+            transport: crate::transport::choice_name(self.policy.transport.0),
+            pins: tune::Key::pins_for(c.kind, &self.policy.pins),
+            fast_accum: self.opts.fp8_fast_accum && c.a.data.dtype.is_fp8(),
         }))
     }
 
-    /// The knobs that override the autotuner's candidates for this call (part of the
-    /// tuning key; read at the context's creation): NVTE_COMM_AR_ALGO, NVTE_COMM_RS_RING
-    /// (the all-gather: NVTE_COMM_AG_PIECES in its place; 0: auto or unset),
-    /// NVTE_COMM_GEMM_FP8_FAST_ACCUM for FP8 inputs, and NVTE_COMM_FUSED_TILES.
-    fn forced_algos(&self, c: &GemmCall) -> [u8; 4] {
-        let ar = match c.kind {
-            Kind::AllReduce => self.knobs.ar_algo.unwrap_or(0),
-            _ => 0,
+    /// Give engine `eng` the call's policy: the tuned one of its key (else the
+    /// context's), with the fused algorithms where the call's algo asks for them
+    /// (`GemmCall::atomic`) and the call's own comm_sm_count where it gives one. `c`'s
+    /// global m, n, k become the engine's report key. Returns the policy.
+    fn configure(&mut self, eng: EngineId, c: &GemmCall) -> Result<Policy> {
+        let ch = self.call.current.unwrap_or(self.policy);
+        let mut p = Policy {
+            tp_size: self.nranks as i32,
+            fused: match c.atomic {
+                true => Some(ch.fused.unwrap_or(Tiles::Rule)),
+                false => ch.fused,
+            },
+            ..ch
         };
-        let rs = match c.kind {
-            Kind::AllGather => self.knobs.ag_pieces.unwrap_or(0),
-            _ => self.knobs.rs_ring.unwrap_or(0),
-        };
-        let fast = self.fp8_fast_accum && c.a.data.dtype.is_fp8();
-        let tiles = self.knobs.fused_tiles.unwrap_or(0);
-        [ar as u8, rs as u8, fast as u8, tiles as u8]
-    }
-
-    /// The defaults (the context's engine configuration).
-    fn default_choice(&self) -> tune::Choice {
-        tune::Choice {
-            use_ce: self.cfg.use_ce,
-            aggregate: self.cfg.aggregate,
-            comm_sms: self.cfg.num_comm_sm,
-            splits: self.cfg.num_splits,
-            ring: true,
-            pieces: 1,
-            accumulate: false,
-            fused: false,
-            narrow: false,
+        if c.comm_sm_count > 0 {
+            p.comm.sms = c.comm_sm_count;
         }
-    }
-
-    /// Apply the call's configuration to engine `eng` (the per-call comm_sm_count wins).
-    /// `c`'s global m, n, k become the engine's report key.
-    fn configure(&mut self, eng: usize, c: &GemmCall) -> Result<tune::Choice> {
-        let (kind, user_sms) = (c.kind, c.comm_sm_count);
-        let ch = self.current.unwrap_or_else(|| self.default_choice());
-        let e = &mut self.engines[eng];
-        e.set_tuning(&crate::overlap::Tuning {
-            use_ce: ch.use_ce,
-            aggregate: ch.aggregate,
-            splits: ch.splits,
-            ar_ring: (kind == Kind::AllReduce).then_some(ch.ring),
-            pieces: ch.pieces,
-            rs_accumulate: ch.accumulate,
-            atomic: c.atomic || ch.fused,
-            narrow: ch.narrow,
-        })?;
-        e.set_comm_sms(if user_sms > 0 { user_sms } else { ch.comm_sms })?;
+        let e = &mut self.engines[eng.index()];
+        e.set_policy(&p)?;
         e.set_report_dims(Some([c.m, c.n, c.k]));
-        Ok(ch)
+        Ok(p)
     }
 
     /// Measure the candidates of `key` on this call's data (collectively: every rank
@@ -643,7 +652,7 @@ impl CommGemmCtx {
         let guard = ContextGuard::for_stream(stream)?;
         let agreed = self.tune_agree(&guard, &key)?;
         if let Some(ch) = agreed.cached {
-            self.tuned.insert(tkey, ch);
+            self.tuner.tuned.insert(tkey, ch);
             return Ok(());
         }
         let default = agreed.default;
@@ -653,16 +662,19 @@ impl CommGemmCtx {
         }
         if first.is_nan() {
             // Another rank failed: keep the defaults (its call reports the cause).
-            self.tuned.insert(tkey, default);
+            self.tuner.tuned.insert(tkey, default);
             return Ok(());
         }
         let peer_memory = self
+            .call
             .last_engine
-            .is_none_or(|e| self.engines[e].caps().peer_memory);
+            .is_none_or(|e| self.engines[e.index()].caps().peer_memory);
         // Where NVTE_COMM_RS_RING forces how rings sum, the accumulating candidates would
         // measure the same as others (and the key records the override).
         // Likewise the narrow candidates where NVTE_COMM_FUSED_TILES pins the width.
-        let (accumulating, narrow) = (tkey.forced[1] == 0, tkey.forced[3] == 0);
+        let pins = &tkey.pins;
+        let accumulating = pins.rs_ring.is_none() && pins.ag_pieces.is_none();
+        let (accumulating, narrow) = (accumulating, pins.fused_tiles.is_none());
         let cands = tune::candidates(
             c.kind,
             self.nranks,
@@ -681,7 +693,7 @@ impl CommGemmCtx {
         let (times, err) = self.tune_rounds(c, stream, &key, &cands[..n], first)?;
         if let Some(e) = err {
             // This rank failed (its peers see NaN and stop too): the defaults.
-            self.tuned.insert(tkey, default);
+            self.tuner.tuned.insert(tkey, default);
             return Err(e);
         }
         let medians = tune::medians(&times);
@@ -690,18 +702,19 @@ impl CommGemmCtx {
             best = p as usize % n; // tests: run a given candidate (every rank the same)
         }
         let ch = cands[best];
-        self.tuned.insert(tkey, ch);
+        self.tuner.tuned.insert(tkey, ch);
         if agreed.pick.is_none() && !medians.iter().any(|t| t.is_nan()) {
-            self.tune_cache.put(&key, ch); // a forced pick is not the fastest: not cached
+            self.tuner.cache.put(&key, &ch); // a forced pick is not the fastest: not cached
         }
-        if self.tune_env.verbose && self.rank == 0 {
+        if self.tuner.env.verbose && self.rank == 0 {
             let worst: Vec<String> = medians.iter().map(|w| format!("{w:.3}")).collect();
             eprintln!(
-                "[te_comm tune] {key}: {} of {} candidates, median of {} rounds of the slowest rank's ms [{}], chose #{best} {ch:?}",
+                "[te_comm tune] {key}: {} of {} candidates, median of {} rounds of the slowest rank's ms [{}], chose #{best} {}",
                 n,
                 cands.len(),
                 tune::ROUNDS,
-                worst.join(", ")
+                worst.join(", "),
+                ch.summary()
             );
         }
         Ok(())
@@ -711,25 +724,22 @@ impl CommGemmCtx {
     /// choice when every rank has the same one, the defaults, the SM count, the budget.
     fn tune_agree(&mut self, guard: &ContextGuard, key: &str) -> Result<tune::Agreed> {
         let dev = crate::cuda::device_info(guard.device)?;
-        self.tune_cache
+        self.tuner
+            .cache
             .load(|| tune::fingerprint(&crate::cuda::device_name(guard.device)?, dev.sm_count))?;
-        if self.tune_mode == tune::Mode::Force {
-            self.tune_cache.forget(key);
+        if self.tuner.mode == tune::Mode::Force {
+            self.tuner.cache.forget(key);
         }
-        let cached = self
-            .tune_cache
-            .get(key)
-            .map(|ch| ch.encode())
-            .unwrap_or([0; 8]);
+        let cached = self.tuner.cache.get(key).unwrap_or([0; 8]);
         let settings = tune::Settings {
             cached,
-            default: self.default_choice(),
+            default: self.policy,
             sm_count: dev.sm_count,
-            budget_ms: self.tune_env.budget_ms,
-            pick: self.tune_env.pick,
+            budget_ms: self.tuner.env.budget_ms,
+            pick: self.tuner.env.pick,
         };
         let all = self.bs.allgather(&settings.encode())?;
-        tune::Settings::agree(&all)
+        tune::Settings::agree(&all, &self.policy)
     }
 
     /// One candidate on every rank, then its slowest-rank time (NaN: some rank failed)
@@ -739,10 +749,10 @@ impl CommGemmCtx {
         c: &GemmCall,
         stream: StreamHandle,
         key: &str,
-        ch: tune::Choice,
+        ch: Policy,
     ) -> Result<(f32, Option<Error>)> {
-        self.current = Some(ch);
-        let timeout_ms = self.cfg.timeout_ms;
+        self.call.current = Some(ch);
+        let timeout_ms = self.policy.timeout_ms;
         let timed = crate::cuda::resources::mean_time(
             self,
             stream,
@@ -767,7 +777,7 @@ impl CommGemmCtx {
         c: &GemmCall,
         stream: StreamHandle,
         key: &str,
-        cands: &[tune::Choice],
+        cands: &[Policy],
         first: f32,
     ) -> Result<(Vec<Vec<f32>>, Option<Error>)> {
         let mut times: Vec<Vec<f32>> = vec![vec![first]];
@@ -908,10 +918,10 @@ impl CommGemmCtx {
                 "argument `main_stream` is in a CUDA graph capture that was invalidated by an earlier illegal operation: end that capture (cudaStreamEndCapture) and capture again",
             ));
         }
-        self.capturing = capture.active();
-        if !self.direct {
+        self.call.capturing = capture.active();
+        if !self.opts.direct {
             // (a direct call leaves no buffer a graph could hold)
-            self.captured |= self.capturing;
+            self.call.captured |= self.call.capturing;
         }
         let ws = self.workspace()?;
         // The algorithm choice: the atomic values make the all-gather the fused one
@@ -943,13 +953,13 @@ impl call::CallBackend for GpuCall<'_> {
         (self.ctx.nranks, self.ctx.rank)
     }
     fn direct(&self) -> bool {
-        self.ctx.direct
+        self.ctx.opts.direct
     }
     fn fast_accum(&self) -> bool {
-        self.ctx.fp8_fast_accum
+        self.ctx.opts.fp8_fast_accum
     }
     fn preparing(&self) -> bool {
-        self.ctx.preparing
+        self.ctx.call.preparing
     }
     fn direct_call(
         &mut self,
@@ -962,20 +972,23 @@ impl call::CallBackend for GpuCall<'_> {
         self.ctx
             .direct_call(c, dtype, bytes, g, copy, self.guard, self.stream)
     }
-    fn engine(&mut self, kind: Kind, dtype: DType, bytes: usize) -> Result<usize> {
+    fn engine(&mut self, kind: Kind, dtype: DType, bytes: usize) -> Result<EngineId> {
         self.ctx.engine(kind, dtype, bytes)
     }
-    fn configure(&mut self, eng: usize, c: &GemmCall) -> Result<bool> {
-        Ok(self.ctx.configure(eng, c)?.ring)
+    fn configure(&mut self, eng: EngineId, c: &GemmCall) -> Result<bool> {
+        Ok(self.ctx.configure(eng, c)?.rs_ring())
     }
     fn scratch(&mut self, slot: usize, bytes: usize) -> Result<DevPtr> {
         self.ctx.scratch(slot, bytes)
     }
     fn memset(&mut self, dst: DevPtr, bytes: usize) -> Result<()> {
-        memset_async(dst, bytes, self.stream)
+        // SAFETY: the call's steps (`comm_gemm/call.rs`) clear ranges of the context's
+        // scratch buffers and the call's checked output.
+        unsafe { memset_async(dst, bytes, self.stream) }
     }
     fn copy(&mut self, dst: DevPtr, src: DevPtr, bytes: usize) -> Result<()> {
-        copy_async(dst, src, bytes, self.stream)
+        // SAFETY: as `memset`: ranges of scratch buffers and the call's checked tensors.
+        unsafe { copy_async(dst, src, bytes, self.stream) }
     }
     fn copy_2d(
         &mut self,
@@ -986,20 +999,21 @@ impl call::CallBackend for GpuCall<'_> {
         width: usize,
         height: usize,
     ) -> Result<()> {
-        copy_2d(dst, dpitch, src, spitch, width, height, self.stream)
+        // SAFETY: as `memset`: pitched ranges of scratch buffers and checked tensors.
+        unsafe { copy_2d(dst, dpitch, src, spitch, width, height, self.stream) }
     }
-    fn split_ag(&mut self, eng: usize, x: &AgArgs) -> Result<()> {
-        self.ctx.engines[eng].split_ag(x, self.stream)
+    fn split_ag(&mut self, eng: EngineId, x: &AgArgs) -> Result<()> {
+        self.ctx.engines[eng.index()].split_ag(x, self.stream)
     }
-    fn split_rs(&mut self, eng: usize, x: &RsArgs, ring: bool) -> Result<()> {
+    fn split_rs(&mut self, eng: EngineId, x: &RsArgs, ring: bool) -> Result<()> {
         if ring {
-            self.ctx.engines[eng].split_rs_p2p(x, self.stream)
+            self.ctx.engines[eng.index()].split_rs_p2p(x, self.stream)
         } else {
-            self.ctx.engines[eng].split_rs(x, self.stream)
+            self.ctx.engines[eng.index()].split_rs(x, self.stream)
         }
     }
-    fn split_ar(&mut self, eng: usize, x: &ArArgs) -> Result<()> {
-        self.ctx.engines[eng].split_ar(x, self.stream)
+    fn split_ar(&mut self, eng: EngineId, x: &ArArgs) -> Result<()> {
+        self.ctx.engines[eng.index()].split_ar(x, self.stream)
     }
 }
 

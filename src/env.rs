@@ -219,9 +219,24 @@ pub static OVERLAP_SM_MARGIN: Flag = Flag::new(
     "1",
     "1: GEMMs leave the comm SMs free while SM kernels communicate",
 );
+/// NVTE_COMM_TRANSPORT's words: the transport table's names (src/transport/table.in), at
+/// the index of their C value.
+const TRANSPORT_NAMES: &[&str] = {
+    macro_rules! transport_table {
+        (
+            $(#[doc = $doc:literal])*
+            after $after:ident;
+            auto: $auto:ident = $auto_val:literal;
+            $( $(#[$m:meta])* $var:ident = $val:literal, $name:literal => $($ctor:ident)::+ ; )*
+        ) => {
+            &["auto", $( $(#[$m])* $name, )*]
+        };
+    }
+    include!("transport/table.in")
+};
 pub static TRANSPORT: Choice = Choice::new(
     "NVTE_COMM_TRANSPORT",
-    &["auto", "ipc", "nccl"],
+    TRANSPORT_NAMES,
     "auto",
     "the transport of overlap objects and comm-GEMM contexts (index = the transport's value)",
 );

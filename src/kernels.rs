@@ -2,7 +2,7 @@
 //! transposed columnwise FP8 output in one pass), amax, current and delayed scaling,
 //! transpose, dequantize, random fill.
 use crate::cuda::StreamHandle;
-use crate::cuda::{self, Binding, ContextGuard, DevPtr, Kernel, Params, Signature, nvrtc};
+use crate::cuda::{self, Binding, Checked, ContextGuard, DevPtr, Kernel, Params, Signature, nvrtc};
 use crate::error::Result;
 use crate::tensor::{Buffer, DType, Tensor};
 use crate::{invalid, unsupported};
@@ -177,11 +177,11 @@ unsafe fn launch_elementwise<P: Params>(
 /// launched without dynamic shared memory, read off the function once per context (by
 /// the context's id `ctx`: after a device reset another kernel may get a function's
 /// address, and its launch bounds must not be taken for this one's).
-fn launch_shape(ctx: u64, f: cudarc::driver::sys::CUfunction) -> Result<(u32, u32)> {
+fn launch_shape(ctx: cuda::CtxId, f: cudarc::driver::sys::CUfunction) -> Result<(u32, u32)> {
     use cudarc::driver::sys as cu;
-    type Entry = ((u64, usize), (u32, u32));
+    type Entry = ((cuda::CtxId, cuda::FunctionHandle), (u32, u32));
     static CACHE: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
-    let key = (ctx, f as usize);
+    let key = (ctx, cuda::FunctionHandle::from_raw(f));
     if let Some(&(_, v)) = CACHE
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -331,11 +331,12 @@ fn is_float_input(d: DType) -> bool {
 /// atomic max), scale_inv and columnwise_scale_inv = 1/scale. A float output
 /// (float32/bf16/fp16) is a plain cast (times the scale when one is set).
 pub fn quantize(
-    input: &Tensor,
-    output: &Tensor,
+    input: Checked<&Tensor>,
+    output: Checked<&Tensor>,
     cfg: &QuantConfig,
     stream: StreamHandle,
 ) -> Result<()> {
+    let (input, output) = (*input, *output);
     let (has_row, has_col, rows, cols, out_dtype) = match quantize_kind(input, output)? {
         Quantize::Plain => return cast_plain(input, output, stream),
         Quantize::Nothing => return Ok(()),
@@ -509,7 +510,7 @@ fn quantize_rowwise(
 /// or v1: NVTE_COMM_CAST_TRANSPOSE) of the [rows, cols]
 /// input into `dst` (NULL: no rowwise output) and `dst_t`, in the CUDA context `ctx`.
 fn cast_transpose(
-    (m, dev, ctx): (&nvrtc::Module, &cuda::DeviceInfo, u64),
+    (m, dev, ctx): (&nvrtc::Module, &cuda::DeviceInfo, cuda::CtxId),
     (iname, oname): (&str, &str),
     (p, dst, dst_t): (&QuantPtrs, DevPtr, DevPtr),
     (rows, cols): (usize, usize),
@@ -577,7 +578,7 @@ type CtKernel = (Kernel<Ct2Params>, (usize, usize), bool);
 /// tile (rows, columns), one tile a block). `vec`: the vector
 /// path's alignment and divisibility hold; `t_aligned`: out_t is 16-byte aligned.
 fn ct_kernel(
-    (m, dev, ctx): (&nvrtc::Module, &cuda::DeviceInfo, u64),
+    (m, dev, ctx): (&nvrtc::Module, &cuda::DeviceInfo, cuda::CtxId),
     ct: CastTranspose,
     (iname, oname): (&str, &str),
     (vec, t_aligned): (bool, bool),
@@ -847,11 +848,12 @@ fn need_scalar(b: &Buffer, what: &str, param: &str) -> Result<DevPtr> {
 /// TE's nvte_compute_amax(_with_config): output.amax = max|input| (zeroed first, then an
 /// atomic max per block; the noop flag skips both).
 pub fn compute_amax(
-    input: &Tensor,
-    output: &Tensor,
+    input: Checked<&Tensor>,
+    output: Checked<&Tensor>,
     cfg: &QuantConfig,
     stream: StreamHandle,
 ) -> Result<()> {
+    let (input, output) = (*input, *output);
     let i = &input.data;
     if !is_float_input(i.dtype) {
         unsupported!(
@@ -904,10 +906,11 @@ pub fn compute_amax(
 /// inf or NaN: 1; an overflowing scale: float max; optionally a power of 2). Only the
 /// scale is written (scale_inv is the next quantize's).
 pub fn compute_scale_from_amax(
-    output: &Tensor,
+    output: Checked<&Tensor>,
     cfg: &QuantConfig,
     stream: StreamHandle,
 ) -> Result<()> {
+    let output = *output;
     let d = if output.data.ptr.is_null() && !output.columnwise_data.ptr.is_null() {
         output.columnwise_data.dtype
     } else {
@@ -991,15 +994,17 @@ pub fn history_dims(h: &Buffer, what: &str) -> Result<(usize, usize)> {
 /// is 0, inf or NaN; float max when that overflows). In place allowed.
 #[allow(clippy::too_many_arguments)]
 pub fn delayed_scaling_update(
-    history: &Tensor,
-    scale: &Tensor,
-    updated_history: &Tensor,
-    updated_scale: &Tensor,
+    history: Checked<&Tensor>,
+    scale: Checked<&Tensor>,
+    updated_history: Checked<&Tensor>,
+    updated_scale: Checked<&Tensor>,
     algo: AmaxAlgo,
     fp8_dtype: DType,
     margin: f32,
     stream: StreamHandle,
 ) -> Result<()> {
+    let (history, scale) = (*history, *scale);
+    let (updated_history, updated_scale) = (*updated_history, *updated_scale);
     let (len, ns) = history_dims(&history.data, "amax_history")?;
     let (ulen, uns) = history_dims(&updated_history.data, "updated_amax_history")?;
     if (ulen, uns) != (len, ns) {
@@ -1061,7 +1066,12 @@ pub fn delayed_scaling_update(
 
 /// TE's nvte_transpose: output [cols, rows] = input [rows, cols]^T, both 2-D, same dtype
 /// (element sizes 1, 2 and 4 bytes).
-pub fn transpose(input: &Tensor, output: &Tensor, stream: StreamHandle) -> Result<()> {
+pub fn transpose(
+    input: Checked<&Tensor>,
+    output: Checked<&Tensor>,
+    stream: StreamHandle,
+) -> Result<()> {
+    let (input, output) = (*input, *output);
     let (i, o) = (&input.data, &output.data);
     let (is, os) = (i.shape.as_slice(), o.shape.as_slice());
     if is.len() != 2 || os.len() != 2 {
@@ -1122,7 +1132,12 @@ pub fn transpose(input: &Tensor, output: &Tensor, stream: StreamHandle) -> Resul
 }
 
 /// TE's nvte_dequantize: output = cast(input * input.scale_inv) from FP8.
-pub fn dequantize(input: &Tensor, output: &Tensor, stream: StreamHandle) -> Result<()> {
+pub fn dequantize(
+    input: Checked<&Tensor>,
+    output: Checked<&Tensor>,
+    stream: StreamHandle,
+) -> Result<()> {
+    let (input, output) = (*input, *output);
     let (i, o) = (&input.data, &output.data);
     if i.numel() != o.numel() {
         invalid!(
@@ -1181,7 +1196,14 @@ pub fn dequantize(input: &Tensor, output: &Tensor, stream: StreamHandle) -> Resu
 
 /// Fill a tensor with uniform random values in [lo, hi) from a counter-based generator:
 /// the same (seed, size) always gives the same data.
-pub fn fill_uniform(t: &Tensor, seed: u64, lo: f32, hi: f32, stream: StreamHandle) -> Result<()> {
+pub fn fill_uniform(
+    t: Checked<&Tensor>,
+    seed: u64,
+    lo: f32,
+    hi: f32,
+    stream: StreamHandle,
+) -> Result<()> {
+    let t = *t;
     let b = &t.data;
     let Some(name) = short(b.dtype) else {
         unsupported!(

@@ -1,8 +1,9 @@
 //! The autotuner of the comm-GEMM API (`NVTE_COMM_TUNE=0|1|force`, default 1): on the
 //! first eager call of each (operation, dtype, m, n, k, tp, transport) with algo Default,
-//! the context runs the call with each candidate configuration (algorithm, GEMM splits,
-//! copy-engine vs SM puts, comm SMs, ring direction, all-gather pieces, the accumulating
-//! ring and its pieces), 1 warm-up and 3
+//! the context runs the call with each candidate policy (`overlap::Policy`: the context's,
+//! with other per-call choices: algorithm, GEMM splits, copy-engine vs SM puts, comm SMs,
+//! ring direction, all-gather pieces, the accumulating ring and its pieces, the fused
+//! algorithms and their tiles), 1 warm-up and 3
 //! timed runs each, in `ROUNDS` interleaved rounds, and keeps the fastest (median of its
 //! rounds) by the slowest rank when it beats the defaults by `MARGIN`: every rank's times
 //! are gathered through the context's bootstrap, so all ranks pick the same (the rank-0
@@ -19,6 +20,8 @@
 //!
 //! Candidate generation, the encoding and the pick are pure functions tested here.
 use crate::error::{Error, Result};
+use crate::overlap::policy::{Direction, Reduction, Sum, Tiles};
+use crate::overlap::{Pins, Policy};
 use std::collections::HashMap;
 use std::path::PathBuf;
 
@@ -67,134 +70,134 @@ impl Op {
     }
 }
 
-/// One configuration of a call.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Choice {
-    /// copy-engine puts (else SM puts)
-    pub use_ce: bool,
-    /// bidirectional ring all-gather
-    pub aggregate: bool,
-    /// SMs of the communication kernels
-    pub comm_sms: i32,
-    /// GEMM splits (pipelined reduce-scatter, chunked all-reduce)
-    pub splits: i32,
-    /// reduce-scatter: the ring (p2p) algorithm, else the pipelined one;
-    /// all-reduce: the ring (RS + AG), else the chunked one
-    pub ring: bool,
-    /// all-gather: pieces per remote chunk (finer pipeline); the accumulating ring:
-    /// pieces per chunk
-    pub pieces: i32,
-    /// reduce-scatter and all-reduce rings: the GEMMs add the running sums (the
-    /// accumulating ring), else a closing reduction sums the partials
-    pub accumulate: bool,
-    /// the fused algorithms (one launch of our GEMM): the all-gather on arrival flags,
-    /// the reduce-scatter ring (and the ring all-reduce's) on done signals per piece
-    pub fused: bool,
-    /// the fused algorithms' GEMM in 128-wide tiles (else the tile rule's width): half a
-    /// tile's time before a reduce-scatter's first piece can go and after an all-gather's
-    /// last arrival, for a slower GEMM (`sm90::Hooks::narrow`)
-    pub narrow: bool,
+/// The per-call part of a policy (what the tuner chooses) in 8 bytes, for the
+/// cross-rank exchange and the disk cache: flags, comm SMs, splits, pieces.
+pub fn encode(p: &Policy) -> [u8; 8] {
+    let flags = (p.comm.use_ce as u8)
+        | (p.bidirectional() as u8) << 1
+        | (p.rs_ring() as u8) << 2
+        | (p.accumulates() as u8) << 3
+        | (p.fused.is_some() as u8) << 4
+        | ((p.fused == Some(Tiles::Narrow)) as u8) << 5;
+    let mut b = [0u8; 8];
+    b[0] = 1; // present
+    b[1] = flags;
+    b[2..4].copy_from_slice(&(p.comm.sms.clamp(0, u16::MAX as i32) as u16).to_le_bytes());
+    b[4..6].copy_from_slice(&(p.splits.clamp(0, u16::MAX as i32) as u16).to_le_bytes());
+    b[6] = p.pieces.clamp(0, 255) as u8;
+    b
 }
 
-impl Choice {
-    /// Fits in 8 bytes for the cross-rank exchange: flags, comm SMs, splits.
-    pub fn encode(&self) -> [u8; 8] {
-        let flags = (self.use_ce as u8)
-            | (self.aggregate as u8) << 1
-            | (self.ring as u8) << 2
-            | (self.accumulate as u8) << 3
-            | (self.fused as u8) << 4
-            | (self.narrow as u8) << 5;
-        let mut b = [0u8; 8];
-        b[0] = 1; // present
-        b[1] = flags;
-        b[2..4].copy_from_slice(&(self.comm_sms.clamp(0, u16::MAX as i32) as u16).to_le_bytes());
-        b[4..6].copy_from_slice(&(self.splits.clamp(0, u16::MAX as i32) as u16).to_le_bytes());
-        b[6] = self.pieces.clamp(0, 255) as u8;
-        b
+/// `base` (its fixed part: group, transport, streams, pins) with the per-call choices of
+/// `b` ([`encode`]), or None where `b` holds none.
+pub fn decode(b: &[u8], base: &Policy) -> Option<Policy> {
+    if b.len() < 8 || b[0] != 1 {
+        return None;
     }
-    pub fn decode(b: &[u8]) -> Option<Choice> {
-        if b.len() < 8 || b[0] != 1 {
+    let mut p = *base;
+    p.comm.use_ce = b[1] & 1 != 0;
+    let bit = |i: u8| b[1] & (1 << i) != 0;
+    p.direction = if bit(1) {
+        Direction::BothWays
+    } else {
+        Direction::OneWay
+    };
+    // (the bits the encoder never sets apart are read as it sets them: accumulating only
+    // with the ring, narrow tiles only with the fused algorithms)
+    p.reduce = match (bit(2), bit(3)) {
+        (false, _) => Reduction::Chunks,
+        (true, false) => Reduction::Ring { sum: Sum::Closing },
+        (true, true) => Reduction::Ring {
+            sum: Sum::Accumulating,
+        },
+    };
+    p.fused = match (bit(4), bit(5)) {
+        (false, _) => None,
+        (true, false) => Some(Tiles::Rule),
+        (true, true) => Some(Tiles::Narrow),
+    };
+    p.comm.sms = u16::from_le_bytes([b[2], b[3]]) as i32;
+    p.splits = u16::from_le_bytes([b[4], b[5]]) as i32;
+    p.pieces = (b[6] as i32).max(1);
+    Some(p)
+}
+
+/// The disk cache's text of the per-call choices `b` ([`encode`]).
+fn to_text(b: &[u8; 8]) -> String {
+    let f = |bit: u8| (b[1] >> bit) & 1;
+    format!(
+        "ce={} aggregate={} ring={} comm_sms={} splits={} pieces={} acc={} fused={} narrow={}",
+        f(0),
+        f(1),
+        f(2),
+        u16::from_le_bytes([b[2], b[3]]),
+        u16::from_le_bytes([b[4], b[5]]),
+        b[6],
+        f(3),
+        f(4),
+        f(5)
+    )
+}
+
+/// The choices of a disk cache line ([`to_text`]), encoded ([`encode`]); None where a
+/// key is missing, repeated or out of range.
+fn from_text(s: &str) -> Option<[u8; 8]> {
+    const KEYS: [&str; 9] = [
+        "ce",
+        "aggregate",
+        "ring",
+        "comm_sms",
+        "splits",
+        "pieces",
+        "acc",
+        "fused",
+        "narrow",
+    ];
+    let mut v = [0i32; 9];
+    let mut seen = 0u32; // a bit per key: each once
+    for kv in s.split_whitespace() {
+        let (k, x) = kv.split_once('=')?;
+        let n: i32 = x.parse().ok()?;
+        let i = KEYS.iter().position(|y| *y == k)?;
+        if seen & (1 << i) != 0 {
             return None;
         }
-        Some(Choice {
-            use_ce: b[1] & 1 != 0,
-            aggregate: b[1] & 2 != 0,
-            ring: b[1] & 4 != 0,
-            accumulate: b[1] & 8 != 0,
-            fused: b[1] & 16 != 0,
-            narrow: b[1] & 32 != 0,
-            comm_sms: u16::from_le_bytes([b[2], b[3]]) as i32,
-            splits: u16::from_le_bytes([b[4], b[5]]) as i32,
-            pieces: (b[6] as i32).max(1),
-        })
+        seen |= 1 << i;
+        v[i] = n;
     }
-    fn to_text(self) -> String {
-        format!(
-            "ce={} aggregate={} ring={} comm_sms={} splits={} pieces={} acc={} fused={} narrow={}",
-            self.use_ce as u8,
-            self.aggregate as u8,
-            self.ring as u8,
-            self.comm_sms,
-            self.splits,
-            self.pieces,
-            self.accumulate as u8,
-            self.fused as u8,
-            self.narrow as u8
-        )
+    // (a line of an earlier format, without `narrow`, is not taken: its key is tuned
+    // again, with the newer candidates)
+    let [
+        ce,
+        aggregate,
+        ring,
+        comm_sms,
+        splits,
+        pieces,
+        acc,
+        fused,
+        narrow,
+    ] = v;
+    let ok = seen == (1 << KEYS.len()) - 1
+        && comm_sms >= 1
+        && (1..=64).contains(&splits)
+        && (1..=16).contains(&pieces);
+    if !ok {
+        return None;
     }
-    fn from_text(s: &str) -> Option<Choice> {
-        let mut c = Choice {
-            use_ce: true,
-            aggregate: false,
-            ring: true,
-            comm_sms: 16,
-            splits: 3,
-            pieces: 1,
-            accumulate: false,
-            fused: false,
-            narrow: false,
-        };
-        const KEYS: [&str; 9] = [
-            "ce",
-            "aggregate",
-            "ring",
-            "comm_sms",
-            "splits",
-            "pieces",
-            "acc",
-            "fused",
-            "narrow",
-        ];
-        let mut seen = 0u32; // a bit per key: each once
-        for kv in s.split_whitespace() {
-            let (k, v) = kv.split_once('=')?;
-            let n: i32 = v.parse().ok()?;
-            let bit = 1u32 << KEYS.iter().position(|x| *x == k)?;
-            if seen & bit != 0 {
-                return None;
-            }
-            seen |= bit;
-            match k {
-                "ce" => c.use_ce = n != 0,
-                "aggregate" => c.aggregate = n != 0,
-                "ring" => c.ring = n != 0,
-                "comm_sms" => c.comm_sms = n,
-                "splits" => c.splits = n,
-                "pieces" => c.pieces = n,
-                "acc" => c.accumulate = n != 0,
-                "fused" => c.fused = n != 0,
-                _ => c.narrow = n != 0,
-            }
-        }
-        // (a line of an earlier format, without `narrow`, is not taken: its key is tuned
-        // again, with the newer candidates)
-        (seen == (1 << KEYS.len()) - 1
-            && c.comm_sms >= 1
-            && (1..=64).contains(&c.splits)
-            && (1..=16).contains(&c.pieces))
-        .then_some(c)
-    }
+    let flag = |x: i32, bit: u8| ((x != 0) as u8) << bit;
+    let mut b = [0u8; 8];
+    b[0] = 1;
+    b[1] = flag(ce, 0)
+        | flag(aggregate, 1)
+        | flag(ring, 2)
+        | flag(acc, 3)
+        | flag(fused, 4)
+        | flag(narrow, 5);
+    b[2..4].copy_from_slice(&(comm_sms.min(u16::MAX as i32) as u16).to_le_bytes());
+    b[4..6].copy_from_slice(&(splits as u16).to_le_bytes());
+    b[6] = pieces as u8;
+    Some(b)
 }
 
 /// The candidates for `op` at `tp` ranks, the defaults first, then roughly the most
@@ -209,10 +212,10 @@ pub fn candidates(
     op: Op,
     tp: usize,
     peer_memory: bool,
-    default: Choice,
+    default: Policy,
     max_sms: i32,
     (accumulating, narrow): (bool, bool),
-) -> Vec<Choice> {
+) -> Vec<Policy> {
     let mut l = Candidates {
         v: vec![default],
         max_sms,
@@ -226,114 +229,126 @@ pub fn candidates(
     l.v
 }
 
-/// A candidate list being made: distinct choices whose comm SMs stay well below the
+/// `d` changed by `f`.
+fn with(d: Policy, f: impl FnOnce(&mut Policy)) -> Policy {
+    let mut p = d;
+    f(&mut p);
+    p
+}
+
+/// A candidate list being made: distinct policies whose comm SMs stay well below the
 /// device's.
 struct Candidates {
-    v: Vec<Choice>,
+    v: Vec<Policy>,
     max_sms: i32,
     /// 128-wide tiles are a choice
     narrow: bool,
 }
 
 impl Candidates {
-    fn add(&mut self, c: Choice) {
+    fn add(&mut self, c: Policy) {
         if !self.v.contains(&c)
-            && c.comm_sms >= 1
-            && c.comm_sms < self.max_sms / 2
-            && (self.narrow || !c.narrow)
+            && c.comm.sms >= 1
+            && c.comm.sms < self.max_sms / 2
+            && (self.narrow || c.fused != Some(Tiles::Narrow))
         {
             self.v.push(c);
         }
     }
 
     /// The accumulating ring (copy-engine puts) with its chunks in `pieces`.
-    fn accumulating_ring(d: Choice, pieces: i32) -> Choice {
-        Choice {
-            ring: true,
-            use_ce: true,
-            accumulate: true,
-            pieces,
-            ..d
+    fn accumulating_ring(d: Policy, pieces: i32) -> Policy {
+        with(d, |p| {
+            p.reduce = Reduction::Ring {
+                sum: Sum::Accumulating,
+            };
+            p.comm.use_ce = true;
+            p.pieces = pieces;
+        })
+    }
+
+    /// The ring with `d`'s sum (closing where `d` runs chunks).
+    fn ring_of(d: Policy) -> Reduction {
+        match d.reduce {
+            Reduction::Chunks => Reduction::Ring { sum: Sum::Closing },
+            ring => ring,
         }
     }
 
-    fn all_gather(&mut self, d: Choice, tp: usize, peer_memory: bool) {
+    /// The ring (p2p) with copy-engine puts, or SM puts on `sms` SMs.
+    fn ring(d: Policy, sms: Option<i32>) -> Policy {
+        with(d, |p| {
+            p.reduce = Self::ring_of(d);
+            p.comm.use_ce = sms.is_none();
+            if let Some(n) = sms {
+                p.comm.sms = n;
+            }
+        })
+    }
+
+    fn all_gather(&mut self, d: Policy, tp: usize, peer_memory: bool) {
         if peer_memory {
-            for aggregate in [false, true] {
-                if aggregate && tp < 4 {
+            for bidirectional in [false, true] {
+                if bidirectional && tp < 4 {
                     continue; // a 2-ring has one neighbour each way: nothing to gain
                 }
-                self.add(Choice {
-                    aggregate,
-                    use_ce: true,
-                    ..d
+                let b = with(d, |p| {
+                    p.direction = if bidirectional {
+                        Direction::BothWays
+                    } else {
+                        Direction::OneWay
+                    }
                 });
+                self.add(with(b, |p| p.comm.use_ce = true));
                 for sms in [8, 16, 32] {
-                    self.add(Choice {
-                        aggregate,
-                        use_ce: false,
-                        comm_sms: sms,
-                        ..d
-                    });
+                    self.add(with(b, |p| {
+                        p.comm.use_ce = false;
+                        p.comm.sms = sms;
+                    }));
                 }
             }
         }
         // Finer pipelines: each remote chunk in 2 or 4 pieces (any transport).
         for pieces in [2, 4] {
-            self.add(Choice { pieces, ..d });
+            self.add(with(d, |p| p.pieces = pieces));
         }
         // The fused all-gather (one launch of our GEMM on arrival flags; where our GEMM
         // cannot compute the call, the same ring with cuBLASLt per chunk), whole chunks,
         // in 2 and 8 pieces (with K slices: 8 slices instead of at least 4), and in
         // 128-wide tiles: chosen only where measured faster, as every candidate.
         for pieces in [1, 2, 8] {
-            self.add(Choice {
-                fused: true,
-                pieces,
-                ..d
-            });
+            self.add(with(d, |p| {
+                p.fused = Some(Tiles::Rule);
+                p.pieces = pieces;
+            }));
         }
-        self.add(Choice {
-            fused: true,
-            narrow: true,
-            ..d
-        });
+        self.add(with(d, |p| p.fused = Some(Tiles::Narrow)));
     }
 
     /// The accumulating ring (any transport), its chunks in 2 or 4 pieces; ring (p2p):
     /// CE or SM puts; pipelined: loads from peers with `splits` chunks.
-    fn reduce_scatter(&mut self, d: Choice, peer_memory: bool, accumulating: bool) {
+    fn reduce_scatter(&mut self, d: Policy, peer_memory: bool, accumulating: bool) {
         for pieces in [2, 4] {
             if accumulating {
                 self.add(Self::accumulating_ring(d, pieces));
             }
         }
         if peer_memory {
-            self.add(Choice {
-                ring: true,
-                use_ce: true,
-                ..d
-            });
+            self.add(Self::ring(d, None));
             for sms in [8, 16, 32] {
-                self.add(Choice {
-                    ring: true,
-                    use_ce: false,
-                    comm_sms: sms,
-                    ..d
-                });
+                self.add(Self::ring(d, Some(sms)));
             }
         }
         // (3 splits left out for the fused ring's: 17 candidates with the default comm_sms;
         // the fused ones come last, so a tuning budget cuts them first)
         for splits in [2, 4, 6, 8] {
             for sms in [16, 32] {
-                self.add(Choice {
-                    ring: false,
-                    use_ce: true,
-                    splits,
-                    comm_sms: sms,
-                    ..d
-                });
+                self.add(with(d, |p| {
+                    p.reduce = Reduction::Chunks;
+                    p.comm.use_ce = true;
+                    p.splits = splits;
+                    p.comm.sms = sms;
+                }));
             }
         }
         if peer_memory {
@@ -345,55 +360,36 @@ impl Candidates {
     /// rows, each piece pushed by copy engine as soon as it is signalled) in `pieces`
     /// pieces per destination, then in 4 pieces of 128-wide tiles: chosen only where
     /// measured faster, as every candidate.
-    fn fused_ring(&mut self, d: Choice, pieces: &[i32]) {
+    fn fused_ring(&mut self, d: Policy, pieces: &[i32]) {
+        let fused = with(Self::ring(d, None), |p| p.fused = Some(Tiles::Rule));
         for &pieces in pieces {
-            self.add(Choice {
-                ring: true,
-                use_ce: true,
-                fused: true,
-                pieces,
-                ..d
-            });
+            self.add(with(fused, |p| p.pieces = pieces));
         }
-        self.add(Choice {
-            ring: true,
-            use_ce: true,
-            fused: true,
-            pieces: 4,
-            narrow: true,
-            ..d
-        });
+        self.add(with(fused, |p| {
+            p.pieces = 4;
+            p.fused = Some(Tiles::Narrow);
+        }));
     }
 
     /// The ring with the accumulating reduce-scatter (the ring needs peer memory) in 2, 4
     /// or 8 pieces (each reduced piece is pushed to the peers as soon as it is computed:
     /// smaller pieces, a shorter tail after the last GEMM); the ring with CE or SM puts;
     /// chunked.
-    fn all_reduce(&mut self, d: Choice, peer_memory: bool, accumulating: bool) {
+    fn all_reduce(&mut self, d: Policy, peer_memory: bool, accumulating: bool) {
         if peer_memory && accumulating {
             for pieces in [2, 4, 8] {
                 self.add(Self::accumulating_ring(d, pieces));
             }
         }
         if peer_memory {
-            self.add(Choice {
-                ring: true,
-                use_ce: true,
-                ..d
-            });
-            self.add(Choice {
-                ring: true,
-                use_ce: false,
-                comm_sms: 32,
-                ..d
-            });
+            self.add(Self::ring(d, None));
+            self.add(Self::ring(d, Some(32)));
         }
         for splits in [2, 3, 4, 6] {
-            self.add(Choice {
-                ring: false,
-                splits,
-                ..d
-            });
+            self.add(with(d, |p| {
+                p.reduce = Reduction::Chunks;
+                p.splits = splits;
+            }));
         }
         if peer_memory {
             self.fused_ring(d, &[4]);
@@ -407,7 +403,8 @@ pub use crate::timing::{MARGIN, MAX_KEYS, ROUNDS, affordable, medians, pick, pic
 #[derive(Default)]
 pub struct Cache {
     path: Option<PathBuf>,
-    map: HashMap<String, Choice>,
+    /// the per-call choices ([`encode`]) by key
+    map: HashMap<String, [u8; 8]>,
     loaded: bool,
 }
 
@@ -423,12 +420,25 @@ pub struct Key {
     pub tp: usize,
     /// the transport setting's name (NVTE_COMM_TRANSPORT: auto, ipc, nccl)
     pub transport: &'static str,
-    /// The algorithm knobs that override candidates when set (index of the choice, 0 =
-    /// auto): NVTE_COMM_AR_ALGO, NVTE_COMM_RS_RING; 1 where FP8 GEMMs run with fast
-    /// accumulation (NVTE_COMM_GEMM_FP8_FAST_ACCUM, FP8 inputs only); and
-    /// NVTE_COMM_FUSED_TILES. A choice measured under an override is another key's: it is
-    /// never applied without it.
-    pub forced: [u8; 4],
+    /// The policy's pins that override candidates of `op` ([`Key::pins_for`]): a choice
+    /// measured under an override is another key's, never applied without it.
+    pub pins: Pins,
+    /// FP8 GEMMs run with fast accumulation (NVTE_COMM_GEMM_FP8_FAST_ACCUM, FP8 inputs
+    /// only)
+    pub fast_accum: bool,
+}
+
+impl Key {
+    /// The pins that matter to `op`: NVTE_COMM_AR_ALGO (all-reduce), NVTE_COMM_AG_PIECES
+    /// (all-gather) or NVTE_COMM_RS_RING (the others), NVTE_COMM_FUSED_TILES.
+    pub fn pins_for(op: Op, pins: &Pins) -> Pins {
+        Pins {
+            ar_algo: pins.ar_algo.filter(|_| op == Op::AllReduce),
+            ag_pieces: pins.ag_pieces.filter(|_| op == Op::AllGather),
+            rs_ring: pins.rs_ring.filter(|_| op != Op::AllGather),
+            fused_tiles: pins.fused_tiles,
+        }
+    }
 }
 
 impl std::fmt::Display for Key {
@@ -449,15 +459,17 @@ impl std::fmt::Display for Key {
             self.dims[2],
             self.tp
         )?;
-        // Overrides only (keys without any keep their text).
-        for (i, name) in [
-            (0, "ar_algo"),
-            (1, "rs_ring"),
-            (2, "fp8_fast_accum"),
-            (3, "fused_tiles"),
+        // Overrides only (keys without any keep their text; the all-gather's
+        // NVTE_COMM_AG_PIECES takes rs_ring's place, as the cache files have it).
+        let p = &self.pins;
+        for (name, v) in [
+            ("ar_algo", p.ar_algo.unwrap_or(0)),
+            ("rs_ring", p.ag_pieces.or(p.rs_ring).unwrap_or(0)),
+            ("fp8_fast_accum", self.fast_accum as usize),
+            ("fused_tiles", p.fused_tiles.unwrap_or(0)),
         ] {
-            if self.forced[i] != 0 {
-                write!(f, " {name}={}", self.forced[i])?;
+            if v != 0 {
+                write!(f, " {name}={v}")?;
             }
         }
         Ok(())
@@ -495,7 +507,7 @@ impl Cache {
         {
             for line in text.lines() {
                 if let Some((k, v)) = line.split_once(" => ")
-                    && let Some(c) = Choice::from_text(v)
+                    && let Some(c) = from_text(v)
                 {
                     self.map.insert(k.to_string(), c);
                 }
@@ -504,18 +516,19 @@ impl Cache {
         Ok(())
     }
 
-    pub fn get(&self, key: &str) -> Option<Choice> {
+    /// The choices cached for `key` ([`encode`]'s bytes).
+    pub fn get(&self, key: &str) -> Option<[u8; 8]> {
         self.map.get(key).copied()
     }
 
     /// Remember, and rewrite the file (atomically: a temporary file renamed over it).
-    pub fn put(&mut self, key: &str, c: Choice) {
-        self.map.insert(key.to_string(), c);
+    pub fn put(&mut self, key: &str, c: &Policy) {
+        self.map.insert(key.to_string(), encode(c));
         let Some(p) = &self.path else { return };
         let mut lines: Vec<String> = self
             .map
             .iter()
-            .map(|(k, c)| format!("{k} => {}", c.to_text()))
+            .map(|(k, c)| format!("{k} => {}", to_text(c)))
             .collect();
         lines.sort();
         let tmp = p.with_extension(format!("tmp{}", std::process::id()));
@@ -554,7 +567,7 @@ pub fn fingerprint(dev_name: &str, sm_count: i32) -> Result<String> {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Settings {
     pub cached: [u8; 8],
-    pub default: Choice,
+    pub default: Policy,
     pub sm_count: i32,
     pub budget_ms: f64,
     pub pick: Option<i32>,
@@ -563,8 +576,8 @@ pub struct Settings {
 /// The agreed settings.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Agreed {
-    pub cached: Option<Choice>,
-    pub default: Choice,
+    pub cached: Option<Policy>,
+    pub default: Policy,
     pub sm_count: i32,
     pub budget_ms: f64,
     pub pick: Option<i32>,
@@ -575,7 +588,7 @@ impl Settings {
     pub fn encode(&self) -> [u8; Self::BYTES] {
         let mut b = [0u8; Self::BYTES];
         b[..8].copy_from_slice(&self.cached);
-        b[8..16].copy_from_slice(&self.default.encode());
+        b[8..16].copy_from_slice(&encode(&self.default));
         b[16..20].copy_from_slice(&self.sm_count.to_le_bytes());
         b[20..24]
             .copy_from_slice(&(self.budget_ms.clamp(0.0, u32::MAX as f64) as u32).to_le_bytes());
@@ -583,8 +596,9 @@ impl Settings {
         b
     }
 
-    /// Every rank's settings (rank order) to the agreed ones.
-    pub fn agree(all: &[u8]) -> Result<Agreed> {
+    /// Every rank's settings (rank order) to the agreed ones: rank 0's choices on this
+    /// rank's `base` policy (its fixed part).
+    pub fn agree(all: &[u8], base: &Policy) -> Result<Agreed> {
         if all.is_empty() || !all.len().is_multiple_of(Self::BYTES) {
             return Err(Error::internal(format!(
                 "tuning exchange: {} bytes, not a multiple of {}",
@@ -594,9 +608,9 @@ impl Settings {
         }
         let ranks: Vec<&[u8]> = all.chunks(Self::BYTES).collect();
         let i32_at = |r: &[u8], o: usize| i32::from_le_bytes([r[o], r[o + 1], r[o + 2], r[o + 3]]);
-        let first = Choice::decode(&ranks[0][..8]);
-        let cached = first.filter(|_| ranks.iter().all(|r| Choice::decode(&r[..8]) == first));
-        let default = Choice::decode(&ranks[0][8..16])
+        let first = decode(&ranks[0][..8], base);
+        let cached = first.filter(|_| ranks.iter().all(|r| decode(&r[..8], base) == first));
+        let default = decode(&ranks[0][8..16], base)
             .ok_or_else(|| Error::internal("tuning exchange: rank 0 sent no defaults"))?;
         let sm_count = ranks.iter().map(|r| i32_at(r, 16)).min().unwrap_or(0);
         let budget_ms =
@@ -628,19 +642,10 @@ pub fn slowest(all: &[u8]) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::overlap::policy::Comm;
 
-    fn d() -> Choice {
-        Choice {
-            use_ce: true,
-            aggregate: false,
-            comm_sms: 16,
-            splits: 3,
-            ring: true,
-            pieces: 1,
-            accumulate: false,
-            fused: false,
-            narrow: false,
-        }
+    fn d() -> Policy {
+        Policy::te_defaults()
     }
 
     #[test]
@@ -652,11 +657,11 @@ mod tests {
                     assert_eq!(c[0], d());
                     for (i, a) in c.iter().enumerate() {
                         assert!(!c[i + 1..].contains(a), "{op:?} tp {tp}: duplicate {a:?}");
-                        assert!(a.comm_sms >= 1 && a.comm_sms < 66);
+                        assert!(a.comm.sms >= 1 && a.comm.sms < 66);
                     }
                     if !peer_memory {
                         assert!(
-                            c.iter().all(|x| x.use_ce),
+                            c.iter().all(|x| x.comm.use_ce),
                             "the transport moves its own bytes"
                         );
                     }
@@ -673,16 +678,16 @@ mod tests {
             (Op::AllGather, true, false),
         ] {
             let c = candidates(op, 2, peer_memory, d(), 132, (true, true));
-            let acc: Vec<&Choice> = c.iter().filter(|x| x.accumulate).collect();
+            let acc: Vec<&Policy> = c.iter().filter(|x| x.accumulates()).collect();
             assert_eq!(!acc.is_empty(), want, "{op:?} peer memory {peer_memory}");
-            assert!(acc.iter().all(|x| x.ring && x.pieces >= 2));
+            assert!(acc.iter().all(|x| x.rs_ring() && x.pieces >= 2));
         }
         // Where NVTE_COMM_RS_RING forces how rings sum: no accumulating candidates.
         for op in [Op::ReduceScatter, Op::AllReduce] {
             assert!(
                 !candidates(op, 2, true, d(), 132, (false, true))
                     .iter()
-                    .any(|c| c.accumulate)
+                    .any(|c| c.accumulates())
             );
         }
         // python/tests/jax/test_jax_gpu.py forces picks 1, 2, 3, 4, 5, 7 (each is taken mod
@@ -693,44 +698,55 @@ mod tests {
         let ar = candidates(Op::AllReduce, 2, true, d(), 132, (true, true));
         let picks = [1, 2, 3, 4, 5, 7];
         let run =
-            |c: &[Choice], f: &dyn Fn(&Choice) -> bool| picks.iter().any(|p| f(&c[p % c.len()]));
+            |c: &[Policy], f: &dyn Fn(&Policy) -> bool| picks.iter().any(|p| f(&c[p % c.len()]));
         assert!(run(&ag, &|c| c.pieces == 2) && run(&ag, &|c| c.pieces == 4));
-        assert!(run(&ag, &|c| !c.use_ce));
+        assert!(run(&ag, &|c| !c.comm.use_ce));
         for x in [&rs, &ar] {
-            assert!(run(x, &|c| c.accumulate && c.pieces == 2));
-            assert!(run(x, &|c| c.accumulate && c.pieces == 4));
-            assert!(run(x, &|c| c.ring && !c.accumulate && !c.use_ce), "SM puts");
+            assert!(run(x, &|c| c.accumulates() && c.pieces == 2));
+            assert!(run(x, &|c| c.accumulates() && c.pieces == 4));
+            assert!(
+                run(x, &|c| c.rs_ring() && !c.accumulates() && !c.comm.use_ce),
+                "SM puts"
+            );
         }
-        assert!(run(&rs, &|c| !c.ring && c.splits == 2), "pipelined");
-        assert!(run(&ar, &|c| !c.ring), "chunked");
+        assert!(run(&rs, &|c| !c.rs_ring() && c.splits == 2), "pipelined");
+        assert!(run(&ar, &|c| !c.rs_ring()), "chunked");
         // The fused all-gather: all-gather candidates only, among the forced picks.
-        assert!(run(&ag, &|c| c.fused));
+        assert!(run(&ag, &|c| c.fused.is_some()));
         // The fused ring (reduce-scatter and the ring all-reduce's): after the other
         // candidates (the forced picks above stay where they were), ring and copy engine
         // only, with peer memory only.
         for x in [&rs, &ar] {
-            let f: Vec<_> = x.iter().filter(|c| c.fused).collect();
-            assert!(!f.is_empty() && f.iter().all(|c| c.ring && c.use_ce && !c.accumulate));
-            assert!(x.iter().skip_while(|c| !c.fused).all(|c| c.fused));
+            let f: Vec<_> = x.iter().filter(|c| c.fused.is_some()).collect();
+            assert!(
+                !f.is_empty()
+                    && f.iter()
+                        .all(|c| c.rs_ring() && c.comm.use_ce && !c.accumulates())
+            );
+            assert!(
+                x.iter()
+                    .skip_while(|c| c.fused.is_none())
+                    .all(|c| c.fused.is_some())
+            );
         }
-        assert!(rs.iter().any(|c| c.fused && c.pieces == 4));
+        assert!(rs.iter().any(|c| c.fused.is_some() && c.pieces == 4));
         for op in [Op::ReduceScatter, Op::AllReduce] {
             assert!(
                 !candidates(op, 2, false, d(), 132, (true, true))
                     .iter()
-                    .any(|c| c.fused)
+                    .any(|c| c.fused.is_some())
             );
         }
         // The bidirectional ring only from tp 4.
         assert!(
             !candidates(Op::AllGather, 2, true, d(), 132, (true, true))
                 .iter()
-                .any(|c| c.aggregate)
+                .any(|c| c.bidirectional())
         );
         assert!(
             candidates(Op::AllGather, 4, true, d(), 132, (true, true))
                 .iter()
-                .any(|c| c.aggregate)
+                .any(|c| c.bidirectional())
         );
     }
 
@@ -741,14 +757,19 @@ mod tests {
         for op in [Op::AllGather, Op::ReduceScatter, Op::AllReduce] {
             for tp in [2, 4, 8] {
                 let c = candidates(op, tp, true, d(), 132, (true, true));
-                assert!(c.iter().any(|x| x.fused && x.narrow), "{op:?} tp {tp}");
-                assert!(c.iter().all(|x| x.fused || !x.narrow), "{op:?} tp {tp}");
+                // (narrow tiles without the fused algorithms: the type has no such value)
+                let narrow = Some(Tiles::Narrow);
+                assert!(c.iter().any(|x| x.fused == narrow), "{op:?} tp {tp}");
                 let pinned = candidates(op, tp, true, d(), 132, (true, false));
-                assert!(!pinned.iter().any(|x| x.narrow) && pinned.iter().any(|x| x.fused));
+                assert!(!pinned.iter().any(|x| x.fused == narrow));
+                assert!(pinned.iter().any(|x| x.fused.is_some()));
             }
         }
         let ag = candidates(Op::AllGather, 4, true, d(), 132, (true, true));
-        assert!(ag.iter().any(|c| c.fused && c.pieces == 8 && !c.narrow));
+        assert!(
+            ag.iter()
+                .any(|c| c.fused == Some(Tiles::Rule) && c.pieces == 8)
+        );
     }
 
     #[test]
@@ -757,37 +778,82 @@ mod tests {
             .into_iter()
             .chain(candidates(Op::AllGather, 4, true, d(), 132, (true, true)));
         for c in all {
-            assert_eq!(Choice::decode(&c.encode()), Some(c));
-            assert_eq!(Choice::from_text(&c.to_text()), Some(c));
+            assert_eq!(decode(&encode(&c), &d()), Some(c));
+            assert_eq!(from_text(&to_text(&encode(&c))), Some(encode(&c)));
         }
-        assert_eq!(Choice::decode(&[0u8; 8]), None);
-        assert_eq!(Choice::from_text("ce=1 aggregate=0"), None);
+        // The fixed part is the base's: a choice applies to this rank's own policy.
+        let base = Policy { tp_size: 4, ..d() };
+        let c = Policy {
+            comm: Comm {
+                sms: 32,
+                use_ce: false,
+                ..d().comm
+            },
+            ..d()
+        };
+        let got = decode(&encode(&c), &base).unwrap();
+        assert_eq!((got.tp_size, got.comm.sms, got.comm.use_ce), (4, 32, false));
+        assert_eq!(decode(&[0u8; 8], &d()), None);
+        assert_eq!(from_text("ce=1 aggregate=0"), None);
         assert_eq!(
-            Choice::from_text("ce=1 aggregate=0 ring=1 comm_sms=0 splits=3"),
+            from_text("ce=1 aggregate=0 ring=1 comm_sms=0 splits=3"),
             None
         );
         // A key twice (and another missing) is not taken.
         assert_eq!(
-            Choice::from_text(
+            from_text(
                 "ce=1 aggregate=0 ring=1 comm_sms=16 splits=3 pieces=1 acc=0 fused=1 fused=0"
             ),
             None
         );
         // Lines of previous formats (no acc; no fused; no narrow) are not taken.
         assert_eq!(
-            Choice::from_text(
-                "ce=1 aggregate=0 ring=1 comm_sms=16 splits=3 pieces=1 acc=0 fused=1"
-            ),
+            from_text("ce=1 aggregate=0 ring=1 comm_sms=16 splits=3 pieces=1 acc=0 fused=1"),
             None
         );
         assert_eq!(
-            Choice::from_text("ce=1 aggregate=0 ring=1 comm_sms=16 splits=3 pieces=1 acc=0"),
+            from_text("ce=1 aggregate=0 ring=1 comm_sms=16 splits=3 pieces=1 acc=0"),
             None
         );
         assert_eq!(
-            Choice::from_text("ce=1 aggregate=0 ring=1 comm_sms=16 splits=3 pieces=1"),
+            from_text("ce=1 aggregate=0 ring=1 comm_sms=16 splits=3 pieces=1"),
             None
         );
+    }
+
+    /// The typed choices keep the encoding's bits and the disk cache's words: cache files
+    /// and the cross-rank exchange written before them read the same.
+    #[test]
+    fn typed_choices_keep_the_bytes_and_the_text() {
+        let all_on = Policy {
+            direction: Direction::BothWays,
+            reduce: Reduction::Ring {
+                sum: Sum::Accumulating,
+            },
+            fused: Some(Tiles::Narrow),
+            splits: 6,
+            pieces: 4,
+            ..d()
+        };
+        assert_eq!(encode(&all_on), [1, 63, 16, 0, 6, 0, 4, 0]);
+        assert_eq!(
+            to_text(&encode(&all_on)),
+            "ce=1 aggregate=1 ring=1 comm_sms=16 splits=6 pieces=4 acc=1 fused=1 narrow=1"
+        );
+        let chunks = Policy {
+            reduce: Reduction::Chunks,
+            ..d()
+        };
+        assert_eq!(encode(&chunks), [1, 1, 16, 0, 3, 0, 1, 0]);
+        assert_eq!(encode(&d())[1], 1 | 4, "ce and the ring: TE's defaults");
+        let fused_rule = Policy {
+            fused: Some(Tiles::Rule),
+            ..d()
+        };
+        assert_eq!(encode(&fused_rule)[1], 1 | 4 | 16);
+        // Bits the encoder never sets apart read as it sets them.
+        let odd = decode(&[1, 1 | 8 | 32, 16, 0, 3, 0, 1, 0], &d()).unwrap();
+        assert_eq!((odd.reduce, odd.fused), (Reduction::Chunks, None));
     }
 
     #[test]
@@ -802,16 +868,16 @@ mod tests {
 
     #[test]
     fn ranks_agree_on_rank_0s_settings_and_the_common_cache() {
-        let mk = |cached: Option<Choice>, sms: i32, budget: f64, pick: Option<i32>| Settings {
-            cached: cached.map(|c| c.encode()).unwrap_or([0; 8]),
+        let mk = |cached: Option<Policy>, sms: i32, budget: f64, pick: Option<i32>| Settings {
+            cached: cached.map(|c| encode(&c)).unwrap_or([0; 8]),
             default: d(),
             sm_count: sms,
             budget_ms: budget,
             pick,
         };
-        let other = Choice {
+        let other = Policy {
             splits: 4,
-            ring: false,
+            reduce: Reduction::Chunks,
             ..d()
         };
         let all = [
@@ -819,7 +885,7 @@ mod tests {
             mk(Some(d()), 114, 10.0, Some(3)).encode(),
         ]
         .concat();
-        let a = Settings::agree(&all).unwrap();
+        let a = Settings::agree(&all, &d()).unwrap();
         assert_eq!(a.cached, Some(d()));
         assert_eq!(
             (a.sm_count, a.budget_ms, a.pick),
@@ -831,7 +897,7 @@ mod tests {
             mk(Some(other), 132, 3000.0, None).encode(),
         ]
         .concat();
-        let a = Settings::agree(&all).unwrap();
+        let a = Settings::agree(&all, &d()).unwrap();
         assert_eq!(a.cached, None, "different cache entries: tune");
         assert_eq!(a.pick, Some(2));
         let all = [
@@ -840,11 +906,11 @@ mod tests {
         ]
         .concat();
         assert_eq!(
-            Settings::agree(&all).unwrap().cached,
+            Settings::agree(&all, &d()).unwrap().cached,
             None,
             "a rank without the entry: tune"
         );
-        assert!(Settings::agree(&[0u8; 5]).is_err());
+        assert!(Settings::agree(&[0u8; 5], &d()).is_err());
         let t = [1.0f32.to_le_bytes(), 3.0f32.to_le_bytes()].concat();
         assert_eq!(slowest(&t), 3.0);
         let t = [1.0f32.to_le_bytes(), f32::NAN.to_le_bytes()].concat();
@@ -900,12 +966,34 @@ mod tests {
             dims: [1, 2, 3],
             tp: 4,
             transport: "ipc",
-            forced: [0, 0, 0, 0],
+            pins: Pins::default(),
+            fast_accum: false,
         };
         let forced = Key {
-            forced: [0, 2, 0, 0],
+            pins: Pins {
+                rs_ring: Some(2),
+                ..Pins::default()
+            },
             ..k
         };
+        // The all-gather's NVTE_COMM_AG_PIECES takes rs_ring's place (the files' keys).
+        let ag_pieces = Key {
+            pins: Key::pins_for(
+                Op::AllGather,
+                &Pins {
+                    ag_pieces: Some(2),
+                    rs_ring: Some(1),
+                    ar_algo: Some(1),
+                    fused_tiles: Some(2),
+                },
+            ),
+            fast_accum: true,
+            ..k
+        };
+        assert_eq!(
+            ag_pieces.to_string(),
+            format!("{k} rs_ring=2 fp8_fast_accum=1 fused_tiles=2")
+        );
         assert_eq!(
             forced.to_string(),
             format!("{k} rs_ring=2"),
@@ -916,7 +1004,7 @@ mod tests {
             k,
             "AllGather kNVTEBFloat16xkNVTEBFloat16->kNVTEBFloat16TN m=1 n=2 k=3 tp=4 ipc"
         );
-        c.put(&k, d());
+        c.put(&k, &d());
         let mut c2 = Cache {
             path: Some(p.clone()),
             map: HashMap::new(),
@@ -926,9 +1014,9 @@ mod tests {
         c2.loaded = true;
         for line in std::fs::read_to_string(&p).unwrap().lines() {
             let (kk, v) = line.split_once(" => ").unwrap();
-            c2.map.insert(kk.into(), Choice::from_text(v).unwrap());
+            c2.map.insert(kk.into(), from_text(v).unwrap());
         }
-        assert_eq!(c2.get(&k), Some(d()));
+        assert_eq!(c2.get(&k).and_then(|b| decode(&b, &d())), Some(d()));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -11,8 +11,9 @@ use std::path::Path;
 const LAYERS: &[&[&str]] = &[
     &["ffi"],
     &["comm_gemm"],
+    &["tune"],
     &["overlap"],
-    &["gemm", "kernels", "transport", "tune"],
+    &["gemm", "kernels", "transport"],
     &["bootstrap"],
     &["tensor"],
     &["cuda"],

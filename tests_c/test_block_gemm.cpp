@@ -224,10 +224,13 @@ std::string describe(const Case &c) {
   return buf;
 }
 
-// Norm-wise relative error bounds: the inputs are exact in both computations, so only
-// the fp32 accumulation and the output's rounding remain (TE's GEMM tests: 16-bit
-// outputs ~1e-2).
-double tolerance(NVTEDType d) { return d == kNVTEFloat32 ? 1e-4 : 1e-2; }
+// Norm-wise relative error bounds. The inputs are exact in both computations; what
+// remains is the output's rounding (16-bit outputs: 1e-2, as TE's GEMM tests) and, for
+// a float32 output, the accumulation: Hopper's FP8 tensor cores add a 128-value block's
+// products at reduced precision before cuBLASLt applies that block's scales and promotes
+// the partial sum into float32 (TE's block-scaled GEMM test emulates exactly that
+// instead of comparing with float64); measured 1.0e-4 .. 2.7e-4 on an H200, so 1e-3.
+double tolerance(NVTEDType d) { return d == kNVTEFloat32 ? 1e-3 : 1e-2; }
 
 NVTETensor workspace_tensor(DevBuf &ws, Tensor &holder) {
   holder = Tensor(kNVTEByte, {1});

@@ -2,8 +2,9 @@
 library, no torch or jax needed; the adapter checks at the end run where those are
 installed):
 
-- its C enums against src/ffi/c_enums.in (the one table the header and the Rust types come
-  from; a mismatch prints the Python classes to paste) and against the header; the packed
+- its C enums against src/ffi/c_enums.in and src/transport/table.in (the tables the header
+  and the Rust types come from; a mismatch prints the Python classes to paste) and against
+  the header; the packed
   op codes against the header's defines; transport names and GemmAlgo's short names as
   derived from the enums;
 - block distribution (numroc, block_offset, scattered_rows);
@@ -40,14 +41,28 @@ def golden():
 # ----------------------------------------------------------------------------- enums
 
 
+def transport_table():
+    """(the enum it follows, [(enumerator, value), ...]) of src/transport/table.in, the
+    source of NVTECommTransport (its unit-test rows left out)."""
+    with open(os.path.join(REPO, "src", "transport", "table.in"), encoding="utf-8") as f:
+        text = re.sub(r"//[^\n]*", "", f.read())
+    text = re.sub(r"#\[cfg\(test\)\]\s*\w+\s*=\s*\d+[^;]*;", "", text)
+    after = re.search(r"after\s+(\w+);", text).group(1)
+    return after, [(k, int(v)) for k, v in re.findall(r"(NVTE_COMM_TRANSPORT_\w+)\s*=\s*(\d+)", text)]
+
+
 def c_enums_in():
-    """{C typedef: [(enumerator, value), ...]} of src/ffi/c_enums.in, in its order."""
+    """{C typedef: [(enumerator, value), ...]} of src/ffi/c_enums.in, in its order, with
+    NVTECommTransport from the transport table where build.rs places it."""
     with open(os.path.join(REPO, "src", "ffi", "c_enums.in"), encoding="utf-8") as f:
         text = re.sub(r"//[^\n]*", "", f.read())
     body = text[text.index("c_enums!") :]
+    after, transports = transport_table()
     out = {}
     for name, members in re.findall(r"(\w+)\s*\{([^{}]*)\}", body):
         out[name] = [(k, int(v)) for k, v in re.findall(r"(\w+)\s*=\s*(-?\d+)", members)]
+        if name == after:
+            out["NVTECommTransport"] = transports
     return out
 
 

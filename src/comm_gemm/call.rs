@@ -32,10 +32,10 @@ pub(crate) trait CallBackend {
         copy: Option<(DevPtr, DevPtr, usize)>,
     ) -> Result<()>;
     /// The engine of buffer type `dtype` with at least `bytes` (made or grown here).
-    fn engine(&mut self, kind: Kind, dtype: DType, bytes: usize) -> Result<usize>;
+    fn engine(&mut self, kind: Kind, dtype: DType, bytes: usize) -> Result<EngineId>;
     /// Configure engine `eng` for `c` (the tuning's choice); whether a reduce-scatter
     /// runs the ring (else pipelined).
-    fn configure(&mut self, eng: usize, c: &GemmCall) -> Result<bool>;
+    fn configure(&mut self, eng: EngineId, c: &GemmCall) -> Result<bool>;
     /// Scratch buffer `slot` of at least `bytes`.
     fn scratch(&mut self, slot: usize, bytes: usize) -> Result<DevPtr>;
     /// On the caller's stream.
@@ -52,9 +52,26 @@ pub(crate) trait CallBackend {
         height: usize,
     ) -> Result<()>;
     /// The engine's algorithms on the caller's stream.
-    fn split_ag(&mut self, eng: usize, x: &AgArgs) -> Result<()>;
-    fn split_rs(&mut self, eng: usize, x: &RsArgs, ring: bool) -> Result<()>;
-    fn split_ar(&mut self, eng: usize, x: &ArArgs) -> Result<()>;
+    fn split_ag(&mut self, eng: EngineId, x: &AgArgs) -> Result<()>;
+    fn split_rs(&mut self, eng: EngineId, x: &RsArgs, ring: bool) -> Result<()>;
+    fn split_ar(&mut self, eng: EngineId, x: &ArArgs) -> Result<()>;
+}
+
+/// An engine of a comm-GEMM context: its place in the context's engine table, handed out
+/// by [`CallBackend::engine`] for the call that asked (a later call may re-create the
+/// table's engines), never a number computed elsewhere.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EngineId(usize);
+
+impl EngineId {
+    /// The engine at `index` of the context's table (the backends' own).
+    pub(super) fn new(index: usize) -> EngineId {
+        EngineId(index)
+    }
+    /// Its index in the context's table.
+    pub(super) fn index(self) -> usize {
+        self.0
+    }
 }
 
 /// Element bytes.
@@ -121,7 +138,7 @@ fn all_gather_padded<B: CallBackend>(
     b: &mut B,
     c: &GemmCall,
     ws: &Tensor,
-    eng: usize,
+    eng: EngineId,
 ) -> Result<()> {
     let (n, k) = (c.n as usize, c.k as usize);
     let (nr, r) = b.ranks();
@@ -306,7 +323,7 @@ fn reduce_scatter<B: CallBackend>(
     b: &mut B,
     c: &GemmCall,
     ws: &Tensor,
-    (eng, ring): (usize, bool),
+    (eng, ring): (EngineId, bool),
     bias: Option<&Tensor>,
 ) -> Result<()> {
     let (m, n) = (c.m as usize, c.n as usize);

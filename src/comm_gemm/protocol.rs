@@ -4,7 +4,7 @@
 //! harness (`crate::overlap::protocol`): every rank's D and b_gathered against the global
 //! product, each byte written once, at tp 1..8 (tp 1: the direct GEMM), n divisible and
 //! padded, on both fake transport flavours.
-use super::call::CallBackend;
+use super::call::{CallBackend, EngineId};
 use super::{GemmCall, Kind, numroc};
 use crate::cuda::DevPtr;
 use crate::error::Result;
@@ -80,7 +80,7 @@ impl CallBackend for HostCall<'_> {
         self.push(Dev::Gemm(desc));
         Ok(())
     }
-    fn engine(&mut self, _kind: Kind, dtype: DType, bytes: usize) -> Result<usize> {
+    fn engine(&mut self, _kind: Kind, dtype: DType, bytes: usize) -> Result<EngineId> {
         let e = dtype.bits() / 8;
         let rows = bytes.div_ceil(CG_COLS * e).div_ceil(self.tp).max(1) * self.tp;
         let tp = self.tp;
@@ -89,9 +89,9 @@ impl CallBackend for HostCall<'_> {
             .entry(rows)
             .or_insert_with(|| buffers(mem, tp, rows * CG_COLS * e));
         self.rows = Some(rows);
-        Ok(0)
+        Ok(EngineId::new(0))
     }
-    fn configure(&mut self, _eng: usize, _c: &GemmCall) -> Result<bool> {
+    fn configure(&mut self, _eng: EngineId, _c: &GemmCall) -> Result<bool> {
         Ok(self.ring)
     }
     fn scratch(&mut self, slot: usize, bytes: usize) -> Result<DevPtr> {
@@ -126,10 +126,10 @@ impl CallBackend for HostCall<'_> {
         });
         Ok(())
     }
-    fn split_ag(&mut self, _eng: usize, x: &AgArgs) -> Result<()> {
+    fn split_ag(&mut self, _eng: EngineId, x: &AgArgs) -> Result<()> {
         self.engine_call(&mut |p| p.split_ag(x))
     }
-    fn split_rs(&mut self, _eng: usize, x: &RsArgs, ring: bool) -> Result<()> {
+    fn split_rs(&mut self, _eng: EngineId, x: &RsArgs, ring: bool) -> Result<()> {
         self.engine_call(&mut |p| {
             if ring {
                 p.split_rs_p2p(x)
@@ -138,7 +138,7 @@ impl CallBackend for HostCall<'_> {
             }
         })
     }
-    fn split_ar(&mut self, _eng: usize, x: &ArArgs) -> Result<()> {
+    fn split_ar(&mut self, _eng: EngineId, x: &ArArgs) -> Result<()> {
         self.engine_call(&mut |p| p.split_ar(x))
     }
 }

@@ -13,6 +13,7 @@
 //! frameworks must be imported before the first NCCL call of this library.
 //! [`nccl_sys`] and [`cublaslt_sys`] are drop-in replacements of cudarc's `sys`
 //! functions for the calls this library makes (cudarc's types are reused).
+use super::DlHandle;
 use super::entry_points;
 use crate::error::{Error, ErrorKind};
 use std::ffi::{CStr, CString, c_int, c_void};
@@ -21,7 +22,7 @@ use std::sync::OnceLock;
 /// A library bound for the life of the process.
 #[derive(Debug)]
 pub struct Bound {
-    handle: usize,
+    handle: DlHandle,
     /// The file that was bound.
     pub path: String,
     /// True when the copy was already mapped in the process before this library bound it.
@@ -46,7 +47,7 @@ pub struct Spec {
     /// for this library is refused with a message naming the missing ones).
     pub entry_points: &'static entry_points::Table,
     /// The bound copy's version for that message ("NCCL 2.12.12"), from its handle.
-    pub version: fn(usize) -> Option<String>,
+    pub version: fn(DlHandle) -> Option<String>,
 }
 
 pub const NCCL: Spec = Spec {
@@ -70,16 +71,16 @@ pub const CUBLASLT: Spec = Spec {
 };
 
 /// The address of `name` in `handle`, if it exports it.
-fn address(handle: usize, name: &str) -> Option<*mut c_void> {
+fn address(handle: DlHandle, name: &str) -> Option<*mut c_void> {
     let s = CString::new(name).ok()?;
     // SAFETY: a live handle and a NUL-terminated name.
-    let p = unsafe { libc::dlsym(handle as *mut c_void, s.as_ptr()) };
+    let p = unsafe { libc::dlsym(handle.raw(), s.as_ptr()) };
     (!p.is_null()).then_some(p)
 }
 
 /// "NCCL 2.12.12" from ncclGetVersion of the copy `handle` (codes below 10000 count
 /// minor versions in hundreds: 2708 is 2.7.8).
-fn nccl_version(handle: usize) -> Option<String> {
+fn nccl_version(handle: DlHandle) -> Option<String> {
     let p = address(handle, "ncclGetVersion")?;
     type F = unsafe extern "C" fn(*mut c_int) -> nccl_sys::ncclResult_t;
     // SAFETY: ncclGetVersion has this signature in every NCCL that exports it.
@@ -98,7 +99,7 @@ fn nccl_version(handle: usize) -> Option<String> {
 }
 
 /// "cuBLASLt 130100" (cublasLtGetVersion's code) of the copy `handle`.
-fn cublaslt_version(handle: usize) -> Option<String> {
+fn cublaslt_version(handle: DlHandle) -> Option<String> {
     let p = address(handle, "cublasLtGetVersion")?;
     type F = unsafe extern "C" fn() -> usize;
     // SAFETY: cublasLtGetVersion has this signature in every cuBLASLt.
@@ -151,22 +152,22 @@ fn dl_error() -> String {
     }
 }
 
-fn open(name: &str, flags: c_int) -> Result<usize, String> {
+fn open(name: &str, flags: c_int) -> Result<DlHandle, String> {
     let c = CString::new(name).map_err(|_| format!("{name:?} contains a NUL byte"))?;
     // SAFETY: plain dlopen of a NUL-terminated name.
     let h = unsafe { libc::dlopen(c.as_ptr(), flags) };
     if h.is_null() {
         Err(dl_error())
     } else {
-        Ok(h as usize)
+        Ok(DlHandle::from_raw(h))
     }
 }
 
 /// The path of the object that defines `sym` in `handle`.
-fn path_of(handle: usize, sym: &str) -> Option<String> {
+fn path_of(handle: DlHandle, sym: &str) -> Option<String> {
     let s = CString::new(sym).ok()?;
     // SAFETY: a live handle and a NUL-terminated name.
-    let p = unsafe { libc::dlsym(handle as *mut c_void, s.as_ptr()) };
+    let p = unsafe { libc::dlsym(handle.raw(), s.as_ptr()) };
     path_of_address(p as usize)
 }
 
@@ -190,7 +191,7 @@ pub fn path_of_address(addr: usize) -> Option<String> {
     )
 }
 
-fn has_symbol(handle: usize, sym: &str) -> bool {
+fn has_symbol(handle: DlHandle, sym: &str) -> bool {
     address(handle, sym).is_some()
 }
 
@@ -305,7 +306,7 @@ pub fn symbol(lib: fn() -> Result<&'static Bound, String>, name: &str) -> usize 
     };
     let s = CString::new(name).expect("symbol names have no NUL");
     // SAFETY: a live handle and a NUL-terminated name.
-    let p = unsafe { libc::dlsym(b.handle as *mut c_void, s.as_ptr()) };
+    let p = unsafe { libc::dlsym(b.handle.raw(), s.as_ptr()) };
     if p.is_null() {
         missing(format!(
             "Unable to dynamically load {name}: {} does not export it (too old?)",
@@ -408,7 +409,7 @@ mod tests {
         static B: OnceLock<Bound> = OnceLock::new();
         Ok(B.get_or_init(|| Bound {
             // SAFETY: dlopen(NULL) returns the handle of the program itself.
-            handle: unsafe { libc::dlopen(std::ptr::null(), libc::RTLD_NOW) } as usize,
+            handle: DlHandle::from_raw(unsafe { libc::dlopen(std::ptr::null(), libc::RTLD_NOW) }),
             path: "this process".into(),
             preloaded: true,
             how: "test",

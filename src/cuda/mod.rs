@@ -1,8 +1,10 @@
 //! CUDA driver plumbing: run-time loading checks, context handling, device properties,
 //! checked driver calls, and kernel launches. Uses cudarc's raw `sys` bindings, which
 //! load libcuda / libcublasLt / libnvrtc / libnccl on first use.
+pub mod checked;
 pub mod dynlib;
 pub mod entry_points;
+pub mod handles;
 pub mod kernel;
 pub mod nvrtc;
 pub mod nvtx;
@@ -16,6 +18,11 @@ use once_cell::sync::OnceCell;
 use std::collections::HashMap;
 use std::sync::Mutex;
 
+pub use checked::Checked;
+pub use handles::{
+    CtxHandle, CtxId, CtxRef, DlHandle, EventHandle, FunctionHandle, GraphExecHandle, GraphHandle,
+    LtHandle, ModuleHandle, NcclComm, StreamHandle,
+};
 pub use kernel::{ArgClass, Binding, Kernel, KernelArg, ParamInfo, Params, Signature};
 pub use ptr::DevPtr;
 
@@ -385,11 +392,11 @@ pub fn device_info(ordinal: i32) -> Result<DeviceInfo> {
 /// When that context is current already (the usual case: a framework thread on its
 /// device, or a guard inside another), nothing is pushed or popped.
 pub struct ContextGuard {
-    /// the context (`CUcontext`), for driver calls that take one
-    pub ctx: usize,
+    /// the context, for driver calls that take one
+    pub ctx: CtxHandle,
     /// its process-unique id (cuCtxGetId): the key of every per-context cache (a context
     /// made at the address of a destroyed one, as after `cudaDeviceReset`, gets a new id)
-    pub id: u64,
+    pub id: CtxId,
     pub device: i32,
     /// the context was pushed (and is popped on drop)
     pushed: bool,
@@ -445,7 +452,7 @@ impl ContextGuard {
         }
         // Made before anything else can fail: a pushed context is popped on drop.
         Ok(ContextGuard {
-            ctx: ctx as usize,
+            ctx: CtxHandle::from_raw(ctx),
             id: context_id(ctx),
             device: -1,
             pushed,
@@ -453,22 +460,39 @@ impl ContextGuard {
     }
 }
 
-/// The current context as (address, id), or None when none is current.
-pub(crate) fn current_context() -> Option<(usize, u64)> {
+#[cfg(test)]
+impl ContextGuard {
+    /// A guard that entered nothing, for host tests of code that only passes it on (no
+    /// driver call sees its NULL context; its drop pops nothing).
+    pub(crate) fn host_test() -> ContextGuard {
+        ContextGuard {
+            ctx: CtxHandle::NULL,
+            id: CtxId(0),
+            device: 0,
+            pushed: false,
+        }
+    }
+}
+
+/// The current context (handle and id), or None when none is current.
+pub(crate) fn current_context() -> Option<CtxRef> {
     let mut c: cu::CUcontext = std::ptr::null_mut();
     // SAFETY: out pointer.
     let r = unsafe { cu::cuCtxGetCurrent(&mut c) };
-    (r == cu::CUresult::CUDA_SUCCESS && !c.is_null()).then(|| (c as usize, context_id(c)))
+    (r == cu::CUresult::CUDA_SUCCESS && !c.is_null()).then(|| CtxRef {
+        handle: CtxHandle::from_raw(c),
+        id: context_id(c),
+    })
 }
 
-/// Whether the context `(address, id)` (from [`current_context`]) still exists: a context
+/// Whether the context `c` (from [`current_context`]) still exists: a context
 /// destroyed since, or the primary context reset since (same address, new id), does not;
 /// its handles and memory went with it and must not be released again.
-pub(crate) fn context_alive((addr, id): (usize, u64)) -> bool {
+pub(crate) fn context_alive(c: CtxRef) -> bool {
     let mut now: std::ffi::c_ulonglong = 0;
     // SAFETY: out pointer; the driver checks the handle (an error for a destroyed one).
-    let r = unsafe { cu::cuCtxGetId(addr as cu::CUcontext, &mut now) };
-    r == cu::CUresult::CUDA_SUCCESS && now == id
+    let r = unsafe { cu::cuCtxGetId(c.handle.raw(), &mut now) };
+    r == cu::CUresult::CUDA_SUCCESS && CtxId(now as u64) == c.id
 }
 
 /// A process-unique id of context `ctx` (cuCtxGetId): the key of the per-context caches
@@ -476,13 +500,13 @@ pub(crate) fn context_alive((addr, id): (usize, u64)) -> bool {
 /// the address of a destroyed one (the primary context after `cudaDeviceReset`, a
 /// `cuCtxDestroy` then `cuCtxCreate`) is never served the old one's modules and handles.
 /// Where the driver refuses, the address with the top bit set (no id has it).
-fn context_id(ctx: cu::CUcontext) -> u64 {
+fn context_id(ctx: cu::CUcontext) -> CtxId {
     let mut id: std::ffi::c_ulonglong = 0;
     // SAFETY: out pointer; an error code for an invalid context.
     if unsafe { cu::cuCtxGetId(ctx, &mut id) } == cu::CUresult::CUDA_SUCCESS {
-        id
+        CtxId(id as u64)
     } else {
-        ctx as u64 | 1 << 63
+        CtxId(ctx as u64 | 1 << 63)
     }
 }
 
@@ -502,28 +526,5 @@ impl Drop for ContextGuard {
         let mut old: cu::CUcontext = std::ptr::null_mut();
         // SAFETY: pops the context pushed in for_stream.
         unsafe { cu::cuCtxPopCurrent_v2(&mut old) };
-    }
-}
-
-/// A CUDA stream handle (`cudaStream_t` / `CUstream`) the library was given or owns,
-/// as a value: not owned (the owning type is `resources::Stream`). NULL and the special
-/// handles cudaStreamLegacy (1) and cudaStreamPerThread (2) are valid values.
-#[repr(transparent)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct StreamHandle(usize);
-
-impl StreamHandle {
-    /// The legacy default stream (NULL).
-    pub const NULL: StreamHandle = StreamHandle(0);
-    /// A handle from its raw value (the C API's `cudaStream_t`, a framework's integer).
-    pub const fn from_raw(raw: usize) -> StreamHandle {
-        StreamHandle(raw)
-    }
-    pub const fn raw(self) -> usize {
-        self.0
-    }
-    /// As the driver API's `CUstream`.
-    pub fn cu(self) -> cu::CUstream {
-        self.0 as cu::CUstream
     }
 }

@@ -2,7 +2,7 @@
 //! with NVRTC for the exact architecture of the device (sm_90a on Hopper) once per
 //! process, cached on disk (by source, options, architecture and NVRTC version), and
 //! loaded once per CUDA context.
-use super::{DeviceInfo, Lib, check, require};
+use super::{CtxId, DeviceInfo, FunctionHandle, Lib, ModuleHandle, check, require};
 use crate::error::ErrorKind as K;
 use crate::error::{Error, Result};
 use cudarc::driver::sys as cu;
@@ -302,26 +302,26 @@ fn compile_uncached(src: &Source, opts: &[String]) -> Result<Vec<u8>> {
 
 /// A module loaded into one context, with its functions looked up once.
 pub struct Module {
-    module: usize,
-    funcs: Mutex<HashMap<String, usize>>,
+    module: ModuleHandle,
+    funcs: Mutex<HashMap<String, FunctionHandle>>,
     /// the id of the context it is loaded in ([`super::ContextGuard::id`])
-    pub ctx: u64,
+    pub ctx: CtxId,
 }
 
 impl Module {
     pub fn function(&self, name: &str) -> Result<cu::CUfunction> {
         let mut g = self.funcs.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(&f) = g.get(name) {
-            return Ok(f as cu::CUfunction);
+            return Ok(f.raw());
         }
         let cname = CString::new(name).unwrap();
         let mut f: cu::CUfunction = std::ptr::null_mut();
         // SAFETY: module is loaded; out pointer.
         check(
-            unsafe { cu::cuModuleGetFunction(&mut f, self.module as cu::CUmodule, cname.as_ptr()) },
+            unsafe { cu::cuModuleGetFunction(&mut f, self.module.raw(), cname.as_ptr()) },
             &format!("cuModuleGetFunction({name})"),
         )?;
-        g.insert(name.to_string(), f as usize);
+        g.insert(name.to_string(), FunctionHandle::from_raw(f));
         Ok(f)
     }
 }
@@ -335,14 +335,7 @@ impl Module {
         let (mut p, mut n): (cu::CUdeviceptr, usize) = (0, 0);
         // SAFETY: module is loaded; out pointers.
         check(
-            unsafe {
-                cu::cuModuleGetGlobal_v2(
-                    &mut p,
-                    &mut n,
-                    self.module as cu::CUmodule,
-                    cname.as_ptr(),
-                )
-            },
+            unsafe { cu::cuModuleGetGlobal_v2(&mut p, &mut n, self.module.raw(), cname.as_ptr()) },
             &format!("cuModuleGetGlobal({name})"),
         )?;
         Ok((super::DevPtr::new(p), n))
@@ -351,11 +344,11 @@ impl Module {
 
 /// Loaded modules by (context id, source name, [`source_id`]): two sources of one name
 /// (GEMM_SM90, GEMM_SM90_ALL) are two modules, and every copy of one source's text is one.
-type LoadedModules = HashMap<(u64, &'static str, u128), Arc<Module>>;
+type LoadedModules = HashMap<(CtxId, &'static str, u128), Arc<Module>>;
 
 /// The module for `src` in the current context, whose id ([`super::ContextGuard::id`])
 /// is `ctx`, on device `dev`.
-pub fn module(src: &Source, ctx: u64, dev: &DeviceInfo) -> Result<Arc<Module>> {
+pub fn module(src: &Source, ctx: CtxId, dev: &DeviceInfo) -> Result<Arc<Module>> {
     static LOADED: Mutex<Option<LoadedModules>> = Mutex::new(None);
     let key = (ctx, src.name, source_id(src));
     if let Some(m) = LOADED
@@ -374,7 +367,7 @@ pub fn module(src: &Source, ctx: u64, dev: &DeviceInfo) -> Result<Arc<Module>> {
         &format!("cuModuleLoadData(kernels/{})", src.name),
     )?;
     let module = Arc::new(Module {
-        module: m as usize,
+        module: ModuleHandle::from_raw(m),
         funcs: Mutex::new(HashMap::new()),
         ctx,
     });

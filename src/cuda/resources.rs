@@ -4,7 +4,7 @@
 //! dropped on one thread (a garbage collector's, an autograd worker's) while another
 //! thread captures a CUDA graph in global mode must not invalidate that capture.
 use super::{DevPtr, check};
-use crate::cuda::StreamHandle;
+use crate::cuda::{CtxRef, EventHandle, StreamHandle};
 use crate::error::Result;
 use cudarc::driver::sys as cu;
 use std::ffi::c_void;
@@ -12,7 +12,7 @@ use std::ffi::c_void;
 /// A non-blocking stream with a priority (clamped to the device's range).
 /// (the handle, and the context it was made in: released only while that context
 /// exists, as [`DeviceMem`])
-pub struct Stream(pub usize, Option<(usize, u64)>);
+pub struct Stream(StreamHandle, Option<CtxRef>);
 
 impl Stream {
     pub fn new(priority: i32) -> Result<Stream> {
@@ -36,15 +36,15 @@ impl Stream {
             },
             "cuStreamCreateWithPriority",
         )?;
-        Ok(Stream(s as usize, super::current_context()))
+        Ok(Stream(StreamHandle::from_cu(s), super::current_context()))
     }
     pub fn raw(&self) -> StreamHandle {
-        StreamHandle::from_raw(self.0)
+        self.0
     }
     pub fn synchronize(&self) -> Result<()> {
         // SAFETY: valid stream.
         check(
-            unsafe { cu::cuStreamSynchronize(self.0 as cu::CUstream) },
+            unsafe { cu::cuStreamSynchronize(self.0.cu()) },
             "cuStreamSynchronize",
         )
     }
@@ -52,7 +52,7 @@ impl Stream {
     /// Whether everything enqueued on the stream has completed (cuStreamQuery).
     pub fn idle(&self) -> Result<bool> {
         // SAFETY: valid stream.
-        let r = unsafe { cu::cuStreamQuery(self.0 as cu::CUstream) };
+        let r = unsafe { cu::cuStreamQuery(self.0.cu()) };
         if r == cu::CUresult::CUDA_ERROR_NOT_READY {
             return Ok(false);
         }
@@ -63,9 +63,7 @@ impl Stream {
 impl Drop for Stream {
     fn drop(&mut self) {
         // SAFETY: created by Stream::new (released only while that context exists).
-        release_owned(self.1, || unsafe {
-            cu::cuStreamDestroy_v2(self.0 as cu::CUstream)
-        });
+        release_owned(self.1, || unsafe { cu::cuStreamDestroy_v2(self.0.cu()) });
     }
 }
 
@@ -74,7 +72,7 @@ impl Drop for Stream {
 /// released as always). A context gone (destroyed, or reset) took the resource with it,
 /// and its handle or address may name the new context's by now. The liveness query runs
 /// in the relaxed capture window too.
-fn release_owned(owner: Option<(usize, u64)>, f: impl FnOnce() -> cu::CUresult) {
+fn release_owned(owner: Option<CtxRef>, f: impl FnOnce() -> cu::CUresult) {
     release_relaxed(|| {
         if owner.is_none_or(super::context_alive) {
             f()
@@ -87,7 +85,7 @@ fn release_owned(owner: Option<(usize, u64)>, f: impl FnOnce() -> cu::CUresult) 
 /// A CUDA event: without timing for cross-stream ordering ([`Event::new`]), or timed.
 /// (the handle, and the context it was made in: released only while that context
 /// exists, as [`DeviceMem`])
-pub struct Event(pub usize, Option<(usize, u64)>);
+pub struct Event(EventHandle, Option<CtxRef>);
 
 impl Event {
     fn create(flags: cu::CUevent_flags) -> Result<Event> {
@@ -97,7 +95,7 @@ impl Event {
             unsafe { cu::cuEventCreate(&mut e, flags as u32) },
             "cuEventCreate",
         )?;
-        Ok(Event(e as usize, super::current_context()))
+        Ok(Event(EventHandle::from_raw(e), super::current_context()))
     }
     pub fn new() -> Result<Event> {
         Self::create(cu::CUevent_flags::CU_EVENT_DISABLE_TIMING)
@@ -111,9 +109,7 @@ impl Event {
         let mut ms = 0f32;
         // SAFETY: valid events.
         check(
-            unsafe {
-                cu::cuEventElapsedTime_v2(&mut ms, start.0 as cu::CUevent, self.0 as cu::CUevent)
-            },
+            unsafe { cu::cuEventElapsedTime_v2(&mut ms, start.0.raw(), self.0.raw()) },
             "cuEventElapsedTime",
         )?;
         Ok(ms)
@@ -121,7 +117,7 @@ impl Event {
     pub fn record(&self, stream: StreamHandle) -> Result<()> {
         // SAFETY: valid event; the stream is the caller's or ours.
         check(
-            unsafe { cu::cuEventRecord(self.0 as cu::CUevent, stream.cu()) },
+            unsafe { cu::cuEventRecord(self.0.raw(), stream.cu()) },
             "cuEventRecord",
         )
     }
@@ -129,7 +125,7 @@ impl Event {
     pub fn wait_on(&self, stream: StreamHandle) -> Result<()> {
         // SAFETY: valid event and stream.
         check(
-            unsafe { cu::cuStreamWaitEvent(stream.cu(), self.0 as cu::CUevent, 0) },
+            unsafe { cu::cuStreamWaitEvent(stream.cu(), self.0.raw(), 0) },
             "cuStreamWaitEvent",
         )
     }
@@ -157,7 +153,7 @@ impl Event {
     /// true when the work before the latest record has completed.
     pub fn done(&self) -> Result<bool> {
         // SAFETY: valid event.
-        let r = unsafe { cu::cuEventQuery(self.0 as cu::CUevent) };
+        let r = unsafe { cu::cuEventQuery(self.0.raw()) };
         if r == cu::CUresult::CUDA_ERROR_NOT_READY {
             return Ok(false);
         }
@@ -190,9 +186,7 @@ pub fn mean_time<S>(
 impl Drop for Event {
     fn drop(&mut self) {
         // SAFETY: created by Event::new (released only while that context exists).
-        release_owned(self.1, || unsafe {
-            cu::cuEventDestroy_v2(self.0 as cu::CUevent)
-        });
+        release_owned(self.1, || unsafe { cu::cuEventDestroy_v2(self.0.raw()) });
     }
 }
 
@@ -200,11 +194,11 @@ impl Drop for Event {
 pub struct DeviceMem {
     pub ptr: DevPtr,
     pub bytes: usize,
-    /// the context it was allocated in (address, id): freed on drop only while that
+    /// the context it was allocated in (handle and id): freed on drop only while that
     /// context still exists (a device reset frees it, and its addresses may by then belong
     /// to the new context); None: no such check (the host tests' fake buffers, which are
     /// leaked, never freed)
-    pub(crate) owner: Option<(usize, u64)>,
+    pub(crate) owner: Option<CtxRef>,
 }
 
 impl DeviceMem {
@@ -229,12 +223,21 @@ impl DeviceMem {
     /// waiting for this rank: in-process peers on one device).
     pub fn zero(&self) -> Result<()> {
         let s = Stream::new(0)?;
-        // SAFETY: owned allocation of `bytes`; `s` is a live stream of this context.
-        check(
-            unsafe { cu::cuMemsetD8Async(self.ptr.raw(), 0, self.bytes, s.raw().cu()) },
-            "cuMemsetD8Async",
-        )?;
+        self.as_slice::<u8>().zero_async(s.raw())?;
         s.synchronize()
+    }
+    /// The whole allocation as `bytes / size_of::<T>()` elements of `T`.
+    pub fn as_slice<T: Copy>(&self) -> DevSlice<'_, T> {
+        DevSlice {
+            ptr: self.ptr,
+            len: self.bytes / std::mem::size_of::<T>().max(1),
+            _owner: std::marker::PhantomData,
+        }
+    }
+    /// Elements `offset..offset + len` of the allocation as `T`s: checked against its
+    /// size (and `T`'s alignment), an internal error otherwise.
+    pub fn slice<T: Copy>(&self, offset: usize, len: usize) -> Result<DevSlice<'_, T>> {
+        self.as_slice::<T>().sub(offset, len)
     }
     /// An allocation that may be made while this thread captures a CUDA graph (a lazily
     /// allocated, persistent buffer of an object): made with the thread's capture mode
@@ -256,6 +259,101 @@ impl DeviceMem {
             *o = *c as u8;
         }
         Ok(out)
+    }
+}
+
+/// A typed view of memory the library owns (a [`DeviceMem`], borrowed, so it cannot
+/// outlive it): `len` elements of `T` at a device address, as cudarc's `CudaSlice<T>`.
+/// Every write through it stays inside the allocation; the raw-address forms
+/// ([`copy_async`], [`memset_async`], [`write_value32`], [`copy_2d`]) are `unsafe`.
+#[derive(Clone, Copy, Debug)]
+pub struct DevSlice<'a, T> {
+    ptr: DevPtr,
+    len: usize,
+    _owner: std::marker::PhantomData<(&'a DeviceMem, T)>,
+}
+
+impl<T: Copy> DevSlice<'_, T> {
+    const SIZE: usize = std::mem::size_of::<T>();
+
+    /// The device address of the first element.
+    pub fn ptr(&self) -> DevPtr {
+        self.ptr
+    }
+    /// The number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    pub fn bytes(&self) -> usize {
+        self.len * Self::SIZE
+    }
+    /// Elements `offset..offset + len` of this slice (checked: an internal error when
+    /// they leave it or the address is not aligned for `T`).
+    pub fn sub(&self, offset: usize, len: usize) -> Result<Self> {
+        let end = offset.checked_add(len);
+        let p = self.ptr + offset.saturating_mul(Self::SIZE).min(self.bytes());
+        if end.is_none_or(|e| e > self.len) || !p.is_aligned(std::mem::align_of::<T>()) {
+            return Err(crate::error::Error::internal(format!(
+                "device range {offset}..{offset}+{len} of {}-byte elements is outside a buffer of {} elements at {} (or misaligned)",
+                Self::SIZE,
+                self.len,
+                self.ptr
+            )));
+        }
+        Ok(DevSlice {
+            ptr: p,
+            len,
+            _owner: std::marker::PhantomData,
+        })
+    }
+    /// Zero the elements on `stream`.
+    pub fn zero_async(&self, stream: StreamHandle) -> Result<()> {
+        // SAFETY: the slice lies inside a live allocation of the library (its borrow).
+        unsafe { memset_async(self.ptr, self.bytes(), stream) }
+    }
+    /// Copy `src` (of the same length) into these elements on `stream`.
+    pub fn copy_from(&self, src: &DevSlice<'_, T>, stream: StreamHandle) -> Result<()> {
+        self.same_len(src.len)?;
+        // SAFETY: both slices lie inside live allocations of the library.
+        unsafe { copy_async(self.ptr, src.ptr, self.bytes(), stream) }
+    }
+    /// Copy `len()` elements from the device address `src` into these on `stream`.
+    ///
+    /// # Safety
+    /// `src` holds `len()` readable elements (e.g. a checked tensor's range).
+    pub unsafe fn copy_from_raw(&self, src: DevPtr, stream: StreamHandle) -> Result<()> {
+        // SAFETY: the destination is this slice; the source the caller's obligation.
+        unsafe { copy_async(self.ptr, src, self.bytes(), stream) }
+    }
+    /// Copy `src` (of the same length) from the host (synchronous).
+    pub fn copy_from_host(&self, src: &[T]) -> Result<()> {
+        self.same_len(src.len())?;
+        // SAFETY: plain data of `T`s, as bytes, for the copy only.
+        let b = unsafe { std::slice::from_raw_parts(src.as_ptr() as *const u8, self.bytes()) };
+        // SAFETY: the slice lies inside a live allocation of the library.
+        unsafe { copy_from_host(self.ptr, b) }
+    }
+    fn same_len(&self, n: usize) -> Result<()> {
+        if n != self.len {
+            return Err(crate::error::Error::internal(format!(
+                "a copy of {n} elements into a device slice of {}",
+                self.len
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl DevSlice<'_, u32> {
+    /// Write `value` into element `index` once `stream`'s earlier work is done
+    /// ([`write_value32`]: what the stream wrote before is visible to whoever sees it).
+    pub fn write_value(&self, index: usize, value: u32, stream: StreamHandle) -> Result<()> {
+        let flag = self.sub(index, 1)?;
+        // SAFETY: a 4-byte, 4-aligned element of a live allocation of the library.
+        unsafe { write_value32(flag.ptr, value, stream) }
     }
 }
 
@@ -282,7 +380,7 @@ impl Drop for DeviceMem {
 pub struct IpcMapping {
     pub ptr: DevPtr,
     /// the context it was opened in (see [`DeviceMem::owner`])
-    owner: Option<(usize, u64)>,
+    owner: Option<CtxRef>,
 }
 
 impl IpcMapping {
@@ -325,7 +423,7 @@ pub struct HostMapped {
     pub host: *mut c_void,
     pub device: DevPtr,
     /// the context it was allocated in (see [`DeviceMem::owner`])
-    owner: Option<(usize, u64)>,
+    owner: Option<CtxRef>,
 }
 
 // SAFETY: the pointer is owned and only accessed through volatile reads / device writes.
@@ -365,12 +463,23 @@ impl Drop for HostMapped {
     }
 }
 
-/// cuMemcpyDtoDAsync (copy engine; either side may be a peer's IPC mapping).
-pub fn copy_async(dst: DevPtr, src: DevPtr, bytes: usize, stream: StreamHandle) -> Result<()> {
+/// cuMemcpyDtoDAsync (copy engine; either side may be a peer's IPC mapping). For memory
+/// the library owns, [`DevSlice::copy_from`] is the checked form.
+///
+/// # Safety
+/// `dst` holds `bytes` of device memory (this context's, or a peer's mapped into it) that
+/// nothing else uses until the copy completed, and `src` holds `bytes` readable ones
+/// (e.g. a range of a tensor whose size the C boundary checked).
+pub unsafe fn copy_async(
+    dst: DevPtr,
+    src: DevPtr,
+    bytes: usize,
+    stream: StreamHandle,
+) -> Result<()> {
     if bytes == 0 {
         return Ok(());
     }
-    // SAFETY: the caller validated both ranges.
+    // SAFETY: the caller's obligations.
     check(
         unsafe { cu::cuMemcpyDtoDAsync_v2(dst.raw(), src.raw(), bytes, stream.cu()) },
         "cuMemcpyDtoDAsync",
@@ -420,20 +529,29 @@ pub fn copy_to_host(dst: &mut [u8], src: DevPtr) -> Result<()> {
     )
 }
 
-pub fn copy_from_host(dst: DevPtr, src: &[u8]) -> Result<()> {
-    // SAFETY: src is a host slice of the copied length.
+/// cuMemcpyHtoD of `src` to `dst` (synchronous). For memory the library owns,
+/// [`DevSlice::copy_from_host`] is the checked form.
+///
+/// # Safety
+/// `dst` holds `src.len()` bytes of device memory that nothing else uses meanwhile.
+pub unsafe fn copy_from_host(dst: DevPtr, src: &[u8]) -> Result<()> {
+    // SAFETY: src is a host slice of the copied length; `dst` the caller's.
     check(
         unsafe { cu::cuMemcpyHtoD_v2(dst.raw(), src.as_ptr() as *const c_void, src.len()) },
         "cuMemcpyHtoD",
     )
 }
 
-/// Zero `bytes` of device memory on `stream`.
-pub fn memset_async(ptr: DevPtr, bytes: usize, stream: StreamHandle) -> Result<()> {
+/// Zero `bytes` of device memory on `stream`. For memory the library owns,
+/// [`DevSlice::zero_async`] is the checked form.
+///
+/// # Safety
+/// `ptr` holds `bytes` of device memory that nothing else uses until the memset ran.
+pub unsafe fn memset_async(ptr: DevPtr, bytes: usize, stream: StreamHandle) -> Result<()> {
     if bytes == 0 {
         return Ok(());
     }
-    // SAFETY: a scratch range of `bytes` owned by the context.
+    // SAFETY: the caller's obligations.
     check(
         unsafe { cu::cuMemsetD8Async(ptr.raw(), 0, bytes, stream.cu()) },
         "cuMemsetD8Async",
@@ -442,9 +560,14 @@ pub fn memset_async(ptr: DevPtr, bytes: usize, stream: StreamHandle) -> Result<(
 
 /// Write the u32 `value` at `ptr` on `stream` once the stream's earlier work is done
 /// (cuStreamWriteValue32, with its default memory barrier: what the stream wrote before is
-/// visible to whoever sees the value).
-pub fn write_value32(ptr: DevPtr, value: u32, stream: StreamHandle) -> Result<()> {
-    // SAFETY: a 4-byte, 4-aligned flag owned by the context.
+/// visible to whoever sees the value). For memory the library owns,
+/// [`DevSlice::write_value`] is the checked form.
+///
+/// # Safety
+/// `ptr` is a 4-aligned device address (this context's, or a peer's mapped flag) whose 4
+/// bytes are a flag the stream may write.
+pub unsafe fn write_value32(ptr: DevPtr, value: u32, stream: StreamHandle) -> Result<()> {
+    // SAFETY: the caller's obligations.
     check(
         unsafe {
             cu::cuStreamWriteValue32_v2(
@@ -477,7 +600,11 @@ pub fn wait_value32_geq(ptr: DevPtr, value: u32, stream: StreamHandle) -> Result
 }
 
 /// Copy `rows` rows of `width` bytes between pitched device ranges.
-pub fn copy_2d(
+///
+/// # Safety
+/// `dst` holds `dst_pitch * (rows - 1) + width` bytes of device memory that nothing else
+/// uses until the copy completed; `src` holds `src_pitch * (rows - 1) + width` readable.
+pub unsafe fn copy_2d(
     dst: DevPtr,
     dst_pitch: usize,
     src: DevPtr,
@@ -509,7 +636,7 @@ pub fn copy_2d(
         WidthInBytes: width,
         Height: rows,
     };
-    // SAFETY: device-to-device ranges validated by the caller.
+    // SAFETY: the caller's obligations; `p` is a complete descriptor.
     check(
         unsafe { cu::cuMemcpy2DAsync_v2(&p, stream.cu()) },
         "cuMemcpy2DAsync",
@@ -639,4 +766,43 @@ pub fn device_uuid(dev: i32) -> Option<[u8; 16]> {
     // ordinal it does not know).
     let r = unsafe { cu::cuDeviceGetUuid_v2(&mut u, dev) };
     (r == cu::CUresult::CUDA_SUCCESS).then(|| u.bytes.map(|b| b as u8))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_slices_stay_inside_their_allocation() {
+        // A made-up allocation (never touched: every case fails before a driver call, or
+        // only computes addresses), leaked at the end instead of freed.
+        let mut m = DeviceMem {
+            ptr: DevPtr::new(0x10_0000),
+            bytes: 64,
+            owner: None,
+        };
+        {
+            assert_eq!(m.as_slice::<u32>().len(), 16);
+            let s = m.slice::<u32>(4, 8).unwrap();
+            assert_eq!((s.ptr(), s.bytes()), (DevPtr::new(0x10_0010), 32));
+            assert_eq!(s.sub(2, 6).unwrap().ptr(), DevPtr::new(0x10_0018));
+            assert!(m.slice::<u32>(10, 7).is_err());
+            assert!(s.sub(8, 1).is_err() && s.sub(usize::MAX, 2).is_err());
+            assert!(m.slice::<u64>(0, 8).is_ok() && m.slice::<u64>(0, 9).is_err());
+            // Misaligned for the element type.
+            let odd = m.slice::<u8>(2, 8).unwrap();
+            let as_u32 = DevSlice::<u32> {
+                ptr: odd.ptr(),
+                len: 2,
+                _owner: std::marker::PhantomData,
+            };
+            assert!(as_u32.sub(0, 1).is_err());
+            // Writes of the wrong length or outside are refused before the driver is asked.
+            assert!(s.copy_from_host(&[0u32; 3]).is_err());
+            assert!(s.write_value(8, 1, StreamHandle::NULL).is_err());
+            let other = m.slice::<u32>(0, 4).unwrap();
+            assert!(s.copy_from(&other, StreamHandle::NULL).is_err());
+        }
+        m.leak();
+    }
 }

@@ -1,7 +1,8 @@
 //! The C API's engine settings, `NVTECommOverlapConfig`: the `repr(C)` struct the header
 //! declares (cbindgen exports [`Config`] under that name). It lives at the C boundary
-//! only: the engine takes `overlap::config::EngineConfig`.
-use crate::overlap::config::{EngineConfig, TransportChoice};
+//! only: the engine runs by the `overlap::Policy` made of it ([`Config::policy`]).
+use crate::overlap::TransportChoice;
+use crate::overlap::policy::{Comm, Direction, Pins, Policy, Streams};
 
 /// Engine settings. Fill with nvte_comm_overlap_config_default() (TE's defaults plus the
 /// environment overrides), then change fields. `struct_size` must be sizeof(the struct).
@@ -54,42 +55,54 @@ pub struct Config {
 }
 
 impl Config {
-    /// The engine's config of these settings.
-    pub fn engine(&self) -> EngineConfig {
-        EngineConfig {
+    /// The policy of these settings, with the environment's pins `pins` (read by the
+    /// creator: `overlap::Pins::from_env`) and TE's defaults for the per-call choices the
+    /// C struct does not hold.
+    pub fn policy(&self, pins: Pins) -> Policy {
+        Policy {
             tp_size: self.tp_size,
-            num_splits: self.num_splits,
-            num_max_streams: self.num_max_streams,
-            comm_cga_size: self.comm_cga_size,
-            num_comm_sm: self.num_comm_sm,
-            set_sm_margin: self.set_sm_margin,
-            use_ce: self.use_ce,
-            aggregate: self.aggregate,
-            atomic_gemm: self.atomic_gemm,
-            gemm_priority: self.gemm_priority,
-            comm_priority: self.comm_priority,
-            timeout_ms: self.timeout_ms,
             transport: self.transport,
+            timeout_ms: self.timeout_ms,
+            streams: Streams {
+                compute: self.num_max_streams,
+                cga_size: self.comm_cga_size,
+                gemm_priority: self.gemm_priority,
+                comm_priority: self.comm_priority,
+            },
+            atomic_gemm: self.atomic_gemm,
+            pins,
+            comm: Comm {
+                use_ce: self.use_ce,
+                sms: self.num_comm_sm,
+                sm_margin: self.set_sm_margin,
+            },
+            splits: self.num_splits,
+            direction: if self.aggregate {
+                Direction::BothWays
+            } else {
+                Direction::OneWay
+            },
+            ..Policy::te_defaults()
         }
     }
 
-    /// The C struct of the engine's settings `e` (`struct_size` set).
-    pub fn of(e: &EngineConfig) -> Config {
+    /// The C struct of the policy `p`'s config fields (`struct_size` set).
+    pub fn of(p: &Policy) -> Config {
         Config {
             struct_size: std::mem::size_of::<Config>(),
-            tp_size: e.tp_size,
-            num_splits: e.num_splits,
-            num_max_streams: e.num_max_streams,
-            comm_cga_size: e.comm_cga_size,
-            num_comm_sm: e.num_comm_sm,
-            set_sm_margin: e.set_sm_margin,
-            use_ce: e.use_ce,
-            aggregate: e.aggregate,
-            atomic_gemm: e.atomic_gemm,
-            gemm_priority: e.gemm_priority,
-            comm_priority: e.comm_priority,
-            timeout_ms: e.timeout_ms,
-            transport: e.transport,
+            tp_size: p.tp_size,
+            num_splits: p.splits,
+            num_max_streams: p.streams.compute,
+            comm_cga_size: p.streams.cga_size,
+            num_comm_sm: p.comm.sms,
+            set_sm_margin: p.comm.sm_margin,
+            use_ce: p.comm.use_ce,
+            aggregate: p.bidirectional(),
+            atomic_gemm: p.atomic_gemm,
+            gemm_priority: p.streams.gemm_priority,
+            comm_priority: p.streams.comm_priority,
+            timeout_ms: p.timeout_ms,
+            transport: p.transport,
         }
     }
 }
@@ -97,19 +110,27 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::Config;
-    use crate::overlap::config::EngineConfig;
+    use crate::overlap::policy::Direction;
+    use crate::overlap::{Pins, Policy};
 
     #[test]
-    fn the_c_config_round_trips_through_the_engine_config() {
-        let e = EngineConfig {
+    fn the_c_config_round_trips_through_the_policy() {
+        let p = Policy {
             tp_size: 2,
-            num_splits: 5,
+            splits: 5,
             timeout_ms: 1234,
-            use_ce: false,
-            ..EngineConfig::from_env().unwrap()
+            direction: Direction::BothWays,
+            ..Policy::from_env().unwrap()
         };
-        let c = Config::of(&e);
+        let mut p = p;
+        p.comm.use_ce = false;
+        let c = Config::of(&p);
         assert_eq!(c.struct_size, std::mem::size_of::<Config>());
-        assert_eq!(c.engine(), e);
+        assert_eq!(c.policy(Pins::default()), p);
+        let pins = Pins {
+            rs_ring: Some(2),
+            ..Pins::default()
+        };
+        assert_eq!(c.policy(pins).pins, pins);
     }
 }

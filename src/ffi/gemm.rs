@@ -4,6 +4,7 @@
 use super::handles::TENSORS;
 use super::matmul_config::{MATMUL_CONFIGS, MatmulAttrs, NVTEMatmulConfig};
 use super::{NVTETensor, cudaStream_t};
+use crate::cuda::Checked;
 use crate::error::Result;
 use crate::gemm::{self, Operands};
 use crate::invalid;
@@ -109,7 +110,7 @@ pub extern "C" fn nvte_cublas_gemm(
         };
         let args = extras.operands(&a, &b, &d, flags, math_sm_count);
         let beta = if accumulate { 1.0 } else { 0.0 };
-        gemm::block::cublas_gemm_scaled(&args, 1.0, beta, crate::ffi::stream_of(stream))
+        gemm::block::cublas_gemm_scaled(vouch(&args), 1.0, beta, crate::ffi::stream_of(stream))
     })
 }
 
@@ -148,7 +149,7 @@ pub extern "C" fn nvte_cublas_gemm_scaled(
             use_split_accumulator,
         };
         let args = extras.operands(&a, &b, &d, flags, math_sm_count);
-        gemm::block::cublas_gemm_scaled(&args, alpha, beta, crate::ffi::stream_of(stream))
+        gemm::block::cublas_gemm_scaled(vouch(&args), alpha, beta, crate::ffi::stream_of(stream))
     })
 }
 
@@ -207,8 +208,17 @@ pub extern "C" fn nvte_cublas_gemm_v2(
             use_split_accumulator: cfg.use_split_accumulator,
             math_sm_count: cfg.sm_count,
         };
-        gemm::block::cublas_gemm_scaled(&args, alpha, beta, crate::ffi::stream_of(stream))
+        gemm::block::cublas_gemm_scaled(vouch(&args), alpha, beta, crate::ffi::stream_of(stream))
     })
+}
+
+/// The GEMM entry points' operands, resolved from the caller's handles, as the checked
+/// operands the GEMM takes.
+fn vouch<'a>(args: &'a gemm::TeGemm<'a>) -> Checked<&'a gemm::TeGemm<'a>> {
+    // SAFETY: the caller's tensors, resolved from live handles (their shapes and dtypes
+    // as TE set them); the GEMM entry points' contract (TE's): their buffers are device
+    // memory of those extents, alive until the GEMM on the caller's stream completes.
+    unsafe { Checked::vouched(args) }
 }
 
 /// The values of nvte_cublas_gemm_v2's `alpha` and `beta` (host pointers, as TE reads

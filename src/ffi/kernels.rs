@@ -5,7 +5,7 @@ use super::enums::NVTEQuantizationConfigAttribute;
 use super::enums::NVTEQuantizationConfigAttribute as Attr;
 use super::handles::{TENSORS, Table};
 use super::{NVTECommStatus, NVTEDType, NVTETensor, cudaStream_t};
-use crate::cuda::DevPtr;
+use crate::cuda::{Checked, DevPtr};
 use crate::error::Result;
 use crate::invalid;
 use crate::kernels::block::BlockQuantConfig;
@@ -221,6 +221,16 @@ fn per_tensor(t: Tensor, what: &str) -> Result<Tensor> {
     Ok(t)
 }
 
+/// A tensor resolved from the caller's handle ([`tensor`], `TENSORS.get`) as the checked
+/// operand the kernels take.
+fn checked(t: &Tensor) -> Checked<&Tensor> {
+    // SAFETY: `t` is the caller's tensor, resolved from a live handle with the shape and
+    // dtype TE set on it; the kernels check what can be checked (shapes, dtypes, NULL
+    // data) before launching, and TE's contract for these functions is that the
+    // buffers are device memory of those extents, alive until the stream runs the work.
+    unsafe { Checked::vouched(t) }
+}
+
 /// Create a quantization config with TE's defaults (no pow-2 scales, epsilon 0, no noop
 /// tensor). Destroy it with nvte_destroy_quantization_config.
 #[unsafe(no_mangle)]
@@ -313,14 +323,15 @@ fn quantize_with(
     let o = TENSORS.get(output as usize, "output")?;
     let stream = crate::ffi::stream_of(stream);
     if o.block_mode().is_some() {
-        let format = kernels::block::quantize(&i, &o, &attrs.resolve_block()?, stream)?;
+        let cfg = attrs.resolve_block()?;
+        let format = kernels::block::quantize(checked(&i), checked(&o), &cfg, stream)?;
         return TENSORS.update(output as usize, "output", |t| {
             t.block_format = format;
             Ok(())
         });
     }
     let (i, o) = (per_tensor(i, "input")?, per_tensor(o, "output")?);
-    kernels::quantize(&i, &o, &attrs.resolve()?, stream)
+    kernels::quantize(checked(&i), checked(&o), &attrs.resolve()?, stream)
 }
 
 /// Quantize `input` (float32/bf16/fp16) into `output`.
@@ -387,10 +398,10 @@ pub extern "C" fn nvte_dequantize(input: NVTETensor, output: NVTETensor, stream:
         let o = TENSORS.get(output as usize, "output")?;
         let stream = crate::ffi::stream_of(stream);
         if i.block_mode().is_some() {
-            return kernels::block::dequantize(&i, &o, stream);
+            return kernels::block::dequantize(checked(&i), checked(&o), stream);
         }
         let (i, o) = (per_tensor(i, "input")?, per_tensor(o, "output")?);
-        kernels::dequantize(&i, &o, stream)
+        kernels::dequantize(checked(&i), checked(&o), stream)
     })
 }
 
@@ -401,8 +412,8 @@ pub extern "C" fn nvte_compute_amax(input: NVTETensor, output: NVTETensor, strea
         let i = tensor(input, "input")?;
         let o = tensor(output, "output")?;
         kernels::compute_amax(
-            &i,
-            &o,
+            checked(&i),
+            checked(&o),
             &QuantConfig::default(),
             crate::ffi::stream_of(stream),
         )
@@ -422,7 +433,12 @@ pub extern "C" fn nvte_compute_amax_with_config(
         let i = tensor(input, "input")?;
         let o = tensor(output, "output")?;
         let cfg = resolve_config(config)?;
-        kernels::compute_amax(&i, &o, &cfg, crate::ffi::stream_of(stream))
+        kernels::compute_amax(
+            checked(&i),
+            checked(&o),
+            &cfg,
+            crate::ffi::stream_of(stream),
+        )
     })
 }
 
@@ -441,7 +457,7 @@ pub extern "C" fn nvte_compute_scale_from_amax(
             invalid!("argument `config` is NULL");
         }
         let cfg = resolve_config(config)?;
-        kernels::compute_scale_from_amax(&o, &cfg, crate::ffi::stream_of(stream))
+        kernels::compute_scale_from_amax(checked(&o), &cfg, crate::ffi::stream_of(stream))
     })
 }
 
@@ -475,10 +491,10 @@ pub extern "C" fn nvte_delayed_scaling_recipe_amax_and_scale_update(
         let uh = tensor(updated_amax_history, "updated_amax_history")?;
         let us = tensor(updated_scale, "updated_scale")?;
         kernels::delayed_scaling_update(
-            &h,
-            &s,
-            &uh,
-            &us,
+            checked(&h),
+            checked(&s),
+            checked(&uh),
+            checked(&us),
             algo,
             fp8,
             margin,
@@ -497,7 +513,7 @@ pub extern "C" fn nvte_transpose(
     entry!(void, {
         let i = tensor(input, "input")?;
         let o = tensor(transposed_output, "transposed_output")?;
-        kernels::transpose(&i, &o, crate::ffi::stream_of(stream))
+        kernels::transpose(checked(&i), checked(&o), crate::ffi::stream_of(stream))
     })
 }
 
@@ -513,7 +529,7 @@ pub extern "C" fn nvte_comm_fill_uniform(
 ) -> NVTECommStatus {
     entry!(status, {
         let t = TENSORS.get(tensor as usize, "tensor")?;
-        kernels::fill_uniform(&t, seed, lo, hi, crate::ffi::stream_of(stream))
+        kernels::fill_uniform(checked(&t), seed, lo, hi, crate::ffi::stream_of(stream))
     })
 }
 

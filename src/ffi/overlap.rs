@@ -8,7 +8,7 @@ use crate::bootstrap::{AllgatherFn, BarrierFn, Bootstrap};
 use crate::error::Result;
 use crate::invalid;
 use crate::overlap::{
-    EngineConfig, Overlap, ag::AgArgs, bulk::BulkArgs, bulk::BulkKind, rs::RsArgs,
+    Overlap, Pins, Policy, ag::AgArgs, bulk::BulkArgs, bulk::BulkKind, rs::RsArgs,
 };
 use crate::tensor::{DType, Tensor};
 use std::ffi::c_void;
@@ -52,7 +52,7 @@ pub struct NVTECommBootstrap {
 
 // Engine settings: the C `NVTECommOverlapConfig` is `ffi::config::Config` (`repr(C)`;
 // cbindgen.toml exports it under the C name), read here and converted into the engine's
-// `EngineConfig`. The entry points name it `Config` so that the header declares them
+// `Policy`. The entry points name it `Config` so that the header declares them
 // with it.
 
 /// Opaque overlap object (not repr(C): the header declares it incomplete).
@@ -116,7 +116,7 @@ pub extern "C" fn nvte_comm_overlap_config_default(config: *mut Config) -> NVTEC
         if config.is_null() {
             invalid!("argument `config` is NULL");
         }
-        let c = EngineConfig::from_env().map(|e| Config::of(&e));
+        let c = Policy::from_env().map(|p| Config::of(&p));
         // SAFETY: non-null output pointer; all-zero bytes are a valid value of the struct.
         unsafe {
             match &c {
@@ -150,7 +150,7 @@ pub(super) fn take_bootstrap<T>(
 /// else its callbacks.
 pub(super) fn bootstrap_of(b: &NVTECommBootstrap) -> Result<Bootstrap> {
     if !b.nccl_comm.is_null() {
-        Bootstrap::from_nccl(b.nccl_comm as usize)
+        Bootstrap::from_nccl(crate::cuda::NcclComm::from_c(b.nccl_comm))
     } else {
         Bootstrap::from_callbacks(
             b.world_rank,
@@ -182,21 +182,24 @@ pub extern "C" fn nvte_comm_overlap_create(
     entry!(status, {
         let b = take_bootstrap(bootstrap, out)?;
         // Everything that needs neither the world nor a device comes first.
-        let cfg = if config.is_null() {
-            EngineConfig::from_env()?
+        let policy = if config.is_null() {
+            Policy::from_env()?
         } else {
-            read_config(config)?.engine()
+            read_config(config)?.policy(Pins::default())
         };
-        cfg.check()?;
+        policy.check()?;
         let dt = DType::from_c(dtype).map_err(|e| e.context("argument `dtype`"))?;
         Overlap::check_buffer(rows, cols, dt)?;
         crate::overlap::trace_enabled()?;
         // The algorithm knobs too, read once here for the object's life: a bad value is
         // reported before the bootstrap is used or NCCL loaded.
-        let knobs = crate::overlap::AlgoKnobs::from_env()?;
+        let policy = Policy {
+            pins: Pins::from_env()?,
+            ..policy
+        };
         let bs = bootstrap_of(&b)?;
-        Overlap::check_rows(rows, cfg.tp_for(bs.size)?)?;
-        let o = Overlap::create(&bs, cfg, knobs, rows, cols, dt)?;
+        Overlap::check_rows(rows, policy.tp_for(bs.size)?)?;
+        let o = Overlap::create(&bs, policy, rows, cols, dt)?;
         let id = OVERLAPS.insert(Arc::new(Mutex::new(o)));
         // SAFETY: non-null output pointer.
         unsafe { *out = id as *mut NVTECommOverlap };
@@ -297,8 +300,12 @@ pub extern "C" fn nvte_comm_overlap_copy_into_buffer(
 ) -> NVTECommStatus {
     entry!(status, {
         let i = t(input, "input")?;
+        // SAFETY: the caller's tensor, resolved from a live handle; the function's
+        // contract (TE's): its data is device memory of its shape, alive until the copy
+        // on `stream` completes (dtype and size are checked against the buffer).
+        let i = unsafe { crate::cuda::Checked::vouched(&i) };
         with(overlap, |o| {
-            o.copy_into_buffer(&i, local_chunk, crate::ffi::stream_of(stream))
+            o.copy_into_buffer(i, local_chunk, crate::ffi::stream_of(stream))
         })
     })
 }

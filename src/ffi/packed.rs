@@ -2,13 +2,15 @@
 //! (Python's ctypes): `nvte_comm_gemm_call_packed` takes the whole call — operation,
 //! sizes, each operand's data pointer, dtype, shape and scaling pointers, flags and
 //! stream — in one struct the caller fills once and updates per call, and returns a
-//! status. No tensor handles are created or looked up; the call runs the same core
-//! function (`CommGemmCtx::call`) with the same checks as `nvte_all_gather_gemm`,
-//! `nvte_gemm_reduce_scatter` and `nvte_gemm_all_reduce`.
+//! status. No tensor handles are created or looked up; the arguments become the same
+//! request value the C functions make (`super::comm_gemm::Request`) and take the same
+//! path (`super::comm_gemm::run`): the checks, errors and core call of
+//! `nvte_all_gather_gemm`, `nvte_gemm_reduce_scatter` and `nvte_gemm_all_reduce`.
 use super::comm_gemm::NVTECommGemmCtx;
+use super::comm_gemm::Request;
 use super::cudaStream_t;
 use super::enums::{NVTECommGemmAlgoType, NVTECommStatus, NVTEDType};
-use crate::comm_gemm::{GemmCall, Kind};
+use crate::comm_gemm::Kind;
 use crate::cuda::DevPtr;
 use crate::error::Result;
 use crate::invalid;
@@ -161,35 +163,33 @@ pub extern "C" fn nvte_comm_gemm_call_packed(
                 "argument `args->op` = {v} is not an operation (0: all-gather, 1: reduce-scatter, 2: all-reduce)"
             ),
         };
-        if p.algo.name().is_none() {
-            invalid!(
-                "argument `args->algo` = {} is not a valid NVTECommGemmAlgoType",
-                p.algo
-            );
-        }
-        let (a, b, d, bias, pre) = call_operands(&p)?;
-        let c = super::comm_gemm::ctx(ctx)?;
-        let call = GemmCall {
+        // The operation picks the entry (as calling one of the three C functions); then the
+        // context, before the other arguments, as every comm-GEMM entry point
+        // (`super::comm_gemm::Request`).
+        let ctx = super::comm_gemm::ctx(ctx)?;
+        let (a, b, d, bias, pre_act_out) = call_operands(&p)?;
+        super::comm_gemm::run(&Request {
             kind,
+            ctx,
             m: p.m,
             n: p.n,
             k: p.k,
-            a: &a,
-            b: &b,
-            d: &d,
-            bias: bias.as_ref(),
-            pre_act_out: pre.as_ref(),
+            a,
+            b,
+            d,
+            bias,
+            pre_act_out,
+            b_gathered: None,
             transa: p.transa,
             transb: p.transb,
             grad: p.grad,
             accumulate: p.accumulate,
             comm_sm_count: p.comm_sm_count,
-            b_gathered: None,
-            tune: p.algo == NVTECommGemmAlgoType::kNVTECommGemmAlgoDefault,
-            atomic: p.algo.is_atomic(),
-        };
-        let mut g = c.lock().unwrap_or_else(|e| e.into_inner());
-        g.call(&call, crate::ffi::stream_of(p.stream))
+            algo: p.algo,
+            algo_arg: "argument `args->algo`",
+            stream: crate::ffi::stream_of(p.stream),
+            prepare: false,
+        })
     })
 }
 
@@ -253,7 +253,11 @@ pub extern "C" fn nvte_comm_cublas_gemm_packed(
             use_split_accumulator,
             math_sm_count,
         };
-        crate::gemm::cublas_gemm(&g, crate::ffi::stream_of(p.stream))
+        // SAFETY: the packed call's pointers with the shapes and dtypes it declares
+        // (validated by `call_operands`); its contract: device memory of those extents,
+        // alive until the GEMM on its stream completes.
+        let g = unsafe { crate::cuda::Checked::vouched(&g) };
+        crate::gemm::cublas_gemm(g, crate::ffi::stream_of(p.stream))
     })
 }
 

@@ -4,7 +4,7 @@
 use super::NVTECommStatus;
 use super::enums::NVTECommLibrary;
 use super::overlap::ncclComm_t;
-use crate::cuda::{self, Lib};
+use crate::cuda::{self, Lib, NcclComm};
 use crate::invalid;
 use crate::transport::nccl::api as nccl;
 use once_cell::sync::OnceCell;
@@ -81,9 +81,9 @@ pub extern "C" fn nvte_comm_library_info(
 /// Communicators created by nvte_comm_nccl_comm_init_rank and not yet destroyed: only
 /// these are destroyed (a raw ncclComm_t cannot be checked otherwise, and ncclCommDestroy
 /// of a stale or foreign pointer would crash the process).
-static COMMS: Mutex<Option<HashSet<usize>>> = Mutex::new(None);
+static COMMS: Mutex<Option<HashSet<NcclComm>>> = Mutex::new(None);
 
-fn comms<R>(f: impl FnOnce(&mut HashSet<usize>) -> R) -> R {
+fn comms<R>(f: impl FnOnce(&mut HashSet<NcclComm>) -> R) -> R {
     f(COMMS
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -141,7 +141,7 @@ pub extern "C" fn nvte_comm_nccl_comm_init_rank(
         let comm = nccl::comm_init_rank(&uid, nranks, rank)?;
         comms(|c| c.insert(comm));
         // SAFETY: as above.
-        unsafe { *out = comm as ncclComm_t };
+        unsafe { *out = comm.as_c() };
         Ok(())
     })
 }
@@ -155,13 +155,14 @@ pub extern "C" fn nvte_comm_nccl_comm_destroy(comm: ncclComm_t) -> NVTECommStatu
         if comm.is_null() {
             invalid!("argument `comm` is NULL");
         }
-        if !comms(|c| c.remove(&(comm as usize))) {
+        let comm = NcclComm::from_c(comm);
+        if !comms(|c| c.remove(&comm)) {
             invalid!(
                 "argument `comm` ({:#x}) is not a live communicator of nvte_comm_nccl_comm_init_rank: never created by it, or already destroyed",
-                comm as usize
+                comm.addr()
             );
         }
         let _relaxed = crate::cuda::resources::RelaxedCapture::new(); // NCCL frees device memory
-        nccl::comm_destroy(comm as usize)
+        nccl::comm_destroy(comm)
     })
 }

@@ -25,10 +25,11 @@
 //!
 //! The context of a call is looked up by (`context`, the device ordinal of XLA's execution
 //! context), so one SPMD program drives one context per local device.
-use super::comm_gemm::{NVTECommGemmCtx, ctx as ctx_of};
+use super::comm_gemm::{NVTECommGemmCtx, Request, ctx as ctx_of};
+use super::enums::NVTECommGemmAlgoType;
 use super::enums::NVTECommStatus;
 use super::{firewall_with, status_of};
-use crate::comm_gemm::{GemmCall, Kind};
+use crate::comm_gemm::Kind;
 use crate::cuda::DevPtr;
 use crate::cuda::StreamHandle;
 use crate::cuda::resources::capture_status;
@@ -400,7 +401,7 @@ impl Frame<'_> {
         }
     }
 
-    fn stream(&self) -> Result<usize> {
+    fn stream(&self) -> Result<StreamHandle> {
         let Some(get) = self.api.stream_get else {
             invalid!("XLA's API has no XLA_FFI_Stream_Get");
         };
@@ -419,7 +420,7 @@ impl Frame<'_> {
                 "XLA_FFI_Stream_Get failed (no stream in this stage)",
             ));
         }
-        Ok(a.stream as usize)
+        Ok(StreamHandle::from_raw(a.stream as usize))
     }
     fn device_ordinal(&self) -> i32 {
         let end = offset_of!(Api, device_ordinal_get) + size_of::<OtherFn>();
@@ -487,6 +488,12 @@ fn run(kind: Kind, f: &Frame) -> Result<()> {
             f.rets.len()
         );
     }
+    // The frame's shape (which operands and results the attributes ask for) picks the
+    // call, as the C function a caller picks; then the context, before the other
+    // arguments, as every comm-GEMM entry point (`super::comm_gemm::Request`): the one
+    // bound to the call's key on this device.
+    let key = f.attr("context")? as u64;
+    let ctx = ctx_of(bound(key, f.device_ordinal())? as *mut NVTECommGemmCtx)?;
     let scales = if has_scales {
         let i = 2 + has_bias as usize;
         (Some(f.args[i]), Some(f.args[i + 1]))
@@ -516,45 +523,39 @@ fn run(kind: Kind, f: &Frame) -> Result<()> {
         None
     };
     let algo = f.attrs.get("algo").copied().unwrap_or(0);
-    if u32::try_from(algo)
-        .ok()
-        .and_then(|a| super::enums::NVTECommGemmAlgoType(a).name())
-        .is_none()
-    {
+    // An enum value is a C int: one outside u32 is refused here, the others by `run`.
+    let Ok(algo) = u32::try_from(algo).or_else(|_| i32::try_from(algo).map(|a| a as u32)) else {
         invalid!("attribute `algo` = {algo} is not a valid NVTECommGemmAlgoType");
-    }
-    let call = GemmCall {
+    };
+    let stream = f.stream()?;
+    super::comm_gemm::run(&Request {
         kind,
+        ctx,
         m: f.attr("m")?,
         n: f.attr("n")?,
         k: f.attr("k")?,
-        a: &a,
-        b: &b,
-        d: &d,
-        bias: bias.as_ref(),
-        pre_act_out: pre.as_ref(),
+        a,
+        b,
+        d,
+        bias,
+        pre_act_out: pre,
+        b_gathered: bg,
         transa: f.flag("transa"),
         transb: f.flag("transb"),
         grad: false,
         accumulate: false,
         comm_sm_count: i32::try_from(f.attrs.get("comm_sms").copied().unwrap_or(0))
             .map_err(|_| Error::invalid("attribute `comm_sms` out of range"))?,
-        b_gathered: bg.as_ref(),
-        tune: algo == 0,
-        atomic: algo == 3 || algo == 4,
-    };
-    let key = f.attr("context")? as u64;
-    let ordinal = f.device_ordinal();
-    let ctx = ctx_of(bound(key, ordinal)? as *mut NVTECommGemmCtx)?;
-    let stream = f.stream()?;
-    let mut g = ctx.lock().unwrap_or_else(|e| e.into_inner());
+        algo: NVTECommGemmAlgoType(algo),
+        algo_arg: "attribute `algo`",
+        stream,
+        prepare,
+    })?;
     if prepare {
-        g.prepare(&call, StreamHandle::from_raw(stream))?;
         COUNTERS[2].fetch_add(1, Ordering::Relaxed);
     } else {
-        g.call(&call, StreamHandle::from_raw(stream))?;
         COUNTERS[0].fetch_add(1, Ordering::Relaxed);
-        if capture_status(StreamHandle::from_raw(stream))?.active() {
+        if capture_status(stream)?.active() {
             COUNTERS[1].fetch_add(1, Ordering::Relaxed);
         }
     }

@@ -49,12 +49,13 @@ fn mode_name(mode: u32) -> String {
 /// The per-tensor GEMM path ([`desc_from_te`], which every GEMM and overlap operation
 /// takes) refuses inputs of any other scaling mode: it would read their scale_inv as one
 /// scalar.
-pub(super) fn require_per_tensor(g: &TeGemm) -> Result<()> {
-    for (t, w) in [(g.a, "A"), (g.b, "B")] {
-        if t.scaling_mode != 0 {
+/// `modes`: A's and B's scaling modes.
+pub(super) fn require_per_tensor(modes: [u32; 2]) -> Result<()> {
+    for (m, w) in modes.into_iter().zip(["A", "B"]) {
+        if m != 0 {
             unsupported!(
                 "tensor `{w}` has scaling mode {}: this operation takes per-tensor scaling only (block-scaled FP8 GEMMs: nvte_cublas_gemm, nvte_cublas_gemm_scaled, nvte_cublas_gemm_v2)",
-                mode_name(t.scaling_mode)
+                mode_name(m)
             );
         }
     }
@@ -62,31 +63,38 @@ pub(super) fn require_per_tensor(g: &TeGemm) -> Result<()> {
 }
 
 /// TE's nvte_cublas_gemm_scaled: D = alpha * op(A) op(B) (+ epilogue) + beta * D (beta = 0:
-/// D is not read), for per-tensor and block-scaled inputs. `args.accumulate` is ignored
-/// (beta says it). The plain cases (alpha = 1, beta = 0 or 1, not block-scaled) take
-/// nvte_cublas_gemm's path unchanged ([`cublas_gemm`]).
+/// D is not read), for per-tensor and block-scaled inputs, on operands the C boundary
+/// vouched for, whose `accumulate` is `beta != 0`. The plain cases (alpha = 1, beta = 0
+/// or 1, not block-scaled) take nvte_cublas_gemm's path unchanged ([`cublas_gemm`]).
 pub fn cublas_gemm_scaled(
-    args: &TeGemm,
+    args: Checked<&TeGemm>,
     alpha: f32,
     beta: f32,
     stream: StreamHandle,
 ) -> Result<()> {
-    let args = Operands {
-        accumulate: beta != 0.0,
-        ..*args
-    };
+    if args.accumulate != (beta != 0.0) {
+        return Err(Error::internal(format!(
+            "GEMM operands with accumulate = {} for beta = {beta}",
+            args.accumulate
+        )));
+    }
     let block = [args.a.scaling_mode, args.b.scaling_mode]
         .iter()
         .any(|&m| BlockMode::from_scaling_mode(m).is_some());
     if !block {
         if alpha == 1.0 && (beta == 0.0 || beta == 1.0) {
-            return cublas_gemm(&args, stream);
+            return cublas_gemm(args, stream);
         }
         let g = desc_from_te(&args)?;
-        return run_scaled(&g, None, alpha, beta, stream);
+        // SAFETY: `desc_from_te` validated the operands against each other; `Checked`
+        // carries the C caller's contract that they are live device memory of those
+        // extents.
+        return unsafe { run_scaled(&g, None, alpha, beta, stream) };
     }
     let (g, modes) = block_desc(&args)?;
-    run_scaled(&g, Some(modes), alpha, beta, stream)
+    // SAFETY: `block_desc` validated the data, scales, output, epilogue buffers and
+    // workspace against each other; `Checked` carries the C caller's contract.
+    unsafe { run_scaled(&g, Some(modes), alpha, beta, stream) }
 }
 
 /// Both operands' blocks: block-scaled both, not both 2D.
@@ -251,7 +259,7 @@ fn block_alignment((m, n, k): (usize, usize, usize), b: BlockMode) -> Result<()>
 
 /// Validate a block-scaled GEMM and translate it into the TN [`GemmDesc`] cuBLASLt runs
 /// (the scale_inv pointers are the block scales), with both operands' blocks.
-pub fn block_desc(g: &TeGemm) -> Result<(GemmDesc, [BlockMode; 2])> {
+fn block_desc(g: &TeGemm) -> Result<(GemmDesc, [BlockMode; 2])> {
     let blocks = operand_blocks(g)?;
     let (m, n, k) = block_dims(g)?;
     let a = block_operand(g.a, "A", g.transa, (m, k), blocks[0])?;
@@ -359,7 +367,12 @@ thread_local! {
 /// Run a validated GEMM with `alpha` and `beta` (and the block scale modes `modes`) on
 /// cuBLASLt, from a per-thread plan: no CUDA graph, no own kernel; the heuristic's
 /// candidates timed on the plan's first eager run with beta = 0 (as `run_impl`).
-pub fn run_scaled(
+///
+/// # Safety
+///
+/// `g`'s addresses are live device memory of the extents its sizes and leading
+/// dimensions imply (validated descriptors of vouched operands), as for [`run`].
+unsafe fn run_scaled(
     g: &GemmDesc,
     modes: Option<[BlockMode; 2]>,
     alpha: f32,
@@ -440,7 +453,7 @@ fn build_scaled(
     g: &GemmDesc,
     key: &PlanKey,
     modes: Option<[BlockMode; 2]>,
-    ctx_addr: usize,
+    ctx_addr: cuda::CtxHandle,
 ) -> Result<Plan> {
     let mut desc: lt::cublasLtMatmulDesc_t = std::ptr::null_mut();
     // SAFETY: out pointer. Full fp32 compute, as every GEMM of the library.
@@ -528,7 +541,7 @@ fn matmul_scaled(
             &p.algo,
             g.workspace.as_void(),
             g.workspace_bytes,
-            stream.raw() as lt::cudaStream_t,
+            stream.rt(),
         )
     };
     lt_check(s, "cublasLtMatmul")
@@ -659,15 +672,6 @@ mod tests {
             ..Default::default()
         };
         let e = block_desc(&args(&a2, &pt, &d, true, false)).unwrap_err();
-        assert!(e.msg.contains("mix block scaling"), "{}", e.msg);
-        // ... and through the entry: the block path is taken and refuses it.
-        let e = cublas_gemm_scaled(
-            &args(&a2, &pt, &d, true, false),
-            1.0,
-            0.0,
-            StreamHandle::from_raw(0),
-        )
-        .unwrap_err();
         assert!(e.msg.contains("mix block scaling"), "{}", e.msg);
         // The per-tensor path refuses block tensors.
         let e = desc_from_te(&args(&pt, &a2, &d, true, false)).unwrap_err();

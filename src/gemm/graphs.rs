@@ -16,7 +16,7 @@
 //! [`CAPTURE_LIMIT`] captures, fewer than [`MIN_REPLAYS`] replays a capture). Streams
 //! being captured (the user's own CUDA graphs) always take the direct call.
 use crate::cuda::resources::Stream;
-use crate::cuda::{StreamHandle, check};
+use crate::cuda::{GraphExecHandle, StreamHandle, check};
 use crate::error::Result;
 use cudarc::driver::sys as cu;
 
@@ -38,7 +38,7 @@ const MIN_REPLAYS: u64 = 4;
 pub struct CallKey {
     pub ptrs: [u64; 11],
     pub accumulate: bool,
-    pub stream: usize,
+    pub stream: StreamHandle,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,14 +46,14 @@ enum Slot {
     /// seen once, not captured
     Seen,
     /// an instantiated graph (CUgraphExec)
-    Exec(usize),
+    Exec(GraphExecHandle),
 }
 
 /// What [`Graphs::decide`] says to do with a call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Action {
     /// replay this graph
-    Launch(usize),
+    Launch(GraphExecHandle),
     /// capture the call (then [`Graphs::captured`] or [`Graphs::failed`])
     Capture,
     /// call cuBLASLt directly
@@ -82,7 +82,7 @@ impl Graphs {
         &mut self,
         key: &CallKey,
         capturing: bool,
-        evicted: &mut Option<usize>,
+        evicted: &mut Option<GraphExecHandle>,
     ) -> Action {
         if self.off || capturing {
             return Action::Direct;
@@ -121,7 +121,7 @@ impl Graphs {
     }
 
     /// `key`'s capture succeeded: replay `exec` from now on.
-    pub fn captured(&mut self, key: &CallKey, exec: usize) {
+    pub fn captured(&mut self, key: &CallKey, exec: GraphExecHandle) {
         if let Some(c) = self.calls.iter_mut().find(|c| c.0 == *key) {
             c.1 = Slot::Exec(exec);
         }
@@ -135,13 +135,13 @@ impl Graphs {
 
     /// A capture failed: the plan calls cuBLASLt directly from now on. Returns the graphs
     /// held, for the caller to destroy.
-    pub fn failed(&mut self) -> Vec<usize> {
+    pub fn failed(&mut self) -> Vec<GraphExecHandle> {
         self.off = true;
         self.take()
     }
 
     /// Every graph held (the plan is going away), forgetting them.
-    pub fn take(&mut self) -> Vec<usize> {
+    pub fn take(&mut self) -> Vec<GraphExecHandle> {
         self.calls
             .drain(..)
             .filter_map(|c| match c.1 {
@@ -159,7 +159,7 @@ impl Graphs {
 /// thread makes meanwhile); `f` runs in the caller's mode, so that a call it makes that a
 /// capture cannot hold fails the capture (and the caller calls directly) instead of
 /// running outside the graph.
-pub fn capture(f: impl FnOnce(StreamHandle) -> Result<()>) -> Result<usize> {
+pub fn capture(f: impl FnOnce(StreamHandle) -> Result<()>) -> Result<GraphExecHandle> {
     use crate::cuda::resources::with_relaxed_capture;
     let s = with_relaxed_capture(|| Stream::new(0))?;
     let st = s.raw().cu();
@@ -187,7 +187,7 @@ pub fn capture(f: impl FnOnce(StreamHandle) -> Result<()>) -> Result<usize> {
                     unsafe { cu::cuGraphInstantiateWithFlags(&mut exec, graph, 0) },
                     "cuGraphInstantiateWithFlags",
                 )
-                .map(|_| exec as usize)
+                .map(|_| GraphExecHandle::from_raw(exec))
             })
         });
     if !graph.is_null() {
@@ -200,20 +200,20 @@ pub fn capture(f: impl FnOnce(StreamHandle) -> Result<()>) -> Result<usize> {
 }
 
 /// Replay `exec` on `stream`.
-pub fn launch(exec: usize, stream: StreamHandle) -> Result<()> {
+pub fn launch(exec: GraphExecHandle, stream: StreamHandle) -> Result<()> {
     // SAFETY: an instantiated graph of this context.
     check(
-        unsafe { cu::cuGraphLaunch(exec as cu::CUgraphExec, stream.cu()) },
+        unsafe { cu::cuGraphLaunch(exec.raw(), stream.cu()) },
         "cuGraphLaunch",
     )
 }
 
 /// Destroy graphs (a launch still running completes first: the driver frees it then).
-pub fn destroy(execs: impl IntoIterator<Item = usize>) {
+pub fn destroy(execs: impl IntoIterator<Item = GraphExecHandle>) {
     for e in execs {
         crate::cuda::resources::release_relaxed(|| {
             // SAFETY: instantiated by `capture`, destroyed once.
-            unsafe { cu::cuGraphExecDestroy(e as cu::CUgraphExec) }
+            unsafe { cu::cuGraphExecDestroy(e.raw()) }
         });
     }
 }
@@ -222,11 +222,16 @@ pub fn destroy(execs: impl IntoIterator<Item = usize>) {
 mod tests {
     use super::*;
 
+    /// A graph handle for the policy (never launched).
+    fn x(i: usize) -> GraphExecHandle {
+        GraphExecHandle::from_addr(i)
+    }
+
     fn key(i: usize) -> CallKey {
         CallKey {
             ptrs: [i as u64; 11],
             accumulate: false,
-            stream: 7,
+            stream: StreamHandle::from_raw(7),
         }
     }
 
@@ -236,14 +241,14 @@ mod tests {
         let mut ev = None;
         assert_eq!(g.decide(&key(1), false, &mut ev), Action::Direct);
         assert_eq!(g.decide(&key(1), false, &mut ev), Action::Capture);
-        g.captured(&key(1), 77);
-        assert_eq!(g.decide(&key(1), false, &mut ev), Action::Launch(77));
+        g.captured(&key(1), x(77));
+        assert_eq!(g.decide(&key(1), false, &mut ev), Action::Launch(x(77)));
         // Another pointer set, beta or stream is another call.
         let mut acc = key(1);
         acc.accumulate = true;
         assert_eq!(g.decide(&acc, false, &mut ev), Action::Direct);
         let mut other_stream = key(1);
-        other_stream.stream = 8;
+        other_stream.stream = StreamHandle::from_raw(8);
         assert_eq!(g.decide(&other_stream, false, &mut ev), Action::Direct);
         assert_eq!(g.decide(&key(2), false, &mut ev), Action::Direct);
         assert_eq!(ev, None);
@@ -255,11 +260,11 @@ mod tests {
         let mut ev = None;
         g.decide(&key(1), false, &mut ev);
         assert_eq!(g.decide(&key(1), false, &mut ev), Action::Capture);
-        g.captured(&key(1), 5);
+        g.captured(&key(1), x(5));
         assert_eq!(g.decide(&key(1), true, &mut ev), Action::Direct);
         g.decide(&key(2), false, &mut ev);
         assert_eq!(g.decide(&key(2), false, &mut ev), Action::Capture);
-        assert_eq!(g.failed(), vec![5]);
+        assert_eq!(g.failed(), vec![x(5)]);
         assert_eq!(g.decide(&key(1), false, &mut ev), Action::Direct);
         assert_eq!(g.decide(&key(1), false, &mut ev), Action::Direct);
     }
@@ -277,7 +282,7 @@ mod tests {
                 match g.decide(&key(i), false, &mut ev) {
                     Action::Capture => {
                         captures += 1;
-                        g.captured(&key(i), 1000 + i);
+                        g.captured(&key(i), x(1000 + i));
                     }
                     Action::TurnedOff => {
                         turned_off += 1;
@@ -295,8 +300,8 @@ mod tests {
         for round in 0..100 {
             for i in 0..MAX_CALLS {
                 match h.decide(&key(i), false, &mut ev) {
-                    Action::Capture => h.captured(&key(i), i),
-                    Action::Launch(e) => assert_eq!(e, i),
+                    Action::Capture => h.captured(&key(i), x(i)),
+                    Action::Launch(e) => assert_eq!(e, x(i)),
                     Action::Direct => assert!(round == 0),
                     Action::TurnedOff => panic!("a replayed plan turned off"),
                 }
@@ -312,18 +317,17 @@ mod tests {
         for i in 0..MAX_CALLS {
             g.decide(&key(i), false, &mut ev);
             g.decide(&key(i), false, &mut ev);
-            g.captured(&key(i), 100 + i);
+            g.captured(&key(i), x(100 + i));
         }
         // key(0) used again: key(1) is now the least recently used.
-        assert_eq!(g.decide(&key(0), false, &mut ev), Action::Launch(100));
+        assert_eq!(g.decide(&key(0), false, &mut ev), Action::Launch(x(100)));
         assert_eq!(g.decide(&key(99), false, &mut ev), Action::Direct);
-        assert_eq!(ev, Some(101));
+        assert_eq!(ev, Some(x(101)));
         ev = None;
         assert_eq!(g.decide(&key(1), false, &mut ev), Action::Direct); // seen again: evicts key(2)
-        assert_eq!(ev, Some(102));
-        let mut left = g.take();
-        left.sort();
+        assert_eq!(ev, Some(x(102)));
+        let left = g.take();
         assert_eq!(left.len(), MAX_CALLS - 2);
-        assert!(left.contains(&100) && !left.contains(&101) && !left.contains(&102));
+        assert!(left.contains(&x(100)) && !left.contains(&x(101)) && !left.contains(&x(102)));
     }
 }

@@ -9,7 +9,7 @@ pub mod sm90;
 use crate::cuda::StreamHandle;
 use crate::cuda::dynlib::cublaslt_sys as lt;
 use crate::cuda::resources::{Event, capture_status};
-use crate::cuda::{self, ContextGuard, DevPtr, Lib};
+use crate::cuda::{self, Checked, ContextGuard, CtxHandle, CtxId, DevPtr, Lib, LtHandle};
 use crate::error::ErrorKind as K;
 use crate::error::{Error, Result};
 use crate::tensor::{Buffer, DType, Tensor};
@@ -237,7 +237,7 @@ impl<'a, D> Operands<'a, D> {
 /// Validate TE's arguments and translate them into a [`GemmDesc`]: the shapes, the
 /// element types, the FP8 scaling factors, the epilogue's operands, the workspace.
 pub fn desc_from_te(g: &TeGemm) -> Result<GemmDesc> {
-    block::require_per_tensor(g)?;
+    block::require_per_tensor([g.a.scaling_mode, g.b.scaling_mode])?;
     let dims = te_dims(g)?;
     let (m, n, k) = (dims.m, dims.n, dims.k);
     let (at, bt, dt) = (g.a.data.dtype, g.b.data.dtype, g.d.data.dtype);
@@ -580,17 +580,17 @@ fn lt_check_with(s: lt::cublasStatus_t, call: impl FnOnce() -> String) -> Result
 
 /// One cuBLASLt handle per context (by its id: a reset device's new context gets its
 /// own), created on first use and kept for the process.
-fn handle(ctx: u64) -> Result<lt::cublasLtHandle_t> {
-    static HANDLES: Mutex<Vec<(u64, usize)>> = Mutex::new(Vec::new());
+fn handle(ctx: CtxId) -> Result<lt::cublasLtHandle_t> {
+    static HANDLES: Mutex<Vec<(CtxId, LtHandle)>> = Mutex::new(Vec::new());
     let mut g = HANDLES.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(&(_, h)) = g.iter().find(|(c, _)| *c == ctx) {
-        return Ok(h as lt::cublasLtHandle_t);
+        return Ok(h.raw());
     }
     cuda::require(Lib::CublasLt)?;
     let mut h: lt::cublasLtHandle_t = std::ptr::null_mut();
     // SAFETY: out pointer; the context is current.
     lt_check(unsafe { lt::cublasLtCreate(&mut h) }, "cublasLtCreate")?;
-    g.push((ctx, h as usize));
+    g.push((ctx, LtHandle::from_raw(h)));
     Ok(h)
 }
 
@@ -605,7 +605,7 @@ fn alignment(p: DevPtr) -> u32 {
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 struct PlanKey {
     /// the context's id ([`cuda::ContextGuard::id`])
-    ctx: u64,
+    ctx: CtxId,
     m: usize,
     n: usize,
     k: usize,
@@ -637,9 +637,9 @@ struct Plan {
     ptrs: [DevPtr; 6],
     /// the plan's calls replayed as CUDA graphs (NVTE_COMM_GEMM_GRAPHS)
     graphs: graphs::Graphs,
-    /// the address of the plan's context (its id is the key's): its graphs are destroyed
-    /// only while that context exists
-    ctx_addr: usize,
+    /// the plan's context (its id is the key's): its graphs are destroyed only while
+    /// that context exists
+    ctx_addr: CtxHandle,
 }
 
 /// Heuristic algorithms a plan considers (NVTE_COMM_GEMM_TUNE: timed on first use).
@@ -668,7 +668,7 @@ fn small_own_gemm(
     g: &GemmDesc,
     guard: &ContextGuard,
 ) -> Result<Option<std::sync::Arc<sm90::Sm90Gemm>>> {
-    type Loaded = HashMap<u64, Option<std::sync::Arc<sm90::Sm90Gemm>>>;
+    type Loaded = HashMap<CtxId, Option<std::sync::Arc<sm90::Sm90Gemm>>>;
     static LOADED: Mutex<Option<Loaded>> = Mutex::new(None);
     if !own_gemm_enabled()?
         || g.m.saturating_mul(g.n).saturating_mul(g.k) >= TUNE_MIN_MNK
@@ -700,10 +700,14 @@ impl Plan {
     /// Release the plan: its cuBLASLt descriptors (host objects), and its graphs where
     /// their context (address, `id`) still exists; after a device reset the reset has
     /// freed them, and their handles may name the new context's graphs.
-    fn destroy(mut self, id: u64) {
+    fn destroy(mut self, id: CtxId) {
         let execs = self.graphs.take();
         let _relaxed = cuda::resources::RelaxedCapture::new();
-        if cuda::context_alive((self.ctx_addr, id)) {
+        let owner = cuda::CtxRef {
+            handle: self.ctx_addr,
+            id,
+        };
+        if cuda::context_alive(owner) {
             graphs::destroy(execs);
         }
         // SAFETY: descriptors created by `build`, destroyed once when evicted.
@@ -812,7 +816,12 @@ fn c_type(g: &GemmDesc) -> DType {
     }
 }
 
-fn build(h: lt::cublasLtHandle_t, g: &GemmDesc, key: &PlanKey, ctx_addr: usize) -> Result<Plan> {
+fn build(
+    h: lt::cublasLtHandle_t,
+    g: &GemmDesc,
+    key: &PlanKey,
+    ctx_addr: CtxHandle,
+) -> Result<Plan> {
     let mut desc: lt::cublasLtMatmulDesc_t = std::ptr::null_mut();
     // SAFETY: out pointer. Full fp32 compute (no TF32) for every input type, as TE.
     lt_check(
@@ -1008,8 +1017,18 @@ fn heuristic(
 }
 
 /// Run a validated GEMM on `stream`. The stream's context must be current.
-pub fn run(g: &GemmDesc, guard: &ContextGuard, stream: StreamHandle) -> Result<()> {
-    run_impl(g, guard, stream, true)
+///
+/// # Safety
+///
+/// `g` is a validated descriptor ([`desc_from_te`], or a chunk of one that the overlap
+/// planner derived inside its extents, or the library's own buffers): A and B (and C,
+/// bias, the scale inverses) are readable device memory of the extents their sizes,
+/// leading dimensions and types imply; D, aux, d_amax and the workspace (its
+/// `workspace_bytes`) are writable device memory of those extents that nothing else
+/// accesses until the GEMM completes on `stream`; all alive until then.
+pub unsafe fn run(g: &GemmDesc, guard: &ContextGuard, stream: StreamHandle) -> Result<()> {
+    // SAFETY: the caller's contract.
+    unsafe { run_impl(g, guard, stream, true) }
 }
 
 /// Bytes at most of a copy run beside our GEMM in its launch: a few of its CTAs' idle
@@ -1023,7 +1042,18 @@ const SIDE_COPY_MAX: usize = 256 << 10;
 /// false: nothing was enqueued, the caller copies and runs the GEMM itself. One launch less
 /// on the host where it matters: small GEMMs (the tp-1 all-gather's shard into its buffer
 /// beside its GEMM).
-pub fn run_copying(
+///
+/// # Safety
+///
+/// `g` is a validated descriptor ([`desc_from_te`], or a chunk of one that the overlap
+/// planner derived inside its extents, or the library's own buffers): A and B (and C,
+/// bias, the scale inverses) are readable device memory of the extents their sizes,
+/// leading dimensions and types imply; D, aux, d_amax and the workspace (its
+/// `workspace_bytes`) are writable device memory of those extents that nothing else
+/// accesses until the GEMM completes on `stream`; all alive until then.
+/// `side`'s destination is writable device memory of its bytes, its source readable,
+/// neither overlapping the GEMM's operands.
+pub unsafe fn run_copying(
     g: &GemmDesc,
     side: sm90::SideCopy,
     guard: &ContextGuard,
@@ -1045,7 +1075,8 @@ pub fn run_copying(
         side,
         ..Default::default()
     };
-    own.run(g, &hooks, g.sm_count.max(0) as usize, stream)?;
+    // SAFETY: the caller's contract (the GEMM's operands and the side copy's ranges).
+    unsafe { own.run(g, &hooks, g.sm_count.max(0) as usize, stream)? };
     Ok(true)
 }
 
@@ -1053,40 +1084,82 @@ pub fn run_copying(
 /// chunk GEMM at tp > 1, and its NVTE_COMM_REPORT timing): always cuBLASLt, whose CTAs
 /// retire as they finish, never our persistent kernel, which would hold its SMs until its
 /// last tile and make SM puts and wait kernels queue behind the whole GEMM.
-pub fn run_beside_comm(g: &GemmDesc, guard: &ContextGuard, stream: StreamHandle) -> Result<()> {
-    run_impl(g, guard, stream, false)
+///
+/// # Safety
+///
+/// `g` is a validated descriptor ([`desc_from_te`], or a chunk of one that the overlap
+/// planner derived inside its extents, or the library's own buffers): A and B (and C,
+/// bias, the scale inverses) are readable device memory of the extents their sizes,
+/// leading dimensions and types imply; D, aux, d_amax and the workspace (its
+/// `workspace_bytes`) are writable device memory of those extents that nothing else
+/// accesses until the GEMM completes on `stream`; all alive until then.
+pub unsafe fn run_beside_comm(
+    g: &GemmDesc,
+    guard: &ContextGuard,
+    stream: StreamHandle,
+) -> Result<()> {
+    // SAFETY: the caller's contract.
+    unsafe { run_impl(g, guard, stream, false) }
 }
 
-fn run_impl(g: &GemmDesc, guard: &ContextGuard, stream: StreamHandle, own: bool) -> Result<()> {
+/// A GEMM with k = 0 (m, n > 0): D = C (accumulating into C), D unchanged (in place), or
+/// D = 0.
+///
+/// # Safety
+///
+/// [`run`]'s.
+unsafe fn run_k0(g: &GemmDesc, stream: StreamHandle) -> Result<()> {
+    if g.epilogue != Epilogue::None {
+        unsupported!("k = 0 with an epilogue ({:?}) is not supported", g.epilogue);
+    }
+    if g.accumulate && !g.c.is_null() {
+        // D = C + 0.
+        let (row, pitch) = (g.m * g.d_type.bits() / 8, g.ldd * g.d_type.bits() / 8);
+        // SAFETY: C and D hold n columns of m elements at pitch ldd (the caller's
+        // contract: `desc_from_te` / the engine's plan check the tensors' sizes).
+        return unsafe {
+            crate::cuda::resources::copy_2d(g.d, pitch, g.c, pitch, row, g.n, stream)
+        };
+    }
+    if !g.accumulate {
+        let bytes = g.ldd * (g.n - 1) * g.d_type.bits() / 8 + g.m * g.d_type.bits() / 8;
+        // SAFETY: D spans these bytes (the caller's contract).
+        cuda::check(
+            unsafe { cudarc::driver::sys::cuMemsetD8Async(g.d.raw(), 0, bytes, stream.cu()) },
+            "cuMemsetD8Async(D)",
+        )?;
+    }
+    Ok(())
+}
+
+/// [`run`] (`own`: our GEMM where it takes the call) or [`run_beside_comm`].
+///
+/// # Safety
+///
+/// [`run`]'s.
+unsafe fn run_impl(
+    g: &GemmDesc,
+    guard: &ContextGuard,
+    stream: StreamHandle,
+    own: bool,
+) -> Result<()> {
     if g.m == 0 || g.n == 0 {
         return Ok(());
     }
     if g.k == 0 {
-        if g.epilogue != Epilogue::None {
-            unsupported!("k = 0 with an epilogue ({:?}) is not supported", g.epilogue);
-        }
-        if g.accumulate && !g.c.is_null() {
-            // D = C + 0.
-            let (row, pitch) = (g.m * g.d_type.bits() / 8, g.ldd * g.d_type.bits() / 8);
-            return crate::cuda::resources::copy_2d(g.d, pitch, g.c, pitch, row, g.n, stream);
-        }
-        if !g.accumulate {
-            let bytes = g.ldd * (g.n - 1) * g.d_type.bits() / 8 + g.m * g.d_type.bits() / 8;
-            // SAFETY: D spans these bytes per validation.
-            cuda::check(
-                unsafe { cudarc::driver::sys::cuMemsetD8Async(g.d.raw(), 0, bytes, stream.cu()) },
-                "cuMemsetD8Async(D)",
-            )?;
-        }
-        return Ok(());
+        // SAFETY: the caller's contract.
+        return unsafe { run_k0(g, stream) };
     }
     if let Some(own) = if own { small_own_gemm(g, guard)? } else { None } {
-        return own.run(
-            g,
-            &sm90::Hooks::default(),
-            g.sm_count.max(0) as usize,
-            stream,
-        );
+        // SAFETY: the caller's contract; default hooks add no flags or copies.
+        return unsafe {
+            own.run(
+                g,
+                &sm90::Hooks::default(),
+                g.sm_count.max(0) as usize,
+                stream,
+            )
+        };
     }
     let h = handle(guard.id)?;
     let key = PlanKey {
@@ -1182,7 +1255,7 @@ fn via_graph(
             g.d_amax.raw(),
         ],
         accumulate: g.accumulate,
-        stream: stream.raw(),
+        stream,
     };
     let mut evicted = None;
     let action = p.graphs.decide(&key, capturing, &mut evicted);
@@ -1256,7 +1329,7 @@ fn matmul(
             algo,
             g.workspace.as_void(),
             g.workspace_bytes,
-            stream.raw() as lt::cudaStream_t,
+            stream.rt(),
         )
     };
     lt_check(s, "cublasLtMatmul")
@@ -1318,13 +1391,16 @@ fn fastest(
     Ok(algos[crate::timing::pick_with_margin(&medians, crate::timing::MARGIN)])
 }
 
-/// TE's nvte_cublas_gemm.
-pub fn cublas_gemm(args: &TeGemm, stream: StreamHandle) -> Result<()> {
-    let g = desc_from_te(args)?;
+/// TE's nvte_cublas_gemm, on operands the C boundary vouched for.
+pub fn cublas_gemm(args: Checked<&TeGemm>, stream: StreamHandle) -> Result<()> {
+    let g = desc_from_te(&args)?;
     if g.m == 0 || g.n == 0 {
         return Ok(()); // empty output: nothing to launch (and no device needed)
     }
     // The stream's context (made current if it is not): all a GEMM needs of it.
     let guard = ContextGuard::for_stream_no_device(stream)?;
-    run(&g, &guard, stream)
+    // SAFETY: `desc_from_te` validated the operands' shapes, types, epilogue buffers and
+    // workspace against each other; `Checked` carries the C caller's contract that the
+    // tensors are live device memory of those extents.
+    unsafe { run(&g, &guard, stream) }
 }

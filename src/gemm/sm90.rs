@@ -396,7 +396,7 @@ impl Sm90Gemm {
     /// The backend of the current context (`guard`'s), loaded at its first use; an
     /// `Unsupported` error on a device other than sm_90.
     pub fn get(guard: &ContextGuard) -> Result<Arc<Sm90Gemm>> {
-        static LOADED: Mutex<Option<HashMap<u64, Arc<Sm90Gemm>>>> = Mutex::new(None);
+        static LOADED: Mutex<Option<HashMap<crate::cuda::CtxId, Arc<Sm90Gemm>>>> = Mutex::new(None);
         let mut g = LOADED.lock().unwrap_or_else(|e| e.into_inner());
         let map = g.get_or_insert_with(HashMap::new);
         if let Some(b) = map.get(&guard.id) {
@@ -491,7 +491,19 @@ impl Sm90Gemm {
 
     /// D = B . A^T (`g`, which [`supports`] accepts) on `stream` with `hooks`, on at most
     /// `sms` SMs (0: all; the grid is min(tiles, SMs)).
-    pub fn run(&self, g: &GemmDesc, hooks: &Hooks, sms: usize, stream: StreamHandle) -> Result<()> {
+    ///
+    /// # Safety
+    ///
+    /// `g`'s operands as `gemm::run` requires them; the hooks' flags, done signals and side
+    /// copy name device memory of the extents their counts imply (the fused algorithms'
+    /// own flag slots and buffers), alive until the launch completes.
+    pub unsafe fn run(
+        &self,
+        g: &GemmDesc,
+        hooks: &Hooks,
+        sms: usize,
+        stream: StreamHandle,
+    ) -> Result<()> {
         if let Some(why) = supports(g) {
             return Err(Error::internal(format!(
                 "our sm90 GEMM cannot compute this GEMM: {why}"

@@ -3,7 +3,9 @@
 //! read of each 128x128 tile) and dequantize. The layouts are `crate::tensor`'s
 //! (`BlockLayout`: TE's GEMM-ready and compact formats).
 use super::{ContextGuard, flat_2d, launch_shape, persistent_grid, short};
-use crate::cuda::{self, Binding, DevPtr, Kernel, KernelArg, ParamInfo, Signature, StreamHandle};
+use crate::cuda::{
+    self, Binding, Checked, DevPtr, Kernel, KernelArg, ParamInfo, Signature, StreamHandle,
+};
 use crate::cuda::{nvrtc, nvrtc::Source};
 use crate::error::Result;
 use crate::tensor::{BlockLayout, BlockMode, Buffer, DType, Direction, ScaleFormat, Tensor};
@@ -217,7 +219,7 @@ fn output_direction(
 /// The checks of nvte_quantize into a block-scaled `output` (TE's, and what TE's
 /// `Float8BlockQuantizer.is_quantizable` requires: rows and the last dimension multiples
 /// of 128); None for an empty input (nothing to do). Nothing is touched on an error.
-pub fn plan_quantize(
+fn plan_quantize(
     input: &Tensor,
     output: &Tensor,
     cfg: &BlockQuantConfig,
@@ -296,10 +298,11 @@ pub fn plan_quantize(
 }
 
 /// Raise the function's dynamic shared-memory limit to `bytes` once per (context, function).
-fn allow_shared(ctx: u64, f: cudarc::driver::sys::CUfunction, bytes: u32) -> Result<()> {
+fn allow_shared(ctx: cuda::CtxId, f: cudarc::driver::sys::CUfunction, bytes: u32) -> Result<()> {
     use cudarc::driver::sys as cu;
-    static DONE: Mutex<Vec<(u64, usize, u32)>> = Mutex::new(Vec::new());
-    let key = (ctx, f as usize, bytes);
+    type Key = (cuda::CtxId, cuda::FunctionHandle, u32);
+    static DONE: Mutex<Vec<Key>> = Mutex::new(Vec::new());
+    let key = (ctx, cuda::FunctionHandle::from_raw(f), bytes);
     let mut done = DONE.lock().unwrap_or_else(|e| e.into_inner());
     if done.contains(&key) {
         return Ok(());
@@ -323,12 +326,12 @@ fn allow_shared(ctx: u64, f: cudarc::driver::sys::CUfunction, bytes: u32) -> Res
 /// columnwise data (transposed, or 1D compact: the input's layout) with their float32
 /// scale inverses in TE's layout, from one read of the input. Returns the format written.
 pub fn quantize(
-    input: &Tensor,
-    output: &Tensor,
+    input: Checked<&Tensor>,
+    output: Checked<&Tensor>,
     cfg: &BlockQuantConfig,
     stream: StreamHandle,
 ) -> Result<ScaleFormat> {
-    let Some(plan) = plan_quantize(input, output, cfg)? else {
+    let Some(plan) = plan_quantize(input.get(), output.get(), cfg)? else {
         return Ok(cfg.format);
     };
     let guard = ContextGuard::for_stream(stream)?;
@@ -374,7 +377,7 @@ pub struct DequantizePlan {
 /// The checks of nvte_dequantize of a block-scaled `input` (its rowwise data, else its
 /// columnwise data) into the high-precision `output` of the same logical shape; None for
 /// an empty input.
-pub fn plan_dequantize(input: &Tensor, output: &Tensor) -> Result<Option<DequantizePlan>> {
+fn plan_dequantize(input: &Tensor, output: &Tensor) -> Result<Option<DequantizePlan>> {
     let l = match input.block_layout(Direction::Rowwise)? {
         Some(l) => l,
         None => match input.block_layout(Direction::Columnwise)? {
@@ -434,8 +437,12 @@ pub fn plan_dequantize(input: &Tensor, output: &Tensor) -> Result<Option<Dequant
 
 /// TE's nvte_dequantize of a block-scaled tensor: output = cast(value * its block's
 /// scale_inv), from the rowwise data (else the columnwise data).
-pub fn dequantize(input: &Tensor, output: &Tensor, stream: StreamHandle) -> Result<()> {
-    let Some(p) = plan_dequantize(input, output)? else {
+pub fn dequantize(
+    input: Checked<&Tensor>,
+    output: Checked<&Tensor>,
+    stream: StreamHandle,
+) -> Result<()> {
+    let Some(p) = plan_dequantize(input.get(), output.get())? else {
         return Ok(());
     };
     let guard = ContextGuard::for_stream(stream)?;

@@ -11,6 +11,7 @@
 //! kNVTECommGemmAlgoAtomicP2P) gathers the same way along the backward ring alone and
 //! runs one launch of our own GEMM that waits on per-piece arrival flags.
 use super::plan::{Lane, MAX_FLAGS, Planner};
+use super::policy::{Algo, Tiles};
 use super::schedule::AgRing;
 use super::{MAX_AMAX_SLOTS, Op, Overlap, eb, tag};
 use crate::cuda::DevPtr;
@@ -21,40 +22,6 @@ use crate::gemm::{self, Epilogue, GemmDesc, TeGemm};
 use crate::tensor::{Buffer, Shape, Tensor};
 use crate::transport::{RecvOp, SendOp, WaitInfo};
 use crate::{invalid, unsupported};
-
-/// NVTE_COMM_AG_PIECES, parsed strictly: None (unset: auto), or the index of the choice in
-/// `auto`, `rows`, `k`. The fused all-gather's pieces: row slices of each chunk (`rows` and
-/// `auto`: the tuned count, 1 by default), or K slices (`k`: 4, `K_SLICES`, or the tuned count
-/// where larger) where the transport moves strided pieces and our GEMM takes the call's
-/// kind. Read once when an overlap object or comm-GEMM context is created
-/// (`super::AlgoKnobs`).
-pub fn ag_pieces_choice() -> Result<Option<usize>> {
-    crate::env::AG_PIECES.get()
-}
-const AG_PIECES_K: usize = 2;
-
-/// NVTE_COMM_FUSED_TILES, parsed strictly: None (unset: auto), or the index of the choice
-/// in `auto`, `rule`, `narrow`. The tile width of the fused algorithms' GEMM (the fused
-/// all-gather, the fused reduce-scatter ring and the ring all-reduce's): `auto` the
-/// tuning's choice (the tile rule, or 128-wide tiles where the autotuner measured them
-/// faster), `rule` the tile rule only, `narrow` 128-wide tiles always
-/// (`sm90::Hooks::narrow`). Read once when an overlap object or comm-GEMM context is
-/// created (`super::AlgoKnobs`); a rank's own choice (it changes how many pieces the
-/// reduce-scatter sends: set the same on every rank, `NVTE_COMM_CHECK` catches ranks
-/// that differ).
-pub fn fused_tiles_choice() -> Result<Option<usize>> {
-    crate::env::FUSED_TILES.get()
-}
-
-/// 128-wide tiles for the fused algorithms' GEMM: NVTE_COMM_FUSED_TILES's choice (`rule`:
-/// no, `narrow`: yes), else (`auto`, unset) the tuning's.
-fn narrow_tiles(knob: Option<usize>, tuned: bool) -> bool {
-    match knob {
-        Some(1) => false,
-        Some(2) => true,
-        _ => tuned,
-    }
-}
 
 /// K slices per chunk of the fused all-gather with NVTE_COMM_AG_PIECES=k (at least; the
 /// tuned piece count where larger): the granularity the one-GPU emulated link measured.
@@ -97,6 +64,8 @@ struct AgShape {
     k_slices: bool,
     /// FP8 output: per-GEMM amax slots (NULL: none)
     amax_slots: DevPtr,
+    /// the fused GEMM's tiles
+    tiles: Tiles,
 }
 
 impl AgShape {
@@ -110,18 +79,36 @@ impl AgShape {
 }
 
 impl Planner<'_> {
-    /// The ring all-gather + GEMM (module doc).
-    pub fn split_ag(&mut self, x: &AgArgs) -> Result<()> {
-        if self.e.settings.atomic && self.e.caps.two_sided {
-            return self.fused_ag(x);
+    /// split_ag's algorithm: the fused all-gather where the policy asks for the fused
+    /// algorithms and the transport exchanges two-sided, else the ring.
+    pub(super) fn ag_algo(&self) -> Algo {
+        let p = &self.e.policy;
+        let pieces = p.pieces.max(1) as usize;
+        if p.fused_on() && self.e.caps.two_sided {
+            Algo::FusedAg {
+                pieces,
+                k_slices: p.ag_k_slices(),
+                tiles: p.tiles(),
+            }
+        } else {
+            Algo::RingAg {
+                bidirectional: p.bidirectional(),
+                pieces,
+            }
         }
-        let sh = self.ag_shape(x)?;
+    }
+
+    /// [`Algo::RingAg`]: the ring all-gather + GEMM (module
+    /// doc), both ways at once where `bidirectional`, each remote chunk in at most
+    /// `pieces` pieces.
+    pub(super) fn ring_ag(&mut self, x: &AgArgs, bidirectional: bool, pieces: usize) -> Result<()> {
+        let sh = self.ag_shape(x, pieces)?;
         let mut key = sh.full.check_key();
         if let Some(m) = x.key_m {
             key[0] = m as u64;
         }
         self.begin(Op::SplitAg, false, &key, Some(&sh.full));
-        let ring = super::schedule::ag_ring(self.tp(), self.tp_rank(), self.e.settings.aggregate);
+        let ring = super::schedule::ag_ring(self.tp(), self.tp_rank(), bidirectional);
         self.ag_rings(x, &sh, &ring, None)?;
         let side = self.ag_local_copies(x, &sh, &ring, true);
         let gemms = self.ag_gemms(x, &sh, &ring, side);
@@ -175,7 +162,7 @@ impl Planner<'_> {
     }
 
     /// Validate the call and plan its geometry (before the call begins).
-    fn ag_shape(&mut self, x: &AgArgs) -> Result<AgShape> {
+    fn ag_shape(&mut self, x: &AgArgs, pieces: usize) -> Result<AgShape> {
         let (tp, r) = (self.tp(), self.tp_rank());
         let (n, k, is_view) = self.ag_dims(x)?;
         let e = eb(self.dtype());
@@ -184,7 +171,7 @@ impl Planner<'_> {
         let mut gathered = x.g.b.clone();
         let gshape = if x.g.transb { [k, n] } else { [n, k] };
         gathered.data = Buffer::new(self.buffer(), self.dtype(), Shape::new(&gshape)?)?;
-        let comm_sms = !self.e.settings.use_ce;
+        let comm_sms = !self.e.policy.comm.use_ce;
         let full = gemm::desc_from_te(&TeGemm {
             b: &gathered,
             math_sm_count: self.math_sms(comm_sms),
@@ -208,7 +195,7 @@ impl Planner<'_> {
         let pieces = if x.g.transb || full.epilogue == Epilogue::BGradB {
             1
         } else {
-            self.e.tuning.pieces.clamp(1, nc.max(1)).min(limit.max(1))
+            pieces.clamp(1, nc.max(1)).min(limit.max(1))
         };
         // FP8 output: each GEMM scales its rows and writes its own amax slot; the slots'
         // maximum goes into D's amax after the call.
@@ -245,6 +232,7 @@ impl Planner<'_> {
             full,
             pieces,
             k_slices: false,
+            tiles: Tiles::Rule,
             amax_slots,
         })
     }
@@ -480,8 +468,17 @@ impl Planner<'_> {
     /// GEMM not loaded, or a GEMM it does not compute: the reason is the call's NVTX step)
     /// the same ring feeds cuBLASLt GEMMs per chunk. The protocol (ring, pieces) is the
     /// same on every rank whichever GEMM each one runs.
-    pub fn fused_ag(&mut self, x: &AgArgs) -> Result<()> {
-        let mut sh = self.ag_shape(x)?;
+    /// ([`Algo::FusedAg`]: at most `pieces` pieces per chunk,
+    /// K slices where `k_slices` asks and they can be, our GEMM in `tiles`.)
+    pub(super) fn fused_ag(
+        &mut self,
+        x: &AgArgs,
+        pieces: usize,
+        k_slices: bool,
+        tiles: Tiles,
+    ) -> Result<()> {
+        let mut sh = self.ag_shape(x, pieces)?;
+        sh.tiles = tiles;
         let (tp, r) = (self.tp(), self.tp_rank());
         sh.pieces = fused_pieces(sh.pieces, sh.nc, tp, self.e.events);
         if tp * sh.pieces + 1 > self.e.events {
@@ -505,7 +502,7 @@ impl Planner<'_> {
             .min(k_blocks(sh.k, eb(self.dtype())))
             .min((self.e.events - 1) / tp)
             .min(MAX_FLAGS / tp);
-        sh.k_slices = self.e.knobs.ag_pieces == Some(AG_PIECES_K)
+        sh.k_slices = k_slices
             && self.e.caps.strided_exchange
             && kernel_takes_kind
             && sh.amax_slots.is_null()
@@ -570,13 +567,7 @@ impl Planner<'_> {
         self.fused_budget(self.e.caps.remote_peers && !local_copies)
     }
 
-    /// Whether the fused algorithms' GEMM runs 128-wide tiles: NVTE_COMM_FUSED_TILES
-    /// (`rule`: no, `narrow`: yes), else the tuning's choice.
-    pub(super) fn fused_narrow(&self) -> bool {
-        narrow_tiles(self.e.knobs.fused_tiles, self.e.tuning.narrow)
-    }
-
-    /// [`Self::fused_sms`] as every rank computes it alike (from the settings and the
+    /// [`Self::fused_sms`] as every rank computes it alike (from the policy and the
     /// device's SM count only; `caps.remote_peers` may differ between ranks that share
     /// devices): for choices all ranks must make the same, such as the fused
     /// reduce-scatter's pieces (at tp > 1: its only caller leaves tp 1 alone). Equal to
@@ -591,14 +582,15 @@ impl Planner<'_> {
         /// SMs left to the flag kernels (32 threads, one CTA each; several fit on one SM)
         /// when copy engines move the data.
         const CE_RESERVE: i32 = 2;
-        let s = &self.e.settings;
-        let reserve = if s.use_ce && ce_only {
-            CE_RESERVE.min(s.num_comm_sm.max(1))
+        let c = &self.e.policy.comm;
+        let reserve = if c.use_ce && ce_only {
+            CE_RESERVE.min(c.sms.max(1))
         } else {
-            s.num_comm_sm.max(1)
+            c.sms.max(1)
         };
-        if s.sm_count > reserve {
-            (s.sm_count - reserve) as usize
+        let sm_count = self.e.sm_count;
+        if sm_count > reserve {
+            (sm_count - reserve) as usize
         } else {
             1
         }
@@ -652,7 +644,7 @@ impl Planner<'_> {
             k_pieces: if sh.k_slices { pieces } else { 0 },
             flag_value: 1,
             n_tile_rot: r * sh.nc / TILE_ROWS,
-            narrow: self.fused_narrow(),
+            narrow: sh.tiles == Tiles::Narrow,
             ..Default::default()
         };
         // (B_copy: each row piece is copied out of the buffer between its arrival and its
@@ -671,24 +663,5 @@ impl Planner<'_> {
         self.memset(flags, 4 * tp * pieces, c0);
         self.ag_copy_out(x, sh, r, (0, sh.nc), c0);
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::narrow_tiles;
-
-    /// NVTE_COMM_FUSED_TILES (index of auto, rule, narrow) wins over the tuning's choice.
-    #[test]
-    fn fused_tiles_follow_the_knob_then_the_tuning() {
-        for (knob, tuned, want) in [
-            (None, false, false),
-            (None, true, true),
-            (Some(0), true, true),
-            (Some(1), true, false),
-            (Some(2), false, true),
-        ] {
-            assert_eq!(narrow_tiles(knob, tuned), want, "{knob:?} {tuned}");
-        }
     }
 }

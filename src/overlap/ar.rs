@@ -19,6 +19,7 @@
 //! ncclAllReduce on every anchor shape (0.77-0.96x) and was as fast as or faster than
 //! chunked everywhere; chunked lost to GEMM-then-ncclAllReduce at tp 4 on four of six.
 use super::plan::{Lane, Planner, Reduce};
+use super::policy::{Algo, Ring};
 use super::rs::RsArgs;
 use super::schedule::{Bounds, PerRank};
 use super::{Op, Overlap, eb, tag};
@@ -76,26 +77,6 @@ impl Slices {
     }
 }
 
-/// How a GEMM + all-reduce runs over IPC (NVTE_COMM_AR_ALGO = auto | ring | chunked;
-/// auto and ring pick the ring algorithm where it applies).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum ArAlgo {
-    /// ring reduce-scatter (GEMM per destination rows, copy-engine pushes), then the
-    /// reduced rows pushed to every peer
-    Ring,
-    /// row chunks, each all-reduced (one-shot or two-shot) while the next computes
-    Chunked,
-}
-
-/// NVTE_COMM_AR_ALGO, parsed strictly: None (unset: auto), or the index of the choice in
-/// `auto`, `ring`, `chunked`. Read once when an overlap object or comm-GEMM context is
-/// created (`super::AlgoKnobs`).
-pub fn ar_algo_choice() -> Result<Option<usize>> {
-    crate::env::AR_ALGO.get()
-}
-const AR_RING: usize = 1;
-const AR_CHUNKED: usize = 2;
-
 impl Overlap {
     pub fn split_ar(&mut self, x: &ArArgs, stream: StreamHandle) -> Result<()> {
         self.reported(stream, |o| {
@@ -142,70 +123,82 @@ fn check_partial_epilogue(full: &GemmDesc) -> Result<()> {
 }
 
 impl Planner<'_> {
-    fn ar_algo(&self, n: usize, m: usize) -> ArAlgo {
-        let (tp, e) = (self.tp(), eb(self.dtype()));
-        // At tp 1 the ring's accumulating form is the GEMM straight into D. The ring
-        // pushes reduced rows into the peers' buffers: it needs peer memory.
-        let ring_fits =
-            self.e.caps.peer_memory && n.is_multiple_of(tp) && 2 * n * m * e <= self.e.buffer_bytes;
-        // Auto: ring wherever it applies. Measured on 2x and 4x H200 (bench/RESULTS.md),
-        // it was as fast or faster than the chunked algorithm on every anchor shape.
-        match self.e.knobs.ar_algo {
-            Some(AR_CHUNKED) => ArAlgo::Chunked,
-            Some(AR_RING) if ring_fits => ArAlgo::Ring,
-            // auto: the caller's (autotuner's) choice, else ring where it fits
-            _ if ring_fits && self.e.tuning.ar_ring != Some(false) => ArAlgo::Ring,
-            _ => ArAlgo::Chunked,
-        }
-    }
-
-    /// GEMM + all-reduce (module doc).
-    pub fn split_ar(&mut self, x: &ArArgs) -> Result<()> {
+    /// split_ar's algorithm (after the call's checks): at tp 1 inline the GEMM itself;
+    /// else the ring where it fits and the policy prefers it (`Policy::ar_ring`:
+    /// NVTE_COMM_AR_ALGO, else the tuning's, the ring by default: measured on 2x and 4x
+    /// H200, bench/RESULTS.md, it was as fast or faster than the chunked algorithm on
+    /// every anchor shape), else chunked.
+    pub(super) fn ar_algo(&self, x: &ArArgs) -> Result<Algo> {
         let (n, m) = check_ar(x, self.dtype())?;
         if self.e.inline {
-            // tp 1: the sum of the one partial is the GEMM itself, straight into D.
-            let full = gemm::desc_from_te(&TeGemm {
+            return Ok(Algo::GemmOnly);
+        }
+        let (tp, e) = (self.tp(), eb(self.dtype()));
+        // The ring pushes reduced rows into the peers' buffers: it needs peer memory.
+        let ring_fits =
+            self.e.caps.peer_memory && n.is_multiple_of(tp) && 2 * n * m * e <= self.e.buffer_bytes;
+        Ok(if ring_fits && self.e.policy.ar_ring() {
+            Algo::RingAr(self.ring_params())
+        } else {
+            Algo::ChunkedAr {
+                splits: self.e.policy.splits as usize,
+            }
+        })
+    }
+
+    /// [`Algo::GemmOnly`]: tp 1, the sum of the one partial is the GEMM itself, straight
+    /// into D.
+    pub(super) fn gemm_only_ar(&mut self, x: &ArArgs) -> Result<()> {
+        check_ar(x, self.dtype())?;
+        let full = gemm::desc_from_te(&TeGemm {
+            accumulate: false,
+            math_sm_count: self.math_sms(true),
+            ..*x
+        })?;
+        check_partial_epilogue(&full)?;
+        self.begin(Op::SplitAr, false, &full.sum_key(), Some(&full));
+        self.step(|| "GEMM (tp 1: the all-reduce of one partial is the GEMM)".into());
+        self.gemm(&full, 0, false);
+        self.finish();
+        Ok(())
+    }
+
+    /// [`Algo::RingAr`]: this rank's rows of D reduced by the ring, then gathered.
+    pub(super) fn ring_ar_call(&mut self, x: &ArArgs, ring: Ring) -> Result<()> {
+        let (n, m) = check_ar(x, self.dtype())?;
+        let db = &x.d.data;
+        let e = eb(self.dtype());
+        let nc = n / self.tp();
+        let rows = Tensor {
+            data: Buffer::new(
+                db.ptr + self.tp_rank() * nc * m * e,
+                db.dtype,
+                Shape::new(&[nc, m])?,
+            )?,
+            ..Default::default()
+        };
+        let rs = RsArgs {
+            g: Operands {
                 accumulate: false,
-                math_sm_count: self.math_sms(true),
-                ..*x
-            })?;
-            check_partial_epilogue(&full)?;
-            self.begin(Op::SplitAr, false, &full.sum_key(), Some(&full));
-            self.step(|| "GEMM (tp 1: the all-reduce of one partial is the GEMM)".into());
-            self.gemm(&full, 0, false);
-            self.finish();
-            return Ok(());
-        }
-        if self.ar_algo(n, m) == ArAlgo::Ring {
-            let db = &x.d.data;
-            let e = eb(self.dtype());
-            let nc = n / self.tp();
-            let rows = Tensor {
-                data: Buffer::new(
-                    db.ptr + self.tp_rank() * nc * m * e,
-                    db.dtype,
-                    Shape::new(&[nc, m])?,
-                )?,
-                ..Default::default()
-            };
-            let rs = RsArgs {
-                g: Operands {
-                    accumulate: false,
-                    ..x.with_d(None)
-                },
-                rs_output: &rows,
-            };
-            return self.ring_ar(&rs, db.ptr);
-        }
-        self.chunked_ar(x, n, m)
+                ..x.with_d(None)
+            },
+            rs_output: &rows,
+        };
+        self.ring_ar(&rs, db.ptr, &ring)
+    }
+
+    /// [`Algo::ChunkedAr`] in `splits` row chunks (at most one a row).
+    pub(super) fn chunked_ar_call(&mut self, x: &ArArgs, splits: usize) -> Result<()> {
+        let (n, m) = check_ar(x, self.dtype())?;
+        self.chunked_ar(x, n, m, splits)
     }
 
     /// The chunked all-reduce: row chunks, each all-reduced (one-shot, two-shot, or the
     /// transport's collective) while the next computes.
-    fn chunked_ar(&mut self, x: &ArArgs, n: usize, m: usize) -> Result<()> {
+    fn chunked_ar(&mut self, x: &ArArgs, n: usize, m: usize, splits: usize) -> Result<()> {
         let (tp, e) = (self.tp(), eb(self.dtype()));
         self.check_capacity("the GEMM output", [n, m])?;
-        let s = self.e.settings.num_splits.clamp(1, n.max(1));
+        let s = splits.clamp(1, n.max(1));
         let bounds: Bounds = (0..=s).map(|i| i * n / s).collect();
         // Without peer memory, the transport's all-reduce collective per chunk.
         let collective = !self.e.caps.peer_memory;
@@ -216,8 +209,7 @@ impl Planner<'_> {
             && tp > 1
             && bounds.windows(2).all(|w| {
                 let rows = w[1] - w[0];
-                rows * m * e > self.e.settings.one_shot_max_bytes
-                    && Slices::new(rows * m, tp).fits()
+                rows * m * e > self.e.one_shot_max_bytes && Slices::new(rows * m, tp).fits()
             });
         let partials = if two_shot {
             self.staging()?
@@ -446,21 +438,26 @@ impl Planner<'_> {
     /// followed by an all-gather of the reduced rows: each rank pushes its rows into the
     /// second half of every peer's buffer (copy engine), and every rank copies the rows
     /// that landed into D. Needs n divisible by tp and a buffer of twice D.
-    fn ring_ar(&mut self, x: &RsArgs, d: DevPtr) -> Result<()> {
-        let p = self.plan_rs(x, !self.e.settings.use_ce)?;
+    fn ring_ar(&mut self, x: &RsArgs, d: DevPtr, ring: &Ring) -> Result<()> {
+        let p = self.plan_rs(x, !self.e.policy.comm.use_ce)?;
         let (tp, r, e) = (self.tp(), self.tp_rank(), eb(self.dtype()));
         let n = p.nc * tp;
         self.check_capacity("the all-reduce's partials and gathered rows", [2 * n, p.m])?;
         self.staging()?; // allocated (once) before the call starts
-        let acc = self.rs_accumulates(x, &p);
-        self.begin(Op::SplitAr, false, &self.ring_key(&p, acc), Some(&p.full));
+        let acc = self.rs_accumulates(x, &p, ring.sum);
+        self.begin(
+            Op::SplitAr,
+            false,
+            &self.ring_key(&p, acc, ring),
+            Some(&p.full),
+        );
         let half = n * p.m * e;
         if acc {
-            self.chain_rs(x, &p, Op::SplitAr, Some((half, d)))?;
+            self.chain_rs(x, &p, Op::SplitAr, Some((half, d)), ring.pieces)?;
             self.finish();
             return Ok(());
         }
-        self.ring_rs(x, &p)?;
+        self.ring_rs(x, &p, ring)?;
         let cs = Lane::Comm(0);
         let rows = p.nc * p.m * e; // bytes of one rank's rows
         let others = self.others();

@@ -38,10 +38,12 @@ impl Overlap {
 }
 
 impl Planner<'_> {
-    /// The collective on the buffer (peer memory: puts and a reduction of the peers'
-    /// buffers; else the transport's collectives) beside the unrelated GEMM.
-    pub fn bulk(&mut self, x: &BulkArgs) -> Result<()> {
-        let comm_sms = x.kind == BulkKind::ReduceScatter || !self.e.settings.use_ce;
+    /// [`Algo::Bulk`](super::policy::Algo::Bulk): the collective on the buffer (peer
+    /// memory: puts and a reduction of the peers' buffers; else the transport's
+    /// collectives) beside the unrelated GEMM, which leaves the comm SMs free where SM
+    /// kernels move the bytes (the reduce-scatter, or puts without `use_ce`).
+    pub(super) fn bulk_call(&mut self, x: &BulkArgs, use_ce: bool) -> Result<()> {
+        let comm_sms = x.kind == BulkKind::ReduceScatter || !use_ce;
         let mut g: TeGemm = x.gemm;
         g.math_sm_count = self.math_sms(comm_sms);
         let desc = gemm::desc_from_te(&g)?;

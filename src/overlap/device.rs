@@ -69,13 +69,13 @@ impl Overlap {
             buffer: self.t.buffer(),
             buffer_bytes: self.t.buffer_bytes(),
             peers,
-            caps: self.caps,
-            slots: self.slots,
-            settings: self.settings,
-            tuning: self.tuned,
-            knobs: self.knobs,
-            events: self.ev_chunk.len(),
-            compute_streams: self.compute.len(),
+            caps: self.group.caps,
+            slots: self.group.slots,
+            policy: self.policy,
+            sm_count: self.group.dev.sm_count,
+            one_shot_max_bytes: super::ar::ONE_SHOT_MAX_BYTES,
+            events: self.streams.ev_chunk.len(),
+            compute_streams: self.streams.compute.len(),
             inline: self.inline_ok(),
             own_gemm: match self.own_gemm {
                 Some(Ok(_)) => Some(crate::gemm::sm90::supports as plan::OwnGemm),
@@ -86,29 +86,31 @@ impl Overlap {
                 _ => None,
             },
             nvtx: nvtx::enabled(),
-            trace: self.trace.is_some() && !self.capturing,
+            trace: self.diag.trace.is_some() && !self.call.capturing,
         }
     }
 
-    /// One call: enter the object on `stream`, plan the call with `algo` (validation and
-    /// the steps, no device work), then enqueue the plan's steps.
+    /// One call: enter the object on `stream`, plan the call with `algo` (the algorithm's
+    /// choice, its validation and its steps, no device work), then enqueue the plan's
+    /// steps.
     pub(super) fn run_planned(
         &mut self,
         stream: StreamHandle,
         algo: impl FnOnce(&mut Planner) -> Result<()>,
     ) -> Result<()> {
         let guard = self.enter(stream)?;
-        if self.settings.atomic && self.own_gemm.is_none() {
+        if self.policy.fused_on() && self.own_gemm.is_none() {
             self.own_gemm = Some(Sm90Gemm::get(&guard).map_err(|e| e.msg));
         }
         let env = self.env();
-        let mut plan = std::mem::take(&mut self.plan);
+        let mut plan = std::mem::take(&mut self.call.plan);
         plan.steps.clear();
+        plan.algo = None;
         let planned = {
             let mut scratch = EngineScratch {
-                staging: &mut self.staging,
-                amax_slots: &mut self.amax_slots,
-                flags: &mut self.flags,
+                staging: &mut self.mem.staging,
+                amax_slots: &mut self.mem.amax_slots,
+                flags: &mut self.mem.flags,
                 buffer_bytes: env.buffer_bytes,
             };
             algo(&mut Planner {
@@ -117,7 +119,10 @@ impl Overlap {
                 plan: &mut plan,
             })
         };
-        self.caller = stream;
+        self.call.caller = stream;
+        if let Some(r) = self.diag.report.as_deref_mut() {
+            r.next_algo = plan.algo;
+        }
         let r = planned.and_then(|()| {
             plan::enqueue(
                 &plan,
@@ -127,7 +132,7 @@ impl Overlap {
                 },
             )
         });
-        self.plan = plan;
+        self.call.plan = plan;
         r
     }
 }
@@ -149,31 +154,34 @@ impl Device for GpuDevice<'_> {
         key: &[u64],
         full: Option<&GemmDesc>,
     ) -> Result<()> {
-        let stream = self.o.caller;
+        let stream = self.o.call.caller;
         self.o.begin(stream, op, gate_compute, key, full)
     }
     fn finish(&mut self) -> Result<()> {
-        let stream = self.o.caller;
+        let stream = self.o.call.caller;
         self.o.finish(stream)
     }
     fn lane(&self, lane: Lane) -> Result<StreamHandle> {
         match lane {
             Lane::Compute(i) => self.o.compute_stream(i),
             Lane::Comm(j) => self.o.comm_stream(j),
-            Lane::Caller => Ok(self.o.caller),
+            Lane::Caller => Ok(self.o.call.caller),
         }
     }
     fn gemm(&self, g: &GemmDesc, index: usize, concurrent: bool, side: SideCopy) -> Result<()> {
         self.o.run_gemm(g, self.guard, (index, concurrent), side)
     }
     fn record(&self, ev: usize, stream: StreamHandle) -> Result<()> {
-        self.o.ev_chunk[ev].record(stream)
+        self.o.streams.ev_chunk[ev].record(stream)
     }
     fn wait_event(&self, ev: usize, stream: StreamHandle) -> Result<()> {
-        self.o.ev_chunk[ev].wait_on(stream)
+        self.o.streams.ev_chunk[ev].wait_on(stream)
     }
     fn copy(&self, dst: DevPtr, src: DevPtr, bytes: usize, stream: StreamHandle) -> Result<()> {
-        copy_async(dst, src, bytes, stream)
+        // SAFETY: a plan's step: the planner placed both ranges inside the engine's
+        // buffers and the call's checked tensors (`plan.rs`; the host protocol tests check
+        // every access in bounds).
+        unsafe { copy_async(dst, src, bytes, stream) }
     }
     fn copy_2d(
         &self,
@@ -185,13 +193,17 @@ impl Device for GpuDevice<'_> {
         height: usize,
         stream: StreamHandle,
     ) -> Result<()> {
-        copy_2d(dst, dpitch, src, spitch, width, height, stream)
+        // SAFETY: as `copy`: the plan's pitched ranges lie in the engine's buffers and the
+        // call's checked tensors.
+        unsafe { copy_2d(dst, dpitch, src, spitch, width, height, stream) }
     }
     fn memset(&self, dst: DevPtr, bytes: usize, stream: StreamHandle) -> Result<()> {
-        memset_async(dst, bytes, stream)
+        // SAFETY: as `copy`: a plan's range of the engine's own memory.
+        unsafe { memset_async(dst, bytes, stream) }
     }
     fn write_flag(&self, dst: DevPtr, value: u32, stream: StreamHandle) -> Result<()> {
-        write_value32(dst, value, stream)
+        // SAFETY: a plan's flag: a u32 of this engine's or a peer's mapped flag memory.
+        unsafe { write_value32(dst, value, stream) }
     }
     fn wait_flag(&self, ptr: DevPtr, value: u32, stream: StreamHandle) -> Result<()> {
         wait_value32_geq(ptr, value, stream)
@@ -208,13 +220,17 @@ impl Device for GpuDevice<'_> {
         stream: StreamHandle,
         tail: bool,
     ) -> Result<()> {
-        self.o.copy_segments(segs, stream, tail)
+        // SAFETY: a plan's segments: ranges of this engine's or a peer's mapped buffers
+        // and of the call's operands, inside them (the planner's offsets).
+        unsafe { self.o.copy_segments(segs, stream, tail) }
     }
     fn amax_max(&self, out: DevPtr, slots: DevPtr, n: usize) -> Result<()> {
         if self.o.skipping_gemms() {
             return Ok(()); // NVTE_COMM_REPORT's comm-alone runs wrote no slot
         }
-        self.o.reduce_amax(out, slots, n, self.o.caller)
+        // SAFETY: the plan's amax step: `slots` are this engine's n amax slots, `out` the
+        // output tensor's amax (an f32 of the call's checked operands).
+        unsafe { self.o.reduce_amax(out, slots, n, self.o.call.caller) }
     }
     fn nvtx(&self, name: &str) {
         self.o.step(|| name.to_string());

@@ -19,11 +19,12 @@
 //! buffer) is made with the thread's capture mode relaxed. Calls, replays included, must
 //! still be made in the same order on every rank and be stream-ordered on each rank.
 pub mod ag;
+pub mod algo;
 pub mod ar;
 pub mod bulk;
-pub mod config;
 mod device;
 pub mod plan;
+pub mod policy;
 #[cfg(test)]
 pub(crate) mod protocol;
 pub mod reduce;
@@ -45,9 +46,8 @@ use crate::transport::{
     Caps, FailureKind, MAX_PEERS, Settings, Transport, WaitInfo, call_desc, desc_op, tag,
 };
 use crate::{bootstrap::Bootstrap, env, invalid, unsupported};
-use config::MAX_SPLITS;
-pub use config::{EngineConfig, TRANSPORT_AUTO, TRANSPORT_IPC, TRANSPORT_NCCL, TransportChoice};
 use plan::{AlgoSlots, MAX_KEY_WORDS};
+pub use policy::{Pins, Policy, TRANSPORT_AUTO, TRANSPORT_IPC, TRANSPORT_NCCL, TransportChoice};
 use reduce::EngineKernels;
 
 /// Chunk amax slots of FP8 outputs (tp chunks of the all-gather).
@@ -68,30 +68,6 @@ pub fn trace_enabled() -> Result<bool> {
 /// without the check).
 pub fn check_enabled() -> Result<bool> {
     Ok(env::CHECK.get()?.unwrap_or(false))
-}
-
-/// The algorithm knobs of the environment, read once when an object (or a comm-GEMM
-/// context) is created, never per call: NVTE_COMM_AR_ALGO, NVTE_COMM_RS_RING,
-/// NVTE_COMM_AG_PIECES and NVTE_COMM_FUSED_TILES (the index of the choice; None: unset,
-/// auto).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct AlgoKnobs {
-    pub ar_algo: Option<usize>,
-    pub rs_ring: Option<usize>,
-    pub ag_pieces: Option<usize>,
-    pub fused_tiles: Option<usize>,
-}
-
-impl AlgoKnobs {
-    /// Parse the knobs (strictly: a bad value is an error naming it).
-    pub fn from_env() -> Result<AlgoKnobs> {
-        Ok(AlgoKnobs {
-            ar_algo: ar::ar_algo_choice()?,
-            rs_ring: rs::rs_ring_choice()?,
-            ag_pieces: ag::ag_pieces_choice()?,
-            fused_tiles: ag::fused_tiles_choice()?,
-        })
-    }
 }
 
 /// Operation ids (in timeout messages).
@@ -124,44 +100,42 @@ fn op_name(op: u32) -> &'static str {
     }
 }
 
-/// The settings an engine takes per call ([`Overlap::set_tuning`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Tuning {
-    pub use_ce: bool,
-    pub aggregate: bool,
-    pub splits: i32,
-    /// all-reduce: Some(true) the ring where it fits, Some(false) chunked, None the default
-    pub ar_ring: Option<bool>,
-    pub pieces: i32,
-    pub rs_accumulate: bool,
-    /// the fused algorithms (as config atomic_gemm, which stays on where it is set)
-    pub atomic: bool,
-    /// the fused algorithms' GEMM in 128-wide tiles
-    pub narrow: bool,
-}
-
+/// An overlap object: the group's resources (transport, device, streams and events,
+/// kernels, scratch memory), the state of the call in progress and of graph captures,
+/// the diagnostics, and the [`Policy`] its calls run by.
 pub struct Overlap {
-    /// the config the object was created with (not changed afterwards)
-    cfg: EngineConfig,
-    /// the settings the calls plan with: the config's, with the per-call ones applied
-    /// (`set_tuning`, `set_comm_sms`)
-    settings: plan::Settings,
-    tuned: plan::Tuned,
-    /// what the transport can do, and the flag slots the algorithms took from it
-    caps: Caps,
-    slots: AlgoSlots,
-    /// the plan of the call in progress (kept: its steps' memory is reused call after call)
-    plan: plan::Plan,
-    /// the caller's stream of the call in progress
-    caller: StreamHandle,
-    /// the id of the context the object was made in ([`cuda::ContextGuard::id`])
-    ctx: u64,
-    dev: DeviceInfo,
-    world_rank: usize,
+    /// how the calls run (`policy.rs`): made at creation, replaced whole between calls
+    /// ([`Overlap::set_policy`])
+    policy: Policy,
     t: Box<dyn Transport>,
+    group: Group,
     rows: usize,
     cols: usize,
     dtype: DType,
+    streams: Lanes,
+    call: CallState,
+    /// set when a call failed in a way that leaves the object unusable
+    broken: Option<Error>,
+    mem: EngineMem,
+    /// our own GEMM, loaded at the first call that wants it (Err: why it is not there)
+    own_gemm: Option<OwnGemmSlot>,
+    code: Code,
+    diag: Diag,
+}
+
+/// The group as the object sees it.
+struct Group {
+    /// what the transport can do, and the flag slots the algorithms took from it
+    caps: Caps,
+    slots: AlgoSlots,
+    /// the id of the context the object was made in ([`cuda::ContextGuard::id`])
+    ctx: crate::cuda::CtxId,
+    dev: DeviceInfo,
+    world_rank: usize,
+}
+
+/// The object's streams and events.
+struct Lanes {
     compute: Vec<Stream>,
     comm: Vec<Stream>,
     ev_start: Event,
@@ -170,6 +144,14 @@ pub struct Overlap {
     ev_compute: Vec<Event>,
     ev_chunk: Vec<Event>,
     ev_done: Event,
+}
+
+/// The call in progress, the calls so far, and CUDA-graph capture.
+struct CallState {
+    /// the plan of the call in progress (kept: its steps' memory is reused call after call)
+    plan: plan::Plan,
+    /// the caller's stream of the call in progress
+    caller: StreamHandle,
     /// calls issued so far (eager and captured; a host count, diagnostics and `wait_done`)
     calls: u64,
     /// ev_done was recorded by an eager call
@@ -177,33 +159,12 @@ pub struct Overlap {
     /// the call in progress is being captured into a CUDA graph
     capturing: bool,
     /// some call of this object was captured (its buffers may be used by a graph)
-    pub(crate) captured: bool,
+    captured: bool,
     /// the latest call was captured (its completion is a graph replay's)
     last_captured: bool,
     /// a call began and has not finished: set by `begin`, cleared by `finish` (still set
     /// at the next call means the last one failed half-way; its peers wait for it)
     in_call: bool,
-    staging: Option<DeviceMem>,
-    broken: Option<Error>,
-    module: std::sync::Arc<nvrtc::Module>,
-    /// the engine's kernels of `module`
-    kernels: EngineKernels,
-    trace: Option<Trace>,
-    /// NVTE_COMM_NVTX: the open NVTX ranges of the call in progress and of its step
-    nvtx_call: Option<nvtx::Range>,
-    /// NVTE_COMM_REPORT
-    report: Option<Box<report::Report>>,
-    /// per-chunk amax of FP8 outputs (allocated on first use)
-    amax_slots: Option<DeviceMem>,
-    /// the fused algorithms' flags (allocated and zeroed on first use)
-    flags: Option<DeviceMem>,
-    /// our own GEMM, loaded at the first call that wants it (Err: why it is not there)
-    own_gemm: Option<OwnGemmSlot>,
-    /// the comm-GEMM context's global m, n, k of the call (NVTE_COMM_REPORT's shape key)
-    report_dims: Option<[i64; 3]>,
-    nvtx_step: std::cell::RefCell<Option<nvtx::Range>>,
-    /// NVTE_COMM_AR_ALGO / NVTE_COMM_RS_RING, read at creation
-    knobs: AlgoKnobs,
     /// the streams the call in progress forked (bit i: compute stream i; bit 16 + j:
     /// comm stream j >= 1); `finish` joins exactly these
     forked: std::cell::Cell<u32>,
@@ -214,6 +175,33 @@ pub struct Overlap {
     inline: Option<StreamHandle>,
 }
 
+/// Device memory made on first use.
+#[derive(Default)]
+struct EngineMem {
+    staging: Option<DeviceMem>,
+    /// per-chunk amax of FP8 outputs
+    amax_slots: Option<DeviceMem>,
+    /// the fused algorithms' flags (zeroed when made)
+    flags: Option<DeviceMem>,
+}
+
+/// The engine's kernels and their module.
+struct Code {
+    module: std::sync::Arc<nvrtc::Module>,
+    kernels: EngineKernels,
+}
+
+/// NVTE_COMM_TRACE, NVTE_COMM_NVTX and NVTE_COMM_REPORT.
+struct Diag {
+    trace: Option<Trace>,
+    /// NVTE_COMM_NVTX: the open NVTX ranges of the call in progress and of its step
+    nvtx_call: Option<nvtx::Range>,
+    nvtx_step: std::cell::RefCell<Option<nvtx::Range>>,
+    report: Option<Box<report::Report>>,
+    /// the comm-GEMM context's global m, n, k of the call (NVTE_COMM_REPORT's shape key)
+    report_dims: Option<[i64; 3]>,
+}
+
 /// Our own GEMM as an engine holds it once tried: loaded, or why not.
 type OwnGemmSlot = std::result::Result<std::sync::Arc<gemm::sm90::Sm90Gemm>, String>;
 
@@ -222,6 +210,29 @@ type OwnGemmSlot = std::result::Result<std::sync::Arc<gemm::sm90::Sm90Gemm>, Str
 struct Trace {
     events: Vec<Event>,
     names: Vec<String>,
+}
+
+impl Lanes {
+    /// `ns` compute streams, the comm streams, and their events.
+    fn new(ns: usize, p: &policy::Streams) -> Result<Lanes> {
+        let compute = (0..ns)
+            .map(|_| Stream::new(p.gemm_priority))
+            .collect::<Result<Vec<_>>>()?;
+        let comm = (0..NUM_COMM_STREAMS)
+            .map(|_| Stream::new(p.comm_priority))
+            .collect::<Result<Vec<_>>>()?;
+        let events = |n: usize| (0..n).map(|_| Event::new()).collect::<Result<Vec<_>>>();
+        Ok(Lanes {
+            compute,
+            comm,
+            ev_start: Event::new()?,
+            ev_arrived: Event::new()?,
+            ev_comm: events(NUM_COMM_STREAMS)?,
+            ev_compute: events(ns)?,
+            ev_chunk: events(2 * MAX_PEERS.max(64))?,
+            ev_done: Event::new()?,
+        })
+    }
 }
 
 /// Communication streams: 0 runs the arrival barrier and the end of every call; the
@@ -268,14 +279,13 @@ impl Overlap {
         Ok(())
     }
 
-    /// Collective over the world: every rank creates the object with the same config and
+    /// Collective over the world: every rank creates the object with the same policy and
     /// buffer shape. The current CUDA context (the caller's device) owns everything.
-    /// `knobs`: the algorithm knobs, read by the creator (the C entry, or a comm-GEMM
-    /// context for its engines) when it was created.
+    /// `policy`: the C config's (or TE's defaults) with the environment's, and its pins
+    /// read by the creator (the C entry, or a comm-GEMM context for its engines).
     pub fn create(
         bs: &Bootstrap,
-        cfg: EngineConfig,
-        knobs: AlgoKnobs,
+        policy: Policy,
         rows: usize,
         cols: usize,
         dtype: DType,
@@ -285,96 +295,70 @@ impl Overlap {
         let check = check_enabled()?;
         let guard = ContextGuard::for_stream(StreamHandle::NULL)?;
         let dev = cuda::device_info(guard.device)?;
-        let tp = cfg.validate(bs.size, dev.sm_count)?;
+        let tp = policy.validate(bs.size, dev.sm_count)?;
         Self::check_rows(rows, tp)?;
-        let t = Self::create_transport(bs, &cfg, (&guard, &dev), (tp, bytes), check)?;
+        let t = Self::create_transport(bs, &policy, (&guard, &dev), (tp, bytes), check)?;
         let (module, kernels) = Self::comm_module(&guard, &dev, dtype)?;
-        let ns = cfg.num_max_streams as usize;
-        let compute = (0..ns)
-            .map(|_| Stream::new(cfg.gemm_priority))
-            .collect::<Result<Vec<_>>>()?;
-        let comm = (0..NUM_COMM_STREAMS)
-            .map(|_| Stream::new(cfg.comm_priority))
-            .collect::<Result<Vec<_>>>()?;
-        let events = |n: usize| (0..n).map(|_| Event::new()).collect::<Result<Vec<_>>>();
-        let caps = Caps::of(t.as_ref());
-        let slots = AlgoSlots::take(t.flag_slots())?;
-        Ok(Overlap {
-            cfg,
-            settings: plan::Settings {
-                use_ce: cfg.use_ce,
-                aggregate: cfg.aggregate,
-                num_splits: cfg.num_splits as usize,
-                num_comm_sm: cfg.num_comm_sm,
-                set_sm_margin: cfg.set_sm_margin,
-                sm_count: dev.sm_count,
-                one_shot_max_bytes: ar::ONE_SHOT_MAX_BYTES,
-                atomic: cfg.atomic_gemm,
-            },
-            tuned: plan::Tuned {
-                pieces: 1,
-                rs_accumulate: false,
-                ar_ring: None,
-                narrow: false,
-            },
-            caps,
-            slots,
-            plan: plan::Plan::default(),
-            caller: StreamHandle::NULL,
+        let ns = policy.streams.compute as usize;
+        let streams = Lanes::new(ns, &policy.streams)?;
+        let trace = if trace {
+            Some(Trace {
+                events: (0..256).map(|_| Event::timed()).collect::<Result<_>>()?,
+                names: Vec::new(),
+            })
+        } else {
+            None
+        };
+        let group = Group {
+            caps: Caps::of(t.as_ref()),
+            slots: AlgoSlots::take(t.flag_slots())?,
             ctx: guard.id,
+            dev,
             world_rank: bs.rank,
+        };
+        Ok(Overlap {
+            policy,
             t,
+            group,
             rows,
             cols,
             dtype,
-            ev_start: Event::new()?,
-            ev_arrived: Event::new()?,
-            ev_comm: events(NUM_COMM_STREAMS)?,
-            ev_compute: events(ns)?,
-            ev_chunk: events(2 * MAX_PEERS.max(64))?,
-            ev_done: Event::new()?,
-            compute,
-            comm,
-            calls: 0,
-            done_recorded: false,
-            capturing: false,
-            captured: false,
-            last_captured: false,
-            in_call: false,
-            staging: None,
-            broken: None,
-            module,
-            kernels,
-            dev,
-            nvtx_call: None,
-            amax_slots: None,
-            flags: None,
-            own_gemm: Self::own_gemm_at_creation(&cfg, &guard),
-            report_dims: None,
-            report: if Self::report_enabled()? {
-                Some(Box::new(report::Report::new()?))
-            } else {
-                None
+            streams,
+            call: CallState {
+                plan: plan::Plan::default(),
+                caller: StreamHandle::NULL,
+                calls: 0,
+                done_recorded: false,
+                capturing: false,
+                captured: false,
+                last_captured: false,
+                in_call: false,
+                forked: std::cell::Cell::new(0),
+                gate_compute: false,
+                inline: None,
             },
-            nvtx_step: Default::default(),
-            knobs,
-            forked: std::cell::Cell::new(0),
-            gate_compute: false,
-            inline: None,
-            trace: if trace {
-                Some(Trace {
-                    events: (0..256).map(|_| Event::timed()).collect::<Result<_>>()?,
-                    names: Vec::new(),
-                })
-            } else {
-                None
+            broken: None,
+            mem: EngineMem::default(),
+            own_gemm: Self::own_gemm_at_creation(&policy, &guard),
+            code: Code { module, kernels },
+            diag: Diag {
+                trace,
+                nvtx_call: None,
+                nvtx_step: Default::default(),
+                report: if Self::report_enabled()? {
+                    Some(Box::new(report::Report::new()?))
+                } else {
+                    None
+                },
+                report_dims: None,
             },
         })
     }
 
     /// With config atomic_gemm: our GEMM, loaded now (outside any capture), or why not.
-    fn own_gemm_at_creation(cfg: &EngineConfig, guard: &ContextGuard) -> Option<OwnGemmSlot> {
-        cfg.atomic_gemm
+    fn own_gemm_at_creation(policy: &Policy, guard: &ContextGuard) -> Option<OwnGemmSlot> {
+        policy
+            .atomic_gemm
             .then(|| gemm::sm90::Sm90Gemm::get(guard).map_err(|e| e.msg))
     }
 
@@ -382,7 +366,7 @@ impl Overlap {
     /// world ranks), with a buffer of `bytes`.
     fn create_transport(
         bs: &Bootstrap,
-        cfg: &EngineConfig,
+        policy: &Policy,
         (guard, dev): (&ContextGuard, &DeviceInfo),
         (tp, bytes): (usize, usize),
         check: bool,
@@ -395,11 +379,11 @@ impl Overlap {
             guard,
             dev,
             &Settings {
-                kind: crate::transport::kind_of_choice(cfg.transport.0),
+                kind: crate::transport::kind_of_choice(policy.transport.0),
                 buffer_bytes: bytes,
-                use_ce: cfg.use_ce,
-                comm_sms: cfg.num_comm_sm as u32,
-                timeout_ms: cfg.timeout_ms as u64,
+                use_ce: policy.comm.use_ce,
+                comm_sms: policy.comm.sms as u32,
+                timeout_ms: policy.timeout_ms as u64,
                 check,
             },
         )
@@ -423,44 +407,28 @@ impl Overlap {
     pub fn tp_rank(&self) -> usize {
         self.t.rank()
     }
-    /// Change the SM budget of the communication kernels (between calls): the config
-    /// (GEMM margin, reductions) and the transport (SM puts) together.
-    pub fn set_comm_sms(&mut self, n: i32) -> Result<()> {
-        if n < 1 || n >= self.dev.sm_count {
-            invalid!(
-                "comm_sm_count = {n} must be in 1..{} (the device's SM count)",
-                self.dev.sm_count
-            );
-        }
-        self.settings.num_comm_sm = n;
-        self.t.set_comm_sms(n as u32);
+    /// Replace the policy (between calls; the autotuner's choice of a call shape, with
+    /// the comm-GEMM call's own comm SMs): what creation fixed stays, the per-call
+    /// choices are checked; the transport takes the new copy-engine / SM puts and the
+    /// comm SMs' budget.
+    pub fn set_policy(&mut self, next: &Policy) -> Result<()> {
+        self.policy
+            .check_replacement(next, self.group.dev.sm_count)?;
+        self.policy = *next;
+        self.t.set_use_ce(next.comm.use_ce);
+        self.t.set_comm_sms(next.comm.sms as u32);
         Ok(())
     }
 
-    /// The per-call settings the autotuner chooses (between calls): copy-engine or SM
-    /// puts, the bidirectional ring all-gather, the GEMM splits of the pipelined
-    /// reduce-scatter and chunked all-reduce, the all-reduce algorithm, the pieces of the
-    /// ring all-gather and of the accumulating ring, whether the ring reduce-scatter
-    /// accumulates, the fused algorithms, and their GEMM's 128-wide tiles.
-    pub fn set_tuning(&mut self, t: &Tuning) -> Result<()> {
-        if !(1..=MAX_SPLITS).contains(&t.splits) {
-            invalid!("num_splits = {} must be in 1..={MAX_SPLITS}", t.splits);
-        }
-        if !(1..=16).contains(&t.pieces) {
-            invalid!("pieces = {} must be in 1..=16", t.pieces);
-        }
-        self.settings.use_ce = t.use_ce;
-        self.settings.aggregate = t.aggregate;
-        self.settings.num_splits = t.splits as usize;
-        self.settings.atomic = t.atomic || self.cfg.atomic_gemm;
-        self.t.set_use_ce(t.use_ce);
-        self.tuned = plan::Tuned {
-            pieces: t.pieces as usize,
-            rs_accumulate: t.rs_accumulate,
-            ar_ring: t.ar_ring,
-            narrow: t.narrow,
-        };
-        Ok(())
+    /// The policy the calls run by now.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// Some call of this object was captured into a CUDA graph (its buffers may be used
+    /// by one).
+    pub(crate) fn captured(&self) -> bool {
+        self.call.captured
     }
 
     /// The transport's name, for messages: "ipc", "inproc" (every peer in this process)
@@ -470,7 +438,7 @@ impl Overlap {
     }
     /// What the transport can do.
     pub fn caps(&self) -> Caps {
-        self.caps
+        self.group.caps
     }
     pub fn shape(&self) -> (usize, usize, DType) {
         (self.rows, self.cols, self.dtype)
@@ -483,18 +451,18 @@ impl Overlap {
     /// first use in the call (it waits for the call's start, or its arrival barrier when
     /// the call gates compute): a call forks, and `finish` joins, only the streams it uses.
     fn compute_stream(&self, i: usize) -> Result<StreamHandle> {
-        if let Some(s) = self.inline {
+        if let Some(s) = self.call.inline {
             return Ok(s);
         }
-        let s = self.compute[i].raw();
+        let s = self.streams.compute[i].raw();
         let bit = 1u32 << i;
-        if self.forked.get() & bit == 0 {
-            if self.gate_compute {
-                self.ev_arrived.wait_on(s)?;
+        if self.call.forked.get() & bit == 0 {
+            if self.call.gate_compute {
+                self.streams.ev_arrived.wait_on(s)?;
             } else {
-                self.ev_start.wait_on(s)?;
+                self.streams.ev_start.wait_on(s)?;
             }
-            self.forked.set(self.forked.get() | bit);
+            self.call.forked.set(self.call.forked.get() | bit);
         }
         Ok(s)
     }
@@ -503,14 +471,14 @@ impl Overlap {
     /// the others are forked at their first use (after the arrival barrier), as
     /// [`Self::compute_stream`].
     fn comm_stream(&self, j: usize) -> Result<StreamHandle> {
-        if let Some(s) = self.inline {
+        if let Some(s) = self.call.inline {
             return Ok(s);
         }
-        let s = self.comm[j].raw();
+        let s = self.streams.comm[j].raw();
         let bit = 1u32 << (16 + j);
-        if j > 0 && self.forked.get() & bit == 0 {
-            self.ev_arrived.wait_on(s)?;
-            self.forked.set(self.forked.get() | bit);
+        if j > 0 && self.call.forked.get() & bit == 0 {
+            self.streams.ev_arrived.wait_on(s)?;
+            self.call.forked.set(self.call.forked.get() | bit);
         }
         Ok(s)
     }
@@ -519,7 +487,7 @@ impl Overlap {
         let to = self.t.timeout()?;
         let who = format!(
             "world rank {} (tp rank {} of {})",
-            self.world_rank,
+            self.group.world_rank,
             self.tp_rank(),
             self.tp()
         );
@@ -568,18 +536,18 @@ impl Overlap {
     /// Refuse work on a broken object; otherwise enter its context on `stream`, and note
     /// whether the call is being captured into a CUDA graph.
     fn enter(&mut self, stream: StreamHandle) -> Result<ContextGuard> {
-        self.inline = None; // (set again by the call's begin)
+        self.call.inline = None; // (set again by the call's begin)
         if self.broken.is_none()
             && let Some(e) = self.timeout_error()
         {
             self.broken = Some(e);
         }
-        if self.in_call && self.broken.is_none() {
+        if self.call.in_call && self.broken.is_none() {
             self.broken = Some(Error::new(
                 K::Internal,
                 format!(
                     "an earlier call on world rank {} failed after it had started (its error was returned then); its peers wait for it and will time out. The object is unusable now: destroy it.",
-                    self.world_rank
+                    self.group.world_rank
                 ),
             ));
         }
@@ -587,14 +555,14 @@ impl Overlap {
             return Err(e.clone());
         }
         let guard = ContextGuard::for_stream_no_device(stream)?;
-        if guard.id != self.ctx {
+        if guard.id != self.group.ctx {
             invalid!(
                 "argument `stream` belongs to a CUDA context of device {} other than the one the overlap object was created in (device {}; after a device reset that context is gone: make the object again)",
                 cuda::current_device().unwrap_or(-1),
-                self.dev.ordinal
+                self.group.dev.ordinal
             );
         }
-        self.capturing = self.check_capture(stream)?;
+        self.call.capturing = self.check_capture(stream)?;
         Ok(guard)
     }
 
@@ -606,10 +574,10 @@ impl Overlap {
         let caller = capture_status(stream)?;
         // An inline object's streams join only the captures of its captured calls: while
         // none was ever captured they are in none (one driver call saved per call).
-        let ours = if self.inline_ok() && !self.captured {
+        let ours = if self.inline_ok() && !self.call.captured {
             Capture::None
         } else {
-            capture_status(self.comm[0].raw())?
+            capture_status(self.streams.comm[0].raw())?
         };
         match (caller, ours) {
             (Capture::Invalidated, _) => Err(Error::new(
@@ -634,7 +602,7 @@ impl Overlap {
     /// step or the call's end, around the enqueueing of the step's work).
     fn step(&self, name: impl FnOnce() -> String) {
         if nvtx::enabled() {
-            let mut s = self.nvtx_step.borrow_mut();
+            let mut s = self.diag.nvtx_step.borrow_mut();
             drop(s.take()); // pop before the next push: NVTX ranges are a stack
             *s = Some(nvtx::range(name));
         }
@@ -643,10 +611,10 @@ impl Overlap {
     /// NVTE_COMM_TRACE: mark a step of this call on `stream`.
     /// Not while capturing: the trace is of the last eager call.
     fn mark(&mut self, stream: StreamHandle, name: impl FnOnce() -> String) -> Result<()> {
-        if self.capturing {
+        if self.call.capturing {
             return Ok(());
         }
-        if let Some(t) = &mut self.trace
+        if let Some(t) = &mut self.diag.trace
             && t.names.len() < t.events.len()
         {
             t.events[t.names.len()].record(stream)?;
@@ -656,7 +624,7 @@ impl Overlap {
     }
 
     fn print_trace(&self) {
-        let Some(t) = &self.trace else { return };
+        let Some(t) = &self.diag.trace else { return };
         if t.names.is_empty() {
             return;
         }
@@ -668,7 +636,7 @@ impl Overlap {
         rows.sort_by(|a, b| a.0.total_cmp(&b.0));
         let mut out = format!(
             "[te_comm trace] world rank {} (last call):",
-            self.world_rank
+            self.group.world_rank
         );
         for (ms, n) in rows {
             out += &format!(" {n}={ms:.3}");
@@ -695,20 +663,20 @@ impl Overlap {
         key: &[u64],
         full: Option<&GemmDesc>,
     ) -> Result<()> {
-        self.in_call = true;
+        self.call.in_call = true;
         // A call that failed half-way left its ranges open: close them first (NVTX
         // ranges are a per-thread stack).
-        drop(self.nvtx_step.get_mut().take());
-        drop(self.nvtx_call.take());
+        drop(self.diag.nvtx_step.get_mut().take());
+        drop(self.diag.nvtx_call.take());
         if self.inline_ok() {
             return self.begin_inline(stream, op);
         }
-        self.nvtx_call = Some(nvtx::range(|| {
+        self.diag.nvtx_call = Some(nvtx::range(|| {
             format!(
                 "te_comm {op:?} call {} (tp {}, world rank {}, buffer {}x{} {})",
-                self.calls + 1,
+                self.call.calls + 1,
                 self.tp(),
-                self.world_rank,
+                self.group.world_rank,
                 self.rows,
                 self.cols,
                 self.dtype.name()
@@ -727,21 +695,21 @@ impl Overlap {
         parts[3..3 + key.len()].copy_from_slice(key);
         let parts = &parts[..3 + key.len()];
         let desc = call_desc(op as u32, parts);
-        self.calls += 1;
-        self.last_captured = self.capturing;
-        self.captured |= self.capturing;
+        self.call.calls += 1;
+        self.call.last_captured = self.call.capturing;
+        self.call.captured |= self.call.capturing;
         self.report_begin(stream, op, full)?;
-        if !self.capturing
-            && let Some(t) = &mut self.trace
+        if !self.call.capturing
+            && let Some(t) = &mut self.diag.trace
         {
             t.names.clear();
         }
         self.mark(stream, || "start".into())?;
-        self.ev_start.record(stream)?;
-        let cs = self.comm[0].raw();
-        self.ev_start.wait_on(cs)?;
+        self.streams.ev_start.record(stream)?;
+        let cs = self.streams.comm[0].raw();
+        self.streams.ev_start.wait_on(cs)?;
         self.t.begin_call(
-            self.calls,
+            self.call.calls,
             cs,
             WaitInfo {
                 op: op as u32,
@@ -749,12 +717,12 @@ impl Overlap {
             },
             desc,
         )?;
-        self.ev_arrived.record(cs)?;
+        self.streams.ev_arrived.record(cs)?;
         self.mark(cs, || "arrived".into())?;
         // The other streams are forked when the call first uses them
         // (`compute_stream`, `comm_stream`).
-        self.forked.set(0);
-        self.gate_compute = gate_compute;
+        self.call.forked.set(0);
+        self.call.gate_compute = gate_compute;
         Ok(())
     }
 
@@ -763,21 +731,28 @@ impl Overlap {
     /// used (and only those: the ones it forked) is joined back into the caller's (as a
     /// capture requires).
     fn finish(&mut self, stream: StreamHandle) -> Result<()> {
-        if self.inline.is_some() {
+        if self.call.inline.is_some() {
             return self.finish_inline(stream);
         }
-        let cs = self.comm[0].raw();
-        let forked = self.forked.replace(0);
-        for (i, (s, e)) in self.compute.iter().zip(self.ev_compute.iter()).enumerate() {
+        let cs = self.streams.comm[0].raw();
+        let forked = self.call.forked.replace(0);
+        for (i, (s, e)) in self
+            .streams
+            .compute
+            .iter()
+            .zip(self.streams.ev_compute.iter())
+            .enumerate()
+        {
             if forked & (1 << i) != 0 {
                 e.record(s.raw())?;
                 e.wait_on(cs)?;
             }
         }
         for (j, (c, e)) in self
+            .streams
             .comm
             .iter()
-            .zip(self.ev_comm.iter())
+            .zip(self.streams.ev_comm.iter())
             .enumerate()
             .skip(1)
         {
@@ -786,21 +761,21 @@ impl Overlap {
                 e.wait_on(cs)?;
             }
         }
-        self.t.end_call(self.calls, cs)?;
+        self.t.end_call(self.call.calls, cs)?;
         self.mark(cs, || "end".into())?;
-        drop(self.nvtx_step.get_mut().take());
-        drop(self.nvtx_call.take());
-        self.ev_comm[0].record(cs)?;
-        self.ev_comm[0].wait_on(stream)?;
+        drop(self.diag.nvtx_step.get_mut().take());
+        drop(self.diag.nvtx_call.take());
+        self.streams.ev_comm[0].record(cs)?;
+        self.streams.ev_comm[0].wait_on(stream)?;
         self.report_end(stream)?;
-        self.in_call = false;
-        if self.capturing {
+        self.call.in_call = false;
+        if self.call.capturing {
             // An event recorded in a capture cannot be queried afterwards: synchronize()
             // leaves the replays of a captured call to the caller's stream.
             return Ok(());
         }
-        self.done_recorded = true;
-        self.ev_done.record(stream)
+        self.call.done_recorded = true;
+        self.streams.ev_done.record(stream)
     }
 
     /// Whether this object's calls run inline: tp 1 over a transport that enqueues nothing
@@ -811,7 +786,10 @@ impl Overlap {
     /// with the whole workspace and no SM margin; it forks and joins nothing, so a
     /// comm-GEMM-sized call costs about one nvte_cublas_gemm of host time.
     pub(crate) fn inline_ok(&self) -> bool {
-        self.tp() == 1 && self.caps.idle_alone && self.report.is_none() && self.trace.is_none()
+        self.tp() == 1
+            && self.group.caps.idle_alone
+            && self.diag.report.is_none()
+            && self.diag.trace.is_none()
     }
 
     /// [`Self::begin`] of an inline call. While the caller's stream is captured, comm
@@ -820,54 +798,54 @@ impl Overlap {
     /// so `synchronize` and eager calls are refused meanwhile, as documented.
     fn begin_inline(&mut self, stream: StreamHandle, op: Op) -> Result<()> {
         if nvtx::enabled() {
-            self.nvtx_call = Some(nvtx::range(|| {
+            self.diag.nvtx_call = Some(nvtx::range(|| {
                 format!(
                     "te_comm {op:?} call {} (tp 1, inline, world rank {}, buffer {}x{} {})",
-                    self.calls + 1,
-                    self.world_rank,
+                    self.call.calls + 1,
+                    self.group.world_rank,
                     self.rows,
                     self.cols,
                     self.dtype.name()
                 )
             }));
         }
-        self.calls += 1;
-        self.last_captured = self.capturing;
-        self.captured |= self.capturing;
-        if self.capturing {
-            self.ev_start.record(stream)?;
-            self.ev_start.wait_on(self.comm[0].raw())?;
+        self.call.calls += 1;
+        self.call.last_captured = self.call.capturing;
+        self.call.captured |= self.call.capturing;
+        if self.call.capturing {
+            self.streams.ev_start.record(stream)?;
+            self.streams.ev_start.wait_on(self.streams.comm[0].raw())?;
         }
-        self.forked.set(0);
-        self.gate_compute = false;
-        self.inline = Some(stream);
+        self.call.forked.set(0);
+        self.call.gate_compute = false;
+        self.call.inline = Some(stream);
         Ok(())
     }
 
     /// [`Self::finish`] of an inline call: the capture's join of comm stream 0, or (eager)
     /// the completion event `synchronize` waits for.
     fn finish_inline(&mut self, stream: StreamHandle) -> Result<()> {
-        self.inline = None;
-        if self.capturing {
-            let cs = self.comm[0].raw();
-            self.ev_comm[0].record(cs)?;
-            self.ev_comm[0].wait_on(stream)?;
+        self.call.inline = None;
+        if self.call.capturing {
+            let cs = self.streams.comm[0].raw();
+            self.streams.ev_comm[0].record(cs)?;
+            self.streams.ev_comm[0].wait_on(stream)?;
         }
-        drop(self.nvtx_step.get_mut().take());
-        drop(self.nvtx_call.take());
-        self.in_call = false;
-        if self.capturing {
+        drop(self.diag.nvtx_step.get_mut().take());
+        drop(self.diag.nvtx_call.take());
+        self.call.in_call = false;
+        if self.call.capturing {
             return Ok(());
         }
-        self.done_recorded = true;
-        self.ev_done.record(stream)
+        self.call.done_recorded = true;
+        self.streams.ev_done.record(stream)
     }
 
     /// Wait (on `stream`) until every peer finished the last call begun on this rank (the
     /// call number is read on the device; no-op when no call was ever issued).
     fn wait_done(&self, stream: StreamHandle, op: Op) -> Result<()> {
         self.t.wait_done(
-            self.calls,
+            self.call.calls,
             stream,
             WaitInfo {
                 op: op as u32,
@@ -902,14 +880,17 @@ impl Overlap {
             // NVTE_COMM_REPORT's comm-alone runs: the side copy is communication's share
             if side.bytes != 0 {
                 let stream = self.compute_stream(stream_idx)?;
-                return self.copy_segments(&[(side.dst, side.src, side.bytes)], stream, true);
+                // SAFETY: the plan's side copy (the shard into the engine's buffer).
+                return unsafe {
+                    self.copy_segments(&[(side.dst, side.src, side.bytes)], stream, true)
+                };
             }
             return Ok(());
         }
         let mut g = *g;
         // Inline, every GEMM runs in order on the caller's stream: all of the workspace.
-        let n = if concurrent && self.inline.is_none() {
-            self.compute.len()
+        let n = if concurrent && self.call.inline.is_none() {
+            self.streams.compute.len()
         } else {
             1
         };
@@ -920,16 +901,25 @@ impl Overlap {
         // The side copy in our GEMM's launch where it runs it (inline, tp 1: nothing runs
         // beside it), else the engine's copy kernel first (a launch costs the host less
         // than a device-to-device cuMemcpyAsync).
-        if self.inline.is_some() && gemm::run_copying(&g, side, guard, stream)? {
+        // SAFETY (here and below): `g` is a step of this call's plan: the planner derived
+        // it from the call's full descriptor (`gemm::desc_from_te` of the caller's
+        // tensors, whose extents it checked) or the engine's own buffers, inside their
+        // extents (the protocol tests check every access is in bounds), and the
+        // workspace is this stream's slice of the call's; the side copy is the plan's
+        // (the shard into the engine's buffer). All stay alive until the call finishes.
+        if self.call.inline.is_some() && unsafe { gemm::run_copying(&g, side, guard, stream)? } {
             return Ok(());
         }
         if side.bytes != 0 {
-            self.copy_segments(&[(side.dst, side.src, side.bytes)], stream, true)?;
+            // SAFETY: the plan's side copy (the shard into the engine's buffer).
+            unsafe { self.copy_segments(&[(side.dst, side.src, side.bytes)], stream, true)? };
         }
-        if self.inline.is_some() {
-            gemm::run(&g, guard, stream)
+        if self.call.inline.is_some() {
+            // SAFETY: as above.
+            unsafe { gemm::run(&g, guard, stream) }
         } else {
-            gemm::run_beside_comm(&g, guard, stream)
+            // SAFETY: as above.
+            unsafe { gemm::run_beside_comm(&g, guard, stream) }
         }
     }
 
@@ -948,17 +938,21 @@ impl Overlap {
         let skip = self.skipping_gemms(); // NVTE_COMM_REPORT's comm-alone runs
         let r = match &self.own_gemm {
             _ if skip => Ok(()),
-            Some(Ok(b)) => b.run(g, hooks, sms, s),
+            // SAFETY: `g` is a fused step of this call's plan (as in `run_gemm`); the hooks'
+            // flags and done signals are this engine's flag slots, sized by the planner.
+            Some(Ok(b)) => unsafe { b.run(g, hooks, sms, s) },
             _ => Err(Error::internal(
                 "the plan runs our sm90 GEMM, which is not loaded",
             )),
         };
         if r.is_err() && !hooks.flags.is_null() {
-            let _ = memset_async(hooks.flags, 4 * hooks.n_flags(g.n), s);
+            // SAFETY: the hooks' flags are this engine's flag memory, sized for n_flags.
+            let _ = unsafe { memset_async(hooks.flags, 4 * hooks.n_flags(g.n), s) };
         }
         if (r.is_err() || skip) && !hooks.done.is_null() {
             for j in 0..g.n.div_ceil(hooks.done_rows.max(1)) {
-                let _ = write_value32(hooks.done + 4 * j, hooks.done_value, s);
+                // SAFETY: the done signals are this engine's flags, one u32 per done block.
+                let _ = unsafe { write_value32(hooks.done + 4 * j, hooks.done_value, s) };
             }
         }
         r
@@ -986,10 +980,11 @@ impl Overlap {
     /// after every peer has finished the previous call (which may read this buffer).
     pub fn copy_into_buffer(
         &mut self,
-        input: &Tensor,
+        input: crate::cuda::Checked<&Tensor>,
         local_chunk: bool,
         stream: StreamHandle,
     ) -> Result<()> {
+        let input = *input;
         let _guard = self.enter(stream)?;
         let view = self.view(local_chunk)?;
         let i = &input.data;
@@ -1014,7 +1009,9 @@ impl Overlap {
             invalid!("tensor `input` has a NULL data pointer");
         }
         self.wait_done(stream, Op::CopyIntoBuffer)?;
-        copy_async(view.data.ptr, i.ptr, view.data.bytes(), stream)
+        // SAFETY: the view lies in this engine's buffer; `input` has its dtype and element
+        // count (checked above), so both ranges hold the view's bytes.
+        unsafe { copy_async(view.data.ptr, i.ptr, view.data.bytes(), stream) }
     }
 
     /// Whether a CUDA-graph capture holding this object's streams (its calls) is still
@@ -1024,7 +1021,7 @@ impl Overlap {
             return false;
         };
         matches!(
-            capture_status(self.comm[0].raw()),
+            capture_status(self.streams.comm[0].raw()),
             Ok(Capture::Active(_) | Capture::Invalidated)
         )
     }
@@ -1040,25 +1037,25 @@ impl Overlap {
             return Err(e.clone());
         }
         let _guard = ContextGuard::for_stream(StreamHandle::NULL)?;
-        if !capture_status(self.comm[0].raw())?.none() {
+        if !capture_status(self.streams.comm[0].raw())?.none() {
             unsupported!(
                 "called while a CUDA graph capture that contains this overlap object's calls is still open: a host wait cannot be captured; end the capture (cudaStreamEndCapture) first, then synchronize the stream its graph is launched on"
             );
         }
-        if self.last_captured {
+        if self.call.last_captured {
             if let Some(e) = self.timeout_error() {
                 self.broken = Some(e.clone());
                 return Err(e);
             }
             return Ok(());
         }
-        let limit = std::time::Duration::from_millis(self.cfg.timeout_ms as u64)
+        let limit = std::time::Duration::from_millis(self.policy.timeout_ms as u64)
             + std::time::Duration::from_secs(5);
         let t0 = std::time::Instant::now();
         loop {
             // Relaxed: an event query must not disturb another thread's global-mode capture.
-            let done = !self.done_recorded
-                || crate::cuda::resources::with_relaxed_capture(|| self.ev_done.done())?;
+            let done = !self.call.done_recorded
+                || crate::cuda::resources::with_relaxed_capture(|| self.streams.ev_done.done())?;
             if let Some(e) = self.timeout_error() {
                 self.broken = Some(e.clone());
                 return Err(e);
@@ -1071,7 +1068,7 @@ impl Overlap {
                     K::Timeout,
                     format!(
                         "the last call on world rank {} did not complete within {:?} (no peer timeout was recorded)",
-                        self.world_rank, limit
+                        self.group.world_rank, limit
                     ),
                 ));
             }
@@ -1084,7 +1081,7 @@ impl Overlap {
     /// (the object must outlive every launch of a graph that holds its calls); nothing is
     /// waited for while a capture holding this object's streams is still open.
     pub fn quiesce(&mut self) {
-        if self.broken.is_some() || self.timeout_error().is_some() || self.in_call {
+        if self.broken.is_some() || self.timeout_error().is_some() || self.call.in_call {
             // Peers may still write this rank's memory: the transport keeps what they can
             // reach when it would otherwise be handed to another allocation.
             self.t.keep_memory_after_failure();
@@ -1093,7 +1090,7 @@ impl Overlap {
         let Ok(_guard) = ContextGuard::for_stream(StreamHandle::NULL) else {
             return;
         };
-        let cs = self.comm[0].raw();
+        let cs = self.streams.comm[0].raw();
         if !matches!(capture_status(cs), Ok(Capture::None)) {
             return;
         }
@@ -1101,9 +1098,9 @@ impl Overlap {
         // disturb another thread's global-mode capture.
         let _ = crate::cuda::resources::with_relaxed_capture(|| {
             if self.wait_done(cs, Op::Destroy).is_ok() {
-                let _ = self.comm[0].synchronize();
+                let _ = self.streams.comm[0].synchronize();
             }
-            for s in self.compute.iter().chain(self.comm.iter()) {
+            for s in self.streams.compute.iter().chain(self.streams.comm.iter()) {
                 let _ = s.synchronize();
             }
             Ok(())

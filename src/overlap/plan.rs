@@ -1,13 +1,14 @@
 //! Algorithms as plan + enqueue. An algorithm ([`Planner`]'s methods in `ag.rs`, `rs.rs`,
 //! `ar.rs`, `bulk.rs`) validates its arguments and writes the call's work as a [`Plan`]:
 //! a list of [`Step`]s on the call's logical streams ([`Lane`]), from the engine's
-//! geometry, the transport's capabilities and the tuning ([`Env`], a value) alone, with
+//! geometry, the transport's capabilities and the policy ([`Env`], a value) alone, with
 //! no device call. [`enqueue`] then issues the steps in order through a [`Device`] (the
 //! engine's streams, events, GEMMs and kernels) and the transport's capabilities. The
 //! engine's device is the GPU; the host tests' is a recording fake, so the tests check
 //! the very plans the GPU runs.
+use super::policy::{Algo, Policy};
 use super::schedule::PerRank;
-use super::{AlgoKnobs, Op, eb};
+use super::{Op, eb};
 use crate::cuda::DevPtr;
 use crate::cuda::StreamHandle;
 use crate::error::{Error, Result};
@@ -243,10 +244,12 @@ pub enum Step {
 #[derive(Default)]
 pub struct Plan {
     pub steps: Vec<Step>,
+    /// the algorithm planned (`Planner::plan`)
+    pub algo: Option<Algo>,
 }
 
-/// What an algorithm plans with: the engine's geometry, settings and tuning, and the
-/// transport's capabilities, as values.
+/// What an algorithm plans with: the engine's geometry and policy, and the transport's
+/// capabilities, as values.
 #[derive(Clone, Copy, Debug)]
 pub struct Env {
     pub tp: usize,
@@ -262,9 +265,13 @@ pub struct Env {
     pub peers: PerRank<DevPtr>,
     pub caps: Caps,
     pub slots: AlgoSlots,
-    pub settings: Settings,
-    pub tuning: Tuned,
-    pub knobs: AlgoKnobs,
+    /// how the calls run (`super::policy`)
+    pub policy: Policy,
+    /// the device's SM count
+    pub sm_count: i32,
+    /// chunks of the chunked all-reduce at most this large (bytes) are all-reduced
+    /// one-shot (`ar::ONE_SHOT_MAX_BYTES`; the host tests make it small)
+    pub one_shot_max_bytes: usize,
     /// chunk events, compute streams
     pub events: usize,
     pub compute_streams: usize,
@@ -290,39 +297,6 @@ pub type OwnGemm = fn(&GemmDesc) -> Option<&'static str>;
 /// flags scratch holds twice as many: the fused reduce-scatter's done signals and their
 /// counters are its second half.
 pub(crate) const MAX_FLAGS: usize = 256;
-
-/// The engine's immutable settings, below the C API's config (`config::Config`), with the
-/// per-call settings applied.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Settings {
-    pub use_ce: bool,
-    pub aggregate: bool,
-    pub num_splits: usize,
-    pub num_comm_sm: i32,
-    pub set_sm_margin: bool,
-    pub sm_count: i32,
-    /// chunks of the chunked all-reduce at most this large (bytes) are all-reduced
-    /// one-shot (`ar::ONE_SHOT_MAX_BYTES`; the host tests make it small)
-    pub one_shot_max_bytes: usize,
-    /// the fused (atomic) algorithms where they apply (config `atomic_gemm`, or the
-    /// comm-GEMM API's kNVTECommGemmAlgoAtomicP2P)
-    pub atomic: bool,
-}
-
-/// The autotuner's per-call choices the engine holds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Tuned {
-    /// pieces per remote chunk of the ring all-gather and per chunk of the accumulating
-    /// ring (at least 2 there)
-    pub pieces: usize,
-    /// the ring reduce-scatter accumulates where the environment says auto
-    pub rs_accumulate: bool,
-    /// the all-reduce algorithm where the environment says auto: Some(true) ring where
-    /// it fits, Some(false) chunked
-    pub ar_ring: Option<bool>,
-    /// the fused algorithms' GEMM in 128-wide tiles (`sm90::Hooks::narrow`)
-    pub narrow: bool,
-}
 
 /// Device memory an algorithm may need besides the buffer, made on first use (outside
 /// any call's work).
@@ -384,9 +358,9 @@ impl Planner<'_> {
     /// SM count for the chunk GEMMs: leave the comm SMs free when SM kernels communicate.
     /// (None at tp 1: nothing communicates.)
     pub fn math_sms(&self, comm_uses_sms: bool) -> i32 {
-        let s = &self.e.settings;
-        if s.set_sm_margin && comm_uses_sms && self.e.tp > 1 {
-            s.sm_count - s.num_comm_sm
+        let c = &self.e.policy.comm;
+        if c.sm_margin && comm_uses_sms && self.e.tp > 1 {
+            self.e.sm_count - c.sms
         } else {
             0
         }

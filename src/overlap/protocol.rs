@@ -13,11 +13,13 @@
 //!   this schedule happened to run the writer first); two writes of a byte are ordered;
 //! - every byte of the outputs is written exactly once, with the exact sums (small
 //!   integers: f32 sums are exact).
+use super::algo;
 use super::ar::ArArgs;
 use super::bulk::{BulkArgs, BulkKind};
 use super::plan::{self, AlgoSlots, Device, Env, Lane, Plan, Planner, Reduce, Scratch};
+use super::policy::{Algo, Direction, Pins, Policy, Reduction, Sum, Tiles};
 use super::rs::RsArgs;
-use super::{AlgoKnobs, Op, ag::AgArgs};
+use super::{Op, ag::AgArgs};
 use crate::cuda::DevPtr;
 use crate::cuda::StreamHandle;
 use crate::error::Result;
@@ -82,13 +84,19 @@ struct RecDevice {
     forked: Cell<u64>,
 }
 
+/// Simulated stream number `s` (the caller's, a compute or a comm stream) as the stream
+/// handle the engine is given.
+fn sim(s: usize) -> StreamHandle {
+    StreamHandle::from_raw(s)
+}
+
 impl RecDevice {
-    fn push(&self, stream: usize, d: Dev) {
+    fn push(&self, stream: StreamHandle, d: Dev) {
         let mut l = self.log.lock().unwrap();
-        l.ranks[self.rank].push((stream, Rec::Device(d)));
+        l.ranks[self.rank].push((stream.raw(), Rec::Device(d)));
     }
-    fn fork(&self, stream: usize, after: usize) {
-        let bit = 1u64 << (stream % 64);
+    fn fork(&self, stream: StreamHandle, after: usize) {
+        let bit = 1u64 << (stream.raw() % 64);
         if self.forked.get() & bit == 0 {
             self.push(stream, Dev::WaitEvent(after));
             self.forked.set(self.forked.get() | bit);
@@ -101,20 +109,20 @@ impl Device for RecDevice {
         &self.t
     }
     fn begin(&mut self, op: Op, gate: bool, key: &[u64], _full: Option<&GemmDesc>) -> Result<()> {
-        self.push(CALLER, Dev::Begin(op as u32, key.to_vec()));
+        self.push(sim(CALLER), Dev::Begin(op as u32, key.to_vec()));
         if self.inline {
             return Ok(());
         }
         self.gate.set(gate);
-        self.push(CALLER, Dev::Record(EV_START));
-        self.push(COMM, Dev::WaitEvent(EV_START));
+        self.push(sim(CALLER), Dev::Record(EV_START));
+        self.push(sim(COMM), Dev::WaitEvent(EV_START));
         let info = crate::transport::WaitInfo {
             op: op as u32,
             step: 0,
         };
         self.t
             .begin_call(1, StreamHandle::from_raw(COMM), info, 0)?;
-        self.push(COMM, Dev::Record(EV_ARRIVED));
+        self.push(sim(COMM), Dev::Record(EV_ARRIVED));
         Ok(())
     }
     fn finish(&mut self) -> Result<()> {
@@ -123,13 +131,13 @@ impl Device for RecDevice {
         }
         for s in (COMPUTE..COMPUTE + 8).chain(COMM + 1..COMM + 3) {
             if self.forked.get() & (1 << (s % 64)) != 0 {
-                self.push(s, Dev::Record(EV_JOIN + s));
-                self.push(COMM, Dev::WaitEvent(EV_JOIN + s));
+                self.push(sim(s), Dev::Record(EV_JOIN + s));
+                self.push(sim(COMM), Dev::WaitEvent(EV_JOIN + s));
             }
         }
         self.t.end_call(1, StreamHandle::from_raw(COMM))?;
-        self.push(COMM, Dev::Record(EV_END));
-        self.push(CALLER, Dev::WaitEvent(EV_END));
+        self.push(sim(COMM), Dev::Record(EV_END));
+        self.push(sim(CALLER), Dev::WaitEvent(EV_END));
         Ok(())
     }
     fn lane(&self, lane: Lane) -> Result<StreamHandle> {
@@ -144,12 +152,12 @@ impl Device for RecDevice {
                 } else {
                     EV_START
                 };
-                self.fork(COMPUTE + i, after);
+                self.fork(sim(COMPUTE + i), after);
                 COMPUTE + i
             }
             Lane::Comm(0) => COMM,
             Lane::Comm(j) => {
-                self.fork(COMM + j, EV_ARRIVED);
+                self.fork(sim(COMM + j), EV_ARRIVED);
                 COMM + j
             }
         };
@@ -167,24 +175,24 @@ impl Device for RecDevice {
         // promise). Copied both before and after the GEMM here, so that a copy into the
         // GEMM's input (before) or out of its output (after) shows in the results.
         if side.bytes != 0 {
-            self.push(s.raw(), Dev::Copy(side.dst, side.src, side.bytes));
+            self.push(s, Dev::Copy(side.dst, side.src, side.bytes));
         }
-        self.push(s.raw(), Dev::Gemm(*g));
+        self.push(s, Dev::Gemm(*g));
         if side.bytes != 0 {
-            self.push(s.raw(), Dev::Copy(side.dst, side.src, side.bytes));
+            self.push(s, Dev::Copy(side.dst, side.src, side.bytes));
         }
         Ok(())
     }
     fn record(&self, ev: usize, stream: StreamHandle) -> Result<()> {
-        self.push(stream.raw(), Dev::Record(ev));
+        self.push(stream, Dev::Record(ev));
         Ok(())
     }
     fn wait_event(&self, ev: usize, stream: StreamHandle) -> Result<()> {
-        self.push(stream.raw(), Dev::WaitEvent(ev));
+        self.push(stream, Dev::WaitEvent(ev));
         Ok(())
     }
     fn copy(&self, dst: DevPtr, src: DevPtr, bytes: usize, stream: StreamHandle) -> Result<()> {
-        self.push(stream.raw(), Dev::Copy(dst, src, bytes));
+        self.push(stream, Dev::Copy(dst, src, bytes));
         Ok(())
     }
     fn copy_2d(
@@ -205,28 +213,28 @@ impl Device for RecDevice {
             width,
             height,
         };
-        self.push(stream.raw(), d);
+        self.push(stream, d);
         Ok(())
     }
     fn memset(&self, dst: DevPtr, bytes: usize, stream: StreamHandle) -> Result<()> {
-        self.push(stream.raw(), Dev::Memset(dst, bytes));
+        self.push(stream, Dev::Memset(dst, bytes));
         Ok(())
     }
     fn reduce(&self, r: &Reduce, stream: StreamHandle) -> Result<()> {
-        self.push(stream.raw(), Dev::Reduce(*r));
+        self.push(stream, Dev::Reduce(*r));
         Ok(())
     }
     fn write_flag(&self, dst: DevPtr, value: u32, stream: StreamHandle) -> Result<()> {
-        self.push(stream.raw(), Dev::WriteFlag(dst, value));
+        self.push(stream, Dev::WriteFlag(dst, value));
         Ok(())
     }
     fn wait_flag(&self, ptr: DevPtr, value: u32, stream: StreamHandle) -> Result<()> {
-        self.push(stream.raw(), Dev::WaitFlag(ptr, value));
+        self.push(stream, Dev::WaitFlag(ptr, value));
         Ok(())
     }
     fn fused_gemm(&self, g: &GemmDesc, hooks: &Hooks, _sms: usize, index: usize) -> Result<()> {
         let s = self.lane(Lane::Compute(index))?;
-        self.push(s.raw(), Dev::Fused(*g, *hooks));
+        self.push(s, Dev::Fused(*g, *hooks));
         Ok(())
     }
     fn copy_segments(
@@ -235,11 +243,11 @@ impl Device for RecDevice {
         stream: StreamHandle,
         _tail: bool,
     ) -> Result<()> {
-        self.push(stream.raw(), Dev::Segments(segs.to_vec()));
+        self.push(stream, Dev::Segments(segs.to_vec()));
         Ok(())
     }
     fn amax_max(&self, _out: DevPtr, _slots: DevPtr, _n: usize) -> Result<()> {
-        self.push(CALLER, Dev::AmaxMax);
+        self.push(sim(CALLER), Dev::AmaxMax);
         Ok(())
     }
     fn nvtx(&self, _name: &str) {}
@@ -333,7 +341,7 @@ fn join(a: &mut [u32], b: &[u32]) {
 /// One logged step.
 struct Step {
     rank: usize,
-    stream: usize,
+    stream: StreamHandle,
     rec: Rec<Dev>,
     /// WaitEvent: the record it waits for (the last before it on the rank)
     dep: Option<usize>,
@@ -402,7 +410,7 @@ impl Sim {
                 }
                 steps.push(Step {
                     rank: r,
-                    stream: *s,
+                    stream: sim(*s),
                     rec: rec.clone(),
                     dep,
                 });
@@ -436,7 +444,7 @@ impl Sim {
         let mut queues: Vec<(usize, std::collections::VecDeque<usize>)> = Vec::new();
         let mut by_lane: HashMap<usize, usize> = HashMap::new();
         for (i, s) in self.steps.iter().enumerate() {
-            let l = self.lanes[&(s.rank, s.stream)];
+            let l = self.lanes[&(s.rank, s.stream.raw())];
             let q = *by_lane.entry(l).or_insert_with(|| {
                 queues.push((l, Default::default()));
                 queues.len() - 1
@@ -474,7 +482,7 @@ impl Sim {
                     .filter_map(|(_, q)| q.front())
                     .map(|&h| {
                         let s = &self.steps[h];
-                        format!("rank {} stream {}: {:?}", s.rank, s.stream, s.rec)
+                        format!("rank {} stream {}: {:?}", s.rank, s.stream.raw(), s.rec)
                     })
                     .collect();
                 return Err(format!("deadlock; blocked:\n{}", heads.join("\n")));
@@ -946,60 +954,48 @@ pub(crate) fn tensor(p: DevPtr, shape: &[usize]) -> Tensor {
     }
 }
 
-/// The engine's configuration of a run.
+/// The engine of a run: its policy, and the fixture's transport flavour, our GEMM and
+/// call number.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Cfg {
     flavour: Flavour,
-    aggregate: bool,
-    use_ce: bool,
-    splits: usize,
-    pieces: usize,
-    rs_accumulate: bool,
-    ar_ring: Option<bool>,
-    knobs: AlgoKnobs,
-    /// the fused algorithms (settings.atomic), and "our GEMM" where loaded: what it
-    /// refuses (the host GEMM computes every f32 GEMM)
-    atomic: bool,
+    policy: Policy,
+    /// "our GEMM" where loaded: what it refuses (the host GEMM computes every f32 GEMM)
     own_gemm: Option<plan::OwnGemm>,
     /// the call's number on its rank (flag values; logs of several calls)
     call: u64,
     /// K of the all-gather checks (f32: 8 is one 128-byte K block of our kernel; 96 is
     /// three, so that the fused all-gather's pieces can be K slices)
     ag_k: usize,
-    /// the tuning's 128-wide tiles for the fused algorithms
-    narrow: bool,
 }
 
 impl Cfg {
     pub(crate) fn new(flavour: Flavour) -> Cfg {
         Cfg {
             flavour,
-            aggregate: false,
-            use_ce: true,
-            splits: 3,
-            pieces: 1,
-            rs_accumulate: false,
-            ar_ring: None,
-            knobs: AlgoKnobs::default(),
-            atomic: false,
+            policy: Policy::te_defaults(),
             own_gemm: Some(|_| None),
             call: 0,
             ag_k: 8,
-            narrow: false,
         }
     }
-    /// The fused algorithms; our GEMM refuses odd m (so that ranks with uneven shares of
-    /// m differ in which GEMM they run) when `mixed`.
+    /// The fused algorithms (config atomic_gemm); our GEMM refuses odd m (so that ranks
+    /// with uneven shares of m differ in which GEMM they run) when `mixed`.
     pub(crate) fn fused(flavour: Flavour, mixed: bool) -> Cfg {
         Cfg {
-            atomic: true,
             own_gemm: if mixed {
                 Some(|g| (g.m % 2 == 1).then_some("odd m (test)"))
             } else {
                 Some(|_| None)
             },
-            ..Cfg::new(flavour)
+            ..Cfg::new(flavour).with(|p| p.atomic_gemm = true)
         }
+    }
+    /// This run with its policy changed by `f`.
+    pub(crate) fn with(self, f: impl FnOnce(&mut Policy)) -> Cfg {
+        let mut policy = self.policy;
+        f(&mut policy);
+        Cfg { policy, ..self }
     }
 }
 
@@ -1054,23 +1050,9 @@ fn env_of(
         },
         caps,
         slots: AlgoSlots::take(t.flag_slots()).unwrap(),
-        settings: plan::Settings {
-            use_ce: cfg.use_ce,
-            aggregate: cfg.aggregate,
-            num_splits: cfg.splits,
-            num_comm_sm: 16,
-            set_sm_margin: true,
-            sm_count: 132,
-            one_shot_max_bytes: 256,
-            atomic: cfg.atomic,
-        },
-        tuning: plan::Tuned {
-            pieces: cfg.pieces,
-            rs_accumulate: cfg.rs_accumulate,
-            ar_ring: cfg.ar_ring,
-            narrow: cfg.narrow,
-        },
-        knobs: cfg.knobs,
+        policy: cfg.policy,
+        sm_count: 132,
+        one_shot_max_bytes: 256,
         events: 128,
         compute_streams: 3,
         inline: tp == 1 && caps.idle_alone,
@@ -1502,26 +1484,25 @@ fn ring_all_gather_gemm() {
         check_ag(tp, Cfg::new(f), true)
     });
     all("split_ag (bidirectional, 2 pieces)", |tp, f| {
-        let cfg = Cfg {
-            aggregate: true,
-            pieces: 2,
-            ..Cfg::new(f)
-        };
+        let cfg = Cfg::new(f).with(|p| {
+            p.direction = Direction::BothWays;
+            p.pieces = 2;
+        });
         check_ag(tp, cfg, false)
     });
     all("split_ag (SM puts, 3 pieces)", |tp, f| {
-        let cfg = Cfg {
-            use_ce: false,
-            pieces: 3,
-            ..Cfg::new(f)
-        };
+        let cfg = Cfg::new(f).with(|p| {
+            p.comm.use_ce = false;
+            p.pieces = 3;
+        });
         check_ag(tp, cfg, false)
     });
 }
 
 /// The fused all-gather + GEMM: the ring's arrivals as flags and one GEMM waiting on
 /// them (or, without our GEMM, cuBLASLt per chunk on the same ring); selected through
-/// split_ag by settings.atomic wherever the transport has a two-sided exchange.
+/// split_ag by the policy's fused algorithms wherever the transport has a two-sided
+/// exchange.
 #[test]
 fn fused_all_gather_gemm() {
     let fused = |f| Cfg::fused(f, false);
@@ -1530,31 +1511,16 @@ fn fused_all_gather_gemm() {
         check_ag(tp, fused(f), true)
     });
     all("fused_ag (2 pieces)", |tp, f| {
-        check_ag(
-            tp,
-            Cfg {
-                pieces: 2,
-                ..fused(f)
-            },
-            false,
-        )
+        check_ag(tp, fused(f).with(|p| p.pieces = 2), false)
     });
     all("fused_ag (3 pieces: 1 divides the chunk)", |tp, f| {
-        check_ag(
-            tp,
-            Cfg {
-                pieces: 3,
-                ..fused(f)
-            },
-            false,
-        )
+        check_ag(tp, fused(f).with(|p| p.pieces = 3), false)
     });
     all("fused_ag (SM puts, bidirectional asked)", |tp, f| {
-        let cfg = Cfg {
-            use_ce: false,
-            aggregate: true,
-            ..fused(f)
-        };
+        let cfg = fused(f).with(|p| {
+            p.comm.use_ce = false;
+            p.direction = Direction::BothWays;
+        });
         check_ag(tp, cfg, false)
     });
     all(
@@ -1562,8 +1528,7 @@ fn fused_all_gather_gemm() {
         |tp, f| {
             let cfg = Cfg {
                 own_gemm: None,
-                pieces: 2,
-                ..fused(f)
+                ..fused(f).with(|p| p.pieces = 2)
             };
             check_ag(tp, cfg, false)
         },
@@ -1572,11 +1537,10 @@ fn fused_all_gather_gemm() {
         check_fused_ag_twice(tp, fused(f))
     });
     all("fused_ag (tuned: 128-wide tiles, 2 pieces)", |tp, f| {
-        let cfg = Cfg {
-            narrow: true,
-            pieces: 2,
-            ..fused(f)
-        };
+        let cfg = fused(f).with(|p| {
+            p.fused = Some(Tiles::Narrow);
+            p.pieces = 2;
+        });
         check_ag(tp, cfg, false)
     });
 }
@@ -1589,18 +1553,19 @@ fn fused_all_gather_k_slices() {
     // Pieces as K slices (NVTE_COMM_AG_PIECES=k; the peer-memory flavour's exchange moves
     // strided slices, the messages flavour keeps row pieces), with a B_copy and from the
     // buffer view.
-    let k_slices = AlgoKnobs {
+    let k_slices = Pins {
         ag_pieces: Some(2),
-        ..AlgoKnobs::default()
+        ..Pins::default()
     };
     // (K slices: 4, or the tuned count where larger, at most one a K block: 3 of 3
     // blocks, 4 and 6 of 6; the tuned pieces here 1 or 6.)
     for (blocks, pieces) in [(3, 1), (6, 1), (6, 6)] {
         let cfg = |f| Cfg {
-            pieces,
             ag_k: 32 * blocks,
-            knobs: k_slices,
-            ..fused(f)
+            ..fused(f).with(|p| {
+                p.pieces = pieces;
+                p.pins = k_slices;
+            })
         };
         all(
             &format!("fused_ag (K of {blocks} blocks, tuned pieces {pieces})"),
@@ -1616,23 +1581,25 @@ fn fused_all_gather_k_slices() {
     // slices could (NVTE_COMM_AG_PIECES=rows, and unset).
     all("fused_ag (K slices, cuBLASLt per chunk)", |tp, f| {
         let cfg = Cfg {
-            pieces: 2,
             ag_k: 96,
             own_gemm: Some(|_| Some("this rank's m (test)")),
-            knobs: k_slices,
-            ..fused(f)
+            ..fused(f).with(|p| {
+                p.pieces = 2;
+                p.pins = k_slices;
+            })
         };
         check_ag(tp, cfg, false)
     });
     all("fused_ag (NVTE_COMM_AG_PIECES=rows)", |tp, f| {
         let cfg = Cfg {
-            pieces: 2,
             ag_k: 96,
-            knobs: AlgoKnobs {
-                ag_pieces: Some(1),
-                ..AlgoKnobs::default()
-            },
-            ..fused(f)
+            ..fused(f).with(|p| {
+                p.pieces = 2;
+                p.pins = Pins {
+                    ag_pieces: Some(1),
+                    ..Pins::default()
+                };
+            })
         };
         check_ag(tp, cfg, false)
     });
@@ -1640,9 +1607,8 @@ fn fused_all_gather_k_slices() {
         "fused_ag (NVTE_COMM_AG_PIECES unset: row pieces)",
         |tp, f| {
             let cfg = Cfg {
-                pieces: 2,
                 ag_k: 96,
-                ..fused(f)
+                ..fused(f).with(|p| p.pieces = 2)
             };
             check_ag(tp, cfg, false)
         },
@@ -1731,14 +1697,7 @@ fn pipelined_and_ring_reduce_scatter() {
         check_rs(tp, Cfg::new(f), false)
     });
     all("split_rs (pipelined, 1 split)", |tp, f| {
-        check_rs(
-            tp,
-            Cfg {
-                splits: 1,
-                ..Cfg::new(f)
-            },
-            false,
-        )
+        check_rs(tp, Cfg::new(f).with(|p| p.splits = 1), false)
     });
     all("split_rs_p2p (ring)", |tp, f| {
         check_rs(tp, Cfg::new(f), true)
@@ -1767,10 +1726,7 @@ fn pipelined_and_ring_reduce_scatter() {
         all(
             &format!("split_rs_p2p (fused ring, {pieces} pieces)"),
             |tp, f| {
-                let cfg = Cfg {
-                    pieces,
-                    ..Cfg::fused(f, false)
-                };
+                let cfg = Cfg::fused(f, false).with(|p| p.pieces = pieces);
                 check_rs(tp, cfg, true)
             },
         );
@@ -1780,8 +1736,7 @@ fn pipelined_and_ring_reduce_scatter() {
         |tp, f| {
             let cfg = Cfg {
                 own_gemm: None,
-                pieces: 2,
-                ..Cfg::fused(f, false)
+                ..Cfg::fused(f, false).with(|p| p.pieces = 2)
             };
             check_rs(tp, cfg, true)
         },
@@ -1789,21 +1744,17 @@ fn pipelined_and_ring_reduce_scatter() {
     all(
         "split_rs_p2p (fused ring in 2 pieces, two calls, new data)",
         |tp, f| {
-            let cfg = Cfg {
-                pieces: 2,
-                ..Cfg::fused(f, false)
-            };
+            let cfg = Cfg::fused(f, false).with(|p| p.pieces = 2);
             check_fused_rs_twice(tp, cfg)
         },
     );
     all(
         "split_rs_p2p (fused ring, tuned: 128-wide tiles, 2 pieces)",
         |tp, f| {
-            let cfg = Cfg {
-                narrow: true,
-                pieces: 2,
-                ..Cfg::fused(f, false)
-            };
+            let cfg = Cfg::fused(f, false).with(|p| {
+                p.fused = Some(Tiles::Narrow);
+                p.pieces = 2;
+            });
             check_rs(tp, cfg, true)
         },
     );
@@ -1818,28 +1769,22 @@ fn accumulating_ring_reduce_scatter() {
         all(
             &format!("split_rs_p2p (accumulating, {pieces} pieces)"),
             |tp, f| {
-                let cfg = Cfg {
-                    rs_accumulate: true,
-                    pieces,
-                    ..Cfg::new(f)
-                };
+                let cfg = Cfg::new(f).with(|p| {
+                    p.reduce = Reduction::Ring {
+                        sum: Sum::Accumulating,
+                    };
+                    p.pieces = pieces;
+                });
                 check_rs(tp, cfg, true)
             },
         );
     }
     all("split_rs_p2p (NVTE_COMM_RS_RING=accumulate)", |tp, f| {
-        let knobs = AlgoKnobs {
+        let knobs = Pins {
             rs_ring: Some(2),
             ..Default::default()
         };
-        check_rs(
-            tp,
-            Cfg {
-                knobs,
-                ..Cfg::new(f)
-            },
-            true,
-        )
+        check_rs(tp, Cfg::new(f).with(|p| p.pins = knobs), true)
     });
 }
 
@@ -1852,29 +1797,26 @@ fn all_reduce_variants() {
     all(
         "split_ar (ring, fused reduce-scatter in 2 pieces)",
         |tp, f| {
-            let cfg = Cfg {
-                pieces: 2,
-                ..Cfg::fused(f, false)
-            };
+            let cfg = Cfg::fused(f, false).with(|p| p.pieces = 2);
             check_ar(tp, cfg)
         },
     );
     all("split_ar (ring, accumulating)", |tp, f| {
-        let cfg = Cfg {
-            rs_accumulate: true,
-            pieces: 2,
-            ..Cfg::new(f)
-        };
+        let cfg = Cfg::new(f).with(|p| {
+            p.reduce = Reduction::Ring {
+                sum: Sum::Accumulating,
+            };
+            p.pieces = 2;
+        });
         check_ar(tp, cfg)
     });
     // Chunked: one-shot chunks (small), two-shot (more than 256 bytes per chunk here).
     for splits in [8, 2] {
         all(&format!("split_ar (chunked, {splits} splits)"), |tp, f| {
-            let cfg = Cfg {
-                ar_ring: Some(false),
-                splits,
-                ..Cfg::new(f)
-            };
+            let cfg = Cfg::new(f).with(|p| {
+                p.reduce = Reduction::Chunks;
+                p.splits = splits;
+            });
             check_ar(tp, cfg)
         });
     }
@@ -1888,6 +1830,116 @@ fn bulk_collectives() {
     all("bulk reduce-scatter", |tp, f| {
         check_bulk(tp, Cfg::new(f), BulkKind::ReduceScatter)
     });
+}
+
+/// A new algorithm is a variant of `Algo`, its planner method and its tests: the
+/// test-only `Algo::Noop` (the call's barrier and end, nothing between) is planned through
+/// `Planner::plan` as every real algorithm is, recorded in the plan, and runs on the fake
+/// transport at tp 1..8 on both flavours without a deadlock or a byte of any buffer
+/// written.
+#[test]
+fn a_new_algorithm_is_a_variant_and_its_planner_method() {
+    all("noop", |tp, f| {
+        let (rows, cols) = (2 * tp, 4);
+        let mut mem = Mem::default();
+        let bufs = buffers(&mut mem, tp, rows * cols * 4);
+        let g = partials(&mut mem, tp, (4, 8, 4));
+        let d = mem.alloc("D", 16 * 4);
+        let mut plan_call = |pl: &mut Planner, r: usize| {
+            let (ta, tb, td) = (
+                tensor(g.a[r].1, &[4, 8]),
+                tensor(g.b[r].1, &[4, 8]),
+                tensor(d, &[4, 4]),
+            );
+            let args = BulkArgs {
+                kind: BulkKind::AllGather,
+                gemm: gemm(&ta, &tb, &td),
+                buffer_view: None,
+                rs_output: None,
+            };
+            pl.plan(Algo::Noop, &algo::Call::Bulk(&args))?;
+            assert_eq!(pl.plan.algo, Some(Algo::Noop));
+            Ok(())
+        };
+        run_group(
+            tp,
+            (rows, cols),
+            Cfg::new(f),
+            &mut mem,
+            &bufs,
+            &mut plan_call,
+        )?;
+        for (r, &b) in bufs.iter().enumerate() {
+            let (i, o) = mem.find(b, rows * cols * 4)?;
+            if mem.allocs[i].writes[o..o + rows * cols * 4]
+                .iter()
+                .any(|&w| w != 0)
+            {
+                return Err(format!("rank {r}: the no-op call wrote its buffer"));
+            }
+        }
+        Ok(())
+    });
+}
+
+/// The planner chooses each call's algorithm from the policy, the transport and the call
+/// (`Planner::algo_of`), records it in the plan, and refuses an algorithm of another
+/// operation (an error, not a panic).
+#[test]
+fn the_planner_plans_the_algorithm_the_policy_chooses() {
+    let (tp, nc, k, m) = (4, 4, 8, 32);
+    let n = nc * tp;
+    for (f, ring, want_ring) in [
+        (Flavour::PeerMemory, true, true),
+        (Flavour::PeerMemory, false, false),
+        (Flavour::Messages, true, false),
+    ] {
+        let mut mem = Mem::default();
+        let bufs = buffers(&mut mem, tp, 2 * n * m * 4);
+        let p = partials(&mut mem, tp, (n, k, m));
+        let ds: Vec<DevPtr> = (0..tp)
+            .map(|r| mem.alloc(&format!("D{r}"), n * m * 4))
+            .collect();
+        let cfg = Cfg::new(f).with(|p| {
+            p.reduce = match ring {
+                true => Reduction::Ring { sum: Sum::Closing },
+                false => Reduction::Chunks,
+            }
+        });
+        let mut plan_call = |pl: &mut Planner, r: usize| {
+            let (ta, tb, td) = (
+                tensor(p.a[r].1, &[m, k]),
+                tensor(p.b[r].1, &[n, k]),
+                tensor(ds[r], &[n, m]),
+            );
+            let args: ArArgs = gemm(&ta, &tb, &td);
+            let call = algo::Call::Ar(&args);
+            let a = pl.algo_of(&call)?;
+            assert_eq!(
+                matches!(a, Algo::RingAr(_)),
+                want_ring,
+                "{f:?} ring {ring}: {a}"
+            );
+            assert!(
+                want_ring || matches!(a, Algo::ChunkedAr { splits: 3 }),
+                "{a}"
+            );
+            let wrong = Algo::RingAg {
+                bidirectional: false,
+                pieces: 1,
+            };
+            let e = pl.plan(wrong, &call).unwrap_err();
+            assert!(e.msg.contains("cannot run a split_ar call"), "{}", e.msg);
+            pl.plan.steps.clear();
+            pl.plan(a, &call)?;
+            assert_eq!(pl.plan.algo, Some(a));
+            Ok(())
+        };
+        run_group(tp, (2 * n, m), cfg, &mut mem, &bufs, &mut plan_call).unwrap();
+        for (r, &d) in ds.iter().enumerate() {
+            expect_once(&mem, d, &p.sum, &format!("rank {r}: D")).unwrap();
+        }
+    }
 }
 
 /// The checker itself: a wait nobody signals deadlocks, a read racing its write and a

@@ -172,10 +172,10 @@ impl Overlap {
         let work = rows * cols / if vec_ok { 8 } else { 1 };
         // Overlapped with GEMMs: the comm SM budget. On the critical tail (nothing left
         // to overlap), or inline (in order with the GEMMs): the whole GPU.
-        let cap = if tail || self.inline.is_some() {
-            4 * self.dev.sm_count as u32
+        let cap = if tail || self.call.inline.is_some() {
+            4 * self.group.dev.sm_count as u32
         } else {
-            2 * self.settings.num_comm_sm as u32
+            2 * self.policy.comm.sms as u32
         };
         let blocks = (work.div_ceil(512) as u32).clamp(1, cap);
         // SAFETY: `k` is reduce_<in>_<out>_<v8|v1> of kernels/comm.cu in this object's
@@ -189,18 +189,31 @@ impl Overlap {
     /// reduce_<dtype>_<out_type>_<v8|v1>: looked up at creation for the output types the
     /// buffer's dtype reduces to; any other looked up now, as a by-name lookup would.
     fn reduce_kernel(&self, out_type: DType, vec_ok: bool) -> Result<Kernel<ReduceParams>> {
-        let k = &self.kernels;
+        let k = &self.code.kernels;
         if let Some((_, pair)) = k.reduce.iter().find(|(o, _)| *o == out_type) {
             return Ok(pair[if vec_ok { 0 } else { 1 }]);
         }
         let v = if vec_ok { "v8" } else { "v1" };
         // SAFETY: this object's module is kernels/comm.cu's.
-        unsafe { Kernel::new(&self.module, &REDUCE, &[short(k.dtype), short(out_type), v]) }
+        unsafe {
+            Kernel::new(
+                &self.code.module,
+                &REDUCE,
+                &[short(k.dtype), short(out_type), v],
+            )
+        }
     }
 
     /// Copy each (dst, src, bytes) segment (up to MAX_PEERS; either side may be a peer's
     /// buffer) with one SM kernel on `stream`; `tail` as for [`Overlap::reduce`].
-    pub(super) fn copy_segments(
+    ///
+    /// # Safety
+    ///
+    /// Each segment's destination is writable and its source readable device memory of
+    /// its bytes (this engine's buffers, a peer's mapped buffer, or the call's checked
+    /// operands), alive and not accessed by other work until the copy completes on
+    /// `stream`.
+    pub(super) unsafe fn copy_segments(
         &self,
         segs: &[(DevPtr, DevPtr, usize)],
         stream: StreamHandle,
@@ -224,13 +237,13 @@ impl Overlap {
         if set.n == 0 {
             return Ok(());
         }
-        let cap = if tail || self.inline.is_some() {
-            4 * self.dev.sm_count as u32
+        let cap = if tail || self.call.inline.is_some() {
+            4 * self.group.dev.sm_count as u32
         } else {
-            2 * self.settings.num_comm_sm as u32
+            2 * self.policy.comm.sms as u32
         };
         let blocks = (total.div_ceil(16 * 512 * 4) as u32).clamp(1, cap);
-        let k = &self.kernels.copy_segments;
+        let k = &self.code.kernels.copy_segments;
         // SAFETY: copy_segments(CopySet) of kernels/comm.cu in this object's module (its
         // device's context, current for calls on `stream`); each segment of `set` is a
         // device range of the caller's or a peer's mapped buffer (the callers' contract).
@@ -238,17 +251,22 @@ impl Overlap {
     }
 
     /// *out = max of the `n` amax slots, on `stream` (after the chunk GEMMs).
-    pub(super) fn reduce_amax(
+    ///
+    /// # Safety
+    ///
+    /// `out` is a writable f32 and `slots` `n` readable f32s of device memory, alive until
+    /// the kernel completes on `stream`.
+    pub(super) unsafe fn reduce_amax(
         &self,
         out: DevPtr,
         slots: DevPtr,
         n: usize,
         stream: StreamHandle,
     ) -> Result<()> {
-        let k = &self.kernels.amax_max;
+        let k = &self.code.kernels.amax_max;
         // SAFETY: amax_max(float *out, const float *in, u32 n) of kernels/comm.cu in this
-        // object's module; `slots` holds n <= MAX_AMAX_SLOTS floats written by the chunk
-        // GEMMs, `out` is the output tensor's amax (validated by desc_from_te).
+        // object's module; `out` and the `n` slots as the caller's contract states (the
+        // plan's: the chunk GEMMs' slots, the output tensor's amax).
         unsafe { k.launch(((1, 1, 1), (32, 1, 1)), stream, (out, slots, n as u32)) }
     }
 }

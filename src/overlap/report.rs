@@ -13,7 +13,9 @@
 //!   set on every rank of the group. Calls that accumulate into D, or are captured into a
 //!   CUDA graph, are timed without estimates (NaN).
 //! - `nvte_comm_overlap_last_report` / `nvte_comm_gemm_last_report` give the last call's
-//!   figures; at destroy each rank prints one line per shape to stderr.
+//!   figures; at destroy each rank prints one line per shape to stderr, with the
+//!   algorithm (`policy::Algo`) and the policy of the shape's last timed call.
+use super::policy::{Algo, Policy};
 use super::{Op, Overlap};
 use crate::cuda::StreamHandle;
 use crate::cuda::resources::{DeviceMem, Event, capture_status, mean_time};
@@ -67,6 +69,9 @@ struct Shape {
     gemm_ms: f32,
     comm_ms: f32,
     calls: Vec<f32>,
+    /// the algorithm and policy of the last timed call
+    algo: Option<Algo>,
+    policy: Option<Policy>,
 }
 
 pub(super) struct Report {
@@ -80,6 +85,9 @@ pub(super) struct Report {
     last_key: Option<ShapeKey>,
     last_full: Option<GemmDesc>,
     last_op: Op,
+    /// the algorithm of the call being enqueued (set when it is planned) and of the last
+    pub(super) next_algo: Option<Algo>,
+    last_algo: Option<Algo>,
     last_call: u64,
     last_timed: bool,
     pending: bool,
@@ -102,6 +110,8 @@ impl Shape {
             gemm_ms: f32::NAN,
             comm_ms: f32::NAN,
             calls: Vec::new(),
+            algo: None,
+            policy: None,
         }
     }
 }
@@ -116,6 +126,8 @@ impl Report {
             last_key: None,
             last_full: None,
             last_op: Op::SplitAg,
+            next_algo: None,
+            last_algo: None,
             last_call: 0,
             last_timed: false,
             pending: false,
@@ -136,16 +148,16 @@ impl Overlap {
     /// Turn the report on for this object (the comm-GEMM context does, for its engines,
     /// when NVTE_COMM_REPORT was set at the context's creation).
     pub fn enable_report(&mut self) -> Result<()> {
-        if self.report.is_none() {
+        if self.diag.report.is_none() {
             let _guard = ContextGuard::for_stream(StreamHandle::NULL)?;
-            self.report = Some(Box::new(Report::new()?));
+            self.diag.report = Some(Box::new(Report::new()?));
         }
         Ok(())
     }
 
     /// The comm-GEMM context's global m, n, k of the next calls (the report's shape key).
     pub fn set_report_dims(&mut self, dims: Option<[i64; 3]>) {
-        self.report_dims = dims;
+        self.diag.report_dims = dims;
     }
 
     /// begin(): the call's start, its shape and GEMM. A captured call leaves the report
@@ -157,12 +169,12 @@ impl Overlap {
         full: Option<&GemmDesc>,
     ) -> Result<()> {
         let (capturing, calls, dtype, dims) = (
-            self.capturing,
-            self.calls,
+            self.call.capturing,
+            self.call.calls,
             self.dtype as u32,
-            self.report_dims,
+            self.diag.report_dims,
         );
-        let Some(r) = self.report.as_deref_mut() else {
+        let Some(r) = self.diag.report.as_deref_mut() else {
             return Ok(());
         };
         if r.calibrating || capturing {
@@ -179,6 +191,7 @@ impl Overlap {
         });
         r.last_full = full.copied();
         r.last_op = op;
+        r.last_algo = r.next_algo;
         r.last_call = calls;
         r.last_timed = true;
         r.pending = false;
@@ -188,10 +201,10 @@ impl Overlap {
 
     /// finish(): the call's end on the caller's stream.
     pub(super) fn report_end(&mut self, stream: StreamHandle) -> Result<()> {
-        let Some(r) = self.report.as_deref_mut() else {
+        let Some(r) = self.diag.report.as_deref_mut() else {
             return Ok(());
         };
-        if r.calibrating || !r.last_timed || self.capturing {
+        if r.calibrating || !r.last_timed || self.call.capturing {
             return Ok(());
         }
         r.ev_end.record(stream)?;
@@ -201,13 +214,13 @@ impl Overlap {
 
     /// Whether the chunk GEMMs are skipped (comm-alone runs).
     pub(super) fn skipping_gemms(&self) -> bool {
-        self.report.as_ref().is_some_and(|r| r.skip_gemms)
+        self.diag.report.as_ref().is_some_and(|r| r.skip_gemms)
     }
 
     /// Read the last call's time (waiting for it when `block`, bounded) into its shape.
     fn collect(&mut self, block: bool) -> Result<()> {
-        let timeout_ms = self.cfg.timeout_ms;
-        let Some(r) = self.report.as_deref_mut() else {
+        let (timeout_ms, policy) = (self.policy.timeout_ms, self.policy);
+        let Some(r) = self.diag.report.as_deref_mut() else {
             return Ok(());
         };
         if !r.pending {
@@ -231,6 +244,8 @@ impl Overlap {
             .entry(key)
             .or_insert_with(|| Shape::new(op, full.as_ref(), false));
         s.calls.push(ms);
+        s.algo = r.last_algo;
+        s.policy = Some(policy);
         r.last = Some(Figures {
             op: r.last_op,
             call: r.last_call,
@@ -251,7 +266,7 @@ impl Overlap {
         stream: StreamHandle,
         call: impl Fn(&mut Self) -> Result<()>,
     ) -> Result<()> {
-        let Some(r) = self.report.as_deref_mut() else {
+        let Some(r) = self.diag.report.as_deref_mut() else {
             return call(self);
         };
         // Left set only by a calibration that panicked (errors reset them): not in one now.
@@ -263,7 +278,7 @@ impl Overlap {
         }
         self.collect(false)?;
         call(self)?;
-        let r = self.report.as_deref_mut().unwrap();
+        let r = self.diag.report.as_deref_mut().unwrap();
         let (Some(key), Some(full), true) = (r.last_key, r.last_full, r.last_timed) else {
             return Ok(()); // captured, or no GEMM (not an overlap-with-GEMM call)
         };
@@ -279,9 +294,9 @@ impl Overlap {
             return Ok(());
         }
         self.collect(true)?;
-        self.report.as_deref_mut().unwrap().calibrating = true;
+        self.diag.report.as_deref_mut().unwrap().calibrating = true;
         let est = self.estimates(stream, full, &call);
-        let r = self.report.as_deref_mut().unwrap();
+        let r = self.diag.report.as_deref_mut().unwrap();
         r.skip_gemms = false;
         let (comm_ms, gemm_ms) = match est {
             Ok(v) => v,
@@ -302,7 +317,7 @@ impl Overlap {
         // Once more for real (still calibrating: not a new reported call), so that the
         // outputs are a real call's.
         let res = call(self);
-        self.report.as_deref_mut().unwrap().calibrating = false;
+        self.diag.report.as_deref_mut().unwrap().calibrating = false;
         res
     }
 
@@ -316,10 +331,10 @@ impl Overlap {
         call: &impl Fn(&mut Self) -> Result<()>,
     ) -> Result<(f32, f32)> {
         let guard = ContextGuard::for_stream(stream)?;
-        self.report.as_deref_mut().unwrap().skip_gemms = true;
+        self.diag.report.as_deref_mut().unwrap().skip_gemms = true;
         let comm_ms = self.time_runs(stream, call)?;
         let mut g = full;
-        let r = self.report.as_deref_mut().unwrap();
+        let r = self.diag.report.as_deref_mut().unwrap();
         r.skip_gemms = false;
         let dbytes = g.n * g.ldd * g.d_type.bits() / 8;
         if r.scratch.as_ref().is_none_or(|s| s.bytes < dbytes) {
@@ -335,7 +350,12 @@ impl Overlap {
         }
         g.d_amax = DevPtr::NULL;
         g.sm_count = 0;
-        let gemm_ms = self.time_runs(stream, |_| gemm::run_beside_comm(&g, &guard, stream))?;
+        // SAFETY: the call's full descriptor (validated from the caller's tensors, which
+        // outlive the call) with D and aux redirected into this report's scratch, sized
+        // above for n columns at D's pitch; no amax; the same workspace as the call's.
+        let gemm_ms = self.time_runs(stream, |_| unsafe {
+            gemm::run_beside_comm(&g, &guard, stream)
+        })?;
         Ok((comm_ms, gemm_ms))
     }
 
@@ -345,7 +365,7 @@ impl Overlap {
         stream: StreamHandle,
         run: impl FnMut(&mut Self) -> Result<()>,
     ) -> Result<f32> {
-        let timeout_ms = self.cfg.timeout_ms;
+        let timeout_ms = self.policy.timeout_ms;
         mean_time(
             self,
             stream,
@@ -359,17 +379,17 @@ impl Overlap {
     /// The last timed call's figures (waits, bounded, for it to complete). None when the
     /// report is off or no call was timed yet.
     pub fn last_report(&mut self) -> Result<Option<Figures>> {
-        if self.report.is_none() {
+        if self.diag.report.is_none() {
             return Ok(None);
         }
         self.collect(true)?;
-        Ok(self.report.as_ref().and_then(|r| r.last))
+        Ok(self.diag.report.as_ref().and_then(|r| r.last))
     }
 
     /// At destroy: one line per shape (median of its calls) on stderr.
     pub(super) fn print_report(&mut self) {
         let _ = self.collect(false);
-        let Some(r) = self.report.as_deref() else {
+        let Some(r) = self.diag.report.as_deref() else {
             return;
         };
         let mut shapes: Vec<&Shape> = r.shapes.values().collect();
@@ -379,9 +399,11 @@ impl Overlap {
             c.sort_by(|a, b| a.total_cmp(b));
             let med = c.get(c.len() / 2).copied().unwrap_or(f32::NAN);
             let bound = s.gemm_ms.max(s.comm_ms);
+            let algo = s.algo.map_or("?".to_string(), |a| a.to_string());
+            let policy = s.policy.map_or("?".to_string(), |p| p.summary());
             eprintln!(
-                "[te_comm report] world rank {}: {:?} m={} n={} k={}: {} calls, median {:.3} ms; GEMM alone {:.3} ms, comm alone {:.3} ms, bound {:.3} ms, median/bound {:.3}",
-                self.world_rank,
+                "[te_comm report] world rank {}: {:?} m={} n={} k={}: {} calls, median {:.3} ms; GEMM alone {:.3} ms, comm alone {:.3} ms, bound {:.3} ms, median/bound {:.3}; algorithm {algo}; policy {policy}",
+                self.group.world_rank,
                 s.op,
                 s.m,
                 s.n,

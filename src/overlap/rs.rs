@@ -26,12 +26,12 @@
 //!   and accumulation run the ring over send / recv; the accumulating ring, where chosen,
 //!   runs over send / recv too). Over NCCL both entry points run this one.
 //!
-//! - Fused ring (settings `atomic`: config atomic_gemm, the comm-GEMM API's atomic
+//! - Fused ring (the policy's fused algorithms: config atomic_gemm, the comm-GEMM API's atomic
 //!   algorithms): the ring above (and the ring all-reduce's reduce-scatter) with one
 //!   launch of our own GEMM instead of a GEMM per destination: it computes the whole
 //!   partial into staging, its tile rows starting at destination r+1's rows (the ring's
 //!   order), and signals each piece of a destination's rows as done (a u32 per piece;
-//!   the tuning's `pieces` per destination); comm stream 0 waits for each signal
+//!   the policy's `pieces` per destination); comm stream 0 waits for each signal
 //!   (cuStreamWaitValue32: no timeout, but the GEMM waits on nothing itself, so its
 //!   signals always come) before that piece's exchange, which stays the transport's
 //!   bounded one. Where our GEMM cannot compute the call, the GEMMs per destination as
@@ -46,6 +46,7 @@
 //! Measured on 4x H200, tp 4, bf16 (bench/RESULTS.md): ring RS (CE) geomean 1.10x
 //! bound in order vs 1.40x round-robin over 3 streams.
 use super::plan::{Lane, MAX_FLAGS, Planner, Reduce};
+use super::policy::{Algo, Ring, Sum, Tiles};
 use super::schedule::{Bounds, PerRank};
 use super::{Op, Overlap, eb, tag};
 use crate::cuda::DevPtr;
@@ -63,17 +64,6 @@ pub struct RsArgs<'a> {
     pub g: Operands<'a, Option<&'a Tensor>>,
     pub rs_output: &'a Tensor,
 }
-
-/// NVTE_COMM_RS_RING, parsed strictly: None (unset: auto), or the index of the choice in
-/// `auto`, `reduce`, `accumulate`. How the ring reduce-scatter (split_rs_p2p, and the
-/// ring all-reduce's reduce-scatter) sums: a closing reduction of the landed partials, or
-/// the accumulating ring; auto: the autotuner's choice, else the closing reduction. Read
-/// once when an overlap object or comm-GEMM context is created (`super::AlgoKnobs`).
-pub fn rs_ring_choice() -> Result<Option<usize>> {
-    crate::env::RS_RING.get()
-}
-const RS_REDUCE: usize = 1;
-const RS_ACCUMULATE: usize = 2;
 
 /// The validated GEMM on the full buffer and the reduction's geometry.
 pub(super) struct RsPlan {
@@ -180,25 +170,57 @@ impl Planner<'_> {
         g
     }
 
-    /// Column boundaries of the pipelined chunks (multiples of 16 where possible).
-    fn splits(&self, m: usize) -> Bounds {
-        super::schedule::column_splits(m, self.e.settings.num_splits)
+    /// Column boundaries of `splits` pipelined chunks (multiples of 16 where possible).
+    fn splits(m: usize, splits: usize) -> Bounds {
+        super::schedule::column_splits(m, splits)
     }
 
-    /// The pipelined GEMM + reduce-scatter (module doc).
-    pub fn split_rs(&mut self, x: &RsArgs) -> Result<()> {
-        if !self.e.caps.peer_memory {
-            // The pipelined algorithm loads from the peers' buffers; without peer memory
-            // the ring entry point runs the collective per chunk or the exchange ring.
-            return self.split_rs_p2p(x);
+    /// split_rs's algorithm: the pipelined one with peer memory; else (it loads from the
+    /// peers' buffers) the ring entry point's, as at tp 1 inline for plain sums (the
+    /// ring's form, one GEMM straight into `rs_output`: the pipelined chunks would only
+    /// copy the buffer into it).
+    pub(super) fn rs_algo(&self, x: &RsArgs) -> Result<Algo> {
+        if !self.e.caps.peer_memory || (self.e.inline && Self::plain_sums_of(x, self.dtype())) {
+            return self.rs_p2p_algo(x);
         }
-        if self.e.inline && Self::plain_sums_of(x, self.dtype()) {
-            // tp 1: the ring's form, one GEMM straight into `rs_output` (the pipelined
-            // chunks would only copy the buffer into it).
-            return self.split_rs_p2p(x);
+        Ok(Algo::PipelinedRs {
+            splits: self.e.policy.splits as usize,
+        })
+    }
+
+    /// split_rs_p2p's algorithm: without peer memory at tp > 2 with collectives, plain
+    /// sums that do not accumulate run the collective per column chunk (at tp 2 the ring
+    /// is one send/recv step and was faster: bench/RESULTS.md, 2026-11-21: ring
+    /// 0.92-1.03x of NCCL-then-GEMM vs 1.01-1.08x; at tp 4 the collective 0.95-1.13x vs
+    /// 1.10-1.60x); else the ring with the policy's parameters.
+    pub(super) fn rs_p2p_algo(&self, x: &RsArgs) -> Result<Algo> {
+        let ring = self.ring_params();
+        if !self.e.caps.peer_memory && self.e.caps.collectives && self.tp() > 2 {
+            let p = self.plan_rs(x, false)?;
+            if Self::plain_sums(x, &p, self.dtype()) && !self.rs_accumulates(x, &p, ring.sum) {
+                return Ok(Algo::CollectiveRs {
+                    splits: self.e.policy.splits as usize,
+                });
+            }
         }
+        Ok(Algo::RingRs(ring))
+    }
+
+    /// The ring's parameters in this call's group: how it sums, its pieces, the fused GEMM.
+    pub(super) fn ring_params(&self) -> Ring {
+        let p = &self.e.policy;
+        Ring {
+            sum: p.sum(self.tp(), self.e.inline),
+            pieces: p.pieces.max(1) as usize,
+            fused: p.fused_on().then(|| p.tiles()),
+        }
+    }
+
+    /// [`Algo::PipelinedRs`]: the pipelined GEMM + reduce-scatter (module doc) in `splits`
+    /// column chunks.
+    pub(super) fn pipelined_rs(&mut self, x: &RsArgs, splits: usize) -> Result<()> {
         let p = self.plan_rs(x, true)?;
-        let bounds = self.splits(p.m);
+        let bounds = Self::splits(p.m, splits);
         // The chunk GEMMs write this buffer, which peers read: gate them on the barrier.
         self.begin(Op::SplitRs, true, &p.full.sum_key(), Some(&p.full));
         let nchunks = bounds.len() - 1;
@@ -264,20 +286,17 @@ impl Planner<'_> {
         Ok(())
     }
 
-    /// The ring GEMM + reduce-scatter (module doc); without peer memory at tp > 2 with
-    /// collectives, the collective per column chunk.
-    pub fn split_rs_p2p(&mut self, x: &RsArgs) -> Result<()> {
-        // Collectives at tp > 2: ncclReduceScatter per chunk. At tp 2 the ring is one
-        // send/recv step and was faster (bench/RESULTS.md, 2026-11-21: ring 0.92-1.03x of
-        // NCCL-then-GEMM vs 1.01-1.08x; at tp 4 the collective 0.95-1.13x vs 1.10-1.60x).
-        if !self.e.caps.peer_memory && self.e.caps.collectives && self.tp() > 2 {
-            let p = self.plan_rs(x, false)?;
-            if Self::plain_sums(x, &p, self.dtype()) && !self.rs_accumulates(x, &p) {
-                return self.rs_collective_chunks(&p, x);
-            }
-        }
-        let p = self.plan_rs(x, !self.e.settings.use_ce)?;
-        let acc = self.rs_accumulates(x, &p);
+    /// [`Algo::CollectiveRs`]: the collective per column chunk, `splits` of them.
+    pub(super) fn collective_rs(&mut self, x: &RsArgs, splits: usize) -> Result<()> {
+        let p = self.plan_rs(x, false)?;
+        self.rs_collective_chunks(&p, x, splits)
+    }
+
+    /// [`Algo::RingRs`]: the ring GEMM + reduce-scatter (module doc), accumulating where
+    /// `ring.sum` says so and the sums are plain.
+    pub(super) fn ring_rs_call(&mut self, x: &RsArgs, ring: Ring) -> Result<()> {
+        let p = self.plan_rs(x, !self.e.policy.comm.use_ce)?;
+        let acc = self.rs_accumulates(x, &p, ring.sum);
         if !(acc && self.tp() == 1) {
             self.staging()?; // allocated (once) before the call starts (tp 1 chain: unused)
         }
@@ -286,13 +305,13 @@ impl Planner<'_> {
         self.begin(
             Op::SplitRsP2p,
             false,
-            &self.ring_key(&p, acc),
+            &self.ring_key(&p, acc, &ring),
             Some(&p.full),
         );
         if acc {
-            self.chain_rs(x, &p, Op::SplitRsP2p, None)?;
+            self.chain_rs(x, &p, Op::SplitRsP2p, None, ring.pieces)?;
         } else {
-            self.ring_rs(x, &p)?;
+            self.ring_rs(x, &p, &ring)?;
         }
         self.finish();
         Ok(())
@@ -302,14 +321,14 @@ impl Planner<'_> {
     /// closing reduction with its exchanges per destination, or the accumulating ring
     /// and its pieces), so that ranks whose environments chose differently fail the
     /// cross-rank check instead of exchanging into slots the other never reads.
-    pub(super) fn ring_key(&self, p: &RsPlan, acc: bool) -> [u64; 6] {
+    pub(super) fn ring_key(&self, p: &RsPlan, acc: bool, ring: &Ring) -> [u64; 6] {
         let g = p.full.sum_key();
-        let ring = if acc {
-            1 | (self.chain_pieces(p.nc) as u64) << 1
+        let word = if acc {
+            1 | (self.chain_pieces(p.nc, ring.pieces) as u64) << 1
         } else {
-            (self.fused_rs_pieces(p) as u64) << 1
+            (self.fused_rs_pieces(p, ring) as u64) << 1
         };
-        [g[0], g[1], g[2], g[3], g[4], ring]
+        [g[0], g[1], g[2], g[3], g[4], word]
     }
 
     /// The row bounds of the accumulating ring's pieces of a chunk of `nc` rows: at
@@ -317,36 +336,24 @@ impl Planner<'_> {
     /// the one before; at tp 1 there is no transfer: one GEMM), bounded by the events (a
     /// "computed" and a "landed" per piece and step), interior bounds on multiples of 16
     /// rows (aligned operand offsets).
-    fn chain_bounds(&self, nc: usize) -> Bounds {
+    fn chain_bounds(&self, nc: usize, pieces: usize) -> Bounds {
         let tp = self.tp();
         let max_pieces = (self.e.events / (2 * tp)).max(1);
-        let want = if tp == 1 {
-            1
-        } else {
-            self.e.tuning.pieces.max(2)
-        };
+        let want = if tp == 1 { 1 } else { pieces.max(2) };
         super::schedule::column_splits(nc, want.min(max_pieces))
     }
 
-    fn chain_pieces(&self, nc: usize) -> usize {
-        self.chain_bounds(nc).len().saturating_sub(1)
+    fn chain_pieces(&self, nc: usize, pieces: usize) -> usize {
+        self.chain_bounds(nc, pieces).len().saturating_sub(1)
     }
 
-    /// Whether this ring reduce-scatter runs the accumulating ring: asked for
-    /// (NVTE_COMM_RS_RING, where auto: the autotuner's choice, and always at tp 1, where
-    /// it is one GEMM straight into the output instead of a GEMM and a copy) and possible
-    /// (plain sums of the buffer's type). The choice is the same on every rank (same
-    /// environment and tuning, same operands per the call check).
-    pub(super) fn rs_accumulates(&self, x: &RsArgs, p: &RsPlan) -> bool {
-        let want = match self.e.knobs.rs_ring {
-            // (tp 1 inline: one GEMM into the output whatever the knob says: a closing
-            // "sum" of the one partial would only copy it)
-            _ if self.e.inline => true,
-            Some(RS_REDUCE) => false,
-            Some(RS_ACCUMULATE) => true,
-            _ => self.e.tuning.rs_accumulate || self.tp() == 1,
-        };
-        want && Self::plain_sums(x, p, self.dtype())
+    /// Whether this ring reduce-scatter runs the accumulating ring: asked for (`sum`:
+    /// NVTE_COMM_RS_RING, where auto the autotuner's choice, and always at tp 1, where it
+    /// is one GEMM straight into the output instead of a GEMM and a copy:
+    /// `Policy::sum`) and possible (plain sums of the buffer's type). The choice is the
+    /// same on every rank (same environment and tuning, same operands per the call check).
+    pub(super) fn rs_accumulates(&self, x: &RsArgs, p: &RsPlan, sum: Sum) -> bool {
+        sum == Sum::Accumulating && Self::plain_sums(x, p, self.dtype())
     }
 
     /// Whether the reduce-scatter is plain sums of a 16/32-bit buffer into an output of
@@ -376,11 +383,11 @@ impl Planner<'_> {
     /// Collectives: the GEMM in column chunks, each written contiguously ([n, m_i]) into
     /// local staging, and the reduce-scatter collective of chunk i (into the buffer, then
     /// a 2-D copy into its columns of `rs_output`) while chunk i+1 computes.
-    fn rs_collective_chunks(&mut self, p: &RsPlan, x: &RsArgs) -> Result<()> {
+    fn rs_collective_chunks(&mut self, p: &RsPlan, x: &RsArgs, splits: usize) -> Result<()> {
         let tp = self.tp();
         let staging = self.staging()?;
         self.begin(Op::SplitRs, false, &p.full.sum_key(), Some(&p.full));
-        let bounds = self.splits(p.m);
+        let bounds = Self::splits(p.m, splits);
         let e = eb(self.dtype());
         let n = p.nc * tp;
         let nchunks = bounds.len() - 1;
@@ -410,13 +417,16 @@ impl Planner<'_> {
 
     /// The ring reduce-scatter of the call (between begin and finish), ending with the
     /// reduction into `x.rs_output` on comm stream 0.
-    pub(super) fn ring_rs(&mut self, x: &RsArgs, p: &RsPlan) -> Result<()> {
+    pub(super) fn ring_rs(&mut self, x: &RsArgs, p: &RsPlan, ring: &Ring) -> Result<()> {
         let staging = self.staging()?;
         let slot_bytes = p.nc * p.m * eb(self.dtype());
         let plan = super::schedule::rs_exchange(self.tp(), self.tp_rank());
         let fp8 = self.fp8_output(x.rs_output, "rs_output", Lane::Comm(0))?;
-        let pieces = self.fused_rs_pieces(p);
-        let done = self.fused_rs_gemm(p, staging, pieces)?;
+        let pieces = self.fused_rs_pieces(p, ring);
+        let done = match ring.fused {
+            Some(tiles) => self.fused_rs_gemm(p, staging, pieces, tiles)?,
+            None => None,
+        };
         if done.is_none() {
             self.ring_rs_gemms(p, staging, &plan.gemm_dest);
         }
@@ -429,26 +439,26 @@ impl Planner<'_> {
         Ok(())
     }
 
-    /// Pieces per destination of the fused ring (settings `atomic`; else 1): the tuning's
+    /// Pieces per destination of the fused ring (`ring.fused`; else 1): the ring's
     /// pieces, raised (tp > 1) where one piece's tiles would take more than one round of
     /// the fused GEMM's CTAs (`sm90::rs_pieces`, on [`Self::fused_sms_shared`] SMs), at
     /// most as many as divide the `nc` rows evenly and leave room for a done signal and a
     /// tile counter per piece. Each piece is signalled by our GEMM and exchanged on its
     /// own, so the first exchange starts after 1/pieces of a destination's rows and the
     /// last one after the GEMM is 1/pieces of a block. It depends only on values every
-    /// rank shares (the settings and tuning, the device's SM count, the shape) and on
+    /// rank shares (the policy, the device's SM count, the shape) and on
     /// NVTE_COMM_FUSED_TILES (the tile width the pieces are sized for: set alike on every
     /// rank), so every rank exchanges the same pieces whichever GEMM it runs (ranks on
     /// devices of different SM counts, or with different knobs, could differ:
     /// `NVTE_COMM_CHECK`'s key includes the pieces).
-    fn fused_rs_pieces(&self, p: &RsPlan) -> usize {
-        if !self.e.settings.atomic {
+    fn fused_rs_pieces(&self, p: &RsPlan, ring: &Ring) -> usize {
+        let Some(tiles) = ring.fused else {
             return 1;
-        }
+        };
         let (tp, nc) = (self.tp(), p.nc);
-        let want = self.e.tuning.pieces.max(1);
+        let want = ring.pieces.max(1);
         let mut pieces = if tp > 1 {
-            let narrow = self.fused_narrow();
+            let narrow = tiles == Tiles::Narrow;
             sm90::rs_pieces(
                 want,
                 nc,
@@ -467,8 +477,7 @@ impl Planner<'_> {
         pieces
     }
 
-    /// The fused ring's GEMM (module doc) where the settings ask for it and our GEMM can
-    /// compute the call: comm stream 0 clears the done signals, then one launch computes
+    /// The fused ring's GEMM (module doc), in `tiles`, where our GEMM can compute the call: comm stream 0 clears the done signals, then one launch computes
     /// the whole partial into staging. Returns the signals (u32 per piece of each
     /// destination: `pieces` per destination, in row order), or None (the GEMMs per
     /// destination are the caller's).
@@ -477,10 +486,8 @@ impl Planner<'_> {
         p: &RsPlan,
         staging: DevPtr,
         pieces: usize,
+        tiles: Tiles,
     ) -> Result<Option<DevPtr>> {
-        if !self.e.settings.atomic {
-            return Ok(None);
-        }
         let mut g = p.full;
         g.d = staging; // rows d * nc.. of the partial: destination d's slot
         let why = match self.e.own_gemm {
@@ -504,7 +511,7 @@ impl Planner<'_> {
             done_rows: p.nc / pieces,
             done_value: 1,
             n_tile_rot: (r + 1) % tp * p.nc / TILE_ROWS,
-            narrow: self.fused_narrow(),
+            narrow: tiles == Tiles::Narrow,
             ..Default::default()
         };
         let sms = self.fused_sms(false);
@@ -661,9 +668,10 @@ impl Planner<'_> {
         p: &RsPlan,
         op: Op,
         gather: Option<(usize, DevPtr)>,
+        pieces: usize,
     ) -> Result<()> {
         let tp = self.tp();
-        let bounds = self.chain_bounds(p.nc);
+        let bounds = self.chain_bounds(p.nc, pieces);
         self.chain_steps(x, p, op, &bounds)?;
         // (finish() joins the compute stream: the caller waits for the last GEMMs.)
         // (At tp 1 there is nothing to gather.)

@@ -8,7 +8,7 @@ use crate::transport::MAX_PEERS;
 /// Up to one entry per rank of a group.
 pub type PerRank<T> = Small<T, MAX_PEERS>;
 /// Chunk bounds: at most `MAX_SPLITS` chunks, so `MAX_SPLITS + 1` bounds.
-pub type Bounds = Small<usize, { super::config::MAX_SPLITS as usize + 1 }>;
+pub type Bounds = Small<usize, { super::policy::MAX_SPLITS as usize + 1 }>;
 
 /// One exchange step of a rank: send chunk `send` to `to`, receive chunk `recv` from
 /// `from` (chunks / slots are indices in the buffer, in tp ranks' order).

@@ -9,8 +9,8 @@
 //! - [`Flavour::Messages`]: two-sided exchange by matched sends and receives, and
 //!   collectives, as the NCCL transport.
 use super::{
-    Collectives, Entry, FlagSlot, Group, PeerMemory, RecvOp, SendOp, Timeout, Transport, TwoSided,
-    WaitInfo,
+    Collectives, Constructor, FlagSlot, Group, PeerMemory, RecvOp, SendOp, Timeout, Transport,
+    TwoSided, WaitInfo,
 };
 use crate::cuda::DevPtr;
 use crate::cuda::StreamHandle;
@@ -155,8 +155,7 @@ impl<D: Send + 'static> Drop for FakeTransport<D> {
 /// The registry's entry. Never picked by auto; `create` makes a one-rank fake (a group of
 /// several ranks shares one log: the protocol tests make them with
 /// [`FakeTransport::new`]).
-pub const ENTRY: Entry = Entry {
-    name: "fake",
+pub const ENTRY: Constructor = Constructor {
     auto: |_| false,
     create: |s| {
         if s.group.len() != 1 {

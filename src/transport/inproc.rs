@@ -5,8 +5,8 @@
 //! enabled between the two devices' contexts. The peer-memory transport (`ipc.rs`) uses
 //! this for every peer whose process identity equals its own, and CUDA IPC for the others;
 //! everything else (flags, signals, timed waits, puts) is the same code.
-use crate::cuda::DevPtr;
 use crate::cuda::resources::IpcMapping;
+use crate::cuda::{CtxHandle, DevPtr};
 use crate::error::{Error, ErrorKind, Result};
 use cudarc::driver::sys as cu;
 
@@ -34,7 +34,7 @@ impl PeerMem {
 pub struct Local {
     pub pid: u32,
     pub nonce: u64,
-    pub ctx: u64,
+    pub ctx: CtxHandle,
     pub device: i32,
     pub buffer: DevPtr,
     pub flags: DevPtr,
@@ -44,11 +44,11 @@ pub struct Local {
 pub const LOCAL_BYTES: usize = 40;
 
 impl Local {
-    pub fn new(ctx: usize, device: i32, buffer: DevPtr, flags: DevPtr) -> Local {
+    pub fn new(ctx: CtxHandle, device: i32, buffer: DevPtr, flags: DevPtr) -> Local {
         Local {
             pid: std::process::id(),
             nonce: process_nonce(),
-            ctx: ctx as u64,
+            ctx,
             device,
             buffer,
             flags,
@@ -59,7 +59,7 @@ impl Local {
         b[0..4].copy_from_slice(&self.pid.to_le_bytes());
         b[4..8].copy_from_slice(&self.device.to_le_bytes());
         b[8..16].copy_from_slice(&self.nonce.to_le_bytes());
-        b[16..24].copy_from_slice(&self.ctx.to_le_bytes());
+        b[16..24].copy_from_slice(&(self.ctx.addr() as u64).to_le_bytes());
         b[24..32].copy_from_slice(&self.buffer.raw().to_le_bytes());
         b[32..40].copy_from_slice(&self.flags.raw().to_le_bytes());
         b
@@ -70,7 +70,8 @@ impl Local {
             pid: u32::from_le_bytes(b[0..4].try_into().unwrap()),
             device: i32::from_le_bytes(b[4..8].try_into().unwrap()),
             nonce: u64_at(8),
-            ctx: u64_at(16),
+            // Used only once `same_process` holds: a context of this process.
+            ctx: CtxHandle::from_addr(u64_at(16) as usize),
             buffer: DevPtr::new(u64_at(24)),
             flags: DevPtr::new(u64_at(32)),
         }
@@ -126,7 +127,7 @@ pub fn enable_access(me: &Local, peer: &Local) -> Result<()> {
     }
     // SAFETY: the peer's context is alive in this process (the peer is creating the same
     // object now); enabling access twice is reported and accepted below.
-    let r = unsafe { cu::cuCtxEnablePeerAccess(peer.ctx as cu::CUcontext, 0) };
+    let r = unsafe { cu::cuCtxEnablePeerAccess(peer.ctx.raw(), 0) };
     match r {
         cu::CUresult::CUDA_SUCCESS | cu::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => Ok(()),
         e => Err(Error::new(
@@ -146,7 +147,7 @@ mod tests {
     #[test]
     fn the_published_record_round_trips_and_names_this_process() {
         let a = Local::new(
-            0x1234,
+            CtxHandle::from_addr(0x1234),
             3,
             DevPtr::new(0xdead_0000),
             DevPtr::new(0xbeef_0000),

@@ -8,8 +8,8 @@
 //! each replay synchronises afresh.
 use super::inproc::{LOCAL_BYTES, Local, PeerMem, enable_access};
 use super::{
-    ALGO_SLOTS, Entry, ErrorRecord, FlagSlot, Group, MAX_PEERS, NUM_SLOTS, PeerMemory, PeerSet,
-    RecvOp, SendOp, Timeout, Transport, TwoSided, WaitInfo,
+    ALGO_SLOTS, Constructor, ErrorRecord, FlagSlot, Group, MAX_PEERS, NUM_SLOTS, PeerMemory,
+    PeerSet, RecvOp, SendOp, Timeout, Transport, TwoSided, WaitInfo,
 };
 use crate::bootstrap::Bootstrap;
 use crate::cuda::StreamHandle;
@@ -112,8 +112,7 @@ const DONE: FlagSlot = FlagSlot(ALGO_SLOTS as u8);
 const ARRIVE: FlagSlot = FlagSlot(ALGO_SLOTS as u8 + 1);
 
 /// The registry's entry: picked by auto when the whole group shares this node.
-pub const ENTRY: Entry = Entry {
-    name: "ipc",
+pub const ENTRY: Constructor = Constructor {
     auto: |p| p.one_node,
     create: |s| {
         if let Some((w, host, mine)) = &s.placement.away {
@@ -159,6 +158,31 @@ pub struct IpcSettings {
 }
 
 impl IpcTransport {
+    /// The address `offset` bytes into `peer`'s buffer, where `rows` runs of `bytes`,
+    /// `pitch` apart, are written: checked to stay inside the buffer (every rank's has
+    /// this rank's size, checked when the group was made), an internal error otherwise.
+    fn peer_range(
+        &self,
+        peer: usize,
+        offset: usize,
+        bytes: usize,
+        rows: usize,
+        pitch: usize,
+    ) -> Result<DevPtr> {
+        let span = rows
+            .checked_sub(1)
+            .map_or(Some(0), |r| r.checked_mul(pitch))
+            .and_then(|s| s.checked_add(bytes))
+            .and_then(|s| s.checked_add(offset));
+        let size = self.group.buffer.bytes;
+        if span.is_none_or(|end| end > size) || (rows > 1 && pitch < bytes) {
+            return Err(crate::error::Error::internal(format!(
+                "a put of {rows} x {bytes} bytes (pitch {pitch}) at offset {offset} leaves rank {peer}'s {size}-byte buffer"
+            )));
+        }
+        Ok(self.peer_buffer(peer) + offset)
+    }
+
     /// Collective over the world: every rank calls it with the same `group` (world ranks
     /// of its tensor-parallel group, in group order). Exchanges IPC handles through the
     /// bootstrap and maps the group's buffers and flags.
@@ -404,9 +428,12 @@ impl PeerMemory for IpcTransport {
         bytes: usize,
         stream: StreamHandle,
     ) -> Result<()> {
-        let dst = self.peer_buffer(peer) + offset;
+        let dst = self.peer_range(peer, offset, bytes, 1, bytes)?;
         if self.use_ce {
-            return copy_async(dst, src, bytes, stream);
+            // SAFETY: `dst` is a checked range of the peer's mapped buffer; `src` is the
+            // caller's device range of `bytes` (a plan's step: an engine buffer or a
+            // checked tensor).
+            return unsafe { copy_async(dst, src, bytes, stream) };
         }
         if bytes == 0 {
             return Ok(());
@@ -480,8 +507,10 @@ impl TwoSided for IpcTransport {
             if s.rows > 1 {
                 // A column slice: one 2D copy, whether puts go by copy engines or SM
                 // kernels (a copy engine across devices, a kernel within one).
-                let dst = self.peer_buffer(s.peer) + s.dst_offset;
-                copy_2d(dst, s.pitch, s.src, s.pitch, s.bytes, s.rows, stream)?;
+                let dst = self.peer_range(s.peer, s.dst_offset, s.bytes, s.rows, s.pitch)?;
+                // SAFETY: `dst` is a checked pitched range of the peer's mapped buffer;
+                // `src` the send's range (a plan's step) of the same shape.
+                unsafe { copy_2d(dst, s.pitch, s.src, s.pitch, s.bytes, s.rows, stream)? };
             } else {
                 self.put(s.peer, s.dst_offset, s.src, s.bytes, stream)?;
             }

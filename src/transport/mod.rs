@@ -64,38 +64,87 @@ pub struct Setup<'a> {
     pub placement: &'a Placement,
 }
 
-/// A registered transport: its name, whether [`Kind::Auto`] may pick it for a placement,
-/// and its constructor. A new transport is its module plus one line in [`REGISTRY`].
-pub struct Entry {
-    pub name: &'static str,
+/// What a transport module gives its table row: whether [`Kind::Auto`] may pick it for a
+/// placement, and its constructor.
+pub struct Constructor {
     pub auto: fn(&Placement) -> bool,
     pub create: fn(&Setup) -> Result<Box<dyn Transport>>,
 }
 
-/// The transports, in the order [`Kind::Auto`] tries them.
-pub static REGISTRY: &[Entry] = &[
-    ipc::ENTRY,
-    nccl::ENTRY,
-    #[cfg(test)]
-    fake::ENTRY,
-];
+/// A registered transport: a row of the transport table (`table.in`): its name, its C
+/// value (`NVTECommTransport`), its auto rule and its constructor.
+pub struct Entry {
+    pub name: &'static str,
+    pub value: u32,
+    pub auto: fn(&Placement) -> bool,
+    pub create: fn(&Setup) -> Result<Box<dyn Transport>>,
+}
 
-/// The transport a config's choice asks for (the C API's `NVTECommTransport` values:
-/// 1 IPC, 2 NCCL, anything else auto).
+/// The registry, and the (value, name) of every choice, from the table's rows.
+macro_rules! transport_table {
+    (
+        $(#[doc = $doc:literal])*
+        after $after:ident;
+        auto: $auto:ident = $auto_val:literal;
+        $( $(#[$m:meta])* $var:ident = $val:literal, $name:literal => $($ctor:ident)::+ ; )*
+    ) => {
+        /// The transports, in the order [`Kind::Auto`] tries them.
+        pub static REGISTRY: &[Entry] = &[
+            $(
+                $(#[$m])*
+                Entry {
+                    name: $name,
+                    value: $val,
+                    auto: $($ctor)::+.auto,
+                    create: $($ctor)::+.create,
+                },
+            )*
+        ];
+        /// The config's value of [`Kind::Auto`].
+        pub const AUTO_VALUE: u32 = $auto_val;
+    };
+}
+
+include!("table.in");
+
+/// The name of every choice, auto first, at the index of its C value (the words of
+/// NVTE_COMM_TRANSPORT, whose index is the value: `src/env.rs` reads the same table).
+pub fn choice_names() -> impl Iterator<Item = &'static str> {
+    std::iter::once("auto").chain(REGISTRY.iter().map(|e| e.name))
+}
+
+/// The transport a config's choice asks for (the C API's `NVTECommTransport` values;
+/// auto, or a value no row has: auto).
 pub fn kind_of_choice(choice: u32) -> Kind {
-    match choice {
-        1 => Kind::Named("ipc"),
-        2 => Kind::Named("nccl"),
-        _ => Kind::Auto,
-    }
+    REGISTRY
+        .iter()
+        .find(|e| e.value == choice)
+        .map_or(Kind::Auto, |e| Kind::Named(e.name))
 }
 
 /// The name of a config's transport choice (as NVTE_COMM_TRANSPORT spells it).
 pub fn choice_name(choice: u32) -> &'static str {
-    match choice {
-        1 => "ipc",
-        2 => "nccl",
-        _ => "auto",
+    match kind_of_choice(choice) {
+        Kind::Named(n) => n,
+        Kind::Auto => "auto",
+    }
+}
+
+/// Whether `choice` is a declared value (auto or a row's).
+pub fn is_choice(choice: u32) -> bool {
+    choice == AUTO_VALUE || REGISTRY.iter().any(|e| e.value == choice)
+}
+
+/// The declared values for a message: "0 (auto), 1 (ipc) or 2 (nccl)".
+pub fn choices_text() -> String {
+    let all: Vec<String> = std::iter::once(AUTO_VALUE)
+        .chain(REGISTRY.iter().map(|e| e.value))
+        .zip(choice_names())
+        .map(|(v, n)| format!("{v} ({n})"))
+        .collect();
+    match all.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+        _ => all.join(""),
     }
 }
 
@@ -689,5 +738,77 @@ mod tests {
         assert_ne!(a, call_desc(1, &[8192, 4096, 1025]));
         assert_ne!(a, call_desc(2, &[8192, 4096, 1024]));
         assert_eq!(desc_op(call_desc(8, &[])), 8);
+    }
+
+    /// One rank's allgather: its own bytes.
+    unsafe extern "C" fn gather_self(
+        _user: *mut std::ffi::c_void,
+        global: *mut std::ffi::c_void,
+        global_bytes: usize,
+        local: *const std::ffi::c_void,
+        local_bytes: usize,
+    ) -> i32 {
+        assert_eq!(global_bytes, local_bytes);
+        // SAFETY: the bootstrap passes buffers of the stated sizes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(local as *const u8, global as *mut u8, local_bytes)
+        };
+        0
+    }
+    unsafe extern "C" fn no_barrier(_user: *mut std::ffi::c_void) -> i32 {
+        0
+    }
+
+    /// A transport is chosen by its name through the user's path: NVTE_COMM_TRANSPORT's
+    /// word (parsed as the knob parses it) gives the config's value, the value the
+    /// registry's row, and the factory makes that transport.
+    #[test]
+    fn the_fake_transport_is_chosen_by_its_name_through_the_knob_and_the_factory() {
+        let crate::env::Kind::Choice(words) = crate::env::TRANSPORT.0.kind else {
+            panic!("NVTE_COMM_TRANSPORT is a choice");
+        };
+        assert_eq!(words, choice_names().collect::<Vec<_>>());
+        let value =
+            crate::env::parse_choice(crate::env::TRANSPORT.0.name, "Fake", words).unwrap() as u32;
+        assert!(is_choice(value) && !is_choice(value + 1));
+        assert_eq!(kind_of_choice(value), Kind::Named("fake"));
+        assert_eq!(choice_name(value), "fake");
+        assert_eq!(kind_of_choice(AUTO_VALUE), Kind::Auto);
+        let bs = Bootstrap::from_callbacks(0, 1, Some(gather_self), Some(no_barrier), 0).unwrap();
+        let dev = DeviceInfo {
+            ordinal: 0,
+            sm_count: 132,
+            cc_major: 9,
+            cc_minor: 0,
+        };
+        let settings = Settings {
+            kind: kind_of_choice(value),
+            buffer_bytes: 4096,
+            use_ce: true,
+            comm_sms: 2,
+            timeout_ms: 1000,
+            check: false,
+        };
+        let guard = ContextGuard::host_test();
+        let t = create(&bs, &[0], &guard, &dev, &settings).unwrap();
+        assert_eq!(t.name(), "fake");
+        assert_eq!(t.group().world_ranks, [0]);
+        // The config check's message for a value no row has lists the table's choices.
+        assert_eq!(
+            choices_text(),
+            "0 (auto), 1 (ipc), 2 (nccl) or 3 (fake)",
+            "the unit tests' table"
+        );
+    }
+
+    /// The table's values are the choices' indices (NVTE_COMM_TRANSPORT's word index is
+    /// the config's value), each once.
+    #[test]
+    fn transport_values_are_their_choice_index() {
+        assert_eq!(AUTO_VALUE, 0);
+        for (i, e) in REGISTRY.iter().enumerate() {
+            assert_eq!(e.value as usize, i + 1, "{}", e.name);
+            assert_eq!(entry(e.name).map(|x| x.value), Some(e.value));
+        }
     }
 }

@@ -6,7 +6,7 @@
 //! through the bound NCCL ([`crate::cuda::dynlib::nccl_sys`]).
 use crate::bootstrap::Bootstrap;
 use crate::cuda::dynlib::nccl_sys as nc;
-use crate::cuda::{self, Lib, nccl_check as check};
+use crate::cuda::{self, Lib, NcclComm, nccl_check as check};
 use crate::error::ErrorKind as K;
 use crate::error::{Error, Result};
 use std::time::{Duration, Instant};
@@ -37,12 +37,12 @@ pub fn check_nb(r: nc::ncclResult_t, call: &str) -> Result<bool> {
 }
 
 /// The communicator's asynchronous state (ncclCommGetAsyncError).
-pub fn async_state(comm: usize) -> Result<u32> {
+pub fn async_state(comm: NcclComm) -> Result<u32> {
     let mut st = 0u32;
     // SAFETY: live communicator; out pointer (a u32: NCCL may return codes newer than
     // the bindings' enum).
     check(
-        unsafe { nc::ncclCommGetAsyncError(comm as nc::ncclComm_t, &mut st) },
+        unsafe { nc::ncclCommGetAsyncError(comm.raw(), &mut st) },
         "ncclCommGetAsyncError",
     )?;
     Ok(st)
@@ -51,7 +51,7 @@ pub fn async_state(comm: usize) -> Result<u32> {
 /// Poll a non-blocking communicator until its pending operation is done, for at most
 /// `limit`. Err(TIMEOUT) when it is still in progress then (the caller aborts the
 /// communicator), Err(NCCL) on an NCCL error.
-pub fn wait_ready(comm: usize, limit: Duration, what: &str) -> Result<()> {
+pub fn wait_ready(comm: NcclComm, limit: Duration, what: &str) -> Result<()> {
     let t0 = Instant::now();
     loop {
         match async_state(comm)? {
@@ -112,7 +112,7 @@ pub fn init_nonblocking(
     config: &mut nc::ncclConfig_t,
     timeout: Duration,
     what: &str,
-) -> Result<usize> {
+) -> Result<NcclComm> {
     // SAFETY: zeroed POD id; filled by NCCL on the leader.
     let mut id: nc::ncclUniqueId = unsafe { std::mem::zeroed() };
     if bs.rank == leader {
@@ -135,8 +135,8 @@ pub fn init_nonblocking(
         unsafe { nc::ncclCommInitRankConfig(&mut comm, nranks as i32, id, rank as i32, config) },
         "ncclCommInitRankConfig",
     )?;
-    let raw = comm as usize;
-    if raw == 0 {
+    let raw = NcclComm::from_raw(comm);
+    if raw.is_null() {
         return Err(Error::new(
             K::Nccl,
             format!("creating {what} returned no communicator"),
@@ -144,7 +144,7 @@ pub fn init_nonblocking(
     }
     if pending && let Err(e) = wait_ready(raw, timeout, &format!("creating {what}")) {
         // SAFETY: the communicator created above, used nowhere else yet.
-        unsafe { nc::ncclCommAbort(raw as nc::ncclComm_t) };
+        unsafe { nc::ncclCommAbort(raw.raw()) };
         return Err(e);
     }
     Ok(raw)
@@ -166,7 +166,7 @@ pub fn unique_id() -> Result<[u8; 128]> {
 
 /// ncclCommInitRank through the bound NCCL on the calling thread's current device
 /// (collective over the `nranks` callers of the same id).
-pub fn comm_init_rank(id: &[u8; 128], nranks: i32, rank: i32) -> Result<usize> {
+pub fn comm_init_rank(id: &[u8; 128], nranks: i32, rank: i32) -> Result<NcclComm> {
     if nranks <= 0 || rank < 0 || rank >= nranks {
         crate::invalid!(
             "`nranks` = {nranks} and `rank` = {rank} are inconsistent (need 0 <= rank < nranks)"
@@ -186,18 +186,18 @@ pub fn comm_init_rank(id: &[u8; 128], nranks: i32, rank: i32) -> Result<usize> {
         unsafe { nc::ncclCommInitRank(&mut comm, nranks, uid, rank) },
         "ncclCommInitRank",
     )?;
-    Ok(comm as usize)
+    Ok(NcclComm::from_raw(comm))
 }
 
 /// ncclCommDestroy of a communicator created by [`comm_init_rank`].
-pub fn comm_destroy(comm: usize) -> Result<()> {
-    if comm == 0 {
+pub fn comm_destroy(comm: NcclComm) -> Result<()> {
+    if comm.is_null() {
         crate::invalid!("argument `comm` is NULL");
     }
     cuda::require(Lib::Nccl)?;
     // SAFETY: the caller passes a live communicator it owns.
     check(
-        unsafe { nc::ncclCommDestroy(comm as nc::ncclComm_t) },
+        unsafe { nc::ncclCommDestroy(comm.raw()) },
         "ncclCommDestroy",
     )
 }

@@ -24,7 +24,7 @@ use crate::cuda::dynlib::nccl_sys as nc;
 use crate::cuda::resources::{
     DeviceMem, HostMapped, Stream, copy_from_pinned_async, copy_to_pinned_async,
 };
-use crate::cuda::{ContextGuard, StreamHandle};
+use crate::cuda::{ContextGuard, NcclComm, StreamHandle};
 use crate::error::ErrorKind as K;
 use crate::error::{Error, Result};
 use std::sync::Mutex;
@@ -65,7 +65,7 @@ struct State {
 /// buffers: an allgather whose every wait is bounded by `timeout`, and which aborts the
 /// communicator (so no kernel of it stays on the GPU) when a wait runs out.
 pub struct Channel {
-    comm: usize,
+    comm: NcclComm,
     rank: usize,
     size: usize,
     timeout: Duration,
@@ -92,7 +92,7 @@ impl Channel {
         )?;
         let fail = |e: Error| {
             // SAFETY: the communicator created above, used nowhere else yet.
-            unsafe { nc::ncclCommAbort(raw as nc::ncclComm_t) };
+            unsafe { nc::ncclCommAbort(raw.raw()) };
             e
         };
         let bufs = Buffers::new(256, via.size).map_err(fail)?;
@@ -179,8 +179,8 @@ impl Channel {
                     b.recv.ptr.as_void(),
                     n,
                     nc::ncclDataType_t::ncclUint8,
-                    self.comm as nc::ncclComm_t,
-                    stream.raw() as nc::cudaStream_t,
+                    self.comm.raw(),
+                    stream.rt(),
                 )
             },
             "ncclAllGather",
@@ -228,7 +228,7 @@ impl Channel {
         // SAFETY: the live communicator; `aborted` makes this its last use. (Relaxed: NCCL
         // frees device memory; see NcclTransport's drop.)
         let _relaxed = crate::cuda::resources::RelaxedCapture::new();
-        unsafe { nc::ncclCommAbort(self.comm as nc::ncclComm_t) };
+        unsafe { nc::ncclCommAbort(self.comm.raw()) };
         if let Some(b) = st.bufs.take() {
             let t0 = Instant::now();
             let drained = loop {

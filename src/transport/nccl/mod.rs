@@ -19,17 +19,17 @@ pub mod api;
 pub mod channel;
 
 use super::{
-    Collectives, Entry, ErrorRecord, FailureKind, FlagSlot, FlagSlots, Group, MAX_PEERS, PeerSet,
-    RecvOp, SendOp, Timeout, Transport, TwoSided, WaitInfo,
+    Collectives, Constructor, ErrorRecord, FailureKind, FlagSlot, FlagSlots, Group, MAX_PEERS,
+    PeerSet, RecvOp, SendOp, Timeout, Transport, TwoSided, WaitInfo,
 };
 use crate::bootstrap::Bootstrap;
-use crate::cuda::StreamHandle;
 use crate::cuda::dynlib::nccl_sys as nc;
 use crate::cuda::resources::{DeviceMem, HostMapped};
 use crate::cuda::{
     self, Binding, ContextGuard, DevPtr, DeviceInfo, Kernel, Lib, Signature, nccl_check as check,
     nvrtc,
 };
+use crate::cuda::{NcclComm, StreamHandle};
 use crate::error::ErrorKind as K;
 use crate::error::{Error, Result};
 use crate::tensor::DType;
@@ -63,7 +63,7 @@ struct Progress {
 /// The group communicator, behind a lock: the object's thread enqueues with it, the
 /// watchdog polls and aborts it.
 struct Comm {
-    raw: usize,
+    raw: NcclComm,
     aborted: bool,
 }
 
@@ -150,7 +150,7 @@ impl Shared {
         // SAFETY: the live communicator; `aborted` (set above, under the lock) makes this
         // the only and last use of it. (Relaxed: see NcclTransport's drop.)
         let _relaxed = crate::cuda::resources::RelaxedCapture::new();
-        unsafe { nc::ncclCommAbort(raw as nc::ncclComm_t) };
+        unsafe { nc::ncclCommAbort(raw.raw()) };
     }
     /// Record `f` unless a failure is recorded already.
     fn record(&self, f: Timeout) {
@@ -297,7 +297,7 @@ fn init_group_comm(
     group: &[usize],
     tp_rank: usize,
     timeout: Duration,
-) -> Result<usize> {
+) -> Result<NcclComm> {
     // The group's communicator is made from a unique id of the group's first rank,
     // exchanged through the bootstrap, with ncclCommInitRankConfig (non-blocking, so the
     // wait for the group is bounded by the timeout). Not ncclCommSplit of the caller's
@@ -414,7 +414,7 @@ impl NcclTransport {
         // From here the communicator is ours: abort it on any failure.
         let fail = |e: Error| {
             // SAFETY: the communicator created above, not used elsewhere yet.
-            unsafe { nc::ncclCommAbort(raw as nc::ncclComm_t) };
+            unsafe { nc::ncclCommAbort(raw.raw()) };
             e
         };
         let alloc = || -> Result<_> {
@@ -481,7 +481,7 @@ impl NcclTransport {
             return Err(self.aborted_error());
         }
         let raw = c.raw;
-        let pending = f(raw as nc::ncclComm_t)?;
+        let pending = f(raw.raw())?;
         if !pending {
             return Ok(());
         }
@@ -560,7 +560,7 @@ impl NcclTransport {
                 t,
                 nc::ncclRedOp_t::ncclSum,
                 c,
-                stream.raw() as nc::cudaStream_t,
+                stream.rt(),
             )
         })
     }
@@ -573,7 +573,7 @@ impl NcclTransport {
         stream: StreamHandle,
     ) -> Result<()> {
         let u8t = nc::ncclDataType_t::ncclUint8;
-        let st = stream.raw() as nc::cudaStream_t;
+        let st = stream.rt();
         let timeout = self.shared.timeout;
         self.with_comm("ncclSend/ncclRecv", |c| {
             // SAFETY: grouped point-to-point calls on device ranges validated by the caller.
@@ -597,7 +597,11 @@ impl NcclTransport {
             let pending = check_nb(unsafe { nc::ncclGroupEnd() }, "ncclGroupEnd")?;
             if r.is_err() && pending {
                 // Nothing may be issued on a non-blocking communicator with a job pending.
-                let _ = wait_ready(c as usize, timeout, "ncclGroupEnd after a failed call");
+                let _ = wait_ready(
+                    NcclComm::from_raw(c),
+                    timeout,
+                    "ncclGroupEnd after a failed call",
+                );
             }
             r.map(|_| pending)
         })
@@ -627,7 +631,7 @@ impl Drop for NcclTransport {
         // abort when finalizing fails or runs out of time.
         // SAFETY: the live communicator created in `create`, released once, here.
         let finalized = match check_nb(
-            unsafe { nc::ncclCommFinalize(raw as nc::ncclComm_t) },
+            unsafe { nc::ncclCommFinalize(raw.raw()) },
             "ncclCommFinalize",
         ) {
             Ok(false) => true,
@@ -637,9 +641,9 @@ impl Drop for NcclTransport {
         // SAFETY: as above: the communicator is released exactly once.
         unsafe {
             if finalized {
-                nc::ncclCommDestroy(raw as nc::ncclComm_t);
+                nc::ncclCommDestroy(raw.raw());
             } else {
-                nc::ncclCommAbort(raw as nc::ncclComm_t);
+                nc::ncclCommAbort(raw.raw());
             }
         }
         c.aborted = true;
@@ -818,7 +822,7 @@ impl Collectives for NcclTransport {
                 bytes,
                 nc::ncclDataType_t::ncclUint8,
                 c,
-                stream.raw() as nc::cudaStream_t,
+                stream.rt(),
             )
         })
     }
@@ -826,8 +830,7 @@ impl Collectives for NcclTransport {
 
 /// The registry's entry: any placement; picked by auto when peer memory cannot reach the
 /// group.
-pub const ENTRY: Entry = Entry {
-    name: "nccl",
+pub const ENTRY: Constructor = Constructor {
     auto: |_| true,
     create: |s| {
         let st = s.settings;
