@@ -6,6 +6,7 @@ One command, one process driving every local GPU (JAX's default on one host):
     python3 examples/jax/mlp_with_overlap.py                          # bf16, overlap on
     python3 examples/jax/mlp_with_overlap.py --fp8-recipe delayed     # FP8 training, TE's DelayedScaling
     python3 examples/jax/mlp_with_overlap.py --fp8-recipe current     # FP8, current scaling (--fp8: the same)
+    python3 examples/jax/mlp_with_overlap.py --fp8-recipe block       # FP8 block scaling (jnp block math)
     python3 examples/jax/mlp_with_overlap.py --no-comm-overlap        # XLA's all_gather / psum_scatter
     python3 examples/jax/mlp_with_overlap.py --builds xla,layers,library --profile
 
@@ -145,7 +146,9 @@ def main():
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--fp8", action="store_true", help="FP8 training, current scaling (= --fp8-recipe current)")
-    p.add_argument("--fp8-recipe", choices=("delayed", "current"), help="FP8 training with TE's recipe (HYBRID)")
+    p.add_argument("--fp8-recipe", choices=("delayed", "current", "block"),
+                   help="FP8 training with TE's recipe: delayed / current (HYBRID) or block (Float8BlockScaling: "
+                        "e4m3, 1x128 / 128x128 blocks; the block math in jnp, XLA's collectives at tp > 1)")
     p.add_argument("--amax-history-len", type=int, default=1024, help="delayed scaling's history (TE's default)")
     p.add_argument("--no-comm-overlap", action="store_true", help="XLA's collectives, then the GEMMs (= --builds xla)")
     p.add_argument("--builds", help="comma-separated: layers, library, xla (default: layers, + library at tp 1)")
@@ -177,6 +180,8 @@ def main():
         recipe = tj.DelayedScaling(amax_history_len=a.amax_history_len)
     elif recipe_name == "current":
         recipe = tj.CurrentScaling()
+    elif recipe_name == "block":
+        recipe = tj.Float8BlockScaling()
     else:
         recipe = None
     if a.builds:
@@ -188,6 +193,13 @@ def main():
     for b in builds:
         if b not in ("layers", "library", "xla"):
             raise SystemExit(f"--builds: {b!r} is not layers, library or xla")
+    if recipe_name == "block":
+        # The layers run block scaling with XLA's collectives around the block GEMMs (the
+        # library has no block-scaled comm-GEMM or FP8 GEMM custom call yet): a forced
+        # library build would run the same program.
+        if "library" in builds and a.builds:
+            raise SystemExit("--fp8-recipe block: the library build has no block-scaled GEMM; use --builds layers")
+        builds = [b for b in builds if b != "library"]
     ctx = tj.tp_context(mesh, "tp") if any(b != "xla" for b in builds) else None
     bf = jnp.bfloat16
     specs = (P("tp", None), P("tp", None), P("tp"), P(None, "tp"), P())
@@ -246,7 +258,8 @@ def main():
     for build in builds:
         step, meta, prec = make_step(build)
         params = params0
-        name = {"layers": "layers" + (" (XLA's dot at tp 1)" if tp == 1 else " (library)"),
+        via = " (XLA's dot at tp 1)" if tp == 1 else (" (XLA collectives)" if recipe_name == "block" else " (library)")
+        name = {"layers": "layers" + via,
                 "library": "layers, library forced", "xla": "XLA collectives + dots"}[build]
         print(f"--- {name}, {prec}", flush=True)
         # Step 1 compiles; then a steady stream with at most two steps queued (no per-step

@@ -3,7 +3,7 @@
 workflow, on transformer_engine_comm).
 
     torchrun --nnodes=1 --nproc-per-node=$(nvidia-smi -L | wc -l) \\
-        examples/pytorch/layer_with_overlap.py [--fp8 [--fp8-recipe delayed|current]] \\
+        examples/pytorch/layer_with_overlap.py [--fp8 [--fp8-recipe delayed|current|block]] \\
         [--no-comm-overlap] [--num-replicas N] [--cuda-graph] [--profile]
 
 Without a GPU (a smoke test of seconds: a world of one on gloo, the reference build, small
@@ -25,8 +25,11 @@ sharded across its TP group (sequence parallelism). ``--no-comm-overlap`` builds
 model on plain torch.distributed (NCCL) collectives and torch matmuls: the reference.
 
 FP8 (``--fp8``): TE's recipes from ``transformer_engine_comm.torch.fp8``, ``--fp8-recipe
-delayed`` (DelayedScaling: HYBRID, amax history; the default) or ``current``
-(Float8CurrentScaling). One micro-batch per optimizer step: the model is called with
+delayed`` (DelayedScaling: HYBRID, amax history; the default), ``current``
+(Float8CurrentScaling) or ``block`` (Float8BlockScaling, DeepSeek-V3's: e4m3, one
+power-of-2 scale per 1 x 128 block of the activations and gradients and per 128 x 128 tile
+of the weights; the library's block casts and block-scaled GEMMs, torch.distributed
+collectives in bf16 around them at tp > 1: the ``ub_*`` overlap does not apply to it yet). One micro-batch per optimizer step: the model is called with
 ``is_first_microbatch=True`` (TE's semantics), so the FP8 weights are cast once per step.
 The optimizer is Adam, fused on CUDA (``torch.optim.Adam(fused=True)``'s kernels through
 ``transformer_engine_comm.torch.optim.LeanFusedAdam``, whose step costs less host time).
@@ -49,7 +52,7 @@ step: at most two steps are queued, and the losses are read when it ends), the m
 to its last enqueue: nothing inside the step synchronizes; same iterations, maximum over
 ranks) and, last, one machine-readable line:
 
-    RESULT mode=<overlap|no-overlap> fp8=<0|1> recipe=<none|delayed|current> graph=<0|1>
+    RESULT mode=<overlap|no-overlap> fp8=<0|1> recipe=<none|delayed|current|block> graph=<0|1>
         forced=<0|1> tp=<n> dp=<n> step_ms=<x> host_ms=<h> final_loss=<y> losses=<l1,l2,...>
 
 (one line). ``--profile`` adds a step breakdown from ``torch.profiler`` (CUDA activities)
@@ -102,6 +105,7 @@ except ImportError:  # running from the source tree without PYTHONPATH=python
     import transformer_engine_comm  # noqa: F401
 
 from transformer_engine_comm.torch import modules as te_comm_modules
+from transformer_engine_comm.recipe import RECIPE_NAMES
 from transformer_engine_comm.torch.fp8 import recipe_from_name
 
 WORLD_RANK = int(os.environ.get("RANK", "0"))
@@ -149,8 +153,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=1e-4,
                    help="Adam learning rate (1e-4: a smooth fall at the default size; 1e-3 overshoots there)")
     p.add_argument("--fp8", action="store_true", help="FP8 GEMMs with TE's recipe --fp8-recipe")
-    p.add_argument("--fp8-recipe", choices=("delayed", "current"), default=None,
-                   help="with --fp8: delayed (DelayedScaling, HYBRID; the default) or current (Float8CurrentScaling)")
+    p.add_argument("--fp8-recipe", choices=RECIPE_NAMES, default=None,
+                   help="with --fp8: delayed (DelayedScaling, HYBRID; the default), current (Float8CurrentScaling) "
+                        "or block (Float8BlockScaling: 1x128 / 128x128 blocks, e4m3, power-of-2 scales)")
     p.add_argument("--no-comm-overlap", action="store_true",
                    help="reference build: torch.distributed collectives + torch matmuls")
     p.add_argument("--num-replicas", type=int, default=1, help="data-parallel replicas (TP size = world / N)")

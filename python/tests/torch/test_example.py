@@ -132,7 +132,7 @@ def test_result_line(example):
          "step_ms": 1.5, "host_ms": 0.75, "host_ms_median": 0.5, "final_loss": 0.25, "losses": [0.5, 0.25]}
     line = example.result_line(r)
     m = re.fullmatch(
-        r"RESULT mode=(overlap|no-overlap) fp8=([01]) recipe=(none|delayed|current) graph=([01]) forced=([01]) "
+        r"RESULT mode=(overlap|no-overlap) fp8=([01]) recipe=(none|delayed|current|block) graph=([01]) forced=([01]) "
         r"tp=(\d+) dp=(\d+) step_ms=([0-9.]+) host_ms=([0-9.]+) host_ms_median=([0-9.]+) final_loss=([0-9.]+) "
         r"losses=([0-9.,]+)",
         line,

@@ -11,6 +11,7 @@ tensor-parallel all-gather / reduce-scatter / all-reduce with the GEMM.
   :func:`mlp` (``transformer_engine_comm.jax.layers``), bf16 or FP8 in forward and
   backward with TE's recipes (:class:`DelayedScaling` with its functional state
   :class:`FP8Meta`, :class:`Float8CurrentScaling` -- also named :class:`CurrentScaling`;
+  :class:`Float8BlockScaling`, block FP8 numerics in jnp at tp 1;
   the classes of :mod:`transformer_engine_comm.recipe`, shared with the torch side;
   ``transformer_engine_comm.jax.fp8``).
 
@@ -21,6 +22,7 @@ from ._context import TPContext, close_all, live_contexts, tp_context
 from .fp8 import (
     CurrentScaling,
     DelayedScaling,
+    Float8BlockScaling,
     Float8CurrentScaling,
     FP8Meta,
     Format,
@@ -44,6 +46,7 @@ from .ops import (
 __all__ = [
     "CurrentScaling",
     "DelayedScaling",
+    "Float8BlockScaling",
     "Float8CurrentScaling",
     "FP8Meta",
     "Format",

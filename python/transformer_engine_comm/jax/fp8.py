@@ -22,6 +22,13 @@ takes) and the delayed-scaling state.
   this module's earlier name): each tensor's scale from its own amax, computed before it
   is quantized (no state). The layers take its default ``amax_epsilon=0`` and
   ``force_pow_2_scales=False`` only (others are refused, not ignored).
+- :class:`Float8BlockScaling` (TE's; TE-JAX lacks it): one scale per 1 x 128 block (1D:
+  inputs and gradients by default) or 128 x 128 tile (2D: weights), e4m3, power-of-2
+  scales, no state. Quantized in jnp (:func:`quantize_block`); the library exposes no
+  block-scaled FP8 GEMM to XLA yet, so the GEMMs are the dots of the dequantized block
+  operands (:func:`block_dot`): the block FP8 numerics, exact, at bf16 GEMM speed. At
+  tp > 1 the layers communicate with XLA's collectives around them (no block-scaled
+  comm-GEMM in the library yet).
 
 Delayed scaling is functional: the state is a pytree of :class:`FP8Meta` (one per layer:
 the amax history ``[amax_history_len, 3]`` and the scale ``[3]`` of its three FP8 tensors,
@@ -57,7 +64,8 @@ from typing import NamedTuple, Optional, Tuple
 import numpy as np
 
 from .. import _core
-from ..recipe import DelayedScaling, Float8CurrentScaling, Format, Recipe, recipe_from_name
+from ..recipe import BLOCK_LEN, DelayedScaling, Float8BlockScaling, Float8CurrentScaling, Format, MMParams, QParams
+from ..recipe import Recipe, recipe_from_name
 
 INPUT, WEIGHT, GRAD = 0, 1, 2
 ROLES = ("input", "weight", "grad_output")
@@ -99,12 +107,14 @@ def as_recipe(fp8) -> Optional[Recipe]:
                              "replicated over the TP axis, so its amaxes are max-reduced over it (TE-JAX requires "
                              "reduce_amax=True too)")
         return fp8
+    if isinstance(fp8, Float8BlockScaling):
+        return fp8
     if isinstance(fp8, Float8CurrentScaling):
         if fp8.amax_epsilon != 0.0 or fp8.force_pow_2_scales:
             raise ValueError("Float8CurrentScaling: the JAX layers take amax_epsilon=0.0 and force_pow_2_scales=False "
                              f"only, got amax_epsilon={fp8.amax_epsilon}, force_pow_2_scales={fp8.force_pow_2_scales}")
         return fp8
-    raise TypeError(f"fp8={fp8!r}: a bool, DelayedScaling or Float8CurrentScaling")
+    raise TypeError(f"fp8={fp8!r}: a bool, DelayedScaling, Float8CurrentScaling or Float8BlockScaling")
 
 
 class FP8Meta(NamedTuple):
@@ -237,3 +247,170 @@ def fp8_dot(a, a_scale_inv, b, b_scale_inv, dims, out_dtype, split_accumulator: 
     y = jax.lax.optimization_barrier(jax.lax.dot_general(a, b, (dims, ((), ())), precision=prec,
                                                          preferred_element_type=acc))
     return (y.astype(f32) * s).astype(out_dtype)
+
+
+# ---- block scaling (Float8BlockScaling): jnp casts and the block math -------------------
+#
+# One float32 scale per 1 x 128 block of a row (1D) or 128 x 128 tile (2D), each from its
+# own block's amax (TE's compute_scale_from_amax with the role's QParams). The library
+# exposes no block-scaled FP8 GEMM to XLA yet, so a block GEMM here is the dot of the
+# dequantized operands: with power-of-2 scales every dequantized value (an e4m3 value times
+# 2^k) is exact in bf16, so a bf16 dot with f32 accumulation computes exactly the products
+# a block-scaled FP8 GEMM sums (at bf16 GEMM speed, not FP8's); other scales dequantize to
+# f32 (Precision.HIGHEST). An optimization barrier sits on the FP8 arrays so that XLA
+# cannot fold the f32 -> f8 -> f32 conversions away (see fp8_dot).
+
+
+class BlockQ(NamedTuple):
+    """A block-scaled cast in rowwise form: ``q`` ``[rows, cols]`` FP8 and ``scale_inv`` per
+    block, ``[rows, ceil(cols/128)]`` (1D) or ``[ceil(rows/128), ceil(cols/128)]`` (2D). The
+    block dimensionality is static (the recipe's), not part of the pytree."""
+
+    q: object
+    scale_inv: object
+
+
+def _split12(v):
+    """``v = hi + lo`` with ``hi`` the top 12 significant bits (the low 12 mantissa bits
+    cleared by a mask: unlike Veltkamp's split, no fused multiply-add can change it) and
+    ``lo`` the rest (exact): their pairwise products are exact in f32."""
+    import jax
+    import jax.numpy as jnp
+
+    hi = jax.lax.bitcast_convert_type(jax.lax.bitcast_convert_type(v, jnp.int32) & jnp.int32(-4096), jnp.float32)
+    return hi, v - hi
+
+
+def _residual(n, q, d):
+    """``n - q d`` for ``q`` within a few ulps of ``n / d`` (mantissas in [0.5, 2)), to far
+    better than the ``d * ulp(q) / 2`` that separates neighbouring quotients: the product
+    as four exact partial products, subtracted largest first (the first difference is
+    exact), so neither rounding nor FMA contraction can reorder two candidates."""
+    qh, ql = _split12(q)
+    dh, dl = _split12(d)
+    return (((n - qh * dh) - qh * dl) - ql * dh) - ql * dl
+
+
+def div_rn(n, d):
+    """``n / d`` correctly rounded in f32 (CUDA's ``__fdiv_rn``, what TE's scale kernels
+    use), for positive finite operands: XLA's GPU backend divides with an approximate
+    instruction, off by an ulp at times, which a bit-exact scale must not be. The quotient
+    is corrected to whichever neighbour leaves the smallest residual ``n - q d``."""
+    import jax.numpy as jnp
+
+    n = jnp.asarray(n, jnp.float32)
+    d = jnp.asarray(d, jnp.float32)
+    # Divide the mantissas (in [0.5, 1): the exact products below neither overflow nor
+    # underflow), then scale by the exponents' difference (exact for a normal quotient).
+    mn, en = jnp.frexp(n)
+    md, ed = jnp.frexp(d)
+    q = _div_mantissas(mn, md)
+    return jnp.where((n > 0) & (d > 0) & jnp.isfinite(n) & jnp.isfinite(d), jnp.ldexp(q, en - ed), n / d)
+
+
+def _div_mantissas(n, d, q0=None):
+    """``n / d`` correctly rounded for ``n``, ``d`` in [0.5, 1), from a first quotient
+    ``q0`` within an ulp (the backend's division when not given)."""
+    import jax.numpy as jnp
+
+    q0 = n / d if q0 is None else q0
+    best, best_r = q0, None
+    for q in (jnp.nextafter(q0, jnp.float32(0.0)), q0, jnp.nextafter(q0, jnp.float32(jnp.inf))):
+        r = jnp.abs(_residual(n, q, d))
+        if best_r is None:
+            best, best_r = q, r
+        else:
+            take = r < best_r
+            best, best_r = jnp.where(take, q, best), jnp.where(take, r, best_r)
+    return best
+
+
+def block_scales(amax, fp8_max: float, eps: float = 0.0, pow2: bool = True, value_for_inf: float = FLT_MAX):
+    """TE's ``compute_scale_from_amax`` per block: amax floored at ``eps``; 1 for an amax of
+    0, inf or NaN; ``fp8_max / amax`` (``value_for_inf``, the input dtype's max, where that
+    overflows), the mantissa cleared with ``pow2``."""
+    import jax
+    import jax.numpy as jnp
+
+    a = jnp.asarray(amax, jnp.float32)
+    if eps > 0:
+        a = jnp.maximum(a, jnp.float32(eps))
+    ok = (a > 0) & jnp.isfinite(a)
+    s = jnp.where(ok, div_rn(jnp.float32(fp8_max), jnp.where(ok, a, 1.0)), jnp.float32(1.0))
+    s = jnp.where(jnp.isinf(s), jnp.float32(value_for_inf), s)
+    if pow2:
+        bits = jax.lax.bitcast_convert_type(s, jnp.int32) & jnp.int32(-8388608)  # 0xFF800000
+        s = jax.lax.bitcast_convert_type(bits, jnp.float32)
+    return s
+
+
+def quantize_block(x, block_dim: int, *, power_2_scale: bool = True, amax_epsilon: float = 0.0,
+                   dtype="float8_e4m3fn") -> BlockQ:
+    """Block-scaled cast of ``x``'s 2-D view ``[rows, x.shape[-1]]`` (rowwise: blocks along
+    the rows; pass ``x.T`` for the columnwise form of a 1D cast)."""
+    import jax.numpy as jnp
+
+    if block_dim not in (1, 2):
+        raise ValueError(f"block_dim must be 1 or 2, got {block_dim!r}")
+    dtype = jnp.dtype(dtype)
+    fmax = FP8_MAX[dtype.name]
+    vinf = float(jnp.finfo(x.dtype).max) if jnp.issubdtype(x.dtype, jnp.floating) else FLT_MAX
+    x2 = x.reshape(-1, x.shape[-1]).astype(jnp.float32)
+    r, c = x2.shape
+    b = BLOCK_LEN
+    nb = -(-c // b)
+    mb = -(-r // b) if block_dim == 2 else r
+    rp = mb * b if block_dim == 2 else r
+    xp = jnp.pad(x2, ((0, rp - r), (0, nb * b - c)))
+    if block_dim == 1:
+        t = xp.reshape(r, nb, b)
+        amax = jnp.max(jnp.where(jnp.isnan(t), 0.0, jnp.abs(t)), axis=-1, initial=0.0)
+        s = block_scales(amax, fmax, amax_epsilon, power_2_scale, vinf)
+        q = jnp.clip(t * s[:, :, None], -fmax, fmax).astype(dtype).reshape(r, nb * b)[:, :c]
+    else:
+        t = xp.reshape(mb, b, nb, b)
+        amax = jnp.max(jnp.where(jnp.isnan(t), 0.0, jnp.abs(t)), axis=(1, 3), initial=0.0)
+        s = block_scales(amax, fmax, amax_epsilon, power_2_scale, vinf)
+        q = jnp.clip(t * s[:, None, :, None], -fmax, fmax).astype(dtype).reshape(rp, nb * b)[:r, :c]
+    return BlockQ(q, div_rn(jnp.float32(1.0), s))
+
+
+def block_columnwise(x, block_dim: int, **kw) -> BlockQ:
+    """The columnwise form of a block cast: the transposed tensor ``[cols, rows]`` quantized
+    along its rows (1D: a cast of ``x.T``, not the transposed rowwise bytes; 2D: a tile is
+    the same tile of the transpose)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    if block_dim == 1:
+        return quantize_block(x2.T, 1, **kw)
+    r = quantize_block(x2, 2, **kw)
+    return BlockQ(r.q.T, r.scale_inv.T)
+
+
+def dequantize_block(t: BlockQ, block_dim: int, dtype="float32"):
+    """``dtype(q * scale_inv)`` of a rowwise block cast."""
+    import jax.numpy as jnp
+
+    r, c = t.q.shape
+    s = jnp.repeat(t.scale_inv, BLOCK_LEN, axis=1)[:, :c]
+    if block_dim == 2:
+        s = jnp.repeat(s, BLOCK_LEN, axis=0)[:r]
+    return (t.q.astype(jnp.float32) * s).astype(dtype)
+
+
+def block_dot(a: BlockQ, a_dim: int, b: BlockQ, b_dim: int, out_dtype, exact_bf16: bool = True):
+    """``a @ b^T`` (``a`` ``[M, K]``, ``b`` ``[N, K]``, rowwise forms) with the block FP8
+    GEMM's numerics: the dot of the dequantized operands, f32 accumulation (bf16 operands
+    when ``exact_bf16`` -- power-of-2 scales, where the dequantized values are exact in
+    bf16 --, else f32 operands at Precision.HIGHEST)."""
+    import jax
+    import jax.numpy as jnp
+
+    if a_dim == 2 and b_dim == 2:
+        raise ValueError("block_dot: a 2D by 2D block GEMM is not supported (as in TE)")
+    qa, qb = jax.lax.optimization_barrier((a.q, b.q))
+    ct = jnp.bfloat16 if exact_bf16 else jnp.float32
+    da = dequantize_block(BlockQ(qa, a.scale_inv), a_dim, ct)
+    db = dequantize_block(BlockQ(qb, b.scale_inv), b_dim, ct)
+    prec = None if exact_bf16 else jax.lax.Precision.HIGHEST
+    y = jax.lax.dot_general(da, db, (((1,), (1,)), ((), ())), precision=prec, preferred_element_type=jnp.float32)
+    return y.astype(out_dtype)

@@ -37,6 +37,17 @@ FP8 gradient and keeps it likewise. A gathered tensor's scale is the same on eve
 device (its amax max-reduced over the axis; with delayed scaling every recorded amax is,
 so the replicated state stays identical).
 
+Block scaling (``fp8=Float8BlockScaling()``; TE-JAX lacks it): the input, weight and
+output gradient are quantized in jnp per block (1D / 2D by the recipe's dims: rowwise for
+one GEMM, the transposed tensor quantized along its rows for the other, as TE's casts);
+the GEMMs are the dots of the dequantized block operands (:func:`block_dot
+<transformer_engine_comm.jax.fp8.block_dot>`: the block FP8 numerics at bf16 GEMM speed,
+since the library exposes no block-scaled FP8 GEMM to XLA yet). At tp > 1 (inside
+``shard_map``) the communication is XLA's own collectives in the activations' dtype
+(all-gather of the input / output gradient before their casts, reduce-scatter or
+all-reduce of the f32 partial sums after the GEMMs), not the library's comm-GEMMs, which
+take no block-scaled operands yet; ``library`` does not apply to it.
+
 Routing: where nothing is communicated (tp = 1) the layers lower to XLA's own dot and
 fusions (bf16: the plain jnp expression; FP8: the same FP8 GEMMs through XLA), since the
 library would add only overhead there. ``library=True`` (or the environment variable
@@ -286,12 +297,94 @@ def _fp8_layer():
 _fp8 = _fp8_layer()
 
 
+# ---------------------------------------------------------------- block-scaled FP8
+
+
+def _block_casts(t, role: int, r, columnwise: bool):
+    """(rowwise, columnwise or None) block casts of ``t`` for ``role`` under recipe ``r``."""
+    d, q = r.block_dims[role], r.qparams[role]
+    kw = dict(power_2_scale=q.power_2_scale, amax_epsilon=q.amax_epsilon)
+    return _f8.quantize_block(t, d, **kw), (_f8.block_columnwise(t, d, **kw) if columnwise else None)
+
+
+def _block_exact_bf16(r) -> bool:
+    return all(q.power_2_scale for q in r.qparams)
+
+
+def _block_kind(cfg: _Cfg) -> str:
+    """The block path's communication: the layer's kind at tp > 1 (XLA's collectives over
+    the axis), "local" at tp = 1 (nothing to communicate, whatever ``library`` says)."""
+    if cfg.ctx.size == 1:
+        return "local"
+    if cfg.kind != "local" and not _axis_bound(cfg.ctx.axis):
+        raise ValueError(f"Float8BlockScaling at tp = {cfg.ctx.size} runs inside shard_map over {cfg.ctx.axis!r}")
+    return cfg.kind
+
+
+def _block_fwd(x, w, bias, cfg: _Cfg):
+    r = cfg.recipe
+    xd, wd, _ = r.block_dims
+    kind, ax = _block_kind(cfg), cfg.ctx.axis
+    out_dt = x.dtype if x.dtype in (jnp.bfloat16, jnp.float16, jnp.float32) else jnp.bfloat16
+    if kind == "col_sp":  # the input gathered over the tokens before its casts
+        x = jax.lax.all_gather(x, ax, axis=0, tiled=True)
+    xr, xc = _block_casts(x, _f8.INPUT, r, True)
+    wr, wc = _block_casts(w, _f8.WEIGHT, r, True)
+    exact = _block_exact_bf16(r)
+    if kind in ("row_sp", "row_ar"):  # partial sums reduced in f32 over the axis
+        y = _f8.block_dot(xr, xd, wr, wd, jnp.float32, exact)
+        y = (jax.lax.psum_scatter(y, ax, scatter_dimension=0, tiled=True) if kind == "row_sp"
+             else jax.lax.psum(y, ax)).astype(out_dt)
+    else:
+        y = _f8.block_dot(xr, xd, wr, wd, out_dt, exact)
+    if bias is not None:
+        y = y + bias.astype(out_dt)
+    # Saved: the columnwise casts (x^T -- of the gathered input -- for the wgrad, w^T for
+    # the dgrad), FP8.
+    return y, (xc, wc, bias, jnp.zeros((0,), x.dtype), jnp.zeros((0,), w.dtype))
+
+
+def _block_bwd(cfg: _Cfg, res, dy):
+    xc, wc, bias, x_dt, w_dt = res
+    r = cfg.recipe
+    xd, wd, gd = r.block_dims
+    kind, ax = _block_kind(cfg), cfg.ctx.axis
+    exact = _block_exact_bf16(r)
+    out_dt = x_dt.dtype if x_dt.dtype in (jnp.bfloat16, jnp.float16, jnp.float32) else jnp.bfloat16
+    g = dy
+    if kind == "row_sp":  # dY gathered over the tokens before its casts
+        g = jax.lax.all_gather(dy, ax, axis=0, tiled=True)
+    elif kind == "row_ar":  # replicated output: each device holds 1/tp of its cotangent (see _bf16_bwd)
+        g = dy * cfg.ctx.size
+    gr, gc = _block_casts(g, _f8.GRAD, r, True)
+    if kind == "col_sp":  # dx = RS(dy . w), reduced in f32
+        dx = _f8.block_dot(gr, gd, wc, wd, jnp.float32, exact)  # dy [T, N/tp] . (w^T [K, N/tp])^T
+        dx = jax.lax.psum_scatter(dx, ax, scatter_dimension=0, tiled=True).astype(out_dt)
+    else:
+        dx = _f8.block_dot(gr, gd, wc, wd, out_dt, exact)
+    dw = _f8.block_dot(gc, gd, xc, xd, w_dt.dtype, exact)  # dy^T [N, T] . (x^T [K, T])^T
+    return dx, dw, _bias_share(bias, dy)
+
+
+def _block_layer():
+    f = jax.custom_vjp(lambda x, w, bias, cfg: _block_fwd(x, w, bias, cfg)[0], nondiff_argnums=(3,))
+    f.defvjp(_block_fwd, _block_bwd)
+    return f
+
+
+_block = _block_layer()
+
+
 def _dense(x, w, bias, cfg: _Cfg, meta):
     r = cfg.recipe
     if r is None:
         if cfg.kind == "local" or not cfg.library:
             return _xla_dense(x, w, bias)
         return _bf16(x, w, bias, cfg)
+    if r.block:
+        if meta is not None:
+            raise ValueError("Float8BlockScaling has no state: pass fp8_meta=None")
+        return _block(x, w, bias, cfg)
     if r.delayed:
         if not isinstance(meta, FP8Meta):
             raise TypeError("DelayedScaling needs fp8_meta (tj.fp8_meta_init(recipe)); got "

@@ -10,6 +10,8 @@ again creates none.
 """
 from __future__ import annotations
 
+import collections
+import threading
 
 import torch
 
@@ -43,6 +45,16 @@ class Backend:
         self._dq = lib.nvte_dequantize
         self._err = lib.nvte_comm_last_status
         self._configs = {}
+        self._gemm = lib.nvte_cublas_gemm
+        self._blocks = collections.OrderedDict()  # block-scaled handles by description (LRU)
+        self._blocks_lock = threading.Lock()
+        self.has_block = _block_tensors_supported(lib)
+        # Whether nvte_quantize casts into block tensors: None until the first block cast
+        # tells (fp8.quantize_block sets it; False: the torch arithmetic writes them).
+        self.block_quantize = None
+        # The GEMM cannot be probed without a GPU call: a library whose block tensors exist
+        # but whose GEMM refuses them reports that error from the first block GEMM.
+        self.has_block_gemm = self.has_block
 
     def _check(self, what):
         if self._err() != 0:
@@ -116,6 +128,95 @@ class Backend:
         self._dq(self._h(key), self._in(out), self._stream(q))
         self._check("dequantize")
         return out
+
+
+    # ---------------------------------------------------------------- block scaling
+
+    def _block_handle(self, block_dim, fp8_dt, q, si, qt, sit):
+        """An NVTE_BLOCK_SCALING_1D/2D handle (TE's layout: rowwise data [rows, cols],
+        columnwise data [cols, rows], each with its GEMM-ready float32 scale_inv), cached by
+        its description; the least recently used beyond 512 are destroyed."""
+        parts = tuple(
+            (int(param), t.data_ptr(), dt, tuple(t.shape))
+            for param, t, dt in ((_P.kNVTERowwiseData, q, fp8_dt), (_P.kNVTERowwiseScaleInv, si, _F32),
+                                 (_P.kNVTEColumnwiseData, qt, fp8_dt), (_P.kNVTEColumnwiseScaleInv, sit, _F32))
+            if t is not None)
+        key = (block_dim, parts)
+        with self._blocks_lock:
+            h = self._blocks.get(key)
+            if h is not None:
+                self._blocks.move_to_end(key)
+                return h._handle
+        mode = _capi.ScalingMode.NVTE_BLOCK_SCALING_1D if block_dim == 1 else _capi.ScalingMode.NVTE_BLOCK_SCALING_2D
+        raw = self._lib.nvte_create_tensor(int(mode))
+        if not raw:
+            _capi._raise_last("nvte_create_tensor(block scaling)")
+        h = _capi.Tensor.from_handle(raw)
+        try:
+            for param, ptr, dt, shape in parts:
+                h.set_param(param, ptr, dt, shape)
+        except BaseException:
+            h.close()
+            raise
+        with self._blocks_lock:
+            self._blocks[key] = h
+            while len(self._blocks) > 512:
+                self._blocks.popitem(last=False)[1].close()
+        return h._handle
+
+    def quantize_block(self, x2, fp8_dtype, block_dim, rowwise, columnwise, pow2, eps):
+        """``nvte_quantize_v2`` of the 2-D ``x2`` into a block-scaled tensor -> (q, scale_inv,
+        q_t, scale_inv_t), the forms not asked for None."""
+        from .fp8 import block_scale_shape
+
+        rows, cols = x2.shape
+        dev = x2.device
+        q = torch.empty((rows, cols), dtype=fp8_dtype, device=dev) if rowwise else None
+        si = (torch.empty(block_scale_shape(rows, cols, block_dim), dtype=torch.float32, device=dev)
+              if rowwise else None)
+        qt = torch.empty((cols, rows), dtype=fp8_dtype, device=dev) if columnwise else None
+        sit = (torch.empty(block_scale_shape(rows, cols, block_dim, columnwise=True), dtype=torch.float32,
+                           device=dev) if columnwise else None)
+        if rows and cols:
+            out = self._block_handle(block_dim, int(_DT[fp8_dtype]), q, si, qt, sit)
+            self._q(self._in(x2), out, self._config(eps, pow2), self._stream(x2))
+            self._check("quantize_block")
+        return q, si, qt, sit
+
+    def block_gemm(self, a, b, out_dtype, bias=None, dgelu_pre=None):
+        """``a @ b^T (+ bias)`` of two block operands (rowwise forms) by TE's TN
+        nvte_cublas_gemm (A = b [N, K], B = a [M, K], D [M, N]; the bias [N] or DGELU with
+        ``dgelu_pre`` [M, N] in the epilogue), split accumulation, 32 MiB workspace."""
+        from .gemm import _WORKSPACE_BYTES, _workspace
+
+        m, n = a.data.shape[0], b.data.shape[0]
+        dev = a.data.device
+        out = torch.empty((m, n), dtype=out_dtype, device=dev)
+        dt = int(_DT[a.data.dtype])
+        ha = self._block_handle(b.block_dim, int(_DT[b.data.dtype]), b.data, b.scale_inv, None, None)
+        hb = self._block_handle(a.block_dim, dt, a.data, a.scale_inv, None, None)
+        hd = self._h(((out.data_ptr(), int(_DT[out_dtype]), (m, n)),))
+        stream = self._stream(a.data)
+        ws = self._h(((_workspace(dev, stream or 0), int(_capi.DType.kNVTEByte), (_WORKSPACE_BYTES,)),))
+        hbias = self._in(bias.reshape(-1)) if bias is not None else None
+        hpre = self._in(dgelu_pre) if dgelu_pre is not None else None
+        grad = dgelu_pre is not None
+        self._gemm(ha, hb, hd, hbias, hpre, True, False, grad, ws, False, True, 0, stream)
+        self._check("block_gemm")
+        return out
+
+
+def _block_tensors_supported(lib) -> bool:
+    """Whether the library creates NVTE_BLOCK_SCALING_1D tensors (older builds refuse them:
+    a NULL handle and a recorded error, cleared here)."""
+    try:
+        h = lib.nvte_create_tensor(int(_capi.ScalingMode.NVTE_BLOCK_SCALING_1D))
+    except Exception:  # noqa: BLE001
+        return False
+    ok = bool(h) and lib.nvte_comm_last_status() == 0
+    if h:
+        lib.nvte_destroy_tensor(h)
+    return ok
 
 
 def backend():

@@ -41,17 +41,31 @@ value back to the host, so every cast can be captured in a CUDA graph.
 
 from __future__ import annotations
 
+import warnings
 from typing import NamedTuple, Optional, Tuple
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from .. import _core
 from ..recipe import AMAX_COMPUTE_ALGOS as _AMAX_ALGOS
-from ..recipe import DelayedScaling, Float8CurrentScaling, Format, Recipe, recipe_from_name
+from ..recipe import BLOCK_LEN, block_scale_shape
+from ..recipe import DelayedScaling, Float8BlockScaling, Float8CurrentScaling, Format, MMParams, QParams
+from ..recipe import Recipe, recipe_from_name
 
 __all__ = [
+    "BLOCK_LEN",
+    "BlockFp8Tensor",
+    "BlockOperand",
     "DelayedScaling",
+    "Float8BlockScaling",
+    "MMParams",
+    "QParams",
+    "block_gemm",
+    "block_scale_shape",
+    "dequantize_block",
+    "quantize_block",
     "Float8CurrentScaling",
     "Format",
     "Fp8Meta",
@@ -433,3 +447,237 @@ class Fp8Meta:
             q, q_t = quantize(x, self.fp8_dtype, self.scale, scale_inv=scale_inv,
                               rowwise=rowwise, columnwise=columnwise)
         return Fp8Tensor(q, q_t, scale_inv, self.fp8_dtype)
+
+
+# ------------------------------------------------------------------- block scaling
+#
+# Float8BlockScaling (TE's, DeepSeek-V3's): one float32 scale per 1 x 128 block of a row
+# (1D) or per 128 x 128 tile (2D), each from its own block's amax. A cast writes the
+# rowwise form (data [rows, cols], blocks along the rows) and/or the columnwise form
+# (data [cols, rows] = the transposed tensor, quantized along the columns -- not the
+# transpose of the rowwise bytes: for 1D blocks the two differ), each with its scale_inv
+# in TE's GEMM-ready layout (``block_scale_shape``). The columnwise form of a tensor is the
+# rowwise form of its transpose, so every block GEMM is TN on rowwise forms.
+
+
+class BlockOperand(NamedTuple):
+    """One block-scaled GEMM operand in rowwise form: ``data`` ``[rows, cols]`` FP8 with
+    blocks along its rows, ``scale_inv`` in the GEMM-ready layout of
+    :func:`block_scale_shape` for ``block_dim``."""
+
+    data: torch.Tensor
+    scale_inv: torch.Tensor
+    block_dim: int
+
+
+class BlockFp8Tensor(NamedTuple):
+    """A block-scaled cast of a ``[rows, cols]`` view: ``data`` / ``scale_inv`` (rowwise)
+    and ``data_t`` / ``scale_inv_t`` (columnwise: the transposed tensor ``[cols, rows]``
+    quantized along its rows), either pair None when not asked for."""
+
+    data: Optional[torch.Tensor]
+    scale_inv: Optional[torch.Tensor]
+    data_t: Optional[torch.Tensor]
+    scale_inv_t: Optional[torch.Tensor]
+    block_dim: int
+    dtype: torch.dtype
+
+    def rowwise(self) -> BlockOperand:
+        if self.data is None:
+            raise ValueError("this block cast has no rowwise data")
+        return BlockOperand(self.data, self.scale_inv, self.block_dim)
+
+    def columnwise(self) -> BlockOperand:
+        """The transposed tensor's rowwise form (what the dgrad and wgrad GEMMs take)."""
+        if self.data_t is None:
+            raise ValueError("this block cast has no columnwise data")
+        return BlockOperand(self.data_t, self.scale_inv_t, self.block_dim)
+
+
+def _block_scales(amax: torch.Tensor, fmax: float, eps: float, pow2: bool, value_for_inf: float) -> torch.Tensor:
+    """TE's ``compute_scale_from_amax`` per block (recipe_common.cuh): amax floored at eps;
+    scale 1 for an amax of 0, inf or NaN; fp8_max / amax (the input dtype's max where that
+    overflows), its mantissa cleared with ``pow2``."""
+    a = torch.clamp_min(amax, float(eps)) if eps > 0 else amax
+    s = torch.full_like(a, fmax) / a
+    s = torch.where(torch.isinf(s), torch.full_like(s, value_for_inf), s)
+    s = torch.where((a > 0) & torch.isfinite(a), s, torch.ones_like(s))
+    if pow2:
+        s = (s.view(torch.int32) & -8388608).view(torch.float32)  # 0xFF800000: sign + exponent
+    return s
+
+
+def _block_amax(t: torch.Tensor, dims, shape) -> torch.Tensor:
+    # max|x| per block as the kernels compute it (fmaxf): NaN ignored, inf kept.
+    if not t.numel():
+        return torch.zeros(shape, dtype=torch.float32, device=t.device)
+    return t.abs().nan_to_num(nan=0.0, posinf=float("inf")).amax(dim=dims)
+
+
+def _quantize_rows_1d(x2: torch.Tensor, fp8_dtype, fmax, eps, pow2, vinf):
+    """1 x 128 blocks along the rows of fp32 ``x2`` -> (q [r, c], scale_inv GEMM-ready)."""
+    r, c = x2.shape
+    b = BLOCK_LEN
+    nb = -(-c // b)
+    xp = F.pad(x2, (0, nb * b - c)) if nb * b != c else x2
+    t = xp.reshape(r, nb, b)
+    amax = _block_amax(t, (-1,), (r, nb))
+    s = _block_scales(amax, fmax, eps, pow2, vinf)
+    q = (t * s.unsqueeze(-1)).clamp_(-fmax, fmax).to(fp8_dtype).reshape(r, nb * b)[:, :c].contiguous()
+    si = torch.zeros(block_scale_shape(r, c, 1), dtype=torch.float32, device=x2.device)
+    si[:, :r] = s.reciprocal().t()
+    return q, si
+
+
+def _quantize_tiles_2d(x2: torch.Tensor, fp8_dtype, fmax, eps, pow2, vinf):
+    """128 x 128 tiles of fp32 ``x2`` -> (q [r, c], scale_inv [ceil(r/128), round4(ceil(c/128))],
+    the scales per tile [mb, nb])."""
+    r, c = x2.shape
+    b = BLOCK_LEN
+    mb, nb = -(-r // b), -(-c // b)
+    xp = F.pad(x2, (0, nb * b - c, 0, mb * b - r)) if (mb * b, nb * b) != (r, c) else x2
+    t = xp.reshape(mb, b, nb, b)
+    amax = _block_amax(t, (1, 3), (mb, nb))
+    s = _block_scales(amax, fmax, eps, pow2, vinf)
+    q = (t * s[:, None, :, None]).clamp_(-fmax, fmax).to(fp8_dtype).reshape(mb * b, nb * b)[:r, :c].contiguous()
+    return q, s.reciprocal()
+
+
+def quantize_block(
+    x: torch.Tensor,
+    block_dim: int,
+    *,
+    rowwise: bool = True,
+    columnwise: bool = False,
+    power_2_scale: bool = True,
+    amax_epsilon: float = 0.0,
+    fp8_dtype=None,
+    reference: bool = False,
+) -> BlockFp8Tensor:
+    """Block-scaled cast of ``x`` (float32 / bfloat16 / float16; its 2-D view ``[rows,
+    x.shape[-1]]``) with ``block_dim`` 1 (1 x 128 blocks) or 2 (128 x 128 tiles), e4m3 by
+    default: each block's ``scale`` from its amax (TE's ``compute_scale_from_amax`` with
+    ``amax_epsilon`` and ``power_2_scale``), ``q = fp8(clamp(x * scale))``, ``scale_inv =
+    1 / scale`` in TE's GEMM-ready layout (:func:`block_scale_shape`; the padding entries
+    are unspecified). ``columnwise``: the transposed tensor quantized along its rows
+    (``data_t [cols, rows]``). CUDA tensors whose rows and columns are multiples of 128
+    (TE's ``Float8BlockQuantizer.is_quantizable``) run the library's ``nvte_quantize_v2``
+    into an ``NVTE_BLOCK_SCALING_1D/2D`` tensor; other shapes, other tensors and
+    ``reference=True`` the same arithmetic in torch (the same bytes: the emulation the
+    tests compare against)."""
+    fp8_dtype, fmax = _check_fp8_dtype(E4M3 if fp8_dtype is None else fp8_dtype)
+    if block_dim not in (1, 2):
+        raise ValueError(f"quantize_block: block_dim must be 1 or 2, got {block_dim!r}")
+    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"quantize_block: x must be float32, bfloat16 or float16, got {x.dtype}")
+    if not (rowwise or columnwise):
+        raise ValueError("quantize_block: ask for rowwise and/or columnwise output")
+    rows, cols = _as_2d_shape(x)
+    x2 = x.contiguous().reshape(rows, cols)
+    lib = _library() if _use_library(x2, reference) and _block_quantizable(x2) else None
+    if lib is not None and lib.has_block and lib.block_quantize is not False:
+        try:
+            q, si, qt, sit = lib.quantize_block(x2, fp8_dtype, block_dim, rowwise, columnwise,
+                                                bool(power_2_scale), float(amax_epsilon))
+            lib.block_quantize = True
+            return BlockFp8Tensor(q, si, qt, sit, block_dim, fp8_dtype)
+        except RuntimeError as e:  # the library's CommError
+            if lib.block_quantize is not None or getattr(e, "status", None) != _core.Status.NVTE_COMM_ERROR_UNSUPPORTED:
+                raise
+            # A library with block tensors but no block cast kernel: the torch arithmetic
+            # below writes the same bytes (slower); said once.
+            lib.block_quantize = False
+            warnings.warn(f"transformer_engine_comm: the library has no block-scaled cast ({e.message}); block "
+                          "casts run as torch ops (the same bytes, slower)", RuntimeWarning, stacklevel=2)
+    vinf = torch.finfo(x.dtype).max
+    xf = x2.float()
+    args = (fp8_dtype, fmax, float(amax_epsilon), bool(power_2_scale), vinf)
+    q = si = qt = sit = None
+    if block_dim == 1:
+        if rowwise:
+            q, si = _quantize_rows_1d(xf, *args)
+        if columnwise:
+            qt, sit = _quantize_rows_1d(xf.t(), *args)
+    else:
+        q2, s_inv = _quantize_tiles_2d(xf, *args)
+        mb, nb = s_inv.shape
+        if rowwise:
+            q = q2
+            si = torch.zeros(block_scale_shape(rows, cols, 2), dtype=torch.float32, device=x.device)
+            si[:, :nb] = s_inv
+        if columnwise:
+            # A 128 x 128 tile is the same tile of the transpose: the transposed bytes.
+            qt = q2.t().contiguous()
+            sit = torch.zeros(block_scale_shape(rows, cols, 2, columnwise=True), dtype=torch.float32,
+                              device=x.device)
+            sit[:, :mb] = s_inv.t()
+    return BlockFp8Tensor(q, si, qt, sit, block_dim, fp8_dtype)
+
+
+def _block_quantizable(x2: torch.Tensor) -> bool:
+    # The library's block cast (as TE's is_quantizable): rows and columns multiples of 128,
+    # a 16-byte aligned input.
+    r, c = x2.shape
+    return r % BLOCK_LEN == 0 and c % BLOCK_LEN == 0 and r * c > 0 and x2.data_ptr() % 16 == 0
+
+
+def _block_scale_grid(op: BlockOperand) -> torch.Tensor:
+    """An operand's scale_inv per element block, unpadded: ``[rows, nb]`` (1D) or
+    ``[mb, nb]`` (2D)."""
+    r, c = op.data.shape
+    nb = -(-c // BLOCK_LEN)
+    if op.block_dim == 1:
+        return op.scale_inv[:nb, :r].t()
+    return op.scale_inv[:, :nb]
+
+
+def dequantize_block(op: BlockOperand, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``dtype(q * scale_inv)`` of a block operand (its rowwise form), in torch."""
+    q = op.data.float()
+    r, c = q.shape
+    b = BLOCK_LEN
+    g = _block_scale_grid(op)
+    if op.block_dim == 1:
+        s = g.repeat_interleave(b, dim=1)[:, :c]
+    else:
+        s = g.repeat_interleave(b, dim=0)[:r].repeat_interleave(b, dim=1)[:, :c]
+    return (q * s).to(dtype)
+
+
+def block_gemm(a: BlockOperand, b: BlockOperand, out_dtype: torch.dtype = torch.bfloat16, *,
+               bias: Optional[torch.Tensor] = None, dgelu_pre: Optional[torch.Tensor] = None,
+               reference: bool = False) -> torch.Tensor:
+    """``a @ b^T`` -> ``[M, N]`` ``out_dtype`` of two block-scaled operands in rowwise form,
+    ``a`` ``[M, K]`` and ``b`` ``[N, K]`` (not both 2D): TE's TN ``nvte_cublas_gemm`` with
+    ``NVTE_BLOCK_SCALING_1D/2D`` operands (A = b, B = a) and split accumulation, on CUDA
+    where the library has it and K, M and N are multiples of 16; otherwise (and
+    with ``reference=True``) the fp32 matmul of the dequantized operands. ``bias`` (``[N]``):
+    added in the GEMM's epilogue (cuBLASLt's BIAS, when its dtype is ``out_dtype``), else
+    after it. ``dgelu_pre`` (``[M, N]``, a GELU's pre-activation): the product times the
+    tanh-GELU's derivative at it, in the epilogue (DGELU: the GELU backward fused into a
+    dgrad GEMM); not with ``bias``."""
+    if a.data.shape[1] != b.data.shape[1]:
+        raise ValueError(f"block_gemm: a {tuple(a.data.shape)} and b {tuple(b.data.shape)} disagree on K")
+    if a.block_dim == 2 and b.block_dim == 2:
+        raise ValueError("block_gemm: a 2D by 2D block GEMM is not supported (as in TE)")
+    m, k = a.data.shape
+    n = b.data.shape[0]
+    lib = _library() if (not reference and a.data.is_cuda) else None
+    if bias is not None and dgelu_pre is not None:
+        raise ValueError("block_gemm: bias and dgelu_pre exclude each other")
+    if lib is not None and lib.has_block_gemm and k % 16 == 0 and m % 16 == 0 and n % 16 == 0:
+        fuse = bias is not None and bias.dtype == out_dtype and bias.is_contiguous()
+        pre_ok = dgelu_pre is None or (dgelu_pre.dtype == out_dtype and dgelu_pre.is_contiguous()
+                                       and tuple(dgelu_pre.shape) == (m, n) and n % 8 == 0)
+        y = lib.block_gemm(a, b, out_dtype, bias if fuse else None, dgelu_pre if pre_ok else None)
+        if bias is not None and not fuse:
+            y.add_(bias)
+        if dgelu_pre is not None and not pre_ok:
+            y = torch.ops.aten.gelu_backward(y, dgelu_pre, approximate="tanh")
+        return y
+    y = dequantize_block(a) @ dequantize_block(b).t()
+    if bias is not None:
+        y = y + bias.float()
+    if dgelu_pre is not None:
+        y = torch.ops.aten.gelu_backward(y, dgelu_pre.float(), approximate="tanh")
+    return y.to(out_dtype)

@@ -134,6 +134,24 @@ builds:
   accumulate as the library does for their FP8 GEMMs.
 - Local FP8 GEMMs run ``torch._scaled_mm`` on CUDA (sizes multiples of 16); elsewhere (CPU,
   odd sizes) a dequantized fp32 matmul of the same FP8 values.
+
+Block-scaled FP8 (``fp8_recipe=``:class:`~transformer_engine_comm.torch.fp8.Float8BlockScaling`,
+TE's / DeepSeek-V3's): e4m3 everywhere, one scale per 1 x 128 block (1D; by default the input
+and dY) or 128 x 128 tile (2D; by default the weight), each from its block's own amax, with the
+role's QParams (power-of-2 scales by default). No scaling state (``fp8_meta`` is empty). Each
+tensor is cast once into exactly the forms its GEMMs read (``fp8.quantize_block``: the library's
+``nvte_quantize_v2`` into ``NVTE_BLOCK_SCALING_1D/2D`` tensors on CUDA): the input rowwise
+(forward) and columnwise (wgrad: the transposed tensor quantized along its rows), the weight
+rowwise and columnwise (dgrad; one cast per step with ``is_first_microbatch``), dY rowwise
+(dgrad) and columnwise (wgrad). The GEMMs (``fp8.block_gemm``: the library's TN
+``nvte_cublas_gemm`` with split accumulation, as TE's recipe requires) are forward
+``x . W^T`` (1D x 2D; the bias in its epilogue), dgrad ``dY . (W^T)^T`` and wgrad
+``dY^T . (X^T)^T`` (1D x 1D); in LayerNormMLP fc2's dgrad GEMM also runs GELU's backward
+(DGELU epilogue); bias gradients are column sums of bf16 dY. Only the columnwise FP8
+forms are saved for the backward. Communication is not block-scaled yet: at tp > 1 the input /
+dY are gathered in the activations' dtype before their casts and the dgrad / forward outputs
+reduced after the GEMMs with ``torch.distributed``; the ``ub_*`` flags do not apply. CPU
+tensors run the same arithmetic as torch ops (the emulation the GPU tests compare against).
 """
 
 from __future__ import annotations
@@ -457,10 +475,55 @@ class _Cfg:
     fp8: bool
 
 
+class _BlockFp8State:
+    """One module's FP8 state under :class:`~transformer_engine_comm.torch.fp8.Float8BlockScaling`:
+    no scaling state (every block's scale comes from the block itself), only the recipe's
+    block dims and QParams per role and the cached weight cast (``is_first_microbatch``)."""
+
+    block = True
+
+    def __init__(self, recipe, device):
+        self.recipe = recipe
+        self.device = torch.device(device)
+        self.dims = recipe.block_dims  # (input, weight, grad_output)
+        self._q = recipe.qparams
+        self.cached_weight: Optional[_fp8.BlockFp8Tensor] = None
+        self._cached_key = None
+
+    def metas(self):
+        return {}
+
+    def _cast(self, role: int, t: torch.Tensor, rowwise: bool, columnwise: bool) -> _fp8.BlockFp8Tensor:
+        q = self._q[role]
+        return _fp8.quantize_block(t, self.dims[role], rowwise=rowwise, columnwise=columnwise,
+                                   power_2_scale=q.power_2_scale, amax_epsilon=q.amax_epsilon)
+
+    def cast_input(self, x, columnwise: bool) -> _fp8.BlockFp8Tensor:
+        return self._cast(0, x, True, columnwise)
+
+    def cast_grad(self, dy, rowwise: bool, columnwise: bool) -> _fp8.BlockFp8Tensor:
+        return self._cast(2, dy, rowwise, columnwise)
+
+    def cast_weight(self, w: torch.Tensor, first: Optional[bool], need_t: bool) -> _fp8.BlockFp8Tensor:
+        """As :meth:`_Fp8State.cast_weight`: the rowwise form (forward) and the columnwise
+        form (dgrad), from one cast of the weight."""
+        if first is None:
+            self.cached_weight = None
+            return self._cast(1, w, True, need_t)
+        if not first and self.cached_weight is not None and self._cached_key == (w._version, w.data_ptr()):
+            return self.cached_weight
+        c = self._cast(1, w, True, True)
+        self.cached_weight = c
+        self._cached_key = (w._version, w.data_ptr())
+        return c
+
+
 class _Fp8State:
     """One module's FP8 state: an :class:`~transformer_engine_comm.torch.fp8.Fp8Meta` per
     tensor role (input and weight in the recipe's forward format, grad_output in its
     backward format) and the cached weight cast (``is_first_microbatch``)."""
+
+    block = False
 
     def __init__(self, recipe, device, input_group, grad_group):
         fmt = recipe.fp8_format
@@ -540,7 +603,12 @@ def _column_forward(ctx, x, weight, bias, cfg: _Cfg, gelu: bool, f8: Optional[_F
     need_dw = grad and ctx.needs_input_grad[1]
     pre = None
     fused = cfg.sp and cfg.ub_overlap_ag
-    if cfg.fp8:
+    if cfg.fp8 and f8.block:
+        fused = False  # block scaling: torch.distributed collectives around the library's block GEMMs
+        out, saved = _column_forward_block(x, weight, bias, cfg, f8, first_microbatch, need_dx, need_dw)
+        ctx.f8 = f8
+        ctx.w_dtype = weight.dtype
+    elif cfg.fp8:
         odt = weight.dtype
         # A gathered input's meta max-reduces its amax over the group: one scale.
         xf = f8.input.cast(x, rowwise=True, columnwise=need_dw and not cfg.sp)
@@ -594,6 +662,8 @@ def _column_grads(ctx, dy, gelu_done: bool = False):
     if ctx.gelu and not gelu_done:
         dy = _gelu_backward(dy, pre)
     dy = dy.contiguous()
+    if cfg.fp8 and ctx.f8.block:
+        return _column_backward_block(ctx, cfg, dy, *saved)
     if cfg.fp8:
         return _column_backward_fp8(ctx, cfg, dy, *saved)
     return _column_backward(ctx, cfg, dy, *saved)
@@ -752,7 +822,13 @@ def _row_forward(ctx, x, weight, bias, cfg: _Cfg, f8: Optional[_Fp8State], first
     fused = cfg.comm and cfg.ub_overlap_rs
     # Without communication the bias goes into the GEMM's epilogue.
     gemm_bias = bias if not cfg.comm else None
-    if cfg.fp8:
+    if cfg.fp8 and f8.block:
+        fused = False  # block scaling: torch.distributed collectives around the library's block GEMMs
+        y, saved = _row_forward_block(x, weight, gemm_bias, f8, first_microbatch, need_dx, need_dw)
+        ctx.save_for_backward(*saved)
+        ctx.f8 = f8
+        ctx.w_dtype = weight.dtype
+    elif cfg.fp8:
         odt = weight.dtype
         xf = f8.input.cast(x, rowwise=True, columnwise=need_dw)
         wf = f8.cast_weight(weight, first_microbatch, need_dx)
@@ -793,6 +869,8 @@ def _row_grads(ctx, dy, gelu_pre: Optional[torch.Tensor] = None):
     backward runs in the dgrad GEMM's epilogue (DGELU) where the path allows, else after it."""
     cfg: _Cfg = ctx.cfg
     dy = dy.contiguous()
+    if cfg.fp8 and ctx.f8.block:
+        return _row_backward_block(ctx, cfg, dy, gelu_pre)
     if cfg.fp8:
         dx, dw, db = _row_backward_fp8(ctx, cfg, dy)
         if gelu_pre is not None and dx is not None:
@@ -888,6 +966,72 @@ def _row_backward_fp8(ctx, cfg: _Cfg, dy):
     return dx, dw, db
 
 
+# ------------------------------------------------------------- block-scaled FP8 layers
+#
+# Float8BlockScaling: every GEMM is TN on rowwise forms (fp8.block_gemm): forward x . W^T
+# (x's rowwise 1D form, W's rowwise 2D form), dgrad dY . W (dY rowwise, W's columnwise form
+# = W^T's rowwise), wgrad dY^T . X (the columnwise forms of dY and X). Communication stays
+# in the activations' dtype (torch.distributed: the all-gathers before the casts, the
+# reduce-scatters / all-reduces after the GEMMs); the ub_* flags do not apply.
+
+
+def _column_forward_block(x, weight, bias, cfg: _Cfg, f8: _BlockFp8State, first_microbatch, need_dx, need_dw):
+    """-> (out, tensors to save). The (gathered) input is cast once, rowwise for the
+    forward and columnwise for the wgrad: only that FP8 form is saved."""
+    x_in = _all_gather(x, cfg.group)[0] if cfg.sp else x
+    xf = f8.cast_input(x_in, columnwise=need_dw)
+    wf = f8.cast_weight(weight, first_microbatch, need_dx)
+    out = _fp8.block_gemm(xf.rowwise(), wf.rowwise(), weight.dtype, bias=bias)
+    saved = ((xf.data_t, xf.scale_inv_t) if need_dw else (None, None)) + \
+        ((wf.data_t, wf.scale_inv_t) if need_dx else (None, None))
+    return out, saved
+
+
+def _column_backward_block(ctx, cfg: _Cfg, dy, x_t, x_tsi, w_t, w_tsi):
+    f8: _BlockFp8State = ctx.f8
+    need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    need_db = ctx.has_bias and ctx.needs_input_grad[2]
+    odt = ctx.w_dtype
+    xd, wd, _ = f8.dims
+    dyf = f8.cast_grad(dy, rowwise=need_dx, columnwise=need_dw) if (need_dx or need_dw) else None
+    db = dy.sum(0) if need_db else None
+    dx = red_work = None
+    if need_dx:
+        dx_partial = _fp8.block_gemm(dyf.rowwise(), _fp8.BlockOperand(w_t, w_tsi, wd), odt)
+        dx, red_work = _dx_reduce(cfg, dx_partial, need_dw)
+    dw = _fp8.block_gemm(dyf.columnwise(), _fp8.BlockOperand(x_t, x_tsi, xd), odt) if need_dw else None
+    _wait(red_work)
+    return dx, dw, db
+
+
+def _row_forward_block(x, weight, gemm_bias, f8: _BlockFp8State, first_microbatch, need_dx, need_dw):
+    """-> (y before its reduction, tensors to save)."""
+    xf = f8.cast_input(x, columnwise=need_dw)
+    wf = f8.cast_weight(weight, first_microbatch, need_dx)
+    y = _fp8.block_gemm(xf.rowwise(), wf.rowwise(), weight.dtype, bias=gemm_bias)
+    saved = ((xf.data_t, xf.scale_inv_t) if need_dw else (None, None)) + \
+        ((wf.data_t, wf.scale_inv_t) if need_dx else (None, None))
+    return y, saved
+
+
+def _row_backward_block(ctx, cfg: _Cfg, dy, gelu_pre: Optional[torch.Tensor] = None):
+    """With ``gelu_pre`` (LayerNormMLP's fc1 pre-activation) dx is its gradient: the GELU
+    backward in the dgrad GEMM's epilogue (DGELU)."""
+    x_t, x_tsi, w_t, w_tsi = ctx.saved_tensors
+    f8: _BlockFp8State = ctx.f8
+    need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    need_db = ctx.has_bias and ctx.needs_input_grad[2]
+    odt = ctx.w_dtype
+    xd, wd, _ = f8.dims
+    dy_full = _all_gather(dy, cfg.group)[0] if cfg.sp else dy
+    dyf = f8.cast_grad(dy_full, rowwise=need_dx, columnwise=need_dw) if (need_dx or need_dw) else None
+    dx = _fp8.block_gemm(dyf.rowwise(), _fp8.BlockOperand(w_t, w_tsi, wd), odt,
+                         dgelu_pre=gelu_pre) if need_dx else None
+    dw = _fp8.block_gemm(dyf.columnwise(), _fp8.BlockOperand(x_t, x_tsi, xd), odt) if need_dw else None
+    db = dy_full.sum(0) if need_db else None
+    return dx, dw, db
+
+
 class _SubCtx:
     """One layer's share of :class:`_MLPFn`'s context: what the layer functions read and set
     on an autograd ctx (needs_input_grad, save_for_backward / saved_tensors, attributes).
@@ -952,8 +1096,10 @@ class _TPModule(nn.Module):
         self.sequence_parallel = bool(sequence_parallel)
         self.comm_overlap = bool(comm_overlap)
         self.fp8 = bool(fp8)
-        if fp8_recipe is not None and not isinstance(fp8_recipe, (_fp8.DelayedScaling, _fp8.Float8CurrentScaling)):
-            raise TypeError(f"fp8_recipe must be a DelayedScaling or Float8CurrentScaling, got {fp8_recipe!r}")
+        if fp8_recipe is not None and not isinstance(
+                fp8_recipe, (_fp8.DelayedScaling, _fp8.Float8CurrentScaling, _fp8.Float8BlockScaling)):
+            raise TypeError("fp8_recipe must be a DelayedScaling, Float8CurrentScaling or Float8BlockScaling, "
+                            f"got {fp8_recipe!r}")
         self.fp8_recipe = (fp8_recipe if fp8_recipe is not None else _fp8.DelayedScaling()) if self.fp8 else fp8_recipe
         # Read once, here: a benchmark switch (see the module docstring).
         self.force_library_path = bool(force_library_path) or _env_force_library_path()
@@ -985,8 +1131,11 @@ class _TPModule(nn.Module):
         f = self._f8
         dev = self.weight.device
         if f is None or f.device != dev:
-            ig, gg = self._fp8_groups()
-            f = self._f8 = _Fp8State(self.fp8_recipe, dev, ig, gg)
+            if isinstance(self.fp8_recipe, _fp8.Float8BlockScaling):
+                f = self._f8 = _BlockFp8State(self.fp8_recipe, dev)
+            else:
+                ig, gg = self._fp8_groups()
+                f = self._f8 = _Fp8State(self.fp8_recipe, dev, ig, gg)
         return f
 
     @property
