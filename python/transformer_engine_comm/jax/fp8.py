@@ -270,25 +270,28 @@ class BlockQ(NamedTuple):
     scale_inv: object
 
 
-def _split12(v):
-    """``v = hi + lo`` with ``hi`` the top 12 significant bits (the low 12 mantissa bits
-    cleared by a mask: unlike Veltkamp's split, no fused multiply-add can change it) and
-    ``lo`` the rest (exact): their pairwise products are exact in f32."""
-    import jax
+def _fixed24(v):
+    """``v * 2**24`` as an int32, exact for an f32 ``v`` in [0.5, 2) (24 significant bits)."""
     import jax.numpy as jnp
 
-    hi = jax.lax.bitcast_convert_type(jax.lax.bitcast_convert_type(v, jnp.int32) & jnp.int32(-4096), jnp.float32)
-    return hi, v - hi
+    return (v * jnp.float32(2.0**24)).astype(jnp.int32)
 
 
-def _residual(n, q, d):
-    """``n - q d`` for ``q`` within a few ulps of ``n / d`` (mantissas in [0.5, 2)), to far
-    better than the ``d * ulp(q) / 2`` that separates neighbouring quotients: the product
-    as four exact partial products, subtracted largest first (the first difference is
-    exact), so neither rounding nor FMA contraction can reorder two candidates."""
-    qh, ql = _split12(q)
-    dh, dl = _split12(d)
-    return (((n - qh * dh) - qh * dl) - ql * dh) - ql * dl
+def _residual24(n, q, d):
+    """``(n - q d) * 2**48`` exactly, in int32, for ``n``, ``d`` in [0.5, 1) and ``q`` within a
+    few ulps of ``n / d``: integer products of 12-bit halves (no float rounding, no fused
+    multiply-add can touch them), carried into two base-2**24 limbs; the result is a few
+    multiples of ``d * 2**24`` at most, far inside int32."""
+    import jax.numpy as jnp
+
+    nn, qq, dd = _fixed24(n), _fixed24(q), _fixed24(d)
+    qh, ql = qq >> 12, qq & 0xFFF
+    dh, dl = dd >> 12, dd & 0xFFF
+    mid = qh * dl + ql * dh
+    low = ql * dl + ((mid & 0xFFF) << 12)
+    high = qh * dh + (mid >> 12) + (low >> 24)
+    low = low & 0xFFFFFF
+    return (nn - high) * jnp.int32(1 << 24) - low
 
 
 def div_rn(n, d):
@@ -310,19 +313,23 @@ def div_rn(n, d):
 
 def _div_mantissas(n, d, q0=None):
     """``n / d`` correctly rounded for ``n``, ``d`` in [0.5, 1), from a first quotient
-    ``q0`` within an ulp (the backend's division when not given)."""
+    ``q0`` within two ulps (the backend's division when not given): each round moves the
+    quotient one ulp toward the exact one while its exact residual lies beyond half the gap
+    to that neighbour (``2 r > gap * d``, all in integers; a quotient of two 24-bit
+    significands is never exactly half-way, so there are no ties)."""
     import jax.numpy as jnp
 
-    q0 = n / d if q0 is None else q0
-    best, best_r = q0, None
-    for q in (jnp.nextafter(q0, jnp.float32(0.0)), q0, jnp.nextafter(q0, jnp.float32(jnp.inf))):
-        r = jnp.abs(_residual(n, q, d))
-        if best_r is None:
-            best, best_r = q, r
-        else:
-            take = r < best_r
-            best, best_r = jnp.where(take, q, best), jnp.where(take, r, best_r)
-    return best
+    q = n / d if q0 is None else q0
+    dd = _fixed24(d)
+    for _ in range(3):
+        up = jnp.nextafter(q, jnp.float32(jnp.inf))
+        down = jnp.nextafter(q, jnp.float32(0.0))
+        r2 = 2 * _residual24(n, q, d)
+        qq = _fixed24(q)
+        go_up = r2 > (_fixed24(up) - qq) * dd
+        go_down = r2 < -((qq - _fixed24(down)) * dd)
+        q = jnp.where(go_up, up, jnp.where(go_down, down, q))
+    return q
 
 
 def block_scales(amax, fp8_max: float, eps: float = 0.0, pow2: bool = True, value_for_inf: float = FLT_MAX):
