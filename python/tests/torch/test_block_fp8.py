@@ -109,13 +109,15 @@ def test_block_gemm_vs_emulation(m, k, n, b_dim):
     bias = data(5, n).to(BF16)
     got_b = fp8.block_gemm(a, b, BF16, bias=bias)  # the bias in the GEMM's epilogue
     pre = data(6, m, n).to(BF16)
-    got_g = fp8.block_gemm(a, b, BF16, dgelu_pre=pre)  # GELU's backward in the epilogue
+    got_g = fp8.block_gemm(a, b, BF16, dgelu_pre=pre)  # GELU's backward after the GEMM
+    got_gf = fp8.block_gemm(a, b, BF16, dgelu_pre=pre, fuse_dgelu=True)  # in the epilogue
     ref_g = torch.ops.aten.gelu_backward(ref, pre.float(), approximate="tanh")
     torch.cuda.synchronize()
     assert got.shape == (m, n) and got.dtype == BF16
     assert rel(got.float(), ref) < 1e-2
     assert rel(got_b.float(), ref + bias.float()) < 1e-2
     assert rel(got_g.float(), ref_g) < 1e-2
+    assert rel(got_gf.float(), ref_g) < 1e-2
 
 
 # ------------------------------------------------------------------- modules
