@@ -460,7 +460,13 @@ impl CommGemmCtx {
         guard: &ContextGuard,
         stream: StreamHandle,
     ) -> Result<()> {
-        let desc = crate::gemm::desc_from_te(g)?;
+        let block = crate::gemm::block::is_block(g);
+        let desc = if block {
+            crate::gemm::block::check_block(g)?;
+            None
+        } else {
+            Some(crate::gemm::desc_from_te(g)?)
+        };
         if c.comm_sm_count > 0 {
             let sms = crate::cuda::device_info(crate::cuda::current_device()?)?.sm_count;
             if c.comm_sm_count >= sms {
@@ -479,10 +485,17 @@ impl CommGemmCtx {
             // tensors, whose sizes the call's checks fixed.
             unsafe { copy_async(dst, src, bytes, stream)? };
         }
-        // SAFETY: `desc` is `gemm::desc_from_te` of the call's operands: the request's
-        // tensors, which the C boundary resolved and validated, and the context's own
-        // scratch, sized by the call's checks; all alive until the caller's stream runs it.
-        unsafe { crate::gemm::run(&desc, guard, stream) }
+        match desc {
+            // SAFETY: `desc` is `gemm::desc_from_te` of the call's operands: the request's
+            // tensors, which the C boundary resolved and validated, and the context's own
+            // scratch, sized by the call's checks; all alive until the caller's stream
+            // runs it.
+            Some(desc) => unsafe { crate::gemm::run(&desc, guard, stream) },
+            // SAFETY: `g` holds the request's tensors (resolved and validated by the C
+            // boundary; block_desc checks data and scales against each other) and the
+            // context's workspace, alive until the caller's stream runs the GEMM.
+            None => unsafe { crate::gemm::block::run_block(g, stream) },
+        }
     }
 
     /// Whether a CUDA-graph capture holding calls of one of its engines is still open
@@ -849,6 +862,7 @@ impl CommGemmCtx {
                 c.comm_sm_count
             );
         }
+        self.check_block(c)?;
         let (m, n, k) = (c.m as usize, c.n as usize, c.k as usize);
         let share = |g: usize| numroc(g as i64, self.nranks, self.rank) as usize;
         match c.kind {
@@ -903,6 +917,32 @@ impl CommGemmCtx {
                 };
                 expect_shape(c.d, "d", dshape, why)?;
             }
+        }
+        Ok(())
+    }
+
+    /// Block-scaled FP8 inputs (NVTE_BLOCK_SCALING_1D / 2D): the call is its block-scaled
+    /// GEMM, run where the GEMM is the whole call (one rank, no NVTE_COMM_REPORT /
+    /// NVTE_COMM_TRACE); the engines' chunked algorithms read per-tensor scales only, so
+    /// more ranks are refused here, before anything is made.
+    fn check_block(&self, c: &GemmCall) -> Result<()> {
+        let block = [c.a.scaling_mode, c.b.scaling_mode]
+            .iter()
+            .any(|&m| crate::tensor::BlockMode::from_scaling_mode(m).is_some());
+        if !block {
+            return Ok(());
+        }
+        if !self.opts.direct {
+            crate::unsupported!(
+                "{} with block-scaled FP8 inputs (NVTE_BLOCK_SCALING_1D / 2D) runs at one rank without NVTE_COMM_REPORT / NVTE_COMM_TRACE only (this context: {} ranks); at more ranks quantize A and B per tensor, or run nvte_cublas_gemm on block inputs and the collective apart",
+                c.kind.api_name(),
+                self.nranks
+            );
+        }
+        if c.b_gathered.is_some() {
+            crate::unsupported!(
+                "b_gathered with block-scaled FP8 inputs: the gathered B would need its block scales too; quantize the gathered B where it is used"
+            );
         }
         Ok(())
     }

@@ -97,6 +97,36 @@ pub fn cublas_gemm_scaled(
     unsafe { run_scaled(&g, Some(modes), alpha, beta, stream) }
 }
 
+/// Whether either GEMM operand is block-scaled (NVTE_BLOCK_SCALING_1D / 2D): such a call
+/// takes [`run_block`], never the per-tensor [`desc_from_te`].
+pub fn is_block(g: &TeGemm) -> bool {
+    [g.a.scaling_mode, g.b.scaling_mode]
+        .iter()
+        .any(|&m| BlockMode::from_scaling_mode(m).is_some())
+}
+
+/// Check a block-scaled GEMM's operands (the checks of [`run_block`], no device call):
+/// what the comm-GEMM calls run before anything is made.
+pub fn check_block(g: &TeGemm) -> Result<()> {
+    block_desc(g).map(|_| ())
+}
+
+/// The block-scaled GEMM of TE's operands `g` (D = op(A) op(B) (+ D when `accumulate`),
+/// epilogues none / bias / DGELU): what the comm-GEMM calls run where their GEMM is the
+/// whole call (one rank). Everything is checked before any device work.
+///
+/// # Safety
+///
+/// `g`'s tensors are live device memory of the extents their shapes state (operands the
+/// C boundary resolved, or the caller's own scratch), until `stream` runs the GEMM.
+pub unsafe fn run_block(g: &TeGemm, stream: StreamHandle) -> Result<()> {
+    let (desc, modes) = block_desc(g)?;
+    let beta = if g.accumulate { 1.0 } else { 0.0 };
+    // SAFETY: `block_desc` validated the data, scales, output, epilogue buffers and
+    // workspace against each other; the caller guarantees they are live.
+    unsafe { run_scaled(&desc, Some(modes), 1.0, beta, stream) }
+}
+
 /// Both operands' blocks: block-scaled both, not both 2D.
 fn operand_blocks(g: &TeGemm) -> Result<[BlockMode; 2]> {
     let (am, bm) = (g.a.scaling_mode, g.b.scaling_mode);
