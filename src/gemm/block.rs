@@ -289,7 +289,7 @@ fn block_alignment((m, n, k): (usize, usize, usize), b: BlockMode) -> Result<()>
 
 /// Validate a block-scaled GEMM and translate it into the TN [`GemmDesc`] cuBLASLt runs
 /// (the scale_inv pointers are the block scales), with both operands' blocks.
-fn block_desc(g: &TeGemm) -> Result<(GemmDesc, [BlockMode; 2])> {
+pub(super) fn block_desc(g: &TeGemm) -> Result<(GemmDesc, [BlockMode; 2])> {
     let blocks = operand_blocks(g)?;
     let (m, n, k) = block_dims(g)?;
     let a = block_operand(g.a, "A", g.transa, (m, k), blocks[0])?;
@@ -351,6 +351,7 @@ fn block_desc(g: &TeGemm) -> Result<(GemmDesc, [BlockMode; 2])> {
         sm_count: g.math_sm_count,
         workspace,
         workspace_bytes,
+        blocks: None,
     };
     Ok((desc, blocks))
 }
@@ -402,7 +403,7 @@ thread_local! {
 ///
 /// `g`'s addresses are live device memory of the extents its sizes and leading
 /// dimensions imply (validated descriptors of vouched operands), as for [`run`].
-unsafe fn run_scaled(
+pub(super) unsafe fn run_scaled(
     g: &GemmDesc,
     modes: Option<[BlockMode; 2]>,
     alpha: f32,

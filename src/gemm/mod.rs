@@ -109,6 +109,10 @@ pub struct GemmDesc {
     pub sm_count: i32,
     pub workspace: DevPtr,
     pub workspace_bytes: usize,
+    /// Block-scaled FP8 operands (A's and B's blocks; `a_scale_inv` / `b_scale_inv` are
+    /// their GEMM-ready block scales, the GEMM TN): only [`desc_from_te_block`] sets it,
+    /// and such a descriptor runs on cuBLASLt's block scale modes, never our own GEMM.
+    pub blocks: Option<[crate::tensor::BlockMode; 2]>,
 }
 
 impl GemmDesc {
@@ -134,7 +138,11 @@ impl GemmDesc {
                 | (self.accumulate as u64) << 2
                 | (!self.bias.is_null() as u64) << 3
                 | (!self.aux.is_null() as u64) << 4
-                | (self.epilogue as u64) << 8,
+                | (self.epilogue as u64) << 8
+                | match self.blocks {
+                    None => 0,
+                    Some([a, b]) => (1 | (a as u64) << 1 | (b as u64) << 2) << 16,
+                },
         ]
     }
 
@@ -278,7 +286,23 @@ pub fn desc_from_te(g: &TeGemm) -> Result<GemmDesc> {
         sm_count: g.math_sm_count,
         workspace,
         workspace_bytes,
+        blocks: None,
     })
+}
+
+/// [`desc_from_te`] that also takes block-scaled FP8 operands (NVTE_BLOCK_SCALING_1D /
+/// 2D; `GemmDesc::blocks` set, the GEMM TN with the GEMM-ready scales): for the overlap
+/// algorithms that keep a block descriptor's scales valid for each GEMM they run (whole
+/// GEMMs, or chunks along whole 128-row tiles of a 2D-scaled operand).
+pub fn desc_from_te_block(g: &TeGemm) -> Result<GemmDesc> {
+    if block::is_block(g) {
+        block::block_desc(g).map(|(mut d, modes)| {
+            d.blocks = Some(modes);
+            d
+        })
+    } else {
+        desc_from_te(g)
+    }
 }
 
 /// A GEMM's sizes and leading dimensions (cuBLAS's column-major terms).
@@ -670,7 +694,8 @@ fn small_own_gemm(
 ) -> Result<Option<std::sync::Arc<sm90::Sm90Gemm>>> {
     type Loaded = HashMap<CtxId, Option<std::sync::Arc<sm90::Sm90Gemm>>>;
     static LOADED: Mutex<Option<Loaded>> = Mutex::new(None);
-    if !own_gemm_enabled()?
+    if g.blocks.is_some()
+        || !own_gemm_enabled()?
         || g.m.saturating_mul(g.n).saturating_mul(g.k) >= TUNE_MIN_MNK
         || sm90::supports(g).is_some()
     {
@@ -1149,6 +1174,17 @@ unsafe fn run_impl(
     if g.k == 0 {
         // SAFETY: the caller's contract.
         return unsafe { run_k0(g, stream) };
+    }
+    if let Some(modes) = g.blocks {
+        if !g.c.is_null() {
+            return Err(Error::internal(
+                "a block-scaled GEMM accumulating from a separate C".to_string(),
+            ));
+        }
+        let beta = if g.accumulate { 1.0 } else { 0.0 };
+        // SAFETY: the caller's contract (a block descriptor of `desc_from_te_block`, or
+        // a chunk of one whose scale pointers the planner moved with its rows).
+        return unsafe { block::run_scaled(g, Some(modes), 1.0, beta, stream) };
     }
     if let Some(own) = if own { small_own_gemm(g, guard)? } else { None } {
         // SAFETY: the caller's contract; default hooks add no flags or copies.

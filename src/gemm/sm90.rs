@@ -136,6 +136,9 @@ pub fn supports(g: &GemmDesc) -> Option<&'static str> {
 /// accumulation, n and k. The tensor-parallel ranks of one call share all of it (m may
 /// be each rank's share), so the fused all-gather decides rank-uniform things from it.
 pub fn supports_kind(g: &GemmDesc) -> Option<&'static str> {
+    if g.blocks.is_some() {
+        return Some("block-scaled FP8 inputs (cuBLASLt's block scale modes only)");
+    }
     let es = g.a_type.bits() / 8;
     let checks: [(bool, &'static str); 12] = [
         (g.transa && !g.transb, "layout is not TN"),
@@ -715,6 +718,7 @@ mod tests {
             sm_count: 0,
             workspace: DevPtr::NULL,
             workspace_bytes: 0,
+            blocks: None,
         }
     }
 

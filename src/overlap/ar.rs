@@ -133,6 +133,11 @@ impl Planner<'_> {
         if self.e.inline {
             return Ok(Algo::GemmOnly);
         }
+        if gemm::block::is_block(x) {
+            // The GEMM whole, then the all-reduce: the ring and the row chunks cut the
+            // GEMM along n (B's rows), whose 1D GEMM-ready scales are columns.
+            return Ok(Algo::ChunkedAr { splits: 1 });
+        }
         let (tp, e) = (self.tp(), eb(self.dtype()));
         // The ring pushes reduced rows into the peers' buffers: it needs peer memory.
         let ring_fits =
@@ -150,7 +155,7 @@ impl Planner<'_> {
     /// into D.
     pub(super) fn gemm_only_ar(&mut self, x: &ArArgs) -> Result<()> {
         check_ar(x, self.dtype())?;
-        let full = gemm::desc_from_te(&TeGemm {
+        let full = gemm::desc_from_te_block(&TeGemm {
             accumulate: false,
             math_sm_count: self.math_sms(true),
             ..*x
@@ -198,6 +203,8 @@ impl Planner<'_> {
     fn chunked_ar(&mut self, x: &ArArgs, n: usize, m: usize, splits: usize) -> Result<()> {
         let (tp, e) = (self.tp(), eb(self.dtype()));
         self.check_capacity("the GEMM output", [n, m])?;
+        // Block-scaled inputs: one chunk (`ar_algo`), whatever the caller planned.
+        let splits = if gemm::block::is_block(x) { 1 } else { splits };
         let s = splits.clamp(1, n.max(1));
         let bounds: Bounds = (0..=s).map(|i| i * n / s).collect();
         // Without peer memory, the transport's all-reduce collective per chunk.
@@ -221,7 +228,7 @@ impl Planner<'_> {
         // SMs the communication uses beside the GEMMs (peer memory: the reductions, and
         // SM puts).
         let comm_sms = !collective;
-        let full = gemm::desc_from_te(&TeGemm {
+        let full = gemm::desc_from_te_block(&TeGemm {
             d: &dv,
             accumulate: false,
             math_sm_count: self.math_sms(comm_sms),

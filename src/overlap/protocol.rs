@@ -735,6 +735,9 @@ impl Sim {
 
     /// D = op(A) op(B) (+ C, + bias) in cuBLAS's column-major terms (module `gemm`).
     fn gemm(&mut self, h: usize, g: &GemmDesc) -> Res {
+        if g.blocks.is_some() {
+            return self.block_gemm(h, g);
+        }
         if g.a_type != DType::F32 || !matches!(g.epilogue, Epilogue::None | Epilogue::Bias) {
             return Err(format!(
                 "the host GEMM computes f32 without epilogues: {g:?}"
@@ -769,6 +772,63 @@ impl Sim {
                 }
                 if g.epilogue == Epilogue::Bias {
                     acc += self.read_f32(h, g.bias + i * 4)?;
+                }
+                out.extend_from_slice(&acc.to_le_bytes());
+            }
+            self.write(h, g.d + j * g.ldd * 4, &out)?;
+        }
+        Ok(())
+    }
+
+    /// A block-scaled FP8 GEMM (TN, e4m3 data, f32 out, no epilogue): every element read
+    /// as its data byte times its block's scale, at the GEMM-ready scale layouts
+    /// (`tensor::scale_shape`) from the descriptor's scale pointers; so a chunk whose
+    /// scale pointer is off reads another block's scales (a wrong sum) or out of bounds.
+    fn block_gemm(&mut self, h: usize, g: &GemmDesc) -> Res {
+        use crate::tensor::{BlockMode, scale_shape};
+        let Some([ma, mb]) = g.blocks else {
+            return Err("not a block-scaled GEMM".into());
+        };
+        if !g.transa || g.transb || g.a_type != DType::E4M3 || g.b_type != DType::E4M3 {
+            return Err(format!("the host block GEMM computes e4m3 TN: {g:?}"));
+        }
+        if g.d_type != DType::F32 || g.epilogue != Epilogue::None || !g.c.is_null() {
+            return Err(format!("the host block GEMM writes f32 alone: {g:?}"));
+        }
+        // Scale index of element (row, l) of an operand of `rows` rows.
+        let at = |mode: BlockMode, rows: usize, row: usize, l: usize| match mode {
+            BlockMode::OneD => {
+                (l / 128) * scale_shape::one_d_rowwise_gemm_ready(rows, g.k)[1] + row
+            }
+            BlockMode::TwoD => (row / 128) * scale_shape::two_d_rowwise(rows, g.k)[1] + l / 128,
+        };
+        // Each row's values, dequantized (its scales read once per 128-value block).
+        let deq = |me: &Self, p: DevPtr, ld: usize, s: DevPtr, (mode, rows, row)| {
+            let data = me.read(h, p + row * ld, g.k)?;
+            let mut v = Vec::with_capacity(g.k);
+            let mut scale = 0f32;
+            for (l, &byte) in data.iter().enumerate() {
+                if l % 128 == 0 {
+                    scale = me.read_f32(h, s + at(mode, rows, row, l) * 4)?;
+                }
+                v.push(e4m3(byte) * scale);
+            }
+            Ok::<_, String>(v)
+        };
+        let arows: Vec<Vec<f32>> = (0..g.m)
+            .map(|i| deq(self, g.a, g.lda, g.a_scale_inv, (ma, g.m, i)))
+            .collect::<std::result::Result<_, _>>()?;
+        let mut out = Vec::with_capacity(g.m * 4);
+        for j in 0..g.n {
+            out.clear();
+            let brow = deq(self, g.b, g.ldb, g.b_scale_inv, (mb, g.n, j))?;
+            for (i, arow) in arows.iter().enumerate() {
+                let mut acc = 0f32;
+                for l in 0..g.k {
+                    acc += arow[l] * brow[l];
+                }
+                if g.accumulate {
+                    acc += self.read_f32(h, g.d + (i + j * g.ldd) * 4)?;
                 }
                 out.extend_from_slice(&acc.to_le_bytes());
             }
@@ -2040,4 +2100,232 @@ fn the_fake_transport_is_registered() {
             .map(|e| e.name),
         Some("nccl")
     );
+}
+
+// ------------------------------------------------------------ block-scaled FP8 inputs
+
+/// An e4m3 byte's value (normal and subnormal; the tests' bytes are never NaN).
+fn e4m3(b: u8) -> f32 {
+    let sign = if b & 0x80 != 0 { -1.0 } else { 1.0 };
+    let (e, f) = (((b >> 3) & 0xf) as i32, (b & 7) as f32);
+    sign * if e == 0 {
+        f / 8.0 * 2f32.powi(-6)
+    } else {
+        (1.0 + f / 8.0) * 2f32.powi(e - 7)
+    }
+}
+
+/// The e4m3 byte of a small integer in -2..=2 (`values`' range).
+fn e4m3_of(x: f32) -> u8 {
+    let mag = match x.abs() as u32 {
+        0 => 0x00,
+        1 => 0x38,
+        2 => 0x40,
+        v => panic!("{v} is outside the tests' range"),
+    };
+    if x < 0.0 { mag | 0x80 } else { mag }
+}
+
+/// A block-scaled e4m3 operand [rows, k] (rowwise, GEMM-ready scales of `mode`) on the
+/// host: its tensor and its dequantized values.
+struct BlockInput {
+    t: Tensor,
+    deq: Vec<f32>,
+}
+
+fn block_input(
+    mem: &mut Mem,
+    name: &str,
+    mode: crate::tensor::BlockMode,
+    (rows, k): (usize, usize),
+    seed: usize,
+) -> BlockInput {
+    use crate::tensor::{BlockMode, scale_shape};
+    let q = values(seed, rows * k);
+    let bytes: Vec<u8> = q.iter().map(|&x| e4m3_of(x)).collect();
+    let sshape = match mode {
+        BlockMode::OneD => scale_shape::one_d_rowwise_gemm_ready(rows, k),
+        BlockMode::TwoD => scale_shape::two_d_rowwise(rows, k),
+    };
+    // Powers of two, different per block (sums stay exact in f32).
+    let scales: Vec<f32> = (0..sshape[0] * sshape[1])
+        .map(|i| [0.5f32, 1.0, 2.0, 4.0][(i * 7 + seed) % 4])
+        .collect();
+    let pd = mem.alloc(&format!("{name}.data"), bytes.len());
+    {
+        let a = mem.allocs.last_mut().unwrap();
+        a.data.copy_from_slice(&bytes);
+        a.writer.fill(INPUT);
+    }
+    let ps = mem.input(&format!("{name}.scale_inv"), &scales);
+    let deq = (0..rows * k)
+        .map(|e| {
+            let (r, l) = (e / k, e % k);
+            let si = match mode {
+                BlockMode::OneD => (l / 128) * sshape[1] + r,
+                BlockMode::TwoD => (r / 128) * sshape[1] + l / 128,
+            };
+            q[e] * scales[si]
+        })
+        .collect();
+    let t = Tensor {
+        scaling_mode: mode.scaling_mode(),
+        data: Buffer::new(pd, DType::E4M3, Shape::new(&[rows, k]).unwrap()).unwrap(),
+        scale_inv: Buffer::new(ps, DType::F32, Shape::new(&sshape).unwrap()).unwrap(),
+        ..Default::default()
+    };
+    BlockInput { t, deq }
+}
+
+/// Every rank's block-scaled A_r [m, k] (blocks `ma`) and B_r [n, k] (`mb`), and the sum
+/// of the dequantized partials B_r A_r^T.
+fn block_partials(
+    mem: &mut Mem,
+    tp: usize,
+    (n, k, m): (usize, usize, usize),
+    [ma, mb]: [crate::tensor::BlockMode; 2],
+) -> (Vec<(BlockInput, BlockInput)>, Vec<f32>) {
+    let mut sum = vec![0f32; n * m];
+    let ops: Vec<_> = (0..tp)
+        .map(|r| {
+            let a = block_input(mem, &format!("A{r}"), ma, (m, k), 200 + r);
+            let b = block_input(mem, &format!("B{r}"), mb, (n, k), 300 + r);
+            for (s, x) in sum.iter_mut().zip(matmul_nt(&b.deq, &a.deq, n, k, m)) {
+                *s += x;
+            }
+            (a, b)
+        })
+        .collect();
+    (ops, sum)
+}
+
+/// The block cases: a 2D-scaled weight A with a 1D-scaled activation B (A cut by whole
+/// 128-row tiles), both 1D (the GEMM whole), a 1D A with a 2D B.
+fn block_modes() -> [[crate::tensor::BlockMode; 2]; 3] {
+    use crate::tensor::BlockMode::{OneD, TwoD};
+    [[TwoD, OneD], [OneD, OneD], [OneD, TwoD]]
+}
+
+/// GEMM + reduce-scatter with block-scaled inputs (m = 136: two 128-row tiles of A, k =
+/// 144: two k blocks, the second partial).
+fn check_block_rs(tp: usize, cfg: Cfg, ring: bool, modes: [crate::tensor::BlockMode; 2]) -> Res {
+    let (nc, k, m) = (8, 144, 136);
+    let n = nc * tp;
+    let mut mem = Mem::default();
+    let bufs = buffers(&mut mem, tp, n * m * 4);
+    let (ops, sum) = block_partials(&mut mem, tp, (n, k, m), modes);
+    let outs: Vec<DevPtr> = (0..tp)
+        .map(|r| mem.alloc(&format!("rs_output{r}"), nc * m * 4))
+        .collect();
+    let mut plan_call = |pl: &mut Planner, r: usize| {
+        let to = tensor(outs[r], &[nc, m]);
+        let args = RsArgs {
+            g: gemm(&ops[r].0.t, &ops[r].1.t, &to).with_d(None),
+            rs_output: &to,
+        };
+        if ring {
+            pl.split_rs_p2p(&args)
+        } else {
+            pl.split_rs(&args)
+        }
+    };
+    run_group(tp, (n, m), cfg, &mut mem, &bufs, &mut plan_call)?;
+    for (r, &o) in outs.iter().enumerate() {
+        let want = &sum[r * nc * m..(r + 1) * nc * m];
+        expect_once(&mem, o, want, &format!("rank {r}: rs_output"))?;
+    }
+    Ok(())
+}
+
+/// GEMM + all-reduce with block-scaled inputs: every rank gets the whole sum.
+fn check_block_ar(tp: usize, cfg: Cfg, modes: [crate::tensor::BlockMode; 2]) -> Res {
+    let (nc, k, m) = (8, 144, 136);
+    let n = nc * tp;
+    let mut mem = Mem::default();
+    let bufs = buffers(&mut mem, tp, 2 * n * m * 4);
+    let (ops, sum) = block_partials(&mut mem, tp, (n, k, m), modes);
+    let ds: Vec<DevPtr> = (0..tp)
+        .map(|r| mem.alloc(&format!("D{r}"), n * m * 4))
+        .collect();
+    let mut plan_call = |pl: &mut Planner, r: usize| {
+        let td = tensor(ds[r], &[n, m]);
+        let args: ArArgs = gemm(&ops[r].0.t, &ops[r].1.t, &td);
+        pl.split_ar(&args)
+    };
+    run_group(tp, (2 * n, m), cfg, &mut mem, &bufs, &mut plan_call)?;
+    for (r, &d) in ds.iter().enumerate() {
+        expect_once(&mem, d, &sum, &format!("rank {r}: D"))?;
+    }
+    Ok(())
+}
+
+#[test]
+fn block_scaled_reduce_scatter_and_all_reduce() {
+    for modes in block_modes() {
+        let name = format!("{modes:?}");
+        all(&format!("split_rs (block {name})"), |tp, f| {
+            check_block_rs(tp, Cfg::new(f), false, modes)
+        });
+        // The ring entry point takes the block-aware algorithm too (never the ring).
+        all(&format!("split_rs_p2p (block {name})"), |tp, f| {
+            check_block_rs(tp, Cfg::new(f), true, modes)
+        });
+        all(&format!("split_rs (block {name}, 1 split)"), |tp, f| {
+            check_block_rs(tp, Cfg::new(f).with(|p| p.splits = 1), false, modes)
+        });
+        all(&format!("split_ar (block {name})"), |tp, f| {
+            check_block_ar(tp, Cfg::new(f), modes)
+        });
+    }
+}
+
+#[test]
+fn block_scaled_chunks_cut_whole_tiles() {
+    use super::rs::block_column_bounds;
+    use crate::tensor::BlockMode::{OneD, TwoD};
+    assert_eq!(block_column_bounds(136, 3, TwoD).to_vec(), [0, 128, 136]);
+    assert_eq!(
+        block_column_bounds(1024, 3, TwoD).to_vec(),
+        [0, 256, 640, 1024]
+    );
+    assert_eq!(block_column_bounds(1024, 3, OneD).to_vec(), [0, 1024]);
+    assert_eq!(block_column_bounds(100, 4, TwoD).to_vec(), [0, 100]);
+}
+
+#[test]
+fn block_scaled_inputs_never_take_the_rings() {
+    use crate::tensor::BlockMode::{OneD, TwoD};
+    // The rings cut the GEMM along n (B's rows, whose 1D scales are columns): planned
+    // explicitly with block inputs, they refuse instead of reading the wrong scales.
+    for f in FLAVOURS {
+        let tp = 2;
+        let (n, k, m) = (16, 144, 136);
+        let mut mem = Mem::default();
+        let bufs = buffers(&mut mem, tp, 2 * n * m * 4);
+        let (ops, _) = block_partials(&mut mem, tp, (n, k, m), [TwoD, OneD]);
+        let outs: Vec<DevPtr> = (0..tp)
+            .map(|r| mem.alloc(&format!("out{r}"), n * m * 4))
+            .collect();
+        let mut ring_rs = |pl: &mut Planner, r: usize| {
+            let to = tensor(outs[r], &[n / tp, m]);
+            let args = RsArgs {
+                g: gemm(&ops[r].0.t, &ops[r].1.t, &to).with_d(None),
+                rs_output: &to,
+            };
+            let ring = pl.ring_params();
+            pl.plan(Algo::RingRs(ring), &algo::Call::RsP2p(&args))
+        };
+        let e = run_group(tp, (n, m), Cfg::new(f), &mut mem, &bufs, &mut ring_rs)
+            .expect_err("the ring reduce-scatter must refuse block inputs");
+        assert!(e.contains("ring reduce-scatter"), "{f:?}: {e}");
+        let mut ring_ar = |pl: &mut Planner, r: usize| {
+            let td = tensor(outs[r], &[n, m]);
+            let args: ArArgs = gemm(&ops[r].0.t, &ops[r].1.t, &td);
+            let ring = pl.ring_params();
+            pl.plan(Algo::RingAr(ring), &algo::Call::Ar(&args))
+        };
+        let e = run_group(tp, (2 * n, m), Cfg::new(f), &mut mem, &bufs, &mut ring_ar)
+            .expect_err("the ring all-reduce must refuse block inputs");
+        assert!(e.contains("ring reduce-scatter"), "{f:?}: {e}");
+    }
 }

@@ -105,7 +105,21 @@ impl Planner<'_> {
         Ok(d)
     }
 
+    /// [`Self::plan_rs_blocks`] of the algorithms that cut the GEMM along n (the rings):
+    /// block-scaled inputs refused, their 1D scales would not follow the cut.
     pub(super) fn plan_rs(&self, x: &RsArgs, comm_sms: bool) -> Result<RsPlan> {
+        let p = self.plan_rs_blocks(x, comm_sms)?;
+        if p.full.blocks.is_some() {
+            crate::unsupported!(
+                "the ring reduce-scatter cuts the GEMM along n, which block-scaled FP8 inputs' scales do not follow: the pipelined or collective reduce-scatter (and the chunked all-reduce) take them"
+            );
+        }
+        Ok(p)
+    }
+
+    /// The validated GEMM (block-scaled inputs included: its chunks must come from
+    /// [`Self::rs_bounds`]) and the reduction's geometry.
+    pub(super) fn plan_rs_blocks(&self, x: &RsArgs, comm_sms: bool) -> Result<RsPlan> {
         let tp = self.tp();
         // m and n from A and B as nvte_cublas_gemm defines them.
         let Some((ar, ac)) = x.g.a.data.rows_cols() else {
@@ -121,7 +135,7 @@ impl Planner<'_> {
         }
         self.check_capacity("the GEMM output", [n, m])?;
         let d = self.rs_buffer_view(x, n, m)?;
-        let mut full = gemm::desc_from_te(&Operands {
+        let mut full = gemm::desc_from_te_block(&Operands {
             math_sm_count: self.math_sms(comm_sms),
             ..x.g.with_d(&d)
         })?;
@@ -154,12 +168,17 @@ impl Planner<'_> {
     }
 
     /// The GEMM of output columns [lo, hi) (A's rows or columns, aux and bias offset to
-    /// match), writing its place in the full D.
-    fn column_chunk(p: &RsPlan, transa: bool, lo: usize, hi: usize) -> GemmDesc {
+    /// match), writing its place in the full D. A block-scaled A (always TN) moves its
+    /// 2D scales by whole 128-row tiles ([`Self::rs_bounds`] cuts there; a 1D-scaled A
+    /// is never cut).
+    fn column_chunk(p: &RsPlan, lo: usize, hi: usize) -> GemmDesc {
         let f = &p.full;
         let mut g = *f;
         g.m = hi - lo;
-        g.a = f.a + if transa { lo * f.lda } else { lo } * eb(f.a_type);
+        g.a = f.a + if f.transa { lo * f.lda } else { lo } * eb(f.a_type);
+        if f.blocks.is_some() {
+            g.a_scale_inv = f.a_scale_inv + block_a_scale_offset(f, lo);
+        }
         g.d = f.d + lo * eb(f.d_type);
         if !f.aux.is_null() {
             g.aux = f.aux + lo * eb(f.aux_type);
@@ -175,11 +194,25 @@ impl Planner<'_> {
         super::schedule::column_splits(m, splits)
     }
 
+    /// The column chunks of the reduce-scatter's GEMM `p`: [`Self::splits`]; with
+    /// block-scaled inputs, whole 128-row tiles of a 2D-scaled A (its scales stay one
+    /// contiguous run per chunk), and one chunk (the GEMM, then the collective) for a
+    /// 1D-scaled A, whose GEMM-ready scales [k/128, m] a column chunk would cut across.
+    fn rs_bounds(p: &RsPlan, splits: usize) -> Bounds {
+        match p.full.blocks {
+            None => Self::splits(p.m, splits),
+            Some(b) => block_column_bounds(p.m, splits, b[0]),
+        }
+    }
+
     /// split_rs's algorithm: the pipelined one with peer memory; else (it loads from the
     /// peers' buffers) the ring entry point's, as at tp 1 inline for plain sums (the
     /// ring's form, one GEMM straight into `rs_output`: the pipelined chunks would only
     /// copy the buffer into it).
     pub(super) fn rs_algo(&self, x: &RsArgs) -> Result<Algo> {
+        if gemm::block::is_block(&x.g.with_d(x.rs_output)) {
+            return self.block_rs_algo();
+        }
         if !self.e.caps.peer_memory || (self.e.inline && Self::plain_sums_of(x, self.dtype())) {
             return self.rs_p2p_algo(x);
         }
@@ -194,6 +227,9 @@ impl Planner<'_> {
     /// 0.92-1.03x of NCCL-then-GEMM vs 1.01-1.08x; at tp 4 the collective 0.95-1.13x vs
     /// 1.10-1.60x); else the ring with the policy's parameters.
     pub(super) fn rs_p2p_algo(&self, x: &RsArgs) -> Result<Algo> {
+        if gemm::block::is_block(&x.g.with_d(x.rs_output)) {
+            return self.block_rs_algo();
+        }
         let ring = self.ring_params();
         if !self.e.caps.peer_memory && self.e.caps.collectives && self.tp() > 2 {
             let p = self.plan_rs(x, false)?;
@@ -204,6 +240,23 @@ impl Planner<'_> {
             }
         }
         Ok(Algo::RingRs(ring))
+    }
+
+    /// Block-scaled inputs: the column-chunked algorithms, whose chunks keep the block
+    /// scales valid ([`Self::rs_bounds`]): pipelined over peer memory, else the
+    /// collective per chunk; the rings cut the GEMM along n (B's rows, whose 1D
+    /// GEMM-ready scales are columns) and are not taken.
+    fn block_rs_algo(&self) -> Result<Algo> {
+        let splits = self.e.policy.splits as usize;
+        if self.e.caps.peer_memory {
+            return Ok(Algo::PipelinedRs { splits });
+        }
+        if self.e.caps.collectives {
+            return Ok(Algo::CollectiveRs { splits });
+        }
+        crate::unsupported!(
+            "a GEMM + reduce-scatter with block-scaled FP8 inputs needs peer memory or collectives from the transport"
+        )
     }
 
     /// The ring's parameters in this call's group: how it sums, its pieces, the fused GEMM.
@@ -219,13 +272,13 @@ impl Planner<'_> {
     /// [`Algo::PipelinedRs`]: the pipelined GEMM + reduce-scatter (module doc) in `splits`
     /// column chunks.
     pub(super) fn pipelined_rs(&mut self, x: &RsArgs, splits: usize) -> Result<()> {
-        let p = self.plan_rs(x, true)?;
-        let bounds = Self::splits(p.m, splits);
+        let p = self.plan_rs_blocks(x, true)?;
+        let bounds = Self::rs_bounds(&p, splits);
         // The chunk GEMMs write this buffer, which peers read: gate them on the barrier.
         self.begin(Op::SplitRs, true, &p.full.sum_key(), Some(&p.full));
         let nchunks = bounds.len() - 1;
         for i in 0..nchunks {
-            let g = Self::column_chunk(&p, x.g.transa, bounds[i], bounds[i + 1]);
+            let g = Self::column_chunk(&p, bounds[i], bounds[i + 1]);
             let si = 0; // in order: see the module doc
             self.step(|| {
                 format!(
@@ -288,7 +341,7 @@ impl Planner<'_> {
 
     /// [`Algo::CollectiveRs`]: the collective per column chunk, `splits` of them.
     pub(super) fn collective_rs(&mut self, x: &RsArgs, splits: usize) -> Result<()> {
-        let p = self.plan_rs(x, false)?;
+        let p = self.plan_rs_blocks(x, false)?;
         self.rs_collective_chunks(&p, x, splits)
     }
 
@@ -387,14 +440,14 @@ impl Planner<'_> {
         let tp = self.tp();
         let staging = self.staging()?;
         self.begin(Op::SplitRs, false, &p.full.sum_key(), Some(&p.full));
-        let bounds = Self::splits(p.m, splits);
+        let bounds = Self::rs_bounds(p, splits);
         let e = eb(self.dtype());
         let n = p.nc * tp;
         let nchunks = bounds.len() - 1;
         for i in 0..nchunks {
             let (lo, hi) = (bounds[i], bounds[i + 1]);
             // Written contiguously: [n, hi - lo] at the chunk's place in staging.
-            let mut g = Self::column_chunk(p, x.g.transa, lo, hi);
+            let mut g = Self::column_chunk(p, lo, hi);
             g.d = staging + lo * n * e;
             g.ldd = hi - lo;
             self.gemm(&g, 0, false);
@@ -808,4 +861,28 @@ fn chain_step_name(i: usize, c: usize, tp: usize) -> String {
             i + 1
         )
     }
+}
+
+/// Bytes from a block-scaled A's 2D scales to those of its rows from `lo` (a multiple of
+/// 128): whole tiles of [ceil(m/128), pad4(ceil(k/128))] float32 (TE's GEMM-ready 2D
+/// layout). 0 for a 1D-scaled A (never cut: [`block_column_bounds`]).
+fn block_a_scale_offset(f: &GemmDesc, lo: usize) -> usize {
+    match f.blocks {
+        Some([crate::tensor::BlockMode::TwoD, _]) => {
+            let row = crate::tensor::scale_shape::two_d_rowwise(f.m, f.k)[1];
+            (lo / 128) * row * 4
+        }
+        _ => 0,
+    }
+}
+
+/// Column chunks of a block-scaled GEMM of m columns: at most `splits` runs of whole
+/// 128-row tiles of a 2D-scaled A, one chunk for a 1D-scaled A.
+pub(super) fn block_column_bounds(m: usize, splits: usize, a: crate::tensor::BlockMode) -> Bounds {
+    if a != crate::tensor::BlockMode::TwoD || m == 0 {
+        return [0, m].into_iter().collect();
+    }
+    let tiles = m.div_ceil(128);
+    let s = splits.clamp(1, tiles);
+    (0..=s).map(|i| (i * tiles / s * 128).min(m)).collect()
 }
