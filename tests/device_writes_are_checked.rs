@@ -31,6 +31,19 @@ const ALLOWED: &[(&str, &str)] = &[
         "validates shapes, builds a descriptor",
     ),
     (
+        "src/gemm/mod.rs::desc_from_te_block",
+        "validates shapes and block scales, builds a descriptor",
+    ),
+    (
+        "src/gemm/block.rs::block_desc",
+        "validates shapes and block scales, builds a descriptor",
+    ),
+    (
+        "src/gemm/block.rs::check_block",
+        "validates shapes and block scales",
+    ),
+    ("src/gemm/block.rs::is_block", "reads the scaling modes"),
+    (
         "src/gemm/sm90.rs::supports",
         "reads the descriptor's shape and types",
     ),
