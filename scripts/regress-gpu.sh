@@ -14,6 +14,8 @@
 #      the modules and the userbuffers API on a one-rank group;
 #   5. block-scaled FP8 at tp 1: quantize / dequantize bit for bit (test_block_quant), the
 #      GEMM entries against fp64 (test_block_gemm), the torch modules and JAX's layers;
+#      the comm-GEMM API with block-scaled inputs (test_comm_gemm_block, eager and CUDA
+#      graph replays) with 1, 2 and 4 ranks sharing the GPU;
 #   6. old against new at tp 1, same card, same call: bench_overlap and bench_comm_gemm
 #      with the library and tests_c of an older tree in .mg/old (libtransformer_engine_comm.so
 #      beside its CMakeLists.txt, cmake/, include/, tests_c/, scripts/common.sh), when there;
@@ -78,6 +80,11 @@ fi
 for t in test_block_quant test_block_gemm; do
   [ -x "$build/tests_c/$t" ] && step "${t}_np1" 120 "$mpi" 1 "$build/tests_c/$t"
 done
+# The comm-GEMM API with block-scaled inputs: GEMM + RS / AR at 1, 2 and 4 ranks sharing
+# the GPU, the all-gather GEMM at 1 (refused with its reason at more), graph replays.
+if [ -x "$build/tests_c/test_comm_gemm_block" ]; then
+  for np in 1 2 4; do step "test_comm_gemm_block_np$np" 90 "$mpi" "$np" "$build/tests_c/test_comm_gemm_block"; done
+fi
 if python3 -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null \
   && [ -f "$root/python/tests/torch/test_block_fp8.py" ]; then
   step torch_block_fp8_tp1 120 env PYTHONPATH="$pypath" python3 -m pytest -q -rfEs -p no:cacheprovider \

@@ -1,0 +1,240 @@
+// The comm-GEMM API with block-scaled FP8 inputs (TE's Float8BlockScaling: a 2D-scaled
+// weight A with a 1D-scaled activation B, and both 1D): nvte_gemm_reduce_scatter and
+// nvte_gemm_all_reduce at every tp (k split: each rank's A [m, k/tp] and B [n, k/tp]),
+// nvte_all_gather_gemm at tp 1 (refused with its reason at more ranks: the gathered B's
+// block scales are not gathered yet), float32 and bfloat16 outputs, against a float64
+// reference on the dequantized inputs. The operands are quantized on the GPU by
+// nvte_quantize (GEMM-ready scales) and dequantized by nvte_dequantize, so the reference
+// sees exactly the values the GEMM reads. m = 384 is three 128-row tiles of A: the
+// pipelined reduce-scatter cuts a 2D-scaled A at whole tiles. Then each operation
+// captured in a CUDA graph and replayed into a poisoned D, checked again.
+//
+// Tolerance per element: |d - ref| <= 2e-3 sum_l |a_l b_l| + (tp + 1) u sum_l |a_l b_l|,
+// with u the unit roundoff of D's type (0 for float32, 2^-8 for bfloat16): the FP8 tensor
+// cores' reduced-precision accumulation inside a 128-value block (test_block_gemm
+// measures 1e-4 .. 2.7e-4 relative on an H200) and the rounding of the partial sums in
+// D's type along the reduction.
+//
+// Contexts come from MPI allgather / barrier callbacks over the IPC transport, so any
+// number of ranks may share one GPU (run_mpi.sh N: rank r uses GPU r % count).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "test_util.hpp"
+
+using namespace tu;
+
+namespace {
+
+int mpi_allgather(void *, void *global, size_t, const void *local, size_t local_bytes) {
+  return MPI_Allgather(local, (int)local_bytes, MPI_BYTE, global, (int)local_bytes, MPI_BYTE, MPI_COMM_WORLD);
+}
+int mpi_barrier(void *) { return MPI_Barrier(MPI_COMM_WORLD); }
+
+size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
+size_t pad4(size_t a) { return ceil_div(a, 4) * 4; }
+
+// A block-scaled e4m3 tensor [R, C] (rowwise data, GEMM-ready scales) quantized on the GPU
+// from host values, and its dequantized values.
+struct Block {
+  NVTETensor h = nullptr;
+  DevBuf data, sinv;
+  std::vector<double> deq;
+  Block(const std::vector<float> &x, size_t R, size_t C, bool two_d, cudaStream_t s) {
+    std::vector<size_t> sshape = two_d ? std::vector<size_t>{ceil_div(R, 128), pad4(ceil_div(C, 128))}
+                                       : std::vector<size_t>{ceil_div(C, 128), pad4(R)};
+    h = nvte_create_tensor(two_d ? NVTE_BLOCK_SCALING_2D : NVTE_BLOCK_SCALING_1D);
+    data = DevBuf(R * C);
+    sinv = DevBuf(4 * sshape[0] * sshape[1]);
+    NVTEBasicTensor d = basic(data.p, kNVTEFloat8E4M3, {R, C}), sc = basic(sinv.p, kNVTEFloat32, sshape);
+    nvte_set_tensor_param_v2(h, kNVTERowwiseData, &d, sizeof(d));
+    nvte_set_tensor_param_v2(h, kNVTERowwiseScaleInv, &sc, sizeof(sc));
+    Tensor src(kNVTEFloat32, {R, C});
+    src.data.upload(x.data());
+    nvte_quantize(src.h, h, s);
+    Tensor back(kNVTEFloat32, {R, C});
+    nvte_dequantize(h, back.h, s);
+    CUDA_OK(cudaStreamSynchronize(s));
+    ok = nvte_comm_last_status() == NVTE_COMM_SUCCESS;
+    if (ok) deq = decode(back.data.download(), kNVTEFloat32, R * C);
+  }
+  Block(const Block &) = delete;
+  Block &operator=(const Block &) = delete;
+  ~Block() { if (h) nvte_destroy_tensor(h); }
+  bool ok = false;
+};
+
+// Columns [c0, c0 + nc) of a row-major [rows, cols] host matrix.
+std::vector<float> cols_of(const std::vector<float> &h, size_t rows, size_t cols, size_t c0, size_t nc) {
+  std::vector<float> o(rows * nc);
+  for (size_t i = 0; i < rows; ++i)
+    for (size_t j = 0; j < nc; ++j) o[i * nc + j] = h[i * cols + c0 + j];
+  return o;
+}
+
+NVTECommGemmCtx *make_ctx(int rank, int size) {
+  setenv("NVTE_COMM_TRANSPORT", "ipc", 1);
+  setenv("NVTE_COMM_TUNE", "0", 1);
+  NVTECommBootstrap bs{};
+  bs.world_rank = rank;
+  bs.world_size = size;
+  bs.allgather = mpi_allgather;
+  bs.barrier = mpi_barrier;
+  NVTECommGemmCtx *ctx = nullptr;
+  NVTECommStatus st = nvte_comm_gemm_ctx_create_bootstrap(&bs, &ctx);
+  unsetenv("NVTE_COMM_TUNE");
+  unsetenv("NVTE_COMM_TRANSPORT");
+  return st == NVTE_COMM_SUCCESS ? ctx : nullptr;
+}
+
+enum Op { kAg, kRs, kAr };
+const char *op_name(Op o) { return o == kAg ? "all_gather_gemm" : o == kRs ? "gemm_reduce_scatter" : "gemm_all_reduce"; }
+
+struct Case {
+  Op op;
+  bool a_2d;
+  NVTEDType td;
+};
+
+// D [rows, m] on the host against the reference rows [row0, row0 + rows) of ref / mag.
+int compare(Report &rep, const std::string &what, const DevBuf &d, NVTEDType td, const std::vector<double> &ref,
+            const std::vector<double> &mag, int64_t row0, int64_t rows, int64_t m, int size) {
+  std::vector<double> got = decode(d.download(), td, rows * m);
+  const double u = td == kNVTEBFloat16 ? std::ldexp(1.0, -8) : 0.0;
+  int bad = 0;
+  double worst = 0;
+  for (int64_t i = 0; i < rows * m; ++i) {
+    double want = ref[row0 * m + i], bound = (2e-3 + (size + 1) * u) * mag[row0 * m + i] + 1e-6;
+    double err = std::fabs(got[i] - want);
+    if (!(err <= bound)) ++bad;
+    worst = std::max(worst, std::isnan(err) ? INFINITY : err / bound);
+  }
+  char b[160];
+  std::snprintf(b, sizeof b, ": %d of %lld outside the bound (largest err / bound %.3f)", bad, (long long)(rows * m), worst);
+  rep.check(bad == 0, what + b);
+  return bad;
+}
+
+void run_case(Report &rep, NVTECommGemmCtx *ctx, const Case &c, uint64_t seed, int rank, int size, cudaStream_t s) {
+  const int64_t m = 384, n = 64 * size, kpr = 256;
+  const bool ag = c.op == kAg;
+  const int64_t k = ag ? kpr : kpr * size;
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "tp %d %s A %s x B 1D -> %s m=%lld n=%lld k=%lld", size, op_name(c.op), c.a_2d ? "2D" : "1D",
+                dtype_name(c.td), (long long)m, (long long)n, (long long)k);
+  const std::string what = buf;
+  Rng rng(seed);
+  std::vector<float> A(m * k), B(n * k);
+  for (auto &x : A) x = (float)rng.uniform(-2, 2);
+  for (auto &x : B) x = (float)rng.uniform(-3, 3);
+  // Every rank's share quantized here (the same kernel on the same values gives every
+  // rank the same bytes); the reference sums their dequantized products in float64.
+  const int shares = ag ? 1 : size;
+  const int64_t ks = ag ? k : kpr;
+  std::vector<double> ref(n * m, 0.0), mag(n * m, 0.0);
+  Block *mine_a = nullptr, *mine_b = nullptr;
+  std::vector<Block *> keep;
+  for (int q = 0; q < shares; ++q) {
+    auto *a = new Block(cols_of(A, m, k, q * ks, ks), m, ks, c.a_2d, s);
+    auto *b = new Block(cols_of(B, n, k, q * ks, ks), n, ks, false, s);
+    keep.push_back(a);
+    keep.push_back(b);
+    if (!a->ok || !b->ok) {
+      rep.fail(what + ": nvte_quantize / nvte_dequantize: " + nvte_comm_last_error());
+      for (Block *x : keep) delete x;
+      return;
+    }
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t i = 0; i < m; ++i) {
+        double acc = 0, am = 0;
+        for (int64_t l = 0; l < ks; ++l) {
+          double p = b->deq[j * ks + l] * a->deq[i * ks + l];
+          acc += p;
+          am += std::fabs(p);
+        }
+        ref[j * m + i] += acc;
+        mag[j * m + i] += am;
+      }
+    if (ag || q == rank) { mine_a = a; mine_b = b; }
+  }
+  const int64_t rows = c.op == kRs ? n / size : n, row0 = c.op == kRs ? rank * (n / size) : 0;
+  Tensor D(c.td, {(size_t)rows, (size_t)m});
+  auto fn = c.op == kAg ? nvte_all_gather_gemm : c.op == kRs ? nvte_gemm_reduce_scatter : nvte_gemm_all_reduce;
+  auto call = [&] {
+    fn(ctx, m, n, k, mine_a->h, mine_b->h, D.h, nullptr, nullptr, true, false, false, false, 0, s, kNVTECommGemmAlgoSplitP2P);
+  };
+  D.data.poison();
+  call();
+  NVTECommStatus st = nvte_comm_last_status();
+  std::string msg = nvte_comm_last_error();
+  CUDA_OK(cudaStreamSynchronize(s));
+  if (ag && size > 1) {
+    // Refused before anything is made, naming why.
+    rep.check(st == NVTE_COMM_ERROR_UNSUPPORTED && msg.find("block") != std::string::npos,
+              what + ": refused at tp > 1 with its reason: " + msg);
+  } else if (st != NVTE_COMM_SUCCESS) {
+    rep.fail(what + ": " + nvte_comm_status_string(st) + ": " + msg);
+  } else if (compare(rep, what + " (eager)", D.data, c.td, ref, mag, row0, rows, m, size) == 0) {
+    // The same call captured in a CUDA graph, replayed into a poisoned D.
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    call();
+    st = nvte_comm_last_status();
+    msg = nvte_comm_last_error();
+    CUDA_OK(cudaStreamEndCapture(s, &graph));
+    if (st != NVTE_COMM_SUCCESS) {
+      rep.fail(what + ": captured call: " + msg);
+    } else {
+      CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+      for (int replay = 0; replay < 2; ++replay) {
+        D.data.poison();
+        CUDA_OK(cudaGraphLaunch(exec, s));
+        CUDA_OK(cudaStreamSynchronize(s));
+        compare(rep, what + " (graph replay " + std::to_string(replay) + ")", D.data, c.td, ref, mag, row0, rows, m, size);
+      }
+      CUDA_OK(cudaGraphExecDestroy(exec));
+    }
+    if (graph) CUDA_OK(cudaGraphDestroy(graph));
+  }
+  for (Block *x : keep) delete x;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  probe_one_gpu_or_continue(argc, argv);  // ranks may share GPUs
+  MPI_Init(&argc, &argv);
+  Report rep;
+  int rank, size, ndev = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  rep.rank = rank;
+  CUDA_OK(cudaGetDeviceCount(&ndev));
+  CUDA_OK(cudaSetDevice(rank % ndev));
+  cudaDeviceProp prop{};
+  CUDA_OK(cudaGetDeviceProperties(&prop, rank % ndev));
+  if (prop.major != 9) {
+    // Block-scaled GEMMs run on Hopper only (cuBLASLt's block scale modes).
+    if (rank == 0) std::printf("SKIPPED: block-scaled FP8 GEMMs need Hopper (sm_90); device is sm_%d%d\n", prop.major, prop.minor);
+    MPI_Finalize();
+    return 77;
+  }
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  NVTECommGemmCtx *ctx = make_ctx(rank, size);
+  if (!ctx) {
+    rep.fail(std::string("ctx_create_bootstrap: ") + nvte_comm_last_error());
+  } else {
+    uint64_t seed = 4100;
+    for (Op op : {kRs, kAr, kAg})
+      for (bool a_2d : {true, false})
+        for (NVTEDType td : {kNVTEFloat32, kNVTEBFloat16}) run_case(rep, ctx, Case{op, a_2d, td}, ++seed, rank, size, s);
+    nvte_comm_gemm_ctx_destroy(ctx);
+  }
+  CUDA_OK(cudaStreamDestroy(s));
+  int rc = rep.finish("test_comm_gemm_block");
+  MPI_Finalize();
+  return rc;
+}
