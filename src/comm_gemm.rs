@@ -921,40 +921,9 @@ impl CommGemmCtx {
         Ok(())
     }
 
-    /// Block-scaled FP8 inputs (NVTE_BLOCK_SCALING_1D / 2D), checked before anything is
-    /// made: at one rank (direct) every operation is its block-scaled GEMM; at more ranks
-    /// the reduce-scatter and all-reduce run the engine's block-aware algorithms (whole
-    /// 128-row tiles of a 2D-scaled A per chunk, else the GEMM whole, then the
-    /// collective), with n divisible by the ranks for the reduce-scatter (B's block scales
-    /// cannot be padded); the all-gather's gathered operand would need its scales
-    /// gathered with it, which the engine does not do yet.
+    /// Block-scaled FP8 inputs: what this context takes ([`call::check_block`]).
     fn check_block(&self, c: &GemmCall) -> Result<()> {
-        let block = [c.a.scaling_mode, c.b.scaling_mode]
-            .iter()
-            .any(|&m| crate::tensor::BlockMode::from_scaling_mode(m).is_some());
-        if !block {
-            return Ok(());
-        }
-        if c.b_gathered.is_some() {
-            crate::unsupported!(
-                "b_gathered with block-scaled FP8 inputs: the gathered B would need its block scales too; quantize the gathered B where it is used"
-            );
-        }
-        if self.opts.direct {
-            return Ok(());
-        }
-        match c.kind {
-            Kind::AllGather => crate::unsupported!(
-                "nvte_all_gather_gemm with block-scaled FP8 inputs (NVTE_BLOCK_SCALING_1D / 2D) runs at one rank without NVTE_COMM_REPORT / NVTE_COMM_TRACE only (this context: {} ranks): the gathered B's block scales are not gathered yet; quantize per tensor, or gather B and run nvte_cublas_gemm on block inputs",
-                self.nranks
-            ),
-            Kind::ReduceScatter if c.n % self.nranks as i64 != 0 => crate::unsupported!(
-                "nvte_gemm_reduce_scatter with block-scaled FP8 inputs needs n = {} divisible by nranks = {} (B's block scales cannot be padded)",
-                c.n,
-                self.nranks
-            ),
-            _ => Ok(()),
-        }
+        call::check_block(c, self.nranks, self.opts.direct)
     }
 
     fn call_inner(&mut self, c: &GemmCall, stream: StreamHandle) -> Result<()> {

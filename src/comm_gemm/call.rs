@@ -79,8 +79,44 @@ fn eb(d: DType) -> usize {
     d.bits() / 8
 }
 
+/// Block-scaled FP8 inputs (NVTE_BLOCK_SCALING_1D / 2D), checked before anything is
+/// made: at one rank (`direct`) every operation is its block-scaled GEMM; at more ranks
+/// the reduce-scatter and all-reduce run the engine's block-aware algorithms (whole
+/// 128-row tiles of a 2D-scaled A per chunk, else the GEMM whole, then the collective),
+/// with n divisible by the ranks for the reduce-scatter (B's block scales cannot be
+/// padded); the all-gather's gathered operand would need its scales gathered with it,
+/// which the engine does not do yet.
+pub(crate) fn check_block(c: &GemmCall, nranks: usize, direct: bool) -> Result<()> {
+    let block = [c.a.scaling_mode, c.b.scaling_mode]
+        .iter()
+        .any(|&m| crate::tensor::BlockMode::from_scaling_mode(m).is_some());
+    if !block {
+        return Ok(());
+    }
+    if c.b_gathered.is_some() {
+        unsupported!(
+            "b_gathered with block-scaled FP8 inputs: the gathered B would need its block scales too; quantize the gathered B where it is used"
+        );
+    }
+    if direct {
+        return Ok(());
+    }
+    match c.kind {
+        Kind::AllGather => unsupported!(
+            "nvte_all_gather_gemm with block-scaled FP8 inputs (NVTE_BLOCK_SCALING_1D / 2D) runs at one rank without NVTE_COMM_REPORT / NVTE_COMM_TRACE only (this context: {nranks} ranks): the gathered B's block scales are not gathered yet; quantize per tensor, or gather B and run nvte_cublas_gemm on block inputs"
+        ),
+        Kind::ReduceScatter if c.n % nranks as i64 != 0 => unsupported!(
+            "nvte_gemm_reduce_scatter with block-scaled FP8 inputs needs n = {} divisible by nranks = {nranks} (B's block scales cannot be padded)",
+            c.n
+        ),
+        _ => Ok(()),
+    }
+}
+
 /// The call `c` (its operands checked already) with workspace `ws`.
 pub(crate) fn run<B: CallBackend>(b: &mut B, c: &GemmCall, ws: &Tensor) -> Result<()> {
+    let (nr, _) = b.ranks();
+    check_block(c, nr, b.direct())?;
     match c.kind {
         Kind::AllGather => all_gather(b, c, ws),
         Kind::ReduceScatter | Kind::AllReduce => reduction(b, c, ws),

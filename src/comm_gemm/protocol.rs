@@ -11,8 +11,8 @@ use crate::error::Result;
 use crate::gemm::TeGemm;
 use crate::overlap::plan::Planner;
 use crate::overlap::protocol::{
-    CALLER, Cfg, Dev, Mem, Res, all, buffers, expect_once, matmul_nt, new_log, rank_call, simulate,
-    tensor, values,
+    CALLER, Cfg, Dev, Mem, Res, all, block_partials, buffers, expect_once, matmul_nt, new_log,
+    rank_call, simulate, tensor, values,
 };
 use crate::overlap::{ag::AgArgs, ar::ArArgs, rs::RsArgs};
 use crate::tensor::DType;
@@ -73,7 +73,8 @@ impl CallBackend for HostCall<'_> {
         g: &TeGemm,
         copy: Option<(DevPtr, DevPtr, usize)>,
     ) -> Result<()> {
-        let desc = crate::gemm::desc_from_te(g)?;
+        // (block-scaled inputs: the block GEMM, as the context's `run_block`)
+        let desc = crate::gemm::desc_from_te_block(g)?;
         if let Some((d, s, n)) = copy {
             self.push(Dev::Copy(d, s, n));
         }
@@ -323,4 +324,135 @@ fn comm_gemm_calls() {
             check_comm_gemm(tp, Cfg::new(f), (true, with_bias), Kind::AllReduce, dims)
         });
     }
+}
+
+/// A comm-GEMM reduce-scatter or all-reduce with block-scaled inputs (a 2D-scaled A with
+/// a 1D-scaled B, and both 1D; k split, every rank's own quantized shares): every rank's
+/// D against the sum of the dequantized partials, through `call::run` (tp 1: the direct
+/// block GEMM).
+fn check_block_comm_gemm(
+    tp: usize,
+    cfg: Cfg,
+    ring: bool,
+    kind: Kind,
+    modes: [crate::tensor::BlockMode; 2],
+) -> Res {
+    let (nl, kl, m) = (8, 144, 136);
+    let n = nl * tp;
+    let mut mem = Mem::default();
+    let mut engines = HashMap::new();
+    let log = new_log(tp);
+    let ws = tensor(mem.alloc("workspace", 4), &[1]);
+    let (ops, sum) = block_partials(&mut mem, tp, (n, kl, m), modes);
+    let mut outs = Vec::new();
+    for (r, (a, b)) in ops.iter().enumerate() {
+        let rows = if kind == Kind::AllReduce { n } else { nl };
+        let pd = mem.alloc(&format!("D{r}"), rows * m * 4);
+        let td = tensor(pd, &[rows, m]);
+        let call = GemmCall {
+            kind,
+            m: m as i64,
+            n: n as i64,
+            k: (kl * tp) as i64,
+            a: &a.t,
+            b: &b.t,
+            d: &td,
+            bias: None,
+            pre_act_out: None,
+            transa: true,
+            transb: false,
+            grad: false,
+            accumulate: false,
+            comm_sm_count: 0,
+            b_gathered: None,
+            tune: false,
+            atomic: false,
+        };
+        let mut host = HostCall {
+            tp,
+            rank: r,
+            cfg,
+            ring,
+            mem: &mut mem,
+            engines: &mut engines,
+            log: log.clone(),
+            rows: None,
+        };
+        super::call::run(&mut host, &call, &ws).map_err(|e| format!("rank {r}: {}", e.msg))?;
+        let want = if kind == Kind::AllReduce {
+            sum.clone()
+        } else {
+            sum[r * nl * m..(r + 1) * nl * m].to_vec()
+        };
+        outs.push((pd, want));
+    }
+    let bufs = engines.values().next().cloned().unwrap_or_default();
+    simulate(&log, &mut mem, &bufs)?;
+    for (r, (pd, want)) in outs.iter().enumerate() {
+        expect_once(&mem, *pd, want, &format!("rank {r}: D"))?;
+    }
+    Ok(())
+}
+
+#[test]
+fn comm_gemm_block_scaled_reductions() {
+    use crate::tensor::BlockMode::{OneD, TwoD};
+    for modes in [[TwoD, OneD], [OneD, OneD]] {
+        for ring in [true, false] {
+            all(
+                &format!("comm-GEMM reduce-scatter (block {modes:?}, ring {ring})"),
+                |tp, f| check_block_comm_gemm(tp, Cfg::new(f), ring, Kind::ReduceScatter, modes),
+            );
+        }
+        all(
+            &format!("comm-GEMM all-reduce (block {modes:?})"),
+            |tp, f| check_block_comm_gemm(tp, Cfg::new(f), true, Kind::AllReduce, modes),
+        );
+    }
+}
+
+#[test]
+fn comm_gemm_block_scaled_refusals() {
+    use crate::tensor::BlockMode::{OneD, TwoD};
+    let mut mem = Mem::default();
+    let (ops, _) = block_partials(&mut mem, 1, (12, 144, 136), [TwoD, OneD]);
+    let d = tensor(mem.alloc("D", 12 * 136 * 4), &[12, 136]);
+    let call = |kind, n: i64| GemmCall {
+        kind,
+        m: 136,
+        n,
+        k: 144,
+        a: &ops[0].0.t,
+        b: &ops[0].1.t,
+        d: &d,
+        bias: None,
+        pre_act_out: None,
+        transa: true,
+        transb: false,
+        grad: false,
+        accumulate: false,
+        comm_sm_count: 0,
+        b_gathered: None,
+        tune: false,
+        atomic: false,
+    };
+    let msg = |r: Result<()>| r.expect_err("refused").msg;
+    let ag = msg(super::call::check_block(
+        &call(Kind::AllGather, 12),
+        2,
+        false,
+    ));
+    assert!(ag.contains("block scales are not gathered"), "{ag}");
+    let rs = msg(super::call::check_block(
+        &call(Kind::ReduceScatter, 12),
+        8,
+        false,
+    ));
+    assert!(rs.contains("divisible by nranks = 8"), "{rs}");
+    // One rank (direct) takes all three; more ranks the reductions with n divisible.
+    for kind in [Kind::AllGather, Kind::ReduceScatter, Kind::AllReduce] {
+        super::call::check_block(&call(kind, 12), 1, true).unwrap();
+    }
+    super::call::check_block(&call(Kind::ReduceScatter, 12), 4, false).unwrap();
+    super::call::check_block(&call(Kind::AllReduce, 12), 8, false).unwrap();
 }

@@ -2128,8 +2128,8 @@ fn e4m3_of(x: f32) -> u8 {
 
 /// A block-scaled e4m3 operand [rows, k] (rowwise, GEMM-ready scales of `mode`) on the
 /// host: its tensor and its dequantized values.
-struct BlockInput {
-    t: Tensor,
+pub(crate) struct BlockInput {
+    pub(crate) t: Tensor,
     deq: Vec<f32>,
 }
 
@@ -2179,7 +2179,7 @@ fn block_input(
 
 /// Every rank's block-scaled A_r [m, k] (blocks `ma`) and B_r [n, k] (`mb`), and the sum
 /// of the dequantized partials B_r A_r^T.
-fn block_partials(
+pub(crate) fn block_partials(
     mem: &mut Mem,
     tp: usize,
     (n, k, m): (usize, usize, usize),
