@@ -7,7 +7,8 @@
 // nvte_quantize (GEMM-ready scales) and dequantized by nvte_dequantize, so the reference
 // sees exactly the values the GEMM reads. m = 384 is three 128-row tiles of A: the
 // pipelined reduce-scatter cuts a 2D-scaled A at whole tiles. Then each operation
-// captured in a CUDA graph and replayed into a poisoned D, checked again.
+// captured in a CUDA graph and replayed into a poisoned D, checked again. The userbuffers
+// API's nvte_comm_overlap_split_rs and _split_rs_p2p on the same operands (float32 buffer).
 //
 // Tolerance per element: |d - ref| <= 2e-3 sum_l |a_l b_l| + (tp + 1) u sum_l |a_l b_l|,
 // with u the unit roundoff of D's type (0 for float32, 2^-8 for bfloat16): the FP8 tensor
@@ -116,7 +117,31 @@ int compare(Report &rep, const std::string &what, const DevBuf &d, NVTEDType td,
   return bad;
 }
 
-void run_case(Report &rep, NVTECommGemmCtx *ctx, const Case &c, uint64_t seed, int rank, int size, cudaStream_t s) {
+// The userbuffers API's GEMM + reduce-scatter (both entry points) on the same block-scaled
+// operands: the GEMM into the buffer ([n, m], float32), rs_output [n/tp, m].
+void run_overlap_rs(Report &rep, NVTECommOverlap *ov, const std::string &what, NVTETensor a, NVTETensor b,
+                    const std::vector<double> &ref, const std::vector<double> &mag, int64_t n, int64_t m, int rank, int size,
+                    cudaStream_t s) {
+  Tensor W(kNVTEByte, {(size_t)32 << 20});
+  const int64_t rows = n / size;
+  for (bool p2p : {false, true}) {
+    Tensor out(kNVTEFloat32, {(size_t)rows, (size_t)m});
+    out.data.poison();
+    auto fn = p2p ? nvte_comm_overlap_split_rs_p2p : nvte_comm_overlap_split_rs;
+    NVTECommStatus st = fn(ov, a, true, b, false, nullptr, nullptr, nullptr, false, W.h, false, true, out.h, s);
+    std::string msg = nvte_comm_last_error();
+    CUDA_OK(cudaStreamSynchronize(s));
+    const std::string w = what + (p2p ? " [userbuffers split_rs_p2p]" : " [userbuffers split_rs]");
+    if (st != NVTE_COMM_SUCCESS) {
+      rep.fail(w + ": " + nvte_comm_status_string(st) + ": " + msg);
+      continue;
+    }
+    compare(rep, w, out.data, kNVTEFloat32, ref, mag, rank * rows, rows, m, size);
+  }
+}
+
+void run_case(Report &rep, NVTECommGemmCtx *ctx, NVTECommOverlap *ov, const Case &c, uint64_t seed, int rank, int size,
+              cudaStream_t s) {
   const int64_t m = 384, n = 64 * size, kpr = 256;
   const bool ag = c.op == kAg;
   const int64_t k = ag ? kpr : kpr * size;
@@ -198,6 +223,8 @@ void run_case(Report &rep, NVTECommGemmCtx *ctx, const Case &c, uint64_t seed, i
     }
     if (graph) CUDA_OK(cudaGraphDestroy(graph));
   }
+  if (c.op == kRs && c.td == kNVTEFloat32 && ov)
+    run_overlap_rs(rep, ov, what, mine_a->h, mine_b->h, ref, mag, n, m, rank, size, s);
   for (Block *x : keep) delete x;
 }
 
@@ -224,15 +251,33 @@ int main(int argc, char **argv) {
   cudaStream_t s;
   CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   NVTECommGemmCtx *ctx = make_ctx(rank, size);
+  // A userbuffers object for the reduce-scatter's GEMM output [n, m] = [64 tp, 384] float32.
+  NVTECommOverlap *ov = nullptr;
+  {
+    NVTECommOverlapConfig cfg;
+    nvte_comm_overlap_config_default(&cfg);
+    cfg.transport = NVTE_COMM_TRANSPORT_IPC;
+    NVTECommBootstrap bs{};
+    bs.world_rank = rank;
+    bs.world_size = size;
+    bs.allgather = mpi_allgather;
+    bs.barrier = mpi_barrier;
+    if (nvte_comm_overlap_create(&bs, &cfg, 64 * (size_t)size, 384, kNVTEFloat32, &ov) != NVTE_COMM_SUCCESS) {
+      rep.fail(std::string("nvte_comm_overlap_create: ") + nvte_comm_last_error());
+      ov = nullptr;
+    }
+  }
   if (!ctx) {
     rep.fail(std::string("ctx_create_bootstrap: ") + nvte_comm_last_error());
   } else {
     uint64_t seed = 4100;
     for (Op op : {kRs, kAr, kAg})
       for (bool a_2d : {true, false})
-        for (NVTEDType td : {kNVTEFloat32, kNVTEBFloat16}) run_case(rep, ctx, Case{op, a_2d, td}, ++seed, rank, size, s);
+        for (NVTEDType td : {kNVTEFloat32, kNVTEBFloat16})
+          run_case(rep, ctx, ov, Case{op, a_2d, td}, ++seed, rank, size, s);
     nvte_comm_gemm_ctx_destroy(ctx);
   }
+  if (ov) nvte_comm_overlap_destroy(ov);
   CUDA_OK(cudaStreamDestroy(s));
   int rc = rep.finish("test_comm_gemm_block");
   MPI_Finalize();
