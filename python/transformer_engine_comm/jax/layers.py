@@ -40,9 +40,10 @@ so the replicated state stays identical).
 Block scaling (``fp8=Float8BlockScaling()``; TE-JAX lacks it): the input, weight and
 output gradient are quantized in jnp per block (1D / 2D by the recipe's dims: rowwise for
 one GEMM, the transposed tensor quantized along its rows for the other, as TE's casts);
-the GEMMs are the dots of the dequantized block operands (:func:`block_dot
-<transformer_engine_comm.jax.fp8.block_dot>`: the block FP8 numerics at bf16 GEMM speed,
-since the library exposes no block-scaled FP8 GEMM to XLA yet). At tp > 1 (inside
+the GEMMs (:func:`block_dot <transformer_engine_comm.jax.fp8.block_dot>`) run on the
+library's block-scaled FP8 GEMM (the ``te_comm_block_gemm`` custom call) when JAX runs on
+a GPU, else (CPU) as the dots of the dequantized block operands, the same products at bf16
+GEMM speed (``fp8.BLOCK_GEMM`` picks). At tp > 1 (inside
 ``shard_map``) the communication is XLA's own collectives in the activations' dtype
 (all-gather of the input / output gradient before their casts, reduce-scatter or
 all-reduce of the f32 partial sums after the GEMMs), not the library's comm-GEMMs, which
