@@ -10,6 +10,9 @@ arrays with one device per process):
 - :func:`gemm_reduce_scatter`: ``x`` ``[tokens, K/tp]``, ``w`` ``[N, K/tp]`` ->
   ``RS(x @ w.T) (+ bias)`` ``[tokens/tp, N]``.
 - :func:`gemm_all_reduce`: as above, every device gets ``[tokens, N]``.
+- :func:`block_gemm`: no communication: ``a @ b.T`` of block-scaled FP8 operands
+  (Float8BlockScaling) on the library's GEMM, the scales in TE's GEMM-ready layout
+  (:func:`gemm_ready_scales`); what the block layers' GEMMs run on a GPU.
 
 Layouts of TE's ``nvte_cublas_gemm`` (A = ``w``, B = ``x``): ``transa`` (default True: ``w``
 is ``[N, K]``; False: ``[K, N]``) and ``transb`` (default False: ``x`` is ``[tokens, K]``;
