@@ -1172,4 +1172,42 @@ mod tests {
         assert!(msg.starts_with("nvte_comm_xla_block_gemm"), "{msg}");
         assert!(msg.contains("`a_block_dim` = 7"), "{msg}");
     }
+
+    /// XLA's metadata query at registration: the handler reports API 0.3 and
+    /// COMMAND_BUFFER_COMPATIBLE (XLA may capture it into a command buffer / CUDA graph).
+    #[test]
+    fn block_gemm_declares_command_buffer_compatibility() {
+        let mut md = Metadata {
+            struct_size: size_of::<Metadata>(),
+            api_version: ApiVersion {
+                struct_size: 0,
+                extension_start: std::ptr::null_mut(),
+                major_version: -1,
+                minor_version: -1,
+            },
+            traits: 0,
+            state_type_id: 7,
+        };
+        let mut ext = MetadataExtension {
+            extension_base: ExtensionBase {
+                struct_size: size_of::<MetadataExtension>(),
+                ty: EXTENSION_METADATA,
+                next: std::ptr::null_mut(),
+            },
+            metadata: &mut md,
+        };
+        // SAFETY: all-zero is valid for every field of CallFrame (integers, raw pointers).
+        let mut cf: CallFrame = unsafe { std::mem::zeroed() };
+        cf.struct_size = size_of::<CallFrame>();
+        cf.extension_start = &mut ext as *mut MetadataExtension as *mut ExtensionBase;
+        // SAFETY: a call frame carrying the metadata extension, as XLA's query passes it.
+        let err = unsafe { nvte_comm_xla_block_gemm(&mut cf as *mut CallFrame as _) };
+        assert!(err.is_null());
+        assert_eq!(md.traits, TRAIT_COMMAND_BUFFER_COMPATIBLE);
+        assert_eq!(
+            (md.api_version.major_version, md.api_version.minor_version),
+            (API_MAJOR, API_MINOR)
+        );
+        assert_eq!(md.state_type_id, 0);
+    }
 }
