@@ -349,3 +349,6 @@ def test_block_layers_training_step_lowers_to_block_gemms(capi, monkeypatch):
                    dict(x.split(" = ") for x in a.split(", "))["b_block_dim"][0]) for _, a, _, _ in calls)
     # forward x (1D) . w (2D); dgrad dy (1D) . w^T (2D); wgrad dy^T (1D) . x^T (1D)
     assert dims == [("1", "1")] * 2 + [("1", "2")] * 4, dims
+    # the forwards' bias in the GEMM's epilogue (bf16 output)
+    biased = [dict(x.split(" = ") for x in a.split(", "))["has_bias"] for _, a, _, _ in calls]
+    assert biased.count("true") == 2, biased

@@ -434,7 +434,8 @@ def _block_gemm_on_library(a: "BlockQ", a_dim: int, b: "BlockQ", b_dim: int, out
     return fits and ops.block_gemm_available()
 
 
-def block_dot(a: BlockQ, a_dim: int, b: BlockQ, b_dim: int, out_dtype, exact_bf16: bool = True, gemm=None):
+def block_dot(a: BlockQ, a_dim: int, b: BlockQ, b_dim: int, out_dtype, exact_bf16: bool = True, gemm=None,
+              bias=None):
     """``a @ b^T`` (``a`` ``[M, K]``, ``b`` ``[N, K]``, rowwise forms) of block-scaled FP8
     operands. On a GPU with the library (``gemm`` / :data:`BLOCK_GEMM` "auto" or
     "library"): the library's block-scaled FP8 GEMM (:func:`ops.block_gemm
@@ -442,7 +443,9 @@ def block_dot(a: BlockQ, a_dim: int, b: BlockQ, b_dim: int, out_dtype, exact_bf1
     layout). Else ("dequant", and on CPU) the dot of the dequantized operands with the
     same products: f32 accumulation (bf16 operands when ``exact_bf16`` -- power-of-2
     scales, where the dequantized values are exact in bf16 --, else f32 operands at
-    Precision.HIGHEST)."""
+    Precision.HIGHEST). ``bias`` (``[N]``): ``+ bias`` in ``out_dtype``, in the GEMM's
+    epilogue on the library (before the output's rounding) where ``out_dtype`` is bf16 or
+    f16 (cuBLASLt's bias type), else after the GEMM."""
     import jax
     import jax.numpy as jnp
 
@@ -452,13 +455,17 @@ def block_dot(a: BlockQ, a_dim: int, b: BlockQ, b_dim: int, out_dtype, exact_bf1
         from . import ops
 
         (m, k), n = a.q.shape, b.q.shape[0]
-        return ops.block_gemm(a.q, ops.gemm_ready_scales(a.scale_inv, m, k, a_dim), b.q,
-                              ops.gemm_ready_scales(b.scale_inv, n, k, b_dim), a_block_dim=a_dim,
-                              b_block_dim=b_dim, out_dtype=jnp.dtype(out_dtype).name)
+        out = jnp.dtype(out_dtype)
+        fuse = bias is not None and out.name in ("bfloat16", "float16")
+        y = ops.block_gemm(a.q, ops.gemm_ready_scales(a.scale_inv, m, k, a_dim), b.q,
+                           ops.gemm_ready_scales(b.scale_inv, n, k, b_dim), a_block_dim=a_dim, b_block_dim=b_dim,
+                           out_dtype=out.name, bias=bias.astype(out) if fuse else None)
+        return y + bias.astype(out) if bias is not None and not fuse else y
     qa, qb = jax.lax.optimization_barrier((a.q, b.q))
     ct = jnp.bfloat16 if exact_bf16 else jnp.float32
     da = dequantize_block(BlockQ(qa, a.scale_inv), a_dim, ct)
     db = dequantize_block(BlockQ(qb, b.scale_inv), b_dim, ct)
     prec = None if exact_bf16 else jax.lax.Precision.HIGHEST
     y = jax.lax.dot_general(da, db, (((1,), (1,)), ((), ())), precision=prec, preferred_element_type=jnp.float32)
-    return y.astype(out_dtype)
+    y = y.astype(out_dtype)
+    return y if bias is None else y + bias.astype(out_dtype)

@@ -336,10 +336,10 @@ def _block_fwd(x, w, bias, cfg: _Cfg):
         y = _f8.block_dot(xr, xd, wr, wd, jnp.float32, exact)
         y = (jax.lax.psum_scatter(y, ax, scatter_dimension=0, tiled=True) if kind == "row_sp"
              else jax.lax.psum(y, ax)).astype(out_dt)
-    else:
-        y = _f8.block_dot(xr, xd, wr, wd, out_dt, exact)
-    if bias is not None:
-        y = y + bias.astype(out_dt)
+        if bias is not None:
+            y = y + bias.astype(out_dt)
+    else:  # the bias in the GEMM's epilogue on the library (bf16 / f16 outputs)
+        y = _f8.block_dot(xr, xd, wr, wd, out_dt, exact, bias=bias)
     # Saved: the columnwise casts (x^T -- of the gathered input -- for the wgrad, w^T for
     # the dgrad), FP8.
     return y, (xc, wc, bias, jnp.zeros((0,), x.dtype), jnp.zeros((0,), w.dtype))
