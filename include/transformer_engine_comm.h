@@ -1294,6 +1294,22 @@ void *nvte_comm_xla_gemm_reduce_scatter(void *call_frame);
 void *nvte_comm_xla_gemm_all_reduce(void *call_frame);
 
 /**
+ * XLA FFI handler (as `nvte_comm_xla_all_gather_gemm`) of the block-scaled FP8 GEMM
+ * `d = a b^T` (TE's Float8BlockScaling), without communication or context. Operands:
+ * `a` f8 [M, K] with `a_scale_inv` f32 2-D, `b` f8 [N, K] with `b_scale_inv`, the scales
+ * in TE's GEMM-ready layout (1D blocks: [ceil(K/128), roundup(rows, 4)], entry (K block,
+ * row); 2D: [ceil(rows/128), roundup(ceil(K/128), 4)]); then `bias` [N] when `has_bias`,
+ * or the GELU pre-activation [M, N] when `dgelu` (d = (a b^T) * gelu'(pre)). Results:
+ * `d` [M, N] bf16 / f16 / f32, optionally a u8 workspace for cuBLASLt. Attributes:
+ * `a_block_dim`, `b_block_dim` (1 or 2; not both 2), `has_bias`, `dgelu`,
+ * `split_accumulator` (default true). Hopper only; command-buffer compatible.
+ *
+ * # Safety
+ * Called by XLA with its call frame.
+ */
+void *nvte_comm_xla_block_gemm(void *call_frame);
+
+/**
  * The layout table as text, one `name value` line each (for the layout test, which
  * reads it through ctypes). Returns the number of bytes needed (with the NUL); writes
  * at most `cap` bytes.

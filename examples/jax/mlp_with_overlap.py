@@ -6,7 +6,7 @@ One command, one process driving every local GPU (JAX's default on one host):
     python3 examples/jax/mlp_with_overlap.py                          # bf16, overlap on
     python3 examples/jax/mlp_with_overlap.py --fp8-recipe delayed     # FP8 training, TE's DelayedScaling
     python3 examples/jax/mlp_with_overlap.py --fp8-recipe current     # FP8, current scaling (--fp8: the same)
-    python3 examples/jax/mlp_with_overlap.py --fp8-recipe block       # FP8 block scaling (jnp block math)
+    python3 examples/jax/mlp_with_overlap.py --fp8-recipe block       # FP8 block scaling (the library's block GEMM)
     python3 examples/jax/mlp_with_overlap.py --no-comm-overlap        # XLA's all_gather / psum_scatter
     python3 examples/jax/mlp_with_overlap.py --builds xla,layers,library --profile
 
@@ -148,7 +148,12 @@ def main():
     p.add_argument("--fp8", action="store_true", help="FP8 training, current scaling (= --fp8-recipe current)")
     p.add_argument("--fp8-recipe", choices=("delayed", "current", "block"),
                    help="FP8 training with TE's recipe: delayed / current (HYBRID) or block (Float8BlockScaling: "
-                        "e4m3, 1x128 / 128x128 blocks; the block math in jnp, XLA's collectives at tp > 1)")
+                        "e4m3, 1x128 / 128x128 blocks; jnp casts, the library's block-scaled FP8 GEMM, XLA's "
+                        "collectives at tp > 1)")
+    p.add_argument("--block-gemm", choices=("auto", "library", "dequant"), default="auto",
+                   help="--fp8-recipe block's GEMMs: the library's block-scaled FP8 GEMM custom call (auto: on a "
+                        "GPU where the shapes fit cuBLASLt's rules; library: always) or the dot of the dequantized "
+                        "operands (dequant, the reference)")
     p.add_argument("--amax-history-len", type=int, default=1024, help="delayed scaling's history (TE's default)")
     p.add_argument("--no-comm-overlap", action="store_true", help="XLA's collectives, then the GEMMs (= --builds xla)")
     p.add_argument("--builds", help="comma-separated: layers, library, xla (default: layers, + library at tp 1)")
@@ -182,6 +187,7 @@ def main():
         recipe = tj.CurrentScaling()
     elif recipe_name == "block":
         recipe = tj.Float8BlockScaling()
+        tj.fp8.BLOCK_GEMM = a.block_gemm  # read when the step is traced
     else:
         recipe = None
     if a.builds:
@@ -194,9 +200,9 @@ def main():
         if b not in ("layers", "library", "xla"):
             raise SystemExit(f"--builds: {b!r} is not layers, library or xla")
     if recipe_name == "block":
-        # The layers run block scaling with XLA's collectives around the block GEMMs (the
-        # library has no block-scaled comm-GEMM or FP8 GEMM custom call yet): a forced
-        # library build would run the same program.
+        # The layers run block scaling on the library's block-scaled FP8 GEMM (the
+        # te_comm_block_gemm custom call) with XLA's collectives around it (the library has no
+        # block-scaled comm-GEMM yet): a forced library build would run the same program.
         if "library" in builds and a.builds:
             raise SystemExit("--fp8-recipe block: the library build has no block-scaled GEMM; use --builds layers")
         builds = [b for b in builds if b != "library"]
@@ -258,7 +264,10 @@ def main():
     for build in builds:
         step, meta, prec = make_step(build)
         params = params0
-        via = " (XLA's dot at tp 1)" if tp == 1 else (" (XLA collectives)" if recipe_name == "block" else " (library)")
+        if recipe_name == "block":
+            via = f" (block GEMM: {a.block_gemm}{', XLA collectives' if tp > 1 else ''})"
+        else:
+            via = " (XLA's dot at tp 1)" if tp == 1 else " (library)"
         name = {"layers": "layers" + via,
                 "library": "layers, library forced", "xla": "XLA collectives + dots"}[build]
         print(f"--- {name}, {prec}", flush=True)

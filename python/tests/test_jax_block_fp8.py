@@ -224,3 +224,131 @@ def test_block_mlp_tp4_matches_tp1(capi):
                JAX_PLATFORMS="cpu")  # four host devices, also where a GPU is present
     out = subprocess.run([sys.executable, "-c", _TP4], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0 and out.stdout.strip().endswith("OK"), out.stdout[-2000:] + out.stderr[-4000:]
+
+
+# ---- the library's block-scaled GEMM (ops.block_gemm): layout, fallback, lowering -------
+
+@pytest.mark.parametrize("shape", [(256, 384), (130, 300), (1, 129), (1152, 640)])
+@pytest.mark.parametrize("dim", [1, 2])
+def test_gemm_ready_scales_match_numpy(shape, dim):
+    from transformer_engine_comm.jax import fp8 as F, ops
+
+    rows, cols = shape
+    q = F.quantize_block(jax.numpy.asarray(data(20 + dim, rows, cols)), dim)
+    s = np.asarray(q.scale_inv)
+    nb, mb = -(-cols // 128), -(-rows // 128)
+    want_shape = (nb, -(-rows // 4) * 4) if dim == 1 else (mb, -(-nb // 4) * 4)
+    ref = np.ones(want_shape, np.float32)
+    if dim == 1:
+        ref[:, :rows] = s.T  # entry (column block, row)
+    else:
+        ref[:, :nb] = s  # entry (row block, column block)
+    got = np.asarray(ops.gemm_ready_scales(q.scale_inv, rows, cols, dim))
+    assert ops.gemm_ready_scale_shape(rows, cols, dim) == want_shape
+    np.testing.assert_array_equal(got, ref)
+    with pytest.raises(ValueError, match="must be"):
+        ops.gemm_ready_scales(q.scale_inv.T, rows, cols, dim) if rows != nb or dim == 2 else ops.gemm_ready_scales(
+            q.scale_inv[:, :0], rows, cols, dim)
+
+
+def test_gemm_ready_scale_shapes_are_the_librarys():
+    from transformer_engine_comm.jax import ops
+
+    # src/tensor.rs's scale_shape: one_d_rowwise_gemm_ready(130, 300) = [3, 132],
+    # two_d_rowwise(1152, 640) = [9, 8]
+    assert ops.gemm_ready_scale_shape(130, 300, 1) == (3, 132)
+    assert ops.gemm_ready_scale_shape(1152, 640, 2) == (9, 8)
+    with pytest.raises(ValueError, match="block_dim"):
+        ops.gemm_ready_scale_shape(128, 128, 3)
+
+
+def test_block_dot_falls_back_to_the_dequantized_dot_on_cpu(monkeypatch):
+    import jax.numpy as jnp
+    from transformer_engine_comm.jax import fp8 as F, ops
+
+    assert jax.default_backend() == "cpu" and not ops.block_gemm_available()
+    qa, qb = F.quantize_block(jnp.asarray(data(30, 256, 512)), 1), F.quantize_block(jnp.asarray(data(31, 384, 512)), 2)
+    assert not F._block_gemm_on_library(qa, 1, qb, 2, jnp.bfloat16, "auto")
+    auto = np.asarray(F.block_dot(qa, 1, qb, 2, jnp.float32), np.float32)
+    ref = np.asarray(F.block_dot(qa, 1, qb, 2, jnp.float32, gemm="dequant"), np.float32)
+    np.testing.assert_array_equal(auto, ref)
+    assert F._block_gemm_on_library(qa, 1, qb, 2, jnp.bfloat16, "library")
+    monkeypatch.setattr(F, "BLOCK_GEMM", "dequant")
+    assert not F._block_gemm_on_library(qa, 1, qb, 2, jnp.bfloat16, None)
+    # Shapes cuBLASLt's block GEMM does not take: an error with "library", the dot with "auto"
+    odd = F.quantize_block(jnp.asarray(data(32, 100, 520)), 1)
+    with pytest.raises(ValueError, match="does not take"):
+        F.block_dot(odd, 1, F.quantize_block(jnp.asarray(data(33, 64, 520)), 1), 1, jnp.float32, gemm="library")
+    assert not ops.block_gemm_fits(256, 384, 520, jnp.float8_e4m3fn, jnp.float8_e4m3fn, 1, 1)  # k % 16
+    assert not ops.block_gemm_fits(100, 384, 512, jnp.float8_e4m3fn, jnp.float8_e4m3fn, 1, 2)  # m % 8, a 1D
+    assert ops.block_gemm_fits(100, 384, 512, jnp.float8_e4m3fn, jnp.float8_e4m3fn, 2, 1)
+    assert not ops.block_gemm_fits(256, 384, 512, jnp.float8_e5m2, jnp.float8_e5m2, 1, 1)
+    assert not ops.block_gemm_fits(256, 384, 512, jnp.bfloat16, jnp.float8_e4m3fn, 1, 1)
+    with pytest.raises(ValueError, match="'auto', 'library' or 'dequant'"):
+        F.block_dot(qa, 1, qb, 2, jnp.float32, gemm="cublas")
+
+
+def _block_calls(txt):
+    import re
+
+    return re.findall(r"custom_call @te_comm_block_gemm\((.*?)\) \{.*?mhlo.backend_config = \{([^}]*)\}.*?\} : "
+                      r"\((.*?)\) -> (.*?)\n", txt)
+
+
+def test_block_gemm_lowers_to_the_custom_call(capi):
+    import jax.numpy as jnp
+    from transformer_engine_comm.jax import fp8 as F, ops
+
+    def f(a, b):
+        qa, qb = F.quantize_block(a, 1), F.quantize_block(b, 2)
+        return F.block_dot(qa, 1, qb, 2, jnp.bfloat16, gemm="library")
+
+    args = [jax.ShapeDtypeStruct((256, 512), jnp.bfloat16), jax.ShapeDtypeStruct((384, 512), jnp.bfloat16)]
+    txt = jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    calls = _block_calls(txt)
+    assert len(calls) == 1, txt[-3000:]
+    _, attrs, ins, outs = calls[0]
+    # the GEMM-ready scales: a 1D [K/128, roundup(M, 4)], b 2D [N/128, roundup(K/128, 4)]
+    assert ins.split(", ") == ["tensor<256x512xf8E4M3FN>", "tensor<4x256xf32>", "tensor<384x512xf8E4M3FN>",
+                               "tensor<3x4xf32>"], ins
+    assert "tensor<256x384xbf16>" in outs and f"tensor<{ops.BLOCK_WORKSPACE_BYTES}xui8>" in outs, outs
+    kv = dict(x.split(" = ") for x in attrs.split(", "))
+    assert kv["a_block_dim"].startswith("1 ") and kv["b_block_dim"].startswith("2 "), kv
+    assert kv["has_bias"] == "false" and kv["dgelu"] == "false", kv
+    # Refused at trace time: the compact scales, bias with dgelu
+    qa = F.quantize_block(jnp.zeros((256, 512), jnp.bfloat16), 1)
+    with pytest.raises(ValueError, match="GEMM-ready"):
+        ops.block_gemm(qa.q, qa.scale_inv, qa.q, qa.scale_inv, a_block_dim=1, b_block_dim=1)
+    s = ops.gemm_ready_scales(qa.scale_inv, 256, 512, 1)
+    with pytest.raises(ValueError, match="not both"):
+        ops.block_gemm(qa.q, s, qa.q, s, a_block_dim=1, b_block_dim=1, bias=jnp.zeros((256,)),
+                       dgelu_pre=jnp.zeros((256, 256)))
+
+
+def test_block_layers_training_step_lowers_to_block_gemms(capi, monkeypatch):
+    """The MLP's jitted training step under Float8BlockScaling, lowered for CUDA with the
+    library's GEMM: each dense's three GEMMs (forward, dgrad, wgrad) are block GEMM calls."""
+    import jax.numpy as jnp
+    import transformer_engine_comm.jax as tj
+    from transformer_engine_comm.jax import fp8 as F
+
+    monkeypatch.setattr(F, "BLOCK_GEMM", "library")
+    ctx = _ctx1(capi)
+    r = tj.Float8BlockScaling()
+    T, H, Fh = 256, 256, 512
+
+    def loss(x, w1, b1, w2, b2):
+        return jnp.mean(tj.mlp(x, w1, b1, w2, b2, ctx=ctx, fp8=r).astype(jnp.float32) ** 2)
+
+    shapes = [(T, H), (Fh, H), (Fh,), (H, Fh), (H,)]
+    args = [jax.ShapeDtypeStruct(s, jnp.bfloat16) for s in shapes]
+    txt = jax.jit(jax.grad(loss, argnums=range(5))).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    calls = _block_calls(txt)
+    assert len(calls) == 6, len(calls)
+    dims = sorted((dict(x.split(" = ") for x in a.split(", "))["a_block_dim"][0],
+                   dict(x.split(" = ") for x in a.split(", "))["b_block_dim"][0]) for _, a, _, _ in calls)
+    # forward x (1D) . w (2D); dgrad dy (1D) . w^T (2D); wgrad dy^T (1D) . x^T (1D)
+    assert dims == [("1", "1")] * 2 + [("1", "2")] * 4, dims
+    # the forwards' bias in the GEMM's epilogue (bf16 output)
+    biased = [dict(x.split(" = ") for x in a.split(", "))["has_bias"] for _, a, _, _ in calls]
+    assert biased.count("true") == 2, biased

@@ -23,6 +23,9 @@
 //! `nvte_all_gather_gemm`), `transa`, `transb`, `comm_sms`, `algo`, `has_bias`,
 //! `has_scales`, `gelu`, `gather_b`.
 //!
+//! `nvte_comm_xla_block_gemm` (no context, no communication) runs the block-scaled FP8
+//! GEMM of TE's Float8BlockScaling through nvte_cublas_gemm's entry; see its own doc.
+//!
 //! The context of a call is looked up by (`context`, the device ordinal of XLA's execution
 //! context), so one SPMD program drives one context per local device.
 use super::comm_gemm::{NVTECommGemmCtx, Request, ctx as ctx_of};
@@ -34,7 +37,7 @@ use crate::cuda::DevPtr;
 use crate::cuda::StreamHandle;
 use crate::cuda::resources::capture_status;
 use crate::error::{Error, ErrorKind, Result};
-use crate::tensor::{Buffer, DType, Shape, Tensor};
+use crate::tensor::{BlockMode, Buffer, DType, Shape, Tensor};
 use crate::{invalid, unsupported};
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void};
@@ -634,7 +637,11 @@ fn fill_metadata(fr: &CallFrame) -> Result<()> {
 
 /// # Safety
 /// `frame` is the call frame XLA passes to a handler.
-unsafe fn handle(func: &'static str, kind: Kind, frame: *mut c_void) -> *mut c_void {
+unsafe fn handle(
+    func: &'static str,
+    body: fn(&Frame) -> Result<()>,
+    frame: *mut c_void,
+) -> *mut c_void {
     let f = frame as *mut CallFrame;
     if f.is_null() {
         return std::ptr::null_mut();
@@ -670,7 +677,7 @@ unsafe fn handle(func: &'static str, kind: Kind, frame: *mut c_void) -> *mut c_v
             }
             // SAFETY: size checked above.
             let frame = unsafe { decode(fr, api)? };
-            run(kind, &frame)?;
+            body(&frame)?;
             Ok(std::ptr::null_mut())
         },
     )
@@ -686,7 +693,7 @@ unsafe fn handle(func: &'static str, kind: Kind, frame: *mut c_void) -> *mut c_v
 pub unsafe extern "C" fn nvte_comm_xla_all_gather_gemm(call_frame: *mut c_void) -> *mut c_void {
     entry!(named, |name| {
         // SAFETY: forwarded from XLA.
-        unsafe { handle(name, Kind::AllGather, call_frame) }
+        unsafe { handle(name, |f| run(Kind::AllGather, f), call_frame) }
     })
 }
 
@@ -698,7 +705,7 @@ pub unsafe extern "C" fn nvte_comm_xla_all_gather_gemm(call_frame: *mut c_void) 
 pub unsafe extern "C" fn nvte_comm_xla_gemm_reduce_scatter(call_frame: *mut c_void) -> *mut c_void {
     entry!(named, |name| {
         // SAFETY: forwarded from XLA.
-        unsafe { handle(name, Kind::ReduceScatter, call_frame) }
+        unsafe { handle(name, |f| run(Kind::ReduceScatter, f), call_frame) }
     })
 }
 
@@ -710,7 +717,153 @@ pub unsafe extern "C" fn nvte_comm_xla_gemm_reduce_scatter(call_frame: *mut c_vo
 pub unsafe extern "C" fn nvte_comm_xla_gemm_all_reduce(call_frame: *mut c_void) -> *mut c_void {
     entry!(named, |name| {
         // SAFETY: forwarded from XLA.
-        unsafe { handle(name, Kind::AllReduce, call_frame) }
+        unsafe { handle(name, |f| run(Kind::AllReduce, f), call_frame) }
+    })
+}
+
+// ---- the block-scaled FP8 GEMM (no communication, no context) ----
+
+/// One decoded call of [`nvte_comm_xla_block_gemm`], in TE's terms: A = operand `b`
+/// ([N, K], transa), B = operand `a` ([M, K]), D = [M, N] (TE's [n, m]).
+struct BlockCall {
+    a: Tensor,
+    b: Tensor,
+    d: Tensor,
+    bias: Option<Tensor>,
+    pre_gelu: Option<Tensor>,
+    workspace: Option<Tensor>,
+    split_accumulator: bool,
+}
+
+/// The block dimensionality in attribute `name` (1 or 2).
+fn block_mode_attr(f: &Frame, name: &str) -> Result<BlockMode> {
+    match f.attr(name)? {
+        1 => Ok(BlockMode::OneD),
+        2 => Ok(BlockMode::TwoD),
+        v => invalid!(
+            "attribute `{name}` = {v}: the block dimensionality is 1 (1 x 128 blocks) or 2 (128 x 128)"
+        ),
+    }
+}
+
+/// `tensor_of` for a block-scaled operand: FP8 `data` with its float32 `scale_inv` at its
+/// real 2-D shape (TE's GEMM-ready layout; the GEMM checks the shape against the data's).
+fn block_tensor_of(data: &XBuffer, scale: &XBuffer, mode: BlockMode, what: &str) -> Result<Tensor> {
+    let mut t = tensor_of(data, what, None)?;
+    if !t.data.dtype.is_fp8() {
+        unsupported!(
+            "{what} is {}: the block-scaled GEMM takes f8e4m3fn (or f8e5m2) data",
+            t.data.dtype.name()
+        );
+    }
+    let s = tensor_of(scale, &format!("the scale_inv of {what}"), None)?.data;
+    if s.dtype != DType::F32 || s.shape.as_slice().len() != 2 {
+        invalid!(
+            "the scale_inv of {what} is {} of shape {}: it must be f32 and 2-D (TE's GEMM-ready layout: [ceil(K/128), roundup(rows, 4)] for 1D blocks, [ceil(rows/128), roundup(ceil(K/128), 4)] for 2D)",
+            s.dtype.name(),
+            s.shape
+        );
+    }
+    t.scaling_mode = mode.scaling_mode();
+    t.scale_inv = s;
+    Ok(t)
+}
+
+/// The operands and results the attributes ask for, as TE tensors (no device work).
+/// Operands: a, a_scale_inv, b, b_scale_inv, then bias when `has_bias`, then the GELU
+/// pre-activation when `dgelu`. Results: d, then the workspace (u8) when given.
+fn decode_block(f: &Frame) -> Result<BlockCall> {
+    let (has_bias, dgelu) = (f.flag("has_bias"), f.flag("dgelu"));
+    let want = 4 + has_bias as usize + dgelu as usize;
+    if f.args.len() != want || !(1..=2).contains(&f.rets.len()) {
+        invalid!(
+            "{} operands and {} results given: the attributes (has_bias = {has_bias}, dgelu = {dgelu}) ask for {want} operands (a, a_scale_inv, b, b_scale_inv[, bias][, pre_gelu]) and d[, workspace]",
+            f.args.len(),
+            f.rets.len()
+        );
+    }
+    if has_bias && dgelu {
+        unsupported!(
+            "has_bias with dgelu: block-scaled GEMMs take a forward bias or the GELU backward (DGELU), not both (cuBLASLt's block scale modes)"
+        );
+    }
+    let (am, bm) = (
+        block_mode_attr(f, "a_block_dim")?,
+        block_mode_attr(f, "b_block_dim")?,
+    );
+    let a = block_tensor_of(f.args[0], f.args[1], am, "operand a")?;
+    let b = block_tensor_of(f.args[2], f.args[3], bm, "operand b")?;
+    let d = tensor_of(f.rets[0], "result d", None)?;
+    if !matches!(d.data.dtype, DType::BF16 | DType::F32 | DType::F16) {
+        unsupported!(
+            "result d is {}: the block-scaled GEMM writes bf16, f16 or f32",
+            d.data.dtype.name()
+        );
+    }
+    let extra = |i: usize, what| tensor_of(f.args[i], what, None);
+    let bias = has_bias.then(|| extra(4, "operand bias")).transpose()?;
+    let pre_gelu = dgelu.then(|| extra(4, "operand pre_gelu")).transpose()?;
+    let workspace = match f.rets.get(1) {
+        Some(w) => Some(tensor_of(w, "result workspace", None)?),
+        None => None,
+    };
+    Ok(BlockCall {
+        a,
+        b,
+        d,
+        bias,
+        pre_gelu,
+        workspace,
+        split_accumulator: f.attrs.get("split_accumulator").is_none_or(|&v| v != 0),
+    })
+}
+
+/// The execute stage of a block GEMM: D = a b^T (+ bias | * gelu'(pre)) through the GEMM
+/// entry of nvte_cublas_gemm (`gemm::block::cublas_gemm_scaled`), TN with TE's A = b.
+fn run_block(f: &Frame) -> Result<()> {
+    if f.stage != STAGE_EXECUTE {
+        return Ok(()); // nothing to prepare: the GEMM's plans are made at execution
+    }
+    let c = decode_block(f)?;
+    let stream = f.stream()?;
+    let args = crate::gemm::Operands {
+        a: &c.b,
+        b: &c.a,
+        d: &c.d,
+        bias: c.bias.as_ref(),
+        pre_gelu_out: c.pre_gelu.as_ref(),
+        transa: true,
+        transb: false,
+        grad: c.pre_gelu.is_some(),
+        workspace: c.workspace.as_ref(),
+        accumulate: false,
+        use_split_accumulator: c.split_accumulator,
+        math_sm_count: 0,
+    };
+    // SAFETY: XLA's operand and result buffers of this call, device memory of the shapes
+    // and element types XLA gives, alive until the work on XLA's stream completes; the
+    // GEMM validates them against each other before any device work.
+    let checked = unsafe { crate::cuda::Checked::vouched(&args) };
+    crate::gemm::block::cublas_gemm_scaled(checked, 1.0, 0.0, stream)
+}
+
+/// XLA FFI handler (as `nvte_comm_xla_all_gather_gemm`) of the block-scaled FP8 GEMM
+/// `d = a b^T` (TE's Float8BlockScaling), without communication or context. Operands:
+/// `a` f8 [M, K] with `a_scale_inv` f32 2-D, `b` f8 [N, K] with `b_scale_inv`, the scales
+/// in TE's GEMM-ready layout (1D blocks: [ceil(K/128), roundup(rows, 4)], entry (K block,
+/// row); 2D: [ceil(rows/128), roundup(ceil(K/128), 4)]); then `bias` [N] when `has_bias`,
+/// or the GELU pre-activation [M, N] when `dgelu` (d = (a b^T) * gelu'(pre)). Results:
+/// `d` [M, N] bf16 / f16 / f32, optionally a u8 workspace for cuBLASLt. Attributes:
+/// `a_block_dim`, `b_block_dim` (1 or 2; not both 2), `has_bias`, `dgelu`,
+/// `split_accumulator` (default true). Hopper only; command-buffer compatible.
+///
+/// # Safety
+/// Called by XLA with its call frame.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvte_comm_xla_block_gemm(call_frame: *mut c_void) -> *mut c_void {
+    entry!(named, |name| {
+        // SAFETY: forwarded from XLA.
+        unsafe { handle(name, run_block, call_frame) }
     })
 }
 
@@ -770,4 +923,291 @@ pub extern "C" fn nvte_comm_xla_layout(out: *mut c_char, cap: usize) -> usize {
         }
         Ok(bytes.len() + 1)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One XLA buffer with its own dimensions (fake device addresses: nothing here
+    /// reaches the device).
+    struct Buf {
+        dims: Vec<i64>,
+        b: XBuffer,
+    }
+
+    fn buf(dtype: i32, dims: &[i64]) -> Buf {
+        let mut x = Buf {
+            dims: dims.to_vec(),
+            b: XBuffer {
+                struct_size: size_of::<XBuffer>(),
+                extension_start: std::ptr::null_mut(),
+                dtype,
+                data: 0x1000 as *mut c_void,
+                rank: dims.len() as i64,
+                dims: std::ptr::null_mut(),
+            },
+        };
+        // The dimensions live on the Vec's heap: moving the Buf keeps them in place.
+        x.b.dims = x.dims.as_mut_ptr();
+        x
+    }
+
+    static MESSAGES: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+    unsafe extern "C" fn error_create(a: *mut ErrorCreateArgs) -> *mut c_void {
+        // SAFETY: the handler's argument struct with a NUL-terminated message.
+        let msg = unsafe { std::ffi::CStr::from_ptr((*a).message) };
+        MESSAGES
+            .lock()
+            .unwrap()
+            .push(msg.to_string_lossy().into_owned());
+        0x1234 as *mut c_void
+    }
+
+    unsafe extern "C" fn stream_get(a: *mut StreamGetArgs) -> *mut c_void {
+        // SAFETY: the handler's argument struct.
+        unsafe { (*a).stream = std::ptr::null_mut() };
+        std::ptr::null_mut()
+    }
+
+    fn api() -> Box<Api> {
+        // SAFETY: every field of Api is an integer, a raw pointer or an Option of a
+        // function pointer: all-zero is a valid value of each (0, NULL, None).
+        let mut a: Box<Api> = Box::new(unsafe { std::mem::zeroed() });
+        a.struct_size = size_of::<Api>();
+        a.error_create = Some(error_create);
+        a.stream_get = Some(stream_get);
+        a
+    }
+
+    /// A 1D-scaled a [256, 512] and a 2D-scaled b [128, 512] with GEMM-ready scales, d
+    /// bf16 [256, 128].
+    fn operands() -> Vec<Buf> {
+        vec![
+            buf(XDT_F8E4M3FN, &[256, 512]),
+            buf(XDT_F32, &[4, 256]),
+            buf(XDT_F8E4M3FN, &[128, 512]),
+            buf(XDT_F32, &[1, 4]),
+        ]
+    }
+
+    fn frame<'a>(
+        api: &'a Api,
+        stage: c_int,
+        args: &'a [Buf],
+        rets: &'a [Buf],
+        attrs: &[(&str, i64)],
+    ) -> Frame<'a> {
+        Frame {
+            api,
+            ctx: std::ptr::null_mut(),
+            stage,
+            args: args.iter().map(|b| &b.b).collect(),
+            rets: rets.iter().map(|b| &b.b).collect(),
+            attrs: attrs.iter().map(|&(k, v)| (k.to_string(), v)).collect(),
+        }
+    }
+
+    const DIMS: [(&str, i64); 2] = [("a_block_dim", 1), ("b_block_dim", 2)];
+
+    #[test]
+    fn block_gemm_decodes_block_tensors_at_their_scale_shapes() {
+        let api = api();
+        let args = operands();
+        let rets = vec![buf(XDT_BF16, &[256, 128]), buf(XDT_U8, &[1 << 20])];
+        let f = frame(&api, STAGE_EXECUTE, &args, &rets, &DIMS);
+        let c = decode_block(&f).unwrap();
+        assert_eq!(c.a.scaling_mode, BlockMode::OneD.scaling_mode());
+        assert_eq!(c.b.scaling_mode, BlockMode::TwoD.scaling_mode());
+        assert_eq!(c.a.scale_inv.shape.as_slice(), &[4, 256]);
+        assert_eq!(c.b.scale_inv.shape.as_slice(), &[1, 4]);
+        assert_eq!(c.a.data.dtype, DType::E4M3);
+        assert_eq!(c.d.data.shape.as_slice(), &[256, 128]);
+        assert_eq!(c.workspace.unwrap().data.bytes(), 1 << 20);
+        assert!(c.bias.is_none() && c.pre_gelu.is_none() && c.split_accumulator);
+        // The optional operands by their flags; split_accumulator off.
+        let mut with_bias = operands();
+        with_bias.push(buf(XDT_BF16, &[128]));
+        let attrs = [DIMS[0], DIMS[1], ("has_bias", 1), ("split_accumulator", 0)];
+        let f = frame(&api, STAGE_EXECUTE, &with_bias, &rets[..1], &attrs);
+        let c = decode_block(&f).unwrap();
+        assert_eq!(c.bias.unwrap().data.shape.as_slice(), &[128]);
+        assert!(c.workspace.is_none() && !c.split_accumulator);
+        let attrs = [DIMS[0], DIMS[1], ("dgelu", 1)];
+        let f = frame(&api, STAGE_EXECUTE, &with_bias, &rets[..1], &attrs);
+        assert!(decode_block(&f).unwrap().pre_gelu.is_some());
+    }
+
+    fn refused(f: &Frame, kind: ErrorKind, piece: &str) {
+        let Err(e) = decode_block(f) else {
+            panic!("decoded, expected {piece}")
+        };
+        assert_eq!(e.kind, kind, "{}", e.msg);
+        assert!(e.msg.contains(piece), "{}", e.msg);
+    }
+
+    #[test]
+    fn block_gemm_refuses_bad_frames() {
+        let api = api();
+        let rets = vec![buf(XDT_BF16, &[256, 128])];
+        let ok = operands();
+        let f = |args, rets, attrs| frame(&api, STAGE_EXECUTE, args, rets, attrs);
+        refused(
+            &f(&ok[..3], &rets, &DIMS),
+            ErrorKind::InvalidArgument,
+            "ask for 4 operands",
+        );
+        refused(
+            &f(&ok, &rets, &[("a_block_dim", 3), DIMS[1]]),
+            ErrorKind::InvalidArgument,
+            "`a_block_dim` = 3",
+        );
+        refused(
+            &f(&ok, &rets, &DIMS[..1]),
+            ErrorKind::InvalidArgument,
+            "`b_block_dim` is missing",
+        );
+        let mut both = operands();
+        both.push(buf(XDT_BF16, &[128]));
+        both.push(buf(XDT_BF16, &[256, 128]));
+        let attrs = [DIMS[0], DIMS[1], ("has_bias", 1), ("dgelu", 1)];
+        refused(&f(&both, &rets, &attrs), ErrorKind::Unsupported, "not both");
+        let mut flat = operands();
+        flat[1] = buf(XDT_F32, &[1024]);
+        refused(&f(&flat, &rets, &DIMS), ErrorKind::InvalidArgument, "2-D");
+        let mut half = operands();
+        half[3] = buf(XDT_BF16, &[1, 4]);
+        refused(&f(&half, &rets, &DIMS), ErrorKind::InvalidArgument, "f32");
+        let mut wide = operands();
+        wide[0] = buf(XDT_BF16, &[256, 512]);
+        refused(&f(&wide, &rets, &DIMS), ErrorKind::Unsupported, "f8e4m3fn");
+        let fp8_out = vec![buf(XDT_F8E4M3FN, &[256, 128])];
+        refused(
+            &f(&ok, &fp8_out, &DIMS),
+            ErrorKind::Unsupported,
+            "bf16, f16 or f32",
+        );
+    }
+
+    /// The GEMM entry (nvte_cublas_gemm's) checks the decoded call before any device
+    /// work; the initialize stage does nothing.
+    #[test]
+    fn block_gemm_reaches_the_gemm_checks() {
+        let api = api();
+        let rets = vec![buf(XDT_BF16, &[256, 128])];
+        let mut two = operands();
+        two[1] = buf(XDT_F32, &[2, 4]);
+        let attrs = [("a_block_dim", 2), ("b_block_dim", 2)];
+        let e = run_block(&frame(&api, STAGE_EXECUTE, &two, &rets, &attrs)).unwrap_err();
+        assert!(e.msg.contains("both NVTE_BLOCK_SCALING_2D"), "{}", e.msg);
+        let mut shape = operands();
+        shape[1] = buf(XDT_F32, &[256, 4]); // the compact layout, not GEMM-ready
+        let e = run_block(&frame(&api, STAGE_EXECUTE, &shape, &rets, &DIMS)).unwrap_err();
+        assert!(e.msg.contains("GEMM-ready layout"), "{}", e.msg);
+        let wrong_d = vec![buf(XDT_BF16, &[128, 256])];
+        let e = run_block(&frame(&api, STAGE_EXECUTE, &operands(), &wrong_d, &DIMS)).unwrap_err();
+        assert!(e.msg.contains("must be [n, m] = [256, 128]"), "{}", e.msg);
+        // Initialize: nothing decoded, nothing refused.
+        run_block(&frame(&api, STAGE_INITIALIZE, &two[..1], &rets, &[])).unwrap();
+    }
+
+    /// Through the C entry with XLA's call frame: the refusal comes back as XLA's error,
+    /// named by the handler.
+    #[test]
+    fn block_gemm_reports_errors_to_xla() {
+        let api = api();
+        let args = operands();
+        let rets = [buf(XDT_BF16, &[256, 128])];
+        let mut types = [ARG_BUFFER; 4];
+        let mut ptrs: Vec<*mut c_void> = args.iter().map(|b| &b.b as *const _ as _).collect();
+        let mut rtypes = [ARG_BUFFER; 1];
+        let mut rptrs: Vec<*mut c_void> = rets.iter().map(|b| &b.b as *const _ as _).collect();
+        let name = b"a_block_dim";
+        let mut span = ByteSpan {
+            ptr: name.as_ptr() as _,
+            len: name.len(),
+        };
+        let mut v = 7i32;
+        let mut scalar = Scalar {
+            dtype: XDT_S32,
+            value: &mut v as *mut i32 as _,
+        };
+        let mut names = [&mut span as *mut ByteSpan];
+        let mut atypes = [ATTR_SCALAR];
+        let mut aptrs = [&mut scalar as *mut Scalar as *mut c_void];
+        let mut cf = CallFrame {
+            struct_size: size_of::<CallFrame>(),
+            extension_start: std::ptr::null_mut(),
+            api: &*api,
+            ctx: std::ptr::null_mut(),
+            stage: STAGE_EXECUTE,
+            args: Args {
+                struct_size: size_of::<Args>(),
+                extension_start: std::ptr::null_mut(),
+                size: 4,
+                types: types.as_mut_ptr(),
+                args: ptrs.as_mut_ptr(),
+            },
+            rets: Rets {
+                struct_size: size_of::<Rets>(),
+                extension_start: std::ptr::null_mut(),
+                size: 1,
+                types: rtypes.as_mut_ptr(),
+                rets: rptrs.as_mut_ptr(),
+            },
+            attrs: Attrs {
+                struct_size: size_of::<Attrs>(),
+                extension_start: std::ptr::null_mut(),
+                size: 1,
+                types: atypes.as_mut_ptr(),
+                names: names.as_mut_ptr(),
+                attrs: aptrs.as_mut_ptr(),
+            },
+        };
+        // SAFETY: a complete call frame of live buffers and attributes.
+        let err = unsafe { nvte_comm_xla_block_gemm(&mut cf as *mut CallFrame as _) };
+        assert_eq!(err as usize, 0x1234);
+        let msg = MESSAGES.lock().unwrap().pop().unwrap();
+        assert!(msg.starts_with("nvte_comm_xla_block_gemm"), "{msg}");
+        assert!(msg.contains("`a_block_dim` = 7"), "{msg}");
+    }
+
+    /// XLA's metadata query at registration: the handler reports API 0.3 and
+    /// COMMAND_BUFFER_COMPATIBLE (XLA may capture it into a command buffer / CUDA graph).
+    #[test]
+    fn block_gemm_declares_command_buffer_compatibility() {
+        let mut md = Metadata {
+            struct_size: size_of::<Metadata>(),
+            api_version: ApiVersion {
+                struct_size: 0,
+                extension_start: std::ptr::null_mut(),
+                major_version: -1,
+                minor_version: -1,
+            },
+            traits: 0,
+            state_type_id: 7,
+        };
+        let mut ext = MetadataExtension {
+            extension_base: ExtensionBase {
+                struct_size: size_of::<MetadataExtension>(),
+                ty: EXTENSION_METADATA,
+                next: std::ptr::null_mut(),
+            },
+            metadata: &mut md,
+        };
+        // SAFETY: all-zero is valid for every field of CallFrame (integers, raw pointers).
+        let mut cf: CallFrame = unsafe { std::mem::zeroed() };
+        cf.struct_size = size_of::<CallFrame>();
+        cf.extension_start = &mut ext as *mut MetadataExtension as *mut ExtensionBase;
+        // SAFETY: a call frame carrying the metadata extension, as XLA's query passes it.
+        let err = unsafe { nvte_comm_xla_block_gemm(&mut cf as *mut CallFrame as _) };
+        assert!(err.is_null());
+        assert_eq!(md.traits, TRAIT_COMMAND_BUFFER_COMPATIBLE);
+        assert_eq!(
+            (md.api_version.major_version, md.api_version.minor_version),
+            (API_MAJOR, API_MINOR)
+        );
+        assert_eq!(md.state_type_id, 0);
+    }
 }

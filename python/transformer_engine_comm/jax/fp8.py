@@ -24,9 +24,10 @@ takes) and the delayed-scaling state.
   ``force_pow_2_scales=False`` only (others are refused, not ignored).
 - :class:`Float8BlockScaling` (TE's; TE-JAX lacks it): one scale per 1 x 128 block (1D:
   inputs and gradients by default) or 128 x 128 tile (2D: weights), e4m3, power-of-2
-  scales, no state. Quantized in jnp (:func:`quantize_block`); the library exposes no
-  block-scaled FP8 GEMM to XLA yet, so the GEMMs are the dots of the dequantized block
-  operands (:func:`block_dot`): the block FP8 numerics, exact, at bf16 GEMM speed. At
+  scales, no state. Quantized in jnp (:func:`quantize_block`); the GEMMs
+  (:func:`block_dot`) run on the library's block-scaled FP8 GEMM (an XLA custom call,
+  :func:`ops.block_gemm <transformer_engine_comm.jax.ops.block_gemm>`) on a GPU, else
+  (CPU, the reference) as dots of the dequantized block operands: the same products. At
   tp > 1 the layers communicate with XLA's collectives around them (no block-scaled
   comm-GEMM in the library yet).
 
@@ -252,9 +253,9 @@ def fp8_dot(a, a_scale_inv, b, b_scale_inv, dims, out_dtype, split_accumulator: 
 # ---- block scaling (Float8BlockScaling): jnp casts and the block math -------------------
 #
 # One float32 scale per 1 x 128 block of a row (1D) or 128 x 128 tile (2D), each from its
-# own block's amax (TE's compute_scale_from_amax with the role's QParams). The library
-# exposes no block-scaled FP8 GEMM to XLA yet, so a block GEMM here is the dot of the
-# dequantized operands: with power-of-2 scales every dequantized value (an e4m3 value times
+# own block's amax (TE's compute_scale_from_amax with the role's QParams). On a GPU a block
+# GEMM is the library's (ops.block_gemm, see BLOCK_GEMM); the reference path (CPU) is the
+# dot of the dequantized operands: with power-of-2 scales every dequantized value (an e4m3 value times
 # 2^k) is exact in bf16, so a bf16 dot with f32 accumulation computes exactly the products
 # a block-scaled FP8 GEMM sums (at bf16 GEMM speed, not FP8's); other scales dequantize to
 # f32 (Precision.HIGHEST). An optimization barrier sits on the FP8 arrays so that XLA
@@ -404,20 +405,67 @@ def dequantize_block(t: BlockQ, block_dim: int, dtype="float32"):
     return (t.q.astype(jnp.float32) * s).astype(dtype)
 
 
-def block_dot(a: BlockQ, a_dim: int, b: BlockQ, b_dim: int, out_dtype, exact_bf16: bool = True):
-    """``a @ b^T`` (``a`` ``[M, K]``, ``b`` ``[N, K]``, rowwise forms) with the block FP8
-    GEMM's numerics: the dot of the dequantized operands, f32 accumulation (bf16 operands
-    when ``exact_bf16`` -- power-of-2 scales, where the dequantized values are exact in
-    bf16 --, else f32 operands at Precision.HIGHEST)."""
+# How block_dot runs its GEMM: "auto" (the default: the library's block-scaled FP8 GEMM,
+# ops.block_gemm, when JAX's backend is a GPU, the library loads and the shapes fit
+# cuBLASLt's rules; else the dequantized dot), "library" (always: an error where it cannot)
+# or "dequant" (the reference path, the only one on CPU).
+BLOCK_GEMM = "auto"
+
+
+def _block_gemm_on_library(a: "BlockQ", a_dim: int, b: "BlockQ", b_dim: int, out_dtype, mode) -> bool:
+    """Whether :func:`block_dot` runs on the library's GEMM under ``mode``."""
+    import jax.numpy as jnp
+    from . import ops
+
+    mode = BLOCK_GEMM if mode is None else mode
+    if mode not in ("auto", "library", "dequant"):
+        raise ValueError(f"block GEMM mode must be 'auto', 'library' or 'dequant', got {mode!r}")
+    if mode == "dequant":
+        return False
+    (m, k), n = a.q.shape, b.q.shape[0]
+    fits = (ops.block_gemm_fits(m, n, k, a.q.dtype, b.q.dtype, a_dim, b_dim)
+            and jnp.dtype(out_dtype).name in ("bfloat16", "float16", "float32"))
+    if mode == "library":
+        if not fits:
+            raise ValueError(f"the library's block GEMM does not take [{m}, {k}] ({a_dim}D, {a.q.dtype}) x "
+                             f"[{n}, {k}]^T ({b_dim}D, {b.q.dtype}) -> {jnp.dtype(out_dtype).name} "
+                             "(k % 16, n % 8, m % 8 for a 1D a; not 2D x 2D; bf16 / f16 / f32 out)")
+        return True
+    return fits and ops.block_gemm_available()
+
+
+def block_dot(a: BlockQ, a_dim: int, b: BlockQ, b_dim: int, out_dtype, exact_bf16: bool = True, gemm=None,
+              bias=None):
+    """``a @ b^T`` (``a`` ``[M, K]``, ``b`` ``[N, K]``, rowwise forms) of block-scaled FP8
+    operands. On a GPU with the library (``gemm`` / :data:`BLOCK_GEMM` "auto" or
+    "library"): the library's block-scaled FP8 GEMM (:func:`ops.block_gemm
+    <transformer_engine_comm.jax.ops.block_gemm>`, the scales converted to TE's GEMM-ready
+    layout). Else ("dequant", and on CPU) the dot of the dequantized operands with the
+    same products: f32 accumulation (bf16 operands when ``exact_bf16`` -- power-of-2
+    scales, where the dequantized values are exact in bf16 --, else f32 operands at
+    Precision.HIGHEST). ``bias`` (``[N]``): ``+ bias`` in ``out_dtype``, in the GEMM's
+    epilogue on the library (before the output's rounding) where ``out_dtype`` is bf16 or
+    f16 (cuBLASLt's bias type), else after the GEMM."""
     import jax
     import jax.numpy as jnp
 
     if a_dim == 2 and b_dim == 2:
         raise ValueError("block_dot: a 2D by 2D block GEMM is not supported (as in TE)")
+    if _block_gemm_on_library(a, a_dim, b, b_dim, out_dtype, gemm):
+        from . import ops
+
+        (m, k), n = a.q.shape, b.q.shape[0]
+        out = jnp.dtype(out_dtype)
+        fuse = bias is not None and out.name in ("bfloat16", "float16")
+        y = ops.block_gemm(a.q, ops.gemm_ready_scales(a.scale_inv, m, k, a_dim), b.q,
+                           ops.gemm_ready_scales(b.scale_inv, n, k, b_dim), a_block_dim=a_dim, b_block_dim=b_dim,
+                           out_dtype=out.name, bias=bias.astype(out) if fuse else None)
+        return y + bias.astype(out) if bias is not None and not fuse else y
     qa, qb = jax.lax.optimization_barrier((a.q, b.q))
     ct = jnp.bfloat16 if exact_bf16 else jnp.float32
     da = dequantize_block(BlockQ(qa, a.scale_inv), a_dim, ct)
     db = dequantize_block(BlockQ(qb, b.scale_inv), b_dim, ct)
     prec = None if exact_bf16 else jax.lax.Precision.HIGHEST
     y = jax.lax.dot_general(da, db, (((1,), (1,)), ((), ())), precision=prec, preferred_element_type=jnp.float32)
-    return y.astype(out_dtype)
+    y = y.astype(out_dtype)
+    return y if bias is None else y + bias.astype(out_dtype)

@@ -40,9 +40,10 @@ so the replicated state stays identical).
 Block scaling (``fp8=Float8BlockScaling()``; TE-JAX lacks it): the input, weight and
 output gradient are quantized in jnp per block (1D / 2D by the recipe's dims: rowwise for
 one GEMM, the transposed tensor quantized along its rows for the other, as TE's casts);
-the GEMMs are the dots of the dequantized block operands (:func:`block_dot
-<transformer_engine_comm.jax.fp8.block_dot>`: the block FP8 numerics at bf16 GEMM speed,
-since the library exposes no block-scaled FP8 GEMM to XLA yet). At tp > 1 (inside
+the GEMMs (:func:`block_dot <transformer_engine_comm.jax.fp8.block_dot>`) run on the
+library's block-scaled FP8 GEMM (the ``te_comm_block_gemm`` custom call) when JAX runs on
+a GPU, else (CPU) as the dots of the dequantized block operands, the same products at bf16
+GEMM speed (``fp8.BLOCK_GEMM`` picks). At tp > 1 (inside
 ``shard_map``) the communication is XLA's own collectives in the activations' dtype
 (all-gather of the input / output gradient before their casts, reduce-scatter or
 all-reduce of the f32 partial sums after the GEMMs), not the library's comm-GEMMs, which
@@ -335,10 +336,10 @@ def _block_fwd(x, w, bias, cfg: _Cfg):
         y = _f8.block_dot(xr, xd, wr, wd, jnp.float32, exact)
         y = (jax.lax.psum_scatter(y, ax, scatter_dimension=0, tiled=True) if kind == "row_sp"
              else jax.lax.psum(y, ax)).astype(out_dt)
-    else:
-        y = _f8.block_dot(xr, xd, wr, wd, out_dt, exact)
-    if bias is not None:
-        y = y + bias.astype(out_dt)
+        if bias is not None:
+            y = y + bias.astype(out_dt)
+    else:  # the bias in the GEMM's epilogue on the library (bf16 / f16 outputs)
+        y = _f8.block_dot(xr, xd, wr, wd, out_dt, exact, bias=bias)
     # Saved: the columnwise casts (x^T -- of the gathered input -- for the wgrad, w^T for
     # the dgrad), FP8.
     return y, (xc, wc, bias, jnp.zeros((0,), x.dtype), jnp.zeros((0,), w.dtype))

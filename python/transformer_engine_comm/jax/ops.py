@@ -10,6 +10,9 @@ arrays with one device per process):
 - :func:`gemm_reduce_scatter`: ``x`` ``[tokens, K/tp]``, ``w`` ``[N, K/tp]`` ->
   ``RS(x @ w.T) (+ bias)`` ``[tokens/tp, N]``.
 - :func:`gemm_all_reduce`: as above, every device gets ``[tokens, N]``.
+- :func:`block_gemm`: no communication: ``a @ b.T`` of block-scaled FP8 operands
+  (Float8BlockScaling) on the library's GEMM, the scales in TE's GEMM-ready layout
+  (:func:`gemm_ready_scales`); what the block layers' GEMMs run on a GPU.
 
 Layouts of TE's ``nvte_cublas_gemm`` (A = ``w``, B = ``x``): ``transa`` (default True: ``w``
 is ``[N, K]``; False: ``[K, N]``) and ``transb`` (default False: ``x`` is ``[tokens, K]``;
@@ -231,3 +234,128 @@ def gemm_all_reduce(x, w, bias=None, *, ctx: TPContext, x_scale_inv=None, w_scal
     (layouts as :func:`gemm_reduce_scatter`)."""
     return rs_gemm(w, x, bias, ctx=ctx, transa=transa, transb=transb, all_reduce=True, a_scale_inv=w_scale_inv,
                    b_scale_inv=x_scale_inv, out_dtype=out_dtype, comm_sms=comm_sms, algo=algo)[0]
+
+
+# ---- block-scaled FP8 GEMM (Float8BlockScaling): no communication, no context ----------
+
+BLOCK_TARGET = ("te_comm_block_gemm", "nvte_comm_xla_block_gemm")
+BLOCK_LEN = 128
+# cuBLASLt's workspace for the block-scaled GEMM (TE's size on Hopper), an XLA temporary
+BLOCK_WORKSPACE_BYTES = 32 << 20
+_block_registered = False
+
+
+def register_block() -> None:
+    """Register the block-scaled GEMM handler with XLA for platform CUDA (idempotent; it
+    has no initialize stage: nothing is created per context)."""
+    global _block_registered
+    with _reg_lock:
+        if _block_registered:
+            return
+        import jax
+
+        cap = jax.ffi.pycapsule(getattr(_capi.lib(), BLOCK_TARGET[1]))
+        jax.ffi.register_ffi_target(BLOCK_TARGET[0], cap, platform="CUDA", api_version=1)
+        _block_registered = True
+
+
+def _roundup(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+def gemm_ready_scale_shape(rows: int, cols: int, block_dim: int):
+    """TE's GEMM-ready scale_inv shape of FP8 data ``[rows, cols]`` with blocks along its
+    rows (src/tensor.rs ``scale_shape``): 1D ``[ceil(cols/128), roundup(rows, 4)]`` (entry
+    (column block, row)), 2D ``[ceil(rows/128), roundup(ceil(cols/128), 4)]``."""
+    nb = -(-cols // BLOCK_LEN)
+    if block_dim == 1:
+        return (nb, _roundup(rows, 4))
+    if block_dim == 2:
+        return (-(-rows // BLOCK_LEN), _roundup(nb, 4))
+    raise ValueError(f"block_dim must be 1 or 2, got {block_dim!r}")
+
+
+def gemm_ready_scales(scale_inv, rows: int, cols: int, block_dim: int):
+    """The GEMM-ready scale_inv (f32) of a rowwise block cast of ``[rows, cols]`` from its
+    compact scales (:class:`~transformer_engine_comm.jax.fp8.BlockQ`'s: 1D ``[rows,
+    ceil(cols/128)]``, 2D ``[ceil(rows/128), ceil(cols/128)]``): 1D transposed, both padded
+    (with ones, never read) to TE's multiple of 4."""
+    import jax.numpy as jnp
+
+    s = jnp.asarray(scale_inv, jnp.float32)
+    nb = -(-cols // BLOCK_LEN)
+    want_compact = (rows, nb) if block_dim == 1 else (-(-rows // BLOCK_LEN), nb)
+    if tuple(s.shape) != want_compact:
+        raise ValueError(f"{block_dim}D block scale_inv of [{rows}, {cols}] data must be {want_compact}, got {s.shape}")
+    if block_dim == 1:
+        s = s.T
+    r, c = gemm_ready_scale_shape(rows, cols, block_dim)
+    return jnp.pad(s, ((0, r - s.shape[0]), (0, c - s.shape[1])), constant_values=1.0)
+
+
+def block_gemm_fits(m: int, n: int, k: int, a_dtype, b_dtype, a_block_dim: int, b_block_dim: int) -> bool:
+    """Whether the library's block GEMM takes ``a`` ``[m, k]`` . ``b`` ``[n, k]``^T (cuBLASLt's
+    rules, src/gemm/block.rs): k a multiple of 16, n of 8, m of 8 when ``a`` is 1D; not
+    2D x 2D; FP8, not both e5m2."""
+    names = (_dtype_name(a_dtype), _dtype_name(b_dtype))
+    if not all(x in ("float8_e4m3fn", "float8_e5m2") for x in names) or names == ("float8_e5m2",) * 2:
+        return False
+    if a_block_dim == 2 and b_block_dim == 2:
+        return False
+    return k % 16 == 0 and n % 8 == 0 and (a_block_dim == 2 or m % 8 == 0) and min(m, n, k) > 0
+
+
+def block_gemm(a, a_scale_inv, b, b_scale_inv, *, a_block_dim: int, b_block_dim: int, out_dtype="bfloat16",
+               bias=None, dgelu_pre=None, split_accumulator: bool = True):
+    """``d = a @ b.T`` of block-scaled FP8 operands on the library's GEMM (cuBLASLt's block
+    scale modes, Hopper): ``a`` ``[M, K]`` and ``b`` ``[N, K]`` (f8e4m3fn / f8e5m2, rowwise
+    forms), their scale_inv in TE's GEMM-ready layout (:func:`gemm_ready_scales`);
+    ``a_block_dim`` / ``b_block_dim`` 1 (1 x 128 blocks) or 2 (128 x 128; not both). With
+    ``bias`` (``[N]``): ``d + bias``; with ``dgelu_pre`` (``[M, N]``, the GELU input):
+    ``d * gelu'(dgelu_pre)`` (not both). Output ``[M, N]`` bf16 / f16 / f32. An XLA custom
+    call (``te_comm_block_gemm``), command-buffer compatible; GPU only."""
+    import jax
+    import jax.numpy as jnp
+
+    for x, w in ((a, "a"), (b, "b")):
+        _check2(x, w)
+    (m, k), (n, kb) = a.shape, b.shape
+    if k != kb:
+        raise ValueError(f"block_gemm: a {a.shape} and b {b.shape} differ in K")
+    if bias is not None and dgelu_pre is not None:
+        raise ValueError("block_gemm: bias or dgelu_pre, not both (cuBLASLt's block scale modes)")
+    for s, rows, d, w in ((a_scale_inv, m, a_block_dim, "a"), (b_scale_inv, n, b_block_dim, "b")):
+        if tuple(s.shape) != gemm_ready_scale_shape(rows, k, d):
+            raise ValueError(f"block_gemm: {w}_scale_inv must be the GEMM-ready {gemm_ready_scale_shape(rows, k, d)} "
+                             f"for {d}D blocks of [{rows}, {k}], got {s.shape} (see gemm_ready_scales)")
+    out = jnp.dtype(_core.dtype_name(out_dtype, "out_dtype"))
+    register_block()
+    args = [a, jnp.asarray(a_scale_inv, jnp.float32), b, jnp.asarray(b_scale_inv, jnp.float32)]
+    if bias is not None:
+        args.append(bias)
+    if dgelu_pre is not None:
+        args.append(dgelu_pre)
+    outs = [jax.ShapeDtypeStruct((m, n), out), jax.ShapeDtypeStruct((BLOCK_WORKSPACE_BYTES,), jnp.uint8)]
+    d, _ = jax.ffi.ffi_call(BLOCK_TARGET[0], outs)(
+        *args,
+        a_block_dim=np.int32(a_block_dim),
+        b_block_dim=np.int32(b_block_dim),
+        has_bias=bias is not None,
+        dgelu=dgelu_pre is not None,
+        split_accumulator=bool(split_accumulator),
+    )
+    return d
+
+
+def block_gemm_available() -> bool:
+    """Whether :func:`block_gemm` can run here: JAX's default backend is a GPU and the
+    library loads (the block layers' GEMMs use it then; else the dequantized dot)."""
+    import jax
+
+    try:
+        if jax.default_backend() not in ("gpu", "cuda"):
+            return False
+        _capi.lib()
+    except Exception:  # no backend, no library: the reference path
+        return False
+    return True
