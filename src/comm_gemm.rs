@@ -614,6 +614,9 @@ impl CommGemmCtx {
             || self.nranks < 2
             || self.call.preparing
             || c.accumulate
+            // block-scaled inputs run fixed block-aware algorithms whatever the candidate
+            // (and their key would collide with per-tensor e4m3's): not tuned
+            || call::is_block(c)
         {
             return Ok(None);
         }

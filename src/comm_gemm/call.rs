@@ -79,6 +79,13 @@ fn eb(d: DType) -> usize {
     d.bits() / 8
 }
 
+/// Whether either GEMM input is block-scaled (NVTE_BLOCK_SCALING_1D / 2D).
+pub(crate) fn is_block(c: &GemmCall) -> bool {
+    [c.a.scaling_mode, c.b.scaling_mode]
+        .iter()
+        .any(|&m| crate::tensor::BlockMode::from_scaling_mode(m).is_some())
+}
+
 /// Block-scaled FP8 inputs (NVTE_BLOCK_SCALING_1D / 2D), checked before anything is
 /// made: at one rank (`direct`) every operation is its block-scaled GEMM; at more ranks
 /// the reduce-scatter and all-reduce run the engine's block-aware algorithms (whole
@@ -87,10 +94,7 @@ fn eb(d: DType) -> usize {
 /// padded); the all-gather's gathered operand would need its scales gathered with it,
 /// which the engine does not do yet.
 pub(crate) fn check_block(c: &GemmCall, nranks: usize, direct: bool) -> Result<()> {
-    let block = [c.a.scaling_mode, c.b.scaling_mode]
-        .iter()
-        .any(|&m| crate::tensor::BlockMode::from_scaling_mode(m).is_some());
-    if !block {
+    if !is_block(c) {
         return Ok(());
     }
     if c.b_gathered.is_some() {
@@ -300,6 +304,8 @@ fn reduction<B: CallBackend>(b: &mut B, c: &GemmCall, ws: &Tensor) -> Result<()>
     let pdt = if dt.is_fp8() { DType::BF16 } else { dt };
     // (cuBLASLt writes FP8 outputs from FP8 inputs only: 16-bit inputs take the engine's
     // bf16 partials)
+    // (block-scaled GEMMs write no FP8 output: at one rank such a call is refused by
+    // the block GEMM's own check, with its message)
     if b.direct() && (!dt.is_fp8() || c.a.data.dtype.is_fp8()) {
         no_accumulate(c)?;
         // One rank: nothing is reduced, so the GEMM's own epilogues apply as in

@@ -348,12 +348,15 @@ def block_gemm(a, a_scale_inv, b, b_scale_inv, *, a_block_dim: int, b_block_dim:
 
 
 def block_gemm_available() -> bool:
-    """Whether :func:`block_gemm` can run here: JAX's default backend is a GPU and the
-    library loads (the block layers' GEMMs use it then; else the dequantized dot)."""
+    """Whether :func:`block_gemm` can run here: JAX's default backend is a Hopper GPU
+    (compute capability 9.0: cuBLASLt's block scale modes, which the library requires) and
+    the library loads (the block layers' GEMMs use it then; else the dequantized dot)."""
     import jax
 
     try:
         if jax.default_backend() not in ("gpu", "cuda"):
+            return False
+        if str(getattr(jax.devices()[0], "compute_capability", "")) != "9.0":
             return False
         _capi.lib()
     except Exception:  # no backend, no library: the reference path
