@@ -430,7 +430,7 @@ pub(super) unsafe fn run_scaled(
                     p.destroy(k.ctx);
                 }
             }
-            let p = build_scaled(h, g, &key.0, modes, guard.ctx)?;
+            let p = build_with(h, g, &key.0, guard.ctx, |d| set_modes(d, modes))?;
             plans.insert(key, p);
         }
         let p = plans.get_mut(&key).expect("inserted above");
@@ -475,50 +475,6 @@ fn plan_key(g: &GemmDesc, guard: &ContextGuard) -> PlanKey {
             alignment(g.d),
             alignment(g.d),
         ],
-    }
-}
-
-/// A plan as `build`'s, with the block scale modes set before the heuristic runs.
-fn build_scaled(
-    h: lt::cublasLtHandle_t,
-    g: &GemmDesc,
-    key: &PlanKey,
-    modes: Option<[BlockMode; 2]>,
-    ctx_addr: cuda::CtxHandle,
-) -> Result<Plan> {
-    let mut desc: lt::cublasLtMatmulDesc_t = std::ptr::null_mut();
-    // SAFETY: out pointer. Full fp32 compute, as every GEMM of the library.
-    lt_check(
-        unsafe {
-            lt::cublasLtMatmulDescCreate(
-                &mut desc,
-                lt::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                lt::cudaDataType_t::CUDA_R_32F,
-            )
-        },
-        "cublasLtMatmulDescCreate",
-    )?;
-    let mut plan = Plan {
-        desc,
-        a: std::ptr::null_mut(),
-        b: std::ptr::null_mut(),
-        c: std::ptr::null_mut(),
-        d: std::ptr::null_mut(),
-        algo: lt::cublasLtMatmulAlgo_t { data: [0; 8] },
-        untimed: Vec::new(),
-        ptrs: [DevPtr::NULL; 6],
-        graphs: graphs::Graphs::default(),
-        ctx_addr,
-    };
-    let r = describe(desc, g, &mut plan)
-        .and_then(|()| set_modes(desc, modes))
-        .and_then(|()| choose_algo(h, desc, g, key, &mut plan));
-    match r {
-        Ok(()) => Ok(plan),
-        Err(e) => {
-            plan.destroy(key.ctx);
-            Err(e)
-        }
     }
 }
 

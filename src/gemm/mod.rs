@@ -847,6 +847,18 @@ fn build(
     key: &PlanKey,
     ctx_addr: CtxHandle,
 ) -> Result<Plan> {
+    build_with(h, g, key, ctx_addr, |_| Ok(()))
+}
+
+/// [`build`] with `prepare` setting more matmul attributes (e.g. the block scale modes)
+/// after the description and before the heuristic runs.
+fn build_with(
+    h: lt::cublasLtHandle_t,
+    g: &GemmDesc,
+    key: &PlanKey,
+    ctx_addr: CtxHandle,
+    prepare: impl FnOnce(lt::cublasLtMatmulDesc_t) -> Result<()>,
+) -> Result<Plan> {
     let mut desc: lt::cublasLtMatmulDesc_t = std::ptr::null_mut();
     // SAFETY: out pointer. Full fp32 compute (no TF32) for every input type, as TE.
     lt_check(
@@ -871,7 +883,9 @@ fn build(
         graphs: graphs::Graphs::default(),
         ctx_addr,
     };
-    let r = describe(desc, g, &mut plan).and_then(|()| choose_algo(h, desc, g, key, &mut plan));
+    let r = describe(desc, g, &mut plan)
+        .and_then(|()| prepare(desc))
+        .and_then(|()| choose_algo(h, desc, g, key, &mut plan));
     match r {
         Ok(()) => Ok(plan),
         Err(e) => {
