@@ -252,24 +252,9 @@ pub extern "C" fn nvte_get_quantization_config_attribute(
 ) {
     entry!(void, {
         let size = ConfigAttrs::size(attr)?;
-        if !size_written.is_null() {
-            // SAFETY: non-null output pointer supplied by the caller.
-            unsafe { *size_written = size };
-        }
-        if buf.is_null() {
-            return Ok(());
-        }
-        if size_in_bytes < size {
-            invalid!(
-                "argument `size_in_bytes` = {size_in_bytes} is too small for {attr}: it needs {size} bytes"
-            );
-        }
-        let c = QCONFIGS.get(config as usize, "config")?;
-        let bytes = c.get(attr)?;
-        // SAFETY: `buf` is non-null with at least `size` writable bytes (the caller's
-        // promise for size_in_bytes >= size).
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf as *mut u8, bytes.len()) };
-        Ok(())
+        super::read_config_attribute(attr, size, buf, size_in_bytes, size_written, || {
+            QCONFIGS.get(config as usize, "config")?.get(attr)
+        })
     })
 }
 
@@ -285,16 +270,7 @@ pub extern "C" fn nvte_set_quantization_config_attribute(
 ) {
     entry!(void, {
         let size = ConfigAttrs::size(attr)?;
-        if size_in_bytes < size {
-            invalid!(
-                "argument `size_in_bytes` = {size_in_bytes} is too small for {attr}: it needs {size} bytes"
-            );
-        }
-        if buf.is_null() {
-            invalid!("argument `buf` is NULL");
-        }
-        // SAFETY: non-null with at least `size` readable bytes per the caller.
-        let bytes = unsafe { std::slice::from_raw_parts(buf as *const u8, size) };
+        let bytes = super::config_attribute_bytes(attr, size, buf, size_in_bytes)?;
         QCONFIGS.update(config as usize, "config", |c| c.set(attr, bytes))
     })
 }

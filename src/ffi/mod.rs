@@ -84,6 +84,56 @@ use std::sync::Once;
 #[allow(non_camel_case_types)]
 pub type cudaStream_t = *mut std::ffi::c_void;
 
+/// TE's config attribute read (quantization and matmul configs): `*size_written` (when
+/// not NULL) gets the attribute's `size`; a NULL `buf` only asks for it; else `buf`, of
+/// `size_in_bytes >= size` bytes, gets the attribute's bytes from `get`.
+fn read_config_attribute(
+    attr: impl std::fmt::Display,
+    size: usize,
+    buf: *mut std::ffi::c_void,
+    size_in_bytes: usize,
+    size_written: *mut usize,
+    get: impl FnOnce() -> Result<Vec<u8>>,
+) -> Result<()> {
+    if !size_written.is_null() {
+        // SAFETY: non-null output pointer supplied by the caller.
+        unsafe { *size_written = size };
+    }
+    if buf.is_null() {
+        return Ok(());
+    }
+    if size_in_bytes < size {
+        crate::invalid!(
+            "argument `size_in_bytes` = {size_in_bytes} is too small for {attr}: it needs {size} bytes"
+        );
+    }
+    let bytes = get()?;
+    // SAFETY: `buf` is non-null with at least `size` writable bytes (the caller's promise
+    // for size_in_bytes >= size), and `get` gives the attribute's `size` bytes.
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf as *mut u8, bytes.len()) };
+    Ok(())
+}
+
+/// TE's config attribute write: the `size` bytes of the caller's `buf`, checked to be
+/// non-NULL with `size_in_bytes >= size`.
+fn config_attribute_bytes<'a>(
+    attr: impl std::fmt::Display,
+    size: usize,
+    buf: *const std::ffi::c_void,
+    size_in_bytes: usize,
+) -> Result<&'a [u8]> {
+    if size_in_bytes < size {
+        crate::invalid!(
+            "argument `size_in_bytes` = {size_in_bytes} is too small for {attr}: it needs {size} bytes"
+        );
+    }
+    if buf.is_null() {
+        crate::invalid!("argument `buf` is NULL");
+    }
+    // SAFETY: non-null with at least `size` readable bytes per the caller.
+    Ok(unsafe { std::slice::from_raw_parts(buf as *const u8, size) })
+}
+
 thread_local! {
     static PANIC_MSG: RefCell<Option<String>> = const { RefCell::new(None) };
 }
