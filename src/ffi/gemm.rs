@@ -97,10 +97,6 @@ pub extern "C" fn nvte_cublas_gemm(
     stream: cudaStream_t,
 ) {
     entry!(void, {
-        let a = TENSORS.get(A as usize, "A")?;
-        let b = TENSORS.get(B as usize, "B")?;
-        let d = TENSORS.get(D as usize, "D")?;
-        let extras = GemmExtras::resolve(bias, pre_gelu_out, workspace)?;
         let flags = TeFlags {
             transa,
             transb,
@@ -108,10 +104,28 @@ pub extern "C" fn nvte_cublas_gemm(
             accumulate,
             use_split_accumulator,
         };
-        let args = extras.operands(&a, &b, &d, flags, math_sm_count);
         let beta = if accumulate { 1.0 } else { 0.0 };
-        gemm::block::cublas_gemm_scaled(vouch(&args), 1.0, beta, crate::ffi::stream_of(stream))
+        let tensors = [A, B, D, bias, pre_gelu_out, workspace];
+        te_gemm(tensors, flags, [1.0, beta], math_sm_count, stream)
     })
+}
+
+/// nvte_cublas_gemm and nvte_cublas_gemm_scaled: the handles `[A, B, D, bias,
+/// pre_gelu_out, workspace]` looked up, D = alpha * op(A) op(B) (+ epilogue) + beta * D.
+fn te_gemm(
+    tensors: [NVTETensor; 6],
+    flags: TeFlags,
+    [alpha, beta]: [f32; 2],
+    math_sm_count: i32,
+    stream: cudaStream_t,
+) -> Result<()> {
+    let [a, b, d, bias, pre_gelu_out, workspace] = tensors;
+    let a = TENSORS.get(a as usize, "A")?;
+    let b = TENSORS.get(b as usize, "B")?;
+    let d = TENSORS.get(d as usize, "D")?;
+    let extras = GemmExtras::resolve(bias, pre_gelu_out, workspace)?;
+    let args = extras.operands(&a, &b, &d, flags, math_sm_count);
+    gemm::block::cublas_gemm_scaled(vouch(&args), alpha, beta, crate::ffi::stream_of(stream))
 }
 
 /// nvte_cublas_gemm with D = alpha * op(A) op(B) (+ bias, GELU as nvte_cublas_gemm) +
@@ -137,10 +151,6 @@ pub extern "C" fn nvte_cublas_gemm_scaled(
     stream: cudaStream_t,
 ) {
     entry!(void, {
-        let a = TENSORS.get(A as usize, "A")?;
-        let b = TENSORS.get(B as usize, "B")?;
-        let d = TENSORS.get(D as usize, "D")?;
-        let extras = GemmExtras::resolve(bias, pre_gelu_out, workspace)?;
         let flags = TeFlags {
             transa,
             transb,
@@ -148,8 +158,8 @@ pub extern "C" fn nvte_cublas_gemm_scaled(
             accumulate: beta != 0.0,
             use_split_accumulator,
         };
-        let args = extras.operands(&a, &b, &d, flags, math_sm_count);
-        gemm::block::cublas_gemm_scaled(vouch(&args), alpha, beta, crate::ffi::stream_of(stream))
+        let tensors = [A, B, D, bias, pre_gelu_out, workspace];
+        te_gemm(tensors, flags, [alpha, beta], math_sm_count, stream)
     })
 }
 
