@@ -53,17 +53,22 @@ struct Block {
     nvte_set_tensor_param_v2(h, kNVTERowwiseScaleInv, &sc, sizeof(sc));
     Tensor src(kNVTEFloat32, {R, C});
     src.data.upload(x.data());
+    // Each call's status on its own (a later successful call resets the last status).
     nvte_quantize(src.h, h, s);
+    ok = nvte_comm_last_status() == NVTE_COMM_SUCCESS;
+    if (!ok) { err = nvte_comm_last_error(); return; }
     Tensor back(kNVTEFloat32, {R, C});
     nvte_dequantize(h, back.h, s);
     CUDA_OK(cudaStreamSynchronize(s));
     ok = nvte_comm_last_status() == NVTE_COMM_SUCCESS;
+    if (!ok) err = nvte_comm_last_error();
     if (ok) deq = decode(back.data.download(), kNVTEFloat32, R * C);
   }
   Block(const Block &) = delete;
   Block &operator=(const Block &) = delete;
   ~Block() { if (h) nvte_destroy_tensor(h); }
   bool ok = false;
+  std::string err;
 };
 
 // Columns [c0, c0 + nc) of a row-major [rows, cols] host matrix.
@@ -142,7 +147,7 @@ void run_overlap_rs(Report &rep, NVTECommOverlap *ov, const std::string &what, N
 
 void run_case(Report &rep, NVTECommGemmCtx *ctx, NVTECommOverlap *ov, const Case &c, uint64_t seed, int rank, int size,
               cudaStream_t s) {
-  const int64_t m = 384, n = 64 * size, kpr = 256;
+  const int64_t m = 384, n = 128 * size, kpr = 256;  // B's rows: whole 128-row blocks per rank
   const bool ag = c.op == kAg;
   const int64_t k = ag ? kpr : kpr * size;
   char buf[256];
@@ -166,7 +171,7 @@ void run_case(Report &rep, NVTECommGemmCtx *ctx, NVTECommOverlap *ov, const Case
     keep.push_back(a);
     keep.push_back(b);
     if (!a->ok || !b->ok) {
-      rep.fail(what + ": nvte_quantize / nvte_dequantize: " + nvte_comm_last_error());
+      rep.fail(what + ": nvte_quantize / nvte_dequantize: " + (a->ok ? b->err : a->err));
       for (Block *x : keep) delete x;
       return;
     }
@@ -251,7 +256,7 @@ int main(int argc, char **argv) {
   cudaStream_t s;
   CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   NVTECommGemmCtx *ctx = make_ctx(rank, size);
-  // A userbuffers object for the reduce-scatter's GEMM output [n, m] = [64 tp, 384] float32.
+  // A userbuffers object for the reduce-scatter's GEMM output [n, m] = [128 tp, 384] float32.
   NVTECommOverlap *ov = nullptr;
   {
     NVTECommOverlapConfig cfg;
@@ -262,7 +267,7 @@ int main(int argc, char **argv) {
     bs.world_size = size;
     bs.allgather = mpi_allgather;
     bs.barrier = mpi_barrier;
-    if (nvte_comm_overlap_create(&bs, &cfg, 64 * (size_t)size, 384, kNVTEFloat32, &ov) != NVTE_COMM_SUCCESS) {
+    if (nvte_comm_overlap_create(&bs, &cfg, 128 * (size_t)size, 384, kNVTEFloat32, &ov) != NVTE_COMM_SUCCESS) {
       rep.fail(std::string("nvte_comm_overlap_create: ") + nvte_comm_last_error());
       ov = nullptr;
     }

@@ -150,10 +150,10 @@ def main():
                    help="FP8 training with TE's recipe: delayed / current (HYBRID) or block (Float8BlockScaling: "
                         "e4m3, 1x128 / 128x128 blocks; jnp casts, the library's block-scaled FP8 GEMM, XLA's "
                         "collectives at tp > 1)")
-    p.add_argument("--block-gemm", choices=("auto", "library", "dequant"), default="dequant",
+    p.add_argument("--block-gemm", choices=("auto", "library", "dequant"), default="auto",
                    help="--fp8-recipe block's GEMMs: the library's block-scaled FP8 GEMM custom call (auto: on a "
                         "GPU where the shapes fit cuBLASLt's rules; library: always) or the dot of the dequantized "
-                        "operands (dequant, the reference and, until the custom call has passed its GPU tests, the default)")
+                        "operands (dequant, the reference)")
     p.add_argument("--amax-history-len", type=int, default=1024, help="delayed scaling's history (TE's default)")
     p.add_argument("--no-comm-overlap", action="store_true", help="XLA's collectives, then the GEMMs (= --builds xla)")
     p.add_argument("--builds", help="comma-separated: layers, library, xla (default: layers, + library at tp 1)")

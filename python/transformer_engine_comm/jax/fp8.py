@@ -405,13 +405,12 @@ def dequantize_block(t: BlockQ, block_dim: int, dtype="float32"):
     return (t.q.astype(jnp.float32) * s).astype(dtype)
 
 
-# How block_dot runs its GEMM: "auto" (the library's block-scaled FP8 GEMM, ops.block_gemm,
-# when JAX's backend is a GPU, the library loads and the shapes fit cuBLASLt's rules; else
-# the dequantized dot), "library" (always: an error where it cannot) or "dequant" (the
-# reference path, the only one on CPU). The default stays "dequant" (bit-exact block-FP8
-# products, bf16 speed) until the custom call's GPU tests
-# (python/tests/jax/test_jax_block_fp8_gpu.py) have passed on a GPU; opt in with "auto".
-BLOCK_GEMM = "dequant"
+# How block_dot runs its GEMM: "auto" (the default: the library's block-scaled FP8 GEMM,
+# ops.block_gemm, when JAX's backend is a Hopper GPU, the library loads and the shapes fit
+# cuBLASLt's rules; else the dequantized dot), "library" (always: an error where it
+# cannot) or "dequant" (the reference path, the only one on CPU). The layers read it when
+# they are called (their backward runs the same way as their forward).
+BLOCK_GEMM = "auto"
 
 
 def _block_gemm_on_library(a: "BlockQ", a_dim: int, b: "BlockQ", b_dim: int, out_dtype, mode) -> bool:

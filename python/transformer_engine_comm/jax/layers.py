@@ -59,7 +59,7 @@ communicate.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import jax
@@ -94,6 +94,9 @@ class _Cfg:
     recipe: Optional[object]
     comm_sms: int
     library: bool
+    # fp8.BLOCK_GEMM when the layer is called: the forward and the backward (traced later,
+    # under jax.grad) run their block GEMMs the same way.
+    block_gemm: str = field(default_factory=lambda: _f8.BLOCK_GEMM)
 
 
 def _axis_bound(axis: str) -> bool:
@@ -333,13 +336,13 @@ def _block_fwd(x, w, bias, cfg: _Cfg):
     wr, wc = _block_casts(w, _f8.WEIGHT, r, True)
     exact = _block_exact_bf16(r)
     if kind in ("row_sp", "row_ar"):  # partial sums reduced in f32 over the axis
-        y = _f8.block_dot(xr, xd, wr, wd, jnp.float32, exact)
+        y = _f8.block_dot(xr, xd, wr, wd, jnp.float32, exact, cfg.block_gemm)
         y = (jax.lax.psum_scatter(y, ax, scatter_dimension=0, tiled=True) if kind == "row_sp"
              else jax.lax.psum(y, ax)).astype(out_dt)
         if bias is not None:
             y = y + bias.astype(out_dt)
     else:  # the bias in the GEMM's epilogue on the library (bf16 / f16 outputs)
-        y = _f8.block_dot(xr, xd, wr, wd, out_dt, exact, bias=bias)
+        y = _f8.block_dot(xr, xd, wr, wd, out_dt, exact, cfg.block_gemm, bias=bias)
     # Saved: the columnwise casts (x^T -- of the gathered input -- for the wgrad, w^T for
     # the dgrad), FP8.
     return y, (xc, wc, bias, jnp.zeros((0,), x.dtype), jnp.zeros((0,), w.dtype))
@@ -359,11 +362,11 @@ def _block_bwd(cfg: _Cfg, res, dy):
         g = dy * cfg.ctx.size
     gr, gc = _block_casts(g, _f8.GRAD, r, True)
     if kind == "col_sp":  # dx = RS(dy . w), reduced in f32
-        dx = _f8.block_dot(gr, gd, wc, wd, jnp.float32, exact)  # dy [T, N/tp] . (w^T [K, N/tp])^T
+        dx = _f8.block_dot(gr, gd, wc, wd, jnp.float32, exact, cfg.block_gemm)  # dy [T, N/tp] . (w^T [K, N/tp])^T
         dx = jax.lax.psum_scatter(dx, ax, scatter_dimension=0, tiled=True).astype(out_dt)
     else:
-        dx = _f8.block_dot(gr, gd, wc, wd, out_dt, exact)
-    dw = _f8.block_dot(gc, gd, xc, xd, w_dt.dtype, exact)  # dy^T [N, T] . (x^T [K, T])^T
+        dx = _f8.block_dot(gr, gd, wc, wd, out_dt, exact, cfg.block_gemm)
+    dw = _f8.block_dot(gc, gd, xc, xd, w_dt.dtype, exact, cfg.block_gemm)  # dy^T [N, T] . (x^T [K, T])^T
     return dx, dw, _bias_share(bias, dy)
 
 
