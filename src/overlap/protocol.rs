@@ -1057,6 +1057,10 @@ impl Cfg {
             ..Cfg::new(flavour).with(|p| p.atomic_gemm = true)
         }
     }
+    /// This run with buffers of element type `dtype`.
+    pub(crate) fn with_dtype(self, dtype: DType) -> Cfg {
+        Cfg { dtype, ..self }
+    }
     /// This run with its policy changed by `f`.
     pub(crate) fn with(self, f: impl FnOnce(&mut Policy)) -> Cfg {
         let mut policy = self.policy;
@@ -2136,7 +2140,7 @@ fn e4m3_of(x: f32) -> u8 {
 /// host: its tensor and its dequantized values.
 pub(crate) struct BlockInput {
     pub(crate) t: Tensor,
-    deq: Vec<f32>,
+    pub(crate) deq: Vec<f32>,
 }
 
 fn block_input(
@@ -2364,10 +2368,7 @@ fn check_block_ag(
     let ds: Vec<DevPtr> = (0..tp)
         .map(|r| mem.alloc(&format!("D{r}"), n * m * 4))
         .collect();
-    let cfg = Cfg {
-        dtype: DType::E4M3,
-        ..cfg
-    };
+    let cfg = cfg.with_dtype(DType::E4M3);
     let mut plan_call = |p: &mut Planner, r: usize| {
         let td = tensor(ds[r], &[n, m]);
         let args = AgArgs {
