@@ -524,6 +524,7 @@ fn comm_gemm_block_operands_fail_before_any_rank_waits() {
 
 #[test]
 fn a_columnwise_only_block_operand_is_shaped_by_its_columnwise_data() {
+    use crate::tensor::BlockMode::OneD;
     use crate::tensor::{Buffer, Shape, Tensor};
     let mut mem = Mem::default();
     // A weight quantized for transa = false: columnwise data [k, m] = [144, 136] alone.
@@ -538,6 +539,36 @@ fn a_columnwise_only_block_operand_is_shaped_by_its_columnwise_data() {
         .expect_err("the transposed shape")
         .msg;
     assert!(e.contains("columnwise data [144, 136], transposed"), "{e}");
+    // With transa = true the GEMM reads A's rowwise data: the check names it as missing.
+    let (ops, _) = block_partials(&mut mem, 1, (8, 144, 136), [OneD, OneD]);
+    let d = tensor(mem.alloc("D", 8 * 136 * 4), &[8, 136]);
+    let call = GemmCall {
+        kind: Kind::AllReduce,
+        m: 136,
+        n: 8,
+        k: 144,
+        a: &a,
+        b: &ops[0].1.t,
+        d: &d,
+        bias: None,
+        pre_act_out: None,
+        transa: true,
+        transb: false,
+        grad: false,
+        accumulate: false,
+        comm_sm_count: 0,
+        b_gathered: None,
+        tune: false,
+        atomic: false,
+    };
+    let a1 = Tensor {
+        scaling_mode: OneD.scaling_mode(),
+        ..a.clone()
+    };
+    let e = super::call::check_block_operands(&GemmCall { a: &a1, ..call }, (1, 0), true)
+        .expect_err("no rowwise data")
+        .msg;
+    assert!(e.contains("missing rowwise data"), "{e}");
 }
 
 /// A comm-GEMM all-gather with block-scaled inputs: every rank's own A_r [16, 144] (its
