@@ -358,7 +358,10 @@ impl Planner<'_> {
             bytes: scale_bytes,
         };
         // The gathered GEMM: its B the buffer, its scales the slots (each chunk's GEMM
-        // takes its own slot's).
+        // takes its own slot's). Run whole only by NVTE_COMM_REPORT's GEMM-alone timing,
+        // into scratch: the slots span at least the gathered layout's bytes (tp slots of
+        // [k/128, pad4(n/tp)] or [ceil(n/tp/128), ..] against [k/128, pad4(n)] or
+        // [ceil(n/128), ..]), so it reads in bounds; its values only time it.
         full.n = n;
         full.b = self.buffer();
         full.b_scale_inv = self.buffer() + base;
