@@ -8,7 +8,7 @@
 // dequantized inputs. The operands are quantized on the GPU by nvte_quantize (GEMM-ready
 // scales) and dequantized by nvte_dequantize, so the reference sees exactly the values
 // the GEMM reads. m = 384 is three 128-row tiles of A: the pipelined reduce-scatter cuts
-// a 2D-scaled A at whole tiles. Then each operation captured in a CUDA graph and replayed
+// a 2D-scaled A at whole tiles; the all-gather's m = 128 tp (each rank's A one tile). Then each operation captured in a CUDA graph and replayed
 // into a poisoned D, checked again. The userbuffers API on the same operands:
 // nvte_comm_overlap_split_rs and _split_rs_p2p (float32 buffer), and
 // nvte_comm_overlap_split_ag with this rank's block-scaled shard (an e4m3 buffer with room
@@ -225,8 +225,10 @@ void run_overlap_ag(Report &rep, NVTECommOverlap *ov, const std::string &what, N
 
 void run_case(Report &rep, NVTECommGemmCtx *ctx, const Overlaps &ovs, const Case &c, uint64_t seed, int rank, int size,
               cudaStream_t s) {
-  const int64_t m = 384, n = 128 * size, kpr = 256;  // B's rows: whole 128-row blocks per rank
   const bool ag = c.op == kAg;
+  // B's rows: whole 128-row blocks per rank; the all-gather's A rows too (m split: each
+  // rank quantizes its own [m/tp, k], which nvte_quantize takes in whole 128-row blocks).
+  const int64_t m = ag ? 128 * size : 384, n = 128 * size, kpr = 256;
   const int64_t k = ag ? kpr : kpr * size;
   // The all-gather splits m and n (each rank's A rows and B shard), the reductions k.
   const int64_t ml = ag ? m / size : m, nb = ag ? n / size : n, ks = ag ? k : kpr;
