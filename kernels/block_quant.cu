@@ -2,9 +2,11 @@
 // bfloat16 / float16 matrix into FP8 with one float32 scale per 1x128 values (1D, rowwise;
 // 128x1 columnwise) or per 128x128 tile (2D), and dequantize back.
 //
-// Quantize: one block of 256 threads per 128x128 tile (rows and cols multiples of 128,
-// every pointer 16-byte aligned: src/kernels/block.rs checks both). The tile is read from
-// global memory once (cp.async into shared memory), then:
+// Quantize: blocks of 256 threads, each quantizing 128x128 tiles blockIdx.x, + gridDim.x,
+// ... (rows and cols multiples of 128, every pointer 16-byte aligned: src/kernels/block.rs
+// checks both; the host picks the grid and the number of pipeline stages). Each tile is read
+// from global memory once (cp.async into one of the block's shared-memory stages, the loads
+// of the next tiles in flight while it is quantized), then:
 //   2D:                    the tile's amax (all 16384 values), one scale;
 //   1D columnwise:         each column's amax over the tile's 128 rows (in the rowwise pass
 //                          when both directions are written);
@@ -135,11 +137,13 @@ __device__ __forceinline__ float bq_block_max(float v, float *red) {
 
 // The sizes and options of a quantization (src/kernels/block.rs BlockQuantArgs, same
 // layout): the [rows, cols] matrix, the scale strides of the rowwise (s_r, s_c) and
-// columnwise (t_r, t_c) scale inverses, epsilon, pow2 (0 / 1), col_mode (BQ_COL_*).
+// columnwise (t_r, t_c) scale inverses, epsilon, pow2 (0 / 1), col_mode (BQ_COL_*), stages
+// (1 to 3: the shared-memory tiles of a block's load pipeline; the dynamic shared memory
+// holds that many input tiles).
 struct BlockQuantArgs {
   u64 rows, cols, s_r, s_c, t_r, t_c;
   float eps;
-  int pow2, col_mode, pad;
+  int pow2, col_mode, stages;
 };
 static_assert(sizeof(BlockQuantArgs) == 64, "BlockQuantArgs is 64 bytes (src/kernels/block.rs)");
 
@@ -296,61 +300,110 @@ __device__ __forceinline__ float bq_tile_amax(const typename I::T *tile, BqShare
   return bq_block_max(m, sh.red);
 }
 
-// One 128x128 tile a block (blockIdx.x = tile row * (cols / 128) + tile column). out: rowwise
-// FP8 [rows, cols] or null; out_t: columnwise FP8 ([cols, rows] when col_mode is
-// transposed, [rows, cols] when compact) or null (col_mode none); sinv / sinv_t: their scale
-// inverses (strides in `a`); noop: TE's noop flag (1: do nothing) or null.
-template <class I, class O, int TWO_D>
-__device__ __forceinline__ void block_quantize_impl(const typename I::T *in, u8 *out, u8 *out_t, float *sinv,
-                                                    float *sinv_t, const float *noop, const BlockQuantArgs &a) {
-  const u64 rows = a.rows, cols = a.cols, s_r = a.s_r, s_c = a.s_c, t_r = a.t_r, t_c = a.t_c;
-  const float eps = a.eps;
-  const int pow2 = a.pow2, col_mode = a.col_mode;
-  if (noop != nullptr && *noop == 1.0f) return;
-  extern __shared__ __align__(16) unsigned char bq_smem[];
-  __shared__ BqShared sh;
+// Issue the cp.async loads of tile (r0, c0) of the input into `tile` (one stage).
+template <class I>
+__device__ __forceinline__ void bq_load_tile(typename I::T *tile, const typename I::T *in, u64 cols, u64 r0,
+                                             u64 c0) {
   typedef typename I::T T;
-  T *tile = reinterpret_cast<T *>(bq_smem);
-  const u64 tiles_c = cols / BQ_TILE;
-  const u64 rb = blockIdx.x / tiles_c, cb = blockIdx.x % tiles_c;
-  const u64 r0 = rb * BQ_TILE, c0 = cb * BQ_TILE;
-  {
-    constexpr int per_row = BQ_TILE * (int)sizeof(T) / 16;  // 16-byte chunks a row
-    constexpr int chunks = BQ_TILE * per_row;
+  constexpr int per_row = BQ_TILE * (int)sizeof(T) / 16;  // 16-byte chunks a row
+  constexpr int chunks = BQ_TILE * per_row;
 #pragma unroll
-    for (int i = 0; i < chunks / BQ_THREADS; ++i) {
-      const int q = i * BQ_THREADS + threadIdx.x;
-      const int r = q / per_row, k = q % per_row;
-      bq_cp_async16(tile + r * BQ_TILE + k * (16 / sizeof(T)), in + (r0 + r) * cols + c0 + k * (16 / sizeof(T)));
-    }
-    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
-    __syncthreads();
+  for (int i = 0; i < chunks / BQ_THREADS; ++i) {
+    const int q = i * BQ_THREADS + threadIdx.x;
+    const int r = q / per_row, k = q % per_row;
+    bq_cp_async16(tile + r * BQ_TILE + k * (16 / sizeof(T)), in + (r0 + r) * cols + c0 + k * (16 / sizeof(T)));
   }
+}
+
+__device__ __forceinline__ void bq_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+// Wait until at most `pending` (0, 1 or 2) of this thread's latest cp.async groups are in flight.
+__device__ __forceinline__ void bq_wait(int pending) {
+  if (pending >= 2)
+    asm volatile("cp.async.wait_group 2;" ::: "memory");
+  else if (pending == 1)
+    asm volatile("cp.async.wait_group 1;" ::: "memory");
+  else
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+}
+
+// Quantize tile (rb, cb), already in shared memory (`stage`: the tile, reused as the
+// transpose's staging area).
+template <class I, class O, int TWO_D>
+__device__ __forceinline__ void bq_process_tile(unsigned char *stage, BqShared &sh, u8 *out, u8 *out_t, float *sinv,
+                                                float *sinv_t, const BlockQuantArgs &a, u64 rb, u64 cb) {
+  const u64 r0 = rb * BQ_TILE, c0 = cb * BQ_TILE;
+  const typename I::T *tile = reinterpret_cast<const typename I::T *>(stage);
+  const int col_mode = a.col_mode;
   float tile_scale = 1.0f;
   if (TWO_D) {
-    tile_scale = bq_scale<I, O>(bq_tile_amax<I>(tile, sh), eps, pow2);
+    tile_scale = bq_scale<I, O>(bq_tile_amax<I>(tile, sh), a.eps, a.pow2);
     if (threadIdx.x == 0) {
       const float r = bq_rcp(tile_scale);
-      if (out != nullptr) sinv[rb * s_r + cb * s_c] = r;
-      if (col_mode != BQ_COL_NONE) sinv_t[rb * t_r + cb * t_c] = r;
+      if (out != nullptr) sinv[rb * a.s_r + cb * a.s_c] = r;
+      if (col_mode != BQ_COL_NONE) sinv_t[rb * a.t_r + cb * a.t_c] = r;
     }
   }
   // 1D rowwise + transposed columnwise: the rows pass also takes the columns' amaxes.
   const bool fused = !TWO_D && out != nullptr && col_mode == BQ_COL_TRANSPOSED;
-  if (!TWO_D && col_mode != BQ_COL_NONE && !fused) bq_column_scales<I, O>(tile, sh, sinv_t, t_r, t_c, rb, c0, eps, pow2);
+  if (!TWO_D && col_mode != BQ_COL_NONE && !fused)
+    bq_column_scales<I, O>(tile, sh, sinv_t, a.t_r, a.t_c, rb, c0, a.eps, a.pow2);
   u8 *compact = col_mode == BQ_COL_COMPACT ? out_t : nullptr;
   if (out != nullptr || compact != nullptr)
-    bq_rows<I, O, TWO_D>(tile, sh, tile_scale, out, compact, sinv, s_r, s_c, cols, r0, c0, eps, pow2, fused);
-  if (fused) bq_finish_column_scales<I, O, BQ_THREADS / 32>(sh, sinv_t, t_r, t_c, rb, c0, eps, pow2);
+    bq_rows<I, O, TWO_D>(tile, sh, tile_scale, out, compact, sinv, a.s_r, a.s_c, a.cols, r0, c0, a.eps, a.pow2,
+                         fused);
+  if (fused) bq_finish_column_scales<I, O, BQ_THREADS / 32>(sh, sinv_t, a.t_r, a.t_c, rb, c0, a.eps, a.pow2);
   if (col_mode == BQ_COL_TRANSPOSED)
-    bq_columns_transposed<I, O, TWO_D>(tile, bq_smem, sh, tile_scale, out_t, rows, r0, c0);
+    bq_columns_transposed<I, O, TWO_D>(tile, stage, sh, tile_scale, out_t, a.rows, r0, c0);
 }
 
-// Blocks an SM should hold (the launch bounds' minimum; shared memory allows 6 a SM with a
-// 32 KiB tile, 3 with 64 KiB): bf16 5 (48 registers, no spills), fp16 4, float32 3.
-#define BQ_MINB_f32 3
-#define BQ_MINB_bf16 5
-#define BQ_MINB_f16 4
+// Tiles blockIdx.x, + gridDim.x, ... (tile t: tile row t / (cols / 128), tile column t %
+// (cols / 128)) through a ring of a.stages (1 to 3) shared-memory tiles: the loads of the
+// next stages - 1 tiles are in flight while a tile is quantized. out: rowwise FP8 [rows,
+// cols] or null; out_t: columnwise FP8 ([cols, rows] when col_mode is transposed, [rows,
+// cols] when compact) or null (col_mode none); sinv / sinv_t: their scale inverses
+// (strides in `a`); noop: TE's noop flag (1: do nothing) or null.
+template <class I, class O, int TWO_D>
+__device__ __forceinline__ void block_quantize_impl(const typename I::T *in, u8 *out, u8 *out_t, float *sinv,
+                                                    float *sinv_t, const float *noop, const BlockQuantArgs &a) {
+  if (noop != nullptr && *noop == 1.0f) return;
+  extern __shared__ __align__(16) unsigned char bq_smem[];
+  __shared__ BqShared sh;
+  typedef typename I::T T;
+  constexpr u32 stage_bytes = BQ_TILE * BQ_TILE * sizeof(T);
+  const u32 tiles_c = (u32)(a.cols / BQ_TILE), tiles = (u32)(a.rows / BQ_TILE) * tiles_c;
+  const u32 stages = (u32)a.stages, step = gridDim.x;
+  // The first stages - 1 tiles (one commit group each, empty past the last tile).
+  for (u32 s = 0; s + 1 < stages; ++s) {
+    const u64 t = blockIdx.x + (u64)s * step;
+    if (t < tiles)
+      bq_load_tile<I>(reinterpret_cast<T *>(bq_smem + s * stage_bytes), in, a.cols,
+                      (u64)((u32)t / tiles_c) * BQ_TILE, (u64)((u32)t % tiles_c) * BQ_TILE);
+    bq_commit();
+  }
+  u32 slot = 0;  // the stage of tile t
+  for (u32 t = blockIdx.x; t < tiles; t += step) {  // t + step < 2^32: tiles < 2^31 (block.rs)
+    // Tile t + (stages - 1) * step into the stage the previous iteration finished with.
+    const u64 next = t + (u64)(stages - 1) * step;
+    const u32 next_slot = slot + stages - 1 >= stages ? slot - 1 : slot + stages - 1;
+    if (next < tiles)
+      bq_load_tile<I>(reinterpret_cast<T *>(bq_smem + next_slot * stage_bytes), in, a.cols,
+                      (u64)((u32)next / tiles_c) * BQ_TILE, (u64)((u32)next % tiles_c) * BQ_TILE);
+    bq_commit();
+    bq_wait((int)stages - 1);  // tile t's group is done (this thread's part)
+    __syncthreads();
+    bq_process_tile<I, O, TWO_D>(bq_smem + slot * stage_bytes, sh, out, out_t, sinv, sinv_t, a, t / tiles_c,
+                                 t % tiles_c);
+    __syncthreads();  // every read of the stage (and of `sh`) done before it is refilled
+    slot = slot + 1 == stages ? 0 : slot + 1;
+  }
+}
+
+// Blocks an SM should hold (the launch bounds' minimum): 3, what the default launch's two
+// 32 KiB stages (16-bit inputs) allow, at up to 80 registers a thread (no spills).
+#define BQ_MINB_f32 2
+#define BQ_MINB_bf16 3
+#define BQ_MINB_f16 3
 #define BLOCK_QUANTIZE(mname, TWO_D, iname, I, oname, O)                                                \
   extern "C" __global__ void __launch_bounds__(BQ_THREADS, BQ_MINB_##iname)                           \
       block_quantize_##mname##_##iname##_##oname(const I::T *in, u8 *out, u8 *out_t, float *sinv,     \

@@ -35,7 +35,8 @@ pub struct BlockQuantArgs {
     pub pow2: i32,
     /// 0: no columnwise output, 1: transposed ([cols, rows]), 2: compact (the input's layout).
     pub col_mode: i32,
-    pub pad: i32,
+    /// Shared-memory tiles of a block's load pipeline (1 to 3).
+    pub stages: i32,
 }
 
 // SAFETY: a repr(C) struct passed by value: the Struct class and its own size.
@@ -133,7 +134,7 @@ impl QuantizePlan {
             eps: cfg.amax_epsilon,
             pow2: cfg.force_pow_2_scales as i32,
             col_mode,
-            pad: 0,
+            stages: 1,
         }
     }
     /// The scale format the quantization writes (what the output records).
@@ -297,15 +298,16 @@ fn plan_quantize(
     }))
 }
 
-/// Raise the function's dynamic shared-memory limit to `bytes` once per (context, function).
-fn allow_shared(ctx: cuda::CtxId, f: cudarc::driver::sys::CUfunction, bytes: u32) -> Result<()> {
+/// Raise the function's dynamic shared-memory limit to `bytes` once per (context, function,
+/// bytes); returns how many blocks of THREADS with that much shared memory an SM holds.
+fn allow_shared(ctx: cuda::CtxId, f: cudarc::driver::sys::CUfunction, bytes: u32) -> Result<u32> {
     use cudarc::driver::sys as cu;
     type Key = (cuda::CtxId, cuda::FunctionHandle, u32);
-    static DONE: Mutex<Vec<Key>> = Mutex::new(Vec::new());
+    static DONE: Mutex<Vec<(Key, u32)>> = Mutex::new(Vec::new());
     let key = (ctx, cuda::FunctionHandle::from_raw(f), bytes);
     let mut done = DONE.lock().unwrap_or_else(|e| e.into_inner());
-    if done.contains(&key) {
-        return Ok(());
+    if let Some(&(_, n)) = done.iter().find(|(k, _)| *k == key) {
+        return Ok(n);
     }
     // SAFETY: `f` is a function of a loaded module; a plain attribute.
     cuda::check(
@@ -318,8 +320,67 @@ fn allow_shared(ctx: cuda::CtxId, f: cudarc::driver::sys::CUfunction, bytes: u32
         },
         "cuFuncSetAttribute(block_quantize dynamic shared memory)",
     )?;
-    done.push(key);
-    Ok(())
+    let mut blocks = 0;
+    // SAFETY: as above; `blocks` is a local the call writes.
+    cuda::check(
+        unsafe {
+            cu::cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                &mut blocks,
+                f,
+                THREADS as i32,
+                bytes as usize,
+            )
+        },
+        "cuOccupancyMaxActiveBlocksPerMultiprocessor(block_quantize)",
+    )?;
+    let n = blocks.max(1) as u32;
+    done.push((key, n));
+    Ok(n)
+}
+
+/// A launch of the quantize kernel (NVTE_COMM_BLOCK_QUANT): the shared-memory tiles of a
+/// block's load pipeline and the tiles each block takes (None: a persistent grid, as many
+/// blocks as the GPU holds at once).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct QuantLaunch {
+    stages: u32,
+    tiles_per_block: Option<usize>,
+}
+
+/// NVTE_COMM_BLOCK_QUANT's values, in the table's order: pipelined (default), tile,
+/// pipelined3, pairs.
+const QUANT_LAUNCHES: [QuantLaunch; 4] = [
+    QuantLaunch {
+        stages: 2,
+        tiles_per_block: None,
+    },
+    QuantLaunch {
+        stages: 1,
+        tiles_per_block: Some(1),
+    },
+    QuantLaunch {
+        stages: 3,
+        tiles_per_block: None,
+    },
+    QuantLaunch {
+        stages: 2,
+        tiles_per_block: Some(2),
+    },
+];
+
+impl QuantLaunch {
+    /// The launch NVTE_COMM_BLOCK_QUANT selects (read at each call).
+    fn from_env() -> Result<Self> {
+        let i = crate::env::BLOCK_QUANT.get()?.unwrap_or(0);
+        Ok(QUANT_LAUNCHES[i.min(QUANT_LAUNCHES.len() - 1)])
+    }
+    /// The grid over `tiles` tiles (`per_sm` blocks an SM holds, `sms` SMs).
+    fn grid(&self, tiles: usize, sms: i32, per_sm: u32) -> u32 {
+        match self.tiles_per_block {
+            None => persistent_grid(tiles, 1, sms, per_sm),
+            Some(k) => tiles.div_ceil(k).clamp(1, i32::MAX as usize) as u32,
+        }
+    }
 }
 
 /// TE's nvte_quantize into an NVTE_BLOCK_SCALING_1D / _2D tensor: FP8 rowwise data and / or
@@ -348,18 +409,28 @@ pub fn quantize(
     ];
     // SAFETY: `m` is kernels/block_quant.cu's module, the binding's source.
     let k = unsafe { Kernel::new(&m, &BLOCK_QUANTIZE, &names)? };
-    let smem = (TILE * TILE * plan.in_dtype.bits() / 8) as u32;
-    allow_shared(guard.id, k.raw(), smem)?;
-    let grid = ((plan.rows / TILE) * (plan.cols / TILE)) as u32;
+    let launch = QuantLaunch::from_env()?;
+    let smem = launch.stages * (TILE * TILE * plan.in_dtype.bits() / 8) as u32;
+    let per_sm = allow_shared(guard.id, k.raw(), smem)?;
+    let grid = launch.grid(
+        (plan.rows / TILE) * (plan.cols / TILE),
+        dev.sm_count,
+        per_sm,
+    );
     let [src, dst, dst_t, sinv, sinv_t] = plan.ptrs;
-    let params = (src, dst, dst_t, sinv, sinv_t, cfg.noop, plan.args(cfg));
+    let args = BlockQuantArgs {
+        stages: launch.stages as i32,
+        ..plan.args(cfg)
+    };
+    let params = (src, dst, dst_t, sinv, sinv_t, cfg.noop, args);
     // SAFETY: `k` is block_quantize_<mode>_<in>_<out> of kernels/block_quant.cu, loaded in
     // the stream's context (held by `guard`), with its dynamic shared memory allowed
-    // (`smem`: one 128x128 input tile). Checked by plan_quantize: the input holds rows *
-    // cols elements, rows and cols multiples of 128, 16-byte aligned; each FP8 output
-    // present holds rows * cols bytes (16-byte aligned) with its scale_inv of TE's shape
-    // for the strides given (4-byte aligned), absent ones NULL; noop NULL or one float.
-    // The grid is one block of THREADS a tile (the kernel's launch bounds).
+    // (`smem`: `args.stages` 128x128 input tiles, 1 to 3). Checked by plan_quantize: the
+    // input holds rows * cols elements, rows and cols multiples of 128 (fewer than 2^31
+    // tiles), 16-byte aligned; each FP8 output present holds rows * cols bytes (16-byte
+    // aligned) with its scale_inv of TE's shape for the strides given (4-byte aligned),
+    // absent ones NULL; noop NULL or one float. Blocks of THREADS (the kernel's launch
+    // bounds) stride over the tiles, whatever the grid.
     unsafe { k.launch_shared(((grid, 1, 1), (THREADS, 1, 1)), smem, stream, params)? };
     Ok(plan.format())
 }
@@ -738,6 +809,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<BlockQuantArgs>(), 64);
         assert_eq!(std::mem::offset_of!(BlockQuantArgs, eps), 48);
         assert_eq!(std::mem::offset_of!(BlockQuantArgs, col_mode), 56);
+        assert_eq!(std::mem::offset_of!(BlockQuantArgs, stages), 60);
     }
 
     #[test]
