@@ -76,6 +76,17 @@ __device__ __forceinline__ void bq_cp_async16(void *smem, const void *g) {
   const u32 s = (u32)__cvta_generic_to_shared(smem);
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(g) : "memory");
 }
+// The same under an L2 cache policy (createpolicy).
+__device__ __forceinline__ void bq_cp_async16(void *smem, const void *g, u64 pol) {
+  const u32 s = (u32)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(s), "l"(g), "l"(pol) : "memory");
+}
+// An L2 policy marking every access it is given as evict-first (the input is read once).
+__device__ __forceinline__ u64 bq_evict_first() {
+  u64 p;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
 
 // Eight consecutive values of a row of the shared tile as floats.
 template <class I>
@@ -111,11 +122,21 @@ __device__ __forceinline__ uint2 bq_pack8(const float *v, const float *s) {
   return r;
 }
 
-__device__ __forceinline__ void bq_st8(void *p, uint2 v) {
-  asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(v.x), "r"(v.y) : "memory");
+// 8- and 16-byte global stores; cs: streaming (st.global.cs: evict first, the output is
+// not read again here).
+__device__ __forceinline__ void bq_st8(void *p, uint2 v, bool cs) {
+  if (cs)
+    asm volatile("st.global.cs.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(v.x), "r"(v.y) : "memory");
+  else
+    asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(v.x), "r"(v.y) : "memory");
 }
-__device__ __forceinline__ void bq_st16(void *p, u32 a, u32 b, u32 c, u32 d) {
-  asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+__device__ __forceinline__ void bq_st16(void *p, uint4 v, bool cs) {
+  if (cs)
+    asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+  else
+    asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
 }
 
 // Max over the block (every thread gets it); `red` holds 8 floats.
@@ -139,13 +160,14 @@ __device__ __forceinline__ float bq_block_max(float v, float *red) {
 // layout): the [rows, cols] matrix, the scale strides of the rowwise (s_r, s_c) and
 // columnwise (t_r, t_c) scale inverses, epsilon, pow2 (0 / 1), col_mode (BQ_COL_*), stages
 // (1 to 3: the shared-memory tiles of a block's load pipeline; the dynamic shared memory
-// holds that many input tiles).
+// holds that many input tiles), hints (1: an L2 evict-first policy on the input's loads and
+// streaming stores of the outputs; 0: plain loads and stores).
 struct BlockQuantArgs {
   u64 rows, cols, s_r, s_c, t_r, t_c;
   float eps;
-  int pow2, col_mode, stages;
+  int pow2, col_mode, stages, hints, pad;
 };
-static_assert(sizeof(BlockQuantArgs) == 64, "BlockQuantArgs is 64 bytes (src/kernels/block.rs)");
+static_assert(sizeof(BlockQuantArgs) == 72, "BlockQuantArgs is 72 bytes (src/kernels/block.rs)");
 
 struct BqShared {
   float col_part[8][BQ_TILE];  // 1D columnwise: per column, partial amaxes (4 or 8 a column)
@@ -160,7 +182,8 @@ struct BqShared {
 // runs of the [cols, rows] output (8 threads a run).
 template <class I, class O, int TWO_D>
 __device__ __forceinline__ void bq_columns_transposed(const typename I::T *tile, u8 *stage, const BqShared &sh,
-                                                      float tile_scale, u8 *out_t, u64 rows, u64 r0, u64 c0) {
+                                                      float tile_scale, u8 *out_t, u64 rows, u64 r0, u64 c0,
+                                                      bool cs) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int c = (warp >> 2) * 64 + 2 * lane, rq = (warp & 3) * 32;
   const float sa = TWO_D ? tile_scale : sh.col_scale[c], sb = TWO_D ? tile_scale : sh.col_scale[c + 1];
@@ -186,7 +209,7 @@ __device__ __forceinline__ void bq_columns_transposed(const typename I::T *tile,
   for (int i = 0; i < BQ_TILE * BQ_TILE / 16 / BQ_THREADS; ++i) {
     const int q = i * BQ_THREADS + threadIdx.x, row = q >> 3, k = q & 7;
     const uint4 v = reinterpret_cast<const uint4 *>(stage + row * BQ_TILE)[k ^ ((row >> 1) & 7)];
-    bq_st16(out_t + (c0 + row) * rows + r0 + 16 * k, v.x, v.y, v.z, v.w);
+    bq_st16(out_t + (c0 + row) * rows + r0 + 16 * k, v, cs);
   }
 }
 
@@ -230,34 +253,41 @@ __device__ __forceinline__ void bq_column_scales(const typename I::T *tile, BqSh
   bq_finish_column_scales<I, O, 4>(sh, sinv_t, s_r, s_c, rb, c0, eps, pow2);
 }
 
-// Rows of the tile: 16 threads a row (8 values each), a warp two rows, 8 passes. Rowwise
-// output (1D: each row's own scale; 2D: the tile's) and / or the compact columnwise
-// output (the column scales). col_amax (1D with the transposed columnwise output): the
-// columns' partial amaxes over the rows this warp saw, into sh.col_part[warp] (the tile
-// is read once for both directions' amaxes).
-template <class I, class O, int TWO_D>
-__device__ __forceinline__ void bq_rows(const typename I::T *tile, BqShared &sh, float tile_scale, u8 *out,
-                                        u8 *out_t_compact, float *sinv, u64 s_r, u64 s_c, u64 cols, u64 r0, u64 c0,
-                                        float eps, int pow2, bool col_amax) {
+// Rows of the tile: 16 threads a row (8 values each), a warp two rows, 8 passes. ROW: the
+// rowwise output `out` (1D: each row's own scale; 2D: the tile's); COMPACT: the compact
+// columnwise output `out_c` (the column scales); COL_AMAX (1D with the transposed
+// columnwise output): the columns' partial amaxes over the rows this warp saw, into
+// sh.col_part[warp] (the tile is read once for both directions' amaxes). The flags are
+// template arguments: each combination is its own loop, without tests inside.
+template <class I, class O, int TWO_D, bool ROW, bool COMPACT, bool COL_AMAX>
+__device__ __forceinline__ void bq_rows(const typename I::T *tile, BqShared &sh, float tile_scale, u8 *out, u8 *out_c,
+                                        float *sinv, u64 s_r, u64 s_c, u64 cols, u64 r0, u64 c0, float eps,
+                                        int pow2, bool cs) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int cc = (lane & 15) * 8;
+  const int cc = (lane & 15) * 8, r_first = warp * 2 + (lane >> 4);
   float cm[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-  float cs[8];
-  if (out_t_compact != nullptr) {
+  float csc[8];  // the column scales (compact output)
+  if (COMPACT) {
 #pragma unroll
-    for (int j = 0; j < 8; ++j) cs[j] = sh.col_scale[cc + j];
+    for (int j = 0; j < 8; ++j) csc[j] = sh.col_scale[cc + j];
   }
+  // This thread's first row's 8 bytes (rowwise, compact) and scale inverse; each pass
+  // moves 16 rows down.
+  const u64 g = (r0 + r_first) * cols + c0 + cc, g_step = 16 * cols;
+  u8 *po = ROW ? out + g : nullptr;
+  u8 *pc = COMPACT ? out_c + g : nullptr;
+  float *ps = ROW && !TWO_D ? sinv + (r0 + r_first) * s_r + (c0 / BQ_TILE) * s_c : nullptr;
+  const u64 s_step = 16 * s_r;
+  const typename I::T *pt = tile + r_first * BQ_TILE + cc;
 #pragma unroll 2
   for (int it = 0; it < 8; ++it) {
-    const int r = it * 16 + warp * 2 + (lane >> 4);
     float v[8];
-    bq_load8<I>(tile + r * BQ_TILE + cc, v);
-    const u64 g = (r0 + r) * cols + c0 + cc;
-    if (col_amax) {
+    bq_load8<I>(pt + it * 16 * BQ_TILE, v);
+    if (COL_AMAX) {
 #pragma unroll
       for (int j = 0; j < 8; ++j) cm[j] = fmaxf(cm[j], fabsf(v[j]));
     }
-    if (out != nullptr) {
+    if (ROW) {
       float s = tile_scale;
       if (!TWO_D) {
         float m = 0.0f;
@@ -266,14 +296,19 @@ __device__ __forceinline__ void bq_rows(const typename I::T *tile, BqShared &sh,
 #pragma unroll
         for (int o = 8; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
         s = bq_scale<I, O>(m, eps, pow2);
-        if ((lane & 15) == 0) sinv[(r0 + r) * s_r + (c0 / BQ_TILE) * s_c] = bq_rcp(s);
+        if ((lane & 15) == 0) *ps = bq_rcp(s);
+        ps += s_step;
       }
       const float rs[8] = {s, s, s, s, s, s, s, s};
-      bq_st8(out + g, bq_pack8<O>(v, rs));
+      bq_st8(po, bq_pack8<O>(v, rs), cs);
+      po += g_step;
     }
-    if (out_t_compact != nullptr) bq_st8(out_t_compact + g, bq_pack8<O>(v, cs));
+    if (COMPACT) {
+      bq_st8(pc, bq_pack8<O>(v, csc), cs);
+      pc += g_step;
+    }
   }
-  if (col_amax) {
+  if (COL_AMAX) {
 #pragma unroll
     for (int j = 0; j < 8; ++j) cm[j] = fmaxf(cm[j], __shfl_xor_sync(0xffffffffu, cm[j], 16));
     if (lane < 16) {
@@ -301,9 +336,10 @@ __device__ __forceinline__ float bq_tile_amax(const typename I::T *tile, BqShare
 }
 
 // Issue the cp.async loads of tile (r0, c0) of the input into `tile` (one stage).
+// (ef: under the L2 policy `pol`.)
 template <class I>
-__device__ __forceinline__ void bq_load_tile(typename I::T *tile, const typename I::T *in, u64 cols, u64 r0,
-                                             u64 c0) {
+__device__ __forceinline__ void bq_load_tile(typename I::T *tile, const typename I::T *in, u64 cols, u64 r0, u64 c0,
+                                             bool ef, u64 pol) {
   typedef typename I::T T;
   constexpr int per_row = BQ_TILE * (int)sizeof(T) / 16;  // 16-byte chunks a row
   constexpr int chunks = BQ_TILE * per_row;
@@ -311,7 +347,12 @@ __device__ __forceinline__ void bq_load_tile(typename I::T *tile, const typename
   for (int i = 0; i < chunks / BQ_THREADS; ++i) {
     const int q = i * BQ_THREADS + threadIdx.x;
     const int r = q / per_row, k = q % per_row;
-    bq_cp_async16(tile + r * BQ_TILE + k * (16 / sizeof(T)), in + (r0 + r) * cols + c0 + k * (16 / sizeof(T)));
+    T *s = tile + r * BQ_TILE + k * (16 / sizeof(T));
+    const T *g = in + (r0 + r) * cols + c0 + k * (16 / sizeof(T));
+    if (ef)
+      bq_cp_async16(s, g, pol);
+    else
+      bq_cp_async16(s, g);
   }
 }
 
@@ -348,13 +389,22 @@ __device__ __forceinline__ void bq_process_tile(unsigned char *stage, BqShared &
   const bool fused = !TWO_D && out != nullptr && col_mode == BQ_COL_TRANSPOSED;
   if (!TWO_D && col_mode != BQ_COL_NONE && !fused)
     bq_column_scales<I, O>(tile, sh, sinv_t, a.t_r, a.t_c, rb, c0, a.eps, a.pow2);
-  u8 *compact = col_mode == BQ_COL_COMPACT ? out_t : nullptr;
-  if (out != nullptr || compact != nullptr)
-    bq_rows<I, O, TWO_D>(tile, sh, tile_scale, out, compact, sinv, a.s_r, a.s_c, a.cols, r0, c0, a.eps, a.pow2,
-                         fused);
+  const bool compact = col_mode == BQ_COL_COMPACT;
+#define BQ_ROWS(ROW, COMPACT, COL_AMAX)                                                                       \
+  bq_rows<I, O, TWO_D, ROW, COMPACT, COL_AMAX>(tile, sh, tile_scale, out, out_t, sinv, a.s_r, a.s_c, a.cols, r0, \
+                                               c0, a.eps, a.pow2, a.hints != 0)
+  if (fused)
+    BQ_ROWS(true, false, true);
+  else if (out != nullptr && compact)
+    BQ_ROWS(true, true, false);
+  else if (out != nullptr)
+    BQ_ROWS(true, false, false);
+  else if (compact)
+    BQ_ROWS(false, true, false);
+#undef BQ_ROWS
   if (fused) bq_finish_column_scales<I, O, BQ_THREADS / 32>(sh, sinv_t, a.t_r, a.t_c, rb, c0, a.eps, a.pow2);
   if (col_mode == BQ_COL_TRANSPOSED)
-    bq_columns_transposed<I, O, TWO_D>(tile, stage, sh, tile_scale, out_t, a.rows, r0, c0);
+    bq_columns_transposed<I, O, TWO_D>(tile, stage, sh, tile_scale, out_t, a.rows, r0, c0, a.hints != 0);
 }
 
 // Tiles blockIdx.x, + gridDim.x, ... (tile t: tile row t / (cols / 128), tile column t %
@@ -373,12 +423,14 @@ __device__ __forceinline__ void block_quantize_impl(const typename I::T *in, u8 
   constexpr u32 stage_bytes = BQ_TILE * BQ_TILE * sizeof(T);
   const u32 tiles_c = (u32)(a.cols / BQ_TILE), tiles = (u32)(a.rows / BQ_TILE) * tiles_c;
   const u32 stages = (u32)a.stages, step = gridDim.x;
+  const bool ef = a.hints != 0;
+  const u64 pol = ef ? bq_evict_first() : 0;
   // The first stages - 1 tiles (one commit group each, empty past the last tile).
   for (u32 s = 0; s + 1 < stages; ++s) {
     const u64 t = blockIdx.x + (u64)s * step;
     if (t < tiles)
       bq_load_tile<I>(reinterpret_cast<T *>(bq_smem + s * stage_bytes), in, a.cols,
-                      (u64)((u32)t / tiles_c) * BQ_TILE, (u64)((u32)t % tiles_c) * BQ_TILE);
+                      (u64)((u32)t / tiles_c) * BQ_TILE, (u64)((u32)t % tiles_c) * BQ_TILE, ef, pol);
     bq_commit();
   }
   u32 slot = 0;  // the stage of tile t
@@ -388,7 +440,7 @@ __device__ __forceinline__ void block_quantize_impl(const typename I::T *in, u8 
     const u32 next_slot = slot + stages - 1 >= stages ? slot - 1 : slot + stages - 1;
     if (next < tiles)
       bq_load_tile<I>(reinterpret_cast<T *>(bq_smem + next_slot * stage_bytes), in, a.cols,
-                      (u64)((u32)next / tiles_c) * BQ_TILE, (u64)((u32)next % tiles_c) * BQ_TILE);
+                      (u64)((u32)next / tiles_c) * BQ_TILE, (u64)((u32)next % tiles_c) * BQ_TILE, ef, pol);
     bq_commit();
     bq_wait((int)stages - 1);  // tile t's group is done (this thread's part)
     __syncthreads();

@@ -340,7 +340,14 @@ pub static CAST_TRANSPOSE: Variants = Variants::new(
 );
 pub static BLOCK_QUANT: Choice = Choice::new(
     "NVTE_COMM_BLOCK_QUANT",
-    &["pipelined", "tile", "pipelined3", "pairs"],
+    &[
+        "pipelined",
+        "tile",
+        "pipelined3",
+        "pairs",
+        "pipelined-hints",
+        "tile-hints",
+    ],
     "pipelined",
     "launch of the FP8 block-scaling quantize: pipeline stages and grid (read at each call)",
 );

@@ -371,6 +371,39 @@ void check_dequantize(const Case &c, const Input &in, BlockOut &out, const Expec
   }
 }
 
+// NVTE_COMM_BLOCK_QUANT's launches (the library's default first).
+const char *const kLaunches[] = {"pipelined", "tile", "pipelined3", "pairs", "pipelined-hints", "tile-hints"};
+constexpr int kNumLaunches = 6;
+
+bool same_bytes(const DevBuf &a, const DevBuf &b) {
+  if (a.p == nullptr || b.p == nullptr) return a.p == b.p;
+  return a.download() == b.download();
+}
+
+bool same_output(const BlockOut &a, const BlockOut &b) {
+  return same_bytes(a.data, b.data) && same_bytes(a.sinv, b.sinv) && same_bytes(a.cdata, b.cdata) &&
+         same_bytes(a.csinv, b.csinv);
+}
+
+// Every other launch of NVTE_COMM_BLOCK_QUANT writes the same bytes as the default's
+// `out` (checked against the reference), padding included.
+void check_launches(const Case &c, const HostTensor &src, const BlockOut &out, cudaStream_t stream, Report &rep,
+                    const std::string &what) {
+  NVTEQuantizationConfig cfg = make_config(c.o);
+  for (int l = 1; l < kNumLaunches; ++l) {
+    BlockOut other(c.o.mode, c.o.out, c.rows, c.cols, c.rowwise, c.columnwise, c.o.compact);
+    setenv("NVTE_COMM_BLOCK_QUANT", kLaunches[l], 1);
+    nvte_quantize_v2(src.h, other.h, cfg, stream);
+    const NVTECommStatus st = nvte_comm_last_status();
+    unsetenv("NVTE_COMM_BLOCK_QUANT");
+    CUDA_OK(cudaStreamSynchronize(stream));
+    rep.check(st == NVTE_COMM_SUCCESS && same_output(out, other),
+              std::string("NVTE_COMM_BLOCK_QUANT=") + kLaunches[l] + " " + what + ": " +
+                  (st == NVTE_COMM_SUCCESS ? "same bytes as " + std::string(kLaunches[0]) : status_text()));
+  }
+  nvte_destroy_quantization_config(cfg);
+}
+
 void run_case(const Case &c, Rng &rng, cudaStream_t stream, Report &rep, bool dequant) {
   const std::string what = describe(c);
   Input in = make_input(c.in, c.rows, c.cols, rng, c.specials);
@@ -409,6 +442,7 @@ void run_case(const Case &c, Rng &rng, cudaStream_t stream, Report &rep, bool de
     std::string e = compare(xc, out.cdata, out.csinv);
     rep.check(e.empty(), "quantize columnwise " + what + (e.empty() ? " (bit-exact)" : ": " + e));
   }
+  if (c.entry == 0) check_launches(c, src, out, stream, rep, what);
   if (dequant) check_dequantize(c, in, out, c.rowwise ? xr : xc, !c.rowwise, stream, rep);
 }
 
@@ -508,9 +542,6 @@ void refused_cases(cudaStream_t stream, Report &rep) {
   rep.check(ok && untouched, "nvte_quantize_noop with the flag at 1 writes nothing");
 }
 
-// NVTE_COMM_BLOCK_QUANT's launches (the library's default first).
-const char *const kLaunches[] = {"pipelined", "tile", "pipelined3", "pairs"};
-constexpr int kNumLaunches = 4;
 
 struct BenchMode {
   const char *name;
@@ -530,11 +561,6 @@ double moved_bytes(const BlockOut &o, NVTEDType dt, size_t M, size_t K) {
   if (o.data.p) b += (double)(M * K) + 4.0 * numel(o.row.scale_shape);
   if (o.cdata.p) b += (double)(M * K) + 4.0 * numel(o.col.scale_shape);
   return b;
-}
-
-bool same_bytes(const DevBuf &a, const DevBuf &b) {
-  if (a.p == nullptr || b.p == nullptr) return a.p == b.p;
-  return a.download() == b.download();
 }
 
 // Bandwidth of one [M, K] input -> e4m3: every mode under every launch of
@@ -582,9 +608,7 @@ void bench_shape(cudaStream_t stream, Report &rep, NVTEDType dt, size_t M, size_
                     100.0 * gbs / 4800.0);
       ab += part;
       if (l > 0) {
-        const BlockOut &a = *outs[m * kNumLaunches], &b = *outs[i];
-        rep.check(same_bytes(a.data, b.data) && same_bytes(a.sinv, b.sinv) && same_bytes(a.cdata, b.cdata) &&
-                      same_bytes(a.csinv, b.csinv),
+        rep.check(same_output(*outs[m * kNumLaunches], *outs[i]),
                   std::string("bench ") + shape + " " + kBenchModes[m].name + ": NVTE_COMM_BLOCK_QUANT=" +
                       kLaunches[l] + " writes the same bytes as " + kLaunches[0]);
       }

@@ -19,7 +19,7 @@ pub const BLOCK_QUANT: Source = Source {
 };
 
 /// The sizes and options of a quantization (kernels/block_quant.cu's BlockQuantArgs, same
-/// layout: 64 bytes, asserted there and in this module's tests).
+/// layout: 72 bytes, asserted there and in this module's tests).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct BlockQuantArgs {
@@ -37,6 +37,9 @@ pub struct BlockQuantArgs {
     pub col_mode: i32,
     /// Shared-memory tiles of a block's load pipeline (1 to 3).
     pub stages: i32,
+    /// 1: an L2 evict-first policy on the input's loads and streaming stores of the outputs.
+    pub hints: i32,
+    pub pad: i32,
 }
 
 // SAFETY: a repr(C) struct passed by value: the Struct class and its own size.
@@ -135,6 +138,8 @@ impl QuantizePlan {
             pow2: cfg.force_pow_2_scales as i32,
             col_mode,
             stages: 1,
+            hints: 0,
+            pad: 0,
         }
     }
     /// The scale format the quantization writes (what the output records).
@@ -339,33 +344,32 @@ fn allow_shared(ctx: cuda::CtxId, f: cudarc::driver::sys::CUfunction, bytes: u32
 }
 
 /// A launch of the quantize kernel (NVTE_COMM_BLOCK_QUANT): the shared-memory tiles of a
-/// block's load pipeline and the tiles each block takes (None: a persistent grid, as many
-/// blocks as the GPU holds at once).
+/// block's load pipeline, the tiles each block takes (None: a persistent grid, as many
+/// blocks as the GPU holds at once) and the cache hints (BlockQuantArgs::hints).
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct QuantLaunch {
     stages: u32,
     tiles_per_block: Option<usize>,
+    hints: bool,
+}
+
+const fn launch(stages: u32, tiles_per_block: Option<usize>, hints: bool) -> QuantLaunch {
+    QuantLaunch {
+        stages,
+        tiles_per_block,
+        hints,
+    }
 }
 
 /// NVTE_COMM_BLOCK_QUANT's values, in the table's order: pipelined (default), tile,
-/// pipelined3, pairs.
-const QUANT_LAUNCHES: [QuantLaunch; 4] = [
-    QuantLaunch {
-        stages: 2,
-        tiles_per_block: None,
-    },
-    QuantLaunch {
-        stages: 1,
-        tiles_per_block: Some(1),
-    },
-    QuantLaunch {
-        stages: 3,
-        tiles_per_block: None,
-    },
-    QuantLaunch {
-        stages: 2,
-        tiles_per_block: Some(2),
-    },
+/// pipelined3, pairs, pipelined-hints, tile-hints.
+const QUANT_LAUNCHES: [QuantLaunch; 6] = [
+    launch(2, None, false),
+    launch(1, Some(1), false),
+    launch(3, None, false),
+    launch(2, Some(2), false),
+    launch(2, None, true),
+    launch(1, Some(1), true),
 ];
 
 impl QuantLaunch {
@@ -420,6 +424,7 @@ pub fn quantize(
     let [src, dst, dst_t, sinv, sinv_t] = plan.ptrs;
     let args = BlockQuantArgs {
         stages: launch.stages as i32,
+        hints: launch.hints as i32,
         ..plan.args(cfg)
     };
     let params = (src, dst, dst_t, sinv, sinv_t, cfg.noop, args);
@@ -806,10 +811,11 @@ mod tests {
 
     #[test]
     fn args_layout_is_the_kernels() {
-        assert_eq!(std::mem::size_of::<BlockQuantArgs>(), 64);
+        assert_eq!(std::mem::size_of::<BlockQuantArgs>(), 72);
         assert_eq!(std::mem::offset_of!(BlockQuantArgs, eps), 48);
         assert_eq!(std::mem::offset_of!(BlockQuantArgs, col_mode), 56);
         assert_eq!(std::mem::offset_of!(BlockQuantArgs, stages), 60);
+        assert_eq!(std::mem::offset_of!(BlockQuantArgs, hints), 64);
     }
 
     #[test]
