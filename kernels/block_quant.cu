@@ -160,12 +160,15 @@ __device__ __forceinline__ float bq_block_max(float v, float *red) {
 // layout): the [rows, cols] matrix, the scale strides of the rowwise (s_r, s_c) and
 // columnwise (t_r, t_c) scale inverses, epsilon, pow2 (0 / 1), col_mode (BQ_COL_*), stages
 // (1 to 3: the shared-memory tiles of a block's load pipeline; the dynamic shared memory
-// holds that many input tiles), hints (1: an L2 evict-first policy on the input's loads and
-// streaming stores of the outputs; 0: plain loads and stores).
+// holds that many input tiles), flags (BQ_HINTS: an L2 evict-first policy on the input's
+// loads and streaming stores of the outputs, else plain ones; BQ_ROWS8: the 1D rows pass
+// is bq_rows_1d, else bq_rows).
+#define BQ_HINTS 1
+#define BQ_ROWS8 2
 struct BlockQuantArgs {
   u64 rows, cols, s_r, s_c, t_r, t_c;
   float eps;
-  int pow2, col_mode, stages, hints, pad;
+  int pow2, col_mode, stages, flags, pad;
 };
 static_assert(sizeof(BlockQuantArgs) == 72, "BlockQuantArgs is 72 bytes (src/kernels/block.rs)");
 
@@ -318,6 +321,81 @@ __device__ __forceinline__ void bq_rows(const typename I::T *tile, BqShared &sh,
   }
 }
 
+// The 1D rows pass with the row scales computed once a row: 16 threads a row (8 values
+// each), a warp two rows a pass, as bq_rows, but first every pass's partial row amax
+// (8 a thread), then one transposing reduction over the 16 threads of a row (each step
+// trades half of a thread's rows with its partner: 8 shuffles for 8 rows, not 32) leaves
+// thread j of the 16 with the amax of pass j / 2's row: its scale is computed there (one
+// division a thread, not 8) and broadcast to the pass by a shuffle; then the values are
+// read again, quantized and stored. Same flags and results as bq_rows (1D, ROW).
+template <class I, class O, bool COMPACT, bool COL_AMAX>
+__device__ __forceinline__ void bq_rows_1d(const typename I::T *tile, BqShared &sh, u8 *out, u8 *out_c, float *sinv,
+                                           u64 s_r, u64 s_c, u64 cols, u64 r0, u64 c0, float eps, int pow2,
+                                           bool cs) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, j = lane & 15;
+  const int cc = j * 8, r_first = warp * 2 + (lane >> 4);
+  const typename I::T *pt = tile + r_first * BQ_TILE + cc;
+  float cm[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+  float m[8];  // m[it]: the amax of this thread's 8 values of pass it's row
+#pragma unroll
+  for (int it = 0; it < 8; ++it) {
+    float v[8];
+    bq_load8<I>(pt + it * 16 * BQ_TILE, v);
+    m[it] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      m[it] = fmaxf(m[it], fabsf(v[k]));
+      if (COL_AMAX) cm[k] = fmaxf(cm[k], fabsf(v[k]));
+    }
+  }
+  // Offsets 8, 4, 2: keep the half of the rows named by this thread's bit, send the other.
+  const bool b3 = (j & 8) != 0, b2 = (j & 4) != 0, b1 = (j & 2) != 0;
+  float n[4], p[2];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float send = b3 ? m[k] : m[k + 4], keep = b3 ? m[k + 4] : m[k];
+    n[k] = fmaxf(keep, __shfl_xor_sync(0xffffffffu, send, 8));
+  }
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const float send = b2 ? n[k] : n[k + 2], keep = b2 ? n[k + 2] : n[k];
+    p[k] = fmaxf(keep, __shfl_xor_sync(0xffffffffu, send, 4));
+  }
+  float q = fmaxf(b1 ? p[1] : p[0], __shfl_xor_sync(0xffffffffu, b1 ? p[0] : p[1], 2));
+  q = fmaxf(q, __shfl_xor_sync(0xffffffffu, q, 1));  // pass j / 2's row amax
+  const float s_own = bq_scale<I, O>(q, eps, pow2);
+  if ((j & 1) == 0) sinv[(r0 + (j >> 1) * 16 + r_first) * s_r + (c0 / BQ_TILE) * s_c] = bq_rcp(s_own);
+  float csc[8];  // the column scales (compact output)
+  if (COMPACT) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) csc[k] = sh.col_scale[cc + k];
+  }
+  const u64 g = (r0 + r_first) * cols + c0 + cc, g_step = 16 * cols;
+  u8 *po = out + g;
+  u8 *pc = COMPACT ? out_c + g : nullptr;
+#pragma unroll 2
+  for (int it = 0; it < 8; ++it) {
+    float v[8];
+    bq_load8<I>(pt + it * 16 * BQ_TILE, v);
+    const float s = __shfl_sync(0xffffffffu, s_own, (lane & 16) | (2 * it));
+    const float rs[8] = {s, s, s, s, s, s, s, s};
+    bq_st8(po, bq_pack8<O>(v, rs), cs);
+    po += g_step;
+    if (COMPACT) {
+      bq_st8(pc, bq_pack8<O>(v, csc), cs);
+      pc += g_step;
+    }
+  }
+  if (COL_AMAX) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) cm[k] = fmaxf(cm[k], __shfl_xor_sync(0xffffffffu, cm[k], 16));
+    if (lane < 16) {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) sh.col_part[warp][cc + k] = cm[k];
+    }
+  }
+}
+
 // The tile's amax (2D).
 template <class I>
 __device__ __forceinline__ float bq_tile_amax(const typename I::T *tile, BqShared &sh) {
@@ -390,10 +468,20 @@ __device__ __forceinline__ void bq_process_tile(unsigned char *stage, BqShared &
   if (!TWO_D && col_mode != BQ_COL_NONE && !fused)
     bq_column_scales<I, O>(tile, sh, sinv_t, a.t_r, a.t_c, rb, c0, a.eps, a.pow2);
   const bool compact = col_mode == BQ_COL_COMPACT;
+#define BQ_ROWS_1D(COMPACT, COL_AMAX)                                                                          \
+  bq_rows_1d<I, O, COMPACT, COL_AMAX>(tile, sh, out, out_t, sinv, a.s_r, a.s_c, a.cols, r0, c0, a.eps, a.pow2, \
+                                      (a.flags & BQ_HINTS) != 0)
 #define BQ_ROWS(ROW, COMPACT, COL_AMAX)                                                                       \
   bq_rows<I, O, TWO_D, ROW, COMPACT, COL_AMAX>(tile, sh, tile_scale, out, out_t, sinv, a.s_r, a.s_c, a.cols, r0, \
-                                               c0, a.eps, a.pow2, a.hints != 0)
-  if (fused)
+                                               c0, a.eps, a.pow2, (a.flags & BQ_HINTS) != 0)
+  if (!TWO_D && out != nullptr && (a.flags & BQ_ROWS8) != 0) {
+    if (fused)
+      BQ_ROWS_1D(false, true);
+    else if (compact)
+      BQ_ROWS_1D(true, false);
+    else
+      BQ_ROWS_1D(false, false);
+  } else if (fused)
     BQ_ROWS(true, false, true);
   else if (out != nullptr && compact)
     BQ_ROWS(true, true, false);
@@ -402,9 +490,10 @@ __device__ __forceinline__ void bq_process_tile(unsigned char *stage, BqShared &
   else if (compact)
     BQ_ROWS(false, true, false);
 #undef BQ_ROWS
+#undef BQ_ROWS_1D
   if (fused) bq_finish_column_scales<I, O, BQ_THREADS / 32>(sh, sinv_t, a.t_r, a.t_c, rb, c0, a.eps, a.pow2);
   if (col_mode == BQ_COL_TRANSPOSED)
-    bq_columns_transposed<I, O, TWO_D>(tile, stage, sh, tile_scale, out_t, a.rows, r0, c0, a.hints != 0);
+    bq_columns_transposed<I, O, TWO_D>(tile, stage, sh, tile_scale, out_t, a.rows, r0, c0, (a.flags & BQ_HINTS) != 0);
 }
 
 // Tiles blockIdx.x, + gridDim.x, ... (tile t: tile row t / (cols / 128), tile column t %
@@ -423,7 +512,7 @@ __device__ __forceinline__ void block_quantize_impl(const typename I::T *in, u8 
   constexpr u32 stage_bytes = BQ_TILE * BQ_TILE * sizeof(T);
   const u32 tiles_c = (u32)(a.cols / BQ_TILE), tiles = (u32)(a.rows / BQ_TILE) * tiles_c;
   const u32 stages = (u32)a.stages, step = gridDim.x;
-  const bool ef = a.hints != 0;
+  const bool ef = (a.flags & BQ_HINTS) != 0;
   const u64 pol = ef ? bq_evict_first() : 0;
   // The first stages - 1 tiles (one commit group each, empty past the last tile).
   for (u32 s = 0; s + 1 < stages; ++s) {

@@ -347,6 +347,8 @@ pub static BLOCK_QUANT: Choice = Choice::new(
         "pairs",
         "pipelined-hints",
         "tile-hints",
+        "pipelined-rows8",
+        "pipelined-hints-rows8",
     ],
     "pipelined",
     "launch of the FP8 block-scaling quantize: pipeline stages and grid (read at each call)",

@@ -37,8 +37,8 @@ pub struct BlockQuantArgs {
     pub col_mode: i32,
     /// Shared-memory tiles of a block's load pipeline (1 to 3).
     pub stages: i32,
-    /// 1: an L2 evict-first policy on the input's loads and streaming stores of the outputs.
-    pub hints: i32,
+    /// FLAG_HINTS | FLAG_ROWS8 (kernels/block_quant.cu's BQ_HINTS, BQ_ROWS8).
+    pub flags: i32,
     pub pad: i32,
 }
 
@@ -138,7 +138,7 @@ impl QuantizePlan {
             pow2: cfg.force_pow_2_scales as i32,
             col_mode,
             stages: 1,
-            hints: 0,
+            flags: 0,
             pad: 0,
         }
     }
@@ -343,33 +343,42 @@ fn allow_shared(ctx: cuda::CtxId, f: cudarc::driver::sys::CUfunction, bytes: u32
     Ok(n)
 }
 
+/// BlockQuantArgs::flags: an L2 evict-first policy on the input's loads and streaming
+/// stores of the outputs.
+const FLAG_HINTS: u32 = 1;
+/// BlockQuantArgs::flags: the 1D rowwise scales computed once a row (one transposing
+/// reduction of 8 rows' amaxes, one division a thread) instead of once a thread and pass.
+const FLAG_ROWS8: u32 = 2;
+
 /// A launch of the quantize kernel (NVTE_COMM_BLOCK_QUANT): the shared-memory tiles of a
 /// block's load pipeline, the tiles each block takes (None: a persistent grid, as many
-/// blocks as the GPU holds at once) and the cache hints (BlockQuantArgs::hints).
+/// blocks as the GPU holds at once) and the kernel's flags (FLAG_*).
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct QuantLaunch {
     stages: u32,
     tiles_per_block: Option<usize>,
-    hints: bool,
+    flags: u32,
 }
 
-const fn launch(stages: u32, tiles_per_block: Option<usize>, hints: bool) -> QuantLaunch {
+const fn launch(stages: u32, tiles_per_block: Option<usize>, flags: u32) -> QuantLaunch {
     QuantLaunch {
         stages,
         tiles_per_block,
-        hints,
+        flags,
     }
 }
 
 /// NVTE_COMM_BLOCK_QUANT's values, in the table's order: pipelined (default), tile,
-/// pipelined3, pairs, pipelined-hints, tile-hints.
-const QUANT_LAUNCHES: [QuantLaunch; 6] = [
-    launch(2, None, false),
-    launch(1, Some(1), false),
-    launch(3, None, false),
-    launch(2, Some(2), false),
-    launch(2, None, true),
-    launch(1, Some(1), true),
+/// pipelined3, pairs, pipelined-hints, tile-hints, pipelined-rows8, pipelined-hints-rows8.
+const QUANT_LAUNCHES: [QuantLaunch; 8] = [
+    launch(2, None, 0),
+    launch(1, Some(1), 0),
+    launch(3, None, 0),
+    launch(2, Some(2), 0),
+    launch(2, None, FLAG_HINTS),
+    launch(1, Some(1), FLAG_HINTS),
+    launch(2, None, FLAG_ROWS8),
+    launch(2, None, FLAG_HINTS | FLAG_ROWS8),
 ];
 
 impl QuantLaunch {
@@ -424,7 +433,7 @@ pub fn quantize(
     let [src, dst, dst_t, sinv, sinv_t] = plan.ptrs;
     let args = BlockQuantArgs {
         stages: launch.stages as i32,
-        hints: launch.hints as i32,
+        flags: launch.flags as i32,
         ..plan.args(cfg)
     };
     let params = (src, dst, dst_t, sinv, sinv_t, cfg.noop, args);
@@ -815,7 +824,7 @@ mod tests {
         assert_eq!(std::mem::offset_of!(BlockQuantArgs, eps), 48);
         assert_eq!(std::mem::offset_of!(BlockQuantArgs, col_mode), 56);
         assert_eq!(std::mem::offset_of!(BlockQuantArgs, stages), 60);
-        assert_eq!(std::mem::offset_of!(BlockQuantArgs, hints), 64);
+        assert_eq!(std::mem::offset_of!(BlockQuantArgs, flags), 64);
     }
 
     #[test]
