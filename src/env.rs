@@ -349,6 +349,7 @@ pub static BLOCK_QUANT: Choice = Choice::new(
         "tile-hints",
         "pipelined-rows8",
         "pipelined-hints-rows8",
+        "pipelined-even",
     ],
     "pipelined",
     "launch of the FP8 block-scaling quantize: pipeline stages and grid (read at each call)",

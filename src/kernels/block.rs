@@ -350,36 +350,52 @@ const FLAG_HINTS: u32 = 1;
 /// reduction of 8 rows' amaxes, one division a thread) instead of once a thread and pass.
 const FLAG_ROWS8: u32 = 2;
 
+/// The grid of a quantize over its 128x128 tiles (block b takes tiles b, b + grid, ...).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum QuantGrid {
+    /// As many blocks as the GPU holds at once (fewer for fewer tiles).
+    Persistent,
+    /// The fewest blocks that keep the persistent grid's most tiles a block: every block
+    /// takes the same number of tiles, give or take one at the end.
+    Even,
+    /// One block per this many tiles.
+    PerBlock(usize),
+}
+
 /// A launch of the quantize kernel (NVTE_COMM_BLOCK_QUANT): the shared-memory tiles of a
-/// block's load pipeline, the tiles each block takes (None: a persistent grid, as many
-/// blocks as the GPU holds at once) and the kernel's flags (FLAG_*).
+/// block's load pipeline, the grid and the kernel's flags (FLAG_*).
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct QuantLaunch {
     stages: u32,
-    tiles_per_block: Option<usize>,
+    grid: QuantGrid,
     flags: u32,
 }
 
-const fn launch(stages: u32, tiles_per_block: Option<usize>, flags: u32) -> QuantLaunch {
+const fn launch(stages: u32, grid: QuantGrid, flags: u32) -> QuantLaunch {
     QuantLaunch {
         stages,
-        tiles_per_block,
+        grid,
         flags,
     }
 }
 
 /// NVTE_COMM_BLOCK_QUANT's values, in the table's order: pipelined (default), tile,
-/// pipelined3, pairs, pipelined-hints, tile-hints, pipelined-rows8, pipelined-hints-rows8.
-const QUANT_LAUNCHES: [QuantLaunch; 8] = [
-    launch(2, None, 0),
-    launch(1, Some(1), 0),
-    launch(3, None, 0),
-    launch(2, Some(2), 0),
-    launch(2, None, FLAG_HINTS),
-    launch(1, Some(1), FLAG_HINTS),
-    launch(2, None, FLAG_ROWS8),
-    launch(2, None, FLAG_HINTS | FLAG_ROWS8),
-];
+/// pipelined3, pairs, pipelined-hints, tile-hints, pipelined-rows8, pipelined-hints-rows8,
+/// pipelined-even.
+const QUANT_LAUNCHES: [QuantLaunch; 9] = {
+    use QuantGrid::*;
+    [
+        launch(2, Persistent, 0),
+        launch(1, PerBlock(1), 0),
+        launch(3, Persistent, 0),
+        launch(2, PerBlock(2), 0),
+        launch(2, Persistent, FLAG_HINTS),
+        launch(1, PerBlock(1), FLAG_HINTS),
+        launch(2, Persistent, FLAG_ROWS8),
+        launch(2, Persistent, FLAG_HINTS | FLAG_ROWS8),
+        launch(2, Even, 0),
+    ]
+};
 
 impl QuantLaunch {
     /// The launch NVTE_COMM_BLOCK_QUANT selects (read at each call).
@@ -389,10 +405,13 @@ impl QuantLaunch {
     }
     /// The grid over `tiles` tiles (`per_sm` blocks an SM holds, `sms` SMs).
     fn grid(&self, tiles: usize, sms: i32, per_sm: u32) -> u32 {
-        match self.tiles_per_block {
-            None => persistent_grid(tiles, 1, sms, per_sm),
-            Some(k) => tiles.div_ceil(k).clamp(1, i32::MAX as usize) as u32,
-        }
+        let full = persistent_grid(tiles, 1, sms, per_sm) as usize;
+        let blocks = match self.grid {
+            QuantGrid::Persistent => full,
+            QuantGrid::Even => tiles.div_ceil(tiles.div_ceil(full)),
+            QuantGrid::PerBlock(k) => tiles.div_ceil(k),
+        };
+        blocks.clamp(1, i32::MAX as usize) as u32
     }
 }
 
@@ -816,6 +835,30 @@ mod tests {
             format,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn launch_grids_cover_the_tiles() {
+        use QuantGrid::*;
+        let g = |grid, tiles| launch(2, grid, 0).grid(tiles, 132, 3);
+        // 8192 x 8192: 4096 tiles; 396 blocks hold at once, 11 tiles at most a block.
+        assert_eq!(g(Persistent, 4096), 396);
+        assert_eq!(g(Even, 4096), 373);
+        assert_eq!(g(PerBlock(1), 4096), 4096);
+        assert_eq!(g(PerBlock(2), 4096), 2048);
+        assert_eq!(g(PerBlock(2), 4095), 2048);
+        for grid in [Persistent, Even] {
+            assert_eq!(g(grid, 1), 1);
+            assert_eq!(g(grid, 396), 396);
+            assert_eq!(g(grid, 397), if grid == Even { 199 } else { 396 });
+        }
+        // Every launch has its word in NVTE_COMM_BLOCK_QUANT's table, and each stage count
+        // fits the kernel's pipeline (1 to 3).
+        match crate::env::BLOCK_QUANT.0.kind {
+            crate::env::Kind::Choice(words) => assert_eq!(words.len(), QUANT_LAUNCHES.len()),
+            _ => panic!("NVTE_COMM_BLOCK_QUANT is a choice"),
+        }
+        assert!(QUANT_LAUNCHES.iter().all(|l| (1..=3).contains(&l.stages)));
     }
 
     #[test]
