@@ -350,6 +350,7 @@ pub static BLOCK_QUANT: Choice = Choice::new(
         "pipelined-rows8",
         "pipelined-hints-rows8",
         "pipelined-even",
+        "persistent1",
     ],
     "pipelined",
     "launch of the FP8 block-scaling quantize: pipeline stages and grid (read at each call)",

@@ -381,8 +381,8 @@ const fn launch(stages: u32, grid: QuantGrid, flags: u32) -> QuantLaunch {
 
 /// NVTE_COMM_BLOCK_QUANT's values, in the table's order: pipelined (default), tile,
 /// pipelined3, pairs, pipelined-hints, tile-hints, pipelined-rows8, pipelined-hints-rows8,
-/// pipelined-even.
-const QUANT_LAUNCHES: [QuantLaunch; 9] = {
+/// pipelined-even, persistent1.
+const QUANT_LAUNCHES: [QuantLaunch; 10] = {
     use QuantGrid::*;
     [
         launch(2, Persistent, 0),
@@ -394,6 +394,7 @@ const QUANT_LAUNCHES: [QuantLaunch; 9] = {
         launch(2, Persistent, FLAG_ROWS8),
         launch(2, Persistent, FLAG_HINTS | FLAG_ROWS8),
         launch(2, Even, 0),
+        launch(1, Persistent, 0),
     ]
 };
 
