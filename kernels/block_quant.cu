@@ -162,9 +162,11 @@ __device__ __forceinline__ float bq_block_max(float v, float *red) {
 // (1 to 3: the shared-memory tiles of a block's load pipeline; the dynamic shared memory
 // holds that many input tiles), flags (BQ_HINTS: an L2 evict-first policy on the input's
 // loads and streaming stores of the outputs, else plain ones; BQ_ROWS8: the 1D rows pass
-// is bq_rows_1d, else bq_rows).
+// is bq_rows_1d, else bq_rows; BQ_T2D: 2D rowwise + transposed columnwise output is
+// bq_2d_rows_transposed).
 #define BQ_HINTS 1
 #define BQ_ROWS8 2
+#define BQ_T2D 4
 struct BlockQuantArgs {
   u64 rows, cols, s_r, s_c, t_r, t_c;
   float eps;
@@ -212,6 +214,66 @@ __device__ __forceinline__ void bq_columns_transposed(const typename I::T *tile,
   for (int i = 0; i < BQ_TILE * BQ_TILE / 16 / BQ_THREADS; ++i) {
     const int q = i * BQ_THREADS + threadIdx.x, row = q >> 3, k = q & 7;
     const uint4 v = reinterpret_cast<const uint4 *>(stage + row * BQ_TILE)[k ^ ((row >> 1) & 7)];
+    bq_st16(out_t + (c0 + row) * rows + r0 + 16 * k, v, cs);
+  }
+}
+
+// 2D rowwise + transposed columnwise, both with the tile's scale, so the columnwise data is
+// the rowwise FP8 data transposed: the rows pass (as bq_rows) keeps its FP8 bytes, writes
+// them to shared memory as an FP8 tile F (bytes 0 .. 16 KiB of the stage, once every read
+// of the input tile is done), and the transpose is done on bytes (prmt) instead of
+// quantizing every value again: warp w takes F's rows 16 w .. + 15, lane l its columns
+// 4 l .. + 3 (4x4 byte blocks), into T (bytes 16 .. 32 KiB: row c holds column c, 16-byte
+// chunks swizzled by (c / 4) % 8: conflict-free both ways), which leaves as whole 128-byte
+// runs of the [cols, rows] output (8 threads a run).
+template <class I, class O>
+__device__ __forceinline__ void bq_2d_rows_transposed(const typename I::T *tile, u8 *stage, float tile_scale,
+                                                      u8 *out, u8 *out_t, u64 rows, u64 cols, u64 r0, u64 c0,
+                                                      bool cs) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int cc = (lane & 15) * 8, r_first = warp * 2 + (lane >> 4);
+  const float rs[8] = {tile_scale, tile_scale, tile_scale, tile_scale,
+                       tile_scale, tile_scale, tile_scale, tile_scale};
+  const u64 g_step = 16 * cols;
+  u8 *po = out + (r0 + r_first) * cols + c0 + cc;
+  uint2 q[8];
+#pragma unroll
+  for (int it = 0; it < 8; ++it) {
+    float v[8];
+    bq_load8<I>(tile + (it * 16 + r_first) * BQ_TILE + cc, v);
+    q[it] = bq_pack8<O>(v, rs);
+    bq_st8(po, q[it], cs);
+    po += g_step;
+  }
+  __syncthreads();  // every read of the input tile done: F overwrites it
+#pragma unroll
+  for (int it = 0; it < 8; ++it) *reinterpret_cast<uint2 *>(stage + (it * 16 + r_first) * BQ_TILE + cc) = q[it];
+  __syncthreads();
+  u32 col[4][4];  // col[c][g]: column 4 lane + c, rows 16 warp + 4 g .. + 3 (low byte first)
+#pragma unroll
+  for (int g = 0; g < 4; ++g) {
+    u32 a[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) a[i] = *reinterpret_cast<const u32 *>(stage + (warp * 16 + g * 4 + i) * BQ_TILE + 4 * lane);
+    const u32 t0 = prmt(a[0], a[1], 0x5140), t1 = prmt(a[0], a[1], 0x7362);
+    const u32 t2 = prmt(a[2], a[3], 0x5140), t3 = prmt(a[2], a[3], 0x7362);
+    col[0][g] = prmt(t0, t2, 0x5410);
+    col[1][g] = prmt(t0, t2, 0x7632);
+    col[2][g] = prmt(t1, t3, 0x5410);
+    col[3][g] = prmt(t1, t3, 0x7632);
+  }
+  u8 *t_area = stage + BQ_TILE * BQ_TILE;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const int row = 4 * lane + c;
+    reinterpret_cast<uint4 *>(t_area + row * BQ_TILE)[warp ^ ((row >> 2) & 7)] =
+        make_uint4(col[c][0], col[c][1], col[c][2], col[c][3]);
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < BQ_TILE * BQ_TILE / 16 / BQ_THREADS; ++i) {
+    const int qq = i * BQ_THREADS + threadIdx.x, row = qq >> 3, k = qq & 7;
+    const uint4 v = reinterpret_cast<const uint4 *>(t_area + row * BQ_TILE)[k ^ ((row >> 2) & 7)];
     bq_st16(out_t + (c0 + row) * rows + r0 + 16 * k, v, cs);
   }
 }
@@ -462,6 +524,11 @@ __device__ __forceinline__ void bq_process_tile(unsigned char *stage, BqShared &
       if (out != nullptr) sinv[rb * a.s_r + cb * a.s_c] = r;
       if (col_mode != BQ_COL_NONE) sinv_t[rb * a.t_r + cb * a.t_c] = r;
     }
+  }
+  if (TWO_D && out != nullptr && col_mode == BQ_COL_TRANSPOSED && (a.flags & BQ_T2D) != 0) {
+    bq_2d_rows_transposed<I, O>(tile, stage, tile_scale, out, out_t, a.rows, a.cols, r0, c0,
+                                (a.flags & BQ_HINTS) != 0);
+    return;
   }
   // 1D rowwise + transposed columnwise: the rows pass also takes the columns' amaxes.
   const bool fused = !TWO_D && out != nullptr && col_mode == BQ_COL_TRANSPOSED;

@@ -37,7 +37,8 @@ pub struct BlockQuantArgs {
     pub col_mode: i32,
     /// Shared-memory tiles of a block's load pipeline (1 to 3).
     pub stages: i32,
-    /// FLAG_HINTS | FLAG_ROWS8 (kernels/block_quant.cu's BQ_HINTS, BQ_ROWS8).
+    /// FLAG_HINTS | FLAG_ROWS8 | FLAG_T2D (kernels/block_quant.cu's BQ_HINTS, BQ_ROWS8,
+    /// BQ_T2D).
     pub flags: i32,
     pub pad: i32,
 }
@@ -349,6 +350,9 @@ const FLAG_HINTS: u32 = 1;
 /// BlockQuantArgs::flags: the 1D rowwise scales computed once a row (one transposing
 /// reduction of 8 rows' amaxes, one division a thread) instead of once a thread and pass.
 const FLAG_ROWS8: u32 = 2;
+/// BlockQuantArgs::flags: 2D rowwise + transposed columnwise data by one quantization
+/// (the columnwise data is the rowwise FP8 data transposed in shared memory).
+const FLAG_T2D: u32 = 4;
 
 /// The grid of a quantize over its 128x128 tiles (block b takes tiles b, b + grid, ...).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -380,10 +384,11 @@ const fn launch(stages: u32, grid: QuantGrid, flags: u32) -> QuantLaunch {
 }
 
 /// NVTE_COMM_BLOCK_QUANT's values, in the table's order: pipelined (default), tile,
-/// pipelined3, pairs, pipelined-hints, tile-hints, pipelined-rows8, pipelined-hints-rows8,
-/// pipelined-even, persistent1.
-const QUANT_LAUNCHES: [QuantLaunch; 10] = {
+/// pipelined3, pairs, pipelined-hints, tile-hints, pipelined-rows8, pipelined-t2d,
+/// pipelined-fast, pipelined-hints-fast, pipelined-even, persistent1.
+const QUANT_LAUNCHES: [QuantLaunch; 12] = {
     use QuantGrid::*;
+    const FAST: u32 = FLAG_ROWS8 | FLAG_T2D;
     [
         launch(2, Persistent, 0),
         launch(1, PerBlock(1), 0),
@@ -392,7 +397,9 @@ const QUANT_LAUNCHES: [QuantLaunch; 10] = {
         launch(2, Persistent, FLAG_HINTS),
         launch(1, PerBlock(1), FLAG_HINTS),
         launch(2, Persistent, FLAG_ROWS8),
-        launch(2, Persistent, FLAG_HINTS | FLAG_ROWS8),
+        launch(2, Persistent, FLAG_T2D),
+        launch(2, Persistent, FAST),
+        launch(2, Persistent, FLAG_HINTS | FAST),
         launch(2, Even, 0),
         launch(1, Persistent, 0),
     ]
