@@ -113,6 +113,48 @@ __device__ __forceinline__ void bq_load_pair<F32>(const float *p, float &a, floa
   b = v.y;
 }
 
+// Amaxes on packed 16-bit pairs (bf16x2 / f16x2; float32: none): Pk<I>::ok, the largest
+// magnitude of the 8 values of a 16-byte chunk as one pair (abs and max, which, as fmaxf,
+// returns the other operand where one is NaN), and a pair's halves as floats (exact).
+template <class I>
+struct Pk {
+  static constexpr bool ok = false;
+  static __device__ __forceinline__ u32 abs2(u32) { return 0; }
+  static __device__ __forceinline__ u32 amax8(uint4) { return 0; }
+  static __device__ __forceinline__ u32 max2(u32, u32) { return 0; }
+  static __device__ __forceinline__ float lo(u32) { return 0.0f; }
+  static __device__ __forceinline__ float hi(u32) { return 0.0f; }
+};
+#define BQ_PACKED_TYPE(I, TY, LO, HI)                                                     \
+  template <>                                                                             \
+  struct Pk<I> {                                                                          \
+    static constexpr bool ok = true;                                                      \
+    static __device__ __forceinline__ u32 abs2(u32 w) {                                   \
+      u32 r;                                                                              \
+      asm("abs." TY " %0, %1;" : "=r"(r) : "r"(w));                                       \
+      return r;                                                                           \
+    }                                                                                     \
+    static __device__ __forceinline__ u32 max2(u32 a, u32 b) {                            \
+      u32 r;                                                                              \
+      asm("max." TY " %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));                           \
+      return r;                                                                           \
+    }                                                                                     \
+    static __device__ __forceinline__ u32 amax8(uint4 v) {                                \
+      return max2(max2(abs2(v.x), abs2(v.y)), max2(abs2(v.z), abs2(v.w)));                \
+    }                                                                                     \
+    static __device__ __forceinline__ float lo(u32 w) { return LO; }                      \
+    static __device__ __forceinline__ float hi(u32 w) { return HI; }                      \
+  };
+BQ_PACKED_TYPE(BF16, "bf16x2", __uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u))
+BQ_PACKED_TYPE(F16, "f16x2", F16::load((u16)(w & 0xffff)), F16::load((u16)(w >> 16)))
+#undef BQ_PACKED_TYPE
+
+// The float amax (from 0, NaN ignored as fmaxf does) of a packed pair of magnitudes.
+template <class I>
+__device__ __forceinline__ float bq_pair_amax(u32 m2) {
+  return fmaxf(fmaxf(0.0f, Pk<I>::lo(m2)), Pk<I>::hi(m2));
+}
+
 // Eight values times their scales into eight FP8 bytes (two words, low byte first).
 template <class O>
 __device__ __forceinline__ uint2 bq_pack8(const float *v, const float *s) {
@@ -163,10 +205,12 @@ __device__ __forceinline__ float bq_block_max(float v, float *red) {
 // holds that many input tiles), flags (BQ_HINTS: an L2 evict-first policy on the input's
 // loads and streaming stores of the outputs, else plain ones; BQ_ROWS8: the 1D rows pass
 // is bq_rows_1d, else bq_rows; BQ_T2D: 2D rowwise + transposed columnwise output is
-// bq_2d_rows_transposed).
+// bq_2d_rows_transposed; BQ_PACKED: 16-bit inputs' 2D tile amax and bq_rows_1d's amaxes on
+// packed pairs).
 #define BQ_HINTS 1
 #define BQ_ROWS8 2
 #define BQ_T2D 4
+#define BQ_PACKED 8
 struct BlockQuantArgs {
   u64 rows, cols, s_r, s_c, t_r, t_c;
   float eps;
@@ -390,7 +434,7 @@ __device__ __forceinline__ void bq_rows(const typename I::T *tile, BqShared &sh,
 // thread j of the 16 with the amax of pass j / 2's row: its scale is computed there (one
 // division a thread, not 8) and broadcast to the pass by a shuffle; then the values are
 // read again, quantized and stored. Same flags and results as bq_rows (1D, ROW).
-template <class I, class O, bool COMPACT, bool COL_AMAX>
+template <class I, class O, bool COMPACT, bool COL_AMAX, bool PACKED>
 __device__ __forceinline__ void bq_rows_1d(const typename I::T *tile, BqShared &sh, u8 *out, u8 *out_c, float *sinv,
                                            u64 s_r, u64 s_c, u64 cols, u64 r0, u64 c0, float eps, int pow2,
                                            bool cs) {
@@ -399,15 +443,37 @@ __device__ __forceinline__ void bq_rows_1d(const typename I::T *tile, BqShared &
   const typename I::T *pt = tile + r_first * BQ_TILE + cc;
   float cm[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
   float m[8];  // m[it]: the amax of this thread's 8 values of pass it's row
+  if (PACKED && Pk<I>::ok) {  // (PACKED: on packed pairs)
+    u32 cm2[4] = {0, 0, 0, 0};
 #pragma unroll
-  for (int it = 0; it < 8; ++it) {
-    float v[8];
-    bq_load8<I>(pt + it * 16 * BQ_TILE, v);
-    m[it] = 0.0f;
+    for (int it = 0; it < 8; ++it) {
+      const uint4 x = *reinterpret_cast<const uint4 *>(pt + it * 16 * BQ_TILE);
+      m[it] = bq_pair_amax<I>(Pk<I>::amax8(x));
+      if (COL_AMAX) {
+        cm2[0] = Pk<I>::max2(cm2[0], Pk<I>::abs2(x.x));
+        cm2[1] = Pk<I>::max2(cm2[1], Pk<I>::abs2(x.y));
+        cm2[2] = Pk<I>::max2(cm2[2], Pk<I>::abs2(x.z));
+        cm2[3] = Pk<I>::max2(cm2[3], Pk<I>::abs2(x.w));
+      }
+    }
+    if (COL_AMAX) {
 #pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      m[it] = fmaxf(m[it], fabsf(v[k]));
-      if (COL_AMAX) cm[k] = fmaxf(cm[k], fabsf(v[k]));
+      for (int k = 0; k < 4; ++k) {
+        cm[2 * k] = fmaxf(0.0f, Pk<I>::lo(cm2[k]));
+        cm[2 * k + 1] = fmaxf(0.0f, Pk<I>::hi(cm2[k]));
+      }
+    }
+  } else {
+#pragma unroll
+    for (int it = 0; it < 8; ++it) {
+      float v[8];
+      bq_load8<I>(pt + it * 16 * BQ_TILE, v);
+      m[it] = 0.0f;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        m[it] = fmaxf(m[it], fabsf(v[k]));
+        if (COL_AMAX) cm[k] = fmaxf(cm[k], fabsf(v[k]));
+      }
     }
   }
   // Offsets 8, 4, 2: keep the half of the rows named by this thread's bit, send the other.
@@ -458,12 +524,21 @@ __device__ __forceinline__ void bq_rows_1d(const typename I::T *tile, BqShared &
   }
 }
 
-// The tile's amax (2D).
-template <class I>
+// The tile's amax (2D); PACKED (16-bit inputs): on packed pairs.
+template <class I, bool PACKED>
 __device__ __forceinline__ float bq_tile_amax(const typename I::T *tile, BqShared &sh) {
   float m = 0.0f;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int cc = (lane & 15) * 8;
+  if (PACKED && Pk<I>::ok) {
+    u32 m2 = 0;
+#pragma unroll
+    for (int it = 0; it < 8; ++it) {
+      const int r = it * 16 + warp * 2 + (lane >> 4);
+      m2 = Pk<I>::max2(m2, Pk<I>::amax8(*reinterpret_cast<const uint4 *>(tile + r * BQ_TILE + cc)));
+    }
+    return bq_block_max(bq_pair_amax<I>(m2), sh.red);
+  }
 #pragma unroll 2
   for (int it = 0; it < 8; ++it) {
     const int r = it * 16 + warp * 2 + (lane >> 4);
@@ -518,7 +593,8 @@ __device__ __forceinline__ void bq_process_tile(unsigned char *stage, BqShared &
   const int col_mode = a.col_mode;
   float tile_scale = 1.0f;
   if (TWO_D) {
-    tile_scale = bq_scale<I, O>(bq_tile_amax<I>(tile, sh), a.eps, a.pow2);
+    const float amax = (a.flags & BQ_PACKED) != 0 ? bq_tile_amax<I, true>(tile, sh) : bq_tile_amax<I, false>(tile, sh);
+    tile_scale = bq_scale<I, O>(amax, a.eps, a.pow2);
     if (threadIdx.x == 0) {
       const float r = bq_rcp(tile_scale);
       if (out != nullptr) sinv[rb * a.s_r + cb * a.s_c] = r;
@@ -535,9 +611,12 @@ __device__ __forceinline__ void bq_process_tile(unsigned char *stage, BqShared &
   if (!TWO_D && col_mode != BQ_COL_NONE && !fused)
     bq_column_scales<I, O>(tile, sh, sinv_t, a.t_r, a.t_c, rb, c0, a.eps, a.pow2);
   const bool compact = col_mode == BQ_COL_COMPACT;
-#define BQ_ROWS_1D(COMPACT, COL_AMAX)                                                                          \
-  bq_rows_1d<I, O, COMPACT, COL_AMAX>(tile, sh, out, out_t, sinv, a.s_r, a.s_c, a.cols, r0, c0, a.eps, a.pow2, \
-                                      (a.flags & BQ_HINTS) != 0)
+#define BQ_ROWS_1D(COMPACT, COL_AMAX)                                                                        \
+  ((a.flags & BQ_PACKED) != 0                                                                                \
+       ? bq_rows_1d<I, O, COMPACT, COL_AMAX, true>(tile, sh, out, out_t, sinv, a.s_r, a.s_c, a.cols, r0, c0,  \
+                                                   a.eps, a.pow2, (a.flags & BQ_HINTS) != 0)                 \
+       : bq_rows_1d<I, O, COMPACT, COL_AMAX, false>(tile, sh, out, out_t, sinv, a.s_r, a.s_c, a.cols, r0, c0, \
+                                                    a.eps, a.pow2, (a.flags & BQ_HINTS) != 0))
 #define BQ_ROWS(ROW, COMPACT, COL_AMAX)                                                                       \
   bq_rows<I, O, TWO_D, ROW, COMPACT, COL_AMAX>(tile, sh, tile_scale, out, out_t, sinv, a.s_r, a.s_c, a.cols, r0, \
                                                c0, a.eps, a.pow2, (a.flags & BQ_HINTS) != 0)

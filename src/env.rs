@@ -353,6 +353,7 @@ pub static BLOCK_QUANT: Choice = Choice::new(
         "pipelined-hints-fast",
         "pipelined-even",
         "persistent1",
+        "pipelined-packed",
     ],
     "pipelined",
     "launch of the FP8 block-scaling quantize: pipeline stages and grid (read at each call)",

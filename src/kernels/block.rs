@@ -37,8 +37,7 @@ pub struct BlockQuantArgs {
     pub col_mode: i32,
     /// Shared-memory tiles of a block's load pipeline (1 to 3).
     pub stages: i32,
-    /// FLAG_HINTS | FLAG_ROWS8 | FLAG_T2D (kernels/block_quant.cu's BQ_HINTS, BQ_ROWS8,
-    /// BQ_T2D).
+    /// FLAG_HINTS | FLAG_ROWS8 | FLAG_T2D | FLAG_PACKED (kernels/block_quant.cu's BQ_*).
     pub flags: i32,
     pub pad: i32,
 }
@@ -353,6 +352,9 @@ const FLAG_ROWS8: u32 = 2;
 /// BlockQuantArgs::flags: 2D rowwise + transposed columnwise data by one quantization
 /// (the columnwise data is the rowwise FP8 data transposed in shared memory).
 const FLAG_T2D: u32 = 4;
+/// BlockQuantArgs::flags: 16-bit inputs' 2D tile amax and the FLAG_ROWS8 rows pass's
+/// amaxes on packed pairs (bf16x2 / f16x2 abs and max).
+const FLAG_PACKED: u32 = 8;
 
 /// The grid of a quantize over its 128x128 tiles (block b takes tiles b, b + grid, ...).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -385,10 +387,10 @@ const fn launch(stages: u32, grid: QuantGrid, flags: u32) -> QuantLaunch {
 
 /// NVTE_COMM_BLOCK_QUANT's values, in the table's order: pipelined (default), tile,
 /// pipelined3, pairs, pipelined-hints, tile-hints, pipelined-rows8, pipelined-t2d,
-/// pipelined-fast, pipelined-hints-fast, pipelined-even, persistent1.
-const QUANT_LAUNCHES: [QuantLaunch; 12] = {
+/// pipelined-fast, pipelined-hints-fast, pipelined-even, persistent1, pipelined-packed.
+const QUANT_LAUNCHES: [QuantLaunch; 13] = {
     use QuantGrid::*;
-    const FAST: u32 = FLAG_ROWS8 | FLAG_T2D;
+    const FAST: u32 = FLAG_ROWS8 | FLAG_T2D | FLAG_PACKED;
     [
         launch(2, Persistent, 0),
         launch(1, PerBlock(1), 0),
@@ -402,6 +404,7 @@ const QUANT_LAUNCHES: [QuantLaunch; 12] = {
         launch(2, Persistent, FLAG_HINTS | FAST),
         launch(2, Even, 0),
         launch(1, Persistent, 0),
+        launch(2, Persistent, FLAG_PACKED),
     ]
 };
 
