@@ -206,7 +206,7 @@ __device__ __forceinline__ float bq_block_max(float v, float *red) {
 // loads and streaming stores of the outputs, else plain ones; BQ_ROWS8: the 1D rows pass
 // is bq_rows_1d, else bq_rows; BQ_T2D: 2D rowwise + transposed columnwise output is
 // bq_2d_rows_transposed; BQ_PACKED: 16-bit inputs' 2D tile amax and bq_rows_1d's amaxes on
-// packed pairs).
+// packed pairs, their 1D transposed columnwise data alone by bq_columns_1d_packed).
 #define BQ_HINTS 1
 #define BQ_ROWS8 2
 #define BQ_T2D 4
@@ -223,6 +223,30 @@ struct BqShared {
   float col_scale[BQ_TILE];
   float red[BQ_THREADS / 32];
 };
+
+// The FP8 columns c, c + 1 over rows rq .. + 31 (wa, wb: 4 rows a word, low byte first) of
+// every thread, once every read of the tile is done, staged transposed in the tile's shared
+// memory, row c of it holding column c (16-byte chunks swizzled by (c / 2) % 8:
+// conflict-free both ways), and stored as whole 128-byte runs of the [cols, rows] output
+// (8 threads a run).
+__device__ __forceinline__ void bq_stage_store_columns(u8 *stage, const u32 *wa, const u32 *wb, int c, int rq,
+                                                       u8 *out_t, u64 rows, u64 r0, u64 c0, bool cs) {
+  __syncthreads();  // the tile's last reader is done: its memory becomes the staging area
+  const int sw = (c >> 1) & 7, k0 = rq / 16;
+  uint4 *sa_row = reinterpret_cast<uint4 *>(stage + c * BQ_TILE);
+  uint4 *sb_row = reinterpret_cast<uint4 *>(stage + (c + 1) * BQ_TILE);
+  sa_row[k0 ^ sw] = make_uint4(wa[0], wa[1], wa[2], wa[3]);
+  sa_row[(k0 + 1) ^ sw] = make_uint4(wa[4], wa[5], wa[6], wa[7]);
+  sb_row[k0 ^ sw] = make_uint4(wb[0], wb[1], wb[2], wb[3]);
+  sb_row[(k0 + 1) ^ sw] = make_uint4(wb[4], wb[5], wb[6], wb[7]);
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < BQ_TILE * BQ_TILE / 16 / BQ_THREADS; ++i) {
+    const int q = i * BQ_THREADS + threadIdx.x, row = q >> 3, k = q & 7;
+    const uint4 v = reinterpret_cast<const uint4 *>(stage + row * BQ_TILE)[k ^ ((row >> 1) & 7)];
+    bq_st16(out_t + (c0 + row) * rows + r0 + 16 * k, v, cs);
+  }
+}
 
 // Columns of the tile: warp w takes columns (w / 4) * 64 + 2 * lane, + 1 over rows
 // (w % 4) * 32 .. + 31, quantized in registers; then (every read of the tile done) the FP8
@@ -245,21 +269,7 @@ __device__ __forceinline__ void bq_columns_transposed(const typename I::T *tile,
     wa[k] = fp8_pack2<O>(a[0] * sa, a[1] * sa) | (fp8_pack2<O>(a[2] * sa, a[3] * sa) << 16);
     wb[k] = fp8_pack2<O>(b[0] * sb, b[1] * sb) | (fp8_pack2<O>(b[2] * sb, b[3] * sb) << 16);
   }
-  __syncthreads();  // the tile's last reader is done: its memory becomes the staging area
-  const int sw = (c >> 1) & 7, k0 = rq / 16;
-  uint4 *sa_row = reinterpret_cast<uint4 *>(stage + c * BQ_TILE);
-  uint4 *sb_row = reinterpret_cast<uint4 *>(stage + (c + 1) * BQ_TILE);
-  sa_row[k0 ^ sw] = make_uint4(wa[0], wa[1], wa[2], wa[3]);
-  sa_row[(k0 + 1) ^ sw] = make_uint4(wa[4], wa[5], wa[6], wa[7]);
-  sb_row[k0 ^ sw] = make_uint4(wb[0], wb[1], wb[2], wb[3]);
-  sb_row[(k0 + 1) ^ sw] = make_uint4(wb[4], wb[5], wb[6], wb[7]);
-  __syncthreads();
-#pragma unroll
-  for (int i = 0; i < BQ_TILE * BQ_TILE / 16 / BQ_THREADS; ++i) {
-    const int q = i * BQ_THREADS + threadIdx.x, row = q >> 3, k = q & 7;
-    const uint4 v = reinterpret_cast<const uint4 *>(stage + row * BQ_TILE)[k ^ ((row >> 1) & 7)];
-    bq_st16(out_t + (c0 + row) * rows + r0 + 16 * k, v, cs);
-  }
+  bq_stage_store_columns(stage, wa, wb, c, rq, out_t, rows, r0, c0, cs);
 }
 
 // 2D rowwise + transposed columnwise, both with the tile's scale, so the columnwise data is
@@ -360,6 +370,39 @@ __device__ __forceinline__ void bq_column_scales(const typename I::T *tile, BqSh
   sh.col_part[warp & 3][c] = ma;
   sh.col_part[warp & 3][c + 1] = mb;
   bq_finish_column_scales<I, O, 4>(sh, sinv_t, s_r, s_c, rb, c0, eps, pow2);
+}
+
+// 1D transposed columnwise data alone, 16-bit inputs (BQ_PACKED): as bq_column_scales then
+// bq_columns_transposed (same threads, columns and rows), but each thread reads its 32
+// words (columns c, c + 1 of one row each) once, takes the columns' amaxes on the packed
+// pairs and quantizes the words it kept.
+template <class I, class O>
+__device__ __forceinline__ void bq_columns_1d_packed(const typename I::T *tile, u8 *stage, BqShared &sh,
+                                                     float *sinv_t, u64 t_r, u64 t_c, u64 rb, u64 c0, float eps,
+                                                     int pow2, u8 *out_t, u64 rows, u64 r0, bool cs) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int c = (warp >> 2) * 64 + 2 * lane, rq = (warp & 3) * 32;
+  u32 w[32];
+  u32 m2 = 0;
+#pragma unroll
+  for (int r = 0; r < 32; ++r) {
+    w[r] = *reinterpret_cast<const u32 *>(tile + (rq + r) * BQ_TILE + c);
+    m2 = Pk<I>::max2(m2, Pk<I>::abs2(w[r]));
+  }
+  sh.col_part[warp & 3][c] = fmaxf(0.0f, Pk<I>::lo(m2));
+  sh.col_part[warp & 3][c + 1] = fmaxf(0.0f, Pk<I>::hi(m2));
+  bq_finish_column_scales<I, O, 4>(sh, sinv_t, t_r, t_c, rb, c0, eps, pow2);
+  const float sa = sh.col_scale[c], sb = sh.col_scale[c + 1];
+  u32 wa[8], wb[8];
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const u32 *x = w + 4 * k;
+    wa[k] = fp8_pack2<O>(Pk<I>::lo(x[0]) * sa, Pk<I>::lo(x[1]) * sa) |
+            (fp8_pack2<O>(Pk<I>::lo(x[2]) * sa, Pk<I>::lo(x[3]) * sa) << 16);
+    wb[k] = fp8_pack2<O>(Pk<I>::hi(x[0]) * sb, Pk<I>::hi(x[1]) * sb) |
+            (fp8_pack2<O>(Pk<I>::hi(x[2]) * sb, Pk<I>::hi(x[3]) * sb) << 16);
+  }
+  bq_stage_store_columns(stage, wa, wb, c, rq, out_t, rows, r0, c0, cs);
 }
 
 // Rows of the tile: 16 threads a row (8 values each), a warp two rows, 8 passes. ROW: the
@@ -556,14 +599,16 @@ template <class I>
 __device__ __forceinline__ void bq_load_tile(typename I::T *tile, const typename I::T *in, u64 cols, u64 r0, u64 c0,
                                              bool ef, u64 pol) {
   typedef typename I::T T;
-  constexpr int per_row = BQ_TILE * (int)sizeof(T) / 16;  // 16-byte chunks a row
-  constexpr int chunks = BQ_TILE * per_row;
+  constexpr int per_row = BQ_TILE * (int)sizeof(T) / 16;  // 16-byte chunks a row (16 or 32)
+  constexpr int chunks = BQ_TILE * per_row, rows_per_pass = BQ_THREADS / per_row;
+  // Chunk i * BQ_THREADS + threadIdx.x: row i * rows_per_pass + threadIdx.x / per_row,
+  // chunk threadIdx.x % per_row of it (the tile's rows are contiguous in shared memory).
+  T *s0 = tile + threadIdx.x * (16 / sizeof(T));
+  const T *g0 = in + (r0 + threadIdx.x / per_row) * cols + c0 + (threadIdx.x % per_row) * (16 / sizeof(T));
 #pragma unroll
   for (int i = 0; i < chunks / BQ_THREADS; ++i) {
-    const int q = i * BQ_THREADS + threadIdx.x;
-    const int r = q / per_row, k = q % per_row;
-    T *s = tile + r * BQ_TILE + k * (16 / sizeof(T));
-    const T *g = in + (r0 + r) * cols + c0 + k * (16 / sizeof(T));
+    T *s = s0 + i * BQ_THREADS * (16 / sizeof(T));
+    const T *g = g0 + i * rows_per_pass * cols;
     if (ef)
       bq_cp_async16(s, g, pol);
     else
@@ -608,6 +653,11 @@ __device__ __forceinline__ void bq_process_tile(unsigned char *stage, BqShared &
   }
   // 1D rowwise + transposed columnwise: the rows pass also takes the columns' amaxes.
   const bool fused = !TWO_D && out != nullptr && col_mode == BQ_COL_TRANSPOSED;
+  if (!TWO_D && Pk<I>::ok && out == nullptr && col_mode == BQ_COL_TRANSPOSED && (a.flags & BQ_PACKED) != 0) {
+    bq_columns_1d_packed<I, O>(tile, stage, sh, sinv_t, a.t_r, a.t_c, rb, c0, a.eps, a.pow2, out_t, a.rows, r0,
+                               (a.flags & BQ_HINTS) != 0);
+    return;
+  }
   if (!TWO_D && col_mode != BQ_COL_NONE && !fused)
     bq_column_scales<I, O>(tile, sh, sinv_t, a.t_r, a.t_c, rb, c0, a.eps, a.pow2);
   const bool compact = col_mode == BQ_COL_COMPACT;
