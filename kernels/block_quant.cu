@@ -16,6 +16,10 @@
 //                          rowwise pass;
 //   columnwise transposed: each column quantized, staged transposed in shared memory and
 //                          stored as 128-byte runs of the [cols, rows] output.
+// Faster paths, chosen by the launch's flags (BlockQuantArgs::flags, NVTE_COMM_BLOCK_QUANT):
+// the 1D row scales once a row (bq_rows_1d), the 2D columnwise data as the rowwise FP8 data
+// transposed (bq_2d_rows_transposed), amaxes on packed 16-bit pairs and the 1D columnwise
+// data alone from one read (bq_columns_1d_packed); every path writes the same bytes.
 // Scale (TE's compute_scale_from_amax): amax raised to epsilon; amax 0, inf or NaN gives 1;
 // scale = fp8_max / amax (IEEE division), an overflow becomes the input type's largest
 // value; pow2 keeps only sign and exponent (rounds down to a power of 2). Values:
