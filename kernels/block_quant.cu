@@ -18,8 +18,8 @@
 //                          stored as 128-byte runs of the [cols, rows] output.
 // Faster paths, chosen by the launch's flags (BlockQuantArgs::flags, NVTE_COMM_BLOCK_QUANT):
 // the 1D row scales once a row (bq_rows_1d), the 2D columnwise data as the rowwise FP8 data
-// transposed (bq_2d_rows_transposed), amaxes on packed 16-bit pairs and the 1D columnwise
-// data alone from one read (bq_columns_1d_packed); every path writes the same bytes.
+// transposed (bq_2d_rows_transposed), amaxes on packed 16-bit pairs; every path writes the
+// same bytes.
 // Scale (TE's compute_scale_from_amax): amax raised to epsilon; amax 0, inf or NaN gives 1;
 // scale = fp8_max / amax (IEEE division), an overflow becomes the input type's largest
 // value; pow2 keeps only sign and exponent (rounds down to a power of 2). Values:
@@ -80,17 +80,7 @@ __device__ __forceinline__ void bq_cp_async16(void *smem, const void *g) {
   const u32 s = (u32)__cvta_generic_to_shared(smem);
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(g) : "memory");
 }
-// The same under an L2 cache policy (createpolicy).
-__device__ __forceinline__ void bq_cp_async16(void *smem, const void *g, u64 pol) {
-  const u32 s = (u32)__cvta_generic_to_shared(smem);
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(s), "l"(g), "l"(pol) : "memory");
-}
-// An L2 policy marking every access it is given as evict-first (the input is read once).
-__device__ __forceinline__ u64 bq_evict_first() {
-  u64 p;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
-  return p;
-}
+
 
 // Eight consecutive values of a row of the shared tile as floats.
 template <class I>
@@ -168,21 +158,11 @@ __device__ __forceinline__ uint2 bq_pack8(const float *v, const float *s) {
   return r;
 }
 
-// 8- and 16-byte global stores; cs: streaming (st.global.cs: evict first, the output is
-// not read again here).
-__device__ __forceinline__ void bq_st8(void *p, uint2 v, bool cs) {
-  if (cs)
-    asm volatile("st.global.cs.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(v.x), "r"(v.y) : "memory");
-  else
-    asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(v.x), "r"(v.y) : "memory");
+__device__ __forceinline__ void bq_st8(void *p, uint2 v) {
+  asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(v.x), "r"(v.y) : "memory");
 }
-__device__ __forceinline__ void bq_st16(void *p, uint4 v, bool cs) {
-  if (cs)
-    asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-                 : "memory");
-  else
-    asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-                 : "memory");
+__device__ __forceinline__ void bq_st16(void *p, uint4 v) {
+  asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
 }
 
 // Max over the block (every thread gets it); `red` holds 8 floats.
@@ -206,15 +186,12 @@ __device__ __forceinline__ float bq_block_max(float v, float *red) {
 // layout): the [rows, cols] matrix, the scale strides of the rowwise (s_r, s_c) and
 // columnwise (t_r, t_c) scale inverses, epsilon, pow2 (0 / 1), col_mode (BQ_COL_*), stages
 // (1 to 3: the shared-memory tiles of a block's load pipeline; the dynamic shared memory
-// holds that many input tiles), flags (BQ_HINTS: an L2 evict-first policy on the input's
-// loads and streaming stores of the outputs, else plain ones; BQ_ROWS8: the 1D rows pass
-// is bq_rows_1d, else bq_rows; BQ_T2D: 2D rowwise + transposed columnwise output is
-// bq_2d_rows_transposed; BQ_PACKED: 16-bit inputs' 2D tile amax and bq_rows_1d's amaxes on
-// packed pairs, their 1D transposed columnwise data alone by bq_columns_1d_packed).
-#define BQ_HINTS 1
-#define BQ_ROWS8 2
-#define BQ_T2D 4
-#define BQ_PACKED 8
+// holds that many input tiles), flags (BQ_ROWS8: the 1D rows pass is bq_rows_1d, else
+// bq_rows; BQ_T2D: 2D rowwise + transposed columnwise output is bq_2d_rows_transposed;
+// BQ_PACKED: 16-bit inputs' amaxes (2D tile, bq_rows_1d's, 1D columns') on packed pairs).
+#define BQ_ROWS8 1
+#define BQ_T2D 2
+#define BQ_PACKED 4
 struct BlockQuantArgs {
   u64 rows, cols, s_r, s_c, t_r, t_c;
   float eps;
@@ -234,7 +211,7 @@ struct BqShared {
 // conflict-free both ways), and stored as whole 128-byte runs of the [cols, rows] output
 // (8 threads a run).
 __device__ __forceinline__ void bq_stage_store_columns(u8 *stage, const u32 *wa, const u32 *wb, int c, int rq,
-                                                       u8 *out_t, u64 rows, u64 r0, u64 c0, bool cs) {
+                                                       u8 *out_t, u64 rows, u64 r0, u64 c0) {
   __syncthreads();  // the tile's last reader is done: its memory becomes the staging area
   const int sw = (c >> 1) & 7, k0 = rq / 16;
   uint4 *sa_row = reinterpret_cast<uint4 *>(stage + c * BQ_TILE);
@@ -248,7 +225,7 @@ __device__ __forceinline__ void bq_stage_store_columns(u8 *stage, const u32 *wa,
   for (int i = 0; i < BQ_TILE * BQ_TILE / 16 / BQ_THREADS; ++i) {
     const int q = i * BQ_THREADS + threadIdx.x, row = q >> 3, k = q & 7;
     const uint4 v = reinterpret_cast<const uint4 *>(stage + row * BQ_TILE)[k ^ ((row >> 1) & 7)];
-    bq_st16(out_t + (c0 + row) * rows + r0 + 16 * k, v, cs);
+    bq_st16(out_t + (c0 + row) * rows + r0 + 16 * k, v);
   }
 }
 
@@ -259,8 +236,7 @@ __device__ __forceinline__ void bq_stage_store_columns(u8 *stage, const u32 *wa,
 // runs of the [cols, rows] output (8 threads a run).
 template <class I, class O, int TWO_D>
 __device__ __forceinline__ void bq_columns_transposed(const typename I::T *tile, u8 *stage, const BqShared &sh,
-                                                      float tile_scale, u8 *out_t, u64 rows, u64 r0, u64 c0,
-                                                      bool cs) {
+                                                      float tile_scale, u8 *out_t, u64 rows, u64 r0, u64 c0) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int c = (warp >> 2) * 64 + 2 * lane, rq = (warp & 3) * 32;
   const float sa = TWO_D ? tile_scale : sh.col_scale[c], sb = TWO_D ? tile_scale : sh.col_scale[c + 1];
@@ -273,7 +249,7 @@ __device__ __forceinline__ void bq_columns_transposed(const typename I::T *tile,
     wa[k] = fp8_pack2<O>(a[0] * sa, a[1] * sa) | (fp8_pack2<O>(a[2] * sa, a[3] * sa) << 16);
     wb[k] = fp8_pack2<O>(b[0] * sb, b[1] * sb) | (fp8_pack2<O>(b[2] * sb, b[3] * sb) << 16);
   }
-  bq_stage_store_columns(stage, wa, wb, c, rq, out_t, rows, r0, c0, cs);
+  bq_stage_store_columns(stage, wa, wb, c, rq, out_t, rows, r0, c0);
 }
 
 // 2D rowwise + transposed columnwise, both with the tile's scale, so the columnwise data is
@@ -286,8 +262,7 @@ __device__ __forceinline__ void bq_columns_transposed(const typename I::T *tile,
 // runs of the [cols, rows] output (8 threads a run).
 template <class I, class O>
 __device__ __forceinline__ void bq_2d_rows_transposed(const typename I::T *tile, u8 *stage, float tile_scale,
-                                                      u8 *out, u8 *out_t, u64 rows, u64 cols, u64 r0, u64 c0,
-                                                      bool cs) {
+                                                      u8 *out, u8 *out_t, u64 rows, u64 cols, u64 r0, u64 c0) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int cc = (lane & 15) * 8, r_first = warp * 2 + (lane >> 4);
   const float rs[8] = {tile_scale, tile_scale, tile_scale, tile_scale,
@@ -300,7 +275,7 @@ __device__ __forceinline__ void bq_2d_rows_transposed(const typename I::T *tile,
     float v[8];
     bq_load8<I>(tile + (it * 16 + r_first) * BQ_TILE + cc, v);
     q[it] = bq_pack8<O>(v, rs);
-    bq_st8(po, q[it], cs);
+    bq_st8(po, q[it]);
     po += g_step;
   }
   __syncthreads();  // every read of the input tile done: F overwrites it
@@ -332,7 +307,7 @@ __device__ __forceinline__ void bq_2d_rows_transposed(const typename I::T *tile,
   for (int i = 0; i < BQ_TILE * BQ_TILE / 16 / BQ_THREADS; ++i) {
     const int qq = i * BQ_THREADS + threadIdx.x, row = qq >> 3, k = qq & 7;
     const uint4 v = reinterpret_cast<const uint4 *>(t_area + row * BQ_TILE)[k ^ ((row >> 2) & 7)];
-    bq_st16(out_t + (c0 + row) * rows + r0 + 16 * k, v, cs);
+    bq_st16(out_t + (c0 + row) * rows + r0 + 16 * k, v);
   }
 }
 
@@ -356,13 +331,23 @@ __device__ __forceinline__ void bq_finish_column_scales(BqShared &sh, float *sin
 }
 
 // 1D columnwise scales read off the tile: each column's amax over the tile's rows (warp w:
-// columns (w / 4) * 64 + 2 * lane, + 1 over rows (w % 4) * 32 .. + 31), then
-// bq_finish_column_scales.
-template <class I, class O>
+// columns (w / 4) * 64 + 2 * lane, + 1 over rows (w % 4) * 32 .. + 31; PACKED, 16-bit
+// inputs: on the packed pairs of the two columns), then bq_finish_column_scales.
+template <class I, class O, bool PACKED>
 __device__ __forceinline__ void bq_column_scales(const typename I::T *tile, BqShared &sh, float *sinv_t, u64 s_r,
                                                  u64 s_c, u64 rb, u64 c0, float eps, int pow2) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int c = (warp >> 2) * 64 + 2 * lane, rq = (warp & 3) * 32;
+  if (PACKED && Pk<I>::ok) {
+    u32 m2 = 0;
+#pragma unroll 8
+    for (int r = 0; r < 32; ++r)
+      m2 = Pk<I>::max2(m2, Pk<I>::abs2(*reinterpret_cast<const u32 *>(tile + (rq + r) * BQ_TILE + c)));
+    sh.col_part[warp & 3][c] = fmaxf(0.0f, Pk<I>::lo(m2));
+    sh.col_part[warp & 3][c + 1] = fmaxf(0.0f, Pk<I>::hi(m2));
+    bq_finish_column_scales<I, O, 4>(sh, sinv_t, s_r, s_c, rb, c0, eps, pow2);
+    return;
+  }
   float ma = 0.0f, mb = 0.0f;
 #pragma unroll 8
   for (int r = 0; r < 32; ++r) {
@@ -376,39 +361,6 @@ __device__ __forceinline__ void bq_column_scales(const typename I::T *tile, BqSh
   bq_finish_column_scales<I, O, 4>(sh, sinv_t, s_r, s_c, rb, c0, eps, pow2);
 }
 
-// 1D transposed columnwise data alone, 16-bit inputs (BQ_PACKED): as bq_column_scales then
-// bq_columns_transposed (same threads, columns and rows), but each thread reads its 32
-// words (columns c, c + 1 of one row each) once, takes the columns' amaxes on the packed
-// pairs and quantizes the words it kept.
-template <class I, class O>
-__device__ __forceinline__ void bq_columns_1d_packed(const typename I::T *tile, u8 *stage, BqShared &sh,
-                                                     float *sinv_t, u64 t_r, u64 t_c, u64 rb, u64 c0, float eps,
-                                                     int pow2, u8 *out_t, u64 rows, u64 r0, bool cs) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int c = (warp >> 2) * 64 + 2 * lane, rq = (warp & 3) * 32;
-  u32 w[32];
-  u32 m2 = 0;
-#pragma unroll
-  for (int r = 0; r < 32; ++r) {
-    w[r] = *reinterpret_cast<const u32 *>(tile + (rq + r) * BQ_TILE + c);
-    m2 = Pk<I>::max2(m2, Pk<I>::abs2(w[r]));
-  }
-  sh.col_part[warp & 3][c] = fmaxf(0.0f, Pk<I>::lo(m2));
-  sh.col_part[warp & 3][c + 1] = fmaxf(0.0f, Pk<I>::hi(m2));
-  bq_finish_column_scales<I, O, 4>(sh, sinv_t, t_r, t_c, rb, c0, eps, pow2);
-  const float sa = sh.col_scale[c], sb = sh.col_scale[c + 1];
-  u32 wa[8], wb[8];
-#pragma unroll
-  for (int k = 0; k < 8; ++k) {
-    const u32 *x = w + 4 * k;
-    wa[k] = fp8_pack2<O>(Pk<I>::lo(x[0]) * sa, Pk<I>::lo(x[1]) * sa) |
-            (fp8_pack2<O>(Pk<I>::lo(x[2]) * sa, Pk<I>::lo(x[3]) * sa) << 16);
-    wb[k] = fp8_pack2<O>(Pk<I>::hi(x[0]) * sb, Pk<I>::hi(x[1]) * sb) |
-            (fp8_pack2<O>(Pk<I>::hi(x[2]) * sb, Pk<I>::hi(x[3]) * sb) << 16);
-  }
-  bq_stage_store_columns(stage, wa, wb, c, rq, out_t, rows, r0, c0, cs);
-}
-
 // Rows of the tile: 16 threads a row (8 values each), a warp two rows, 8 passes. ROW: the
 // rowwise output `out` (1D: each row's own scale; 2D: the tile's); COMPACT: the compact
 // columnwise output `out_c` (the column scales); COL_AMAX (1D with the transposed
@@ -418,7 +370,7 @@ __device__ __forceinline__ void bq_columns_1d_packed(const typename I::T *tile, 
 template <class I, class O, int TWO_D, bool ROW, bool COMPACT, bool COL_AMAX>
 __device__ __forceinline__ void bq_rows(const typename I::T *tile, BqShared &sh, float tile_scale, u8 *out, u8 *out_c,
                                         float *sinv, u64 s_r, u64 s_c, u64 cols, u64 r0, u64 c0, float eps,
-                                        int pow2, bool cs) {
+                                        int pow2) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int cc = (lane & 15) * 8, r_first = warp * 2 + (lane >> 4);
   float cm[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
@@ -456,11 +408,11 @@ __device__ __forceinline__ void bq_rows(const typename I::T *tile, BqShared &sh,
         ps += s_step;
       }
       const float rs[8] = {s, s, s, s, s, s, s, s};
-      bq_st8(po, bq_pack8<O>(v, rs), cs);
+      bq_st8(po, bq_pack8<O>(v, rs));
       po += g_step;
     }
     if (COMPACT) {
-      bq_st8(pc, bq_pack8<O>(v, csc), cs);
+      bq_st8(pc, bq_pack8<O>(v, csc));
       pc += g_step;
     }
   }
@@ -483,8 +435,7 @@ __device__ __forceinline__ void bq_rows(const typename I::T *tile, BqShared &sh,
 // read again, quantized and stored. Same flags and results as bq_rows (1D, ROW).
 template <class I, class O, bool COMPACT, bool COL_AMAX, bool PACKED>
 __device__ __forceinline__ void bq_rows_1d(const typename I::T *tile, BqShared &sh, u8 *out, u8 *out_c, float *sinv,
-                                           u64 s_r, u64 s_c, u64 cols, u64 r0, u64 c0, float eps, int pow2,
-                                           bool cs) {
+                                           u64 s_r, u64 s_c, u64 cols, u64 r0, u64 c0, float eps, int pow2) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, j = lane & 15;
   const int cc = j * 8, r_first = warp * 2 + (lane >> 4);
   const typename I::T *pt = tile + r_first * BQ_TILE + cc;
@@ -554,10 +505,10 @@ __device__ __forceinline__ void bq_rows_1d(const typename I::T *tile, BqShared &
     bq_load8<I>(pt + it * 16 * BQ_TILE, v);
     const float s = __shfl_sync(0xffffffffu, s_own, (lane & 16) | (2 * it));
     const float rs[8] = {s, s, s, s, s, s, s, s};
-    bq_st8(po, bq_pack8<O>(v, rs), cs);
+    bq_st8(po, bq_pack8<O>(v, rs));
     po += g_step;
     if (COMPACT) {
-      bq_st8(pc, bq_pack8<O>(v, csc), cs);
+      bq_st8(pc, bq_pack8<O>(v, csc));
       pc += g_step;
     }
   }
@@ -598,10 +549,8 @@ __device__ __forceinline__ float bq_tile_amax(const typename I::T *tile, BqShare
 }
 
 // Issue the cp.async loads of tile (r0, c0) of the input into `tile` (one stage).
-// (ef: under the L2 policy `pol`.)
 template <class I>
-__device__ __forceinline__ void bq_load_tile(typename I::T *tile, const typename I::T *in, u64 cols, u64 r0, u64 c0,
-                                             bool ef, u64 pol) {
+__device__ __forceinline__ void bq_load_tile(typename I::T *tile, const typename I::T *in, u64 cols, u64 r0, u64 c0) {
   typedef typename I::T T;
   constexpr int per_row = BQ_TILE * (int)sizeof(T) / 16;  // 16-byte chunks a row (16 or 32)
   constexpr int chunks = BQ_TILE * per_row, rows_per_pass = BQ_THREADS / per_row;
@@ -613,10 +562,7 @@ __device__ __forceinline__ void bq_load_tile(typename I::T *tile, const typename
   for (int i = 0; i < chunks / BQ_THREADS; ++i) {
     T *s = s0 + i * BQ_THREADS * (16 / sizeof(T));
     const T *g = g0 + i * rows_per_pass * cols;
-    if (ef)
-      bq_cp_async16(s, g, pol);
-    else
-      bq_cp_async16(s, g);
+    bq_cp_async16(s, g);
   }
 }
 
@@ -651,29 +597,27 @@ __device__ __forceinline__ void bq_process_tile(unsigned char *stage, BqShared &
     }
   }
   if (TWO_D && out != nullptr && col_mode == BQ_COL_TRANSPOSED && (a.flags & BQ_T2D) != 0) {
-    bq_2d_rows_transposed<I, O>(tile, stage, tile_scale, out, out_t, a.rows, a.cols, r0, c0,
-                                (a.flags & BQ_HINTS) != 0);
+    bq_2d_rows_transposed<I, O>(tile, stage, tile_scale, out, out_t, a.rows, a.cols, r0, c0);
     return;
   }
   // 1D rowwise + transposed columnwise: the rows pass also takes the columns' amaxes.
   const bool fused = !TWO_D && out != nullptr && col_mode == BQ_COL_TRANSPOSED;
-  if (!TWO_D && Pk<I>::ok && out == nullptr && col_mode == BQ_COL_TRANSPOSED && (a.flags & BQ_PACKED) != 0) {
-    bq_columns_1d_packed<I, O>(tile, stage, sh, sinv_t, a.t_r, a.t_c, rb, c0, a.eps, a.pow2, out_t, a.rows, r0,
-                               (a.flags & BQ_HINTS) != 0);
-    return;
+  if (!TWO_D && col_mode != BQ_COL_NONE && !fused) {
+    if ((a.flags & BQ_PACKED) != 0)
+      bq_column_scales<I, O, true>(tile, sh, sinv_t, a.t_r, a.t_c, rb, c0, a.eps, a.pow2);
+    else
+      bq_column_scales<I, O, false>(tile, sh, sinv_t, a.t_r, a.t_c, rb, c0, a.eps, a.pow2);
   }
-  if (!TWO_D && col_mode != BQ_COL_NONE && !fused)
-    bq_column_scales<I, O>(tile, sh, sinv_t, a.t_r, a.t_c, rb, c0, a.eps, a.pow2);
   const bool compact = col_mode == BQ_COL_COMPACT;
 #define BQ_ROWS_1D(COMPACT, COL_AMAX)                                                                        \
   ((a.flags & BQ_PACKED) != 0                                                                                \
        ? bq_rows_1d<I, O, COMPACT, COL_AMAX, true>(tile, sh, out, out_t, sinv, a.s_r, a.s_c, a.cols, r0, c0,  \
-                                                   a.eps, a.pow2, (a.flags & BQ_HINTS) != 0)                 \
+                                                   a.eps, a.pow2)                 \
        : bq_rows_1d<I, O, COMPACT, COL_AMAX, false>(tile, sh, out, out_t, sinv, a.s_r, a.s_c, a.cols, r0, c0, \
-                                                    a.eps, a.pow2, (a.flags & BQ_HINTS) != 0))
+                                                    a.eps, a.pow2))
 #define BQ_ROWS(ROW, COMPACT, COL_AMAX)                                                                       \
   bq_rows<I, O, TWO_D, ROW, COMPACT, COL_AMAX>(tile, sh, tile_scale, out, out_t, sinv, a.s_r, a.s_c, a.cols, r0, \
-                                               c0, a.eps, a.pow2, (a.flags & BQ_HINTS) != 0)
+                                               c0, a.eps, a.pow2)
   if (!TWO_D && out != nullptr && (a.flags & BQ_ROWS8) != 0) {
     if (fused)
       BQ_ROWS_1D(false, true);
@@ -693,7 +637,7 @@ __device__ __forceinline__ void bq_process_tile(unsigned char *stage, BqShared &
 #undef BQ_ROWS_1D
   if (fused) bq_finish_column_scales<I, O, BQ_THREADS / 32>(sh, sinv_t, a.t_r, a.t_c, rb, c0, a.eps, a.pow2);
   if (col_mode == BQ_COL_TRANSPOSED)
-    bq_columns_transposed<I, O, TWO_D>(tile, stage, sh, tile_scale, out_t, a.rows, r0, c0, (a.flags & BQ_HINTS) != 0);
+    bq_columns_transposed<I, O, TWO_D>(tile, stage, sh, tile_scale, out_t, a.rows, r0, c0);
 }
 
 // Tiles blockIdx.x, + gridDim.x, ... (tile t: tile row t / (cols / 128), tile column t %
@@ -712,14 +656,12 @@ __device__ __forceinline__ void block_quantize_impl(const typename I::T *in, u8 
   constexpr u32 stage_bytes = BQ_TILE * BQ_TILE * sizeof(T);
   const u32 tiles_c = (u32)(a.cols / BQ_TILE), tiles = (u32)(a.rows / BQ_TILE) * tiles_c;
   const u32 stages = (u32)a.stages, step = gridDim.x;
-  const bool ef = (a.flags & BQ_HINTS) != 0;
-  const u64 pol = ef ? bq_evict_first() : 0;
   // The first stages - 1 tiles (one commit group each, empty past the last tile).
   for (u32 s = 0; s + 1 < stages; ++s) {
     const u64 t = blockIdx.x + (u64)s * step;
     if (t < tiles)
       bq_load_tile<I>(reinterpret_cast<T *>(bq_smem + s * stage_bytes), in, a.cols,
-                      (u64)((u32)t / tiles_c) * BQ_TILE, (u64)((u32)t % tiles_c) * BQ_TILE, ef, pol);
+                      (u64)((u32)t / tiles_c) * BQ_TILE, (u64)((u32)t % tiles_c) * BQ_TILE);
     bq_commit();
   }
   u32 slot = 0;  // the stage of tile t
@@ -729,7 +671,7 @@ __device__ __forceinline__ void block_quantize_impl(const typename I::T *in, u8 
     const u32 next_slot = slot + stages - 1 >= stages ? slot - 1 : slot + stages - 1;
     if (next < tiles)
       bq_load_tile<I>(reinterpret_cast<T *>(bq_smem + next_slot * stage_bytes), in, a.cols,
-                      (u64)((u32)next / tiles_c) * BQ_TILE, (u64)((u32)next % tiles_c) * BQ_TILE, ef, pol);
+                      (u64)((u32)next / tiles_c) * BQ_TILE, (u64)((u32)next % tiles_c) * BQ_TILE);
     bq_commit();
     bq_wait((int)stages - 1);  // tile t's group is done (this thread's part)
     __syncthreads();
@@ -742,9 +684,9 @@ __device__ __forceinline__ void block_quantize_impl(const typename I::T *in, u8 
 
 // Blocks an SM should hold (the launch bounds' minimum): 3, what the default launch's two
 // 32 KiB stages (16-bit inputs) allow, at up to 80 registers a thread (no spills).
-#define BQ_MINB_f32 2
-#define BQ_MINB_bf16 3
-#define BQ_MINB_f16 3
+#define BQ_MINB_f32 3
+#define BQ_MINB_bf16 5
+#define BQ_MINB_f16 4
 #define BLOCK_QUANTIZE(mname, TWO_D, iname, I, oname, O)                                                \
   extern "C" __global__ void __launch_bounds__(BQ_THREADS, BQ_MINB_##iname)                           \
       block_quantize_##mname##_##iname##_##oname(const I::T *in, u8 *out, u8 *out_t, float *sinv,     \

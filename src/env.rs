@@ -341,22 +341,16 @@ pub static CAST_TRANSPOSE: Variants = Variants::new(
 pub static BLOCK_QUANT: Choice = Choice::new(
     "NVTE_COMM_BLOCK_QUANT",
     &[
-        "pipelined",
+        "tile-fast",
         "tile",
-        "pipelined3",
-        "pairs",
-        "pipelined-hints",
-        "tile-hints",
-        "pipelined-rows8",
-        "pipelined-t2d",
+        "tile-rows8",
+        "tile-fast-t2d",
+        "persistent-fast",
         "pipelined-fast",
-        "pipelined-hints-fast",
-        "pipelined-even",
-        "persistent1",
-        "pipelined-packed",
+        "pairs-fast",
     ],
-    "pipelined",
-    "launch of the FP8 block-scaling quantize: pipeline stages and grid (read at each call)",
+    "tile-fast",
+    "launch of the FP8 block-scaling quantize: grid, pipeline stages, paths (read at each call)",
 );
 // The kernel cache.
 pub static DISABLE_KERNEL_CACHE: Flag = Flag::new(

@@ -372,11 +372,9 @@ void check_dequantize(const Case &c, const Input &in, BlockOut &out, const Expec
 }
 
 // NVTE_COMM_BLOCK_QUANT's launches (the library's default first).
-const char *const kLaunches[] = {"pipelined",      "tile",           "pipelined3",           "pairs",
-                                 "pipelined-hints", "tile-hints",   "pipelined-rows8",      "pipelined-t2d",
-                                 "pipelined-fast", "pipelined-hints-fast", "pipelined-even", "persistent1",
-                                 "pipelined-packed"};
-constexpr int kNumLaunches = 13;
+const char *const kLaunches[] = {"tile-fast",       "tile",           "tile-rows8", "tile-fast-t2d",
+                                 "persistent-fast", "pipelined-fast", "pairs-fast"};
+constexpr int kNumLaunches = 7;
 
 bool same_bytes(const DevBuf &a, const DevBuf &b) {
   if (a.p == nullptr || b.p == nullptr) return a.p == b.p;

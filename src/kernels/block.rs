@@ -343,27 +343,21 @@ fn allow_shared(ctx: cuda::CtxId, f: cudarc::driver::sys::CUfunction, bytes: u32
     Ok(n)
 }
 
-/// BlockQuantArgs::flags: an L2 evict-first policy on the input's loads and streaming
-/// stores of the outputs.
-const FLAG_HINTS: u32 = 1;
 /// BlockQuantArgs::flags: the 1D rowwise scales computed once a row (one transposing
 /// reduction of 8 rows' amaxes, one division a thread) instead of once a thread and pass.
-const FLAG_ROWS8: u32 = 2;
+const FLAG_ROWS8: u32 = 1;
 /// BlockQuantArgs::flags: 2D rowwise + transposed columnwise data by one quantization
 /// (the columnwise data is the rowwise FP8 data transposed in shared memory).
-const FLAG_T2D: u32 = 4;
-/// BlockQuantArgs::flags: 16-bit inputs' 2D tile amax and the FLAG_ROWS8 rows pass's
-/// amaxes on packed pairs (bf16x2 / f16x2 abs and max).
-const FLAG_PACKED: u32 = 8;
+const FLAG_T2D: u32 = 2;
+/// BlockQuantArgs::flags: 16-bit inputs' amaxes (the 2D tile's, the FLAG_ROWS8 rows
+/// pass's, the 1D columns') on packed pairs (bf16x2 / f16x2 abs and max).
+const FLAG_PACKED: u32 = 4;
 
 /// The grid of a quantize over its 128x128 tiles (block b takes tiles b, b + grid, ...).
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum QuantGrid {
     /// As many blocks as the GPU holds at once (fewer for fewer tiles).
     Persistent,
-    /// The fewest blocks that keep the persistent grid's most tiles a block: every block
-    /// takes the same number of tiles, give or take one at the end.
-    Even,
     /// One block per this many tiles.
     PerBlock(usize),
 }
@@ -385,26 +379,20 @@ const fn launch(stages: u32, grid: QuantGrid, flags: u32) -> QuantLaunch {
     }
 }
 
-/// NVTE_COMM_BLOCK_QUANT's values, in the table's order: pipelined (default), tile,
-/// pipelined3, pairs, pipelined-hints, tile-hints, pipelined-rows8, pipelined-t2d,
-/// pipelined-fast, pipelined-hints-fast, pipelined-even, persistent1, pipelined-packed.
-const QUANT_LAUNCHES: [QuantLaunch; 13] = {
+/// NVTE_COMM_BLOCK_QUANT's values, in the table's order: tile-fast (default), tile (the
+/// previous launch), tile-rows8, tile-fast-t2d, persistent-fast, pipelined-fast,
+/// pairs-fast.
+const QUANT_LAUNCHES: [QuantLaunch; 7] = {
     use QuantGrid::*;
-    const FAST: u32 = FLAG_ROWS8 | FLAG_T2D | FLAG_PACKED;
+    const FAST: u32 = FLAG_ROWS8 | FLAG_PACKED;
     [
-        launch(2, Persistent, 0),
+        launch(1, PerBlock(1), FAST),
         launch(1, PerBlock(1), 0),
-        launch(3, Persistent, 0),
-        launch(2, PerBlock(2), 0),
-        launch(2, Persistent, FLAG_HINTS),
-        launch(1, PerBlock(1), FLAG_HINTS),
-        launch(2, Persistent, FLAG_ROWS8),
-        launch(2, Persistent, FLAG_T2D),
+        launch(1, PerBlock(1), FLAG_ROWS8),
+        launch(1, PerBlock(1), FAST | FLAG_T2D),
+        launch(1, Persistent, FAST),
         launch(2, Persistent, FAST),
-        launch(2, Persistent, FLAG_HINTS | FAST),
-        launch(2, Even, 0),
-        launch(1, Persistent, 0),
-        launch(2, Persistent, FLAG_PACKED),
+        launch(2, PerBlock(2), FAST),
     ]
 };
 
@@ -416,10 +404,8 @@ impl QuantLaunch {
     }
     /// The grid over `tiles` tiles (`per_sm` blocks an SM holds, `sms` SMs).
     fn grid(&self, tiles: usize, sms: i32, per_sm: u32) -> u32 {
-        let full = persistent_grid(tiles, 1, sms, per_sm) as usize;
         let blocks = match self.grid {
-            QuantGrid::Persistent => full,
-            QuantGrid::Even => tiles.div_ceil(tiles.div_ceil(full)),
+            QuantGrid::Persistent => persistent_grid(tiles, 1, sms, per_sm) as usize,
             QuantGrid::PerBlock(k) => tiles.div_ceil(k),
         };
         blocks.clamp(1, i32::MAX as usize) as u32
@@ -852,17 +838,13 @@ mod tests {
     fn launch_grids_cover_the_tiles() {
         use QuantGrid::*;
         let g = |grid, tiles| launch(2, grid, 0).grid(tiles, 132, 3);
-        // 8192 x 8192: 4096 tiles; 396 blocks hold at once, 11 tiles at most a block.
+        // 8192 x 8192: 4096 tiles; 396 blocks hold at once.
         assert_eq!(g(Persistent, 4096), 396);
-        assert_eq!(g(Even, 4096), 373);
         assert_eq!(g(PerBlock(1), 4096), 4096);
         assert_eq!(g(PerBlock(2), 4096), 2048);
         assert_eq!(g(PerBlock(2), 4095), 2048);
-        for grid in [Persistent, Even] {
-            assert_eq!(g(grid, 1), 1);
-            assert_eq!(g(grid, 396), 396);
-            assert_eq!(g(grid, 397), if grid == Even { 199 } else { 396 });
-        }
+        assert_eq!(g(Persistent, 1), 1);
+        assert_eq!(g(Persistent, 397), 396);
         // Every launch has its word in NVTE_COMM_BLOCK_QUANT's table, and each stage count
         // fits the kernel's pipeline (1 to 3).
         match crate::env::BLOCK_QUANT.0.kind {
