@@ -199,10 +199,15 @@ struct BlockQuantArgs {
 };
 static_assert(sizeof(BlockQuantArgs) == 72, "BlockQuantArgs is 72 bytes (src/kernels/block.rs)");
 
+// A block's static shared memory (4 KiB, so that 6 blocks of 32 KiB tiles fit an SM).
+// col_part: 1D columnwise, per column, partial amaxes (4 or 8 a column); col_scale: the
+// columns' scales, over col_part[0] (bq_finish_column_scales: thread t reads column t's
+// parts, then writes its scale); red: the 2D block max's 8 partials (2D: no col_part).
 struct BqShared {
-  float col_part[8][BQ_TILE];  // 1D columnwise: per column, partial amaxes (4 or 8 a column)
-  float col_scale[BQ_TILE];
-  float red[BQ_THREADS / 32];
+  float col_part[8][BQ_TILE];
+  __device__ __forceinline__ float *col_scale() { return col_part[0]; }
+  __device__ __forceinline__ const float *col_scale() const { return col_part[0]; }
+  __device__ __forceinline__ float *red() { return col_part[7]; }
 };
 
 // The FP8 columns c, c + 1 over rows rq .. + 31 (wa, wb: 4 rows a word, low byte first) of
@@ -239,7 +244,7 @@ __device__ __forceinline__ void bq_columns_transposed(const typename I::T *tile,
                                                       float tile_scale, u8 *out_t, u64 rows, u64 r0, u64 c0) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int c = (warp >> 2) * 64 + 2 * lane, rq = (warp & 3) * 32;
-  const float sa = TWO_D ? tile_scale : sh.col_scale[c], sb = TWO_D ? tile_scale : sh.col_scale[c + 1];
+  const float sa = TWO_D ? tile_scale : sh.col_scale()[c], sb = TWO_D ? tile_scale : sh.col_scale()[c + 1];
   u32 wa[8], wb[8];
 #pragma unroll
   for (int k = 0; k < 8; ++k) {
@@ -313,7 +318,7 @@ __device__ __forceinline__ void bq_2d_rows_transposed(const typename I::T *tile,
 
 // 1D columnwise scales from the partial amaxes sh.col_part[0 .. parts)[c] (written before
 // the call): scale and scale_inv (sinv_t[rb * s_r + col * s_c]) of column c in
-// sh.col_scale[c].
+// sh.col_scale()[c].
 template <class I, class O, int PARTS>
 __device__ __forceinline__ void bq_finish_column_scales(BqShared &sh, float *sinv_t, u64 s_r, u64 s_c, u64 rb,
                                                         u64 c0, float eps, int pow2) {
@@ -324,7 +329,7 @@ __device__ __forceinline__ void bq_finish_column_scales(BqShared &sh, float *sin
 #pragma unroll
     for (int p = 1; p < PARTS; ++p) m = fmaxf(m, sh.col_part[p][t]);
     const float s = bq_scale<I, O>(m, eps, pow2);
-    sh.col_scale[t] = s;
+    sh.col_scale()[t] = s;
     sinv_t[rb * s_r + (c0 + t) * s_c] = bq_rcp(s);
   }
   __syncthreads();
@@ -377,7 +382,7 @@ __device__ __forceinline__ void bq_rows(const typename I::T *tile, BqShared &sh,
   float csc[8];  // the column scales (compact output)
   if (COMPACT) {
 #pragma unroll
-    for (int j = 0; j < 8; ++j) csc[j] = sh.col_scale[cc + j];
+    for (int j = 0; j < 8; ++j) csc[j] = sh.col_scale()[cc + j];
   }
   // This thread's first row's 8 bytes (rowwise, compact) and scale inverse; each pass
   // moves 16 rows down.
@@ -494,7 +499,7 @@ __device__ __forceinline__ void bq_rows_1d(const typename I::T *tile, BqShared &
   float csc[8];  // the column scales (compact output)
   if (COMPACT) {
 #pragma unroll
-    for (int k = 0; k < 8; ++k) csc[k] = sh.col_scale[cc + k];
+    for (int k = 0; k < 8; ++k) csc[k] = sh.col_scale()[cc + k];
   }
   const u64 g = (r0 + r_first) * cols + c0 + cc, g_step = 16 * cols;
   u8 *po = out + g;
@@ -535,7 +540,7 @@ __device__ __forceinline__ float bq_tile_amax(const typename I::T *tile, BqShare
       const int r = it * 16 + warp * 2 + (lane >> 4);
       m2 = Pk<I>::max2(m2, Pk<I>::amax8(*reinterpret_cast<const uint4 *>(tile + r * BQ_TILE + cc)));
     }
-    return bq_block_max(bq_pair_amax<I>(m2), sh.red);
+    return bq_block_max(bq_pair_amax<I>(m2), sh.red());
   }
 #pragma unroll 2
   for (int it = 0; it < 8; ++it) {
@@ -545,7 +550,7 @@ __device__ __forceinline__ float bq_tile_amax(const typename I::T *tile, BqShare
 #pragma unroll
     for (int j = 0; j < 8; ++j) m = fmaxf(m, fabsf(v[j]));
   }
-  return bq_block_max(m, sh.red);
+  return bq_block_max(m, sh.red());
 }
 
 // Issue the cp.async loads of tile (r0, c0) of the input into `tile` (one stage).
@@ -682,13 +687,16 @@ __device__ __forceinline__ void block_quantize_impl(const typename I::T *in, u8 
   }
 }
 
-// Blocks an SM should hold (the launch bounds' minimum): 3, what the default launch's two
-// 32 KiB stages (16-bit inputs) allow, at up to 80 registers a thread (no spills).
+// Blocks an SM should hold (the launch bounds' minimum, what registers allow without
+// spills; shared memory allows 6 with a 32 KiB tile, 3 with 64 KiB): bf16 5 (48
+// registers), fp16 4, float32 3; the "o" kernels (bf16 only), 6 (40 registers).
 #define BQ_MINB_f32 3
 #define BQ_MINB_bf16 5
 #define BQ_MINB_f16 4
-#define BLOCK_QUANTIZE(mname, TWO_D, iname, I, oname, O)                                                \
-  extern "C" __global__ void __launch_bounds__(BQ_THREADS, BQ_MINB_##iname)                           \
+#define BQ_MINB_o 6
+#define BLOCK_QUANTIZE(mname, TWO_D, iname, I, oname, O) BLOCK_QUANTIZE_B(mname, TWO_D, iname, I, oname, O, iname)
+#define BLOCK_QUANTIZE_B(mname, TWO_D, iname, I, oname, O, bname)                                      \
+  extern "C" __global__ void __launch_bounds__(BQ_THREADS, BQ_MINB_##bname)                           \
       block_quantize_##mname##_##iname##_##oname(const I::T *in, u8 *out, u8 *out_t, float *sinv,     \
                                                  float *sinv_t, const float *noop, BlockQuantArgs args) { \
     block_quantize_impl<I, O, TWO_D>(in, out, out_t, sinv, sinv_t, noop, args);                       \
@@ -702,6 +710,11 @@ __device__ __forceinline__ void block_quantize_impl(const typename I::T *in, u8 
   BLOCK_QUANTIZE_IN(mname, TWO_D, f16, F16)
 BLOCK_QUANTIZE_MODE(1d, 0)
 BLOCK_QUANTIZE_MODE(2d, 1)
+// bf16 at 6 blocks an SM (NVTE_COMM_BLOCK_QUANT's "-occ6" launches).
+BLOCK_QUANTIZE_B(1do, 0, bf16, BF16, e4m3, E4M3, o)
+BLOCK_QUANTIZE_B(1do, 0, bf16, BF16, e5m2, E5M2, o)
+BLOCK_QUANTIZE_B(2do, 1, bf16, BF16, e4m3, E4M3, o)
+BLOCK_QUANTIZE_B(2do, 1, bf16, BF16, e5m2, E5M2, o)
 
 // Dequantize: out[r, c] = cast(fp8 value * scale_inv of its block) for the [rows, cols]
 // logical matrix, from FP8 data stored as [rows, cols] (transposed = 0) or [cols, rows]

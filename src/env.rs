@@ -348,6 +348,8 @@ pub static BLOCK_QUANT: Choice = Choice::new(
         "persistent-fast",
         "pipelined-fast",
         "pairs-fast",
+        "tile-fast-occ6",
+        "persistent-fast-occ6",
     ],
     "tile-fast",
     "launch of the FP8 block-scaling quantize: grid, pipeline stages, paths (read at each call)",

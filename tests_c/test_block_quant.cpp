@@ -373,8 +373,9 @@ void check_dequantize(const Case &c, const Input &in, BlockOut &out, const Expec
 
 // NVTE_COMM_BLOCK_QUANT's launches (the library's default first).
 const char *const kLaunches[] = {"tile-fast",       "tile",           "tile-rows8", "tile-fast-t2d",
-                                 "persistent-fast", "pipelined-fast", "pairs-fast"};
-constexpr int kNumLaunches = 7;
+                                 "persistent-fast", "pipelined-fast", "pairs-fast",    "tile-fast-occ6",
+                                 "persistent-fast-occ6"};
+constexpr int kNumLaunches = 9;
 
 bool same_bytes(const DevBuf &a, const DevBuf &b) {
   if (a.p == nullptr || b.p == nullptr) return a.p == b.p;

@@ -363,12 +363,14 @@ enum QuantGrid {
 }
 
 /// A launch of the quantize kernel (NVTE_COMM_BLOCK_QUANT): the shared-memory tiles of a
-/// block's load pipeline, the grid and the kernel's flags (FLAG_*).
+/// block's load pipeline, the grid, the kernel's flags (FLAG_*) and, for bf16 inputs,
+/// whether it runs the kernels built for 6 blocks an SM (`1do` / `2do`: 40 registers).
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct QuantLaunch {
     stages: u32,
     grid: QuantGrid,
     flags: u32,
+    occ6: bool,
 }
 
 const fn launch(stages: u32, grid: QuantGrid, flags: u32) -> QuantLaunch {
@@ -376,13 +378,18 @@ const fn launch(stages: u32, grid: QuantGrid, flags: u32) -> QuantLaunch {
         stages,
         grid,
         flags,
+        occ6: false,
     }
+}
+
+const fn occ6(l: QuantLaunch) -> QuantLaunch {
+    QuantLaunch { occ6: true, ..l }
 }
 
 /// NVTE_COMM_BLOCK_QUANT's values, in the table's order: tile-fast (default), tile (the
 /// previous launch), tile-rows8, tile-fast-t2d, persistent-fast, pipelined-fast,
-/// pairs-fast.
-const QUANT_LAUNCHES: [QuantLaunch; 7] = {
+/// pairs-fast, tile-fast-occ6, persistent-fast-occ6.
+const QUANT_LAUNCHES: [QuantLaunch; 9] = {
     use QuantGrid::*;
     const FAST: u32 = FLAG_ROWS8 | FLAG_PACKED;
     [
@@ -393,6 +400,8 @@ const QUANT_LAUNCHES: [QuantLaunch; 7] = {
         launch(1, Persistent, FAST),
         launch(2, Persistent, FAST),
         launch(2, PerBlock(2), FAST),
+        occ6(launch(1, PerBlock(1), FAST)),
+        occ6(launch(1, Persistent, FAST)),
     ]
 };
 
@@ -427,9 +436,13 @@ pub fn quantize(
     let guard = ContextGuard::for_stream(stream)?;
     let dev = cuda::device_info(guard.device)?;
     let m = nvrtc::module(&BLOCK_QUANT, guard.id, &dev)?;
-    let mode = match plan.mode {
-        BlockMode::OneD => "1d",
-        BlockMode::TwoD => "2d",
+    let launch = QuantLaunch::from_env()?;
+    let occ6 = launch.occ6 && plan.in_dtype == DType::BF16;
+    let mode = match (plan.mode, occ6) {
+        (BlockMode::OneD, false) => "1d",
+        (BlockMode::TwoD, false) => "2d",
+        (BlockMode::OneD, true) => "1do",
+        (BlockMode::TwoD, true) => "2do",
     };
     let names = [
         mode,
@@ -438,7 +451,6 @@ pub fn quantize(
     ];
     // SAFETY: `m` is kernels/block_quant.cu's module, the binding's source.
     let k = unsafe { Kernel::new(&m, &BLOCK_QUANTIZE, &names)? };
-    let launch = QuantLaunch::from_env()?;
     let smem = launch.stages * (TILE * TILE * plan.in_dtype.bits() / 8) as u32;
     let per_sm = allow_shared(guard.id, k.raw(), smem)?;
     let grid = launch.grid(
