@@ -188,10 +188,12 @@ __device__ __forceinline__ float bq_block_max(float v, float *red) {
 // (1 to 3: the shared-memory tiles of a block's load pipeline; the dynamic shared memory
 // holds that many input tiles), flags (BQ_ROWS8: the 1D rows pass is bq_rows_1d, else
 // bq_rows; BQ_T2D: 2D rowwise + transposed columnwise output is bq_2d_rows_transposed;
-// BQ_PACKED: 16-bit inputs' amaxes (2D tile, bq_rows_1d's, 1D columns') on packed pairs).
+// BQ_PACKED: 16-bit inputs' amaxes (2D tile, bq_rows_1d's, 1D columns') on packed pairs;
+// BQ_COL4: the transposed columnwise data by bq_columns4).
 #define BQ_ROWS8 1
 #define BQ_T2D 2
 #define BQ_PACKED 4
+#define BQ_COL4 8
 struct BlockQuantArgs {
   u64 rows, cols, s_r, s_c, t_r, t_c;
   float eps;
@@ -333,6 +335,108 @@ __device__ __forceinline__ void bq_finish_column_scales(BqShared &sh, float *sin
     sinv_t[rb * s_r + (c0 + t) * s_c] = bq_rcp(s);
   }
   __syncthreads();
+}
+
+// Four consecutive values of a row of the shared tile as floats (8 bytes for 16-bit
+// types, 16 for float32).
+template <class I>
+__device__ __forceinline__ void bq_load4(const typename I::T *p, float *f) {
+  const uint2 w = *reinterpret_cast<const uint2 *>(p);
+  f[0] = I::load((typename I::T)(w.x & 0xffff));
+  f[1] = I::load((typename I::T)(w.x >> 16));
+  f[2] = I::load((typename I::T)(w.y & 0xffff));
+  f[3] = I::load((typename I::T)(w.y >> 16));
+}
+template <>
+__device__ __forceinline__ void bq_load4<BF16>(const u16 *p, float *f) {
+  const uint2 w = *reinterpret_cast<const uint2 *>(p);
+  f[0] = __uint_as_float(w.x << 16);
+  f[1] = __uint_as_float(w.x & 0xffff0000u);
+  f[2] = __uint_as_float(w.y << 16);
+  f[3] = __uint_as_float(w.y & 0xffff0000u);
+}
+template <>
+__device__ __forceinline__ void bq_load4<F32>(const float *p, float *f) {
+  const float4 v = *reinterpret_cast<const float4 *>(p);
+  f[0] = v.x;
+  f[1] = v.y;
+  f[2] = v.z;
+  f[3] = v.w;
+}
+
+// The columns pass with 4 columns a thread (BQ_COL4): warp w takes the tile's rows 16 w ..
+// + 15, lane l its columns 4 l .. + 3 (a warp reads whole rows: 8 or 16 bytes a thread,
+// half the shared-memory reads of bq_columns_transposed). AMAX (1D, the columnwise data
+// alone): first each column's amax over the warp's 16 rows into sh.col_part[w] (on packed
+// pairs where PACKED and 16-bit), then bq_finish_column_scales. Then each column
+// quantized (1D: its scale; 2D: the tile's), staged transposed in the tile's shared
+// memory (row c holds column c; 16-byte chunk w, swizzled by (c / 4) % 8: conflict-free
+// both ways) and stored as whole 128-byte runs of the [cols, rows] output.
+template <class I, class O, int TWO_D, bool AMAX, bool PACKED>
+__device__ __forceinline__ void bq_columns4(const typename I::T *tile, u8 *stage, BqShared &sh, float tile_scale,
+                                            float *sinv_t, u64 t_r, u64 t_c, u64 rb, float eps, int pow2,
+                                            u8 *out_t, u64 rows, u64 r0, u64 c0) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const typename I::T *pt = tile + warp * 16 * BQ_TILE + 4 * lane;
+  if (AMAX) {
+    float m[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (PACKED && Pk<I>::ok) {
+      u32 m0 = 0, m1 = 0;
+#pragma unroll
+      for (int r = 0; r < 16; ++r) {
+        const uint2 w = *reinterpret_cast<const uint2 *>(pt + r * BQ_TILE);
+        m0 = Pk<I>::max2(m0, Pk<I>::abs2(w.x));
+        m1 = Pk<I>::max2(m1, Pk<I>::abs2(w.y));
+      }
+      m[0] = fmaxf(0.0f, Pk<I>::lo(m0));
+      m[1] = fmaxf(0.0f, Pk<I>::hi(m0));
+      m[2] = fmaxf(0.0f, Pk<I>::lo(m1));
+      m[3] = fmaxf(0.0f, Pk<I>::hi(m1));
+    } else {
+#pragma unroll 4
+      for (int r = 0; r < 16; ++r) {
+        float v[4];
+        bq_load4<I>(pt + r * BQ_TILE, v);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) m[j] = fmaxf(m[j], fabsf(v[j]));
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) sh.col_part[warp][4 * lane + j] = m[j];
+    bq_finish_column_scales<I, O, BQ_THREADS / 32>(sh, sinv_t, t_r, t_c, rb, c0, eps, pow2);
+  }
+  float s[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) s[j] = TWO_D ? tile_scale : sh.col_scale()[4 * lane + j];
+  u32 col[4][4];  // col[j][g]: column 4 lane + j, rows 16 warp + 4 g .. + 3 (low byte first)
+#pragma unroll
+  for (int g = 0; g < 4; ++g) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // rows 16 warp + 4 g + 2 h, + 1: bytes 2 h, 2 h + 1 of col[j][g]
+      float a[4], b[4];
+      bq_load4<I>(pt + (4 * g + 2 * h) * BQ_TILE, a);
+      bq_load4<I>(pt + (4 * g + 2 * h + 1) * BQ_TILE, b);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const u32 p = fp8_pack2<O>(a[j] * s[j], b[j] * s[j]);
+        col[j][g] = h == 0 ? p : col[j][g] | (p << 16);
+      }
+    }
+  }
+  __syncthreads();  // the tile's last reader is done: its memory becomes the staging area
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int row = 4 * lane + j;
+    reinterpret_cast<uint4 *>(stage + row * BQ_TILE)[warp ^ ((row >> 2) & 7)] =
+        make_uint4(col[j][0], col[j][1], col[j][2], col[j][3]);
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < BQ_TILE * BQ_TILE / 16 / BQ_THREADS; ++i) {
+    const int q = i * BQ_THREADS + threadIdx.x, row = q >> 3, k = q & 7;
+    const uint4 v = reinterpret_cast<const uint4 *>(stage + row * BQ_TILE)[k ^ ((row >> 2) & 7)];
+    bq_st16(out_t + (c0 + row) * rows + r0 + 16 * k, v);
+  }
 }
 
 // 1D columnwise scales read off the tile: each column's amax over the tile's rows (warp w:
@@ -607,6 +711,16 @@ __device__ __forceinline__ void bq_process_tile(unsigned char *stage, BqShared &
   }
   // 1D rowwise + transposed columnwise: the rows pass also takes the columns' amaxes.
   const bool fused = !TWO_D && out != nullptr && col_mode == BQ_COL_TRANSPOSED;
+  const bool col4 = (a.flags & BQ_COL4) != 0 && col_mode == BQ_COL_TRANSPOSED;
+  if (!TWO_D && col4 && out == nullptr) {  // the columnwise data alone: amaxes in bq_columns4
+    if ((a.flags & BQ_PACKED) != 0)
+      bq_columns4<I, O, 0, true, true>(tile, stage, sh, tile_scale, sinv_t, a.t_r, a.t_c, rb, a.eps, a.pow2, out_t,
+                                       a.rows, r0, c0);
+    else
+      bq_columns4<I, O, 0, true, false>(tile, stage, sh, tile_scale, sinv_t, a.t_r, a.t_c, rb, a.eps, a.pow2, out_t,
+                                        a.rows, r0, c0);
+    return;
+  }
   if (!TWO_D && col_mode != BQ_COL_NONE && !fused) {
     if ((a.flags & BQ_PACKED) != 0)
       bq_column_scales<I, O, true>(tile, sh, sinv_t, a.t_r, a.t_c, rb, c0, a.eps, a.pow2);
@@ -641,7 +755,10 @@ __device__ __forceinline__ void bq_process_tile(unsigned char *stage, BqShared &
 #undef BQ_ROWS
 #undef BQ_ROWS_1D
   if (fused) bq_finish_column_scales<I, O, BQ_THREADS / 32>(sh, sinv_t, a.t_r, a.t_c, rb, c0, a.eps, a.pow2);
-  if (col_mode == BQ_COL_TRANSPOSED)
+  if (col4)
+    bq_columns4<I, O, TWO_D, false, false>(tile, stage, sh, tile_scale, sinv_t, a.t_r, a.t_c, rb, a.eps, a.pow2,
+                                           out_t, a.rows, r0, c0);
+  else if (col_mode == BQ_COL_TRANSPOSED)
     bq_columns_transposed<I, O, TWO_D>(tile, stage, sh, tile_scale, out_t, a.rows, r0, c0);
 }
 

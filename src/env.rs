@@ -350,6 +350,7 @@ pub static BLOCK_QUANT: Choice = Choice::new(
         "pairs-fast",
         "tile-fast-occ6",
         "persistent-fast-occ6",
+        "tile-fast4",
     ],
     "tile-fast",
     "launch of the FP8 block-scaling quantize: grid, pipeline stages, paths (read at each call)",

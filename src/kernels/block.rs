@@ -37,7 +37,7 @@ pub struct BlockQuantArgs {
     pub col_mode: i32,
     /// Shared-memory tiles of a block's load pipeline (1 to 3).
     pub stages: i32,
-    /// FLAG_HINTS | FLAG_ROWS8 | FLAG_T2D | FLAG_PACKED (kernels/block_quant.cu's BQ_*).
+    /// FLAG_ROWS8 | FLAG_T2D | FLAG_PACKED | FLAG_COL4 (kernels/block_quant.cu's BQ_*).
     pub flags: i32,
     pub pad: i32,
 }
@@ -352,6 +352,9 @@ const FLAG_T2D: u32 = 2;
 /// BlockQuantArgs::flags: 16-bit inputs' amaxes (the 2D tile's, the FLAG_ROWS8 rows
 /// pass's, the 1D columns') on packed pairs (bf16x2 / f16x2 abs and max).
 const FLAG_PACKED: u32 = 4;
+/// BlockQuantArgs::flags: the transposed columnwise data with 4 columns a thread (a warp
+/// reads whole rows of the tile: half the shared-memory reads).
+const FLAG_COL4: u32 = 8;
 
 /// The grid of a quantize over its 128x128 tiles (block b takes tiles b, b + grid, ...).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -388,8 +391,8 @@ const fn occ6(l: QuantLaunch) -> QuantLaunch {
 
 /// NVTE_COMM_BLOCK_QUANT's values, in the table's order: tile-fast (default), tile (the
 /// previous launch), tile-rows8, tile-fast-t2d, persistent-fast, pipelined-fast,
-/// pairs-fast, tile-fast-occ6, persistent-fast-occ6.
-const QUANT_LAUNCHES: [QuantLaunch; 9] = {
+/// pairs-fast, tile-fast-occ6, persistent-fast-occ6, tile-fast4.
+const QUANT_LAUNCHES: [QuantLaunch; 10] = {
     use QuantGrid::*;
     const FAST: u32 = FLAG_ROWS8 | FLAG_PACKED;
     [
@@ -402,6 +405,7 @@ const QUANT_LAUNCHES: [QuantLaunch; 9] = {
         launch(2, PerBlock(2), FAST),
         occ6(launch(1, PerBlock(1), FAST)),
         occ6(launch(1, Persistent, FAST)),
+        launch(1, PerBlock(1), FAST | FLAG_COL4),
     ]
 };
 
