@@ -2,11 +2,10 @@
 // bfloat16 / float16 matrix into FP8 with one float32 scale per 1x128 values (1D, rowwise;
 // 128x1 columnwise) or per 128x128 tile (2D), and dequantize back.
 //
-// Quantize: blocks of 256 threads, each quantizing 128x128 tiles blockIdx.x, + gridDim.x,
-// ... (rows and cols multiples of 128, every pointer 16-byte aligned: src/kernels/block.rs
-// checks both; the host picks the grid and the number of pipeline stages). Each tile is read
-// from global memory once (cp.async into one of the block's shared-memory stages, the loads
-// of the next tiles in flight while it is quantized), then:
+// Quantize: one block of 256 threads per 128x128 tile (rows and cols multiples of 128, every
+// pointer 16-byte aligned: src/kernels/block.rs checks both; up to 5 blocks an SM for
+// 16-bit inputs). The tile is read from global memory once (cp.async into shared memory),
+// then:
 //   2D:                    the tile's amax (all 16384 values), one scale;
 //   1D columnwise:         each column's amax over the tile's 128 rows (in the rowwise pass
 //                          when both directions are written);
@@ -16,10 +15,9 @@
 //                          rowwise pass;
 //   columnwise transposed: each column quantized, staged transposed in shared memory and
 //                          stored as 128-byte runs of the [cols, rows] output.
-// Faster paths, chosen by the launch's flags (BlockQuantArgs::flags, NVTE_COMM_BLOCK_QUANT):
-// the 1D row scales once a row (bq_rows_1d), the 2D columnwise data as the rowwise FP8 data
-// transposed (bq_2d_rows_transposed), amaxes on packed 16-bit pairs; every path writes the
-// same bytes.
+// The launch's flags (BlockQuantArgs::flags; NVTE_COMM_BLOCK_QUANT: on by default) pick
+// the faster paths: the 1D row scales once a row (bq_rows_1d) and 16-bit inputs' amaxes on
+// packed pairs; every path writes the same bytes.
 // Scale (TE's compute_scale_from_amax): amax raised to epsilon; amax 0, inf or NaN gives 1;
 // scale = fp8_max / amax (IEEE division), an overflow becomes the input type's largest
 // value; pow2 keeps only sign and exponent (rounds down to a power of 2). Values:
@@ -184,22 +182,17 @@ __device__ __forceinline__ float bq_block_max(float v, float *red) {
 
 // The sizes and options of a quantization (src/kernels/block.rs BlockQuantArgs, same
 // layout): the [rows, cols] matrix, the scale strides of the rowwise (s_r, s_c) and
-// columnwise (t_r, t_c) scale inverses, epsilon, pow2 (0 / 1), col_mode (BQ_COL_*), stages
-// (1 to 3: the shared-memory tiles of a block's load pipeline; the dynamic shared memory
-// holds that many input tiles), flags (BQ_ROWS8: the 1D rows pass is bq_rows_1d, else
-// bq_rows; BQ_T2D: 2D rowwise + transposed columnwise output is bq_2d_rows_transposed;
-// BQ_PACKED: 16-bit inputs' amaxes (2D tile, bq_rows_1d's, 1D columns') on packed pairs;
-// BQ_COL4: the transposed columnwise data by bq_columns4).
+// columnwise (t_r, t_c) scale inverses, epsilon, pow2 (0 / 1), col_mode (BQ_COL_*), flags
+// (BQ_ROWS8: the 1D rows pass is bq_rows_1d, else bq_rows; BQ_PACKED: 16-bit inputs'
+// amaxes (2D tile, bq_rows_1d's, 1D columns') on packed pairs).
 #define BQ_ROWS8 1
-#define BQ_T2D 2
-#define BQ_PACKED 4
-#define BQ_COL4 8
+#define BQ_PACKED 2
 struct BlockQuantArgs {
   u64 rows, cols, s_r, s_c, t_r, t_c;
   float eps;
-  int pow2, col_mode, stages, flags, pad;
+  int pow2, col_mode, flags;
 };
-static_assert(sizeof(BlockQuantArgs) == 72, "BlockQuantArgs is 72 bytes (src/kernels/block.rs)");
+static_assert(sizeof(BlockQuantArgs) == 64, "BlockQuantArgs is 64 bytes (src/kernels/block.rs)");
 
 // A block's static shared memory (4 KiB, so that 6 blocks of 32 KiB tiles fit an SM).
 // col_part: 1D columnwise, per column, partial amaxes (4 or 8 a column); col_scale: the
@@ -259,65 +252,6 @@ __device__ __forceinline__ void bq_columns_transposed(const typename I::T *tile,
   bq_stage_store_columns(stage, wa, wb, c, rq, out_t, rows, r0, c0);
 }
 
-// 2D rowwise + transposed columnwise, both with the tile's scale, so the columnwise data is
-// the rowwise FP8 data transposed: the rows pass (as bq_rows) keeps its FP8 bytes, writes
-// them to shared memory as an FP8 tile F (bytes 0 .. 16 KiB of the stage, once every read
-// of the input tile is done), and the transpose is done on bytes (prmt) instead of
-// quantizing every value again: warp w takes F's rows 16 w .. + 15, lane l its columns
-// 4 l .. + 3 (4x4 byte blocks), into T (bytes 16 .. 32 KiB: row c holds column c, 16-byte
-// chunks swizzled by (c / 4) % 8: conflict-free both ways), which leaves as whole 128-byte
-// runs of the [cols, rows] output (8 threads a run).
-template <class I, class O>
-__device__ __forceinline__ void bq_2d_rows_transposed(const typename I::T *tile, u8 *stage, float tile_scale,
-                                                      u8 *out, u8 *out_t, u64 rows, u64 cols, u64 r0, u64 c0) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int cc = (lane & 15) * 8, r_first = warp * 2 + (lane >> 4);
-  const float rs[8] = {tile_scale, tile_scale, tile_scale, tile_scale,
-                       tile_scale, tile_scale, tile_scale, tile_scale};
-  const u64 g_step = 16 * cols;
-  u8 *po = out + (r0 + r_first) * cols + c0 + cc;
-  uint2 q[8];
-#pragma unroll
-  for (int it = 0; it < 8; ++it) {
-    float v[8];
-    bq_load8<I>(tile + (it * 16 + r_first) * BQ_TILE + cc, v);
-    q[it] = bq_pack8<O>(v, rs);
-    bq_st8(po, q[it]);
-    po += g_step;
-  }
-  __syncthreads();  // every read of the input tile done: F overwrites it
-#pragma unroll
-  for (int it = 0; it < 8; ++it) *reinterpret_cast<uint2 *>(stage + (it * 16 + r_first) * BQ_TILE + cc) = q[it];
-  __syncthreads();
-  u32 col[4][4];  // col[c][g]: column 4 lane + c, rows 16 warp + 4 g .. + 3 (low byte first)
-#pragma unroll
-  for (int g = 0; g < 4; ++g) {
-    u32 a[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) a[i] = *reinterpret_cast<const u32 *>(stage + (warp * 16 + g * 4 + i) * BQ_TILE + 4 * lane);
-    const u32 t0 = prmt(a[0], a[1], 0x5140), t1 = prmt(a[0], a[1], 0x7362);
-    const u32 t2 = prmt(a[2], a[3], 0x5140), t3 = prmt(a[2], a[3], 0x7362);
-    col[0][g] = prmt(t0, t2, 0x5410);
-    col[1][g] = prmt(t0, t2, 0x7632);
-    col[2][g] = prmt(t1, t3, 0x5410);
-    col[3][g] = prmt(t1, t3, 0x7632);
-  }
-  u8 *t_area = stage + BQ_TILE * BQ_TILE;
-#pragma unroll
-  for (int c = 0; c < 4; ++c) {
-    const int row = 4 * lane + c;
-    reinterpret_cast<uint4 *>(t_area + row * BQ_TILE)[warp ^ ((row >> 2) & 7)] =
-        make_uint4(col[c][0], col[c][1], col[c][2], col[c][3]);
-  }
-  __syncthreads();
-#pragma unroll
-  for (int i = 0; i < BQ_TILE * BQ_TILE / 16 / BQ_THREADS; ++i) {
-    const int qq = i * BQ_THREADS + threadIdx.x, row = qq >> 3, k = qq & 7;
-    const uint4 v = reinterpret_cast<const uint4 *>(t_area + row * BQ_TILE)[k ^ ((row >> 2) & 7)];
-    bq_st16(out_t + (c0 + row) * rows + r0 + 16 * k, v);
-  }
-}
-
 // 1D columnwise scales from the partial amaxes sh.col_part[0 .. parts)[c] (written before
 // the call): scale and scale_inv (sinv_t[rb * s_r + col * s_c]) of column c in
 // sh.col_scale()[c].
@@ -335,108 +269,6 @@ __device__ __forceinline__ void bq_finish_column_scales(BqShared &sh, float *sin
     sinv_t[rb * s_r + (c0 + t) * s_c] = bq_rcp(s);
   }
   __syncthreads();
-}
-
-// Four consecutive values of a row of the shared tile as floats (8 bytes for 16-bit
-// types, 16 for float32).
-template <class I>
-__device__ __forceinline__ void bq_load4(const typename I::T *p, float *f) {
-  const uint2 w = *reinterpret_cast<const uint2 *>(p);
-  f[0] = I::load((typename I::T)(w.x & 0xffff));
-  f[1] = I::load((typename I::T)(w.x >> 16));
-  f[2] = I::load((typename I::T)(w.y & 0xffff));
-  f[3] = I::load((typename I::T)(w.y >> 16));
-}
-template <>
-__device__ __forceinline__ void bq_load4<BF16>(const u16 *p, float *f) {
-  const uint2 w = *reinterpret_cast<const uint2 *>(p);
-  f[0] = __uint_as_float(w.x << 16);
-  f[1] = __uint_as_float(w.x & 0xffff0000u);
-  f[2] = __uint_as_float(w.y << 16);
-  f[3] = __uint_as_float(w.y & 0xffff0000u);
-}
-template <>
-__device__ __forceinline__ void bq_load4<F32>(const float *p, float *f) {
-  const float4 v = *reinterpret_cast<const float4 *>(p);
-  f[0] = v.x;
-  f[1] = v.y;
-  f[2] = v.z;
-  f[3] = v.w;
-}
-
-// The columns pass with 4 columns a thread (BQ_COL4): warp w takes the tile's rows 16 w ..
-// + 15, lane l its columns 4 l .. + 3 (a warp reads whole rows: 8 or 16 bytes a thread,
-// half the shared-memory reads of bq_columns_transposed). AMAX (1D, the columnwise data
-// alone): first each column's amax over the warp's 16 rows into sh.col_part[w] (on packed
-// pairs where PACKED and 16-bit), then bq_finish_column_scales. Then each column
-// quantized (1D: its scale; 2D: the tile's), staged transposed in the tile's shared
-// memory (row c holds column c; 16-byte chunk w, swizzled by (c / 4) % 8: conflict-free
-// both ways) and stored as whole 128-byte runs of the [cols, rows] output.
-template <class I, class O, int TWO_D, bool AMAX, bool PACKED>
-__device__ __forceinline__ void bq_columns4(const typename I::T *tile, u8 *stage, BqShared &sh, float tile_scale,
-                                            float *sinv_t, u64 t_r, u64 t_c, u64 rb, float eps, int pow2,
-                                            u8 *out_t, u64 rows, u64 r0, u64 c0) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const typename I::T *pt = tile + warp * 16 * BQ_TILE + 4 * lane;
-  if (AMAX) {
-    float m[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    if (PACKED && Pk<I>::ok) {
-      u32 m0 = 0, m1 = 0;
-#pragma unroll
-      for (int r = 0; r < 16; ++r) {
-        const uint2 w = *reinterpret_cast<const uint2 *>(pt + r * BQ_TILE);
-        m0 = Pk<I>::max2(m0, Pk<I>::abs2(w.x));
-        m1 = Pk<I>::max2(m1, Pk<I>::abs2(w.y));
-      }
-      m[0] = fmaxf(0.0f, Pk<I>::lo(m0));
-      m[1] = fmaxf(0.0f, Pk<I>::hi(m0));
-      m[2] = fmaxf(0.0f, Pk<I>::lo(m1));
-      m[3] = fmaxf(0.0f, Pk<I>::hi(m1));
-    } else {
-#pragma unroll 4
-      for (int r = 0; r < 16; ++r) {
-        float v[4];
-        bq_load4<I>(pt + r * BQ_TILE, v);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) m[j] = fmaxf(m[j], fabsf(v[j]));
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < 4; ++j) sh.col_part[warp][4 * lane + j] = m[j];
-    bq_finish_column_scales<I, O, BQ_THREADS / 32>(sh, sinv_t, t_r, t_c, rb, c0, eps, pow2);
-  }
-  float s[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) s[j] = TWO_D ? tile_scale : sh.col_scale()[4 * lane + j];
-  u32 col[4][4];  // col[j][g]: column 4 lane + j, rows 16 warp + 4 g .. + 3 (low byte first)
-#pragma unroll
-  for (int g = 0; g < 4; ++g) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {  // rows 16 warp + 4 g + 2 h, + 1: bytes 2 h, 2 h + 1 of col[j][g]
-      float a[4], b[4];
-      bq_load4<I>(pt + (4 * g + 2 * h) * BQ_TILE, a);
-      bq_load4<I>(pt + (4 * g + 2 * h + 1) * BQ_TILE, b);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const u32 p = fp8_pack2<O>(a[j] * s[j], b[j] * s[j]);
-        col[j][g] = h == 0 ? p : col[j][g] | (p << 16);
-      }
-    }
-  }
-  __syncthreads();  // the tile's last reader is done: its memory becomes the staging area
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int row = 4 * lane + j;
-    reinterpret_cast<uint4 *>(stage + row * BQ_TILE)[warp ^ ((row >> 2) & 7)] =
-        make_uint4(col[j][0], col[j][1], col[j][2], col[j][3]);
-  }
-  __syncthreads();
-#pragma unroll
-  for (int i = 0; i < BQ_TILE * BQ_TILE / 16 / BQ_THREADS; ++i) {
-    const int q = i * BQ_THREADS + threadIdx.x, row = q >> 3, k = q & 7;
-    const uint4 v = reinterpret_cast<const uint4 *>(stage + row * BQ_TILE)[k ^ ((row >> 2) & 7)];
-    bq_st16(out_t + (c0 + row) * rows + r0 + 16 * k, v);
-  }
 }
 
 // 1D columnwise scales read off the tile: each column's amax over the tile's rows (warp w:
@@ -657,7 +489,7 @@ __device__ __forceinline__ float bq_tile_amax(const typename I::T *tile, BqShare
   return bq_block_max(m, sh.red());
 }
 
-// Issue the cp.async loads of tile (r0, c0) of the input into `tile` (one stage).
+// Issue the cp.async loads of tile (r0, c0) of the input into `tile`.
 template <class I>
 __device__ __forceinline__ void bq_load_tile(typename I::T *tile, const typename I::T *in, u64 cols, u64 r0, u64 c0) {
   typedef typename I::T T;
@@ -675,20 +507,8 @@ __device__ __forceinline__ void bq_load_tile(typename I::T *tile, const typename
   }
 }
 
-__device__ __forceinline__ void bq_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-
-// Wait until at most `pending` (0, 1 or 2) of this thread's latest cp.async groups are in flight.
-__device__ __forceinline__ void bq_wait(int pending) {
-  if (pending >= 2)
-    asm volatile("cp.async.wait_group 2;" ::: "memory");
-  else if (pending == 1)
-    asm volatile("cp.async.wait_group 1;" ::: "memory");
-  else
-    asm volatile("cp.async.wait_group 0;" ::: "memory");
-}
-
 // Quantize tile (rb, cb), already in shared memory (`stage`: the tile, reused as the
-// transpose's staging area).
+// transpose's staging area once read).
 template <class I, class O, int TWO_D>
 __device__ __forceinline__ void bq_process_tile(unsigned char *stage, BqShared &sh, u8 *out, u8 *out_t, float *sinv,
                                                 float *sinv_t, const BlockQuantArgs &a, u64 rb, u64 cb) {
@@ -705,22 +525,8 @@ __device__ __forceinline__ void bq_process_tile(unsigned char *stage, BqShared &
       if (col_mode != BQ_COL_NONE) sinv_t[rb * a.t_r + cb * a.t_c] = r;
     }
   }
-  if (TWO_D && out != nullptr && col_mode == BQ_COL_TRANSPOSED && (a.flags & BQ_T2D) != 0) {
-    bq_2d_rows_transposed<I, O>(tile, stage, tile_scale, out, out_t, a.rows, a.cols, r0, c0);
-    return;
-  }
   // 1D rowwise + transposed columnwise: the rows pass also takes the columns' amaxes.
   const bool fused = !TWO_D && out != nullptr && col_mode == BQ_COL_TRANSPOSED;
-  const bool col4 = (a.flags & BQ_COL4) != 0 && col_mode == BQ_COL_TRANSPOSED;
-  if (!TWO_D && col4 && out == nullptr) {  // the columnwise data alone: amaxes in bq_columns4
-    if ((a.flags & BQ_PACKED) != 0)
-      bq_columns4<I, O, 0, true, true>(tile, stage, sh, tile_scale, sinv_t, a.t_r, a.t_c, rb, a.eps, a.pow2, out_t,
-                                       a.rows, r0, c0);
-    else
-      bq_columns4<I, O, 0, true, false>(tile, stage, sh, tile_scale, sinv_t, a.t_r, a.t_c, rb, a.eps, a.pow2, out_t,
-                                        a.rows, r0, c0);
-    return;
-  }
   if (!TWO_D && col_mode != BQ_COL_NONE && !fused) {
     if ((a.flags & BQ_PACKED) != 0)
       bq_column_scales<I, O, true>(tile, sh, sinv_t, a.t_r, a.t_c, rb, c0, a.eps, a.pow2);
@@ -755,65 +561,40 @@ __device__ __forceinline__ void bq_process_tile(unsigned char *stage, BqShared &
 #undef BQ_ROWS
 #undef BQ_ROWS_1D
   if (fused) bq_finish_column_scales<I, O, BQ_THREADS / 32>(sh, sinv_t, a.t_r, a.t_c, rb, c0, a.eps, a.pow2);
-  if (col4)
-    bq_columns4<I, O, TWO_D, false, false>(tile, stage, sh, tile_scale, sinv_t, a.t_r, a.t_c, rb, a.eps, a.pow2,
-                                           out_t, a.rows, r0, c0);
-  else if (col_mode == BQ_COL_TRANSPOSED)
+  if (col_mode == BQ_COL_TRANSPOSED)
     bq_columns_transposed<I, O, TWO_D>(tile, stage, sh, tile_scale, out_t, a.rows, r0, c0);
 }
 
 // Tiles blockIdx.x, + gridDim.x, ... (tile t: tile row t / (cols / 128), tile column t %
-// (cols / 128)) through a ring of a.stages (1 to 3) shared-memory tiles: the loads of the
-// next stages - 1 tiles are in flight while a tile is quantized. out: rowwise FP8 [rows,
-// cols] or null; out_t: columnwise FP8 ([cols, rows] when col_mode is transposed, [rows,
-// cols] when compact) or null (col_mode none); sinv / sinv_t: their scale inverses
-// (strides in `a`); noop: TE's noop flag (1: do nothing) or null.
+// (cols / 128); the host launches one block a tile), each loaded into shared memory, then
+// quantized. out: rowwise FP8 [rows, cols] or null; out_t: columnwise FP8 ([cols, rows] when
+// col_mode is transposed, [rows, cols] when compact) or null (col_mode none); sinv / sinv_t:
+// their scale inverses (strides in `a`); noop: TE's noop flag (1: do nothing) or null.
 template <class I, class O, int TWO_D>
 __device__ __forceinline__ void block_quantize_impl(const typename I::T *in, u8 *out, u8 *out_t, float *sinv,
                                                     float *sinv_t, const float *noop, const BlockQuantArgs &a) {
   if (noop != nullptr && *noop == 1.0f) return;
   extern __shared__ __align__(16) unsigned char bq_smem[];
   __shared__ BqShared sh;
-  typedef typename I::T T;
-  constexpr u32 stage_bytes = BQ_TILE * BQ_TILE * sizeof(T);
   const u32 tiles_c = (u32)(a.cols / BQ_TILE), tiles = (u32)(a.rows / BQ_TILE) * tiles_c;
-  const u32 stages = (u32)a.stages, step = gridDim.x;
-  // The first stages - 1 tiles (one commit group each, empty past the last tile).
-  for (u32 s = 0; s + 1 < stages; ++s) {
-    const u64 t = blockIdx.x + (u64)s * step;
-    if (t < tiles)
-      bq_load_tile<I>(reinterpret_cast<T *>(bq_smem + s * stage_bytes), in, a.cols,
-                      (u64)((u32)t / tiles_c) * BQ_TILE, (u64)((u32)t % tiles_c) * BQ_TILE);
-    bq_commit();
-  }
-  u32 slot = 0;  // the stage of tile t
-  for (u32 t = blockIdx.x; t < tiles; t += step) {  // t + step < 2^32: tiles < 2^31 (block.rs)
-    // Tile t + (stages - 1) * step into the stage the previous iteration finished with.
-    const u64 next = t + (u64)(stages - 1) * step;
-    const u32 next_slot = slot + stages - 1 >= stages ? slot - 1 : slot + stages - 1;
-    if (next < tiles)
-      bq_load_tile<I>(reinterpret_cast<T *>(bq_smem + next_slot * stage_bytes), in, a.cols,
-                      (u64)((u32)next / tiles_c) * BQ_TILE, (u64)((u32)next % tiles_c) * BQ_TILE);
-    bq_commit();
-    bq_wait((int)stages - 1);  // tile t's group is done (this thread's part)
+  for (u32 t = blockIdx.x; t < tiles; t += gridDim.x) {  // t + gridDim.x < 2^32: tiles < 2^31 (block.rs)
+    bq_load_tile<I>(reinterpret_cast<typename I::T *>(bq_smem), in, a.cols, (u64)(t / tiles_c) * BQ_TILE,
+                    (u64)(t % tiles_c) * BQ_TILE);
+    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
     __syncthreads();
-    bq_process_tile<I, O, TWO_D>(bq_smem + slot * stage_bytes, sh, out, out_t, sinv, sinv_t, a, t / tiles_c,
-                                 t % tiles_c);
-    __syncthreads();  // every read of the stage (and of `sh`) done before it is refilled
-    slot = slot + 1 == stages ? 0 : slot + 1;
+    bq_process_tile<I, O, TWO_D>(bq_smem, sh, out, out_t, sinv, sinv_t, a, t / tiles_c, t % tiles_c);
+    __syncthreads();  // every read of the tile (and of `sh`) done before it is refilled
   }
 }
 
 // Blocks an SM should hold (the launch bounds' minimum, what registers allow without
 // spills; shared memory allows 6 with a 32 KiB tile, 3 with 64 KiB): bf16 5 (48
-// registers), fp16 4, float32 3; the "o" kernels (bf16 only), 6 (40 registers).
+// registers), fp16 4, float32 3. (At 6, 40 registers, bf16 measured no faster.)
 #define BQ_MINB_f32 3
 #define BQ_MINB_bf16 5
 #define BQ_MINB_f16 4
-#define BQ_MINB_o 6
-#define BLOCK_QUANTIZE(mname, TWO_D, iname, I, oname, O) BLOCK_QUANTIZE_B(mname, TWO_D, iname, I, oname, O, iname)
-#define BLOCK_QUANTIZE_B(mname, TWO_D, iname, I, oname, O, bname)                                      \
-  extern "C" __global__ void __launch_bounds__(BQ_THREADS, BQ_MINB_##bname)                           \
+#define BLOCK_QUANTIZE(mname, TWO_D, iname, I, oname, O)                                                \
+  extern "C" __global__ void __launch_bounds__(BQ_THREADS, BQ_MINB_##iname)                           \
       block_quantize_##mname##_##iname##_##oname(const I::T *in, u8 *out, u8 *out_t, float *sinv,     \
                                                  float *sinv_t, const float *noop, BlockQuantArgs args) { \
     block_quantize_impl<I, O, TWO_D>(in, out, out_t, sinv, sinv_t, noop, args);                       \
@@ -827,11 +608,6 @@ __device__ __forceinline__ void block_quantize_impl(const typename I::T *in, u8 
   BLOCK_QUANTIZE_IN(mname, TWO_D, f16, F16)
 BLOCK_QUANTIZE_MODE(1d, 0)
 BLOCK_QUANTIZE_MODE(2d, 1)
-// bf16 at 6 blocks an SM (NVTE_COMM_BLOCK_QUANT's "-occ6" launches).
-BLOCK_QUANTIZE_B(1do, 0, bf16, BF16, e4m3, E4M3, o)
-BLOCK_QUANTIZE_B(1do, 0, bf16, BF16, e5m2, E5M2, o)
-BLOCK_QUANTIZE_B(2do, 1, bf16, BF16, e4m3, E4M3, o)
-BLOCK_QUANTIZE_B(2do, 1, bf16, BF16, e5m2, E5M2, o)
 
 // Dequantize: out[r, c] = cast(fp8 value * scale_inv of its block) for the [rows, cols]
 // logical matrix, from FP8 data stored as [rows, cols] (transposed = 0) or [cols, rows]

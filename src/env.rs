@@ -340,20 +340,9 @@ pub static CAST_TRANSPOSE: Variants = Variants::new(
 );
 pub static BLOCK_QUANT: Choice = Choice::new(
     "NVTE_COMM_BLOCK_QUANT",
-    &[
-        "tile-fast",
-        "tile",
-        "tile-rows8",
-        "tile-fast-t2d",
-        "persistent-fast",
-        "pipelined-fast",
-        "pairs-fast",
-        "tile-fast-occ6",
-        "persistent-fast-occ6",
-        "tile-fast4",
-    ],
-    "tile-fast",
-    "launch of the FP8 block-scaling quantize: grid, pipeline stages, paths (read at each call)",
+    &["fast", "previous"],
+    "fast",
+    "paths of the FP8 block-scaling quantize: fast or previous (read at each call)",
 );
 // The kernel cache.
 pub static DISABLE_KERNEL_CACHE: Flag = Flag::new(

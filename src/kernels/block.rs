@@ -19,7 +19,7 @@ pub const BLOCK_QUANT: Source = Source {
 };
 
 /// The sizes and options of a quantization (kernels/block_quant.cu's BlockQuantArgs, same
-/// layout: 72 bytes, asserted there and in this module's tests).
+/// layout: 64 bytes, asserted there and in this module's tests).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct BlockQuantArgs {
@@ -35,11 +35,8 @@ pub struct BlockQuantArgs {
     pub pow2: i32,
     /// 0: no columnwise output, 1: transposed ([cols, rows]), 2: compact (the input's layout).
     pub col_mode: i32,
-    /// Shared-memory tiles of a block's load pipeline (1 to 3).
-    pub stages: i32,
-    /// FLAG_ROWS8 | FLAG_T2D | FLAG_PACKED | FLAG_COL4 (kernels/block_quant.cu's BQ_*).
+    /// FLAG_ROWS8 | FLAG_PACKED (kernels/block_quant.cu's BQ_ROWS8, BQ_PACKED).
     pub flags: i32,
-    pub pad: i32,
 }
 
 // SAFETY: a repr(C) struct passed by value: the Struct class and its own size.
@@ -137,9 +134,7 @@ impl QuantizePlan {
             eps: cfg.amax_epsilon,
             pow2: cfg.force_pow_2_scales as i32,
             col_mode,
-            stages: 1,
             flags: 0,
-            pad: 0,
         }
     }
     /// The scale format the quantization writes (what the output records).
@@ -303,16 +298,15 @@ fn plan_quantize(
     }))
 }
 
-/// Raise the function's dynamic shared-memory limit to `bytes` once per (context, function,
-/// bytes); returns how many blocks of THREADS with that much shared memory an SM holds.
-fn allow_shared(ctx: cuda::CtxId, f: cudarc::driver::sys::CUfunction, bytes: u32) -> Result<u32> {
+/// Raise the function's dynamic shared-memory limit to `bytes` once per (context, function).
+fn allow_shared(ctx: cuda::CtxId, f: cudarc::driver::sys::CUfunction, bytes: u32) -> Result<()> {
     use cudarc::driver::sys as cu;
     type Key = (cuda::CtxId, cuda::FunctionHandle, u32);
-    static DONE: Mutex<Vec<(Key, u32)>> = Mutex::new(Vec::new());
+    static DONE: Mutex<Vec<Key>> = Mutex::new(Vec::new());
     let key = (ctx, cuda::FunctionHandle::from_raw(f), bytes);
     let mut done = DONE.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(&(_, n)) = done.iter().find(|(k, _)| *k == key) {
-        return Ok(n);
+    if done.contains(&key) {
+        return Ok(());
     }
     // SAFETY: `f` is a function of a loaded module; a plain attribute.
     cuda::check(
@@ -325,104 +319,25 @@ fn allow_shared(ctx: cuda::CtxId, f: cudarc::driver::sys::CUfunction, bytes: u32
         },
         "cuFuncSetAttribute(block_quantize dynamic shared memory)",
     )?;
-    let mut blocks = 0;
-    // SAFETY: as above; `blocks` is a local the call writes.
-    cuda::check(
-        unsafe {
-            cu::cuOccupancyMaxActiveBlocksPerMultiprocessor(
-                &mut blocks,
-                f,
-                THREADS as i32,
-                bytes as usize,
-            )
-        },
-        "cuOccupancyMaxActiveBlocksPerMultiprocessor(block_quantize)",
-    )?;
-    let n = blocks.max(1) as u32;
-    done.push((key, n));
-    Ok(n)
+    done.push(key);
+    Ok(())
 }
 
 /// BlockQuantArgs::flags: the 1D rowwise scales computed once a row (one transposing
-/// reduction of 8 rows' amaxes, one division a thread) instead of once a thread and pass.
-const FLAG_ROWS8: u32 = 1;
-/// BlockQuantArgs::flags: 2D rowwise + transposed columnwise data by one quantization
-/// (the columnwise data is the rowwise FP8 data transposed in shared memory).
-const FLAG_T2D: u32 = 2;
+/// reduction of 8 rows' amaxes over the row's 16 threads, one division a thread) instead
+/// of once a thread and pass.
+const FLAG_ROWS8: i32 = 1;
 /// BlockQuantArgs::flags: 16-bit inputs' amaxes (the 2D tile's, the FLAG_ROWS8 rows
 /// pass's, the 1D columns') on packed pairs (bf16x2 / f16x2 abs and max).
-const FLAG_PACKED: u32 = 4;
-/// BlockQuantArgs::flags: the transposed columnwise data with 4 columns a thread (a warp
-/// reads whole rows of the tile: half the shared-memory reads).
-const FLAG_COL4: u32 = 8;
+const FLAG_PACKED: i32 = 2;
 
-/// The grid of a quantize over its 128x128 tiles (block b takes tiles b, b + grid, ...).
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum QuantGrid {
-    /// As many blocks as the GPU holds at once (fewer for fewer tiles).
-    Persistent,
-    /// One block per this many tiles.
-    PerBlock(usize),
-}
-
-/// A launch of the quantize kernel (NVTE_COMM_BLOCK_QUANT): the shared-memory tiles of a
-/// block's load pipeline, the grid, the kernel's flags (FLAG_*) and, for bf16 inputs,
-/// whether it runs the kernels built for 6 blocks an SM (`1do` / `2do`: 40 registers).
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct QuantLaunch {
-    stages: u32,
-    grid: QuantGrid,
-    flags: u32,
-    occ6: bool,
-}
-
-const fn launch(stages: u32, grid: QuantGrid, flags: u32) -> QuantLaunch {
-    QuantLaunch {
-        stages,
-        grid,
-        flags,
-        occ6: false,
-    }
-}
-
-const fn occ6(l: QuantLaunch) -> QuantLaunch {
-    QuantLaunch { occ6: true, ..l }
-}
-
-/// NVTE_COMM_BLOCK_QUANT's values, in the table's order: tile-fast (default), tile (the
-/// previous launch), tile-rows8, tile-fast-t2d, persistent-fast, pipelined-fast,
-/// pairs-fast, tile-fast-occ6, persistent-fast-occ6, tile-fast4.
-const QUANT_LAUNCHES: [QuantLaunch; 10] = {
-    use QuantGrid::*;
-    const FAST: u32 = FLAG_ROWS8 | FLAG_PACKED;
-    [
-        launch(1, PerBlock(1), FAST),
-        launch(1, PerBlock(1), 0),
-        launch(1, PerBlock(1), FLAG_ROWS8),
-        launch(1, PerBlock(1), FAST | FLAG_T2D),
-        launch(1, Persistent, FAST),
-        launch(2, Persistent, FAST),
-        launch(2, PerBlock(2), FAST),
-        occ6(launch(1, PerBlock(1), FAST)),
-        occ6(launch(1, Persistent, FAST)),
-        launch(1, PerBlock(1), FAST | FLAG_COL4),
-    ]
-};
-
-impl QuantLaunch {
-    /// The launch NVTE_COMM_BLOCK_QUANT selects (read at each call).
-    fn from_env() -> Result<Self> {
-        let i = crate::env::BLOCK_QUANT.get()?.unwrap_or(0);
-        Ok(QUANT_LAUNCHES[i.min(QUANT_LAUNCHES.len() - 1)])
-    }
-    /// The grid over `tiles` tiles (`per_sm` blocks an SM holds, `sms` SMs).
-    fn grid(&self, tiles: usize, sms: i32, per_sm: u32) -> u32 {
-        let blocks = match self.grid {
-            QuantGrid::Persistent => persistent_grid(tiles, 1, sms, per_sm) as usize,
-            QuantGrid::PerBlock(k) => tiles.div_ceil(k),
-        };
-        blocks.clamp(1, i32::MAX as usize) as u32
-    }
+/// The kernel's flags NVTE_COMM_BLOCK_QUANT selects (read at each call): `fast`
+/// (default) both, `previous` neither (the previous kernel's paths, for A/B benches).
+fn quant_flags() -> Result<i32> {
+    Ok(match crate::env::BLOCK_QUANT.get()? {
+        None | Some(0) => FLAG_ROWS8 | FLAG_PACKED,
+        Some(_) => 0,
+    })
 }
 
 /// TE's nvte_quantize into an NVTE_BLOCK_SCALING_1D / _2D tensor: FP8 rowwise data and / or
@@ -437,16 +352,13 @@ pub fn quantize(
     let Some(plan) = plan_quantize(input.get(), output.get(), cfg)? else {
         return Ok(cfg.format);
     };
+    let flags = quant_flags()?;
     let guard = ContextGuard::for_stream(stream)?;
     let dev = cuda::device_info(guard.device)?;
     let m = nvrtc::module(&BLOCK_QUANT, guard.id, &dev)?;
-    let launch = QuantLaunch::from_env()?;
-    let occ6 = launch.occ6 && plan.in_dtype == DType::BF16;
-    let mode = match (plan.mode, occ6) {
-        (BlockMode::OneD, false) => "1d",
-        (BlockMode::TwoD, false) => "2d",
-        (BlockMode::OneD, true) => "1do",
-        (BlockMode::TwoD, true) => "2do",
+    let mode = match plan.mode {
+        BlockMode::OneD => "1d",
+        BlockMode::TwoD => "2d",
     };
     let names = [
         mode,
@@ -455,28 +367,23 @@ pub fn quantize(
     ];
     // SAFETY: `m` is kernels/block_quant.cu's module, the binding's source.
     let k = unsafe { Kernel::new(&m, &BLOCK_QUANTIZE, &names)? };
-    let smem = launch.stages * (TILE * TILE * plan.in_dtype.bits() / 8) as u32;
-    let per_sm = allow_shared(guard.id, k.raw(), smem)?;
-    let grid = launch.grid(
-        (plan.rows / TILE) * (plan.cols / TILE),
-        dev.sm_count,
-        per_sm,
-    );
+    let smem = (TILE * TILE * plan.in_dtype.bits() / 8) as u32;
+    allow_shared(guard.id, k.raw(), smem)?;
+    let grid = ((plan.rows / TILE) * (plan.cols / TILE)) as u32;
     let [src, dst, dst_t, sinv, sinv_t] = plan.ptrs;
     let args = BlockQuantArgs {
-        stages: launch.stages as i32,
-        flags: launch.flags as i32,
+        flags,
         ..plan.args(cfg)
     };
     let params = (src, dst, dst_t, sinv, sinv_t, cfg.noop, args);
     // SAFETY: `k` is block_quantize_<mode>_<in>_<out> of kernels/block_quant.cu, loaded in
     // the stream's context (held by `guard`), with its dynamic shared memory allowed
-    // (`smem`: `args.stages` 128x128 input tiles, 1 to 3). Checked by plan_quantize: the
-    // input holds rows * cols elements, rows and cols multiples of 128 (fewer than 2^31
-    // tiles), 16-byte aligned; each FP8 output present holds rows * cols bytes (16-byte
-    // aligned) with its scale_inv of TE's shape for the strides given (4-byte aligned),
-    // absent ones NULL; noop NULL or one float. Blocks of THREADS (the kernel's launch
-    // bounds) stride over the tiles, whatever the grid.
+    // (`smem`: one 128x128 input tile). Checked by plan_quantize: the input holds rows *
+    // cols elements, rows and cols multiples of 128 (fewer than 2^31 tiles), 16-byte
+    // aligned; each FP8 output present holds rows * cols bytes (16-byte aligned) with its
+    // scale_inv of TE's shape for the strides given (4-byte aligned), absent ones NULL; noop
+    // NULL or one float; flags any of the kernel's. The grid is one block of THREADS a tile
+    // (the kernel's launch bounds).
     unsafe { k.launch_shared(((grid, 1, 1), (THREADS, 1, 1)), smem, stream, params)? };
     Ok(plan.format())
 }
@@ -851,32 +758,20 @@ mod tests {
     }
 
     #[test]
-    fn launch_grids_cover_the_tiles() {
-        use QuantGrid::*;
-        let g = |grid, tiles| launch(2, grid, 0).grid(tiles, 132, 3);
-        // 8192 x 8192: 4096 tiles; 396 blocks hold at once.
-        assert_eq!(g(Persistent, 4096), 396);
-        assert_eq!(g(PerBlock(1), 4096), 4096);
-        assert_eq!(g(PerBlock(2), 4096), 2048);
-        assert_eq!(g(PerBlock(2), 4095), 2048);
-        assert_eq!(g(Persistent, 1), 1);
-        assert_eq!(g(Persistent, 397), 396);
-        // Every launch has its word in NVTE_COMM_BLOCK_QUANT's table, and each stage count
-        // fits the kernel's pipeline (1 to 3).
+    fn the_launch_knob_names_both_kernel_paths() {
         match crate::env::BLOCK_QUANT.0.kind {
-            crate::env::Kind::Choice(words) => assert_eq!(words.len(), QUANT_LAUNCHES.len()),
+            crate::env::Kind::Choice(words) => assert_eq!(words, ["fast", "previous"]),
             _ => panic!("NVTE_COMM_BLOCK_QUANT is a choice"),
         }
-        assert!(QUANT_LAUNCHES.iter().all(|l| (1..=3).contains(&l.stages)));
+        assert_eq!(FLAG_ROWS8 & FLAG_PACKED, 0);
     }
 
     #[test]
     fn args_layout_is_the_kernels() {
-        assert_eq!(std::mem::size_of::<BlockQuantArgs>(), 72);
+        assert_eq!(std::mem::size_of::<BlockQuantArgs>(), 64);
         assert_eq!(std::mem::offset_of!(BlockQuantArgs, eps), 48);
         assert_eq!(std::mem::offset_of!(BlockQuantArgs, col_mode), 56);
-        assert_eq!(std::mem::offset_of!(BlockQuantArgs, stages), 60);
-        assert_eq!(std::mem::offset_of!(BlockQuantArgs, flags), 64);
+        assert_eq!(std::mem::offset_of!(BlockQuantArgs, flags), 60);
     }
 
     #[test]
