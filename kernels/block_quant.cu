@@ -79,7 +79,6 @@ __device__ __forceinline__ void bq_cp_async16(void *smem, const void *g) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(g) : "memory");
 }
 
-
 // Eight consecutive values of a row of the shared tile as floats.
 template <class I>
 __device__ __forceinline__ void bq_load8(const typename I::T *p, float *f) {
@@ -194,7 +193,7 @@ struct BlockQuantArgs {
 };
 static_assert(sizeof(BlockQuantArgs) == 64, "BlockQuantArgs is 64 bytes (src/kernels/block.rs)");
 
-// A block's static shared memory (4 KiB, so that 6 blocks of 32 KiB tiles fit an SM).
+// A block's static shared memory (4 KiB).
 // col_part: 1D columnwise, per column, partial amaxes (4 or 8 a column); col_scale: the
 // columns' scales, over col_part[0] (bq_finish_column_scales: thread t reads column t's
 // parts, then writes its scale); red: the 2D block max's 8 partials (2D: no col_part).
