@@ -2,9 +2,10 @@
 // bfloat16 / float16 matrix into FP8 with one float32 scale per 1x128 values (1D, rowwise;
 // 128x1 columnwise) or per 128x128 tile (2D), and dequantize back.
 //
-// Quantize: one block of 256 threads per 128x128 tile (rows and cols multiples of 128,
-// every pointer 16-byte aligned: src/kernels/block.rs checks both). The tile is read from
-// global memory once (cp.async into shared memory), then:
+// Quantize: one block of 256 threads per 128x128 tile (rows and cols multiples of 128, every
+// pointer 16-byte aligned: src/kernels/block.rs checks both; up to 5 blocks an SM for
+// 16-bit inputs). The tile is read from global memory once (cp.async into shared memory),
+// then:
 //   2D:                    the tile's amax (all 16384 values), one scale;
 //   1D columnwise:         each column's amax over the tile's 128 rows (in the rowwise pass
 //                          when both directions are written);
@@ -14,6 +15,9 @@
 //                          rowwise pass;
 //   columnwise transposed: each column quantized, staged transposed in shared memory and
 //                          stored as 128-byte runs of the [cols, rows] output.
+// The launch's flags (BlockQuantArgs::flags; NVTE_COMM_BLOCK_QUANT: on by default) pick
+// the faster paths: the 1D row scales once a row (bq_rows_1d) and 16-bit inputs' amaxes on
+// packed pairs; every path writes the same bytes.
 // Scale (TE's compute_scale_from_amax): amax raised to epsilon; amax 0, inf or NaN gives 1;
 // scale = fp8_max / amax (IEEE division), an overflow becomes the input type's largest
 // value; pow2 keeps only sign and exponent (rounds down to a power of 2). Values:
@@ -100,6 +104,48 @@ __device__ __forceinline__ void bq_load_pair<F32>(const float *p, float &a, floa
   b = v.y;
 }
 
+// Amaxes on packed 16-bit pairs (bf16x2 / f16x2; float32: none): Pk<I>::ok, the largest
+// magnitude of the 8 values of a 16-byte chunk as one pair (abs and max, which, as fmaxf,
+// returns the other operand where one is NaN), and a pair's halves as floats (exact).
+template <class I>
+struct Pk {
+  static constexpr bool ok = false;
+  static __device__ __forceinline__ u32 abs2(u32) { return 0; }
+  static __device__ __forceinline__ u32 amax8(uint4) { return 0; }
+  static __device__ __forceinline__ u32 max2(u32, u32) { return 0; }
+  static __device__ __forceinline__ float lo(u32) { return 0.0f; }
+  static __device__ __forceinline__ float hi(u32) { return 0.0f; }
+};
+#define BQ_PACKED_TYPE(I, TY, LO, HI)                                                     \
+  template <>                                                                             \
+  struct Pk<I> {                                                                          \
+    static constexpr bool ok = true;                                                      \
+    static __device__ __forceinline__ u32 abs2(u32 w) {                                   \
+      u32 r;                                                                              \
+      asm("abs." TY " %0, %1;" : "=r"(r) : "r"(w));                                       \
+      return r;                                                                           \
+    }                                                                                     \
+    static __device__ __forceinline__ u32 max2(u32 a, u32 b) {                            \
+      u32 r;                                                                              \
+      asm("max." TY " %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));                           \
+      return r;                                                                           \
+    }                                                                                     \
+    static __device__ __forceinline__ u32 amax8(uint4 v) {                                \
+      return max2(max2(abs2(v.x), abs2(v.y)), max2(abs2(v.z), abs2(v.w)));                \
+    }                                                                                     \
+    static __device__ __forceinline__ float lo(u32 w) { return LO; }                      \
+    static __device__ __forceinline__ float hi(u32 w) { return HI; }                      \
+  };
+BQ_PACKED_TYPE(BF16, "bf16x2", __uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u))
+BQ_PACKED_TYPE(F16, "f16x2", F16::load((u16)(w & 0xffff)), F16::load((u16)(w >> 16)))
+#undef BQ_PACKED_TYPE
+
+// The float amax (from 0, NaN ignored as fmaxf does) of a packed pair of magnitudes.
+template <class I>
+__device__ __forceinline__ float bq_pair_amax(u32 m2) {
+  return fmaxf(fmaxf(0.0f, Pk<I>::lo(m2)), Pk<I>::hi(m2));
+}
+
 // Eight values times their scales into eight FP8 bytes (two words, low byte first).
 template <class O>
 __device__ __forceinline__ uint2 bq_pack8(const float *v, const float *s) {
@@ -112,8 +158,8 @@ __device__ __forceinline__ uint2 bq_pack8(const float *v, const float *s) {
 __device__ __forceinline__ void bq_st8(void *p, uint2 v) {
   asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(v.x), "r"(v.y) : "memory");
 }
-__device__ __forceinline__ void bq_st16(void *p, u32 a, u32 b, u32 c, u32 d) {
-  asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+__device__ __forceinline__ void bq_st16(void *p, uint4 v) {
+  asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
 }
 
 // Max over the block (every thread gets it); `red` holds 8 floats.
@@ -135,40 +181,36 @@ __device__ __forceinline__ float bq_block_max(float v, float *red) {
 
 // The sizes and options of a quantization (src/kernels/block.rs BlockQuantArgs, same
 // layout): the [rows, cols] matrix, the scale strides of the rowwise (s_r, s_c) and
-// columnwise (t_r, t_c) scale inverses, epsilon, pow2 (0 / 1), col_mode (BQ_COL_*).
+// columnwise (t_r, t_c) scale inverses, epsilon, pow2 (0 / 1), col_mode (BQ_COL_*), flags
+// (BQ_ROWS8: the 1D rows pass is bq_rows_1d, else bq_rows; BQ_PACKED: 16-bit inputs'
+// amaxes (2D tile, bq_rows_1d's, 1D columns') on packed pairs).
+#define BQ_ROWS8 1
+#define BQ_PACKED 2
 struct BlockQuantArgs {
   u64 rows, cols, s_r, s_c, t_r, t_c;
   float eps;
-  int pow2, col_mode, pad;
+  int pow2, col_mode, flags;
 };
 static_assert(sizeof(BlockQuantArgs) == 64, "BlockQuantArgs is 64 bytes (src/kernels/block.rs)");
 
+// A block's static shared memory (4 KiB).
+// col_part: 1D columnwise, per column, partial amaxes (4 or 8 a column); col_scale: the
+// columns' scales, over col_part[0] (bq_finish_column_scales: thread t reads column t's
+// parts, then writes its scale); red: the 2D block max's 8 partials (2D: no col_part).
 struct BqShared {
-  float col_part[8][BQ_TILE];  // 1D columnwise: per column, partial amaxes (4 or 8 a column)
-  float col_scale[BQ_TILE];
-  float red[BQ_THREADS / 32];
+  float col_part[8][BQ_TILE];
+  __device__ __forceinline__ float *col_scale() { return col_part[0]; }
+  __device__ __forceinline__ const float *col_scale() const { return col_part[0]; }
+  __device__ __forceinline__ float *red() { return col_part[7]; }
 };
 
-// Columns of the tile: warp w takes columns (w / 4) * 64 + 2 * lane, + 1 over rows
-// (w % 4) * 32 .. + 31, quantized in registers; then (every read of the tile done) the FP8
-// transpose is staged in the tile's shared memory, row c of it holding column c (16-byte
-// chunks swizzled by (c / 2) % 8: conflict-free both ways), and leaves as whole 128-byte
-// runs of the [cols, rows] output (8 threads a run).
-template <class I, class O, int TWO_D>
-__device__ __forceinline__ void bq_columns_transposed(const typename I::T *tile, u8 *stage, const BqShared &sh,
-                                                      float tile_scale, u8 *out_t, u64 rows, u64 r0, u64 c0) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int c = (warp >> 2) * 64 + 2 * lane, rq = (warp & 3) * 32;
-  const float sa = TWO_D ? tile_scale : sh.col_scale[c], sb = TWO_D ? tile_scale : sh.col_scale[c + 1];
-  u32 wa[8], wb[8];
-#pragma unroll
-  for (int k = 0; k < 8; ++k) {
-    float a[4], b[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) bq_load_pair<I>(tile + (rq + 4 * k + j) * BQ_TILE + c, a[j], b[j]);
-    wa[k] = fp8_pack2<O>(a[0] * sa, a[1] * sa) | (fp8_pack2<O>(a[2] * sa, a[3] * sa) << 16);
-    wb[k] = fp8_pack2<O>(b[0] * sb, b[1] * sb) | (fp8_pack2<O>(b[2] * sb, b[3] * sb) << 16);
-  }
+// The FP8 columns c, c + 1 over rows rq .. + 31 (wa, wb: 4 rows a word, low byte first) of
+// every thread, once every read of the tile is done, staged transposed in the tile's shared
+// memory, row c of it holding column c (16-byte chunks swizzled by (c / 2) % 8:
+// conflict-free both ways), and stored as whole 128-byte runs of the [cols, rows] output
+// (8 threads a run).
+__device__ __forceinline__ void bq_stage_store_columns(u8 *stage, const u32 *wa, const u32 *wb, int c, int rq,
+                                                       u8 *out_t, u64 rows, u64 r0, u64 c0) {
   __syncthreads();  // the tile's last reader is done: its memory becomes the staging area
   const int sw = (c >> 1) & 7, k0 = rq / 16;
   uint4 *sa_row = reinterpret_cast<uint4 *>(stage + c * BQ_TILE);
@@ -182,13 +224,36 @@ __device__ __forceinline__ void bq_columns_transposed(const typename I::T *tile,
   for (int i = 0; i < BQ_TILE * BQ_TILE / 16 / BQ_THREADS; ++i) {
     const int q = i * BQ_THREADS + threadIdx.x, row = q >> 3, k = q & 7;
     const uint4 v = reinterpret_cast<const uint4 *>(stage + row * BQ_TILE)[k ^ ((row >> 1) & 7)];
-    bq_st16(out_t + (c0 + row) * rows + r0 + 16 * k, v.x, v.y, v.z, v.w);
+    bq_st16(out_t + (c0 + row) * rows + r0 + 16 * k, v);
   }
+}
+
+// Columns of the tile: warp w takes columns (w / 4) * 64 + 2 * lane, + 1 over rows
+// (w % 4) * 32 .. + 31, quantized in registers; then (every read of the tile done) the FP8
+// transpose is staged in the tile's shared memory, row c of it holding column c (16-byte
+// chunks swizzled by (c / 2) % 8: conflict-free both ways), and leaves as whole 128-byte
+// runs of the [cols, rows] output (8 threads a run).
+template <class I, class O, int TWO_D>
+__device__ __forceinline__ void bq_columns_transposed(const typename I::T *tile, u8 *stage, const BqShared &sh,
+                                                      float tile_scale, u8 *out_t, u64 rows, u64 r0, u64 c0) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int c = (warp >> 2) * 64 + 2 * lane, rq = (warp & 3) * 32;
+  const float sa = TWO_D ? tile_scale : sh.col_scale()[c], sb = TWO_D ? tile_scale : sh.col_scale()[c + 1];
+  u32 wa[8], wb[8];
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    float a[4], b[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) bq_load_pair<I>(tile + (rq + 4 * k + j) * BQ_TILE + c, a[j], b[j]);
+    wa[k] = fp8_pack2<O>(a[0] * sa, a[1] * sa) | (fp8_pack2<O>(a[2] * sa, a[3] * sa) << 16);
+    wb[k] = fp8_pack2<O>(b[0] * sb, b[1] * sb) | (fp8_pack2<O>(b[2] * sb, b[3] * sb) << 16);
+  }
+  bq_stage_store_columns(stage, wa, wb, c, rq, out_t, rows, r0, c0);
 }
 
 // 1D columnwise scales from the partial amaxes sh.col_part[0 .. parts)[c] (written before
 // the call): scale and scale_inv (sinv_t[rb * s_r + col * s_c]) of column c in
-// sh.col_scale[c].
+// sh.col_scale()[c].
 template <class I, class O, int PARTS>
 __device__ __forceinline__ void bq_finish_column_scales(BqShared &sh, float *sinv_t, u64 s_r, u64 s_c, u64 rb,
                                                         u64 c0, float eps, int pow2) {
@@ -199,20 +264,30 @@ __device__ __forceinline__ void bq_finish_column_scales(BqShared &sh, float *sin
 #pragma unroll
     for (int p = 1; p < PARTS; ++p) m = fmaxf(m, sh.col_part[p][t]);
     const float s = bq_scale<I, O>(m, eps, pow2);
-    sh.col_scale[t] = s;
+    sh.col_scale()[t] = s;
     sinv_t[rb * s_r + (c0 + t) * s_c] = bq_rcp(s);
   }
   __syncthreads();
 }
 
 // 1D columnwise scales read off the tile: each column's amax over the tile's rows (warp w:
-// columns (w / 4) * 64 + 2 * lane, + 1 over rows (w % 4) * 32 .. + 31), then
-// bq_finish_column_scales.
-template <class I, class O>
+// columns (w / 4) * 64 + 2 * lane, + 1 over rows (w % 4) * 32 .. + 31; PACKED, 16-bit
+// inputs: on the packed pairs of the two columns), then bq_finish_column_scales.
+template <class I, class O, bool PACKED>
 __device__ __forceinline__ void bq_column_scales(const typename I::T *tile, BqShared &sh, float *sinv_t, u64 s_r,
                                                  u64 s_c, u64 rb, u64 c0, float eps, int pow2) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int c = (warp >> 2) * 64 + 2 * lane, rq = (warp & 3) * 32;
+  if (PACKED && Pk<I>::ok) {
+    u32 m2 = 0;
+#pragma unroll 8
+    for (int r = 0; r < 32; ++r)
+      m2 = Pk<I>::max2(m2, Pk<I>::abs2(*reinterpret_cast<const u32 *>(tile + (rq + r) * BQ_TILE + c)));
+    sh.col_part[warp & 3][c] = fmaxf(0.0f, Pk<I>::lo(m2));
+    sh.col_part[warp & 3][c + 1] = fmaxf(0.0f, Pk<I>::hi(m2));
+    bq_finish_column_scales<I, O, 4>(sh, sinv_t, s_r, s_c, rb, c0, eps, pow2);
+    return;
+  }
   float ma = 0.0f, mb = 0.0f;
 #pragma unroll 8
   for (int r = 0; r < 32; ++r) {
@@ -226,34 +301,41 @@ __device__ __forceinline__ void bq_column_scales(const typename I::T *tile, BqSh
   bq_finish_column_scales<I, O, 4>(sh, sinv_t, s_r, s_c, rb, c0, eps, pow2);
 }
 
-// Rows of the tile: 16 threads a row (8 values each), a warp two rows, 8 passes. Rowwise
-// output (1D: each row's own scale; 2D: the tile's) and / or the compact columnwise
-// output (the column scales). col_amax (1D with the transposed columnwise output): the
-// columns' partial amaxes over the rows this warp saw, into sh.col_part[warp] (the tile
-// is read once for both directions' amaxes).
-template <class I, class O, int TWO_D>
-__device__ __forceinline__ void bq_rows(const typename I::T *tile, BqShared &sh, float tile_scale, u8 *out,
-                                        u8 *out_t_compact, float *sinv, u64 s_r, u64 s_c, u64 cols, u64 r0, u64 c0,
-                                        float eps, int pow2, bool col_amax) {
+// Rows of the tile: 16 threads a row (8 values each), a warp two rows, 8 passes. ROW: the
+// rowwise output `out` (1D: each row's own scale; 2D: the tile's); COMPACT: the compact
+// columnwise output `out_c` (the column scales); COL_AMAX (1D with the transposed
+// columnwise output): the columns' partial amaxes over the rows this warp saw, into
+// sh.col_part[warp] (the tile is read once for both directions' amaxes). The flags are
+// template arguments: each combination is its own loop, without tests inside.
+template <class I, class O, int TWO_D, bool ROW, bool COMPACT, bool COL_AMAX>
+__device__ __forceinline__ void bq_rows(const typename I::T *tile, BqShared &sh, float tile_scale, u8 *out, u8 *out_c,
+                                        float *sinv, u64 s_r, u64 s_c, u64 cols, u64 r0, u64 c0, float eps,
+                                        int pow2) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int cc = (lane & 15) * 8;
+  const int cc = (lane & 15) * 8, r_first = warp * 2 + (lane >> 4);
   float cm[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-  float cs[8];
-  if (out_t_compact != nullptr) {
+  float csc[8];  // the column scales (compact output)
+  if (COMPACT) {
 #pragma unroll
-    for (int j = 0; j < 8; ++j) cs[j] = sh.col_scale[cc + j];
+    for (int j = 0; j < 8; ++j) csc[j] = sh.col_scale()[cc + j];
   }
+  // This thread's first row's 8 bytes (rowwise, compact) and scale inverse; each pass
+  // moves 16 rows down.
+  const u64 g = (r0 + r_first) * cols + c0 + cc, g_step = 16 * cols;
+  u8 *po = ROW ? out + g : nullptr;
+  u8 *pc = COMPACT ? out_c + g : nullptr;
+  float *ps = ROW && !TWO_D ? sinv + (r0 + r_first) * s_r + (c0 / BQ_TILE) * s_c : nullptr;
+  const u64 s_step = 16 * s_r;
+  const typename I::T *pt = tile + r_first * BQ_TILE + cc;
 #pragma unroll 2
   for (int it = 0; it < 8; ++it) {
-    const int r = it * 16 + warp * 2 + (lane >> 4);
     float v[8];
-    bq_load8<I>(tile + r * BQ_TILE + cc, v);
-    const u64 g = (r0 + r) * cols + c0 + cc;
-    if (col_amax) {
+    bq_load8<I>(pt + it * 16 * BQ_TILE, v);
+    if (COL_AMAX) {
 #pragma unroll
       for (int j = 0; j < 8; ++j) cm[j] = fmaxf(cm[j], fabsf(v[j]));
     }
-    if (out != nullptr) {
+    if (ROW) {
       float s = tile_scale;
       if (!TWO_D) {
         float m = 0.0f;
@@ -262,14 +344,19 @@ __device__ __forceinline__ void bq_rows(const typename I::T *tile, BqShared &sh,
 #pragma unroll
         for (int o = 8; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
         s = bq_scale<I, O>(m, eps, pow2);
-        if ((lane & 15) == 0) sinv[(r0 + r) * s_r + (c0 / BQ_TILE) * s_c] = bq_rcp(s);
+        if ((lane & 15) == 0) *ps = bq_rcp(s);
+        ps += s_step;
       }
       const float rs[8] = {s, s, s, s, s, s, s, s};
-      bq_st8(out + g, bq_pack8<O>(v, rs));
+      bq_st8(po, bq_pack8<O>(v, rs));
+      po += g_step;
     }
-    if (out_t_compact != nullptr) bq_st8(out_t_compact + g, bq_pack8<O>(v, cs));
+    if (COMPACT) {
+      bq_st8(pc, bq_pack8<O>(v, csc));
+      pc += g_step;
+    }
   }
-  if (col_amax) {
+  if (COL_AMAX) {
 #pragma unroll
     for (int j = 0; j < 8; ++j) cm[j] = fmaxf(cm[j], __shfl_xor_sync(0xffffffffu, cm[j], 16));
     if (lane < 16) {
@@ -279,12 +366,117 @@ __device__ __forceinline__ void bq_rows(const typename I::T *tile, BqShared &sh,
   }
 }
 
-// The tile's amax (2D).
-template <class I>
+// The 1D rows pass with the row scales computed once a row: 16 threads a row (8 values
+// each), a warp two rows a pass, as bq_rows, but first every pass's partial row amax
+// (8 a thread), then one transposing reduction over the 16 threads of a row (each step
+// trades half of a thread's rows with its partner: 8 shuffles for 8 rows, not 32) leaves
+// thread j of the 16 with the amax of pass j / 2's row: its scale is computed there (one
+// division a thread, not 8) and broadcast to the pass by a shuffle; then the values are
+// read again, quantized and stored. Same flags and results as bq_rows (1D, ROW).
+template <class I, class O, bool COMPACT, bool COL_AMAX, bool PACKED>
+__device__ __forceinline__ void bq_rows_1d(const typename I::T *tile, BqShared &sh, u8 *out, u8 *out_c, float *sinv,
+                                           u64 s_r, u64 s_c, u64 cols, u64 r0, u64 c0, float eps, int pow2) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, j = lane & 15;
+  const int cc = j * 8, r_first = warp * 2 + (lane >> 4);
+  const typename I::T *pt = tile + r_first * BQ_TILE + cc;
+  float cm[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+  float m[8];  // m[it]: the amax of this thread's 8 values of pass it's row
+  if (PACKED && Pk<I>::ok) {  // (PACKED: on packed pairs)
+    u32 cm2[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int it = 0; it < 8; ++it) {
+      const uint4 x = *reinterpret_cast<const uint4 *>(pt + it * 16 * BQ_TILE);
+      m[it] = bq_pair_amax<I>(Pk<I>::amax8(x));
+      if (COL_AMAX) {
+        cm2[0] = Pk<I>::max2(cm2[0], Pk<I>::abs2(x.x));
+        cm2[1] = Pk<I>::max2(cm2[1], Pk<I>::abs2(x.y));
+        cm2[2] = Pk<I>::max2(cm2[2], Pk<I>::abs2(x.z));
+        cm2[3] = Pk<I>::max2(cm2[3], Pk<I>::abs2(x.w));
+      }
+    }
+    if (COL_AMAX) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        cm[2 * k] = fmaxf(0.0f, Pk<I>::lo(cm2[k]));
+        cm[2 * k + 1] = fmaxf(0.0f, Pk<I>::hi(cm2[k]));
+      }
+    }
+  } else {
+#pragma unroll
+    for (int it = 0; it < 8; ++it) {
+      float v[8];
+      bq_load8<I>(pt + it * 16 * BQ_TILE, v);
+      m[it] = 0.0f;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        m[it] = fmaxf(m[it], fabsf(v[k]));
+        if (COL_AMAX) cm[k] = fmaxf(cm[k], fabsf(v[k]));
+      }
+    }
+  }
+  // Offsets 8, 4, 2: keep the half of the rows named by this thread's bit, send the other.
+  const bool b3 = (j & 8) != 0, b2 = (j & 4) != 0, b1 = (j & 2) != 0;
+  float n[4], p[2];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float send = b3 ? m[k] : m[k + 4], keep = b3 ? m[k + 4] : m[k];
+    n[k] = fmaxf(keep, __shfl_xor_sync(0xffffffffu, send, 8));
+  }
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const float send = b2 ? n[k] : n[k + 2], keep = b2 ? n[k + 2] : n[k];
+    p[k] = fmaxf(keep, __shfl_xor_sync(0xffffffffu, send, 4));
+  }
+  float q = fmaxf(b1 ? p[1] : p[0], __shfl_xor_sync(0xffffffffu, b1 ? p[0] : p[1], 2));
+  q = fmaxf(q, __shfl_xor_sync(0xffffffffu, q, 1));  // pass j / 2's row amax
+  const float s_own = bq_scale<I, O>(q, eps, pow2);
+  if ((j & 1) == 0) sinv[(r0 + (j >> 1) * 16 + r_first) * s_r + (c0 / BQ_TILE) * s_c] = bq_rcp(s_own);
+  float csc[8];  // the column scales (compact output)
+  if (COMPACT) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) csc[k] = sh.col_scale()[cc + k];
+  }
+  const u64 g = (r0 + r_first) * cols + c0 + cc, g_step = 16 * cols;
+  u8 *po = out + g;
+  u8 *pc = COMPACT ? out_c + g : nullptr;
+#pragma unroll 2
+  for (int it = 0; it < 8; ++it) {
+    float v[8];
+    bq_load8<I>(pt + it * 16 * BQ_TILE, v);
+    const float s = __shfl_sync(0xffffffffu, s_own, (lane & 16) | (2 * it));
+    const float rs[8] = {s, s, s, s, s, s, s, s};
+    bq_st8(po, bq_pack8<O>(v, rs));
+    po += g_step;
+    if (COMPACT) {
+      bq_st8(pc, bq_pack8<O>(v, csc));
+      pc += g_step;
+    }
+  }
+  if (COL_AMAX) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) cm[k] = fmaxf(cm[k], __shfl_xor_sync(0xffffffffu, cm[k], 16));
+    if (lane < 16) {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) sh.col_part[warp][cc + k] = cm[k];
+    }
+  }
+}
+
+// The tile's amax (2D); PACKED (16-bit inputs): on packed pairs.
+template <class I, bool PACKED>
 __device__ __forceinline__ float bq_tile_amax(const typename I::T *tile, BqShared &sh) {
   float m = 0.0f;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int cc = (lane & 15) * 8;
+  if (PACKED && Pk<I>::ok) {
+    u32 m2 = 0;
+#pragma unroll
+    for (int it = 0; it < 8; ++it) {
+      const int r = it * 16 + warp * 2 + (lane >> 4);
+      m2 = Pk<I>::max2(m2, Pk<I>::amax8(*reinterpret_cast<const uint4 *>(tile + r * BQ_TILE + cc)));
+    }
+    return bq_block_max(bq_pair_amax<I>(m2), sh.red());
+  }
 #pragma unroll 2
   for (int it = 0; it < 8; ++it) {
     const int r = it * 16 + warp * 2 + (lane >> 4);
@@ -293,61 +485,110 @@ __device__ __forceinline__ float bq_tile_amax(const typename I::T *tile, BqShare
 #pragma unroll
     for (int j = 0; j < 8; ++j) m = fmaxf(m, fabsf(v[j]));
   }
-  return bq_block_max(m, sh.red);
+  return bq_block_max(m, sh.red());
 }
 
-// One 128x128 tile a block (blockIdx.x = tile row * (cols / 128) + tile column). out: rowwise
-// FP8 [rows, cols] or null; out_t: columnwise FP8 ([cols, rows] when col_mode is
-// transposed, [rows, cols] when compact) or null (col_mode none); sinv / sinv_t: their scale
-// inverses (strides in `a`); noop: TE's noop flag (1: do nothing) or null.
-template <class I, class O, int TWO_D>
-__device__ __forceinline__ void block_quantize_impl(const typename I::T *in, u8 *out, u8 *out_t, float *sinv,
-                                                    float *sinv_t, const float *noop, const BlockQuantArgs &a) {
-  const u64 rows = a.rows, cols = a.cols, s_r = a.s_r, s_c = a.s_c, t_r = a.t_r, t_c = a.t_c;
-  const float eps = a.eps;
-  const int pow2 = a.pow2, col_mode = a.col_mode;
-  if (noop != nullptr && *noop == 1.0f) return;
-  extern __shared__ __align__(16) unsigned char bq_smem[];
-  __shared__ BqShared sh;
+// Issue the cp.async loads of tile (r0, c0) of the input into `tile`.
+template <class I>
+__device__ __forceinline__ void bq_load_tile(typename I::T *tile, const typename I::T *in, u64 cols, u64 r0, u64 c0) {
   typedef typename I::T T;
-  T *tile = reinterpret_cast<T *>(bq_smem);
-  const u64 tiles_c = cols / BQ_TILE;
-  const u64 rb = blockIdx.x / tiles_c, cb = blockIdx.x % tiles_c;
-  const u64 r0 = rb * BQ_TILE, c0 = cb * BQ_TILE;
-  {
-    constexpr int per_row = BQ_TILE * (int)sizeof(T) / 16;  // 16-byte chunks a row
-    constexpr int chunks = BQ_TILE * per_row;
+  constexpr int per_row = BQ_TILE * (int)sizeof(T) / 16;  // 16-byte chunks a row (16 or 32)
+  constexpr int chunks = BQ_TILE * per_row, rows_per_pass = BQ_THREADS / per_row;
+  // Chunk i * BQ_THREADS + threadIdx.x: row i * rows_per_pass + threadIdx.x / per_row,
+  // chunk threadIdx.x % per_row of it (the tile's rows are contiguous in shared memory).
+  T *s0 = tile + threadIdx.x * (16 / sizeof(T));
+  const T *g0 = in + (r0 + threadIdx.x / per_row) * cols + c0 + (threadIdx.x % per_row) * (16 / sizeof(T));
 #pragma unroll
-    for (int i = 0; i < chunks / BQ_THREADS; ++i) {
-      const int q = i * BQ_THREADS + threadIdx.x;
-      const int r = q / per_row, k = q % per_row;
-      bq_cp_async16(tile + r * BQ_TILE + k * (16 / sizeof(T)), in + (r0 + r) * cols + c0 + k * (16 / sizeof(T)));
-    }
-    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
-    __syncthreads();
+  for (int i = 0; i < chunks / BQ_THREADS; ++i) {
+    T *s = s0 + i * BQ_THREADS * (16 / sizeof(T));
+    const T *g = g0 + i * rows_per_pass * cols;
+    bq_cp_async16(s, g);
   }
+}
+
+// Quantize tile (rb, cb), already in shared memory (`stage`: the tile, reused as the
+// transpose's staging area once read).
+template <class I, class O, int TWO_D>
+__device__ __forceinline__ void bq_process_tile(unsigned char *stage, BqShared &sh, u8 *out, u8 *out_t, float *sinv,
+                                                float *sinv_t, const BlockQuantArgs &a, u64 rb, u64 cb) {
+  const u64 r0 = rb * BQ_TILE, c0 = cb * BQ_TILE;
+  const typename I::T *tile = reinterpret_cast<const typename I::T *>(stage);
+  const int col_mode = a.col_mode;
   float tile_scale = 1.0f;
   if (TWO_D) {
-    tile_scale = bq_scale<I, O>(bq_tile_amax<I>(tile, sh), eps, pow2);
+    const float amax = (a.flags & BQ_PACKED) != 0 ? bq_tile_amax<I, true>(tile, sh) : bq_tile_amax<I, false>(tile, sh);
+    tile_scale = bq_scale<I, O>(amax, a.eps, a.pow2);
     if (threadIdx.x == 0) {
       const float r = bq_rcp(tile_scale);
-      if (out != nullptr) sinv[rb * s_r + cb * s_c] = r;
-      if (col_mode != BQ_COL_NONE) sinv_t[rb * t_r + cb * t_c] = r;
+      if (out != nullptr) sinv[rb * a.s_r + cb * a.s_c] = r;
+      if (col_mode != BQ_COL_NONE) sinv_t[rb * a.t_r + cb * a.t_c] = r;
     }
   }
   // 1D rowwise + transposed columnwise: the rows pass also takes the columns' amaxes.
   const bool fused = !TWO_D && out != nullptr && col_mode == BQ_COL_TRANSPOSED;
-  if (!TWO_D && col_mode != BQ_COL_NONE && !fused) bq_column_scales<I, O>(tile, sh, sinv_t, t_r, t_c, rb, c0, eps, pow2);
-  u8 *compact = col_mode == BQ_COL_COMPACT ? out_t : nullptr;
-  if (out != nullptr || compact != nullptr)
-    bq_rows<I, O, TWO_D>(tile, sh, tile_scale, out, compact, sinv, s_r, s_c, cols, r0, c0, eps, pow2, fused);
-  if (fused) bq_finish_column_scales<I, O, BQ_THREADS / 32>(sh, sinv_t, t_r, t_c, rb, c0, eps, pow2);
+  if (!TWO_D && col_mode != BQ_COL_NONE && !fused) {
+    if ((a.flags & BQ_PACKED) != 0)
+      bq_column_scales<I, O, true>(tile, sh, sinv_t, a.t_r, a.t_c, rb, c0, a.eps, a.pow2);
+    else
+      bq_column_scales<I, O, false>(tile, sh, sinv_t, a.t_r, a.t_c, rb, c0, a.eps, a.pow2);
+  }
+  const bool compact = col_mode == BQ_COL_COMPACT;
+#define BQ_ROWS_1D(COMPACT, COL_AMAX)                                                                        \
+  ((a.flags & BQ_PACKED) != 0                                                                                \
+       ? bq_rows_1d<I, O, COMPACT, COL_AMAX, true>(tile, sh, out, out_t, sinv, a.s_r, a.s_c, a.cols, r0, c0,  \
+                                                   a.eps, a.pow2)                 \
+       : bq_rows_1d<I, O, COMPACT, COL_AMAX, false>(tile, sh, out, out_t, sinv, a.s_r, a.s_c, a.cols, r0, c0, \
+                                                    a.eps, a.pow2))
+#define BQ_ROWS(ROW, COMPACT, COL_AMAX)                                                                       \
+  bq_rows<I, O, TWO_D, ROW, COMPACT, COL_AMAX>(tile, sh, tile_scale, out, out_t, sinv, a.s_r, a.s_c, a.cols, r0, \
+                                               c0, a.eps, a.pow2)
+  if (!TWO_D && out != nullptr && (a.flags & BQ_ROWS8) != 0) {
+    if (fused)
+      BQ_ROWS_1D(false, true);
+    else if (compact)
+      BQ_ROWS_1D(true, false);
+    else
+      BQ_ROWS_1D(false, false);
+  } else if (fused)
+    BQ_ROWS(true, false, true);
+  else if (out != nullptr && compact)
+    BQ_ROWS(true, true, false);
+  else if (out != nullptr)
+    BQ_ROWS(true, false, false);
+  else if (compact)
+    BQ_ROWS(false, true, false);
+#undef BQ_ROWS
+#undef BQ_ROWS_1D
+  if (fused) bq_finish_column_scales<I, O, BQ_THREADS / 32>(sh, sinv_t, a.t_r, a.t_c, rb, c0, a.eps, a.pow2);
   if (col_mode == BQ_COL_TRANSPOSED)
-    bq_columns_transposed<I, O, TWO_D>(tile, bq_smem, sh, tile_scale, out_t, rows, r0, c0);
+    bq_columns_transposed<I, O, TWO_D>(tile, stage, sh, tile_scale, out_t, a.rows, r0, c0);
 }
 
-// Blocks an SM should hold (the launch bounds' minimum; shared memory allows 6 a SM with a
-// 32 KiB tile, 3 with 64 KiB): bf16 5 (48 registers, no spills), fp16 4, float32 3.
+// Tiles blockIdx.x, + gridDim.x, ... (tile t: tile row t / (cols / 128), tile column t %
+// (cols / 128); the host launches one block a tile), each loaded into shared memory, then
+// quantized. out: rowwise FP8 [rows, cols] or null; out_t: columnwise FP8 ([cols, rows] when
+// col_mode is transposed, [rows, cols] when compact) or null (col_mode none); sinv / sinv_t:
+// their scale inverses (strides in `a`); noop: TE's noop flag (1: do nothing) or null.
+template <class I, class O, int TWO_D>
+__device__ __forceinline__ void block_quantize_impl(const typename I::T *in, u8 *out, u8 *out_t, float *sinv,
+                                                    float *sinv_t, const float *noop, const BlockQuantArgs &a) {
+  if (noop != nullptr && *noop == 1.0f) return;
+  extern __shared__ __align__(16) unsigned char bq_smem[];
+  __shared__ BqShared sh;
+  const u32 tiles_c = (u32)(a.cols / BQ_TILE), tiles = (u32)(a.rows / BQ_TILE) * tiles_c;
+  for (u32 t = blockIdx.x; t < tiles; t += gridDim.x) {  // t + gridDim.x < 2^32: tiles < 2^31 (block.rs)
+    bq_load_tile<I>(reinterpret_cast<typename I::T *>(bq_smem), in, a.cols, (u64)(t / tiles_c) * BQ_TILE,
+                    (u64)(t % tiles_c) * BQ_TILE);
+    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
+    __syncthreads();
+    bq_process_tile<I, O, TWO_D>(bq_smem, sh, out, out_t, sinv, sinv_t, a, t / tiles_c, t % tiles_c);
+    __syncthreads();  // every read of the tile (and of `sh`) done before it is refilled
+  }
+}
+
+// Blocks an SM should hold (the launch bounds' minimum, what registers allow without
+// spills; shared memory allows 6 with a 32 KiB tile, 3 with 64 KiB): bf16 5 (48
+// registers), fp16 4, float32 3. (At 6, 40 registers, bf16 measured no faster.)
 #define BQ_MINB_f32 3
 #define BQ_MINB_bf16 5
 #define BQ_MINB_f16 4

@@ -338,6 +338,12 @@ pub static CAST_TRANSPOSE: Variants = Variants::new(
     "v3",
     "kernel of a quantize with columnwise output: v3, v2, v1 or a bench variant",
 );
+pub static BLOCK_QUANT: Choice = Choice::new(
+    "NVTE_COMM_BLOCK_QUANT",
+    &["fast", "previous"],
+    "fast",
+    "paths of the FP8 block-scaling quantize: fast or previous (read at each call)",
+);
 // The kernel cache.
 pub static DISABLE_KERNEL_CACHE: Flag = Flag::new(
     "NVTE_COMM_DISABLE_KERNEL_CACHE",
@@ -413,6 +419,7 @@ pub static KNOBS: &[&Knob] = &[
     &GEMM_GRAPHS.0,
     &QUANT_GRID.0,
     &CAST_TRANSPOSE.0,
+    &BLOCK_QUANT.0,
     &DISABLE_KERNEL_CACHE.0,
     &CACHE_DIR.0,
     &XDG_CACHE_HOME.0,

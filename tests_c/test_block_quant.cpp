@@ -3,13 +3,15 @@
 // bit for bit (FP8 data and float32 scale inverses, TE's GEMM-ready and compact layouts,
 // padding left untouched) against a CPU reference written from TE's definitions; refused
 // shapes leave the output untouched; nvte_dequantize back to float32 / bfloat16 / float16
-// bit for bit; and the quantization's bandwidth at 8192 x 8192 bf16 against a D2D copy
-// measured in the same run.
+// bit for bit; and the quantization's bandwidth (8192 x 8192 bf16, f16 and f32, 4096 x 4096
+// bf16) against a D2D copy measured in the same run, under each value of
+// NVTE_COMM_BLOCK_QUANT (their outputs checked bit for bit against the default's).
 //
-//   test_block_quant [--seed N] [--no-bench]
+//   test_block_quant [--seed N] [--no-bench] [--bench-only]
 #include <chrono>
 #include <cinttypes>
 #include <cstring>
+#include <memory>
 
 #include "test_util.hpp"
 
@@ -369,6 +371,39 @@ void check_dequantize(const Case &c, const Input &in, BlockOut &out, const Expec
   }
 }
 
+// NVTE_COMM_BLOCK_QUANT's values (the library's default first).
+const char *const kLaunches[] = {"fast", "previous"};
+constexpr int kNumLaunches = 2;
+
+bool same_bytes(const DevBuf &a, const DevBuf &b) {
+  if (a.p == nullptr || b.p == nullptr) return a.p == b.p;
+  return a.download() == b.download();
+}
+
+bool same_output(const BlockOut &a, const BlockOut &b) {
+  return same_bytes(a.data, b.data) && same_bytes(a.sinv, b.sinv) && same_bytes(a.cdata, b.cdata) &&
+         same_bytes(a.csinv, b.csinv);
+}
+
+// Every other value of NVTE_COMM_BLOCK_QUANT writes the same bytes as the default's
+// `out` (checked against the reference), padding included.
+void check_launches(const Case &c, const HostTensor &src, const BlockOut &out, cudaStream_t stream, Report &rep,
+                    const std::string &what) {
+  NVTEQuantizationConfig cfg = make_config(c.o);
+  for (int l = 1; l < kNumLaunches; ++l) {
+    BlockOut other(c.o.mode, c.o.out, c.rows, c.cols, c.rowwise, c.columnwise, c.o.compact);
+    setenv("NVTE_COMM_BLOCK_QUANT", kLaunches[l], 1);
+    nvte_quantize_v2(src.h, other.h, cfg, stream);
+    const NVTECommStatus st = nvte_comm_last_status();
+    unsetenv("NVTE_COMM_BLOCK_QUANT");
+    CUDA_OK(cudaStreamSynchronize(stream));
+    rep.check(st == NVTE_COMM_SUCCESS && same_output(out, other),
+              std::string("NVTE_COMM_BLOCK_QUANT=") + kLaunches[l] + " " + what + ": " +
+                  (st == NVTE_COMM_SUCCESS ? "same bytes as " + std::string(kLaunches[0]) : status_text()));
+  }
+  nvte_destroy_quantization_config(cfg);
+}
+
 void run_case(const Case &c, Rng &rng, cudaStream_t stream, Report &rep, bool dequant) {
   const std::string what = describe(c);
   Input in = make_input(c.in, c.rows, c.cols, rng, c.specials);
@@ -407,6 +442,7 @@ void run_case(const Case &c, Rng &rng, cudaStream_t stream, Report &rep, bool de
     std::string e = compare(xc, out.cdata, out.csinv);
     rep.check(e.empty(), "quantize columnwise " + what + (e.empty() ? " (bit-exact)" : ": " + e));
   }
+  if (c.entry == 0) check_launches(c, src, out, stream, rep, what);
   if (dequant) check_dequantize(c, in, out, c.rowwise ? xr : xc, !c.rowwise, stream, rep);
 }
 
@@ -506,49 +542,90 @@ void refused_cases(cudaStream_t stream, Report &rep) {
   rep.check(ok && untouched, "nvte_quantize_noop with the flag at 1 writes nothing");
 }
 
-// Bandwidth at 8192 x 8192 bf16: 1D and 2D, rowwise + columnwise (and each direction alone),
-// as GB/s of the bytes moved, % of the H200's nominal 4.8 TB/s and % of a D2D copy of the
-// input measured in the same rounds.
-void bench(cudaStream_t stream, Report &rep) {
-  const size_t M = 8192, K = 8192;
+
+struct BenchMode {
+  const char *name;
+  int mode;
+  bool rowwise, columnwise;
+};
+const BenchMode kBenchModes[] = {{"1D rowwise + columnwise", 1, true, true},
+                                 {"1D rowwise", 1, true, false},
+                                 {"1D columnwise", 1, false, true},
+                                 {"2D rowwise", 2, true, false},
+                                 {"2D rowwise + columnwise", 2, true, true}};
+constexpr int kNumBenchModes = 5;
+
+// Bytes a quantization moves: the input, the FP8 data and scale inverses written.
+double moved_bytes(const BlockOut &o, NVTEDType dt, size_t M, size_t K) {
+  double b = (double)(M * K * dtype_bytes(dt));
+  if (o.data.p) b += (double)(M * K) + 4.0 * numel(o.row.scale_shape);
+  if (o.cdata.p) b += (double)(M * K) + 4.0 * numel(o.col.scale_shape);
+  return b;
+}
+
+// Bandwidth of one [M, K] input -> e4m3: every mode under every value of
+// NVTE_COMM_BLOCK_QUANT (set around each call), interleaved with a D2D copy of the input,
+// as GB/s of the bytes moved, % of the H200's nominal 4.8 TB/s and % of the copy; and
+// every value's output checked bit for bit against the default's.
+void bench_shape(cudaStream_t stream, Report &rep, NVTEDType dt, size_t M, size_t K) {
   Rng rng(11);
-  Input in = make_input(kNVTEBFloat16, M, K, rng, false);
-  HostTensor src(kNVTEBFloat16, {M, K}, in.raw.data());
-  DevBuf copy_dst(M * K * 2);
-  BlockOut o1(1, kNVTEFloat8E4M3, M, K, true, true, false);
-  BlockOut o1r(1, kNVTEFloat8E4M3, M, K, true, false, false);
-  BlockOut o1c(1, kNVTEFloat8E4M3, M, K, false, true, false);
-  BlockOut o2(2, kNVTEFloat8E4M3, M, K, true, true, false);
-  BlockOut o2r(2, kNVTEFloat8E4M3, M, K, true, false, false);
+  Input in = make_input(dt, M, K, rng, false);
+  HostTensor src(dt, {M, K}, in.raw.data());
+  const size_t in_bytes = M * K * dtype_bytes(dt);
+  DevBuf copy_dst(in_bytes);
+  std::vector<std::unique_ptr<BlockOut>> outs;
+  for (const BenchMode &m : kBenchModes)
+    for (int l = 0; l < kNumLaunches; ++l)
+      outs.emplace_back(new BlockOut(m.mode, kNVTEFloat8E4M3, M, K, m.rowwise, m.columnwise, false));
   NVTEQuantizationConfig cfg = make_config({1, true, 0.0f, false, kNVTEFloat8E4M3});
   std::vector<std::function<void()>> fns = {
-      [&] { CUDA_OK(cudaMemcpyAsync(copy_dst.p, src.buf.p, M * K * 2, cudaMemcpyDeviceToDevice, stream)); },
-      [&] { nvte_quantize_v2(src.h, o1.h, cfg, stream); },
-      [&] { nvte_quantize_v2(src.h, o1r.h, cfg, stream); },
-      [&] { nvte_quantize_v2(src.h, o1c.h, cfg, stream); },
-      [&] { nvte_quantize_v2(src.h, o2r.h, cfg, stream); },
-      [&] { nvte_quantize_v2(src.h, o2.h, cfg, stream); },
-  };
-  auto ms = time_interleaved(stream, 5, 10, 5, fns);
+      [&] { CUDA_OK(cudaMemcpyAsync(copy_dst.p, src.buf.p, in_bytes, cudaMemcpyDeviceToDevice, stream)); }};
+  for (int i = 0; i < kNumBenchModes * kNumLaunches; ++i)
+    fns.push_back([&, i] {
+      setenv("NVTE_COMM_BLOCK_QUANT", kLaunches[i % kNumLaunches], 1);
+      nvte_quantize_v2(src.h, outs[i]->h, cfg, stream);
+    });
+  auto ms = time_interleaved(stream, 3, 10, 5, fns);
   const bool ok = nvte_comm_last_status() == NVTE_COMM_SUCCESS;
+  unsetenv("NVTE_COMM_BLOCK_QUANT");
   nvte_destroy_quantization_config(cfg);
-  if (!ok) { rep.fail(std::string("bench: ") + status_text()); return; }
-  const double in_b = M * K * 2.0;
-  const double bytes[] = {2 * in_b,
-                          in_b + 2 * M * K + 4.0 * (numel(o1.row.scale_shape) + numel(o1.col.scale_shape)),
-                          in_b + M * K + 4.0 * numel(o1r.row.scale_shape),
-                          in_b + M * K + 4.0 * numel(o1c.col.scale_shape),
-                          in_b + M * K + 4.0 * numel(o2r.row.scale_shape),
-                          in_b + 2 * M * K + 4.0 * (numel(o2.row.scale_shape) + numel(o2.col.scale_shape))};
-  const char *names[] = {"D2D copy (read + write)", "1D rowwise + columnwise", "1D rowwise", "1D columnwise",
-                         "2D rowwise", "2D rowwise + columnwise"};
-  const double copy_gbs = bytes[0] / (ms[0] * 1e6);
-  for (int i = 0; i < 6; ++i) {
-    const double gbs = bytes[i] / (ms[i] * 1e6);
-    std::printf("bench 8192x8192 bf16 -> e4m3 %-26s %8.1f us %7.0f GB/s %5.1f %% of 4800 GB/s %6.1f %% of the copy\n",
-                names[i], ms[i] * 1e3, gbs, 100.0 * gbs / 4800.0, 100.0 * gbs / copy_gbs);
+  char shape[64];
+  std::snprintf(shape, sizeof(shape), "%zux%zu %s -> e4m3", M, K, dtype_name(dt));
+  if (!ok) { rep.fail(std::string("bench ") + shape + ": " + status_text()); return; }
+  const double copy_gbs = 2.0 * in_bytes / (ms[0] * 1e6);
+  std::printf("bench %s %-26s %8.1f us %7.0f GB/s %5.1f %% of 4800 GB/s\n", shape, "D2D copy (read + write)",
+              ms[0] * 1e3, copy_gbs, 100.0 * copy_gbs / 4800.0);
+  for (int m = 0; m < kNumBenchModes; ++m) {
+    std::string ab;
+    for (int l = 0; l < kNumLaunches; ++l) {
+      const int i = m * kNumLaunches + l;
+      const double gbs = moved_bytes(*outs[i], dt, M, K) / (ms[1 + i] * 1e6);
+      if (l == 0)
+        std::printf("bench %s %-26s %8.1f us %7.0f GB/s %5.1f %% of 4800 GB/s %6.1f %% of the copy\n", shape,
+                    kBenchModes[m].name, ms[1 + i] * 1e3, gbs, 100.0 * gbs / 4800.0, 100.0 * gbs / copy_gbs);
+      char part[16];
+      std::snprintf(part, sizeof(part), " %5.1f", 100.0 * gbs / 4800.0);
+      ab += part;
+      if (l > 0) {
+        rep.check(same_output(*outs[m * kNumLaunches], *outs[i]),
+                  std::string("bench ") + shape + " " + kBenchModes[m].name + ": NVTE_COMM_BLOCK_QUANT=" +
+                      kLaunches[l] + " writes the same bytes as " + kLaunches[0]);
+      }
+    }
+    std::printf("bench-ab %s %-26s %% of 4800 GB/s:%s\n", shape, kBenchModes[m].name, ab.c_str());
   }
-  rep.pass("bandwidth measured (8192x8192 bf16)");
+}
+
+// Bandwidth at 8192 x 8192 bf16 (the acceptance shape), then float16, float32 and a
+// smaller bf16 input.
+void bench(cudaStream_t stream, Report &rep) {
+  std::printf("bench-ab columns: NVTE_COMM_BLOCK_QUANT =");
+  for (int l = 0; l < kNumLaunches; ++l) std::printf(" %s", kLaunches[l]);
+  std::printf("\n");
+  bench_shape(stream, rep, kNVTEBFloat16, 8192, 8192);
+  bench_shape(stream, rep, kNVTEFloat16, 8192, 8192);
+  bench_shape(stream, rep, kNVTEFloat32, 8192, 8192);
+  bench_shape(stream, rep, kNVTEBFloat16, 4096, 4096);
 }
 
 }  // namespace
@@ -562,17 +639,18 @@ int main(int argc, char **argv) {
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   uint64_t seed = (uint64_t)std::chrono::high_resolution_clock::now().time_since_epoch().count();
-  bool do_bench = true;
+  bool do_bench = true, do_checks = true;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--seed") == 0 && i + 1 < argc) seed = std::strtoull(argv[++i], nullptr, 10);
     if (std::strcmp(argv[i], "--no-bench") == 0) do_bench = false;
+    if (std::strcmp(argv[i], "--bench-only") == 0) do_checks = false;
   }
   std::printf("test_block_quant: seed %" PRIu64 "\n", seed);
   if (nvte_comm_check_runtime() != NVTE_COMM_SUCCESS) {
     rep.fail(std::string("nvte_comm_check_runtime: ") + nvte_comm_last_error());
     return rep.finish("test_block_quant");
   }
-  if (rep.rank == 0) {
+  if (rep.rank == 0 && do_checks) {
     Rng rng(seed);
     auto cases = all_cases();
     for (size_t i = 0; i < cases.size(); ++i) {

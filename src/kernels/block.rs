@@ -35,7 +35,8 @@ pub struct BlockQuantArgs {
     pub pow2: i32,
     /// 0: no columnwise output, 1: transposed ([cols, rows]), 2: compact (the input's layout).
     pub col_mode: i32,
-    pub pad: i32,
+    /// FLAG_ROWS8 | FLAG_PACKED (kernels/block_quant.cu's BQ_ROWS8, BQ_PACKED).
+    pub flags: i32,
 }
 
 // SAFETY: a repr(C) struct passed by value: the Struct class and its own size.
@@ -133,7 +134,7 @@ impl QuantizePlan {
             eps: cfg.amax_epsilon,
             pow2: cfg.force_pow_2_scales as i32,
             col_mode,
-            pad: 0,
+            flags: 0,
         }
     }
     /// The scale format the quantization writes (what the output records).
@@ -322,6 +323,23 @@ fn allow_shared(ctx: cuda::CtxId, f: cudarc::driver::sys::CUfunction, bytes: u32
     Ok(())
 }
 
+/// BlockQuantArgs::flags: the 1D rowwise scales computed once a row (one transposing
+/// reduction of 8 rows' amaxes over the row's 16 threads, one division a thread) instead
+/// of once a thread and pass.
+const FLAG_ROWS8: i32 = 1;
+/// BlockQuantArgs::flags: 16-bit inputs' amaxes (the 2D tile's, the FLAG_ROWS8 rows
+/// pass's, the 1D columns') on packed pairs (bf16x2 / f16x2 abs and max).
+const FLAG_PACKED: i32 = 2;
+
+/// The kernel's flags NVTE_COMM_BLOCK_QUANT selects (read at each call): `fast`
+/// (default) both, `previous` neither (the previous kernel's paths, for A/B benches).
+fn quant_flags() -> Result<i32> {
+    Ok(match crate::env::BLOCK_QUANT.get()? {
+        None | Some(0) => FLAG_ROWS8 | FLAG_PACKED,
+        Some(_) => 0,
+    })
+}
+
 /// TE's nvte_quantize into an NVTE_BLOCK_SCALING_1D / _2D tensor: FP8 rowwise data and / or
 /// columnwise data (transposed, or 1D compact: the input's layout) with their float32
 /// scale inverses in TE's layout, from one read of the input. Returns the format written.
@@ -334,6 +352,7 @@ pub fn quantize(
     let Some(plan) = plan_quantize(input.get(), output.get(), cfg)? else {
         return Ok(cfg.format);
     };
+    let flags = quant_flags()?;
     let guard = ContextGuard::for_stream(stream)?;
     let dev = cuda::device_info(guard.device)?;
     let m = nvrtc::module(&BLOCK_QUANT, guard.id, &dev)?;
@@ -352,14 +371,19 @@ pub fn quantize(
     allow_shared(guard.id, k.raw(), smem)?;
     let grid = ((plan.rows / TILE) * (plan.cols / TILE)) as u32;
     let [src, dst, dst_t, sinv, sinv_t] = plan.ptrs;
-    let params = (src, dst, dst_t, sinv, sinv_t, cfg.noop, plan.args(cfg));
+    let args = BlockQuantArgs {
+        flags,
+        ..plan.args(cfg)
+    };
+    let params = (src, dst, dst_t, sinv, sinv_t, cfg.noop, args);
     // SAFETY: `k` is block_quantize_<mode>_<in>_<out> of kernels/block_quant.cu, loaded in
     // the stream's context (held by `guard`), with its dynamic shared memory allowed
     // (`smem`: one 128x128 input tile). Checked by plan_quantize: the input holds rows *
-    // cols elements, rows and cols multiples of 128, 16-byte aligned; each FP8 output
-    // present holds rows * cols bytes (16-byte aligned) with its scale_inv of TE's shape
-    // for the strides given (4-byte aligned), absent ones NULL; noop NULL or one float.
-    // The grid is one block of THREADS a tile (the kernel's launch bounds).
+    // cols elements, rows and cols multiples of 128 (fewer than 2^31 tiles), 16-byte
+    // aligned; each FP8 output present holds rows * cols bytes (16-byte aligned) with its
+    // scale_inv of TE's shape for the strides given (4-byte aligned), absent ones NULL; noop
+    // NULL or one float; flags any of the kernel's. The grid is one block of THREADS a tile
+    // (the kernel's launch bounds).
     unsafe { k.launch_shared(((grid, 1, 1), (THREADS, 1, 1)), smem, stream, params)? };
     Ok(plan.format())
 }
@@ -734,10 +758,20 @@ mod tests {
     }
 
     #[test]
+    fn the_launch_knob_names_both_kernel_paths() {
+        match crate::env::BLOCK_QUANT.0.kind {
+            crate::env::Kind::Choice(words) => assert_eq!(words, ["fast", "previous"]),
+            _ => panic!("NVTE_COMM_BLOCK_QUANT is a choice"),
+        }
+        assert_eq!(FLAG_ROWS8 & FLAG_PACKED, 0);
+    }
+
+    #[test]
     fn args_layout_is_the_kernels() {
         assert_eq!(std::mem::size_of::<BlockQuantArgs>(), 64);
         assert_eq!(std::mem::offset_of!(BlockQuantArgs, eps), 48);
         assert_eq!(std::mem::offset_of!(BlockQuantArgs, col_mode), 56);
+        assert_eq!(std::mem::offset_of!(BlockQuantArgs, flags), 60);
     }
 
     #[test]
