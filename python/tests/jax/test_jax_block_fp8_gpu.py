@@ -151,3 +151,100 @@ def test_block_mlp_training_step_on_the_library_gemm():
         _, g = lib(*w)
         w = tuple((p.astype(jnp.float32) - 0.5 * q.astype(jnp.float32)).astype(p.dtype) for p, q in zip(w, g))
     assert float(lib(*w)[0]) < float(ll)
+
+
+# ---- the library's block quantization (te_comm_block_quantize) against the jnp casts ----
+
+def _hard_input(rows, cols, dtype, seed=7):
+    """Blocks of very different magnitudes, a zero tile, a tiny tile (its scale overflows to
+    the input type's largest value; zeros in f16), values on the e4m3 grid, an infinity."""
+    import jax.numpy as jnp
+
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((rows, cols)).astype(np.float32)
+    x *= np.exp2(rng.integers(-12, 12, size=(rows // 128, 1, cols // 128, 1))).repeat(128, 1).repeat(
+        128, 3).reshape(rows, cols)
+    x[:128, :128] = 0.0
+    # tiny but normal values: 448 / amax overflows f32 (the scale is the input type's max)
+    x[128:256, :128] = np.sign(x[128:256, :128]) * rng.uniform(5e-38, 1e-37, (min(rows, 256) - 128, 128))
+    x[:128, 128:256] = np.round(x[:128, 128:256] * 16) / 16  # values on the e4m3 grid and its ties
+    x[5, 300 % cols] = -np.inf
+    return jnp.asarray(x, dtype)
+
+
+@pytest.mark.parametrize("shape", [(384, 640), (128, 1152), (1152, 256)])
+@pytest.mark.parametrize("dim", [1, 2])
+@pytest.mark.parametrize("pow2", [True, False])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32", "float16"])
+def test_block_quantize_is_bit_exact_with_the_jnp_casts(shape, dim, pow2, dtype):
+    """Rowwise and columnwise, from one call, the same bits as quantize_block /
+    block_columnwise (TE's definition), scales included (GEMM-ready, compared through
+    compact_scales); odd multiples of 128 (2D scales padded)."""
+    import jax.numpy as jnp
+    from transformer_engine_comm.jax import fp8 as F
+
+    x = _hard_input(*shape, dtype)
+    eps = 0.0 if pow2 else 1e-3
+    kw = dict(power_2_scale=pow2, amax_epsilon=eps)
+    lib = jax.jit(lambda x: F.quantize_block_library(x, dim, columnwise=True, **kw))
+    row, col = lib(x)
+    ref_r, ref_c = jax.jit(lambda x: (F.quantize_block(x, dim, **kw), F.block_columnwise(x, dim, **kw)))(x)
+    for name, got, ref in (("rowwise", row, ref_r), ("columnwise", col, ref_c)):
+        assert got.q.shape == ref.q.shape and got.q.dtype == jnp.float8_e4m3fn, name
+        np.testing.assert_array_equal(np.asarray(got.q).view(np.uint8), np.asarray(ref.q).view(np.uint8),
+                                      err_msg=f"{name} data")
+        np.testing.assert_array_equal(np.asarray(F.compact_scales(got, dim).scale_inv), np.asarray(ref.scale_inv),
+                                      err_msg=f"{name} scale_inv")
+    # one direction alone writes the same; a replay (command buffer) the same bits
+    r_only, _ = jax.jit(lambda x: F.quantize_block_library(x, dim, **kw))(x)
+    _, c_only = jax.jit(lambda x: F.quantize_block_library(x, dim, rowwise=False, columnwise=True, **kw))(x)
+    np.testing.assert_array_equal(np.asarray(r_only.q).view(np.uint8), np.asarray(row.q).view(np.uint8))
+    np.testing.assert_array_equal(np.asarray(c_only.q).view(np.uint8), np.asarray(col.q).view(np.uint8))
+    again, _ = lib(x)
+    np.testing.assert_array_equal(np.asarray(again.q).view(np.uint8), np.asarray(row.q).view(np.uint8))
+    assert "te_comm_block_quantize" in lib.lower(x).compile().as_text()
+
+
+def test_block_quantize_feeds_the_block_gemm():
+    """The GEMM-ready scales go to the block GEMM as they are: the product equals the one
+    of the jnp casts (whose scales are converted), bit for bit."""
+    from transformer_engine_comm.jax import fp8 as F
+
+    a, b = _hard_input(384, 1024, "bfloat16", 1), _hard_input(640, 1024, "bfloat16", 2)
+    a, b = jax.numpy.where(jax.numpy.isinf(a), 0, a), jax.numpy.where(jax.numpy.isinf(b), 0, b)
+    for bd in (1, 2):
+        lib = jax.jit(lambda a, b: F.block_dot(F.quantize_block_library(a, 1)[0], 1,
+                                               F.quantize_block_library(b, bd)[0], bd, "float32", gemm="library"))
+        ref = jax.jit(lambda a, b: F.block_dot(F.quantize_block(a, 1), 1, F.quantize_block(b, bd), bd, "float32",
+                                               gemm="library"))
+        np.testing.assert_array_equal(np.asarray(lib(a, b)), np.asarray(ref(a, b)))
+
+
+def test_block_training_step_library_casts_equal_the_jnp_casts():
+    """The MLP's training step with the library's casts (six quantize calls, both
+    directions each) against the same step with the jnp casts: the same loss and
+    gradients, bit for bit (the same FP8 operands into the same GEMMs)."""
+    import jax.numpy as jnp
+    from transformer_engine_comm.jax import fp8 as F
+
+    tj, ctx, (x, w1, b1, w2, b2) = _setup()
+    r = tj.Float8BlockScaling()
+
+    def step_with(casts):
+        def loss(w1, w2):
+            old = F.BLOCK_CASTS
+            F.BLOCK_CASTS = casts  # read at trace time
+            try:
+                return jnp.mean(tj.mlp(x, w1, b1, w2, b2, ctx=ctx, fp8=r).astype(jnp.float32) ** 2)
+            finally:
+                F.BLOCK_CASTS = old
+        return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+
+    lib, ref = step_with("auto"), step_with("jnp")
+    hlo = lib.lower(w1, w2).compile().as_text()
+    assert hlo.count("te_comm_block_quantize") >= 6 and hlo.count("te_comm_block_gemm") >= 6
+    assert "te_comm_block_quantize" not in ref.lower(w1, w2).compile().as_text()
+    (ll, gl), (lr, gr) = lib(w1, w2), ref(w1, w2)
+    assert float(ll) == float(lr), (float(ll), float(lr))
+    for a, b in zip(gl, gr):
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))

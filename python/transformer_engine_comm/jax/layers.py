@@ -38,8 +38,11 @@ device (its amax max-reduced over the axis; with delayed scaling every recorded 
 so the replicated state stays identical).
 
 Block scaling (``fp8=Float8BlockScaling()``; TE-JAX lacks it): the input, weight and
-output gradient are quantized in jnp per block (1D / 2D by the recipe's dims: rowwise for
-one GEMM, the transposed tensor quantized along its rows for the other, as TE's casts);
+output gradient are quantized per block (1D / 2D by the recipe's dims: rowwise for one
+GEMM, the transposed tensor quantized along its rows for the other, as TE's casts), on a
+GPU by the library's kernel (the ``te_comm_block_quantize`` custom call: both forms from
+one read of the tensor, the scales GEMM-ready) where the GEMMs run on the library and the
+tensor is whole 128 x 128 tiles, else in jnp (``fp8.BLOCK_CASTS`` picks; the same bits);
 the GEMMs (:func:`block_dot <transformer_engine_comm.jax.fp8.block_dot>`) run on the
 library's block-scaled FP8 GEMM (the ``te_comm_block_gemm`` custom call) when JAX runs on
 a GPU, else (CPU) as the dots of the dequantized block operands, the same products at bf16
@@ -94,9 +97,10 @@ class _Cfg:
     recipe: Optional[object]
     comm_sms: int
     library: bool
-    # fp8.BLOCK_GEMM when the layer is called: the forward and the backward (traced later,
-    # under jax.grad) run their block GEMMs the same way.
+    # fp8.BLOCK_GEMM and fp8.BLOCK_CASTS when the layer is called: the forward and the
+    # backward (traced later, under jax.grad) run their block GEMMs and casts the same way.
     block_gemm: str = field(default_factory=lambda: _f8.BLOCK_GEMM)
+    block_casts: str = field(default_factory=lambda: _f8.BLOCK_CASTS)
 
 
 def _axis_bound(axis: str) -> bool:
@@ -304,10 +308,16 @@ _fp8 = _fp8_layer()
 # ---------------------------------------------------------------- block-scaled FP8
 
 
-def _block_casts(t, role: int, r, columnwise: bool):
-    """(rowwise, columnwise or None) block casts of ``t`` for ``role`` under recipe ``r``."""
+def _block_casts(t, role: int, cfg: _Cfg, columnwise: bool):
+    """(rowwise, columnwise or None) block casts of ``t`` for ``role`` under the layer's
+    recipe: on the library's kernel (both from one read, GEMM-ready scales:
+    ``fp8.BlockQReady``) where ``fp8.block_casts_on_library`` says so, else in jnp
+    (``fp8.BlockQ``); the same bits either way."""
+    r = cfg.recipe
     d, q = r.block_dims[role], r.qparams[role]
     kw = dict(power_2_scale=q.power_2_scale, amax_epsilon=q.amax_epsilon)
+    if _f8.block_casts_on_library(t.shape, t.dtype, cfg.block_gemm, cfg.block_casts):
+        return _f8.quantize_block_library(t, d, columnwise=columnwise, **kw)
     return _f8.quantize_block(t, d, **kw), (_f8.block_columnwise(t, d, **kw) if columnwise else None)
 
 
@@ -332,8 +342,8 @@ def _block_fwd(x, w, bias, cfg: _Cfg):
     out_dt = x.dtype if x.dtype in (jnp.bfloat16, jnp.float16, jnp.float32) else jnp.bfloat16
     if kind == "col_sp":  # the input gathered over the tokens before its casts
         x = jax.lax.all_gather(x, ax, axis=0, tiled=True)
-    xr, xc = _block_casts(x, _f8.INPUT, r, True)
-    wr, wc = _block_casts(w, _f8.WEIGHT, r, True)
+    xr, xc = _block_casts(x, _f8.INPUT, cfg, True)
+    wr, wc = _block_casts(w, _f8.WEIGHT, cfg, True)
     exact = _block_exact_bf16(r)
     if kind in ("row_sp", "row_ar"):  # partial sums reduced in f32 over the axis
         y = _f8.block_dot(xr, xd, wr, wd, jnp.float32, exact, cfg.block_gemm)
@@ -360,7 +370,7 @@ def _block_bwd(cfg: _Cfg, res, dy):
         g = jax.lax.all_gather(dy, ax, axis=0, tiled=True)
     elif kind == "row_ar":  # replicated output: each device holds 1/tp of its cotangent (see _bf16_bwd)
         g = dy * cfg.ctx.size
-    gr, gc = _block_casts(g, _f8.GRAD, r, True)
+    gr, gc = _block_casts(g, _f8.GRAD, cfg, True)
     if kind == "col_sp":  # dx = RS(dy . w), reduced in f32
         dx = _f8.block_dot(gr, gd, wc, wd, jnp.float32, exact, cfg.block_gemm)  # dy [T, N/tp] . (w^T [K, N/tp])^T
         dx = jax.lax.psum_scatter(dx, ax, scatter_dimension=0, tiled=True).astype(out_dt)
