@@ -1324,8 +1324,9 @@ void *nvte_comm_xla_block_gemm(void *call_frame);
  * not written (the GEMM never reads them). Attributes: `block_dim` (1 or 2),
  * `power_2_scale` (bool, default false: each scale rounded down to a power of 2),
  * `amax_epsilon` (float, default 0), `rowwise`, `columnwise`. The initialize stage
- * compiles and loads the kernel; the execute stage only launches it (command-buffer
- * compatible).
+ * compiles and loads the kernel; the execute stage launches it (command-buffer
+ * compatible: where no initialize stage ran first, it loads the kernel with the capture
+ * mode relaxed, outside any graph being captured).
  *
  * # Safety
  * Called by XLA with its call frame.

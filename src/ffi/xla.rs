@@ -985,9 +985,10 @@ fn run_quantize(f: &Frame) -> Result<()> {
     }
     let c = decode_quantize(f)?;
     let stream = f.stream()?;
+    let k = (c.mode, c.input.data.dtype, c.out_dtype);
+    let prepare = || crate::kernels::block::prepare_quantize(k.0, k.1, k.2, stream);
     if f.stage == STAGE_INITIALIZE {
-        let k = (c.mode, c.input.data.dtype, c.out_dtype);
-        return crate::kernels::block::prepare_quantize(k.0, k.1, k.2, stream);
+        return prepare();
     }
     // SAFETY: XLA's operand and result buffers of this call, device memory of the shapes
     // and element types XLA gives, alive until the work on XLA's stream completes; the
@@ -998,6 +999,15 @@ fn run_quantize(f: &Frame) -> Result<()> {
             crate::cuda::Checked::vouched(&c.output),
         )
     };
+    // The call's checks first (no device work); then the kernel, loaded by the initialize
+    // stage (a cache look-up here): where XLA ran none before a captured execution, the
+    // module load (no stream work) is made with this thread's capture mode relaxed,
+    // outside the graph being captured.
+    crate::kernels::block::check_quantize(i, o, &c.cfg)?;
+    {
+        let _relaxed = crate::cuda::resources::RelaxedCapture::new();
+        prepare()?;
+    }
     crate::kernels::block::quantize(i, o, &c.cfg, stream).map(|_| ())
 }
 
@@ -1015,8 +1025,9 @@ fn run_quantize(f: &Frame) -> Result<()> {
 /// not written (the GEMM never reads them). Attributes: `block_dim` (1 or 2),
 /// `power_2_scale` (bool, default false: each scale rounded down to a power of 2),
 /// `amax_epsilon` (float, default 0), `rowwise`, `columnwise`. The initialize stage
-/// compiles and loads the kernel; the execute stage only launches it (command-buffer
-/// compatible).
+/// compiles and loads the kernel; the execute stage launches it (command-buffer
+/// compatible: where no initialize stage ran first, it loads the kernel with the capture
+/// mode relaxed, outside any graph being captured).
 ///
 /// # Safety
 /// Called by XLA with its call frame.

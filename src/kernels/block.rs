@@ -297,6 +297,15 @@ fn plan_quantize(
     }))
 }
 
+/// The checks of [`quantize`] (shapes, layouts, types, alignment), without device work.
+pub fn check_quantize(
+    input: Checked<&Tensor>,
+    output: Checked<&Tensor>,
+    cfg: &BlockQuantConfig,
+) -> Result<()> {
+    plan_quantize(input.get(), output.get(), cfg).map(|_| ())
+}
+
 /// Raise the function's dynamic shared-memory limit to `bytes` once per (context, function).
 fn allow_shared(ctx: cuda::CtxId, f: cudarc::driver::sys::CUfunction, bytes: u32) -> Result<()> {
     use cudarc::driver::sys as cu;

@@ -1,6 +1,8 @@
 """Float8BlockScaling in the JAX layers on ONE GPU (tp 1, in this process): the library's block
 GEMM custom call (te_comm_block_gemm) against the dequantized dot, its epilogues, and the
-training step on it against the dequantized-dot path; the MLP's loss
+training step on it against the dequantized-dot path; the library's block quantization
+(te_comm_block_quantize) bit for bit against the jnp casts, and the training step with
+it against the step with the jnp casts; the MLP's loss
 and gradients under jit against bf16 and against the block math composed from the casts
 (the emulation), and the compiled step really quantizes (e4m3 arrays survive XLA's
 optimizations: the f32 -> f8 -> f32 round trips are not folded away). Skipped without jax,
@@ -172,10 +174,10 @@ def _hard_input(rows, cols, dtype, seed=7):
     return jnp.asarray(x, dtype)
 
 
-@pytest.mark.parametrize("shape", [(384, 640), (128, 1152), (1152, 256)])
 @pytest.mark.parametrize("dim", [1, 2])
 @pytest.mark.parametrize("pow2", [True, False])
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32", "float16"])
+@pytest.mark.parametrize("shape, dtype", [((384, 640), "bfloat16"), ((128, 1152), "float32"),
+                                          ((1152, 256), "float16")])
 def test_block_quantize_is_bit_exact_with_the_jnp_casts(shape, dim, pow2, dtype):
     """Rowwise and columnwise, from one call, the same bits as quantize_block /
     block_columnwise (TE's definition), scales included (GEMM-ready, compared through
@@ -217,6 +219,7 @@ def test_block_quantize_feeds_the_block_gemm():
                                                F.quantize_block_library(b, bd)[0], bd, "float32", gemm="library"))
         ref = jax.jit(lambda a, b: F.block_dot(F.quantize_block(a, 1), 1, F.quantize_block(b, bd), bd, "float32",
                                                gemm="library"))
+        lib(a, b)  # the GEMM's first eager run of a shape times its candidate algorithms
         np.testing.assert_array_equal(np.asarray(lib(a, b)), np.asarray(ref(a, b)))
 
 
@@ -244,6 +247,7 @@ def test_block_training_step_library_casts_equal_the_jnp_casts():
     hlo = lib.lower(w1, w2).compile().as_text()
     assert hlo.count("te_comm_block_quantize") >= 6 and hlo.count("te_comm_block_gemm") >= 6
     assert "te_comm_block_quantize" not in ref.lower(w1, w2).compile().as_text()
+    lib(w1, w2)  # the GEMMs' first eager runs time their candidate algorithms: then fixed
     (ll, gl), (lr, gr) = lib(w1, w2), ref(w1, w2)
     assert float(ll) == float(lr), (float(ll), float(lr))
     for a, b in zip(gl, gr):
