@@ -225,30 +225,48 @@ def test_block_quantize_feeds_the_block_gemm():
 
 def test_block_training_step_library_casts_equal_the_jnp_casts():
     """The MLP's training step with the library's casts (six quantize calls, both
-    directions each) against the same step with the jnp casts: the same loss and
-    gradients, bit for bit (the same FP8 operands into the same GEMMs)."""
+    directions each) against the same step with the jnp casts. A layer whose inputs are the
+    program's arguments gets the same FP8 operands either way: its forward and gradients
+    are equal bit for bit. In the whole step XLA may compute a cast's fused producer (the
+    GELU and its gradient) in f32 without the bf16 rounding the library's kernel reads
+    (excess precision): close there."""
     import jax.numpy as jnp
     from transformer_engine_comm.jax import fp8 as F
 
     tj, ctx, (x, w1, b1, w2, b2) = _setup()
     r = tj.Float8BlockScaling()
 
-    def step_with(casts):
-        def loss(w1, w2):
+    def with_casts(casts, f):
+        def g(*a):
             old = F.BLOCK_CASTS
             F.BLOCK_CASTS = casts  # read at trace time
             try:
-                return jnp.mean(tj.mlp(x, w1, b1, w2, b2, ctx=ctx, fp8=r).astype(jnp.float32) ** 2)
+                return f(*a)
             finally:
                 F.BLOCK_CASTS = old
-        return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+        return g
 
-    lib, ref = step_with("auto"), step_with("jnp")
-    hlo = lib.lower(w1, w2).compile().as_text()
+    def dense(x, w1):
+        return tj.column_parallel_dense(x, w1, b1, ctx=ctx, fp8=r).astype(jnp.float32)
+
+    def loss(w1, w2):
+        return jnp.mean(tj.mlp(x, w1, b1, w2, b2, ctx=ctx, fp8=r).astype(jnp.float32) ** 2)
+
+    gy = jnp.asarray(np.random.default_rng(3).standard_normal((x.shape[0], w1.shape[0])), jnp.float32)
+    def fwd_bwd(x, w):
+        y, vjp = jax.vjp(dense, x, w)
+        return (y,) + vjp(gy)
+
+    one = {c: jax.jit(with_casts(c, fwd_bwd)) for c in ("auto", "jnp")}
+    step = {c: jax.jit(with_casts(c, jax.value_and_grad(loss, argnums=(0, 1)))) for c in ("auto", "jnp")}
+    hlo = step["auto"].lower(w1, w2).compile().as_text()
     assert hlo.count("te_comm_block_quantize") >= 6 and hlo.count("te_comm_block_gemm") >= 6
-    assert "te_comm_block_quantize" not in ref.lower(w1, w2).compile().as_text()
-    lib(w1, w2)  # the GEMMs' first eager runs time their candidate algorithms: then fixed
-    (ll, gl), (lr, gr) = lib(w1, w2), ref(w1, w2)
-    assert float(ll) == float(lr), (float(ll), float(lr))
-    for a, b in zip(gl, gr):
+    assert "te_comm_block_quantize" not in step["jnp"].lower(w1, w2).compile().as_text()
+    step["auto"](w1, w2), one["auto"](x, w1)  # the GEMMs' first eager runs time their candidates: then fixed
+    for a, b in zip(one["auto"](x, w1), one["jnp"](x, w1)):
         np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+    (ll, gl), (lr, gr) = step["auto"](w1, w2), step["jnp"](w1, w2)
+    assert abs(float(ll) - float(lr)) <= 1e-3 * abs(float(lr)), (float(ll), float(lr))
+    for a, b in zip(gl, gr):
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        assert np.linalg.norm(a - b) <= 1e-2 * np.linalg.norm(b), np.linalg.norm(a - b) / np.linalg.norm(b)
