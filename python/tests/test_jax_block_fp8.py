@@ -496,6 +496,8 @@ def test_block_training_step_lowers_to_block_quantizes(capi, monkeypatch, casts,
     calls = _quantize_calls(txt)
     assert len(calls) == want, len(calls)
     assert len(_block_calls(txt)) == 6
+    # The MLP's GELU backward rides in fc2's dgrad (DGELU epilogue): one such GEMM
+    assert [_kv(a)["dgelu"] for _, a, _, _ in _block_calls(txt)].count("true") == 1
     # The GEMMs take the library quantization's scales as they are: no conversion to the
     # GEMM-ready layout (the jnp casts' scales are transposed and padded to it)
     assert ("stablehlo.pad" in txt) == (want == 0)
@@ -510,3 +512,45 @@ def test_block_training_step_lowers_to_block_quantizes(capi, monkeypatch, casts,
         kv = _kv(a)
         assert kv["rowwise"] == kv["columnwise"] == "true" and kv["power_2_scale"] == "true", kv
         assert len(outs.strip("()").split(", ")) == 4, outs
+
+
+def test_block_mlp_gelu_backward_is_the_unfused_layers(capi):
+    """The block MLP's second layer takes the GELU's input and runs the GELU's backward with
+    its dgrad (on the library: the GEMM's DGELU epilogue); on the reference path that is
+    JAX's GELU VJP of the dgrad, so the loss and every gradient equal, bit for bit, those of
+    the layers composed by hand (column, jax.nn.gelu, row)."""
+    import jax.numpy as jnp
+    import transformer_engine_comm.jax as tj
+    from transformer_engine_comm.jax import fp8 as F
+
+    ctx = _ctx1(capi)
+    T, H, Fh = 256, 256, 384
+    bf = jnp.bfloat16
+    x = jnp.asarray(data(60, T, H), bf)
+    w1, w2 = jnp.asarray(data(61, Fh, H, scale=0.05), bf), jnp.asarray(data(62, H, Fh, scale=0.05), bf)
+    b1, b2 = jnp.asarray(data(63, Fh, scale=0.1), bf), jnp.asarray(data(64, H, scale=0.1), bf)
+    r = tj.Float8BlockScaling()
+
+    def fused(x, w1, b1, w2, b2):
+        return tj.mlp(x, w1, b1, w2, b2, ctx=ctx, fp8=r)
+
+    def by_hand(x, w1, b1, w2, b2):
+        h = jax.nn.gelu(tj.column_parallel_dense(x, w1, b1, ctx=ctx, fp8=r), approximate=True)
+        return tj.row_parallel_dense(h, w2, b2, ctx=ctx, fp8=r)
+
+    def step(model):
+        return jax.jit(jax.value_and_grad(lambda *a: jnp.mean(model(*a).astype(jnp.float32) ** 2),
+                                          argnums=range(5)))
+
+    (la, ga), (lb, gb) = step(fused)(x, w1, b1, w2, b2), step(by_hand)(x, w1, b1, w2, b2)
+    assert float(la) == float(lb)
+    for a, b in zip(ga, gb):
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+    # block_dot's dgelu_pre off the library: JAX's GELU VJP of the product
+    qa, qb = F.quantize_block(x, 1), F.quantize_block(w2.T.astype(bf), 2)
+    pre = jnp.asarray(data(65, T, Fh), bf)
+    got = F.block_dot(qa, 1, qb, 2, bf, dgelu_pre=pre)
+    want = F._gelu_vjp(pre, F.block_dot(qa, 1, qb, 2, bf))
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+    with pytest.raises(ValueError, match="not both"):
+        F.block_dot(qa, 1, qb, 2, bf, bias=b1, dgelu_pre=pre)

@@ -270,3 +270,30 @@ def test_block_training_step_library_casts_equal_the_jnp_casts():
     for a, b in zip(gl, gr):
         a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
         assert np.linalg.norm(a - b) <= 1e-2 * np.linalg.norm(b), np.linalg.norm(a - b) / np.linalg.norm(b)
+
+
+def test_block_mlp_gelu_backward_in_the_dgrad_epilogue():
+    """The MLP's GELU backward in fc2's dgrad GEMM (the library's DGELU epilogue: one
+    rounding of the product times gelu') against the layers composed by hand (JAX's GELU
+    VJP of the rounded dgrad): the same loss, gradients within the bf16 rounding."""
+    import jax.numpy as jnp
+
+    tj, ctx, (x, w1, b1, w2, b2) = _setup()
+    r = tj.Float8BlockScaling()
+
+    def fused(w1, w2):
+        return jnp.mean(tj.mlp(x, w1, b1, w2, b2, ctx=ctx, fp8=r).astype(jnp.float32) ** 2)
+
+    def by_hand(w1, w2):
+        h = jax.nn.gelu(tj.column_parallel_dense(x, w1, b1, ctx=ctx, fp8=r), approximate=True)
+        return jnp.mean(tj.row_parallel_dense(h, w2, b2, ctx=ctx, fp8=r).astype(jnp.float32) ** 2)
+
+    fs, hs = (jax.jit(jax.value_and_grad(f, argnums=(0, 1))) for f in (fused, by_hand))
+    txt = fs.lower(w1, w2).compile().as_text()
+    assert "te_comm_block_gemm" in txt
+    fs(w1, w2), hs(w1, w2)  # the GEMMs' first eager runs time their candidates: then fixed
+    (lf, gf), (lh, gh) = fs(w1, w2), hs(w1, w2)
+    assert float(lf) == float(lh), (float(lf), float(lh))
+    np.testing.assert_array_equal(np.asarray(gf[1], np.float32), np.asarray(gh[1], np.float32))  # fc2: no GELU
+    e = float(jnp.linalg.norm((gf[0] - gh[0]).astype(jnp.float32)) / jnp.linalg.norm(gh[0].astype(jnp.float32)))
+    assert e < 1e-2, e

@@ -448,6 +448,15 @@ def dequantize_block(t: BlockQ, block_dim: int, dtype="float32"):
     return (t.q.astype(jnp.float32) * s).astype(dtype)
 
 
+def _gelu_vjp(pre, g):
+    """The tanh-approximate GELU's VJP at ``pre`` of the cotangent ``g`` (JAX's, in ``pre``'s
+    dtype, as autodiff computes it)."""
+    import jax
+
+    _, vjp = jax.vjp(lambda v: jax.nn.gelu(v, approximate=True), pre)
+    return vjp(g.astype(pre.dtype))[0]
+
+
 # How block_dot runs its GEMM: "auto" (the default: the library's block-scaled FP8 GEMM,
 # ops.block_gemm, when JAX's backend is a Hopper GPU, the library loads and the shapes fit
 # cuBLASLt's rules; else the dequantized dot), "library" (always: an error where it
@@ -504,7 +513,7 @@ def _block_gemm_on_library(a: "BlockQ", a_dim: int, b: "BlockQ", b_dim: int, out
 
 
 def block_dot(a, a_dim: int, b, b_dim: int, out_dtype, exact_bf16: bool = True, gemm=None,
-              bias=None):
+              bias=None, dgelu_pre=None):
     """``a @ b^T`` (``a`` ``[M, K]``, ``b`` ``[N, K]``, rowwise forms: :class:`BlockQ` or
     :class:`BlockQReady`) of block-scaled FP8 operands. On a GPU with the library (``gemm``
     / :data:`BLOCK_GEMM` "auto" or "library"): the library's block-scaled FP8 GEMM
@@ -515,22 +524,33 @@ def block_dot(a, a_dim: int, b, b_dim: int, out_dtype, exact_bf16: bool = True, 
     power-of-2 scales, where the dequantized values are exact in bf16 --, else f32 operands
     at Precision.HIGHEST). ``bias`` (``[N]``): ``+ bias`` in ``out_dtype``, in the GEMM's
     epilogue on the library (before the output's rounding) where ``out_dtype`` is bf16 or
-    f16 (cuBLASLt's bias type), else after the GEMM."""
+    f16 (cuBLASLt's bias type), else after the GEMM. ``dgelu_pre`` (``[M, N]``, the input
+    of a tanh-approximate GELU; not with ``bias``): the GELU's backward, ``(a @ b^T) *
+    gelu'(dgelu_pre)``, in the GEMM's epilogue on the library (bf16 / f16 outputs: one
+    rounding), else JAX's GELU VJP of the product rounded to ``out_dtype`` (as autodiff of
+    the unfused layers computes it)."""
     import jax
     import jax.numpy as jnp
 
     if a_dim == 2 and b_dim == 2:
         raise ValueError("block_dot: a 2D by 2D block GEMM is not supported (as in TE)")
-    if _block_gemm_on_library(a, a_dim, b, b_dim, out_dtype, gemm):
+    if bias is not None and dgelu_pre is not None:
+        raise ValueError("block_dot: bias or dgelu_pre, not both")
+    on_lib = _block_gemm_on_library(a, a_dim, b, b_dim, out_dtype, gemm)
+    half = jnp.dtype(out_dtype).name in ("bfloat16", "float16")
+    if dgelu_pre is not None and not (on_lib and half):
+        return _gelu_vjp(dgelu_pre, block_dot(a, a_dim, b, b_dim, out_dtype, exact_bf16, gemm))
+    if on_lib:
         from . import ops
 
         (m, k), n = a.q.shape, b.q.shape[0]
         out = jnp.dtype(out_dtype)
-        fuse = bias is not None and out.name in ("bfloat16", "float16")
+        fuse = bias is not None and half
         sa = a.scale_inv if isinstance(a, BlockQReady) else ops.gemm_ready_scales(a.scale_inv, m, k, a_dim)
         sb = b.scale_inv if isinstance(b, BlockQReady) else ops.gemm_ready_scales(b.scale_inv, n, k, b_dim)
         y = ops.block_gemm(a.q, sa, b.q, sb, a_block_dim=a_dim, b_block_dim=b_dim, out_dtype=out.name,
-                           bias=bias.astype(out) if fuse else None)
+                           bias=bias.astype(out) if fuse else None,
+                           dgelu_pre=None if dgelu_pre is None else dgelu_pre.astype(out))
         return y + bias.astype(out) if bias is not None and not fuse else y
     a = compact_scales(a, a_dim) if isinstance(a, BlockQReady) else a
     b = compact_scales(b, b_dim) if isinstance(b, BlockQReady) else b

@@ -358,7 +358,9 @@ def _block_fwd(x, w, bias, cfg: _Cfg):
     return y, (xc, wc, bias, jnp.zeros((0,), x.dtype), jnp.zeros((0,), w.dtype))
 
 
-def _block_bwd(cfg: _Cfg, res, dy):
+def _block_bwd(cfg: _Cfg, res, dy, dgelu_pre=None):
+    """The block layer's backward; with ``dgelu_pre`` (the layer's input was
+    ``gelu(dgelu_pre)``, :func:`_block_gelu`) its dx is the gradient at ``dgelu_pre``."""
     xc, wc, bias, x_dt, w_dt = res
     r = cfg.recipe
     xd, wd, gd = r.block_dims
@@ -374,8 +376,10 @@ def _block_bwd(cfg: _Cfg, res, dy):
     if kind == "col_sp":  # dx = RS(dy . w), reduced in f32
         dx = _f8.block_dot(gr, gd, wc, wd, jnp.float32, exact, cfg.block_gemm)  # dy [T, N/tp] . (w^T [K, N/tp])^T
         dx = jax.lax.psum_scatter(dx, ax, scatter_dimension=0, tiled=True).astype(out_dt)
-    else:
-        dx = _f8.block_dot(gr, gd, wc, wd, out_dt, exact, cfg.block_gemm)
+        if dgelu_pre is not None:
+            dx = _f8._gelu_vjp(dgelu_pre, dx)
+    else:  # the GELU's backward in the GEMM's epilogue on the library
+        dx = _f8.block_dot(gr, gd, wc, wd, out_dt, exact, cfg.block_gemm, dgelu_pre=dgelu_pre)
     dw = _f8.block_dot(gc, gd, xc, xd, w_dt.dtype, exact, cfg.block_gemm)  # dy^T [N, T] . (x^T [K, T])^T
     return dx, dw, _bias_share(bias, dy)
 
@@ -387,6 +391,27 @@ def _block_layer():
 
 
 _block = _block_layer()
+
+
+def _block_gelu_fwd(pre, w, bias, cfg: _Cfg):
+    y, res = _block_fwd(jax.nn.gelu(pre, approximate=True), w, bias, cfg)
+    return y, (res, pre)
+
+
+def _block_gelu_bwd(cfg: _Cfg, res, dy):
+    res, pre = res
+    return _block_bwd(cfg, res, dy, dgelu_pre=pre)
+
+
+def _block_gelu_layer():
+    """``dense(gelu(pre))`` under block scaling (the MLP's second layer): the GELU's
+    backward rides in the dgrad GEMM's epilogue (DGELU) on the library, no pass of its own."""
+    f = jax.custom_vjp(lambda pre, w, bias, cfg: _block_gelu_fwd(pre, w, bias, cfg)[0], nondiff_argnums=(3,))
+    f.defvjp(_block_gelu_fwd, _block_gelu_bwd)
+    return f
+
+
+_block_gelu = _block_gelu_layer()
 
 
 def _dense(x, w, bias, cfg: _Cfg, meta):
@@ -434,10 +459,14 @@ def row_parallel_dense(x, w, bias=None, *, ctx: TPContext, sequence_parallel: bo
     x ``[T, K/tp]``, w ``[N, K/tp]``, bias ``[N]`` (replicated) -> y ``[T/tp, N]``
     (sequence parallel: reduce-scattered along tokens) or ``[T, N]`` (all-reduced).
     ``fp8`` / ``fp8_meta`` as :func:`column_parallel_dense`."""
+    return _dense(x, w, bias, _row_cfg(ctx, sequence_parallel, fp8, comm_sms, library), fp8_meta)
+
+
+def _row_cfg(ctx: TPContext, sequence_parallel: bool, fp8, comm_sms: int, library: Optional[bool]) -> _Cfg:
     recipe = _f8.as_recipe(fp8)
     lib = _use_library(ctx, library)
     kind = ("row_sp" if sequence_parallel else "row_ar") if lib else "local"
-    return _dense(x, w, bias, _Cfg(ctx, kind, recipe, _comm_sms_arg(comm_sms), lib), fp8_meta)
+    return _Cfg(ctx, kind, recipe, _comm_sms_arg(comm_sms), lib)
 
 
 def mlp(x, w1, b1, w2, b2, *, ctx: TPContext, sequence_parallel: bool = True, fp8=False, fp8_meta=None,
@@ -452,5 +481,8 @@ def mlp(x, w1, b1, w2, b2, *, ctx: TPContext, sequence_parallel: bool = True, fp
         m1, m2 = fp8_meta
     kw = dict(ctx=ctx, sequence_parallel=sequence_parallel, fp8=fp8, comm_sms=comm_sms, library=library)
     h = column_parallel_dense(x, w1, b1, fp8_meta=m1, **kw)
+    cfg = _row_cfg(ctx, sequence_parallel, fp8, comm_sms, library)
+    if cfg.recipe is not None and cfg.recipe.block:  # the GELU's backward in the dgrad's epilogue
+        return _block_gelu(h, w2, b2, cfg)
     h = jax.nn.gelu(h, approximate=True)
     return row_parallel_dense(h, w2, b2, fp8_meta=m2, **kw)
