@@ -12,8 +12,8 @@
 //!   execution): creates, collectively, the engine and buffers the call needs
 //!   (`CommGemmCtx::prepare`); a no-op once they exist;
 //! - **execute**: the call on XLA's stream (captured into a command buffer when XLA
-//!   records one: the handlers declare `COMMAND_BUFFER_COMPATIBLE`; replays are correct,
-//!   see `tests_c/test_graph.cpp` and `python/tests/jax`).
+//!   records one: every handler but the block GEMM's declares `COMMAND_BUFFER_COMPATIBLE`;
+//!   replays are correct, see `tests_c/test_graph.cpp` and `python/tests/jax`).
 //!
 //! Operands (in order): `a`, `b` (TE's A and B: weight and input for Linear), `bias` when
 //! attribute `has_bias`, then A's and B's `scale_inv` (f32, one element) when
@@ -24,7 +24,8 @@
 //! `has_scales`, `gelu`, `gather_b`.
 //!
 //! `nvte_comm_xla_block_gemm` (no context, no communication) runs the block-scaled FP8
-//! GEMM of TE's Float8BlockScaling through nvte_cublas_gemm's entry; see its own doc.
+//! GEMM of TE's Float8BlockScaling through nvte_cublas_gemm's entry, and
+//! `nvte_comm_xla_block_quantize` its block quantization; see their own docs.
 //!
 //! The context of a call is looked up by (`context`, the device ordinal of XLA's execution
 //! context), so one SPMD program drives one context per local device.
@@ -635,8 +636,8 @@ fn xla_error(api: &Api, func: &str, e: &Error) -> *mut c_void {
     unsafe { create(&mut a) }
 }
 
-/// The handler's API version and traits into XLA's metadata extension of `fr`.
-fn fill_metadata(fr: &CallFrame) -> Result<()> {
+/// The handler's API version and `traits` into XLA's metadata extension of `fr`.
+fn fill_metadata(fr: &CallFrame, traits: u32) -> Result<()> {
     // SAFETY: the caller saw a metadata extension: its layout.
     let ext = unsafe { &*(fr.extension_start as *const MetadataExtension) };
     // SAFETY: XLA's metadata struct (checked for size before any write).
@@ -652,17 +653,34 @@ fn fill_metadata(fr: &CallFrame) -> Result<()> {
         major_version: API_MAJOR,
         minor_version: API_MINOR,
     };
-    md.traits = TRAIT_COMMAND_BUFFER_COMPATIBLE;
+    md.traits = traits;
     if md.struct_size >= size_of::<Metadata>() {
         md.state_type_id = 0; // XLA_FFI_UNKNOWN_TYPE_ID: no state
     }
     Ok(())
 }
 
+/// [`handle_with`] of a command-buffer compatible handler.
+///
 /// # Safety
 /// `frame` is the call frame XLA passes to a handler.
 unsafe fn handle(
     func: &'static str,
+    body: fn(&Frame) -> Result<()>,
+    frame: *mut c_void,
+) -> *mut c_void {
+    // SAFETY: forwarded.
+    unsafe { handle_with(func, TRAIT_COMMAND_BUFFER_COMPATIBLE, body, frame) }
+}
+
+/// One handler call: XLA's metadata query (answered with `traits`), or a stage run by
+/// `body` with its errors returned as XLA's.
+///
+/// # Safety
+/// `frame` is the call frame XLA passes to a handler.
+unsafe fn handle_with(
+    func: &'static str,
+    traits: u32,
     body: fn(&Frame) -> Result<()>,
     frame: *mut c_void,
 ) -> *mut c_void {
@@ -676,7 +694,11 @@ unsafe fn handle(
     // report version and traits.
     // SAFETY: an extension starts with its base.
     if !fr.extension_start.is_null() && unsafe { (*fr.extension_start).ty } == EXTENSION_METADATA {
-        let res = firewall_with(func, |e| Err(e.clone()), || fill_metadata(fr).map(Ok));
+        let res = firewall_with(
+            func,
+            |e| Err(e.clone()),
+            || fill_metadata(fr, traits).map(Ok),
+        );
         // SAFETY: the frame's API table, when XLA passed one.
         return match (res, unsafe { fr.api.as_ref() }) {
             (Ok(()), _) => std::ptr::null_mut(),
@@ -879,7 +901,11 @@ fn run_block(f: &Frame) -> Result<()> {
 /// or the GELU pre-activation [M, N] when `dgelu` (d = (a b^T) * gelu'(pre)). Results:
 /// `d` [M, N] bf16 / f16 / f32, optionally a u8 workspace for cuBLASLt. Attributes:
 /// `a_block_dim`, `b_block_dim` (1 or 2; not both 2), `has_bias`, `dgelu`,
-/// `split_accumulator` (default true). Hopper only; command-buffer compatible.
+/// `split_accumulator` (default true). Hopper only. Not declared command-buffer
+/// compatible (it is capturable): XLA runs it between its command buffers, so that its
+/// first execution of each shape is an eager one, which times cuBLASLt's candidate
+/// algorithms (NVTE_COMM_GEMM_TUNE; a captured first execution cannot, and would keep the
+/// heuristic's first choice for good).
 ///
 /// # Safety
 /// Called by XLA with its call frame.
@@ -887,7 +913,7 @@ fn run_block(f: &Frame) -> Result<()> {
 pub unsafe extern "C" fn nvte_comm_xla_block_gemm(call_frame: *mut c_void) -> *mut c_void {
     entry!(named, |name| {
         // SAFETY: forwarded from XLA.
-        unsafe { handle(name, run_block, call_frame) }
+        unsafe { handle_with(name, 0, run_block, call_frame) }
     })
 }
 
@@ -898,7 +924,6 @@ pub unsafe extern "C" fn nvte_comm_xla_block_gemm(call_frame: *mut c_void) -> *m
 struct QuantizeCall {
     input: Tensor,
     output: Tensor,
-    mode: BlockMode,
     /// the FP8 type written (the first FP8 result's)
     out_dtype: DType,
     cfg: crate::kernels::block::BlockQuantConfig,
@@ -970,7 +995,6 @@ fn decode_quantize(f: &Frame) -> Result<QuantizeCall> {
     Ok(QuantizeCall {
         input,
         output,
-        mode,
         out_dtype,
         cfg,
     })
@@ -985,8 +1009,8 @@ fn run_quantize(f: &Frame) -> Result<()> {
     }
     let c = decode_quantize(f)?;
     let stream = f.stream()?;
-    let k = (c.mode, c.input.data.dtype, c.out_dtype);
-    let prepare = || crate::kernels::block::prepare_quantize(k.0, k.1, k.2, stream);
+    let k = (c.input.data.dtype, c.out_dtype);
+    let prepare = || crate::kernels::block::prepare_quantize(k.0, k.1, stream);
     if f.stage == STAGE_INITIALIZE {
         return prepare();
     }
@@ -999,10 +1023,10 @@ fn run_quantize(f: &Frame) -> Result<()> {
             crate::cuda::Checked::vouched(&c.output),
         )
     };
-    // The call's checks first (no device work); then the kernel, loaded by the initialize
-    // stage (a cache look-up here): where XLA ran none before a captured execution, the
-    // module load (no stream work) is made with this thread's capture mode relaxed,
-    // outside the graph being captured.
+    // The call's checks first (no device work); then the kernel's module, loaded by the
+    // initialize stage (a cache look-up here): where XLA ran none before a captured
+    // execution, the module load (no stream work) is made with this thread's capture mode
+    // relaxed, outside the graph being captured.
     crate::kernels::block::check_quantize(i, o, &c.cfg)?;
     {
         let _relaxed = crate::cuda::resources::RelaxedCapture::new();
@@ -1528,11 +1552,19 @@ mod tests {
         assert!(msg.contains("`a_block_dim` = 7"), "{msg}");
     }
 
-    /// XLA's metadata query at registration: each block handler reports API 0.3 and
-    /// COMMAND_BUFFER_COMPATIBLE (XLA may capture it into a command buffer / CUDA graph).
+    /// XLA's metadata query at registration: each block handler reports API 0.3, the
+    /// quantization COMMAND_BUFFER_COMPATIBLE (XLA may capture it into a command buffer /
+    /// CUDA graph), the GEMM no trait (run eagerly: its first run per shape is timed).
     #[test]
-    fn block_handlers_declare_command_buffer_compatibility() {
-        for handler in [nvte_comm_xla_block_gemm, nvte_comm_xla_block_quantize] {
+    fn block_handlers_declare_their_traits() {
+        let handlers: [(unsafe extern "C" fn(*mut c_void) -> *mut c_void, u32); 2] = [
+            (nvte_comm_xla_block_gemm, 0),
+            (
+                nvte_comm_xla_block_quantize,
+                TRAIT_COMMAND_BUFFER_COMPATIBLE,
+            ),
+        ];
+        for (handler, traits) in handlers {
             let mut md = Metadata {
                 struct_size: size_of::<Metadata>(),
                 api_version: ApiVersion {
@@ -1559,7 +1591,7 @@ mod tests {
             // SAFETY: a call frame carrying the metadata extension, as XLA's query passes it.
             let err = unsafe { handler(&mut cf as *mut CallFrame as _) };
             assert!(err.is_null());
-            assert_eq!(md.traits, TRAIT_COMMAND_BUFFER_COMPATIBLE);
+            assert_eq!(md.traits, traits);
             assert_eq!(
                 (md.api_version.major_version, md.api_version.minor_version),
                 (API_MAJOR, API_MINOR)

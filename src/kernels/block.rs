@@ -144,6 +144,32 @@ impl QuantizePlan {
     }
 }
 
+/// The checks of [`quantize`] (shapes, layouts, types, alignment), without device work.
+pub fn check_quantize(
+    input: Checked<&Tensor>,
+    output: Checked<&Tensor>,
+    cfg: &BlockQuantConfig,
+) -> Result<()> {
+    plan_quantize(input.get(), output.get(), cfg).map(|_| ())
+}
+
+/// Compile and load the module of a later [`quantize`] from `in_dtype` to `out_dtype` on
+/// `stream` (NVRTC, cuModuleLoadData: no stream work, which a stream capture may refuse),
+/// so that the call itself only looks it up: for a stage outside any capture (XLA's
+/// initialize stage) ahead of a call that may be captured.
+pub fn prepare_quantize(in_dtype: DType, out_dtype: DType, stream: StreamHandle) -> Result<()> {
+    if !in_dtype.is_high_precision() || !out_dtype.is_fp8() {
+        unsupported!(
+            "a block-scaled quantization reads kNVTEFloat32, kNVTEBFloat16 or kNVTEFloat16 and writes FP8, not {} to {}",
+            in_dtype.name(),
+            out_dtype.name()
+        );
+    }
+    let guard = ContextGuard::for_stream(stream)?;
+    let dev = cuda::device_info(guard.device)?;
+    nvrtc::module(&BLOCK_QUANT, guard.id, &dev).map(|_| ())
+}
+
 /// The shape TE gives the data of layout `l` of an input of dimensions `dims`: the input's,
 /// or [last, leading...] when transposed.
 fn data_dims(l: &BlockLayout, dims: &[usize]) -> Vec<usize> {
@@ -297,15 +323,6 @@ fn plan_quantize(
     }))
 }
 
-/// The checks of [`quantize`] (shapes, layouts, types, alignment), without device work.
-pub fn check_quantize(
-    input: Checked<&Tensor>,
-    output: Checked<&Tensor>,
-    cfg: &BlockQuantConfig,
-) -> Result<()> {
-    plan_quantize(input.get(), output.get(), cfg).map(|_| ())
-}
-
 /// Raise the function's dynamic shared-memory limit to `bytes` once per (context, function).
 fn allow_shared(ctx: cuda::CtxId, f: cudarc::driver::sys::CUfunction, bytes: u32) -> Result<()> {
     use cudarc::driver::sys as cu;
@@ -331,51 +348,6 @@ fn allow_shared(ctx: cuda::CtxId, f: cudarc::driver::sys::CUfunction, bytes: u32
     Ok(())
 }
 
-/// The quantize kernel of `mode` from `in_dtype` to `out_dtype` in the current context
-/// (`guard`'s), with its dynamic shared memory (one 128x128 input tile, the returned
-/// bytes) allowed: compiled and loaded on first use, a cache look-up after.
-fn quantize_kernel(
-    guard: &ContextGuard,
-    mode: BlockMode,
-    in_dtype: DType,
-    out_dtype: DType,
-) -> Result<(Kernel<QuantParams>, u32)> {
-    if !in_dtype.is_high_precision() || !out_dtype.is_fp8() {
-        unsupported!(
-            "a block-scaled quantization reads kNVTEFloat32, kNVTEBFloat16 or kNVTEFloat16 and writes FP8, not {} to {}",
-            in_dtype.name(),
-            out_dtype.name()
-        );
-    }
-    let dev = cuda::device_info(guard.device)?;
-    let m = nvrtc::module(&BLOCK_QUANT, guard.id, &dev)?;
-    let mode = match mode {
-        BlockMode::OneD => "1d",
-        BlockMode::TwoD => "2d",
-    };
-    // Both have a short name: checked above.
-    let names = [mode, short(in_dtype).unwrap(), short(out_dtype).unwrap()];
-    // SAFETY: `m` is kernels/block_quant.cu's module, the binding's source.
-    let k = unsafe { Kernel::new(&m, &BLOCK_QUANTIZE, &names)? };
-    let smem = (TILE * TILE * in_dtype.bits() / 8) as u32;
-    allow_shared(guard.id, k.raw(), smem)?;
-    Ok((k, smem))
-}
-
-/// Load the kernel a later [`quantize`] of `mode` from `in_dtype` to `out_dtype` on
-/// `stream` runs (NVRTC compile, module load, its shared-memory limit), so that the call
-/// itself makes none of these: for a stage outside any stream capture (XLA's initialize
-/// stage) before a call that may be captured.
-pub fn prepare_quantize(
-    mode: BlockMode,
-    in_dtype: DType,
-    out_dtype: DType,
-    stream: StreamHandle,
-) -> Result<()> {
-    let guard = ContextGuard::for_stream(stream)?;
-    quantize_kernel(&guard, mode, in_dtype, out_dtype).map(|_| ())
-}
-
 /// TE's nvte_quantize into an NVTE_BLOCK_SCALING_1D / _2D tensor: FP8 rowwise data and / or
 /// columnwise data (transposed, or 1D compact: the input's layout) with their float32
 /// scale inverses in TE's layout, from one read of the input. Returns the format written.
@@ -389,7 +361,21 @@ pub fn quantize(
         return Ok(cfg.format);
     };
     let guard = ContextGuard::for_stream(stream)?;
-    let (k, smem) = quantize_kernel(&guard, plan.mode, plan.in_dtype, plan.out_dtype)?;
+    let dev = cuda::device_info(guard.device)?;
+    let m = nvrtc::module(&BLOCK_QUANT, guard.id, &dev)?;
+    let mode = match plan.mode {
+        BlockMode::OneD => "1d",
+        BlockMode::TwoD => "2d",
+    };
+    let names = [
+        mode,
+        short(plan.in_dtype).unwrap(),
+        short(plan.out_dtype).unwrap(),
+    ];
+    // SAFETY: `m` is kernels/block_quant.cu's module, the binding's source.
+    let k = unsafe { Kernel::new(&m, &BLOCK_QUANTIZE, &names)? };
+    let smem = (TILE * TILE * plan.in_dtype.bits() / 8) as u32;
+    allow_shared(guard.id, k.raw(), smem)?;
     let grid = ((plan.rows / TILE) * (plan.cols / TILE)) as u32;
     let [src, dst, dst_t, sinv, sinv_t] = plan.ptrs;
     let params = (src, dst, dst_t, sinv, sinv_t, cfg.noop, plan.args(cfg));
