@@ -103,11 +103,26 @@ def test_block_dot_is_the_dequantized_product(b_dim):
         F.block_dot(F.quantize_block(jax.numpy.asarray(a), 2), 2, qb, 2, np.float32)
 
 
+_made = []
+
+
+@pytest.fixture(autouse=True)
+def _close_contexts():
+    """Close the tests' TP contexts after each test: a live context keeps its key bound in
+    the library (the keys are a process-wide counter that other test files' binding tests
+    use)."""
+    yield
+    while _made:
+        _made.pop().close()
+
+
 def _ctx1(capi):
     import transformer_engine_comm.jax as tj
     from jax.sharding import Mesh
 
-    return tj.tp_context(Mesh(np.array(jax.devices()[:1]), ("tp",)), "tp")
+    ctx = tj.tp_context(Mesh(np.array(jax.devices()[:1]), ("tp",)), "tp")
+    _made.append(ctx)
+    return ctx
 
 
 def test_dense_forward_backward_is_the_block_math(capi):
