@@ -12,8 +12,8 @@
 //!   execution): creates, collectively, the engine and buffers the call needs
 //!   (`CommGemmCtx::prepare`); a no-op once they exist;
 //! - **execute**: the call on XLA's stream (captured into a command buffer when XLA
-//!   records one: every handler but the block GEMM's declares `COMMAND_BUFFER_COMPATIBLE`;
-//!   replays are correct, see `tests_c/test_graph.cpp` and `python/tests/jax`).
+//!   records one: the handlers declare `COMMAND_BUFFER_COMPATIBLE`; replays are correct,
+//!   see `tests_c/test_graph.cpp` and `python/tests/jax`).
 //!
 //! Operands (in order): `a`, `b` (TE's A and B: weight and input for Linear), `bias` when
 //! attribute `has_bias`, then A's and B's `scale_inv` (f32, one element) when
@@ -636,8 +636,8 @@ fn xla_error(api: &Api, func: &str, e: &Error) -> *mut c_void {
     unsafe { create(&mut a) }
 }
 
-/// The handler's API version and `traits` into XLA's metadata extension of `fr`.
-fn fill_metadata(fr: &CallFrame, traits: u32) -> Result<()> {
+/// The handler's API version and traits into XLA's metadata extension of `fr`.
+fn fill_metadata(fr: &CallFrame) -> Result<()> {
     // SAFETY: the caller saw a metadata extension: its layout.
     let ext = unsafe { &*(fr.extension_start as *const MetadataExtension) };
     // SAFETY: XLA's metadata struct (checked for size before any write).
@@ -653,34 +653,17 @@ fn fill_metadata(fr: &CallFrame, traits: u32) -> Result<()> {
         major_version: API_MAJOR,
         minor_version: API_MINOR,
     };
-    md.traits = traits;
+    md.traits = TRAIT_COMMAND_BUFFER_COMPATIBLE;
     if md.struct_size >= size_of::<Metadata>() {
         md.state_type_id = 0; // XLA_FFI_UNKNOWN_TYPE_ID: no state
     }
     Ok(())
 }
 
-/// [`handle_with`] of a command-buffer compatible handler.
-///
 /// # Safety
 /// `frame` is the call frame XLA passes to a handler.
 unsafe fn handle(
     func: &'static str,
-    body: fn(&Frame) -> Result<()>,
-    frame: *mut c_void,
-) -> *mut c_void {
-    // SAFETY: forwarded.
-    unsafe { handle_with(func, TRAIT_COMMAND_BUFFER_COMPATIBLE, body, frame) }
-}
-
-/// One handler call: XLA's metadata query (answered with `traits`), or a stage run by
-/// `body` with its errors returned as XLA's.
-///
-/// # Safety
-/// `frame` is the call frame XLA passes to a handler.
-unsafe fn handle_with(
-    func: &'static str,
-    traits: u32,
     body: fn(&Frame) -> Result<()>,
     frame: *mut c_void,
 ) -> *mut c_void {
@@ -694,11 +677,7 @@ unsafe fn handle_with(
     // report version and traits.
     // SAFETY: an extension starts with its base.
     if !fr.extension_start.is_null() && unsafe { (*fr.extension_start).ty } == EXTENSION_METADATA {
-        let res = firewall_with(
-            func,
-            |e| Err(e.clone()),
-            || fill_metadata(fr, traits).map(Ok),
-        );
+        let res = firewall_with(func, |e| Err(e.clone()), || fill_metadata(fr).map(Ok));
         // SAFETY: the frame's API table, when XLA passed one.
         return match (res, unsafe { fr.api.as_ref() }) {
             (Ok(()), _) => std::ptr::null_mut(),
@@ -901,11 +880,10 @@ fn run_block(f: &Frame) -> Result<()> {
 /// or the GELU pre-activation [M, N] when `dgelu` (d = (a b^T) * gelu'(pre)). Results:
 /// `d` [M, N] bf16 / f16 / f32, optionally a u8 workspace for cuBLASLt. Attributes:
 /// `a_block_dim`, `b_block_dim` (1 or 2; not both 2), `has_bias`, `dgelu`,
-/// `split_accumulator` (default true). Hopper only. Not declared command-buffer
-/// compatible (it is capturable): XLA runs it between its command buffers, so that its
-/// first execution of each shape is an eager one, which times cuBLASLt's candidate
-/// algorithms (NVTE_COMM_GEMM_TUNE; a captured first execution cannot, and would keep the
-/// heuristic's first choice for good).
+/// `split_accumulator` (default true). Hopper only; command-buffer compatible (captured,
+/// the GEMM keeps cuBLASLt's heuristic's first algorithm: NVTE_COMM_GEMM_TUNE times
+/// candidates on eager runs only; in the JAX block step on an H200 the eager runs' timed
+/// choices measured no faster).
 ///
 /// # Safety
 /// Called by XLA with its call frame.
@@ -913,7 +891,7 @@ fn run_block(f: &Frame) -> Result<()> {
 pub unsafe extern "C" fn nvte_comm_xla_block_gemm(call_frame: *mut c_void) -> *mut c_void {
     entry!(named, |name| {
         // SAFETY: forwarded from XLA.
-        unsafe { handle_with(name, 0, run_block, call_frame) }
+        unsafe { handle(name, run_block, call_frame) }
     })
 }
 
@@ -1552,19 +1530,11 @@ mod tests {
         assert!(msg.contains("`a_block_dim` = 7"), "{msg}");
     }
 
-    /// XLA's metadata query at registration: each block handler reports API 0.3, the
-    /// quantization COMMAND_BUFFER_COMPATIBLE (XLA may capture it into a command buffer /
-    /// CUDA graph), the GEMM no trait (run eagerly: its first run per shape is timed).
+    /// XLA's metadata query at registration: each block handler reports API 0.3 and
+    /// COMMAND_BUFFER_COMPATIBLE (XLA may capture it into a command buffer / CUDA graph).
     #[test]
-    fn block_handlers_declare_their_traits() {
-        let handlers: [(unsafe extern "C" fn(*mut c_void) -> *mut c_void, u32); 2] = [
-            (nvte_comm_xla_block_gemm, 0),
-            (
-                nvte_comm_xla_block_quantize,
-                TRAIT_COMMAND_BUFFER_COMPATIBLE,
-            ),
-        ];
-        for (handler, traits) in handlers {
+    fn block_handlers_declare_command_buffer_compatibility() {
+        for handler in [nvte_comm_xla_block_gemm, nvte_comm_xla_block_quantize] {
             let mut md = Metadata {
                 struct_size: size_of::<Metadata>(),
                 api_version: ApiVersion {
@@ -1591,7 +1561,7 @@ mod tests {
             // SAFETY: a call frame carrying the metadata extension, as XLA's query passes it.
             let err = unsafe { handler(&mut cf as *mut CallFrame as _) };
             assert!(err.is_null());
-            assert_eq!(md.traits, traits);
+            assert_eq!(md.traits, TRAIT_COMMAND_BUFFER_COMPATIBLE);
             assert_eq!(
                 (md.api_version.major_version, md.api_version.minor_version),
                 (API_MAJOR, API_MINOR)

@@ -316,9 +316,7 @@ def block_gemm(a, a_scale_inv, b, b_scale_inv, *, a_block_dim: int, b_block_dim:
     ``a_block_dim`` / ``b_block_dim`` 1 (1 x 128 blocks) or 2 (128 x 128; not both). With
     ``bias`` (``[N]``): ``d + bias``; with ``dgelu_pre`` (``[M, N]``, the GELU input):
     ``d * gelu'(dgelu_pre)`` (not both). Output ``[M, N]`` bf16 / f16 / f32. An XLA custom
-    call (``te_comm_block_gemm``); GPU only. XLA runs it between its command buffers (the
-    handler declares no command-buffer trait), so that its first execution of each shape
-    is eager and times cuBLASLt's candidate algorithms (``NVTE_COMM_GEMM_TUNE``)."""
+    call (``te_comm_block_gemm``), command-buffer compatible; GPU only."""
     import jax
     import jax.numpy as jnp
 
