@@ -120,34 +120,53 @@ def test_block_gemm_epilogues():
 
 
 def test_block_mlp_training_step_on_the_library_gemm():
-    """The MLP's training step under Float8BlockScaling: on the GPU its six GEMMs are the
-    library's block GEMM (in the compiled step), and its loss and gradients match the
-    dequantized-dot path (the same block products; accumulation order only)."""
+    """The MLP's training step under Float8BlockScaling: on the GPU its GEMMs are the
+    library's block GEMM (in the compiled step) fed by the library's casts, and its loss
+    and gradients match the reference path (jnp casts, dequantized dots, JAX's GELU VJP).
+
+    Error model: both paths take the same block FP8 products of the same FP8 operands
+    wherever the tensors they quantize agree bit for bit; they differ in (a) the f32
+    accumulation order (~1e-6), (b) the GELU backward (rounded once to bf16 in the dgrad's
+    epilogue, twice on the reference path) and (c) the reference path's fused jnp casts,
+    where XLA may skip a producer's bf16 rounding (excess precision; the library's kernel
+    reads the stored bf16 tensor). A last-bit bf16 difference (2^-8 relative) in a tensor
+    about to be quantized moves its e4m3 code one step (~2^-3 x 0.7 relative) with
+    probability ~2^-8 / (2^-3 x 0.7): the rms relative difference of that operand is
+    ~sqrt(2^-8 x 2^-3 x 0.7) ~ 1.9 % at most, against ~2.6 % (step / sqrt(12)) of
+    quantization error in every quantized operand. So the paths' gradients must differ by
+    less than either differs from the bf16 step's (the FP8 error, which compounds over
+    more operands), and the library path be no further from bf16 than the reference."""
     import jax.numpy as jnp
     from transformer_engine_comm.jax import fp8 as F
 
     tj, ctx, (x, w1, b1, w2, b2) = _setup()
     r = tj.Float8BlockScaling()
 
-    def step_with(mode):
+    def step_with(mode, fp8=r):
         def loss(w1, w2):
             old = F.BLOCK_GEMM
             F.BLOCK_GEMM = mode  # read at trace time
             try:
-                return jnp.mean(tj.mlp(x, w1, b1, w2, b2, ctx=ctx, fp8=r).astype(jnp.float32) ** 2)
+                return jnp.mean(tj.mlp(x, w1, b1, w2, b2, ctx=ctx, fp8=fp8).astype(jnp.float32) ** 2)
             finally:
                 F.BLOCK_GEMM = old
         return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
 
-    lib, deq = step_with("auto"), step_with("dequant")
+    lib, deq, bf16 = step_with("auto"), step_with("dequant"), step_with("auto", False)
     # six GEMMs, less fc1's dgrad: x takes no gradient, XLA drops that call
     assert lib.lower(w1, w2).compile().as_text().count('custom_call_target="te_comm_block_gemm"') == 5
     assert "te_comm_block_gemm" not in deq.lower(w1, w2).compile().as_text()
-    (ll, gl), (ld, gd) = lib(w1, w2), deq(w1, w2)
+    (ll, gl), (ld, gd), (_, gb) = lib(w1, w2), deq(w1, w2), bf16(w1, w2)
     assert abs(float(ll) - float(ld)) / float(ld) < 1e-3, (float(ll), float(ld))
-    for a, b in zip(gl, gd):
-        e = float(jnp.linalg.norm(a.astype(jnp.float32) - b.astype(jnp.float32)) / jnp.linalg.norm(b.astype(jnp.float32)))
-        assert e < 2e-2, e
+
+    def rel(a, b):
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        return np.linalg.norm(a - b) / np.linalg.norm(b)
+
+    for name, a, b, f in zip(("w1", "w2"), gl, gd, gb):
+        e_ld, e_db, e_lb = rel(a, b), rel(b, f), rel(a, f)
+        assert e_ld < e_db, (name, e_ld, e_db)
+        assert e_lb < 1.1 * e_db, (name, e_lb, e_db)
     # a few optimizer steps on the library's GEMM lower the loss
     w = (w1, w2)
     for _ in range(3):
