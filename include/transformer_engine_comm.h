@@ -1302,12 +1302,39 @@ void *nvte_comm_xla_gemm_all_reduce(void *call_frame);
  * or the GELU pre-activation [M, N] when `dgelu` (d = (a b^T) * gelu'(pre)). Results:
  * `d` [M, N] bf16 / f16 / f32, optionally a u8 workspace for cuBLASLt. Attributes:
  * `a_block_dim`, `b_block_dim` (1 or 2; not both 2), `has_bias`, `dgelu`,
- * `split_accumulator` (default true). Hopper only; command-buffer compatible.
+ * `split_accumulator` (default true). Hopper only; command-buffer compatible (captured,
+ * the GEMM keeps cuBLASLt's heuristic's first algorithm: NVTE_COMM_GEMM_TUNE times
+ * candidates on eager runs only; in the JAX block step on an H200 the eager runs' timed
+ * choices measured no faster).
  *
  * # Safety
  * Called by XLA with its call frame.
  */
 void *nvte_comm_xla_block_gemm(void *call_frame);
+
+/**
+ * XLA FFI handler (as `nvte_comm_xla_all_gather_gemm`; initialize and execute stages) of
+ * the block quantization of TE's Float8BlockScaling (the kernel of nvte_quantize into an
+ * NVTE_BLOCK_SCALING_1D / _2D tensor), without communication or context: one read of
+ * each 128x128 tile of `x` writes the rowwise and / or columnwise FP8 data with their
+ * scale inverses in TE's GEMM-ready layout, what [`nvte_comm_xla_block_gemm`] takes.
+ * Operand: `x` [R, C] f32 / bf16 / f16, R and C multiples of 128. Results: when
+ * `rowwise` (default true) `q` [R, C] f8e4m3fn / f8e5m2 and `scale_inv` f32 (1D: [C/128,
+ * R], entry (column block, row); 2D: [R/128, roundup(C/128, 4)]); then when `columnwise`
+ * `q_t` [C, R] (the transpose, quantized along its rows: 1D blocks are 128 x 1 of `x`)
+ * and `scale_inv_t` (1D: [R/128, C]; 2D: [C/128, roundup(R/128, 4)], the rowwise scales
+ * transposed). Padding entries of a scale_inv (2D, block counts not multiples of 4) are
+ * not written (the GEMM never reads them). Attributes: `block_dim` (1 or 2),
+ * `power_2_scale` (bool, default false: each scale rounded down to a power of 2),
+ * `amax_epsilon` (float, default 0), `rowwise`, `columnwise`. The initialize stage
+ * compiles and loads the kernel; the execute stage launches it (command-buffer
+ * compatible: where no initialize stage ran first, it loads the kernel with the capture
+ * mode relaxed, outside any graph being captured).
+ *
+ * # Safety
+ * Called by XLA with its call frame.
+ */
+void *nvte_comm_xla_block_quantize(void *call_frame);
 
 /**
  * The layout table as text, one `name value` line each (for the layout test, which

@@ -6,7 +6,8 @@ One command, one process driving every local GPU (JAX's default on one host):
     python3 examples/jax/mlp_with_overlap.py                          # bf16, overlap on
     python3 examples/jax/mlp_with_overlap.py --fp8-recipe delayed     # FP8 training, TE's DelayedScaling
     python3 examples/jax/mlp_with_overlap.py --fp8-recipe current     # FP8, current scaling (--fp8: the same)
-    python3 examples/jax/mlp_with_overlap.py --fp8-recipe block       # FP8 block scaling (the library's block GEMM)
+    python3 examples/jax/mlp_with_overlap.py --fp8-recipe block       # FP8 block scaling (the library's casts and GEMM)
+    python3 examples/jax/mlp_with_overlap.py --fp8-recipe block --compare-bf16  # bf16 first, then block: the ratio
     python3 examples/jax/mlp_with_overlap.py --no-comm-overlap        # XLA's all_gather / psum_scatter
     python3 examples/jax/mlp_with_overlap.py --builds xla,layers,library --profile
 
@@ -24,7 +25,9 @@ Builds (``--builds``, comma-separated; each prints its loss and step time and a 
 since nothing is communicated), ``library`` (the same layers with the library's custom
 calls forced, ``library=True``: their overhead at tp 1 stays measurable), ``xla`` (XLA's
 collectives and dots, bf16: the reference build; ``--no-comm-overlap``). Default:
-``layers``, plus ``library`` at tp 1.
+``layers``, plus ``library`` at tp 1. ``--compare-bf16`` (with an FP8 recipe) runs the bf16
+``layers`` build first, in the same process, and prints each FP8 build's step time and
+final loss against it.
 
 ``--profile``: a ``jax.profiler`` trace of a few steps per build, read back from its
 Perfetto JSON: step ms, GPU-busy ms (the union of the GPU's kernel and copy intervals),
@@ -148,12 +151,19 @@ def main():
     p.add_argument("--fp8", action="store_true", help="FP8 training, current scaling (= --fp8-recipe current)")
     p.add_argument("--fp8-recipe", choices=("delayed", "current", "block"),
                    help="FP8 training with TE's recipe: delayed / current (HYBRID) or block (Float8BlockScaling: "
-                        "e4m3, 1x128 / 128x128 blocks; jnp casts, the library's block-scaled FP8 GEMM, XLA's "
-                        "collectives at tp > 1)")
+                        "e4m3, 1x128 / 128x128 blocks; the library's block quantize kernel and block-scaled FP8 "
+                        "GEMM on a GPU, XLA's collectives at tp > 1)")
     p.add_argument("--block-gemm", choices=("auto", "library", "dequant"), default="auto",
                    help="--fp8-recipe block's GEMMs: the library's block-scaled FP8 GEMM custom call (auto: on a "
                         "GPU where the shapes fit cuBLASLt's rules; library: always) or the dot of the dequantized "
                         "operands (dequant, the reference)")
+    p.add_argument("--block-casts", choices=("auto", "library", "jnp"), default="auto",
+                   help="--fp8-recipe block's casts: the library's block quantize kernel custom call (auto: where "
+                        "the GEMMs run on the library and the tensor is whole 128x128 tiles; library: wherever it is "
+                        "whole tiles) or the jnp casts (jnp, the reference)")
+    p.add_argument("--compare-bf16", action="store_true",
+                   help="with an FP8 recipe: run the bf16 layers build first and print the FP8 step time / final "
+                        "loss against it")
     p.add_argument("--amax-history-len", type=int, default=1024, help="delayed scaling's history (TE's default)")
     p.add_argument("--no-comm-overlap", action="store_true", help="XLA's collectives, then the GEMMs (= --builds xla)")
     p.add_argument("--builds", help="comma-separated: layers, library, xla (default: layers, + library at tp 1)")
@@ -188,6 +198,7 @@ def main():
     elif recipe_name == "block":
         recipe = tj.Float8BlockScaling()
         tj.fp8.BLOCK_GEMM = a.block_gemm  # read when the step is traced
+        tj.fp8.BLOCK_CASTS = a.block_casts
     else:
         recipe = None
     if a.builds:
@@ -206,7 +217,11 @@ def main():
         if "library" in builds and a.builds:
             raise SystemExit("--fp8-recipe block: the library build has no block-scaled GEMM; use --builds layers")
         builds = [b for b in builds if b != "library"]
-    ctx = tj.tp_context(mesh, "tp") if any(b != "xla" for b in builds) else None
+    # (build, recipe) in run order: the bf16 layers build first with --compare-bf16
+    runs = [(b, recipe if b != "xla" else None) for b in builds]
+    if a.compare_bf16 and recipe is not None:
+        runs.insert(0, ("layers", None))
+    ctx = tj.tp_context(mesh, "tp") if any(b != "xla" for b, _ in runs) else None
     bf = jnp.bfloat16
     specs = (P("tp", None), P("tp", None), P("tp"), P(None, "tp"), P())
 
@@ -215,8 +230,7 @@ def main():
         h = jax.nn.gelu(xt @ w1.T + b1, approximate=True)
         return jax.lax.psum_scatter(h @ w2.T, "tp", scatter_dimension=0, tiled=True) + b2
 
-    def make_step(build):
-        fp8 = recipe if build != "xla" else None
+    def make_step(build, fp8):
         if build == "xla":
             layers = xla_layers
         else:
@@ -261,11 +275,12 @@ def main():
 
     print(f"tp = {tp} ({jax.devices()[0].device_kind}), tokens {T}, hidden {H}, ffn {F}; builds {builds}", flush=True)
     results = []
-    for build in builds:
-        step, meta, prec = make_step(build)
+    for build, rec in runs:
+        step, meta, prec = make_step(build, rec)
         params = params0
-        if recipe_name == "block":
-            via = f" (block GEMM: {a.block_gemm}{', XLA collectives' if tp > 1 else ''})"
+        if rec is not None and rec.block:
+            via = (f" (block casts: {a.block_casts}, block GEMM: {a.block_gemm}"
+                   f"{', XLA collectives' if tp > 1 else ''})")
         else:
             via = " (XLA's dot at tp 1)" if tp == 1 else " (library)"
         name = {"layers": "layers" + via,
@@ -305,7 +320,7 @@ def main():
             hlo = step.lower(params, meta, x, target).compile().as_text()
             row.update(gemm_census(hlo))
             print(f"compiled step: {row['xla_fp8_gemms']} XLA FP8 GEMMs, {row['xla_gemms']} other XLA GEMMs, "
-                  f"{row['library_calls']} library comm-GEMM calls", flush=True)
+                  f"{row['library_calls']} library custom calls", flush=True)
             d = a.profile_dir or tempfile.mkdtemp(prefix="te_comm_jax_trace_")
             d = os.path.join(d, f"{build}-{prec.replace(' ', '-')}")
             jax.block_until_ready(params)
@@ -325,6 +340,12 @@ def main():
                   f"kernels {bd['kernels']:.0f} per step", flush=True)
         print("RESULT " + json.dumps(row), flush=True)
         results.append(row)
+    if a.compare_bf16 and len(results) > 1 and results[0]["precision"] == "bf16":
+        b = results[0]
+        for r in results[1:]:
+            print(f"COMPARE {r['build']} {r['precision']} vs bf16: step {r['step_ms']:.2f} / {b['step_ms']:.2f} ms = "
+                  f"{r['step_ms'] / b['step_ms']:.3f}x; final loss {r['final_loss']:.6f} vs {b['final_loss']:.6f} "
+                  f"({(r['final_loss'] / b['final_loss'] - 1) * 100:+.2f} %)", flush=True)
     if len(results) > 1:
         base = results[0]["step_ms"]
         print("\n| build | precision | step ms | vs first | final loss |\n|---|---|---|---|---|")

@@ -103,11 +103,26 @@ def test_block_dot_is_the_dequantized_product(b_dim):
         F.block_dot(F.quantize_block(jax.numpy.asarray(a), 2), 2, qb, 2, np.float32)
 
 
+_made = []
+
+
+@pytest.fixture(autouse=True)
+def _close_contexts():
+    """Close the tests' TP contexts after each test: a live context keeps its key bound in
+    the library (the keys are a process-wide counter that other test files' binding tests
+    use)."""
+    yield
+    while _made:
+        _made.pop().close()
+
+
 def _ctx1(capi):
     import transformer_engine_comm.jax as tj
     from jax.sharding import Mesh
 
-    return tj.tp_context(Mesh(np.array(jax.devices()[:1]), ("tp",)), "tp")
+    ctx = tj.tp_context(Mesh(np.array(jax.devices()[:1]), ("tp",)), "tp")
+    _made.append(ctx)
+    return ctx
 
 
 def test_dense_forward_backward_is_the_block_math(capi):
@@ -352,3 +367,205 @@ def test_block_layers_training_step_lowers_to_block_gemms(capi, monkeypatch):
     # the forwards' bias in the GEMM's epilogue (bf16 output)
     biased = [dict(x.split(" = ") for x in a.split(", "))["has_bias"] for _, a, _, _ in calls]
     assert biased.count("true") == 2, biased
+
+
+# ---- the library's block quantization (ops.block_quantize): layout, rules, lowering ------
+
+def _quantize_calls(txt):
+    import re
+
+    return re.findall(r"custom_call @te_comm_block_quantize\((.*?)\) \{.*?mhlo.backend_config = \{([^}]*)\}.*?\} : "
+                      r"\((.*?)\) -> (.*?)\n", txt)
+
+
+def _kv(attrs):
+    return dict(x.split(" = ") for x in attrs.split(", "))
+
+
+@pytest.mark.parametrize("dim", [1, 2])
+@pytest.mark.parametrize("rowwise, columnwise", [(True, True), (True, False), (False, True)])
+def test_block_quantize_lowers_to_the_custom_call(capi, dim, rowwise, columnwise):
+    """One custom call per cast: the input in, the asked-for directions out at their
+    shapes (columnwise data the transpose), the scales at TE's GEMM-ready shapes, the
+    recipe's options as attributes."""
+    import jax.numpy as jnp
+    from transformer_engine_comm.jax import ops
+
+    R, C = 384, 640  # odd multiples of 128: 2D scales padded to a multiple of 4
+
+    def f(x):
+        return ops.block_quantize(x, dim, power_2_scale=False, amax_epsilon=0.5, rowwise=rowwise,
+                                  columnwise=columnwise)
+
+    txt = jax.jit(f).trace(jax.ShapeDtypeStruct((R, C), jnp.bfloat16)).lower(lowering_platforms=("cuda",)).as_text()
+    calls = _quantize_calls(txt)
+    assert len(calls) == 1, txt[-3000:]
+    _, attrs, ins, outs = calls[0]
+    assert ins == "tensor<384x640xbf16>", ins
+    want = []
+    if rowwise:
+        want += ["tensor<384x640xf8E4M3FN>", "tensor<5x384xf32>" if dim == 1 else "tensor<3x8xf32>"]
+    if columnwise:
+        want += ["tensor<640x384xf8E4M3FN>", "tensor<3x640xf32>" if dim == 1 else "tensor<5x4xf32>"]
+    assert outs.strip("()").split(", ") == want, outs
+    kv = _kv(attrs)
+    assert kv["block_dim"].startswith(f"{dim} ") and kv["power_2_scale"] == "false", kv
+    assert kv["amax_epsilon"].startswith("5.000000e-01"), kv
+    assert kv["rowwise"] == str(rowwise).lower() and kv["columnwise"] == str(columnwise).lower(), kv
+    # the GEMM-ready shapes are ops.gemm_ready_scale_shape of the data as stored
+    assert ops.gemm_ready_scale_shape(R, C, dim) == ((5, 384) if dim == 1 else (3, 8))
+    assert ops.gemm_ready_scale_shape(C, R, dim) == ((3, 640) if dim == 1 else (5, 4))
+
+
+def test_block_quantize_refuses_at_trace_time(capi):
+    import jax.numpy as jnp
+    from transformer_engine_comm.jax import ops
+
+    x = jnp.zeros((256, 384), jnp.bfloat16)
+    for bad, match in ((jnp.zeros((200, 384), jnp.bfloat16), "multiples of 128"),
+                       (jnp.zeros((256, 130), jnp.float32), "multiples of 128"),
+                       (jnp.zeros((256, 384), jnp.int32), "float32 / bfloat16 / float16"),
+                       (jnp.zeros((2, 128, 384), jnp.bfloat16), "2-D")):
+        with pytest.raises(ValueError, match=match):
+            ops.block_quantize(bad, 1)
+    with pytest.raises(ValueError, match="block_dim"):
+        ops.block_quantize(x, 3)
+    with pytest.raises(ValueError, match="rowwise and / or columnwise"):
+        ops.block_quantize(x, 1, rowwise=False)
+    with pytest.raises(ValueError, match="amax_epsilon"):
+        ops.block_quantize(x, 1, amax_epsilon=-1.0)
+    with pytest.raises(ValueError, match="not an FP8 type"):
+        ops.block_quantize(x, 1, dtype="bfloat16")
+    assert ops.block_quantize_fits((128, 256), jnp.float16) and not ops.block_quantize_fits((0, 128), jnp.float32)
+
+
+@pytest.mark.parametrize("shape", [(256, 384), (384, 1152), (128, 128)])
+@pytest.mark.parametrize("dim", [1, 2])
+def test_gemm_ready_casts_are_the_compact_casts(shape, dim):
+    """BlockQReady (GEMM-ready scales, what the library's quantization writes) and BlockQ
+    (compact) hold the same cast: compact_scales inverts gemm_ready_scales, for the rowwise
+    and the columnwise forms, and block_dot / dequantize_block take either."""
+    import jax.numpy as jnp
+    from transformer_engine_comm.jax import fp8 as F, ops
+
+    x = jnp.asarray(data(40 + dim, *shape))
+    for t in (F.quantize_block(x, dim), F.block_columnwise(x, dim)):
+        rows, cols = t.q.shape
+        ready = F.BlockQReady(t.q, ops.gemm_ready_scales(t.scale_inv, rows, cols, dim))
+        back = F.compact_scales(ready, dim)
+        np.testing.assert_array_equal(np.asarray(back.scale_inv), np.asarray(t.scale_inv))
+        np.testing.assert_array_equal(np.asarray(F.dequantize_block(ready, dim)),
+                                      np.asarray(F.dequantize_block(t, dim)))
+    a = F.quantize_block(jnp.asarray(data(50, 256, shape[1])), 1)
+    b = F.quantize_block(x, dim)
+    rb = F.BlockQReady(b.q, ops.gemm_ready_scales(b.scale_inv, *b.q.shape, dim))
+    np.testing.assert_array_equal(np.asarray(F.block_dot(a, 1, rb, dim, jnp.float32)),
+                                  np.asarray(F.block_dot(a, 1, b, dim, jnp.float32)))
+
+
+def test_block_casts_follow_the_gemm_mode(monkeypatch):
+    """Where the layers cast: the library's kernel with the library's GEMM (and whole 128 x
+    128 tiles), jnp otherwise; BLOCK_CASTS overrides."""
+    import jax.numpy as jnp
+    from transformer_engine_comm.jax import fp8 as F, ops
+
+    on = F.block_casts_on_library
+    bf = jnp.bfloat16
+    assert not ops.block_gemm_available()  # CPU
+    assert not on((256, 384), bf, "auto", "auto")  # auto on CPU: the jnp casts, as the GEMM's dequantized dot
+    assert on((256, 384), bf, "library", "auto")
+    assert not on((256, 200), bf, "library", "auto")  # not whole tiles: jnp, whatever the mode
+    assert not on((256, 384), bf, "dequant", "auto")
+    assert on((256, 384), bf, "dequant", "library")
+    assert not on((256, 384), bf, "library", "jnp")
+    monkeypatch.setattr(ops, "block_gemm_available", lambda: True)  # as on a Hopper GPU
+    assert on((256, 384), jnp.float32, "auto", "auto") and not on((256, 384), jnp.int8, "auto", "auto")
+    monkeypatch.setattr(F, "BLOCK_CASTS", "jnp")
+    assert not on((256, 384), bf)
+    with pytest.raises(ValueError, match="'auto', 'library' or 'jnp'"):
+        on((256, 384), bf, "auto", "torch")
+
+
+@pytest.mark.parametrize("casts, want", [("auto", 6), ("jnp", 0)])
+def test_block_training_step_lowers_to_block_quantizes(capi, monkeypatch, casts, want):
+    """The MLP's jitted training step, lowered for CUDA with the library's GEMM: every cast
+    (x, w1, h, w2 forward; the two output gradients backward) is one block quantize call
+    writing both directions, feeding the six block GEMMs their GEMM-ready scales; with
+    BLOCK_CASTS "jnp" none (the jnp casts)."""
+    import jax.numpy as jnp
+    import transformer_engine_comm.jax as tj
+    from transformer_engine_comm.jax import fp8 as F
+
+    monkeypatch.setattr(F, "BLOCK_GEMM", "library")
+    monkeypatch.setattr(F, "BLOCK_CASTS", casts)
+    ctx = _ctx1(capi)
+    r = tj.Float8BlockScaling()
+    T, H, Fh = 256, 384, 640
+
+    def loss(x, w1, b1, w2, b2):
+        return jnp.mean(tj.mlp(x, w1, b1, w2, b2, ctx=ctx, fp8=r).astype(jnp.float32) ** 2)
+
+    shapes = [(T, H), (Fh, H), (Fh,), (H, Fh), (H,)]
+    args = [jax.ShapeDtypeStruct(s, jnp.bfloat16) for s in shapes]
+    txt = jax.jit(jax.grad(loss, argnums=range(5))).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    calls = _quantize_calls(txt)
+    assert len(calls) == want, len(calls)
+    assert len(_block_calls(txt)) == 6
+    # The MLP's GELU backward rides in fc2's dgrad (DGELU epilogue): one such GEMM
+    assert [_kv(a)["dgelu"] for _, a, _, _ in _block_calls(txt)].count("true") == 1
+    # The GEMMs take the library quantization's scales as they are: no conversion to the
+    # GEMM-ready layout (the jnp casts' scales are transposed and padded to it)
+    assert ("stablehlo.pad" in txt) == (want == 0)
+    if not want:
+        return
+    got = sorted((ins, _kv(a)["block_dim"][0]) for _, a, ins, _ in calls)
+    # x [T, H] 1D, w1 [F, H] 2D, h [T, F] 1D, w2 [H, F] 2D; backward dy [T, H], dh [T, F] 1D
+    assert got == sorted([("tensor<256x384xbf16>", "1"), ("tensor<640x384xbf16>", "2"), ("tensor<256x640xbf16>", "1"),
+                          ("tensor<384x640xbf16>", "2"), ("tensor<256x384xbf16>", "1"),
+                          ("tensor<256x640xbf16>", "1")]), got
+    for _, a, _, outs in calls:
+        kv = _kv(a)
+        assert kv["rowwise"] == kv["columnwise"] == "true" and kv["power_2_scale"] == "true", kv
+        assert len(outs.strip("()").split(", ")) == 4, outs
+
+
+def test_block_mlp_gelu_backward_is_the_unfused_layers(capi):
+    """The block MLP's second layer takes the GELU's input and runs the GELU's backward with
+    its dgrad (on the library: the GEMM's DGELU epilogue); on the reference path that is
+    JAX's GELU VJP of the dgrad, so the loss and every gradient equal, bit for bit, those of
+    the layers composed by hand (column, jax.nn.gelu, row)."""
+    import jax.numpy as jnp
+    import transformer_engine_comm.jax as tj
+    from transformer_engine_comm.jax import fp8 as F
+
+    ctx = _ctx1(capi)
+    T, H, Fh = 256, 256, 384
+    bf = jnp.bfloat16
+    x = jnp.asarray(data(60, T, H), bf)
+    w1, w2 = jnp.asarray(data(61, Fh, H, scale=0.05), bf), jnp.asarray(data(62, H, Fh, scale=0.05), bf)
+    b1, b2 = jnp.asarray(data(63, Fh, scale=0.1), bf), jnp.asarray(data(64, H, scale=0.1), bf)
+    r = tj.Float8BlockScaling()
+
+    def fused(x, w1, b1, w2, b2):
+        return tj.mlp(x, w1, b1, w2, b2, ctx=ctx, fp8=r)
+
+    def by_hand(x, w1, b1, w2, b2):
+        h = jax.nn.gelu(tj.column_parallel_dense(x, w1, b1, ctx=ctx, fp8=r), approximate=True)
+        return tj.row_parallel_dense(h, w2, b2, ctx=ctx, fp8=r)
+
+    def step(model):
+        return jax.jit(jax.value_and_grad(lambda *a: jnp.mean(model(*a).astype(jnp.float32) ** 2),
+                                          argnums=range(5)))
+
+    (la, ga), (lb, gb) = step(fused)(x, w1, b1, w2, b2), step(by_hand)(x, w1, b1, w2, b2)
+    assert float(la) == float(lb)
+    for a, b in zip(ga, gb):
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+    # block_dot's dgelu_pre off the library: JAX's GELU VJP of the product
+    qa, qb = F.quantize_block(x, 1), F.quantize_block(w2.T.astype(bf), 2)
+    pre = jnp.asarray(data(65, T, Fh), bf)
+    got = F.block_dot(qa, 1, qb, 2, bf, dgelu_pre=pre)
+    want = F._gelu_vjp(pre, F.block_dot(qa, 1, qb, 2, bf))
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+    with pytest.raises(ValueError, match="not both"):
+        F.block_dot(qa, 1, qb, 2, bf, bias=b1, dgelu_pre=pre)

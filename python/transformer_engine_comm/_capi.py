@@ -253,6 +253,7 @@ PROTOTYPES = [
     ("nvte_comm_xla_gemm_reduce_scatter", c_void_p, [c_void_p]),
     ("nvte_comm_xla_gemm_all_reduce", c_void_p, [c_void_p]),
     ("nvte_comm_xla_block_gemm", c_void_p, [c_void_p]),
+    ("nvte_comm_xla_block_quantize", c_void_p, [c_void_p]),
     ("nvte_comm_xla_layout", c_size_t, [c_char_p, c_size_t]),
     ("nvte_comm_overlap_last_report", _ST, [_OV, POINTER(CallReport)]),
     ("nvte_comm_gemm_last_report", _ST, [_CTX, POINTER(CallReport)]),

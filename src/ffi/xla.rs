@@ -24,7 +24,8 @@
 //! `has_scales`, `gelu`, `gather_b`.
 //!
 //! `nvte_comm_xla_block_gemm` (no context, no communication) runs the block-scaled FP8
-//! GEMM of TE's Float8BlockScaling through nvte_cublas_gemm's entry; see its own doc.
+//! GEMM of TE's Float8BlockScaling through nvte_cublas_gemm's entry, and
+//! `nvte_comm_xla_block_quantize` its block quantization; see their own docs.
 //!
 //! The context of a call is looked up by (`context`, the device ordinal of XLA's execution
 //! context), so one SPMD program drives one context per local device.
@@ -225,6 +226,7 @@ const XDT_U32: i32 = 8;
 const XDT_U64: i32 = 9;
 const XDT_F16: i32 = 10;
 const XDT_F32: i32 = 11;
+const XDT_F64: i32 = 12;
 const XDT_BF16: i32 = 16;
 const XDT_F8E5M2: i32 = 19;
 const XDT_F8E4M3FN: i32 = 20;
@@ -302,7 +304,10 @@ struct Frame<'a> {
     stage: c_int,
     args: Vec<&'a XBuffer>,
     rets: Vec<&'a XBuffer>,
+    /// integer and bool scalar attributes
     attrs: HashMap<String, i64>,
+    /// floating-point scalar attributes (f32, f64)
+    floats: HashMap<String, f64>,
 }
 
 fn has_field(struct_size: usize, end: usize) -> bool {
@@ -337,7 +342,7 @@ unsafe fn decode<'a>(f: &'a CallFrame, api: &'a Api) -> Result<Frame<'a>> {
     let args = unsafe { buffers(f.args.size, f.args.types, f.args.args, "operand")? };
     // SAFETY: as above.
     let rets = unsafe { buffers(f.rets.size, f.rets.types, f.rets.rets, "result")? };
-    let mut attrs = HashMap::new();
+    let (mut attrs, mut floats) = (HashMap::new(), HashMap::new());
     for i in 0..f.attrs.size.max(0) as usize {
         // SAFETY: XLA gives `size` names, types and attribute pointers.
         let (ty, name, p) = unsafe {
@@ -365,7 +370,15 @@ unsafe fn decode<'a>(f: &'a CallFrame, api: &'a Api) -> Result<Frame<'a>> {
                 XDT_U32 => *(s.value as *const u32) as i64,
                 XDT_S64 => *(s.value as *const i64),
                 XDT_U64 => *(s.value as *const u64) as i64,
-                d => invalid!("attribute `{name}` has element type {d}: integers or bool"),
+                XDT_F32 => {
+                    floats.insert(name, *(s.value as *const f32) as f64);
+                    continue;
+                }
+                XDT_F64 => {
+                    floats.insert(name, *(s.value as *const f64));
+                    continue;
+                }
+                d => invalid!("attribute `{name}` has element type {d}: integers, bool or floats"),
             }
         };
         attrs.insert(name, v);
@@ -377,15 +390,27 @@ unsafe fn decode<'a>(f: &'a CallFrame, api: &'a Api) -> Result<Frame<'a>> {
         args,
         rets,
         attrs,
+        floats,
     })
 }
 
 impl Frame<'_> {
     fn attr(&self, name: &str) -> Result<i64> {
+        if self.floats.contains_key(name) {
+            invalid!("attribute `{name}` is a float: it must be an integer or bool");
+        }
         self.attrs
             .get(name)
             .copied()
             .ok_or_else(|| Error::invalid(format!("attribute `{name}` is missing")))
+    }
+    /// A floating-point attribute (an integer one is taken as its value); absent: `default`.
+    fn float_or(&self, name: &str, default: f64) -> f64 {
+        match (self.floats.get(name), self.attrs.get(name)) {
+            (Some(&v), _) => v,
+            (None, Some(&v)) => v as f64,
+            (None, None) => default,
+        }
     }
     /// A boolean attribute; absent means false.
     fn flag(&self, name: &str) -> bool {
@@ -855,7 +880,10 @@ fn run_block(f: &Frame) -> Result<()> {
 /// or the GELU pre-activation [M, N] when `dgelu` (d = (a b^T) * gelu'(pre)). Results:
 /// `d` [M, N] bf16 / f16 / f32, optionally a u8 workspace for cuBLASLt. Attributes:
 /// `a_block_dim`, `b_block_dim` (1 or 2; not both 2), `has_bias`, `dgelu`,
-/// `split_accumulator` (default true). Hopper only; command-buffer compatible.
+/// `split_accumulator` (default true). Hopper only; command-buffer compatible (captured,
+/// the GEMM keeps cuBLASLt's heuristic's first algorithm: NVTE_COMM_GEMM_TUNE times
+/// candidates on eager runs only; in the JAX block step on an H200 the eager runs' timed
+/// choices measured no faster).
 ///
 /// # Safety
 /// Called by XLA with its call frame.
@@ -864,6 +892,152 @@ pub unsafe extern "C" fn nvte_comm_xla_block_gemm(call_frame: *mut c_void) -> *m
     entry!(named, |name| {
         // SAFETY: forwarded from XLA.
         unsafe { handle(name, run_block, call_frame) }
+    })
+}
+
+// ---- the block quantization of FP8 block scaling (no communication, no context) ----
+
+/// One decoded call of [`nvte_comm_xla_block_quantize`]: the input, the block-scaled
+/// output (rowwise and / or columnwise buffers, TE's GEMM-ready layout) and the options.
+struct QuantizeCall {
+    input: Tensor,
+    output: Tensor,
+    /// the FP8 type written (the first FP8 result's)
+    out_dtype: DType,
+    cfg: crate::kernels::block::BlockQuantConfig,
+}
+
+/// A result of a block quantization: FP8 data or its f32 scale inverse (2-D), as a buffer.
+fn quantize_result(b: &XBuffer, what: &str, scale: bool) -> Result<Buffer> {
+    let t = tensor_of(b, what, None)?.data;
+    if scale && (t.dtype != DType::F32 || t.shape.as_slice().len() != 2) {
+        invalid!(
+            "{what} is {} of shape {}: it must be f32 and 2-D (TE's GEMM-ready layout)",
+            t.dtype.name(),
+            t.shape
+        );
+    }
+    if !scale && !t.dtype.is_fp8() {
+        unsupported!(
+            "{what} is {}: a block quantization writes f8e4m3fn or f8e5m2",
+            t.dtype.name()
+        );
+    }
+    Ok(t)
+}
+
+/// The operand, results and attributes as TE tensors (no device work). Operand: `x`
+/// [R, C] (f32 / bf16 / f16). Results: `q` [R, C] and its `scale_inv` when `rowwise`
+/// (default true), then `q_t` [C, R] and its `scale_inv_t` when `columnwise`.
+fn decode_quantize(f: &Frame) -> Result<QuantizeCall> {
+    let rowwise = f.attrs.get("rowwise").is_none_or(|&v| v != 0);
+    let columnwise = f.flag("columnwise");
+    let want = 2 * (rowwise as usize + columnwise as usize);
+    if f.args.len() != 1 || f.rets.len() != want || want == 0 {
+        invalid!(
+            "{} operands and {} results given: a block quantization takes the input x and writes q, scale_inv (rowwise = {rowwise}) then q_t, scale_inv_t (columnwise = {columnwise}): 1 operand and {want} results, at least one direction",
+            f.args.len(),
+            f.rets.len()
+        );
+    }
+    let mode = block_mode_attr(f, "block_dim")?;
+    let eps = f.float_or("amax_epsilon", 0.0);
+    if !(eps >= 0.0 && eps <= f32::MAX as f64) {
+        invalid!("attribute `amax_epsilon` = {eps}: a finite value >= 0");
+    }
+    let input = tensor_of(f.args[0], "operand x", None)?;
+    let mut output = Tensor {
+        scaling_mode: mode.scaling_mode(),
+        ..Default::default()
+    };
+    if rowwise {
+        output.data = quantize_result(f.rets[0], "result q", false)?;
+        output.scale_inv = quantize_result(f.rets[1], "result scale_inv", true)?;
+    }
+    if columnwise {
+        let i = 2 * rowwise as usize;
+        output.columnwise_data = quantize_result(f.rets[i], "result q_t", false)?;
+        output.columnwise_scale_inv = quantize_result(f.rets[i + 1], "result scale_inv_t", true)?;
+    }
+    let cfg = crate::kernels::block::BlockQuantConfig {
+        force_pow_2_scales: f.flag("power_2_scale"),
+        amax_epsilon: eps as f32,
+        noop: DevPtr::NULL,
+        format: crate::tensor::ScaleFormat::GemmReady,
+    };
+    let out_dtype = if rowwise {
+        output.data.dtype
+    } else {
+        output.columnwise_data.dtype
+    };
+    Ok(QuantizeCall {
+        input,
+        output,
+        out_dtype,
+        cfg,
+    })
+}
+
+/// Initialize: the kernel loaded (outside any capture); execute: the quantization on
+/// XLA's stream (`kernels::block::quantize`, nvte_quantize's block path: its checks of
+/// shapes, layouts and alignment come before any device work).
+fn run_quantize(f: &Frame) -> Result<()> {
+    if f.stage != STAGE_INITIALIZE && f.stage != STAGE_EXECUTE {
+        return Ok(());
+    }
+    let c = decode_quantize(f)?;
+    let stream = f.stream()?;
+    let k = (c.input.data.dtype, c.out_dtype);
+    let prepare = || crate::kernels::block::prepare_quantize(k.0, k.1, stream);
+    if f.stage == STAGE_INITIALIZE {
+        return prepare();
+    }
+    // SAFETY: XLA's operand and result buffers of this call, device memory of the shapes
+    // and element types XLA gives, alive until the work on XLA's stream completes; the
+    // quantization checks them against each other before any device work.
+    let (i, o) = unsafe {
+        (
+            crate::cuda::Checked::vouched(&c.input),
+            crate::cuda::Checked::vouched(&c.output),
+        )
+    };
+    // The call's checks first (no device work); then the kernel's module, loaded by the
+    // initialize stage (a cache look-up here): where XLA ran none before a captured
+    // execution, the module load (no stream work) is made with this thread's capture mode
+    // relaxed, outside the graph being captured.
+    crate::kernels::block::check_quantize(i, o, &c.cfg)?;
+    {
+        let _relaxed = crate::cuda::resources::RelaxedCapture::new();
+        prepare()?;
+    }
+    crate::kernels::block::quantize(i, o, &c.cfg, stream).map(|_| ())
+}
+
+/// XLA FFI handler (as `nvte_comm_xla_all_gather_gemm`; initialize and execute stages) of
+/// the block quantization of TE's Float8BlockScaling (the kernel of nvte_quantize into an
+/// NVTE_BLOCK_SCALING_1D / _2D tensor), without communication or context: one read of
+/// each 128x128 tile of `x` writes the rowwise and / or columnwise FP8 data with their
+/// scale inverses in TE's GEMM-ready layout, what [`nvte_comm_xla_block_gemm`] takes.
+/// Operand: `x` [R, C] f32 / bf16 / f16, R and C multiples of 128. Results: when
+/// `rowwise` (default true) `q` [R, C] f8e4m3fn / f8e5m2 and `scale_inv` f32 (1D: [C/128,
+/// R], entry (column block, row); 2D: [R/128, roundup(C/128, 4)]); then when `columnwise`
+/// `q_t` [C, R] (the transpose, quantized along its rows: 1D blocks are 128 x 1 of `x`)
+/// and `scale_inv_t` (1D: [R/128, C]; 2D: [C/128, roundup(R/128, 4)], the rowwise scales
+/// transposed). Padding entries of a scale_inv (2D, block counts not multiples of 4) are
+/// not written (the GEMM never reads them). Attributes: `block_dim` (1 or 2),
+/// `power_2_scale` (bool, default false: each scale rounded down to a power of 2),
+/// `amax_epsilon` (float, default 0), `rowwise`, `columnwise`. The initialize stage
+/// compiles and loads the kernel; the execute stage launches it (command-buffer
+/// compatible: where no initialize stage ran first, it loads the kernel with the capture
+/// mode relaxed, outside any graph being captured).
+///
+/// # Safety
+/// Called by XLA with its call frame.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvte_comm_xla_block_quantize(call_frame: *mut c_void) -> *mut c_void {
+    entry!(named, |name| {
+        // SAFETY: forwarded from XLA.
+        unsafe { handle(name, run_quantize, call_frame) }
     })
 }
 
@@ -1006,6 +1180,7 @@ mod tests {
             args: args.iter().map(|b| &b.b).collect(),
             rets: rets.iter().map(|b| &b.b).collect(),
             attrs: attrs.iter().map(|&(k, v)| (k.to_string(), v)).collect(),
+            floats: HashMap::new(),
         }
     }
 
@@ -1112,6 +1287,184 @@ mod tests {
         run_block(&frame(&api, STAGE_INITIALIZE, &two[..1], &rets, &[])).unwrap();
     }
 
+    /// x bf16 [256, 384] with both directions' results for `block_dim` (GEMM-ready).
+    fn quantize_frame_bufs(dim: i64) -> (Vec<Buf>, Vec<Buf>) {
+        let (s, st) = if dim == 1 {
+            ([3, 256], [2, 384])
+        } else {
+            ([2, 4], [3, 4])
+        };
+        let rets = vec![
+            buf(XDT_F8E4M3FN, &[256, 384]),
+            buf(XDT_F32, &s),
+            buf(XDT_F8E4M3FN, &[384, 256]),
+            buf(XDT_F32, &st),
+        ];
+        (vec![buf(XDT_BF16, &[256, 384])], rets)
+    }
+
+    #[test]
+    fn block_quantize_decodes_both_directions_and_the_options() {
+        let api = api();
+        let (args, rets) = quantize_frame_bufs(1);
+        let attrs = [("block_dim", 1), ("columnwise", 1), ("power_2_scale", 1)];
+        let mut f = frame(&api, STAGE_EXECUTE, &args, &rets, &attrs);
+        f.floats.insert("amax_epsilon".into(), 0.25);
+        let c = decode_quantize(&f).unwrap();
+        assert_eq!(c.output.block_mode(), Some(BlockMode::OneD));
+        assert_eq!(c.output.scale_inv.shape.as_slice(), &[3, 256]);
+        assert_eq!(c.output.columnwise_data.shape.as_slice(), &[384, 256]);
+        assert_eq!(c.output.columnwise_scale_inv.shape.as_slice(), &[2, 384]);
+        assert_eq!(
+            (c.out_dtype, c.input.data.dtype),
+            (DType::E4M3, DType::BF16)
+        );
+        assert!(c.cfg.force_pow_2_scales && c.cfg.amax_epsilon == 0.25);
+        // Rowwise only (the default): two results; columnwise only: the transpose's.
+        let f = frame(&api, STAGE_EXECUTE, &args, &rets[..2], &[("block_dim", 2)]);
+        let c = decode_quantize(&f).unwrap();
+        assert!(c.output.columnwise_data.ptr.is_null() && !c.cfg.force_pow_2_scales);
+        assert_eq!(c.cfg.amax_epsilon, 0.0);
+        let attrs = [("block_dim", 2), ("rowwise", 0), ("columnwise", 1)];
+        let f = frame(&api, STAGE_EXECUTE, &args, &rets[2..], &attrs);
+        let c = decode_quantize(&f).unwrap();
+        assert!(c.output.data.ptr.is_null());
+        assert_eq!(c.output.columnwise_data.shape.as_slice(), &[384, 256]);
+    }
+
+    fn quantize_refused(f: &Frame, kind: ErrorKind, piece: &str) {
+        let Err(e) = run_quantize(f) else {
+            panic!("ran, expected {piece}")
+        };
+        assert_eq!(e.kind, kind, "{}", e.msg);
+        assert!(e.msg.contains(piece), "{}", e.msg);
+    }
+
+    /// Refusals of the frame (decode) and of the quantization's own checks (shapes,
+    /// layouts), all before any device work.
+    #[test]
+    fn block_quantize_refuses_bad_calls_before_device_work() {
+        use ErrorKind::{InvalidArgument as Inv, Unsupported as Uns};
+        let api = api();
+        let (args, rets) = quantize_frame_bufs(1);
+        let both = [("block_dim", 1), ("columnwise", 1)];
+        let f = |a, r, at| frame(&api, STAGE_EXECUTE, a, r, at);
+        quantize_refused(&f(&args, &rets[..2], &both), Inv, "4 results");
+        quantize_refused(
+            &f(&args, &[], &[("block_dim", 1), ("rowwise", 0)]),
+            Inv,
+            "at least one",
+        );
+        quantize_refused(
+            &f(&args, &rets[..2], &[("block_dim", 3)]),
+            Inv,
+            "`block_dim` = 3",
+        );
+        quantize_refused(&f(&args, &rets[..2], &[]), Inv, "`block_dim` is missing");
+        let mut g = f(&args, &rets[..2], &[("block_dim", 1)]);
+        g.floats.insert("amax_epsilon".into(), -1.0);
+        quantize_refused(&g, Inv, "`amax_epsilon` = -1");
+        g.floats.insert("block_dim".into(), 1.0);
+        quantize_refused(&g, Inv, "`block_dim` is a float");
+        let mut b1 = quantize_frame_bufs(1).1;
+        b1[0] = buf(XDT_BF16, &[256, 384]);
+        quantize_refused(&f(&args, &b1, &both), Uns, "f8e4m3fn or f8e5m2");
+        let mut b2 = quantize_frame_bufs(1).1;
+        b2[3] = buf(XDT_F32, &[768]);
+        quantize_refused(&f(&args, &b2, &both), Inv, "2-D");
+        // The quantization's checks: the compact 1D scales are not what this call writes,
+        // the columnwise data must be the transpose, the input whole 128 x 128 tiles.
+        let mut b3 = quantize_frame_bufs(1).1;
+        b3[1] = buf(XDT_F32, &[256, 3]);
+        quantize_refused(&f(&args, &b3, &both), Inv, "is COMPACT");
+        let mut b4 = quantize_frame_bufs(2).1;
+        b4[2] = buf(XDT_F8E4M3FN, &[256, 384]);
+        quantize_refused(
+            &f(&args, &b4, &[("block_dim", 2), ("columnwise", 1)]),
+            Inv,
+            "data [384, 256]",
+        );
+        let odd = vec![buf(XDT_BF16, &[200, 384])];
+        let r = vec![buf(XDT_F8E4M3FN, &[200, 384]), buf(XDT_F32, &[3, 200])];
+        quantize_refused(&f(&odd, &r, &[("block_dim", 1)]), Inv, "multiples of 128");
+        let wide = vec![buf(XDT_F8E4M3FN, &[256, 384])];
+        quantize_refused(
+            &f(&wide, &rets[..2], &[("block_dim", 1)]),
+            Uns,
+            "reads kNVTEFloat32",
+        );
+        // Initialize: the frame is checked before the kernel is loaded.
+        let g = frame(
+            &api,
+            STAGE_INITIALIZE,
+            &args,
+            &rets[..1],
+            &[("block_dim", 1)],
+        );
+        quantize_refused(&g, Inv, "1 operand and 2 results");
+    }
+
+    /// Through the C entry: the refusal is XLA's error, named by the handler; the handler
+    /// declares command-buffer compatibility.
+    #[test]
+    fn block_quantize_reports_errors_to_xla() {
+        let api = api();
+        let (args, rets) = quantize_frame_bufs(1);
+        let mut types = [ARG_BUFFER; 1];
+        let mut ptrs: Vec<*mut c_void> = args.iter().map(|b| &b.b as *const _ as _).collect();
+        let mut rtypes = [ARG_BUFFER; 2];
+        let mut rptrs: Vec<*mut c_void> = rets[..2].iter().map(|b| &b.b as *const _ as _).collect();
+        let name = b"amax_epsilon";
+        let mut span = ByteSpan {
+            ptr: name.as_ptr() as _,
+            len: name.len(),
+        };
+        let mut v = f32::NAN;
+        let mut scalar = Scalar {
+            dtype: XDT_F32,
+            value: &mut v as *mut f32 as _,
+        };
+        let (mut names, mut atypes) = ([&mut span as *mut ByteSpan], [ATTR_SCALAR]);
+        let mut aptrs = [&mut scalar as *mut Scalar as *mut c_void];
+        // SAFETY: all-zero is valid for every field of CallFrame (integers, raw pointers).
+        let mut cf: CallFrame = unsafe { std::mem::zeroed() };
+        cf.struct_size = size_of::<CallFrame>();
+        cf.api = &*api;
+        cf.stage = STAGE_EXECUTE;
+        cf.args = Args {
+            struct_size: size_of::<Args>(),
+            extension_start: std::ptr::null_mut(),
+            size: 1,
+            types: types.as_mut_ptr(),
+            args: ptrs.as_mut_ptr(),
+        };
+        cf.rets = Rets {
+            struct_size: size_of::<Rets>(),
+            extension_start: std::ptr::null_mut(),
+            size: 2,
+            types: rtypes.as_mut_ptr(),
+            rets: rptrs.as_mut_ptr(),
+        };
+        cf.attrs = Attrs {
+            struct_size: size_of::<Attrs>(),
+            extension_start: std::ptr::null_mut(),
+            size: 1,
+            types: atypes.as_mut_ptr(),
+            names: names.as_mut_ptr(),
+            attrs: aptrs.as_mut_ptr(),
+        };
+        // SAFETY: a complete call frame of live buffers and attributes.
+        let err = unsafe { nvte_comm_xla_block_quantize(&mut cf as *mut CallFrame as _) };
+        assert_eq!(err as usize, 0x1234);
+        // (the other handler's test may record its message meanwhile: take this one's)
+        let mut all = MESSAGES.lock().unwrap();
+        let at = all
+            .iter()
+            .rposition(|m| m.starts_with("nvte_comm_xla_block_quantize"));
+        let msg = all.remove(at.expect("the handler's message"));
+        assert!(msg.contains("`block_dim` is missing"), "{msg}");
+    }
+
     /// Through the C entry with XLA's call frame: the refusal comes back as XLA's error,
     /// named by the handler.
     #[test]
@@ -1168,46 +1521,52 @@ mod tests {
         // SAFETY: a complete call frame of live buffers and attributes.
         let err = unsafe { nvte_comm_xla_block_gemm(&mut cf as *mut CallFrame as _) };
         assert_eq!(err as usize, 0x1234);
-        let msg = MESSAGES.lock().unwrap().pop().unwrap();
-        assert!(msg.starts_with("nvte_comm_xla_block_gemm"), "{msg}");
+        // (the other handlers' tests may record theirs meanwhile: take this one's)
+        let mut all = MESSAGES.lock().unwrap();
+        let at = all
+            .iter()
+            .rposition(|m| m.starts_with("nvte_comm_xla_block_gemm"));
+        let msg = all.remove(at.expect("the handler's message"));
         assert!(msg.contains("`a_block_dim` = 7"), "{msg}");
     }
 
-    /// XLA's metadata query at registration: the handler reports API 0.3 and
+    /// XLA's metadata query at registration: each block handler reports API 0.3 and
     /// COMMAND_BUFFER_COMPATIBLE (XLA may capture it into a command buffer / CUDA graph).
     #[test]
-    fn block_gemm_declares_command_buffer_compatibility() {
-        let mut md = Metadata {
-            struct_size: size_of::<Metadata>(),
-            api_version: ApiVersion {
-                struct_size: 0,
-                extension_start: std::ptr::null_mut(),
-                major_version: -1,
-                minor_version: -1,
-            },
-            traits: 0,
-            state_type_id: 7,
-        };
-        let mut ext = MetadataExtension {
-            extension_base: ExtensionBase {
-                struct_size: size_of::<MetadataExtension>(),
-                ty: EXTENSION_METADATA,
-                next: std::ptr::null_mut(),
-            },
-            metadata: &mut md,
-        };
-        // SAFETY: all-zero is valid for every field of CallFrame (integers, raw pointers).
-        let mut cf: CallFrame = unsafe { std::mem::zeroed() };
-        cf.struct_size = size_of::<CallFrame>();
-        cf.extension_start = &mut ext as *mut MetadataExtension as *mut ExtensionBase;
-        // SAFETY: a call frame carrying the metadata extension, as XLA's query passes it.
-        let err = unsafe { nvte_comm_xla_block_gemm(&mut cf as *mut CallFrame as _) };
-        assert!(err.is_null());
-        assert_eq!(md.traits, TRAIT_COMMAND_BUFFER_COMPATIBLE);
-        assert_eq!(
-            (md.api_version.major_version, md.api_version.minor_version),
-            (API_MAJOR, API_MINOR)
-        );
-        assert_eq!(md.state_type_id, 0);
+    fn block_handlers_declare_command_buffer_compatibility() {
+        for handler in [nvte_comm_xla_block_gemm, nvte_comm_xla_block_quantize] {
+            let mut md = Metadata {
+                struct_size: size_of::<Metadata>(),
+                api_version: ApiVersion {
+                    struct_size: 0,
+                    extension_start: std::ptr::null_mut(),
+                    major_version: -1,
+                    minor_version: -1,
+                },
+                traits: 0,
+                state_type_id: 7,
+            };
+            let mut ext = MetadataExtension {
+                extension_base: ExtensionBase {
+                    struct_size: size_of::<MetadataExtension>(),
+                    ty: EXTENSION_METADATA,
+                    next: std::ptr::null_mut(),
+                },
+                metadata: &mut md,
+            };
+            // SAFETY: all-zero is valid for every field of CallFrame (integers, raw pointers).
+            let mut cf: CallFrame = unsafe { std::mem::zeroed() };
+            cf.struct_size = size_of::<CallFrame>();
+            cf.extension_start = &mut ext as *mut MetadataExtension as *mut ExtensionBase;
+            // SAFETY: a call frame carrying the metadata extension, as XLA's query passes it.
+            let err = unsafe { handler(&mut cf as *mut CallFrame as _) };
+            assert!(err.is_null());
+            assert_eq!(md.traits, TRAIT_COMMAND_BUFFER_COMPATIBLE);
+            assert_eq!(
+                (md.api_version.major_version, md.api_version.minor_version),
+                (API_MAJOR, API_MINOR)
+            );
+            assert_eq!(md.state_type_id, 0);
+        }
     }
 }

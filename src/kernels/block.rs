@@ -145,6 +145,32 @@ impl QuantizePlan {
     }
 }
 
+/// The checks of [`quantize`] (shapes, layouts, types, alignment), without device work.
+pub fn check_quantize(
+    input: Checked<&Tensor>,
+    output: Checked<&Tensor>,
+    cfg: &BlockQuantConfig,
+) -> Result<()> {
+    plan_quantize(input.get(), output.get(), cfg).map(|_| ())
+}
+
+/// Compile and load the module of a later [`quantize`] from `in_dtype` to `out_dtype` on
+/// `stream` (NVRTC, cuModuleLoadData: no stream work, which a stream capture may refuse),
+/// so that the call itself only looks it up: for a stage outside any capture (XLA's
+/// initialize stage) ahead of a call that may be captured.
+pub fn prepare_quantize(in_dtype: DType, out_dtype: DType, stream: StreamHandle) -> Result<()> {
+    if !in_dtype.is_high_precision() || !out_dtype.is_fp8() {
+        unsupported!(
+            "a block-scaled quantization reads kNVTEFloat32, kNVTEBFloat16 or kNVTEFloat16 and writes FP8, not {} to {}",
+            in_dtype.name(),
+            out_dtype.name()
+        );
+    }
+    let guard = ContextGuard::for_stream(stream)?;
+    let dev = cuda::device_info(guard.device)?;
+    nvrtc::module(&BLOCK_QUANT, guard.id, &dev).map(|_| ())
+}
+
 /// The shape TE gives the data of layout `l` of an input of dimensions `dims`: the input's,
 /// or [last, leading...] when transposed.
 fn data_dims(l: &BlockLayout, dims: &[usize]) -> Vec<usize> {

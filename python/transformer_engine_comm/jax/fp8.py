@@ -24,7 +24,10 @@ takes) and the delayed-scaling state.
   ``force_pow_2_scales=False`` only (others are refused, not ignored).
 - :class:`Float8BlockScaling` (TE's; TE-JAX lacks it): one scale per 1 x 128 block (1D:
   inputs and gradients by default) or 128 x 128 tile (2D: weights), e4m3, power-of-2
-  scales, no state. Quantized in jnp (:func:`quantize_block`); the GEMMs
+  scales, no state. Quantized on a GPU by the library's kernel (:func:`quantize_block_library`,
+  the XLA custom call :func:`ops.block_quantize <transformer_engine_comm.jax.ops.block_quantize>`:
+  rowwise and columnwise from one read, see :data:`BLOCK_CASTS`), else in jnp
+  (:func:`quantize_block`, the reference: the same bits); the GEMMs
   (:func:`block_dot`) run on the library's block-scaled FP8 GEMM (an XLA custom call,
   :func:`ops.block_gemm <transformer_engine_comm.jax.ops.block_gemm>`) on a GPU, else
   (CPU, the reference) as dots of the dequantized block operands: the same products. At
@@ -394,9 +397,49 @@ def block_columnwise(x, block_dim: int, **kw) -> BlockQ:
     return BlockQ(r.q.T, r.scale_inv.T)
 
 
+class BlockQReady(NamedTuple):
+    """A block-scaled cast whose ``scale_inv`` is in TE's GEMM-ready layout
+    (:func:`ops.gemm_ready_scale_shape <transformer_engine_comm.jax.ops.gemm_ready_scale_shape>`
+    of ``q``'s shape: 1D ``[ceil(cols/128), roundup(rows, 4)]``, 2D ``[ceil(rows/128),
+    roundup(ceil(cols/128), 4)]``), what the library's block quantization writes
+    (:func:`quantize_block_library`) and its block GEMM reads: the same data as the
+    :class:`BlockQ` of the same cast, its scales laid out for the GEMM (padding entries
+    unspecified). :func:`block_dot` takes either; :func:`compact_scales` converts."""
+
+    q: object
+    scale_inv: object
+
+
+def compact_scales(t: BlockQReady, block_dim: int) -> BlockQ:
+    """The :class:`BlockQ` (compact scales) of a GEMM-ready cast: the padding dropped, 1D
+    transposed back (entry (row, column block))."""
+    rows, cols = t.q.shape
+    nb = -(-cols // BLOCK_LEN)
+    if block_dim == 1:
+        return BlockQ(t.q, t.scale_inv[:, :rows].T)
+    return BlockQ(t.q, t.scale_inv[:, :nb])
+
+
+def quantize_block_library(x, block_dim: int, *, columnwise: bool = False, rowwise: bool = True,
+                           power_2_scale: bool = True, amax_epsilon: float = 0.0, dtype="float8_e4m3fn"):
+    """The block casts of ``x`` ``[R, C]`` on the library's kernel (:func:`ops.block_quantize
+    <transformer_engine_comm.jax.ops.block_quantize>`: one read of the input for both
+    forms; R and C multiples of 128): ``(rowwise, columnwise)`` :class:`BlockQReady` (or
+    None where not asked for), the same bits as :func:`quantize_block` and
+    :func:`block_columnwise`. GPU only."""
+    from . import ops
+
+    row, col = ops.block_quantize(x, block_dim, power_2_scale=power_2_scale, amax_epsilon=amax_epsilon,
+                                  rowwise=rowwise, columnwise=columnwise, dtype=dtype)
+    return (None if row is None else BlockQReady(*row)), (None if col is None else BlockQReady(*col))
+
+
 def dequantize_block(t: BlockQ, block_dim: int, dtype="float32"):
-    """``dtype(q * scale_inv)`` of a rowwise block cast."""
+    """``dtype(q * scale_inv)`` of a rowwise block cast (:class:`BlockQ` or :class:`BlockQReady`)."""
     import jax.numpy as jnp
+
+    if isinstance(t, BlockQReady):
+        t = compact_scales(t, block_dim)
 
     r, c = t.q.shape
     s = jnp.repeat(t.scale_inv, BLOCK_LEN, axis=1)[:, :c]
@@ -405,12 +448,46 @@ def dequantize_block(t: BlockQ, block_dim: int, dtype="float32"):
     return (t.q.astype(jnp.float32) * s).astype(dtype)
 
 
+def _gelu_vjp(pre, g):
+    """The tanh-approximate GELU's VJP at ``pre`` of the cotangent ``g`` (JAX's, in ``pre``'s
+    dtype, as autodiff computes it)."""
+    import jax
+
+    _, vjp = jax.vjp(lambda v: jax.nn.gelu(v, approximate=True), pre)
+    return vjp(g.astype(pre.dtype))[0]
+
+
 # How block_dot runs its GEMM: "auto" (the default: the library's block-scaled FP8 GEMM,
 # ops.block_gemm, when JAX's backend is a Hopper GPU, the library loads and the shapes fit
 # cuBLASLt's rules; else the dequantized dot), "library" (always: an error where it
 # cannot) or "dequant" (the reference path, the only one on CPU). The layers read it when
 # they are called (their backward runs the same way as their forward).
 BLOCK_GEMM = "auto"
+
+
+# How the block layers cast (quantize): "auto" (the default: the library's block quantize
+# kernel, ops.block_quantize, where the layer's block GEMMs run on the library -- BLOCK_GEMM
+# "library", or "auto" on a Hopper GPU -- and the tensor is whole 128 x 128 tiles; else the
+# jnp casts), "library" (the library's kernel wherever the tensor is whole tiles) or "jnp"
+# (the jnp casts, the reference: quantize_block / block_columnwise). Read when the layers
+# are called, as BLOCK_GEMM.
+BLOCK_CASTS = "auto"
+
+
+def block_casts_on_library(shape, dtype, gemm_mode=None, casts_mode=None) -> bool:
+    """Whether a block layer casts a tensor of ``shape`` / ``dtype`` on the library's kernel
+    under ``casts_mode`` (:data:`BLOCK_CASTS`) and ``gemm_mode`` (:data:`BLOCK_GEMM`)."""
+    from . import ops
+
+    casts_mode = BLOCK_CASTS if casts_mode is None else casts_mode
+    gemm_mode = BLOCK_GEMM if gemm_mode is None else gemm_mode
+    if casts_mode not in ("auto", "library", "jnp"):
+        raise ValueError(f"block casts mode must be 'auto', 'library' or 'jnp', got {casts_mode!r}")
+    if casts_mode == "jnp" or not ops.block_quantize_fits(shape, dtype):
+        return False
+    if casts_mode == "library" or gemm_mode == "library":
+        return True
+    return gemm_mode == "auto" and ops.block_gemm_available()
 
 
 def _block_gemm_on_library(a: "BlockQ", a_dim: int, b: "BlockQ", b_dim: int, out_dtype, mode) -> bool:
@@ -435,33 +512,48 @@ def _block_gemm_on_library(a: "BlockQ", a_dim: int, b: "BlockQ", b_dim: int, out
     return fits and ops.block_gemm_available()
 
 
-def block_dot(a: BlockQ, a_dim: int, b: BlockQ, b_dim: int, out_dtype, exact_bf16: bool = True, gemm=None,
-              bias=None):
-    """``a @ b^T`` (``a`` ``[M, K]``, ``b`` ``[N, K]``, rowwise forms) of block-scaled FP8
-    operands. On a GPU with the library (``gemm`` / :data:`BLOCK_GEMM` "auto" or
-    "library"): the library's block-scaled FP8 GEMM (:func:`ops.block_gemm
-    <transformer_engine_comm.jax.ops.block_gemm>`, the scales converted to TE's GEMM-ready
-    layout). Else ("dequant", and on CPU) the dot of the dequantized operands with the
-    same products: f32 accumulation (bf16 operands when ``exact_bf16`` -- power-of-2
-    scales, where the dequantized values are exact in bf16 --, else f32 operands at
-    Precision.HIGHEST). ``bias`` (``[N]``): ``+ bias`` in ``out_dtype``, in the GEMM's
+def block_dot(a, a_dim: int, b, b_dim: int, out_dtype, exact_bf16: bool = True, gemm=None,
+              bias=None, dgelu_pre=None):
+    """``a @ b^T`` (``a`` ``[M, K]``, ``b`` ``[N, K]``, rowwise forms: :class:`BlockQ` or
+    :class:`BlockQReady`) of block-scaled FP8 operands. On a GPU with the library (``gemm``
+    / :data:`BLOCK_GEMM` "auto" or "library"): the library's block-scaled FP8 GEMM
+    (:func:`ops.block_gemm <transformer_engine_comm.jax.ops.block_gemm>`, a
+    :class:`BlockQ`'s scales converted to TE's GEMM-ready layout, a :class:`BlockQReady`'s
+    taken as they are). Else ("dequant", and on CPU) the dot of the dequantized operands
+    with the same products: f32 accumulation (bf16 operands when ``exact_bf16`` --
+    power-of-2 scales, where the dequantized values are exact in bf16 --, else f32 operands
+    at Precision.HIGHEST). ``bias`` (``[N]``): ``+ bias`` in ``out_dtype``, in the GEMM's
     epilogue on the library (before the output's rounding) where ``out_dtype`` is bf16 or
-    f16 (cuBLASLt's bias type), else after the GEMM."""
+    f16 (cuBLASLt's bias type), else after the GEMM. ``dgelu_pre`` (``[M, N]``, the input
+    of a tanh-approximate GELU; not with ``bias``): the GELU's backward, ``(a @ b^T) *
+    gelu'(dgelu_pre)``, in the GEMM's epilogue on the library (bf16 / f16 outputs: one
+    rounding), else JAX's GELU VJP of the product rounded to ``out_dtype`` (as autodiff of
+    the unfused layers computes it)."""
     import jax
     import jax.numpy as jnp
 
     if a_dim == 2 and b_dim == 2:
         raise ValueError("block_dot: a 2D by 2D block GEMM is not supported (as in TE)")
-    if _block_gemm_on_library(a, a_dim, b, b_dim, out_dtype, gemm):
+    if bias is not None and dgelu_pre is not None:
+        raise ValueError("block_dot: bias or dgelu_pre, not both")
+    on_lib = _block_gemm_on_library(a, a_dim, b, b_dim, out_dtype, gemm)
+    half = jnp.dtype(out_dtype).name in ("bfloat16", "float16")
+    if dgelu_pre is not None and not (on_lib and half):
+        return _gelu_vjp(dgelu_pre, block_dot(a, a_dim, b, b_dim, out_dtype, exact_bf16, gemm))
+    if on_lib:
         from . import ops
 
         (m, k), n = a.q.shape, b.q.shape[0]
         out = jnp.dtype(out_dtype)
-        fuse = bias is not None and out.name in ("bfloat16", "float16")
-        y = ops.block_gemm(a.q, ops.gemm_ready_scales(a.scale_inv, m, k, a_dim), b.q,
-                           ops.gemm_ready_scales(b.scale_inv, n, k, b_dim), a_block_dim=a_dim, b_block_dim=b_dim,
-                           out_dtype=out.name, bias=bias.astype(out) if fuse else None)
+        fuse = bias is not None and half
+        sa = a.scale_inv if isinstance(a, BlockQReady) else ops.gemm_ready_scales(a.scale_inv, m, k, a_dim)
+        sb = b.scale_inv if isinstance(b, BlockQReady) else ops.gemm_ready_scales(b.scale_inv, n, k, b_dim)
+        y = ops.block_gemm(a.q, sa, b.q, sb, a_block_dim=a_dim, b_block_dim=b_dim, out_dtype=out.name,
+                           bias=bias.astype(out) if fuse else None,
+                           dgelu_pre=None if dgelu_pre is None else dgelu_pre.astype(out))
         return y + bias.astype(out) if bias is not None and not fuse else y
+    a = compact_scales(a, a_dim) if isinstance(a, BlockQReady) else a
+    b = compact_scales(b, b_dim) if isinstance(b, BlockQReady) else b
     qa, qb = jax.lax.optimization_barrier((a.q, b.q))
     ct = jnp.bfloat16 if exact_bf16 else jnp.float32
     da = dequantize_block(BlockQ(qa, a.scale_inv), a_dim, ct)

@@ -38,8 +38,11 @@ device (its amax max-reduced over the axis; with delayed scaling every recorded 
 so the replicated state stays identical).
 
 Block scaling (``fp8=Float8BlockScaling()``; TE-JAX lacks it): the input, weight and
-output gradient are quantized in jnp per block (1D / 2D by the recipe's dims: rowwise for
-one GEMM, the transposed tensor quantized along its rows for the other, as TE's casts);
+output gradient are quantized per block (1D / 2D by the recipe's dims: rowwise for one
+GEMM, the transposed tensor quantized along its rows for the other, as TE's casts), on a
+GPU by the library's kernel (the ``te_comm_block_quantize`` custom call: both forms from
+one read of the tensor, the scales GEMM-ready) where the GEMMs run on the library and the
+tensor is whole 128 x 128 tiles, else in jnp (``fp8.BLOCK_CASTS`` picks; the same bits);
 the GEMMs (:func:`block_dot <transformer_engine_comm.jax.fp8.block_dot>`) run on the
 library's block-scaled FP8 GEMM (the ``te_comm_block_gemm`` custom call) when JAX runs on
 a GPU, else (CPU) as the dots of the dequantized block operands, the same products at bf16
@@ -94,9 +97,10 @@ class _Cfg:
     recipe: Optional[object]
     comm_sms: int
     library: bool
-    # fp8.BLOCK_GEMM when the layer is called: the forward and the backward (traced later,
-    # under jax.grad) run their block GEMMs the same way.
+    # fp8.BLOCK_GEMM and fp8.BLOCK_CASTS when the layer is called: the forward and the
+    # backward (traced later, under jax.grad) run their block GEMMs and casts the same way.
     block_gemm: str = field(default_factory=lambda: _f8.BLOCK_GEMM)
+    block_casts: str = field(default_factory=lambda: _f8.BLOCK_CASTS)
 
 
 def _axis_bound(axis: str) -> bool:
@@ -304,10 +308,16 @@ _fp8 = _fp8_layer()
 # ---------------------------------------------------------------- block-scaled FP8
 
 
-def _block_casts(t, role: int, r, columnwise: bool):
-    """(rowwise, columnwise or None) block casts of ``t`` for ``role`` under recipe ``r``."""
+def _block_casts(t, role: int, cfg: _Cfg, columnwise: bool):
+    """(rowwise, columnwise or None) block casts of ``t`` for ``role`` under the layer's
+    recipe: on the library's kernel (both from one read, GEMM-ready scales:
+    ``fp8.BlockQReady``) where ``fp8.block_casts_on_library`` says so, else in jnp
+    (``fp8.BlockQ``); the same bits either way."""
+    r = cfg.recipe
     d, q = r.block_dims[role], r.qparams[role]
     kw = dict(power_2_scale=q.power_2_scale, amax_epsilon=q.amax_epsilon)
+    if _f8.block_casts_on_library(t.shape, t.dtype, cfg.block_gemm, cfg.block_casts):
+        return _f8.quantize_block_library(t, d, columnwise=columnwise, **kw)
     return _f8.quantize_block(t, d, **kw), (_f8.block_columnwise(t, d, **kw) if columnwise else None)
 
 
@@ -332,8 +342,8 @@ def _block_fwd(x, w, bias, cfg: _Cfg):
     out_dt = x.dtype if x.dtype in (jnp.bfloat16, jnp.float16, jnp.float32) else jnp.bfloat16
     if kind == "col_sp":  # the input gathered over the tokens before its casts
         x = jax.lax.all_gather(x, ax, axis=0, tiled=True)
-    xr, xc = _block_casts(x, _f8.INPUT, r, True)
-    wr, wc = _block_casts(w, _f8.WEIGHT, r, True)
+    xr, xc = _block_casts(x, _f8.INPUT, cfg, True)
+    wr, wc = _block_casts(w, _f8.WEIGHT, cfg, True)
     exact = _block_exact_bf16(r)
     if kind in ("row_sp", "row_ar"):  # partial sums reduced in f32 over the axis
         y = _f8.block_dot(xr, xd, wr, wd, jnp.float32, exact, cfg.block_gemm)
@@ -348,7 +358,9 @@ def _block_fwd(x, w, bias, cfg: _Cfg):
     return y, (xc, wc, bias, jnp.zeros((0,), x.dtype), jnp.zeros((0,), w.dtype))
 
 
-def _block_bwd(cfg: _Cfg, res, dy):
+def _block_bwd(cfg: _Cfg, res, dy, dgelu_pre=None):
+    """The block layer's backward; with ``dgelu_pre`` (the layer's input was
+    ``gelu(dgelu_pre)``, :func:`_block_gelu`) its dx is the gradient at ``dgelu_pre``."""
     xc, wc, bias, x_dt, w_dt = res
     r = cfg.recipe
     xd, wd, gd = r.block_dims
@@ -360,12 +372,14 @@ def _block_bwd(cfg: _Cfg, res, dy):
         g = jax.lax.all_gather(dy, ax, axis=0, tiled=True)
     elif kind == "row_ar":  # replicated output: each device holds 1/tp of its cotangent (see _bf16_bwd)
         g = dy * cfg.ctx.size
-    gr, gc = _block_casts(g, _f8.GRAD, r, True)
+    gr, gc = _block_casts(g, _f8.GRAD, cfg, True)
     if kind == "col_sp":  # dx = RS(dy . w), reduced in f32
         dx = _f8.block_dot(gr, gd, wc, wd, jnp.float32, exact, cfg.block_gemm)  # dy [T, N/tp] . (w^T [K, N/tp])^T
         dx = jax.lax.psum_scatter(dx, ax, scatter_dimension=0, tiled=True).astype(out_dt)
-    else:
-        dx = _f8.block_dot(gr, gd, wc, wd, out_dt, exact, cfg.block_gemm)
+        if dgelu_pre is not None:
+            dx = _f8._gelu_vjp(dgelu_pre, dx)
+    else:  # the GELU's backward in the GEMM's epilogue on the library
+        dx = _f8.block_dot(gr, gd, wc, wd, out_dt, exact, cfg.block_gemm, dgelu_pre=dgelu_pre)
     dw = _f8.block_dot(gc, gd, xc, xd, w_dt.dtype, exact, cfg.block_gemm)  # dy^T [N, T] . (x^T [K, T])^T
     return dx, dw, _bias_share(bias, dy)
 
@@ -377,6 +391,27 @@ def _block_layer():
 
 
 _block = _block_layer()
+
+
+def _block_gelu_fwd(pre, w, bias, cfg: _Cfg):
+    y, res = _block_fwd(jax.nn.gelu(pre, approximate=True), w, bias, cfg)
+    return y, (res, pre)
+
+
+def _block_gelu_bwd(cfg: _Cfg, res, dy):
+    res, pre = res
+    return _block_bwd(cfg, res, dy, dgelu_pre=pre)
+
+
+def _block_gelu_layer():
+    """``dense(gelu(pre))`` under block scaling (the MLP's second layer): the GELU's
+    backward rides in the dgrad GEMM's epilogue (DGELU) on the library, no pass of its own."""
+    f = jax.custom_vjp(lambda pre, w, bias, cfg: _block_gelu_fwd(pre, w, bias, cfg)[0], nondiff_argnums=(3,))
+    f.defvjp(_block_gelu_fwd, _block_gelu_bwd)
+    return f
+
+
+_block_gelu = _block_gelu_layer()
 
 
 def _dense(x, w, bias, cfg: _Cfg, meta):
@@ -424,10 +459,14 @@ def row_parallel_dense(x, w, bias=None, *, ctx: TPContext, sequence_parallel: bo
     x ``[T, K/tp]``, w ``[N, K/tp]``, bias ``[N]`` (replicated) -> y ``[T/tp, N]``
     (sequence parallel: reduce-scattered along tokens) or ``[T, N]`` (all-reduced).
     ``fp8`` / ``fp8_meta`` as :func:`column_parallel_dense`."""
+    return _dense(x, w, bias, _row_cfg(ctx, sequence_parallel, fp8, comm_sms, library), fp8_meta)
+
+
+def _row_cfg(ctx: TPContext, sequence_parallel: bool, fp8, comm_sms: int, library: Optional[bool]) -> _Cfg:
     recipe = _f8.as_recipe(fp8)
     lib = _use_library(ctx, library)
     kind = ("row_sp" if sequence_parallel else "row_ar") if lib else "local"
-    return _dense(x, w, bias, _Cfg(ctx, kind, recipe, _comm_sms_arg(comm_sms), lib), fp8_meta)
+    return _Cfg(ctx, kind, recipe, _comm_sms_arg(comm_sms), lib)
 
 
 def mlp(x, w1, b1, w2, b2, *, ctx: TPContext, sequence_parallel: bool = True, fp8=False, fp8_meta=None,
@@ -442,5 +481,8 @@ def mlp(x, w1, b1, w2, b2, *, ctx: TPContext, sequence_parallel: bool = True, fp
         m1, m2 = fp8_meta
     kw = dict(ctx=ctx, sequence_parallel=sequence_parallel, fp8=fp8, comm_sms=comm_sms, library=library)
     h = column_parallel_dense(x, w1, b1, fp8_meta=m1, **kw)
+    cfg = _row_cfg(ctx, sequence_parallel, fp8, comm_sms, library)
+    if cfg.recipe is not None and cfg.recipe.block:  # the GELU's backward in the dgrad's epilogue
+        return _block_gelu(h, w2, b2, cfg)
     h = jax.nn.gelu(h, approximate=True)
     return row_parallel_dense(h, w2, b2, fp8_meta=m2, **kw)

@@ -13,6 +13,9 @@ arrays with one device per process):
 - :func:`block_gemm`: no communication: ``a @ b.T`` of block-scaled FP8 operands
   (Float8BlockScaling) on the library's GEMM, the scales in TE's GEMM-ready layout
   (:func:`gemm_ready_scales`); what the block layers' GEMMs run on a GPU.
+- :func:`block_quantize`: the block-scaled FP8 cast (rowwise and / or columnwise, one read
+  of the input) on the library's kernel, the scales GEMM-ready for :func:`block_gemm`;
+  what the block layers' casts run on a GPU.
 
 Layouts of TE's ``nvte_cublas_gemm`` (A = ``w``, B = ``x``): ``transa`` (default True: ``w``
 is ``[N, K]``; False: ``[K, N]``) and ``transb`` (default False: ``x`` is ``[tokens, K]``;
@@ -362,3 +365,87 @@ def block_gemm_available() -> bool:
     except Exception:  # no backend, no library: the reference path
         return False
     return True
+
+
+# ---- block quantization (Float8BlockScaling): the library's kernel as an XLA custom call -
+
+QUANTIZE_TARGET = ("te_comm_block_quantize", "nvte_comm_xla_block_quantize")
+_quantize_registered = False
+
+
+def register_block_quantize() -> None:
+    """Register the block quantization handler with XLA for platform CUDA (idempotent),
+    for its initialize stage (the kernel compiled and loaded, outside any command-buffer
+    capture) and its execute stage (the launch)."""
+    global _quantize_registered
+    with _reg_lock:
+        if _quantize_registered:
+            return
+        import jax
+
+        cap = jax.ffi.pycapsule(getattr(_capi.lib(), QUANTIZE_TARGET[1]))
+        jax.ffi.register_ffi_target(QUANTIZE_TARGET[0], {"initialize": cap, "execute": cap}, platform="CUDA",
+                                    api_version=1)
+        _quantize_registered = True
+
+
+def block_quantize_fits(shape, dtype) -> bool:
+    """Whether :func:`block_quantize` takes an input of ``shape`` and ``dtype``: 2-D, both
+    dimensions positive multiples of 128 (whole 128 x 128 tiles: the kernel's rule, and
+    TE's ``Float8BlockQuantizer.is_quantizable``), float32 / bfloat16 / float16."""
+    shape = tuple(shape)
+    return (len(shape) == 2 and all(d > 0 and d % BLOCK_LEN == 0 for d in shape)
+            and _dtype_name(dtype) in ("float32", "bfloat16", "float16"))
+
+
+def block_quantize(x, block_dim: int, *, power_2_scale: bool = True, amax_epsilon: float = 0.0,
+                   rowwise: bool = True, columnwise: bool = False, dtype="float8_e4m3fn"):
+    """Block-scaled FP8 cast of ``x`` ``[R, C]`` (TE's Float8BlockScaling: one scale per 1 x
+    128 values, ``block_dim`` 1, or per 128 x 128 tile, 2) on the library's kernel, one read
+    of each tile for both forms. Returns ``(rowwise, columnwise)``, each ``(q, scale_inv)``
+    or None where not asked for: rowwise ``q`` ``[R, C]``; columnwise ``q`` ``[C, R]``, the
+    transpose quantized along its rows (1D: 128 x 1 blocks of ``x``; 2D: the rowwise tiles
+    transposed). The scale inverses (f32) are in TE's GEMM-ready layout, what
+    :func:`block_gemm` takes for the data as stored (:func:`gemm_ready_scale_shape` of
+    ``[R, C]`` and ``[C, R]``; 2D padding entries are not written, and never read). The
+    same bits as :func:`~transformer_engine_comm.jax.fp8.quantize_block` /
+    :func:`~transformer_engine_comm.jax.fp8.block_columnwise` (whose scales are compact).
+    ``R`` and ``C`` multiples of 128 (:func:`block_quantize_fits`). An XLA custom call
+    (``te_comm_block_quantize``), command-buffer compatible; GPU only."""
+    import jax
+    import jax.numpy as jnp
+
+    _check2(x, "x")
+    if block_dim not in (1, 2):
+        raise ValueError(f"block_dim must be 1 or 2, got {block_dim!r}")
+    if not (rowwise or columnwise):
+        raise ValueError("block_quantize: ask for rowwise and / or columnwise")
+    if not block_quantize_fits(x.shape, x.dtype):
+        raise ValueError(f"block_quantize: x {tuple(x.shape)} {_dtype_name(x.dtype)} must be [R, C] with R and C "
+                         "positive multiples of 128, float32 / bfloat16 / float16")
+    amax_epsilon = float(amax_epsilon)
+    if not (0.0 <= amax_epsilon < float("inf")):
+        raise ValueError(f"block_quantize: amax_epsilon must be finite and >= 0, got {amax_epsilon}")
+    out = jnp.dtype(dtype)
+    if not _is_fp8(out.name):
+        raise ValueError(f"block_quantize: dtype {out.name} is not an FP8 type (float8_e4m3fn, float8_e5m2)")
+    r, c = x.shape
+    outs = []
+    if rowwise:
+        outs += [jax.ShapeDtypeStruct((r, c), out),
+                 jax.ShapeDtypeStruct(gemm_ready_scale_shape(r, c, block_dim), jnp.float32)]
+    if columnwise:
+        outs += [jax.ShapeDtypeStruct((c, r), out),
+                 jax.ShapeDtypeStruct(gemm_ready_scale_shape(c, r, block_dim), jnp.float32)]
+    register_block_quantize()
+    res = list(jax.ffi.ffi_call(QUANTIZE_TARGET[0], outs)(
+        x,
+        block_dim=np.int32(block_dim),
+        power_2_scale=bool(power_2_scale),
+        amax_epsilon=np.float32(amax_epsilon),
+        rowwise=bool(rowwise),
+        columnwise=bool(columnwise),
+    ))
+    row = (res.pop(0), res.pop(0)) if rowwise else None
+    col = (res.pop(0), res.pop(0)) if columnwise else None
+    return row, col
