@@ -778,7 +778,130 @@ __device__ __forceinline__ void store_tile_epi(float (&acc)[BN / 2], float scale
 enum : int {
   V_EPI = 1,    // _epi: the epilogue bits, FP8 D with d_scale, d_amax
   V_FPACC = 2,  // _fpacc (FP8 in; implies V_EPI): full-precision accumulation
+  V_BLOCK = 4,  // _block (e4m3 x e4m3, BN 128; implies V_EPI): block-scaled FP8 (below)
 };
+
+// ---- block-scaled FP8 (_block kernels) ----
+// TE's Float8BlockScaling: one float32 scale_inv per 128 consecutive K values of a row (1D)
+// or per 128 x 128 tile (2D), in TE's GEMM-ready layouts: 1D [ceil(k / 128), roundup(rows,
+// 4)] (K-block major, rows contiguous), 2D [ceil(rows / 128), roundup(ceil(k / 128), 4)].
+// a_scale_inv / b_scale_inv point at A's / B's (16-byte aligned); Gemm90Args::epilogue's
+// BLOCK_A_2D / BLOCK_B_2D bits say which operand is 2D (else 1D). A stage is one 128-deep
+// K block: its wgmmas accumulate into a zeroed fp32 set `part`, which is then promoted
+// into the main accumulators with acc = fma(part, sb[row, kb] * sa[col, kb], acc) (the
+// technique of DeepGEMM's FP8 GEMMs). The producer copies each stage's scale slices with
+// the stage's data (cp.async.bulk, completing on the stage's full barrier) into a 1 KiB
+// area per stage (rows' scales, then columns'; a 2D operand: the 16 bytes holding K block
+// kb's scale), so the consumers read them from shared memory while the stage's wgmmas
+// run. A partial last K block is zero-filled by TMA, so any k (a multiple of 16) works.
+enum : int {
+  BLOCK_A_2D = 8,   // A's scales are 128 x 128 tiles (else 1D, per row and K block)
+  BLOCK_B_2D = 16,  // B's likewise
+};
+constexpr int SCALE_STAGE_BYTES = 1024;  // a stage's scales: 128 rows', 128 columns'
+// One operand's scales of K block kb for the 128 rows (of B) or columns (of A) from r0: the
+// source and the byte count of the copy (a multiple of 16; 1D: never past the padded row).
+struct ScaleSlice {
+  const float *src;
+  u32 bytes;
+};
+__device__ __forceinline__ ScaleSlice scale_slice(const float *s, bool two_d, int rows, int kblocks, int r0,
+                                                  int kb) {
+  if (two_d) {
+    const int ld = (kblocks + 3) & ~3;
+    return {s + (u64)(r0 / 128) * (u64)ld + (u64)(kb & ~3), 16u};
+  }
+  const int ld = (rows + 3) & ~3;
+  return {s + (u64)kb * (u64)ld + (u64)r0, (u32)min(128, ld - r0) * 4u};
+}
+// 1-D bulk copy global -> shared (16-byte aligned, a multiple of 16 bytes), completing on `bar`.
+__device__ __forceinline__ void bulk_load(u32 dst, const void *src, u32 bytes, u32 bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+               "l"((u64)src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+__device__ __forceinline__ float lds_f32(u32 addr) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(addr) : "memory");
+  return v;
+}
+__device__ __forceinline__ float2 lds_f32x2(u32 addr) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
+  return v;
+}
+// The producer's part of a stage: its scale slices' bytes (what the full barrier expects
+// besides the data), then (issue) their copies into the stage's scale area `sc`.
+struct BlockStage {
+  ScaleSlice b, a;
+  __device__ __forceinline__ BlockStage(const Gemm90Args &g, int kblocks, int n0, int m0, int kb)
+      : b(scale_slice(g.b_scale_inv, (g.epilogue & BLOCK_B_2D) != 0, g.n, kblocks, n0, kb)),
+        a(scale_slice(g.a_scale_inv, (g.epilogue & BLOCK_A_2D) != 0, g.m, kblocks, m0, kb)) {}
+  __device__ __forceinline__ u32 bytes() const { return b.bytes + a.bytes; }
+  __device__ __forceinline__ void issue(u32 sc, u32 full) const {
+    bulk_load(sc, b.src, b.bytes, full);
+    bulk_load(sc + SCALE_STAGE_BYTES / 2, a.src, a.bytes, full);
+  }
+};
+
+// A consumer warpgroup's K loop of one tile of a _block kernel (see above): acc = sum over
+// K blocks of the block's partial sums times the product of its rows' and columns' scales.
+// Thread (warp, lane) holds tile rows r = 64 cw + 16 warp + lane / 4 and r + 8, columns
+// 8 j + 2 (lane % 4) (+1) for j < BN / 8 (m64nBN fragments). `it`: the ring position.
+template <int BN, int TA, int TB>
+__device__ __forceinline__ void block_k_loop(float (&acc)[BN / 2], u32 base, u32 bars, u32 &it, int kblocks, int cw,
+                                             int warp, int lane, int epilogue) {
+  typedef Cfg<BN> C;
+  const bool a2d = (epilogue & BLOCK_A_2D) != 0, b2d = (epilogue & BLOCK_B_2D) != 0;
+  const int r = cw * 64 + warp * 16 + lane / 4, q = lane % 4;
+  float part[BN / 2];
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+  for (int kb = 0; kb < kblocks; ++kb, ++it) {
+    const u32 s = it % C::STAGES;
+    mbar_wait(bars + 8 * s, (it / C::STAGES) & 1);
+    const u32 st = base + s * C::STAGE_BYTES;
+    const u32 sc = bars + C::BAR_BYTES + s * SCALE_STAGE_BYTES;
+    const u64 da = smem_desc_sw128(st + cw * 64 * K_BYTES);
+    const u64 db = smem_desc_sw128(st + C::A_BYTES);
+    wgmma_fence();
+    fence_regs(part);
+#pragma unroll
+    for (int kk = 0; kk < K_BYTES / 32; ++kk) wgmma_tile<BN, TA, TB, L_TN>(part, da + 2 * kk, db + 2 * kk, kk != 0);
+    wgmma_commit();
+    // The stage's scales, read while its wgmmas run.
+    const u32 k4 = 4u * (u32)(kb & 3);
+    const float sr0 = lds_f32(b2d ? sc + k4 : sc + 4u * (u32)r);
+    const float sr1 = lds_f32(b2d ? sc + k4 : sc + 4u * (u32)(r + 8));
+    const u32 sca = sc + SCALE_STAGE_BYTES / 2;
+    float sa[BN / 4];
+    if (a2d) {
+      const float v = lds_f32(sca + k4);
+#pragma unroll
+      for (int j = 0; j < BN / 4; ++j) sa[j] = v;
+    } else {
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) {
+        const float2 v = lds_f32x2(sca + 4u * (u32)(8 * j + 2 * q));
+        sa[2 * j] = v.x;
+        sa[2 * j + 1] = v.y;
+      }
+    }
+    wgmma_wait<0>();
+    fence_regs(part);
+    // Every lane's reads of the stage (wgmma's and the scales above) before it is handed back.
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bars + 8 * (C::STAGES + s));
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        acc[4 * j + e] = fmaf(part[4 * j + e], sr0 * sa[2 * j + e], acc[4 * j + e]);
+        acc[4 * j + 2 + e] = fmaf(part[4 * j + 2 + e], sr1 * sa[2 * j + e], acc[4 * j + 2 + e]);
+      }
+    }
+  }
+}
 
 // The ping-pong consumers (the BN-192 kernels): consumer warpgroup cw computes the CTA's
 // tiles j = cw, cw + 2, ... whole, 128 x 192 each (two m64n192 accumulator sets, rows 0-63
@@ -873,13 +996,19 @@ __device__ __forceinline__ void gemm(const GemmTmaDesc *tmap_b, const GemmTmaDes
                                      const Gemm90Args &g) {
   constexpr bool FP8 = is_fp8(TA);
   constexpr bool OUT_F32 = TO == T_F32;
-  constexpr bool EPI = (V & (V_EPI | V_FPACC)) != 0;
+  constexpr bool EPI = (V & (V_EPI | V_FPACC | V_BLOCK)) != 0;
   constexpr bool FPACC = (V & V_FPACC) != 0;
+  constexpr bool BLOCK = (V & V_BLOCK) != 0;
   static_assert(!FP8 || L == L_TN, "FP8 operands are K-major only (wgmma)");
   static_assert(FP8 == is_fp8(TB), "both inputs FP8 or both 16-bit");
   static_assert(FP8 || TA == TB, "16-bit inputs of one type");
   static_assert(EPI || TO == T_BF16 || TO == T_F32, "plain kernels store bf16 or f32");
   static_assert(!FPACC || (FP8 && BN == 128), "_fpacc: FP8 inputs, BN 128");
+  static_assert(!BLOCK || (TA == T_E4M3 && TB == T_E4M3 && BN == 128 && L == L_TN && !FPACC),
+                "_block: TN e4m3 x e4m3, BN 128");
+  static_assert(!BLOCK || Cfg<BN>::EPI_BYTES >= Cfg<BN>::STAGES * SCALE_STAGE_BYTES,
+                "_block: the stages' scales live in the staging chunks' space (GEMM90_EPI_STAGED)");
+  static_assert(!BLOCK || !is_fp8(TO), "_block: 16/32-bit D");
   // BN 192: the ping-pong kernels (plain TN, bf16 or e4m3 in, bf16 out; pingpong_tiles).
   constexpr bool PP = BN == 192;
   static_assert(!PP || (V == 0 && L == L_TN && TO == T_BF16), "BN 192: plain TN, bf16 out");
@@ -974,7 +1103,13 @@ __device__ __forceinline__ void gemm(const GemmTmaDesc *tmap_b, const GemmTmaDes
           const u32 full = bars + 8 * s;
           const u32 st = base + s * C::STAGE_BYTES;
           // Zero-filled out-of-bounds bytes count too: always the whole box.
-          mbar_arrive_expect_tx(full, C::STAGE_BYTES);
+          if constexpr (BLOCK) {
+            const BlockStage bs(g, kblocks, n0, m0, kb);
+            mbar_arrive_expect_tx(full, C::STAGE_BYTES + bs.bytes());
+            bs.issue(bars + C::BAR_BYTES + s * SCALE_STAGE_BYTES, full);
+          } else {
+            mbar_arrive_expect_tx(full, C::STAGE_BYTES);
+          }
           if constexpr (B_MN) {
             // B [k, n]: boxes of 64 columns x 64 rows of K, MN_BOX_BYTES apart.
 #pragma unroll
@@ -1001,7 +1136,7 @@ __device__ __forceinline__ void gemm(const GemmTmaDesc *tmap_b, const GemmTmaDes
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
     float scale = 1.f;
-    if (FP8) scale = *g.a_scale_inv * *g.b_scale_inv;
+    if (FP8 && !BLOCK) scale = *g.a_scale_inv * *g.b_scale_inv;
     float d_scale = 1.f, amax = 0.f;
     if constexpr (EPI && is_fp8(TO)) {
       if (g.d_scale != nullptr) d_scale = *g.d_scale;
@@ -1019,7 +1154,9 @@ __device__ __forceinline__ void gemm(const GemmTmaDesc *tmap_b, const GemmTmaDes
         tile_coords(t, tiles_n, tiles_m, gn, n_tile_rot, tn, tm);
         const int n0 = tn * BM, m0 = tm * BN;
         u32 prev = 0;
-        if constexpr (FPACC) {
+        if constexpr (BLOCK) {
+          block_k_loop<BN, TA, TB>(acc, base, bars, it, kblocks, cw, warp, lane, g.epilogue);
+        } else if constexpr (FPACC) {
           // Full-precision accumulation: each stage's wgmmas (4 K steps of 32) into `part`
           // (starting from zero), then acc += part in fp32: wgmma's own (fast) accumulation
           // spans at most 128 products.
@@ -1207,6 +1344,13 @@ GEMM90_KERNEL(gemm_sm90_tn_e4m3_e5m2_bf16_128_fpacc, 128, L_TN, T_E4M3, T_E5M2, 
 GEMM90_KERNEL(gemm_sm90_tn_e4m3_e5m2_f32_128_fpacc, 128, L_TN, T_E4M3, T_E5M2, T_F32, V_FPACC)
 GEMM90_KERNEL(gemm_sm90_tn_e5m2_e4m3_bf16_128_fpacc, 128, L_TN, T_E5M2, T_E4M3, T_BF16, V_FPACC)
 GEMM90_KERNEL(gemm_sm90_tn_e5m2_e4m3_f32_128_fpacc, 128, L_TN, T_E5M2, T_E4M3, T_F32, V_FPACC)
+#endif
+#ifndef GEMM90_NO_BLOCK
+// _block (BN 128 only): block-scaled e4m3 x e4m3 (TE's Float8BlockScaling), the _epi
+// epilogue (bias, accumulate) on 16/32-bit D.
+GEMM90_KERNEL(gemm_sm90_tn_e4m3_e4m3_bf16_128_block, 128, L_TN, T_E4M3, T_E4M3, T_BF16, V_BLOCK)
+GEMM90_KERNEL(gemm_sm90_tn_e4m3_e4m3_f16_128_block, 128, L_TN, T_E4M3, T_E4M3, T_F16, V_BLOCK)
+GEMM90_KERNEL(gemm_sm90_tn_e4m3_e4m3_f32_128_block, 128, L_TN, T_E4M3, T_E4M3, T_F32, V_BLOCK)
 #endif
 #ifndef GEMM90_NO_NN_NT
 // NN (dgrad) and NT (wgrad), 16-bit inputs, _epi (NT with EPI_ACCUM: wgrad into fp32
