@@ -356,6 +356,74 @@ pub(super) fn block_desc(g: &TeGemm) -> Result<(GemmDesc, [BlockMode; 2])> {
     Ok((desc, blocks))
 }
 
+/// NVTE_COMM_BLOCK_GEMM (read once): the backend of block-scaled GEMMs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum BlockBackend {
+    /// cuBLASLt's block scale modes (the default)
+    CublasLt,
+    /// our sm90 kernel's `_block` variants wherever they compute the call
+    Own,
+    /// ours where [`own_block_pays`], else cuBLASLt
+    Auto,
+}
+
+fn block_backend() -> Result<BlockBackend> {
+    static V: std::sync::OnceLock<std::result::Result<BlockBackend, String>> =
+        std::sync::OnceLock::new();
+    crate::env::once(&V, || {
+        Ok(match crate::env::BLOCK_GEMM.get()?.unwrap_or(0) {
+            1 => BlockBackend::Own,
+            2 => BlockBackend::Auto,
+            _ => BlockBackend::CublasLt,
+        })
+    })
+}
+
+/// Whether our `_block` kernel is the faster backend for `g` (NVTE_COMM_BLOCK_GEMM=auto).
+/// Not measured on a GPU yet: cuBLASLt everywhere until it is.
+fn own_block_pays(_g: &GemmDesc) -> bool {
+    false
+}
+
+/// Our kernel for the block-scaled `g` (its `blocks` set) with `alpha` and `beta` when
+/// NVTE_COMM_BLOCK_GEMM routes it there: `own` wherever the kernel computes the call (an
+/// `Unsupported` error naming why where it does not, or where it cannot load: the knob
+/// asks for it), `auto` where it also pays ([`own_block_pays`]) and loads (once per
+/// context; where it cannot, cuBLASLt), `cublaslt` never.
+fn own_block_gemm(
+    g: &GemmDesc,
+    alpha: f32,
+    beta: f32,
+    guard: &ContextGuard,
+) -> Result<Option<std::sync::Arc<sm90::Sm90Gemm>>> {
+    type Loaded = HashMap<CtxId, Option<std::sync::Arc<sm90::Sm90Gemm>>>;
+    static LOADED: Mutex<Option<Loaded>> = Mutex::new(None);
+    let backend = block_backend()?;
+    let why = sm90::supports_block(g, alpha, beta);
+    match backend {
+        BlockBackend::CublasLt => Ok(None),
+        BlockBackend::Own => match why {
+            Some(why) => unsupported!(
+                "NVTE_COMM_BLOCK_GEMM=own: our sm90 kernel cannot compute this block-scaled GEMM: {why} (cublaslt or auto run it on cuBLASLt)"
+            ),
+            None => sm90::Sm90Gemm::get(guard).map(Some),
+        },
+        BlockBackend::Auto if why.is_some() || !own_block_pays(g) => Ok(None),
+        BlockBackend::Auto => {
+            let lock = || LOADED.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(b) = lock().get_or_insert_with(HashMap::new).get(&guard.id) {
+                return Ok(b.clone());
+            }
+            let b = sm90::Sm90Gemm::get(guard).ok();
+            Ok(lock()
+                .get_or_insert_with(HashMap::new)
+                .entry(guard.id)
+                .or_insert(b)
+                .clone())
+        }
+    }
+}
+
 /// The oldest cuBLASLt with the block scale modes.
 const BLOCK_CUBLASLT: usize = 120900;
 
@@ -418,6 +486,15 @@ pub(super) unsafe fn run_scaled(
     }
     let guard = ContextGuard::for_stream_no_device(stream)?;
     if modes.is_some() {
+        let gb = GemmDesc {
+            blocks: modes,
+            ..*g
+        };
+        if let Some(own) = own_block_gemm(&gb, alpha, beta, &guard)? {
+            // SAFETY: the caller's contract; `run_block` checks the kernel's constraints
+            // (`supports_block`) before the launch.
+            return unsafe { own.run_block(&gb, beta, g.sm_count.max(0) as usize, stream) };
+        }
         require_block_support()?;
     }
     let h = handle(guard.id)?;
