@@ -356,26 +356,24 @@ pub(super) fn block_desc(g: &TeGemm) -> Result<(GemmDesc, [BlockMode; 2])> {
     Ok((desc, blocks))
 }
 
-/// NVTE_COMM_BLOCK_GEMM (read once): the backend of block-scaled GEMMs.
+/// NVTE_COMM_BLOCK_GEMM: the backend of block-scaled GEMMs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum BlockBackend {
     /// cuBLASLt's block scale modes (the default)
     CublasLt,
-    /// our sm90 kernel's `_block` variants wherever they compute the call
+    /// our sm90 kernel's `_block` variants wherever they compute the call, else cuBLASLt
     Own,
     /// ours where [`own_block_pays`], else cuBLASLt
     Auto,
 }
 
+/// NVTE_COMM_BLOCK_GEMM, read at each block-scaled GEMM (one environment lookup, small
+/// beside the GEMM), so that one process can time both backends.
 fn block_backend() -> Result<BlockBackend> {
-    static V: std::sync::OnceLock<std::result::Result<BlockBackend, String>> =
-        std::sync::OnceLock::new();
-    crate::env::once(&V, || {
-        Ok(match crate::env::BLOCK_GEMM.get()?.unwrap_or(0) {
-            1 => BlockBackend::Own,
-            2 => BlockBackend::Auto,
-            _ => BlockBackend::CublasLt,
-        })
+    Ok(match crate::env::BLOCK_GEMM.get()?.unwrap_or(0) {
+        1 => BlockBackend::Own,
+        2 => BlockBackend::Auto,
+        _ => BlockBackend::CublasLt,
     })
 }
 
@@ -386,10 +384,10 @@ fn own_block_pays(_g: &GemmDesc) -> bool {
 }
 
 /// Our kernel for the block-scaled `g` (its `blocks` set) with `alpha` and `beta` when
-/// NVTE_COMM_BLOCK_GEMM routes it there: `own` wherever the kernel computes the call (an
-/// `Unsupported` error naming why where it does not, or where it cannot load: the knob
-/// asks for it), `auto` where it also pays ([`own_block_pays`]) and loads (once per
-/// context; where it cannot, cuBLASLt), `cublaslt` never.
+/// NVTE_COMM_BLOCK_GEMM routes it there: `own` wherever the kernel computes the call
+/// (`sm90::supports_block`; an error where it cannot load: the knob asks for it), `auto`
+/// where it also pays ([`own_block_pays`]) and loads (tried once per context; where it
+/// cannot, cuBLASLt), `cublaslt` never. None: cuBLASLt runs the call.
 fn own_block_gemm(
     g: &GemmDesc,
     alpha: f32,
@@ -402,12 +400,8 @@ fn own_block_gemm(
     let why = sm90::supports_block(g, alpha, beta);
     match backend {
         BlockBackend::CublasLt => Ok(None),
-        BlockBackend::Own => match why {
-            Some(why) => unsupported!(
-                "NVTE_COMM_BLOCK_GEMM=own: our sm90 kernel cannot compute this block-scaled GEMM: {why} (cublaslt or auto run it on cuBLASLt)"
-            ),
-            None => sm90::Sm90Gemm::get(guard).map(Some),
-        },
+        BlockBackend::Own if why.is_some() => Ok(None),
+        BlockBackend::Own => sm90::Sm90Gemm::get(guard).map(Some),
         BlockBackend::Auto if why.is_some() || !own_block_pays(g) => Ok(None),
         BlockBackend::Auto => {
             let lock = || LOADED.lock().unwrap_or_else(|e| e.into_inner());
