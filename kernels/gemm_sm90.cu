@@ -30,7 +30,10 @@
 // - _fpacc: _epi plus full-precision FP8 accumulation (TE's use_split_accumulator,
 //   cuBLASLt FAST_ACCUM = 0): each 128-deep K stage is accumulated by wgmma into a zeroed
 //   fp32 set, then added into the main accumulators; BN 128 only (two 64-register sets).
-// Instantiated, 64 kernels (what TE uses; NVRTC time grows with every kernel: ~0.5 s
+// - _block: _fpacc's main loop with TE's block scales (Float8BlockScaling, 1D / 2D; see
+//   "block-scaled FP8" below) applied to each stage's partial sums; e4m3 x e4m3, BN 128,
+//   16/32-bit D, epilogue bits EPI_BIAS / EPI_ACCUM; no arrival flags or done signals.
+// Instantiated, 67 kernels (what TE uses; NVRTC time grows with every kernel: ~0.5 s
 // each, 33-36 s for the whole file on a 2-core x86 host, 2.3 s for the plain ones):
 // - plain: tn bf16 x bf16 and e4m3 x e4m3 -> bf16, f32; BN 256, 128 (8); -> bf16, BN 192
 //   (ping-pong, 2);
@@ -39,9 +42,12 @@
 //   supported, as in cuBLASLt) -> bf16, f16, f32; BN 256, 128 (30);
 // - _fpacc, tn, BN 128: e4m3 x e4m3 -> bf16, f16, f32, e4m3; e4m3 x e5m2 and e5m2 x e4m3
 //   -> bf16, f32 (8);
-// - _epi, nn and nt: bf16 x bf16 -> bf16, f32; f16 x f16 -> f16, f32; BN 256, 128 (16).
+// - _epi, nn and nt: bf16 x bf16 -> bf16, f32; f16 x f16 -> f16, f32; BN 256, 128 (16);
+// - _block, tn, BN 128: e4m3 x e4m3 -> bf16, f16, f32 (3).
 // Groups of them can be left out at compile time (-D or a #define before the source):
-// GEMM90_NO_EPI (all _epi tn), GEMM90_NO_FPACC, GEMM90_NO_NN_NT; the plain ones always.
+// GEMM90_NO_EPI (all _epi tn), GEMM90_NO_FPACC, GEMM90_NO_NN_NT, GEMM90_NO_BLOCK; the
+// plain ones always. (The library's module, src/cuda/nvrtc.rs GEMM_SM90, keeps the plain
+// and _block kernels.)
 //
 // Epilogue (_epi, _fpacc), in cuBLASLt's order: v = scale * acc (scale = a_scale_inv *
 // b_scale_inv for FP8 inputs, else 1); EPI_ACCUM: v += beta * D_old (16/32-bit D; TE's
@@ -830,19 +836,22 @@ __device__ __forceinline__ float2 lds_f32x2(u32 addr) {
   asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
   return v;
 }
-// The producer's part of a stage: its scale slices' bytes (what the full barrier expects
-// besides the data), then (issue) their copies into the stage's scale area `sc`.
-struct BlockStage {
-  ScaleSlice b, a;
-  __device__ __forceinline__ BlockStage(const Gemm90Args &g, int kblocks, int n0, int m0, int kb)
-      : b(scale_slice(g.b_scale_inv, (g.epilogue & BLOCK_B_2D) != 0, g.n, kblocks, n0, kb)),
-        a(scale_slice(g.a_scale_inv, (g.epilogue & BLOCK_A_2D) != 0, g.m, kblocks, m0, kb)) {}
-  __device__ __forceinline__ u32 bytes() const { return b.bytes + a.bytes; }
-  __device__ __forceinline__ void issue(u32 sc, u32 full) const {
-    bulk_load(sc, b.src, b.bytes, full);
-    bulk_load(sc + SCALE_STAGE_BYTES / 2, a.src, a.bytes, full);
-  }
-};
+__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+// The producer's part of a stage: each scale slice's bytes added to what the stage's full
+// barrier expects (before the producer's arrival, so the phase cannot complete without
+// them), then its copy into the stage's scale area `sc` (rows', then columns'). One slice
+// at a time: the producer runs on 40 registers.
+__device__ __forceinline__ void load_block_scales(const Gemm90Args &g, int kblocks, int n0, int m0, int kb, u32 sc,
+                                                  u32 full) {
+  const ScaleSlice b = scale_slice(g.b_scale_inv, (g.epilogue & BLOCK_B_2D) != 0, g.n, kblocks, n0, kb);
+  mbar_expect_tx(full, b.bytes);
+  bulk_load(sc, b.src, b.bytes, full);
+  const ScaleSlice a = scale_slice(g.a_scale_inv, (g.epilogue & BLOCK_A_2D) != 0, g.m, kblocks, m0, kb);
+  mbar_expect_tx(full, a.bytes);
+  bulk_load(sc + SCALE_STAGE_BYTES / 2, a.src, a.bytes, full);
+}
 
 // A consumer warpgroup's K loop of one tile of a _block kernel (see above): acc = sum over
 // K blocks of the block's partial sums times the product of its rows' and columns' scales.
@@ -874,31 +883,39 @@ __device__ __forceinline__ void block_k_loop(float (&acc)[BN / 2], u32 base, u32
     const float sr0 = lds_f32(b2d ? sc + k4 : sc + 4u * (u32)r);
     const float sr1 = lds_f32(b2d ? sc + k4 : sc + 4u * (u32)(r + 8));
     const u32 sca = sc + SCALE_STAGE_BYTES / 2;
-    float sa[BN / 4];
     if (a2d) {
+      // One column scale for the whole tile (BN 128 = one 2D block): a product per row.
       const float v = lds_f32(sca + k4);
-#pragma unroll
-      for (int j = 0; j < BN / 4; ++j) sa[j] = v;
-    } else {
+      const float s0 = sr0 * v, s1 = sr1 * v;
+      wgmma_wait<0>();
+      fence_regs(part);
+      // Every lane's reads of the stage (wgmma's and the scales above) before it is handed back.
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bars + 8 * (C::STAGES + s));
 #pragma unroll
       for (int j = 0; j < BN / 8; ++j) {
-        const float2 v = lds_f32x2(sca + 4u * (u32)(8 * j + 2 * q));
-        sa[2 * j] = v.x;
-        sa[2 * j + 1] = v.y;
+        acc[4 * j] = fmaf(part[4 * j], s0, acc[4 * j]);
+        acc[4 * j + 1] = fmaf(part[4 * j + 1], s0, acc[4 * j + 1]);
+        acc[4 * j + 2] = fmaf(part[4 * j + 2], s1, acc[4 * j + 2]);
+        acc[4 * j + 3] = fmaf(part[4 * j + 3], s1, acc[4 * j + 3]);
       }
+      continue;
     }
+    // 1D columns: a scale pair per fragment column pair (32 values), read while the
+    // wgmmas run.
+    float2 sa[BN / 8];
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) sa[j] = lds_f32x2(sca + 4u * (u32)(8 * j + 2 * q));
     wgmma_wait<0>();
     fence_regs(part);
-    // Every lane's reads of the stage (wgmma's and the scales above) before it is handed back.
     __syncwarp();
     if (lane == 0) mbar_arrive(bars + 8 * (C::STAGES + s));
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        acc[4 * j + e] = fmaf(part[4 * j + e], sr0 * sa[2 * j + e], acc[4 * j + e]);
-        acc[4 * j + 2 + e] = fmaf(part[4 * j + 2 + e], sr1 * sa[2 * j + e], acc[4 * j + 2 + e]);
-      }
+      acc[4 * j] = fmaf(part[4 * j], sr0 * sa[j].x, acc[4 * j]);
+      acc[4 * j + 1] = fmaf(part[4 * j + 1], sr0 * sa[j].y, acc[4 * j + 1]);
+      acc[4 * j + 2] = fmaf(part[4 * j + 2], sr1 * sa[j].x, acc[4 * j + 2]);
+      acc[4 * j + 3] = fmaf(part[4 * j + 3], sr1 * sa[j].y, acc[4 * j + 3]);
     }
   }
 }
@@ -1083,7 +1100,8 @@ __device__ __forceinline__ void gemm(const GemmTmaDesc *tmap_b, const GemmTmaDes
       // every slice that starts there), so that the tiles of a block run while the block
       // is still arriving, and the last block's tiles end one slice's compute after the
       // link (not one tile's).
-      const bool waits = flags != nullptr && rows_per_flag > 0;
+      // (_block kernels: no arrival flags, which leaves their producer the registers for the scales)
+      const bool waits = !BLOCK && flags != nullptr && rows_per_flag > 0;
       const int kp = waits ? max(1, g.k_pieces) : 1;
       for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
         int tn, tm;
@@ -1103,13 +1121,8 @@ __device__ __forceinline__ void gemm(const GemmTmaDesc *tmap_b, const GemmTmaDes
           const u32 full = bars + 8 * s;
           const u32 st = base + s * C::STAGE_BYTES;
           // Zero-filled out-of-bounds bytes count too: always the whole box.
-          if constexpr (BLOCK) {
-            const BlockStage bs(g, kblocks, n0, m0, kb);
-            mbar_arrive_expect_tx(full, C::STAGE_BYTES + bs.bytes());
-            bs.issue(bars + C::BAR_BYTES + s * SCALE_STAGE_BYTES, full);
-          } else {
-            mbar_arrive_expect_tx(full, C::STAGE_BYTES);
-          }
+          if constexpr (BLOCK) load_block_scales(g, kblocks, n0, m0, kb, bars + C::BAR_BYTES + s * SCALE_STAGE_BYTES, full);
+          mbar_arrive_expect_tx(full, C::STAGE_BYTES);
           if constexpr (B_MN) {
             // B [k, n]: boxes of 64 columns x 64 rows of K, MN_BOX_BYTES apart.
 #pragma unroll
