@@ -1,8 +1,9 @@
 //! Block-scaled FP8 GEMM (TE's Float8BlockScaling: NVTE_BLOCK_SCALING_1D, one float32
 //! scale per 128 consecutive values of a row; NVTE_BLOCK_SCALING_2D, one per 128 x 128
 //! tile) on cuBLASLt's block scale modes (VEC128_32F / BLK128x128_32F, cuBLAS 12.9+,
-//! Hopper), and the alpha / beta GEMMs of nvte_cublas_gemm_scaled and
-//! nvte_cublas_gemm_v2 ([`cublas_gemm_scaled`]).
+//! Hopper) or, as NVTE_COMM_BLOCK_GEMM chooses, on our sm90 kernel's `_block` variants
+//! (`sm90::Sm90Gemm::run_block`), and the alpha / beta GEMMs of nvte_cublas_gemm_scaled
+//! and nvte_cublas_gemm_v2 ([`cublas_gemm_scaled`]).
 //!
 //! The combinations are TE's (common/gemm/cublaslt_gemm.cu): 1D x 1D, 1D x 2D and 2D x
 //! 1D (2D x 2D refused), the cuBLASLt GEMM always TN: A's rowwise data with transa, its
@@ -457,9 +458,11 @@ thread_local! {
         RefCell::new(HashMap::new());
 }
 
-/// Run a validated GEMM with `alpha` and `beta` (and the block scale modes `modes`) on
-/// cuBLASLt, from a per-thread plan: no CUDA graph, no own kernel; the heuristic's
-/// candidates timed on the plan's first eager run with beta = 0 (as `run_impl`).
+/// Run a validated GEMM with `alpha` and `beta` (and the block scale modes `modes`): a
+/// block-scaled one on our kernel where NVTE_COMM_BLOCK_GEMM routes it there
+/// ([`own_block_gemm`]), else on cuBLASLt from a per-thread plan (no CUDA graph; the
+/// heuristic's candidates timed on the plan's first eager run with beta = 0, as
+/// `run_impl`).
 ///
 /// # Safety
 ///
