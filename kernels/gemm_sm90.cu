@@ -800,6 +800,13 @@ enum : int {
 // area per stage (rows' scales, then columns'; a 2D operand: the 16 bytes holding K block
 // kb's scale), so the consumers read them from shared memory while the stage's wgmmas
 // run. A partial last K block is zero-filled by TMA, so any k (a multiple of 16) works.
+// Measured (one H200, 2026-12-02, tests_c/test_block_gemm --bench, 8192 x 7168 x 8192 and
+// three more anchors): correct (outputs bit-identical to cuBLASLt's block-scaled GEMM) but
+// slower: 820-850 TFLOP/s in 2D x 1D (0.68-0.70 of cuBLASLt's 1186-1222) and 682-710 in
+// 1D x 1D (0.79-0.80 of 867-903); the one-set loop before block_k_loop's two sets took 2D
+// x 1D to 0.70-0.74 but 1D x 1D only to 0.70-0.71. Likely limits: 128 x 128 tiles (two
+// 64-register sets beside the accumulators leave no room for 256 columns) read 1.5x the
+// L2 bytes of 128 x 256 ones, without the cluster multicast cuBLASLt can use.
 enum : int {
   BLOCK_A_2D = 8,   // A's scales are 128 x 128 tiles (else 1D, per row and K block)
   BLOCK_B_2D = 16,  // B's likewise

@@ -378,8 +378,11 @@ fn block_backend() -> Result<BlockBackend> {
     })
 }
 
-/// Whether our `_block` kernel is the faster backend for `g` (NVTE_COMM_BLOCK_GEMM=auto).
-/// Not measured on a GPU yet: cuBLASLt everywhere until it is.
+/// Whether our `_block` kernel is the faster backend for `g` (NVTE_COMM_BLOCK_GEMM=auto):
+/// nowhere measured so far. On one H200 (2026-12-02, docs/results/2026-12.md, 933afeb,
+/// `test_block_gemm --bench`, the four anchor shapes) it ran at 0.68-0.70 of cuBLASLt's
+/// speed in 2D x 1D and 0.79-0.80 in 1D x 1D (bit-identical outputs), so auto keeps
+/// cuBLASLt; a shape or mode where it wins belongs here once measured.
 fn own_block_pays(_g: &GemmDesc) -> bool {
     false
 }
