@@ -216,12 +216,36 @@ struct CtxEnv {
 }
 
 fn shape_of(t: &Tensor, what: &str) -> Result<(usize, usize)> {
-    t.data.rows_cols().ok_or_else(|| {
+    let (b, transposed) = data_of(t);
+    let shape = b.rows_cols().ok_or_else(|| {
         Error::invalid(format!(
-            "tensor `{what}` must have 2 dimensions, got {}",
-            t.data.shape
+            "tensor `{what}` must have 2 dimensions, got {}{}",
+            b.shape,
+            if transposed {
+                " (its columnwise data)"
+            } else {
+                ""
+            }
         ))
+    })?;
+    Ok(if transposed {
+        (shape.1, shape.0)
+    } else {
+        shape
     })
+}
+
+/// The data a tensor's logical shape comes from: its rowwise data, or, for a
+/// block-scaled tensor that holds only columnwise data (the transposed copy: a weight
+/// quantized for transa = false), that data, transposed (`true`), as TE's Tensor::shape.
+fn data_of(t: &Tensor) -> (&Buffer, bool) {
+    let present = |b: &Buffer| !b.ptr.is_null() || b.numel() > 0;
+    let block = crate::tensor::BlockMode::from_scaling_mode(t.scaling_mode).is_some();
+    if block && !present(&t.data) && present(&t.columnwise_data) {
+        (&t.columnwise_data, true)
+    } else {
+        (&t.data, false)
+    }
 }
 
 /// The error of a call that needs a new or larger buffer while the context's stream is
@@ -241,16 +265,27 @@ fn needs_warmup(kind: Kind, dtype: DType, bytes: usize, smaller: bool, what_to_d
 
 fn expect_shape(t: &Tensor, what: &str, want: [usize; 2], why: &str) -> Result<()> {
     let got = shape_of(t, what)?;
+    let (data, transposed) = data_of(t);
     if got != (want[0], want[1]) {
         invalid!(
             "tensor `{what}` has shape {} but must be [{}, {}] ({why})",
-            t.data.shape,
+            if transposed {
+                format!(
+                    "[{}, {}] (its columnwise data {}, transposed)",
+                    got.0, got.1, data.shape
+                )
+            } else {
+                data.shape.to_string()
+            },
             want[0],
             want[1]
         );
     }
-    if t.data.ptr.is_null() && want[0] * want[1] > 0 {
-        invalid!("tensor `{what}` has a NULL data pointer");
+    if data.ptr.is_null() && want[0] * want[1] > 0 {
+        invalid!(
+            "tensor `{what}` has a NULL {} data pointer",
+            if transposed { "columnwise" } else { "rowwise" }
+        );
     }
     Ok(())
 }
@@ -921,12 +956,18 @@ impl CommGemmCtx {
                 expect_shape(c.d, "d", dshape, why)?;
             }
         }
-        Ok(())
+        self.check_block_operands(c)
     }
 
     /// Block-scaled FP8 inputs: what this context takes ([`call::check_block`]).
     fn check_block(&self, c: &GemmCall) -> Result<()> {
         call::check_block(c, self.nranks, self.opts.direct)
+    }
+
+    /// Block-scaled FP8 inputs: the GEMM this rank runs, checked with no device call
+    /// ([`call::check_block_operands`]).
+    fn check_block_operands(&self, c: &GemmCall) -> Result<()> {
+        call::check_block_operands(c, (self.nranks, self.rank), self.opts.direct)
     }
 
     fn call_inner(&mut self, c: &GemmCall, stream: StreamHandle) -> Result<()> {

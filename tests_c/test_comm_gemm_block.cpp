@@ -1,14 +1,18 @@
 // The comm-GEMM API with block-scaled FP8 inputs (TE's Float8BlockScaling: a 2D-scaled
 // weight A with a 1D-scaled activation B, and both 1D): nvte_gemm_reduce_scatter and
 // nvte_gemm_all_reduce at every tp (k split: each rank's A [m, k/tp] and B [n, k/tp]),
-// nvte_all_gather_gemm at tp 1 (refused with its reason at more ranks: the gathered B's
-// block scales are not gathered yet), float32 and bfloat16 outputs, against a float64
-// reference on the dequantized inputs. The operands are quantized on the GPU by
-// nvte_quantize (GEMM-ready scales) and dequantized by nvte_dequantize, so the reference
-// sees exactly the values the GEMM reads. m = 384 is three 128-row tiles of A: the
-// pipelined reduce-scatter cuts a 2D-scaled A at whole tiles. Then each operation
-// captured in a CUDA graph and replayed into a poisoned D, checked again. The userbuffers
-// API's nvte_comm_overlap_split_rs and _split_rs_p2p on the same operands (float32 buffer).
+// nvte_all_gather_gemm at every tp (m and n split: each rank's A [m/tp, k] and its B shard
+// [128, k] of whole 128-row blocks, gathered with its block scales; also a 1D A with a
+// 2D B, and the fused algorithm's value kNVTECommGemmAlgoAtomicP2P, which runs the ring
+// for block inputs), float32 and bfloat16 outputs, against a float64 reference on the
+// dequantized inputs. The operands are quantized on the GPU by nvte_quantize (GEMM-ready
+// scales) and dequantized by nvte_dequantize, so the reference sees exactly the values
+// the GEMM reads. m = 384 is three 128-row tiles of A: the pipelined reduce-scatter cuts
+// a 2D-scaled A at whole tiles; the all-gather's m = 128 tp (each rank's A one tile). Then each operation captured in a CUDA graph and replayed
+// into a poisoned D, checked again. The userbuffers API on the same operands:
+// nvte_comm_overlap_split_rs and _split_rs_p2p (float32 buffer), and
+// nvte_comm_overlap_split_ag with this rank's block-scaled shard (an e4m3 buffer with room
+// for the gathered B and every rank's scales), eager and replayed.
 //
 // Tolerance per element: |d - ref| <= 2e-3 sum_l |a_l b_l| + (tp + 1) u sum_l |a_l b_l|,
 // with u the unit roundoff of D's type (0 for float32, 2^-8 for bfloat16): the FP8 tensor
@@ -21,6 +25,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 
 #include "test_util.hpp"
 
@@ -101,6 +106,8 @@ struct Case {
   Op op;
   bool a_2d;
   NVTEDType td;
+  bool b_2d = false;
+  NVTECommGemmAlgoType algo = kNVTECommGemmAlgoSplitP2P;
 };
 
 // D [rows, m] on the host against the reference rows [row0, row0 + rows) of ref / mag.
@@ -121,6 +128,13 @@ int compare(Report &rep, const std::string &what, const DevBuf &d, NVTEDType td,
   rep.check(bad == 0, what + b);
   return bad;
 }
+
+// The userbuffers objects: the reduce-scatter's (float32 GEMM output [n, m]) and the
+// all-gather's (e4m3: the gathered B [n, k] and every rank's scale slot behind it).
+struct Overlaps {
+  NVTECommOverlap *rs = nullptr;
+  NVTECommOverlap *ag = nullptr;
+};
 
 // The userbuffers API's GEMM + reduce-scatter (both entry points) on the same block-scaled
 // operands: the GEMM into the buffer ([n, m], float32), rs_output [n/tp, m].
@@ -145,14 +159,83 @@ void run_overlap_rs(Report &rep, NVTECommOverlap *ov, const std::string &what, N
   }
 }
 
-void run_case(Report &rep, NVTECommGemmCtx *ctx, NVTECommOverlap *ov, const Case &c, uint64_t seed, int rank, int size,
+// `call` (which enqueues on `s` and returns its status) into a poisoned D, checked; then
+// captured in a CUDA graph and replayed twice into a poisoned D, checked again.
+void eager_and_replayed(Report &rep, const std::string &what, const std::function<NVTECommStatus()> &call, DevBuf &d,
+                        NVTEDType td, const std::vector<double> &ref, const std::vector<double> &mag, int64_t row0,
+                        int64_t rows, int64_t m, int size, cudaStream_t s) {
+  d.poison();
+  NVTECommStatus st = call();
+  std::string msg = nvte_comm_last_error();
+  CUDA_OK(cudaStreamSynchronize(s));
+  if (st != NVTE_COMM_SUCCESS) {
+    rep.fail(what + ": " + nvte_comm_status_string(st) + ": " + msg);
+    return;
+  }
+  if (compare(rep, what + " (eager)", d, td, ref, mag, row0, rows, m, size) != 0) return;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  st = call();
+  msg = nvte_comm_last_error();
+  CUDA_OK(cudaStreamEndCapture(s, &graph));
+  if (st != NVTE_COMM_SUCCESS) {
+    rep.fail(what + ": captured call: " + msg);
+  } else {
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int replay = 0; replay < 2; ++replay) {
+      d.poison();
+      CUDA_OK(cudaGraphLaunch(exec, s));
+      CUDA_OK(cudaStreamSynchronize(s));
+      compare(rep, what + " (graph replay " + std::to_string(replay) + ")", d, td, ref, mag, row0, rows, m, size);
+    }
+    CUDA_OK(cudaGraphExecDestroy(exec));
+  }
+  if (graph) CUDA_OK(cudaGraphDestroy(graph));
+}
+
+// ref / mag [n, m] += the dequantized product of b [n, ks] and a [m, ks] (rows j0.. of ref).
+void accumulate_ref(std::vector<double> &ref, std::vector<double> &mag, const Block &a, const Block &b, int64_t j0,
+                    int64_t nb, int64_t m, int64_t ks) {
+  for (int64_t j = 0; j < nb; ++j)
+    for (int64_t i = 0; i < m; ++i) {
+      double acc = 0, am = 0;
+      for (int64_t l = 0; l < ks; ++l) {
+        double p = b.deq[j * ks + l] * a.deq[i * ks + l];
+        acc += p;
+        am += std::fabs(p);
+      }
+      ref[(j0 + j) * m + i] += acc;
+      mag[(j0 + j) * m + i] += am;
+    }
+}
+
+// The userbuffers API's all-gather + GEMM on this rank's block-scaled shard B [n/tp, k]
+// and A [m/tp, k]: D [n, m/tp] (float32), eager and replayed.
+void run_overlap_ag(Report &rep, NVTECommOverlap *ov, const std::string &what, NVTETensor a, NVTETensor b,
+                    const std::vector<double> &ref, const std::vector<double> &mag, int64_t n, int64_t ml, int size,
+                    cudaStream_t s) {
+  Tensor W(kNVTEByte, {(size_t)32 << 20});
+  Tensor D(kNVTEFloat32, {(size_t)n, (size_t)ml});
+  auto call = [&] {
+    return nvte_comm_overlap_split_ag(ov, a, true, b, false, D.h, nullptr, nullptr, false, W.h, false, true, nullptr, s);
+  };
+  eager_and_replayed(rep, what + " [userbuffers split_ag]", call, D.data, kNVTEFloat32, ref, mag, 0, n, ml, size, s);
+}
+
+void run_case(Report &rep, NVTECommGemmCtx *ctx, const Overlaps &ovs, const Case &c, uint64_t seed, int rank, int size,
               cudaStream_t s) {
-  const int64_t m = 384, n = 128 * size, kpr = 256;  // B's rows: whole 128-row blocks per rank
   const bool ag = c.op == kAg;
+  // B's rows: whole 128-row blocks per rank; the all-gather's A rows too (m split: each
+  // rank quantizes its own [m/tp, k], which nvte_quantize takes in whole 128-row blocks).
+  const int64_t m = ag ? 128 * size : 384, n = 128 * size, kpr = 256;
   const int64_t k = ag ? kpr : kpr * size;
+  // The all-gather splits m and n (each rank's A rows and B shard), the reductions k.
+  const int64_t ml = ag ? m / size : m, nb = ag ? n / size : n, ks = ag ? k : kpr;
   char buf[256];
-  std::snprintf(buf, sizeof buf, "tp %d %s A %s x B 1D -> %s m=%lld n=%lld k=%lld", size, op_name(c.op), c.a_2d ? "2D" : "1D",
-                dtype_name(c.td), (long long)m, (long long)n, (long long)k);
+  std::snprintf(buf, sizeof buf, "tp %d %s A %s x B %s -> %s m=%lld n=%lld k=%lld%s", size, op_name(c.op),
+                c.a_2d ? "2D" : "1D", c.b_2d ? "2D" : "1D", dtype_name(c.td), (long long)m, (long long)n, (long long)k,
+                c.algo == kNVTECommGemmAlgoAtomicP2P ? " (AtomicP2P)" : "");
   const std::string what = buf;
   Rng rng(seed);
   std::vector<float> A(m * k), B(n * k);
@@ -160,77 +243,65 @@ void run_case(Report &rep, NVTECommGemmCtx *ctx, NVTECommOverlap *ov, const Case
   for (auto &x : B) x = (float)rng.uniform(-3, 3);
   // Every rank's share quantized here (the same kernel on the same values gives every
   // rank the same bytes); the reference sums their dequantized products in float64.
-  const int shares = ag ? 1 : size;
-  const int64_t ks = ag ? k : kpr;
-  std::vector<double> ref(n * m, 0.0), mag(n * m, 0.0);
+  // All-gather: this rank's A rows, every rank's B shard; reductions: every k share.
+  const int shares = size;
+  std::vector<double> ref(n * ml, 0.0), mag(n * ml, 0.0);
   Block *mine_a = nullptr, *mine_b = nullptr;
   std::vector<Block *> keep;
   for (int q = 0; q < shares; ++q) {
-    auto *a = new Block(cols_of(A, m, k, q * ks, ks), m, ks, c.a_2d, s);
-    auto *b = new Block(cols_of(B, n, k, q * ks, ks), n, ks, false, s);
-    keep.push_back(a);
+    Block *a = nullptr;
+    if (!ag || q == 0) {
+      std::vector<float> as = ag ? std::vector<float>(A.begin() + rank * ml * k, A.begin() + (rank + 1) * ml * k)
+                                 : cols_of(A, m, k, q * ks, ks);
+      a = new Block(as, ml, ks, c.a_2d, s);
+      keep.push_back(a);
+    } else {
+      a = mine_a;
+    }
+    std::vector<float> bs = ag ? std::vector<float>(B.begin() + q * nb * k, B.begin() + (q + 1) * nb * k)
+                               : cols_of(B, n, k, q * ks, ks);
+    auto *b = new Block(bs, nb, ks, c.b_2d, s);
     keep.push_back(b);
     if (!a->ok || !b->ok) {
       rep.fail(what + ": nvte_quantize / nvte_dequantize: " + (a->ok ? b->err : a->err));
       for (Block *x : keep) delete x;
       return;
     }
-    for (int64_t j = 0; j < n; ++j)
-      for (int64_t i = 0; i < m; ++i) {
-        double acc = 0, am = 0;
-        for (int64_t l = 0; l < ks; ++l) {
-          double p = b->deq[j * ks + l] * a->deq[i * ks + l];
-          acc += p;
-          am += std::fabs(p);
-        }
-        ref[j * m + i] += acc;
-        mag[j * m + i] += am;
-      }
-    if (ag || q == rank) { mine_a = a; mine_b = b; }
+    accumulate_ref(ref, mag, *a, *b, ag ? q * nb : 0, nb, ml, ks);
+    if (ag ? q == 0 : q == rank) mine_a = a;
+    if (q == rank) mine_b = b;
   }
   const int64_t rows = c.op == kRs ? n / size : n, row0 = c.op == kRs ? rank * (n / size) : 0;
-  Tensor D(c.td, {(size_t)rows, (size_t)m});
+  Tensor D(c.td, {(size_t)rows, (size_t)ml});
   auto fn = c.op == kAg ? nvte_all_gather_gemm : c.op == kRs ? nvte_gemm_reduce_scatter : nvte_gemm_all_reduce;
   auto call = [&] {
-    fn(ctx, m, n, k, mine_a->h, mine_b->h, D.h, nullptr, nullptr, true, false, false, false, 0, s, kNVTECommGemmAlgoSplitP2P);
+    fn(ctx, m, n, k, mine_a->h, mine_b->h, D.h, nullptr, nullptr, true, false, false, false, 0, s, c.algo);
+    return nvte_comm_last_status();
   };
-  D.data.poison();
-  call();
-  NVTECommStatus st = nvte_comm_last_status();
-  std::string msg = nvte_comm_last_error();
-  CUDA_OK(cudaStreamSynchronize(s));
-  if (ag && size > 1) {
-    // Refused before anything is made, naming why.
-    rep.check(st == NVTE_COMM_ERROR_UNSUPPORTED && msg.find("block") != std::string::npos,
-              what + ": refused at tp > 1 with its reason: " + msg);
-  } else if (st != NVTE_COMM_SUCCESS) {
-    rep.fail(what + ": " + nvte_comm_status_string(st) + ": " + msg);
-  } else if (compare(rep, what + " (eager)", D.data, c.td, ref, mag, row0, rows, m, size) == 0) {
-    // The same call captured in a CUDA graph, replayed into a poisoned D.
-    cudaGraph_t graph = nullptr;
-    cudaGraphExec_t exec = nullptr;
-    CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    call();
-    st = nvte_comm_last_status();
-    msg = nvte_comm_last_error();
-    CUDA_OK(cudaStreamEndCapture(s, &graph));
-    if (st != NVTE_COMM_SUCCESS) {
-      rep.fail(what + ": captured call: " + msg);
-    } else {
-      CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-      for (int replay = 0; replay < 2; ++replay) {
-        D.data.poison();
-        CUDA_OK(cudaGraphLaunch(exec, s));
-        CUDA_OK(cudaStreamSynchronize(s));
-        compare(rep, what + " (graph replay " + std::to_string(replay) + ")", D.data, c.td, ref, mag, row0, rows, m, size);
-      }
-      CUDA_OK(cudaGraphExecDestroy(exec));
-    }
-    if (graph) CUDA_OK(cudaGraphDestroy(graph));
-  }
-  if (c.op == kRs && c.td == kNVTEFloat32 && ov)
-    run_overlap_rs(rep, ov, what, mine_a->h, mine_b->h, ref, mag, n, m, rank, size, s);
+  eager_and_replayed(rep, what, call, D.data, c.td, ref, mag, row0, rows, ml, size, s);
+  if (c.op == kRs && c.td == kNVTEFloat32 && ovs.rs)
+    run_overlap_rs(rep, ovs.rs, what, mine_a->h, mine_b->h, ref, mag, n, m, rank, size, s);
+  if (ag && c.td == kNVTEFloat32 && c.algo == kNVTECommGemmAlgoSplitP2P && ovs.ag)
+    run_overlap_ag(rep, ovs.ag, what, mine_a->h, mine_b->h, ref, mag, n, ml, size, s);
   for (Block *x : keep) delete x;
+}
+
+// A userbuffers object over the IPC transport: a [rows, cols] buffer of `dtype`.
+NVTECommOverlap *make_overlap(Report &rep, int rank, int size, size_t rows, size_t cols, NVTEDType dtype) {
+  NVTECommOverlapConfig cfg;
+  nvte_comm_overlap_config_default(&cfg);
+  cfg.transport = NVTE_COMM_TRANSPORT_IPC;
+  NVTECommBootstrap bs{};
+  bs.world_rank = rank;
+  bs.world_size = size;
+  bs.allgather = mpi_allgather;
+  bs.barrier = mpi_barrier;
+  NVTECommOverlap *ov = nullptr;
+  if (nvte_comm_overlap_create(&bs, &cfg, rows, cols, dtype, &ov) != NVTE_COMM_SUCCESS) {
+    rep.fail(std::string("nvte_comm_overlap_create: ") + nvte_comm_last_error());
+    return nullptr;
+  }
+  return ov;
 }
 
 }  // namespace
@@ -256,22 +327,12 @@ int main(int argc, char **argv) {
   cudaStream_t s;
   CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   NVTECommGemmCtx *ctx = make_ctx(rank, size);
-  // A userbuffers object for the reduce-scatter's GEMM output [n, m] = [128 tp, 384] float32.
-  NVTECommOverlap *ov = nullptr;
-  {
-    NVTECommOverlapConfig cfg;
-    nvte_comm_overlap_config_default(&cfg);
-    cfg.transport = NVTE_COMM_TRANSPORT_IPC;
-    NVTECommBootstrap bs{};
-    bs.world_rank = rank;
-    bs.world_size = size;
-    bs.allgather = mpi_allgather;
-    bs.barrier = mpi_barrier;
-    if (nvte_comm_overlap_create(&bs, &cfg, 128 * (size_t)size, 384, kNVTEFloat32, &ov) != NVTE_COMM_SUCCESS) {
-      rep.fail(std::string("nvte_comm_overlap_create: ") + nvte_comm_last_error());
-      ov = nullptr;
-    }
-  }
+  Overlaps ovs;
+  // The reduce-scatter's GEMM output [n, m] = [128 tp, 384] float32; the all-gather's B
+  // [128 tp, 256] e4m3 and tp scale slots of at most 1 KiB each (1D scales of a [128, 256]
+  // shard: [2, 128] float32), 256-byte aligned: 4 more rows of 256 bytes per rank.
+  ovs.rs = make_overlap(rep, rank, size, 128 * (size_t)size, 384, kNVTEFloat32);
+  ovs.ag = make_overlap(rep, rank, size, 132 * (size_t)size, 256, kNVTEFloat8E4M3);
   if (!ctx) {
     rep.fail(std::string("ctx_create_bootstrap: ") + nvte_comm_last_error());
   } else {
@@ -279,10 +340,14 @@ int main(int argc, char **argv) {
     for (Op op : {kRs, kAr, kAg})
       for (bool a_2d : {true, false})
         for (NVTEDType td : {kNVTEFloat32, kNVTEBFloat16})
-          run_case(rep, ctx, ov, Case{op, a_2d, td}, ++seed, rank, size, s);
+          run_case(rep, ctx, ovs, Case{op, a_2d, td}, ++seed, rank, size, s);
+    // The all-gather with a 2D-scaled B (1D A), and with the fused algorithm's value.
+    run_case(rep, ctx, ovs, Case{kAg, false, kNVTEFloat32, true}, ++seed, rank, size, s);
+    run_case(rep, ctx, ovs, Case{kAg, true, kNVTEBFloat16, false, kNVTECommGemmAlgoAtomicP2P}, ++seed, rank, size, s);
     nvte_comm_gemm_ctx_destroy(ctx);
   }
-  if (ov) nvte_comm_overlap_destroy(ov);
+  if (ovs.rs) nvte_comm_overlap_destroy(ovs.rs);
+  if (ovs.ag) nvte_comm_overlap_destroy(ovs.ag);
   CUDA_OK(cudaStreamDestroy(s));
   int rc = rep.finish("test_comm_gemm_block");
   MPI_Finalize();

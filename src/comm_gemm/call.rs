@@ -87,15 +87,24 @@ pub(crate) fn is_block(c: &GemmCall) -> bool {
 }
 
 /// Block-scaled FP8 inputs (NVTE_BLOCK_SCALING_1D / 2D), checked before anything is
-/// made: at one rank (`direct`) every operation is its block-scaled GEMM; at more ranks
-/// the reduce-scatter and all-reduce run the engine's block-aware algorithms (whole
-/// 128-row tiles of a 2D-scaled A per chunk, else the GEMM whole, then the collective),
-/// with n divisible by the ranks for the reduce-scatter (B's block scales cannot be
-/// padded); the all-gather's gathered operand would need its scales gathered with it,
-/// which the engine does not do yet.
+/// made (and, under NVTE_COMM_CHECK, before the ranks agree: every rank's verdict is
+/// part of the agreement): at one rank (`direct`) every operation is its block-scaled
+/// GEMM; at more ranks the reduce-scatter and all-reduce run the engine's block-aware
+/// algorithms (whole 128-row tiles of a 2D-scaled A per chunk, else the GEMM whole, then
+/// the collective), with n divisible by the ranks for the reduce-scatter (B's block
+/// scales cannot be padded); the all-gather gathers each rank's B shard [n/tp, k] with
+/// its scales (n divisible by the ranks, transb = false). D is never FP8: block-scaled
+/// GEMMs write 16- or 32-bit outputs (TE's too), at any number of ranks alike.
 pub(crate) fn check_block(c: &GemmCall, nranks: usize, direct: bool) -> Result<()> {
     if !is_block(c) {
         return Ok(());
+    }
+    if c.d.data.dtype.is_fp8() {
+        unsupported!(
+            "{} with block-scaled FP8 inputs writes D as kNVTEBFloat16, kNVTEFloat16 or kNVTEFloat32 (block-scaled GEMMs write no FP8 output, as TE's); D is {}: quantize D after the call",
+            c.kind.api_name(),
+            c.d.data.dtype.name()
+        );
     }
     if c.b_gathered.is_some() {
         unsupported!(
@@ -105,11 +114,16 @@ pub(crate) fn check_block(c: &GemmCall, nranks: usize, direct: bool) -> Result<(
     if direct {
         return Ok(());
     }
+    let divisible = c.n % nranks as i64 == 0;
     match c.kind {
-        Kind::AllGather => unsupported!(
-            "nvte_all_gather_gemm with block-scaled FP8 inputs (NVTE_BLOCK_SCALING_1D / 2D) runs at one rank without NVTE_COMM_REPORT / NVTE_COMM_TRACE only (this context: {nranks} ranks): the gathered B's block scales are not gathered yet; quantize per tensor, or gather B and run nvte_cublas_gemm on block inputs"
+        Kind::AllGather if !divisible => unsupported!(
+            "nvte_all_gather_gemm with block-scaled FP8 inputs needs n = {} divisible by nranks = {nranks} (every rank's B shard is gathered with its own block scales, which cannot be padded)",
+            c.n
         ),
-        Kind::ReduceScatter if c.n % nranks as i64 != 0 => unsupported!(
+        Kind::AllGather if c.transb => unsupported!(
+            "nvte_all_gather_gemm with block-scaled FP8 inputs needs transb = false: B's rowwise data [n/nranks, k] and its scales are gathered along its rows"
+        ),
+        Kind::ReduceScatter if !divisible => unsupported!(
             "nvte_gemm_reduce_scatter with block-scaled FP8 inputs needs n = {} divisible by nranks = {nranks} (B's block scales cannot be padded)",
             c.n
         ),
@@ -117,10 +131,51 @@ pub(crate) fn check_block(c: &GemmCall, nranks: usize, direct: bool) -> Result<(
     }
 }
 
+/// The block-scaled GEMM this rank runs (the whole one at one rank; its all-gather
+/// chunk, or its partial over its share of k at more), checked as the GEMM checks it
+/// (data, scales and their layouts, alignment, epilogue) with no device call: so that a
+/// bad operand fails on its rank before any rank waits for it (NVTE_COMM_CHECK agrees on
+/// this verdict). `c`'s shapes were checked already.
+pub(crate) fn check_block_operands(
+    c: &GemmCall,
+    (nranks, rank): (usize, usize),
+    direct: bool,
+) -> Result<()> {
+    if !is_block(c) {
+        return Ok(());
+    }
+    let (m, n) = (c.m as usize, c.n as usize);
+    let share = |g: usize| numroc(g as i64, nranks, rank) as usize;
+    // D (and pre_act_out) of the GEMM this rank runs: [rows, cols] at D's address.
+    let (rows, cols) = match c.kind {
+        _ if direct => (n, m),
+        Kind::AllGather => (share(n), share(m)),
+        Kind::ReduceScatter | Kind::AllReduce => (n, m),
+    };
+    let d = rebased(c.d, c.d.data.ptr, &[rows, cols])?;
+    let aux = match c.pre_act_out {
+        Some(p) if direct || c.kind == Kind::AllGather => {
+            Some(rebased(p, p.data.ptr, &[rows, cols])?)
+        }
+        _ => None,
+    };
+    let none = Tensor::default();
+    let g = TeGemm {
+        bias: c.bias,
+        pre_gelu_out: aux.as_ref(),
+        grad: c.grad && (direct || c.kind == Kind::AllGather),
+        accumulate: c.accumulate,
+        workspace: None,
+        ..c.operands(c.b, &d, &none, false)
+    };
+    crate::gemm::block::check_block(&g)
+}
+
 /// The call `c` (its operands checked already) with workspace `ws`.
 pub(crate) fn run<B: CallBackend>(b: &mut B, c: &GemmCall, ws: &Tensor) -> Result<()> {
-    let (nr, _) = b.ranks();
+    let (nr, r) = b.ranks();
     check_block(c, nr, b.direct())?;
+    check_block_operands(c, (nr, r), b.direct())?;
     match c.kind {
         Kind::AllGather => all_gather(b, c, ws),
         Kind::ReduceScatter | Kind::AllReduce => reduction(b, c, ws),
@@ -151,7 +206,14 @@ fn all_gather<B: CallBackend>(b: &mut B, c: &GemmCall, ws: &Tensor) -> Result<()
         let copy = c.b_gathered.map(|g| (g.data.ptr, c.b.data.ptr, n * k * e));
         return b.direct_call(c, dt, bn * nr * k * e, &g, copy);
     }
-    let eng = b.engine(c.kind, dt, bn * nr * k * e)?;
+    // Block-scaled B: every rank's scales in a slot of their own behind the data.
+    let bytes = if is_block(c) {
+        let scales = c.b.scale_inv.bytes();
+        crate::overlap::ag::ag_block_layout(bn * nr * k * e, scales, nr).2
+    } else {
+        bn * nr * k * e
+    };
+    let eng = b.engine(c.kind, dt, bytes)?;
     if let Some(p) = aux {
         expect_shape(p, "pre_act_out", [n, ml], "like D")?;
     }
@@ -304,8 +366,7 @@ fn reduction<B: CallBackend>(b: &mut B, c: &GemmCall, ws: &Tensor) -> Result<()>
     let pdt = if dt.is_fp8() { DType::BF16 } else { dt };
     // (cuBLASLt writes FP8 outputs from FP8 inputs only: 16-bit inputs take the engine's
     // bf16 partials)
-    // (block-scaled GEMMs write no FP8 output: at one rank such a call is refused by
-    // the block GEMM's own check, with its message)
+    // (block-scaled GEMMs write no FP8 output: `check_block` refused such a call)
     if b.direct() && (!dt.is_fp8() || c.a.data.dtype.is_fp8()) {
         no_accumulate(c)?;
         // One rank: nothing is reduced, so the GEMM's own epilogues apply as in

@@ -32,8 +32,9 @@ struct HostCall<'a> {
     /// engine rows -> the group's buffers
     engines: &'a mut HashMap<usize, Vec<DevPtr>>,
     log: SharedLog<Dev>,
-    /// the engine of the call (rows)
+    /// the engine of the call (rows) and its element type
     rows: Option<usize>,
+    dtype: DType,
 }
 
 /// The comm-GEMM context's engine columns.
@@ -46,7 +47,8 @@ impl HostCall<'_> {
     fn engine_call(&mut self, f: &mut dyn FnMut(&mut Planner) -> Result<()>) -> Result<()> {
         let rows = self.rows.expect("an engine was made");
         let bufs = self.engines[&rows].clone();
-        let (tp, r, cfg) = (self.tp, self.rank, self.cfg);
+        let (tp, r) = (self.tp, self.rank);
+        let cfg = self.cfg.with_dtype(self.dtype);
         rank_call((tp, r), (rows, CG_COLS), cfg, self.mem, &bufs, &self.log, f)
             .map_err(crate::error::Error::internal)
     }
@@ -90,6 +92,7 @@ impl CallBackend for HostCall<'_> {
             .entry(rows)
             .or_insert_with(|| buffers(mem, tp, rows * CG_COLS * e));
         self.rows = Some(rows);
+        self.dtype = dtype;
         Ok(EngineId::new(0))
     }
     fn configure(&mut self, _eng: EngineId, _c: &GemmCall) -> Result<bool> {
@@ -246,6 +249,7 @@ fn check_comm_gemm(
             engines: &mut engines,
             log: log.clone(),
             rows: None,
+            dtype: DType::F32,
         };
         super::call::run(&mut host, &call, &ws).map_err(|e| format!("rank {r}: {}", e.msg))?;
         outs.push((pd, dshape, gathered));
@@ -377,6 +381,7 @@ fn check_block_comm_gemm(
             engines: &mut engines,
             log: log.clone(),
             rows: None,
+            dtype: DType::F32,
         };
         super::call::run(&mut host, &call, &ws).map_err(|e| format!("rank {r}: {}", e.msg))?;
         let want = if kind == Kind::AllReduce {
@@ -439,10 +444,11 @@ fn comm_gemm_block_scaled_refusals() {
     let msg = |r: Result<()>| r.expect_err("refused").msg;
     let ag = msg(super::call::check_block(
         &call(Kind::AllGather, 12),
-        2,
+        8,
         false,
     ));
-    assert!(ag.contains("block scales are not gathered"), "{ag}");
+    assert!(ag.contains("divisible by nranks = 8"), "{ag}");
+    super::call::check_block(&call(Kind::AllGather, 12), 4, false).unwrap();
     let rs = msg(super::call::check_block(
         &call(Kind::ReduceScatter, 12),
         8,
@@ -455,4 +461,186 @@ fn comm_gemm_block_scaled_refusals() {
     }
     super::call::check_block(&call(Kind::ReduceScatter, 12), 4, false).unwrap();
     super::call::check_block(&call(Kind::AllReduce, 12), 8, false).unwrap();
+    // An FP8 D: refused alike at one rank and at more, before anything runs.
+    let d8 = tensor(mem.alloc("D8", 12 * 136), &[12, 136]);
+    let d8 = crate::tensor::Tensor {
+        data: crate::tensor::Buffer::new(d8.data.ptr, DType::E4M3, d8.data.shape).unwrap(),
+        ..d8
+    };
+    for (nranks, direct) in [(1, true), (4, false)] {
+        for kind in [Kind::AllGather, Kind::ReduceScatter, Kind::AllReduce] {
+            let c = GemmCall {
+                d: &d8,
+                ..call(kind, 12)
+            };
+            let e = msg(super::call::check_block(&c, nranks, direct));
+            assert!(e.contains("write no FP8 output"), "{e}");
+        }
+    }
+}
+
+#[test]
+fn comm_gemm_block_operands_fail_before_any_rank_waits() {
+    use crate::tensor::BlockMode::{OneD, TwoD};
+    let mut mem = Mem::default();
+    // Rank 1 of 2 of an all-gather: A its m-share [136, 144], B its shard [8, 144].
+    let (ops, _) = block_partials(&mut mem, 1, (8, 144, 136), [TwoD, OneD]);
+    let d = tensor(mem.alloc("D", 16 * 136 * 4), &[16, 136]);
+    let b = ops[0].1.t.clone();
+    let mut bad = b.clone();
+    let call = |b| GemmCall {
+        kind: Kind::AllGather,
+        m: 272,
+        n: 16,
+        k: 144,
+        a: &ops[0].0.t,
+        b,
+        d: &d,
+        bias: None,
+        pre_act_out: None,
+        transa: true,
+        transb: false,
+        grad: false,
+        accumulate: false,
+        comm_sm_count: 0,
+        b_gathered: None,
+        tune: false,
+        atomic: false,
+    };
+    super::call::check_block_operands(&call(&b), (2, 1), false).unwrap();
+    // The shard's scales in the wrong layout: the rank's own check, with no device call
+    // (CommGemmCtx::check_operands, whose verdict NVTE_COMM_CHECK agrees on).
+    bad.scale_inv = crate::tensor::Buffer::new(
+        b.scale_inv.ptr,
+        DType::F32,
+        crate::tensor::Shape::new(&[8, 2]).unwrap(),
+    )
+    .unwrap();
+    let e = super::call::check_block_operands(&call(&bad), (2, 1), false)
+        .expect_err("wrong scale layout")
+        .msg;
+    assert!(e.contains("scale_inv"), "{e}");
+}
+
+#[test]
+fn a_columnwise_only_block_operand_is_shaped_by_its_columnwise_data() {
+    use crate::tensor::BlockMode::OneD;
+    use crate::tensor::{Buffer, Shape, Tensor};
+    let mut mem = Mem::default();
+    // A weight quantized for transa = false: columnwise data [k, m] = [144, 136] alone.
+    let p = mem.alloc("A^T", 144 * 136);
+    let a = Tensor {
+        scaling_mode: crate::tensor::BlockMode::TwoD.scaling_mode(),
+        columnwise_data: Buffer::new(p, DType::E4M3, Shape::new(&[144, 136]).unwrap()).unwrap(),
+        ..Default::default()
+    };
+    super::expect_shape(&a, "a", [136, 144], "test").unwrap();
+    let e = super::expect_shape(&a, "a", [144, 136], "test")
+        .expect_err("the transposed shape")
+        .msg;
+    assert!(e.contains("columnwise data [144, 136], transposed"), "{e}");
+    // With transa = true the GEMM reads A's rowwise data: the check names it as missing.
+    let (ops, _) = block_partials(&mut mem, 1, (8, 144, 136), [OneD, OneD]);
+    let d = tensor(mem.alloc("D", 8 * 136 * 4), &[8, 136]);
+    let call = GemmCall {
+        kind: Kind::AllReduce,
+        m: 136,
+        n: 8,
+        k: 144,
+        a: &a,
+        b: &ops[0].1.t,
+        d: &d,
+        bias: None,
+        pre_act_out: None,
+        transa: true,
+        transb: false,
+        grad: false,
+        accumulate: false,
+        comm_sm_count: 0,
+        b_gathered: None,
+        tune: false,
+        atomic: false,
+    };
+    let a1 = Tensor {
+        scaling_mode: OneD.scaling_mode(),
+        ..a.clone()
+    };
+    let e = super::call::check_block_operands(&GemmCall { a: &a1, ..call }, (1, 0), true)
+        .expect_err("no rowwise data")
+        .msg;
+    assert!(e.contains("missing rowwise data"), "{e}");
+}
+
+/// A comm-GEMM all-gather with block-scaled inputs: every rank's own A_r [16, 144] (its
+/// m-share) and B shard [8, 144] (1D or 2D scales); D_r [8 tp, 16] on every rank is the
+/// gathered, dequantized B times A_r^T, through `call::run` (tp 1: the direct block
+/// GEMM; more: the engine's ring with the scale slots).
+fn check_block_comm_gemm_ag(tp: usize, cfg: Cfg, modes: [crate::tensor::BlockMode; 2]) -> Res {
+    let (nl, k, ml) = (8, 144, 16);
+    let n = nl * tp;
+    let mut mem = Mem::default();
+    let mut engines = HashMap::new();
+    let log = new_log(tp);
+    let ws = tensor(mem.alloc("workspace", 4), &[1]);
+    let (ops, _) = block_partials(&mut mem, tp, (nl, k, ml), modes);
+    let gathered: Vec<f32> = ops.iter().flat_map(|(_, b)| b.deq.clone()).collect();
+    let mut outs = Vec::new();
+    for (r, (a, b)) in ops.iter().enumerate() {
+        let pd = mem.alloc(&format!("D{r}"), n * ml * 4);
+        let td = tensor(pd, &[n, ml]);
+        let call = GemmCall {
+            kind: Kind::AllGather,
+            m: (ml * tp) as i64,
+            n: n as i64,
+            k: k as i64,
+            a: &a.t,
+            b: &b.t,
+            d: &td,
+            bias: None,
+            pre_act_out: None,
+            transa: true,
+            transb: false,
+            grad: false,
+            accumulate: false,
+            comm_sm_count: 0,
+            b_gathered: None,
+            tune: false,
+            atomic: false,
+        };
+        let mut host = HostCall {
+            tp,
+            rank: r,
+            cfg,
+            ring: true,
+            mem: &mut mem,
+            engines: &mut engines,
+            log: log.clone(),
+            rows: None,
+            dtype: DType::F32,
+        };
+        super::call::run(&mut host, &call, &ws).map_err(|e| format!("rank {r}: {}", e.msg))?;
+        outs.push((pd, matmul_nt(&gathered, &a.deq, n, k, ml)));
+    }
+    let bufs = engines.values().next().cloned().unwrap_or_default();
+    simulate(&log, &mut mem, &bufs)?;
+    for (r, (pd, want)) in outs.iter().enumerate() {
+        expect_once(&mem, *pd, want, &format!("rank {r}: D"))?;
+    }
+    Ok(())
+}
+
+#[test]
+fn comm_gemm_block_scaled_all_gather() {
+    use crate::tensor::BlockMode::{OneD, TwoD};
+    for modes in [[TwoD, OneD], [OneD, OneD], [OneD, TwoD]] {
+        all(
+            &format!("comm-GEMM all-gather (block {modes:?})"),
+            |tp, f| check_block_comm_gemm_ag(tp, Cfg::new(f), modes),
+        );
+        // kNVTECommGemmAlgoAtomicP2P: the fused policy, which plans the ring for them.
+        all(
+            &format!("comm-GEMM fused all-gather (block {modes:?})"),
+            |tp, f| check_block_comm_gemm_ag(tp, Cfg::fused(f, false), modes),
+        );
+    }
 }

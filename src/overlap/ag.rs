@@ -10,6 +10,14 @@
 //! The fused all-gather + GEMM (`fused_ag`, config `atomic_gemm` / the comm-GEMM API's
 //! kNVTECommGemmAlgoAtomicP2P) gathers the same way along the backward ring alone and
 //! runs one launch of our own GEMM that waits on per-piece arrival flags.
+//!
+//! Block-scaled FP8 B (NVTE_BLOCK_SCALING_1D / 2D): each rank's shard [n/tp, k] comes with
+//! its own GEMM-ready scales, which travel with it into per-rank scale slots behind the
+//! gathered data in the buffer ([`ag_block_layout`]): in the same exchange step as their
+//! chunk, after its bytes and before the step's one signal, so they never go ahead of the
+//! data (about 1/32 of a 1D chunk's bytes). Each chunk's GEMM then reads its chunk's data
+//! and its own slot's scales, whole (no row pieces: a piece's rows would need scales of
+//! their own layout); the fused GEMM takes no block scales, so the ring runs them.
 use super::plan::{Lane, MAX_FLAGS, Planner};
 use super::policy::{Algo, Tiles};
 use super::schedule::AgRing;
@@ -66,6 +74,37 @@ struct AgShape {
     amax_slots: DevPtr,
     /// the fused GEMM's tiles
     tiles: Tiles,
+    /// block-scaled B: where each chunk's scales are
+    scales: Option<AgScales>,
+}
+
+/// Block-scaled B's scales in an all-gather: this rank's own (the shard's scale_inv) and
+/// the buffer's scale slots, one per rank's chunk.
+#[derive(Clone, Copy, Debug)]
+struct AgScales {
+    /// the shard's GEMM-ready scales
+    local: DevPtr,
+    /// buffer offset of slot 0 and the distance between slots (bytes)
+    base: usize,
+    slot: usize,
+    /// bytes of one chunk's scales
+    bytes: usize,
+}
+
+impl AgScales {
+    /// Buffer offset of chunk c's scale slot.
+    fn at(&self, c: usize) -> usize {
+        self.base + c * self.slot
+    }
+}
+
+/// The buffer layout of an all-gather of block-scaled B: `data_bytes` of gathered data,
+/// then `tp` scale slots of `scale_bytes` (one chunk's scales) each, 256-byte aligned.
+/// Returns (offset of slot 0, distance between slots, bytes of the buffer needed).
+pub fn ag_block_layout(data_bytes: usize, scale_bytes: usize, tp: usize) -> (usize, usize, usize) {
+    let base = data_bytes.next_multiple_of(256);
+    let slot = scale_bytes.next_multiple_of(256);
+    (base, slot, base + tp * slot)
 }
 
 impl AgShape {
@@ -80,11 +119,12 @@ impl AgShape {
 
 impl Planner<'_> {
     /// split_ag's algorithm: the fused all-gather where the policy asks for the fused
-    /// algorithms and the transport exchanges two-sided, else the ring.
-    pub(super) fn ag_algo(&self) -> Algo {
+    /// algorithms, the transport exchanges two-sided and the inputs are not block-scaled
+    /// (our fused GEMM takes no block scales), else the ring.
+    pub(super) fn ag_algo(&self, x: &AgArgs) -> Algo {
         let p = &self.e.policy;
         let pieces = p.pieces.max(1) as usize;
-        if p.fused_on() && self.e.caps.two_sided {
+        if p.fused_on() && self.e.caps.two_sided && !gemm::block::is_block(&x.g) {
             Algo::FusedAg {
                 pieces,
                 k_slices: p.ag_k_slices(),
@@ -163,6 +203,9 @@ impl Planner<'_> {
 
     /// Validate the call and plan its geometry (before the call begins).
     fn ag_shape(&mut self, x: &AgArgs, pieces: usize) -> Result<AgShape> {
+        if gemm::block::is_block(&x.g) {
+            return self.ag_block_shape(x);
+        }
         let (tp, r) = (self.tp(), self.tp_rank());
         let (n, k, is_view) = self.ag_dims(x)?;
         let e = eb(self.dtype());
@@ -234,6 +277,105 @@ impl Planner<'_> {
             k_slices: false,
             tiles: Tiles::Rule,
             amax_slots,
+            scales: None,
+        })
+    }
+
+    /// [`Self::ag_shape`] of block-scaled inputs: B is this rank's shard [n/tp, k]
+    /// (rowwise data, transb = false) with its GEMM-ready scales, validated as the local
+    /// chunk's GEMM; the gathered GEMM is that one over all n rows, with every chunk's
+    /// scales in its slot ([`ag_block_layout`]). One piece per chunk.
+    fn ag_block_shape(&mut self, x: &AgArgs) -> Result<AgShape> {
+        let tp = self.tp();
+        if x.g.transb {
+            unsupported!(
+                "the all-gather with block-scaled FP8 inputs takes B as [n/tp, k] with transb = false (its rowwise data and scales are gathered along its rows)"
+            );
+        }
+        let shard = &x.g.b.data;
+        if shard.ptr == self.buffer() {
+            unsupported!(
+                "with block-scaled FP8 inputs, B must be this rank's shard [n/tp, k] with its scales, not the buffer view (the buffer's chunks carry no scales of their own)"
+            );
+        }
+        if x.b_copy.is_some() {
+            unsupported!(
+                "B_copy with block-scaled FP8 inputs: the gathered B would need its block scales too; quantize the gathered B where it is used"
+            );
+        }
+        let Some((nc, k)) = shard.rows_cols() else {
+            invalid!(
+                "tensor `B` must have at least 2 dimensions, got {}",
+                shard.shape
+            );
+        };
+        let n = nc * tp;
+        let (m, dt) = (x.g.d.data.rows_cols().map_or(0, |d| d.1), x.g.d.data.dtype);
+        if x.g.d.data.rows_cols() != Some((n, m)) {
+            invalid!(
+                "tensor `D` has shape {} but must be [n, m] with n = {n} (the gathered rows)",
+                x.g.d.data.shape
+            );
+        }
+        // The local chunk's GEMM checks the operands: D's and pre_gelu_out's first nc rows.
+        let view = |t: &Tensor| -> Result<Tensor> {
+            let mut v = t.clone();
+            v.data = Buffer::new(t.data.ptr, t.data.dtype, Shape::new(&[nc, m])?)?;
+            Ok(v)
+        };
+        let d_chunk = view(x.g.d)?;
+        let aux_chunk = x.g.pre_gelu_out.map(view).transpose()?;
+        let comm_sms = !self.e.policy.comm.use_ce;
+        let mut full = gemm::desc_from_te_block(&TeGemm {
+            d: &d_chunk,
+            pre_gelu_out: aux_chunk.as_ref(),
+            math_sm_count: self.math_sms(comm_sms),
+            ..x.g
+        })?;
+        if self.dtype() != full.b_type {
+            invalid!(
+                "tensor `B` dtype {} differs from the buffer dtype {}",
+                full.b_type.name(),
+                self.dtype().name()
+            );
+        }
+        let e = eb(self.dtype());
+        let scale_bytes = x.g.b.scale_inv.bytes();
+        let (base, slot, need) = ag_block_layout(n * k * e, scale_bytes, tp);
+        if need > self.e.buffer_bytes {
+            invalid!(
+                "the buffer is too small: gathering block-scaled B [{n}, {k}] of {} with {tp} scale slots of {scale_bytes} bytes needs {need} bytes, the buffer has {} ([{}, {}])",
+                dt.name(),
+                self.e.buffer_bytes,
+                self.e.rows,
+                self.e.cols
+            );
+        }
+        let scales = AgScales {
+            local: full.b_scale_inv,
+            base,
+            slot,
+            bytes: scale_bytes,
+        };
+        // The gathered GEMM: its B the buffer, its scales the slots (each chunk's GEMM
+        // takes its own slot's). Run whole only by NVTE_COMM_REPORT's GEMM-alone timing,
+        // into scratch: the slots span at least the gathered layout's bytes (tp slots of
+        // [k/128, pad4(n/tp)] or [ceil(n/tp/128), ..] against [k/128, pad4(n)] or
+        // [ceil(n/128), ..]), so it reads in bounds; its values only time it.
+        full.n = n;
+        full.b = self.buffer();
+        full.b_scale_inv = self.buffer() + base;
+        Ok(AgShape {
+            k,
+            nc,
+            is_view: false,
+            local_src: shard.ptr,
+            full,
+            pieces: 1,
+            k_slices: false,
+            tiles: Tiles::Rule,
+            amax_slots: DevPtr::NULL,
+            scales: Some(scales),
         })
     }
 
@@ -327,7 +469,20 @@ impl Planner<'_> {
                         op: Op::SplitAg as u32,
                         step: (s + 1) as u32,
                     };
-                    self.exchange(send, recv, (slot, tag(s * pieces + j)), st, info)?;
+                    // Block scales: chunk c's slot behind its data (from the shard's own
+                    // scales at s = 0), in the same step.
+                    let then = sh.scales.map(|sc| {
+                        let from = if s == 0 {
+                            sc.local
+                        } else {
+                            self.buffer() + sc.at(c)
+                        };
+                        (
+                            SendOp::contiguous(t.to, from, sc.at(c), sc.bytes),
+                            RecvOp::contiguous(t.from, sc.at(rc), sc.bytes),
+                        )
+                    });
+                    self.exchange_then(send, recv, then, (slot, tag(s * pieces + j)), st, info)?;
                     if !sh.k_slices {
                         self.ag_copy_out(x, sh, rc, (lo, hi), st);
                     }
@@ -366,16 +521,19 @@ impl Planner<'_> {
             // Inline (tp 1): the shard into the buffer and into B_copy by one copy kernel
             // on the caller's stream (a launch costs the host less than a device-to-device
             // cuMemcpyAsync), or the shard's copy alone beside the GEMM.
-            if beside_gemm && !sh.is_view && x.b_copy.is_none() {
+            if beside_gemm && !sh.is_view && x.b_copy.is_none() && sh.scales.is_none() {
                 return SideCopy {
                     dst: mine,
                     src: x.g.b.data.ptr,
                     bytes: cb,
                 };
             }
-            let mut segs: crate::host::Small<(DevPtr, DevPtr, usize), 2> = Default::default();
+            let mut segs: crate::host::Small<(DevPtr, DevPtr, usize), 3> = Default::default();
             if !sh.is_view {
                 segs.push((mine, x.g.b.data.ptr, cb));
+            }
+            if let Some(sc) = sh.scales {
+                segs.push((self.buffer() + sc.at(r), sc.local, sc.bytes));
             }
             if let Some(bc) = x.b_copy {
                 segs.push((bc.data.ptr + r * cb, sh.local_src, cb));
@@ -390,6 +548,10 @@ impl Planner<'_> {
         };
         if !sh.is_view {
             self.copy(mine, x.g.b.data.ptr, cb, c1);
+        }
+        if let Some(sc) = sh.scales {
+            // (the buffer holds every chunk's scales after the call, this rank's too)
+            self.copy(self.buffer() + sc.at(r), sc.local, sc.bytes, c1);
         }
         self.ag_copy_out(x, sh, r, (0, sh.nc), c1);
         SideCopy::default()
@@ -424,6 +586,14 @@ impl Planner<'_> {
                 }
                 if x.g.transb {
                     g.ldb = nc; // each shard [k, nc] is its own matrix (pieces: 1)
+                }
+                if let Some(sc) = sh.scales {
+                    // (pieces: 1) the chunk's own scales: the shard's, or its slot's
+                    g.b_scale_inv = if c == r {
+                        sc.local
+                    } else {
+                        self.buffer() + sc.at(c)
+                    };
                 }
                 g.d = full.d + (c * nc + lo) * full.ldd * eb_d;
                 if !full.aux.is_null() {
@@ -505,6 +675,7 @@ impl Planner<'_> {
         sh.k_slices = k_slices
             && self.e.caps.strided_exchange
             && kernel_takes_kind
+            && sh.scales.is_none()
             && sh.amax_slots.is_null()
             && !x.g.transb
             && k_pieces > 1;
@@ -543,6 +714,9 @@ impl Planner<'_> {
         let Some(f) = self.e.own_gemm else {
             return Some("our sm90 GEMM is not loaded: not an sm_90 device, or it failed to load");
         };
+        if sh.scales.is_some() {
+            return Some("block-scaled FP8 inputs (our GEMM takes no block scales)");
+        }
         if !sh.amax_slots.is_null() {
             return Some("an FP8 output with amax");
         }

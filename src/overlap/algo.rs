@@ -41,7 +41,7 @@ impl Planner<'_> {
     /// The algorithm of `call` (its arguments' checks that the choice needs come first).
     pub fn algo_of(&self, call: &Call) -> Result<Algo> {
         match call {
-            Call::Ag(_) => Ok(self.ag_algo()),
+            Call::Ag(x) => Ok(self.ag_algo(x)),
             Call::Rs(x) => self.rs_algo(x),
             Call::RsP2p(x) => self.rs_p2p_algo(x),
             Call::Ar(x) => self.ar_algo(x),

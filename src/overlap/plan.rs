@@ -119,10 +119,13 @@ pub enum Step {
         ev: usize,
         lane: Lane,
     },
-    /// two-sided exchange step (one send, one receive)
+    /// two-sided exchange step (one send, one receive; `then`: a second pair moved after
+    /// the first within the same step, before its one signal: the block scales of the
+    /// all-gather's chunk behind its data)
     Exchange {
         send: SendOp,
         recv: RecvOp,
+        then: Option<(SendOp, RecvOp)>,
         slot: FlagSlot,
         tag: u64,
         lane: Lane,
@@ -426,10 +429,24 @@ impl Planner<'_> {
         lane: Lane,
         info: WaitInfo,
     ) -> Result<()> {
+        self.exchange_then(send, recv, None, (slot, tag), lane, info)
+    }
+    /// [`Self::exchange`] with a second send and receive behind the first (`then`): the
+    /// same step, moved after the first pair's bytes and before the step's one signal.
+    pub fn exchange_then(
+        &mut self,
+        send: SendOp,
+        recv: RecvOp,
+        then: Option<(SendOp, RecvOp)>,
+        (slot, tag): (FlagSlot, u64),
+        lane: Lane,
+        info: WaitInfo,
+    ) -> Result<()> {
         self.need(self.e.caps.two_sided, "two-sided exchange")?;
         self.push(Step::Exchange {
             send,
             recv,
+            then,
             slot,
             tag,
             lane,
@@ -753,13 +770,20 @@ fn enqueue_transport_step(s: &Step, dev: &mut dyn Device) -> Result<()> {
         Step::Exchange {
             send,
             recv,
+            then,
             slot,
             tag,
             lane,
             info,
         } => {
             let x = t.two_sided().ok_or_else(|| missing("two-sided exchange"))?;
-            x.exchange(&[*send], &[*recv], *slot, *tag, dev.lane(*lane)?, *info)
+            let stream = dev.lane(*lane)?;
+            match then {
+                None => x.exchange(&[*send], &[*recv], *slot, *tag, stream, *info),
+                Some((s2, r2)) => {
+                    x.exchange(&[*send, *s2], &[*recv, *r2], *slot, *tag, stream, *info)
+                }
+            }
         }
         Step::Put {
             peer,

@@ -897,15 +897,18 @@ impl Sim {
                 Ok(())
             }
             Call::SendRecv { recvs, .. } => {
-                // The data of each receive moves here (from its sender's source).
-                for (q, dst_offset, bytes) in recvs {
+                // The data of each receive moves here (from its sender's source): the j-th
+                // receive from a peer in a step is that peer's j-th send here.
+                for (i, &(q, dst_offset, bytes)) in recvs.iter().enumerate() {
+                    let j = recvs[..i].iter().filter(|x| x.0 == q).count();
                     let s = self
                         .counterpart(h, (q, r), false)
                         .ok_or("no matching send")?;
                     let Rec::Transport(Call::SendRecv { sends, .. }) = &self.steps[s].rec else {
                         return Err("the matching send is no exchange".into());
                     };
-                    let &(_, src, sb) = sends.iter().find(|x| x.0 == r).ok_or("no send")?;
+                    let &(_, src, sb) =
+                        sends.iter().filter(|x| x.0 == r).nth(j).ok_or("no send")?;
                     if sb != bytes {
                         return Err(format!("send of {sb} bytes received as {bytes}"));
                     }
@@ -1027,6 +1030,8 @@ pub(crate) struct Cfg {
     /// K of the all-gather checks (f32: 8 is one 128-byte K block of our kernel; 96 is
     /// three, so that the fused all-gather's pieces can be K slices)
     ag_k: usize,
+    /// the buffer's element type (f32 but for the block-scaled all-gather's e4m3)
+    dtype: DType,
 }
 
 impl Cfg {
@@ -1037,6 +1042,7 @@ impl Cfg {
             own_gemm: Some(|_| None),
             call: 0,
             ag_k: 8,
+            dtype: DType::F32,
         }
     }
     /// The fused algorithms (config atomic_gemm); our GEMM refuses odd m (so that ranks
@@ -1050,6 +1056,10 @@ impl Cfg {
             },
             ..Cfg::new(flavour).with(|p| p.atomic_gemm = true)
         }
+    }
+    /// This run with buffers of element type `dtype`.
+    pub(crate) fn with_dtype(self, dtype: DType) -> Cfg {
+        Cfg { dtype, ..self }
     }
     /// This run with its policy changed by `f`.
     pub(crate) fn with(self, f: impl FnOnce(&mut Policy)) -> Cfg {
@@ -1099,11 +1109,11 @@ fn env_of(
     Env {
         tp,
         rank: r,
-        dtype: DType::F32,
+        dtype: cfg.dtype,
         rows,
         cols,
         buffer: t.buffer(),
-        buffer_bytes: rows * cols * 4,
+        buffer_bytes: rows * cols * (cfg.dtype.bits() / 8),
         peers: match t.peer_memory() {
             Some(pm) => (0..tp).map(|q| pm.peer_buffer(q)).collect(),
             None => Default::default(),
@@ -1137,7 +1147,7 @@ pub(crate) fn rank_call(
     log: &SharedLog<Dev>,
     plan_call: &mut dyn FnMut(&mut Planner) -> Result<()>,
 ) -> Res {
-    let bytes = geometry.0 * geometry.1 * 4;
+    let bytes = geometry.0 * geometry.1 * (cfg.dtype.bits() / 8);
     let t = FakeTransport::new(r, buffers, bytes, cfg.flavour, log.clone()).for_call(cfg.call);
     let env = env_of(&t, (tp, r), geometry, cfg);
     let mut plan = Plan::default();
@@ -2130,7 +2140,7 @@ fn e4m3_of(x: f32) -> u8 {
 /// host: its tensor and its dequantized values.
 pub(crate) struct BlockInput {
     pub(crate) t: Tensor,
-    deq: Vec<f32>,
+    pub(crate) deq: Vec<f32>,
 }
 
 fn block_input(
@@ -2327,5 +2337,118 @@ fn block_scaled_inputs_never_take_the_rings() {
         let e = run_group(tp, (2 * n, m), Cfg::new(f), &mut mem, &bufs, &mut ring_ar)
             .expect_err("the ring all-reduce must refuse block inputs");
         assert!(e.contains("ring reduce-scatter"), "{f:?}: {e}");
+    }
+}
+
+/// All-gather + GEMM with block-scaled inputs: every rank's e4m3 shard B_r [8, 144] (1D
+/// or 2D scales) and its own A_r [136, 144] (two 128-row tiles, two k blocks, the second
+/// partial); D on every rank is the gathered, dequantized B times A_r^T, and every
+/// rank's buffer holds every chunk's data and, in its slot, that chunk's scales. The
+/// simulation fails a GEMM that reads a slot before the step that fills it.
+fn check_block_ag(
+    tp: usize,
+    cfg: Cfg,
+    modes: [crate::tensor::BlockMode; 2],
+    plan_with: &dyn Fn(&mut Planner, &AgArgs) -> Result<()>,
+) -> Res {
+    let (nc, k, m) = (8, 144, 136);
+    let n = nc * tp;
+    let mut mem = Mem::default();
+    let ops: Vec<_> = (0..tp)
+        .map(|r| {
+            let a = block_input(&mut mem, &format!("A{r}"), modes[0], (m, k), 200 + r);
+            let b = block_input(&mut mem, &format!("B{r}"), modes[1], (nc, k), 300 + r);
+            (a, b)
+        })
+        .collect();
+    let sbytes = ops[0].1.t.scale_inv.bytes();
+    let (base, slot, need) = super::ag::ag_block_layout(n * k, sbytes, tp);
+    let geometry = (need.div_ceil(256), 256);
+    let bufs = buffers(&mut mem, tp, geometry.0 * geometry.1);
+    let ds: Vec<DevPtr> = (0..tp)
+        .map(|r| mem.alloc(&format!("D{r}"), n * m * 4))
+        .collect();
+    let cfg = cfg.with_dtype(DType::E4M3);
+    let mut plan_call = |p: &mut Planner, r: usize| {
+        let td = tensor(ds[r], &[n, m]);
+        let args = AgArgs {
+            g: gemm(&ops[r].0.t, &ops[r].1.t, &td),
+            b_copy: None,
+            key_m: None,
+        };
+        plan_with(p, &args)
+    };
+    run_group(tp, geometry, cfg, &mut mem, &bufs, &mut plan_call)?;
+    let gathered: Vec<f32> = ops.iter().flat_map(|(_, b)| b.deq.clone()).collect();
+    for (r, &d) in ds.iter().enumerate() {
+        let want = matmul_nt(&gathered, &ops[r].0.deq, n, k, m);
+        expect_once(&mem, d, &want, &format!("rank {r}: D"))?;
+        for (c, (_, b)) in ops.iter().enumerate() {
+            let (i, o) = mem.find(b.t.data.ptr, nc * k)?;
+            let (j, p) = mem.find(bufs[r] + c * nc * k, nc * k)?;
+            if mem.allocs[i].data[o..o + nc * k] != mem.allocs[j].data[p..p + nc * k] {
+                return Err(format!(
+                    "rank {r}: the buffer's chunk {c} is not B{c}'s data"
+                ));
+            }
+            let (i, o) = mem.find(b.t.scale_inv.ptr, sbytes)?;
+            let (j, p) = mem.find(bufs[r] + base + c * slot, sbytes)?;
+            if mem.allocs[i].data[o..o + sbytes] != mem.allocs[j].data[p..p + sbytes] {
+                return Err(format!("rank {r}: scale slot {c} is not B{c}'s scales"));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn block_scaled_all_gather() {
+    use crate::tensor::BlockMode::{OneD, TwoD};
+    // (2D x 1D: the weight 2D, the activation 1D; 1D x 1D; 1D x 2D)
+    for modes in [[TwoD, OneD], [OneD, OneD], [OneD, TwoD]] {
+        let name = format!("{modes:?}");
+        let split = |p: &mut Planner, x: &AgArgs| p.split_ag(x);
+        all(&format!("split_ag (block {name})"), |tp, f| {
+            check_block_ag(tp, Cfg::new(f), modes, &split)
+        });
+        // Pieces asked for: each chunk whole all the same (its scales are one matrix).
+        all(
+            &format!("split_ag (block {name}, both ways, 2 pieces)"),
+            |tp, f| {
+                let cfg = Cfg::new(f).with(|p| {
+                    p.direction = Direction::BothWays;
+                    p.pieces = 2;
+                });
+                check_block_ag(tp, cfg, modes, &split)
+            },
+        );
+        // The fused policy plans the ring (our fused GEMM takes no block scales) ...
+        all(
+            &format!("split_ag (block {name}, fused policy)"),
+            |tp, f| {
+                let chosen = |p: &mut Planner, x: &AgArgs| {
+                    let algo = p.algo_of(&algo::Call::Ag(x))?;
+                    if !matches!(algo, Algo::RingAg { .. }) {
+                        return Err(crate::error::Error::internal(format!(
+                            "block inputs planned {algo}"
+                        )));
+                    }
+                    p.split_ag(x)
+                };
+                check_block_ag(tp, Cfg::fused(f, false), modes, &chosen)
+            },
+        );
+        // ... and the fused all-gather planned explicitly runs cuBLASLt GEMMs per chunk.
+        all(&format!("fused_ag (block {name}, planned)"), |tp, f| {
+            let fused = |p: &mut Planner, x: &AgArgs| {
+                let algo = Algo::FusedAg {
+                    pieces: 4,
+                    k_slices: true,
+                    tiles: Tiles::Rule,
+                };
+                p.plan(algo, &algo::Call::Ag(x))
+            };
+            check_block_ag(tp, Cfg::fused(f, false), modes, &fused)
+        });
     }
 }
