@@ -30,7 +30,10 @@
 // - _fpacc: _epi plus full-precision FP8 accumulation (TE's use_split_accumulator,
 //   cuBLASLt FAST_ACCUM = 0): each 128-deep K stage is accumulated by wgmma into a zeroed
 //   fp32 set, then added into the main accumulators; BN 128 only (two 64-register sets).
-// Instantiated, 64 kernels (what TE uses; NVRTC time grows with every kernel: ~0.5 s
+// - _block: _fpacc's main loop with TE's block scales (Float8BlockScaling, 1D / 2D; see
+//   "block-scaled FP8" below) applied to each stage's partial sums; e4m3 x e4m3, BN 128,
+//   16/32-bit D, epilogue bits EPI_BIAS / EPI_ACCUM; no arrival flags or done signals.
+// Instantiated, 67 kernels (what TE uses; NVRTC time grows with every kernel: ~0.5 s
 // each, 33-36 s for the whole file on a 2-core x86 host, 2.3 s for the plain ones):
 // - plain: tn bf16 x bf16 and e4m3 x e4m3 -> bf16, f32; BN 256, 128 (8); -> bf16, BN 192
 //   (ping-pong, 2);
@@ -39,9 +42,12 @@
 //   supported, as in cuBLASLt) -> bf16, f16, f32; BN 256, 128 (30);
 // - _fpacc, tn, BN 128: e4m3 x e4m3 -> bf16, f16, f32, e4m3; e4m3 x e5m2 and e5m2 x e4m3
 //   -> bf16, f32 (8);
-// - _epi, nn and nt: bf16 x bf16 -> bf16, f32; f16 x f16 -> f16, f32; BN 256, 128 (16).
+// - _epi, nn and nt: bf16 x bf16 -> bf16, f32; f16 x f16 -> f16, f32; BN 256, 128 (16);
+// - _block, tn, BN 128: e4m3 x e4m3 -> bf16, f16, f32 (3).
 // Groups of them can be left out at compile time (-D or a #define before the source):
-// GEMM90_NO_EPI (all _epi tn), GEMM90_NO_FPACC, GEMM90_NO_NN_NT; the plain ones always.
+// GEMM90_NO_EPI (all _epi tn), GEMM90_NO_FPACC, GEMM90_NO_NN_NT, GEMM90_NO_BLOCK; the
+// plain ones always. (The library's module, src/cuda/nvrtc.rs GEMM_SM90, keeps the plain
+// and _block kernels.)
 //
 // Epilogue (_epi, _fpacc), in cuBLASLt's order: v = scale * acc (scale = a_scale_inv *
 // b_scale_inv for FP8 inputs, else 1); EPI_ACCUM: v += beta * D_old (16/32-bit D; TE's
@@ -778,7 +784,188 @@ __device__ __forceinline__ void store_tile_epi(float (&acc)[BN / 2], float scale
 enum : int {
   V_EPI = 1,    // _epi: the epilogue bits, FP8 D with d_scale, d_amax
   V_FPACC = 2,  // _fpacc (FP8 in; implies V_EPI): full-precision accumulation
+  V_BLOCK = 4,  // _block (e4m3 x e4m3, BN 128; implies V_EPI): block-scaled FP8 (below)
 };
+
+// ---- block-scaled FP8 (_block kernels) ----
+// TE's Float8BlockScaling: one float32 scale_inv per 128 consecutive K values of a row (1D)
+// or per 128 x 128 tile (2D), in TE's GEMM-ready layouts: 1D [ceil(k / 128), roundup(rows,
+// 4)] (K-block major, rows contiguous), 2D [ceil(rows / 128), roundup(ceil(k / 128), 4)].
+// a_scale_inv / b_scale_inv point at A's / B's (16-byte aligned); Gemm90Args::epilogue's
+// BLOCK_A_2D / BLOCK_B_2D bits say which operand is 2D (else 1D). A stage is one 128-deep
+// K block: its wgmmas accumulate into a zeroed fp32 set `part`, which is then promoted
+// into the main accumulators with acc = fma(part, sb[row, kb] * sa[col, kb], acc) (the
+// technique of DeepGEMM's FP8 GEMMs). The producer copies each stage's scale slices with
+// the stage's data (cp.async.bulk, completing on the stage's full barrier) into a 1 KiB
+// area per stage (rows' scales, then columns'; a 2D operand: the 16 bytes holding K block
+// kb's scale), so the consumers read them from shared memory while the stage's wgmmas
+// run. A partial last K block is zero-filled by TMA, so any k (a multiple of 16) works.
+// Measured (one H200, 2026-12-02, tests_c/test_block_gemm --bench, 8192 x 7168 x 8192 and
+// three more anchors): correct (outputs bit-identical to cuBLASLt's block-scaled GEMM) but
+// slower: 820-850 TFLOP/s in 2D x 1D (0.68-0.70 of cuBLASLt's 1186-1222) and 682-710 in
+// 1D x 1D (0.79-0.80 of 867-903); the one-set loop before block_k_loop's two sets took 2D
+// x 1D to 0.70-0.74 but 1D x 1D only to 0.70-0.71. Likely limits: 128 x 128 tiles (two
+// 64-register sets beside the accumulators leave no room for 256 columns) read 1.5x the
+// L2 bytes of 128 x 256 ones, without the cluster multicast cuBLASLt can use.
+enum : int {
+  BLOCK_A_2D = 8,   // A's scales are 128 x 128 tiles (else 1D, per row and K block)
+  BLOCK_B_2D = 16,  // B's likewise
+};
+constexpr int SCALE_STAGE_BYTES = 1024;  // a stage's scales: 128 rows', 128 columns'
+// One operand's scales of K block kb for the 128 rows (of B) or columns (of A) from r0: the
+// source and the byte count of the copy (a multiple of 16; 1D: never past the padded row).
+struct ScaleSlice {
+  const float *src;
+  u32 bytes;
+};
+__device__ __forceinline__ ScaleSlice scale_slice(const float *s, bool two_d, int rows, int kblocks, int r0,
+                                                  int kb) {
+  if (two_d) {
+    const int ld = (kblocks + 3) & ~3;
+    return {s + (u64)(r0 / 128) * (u64)ld + (u64)(kb & ~3), 16u};
+  }
+  const int ld = (rows + 3) & ~3;
+  return {s + (u64)kb * (u64)ld + (u64)r0, (u32)min(128, ld - r0) * 4u};
+}
+// 1-D bulk copy global -> shared (16-byte aligned, a multiple of 16 bytes), completing on `bar`.
+__device__ __forceinline__ void bulk_load(u32 dst, const void *src, u32 bytes, u32 bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+               "l"((u64)src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+__device__ __forceinline__ float lds_f32(u32 addr) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(addr) : "memory");
+  return v;
+}
+__device__ __forceinline__ float2 lds_f32x2(u32 addr) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
+  return v;
+}
+__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+// The producer's part of a stage: each scale slice's bytes added to what the stage's full
+// barrier expects (before the producer's arrival, so the phase cannot complete without
+// them), then its copy into the stage's scale area `sc` (rows', then columns'). One slice
+// at a time: the producer runs on 40 registers.
+__device__ __forceinline__ void load_block_scales(const Gemm90Args &g, int kblocks, int n0, int m0, int kb, u32 sc,
+                                                  u32 full) {
+  const ScaleSlice b = scale_slice(g.b_scale_inv, (g.epilogue & BLOCK_B_2D) != 0, g.n, kblocks, n0, kb);
+  mbar_expect_tx(full, b.bytes);
+  bulk_load(sc, b.src, b.bytes, full);
+  const ScaleSlice a = scale_slice(g.a_scale_inv, (g.epilogue & BLOCK_A_2D) != 0, g.m, kblocks, m0, kb);
+  mbar_expect_tx(full, a.bytes);
+  bulk_load(sc + SCALE_STAGE_BYTES / 2, a.src, a.bytes, full);
+}
+
+// A consumer warpgroup's K loop of one tile of a _block kernel (see above): acc = sum over
+// K blocks of the block's partial sums times the product of its rows' and columns' scales.
+// Thread (warp, lane) holds tile rows r = 64 cw + 16 warp + lane / 4 and r + 8, columns
+// 8 j + 2 (lane % 4) (+1) for j < BN / 8 (m64nBN fragments). `it`: the ring position of
+// K block 0.
+//
+// Two partial-sum sets in turn (p0, p1: 64 registers each beside the 64 of acc): K block
+// kb + 1's wgmmas are issued before K block kb's partial sums are promoted, so the tensor
+// cores always have the next block's work while the warpgroup scales and adds (one set,
+// waiting for each block's wgmmas before promoting it, ran at 0.70-0.74 of cuBLASLt's
+// block-scaled speed on one H200: both consumer warpgroups promoted in step while the
+// tensor cores idled).
+template <int BN, int TA, int TB>
+__device__ __forceinline__ void block_issue(float (&part)[BN / 2], u32 base, u32 bars, u32 pos, int cw) {
+  typedef Cfg<BN> C;
+  const u32 s = pos % C::STAGES;
+  mbar_wait(bars + 8 * s, (pos / C::STAGES) & 1);
+  const u32 st = base + s * C::STAGE_BYTES;
+  const u64 da = smem_desc_sw128(st + cw * 64 * K_BYTES);
+  const u64 db = smem_desc_sw128(st + C::A_BYTES);
+  wgmma_fence();
+  fence_regs(part);
+#pragma unroll
+  for (int kk = 0; kk < K_BYTES / 32; ++kk) wgmma_tile<BN, TA, TB, L_TN>(part, da + 2 * kk, db + 2 * kk, kk != 0);
+  wgmma_commit();
+  fence_regs(part);
+}
+// acc += part * (row scale * column scale) for K block kb at ring position `pos` (its
+// wgmmas retired), then the stage goes back to the producer.
+template <int BN>
+__device__ __forceinline__ void block_promote(float (&acc)[BN / 2], float (&part)[BN / 2], u32 bars, u32 pos, int kb,
+                                              int r, int q, int lane, bool a2d, bool b2d) {
+  typedef Cfg<BN> C;
+  const u32 s = pos % C::STAGES;
+  const u32 sc = bars + C::BAR_BYTES + s * SCALE_STAGE_BYTES;
+  const u32 sca = sc + SCALE_STAGE_BYTES / 2;
+  const u32 k4 = 4u * (u32)(kb & 3);
+  const float sr0 = lds_f32(b2d ? sc + k4 : sc + 4u * (u32)r);
+  const float sr1 = lds_f32(b2d ? sc + k4 : sc + 4u * (u32)(r + 8));
+  if (a2d) {
+    // One column scale for the whole tile (BN 128 = one 2D block): a product per row.
+    const float v = lds_f32(sca + k4);
+    const float s0 = sr0 * v, s1 = sr1 * v;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+      acc[4 * j] = fmaf(part[4 * j], s0, acc[4 * j]);
+      acc[4 * j + 1] = fmaf(part[4 * j + 1], s0, acc[4 * j + 1]);
+      acc[4 * j + 2] = fmaf(part[4 * j + 2], s1, acc[4 * j + 2]);
+      acc[4 * j + 3] = fmaf(part[4 * j + 3], s1, acc[4 * j + 3]);
+    }
+  } else {
+    // 1D columns: a scale pair per fragment column pair, read as the promotion goes (32 up
+    // front would not fit beside the three accumulator sets).
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+      const float2 v = lds_f32x2(sca + 4u * (u32)(8 * j + 2 * q));
+      acc[4 * j] = fmaf(part[4 * j], sr0 * v.x, acc[4 * j]);
+      acc[4 * j + 1] = fmaf(part[4 * j + 1], sr0 * v.y, acc[4 * j + 1]);
+      acc[4 * j + 2] = fmaf(part[4 * j + 2], sr1 * v.x, acc[4 * j + 2]);
+      acc[4 * j + 3] = fmaf(part[4 * j + 3], sr1 * v.y, acc[4 * j + 3]);
+    }
+  }
+  // Every lane's reads of the stage (wgmma's, the scales above: their values are used)
+  // before it is handed back.
+  __syncwarp();
+  if (lane == 0) mbar_arrive(bars + 8 * (C::STAGES + s));
+}
+template <int BN, int TA, int TB>
+__device__ __forceinline__ void block_k_loop(float (&acc)[BN / 2], u32 base, u32 bars, u32 &it, int kblocks, int cw,
+                                             int warp, int lane, int epilogue) {
+  const bool a2d = (epilogue & BLOCK_A_2D) != 0, b2d = (epilogue & BLOCK_B_2D) != 0;
+  const int r = cw * 64 + warp * 16 + lane / 4, q = lane % 4;
+  float p0[BN / 2], p1[BN / 2];
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+  // Issue and retire in a fixed pattern (the loop always has two groups in flight at its
+  // waits, the tail ends with wait 0), so that ptxas can tell which set is complete.
+  block_issue<BN, TA, TB>(p0, base, bars, it, cw);
+  int kb = 0;
+  for (; kb + 2 < kblocks; kb += 2) {
+    // p0: K block kb in flight.
+    block_issue<BN, TA, TB>(p1, base, bars, it + kb + 1, cw);
+    wgmma_wait<1>();
+    fence_regs(p0);
+    block_promote<BN>(acc, p0, bars, it + kb, kb, r, q, lane, a2d, b2d);
+    block_issue<BN, TA, TB>(p0, base, bars, it + kb + 2, cw);
+    wgmma_wait<1>();
+    fence_regs(p1);
+    block_promote<BN>(acc, p1, bars, it + kb + 1, kb + 1, r, q, lane, a2d, b2d);
+  }
+  // p0: K block kb in flight; one or two K blocks left.
+  if (kb + 1 < kblocks) {
+    block_issue<BN, TA, TB>(p1, base, bars, it + kb + 1, cw);
+    wgmma_wait<1>();
+    fence_regs(p0);
+    block_promote<BN>(acc, p0, bars, it + kb, kb, r, q, lane, a2d, b2d);
+    wgmma_wait<0>();
+    fence_regs(p1);
+    block_promote<BN>(acc, p1, bars, it + kb + 1, kb + 1, r, q, lane, a2d, b2d);
+  } else {
+    wgmma_wait<0>();
+    fence_regs(p0);
+    block_promote<BN>(acc, p0, bars, it + kb, kb, r, q, lane, a2d, b2d);
+  }
+  it += (u32)kblocks;
+}
 
 // The ping-pong consumers (the BN-192 kernels): consumer warpgroup cw computes the CTA's
 // tiles j = cw, cw + 2, ... whole, 128 x 192 each (two m64n192 accumulator sets, rows 0-63
@@ -873,13 +1060,19 @@ __device__ __forceinline__ void gemm(const GemmTmaDesc *tmap_b, const GemmTmaDes
                                      const Gemm90Args &g) {
   constexpr bool FP8 = is_fp8(TA);
   constexpr bool OUT_F32 = TO == T_F32;
-  constexpr bool EPI = (V & (V_EPI | V_FPACC)) != 0;
+  constexpr bool EPI = (V & (V_EPI | V_FPACC | V_BLOCK)) != 0;
   constexpr bool FPACC = (V & V_FPACC) != 0;
+  constexpr bool BLOCK = (V & V_BLOCK) != 0;
   static_assert(!FP8 || L == L_TN, "FP8 operands are K-major only (wgmma)");
   static_assert(FP8 == is_fp8(TB), "both inputs FP8 or both 16-bit");
   static_assert(FP8 || TA == TB, "16-bit inputs of one type");
   static_assert(EPI || TO == T_BF16 || TO == T_F32, "plain kernels store bf16 or f32");
   static_assert(!FPACC || (FP8 && BN == 128), "_fpacc: FP8 inputs, BN 128");
+  static_assert(!BLOCK || (TA == T_E4M3 && TB == T_E4M3 && BN == 128 && L == L_TN && !FPACC),
+                "_block: TN e4m3 x e4m3, BN 128");
+  static_assert(!BLOCK || Cfg<BN>::EPI_BYTES >= Cfg<BN>::STAGES * SCALE_STAGE_BYTES,
+                "_block: the stages' scales live in the staging chunks' space (GEMM90_EPI_STAGED)");
+  static_assert(!BLOCK || !is_fp8(TO), "_block: 16/32-bit D");
   // BN 192: the ping-pong kernels (plain TN, bf16 or e4m3 in, bf16 out; pingpong_tiles).
   constexpr bool PP = BN == 192;
   static_assert(!PP || (V == 0 && L == L_TN && TO == T_BF16), "BN 192: plain TN, bf16 out");
@@ -954,7 +1147,8 @@ __device__ __forceinline__ void gemm(const GemmTmaDesc *tmap_b, const GemmTmaDes
       // every slice that starts there), so that the tiles of a block run while the block
       // is still arriving, and the last block's tiles end one slice's compute after the
       // link (not one tile's).
-      const bool waits = flags != nullptr && rows_per_flag > 0;
+      // (_block kernels: no arrival flags, which leaves their producer the registers for the scales)
+      const bool waits = !BLOCK && flags != nullptr && rows_per_flag > 0;
       const int kp = waits ? max(1, g.k_pieces) : 1;
       for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
         int tn, tm;
@@ -974,6 +1168,7 @@ __device__ __forceinline__ void gemm(const GemmTmaDesc *tmap_b, const GemmTmaDes
           const u32 full = bars + 8 * s;
           const u32 st = base + s * C::STAGE_BYTES;
           // Zero-filled out-of-bounds bytes count too: always the whole box.
+          if constexpr (BLOCK) load_block_scales(g, kblocks, n0, m0, kb, bars + C::BAR_BYTES + s * SCALE_STAGE_BYTES, full);
           mbar_arrive_expect_tx(full, C::STAGE_BYTES);
           if constexpr (B_MN) {
             // B [k, n]: boxes of 64 columns x 64 rows of K, MN_BOX_BYTES apart.
@@ -1001,7 +1196,7 @@ __device__ __forceinline__ void gemm(const GemmTmaDesc *tmap_b, const GemmTmaDes
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
     float scale = 1.f;
-    if (FP8) scale = *g.a_scale_inv * *g.b_scale_inv;
+    if (FP8 && !BLOCK) scale = *g.a_scale_inv * *g.b_scale_inv;
     float d_scale = 1.f, amax = 0.f;
     if constexpr (EPI && is_fp8(TO)) {
       if (g.d_scale != nullptr) d_scale = *g.d_scale;
@@ -1019,7 +1214,9 @@ __device__ __forceinline__ void gemm(const GemmTmaDesc *tmap_b, const GemmTmaDes
         tile_coords(t, tiles_n, tiles_m, gn, n_tile_rot, tn, tm);
         const int n0 = tn * BM, m0 = tm * BN;
         u32 prev = 0;
-        if constexpr (FPACC) {
+        if constexpr (BLOCK) {
+          block_k_loop<BN, TA, TB>(acc, base, bars, it, kblocks, cw, warp, lane, g.epilogue);
+        } else if constexpr (FPACC) {
           // Full-precision accumulation: each stage's wgmmas (4 K steps of 32) into `part`
           // (starting from zero), then acc += part in fp32: wgmma's own (fast) accumulation
           // spans at most 128 products.
@@ -1207,6 +1404,13 @@ GEMM90_KERNEL(gemm_sm90_tn_e4m3_e5m2_bf16_128_fpacc, 128, L_TN, T_E4M3, T_E5M2, 
 GEMM90_KERNEL(gemm_sm90_tn_e4m3_e5m2_f32_128_fpacc, 128, L_TN, T_E4M3, T_E5M2, T_F32, V_FPACC)
 GEMM90_KERNEL(gemm_sm90_tn_e5m2_e4m3_bf16_128_fpacc, 128, L_TN, T_E5M2, T_E4M3, T_BF16, V_FPACC)
 GEMM90_KERNEL(gemm_sm90_tn_e5m2_e4m3_f32_128_fpacc, 128, L_TN, T_E5M2, T_E4M3, T_F32, V_FPACC)
+#endif
+#ifndef GEMM90_NO_BLOCK
+// _block (BN 128 only): block-scaled e4m3 x e4m3 (TE's Float8BlockScaling), the _epi
+// epilogue (bias, accumulate) on 16/32-bit D.
+GEMM90_KERNEL(gemm_sm90_tn_e4m3_e4m3_bf16_128_block, 128, L_TN, T_E4M3, T_E4M3, T_BF16, V_BLOCK)
+GEMM90_KERNEL(gemm_sm90_tn_e4m3_e4m3_f16_128_block, 128, L_TN, T_E4M3, T_E4M3, T_F16, V_BLOCK)
+GEMM90_KERNEL(gemm_sm90_tn_e4m3_e4m3_f32_128_block, 128, L_TN, T_E4M3, T_E4M3, T_F32, V_BLOCK)
 #endif
 #ifndef GEMM90_NO_NN_NT
 // NN (dgrad) and NT (wgrad), 16-bit inputs, _epi (NT with EPI_ACCUM: wgrad into fp32

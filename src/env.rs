@@ -317,6 +317,12 @@ pub static OWN_GEMM: Flag = Flag::new(
     "1",
     "1: small GEMMs our Hopper kernel computes run on it (read once)",
 );
+pub static BLOCK_GEMM: Choice = Choice::new(
+    "NVTE_COMM_BLOCK_GEMM",
+    &["cublaslt", "own", "auto"],
+    "cublaslt",
+    "block-scaled FP8 GEMMs: cuBLASLt, our Hopper kernel, or our kernel where measured faster (read once)",
+);
 pub static GEMM_TUNE: Flag = Flag::new(
     "NVTE_COMM_GEMM_TUNE",
     "1",
@@ -415,6 +421,7 @@ pub static KNOBS: &[&Knob] = &[
     &TUNE_PICK.knob,
     &TUNE_VERBOSE.0,
     &OWN_GEMM.0,
+    &BLOCK_GEMM.0,
     &GEMM_TUNE.0,
     &GEMM_GRAPHS.0,
     &QUANT_GRID.0,

@@ -51,6 +51,10 @@ const ALLOWED: &[(&str, &str)] = &[
         "src/gemm/sm90.rs::supports_kind",
         "reads the descriptor's shape and types",
     ),
+    (
+        "src/gemm/sm90/block.rs::supports_block",
+        "reads the descriptor's shape, types and alignment",
+    ),
     ("src/kernels.rs::flat_2d", "reads a shape"),
     ("src/kernels.rs::check_columnwise_shape", "reads a shape"),
     ("src/kernels.rs::history_dims", "reads a shape"),

@@ -8,8 +8,13 @@
 // layout (the data each reads: rowwise or columnwise by transa / transb) x output type,
 // with bias / DGELU epilogues and alpha / beta; shapes with partial blocks and an
 // anchor-sized one (sampled outputs). Then the refusals, each with D poisoned and
-// checked untouched. `--bench`: block-scaled vs per-tensor FP8 vs bf16 on the anchor
-// shapes (CUDA events, warm-up, interleaved rounds, median), TFLOP/s and ratios.
+// checked untouched. The block-scaled cases run once per backend of
+// NVTE_COMM_BLOCK_GEMM: cuBLASLt's block scale modes and our sm90 kernel's _block
+// variants (`own`: those take every case they compute, cuBLASLt the rest), or only under
+// the backend the environment names. `--bench`: block-scaled GEMMs on our kernel and on
+// cuBLASLt (2D x 1D, a linear layer's forward, and 1D x 1D) vs per-tensor FP8 vs bf16 on
+// the anchor shapes (CUDA events, warm-up, 5 interleaved rounds of 4 runs, median),
+// TFLOP/s and ratios, and our kernel's output against cuBLASLt's.
 #include <chrono>
 #include <cstring>
 
@@ -216,10 +221,13 @@ struct Case {
   bool gpu_quant = false;  // operands quantized by nvte_quantize instead of on the host
 };
 
+// The NVTE_COMM_BLOCK_GEMM backend the cases run under (set by main).
+std::string g_backend = "cublaslt";
+
 std::string describe(const Case &c) {
   char buf[320];
-  std::snprintf(buf, sizeof buf, "%s %s x %s %c%c -> %s epi=%s alpha=%g beta=%g m=%zu n=%zu k=%zu%s", entry_name(c.entry),
-                mode_name(c.a), mode_name(c.b), c.transa ? 'T' : 'N', c.transb ? 'T' : 'N', dtype_name(c.d),
+  std::snprintf(buf, sizeof buf, "[%s] %s %s x %s %c%c -> %s epi=%s alpha=%g beta=%g m=%zu n=%zu k=%zu%s",
+                g_backend.c_str(), entry_name(c.entry), mode_name(c.a), mode_name(c.b), c.transa ? 'T' : 'N', c.transb ? 'T' : 'N', dtype_name(c.d),
                 epi_name(c.epi), c.alpha, c.beta, c.m, c.n, c.k, c.gpu_quant ? " (nvte_quantize operands)" : "");
   return buf;
 }
@@ -555,17 +563,30 @@ void refusal_cases(cudaStream_t stream, DevBuf &workspace, Report &rep) {
 
 // ------------------------------------------------------------------------ benchmark
 
+// bf16 bits -> double.
+double bf16_value(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
 void bench(cudaStream_t stream, Report &rep) {
   const bool print = rep.rank == 0;
-  struct Shape { size_t M, K, N; const char *name; };
-  const Shape shapes[] = {{8192, 8192, 3584, "AG 8192x8192x3584"}, {8192, 4096, 2048, "8192x4096x2048"},
-                          {16384, 8192, 1024, "16384x8192x1024"}};
+  // M tokens x N output features x K (TE's forward GEMM D [M, N] = X [M, K] . W [N, K]^T).
+  struct Shape { size_t M, N, K; const char *name; };
+  const Shape shapes[] = {{8192, 7168, 8192, "8192x7168x8192"},
+                          {8192, 4096, 16384, "8192x4096x16384"},
+                          {8192, 16384, 4096, "8192x16384x4096"},
+                          {16384, 2048, 8192, "16384x2048x8192"}};
   DevBuf workspace(32u << 20);
   Tensor wsh;
   NVTETensor ws = workspace_tensor(workspace, wsh);
-  if (print) std::printf("%-20s %10s %10s %10s %12s %12s\n", "shape (MxKxN)", "block", "fp8", "bf16", "block/fp8", "block/bf16");
+  if (print)
+    std::printf("%-18s %9s %9s %9s %9s %9s %9s %8s %8s %8s %9s\n", "shape (MxNxK)", "own2Dx1D", "lt2Dx1D", "own1Dx1D",
+                "lt1Dx1D", "fp8", "bf16", "own/lt", "own/lt", "own/fp8", "|own-lt|");
   for (const Shape &s : shapes) {
-    // TN as a linear layer's forward: A = weight [N, K] (2D blocks), B = activation [M, K] (1D), D [M, N].
+    // TN as a linear layer's forward: A = weight [N, K] (2D blocks, or 1D), B = activation [M, K] (1D), D [M, N].
     Tensor wf(kNVTEFloat8E4M3, {s.N, s.K}, true), xf(kNVTEFloat8E4M3, {s.M, s.K}, true);
     Tensor wb(kNVTEBFloat16, {s.N, s.K}), xb(kNVTEBFloat16, {s.M, s.K}), D(kNVTEBFloat16, {s.M, s.N});
     nvte_comm_fill_uniform(wf.h, 1, -1, 1, stream);
@@ -573,35 +594,79 @@ void bench(cudaStream_t stream, Report &rep) {
     nvte_comm_fill_uniform(wb.h, 3, -1, 1, stream);
     nvte_comm_fill_uniform(xb.h, 4, -1, 1, stream);
     CUDA_OK(cudaStreamSynchronize(stream));
-    // Block tensors over the same FP8 bytes, with GEMM-ready scales of 1/64.
-    NVTETensor wblk = nvte_create_tensor(NVTE_BLOCK_SCALING_2D), xblk = nvte_create_tensor(NVTE_BLOCK_SCALING_1D);
-    std::vector<size_t> ws_shape = {ceil_div(s.N, kBlock), pad4(ceil_div(s.K, kBlock))};
-    std::vector<size_t> xs_shape = {ceil_div(s.K, kBlock), pad4(s.M)};
-    std::vector<float> wsv(ws_shape[0] * ws_shape[1], 1.0f / 64), xsv(xs_shape[0] * xs_shape[1], 1.0f / 64);
-    DevBuf wsd(wsv.size() * 4), xsd(xsv.size() * 4);
-    wsd.upload(wsv.data());
-    xsd.upload(xsv.data());
-    set_param(wblk, kNVTERowwiseData, wf.data.p, kNVTEFloat8E4M3, {s.N, s.K});
-    set_param(wblk, kNVTERowwiseScaleInv, wsd.p, kNVTEFloat32, ws_shape);
-    set_param(xblk, kNVTERowwiseData, xf.data.p, kNVTEFloat8E4M3, {s.M, s.K});
-    set_param(xblk, kNVTERowwiseScaleInv, xsd.p, kNVTEFloat32, xs_shape);
+    // Block tensors over the same FP8 bytes, with GEMM-ready scales that differ per block
+    // (powers of 2 around 1/64), so that a misapplied scale shows in |own - lt|.
+    NVTETensor w2 = nvte_create_tensor(NVTE_BLOCK_SCALING_2D), w1 = nvte_create_tensor(NVTE_BLOCK_SCALING_1D),
+               x1 = nvte_create_tensor(NVTE_BLOCK_SCALING_1D);
+    std::vector<size_t> w2_shape = {ceil_div(s.N, kBlock), pad4(ceil_div(s.K, kBlock))};
+    std::vector<size_t> w1_shape = {ceil_div(s.K, kBlock), pad4(s.N)};
+    std::vector<size_t> x1_shape = {ceil_div(s.K, kBlock), pad4(s.M)};
+    auto scales = [](size_t count, size_t salt) {
+      std::vector<float> v(count);
+      for (size_t i = 0; i < count; ++i) v[i] = std::exp2(-6.0f + (float)((i * 7 + salt) % 5) - 2.0f);
+      return v;
+    };
+    std::vector<float> w2v = scales(w2_shape[0] * w2_shape[1], 1), w1v = scales(w1_shape[0] * w1_shape[1], 2),
+                       x1v = scales(x1_shape[0] * x1_shape[1], 3);
+    DevBuf w2d(w2v.size() * 4), w1d(w1v.size() * 4), x1d(x1v.size() * 4);
+    w2d.upload(w2v.data());
+    w1d.upload(w1v.data());
+    x1d.upload(x1v.data());
+    set_param(w2, kNVTERowwiseData, wf.data.p, kNVTEFloat8E4M3, {s.N, s.K});
+    set_param(w2, kNVTERowwiseScaleInv, w2d.p, kNVTEFloat32, w2_shape);
+    set_param(w1, kNVTERowwiseData, wf.data.p, kNVTEFloat8E4M3, {s.N, s.K});
+    set_param(w1, kNVTERowwiseScaleInv, w1d.p, kNVTEFloat32, w1_shape);
+    set_param(x1, kNVTERowwiseData, xf.data.p, kNVTEFloat8E4M3, {s.M, s.K});
+    set_param(x1, kNVTERowwiseScaleInv, x1d.p, kNVTEFloat32, x1_shape);
     std::string failed;
     // Each recipe's forward GEMM as TE runs it: Float8BlockScaling with the split
-    // accumulator, per-tensor FP8 (DelayedScaling's fprop) with fast accumulation.
-    auto gemm = [&](NVTETensor a, NVTETensor b, bool split) {
+    // accumulator (on the backend `be`), per-tensor FP8 (DelayedScaling's fprop) with
+    // fast accumulation.
+    auto gemm = [&](NVTETensor a, NVTETensor b, bool split, const char *be) {
+      setenv("NVTE_COMM_BLOCK_GEMM", be, 1);
       nvte_cublas_gemm(a, b, D.h, nullptr, nullptr, true, false, false, ws, false, split, 0, stream);
       if (nvte_comm_last_status() != NVTE_COMM_SUCCESS && failed.empty()) failed = nvte_comm_last_error();
     };
-    auto t = time_interleaved(stream, 5, 5, 4,
-                              {[&] { gemm(wblk, xblk, true); }, [&] { gemm(wf.h, xf.h, false); }, [&] { gemm(wb.h, xb.h, false); }});
-    nvte_destroy_tensor(wblk);
-    nvte_destroy_tensor(xblk);
+    // Our kernel's output against cuBLASLt's (2D x 1D, then 1D x 1D): norm-wise.
+    double diff[2] = {0, 0};
+    for (int c = 0; c < 2; ++c) {
+      NVTETensor a = c == 0 ? w2 : w1;
+      gemm(a, x1, true, "own");
+      CUDA_OK(cudaStreamSynchronize(stream));
+      auto own = D.data.download();
+      gemm(a, x1, true, "cublaslt");
+      CUDA_OK(cudaStreamSynchronize(stream));
+      auto lt = D.data.download();
+      double num = 0, den = 0;
+      for (size_t i = 0; i + 1 < own.size(); i += 2) {
+        uint16_t ho, hl;
+        std::memcpy(&ho, &own[i], 2);
+        std::memcpy(&hl, &lt[i], 2);
+        double o = bf16_value(ho), l = bf16_value(hl);
+        num += (o - l) * (o - l);
+        den += l * l;
+      }
+      diff[c] = den > 0 ? std::sqrt(num / den) : (num > 0 ? 1.0 : 0.0);
+    }
+    auto t = time_interleaved(stream, 3, 5, 4,
+                              {[&] { gemm(w2, x1, true, "own"); }, [&] { gemm(w2, x1, true, "cublaslt"); },
+                               [&] { gemm(w1, x1, true, "own"); }, [&] { gemm(w1, x1, true, "cublaslt"); },
+                               [&] { gemm(wf.h, xf.h, false, "cublaslt"); }, [&] { gemm(wb.h, xb.h, false, "cublaslt"); }});
+    setenv("NVTE_COMM_BLOCK_GEMM", "cublaslt", 1);
+    nvte_destroy_tensor(w2);
+    nvte_destroy_tensor(w1);
+    nvte_destroy_tensor(x1);
     if (!failed.empty()) { rep.fail(std::string("bench ") + s.name + ": " + failed); continue; }
     double flop = 2.0 * s.M * s.N * s.K;
     auto tf = [&](double ms) { return flop / (ms * 1e-3) / 1e12; };
-    if (print) std::printf("%-20s %10.1f %10.1f %10.1f %12.3f %12.3f   TFLOP/s\n", s.name, tf(t[0]), tf(t[1]), tf(t[2]),
-                t[1] / t[0], t[2] / t[0]);
-    rep.pass(std::string("bench ") + s.name);
+    if (print)
+      std::printf("%-18s %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %8.3f %8.3f %8.3f %9.1e  TFLOP/s; own/lt: 2Dx1D, 1Dx1D; |own-lt| worst\n",
+                  s.name, tf(t[0]), tf(t[1]), tf(t[2]), tf(t[3]), tf(t[4]), tf(t[5]), t[1] / t[0], t[3] / t[2],
+                  t[4] / t[0], std::max(diff[0], diff[1]));
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "bench %s: own vs cuBLASLt block output, rel diff %.1e / %.1e (tol 1e-2)", s.name,
+                  diff[0], diff[1]);
+    rep.check(diff[0] < 1e-2 && diff[1] < 1e-2, buf);
   }
 }
 
@@ -641,8 +706,17 @@ int main(int argc, char **argv) {
       bench(stream, rep);
     } else {
       auto cases = all_cases();
-      for (size_t i = 0; i < cases.size(); ++i)
-        if ((int)(i % size) == rep.rank) run_case(cases[i], base + i, stream, workspace, rep);
+      // Every backend, or the one the environment names.
+      const char *env = std::getenv("NVTE_COMM_BLOCK_GEMM");
+      std::vector<std::string> backends = {"cublaslt", "own"};
+      if (env != nullptr && *env != 0) backends = {env};
+      for (const std::string &b : backends) {
+        g_backend = b;
+        setenv("NVTE_COMM_BLOCK_GEMM", b.c_str(), 1);
+        for (size_t i = 0; i < cases.size(); ++i)
+          if ((int)(i % size) == rep.rank) run_case(cases[i], base + i, stream, workspace, rep);
+      }
+      if (env == nullptr) unsetenv("NVTE_COMM_BLOCK_GEMM");
       auto plain = plain_cases();
       for (size_t i = 0; i < plain.size(); ++i)
         if ((int)((cases.size() + i) % size) == rep.rank) run_plain_case(plain[i], base + 1000 + i, stream, workspace, rep);

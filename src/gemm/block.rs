@@ -1,8 +1,9 @@
 //! Block-scaled FP8 GEMM (TE's Float8BlockScaling: NVTE_BLOCK_SCALING_1D, one float32
 //! scale per 128 consecutive values of a row; NVTE_BLOCK_SCALING_2D, one per 128 x 128
 //! tile) on cuBLASLt's block scale modes (VEC128_32F / BLK128x128_32F, cuBLAS 12.9+,
-//! Hopper), and the alpha / beta GEMMs of nvte_cublas_gemm_scaled and
-//! nvte_cublas_gemm_v2 ([`cublas_gemm_scaled`]).
+//! Hopper) or, as NVTE_COMM_BLOCK_GEMM chooses, on our sm90 kernel's `_block` variants
+//! (`sm90::Sm90Gemm::run_block`), and the alpha / beta GEMMs of nvte_cublas_gemm_scaled
+//! and nvte_cublas_gemm_v2 ([`cublas_gemm_scaled`]).
 //!
 //! The combinations are TE's (common/gemm/cublaslt_gemm.cu): 1D x 1D, 1D x 2D and 2D x
 //! 1D (2D x 2D refused), the cuBLASLt GEMM always TN: A's rowwise data with transa, its
@@ -356,6 +357,71 @@ pub(super) fn block_desc(g: &TeGemm) -> Result<(GemmDesc, [BlockMode; 2])> {
     Ok((desc, blocks))
 }
 
+/// NVTE_COMM_BLOCK_GEMM: the backend of block-scaled GEMMs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum BlockBackend {
+    /// cuBLASLt's block scale modes (the default)
+    CublasLt,
+    /// our sm90 kernel's `_block` variants wherever they compute the call, else cuBLASLt
+    Own,
+    /// ours where [`own_block_pays`], else cuBLASLt
+    Auto,
+}
+
+/// NVTE_COMM_BLOCK_GEMM, read at each block-scaled GEMM (one environment lookup, small
+/// beside the GEMM), so that one process can time both backends.
+fn block_backend() -> Result<BlockBackend> {
+    Ok(match crate::env::BLOCK_GEMM.get()?.unwrap_or(0) {
+        1 => BlockBackend::Own,
+        2 => BlockBackend::Auto,
+        _ => BlockBackend::CublasLt,
+    })
+}
+
+/// Whether our `_block` kernel is the faster backend for `g` (NVTE_COMM_BLOCK_GEMM=auto):
+/// nowhere measured so far. On one H200 (2026-12-02, docs/results/2026-12.md, 933afeb,
+/// `test_block_gemm --bench`, the four anchor shapes) it ran at 0.68-0.70 of cuBLASLt's
+/// speed in 2D x 1D and 0.79-0.80 in 1D x 1D (bit-identical outputs), so auto keeps
+/// cuBLASLt; a shape or mode where it wins belongs here once measured.
+fn own_block_pays(_g: &GemmDesc) -> bool {
+    false
+}
+
+/// Our kernel for the block-scaled `g` (its `blocks` set) with `alpha` and `beta` when
+/// NVTE_COMM_BLOCK_GEMM routes it there: `own` wherever the kernel computes the call
+/// (`sm90::supports_block`; an error where it cannot load: the knob asks for it), `auto`
+/// where it also pays ([`own_block_pays`]) and loads (tried once per context; where it
+/// cannot, cuBLASLt), `cublaslt` never. None: cuBLASLt runs the call.
+fn own_block_gemm(
+    g: &GemmDesc,
+    alpha: f32,
+    beta: f32,
+    guard: &ContextGuard,
+) -> Result<Option<std::sync::Arc<sm90::Sm90Gemm>>> {
+    type Loaded = HashMap<CtxId, Option<std::sync::Arc<sm90::Sm90Gemm>>>;
+    static LOADED: Mutex<Option<Loaded>> = Mutex::new(None);
+    let backend = block_backend()?;
+    let why = sm90::supports_block(g, alpha, beta);
+    match backend {
+        BlockBackend::CublasLt => Ok(None),
+        BlockBackend::Own if why.is_some() => Ok(None),
+        BlockBackend::Own => sm90::Sm90Gemm::get(guard).map(Some),
+        BlockBackend::Auto if why.is_some() || !own_block_pays(g) => Ok(None),
+        BlockBackend::Auto => {
+            let lock = || LOADED.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(b) = lock().get_or_insert_with(HashMap::new).get(&guard.id) {
+                return Ok(b.clone());
+            }
+            let b = sm90::Sm90Gemm::get(guard).ok();
+            Ok(lock()
+                .get_or_insert_with(HashMap::new)
+                .entry(guard.id)
+                .or_insert(b)
+                .clone())
+        }
+    }
+}
+
 /// The oldest cuBLASLt with the block scale modes.
 const BLOCK_CUBLASLT: usize = 120900;
 
@@ -395,9 +461,11 @@ thread_local! {
         RefCell::new(HashMap::new());
 }
 
-/// Run a validated GEMM with `alpha` and `beta` (and the block scale modes `modes`) on
-/// cuBLASLt, from a per-thread plan: no CUDA graph, no own kernel; the heuristic's
-/// candidates timed on the plan's first eager run with beta = 0 (as `run_impl`).
+/// Run a validated GEMM with `alpha` and `beta` (and the block scale modes `modes`): a
+/// block-scaled one on our kernel where NVTE_COMM_BLOCK_GEMM routes it there
+/// ([`own_block_gemm`]), else on cuBLASLt from a per-thread plan (no CUDA graph; the
+/// heuristic's candidates timed on the plan's first eager run with beta = 0, as
+/// `run_impl`).
 ///
 /// # Safety
 ///
@@ -418,6 +486,15 @@ pub(super) unsafe fn run_scaled(
     }
     let guard = ContextGuard::for_stream_no_device(stream)?;
     if modes.is_some() {
+        let gb = GemmDesc {
+            blocks: modes,
+            ..*g
+        };
+        if let Some(own) = own_block_gemm(&gb, alpha, beta, &guard)? {
+            // SAFETY: the caller's contract; `run_block` checks the kernel's constraints
+            // (`supports_block`) before the launch.
+            return unsafe { own.run_block(&gb, beta, g.sm_count.max(0) as usize, stream) };
+        }
         require_block_support()?;
     }
     let h = handle(guard.id)?;

@@ -111,7 +111,8 @@ pub struct GemmDesc {
     pub workspace_bytes: usize,
     /// Block-scaled FP8 operands (A's and B's blocks; `a_scale_inv` / `b_scale_inv` are
     /// their GEMM-ready block scales, the GEMM TN): only [`desc_from_te_block`] sets it,
-    /// and such a descriptor runs on cuBLASLt's block scale modes, never our own GEMM.
+    /// and such a descriptor runs on cuBLASLt's block scale modes or, as
+    /// NVTE_COMM_BLOCK_GEMM chooses, our kernel's `_block` variants (`block::run_scaled`).
     pub blocks: Option<[crate::tensor::BlockMode; 2]>,
 }
 

@@ -25,6 +25,9 @@ use cudarc::driver::sys as cu;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+mod block;
+pub use block::supports_block;
+
 /// The driver's CUtensorMap as the kernel takes it (`GemmTmaDesc`: 128 opaque bytes,
 /// 64-byte aligned), by value.
 #[repr(C, align(64))]
@@ -82,7 +85,7 @@ const GEMM90: Binding<Gemm90Params> =
 /// The kernel bindings of this backend (checked against kernels/gemm_sm90.cu by
 /// tests/kernel_signatures.rs).
 pub fn kernel_signatures() -> Vec<Signature> {
-    vec![GEMM90.signature()]
+    vec![GEMM90.signature(), block::GEMM90_BLOCK.signature()]
 }
 
 /// `Gemm90Args`'s fields as (name, offset, size), for the host test that compares them
@@ -137,7 +140,7 @@ pub fn supports(g: &GemmDesc) -> Option<&'static str> {
 /// be each rank's share), so the fused all-gather decides rank-uniform things from it.
 pub fn supports_kind(g: &GemmDesc) -> Option<&'static str> {
     if g.blocks.is_some() {
-        return Some("block-scaled FP8 inputs (cuBLASLt's block scale modes only)");
+        return Some("block-scaled FP8 inputs (the _block kernels: Sm90Gemm::run_block)");
     }
     let es = g.a_type.bits() / 8;
     let checks: [(bool, &'static str); 12] = [
@@ -389,6 +392,8 @@ pub struct Sm90Gemm {
     kernels: [[[Kernel<Gemm90Params>; 2]; 2]; 2],
     /// The ping-pong kernels (BN 192, bf16 out): [e4m3]
     pingpong: [Kernel<Gemm90Params>; 2],
+    /// The block-scaled e4m3 kernels (BN 128): [`block::BLOCK_OUTS`]
+    block: [Kernel<Gemm90Params>; 3],
     /// Dynamic shared memory: [BN 128, BN 256, BN 192]
     smem: [u32; 3],
     sms: usize,
@@ -432,11 +437,19 @@ impl Sm90Gemm {
             read_i32(&m, "gemm_sm90_smem_bytes_192")?,
         ];
         let smem = smem.map(|v| v.max(0) as u32);
-        // bn: an index into `smem` (0: 128, 1: 256, 2: 192)
+        // bn: an index into `smem` (0: 128, 1: 256, 2: 192), or 3: a _block kernel (BN 128)
         let k = |i: &str, o: &str, bn: usize| -> Result<Kernel<Gemm90Params>> {
-            let bn_s = ["128", "256", "192"][bn];
-            // SAFETY: `m` is kernels/gemm_sm90.cu's module, the binding's source.
-            let kern = unsafe { Kernel::new(&m, &GEMM90, &[i, i, o, bn_s])? };
+            // bn 3: the _block kernels (BN 128)
+            let bn_s = ["128", "256", "192", "128"][bn];
+            // SAFETY: `m` is kernels/gemm_sm90.cu's module, the bindings' source.
+            let kern = unsafe {
+                if bn == 3 {
+                    Kernel::new(&m, &block::GEMM90_BLOCK, &[o])?
+                } else {
+                    Kernel::new(&m, &GEMM90, &[i, i, o, bn_s])?
+                }
+            };
+            let bn = [0, 1, 2, 0][bn];
             // SAFETY: a function of the loaded module; a plain attribute.
             check(
                 unsafe {
@@ -459,6 +472,11 @@ impl Sm90Gemm {
         Ok(Sm90Gemm {
             kernels: [per_in("bf16")?, per_in("e4m3")?],
             pingpong: [k("bf16", "bf16", 2)?, k("e4m3", "bf16", 2)?],
+            block: [
+                k("e4m3", block::BLOCK_OUTS[0].1, 3)?,
+                k("e4m3", block::BLOCK_OUTS[1].1, 3)?,
+                k("e4m3", block::BLOCK_OUTS[2].1, 3)?,
+            ],
             smem,
             sms: dev.sm_count.max(1) as usize,
             maps: Mutex::new(HashMap::new()),
