@@ -49,8 +49,9 @@ a GPU, else (CPU) as the dots of the dequantized block operands, the same produc
 GEMM speed (``fp8.BLOCK_GEMM`` picks). At tp > 1 (inside
 ``shard_map``) the communication is XLA's own collectives in the activations' dtype
 (all-gather of the input / output gradient before their casts, reduce-scatter or
-all-reduce of the f32 partial sums after the GEMMs), not the library's comm-GEMMs, which
-take no block-scaled operands yet; ``library`` does not apply to it.
+all-reduce of the f32 partial sums after the GEMMs), not the library's comm-GEMMs (their
+C entries take block-scaled operands, with the all-gather carrying the scales, but the
+JAX custom calls do not yet); ``library`` does not apply to it.
 
 Routing: where nothing is communicated (tp = 1) the layers lower to XLA's own dot and
 fusions (bf16: the plain jnp expression; FP8: the same FP8 GEMMs through XLA), since the
