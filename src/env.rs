@@ -321,7 +321,7 @@ pub static BLOCK_GEMM: Choice = Choice::new(
     "NVTE_COMM_BLOCK_GEMM",
     &["cublaslt", "own", "auto"],
     "cublaslt",
-    "block-scaled FP8 GEMMs: cuBLASLt, our Hopper kernel, or our kernel where measured faster (read once)",
+    "block-scaled FP8 GEMMs: cuBLASLt, our Hopper kernel, or our kernel where measured faster (read at each block-scaled GEMM)",
 );
 pub static GEMM_TUNE: Flag = Flag::new(
     "NVTE_COMM_GEMM_TUNE",

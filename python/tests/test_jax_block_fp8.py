@@ -181,6 +181,10 @@ def test_mlp_block_jit_and_refusals(capi):
         assert e < 0.15, e
     with pytest.raises(ValueError, match="no state"):
         tj.column_parallel_dense(x, w1, b1, ctx=ctx, fp8=r, fp8_meta=tj.fp8_meta_init(tj.DelayedScaling(amax_history_len=2)))
+    # mlp's second layer (the GELU's backward in its dgrad epilogue) refuses a state too.
+    with pytest.raises(ValueError, match="no state"):
+        tj.mlp(x, w1, b1, w2, b2, ctx=ctx, fp8=r,
+               fp8_meta=(None, tj.fp8_meta_init(tj.DelayedScaling(amax_history_len=2))))
     # At tp 1 nothing is communicated: library=True runs the same block math.
     a = tj.column_parallel_dense(x, w1, b1, ctx=ctx, fp8=r)
     b = tj.column_parallel_dense(x, w1, b1, ctx=ctx, fp8=r, library=True)

@@ -412,9 +412,16 @@ impl Frame<'_> {
             (None, None) => default,
         }
     }
+    /// A boolean attribute; absent means `default` (a float one is refused, as by `attr`).
+    fn flag_or(&self, name: &str, default: bool) -> Result<bool> {
+        if self.floats.contains_key(name) {
+            invalid!("attribute `{name}` is a float: it must be an integer or bool");
+        }
+        Ok(self.attrs.get(name).map_or(default, |&v| v != 0))
+    }
     /// A boolean attribute; absent means false.
-    fn flag(&self, name: &str) -> bool {
-        self.attrs.get(name).copied().unwrap_or(0) != 0
+    fn flag(&self, name: &str) -> Result<bool> {
+        self.flag_or(name, false)
     }
     /// Free an error XLA returned to us (we report our own).
     fn drop_error(&self, err: *mut c_void) {
@@ -502,10 +509,10 @@ fn run(kind: Kind, f: &Frame) -> Result<()> {
         _ => return Ok(()), // instantiate / prepare: nothing to do
     };
     let (has_bias, has_scales, gelu, gather_b) = (
-        f.flag("has_bias"),
-        f.flag("has_scales"),
-        f.flag("gelu"),
-        f.flag("gather_b"),
+        f.flag("has_bias")?,
+        f.flag("has_scales")?,
+        f.flag("gelu")?,
+        f.flag("gather_b")?,
     );
     let want_args = 2 + has_bias as usize + 2 * has_scales as usize;
     let want_rets = 1 + gelu as usize + gather_b as usize;
@@ -568,8 +575,8 @@ fn run(kind: Kind, f: &Frame) -> Result<()> {
         bias,
         pre_act_out: pre,
         b_gathered: bg,
-        transa: f.flag("transa"),
-        transb: f.flag("transb"),
+        transa: f.flag("transa")?,
+        transb: f.flag("transb")?,
         grad: false,
         accumulate: false,
         comm_sm_count: i32::try_from(f.attrs.get("comm_sms").copied().unwrap_or(0))
@@ -798,7 +805,7 @@ fn block_tensor_of(data: &XBuffer, scale: &XBuffer, mode: BlockMode, what: &str)
 /// Operands: a, a_scale_inv, b, b_scale_inv, then bias when `has_bias`, then the GELU
 /// pre-activation when `dgelu`. Results: d, then the workspace (u8) when given.
 fn decode_block(f: &Frame) -> Result<BlockCall> {
-    let (has_bias, dgelu) = (f.flag("has_bias"), f.flag("dgelu"));
+    let (has_bias, dgelu) = (f.flag("has_bias")?, f.flag("dgelu")?);
     let want = 4 + has_bias as usize + dgelu as usize;
     if f.args.len() != want || !(1..=2).contains(&f.rets.len()) {
         invalid!(
@@ -930,8 +937,8 @@ fn quantize_result(b: &XBuffer, what: &str, scale: bool) -> Result<Buffer> {
 /// [R, C] (f32 / bf16 / f16). Results: `q` [R, C] and its `scale_inv` when `rowwise`
 /// (default true), then `q_t` [C, R] and its `scale_inv_t` when `columnwise`.
 fn decode_quantize(f: &Frame) -> Result<QuantizeCall> {
-    let rowwise = f.attrs.get("rowwise").is_none_or(|&v| v != 0);
-    let columnwise = f.flag("columnwise");
+    let rowwise = f.flag_or("rowwise", true)?;
+    let columnwise = f.flag("columnwise")?;
     let want = 2 * (rowwise as usize + columnwise as usize);
     if f.args.len() != 1 || f.rets.len() != want || want == 0 {
         invalid!(
@@ -960,7 +967,7 @@ fn decode_quantize(f: &Frame) -> Result<QuantizeCall> {
         output.columnwise_scale_inv = quantize_result(f.rets[i + 1], "result scale_inv_t", true)?;
     }
     let cfg = crate::kernels::block::BlockQuantConfig {
-        force_pow_2_scales: f.flag("power_2_scale"),
+        force_pow_2_scales: f.flag("power_2_scale")?,
         amax_epsilon: eps as f32,
         noop: DevPtr::NULL,
         format: crate::tensor::ScaleFormat::GemmReady,
@@ -1366,6 +1373,10 @@ mod tests {
         quantize_refused(&g, Inv, "`amax_epsilon` = -1");
         g.floats.insert("block_dim".into(), 1.0);
         quantize_refused(&g, Inv, "`block_dim` is a float");
+        // A float flag is refused by name, not read as false.
+        let mut h = f(&args, &rets[..2], &[("block_dim", 1)]);
+        h.floats.insert("columnwise".into(), 1.0);
+        quantize_refused(&h, Inv, "`columnwise` is a float");
         let mut b1 = quantize_frame_bufs(1).1;
         b1[0] = buf(XDT_BF16, &[256, 384]);
         quantize_refused(&f(&args, &b1, &both), Uns, "f8e4m3fn or f8e5m2");

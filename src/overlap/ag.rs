@@ -317,6 +317,14 @@ impl Planner<'_> {
                 x.g.d.data.shape
             );
         }
+        if let Some(p) = x.g.pre_gelu_out
+            && p.data.rows_cols() != Some((n, m))
+        {
+            invalid!(
+                "tensor `pre_gelu_out` has shape {} but must be [n, m] = [{n}, {m}], like D (every chunk's GEMM reads its rows)",
+                p.data.shape
+            );
+        }
         // The local chunk's GEMM checks the operands: D's and pre_gelu_out's first nc rows.
         let view = |t: &Tensor| -> Result<Tensor> {
             let mut v = t.clone();

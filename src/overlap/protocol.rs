@@ -2452,3 +2452,47 @@ fn block_scaled_all_gather() {
         });
     }
 }
+
+/// All-gather + GEMM with block-scaled inputs: a pre_gelu_out (the DGELU epilogue's
+/// input, read by every chunk's GEMM) that is not [n, m] like D is refused before
+/// anything is planned (a per-rank [n/tp, m] would be read past its end).
+#[test]
+fn block_scaled_all_gather_checks_pre_gelu_out() {
+    use crate::tensor::BlockMode::{OneD, TwoD};
+    let (tp, nc, k, m) = (2, 8, 144, 136);
+    let n = nc * tp;
+    let mut mem = Mem::default();
+    let ops: Vec<_> = (0..tp)
+        .map(|r| {
+            let a = block_input(&mut mem, &format!("A{r}"), TwoD, (m, k), 200 + r);
+            let b = block_input(&mut mem, &format!("B{r}"), OneD, (nc, k), 300 + r);
+            (a, b)
+        })
+        .collect();
+    let bufs = buffers(&mut mem, tp, 64 * 256);
+    let ds: Vec<DevPtr> = (0..tp)
+        .map(|r| mem.alloc(&format!("D{r}"), n * m * 4))
+        .collect();
+    let pre: Vec<DevPtr> = (0..tp)
+        .map(|r| mem.alloc(&format!("P{r}"), nc * m * 2))
+        .collect();
+    let cfg = Cfg::new(Flavour::PeerMemory).with_dtype(DType::E4M3);
+    let mut plan_call = |p: &mut Planner, r: usize| {
+        let td = tensor(ds[r], &[n, m]);
+        let mut pre_r = tensor(pre[r], &[nc, m]);
+        pre_r.data.dtype = DType::BF16;
+        let args = AgArgs {
+            g: TeGemm {
+                pre_gelu_out: Some(&pre_r),
+                grad: true,
+                ..gemm(&ops[r].0.t, &ops[r].1.t, &td)
+            },
+            b_copy: None,
+            key_m: None,
+        };
+        p.split_ag(&args)
+    };
+    let e = run_group(tp, (64, 256), cfg, &mut mem, &bufs, &mut plan_call)
+        .expect_err("a per-rank pre_gelu_out must be refused");
+    assert!(e.contains("pre_gelu_out") && e.contains("[n, m]"), "{e}");
+}

@@ -484,6 +484,8 @@ def mlp(x, w1, b1, w2, b2, *, ctx: TPContext, sequence_parallel: bool = True, fp
     h = column_parallel_dense(x, w1, b1, fp8_meta=m1, **kw)
     cfg = _row_cfg(ctx, sequence_parallel, fp8, comm_sms, library)
     if cfg.recipe is not None and cfg.recipe.block:  # the GELU's backward in the dgrad's epilogue
+        if m2 is not None:
+            raise ValueError("Float8BlockScaling has no state: pass fp8_meta=None")
         return _block_gelu(h, w2, b2, cfg)
     h = jax.nn.gelu(h, approximate=True)
     return row_parallel_dense(h, w2, b2, fp8_meta=m2, **kw)
