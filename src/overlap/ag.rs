@@ -311,20 +311,7 @@ impl Planner<'_> {
         };
         let n = nc * tp;
         let (m, dt) = (x.g.d.data.rows_cols().map_or(0, |d| d.1), x.g.d.data.dtype);
-        if x.g.d.data.rows_cols() != Some((n, m)) {
-            invalid!(
-                "tensor `D` has shape {} but must be [n, m] with n = {n} (the gathered rows)",
-                x.g.d.data.shape
-            );
-        }
-        if let Some(p) = x.g.pre_gelu_out
-            && p.data.rows_cols() != Some((n, m))
-        {
-            invalid!(
-                "tensor `pre_gelu_out` has shape {} but must be [n, m] = [{n}, {m}], like D (every chunk's GEMM reads its rows)",
-                p.data.shape
-            );
-        }
+        block_outputs_gathered(&x.g, n, m)?;
         // The local chunk's GEMM checks the operands: D's and pre_gelu_out's first nc rows.
         let view = |t: &Tensor| -> Result<Tensor> {
             let mut v = t.clone();
@@ -846,4 +833,24 @@ impl Planner<'_> {
         self.ag_copy_out(x, sh, r, (0, sh.nc), c0);
         Ok(())
     }
+}
+
+/// The block all-gather's D and pre_gelu_out (the DGELU epilogue's input) are [n, m]: the
+/// gathered rows, every chunk's GEMM reading its own rows of each.
+fn block_outputs_gathered(g: &TeGemm, n: usize, m: usize) -> Result<()> {
+    if g.d.data.rows_cols() != Some((n, m)) {
+        invalid!(
+            "tensor `D` has shape {} but must be [n, m] with n = {n} (the gathered rows)",
+            g.d.data.shape
+        );
+    }
+    if let Some(p) = g.pre_gelu_out
+        && p.data.rows_cols() != Some((n, m))
+    {
+        invalid!(
+            "tensor `pre_gelu_out` has shape {} but must be [n, m] = [{n}, {m}], like D (every chunk's GEMM reads its rows)",
+            p.data.shape
+        );
+    }
+    Ok(())
 }
