@@ -45,9 +45,10 @@
 // - _epi, nn and nt: bf16 x bf16 -> bf16, f32; f16 x f16 -> f16, f32; BN 256, 128 (16);
 // - _block, tn, BN 128: e4m3 x e4m3 -> bf16, f16, f32 (3).
 // Groups of them can be left out at compile time (-D or a #define before the source):
-// GEMM90_NO_EPI (all _epi tn), GEMM90_NO_FPACC, GEMM90_NO_NN_NT, GEMM90_NO_BLOCK; the
-// plain ones always. (The library's module, src/cuda/nvrtc.rs GEMM_SM90, keeps the plain
-// and _block kernels.)
+// GEMM90_NO_EPI (all _epi tn), GEMM90_NO_FPACC, GEMM90_NO_NN_NT, GEMM90_NO_BLOCK,
+// GEMM90_NO_PLAIN (the plain and ping-pong ones). (The library's modules, src/cuda/nvrtc.rs:
+// GEMM_SM90 keeps the plain kernels, GEMM_SM90_BLOCK the _block ones, compiled and loaded
+// only when a block-scaled GEMM asks for our kernel.)
 //
 // Epilogue (_epi, _fpacc), in cuBLASLt's order: v = scale * acc (scale = a_scale_inv *
 // b_scale_inv for FP8 inputs, else 1); EPI_ACCUM: v += beta * D_old (16/32-bit D; TE's
@@ -1367,6 +1368,7 @@ extern "C" __constant__ int gemm_sm90_smem_bytes_128 = gemm90::Cfg<128>::SMEM_BY
 extern "C" __constant__ int gemm_sm90_smem_bytes_192 = gemm90::Cfg<192>::SMEM_BYTES;
 
 using namespace gemm90;
+#ifndef GEMM90_NO_PLAIN
 // Plain (the fast path): TN, bf16 x bf16 and e4m3 x e4m3, bf16 or f32 out.
 GEMM90_KERNEL2(gemm_sm90_tn_bf16_bf16_bf16, L_TN, T_BF16, T_BF16, T_BF16, 0)
 GEMM90_KERNEL2(gemm_sm90_tn_bf16_bf16_f32, L_TN, T_BF16, T_BF16, T_F32, 0)
@@ -1375,6 +1377,7 @@ GEMM90_KERNEL2(gemm_sm90_tn_e4m3_e4m3_f32, L_TN, T_E4M3, T_E4M3, T_F32, 0)
 // Ping-pong, 128 x 192 tiles a warpgroup (bf16 out).
 GEMM90_KERNEL(gemm_sm90_tn_bf16_bf16_bf16_192, 192, L_TN, T_BF16, T_BF16, T_BF16, 0)
 GEMM90_KERNEL(gemm_sm90_tn_e4m3_e4m3_bf16_192, 192, L_TN, T_E4M3, T_E4M3, T_BF16, 0)
+#endif
 #ifndef GEMM90_NO_EPI
 // _epi, TN, 16-bit inputs (out: the input type or f32).
 GEMM90_KERNEL2_EPI(gemm_sm90_tn_bf16_bf16_bf16, L_TN, T_BF16, T_BF16, T_BF16)

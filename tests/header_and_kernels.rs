@@ -79,8 +79,9 @@ fn kernels_compile_for_hopper_with_nvrtc() {
     // the full source with its defines, the headers, the options and NVRTC's version), so
     // an unchanged kernel is compiled once per machine; NVTE_COMM_DISABLE_KERNEL_CACHE=1
     // compiles every one afresh. The sources compile in parallel threads.
-    // GEMM_SM90: the plain kernels the library launches; GEMM_SM90_ALL: every kernel of
-    // the file (bench/own_gemm.cpp runs them on a GPU): two programs, both compiled.
+    // GEMM_SM90: the plain kernels the library launches; GEMM_SM90_BLOCK: its _block
+    // kernels (loaded on demand); GEMM_SM90_ALL: every kernel of the file
+    // (bench/own_gemm.cpp runs them on a GPU): three programs, all compiled.
     // CAST_VARIANTS: the bench variants of the cast + transpose (NVTE_COMM_CAST_TRANSPOSE).
     let sources = [
         ("cast.cu", nvrtc::CAST),
@@ -90,6 +91,7 @@ fn kernels_compile_for_hopper_with_nvrtc() {
         ),
         ("comm.cu", nvrtc::COMM),
         ("gemm_sm90.cu (the library's kernels)", nvrtc::GEMM_SM90),
+        ("gemm_sm90.cu (the _block kernels)", nvrtc::GEMM_SM90_BLOCK),
         ("gemm_sm90.cu (every kernel)", nvrtc::GEMM_SM90_ALL),
         (
             "cast variants",
@@ -114,6 +116,33 @@ fn kernels_compile_for_hopper_with_nvrtc() {
             "NVRTC did not return an ELF cubin for {what}"
         );
         compiled += usize::from(!cached);
+        // The library's two gemm_sm90 modules hold the kernels it binds from each: the
+        // plain ones (no _block) and the _block ones alone (loaded on demand).
+        let has = |name: &str| cubin.windows(name.len()).any(|w| w == name.as_bytes());
+        let (want, not): (&[&str], &[&str]) = match *what {
+            "gemm_sm90.cu (the library's kernels)" => (
+                &[
+                    "gemm_sm90_tn_e4m3_e4m3_bf16_128",
+                    "gemm_sm90_tn_bf16_bf16_bf16_192",
+                ],
+                &["_128_block"],
+            ),
+            "gemm_sm90.cu (the _block kernels)" => (
+                &[
+                    "gemm_sm90_tn_e4m3_e4m3_bf16_128_block",
+                    "gemm_sm90_tn_e4m3_e4m3_f16_128_block",
+                    "gemm_sm90_tn_e4m3_e4m3_f32_128_block",
+                ],
+                &["gemm_sm90_tn_bf16_bf16_bf16_192"],
+            ),
+            _ => (&[], &[]),
+        };
+        for k in want {
+            assert!(has(k), "{what}: the cubin lacks `{k}`");
+        }
+        for k in not {
+            assert!(!has(k), "{what}: the cubin holds `{k}`");
+        }
     }
     eprintln!(
         "kernels_compile_for_hopper_with_nvrtc: {compiled} of {} compiled with NVRTC, the rest from the cache at {} ({:.1} s)",

@@ -40,6 +40,19 @@ pub const GEMM_SM90: Source = Source {
     name: "gemm_sm90.cu",
     code: concat!(
         "#define GEMM90_NO_EPI 1\n#define GEMM90_NO_FPACC 1\n#define GEMM90_NO_NN_NT 1\n",
+        "#define GEMM90_NO_BLOCK 1\n",
+        include_str!("../../kernels/gemm_sm90.cu")
+    ),
+};
+
+/// The `_block` kernels of kernels/gemm_sm90.cu alone (block-scaled FP8,
+/// NVTE_COMM_BLOCK_GEMM=own / auto): a module of their own, compiled and loaded only when
+/// a block-scaled GEMM asks for our kernel, so [`GEMM_SM90`]'s users pay nothing for them.
+pub const GEMM_SM90_BLOCK: Source = Source {
+    name: "gemm_sm90.cu",
+    code: concat!(
+        "#define GEMM90_NO_EPI 1\n#define GEMM90_NO_FPACC 1\n#define GEMM90_NO_NN_NT 1\n",
+        "#define GEMM90_NO_PLAIN 1\n",
         include_str!("../../kernels/gemm_sm90.cu")
     ),
 };

@@ -405,14 +405,14 @@ fn own_block_gemm(
     match backend {
         BlockBackend::CublasLt => Ok(None),
         BlockBackend::Own if why.is_some() => Ok(None),
-        BlockBackend::Own => sm90::Sm90Gemm::get(guard).map(Some),
+        BlockBackend::Own => sm90::Sm90Gemm::get_with_block(guard).map(Some),
         BlockBackend::Auto if why.is_some() || !own_block_pays(g) => Ok(None),
         BlockBackend::Auto => {
             let lock = || LOADED.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(b) = lock().get_or_insert_with(HashMap::new).get(&guard.id) {
                 return Ok(b.clone());
             }
-            let b = sm90::Sm90Gemm::get(guard).ok();
+            let b = sm90::Sm90Gemm::get_with_block(guard).ok();
             Ok(lock()
                 .get_or_insert_with(HashMap::new)
                 .entry(guard.id)

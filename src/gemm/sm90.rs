@@ -392,12 +392,39 @@ pub struct Sm90Gemm {
     kernels: [[[Kernel<Gemm90Params>; 2]; 2]; 2],
     /// The ping-pong kernels (BN 192, bf16 out): [e4m3]
     pingpong: [Kernel<Gemm90Params>; 2],
-    /// The block-scaled e4m3 kernels (BN 128): [`block::BLOCK_OUTS`]
-    block: [Kernel<Gemm90Params>; 3],
+    /// The block-scaled e4m3 kernels (BN 128, [`block::BLOCK_OUTS`]): their own module,
+    /// loaded by [`Self::get_with_block`] when a block-scaled GEMM first asks for them.
+    block: std::sync::OnceLock<[Kernel<Gemm90Params>; 3]>,
     /// Dynamic shared memory: [BN 128, BN 256, BN 192]
     smem: [u32; 3],
     sms: usize,
     maps: Mutex<HashMap<MapKey, TmaDesc>>,
+}
+
+/// Let `kern` (a function of a loaded gemm_sm90 module) take `bytes` of dynamic shared
+/// memory.
+fn set_dynamic_smem(kern: &Kernel<Gemm90Params>, bytes: u32) -> Result<()> {
+    // SAFETY: a function of a loaded module; a plain attribute.
+    check(
+        unsafe {
+            cu::cuFuncSetAttribute(
+                kern.raw(),
+                cu::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes as i32,
+            )
+        },
+        "cuFuncSetAttribute(gemm_sm90 dynamic shared memory)",
+    )
+}
+
+/// The device of `guard`'s context (a guard made without the device lookup, e.g.
+/// nvte_cublas_gemm's, says -1).
+fn guard_device(guard: &ContextGuard) -> Result<i32> {
+    if guard.device >= 0 {
+        Ok(guard.device)
+    } else {
+        crate::cuda::current_device()
+    }
 }
 
 impl Sm90Gemm {
@@ -416,12 +443,7 @@ impl Sm90Gemm {
     }
 
     fn load(guard: &ContextGuard) -> Result<Sm90Gemm> {
-        // (a guard made without the device lookup, e.g. nvte_cublas_gemm's, says -1)
-        let device = if guard.device >= 0 {
-            guard.device
-        } else {
-            crate::cuda::current_device()?
-        };
+        let device = guard_device(guard)?;
         let dev = device_info(device)?;
         if (dev.cc_major, dev.cc_minor) != (9, 0) {
             crate::unsupported!(
@@ -437,30 +459,12 @@ impl Sm90Gemm {
             read_i32(&m, "gemm_sm90_smem_bytes_192")?,
         ];
         let smem = smem.map(|v| v.max(0) as u32);
-        // bn: an index into `smem` (0: 128, 1: 256, 2: 192), or 3: a _block kernel (BN 128)
+        // bn: an index into `smem` (0: 128, 1: 256, 2: 192)
         let k = |i: &str, o: &str, bn: usize| -> Result<Kernel<Gemm90Params>> {
-            // bn 3: the _block kernels (BN 128)
-            let bn_s = ["128", "256", "192", "128"][bn];
+            let bn_s = ["128", "256", "192"][bn];
             // SAFETY: `m` is kernels/gemm_sm90.cu's module, the bindings' source.
-            let kern = unsafe {
-                if bn == 3 {
-                    Kernel::new(&m, &block::GEMM90_BLOCK, &[o])?
-                } else {
-                    Kernel::new(&m, &GEMM90, &[i, i, o, bn_s])?
-                }
-            };
-            let bn = [0, 1, 2, 0][bn];
-            // SAFETY: a function of the loaded module; a plain attribute.
-            check(
-                unsafe {
-                    cu::cuFuncSetAttribute(
-                        kern.raw(),
-                        cu::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        smem[bn] as i32,
-                    )
-                },
-                "cuFuncSetAttribute(gemm_sm90 dynamic shared memory)",
-            )?;
+            let kern = unsafe { Kernel::new(&m, &GEMM90, &[i, i, o, bn_s])? };
+            set_dynamic_smem(&kern, smem[bn])?;
             Ok(kern)
         };
         let per_in = |i: &str| -> Result<[[Kernel<Gemm90Params>; 2]; 2]> {
@@ -472,11 +476,7 @@ impl Sm90Gemm {
         Ok(Sm90Gemm {
             kernels: [per_in("bf16")?, per_in("e4m3")?],
             pingpong: [k("bf16", "bf16", 2)?, k("e4m3", "bf16", 2)?],
-            block: [
-                k("e4m3", block::BLOCK_OUTS[0].1, 3)?,
-                k("e4m3", block::BLOCK_OUTS[1].1, 3)?,
-                k("e4m3", block::BLOCK_OUTS[2].1, 3)?,
-            ],
+            block: std::sync::OnceLock::new(),
             smem,
             sms: dev.sm_count.max(1) as usize,
             maps: Mutex::new(HashMap::new()),

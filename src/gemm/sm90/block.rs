@@ -27,7 +27,7 @@ const BLOCK_BN: usize = 128;
 // Gemm90Args args) of kernels/gemm_sm90.cu, all three by value (`__grid_constant__`).
 pub(super) const GEMM90_BLOCK: Binding<Gemm90Params> = unsafe {
     Binding::new(
-        &nvrtc::GEMM_SM90,
+        &nvrtc::GEMM_SM90_BLOCK,
         "gemm_sm90_tn_e4m3_e4m3_{}_128_block",
         "gemm_sm90 block",
     )
@@ -135,6 +135,35 @@ fn block_args(g: &GemmDesc, beta: f32, tiles_m: usize, sms: usize) -> Gemm90Args
 }
 
 impl Sm90Gemm {
+    /// [`Sm90Gemm::get`] with the `_block` kernels loaded too (their own module,
+    /// nvrtc::GEMM_SM90_BLOCK, compiled and loaded at the first block-scaled GEMM that
+    /// asks for our kernel; a failure refuses that GEMM only, never the plain kernels).
+    pub fn get_with_block(guard: &ContextGuard) -> Result<Arc<Sm90Gemm>> {
+        let b = Self::get(guard)?;
+        if b.block.get().is_none() {
+            let kernels = with_relaxed_capture(|| b.load_block(guard))?;
+            // (a concurrent first call may have set it: the same kernels either way)
+            let _ = b.block.set(kernels);
+        }
+        Ok(b)
+    }
+
+    fn load_block(&self, guard: &ContextGuard) -> Result<[Kernel<Gemm90Params>; 3]> {
+        let dev = device_info(guard_device(guard)?)?;
+        let m = nvrtc::module(&nvrtc::GEMM_SM90_BLOCK, guard.id, &dev)?;
+        let k = |o: &str| -> Result<Kernel<Gemm90Params>> {
+            // SAFETY: `m` is kernels/gemm_sm90.cu's _block module, the binding's source.
+            let kern = unsafe { Kernel::new(&m, &GEMM90_BLOCK, &[o])? };
+            set_dynamic_smem(&kern, self.smem[0])?;
+            Ok(kern)
+        };
+        Ok([
+            k(BLOCK_OUTS[0].1)?,
+            k(BLOCK_OUTS[1].1)?,
+            k(BLOCK_OUTS[2].1)?,
+        ])
+    }
+
     /// The block-scaled GEMM `g` (D = B . A^T (+ bias) + beta D, which [`supports_block`]
     /// accepts with alpha 1) on `stream`, on at most `sms` SMs (0: all).
     ///
@@ -170,12 +199,18 @@ impl Sm90Gemm {
             .iter()
             .position(|(t, _)| *t == g.d_type)
             .ok_or_else(|| Error::internal("block GEMM output type".to_string()))?;
+        let Some(block) = self.block.get() else {
+            return Err(Error::internal(
+                "our sm90 block-scaled GEMM's kernels are not loaded (Sm90Gemm::get_with_block)"
+                    .to_string(),
+            ));
+        };
         // SAFETY: the module stays loaded in the current context; the maps and `args`
         // describe memory the caller's GemmDesc validated (`supports_block`: shapes,
         // packing, alignment; `block_desc`: the scales' shapes); grid, block and shared
         // memory are the kernel's documented launch shape (BN 128).
         unsafe {
-            self.block[out].launch_shared(
+            block[out].launch_shared(
                 ((grid, 1, 1), (THREADS, 1, 1)),
                 self.smem[0],
                 stream,
