@@ -147,6 +147,63 @@ impl CallBackend for HostCall<'_> {
     }
 }
 
+/// A TN comm-GEMM call of `kind` (global m, n, k) of A `a` and B `b` into `d`, with no
+/// bias, epilogue, accumulation, gathered B, tuning or SM margin (set those by struct
+/// update).
+fn tn_call<'a>(
+    kind: Kind,
+    (m, n, k): (usize, usize, usize),
+    a: &'a crate::tensor::Tensor,
+    b: &'a crate::tensor::Tensor,
+    d: &'a crate::tensor::Tensor,
+) -> GemmCall<'a> {
+    GemmCall {
+        kind,
+        m: m as i64,
+        n: n as i64,
+        k: k as i64,
+        a,
+        b,
+        d,
+        bias: None,
+        pre_act_out: None,
+        transa: true,
+        transb: false,
+        grad: false,
+        accumulate: false,
+        comm_sm_count: 0,
+        b_gathered: None,
+        tune: false,
+        atomic: false,
+    }
+}
+
+/// Rank `r` of `tp` runs `call` (workspace `ws`) through `call::run` on the host backend
+/// (`cfg`, the reduce-scatter `ring` or pipelined), its engines' buffers in `engines`,
+/// its device work recorded in `log`.
+fn run_rank(
+    (tp, r): (usize, usize),
+    (cfg, ring): (Cfg, bool),
+    mem: &mut Mem,
+    engines: &mut HashMap<usize, Vec<DevPtr>>,
+    log: &SharedLog<Dev>,
+    call: &GemmCall,
+    ws: &crate::tensor::Tensor,
+) -> Res {
+    let mut host = HostCall {
+        tp,
+        rank: r,
+        cfg,
+        ring,
+        mem,
+        engines,
+        log: log.clone(),
+        rows: None,
+        dtype: DType::F32,
+    };
+    super::call::run(&mut host, call, ws).map_err(|e| format!("rank {r}: {}", e.msg))
+}
+
 /// Rank r's shares of the global A [m, k] and B [n, k] (with their shapes) and its D's
 /// shape: the all-gather splits m and n, the reductions split k.
 #[allow(clippy::type_complexity)]
@@ -222,36 +279,19 @@ fn check_comm_gemm(
         };
         let tbias = tensor(mem.input(&format!("bias{r}"), &bl), &[bl.len()]);
         let call = GemmCall {
-            kind,
-            m: m as i64,
-            n: n as i64,
-            k: k as i64,
-            a: &ta,
-            b: &tb,
-            d: &td,
             bias: with_bias.then_some(&tbias),
-            pre_act_out: None,
-            transa: true,
-            transb: false,
-            grad: false,
-            accumulate: false,
-            comm_sm_count: 0,
             b_gathered: tg.as_ref(),
-            tune: false,
-            atomic: false,
+            ..tn_call(kind, (m, n, k), &ta, &tb, &td)
         };
-        let mut host = HostCall {
-            tp,
-            rank: r,
-            cfg,
-            ring,
-            mem: &mut mem,
-            engines: &mut engines,
-            log: log.clone(),
-            rows: None,
-            dtype: DType::F32,
-        };
-        super::call::run(&mut host, &call, &ws).map_err(|e| format!("rank {r}: {}", e.msg))?;
+        run_rank(
+            (tp, r),
+            (cfg, ring),
+            &mut mem,
+            &mut engines,
+            &log,
+            &call,
+            &ws,
+        )?;
         outs.push((pd, dshape, gathered));
     }
     let bufs = engines.values().next().cloned().unwrap_or_default();
@@ -353,37 +393,16 @@ fn check_block_comm_gemm(
         let rows = if kind == Kind::AllReduce { n } else { nl };
         let pd = mem.alloc(&format!("D{r}"), rows * m * 4);
         let td = tensor(pd, &[rows, m]);
-        let call = GemmCall {
-            kind,
-            m: m as i64,
-            n: n as i64,
-            k: (kl * tp) as i64,
-            a: &a.t,
-            b: &b.t,
-            d: &td,
-            bias: None,
-            pre_act_out: None,
-            transa: true,
-            transb: false,
-            grad: false,
-            accumulate: false,
-            comm_sm_count: 0,
-            b_gathered: None,
-            tune: false,
-            atomic: false,
-        };
-        let mut host = HostCall {
-            tp,
-            rank: r,
-            cfg,
-            ring,
-            mem: &mut mem,
-            engines: &mut engines,
-            log: log.clone(),
-            rows: None,
-            dtype: DType::F32,
-        };
-        super::call::run(&mut host, &call, &ws).map_err(|e| format!("rank {r}: {}", e.msg))?;
+        let call = tn_call(kind, (m, n, kl * tp), &a.t, &b.t, &td);
+        run_rank(
+            (tp, r),
+            (cfg, ring),
+            &mut mem,
+            &mut engines,
+            &log,
+            &call,
+            &ws,
+        )?;
         let want = if kind == Kind::AllReduce {
             sum.clone()
         } else {
@@ -422,25 +441,7 @@ fn comm_gemm_block_scaled_refusals() {
     let mut mem = Mem::default();
     let (ops, _) = block_partials(&mut mem, 1, (12, 144, 136), [TwoD, OneD]);
     let d = tensor(mem.alloc("D", 12 * 136 * 4), &[12, 136]);
-    let call = |kind, n: i64| GemmCall {
-        kind,
-        m: 136,
-        n,
-        k: 144,
-        a: &ops[0].0.t,
-        b: &ops[0].1.t,
-        d: &d,
-        bias: None,
-        pre_act_out: None,
-        transa: true,
-        transb: false,
-        grad: false,
-        accumulate: false,
-        comm_sm_count: 0,
-        b_gathered: None,
-        tune: false,
-        atomic: false,
-    };
+    let call = |kind, n: usize| tn_call(kind, (136, n, 144), &ops[0].0.t, &ops[0].1.t, &d);
     let msg = |r: Result<()>| r.expect_err("refused").msg;
     let ag = msg(super::call::check_block(
         &call(Kind::AllGather, 12),
@@ -488,25 +489,7 @@ fn comm_gemm_block_operands_fail_before_any_rank_waits() {
     let d = tensor(mem.alloc("D", 16 * 136 * 4), &[16, 136]);
     let b = ops[0].1.t.clone();
     let mut bad = b.clone();
-    let call = |b| GemmCall {
-        kind: Kind::AllGather,
-        m: 272,
-        n: 16,
-        k: 144,
-        a: &ops[0].0.t,
-        b,
-        d: &d,
-        bias: None,
-        pre_act_out: None,
-        transa: true,
-        transb: false,
-        grad: false,
-        accumulate: false,
-        comm_sm_count: 0,
-        b_gathered: None,
-        tune: false,
-        atomic: false,
-    };
+    let call = |b| tn_call(Kind::AllGather, (272, 16, 144), &ops[0].0.t, b, &d);
     super::call::check_block_operands(&call(&b), (2, 1), false).unwrap();
     // The shard's scales in the wrong layout: the rank's own check, with no device call
     // (CommGemmCtx::check_operands, whose verdict NVTE_COMM_CHECK agrees on).
@@ -542,25 +525,7 @@ fn a_columnwise_only_block_operand_is_shaped_by_its_columnwise_data() {
     // With transa = true the GEMM reads A's rowwise data: the check names it as missing.
     let (ops, _) = block_partials(&mut mem, 1, (8, 144, 136), [OneD, OneD]);
     let d = tensor(mem.alloc("D", 8 * 136 * 4), &[8, 136]);
-    let call = GemmCall {
-        kind: Kind::AllReduce,
-        m: 136,
-        n: 8,
-        k: 144,
-        a: &a,
-        b: &ops[0].1.t,
-        d: &d,
-        bias: None,
-        pre_act_out: None,
-        transa: true,
-        transb: false,
-        grad: false,
-        accumulate: false,
-        comm_sm_count: 0,
-        b_gathered: None,
-        tune: false,
-        atomic: false,
-    };
+    let call = tn_call(Kind::AllReduce, (136, 8, 144), &a, &ops[0].1.t, &d);
     let a1 = Tensor {
         scaling_mode: OneD.scaling_mode(),
         ..a.clone()
@@ -588,37 +553,16 @@ fn check_block_comm_gemm_ag(tp: usize, cfg: Cfg, modes: [crate::tensor::BlockMod
     for (r, (a, b)) in ops.iter().enumerate() {
         let pd = mem.alloc(&format!("D{r}"), n * ml * 4);
         let td = tensor(pd, &[n, ml]);
-        let call = GemmCall {
-            kind: Kind::AllGather,
-            m: (ml * tp) as i64,
-            n: n as i64,
-            k: k as i64,
-            a: &a.t,
-            b: &b.t,
-            d: &td,
-            bias: None,
-            pre_act_out: None,
-            transa: true,
-            transb: false,
-            grad: false,
-            accumulate: false,
-            comm_sm_count: 0,
-            b_gathered: None,
-            tune: false,
-            atomic: false,
-        };
-        let mut host = HostCall {
-            tp,
-            rank: r,
-            cfg,
-            ring: true,
-            mem: &mut mem,
-            engines: &mut engines,
-            log: log.clone(),
-            rows: None,
-            dtype: DType::F32,
-        };
-        super::call::run(&mut host, &call, &ws).map_err(|e| format!("rank {r}: {}", e.msg))?;
+        let call = tn_call(Kind::AllGather, (ml * tp, n, k), &a.t, &b.t, &td);
+        run_rank(
+            (tp, r),
+            (cfg, true),
+            &mut mem,
+            &mut engines,
+            &log,
+            &call,
+            &ws,
+        )?;
         outs.push((pd, matmul_nt(&gathered, &a.deq, n, k, ml)));
     }
     let bufs = engines.values().next().cloned().unwrap_or_default();

@@ -1415,88 +1415,26 @@ mod tests {
         quantize_refused(&g, Inv, "1 operand and 2 results");
     }
 
-    /// Through the C entry: the refusal is XLA's error, named by the handler; the handler
-    /// declares command-buffer compatibility.
-    #[test]
-    fn block_quantize_reports_errors_to_xla() {
+    /// Call `handler` through its C entry with an execute-stage frame of `args` and `rets`
+    /// and one scalar attribute `name` (XLA dtype `dtype`, value at `value`): it must return
+    /// XLA's error (the test API's 0x1234); the handler's recorded message (it starts
+    /// with `prefix`; other handlers' tests may record theirs meanwhile).
+    fn c_entry_message(
+        handler: unsafe extern "C" fn(*mut c_void) -> *mut c_void,
+        prefix: &str,
+        (args, rets): (&[Buf], &[Buf]),
+        (name, dtype, value): (&[u8], i32, *mut c_void),
+    ) -> String {
         let api = api();
-        let (args, rets) = quantize_frame_bufs(1);
-        let mut types = [ARG_BUFFER; 1];
+        let mut types = vec![ARG_BUFFER; args.len()];
         let mut ptrs: Vec<*mut c_void> = args.iter().map(|b| &b.b as *const _ as _).collect();
-        let mut rtypes = [ARG_BUFFER; 2];
-        let mut rptrs: Vec<*mut c_void> = rets[..2].iter().map(|b| &b.b as *const _ as _).collect();
-        let name = b"amax_epsilon";
-        let mut span = ByteSpan {
-            ptr: name.as_ptr() as _,
-            len: name.len(),
-        };
-        let mut v = f32::NAN;
-        let mut scalar = Scalar {
-            dtype: XDT_F32,
-            value: &mut v as *mut f32 as _,
-        };
-        let (mut names, mut atypes) = ([&mut span as *mut ByteSpan], [ATTR_SCALAR]);
-        let mut aptrs = [&mut scalar as *mut Scalar as *mut c_void];
-        // SAFETY: all-zero is valid for every field of CallFrame (integers, raw pointers).
-        let mut cf: CallFrame = unsafe { std::mem::zeroed() };
-        cf.struct_size = size_of::<CallFrame>();
-        cf.api = &*api;
-        cf.stage = STAGE_EXECUTE;
-        cf.args = Args {
-            struct_size: size_of::<Args>(),
-            extension_start: std::ptr::null_mut(),
-            size: 1,
-            types: types.as_mut_ptr(),
-            args: ptrs.as_mut_ptr(),
-        };
-        cf.rets = Rets {
-            struct_size: size_of::<Rets>(),
-            extension_start: std::ptr::null_mut(),
-            size: 2,
-            types: rtypes.as_mut_ptr(),
-            rets: rptrs.as_mut_ptr(),
-        };
-        cf.attrs = Attrs {
-            struct_size: size_of::<Attrs>(),
-            extension_start: std::ptr::null_mut(),
-            size: 1,
-            types: atypes.as_mut_ptr(),
-            names: names.as_mut_ptr(),
-            attrs: aptrs.as_mut_ptr(),
-        };
-        // SAFETY: a complete call frame of live buffers and attributes.
-        let err = unsafe { nvte_comm_xla_block_quantize(&mut cf as *mut CallFrame as _) };
-        assert_eq!(err as usize, 0x1234);
-        // (the other handler's test may record its message meanwhile: take this one's)
-        let mut all = MESSAGES.lock().unwrap();
-        let at = all
-            .iter()
-            .rposition(|m| m.starts_with("nvte_comm_xla_block_quantize"));
-        let msg = all.remove(at.expect("the handler's message"));
-        assert!(msg.contains("`block_dim` is missing"), "{msg}");
-    }
-
-    /// Through the C entry with XLA's call frame: the refusal comes back as XLA's error,
-    /// named by the handler.
-    #[test]
-    fn block_gemm_reports_errors_to_xla() {
-        let api = api();
-        let args = operands();
-        let rets = [buf(XDT_BF16, &[256, 128])];
-        let mut types = [ARG_BUFFER; 4];
-        let mut ptrs: Vec<*mut c_void> = args.iter().map(|b| &b.b as *const _ as _).collect();
-        let mut rtypes = [ARG_BUFFER; 1];
+        let mut rtypes = vec![ARG_BUFFER; rets.len()];
         let mut rptrs: Vec<*mut c_void> = rets.iter().map(|b| &b.b as *const _ as _).collect();
-        let name = b"a_block_dim";
         let mut span = ByteSpan {
             ptr: name.as_ptr() as _,
             len: name.len(),
         };
-        let mut v = 7i32;
-        let mut scalar = Scalar {
-            dtype: XDT_S32,
-            value: &mut v as *mut i32 as _,
-        };
+        let mut scalar = Scalar { dtype, value };
         let mut names = [&mut span as *mut ByteSpan];
         let mut atypes = [ATTR_SCALAR];
         let mut aptrs = [&mut scalar as *mut Scalar as *mut c_void];
@@ -1509,14 +1447,14 @@ mod tests {
             args: Args {
                 struct_size: size_of::<Args>(),
                 extension_start: std::ptr::null_mut(),
-                size: 4,
+                size: args.len() as _,
                 types: types.as_mut_ptr(),
                 args: ptrs.as_mut_ptr(),
             },
             rets: Rets {
                 struct_size: size_of::<Rets>(),
                 extension_start: std::ptr::null_mut(),
-                size: 1,
+                size: rets.len() as _,
                 types: rtypes.as_mut_ptr(),
                 rets: rptrs.as_mut_ptr(),
             },
@@ -1530,14 +1468,38 @@ mod tests {
             },
         };
         // SAFETY: a complete call frame of live buffers and attributes.
-        let err = unsafe { nvte_comm_xla_block_gemm(&mut cf as *mut CallFrame as _) };
+        let err = unsafe { handler(&mut cf as *mut CallFrame as _) };
         assert_eq!(err as usize, 0x1234);
-        // (the other handlers' tests may record theirs meanwhile: take this one's)
         let mut all = MESSAGES.lock().unwrap();
-        let at = all
-            .iter()
-            .rposition(|m| m.starts_with("nvte_comm_xla_block_gemm"));
-        let msg = all.remove(at.expect("the handler's message"));
+        let at = all.iter().rposition(|m| m.starts_with(prefix));
+        all.remove(at.expect("the handler's message"))
+    }
+
+    /// Through the C entry: the refusal is XLA's error, named by the handler.
+    #[test]
+    fn block_quantize_reports_errors_to_xla() {
+        let (args, rets) = quantize_frame_bufs(1);
+        let mut v = f32::NAN;
+        let msg = c_entry_message(
+            nvte_comm_xla_block_quantize,
+            "nvte_comm_xla_block_quantize",
+            (&args, &rets[..2]),
+            (b"amax_epsilon", XDT_F32, &mut v as *mut f32 as _),
+        );
+        assert!(msg.contains("`block_dim` is missing"), "{msg}");
+    }
+
+    /// Through the C entry with XLA's call frame: the refusal comes back as XLA's error,
+    /// named by the handler.
+    #[test]
+    fn block_gemm_reports_errors_to_xla() {
+        let mut v = 7i32;
+        let msg = c_entry_message(
+            nvte_comm_xla_block_gemm,
+            "nvte_comm_xla_block_gemm",
+            (&operands(), &[buf(XDT_BF16, &[256, 128])]),
+            (b"a_block_dim", XDT_S32, &mut v as *mut i32 as _),
+        );
         assert!(msg.contains("`a_block_dim` = 7"), "{msg}");
     }
 

@@ -703,7 +703,7 @@ fn read_i32(m: &nvrtc::Module, name: &str) -> Result<i32> {
 mod tests {
     use super::*;
 
-    fn tn(m: usize, n: usize, k: usize, t: DType) -> GemmDesc {
+    pub(super) fn tn(m: usize, n: usize, k: usize, t: DType) -> GemmDesc {
         let fp8 = t.is_fp8();
         let si = |a: u64| if fp8 { DevPtr::new(a) } else { DevPtr::NULL };
         GemmDesc {

@@ -224,44 +224,19 @@ impl Sm90Gemm {
 mod tests {
     use super::*;
 
-    fn block(m: usize, n: usize, k: usize, modes: [BlockMode; 2]) -> GemmDesc {
-        let mut g = tests_desc(m, n, k);
-        g.blocks = Some(modes);
-        g
-    }
-
+    /// sm90's test TN e4m3 descriptor (both scale pointers set), full-precision
+    /// accumulation as the block GEMMs run.
     fn tests_desc(m: usize, n: usize, k: usize) -> GemmDesc {
         GemmDesc {
-            m,
-            n,
-            k,
-            a: DevPtr::new(1 << 20),
-            b: DevPtr::new(2 << 20),
-            d: DevPtr::new(3 << 20),
-            c: DevPtr::NULL,
-            lda: k,
-            ldb: k,
-            ldd: m,
-            a_type: DType::E4M3,
-            b_type: DType::E4M3,
-            d_type: DType::BF16,
-            transa: true,
-            transb: false,
-            epilogue: Epilogue::None,
-            bias: DevPtr::NULL,
-            bias_type: DType::BF16,
-            aux: DevPtr::NULL,
-            aux_type: DType::BF16,
-            a_scale_inv: DevPtr::new(4 << 20),
-            b_scale_inv: DevPtr::new(5 << 20),
-            d_scale: DevPtr::NULL,
-            d_amax: DevPtr::NULL,
-            accumulate: false,
             fast_accum: false,
-            sm_count: 0,
-            workspace: DevPtr::NULL,
-            workspace_bytes: 0,
-            blocks: None,
+            ..super::super::tests::tn(m, n, k, DType::E4M3)
+        }
+    }
+
+    fn block(m: usize, n: usize, k: usize, modes: [BlockMode; 2]) -> GemmDesc {
+        GemmDesc {
+            blocks: Some(modes),
+            ..tests_desc(m, n, k)
         }
     }
 
