@@ -251,6 +251,18 @@ __device__ __forceinline__ void bq_columns_transposed(const typename I::T *tile,
   bq_stage_store_columns(stage, wa, wb, c, rq, out_t, rows, r0, c0);
 }
 
+// A rows pass's end (1D columnwise amaxes): the warp's two half-warps' column amaxes
+// cm[0..8) of columns cc.. (a half-warp covers the tile's 128 columns) combined, and
+// stored as warp `warp`'s partial in sh.col_part.
+__device__ __forceinline__ void bq_store_col_part(BqShared &sh, float (&cm)[8], int lane, int warp, int cc) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) cm[j] = fmaxf(cm[j], __shfl_xor_sync(0xffffffffu, cm[j], 16));
+  if (lane < 16) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) sh.col_part[warp][cc + j] = cm[j];
+  }
+}
+
 // 1D columnwise scales from the partial amaxes sh.col_part[0 .. parts)[c] (written before
 // the call): scale and scale_inv (sinv_t[rb * s_r + col * s_c]) of column c in
 // sh.col_scale()[c].
@@ -356,14 +368,7 @@ __device__ __forceinline__ void bq_rows(const typename I::T *tile, BqShared &sh,
       pc += g_step;
     }
   }
-  if (COL_AMAX) {
-#pragma unroll
-    for (int j = 0; j < 8; ++j) cm[j] = fmaxf(cm[j], __shfl_xor_sync(0xffffffffu, cm[j], 16));
-    if (lane < 16) {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) sh.col_part[warp][cc + j] = cm[j];
-    }
-  }
+  if (COL_AMAX) bq_store_col_part(sh, cm, lane, warp, cc);
 }
 
 // The 1D rows pass with the row scales computed once a row: 16 threads a row (8 values
@@ -452,14 +457,7 @@ __device__ __forceinline__ void bq_rows_1d(const typename I::T *tile, BqShared &
       pc += g_step;
     }
   }
-  if (COL_AMAX) {
-#pragma unroll
-    for (int k = 0; k < 8; ++k) cm[k] = fmaxf(cm[k], __shfl_xor_sync(0xffffffffu, cm[k], 16));
-    if (lane < 16) {
-#pragma unroll
-      for (int k = 0; k < 8; ++k) sh.col_part[warp][cc + k] = cm[k];
-    }
-  }
+  if (COL_AMAX) bq_store_col_part(sh, cm, lane, warp, cc);
 }
 
 // The tile's amax (2D); PACKED (16-bit inputs): on packed pairs.
