@@ -199,6 +199,19 @@ void make_block_gpu(BlockTensor &t, Mode mode, size_t R, size_t C, bool rowwise,
   }
 }
 
+// D [n, m] before the GEMM: random values (returned) where beta != 0 reads them, else
+// poisoned (NaN: every element must be written).
+std::vector<double> init_d(Tensor &D, float beta, Rng &rng, cudaStream_t stream, std::string *err) {
+  if (beta == 0) {
+    D.data.poison();
+    return {};
+  }
+  Tensor init = random_tensor(D.dtype, D.shape, rng, -1, 1, 1.0f, stream, err);
+  CUDA_OK(cudaMemcpy(D.data.p, init.data.p, D.data.bytes, cudaMemcpyDeviceToDevice));
+  CUDA_OK(cudaStreamSynchronize(0));
+  return init.values();
+}
+
 enum class Entry { Gemm, Scaled, V2 };
 const char *entry_name(Entry e) { return e == Entry::Gemm ? "nvte_cublas_gemm" : e == Entry::Scaled ? "nvte_cublas_gemm_scaled" : "nvte_cublas_gemm_v2"; }
 enum class Epi { None, Bias, DGelu };
@@ -299,15 +312,7 @@ void run_case(const Case &c, uint64_t seed, cudaStream_t stream, DevBuf &workspa
   const auto &bv = c.transb ? B.deq_col : B.deq_row;
 
   Tensor D(c.d, {n, m});
-  std::vector<double> d_old;
-  if (c.beta != 0) {
-    Tensor init = random_tensor(c.d, {n, m}, rng, -1, 1, 1.0f, stream, &err);
-    CUDA_OK(cudaMemcpy(D.data.p, init.data.p, D.data.bytes, cudaMemcpyDeviceToDevice));
-    CUDA_OK(cudaStreamSynchronize(0));
-    d_old = init.values();
-  } else {
-    D.data.poison();
-  }
+  const std::vector<double> d_old = init_d(D, c.beta, rng, stream, &err);
   const NVTEDType side_t = c.d == kNVTEFloat16 ? kNVTEFloat16 : kNVTEBFloat16;  // cuBLASLt's FP8 table
   Tensor bias, aux;
   std::vector<double> biasv, auxv;
@@ -372,15 +377,7 @@ void run_plain_case(const PlainCase &c, uint64_t seed, cudaStream_t stream, DevB
   Tensor A = random_tensor(c.in, {m, k}, rng, -1, 1, 32.0f, stream, &err);
   Tensor B = random_tensor(c.in, {n, k}, rng, -1, 1, 32.0f, stream, &err);
   Tensor D(c.d, {n, m});
-  std::vector<double> d_old;
-  if (c.beta != 0) {
-    Tensor init = random_tensor(c.d, {n, m}, rng, -1, 1, 1.0f, stream, &err);
-    CUDA_OK(cudaMemcpy(D.data.p, init.data.p, D.data.bytes, cudaMemcpyDeviceToDevice));
-    CUDA_OK(cudaStreamSynchronize(0));
-    d_old = init.values();
-  } else {
-    D.data.poison();
-  }
+  const std::vector<double> d_old = init_d(D, c.beta, rng, stream, &err);
   const NVTEDType side_t = fp8 && c.d == kNVTEFloat32 ? kNVTEBFloat16 : c.d;
   Tensor bias, aux;
   std::vector<double> biasv;
