@@ -125,6 +125,24 @@ def _ctx1(capi):
     return ctx
 
 
+def _block_mlp_grad_for_cuda(capi, T, H, Fh):
+    """The StableHLO text of the Float8BlockScaling MLP's gradient (x [T, H], the hidden
+    size Fh; all five inputs), lowered for CUDA at tp 1 (fp8.BLOCK_GEMM / BLOCK_CASTS as
+    the caller set them)."""
+    import jax.numpy as jnp
+    import transformer_engine_comm.jax as tj
+
+    ctx = _ctx1(capi)
+    r = tj.Float8BlockScaling()
+
+    def loss(x, w1, b1, w2, b2):
+        return jnp.mean(tj.mlp(x, w1, b1, w2, b2, ctx=ctx, fp8=r).astype(jnp.float32) ** 2)
+
+    shapes = [(T, H), (Fh, H), (Fh,), (H, Fh), (H,)]
+    args = [jax.ShapeDtypeStruct(s, jnp.bfloat16) for s in shapes]
+    return jax.jit(jax.grad(loss, argnums=range(5))).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
 def test_dense_forward_backward_is_the_block_math(capi):
     import jax.numpy as jnp
     import transformer_engine_comm.jax as tj
@@ -347,21 +365,10 @@ def test_block_gemm_lowers_to_the_custom_call(capi):
 def test_block_layers_training_step_lowers_to_block_gemms(capi, monkeypatch):
     """The MLP's jitted training step under Float8BlockScaling, lowered for CUDA with the
     library's GEMM: each dense's three GEMMs (forward, dgrad, wgrad) are block GEMM calls."""
-    import jax.numpy as jnp
-    import transformer_engine_comm.jax as tj
     from transformer_engine_comm.jax import fp8 as F
 
     monkeypatch.setattr(F, "BLOCK_GEMM", "library")
-    ctx = _ctx1(capi)
-    r = tj.Float8BlockScaling()
-    T, H, Fh = 256, 256, 512
-
-    def loss(x, w1, b1, w2, b2):
-        return jnp.mean(tj.mlp(x, w1, b1, w2, b2, ctx=ctx, fp8=r).astype(jnp.float32) ** 2)
-
-    shapes = [(T, H), (Fh, H), (Fh,), (H, Fh), (H,)]
-    args = [jax.ShapeDtypeStruct(s, jnp.bfloat16) for s in shapes]
-    txt = jax.jit(jax.grad(loss, argnums=range(5))).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    txt = _block_mlp_grad_for_cuda(capi, 256, 256, 512)
     calls = _block_calls(txt)
     assert len(calls) == 6, len(calls)
     dims = sorted((dict(x.split(" = ") for x in a.split(", "))["a_block_dim"][0],
@@ -496,22 +503,11 @@ def test_block_training_step_lowers_to_block_quantizes(capi, monkeypatch, casts,
     (x, w1, h, w2 forward; the two output gradients backward) is one block quantize call
     writing both directions, feeding the six block GEMMs their GEMM-ready scales; with
     BLOCK_CASTS "jnp" none (the jnp casts)."""
-    import jax.numpy as jnp
-    import transformer_engine_comm.jax as tj
     from transformer_engine_comm.jax import fp8 as F
 
     monkeypatch.setattr(F, "BLOCK_GEMM", "library")
     monkeypatch.setattr(F, "BLOCK_CASTS", casts)
-    ctx = _ctx1(capi)
-    r = tj.Float8BlockScaling()
-    T, H, Fh = 256, 384, 640
-
-    def loss(x, w1, b1, w2, b2):
-        return jnp.mean(tj.mlp(x, w1, b1, w2, b2, ctx=ctx, fp8=r).astype(jnp.float32) ** 2)
-
-    shapes = [(T, H), (Fh, H), (Fh,), (H, Fh), (H,)]
-    args = [jax.ShapeDtypeStruct(s, jnp.bfloat16) for s in shapes]
-    txt = jax.jit(jax.grad(loss, argnums=range(5))).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    txt = _block_mlp_grad_for_cuda(capi, 256, 384, 640)
     calls = _quantize_calls(txt)
     assert len(calls) == want, len(calls)
     assert len(_block_calls(txt)) == 6
