@@ -204,6 +204,25 @@ fn run_rank(
     super::call::run(&mut host, call, ws).map_err(|e| format!("rank {r}: {}", e.msg))
 }
 
+/// Replay the group's recorded device work (`log`) on `mem`, over the buffers of its
+/// engine (the first made; none at tp 1's direct calls).
+fn simulate_group(
+    log: &SharedLog<Dev>,
+    mem: &mut Mem,
+    engines: &HashMap<usize, Vec<DevPtr>>,
+) -> Res {
+    let bufs = engines.values().next().cloned().unwrap_or_default();
+    simulate(log, mem, &bufs)
+}
+
+/// Each rank's D (at its pointer) holds its expected values, written once.
+fn expect_each_rank(mem: &Mem, outs: &[(DevPtr, Vec<f32>)]) -> Res {
+    for (r, (pd, want)) in outs.iter().enumerate() {
+        expect_once(mem, *pd, want, &format!("rank {r}: D"))?;
+    }
+    Ok(())
+}
+
 /// Rank r's shares of the global A [m, k] and B [n, k] (with their shapes) and its D's
 /// shape: the all-gather splits m and n, the reductions split k.
 #[allow(clippy::type_complexity)]
@@ -294,8 +313,7 @@ fn check_comm_gemm(
         )?;
         outs.push((pd, dshape, gathered));
     }
-    let bufs = engines.values().next().cloned().unwrap_or_default();
-    simulate(&log, &mut mem, &bufs)?;
+    simulate_group(&log, &mut mem, &engines)?;
     for (r, (pd, dshape, gathered)) in outs.into_iter().enumerate() {
         let want: Vec<f32> = match kind {
             Kind::AllGather => {
@@ -410,12 +428,8 @@ fn check_block_comm_gemm(
         };
         outs.push((pd, want));
     }
-    let bufs = engines.values().next().cloned().unwrap_or_default();
-    simulate(&log, &mut mem, &bufs)?;
-    for (r, (pd, want)) in outs.iter().enumerate() {
-        expect_once(&mem, *pd, want, &format!("rank {r}: D"))?;
-    }
-    Ok(())
+    simulate_group(&log, &mut mem, &engines)?;
+    expect_each_rank(&mem, &outs)
 }
 
 #[test]
@@ -565,12 +579,8 @@ fn check_block_comm_gemm_ag(tp: usize, cfg: Cfg, modes: [crate::tensor::BlockMod
         )?;
         outs.push((pd, matmul_nt(&gathered, &a.deq, n, k, ml)));
     }
-    let bufs = engines.values().next().cloned().unwrap_or_default();
-    simulate(&log, &mut mem, &bufs)?;
-    for (r, (pd, want)) in outs.iter().enumerate() {
-        expect_once(&mem, *pd, want, &format!("rank {r}: D"))?;
-    }
-    Ok(())
+    simulate_group(&log, &mut mem, &engines)?;
+    expect_each_rank(&mem, &outs)
 }
 
 #[test]
