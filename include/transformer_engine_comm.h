@@ -1326,7 +1326,13 @@ void *nvte_comm_xla_block_gemm(void *call_frame);
  * transposed). Padding entries of a scale_inv (2D, block counts not multiples of 4) are
  * not written (the GEMM never reads them). Attributes: `block_dim` (1 or 2),
  * `power_2_scale` (bool, default false: each scale rounded down to a power of 2),
- * `amax_epsilon` (float, default 0), `rowwise`, `columnwise`. The initialize stage
+ * `amax_epsilon` (float, default 0), `rowwise`, `columnwise`; `gelu` (bool, default
+ * false: quantize GELU(x), tanh approximation, rounded to x's type, instead of x: the
+ * activation fused into its cast); `dbias` (bool: one more result `dbias_parts` f32
+ * [R/128, C], each 128-row tile's column sums of the values quantized, whose sum over
+ * the first dimension is a bias gradient); `dgelu` (bool: a second operand `pre`, x's
+ * shape and type; quantize x * GELU'(pre), the GELU's backward, rounded to x's type;
+ * not with `gelu`). The initialize stage
  * compiles and loads the kernel; the execute stage launches it (command-buffer
  * compatible: where no initialize stage ran first, it loads the kernel with the capture
  * mode relaxed, outside any graph being captured).

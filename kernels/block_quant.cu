@@ -17,7 +17,13 @@
 //                          stored as 128-byte runs of the [cols, rows] output.
 // The launch's flags (BlockQuantArgs::flags; NVTE_COMM_BLOCK_QUANT: on by default) pick
 // the faster paths: the 1D row scales once a row (bq_rows_1d) and 16-bit inputs' amaxes on
-// packed pairs; every path writes the same bytes.
+// packed pairs; every path writes the same bytes. BQ_GELU quantizes GELU(x) (the tanh
+// approximation, rounded to the input type: what a separate GELU would have stored) in
+// place of x, BQ_DGELU x * GELU'(act_in) (the GELU's backward: x the gradient at its
+// output, act_in its input, same shape and type) rounded the same way: the tile is
+// transformed in shared memory once it lands. A non-null `dbias`
+// receives each tile's column sums (f32, over its 128 rows, of the values quantized):
+// dbias[rb * cols + c], the partials of a bias gradient (their sum over rb).
 // Scale (TE's compute_scale_from_amax): amax raised to epsilon; amax 0, inf or NaN gives 1;
 // scale = fp8_max / amax (IEEE division), an overflow becomes the input type's largest
 // value; pow2 keeps only sign and exponent (rounds down to a power of 2). Values:
@@ -183,9 +189,12 @@ __device__ __forceinline__ float bq_block_max(float v, float *red) {
 // layout): the [rows, cols] matrix, the scale strides of the rowwise (s_r, s_c) and
 // columnwise (t_r, t_c) scale inverses, epsilon, pow2 (0 / 1), col_mode (BQ_COL_*), flags
 // (BQ_ROWS8: the 1D rows pass is bq_rows_1d, else bq_rows; BQ_PACKED: 16-bit inputs'
-// amaxes (2D tile, bq_rows_1d's, 1D columns') on packed pairs).
+// amaxes (2D tile, bq_rows_1d's, 1D columns') on packed pairs; BQ_GELU: GELU(x) is
+// quantized; BQ_DGELU: x * GELU'(act_in)).
 #define BQ_ROWS8 1
 #define BQ_PACKED 2
+#define BQ_GELU 4
+#define BQ_DGELU 8
 struct BlockQuantArgs {
   u64 rows, cols, s_r, s_c, t_r, t_c;
   float eps;
@@ -486,6 +495,81 @@ __device__ __forceinline__ float bq_tile_amax(const typename I::T *tile, BqShare
   return bq_block_max(m, sh.red());
 }
 
+// GELU, tanh approximation: 0.5 x (1 + tanh(u)) = x s with s = 1 / (1 + exp(-2 u)), u =
+// sqrt(2 / pi) (x + 0.044715 x^3); exp as ex2.approx (a few float ulps from the exact
+// value, below the 16-bit types' rounding). Its derivative: s + 2 x s (1 - s) du/dx.
+__device__ __forceinline__ float bq_gelu_sigmoid(float x) {
+  const float k = -2.0f * 0.7978845608028654f * 1.4426950408889634f;  // -2 sqrt(2/pi) log2(e)
+  const float t = k * x * fmaf(0.044715f, x * x, 1.0f);
+  float e;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(t));
+  return __fdividef(1.0f, 1.0f + e);
+}
+__device__ __forceinline__ float bq_gelu(float x) { return x * bq_gelu_sigmoid(x); }
+__device__ __forceinline__ float bq_dgelu(float x) {
+  const float s = bq_gelu_sigmoid(x);
+  const float du = 0.7978845608028654f * fmaf(3.0f * 0.044715f, x * x, 1.0f);
+  return fmaf(2.0f * x * du * s, 1.0f - s, s);
+}
+
+// The activation (flags: BQ_GELU, or BQ_DGELU with act_in) of the tile (r0, c0), in place,
+// each value rounded to the input type: every thread its own 16-byte chunks
+// (bq_load_tile's), which its own cp.async wrote (complete for it after the wait, before
+// the block's barrier); act_in's chunks read from global memory, the tile's place in it.
+template <class I>
+__device__ __forceinline__ void bq_act_own_chunks(typename I::T *tile, const typename I::T *act_in, u64 cols, u64 r0,
+                                                  u64 c0, int flags) {
+  typedef typename I::T T;
+  constexpr int per = 16 / (int)sizeof(T), per_row = BQ_TILE / per;
+  union Chunk {
+    uint4 u;
+    T v[per];
+  };
+#pragma unroll 4
+  for (int i = 0; i < BQ_TILE * BQ_TILE / per / BQ_THREADS; ++i) {
+    const int q = i * BQ_THREADS + threadIdx.x;
+    T *p = tile + q * per;
+    Chunk c;
+    c.u = *reinterpret_cast<const uint4 *>(p);
+    if ((flags & BQ_DGELU) != 0) {
+      Chunk a;
+      a.u = __ldg(reinterpret_cast<const uint4 *>(act_in + (r0 + q / per_row) * cols + c0 + (q % per_row) * per));
+#pragma unroll
+      for (int j = 0; j < per; ++j) c.v[j] = I::store(I::load(c.v[j]) * bq_dgelu(I::load(a.v[j])));
+    } else {
+#pragma unroll
+      for (int j = 0; j < per; ++j) c.v[j] = I::store(bq_gelu(I::load(c.v[j])));
+    }
+    *reinterpret_cast<uint4 *>(p) = c.u;
+  }
+}
+
+// The tile's column sums (f32, rows in order within each quarter, then the quarters in
+// order) into dbias[c] for its 128 columns: warp w sums columns (w / 4) * 64 + 2 * lane,
+// + 1 over rows (w % 4) * 32 .. + 31 into sh.col_part[w % 4], then thread c adds the four
+// quarters. Done (barrier) before anything else uses sh.
+template <class I>
+__device__ __forceinline__ void bq_column_sums(const typename I::T *tile, BqShared &sh, float *dbias) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int c = (warp >> 2) * 64 + 2 * lane, rq = (warp & 3) * 32;
+  float sa = 0.0f, sb = 0.0f;
+#pragma unroll 8
+  for (int r = 0; r < 32; ++r) {
+    float a, b;
+    bq_load_pair<I>(tile + (rq + r) * BQ_TILE + c, a, b);
+    sa += a;
+    sb += b;
+  }
+  sh.col_part[warp & 3][c] = sa;
+  sh.col_part[warp & 3][c + 1] = sb;
+  __syncthreads();
+  if (threadIdx.x < BQ_TILE) {
+    const int t = threadIdx.x;
+    dbias[t] = ((sh.col_part[0][t] + sh.col_part[1][t]) + sh.col_part[2][t]) + sh.col_part[3][t];
+  }
+  __syncthreads();
+}
+
 // Issue the cp.async loads of tile (r0, c0) of the input into `tile`.
 template <class I>
 __device__ __forceinline__ void bq_load_tile(typename I::T *tile, const typename I::T *in, u64 cols, u64 r0, u64 c0) {
@@ -505,13 +589,15 @@ __device__ __forceinline__ void bq_load_tile(typename I::T *tile, const typename
 }
 
 // Quantize tile (rb, cb), already in shared memory (`stage`: the tile, reused as the
-// transpose's staging area once read).
+// transpose's staging area once read); its column sums to dbias when not null.
 template <class I, class O, int TWO_D>
 __device__ __forceinline__ void bq_process_tile(unsigned char *stage, BqShared &sh, u8 *out, u8 *out_t, float *sinv,
-                                                float *sinv_t, const BlockQuantArgs &a, u64 rb, u64 cb) {
+                                                float *sinv_t, float *dbias, const BlockQuantArgs &a, u64 rb,
+                                                u64 cb) {
   const u64 r0 = rb * BQ_TILE, c0 = cb * BQ_TILE;
   const typename I::T *tile = reinterpret_cast<const typename I::T *>(stage);
   const int col_mode = a.col_mode;
+  if (dbias != nullptr) bq_column_sums<I>(tile, sh, dbias + rb * a.cols + c0);
   float tile_scale = 1.0f;
   if (TWO_D) {
     const float amax = (a.flags & BQ_PACKED) != 0 ? bq_tile_amax<I, true>(tile, sh) : bq_tile_amax<I, false>(tile, sh);
@@ -566,10 +652,13 @@ __device__ __forceinline__ void bq_process_tile(unsigned char *stage, BqShared &
 // (cols / 128); the host launches one block a tile), each loaded into shared memory, then
 // quantized. out: rowwise FP8 [rows, cols] or null; out_t: columnwise FP8 ([cols, rows] when
 // col_mode is transposed, [rows, cols] when compact) or null (col_mode none); sinv / sinv_t:
-// their scale inverses (strides in `a`); noop: TE's noop flag (1: do nothing) or null.
+// their scale inverses (strides in `a`); noop: TE's noop flag (1: do nothing) or null;
+// dbias: f32 [rows / 128, cols], each tile's column sums, or null; act_in: BQ_DGELU's
+// activation input ([rows, cols] of the input's type), else unused.
 template <class I, class O, int TWO_D>
 __device__ __forceinline__ void block_quantize_impl(const typename I::T *in, u8 *out, u8 *out_t, float *sinv,
-                                                    float *sinv_t, const float *noop, const BlockQuantArgs &a) {
+                                                    float *sinv_t, const float *noop, float *dbias,
+                                                    const typename I::T *act_in, const BlockQuantArgs &a) {
   if (noop != nullptr && *noop == 1.0f) return;
   extern __shared__ __align__(16) unsigned char bq_smem[];
   __shared__ BqShared sh;
@@ -578,8 +667,11 @@ __device__ __forceinline__ void block_quantize_impl(const typename I::T *in, u8 
     bq_load_tile<I>(reinterpret_cast<typename I::T *>(bq_smem), in, a.cols, (u64)(t / tiles_c) * BQ_TILE,
                     (u64)(t % tiles_c) * BQ_TILE);
     asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
+    if ((a.flags & (BQ_GELU | BQ_DGELU)) != 0)
+      bq_act_own_chunks<I>(reinterpret_cast<typename I::T *>(bq_smem), act_in, a.cols, (u64)(t / tiles_c) * BQ_TILE,
+                           (u64)(t % tiles_c) * BQ_TILE, a.flags);
     __syncthreads();
-    bq_process_tile<I, O, TWO_D>(bq_smem, sh, out, out_t, sinv, sinv_t, a, t / tiles_c, t % tiles_c);
+    bq_process_tile<I, O, TWO_D>(bq_smem, sh, out, out_t, sinv, sinv_t, dbias, a, t / tiles_c, t % tiles_c);
     __syncthreads();  // every read of the tile (and of `sh`) done before it is refilled
   }
 }
@@ -593,8 +685,9 @@ __device__ __forceinline__ void block_quantize_impl(const typename I::T *in, u8 
 #define BLOCK_QUANTIZE(mname, TWO_D, iname, I, oname, O)                                                \
   extern "C" __global__ void __launch_bounds__(BQ_THREADS, BQ_MINB_##iname)                           \
       block_quantize_##mname##_##iname##_##oname(const I::T *in, u8 *out, u8 *out_t, float *sinv,     \
-                                                 float *sinv_t, const float *noop, BlockQuantArgs args) { \
-    block_quantize_impl<I, O, TWO_D>(in, out, out_t, sinv, sinv_t, noop, args);                       \
+                                                 float *sinv_t, const float *noop, float *dbias,      \
+                                                 const I::T *act_in, BlockQuantArgs args) {           \
+    block_quantize_impl<I, O, TWO_D>(in, out, out_t, sinv, sinv_t, noop, dbias, act_in, args);        \
   }
 #define BLOCK_QUANTIZE_IN(mname, TWO_D, iname, I)   \
   BLOCK_QUANTIZE(mname, TWO_D, iname, I, e4m3, E4M3) \

@@ -4,7 +4,7 @@
 // padding left untouched) against a CPU reference written from TE's definitions; refused
 // shapes leave the output untouched; nvte_dequantize back to float32 / bfloat16 / float16
 // bit for bit; and the quantization's bandwidth (8192 x 8192 bf16, f16 and f32, 4096 x 4096
-// bf16) against a D2D copy measured in the same run, under each value of
+// and 16384 x 16384 bf16) against a D2D copy measured in the same run, under each value of
 // NVTE_COMM_BLOCK_QUANT (their outputs checked bit for bit against the default's).
 //
 //   test_block_quant [--seed N] [--no-bench] [--bench-only]
@@ -616,8 +616,8 @@ void bench_shape(cudaStream_t stream, Report &rep, NVTEDType dt, size_t M, size_
   }
 }
 
-// Bandwidth at 8192 x 8192 bf16 (the acceptance shape), then float16, float32 and a
-// smaller bf16 input.
+// Bandwidth at 8192 x 8192 bf16 (the acceptance shape), then float16, float32, a smaller
+// and a larger bf16 input (the launch's last, partly filled wave weighs less there).
 void bench(cudaStream_t stream, Report &rep) {
   std::printf("bench-ab columns: NVTE_COMM_BLOCK_QUANT =");
   for (int l = 0; l < kNumLaunches; ++l) std::printf(" %s", kLaunches[l]);
@@ -626,6 +626,7 @@ void bench(cudaStream_t stream, Report &rep) {
   bench_shape(stream, rep, kNVTEFloat16, 8192, 8192);
   bench_shape(stream, rep, kNVTEFloat32, 8192, 8192);
   bench_shape(stream, rep, kNVTEBFloat16, 4096, 4096);
+  bench_shape(stream, rep, kNVTEBFloat16, 16384, 16384);
 }
 
 }  // namespace

@@ -135,7 +135,11 @@ def trace_breakdown(trace_dir, steps):
     other = _union([iv for n, iv in kern if not COMM_RE.search(n)])
     hidden = _length(_intersect(comm, other))
     ms = 1e-3 / steps
-    return dict(gpu_busy=_length(allk) * ms, gemm=_length(gemm) * ms, comm=_length(comm) * ms,
+    per_name = {}
+    for n, (t0, t1) in kern:
+        per_name[n] = per_name.get(n, 0.0) + (t1 - t0) * ms
+    top = sorted(per_name.items(), key=lambda kv: -kv[1])[:12]
+    return dict(top_kernels=[(n[:60], round(v, 3)) for n, v in top],gpu_busy=_length(allk) * ms, gemm=_length(gemm) * ms, comm=_length(comm) * ms,
                 comm_hidden=hidden * ms, comm_exposed=(_length(comm) - hidden) * ms,
                 host=_length(_union([iv for _, iv in host])) * ms, kernels=len(kern) / steps,
                 host_events=sorted({n for n, _ in host})[:4])
@@ -333,11 +337,12 @@ def main():
                 jax.block_until_ready((params, loss))
                 wall = (time.perf_counter() - t0) * 1e3 / n
             bd = trace_breakdown(d, n)
-            row.update(profiled_step_ms=wall, **{k: v for k, v in bd.items() if k != "host_events"})
+            row.update(profiled_step_ms=wall, **{k: v for k, v in bd.items() if k not in ("host_events", "top_kernels")})
             print(f"profile ({n} steps, trace {d}): step {wall:.2f} ms, GPU busy {bd['gpu_busy']:.2f} ms, "
                   f"GEMM {bd['gemm']:.2f} ms, communication {bd['comm']:.2f} ms (exposed {bd['comm_exposed']:.2f}, "
                   f"hidden {bd['comm_hidden']:.2f}), host {bd['host']:.2f} ms (events {bd['host_events']}), "
                   f"kernels {bd['kernels']:.0f} per step", flush=True)
+            print("top kernels (ms a step): " + "; ".join(f"{n} {v:.3f}" for n, v in bd["top_kernels"]), flush=True)
         print("RESULT " + json.dumps(row), flush=True)
         results.append(row)
     if a.compare_bf16 and len(results) > 1 and results[0]["precision"] == "bf16":

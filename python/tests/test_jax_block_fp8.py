@@ -500,9 +500,10 @@ def test_block_casts_follow_the_gemm_mode(monkeypatch):
 @pytest.mark.parametrize("casts, want", [("auto", 6), ("jnp", 0)])
 def test_block_training_step_lowers_to_block_quantizes(capi, monkeypatch, casts, want):
     """The MLP's jitted training step, lowered for CUDA with the library's GEMM: every cast
-    (x, w1, h, w2 forward; the two output gradients backward) is one block quantize call
-    writing both directions, feeding the six block GEMMs their GEMM-ready scales; with
-    BLOCK_CASTS "jnp" none (the jnp casts)."""
+    (x, w1, gelu(h), w2 forward, the GELU fused into h's cast; the two output gradients
+    backward, each with its bias gradient, fc1's with the GELU's backward) is one block
+    quantize call writing both directions, feeding the six block GEMMs their GEMM-ready scales; with BLOCK_CASTS "jnp"
+    none (the jnp casts)."""
     from transformer_engine_comm.jax import fp8 as F
 
     monkeypatch.setattr(F, "BLOCK_GEMM", "library")
@@ -511,29 +512,40 @@ def test_block_training_step_lowers_to_block_quantizes(capi, monkeypatch, casts,
     calls = _quantize_calls(txt)
     assert len(calls) == want, len(calls)
     assert len(_block_calls(txt)) == 6
-    # The MLP's GELU backward rides in fc2's dgrad (DGELU epilogue): one such GEMM
-    assert [_kv(a)["dgelu"] for _, a, _, _ in _block_calls(txt)].count("true") == 1
+    # The MLP's GELU backward rides in fc1's output-gradient cast, not in a GEMM epilogue
+    assert [_kv(a)["dgelu"] for _, a, _, _ in _block_calls(txt)].count("true") == 0
     # The GEMMs take the library quantization's scales as they are: no conversion to the
     # GEMM-ready layout (the jnp casts' scales are transposed and padded to it)
     assert ("stablehlo.pad" in txt) == (want == 0)
     if not want:
         return
     got = sorted((ins, _kv(a)["block_dim"][0]) for _, a, ins, _ in calls)
-    # x [T, H] 1D, w1 [F, H] 2D, h [T, F] 1D, w2 [H, F] 2D; backward dy [T, H], dh [T, F] 1D
+    # x [T, H] 1D, w1 [F, H] 2D, h [T, F] 1D, w2 [H, F] 2D; backward dy [T, H], and the
+    # gradient at gelu(h) [T, F] 1D with h (the GELU's input) beside it
     assert got == sorted([("tensor<256x384xbf16>", "1"), ("tensor<640x384xbf16>", "2"), ("tensor<256x640xbf16>", "1"),
                           ("tensor<384x640xbf16>", "2"), ("tensor<256x384xbf16>", "1"),
-                          ("tensor<256x640xbf16>", "1")]), got
+                          ("tensor<256x640xbf16>, tensor<256x640xbf16>", "1")]), got
     for _, a, _, outs in calls:
         kv = _kv(a)
         assert kv["rowwise"] == kv["columnwise"] == "true" and kv["power_2_scale"] == "true", kv
-        assert len(outs.strip("()").split(", ")) == 4, outs
+        assert len(outs.strip("()").split(", ")) == 4 + (kv["dbias"] == "true"), outs
+    # The GELU rides in h's cast (fc2's input), its backward in fc1's output-gradient cast;
+    # the bias gradients in the output gradients' casts (one more result each: the [T/128,
+    # N] f32 partial sums)
+    fused = sorted((ins, _kv(a)["gelu"], _kv(a)["dgelu"], _kv(a)["dbias"], outs.strip("()").split(", ")[4:])
+                   for _, a, ins, outs in calls if "true" in (_kv(a)["gelu"], _kv(a)["dbias"]))
+    assert fused == sorted([("tensor<256x640xbf16>", "true", "false", "false", []),
+                            ("tensor<256x384xbf16>", "false", "false", "true", ["tensor<2x384xf32>"]),
+                            ("tensor<256x640xbf16>, tensor<256x640xbf16>", "false", "true", "true",
+                             ["tensor<2x640xf32>"])]), fused
 
 
 def test_block_mlp_gelu_backward_is_the_unfused_layers(capi):
-    """The block MLP's second layer takes the GELU's input and runs the GELU's backward with
-    its dgrad (on the library: the GEMM's DGELU epilogue); on the reference path that is
-    JAX's GELU VJP of the dgrad, so the loss and every gradient equal, bit for bit, those of
-    the layers composed by hand (column, jax.nn.gelu, row)."""
+    """The block MLP fuses the GELU into the second layer's input casts and its backward into
+    the first layer's output-gradient casts (on the library: the quantize kernel; on the
+    reference path: fp8.act_in_f32, float32 rounded once), so the loss and every gradient
+    equal, bit for bit, those of the layers composed by hand (column, a GELU computed the
+    same way, row)."""
     import jax.numpy as jnp
     import transformer_engine_comm.jax as tj
     from transformer_engine_comm.jax import fp8 as F
@@ -549,8 +561,11 @@ def test_block_mlp_gelu_backward_is_the_unfused_layers(capi):
     def fused(x, w1, b1, w2, b2):
         return tj.mlp(x, w1, b1, w2, b2, ctx=ctx, fp8=r)
 
+    gelu = jax.custom_vjp(lambda h: F.act_in_f32(h, gelu=True))
+    gelu.defvjp(lambda h: (F.act_in_f32(h, gelu=True), h), lambda h, g: (F.act_in_f32(g, dgelu_pre=h),))
+
     def by_hand(x, w1, b1, w2, b2):
-        h = jax.nn.gelu(tj.column_parallel_dense(x, w1, b1, ctx=ctx, fp8=r), approximate=True)
+        h = gelu(tj.column_parallel_dense(x, w1, b1, ctx=ctx, fp8=r))
         return tj.row_parallel_dense(h, w2, b2, ctx=ctx, fp8=r)
 
     def step(model):

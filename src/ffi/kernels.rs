@@ -188,6 +188,7 @@ impl ConfigAttrs {
             amax_epsilon: q.amax_epsilon,
             noop: q.noop,
             format: self.block_format.unwrap_or_default(),
+            ..Default::default()
         })
     }
 }

@@ -933,18 +933,25 @@ fn quantize_result(b: &XBuffer, what: &str, scale: bool) -> Result<Buffer> {
     Ok(t)
 }
 
-/// The operand, results and attributes as TE tensors (no device work). Operand: `x`
-/// [R, C] (f32 / bf16 / f16). Results: `q` [R, C] and its `scale_inv` when `rowwise`
-/// (default true), then `q_t` [C, R] and its `scale_inv_t` when `columnwise`.
+/// The operand, results and attributes as TE tensors (no device work). Operands: `x`
+/// [R, C] (f32 / bf16 / f16), then the GELU's input `pre` (x's shape and type) when
+/// `dgelu`. Results: `q` [R, C] and its `scale_inv` when `rowwise`
+/// (default true), then `q_t` [C, R] and its `scale_inv_t` when `columnwise`, then the
+/// bias-gradient partials `dbias_parts` f32 [R / 128, C] when `dbias`.
 fn decode_quantize(f: &Frame) -> Result<QuantizeCall> {
     let rowwise = f.flag_or("rowwise", true)?;
     let columnwise = f.flag("columnwise")?;
-    let want = 2 * (rowwise as usize + columnwise as usize);
-    if f.args.len() != 1 || f.rets.len() != want || want == 0 {
+    let dbias = f.flag("dbias")?;
+    let dgelu = f.flag("dgelu")?;
+    let dirs = 2 * (rowwise as usize + columnwise as usize);
+    let want = dirs + dbias as usize;
+    let args = 1 + dgelu as usize;
+    if f.args.len() != args || f.rets.len() != want || dirs == 0 {
         invalid!(
-            "{} operands and {} results given: a block quantization takes the input x and writes q, scale_inv (rowwise = {rowwise}) then q_t, scale_inv_t (columnwise = {columnwise}): 1 operand and {want} results, at least one direction",
+            "{} operands and {} results given: a block quantization takes the input x (and the GELU's input pre when dgelu = {dgelu}) and writes q, scale_inv (rowwise = {rowwise}) then q_t, scale_inv_t (columnwise = {columnwise}) then dbias_parts (dbias = {dbias}): {args} operand{} and {want} results, at least one direction",
             f.args.len(),
-            f.rets.len()
+            f.rets.len(),
+            if args == 1 { "" } else { "s" }
         );
     }
     let mode = block_mode_attr(f, "block_dim")?;
@@ -966,11 +973,21 @@ fn decode_quantize(f: &Frame) -> Result<QuantizeCall> {
         output.columnwise_data = quantize_result(f.rets[i], "result q_t", false)?;
         output.columnwise_scale_inv = quantize_result(f.rets[i + 1], "result scale_inv_t", true)?;
     }
+    let dbias_parts = match dbias {
+        true => tensor_of(f.rets[dirs], "result dbias_parts", None)?.data,
+        false => Buffer::default(),
+    };
     let cfg = crate::kernels::block::BlockQuantConfig {
         force_pow_2_scales: f.flag("power_2_scale")?,
         amax_epsilon: eps as f32,
         noop: DevPtr::NULL,
         format: crate::tensor::ScaleFormat::GemmReady,
+        gelu: f.flag("gelu")?,
+        dbias_parts,
+        dgelu_input: match dgelu {
+            true => tensor_of(f.args[1], "operand pre", None)?.data,
+            false => Buffer::default(),
+        },
     };
     let out_dtype = if rowwise {
         output.data.dtype
@@ -1033,7 +1050,13 @@ fn run_quantize(f: &Frame) -> Result<()> {
 /// transposed). Padding entries of a scale_inv (2D, block counts not multiples of 4) are
 /// not written (the GEMM never reads them). Attributes: `block_dim` (1 or 2),
 /// `power_2_scale` (bool, default false: each scale rounded down to a power of 2),
-/// `amax_epsilon` (float, default 0), `rowwise`, `columnwise`. The initialize stage
+/// `amax_epsilon` (float, default 0), `rowwise`, `columnwise`; `gelu` (bool, default
+/// false: quantize GELU(x), tanh approximation, rounded to x's type, instead of x: the
+/// activation fused into its cast); `dbias` (bool: one more result `dbias_parts` f32
+/// [R/128, C], each 128-row tile's column sums of the values quantized, whose sum over
+/// the first dimension is a bias gradient); `dgelu` (bool: a second operand `pre`, x's
+/// shape and type; quantize x * GELU'(pre), the GELU's backward, rounded to x's type;
+/// not with `gelu`). The initialize stage
 /// compiles and loads the kernel; the execute stage launches it (command-buffer
 /// compatible: where no initialize stage ran first, it loads the kernel with the capture
 /// mode relaxed, outside any graph being captured).
@@ -1413,6 +1436,70 @@ mod tests {
             &[("block_dim", 1)],
         );
         quantize_refused(&g, Inv, "1 operand and 2 results");
+    }
+
+    #[test]
+    fn block_quantize_fusions_take_their_operand_and_result() {
+        use ErrorKind::InvalidArgument as Inv;
+        let api = api();
+        let (args, rets) = quantize_frame_bufs(1);
+        let f = |a, r, at| frame(&api, STAGE_EXECUTE, a, r, at);
+        // The fusions: dgelu takes the GELU's input as a second operand (x's shape and
+        // type), dbias writes one more result (f32 [R / 128, C]); gelu and dgelu exclude
+        // each other.
+        let x = || buf(XDT_BF16, &[256, 384]);
+        let with_parts = |p: &[i64]| {
+            let mut r = quantize_frame_bufs(1).1;
+            r.truncate(2);
+            r.push(buf(XDT_F32, p));
+            r
+        };
+        let (pre, parts) = (vec![x(), x()], with_parts(&[2, 384]));
+        let one = [("block_dim", 1)];
+        quantize_refused(
+            &f(
+                &args,
+                &parts,
+                &[("block_dim", 1), ("dbias", 1), ("dgelu", 1)],
+            ),
+            Inv,
+            "2 operands and 3 results",
+        );
+        quantize_refused(&f(&pre, &rets[..2], &one), Inv, "1 operand and 2 results");
+        quantize_refused(&f(&args, &parts, &one), Inv, "1 operand and 2 results");
+        let bad_parts = with_parts(&[256, 384]);
+        quantize_refused(
+            &f(&args, &bad_parts, &[("block_dim", 1), ("dbias", 1)]),
+            Inv,
+            "kNVTEFloat32 [2, 384]",
+        );
+        let wrong_pre = vec![x(), buf(XDT_F32, &[256, 384])];
+        quantize_refused(
+            &f(&wrong_pre, &rets[..2], &[("block_dim", 1), ("dgelu", 1)]),
+            Inv,
+            "the input's type and shape",
+        );
+        quantize_refused(
+            &f(
+                &pre,
+                &rets[..2],
+                &[("block_dim", 1), ("dgelu", 1), ("gelu", 1)],
+            ),
+            Inv,
+            "not both",
+        );
+        let g = f(
+            &pre,
+            &parts,
+            &[("block_dim", 1), ("dgelu", 1), ("dbias", 1)],
+        );
+        let c = decode_quantize(&g).unwrap();
+        assert!(
+            !c.cfg.gelu && !c.cfg.dgelu_input.ptr.is_null() && !c.cfg.dbias_parts.ptr.is_null()
+        );
+        assert_eq!(c.cfg.dbias_parts.shape.as_slice(), &[2, 384]);
+        let c = decode_quantize(&f(&args, &rets[..2], &[("block_dim", 1), ("gelu", 1)])).unwrap();
+        assert!(c.cfg.gelu && c.cfg.dgelu_input.ptr.is_null() && c.cfg.dbias_parts.ptr.is_null());
     }
 
     /// Call `handler` through its C entry with an execute-stage frame of `args` and `rets`

@@ -35,7 +35,7 @@ pub struct BlockQuantArgs {
     pub pow2: i32,
     /// 0: no columnwise output, 1: transposed ([cols, rows]), 2: compact (the input's layout).
     pub col_mode: i32,
-    /// FLAG_ROWS8 | FLAG_PACKED (kernels/block_quant.cu's BQ_ROWS8, BQ_PACKED).
+    /// FLAG_ROWS8 | FLAG_PACKED | FLAG_GELU | FLAG_DGELU (kernels/block_quant.cu's BQ_*).
     pub flags: i32,
 }
 
@@ -45,8 +45,10 @@ unsafe impl KernelArg for BlockQuantArgs {
 }
 
 /// block_quantize_<1d|2d>_<in>_<out>(const I::T *in, u8 *out, u8 *out_t, float *sinv,
-/// float *sinv_t, const float *noop, BlockQuantArgs args)
+/// float *sinv_t, const float *noop, float *dbias, const I::T *act_in, BlockQuantArgs args)
 type QuantParams = (
+    DevPtr,
+    DevPtr,
     DevPtr,
     DevPtr,
     DevPtr,
@@ -98,6 +100,16 @@ pub struct BlockQuantConfig {
     /// The layout to write (kNVTEQuantizationConfigFloat8BlockScaleTensorFormat; 2D
     /// tensors have one layout).
     pub format: ScaleFormat,
+    /// Quantize GELU(x) (tanh approximation, rounded to the input type: what a GELU
+    /// stored first would give) instead of x: an activation fused into its cast.
+    pub gelu: bool,
+    /// The GELU's input (NULL: none), the input's shape and type: quantize x *
+    /// GELU'(dgelu_input) (x the gradient at the GELU's output), rounded to the input
+    /// type: the GELU's backward fused into its gradient's cast. Not with `gelu`.
+    pub dgelu_input: Buffer,
+    /// f32 [rows / 128, cols] (NULL: none): each 128-row tile's column sums of the values
+    /// quantized, the partials of a bias gradient (summed over the first dimension).
+    pub dbias_parts: Buffer,
 }
 
 /// A checked block quantization: what the kernel is given.
@@ -110,8 +122,9 @@ pub struct QuantizePlan {
     pub cols: usize,
     pub row: Option<BlockLayout>,
     pub col: Option<BlockLayout>,
-    /// in, out, out_t, sinv, sinv_t (NULL where a direction is absent)
-    pub ptrs: [DevPtr; 5],
+    /// in, out, out_t, sinv, sinv_t (NULL where a direction is absent), dbias partials
+    /// and the DGELU input (NULL: none)
+    pub ptrs: [DevPtr; 7],
 }
 
 impl QuantizePlan {
@@ -320,8 +333,53 @@ fn plan_quantize(
             ptr(col, ot),
             ptr(row, &output.scale_inv),
             ptr(col, &output.columnwise_scale_inv),
+            dbias_parts(&cfg.dbias_parts, rows, cols)?,
+            dgelu_input(cfg, i)?,
         ],
     }))
+}
+
+/// The pointer of a quantization's DGELU input, checked: NULL, or the input's type and
+/// shape, 16-byte aligned, and not with `gelu`.
+fn dgelu_input(cfg: &BlockQuantConfig, input: &Buffer) -> Result<DevPtr> {
+    let b = &cfg.dgelu_input;
+    if b.ptr.is_null() {
+        return Ok(DevPtr::NULL);
+    }
+    if cfg.gelu {
+        invalid!("a quantization fuses the GELU (its forward) or its backward (DGELU), not both");
+    }
+    if b.dtype != input.dtype || b.shape != input.shape {
+        invalid!(
+            "the DGELU input is {} of shape {}: it must be the input's type and shape ({} {})",
+            b.dtype.name(),
+            b.shape,
+            input.dtype.name(),
+            input.shape
+        );
+    }
+    check_aligned(b, 16, "the DGELU input")?;
+    Ok(b.ptr)
+}
+
+/// The pointer of a quantization's bias-gradient partials, checked: NULL, or f32 [rows /
+/// 128, cols], 4-byte aligned.
+fn dbias_parts(b: &Buffer, rows: usize, cols: usize) -> Result<DevPtr> {
+    if b.ptr.is_null() {
+        return Ok(DevPtr::NULL);
+    }
+    let want = [rows / TILE, cols];
+    if b.dtype != DType::F32 || b.shape.as_slice() != want {
+        invalid!(
+            "the bias-gradient partials are {} of shape {}: they must be kNVTEFloat32 [{}, {}] (one row a 128-row tile of the [{rows}, {cols}] input)",
+            b.dtype.name(),
+            b.shape,
+            want[0],
+            want[1]
+        );
+    }
+    check_aligned(b, 4, "the bias-gradient partials")?;
+    Ok(b.ptr)
 }
 
 /// Raise the function's dynamic shared-memory limit to `bytes` once per (context, function).
@@ -356,6 +414,10 @@ const FLAG_ROWS8: i32 = 1;
 /// BlockQuantArgs::flags: 16-bit inputs' amaxes (the 2D tile's, the FLAG_ROWS8 rows
 /// pass's, the 1D columns') on packed pairs (bf16x2 / f16x2 abs and max).
 const FLAG_PACKED: i32 = 2;
+/// BlockQuantArgs::flags: GELU(x) quantized (BlockQuantConfig::gelu).
+const FLAG_GELU: i32 = 4;
+/// BlockQuantArgs::flags: x * GELU'(act_in) quantized (BlockQuantConfig::dgelu_input).
+const FLAG_DGELU: i32 = 8;
 
 /// The kernel's flags NVTE_COMM_BLOCK_QUANT selects (read at each call): `fast`
 /// (default) both, `previous` neither (the previous kernel's paths, for A/B benches).
@@ -396,19 +458,26 @@ pub fn quantize(
     let smem = (TILE * TILE * plan.in_dtype.bits() / 8) as u32;
     allow_shared(guard.id, k.raw(), smem)?;
     let grid = ((plan.rows / TILE) * (plan.cols / TILE)) as u32;
-    let [src, dst, dst_t, sinv, sinv_t] = plan.ptrs;
+    let [src, dst, dst_t, sinv, sinv_t, dbias, act_in] = plan.ptrs;
+    let act = match (cfg.gelu, act_in.is_null()) {
+        (true, _) => FLAG_GELU,
+        (false, false) => FLAG_DGELU,
+        (false, true) => 0,
+    };
     let args = BlockQuantArgs {
-        flags,
+        flags: flags | act,
         ..plan.args(cfg)
     };
-    let params = (src, dst, dst_t, sinv, sinv_t, cfg.noop, args);
+    let params = (src, dst, dst_t, sinv, sinv_t, cfg.noop, dbias, act_in, args);
     // SAFETY: `k` is block_quantize_<mode>_<in>_<out> of kernels/block_quant.cu, loaded in
     // the stream's context (held by `guard`), with its dynamic shared memory allowed
     // (`smem`: one 128x128 input tile). Checked by plan_quantize: the input holds rows *
     // cols elements, rows and cols multiples of 128 (fewer than 2^31 tiles), 16-byte
     // aligned; each FP8 output present holds rows * cols bytes (16-byte aligned) with its
     // scale_inv of TE's shape for the strides given (4-byte aligned), absent ones NULL; noop
-    // NULL or one float; flags any of the kernel's. The grid is one block of THREADS a tile
+    // NULL or one float; dbias NULL or f32 [rows / 128, cols] (4-byte aligned); act_in NULL
+    // or the input's type and size (16-byte aligned), with FLAG_DGELU exactly when not NULL;
+    // flags any of the kernel's. The grid is one block of THREADS a tile
     // (the kernel's launch bounds).
     unsafe { k.launch_shared(((grid, 1, 1), (THREADS, 1, 1)), smem, stream, params)? };
     Ok(plan.format())
@@ -813,7 +882,10 @@ mod tests {
             (256, 384, 1, 256, 384, 1)
         );
         assert_eq!((a.pow2, a.eps, a.col_mode), (1, 0.5, 1));
-        assert_eq!(p.ptrs.map(|q| q.is_null()), [false; 5]);
+        assert_eq!(
+            p.ptrs.map(|q| q.is_null()),
+            [false, false, false, false, false, true, true]
+        );
         // 1D compact: rowwise scales [rows, cols / 128], columnwise data untransposed.
         let o = output(BlockMode::OneD, Compact, 256, 384, true, true);
         let p = plan_quantize(&i, &o, &cfg(Compact)).unwrap().unwrap();
@@ -836,6 +908,85 @@ mod tests {
         let e = input(DType::F32, &[0, 384]);
         let o = output(BlockMode::OneD, GemmReady, 0, 384, true, false);
         assert!(plan_quantize(&e, &o, &cfg(GemmReady)).unwrap().is_none());
+    }
+
+    #[test]
+    fn bias_gradient_partials_are_one_row_a_tile() {
+        let i = input(DType::BF16, &[256, 384]);
+        let o = output(
+            BlockMode::OneD,
+            ScaleFormat::GemmReady,
+            256,
+            384,
+            false,
+            true,
+        );
+        let with = |dtype, dims: &[usize], at| BlockQuantConfig {
+            gelu: true,
+            dbias_parts: buf(at, dtype, dims),
+            ..cfg(ScaleFormat::GemmReady)
+        };
+        let c = with(DType::F32, &[2, 384], 0x60_0000);
+        let p = plan_quantize(&i, &o, &c).unwrap().unwrap();
+        assert_eq!(p.ptrs[5], c.dbias_parts.ptr);
+        for (dtype, dims, at) in [
+            (DType::F32, &[1usize, 384][..], 0x60_0000),
+            (DType::F32, &[2, 256], 0x60_0000),
+            (DType::BF16, &[2, 384], 0x60_0000),
+        ] {
+            refused(&i, &o, &with(dtype, dims, at), "kNVTEFloat32 [2, 384]");
+        }
+        refused(
+            &i,
+            &o,
+            &with(DType::F32, &[2, 384], 0x60_0002),
+            "4-byte aligned",
+        );
+    }
+
+    #[test]
+    fn the_dgelu_input_is_the_inputs_shape_and_not_with_gelu() {
+        let i = input(DType::BF16, &[256, 384]);
+        let o = output(
+            BlockMode::OneD,
+            ScaleFormat::GemmReady,
+            256,
+            384,
+            true,
+            true,
+        );
+        let with = |gelu, dtype, dims: &[usize], at| BlockQuantConfig {
+            gelu,
+            dgelu_input: buf(at, dtype, dims),
+            ..cfg(ScaleFormat::GemmReady)
+        };
+        let c = with(false, DType::BF16, &[256, 384], 0x70_0000);
+        let p = plan_quantize(&i, &o, &c).unwrap().unwrap();
+        assert_eq!(p.ptrs[6], c.dgelu_input.ptr);
+        refused(
+            &i,
+            &o,
+            &with(true, DType::BF16, &[256, 384], 0x70_0000),
+            "not both",
+        );
+        refused(
+            &i,
+            &o,
+            &with(false, DType::F32, &[256, 384], 0x70_0000),
+            "the input's type and shape",
+        );
+        refused(
+            &i,
+            &o,
+            &with(false, DType::BF16, &[384, 256], 0x70_0000),
+            "the input's type and shape",
+        );
+        refused(
+            &i,
+            &o,
+            &with(false, DType::BF16, &[256, 384], 0x70_0008),
+            "16-byte aligned",
+        );
     }
 
     fn refused(i: &Tensor, o: &Tensor, c: &BlockQuantConfig, want: &str) {

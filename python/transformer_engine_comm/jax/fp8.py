@@ -421,17 +421,24 @@ def compact_scales(t: BlockQReady, block_dim: int) -> BlockQ:
 
 
 def quantize_block_library(x, block_dim: int, *, columnwise: bool = False, rowwise: bool = True,
-                           power_2_scale: bool = True, amax_epsilon: float = 0.0, dtype="float8_e4m3fn"):
+                           power_2_scale: bool = True, amax_epsilon: float = 0.0, dtype="float8_e4m3fn",
+                           gelu: bool = False, dbias: bool = False, dgelu_pre=None):
     """The block casts of ``x`` ``[R, C]`` on the library's kernel (:func:`ops.block_quantize
     <transformer_engine_comm.jax.ops.block_quantize>`: one read of the input for both
     forms; R and C multiples of 128): ``(rowwise, columnwise)`` :class:`BlockQReady` (or
     None where not asked for), the same bits as :func:`quantize_block` and
-    :func:`block_columnwise`. GPU only."""
+    :func:`block_columnwise`. ``gelu``: the casts of ``gelu(x)`` (tanh approximation) from
+    the one read; ``dgelu_pre``: of ``x * gelu'(dgelu_pre)`` (the GELU's backward);
+    ``dbias``: a third value, the float32 column sums of what was cast (a bias gradient).
+    :func:`act_in_f32` computes the same values in jnp. GPU only."""
     from . import ops
 
-    row, col = ops.block_quantize(x, block_dim, power_2_scale=power_2_scale, amax_epsilon=amax_epsilon,
-                                  rowwise=rowwise, columnwise=columnwise, dtype=dtype)
-    return (None if row is None else BlockQReady(*row)), (None if col is None else BlockQReady(*col))
+    res = ops.block_quantize(x, block_dim, power_2_scale=power_2_scale, amax_epsilon=amax_epsilon,
+                             rowwise=rowwise, columnwise=columnwise, dtype=dtype, gelu=gelu, dbias=dbias,
+                             dgelu_pre=dgelu_pre)
+    row, col = res[0], res[1]
+    casts = (None if row is None else BlockQReady(*row)), (None if col is None else BlockQReady(*col))
+    return casts + (res[2],) if dbias else casts
 
 
 def dequantize_block(t: BlockQ, block_dim: int, dtype="float32"):
@@ -446,6 +453,21 @@ def dequantize_block(t: BlockQ, block_dim: int, dtype="float32"):
     if block_dim == 2:
         s = jnp.repeat(s, BLOCK_LEN, axis=0)[:r]
     return (t.q.astype(jnp.float32) * s).astype(dtype)
+
+
+def act_in_f32(x, gelu: bool = False, dgelu_pre=None):
+    """What the library's fused casts quantize, in jnp: ``gelu(x)`` (tanh approximation) or
+    ``x * gelu'(dgelu_pre)``, computed in float32 and rounded once to ``x``'s dtype (``x``
+    itself with neither)."""
+    import jax
+    import jax.numpy as jnp
+
+    if gelu:
+        return jax.nn.gelu(x.astype(jnp.float32), approximate=True).astype(x.dtype)
+    if dgelu_pre is not None:
+        _, vjp = jax.vjp(lambda v: jax.nn.gelu(v, approximate=True), dgelu_pre.astype(jnp.float32))
+        return vjp(x.astype(jnp.float32))[0].astype(x.dtype)
+    return x
 
 
 def _gelu_vjp(pre, g):

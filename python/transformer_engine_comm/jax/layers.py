@@ -309,17 +309,26 @@ _fp8 = _fp8_layer()
 # ---------------------------------------------------------------- block-scaled FP8
 
 
-def _block_casts(t, role: int, cfg: _Cfg, columnwise: bool):
-    """(rowwise, columnwise or None) block casts of ``t`` for ``role`` under the layer's
-    recipe: on the library's kernel (both from one read, GEMM-ready scales:
-    ``fp8.BlockQReady``) where ``fp8.block_casts_on_library`` says so, else in jnp
-    (``fp8.BlockQ``); the same bits either way."""
+def _block_casts(t, role: int, cfg: _Cfg, columnwise: bool, gelu: bool = False, dbias: bool = False,
+                 dgelu_pre=None):
+    """(rowwise, columnwise or None, dbias or None) block casts of ``t`` (``gelu(t)`` with
+    ``gelu``, tanh approximation; ``t * gelu'(dgelu_pre)``, its backward, with
+    ``dgelu_pre``) for ``role`` under the layer's recipe, and with ``dbias`` the float32
+    column sums of what was cast (a bias gradient): on the library's kernel (everything
+    from one read, GEMM-ready scales: ``fp8.BlockQReady``) where
+    ``fp8.block_casts_on_library`` says so, else in jnp (``fp8.BlockQ``, the activation by
+    ``fp8.act_in_f32``); the same bits either way (with an activation: up to the last
+    float bits of its exp)."""
     r = cfg.recipe
     d, q = r.block_dims[role], r.qparams[role]
     kw = dict(power_2_scale=q.power_2_scale, amax_epsilon=q.amax_epsilon)
     if _f8.block_casts_on_library(t.shape, t.dtype, cfg.block_gemm, cfg.block_casts):
-        return _f8.quantize_block_library(t, d, columnwise=columnwise, **kw)
-    return _f8.quantize_block(t, d, **kw), (_f8.block_columnwise(t, d, **kw) if columnwise else None)
+        res = _f8.quantize_block_library(t, d, columnwise=columnwise, gelu=gelu, dbias=dbias, dgelu_pre=dgelu_pre,
+                                         **kw)
+        return res if dbias else res + (None,)
+    t = _f8.act_in_f32(t, gelu, dgelu_pre)
+    db = t.astype(jnp.float32).sum(0) if dbias else None
+    return _f8.quantize_block(t, d, **kw), (_f8.block_columnwise(t, d, **kw) if columnwise else None), db
 
 
 def _block_exact_bf16(r) -> bool:
@@ -336,15 +345,17 @@ def _block_kind(cfg: _Cfg) -> str:
     return cfg.kind
 
 
-def _block_fwd(x, w, bias, cfg: _Cfg):
+def _block_fwd(x, w, bias, cfg: _Cfg, gelu_input: bool = False):
+    """The block layer's forward; with ``gelu_input`` of ``gelu(x)`` (tanh approximation),
+    the GELU fused into x's casts (never stored)."""
     r = cfg.recipe
     xd, wd, _ = r.block_dims
     kind, ax = _block_kind(cfg), cfg.ctx.axis
     out_dt = x.dtype if x.dtype in (jnp.bfloat16, jnp.float16, jnp.float32) else jnp.bfloat16
     if kind == "col_sp":  # the input gathered over the tokens before its casts
         x = jax.lax.all_gather(x, ax, axis=0, tiled=True)
-    xr, xc = _block_casts(x, _f8.INPUT, cfg, True)
-    wr, wc = _block_casts(w, _f8.WEIGHT, cfg, True)
+    xr, xc, _ = _block_casts(x, _f8.INPUT, cfg, True, gelu=gelu_input)
+    wr, wc, _ = _block_casts(w, _f8.WEIGHT, cfg, True)
     exact = _block_exact_bf16(r)
     if kind in ("row_sp", "row_ar"):  # partial sums reduced in f32 over the axis
         y = _f8.block_dot(xr, xd, wr, wd, jnp.float32, exact, cfg.block_gemm)
@@ -359,9 +370,10 @@ def _block_fwd(x, w, bias, cfg: _Cfg):
     return y, (xc, wc, bias, jnp.zeros((0,), x.dtype), jnp.zeros((0,), w.dtype))
 
 
-def _block_bwd(cfg: _Cfg, res, dy, dgelu_pre=None):
-    """The block layer's backward; with ``dgelu_pre`` (the layer's input was
-    ``gelu(dgelu_pre)``, :func:`_block_gelu`) its dx is the gradient at ``dgelu_pre``."""
+def _block_bwd(cfg: _Cfg, res, dy, act_pre=None):
+    """The block layer's backward; with ``act_pre`` (the layer's output ``y`` feeds
+    ``gelu(y)``, ``act_pre`` = y, and ``dy`` is the gradient at the GELU's output: the MLP's
+    first layer, :func:`_block_mlp`) the GELU's backward is fused into dy's casts."""
     xc, wc, bias, x_dt, w_dt = res
     r = cfg.recipe
     xd, wd, gd = r.block_dims
@@ -373,16 +385,18 @@ def _block_bwd(cfg: _Cfg, res, dy, dgelu_pre=None):
         g = jax.lax.all_gather(dy, ax, axis=0, tiled=True)
     elif kind == "row_ar":  # replicated output: each device holds 1/tp of its cotangent (see _bf16_bwd)
         g = dy * cfg.ctx.size
-    gr, gc = _block_casts(g, _f8.GRAD, cfg, True)
+    if act_pre is not None and kind not in ("local", "col_sp"):
+        raise ValueError("the GELU's backward fuses into a column-parallel (first) layer's casts")
+    # The bias gradient from the casts' read where g is this device's dy (its share).
+    fuse_db = bias is not None and kind in ("local", "col_sp")
+    gr, gc, db = _block_casts(g, _f8.GRAD, cfg, True, dbias=fuse_db, dgelu_pre=act_pre)
     if kind == "col_sp":  # dx = RS(dy . w), reduced in f32
         dx = _f8.block_dot(gr, gd, wc, wd, jnp.float32, exact, cfg.block_gemm)  # dy [T, N/tp] . (w^T [K, N/tp])^T
         dx = jax.lax.psum_scatter(dx, ax, scatter_dimension=0, tiled=True).astype(out_dt)
-        if dgelu_pre is not None:
-            dx = _f8._gelu_vjp(dgelu_pre, dx)
-    else:  # the GELU's backward in the GEMM's epilogue on the library
-        dx = _f8.block_dot(gr, gd, wc, wd, out_dt, exact, cfg.block_gemm, dgelu_pre=dgelu_pre)
+    else:
+        dx = _f8.block_dot(gr, gd, wc, wd, out_dt, exact, cfg.block_gemm)
     dw = _f8.block_dot(gc, gd, xc, xd, w_dt.dtype, exact, cfg.block_gemm)  # dy^T [N, T] . (x^T [K, T])^T
-    return dx, dw, _bias_share(bias, dy)
+    return dx, dw, (db.astype(bias.dtype) if fuse_db else _bias_share(bias, dy))
 
 
 def _block_layer():
@@ -394,25 +408,32 @@ def _block_layer():
 _block = _block_layer()
 
 
-def _block_gelu_fwd(pre, w, bias, cfg: _Cfg):
-    y, res = _block_fwd(jax.nn.gelu(pre, approximate=True), w, bias, cfg)
-    return y, (res, pre)
+def _block_mlp_fwd(x, w1, b1, w2, b2, cfg1: _Cfg, cfg2: _Cfg):
+    h, res1 = _block_fwd(x, w1, b1, cfg1)
+    y, res2 = _block_fwd(h, w2, b2, cfg2, gelu_input=True)
+    return y, (res1, res2, h)
 
 
-def _block_gelu_bwd(cfg: _Cfg, res, dy):
-    res, pre = res
-    return _block_bwd(cfg, res, dy, dgelu_pre=pre)
+def _block_mlp_bwd(cfg1: _Cfg, cfg2: _Cfg, res, dy):
+    res1, res2, h = res
+    dg, dw2, db2 = _block_bwd(cfg2, res2, dy)  # dg: the gradient at gelu(h)
+    dx, dw1, db1 = _block_bwd(cfg1, res1, dg, act_pre=h)
+    return dx, dw1, db1, dw2, db2
 
 
-def _block_gelu_layer():
-    """``dense(gelu(pre))`` under block scaling (the MLP's second layer): the GELU's
-    backward rides in the dgrad GEMM's epilogue (DGELU) on the library, no pass of its own."""
-    f = jax.custom_vjp(lambda pre, w, bias, cfg: _block_gelu_fwd(pre, w, bias, cfg)[0], nondiff_argnums=(3,))
-    f.defvjp(_block_gelu_fwd, _block_gelu_bwd)
+def _block_mlp_layer():
+    """``row(gelu(column(x)))`` under block scaling as one differentiable function: the
+    GELU rides in the second layer's input casts (forward) and in the first layer's
+    output-gradient casts (backward, with that layer's bias gradient), neither a pass of
+    its own; the GEMMs run without epilogue activations (cuBLASLt's DGELU epilogue for
+    block-scaled GEMMs runs as a separate kernel)."""
+    f = jax.custom_vjp(lambda x, w1, b1, w2, b2, c1, c2: _block_mlp_fwd(x, w1, b1, w2, b2, c1, c2)[0],
+                       nondiff_argnums=(5, 6))
+    f.defvjp(_block_mlp_fwd, _block_mlp_bwd)
     return f
 
 
-_block_gelu = _block_gelu_layer()
+_block_mlp = _block_mlp_layer()
 
 
 def _dense(x, w, bias, cfg: _Cfg, meta):
@@ -445,13 +466,15 @@ def column_parallel_dense(x, w, bias=None, *, ctx: TPContext, sequence_parallel:
     (``CurrentScaling()``) or a recipe; ``fp8_meta``: this layer's state under
     ``DelayedScaling`` (its gradient is the state with this step's amaxes recorded: see
     :mod:`transformer_engine_comm.jax.fp8`)."""
+    return _dense(x, w, bias, _col_cfg(ctx, sequence_parallel, fp8, comm_sms, library), fp8_meta)
+
+
+def _col_cfg(ctx: TPContext, sequence_parallel: bool, fp8, comm_sms: int, library: Optional[bool]) -> _Cfg:
     recipe = _f8.as_recipe(fp8)
     if sequence_parallel:
         lib = _use_library(ctx, library)
-        cfg = _Cfg(ctx, "col_sp" if lib else "local", recipe, _comm_sms_arg(comm_sms), lib)
-    else:  # x replicated: nothing to communicate
-        cfg = _Cfg(ctx, "local", recipe, _comm_sms_arg(comm_sms), False)
-    return _dense(x, w, bias, cfg, fp8_meta)
+        return _Cfg(ctx, "col_sp" if lib else "local", recipe, _comm_sms_arg(comm_sms), lib)
+    return _Cfg(ctx, "local", recipe, _comm_sms_arg(comm_sms), False)  # x replicated: nothing to communicate
 
 
 def row_parallel_dense(x, w, bias=None, *, ctx: TPContext, sequence_parallel: bool = True, fp8=False,
@@ -481,11 +504,11 @@ def mlp(x, w1, b1, w2, b2, *, ctx: TPContext, sequence_parallel: bool = True, fp
             raise ValueError("mlp's fp8_meta is a pair of FP8Meta (tj.fp8_meta_init(recipe, 2))")
         m1, m2 = fp8_meta
     kw = dict(ctx=ctx, sequence_parallel=sequence_parallel, fp8=fp8, comm_sms=comm_sms, library=library)
-    h = column_parallel_dense(x, w1, b1, fp8_meta=m1, **kw)
     cfg = _row_cfg(ctx, sequence_parallel, fp8, comm_sms, library)
-    if cfg.recipe is not None and cfg.recipe.block:  # the GELU's backward in the dgrad's epilogue
-        if m2 is not None:
+    if cfg.recipe is not None and cfg.recipe.block:  # the GELU in the casts, both ways
+        if fp8_meta is not None:
             raise ValueError("Float8BlockScaling has no state: pass fp8_meta=None")
-        return _block_gelu(h, w2, b2, cfg)
+        return _block_mlp(x, w1, b1, w2, b2, _col_cfg(ctx, sequence_parallel, fp8, comm_sms, library), cfg)
+    h = column_parallel_dense(x, w1, b1, fp8_meta=m1, **kw)
     h = jax.nn.gelu(h, approximate=True)
     return row_parallel_dense(h, w2, b2, fp8_meta=m2, **kw)

@@ -399,7 +399,8 @@ def block_quantize_fits(shape, dtype) -> bool:
 
 
 def block_quantize(x, block_dim: int, *, power_2_scale: bool = True, amax_epsilon: float = 0.0,
-                   rowwise: bool = True, columnwise: bool = False, dtype="float8_e4m3fn"):
+                   rowwise: bool = True, columnwise: bool = False, dtype="float8_e4m3fn", gelu: bool = False,
+                   dbias: bool = False, dgelu_pre=None):
     """Block-scaled FP8 cast of ``x`` ``[R, C]`` (TE's Float8BlockScaling: one scale per 1 x
     128 values, ``block_dim`` 1, or per 128 x 128 tile, 2) on the library's kernel, one read
     of each tile for both forms. Returns ``(rowwise, columnwise)``, each ``(q, scale_inv)``
@@ -410,7 +411,15 @@ def block_quantize(x, block_dim: int, *, power_2_scale: bool = True, amax_epsilo
     ``[R, C]`` and ``[C, R]``; 2D padding entries are not written, and never read). The
     same bits as :func:`~transformer_engine_comm.jax.fp8.quantize_block` /
     :func:`~transformer_engine_comm.jax.fp8.block_columnwise` (whose scales are compact).
-    ``R`` and ``C`` multiples of 128 (:func:`block_quantize_fits`). An XLA custom call
+    ``R`` and ``C`` multiples of 128 (:func:`block_quantize_fits`). ``gelu``: the cast of
+    ``gelu(x)`` (tanh approximation, rounded to ``x``'s dtype, as ``jax.nn.gelu(x,
+    approximate=True)`` stores it, up to the last float bits of its tanh) instead of ``x``,
+    without writing it: the activation fused into its cast. ``dbias``: a third result, the
+    column sums of the values cast (``x.sum(0)`` in float32, over each 128-row tile in the
+    kernel, then over the tiles): a bias gradient from the same read. ``dgelu_pre`` (``x``'s
+    shape and dtype; not with ``gelu``): the cast of ``x * gelu'(dgelu_pre)`` (the tanh GELU's
+    backward, ``x`` the gradient at its output), rounded to ``x``'s dtype, without writing
+    it (with ``dbias``, its column sums). An XLA custom call
     (``te_comm_block_quantize``), command-buffer compatible; GPU only."""
     import jax
     import jax.numpy as jnp
@@ -423,6 +432,12 @@ def block_quantize(x, block_dim: int, *, power_2_scale: bool = True, amax_epsilo
     if not block_quantize_fits(x.shape, x.dtype):
         raise ValueError(f"block_quantize: x {tuple(x.shape)} {_dtype_name(x.dtype)} must be [R, C] with R and C "
                          "positive multiples of 128, float32 / bfloat16 / float16")
+    if dgelu_pre is not None:
+        if gelu:
+            raise ValueError("block_quantize: gelu or dgelu_pre, not both")
+        if tuple(dgelu_pre.shape) != tuple(x.shape) or dgelu_pre.dtype != x.dtype:
+            raise ValueError(f"block_quantize: dgelu_pre {tuple(dgelu_pre.shape)} {_dtype_name(dgelu_pre.dtype)} "
+                             f"must be x's shape and dtype {tuple(x.shape)} {_dtype_name(x.dtype)}")
     amax_epsilon = float(amax_epsilon)
     if not (0.0 <= amax_epsilon < float("inf")):
         raise ValueError(f"block_quantize: amax_epsilon must be finite and >= 0, got {amax_epsilon}")
@@ -437,15 +452,22 @@ def block_quantize(x, block_dim: int, *, power_2_scale: bool = True, amax_epsilo
     if columnwise:
         outs += [jax.ShapeDtypeStruct((c, r), out),
                  jax.ShapeDtypeStruct(gemm_ready_scale_shape(c, r, block_dim), jnp.float32)]
+    if dbias:
+        outs.append(jax.ShapeDtypeStruct((r // BLOCK_LEN, c), jnp.float32))
     register_block_quantize()
     res = list(jax.ffi.ffi_call(QUANTIZE_TARGET[0], outs)(
-        x,
+        *((x,) if dgelu_pre is None else (x, dgelu_pre)),
         block_dim=np.int32(block_dim),
         power_2_scale=bool(power_2_scale),
         amax_epsilon=np.float32(amax_epsilon),
         rowwise=bool(rowwise),
         columnwise=bool(columnwise),
+        gelu=bool(gelu),
+        dbias=bool(dbias),
+        dgelu=dgelu_pre is not None,
     ))
     row = (res.pop(0), res.pop(0)) if rowwise else None
     col = (res.pop(0), res.pop(0)) if columnwise else None
+    if dbias:
+        return row, col, res.pop(0).sum(axis=0)
     return row, col
