@@ -458,16 +458,22 @@ def dequantize_block(t: BlockQ, block_dim: int, dtype="float32"):
 def act_in_f32(x, gelu: bool = False, dgelu_pre=None):
     """What the library's fused casts quantize, in jnp: ``gelu(x)`` (tanh approximation) or
     ``x * gelu'(dgelu_pre)``, computed in float32 and rounded once to ``x``'s dtype (``x``
-    itself with neither)."""
+    itself with neither). As the kernel: ``0.5 (1 + tanh(u)) = sigmoid(2 u)``, ``u =
+    sqrt(2 / pi) (v + 0.044715 v^3)``, so ``gelu(v) = v s`` and ``gelu'(v) = s + 2 v s (1 - s)
+    du/dv`` with ``s = sigmoid(2 u)``: no ``1 + tanh`` cancelling for negative ``v`` (where
+    float32 tanh loses the small gradients)."""
     import jax
     import jax.numpy as jnp
 
+    if not gelu and dgelu_pre is None:
+        return x
+    c = 0.7978845608028654
+    v = (x if gelu else dgelu_pre).astype(jnp.float32)
+    s = jax.nn.sigmoid(2.0 * c * v * (1.0 + 0.044715 * v * v))
     if gelu:
-        return jax.nn.gelu(x.astype(jnp.float32), approximate=True).astype(x.dtype)
-    if dgelu_pre is not None:
-        _, vjp = jax.vjp(lambda v: jax.nn.gelu(v, approximate=True), dgelu_pre.astype(jnp.float32))
-        return vjp(x.astype(jnp.float32))[0].astype(x.dtype)
-    return x
+        return (v * s).astype(x.dtype)
+    du = c * (1.0 + 3.0 * 0.044715 * v * v)
+    return (x.astype(jnp.float32) * (s + 2.0 * v * du * s * (1.0 - s))).astype(x.dtype)
 
 
 def _gelu_vjp(pre, g):
