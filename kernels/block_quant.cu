@@ -18,12 +18,12 @@
 // The launch's flags (BlockQuantArgs::flags; NVTE_COMM_BLOCK_QUANT: on by default) pick
 // the faster paths: the 1D row scales once a row (bq_rows_1d) and 16-bit inputs' amaxes on
 // packed pairs; every path writes the same bytes. BQ_GELU quantizes GELU(x) (the tanh
-// approximation, rounded to the input type: what a separate GELU would have stored) in
-// place of x, BQ_DGELU x * GELU'(act_in) (the GELU's backward: x the gradient at its
+// approximation in float32, rounded once to the input type) in place of x, BQ_DGELU x * GELU'(act_in) (the GELU's backward: x the gradient at its
 // output, act_in its input, same shape and type) rounded the same way: the tile is
 // transformed in shared memory once it lands. A non-null `dbias`
 // receives each tile's column sums (f32, over its 128 rows, of the values quantized):
-// dbias[rb * cols + c], the partials of a bias gradient (their sum over rb).
+// dbias[rb * cols + c], the partials of a bias gradient (their sum over rb). With the noop
+// flag set, nothing is written, the partials included.
 // Scale (TE's compute_scale_from_amax): amax raised to epsilon; amax 0, inf or NaN gives 1;
 // scale = fp8_max / amax (IEEE division), an overflow becomes the input type's largest
 // value; pow2 keeps only sign and exponent (rounds down to a power of 2). Values:

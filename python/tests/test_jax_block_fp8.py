@@ -199,10 +199,13 @@ def test_mlp_block_jit_and_refusals(capi):
         assert e < 0.15, e
     with pytest.raises(ValueError, match="no state"):
         tj.column_parallel_dense(x, w1, b1, ctx=ctx, fp8=r, fp8_meta=tj.fp8_meta_init(tj.DelayedScaling(amax_history_len=2)))
-    # mlp's second layer (the GELU's backward in its dgrad epilogue) refuses a state too.
-    with pytest.raises(ValueError, match="no state"):
-        tj.mlp(x, w1, b1, w2, b2, ctx=ctx, fp8=r,
-               fp8_meta=(None, tj.fp8_meta_init(tj.DelayedScaling(amax_history_len=2))))
+    # mlp (one function for both layers under block scaling) refuses a state for either
+    # layer, and takes a pair of Nones as none.
+    for meta in ((None, tj.fp8_meta_init(tj.DelayedScaling(amax_history_len=2))),
+                 (tj.fp8_meta_init(tj.DelayedScaling(amax_history_len=2)), None)):
+        with pytest.raises(ValueError, match="no state"):
+            tj.mlp(x, w1, b1, w2, b2, ctx=ctx, fp8=r, fp8_meta=meta)
+    tj.mlp(x, w1, b1, w2, b2, ctx=ctx, fp8=r, fp8_meta=(None, None))
     # At tp 1 nothing is communicated: library=True runs the same block math.
     a = tj.column_parallel_dense(x, w1, b1, ctx=ctx, fp8=r)
     b = tj.column_parallel_dense(x, w1, b1, ctx=ctx, fp8=r, library=True)

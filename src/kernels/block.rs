@@ -100,15 +100,16 @@ pub struct BlockQuantConfig {
     /// The layout to write (kNVTEQuantizationConfigFloat8BlockScaleTensorFormat; 2D
     /// tensors have one layout).
     pub format: ScaleFormat,
-    /// Quantize GELU(x) (tanh approximation, rounded to the input type: what a GELU
-    /// stored first would give) instead of x: an activation fused into its cast.
+    /// Quantize GELU(x) (tanh approximation in float32, rounded once to the input type)
+    /// instead of x: an activation fused into its cast.
     pub gelu: bool,
     /// The GELU's input (NULL: none), the input's shape and type: quantize x *
     /// GELU'(dgelu_input) (x the gradient at the GELU's output), rounded to the input
     /// type: the GELU's backward fused into its gradient's cast. Not with `gelu`.
     pub dgelu_input: Buffer,
     /// f32 [rows / 128, cols] (NULL: none): each 128-row tile's column sums of the values
-    /// quantized, the partials of a bias gradient (summed over the first dimension).
+    /// quantized, the partials of a bias gradient (summed over the first dimension); not
+    /// written when `noop` holds 1.
     pub dbias_parts: Buffer,
 }
 

@@ -246,7 +246,7 @@ def _gelu64(x):
 
 @pytest.mark.parametrize("act", ["gelu", "dgelu"])
 @pytest.mark.parametrize("dim", [1, 2])
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
 def test_block_quantize_fuses_the_gelu(act, dim, dtype):
     """gelu=True casts gelu(x), dgelu_pre=p casts x * gelu'(p) (the GELU's backward), without
     storing it: against the same kernel's casts of the float64 values rounded to x's
@@ -290,30 +290,37 @@ def test_block_quantize_fuses_the_gelu(act, dim, dtype):
                       + 2.0**-7 * np.abs(rv).max() / 448)
 
 
-@pytest.mark.parametrize("gelu", [False, True])
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_block_quantize_bias_gradient(dtype, gelu):
+@pytest.mark.parametrize("act", [None, "gelu", "dgelu"])
+@pytest.mark.parametrize("dim", [1, 2])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_block_quantize_bias_gradient(dtype, dim, act):
     """dbias=True: the column sums of what is cast, from the same read (the casts
     themselves unchanged, bit for bit), against float64 sums: f32 accumulation over the
-    tiles' rows and then the tiles; with gelu, the sums of the GELU values (rounded to x's
-    dtype: up to half an ulp of it each)."""
+    tiles' rows and then the tiles; with an activation (gelu, or dgelu with the GELU's
+    input), the sums of its values (rounded to x's dtype: up to half an ulp of it each)."""
     import jax.numpy as jnp
     from transformer_engine_comm.jax import fp8 as F
 
     rng = np.random.default_rng(6)
     x = jnp.asarray(rng.standard_normal((640, 384)), dtype)
-    row, col, db = jax.jit(lambda x: F.quantize_block_library(x, 1, columnwise=True, gelu=gelu, dbias=True))(x)
-    row0, col0 = jax.jit(lambda x: F.quantize_block_library(x, 1, columnwise=True, gelu=gelu))(x)
+    kw = dict(columnwise=True)
+    x64 = np.asarray(x, np.float64)
+    if act == "gelu":
+        kw["gelu"] = True
+        x64 = _gelu64(x64)
+    elif act == "dgelu":
+        p = jnp.asarray(rng.standard_normal((640, 384)) * 3, dtype)
+        kw["dgelu_pre"] = p
+        x64 = x64 * _gelu_grad(np.asarray(p, np.float64))
+    row, col, db = jax.jit(lambda x: F.quantize_block_library(x, dim, dbias=True, **kw))(x)
+    row0, col0 = jax.jit(lambda x: F.quantize_block_library(x, dim, **kw))(x)
     for a, b in ((row, row0), (col, col0)):
         np.testing.assert_array_equal(np.asarray(a.q).view(np.uint8), np.asarray(b.q).view(np.uint8))
         np.testing.assert_array_equal(np.asarray(a.scale_inv), np.asarray(b.scale_inv))
     assert db.shape == (384,) and db.dtype == jnp.float32
-    x64 = np.asarray(x, np.float64)
-    if gelu:
-        x64 = _gelu64(x64)
-    rel = 2.0**-8 if (gelu and dtype == "bfloat16") else 1e-5
+    rel = {"bfloat16": 2.0**-8, "float16": 2.0**-11}.get(dtype, 0.0) if act else 0.0
     err = np.abs(np.asarray(db, np.float64) - x64.sum(0))
-    assert np.all(err <= rel * np.abs(x64).sum(0) + 1e-6), float((err / np.abs(x64).sum(0)).max())
+    assert np.all(err <= (rel + 1e-5) * np.abs(x64).sum(0) + 1e-6), float((err / np.abs(x64).sum(0)).max())
 
 
 def test_block_quantize_feeds_the_block_gemm():

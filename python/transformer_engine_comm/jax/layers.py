@@ -506,7 +506,7 @@ def mlp(x, w1, b1, w2, b2, *, ctx: TPContext, sequence_parallel: bool = True, fp
     kw = dict(ctx=ctx, sequence_parallel=sequence_parallel, fp8=fp8, comm_sms=comm_sms, library=library)
     cfg = _row_cfg(ctx, sequence_parallel, fp8, comm_sms, library)
     if cfg.recipe is not None and cfg.recipe.block:  # the GELU in the casts, both ways
-        if fp8_meta is not None:
+        if m1 is not None or m2 is not None:
             raise ValueError("Float8BlockScaling has no state: pass fp8_meta=None")
         return _block_mlp(x, w1, b1, w2, b2, _col_cfg(ctx, sequence_parallel, fp8, comm_sms, library), cfg)
     h = column_parallel_dense(x, w1, b1, fp8_meta=m1, **kw)

@@ -412,8 +412,9 @@ def block_quantize(x, block_dim: int, *, power_2_scale: bool = True, amax_epsilo
     same bits as :func:`~transformer_engine_comm.jax.fp8.quantize_block` /
     :func:`~transformer_engine_comm.jax.fp8.block_columnwise` (whose scales are compact).
     ``R`` and ``C`` multiples of 128 (:func:`block_quantize_fits`). ``gelu``: the cast of
-    ``gelu(x)`` (tanh approximation, rounded to ``x``'s dtype, as ``jax.nn.gelu(x,
-    approximate=True)`` stores it, up to the last float bits of its tanh) instead of ``x``,
+    ``gelu(x)`` (tanh approximation, computed in float32 and rounded once to ``x``'s dtype,
+    as :func:`fp8.act_in_f32 <transformer_engine_comm.jax.fp8.act_in_f32>` does up to the last
+    float bits of its exp; XLA's GELU of a bf16 array rounds its intermediates) instead of ``x``,
     without writing it: the activation fused into its cast. ``dbias``: a third result, the
     column sums of the values cast (``x.sum(0)`` in float32, over each 128-row tile in the
     kernel, then over the tiles): a bias gradient from the same read. ``dgelu_pre`` (``x``'s
