@@ -398,8 +398,7 @@ fn own_block_gemm(
     beta: f32,
     guard: &ContextGuard,
 ) -> Result<Option<std::sync::Arc<sm90::Sm90Gemm>>> {
-    type Loaded = HashMap<CtxId, Option<std::sync::Arc<sm90::Sm90Gemm>>>;
-    static LOADED: Mutex<Option<Loaded>> = Mutex::new(None);
+    static LOADED: LoadedPerContext = Mutex::new(None);
     let backend = block_backend()?;
     let why = sm90::supports_block(g, alpha, beta);
     match backend {
@@ -407,18 +406,9 @@ fn own_block_gemm(
         BlockBackend::Own if why.is_some() => Ok(None),
         BlockBackend::Own => sm90::Sm90Gemm::get_with_block(guard).map(Some),
         BlockBackend::Auto if why.is_some() || !own_block_pays(g) => Ok(None),
-        BlockBackend::Auto => {
-            let lock = || LOADED.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(b) = lock().get_or_insert_with(HashMap::new).get(&guard.id) {
-                return Ok(b.clone());
-            }
-            let b = sm90::Sm90Gemm::get_with_block(guard).ok();
-            Ok(lock()
-                .get_or_insert_with(HashMap::new)
-                .entry(guard.id)
-                .or_insert(b)
-                .clone())
-        }
+        BlockBackend::Auto => Ok(load_once_per_context(&LOADED, guard.id, || {
+            sm90::Sm90Gemm::get_with_block(guard)
+        })),
     }
 }
 

@@ -693,8 +693,7 @@ fn small_own_gemm(
     g: &GemmDesc,
     guard: &ContextGuard,
 ) -> Result<Option<std::sync::Arc<sm90::Sm90Gemm>>> {
-    type Loaded = HashMap<CtxId, Option<std::sync::Arc<sm90::Sm90Gemm>>>;
-    static LOADED: Mutex<Option<Loaded>> = Mutex::new(None);
+    static LOADED: LoadedPerContext = Mutex::new(None);
     if g.blocks.is_some()
         || !own_gemm_enabled()?
         || g.m.saturating_mul(g.n).saturating_mul(g.k) >= TUNE_MIN_MNK
@@ -702,18 +701,33 @@ fn small_own_gemm(
     {
         return Ok(None);
     }
-    let lock = || LOADED.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(b) = lock().get_or_insert_with(HashMap::new).get(&guard.id) {
-        return Ok(b.clone());
+    Ok(load_once_per_context(&LOADED, guard.id, || {
+        sm90::Sm90Gemm::get(guard)
+    }))
+}
+
+/// Our sm90 kernel by context, as [`load_once_per_context`] keeps it: None where its load
+/// failed (not retried).
+type LoadedPerContext = Mutex<Option<HashMap<CtxId, Option<std::sync::Arc<sm90::Sm90Gemm>>>>>;
+
+/// The kernel of context `ctx` in `cache`, loaded by `load` at its first use there (an
+/// NVRTC compile, outside the lock: other threads' and contexts' GEMMs go on meanwhile). A
+/// context where the load fails keeps None, and cuBLASLt runs its GEMMs.
+fn load_once_per_context(
+    cache: &LoadedPerContext,
+    ctx: CtxId,
+    load: impl FnOnce() -> Result<std::sync::Arc<sm90::Sm90Gemm>>,
+) -> Option<std::sync::Arc<sm90::Sm90Gemm>> {
+    let lock = || cache.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(b) = lock().get_or_insert_with(HashMap::new).get(&ctx) {
+        return b.clone();
     }
-    // Loaded (an NVRTC compile at first use) outside the lock: other threads' and
-    // contexts' GEMMs go on meanwhile. A context where it fails keeps cuBLASLt.
-    let b = sm90::Sm90Gemm::get(guard).ok();
-    Ok(lock()
+    let b = load().ok();
+    lock()
         .get_or_insert_with(HashMap::new)
-        .entry(guard.id)
+        .entry(ctx)
         .or_insert(b)
-        .clone())
+        .clone()
 }
 
 /// NVTE_COMM_GEMM_TUNE (a boolean; default on): time the heuristic's top algorithms
