@@ -291,6 +291,31 @@ __device__ __forceinline__ void bq_finish_column_scales(BqShared &sh, float *sin
   __syncthreads();
 }
 
+// Per-column partials over a quarter of the tile's rows, folded by `step` from 0: warp w
+// takes columns (w / 4) * 64 + 2 * lane, + 1 over rows (w % 4) * 32 .. + 31, in order,
+// into sh.col_part[w % 4] (bq_column_scales' amaxes, bq_column_sums' sums).
+struct BqAbsMax {
+  __device__ __forceinline__ float operator()(float m, float v) const { return fmaxf(m, fabsf(v)); }
+};
+struct BqSum {
+  __device__ __forceinline__ float operator()(float s, float v) const { return s + v; }
+};
+template <class I, class Step>
+__device__ __forceinline__ void bq_column_quarters(const typename I::T *tile, BqShared &sh, Step step) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int c = (warp >> 2) * 64 + 2 * lane, rq = (warp & 3) * 32;
+  float pa = 0.0f, pb = 0.0f;
+#pragma unroll 8
+  for (int r = 0; r < 32; ++r) {
+    float a, b;
+    bq_load_pair<I>(tile + (rq + r) * BQ_TILE + c, a, b);
+    pa = step(pa, a);
+    pb = step(pb, b);
+  }
+  sh.col_part[warp & 3][c] = pa;
+  sh.col_part[warp & 3][c + 1] = pb;
+}
+
 // 1D columnwise scales read off the tile: each column's amax over the tile's rows (warp w:
 // columns (w / 4) * 64 + 2 * lane, + 1 over rows (w % 4) * 32 .. + 31; PACKED, 16-bit
 // inputs: on the packed pairs of the two columns), then bq_finish_column_scales.
@@ -306,19 +331,9 @@ __device__ __forceinline__ void bq_column_scales(const typename I::T *tile, BqSh
       m2 = Pk<I>::max2(m2, Pk<I>::abs2(*reinterpret_cast<const u32 *>(tile + (rq + r) * BQ_TILE + c)));
     sh.col_part[warp & 3][c] = fmaxf(0.0f, Pk<I>::lo(m2));
     sh.col_part[warp & 3][c + 1] = fmaxf(0.0f, Pk<I>::hi(m2));
-    bq_finish_column_scales<I, O, 4>(sh, sinv_t, s_r, s_c, rb, c0, eps, pow2);
-    return;
+  } else {
+    bq_column_quarters<I>(tile, sh, BqAbsMax());
   }
-  float ma = 0.0f, mb = 0.0f;
-#pragma unroll 8
-  for (int r = 0; r < 32; ++r) {
-    float a, b;
-    bq_load_pair<I>(tile + (rq + r) * BQ_TILE + c, a, b);
-    ma = fmaxf(ma, fabsf(a));
-    mb = fmaxf(mb, fabsf(b));
-  }
-  sh.col_part[warp & 3][c] = ma;
-  sh.col_part[warp & 3][c + 1] = mb;
   bq_finish_column_scales<I, O, 4>(sh, sinv_t, s_r, s_c, rb, c0, eps, pow2);
 }
 
@@ -545,23 +560,11 @@ __device__ __forceinline__ void bq_act_own_chunks(typename I::T *tile, const typ
 }
 
 // The tile's column sums (f32, rows in order within each quarter, then the quarters in
-// order) into dbias[c] for its 128 columns: warp w sums columns (w / 4) * 64 + 2 * lane,
-// + 1 over rows (w % 4) * 32 .. + 31 into sh.col_part[w % 4], then thread c adds the four
-// quarters. Done (barrier) before anything else uses sh.
+// order) into dbias[c] for its 128 columns: the quarters' sums (bq_column_quarters), then
+// thread c adds the four. Done (barrier) before anything else uses sh.
 template <class I>
 __device__ __forceinline__ void bq_column_sums(const typename I::T *tile, BqShared &sh, float *dbias) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int c = (warp >> 2) * 64 + 2 * lane, rq = (warp & 3) * 32;
-  float sa = 0.0f, sb = 0.0f;
-#pragma unroll 8
-  for (int r = 0; r < 32; ++r) {
-    float a, b;
-    bq_load_pair<I>(tile + (rq + r) * BQ_TILE + c, a, b);
-    sa += a;
-    sb += b;
-  }
-  sh.col_part[warp & 3][c] = sa;
-  sh.col_part[warp & 3][c + 1] = sb;
+  bq_column_quarters<I>(tile, sh, BqSum());
   __syncthreads();
   if (threadIdx.x < BQ_TILE) {
     const int t = threadIdx.x;
