@@ -1324,7 +1324,7 @@ void *nvte_comm_xla_block_gemm(void *call_frame);
  * `q_t` [C, R] (the transpose, quantized along its rows: 1D blocks are 128 x 1 of `x`)
  * and `scale_inv_t` (1D: [R/128, C]; 2D: [C/128, roundup(R/128, 4)], the rowwise scales
  * transposed). Padding entries of a scale_inv (2D, block counts not multiples of 4) are
- * not written (the GEMM never reads them). Attributes: `block_dim` (1 or 2),
+ * zeroed (the GEMM never reads them; nvte_quantize leaves them as they are). Attributes: `block_dim` (1 or 2),
  * `power_2_scale` (bool, default false: each scale rounded down to a power of 2),
  * `amax_epsilon` (float, default 0), `rowwise`, `columnwise`; `gelu` (bool, default
  * false: quantize GELU(x), tanh approximation, rounded to x's type, instead of x: the

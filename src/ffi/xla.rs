@@ -1034,7 +1034,28 @@ fn run_quantize(f: &Frame) -> Result<()> {
         let _relaxed = crate::cuda::resources::RelaxedCapture::new();
         prepare()?;
     }
+    zero_scale_padding(&c, stream)?;
     crate::kernels::block::quantize(i, o, &c.cfg, stream).map(|_| ())
+}
+
+/// XLA's results are defined to the last byte: a 2D scale_inv whose block count is not a
+/// multiple of 4 (TE's GEMM-ready padding, which the kernel leaves as it is, as
+/// nvte_quantize does) is zeroed first, so the padding reads 0 and not what the memory
+/// held before. Called after the call's checks (the buffers' shapes are XLA's own).
+fn zero_scale_padding(c: &QuantizeCall, stream: StreamHandle) -> Result<()> {
+    if c.output.scaling_mode != BlockMode::TwoD.scaling_mode() {
+        return Ok(());
+    }
+    let dims = c.input.data.shape.as_slice();
+    let blocks = dims.iter().map(|d| d.div_ceil(128)).product::<usize>();
+    for s in [&c.output.scale_inv, &c.output.columnwise_scale_inv] {
+        if !s.ptr.is_null() && s.numel() > blocks {
+            // SAFETY: an XLA result of this call (f32, s.numel() entries: decode_quantize's
+            // tensor), written only by this call's work on `stream`, which follows.
+            unsafe { crate::cuda::resources::memset_async(s.ptr, s.bytes(), stream)? };
+        }
+    }
+    Ok(())
 }
 
 /// XLA FFI handler (as `nvte_comm_xla_all_gather_gemm`; initialize and execute stages) of
@@ -1048,7 +1069,7 @@ fn run_quantize(f: &Frame) -> Result<()> {
 /// `q_t` [C, R] (the transpose, quantized along its rows: 1D blocks are 128 x 1 of `x`)
 /// and `scale_inv_t` (1D: [R/128, C]; 2D: [C/128, roundup(R/128, 4)], the rowwise scales
 /// transposed). Padding entries of a scale_inv (2D, block counts not multiples of 4) are
-/// not written (the GEMM never reads them). Attributes: `block_dim` (1 or 2),
+/// zeroed (the GEMM never reads them; nvte_quantize leaves them as they are). Attributes: `block_dim` (1 or 2),
 /// `power_2_scale` (bool, default false: each scale rounded down to a power of 2),
 /// `amax_epsilon` (float, default 0), `rowwise`, `columnwise`; `gelu` (bool, default
 /// false: quantize GELU(x), tanh approximation, rounded to x's type, instead of x: the

@@ -404,7 +404,7 @@ class BlockQReady(NamedTuple):
     roundup(ceil(cols/128), 4)]``), what the library's block quantization writes
     (:func:`quantize_block_library`) and its block GEMM reads: the same data as the
     :class:`BlockQ` of the same cast, its scales laid out for the GEMM (padding entries
-    unspecified). :func:`block_dot` takes either; :func:`compact_scales` converts."""
+    0). :func:`block_dot` takes either; :func:`compact_scales` converts."""
 
     q: object
     scale_inv: object

@@ -408,7 +408,7 @@ def block_quantize(x, block_dim: int, *, power_2_scale: bool = True, amax_epsilo
     transpose quantized along its rows (1D: 128 x 1 blocks of ``x``; 2D: the rowwise tiles
     transposed). The scale inverses (f32) are in TE's GEMM-ready layout, what
     :func:`block_gemm` takes for the data as stored (:func:`gemm_ready_scale_shape` of
-    ``[R, C]`` and ``[C, R]``; 2D padding entries are not written, and never read). The
+    ``[R, C]`` and ``[C, R]``; 2D padding entries are zeroed, and never read). The
     same bits as :func:`~transformer_engine_comm.jax.fp8.quantize_block` /
     :func:`~transformer_engine_comm.jax.fp8.block_columnwise` (whose scales are compact).
     ``R`` and ``C`` multiples of 128 (:func:`block_quantize_fits`). ``gelu``: the cast of
