@@ -491,7 +491,7 @@ impl CommGemmCtx {
         dtype: DType,
         bytes: usize,
         g: &TeGemm,
-        copy: Option<(DevPtr, DevPtr, usize)>,
+        copies: &[(DevPtr, DevPtr, usize)],
         guard: &ContextGuard,
         stream: StreamHandle,
     ) -> Result<()> {
@@ -515,9 +515,9 @@ impl CommGemmCtx {
         if self.call.preparing {
             return Ok(());
         }
-        if let Some((dst, src, bytes)) = copy {
-            // SAFETY: the call's own copy (B into the gathered output), both ranges of its
-            // tensors, whose sizes the call's checks fixed.
+        for &(dst, src, bytes) in copies {
+            // SAFETY: the call's own copies (B and its scales into the gathered output),
+            // both ranges of its tensors, whose sizes the call's checks fixed.
             unsafe { copy_async(dst, src, bytes, stream)? };
         }
         match desc {
@@ -867,6 +867,9 @@ impl CommGemmCtx {
                     dt.name()
                 );
             }
+            if let Some(mode) = c.b.block_mode() {
+                crate::gemm::block::check_gathered_scales(g, "b_gathered", mode, n, k)?;
+            }
         }
         Ok(())
     }
@@ -1030,10 +1033,10 @@ impl call::CallBackend for GpuCall<'_> {
         dtype: DType,
         bytes: usize,
         g: &TeGemm,
-        copy: Option<(DevPtr, DevPtr, usize)>,
+        copies: &[(DevPtr, DevPtr, usize)],
     ) -> Result<()> {
         self.ctx
-            .direct_call(c, dtype, bytes, g, copy, self.guard, self.stream)
+            .direct_call(c, dtype, bytes, g, copies, self.guard, self.stream)
     }
     fn engine(&mut self, kind: Kind, dtype: DType, bytes: usize) -> Result<EngineId> {
         self.ctx.engine(kind, dtype, bytes)

@@ -12,7 +12,8 @@
 // into a poisoned D, checked again. The userbuffers API on the same operands:
 // nvte_comm_overlap_split_rs and _split_rs_p2p (float32 buffer), and
 // nvte_comm_overlap_split_ag with this rank's block-scaled shard (an e4m3 buffer with room
-// for the gathered B and every rank's scales), eager and replayed.
+// for the gathered B and every rank's scales), eager and replayed, without and with a
+// B_copy (then all of B, data and GEMM-ready scales: dequantized, every shard's values).
 //
 // Tolerance per element: |d - ref| <= 2e-3 sum_l |a_l b_l| + (tp + 1) u sum_l |a_l b_l|,
 // with u the unit roundoff of D's type (0 for float32, 2^-8 for bfloat16): the FP8 tensor
@@ -26,6 +27,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <memory>
 
 #include "test_util.hpp"
 
@@ -210,17 +212,55 @@ void accumulate_ref(std::vector<double> &ref, std::vector<double> &mag, const Bl
     }
 }
 
+// A B_copy of block-scaled B [n, k]: e4m3 data with B's block mode and the GEMM-ready
+// scales of all of B, poisoned.
+struct Gathered {
+  NVTETensor h = nullptr;
+  DevBuf data, sinv;
+  Gathered(size_t n, size_t k, bool two_d) {
+    std::vector<size_t> sshape = two_d ? std::vector<size_t>{ceil_div(n, 128), pad4(ceil_div(k, 128))}
+                                       : std::vector<size_t>{ceil_div(k, 128), pad4(n)};
+    h = nvte_create_tensor(two_d ? NVTE_BLOCK_SCALING_2D : NVTE_BLOCK_SCALING_1D);
+    data = DevBuf(n * k);
+    sinv = DevBuf(4 * sshape[0] * sshape[1]);
+    data.poison();
+    sinv.poison();
+    NVTEBasicTensor d = basic(data.p, kNVTEFloat8E4M3, {n, k}), sc = basic(sinv.p, kNVTEFloat32, sshape);
+    nvte_set_tensor_param_v2(h, kNVTERowwiseData, &d, sizeof(d));
+    nvte_set_tensor_param_v2(h, kNVTERowwiseScaleInv, &sc, sizeof(sc));
+  }
+  Gathered(const Gathered &) = delete;
+  Gathered &operator=(const Gathered &) = delete;
+  ~Gathered() { nvte_destroy_tensor(h); }
+};
+
 // The userbuffers API's all-gather + GEMM on this rank's block-scaled shard B [n/tp, k]
-// and A [m/tp, k]: D [n, m/tp] (float32), eager and replayed.
+// and A [m/tp, k]: D [n, m/tp] (float32), eager and replayed; with a B_copy, which then
+// holds all of B: dequantized by nvte_dequantize, every rank's shard values (`b_all`)
+// exactly.
 void run_overlap_ag(Report &rep, NVTECommOverlap *ov, const std::string &what, NVTETensor a, NVTETensor b,
                     const std::vector<double> &ref, const std::vector<double> &mag, int64_t n, int64_t ml, int size,
-                    cudaStream_t s) {
+                    cudaStream_t s, const std::vector<double> *b_all = nullptr, bool b_2d = false) {
   Tensor W(kNVTEByte, {(size_t)32 << 20});
   Tensor D(kNVTEFloat32, {(size_t)n, (size_t)ml});
+  const size_t k = b_all ? b_all->size() / n : 0;
+  std::unique_ptr<Gathered> bc(b_all ? new Gathered(n, k, b_2d) : nullptr);
   auto call = [&] {
-    return nvte_comm_overlap_split_ag(ov, a, true, b, false, D.h, nullptr, nullptr, false, W.h, false, true, nullptr, s);
+    return nvte_comm_overlap_split_ag(ov, a, true, b, false, D.h, nullptr, nullptr, false, W.h, false, true,
+                                      bc ? bc->h : nullptr, s);
   };
-  eager_and_replayed(rep, what + " [userbuffers split_ag]", call, D.data, kNVTEFloat32, ref, mag, 0, n, ml, size, s);
+  const std::string name = what + (bc ? " [userbuffers split_ag, B_copy]" : " [userbuffers split_ag]");
+  eager_and_replayed(rep, name, call, D.data, kNVTEFloat32, ref, mag, 0, n, ml, size, s);
+  if (!bc) return;
+  Tensor back(kNVTEFloat32, {(size_t)n, k});
+  nvte_dequantize(bc->h, back.h, s);
+  const bool ok = nvte_comm_last_status() == NVTE_COMM_SUCCESS;
+  CUDA_OK(cudaStreamSynchronize(s));
+  std::vector<double> got = ok ? decode(back.data.download(), kNVTEFloat32, n * k) : std::vector<double>();
+  size_t bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) bad += got[i] != (*b_all)[i];
+  rep.check(ok && bad == 0, name + ": B_copy dequantized equals every rank's shard (" + std::to_string(bad) +
+                                " elements differ" + (ok ? ")" : "; " + std::string(nvte_comm_last_error()) + ")"));
 }
 
 void run_case(Report &rep, NVTECommGemmCtx *ctx, const Overlaps &ovs, const Case &c, uint64_t seed, int rank, int size,
@@ -248,6 +288,7 @@ void run_case(Report &rep, NVTECommGemmCtx *ctx, const Overlaps &ovs, const Case
   std::vector<double> ref(n * ml, 0.0), mag(n * ml, 0.0);
   Block *mine_a = nullptr, *mine_b = nullptr;
   std::vector<Block *> keep;
+  std::vector<double> b_all;  // the all-gather: every rank's B shard, dequantized, in order
   for (int q = 0; q < shares; ++q) {
     Block *a = nullptr;
     if (!ag || q == 0) {
@@ -268,6 +309,7 @@ void run_case(Report &rep, NVTECommGemmCtx *ctx, const Overlaps &ovs, const Case
       return;
     }
     accumulate_ref(ref, mag, *a, *b, ag ? q * nb : 0, nb, ml, ks);
+    if (ag) b_all.insert(b_all.end(), b->deq.begin(), b->deq.end());
     if (ag ? q == 0 : q == rank) mine_a = a;
     if (q == rank) mine_b = b;
   }
@@ -281,8 +323,10 @@ void run_case(Report &rep, NVTECommGemmCtx *ctx, const Overlaps &ovs, const Case
   eager_and_replayed(rep, what, call, D.data, c.td, ref, mag, row0, rows, ml, size, s);
   if (c.op == kRs && c.td == kNVTEFloat32 && ovs.rs)
     run_overlap_rs(rep, ovs.rs, what, mine_a->h, mine_b->h, ref, mag, n, m, rank, size, s);
-  if (ag && c.td == kNVTEFloat32 && c.algo == kNVTECommGemmAlgoSplitP2P && ovs.ag)
+  if (ag && c.td == kNVTEFloat32 && c.algo == kNVTECommGemmAlgoSplitP2P && ovs.ag) {
     run_overlap_ag(rep, ovs.ag, what, mine_a->h, mine_b->h, ref, mag, n, ml, size, s);
+    run_overlap_ag(rep, ovs.ag, what, mine_a->h, mine_b->h, ref, mag, n, ml, size, s, &b_all, c.b_2d);
+  }
   for (Block *x : keep) delete x;
 }
 

@@ -21,15 +21,15 @@ pub(crate) trait CallBackend {
     fn fast_accum(&self) -> bool;
     /// `prepare`: make engines and buffers, enqueue nothing.
     fn preparing(&self) -> bool;
-    /// The one-rank call: GEMM `g` after `copy` (dst, src, bytes); `dtype` and `bytes`
-    /// size the warm-up rule as an engine would be sized.
+    /// The one-rank call: GEMM `g` after `copies` (dst, src, bytes each); `dtype` and
+    /// `bytes` size the warm-up rule as an engine would be sized.
     fn direct_call(
         &mut self,
         c: &GemmCall,
         dtype: DType,
         bytes: usize,
         g: &TeGemm,
-        copy: Option<(DevPtr, DevPtr, usize)>,
+        copies: &[(DevPtr, DevPtr, usize)],
     ) -> Result<()>;
     /// The engine of buffer type `dtype` with at least `bytes` (made or grown here).
     fn engine(&mut self, kind: Kind, dtype: DType, bytes: usize) -> Result<EngineId>;
@@ -93,7 +93,8 @@ pub(crate) fn is_block(c: &GemmCall) -> bool {
 /// algorithms (whole 128-row tiles of a 2D-scaled A per chunk, else the GEMM whole, then
 /// the collective), with n divisible by the ranks for the reduce-scatter (B's block
 /// scales cannot be padded); the all-gather gathers each rank's B shard [n/tp, k] with
-/// its scales (n divisible by the ranks, transb = false). D is never FP8: block-scaled
+/// its scales (n divisible by the ranks, transb = false; a b_gathered gets the gathered
+/// data and scales, n/tp whole 128-row tiles with 2D scales). D is never FP8: block-scaled
 /// GEMMs write 16- or 32-bit outputs (TE's too), at any number of ranks alike.
 pub(crate) fn check_block(c: &GemmCall, nranks: usize, direct: bool) -> Result<()> {
     if !is_block(c) {
@@ -104,11 +105,6 @@ pub(crate) fn check_block(c: &GemmCall, nranks: usize, direct: bool) -> Result<(
             "{} with block-scaled FP8 inputs writes D as kNVTEBFloat16, kNVTEFloat16 or kNVTEFloat32 (block-scaled GEMMs write no FP8 output, as TE's); D is {}: quantize D after the call",
             c.kind.api_name(),
             c.d.data.dtype.name()
-        );
-    }
-    if c.b_gathered.is_some() {
-        unsupported!(
-            "b_gathered with block-scaled FP8 inputs: the gathered B would need its block scales too; quantize the gathered B where it is used"
         );
     }
     if direct {
@@ -123,6 +119,16 @@ pub(crate) fn check_block(c: &GemmCall, nranks: usize, direct: bool) -> Result<(
         Kind::AllGather if c.transb => unsupported!(
             "nvte_all_gather_gemm with block-scaled FP8 inputs needs transb = false: B's rowwise data [n/nranks, k] and its scales are gathered along its rows"
         ),
+        Kind::AllGather
+            if c.b_gathered.is_some()
+                && c.b.block_mode() == Some(crate::tensor::BlockMode::TwoD)
+                && (c.n / nranks as i64) % 128 != 0 =>
+        {
+            unsupported!(
+                "b_gathered of 2D-scaled B needs each rank's rows n/nranks = {} in whole 128-row tiles (b_gathered's scales are the tiles of all of B)",
+                c.n / nranks as i64
+            )
+        }
         Kind::ReduceScatter if !divisible => unsupported!(
             "nvte_gemm_reduce_scatter with block-scaled FP8 inputs needs n = {} divisible by nranks = {nranks} (B's block scales cannot be padded)",
             c.n
@@ -203,8 +209,16 @@ fn all_gather<B: CallBackend>(b: &mut B, c: &GemmCall, ws: &Tensor) -> Result<()
             expect_shape(p, "pre_act_out", [n, ml], "like D")?;
         }
         super::CommGemmCtx::check_b_gathered(c, n, k, dt)?;
-        let copy = c.b_gathered.map(|g| (g.data.ptr, c.b.data.ptr, n * k * e));
-        return b.direct_call(c, dt, bn * nr * k * e, &g, copy);
+        // b_gathered is B itself: its data, and with block-scaled B its scales (of the
+        // same shape, checked) too.
+        let mut copies = crate::host::Small::<(DevPtr, DevPtr, usize), 2>::default();
+        if let Some(bg) = c.b_gathered {
+            copies.push((bg.data.ptr, c.b.data.ptr, n * k * e));
+            if is_block(c) {
+                copies.push((bg.scale_inv.ptr, c.b.scale_inv.ptr, c.b.scale_inv.bytes()));
+            }
+        }
+        return b.direct_call(c, dt, bn * nr * k * e, &g, &copies);
     }
     // Block-scaled B: every rank's scales in a slot of their own behind the data.
     let bytes = if is_block(c) {
@@ -385,7 +399,7 @@ fn reduction<B: CallBackend>(b: &mut B, c: &GemmCall, ws: &Tensor) -> Result<()>
         } else {
             (pdt, bn * nr * m * eb(pdt))
         };
-        return b.direct_call(c, bdt, bytes, &g, None);
+        return b.direct_call(c, bdt, bytes, &g, &[]);
     }
     if c.pre_act_out.is_some() || c.grad {
         // (only the one-rank direct GEMM above applies them; the engine's partials would

@@ -73,11 +73,11 @@ impl CallBackend for HostCall<'_> {
         _dtype: DType,
         _bytes: usize,
         g: &TeGemm,
-        copy: Option<(DevPtr, DevPtr, usize)>,
+        copies: &[(DevPtr, DevPtr, usize)],
     ) -> Result<()> {
         // (block-scaled inputs: the block GEMM, as the context's `run_block`)
         let desc = crate::gemm::desc_from_te_block(g)?;
-        if let Some((d, s, n)) = copy {
+        for &(d, s, n) in copies {
             self.push(Dev::Copy(d, s, n));
         }
         self.push(Dev::Gemm(desc));
@@ -553,8 +553,15 @@ fn a_columnwise_only_block_operand_is_shaped_by_its_columnwise_data() {
 /// A comm-GEMM all-gather with block-scaled inputs: every rank's own A_r [16, 144] (its
 /// m-share) and B shard [8, 144] (1D or 2D scales); D_r [8 tp, 16] on every rank is the
 /// gathered, dequantized B times A_r^T, through `call::run` (tp 1: the direct block
-/// GEMM; more: the engine's ring with the scale slots).
-fn check_block_comm_gemm_ag(tp: usize, cfg: Cfg, modes: [crate::tensor::BlockMode; 2]) -> Res {
+/// GEMM; more: the engine's ring with the scale slots); with `with_bg`, every rank's
+/// b_gathered (GEMM-ready scales of all of B) holds all of B, data and scales.
+fn check_block_comm_gemm_ag(
+    tp: usize,
+    cfg: Cfg,
+    modes: [crate::tensor::BlockMode; 2],
+    with_bg: bool,
+) -> Res {
+    use crate::overlap::protocol::{block_copy, expect_block_values};
     let (nl, k, ml) = (8, 144, 16);
     let n = nl * tp;
     let mut mem = Mem::default();
@@ -563,11 +570,17 @@ fn check_block_comm_gemm_ag(tp: usize, cfg: Cfg, modes: [crate::tensor::BlockMod
     let ws = tensor(mem.alloc("workspace", 4), &[1]);
     let (ops, _) = block_partials(&mut mem, tp, (nl, k, ml), modes);
     let gathered: Vec<f32> = ops.iter().flat_map(|(_, b)| b.deq.clone()).collect();
+    let bgs: Vec<_> = (0..tp * with_bg as usize)
+        .map(|r| block_copy(&mut mem, r, modes[1], (n, k)))
+        .collect();
     let mut outs = Vec::new();
     for (r, (a, b)) in ops.iter().enumerate() {
         let pd = mem.alloc(&format!("D{r}"), n * ml * 4);
         let td = tensor(pd, &[n, ml]);
-        let call = tn_call(Kind::AllGather, (ml * tp, n, k), &a.t, &b.t, &td);
+        let call = GemmCall {
+            b_gathered: bgs.get(r),
+            ..tn_call(Kind::AllGather, (ml * tp, n, k), &a.t, &b.t, &td)
+        };
         run_rank(
             (tp, r),
             (cfg, true),
@@ -580,6 +593,9 @@ fn check_block_comm_gemm_ag(tp: usize, cfg: Cfg, modes: [crate::tensor::BlockMod
         outs.push((pd, matmul_nt(&gathered, &a.deq, n, k, ml)));
     }
     simulate_group(&log, &mut mem, &engines)?;
+    for (r, bg) in bgs.iter().enumerate() {
+        expect_block_values(&mem, bg, &gathered, &format!("rank {r}: b_gathered"))?;
+    }
     expect_each_rank(&mem, &outs)
 }
 
@@ -589,12 +605,28 @@ fn comm_gemm_block_scaled_all_gather() {
     for modes in [[TwoD, OneD], [OneD, OneD], [OneD, TwoD]] {
         all(
             &format!("comm-GEMM all-gather (block {modes:?})"),
-            |tp, f| check_block_comm_gemm_ag(tp, Cfg::new(f), modes),
+            |tp, f| check_block_comm_gemm_ag(tp, Cfg::new(f), modes, false),
         );
         // kNVTECommGemmAlgoAtomicP2P: the fused policy, which plans the ring for them.
         all(
             &format!("comm-GEMM fused all-gather (block {modes:?})"),
-            |tp, f| check_block_comm_gemm_ag(tp, Cfg::fused(f, false), modes),
+            |tp, f| check_block_comm_gemm_ag(tp, Cfg::fused(f, false), modes, false),
         );
     }
+    // b_gathered: all of B, data and scales (2D-scaled shards of 8 rows: at tp 1 only;
+    // more ranks refuse them before anything runs).
+    for modes in [[TwoD, OneD], [OneD, OneD]] {
+        all(
+            &format!("comm-GEMM all-gather (block {modes:?}, b_gathered)"),
+            |tp, f| check_block_comm_gemm_ag(tp, Cfg::new(f), modes, true),
+        );
+    }
+    all(
+        "comm-GEMM all-gather (block 2D B of 8 rows a rank, b_gathered)",
+        |tp, f| match check_block_comm_gemm_ag(tp, Cfg::new(f), [OneD, TwoD], true) {
+            Ok(()) if tp == 1 => Ok(()),
+            Err(e) if tp > 1 && e.contains("whole 128-row tiles") => Ok(()),
+            other => Err(format!("tp {tp}: {other:?}")),
+        },
+    );
 }

@@ -314,7 +314,8 @@ pub extern "C" fn nvte_comm_overlap_copy_into_buffer(
 /// with nvte_cublas_gemm's conventions (D is [n, m], n = gathered tokens). B is the
 /// buffer view (local chunk filled) or this rank's shard [n/tp, k]. Bias, pre_gelu_out,
 /// grad and accumulate apply to every chunk GEMM; `B_copy` (optional, [n, k]) receives
-/// the gathered B. Asynchronous on `stream`.
+/// the gathered B (block-scaled B: with B's scaling mode and the GEMM-ready scales of
+/// [n, k], which receive every rank's scales). Asynchronous on `stream`.
 #[unsafe(no_mangle)]
 #[allow(non_snake_case)]
 pub extern "C" fn nvte_comm_overlap_split_ag(

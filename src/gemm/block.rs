@@ -34,6 +34,33 @@ pub fn gemm_ready_scale_shape(b: BlockMode, rows: usize, cols: usize) -> [usize;
     }
 }
 
+/// A gathered copy `t` (named `what`) of block-scaled B of `mode` (all of B, [n, k] rows
+/// of k values): B's scaling mode, with f32 scales of the GEMM-ready shape of [n, k].
+pub fn check_gathered_scales(
+    t: &Tensor,
+    what: &str,
+    mode: BlockMode,
+    n: usize,
+    k: usize,
+) -> Result<()> {
+    let want = gemm_ready_scale_shape(mode, n, k);
+    let s = &t.scale_inv;
+    if t.block_mode() != Some(mode)
+        || s.dtype != DType::F32
+        || s.shape.as_slice() != want
+        || s.ptr.is_null()
+    {
+        invalid!(
+            "tensor `{what}` of block-scaled B must be {} with f32 scale_inv {want:?} (the GEMM-ready scales of all of B [{n}, {k}]), got scaling mode {} with scale_inv {} of {}",
+            mode.name(),
+            mode_name(t.scaling_mode),
+            s.shape,
+            s.dtype.name()
+        );
+    }
+    Ok(())
+}
+
 /// TE's name of a scaling mode value (the C enum lives in `ffi`).
 fn mode_name(mode: u32) -> String {
     if let Some(b) = BlockMode::from_scaling_mode(mode) {

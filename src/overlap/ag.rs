@@ -27,7 +27,7 @@ use crate::cuda::StreamHandle;
 use crate::error::Result;
 use crate::gemm::sm90::{Hooks, SideCopy, TILE_ROWS, k_blocks, k_slice_bytes};
 use crate::gemm::{self, Epilogue, GemmDesc, TeGemm};
-use crate::tensor::{Buffer, Shape, Tensor};
+use crate::tensor::{BlockMode, Buffer, Shape, Tensor};
 use crate::transport::{RecvOp, SendOp, WaitInfo};
 use crate::{invalid, unsupported};
 
@@ -89,6 +89,8 @@ struct AgScales {
     slot: usize,
     /// bytes of one chunk's scales
     bytes: usize,
+    /// B_copy's scales, when a B_copy was given
+    out: Option<ScaleOut>,
 }
 
 impl AgScales {
@@ -96,6 +98,63 @@ impl AgScales {
     fn at(&self, c: usize) -> usize {
         self.base + c * self.slot
     }
+}
+
+/// Where a chunk's GEMM-ready scales go in B_copy's (the GEMM-ready scales of all of B):
+/// chunk c's `height` rows of `width` bytes (a row `spitch` apart in its slot) to
+/// `dst + c * step`, a row `dpitch` apart. 1D: the chunk's rows are columns of the k/128
+/// scale rows; 2D: its whole 128-row tiles are rows of B_copy's.
+#[derive(Clone, Copy, Debug)]
+struct ScaleOut {
+    dst: DevPtr,
+    dpitch: usize,
+    spitch: usize,
+    width: usize,
+    height: usize,
+    step: usize,
+}
+
+/// B_copy of block-scaled B (all of B [n, k], chunks of nc rows, each with `mode`'s
+/// GEMM-ready scales of the shape of `local`, this rank's): its data checked as any
+/// B_copy's (by the caller), its scaling mode B's, its scales f32 of the GEMM-ready shape
+/// of [n, k]; with 2D scales, chunks of whole 128-row tiles (B_copy's scale rows are the
+/// tiles of all of B, and a tile cannot hold two ranks' scales).
+fn block_copy_out(
+    bc: &Tensor,
+    mode: BlockMode,
+    local: &Buffer,
+    nc: usize,
+    n: usize,
+    k: usize,
+) -> Result<ScaleOut> {
+    gemm::block::check_gathered_scales(bc, "B_copy", mode, n, k)?;
+    let s = &bc.scale_inv;
+    let want = gemm::block::gemm_ready_scale_shape(mode, n, k);
+    let (sr, sc) = match local.shape.as_slice() {
+        &[r, c] => (r, c),
+        _ => invalid!("B's block scales must be 2-D, got {}", local.shape),
+    };
+    Ok(match mode {
+        BlockMode::OneD => ScaleOut {
+            dst: s.ptr,
+            dpitch: want[1] * 4,
+            spitch: sc * 4,
+            width: nc * 4,
+            height: sr,
+            step: nc * 4,
+        },
+        BlockMode::TwoD if !nc.is_multiple_of(128) => unsupported!(
+            "B_copy of 2D-scaled B needs each rank's rows n/tp = {nc} in whole 128-row tiles (B_copy's scales are the tiles of all of B)"
+        ),
+        BlockMode::TwoD => ScaleOut {
+            dst: s.ptr,
+            dpitch: sc * 4,
+            spitch: sc * 4,
+            width: sc * 4,
+            height: sr,
+            step: sr * sc * 4,
+        },
+    })
 }
 
 /// The buffer layout of an all-gather of block-scaled B: `data_bytes` of gathered data,
@@ -252,15 +311,7 @@ impl Planner<'_> {
             DevPtr::NULL
         };
         if let Some(c) = x.b_copy {
-            let cb = &c.data;
-            if cb.dtype != self.dtype() || cb.numel() != n * k || cb.ptr.is_null() {
-                invalid!(
-                    "tensor `B_copy` must be [{n}, {k}] of {} with data, got {} of {}",
-                    self.dtype().name(),
-                    cb.shape,
-                    cb.dtype.name()
-                );
-            }
+            self.check_b_copy_data(c, n, k)?;
         }
         let local_src = if is_view {
             self.buffer() + r * nc * k * e
@@ -298,11 +349,6 @@ impl Planner<'_> {
                 "with block-scaled FP8 inputs, B must be this rank's shard [n/tp, k] with its scales, not the buffer view (the buffer's chunks carry no scales of their own)"
             );
         }
-        if x.b_copy.is_some() {
-            unsupported!(
-                "B_copy with block-scaled FP8 inputs: the gathered B would need its block scales too; quantize the gathered B where it is used"
-            );
-        }
         let Some((nc, k)) = shard.rows_cols() else {
             invalid!(
                 "tensor `B` must have at least 2 dimensions, got {}",
@@ -310,6 +356,14 @@ impl Planner<'_> {
             );
         };
         let n = nc * tp;
+        // B_copy: the gathered data and, chunk by chunk, the scales in its GEMM-ready ones.
+        let out = match (x.b_copy, x.g.b.block_mode()) {
+            (Some(bc), Some(mode)) => {
+                self.check_b_copy_data(bc, n, k)?;
+                Some(block_copy_out(bc, mode, &x.g.b.scale_inv, nc, n, k)?)
+            }
+            _ => None,
+        };
         let (m, dt) = (x.g.d.data.rows_cols().map_or(0, |d| d.1), x.g.d.data.dtype);
         block_outputs_gathered(&x.g, n, m)?;
         // The local chunk's GEMM checks the operands: D's and pre_gelu_out's first nc rows.
@@ -351,6 +405,7 @@ impl Planner<'_> {
             base,
             slot,
             bytes: scale_bytes,
+            out,
         };
         // The gathered GEMM: its B the buffer, its scales the slots (each chunk's GEMM
         // takes its own slot's). Run whole only by NVTE_COMM_REPORT's GEMM-alone timing,
@@ -374,7 +429,22 @@ impl Planner<'_> {
         })
     }
 
-    /// B_copy of chunk c's rows [lo, hi), on `lane`.
+    /// `B_copy` of the all-gather: [n, k] of the buffer's type, with data.
+    fn check_b_copy_data(&self, c: &Tensor, n: usize, k: usize) -> Result<()> {
+        let cb = &c.data;
+        if cb.dtype != self.dtype() || cb.numel() != n * k || cb.ptr.is_null() {
+            invalid!(
+                "tensor `B_copy` must be [{n}, {k}] of {} with data, got {} of {}",
+                self.dtype().name(),
+                cb.shape,
+                cb.dtype.name()
+            );
+        }
+        Ok(())
+    }
+
+    /// B_copy of chunk c's rows [lo, hi), on `lane`; block-scaled B's whole chunk brings
+    /// its scales (from its slot in the buffer) into B_copy's.
     fn ag_copy_out(
         &mut self,
         x: &AgArgs,
@@ -393,6 +463,23 @@ impl Planner<'_> {
                 lane,
             );
         }
+        if let Some((sc, o)) = sh.scales.and_then(|sc| sc.out.map(|o| (sc, o))) {
+            let src = self.buffer() + sc.at(c);
+            self.copy_scales_out(o, c, src, lane);
+        }
+    }
+
+    /// Chunk c's scales (at `src`, as in its slot) into B_copy's.
+    fn copy_scales_out(&mut self, o: ScaleOut, c: usize, src: DevPtr, lane: Lane) {
+        self.copy_2d(
+            o.dst + c * o.step,
+            o.dpitch,
+            src,
+            o.spitch,
+            o.width,
+            o.height,
+            lane,
+        );
     }
 
     /// Comm streams: the rings; ev_chunk[c * pieces + j] marks piece j of chunk c landed,
@@ -534,6 +621,9 @@ impl Planner<'_> {
                 segs.push((bc.data.ptr + r * cb, sh.local_src, cb));
             }
             self.copy_segments(&segs, Lane::Caller, true);
+            if let Some((sc, o)) = sh.scales.and_then(|sc| sc.out.map(|o| (sc, o))) {
+                self.copy_scales_out(o, r, sc.local, Lane::Caller);
+            }
             return SideCopy::default();
         }
         let c1 = if ring.forward.is_empty() && ring.backward.is_empty() {

@@ -2351,7 +2351,20 @@ fn check_block_ag(
     modes: [crate::tensor::BlockMode; 2],
     plan_with: &dyn Fn(&mut Planner, &AgArgs) -> Result<()>,
 ) -> Res {
-    let (nc, k, m) = (8, 144, 136);
+    check_block_ag_copy(tp, cfg, modes, plan_with, (8, false))
+}
+
+/// [`check_block_ag`] with shards of `nc` rows and, with `copy`, a B_copy on every rank
+/// (B's scaling mode, GEMM-ready scales of all of B), which must hold all of B: the
+/// gathered data, dequantized by its own scales to the shards' values.
+fn check_block_ag_copy(
+    tp: usize,
+    cfg: Cfg,
+    modes: [crate::tensor::BlockMode; 2],
+    plan_with: &dyn Fn(&mut Planner, &AgArgs) -> Result<()>,
+    (nc, copy): (usize, bool),
+) -> Res {
+    let (k, m) = (144, 136);
     let n = nc * tp;
     let mut mem = Mem::default();
     let ops: Vec<_> = (0..tp)
@@ -2369,17 +2382,23 @@ fn check_block_ag(
         .map(|r| mem.alloc(&format!("D{r}"), n * m * 4))
         .collect();
     let cfg = cfg.with_dtype(DType::E4M3);
+    let copies: Vec<Tensor> = (0..tp * copy as usize)
+        .map(|r| block_copy(&mut mem, r, modes[1], (n, k)))
+        .collect();
     let mut plan_call = |p: &mut Planner, r: usize| {
         let td = tensor(ds[r], &[n, m]);
         let args = AgArgs {
             g: gemm(&ops[r].0.t, &ops[r].1.t, &td),
-            b_copy: None,
+            b_copy: copies.get(r),
             key_m: None,
         };
         plan_with(p, &args)
     };
     run_group(tp, geometry, cfg, &mut mem, &bufs, &mut plan_call)?;
     let gathered: Vec<f32> = ops.iter().flat_map(|(_, b)| b.deq.clone()).collect();
+    for (r, t) in copies.iter().enumerate() {
+        expect_block_values(&mem, t, &gathered, &format!("rank {r}: B_copy"))?;
+    }
     for (r, &d) in ds.iter().enumerate() {
         let want = matmul_nt(&gathered, &ops[r].0.deq, n, k, m);
         expect_once(&mem, d, &want, &format!("rank {r}: D"))?;
@@ -2451,6 +2470,73 @@ fn block_scaled_all_gather() {
             check_block_ag(tp, Cfg::fused(f, false), modes, &fused)
         });
     }
+}
+
+/// An unwritten B_copy of block-scaled B [n, k] for rank `r`: e4m3 data and f32 scales of
+/// the GEMM-ready shape of `mode`.
+pub(crate) fn block_copy(
+    mem: &mut Mem,
+    r: usize,
+    mode: crate::tensor::BlockMode,
+    (n, k): (usize, usize),
+) -> Tensor {
+    let sshape = crate::gemm::block::gemm_ready_scale_shape(mode, n, k);
+    let pd = mem.alloc(&format!("B_copy{r}.data"), n * k);
+    let ps = mem.alloc(&format!("B_copy{r}.scale_inv"), 4 * sshape[0] * sshape[1]);
+    Tensor {
+        scaling_mode: mode.scaling_mode(),
+        data: Buffer::new(pd, DType::E4M3, Shape::new(&[n, k]).unwrap()).unwrap(),
+        scale_inv: Buffer::new(ps, DType::F32, Shape::new(&sshape).unwrap()).unwrap(),
+        ..Default::default()
+    }
+}
+
+/// Block-scaled e4m3 `t` [n, k] (rowwise, GEMM-ready scales), dequantized, equals `want`.
+pub(crate) fn expect_block_values(mem: &Mem, t: &Tensor, want: &[f32], what: &str) -> Res {
+    use crate::tensor::BlockMode;
+    let [n, k] = [t.data.shape.as_slice()[0], t.data.shape.as_slice()[1]];
+    let (i, o) = mem.find(t.data.ptr, n * k)?;
+    let (j, p) = mem.find(t.scale_inv.ptr, t.scale_inv.bytes())?;
+    let bytes = &mem.allocs[i].data[o..o + n * k];
+    let scales: Vec<f32> = mem.allocs[j].data[p..p + t.scale_inv.bytes()]
+        .chunks(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    let cols = t.scale_inv.shape.as_slice()[1];
+    for (e, &w) in want.iter().enumerate().take(n * k) {
+        let (row, l) = (e / k, e % k);
+        let si = match t.block_mode() {
+            Some(BlockMode::OneD) => (l / 128) * cols + row,
+            _ => (row / 128) * cols + l / 128,
+        };
+        let got = e4m3(bytes[e]) * scales[si];
+        if got != w {
+            return Err(format!("{what}: element ({row}, {l}) is {got}, not {w}"));
+        }
+    }
+    Ok(())
+}
+
+/// All-gather + GEMM with block-scaled inputs and a B_copy on every rank: it holds all of
+/// B (data and GEMM-ready scales) after the call, 1D-scaled B with shards of 8 rows,
+/// 2D-scaled B with shards of 128 (whole tiles); 2D-scaled shards of 8 rows are refused
+/// (B_copy's scales are the tiles of all of B).
+#[test]
+fn block_scaled_all_gather_fills_b_copy() {
+    use crate::tensor::BlockMode::{OneD, TwoD};
+    let split = |p: &mut Planner, x: &AgArgs| p.split_ag(x);
+    for (modes, nc) in [([TwoD, OneD], 8), ([OneD, OneD], 8), ([OneD, TwoD], 128)] {
+        all(&format!("split_ag (block {modes:?}, B_copy)"), |tp, f| {
+            check_block_ag_copy(tp, Cfg::new(f), modes, &split, (nc, true))
+        });
+    }
+    all(
+        "split_ag (block 2D B of 8 rows a rank, B_copy)",
+        |tp, f| match check_block_ag_copy(tp, Cfg::new(f), [OneD, TwoD], &split, (8, true)) {
+            Err(e) if e.contains("whole 128-row tiles") => Ok(()),
+            other => Err(format!("not refused for its tiles: {other:?}")),
+        },
+    );
 }
 
 /// All-gather + GEMM with block-scaled inputs: a pre_gelu_out (the DGELU epilogue's
