@@ -922,6 +922,7 @@ impl CommGemmCtx {
                     "n is split: this rank's share is numroc(n)",
                 )?;
                 expect_shape(c.d, "d", [n, ml], "D = this rank's m-share x all of n")?;
+                Self::check_b_gathered(c, n, k, c.b.data.dtype)?;
                 if let Some(b) = c.bias
                     && b.data.numel() != ml
                 {

@@ -162,10 +162,12 @@ void run_overlap_rs(Report &rep, NVTECommOverlap *ov, const std::string &what, N
 }
 
 // `call` (which enqueues on `s` and returns its status) into a poisoned D, checked; then
-// captured in a CUDA graph and replayed twice into a poisoned D, checked again.
+// captured in a CUDA graph and replayed twice into a poisoned D, checked again. `after`
+// (when given) runs after each of the three checks, with its label.
 void eager_and_replayed(Report &rep, const std::string &what, const std::function<NVTECommStatus()> &call, DevBuf &d,
                         NVTEDType td, const std::vector<double> &ref, const std::vector<double> &mag, int64_t row0,
-                        int64_t rows, int64_t m, int size, cudaStream_t s) {
+                        int64_t rows, int64_t m, int size, cudaStream_t s,
+                        const std::function<void(const std::string &)> &after = nullptr) {
   d.poison();
   NVTECommStatus st = call();
   std::string msg = nvte_comm_last_error();
@@ -175,6 +177,7 @@ void eager_and_replayed(Report &rep, const std::string &what, const std::functio
     return;
   }
   if (compare(rep, what + " (eager)", d, td, ref, mag, row0, rows, m, size) != 0) return;
+  if (after) after(" (eager)");
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
   CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
@@ -190,6 +193,7 @@ void eager_and_replayed(Report &rep, const std::string &what, const std::functio
       CUDA_OK(cudaGraphLaunch(exec, s));
       CUDA_OK(cudaStreamSynchronize(s));
       compare(rep, what + " (graph replay " + std::to_string(replay) + ")", d, td, ref, mag, row0, rows, m, size);
+      if (after) after(" (graph replay " + std::to_string(replay) + ")");
     }
     CUDA_OK(cudaGraphExecDestroy(exec));
   }
@@ -250,17 +254,25 @@ void run_overlap_ag(Report &rep, NVTECommOverlap *ov, const std::string &what, N
                                       bc ? bc->h : nullptr, s);
   };
   const std::string name = what + (bc ? " [userbuffers split_ag, B_copy]" : " [userbuffers split_ag]");
-  eager_and_replayed(rep, name, call, D.data, kNVTEFloat32, ref, mag, 0, n, ml, size, s);
-  if (!bc) return;
-  Tensor back(kNVTEFloat32, {(size_t)n, k});
-  nvte_dequantize(bc->h, back.h, s);
-  const bool ok = nvte_comm_last_status() == NVTE_COMM_SUCCESS;
-  CUDA_OK(cudaStreamSynchronize(s));
-  std::vector<double> got = ok ? decode(back.data.download(), kNVTEFloat32, n * k) : std::vector<double>();
-  size_t bad = 0;
-  for (size_t i = 0; i < got.size(); ++i) bad += got[i] != (*b_all)[i];
-  rep.check(ok && bad == 0, name + ": B_copy dequantized equals every rank's shard (" + std::to_string(bad) +
-                                " elements differ" + (ok ? ")" : "; " + std::string(nvte_comm_last_error()) + ")"));
+  // After each run: B_copy dequantized against the shards, then poisoned again (each
+  // replay must write it too).
+  auto check_copy = [&](const std::string &when) {
+    Tensor back(kNVTEFloat32, {(size_t)n, k});
+    nvte_dequantize(bc->h, back.h, s);
+    const bool ok = nvte_comm_last_status() == NVTE_COMM_SUCCESS;
+    CUDA_OK(cudaStreamSynchronize(s));
+    std::vector<double> got = ok ? decode(back.data.download(), kNVTEFloat32, n * k) : std::vector<double>();
+    size_t bad = 0;
+    for (size_t i = 0; i < got.size(); ++i) bad += got[i] != (*b_all)[i];
+    rep.check(ok && bad == 0, name + when + ": B_copy dequantized equals every rank's shard (" +
+                                  std::to_string(bad) + " elements differ" +
+                                  (ok ? ")" : "; " + std::string(nvte_comm_last_error()) + ")"));
+    bc->data.poison();
+    bc->sinv.poison();
+  };
+  std::function<void(const std::string &)> after;
+  if (bc) after = check_copy;
+  eager_and_replayed(rep, name, call, D.data, kNVTEFloat32, ref, mag, 0, n, ml, size, s, after);
 }
 
 void run_case(Report &rep, NVTECommGemmCtx *ctx, const Overlaps &ovs, const Case &c, uint64_t seed, int rank, int size,

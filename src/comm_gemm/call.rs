@@ -120,7 +120,8 @@ pub(crate) fn check_block(c: &GemmCall, nranks: usize, direct: bool) -> Result<(
             "nvte_all_gather_gemm with block-scaled FP8 inputs needs transb = false: B's rowwise data [n/nranks, k] and its scales are gathered along its rows"
         ),
         Kind::AllGather
-            if c.b_gathered.is_some()
+            if nranks > 1
+                && c.b_gathered.is_some()
                 && c.b.block_mode() == Some(crate::tensor::BlockMode::TwoD)
                 && (c.n / nranks as i64) % 128 != 0 =>
         {
@@ -208,7 +209,6 @@ fn all_gather<B: CallBackend>(b: &mut B, c: &GemmCall, ws: &Tensor) -> Result<()
         if let Some(p) = aux {
             expect_shape(p, "pre_act_out", [n, ml], "like D")?;
         }
-        super::CommGemmCtx::check_b_gathered(c, n, k, dt)?;
         // b_gathered is B itself: its data, and with block-scaled B its scales (of the
         // same shape, checked) too.
         let mut copies = crate::host::Small::<(DevPtr, DevPtr, usize), 2>::default();
@@ -232,7 +232,6 @@ fn all_gather<B: CallBackend>(b: &mut B, c: &GemmCall, ws: &Tensor) -> Result<()
         expect_shape(p, "pre_act_out", [n, ml], "like D")?;
     }
     b.configure(eng, c)?;
-    super::CommGemmCtx::check_b_gathered(c, n, k, dt)?;
     let padded = bn * nr != n || bn != numroc(c.n, nr, r) as usize;
     if !padded {
         if b.preparing() {

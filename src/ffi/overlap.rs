@@ -315,7 +315,8 @@ pub extern "C" fn nvte_comm_overlap_copy_into_buffer(
 /// buffer view (local chunk filled) or this rank's shard [n/tp, k]. Bias, pre_gelu_out,
 /// grad and accumulate apply to every chunk GEMM; `B_copy` (optional, [n, k]) receives
 /// the gathered B (block-scaled B: with B's scaling mode and the GEMM-ready scales of
-/// [n, k], which receive every rank's scales). Asynchronous on `stream`.
+/// [n, k], which receive every rank's scales; 2D scales at tp > 1 need n/tp in whole
+/// 128-row tiles). Asynchronous on `stream`.
 #[unsafe(no_mangle)]
 #[allow(non_snake_case)]
 pub extern "C" fn nvte_comm_overlap_split_ag(

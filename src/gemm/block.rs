@@ -35,7 +35,8 @@ pub fn gemm_ready_scale_shape(b: BlockMode, rows: usize, cols: usize) -> [usize;
 }
 
 /// A gathered copy `t` (named `what`) of block-scaled B of `mode` (all of B, [n, k] rows
-/// of k values): B's scaling mode, with f32 scales of the GEMM-ready shape of [n, k].
+/// of k values): B's scaling mode in the GEMM-ready format, rowwise data [n, k], with f32
+/// scales of the GEMM-ready shape of [n, k].
 pub fn check_gathered_scales(
     t: &Tensor,
     what: &str,
@@ -45,6 +46,17 @@ pub fn check_gathered_scales(
 ) -> Result<()> {
     let want = gemm_ready_scale_shape(mode, n, k);
     let s = &t.scale_inv;
+    if t.data.rows_cols() != Some((n, k)) {
+        invalid!(
+            "tensor `{what}` of block-scaled B holds all of B as rowwise data [{n}, {k}], got {}",
+            t.data.shape
+        );
+    }
+    if t.block_format == ScaleFormat::Compact {
+        unsupported!(
+            "tensor `{what}` of block-scaled B is flagged for the COMPACT scale format: it receives GEMM-ready scales"
+        );
+    }
     if t.block_mode() != Some(mode)
         || s.dtype != DType::F32
         || s.shape.as_slice() != want
@@ -661,6 +673,34 @@ mod tests {
                 buf(0x40000, DType::F32, &gemm_ready_scale_shape(b, cols, rows));
         }
         t
+    }
+
+    #[test]
+    fn a_gathered_copy_is_all_of_b_with_gemm_ready_scales() {
+        use BlockMode::{OneD, TwoD};
+        let msg = |t: &Tensor, mode| check_gathered_scales(t, "B_copy", mode, 256, 384);
+        for mode in [OneD, TwoD] {
+            let ok = block_tensor(mode, 256, 384, true, false);
+            msg(&ok, mode).unwrap();
+            let other = if mode == OneD { TwoD } else { OneD };
+            let e = msg(&ok, other).unwrap_err().msg;
+            assert!(e.contains("scale_inv"), "{e}");
+            let e = msg(&block_tensor(mode, 384, 256, true, false), mode)
+                .unwrap_err()
+                .msg;
+            assert!(e.contains("rowwise data [256, 384]"), "{e}");
+            let compact = Tensor {
+                block_format: ScaleFormat::Compact,
+                ..ok.clone()
+            };
+            let e = msg(&compact, mode).unwrap_err().msg;
+            assert!(e.contains("COMPACT"), "{e}");
+            let small = Tensor {
+                scale_inv: buf(0x20000, DType::F32, &[1, 4]),
+                ..ok.clone()
+            };
+            assert!(msg(&small, mode).is_err());
+        }
     }
 
     fn out(n: usize, m: usize, dtype: DType) -> Tensor {

@@ -117,8 +117,8 @@ struct ScaleOut {
 /// B_copy of block-scaled B (all of B [n, k], chunks of nc rows, each with `mode`'s
 /// GEMM-ready scales of the shape of `local`, this rank's): its data checked as any
 /// B_copy's (by the caller), its scaling mode B's, its scales f32 of the GEMM-ready shape
-/// of [n, k]; with 2D scales, chunks of whole 128-row tiles (B_copy's scale rows are the
-/// tiles of all of B, and a tile cannot hold two ranks' scales).
+/// of [n, k]; with 2D scales at tp > 1, chunks of whole 128-row tiles (B_copy's scale rows
+/// are the tiles of all of B, and a tile cannot hold two ranks' scales).
 fn block_copy_out(
     bc: &Tensor,
     mode: BlockMode,
@@ -143,7 +143,7 @@ fn block_copy_out(
             height: sr,
             step: nc * 4,
         },
-        BlockMode::TwoD if !nc.is_multiple_of(128) => unsupported!(
+        BlockMode::TwoD if nc != n && !nc.is_multiple_of(128) => unsupported!(
             "B_copy of 2D-scaled B needs each rank's rows n/tp = {nc} in whole 128-row tiles (B_copy's scales are the tiles of all of B)"
         ),
         BlockMode::TwoD => ScaleOut {

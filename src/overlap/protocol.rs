@@ -2519,22 +2519,36 @@ pub(crate) fn expect_block_values(mem: &Mem, t: &Tensor, want: &[f32], what: &st
 
 /// All-gather + GEMM with block-scaled inputs and a B_copy on every rank: it holds all of
 /// B (data and GEMM-ready scales) after the call, 1D-scaled B with shards of 8 rows,
-/// 2D-scaled B with shards of 128 (whole tiles); 2D-scaled shards of 8 rows are refused
-/// (B_copy's scales are the tiles of all of B).
+/// 2D-scaled B with shards of 128 (whole tiles), by the ring and by the fused all-gather
+/// planned explicitly; 2D-scaled shards of 8 rows at tp > 1 are refused (B_copy's scales
+/// are the tiles of all of B), at tp 1 copied whole.
 #[test]
 fn block_scaled_all_gather_fills_b_copy() {
     use crate::tensor::BlockMode::{OneD, TwoD};
     let split = |p: &mut Planner, x: &AgArgs| p.split_ag(x);
+    let fused = |p: &mut Planner, x: &AgArgs| {
+        let algo = Algo::FusedAg {
+            pieces: 4,
+            k_slices: true,
+            tiles: Tiles::Rule,
+        };
+        p.plan(algo, &algo::Call::Ag(x))
+    };
     for (modes, nc) in [([TwoD, OneD], 8), ([OneD, OneD], 8), ([OneD, TwoD], 128)] {
         all(&format!("split_ag (block {modes:?}, B_copy)"), |tp, f| {
             check_block_ag_copy(tp, Cfg::new(f), modes, &split, (nc, true))
         });
+        all(
+            &format!("fused_ag (block {modes:?}, B_copy, planned)"),
+            |tp, f| check_block_ag_copy(tp, Cfg::fused(f, false), modes, &fused, (nc, true)),
+        );
     }
     all(
         "split_ag (block 2D B of 8 rows a rank, B_copy)",
         |tp, f| match check_block_ag_copy(tp, Cfg::new(f), [OneD, TwoD], &split, (8, true)) {
-            Err(e) if e.contains("whole 128-row tiles") => Ok(()),
-            other => Err(format!("not refused for its tiles: {other:?}")),
+            Ok(()) if tp == 1 => Ok(()),
+            Err(e) if tp > 1 && e.contains("whole 128-row tiles") => Ok(()),
+            other => Err(format!("tp {tp}: {other:?}")),
         },
     );
 }

@@ -375,6 +375,8 @@ def _steps_equal_bit_for_bit():
     out = {}
     for c in ("auto", "jnp"):
         step, args = _block_mlp_step(c)
+        casts = step.lower(*args).compile().as_text().count('custom_call_target="te_comm_block_quantize"')
+        assert casts == (6 if c == "auto" else 0), (c, casts)  # the library's casts, or none
         step(*args)  # the GEMMs' first eager runs time their candidates: then fixed
         loss, grads = step(*args)
         out[c] = [np.asarray(loss, np.float32)] + [np.asarray(g, np.float32) for g in grads]
