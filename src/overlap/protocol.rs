@@ -2459,17 +2459,19 @@ fn block_scaled_all_gather() {
         );
         // ... and the fused all-gather planned explicitly runs cuBLASLt GEMMs per chunk.
         all(&format!("fused_ag (block {name}, planned)"), |tp, f| {
-            let fused = |p: &mut Planner, x: &AgArgs| {
-                let algo = Algo::FusedAg {
-                    pieces: 4,
-                    k_slices: true,
-                    tiles: Tiles::Rule,
-                };
-                p.plan(algo, &algo::Call::Ag(x))
-            };
-            check_block_ag(tp, Cfg::fused(f, false), modes, &fused)
+            check_block_ag(tp, Cfg::fused(f, false), modes, &plan_fused_ag)
         });
     }
+}
+
+/// The fused all-gather planned explicitly (4 K-slice pieces), whatever the policy says.
+fn plan_fused_ag(p: &mut Planner, x: &AgArgs) -> Result<()> {
+    let algo = Algo::FusedAg {
+        pieces: 4,
+        k_slices: true,
+        tiles: Tiles::Rule,
+    };
+    p.plan(algo, &algo::Call::Ag(x))
 }
 
 /// An unwritten B_copy of block-scaled B [n, k] for rank `r`: e4m3 data and f32 scales of
@@ -2526,21 +2528,15 @@ pub(crate) fn expect_block_values(mem: &Mem, t: &Tensor, want: &[f32], what: &st
 fn block_scaled_all_gather_fills_b_copy() {
     use crate::tensor::BlockMode::{OneD, TwoD};
     let split = |p: &mut Planner, x: &AgArgs| p.split_ag(x);
-    let fused = |p: &mut Planner, x: &AgArgs| {
-        let algo = Algo::FusedAg {
-            pieces: 4,
-            k_slices: true,
-            tiles: Tiles::Rule,
-        };
-        p.plan(algo, &algo::Call::Ag(x))
-    };
     for (modes, nc) in [([TwoD, OneD], 8), ([OneD, OneD], 8), ([OneD, TwoD], 128)] {
         all(&format!("split_ag (block {modes:?}, B_copy)"), |tp, f| {
             check_block_ag_copy(tp, Cfg::new(f), modes, &split, (nc, true))
         });
         all(
             &format!("fused_ag (block {modes:?}, B_copy, planned)"),
-            |tp, f| check_block_ag_copy(tp, Cfg::fused(f, false), modes, &fused, (nc, true)),
+            |tp, f| {
+                check_block_ag_copy(tp, Cfg::fused(f, false), modes, &plan_fused_ag, (nc, true))
+            },
         );
     }
     all(
