@@ -44,6 +44,10 @@ const ALLOWED: &[(&str, &str)] = &[
     ),
     ("src/gemm/block.rs::is_block", "reads the scaling modes"),
     (
+        "src/gemm/block.rs::check_gathered_scales",
+        "validates a gathered copy's shape, format and block scales",
+    ),
+    (
         "src/gemm/sm90.rs::supports",
         "reads the descriptor's shape and types",
     ),
