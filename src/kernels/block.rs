@@ -420,12 +420,18 @@ const FLAG_GELU: i32 = 4;
 /// BlockQuantArgs::flags: x * GELU'(act_in) quantized (BlockQuantConfig::dgelu_input).
 const FLAG_DGELU: i32 = 8;
 
+/// BlockQuantArgs::flags: each block first asks the L2 for the input tile a fixed count
+/// of tiles on (which a later block loads).
+const FLAG_PREFETCH: i32 = 16;
+
 /// The kernel's flags NVTE_COMM_BLOCK_QUANT selects (read at each call): `fast`
-/// (default) both, `previous` neither (the previous kernel's paths, for A/B benches).
+/// (default) FLAG_ROWS8 and FLAG_PACKED, `previous` neither (the previous kernel's paths,
+/// for A/B benches), `prefetch` all three.
 fn quant_flags() -> Result<i32> {
     Ok(match crate::env::BLOCK_QUANT.get()? {
         None | Some(0) => FLAG_ROWS8 | FLAG_PACKED,
-        Some(_) => 0,
+        Some(1) => 0,
+        Some(_) => FLAG_ROWS8 | FLAG_PACKED | FLAG_PREFETCH,
     })
 }
 
@@ -856,7 +862,7 @@ mod tests {
     #[test]
     fn the_launch_knob_names_both_kernel_paths() {
         match crate::env::BLOCK_QUANT.0.kind {
-            crate::env::Kind::Choice(words) => assert_eq!(words, ["fast", "previous"]),
+            crate::env::Kind::Choice(words) => assert_eq!(words, ["fast", "previous", "prefetch"]),
             _ => panic!("NVTE_COMM_BLOCK_QUANT is a choice"),
         }
         assert_eq!(FLAG_ROWS8 & FLAG_PACKED, 0);
