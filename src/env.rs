@@ -346,9 +346,15 @@ pub static CAST_TRANSPOSE: Variants = Variants::new(
 );
 pub static BLOCK_QUANT: Choice = Choice::new(
     "NVTE_COMM_BLOCK_QUANT",
-    &["fast", "previous", "prefetch"],
+    &[
+        "fast",
+        "previous",
+        "prefetch",
+        "prefetch-near",
+        "prefetch-far",
+    ],
     "fast",
-    "paths of the FP8 block-scaling quantize: fast, previous or prefetch (read at each call)",
+    "paths of the FP8 block-scaling quantize: fast, previous, prefetch, prefetch-near or prefetch-far (read at each call)",
 );
 // The kernel cache.
 pub static DISABLE_KERNEL_CACHE: Flag = Flag::new(

@@ -372,8 +372,8 @@ void check_dequantize(const Case &c, const Input &in, BlockOut &out, const Expec
 }
 
 // NVTE_COMM_BLOCK_QUANT's values (the library's default first).
-const char *const kLaunches[] = {"fast", "previous", "prefetch"};
-constexpr int kNumLaunches = 3;
+const char *const kLaunches[] = {"fast", "previous", "prefetch", "prefetch-near", "prefetch-far"};
+constexpr int kNumLaunches = 5;
 
 bool same_bytes(const DevBuf &a, const DevBuf &b) {
   if (a.p == nullptr || b.p == nullptr) return a.p == b.p;
