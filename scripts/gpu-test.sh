@@ -3,8 +3,9 @@
 # test on 1, 2, 4 and 8 GPUs as available (or on the rank counts given), then the Python
 # packages' GPU tests, the examples and the benchmarks. Stages (TE_COMM_STAGES, default all):
 #   c            the C/C++ GPU tests (test_api, test_teardown, test_gemm, test_overlap,
-#                test_comm_gemm, test_graph; test_comm_gemm_fp8, with one GPU also at 2 and
-#                4 ranks sharing it)
+#                test_comm_gemm, test_graph; test_comm_gemm_fp8 and test_comm_gemm_block,
+#                with one GPU also at 2 and 4 ranks sharing it; test_block_quant and
+#                test_block_gemm on one GPU)
 #   reliability  fault injection, the cross-rank check, soak and churn (test_reliability),
 #                processes and threads
 #   sanitizer    compute-sanitizer memcheck, racecheck and synccheck on test_comm_gemm and
@@ -105,6 +106,15 @@ if [[ $stages == *" c "* ]]; then
   [ "$ngpu" -lt 2 ] && fp8_nps+=(2 4)
   for np in "${fp8_nps[@]}"; do
     run test_comm_gemm_fp8 "$np" "$root/tests_c/run_mpi.sh" "$np" "$build/tests_c/test_comm_gemm_fp8"
+  done
+  # Block-scaled FP8: quantize / dequantize bit for bit and the GEMM entries (one GPU),
+  # then the comm-GEMM and userbuffers calls with block inputs (B_copy included) at every
+  # rank count, and with one GPU also 2 and 4 ranks sharing it.
+  for t in test_block_quant test_block_gemm; do
+    run "$t" 1 "$root/tests_c/run_mpi.sh" 1 "$build/tests_c/$t"
+  done
+  for np in "${fp8_nps[@]}"; do
+    run test_comm_gemm_block "$np" "$root/tests_c/run_mpi.sh" "$np" "$build/tests_c/test_comm_gemm_block"
   done
 fi
 
