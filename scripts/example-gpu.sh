@@ -12,7 +12,8 @@
 #   --tol T           max relative loss difference, overlap vs no-overlap (default 0.02)
 #   --np LIST         comma list of GPU counts (default 2,4; counts above the GPUs present
 #                     are left out)
-#   --recipes LIST    comma list of none (bf16), delayed, current (default all three)
+#   --recipes LIST    comma list of none (bf16), delayed, current, block (default the first
+#                     three; block: --fp8-recipe block, Float8BlockScaling)
 #   -h, --help        this text
 # Environment: TE_COMM_LIB (else target/release, built by cargo when present), OUT (default
 # gpu-out/; everything goes to $OUT/example), PYTHON (default python3).
@@ -43,7 +44,7 @@ py=${PYTHON:-python3}
 ngpu=$(gpu_count)
 [ "$ngpu" -ge 2 ] || { echo "example-gpu: SKIPPED (needs 2 GPUs, found $ngpu)"; exit 77; }
 
-configs=()   # "NPROC REPLICAS RECIPE" (RECIPE: none = bf16, delayed, current = --fp8)
+configs=()   # "NPROC REPLICAS RECIPE" (RECIPE: none = bf16, delayed, current, block = --fp8)
 for np in ${nplist//,/ }; do
   [ "$np" -le "$ngpu" ] || continue
   for r in ${recipes//,/ }; do configs+=("$np 1 $r"); done

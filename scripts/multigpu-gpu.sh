@@ -17,8 +17,15 @@
 #      ranks, processes and threads; the PyTorch package tests (scripts/torch-gpu.sh); the
 #      JAX tests and example; the PyTorch example at 2 GPUs; torch_ops at 2;
 #      compute-sanitizer memcheck.
+#   f  block-scaled FP8 (Float8BlockScaling) on separate GPUs: test_comm_gemm_block at every
+#      rank count (all-gather with the scales, B_copy, reduce-scatter, all-reduce, both C
+#      APIs, graph replays); the torch modules at the largest count
+#      (python/tests/torch/test_block_fp8_tp.py); the PyTorch example at the largest count
+#      in bf16 and block FP8, with and without overlap; the JAX example's block MLP against
+#      bf16 on every GPU (one process); the quantize kernel's A/B bench (test_block_quant,
+#      one GPU).
 #
-# Usage: scripts/multigpu-gpu.sh [c|a|r|b]   (default a)
+# Usage: scripts/multigpu-gpu.sh [c|a|r|b|f]   (default a)
 #   -h, --help  this text
 # Environment:
 #   TE_COMM_LIB        the library (else target/release, built by cargo when present)
@@ -29,7 +36,7 @@
 #                      and 8 together do not fit one part's budget). The largest count is
 #                      the one the torch, example and recheck steps use.
 # Needs: 2 or more GPUs (4 or 8 for those rank counts; Hopper for FP8); the CUDA runtime, NCCL, MPI
-# and CMake (tests_c); PyTorch with CUDA (parts a, r, b), JAX with CUDA (part b),
+# and CMake (tests_c); PyTorch with CUDA (parts a, r, b, f), JAX with CUDA (parts b, f),
 # compute-sanitizer (part b); cargo only without TE_COMM_LIB. Exit 77 (skipped) with fewer
 # than 2 GPUs.
 # Takes: up to TE_COMM_MG_BUDGET (560 s) per part, within one 10-minute device call.
@@ -40,8 +47,8 @@ source "$(dirname "$0")/common.sh"
 te_comm_help "$@"
 part=${1:-a}
 case $part in
-  a | b | c | r) ;;
-  *) echo "multigpu-gpu.sh: unknown part '$part' (c, a, r or b; see --help)" >&2; exit 2 ;;
+  a | b | c | r | f) ;;
+  *) echo "multigpu-gpu.sh: unknown part '$part' (c, a, r, b or f; see --help)" >&2; exit 2 ;;
 esac
 out=${OUT:-$root/gpu-out}
 mkdir -p "$out/logs"
@@ -120,6 +127,16 @@ elif [ "$part" = r ]; then
         "$root/examples/pytorch/layer_with_overlap.py" "${f[@]}" --iters 8 --host-profile 5 "${extra[@]}"
     done
   done
+elif [ "$part" = f ]; then
+  te_comm_cmake_build "$lib" "$build" -DTE_COMM_GPU_TESTS=ON || exit 1
+  for np in "${nps[@]}"; do
+    step "test_comm_gemm_block_np$np" 90 "$mpi" "$np" "$build/tests_c/test_comm_gemm_block"
+  done
+  step "torch_block_tp$big" 150 python3 -m torch.distributed.run --standalone --nproc-per-node="$big" \
+    -m pytest -q -rfEs -p no:cacheprovider "$root/python/tests/torch/test_block_fp8_tp.py"
+  step "example_block_tp$big" 200 env OUT="$out" "$root/scripts/example-gpu.sh" --np "$big" --iters 20 --recipes none,block
+  step jax_block_example 120 python3 "$root/examples/jax/mlp_with_overlap.py" --fp8-recipe block --compare-bf16 --profile
+  step test_block_quant 90 "$mpi" 1 "$build/tests_c/test_block_quant"
 else
   te_comm_cmake_build "$lib" "$build" -DTE_COMM_GPU_TESTS=ON || exit 1
   for np in "${nps[@]}"; do
