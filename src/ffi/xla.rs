@@ -1043,19 +1043,30 @@ fn run_quantize(f: &Frame) -> Result<()> {
 /// nvte_quantize does) is zeroed first, so the padding reads 0 and not what the memory
 /// held before. Called after the call's checks (the buffers' shapes are XLA's own).
 fn zero_scale_padding(c: &QuantizeCall, stream: StreamHandle) -> Result<()> {
+    for &(ptr, bytes) in padded_scales(c).iter() {
+        // SAFETY: an XLA result of this call (f32, `bytes` of it: decode_quantize's
+        // tensor), written only by this call's work on `stream`, which follows.
+        unsafe { crate::cuda::resources::memset_async(ptr, bytes, stream)? };
+    }
+    Ok(())
+}
+
+/// The scale_inv results of a call with padding entries, as (address, bytes): 2D ones
+/// with more entries than the input has 128 x 128 blocks (1D ones have none: R and C are
+/// multiples of 128).
+fn padded_scales(c: &QuantizeCall) -> crate::host::Small<(DevPtr, usize), 2> {
+    let mut out = crate::host::Small::new();
     if c.output.scaling_mode != BlockMode::TwoD.scaling_mode() {
-        return Ok(());
+        return out;
     }
     let dims = c.input.data.shape.as_slice();
     let blocks = dims.iter().map(|d| d.div_ceil(128)).product::<usize>();
     for s in [&c.output.scale_inv, &c.output.columnwise_scale_inv] {
         if !s.ptr.is_null() && s.numel() > blocks {
-            // SAFETY: an XLA result of this call (f32, s.numel() entries: decode_quantize's
-            // tensor), written only by this call's work on `stream`, which follows.
-            unsafe { crate::cuda::resources::memset_async(s.ptr, s.bytes(), stream)? };
+            out.push((s.ptr, s.bytes()));
         }
     }
-    Ok(())
+    out
 }
 
 /// XLA FFI handler (as `nvte_comm_xla_all_gather_gemm`; initialize and execute stages) of
@@ -1381,6 +1392,41 @@ mod tests {
         let c = decode_quantize(&f).unwrap();
         assert!(c.output.data.ptr.is_null());
         assert_eq!(c.output.columnwise_data.shape.as_slice(), &[384, 256]);
+    }
+
+    #[test]
+    fn block_quantize_zeroes_only_padded_2d_scales() {
+        let api = api();
+        // [256, 384]: 2 x 3 blocks; 2D scales [2, 4] and [3, 4] both padded, 1D none.
+        for (dim, padded) in [(1, 0), (2, 2)] {
+            let (args, rets) = quantize_frame_bufs(dim);
+            let attrs = [("block_dim", dim), ("columnwise", 1)];
+            let f = frame(&api, STAGE_EXECUTE, &args, &rets, &attrs);
+            assert_eq!(
+                padded_scales(&decode_quantize(&f).unwrap()).len(),
+                padded,
+                "{dim}D"
+            );
+        }
+        // [256, 512]: 2 x 4 blocks; the rowwise [2, 4] unpadded, the columnwise [4, 4] padded.
+        let args = vec![buf(XDT_BF16, &[256, 512])];
+        let rets = vec![
+            buf(XDT_F8E4M3FN, &[256, 512]),
+            buf(XDT_F32, &[2, 4]),
+            buf(XDT_F8E4M3FN, &[512, 256]),
+            buf(XDT_F32, &[4, 4]),
+        ];
+        let f = frame(
+            &api,
+            STAGE_EXECUTE,
+            &args,
+            &rets,
+            &[("block_dim", 2), ("columnwise", 1)],
+        );
+        let c = decode_quantize(&f).unwrap();
+        let p = padded_scales(&c);
+        assert_eq!(p.len(), 1);
+        assert_eq!(p[0], (c.output.columnwise_scale_inv.ptr, 64));
     }
 
     fn quantize_refused(f: &Frame, kind: ErrorKind, piece: &str) {
