@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The PyTorch example end to end on 2, 4 (or 8) GPUs: examples/pytorch/layer_with_overlap.py
 # with and without overlap (--no-comm-overlap), bf16 and --fp8 (--fp8-recipe delayed and
-# current), tp 2 and 4 (8 with --np 8), and --num-replicas 2 (dp 2) on 4 and on 8 GPUs when
-# those counts are asked for, each with --profile
+# current; block with --recipes), tp 2 and 4 (8 with --np 8), and --num-replicas 2 (dp 2) on
+# 4 and on 8 GPUs when those counts are asked for, each with --profile
 # (the step breakdown's PROFILE line: host ms, exposed / hidden communication). For each
-# configuration: the overlap step must be faster than the no-overlap one, and the loss curves
-# must agree (max relative difference per iteration under TOL) and fall.
+# configuration: the overlap step must be faster than the no-overlap one (block FP8: its
+# time ratio reported, not checked -- its modules have no overlap path at tp > 1 yet, both
+# runs take the same collectives), and the loss curves must agree (max relative difference
+# per iteration under TOL) and fall.
 #
 # Usage: scripts/example-gpu.sh [--iters N] [--tol T] [--np LIST] [--recipes LIST]
 #   --iters N         training iterations per run (default 30)
@@ -72,9 +74,9 @@ for c in "${configs[@]}"; do
   ro=$(cat "$out/${tag}_overlap.rc") rn=$(cat "$out/${tag}_no-overlap.rc")
   to=$(result_field "$out/${tag}_overlap.log" step_ms); tn=$(result_field "$out/${tag}_no-overlap.log" step_ms)
   lo=$(result_field "$out/${tag}_overlap.log" losses); ln=$(result_field "$out/${tag}_no-overlap.log" losses)
-  verdict=$("$py" - "$ro" "$rn" "${to:-nan}" "${tn:-nan}" "${lo:-}" "${ln:-}" "$tol" <<'PY'
+  verdict=$("$py" - "$ro" "$rn" "${to:-nan}" "${tn:-nan}" "${lo:-}" "${ln:-}" "$tol" "$recipe" <<'PY'
 import math, sys
-ro, rn, to, tn, lo, ln, tol = sys.argv[1:8]
+ro, rn, to, tn, lo, ln, tol, recipe = sys.argv[1:9]
 if ro != "0" or rn != "0":
     print(f"FAIL (rc overlap {ro}, no-overlap {rn})|-|-"); sys.exit()
 a = [float(x) for x in lo.split(",") if x]; b = [float(x) for x in ln.split(",") if x]
@@ -82,7 +84,7 @@ if not a or len(a) != len(b):
     print("FAIL (no loss curve)|-|-"); sys.exit()
 diff = max(abs(x - y) / max(abs(y), 1e-6) for x, y in zip(a, b))
 to, tn = float(to), float(tn)
-ok_t = to < tn
+ok_t = to < tn or recipe == "block"  # (block: no overlap path yet, the ratio reported only)
 ok_l = diff <= float(tol) and all(math.isfinite(x) for x in a) and a[-1] < a[0]
 v = "PASS" if ok_t and ok_l else "FAIL (" + ", ".join(
     s for s, bad in (("overlap not faster", not ok_t), ("loss curves differ or do not fall", not ok_l)) if bad) + ")"

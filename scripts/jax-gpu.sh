@@ -96,7 +96,14 @@ for rec in ("delayed", "current"):
 # Block FP8 against the bf16 step of the same run (--compare-bf16): the bars.
 p = os.path.join(out, "example-fp8-block.log")
 if os.path.exists(p):
-    b = {r["precision"]: r for r in (json.loads(l[7:]) for l in open(p) if l.startswith("RESULT "))}
+    b = {}
+    for l in open(p):
+        if l.startswith("RESULT "):
+            try:
+                r = json.loads(l[7:])
+                b[r["precision"]] = r
+            except (ValueError, KeyError):  # a truncated line: the check below fails
+                pass
     rows += [dict(r, build=r["build"] + " (block run)") for r in b.values()]
     if "bf16" in b and "fp8 block" in b:
         ratio = b["fp8 block"]["step_ms"] / b["bf16"]["step_ms"]

@@ -17,13 +17,13 @@
 #      ranks, processes and threads; the PyTorch package tests (scripts/torch-gpu.sh); the
 #      JAX tests and example; the PyTorch example at 2 GPUs; torch_ops at 2;
 #      compute-sanitizer memcheck.
-#   f  block-scaled FP8 (Float8BlockScaling) on separate GPUs: test_comm_gemm_block at every
-#      rank count (all-gather with the scales, B_copy, reduce-scatter, all-reduce, both C
-#      APIs, graph replays); the torch modules at the largest count
+#   f  block-scaled FP8 (Float8BlockScaling) on separate GPUs: the quantize kernel's A/B
+#      bench first (test_block_quant, one GPU); test_comm_gemm_block at every rank count
+#      (all-gather with the scales, B_copy, reduce-scatter, all-reduce, both C APIs, graph
+#      replays); the torch modules at the largest count
 #      (python/tests/torch/test_block_fp8_tp.py); the PyTorch example at the largest count
 #      in bf16 and block FP8, with and without overlap; the JAX example's block MLP against
-#      bf16 on every GPU (one process); the quantize kernel's A/B bench (test_block_quant,
-#      one GPU).
+#      bf16 on every GPU (one process).
 #
 # Usage: scripts/multigpu-gpu.sh [c|a|r|b|f]   (default a)
 #   -h, --help  this text
@@ -129,14 +129,16 @@ elif [ "$part" = r ]; then
   done
 elif [ "$part" = f ]; then
   te_comm_cmake_build "$lib" "$build" -DTE_COMM_GPU_TESTS=ON || exit 1
+  # The quantize A/B first (one GPU, ~30 s): the rows the budget must not drop.
+  step test_block_quant 90 "$mpi" 1 "$build/tests_c/test_block_quant"
   for np in "${nps[@]}"; do
     step "test_comm_gemm_block_np$np" 90 "$mpi" "$np" "$build/tests_c/test_comm_gemm_block"
   done
   step "torch_block_tp$big" 150 python3 -m torch.distributed.run --standalone --nproc-per-node="$big" \
     -m pytest -q -rfEs -p no:cacheprovider "$root/python/tests/torch/test_block_fp8_tp.py"
   step "example_block_tp$big" 200 env OUT="$out" "$root/scripts/example-gpu.sh" --np "$big" --iters 20 --recipes none,block
-  step jax_block_example 120 python3 "$root/examples/jax/mlp_with_overlap.py" --fp8-recipe block --compare-bf16 --profile
-  step test_block_quant 90 "$mpi" 1 "$build/tests_c/test_block_quant"
+  step jax_block_example 240 python3 "$root/examples/jax/mlp_with_overlap.py" --fp8-recipe block --compare-bf16 \
+    --profile --profile-dir "$out/traces"
 else
   te_comm_cmake_build "$lib" "$build" -DTE_COMM_GPU_TESTS=ON || exit 1
   for np in "${nps[@]}"; do
