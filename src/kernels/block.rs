@@ -944,17 +944,24 @@ mod tests {
         assert!(plan_quantize(&e, &o, &cfg(GemmReady)).unwrap().is_none());
     }
 
-    #[test]
-    fn bias_gradient_partials_are_one_row_a_tile() {
+    /// The fused-cast tests' operands: a bf16 [256, 384] input and its 1D GEMM-ready
+    /// output, columnwise, and rowwise when `rowwise`.
+    fn fused_case(rowwise: bool) -> (Tensor, Tensor) {
         let i = input(DType::BF16, &[256, 384]);
         let o = output(
             BlockMode::OneD,
             ScaleFormat::GemmReady,
             256,
             384,
-            false,
+            rowwise,
             true,
         );
+        (i, o)
+    }
+
+    #[test]
+    fn bias_gradient_partials_are_one_row_a_tile() {
+        let (i, o) = fused_case(false);
         let with = |dtype, dims: &[usize], at| BlockQuantConfig {
             gelu: true,
             dbias_parts: buf(at, dtype, dims),
@@ -980,15 +987,7 @@ mod tests {
 
     #[test]
     fn the_dgelu_input_is_the_inputs_shape_and_not_with_gelu() {
-        let i = input(DType::BF16, &[256, 384]);
-        let o = output(
-            BlockMode::OneD,
-            ScaleFormat::GemmReady,
-            256,
-            384,
-            true,
-            true,
-        );
+        let (i, o) = fused_case(true);
         let with = |gelu, dtype, dims: &[usize], at| BlockQuantConfig {
             gelu,
             dgelu_input: buf(at, dtype, dims),
