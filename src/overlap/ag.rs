@@ -128,8 +128,7 @@ fn block_copy_out(
     k: usize,
 ) -> Result<ScaleOut> {
     gemm::block::check_gathered_scales(bc, "B_copy", mode, n, k)?;
-    let s = &bc.scale_inv;
-    let want = gemm::block::gemm_ready_scale_shape(mode, n, k);
+    let s = &bc.scale_inv; // (checked: the GEMM-ready shape of [n, k])
     let (sr, sc) = match local.shape.as_slice() {
         &[r, c] => (r, c),
         _ => invalid!("B's block scales must be 2-D, got {}", local.shape),
@@ -137,7 +136,7 @@ fn block_copy_out(
     Ok(match mode {
         BlockMode::OneD => ScaleOut {
             dst: s.ptr,
-            dpitch: want[1] * 4,
+            dpitch: s.shape.as_slice()[1] * 4,
             spitch: sc * 4,
             width: nc * 4,
             height: sr,
