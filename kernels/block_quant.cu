@@ -190,14 +190,11 @@ __device__ __forceinline__ float bq_block_max(float v, float *red) {
 // columnwise (t_r, t_c) scale inverses, epsilon, pow2 (0 / 1), col_mode (BQ_COL_*), flags
 // (BQ_ROWS8: the 1D rows pass is bq_rows_1d, else bq_rows; BQ_PACKED: 16-bit inputs'
 // amaxes (2D tile, bq_rows_1d's, 1D columns') on packed pairs; BQ_GELU: GELU(x) is
-// quantized; BQ_DGELU: x * GELU'(act_in); BQ_PREFETCH: each block first asks the L2 for the
-// input tile 32 * (flags >> BQ_AHEAD_SHIFT) tiles on, which a later block will load).
+// quantized; BQ_DGELU: x * GELU'(act_in)).
 #define BQ_ROWS8 1
 #define BQ_PACKED 2
 #define BQ_GELU 4
 #define BQ_DGELU 8
-#define BQ_PREFETCH 16
-#define BQ_AHEAD_SHIFT 8
 struct BlockQuantArgs {
   u64 rows, cols, s_r, s_c, t_r, t_c;
   float eps;
@@ -594,20 +591,6 @@ __device__ __forceinline__ void bq_load_tile(typename I::T *tile, const typename
   }
 }
 
-// Ask the L2 for input tile t (tile row t / tiles_c, tile column t % tiles_c): every
-// 128-byte line of its 128 rows, spread over the block's threads. No data is moved here.
-template <class I>
-__device__ __forceinline__ void bq_prefetch_tile(const typename I::T *in, u64 cols, u32 t, u32 tiles_c) {
-  typedef typename I::T T;
-  constexpr int lines_per_row = BQ_TILE * (int)sizeof(T) / 128;  // 1, 2 or 4
-  const T *base = in + (u64)(t / tiles_c) * BQ_TILE * cols + (u64)(t % tiles_c) * BQ_TILE;
-#pragma unroll
-  for (int i = threadIdx.x; i < BQ_TILE * lines_per_row; i += BQ_THREADS) {
-    const T *p = base + (u64)(i / lines_per_row) * cols + (i % lines_per_row) * (128 / sizeof(T));
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-  }
-}
-
 // Quantize tile (rb, cb), already in shared memory (`stage`: the tile, reused as the
 // transpose's staging area once read); its column sums to dbias when not null.
 template <class I, class O, int TWO_D>
@@ -684,10 +667,6 @@ __device__ __forceinline__ void block_quantize_impl(const typename I::T *in, u8 
   __shared__ BqShared sh;
   const u32 tiles_c = (u32)(a.cols / BQ_TILE), tiles = (u32)(a.rows / BQ_TILE) * tiles_c;
   for (u32 t = blockIdx.x; t < tiles; t += gridDim.x) {  // t + gridDim.x < 2^32: tiles < 2^31 (block.rs)
-    // (blocks start about in tile order: the block of tile t + ahead starts a fraction of a
-    // block's lifetime later)
-    const u32 ahead = 32u * ((u32)a.flags >> BQ_AHEAD_SHIFT);
-    if ((a.flags & BQ_PREFETCH) != 0 && t + ahead < tiles) bq_prefetch_tile<I>(in, a.cols, t + ahead, tiles_c);
     bq_load_tile<I>(reinterpret_cast<typename I::T *>(bq_smem), in, a.cols, (u64)(t / tiles_c) * BQ_TILE,
                     (u64)(t % tiles_c) * BQ_TILE);
     asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");

@@ -346,15 +346,9 @@ pub static CAST_TRANSPOSE: Variants = Variants::new(
 );
 pub static BLOCK_QUANT: Choice = Choice::new(
     "NVTE_COMM_BLOCK_QUANT",
-    &[
-        "fast",
-        "previous",
-        "prefetch",
-        "prefetch-near",
-        "prefetch-far",
-    ],
+    &["fast", "previous"],
     "fast",
-    "paths of the FP8 block-scaling quantize: fast, previous, prefetch, prefetch-near or prefetch-far (read at each call)",
+    "paths of the FP8 block-scaling quantize: fast or previous (read at each call)",
 );
 // The kernel cache.
 pub static DISABLE_KERNEL_CACHE: Flag = Flag::new(

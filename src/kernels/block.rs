@@ -420,28 +420,14 @@ const FLAG_GELU: i32 = 4;
 /// BlockQuantArgs::flags: x * GELU'(act_in) quantized (BlockQuantConfig::dgelu_input).
 const FLAG_DGELU: i32 = 8;
 
-/// BlockQuantArgs::flags: each block first asks the L2 for the input tile
-/// `32 * (flags >> PREFETCH_AHEAD_SHIFT)` tiles on (which a later block loads).
-const FLAG_PREFETCH: i32 = 16;
-const PREFETCH_AHEAD_SHIFT: u32 = 8;
-
-/// FLAG_PREFETCH with the tile `ahead` tiles on (a multiple of 32, at most 32 * 255).
-const fn prefetch(ahead: i32) -> i32 {
-    FLAG_PREFETCH | ((ahead / 32) << PREFETCH_AHEAD_SHIFT)
-}
-
 /// The kernel's flags NVTE_COMM_BLOCK_QUANT selects (read at each call): `fast`
 /// (default) FLAG_ROWS8 and FLAG_PACKED, `previous` neither (the previous kernel's paths,
-/// for A/B benches), `prefetch` / `prefetch-near` / `prefetch-far` fast with the L2
-/// prefetch of the tile 256 / 128 / 512 tiles on.
+/// for A/B benches).
 fn quant_flags() -> Result<i32> {
     const FAST: i32 = FLAG_ROWS8 | FLAG_PACKED;
     Ok(match crate::env::BLOCK_QUANT.get()? {
         None | Some(0) => FAST,
-        Some(1) => 0,
-        Some(2) => FAST | prefetch(256),
-        Some(3) => FAST | prefetch(128),
-        Some(_) => FAST | prefetch(512),
+        Some(_) => 0,
     })
 }
 
@@ -872,26 +858,14 @@ mod tests {
     #[test]
     fn the_launch_knob_names_both_kernel_paths() {
         match crate::env::BLOCK_QUANT.0.kind {
-            crate::env::Kind::Choice(words) => assert_eq!(
-                words,
-                [
-                    "fast",
-                    "previous",
-                    "prefetch",
-                    "prefetch-near",
-                    "prefetch-far"
-                ]
-            ),
+            crate::env::Kind::Choice(words) => assert_eq!(words, ["fast", "previous"]),
             _ => panic!("NVTE_COMM_BLOCK_QUANT is a choice"),
         }
-        assert_eq!(FLAG_ROWS8 & FLAG_PACKED, 0);
-        // The prefetch distance (in 32-tile units) sits above every flag bit.
-        let flags = FLAG_ROWS8 | FLAG_PACKED | FLAG_GELU | FLAG_DGELU | FLAG_PREFETCH;
-        assert!(flags < 1 << PREFETCH_AHEAD_SHIFT);
-        for ahead in [128, 256, 512, 32 * 255] {
-            let f = prefetch(ahead);
-            assert_eq!(f & flags, FLAG_PREFETCH);
-            assert_eq!(32 * (f >> PREFETCH_AHEAD_SHIFT), ahead);
+        // Distinct flag bits.
+        let flags = [FLAG_ROWS8, FLAG_PACKED, FLAG_GELU, FLAG_DGELU];
+        for (i, a) in flags.iter().enumerate() {
+            assert_eq!(a.count_ones(), 1);
+            assert!(flags[i + 1..].iter().all(|b| a & b == 0));
         }
     }
 
