@@ -107,7 +107,9 @@
 //   g++ -std=c++17 -O2 bench/own_gemm_link.cpp -I$CUDA/include -L$CUDA/lib64
 //       -lcudart -lnvrtc -lcublasLt -o own_gemm_link && ./own_gemm_link [options]
 // Options: --kernel FILE (default kernels/gemm_sm90.cu), --iters N (default 30; --quick:
-// 10), --warmup N (default 5), --bw GBPS (link per peer, default 350), --pieces P (pieces
+// 10), --warmup N (default 5), --bw GBPS (link per peer, default 350), --step-us U (each
+// block's extra link latency: flag latency and per-step handshakes, added before its
+// first piece, in the schedule and the nominal link time; default 0), --pieces P (pieces
 // per block: AG flags, RS done signals and transfers, copies; default 4), --me R (default
 // 1), --group G (our tile-row groups, default 8), --quick (one shape per op), --only
 // ag|rs, --dtype bf16|e4m3|both, --tp LIST (e.g. 8 or 4,8), --out FILE (the markdown
@@ -279,6 +281,7 @@ struct PaceArgs {
   const u32 *copied; // AG copies: copied[q] reaches the epoch once piece q (arrival order) is in B
   u32 *mirror;       // host-mapped (or null): the pacer's progress, for a hang report (MIR_*)
   u64 block_ns;      // one block's link time (a piece: its share, the pieces adding up to it)
+  u64 step_ns;       // each block's extra link latency (--step-us), before its first piece
   u64 hold_ns;       // mode 2
   u64 timeout_ns;    // per wait for a word (start, ready, copied)
   int mode;          // 0 AG, 1 RS, 2 hold (the co-residence probe; flags: see the copy-engine check)
@@ -288,7 +291,7 @@ struct PaceArgs {
   int ready_pieces;  // RS: ready words per block: `pieces` (our done signals, ready[j * pieces +
                      // c]) or 1 (the chunks' ready words, ready[j]: a block's pieces wait on it)
 };
-static_assert(sizeof(PaceArgs) == 112, "the host's PaceArgs mirrors this struct");
+static_assert(sizeof(PaceArgs) == 120, "the host's PaceArgs mirrors this struct");
 
 // The mirror (host-mapped, read by the host when a run hangs; the host's MIR_* match).
 // PHASE = (what << 16) | index, written before each sleep of more than 2 us and before
@@ -324,13 +327,15 @@ __device__ __forceinline__ bool wait_for(const u32 *p, u32 e, u64 timeout_ns, u3
 }
 __device__ __forceinline__ u64 umax(u64 a, u64 b) { return a > b ? a : b; }
 
-// The link schedule of one iteration. T = block_ns, P = pieces; piece c of a block takes
-// its share of T: from T * c / P to T * (c + 1) / P (integer ns; the shares add up to T).
-// AG: remote block #i's piece c arrives at t0 + i * T + T * (c + 1) / P: then its flag is
+// The link schedule of one iteration. T = block_ns, L = step_ns, P = pieces; piece c of a
+// block takes its share of T: from T * c / P to T * (c + 1) / P (integer ns; the shares add
+// up to T), after the block's latency L.
+// AG: remote block #i's piece c arrives at t0 + i * (T + L) + L + T * (c + 1) / P: then its flag is
 // written (copies: also once its copied word is seen; the next piece's go word is written
 // at the same time, the scheduled start of that piece's copy). RS: piece q starts at the
-// later of its ready word seen and piece q - 1's scheduled end, and takes its share of T
-// (copies: its go word written at its start); the pieces of one block follow each other.
+// later of its ready word seen and piece q - 1's scheduled end (a block's first piece: L
+// after that), and takes its share of T (copies: its go word written at its start); the
+// pieces of one block follow each other.
 // Every wait has a timeout (counted; after one, later waits are skipped and the words are
 // written on schedule), so every word our kernel or a stream waits on is written.
 extern "C" __global__ void link_pacer(const PaceArgs a) {
@@ -353,7 +358,7 @@ extern "C" __global__ void link_pacer(const PaceArgs a) {
     return;
   }
   if (threadIdx.x != 0) return;
-  const u64 T = a.block_ns;
+  const u64 T = a.block_ns, L = a.step_ns;
   const int P = a.pieces > 0 ? a.pieces : 1;
   const int NQ = a.nsend * P;  // pieces sent / received in an iteration
   u32 *go = a.sig + 1, *due = go + NQ, *fin = due + NQ;
@@ -373,7 +378,7 @@ extern "C" __global__ void link_pacer(const PaceArgs a) {
     if (a.copies && NQ > 0) st_rel(go, a.epoch);  // the first piece's copy starts at t0
     for (int i = 0; i < a.nsend; ++i) {
       u32 *const fb = a.flags + ((a.order >> (4 * i)) & 15u) * P;  // block #i's flags
-      const u64 s = t0 + (u64)i * T;
+      const u64 s = t0 + (u64)i * (T + L) + L;
       for (int c = 0; c < P; ++c) {
         const int q = i * P + c;
         const u64 e = s + (T * (u64)(c + 1)) / (u64)P;  // piece q's scheduled arrival
@@ -416,6 +421,8 @@ extern "C" __global__ void link_pacer(const PaceArgs a) {
             mput(m, MIR_TIMEOUTS, ++timeouts);
           }
         }
+        // A block's latency: its first piece starts L after the link is free and it is ready.
+        if (c == 0 && L > 0) E = umax(E, gtime()) + L;
         // Ready before the link is free: starting later than E is lateness (else the
         // piece starts when its ready word was seen).
         const bool on_time = gtime() <= E;
@@ -460,13 +467,13 @@ struct PaceArgs {
   const uint32_t *start;
   const uint32_t *copied;
   uint32_t *mirror;
-  uint64_t block_ns, hold_ns, timeout_ns;
+  uint64_t block_ns, step_ns, hold_ns, timeout_ns;
   int32_t mode, nsend, pieces, copies, local;
   uint32_t epoch;
   uint32_t order;        // 4 bits per entry
   int32_t ready_pieces;  // RS: ready words per block (pieces or 1)
 };
-static_assert(sizeof(PaceArgs) == 112, "PaceArgs mirrors the pacer's struct (PACE_SRC asserts 112 too)");
+static_assert(sizeof(PaceArgs) == 120, "PaceArgs mirrors the pacer's struct (PACE_SRC asserts 120 too)");
 // The pacer's mirror words (PACE_SRC's MIR_*).
 enum { MIR_EPOCH, MIR_PHASE, MIR_LAST, MIR_TIMEOUTS, MIR_EXIT, MIR_WORDS = 8 };
 
@@ -494,6 +501,7 @@ static int g_fused_group = 0;  // --fused-group: the fused kernel's tile-row gro
 static int g_gemm_sms = 0;
 static int gemm_budget() { return g_gemm_sms > 0 ? std::min(g_gemm_sms, g_sms - 1) : g_sms - 1; }
 static double g_bw = 350.0;  // GB/s = bytes per ns
+static double g_step_us = 0.0;  // each block's extra link latency (--step-us)
 static double g_budget = 150.0;  // seconds: rows not started by then are not run (the table still comes out)
 static const uint64_t TIMEOUT_NS = 2000000000ull;  // a pacer's wait for a ready word
 static bool g_copies_need_sms = false;  // ce_check: the copies are kernels (the stream words are not)
@@ -780,6 +788,7 @@ struct Ctx {
     p.copied = copied;
     p.mirror = g_mirror_dev;
     p.block_ns = (uint64_t)std::llround(r.block_bytes / g_bw);
+    p.step_ns = (uint64_t)std::llround(g_step_us * 1e3);
     p.hold_ns = 100000000ull;  // the probe: 100 ms
     p.timeout_ns = TIMEOUT_NS;
     p.mode = mode;
@@ -1245,7 +1254,7 @@ static void run_row(Row &r, cublasLtHandle_t lth, void *ws, size_t wsz) {
   if (2 * r.tp * r.pieces > WORD_ARRAY || 2 + 2 * (r.tp - 1) * r.pieces > SIG_START)
     die("too many pieces", __FILE__, __LINE__);
   r.block_bytes = r.rs ? (double)r.rows_blk * r.m * 2 : (double)r.rows_blk * r.k * c.es;
-  r.nominal_link_ms = (r.tp - 1) * r.block_bytes / g_bw / 1e6;
+  r.nominal_link_ms = (r.tp - 1) * (r.block_bytes / g_bw + g_step_us * 1e3) / 1e6;
   for (int i = 0; i < r.tp - 1; ++i) c.order[i] = (g_me + 1 + i) % r.tp;
 
   const size_t a_bytes = (size_t)r.m * r.k * c.es, b_bytes = (size_t)r.n * r.k * c.es;
@@ -1530,7 +1539,7 @@ static int emit_table(const std::vector<Row> &rows, const std::string &out_path)
                               ", AG: a piece's tile rows (with K slices: a block's); RS: the whole pieces one round "
                               "of tiles holds, at least one), as the library picks them";
   std::snprintf(line, sizeof line,
-                "Link %.0f GB/s per peer, each block in %d pieces (AG: an arrival flag per piece, %s, RS: a done signal "
+                "Link %.0f GB/s per peer plus %.1f us a block (--step-us), each block in %d pieces (AG: an arrival flag per piece, %s, RS: a done signal "
                 "per piece, each piece sent on its own; other piece counts where the notes say; the chunked baseline "
                 "GEMMs whole blocks: AG after a block's last piece, RS its ready word per block; our fused kernel in "
                 "%s), rank %d; median "
@@ -1538,7 +1547,7 @@ static int emit_table(const std::vector<Row> &rows, const std::string &out_path)
                 "(the start event, the pacer's schedule starting with it) to the end of the GEMM and the link; ms. "
                 "bound = max(Lt, link), Lt on all %d SMs; fused and chunked run on %d (the pacer has an SM to itself); "
                 "f vs c = chunked / fused (> 1: fused faster).\n\n",
-                g_bw, g_pieces,
+                g_bw, g_step_us, g_pieces,
                 g_k_pieces ? "AG pieces are K slices of the whole block (--k-pieces: its rows' K columns; a 2D copy "
                              "in the copies variant)"
                            : "AG pieces are row slices",
@@ -1753,6 +1762,7 @@ int main(int argc, char **argv) {
     else if (a == "--iters") g_iters = std::max(1, std::atoi(next())), iters_set = true;
     else if (a == "--warmup") g_warmup = std::max(0, std::atoi(next()));
     else if (a == "--bw") g_bw = std::atof(next());
+    else if (a == "--step-us") g_step_us = std::atof(next());
     else if (a == "--pieces") g_pieces = std::atoi(next());
     else if (a == "--me") g_me = std::atoi(next());
     else if (a == "--group") g_group = std::max(1, std::atoi(next()));
@@ -1777,15 +1787,16 @@ int main(int argc, char **argv) {
       if (v != "memcpy" && v != "batch") die("--copy-api takes memcpy or batch", __FILE__, __LINE__);
       g_copy_api = v == "batch" ? COPY_BATCH : COPY_MEMCPY;
     } else {
-      std::printf("usage: own_gemm_link [--kernel FILE] [--iters N] [--warmup N] [--bw GBPS] [--pieces P] [--me R] "
-                  "[--group G] [--quick] [--only ag|rs] [--dtype bf16|e4m3|both] [--tp 4,8] [--out FILE] "
+      std::printf("usage: own_gemm_link [--kernel FILE] [--iters N] [--warmup N] [--bw GBPS] [--step-us U] "
+                  "[--pieces P] [--me R] [--group G] [--quick] [--only ag|rs] [--dtype bf16|e4m3|both] [--tp 4,8] [--out FILE] "
                   "[--compile-only] [--define NAME=VALUE ...] [--budget SECONDS] [--gemm-sms N] "
                   "[--copy-api memcpy|batch] [--fused-group G] [--bn 128|192|256]\n");
       return a == "--help" ? 0 : 2;
     }
   }
   if (quick && !iters_set) g_iters = 10;
-  if (!(g_bw > 0) || g_pieces < 1 || g_pieces > 64 || g_me < 0) die("bad --bw / --pieces / --me", __FILE__, __LINE__);
+  if (!(g_bw > 0) || !(g_step_us >= 0) || g_pieces < 1 || g_pieces > 64 || g_me < 0)
+    die("bad --bw / --step-us / --pieces / --me", __FILE__, __LINE__);
   if (!only.empty() && only != "ag" && only != "rs") die("--only takes ag or rs", __FILE__, __LINE__);
   if (dtype != "both" && dtype != "bf16" && dtype != "e4m3") die("--dtype takes bf16, e4m3 or both", __FILE__, __LINE__);
   std::vector<int> tp_list;
@@ -1931,10 +1942,9 @@ int main(int argc, char **argv) {
         }
     }
   }
-  std::printf("link: %.0f GB/s per peer, %d pieces per block (flags, done signals, copies); this GPU is rank %d; %d "
-              "timed iterations after %d "
-              "warm-up (median)\n",
-              g_bw, g_pieces, g_me, g_iters, g_warmup);
+  std::printf("link: %.0f GB/s per peer plus %.1f us a block, %d pieces per block (flags, done signals, copies); this "
+              "GPU is rank %d; %d timed iterations after %d warm-up (median)\n",
+              g_bw, g_step_us, g_pieces, g_me, g_iters, g_warmup);
   for (size_t i = 0; i < rows.size(); ++i) {
     Row &r = rows[i];
     std::printf("row %zu/%zu: %s %s tp %d %s\n", i + 1, rows.size(), r.rs ? "RS" : "AG", r.fp8 ? "e4m3" : "bf16", r.tp,
