@@ -21,14 +21,16 @@
 //   transport moves strided pieces (src/overlap/ag.rs k_slices).
 // - AG (tokens x K x N/tp): B = the gathered activations [tokens, K] in tp row blocks of
 //   tokens/tp rows; block `me` is local, the others arrive in ring order me+1, me+2, ...:
-//   piece c of the i-th remote block (i = 0, 1, ...) has arrived at t0 + i * T + T * (c +
-//   1) / P. A = this rank's weights [N/tp, K]; D [tokens, N/tp].
+//   piece c of the i-th remote block (i = 0, 1, ...) has arrived at t0 + i * (T + L) + L +
+//   T * (c + 1) / P (L: --step-us, default 0). A = this rank's weights [N/tp, K]; D
+//   [tokens, N/tp].
 // - RS (tokens x K/tp x N): A = weights [N, K/tp], B = activations [tokens, K/tp], D
 //   [tokens, N] partial sums in tp row blocks by destination rank. The emulated consumer
 //   takes the blocks in send order me+1, me+2, ... (the local block is last and not sent),
 //   piece by piece: each piece waits until it is computed (fused: its done signal; chunked:
-//   its block's ready word) and until the previous piece's scheduled end, then takes its
-//   share of T. The link alone: every block ready at t0, (tp - 1) * T in all.
+//   its block's ready word) and until the previous piece's scheduled end (a block's first
+//   piece: then L more), then takes its share of T. The link alone: every block ready at
+//   t0, (tp - 1) * (T + L) in all.
 // The link is paced by a one-thread kernel on a side stream (the "pacer") that reads
 // %globaltimer; its start is t0. Two link variants: "flags": no data moves, the pacer
 // itself writes each AG arrival flag (one per piece) at its scheduled time
@@ -265,7 +267,7 @@ __device__ __forceinline__ u32 wait_word(const u32 *p, u32 e, u64 dl, bool *ok) 
   return v;
 }
 
-// Mirrored by the host's PaceArgs (112 bytes). The order is packed so that nothing indexes
+// Mirrored by the host's PaceArgs (120 bytes). The order is packed so that nothing indexes
 // the parameters at run time (which would put a copy of them on the stack). Pieces: each
 // block travels in `pieces` pieces (the same granularity as the library's fused
 // all-gather: a flag per piece); piece q = i * pieces + c is piece c of the i-th block in
@@ -332,7 +334,8 @@ __device__ __forceinline__ u64 umax(u64 a, u64 b) { return a > b ? a : b; }
 // up to T), after the block's latency L.
 // AG: remote block #i's piece c arrives at t0 + i * (T + L) + L + T * (c + 1) / P: then its flag is
 // written (copies: also once its copied word is seen; the next piece's go word is written
-// at the same time, the scheduled start of that piece's copy). RS: piece q starts at the
+// at the same time, the scheduled start of that piece's copy; with L > 0 a block's first
+// piece's go word is written at t0 + i * (T + L) + L instead). RS: piece q starts at the
 // later of its ready word seen and piece q - 1's scheduled end (a block's first piece: L
 // after that), and takes its share of T (copies: its go word written at its start); the
 // pieces of one block follow each other.
@@ -375,10 +378,15 @@ extern "C" __global__ void link_pacer(const PaceArgs a) {
   if (a.mode == 0) {
     bool dead = false;  // a copy never ended: later pieces are not waited for
     u64 cwait = 0;      // the longest wait for a copy past its piece's scheduled arrival
-    if (a.copies && NQ > 0) st_rel(go, a.epoch);  // the first piece's copy starts at t0
     for (int i = 0; i < a.nsend; ++i) {
       u32 *const fb = a.flags + ((a.order >> (4 * i)) & 15u) * P;  // block #i's flags
       const u64 s = t0 + (u64)i * (T + L) + L;
+      // A block's first copy starts at s (after its latency L; with L = 0 at t0, then at
+      // the previous piece's arrival, below).
+      if (a.copies && (L > 0 || i == 0)) {
+        if (L > 0) sleep_to(s, m, (3u << 16) | (u32)(i * P));
+        st_rel(go + i * P, a.epoch);
+      }
       for (int c = 0; c < P; ++c) {
         const int q = i * P + c;
         const u64 e = s + (T * (u64)(c + 1)) / (u64)P;  // piece q's scheduled arrival
@@ -388,7 +396,8 @@ extern "C" __global__ void link_pacer(const PaceArgs a) {
         sleep_to(e, m, (3u << 16) | (u32)q);
         if (on_time) late = umax(late, gtime() - e);
         if (a.copies) {
-          if (q + 1 < NQ) st_rel(go + q + 1, a.epoch);  // the next piece's copy may start
+          // the next piece's copy may start (a next block's first piece: at its s when L > 0)
+          if (q + 1 < NQ && (L == 0 || c + 1 < P)) st_rel(go + q + 1, a.epoch);
           // The piece's flag once its copy has ended too (the copy stream writes copied[q]
           // after the piece). The flag is written even when the copy never ends (a timeout,
           // counted): our kernel never waits on the copy stream, only on us.
@@ -1539,7 +1548,7 @@ static int emit_table(const std::vector<Row> &rows, const std::string &out_path)
                               ", AG: a piece's tile rows (with K slices: a block's); RS: the whole pieces one round "
                               "of tiles holds, at least one), as the library picks them";
   std::snprintf(line, sizeof line,
-                "Link %.0f GB/s per peer plus %.1f us a block (--step-us), each block in %d pieces (AG: an arrival flag per piece, %s, RS: a done signal "
+                "Link %.0f GB/s per peer plus %.3f us a block (--step-us), each block in %d pieces (AG: an arrival flag per piece, %s, RS: a done signal "
                 "per piece, each piece sent on its own; other piece counts where the notes say; the chunked baseline "
                 "GEMMs whole blocks: AG after a block's last piece, RS its ready word per block; our fused kernel in "
                 "%s), rank %d; median "
@@ -1942,7 +1951,7 @@ int main(int argc, char **argv) {
         }
     }
   }
-  std::printf("link: %.0f GB/s per peer plus %.1f us a block, %d pieces per block (flags, done signals, copies); this "
+  std::printf("link: %.0f GB/s per peer plus %.3f us a block, %d pieces per block (flags, done signals, copies); this "
               "GPU is rank %d; %d timed iterations after %d warm-up (median)\n",
               g_bw, g_step_us, g_pieces, g_me, g_iters, g_warmup);
   for (size_t i = 0; i < rows.size(); ++i) {
