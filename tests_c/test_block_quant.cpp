@@ -548,8 +548,10 @@ struct BenchMode {
   int mode;
   bool rowwise, columnwise, compact;
 };
-// (the compact 1D columnwise output moves the same bytes as the transposed one, in the
-// input's layout: the two rows tell the transpose's cost)
+// (the compact format's columnwise output moves the transposed one's bytes in the input's
+// layout, without the transpose; its rowwise scales are compact too: 128 scattered 4-byte
+// stores a tile instead of 512 contiguous bytes, so the two rows bound the transpose's cost
+// by that layout's)
 const BenchMode kBenchModes[] = {{"1D rowwise + columnwise", 1, true, true, false},
                                  {"1D rowwise + compact col", 1, true, true, true},
                                  {"1D rowwise", 1, true, false, false},

@@ -424,9 +424,8 @@ const FLAG_DGELU: i32 = 8;
 /// (default) FLAG_ROWS8 and FLAG_PACKED, `previous` neither (the previous kernel's paths,
 /// for A/B benches).
 fn quant_flags() -> Result<i32> {
-    const FAST: i32 = FLAG_ROWS8 | FLAG_PACKED;
     Ok(match crate::env::BLOCK_QUANT.get()? {
-        None | Some(0) => FAST,
+        None | Some(0) => FLAG_ROWS8 | FLAG_PACKED,
         Some(_) => 0,
     })
 }
