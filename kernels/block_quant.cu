@@ -8,7 +8,8 @@
 // then:
 //   2D:                    the tile's amax (all 16384 values), one scale;
 //   1D columnwise:         each column's amax over the tile's 128 rows (in the rowwise pass
-//                          when both directions are written);
+//                          when both directions are written, but for float16's compact
+//                          format: BqCompactInRows);
 //   rowwise:               each row's amax (1D) over its 128 values, the row quantized and
 //                          stored (8-byte stores; a warp writes two whole 128-byte rows);
 //   columnwise compact:    (1D) stored in the input's layout with the column scales, in the
@@ -401,10 +402,16 @@ __device__ __forceinline__ void bq_rows(const typename I::T *tile, BqShared &sh,
 // trades half of a thread's rows with its partner: 8 shuffles for 8 rows, not 32) leaves
 // thread j of the 16 with the amax of pass j / 2's row: its scale is computed there (one
 // division a thread, not 8) and broadcast to the pass by a shuffle; then the values are
-// read again, quantized and stored. Same flags and results as bq_rows (1D, ROW).
+// read again, quantized and stored. Same flags and results as bq_rows (1D, ROW), but
+// COMPACT with COL_AMAX: the columns' amaxes are taken in the first read (with the rows'),
+// and their scales (sinv_t, strides a.t_r, a.t_c) finished before the values are read
+// again: one read of the tile fewer than bq_column_scales, then this pass.
 template <class I, class O, bool COMPACT, bool COL_AMAX, bool PACKED>
 __device__ __forceinline__ void bq_rows_1d(const typename I::T *tile, BqShared &sh, u8 *out, u8 *out_c, float *sinv,
-                                           u64 s_r, u64 s_c, u64 cols, u64 r0, u64 c0, float eps, int pow2) {
+                                           float *sinv_t, const BlockQuantArgs &a, u64 r0, u64 c0) {
+  const u64 s_r = a.s_r, s_c = a.s_c, cols = a.cols;
+  const float eps = a.eps;
+  const int pow2 = a.pow2;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, j = lane & 15;
   const int cc = j * 8, r_first = warp * 2 + (lane >> 4);
   const typename I::T *pt = tile + r_first * BQ_TILE + cc;
@@ -443,6 +450,7 @@ __device__ __forceinline__ void bq_rows_1d(const typename I::T *tile, BqShared &
       }
     }
   }
+  if (COMPACT && COL_AMAX) bq_store_col_part(sh, cm, lane, warp, cc);  // (cm's registers free)
   // Offsets 8, 4, 2: keep the half of the rows named by this thread's bit, send the other.
   const bool b3 = (j & 8) != 0, b2 = (j & 4) != 0, b1 = (j & 2) != 0;
   float n[4], p[2];
@@ -460,6 +468,8 @@ __device__ __forceinline__ void bq_rows_1d(const typename I::T *tile, BqShared &
   q = fmaxf(q, __shfl_xor_sync(0xffffffffu, q, 1));  // pass j / 2's row amax
   const float s_own = bq_scale<I, O>(q, eps, pow2);
   if ((j & 1) == 0) sinv[(r0 + (j >> 1) * 16 + r_first) * s_r + (c0 / BQ_TILE) * s_c] = bq_rcp(s_own);
+  if (COMPACT && COL_AMAX)  // the column scales now, from the amaxes of the first read
+    bq_finish_column_scales<I, O, BQ_THREADS / 32>(sh, sinv_t, a.t_r, a.t_c, r0 / BQ_TILE, c0, eps, pow2);
   float csc[8];  // the column scales (compact output)
   if (COMPACT) {
 #pragma unroll
@@ -481,7 +491,7 @@ __device__ __forceinline__ void bq_rows_1d(const typename I::T *tile, BqShared &
       pc += g_step;
     }
   }
-  if (COL_AMAX) bq_store_col_part(sh, cm, lane, warp, cc);
+  if (COL_AMAX && !COMPACT) bq_store_col_part(sh, cm, lane, warp, cc);
 }
 
 // The tile's amax (2D); PACKED (16-bit inputs): on packed pairs.
@@ -591,6 +601,17 @@ __device__ __forceinline__ void bq_load_tile(typename I::T *tile, const typename
   }
 }
 
+// Whether bq_rows_1d takes the compact columnwise output's column amaxes in its first read
+// (COMPACT with COL_AMAX): float16 does not, as its 64 registers (4 blocks an SM) would spill.
+template <class I>
+struct BqCompactInRows {
+  static constexpr bool ok = true;
+};
+template <>
+struct BqCompactInRows<F16> {
+  static constexpr bool ok = false;
+};
+
 // Quantize tile (rb, cb), already in shared memory (`stage`: the tile, reused as the
 // transpose's staging area once read); its column sums to dbias when not null.
 template <class I, class O, int TWO_D>
@@ -611,9 +632,13 @@ __device__ __forceinline__ void bq_process_tile(unsigned char *stage, BqShared &
       if (col_mode != BQ_COL_NONE) sinv_t[rb * a.t_r + cb * a.t_c] = r;
     }
   }
-  // 1D rowwise + transposed columnwise: the rows pass also takes the columns' amaxes.
+  // 1D rowwise + transposed columnwise: the rows pass also takes the columns' amaxes (and
+  // with the compact columnwise output and BQ_ROWS8, bq_rows_1d finishes their scales too,
+  // where BqCompactInRows allows it).
   const bool fused = !TWO_D && out != nullptr && col_mode == BQ_COL_TRANSPOSED;
-  if (!TWO_D && col_mode != BQ_COL_NONE && !fused) {
+  const bool compact_in_rows = BqCompactInRows<I>::ok && !TWO_D && out != nullptr && col_mode == BQ_COL_COMPACT &&
+                               (a.flags & BQ_ROWS8) != 0;
+  if (!TWO_D && col_mode != BQ_COL_NONE && !fused && !compact_in_rows) {
     if ((a.flags & BQ_PACKED) != 0)
       bq_column_scales<I, O, true>(tile, sh, sinv_t, a.t_r, a.t_c, rb, c0, a.eps, a.pow2);
     else
@@ -622,16 +647,16 @@ __device__ __forceinline__ void bq_process_tile(unsigned char *stage, BqShared &
   const bool compact = col_mode == BQ_COL_COMPACT;
 #define BQ_ROWS_1D(COMPACT, COL_AMAX)                                                                        \
   ((a.flags & BQ_PACKED) != 0                                                                                \
-       ? bq_rows_1d<I, O, COMPACT, COL_AMAX, true>(tile, sh, out, out_t, sinv, a.s_r, a.s_c, a.cols, r0, c0,  \
-                                                   a.eps, a.pow2)                 \
-       : bq_rows_1d<I, O, COMPACT, COL_AMAX, false>(tile, sh, out, out_t, sinv, a.s_r, a.s_c, a.cols, r0, c0, \
-                                                    a.eps, a.pow2))
+       ? bq_rows_1d<I, O, COMPACT, COL_AMAX, true>(tile, sh, out, out_t, sinv, sinv_t, a, r0, c0)           \
+       : bq_rows_1d<I, O, COMPACT, COL_AMAX, false>(tile, sh, out, out_t, sinv, sinv_t, a, r0, c0))
 #define BQ_ROWS(ROW, COMPACT, COL_AMAX)                                                                       \
   bq_rows<I, O, TWO_D, ROW, COMPACT, COL_AMAX>(tile, sh, tile_scale, out, out_t, sinv, a.s_r, a.s_c, a.cols, r0, \
                                                c0, a.eps, a.pow2)
   if (!TWO_D && out != nullptr && (a.flags & BQ_ROWS8) != 0) {
     if (fused)
       BQ_ROWS_1D(false, true);
+    else if (compact && BqCompactInRows<I>::ok)
+      BQ_ROWS_1D(true, true);
     else if (compact)
       BQ_ROWS_1D(true, false);
     else

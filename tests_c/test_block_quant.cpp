@@ -568,11 +568,34 @@ double moved_bytes(const BlockOut &o, NVTEDType dt, size_t M, size_t K) {
   return b;
 }
 
+// The device's nominal HBM bandwidth in GB/s, by its name (bench/quantize_bench.py's
+// table: H200 4800, H100 NVL 3938, H100 PCIe 2039, H100 SXM 3352), or 0 where the name
+// does not tell it (GH200 included: several memory configurations share that name).
+double nominal_hbm_gbs() {
+  cudaDeviceProp prop;
+  CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+  const char *n = prop.name;
+  if (std::strstr(n, "GH200")) return 0.0;
+  if (std::strstr(n, "H200")) return 4800.0;
+  if (std::strstr(n, "H100 NVL")) return 3938.0;
+  if (std::strstr(n, "H100 PCIe")) return 2039.0;
+  if (std::strstr(n, "H100")) return 3352.0;
+  return 0.0;
+}
+
+// " xx.x % of N GB/s" for gbs against the nominal bandwidth (empty where it is unknown).
+std::string pct_of_nominal(double gbs, double nominal) {
+  if (nominal <= 0.0) return "";
+  char b[48];
+  std::snprintf(b, sizeof(b), " %5.1f %% of %.0f GB/s", 100.0 * gbs / nominal, nominal);
+  return b;
+}
+
 // Bandwidth of one [M, K] input -> e4m3: every mode under every value of
 // NVTE_COMM_BLOCK_QUANT (set around each call), interleaved with a D2D copy of the input,
-// as GB/s of the bytes moved, % of the H200's nominal 4.8 TB/s and % of the copy; and
-// every value's output checked bit for bit against the default's.
-void bench_shape(cudaStream_t stream, Report &rep, NVTEDType dt, size_t M, size_t K) {
+// as GB/s of the bytes moved, % of the device's nominal HBM bandwidth (nominal_hbm_gbs)
+// and % of the copy; and every value's output checked bit for bit against the default's.
+void bench_shape(cudaStream_t stream, Report &rep, NVTEDType dt, size_t M, size_t K, double nominal) {
   Rng rng(11);
   Input in = make_input(dt, M, K, rng, false);
   HostTensor src(dt, {M, K}, in.raw.data());
@@ -600,18 +623,18 @@ void bench_shape(cudaStream_t stream, Report &rep, NVTEDType dt, size_t M, size_
   std::snprintf(shape, sizeof(shape), "%zux%zu %s -> e4m3", M, K, dtype_name(dt));
   if (!ok) { rep.fail(std::string("bench ") + shape + ": " + status_text()); return; }
   const double copy_gbs = 2.0 * in_bytes / (ms[0] * 1e6);
-  std::printf("bench %s %-26s %8.1f us %7.0f GB/s %5.1f %% of 4800 GB/s\n", shape, "D2D copy (read + write)",
-              ms[0] * 1e3, copy_gbs, 100.0 * copy_gbs / 4800.0);
+  std::printf("bench %s %-26s %8.1f us %7.0f GB/s%s\n", shape, "D2D copy (read + write)", ms[0] * 1e3, copy_gbs,
+              pct_of_nominal(copy_gbs, nominal).c_str());
   for (int m = 0; m < kNumBenchModes; ++m) {
     std::string ab;
     for (int l = 0; l < kNumLaunches; ++l) {
       const int i = m * kNumLaunches + l;
       const double gbs = moved_bytes(*outs[i], dt, M, K) / (ms[1 + i] * 1e6);
       if (l == 0)
-        std::printf("bench %s %-26s %8.1f us %7.0f GB/s %5.1f %% of 4800 GB/s %6.1f %% of the copy\n", shape,
-                    kBenchModes[m].name, ms[1 + i] * 1e3, gbs, 100.0 * gbs / 4800.0, 100.0 * gbs / copy_gbs);
+        std::printf("bench %s %-26s %8.1f us %7.0f GB/s%s %6.1f %% of the copy\n", shape, kBenchModes[m].name,
+                    ms[1 + i] * 1e3, gbs, pct_of_nominal(gbs, nominal).c_str(), 100.0 * gbs / copy_gbs);
       char part[16];
-      std::snprintf(part, sizeof(part), " %5.1f", 100.0 * gbs / 4800.0);
+      std::snprintf(part, sizeof(part), " %5.1f", 100.0 * gbs / (nominal > 0.0 ? nominal : copy_gbs));
       ab += part;
       if (l > 0) {
         rep.check(same_output(*outs[m * kNumLaunches], *outs[i]),
@@ -619,21 +642,29 @@ void bench_shape(cudaStream_t stream, Report &rep, NVTEDType dt, size_t M, size_
                       kLaunches[l] + " writes the same bytes as " + kLaunches[0]);
       }
     }
-    std::printf("bench-ab %s %-26s %% of 4800 GB/s:%s\n", shape, kBenchModes[m].name, ab.c_str());
+    std::printf("bench-ab %s %-26s %% of %s:%s\n", shape, kBenchModes[m].name,
+                nominal > 0.0 ? "nominal" : "the copy", ab.c_str());
   }
 }
 
 // Bandwidth at 8192 x 8192 bf16 (the acceptance shape), then float16, float32, a smaller
 // and a larger bf16 input (the launch's last, partly filled wave weighs less there).
 void bench(cudaStream_t stream, Report &rep) {
+  const double nominal = nominal_hbm_gbs();
+  cudaDeviceProp prop;
+  CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+  if (nominal > 0.0)
+    std::printf("bench device: %s, nominal HBM %.0f GB/s\n", prop.name, nominal);
+  else
+    std::printf("bench device: %s, nominal HBM bandwidth unknown: %% of the copy only\n", prop.name);
   std::printf("bench-ab columns: NVTE_COMM_BLOCK_QUANT =");
   for (int l = 0; l < kNumLaunches; ++l) std::printf(" %s", kLaunches[l]);
   std::printf("\n");
-  bench_shape(stream, rep, kNVTEBFloat16, 8192, 8192);
-  bench_shape(stream, rep, kNVTEFloat16, 8192, 8192);
-  bench_shape(stream, rep, kNVTEFloat32, 8192, 8192);
-  bench_shape(stream, rep, kNVTEBFloat16, 4096, 4096);
-  bench_shape(stream, rep, kNVTEBFloat16, 16384, 16384);
+  bench_shape(stream, rep, kNVTEBFloat16, 8192, 8192, nominal);
+  bench_shape(stream, rep, kNVTEFloat16, 8192, 8192, nominal);
+  bench_shape(stream, rep, kNVTEFloat32, 8192, 8192, nominal);
+  bench_shape(stream, rep, kNVTEBFloat16, 4096, 4096, nominal);
+  bench_shape(stream, rep, kNVTEBFloat16, 16384, 16384, nominal);
 }
 
 }  // namespace
