@@ -346,9 +346,10 @@ pub static CAST_TRANSPOSE: Variants = Variants::new(
 );
 pub static BLOCK_QUANT: Choice = Choice::new(
     "NVTE_COMM_BLOCK_QUANT",
-    &["fast", "previous"],
+    &["fast", "previous", "blocks4", "blocks3", "blocks2"],
     "fast",
-    "paths of the FP8 block-scaling quantize: fast or previous (read at each call)",
+    "paths of the FP8 block-scaling quantize: fast, previous, or fast with at most 4, 3 or 2 \
+     tile blocks an SM (read at each call)",
 );
 // The kernel cache.
 pub static DISABLE_KERNEL_CACHE: Flag = Flag::new(

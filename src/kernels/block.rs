@@ -420,14 +420,40 @@ const FLAG_GELU: i32 = 4;
 /// BlockQuantArgs::flags: x * GELU'(act_in) quantized (BlockQuantConfig::dgelu_input).
 const FLAG_DGELU: i32 = 8;
 
-/// The kernel's flags NVTE_COMM_BLOCK_QUANT selects (read at each call): `fast`
-/// (default) FLAG_ROWS8 and FLAG_PACKED, `previous` neither (the previous kernel's paths,
-/// for A/B benches).
-fn quant_flags() -> Result<i32> {
-    Ok(match crate::env::BLOCK_QUANT.get()? {
-        None | Some(0) => FLAG_ROWS8 | FLAG_PACKED,
-        Some(_) => 0,
-    })
+/// What NVTE_COMM_BLOCK_QUANT selects (read at each call): the kernel's flags and at most
+/// how many tile blocks an SM may hold (None: as many as fit). `fast` (default) FLAG_ROWS8
+/// and FLAG_PACKED; `previous` neither (the previous kernel's paths); `blocksN`: `fast`'s
+/// with at most N blocks an SM (fewer tile loads in flight an SM; for A/B benches).
+fn quant_launch() -> Result<(i32, Option<u32>)> {
+    Ok(launch_of(crate::env::BLOCK_QUANT.get()?))
+}
+
+/// quant_launch's value for the knob's choice (its index in the knob's words).
+fn launch_of(choice: Option<usize>) -> (i32, Option<u32>) {
+    const FAST: i32 = FLAG_ROWS8 | FLAG_PACKED;
+    match choice {
+        None | Some(0) => (FAST, None),
+        Some(1) => (0, None),
+        Some(2) => (FAST, Some(4)),
+        Some(3) => (FAST, Some(3)),
+        Some(_) => (FAST, Some(2)),
+    }
+}
+
+/// The kernel's static shared memory (kernels/block_quant.cu: BqShared, 4 KiB) plus the
+/// 1 KiB the driver reserves a block.
+const STATIC_AND_RESERVED: u32 = 5 * 1024;
+
+/// The dynamic shared memory a launch asks for: one tile (`tile_bytes`), or with a cap of
+/// `n` blocks an SM, enough (whole KiB) that no more than `n` fit in the SM's `smem_per_sm`.
+fn launch_smem(tile_bytes: u32, cap: Option<u32>, smem_per_sm: u32) -> u32 {
+    match cap {
+        Some(n) if n > 0 => {
+            let share = (smem_per_sm / n).saturating_sub(STATIC_AND_RESERVED) / 1024 * 1024;
+            share.max(tile_bytes)
+        }
+        _ => tile_bytes,
+    }
 }
 
 /// TE's nvte_quantize into an NVTE_BLOCK_SCALING_1D / _2D tensor: FP8 rowwise data and / or
@@ -442,7 +468,7 @@ pub fn quantize(
     let Some(plan) = plan_quantize(input.get(), output.get(), cfg)? else {
         return Ok(cfg.format);
     };
-    let flags = quant_flags()?;
+    let (flags, cap) = quant_launch()?;
     let guard = ContextGuard::for_stream(stream)?;
     let dev = cuda::device_info(guard.device)?;
     let m = nvrtc::module(&BLOCK_QUANT, guard.id, &dev)?;
@@ -457,7 +483,8 @@ pub fn quantize(
     ];
     // SAFETY: `m` is kernels/block_quant.cu's module, the binding's source.
     let k = unsafe { Kernel::new(&m, &BLOCK_QUANTIZE, &names)? };
-    let smem = (TILE * TILE * plan.in_dtype.bits() / 8) as u32;
+    let tile_bytes = (TILE * TILE * plan.in_dtype.bits() / 8) as u32;
+    let smem = launch_smem(tile_bytes, cap, dev.smem_per_sm.max(0) as u32);
     allow_shared(guard.id, k.raw(), smem)?;
     let grid = ((plan.rows / TILE) * (plan.cols / TILE)) as u32;
     let [src, dst, dst_t, sinv, sinv_t, dbias, act_in] = plan.ptrs;
@@ -473,7 +500,7 @@ pub fn quantize(
     let params = (src, dst, dst_t, sinv, sinv_t, cfg.noop, dbias, act_in, args);
     // SAFETY: `k` is block_quantize_<mode>_<in>_<out> of kernels/block_quant.cu, loaded in
     // the stream's context (held by `guard`), with its dynamic shared memory allowed
-    // (`smem`: one 128x128 input tile). Checked by plan_quantize: the input holds rows *
+    // (`smem`: at least one 128x128 input tile, the kernel's use). Checked by plan_quantize: the input holds rows *
     // cols elements, rows and cols multiples of 128 (fewer than 2^31 tiles), 16-byte
     // aligned; each FP8 output present holds rows * cols bytes (16-byte aligned) with its
     // scale_inv of TE's shape for the strides given (4-byte aligned), absent ones NULL; noop
@@ -855,10 +882,19 @@ mod tests {
     }
 
     #[test]
-    fn the_launch_knob_names_both_kernel_paths() {
-        match crate::env::BLOCK_QUANT.0.kind {
-            crate::env::Kind::Choice(words) => assert_eq!(words, ["fast", "previous"]),
+    fn the_launch_knob_names_every_launch() {
+        let words = match crate::env::BLOCK_QUANT.0.kind {
+            crate::env::Kind::Choice(words) => words,
             _ => panic!("NVTE_COMM_BLOCK_QUANT is a choice"),
+        };
+        assert_eq!(words, ["fast", "previous", "blocks4", "blocks3", "blocks2"]);
+        let fast = FLAG_ROWS8 | FLAG_PACKED;
+        assert_eq!(launch_of(None), (fast, None));
+        assert_eq!(launch_of(Some(0)), (fast, None));
+        assert_eq!(launch_of(Some(1)), (0, None));
+        for (i, w) in words.iter().enumerate().skip(2) {
+            let n: u32 = w.trim_start_matches("blocks").parse().unwrap();
+            assert_eq!(launch_of(Some(i)), (fast, Some(n)), "{w}");
         }
         // Distinct flag bits.
         let flags = [FLAG_ROWS8, FLAG_PACKED, FLAG_GELU, FLAG_DGELU];
@@ -998,6 +1034,23 @@ mod tests {
     fn refused(i: &Tensor, o: &Tensor, c: &BlockQuantConfig, want: &str) {
         let e = plan_quantize(i, o, c).unwrap_err().to_string();
         assert!(e.contains(want), "expected {want:?} in: {e}");
+    }
+
+    #[test]
+    fn launch_smem_caps_the_blocks_an_sm() {
+        const SM: u32 = 228 * 1024; // an H100 / H200 SM
+        const BF16_TILE: u32 = 128 * 128 * 2;
+        let fits = |dynamic: u32| SM / (dynamic + STATIC_AND_RESERVED);
+        assert_eq!(launch_smem(BF16_TILE, None, SM), BF16_TILE);
+        assert_eq!(launch_smem(BF16_TILE, Some(0), SM), BF16_TILE);
+        for n in [2, 3, 4] {
+            let b = launch_smem(BF16_TILE, Some(n), SM);
+            assert!(b >= BF16_TILE && b.is_multiple_of(1024), "{n}: {b}");
+            assert_eq!(fits(b), n, "{n} blocks an SM ({b} bytes a block)");
+        }
+        // A cap above what the tile allows changes nothing: float32's 64 KiB tile, 3 an SM.
+        assert_eq!(launch_smem(2 * BF16_TILE, Some(4), SM), 2 * BF16_TILE);
+        assert_eq!(fits(2 * BF16_TILE), 3);
     }
 
     #[test]
