@@ -10,8 +10,9 @@
 //   gs<U,H>      persistent grid-stride, U 32-byte units a thread per step, load hint H
 //                (0 ld.global.nc, 1 .L2::256B prefetch, 2 L2 evict-first policy)
 //   flat<U,H>    one block per U*256*32 contiguous bytes, no loop (grid = size / that);
-//                U 1 (8 KiB a block) added 2026-12-02: a one-off copy probe on an H200 found
-//                the finest blocks fastest (docs/results/2026-12.md, seventh session)
+//                U 1 (8 KiB a block) added 2026-12-02: a one-off copy probe on an H200 (plain
+//                loads and stores) found the finest blocks fastest (docs/results/2026-12.md,
+//                seventh session)
 //   tma<S,T,SO>  persistent; S stages of T bytes brought in by cp.async.bulk (one thread
 //                issues, an mbarrier per stage); stores from registers (SO 0) or from
 //                shared memory by cp.async.bulk (SO 1)

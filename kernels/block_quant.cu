@@ -8,8 +8,8 @@
 // then:
 //   2D:                    the tile's amax (all 16384 values), one scale;
 //   1D columnwise:         each column's amax over the tile's 128 rows (in the rowwise pass
-//                          when both directions are written, but for float16's compact
-//                          format: BqCompactInRows);
+//                          when both directions are written with BQ_ROWS8, but for
+//                          float16's compact format: BqCompactInRows);
 //   rowwise:               each row's amax (1D) over its 128 values, the row quantized and
 //                          stored (8-byte stores; a warp writes two whole 128-byte rows);
 //   columnwise compact:    (1D) stored in the input's layout with the column scales, in the

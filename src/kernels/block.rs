@@ -383,14 +383,17 @@ fn dbias_parts(b: &Buffer, rows: usize, cols: usize) -> Result<DevPtr> {
     Ok(b.ptr)
 }
 
-/// Raise the function's dynamic shared-memory limit to `bytes` once per (context, function).
+/// Let the function take at least `bytes` of dynamic shared memory: its limit per (context,
+/// function) is only ever raised (launches of one function ask for different sizes under
+/// NVTE_COMM_BLOCK_QUANT's caps; a lower limit set later would refuse a larger launch).
 fn allow_shared(ctx: cuda::CtxId, f: cudarc::driver::sys::CUfunction, bytes: u32) -> Result<()> {
     use cudarc::driver::sys as cu;
-    type Key = (cuda::CtxId, cuda::FunctionHandle, u32);
-    static DONE: Mutex<Vec<Key>> = Mutex::new(Vec::new());
-    let key = (ctx, cuda::FunctionHandle::from_raw(f), bytes);
-    let mut done = DONE.lock().unwrap_or_else(|e| e.into_inner());
-    if done.contains(&key) {
+    type Key = (cuda::CtxId, cuda::FunctionHandle);
+    static SET: Mutex<Vec<(Key, u32)>> = Mutex::new(Vec::new());
+    let key = (ctx, cuda::FunctionHandle::from_raw(f));
+    let mut set = SET.lock().unwrap_or_else(|e| e.into_inner());
+    let slot = set.iter().position(|(k, _)| *k == key);
+    if slot.is_some_and(|i| set[i].1 >= bytes) {
         return Ok(());
     }
     // SAFETY: `f` is a function of a loaded module; a plain attribute.
@@ -404,7 +407,10 @@ fn allow_shared(ctx: cuda::CtxId, f: cudarc::driver::sys::CUfunction, bytes: u32
         },
         "cuFuncSetAttribute(block_quantize dynamic shared memory)",
     )?;
-    done.push(key);
+    match slot {
+        Some(i) => set[i].1 = bytes,
+        None => set.push((key, bytes)),
+    }
     Ok(())
 }
 
@@ -445,11 +451,12 @@ fn launch_of(choice: Option<usize>) -> (i32, Option<u32>) {
 const STATIC_AND_RESERVED: u32 = 5 * 1024;
 
 /// The dynamic shared memory a launch asks for: one tile (`tile_bytes`), or with a cap of
-/// `n` blocks an SM, enough (whole KiB) that no more than `n` fit in the SM's `smem_per_sm`.
+/// `n` blocks an SM, enough (whole KiB) that no more than `n` fit in the SM's `smem_per_sm`,
+/// 2 KiB short of filling it (`n` still fit if the static part or the reserve grows a little).
 fn launch_smem(tile_bytes: u32, cap: Option<u32>, smem_per_sm: u32) -> u32 {
     match cap {
         Some(n) if n > 0 => {
-            let share = (smem_per_sm / n).saturating_sub(STATIC_AND_RESERVED) / 1024 * 1024;
+            let share = (smem_per_sm / n).saturating_sub(STATIC_AND_RESERVED + 2048) / 1024 * 1024;
             share.max(tile_bytes)
         }
         _ => tile_bytes,
@@ -1047,6 +1054,11 @@ mod tests {
             let b = launch_smem(BF16_TILE, Some(n), SM);
             assert!(b >= BF16_TILE && b.is_multiple_of(1024), "{n}: {b}");
             assert_eq!(fits(b), n, "{n} blocks an SM ({b} bytes a block)");
+            assert_eq!(
+                SM / (b + STATIC_AND_RESERVED + 2048),
+                n,
+                "{n}: slack for 2 KiB more"
+            );
         }
         // A cap above what the tile allows changes nothing: float32's 64 KiB tile, 3 an SM.
         assert_eq!(launch_smem(2 * BF16_TILE, Some(4), SM), 2 * BF16_TILE);
