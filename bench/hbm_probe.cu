@@ -6,6 +6,8 @@
 //   amax  read 2n bytes (max |x|; the compute_amax kernel's traffic)
 //   cast  read 2n, write n (bf16 -> e4m3 with a scale; the rowwise quantize's traffic)
 //   copy  read 2n, write 2n (the D2D copy; also the traffic of rowwise + columnwise)
+//   cast2 read 2n, write n twice, to two buffers (the traffic of rowwise + columnwise as two
+//         output streams; added 2026-12-03)
 // Techniques:
 //   gs<U,H>      persistent grid-stride, U 32-byte units a thread per step, load hint H
 //                (0 ld.global.nc, 1 .L2::256B prefetch, 2 L2 evict-first policy)
@@ -13,6 +15,9 @@
 //                U 1 (8 KiB a block) added 2026-12-02: a one-off copy probe on an H200 (plain
 //                loads and stores) found the finest blocks fastest (docs/results/2026-12.md,
 //                seventh session)
+//   tile<R>      the quantize kernel's pattern: one block per R x 128 tile of an 8192-wide
+//                matrix (R 128: the quantize's 32 KiB tile), loads first, then the stores at
+//                the same positions; no shared memory (added 2026-12-03)
 //   tma<S,T,SO>  persistent; S stages of T bytes brought in by cp.async.bulk (one thread
 //                issues, an mbarrier per stage); stores from registers (SO 0) or from
 //                shared memory by cp.async.bulk (SO 1)
@@ -41,7 +46,7 @@ typedef unsigned int u32;
     }                                                                                \
   } while (0)
 
-enum { AMAX = 0, CAST = 1, COPY = 2 };
+enum { AMAX = 0, CAST = 1, COPY = 2, CAST2 = 3 };
 
 __device__ __forceinline__ u64 evict_first() {
   u64 p;
@@ -97,20 +102,26 @@ __device__ __forceinline__ void st8cs(void *p, u32 x, u32 y) {
 
 // The input's uint4 i (8 bf16) maps to the output's bytes 8i..8i+7 (cast) or uint4 i (copy).
 // One 32-byte unit: uint4s ia and ib (ib == ia + 1: one 16-byte cast store).
+// CAST2 stores the cast twice: at byte 8i and at byte half + 8i (two output streams, the
+// traffic of a rowwise + columnwise quantize with a contiguous layout).
 template <int MODE>
-__device__ __forceinline__ void unit(uint4 a, u64 ia, uint4 b, u64 ib, void *out, float s, float &local) {
+__device__ __forceinline__ void unit(uint4 a, u64 ia, uint4 b, u64 ib, void *out, float s, float &local,
+                                     u64 half = 0) {
   if (MODE == AMAX) {
     local = fmaxf(local, fmaxf(amax4(a), amax4(b)));
-  } else if (MODE == CAST) {
+  } else if (MODE == CAST || MODE == CAST2) {
     local = fmaxf(local, fmaxf(amax4(a), amax4(b)));
     const u32 qa0 = pack4(a.x, a.y, s), qa1 = pack4(a.z, a.w, s), qb0 = pack4(b.x, b.y, s),
               qb1 = pack4(b.z, b.w, s);
     char *o = static_cast<char *>(out);
-    if (ib == ia + 1) {
-      stcs(o + ia * 8, make_uint4(qa0, qa1, qb0, qb1));
-    } else {
-      st8cs(o + ia * 8, qa0, qa1);
-      st8cs(o + ib * 8, qb0, qb1);
+#pragma unroll
+    for (int h = 0; h < (MODE == CAST2 ? 2 : 1); ++h, o += half) {
+      if (ib == ia + 1) {
+        stcs(o + ia * 8, make_uint4(qa0, qa1, qb0, qb1));
+      } else {
+        st8cs(o + ia * 8, qa0, qa1);
+        st8cs(o + ib * 8, qb0, qb1);
+      }
     }
   } else {
     stcs(static_cast<uint4 *>(out) + ia, a);
@@ -149,7 +160,8 @@ __global__ void __launch_bounds__(256) gs(const uint4 *in, void *out, u64 nu, fl
     }
 #pragma unroll
     for (int j = 0; j < U; ++j)
-      if (k + j * stride < nu) unit<MODE>(a[j], 2 * (k + j * stride), b[j], 2 * (k + j * stride) + 1, out, s, local);
+      if (k + j * stride < nu)
+        unit<MODE>(a[j], 2 * (k + j * stride), b[j], 2 * (k + j * stride) + 1, out, s, local, nu * 16);
   }
   finish(local, amax);
 }
@@ -171,7 +183,31 @@ __global__ void __launch_bounds__(256) flat(const uint4 *in, void *out, u64 nu, 
   }
 #pragma unroll
   for (int j = 0; j < U; ++j)
-    if (b0 + (U + j) * 256 < 2 * nu) unit<MODE>(a[j], b0 + j * 256, b[j], b0 + (U + j) * 256, out, s, local);
+    if (b0 + (U + j) * 256 < 2 * nu)
+      unit<MODE>(a[j], b0 + j * 256, b[j], b0 + (U + j) * 256, out, s, local, nu * 16);
+  if (MODE != COPY) finish(local, amax);
+}
+
+// The quantize kernel's access pattern without its shared memory: the input as a matrix of
+// kTileW bf16 columns, one block per R x 128 tile (R 128: the quantize's tile; 64: half of
+// it), each thread loading its R / 16 uint4s (row r of the tile: 16 uint4s of 256 bytes)
+// first, then storing them at the same positions (no transpose).
+constexpr u64 kTileW = 8192;
+template <int MODE, int R>
+__global__ void __launch_bounds__(256) tile(const uint4 *in, void *out, u64 nu, float s, float *amax) {
+  constexpr int J = R / 16;  // uint4s a thread: R rows x 16 uint4s / 256 threads
+  const u64 tiles_w = kTileW / 128, rb = blockIdx.x / tiles_w, cb = blockIdx.x % tiles_w;
+  float local = 0.0f;
+  uint4 v[J];
+  u64 idx[J];
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    const int c = threadIdx.x + 256 * j, r = c / 16;
+    idx[j] = (rb * R + r) * (kTileW / 8) + cb * 16 + c % 16;
+    v[j] = ldg<0>(in + idx[j], 0);
+  }
+#pragma unroll
+  for (int j = 0; j < J / 2; ++j) unit<MODE>(v[j], idx[j], v[j + J / 2], idx[j + J / 2], out, s, local, nu * 16);
   if (MODE != COPY) finish(local, amax);
 }
 
@@ -311,10 +347,13 @@ int main(int argc, char **argv) {
   CK(cudaDeviceSynchronize());
 
   std::vector<V> vs;
-#define ADD_MODES(NAME, TEMPL, GK, PB, SM)                                           \
+#define ADD_MODES3(NAME, TEMPL, GK, PB, SM)                                          \
   vs.push_back({std::string("amax ") + NAME, AMAX, TEMPL<AMAX, PARAMS>, GK, PB, SM}); \
   vs.push_back({std::string("cast ") + NAME, CAST, TEMPL<CAST, PARAMS>, GK, PB, SM}); \
   vs.push_back({std::string("copy ") + NAME, COPY, TEMPL<COPY, PARAMS>, GK, PB, SM});
+#define ADD_MODES(NAME, TEMPL, GK, PB, SM) \
+  ADD_MODES3(NAME, TEMPL, GK, PB, SM)      \
+  vs.push_back({std::string("cast2 ") + NAME, CAST2, TEMPL<CAST2, PARAMS>, GK, PB, SM});
 #define PARAMS 1, 0
   ADD_MODES("gs U1 H0", gs, 0, 0, 0)
 #undef PARAMS
@@ -351,23 +390,29 @@ int main(int argc, char **argv) {
 #define PARAMS 8, 2
   ADD_MODES("flat U8 H2", flat, 1, 2048, 0)
 #undef PARAMS
+#define PARAMS 128
+  ADD_MODES("tile R128", tile, 1, 1024, 0)
+#undef PARAMS
+#define PARAMS 64
+  ADD_MODES("tile R64", tile, 1, 512, 0)
+#undef PARAMS
 #define PARAMS 4, 16384, 0
-  ADD_MODES("tma S4 T16K", tma, 0, 0, 4 * 16384)
+  ADD_MODES3("tma S4 T16K", tma, 0, 0, 4 * 16384)
 #undef PARAMS
 #define PARAMS 6, 16384, 0
-  ADD_MODES("tma S6 T16K", tma, 0, 0, 6 * 16384)
+  ADD_MODES3("tma S6 T16K", tma, 0, 0, 6 * 16384)
 #undef PARAMS
 #define PARAMS 4, 32768, 0
-  ADD_MODES("tma S4 T32K", tma, 0, 0, 4 * 32768)
+  ADD_MODES3("tma S4 T32K", tma, 0, 0, 4 * 32768)
 #undef PARAMS
 #define PARAMS 3, 16384, 0
-  ADD_MODES("tma S3 T16K", tma, 0, 0, 3 * 16384)
+  ADD_MODES3("tma S3 T16K", tma, 0, 0, 3 * 16384)
 #undef PARAMS
 #define PARAMS 4, 16384, 1
-  ADD_MODES("tma S4 T16K SO", tma, 0, 0, 4 * 16384 + 2 * 16384)
+  ADD_MODES3("tma S4 T16K SO", tma, 0, 0, 4 * 16384 + 2 * 16384)
 #undef PARAMS
 #define PARAMS 3, 32768, 1
-  ADD_MODES("tma S3 T32K SO", tma, 0, 0, 3 * 32768 + 2 * 32768)
+  ADD_MODES3("tma S3 T32K SO", tma, 0, 0, 3 * 32768 + 2 * 32768)
 #undef PARAMS
 
   // Reference results (gs U1 H0) and the launch grids.
@@ -394,10 +439,12 @@ int main(int argc, char **argv) {
       if (amax_ref == 0) amax_ref = a;
       ok = a == amax_ref;
     }
-    if (v.mode == CAST) {
-      CK(cudaMemcpy(got.data(), out, n, cudaMemcpyDeviceToHost));
-      if (!have_cast_ref) cast_ref = got, have_cast_ref = true;
-      ok = ok && got == cast_ref;
+    if (v.mode == CAST || v.mode == CAST2) {
+      for (int h = 0; h < (v.mode == CAST2 ? 2 : 1); ++h) {
+        CK(cudaMemcpy(got.data(), out + h * n, n, cudaMemcpyDeviceToHost));
+        if (!have_cast_ref) cast_ref = got, have_cast_ref = true;
+        ok = ok && got == cast_ref;
+      }
     } else if (v.mode == COPY) {
       CK(cudaMemcpy(ref, in[0], bytes, cudaMemcpyDeviceToDevice));
       std::vector<char> x(bytes), y(bytes);
@@ -445,7 +492,7 @@ int main(int argc, char **argv) {
   printf("| cudaMemcpyAsync D2D | - | %.1f | %.0f | %.1f | 100.0 |\n", mc * 1e6, mc_gbs, 100 * mc_gbs / nominal);
   for (auto &v : vs) {
     const double t = med(v.ts) * 1e-3;
-    const double b = v.mode == AMAX ? bytes : v.mode == CAST ? 1.5 * bytes : 2.0 * bytes;
+    const double b = v.mode == AMAX ? bytes : v.mode == CAST ? 1.5 * bytes : 2.0 * bytes;  // copy, cast2: 2
     const double gbs = b / t / 1e9;
     printf("| %s | %d | %.1f | %.0f | %.1f | %.1f |\n", v.name.c_str(), v.grid, t * 1e6, gbs, 100 * gbs / nominal,
            100 * gbs / mc_gbs);

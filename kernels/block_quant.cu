@@ -396,6 +396,28 @@ __device__ __forceinline__ void bq_rows(const typename I::T *tile, BqShared &sh,
   if (COL_AMAX) bq_store_col_part(sh, cm, lane, warp, cc);
 }
 
+// Eight rows' partial amaxes m[0..8) of each of the 16 threads j = lane % 16 of a half-warp
+// (thread j: 8 of each row's 128 values) reduced by one transposing exchange (each step
+// trades half of a thread's rows with its partner: 8 shuffles for 8 rows, not 32): thread
+// j gets the whole amax of row j / 2.
+__device__ __forceinline__ float bq_rows8_amax(const float (&m)[8], int j) {
+  // Offsets 8, 4, 2: keep the half of the rows named by this thread's bit, send the other.
+  const bool b3 = (j & 8) != 0, b2 = (j & 4) != 0, b1 = (j & 2) != 0;
+  float n[4], p[2];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float send = b3 ? m[k] : m[k + 4], keep = b3 ? m[k + 4] : m[k];
+    n[k] = fmaxf(keep, __shfl_xor_sync(0xffffffffu, send, 8));
+  }
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const float send = b2 ? n[k] : n[k + 2], keep = b2 ? n[k + 2] : n[k];
+    p[k] = fmaxf(keep, __shfl_xor_sync(0xffffffffu, send, 4));
+  }
+  const float q = fmaxf(b1 ? p[1] : p[0], __shfl_xor_sync(0xffffffffu, b1 ? p[0] : p[1], 2));
+  return fmaxf(q, __shfl_xor_sync(0xffffffffu, q, 1));
+}
+
 // The 1D rows pass with the row scales computed once a row: 16 threads a row (8 values
 // each), a warp two rows a pass, as bq_rows, but first every pass's partial row amax
 // (8 a thread), then one transposing reduction over the 16 threads of a row (each step
@@ -451,22 +473,7 @@ __device__ __forceinline__ void bq_rows_1d(const typename I::T *tile, BqShared &
     }
   }
   if (COMPACT && COL_AMAX) bq_store_col_part(sh, cm, lane, warp, cc);  // (cm's registers free)
-  // Offsets 8, 4, 2: keep the half of the rows named by this thread's bit, send the other.
-  const bool b3 = (j & 8) != 0, b2 = (j & 4) != 0, b1 = (j & 2) != 0;
-  float n[4], p[2];
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const float send = b3 ? m[k] : m[k + 4], keep = b3 ? m[k + 4] : m[k];
-    n[k] = fmaxf(keep, __shfl_xor_sync(0xffffffffu, send, 8));
-  }
-#pragma unroll
-  for (int k = 0; k < 2; ++k) {
-    const float send = b2 ? n[k] : n[k + 2], keep = b2 ? n[k + 2] : n[k];
-    p[k] = fmaxf(keep, __shfl_xor_sync(0xffffffffu, send, 4));
-  }
-  float q = fmaxf(b1 ? p[1] : p[0], __shfl_xor_sync(0xffffffffu, b1 ? p[0] : p[1], 2));
-  q = fmaxf(q, __shfl_xor_sync(0xffffffffu, q, 1));  // pass j / 2's row amax
-  const float s_own = bq_scale<I, O>(q, eps, pow2);
+  const float s_own = bq_scale<I, O>(bq_rows8_amax(m, j), eps, pow2);  // pass j / 2's row
   if ((j & 1) == 0) sinv[(r0 + (j >> 1) * 16 + r_first) * s_r + (c0 / BQ_TILE) * s_c] = bq_rcp(s_own);
   if (COMPACT && COL_AMAX)  // the column scales now, from the amaxes of the first read
     bq_finish_column_scales<I, O, BQ_THREADS / 32>(sh, sinv_t, a.t_r, a.t_c, r0 / BQ_TILE, c0, eps, pow2);
@@ -704,6 +711,154 @@ __device__ __forceinline__ void block_quantize_impl(const typename I::T *in, u8 
   }
 }
 
+// The register path (NVTE_COMM_BLOCK_QUANT=regs; 16-bit inputs, no activation, no bias
+// gradient): the tile goes from global memory straight into registers, without the
+// shared-memory copy. Thread t holds an 8 x 8 block of it, rows 8 (t / 16) .. + 7 and
+// columns 8 (t % 16) .. + 7 (x[j]: row j of it, one 16-byte load each; a warp's load
+// covers two whole 256-byte rows). Row amaxes as bq_rows_1d's (bq_rows8_amax), column
+// amaxes over the thread's 8 rows, then across the warps (sh.col_part); rowwise and
+// compact columnwise values are stored from the registers (8 bytes a row), transposed
+// columnwise values are staged in `stage` (16 KiB: row c holds column c, its 8-byte slots
+// g = row / 8 swizzled by c / 8) and leave as whole 128-byte runs of the [cols, rows]
+// output. The same bytes as block_quantize_impl's paths.
+template <class I>
+__device__ __forceinline__ float bq_elem(const uint4 &v, int i) {  // value i of the 8
+  const u32 w = i < 2 ? v.x : i < 4 ? v.y : i < 6 ? v.z : v.w;
+  return (i & 1) ? Pk<I>::hi(w) : Pk<I>::lo(w);
+}
+
+// Rows 8 g .. + 7 of the tile (r0, c0) from x: each row's scale (1D; 2D: tile_scale), its
+// scale inverse (1D: thread j = 2 r' of the half-warp writes row r''s) and its 8 FP8 bytes.
+template <class I, class O, int TWO_D>
+__device__ __forceinline__ void bq_regs_rows(const uint4 (&x)[8], float tile_scale, u8 *out, float *sinv,
+                                             const BlockQuantArgs &a, u64 r0, u64 c0) {
+  const int lane = threadIdx.x & 31, k = threadIdx.x & 15, g = threadIdx.x >> 4;
+  float s_own = tile_scale;
+  if (!TWO_D) {
+    float m[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) m[j] = bq_pair_amax<I>(Pk<I>::amax8(x[j]));
+    s_own = bq_scale<I, O>(bq_rows8_amax(m, k), a.eps, a.pow2);  // row 8 g + k / 2's
+    if ((k & 1) == 0) sinv[(r0 + 8 * g + (k >> 1)) * a.s_r + (c0 / BQ_TILE) * a.s_c] = bq_rcp(s_own);
+  }
+  u8 *po = out + (r0 + 8 * g) * a.cols + c0 + 8 * k;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float s = TWO_D ? tile_scale : __shfl_sync(0xffffffffu, s_own, (lane & 16) | (2 * j));
+    float v[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = bq_elem<I>(x[j], i);
+    const float rs[8] = {s, s, s, s, s, s, s, s};
+    bq_st8(po + j * a.cols, bq_pack8<O>(v, rs));
+  }
+}
+
+// 1D: the columns' amaxes over the tile (the thread's 8 rows, then every warp's), their
+// scales and scale inverses (bq_finish_column_scales): sh.col_scale() after the call.
+template <class I, class O>
+__device__ __forceinline__ void bq_regs_column_scales(const uint4 (&x)[8], BqShared &sh, float *sinv_t,
+                                                      const BlockQuantArgs &a, u64 rb, u64 c0) {
+  u32 cm2[4] = {0, 0, 0, 0};
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    cm2[0] = Pk<I>::max2(cm2[0], Pk<I>::abs2(x[j].x));
+    cm2[1] = Pk<I>::max2(cm2[1], Pk<I>::abs2(x[j].y));
+    cm2[2] = Pk<I>::max2(cm2[2], Pk<I>::abs2(x[j].z));
+    cm2[3] = Pk<I>::max2(cm2[3], Pk<I>::abs2(x[j].w));
+  }
+  float cm[8];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    cm[2 * q] = fmaxf(0.0f, Pk<I>::lo(cm2[q]));
+    cm[2 * q + 1] = fmaxf(0.0f, Pk<I>::hi(cm2[q]));
+  }
+  bq_store_col_part(sh, cm, threadIdx.x & 31, threadIdx.x >> 5, 8 * (threadIdx.x & 15));
+  bq_finish_column_scales<I, O, BQ_THREADS / 32>(sh, sinv_t, a.t_r, a.t_c, rb, c0, a.eps, a.pow2);
+}
+
+// The columnwise FP8 values of the thread's 8 x 8 block (column scales: sh.col_scale(), or
+// tile_scale for 2D): compact, stored as rows; transposed, staged (column c's 8 bytes at
+// slot g ^ (c / 8) of stage row c), then, once every thread's are, stored as 128-byte runs.
+template <class I, class O, int TWO_D>
+__device__ __forceinline__ void bq_regs_columns(const uint4 (&x)[8], const BqShared &sh, float tile_scale,
+                                                u8 *stage, u8 *out_t, const BlockQuantArgs &a, u64 r0, u64 c0) {
+  const int k = threadIdx.x & 15, g = threadIdx.x >> 4;
+  float cs[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) cs[i] = TWO_D ? tile_scale : sh.col_scale()[8 * k + i];
+  if (a.col_mode == BQ_COL_COMPACT) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      float v[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] = bq_elem<I>(x[j], i);
+      bq_st8(out_t + (r0 + 8 * g + j) * a.cols + c0 + 8 * k, bq_pack8<O>(v, cs));
+    }
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    float v[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = bq_elem<I>(x[j], i);
+    const float s8[8] = {cs[i], cs[i], cs[i], cs[i], cs[i], cs[i], cs[i], cs[i]};
+    reinterpret_cast<uint2 *>(stage + (8 * k + i) * BQ_TILE)[g ^ k] = bq_pack8<O>(v, s8);
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < BQ_TILE * BQ_TILE / 16 / BQ_THREADS; ++i) {
+    const int q = i * BQ_THREADS + threadIdx.x, row = q >> 3, kk = q & 7, sw = row >> 3;
+    // logical slots 2 kk, 2 kk + 1 sit at 2 kk ^ sw, (2 kk + 1) ^ sw: one 16-byte chunk,
+    // its halves swapped when sw is odd
+    uint4 v = reinterpret_cast<const uint4 *>(stage + row * BQ_TILE)[kk ^ (sw >> 1)];
+    if (sw & 1) v = make_uint4(v.z, v.w, v.x, v.y);
+    bq_st16(out_t + (c0 + row) * a.rows + r0 + 16 * kk, v);
+  }
+}
+
+// One tile (rb, cb) by the register path.
+template <class I, class O, int TWO_D>
+__device__ __forceinline__ void bq_regs_tile(const typename I::T *in, u8 *stage, BqShared &sh, u8 *out, u8 *out_t,
+                                             float *sinv, float *sinv_t, const BlockQuantArgs &a, u64 rb, u64 cb) {
+  const u64 r0 = rb * BQ_TILE, c0 = cb * BQ_TILE;
+  const int k = threadIdx.x & 15, g = threadIdx.x >> 4;
+  uint4 x[8];
+  const typename I::T *p = in + (r0 + 8 * g) * a.cols + c0 + 8 * k;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) x[j] = __ldg(reinterpret_cast<const uint4 *>(p + j * a.cols));
+  float tile_scale = 1.0f;
+  if (TWO_D) {
+    u32 m2 = 0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) m2 = Pk<I>::max2(m2, Pk<I>::amax8(x[j]));
+    tile_scale = bq_scale<I, O>(bq_block_max(bq_pair_amax<I>(m2), sh.red()), a.eps, a.pow2);
+    if (threadIdx.x == 0) {
+      const float r = bq_rcp(tile_scale);
+      if (out != nullptr) sinv[rb * a.s_r + cb * a.s_c] = r;
+      if (a.col_mode != BQ_COL_NONE) sinv_t[rb * a.t_r + cb * a.t_c] = r;
+    }
+  }
+  if (out != nullptr) bq_regs_rows<I, O, TWO_D>(x, tile_scale, out, sinv, a, r0, c0);
+  if (a.col_mode == BQ_COL_NONE) return;
+  if (!TWO_D) bq_regs_column_scales<I, O>(x, sh, sinv_t, a, rb, c0);
+  bq_regs_columns<I, O, TWO_D>(x, sh, tile_scale, stage, out_t, a, r0, c0);
+}
+
+// The register path's kernel body: tiles blockIdx.x, + gridDim.x, ... as
+// block_quantize_impl's (same arguments; dbias and act_in unused: the host sends neither).
+template <class I, class O, int TWO_D>
+__device__ __forceinline__ void block_quantize_regs_impl(const typename I::T *in, u8 *out, u8 *out_t, float *sinv,
+                                                         float *sinv_t, const float *noop, const BlockQuantArgs &a) {
+  if (noop != nullptr && *noop == 1.0f) return;
+  extern __shared__ __align__(16) unsigned char bq_smem[];
+  __shared__ BqShared sh;
+  const u32 tiles_c = (u32)(a.cols / BQ_TILE), tiles = (u32)(a.rows / BQ_TILE) * tiles_c;
+  for (u32 t = blockIdx.x; t < tiles; t += gridDim.x) {
+    bq_regs_tile<I, O, TWO_D>(in, bq_smem, sh, out, out_t, sinv, sinv_t, a, t / tiles_c, t % tiles_c);
+    __syncthreads();  // every read of `stage` and `sh` done before the next tile writes them
+  }
+}
+
 // Blocks an SM should hold (the launch bounds' minimum, what registers allow without
 // spills; shared memory allows 6 with a 32 KiB tile, 3 with 64 KiB): bf16 5 (48
 // registers), fp16 4, float32 3. (At 6, 40 registers, bf16 measured no faster.)
@@ -726,6 +881,24 @@ __device__ __forceinline__ void block_quantize_impl(const typename I::T *in, u8 
   BLOCK_QUANTIZE_IN(mname, TWO_D, f16, F16)
 BLOCK_QUANTIZE_MODE(1d, 0)
 BLOCK_QUANTIZE_MODE(2d, 1)
+
+// The register path's kernels (16-bit inputs; the host names them for
+// NVTE_COMM_BLOCK_QUANT=regs): block_quantize_regs<1d|2d>_<in>_<out>, the same parameters.
+#define BQ_REGS_MINB 4
+#define BLOCK_QUANTIZE_REGS(mname, TWO_D, iname, I, oname, O)                                      \
+  extern "C" __global__ void __launch_bounds__(BQ_THREADS, BQ_REGS_MINB)                         \
+      block_quantize_regs##mname##_##iname##_##oname(const I::T *in, u8 *out, u8 *out_t, float *sinv, \
+                                                     float *sinv_t, const float *noop, float *dbias,  \
+                                                     const I::T *act_in, BlockQuantArgs args) {       \
+    block_quantize_regs_impl<I, O, TWO_D>(in, out, out_t, sinv, sinv_t, noop, args);               \
+  }
+#define BLOCK_QUANTIZE_REGS_IN(mname, TWO_D, iname, I)   \
+  BLOCK_QUANTIZE_REGS(mname, TWO_D, iname, I, e4m3, E4M3) \
+  BLOCK_QUANTIZE_REGS(mname, TWO_D, iname, I, e5m2, E5M2)
+BLOCK_QUANTIZE_REGS_IN(1d, 0, bf16, BF16)
+BLOCK_QUANTIZE_REGS_IN(1d, 0, f16, F16)
+BLOCK_QUANTIZE_REGS_IN(2d, 1, bf16, BF16)
+BLOCK_QUANTIZE_REGS_IN(2d, 1, f16, F16)
 
 // Dequantize: out[r, c] = cast(fp8 value * scale_inv of its block) for the [rows, cols]
 // logical matrix, from FP8 data stored as [rows, cols] (transposed = 0) or [cols, rows]

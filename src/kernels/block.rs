@@ -426,25 +426,42 @@ const FLAG_GELU: i32 = 4;
 /// BlockQuantArgs::flags: x * GELU'(act_in) quantized (BlockQuantConfig::dgelu_input).
 const FLAG_DGELU: i32 = 8;
 
-/// What NVTE_COMM_BLOCK_QUANT selects (read at each call): the kernel's flags and at most
-/// how many tile blocks an SM may hold (None: as many as fit). `fast` (default) FLAG_ROWS8
-/// and FLAG_PACKED; `previous` neither (the previous kernel's paths); `blocksN`: `fast`'s
-/// with at most N blocks an SM (fewer tile loads in flight an SM; for A/B benches).
-fn quant_launch() -> Result<(i32, Option<u32>)> {
+/// A quantize launch as NVTE_COMM_BLOCK_QUANT selects it (read at each call).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Launch {
+    /// The kernel's flags: `fast` (default) FLAG_ROWS8 and FLAG_PACKED; `previous` neither
+    /// (the previous kernel's paths).
+    flags: i32,
+    /// At most how many tile blocks an SM may hold (`blocksN`: `fast`'s with at most N, fewer
+    /// tile loads in flight an SM; for A/B benches); None: as many as fit.
+    cap: Option<u32>,
+    /// `regs`: the register path (block_quantize_regs<mode>_*: no shared-memory copy of the
+    /// tile) where it applies (16-bit inputs, no activation, no bias gradient); `fast`'s
+    /// kernel elsewhere.
+    regs: bool,
+}
+
+fn quant_launch() -> Result<Launch> {
     Ok(launch_of(crate::env::BLOCK_QUANT.get()?))
 }
 
 /// quant_launch's value for the knob's choice (its index in the knob's words).
-fn launch_of(choice: Option<usize>) -> (i32, Option<u32>) {
+fn launch_of(choice: Option<usize>) -> Launch {
     const FAST: i32 = FLAG_ROWS8 | FLAG_PACKED;
-    match choice {
-        None | Some(0) => (FAST, None),
-        Some(1) => (0, None),
-        Some(2) => (FAST, Some(4)),
-        Some(3) => (FAST, Some(3)),
-        Some(_) => (FAST, Some(2)),
-    }
+    let (flags, cap, regs) = match choice {
+        None | Some(0) => (FAST, None, false),
+        Some(1) => (0, None, false),
+        Some(2) => (FAST, Some(4), false),
+        Some(3) => (FAST, Some(3), false),
+        Some(4) => (FAST, Some(2), false),
+        Some(_) => (FAST, None, true),
+    };
+    Launch { flags, cap, regs }
 }
+
+/// The register path's shared memory (kernels/block_quant.cu, bq_regs_columns): the 128 x
+/// 128 FP8 staging area of the transposed columnwise output.
+const REGS_STAGE_BYTES: u32 = (TILE * TILE) as u32;
 
 /// The kernel's static shared memory (kernels/block_quant.cu: BqShared, 4 KiB) plus the
 /// 1 KiB the driver reserves a block.
@@ -475,13 +492,22 @@ pub fn quantize(
     let Some(plan) = plan_quantize(input.get(), output.get(), cfg)? else {
         return Ok(cfg.format);
     };
-    let (flags, cap) = quant_launch()?;
+    let launch = quant_launch()?;
     let guard = ContextGuard::for_stream(stream)?;
     let dev = cuda::device_info(guard.device)?;
     let m = nvrtc::module(&BLOCK_QUANT, guard.id, &dev)?;
-    let mode = match plan.mode {
-        BlockMode::OneD => "1d",
-        BlockMode::TwoD => "2d",
+    let [src, dst, dst_t, sinv, sinv_t, dbias, act_in] = plan.ptrs;
+    let act = match (cfg.gelu, act_in.is_null()) {
+        (true, _) => FLAG_GELU,
+        (false, false) => FLAG_DGELU,
+        (false, true) => 0,
+    };
+    let regs = launch.regs && plan.in_dtype.bits() == 16 && act == 0 && dbias.is_null();
+    let mode = match (plan.mode, regs) {
+        (BlockMode::OneD, false) => "1d",
+        (BlockMode::TwoD, false) => "2d",
+        (BlockMode::OneD, true) => "regs1d",
+        (BlockMode::TwoD, true) => "regs2d",
     };
     let names = [
         mode,
@@ -490,24 +516,25 @@ pub fn quantize(
     ];
     // SAFETY: `m` is kernels/block_quant.cu's module, the binding's source.
     let k = unsafe { Kernel::new(&m, &BLOCK_QUANTIZE, &names)? };
-    let tile_bytes = (TILE * TILE * plan.in_dtype.bits() / 8) as u32;
-    let smem = launch_smem(tile_bytes, cap, dev.smem_per_sm.max(0) as u32);
+    let smem = match regs {
+        true => REGS_STAGE_BYTES,
+        false => {
+            let tile_bytes = (TILE * TILE * plan.in_dtype.bits() / 8) as u32;
+            launch_smem(tile_bytes, launch.cap, dev.smem_per_sm.max(0) as u32)
+        }
+    };
     allow_shared(guard.id, k.raw(), smem)?;
     let grid = ((plan.rows / TILE) * (plan.cols / TILE)) as u32;
-    let [src, dst, dst_t, sinv, sinv_t, dbias, act_in] = plan.ptrs;
-    let act = match (cfg.gelu, act_in.is_null()) {
-        (true, _) => FLAG_GELU,
-        (false, false) => FLAG_DGELU,
-        (false, true) => 0,
-    };
     let args = BlockQuantArgs {
-        flags: flags | act,
+        flags: launch.flags | act,
         ..plan.args(cfg)
     };
     let params = (src, dst, dst_t, sinv, sinv_t, cfg.noop, dbias, act_in, args);
     // SAFETY: `k` is block_quantize_<mode>_<in>_<out> of kernels/block_quant.cu, loaded in
     // the stream's context (held by `guard`), with its dynamic shared memory allowed
-    // (`smem`: at least one 128x128 input tile, the kernel's use). Checked by plan_quantize: the input holds rows *
+    // (`smem`: at least one 128x128 input tile, the kernel's use; the register path's:
+    // its 128x128 FP8 staging area, for 16-bit inputs only, without dbias and act_in,
+    // which it does not read). Checked by plan_quantize: the input holds rows *
     // cols elements, rows and cols multiples of 128 (fewer than 2^31 tiles), 16-byte
     // aligned; each FP8 output present holds rows * cols bytes (16-byte aligned) with its
     // scale_inv of TE's shape for the strides given (4-byte aligned), absent ones NULL; noop
@@ -894,15 +921,20 @@ mod tests {
             crate::env::Kind::Choice(words) => words,
             _ => panic!("NVTE_COMM_BLOCK_QUANT is a choice"),
         };
-        assert_eq!(words, ["fast", "previous", "blocks4", "blocks3", "blocks2"]);
+        assert_eq!(
+            words,
+            ["fast", "previous", "blocks4", "blocks3", "blocks2", "regs"]
+        );
         let fast = FLAG_ROWS8 | FLAG_PACKED;
-        assert_eq!(launch_of(None), (fast, None));
-        assert_eq!(launch_of(Some(0)), (fast, None));
-        assert_eq!(launch_of(Some(1)), (0, None));
-        for (i, w) in words.iter().enumerate().skip(2) {
+        let l = |flags, cap, regs| Launch { flags, cap, regs };
+        assert_eq!(launch_of(None), l(fast, None, false));
+        assert_eq!(launch_of(Some(0)), l(fast, None, false));
+        assert_eq!(launch_of(Some(1)), l(0, None, false));
+        for (i, w) in words.iter().enumerate().skip(2).take(3) {
             let n: u32 = w.trim_start_matches("blocks").parse().unwrap();
-            assert_eq!(launch_of(Some(i)), (fast, Some(n)), "{w}");
+            assert_eq!(launch_of(Some(i)), l(fast, Some(n), false), "{w}");
         }
+        assert_eq!(launch_of(Some(5)), l(fast, None, true));
         // Distinct flag bits.
         let flags = [FLAG_ROWS8, FLAG_PACKED, FLAG_GELU, FLAG_DGELU];
         for (i, a) in flags.iter().enumerate() {
