@@ -3,9 +3,11 @@
 // 128x1 columnwise) or per 128x128 tile (2D), and dequantize back.
 //
 // Quantize: one block of 256 threads per 128x128 tile (rows and cols multiples of 128, every
-// pointer 16-byte aligned: src/kernels/block.rs checks both; up to 5 blocks an SM for
-// 16-bit inputs). The tile is read from global memory once (cp.async into shared memory),
-// then:
+// pointer 16-byte aligned: src/kernels/block.rs checks both). Two kernels: the register
+// path (block_quantize_regs*, below block_quantize_impl: 16-bit inputs without an
+// activation or a bias gradient, the tile loaded straight into registers) and the
+// shared-memory kernel (up to 5 blocks an SM for 16-bit inputs), where the tile is read
+// from global memory once (cp.async into shared memory), then:
 //   2D:                    the tile's amax (all 16384 values), one scale;
 //   1D columnwise:         each column's amax over the tile's 128 rows (in the rowwise pass
 //                          when both directions are written with BQ_ROWS8, but for

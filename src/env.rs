@@ -346,11 +346,12 @@ pub static CAST_TRANSPOSE: Variants = Variants::new(
 );
 pub static BLOCK_QUANT: Choice = Choice::new(
     "NVTE_COMM_BLOCK_QUANT",
-    &["fast", "previous", "blocks4", "blocks3", "blocks2", "regs"],
+    &["fast", "shared", "previous", "regs"],
     "fast",
-    "paths of the FP8 block-scaling quantize: fast, previous, fast with at most 4, 3 or 2 \
-     tile blocks an SM, or regs (the tile in registers, not shared memory: 16-bit inputs \
-     without an activation or a bias gradient) (read at each call)",
+    "paths of the FP8 block-scaling quantize: fast (the register path for 16-bit inputs \
+     without an activation, a bias gradient or the compact format; else shared), shared \
+     (the shared-memory kernel's fast paths), previous, or regs (the register path \
+     wherever it applies) (read at each call)",
 );
 // The kernel cache.
 pub static DISABLE_KERNEL_CACHE: Flag = Flag::new(

@@ -372,7 +372,7 @@ void check_dequantize(const Case &c, const Input &in, BlockOut &out, const Expec
 }
 
 // NVTE_COMM_BLOCK_QUANT's values (the library's default first).
-const char *const kLaunches[] = {"fast", "previous", "blocks4", "blocks3", "blocks2", "regs"};
+const char *const kLaunches[] = {"fast", "shared", "previous", "regs"};
 constexpr int kNumLaunches = sizeof(kLaunches) / sizeof(kLaunches[0]);
 
 bool same_bytes(const DevBuf &a, const DevBuf &b) {

@@ -384,8 +384,7 @@ fn dbias_parts(b: &Buffer, rows: usize, cols: usize) -> Result<DevPtr> {
 }
 
 /// Let the function take at least `bytes` of dynamic shared memory: its limit per (context,
-/// function) is only ever raised (launches of one function ask for different sizes under
-/// NVTE_COMM_BLOCK_QUANT's caps; a lower limit set later would refuse a larger launch).
+/// function) is only ever raised (a lower limit set later would refuse a larger launch).
 fn allow_shared(ctx: cuda::CtxId, f: cudarc::driver::sys::CUfunction, bytes: u32) -> Result<()> {
     use cudarc::driver::sys as cu;
     type Key = (cuda::CtxId, cuda::FunctionHandle);
@@ -426,59 +425,61 @@ const FLAG_GELU: i32 = 4;
 /// BlockQuantArgs::flags: x * GELU'(act_in) quantized (BlockQuantConfig::dgelu_input).
 const FLAG_DGELU: i32 = 8;
 
+/// Where a quantize launch takes the register path (kernels/block_quant.cu,
+/// block_quantize_regs<mode>_*: the tile loaded straight into registers, no shared-memory
+/// copy of it). It applies only to 16-bit inputs without an activation or a bias gradient;
+/// elsewhere the shared-memory kernel runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RegsPath {
+    Never,
+    /// Wherever it applies but for the compact columnwise format (measured faster or tied
+    /// in every other mode on an H200, slower there: docs/results/2026-12.md, eighth
+    /// session).
+    NotCompact,
+    Everywhere,
+}
+
 /// A quantize launch as NVTE_COMM_BLOCK_QUANT selects it (read at each call).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Launch {
-    /// The kernel's flags: `fast` (default) FLAG_ROWS8 and FLAG_PACKED; `previous` neither
-    /// (the previous kernel's paths).
+    /// The shared-memory kernel's flags: FLAG_ROWS8 and FLAG_PACKED but for `previous`
+    /// (neither: the previous kernel's paths).
     flags: i32,
-    /// At most how many tile blocks an SM may hold (`blocksN`: `fast`'s with at most N, fewer
-    /// tile loads in flight an SM; for A/B benches); None: as many as fit.
-    cap: Option<u32>,
-    /// `regs`: the register path (block_quantize_regs<mode>_*: no shared-memory copy of the
-    /// tile) where it applies (16-bit inputs, no activation, no bias gradient); `fast`'s
-    /// kernel elsewhere.
-    regs: bool,
+    regs: RegsPath,
 }
 
 fn quant_launch() -> Result<Launch> {
     Ok(launch_of(crate::env::BLOCK_QUANT.get()?))
 }
 
-/// quant_launch's value for the knob's choice (its index in the knob's words).
+/// quant_launch's value for the knob's choice (its index in the knob's words: `fast` (the
+/// default), `shared`, `previous`, `regs`).
 fn launch_of(choice: Option<usize>) -> Launch {
     const FAST: i32 = FLAG_ROWS8 | FLAG_PACKED;
-    let (flags, cap, regs) = match choice {
-        None | Some(0) => (FAST, None, false),
-        Some(1) => (0, None, false),
-        Some(2) => (FAST, Some(4), false),
-        Some(3) => (FAST, Some(3), false),
-        Some(4) => (FAST, Some(2), false),
-        Some(_) => (FAST, None, true),
+    let (flags, regs) = match choice {
+        None | Some(0) => (FAST, RegsPath::NotCompact),
+        Some(1) => (FAST, RegsPath::Never),
+        Some(2) => (0, RegsPath::Never),
+        Some(_) => (FAST, RegsPath::Everywhere),
     };
-    Launch { flags, cap, regs }
+    Launch { flags, regs }
+}
+
+/// Whether `plan` runs on the register path under `regs` (`act`: FLAG_GELU / FLAG_DGELU or
+/// 0; `dbias`: whether bias-gradient partials are written).
+fn takes_regs(regs: RegsPath, plan: &QuantizePlan, act: i32, dbias: bool) -> bool {
+    let applies = plan.in_dtype.bits() == 16 && act == 0 && !dbias;
+    let compact = plan.col.is_some_and(|l| !l.transposed);
+    match regs {
+        RegsPath::Never => false,
+        RegsPath::NotCompact => applies && !compact,
+        RegsPath::Everywhere => applies,
+    }
 }
 
 /// The register path's shared memory (kernels/block_quant.cu, bq_regs_columns): the 128 x
 /// 128 FP8 staging area of the transposed columnwise output.
 const REGS_STAGE_BYTES: u32 = (TILE * TILE) as u32;
-
-/// The kernel's static shared memory (kernels/block_quant.cu: BqShared, 4 KiB) plus the
-/// 1 KiB the driver reserves a block.
-const STATIC_AND_RESERVED: u32 = 5 * 1024;
-
-/// The dynamic shared memory a launch asks for: one tile (`tile_bytes`), or with a cap of
-/// `n` blocks an SM, enough (whole KiB) that no more than `n` fit in the SM's `smem_per_sm`,
-/// 2 KiB short of filling it (`n` still fit if the static part or the reserve grows a little).
-fn launch_smem(tile_bytes: u32, cap: Option<u32>, smem_per_sm: u32) -> u32 {
-    match cap {
-        Some(n) if n > 0 => {
-            let share = (smem_per_sm / n).saturating_sub(STATIC_AND_RESERVED + 2048) / 1024 * 1024;
-            share.max(tile_bytes)
-        }
-        _ => tile_bytes,
-    }
-}
 
 /// TE's nvte_quantize into an NVTE_BLOCK_SCALING_1D / _2D tensor: FP8 rowwise data and / or
 /// columnwise data (transposed, or 1D compact: the input's layout) with their float32
@@ -502,7 +503,7 @@ pub fn quantize(
         (false, false) => FLAG_DGELU,
         (false, true) => 0,
     };
-    let regs = launch.regs && plan.in_dtype.bits() == 16 && act == 0 && dbias.is_null();
+    let regs = takes_regs(launch.regs, &plan, act, !dbias.is_null());
     let mode = match (plan.mode, regs) {
         (BlockMode::OneD, false) => "1d",
         (BlockMode::TwoD, false) => "2d",
@@ -518,10 +519,7 @@ pub fn quantize(
     let k = unsafe { Kernel::new(&m, &BLOCK_QUANTIZE, &names)? };
     let smem = match regs {
         true => REGS_STAGE_BYTES,
-        false => {
-            let tile_bytes = (TILE * TILE * plan.in_dtype.bits() / 8) as u32;
-            launch_smem(tile_bytes, launch.cap, dev.smem_per_sm.max(0) as u32)
-        }
+        false => (TILE * TILE * plan.in_dtype.bits() / 8) as u32,
     };
     allow_shared(guard.id, k.raw(), smem)?;
     let grid = ((plan.rows / TILE) * (plan.cols / TILE)) as u32;
@@ -921,20 +919,14 @@ mod tests {
             crate::env::Kind::Choice(words) => words,
             _ => panic!("NVTE_COMM_BLOCK_QUANT is a choice"),
         };
-        assert_eq!(
-            words,
-            ["fast", "previous", "blocks4", "blocks3", "blocks2", "regs"]
-        );
+        assert_eq!(words, ["fast", "shared", "previous", "regs"]);
         let fast = FLAG_ROWS8 | FLAG_PACKED;
-        let l = |flags, cap, regs| Launch { flags, cap, regs };
-        assert_eq!(launch_of(None), l(fast, None, false));
-        assert_eq!(launch_of(Some(0)), l(fast, None, false));
-        assert_eq!(launch_of(Some(1)), l(0, None, false));
-        for (i, w) in words.iter().enumerate().skip(2).take(3) {
-            let n: u32 = w.trim_start_matches("blocks").parse().unwrap();
-            assert_eq!(launch_of(Some(i)), l(fast, Some(n), false), "{w}");
-        }
-        assert_eq!(launch_of(Some(5)), l(fast, None, true));
+        let l = |flags, regs| Launch { flags, regs };
+        assert_eq!(launch_of(None), l(fast, RegsPath::NotCompact));
+        assert_eq!(launch_of(Some(0)), l(fast, RegsPath::NotCompact));
+        assert_eq!(launch_of(Some(1)), l(fast, RegsPath::Never));
+        assert_eq!(launch_of(Some(2)), l(0, RegsPath::Never));
+        assert_eq!(launch_of(Some(3)), l(fast, RegsPath::Everywhere));
         // Distinct flag bits.
         let flags = [FLAG_ROWS8, FLAG_PACKED, FLAG_GELU, FLAG_DGELU];
         for (i, a) in flags.iter().enumerate() {
@@ -994,6 +986,36 @@ mod tests {
 
     /// The fused-cast tests' operands: a bf16 [256, 384] input and its 1D GEMM-ready
     /// output, columnwise, and rowwise when `rowwise`.
+    #[test]
+    fn the_register_path_takes_plain_16_bit_quantizations() {
+        use RegsPath::*;
+        use ScaleFormat::*;
+        let plan = |dtype, format| {
+            let o = output(BlockMode::OneD, format, 256, 384, true, true);
+            plan_quantize(&input(dtype, &[256, 384]), &o, &cfg(format))
+                .unwrap()
+                .unwrap()
+        };
+        let (bf16, f16, f32) = (
+            plan(DType::BF16, GemmReady),
+            plan(DType::F16, GemmReady),
+            plan(DType::F32, GemmReady),
+        );
+        let compact = plan(DType::BF16, Compact);
+        for p in [&bf16, &f16] {
+            assert!(takes_regs(NotCompact, p, 0, false));
+            assert!(takes_regs(Everywhere, p, 0, false));
+            assert!(!takes_regs(Never, p, 0, false));
+            // an activation or a bias gradient: the shared-memory kernel
+            for (act, dbias) in [(FLAG_GELU, false), (FLAG_DGELU, false), (0, true)] {
+                assert!(!takes_regs(Everywhere, p, act, dbias));
+            }
+        }
+        assert!(!takes_regs(Everywhere, &f32, 0, false));
+        assert!(!takes_regs(NotCompact, &compact, 0, false));
+        assert!(takes_regs(Everywhere, &compact, 0, false));
+    }
+
     fn fused_case(rowwise: bool) -> (Tensor, Tensor) {
         let i = input(DType::BF16, &[256, 384]);
         let o = output(
@@ -1073,28 +1095,6 @@ mod tests {
     fn refused(i: &Tensor, o: &Tensor, c: &BlockQuantConfig, want: &str) {
         let e = plan_quantize(i, o, c).unwrap_err().to_string();
         assert!(e.contains(want), "expected {want:?} in: {e}");
-    }
-
-    #[test]
-    fn launch_smem_caps_the_blocks_an_sm() {
-        const SM: u32 = 228 * 1024; // an H100 / H200 SM
-        const BF16_TILE: u32 = 128 * 128 * 2;
-        let fits = |dynamic: u32| SM / (dynamic + STATIC_AND_RESERVED);
-        assert_eq!(launch_smem(BF16_TILE, None, SM), BF16_TILE);
-        assert_eq!(launch_smem(BF16_TILE, Some(0), SM), BF16_TILE);
-        for n in [2, 3, 4] {
-            let b = launch_smem(BF16_TILE, Some(n), SM);
-            assert!(b >= BF16_TILE && b.is_multiple_of(1024), "{n}: {b}");
-            assert_eq!(fits(b), n, "{n} blocks an SM ({b} bytes a block)");
-            assert_eq!(
-                SM / (b + STATIC_AND_RESERVED + 2048),
-                n,
-                "{n}: slack for 2 KiB more"
-            );
-        }
-        // A cap above what the tile allows changes nothing: float32's 64 KiB tile, 3 an SM.
-        assert_eq!(launch_smem(2 * BF16_TILE, Some(4), SM), 2 * BF16_TILE);
-        assert_eq!(fits(2 * BF16_TILE), 3);
     }
 
     #[test]
