@@ -713,8 +713,8 @@ __device__ __forceinline__ void block_quantize_impl(const typename I::T *in, u8 
   }
 }
 
-// The register path (NVTE_COMM_BLOCK_QUANT=regs; 16-bit inputs, no activation, no bias
-// gradient): the tile goes from global memory straight into registers, without the
+// The register path (NVTE_COMM_BLOCK_QUANT=fast, the default, for 16-bit inputs without an
+// activation, a bias gradient or the compact format; =regs: the compact format too): the tile goes from global memory straight into registers, without the
 // shared-memory copy. Thread t holds an 8 x 8 block of it, rows 8 (t / 16) .. + 7 and
 // columns 8 (t % 16) .. + 7 (x[j]: row j of it, one 16-byte load each; a warp's load
 // covers two whole 256-byte rows). Row amaxes as bq_rows_1d's (bq_rows8_amax), column
@@ -884,8 +884,8 @@ __device__ __forceinline__ void block_quantize_regs_impl(const typename I::T *in
 BLOCK_QUANTIZE_MODE(1d, 0)
 BLOCK_QUANTIZE_MODE(2d, 1)
 
-// The register path's kernels (16-bit inputs; the host names them for
-// NVTE_COMM_BLOCK_QUANT=regs): block_quantize_regs<1d|2d>_<in>_<out>, the same parameters.
+// The register path's kernels (16-bit inputs; src/kernels/block.rs, takes_regs, says when
+// the host names them): block_quantize_regs<1d|2d>_<in>_<out>, the same parameters.
 #define BQ_REGS_MINB 4
 #define BLOCK_QUANTIZE_REGS(mname, TWO_D, iname, I, oname, O)                                      \
   extern "C" __global__ void __launch_bounds__(BQ_THREADS, BQ_REGS_MINB)                         \

@@ -44,7 +44,7 @@ unsafe impl KernelArg for BlockQuantArgs {
     const INFO: ParamInfo = ParamInfo::by_value::<BlockQuantArgs>();
 }
 
-/// block_quantize_<1d|2d>_<in>_<out>(const I::T *in, u8 *out, u8 *out_t, float *sinv,
+/// block_quantize_<1d|2d|regs1d|regs2d>_<in>_<out>(const I::T *in, u8 *out, u8 *out_t, float *sinv,
 /// float *sinv_t, const float *noop, float *dbias, const I::T *act_in, BlockQuantArgs args)
 type QuantParams = (
     DevPtr,
@@ -984,8 +984,6 @@ mod tests {
         assert!(plan_quantize(&e, &o, &cfg(GemmReady)).unwrap().is_none());
     }
 
-    /// The fused-cast tests' operands: a bf16 [256, 384] input and its 1D GEMM-ready
-    /// output, columnwise, and rowwise when `rowwise`.
     #[test]
     fn the_register_path_takes_plain_16_bit_quantizations() {
         use RegsPath::*;
@@ -1016,6 +1014,8 @@ mod tests {
         assert!(takes_regs(Everywhere, &compact, 0, false));
     }
 
+    /// The fused-cast tests' operands: a bf16 [256, 384] input and its 1D GEMM-ready
+    /// output, columnwise, and rowwise when `rowwise`.
     fn fused_case(rowwise: bool) -> (Tensor, Tensor) {
         let i = input(DType::BF16, &[256, 384]);
         let o = output(
