@@ -318,8 +318,6 @@ pub struct DeviceInfo {
     pub sm_count: i32,
     pub cc_major: i32,
     pub cc_minor: i32,
-    /// Shared memory of one SM, bytes (what its resident blocks share).
-    pub smem_per_sm: i32,
 }
 
 impl DeviceInfo {
@@ -381,10 +379,6 @@ pub fn device_info(ordinal: i32) -> Result<DeviceInfo> {
         sm_count: attr(dev, A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
         cc_major: attr(dev, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
         cc_minor: attr(dev, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
-        smem_per_sm: attr(
-            dev,
-            A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
-        )?,
     };
     CACHE
         .lock()

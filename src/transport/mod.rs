@@ -780,7 +780,6 @@ mod tests {
             sm_count: 132,
             cc_major: 9,
             cc_minor: 0,
-            smem_per_sm: 233_472,
         };
         let settings = Settings {
             kind: kind_of_choice(value),
