@@ -398,6 +398,24 @@ __device__ __forceinline__ void bq_rows(const typename I::T *tile, BqShared &sh,
   if (COL_AMAX) bq_store_col_part(sh, cm, lane, warp, cc);
 }
 
+// The 8 columns of 16-byte chunks (16-bit inputs, packed pairs): each chunk x of a column
+// run folded into the pairs' amaxes cm2 (from 0), then those as 8 floats (exact).
+template <class I>
+__device__ __forceinline__ void bq_col_amax8_step(u32 (&cm2)[4], const uint4 &x) {
+  cm2[0] = Pk<I>::max2(cm2[0], Pk<I>::abs2(x.x));
+  cm2[1] = Pk<I>::max2(cm2[1], Pk<I>::abs2(x.y));
+  cm2[2] = Pk<I>::max2(cm2[2], Pk<I>::abs2(x.z));
+  cm2[3] = Pk<I>::max2(cm2[3], Pk<I>::abs2(x.w));
+}
+template <class I>
+__device__ __forceinline__ void bq_col_amax8_floats(const u32 (&cm2)[4], float (&cm)[8]) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    cm[2 * k] = fmaxf(0.0f, Pk<I>::lo(cm2[k]));
+    cm[2 * k + 1] = fmaxf(0.0f, Pk<I>::hi(cm2[k]));
+  }
+}
+
 // Eight rows' partial amaxes m[0..8) of each of the 16 threads j = lane % 16 of a half-warp
 // (thread j: 8 of each row's 128 values) reduced by one transposing exchange (each step
 // trades half of a thread's rows with its partner: 8 shuffles for 8 rows, not 32): thread
@@ -447,20 +465,9 @@ __device__ __forceinline__ void bq_rows_1d(const typename I::T *tile, BqShared &
     for (int it = 0; it < 8; ++it) {
       const uint4 x = *reinterpret_cast<const uint4 *>(pt + it * 16 * BQ_TILE);
       m[it] = bq_pair_amax<I>(Pk<I>::amax8(x));
-      if (COL_AMAX) {
-        cm2[0] = Pk<I>::max2(cm2[0], Pk<I>::abs2(x.x));
-        cm2[1] = Pk<I>::max2(cm2[1], Pk<I>::abs2(x.y));
-        cm2[2] = Pk<I>::max2(cm2[2], Pk<I>::abs2(x.z));
-        cm2[3] = Pk<I>::max2(cm2[3], Pk<I>::abs2(x.w));
-      }
+      if (COL_AMAX) bq_col_amax8_step<I>(cm2, x);
     }
-    if (COL_AMAX) {
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        cm[2 * k] = fmaxf(0.0f, Pk<I>::lo(cm2[k]));
-        cm[2 * k + 1] = fmaxf(0.0f, Pk<I>::hi(cm2[k]));
-      }
-    }
+    if (COL_AMAX) bq_col_amax8_floats<I>(cm2, cm);
   } else {
 #pragma unroll
     for (int it = 0; it < 8; ++it) {
@@ -621,6 +628,16 @@ struct BqCompactInRows<F16> {
   static constexpr bool ok = false;
 };
 
+// 2D: tile (rb, cb)'s scale inverse, by thread 0, to the rowwise output's scales (when it
+// is written: `row`) and the columnwise output's (when col_mode has one).
+__device__ __forceinline__ void bq_store_tile_sinv(float tile_scale, bool row, float *sinv, float *sinv_t,
+                                                   const BlockQuantArgs &a, u64 rb, u64 cb) {
+  if (threadIdx.x != 0) return;
+  const float r = bq_rcp(tile_scale);
+  if (row) sinv[rb * a.s_r + cb * a.s_c] = r;
+  if (a.col_mode != BQ_COL_NONE) sinv_t[rb * a.t_r + cb * a.t_c] = r;
+}
+
 // Quantize tile (rb, cb), already in shared memory (`stage`: the tile, reused as the
 // transpose's staging area once read); its column sums to dbias when not null.
 template <class I, class O, int TWO_D>
@@ -635,11 +652,7 @@ __device__ __forceinline__ void bq_process_tile(unsigned char *stage, BqShared &
   if (TWO_D) {
     const float amax = (a.flags & BQ_PACKED) != 0 ? bq_tile_amax<I, true>(tile, sh) : bq_tile_amax<I, false>(tile, sh);
     tile_scale = bq_scale<I, O>(amax, a.eps, a.pow2);
-    if (threadIdx.x == 0) {
-      const float r = bq_rcp(tile_scale);
-      if (out != nullptr) sinv[rb * a.s_r + cb * a.s_c] = r;
-      if (col_mode != BQ_COL_NONE) sinv_t[rb * a.t_r + cb * a.t_c] = r;
-    }
+    bq_store_tile_sinv(tile_scale, out != nullptr, sinv, sinv_t, a, rb, cb);
   }
   // 1D rowwise + transposed columnwise: the rows pass also takes the columns' amaxes (and
   // with the compact columnwise output and BQ_ROWS8, bq_rows_1d finishes their scales too,
@@ -714,8 +727,8 @@ __device__ __forceinline__ void block_quantize_impl(const typename I::T *in, u8 
 }
 
 // The register path (NVTE_COMM_BLOCK_QUANT=fast, the default, for 16-bit inputs without an
-// activation, a bias gradient or the compact format; =regs: the compact format too): the tile goes from global memory straight into registers, without the
-// shared-memory copy. Thread t holds an 8 x 8 block of it, rows 8 (t / 16) .. + 7 and
+// activation, a bias gradient or the compact format; =regs: the compact format too): the
+// tile goes from global memory straight into registers, without the shared-memory copy. Thread t holds an 8 x 8 block of it, rows 8 (t / 16) .. + 7 and
 // columns 8 (t % 16) .. + 7 (x[j]: row j of it, one 16-byte load each; a warp's load
 // covers two whole 256-byte rows). Row amaxes as bq_rows_1d's (bq_rows8_amax), column
 // amaxes over the thread's 8 rows, then across the warps (sh.col_part); rowwise and
@@ -762,18 +775,9 @@ __device__ __forceinline__ void bq_regs_column_scales(const uint4 (&x)[8], BqSha
                                                       const BlockQuantArgs &a, u64 rb, u64 c0) {
   u32 cm2[4] = {0, 0, 0, 0};
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    cm2[0] = Pk<I>::max2(cm2[0], Pk<I>::abs2(x[j].x));
-    cm2[1] = Pk<I>::max2(cm2[1], Pk<I>::abs2(x[j].y));
-    cm2[2] = Pk<I>::max2(cm2[2], Pk<I>::abs2(x[j].z));
-    cm2[3] = Pk<I>::max2(cm2[3], Pk<I>::abs2(x[j].w));
-  }
+  for (int j = 0; j < 8; ++j) bq_col_amax8_step<I>(cm2, x[j]);
   float cm[8];
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    cm[2 * q] = fmaxf(0.0f, Pk<I>::lo(cm2[q]));
-    cm[2 * q + 1] = fmaxf(0.0f, Pk<I>::hi(cm2[q]));
-  }
+  bq_col_amax8_floats<I>(cm2, cm);
   bq_store_col_part(sh, cm, threadIdx.x & 31, threadIdx.x >> 5, 8 * (threadIdx.x & 15));
   bq_finish_column_scales<I, O, BQ_THREADS / 32>(sh, sinv_t, a.t_r, a.t_c, rb, c0, a.eps, a.pow2);
 }
@@ -834,11 +838,7 @@ __device__ __forceinline__ void bq_regs_tile(const typename I::T *in, u8 *stage,
 #pragma unroll
     for (int j = 0; j < 8; ++j) m2 = Pk<I>::max2(m2, Pk<I>::amax8(x[j]));
     tile_scale = bq_scale<I, O>(bq_block_max(bq_pair_amax<I>(m2), sh.red()), a.eps, a.pow2);
-    if (threadIdx.x == 0) {
-      const float r = bq_rcp(tile_scale);
-      if (out != nullptr) sinv[rb * a.s_r + cb * a.s_c] = r;
-      if (a.col_mode != BQ_COL_NONE) sinv_t[rb * a.t_r + cb * a.t_c] = r;
-    }
+    bq_store_tile_sinv(tile_scale, out != nullptr, sinv, sinv_t, a, rb, cb);
   }
   if (out != nullptr) bq_regs_rows<I, O, TWO_D>(x, tile_scale, out, sinv, a, r0, c0);
   if (a.col_mode == BQ_COL_NONE) return;
