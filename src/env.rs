@@ -265,6 +265,12 @@ pub static FUSED_TILES: Choice = Choice::new(
     "auto",
     "the tile width of the fused algorithms' GEMM",
 );
+pub static OVERLAP: Choice = Choice::new(
+    "NVTE_COMM_OVERLAP",
+    &["auto", "on", "off"],
+    "auto",
+    "overlap the communication with the GEMM (on), never (off: the collective whole, then one GEMM, or the GEMM, then the collective), or as tuned (auto)",
+);
 pub static TRACE: Flag = Flag::new(
     "NVTE_COMM_TRACE",
     "0",
@@ -415,6 +421,7 @@ pub static KNOBS: &[&Knob] = &[
     &RS_RING.0,
     &AG_PIECES.0,
     &FUSED_TILES.0,
+    &OVERLAP.0,
     &TRACE.0,
     &CHECK.0,
     &REPORT.0,

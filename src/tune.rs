@@ -78,7 +78,8 @@ pub fn encode(p: &Policy) -> [u8; 8] {
         | (p.rs_ring() as u8) << 2
         | (p.accumulates() as u8) << 3
         | (p.fused.is_some() as u8) << 4
-        | ((p.fused == Some(Tiles::Narrow)) as u8) << 5;
+        | ((p.fused == Some(Tiles::Narrow)) as u8) << 5
+        | (p.no_overlap as u8) << 6;
     let mut b = [0u8; 8];
     b[0] = 1; // present
     b[1] = flags;
@@ -116,6 +117,7 @@ pub fn decode(b: &[u8], base: &Policy) -> Option<Policy> {
         (true, false) => Some(Tiles::Rule),
         (true, true) => Some(Tiles::Narrow),
     };
+    p.no_overlap = bit(6);
     p.comm.sms = u16::from_le_bytes([b[2], b[3]]) as i32;
     p.splits = u16::from_le_bytes([b[4], b[5]]) as i32;
     p.pieces = (b[6] as i32).max(1);
@@ -126,7 +128,7 @@ pub fn decode(b: &[u8], base: &Policy) -> Option<Policy> {
 fn to_text(b: &[u8; 8]) -> String {
     let f = |bit: u8| (b[1] >> bit) & 1;
     format!(
-        "ce={} aggregate={} ring={} comm_sms={} splits={} pieces={} acc={} fused={} narrow={}",
+        "ce={} aggregate={} ring={} comm_sms={} splits={} pieces={} acc={} fused={} narrow={} no_overlap={}",
         f(0),
         f(1),
         f(2),
@@ -135,14 +137,15 @@ fn to_text(b: &[u8; 8]) -> String {
         b[6],
         f(3),
         f(4),
-        f(5)
+        f(5),
+        f(6)
     )
 }
 
 /// The choices of a disk cache line ([`to_text`]), encoded ([`encode`]); None where a
 /// key is missing, repeated or out of range.
 fn from_text(s: &str) -> Option<[u8; 8]> {
-    const KEYS: [&str; 9] = [
+    const KEYS: [&str; 10] = [
         "ce",
         "aggregate",
         "ring",
@@ -152,8 +155,9 @@ fn from_text(s: &str) -> Option<[u8; 8]> {
         "acc",
         "fused",
         "narrow",
+        "no_overlap",
     ];
-    let mut v = [0i32; 9];
+    let mut v = [0i32; 10];
     let mut seen = 0u32; // a bit per key: each once
     for kv in s.split_whitespace() {
         let (k, x) = kv.split_once('=')?;
@@ -165,8 +169,8 @@ fn from_text(s: &str) -> Option<[u8; 8]> {
         seen |= 1 << i;
         v[i] = n;
     }
-    // (a line of an earlier format, without `narrow`, is not taken: its key is tuned
-    // again, with the newer candidates)
+    // (a line of an earlier format, without `narrow` or `no_overlap`, is not taken: its
+    // key is tuned again, with the newer candidates)
     let [
         ce,
         aggregate,
@@ -177,6 +181,7 @@ fn from_text(s: &str) -> Option<[u8; 8]> {
         acc,
         fused,
         narrow,
+        no_overlap,
     ] = v;
     let ok = seen == (1 << KEYS.len()) - 1
         && comm_sms >= 1
@@ -193,15 +198,16 @@ fn from_text(s: &str) -> Option<[u8; 8]> {
         | flag(ring, 2)
         | flag(acc, 3)
         | flag(fused, 4)
-        | flag(narrow, 5);
+        | flag(narrow, 5)
+        | flag(no_overlap, 6);
     b[2..4].copy_from_slice(&(comm_sms.min(u16::MAX as i32) as u16).to_le_bytes());
     b[4..6].copy_from_slice(&(splits as u16).to_le_bytes());
     b[6] = pieces as u8;
     Some(b)
 }
 
-/// The candidates for `op` at `tp` ranks, the defaults first, then roughly the most
-/// promising (the budget may cut the list short from the end). `peer_memory`: the
+/// The candidates for `op` at `tp` ranks, the defaults first, no overlap second, then
+/// roughly the most promising (the budget may cut the list short from the end). `peer_memory`: the
 /// transport has peer memory (without it the transfers are the transport's own: no CE/SM
 /// or ring-direction choice, no ring all-reduce); `max_sms`:
 /// the device's SM count (comm SMs stay well below it); `accumulating`: whether the
@@ -221,6 +227,11 @@ pub fn candidates(
         max_sms,
         narrow,
     };
+    // No overlap second (the safety net: where overlapping loses, the collective and the
+    // GEMM one after the other), unless NVTE_COMM_OVERLAP pins the choice.
+    if tp > 1 && default.pins.overlap.is_none() {
+        l.add(with(default, |p| p.no_overlap = true));
+    }
     match op {
         Op::AllGather => l.all_gather(default, tp, peer_memory),
         Op::ReduceScatter => l.reduce_scatter(default, peer_memory, accumulating),
@@ -339,7 +350,7 @@ impl Candidates {
                 self.add(Self::ring(d, Some(sms)));
             }
         }
-        // (3 splits left out for the fused ring's: 17 candidates with the default comm_sms;
+        // (3 splits left out for the fused ring's: 18 candidates with the default comm_sms;
         // the fused ones come last, so a tuning budget cuts them first)
         for splits in [2, 4, 6, 8] {
             for sms in [16, 32] {
@@ -430,13 +441,15 @@ pub struct Key {
 
 impl Key {
     /// The pins that matter to `op`: NVTE_COMM_AR_ALGO (all-reduce), NVTE_COMM_AG_PIECES
-    /// (all-gather) or NVTE_COMM_RS_RING (the others), NVTE_COMM_FUSED_TILES.
+    /// (all-gather) or NVTE_COMM_RS_RING (the others), NVTE_COMM_FUSED_TILES,
+    /// NVTE_COMM_OVERLAP.
     pub fn pins_for(op: Op, pins: &Pins) -> Pins {
         Pins {
             ar_algo: pins.ar_algo.filter(|_| op == Op::AllReduce),
             ag_pieces: pins.ag_pieces.filter(|_| op == Op::AllGather),
             rs_ring: pins.rs_ring.filter(|_| op != Op::AllGather),
             fused_tiles: pins.fused_tiles,
+            overlap: pins.overlap,
         }
     }
 }
@@ -467,6 +480,7 @@ impl std::fmt::Display for Key {
             ("rs_ring", p.ag_pieces.or(p.rs_ring).unwrap_or(0)),
             ("fp8_fast_accum", self.fast_accum as usize),
             ("fused_tiles", p.fused_tiles.unwrap_or(0)),
+            ("overlap", p.overlap.unwrap_or(0)),
         ] {
             if v != 0 {
                 write!(f, " {name}={v}")?;
@@ -665,7 +679,15 @@ mod tests {
                             "the transport moves its own bytes"
                         );
                     }
-                    assert!(c.len() <= 17, "{op:?}: {} candidates", c.len());
+                    assert!(c.len() <= 18, "{op:?}: {} candidates", c.len());
+                    // No overlap second, the defaults' other choices kept.
+                    assert_eq!(
+                        c[1],
+                        Policy {
+                            no_overlap: true,
+                            ..d()
+                        }
+                    );
                 }
             }
         }
@@ -690,15 +712,40 @@ mod tests {
                     .any(|c| c.accumulates())
             );
         }
-        // python/tests/jax/test_jax_gpu.py forces picks 1, 2, 3, 4, 5, 7 (each is taken mod
-        // the candidates measured: all of them at its small shapes) at tp 2 over IPC with
-        // the default configuration; together they must run every kind of candidate.
+        for op in [Op::ReduceScatter, Op::AllReduce] {
+            assert!(
+                !candidates(op, 2, false, d(), 132, (true, true))
+                    .iter()
+                    .any(|c| c.fused.is_some())
+            );
+        }
+        // The bidirectional ring only from tp 4.
+        assert!(
+            !candidates(Op::AllGather, 2, true, d(), 132, (true, true))
+                .iter()
+                .any(|c| c.bidirectional())
+        );
+        assert!(
+            candidates(Op::AllGather, 4, true, d(), 132, (true, true))
+                .iter()
+                .any(|c| c.bidirectional())
+        );
+    }
+
+    /// python/tests/jax/test_jax_gpu.py forces picks 1, 2, 3, 5, 6, 7 (each is taken mod
+    /// the candidates measured: all of them at its small shapes) at tp 2 over IPC with the
+    /// default configuration; together they must run every kind of candidate.
+    #[test]
+    fn the_forced_picks_run_every_kind_of_candidate() {
         let ag = candidates(Op::AllGather, 2, true, d(), 132, (true, true));
         let rs = candidates(Op::ReduceScatter, 2, true, d(), 132, (true, true));
         let ar = candidates(Op::AllReduce, 2, true, d(), 132, (true, true));
-        let picks = [1, 2, 3, 4, 5, 7];
+        let picks = [1, 2, 3, 5, 6, 7];
         let run =
             |c: &[Policy], f: &dyn Fn(&Policy) -> bool| picks.iter().any(|p| f(&c[p % c.len()]));
+        for x in [&ag, &rs, &ar] {
+            assert!(run(x, &|c| c.no_overlap), "no overlap");
+        }
         assert!(run(&ag, &|c| c.pieces == 2) && run(&ag, &|c| c.pieces == 4));
         assert!(run(&ag, &|c| !c.comm.use_ce));
         for x in [&rs, &ar] {
@@ -730,24 +777,6 @@ mod tests {
             );
         }
         assert!(rs.iter().any(|c| c.fused.is_some() && c.pieces == 4));
-        for op in [Op::ReduceScatter, Op::AllReduce] {
-            assert!(
-                !candidates(op, 2, false, d(), 132, (true, true))
-                    .iter()
-                    .any(|c| c.fused.is_some())
-            );
-        }
-        // The bidirectional ring only from tp 4.
-        assert!(
-            !candidates(Op::AllGather, 2, true, d(), 132, (true, true))
-                .iter()
-                .any(|c| c.bidirectional())
-        );
-        assert!(
-            candidates(Op::AllGather, 4, true, d(), 132, (true, true))
-                .iter()
-                .any(|c| c.bidirectional())
-        );
     }
 
     /// 128-wide tiles (fused candidates only) and 8 all-gather pieces for the fused
@@ -806,7 +835,14 @@ mod tests {
             ),
             None
         );
-        // Lines of previous formats (no acc; no fused; no narrow) are not taken.
+        // Lines of previous formats (no acc; no fused; no narrow; no no_overlap) are not
+        // taken.
+        assert_eq!(
+            from_text(
+                "ce=1 aggregate=0 ring=1 comm_sms=16 splits=3 pieces=1 acc=0 fused=1 narrow=0"
+            ),
+            None
+        );
         assert_eq!(
             from_text("ce=1 aggregate=0 ring=1 comm_sms=16 splits=3 pieces=1 acc=0 fused=1"),
             None
@@ -838,8 +874,16 @@ mod tests {
         assert_eq!(encode(&all_on), [1, 63, 16, 0, 6, 0, 4, 0]);
         assert_eq!(
             to_text(&encode(&all_on)),
-            "ce=1 aggregate=1 ring=1 comm_sms=16 splits=6 pieces=4 acc=1 fused=1 narrow=1"
+            "ce=1 aggregate=1 ring=1 comm_sms=16 splits=6 pieces=4 acc=1 fused=1 narrow=1 no_overlap=0"
         );
+        let serial = Policy {
+            no_overlap: true,
+            ..d()
+        };
+        assert_eq!(encode(&serial)[1], 1 | 4 | 64);
+        assert_eq!(decode(&encode(&serial), &d()), Some(serial));
+        assert!(to_text(&encode(&serial)).ends_with(" no_overlap=1"));
+        assert_eq!(from_text(&to_text(&encode(&serial))), Some(encode(&serial)));
         let chunks = Policy {
             reduce: Reduction::Chunks,
             ..d()
@@ -985,6 +1029,7 @@ mod tests {
                     rs_ring: Some(1),
                     ar_algo: Some(1),
                     fused_tiles: Some(2),
+                    overlap: Some(2),
                 },
             ),
             fast_accum: true,
@@ -992,7 +1037,7 @@ mod tests {
         };
         assert_eq!(
             ag_pieces.to_string(),
-            format!("{k} rs_ring=2 fp8_fast_accum=1 fused_tiles=2")
+            format!("{k} rs_ring=2 fp8_fast_accum=1 fused_tiles=2 overlap=2")
         );
         assert_eq!(
             forced.to_string(),

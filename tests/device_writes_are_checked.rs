@@ -119,6 +119,10 @@ const ALLOWED: &[(&str, &str)] = &[
         "records a collective step",
     ),
     ("src/overlap/rs.rs::chain_rs", "plans the ring's steps"),
+    (
+        "src/overlap/bulk.rs::put_to_peers",
+        "plans the puts, signals and wait of a gather",
+    ),
     // The engine's own: the FP8 output's addresses for the plan; the report's record of
     // the full GEMM.
     (

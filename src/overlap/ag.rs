@@ -176,13 +176,16 @@ impl AgShape {
 }
 
 impl Planner<'_> {
-    /// split_ag's algorithm: the fused all-gather where the policy asks for the fused
+    /// split_ag's algorithm: no overlap where the policy says so and it can be
+    /// ([`Self::ag_serial`]); the fused all-gather where the policy asks for the fused
     /// algorithms, the transport exchanges two-sided and the inputs are not block-scaled
-    /// (our fused GEMM takes no block scales), else the ring.
+    /// (our fused GEMM takes no block scales); else the ring.
     pub(super) fn ag_algo(&self, x: &AgArgs) -> Algo {
         let p = &self.e.policy;
         let pieces = p.pieces.max(1) as usize;
-        if p.fused_on() && self.e.caps.two_sided && !gemm::block::is_block(&x.g) {
+        if self.ag_serial(x) {
+            Algo::GatherThenGemm
+        } else if p.fused_on() && self.e.caps.two_sided && !gemm::block::is_block(&x.g) {
             Algo::FusedAg {
                 pieces,
                 k_slices: p.ag_k_slices(),
@@ -194,6 +197,61 @@ impl Planner<'_> {
                 pieces,
             }
         }
+    }
+
+    /// No overlap ([`Algo::GatherThenGemm`]) where the policy says so
+    /// ([`Policy::serial`](super::policy::Policy::serial)),
+    /// at tp > 1 on the comm streams, with B's chunks one matrix once gathered (transb =
+    /// false; not block-scaled: each chunk's scales are in a slot of their own), and a
+    /// transport that gathers whole (collectives or peer memory).
+    fn ag_serial(&self, x: &AgArgs) -> bool {
+        let c = &self.e.caps;
+        self.e.policy.serial()
+            && self.tp() > 1
+            && !self.e.inline
+            && !x.g.transb
+            && !gemm::block::is_block(&x.g)
+            && (c.collectives || c.peer_memory)
+    }
+
+    /// [`Algo::GatherThenGemm`]: no overlap, the fallback where overlapping loses. B
+    /// gathered whole into the buffer (this rank's shard into its chunk, then the
+    /// transport's all-gather in place; without collectives, the chunk put into every
+    /// peer's buffer), B_copy from the buffer, then one GEMM over all of B on the SMs the
+    /// caller gave (nothing communicates beside it).
+    pub(super) fn gather_then_gemm(&mut self, x: &AgArgs) -> Result<()> {
+        let sh = self.ag_shape(x, 1)?;
+        let mut key = sh.full.check_key();
+        if let Some(m) = x.key_m {
+            key[0] = m as u64;
+        }
+        let full = GemmDesc {
+            sm_count: x.g.math_sm_count,
+            ..sh.full
+        };
+        self.begin(Op::SplitAg, false, &key, Some(&full));
+        let (tp, r) = (self.tp(), self.tp_rank());
+        let cb = sh.chunk_bytes(eb(self.dtype()));
+        let mine = self.buffer() + r * cb;
+        let cs = Lane::Comm(0);
+        if !sh.is_view {
+            self.copy(mine, x.g.b.data.ptr, cb, cs);
+        }
+        self.step(|| format!("all-gather of B ({tp} chunks of {cb} bytes)"));
+        if self.e.caps.collectives {
+            self.all_gather(mine, self.buffer(), cb, cs)?;
+        } else {
+            self.put_to_peers(sh.local_src, r * cb, cb, Op::SplitAg)?;
+        }
+        if let Some(bc) = x.b_copy {
+            self.copy(bc.data.ptr, self.buffer(), tp * cb, cs);
+        }
+        self.record(0, cs);
+        self.wait_event(0, Lane::Compute(0));
+        self.step(|| format!("GEMM of all {} rows of B", full.n));
+        self.gemm(&full, 0, false);
+        self.finish();
+        Ok(())
     }
 
     /// [`Algo::RingAg`]: the ring all-gather + GEMM (module

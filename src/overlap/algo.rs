@@ -77,6 +77,7 @@ impl Planner<'_> {
                 },
                 Call::Ag(x),
             ) => self.fused_ag(x, pieces, k_slices, tiles),
+            (Algo::GatherThenGemm, Call::Ag(x)) => self.gather_then_gemm(x),
             (Algo::PipelinedRs { splits }, Call::Rs(x) | Call::RsP2p(x)) => {
                 self.pipelined_rs(x, splits)
             }

@@ -138,6 +138,10 @@ impl Planner<'_> {
             // GEMM along n (B's rows), whose 1D GEMM-ready scales are columns.
             return Ok(Algo::ChunkedAr { splits: 1 });
         }
+        if self.e.policy.serial() {
+            // No overlap: the GEMM whole, then the all-reduce.
+            return Ok(Algo::ChunkedAr { splits: 1 });
+        }
         let (tp, e) = (self.tp(), eb(self.dtype()));
         // The ring pushes reduced rows into the peers' buffers: it needs peer memory.
         let ring_fits =
@@ -226,8 +230,8 @@ impl Planner<'_> {
         let mut dv = x.d.clone();
         dv.data = Buffer::new(partials, self.dtype(), Shape::new(&[n, m])?)?;
         // SMs the communication uses beside the GEMMs (peer memory: the reductions, and
-        // SM puts).
-        let comm_sms = !collective;
+        // SM puts; with one chunk nothing runs beside the GEMM).
+        let comm_sms = !collective && s > 1;
         let full = gemm::desc_from_te_block(&TeGemm {
             d: &dv,
             accumulate: false,

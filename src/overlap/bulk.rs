@@ -130,6 +130,37 @@ impl Planner<'_> {
         }
     }
 
+    /// With peer memory: `bytes` at `src` put at offset `at` of every peer's buffer, the
+    /// puts spread over both comm streams (two copy engines / SM groups), each followed by
+    /// its signal; comm stream 0 then waits for every peer's puts into this rank's buffer
+    /// (every rank calls it with its own chunk: an all-gather). Uses event 1.
+    pub(super) fn put_to_peers(
+        &mut self,
+        src: DevPtr,
+        at: usize,
+        bytes: usize,
+        op: Op,
+    ) -> Result<()> {
+        let others = self.others();
+        let cs = Lane::Comm(0);
+        let slot = self.e.slots.bulk;
+        for (j, &p) in others.iter().enumerate() {
+            let st = Lane::Comm(j % 2);
+            self.put(p, at, src, bytes, st)?;
+            self.signal(&[p], slot, tag(0), st)?;
+        }
+        if others.len() > 1 {
+            // comm stream 1 carried puts: comm stream 0 waits for them
+            self.record(1, Lane::Comm(1));
+            self.wait_event(1, cs);
+        }
+        let info = WaitInfo {
+            op: op as u32,
+            step: 0,
+        };
+        self.wait(&others, (slot, tag(0)), cs, info)
+    }
+
     /// With peer memory: AG puts this rank's chunk into every peer's buffer; RS sums
     /// this rank's rows of every buffer.
     fn bulk_peer_memory(&mut self, x: &BulkArgs, op: Op, scale_inv: DevPtr) -> Result<()> {
@@ -145,19 +176,8 @@ impl Planner<'_> {
             step: 0,
         };
         if x.kind == BulkKind::AllGather {
-            // Spread the puts over both comm streams (two copy engines / SM groups).
-            for (j, &p) in others.iter().enumerate() {
-                let st = Lane::Comm(j % 2);
-                let mine = self.buffer() + r * chunk_bytes;
-                self.put(p, r * chunk_bytes, mine, chunk_bytes, st)?;
-                self.signal(&[p], slot, tag(0), st)?;
-            }
-            if others.len() > 1 {
-                // comm stream 1 carried puts: comm stream 0 waits for them
-                self.record(1, Lane::Comm(1));
-                self.wait_event(1, cs);
-            }
-            return self.wait(&others, (slot, tag(0)), cs, info);
+            let mine = self.buffer() + r * chunk_bytes;
+            return self.put_to_peers(mine, r * chunk_bytes, chunk_bytes, op);
         }
         self.signal(&others, slot, tag(0), cs)?;
         self.wait(&others, (slot, tag(0)), cs, info)?;

@@ -102,13 +102,15 @@ pub type Pin = Option<usize>;
 /// The environment knobs that pin algorithm choices, read once when an object or a
 /// comm-GEMM context is created ([`Pins::from_env`]): NVTE_COMM_AR_ALGO (auto, ring,
 /// chunked), NVTE_COMM_RS_RING (auto, reduce, accumulate), NVTE_COMM_AG_PIECES (auto,
-/// rows, k), NVTE_COMM_FUSED_TILES (auto, rule, narrow). Each wins over the tuner.
+/// rows, k), NVTE_COMM_FUSED_TILES (auto, rule, narrow), NVTE_COMM_OVERLAP (auto, on,
+/// off). Each wins over the tuner.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Pins {
     pub ar_algo: Pin,
     pub rs_ring: Pin,
     pub ag_pieces: Pin,
     pub fused_tiles: Pin,
+    pub overlap: Pin,
 }
 
 pub(super) const AR_RING: usize = 1;
@@ -118,6 +120,8 @@ pub(super) const RS_ACCUMULATE: usize = 2;
 pub(super) const AG_PIECES_K: usize = 2;
 const TILES_RULE: usize = 1;
 const TILES_NARROW: usize = 2;
+pub(super) const OVERLAP_ON: usize = 1;
+pub(super) const OVERLAP_OFF: usize = 2;
 
 impl Pins {
     /// Parse the knobs (strictly: a bad value is an error naming it); `auto` is unset.
@@ -128,6 +132,7 @@ impl Pins {
             rs_ring: pin(env::RS_RING.get()?),
             ag_pieces: pin(env::AG_PIECES.get()?),
             fused_tiles: pin(env::FUSED_TILES.get()?),
+            overlap: pin(env::OVERLAP.get()?),
         })
     }
 }
@@ -164,6 +169,9 @@ pub struct Policy {
     /// the fused algorithms for this call shape (as `atomic_gemm`), their GEMM's tiles
     /// (unless NVTE_COMM_FUSED_TILES pins them); None: the unfused ones
     pub fused: Option<Tiles>,
+    /// no overlap (unless NVTE_COMM_OVERLAP pins it): the collective and the GEMM one
+    /// after the other, where the tuner measured that overlapping loses ([`Policy::serial`])
+    pub no_overlap: bool,
 }
 
 /// The ring reduce-scatter's parameters (split_rs_p2p, and the ring all-reduce's).
@@ -185,6 +193,9 @@ pub struct Ring {
 pub enum Algo {
     /// split_ag: the ring all-gather, a GEMM per chunk (piece) as it lands
     RingAg { bidirectional: bool, pieces: usize },
+    /// split_ag without overlap: B gathered whole (the transport's collective, else puts
+    /// into every peer's buffer), then one GEMM over it
+    GatherThenGemm,
     /// split_ag: the backward ring into one launch of our GEMM on arrival flags (with a
     /// two-sided transport; cuBLASLt per chunk where our GEMM cannot take the call);
     /// `k_slices`: the pieces are K slices (NVTE_COMM_AG_PIECES=k) where they can be
@@ -247,6 +258,7 @@ impl std::fmt::Display for Algo {
                 *k_slices as u8,
                 tiles(*t)
             ),
+            Algo::GatherThenGemm => write!(f, "gather_then_gemm"),
             Algo::PipelinedRs { splits } => write!(f, "pipelined_rs(splits={splits})"),
             Algo::CollectiveRs { splits } => write!(f, "collective_rs(splits={splits})"),
             Algo::RingRs(r) => ring(f, "ring_rs", r),
@@ -288,6 +300,7 @@ impl Policy {
             pieces: 1,
             reduce: Reduction::Ring { sum: Sum::Closing },
             fused: None,
+            no_overlap: false,
         }
     }
 
@@ -505,6 +518,17 @@ impl Policy {
         self.direction == Direction::BothWays
     }
 
+    /// The calls run without overlap, the collective and the GEMM one after the other
+    /// ([`Algo::GatherThenGemm`], one chunk of the pipelined or collective reduce-scatter,
+    /// of the chunked all-reduce): NVTE_COMM_OVERLAP (`on`, `off`), else the tuning's.
+    pub fn serial(&self) -> bool {
+        match self.pins.overlap {
+            Some(OVERLAP_OFF) => true,
+            Some(OVERLAP_ON) => false,
+            _ => self.no_overlap,
+        }
+    }
+
     /// NVTE_COMM_AG_PIECES=k: the fused all-gather's pieces are K slices where they can be.
     pub fn ag_k_slices(&self) -> bool {
         self.pins.ag_pieces == Some(AG_PIECES_K)
@@ -525,8 +549,13 @@ impl Policy {
             false => "off".to_string(),
         };
         format!(
-            "ce={} comm_sms={} splits={} direction={:?} pieces={} reduce={reduce} ar={ar} fused={fused}",
-            self.comm.use_ce as u8, self.comm.sms, self.splits, self.direction, self.pieces,
+            "ce={} comm_sms={} splits={} direction={:?} pieces={} reduce={reduce} ar={ar} fused={fused} overlap={}",
+            self.comm.use_ce as u8,
+            self.comm.sms,
+            self.splits,
+            self.direction,
+            self.pieces,
+            if self.serial() { "off" } else { "on" },
         )
     }
 }
@@ -667,6 +696,7 @@ mod tests {
                 },
                 "fused_ag(pieces=8 k_slices=1 tiles=rule)",
             ),
+            (Algo::GatherThenGemm, "gather_then_gemm"),
             (Algo::PipelinedRs { splits: 3 }, "pipelined_rs(splits=3)"),
             (Algo::CollectiveRs { splits: 4 }, "collective_rs(splits=4)"),
             (Algo::RingRs(ring), "ring_rs(sum=Accumulating pieces=4)"),
@@ -684,18 +714,30 @@ mod tests {
         let p = Policy::te_defaults();
         assert_eq!(
             p.summary(),
-            "ce=1 comm_sms=16 splits=3 direction=OneWay pieces=1 reduce=ring(sum=Closing) ar=ring fused=off"
+            "ce=1 comm_sms=16 splits=3 direction=OneWay pieces=1 reduce=ring(sum=Closing) ar=ring fused=off overlap=on"
         );
         let tuned = Policy {
             reduce: Reduction::Chunks,
             fused: Some(Tiles::Narrow),
             direction: Direction::BothWays,
+            no_overlap: true,
             ..p
         };
         assert_eq!(
             tuned.summary(),
-            "ce=1 comm_sms=16 splits=3 direction=BothWays pieces=1 reduce=chunks ar=chunks fused=on(tiles=Narrow)"
+            "ce=1 comm_sms=16 splits=3 direction=BothWays pieces=1 reduce=chunks ar=chunks fused=on(tiles=Narrow) overlap=off"
         );
+        // NVTE_COMM_OVERLAP wins over the tuning's choice.
+        let on = Pins {
+            overlap: Some(OVERLAP_ON),
+            ..Pins::default()
+        };
+        assert!(!Policy { pins: on, ..tuned }.serial());
+        let off = Pins {
+            overlap: Some(OVERLAP_OFF),
+            ..Pins::default()
+        };
+        assert!(Policy { pins: off, ..p }.serial());
     }
 
     #[test]

@@ -1892,6 +1892,127 @@ fn all_reduce_variants() {
     }
 }
 
+/// No overlap (the tuner's no-overlap candidate, or NVTE_COMM_OVERLAP=off): B gathered
+/// whole, then one GEMM; the GEMM whole, then the reduce-scatter or the all-reduce. Both
+/// flavours, tp 1..8, checked as every algorithm is.
+#[test]
+fn no_overlap_algorithms() {
+    let serial = |f| Cfg::new(f).with(|p| p.no_overlap = true);
+    all("split_ag (no overlap)", |tp, f| {
+        check_ag(tp, serial(f), false)
+    });
+    all("split_ag (no overlap, buffer view)", |tp, f| {
+        check_ag(tp, serial(f), true)
+    });
+    all("split_ag (no overlap, no B_copy)", |tp, f| {
+        check_ag_copy(tp, serial(f), false, false)
+    });
+    all("split_rs (no overlap)", |tp, f| {
+        check_rs(tp, serial(f), false)
+    });
+    all("split_rs_p2p (no overlap)", |tp, f| {
+        check_rs(tp, serial(f), true)
+    });
+    all("split_ar (no overlap)", |tp, f| check_ar(tp, serial(f)));
+    all("split_ag (NVTE_COMM_OVERLAP=off)", |tp, f| {
+        let pins = Pins {
+            overlap: Some(2),
+            ..Default::default()
+        };
+        check_ag(tp, Cfg::new(f).with(|p| p.pins = pins), false)
+    });
+}
+
+/// The rule: no overlap where the policy says so (the tuning's choice, or
+/// NVTE_COMM_OVERLAP, which wins over it), and then one GEMM over all of B.
+#[test]
+fn no_overlap_is_chosen_where_the_policy_says_so() {
+    let (tp, nc, k, m) = (4, 4, 8, 16);
+    let n = nc * tp;
+    for f in FLAVOURS {
+        for (pin, tuned, serial) in [
+            (None, true, true),
+            (Some(2), false, true),
+            (Some(1), true, false),
+            (None, false, false),
+        ] {
+            let cfg = Cfg::new(f).with(|p| {
+                p.no_overlap = tuned;
+                p.pins.overlap = pin;
+            });
+            let mut mem = Mem::default();
+            let bufs = buffers(&mut mem, tp, 2 * n * m * 4);
+            let (pa, pb) = (
+                mem.input("A", &values(1, m * k)),
+                mem.input("B", &values(2, n * k)),
+            );
+            let pd = mem.alloc("D", n * m * 4);
+            let (ta, shard, tb) = (
+                tensor(pa, &[m, k]),
+                tensor(pb, &[nc, k]),
+                tensor(pb, &[n, k]),
+            );
+            let (td, to) = (tensor(pd, &[n, m]), tensor(pd, &[nc, m]));
+            let rs_serial = match f {
+                Flavour::PeerMemory => Algo::PipelinedRs { splits: 1 },
+                Flavour::Messages => Algo::CollectiveRs { splits: 1 },
+            };
+            let want = [
+                Algo::GatherThenGemm,
+                rs_serial,
+                rs_serial,
+                Algo::ChunkedAr { splits: 1 },
+            ];
+            let mut plan_call = |pl: &mut Planner| {
+                let ag = AgArgs {
+                    g: gemm(&ta, &shard, &td),
+                    b_copy: None,
+                    key_m: None,
+                };
+                let rs = RsArgs {
+                    g: gemm(&ta, &tb, &to).with_d(None),
+                    rs_output: &to,
+                };
+                let ar: ArArgs = gemm(&ta, &tb, &td);
+                let calls = [
+                    algo::Call::Ag(&ag),
+                    algo::Call::Rs(&rs),
+                    algo::Call::RsP2p(&rs),
+                    algo::Call::Ar(&ar),
+                ];
+                for (c, w) in calls.iter().zip(want) {
+                    let a = pl.algo_of(c)?;
+                    assert_eq!(a == w, serial, "{f:?} pin {pin:?} tuned {tuned}: {a}");
+                }
+                pl.split_ag(&ag)?;
+                let gemms: Vec<&GemmDesc> = (pl.plan.steps.iter())
+                    .filter_map(|s| match s {
+                        plan::Step::Gemm { g, .. } => Some(g),
+                        _ => None,
+                    })
+                    .collect();
+                assert!(
+                    !serial || (gemms.len() == 1 && gemms[0].n == n),
+                    "{f:?}: {} GEMMs",
+                    gemms.len()
+                );
+                Ok(())
+            };
+            let log = new_log(tp);
+            rank_call(
+                (tp, 0),
+                (2 * n, m),
+                cfg,
+                &mut mem,
+                &bufs,
+                &log,
+                &mut plan_call,
+            )
+            .unwrap();
+        }
+    }
+}
+
 #[test]
 fn bulk_collectives() {
     all("bulk all-gather", |tp, f| {

@@ -213,6 +213,9 @@ impl Planner<'_> {
         if gemm::block::is_block(&x.g.with_d(x.rs_output)) {
             return self.block_rs_algo();
         }
+        if let Some(a) = self.rs_serial(x)? {
+            return Ok(a);
+        }
         if !self.e.caps.peer_memory || (self.e.inline && Self::plain_sums_of(x, self.dtype())) {
             return self.rs_p2p_algo(x);
         }
@@ -230,6 +233,9 @@ impl Planner<'_> {
         if gemm::block::is_block(&x.g.with_d(x.rs_output)) {
             return self.block_rs_algo();
         }
+        if let Some(a) = self.rs_serial(x)? {
+            return Ok(a);
+        }
         let ring = self.ring_params();
         if !self.e.caps.peer_memory && self.e.caps.collectives && self.tp() > 2 {
             let p = self.plan_rs(x, false)?;
@@ -242,12 +248,36 @@ impl Planner<'_> {
         Ok(Algo::RingRs(ring))
     }
 
+    /// No overlap where the policy says so (`Policy::serial`) at tp > 1: the GEMM whole,
+    /// then the reduce-scatter, as one chunk of the pipelined algorithm (peer memory) or
+    /// of the transport's collective (plain sums that do not accumulate); None elsewhere
+    /// (the two-sided ring keeps its own steps).
+    fn rs_serial(&self, x: &RsArgs) -> Result<Option<Algo>> {
+        if !self.e.policy.serial() || self.tp() == 1 || self.e.inline {
+            return Ok(None);
+        }
+        if self.e.caps.peer_memory {
+            return Ok(Some(Algo::PipelinedRs { splits: 1 }));
+        }
+        if self.e.caps.collectives {
+            let p = self.plan_rs(x, false)?;
+            let ring = self.ring_params();
+            if Self::plain_sums(x, &p, self.dtype()) && !self.rs_accumulates(x, &p, ring.sum) {
+                return Ok(Some(Algo::CollectiveRs { splits: 1 }));
+            }
+        }
+        Ok(None)
+    }
+
     /// Block-scaled inputs: the column-chunked algorithms, whose chunks keep the block
     /// scales valid ([`Self::rs_bounds`]): pipelined over peer memory, else the
     /// collective per chunk; the rings cut the GEMM along n (B's rows, whose 1D
     /// GEMM-ready scales are columns) and are not taken.
     fn block_rs_algo(&self) -> Result<Algo> {
-        let splits = self.e.policy.splits as usize;
+        let splits = match self.e.policy.serial() {
+            true => 1,
+            false => self.e.policy.splits as usize,
+        };
         if self.e.caps.peer_memory {
             return Ok(Algo::PipelinedRs { splits });
         }
@@ -272,7 +302,8 @@ impl Planner<'_> {
     /// [`Algo::PipelinedRs`]: the pipelined GEMM + reduce-scatter (module doc) in `splits`
     /// column chunks.
     pub(super) fn pipelined_rs(&mut self, x: &RsArgs, splits: usize) -> Result<()> {
-        let p = self.plan_rs_blocks(x, true)?;
+        // (one split: the reductions run after the GEMM, which takes every SM)
+        let p = self.plan_rs_blocks(x, splits > 1)?;
         let bounds = Self::rs_bounds(&p, splits);
         // The chunk GEMMs write this buffer, which peers read: gate them on the barrier.
         self.begin(Op::SplitRs, true, &p.full.sum_key(), Some(&p.full));
