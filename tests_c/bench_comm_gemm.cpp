@@ -3,10 +3,15 @@
 // against NCCL then GEMM (GEMM then NCCL for RS and AR). All ranks are one tensor-parallel
 // group. Random data, CUDA events, warm-up, median of many, the four figures of a row
 // timed in interleaved rounds; each figure is the maximum over ranks of that rank's median.
+// The GEMM alone and NCCL+GEMM compute the GEMM the comm-GEMM calls compute: FP8 with full
+// precision accumulation (the calls' default), fast accumulation under
+// NVTE_COMM_GEMM_FP8_FAST_ACCUM=1 as the calls then use.
 #include <nccl.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <vector>
 
@@ -23,6 +28,16 @@ int g_iters = 20;
 std::vector<double> time_all(const std::vector<std::function<void()>> &fns) {
   const int rounds = 5;
   return tu::time_interleaved(g_s, 3, rounds, std::max(1, g_iters / rounds), fns);
+}
+
+// NVTE_COMM_GEMM_FP8_FAST_ACCUM as the library reads it (a boolean; unset: off).
+bool fp8_fast_accum() {
+  const char *v = std::getenv("NVTE_COMM_GEMM_FP8_FAST_ACCUM");
+  if (!v) return false;
+  std::string s;
+  for (const char *c = v; *c; ++c)
+    if (!std::isspace((unsigned char)*c)) s += (char)std::tolower((unsigned char)*c);
+  return s == "1" || s == "true" || s == "yes" || s == "on";
 }
 
 void ok(const char *what) {
@@ -88,7 +103,8 @@ int main(int argc, char **argv) {
     ok("ctx_create");
     for (NVTEDType in : {kNVTEBFloat16, kNVTEFloat8E4M3}) {
       const NVTEDType out = kNVTEBFloat16;
-      const bool split = !is_fp8(in);
+      // use_split_accumulator (full precision) unless FP8 with fast accumulation
+      const bool split = !(is_fp8(in) && fp8_fast_accum());
       // AG: cuBLAS m = N (split), n = M (split, gathered), k = K. TN: a [m_loc, k], b [n_loc, k], d [n, m_loc].
       for (const Shape &s : ag_shapes) {
         if (!listed(ops, "ag")) break;
