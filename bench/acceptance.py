@@ -11,6 +11,8 @@ tests_c/bench_comm_gemm, tests_c/bench_overlap and bench/torch_ops.py), per grou
   same row, i.e. the same run;
 - the geomean and the worst of those ratios;
 - the bar: AG and RS geomean <= 1.05 and worst <= 1.10; AR geomean <= 1.10.
+Rows of the library's default choice (no algorithm column) with an "NCCL+GEMM ms" / "nccl+mm
+ms" column are also compared with it: the default must be no slower on every row.
 bench_overlap's rows also form an "engine, best algorithm" group: per shape, the fastest
 of its algorithms. torch_ops rows with a "symm-mem ms" column are also compared with
 torch's symmetric-memory async TP (ours must be faster on every row).
@@ -74,6 +76,7 @@ def rows_of(path):
             if not ratio > 0 and ours > 0 and bound > 0:
                 ratio = ours / bound
             symm = num(at(r, "symm-mem ms")) if "symm-mem ms" in col else None
+            seq = num(at(r, "nccl+gemm ms", "nccl+mm ms")) if {"nccl+gemm ms", "nccl+mm ms"} & set(col) else None
             out.append({
                 "bench": bench,
                 "tp": (at(r, "tp") or file_tp).strip(),
@@ -85,6 +88,7 @@ def rows_of(path):
                 "ratio": ratio if ratio > 0 else None,  # None: our op gave no time (failed)
                 "ours": ours,
                 "symm": symm if symm is not None and symm > 0 else None,
+                "seq": seq if seq is not None and seq > 0 else None,
             })
     return out
 
@@ -144,6 +148,16 @@ def report(paths):
                      f"{len(torch_rows) - len(slower)} of {len(torch_rows)}"
                      + ("" if not slower else "; not on: " + ", ".join(
                          f"tp {r['tp']} {r['op']} {r['shape']} ({r['ours']:.3f} vs {r['symm']:.3f} ms)" for r in slower)))
+    # The default choice (rows without an explicit algorithm) against the collective then
+    # the GEMM (GEMM then collective for RS / AR) of the same row.
+    seq_rows = [r for r in rows if r["seq"] is not None and r["algorithm"] == "-"]
+    if seq_rows:
+        slower = [r for r in seq_rows if not r["ours"] <= r["seq"]]  # a failed op (NaN) counts
+        lines.append(f"the default no slower than the collective then the GEMM (NCCL+GEMM): on "
+                     f"{len(seq_rows) - len(slower)} of {len(seq_rows)} rows"
+                     + ("" if not slower else "; not on: " + ", ".join(
+                         f"{r['bench']} tp {r['tp']} {r['transport']} {r['dtype']} {r['op']} {r['shape']} "
+                         f"({r['ours']:.3f} vs {r['seq']:.3f} ms)" for r in slower)))
     if any(k[5] == "best algorithm" for k in grouped):
         lines.append("(a \"best algorithm\" group takes each shape's fastest engine algorithm: optimistic by the timing noise)")
     if not rows:

@@ -72,6 +72,12 @@ def test_groups_verdicts_and_the_torch_comparison(tmp_path):
     assert "| 1 | 0 | 1.051 | 1.051 | NOT met |" in row("jax_ops", "2", "AG")
     assert "| 1 | 1 | nan | nan | NOT met |" in row("jax_ops", "2", "RS")
     assert "groups meeting the bar: 3 of 9" in out
+    # The default against NCCL then GEMM: every bench_comm_gemm row and torch_ops' rows
+    # (bench_overlap's rows name their algorithm: not the default); torch's failed AG and
+    # slower RS count against it.
+    assert "no slower than the collective then the GEMM (NCCL+GEMM): on 5 of 7 rows" in out
+    assert "torch_ops tp 2 - bf16 RS 8192x(28672/2)x8192 (3.038 vs 2.977 ms)" in out
+    assert "torch_ops tp 2 - bf16 AG 8192x4096x(16384/2) (nan vs 0.915 ms)" in out
     assert "best algorithm" in lines[-1]
 
 
