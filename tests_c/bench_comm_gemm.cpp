@@ -1,7 +1,9 @@
 // Benchmark of TE's comm_gemm.h API (nvte_all_gather_gemm, nvte_gemm_reduce_scatter,
 // nvte_gemm_all_reduce) on the anchor shapes, with the IPC and the NCCL transport,
 // against NCCL then GEMM (GEMM then NCCL for RS and AR). All ranks are one tensor-parallel
-// group. Random data, CUDA events, warm-up, median of many, the four figures of a row
+// group; "no-overlap ms" is the same call in a context made under NVTE_COMM_OVERLAP=off (the
+// collective and the GEMM one after the other: the tuner's fallback). Random data, CUDA
+// events, warm-up, median of many, the five timed figures of a row
 // timed in interleaved rounds; each figure is the maximum over ranks of that rank's median.
 // The GEMM alone and NCCL+GEMM compute the GEMM the comm-GEMM calls compute: FP8 with full
 // precision accumulation (the calls' default), fast accumulation under
@@ -13,6 +15,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "test_util.hpp"
@@ -23,8 +26,8 @@ namespace {
 cudaStream_t g_s;
 int g_iters = 20;
 
-// GEMM alone, the collective alone, the two in sequence and ours, in interleaved rounds
-// (tu::time_interleaved: drift hits all four alike), g_iters runs each in all.
+// GEMM alone, the collective alone, the two in sequence, ours and ours without overlap, in
+// interleaved rounds (tu::time_interleaved: drift hits all alike), g_iters runs each in all.
 std::vector<double> time_all(const std::vector<std::function<void()>> &fns) {
   const int rounds = 5;
   return tu::time_interleaved(g_s, 3, rounds, std::max(1, g_iters / rounds), fns);
@@ -38,6 +41,17 @@ bool fp8_fast_accum() {
   for (const char *c = v; *c; ++c)
     if (!std::isspace((unsigned char)*c)) s += (char)std::tolower((unsigned char)*c);
   return s == "1" || s == "true" || s == "yes" || s == "on";
+}
+
+// A comm-GEMM context made with NVTE_COMM_OVERLAP=off (the variable restored after).
+NVTECommGemmCtx *ctx_without_overlap(ncclComm_t nccl, int tp, int rank) {
+  const char *was = std::getenv("NVTE_COMM_OVERLAP");
+  const std::string keep = was ? was : "";
+  setenv("NVTE_COMM_OVERLAP", "off", 1);
+  NVTECommGemmCtx *ctx = nvte_comm_gemm_ctx_create(nccl, tp, rank);
+  if (was) setenv("NVTE_COMM_OVERLAP", keep.c_str(), 1);
+  else unsetenv("NVTE_COMM_OVERLAP");
+  return ctx;
 }
 
 void ok(const char *what) {
@@ -81,8 +95,9 @@ int main(int argc, char **argv) {
   nvte_set_tensor_param_v2(ws.h, kNVTERowwiseData, &wb, sizeof wb);
 
   std::string table =
-      "| tp | transport | op | dtype | M x K x N | GEMM ms | NCCL ms | NCCL+GEMM ms | ours ms | ours/bound | ours/(NCCL+GEMM) |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|\n";
+      "| tp | transport | op | dtype | M x K x N | GEMM ms | NCCL ms | NCCL+GEMM ms | ours ms | ours/bound | ours/(NCCL+GEMM) | "
+      "no-overlap ms |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   struct Shape { size_t M, K, N; };
   std::vector<Shape> ag_shapes = {{8192, 8192, 28672}, {8192, 4096, 16384}, {16384, 8192, 8192}};
   std::vector<Shape> rs_shapes = {{8192, 28672, 8192}, {8192, 16384, 4096}, {16384, 8192, 8192}};
@@ -101,6 +116,8 @@ int main(int argc, char **argv) {
     setenv("NVTE_COMM_TRANSPORT", transport, 1);
     NVTECommGemmCtx *ctx = nvte_comm_gemm_ctx_create(nccl, tp, rank);
     ok("ctx_create");
+    NVTECommGemmCtx *ctx_off = ctx_without_overlap(nccl, tp, rank);
+    ok("ctx_create (NVTE_COMM_OVERLAP=off)");
     for (NVTEDType in : {kNVTEBFloat16, kNVTEFloat8E4M3}) {
       const NVTEDType out = kNVTEBFloat16;
       // use_split_accumulator (full precision) unless FP8 with fast accumulation
@@ -115,16 +132,21 @@ int main(int argc, char **argv) {
         nvte_comm_fill_uniform(Bf.h, 3, -1, 1, g_s);
         auto gemm = [&] { nvte_cublas_gemm(A.h, Bf.h, D.h, nullptr, nullptr, true, false, false, ws.h, false, split, 0, g_s); };
         auto coll = [&] { ncclAllGather(Bl.data.p, Bf.data.p, nl * s.K * dtype_bytes(in), ncclUint8, nccl, g_s); };
-        auto ours = [&] {
-          nvte_all_gather_gemm(ctx, s.N, s.M, s.K, A.h, Bl.h, D.h, nullptr, nullptr, true, false, false, false, 0, g_s, algo);
+        auto ours_in = [&](NVTECommGemmCtx *c) {
+          return [&, c] {
+            nvte_all_gather_gemm(c, s.N, s.M, s.K, A.h, Bl.h, D.h, nullptr, nullptr, true, false, false, false, 0, g_s, algo);
+          };
         };
+        auto ours = ours_in(ctx), ours_off = ours_in(ctx_off);
         ours();
         ok("all_gather_gemm");
-        std::vector<double> t = time_all({gemm, coll, [&] { coll(); gemm(); }, ours});
+        ours_off();
+        ok("all_gather_gemm (no overlap)");
+        std::vector<double> t = time_all({gemm, coll, [&] { coll(); gemm(); }, ours, ours_off});
         const double tg = t[0], tc = t[1], tq = t[2], to = t[3];
         char b[300];
-        std::snprintf(b, sizeof b, "| %d | %s | AG | %s | %zux%zux%zu | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f |\n", tp, transport, dtype_name(in),
-                      s.M, s.K, s.N, tg, tc, tq, to, to / std::max(tg, tc), to / tq);
+        std::snprintf(b, sizeof b, "| %d | %s | AG | %s | %zux%zux%zu | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f |\n", tp, transport,
+                      dtype_name(in), s.M, s.K, s.N, tg, tc, tq, to, to / std::max(tg, tc), to / tq, t[4]);
         table += b;
         if (rank == 0) std::printf("%s", b), std::fflush(stdout);
       }
@@ -142,19 +164,26 @@ int main(int argc, char **argv) {
             else ncclReduceScatter(Dp.data.p, D.data.p, nl * s.N, ncclBfloat16, ncclSum, nccl, g_s);
           };
           auto fn = ar ? nvte_gemm_all_reduce : nvte_gemm_reduce_scatter;
-          auto ours = [&] { fn(ctx, s.N, s.M, s.K, A.h, B.h, D.h, nullptr, nullptr, true, false, false, false, 0, g_s, algo); };
+          auto ours_in = [&](NVTECommGemmCtx *c) {
+            return [&, c] { fn(c, s.N, s.M, s.K, A.h, B.h, D.h, nullptr, nullptr, true, false, false, false, 0, g_s, algo); };
+          };
+          auto ours = ours_in(ctx), ours_off = ours_in(ctx_off);
           ours();
           ok(ar ? "gemm_all_reduce" : "gemm_reduce_scatter");
-          std::vector<double> t = time_all({gemm, coll, [&] { gemm(); coll(); }, ours});
+          ours_off();
+          ok(ar ? "gemm_all_reduce (no overlap)" : "gemm_reduce_scatter (no overlap)");
+          std::vector<double> t = time_all({gemm, coll, [&] { gemm(); coll(); }, ours, ours_off});
           const double tg = t[0], tc = t[1], tq = t[2], to = t[3];
           char b[300];
-          std::snprintf(b, sizeof b, "| %d | %s | %s | %s | %zux%zux%zu | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f |\n", tp, transport,
-                        ar ? "AR" : "RS", dtype_name(in), s.M, s.K, s.N, tg, tc, tq, to, to / std::max(tg, tc), to / tq);
+          std::snprintf(b, sizeof b, "| %d | %s | %s | %s | %zux%zux%zu | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f |\n", tp,
+                        transport, ar ? "AR" : "RS", dtype_name(in), s.M, s.K, s.N, tg, tc, tq, to, to / std::max(tg, tc), to / tq,
+                        t[4]);
           table += b;
           if (rank == 0) std::printf("%s", b), std::fflush(stdout);
         }
     }
     nvte_comm_gemm_ctx_destroy(ctx);
+    nvte_comm_gemm_ctx_destroy(ctx_off);
     MPI_Barrier(MPI_COMM_WORLD);
   }
   if (rank == 0 && out_path) {
