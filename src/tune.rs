@@ -227,6 +227,11 @@ pub fn candidates(
         max_sms,
         narrow,
     };
+    // Under NVTE_COMM_OVERLAP=off every candidate would run the same no-overlap
+    // algorithms: nothing to measure.
+    if default.pins.overlap.is_some() && default.serial() {
+        return l.v;
+    }
     // No overlap second (the safety net: where overlapping loses, the collective and the
     // GEMM one after the other), unless NVTE_COMM_OVERLAP pins the choice.
     if tp > 1 && default.pins.overlap.is_none() {
@@ -504,7 +509,8 @@ impl Cache {
                     }
                 })
                 .collect();
-            d.join(format!("tune-v3-{clean}.txt"))
+            // (v4: lines carry no_overlap; builds before it kept v3's file)
+            d.join(format!("tune-v4-{clean}.txt"))
         }))
     }
 
@@ -688,6 +694,19 @@ mod tests {
                             ..d()
                         }
                     );
+                    // NVTE_COMM_OVERLAP=off: every candidate would run the same algorithms;
+                    // =on: no no-overlap candidate.
+                    let pinned = |v| Policy {
+                        pins: Pins {
+                            overlap: Some(v),
+                            ..Default::default()
+                        },
+                        ..d()
+                    };
+                    let off = candidates(op, tp, peer_memory, pinned(2), 132, (true, true));
+                    assert_eq!(off, vec![pinned(2)]);
+                    let on = candidates(op, tp, peer_memory, pinned(1), 132, (true, true));
+                    assert!(on.len() > 1 && !on.iter().any(|x| x.no_overlap));
                 }
             }
         }

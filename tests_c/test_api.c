@@ -269,7 +269,7 @@ static const char *const KNOBS[] = {"NVTE_COMM_TIMEOUT_MS",        "NVTE_COMM_OV
                                     "NVTE_COMM_OVERLAP_SM_MARGIN",   "NVTE_COMM_TRANSPORT",
                                     "NVTE_COMM_AR_ALGO",             "NVTE_COMM_RS_RING",
                                     "NVTE_COMM_AG_PIECES",           "NVTE_COMM_FUSED_TILES",
-                                    "NVTE_COMM_TRACE"};
+                                    "NVTE_COMM_OVERLAP",             "NVTE_COMM_TRACE"};
 
 static void unset_knobs(void) {
   for (size_t i = 0; i < sizeof KNOBS / sizeof KNOBS[0]; ++i) unsetenv(KNOBS[i]);
@@ -388,6 +388,10 @@ static void test_env_knobs(void) {
     CHECK(nvte_comm_gemm_ctx_create(fake, 2, 0) == NULL, "ctx_create with a bad NVTE_COMM_FUSED_TILES\n");
     expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "ctx fused_tiles", "nvte_comm_gemm_ctx_create: environment variable NVTE_COMM_FUSED_TILES", "64");
     unsetenv("NVTE_COMM_FUSED_TILES");
+    setenv("NVTE_COMM_OVERLAP", "sometimes", 1);
+    CHECK(nvte_comm_gemm_ctx_create(fake, 2, 0) == NULL, "ctx_create with a bad NVTE_COMM_OVERLAP\n");
+    expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "ctx overlap", "nvte_comm_gemm_ctx_create: environment variable NVTE_COMM_OVERLAP", "sometimes");
+    unsetenv("NVTE_COMM_OVERLAP");
     setenv("NVTE_COMM_TRANSPORT", "rdma", 1);
     CHECK(nvte_comm_gemm_ctx_create(fake, 2, 0) == NULL, "ctx_create with a bad NVTE_COMM_TRANSPORT\n");
     expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, "ctx transport", "NVTE_COMM_TRANSPORT", "rdma");

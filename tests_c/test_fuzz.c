@@ -265,9 +265,10 @@ static const char *const AR_ALGOS[] = {"auto", "ring", "chunked", NULL};
 static const char *const RS_RINGS[] = {"auto", "reduce", "accumulate", NULL};
 static const char *const AG_PIECES[] = {"auto", "rows", "k", NULL};
 static const char *const FUSED_TILES[] = {"auto", "rule", "narrow", NULL};
+static const char *const OVERLAPS[] = {"auto", "on", "off", NULL};
 
 /* In the order nvte_comm_overlap_config_default reads them (the first bad one is named). */
-enum { KB_TRANSPORT, KB_TIMEOUT, KB_SPLITS, KB_STREAMS, KB_NUM_SM, KB_USE_CE, KB_AGGREGATE, KB_SM_MARGIN, KB_AR_ALGO, KB_RS_RING, KB_AG_PIECES, KB_FUSED_TILES, KB_TRACE, NKNOBS };
+enum { KB_TRANSPORT, KB_TIMEOUT, KB_SPLITS, KB_STREAMS, KB_NUM_SM, KB_USE_CE, KB_AGGREGATE, KB_SM_MARGIN, KB_AR_ALGO, KB_RS_RING, KB_AG_PIECES, KB_FUSED_TILES, KB_OVERLAP, KB_TRACE, NKNOBS };
 static Knob knobs[NKNOBS] = {
     {"NVTE_COMM_TRANSPORT", K_CHOICE, 0, 0, 0, TRANSPORTS, 0, 0, 0},
     {"NVTE_COMM_TIMEOUT_MS", K_INT, 1, INT64_MAX, 60000, NULL, 0, 0, 0},
@@ -281,6 +282,7 @@ static Knob knobs[NKNOBS] = {
     {"NVTE_COMM_RS_RING", K_CHOICE, 0, 0, 0, RS_RINGS, 0, 0, 0},
     {"NVTE_COMM_AG_PIECES", K_CHOICE, 0, 0, 0, AG_PIECES, 0, 0, 0},
     {"NVTE_COMM_FUSED_TILES", K_CHOICE, 0, 0, 0, FUSED_TILES, 0, 0, 0},
+    {"NVTE_COMM_OVERLAP", K_CHOICE, 0, 0, 0, OVERLAPS, 0, 0, 0},
     {"NVTE_COMM_TRACE", K_BOOL, 0, 0, 0, NULL, 0, 0, 0},
 };
 
@@ -1037,6 +1039,7 @@ static int create_model(const NVTECommBootstrap *bs, const NVTECommOverlapConfig
   if (!knobs[KB_RS_RING].valid) { *why = knobs[KB_RS_RING].name; return NVTE_COMM_ERROR_INVALID_ARGUMENT; }
   if (!knobs[KB_AG_PIECES].valid) { *why = knobs[KB_AG_PIECES].name; return NVTE_COMM_ERROR_INVALID_ARGUMENT; }
   if (!knobs[KB_FUSED_TILES].valid) { *why = knobs[KB_FUSED_TILES].name; return NVTE_COMM_ERROR_INVALID_ARGUMENT; }
+  if (!knobs[KB_OVERLAP].valid) { *why = knobs[KB_OVERLAP].name; return NVTE_COMM_ERROR_INVALID_ARGUMENT; }
   *pre_bootstrap = 0;
   /* callbacks bootstrap (a non-NULL nccl_comm is only passed when a check above fails) */
   if (bs->world_size <= 0 || bs->world_rank < 0 || bs->world_rank >= bs->world_size) {
@@ -1226,6 +1229,7 @@ static void do_ctx_create(void) {
                  : !knobs[KB_RS_RING].valid ? KB_RS_RING
                  : !knobs[KB_AG_PIECES].valid ? KB_AG_PIECES
                  : !knobs[KB_FUSED_TILES].valid ? KB_FUSED_TILES
+                 : !knobs[KB_OVERLAP].valid ? KB_OVERLAP
                  : !knobs[KB_TRACE].valid   ? KB_TRACE
                                             : -1;
   /* A fake communicator only where the library must reject the call before using it. */

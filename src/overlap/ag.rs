@@ -165,6 +165,9 @@ pub fn ag_block_layout(data_bytes: usize, scale_bytes: usize, tp: usize) -> (usi
     (base, slot, base + tp * slot)
 }
 
+/// The extra key word of [`Algo::GatherThenGemm`] ("serialAG").
+const GATHER_THEN_GEMM_KEY: u64 = u64::from_le_bytes(*b"serialAG");
+
 impl AgShape {
     fn chunk_bytes(&self, e: usize) -> usize {
         self.nc * self.k * e
@@ -215,18 +218,21 @@ impl Planner<'_> {
     }
 
     /// [`Algo::GatherThenGemm`]: no overlap, the fallback where overlapping loses. B
-    /// gathered whole into the buffer (this rank's shard into its chunk, then the
-    /// transport's all-gather in place; without collectives, the chunk put into every
-    /// peer's buffer), B_copy from the buffer, then one GEMM over all of B on the SMs the
-    /// caller gave (nothing communicates beside it).
+    /// gathered whole into the buffer (the transport's all-gather from the shard, or in
+    /// place from the buffer view; without collectives, the shard put into every peer's
+    /// buffer and copied into this rank's), then one GEMM over all of B on every SM
+    /// (nothing communicates beside it), and B_copy from the buffer beside that GEMM.
     pub(super) fn gather_then_gemm(&mut self, x: &AgArgs) -> Result<()> {
         let sh = self.ag_shape(x, 1)?;
         let mut key = sh.full.check_key();
         if let Some(m) = x.key_m {
             key[0] = m as u64;
         }
+        // (a word more than the overlapped all-gathers' keys: ranks that differ in
+        // NVTE_COMM_OVERLAP are a mismatch NVTE_COMM_CHECK reports)
+        let key = super::rs::with_word(key, GATHER_THEN_GEMM_KEY);
         let full = GemmDesc {
-            sm_count: x.g.math_sm_count,
+            sm_count: self.math_sms(false),
             ..sh.full
         };
         self.begin(Op::SplitAg, false, &key, Some(&full));
@@ -234,19 +240,19 @@ impl Planner<'_> {
         let cb = sh.chunk_bytes(eb(self.dtype()));
         let mine = self.buffer() + r * cb;
         let cs = Lane::Comm(0);
-        if !sh.is_view {
-            self.copy(mine, x.g.b.data.ptr, cb, cs);
-        }
         self.step(|| format!("all-gather of B ({tp} chunks of {cb} bytes)"));
         if self.e.caps.collectives {
-            self.all_gather(mine, self.buffer(), cb, cs)?;
+            self.all_gather(sh.local_src, self.buffer(), cb, cs)?;
         } else {
             self.put_to_peers(sh.local_src, r * cb, cb, Op::SplitAg)?;
+            if !sh.is_view {
+                self.copy(mine, sh.local_src, cb, cs);
+            }
         }
+        self.record(0, cs);
         if let Some(bc) = x.b_copy {
             self.copy(bc.data.ptr, self.buffer(), tp * cb, cs);
         }
-        self.record(0, cs);
         self.wait_event(0, Lane::Compute(0));
         self.step(|| format!("GEMM of all {} rows of B", full.n));
         self.gemm(&full, 0, false);

@@ -239,7 +239,9 @@ impl Planner<'_> {
             ..*x
         })?;
         check_partial_epilogue(&full)?;
-        self.begin(Op::SplitAr, !two_shot, &full.sum_key(), Some(&full));
+        // (the chunk count is in the key: ranks must cut the same chunks)
+        let key = super::rs::with_word(full.sum_key(), s as u64);
+        self.begin(Op::SplitAr, !two_shot, &key, Some(&full));
         for i in 0..s {
             let (lo, hi) = (bounds[i], bounds[i + 1]);
             let mut g = full;

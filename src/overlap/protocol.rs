@@ -1604,7 +1604,7 @@ fn fused_all_gather_gemm() {
         },
     );
     all("fused_ag (two calls, new data)", |tp, f| {
-        check_fused_ag_twice(tp, fused(f))
+        check_ag_twice(tp, fused(f), true)
     });
     all("fused_ag (tuned: 128-wide tiles, 2 pieces)", |tp, f| {
         let cfg = fused(f).with(|p| {
@@ -1685,10 +1685,11 @@ fn fused_all_gather_k_slices() {
     );
 }
 
-/// Two fused all-gather calls in a row on the same flags, the second with other shards:
-/// its GEMM sees only its own arrivals (a flag left set by the first call would let it
-/// read the first call's rows, and D would be wrong), and every flag is zero after each.
-fn check_fused_ag_twice(tp: usize, cfg: Cfg) -> Res {
+/// Two all-gather calls in a row on the same buffers and flags, the second with other
+/// shards: its GEMM sees only its own arrivals (a flag or a signal left set by the first
+/// call would let it read the first call's rows, and D would be wrong), and every flag is
+/// zero after each. `fused`: one launch of our GEMM per rank and call (else none).
+fn check_ag_twice(tp: usize, cfg: Cfg, fused: bool) -> Res {
     let (nc, k, m) = (4, 8, 16);
     let n = nc * tp;
     let mut mem = Mem::default();
@@ -1725,7 +1726,7 @@ fn check_fused_ag_twice(tp: usize, cfg: Cfg) -> Res {
             })?;
         }
     }
-    let fused = log
+    let launches = log
         .lock()
         .unwrap()
         .ranks
@@ -1733,9 +1734,10 @@ fn check_fused_ag_twice(tp: usize, cfg: Cfg) -> Res {
         .flatten()
         .filter(|(_, x)| matches!(x, Rec::Device(Dev::Fused(..))))
         .count();
-    if fused != 2 * tp {
+    if launches != if fused { 2 * tp } else { 0 } {
         return Err(format!(
-            "{fused} launches of our GEMM, want one per rank and call"
+            "{launches} launches of our GEMM, want {} per rank and call",
+            fused as usize
         ));
     }
     simulate(&log, &mut mem, &bufs)?;
@@ -1914,6 +1916,9 @@ fn no_overlap_algorithms() {
         check_rs(tp, serial(f), true)
     });
     all("split_ar (no overlap)", |tp, f| check_ar(tp, serial(f)));
+    all("split_ag (no overlap, two calls, new data)", |tp, f| {
+        check_ag_twice(tp, serial(f), false)
+    });
     all("split_ag (NVTE_COMM_OVERLAP=off)", |tp, f| {
         let pins = Pins {
             overlap: Some(2),

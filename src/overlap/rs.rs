@@ -250,8 +250,8 @@ impl Planner<'_> {
 
     /// No overlap where the policy says so (`Policy::serial`) at tp > 1: the GEMM whole,
     /// then the reduce-scatter, as one chunk of the pipelined algorithm (peer memory) or
-    /// of the transport's collective (plain sums that do not accumulate); None elsewhere
-    /// (the two-sided ring keeps its own steps).
+    /// of the transport's collective (plain sums: no FP8 partials, no epilogue output, no
+    /// accumulation into D); None elsewhere (the two-sided ring keeps its own steps).
     fn rs_serial(&self, x: &RsArgs) -> Result<Option<Algo>> {
         if !self.e.policy.serial() || self.tp() == 1 || self.e.inline {
             return Ok(None);
@@ -259,12 +259,9 @@ impl Planner<'_> {
         if self.e.caps.peer_memory {
             return Ok(Some(Algo::PipelinedRs { splits: 1 }));
         }
-        if self.e.caps.collectives {
-            let p = self.plan_rs(x, false)?;
-            let ring = self.ring_params();
-            if Self::plain_sums(x, &p, self.dtype()) && !self.rs_accumulates(x, &p, ring.sum) {
-                return Ok(Some(Algo::CollectiveRs { splits: 1 }));
-            }
+        // (the rings' way of summing is no matter here: nothing runs as a ring)
+        if self.e.caps.collectives && Self::plain_sums(x, &self.plan_rs(x, false)?, self.dtype()) {
+            return Ok(Some(Algo::CollectiveRs { splits: 1 }));
         }
         Ok(None)
     }
@@ -302,12 +299,18 @@ impl Planner<'_> {
     /// [`Algo::PipelinedRs`]: the pipelined GEMM + reduce-scatter (module doc) in `splits`
     /// column chunks.
     pub(super) fn pipelined_rs(&mut self, x: &RsArgs, splits: usize) -> Result<()> {
-        // (one split: the reductions run after the GEMM, which takes every SM)
-        let p = self.plan_rs_blocks(x, splits > 1)?;
+        let mut p = self.plan_rs_blocks(x, true)?;
         let bounds = Self::rs_bounds(&p, splits);
-        // The chunk GEMMs write this buffer, which peers read: gate them on the barrier.
-        self.begin(Op::SplitRs, true, &p.full.sum_key(), Some(&p.full));
         let nchunks = bounds.len() - 1;
+        if nchunks == 1 {
+            // the reduction runs after the GEMM, which takes every SM
+            p.full.sm_count = self.math_sms(false);
+        }
+        // The chunk GEMMs write this buffer, which peers read: gate them on the barrier.
+        // (The chunk count is in the key: ranks that split differently read each other's
+        // unwritten columns, which NVTE_COMM_CHECK then reports.)
+        let key = with_word(p.full.sum_key(), nchunks as u64);
+        self.begin(Op::SplitRs, true, &key, Some(&p.full));
         for i in 0..nchunks {
             let g = Self::column_chunk(&p, bounds[i], bounds[i + 1]);
             let si = 0; // in order: see the module doc
@@ -470,8 +473,9 @@ impl Planner<'_> {
     fn rs_collective_chunks(&mut self, p: &RsPlan, x: &RsArgs, splits: usize) -> Result<()> {
         let tp = self.tp();
         let staging = self.staging()?;
-        self.begin(Op::SplitRs, false, &p.full.sum_key(), Some(&p.full));
         let bounds = Self::rs_bounds(p, splits);
+        let key = with_word(p.full.sum_key(), (bounds.len() - 1) as u64);
+        self.begin(Op::SplitRs, false, &key, Some(&p.full));
         let e = eb(self.dtype());
         let n = p.nc * tp;
         let nchunks = bounds.len() - 1;
@@ -916,4 +920,14 @@ pub(super) fn block_column_bounds(m: usize, splits: usize, a: crate::tensor::Blo
     let tiles = m.div_ceil(128);
     let s = splits.clamp(1, tiles);
     (0..=s).map(|i| (i * tiles / s * 128).min(m)).collect()
+}
+
+/// A call key with one word more (an algorithm's parameter that every rank must share).
+pub(super) fn with_word<const N: usize>(key: [u64; N], word: u64) -> crate::host::Small<u64, 8> {
+    let mut k = crate::host::Small::new();
+    for w in key {
+        k.push(w);
+    }
+    k.push(word);
+    k
 }
