@@ -207,10 +207,10 @@ fn from_text(s: &str) -> Option<[u8; 8]> {
 }
 
 /// The candidates for `op` at `tp` ranks, the defaults first, no overlap second, then
-/// roughly the most promising (the budget may cut the list short from the end). `peer_memory`: the
-/// transport has peer memory (without it the transfers are the transport's own: no CE/SM
-/// or ring-direction choice, no ring all-reduce); `max_sms`:
-/// the device's SM count (comm SMs stay well below it); `accumulating`: whether the
+/// roughly the most promising (the budget may cut the list short from the end).
+/// `peer_memory`: the transport has peer memory (without it the transfers are the
+/// transport's own: no CE/SM or ring-direction choice, no ring all-reduce); `max_sms`: the
+/// device's SM count (comm SMs stay well below it); `accumulating`: whether the
 /// accumulating ring is a choice (not where NVTE_COMM_RS_RING forces how rings sum);
 /// `narrow`: whether the fused algorithms' 128-wide tiles are a choice (not where
 /// NVTE_COMM_FUSED_TILES pins the width: they would measure the same as their twins).

@@ -230,7 +230,7 @@ impl Planner<'_> {
         }
         // (a word more than the overlapped all-gathers' keys: ranks that differ in
         // NVTE_COMM_OVERLAP are a mismatch NVTE_COMM_CHECK reports)
-        let key = super::rs::with_word(key, GATHER_THEN_GEMM_KEY);
+        let key = super::key_with(key, GATHER_THEN_GEMM_KEY);
         let full = GemmDesc {
             sm_count: self.math_sms(false),
             ..sh.full

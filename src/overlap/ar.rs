@@ -240,7 +240,7 @@ impl Planner<'_> {
         })?;
         check_partial_epilogue(&full)?;
         // (the chunk count is in the key: ranks must cut the same chunks)
-        let key = super::rs::with_word(full.sum_key(), s as u64);
+        let key = super::key_with(full.sum_key(), s as u64);
         self.begin(Op::SplitAr, !two_shot, &key, Some(&full));
         for i in 0..s {
             let (lo, hi) = (bounds[i], bounds[i + 1]);

@@ -244,6 +244,12 @@ fn eb(d: DType) -> usize {
     d.bits() / 8
 }
 
+/// A GEMM's call key (`GemmDesc::check_key` / `sum_key`) with one word more: an
+/// algorithm's parameter every rank must share (it goes into the call's descriptor).
+fn key_with(key: [u64; 5], word: u64) -> [u64; 6] {
+    [key[0], key[1], key[2], key[3], key[4], word]
+}
+
 impl Overlap {
     /// The buffer's bytes; checks made before anything is loaded.
     pub fn check_buffer(rows: usize, cols: usize, dtype: DType) -> Result<usize> {

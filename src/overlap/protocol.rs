@@ -17,7 +17,9 @@ use super::algo;
 use super::ar::ArArgs;
 use super::bulk::{BulkArgs, BulkKind};
 use super::plan::{self, AlgoSlots, Device, Env, Lane, Plan, Planner, Reduce, Scratch};
-use super::policy::{Algo, Direction, Pins, Policy, Reduction, Sum, Tiles};
+use super::policy::{
+    Algo, Direction, OVERLAP_OFF, OVERLAP_ON, Pins, Policy, Reduction, Sum, Tiles,
+};
 use super::rs::RsArgs;
 use super::{Op, ag::AgArgs};
 use crate::cuda::DevPtr;
@@ -1921,7 +1923,7 @@ fn no_overlap_algorithms() {
     });
     all("split_ag (NVTE_COMM_OVERLAP=off)", |tp, f| {
         let pins = Pins {
-            overlap: Some(2),
+            overlap: Some(OVERLAP_OFF),
             ..Default::default()
         };
         check_ag(tp, Cfg::new(f).with(|p| p.pins = pins), false)
@@ -1937,8 +1939,8 @@ fn no_overlap_is_chosen_where_the_policy_says_so() {
     for f in FLAVOURS {
         for (pin, tuned, serial) in [
             (None, true, true),
-            (Some(2), false, true),
-            (Some(1), true, false),
+            (Some(OVERLAP_OFF), false, true),
+            (Some(OVERLAP_ON), true, false),
             (None, false, false),
         ] {
             let cfg = Cfg::new(f).with(|p| {

@@ -48,7 +48,7 @@
 use super::plan::{Lane, MAX_FLAGS, Planner, Reduce};
 use super::policy::{Algo, Ring, Sum, Tiles};
 use super::schedule::{Bounds, PerRank};
-use super::{Op, Overlap, eb, tag};
+use super::{Op, Overlap, eb, key_with, tag};
 use crate::cuda::DevPtr;
 use crate::cuda::StreamHandle;
 use crate::error::Result;
@@ -309,7 +309,7 @@ impl Planner<'_> {
         // The chunk GEMMs write this buffer, which peers read: gate them on the barrier.
         // (The chunk count is in the key: ranks that split differently read each other's
         // unwritten columns, which NVTE_COMM_CHECK then reports.)
-        let key = with_word(p.full.sum_key(), nchunks as u64);
+        let key = key_with(p.full.sum_key(), nchunks as u64);
         self.begin(Op::SplitRs, true, &key, Some(&p.full));
         for i in 0..nchunks {
             let g = Self::column_chunk(&p, bounds[i], bounds[i + 1]);
@@ -409,13 +409,12 @@ impl Planner<'_> {
     /// and its pieces), so that ranks whose environments chose differently fail the
     /// cross-rank check instead of exchanging into slots the other never reads.
     pub(super) fn ring_key(&self, p: &RsPlan, acc: bool, ring: &Ring) -> [u64; 6] {
-        let g = p.full.sum_key();
         let word = if acc {
             1 | (self.chain_pieces(p.nc, ring.pieces) as u64) << 1
         } else {
             (self.fused_rs_pieces(p, ring) as u64) << 1
         };
-        [g[0], g[1], g[2], g[3], g[4], word]
+        key_with(p.full.sum_key(), word)
     }
 
     /// The row bounds of the accumulating ring's pieces of a chunk of `nc` rows: at
@@ -474,7 +473,7 @@ impl Planner<'_> {
         let tp = self.tp();
         let staging = self.staging()?;
         let bounds = Self::rs_bounds(p, splits);
-        let key = with_word(p.full.sum_key(), (bounds.len() - 1) as u64);
+        let key = key_with(p.full.sum_key(), (bounds.len() - 1) as u64);
         self.begin(Op::SplitRs, false, &key, Some(&p.full));
         let e = eb(self.dtype());
         let n = p.nc * tp;
@@ -920,14 +919,4 @@ pub(super) fn block_column_bounds(m: usize, splits: usize, a: crate::tensor::Blo
     let tiles = m.div_ceil(128);
     let s = splits.clamp(1, tiles);
     (0..=s).map(|i| (i * tiles / s * 128).min(m)).collect()
-}
-
-/// A call key with one word more (an algorithm's parameter that every rank must share).
-pub(super) fn with_word<const N: usize>(key: [u64; N], word: u64) -> crate::host::Small<u64, 8> {
-    let mut k = crate::host::Small::new();
-    for w in key {
-        k.push(w);
-    }
-    k.push(word);
-    k
 }
