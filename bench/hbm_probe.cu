@@ -18,6 +18,8 @@
 //   tile<R>      the quantize kernel's pattern: one block per R x 128 tile of an 8192-wide
 //                matrix (R 128: the quantize's 32 KiB tile), loads first, then the stores at
 //                the same positions; no shared memory (added 2026-12-03)
+//   tilek<H,ST,ORD> tile<128> with a load hint, plain or .cs stores and a tile order; also
+//                cast2t: the second stream at the transposed tile's place (the quantize's traffic)
 //   tma<S,T,SO>  persistent; S stages of T bytes brought in by cp.async.bulk (one thread
 //                issues, an mbarrier per stage); stores from registers (SO 0) or from
 //                shared memory by cp.async.bulk (SO 1)
@@ -211,6 +213,55 @@ __global__ void __launch_bounds__(256) tile(const uint4 *in, void *out, u64 nu, 
   if (MODE != COPY) finish(local, amax);
 }
 
+// tile<R>'s pattern with its knobs (added 2026-12-03, ninth session's follow-up): R = 128,
+// one block per 128 x 128 tile; MODE CAST2 (both outputs at the tile's place) or CAST2T (the
+// second at the transposed tile's place, (cb, rb) of a [cols, rows] output: the quantize's
+// rowwise + transposed-columnwise traffic, contents not transposed); H the load hint (as gs);
+// ST 0: st.global.cs, 1: plain st.global; ORD the block -> tile order: 0 row-major, 1
+// column-major, 2 bands of 8 tile rows (column-major within a band).
+constexpr int CAST2T = 4;
+template <int ST>
+__device__ __forceinline__ void st8(void *p, u32 x, u32 y) {
+  if (ST == 0)
+    asm volatile("st.global.cs.v2.u32 [%0], {%1,%2};" ::"l"(p), "r"(x), "r"(y) : "memory");
+  else
+    asm volatile("st.global.v2.u32 [%0], {%1,%2};" ::"l"(p), "r"(x), "r"(y) : "memory");
+}
+template <int MODE, int H, int ST, int ORD>
+__global__ void __launch_bounds__(256) tilek(const uint4 *in, void *out, u64 nu, float s, float *amax) {
+  constexpr int J = 8;  // 128 rows x 16 uint4s / 256 threads
+  const u64 tw = kTileW / 128, rows = nu * 2 / (kTileW / 8), th = rows / 128, b = blockIdx.x;
+  u64 rb, cb;
+  if (ORD == 0) {
+    rb = b / tw, cb = b % tw;
+  } else if (ORD == 1) {
+    cb = b / th, rb = b % th;
+  } else {
+    const u64 g = b / (8 * tw), w = b % (8 * tw);
+    cb = w / 8, rb = g * 8 + w % 8;
+  }
+  const u64 pol = H == 2 ? evict_first() : 0;
+  float local = 0.0f;
+  uint4 v[J];
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    const int c = threadIdx.x + 256 * j, r = c / 16;
+    v[j] = ldg<H>(in + (rb * 128 + r) * (kTileW / 8) + cb * 16 + c % 16, pol);
+  }
+  char *o = static_cast<char *>(out);
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    const int c = threadIdx.x + 256 * j, r = c / 16, cc = 8 * (c % 16);
+    local = fmaxf(local, amax4(v[j]));
+    const u32 q0 = pack4(v[j].x, v[j].y, s), q1 = pack4(v[j].z, v[j].w, s);
+    st8<ST>(o + (rb * 128 + r) * kTileW + cb * 128 + cc, q0, q1);
+    const u64 second = MODE == CAST2T ? nu * 16 + (cb * 128 + r) * rows + rb * 128 + cc
+                                      : nu * 16 + (rb * 128 + r) * kTileW + cb * 128 + cc;
+    st8<ST>(o + second, q0, q1);
+  }
+  finish(local, amax);
+}
+
 __device__ __forceinline__ u32 sa(const void *p) { return (u32)__cvta_generic_to_shared(p); }
 
 // S stages of T bytes each, a tile a step, tiles grid-strided over the blocks.
@@ -325,11 +376,13 @@ int main(int argc, char **argv) {
   u64 n = 64ull << 20;
   int iters = 50, rounds = 5;
   double nominal = 0;
+  const char *only = nullptr;  // --only S: the variants whose name contains S (and cudaMemcpy)
   for (int i = 1; i < argc; ++i) {
     if (!strcmp(argv[i], "--numel")) n = strtoull(argv[++i], 0, 10);
     if (!strcmp(argv[i], "--iters")) iters = atoi(argv[++i]);
     if (!strcmp(argv[i], "--rounds")) rounds = atoi(argv[++i]);
     if (!strcmp(argv[i], "--nominal")) nominal = atof(argv[++i]);
+    if (!strcmp(argv[i], "--only")) only = argv[++i];
   }
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
@@ -396,6 +449,21 @@ int main(int argc, char **argv) {
 #define PARAMS 64
   ADD_MODES("tile R64", tile, 1, 512, 0)
 #undef PARAMS
+#define TILEK(NAME, ...)                                                              \
+  vs.push_back({std::string("cast2 ") + NAME, CAST2, tilek<CAST2, __VA_ARGS__>, 1, 1024, 0}); \
+  vs.push_back({std::string("cast2t ") + NAME, CAST2T, tilek<CAST2T, __VA_ARGS__>, 1, 1024, 0});
+  TILEK("tilek H0 cs row", 0, 0, 0)
+  TILEK("tilek H0 st row", 0, 1, 0)
+  TILEK("tilek H1 cs row", 1, 0, 0)
+  TILEK("tilek H2 cs row", 2, 0, 0)
+  TILEK("tilek H2 st row", 2, 1, 0)
+  TILEK("tilek H0 cs col", 0, 0, 1)
+  TILEK("tilek H0 st col", 0, 1, 1)
+  TILEK("tilek H2 st col", 2, 1, 1)
+  TILEK("tilek H0 cs band8", 0, 0, 2)
+  TILEK("tilek H0 st band8", 0, 1, 2)
+  TILEK("tilek H2 st band8", 2, 1, 2)
+#undef TILEK
 #define PARAMS 4, 16384, 0
   ADD_MODES3("tma S4 T16K", tma, 0, 0, 4 * 16384)
 #undef PARAMS
@@ -417,9 +485,14 @@ int main(int argc, char **argv) {
 
   // tile<R> covers whole R x 128 tiles of an 8192-wide matrix: left out for other sizes.
   if (n % (kTileW * 128) != 0)
-    vs.erase(std::remove_if(vs.begin(), vs.end(), [](const V &v) { return v.name.find(" tile ") != std::string::npos; }),
+    vs.erase(std::remove_if(vs.begin(), vs.end(), [](const V &v) {
+                           return v.name.find(" tile") != std::string::npos;
+                         }),
              vs.end());
-  // Reference results (gs U1 H0) and the launch grids.
+  if (only)
+    vs.erase(std::remove_if(vs.begin(), vs.end(), [&](const V &v) { return v.name.find(only) == std::string::npos; }),
+             vs.end());
+  // Reference results (the first cast variant's) and the launch grids.
   float amax_ref = 0;
   bool have_cast_ref = false;
   std::vector<char> cast_ref(n), got(n);
@@ -443,9 +516,17 @@ int main(int argc, char **argv) {
       if (amax_ref == 0) amax_ref = a;
       ok = a == amax_ref;
     }
-    if (v.mode == CAST || v.mode == CAST2) {
-      for (int h = 0; h < (v.mode == CAST2 ? 2 : 1); ++h) {
+    if (v.mode == CAST || v.mode == CAST2 || v.mode == CAST2T) {
+      for (int h = 0; h < (v.mode == CAST ? 1 : 2); ++h) {
         CK(cudaMemcpy(got.data(), out + h * n, n, cudaMemcpyDeviceToHost));
+        if (h == 1 && v.mode == CAST2T) {  // tile (rb, cb) sits at (cb, rb) of a [cols, rows] output
+          const u64 rows = n / kTileW;
+          std::vector<char> t(n);
+          for (u64 r = 0; r < rows; ++r)
+            for (u64 c = 0; c < kTileW; c += 8)
+              memcpy(&t[r * kTileW + c], &got[((c / 128) * 128 + r % 128) * rows + (r / 128) * 128 + c % 128], 8);
+          got.swap(t);
+        }
         if (!have_cast_ref) cast_ref = got, have_cast_ref = true;
         ok = ok && got == cast_ref;
       }
