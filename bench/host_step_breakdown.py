@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Where the host time of a training step goes, by phase and by function: the example's
 LayerNormMLP step (zero_grad, forward, MSE loss, backward, fused Adam) at the tp-4 per-rank
-shape (8192 tokens, hidden 4096, ffn 4096, bf16), tp 1, one process, one GPU; the library
-path forced (``force_library_path``) against the torch reference build.
+shape (8192 tokens, hidden 4096, ffn 4096; bf16, or FP8 with ``--fp8-recipe``), tp 1, one
+process, one GPU; the library path forced (``force_library_path``) against the torch
+reference build.
 
 Pass 1: host µs of each phase (perf_counter around it; at most two steps queued, as the
 example runs, so no launch waits on a full queue), median over the steps, and the step's
@@ -12,6 +13,7 @@ wrapped by a timer, inclusive µs per step of each and per call (the wrappers ad
 0.3 µs a call). The phases' sums are the example's host_ms.
 
     TE_COMM_LIB=<libtransformer_engine_comm.so> python3 bench/host_step_breakdown.py [--steps 60]
+        [--fp8-recipe delayed|current|block]
 """
 import argparse
 import os
@@ -29,6 +31,7 @@ import torch.nn.functional as F  # noqa: E402
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
 from transformer_engine_comm.torch import modules as M  # noqa: E402
 from transformer_engine_comm.torch.optim import LeanFusedAdam  # noqa: E402
+from transformer_engine_comm.recipe import recipe_from_name  # noqa: E402
 
 # The example's optimizer (LeanFusedAdam); TE_COMM_BREAKDOWN_TORCH_ADAM=1: torch's fused Adam.
 LEAN = os.environ.get("TE_COMM_BREAKDOWN_TORCH_ADAM", "0") in ("", "0")
@@ -52,10 +55,11 @@ if os.environ.get("TE_COMM_BREAKDOWN_NO_GC", "0") not in ("", "0"):
 PHASES = ("zero_grad", "forward", "loss", "backward", "optimizer")
 
 
-def build(forced: bool, dev, hidden: int, ffn: int):
+def build(forced: bool, dev, hidden: int, ffn: int, recipe=None):
     torch.manual_seed(1)
+    fp8 = {} if recipe is None else {"fp8": True, "fp8_recipe": recipe_from_name(recipe)}
     model = M.LayerNormMLP(hidden, ffn, tp_group=None, sequence_parallel=True, comm_overlap=forced,
-                           force_library_path=forced, params_dtype=torch.bfloat16, device=dev, seed=1)
+                           force_library_path=forced, params_dtype=torch.bfloat16, device=dev, seed=1, **fp8)
     optim = LeanFusedAdam(model.parameters(), lr=1e-4) if LEAN else torch.optim.Adam(model.parameters(), lr=1e-4,
                                                                                       fused=True)
     return model, optim
@@ -147,6 +151,17 @@ def instrument(t: Timers):
     t.wrap(F, "linear", "F.linear")
     t.wrap(F, "gelu", "F.gelu")
     t.wrap(ops._Prepared, "__call__", "ops._Prepared.__call__")
+    # FP8 (--fp8-recipe): the casts, their primitives and the FP8 GEMMs and layers.
+    from transformer_engine_comm.torch import fp8 as F8
+    for name in ("_fp8_gemm", "_column_backward_fp8", "_row_backward_fp8", "_all_reduce", "_all_gather"):
+        t.wrap(M, name, f"modules.{name}")
+    for name in ("quantize", "compute_amax", "compute_scale_from_amax", "delayed_scaling_update", "transpose",
+                 "quantize_block", "block_gemm"):
+        if hasattr(F8, name):
+            t.wrap(F8, name, f"fp8.{name}")
+    t.wrap(F8.Fp8Meta, "cast", "Fp8Meta.cast")
+    t.wrap(M._Fp8State, "cast_weight", "_Fp8State.cast_weight")
+    t.wrap(torch, "_scaled_mm", "torch._scaled_mm")
     t.wrap(torch, "empty", "torch.empty")
     # The C calls themselves: the prepared comm-GEMM calls' and gemm.py's.
     for pr in ops._fast.values():
@@ -181,6 +196,8 @@ def main() -> int:
     p.add_argument("--tokens", type=int, default=8192)
     p.add_argument("--hidden", type=int, default=4096)
     p.add_argument("--ffn", type=int, default=4096)
+    p.add_argument("--fp8-recipe", default=None, choices=("delayed", "current", "block"),
+                   help="both builds in FP8 with this recipe (default: bf16)")
     p.add_argument("--out", default=None)
     o = p.parse_args()
     s = socket.socket()
@@ -194,13 +211,14 @@ def main() -> int:
     g = torch.Generator(device="cpu").manual_seed(7)
     x = torch.randn(o.tokens, 1, o.hidden, generator=g).to(dev, torch.bfloat16)
     target = torch.randn(o.tokens, 1, o.hidden, generator=g).to(dev, torch.bfloat16)
+    precision = f"FP8 {o.fp8_recipe}" if o.fp8_recipe else "bf16"
     lines = [f"host_step_breakdown: {torch.cuda.get_device_name(0)}, {o.tokens} tokens, hidden {o.hidden}, "
-             f"ffn {o.ffn}, bf16, tp 1, {o.rounds} interleaved rounds of {max(o.steps // o.rounds, 4)} steps a build "
+             f"ffn {o.ffn}, {precision}, tp 1, {o.rounds} interleaved rounds of {max(o.steps // o.rounds, 4)} steps a build "
              f"(a warm-up round first; each round's first 2 steps dropped), median µs per step", ""]
     res = {}
     dist_note = []
     prof = {}
-    builds = {forced: build(forced, dev, o.hidden, o.ffn) for forced in (True, False)}
+    builds = {forced: build(forced, dev, o.hidden, o.ffn, o.fp8_recipe) for forced in (True, False)}
     # Interleaved rounds (the host's speed drifts over seconds): each round runs both
     # builds; the first round is warm-up.
     per = max(o.steps // o.rounds, 4)

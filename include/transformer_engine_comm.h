@@ -175,6 +175,31 @@ typedef enum NVTEMatmulConfigAttribute {
  */
 #define NVTE_COMM_GEMM_PACKED_GEMM 3
 
+/**
+ * Step of `NVTECommCastPacked::steps`: `amax = max|input|` (overwritten), as
+ * nvte_compute_amax.
+ */
+#define NVTE_COMM_CAST_AMAX 1
+
+/**
+ * Step: `scale` from `amax` (`amax_epsilon`, `force_pow_2_scales`), as
+ * nvte_compute_scale_from_amax.
+ */
+#define NVTE_COMM_CAST_SCALE 2
+
+/**
+ * Step: the cast, as nvte_quantize: the FP8 `rowwise` [rows, cols] and / or `columnwise`
+ * [cols, rows] data of `input * scale`, `scale_inv = 1 / scale`, and, where `amax` is
+ * given, `amax = max(amax, max|input|)`.
+ */
+#define NVTE_COMM_CAST_QUANTIZE 4
+
+/**
+ * Step: TE's delayed-scaling update of `amax_history` [history_len] and `scale`, in
+ * place, as nvte_delayed_scaling_recipe_amax_and_scale_update.
+ */
+#define NVTE_COMM_CAST_UPDATE 8
+
 #define NUM_SLOTS 8
 
 #define MAX_PEERS 16
@@ -389,6 +414,53 @@ typedef struct NVTECommGemmPacked {
   NVTECommGemmAlgoType algo;
   cudaStream_t stream;
 } NVTECommGemmPacked;
+
+/**
+ * The arguments of one packed cast. Pointers a step does not read may be NULL.
+ */
+typedef struct NVTECommCastPacked {
+  /**
+   * NVTE_COMM_CAST_* bits; the steps run in the order amax, scale, quantize, update.
+   */
+  uint32_t steps;
+  /**
+   * the high-precision input [rows, cols] (float32, bfloat16 or float16, row-major)
+   */
+  const void *input;
+  NVTEDType input_dtype;
+  size_t rows;
+  size_t cols;
+  /**
+   * kNVTEFloat8E4M3 or kNVTEFloat8E5M2
+   */
+  NVTEDType fp8_dtype;
+  /**
+   * the cast's outputs: [rows, cols] and [cols, rows] FP8 (NULL: not written; the
+   * quantize step writes at least one)
+   */
+  void *rowwise;
+  void *columnwise;
+  /**
+   * device float32 scalars
+   */
+  float *scale;
+  float *amax;
+  float *scale_inv;
+  /**
+   * the scale step's options (TE's quantization config)
+   */
+  float amax_epsilon;
+  bool force_pow_2_scales;
+  /**
+   * the update step: a float32 history of `history_len` entries (entry 0 the newest),
+   * `amax_compute_algo` 0 "most_recent" or 1 "max", and TE's margin
+   */
+  float *amax_history;
+  size_t history_len;
+  int32_t amax_compute_algo;
+  float margin;
+  cudaStream_t stream;
+} NVTECommCastPacked;
 
 /**
  * The figures of one call of an overlap object or comm-GEMM engine, measured with
@@ -1047,6 +1119,24 @@ NVTECommStatus nvte_comm_cublas_gemm_packed(const struct NVTECommGemmPacked *arg
                                             size_t workspace_bytes,
                                             bool use_split_accumulator,
                                             int32_t math_sm_count);
+
+/**
+ * Run the steps of `*args` on `args->stream`, in the order amax, scale, quantize,
+ * update: each as the matching TE function with the same tensors (nvte_compute_amax,
+ * nvte_compute_scale_from_amax with `amax_epsilon` and `force_pow_2_scales`,
+ * nvte_quantize, nvte_delayed_scaling_recipe_amax_and_scale_update in place), with its
+ * checks. The struct's own fields are checked before the first step is enqueued; a step
+ * whose kernel refuses its operands stops the call, the steps before it enqueued (as
+ * the separate calls would leave them). Returns the status (its message:
+ * nvte_comm_last_error()). `*args` is only read: a binding keeps
+ * one struct per tensor role and changes the pointers and the stream between calls.
+ *
+ * The usual calls: current scaling, `AMAX | SCALE | QUANTIZE` (a rank group reducing
+ * the amax between them calls `AMAX`, then `SCALE | QUANTIZE`); delayed scaling with
+ * `amax` the history's entry 0, `QUANTIZE | UPDATE` (or `QUANTIZE`, the reduction, then
+ * `UPDATE`).
+ */
+NVTECommStatus nvte_comm_cast_packed(const struct NVTECommCastPacked *args);
 
 /**
  * The last timed call of `overlap` (waits, bounded by the timeout, for it to complete).

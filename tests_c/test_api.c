@@ -744,6 +744,73 @@ static void test_gemm_call_packed(void) {
   expect_ok("packed: ctx destroy");
 }
 
+/* nvte_comm_cast_packed: the struct's own checks (steps, dtypes, the pointers a requested
+ * step needs, the update's algorithm) refuse with INVALID_ARGUMENT, naming the field,
+ * before any device work (no GPU needed). */
+static void test_cast_packed(void) {
+  const NVTECommStatus INV = NVTE_COMM_ERROR_INVALID_ARGUMENT;
+  NVTECommCastPacked p, q;
+  memset(&p, 0, sizeof p);
+  p.steps = NVTE_COMM_CAST_QUANTIZE | NVTE_COMM_CAST_UPDATE;
+  p.input = (const void *)0x1000;
+  p.input_dtype = kNVTEBFloat16;
+  p.rows = 16;
+  p.cols = 64;
+  p.fp8_dtype = kNVTEFloat8E4M3;
+  p.rowwise = (void *)0x2000;
+  p.scale = (float *)0x3000;
+  p.amax = (float *)0x3010;
+  p.scale_inv = (float *)0x3020;
+  p.amax_history = (float *)0x3010;
+  p.history_len = 16;
+  p.amax_compute_algo = 1;
+
+  CHECK(nvte_comm_cast_packed(NULL) == INV, "cast packed: NULL args\n");
+  expect_error(INV, "cast packed NULL args", "nvte_comm_cast_packed", "`args` is NULL");
+  q = p;
+  q.steps = 0;
+  CHECK(nvte_comm_cast_packed(&q) == INV, "cast packed: no steps\n");
+  expect_error(INV, "cast packed steps 0", "`args->steps` = 0x0", "NVTE_COMM_CAST_AMAX");
+  q = p;
+  q.steps = 16;
+  CHECK(nvte_comm_cast_packed(&q) == INV, "cast packed: step 16\n");
+  expect_error(INV, "cast packed steps 16", "`args->steps` = 0x10", "not a set of steps");
+  q = p;
+  q.fp8_dtype = kNVTEBFloat16;
+  CHECK(nvte_comm_cast_packed(&q) == INV, "cast packed: bf16 output\n");
+  expect_error(INV, "cast packed fp8_dtype", "`args->fp8_dtype`", "kNVTEFloat8E4M3");
+  q = p;
+  q.input_dtype = (NVTEDType)42;
+  CHECK(nvte_comm_cast_packed(&q) == INV, "cast packed: dtype 42\n");
+  expect_error(INV, "cast packed input_dtype", "nvte_comm_cast_packed", "not a valid NVTEDType");
+  q = p;
+  q.scale = NULL;
+  CHECK(nvte_comm_cast_packed(&q) == INV, "cast packed: NULL scale\n");
+  expect_error(INV, "cast packed scale", "`args->scale` is NULL", "step needs it");
+  q = p;
+  q.steps = NVTE_COMM_CAST_AMAX;
+  q.amax = NULL;
+  CHECK(nvte_comm_cast_packed(&q) == INV, "cast packed: amax step without amax\n");
+  expect_error(INV, "cast packed amax", "`args->amax` is NULL", "step needs it");
+  q = p;
+  q.rowwise = NULL;
+  CHECK(nvte_comm_cast_packed(&q) == INV, "cast packed: no output\n");
+  expect_error(INV, "cast packed outputs", "`args->rowwise` and `args->columnwise`", "writes neither");
+  q = p;
+  q.history_len = 0;
+  CHECK(nvte_comm_cast_packed(&q) == INV, "cast packed: empty history\n");
+  expect_error(INV, "cast packed history", "`args->history_len` is 0", "needs the history");
+  q = p;
+  q.amax_compute_algo = 2;
+  CHECK(nvte_comm_cast_packed(&q) == INV, "cast packed: algo 2\n");
+  expect_error(INV, "cast packed algo", "`args->amax_compute_algo` = 2", "most_recent");
+  q = p;
+  q.rows = SIZE_MAX;
+  q.cols = 4;
+  CHECK(nvte_comm_cast_packed(&q) == INV, "cast packed: overflowing shape\n");
+  expect_error(INV, "cast packed overflow", "nvte_comm_cast_packed", "overflows");
+}
+
 /* nvte_comm_cublas_gemm_packed: nvte_cublas_gemm's checks, from a packed struct, before
  * any device work; an empty output launches nothing (no GPU needed). */
 static void test_cublas_gemm_packed(void) {
@@ -1069,6 +1136,7 @@ int main(void) {
   test_overlap_create_args();
   test_handles_and_out_params();
   test_gemm_call_packed();
+  test_cast_packed();
   test_cublas_gemm_packed();
   test_runtime();
   CHECK(nvte_comm_live_tensor_count() == 0, "leaked tensor handles: %zu\n", nvte_comm_live_tensor_count());

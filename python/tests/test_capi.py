@@ -198,6 +198,7 @@ def _expected_ctypes(capi, ctype, enum_names):
         "const struct NVTECommBootstrap *": P(capi.Bootstrap),
         "struct NVTECommCallReport *": P(capi.CallReport),
         "const struct NVTECommGemmPacked *": P(capi.GemmPacked),
+        "const struct NVTECommCastPacked *": P(capi.CastPacked),
     }
     if ctype in enum_names:
         return c_uint
@@ -233,7 +234,8 @@ def test_loaded_library_has_the_prototypes(capi):
 
 
 STRUCTS = {"NVTEShape": "Shape", "NVTEBasicTensor": "BasicTensor", "NVTECommOverlapConfig": "OverlapConfig", "NVTECommBootstrap": "Bootstrap",
-           "NVTECommCallReport": "CallReport", "NVTECommGemmOperand": "GemmOperand", "NVTECommGemmPacked": "GemmPacked"}
+           "NVTECommCallReport": "CallReport", "NVTECommGemmOperand": "GemmOperand", "NVTECommGemmPacked": "GemmPacked",
+           "NVTECommCastPacked": "CastPacked"}
 
 
 def test_struct_members_match_the_header(binding, header_text):

@@ -106,6 +106,9 @@ def test_packed_op_codes_match_the_header(header_text):
         "ALL_GATHER": core.PACKED_ALL_GATHER, "REDUCE_SCATTER": core.PACKED_REDUCE_SCATTER,
         "ALL_REDUCE": core.PACKED_ALL_REDUCE, "GEMM": core.PACKED_GEMM}
     assert core.PACKED_OPS == {"all_gather_gemm": 0, "gemm_reduce_scatter": 1, "gemm_all_reduce": 2}
+    steps = dict(re.findall(r"#define NVTE_COMM_CAST_(\w+) (\d+)", header_text))
+    assert {k: int(v) for k, v in steps.items()} == {
+        "AMAX": core.CAST_AMAX, "SCALE": core.CAST_SCALE, "QUANTIZE": core.CAST_QUANTIZE, "UPDATE": core.CAST_UPDATE}
     assert core.OPS == ("all_gather_gemm", "gemm_reduce_scatter", "gemm_all_reduce")
 
 

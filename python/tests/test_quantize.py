@@ -289,6 +289,87 @@ def test_fp8_meta_end_to_end(recipe):
             assert torch.equal(lib_meta.amax_history, ref_meta.amax_history)
 
 
+PACKED_CASES = [  # recipe, FP8 dtype, input dtype, rowwise, columnwise, amax reduced over a group
+    (fp8.DelayedScaling(amax_history_len=4, margin=1), torch.float8_e4m3fn, torch.bfloat16, True, True, False),
+    (fp8.DelayedScaling(amax_history_len=3, amax_compute_algo="most_recent"), torch.float8_e5m2, torch.float16,
+     False, True, True),
+    (fp8.Float8CurrentScaling(amax_epsilon=1e-3, force_pow_2_scales=True), torch.float8_e4m3fn, torch.float32,
+     True, False, False),
+    (fp8.Float8CurrentScaling(), torch.float8_e5m2, torch.bfloat16, True, True, True),
+]
+A, S, Q, U = _capi.CAST_AMAX, _capi.CAST_SCALE, _capi.CAST_QUANTIZE, _capi.CAST_UPDATE
+
+
+@pytest.mark.parametrize("case", PACKED_CASES, ids=["delayed", "delayed-reduced", "current-pow2", "current-reduced"])
+def test_fp8_meta_packed_cast_matches_the_primitives(case, monkeypatch):
+    """Fp8Meta.cast through nvte_comm_cast_packed (one foreign call; two where the amax is
+    reduced over a group: the reduction between them) against the same casts through the
+    separate primitives (a backend without it): same bytes, scale_inv and scaling state
+    after every step, and the steps each call ran."""
+    recipe, odt, idt, rowwise, columnwise, reduced = case
+    backend = fp8._library()
+    assert backend.cast_packed is not None, "the library exports nvte_comm_cast_packed"
+    ran = []
+
+    def counted(ptr, fn=backend.cast_packed):
+        ran.append(ptr.contents.steps)
+        return fn(ptr)
+
+    monkeypatch.setattr(backend, "cast_packed", counted)
+    packed = fp8.Fp8Meta(recipe, odt, DEV)
+    separate = fp8.Fp8Meta(recipe, odt, DEV)
+    if reduced:  # a group of more than one rank, its reduction the identity (one process)
+        for m in (packed, separate):
+            monkeypatch.setattr(m, "_reduces", lambda: True)
+            monkeypatch.setattr(m, "_reduce", lambda amax: None)
+    delayed = isinstance(recipe, fp8.DelayedScaling)
+    for step in range(5):
+        x = (torch.randn(384, 640, device=DEV) * (step + 1) * 0.7).to(idt)
+        del ran[:]
+        a = packed.cast(x, rowwise=rowwise, columnwise=columnwise)
+        monkeypatch.setattr(backend, "cast_packed", None)
+        try:
+            b = separate.cast(x, rowwise=rowwise, columnwise=columnwise)
+        finally:
+            monkeypatch.setattr(backend, "cast_packed", counted)
+        w = f"{recipe} step {step}"
+        if delayed and step == 0:
+            assert ran == [], w + ": the first delayed cast (priming) takes the primitives"
+        elif delayed:
+            assert ran == ([Q, U] if reduced else [Q | U]), (w, ran)
+        else:
+            assert ran == ([A, S | Q] if reduced else [A | S | Q]), (w, ran)
+        for got, want, what in ((a.data, b.data, "rowwise"), (a.data_t, b.data_t, "columnwise")):
+            assert (got is None) == (want is None), w + " " + what
+            if got is not None:
+                same_bits(got, want, f"{w} {what}")
+        assert torch.equal(a.scale_inv, b.scale_inv), w
+        assert torch.equal(packed.scale, separate.scale), w
+        if delayed:
+            assert torch.equal(packed.amax_history, separate.amax_history), w
+        else:
+            assert torch.equal(packed._amax, separate._amax), w
+
+
+def test_fp8_meta_packed_cast_follows_its_tensors():
+    """A copy of a scaling state (copy.deepcopy) casts with its own tensors, not the
+    original's: the packed struct is not copied, and a state whose tensors were replaced
+    makes a new one."""
+    import copy
+
+    m = fp8.Fp8Meta(fp8.Float8CurrentScaling(), torch.float8_e4m3fn, DEV)
+    x = torch.randn(128, 256, device=DEV)
+    m.cast(x)
+    c = copy.deepcopy(m)
+    assert c._plan is None and c.scale.data_ptr() != m.scale.data_ptr()
+    c.cast(x * 4)
+    assert torch.equal(m._amax, x.abs().amax().reshape(1))
+    assert torch.equal(c._amax, (x * 4).abs().amax().reshape(1))
+    m.scale = torch.ones(1, device=DEV)  # replaced, not written in place
+    m.cast(x * 2)
+    assert torch.equal(m.scale, fp8.compute_scale_from_amax(m._amax, torch.float8_e4m3fn))
+
+
 # The cast + transpose kernels (NVTE_COMM_CAST_TRANSPOSE, read at each columnwise call):
 # v3 (default: v2 where its tiles do not fit), v2, v1 (the previous kernel) and the bench variants of v2 and v3 (bf16 -> e4m3
 # on the vector path, v3 on whole tiles only; every other case runs v2 under those names).

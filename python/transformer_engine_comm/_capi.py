@@ -50,6 +50,10 @@ from typing import Callable, Iterable, NamedTuple, Optional, Sequence, Union
 from . import _core
 from ._core import (
     C_ENUMS,
+    CAST_AMAX,
+    CAST_QUANTIZE,
+    CAST_SCALE,
+    CAST_UPDATE,
     PACKED_ALL_GATHER,
     PACKED_ALL_REDUCE,
     PACKED_GEMM,
@@ -216,6 +220,32 @@ class GemmPacked(Structure):
     ]
 
 
+class CastPacked(Structure):
+    """NVTECommCastPacked: the arguments of one nvte_comm_cast_packed call (steps: the
+    CAST_* bits)."""
+
+    _fields_ = [
+        ("steps", c_uint),  # uint32_t
+        ("input", c_void_p),
+        ("input_dtype", c_enum),
+        ("rows", c_size_t),
+        ("cols", c_size_t),
+        ("fp8_dtype", c_enum),
+        ("rowwise", c_void_p),
+        ("columnwise", c_void_p),
+        ("scale", c_void_p),
+        ("amax", c_void_p),
+        ("scale_inv", c_void_p),
+        ("amax_epsilon", c_float),
+        ("force_pow_2_scales", c_bool),
+        ("amax_history", c_void_p),
+        ("history_len", c_size_t),
+        ("amax_compute_algo", c_int32),
+        ("margin", c_float),
+        ("stream", c_void_p),
+    ]
+
+
 # GemmPacked.op values (NVTE_COMM_GEMM_PACKED_*): PACKED_ALL_GATHER, PACKED_REDUCE_SCATTER,
 # PACKED_ALL_REDUCE, PACKED_GEMM (from the core, above)
 
@@ -246,6 +276,7 @@ PROTOTYPES = [
     ("nvte_comm_gemm_ctx_create_bootstrap", _ST, [POINTER(Bootstrap), POINTER(_CTX)]),
     ("nvte_comm_gemm_call_packed", _ST, [_CTX, POINTER(GemmPacked)]),
     ("nvte_comm_cublas_gemm_packed", _ST, [POINTER(GemmPacked), c_void_p, c_size_t, c_bool, c_int32]),
+    ("nvte_comm_cast_packed", _ST, [POINTER(CastPacked)]),
     # XLA FFI handlers (XLA_FFI_Handler: XLA_FFI_Error *(XLA_FFI_CallFrame *)) and their contexts
     ("nvte_comm_xla_bind", _ST, [c_uint64, c_int32, _CTX]),
     ("nvte_comm_xla_unbind", _ST, [c_uint64, c_int32]),

@@ -215,6 +215,8 @@ def algo_id(algo: Union[str, int]) -> int:
 # NVTECommGemmPacked.op (the header's NVTE_COMM_GEMM_PACKED_* defines)
 PACKED_ALL_GATHER, PACKED_REDUCE_SCATTER, PACKED_ALL_REDUCE = 0, 1, 2
 PACKED_GEMM = 3  # a local GEMM: nvte_comm_cublas_gemm_packed
+# NVTECommCastPacked.steps bits (the header's NVTE_COMM_CAST_* defines): nvte_comm_cast_packed
+CAST_AMAX, CAST_SCALE, CAST_QUANTIZE, CAST_UPDATE = 1, 2, 4, 8
 PACKED_OPS = {
     "all_gather_gemm": PACKED_ALL_GATHER,
     "gemm_reduce_scatter": PACKED_REDUCE_SCATTER,

@@ -65,6 +65,7 @@ mod kernels;
 mod matmul_config;
 mod overlap;
 mod packed;
+mod packed_cast;
 mod report;
 mod runtime;
 mod tensor;

@@ -11,6 +11,7 @@ again creates none.
 from __future__ import annotations
 
 import collections
+import ctypes
 import threading
 
 import torch
@@ -55,6 +56,15 @@ class Backend:
         # The GEMM cannot be probed without a GPU call: a library whose block tensors exist
         # but whose GEMM refuses them reports that error from the first block GEMM.
         self.has_block_gemm = self.has_block
+        # nvte_comm_cast_packed (a module's cast in one foreign call; None: older library)
+        self.cast_packed = lib.nvte_comm_cast_packed if _capi.has_function("nvte_comm_cast_packed") else None
+
+    def cast_plan(self, fp8_dtype, scale, amax, history=None, algo="max", margin=0.0, epsilon=0.0, pow2=False):
+        """A :class:`CastPlan` of one scaling state (its scale, amax and, for delayed
+        scaling, amax history), or None without nvte_comm_cast_packed."""
+        if self.cast_packed is None:
+            return None
+        return CastPlan(self.cast_packed, fp8_dtype, scale, amax, history, algo, margin, epsilon, pow2)
 
     def _check(self, what):
         if self._err() != 0:
@@ -204,6 +214,53 @@ class Backend:
         self._gemm(ha, hb, hd, hbias, hpre, True, False, grad, ws, False, True, 0, stream)
         self._check("block_gemm")
         return out
+
+
+_INT_DT = {t: int(d) for t, d in _DT.items()}  # torch dtype -> NVTEDType value
+
+
+class CastPlan:
+    """The packed struct of one scaling state's casts (nvte_comm_cast_packed): the FP8
+    dtype, the scale / amax / history pointers and the recipe's options filled in once;
+    a call sets the steps, the input, the outputs, the scale_inv and the stream and makes
+    one foreign call. A lock guards the struct (autograd's threads cast too)."""
+
+    __slots__ = ("args", "ptr", "fn", "lock")
+
+    def __init__(self, fn, fp8_dtype, scale, amax, history, algo, margin, epsilon, pow2):
+        a = _capi.CastPacked()
+        a.fp8_dtype = _INT_DT[fp8_dtype]
+        a.scale = scale.data_ptr()
+        a.amax = amax.data_ptr()
+        if history is not None:
+            a.amax_history = history.data_ptr()
+            a.history_len = history.numel()
+            a.amax_compute_algo = 1 if algo == "max" else 0
+            a.margin = float(margin)
+        a.amax_epsilon = float(epsilon)
+        a.force_pow_2_scales = bool(pow2)
+        self.args = a
+        self.ptr = ctypes.pointer(a)
+        self.fn = fn
+        self.lock = threading.Lock()
+
+    def __call__(self, steps, x, rows, cols, q, q_t, scale_inv, stream):
+        """Run ``steps`` (the CAST_* bits) on the contiguous CUDA tensor ``x`` ([rows, cols]
+        flattened) into ``q`` / ``q_t`` (None: not written) and ``scale_inv``."""
+        with self.lock:
+            a = self.args
+            a.steps = steps
+            a.input = x.data_ptr()
+            a.input_dtype = _INT_DT[x.dtype]
+            a.rows, a.cols = rows, cols
+            a.rowwise = q.data_ptr() if q is not None else None
+            a.columnwise = q_t.data_ptr() if q_t is not None else None
+            a.scale_inv = scale_inv.data_ptr()
+            a.stream = stream
+            st = self.fn(self.ptr)
+            err = _capi.CommError(st, _capi.last_error(), "cast") if st else None  # this thread's message, now
+        if err is not None:
+            raise err
 
 
 def _block_tensors_supported(lib) -> bool:

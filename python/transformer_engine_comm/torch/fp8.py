@@ -49,6 +49,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .. import _core
+from ._context import raw_stream
 from ..recipe import AMAX_COMPUTE_ALGOS as _AMAX_ALGOS
 from ..recipe import BLOCK_LEN, block_scale_shape
 from ..recipe import DelayedScaling, Float8BlockScaling, Float8CurrentScaling, Format, MMParams, QParams
@@ -85,6 +86,9 @@ __all__ = [
     "transpose",
 ]
 
+_HIGH = (torch.float32, torch.bfloat16, torch.float16)  # the casts' input dtypes
+_CAST_AMAX, _CAST_SCALE, _CAST_QUANTIZE, _CAST_UPDATE = (_core.CAST_AMAX, _core.CAST_SCALE, _core.CAST_QUANTIZE,
+                                                         _core.CAST_UPDATE)
 E4M3 = getattr(torch, _core.E4M3)
 E5M2 = getattr(torch, _core.E5M2)
 FP8_DTYPES = (E4M3, E5M2)
@@ -406,6 +410,8 @@ class Fp8Meta:
         self.device = torch.device(device)
         self.scale = torch.ones(1, dtype=torch.float32, device=self.device)
         self.primed = False  # delayed scaling: whether a cast has recorded an amax yet
+        self._plan = None  # (its tensors' pointers, the library's packed cast of this state), made on first use
+        self._group_size = None  # the group's size, once torch.distributed is initialized
         if isinstance(recipe, DelayedScaling):
             self.amax_history = torch.zeros(recipe.amax_history_len, dtype=torch.float32, device=self.device)
         elif isinstance(recipe, Float8CurrentScaling):
@@ -414,12 +420,83 @@ class Fp8Meta:
         else:
             raise ValueError(f"unknown FP8 recipe {recipe!r}")
 
+    def __getstate__(self):
+        # A copy (copy.deepcopy, pickle) makes its own packed cast: the plan holds this
+        # state's device pointers.
+        state = self.__dict__.copy()
+        state["_plan"] = None
+        return state
+
+    def _reduces(self) -> bool:
+        """Whether the amax is max-reduced over ``group`` (a group of more than one rank)."""
+        n = self._group_size
+        if n is None:
+            g = self.group
+            if g is None:
+                n = self._group_size = 1
+            elif not (dist.is_available() and dist.is_initialized()):
+                return False  # not cached: the group may come up later
+            else:
+                n = self._group_size = dist.get_world_size(g)
+        return n > 1
+
     def _reduce(self, amax: torch.Tensor) -> None:
-        g = self.group
-        if g is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size(g) > 1:
-            dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=g)
+        if self._reduces():
+            dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=self.group)
+
+    def _packed_cast(self, x: torch.Tensor, rowwise: bool, columnwise: bool) -> Optional[Fp8Tensor]:
+        """:meth:`cast` in one or two library calls (nvte_comm_cast_packed: the amax, scale,
+        cast and update steps of the recipe, the same kernels as the primitives), or None
+        where it does not apply: not CUDA, not a float input, empty, the first delayed
+        cast, or a library without it."""
+        r = self.recipe
+        delayed = isinstance(r, DelayedScaling)
+        if not (x.is_cuda and x.dtype in _HIGH and x.numel() and (rowwise or columnwise)
+                and (self.primed or not delayed) and x.get_device() == self.scale.get_device()):
+            return None
+        amax = self.amax_history if delayed else self._amax
+        key = (self.scale.data_ptr(), amax.data_ptr())  # the state's tensors, as the plan holds them
+        plan = self._plan
+        if plan is None or plan[0] != key:
+            lib = _library()
+            if lib is None:
+                return None
+            if delayed:
+                p = lib.cast_plan(self.fp8_dtype, self.scale, amax[0:1], amax, r.amax_compute_algo, float(r.margin))
+            else:
+                p = lib.cast_plan(self.fp8_dtype, self.scale, amax, epsilon=r.amax_epsilon,
+                                  pow2=r.force_pow_2_scales)
+            if p is None:
+                return None
+            plan = self._plan = (key, p)
+        plan = plan[1]
+        x = x.contiguous()
+        rows, cols = _as_2d_shape(x)
+        dev = x.device
+        q = torch.empty(x.shape, dtype=self.fp8_dtype, device=dev) if rowwise else None
+        q_t = torch.empty((cols, rows), dtype=self.fp8_dtype, device=dev) if columnwise else None
+        scale_inv = torch.empty(1, dtype=torch.float32, device=dev)
+        stream = raw_stream(dev.index)
+        reduce = self._reduces() and (r.reduce_amax if delayed else True)
+        if delayed:
+            if reduce:  # the cast's amax reduced before the update reads the history
+                plan(_CAST_QUANTIZE, x, rows, cols, q, q_t, scale_inv, stream)
+                self._reduce(self.amax_history[0:1])
+                plan(_CAST_UPDATE, x, rows, cols, None, None, scale_inv, stream)
+            else:
+                plan(_CAST_QUANTIZE | _CAST_UPDATE, x, rows, cols, q, q_t, scale_inv, stream)
+        elif reduce:  # the amax reduced before the scale is taken from it
+            plan(_CAST_AMAX, x, rows, cols, None, None, scale_inv, stream)
+            self._reduce(self._amax)
+            plan(_CAST_SCALE | _CAST_QUANTIZE, x, rows, cols, q, q_t, scale_inv, stream)
+        else:
+            plan(_CAST_AMAX | _CAST_SCALE | _CAST_QUANTIZE, x, rows, cols, q, q_t, scale_inv, stream)
+        return Fp8Tensor(q, q_t, scale_inv, self.fp8_dtype)
 
     def cast(self, x: torch.Tensor, *, rowwise: bool = True, columnwise: bool = False) -> Fp8Tensor:
+        fast = self._packed_cast(x, rowwise, columnwise)
+        if fast is not None:
+            return fast
         scale_inv = torch.empty(1, dtype=torch.float32, device=x.device)
         r = self.recipe
         if isinstance(r, DelayedScaling):

@@ -308,10 +308,16 @@ def _fp8_gemm(a: torch.Tensor, a_si: torch.Tensor, b: torch.Tensor, b_si: torch.
     """TN FP8 GEMM: ``(a * a_si) @ (b * b_si)^T (+ bias)`` -> ``out_dtype``, a ``[M, K]`` and
     b ``[N, K]`` row-major FP8 (not both e5m2), scale_invs one-element float32.
 
-    CUDA with K, N (and M) multiples of 16: cuBLASLt through ``torch._scaled_mm`` (b.t() is
+    CUDA with K, N (and M) multiples of 16: without a bias, the library's nvte_cublas_gemm
+    (TN, A = b, B = a; one packed foreign call, a CUDA graph of it replayed where the
+    pointers repeat: about half the host time of torch._scaled_mm at the tp-4 shape,
+    bench/host_step_breakdown.py); else cuBLASLt through ``torch._scaled_mm`` (b.t() is
     the column-major operand it wants; bias in the epilogue where its dtype allows);
     elsewhere a dequantized fp32 matmul of the same values. ``out``: written in place."""
     if a.is_cuda and a.shape[1] % 16 == 0 and b.shape[0] % 16 == 0 and a.shape[0] % 16 == 0:
+        if bias is None and a.is_contiguous() and b.is_contiguous() and _fp8._library() is not None:
+            return _gemm()(b, a, transa=True, transb=False, out_dtype=out_dtype, out=out, a_scale_inv=b_si,
+                           b_scale_inv=a_si, use_split_accumulator=not fast_accum)
         fuse_bias = bias is None or (bias.dtype == out_dtype and out_dtype in (torch.bfloat16, torch.float16))
         kw = {} if out is None else {"out": out}
         y = torch._scaled_mm(a, b.t(), scale_a=a_si, scale_b=b_si, bias=bias if fuse_bias else None,
@@ -955,7 +961,9 @@ def _row_backward_fp8(ctx, cfg: _Cfg, dy):
             if need_dx:
                 dx = _fp8_gemm(dy_full, dyf.scale_inv, w_t, w_si, odt, None, FP8_DGRAD_FAST_ACCUM)
         dy_t = _fp8.transpose(dy_full) if need_dw else None
-        db = _all_reduce(dy.sum(0), group)[0] if need_db else None
+        db = dy.sum(0) if need_db else None
+        if db is not None and cfg.tp > 1:  # the shards' sums (a one-rank group: the sum itself)
+            db = _all_reduce(db, group)[0]
     else:
         dyf = f8.grad_output.cast(dy, rowwise=need_dx, columnwise=need_dw)
         if need_dx:
