@@ -61,6 +61,7 @@ def rows(size: int):
             def cast(m=meta, cols=False, off=how == "separate calls"):
                 if off:  # the primitives, one foreign call each (as without nvte_comm_cast_packed)
                     backend.cast_packed = None
+                    m._plan = None  # (the priming cast above made one)
                     try:
                         return m.cast(x, columnwise=cols)
                     finally:
