@@ -747,8 +747,12 @@ static void test_gemm_call_packed(void) {
 /* nvte_comm_cast_packed: the struct's own checks (steps, dtypes, the pointers a requested
  * step needs, the update's algorithm) refuse with INVALID_ARGUMENT, naming the field,
  * before any device work (no GPU needed). */
+static void cast_refused(const NVTECommCastPacked *q, const char *what, const char *w1, const char *w2) {
+  CHECK(nvte_comm_cast_packed(q) == NVTE_COMM_ERROR_INVALID_ARGUMENT, "cast packed: %s accepted\n", what);
+  expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, what, w1, w2);
+}
+
 static void test_cast_packed(void) {
-  const NVTECommStatus INV = NVTE_COMM_ERROR_INVALID_ARGUMENT;
   NVTECommCastPacked p, q;
   memset(&p, 0, sizeof p);
   p.steps = NVTE_COMM_CAST_QUANTIZE | NVTE_COMM_CAST_UPDATE;
@@ -765,50 +769,39 @@ static void test_cast_packed(void) {
   p.history_len = 16;
   p.amax_compute_algo = 1;
 
-  CHECK(nvte_comm_cast_packed(NULL) == INV, "cast packed: NULL args\n");
-  expect_error(INV, "cast packed NULL args", "nvte_comm_cast_packed", "`args` is NULL");
+  cast_refused(NULL, "cast packed NULL args", "nvte_comm_cast_packed", "`args` is NULL");
   q = p;
   q.steps = 0;
-  CHECK(nvte_comm_cast_packed(&q) == INV, "cast packed: no steps\n");
-  expect_error(INV, "cast packed steps 0", "`args->steps` = 0x0", "NVTE_COMM_CAST_AMAX");
+  cast_refused(&q, "cast packed steps 0", "`args->steps` = 0x0", "NVTE_COMM_CAST_AMAX");
   q = p;
   q.steps = 16;
-  CHECK(nvte_comm_cast_packed(&q) == INV, "cast packed: step 16\n");
-  expect_error(INV, "cast packed steps 16", "`args->steps` = 0x10", "not a set of steps");
+  cast_refused(&q, "cast packed steps 16", "`args->steps` = 0x10", "not a set of steps");
   q = p;
   q.fp8_dtype = kNVTEBFloat16;
-  CHECK(nvte_comm_cast_packed(&q) == INV, "cast packed: bf16 output\n");
-  expect_error(INV, "cast packed fp8_dtype", "`args->fp8_dtype`", "kNVTEFloat8E4M3");
+  cast_refused(&q, "cast packed fp8_dtype", "`args->fp8_dtype`", "kNVTEFloat8E4M3");
   q = p;
   q.input_dtype = (NVTEDType)42;
-  CHECK(nvte_comm_cast_packed(&q) == INV, "cast packed: dtype 42\n");
-  expect_error(INV, "cast packed input_dtype", "nvte_comm_cast_packed", "not a valid NVTEDType");
+  cast_refused(&q, "cast packed input_dtype", "nvte_comm_cast_packed", "not a valid NVTEDType");
   q = p;
   q.scale = NULL;
-  CHECK(nvte_comm_cast_packed(&q) == INV, "cast packed: NULL scale\n");
-  expect_error(INV, "cast packed scale", "`args->scale` is NULL", "step needs it");
+  cast_refused(&q, "cast packed scale", "`args->scale` is NULL", "step needs it");
   q = p;
   q.steps = NVTE_COMM_CAST_AMAX;
   q.amax = NULL;
-  CHECK(nvte_comm_cast_packed(&q) == INV, "cast packed: amax step without amax\n");
-  expect_error(INV, "cast packed amax", "`args->amax` is NULL", "step needs it");
+  cast_refused(&q, "cast packed amax", "`args->amax` is NULL", "step needs it");
   q = p;
   q.rowwise = NULL;
-  CHECK(nvte_comm_cast_packed(&q) == INV, "cast packed: no output\n");
-  expect_error(INV, "cast packed outputs", "`args->rowwise` and `args->columnwise`", "writes neither");
+  cast_refused(&q, "cast packed outputs", "`args->rowwise` and `args->columnwise`", "writes neither");
   q = p;
   q.history_len = 0;
-  CHECK(nvte_comm_cast_packed(&q) == INV, "cast packed: empty history\n");
-  expect_error(INV, "cast packed history", "`args->history_len` is 0", "needs the history");
+  cast_refused(&q, "cast packed history", "`args->history_len` is 0", "needs the history");
   q = p;
   q.amax_compute_algo = 2;
-  CHECK(nvte_comm_cast_packed(&q) == INV, "cast packed: algo 2\n");
-  expect_error(INV, "cast packed algo", "`args->amax_compute_algo` = 2", "most_recent");
+  cast_refused(&q, "cast packed algo", "`args->amax_compute_algo` = 2", "most_recent");
   q = p;
   q.rows = SIZE_MAX;
   q.cols = 4;
-  CHECK(nvte_comm_cast_packed(&q) == INV, "cast packed: overflowing shape\n");
-  expect_error(INV, "cast packed overflow", "nvte_comm_cast_packed", "overflows");
+  cast_refused(&q, "cast packed overflow", "nvte_comm_cast_packed", "overflows");
 }
 
 /* nvte_comm_cublas_gemm_packed: nvte_cublas_gemm's checks, from a packed struct, before
