@@ -11,7 +11,8 @@ is measured. Rows:
   Fp8Meta.cast, <recipe>, rowwise / rowwise + columnwise, <how>   a module's cast (delayed,
                         current): what the forward and backward of a layer call per tensor;
                         "one packed call" (nvte_comm_cast_packed, the default) against
-                        "separate calls" (the primitives, one foreign call each), in one process
+                        "separate calls" (the primitives, one foreign call each, plus the
+                        packed path's early checks: about a µs), in one process
   quantize / compute_amax / compute_scale_from_amax / delayed_scaling_update   the
                         primitives alone (transformer_engine_comm.torch.fp8)
   torch.empty(1) / torch.empty(size, size)   the allocations a cast makes, for reference

@@ -190,7 +190,8 @@ typedef enum NVTEMatmulConfigAttribute {
 /**
  * Step: the cast, as nvte_quantize: the FP8 `rowwise` [rows, cols] and / or `columnwise`
  * [cols, rows] data of `input * scale`, `scale_inv = 1 / scale`, and, where `amax` is
- * given, `amax = max(amax, max|input|)`.
+ * given, `amax = max(amax, max|input|)` (after the amax step, a value it already holds). An
+ * empty input launches nothing, as nvte_quantize.
  */
 #define NVTE_COMM_CAST_QUANTIZE 4
 
@@ -1125,9 +1126,10 @@ NVTECommStatus nvte_comm_cublas_gemm_packed(const struct NVTECommGemmPacked *arg
  * update: each as the matching TE function with the same tensors (nvte_compute_amax,
  * nvte_compute_scale_from_amax with `amax_epsilon` and `force_pow_2_scales`,
  * nvte_quantize, nvte_delayed_scaling_recipe_amax_and_scale_update in place), with its
- * checks. The struct's own fields are checked before the first step is enqueued; a step
- * whose kernel refuses its operands stops the call, the steps before it enqueued (as
- * the separate calls would leave them). Returns the status (its message:
+ * checks. Every field a requested step reads is checked before the first step is
+ * enqueued (dtypes, NULL pointers, shapes, epsilon, margin, the algorithm), so a refused
+ * call writes nothing; only a failure of the device calls themselves (a launch, a
+ * driver error) can stop the call after its first steps. Returns the status (its message:
  * nvte_comm_last_error()). `*args` is only read: a binding keeps
  * one struct per tensor role and changes the pointers and the stream between calls.
  *

@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
 
 static int passed = 0, failed = 0;
@@ -802,6 +803,21 @@ static void test_cast_packed(void) {
   q.rows = SIZE_MAX;
   q.cols = 4;
   cast_refused(&q, "cast packed overflow", "nvte_comm_cast_packed", "overflows");
+  /* What a later step's kernel would refuse is refused before the first step: nothing
+   * is enqueued (on a GPU these would otherwise have written amax, scale or outputs). */
+  q = p;
+  q.input_dtype = kNVTEFloat8E4M3;
+  cast_refused(&q, "cast packed FP8 input", "`args->input_dtype` is kNVTEFloat8E4M3", "bfloat16");
+  q = p;
+  q.input = NULL;
+  cast_refused(&q, "cast packed NULL input", "`args->input` is NULL", "16 x 64");
+  q = p;
+  q.steps = NVTE_COMM_CAST_AMAX | NVTE_COMM_CAST_SCALE;
+  q.amax_epsilon = -1.0f;
+  cast_refused(&q, "cast packed epsilon", "`args->amax_epsilon` = -1", ">= 0");
+  q = p;
+  q.margin = NAN;
+  cast_refused(&q, "cast packed margin", "`args->margin` = NaN", "finite");
 }
 
 /* nvte_comm_cublas_gemm_packed: nvte_cublas_gemm's checks, from a packed struct, before

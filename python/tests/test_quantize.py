@@ -318,10 +318,11 @@ def test_fp8_meta_packed_cast_matches_the_primitives(case, monkeypatch):
     monkeypatch.setattr(backend, "cast_packed", counted)
     packed = fp8.Fp8Meta(recipe, odt, DEV)
     separate = fp8.Fp8Meta(recipe, odt, DEV)
-    if reduced:  # a group of more than one rank, its reduction the identity (one process)
+    if reduced:  # a group of more than one rank (one process: its "reduction" doubles the
+        # amax, so that a reduction out of order shows in the scale)
         for m in (packed, separate):
             monkeypatch.setattr(m, "_reduces", lambda: True)
-            monkeypatch.setattr(m, "_reduce", lambda amax: None)
+            monkeypatch.setattr(m, "_reduce", lambda amax: amax.mul_(2))
     delayed = isinstance(recipe, fp8.DelayedScaling)
     for step in range(5):
         x = (torch.randn(384, 640, device=DEV) * (step + 1) * 0.7).to(idt)

@@ -21,7 +21,8 @@ pub const NVTE_COMM_CAST_AMAX: u32 = 1;
 pub const NVTE_COMM_CAST_SCALE: u32 = 2;
 /// Step: the cast, as nvte_quantize: the FP8 `rowwise` [rows, cols] and / or `columnwise`
 /// [cols, rows] data of `input * scale`, `scale_inv = 1 / scale`, and, where `amax` is
-/// given, `amax = max(amax, max|input|)`.
+/// given, `amax = max(amax, max|input|)` (after the amax step, a value it already holds). An
+/// empty input launches nothing, as nvte_quantize.
 pub const NVTE_COMM_CAST_QUANTIZE: u32 = 4;
 /// Step: TE's delayed-scaling update of `amax_history` [history_len] and `scale`, in
 /// place, as nvte_delayed_scaling_recipe_amax_and_scale_update.
@@ -102,6 +103,29 @@ fn tensors(p: &NVTECommCastPacked) -> Result<(Tensor, Tensor)> {
         ..Default::default()
     };
     let quantize = steps & NVTE_COMM_CAST_QUANTIZE != 0;
+    // What the steps' kernels would refuse, refused before any step is enqueued.
+    if steps & (NVTE_COMM_CAST_AMAX | NVTE_COMM_CAST_QUANTIZE) != 0 {
+        let d = input.data.dtype;
+        if !matches!(d, DType::F32 | DType::BF16 | DType::F16) {
+            invalid!(
+                "argument `args->input_dtype` is {}: the input is float32, bfloat16 or float16",
+                d.name()
+            );
+        }
+        if p.input.is_null() && p.rows > 0 && p.cols > 0 {
+            invalid!(
+                "argument `args->input` is NULL with {} x {} elements",
+                p.rows,
+                p.cols
+            );
+        }
+    }
+    if steps & NVTE_COMM_CAST_SCALE != 0 && !(p.amax_epsilon.is_finite() && p.amax_epsilon >= 0.0) {
+        invalid!(
+            "argument `args->amax_epsilon` = {} must be finite and >= 0",
+            p.amax_epsilon
+        );
+    }
     let needs_scale = steps & (NVTE_COMM_CAST_SCALE | NVTE_COMM_CAST_UPDATE) != 0 || quantize;
     let output = Tensor {
         data: buffer(p.rowwise, fp8, &[p.rows, p.cols])?,
@@ -130,6 +154,9 @@ fn update_tensors(p: &NVTECommCastPacked) -> Result<(Tensor, Tensor, AmaxAlgo)> 
             "argument `args->amax_history` is NULL or `args->history_len` is 0: the update step needs the history"
         );
     }
+    if !p.margin.is_finite() {
+        invalid!("argument `args->margin` = {} must be finite", p.margin);
+    }
     let algo = match p.amax_compute_algo {
         0 => AmaxAlgo::MostRecent,
         1 => AmaxAlgo::Max,
@@ -156,9 +183,10 @@ fn update_tensors(p: &NVTECommCastPacked) -> Result<(Tensor, Tensor, AmaxAlgo)> 
 /// update: each as the matching TE function with the same tensors (nvte_compute_amax,
 /// nvte_compute_scale_from_amax with `amax_epsilon` and `force_pow_2_scales`,
 /// nvte_quantize, nvte_delayed_scaling_recipe_amax_and_scale_update in place), with its
-/// checks. The struct's own fields are checked before the first step is enqueued; a step
-/// whose kernel refuses its operands stops the call, the steps before it enqueued (as
-/// the separate calls would leave them). Returns the status (its message:
+/// checks. Every field a requested step reads is checked before the first step is
+/// enqueued (dtypes, NULL pointers, shapes, epsilon, margin, the algorithm), so a refused
+/// call writes nothing; only a failure of the device calls themselves (a launch, a
+/// driver error) can stop the call after its first steps. Returns the status (its message:
 /// nvte_comm_last_error()). `*args` is only read: a binding keeps
 /// one struct per tensor role and changes the pointers and the stream between calls.
 ///

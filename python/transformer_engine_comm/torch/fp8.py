@@ -403,6 +403,10 @@ class Fp8Meta:
     ``group`` is the process group whose ranks must agree on the scale (None: no reduction).
     """
 
+    # Defaults for states made before these attributes existed (unpickled ones).
+    _plan = None
+    _group_size = None
+
     def __init__(self, recipe: Recipe, fp8_dtype: torch.dtype, device, group=None):
         self.recipe = recipe
         self.fp8_dtype = torch_dtype(fp8_dtype)
@@ -419,6 +423,19 @@ class Fp8Meta:
             self._amax = torch.zeros(1, dtype=torch.float32, device=self.device)
         else:
             raise ValueError(f"unknown FP8 recipe {recipe!r}")
+
+    def _state_ok(self, x: torch.Tensor) -> bool:
+        """Whether the scaling state is what the packed cast reads: one-element float32
+        scale (and amax), a 1-D contiguous float32 history, all on x's device."""
+        def scalar(t):
+            return isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.numel() == 1 and \
+                t.device == x.device and t.is_contiguous()
+
+        if self.amax_history is None:
+            return scalar(self.scale) and scalar(self._amax)
+        h = self.amax_history
+        return (scalar(self.scale) and isinstance(h, torch.Tensor) and h.dtype == torch.float32 and h.dim() == 1
+                and h.numel() >= 1 and h.device == x.device and h.is_contiguous())
 
     def __getstate__(self):
         # A copy (copy.deepcopy, pickle) makes its own packed cast: the plan holds this
@@ -455,12 +472,14 @@ class Fp8Meta:
                 and (self.primed or not delayed) and x.get_device() == self.scale.get_device()):
             return None
         amax = self.amax_history if delayed else self._amax
-        key = (self.scale.data_ptr(), amax.data_ptr())  # the state's tensors, as the plan holds them
+        # What the plan copies: the state's tensors (pointers, history length), the FP8
+        # dtype and the recipe (a state whose attributes were replaced gets a new plan).
+        key = (self.scale.data_ptr(), amax.data_ptr(), amax.numel(), self.fp8_dtype, id(r))
         plan = self._plan
         if plan is None or plan[0] != key:
             lib = _library()
-            if lib is None:
-                return None
+            if lib is None or not self._state_ok(x):
+                return None  # (the primitives' path then names what is wrong)
             if delayed:
                 p = lib.cast_plan(self.fp8_dtype, self.scale, amax[0:1], amax, r.amax_compute_algo, float(r.margin))
             else:

@@ -315,7 +315,7 @@ def _fp8_gemm(a: torch.Tensor, a_si: torch.Tensor, b: torch.Tensor, b_si: torch.
     the column-major operand it wants; bias in the epilogue where its dtype allows);
     elsewhere a dequantized fp32 matmul of the same values. ``out``: written in place."""
     if a.is_cuda and a.shape[1] % 16 == 0 and b.shape[0] % 16 == 0 and a.shape[0] % 16 == 0:
-        if bias is None and a.is_contiguous() and b.is_contiguous() and _fp8._library() is not None:
+        if bias is None and a.is_contiguous() and b.is_contiguous() and _library_gemm():
             return _gemm()(b, a, transa=True, transb=False, out_dtype=out_dtype, out=out, a_scale_inv=b_si,
                            b_scale_inv=a_si, use_split_accumulator=not fast_accum)
         fuse_bias = bias is None or (bias.dtype == out_dtype and out_dtype in (torch.bfloat16, torch.float16))
@@ -334,6 +334,18 @@ def _fp8_gemm(a: torch.Tensor, a_si: torch.Tensor, b: torch.Tensor, b_si: torch.
 
 
 _GEMM = None
+_LIBRARY_GEMM = None
+
+
+def _library_gemm() -> bool:
+    """Whether the library runs the FP8 GEMMs (its quantization backend is active and it
+    exports the packed nvte_cublas_gemm; looked up once)."""
+    global _LIBRARY_GEMM
+    if _LIBRARY_GEMM is None:
+        from .. import _capi
+
+        _LIBRARY_GEMM = _fp8._library() is not None and _capi.has_function("nvte_comm_cublas_gemm_packed")
+    return _LIBRARY_GEMM
 
 
 def _gemm():
