@@ -753,7 +753,47 @@ static void cast_refused(const NVTECommCastPacked *q, const char *what, const ch
   expect_error(NVTE_COMM_ERROR_INVALID_ARGUMENT, what, w1, w2);
 }
 
+/* Case i of test_cast_packed: one field of a valid struct made bad. The cases after the
+ * overflow are what a later step's kernel would refuse, refused before the first step
+ * (on a GPU they would otherwise have written amax, scale or outputs). */
+static void cast_bad_case(int i, NVTECommCastPacked *q) {
+  switch (i) {
+  case 0: q->steps = 0; break;
+  case 1: q->steps = 16; break;
+  case 2: q->fp8_dtype = kNVTEBFloat16; break;
+  case 3: q->input_dtype = (NVTEDType)42; break;
+  case 4: q->scale = NULL; break;
+  case 5: q->steps = NVTE_COMM_CAST_AMAX; q->amax = NULL; break;
+  case 6: q->rowwise = NULL; break;
+  case 7: q->history_len = 0; break;
+  case 8: q->amax_compute_algo = 2; break;
+  case 9: q->rows = SIZE_MAX; q->cols = 4; break;
+  case 10: q->input_dtype = kNVTEFloat8E4M3; break;
+  case 11: q->input = NULL; break;
+  case 12: q->steps = NVTE_COMM_CAST_AMAX | NVTE_COMM_CAST_SCALE; q->amax_epsilon = -1.0f; break;
+  case 13: q->margin = NAN; break;
+  default: break;
+  }
+}
+
 static void test_cast_packed(void) {
+  static const char *const cases[][3] = {
+    {"cast packed steps 0", "`args->steps` = 0x0", "NVTE_COMM_CAST_AMAX"},
+    {"cast packed steps 16", "`args->steps` = 0x10", "not a set of steps"},
+    {"cast packed fp8_dtype", "`args->fp8_dtype`", "kNVTEFloat8E4M3"},
+    {"cast packed input_dtype", "nvte_comm_cast_packed", "not a valid NVTEDType"},
+    {"cast packed scale", "`args->scale` is NULL", "step needs it"},
+    {"cast packed amax", "`args->amax` is NULL", "step needs it"},
+    {"cast packed outputs", "`args->rowwise` and `args->columnwise`", "writes neither"},
+    {"cast packed history", "`args->history_len` is 0", "needs the history"},
+    {"cast packed algo", "`args->amax_compute_algo` = 2", "most_recent"},
+    {"cast packed overflow", "nvte_comm_cast_packed", "overflows"},
+    {"cast packed FP8 input", "`args->input_dtype` is kNVTEFloat8E4M3", "bfloat16"},
+    {"cast packed NULL input", "`args->input` is NULL", "16 x 64"},
+    {"cast packed epsilon", "`args->amax_epsilon` = -1", ">= 0"},
+    {"cast packed margin", "`args->margin` = NaN", "finite"},
+  };
+  size_t i;
   NVTECommCastPacked p, q;
   memset(&p, 0, sizeof p);
   p.steps = NVTE_COMM_CAST_QUANTIZE | NVTE_COMM_CAST_UPDATE;
@@ -771,53 +811,11 @@ static void test_cast_packed(void) {
   p.amax_compute_algo = 1;
 
   cast_refused(NULL, "cast packed NULL args", "nvte_comm_cast_packed", "`args` is NULL");
-  q = p;
-  q.steps = 0;
-  cast_refused(&q, "cast packed steps 0", "`args->steps` = 0x0", "NVTE_COMM_CAST_AMAX");
-  q = p;
-  q.steps = 16;
-  cast_refused(&q, "cast packed steps 16", "`args->steps` = 0x10", "not a set of steps");
-  q = p;
-  q.fp8_dtype = kNVTEBFloat16;
-  cast_refused(&q, "cast packed fp8_dtype", "`args->fp8_dtype`", "kNVTEFloat8E4M3");
-  q = p;
-  q.input_dtype = (NVTEDType)42;
-  cast_refused(&q, "cast packed input_dtype", "nvte_comm_cast_packed", "not a valid NVTEDType");
-  q = p;
-  q.scale = NULL;
-  cast_refused(&q, "cast packed scale", "`args->scale` is NULL", "step needs it");
-  q = p;
-  q.steps = NVTE_COMM_CAST_AMAX;
-  q.amax = NULL;
-  cast_refused(&q, "cast packed amax", "`args->amax` is NULL", "step needs it");
-  q = p;
-  q.rowwise = NULL;
-  cast_refused(&q, "cast packed outputs", "`args->rowwise` and `args->columnwise`", "writes neither");
-  q = p;
-  q.history_len = 0;
-  cast_refused(&q, "cast packed history", "`args->history_len` is 0", "needs the history");
-  q = p;
-  q.amax_compute_algo = 2;
-  cast_refused(&q, "cast packed algo", "`args->amax_compute_algo` = 2", "most_recent");
-  q = p;
-  q.rows = SIZE_MAX;
-  q.cols = 4;
-  cast_refused(&q, "cast packed overflow", "nvte_comm_cast_packed", "overflows");
-  /* What a later step's kernel would refuse is refused before the first step: nothing
-   * is enqueued (on a GPU these would otherwise have written amax, scale or outputs). */
-  q = p;
-  q.input_dtype = kNVTEFloat8E4M3;
-  cast_refused(&q, "cast packed FP8 input", "`args->input_dtype` is kNVTEFloat8E4M3", "bfloat16");
-  q = p;
-  q.input = NULL;
-  cast_refused(&q, "cast packed NULL input", "`args->input` is NULL", "16 x 64");
-  q = p;
-  q.steps = NVTE_COMM_CAST_AMAX | NVTE_COMM_CAST_SCALE;
-  q.amax_epsilon = -1.0f;
-  cast_refused(&q, "cast packed epsilon", "`args->amax_epsilon` = -1", ">= 0");
-  q = p;
-  q.margin = NAN;
-  cast_refused(&q, "cast packed margin", "`args->margin` = NaN", "finite");
+  for (i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    q = p;
+    cast_bad_case((int)i, &q);
+    cast_refused(&q, cases[i][0], cases[i][1], cases[i][2]);
+  }
 }
 
 /* nvte_comm_cublas_gemm_packed: nvte_cublas_gemm's checks, from a packed struct, before
