@@ -309,9 +309,9 @@ def _fp8_gemm(a: torch.Tensor, a_si: torch.Tensor, b: torch.Tensor, b_si: torch.
     b ``[N, K]`` row-major FP8 (not both e5m2), scale_invs one-element float32.
 
     CUDA with K, N (and M) multiples of 16: without a bias, the library's nvte_cublas_gemm
-    (TN, A = b, B = a; one packed foreign call, a CUDA graph of it replayed where the
-    pointers repeat: about half the host time of torch._scaled_mm at the tp-4 shape,
-    bench/host_step_breakdown.py); else cuBLASLt through ``torch._scaled_mm`` (b.t() is
+    (TN, A = b, B = a; one packed foreign call: about half the host time of
+    torch._scaled_mm at the tp-4 shape, bench/host_step_breakdown.py, 2026-12-03); else
+    cuBLASLt through ``torch._scaled_mm`` (b.t() is
     the column-major operand it wants; bias in the epilogue where its dtype allows);
     elsewhere a dequantized fp32 matmul of the same values. ``out``: written in place."""
     if a.is_cuda and a.shape[1] % 16 == 0 and b.shape[0] % 16 == 0 and a.shape[0] % 16 == 0:
