@@ -20,9 +20,7 @@ is measured. Rows:
 """
 import argparse
 import os
-import statistics
 import sys
-import time
 
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 
@@ -30,20 +28,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
 from transformer_engine_comm.torch import fp8 as F  # noqa: E402
-
-
-def host_us(fn, calls: int, batches: int) -> float:
-    for _ in range(min(calls, 50)):
-        fn()
-    torch.cuda.synchronize()
-    per = []
-    for _ in range(batches):
-        t = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        per.append((time.perf_counter() - t) / calls * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(per)
+from host_cost import per_call_us  # noqa: E402  (this folder's: the same timing loop)
 
 
 def rows(size: int):
@@ -98,7 +83,7 @@ def main() -> int:
              f"median of {opts.batches} batches of {opts.calls} calls",
              "", "| row | host us / call |", "|---|---:|"]
     for name, fn in rows(opts.size):
-        lines.append(f"| {name} | {host_us(fn, opts.calls, opts.batches):.1f} |")
+        lines.append(f"| {name} | {per_call_us(fn, opts.calls, opts.batches)[0]:.1f} |")
     text = "\n".join(lines)
     print(text)
     if opts.out:

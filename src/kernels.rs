@@ -320,7 +320,8 @@ pub fn check_columnwise_shape(cw: &Buffer, rows: usize, cols: usize) -> Result<(
     Ok(())
 }
 
-fn is_float_input(d: DType) -> bool {
+/// Whether `d` is an unquantized input type of the casts (float32, bfloat16, float16).
+pub(crate) fn is_float_input(d: DType) -> bool {
     matches!(d, DType::F32 | DType::BF16 | DType::F16)
 }
 

@@ -222,13 +222,15 @@ fn per_tensor(t: Tensor, what: &str) -> Result<Tensor> {
     Ok(t)
 }
 
-/// A tensor resolved from the caller's handle ([`tensor`], `TENSORS.get`) as the checked
-/// operand the kernels take.
-fn checked(t: &Tensor) -> Checked<&Tensor> {
-    // SAFETY: `t` is the caller's tensor, resolved from a live handle with the shape and
-    // dtype TE set on it; the kernels check what can be checked (shapes, dtypes, NULL
-    // data) before launching, and TE's contract for these functions is that the
-    // buffers are device memory of those extents, alive until the stream runs the work.
+/// A tensor the caller described — resolved from its handle ([`tensor`], `TENSORS.get`),
+/// or built from a packed call's pointers and extents (`super::packed_cast`) — as the
+/// checked operand the kernels take.
+pub(super) fn checked(t: &Tensor) -> Checked<&Tensor> {
+    // SAFETY: `t` holds the caller's buffers with the shapes and dtypes it gave (a live
+    // handle's, or a packed struct's); the kernels check what can be checked (shapes,
+    // dtypes, NULL data) before launching, and TE's contract for these functions (and
+    // nvte_comm_cast_packed's, which stands for them) is that the buffers are device
+    // memory of those extents, alive until the stream runs the work.
     unsafe { Checked::vouched(t) }
 }
 

@@ -72,7 +72,8 @@ pub struct NVTECommGemmPacked {
     pub stream: cudaStream_t,
 }
 
-fn scalar(p: *mut f32) -> Result<Buffer> {
+/// A float32 scalar operand (NULL: none).
+pub(super) fn scalar(p: *mut f32) -> Result<Buffer> {
     if p.is_null() {
         return Ok(Buffer::default());
     }

@@ -6,7 +6,8 @@
 //! (`crate::kernels`), with that function's checks.
 use super::cudaStream_t;
 use super::enums::{NVTECommStatus, NVTEDType};
-use crate::cuda::{Checked, DevPtr};
+use super::kernels::checked;
+use crate::cuda::DevPtr;
 use crate::error::Result;
 use crate::invalid;
 use crate::kernels::{self, AmaxAlgo, QuantConfig};
@@ -69,22 +70,10 @@ fn buffer(p: *const c_void, dtype: DType, dims: &[usize]) -> Result<Buffer> {
 
 /// A float32 scalar argument of the steps that read it (`need`), checked for NULL.
 fn scalar(p: *mut f32, what: &str, need: bool) -> Result<Buffer> {
-    if p.is_null() {
-        if need {
-            invalid!("argument `args->{what}` is NULL but a requested step needs it");
-        }
-        return Ok(Buffer::default());
+    if p.is_null() && need {
+        invalid!("argument `args->{what}` is NULL but a requested step needs it");
     }
-    buffer(p as *const c_void, DType::F32, &[1])
-}
-
-/// The caller's buffers, as the checked operands the kernels take.
-fn checked(t: &Tensor) -> Checked<&Tensor> {
-    // SAFETY: the pointers are the caller's, with the extents it gave; the kernels check
-    // what can be checked (shapes, dtypes, NULL data) before launching, and the contract
-    // of nvte_comm_cast_packed, as TE's for the functions it stands for, is that they are
-    // device memory of those extents, alive until the stream runs the work.
-    unsafe { Checked::vouched(t) }
+    super::packed::scalar(p)
 }
 
 /// The cast's tensors: the input, and the output with its FP8 data, scale, amax and
@@ -106,7 +95,7 @@ fn tensors(p: &NVTECommCastPacked) -> Result<(Tensor, Tensor)> {
     // What the steps' kernels would refuse, refused before any step is enqueued.
     if steps & (NVTE_COMM_CAST_AMAX | NVTE_COMM_CAST_QUANTIZE) != 0 {
         let d = input.data.dtype;
-        if !matches!(d, DType::F32 | DType::BF16 | DType::F16) {
+        if !kernels::is_float_input(d) {
             invalid!(
                 "argument `args->input_dtype` is {}: the input is float32, bfloat16 or float16",
                 d.name()

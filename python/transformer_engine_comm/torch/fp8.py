@@ -426,16 +426,17 @@ class Fp8Meta:
 
     def _state_ok(self, x: torch.Tensor) -> bool:
         """Whether the scaling state is what the packed cast reads: one-element float32
-        scale (and amax), a 1-D contiguous float32 history, all on x's device."""
-        def scalar(t):
-            return isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.numel() == 1 and \
-                t.device == x.device and t.is_contiguous()
-
-        if self.amax_history is None:
-            return scalar(self.scale) and scalar(self._amax)
+        scale (and amax) on x's device (the primitives' checks), a 1-D contiguous float32
+        history there."""
+        try:
+            _check_scalar(self.scale, "scale", x)
+            if self.amax_history is None:
+                _check_scalar(self._amax, "amax", x)
+        except ValueError:
+            return False
         h = self.amax_history
-        return (scalar(self.scale) and isinstance(h, torch.Tensor) and h.dtype == torch.float32 and h.dim() == 1
-                and h.numel() >= 1 and h.device == x.device and h.is_contiguous())
+        return h is None or (h.dtype == torch.float32 and h.dim() == 1 and h.numel() >= 1 and h.device == x.device
+                             and h.is_contiguous())
 
     def __getstate__(self):
         # A copy (copy.deepcopy, pickle) makes its own packed cast: the plan holds this
