@@ -209,7 +209,8 @@ fn from_text(s: &str) -> Option<[u8; 8]> {
 /// The candidates for `op` at `tp` ranks, the defaults first, no overlap second, then
 /// roughly the most promising (the budget may cut the list short from the end).
 /// `peer_memory`: the transport has peer memory (without it the transfers are the
-/// transport's own: no CE/SM or ring-direction choice, no ring all-reduce); `max_sms`: the
+/// transport's own kernels: no CE/SM put or ring-direction choice, no ring all-reduce,
+/// but the SMs the GEMMs leave to those kernels: 0, 16 or 32); `max_sms`: the
 /// device's SM count (comm SMs stay well below it); `accumulating`: whether the
 /// accumulating ring is a choice (not where NVTE_COMM_RS_RING forces how rings sum);
 /// `narrow`: whether the fused algorithms' 128-wide tiles are a choice (not where
@@ -302,6 +303,28 @@ impl Candidates {
         })
     }
 
+    /// Without peer memory the transport's own kernels move the bytes (NCCL's run on
+    /// SMs, beside the GEMMs): `d` with `use_ce` off, so that the GEMMs leave `sms` SMs
+    /// to them ([`crate::overlap::plan`]'s `math_sms`, as NVTE_COMM_OVERLAP_USE_CE=0 does
+    /// by hand), for 16 and 32 SMs. None where the SM margin is off
+    /// (NVTE_COMM_OVERLAP_SM_MARGIN=0: they would run as `d`).
+    fn sm_margins(&mut self, d: Policy) {
+        if !d.comm.sm_margin {
+            return;
+        }
+        for sms in [16, 32] {
+            self.add(Self::margin(d, sms));
+        }
+    }
+
+    /// `d` with the GEMMs leaving `sms` SMs to the communication kernels.
+    fn margin(d: Policy, sms: i32) -> Policy {
+        with(d, |p| {
+            p.comm.use_ce = false;
+            p.comm.sms = sms;
+        })
+    }
+
     fn all_gather(&mut self, d: Policy, tp: usize, peer_memory: bool) {
         if peer_memory {
             for bidirectional in [false, true] {
@@ -328,6 +351,9 @@ impl Candidates {
         for pieces in [2, 4] {
             self.add(with(d, |p| p.pieces = pieces));
         }
+        if !peer_memory {
+            self.sm_margins(d);
+        }
         // The fused all-gather (one launch of our GEMM on arrival flags; where our GEMM
         // cannot compute the call, the same ring with cuBLASLt per chunk), whole chunks,
         // in 2 and 8 pieces (with K slices: 8 slices instead of at least 4), and in
@@ -342,7 +368,8 @@ impl Candidates {
     }
 
     /// The accumulating ring (any transport), its chunks in 2 or 4 pieces; ring (p2p):
-    /// CE or SM puts; pipelined: loads from peers with `splits` chunks.
+    /// CE or SM puts; pipelined: loads from peers with `splits` chunks; without peer
+    /// memory, the defaults and the chunks also with SMs left to the transport's kernels.
     fn reduce_scatter(&mut self, d: Policy, peer_memory: bool, accumulating: bool) {
         for pieces in [2, 4] {
             if accumulating {
@@ -355,16 +382,25 @@ impl Candidates {
                 self.add(Self::ring(d, Some(sms)));
             }
         }
+        if !peer_memory {
+            self.sm_margins(d);
+        }
         // (3 splits left out for the fused ring's: 18 candidates with the default comm_sms;
-        // the fused ones come last, so a tuning budget cuts them first)
+        // the fused ones come last, so a tuning budget cuts them first). Without peer
+        // memory the comm SMs matter only as the GEMMs' margin: each split count with
+        // and without 16 SMs left to the transport's kernels.
         for splits in [2, 4, 6, 8] {
-            for sms in [16, 32] {
-                self.add(with(d, |p| {
-                    p.reduce = Reduction::Chunks;
-                    p.comm.use_ce = true;
-                    p.splits = splits;
-                    p.comm.sms = sms;
-                }));
+            let chunks = with(d, |p| {
+                p.reduce = Reduction::Chunks;
+                p.comm.use_ce = true;
+                p.splits = splits;
+                p.comm.sms = 16;
+            });
+            self.add(chunks);
+            if peer_memory {
+                self.add(with(chunks, |p| p.comm.sms = 32));
+            } else if d.comm.sm_margin {
+                self.add(Self::margin(chunks, 16));
             }
         }
         if peer_memory {
@@ -390,7 +426,7 @@ impl Candidates {
     /// The ring with the accumulating reduce-scatter (the ring needs peer memory) in 2, 4
     /// or 8 pieces (each reduced piece is pushed to the peers as soon as it is computed:
     /// smaller pieces, a shorter tail after the last GEMM); the ring with CE or SM puts;
-    /// chunked.
+    /// chunked (without peer memory also with 16 SMs left to the transport's kernels).
     fn all_reduce(&mut self, d: Policy, peer_memory: bool, accumulating: bool) {
         if peer_memory && accumulating {
             for pieces in [2, 4, 8] {
@@ -402,11 +438,17 @@ impl Candidates {
             self.add(Self::ring(d, Some(32)));
         }
         for splits in [2, 3, 4, 6] {
-            self.add(with(d, |p| {
+            let chunks = with(d, |p| {
                 p.reduce = Reduction::Chunks;
                 p.splits = splits;
-            }));
+            });
+            self.add(chunks);
+            if !peer_memory && d.comm.sm_margin {
+                self.add(Self::margin(chunks, 16));
+            }
         }
+        // (Without peer memory the defaults run the chunked all-reduce: its margins are
+        // among the chunks'.)
         if peer_memory {
             self.fused_ring(d, &[4]);
         }
@@ -680,10 +722,26 @@ mod tests {
                         assert!(a.comm.sms >= 1 && a.comm.sms < 66);
                     }
                     if !peer_memory {
-                        assert!(
-                            c.iter().all(|x| x.comm.use_ce),
-                            "the transport moves its own bytes"
-                        );
+                        // The transport moves its own bytes: use_ce off only as the
+                        // GEMMs' margin for its kernels, 16 SMs (and 32 for the defaults
+                        // of AG and RS), and none without the SM margin.
+                        let margins: Vec<i32> = c
+                            .iter()
+                            .filter(|x| !x.comm.use_ce)
+                            .map(|x| x.comm.sms)
+                            .collect();
+                        assert!(margins.contains(&16), "{op:?} tp {tp}: {margins:?}");
+                        assert!(margins.iter().all(|s| [16, 32].contains(s)));
+                        assert_eq!(margins.contains(&32), op != Op::AllReduce);
+                        let off = Policy {
+                            comm: Comm {
+                                sm_margin: false,
+                                ..d().comm
+                            },
+                            ..d()
+                        };
+                        let c = candidates(op, tp, false, off, 132, (true, true));
+                        assert!(c.iter().all(|x| x.comm.use_ce), "{op:?}: no margin asked");
                     }
                     assert!(c.len() <= 18, "{op:?}: {} candidates", c.len());
                     // No overlap second, the defaults' other choices kept.

@@ -336,7 +336,7 @@ impl Planner<'_> {
         let mut gathered = x.g.b.clone();
         let gshape = if x.g.transb { [k, n] } else { [n, k] };
         gathered.data = Buffer::new(self.buffer(), self.dtype(), Shape::new(&gshape)?)?;
-        let comm_sms = !self.e.policy.comm.use_ce;
+        let comm_sms = self.comm_on_sms();
         let full = gemm::desc_from_te(&TeGemm {
             b: &gathered,
             math_sm_count: self.math_sms(comm_sms),
@@ -437,7 +437,7 @@ impl Planner<'_> {
         };
         let d_chunk = view(x.g.d)?;
         let aux_chunk = x.g.pre_gelu_out.map(view).transpose()?;
-        let comm_sms = !self.e.policy.comm.use_ce;
+        let comm_sms = self.comm_on_sms();
         let mut full = gemm::desc_from_te_block(&TeGemm {
             d: &d_chunk,
             pre_gelu_out: aux_chunk.as_ref(),

@@ -230,8 +230,9 @@ impl Planner<'_> {
         let mut dv = x.d.clone();
         dv.data = Buffer::new(partials, self.dtype(), Shape::new(&[n, m])?)?;
         // SMs the communication uses beside the GEMMs (peer memory: the reductions, and
-        // SM puts; with one chunk nothing runs beside the GEMM).
-        let comm_sms = !collective && s > 1;
+        // SM puts; the collective's kernels where the policy leaves them SMs; with one
+        // chunk nothing runs beside the GEMM).
+        let comm_sms = s > 1 && (!collective || self.comm_on_sms());
         let full = gemm::desc_from_te_block(&TeGemm {
             d: &dv,
             accumulate: false,
@@ -452,7 +453,7 @@ impl Planner<'_> {
     /// second half of every peer's buffer (copy engine), and every rank copies the rows
     /// that landed into D. Needs n divisible by tp and a buffer of twice D.
     fn ring_ar(&mut self, x: &RsArgs, d: DevPtr, ring: &Ring) -> Result<()> {
-        let p = self.plan_rs(x, !self.e.policy.comm.use_ce)?;
+        let p = self.plan_rs(x, self.comm_on_sms())?;
         let (tp, r, e) = (self.tp(), self.tp_rank(), eb(self.dtype()));
         let n = p.nc * tp;
         self.check_capacity("the all-reduce's partials and gathered rows", [2 * n, p.m])?;

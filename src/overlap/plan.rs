@@ -358,6 +358,14 @@ impl Planner<'_> {
         self.res.flags()
     }
 
+    /// Whether the policy has the communication run on SMs beside the GEMMs: SM puts
+    /// (`use_ce` off) over peer memory; over a transport without it, whose own kernels
+    /// move the bytes (NCCL's run on SMs), `use_ce` off asks the GEMMs to leave them the
+    /// comm SMs (the autotuner's margin candidates, src/tune.rs).
+    pub fn comm_on_sms(&self) -> bool {
+        !self.e.policy.comm.use_ce
+    }
+
     /// SM count for the chunk GEMMs: leave the comm SMs free when SM kernels communicate.
     /// (None at tp 1: nothing communicates.)
     pub fn math_sms(&self, comm_uses_sms: bool) -> i32 {

@@ -2020,6 +2020,75 @@ fn no_overlap_is_chosen_where_the_policy_says_so() {
     }
 }
 
+/// Over a transport without peer memory its own kernels move the bytes (NCCL's run on
+/// SMs): the chunked algorithms' GEMMs leave them `sms` SMs where the policy turns the
+/// copy-engine puts off (the autotuner's margin candidates, NVTE_COMM_OVERLAP_USE_CE=0),
+/// and take every SM otherwise or without the SM margin.
+#[test]
+fn gemms_leave_the_margin_to_a_transport_without_peer_memory() {
+    let (tp, nc, k, m) = (4, 4, 8, 16);
+    let n = nc * tp;
+    for (use_ce, sm_margin, want) in [(true, true, 0), (false, true, 132 - 24), (false, false, 0)] {
+        let cfg = Cfg::new(Flavour::Messages).with(|p| {
+            p.comm.use_ce = use_ce;
+            p.comm.sms = 24;
+            p.comm.sm_margin = sm_margin;
+            p.reduce = Reduction::Chunks;
+        });
+        let mut mem = Mem::default();
+        let bufs = buffers(&mut mem, tp, 2 * n * m * 4);
+        let (pa, pb) = (
+            mem.input("A", &values(1, m * k)),
+            mem.input("B", &values(2, n * k)),
+        );
+        let pd = mem.alloc("D", n * m * 4);
+        let (ta, shard, tb) = (
+            tensor(pa, &[m, k]),
+            tensor(pb, &[nc, k]),
+            tensor(pb, &[n, k]),
+        );
+        let (td, to) = (tensor(pd, &[n, m]), tensor(pd, &[nc, m]));
+        let mut plan_call = |pl: &mut Planner| {
+            let ag = AgArgs {
+                g: gemm(&ta, &shard, &td),
+                b_copy: None,
+                key_m: None,
+            };
+            let rs = RsArgs {
+                g: gemm(&ta, &tb, &to).with_d(None),
+                rs_output: &to,
+            };
+            let ar: ArArgs = gemm(&ta, &tb, &td);
+            pl.split_ag(&ag)?;
+            pl.split_rs(&rs)?;
+            pl.split_ar(&ar)?;
+            let sms: Vec<i32> = (pl.plan.steps.iter())
+                .filter_map(|s| match s {
+                    plan::Step::Gemm { g, .. } => Some(g.sm_count),
+                    _ => None,
+                })
+                .collect();
+            assert!(sms.len() > tp, "{} GEMMs", sms.len()); // AG: one a chunk
+            assert!(
+                sms.iter().all(|&s| s == want),
+                "use_ce {use_ce} margin {sm_margin}: {sms:?}"
+            );
+            Ok(())
+        };
+        let log = new_log(tp);
+        rank_call(
+            (tp, 0),
+            (2 * n, m),
+            cfg,
+            &mut mem,
+            &bufs,
+            &log,
+            &mut plan_call,
+        )
+        .unwrap();
+    }
+}
+
 #[test]
 fn bulk_collectives() {
     all("bulk all-gather", |tp, f| {

@@ -373,16 +373,18 @@ impl Planner<'_> {
         Ok(())
     }
 
-    /// [`Algo::CollectiveRs`]: the collective per column chunk, `splits` of them.
+    /// [`Algo::CollectiveRs`]: the collective per column chunk, `splits` of them; the
+    /// chunk GEMMs leave the transport's kernels the policy's SMs where it asks
+    /// ([`Planner::comm_on_sms`]; one chunk: nothing runs beside the GEMM).
     pub(super) fn collective_rs(&mut self, x: &RsArgs, splits: usize) -> Result<()> {
-        let p = self.plan_rs_blocks(x, false)?;
+        let p = self.plan_rs_blocks(x, splits > 1 && self.comm_on_sms())?;
         self.rs_collective_chunks(&p, x, splits)
     }
 
     /// [`Algo::RingRs`]: the ring GEMM + reduce-scatter (module doc), accumulating where
     /// `ring.sum` says so and the sums are plain.
     pub(super) fn ring_rs_call(&mut self, x: &RsArgs, ring: Ring) -> Result<()> {
-        let p = self.plan_rs(x, !self.e.policy.comm.use_ce)?;
+        let p = self.plan_rs(x, self.comm_on_sms())?;
         let acc = self.rs_accumulates(x, &p, ring.sum);
         if !(acc && self.tp() == 1) {
             self.staging()?; // allocated (once) before the call starts (tp 1 chain: unused)
