@@ -240,7 +240,7 @@ pub fn candidates(
     }
     match op {
         Op::AllGather => l.all_gather(default, tp, peer_memory),
-        Op::ReduceScatter => l.reduce_scatter(default, peer_memory, accumulating),
+        Op::ReduceScatter => l.reduce_scatter(default, tp, peer_memory, accumulating),
         Op::AllReduce => l.all_reduce(default, peer_memory, accumulating),
     }
     l.v
@@ -370,7 +370,7 @@ impl Candidates {
     /// The accumulating ring (any transport), its chunks in 2 or 4 pieces; ring (p2p):
     /// CE or SM puts; pipelined: loads from peers with `splits` chunks; without peer
     /// memory, the defaults and the chunks also with SMs left to the transport's kernels.
-    fn reduce_scatter(&mut self, d: Policy, peer_memory: bool, accumulating: bool) {
+    fn reduce_scatter(&mut self, d: Policy, tp: usize, peer_memory: bool, accumulating: bool) {
         for pieces in [2, 4] {
             if accumulating {
                 self.add(Self::accumulating_ring(d, pieces));
@@ -388,8 +388,14 @@ impl Candidates {
         // (3 splits left out for the fused ring's: 18 candidates with the default comm_sms;
         // the fused ones come last, so a tuning budget cuts them first). Without peer
         // memory the comm SMs matter only as the GEMMs' margin: each split count with
-        // and without 16 SMs left to the transport's kernels.
-        for splits in [2, 4, 6, 8] {
+        // and without 16 SMs left to the transport's kernels; at tp 2 there the ring runs
+        // whatever the splits (src/overlap/rs.rs rs_p2p_algo): no split candidates.
+        let splits: &[i32] = if peer_memory || tp > 2 {
+            &[2, 4, 6, 8]
+        } else {
+            &[]
+        };
+        for &splits in splits {
             let chunks = with(d, |p| {
                 p.reduce = Reduction::Chunks;
                 p.comm.use_ce = true;
@@ -437,18 +443,26 @@ impl Candidates {
             self.add(Self::ring(d, None));
             self.add(Self::ring(d, Some(32)));
         }
+        // Without peer memory the defaults run the chunked all-reduce with their splits
+        // (src/overlap/ar.rs ar_algo): their margin, then the other split counts with and
+        // without one.
+        let margins = !peer_memory && d.comm.sm_margin;
+        if margins {
+            self.add(Self::margin(d, 16));
+        }
         for splits in [2, 3, 4, 6] {
+            if !peer_memory && splits == d.splits {
+                continue; // the defaults themselves
+            }
             let chunks = with(d, |p| {
                 p.reduce = Reduction::Chunks;
                 p.splits = splits;
             });
             self.add(chunks);
-            if !peer_memory && d.comm.sm_margin {
+            if margins {
                 self.add(Self::margin(chunks, 16));
             }
         }
-        // (Without peer memory the defaults run the chunked all-reduce: its margins are
-        // among the chunks'.)
         if peer_memory {
             self.fused_ring(d, &[4]);
         }

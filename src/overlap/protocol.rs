@@ -2026,7 +2026,7 @@ fn no_overlap_is_chosen_where_the_policy_says_so() {
 /// and take every SM otherwise or without the SM margin.
 #[test]
 fn gemms_leave_the_margin_to_a_transport_without_peer_memory() {
-    let (tp, nc, k, m) = (4, 4, 8, 16);
+    let (tp, nc, k, m) = (4, 4, 8, 48); // m: three 16-column chunks of the RS
     let n = nc * tp;
     for (use_ce, sm_margin, want) in [(true, true, 0), (false, true, 132 - 24), (false, false, 0)] {
         let cfg = Cfg::new(Flavour::Messages).with(|p| {
@@ -2068,7 +2068,7 @@ fn gemms_leave_the_margin_to_a_transport_without_peer_memory() {
                     _ => None,
                 })
                 .collect();
-            assert!(sms.len() > tp, "{} GEMMs", sms.len()); // AG: one a chunk
+            assert_eq!(sms.len(), tp + 3 + 3, "AG: one a chunk; RS, AR: 3 splits");
             assert!(
                 sms.iter().all(|&s| s == want),
                 "use_ce {use_ce} margin {sm_margin}: {sms:?}"
@@ -2483,6 +2483,47 @@ fn block_scaled_reduce_scatter_and_all_reduce() {
         all(&format!("split_ar (block {name})"), |tp, f| {
             check_block_ar(tp, Cfg::new(f), modes)
         });
+    }
+}
+
+/// Without peer memory, block-scaled inputs take the transport's reduce-scatter
+/// collective, which sums in the buffer's type into an output of that type only: an FP8
+/// rs_output (with its scale) or an accumulating call is refused while planning, before
+/// anything is enqueued, instead of a copy of the buffer's element size into it.
+#[test]
+fn block_scaled_collective_reduce_scatter_takes_plain_sums_only() {
+    let (tp, nc, k, m) = (4, 8, 144, 136);
+    let n = nc * tp;
+    for (fp8_out, accumulate) in [(true, false), (false, true)] {
+        let mut mem = Mem::default();
+        let bufs = buffers(&mut mem, tp, n * m * 4);
+        let (ops, _) = block_partials(&mut mem, tp, (n, k, m), block_modes()[0]);
+        let out = mem.alloc("rs_output", nc * m * 4);
+        let scale = mem.input("rs_output.scale", &[1.0]);
+        let mut to = tensor(out, &[nc, m]);
+        if fp8_out {
+            to.data = Buffer::new(out, DType::E4M3, Shape::new(&[nc, m]).unwrap()).unwrap();
+            to.scale = Buffer::new(scale, DType::F32, Shape::new(&[1]).unwrap()).unwrap();
+        }
+        for ring in [false, true] {
+            let mut plan_call = |pl: &mut Planner| {
+                let mut g = gemm(&ops[0].0.t, &ops[0].1.t, &to).with_d(None);
+                g.accumulate = accumulate;
+                let args = RsArgs { g, rs_output: &to };
+                let r = if ring {
+                    pl.split_rs_p2p(&args)
+                } else {
+                    pl.split_rs(&args)
+                };
+                let e = r.expect_err("planned");
+                assert!(e.msg.contains("reduce-scatter collective"), "{}", e.msg);
+                assert!(pl.plan.steps.is_empty(), "steps planned before the refusal");
+                Ok(())
+            };
+            let log = new_log(tp);
+            let cfg = Cfg::new(Flavour::Messages);
+            rank_call((tp, 0), (n, m), cfg, &mut mem, &bufs, &log, &mut plan_call).unwrap();
+        }
     }
 }
 

@@ -373,11 +373,23 @@ impl Planner<'_> {
         Ok(())
     }
 
-    /// [`Algo::CollectiveRs`]: the collective per column chunk, `splits` of them; the
-    /// chunk GEMMs leave the transport's kernels the policy's SMs where it asks
-    /// ([`Planner::comm_on_sms`]; one chunk: nothing runs beside the GEMM).
+    /// [`Algo::CollectiveRs`]: the collective per column chunk, `splits` of them (plain
+    /// sums only: refused otherwise, before anything is planned); the chunk GEMMs leave
+    /// the transport's kernels the policy's SMs where it asks ([`Planner::comm_on_sms`];
+    /// one chunk: nothing runs beside the GEMM).
     pub(super) fn collective_rs(&mut self, x: &RsArgs, splits: usize) -> Result<()> {
-        let p = self.plan_rs_blocks(x, splits > 1 && self.comm_on_sms())?;
+        let mut p = self.plan_rs_blocks(x, false)?;
+        if !Self::plain_sums(x, &p, self.dtype()) {
+            // (block-scaled inputs come here without the other algorithms' check)
+            crate::unsupported!(
+                "without peer memory the GEMM + reduce-scatter runs the transport's reduce-scatter collective, which sums in the buffer's type into an output of that type only: rs_output of {} with a {} buffer, accumulate, a pre-GELU output or a bias gradient are not supported there",
+                x.rs_output.data.dtype.name(),
+                self.dtype().name()
+            );
+        }
+        if Self::rs_bounds(&p, splits).len() > 2 && self.comm_on_sms() {
+            p = self.plan_rs_blocks(x, true)?; // chunks: the collectives run beside the GEMMs
+        }
         self.rs_collective_chunks(&p, x, splits)
     }
 
