@@ -607,7 +607,10 @@ impl Cache {
             .map(|(k, c)| format!("{k} => {}", to_text(c)))
             .collect();
         lines.sort();
-        let tmp = p.with_extension(format!("tmp{}", std::process::id()));
+        // A name of its own per write: ranks of one process (one per GPU) write at once.
+        static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = p.with_extension(format!("tmp{}.{seq}", std::process::id()));
         let ok = p
             .parent()
             .is_none_or(|d| std::fs::create_dir_all(d).is_ok())

@@ -303,7 +303,9 @@ impl Overlap {
         let dev = cuda::device_info(guard.device)?;
         let tp = policy.validate(bs.size, dev.sm_count)?;
         Self::check_rows(rows, tp)?;
-        let t = Self::create_transport(bs, &policy, (&guard, &dev), (tp, bytes), check)?;
+        // Everything local that can fail comes before the transport: once its creation
+        // returned, the peers hold this rank's buffer and flags (a later failure here
+        // would free memory that they go on to write).
         let (module, kernels) = Self::comm_module(&guard, &dev, dtype)?;
         let ns = policy.streams.compute as usize;
         let streams = Lanes::new(ns, &policy.streams)?;
@@ -315,6 +317,12 @@ impl Overlap {
         } else {
             None
         };
+        let report = if Self::report_enabled()? {
+            Some(Box::new(report::Report::new()?))
+        } else {
+            None
+        };
+        let t = Self::create_transport(bs, &policy, (&guard, &dev), (tp, bytes), check)?;
         let group = Group {
             caps: Caps::of(t.as_ref()),
             slots: AlgoSlots::take(t.flag_slots())?,
@@ -351,11 +359,7 @@ impl Overlap {
                 trace,
                 nvtx_call: None,
                 nvtx_step: Default::default(),
-                report: if Self::report_enabled()? {
-                    Some(Box::new(report::Report::new()?))
-                } else {
-                    None
-                },
+                report,
                 report_dims: None,
             },
         })
@@ -1023,7 +1027,7 @@ impl Overlap {
     /// Whether a CUDA-graph capture holding this object's streams (its calls) is still
     /// open: then its memory must not be freed (the graph being captured uses it).
     pub fn in_open_capture(&self) -> bool {
-        let Ok(_guard) = ContextGuard::for_stream(StreamHandle::NULL) else {
+        let Ok(_guard) = self.own_context() else {
             return false;
         };
         matches!(
@@ -1042,7 +1046,7 @@ impl Overlap {
         if let Some(e) = &self.broken {
             return Err(e.clone());
         }
-        let _guard = ContextGuard::for_stream(StreamHandle::NULL)?;
+        let _guard = self.own_context()?;
         if !capture_status(self.streams.comm[0].raw())?.none() {
             unsupported!(
                 "called while a CUDA graph capture that contains this overlap object's calls is still open: a host wait cannot be captured; end the capture (cudaStreamEndCapture) first, then synchronize the stream its graph is launched on"
@@ -1093,7 +1097,11 @@ impl Overlap {
             self.t.keep_memory_after_failure();
             return;
         }
-        let Ok(_guard) = ContextGuard::for_stream(StreamHandle::NULL) else {
+        // The object's own context, whatever the caller's thread has current (a process
+        // driving several GPUs destroys every rank's objects from one thread): the wait
+        // below is a kernel on this object's stream.
+        let Ok(_guard) = self.own_context() else {
+            self.t.keep_memory_after_failure();
             return;
         };
         let cs = self.streams.comm[0].raw();
@@ -1102,15 +1110,25 @@ impl Overlap {
         }
         // Relaxed: these host waits on the object's own streams (in no capture) must not
         // disturb another thread's global-mode capture.
-        let _ = crate::cuda::resources::with_relaxed_capture(|| {
-            if self.wait_done(cs, Op::Destroy).is_ok() {
-                let _ = self.streams.comm[0].synchronize();
-            }
+        let waited = crate::cuda::resources::with_relaxed_capture(|| {
+            let waited = self.wait_done(cs, Op::Destroy).is_ok()
+                && self.streams.comm[0].synchronize().is_ok();
             for s in self.streams.compute.iter().chain(self.streams.comm.iter()) {
                 let _ = s.synchronize();
             }
-            Ok(())
+            Ok(waited)
         });
+        // Not known that every peer is done with this rank's memory (the wait could not
+        // be enqueued, or it timed out: a broken peer's queued puts may still land): keep
+        // what they can reach.
+        if !matches!(waited, Ok(true)) || self.timeout_error().is_some() {
+            self.t.keep_memory_after_failure();
+        }
+    }
+
+    /// Enter this object's own context (the one its streams belong to).
+    fn own_context(&self) -> Result<ContextGuard> {
+        ContextGuard::for_stream_no_device(self.streams.comm[0].raw())
     }
 }
 
