@@ -953,13 +953,16 @@ impl Planner<'_> {
         self.ag_rings(x, sh, ring, Some(flags))?;
         let c0 = Lane::Compute(0);
         let cb = sh.chunk_bytes(eb(self.dtype()));
+        // After the arrival barrier (ev_clear follows it): a peer may still read this
+        // rank's buffer for its previous call (a reduce-scatter's or all-reduce's
+        // partials) until every rank arrived at this one.
+        self.wait_event(ev_clear, c0);
         if !sh.is_view {
             self.copy(self.buffer() + r * cb, x.g.b.data.ptr, cb, c0);
         }
         for j in 0..pieces {
             self.write_flag(flags + 4 * (r * pieces + j), 1, c0);
         }
-        self.wait_event(ev_clear, c0);
         let hooks = Hooks {
             flags,
             rows_per_flag: if sh.k_slices { sh.nc } else { sh.nc / pieces },

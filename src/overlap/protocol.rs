@@ -374,6 +374,9 @@ struct Sim {
     /// receives of `to` from `from`
     sends: HashMap<(usize, usize), Vec<usize>>,
     recvs: HashMap<(usize, usize), Vec<usize>>,
+    /// per allocation (index) and byte: the steps that read its current value (a write
+    /// must happen after each of them: write-after-read races)
+    readers: std::cell::RefCell<HashMap<usize, Vec<Vec<u32>>>>,
 }
 
 impl Sim {
@@ -437,6 +440,7 @@ impl Sim {
             coll_out: HashMap::new(),
             sends,
             recvs,
+            readers: Default::default(),
         }
     }
 
@@ -615,6 +619,18 @@ impl Sim {
     /// Read `len` bytes at `p` for step `h`: in bounds, written before, by a step that
     /// happens before `h`.
     fn read(&self, h: usize, p: DevPtr, len: usize) -> std::result::Result<Vec<u8>, String> {
+        self.read_for(h, h, p, len)
+    }
+
+    /// [`Self::read`], the bytes then counted as read by step `reader` (a collective's
+    /// inputs: each rank's own step of it reads its input).
+    fn read_for(
+        &self,
+        h: usize,
+        reader: usize,
+        p: DevPtr,
+        len: usize,
+    ) -> std::result::Result<Vec<u8>, String> {
         let (i, o) = self.mem.find(p, len)?;
         let a = &self.mem.allocs[i];
         let mut seen = HashSet::new();
@@ -639,11 +655,38 @@ impl Sim {
                 ));
             }
         }
+        let mut readers = self.readers.borrow_mut();
+        let bytes = (readers.entry(i)).or_insert_with(|| vec![Vec::new(); a.data.len()]);
+        for r in &mut bytes[o..o + len] {
+            if r.last() != Some(&(reader as u32)) {
+                r.push(reader as u32);
+            }
+        }
         Ok(a.data[o..o + len].to_vec())
     }
 
     fn write(&mut self, h: usize, p: DevPtr, v: &[u8]) -> std::result::Result<(), String> {
         let (i, o) = self.mem.find(p, v.len())?;
+        if let Some(bytes) = self.readers.get_mut().get_mut(&i) {
+            for (j, rs) in bytes[o..o + v.len()].iter_mut().enumerate() {
+                // The value being replaced: every step that read it must happen before.
+                let clock = &self.clock;
+                let late = (rs.iter().map(|&r| r as usize))
+                    .find(|&r| r != h && !before(&clock[r], &clock[h]));
+                rs.clear();
+                if let Some(r) = late {
+                    return Err(format!(
+                        "write-after-read race: step {h} (rank {}) {:?} writes byte {} of `{}`, which step {r} (rank {}) {:?} read and which does not happen before it",
+                        self.steps[h].rank,
+                        self.steps[h].rec,
+                        o + j,
+                        self.mem.allocs[i].name,
+                        self.steps[r].rank,
+                        self.steps[r].rec
+                    ));
+                }
+            }
+        }
         for (b, &x) in v.iter().enumerate() {
             let w = self.mem.allocs[i].writer[o + b];
             if w != NEVER
@@ -914,7 +957,10 @@ impl Sim {
                     if sb != bytes {
                         return Err(format!("send of {sb} bytes received as {bytes}"));
                     }
-                    self.copy(h, self.buffers[r] + dst_offset, src, bytes)?;
+                    // (read by the sender's step: the send reads its source, and its
+                    // completion there is what frees the source for reuse)
+                    let v = self.read_for(h, s, src, bytes)?;
+                    self.write(h, self.buffers[r] + dst_offset, &v)?;
                 }
                 Ok(())
             }
@@ -967,7 +1013,7 @@ impl Sim {
         };
         let inputs: Vec<Vec<u8>> = all
             .iter()
-            .map(|(_, x)| self.read(h, x.1, n))
+            .map(|&(i, x)| self.read_for(h, i, x.1, n))
             .collect::<std::result::Result<_, _>>()?;
         let f = |b: &[u8], i: usize| f32::from_le_bytes(b[4 * i..4 * i + 4].try_into().unwrap());
         for (q, (i, x)) in all.iter().enumerate() {
@@ -2086,6 +2132,141 @@ fn gemms_leave_the_margin_to_a_transport_without_peer_memory() {
             &mut plan_call,
         )
         .unwrap();
+    }
+}
+
+/// An operation of the consecutive-calls check: its name, its entry point and the
+/// policy it runs under.
+#[derive(Clone, Copy)]
+enum Entry {
+    Ag,
+    Rs,
+    RsP2p,
+    Ar,
+}
+
+/// The algorithms of each entry point, as the consecutive-calls check issues them.
+fn sequence_cases(f: Flavour) -> Vec<(&'static str, Entry, Cfg)> {
+    use super::policy::{AR_CHUNKED, RS_ACCUMULATE, RS_REDUCE};
+    let ring = |sum| Cfg::new(f).with(|p| p.pins.rs_ring = Some(sum));
+    vec![
+        ("ag ring", Entry::Ag, Cfg::new(f)),
+        ("ag fused", Entry::Ag, Cfg::fused(f, false)),
+        (
+            "ag serial",
+            Entry::Ag,
+            Cfg::new(f).with(|p| p.pins.overlap = Some(OVERLAP_OFF)),
+        ),
+        ("rs", Entry::Rs, Cfg::new(f)),
+        ("rs ring", Entry::RsP2p, ring(RS_REDUCE)),
+        ("rs ring accumulating", Entry::RsP2p, ring(RS_ACCUMULATE)),
+        (
+            "rs fused",
+            Entry::RsP2p,
+            Cfg::fused(f, false).with(|p| p.pins.rs_ring = Some(RS_REDUCE)),
+        ),
+        ("ar ring", Entry::Ar, ring(RS_REDUCE)),
+        ("ar ring accumulating", Entry::Ar, ring(RS_ACCUMULATE)),
+        (
+            "ar chunked",
+            Entry::Ar,
+            Cfg::new(f).with(|p| {
+                p.pins.ar_algo = Some(AR_CHUNKED);
+                p.splits = 2;
+            }),
+        ),
+    ]
+}
+
+/// Issue call number `call` of `entry` on every rank (fresh inputs and outputs, seeded by
+/// the call) -> each output with the values it must end with.
+fn issue_call(
+    (tp, call): (usize, u64),
+    entry: Entry,
+    cfg: Cfg,
+    mem: &mut Mem,
+    bufs: &[DevPtr],
+    log: &SharedLog<Dev>,
+) -> std::result::Result<Vec<(DevPtr, Vec<f32>)>, String> {
+    let (nc, k, m) = (4, 8, 48);
+    let n = nc * tp;
+    let cfg = Cfg { call, ..cfg };
+    let seed = 1000 * call as usize;
+    let p = partials_seeded(mem, tp, (n, k, m), seed);
+    let shards: Vec<Vec<f32>> = (0..tp).map(|r| values(seed + 50 + r, nc * k)).collect();
+    let gathered = shards.concat();
+    let mut want = Vec::new();
+    for (r, shard) in shards.iter().enumerate() {
+        let (ta, tb) = (tensor(p.a[r].1, &[m, k]), tensor(p.b[r].1, &[n, k]));
+        let plan: &mut dyn FnMut(&mut Planner) -> Result<()> = match entry {
+            Entry::Ag => {
+                let sh = mem.input(&format!("shard {call}.{r}"), shard);
+                let d = mem.alloc(&format!("D {call}.{r}"), n * m * 4);
+                want.push((d, matmul_nt(&gathered, &p.a[r].0, n, k, m)));
+                let (tsh, td) = (tensor(sh, &[nc, k]), tensor(d, &[n, m]));
+                &mut move |pl| {
+                    let (g, b_copy, key_m) = (gemm(&ta, &tsh, &td), None, None);
+                    pl.split_ag(&AgArgs { g, b_copy, key_m })
+                }
+            }
+            Entry::Rs | Entry::RsP2p => {
+                let o = mem.alloc(&format!("rs_output {call}.{r}"), nc * m * 4);
+                want.push((o, p.sum[r * nc * m..(r + 1) * nc * m].to_vec()));
+                let to = tensor(o, &[nc, m]);
+                &mut move |pl| {
+                    let args = RsArgs {
+                        g: gemm(&ta, &tb, &to).with_d(None),
+                        rs_output: &to,
+                    };
+                    match entry {
+                        Entry::Rs => pl.split_rs(&args),
+                        _ => pl.split_rs_p2p(&args),
+                    }
+                }
+            }
+            Entry::Ar => {
+                let d = mem.alloc(&format!("D {call}.{r}"), n * m * 4);
+                want.push((d, p.sum.clone()));
+                let td = tensor(d, &[n, m]);
+                &mut move |pl| pl.split_ar(&gemm(&ta, &tb, &td))
+            }
+        };
+        rank_call((tp, r), (2 * n, m), cfg, mem, bufs, log, plan)?;
+    }
+    Ok(want)
+}
+
+/// Two calls back to back on the same buffers, every pair of algorithms and entry points,
+/// on both transports' fakes at tp 2-4: no race between them (the second call writing a
+/// peer's memory, or its own, while a rank still reads it for the first: the simulator's
+/// write-after-read check), and both results right. (A fused all-gather once copied its
+/// shard into its buffer before the arrival barrier, while peers could still read the
+/// partials of a reduce-scatter or all-reduce there.)
+#[test]
+fn consecutive_calls_do_not_race() {
+    for f in FLAVOURS {
+        let cases = sequence_cases(f);
+        for (x, ex, cx) in &cases {
+            for (y, ey, cy) in &cases {
+                for tp in 2..=4 {
+                    let n = 4 * tp;
+                    let mut mem = Mem::default();
+                    let bufs = buffers(&mut mem, tp, 2 * n * 48 * 4);
+                    let log = new_log(tp);
+                    let r = issue_call((tp, 0), *ex, *cx, &mut mem, &bufs, &log).and_then(|w1| {
+                        let w2 = issue_call((tp, 1), *ey, *cy, &mut mem, &bufs, &log)?;
+                        simulate(&log, &mut mem, &bufs)?;
+                        for (i, (o, w)) in w1.iter().chain(&w2).enumerate() {
+                            expect_once(&mem, *o, w, &format!("output {i}"))?;
+                        }
+                        Ok(())
+                    });
+                    if let Err(e) = r {
+                        panic!("{f:?} tp {tp}, {x} then {y}: {e}");
+                    }
+                }
+            }
+        }
     }
 }
 
