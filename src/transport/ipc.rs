@@ -103,6 +103,15 @@ impl IpcKernels {
 const FLAG_SHAPE: ((u32, u32, u32), (u32, u32, u32)) = ((1, 1, 1), (32, 1, 1));
 
 // SAFETY: device addresses and owned handles; used from one thread at a time per object.
+/// What [`IpcTransport::map_peers`] reached: each peer's buffer and flags (None: this
+/// rank), whether every peer is in this process, whether every peer is on another device.
+struct Mapped {
+    buffers: Vec<Option<PeerMem>>,
+    flags: Vec<Option<PeerMem>>,
+    in_process: bool,
+    remote_peers: bool,
+}
+
 unsafe impl Send for IpcTransport {}
 
 /// The call barrier's own flag slots, after the algorithms' ([`ALGO_SLOTS`]): "I finished
@@ -223,42 +232,31 @@ impl IpcTransport {
         mine.extend_from_slice(&uuid.unwrap_or_default());
         let rec = mine.len();
         let all = bs.allgather(&mine)?;
-        let entry = |w: usize| &all[w * rec..(w + 1) * rec];
-        let mut peer_buffers = Vec::with_capacity(group.len());
-        let mut peer_flags = Vec::with_capacity(group.len());
-        let mut in_process = true;
-        let mut remote_peers = true;
-        for &w in group {
-            if w == bs.rank {
-                peer_buffers.push(None);
-                peer_flags.push(None);
-                continue;
+        let mapped = Self::map_peers(bs, group, &me, uuid, (&all, rec));
+        // Nobody signals before every rank has zeroed its flags and mapped its peers; a
+        // rank that could not map them says so here too (instead of leaving its peers at
+        // a barrier until their timeout), and every rank fails together.
+        let oks = bs.allgather(&[mapped.is_ok() as u8])?;
+        let failed: Vec<usize> = (oks.iter().enumerate())
+            .filter(|&(_, &ok)| ok == 0)
+            .map(|(w, _)| w)
+            .collect();
+        let Mapped {
+            buffers: peer_buffers,
+            flags: peer_flags,
+            in_process,
+            remote_peers,
+        } = match mapped {
+            Ok(_) if !failed.is_empty() => {
+                return Err(crate::error::Error::new(
+                    crate::error::ErrorKind::Cuda,
+                    format!(
+                        "world rank(s) {failed:?} could not reach their peers' memory (their own errors say why): the group's IPC transport is not created on any rank"
+                    ),
+                ));
             }
-            let e = entry(w);
-            let peer = Local::from_bytes(&e[128..128 + LOCAL_BYTES]);
-            let peer_uuid = &e[128 + LOCAL_BYTES..];
-            if me.same_process(&peer) {
-                enable_access(&me, &peer)
-                    .map_err(|er| er.context(format!("reaching world rank {w} in this process")))?;
-                remote_peers &= peer.device != me.device;
-                peer_buffers.push(Some(PeerMem::InProcess(peer.buffer)));
-                peer_flags.push(Some(PeerMem::InProcess(peer.flags)));
-                continue;
-            }
-            in_process = false;
-            let hb: [u8; 64] = e[..64].try_into().unwrap();
-            let hf: [u8; 64] = e[64..128].try_into().unwrap();
-            remote_peers &=
-                uuid.is_some_and(|u| u[..] != *peer_uuid && peer_uuid.iter().any(|&b| b != 0));
-            peer_buffers.push(Some(PeerMem::Ipc(IpcMapping::open(&hb).map_err(|er| {
-                er.context(format!("mapping the buffer of world rank {w}"))
-            })?)));
-            peer_flags.push(Some(PeerMem::Ipc(IpcMapping::open(&hf).map_err(|er| {
-                er.context(format!("mapping the flags of world rank {w}"))
-            })?)));
-        }
-        // Nobody signals before every rank has zeroed its flags and mapped its peers.
-        bs.barrier()?;
+            m => m?,
+        };
         Ok(IpcTransport {
             group: Group::new(bs.rank, group, buffer),
             flags,
@@ -275,6 +273,57 @@ impl IpcTransport {
             _module: module,
             k,
         })
+    }
+
+    /// Map (other processes: CUDA IPC) or reach (this process: device pointers, peer
+    /// access enabled) every peer's buffer and flags, from the allgathered records `all`
+    /// of `rec` bytes each.
+    fn map_peers(
+        bs: &Bootstrap,
+        group: &[usize],
+        me: &Local,
+        uuid: Option<[u8; 16]>,
+        (all, rec): (&[u8], usize),
+    ) -> Result<Mapped> {
+        let entry = |w: usize| &all[w * rec..(w + 1) * rec];
+        let mut p = Mapped {
+            buffers: Vec::with_capacity(group.len()),
+            flags: Vec::with_capacity(group.len()),
+            in_process: true,
+            remote_peers: true,
+        };
+        for &w in group {
+            if w == bs.rank {
+                p.buffers.push(None);
+                p.flags.push(None);
+                continue;
+            }
+            let e = entry(w);
+            let peer = Local::from_bytes(&e[128..128 + LOCAL_BYTES]);
+            let peer_uuid = &e[128 + LOCAL_BYTES..];
+            if me.same_process(&peer) {
+                enable_access(me, &peer)
+                    .map_err(|er| er.context(format!("reaching world rank {w} in this process")))?;
+                p.remote_peers &= peer.device != me.device;
+                p.buffers.push(Some(PeerMem::InProcess(peer.buffer)));
+                p.flags.push(Some(PeerMem::InProcess(peer.flags)));
+                continue;
+            }
+            p.in_process = false;
+            let hb: [u8; 64] = e[..64].try_into().unwrap();
+            let hf: [u8; 64] = e[64..128].try_into().unwrap();
+            p.remote_peers &=
+                uuid.is_some_and(|u| u[..] != *peer_uuid && peer_uuid.iter().any(|&b| b != 0));
+            p.buffers
+                .push(Some(PeerMem::Ipc(IpcMapping::open(&hb).map_err(|er| {
+                    er.context(format!("mapping the buffer of world rank {w}"))
+                })?)));
+            p.flags
+                .push(Some(PeerMem::Ipc(IpcMapping::open(&hf).map_err(|er| {
+                    er.context(format!("mapping the flags of world rank {w}"))
+                })?)));
+        }
+        Ok(p)
     }
 
     fn flags_base(&self, peer: usize) -> DevPtr {
