@@ -1978,6 +1978,70 @@ fn no_overlap_algorithms() {
 
 /// The rule: no overlap where the policy says so (the tuning's choice, or
 /// NVTE_COMM_OVERLAP, which wins over it), and then one GEMM over all of B.
+/// Rank 0's operands of one call of each operation on the group's buffers (f32): A [m, k];
+/// the all-gather's shard [n/tp, k] into D [n, m]; B [n, k] reduce-scattered into
+/// [n/tp, m] or all-reduced into D.
+struct OneOfEach {
+    mem: Mem,
+    bufs: Vec<DevPtr>,
+    t: [Tensor; 5],
+}
+
+impl OneOfEach {
+    fn new(tp: usize, (nc, k, m): (usize, usize, usize)) -> OneOfEach {
+        let n = nc * tp;
+        let mut mem = Mem::default();
+        let bufs = buffers(&mut mem, tp, 2 * n * m * 4);
+        let (pa, pb) = (
+            mem.input("A", &values(1, m * k)),
+            mem.input("B", &values(2, n * k)),
+        );
+        let pd = mem.alloc("D", n * m * 4);
+        let t = [
+            tensor(pa, &[m, k]),
+            tensor(pb, &[nc, k]),
+            tensor(pb, &[n, k]),
+            tensor(pd, &[n, m]),
+            tensor(pd, &[nc, m]),
+        ];
+        OneOfEach { mem, bufs, t }
+    }
+    fn ag(t: &[Tensor; 5]) -> AgArgs<'_> {
+        AgArgs {
+            g: gemm(&t[0], &t[1], &t[3]),
+            b_copy: None,
+            key_m: None,
+        }
+    }
+    fn rs(t: &[Tensor; 5]) -> RsArgs<'_> {
+        RsArgs {
+            g: gemm(&t[0], &t[2], &t[4]).with_d(None),
+            rs_output: &t[4],
+        }
+    }
+    fn ar(t: &[Tensor; 5]) -> ArArgs<'_> {
+        gemm(&t[0], &t[2], &t[3])
+    }
+    /// Plan rank 0's call with `plan_call` (the other ranks are not simulated).
+    fn plan(&mut self, tp: usize, cfg: Cfg, plan_call: &mut dyn FnMut(&mut Planner) -> Result<()>) {
+        let geometry = (
+            2 * self.t[2].data.shape.dims[0],
+            self.t[0].data.shape.dims[0],
+        );
+        let log = new_log(tp);
+        rank_call(
+            (tp, 0),
+            geometry,
+            cfg,
+            &mut self.mem,
+            &self.bufs,
+            &log,
+            plan_call,
+        )
+        .unwrap();
+    }
+}
+
 #[test]
 fn no_overlap_is_chosen_where_the_policy_says_so() {
     let (tp, nc, k, m) = (4, 4, 8, 16);
@@ -1993,19 +2057,7 @@ fn no_overlap_is_chosen_where_the_policy_says_so() {
                 p.no_overlap = tuned;
                 p.pins.overlap = pin;
             });
-            let mut mem = Mem::default();
-            let bufs = buffers(&mut mem, tp, 2 * n * m * 4);
-            let (pa, pb) = (
-                mem.input("A", &values(1, m * k)),
-                mem.input("B", &values(2, n * k)),
-            );
-            let pd = mem.alloc("D", n * m * 4);
-            let (ta, shard, tb) = (
-                tensor(pa, &[m, k]),
-                tensor(pb, &[nc, k]),
-                tensor(pb, &[n, k]),
-            );
-            let (td, to) = (tensor(pd, &[n, m]), tensor(pd, &[nc, m]));
+            let mut ops = OneOfEach::new(tp, (nc, k, m));
             let rs_serial = match f {
                 Flavour::PeerMemory => Algo::PipelinedRs { splits: 1 },
                 Flavour::Messages => Algo::CollectiveRs { splits: 1 },
@@ -2016,17 +2068,9 @@ fn no_overlap_is_chosen_where_the_policy_says_so() {
                 rs_serial,
                 Algo::ChunkedAr { splits: 1 },
             ];
+            let t = ops.t.clone();
             let mut plan_call = |pl: &mut Planner| {
-                let ag = AgArgs {
-                    g: gemm(&ta, &shard, &td),
-                    b_copy: None,
-                    key_m: None,
-                };
-                let rs = RsArgs {
-                    g: gemm(&ta, &tb, &to).with_d(None),
-                    rs_output: &to,
-                };
-                let ar: ArArgs = gemm(&ta, &tb, &td);
+                let (ag, rs, ar) = (OneOfEach::ag(&t), OneOfEach::rs(&t), OneOfEach::ar(&t));
                 let calls = [
                     algo::Call::Ag(&ag),
                     algo::Call::Rs(&rs),
@@ -2051,17 +2095,7 @@ fn no_overlap_is_chosen_where_the_policy_says_so() {
                 );
                 Ok(())
             };
-            let log = new_log(tp);
-            rank_call(
-                (tp, 0),
-                (2 * n, m),
-                cfg,
-                &mut mem,
-                &bufs,
-                &log,
-                &mut plan_call,
-            )
-            .unwrap();
+            ops.plan(tp, cfg, &mut plan_call);
         }
     }
 }
@@ -2073,7 +2107,6 @@ fn no_overlap_is_chosen_where_the_policy_says_so() {
 #[test]
 fn gemms_leave_the_margin_to_a_transport_without_peer_memory() {
     let (tp, nc, k, m) = (4, 4, 8, 48); // m: three 16-column chunks of the RS
-    let n = nc * tp;
     for (use_ce, sm_margin, want) in [(true, true, 0), (false, true, 132 - 24), (false, false, 0)] {
         let cfg = Cfg::new(Flavour::Messages).with(|p| {
             p.comm.use_ce = use_ce;
@@ -2081,30 +2114,10 @@ fn gemms_leave_the_margin_to_a_transport_without_peer_memory() {
             p.comm.sm_margin = sm_margin;
             p.reduce = Reduction::Chunks;
         });
-        let mut mem = Mem::default();
-        let bufs = buffers(&mut mem, tp, 2 * n * m * 4);
-        let (pa, pb) = (
-            mem.input("A", &values(1, m * k)),
-            mem.input("B", &values(2, n * k)),
-        );
-        let pd = mem.alloc("D", n * m * 4);
-        let (ta, shard, tb) = (
-            tensor(pa, &[m, k]),
-            tensor(pb, &[nc, k]),
-            tensor(pb, &[n, k]),
-        );
-        let (td, to) = (tensor(pd, &[n, m]), tensor(pd, &[nc, m]));
+        let mut ops = OneOfEach::new(tp, (nc, k, m));
+        let t = ops.t.clone();
         let mut plan_call = |pl: &mut Planner| {
-            let ag = AgArgs {
-                g: gemm(&ta, &shard, &td),
-                b_copy: None,
-                key_m: None,
-            };
-            let rs = RsArgs {
-                g: gemm(&ta, &tb, &to).with_d(None),
-                rs_output: &to,
-            };
-            let ar: ArArgs = gemm(&ta, &tb, &td);
+            let (ag, rs, ar) = (OneOfEach::ag(&t), OneOfEach::rs(&t), OneOfEach::ar(&t));
             pl.split_ag(&ag)?;
             pl.split_rs(&rs)?;
             pl.split_ar(&ar)?;
@@ -2121,17 +2134,7 @@ fn gemms_leave_the_margin_to_a_transport_without_peer_memory() {
             );
             Ok(())
         };
-        let log = new_log(tp);
-        rank_call(
-            (tp, 0),
-            (2 * n, m),
-            cfg,
-            &mut mem,
-            &bufs,
-            &log,
-            &mut plan_call,
-        )
-        .unwrap();
+        ops.plan(tp, cfg, &mut plan_call);
     }
 }
 
