@@ -173,6 +173,7 @@ if [[ $stages == *" sanitizer "* ]]; then
       result=PASS
       if [ "$rc" -eq 124 ]; then result="FAIL (wall timeout)"; fail=1
       elif [[ $closing =~ (^|[^0-9])[1-9][0-9]*\ failed ]]; then result="FAIL (checks failed)"; fail=1
+      elif [ -z "$closing" ] && [ "$rc" -ne 0 ] && [ "$rc" -ne 77 ]; then result="FAIL (no summary, rc $rc)"; fail=1
       elif [[ $who == *libtransformer_engine_comm* ]]; then result="FAIL (reports from the library)"; fail=1
       elif [ "$errs" -gt 0 ]; then result="REPORTS ($errs, none from the library)";
       elif [ "$rc" -ne 0 ] && [ "$rc" -ne 77 ]; then result="FAIL (rc $rc)"; fail=1; fi

@@ -242,10 +242,7 @@ impl Planner<'_> {
         check_partial_epilogue(&full)?;
         // (the chunk count is in the key: ranks must cut the same chunks)
         let key = super::key_with(full.sum_key(), s as u64);
-        // The GEMMs wait for the arrival barrier where peers load the partials from this
-        // rank's buffer (one-shot); the collective reads them through this rank's own
-        // kernels, in stream order.
-        self.begin(Op::SplitAr, !two_shot && !collective, &key, Some(&full));
+        self.begin(Op::SplitAr, !two_shot, &key, Some(&full));
         for i in 0..s {
             let (lo, hi) = (bounds[i], bounds[i + 1]);
             let mut g = full;

@@ -670,9 +670,11 @@ impl Sim {
         if let Some(bytes) = self.readers.get_mut().get_mut(&i) {
             for (j, rs) in bytes[o..o + v.len()].iter_mut().enumerate() {
                 // The value being replaced: every step that read it must happen before.
-                let clock = &self.clock;
+                // (a reader that has not run yet, a send only posted or a rank's step of a
+                // collective still queued, cannot be ordered before this write either)
+                let (clock, done) = (&self.clock, &self.done);
                 let late = (rs.iter().map(|&r| r as usize))
-                    .find(|&r| r != h && !before(&clock[r], &clock[h]));
+                    .find(|&r| r != h && (!done[r] || !before(&clock[r], &clock[h])));
                 rs.clear();
                 if let Some(r) = late {
                     return Err(format!(

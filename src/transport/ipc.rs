@@ -102,7 +102,6 @@ impl IpcKernels {
 /// One block of 32 threads (one thread per peer): the flag kernels' shape.
 const FLAG_SHAPE: ((u32, u32, u32), (u32, u32, u32)) = ((1, 1, 1), (32, 1, 1));
 
-// SAFETY: device addresses and owned handles; used from one thread at a time per object.
 /// What [`IpcTransport::map_peers`] reached: each peer's buffer and flags (None: this
 /// rank), whether every peer is in this process, whether every peer is on another device.
 struct Mapped {
@@ -112,6 +111,7 @@ struct Mapped {
     remote_peers: bool,
 }
 
+// SAFETY: device addresses and owned handles; used from one thread at a time per object.
 unsafe impl Send for IpcTransport {}
 
 /// The call barrier's own flag slots, after the algorithms' ([`ALGO_SLOTS`]): "I finished
