@@ -2445,6 +2445,30 @@ fn the_checker_finds_deadlocks_races_and_overruns() {
     };
     let e = run_group(2, (4, 4), cfg, &mut mem, &bufs, &mut over).unwrap_err();
     assert!(e.contains("out of bounds"), "{e}");
+    // Rank 0 signals, then loads data that rank 1 overwrites once signalled: the load is
+    // not ordered before the write (a write-after-read race).
+    let mut mem = Mem::default();
+    let bufs = buffers(&mut mem, 2, 64);
+    let (data, src) = (mem.input("data", &[1.0; 16]), mem.input("src", &[2.0; 16]));
+    let out = mem.alloc("out", 64);
+    let mut overwrite = |p: &mut Planner, r: usize| {
+        p.begin(Op::BulkAg, false, &[], None);
+        let (slot, info) = (
+            p.e.slots.bulk,
+            crate::transport::WaitInfo { op: 0, step: 0 },
+        );
+        if r == 0 {
+            p.signal(&[1], slot, 1, Lane::Comm(0))?;
+            p.copy(out, data, 64, Lane::Comm(0));
+        } else {
+            p.wait(&[0], (slot, 1), Lane::Comm(0), info)?;
+            p.copy(data, src, 64, Lane::Comm(0));
+        }
+        p.finish();
+        Ok(())
+    };
+    let e = run_group(2, (4, 4), cfg, &mut mem, &bufs, &mut overwrite).unwrap_err();
+    assert!(e.contains("write-after-read race"), "{e}");
 }
 
 /// A capability the transport lacks is a planning error, never a panic.
