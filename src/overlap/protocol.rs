@@ -10,7 +10,9 @@
 //! - every access lies inside one allocation (the buffers, staging, the operands), and
 //!   reads only bytes that were written (or are inputs), by a step that happens before
 //!   the read (vector clocks over the streams and ranks: a race is an error even where
-//!   this schedule happened to run the writer first); two writes of a byte are ordered;
+//!   this schedule happened to run the writer first); two writes of a byte are ordered,
+//!   and a write comes after every read of the value it replaces (the source of a
+//!   transfer or a collective counted as read by the sending rank's own step);
 //! - every byte of the outputs is written exactly once, with the exact sums (small
 //!   integers: f32 sums are exact).
 use super::algo;
