@@ -470,6 +470,18 @@ def make_optimizer(params, lr: float, device: torch.device) -> torch.optim.Optim
     return torch.optim.Adam(params, lr=lr)
 
 
+def _grad_output_states(model: torch.nn.Module) -> list:
+    """The delayed-scaling grad-output states (Fp8Meta with an amax history) of the
+    model's FP8 modules (none without FP8, or with current or block scaling)."""
+    states = []
+    for m in model.modules():
+        meta = getattr(m, "fp8_meta", None)
+        g = meta.get("grad_output") if meta else None
+        if getattr(g, "amax_history", None) is not None and all(g is not t for t in states):
+            states.append(g)
+    return states
+
+
 class _FirstMicrobatch(torch.nn.Module):
     """model(x, is_first_microbatch=True) as a one-argument module (what
     make_graphed_callables captures: the flag is a capture-time constant)."""
@@ -570,7 +582,16 @@ def train(opts: argparse.Namespace) -> dict:
         # collection during the capture could free objects whose release is not capturable.
         gc.collect()
         torch.cuda.synchronize()
+        # The warm-up's backward passes take uninitialised gradients (torch.empty_like):
+        # delayed scaling's grad-output states are put back afterwards, in place (the
+        # graphs hold their pointers), so that garbage amaxes do not set the gradients'
+        # scales for the next amax_history_len steps (TE's make_graphed_callables saves
+        # and restores its FP8 state the same way).
+        saved = [(s, s.scale.clone(), s.amax_history.clone()) for s in _grad_output_states(model)]
         forward = torch.cuda.make_graphed_callables(_FirstMicrobatch(model), (x,))
+        for s, scale, history in saved:
+            s.scale.copy_(scale)
+            s.amax_history.copy_(history)
         torch.cuda.synchronize()
 
     def step(verbose: bool = False) -> torch.Tensor:
