@@ -109,7 +109,8 @@ def gemm_census(hlo):
 
 
 def trace_breakdown(trace_dir, steps):
-    """Per-step figures from the Perfetto JSON that jax.profiler wrote under trace_dir."""
+    """Per-step figures from the Perfetto JSON that jax.profiler wrote under trace_dir (the
+    first GPU's kernels, and the host's events)."""
     files = glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True)
     if not files:
         raise SystemExit(f"--profile: no *.trace.json.gz under {trace_dir}")
@@ -118,6 +119,11 @@ def trace_breakdown(trace_dir, steps):
     ev = tr["traceEvents"] if isinstance(tr, dict) else tr
     pname = {e["pid"]: e.get("args", {}).get("name", "") for e in ev if e.get("ph") == "M" and e.get("name") == "process_name"}
     gpu = {p for p, n in pname.items() if re.search(r"/device:GPU|GPU:\d|gpu", n, re.I)}
+    # One device's timeline (the lowest-numbered GPU): with several devices in this process
+    # their kernels overlap each other, and a union across them would count one device's
+    # communication as hidden behind another's GEMM.
+    index = lambda p: int(m.group(1)) if (m := re.search(r"GPU:(\d+)", pname[p])) else 1 << 30  # noqa: E731
+    gpu = set(sorted(gpu, key=lambda p: (index(p), p))[:1])
     kern, host = [], []
     for e in ev:
         if e.get("ph") != "X" or "dur" not in e:

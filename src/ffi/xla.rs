@@ -1034,6 +1034,9 @@ fn run_quantize(f: &Frame) -> Result<()> {
         let _relaxed = crate::cuda::resources::RelaxedCapture::new();
         prepare()?;
     }
+    // The memset on XLA's stream runs in that stream's context (the thread's current one
+    // need not be it where a thread serves several devices).
+    let _guard = crate::cuda::ContextGuard::for_stream_no_device(stream)?;
     zero_scale_padding(&c, stream)?;
     crate::kernels::block::quantize(i, o, &c.cfg, stream).map(|_| ())
 }

@@ -90,7 +90,9 @@ def gelu_np(x):
 
 
 def local_checks():
-    mesh = Mesh(np.array(jax.devices()), ("tp",))
+    # One process (NP 1): this process's one device, whatever else is visible (a mesh of
+    # every local GPU would make a group of them, of which this worker is no single rank).
+    mesh = Mesh(np.array(jax.devices() if NP > 1 else [dev]), ("tp",))
     ctx = tj.tp_context(mesh, "tp")
     tp, r = ctx.size, ctx.rank
     assert tp == NP, (tp, NP)

@@ -152,9 +152,11 @@ def tp_context(mesh=None, axis: str = "tp", *, timeout_ms: Optional[int] = None)
                     f"TP group {coords} along {axis!r} has devices {[d.id for d in members]} on processes "
                     f"{procs}: a group must be all on one process or have one device per process"
                 )
-        if len(tc._ordinals) == 1:
-            # One device here: its context also serves a call whose ordinal XLA reports
-            # differently (e.g. CUDA_VISIBLE_DEVICES remapping).
+        if len(tc._ordinals) == 1 and jax.local_device_count() == 1:
+            # The process's one device: its context also serves a call whose ordinal XLA
+            # reports differently (e.g. CUDA_VISIBLE_DEVICES remapping). Not where the
+            # process drives several devices: there a call from another device must not
+            # reach this device's context and memory.
             _capi.check(_capi.lib().nvte_comm_xla_bind(key, -1, tc._ctxs[0].handle), "nvte_comm_xla_bind")
     except BaseException:
         tc.close()
