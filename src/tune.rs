@@ -607,18 +607,9 @@ impl Cache {
             .map(|(k, c)| format!("{k} => {}", to_text(c)))
             .collect();
         lines.sort();
-        // A name of its own per write: ranks of one process (one per GPU) write at once.
-        static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let tmp = p.with_extension(format!("tmp{}.{seq}", std::process::id()));
-        let ok = p
-            .parent()
-            .is_none_or(|d| std::fs::create_dir_all(d).is_ok())
-            && std::fs::write(&tmp, lines.join("\n") + "\n").is_ok()
-            && std::fs::rename(&tmp, p).is_ok();
-        if !ok {
-            let _ = std::fs::remove_file(&tmp); // the cache is an optimisation only
-        }
+        // (a name of its own per write, renamed into place: ranks of one process, one per
+        // GPU, write at once; the cache is an optimisation only)
+        crate::cuda::nvrtc::write_cached(p, (lines.join("\n") + "\n").as_bytes());
     }
 
     /// Clear the in-memory entries (force mode keeps the file's others).

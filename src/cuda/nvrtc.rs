@@ -162,16 +162,17 @@ fn read_cached(file: &Path) -> Option<Vec<u8>> {
     std::fs::read(file).ok().filter(|b| is_whole_elf(b))
 }
 
-/// Store `cubin` as `file`, best effort (a read-only or full disk just means no cache):
-/// written to a name of its own (process and call) and renamed into place, so readers
-/// and concurrent writers, in this process or another, see a whole file or none.
-fn write_cached(file: &Path, cubin: &[u8]) {
+/// Store `bytes` as the cache file `file` (compiled kernels, the autotuner's choices),
+/// best effort (a read-only or full disk just means no cache): written to a name of its
+/// own (process and call) and renamed into place, so readers and concurrent writers, in
+/// this process or another, see a whole file or none.
+pub fn write_cached(file: &Path, bytes: &[u8]) {
     static SEQ: AtomicU64 = AtomicU64::new(0);
     let Some(dir) = file.parent() else { return };
     let _ = std::fs::create_dir_all(dir);
     let seq = SEQ.fetch_add(1, Ordering::Relaxed);
     let tmp = file.with_extension(format!("tmp.{}.{seq}", std::process::id()));
-    if std::fs::write(&tmp, cubin).is_err() || std::fs::rename(&tmp, file).is_err() {
+    if std::fs::write(&tmp, bytes).is_err() || std::fs::rename(&tmp, file).is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
 }

@@ -387,8 +387,9 @@ impl Planner<'_> {
                 self.dtype().name()
             );
         }
-        if Self::rs_bounds(&p, splits).len() > 2 && self.comm_on_sms() {
-            p = self.plan_rs_blocks(x, true)?; // chunks: the collectives run beside the GEMMs
+        if Self::rs_bounds(&p, splits).len() > 2 {
+            // chunks: the collectives run beside the GEMMs
+            p.full.sm_count = self.math_sms(self.comm_on_sms());
         }
         self.rs_collective_chunks(&p, x, splits)
     }
