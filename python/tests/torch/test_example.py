@@ -103,10 +103,18 @@ def test_example_data_parallel(tc, example):
 def test_example_cuda_graph(tc, example, fp8):
     """The overlap build captured with make_graphed_callables trains like the eager
     reference build."""
-    extra = ["--fp8"] if fp8 else []
+    extra = ["--fp8"] if fp8 else []  # FP8: delayed scaling (the default recipe)
     ovl, ref = train_both(example, extra, ["--cuda-graph"])
     assert ovl["graph"] == 1 and ref["graph"] == 0
-    check_curves(tc, f"tp={tc.size} --cuda-graph fp8={fp8}", ovl, ref, TOL_FP8 if fp8 else TOL)
+    # TOL for FP8 too: the graph replays the eager casts with the same scales. The first
+    # step must move the loss as the eager one does: delayed scaling's states primed by the
+    # capture's warm-up (uninitialised gradients), or reset to scale 1, flushed its
+    # gradients towards zero (curves 1.6 % apart, within TOL_FP8; the first step's drop 30 %
+    # short at this size, nil at the default size).
+    a, b = ovl["losses"], ref["losses"]
+    first = (a[0] - a[1]) / (b[0] - b[1]) if len(a) > 1 and len(b) > 1 and b[0] != b[1] else float("nan")
+    tc.check_all(abs(first - 1) <= 0.05, f"--cuda-graph fp8={fp8}: first step's loss drop {first:.3g}x the eager one's")
+    check_curves(tc, f"tp={tc.size} --cuda-graph fp8={fp8}", ovl, ref, TOL)
 
 
 def test_example_profile(tc, example):
