@@ -10,7 +10,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 extra=()
 [ "$(id -u)" = 0 ] && extra+=(--allow-run-as-root)
 # Forward the multicast switches, the library path and every NVTE_* / NCCL_* setting.
-for v in TORCH_SYMM_MEM_DISABLE_MULTICAST NVSHMEM_DISABLE_NVLS LD_LIBRARY_PATH \
+for v in TORCH_SYMM_MEM_DISABLE_MULTICAST NVSHMEM_DISABLE_NVLS LD_LIBRARY_PATH CUDA_DEVICE_MAX_CONNECTIONS \
          $(compgen -e | grep -E '^(NVTE_|NCCL_)'); do
   [ -n "${!v+x}" ] && extra+=(-x "$v")
 done

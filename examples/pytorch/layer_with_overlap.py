@@ -106,7 +106,7 @@ except ImportError:  # running from the source tree without PYTHONPATH=python
 
 from transformer_engine_comm.torch import modules as te_comm_modules
 from transformer_engine_comm.recipe import RECIPE_NAMES
-from transformer_engine_comm.torch.fp8 import recipe_from_name
+from transformer_engine_comm.torch.fp8 import delayed_states, keep_delayed_states, recipe_from_name
 
 WORLD_RANK = int(os.environ.get("RANK", "0"))
 WORLD_SIZE = int(os.environ.get("WORLD_SIZE", "1"))
@@ -470,45 +470,21 @@ def make_optimizer(params, lr: float, device: torch.device) -> torch.optim.Optim
     return torch.optim.Adam(params, lr=lr)
 
 
-def _delayed_states(model: torch.nn.Module) -> list:
-    """The delayed-scaling states (Fp8Meta with an amax history) of the model's FP8
-    modules, every role (none without FP8, or with current or block scaling)."""
-    states = []
-    for m in model.modules():
-        meta = getattr(m, "fp8_meta", None)
-        for g in (meta or {}).values():
-            if getattr(g, "amax_history", None) is not None and all(g is not t for t in states):
-                states.append(g)
-    return states
-
-
 def _prime_delayed_states(model: torch.nn.Module, forward, x: torch.Tensor, target: torch.Tensor,
-                          tp_size: int) -> list:
+                          tp_size: int) -> None:
     """Before a capture under delayed scaling: one eager forward and backward on the real
     batch (no optimizer step; the gradients are dropped), so that each role's first cast
     (which takes its scale from the tensor itself, then marks the state primed) sees real
-    data; returns the states' snapshots ``(state, scale, history, primed)`` for
-    :func:`_restore_states` after the capture. make_graphed_callables' warm-up backward
-    passes take uninitialised gradients (torch.empty_like): primed by them, or reset to
-    scale 1 with the primed flag kept, the first step's gradients flush towards zero
-    (measured on one H200, 2026-12-03: the loss did not move in the first step)."""
-    states = _delayed_states(model)
-    if states:
+    data. make_graphed_callables' warm-up backward passes take uninitialised gradients
+    (torch.empty_like): primed by them, or reset to scale 1 with the primed flag kept, the
+    first step's gradients flushed towards zero (measured on one H200, 2026-12-03: the loss
+    did not move in the first step)."""
+    if delayed_states(model):
         out = forward(x)
         loss = F.mse_loss(out, target)
         (loss / tp_size if tp_size > 1 else loss).backward()
         for p in model.parameters():
             p.grad = None
-    return [(s, s.scale.clone(), s.amax_history.clone(), s.primed) for s in states]
-
-
-def _restore_states(saved: list) -> None:
-    """Puts the snapshots of :func:`_prime_delayed_states` back in place (the graphs hold
-    the tensors' pointers)."""
-    for s, scale, history, primed in saved:
-        s.scale.copy_(scale)
-        s.amax_history.copy_(history)
-        s.primed = primed
 
 
 class _FirstMicrobatch(torch.nn.Module):
@@ -614,9 +590,9 @@ def train(opts: argparse.Namespace) -> dict:
         # Delayed scaling: every role primed on the real batch first, and its state put
         # back after the warm-up's passes on uninitialised gradients (TE's
         # make_graphed_callables saves and restores its FP8 state the same way).
-        saved = _prime_delayed_states(model, forward, x, target, tp_size)
-        forward = torch.cuda.make_graphed_callables(_FirstMicrobatch(model), (x,))
-        _restore_states(saved)
+        _prime_delayed_states(model, forward, x, target, tp_size)
+        with keep_delayed_states(model):
+            forward = torch.cuda.make_graphed_callables(_FirstMicrobatch(model), (x,))
         torch.cuda.synchronize()
 
     def step(verbose: bool = False) -> torch.Tensor:

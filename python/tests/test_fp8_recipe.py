@@ -106,6 +106,37 @@ def test_meta_delayed_first_cast_primes_then_history():
     assert m.scale.item() == pytest.approx(448.0 / 14.0 / 2)
 
 
+class _Roles(torch.nn.Module):
+    """A module with fp8_meta roles as the FP8 modules have them (one state shared by two
+    roles, as a tied weight would be, and one current-scaling role)."""
+
+    def __init__(self, delayed, current):
+        super().__init__()
+        self.fp8_meta = {"input": delayed[0], "weight": delayed[1], "grad_output": delayed[0], "other": current}
+
+
+def test_keep_delayed_states_restores_in_place():
+    r = fp8.DelayedScaling(amax_history_len=3)
+    a, b = (fp8.Fp8Meta(r, fp8.E4M3, "cpu") for _ in range(2))
+    cur = fp8.Fp8Meta(fp8.Float8CurrentScaling(), fp8.E4M3, "cpu")
+    outer = torch.nn.Sequential(_Roles((a, b), cur), _Roles((b, a), cur))
+    assert fp8.delayed_states(outer) == [a, b]  # each once; current scaling has no history
+    a.cast(torch.full((2, 2), 3.0))  # primed on real data
+    ptrs = [(s.scale.data_ptr(), s.amax_history.data_ptr()) for s in (a, b)]
+    before = [(s.scale.clone(), s.amax_history.clone(), s.primed) for s in (a, b)]
+    with pytest.raises(RuntimeError):
+        with fp8.keep_delayed_states(outer) as states:
+            assert states == [a, b]
+            for s in states:  # what a capture's warm-up on garbage gradients does
+                s.cast(torch.full((2, 2), 1e4))
+            assert not torch.equal(a.amax_history, before[0][1]) and b.primed
+            raise RuntimeError("the capture failed")  # restored on the way out too
+    for s, (scale, hist, primed), ptr in zip((a, b), before, ptrs):
+        assert torch.equal(s.scale, scale) and torch.equal(s.amax_history, hist) and s.primed == primed
+        assert (s.scale.data_ptr(), s.amax_history.data_ptr()) == ptr  # in place: graphs hold these
+    assert a.primed and not b.primed
+
+
 def test_meta_current_scaling():
     m = fp8.Fp8Meta(fp8.Float8CurrentScaling(), fp8.E5M2, "cpu")
     x = torch.tensor([[1.0, -3.0], [2.0, 0.5]])

@@ -256,3 +256,45 @@ def test_fp8_cuda_graph_matches_eager(group, recipe, force):
         torch.cuda.synchronize()
         gr = [y.detach().float(), xs.grad.float()] + [p.grad.float() for p in graphed_mod.parameters()]
         check(f"graph {recipe} forced={force} step {it}", eager, gr, e, 1e-3)
+
+
+@pytest.mark.parametrize("force", [False, True], ids=["plain", "forced"])
+def test_fp8_delayed_capture_keeps_primed_states(group, force):
+    """Delayed scaling as a training loop graphs it: one eager step on real data primes
+    every role (its first cast takes the scale from the tensor), then
+    make_graphed_callables inside fp8.keep_delayed_states. Its warm-up passes (uninitialised
+    gradients) change the histories; on exit every state is the primed one again, equal
+    to the eager module's, and the replays match the eager steps from the first one on,
+    with no reset."""
+    r = fp8.recipe_from_name("delayed")
+    eager = build(group, True, fp8_on=True, recipe=r, force=force)
+    graphed_mod = build(group, True, fp8_on=True, recipe=r, force=force)
+    x0, g0 = inputs(9)
+    run(eager, x0, g0)
+    run(graphed_mod, x0, g0)
+    for p in graphed_mod.parameters():
+        p.grad = None
+    sample = x0.detach().clone().requires_grad_(True)
+    gc.collect()
+    with fp8.keep_delayed_states(graphed_mod) as states:
+        before = [(s.scale.clone(), s.amax_history.clone()) for s in states]
+        graphed = torch.cuda.make_graphed_callables(graphed_mod, (sample,))
+        torch.cuda.synchronize()
+        changed = sum(not torch.equal(h, s.amax_history) for (_, h), s in zip(before, states))
+    assert len(states) == 6, f"{len(states)} delayed states (fc1 and fc2: input, weight, grad_output)"
+    assert changed > 0, "the capture's warm-up changed no amax history: nothing for keep_delayed_states to undo"
+    for a, b in zip(fp8.delayed_states(graphed_mod), fp8.delayed_states(eager)):
+        assert a.primed and b.primed
+        assert torch.equal(a.scale, b.scale) and torch.equal(a.amax_history, b.amax_history), (
+            f"state not restored: scale {a.scale.item()} vs {b.scale.item()}")
+    for it in range(4):
+        x, g = inputs(10 + it)
+        e = run(eager, x, g)
+        xs = x.detach().clone().requires_grad_(True)
+        for p in graphed_mod.parameters():
+            p.grad = None
+        y = graphed(xs)
+        y.backward(g)
+        torch.cuda.synchronize()
+        gr = [y.detach().float(), xs.grad.float()] + [p.grad.float() for p in graphed_mod.parameters()]
+        check(f"graph delayed (primed, kept) forced={force} step {it}", eager, gr, e, 1e-3)

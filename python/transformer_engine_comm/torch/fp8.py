@@ -41,8 +41,9 @@ value back to the host, so every cast can be captured in a CUDA graph.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
-from typing import NamedTuple, Optional, Tuple
+from typing import Iterator, List, NamedTuple, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -80,6 +81,8 @@ __all__ = [
     "dequantize",
     "dtypes",
     "fwd_dtype",
+    "delayed_states",
+    "keep_delayed_states",
     "quantize",
     "recipe_from_name",
     "torch_dtype",
@@ -395,8 +398,10 @@ class Fp8Meta:
       small-magnitude tensors (weights of std 0.02, gradients of 1e-5) towards zero in the
       first step and costs measurable loss (bench/RESULTS.md, 2026-11-24). The first cast is
       the only one with an extra pass; a host flag (no device read) marks it, so the first
-      cast must run eagerly before any CUDA-graph capture (torch's make_graphed_callables
-      warm-up does).
+      cast must run eagerly, on real data, before any CUDA-graph capture: run one forward
+      and backward on a real batch first, then capture inside :func:`keep_delayed_states`
+      (torch's make_graphed_callables warm-up backward passes take uninitialised
+      gradients).
     - current scaling: amax of the tensor (max-reduced over ``group`` when given, so that
       shards gathered afterwards share one scale), the scale from it, then the cast.
 
@@ -544,6 +549,41 @@ class Fp8Meta:
             q, q_t = quantize(x, self.fp8_dtype, self.scale, scale_inv=scale_inv,
                               rowwise=rowwise, columnwise=columnwise)
         return Fp8Tensor(q, q_t, scale_inv, self.fp8_dtype)
+
+
+def delayed_states(module: torch.nn.Module) -> List[Fp8Meta]:
+    """Every delayed-scaling :class:`Fp8Meta` (one with an amax history) of ``module`` and
+    its submodules (their ``fp8_meta`` roles), each once."""
+    states: List[Fp8Meta] = []
+    for m in module.modules():
+        meta = getattr(m, "fp8_meta", None)
+        for s in (meta or {}).values():
+            if getattr(s, "amax_history", None) is not None and all(s is not t for t in states):
+                states.append(s)
+    return states
+
+
+@contextlib.contextmanager
+def keep_delayed_states(module: torch.nn.Module) -> Iterator[List[Fp8Meta]]:
+    """Puts every delayed-scaling state of ``module`` (:func:`delayed_states`: scale, amax
+    history and the primed flag) back as it was on entry, in place (a captured graph holds
+    the tensors' pointers), when the block ends, also on an exception.
+
+    For a capture with ``torch.cuda.make_graphed_callables``, whose warm-up backward passes
+    feed uninitialised gradients into the grad-output histories: run one eager forward and
+    backward on a real batch first (each role's first cast takes its scale from that
+    tensor), drop its gradients, then capture inside this block. Without it, the first
+    replays cast gradients with scales from garbage (or from 1, flushing them towards
+    zero)."""
+    states = delayed_states(module)
+    saved = [(s, s.scale.clone(), s.amax_history.clone(), s.primed) for s in states]
+    try:
+        yield states
+    finally:
+        for s, scale, history, primed in saved:
+            s.scale.copy_(scale)
+            s.amax_history.copy_(history)
+            s.primed = primed
 
 
 # ------------------------------------------------------------------- block scaling
