@@ -379,6 +379,10 @@ struct Sim {
     /// per allocation (index) and byte: the steps that read its current value (a write
     /// must happen after each of them: write-after-read races)
     readers: std::cell::RefCell<HashMap<usize, Vec<Vec<u32>>>>,
+    /// one hardware queue per rank (`CUDA_DEVICE_MAX_CONNECTIONS=1`): see `dispatch`
+    one_queue: bool,
+    /// the steps in the order they ran
+    ran: Vec<usize>,
 }
 
 impl Sim {
@@ -443,7 +447,38 @@ impl Sim {
             sends,
             recvs,
             readers: Default::default(),
+            one_queue: false,
+            ran: Vec::new(),
         }
+    }
+
+    /// One hardware queue per rank: every stream's work enters it in issue order, as with
+    /// `CUDA_DEVICE_MAX_CONNECTIONS=1`. The queue's head goes to its stream once that
+    /// stream's previous step has finished (in-stream order); a stream wait (an event, or
+    /// cuStreamWaitValue32) blocks the head until it is satisfied; any other step (a
+    /// kernel, a copy, a transport call) is handed to its stream and the head moves on.
+    /// Moves what can go from each rank's queue to its streams; true if anything moved.
+    fn dispatch(
+        &self,
+        ranks: &mut [std::collections::VecDeque<usize>],
+        lanes: &mut [(usize, std::collections::VecDeque<usize>)],
+        by_lane: &HashMap<usize, usize>,
+    ) -> bool {
+        let mut moved = false;
+        for q in ranks.iter_mut() {
+            while let Some(&h) = q.front() {
+                let s = &self.steps[h];
+                let lane = &mut lanes[by_lane[&self.lanes[&(s.rank, s.stream.raw())]]].1;
+                let blocks = matches!(s.rec, Rec::Device(Dev::WaitEvent(_) | Dev::WaitFlag(..)));
+                if !lane.is_empty() || (blocks && self.ready(h).is_none()) {
+                    break;
+                }
+                lane.push_back(h);
+                q.pop_front();
+                moved = true;
+            }
+        }
+        moved
     }
 
     /// Run every stream of every rank to its end; Err on a deadlock or a bad access.
@@ -459,9 +494,18 @@ impl Sim {
             });
             queues[q].1.push_back(i);
         }
+        let mut ranks = vec![std::collections::VecDeque::new(); self.tp];
+        if self.one_queue {
+            for (_, q) in queues.iter_mut() {
+                q.clear();
+            }
+            for (i, s) in self.steps.iter().enumerate() {
+                ranks[s.rank].push_back(i);
+            }
+        }
         let mut lane_clock = vec![vec![0u32; nl]; nl];
         loop {
-            let mut progress = false;
+            let mut progress = self.dispatch(&mut ranks, &mut queues, &by_lane);
             for (l, q) in queues.iter_mut() {
                 while let Some(&h) = q.front() {
                     if self.posted[h].is_none() {
@@ -477,17 +521,20 @@ impl Sim {
                     lane_clock[*l] = c;
                     self.execute(h)?;
                     self.done[h] = true;
+                    self.ran.push(h);
                     q.pop_front();
                     progress = true;
                 }
             }
-            if queues.iter().all(|(_, q)| q.is_empty()) {
+            if queues.iter().all(|(_, q)| q.is_empty()) && ranks.iter().all(|q| q.is_empty()) {
                 break;
             }
             if !progress {
                 let heads: Vec<String> = queues
                     .iter()
-                    .filter_map(|(_, q)| q.front())
+                    .map(|(_, q)| q)
+                    .chain(&ranks)
+                    .filter_map(|q| q.front())
                     .map(|&h| {
                         let s = &self.steps[h];
                         format!("rank {} stream {}: {:?}", s.rank, s.stream.raw(), s.rec)
@@ -1241,6 +1288,41 @@ pub(crate) fn simulate(log: &SharedLog<Dev>, mem: &mut Mem, buffers: &[DevPtr]) 
     let r = sim.run();
     *mem = sim.mem;
     r
+}
+
+/// What ran, in order, as [`simulate_one_queue`] reports it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Ran {
+    /// a GEMM (ours fused or a library one) of this rank
+    Gemm,
+    /// a transport step: exchange, wait, barrier or collective
+    Transfer,
+}
+
+/// [`simulate`] with one hardware queue per rank (`CUDA_DEVICE_MAX_CONNECTIONS=1`, see
+/// `Sim::dispatch`): the same checks, and each rank's GEMMs and transfers in the order
+/// they ran.
+pub(crate) fn simulate_one_queue(
+    log: &SharedLog<Dev>,
+    mem: &mut Mem,
+    buffers: &[DevPtr],
+) -> std::result::Result<Vec<Vec<Ran>>, String> {
+    let l = log.lock().unwrap();
+    let mut sim = Sim::new(&l, std::mem::take(mem), buffers.to_vec());
+    sim.one_queue = true;
+    let r = sim.run();
+    *mem = std::mem::take(&mut sim.mem);
+    r?;
+    let mut out = vec![Vec::new(); sim.tp];
+    for &h in &sim.ran {
+        let s = &sim.steps[h];
+        match &s.rec {
+            Rec::Device(Dev::Gemm(_) | Dev::Fused(..)) => out[s.rank].push(Ran::Gemm),
+            Rec::Transport(_) => out[s.rank].push(Ran::Transfer),
+            _ => {}
+        }
+    }
+    Ok(out)
 }
 
 /// A group of `tp` ranks with buffers of `rows` x `cols` f32, each rank planning its call
@@ -2277,6 +2359,39 @@ fn consecutive_calls_do_not_race() {
     }
 }
 
+/// With one hardware queue per rank (`CUDA_DEVICE_MAX_CONNECTIONS=1`, TE's and
+/// Megatron's setting): every algorithm of every entry point, alone and followed by each
+/// other one, at tp 2-8 on both transports' fakes, runs to its end (no step waits behind
+/// work that its own signal needs) with the right results.
+#[test]
+fn one_hardware_queue_never_deadlocks() {
+    for f in FLAVOURS {
+        let cases = sequence_cases(f);
+        for (x, ex, cx) in &cases {
+            for tp in 2..=8 {
+                let seconds: &[_] = if tp <= 3 { &cases } else { &cases[..1] };
+                for (y, ey, cy) in seconds {
+                    let n = 4 * tp;
+                    let mut mem = Mem::default();
+                    let bufs = buffers(&mut mem, tp, 2 * n * 48 * 4);
+                    let log = new_log(tp);
+                    let r = issue_call((tp, 0), *ex, *cx, &mut mem, &bufs, &log).and_then(|w1| {
+                        let w2 = issue_call((tp, 1), *ey, *cy, &mut mem, &bufs, &log)?;
+                        simulate_one_queue(&log, &mut mem, &bufs)?;
+                        for (i, (o, w)) in w1.iter().chain(&w2).enumerate() {
+                            expect_once(&mem, *o, w, &format!("output {i}"))?;
+                        }
+                        Ok(())
+                    });
+                    if let Err(e) = r {
+                        panic!("one queue, {f:?} tp {tp}, {x} then {y}: {e}");
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn bulk_collectives() {
     all("bulk all-gather", |tp, f| {
@@ -2471,6 +2586,30 @@ fn the_checker_finds_deadlocks_races_and_overruns() {
     };
     let e = run_group(2, (4, 4), cfg, &mut mem, &bufs, &mut overwrite).unwrap_err();
     assert!(e.contains("write-after-read race"), "{e}");
+    // A comm stream waits (cuStreamWaitValue32) for a flag that a compute stream writes,
+    // but the wait is issued first: fine on separate hardware queues, a deadlock on one.
+    let build = || {
+        let mut mem = Mem::default();
+        let bufs = buffers(&mut mem, 2, 64);
+        let flags = [mem.input("flag 0", &[0.0]), mem.input("flag 1", &[0.0])];
+        let log = new_log(2);
+        for (r, &flag) in flags.iter().enumerate() {
+            rank_call((2, r), (4, 4), cfg, &mut mem, &bufs, &log, &mut |p| {
+                p.begin(Op::BulkAg, false, &[], None);
+                p.wait_flag(flag, 1, Lane::Comm(0));
+                p.write_flag(flag, 1, Lane::Compute(0));
+                p.finish();
+                Ok(())
+            })
+            .unwrap();
+        }
+        (mem, bufs, log)
+    };
+    let (mut mem, bufs, log) = build();
+    simulate(&log, &mut mem, &bufs).unwrap();
+    let (mut mem, bufs, log) = build();
+    let e = simulate_one_queue(&log, &mut mem, &bufs).unwrap_err();
+    assert!(e.contains("deadlock"), "{e}");
 }
 
 /// A capability the transport lacks is a planning error, never a panic.
