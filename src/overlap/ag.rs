@@ -271,9 +271,7 @@ impl Planner<'_> {
         }
         self.begin(Op::SplitAg, false, &key, Some(&sh.full));
         let ring = super::schedule::ag_ring(self.tp(), self.tp_rank(), bidirectional);
-        self.ag_rings(x, &sh, &ring, None)?;
-        let side = self.ag_local_copies(x, &sh, &ring, true);
-        let gemms = self.ag_gemms(x, &sh, &ring, side);
+        let gemms = self.ag_ring_and_gemms(x, &sh, &ring)?;
         self.finish();
         if !sh.amax_slots.is_null() {
             self.amax_max(sh.full.d_amax, sh.amax_slots, gemms);
@@ -556,91 +554,104 @@ impl Planner<'_> {
         ring: &AgRing,
         flags: Option<DevPtr>,
     ) -> Result<()> {
+        for step in arrival_steps(ring) {
+            self.ag_ring_step(x, sh, ring, step, flags)?;
+        }
+        Ok(())
+    }
+
+    /// Step `s` of ring direction `dir` (0 forward, 1 backward): every piece of the chunk
+    /// it forwards and receives (see [`Self::ag_rings`]).
+    fn ag_ring_step(
+        &mut self,
+        x: &AgArgs,
+        sh: &AgShape,
+        ring: &AgRing,
+        (dir, s): (usize, usize),
+        flags: Option<DevPtr>,
+    ) -> Result<()> {
         let e = eb(self.dtype());
         let (k, pieces) = (sh.k, sh.pieces);
         let off = |c: usize| c * sh.chunk_bytes(e);
-        let slots = self.e.slots;
-        for (dir, steps, slot) in [
-            (0usize, &ring.forward, slots.ag_forward),
-            (1, &ring.backward, slots.ag_backward),
-        ] {
-            // Exchanges that must not run on two streams at once share comm stream 0.
-            let st = if self.e.caps.concurrent_exchange {
-                Lane::Comm(dir)
-            } else {
-                Lane::Comm(0)
-            };
-            for (s, t) in steps.iter().enumerate() {
-                // Our chunk at s = 0 (from the shard), else the one received at step s-1.
-                let (c, rc) = (t.send, t.recv);
-                let src = if s == 0 {
-                    sh.local_src
-                } else {
-                    self.buffer() + off(c)
+        let (t, slot) = if dir == 0 {
+            (&ring.forward[s], self.e.slots.ag_forward)
+        } else {
+            (&ring.backward[s], self.e.slots.ag_backward)
+        };
+        // Exchanges that must not run on two streams at once share comm stream 0.
+        let st = if self.e.caps.concurrent_exchange {
+            Lane::Comm(dir)
+        } else {
+            Lane::Comm(0)
+        };
+        // Our chunk at s = 0 (from the shard), else the one received at step s-1.
+        let (c, rc) = (t.send, t.recv);
+        let src = if s == 0 {
+            sh.local_src
+        } else {
+            self.buffer() + off(c)
+        };
+        for j in 0..pieces {
+            let (lo, hi) = sh.rows(j);
+            let (send, recv) = if sh.k_slices {
+                // K slice j of the whole chunk: nc runs of its bytes, a row apart.
+                let (c0, c1) = k_slice_bytes(k, e, pieces, j);
+                let send = SendOp {
+                    rows: sh.nc,
+                    pitch: k * e,
+                    ..SendOp::contiguous(t.to, src + c0, off(c) + c0, c1 - c0)
                 };
-                for j in 0..pieces {
-                    let (lo, hi) = sh.rows(j);
-                    let (send, recv) = if sh.k_slices {
-                        // K slice j of the whole chunk: nc runs of its bytes, a row apart.
-                        let (c0, c1) = k_slice_bytes(k, e, pieces, j);
-                        let send = SendOp {
-                            rows: sh.nc,
-                            pitch: k * e,
-                            ..SendOp::contiguous(t.to, src + c0, off(c) + c0, c1 - c0)
-                        };
-                        let recv = RecvOp {
-                            rows: sh.nc,
-                            pitch: k * e,
-                            ..RecvOp::contiguous(t.from, off(rc) + c0, c1 - c0)
-                        };
-                        (send, recv)
-                    } else {
-                        let bytes = (hi - lo) * k * e;
-                        (
-                            SendOp::contiguous(t.to, src + lo * k * e, off(c) + lo * k * e, bytes),
-                            RecvOp::contiguous(t.from, off(rc) + lo * k * e, bytes),
-                        )
-                    };
-                    self.step(|| {
-                        format!(
-                            "ring {dir} step {}: chunk {c} to rank {}, chunk {rc} from rank {} (piece {} of {pieces})",
-                            s + 1,
-                            t.to,
-                            t.from,
-                            j + 1
-                        )
-                    });
-                    let info = WaitInfo {
-                        op: Op::SplitAg as u32,
-                        step: (s + 1) as u32,
-                    };
-                    // Block scales: chunk c's slot behind its data (from the shard's own
-                    // scales at s = 0), in the same step.
-                    let then = sh.scales.map(|sc| {
-                        let from = if s == 0 {
-                            sc.local
-                        } else {
-                            self.buffer() + sc.at(c)
-                        };
-                        (
-                            SendOp::contiguous(t.to, from, sc.at(c), sc.bytes),
-                            RecvOp::contiguous(t.from, sc.at(rc), sc.bytes),
-                        )
-                    });
-                    self.exchange_then(send, recv, then, (slot, tag(s * pieces + j)), st, info)?;
-                    if !sh.k_slices {
-                        self.ag_copy_out(x, sh, rc, (lo, hi), st);
-                    }
-                    self.record(rc * pieces + j, st);
-                    if let Some(f) = flags {
-                        self.write_flag(f + 4 * (rc * pieces + j), 1, st);
-                    }
-                    if sh.k_slices && j + 1 == pieces {
-                        // (after the last slice's flag: our GEMM does not read B_copy, and
-                        // the chunk's copy would delay the last block's tail)
-                        self.ag_copy_out(x, sh, rc, (0, sh.nc), st);
-                    }
-                }
+                let recv = RecvOp {
+                    rows: sh.nc,
+                    pitch: k * e,
+                    ..RecvOp::contiguous(t.from, off(rc) + c0, c1 - c0)
+                };
+                (send, recv)
+            } else {
+                let bytes = (hi - lo) * k * e;
+                (
+                    SendOp::contiguous(t.to, src + lo * k * e, off(c) + lo * k * e, bytes),
+                    RecvOp::contiguous(t.from, off(rc) + lo * k * e, bytes),
+                )
+            };
+            self.step(|| {
+                    format!(
+                        "ring {dir} step {}: chunk {c} to rank {}, chunk {rc} from rank {} (piece {} of {pieces})",
+                        s + 1,
+                        t.to,
+                        t.from,
+                        j + 1
+                    )
+                });
+            let info = WaitInfo {
+                op: Op::SplitAg as u32,
+                step: (s + 1) as u32,
+            };
+            // Block scales: chunk c's slot behind its data (from the shard's own
+            // scales at s = 0), in the same step.
+            let then = sh.scales.map(|sc| {
+                let from = if s == 0 {
+                    sc.local
+                } else {
+                    self.buffer() + sc.at(c)
+                };
+                (
+                    SendOp::contiguous(t.to, from, sc.at(c), sc.bytes),
+                    RecvOp::contiguous(t.from, sc.at(rc), sc.bytes),
+                )
+            });
+            self.exchange_then(send, recv, then, (slot, tag(s * pieces + j)), st, info)?;
+            if !sh.k_slices {
+                self.ag_copy_out(x, sh, rc, (lo, hi), st);
+            }
+            self.record(rc * pieces + j, st);
+            if let Some(f) = flags {
+                self.write_flag(f + 4 * (rc * pieces + j), 1, st);
+            }
+            if sh.k_slices && j + 1 == pieces {
+                // (after the last slice's flag: our GEMM does not read B_copy, and
+                // the chunk's copy would delay the last block's tail)
+                self.ag_copy_out(x, sh, rc, (0, sh.nc), st);
             }
         }
         Ok(())
@@ -705,62 +716,117 @@ impl Planner<'_> {
         SideCopy::default()
     }
 
-    /// Compute streams: the local chunk first (from the shard or the buffer, at once: it
-    /// is already in place), then chunks in arrival order. Returns the GEMMs issued
-    /// (each its own amax slot).
-    /// `side`: a copy for the local chunk's GEMM (see ag_local_copies).
-    fn ag_gemms(&mut self, x: &AgArgs, sh: &AgShape, ring: &AgRing, side: SideCopy) -> usize {
+    /// The ring all-gather's work in the order it is issued: the local chunk's GEMM (its
+    /// chunk is in place already), then each ring step followed by the GEMMs of the
+    /// chunk it brings, then the local copies. Issued so, the work also overlaps where
+    /// every stream shares one hardware queue (`CUDA_DEVICE_MAX_CONNECTIONS=1`, TE's and
+    /// Megatron's setting), which runs it in issue order and holds its head at a stream
+    /// wait: a chunk's GEMM goes once its step landed, and the next step runs beside it.
+    /// With the whole ring issued first, no GEMM started before the last step had landed
+    /// (the protocol simulator's one-queue mode); with each step one chunk ahead, a GEMM
+    /// waited for the next chunk's step too. Returns the GEMMs issued (each its own amax
+    /// slot).
+    fn ag_ring_and_gemms(&mut self, x: &AgArgs, sh: &AgShape, ring: &AgRing) -> Result<usize> {
+        let mut gemms = 0;
+        if self.e.inline {
+            // (tp 1: no ring; the shard's copy may go beside the GEMM)
+            let side = self.ag_local_copies(x, sh, ring, true);
+            self.ag_chunk_gemms(x, sh, ring, 0, side, &mut gemms);
+            return Ok(gemms);
+        }
+        self.ag_chunk_gemms(x, sh, ring, 0, SideCopy::default(), &mut gemms);
+        let steps = arrival_steps(ring);
+        debug_assert!(steps.iter().enumerate().all(|(i, &(d, s))| {
+            let t = if d == 0 {
+                &ring.forward[s]
+            } else {
+                &ring.backward[s]
+            };
+            t.recv == ring.order[i + 1]
+        }));
+        for (i, &step) in steps.iter().enumerate() {
+            self.ag_ring_step(x, sh, ring, step, None)?;
+            self.ag_chunk_gemms(x, sh, ring, i + 1, SideCopy::default(), &mut gemms);
+        }
+        self.ag_local_copies(x, sh, ring, false);
+        Ok(gemms)
+    }
+
+    /// The GEMMs of the `j`-th chunk in arrival order (`ring.order[j]`, the local one
+    /// first), on compute stream j mod the stream count: the local chunk in one GEMM,
+    /// a remote one piece by piece, each after its piece's event (K slices: whole, after
+    /// the chunk's last slice). `side`: a copy for the local chunk's GEMM (see
+    /// ag_local_copies). Counts the GEMMs in `gemms` (each its own amax slot).
+    fn ag_chunk_gemms(
+        &mut self,
+        x: &AgArgs,
+        sh: &AgShape,
+        ring: &AgRing,
+        j: usize,
+        side: SideCopy,
+        gemms: &mut usize,
+    ) {
         let (tp, r) = (self.tp(), self.tp_rank());
         let (full, nc, k, pieces) = (&sh.full, sh.nc, sh.k, sh.pieces);
-        let order = &ring.order;
-        debug_assert_eq!(order.len(), tp);
+        debug_assert_eq!(ring.order.len(), tp);
+        let c = ring.order[j];
         let (eb_d, eb_b) = (eb(full.d_type), eb(self.dtype()));
-        let mut gemms = 0;
-        for (j, &c) in order.iter().enumerate() {
-            let si = j % self.e.compute_streams;
-            // The local chunk in one GEMM (it is in place already), remote ones by piece
-            // (K slices: whole, after the chunk's last slice).
-            let parts = if c == r || sh.k_slices { 1 } else { pieces };
-            for q in 0..parts {
-                let (lo, hi) = if parts == 1 { (0, nc) } else { sh.rows(q) };
-                let mut g = *full;
-                g.n = hi - lo;
-                if c == r {
-                    g.b = sh.local_src;
-                } else {
-                    let last = if sh.k_slices { pieces - 1 } else { q };
-                    self.wait_event(c * pieces + last, Lane::Compute(si));
-                    g.b = full.b + (c * nc + lo) * k * eb_b;
-                }
-                if x.g.transb {
-                    g.ldb = nc; // each shard [k, nc] is its own matrix (pieces: 1)
-                }
-                if let Some(sc) = sh.scales {
-                    // (pieces: 1) the chunk's own scales: the shard's, or its slot's
-                    g.b_scale_inv = if c == r {
-                        sc.local
-                    } else {
-                        self.buffer() + sc.at(c)
-                    };
-                }
-                g.d = full.d + (c * nc + lo) * full.ldd * eb_d;
-                if !full.aux.is_null() {
-                    g.aux = full.aux + (c * nc + lo) * full.ldd * eb(full.aux_type);
-                }
-                if full.epilogue == Epilogue::BGradB {
-                    g.bias = full.bias + c * nc * eb(full.bias_type); // pieces: 1
-                }
-                if !sh.amax_slots.is_null() {
-                    g.d_amax = sh.amax_slots + 4 * gemms;
-                }
-                gemms += 1;
-                self.step(|| format!("GEMM chunk {c} rows {lo}..{hi} ({} of {tp})", j + 1));
-                let side = if c == r { side } else { SideCopy::default() };
-                self.gemm_copying(&g, si, true, side);
+        let si = j % self.e.compute_streams;
+        let parts = if c == r || sh.k_slices { 1 } else { pieces };
+        for q in 0..parts {
+            let (lo, hi) = if parts == 1 { (0, nc) } else { sh.rows(q) };
+            let mut g = *full;
+            g.n = hi - lo;
+            if c == r {
+                g.b = sh.local_src;
+            } else {
+                let last = if sh.k_slices { pieces - 1 } else { q };
+                self.wait_event(c * pieces + last, Lane::Compute(si));
+                g.b = full.b + (c * nc + lo) * k * eb_b;
             }
+            if x.g.transb {
+                g.ldb = nc; // each shard [k, nc] is its own matrix (pieces: 1)
+            }
+            if let Some(sc) = sh.scales {
+                // (pieces: 1) the chunk's own scales: the shard's, or its slot's
+                g.b_scale_inv = if c == r {
+                    sc.local
+                } else {
+                    self.buffer() + sc.at(c)
+                };
+            }
+            g.d = full.d + (c * nc + lo) * full.ldd * eb_d;
+            if !full.aux.is_null() {
+                g.aux = full.aux + (c * nc + lo) * full.ldd * eb(full.aux_type);
+            }
+            if full.epilogue == Epilogue::BGradB {
+                g.bias = full.bias + c * nc * eb(full.bias_type); // pieces: 1
+            }
+            if !sh.amax_slots.is_null() {
+                g.d_amax = sh.amax_slots + 4 * *gemms;
+            }
+            *gemms += 1;
+            self.step(|| format!("GEMM chunk {c} rows {lo}..{hi} ({} of {tp})", j + 1));
+            let side = if c == r { side } else { SideCopy::default() };
+            self.gemm_copying(&g, si, true, side);
         }
-        gemms
     }
+}
+
+/// The ring's steps as (direction, step), in the order their chunks arrive
+/// (`ring.order[1..]`: forward and backward alternating).
+fn arrival_steps(ring: &AgRing) -> Vec<(usize, usize)> {
+    let (f, b) = (ring.forward.len(), ring.backward.len());
+    let mut v = Vec::with_capacity(f + b);
+    for s in 0..f.max(b) {
+        if s < f {
+            v.push((0, s));
+        }
+        if s < b {
+            v.push((1, s));
+        }
+    }
+    v
 }
 
 /// Pieces per chunk of the fused all-gather: at most `pieces`, dividing the chunk's `nc`
@@ -844,9 +910,7 @@ impl Planner<'_> {
             None => self.fused_ag_kernel(x, &sh, &ring)?,
             Some(why) => {
                 self.step(|| format!("fused_ag: GEMMs per chunk on cuBLASLt ({why})"));
-                self.ag_rings(x, &sh, &ring, None)?;
-                let side = self.ag_local_copies(x, &sh, &ring, true);
-                gemms = self.ag_gemms(x, &sh, &ring, side);
+                gemms = self.ag_ring_and_gemms(x, &sh, &ring)?;
             }
         }
         self.finish();
@@ -950,7 +1014,6 @@ impl Planner<'_> {
         );
         let ev_clear = self.e.events - 1;
         self.record(ev_clear, lane);
-        self.ag_rings(x, sh, ring, Some(flags))?;
         let c0 = Lane::Compute(0);
         let cb = sh.chunk_bytes(eb(self.dtype()));
         // After the arrival barrier (ev_clear follows it): a peer may still read this
@@ -984,6 +1047,10 @@ impl Planner<'_> {
             format!("fused_ag: our sm90 GEMM on {sms} SMs, {tp} chunks ({pieces} {kind} each)")
         });
         self.fused_gemm(&g, hooks, sms, 0);
+        // The ring after the GEMM that waits for its flags: with one hardware queue
+        // (CUDA_DEVICE_MAX_CONNECTIONS=1) the GEMM then starts on the local chunk at once;
+        // issued behind the whole ring, it started after the last step had landed.
+        self.ag_rings(x, sh, ring, Some(flags))?;
         // Every flag back to zero: the next call (or graph replay) starts from zero.
         self.memset(flags, 4 * tp * pieces, c0);
         self.ag_copy_out(x, sh, r, (0, sh.nc), c0);

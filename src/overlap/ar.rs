@@ -243,77 +243,77 @@ impl Planner<'_> {
         // (the chunk count is in the key: ranks must cut the same chunks)
         let key = super::key_with(full.sum_key(), s as u64);
         self.begin(Op::SplitAr, !two_shot, &key, Some(&full));
-        for i in 0..s {
+        let gemm = |pl: &mut Self, i: usize| {
             let (lo, hi) = (bounds[i], bounds[i + 1]);
             let mut g = full;
             g.n = hi - lo;
             g.b = full.b_from_row(lo);
             g.d = full.d + lo * m * e;
-            self.step(|| format!("GEMM chunk {i} of {s} (rows {lo}..{hi})"));
-            self.gemm(&g, 0, false);
-            self.record(1 + i, Lane::Compute(0));
-            self.mark(Lane::Compute(0), || format!("gemm{i}"));
-        }
+            pl.step(|| format!("GEMM chunk {i} of {s} (rows {lo}..{hi})"));
+            pl.gemm(&g, 0, false);
+            pl.record(1 + i, Lane::Compute(0));
+            pl.mark(Lane::Compute(0), || format!("gemm{i}"));
+            Ok(())
+        };
         let d = x.d.data.ptr;
-        if two_shot {
-            self.ar_two_shot(d, partials, m, &bounds)?;
-        } else {
-            self.ar_one_shot(d, collective, m, &bounds)?;
-        }
+        let reduce = |pl: &mut Self, i: usize| match two_shot {
+            true => pl.ar_two_shot(d, partials, m, (&bounds, i)),
+            false => pl.ar_one_shot(d, collective, m, (&bounds, i)),
+        };
+        self.gemms_one_ahead(s, gemm, reduce)?;
         self.finish();
         Ok(())
     }
 
+    /// Chunk i of the one-shot all-reduce (comm stream 0, once its GEMM ran): the
+    /// transport's collective, or (peer memory) every rank's partial loaded and summed.
     fn ar_one_shot(
         &mut self,
         d: DevPtr,
         collective: bool,
         m: usize,
-        bounds: &[usize],
+        (bounds, i): (&[usize], usize),
     ) -> Result<()> {
         let (tp, e) = (self.tp(), eb(self.dtype()));
         let s = bounds.len() - 1;
         let cs = Lane::Comm(0);
         let others = self.others();
         let slot = self.e.slots.rs_ready;
-        for i in 0..s {
-            let (lo, hi) = (bounds[i], bounds[i + 1]);
-            let rows = hi - lo;
-            self.wait_event(1 + i, cs);
-            if collective {
-                let src = self.buffer() + lo * m * e;
-                self.all_reduce((src, d + lo * m * e, rows * m), self.dtype(), cs)?;
-                continue;
-            }
-            let info = WaitInfo {
-                op: Op::SplitAr as u32,
-                step: i as u32,
-            };
-            self.signal(&others, slot, tag(i), cs)?;
-            self.wait(&others, (slot, tag(i)), cs, info)?;
-            let srcs: PerRank<DevPtr> = (0..tp)
-                .map(|q| self.peer(q).map(|b| b + lo * m * e))
-                .collect::<Result<_>>()?;
-            self.reduce(
-                Reduce {
-                    out: d + lo * m * e,
-                    out_type: self.dtype(),
-                    out_ld: m,
-                    srcs,
-                    in_ld: m,
-                    rows,
-                    cols: m,
-                    in_scale: DevPtr::NULL,
-                    fp8_out: (DevPtr::NULL, DevPtr::NULL),
-                    tail: i + 1 == s,
-                },
-                cs,
-            );
+        let (lo, hi) = (bounds[i], bounds[i + 1]);
+        let rows = hi - lo;
+        self.wait_event(1 + i, cs);
+        if collective {
+            let src = self.buffer() + lo * m * e;
+            return self.all_reduce((src, d + lo * m * e, rows * m), self.dtype(), cs);
         }
+        let info = WaitInfo {
+            op: Op::SplitAr as u32,
+            step: i as u32,
+        };
+        self.signal(&others, slot, tag(i), cs)?;
+        self.wait(&others, (slot, tag(i)), cs, info)?;
+        let srcs: PerRank<DevPtr> = (0..tp)
+            .map(|q| self.peer(q).map(|b| b + lo * m * e))
+            .collect::<Result<_>>()?;
+        self.reduce(
+            Reduce {
+                out: d + lo * m * e,
+                out_type: self.dtype(),
+                out_ld: m,
+                srcs,
+                in_ld: m,
+                rows,
+                cols: m,
+                in_scale: DevPtr::NULL,
+                fp8_out: (DevPtr::NULL, DevPtr::NULL),
+                tail: i + 1 == s,
+            },
+            cs,
+        );
         Ok(())
     }
 
-    /// The two-shot all-reduce of the chunks of `partials` (local staging) into `d`.
+    /// The two-shot all-reduce of chunk i of `partials` (local staging) into `d`.
     /// Chunk i's region of the registered buffer receives the tp-1 copies of this rank's
     /// slice (slots); the reduction writes the reduced slice over its own place in the
     /// region, and every rank loads the reduced slices from their owners' regions into D.
@@ -327,18 +327,15 @@ impl Planner<'_> {
         d: DevPtr,
         partials: DevPtr,
         m: usize,
-        bounds: &[usize],
+        (bounds, i): (&[usize], usize),
     ) -> Result<()> {
         let s = bounds.len() - 1;
-        for i in 0..s {
-            let base = bounds[i] * m; // chunk start, elements
-            let sl = Slices::new((bounds[i + 1] - bounds[i]) * m, self.tp());
-            self.step(|| format!("all-reduce chunk {i} of {s}: scatter, reduce, gather"));
-            self.two_shot_scatter(i, base, &sl, partials)?;
-            self.two_shot_reduce(i, base, &sl, partials, i + 1 == s)?;
-            self.two_shot_gather(i, base, &sl, d, i + 1 == s)?;
-        }
-        Ok(())
+        let base = bounds[i] * m; // chunk start, elements
+        let sl = Slices::new((bounds[i + 1] - bounds[i]) * m, self.tp());
+        self.step(|| format!("all-reduce chunk {i} of {s}: scatter, reduce, gather"));
+        self.two_shot_scatter(i, base, &sl, partials)?;
+        self.two_shot_reduce(i, base, &sl, partials, i + 1 == s)?;
+        self.two_shot_gather(i, base, &sl, d, i + 1 == s)
     }
 
     /// Scatter: slice q of this rank's partial to rank q's slots (comm stream 0).

@@ -321,6 +321,30 @@ pub struct Planner<'a> {
 }
 
 impl Planner<'_> {
+    /// Issues `n` chunks' GEMMs and the communication of each one chunk behind: GEMM 0,
+    /// GEMM 1, comm 0, GEMM 2, comm 1, ..., comm n-1. Where every stream shares one
+    /// hardware queue (`CUDA_DEVICE_MAX_CONNECTIONS=1`, TE's and Megatron's setting) the
+    /// queue runs work in issue order and holds at a stream wait: comm i (which waits for
+    /// GEMM i) then lets GEMM i+1, queued behind GEMM i on its stream, start at once, and
+    /// runs beside it. With every GEMM issued first, no communication started before the
+    /// last GEMM had been let go (the protocol simulator's one-queue mode).
+    pub(super) fn gemms_one_ahead<G, C>(&mut self, n: usize, mut gemm: G, mut comm: C) -> Result<()>
+    where
+        G: FnMut(&mut Self, usize) -> Result<()>,
+        C: FnMut(&mut Self, usize) -> Result<()>,
+    {
+        for i in 0..n {
+            gemm(self, i)?;
+            if i > 0 {
+                comm(self, i - 1)?;
+            }
+        }
+        if n > 0 {
+            comm(self, n - 1)?;
+        }
+        Ok(())
+    }
+
     pub fn tp(&self) -> usize {
         self.e.tp
     }

@@ -381,8 +381,9 @@ struct Sim {
     readers: std::cell::RefCell<HashMap<usize, Vec<Vec<u32>>>>,
     /// one hardware queue per rank (`CUDA_DEVICE_MAX_CONNECTIONS=1`): see `dispatch`
     one_queue: bool,
-    /// the steps in the order they ran
-    ran: Vec<usize>,
+    /// one-queue mode: each rank's GEMMs and transfers as the queue let them go to their
+    /// streams (after that only their own stream and inputs hold them)
+    ran: Vec<(usize, Ran)>,
 }
 
 impl Sim {
@@ -459,7 +460,7 @@ impl Sim {
     /// kernel, a copy, a transport call) is handed to its stream and the head moves on.
     /// Moves what can go from each rank's queue to its streams; true if anything moved.
     fn dispatch(
-        &self,
+        &mut self,
         ranks: &mut [std::collections::VecDeque<usize>],
         lanes: &mut [(usize, std::collections::VecDeque<usize>)],
         by_lane: &HashMap<usize, usize>,
@@ -476,6 +477,13 @@ impl Sim {
                 lane.push_back(h);
                 q.pop_front();
                 moved = true;
+                match s.rec {
+                    Rec::Device(Dev::Gemm(_) | Dev::Fused(..)) => {
+                        self.ran.push((s.rank, Ran::Gemm))
+                    }
+                    Rec::Transport(_) => self.ran.push((s.rank, Ran::Transfer)),
+                    _ => {}
+                }
             }
         }
         moved
@@ -521,7 +529,6 @@ impl Sim {
                     lane_clock[*l] = c;
                     self.execute(h)?;
                     self.done[h] = true;
-                    self.ran.push(h);
                     q.pop_front();
                     progress = true;
                 }
@@ -1293,15 +1300,15 @@ pub(crate) fn simulate(log: &SharedLog<Dev>, mem: &mut Mem, buffers: &[DevPtr]) 
 /// What ran, in order, as [`simulate_one_queue`] reports it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) enum Ran {
-    /// a GEMM (ours fused or a library one) of this rank
+    /// a GEMM (ours fused or a library one)
     Gemm,
-    /// a transport step: exchange, wait, barrier or collective
+    /// a transport step (exchange, wait, barrier or collective)
     Transfer,
 }
 
 /// [`simulate`] with one hardware queue per rank (`CUDA_DEVICE_MAX_CONNECTIONS=1`, see
-/// `Sim::dispatch`): the same checks, and each rank's GEMMs and transfers in the order
-/// they ran.
+/// `Sim::dispatch`): the same checks, and per rank its GEMMs and transfers in the order
+/// the queue let them go.
 pub(crate) fn simulate_one_queue(
     log: &SharedLog<Dev>,
     mem: &mut Mem,
@@ -1314,13 +1321,8 @@ pub(crate) fn simulate_one_queue(
     *mem = std::mem::take(&mut sim.mem);
     r?;
     let mut out = vec![Vec::new(); sim.tp];
-    for &h in &sim.ran {
-        let s = &sim.steps[h];
-        match &s.rec {
-            Rec::Device(Dev::Gemm(_) | Dev::Fused(..)) => out[s.rank].push(Ran::Gemm),
-            Rec::Transport(_) => out[s.rank].push(Ran::Transfer),
-            _ => {}
-        }
+    for &(r, x) in &sim.ran {
+        out[r].push(x);
     }
     Ok(out)
 }
@@ -2386,6 +2388,43 @@ fn one_hardware_queue_never_deadlocks() {
                     if let Err(e) = r {
                         panic!("one queue, {f:?} tp {tp}, {x} then {y}: {e}");
                     }
+                }
+            }
+        }
+    }
+}
+
+/// With one hardware queue per rank, every overlapping algorithm issues its GEMMs and
+/// transfers interleaved, so that the queue lets communication go beside the GEMMs: no
+/// three GEMMs in a row (a chunk's communication is let go once its GEMM and the next
+/// one are), and an all-gather's first GEMM before its ring (at most the call's arrival
+/// before it). Issued with the whole ring first (all-gather) or every GEMM first
+/// (reduce-scatter, all-reduce), the queue ran them one after the other.
+#[test]
+fn one_hardware_queue_interleaves_gemms_and_transfers() {
+    for f in FLAVOURS {
+        for (x, ex, cx) in sequence_cases(f) {
+            if x == "ag serial" {
+                continue; // (no overlap: the gather, then one GEMM)
+            }
+            for tp in 2..=6 {
+                let n = 4 * tp;
+                let mut mem = Mem::default();
+                let bufs = buffers(&mut mem, tp, 2 * n * 48 * 4);
+                let log = new_log(tp);
+                issue_call((tp, 0), ex, cx, &mut mem, &bufs, &log).unwrap();
+                let ran = simulate_one_queue(&log, &mut mem, &bufs).unwrap();
+                for (r, seq) in ran.iter().enumerate() {
+                    let s: String = seq
+                        .iter()
+                        .map(|r| if *r == Ran::Gemm { 'G' } else { 't' })
+                        .collect();
+                    let first = s.find('G').unwrap_or(s.len());
+                    let ag_late = matches!(ex, Entry::Ag) && s[..first].len() > 1;
+                    assert!(
+                        !s.contains("GGG") && !ag_late,
+                        "one queue, {f:?} tp {tp} rank {r}, {x}: issue order {s} (G: GEMM, t: transfer)"
+                    );
                 }
             }
         }

@@ -311,10 +311,11 @@ impl Planner<'_> {
         // unwritten columns, which NVTE_COMM_CHECK then reports.)
         let key = key_with(p.full.sum_key(), nchunks as u64);
         self.begin(Op::SplitRs, true, &key, Some(&p.full));
-        for i in 0..nchunks {
+        let fp8 = self.fp8_output(x.rs_output, "rs_output", Lane::Comm(0))?;
+        let gemm = |pl: &mut Self, i: usize| {
             let g = Self::column_chunk(&p, bounds[i], bounds[i + 1]);
             let si = 0; // in order: see the module doc
-            self.step(|| {
+            pl.step(|| {
                 format!(
                     "GEMM columns {}..{} ({} of {nchunks})",
                     bounds[i],
@@ -322,54 +323,59 @@ impl Planner<'_> {
                     i + 1
                 )
             });
-            self.gemm(&g, si, false);
-            self.record(1 + i, Lane::Compute(si));
-        }
-        self.split_rs_reductions(x, &p, &bounds)?;
+            pl.gemm(&g, si, false);
+            pl.record(1 + i, Lane::Compute(si));
+            Ok(())
+        };
+        let reduce = |pl: &mut Self, i: usize| pl.split_rs_reduction(x, &p, (&bounds, i), fp8);
+        self.gemms_one_ahead(nchunks, gemm, reduce)?;
         self.finish();
         Ok(())
     }
 
-    /// The pipelined reduce-scatter's reductions on comm stream 0: chunk i once every
-    /// rank computed it.
-    fn split_rs_reductions(&mut self, x: &RsArgs, p: &RsPlan, bounds: &[usize]) -> Result<()> {
+    /// The pipelined reduce-scatter's reduction of chunk i on comm stream 0, once every
+    /// rank computed it. `fp8`: rs_output's scale and amax.
+    fn split_rs_reduction(
+        &mut self,
+        x: &RsArgs,
+        p: &RsPlan,
+        (bounds, i): (&[usize], usize),
+        fp8: (DevPtr, DevPtr),
+    ) -> Result<()> {
         let (tp, r) = (self.tp(), self.tp_rank());
         let e = eb(self.dtype());
         let others = self.others();
         let nchunks = bounds.len() - 1;
         let cs = Lane::Comm(0);
-        let fp8 = self.fp8_output(x.rs_output, "rs_output", cs)?;
         let slot = self.e.slots.rs_ready;
-        for i in 0..nchunks {
-            let (lo, hi) = (bounds[i], bounds[i + 1]);
-            self.step(|| format!("reduce-scatter columns {lo}..{hi} ({} of {nchunks})", i + 1));
-            self.wait_event(1 + i, cs);
-            self.signal(&others, slot, tag(i), cs)?;
-            let info = WaitInfo {
-                op: Op::SplitRs as u32,
-                step: i as u32,
-            };
-            self.wait(&others, (slot, tag(i)), cs, info)?;
-            let srcs: PerRank<DevPtr> = (0..tp)
-                .map(|q| self.peer(q).map(|b| b + (r * p.nc * p.m + lo) * e))
-                .collect::<Result<_>>()?;
-            let out = &x.rs_output.data;
-            self.reduce(
-                Reduce {
-                    out: out.ptr + lo * eb(out.dtype),
-                    out_type: out.dtype,
-                    out_ld: p.m,
-                    srcs,
-                    in_ld: p.m,
-                    rows: p.nc,
-                    cols: hi - lo,
-                    in_scale: p.scale_inv,
-                    fp8_out: fp8,
-                    tail: i + 1 == nchunks,
-                },
-                cs,
-            );
-        }
+        let (lo, hi) = (bounds[i], bounds[i + 1]);
+        self.step(|| format!("reduce-scatter columns {lo}..{hi} ({} of {nchunks})", i + 1));
+        self.wait_event(1 + i, cs);
+        self.signal(&others, slot, tag(i), cs)?;
+        let info = WaitInfo {
+            op: Op::SplitRs as u32,
+            step: i as u32,
+        };
+        self.wait(&others, (slot, tag(i)), cs, info)?;
+        let srcs: PerRank<DevPtr> = (0..tp)
+            .map(|q| self.peer(q).map(|b| b + (r * p.nc * p.m + lo) * e))
+            .collect::<Result<_>>()?;
+        let out = &x.rs_output.data;
+        self.reduce(
+            Reduce {
+                out: out.ptr + lo * eb(out.dtype),
+                out_type: out.dtype,
+                out_ld: p.m,
+                srcs,
+                in_ld: p.m,
+                rows: p.nc,
+                cols: hi - lo,
+                in_scale: p.scale_inv,
+                fp8_out: fp8,
+                tail: i + 1 == nchunks,
+            },
+            cs,
+        );
         Ok(())
     }
 
@@ -493,26 +499,29 @@ impl Planner<'_> {
         let e = eb(self.dtype());
         let n = p.nc * tp;
         let nchunks = bounds.len() - 1;
-        for i in 0..nchunks {
+        let gemm = |pl: &mut Self, i: usize| {
             let (lo, hi) = (bounds[i], bounds[i + 1]);
             // Written contiguously: [n, hi - lo] at the chunk's place in staging.
             let mut g = Self::column_chunk(p, lo, hi);
             g.d = staging + lo * n * e;
             g.ldd = hi - lo;
-            self.gemm(&g, 0, false);
-            self.record(1 + i, Lane::Compute(0));
-        }
+            pl.gemm(&g, 0, false);
+            pl.record(1 + i, Lane::Compute(0));
+            Ok(())
+        };
         let cs = Lane::Comm(0);
         let out = x.rs_output.data.ptr;
-        for i in 0..nchunks {
+        let collective = |pl: &mut Self, i: usize| {
             let (lo, hi) = (bounds[i], bounds[i + 1]);
             let w = hi - lo;
-            self.wait_event(1 + i, cs);
-            let recv = self.buffer() + lo * p.nc * e;
+            pl.wait_event(1 + i, cs);
+            let recv = pl.buffer() + lo * p.nc * e;
             let src = staging + lo * n * e;
-            self.reduce_scatter((src, recv, p.nc * w), self.dtype(), cs)?;
-            self.copy_2d(out + lo * e, p.m * e, recv, w * e, w * e, p.nc, cs);
-        }
+            pl.reduce_scatter((src, recv, p.nc * w), pl.dtype(), cs)?;
+            pl.copy_2d(out + lo * e, p.m * e, recv, w * e, w * e, p.nc, cs);
+            Ok(())
+        };
+        self.gemms_one_ahead(nchunks, gemm, collective)?;
         self.finish();
         Ok(())
     }
@@ -529,10 +538,23 @@ impl Planner<'_> {
             Some(tiles) => self.fused_rs_gemm(p, staging, pieces, tiles)?,
             None => None,
         };
-        if done.is_none() {
-            self.ring_rs_gemms(p, staging, &plan.gemm_dest);
+        let sizes = (slot_bytes, pieces);
+        if done.is_some() {
+            for i in 0..plan.steps.len() {
+                self.ring_rs_exchange(staging, sizes, &plan.steps, i, done)?;
+            }
+        } else {
+            // (the last GEMM, this rank's own partial, has no exchange)
+            let gemm = |pl: &mut Self, i: usize| {
+                pl.ring_rs_gemm(p, staging, &plan.gemm_dest, i);
+                Ok(())
+            };
+            let exchange = |pl: &mut Self, i: usize| match i < plan.steps.len() {
+                true => pl.ring_rs_exchange(staging, sizes, &plan.steps, i, None),
+                false => Ok(()),
+            };
+            self.gemms_one_ahead(plan.gemm_dest.len(), gemm, exchange)?;
         }
-        self.ring_rs_exchanges(staging, (slot_bytes, pieces), &plan.steps, done)?;
         self.ring_rs_reduce(x, p, staging, fp8, done.map(|d| (d, pieces)))?;
         if let Some(d) = done {
             // every signal back to zero (the next call clears them again before its GEMM)
@@ -626,29 +648,28 @@ impl Planner<'_> {
         Ok(Some(done))
     }
 
-    /// GEMM for destination d: B's rows [d nc, (d+1) nc), output [nc, m], into local
-    /// staging: the GEMMs never touch the registered buffer, which peers may still be
-    /// loading from for the previous call.
-    fn ring_rs_gemms(&mut self, p: &RsPlan, staging: DevPtr, dests: &[usize]) {
+    /// GEMM `i`, for destination d = `dests[i]`: B's rows [d nc, (d+1) nc), output [nc, m],
+    /// into local staging: the GEMMs never touch the registered buffer, which peers may
+    /// still be loading from for the previous call.
+    fn ring_rs_gemm(&mut self, p: &RsPlan, staging: DevPtr, dests: &[usize], i: usize) {
         let tp = self.tp();
         let slot_bytes = p.nc * p.m * eb(self.dtype());
-        for (i, &d) in dests.iter().enumerate() {
-            let mut g = p.full;
-            g.n = p.nc;
-            g.b = p.full.b_from_row(d * p.nc);
-            g.d = staging + d * slot_bytes;
-            if !p.full.aux.is_null() {
-                g.aux = p.full.aux + d * p.nc * p.m * eb(p.full.aux_type);
-            }
-            if p.full.epilogue == gemm::Epilogue::BGradB {
-                g.bias = p.full.bias + d * p.nc * eb(p.full.bias_type);
-            }
-            let si = 0; // in order: see the module doc
-            self.step(|| format!("GEMM partial for rank {d} ({} of {tp})", i + 1));
-            self.gemm(&g, si, false);
-            self.record(i, Lane::Compute(si));
-            self.mark(Lane::Compute(si), || format!("gemm{i}"));
+        let d = dests[i];
+        let mut g = p.full;
+        g.n = p.nc;
+        g.b = p.full.b_from_row(d * p.nc);
+        g.d = staging + d * slot_bytes;
+        if !p.full.aux.is_null() {
+            g.aux = p.full.aux + d * p.nc * p.m * eb(p.full.aux_type);
         }
+        if p.full.epilogue == gemm::Epilogue::BGradB {
+            g.bias = p.full.bias + d * p.nc * eb(p.full.bias_type);
+        }
+        let si = 0; // in order: see the module doc
+        self.step(|| format!("GEMM partial for rank {d} ({} of {tp})", i + 1));
+        self.gemm(&g, si, false);
+        self.record(i, Lane::Compute(si));
+        self.mark(Lane::Compute(si), || format!("gemm{i}"));
     }
 
     /// Step i: our partial for rank d = r+i+1 goes to its slot r, and the partial of rank
@@ -657,54 +678,54 @@ impl Planner<'_> {
     /// (the fused ring's, also where our GEMM does not run: every rank exchanges the
     /// same), each after our GEMM's done signal of that piece, or all after the
     /// destination's cuBLASLt GEMM.
-    fn ring_rs_exchanges(
+    fn ring_rs_exchange(
         &mut self,
         staging: DevPtr,
         (slot_bytes, pieces): (usize, usize),
         steps: &[super::schedule::Transfer],
+        i: usize,
         done: Option<DevPtr>,
     ) -> Result<()> {
         let cs = Lane::Comm(0);
         let slot = self.e.slots.rs_p2p;
         // `pieces` divides the slot's rows, so each piece is slot_bytes / pieces bytes.
         let piece = slot_bytes / pieces;
-        for (i, t) in steps.iter().enumerate() {
-            if done.is_none() {
-                self.wait_event(i, cs);
-            }
-            for c in 0..pieces {
-                if let Some(d) = done {
-                    self.wait_flag(d + 4 * (t.to * pieces + c), 1, cs);
-                }
-                let send = SendOp::contiguous(
-                    t.to,
-                    staging + t.to * slot_bytes + c * piece,
-                    t.send * slot_bytes + c * piece,
-                    piece,
-                );
-                let recv = RecvOp::contiguous(t.from, t.recv * slot_bytes + c * piece, piece);
-                let q = i * pieces + c;
-                let info = WaitInfo {
-                    op: Op::SplitRsP2p as u32,
-                    step: q as u32,
-                };
-                self.step(|| {
-                    let of = if pieces > 1 {
-                        format!(" (piece {} of {pieces})", c + 1)
-                    } else {
-                        String::new()
-                    };
-                    format!(
-                        "exchange {}: partial to rank {}, from rank {}{of}",
-                        i + 1,
-                        t.to,
-                        t.from
-                    )
-                });
-                self.exchange(send, recv, (slot, tag(q)), cs, info)?;
-            }
-            self.mark(cs, || format!("exchanged{i}"));
+        let t = &steps[i];
+        if done.is_none() {
+            self.wait_event(i, cs);
         }
+        for c in 0..pieces {
+            if let Some(d) = done {
+                self.wait_flag(d + 4 * (t.to * pieces + c), 1, cs);
+            }
+            let send = SendOp::contiguous(
+                t.to,
+                staging + t.to * slot_bytes + c * piece,
+                t.send * slot_bytes + c * piece,
+                piece,
+            );
+            let recv = RecvOp::contiguous(t.from, t.recv * slot_bytes + c * piece, piece);
+            let q = i * pieces + c;
+            let info = WaitInfo {
+                op: Op::SplitRsP2p as u32,
+                step: q as u32,
+            };
+            self.step(|| {
+                let of = if pieces > 1 {
+                    format!(" (piece {} of {pieces})", c + 1)
+                } else {
+                    String::new()
+                };
+                format!(
+                    "exchange {}: partial to rank {}, from rank {}{of}",
+                    i + 1,
+                    t.to,
+                    t.from
+                )
+            });
+            self.exchange(send, recv, (slot, tag(q)), cs, info)?;
+        }
+        self.mark(cs, || format!("exchanged{i}"));
         Ok(())
     }
 
