@@ -249,7 +249,7 @@ def main():
             def layers(x, w1, b1, w2, b2, meta):
                 return tj.mlp(x, w1, b1, w2, b2, ctx=ctx, fp8=fp8 or False, fp8_meta=meta, library=lib)
 
-        model = tj.tp_shard_map(layers, mesh, specs + (P(),), P("tp", None))
+        model = tj.tp_shard_map(layers, mesh, specs + (P(),), P("tp", None), ctx=ctx)
         delayed = fp8 is not None and fp8.delayed
 
         def loss_fn(params, meta, x, y):

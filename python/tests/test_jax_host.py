@@ -378,6 +378,48 @@ def test_ops_lower_to_custom_calls(tmp_path):
     assert p.returncode == 0 and "OK" in p.stdout, p.stdout + p.stderr
 
 
+def test_shard_map_mesh_must_match_the_context():
+    """tp_shard_map(..., ctx=) refuses a mesh that places the devices at other TP ranks
+    than the context's (each device's context would gather as another rank's shard: a
+    silently wrong result), names the devices, and takes the context's own mesh, a
+    mesh of the same order with another axis, and a 2-D mesh whose TP groups match."""
+    code = textwrap.dedent("""
+        import os
+        os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+        os.environ["JAX_PLATFORMS"] = "cpu"
+        import jax, numpy as np
+        from jax.sharding import Mesh, PartitionSpec as P
+        import transformer_engine_comm.jax as tj
+        d = np.array(jax.devices())
+        f = lambda x: x
+        def refused(mesh, ctx, what):
+            try:
+                tj.tp_shard_map(f, mesh, P("tp"), P("tp"), ctx=ctx)
+            except ValueError as e:
+                assert what in str(e), str(e)
+            else:
+                raise AssertionError(f"mesh {mesh} accepted for {ctx}")
+        mesh = Mesh(d, ("tp",))
+        ctx = tj.tp_context(mesh, "tp")
+        tj.tp_shard_map(f, mesh, P("tp"), P("tp"), ctx=ctx)
+        tj.tp_shard_map(f, Mesh(d.reshape(1, 4), ("dp", "tp")), P("tp"), P("tp"), ctx=ctx)
+        refused(Mesh(d[::-1], ("tp",)), ctx, "device 3: rank 0 on the mesh, 3 in the context")
+        refused(Mesh(d.reshape(2, 2), ("dp", "tp")), ctx, "has 2 devices, this context's TP size is 4")
+        refused(Mesh(d, ("x",)), ctx, "not this context's TP axis 'tp'")
+        tj.tp_shard_map(f, Mesh(d[::-1], ("tp",)), P("tp"), P("tp"))  # (no ctx: no check)
+        # 2 x 2: TP groups along the second axis; the transposed device grid swaps them.
+        grid = Mesh(d.reshape(2, 2), ("dp", "tp"))
+        ctx2 = tj.tp_context(grid, "tp")
+        tj.tp_shard_map(f, grid, P("tp"), P("tp"), ctx=ctx2)
+        refused(Mesh(d.reshape(2, 2)[:, ::-1], ("dp", "tp")), ctx2, "differently")
+        ctx.close(); ctx2.close()
+        print("OK")
+    """)
+    env = dict(os.environ, PYTHONPATH=PYTHON_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and "OK" in p.stdout, p.stdout + p.stderr
+
+
 # ---- FP8 recipes (pure jnp on CPU): exact against a numpy transcription of TE's kernel ----
 
 

@@ -383,7 +383,7 @@ def shard_map_checks():
             for a, sp in zip((X, W1, B1, W2, B2), specs)]
 
     def smap(f, out):
-        return tj.tp_shard_map(f, mesh, specs, out)
+        return tj.tp_shard_map(f, mesh, specs, out, ctx=ctx)
 
     def ref_model(x, w1, b1, w2, b2):
         h = jax.nn.gelu(x @ w1.T + b1, approximate=True)
@@ -452,7 +452,7 @@ def shard_map_checks():
         glob_ar = [jax.make_array_from_callback(a.shape, NamedSharding(mesh, sp), lambda idx, a=a: jnp.asarray(a[idx], bf))
                    for a, sp in zip((X, W1, B1, W2, B2), specs_ar)]
 
-        model = tj.tp_shard_map(lambda *b: tj.mlp(*b, ctx=ctx, sequence_parallel=False), mesh, specs_ar, P())
+        model = tj.tp_shard_map(lambda *b: tj.mlp(*b, ctx=ctx, sequence_parallel=False), mesh, specs_ar, P(), ctx=ctx)
         loss = lambda *a: jnp.sum(model(*a).astype(jnp.float32) ** 2) / T  # noqa: E731
         g = jax.jit(jax.grad(loss, argnums=range(5)))(*glob_ar)
         whole = jax.grad(lambda *a: jnp.sum(ref_model(*a) ** 2) / T, argnums=range(5))(*full)

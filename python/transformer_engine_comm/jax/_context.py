@@ -63,6 +63,32 @@ class TPContext:
         self._ordinals.append(ordinal)
         self.ranks[device.id] = rank
 
+    def check_mesh(self, mesh) -> None:
+        """ValueError unless ``mesh`` (the one ``shard_map`` runs over) places this
+        process's devices of the layout at the TP ranks of their contexts, along
+        ``self.axis`` and with ``self.size`` devices on it. ``shard_map`` hands each device
+        the shard of its place on the mesh, while the library's context on that device
+        gathers and scatters as the rank it was created with: a mesh that orders the
+        devices differently from the one given to :func:`tp_context` would put every
+        shard at another rank's rows, silently."""
+        names = list(mesh.axis_names)
+        if self.axis not in names:
+            raise ValueError(f"mesh has axes {names}, not this context's TP axis {self.axis!r}")
+        n = mesh.shape[self.axis]
+        if n != self.size:
+            raise ValueError(f"mesh axis {self.axis!r} has {n} devices, this context's TP size is {self.size}")
+        wrong = []
+        for _, members in _groups(mesh, self.axis):
+            for r, d in enumerate(members):
+                mine = self.ranks.get(d.id)
+                if mine is not None and mine != r:
+                    wrong.append(f"device {d.id}: rank {r} on the mesh, {mine} in the context")
+        if wrong:
+            raise ValueError(
+                f"the mesh orders the devices along {self.axis!r} differently from the mesh this TP context was "
+                f"made for ({'; '.join(wrong)}): use the same mesh for tp_context and shard_map"
+            )
+
     def callback_errors(self) -> list:
         """Exceptions raised by the setup exchanges (e.g. a timeout naming missing ranks)."""
         return [e for c in self._ctxs for e in c.callback_errors]

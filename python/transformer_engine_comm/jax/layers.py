@@ -75,10 +75,14 @@ from .fp8 import FP8Meta
 from .ops import _comm_sms_arg, ag_gemm, rs_gemm
 
 
-def tp_shard_map(f, mesh, in_specs, out_specs):
+def tp_shard_map(f, mesh, in_specs, out_specs, *, ctx: Optional[TPContext] = None):
     """``shard_map(f, ...)`` as the layers need it: without replication checking
     (``check_vma=False``, ``check_rep=False`` on older JAX), so that the gradient of a
-    replicated input is the sum of the devices' shares (see the module docs)."""
+    replicated input is the sum of the devices' shares (see the module docs). With
+    ``ctx`` (the layers' TP context), first checks that ``mesh`` places the devices at
+    the ranks of the context (:meth:`TPContext.check_mesh`: ValueError otherwise)."""
+    if ctx is not None:
+        ctx.check_mesh(mesh)
     try:
         from jax import shard_map
     except ImportError:  # older JAX
