@@ -567,7 +567,24 @@ impl Planner<'_> {
         x: &AgArgs,
         sh: &AgShape,
         ring: &AgRing,
+        step: (usize, usize),
+        flags: Option<DevPtr>,
+    ) -> Result<()> {
+        for j in 0..sh.pieces {
+            self.ag_ring_piece(x, sh, ring, step, j, flags)?;
+        }
+        Ok(())
+    }
+
+    /// Piece `j` of step `s` of ring direction `dir`: its exchange, then (on the same comm
+    /// stream) its copy into B_copy, its event and its flag.
+    fn ag_ring_piece(
+        &mut self,
+        x: &AgArgs,
+        sh: &AgShape,
+        ring: &AgRing,
         (dir, s): (usize, usize),
+        j: usize,
         flags: Option<DevPtr>,
     ) -> Result<()> {
         let e = eb(self.dtype());
@@ -591,68 +608,66 @@ impl Planner<'_> {
         } else {
             self.buffer() + off(c)
         };
-        for j in 0..pieces {
-            let (lo, hi) = sh.rows(j);
-            let (send, recv) = if sh.k_slices {
-                // K slice j of the whole chunk: nc runs of its bytes, a row apart.
-                let (c0, c1) = k_slice_bytes(k, e, pieces, j);
-                let send = SendOp {
-                    rows: sh.nc,
-                    pitch: k * e,
-                    ..SendOp::contiguous(t.to, src + c0, off(c) + c0, c1 - c0)
-                };
-                let recv = RecvOp {
-                    rows: sh.nc,
-                    pitch: k * e,
-                    ..RecvOp::contiguous(t.from, off(rc) + c0, c1 - c0)
-                };
-                (send, recv)
-            } else {
-                let bytes = (hi - lo) * k * e;
-                (
-                    SendOp::contiguous(t.to, src + lo * k * e, off(c) + lo * k * e, bytes),
-                    RecvOp::contiguous(t.from, off(rc) + lo * k * e, bytes),
-                )
+        let (lo, hi) = sh.rows(j);
+        let (send, recv) = if sh.k_slices {
+            // K slice j of the whole chunk: nc runs of its bytes, a row apart.
+            let (c0, c1) = k_slice_bytes(k, e, pieces, j);
+            let send = SendOp {
+                rows: sh.nc,
+                pitch: k * e,
+                ..SendOp::contiguous(t.to, src + c0, off(c) + c0, c1 - c0)
             };
-            self.step(|| {
-                    format!(
-                        "ring {dir} step {}: chunk {c} to rank {}, chunk {rc} from rank {} (piece {} of {pieces})",
-                        s + 1,
-                        t.to,
-                        t.from,
-                        j + 1
-                    )
-                });
-            let info = WaitInfo {
-                op: Op::SplitAg as u32,
-                step: (s + 1) as u32,
+            let recv = RecvOp {
+                rows: sh.nc,
+                pitch: k * e,
+                ..RecvOp::contiguous(t.from, off(rc) + c0, c1 - c0)
             };
-            // Block scales: chunk c's slot behind its data (from the shard's own
-            // scales at s = 0), in the same step.
-            let then = sh.scales.map(|sc| {
-                let from = if s == 0 {
-                    sc.local
-                } else {
-                    self.buffer() + sc.at(c)
-                };
-                (
-                    SendOp::contiguous(t.to, from, sc.at(c), sc.bytes),
-                    RecvOp::contiguous(t.from, sc.at(rc), sc.bytes),
+            (send, recv)
+        } else {
+            let bytes = (hi - lo) * k * e;
+            (
+                SendOp::contiguous(t.to, src + lo * k * e, off(c) + lo * k * e, bytes),
+                RecvOp::contiguous(t.from, off(rc) + lo * k * e, bytes),
+            )
+        };
+        self.step(|| {
+                format!(
+                    "ring {dir} step {}: chunk {c} to rank {}, chunk {rc} from rank {} (piece {} of {pieces})",
+                    s + 1,
+                    t.to,
+                    t.from,
+                    j + 1
                 )
             });
-            self.exchange_then(send, recv, then, (slot, tag(s * pieces + j)), st, info)?;
-            if !sh.k_slices {
-                self.ag_copy_out(x, sh, rc, (lo, hi), st);
-            }
-            self.record(rc * pieces + j, st);
-            if let Some(f) = flags {
-                self.write_flag(f + 4 * (rc * pieces + j), 1, st);
-            }
-            if sh.k_slices && j + 1 == pieces {
-                // (after the last slice's flag: our GEMM does not read B_copy, and
-                // the chunk's copy would delay the last block's tail)
-                self.ag_copy_out(x, sh, rc, (0, sh.nc), st);
-            }
+        let info = WaitInfo {
+            op: Op::SplitAg as u32,
+            step: (s + 1) as u32,
+        };
+        // Block scales: chunk c's slot behind its data (from the shard's own
+        // scales at s = 0), in the same step.
+        let then = sh.scales.map(|sc| {
+            let from = if s == 0 {
+                sc.local
+            } else {
+                self.buffer() + sc.at(c)
+            };
+            (
+                SendOp::contiguous(t.to, from, sc.at(c), sc.bytes),
+                RecvOp::contiguous(t.from, sc.at(rc), sc.bytes),
+            )
+        });
+        self.exchange_then(send, recv, then, (slot, tag(s * pieces + j)), st, info)?;
+        if !sh.k_slices {
+            self.ag_copy_out(x, sh, rc, (lo, hi), st);
+        }
+        self.record(rc * pieces + j, st);
+        if let Some(f) = flags {
+            self.write_flag(f + 4 * (rc * pieces + j), 1, st);
+        }
+        if sh.k_slices && j + 1 == pieces {
+            // (after the last slice's flag: our GEMM does not read B_copy, and
+            // the chunk's copy would delay the last block's tail)
+            self.ag_copy_out(x, sh, rc, (0, sh.nc), st);
         }
         Ok(())
     }
@@ -717,8 +732,8 @@ impl Planner<'_> {
     }
 
     /// The ring all-gather's work in the order it is issued: the local chunk's GEMM (its
-    /// chunk is in place already), then each ring step followed by the GEMMs of the
-    /// chunk it brings, then the local copies. Issued so, the work also overlaps where
+    /// chunk is in place already), then each piece of each ring step followed by its
+    /// GEMM, then the local copies. Issued so, the work also overlaps where
     /// every stream shares one hardware queue (`CUDA_DEVICE_MAX_CONNECTIONS=1`, TE's and
     /// Megatron's setting), which runs it in issue order and holds its head at a stream
     /// wait: a chunk's GEMM goes once its step landed, and the next step runs beside it.
@@ -744,18 +759,27 @@ impl Planner<'_> {
             };
             t.recv == ring.order[i + 1]
         }));
+        let none = SideCopy::default();
         for (i, &step) in steps.iter().enumerate() {
-            self.ag_ring_step(x, sh, ring, step, None)?;
-            self.ag_chunk_gemms(x, sh, ring, i + 1, SideCopy::default(), &mut gemms);
+            // Each row piece's GEMM right after its exchange (K slices: the chunk's GEMM
+            // after its last slice)
+            for jp in 0..sh.pieces {
+                self.ag_ring_piece(x, sh, ring, step, jp, None)?;
+                if !sh.k_slices {
+                    self.ag_piece_gemm(x, sh, ring, (i + 1, jp), none, &mut gemms);
+                }
+            }
+            if sh.k_slices {
+                self.ag_chunk_gemms(x, sh, ring, i + 1, none, &mut gemms);
+            }
         }
         self.ag_local_copies(x, sh, ring, false);
         Ok(gemms)
     }
 
     /// The GEMMs of the `j`-th chunk in arrival order (`ring.order[j]`, the local one
-    /// first), on compute stream j mod the stream count: the local chunk in one GEMM,
-    /// a remote one piece by piece, each after its piece's event (K slices: whole, after
-    /// the chunk's last slice). `side`: a copy for the local chunk's GEMM (see
+    /// first): the local chunk in one GEMM, a remote one piece by piece (K slices: whole,
+    /// after the chunk's last slice). `side`: a copy for the local chunk's GEMM (see
     /// ag_local_copies). Counts the GEMMs in `gemms` (each its own amax slot).
     fn ag_chunk_gemms(
         &mut self,
@@ -766,50 +790,73 @@ impl Planner<'_> {
         side: SideCopy,
         gemms: &mut usize,
     ) {
+        for q in 0..self.ag_gemm_parts(sh, ring, j) {
+            self.ag_piece_gemm(x, sh, ring, (j, q), side, gemms);
+        }
+    }
+
+    /// How many GEMMs the `j`-th chunk in arrival order takes (see ag_chunk_gemms).
+    fn ag_gemm_parts(&self, sh: &AgShape, ring: &AgRing, j: usize) -> usize {
+        if ring.order[j] == self.tp_rank() || sh.k_slices {
+            1
+        } else {
+            sh.pieces
+        }
+    }
+
+    /// GEMM `q` of the `j`-th chunk in arrival order, on compute stream j mod the stream
+    /// count, after its piece's event where the chunk is remote (see ag_chunk_gemms).
+    fn ag_piece_gemm(
+        &mut self,
+        x: &AgArgs,
+        sh: &AgShape,
+        ring: &AgRing,
+        (j, q): (usize, usize),
+        side: SideCopy,
+        gemms: &mut usize,
+    ) {
         let (tp, r) = (self.tp(), self.tp_rank());
         let (full, nc, k, pieces) = (&sh.full, sh.nc, sh.k, sh.pieces);
         debug_assert_eq!(ring.order.len(), tp);
         let c = ring.order[j];
         let (eb_d, eb_b) = (eb(full.d_type), eb(self.dtype()));
         let si = j % self.e.compute_streams;
-        let parts = if c == r || sh.k_slices { 1 } else { pieces };
-        for q in 0..parts {
-            let (lo, hi) = if parts == 1 { (0, nc) } else { sh.rows(q) };
-            let mut g = *full;
-            g.n = hi - lo;
-            if c == r {
-                g.b = sh.local_src;
-            } else {
-                let last = if sh.k_slices { pieces - 1 } else { q };
-                self.wait_event(c * pieces + last, Lane::Compute(si));
-                g.b = full.b + (c * nc + lo) * k * eb_b;
-            }
-            if x.g.transb {
-                g.ldb = nc; // each shard [k, nc] is its own matrix (pieces: 1)
-            }
-            if let Some(sc) = sh.scales {
-                // (pieces: 1) the chunk's own scales: the shard's, or its slot's
-                g.b_scale_inv = if c == r {
-                    sc.local
-                } else {
-                    self.buffer() + sc.at(c)
-                };
-            }
-            g.d = full.d + (c * nc + lo) * full.ldd * eb_d;
-            if !full.aux.is_null() {
-                g.aux = full.aux + (c * nc + lo) * full.ldd * eb(full.aux_type);
-            }
-            if full.epilogue == Epilogue::BGradB {
-                g.bias = full.bias + c * nc * eb(full.bias_type); // pieces: 1
-            }
-            if !sh.amax_slots.is_null() {
-                g.d_amax = sh.amax_slots + 4 * *gemms;
-            }
-            *gemms += 1;
-            self.step(|| format!("GEMM chunk {c} rows {lo}..{hi} ({} of {tp})", j + 1));
-            let side = if c == r { side } else { SideCopy::default() };
-            self.gemm_copying(&g, si, true, side);
+        let parts = self.ag_gemm_parts(sh, ring, j);
+        let (lo, hi) = if parts == 1 { (0, nc) } else { sh.rows(q) };
+        let mut g = *full;
+        g.n = hi - lo;
+        if c == r {
+            g.b = sh.local_src;
+        } else {
+            let last = if sh.k_slices { pieces - 1 } else { q };
+            self.wait_event(c * pieces + last, Lane::Compute(si));
+            g.b = full.b + (c * nc + lo) * k * eb_b;
         }
+        if x.g.transb {
+            g.ldb = nc; // each shard [k, nc] is its own matrix (pieces: 1)
+        }
+        if let Some(sc) = sh.scales {
+            // (pieces: 1) the chunk's own scales: the shard's, or its slot's
+            g.b_scale_inv = if c == r {
+                sc.local
+            } else {
+                self.buffer() + sc.at(c)
+            };
+        }
+        g.d = full.d + (c * nc + lo) * full.ldd * eb_d;
+        if !full.aux.is_null() {
+            g.aux = full.aux + (c * nc + lo) * full.ldd * eb(full.aux_type);
+        }
+        if full.epilogue == Epilogue::BGradB {
+            g.bias = full.bias + c * nc * eb(full.bias_type); // pieces: 1
+        }
+        if !sh.amax_slots.is_null() {
+            g.d_amax = sh.amax_slots + 4 * *gemms;
+        }
+        *gemms += 1;
+        self.step(|| format!("GEMM chunk {c} rows {lo}..{hi} ({} of {tp})", j + 1));
+        let side = if c == r { side } else { SideCopy::default() };
+        self.gemm_copying(&g, si, true, side);
     }
 }
 

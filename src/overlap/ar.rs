@@ -256,11 +256,21 @@ impl Planner<'_> {
             Ok(())
         };
         let d = x.d.data.ptr;
-        let reduce = |pl: &mut Self, i: usize| match two_shot {
-            true => pl.ar_two_shot(d, partials, m, (&bounds, i)),
+        // (two-shot: the scatter's puts, then after the next chunk's GEMM the rest)
+        let start = |pl: &mut Self, i: usize| match two_shot {
+            true => pl.two_shot_scatter(
+                i,
+                bounds[i] * m,
+                &Slices::new((bounds[i + 1] - bounds[i]) * m, tp),
+                partials,
+            ),
             false => pl.ar_one_shot(d, collective, m, (&bounds, i)),
         };
-        self.gemms_one_ahead(s, gemm, reduce)?;
+        let finish = |pl: &mut Self, i: usize| match two_shot {
+            true => pl.ar_two_shot(d, partials, m, (&bounds, i)),
+            false => Ok(()),
+        };
+        self.chunks_interleaved(s, gemm, start, finish)?;
         self.finish();
         Ok(())
     }
@@ -313,8 +323,9 @@ impl Planner<'_> {
         Ok(())
     }
 
-    /// The two-shot all-reduce of chunk i of `partials` (local staging) into `d`.
-    /// Chunk i's region of the registered buffer receives the tp-1 copies of this rank's
+    /// The two-shot all-reduce of chunk i of `partials` (local staging) into `d`, after
+    /// its scatter's puts ([`Self::two_shot_scatter`]): their signal, the reduction and the
+    /// gather. Chunk i's region of the registered buffer receives the tp-1 copies of this rank's
     /// slice (slots); the reduction writes the reduced slice over its own place in the
     /// region, and every rank loads the reduced slices from their owners' regions into D.
     /// Scatter: copy-engine pushes (outbound NVLink, no SMs). Gather: SM loads (inbound;
@@ -333,12 +344,16 @@ impl Planner<'_> {
         let base = bounds[i] * m; // chunk start, elements
         let sl = Slices::new((bounds[i + 1] - bounds[i]) * m, self.tp());
         self.step(|| format!("all-reduce chunk {i} of {s}: scatter, reduce, gather"));
-        self.two_shot_scatter(i, base, &sl, partials)?;
+        let (scatter, others) = (Lane::Comm(0), self.others());
+        self.signal(&others, self.e.slots.rs_p2p, tag(i), scatter)?;
+        self.mark(scatter, || format!("scattered{i}"));
         self.two_shot_reduce(i, base, &sl, partials, i + 1 == s)?;
         self.two_shot_gather(i, base, &sl, d, i + 1 == s)
     }
 
-    /// Scatter: slice q of this rank's partial to rank q's slots (comm stream 0).
+    /// Scatter: slice q of this rank's partial to rank q's slots (comm stream 0); the
+    /// signal that they landed follows in [`Self::ar_two_shot`] (after the next chunk's
+    /// GEMM: see `chunks_interleaved`).
     fn two_shot_scatter(
         &mut self,
         i: usize,
@@ -360,9 +375,6 @@ impl Planner<'_> {
                 scatter,
             )?;
         }
-        let others = self.others();
-        self.signal(&others, self.e.slots.rs_p2p, tag(i), scatter)?;
-        self.mark(scatter, || format!("scattered{i}"));
         Ok(())
     }
 

@@ -321,26 +321,36 @@ pub struct Planner<'a> {
 }
 
 impl Planner<'_> {
-    /// Issues `n` chunks' GEMMs and the communication of each one chunk behind: GEMM 0,
-    /// GEMM 1, comm 0, GEMM 2, comm 1, ..., comm n-1. Where every stream shares one
-    /// hardware queue (`CUDA_DEVICE_MAX_CONNECTIONS=1`, TE's and Megatron's setting) the
-    /// queue runs work in issue order and holds at a stream wait: comm i (which waits for
-    /// GEMM i) then lets GEMM i+1, queued behind GEMM i on its stream, start at once, and
-    /// runs beside it. With every GEMM issued first, no communication started before the
-    /// last GEMM had been let go (the protocol simulator's one-queue mode).
-    pub(super) fn gemms_one_ahead<G, C>(&mut self, n: usize, mut gemm: G, mut comm: C) -> Result<()>
+    /// Issues `n` chunks' GEMMs, each followed by the start of its communication, whose
+    /// completion (what waits for the transfer to end on its stream) comes after the next
+    /// chunk's GEMM: GEMM 0, comm 0, GEMM 1, finish 0, comm 1, ..., finish n-1. Where every
+    /// stream shares one hardware queue (`CUDA_DEVICE_MAX_CONNECTIONS=1`, TE's and
+    /// Megatron's setting) the queue runs work in issue order and holds at a stream wait,
+    /// or at a step whose stream is still busy: comm i then goes as soon as GEMM i ends
+    /// and runs beside GEMM i+1. Issued with every GEMM first, no communication started
+    /// before the last GEMM had been let go; with a transfer's completion before the next
+    /// GEMM, that GEMM waited for the transfer (the protocol simulator's one-queue mode).
+    pub(super) fn chunks_interleaved<G, C, F>(
+        &mut self,
+        n: usize,
+        mut gemm: G,
+        mut comm: C,
+        mut finish: F,
+    ) -> Result<()>
     where
         G: FnMut(&mut Self, usize) -> Result<()>,
         C: FnMut(&mut Self, usize) -> Result<()>,
+        F: FnMut(&mut Self, usize) -> Result<()>,
     {
         for i in 0..n {
             gemm(self, i)?;
             if i > 0 {
-                comm(self, i - 1)?;
+                finish(self, i - 1)?;
             }
+            comm(self, i)?;
         }
         if n > 0 {
-            comm(self, n - 1)?;
+            finish(self, n - 1)?;
         }
         Ok(())
     }

@@ -264,6 +264,7 @@ impl Device for RecDevice {
 const NEVER: u32 = 0;
 const INPUT: u32 = u32::MAX;
 
+#[derive(Clone)]
 struct Alloc {
     name: String,
     base: u64,
@@ -273,7 +274,7 @@ struct Alloc {
 }
 
 /// Host memory behind the fake device addresses: allocations 4 GiB apart.
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub(crate) struct Mem {
     allocs: Vec<Alloc>,
 }
@@ -381,10 +382,20 @@ struct Sim {
     readers: std::cell::RefCell<HashMap<usize, Vec<Vec<u32>>>>,
     /// one hardware queue per rank (`CUDA_DEVICE_MAX_CONNECTIONS=1`): see `dispatch`
     one_queue: bool,
-    /// one-queue mode: each rank's GEMMs and transfers as the queue let them go to their
-    /// streams (after that only their own stream and inputs hold them)
+    /// one-queue mode: each rank's GEMMs as they started and transfers as they ran
     ran: Vec<(usize, Ran)>,
+    /// one-queue mode: the timed steps running, with the scheduler rounds each has left
+    /// and its rank's GEMM rounds when it started
+    timed: HashMap<usize, (u32, u64)>,
+    /// one-queue mode: per rank, the GEMMs running and the rounds its GEMMs have run
+    busy: Vec<u32>,
+    gemm_rounds: Vec<u64>,
 }
+
+/// One-queue mode: the scheduler rounds a GEMM runs, and a transfer of data, so that what
+/// the queue lets run beside a GEMM shows (see `Sim::timed_runs`).
+const GEMM_ROUNDS: u32 = 4;
+const MOVE_ROUNDS: u32 = 2;
 
 impl Sim {
     fn new(log: &L, mem: Mem, buffers: Vec<DevPtr>) -> Sim {
@@ -450,6 +461,9 @@ impl Sim {
             readers: Default::default(),
             one_queue: false,
             ran: Vec::new(),
+            timed: HashMap::new(),
+            busy: vec![0; tp],
+            gemm_rounds: vec![0; tp],
         }
     }
 
@@ -477,16 +491,63 @@ impl Sim {
                 lane.push_back(h);
                 q.pop_front();
                 moved = true;
-                match s.rec {
-                    Rec::Device(Dev::Gemm(_) | Dev::Fused(..)) => {
-                        self.ran.push((s.rank, Ran::Gemm))
-                    }
-                    Rec::Transport(_) => self.ran.push((s.rank, Ran::Transfer)),
-                    _ => {}
-                }
             }
         }
         moved
+    }
+
+    /// One-queue mode, step `h` at its stream's front: false while it still runs, true
+    /// when it can complete now. A GEMM runs [`GEMM_ROUNDS`] scheduler rounds from when its
+    /// inputs are ready (our fused GEMM from when it reaches its stream: it waits for its
+    /// flags itself, computing what arrived, and ends once they are all set); a transfer
+    /// of data (a put, exchange, collective, reduction or segment copy) [`MOVE_ROUNDS`],
+    /// and is noted as beside a GEMM where one of its rank's GEMMs ran meanwhile; any
+    /// other step none. (The step's effects apply when it completes.)
+    fn timed_runs(&mut self, h: usize, progress: &mut bool) -> bool {
+        let r = self.steps[h].rank;
+        let (rounds, gemm, fused) = match &self.steps[h].rec {
+            Rec::Device(Dev::Gemm(_)) => (GEMM_ROUNDS, true, false),
+            Rec::Device(Dev::Fused(..)) => (GEMM_ROUNDS, true, true),
+            Rec::Device(Dev::Reduce(_) | Dev::Segments(_))
+            | Rec::Transport(
+                Call::Put { .. }
+                | Call::Put2d { .. }
+                | Call::SendRecv { .. }
+                | Call::Collective { .. },
+            ) => (MOVE_ROUNDS, false, false),
+            _ => return true,
+        };
+        let Some((left, mark)) = self.timed.get(&h).copied() else {
+            if !fused && self.ready(h).is_none() {
+                return false;
+            }
+            self.timed.insert(h, (rounds, self.gemm_rounds[r]));
+            if gemm {
+                self.busy[r] += 1;
+                self.ran.push((r, Ran::Gemm));
+            }
+            *progress = true;
+            return false;
+        };
+        if left > 1 {
+            self.timed.insert(h, (left - 1, mark));
+            if gemm {
+                self.gemm_rounds[r] += 1;
+            }
+            *progress = true;
+            return false;
+        }
+        if self.ready(h).is_none() {
+            return false; // (fused: the last flags not yet set)
+        }
+        self.timed.remove(&h);
+        if gemm {
+            self.busy[r] -= 1;
+        } else {
+            let beside_gemm = self.gemm_rounds[r] > mark || self.busy[r] > 0;
+            self.ran.push((r, Ran::Transfer { beside_gemm }));
+        }
+        true
     }
 
     /// Run every stream of every rank to its end; Err on a deadlock or a bad access.
@@ -518,6 +579,9 @@ impl Sim {
                 while let Some(&h) = q.front() {
                     if self.posted[h].is_none() {
                         self.posted[h] = Some(lane_clock[*l].clone());
+                    }
+                    if self.one_queue && !self.timed_runs(h, &mut progress) {
+                        break;
                     }
                     let Some(deps) = self.ready(h) else { break };
                     let mut c = lane_clock[*l].clone();
@@ -1290,6 +1354,16 @@ pub(crate) fn new_log(tp: usize) -> SharedLog<Dev> {
 
 /// Run the group's logs together (the memory after the run replaces `mem`).
 pub(crate) fn simulate(log: &SharedLog<Dev>, mem: &mut Mem, buffers: &[DevPtr]) -> Res {
+    // Every log also runs with one hardware queue per rank, on a copy of the memory: no
+    // deadlock, race or wrong byte there either.
+    let mut copy = mem.clone();
+    simulate_one_queue(log, &mut copy, buffers)
+        .map_err(|e| format!("with one hardware queue per rank: {e}"))?;
+    simulate_streams(log, mem, buffers)
+}
+
+/// [`simulate`] with a hardware queue per stream only.
+pub(crate) fn simulate_streams(log: &SharedLog<Dev>, mem: &mut Mem, buffers: &[DevPtr]) -> Res {
     let l = log.lock().unwrap();
     let mut sim = Sim::new(&l, std::mem::take(mem), buffers.to_vec());
     let r = sim.run();
@@ -1300,15 +1374,16 @@ pub(crate) fn simulate(log: &SharedLog<Dev>, mem: &mut Mem, buffers: &[DevPtr]) 
 /// What ran, in order, as [`simulate_one_queue`] reports it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) enum Ran {
-    /// a GEMM (ours fused or a library one)
+    /// a GEMM (ours fused or a library one) started
     Gemm,
-    /// a transport step (exchange, wait, barrier or collective)
-    Transfer,
+    /// a transfer of data (put, exchange, collective, reduction of peers' data, segment
+    /// copy) ended, having run beside a GEMM of its rank or not
+    Transfer { beside_gemm: bool },
 }
 
 /// [`simulate`] with one hardware queue per rank (`CUDA_DEVICE_MAX_CONNECTIONS=1`, see
-/// `Sim::dispatch`): the same checks, and per rank its GEMMs and transfers in the order
-/// the queue let them go.
+/// `Sim::dispatch`; GEMMs and transfers take scheduler rounds, `Sim::timed_runs`): the
+/// same checks, and per rank its GEMMs' starts and its transfers' ends in order.
 pub(crate) fn simulate_one_queue(
     log: &SharedLog<Dev>,
     mem: &mut Mem,
@@ -2394,19 +2469,80 @@ fn one_hardware_queue_never_deadlocks() {
     }
 }
 
-/// With one hardware queue per rank, every overlapping algorithm issues its GEMMs and
-/// transfers interleaved, so that the queue lets communication go beside the GEMMs: no
-/// three GEMMs in a row (a chunk's communication is let go once its GEMM and the next
-/// one are), and an all-gather's first GEMM before its ring (at most the call's arrival
-/// before it). Issued with the whole ring first (all-gather) or every GEMM first
-/// (reduce-scatter, all-reduce), the queue ran them one after the other.
+/// The one-queue cases: the consecutive-calls algorithms, with row pieces and both
+/// directions for the ring all-gather and three chunks for the chunked all-reduce.
+fn one_queue_cases(f: Flavour) -> Vec<(&'static str, Entry, Cfg)> {
+    use super::policy::AR_CHUNKED;
+    let mut v: Vec<_> = sequence_cases(f)
+        .into_iter()
+        .filter(|c| c.0 != "ag serial" && c.0 != "ar chunked")
+        .collect();
+    v.push((
+        "ag ring, 2 pieces",
+        Entry::Ag,
+        Cfg::new(f).with(|p| p.pieces = 2),
+    ));
+    v.push((
+        "ag ring, bidirectional",
+        Entry::Ag,
+        Cfg::new(f).with(|p| p.direction = Direction::BothWays),
+    ));
+    v.push((
+        "ar chunked, 3 chunks",
+        Entry::Ar,
+        Cfg::new(f).with(|p| {
+            p.pins.ar_algo = Some(AR_CHUNKED);
+            p.splits = 3;
+        }),
+    ));
+    v
+}
+
+/// Per rank: the share of its transfers that ran beside one of its GEMMs.
+fn beside_shares(ran: &[Vec<Ran>]) -> Vec<f64> {
+    ran.iter()
+        .map(|seq| {
+            let t: Vec<bool> = seq
+                .iter()
+                .filter_map(|r| match r {
+                    Ran::Transfer { beside_gemm } => Some(*beside_gemm),
+                    Ran::Gemm => None,
+                })
+                .collect();
+            t.iter().filter(|b| **b).count() as f64 / t.len().max(1) as f64
+        })
+        .collect()
+}
+
+/// With one hardware queue per rank (GEMMs and transfers of data take scheduler rounds,
+/// `Sim::timed_runs`), the share of each rank's transfers that run beside one of its
+/// GEMMs, at tp 2-6, at least:
+/// - every all-gather (ring, with pieces, both ways, fused): all of them. Issued with the
+///   whole ring first, none did;
+/// - the chunked reduce-scatters and the chunked all-reduce over the collective: half
+///   (every chunk's but the last's). Issued with every GEMM first, none did; with a
+///   chunk's copy-out between its collective and the next GEMM, none over the collective;
+/// - the chunked all-reduce over peer memory: some (its two-shot scatter issues tp-1 puts
+///   on one stream, the next GEMM behind them).
+///
+/// Not held to it here: the ring reduce-scatters and all-reduces over peer memory (an
+/// exchange is one transport step, put, signal and wait, so its signal holds the next
+/// GEMM until the put ends; none run beside), and our fused reduce-scatter (its done
+/// signals are modelled at the GEMM's end).
 #[test]
-fn one_hardware_queue_interleaves_gemms_and_transfers() {
+fn one_hardware_queue_runs_transfers_beside_gemms() {
     for f in FLAVOURS {
-        for (x, ex, cx) in sequence_cases(f) {
-            if x == "ag serial" {
-                continue; // (no overlap: the gather, then one GEMM)
-            }
+        for (x, ex, cx) in one_queue_cases(f) {
+            let least = match (x, f) {
+                _ if x.starts_with("ag") => 1.0,
+                ("rs", _) | ("ar chunked, 3 chunks", Flavour::Messages) => 0.5,
+                ("ar chunked, 3 chunks", _) => 0.05,
+                (
+                    "rs ring" | "ar ring" | "rs ring accumulating" | "ar ring accumulating",
+                    Flavour::Messages,
+                ) => 0.0,
+                _ => continue,
+            };
             for tp in 2..=6 {
                 let n = 4 * tp;
                 let mut mem = Mem::default();
@@ -2414,16 +2550,18 @@ fn one_hardware_queue_interleaves_gemms_and_transfers() {
                 let log = new_log(tp);
                 issue_call((tp, 0), ex, cx, &mut mem, &bufs, &log).unwrap();
                 let ran = simulate_one_queue(&log, &mut mem, &bufs).unwrap();
-                for (r, seq) in ran.iter().enumerate() {
-                    let s: String = seq
+                for (r, share) in beside_shares(&ran).into_iter().enumerate() {
+                    let seq: String = ran[r]
                         .iter()
-                        .map(|r| if *r == Ran::Gemm { 'G' } else { 't' })
+                        .map(|e| match e {
+                            Ran::Gemm => 'G',
+                            Ran::Transfer { beside_gemm: true } => 'o',
+                            Ran::Transfer { beside_gemm: false } => 't',
+                        })
                         .collect();
-                    let first = s.find('G').unwrap_or(s.len());
-                    let ag_late = matches!(ex, Entry::Ag) && s[..first].len() > 1;
                     assert!(
-                        !s.contains("GGG") && !ag_late,
-                        "one queue, {f:?} tp {tp} rank {r}, {x}: issue order {s} (G: GEMM, t: transfer)"
+                        share >= least,
+                        "one queue, {f:?} tp {tp} rank {r}, {x}: {share:.2} of the transfers beside a GEMM, < {least} ({seq}: G a GEMM starts, o / t a transfer ends beside one / not)"
                     );
                 }
             }
@@ -2645,7 +2783,7 @@ fn the_checker_finds_deadlocks_races_and_overruns() {
         (mem, bufs, log)
     };
     let (mut mem, bufs, log) = build();
-    simulate(&log, &mut mem, &bufs).unwrap();
+    simulate_streams(&log, &mut mem, &bufs).unwrap();
     let (mut mem, bufs, log) = build();
     let e = simulate_one_queue(&log, &mut mem, &bufs).unwrap_err();
     assert!(e.contains("deadlock"), "{e}");

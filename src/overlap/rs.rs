@@ -328,7 +328,7 @@ impl Planner<'_> {
             Ok(())
         };
         let reduce = |pl: &mut Self, i: usize| pl.split_rs_reduction(x, &p, (&bounds, i), fp8);
-        self.gemms_one_ahead(nchunks, gemm, reduce)?;
+        self.chunks_interleaved(nchunks, gemm, reduce, |_, _| Ok(()))?;
         self.finish();
         Ok(())
     }
@@ -513,15 +513,19 @@ impl Planner<'_> {
         let out = x.rs_output.data.ptr;
         let collective = |pl: &mut Self, i: usize| {
             let (lo, hi) = (bounds[i], bounds[i + 1]);
-            let w = hi - lo;
             pl.wait_event(1 + i, cs);
             let recv = pl.buffer() + lo * p.nc * e;
             let src = staging + lo * n * e;
-            pl.reduce_scatter((src, recv, p.nc * w), pl.dtype(), cs)?;
+            pl.reduce_scatter((src, recv, p.nc * (hi - lo)), pl.dtype(), cs)
+        };
+        // (the chunk's rows out of the buffer: after the next chunk's GEMM)
+        let copy_out = |pl: &mut Self, i: usize| {
+            let (lo, hi) = (bounds[i], bounds[i + 1]);
+            let (w, recv) = (hi - lo, pl.buffer() + lo * p.nc * e);
             pl.copy_2d(out + lo * e, p.m * e, recv, w * e, w * e, p.nc, cs);
             Ok(())
         };
-        self.gemms_one_ahead(nchunks, gemm, collective)?;
+        self.chunks_interleaved(nchunks, gemm, collective, copy_out)?;
         self.finish();
         Ok(())
     }
@@ -553,7 +557,7 @@ impl Planner<'_> {
                 true => pl.ring_rs_exchange(staging, sizes, &plan.steps, i, None),
                 false => Ok(()),
             };
-            self.gemms_one_ahead(plan.gemm_dest.len(), gemm, exchange)?;
+            self.chunks_interleaved(plan.gemm_dest.len(), gemm, exchange, |_, _| Ok(()))?;
         }
         self.ring_rs_reduce(x, p, staging, fp8, done.map(|d| (d, pieces)))?;
         if let Some(d) = done {
