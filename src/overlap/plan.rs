@@ -86,6 +86,15 @@ pub struct Reduce {
 /// Copy segments (dst, src, bytes) of one copy kernel.
 pub type Segments = Small<(DevPtr, DevPtr, usize), MAX_PEERS>;
 
+/// Which part of an exchange step a [`Step::Exchange`] issues (see
+/// `TwoSided::exchange_start`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Part {
+    Whole,
+    Start,
+    Finish,
+}
+
 /// One step of a call's work.
 #[derive(Clone, Debug)]
 pub enum Step {
@@ -130,6 +139,7 @@ pub enum Step {
         tag: u64,
         lane: Lane,
         info: WaitInfo,
+        part: Part,
     },
     /// peer memory: put, signal, wait
     Put {
@@ -484,6 +494,42 @@ impl Planner<'_> {
         lane: Lane,
         info: WaitInfo,
     ) -> Result<()> {
+        self.exchange_part(send, recv, then, (slot, tag), lane, info, Part::Whole)
+    }
+    /// [`Self::exchange`] in two parts on `lane` (`TwoSided::exchange_start`): this one
+    /// moves the bytes; [`Self::exchange_finish`] with the same arguments completes the
+    /// step, with other work issued between them.
+    pub fn exchange_start(
+        &mut self,
+        send: SendOp,
+        recv: RecvOp,
+        (slot, tag): (FlagSlot, u64),
+        lane: Lane,
+        info: WaitInfo,
+    ) -> Result<()> {
+        self.exchange_part(send, recv, None, (slot, tag), lane, info, Part::Start)
+    }
+    pub fn exchange_finish(
+        &mut self,
+        send: SendOp,
+        recv: RecvOp,
+        (slot, tag): (FlagSlot, u64),
+        lane: Lane,
+        info: WaitInfo,
+    ) -> Result<()> {
+        self.exchange_part(send, recv, None, (slot, tag), lane, info, Part::Finish)
+    }
+    #[allow(clippy::too_many_arguments)]
+    fn exchange_part(
+        &mut self,
+        send: SendOp,
+        recv: RecvOp,
+        then: Option<(SendOp, RecvOp)>,
+        (slot, tag): (FlagSlot, u64),
+        lane: Lane,
+        info: WaitInfo,
+        part: Part,
+    ) -> Result<()> {
         self.need(self.e.caps.two_sided, "two-sided exchange")?;
         self.push(Step::Exchange {
             send,
@@ -493,6 +539,7 @@ impl Planner<'_> {
             tag,
             lane,
             info,
+            part,
         });
         Ok(())
     }
@@ -817,14 +864,18 @@ fn enqueue_transport_step(s: &Step, dev: &mut dyn Device) -> Result<()> {
             tag,
             lane,
             info,
+            part,
         } => {
             let x = t.two_sided().ok_or_else(|| missing("two-sided exchange"))?;
             let stream = dev.lane(*lane)?;
+            let call = |sends: &[SendOp], recvs: &[RecvOp]| match part {
+                Part::Whole => x.exchange(sends, recvs, *slot, *tag, stream, *info),
+                Part::Start => x.exchange_start(sends, recvs, *slot, *tag, stream, *info),
+                Part::Finish => x.exchange_finish(sends, recvs, *slot, *tag, stream, *info),
+            };
             match then {
-                None => x.exchange(&[*send], &[*recv], *slot, *tag, stream, *info),
-                Some((s2, r2)) => {
-                    x.exchange(&[*send, *s2], &[*recv, *r2], *slot, *tag, stream, *info)
-                }
+                None => call(&[*send], &[*recv]),
+                Some((s2, r2)) => call(&[*send, *s2], &[*recv, *r2]),
             }
         }
         Step::Put {

@@ -45,7 +45,7 @@
 //! only makes every chunk finish late and delays the first chunk's communication.
 //! Measured on 4x H200, tp 4, bf16 (bench/RESULTS.md): ring RS (CE) geomean 1.10x
 //! bound in order vs 1.40x round-robin over 3 streams.
-use super::plan::{Lane, MAX_FLAGS, Planner, Reduce};
+use super::plan::{Lane, MAX_FLAGS, Part, Planner, Reduce};
 use super::policy::{Algo, Ring, Sum, Tiles};
 use super::schedule::{Bounds, PerRank};
 use super::{Op, Overlap, eb, key_with, tag};
@@ -545,19 +545,25 @@ impl Planner<'_> {
         let sizes = (slot_bytes, pieces);
         if done.is_some() {
             for i in 0..plan.steps.len() {
-                self.ring_rs_exchange(staging, sizes, &plan.steps, i, done)?;
+                self.ring_rs_exchange(staging, sizes, &plan.steps, (i, Part::Whole), done)?;
             }
         } else {
-            // (the last GEMM, this rank's own partial, has no exchange)
+            // (the last GEMM, this rank's own partial, has no exchange; each exchange
+            // completes after the next GEMM)
+            let n = plan.steps.len();
             let gemm = |pl: &mut Self, i: usize| {
                 pl.ring_rs_gemm(p, staging, &plan.gemm_dest, i);
                 Ok(())
             };
-            let exchange = |pl: &mut Self, i: usize| match i < plan.steps.len() {
-                true => pl.ring_rs_exchange(staging, sizes, &plan.steps, i, None),
+            let start = |pl: &mut Self, i: usize| match i < n {
+                true => pl.ring_rs_exchange(staging, sizes, &plan.steps, (i, Part::Start), None),
                 false => Ok(()),
             };
-            self.chunks_interleaved(plan.gemm_dest.len(), gemm, exchange, |_, _| Ok(()))?;
+            let finish = |pl: &mut Self, i: usize| match i < n {
+                true => pl.ring_rs_exchange(staging, sizes, &plan.steps, (i, Part::Finish), None),
+                false => Ok(()),
+            };
+            self.chunks_interleaved(plan.gemm_dest.len(), gemm, start, finish)?;
         }
         self.ring_rs_reduce(x, p, staging, fp8, done.map(|d| (d, pieces)))?;
         if let Some(d) = done {
@@ -687,7 +693,7 @@ impl Planner<'_> {
         staging: DevPtr,
         (slot_bytes, pieces): (usize, usize),
         steps: &[super::schedule::Transfer],
-        i: usize,
+        (i, part): (usize, Part),
         done: Option<DevPtr>,
     ) -> Result<()> {
         let cs = Lane::Comm(0);
@@ -695,7 +701,7 @@ impl Planner<'_> {
         // `pieces` divides the slot's rows, so each piece is slot_bytes / pieces bytes.
         let piece = slot_bytes / pieces;
         let t = &steps[i];
-        if done.is_none() {
+        if done.is_none() && part != Part::Finish {
             self.wait_event(i, cs);
         }
         for c in 0..pieces {
@@ -714,22 +720,30 @@ impl Planner<'_> {
                 op: Op::SplitRsP2p as u32,
                 step: q as u32,
             };
-            self.step(|| {
-                let of = if pieces > 1 {
-                    format!(" (piece {} of {pieces})", c + 1)
-                } else {
-                    String::new()
-                };
-                format!(
-                    "exchange {}: partial to rank {}, from rank {}{of}",
-                    i + 1,
-                    t.to,
-                    t.from
-                )
-            });
-            self.exchange(send, recv, (slot, tag(q)), cs, info)?;
+            if part != Part::Finish {
+                self.step(|| {
+                    let of = if pieces > 1 {
+                        format!(" (piece {} of {pieces})", c + 1)
+                    } else {
+                        String::new()
+                    };
+                    format!(
+                        "exchange {}: partial to rank {}, from rank {}{of}",
+                        i + 1,
+                        t.to,
+                        t.from
+                    )
+                });
+            }
+            match part {
+                Part::Whole => self.exchange(send, recv, (slot, tag(q)), cs, info)?,
+                Part::Start => self.exchange_start(send, recv, (slot, tag(q)), cs, info)?,
+                Part::Finish => self.exchange_finish(send, recv, (slot, tag(q)), cs, info)?,
+            }
         }
-        self.mark(cs, || format!("exchanged{i}"));
+        if part != Part::Start {
+            self.mark(cs, || format!("exchanged{i}"));
+        }
         Ok(())
     }
 

@@ -282,29 +282,42 @@ impl<D: Send + 'static> TwoSided for FakeTransport<D> {
         stream: StreamHandle,
         info: WaitInfo,
     ) -> Result<()> {
+        self.exchange_start(sends, recvs, slot, tag, stream, info)?;
+        self.exchange_finish(sends, recvs, slot, tag, stream, info)
+    }
+    /// As the IPC transport (peer memory): the puts; messages: the grouped sends and
+    /// receives, the whole step.
+    fn exchange_start(
+        &self,
+        sends: &[SendOp],
+        recvs: &[RecvOp],
+        _slot: FlagSlot,
+        _tag: u64,
+        stream: StreamHandle,
+        _info: WaitInfo,
+    ) -> Result<()> {
         if self.flavour == Flavour::PeerMemory {
-            // As the IPC transport: puts, a signal per destination, a wait for the sources.
             for s in sends {
-                if s.rows > 1 {
-                    self.record(
-                        stream,
-                        Call::Put2d {
-                            peer: s.peer,
-                            offset: s.dst_offset,
-                            src: s.src,
-                            width: s.bytes,
-                            rows: s.rows,
-                            pitch: s.pitch,
-                        },
-                    )?;
+                let call = if s.rows > 1 {
+                    Call::Put2d {
+                        peer: s.peer,
+                        offset: s.dst_offset,
+                        src: s.src,
+                        width: s.bytes,
+                        rows: s.rows,
+                        pitch: s.pitch,
+                    }
                 } else {
-                    self.put(s.peer, s.dst_offset, s.src, s.bytes, stream)?;
-                }
+                    Call::Put {
+                        peer: s.peer,
+                        offset: s.dst_offset,
+                        src: s.src,
+                        bytes: s.bytes,
+                    }
+                };
+                self.record(stream, call)?;
             }
-            let dsts: Vec<usize> = sends.iter().map(|s| s.peer).collect();
-            self.signal(&dsts, slot, tag, stream)?;
-            let srcs: Vec<usize> = recvs.iter().map(|r| r.peer).collect();
-            return self.wait(&srcs, slot, tag, stream, info);
+            return Ok(());
         }
         if sends.iter().any(|s| s.rows > 1) || recvs.iter().any(|r| r.rows > 1) {
             return Err(crate::error::Error::unsupported(
@@ -317,6 +330,24 @@ impl<D: Send + 'static> TwoSided for FakeTransport<D> {
             .map(|r| (r.peer, r.dst_offset, r.bytes))
             .collect();
         self.record(stream, Call::SendRecv { sends, recvs })
+    }
+    /// Peer memory: a signal per destination, a wait for the sources; messages: nothing.
+    fn exchange_finish(
+        &self,
+        sends: &[SendOp],
+        recvs: &[RecvOp],
+        slot: FlagSlot,
+        tag: u64,
+        stream: StreamHandle,
+        info: WaitInfo,
+    ) -> Result<()> {
+        if self.flavour != Flavour::PeerMemory {
+            return Ok(());
+        }
+        let dsts: Vec<usize> = sends.iter().map(|s| s.peer).collect();
+        self.signal(&dsts, slot, tag, stream)?;
+        let srcs: Vec<usize> = recvs.iter().map(|r| r.peer).collect();
+        self.wait(&srcs, slot, tag, stream, info)
     }
     fn concurrent_streams(&self) -> bool {
         self.flavour == Flavour::PeerMemory

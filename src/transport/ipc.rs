@@ -552,6 +552,18 @@ impl TwoSided for IpcTransport {
         stream: StreamHandle,
         info: WaitInfo,
     ) -> Result<()> {
+        self.exchange_start(sends, recvs, slot, tag, stream, info)?;
+        self.exchange_finish(sends, recvs, slot, tag, stream, info)
+    }
+    fn exchange_start(
+        &self,
+        sends: &[SendOp],
+        _recvs: &[RecvOp],
+        _slot: FlagSlot,
+        _tag: u64,
+        stream: StreamHandle,
+        _info: WaitInfo,
+    ) -> Result<()> {
         for s in sends {
             if s.rows > 1 {
                 // A column slice: one 2D copy, whether puts go by copy engines or SM
@@ -564,6 +576,17 @@ impl TwoSided for IpcTransport {
                 self.put(s.peer, s.dst_offset, s.src, s.bytes, stream)?;
             }
         }
+        Ok(())
+    }
+    fn exchange_finish(
+        &self,
+        sends: &[SendOp],
+        recvs: &[RecvOp],
+        slot: FlagSlot,
+        tag: u64,
+        stream: StreamHandle,
+        info: WaitInfo,
+    ) -> Result<()> {
         let dsts: super::Peers = sends.iter().map(|s| s.peer).collect();
         self.signal(&dsts, slot, tag, stream)?;
         let srcs: super::Peers = recvs.iter().map(|r| r.peer).collect();

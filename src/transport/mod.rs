@@ -644,6 +644,35 @@ pub trait TwoSided {
         stream: StreamHandle,
         info: WaitInfo,
     ) -> Result<()>;
+    /// [`Self::exchange`] in two parts on one stream, so that other work can be issued
+    /// between them (with one hardware queue, work behind a step's trailing wait is held
+    /// until the step's bytes have moved): this part moves the bytes (peer memory: the
+    /// puts); [`Self::exchange_finish`], with the same arguments, completes the step.
+    /// Default: the whole step here.
+    fn exchange_start(
+        &self,
+        sends: &[SendOp],
+        recvs: &[RecvOp],
+        slot: FlagSlot,
+        tag: u64,
+        stream: StreamHandle,
+        info: WaitInfo,
+    ) -> Result<()> {
+        self.exchange(sends, recvs, slot, tag, stream, info)
+    }
+    /// The rest of a step begun by [`Self::exchange_start`] (peer memory: the signal to the
+    /// destinations and the wait for the sources). Default: nothing.
+    fn exchange_finish(
+        &self,
+        _sends: &[SendOp],
+        _recvs: &[RecvOp],
+        _slot: FlagSlot,
+        _tag: u64,
+        _stream: StreamHandle,
+        _info: WaitInfo,
+    ) -> Result<()> {
+        Ok(())
+    }
     /// Whether exchange steps may run on several streams at once (NCCL: the operations of
     /// one communicator must not run concurrently on two streams).
     fn concurrent_streams(&self) -> bool;
