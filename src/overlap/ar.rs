@@ -251,56 +251,67 @@ impl Planner<'_> {
             g.d = full.d + lo * m * e;
             pl.step(|| format!("GEMM chunk {i} of {s} (rows {lo}..{hi})"));
             pl.gemm(&g, 0, false);
-            pl.record(1 + i, Lane::Compute(0));
             pl.mark(Lane::Compute(0), || format!("gemm{i}"));
             Ok(())
         };
         let d = x.d.data.ptr;
-        // (two-shot: the scatter's puts, then after the next chunk's GEMM the rest)
-        let start = |pl: &mut Self, i: usize| match two_shot {
-            true => pl.two_shot_scatter(
-                i,
-                bounds[i] * m,
-                &Slices::new((bounds[i + 1] - bounds[i]) * m, tp),
-                partials,
-            ),
-            false => pl.ar_one_shot(d, collective, m, (&bounds, i)),
+        // The GEMM's event with its chunk's start (see chunks_interleaved); two-shot: the
+        // scatter's puts, then after the next chunk's GEMM the rest; one-shot: the signal
+        // (the collective), then the wait and the reduction.
+        let start = |pl: &mut Self, i: usize| {
+            pl.record(1 + i, Lane::Compute(0));
+            let sl = Slices::new((bounds[i + 1] - bounds[i]) * m, tp);
+            match two_shot {
+                true => pl.two_shot_scatter(i, bounds[i] * m, &sl, partials),
+                false => pl.ar_one_shot_start(d, collective, m, (&bounds, i)),
+            }
         };
-        let finish = |pl: &mut Self, i: usize| match two_shot {
-            true => pl.ar_two_shot(d, partials, m, (&bounds, i)),
-            false => Ok(()),
+        let finish = |pl: &mut Self, i: usize| match (two_shot, collective) {
+            (true, _) => pl.ar_two_shot(d, partials, m, (&bounds, i)),
+            (false, false) => pl.ar_one_shot(d, m, (&bounds, i)),
+            (false, true) => Ok(()),
         };
         self.chunks_interleaved(s, gemm, start, finish)?;
         self.finish();
         Ok(())
     }
 
-    /// Chunk i of the one-shot all-reduce (comm stream 0, once its GEMM ran): the
-    /// transport's collective, or (peer memory) every rank's partial loaded and summed.
-    fn ar_one_shot(
+    /// The start of chunk i of the one-shot all-reduce (comm stream 0, after its GEMM):
+    /// the transport's collective, or (peer memory) the signal that this rank's partial is
+    /// in place.
+    fn ar_one_shot_start(
         &mut self,
         d: DevPtr,
         collective: bool,
         m: usize,
         (bounds, i): (&[usize], usize),
     ) -> Result<()> {
+        let e = eb(self.dtype());
+        let cs = Lane::Comm(0);
+        let (lo, hi) = (bounds[i], bounds[i + 1]);
+        self.wait_event(1 + i, cs);
+        if collective {
+            let src = self.buffer() + lo * m * e;
+            return self.all_reduce((src, d + lo * m * e, (hi - lo) * m), self.dtype(), cs);
+        }
+        let others = self.others();
+        self.signal(&others, self.e.slots.rs_ready, tag(i), cs)
+    }
+
+    /// The rest of chunk i of the one-shot all-reduce over peer memory (after
+    /// [`Self::ar_one_shot_start`]): every rank's partial loaded and summed once all are
+    /// in place.
+    fn ar_one_shot(&mut self, d: DevPtr, m: usize, (bounds, i): (&[usize], usize)) -> Result<()> {
         let (tp, e) = (self.tp(), eb(self.dtype()));
         let s = bounds.len() - 1;
         let cs = Lane::Comm(0);
         let others = self.others();
         let slot = self.e.slots.rs_ready;
         let (lo, hi) = (bounds[i], bounds[i + 1]);
-        let rows = hi - lo;
-        self.wait_event(1 + i, cs);
-        if collective {
-            let src = self.buffer() + lo * m * e;
-            return self.all_reduce((src, d + lo * m * e, rows * m), self.dtype(), cs);
-        }
         let info = WaitInfo {
             op: Op::SplitAr as u32,
             step: i as u32,
         };
-        self.signal(&others, slot, tag(i), cs)?;
         self.wait(&others, (slot, tag(i)), cs, info)?;
         let srcs: PerRank<DevPtr> = (0..tp)
             .map(|q| self.peer(q).map(|b| b + lo * m * e))
@@ -312,7 +323,7 @@ impl Planner<'_> {
                 out_ld: m,
                 srcs,
                 in_ld: m,
-                rows,
+                rows: hi - lo,
                 cols: m,
                 in_scale: DevPtr::NULL,
                 fp8_out: (DevPtr::NULL, DevPtr::NULL),

@@ -1355,11 +1355,20 @@ pub(crate) fn new_log(tp: usize) -> SharedLog<Dev> {
 /// Run the group's logs together (the memory after the run replaces `mem`).
 pub(crate) fn simulate(log: &SharedLog<Dev>, mem: &mut Mem, buffers: &[DevPtr]) -> Res {
     // Every log also runs with one hardware queue per rank, on a copy of the memory: no
-    // deadlock, race or wrong byte there either.
+    // deadlock or race there either, and every byte ends the same.
     let mut copy = mem.clone();
+    simulate_streams(log, mem, buffers)?;
     simulate_one_queue(log, &mut copy, buffers)
         .map_err(|e| format!("with one hardware queue per rank: {e}"))?;
-    simulate_streams(log, mem, buffers)
+    for (a, b) in mem.allocs.iter().zip(&copy.allocs) {
+        if let Some(i) = (0..a.data.len()).find(|&i| a.data[i] != b.data[i]) {
+            return Err(format!(
+                "with one hardware queue per rank, byte {i} of `{}` ends different",
+                a.name
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// [`simulate`] with a hardware queue per stream only.

@@ -324,17 +324,32 @@ impl Planner<'_> {
                 )
             });
             pl.gemm(&g, si, false);
-            pl.record(1 + i, Lane::Compute(si));
             Ok(())
         };
+        // (each GEMM's event recorded with its chunk's signal: see chunks_interleaved)
+        let signal = |pl: &mut Self, i: usize| {
+            pl.record(1 + i, Lane::Compute(0));
+            pl.split_rs_signal(i, nchunks)
+        };
         let reduce = |pl: &mut Self, i: usize| pl.split_rs_reduction(x, &p, (&bounds, i), fp8);
-        self.chunks_interleaved(nchunks, gemm, reduce, |_, _| Ok(()))?;
+        self.chunks_interleaved(nchunks, gemm, signal, reduce)?;
         self.finish();
         Ok(())
     }
 
+    /// The pipelined reduce-scatter's signal that this rank computed chunk i (comm
+    /// stream 0, after the chunk's GEMM).
+    fn split_rs_signal(&mut self, i: usize, nchunks: usize) -> Result<()> {
+        let cs = Lane::Comm(0);
+        let others = self.others();
+        self.step(|| format!("reduce-scatter chunk {} of {nchunks}: computed", i + 1));
+        self.wait_event(1 + i, cs);
+        self.signal(&others, self.e.slots.rs_ready, tag(i), cs)
+    }
+
     /// The pipelined reduce-scatter's reduction of chunk i on comm stream 0, once every
-    /// rank computed it. `fp8`: rs_output's scale and amax.
+    /// rank computed it (after [`Self::split_rs_signal`]). `fp8`: rs_output's scale and
+    /// amax.
     fn split_rs_reduction(
         &mut self,
         x: &RsArgs,
@@ -350,8 +365,6 @@ impl Planner<'_> {
         let slot = self.e.slots.rs_ready;
         let (lo, hi) = (bounds[i], bounds[i + 1]);
         self.step(|| format!("reduce-scatter columns {lo}..{hi} ({} of {nchunks})", i + 1));
-        self.wait_event(1 + i, cs);
-        self.signal(&others, slot, tag(i), cs)?;
         let info = WaitInfo {
             op: Op::SplitRs as u32,
             step: i as u32,
@@ -506,13 +519,13 @@ impl Planner<'_> {
             g.d = staging + lo * n * e;
             g.ldd = hi - lo;
             pl.gemm(&g, 0, false);
-            pl.record(1 + i, Lane::Compute(0));
             Ok(())
         };
         let cs = Lane::Comm(0);
         let out = x.rs_output.data.ptr;
         let collective = |pl: &mut Self, i: usize| {
             let (lo, hi) = (bounds[i], bounds[i + 1]);
+            pl.record(1 + i, Lane::Compute(0));
             pl.wait_event(1 + i, cs);
             let recv = pl.buffer() + lo * p.nc * e;
             let src = staging + lo * n * e;
@@ -555,9 +568,14 @@ impl Planner<'_> {
                 pl.ring_rs_gemm(p, staging, &plan.gemm_dest, i);
                 Ok(())
             };
-            let start = |pl: &mut Self, i: usize| match i < n {
-                true => pl.ring_rs_exchange(staging, sizes, &plan.steps, (i, Part::Start), None),
-                false => Ok(()),
+            let start = |pl: &mut Self, i: usize| {
+                pl.record(i, Lane::Compute(0));
+                match i < n {
+                    true => {
+                        pl.ring_rs_exchange(staging, sizes, &plan.steps, (i, Part::Start), None)
+                    }
+                    false => Ok(()),
+                }
             };
             let finish = |pl: &mut Self, i: usize| match i < n {
                 true => pl.ring_rs_exchange(staging, sizes, &plan.steps, (i, Part::Finish), None),
@@ -660,7 +678,8 @@ impl Planner<'_> {
 
     /// GEMM `i`, for destination d = `dests[i]`: B's rows [d nc, (d+1) nc), output [nc, m],
     /// into local staging: the GEMMs never touch the registered buffer, which peers may
-    /// still be loading from for the previous call.
+    /// still be loading from for the previous call. (Its event `i` is recorded by the
+    /// caller, with the exchange's start.)
     fn ring_rs_gemm(&mut self, p: &RsPlan, staging: DevPtr, dests: &[usize], i: usize) {
         let tp = self.tp();
         let slot_bytes = p.nc * p.m * eb(self.dtype());
@@ -678,7 +697,6 @@ impl Planner<'_> {
         let si = 0; // in order: see the module doc
         self.step(|| format!("GEMM partial for rank {d} ({} of {tp})", i + 1));
         self.gemm(&g, si, false);
-        self.record(i, Lane::Compute(si));
         self.mark(Lane::Compute(si), || format!("gemm{i}"));
     }
 
