@@ -18,7 +18,7 @@
 //! data (about 1/32 of a 1D chunk's bytes). Each chunk's GEMM then reads its chunk's data
 //! and its own slot's scales, whole (no row pieces: a piece's rows would need scales of
 //! their own layout); the fused GEMM takes no block scales, so the ring runs them.
-use super::plan::{Lane, MAX_FLAGS, Planner};
+use super::plan::{Lane, MAX_FLAGS, Part, Planner};
 use super::policy::{Algo, Tiles};
 use super::schedule::AgRing;
 use super::{MAX_AMAX_SLOTS, Op, Overlap, eb, tag};
@@ -656,7 +656,8 @@ impl Planner<'_> {
                 RecvOp::contiguous(t.from, sc.at(rc), sc.bytes),
             )
         });
-        self.exchange_then(send, recv, then, (slot, tag(s * pieces + j)), st, info)?;
+        let key = (slot, tag(s * pieces + j));
+        self.exchange_part(send, recv, then, key, st, info, Part::Whole)?;
         if !sh.k_slices {
             self.ag_copy_out(x, sh, rc, (lo, hi), st);
         }

@@ -16,6 +16,7 @@ use crate::gemm::GemmDesc;
 use crate::gemm::sm90::{Hooks, SideCopy};
 use crate::host::Small;
 use crate::tensor::DType;
+pub use crate::transport::ExchangePart as Part;
 use crate::transport::{
     Caps, FlagSlot, FlagSlots, MAX_PEERS, Peers, RecvOp, SendOp, Transport, WaitInfo,
 };
@@ -85,15 +86,6 @@ pub struct Reduce {
 
 /// Copy segments (dst, src, bytes) of one copy kernel.
 pub type Segments = Small<(DevPtr, DevPtr, usize), MAX_PEERS>;
-
-/// Which part of an exchange step a [`Step::Exchange`] issues (see
-/// `TwoSided::exchange_start`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Part {
-    Whole,
-    Start,
-    Finish,
-}
 
 /// One step of a call's work.
 #[derive(Clone, Debug)]
@@ -481,46 +473,14 @@ impl Planner<'_> {
         lane: Lane,
         info: WaitInfo,
     ) -> Result<()> {
-        self.exchange_then(send, recv, None, (slot, tag), lane, info)
+        self.exchange_part(send, recv, None, (slot, tag), lane, info, Part::Whole)
     }
-    /// [`Self::exchange`] with a second send and receive behind the first (`then`): the
-    /// same step, moved after the first pair's bytes and before the step's one signal.
-    pub fn exchange_then(
-        &mut self,
-        send: SendOp,
-        recv: RecvOp,
-        then: Option<(SendOp, RecvOp)>,
-        (slot, tag): (FlagSlot, u64),
-        lane: Lane,
-        info: WaitInfo,
-    ) -> Result<()> {
-        self.exchange_part(send, recv, then, (slot, tag), lane, info, Part::Whole)
-    }
-    /// [`Self::exchange`] in two parts on `lane` (`TwoSided::exchange_start`): this one
-    /// moves the bytes; [`Self::exchange_finish`] with the same arguments completes the
-    /// step, with other work issued between them.
-    pub fn exchange_start(
-        &mut self,
-        send: SendOp,
-        recv: RecvOp,
-        (slot, tag): (FlagSlot, u64),
-        lane: Lane,
-        info: WaitInfo,
-    ) -> Result<()> {
-        self.exchange_part(send, recv, None, (slot, tag), lane, info, Part::Start)
-    }
-    pub fn exchange_finish(
-        &mut self,
-        send: SendOp,
-        recv: RecvOp,
-        (slot, tag): (FlagSlot, u64),
-        lane: Lane,
-        info: WaitInfo,
-    ) -> Result<()> {
-        self.exchange_part(send, recv, None, (slot, tag), lane, info, Part::Finish)
-    }
+    /// [`Self::exchange`] with a second send and receive behind the first (`then`: the
+    /// same step, moved after the first pair's bytes and before the step's one signal),
+    /// or `part` of it ([`Part`]: in two parts on `lane`, with other work issued between
+    /// them).
     #[allow(clippy::too_many_arguments)]
-    fn exchange_part(
+    pub fn exchange_part(
         &mut self,
         send: SendOp,
         recv: RecvOp,
@@ -868,14 +828,17 @@ fn enqueue_transport_step(s: &Step, dev: &mut dyn Device) -> Result<()> {
         } => {
             let x = t.two_sided().ok_or_else(|| missing("two-sided exchange"))?;
             let stream = dev.lane(*lane)?;
-            let call = |sends: &[SendOp], recvs: &[RecvOp]| match part {
-                Part::Whole => x.exchange(sends, recvs, *slot, *tag, stream, *info),
-                Part::Start => x.exchange_start(sends, recvs, *slot, *tag, stream, *info),
-                Part::Finish => x.exchange_finish(sends, recvs, *slot, *tag, stream, *info),
-            };
             match then {
-                None => call(&[*send], &[*recv]),
-                Some((s2, r2)) => call(&[*send, *s2], &[*recv, *r2]),
+                None => x.exchange(*part, &[*send], &[*recv], *slot, *tag, stream, *info),
+                Some((s2, r2)) => x.exchange(
+                    *part,
+                    &[*send, *s2],
+                    &[*recv, *r2],
+                    *slot,
+                    *tag,
+                    stream,
+                    *info,
+                ),
             }
         }
         Step::Put {

@@ -2411,32 +2411,24 @@ fn issue_call(
     Ok(want)
 }
 
-/// Two calls back to back on the same buffers, every pair of algorithms and entry points,
-/// on both transports' fakes at tp 2-4: no race between them (the second call writing a
-/// peer's memory, or its own, while a rank still reads it for the first: the simulator's
-/// write-after-read check), and both results right. (A fused all-gather once copied its
-/// shard into its buffer before the arrival barrier, while peers could still read the
-/// partials of a reduce-scatter or all-reduce there.)
+/// Two calls back to back on the same buffers, every pair of algorithms and entry points
+/// at tp 2-4 (each followed by the ring all-gather at tp 5-8), on both transports' fakes,
+/// with a hardware queue per stream and with one per rank (`CUDA_DEVICE_MAX_CONNECTIONS=1`,
+/// TE's and Megatron's setting: no step waits behind work its own signal needs): no race
+/// between them (the second call writing a peer's memory, or its own, while a rank still
+/// reads it for the first: the simulator's write-after-read check), and both results
+/// right. (A fused all-gather once copied its shard into its buffer before the arrival
+/// barrier, while peers could still read the partials of a reduce-scatter or all-reduce
+/// there.)
 #[test]
 fn consecutive_calls_do_not_race() {
     for f in FLAVOURS {
         let cases = sequence_cases(f);
         for (x, ex, cx) in &cases {
-            for (y, ey, cy) in &cases {
-                for tp in 2..=4 {
-                    let n = 4 * tp;
-                    let mut mem = Mem::default();
-                    let bufs = buffers(&mut mem, tp, 2 * n * 48 * 4);
-                    let log = new_log(tp);
-                    let r = issue_call((tp, 0), *ex, *cx, &mut mem, &bufs, &log).and_then(|w1| {
-                        let w2 = issue_call((tp, 1), *ey, *cy, &mut mem, &bufs, &log)?;
-                        simulate(&log, &mut mem, &bufs)?;
-                        for (i, (o, w)) in w1.iter().chain(&w2).enumerate() {
-                            expect_once(&mem, *o, w, &format!("output {i}"))?;
-                        }
-                        Ok(())
-                    });
-                    if let Err(e) = r {
+            for tp in 2..=8 {
+                let seconds: &[_] = if tp <= 4 { &cases } else { &cases[..1] };
+                for (y, ey, cy) in seconds {
+                    if let Err(e) = run_pair(tp, (*ex, *cx), (*ey, *cy)) {
                         panic!("{f:?} tp {tp}, {x} then {y}: {e}");
                     }
                 }
@@ -2445,37 +2437,20 @@ fn consecutive_calls_do_not_race() {
     }
 }
 
-/// With one hardware queue per rank (`CUDA_DEVICE_MAX_CONNECTIONS=1`, TE's and
-/// Megatron's setting): every algorithm of every entry point, alone and followed by each
-/// other one, at tp 2-8 on both transports' fakes, runs to its end (no step waits behind
-/// work that its own signal needs) with the right results.
-#[test]
-fn one_hardware_queue_never_deadlocks() {
-    for f in FLAVOURS {
-        let cases = sequence_cases(f);
-        for (x, ex, cx) in &cases {
-            for tp in 2..=8 {
-                let seconds: &[_] = if tp <= 3 { &cases } else { &cases[..1] };
-                for (y, ey, cy) in seconds {
-                    let n = 4 * tp;
-                    let mut mem = Mem::default();
-                    let bufs = buffers(&mut mem, tp, 2 * n * 48 * 4);
-                    let log = new_log(tp);
-                    let r = issue_call((tp, 0), *ex, *cx, &mut mem, &bufs, &log).and_then(|w1| {
-                        let w2 = issue_call((tp, 1), *ey, *cy, &mut mem, &bufs, &log)?;
-                        simulate_one_queue(&log, &mut mem, &bufs)?;
-                        for (i, (o, w)) in w1.iter().chain(&w2).enumerate() {
-                            expect_once(&mem, *o, w, &format!("output {i}"))?;
-                        }
-                        Ok(())
-                    });
-                    if let Err(e) = r {
-                        panic!("one queue, {f:?} tp {tp}, {x} then {y}: {e}");
-                    }
-                }
-            }
-        }
+/// Two calls back to back on every rank of a group of `tp` (fresh buffers), simulated
+/// (with a queue per stream and with one per rank), and both results checked.
+fn run_pair(tp: usize, (ex, cx): (Entry, Cfg), (ey, cy): (Entry, Cfg)) -> Res {
+    let n = 4 * tp;
+    let mut mem = Mem::default();
+    let bufs = buffers(&mut mem, tp, 2 * n * 48 * 4);
+    let log = new_log(tp);
+    let w1 = issue_call((tp, 0), ex, cx, &mut mem, &bufs, &log)?;
+    let w2 = issue_call((tp, 1), ey, cy, &mut mem, &bufs, &log)?;
+    simulate(&log, &mut mem, &bufs)?;
+    for (i, (o, w)) in w1.iter().chain(&w2).enumerate() {
+        expect_once(&mem, *o, w, &format!("output {i}"))?;
     }
+    Ok(())
 }
 
 /// The one-queue cases: the consecutive-calls algorithms, with row pieces and both
@@ -2533,7 +2508,7 @@ fn beside_shares(ran: &[Vec<Ran>]) -> Vec<f64> {
 ///   chunk's copy-out between its collective and the next GEMM, none over the collective;
 /// - the ring reduce-scatter: half; the ring all-reduce: 0.3 (its closing all-gather
 ///   follows every GEMM). Each exchange's puts go before the next GEMM, its signal and
-///   wait after it (`TwoSided::exchange_start` / `_finish`); as one step, its signal held
+///   wait after it (`ExchangePart`); as one step, its signal held
 ///   the next GEMM until the put had ended, and none ran beside;
 /// - the chunked all-reduce over peer memory: some (its two-shot scatter issues tp-1 puts
 ///   on one stream, the next GEMM behind them).

@@ -753,11 +753,7 @@ impl Planner<'_> {
                     )
                 });
             }
-            match part {
-                Part::Whole => self.exchange(send, recv, (slot, tag(q)), cs, info)?,
-                Part::Start => self.exchange_start(send, recv, (slot, tag(q)), cs, info)?,
-                Part::Finish => self.exchange_finish(send, recv, (slot, tag(q)), cs, info)?,
-            }
+            self.exchange_part(send, recv, None, (slot, tag(q)), cs, info, part)?;
         }
         if part != Part::Start {
             self.mark(cs, || format!("exchanged{i}"));

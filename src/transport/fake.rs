@@ -9,8 +9,8 @@
 //! - [`Flavour::Messages`]: two-sided exchange by matched sends and receives, and
 //!   collectives, as the NCCL transport.
 use super::{
-    Collectives, Constructor, FlagSlot, Group, PeerMemory, RecvOp, SendOp, Timeout, Transport,
-    TwoSided, WaitInfo,
+    Collectives, Constructor, ExchangePart, FlagSlot, Group, PeerMemory, RecvOp, SendOp, Timeout,
+    Transport, TwoSided, WaitInfo,
 };
 use crate::cuda::DevPtr;
 use crate::cuda::StreamHandle;
@@ -272,9 +272,29 @@ impl<D: Send + 'static> PeerMemory for FakeTransport<D> {
     }
 }
 
+impl<D: Send + 'static> FakeTransport<D> {
+    /// The messages flavour's exchange step: one grouped send / receive.
+    fn send_recv(&self, sends: &[SendOp], recvs: &[RecvOp], stream: StreamHandle) -> Result<()> {
+        if sends.iter().any(|s| s.rows > 1) || recvs.iter().any(|r| r.rows > 1) {
+            return Err(crate::error::Error::unsupported(
+                "fake transport (messages): strided exchange",
+            ));
+        }
+        let sends = sends.iter().map(|s| (s.peer, s.src, s.bytes)).collect();
+        let recvs = recvs
+            .iter()
+            .map(|r| (r.peer, r.dst_offset, r.bytes))
+            .collect();
+        self.record(stream, Call::SendRecv { sends, recvs })
+    }
+}
+
 impl<D: Send + 'static> TwoSided for FakeTransport<D> {
+    /// As the IPC transport (peer memory: the puts, then a signal per destination and a
+    /// wait for the sources); messages: the grouped sends and receives at the start.
     fn exchange(
         &self,
+        part: ExchangePart,
         sends: &[SendOp],
         recvs: &[RecvOp],
         slot: FlagSlot,
@@ -282,21 +302,13 @@ impl<D: Send + 'static> TwoSided for FakeTransport<D> {
         stream: StreamHandle,
         info: WaitInfo,
     ) -> Result<()> {
-        self.exchange_start(sends, recvs, slot, tag, stream, info)?;
-        self.exchange_finish(sends, recvs, slot, tag, stream, info)
-    }
-    /// As the IPC transport (peer memory): the puts; messages: the grouped sends and
-    /// receives, the whole step.
-    fn exchange_start(
-        &self,
-        sends: &[SendOp],
-        recvs: &[RecvOp],
-        _slot: FlagSlot,
-        _tag: u64,
-        stream: StreamHandle,
-        _info: WaitInfo,
-    ) -> Result<()> {
-        if self.flavour == Flavour::PeerMemory {
+        if self.flavour != Flavour::PeerMemory {
+            return match part {
+                ExchangePart::Finish => Ok(()),
+                _ => self.send_recv(sends, recvs, stream),
+            };
+        }
+        if part != ExchangePart::Finish {
             for s in sends {
                 let call = if s.rows > 1 {
                     Call::Put2d {
@@ -317,31 +329,8 @@ impl<D: Send + 'static> TwoSided for FakeTransport<D> {
                 };
                 self.record(stream, call)?;
             }
-            return Ok(());
         }
-        if sends.iter().any(|s| s.rows > 1) || recvs.iter().any(|r| r.rows > 1) {
-            return Err(crate::error::Error::unsupported(
-                "fake transport (messages): strided exchange",
-            ));
-        }
-        let sends = sends.iter().map(|s| (s.peer, s.src, s.bytes)).collect();
-        let recvs = recvs
-            .iter()
-            .map(|r| (r.peer, r.dst_offset, r.bytes))
-            .collect();
-        self.record(stream, Call::SendRecv { sends, recvs })
-    }
-    /// Peer memory: a signal per destination, a wait for the sources; messages: nothing.
-    fn exchange_finish(
-        &self,
-        sends: &[SendOp],
-        recvs: &[RecvOp],
-        slot: FlagSlot,
-        tag: u64,
-        stream: StreamHandle,
-        info: WaitInfo,
-    ) -> Result<()> {
-        if self.flavour != Flavour::PeerMemory {
+        if part == ExchangePart::Start {
             return Ok(());
         }
         let dsts: Vec<usize> = sends.iter().map(|s| s.peer).collect();

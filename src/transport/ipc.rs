@@ -8,8 +8,8 @@
 //! each replay synchronises afresh.
 use super::inproc::{LOCAL_BYTES, Local, PeerMem, enable_access};
 use super::{
-    ALGO_SLOTS, Constructor, ErrorRecord, FlagSlot, Group, MAX_PEERS, NUM_SLOTS, PeerMemory,
-    PeerSet, RecvOp, SendOp, Timeout, Transport, TwoSided, WaitInfo,
+    ALGO_SLOTS, Constructor, ErrorRecord, ExchangePart, FlagSlot, Group, MAX_PEERS, NUM_SLOTS,
+    PeerMemory, PeerSet, RecvOp, SendOp, Timeout, Transport, TwoSided, WaitInfo,
 };
 use crate::bootstrap::Bootstrap;
 use crate::cuda::StreamHandle;
@@ -542,9 +542,9 @@ impl PeerMemory for IpcTransport {
 }
 
 impl TwoSided for IpcTransport {
-    /// Puts, then one signal per destination, then one wait for all sources.
     fn exchange(
         &self,
+        part: ExchangePart,
         sends: &[SendOp],
         recvs: &[RecvOp],
         slot: FlagSlot,
@@ -552,41 +552,23 @@ impl TwoSided for IpcTransport {
         stream: StreamHandle,
         info: WaitInfo,
     ) -> Result<()> {
-        self.exchange_start(sends, recvs, slot, tag, stream, info)?;
-        self.exchange_finish(sends, recvs, slot, tag, stream, info)
-    }
-    fn exchange_start(
-        &self,
-        sends: &[SendOp],
-        _recvs: &[RecvOp],
-        _slot: FlagSlot,
-        _tag: u64,
-        stream: StreamHandle,
-        _info: WaitInfo,
-    ) -> Result<()> {
-        for s in sends {
-            if s.rows > 1 {
-                // A column slice: one 2D copy, whether puts go by copy engines or SM
-                // kernels (a copy engine across devices, a kernel within one).
-                let dst = self.peer_range(s.peer, s.dst_offset, s.bytes, s.rows, s.pitch)?;
-                // SAFETY: `dst` is a checked pitched range of the peer's mapped buffer;
-                // `src` the send's range (a plan's step) of the same shape.
-                unsafe { copy_2d(dst, s.pitch, s.src, s.pitch, s.bytes, s.rows, stream)? };
-            } else {
-                self.put(s.peer, s.dst_offset, s.src, s.bytes, stream)?;
+        if part != ExchangePart::Finish {
+            for s in sends {
+                if s.rows > 1 {
+                    // A column slice: one 2D copy, whether puts go by copy engines or SM
+                    // kernels (a copy engine across devices, a kernel within one).
+                    let dst = self.peer_range(s.peer, s.dst_offset, s.bytes, s.rows, s.pitch)?;
+                    // SAFETY: `dst` is a checked pitched range of the peer's mapped buffer;
+                    // `src` the send's range (a plan's step) of the same shape.
+                    unsafe { copy_2d(dst, s.pitch, s.src, s.pitch, s.bytes, s.rows, stream)? };
+                } else {
+                    self.put(s.peer, s.dst_offset, s.src, s.bytes, stream)?;
+                }
             }
         }
-        Ok(())
-    }
-    fn exchange_finish(
-        &self,
-        sends: &[SendOp],
-        recvs: &[RecvOp],
-        slot: FlagSlot,
-        tag: u64,
-        stream: StreamHandle,
-        info: WaitInfo,
-    ) -> Result<()> {
+        if part == ExchangePart::Start {
+            return Ok(());
+        }
         let dsts: super::Peers = sends.iter().map(|s| s.peer).collect();
         self.signal(&dsts, slot, tag, stream)?;
         let srcs: super::Peers = recvs.iter().map(|r| r.peer).collect();

@@ -629,14 +629,29 @@ pub trait PeerMemory {
     }
 }
 
+/// Which part of an exchange step to issue: the whole step, or the step in two parts on
+/// one stream, so that other work can be issued between them (with one hardware queue,
+/// work behind a step's trailing wait is held until the step's bytes have moved): `Start`
+/// moves the bytes (peer memory: the puts), `Finish` with the same arguments completes
+/// the step (peer memory: the signal to the destinations and the wait for the sources).
+/// A transport whose step is one operation issues it on `Start` and nothing on `Finish`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExchangePart {
+    Whole,
+    Start,
+    Finish,
+}
+
 /// Capability: two-sided exchange steps (every send matched by the peer's receive).
 pub trait TwoSided {
-    /// One exchange step on `stream`: every send lands in its peer's buffer, and once the
-    /// step is done (in stream order) every receive has landed here. Peer memory orders it
-    /// with `slot` flags of value (call number << 16) + `tag`; NCCL with grouped send /
-    /// recv (ignoring the slot).
+    /// One exchange step on `stream` (or its `part`): every send lands in its peer's
+    /// buffer, and once the step is done (in stream order) every receive has landed
+    /// here. Peer memory orders it with `slot` flags of value (call number << 16) +
+    /// `tag`; NCCL with grouped send / recv (ignoring the slot).
+    #[allow(clippy::too_many_arguments)]
     fn exchange(
         &self,
+        part: ExchangePart,
         sends: &[SendOp],
         recvs: &[RecvOp],
         slot: FlagSlot,
@@ -644,35 +659,6 @@ pub trait TwoSided {
         stream: StreamHandle,
         info: WaitInfo,
     ) -> Result<()>;
-    /// [`Self::exchange`] in two parts on one stream, so that other work can be issued
-    /// between them (with one hardware queue, work behind a step's trailing wait is held
-    /// until the step's bytes have moved): this part moves the bytes (peer memory: the
-    /// puts); [`Self::exchange_finish`], with the same arguments, completes the step.
-    /// Default: the whole step here.
-    fn exchange_start(
-        &self,
-        sends: &[SendOp],
-        recvs: &[RecvOp],
-        slot: FlagSlot,
-        tag: u64,
-        stream: StreamHandle,
-        info: WaitInfo,
-    ) -> Result<()> {
-        self.exchange(sends, recvs, slot, tag, stream, info)
-    }
-    /// The rest of a step begun by [`Self::exchange_start`] (peer memory: the signal to the
-    /// destinations and the wait for the sources). Default: nothing.
-    fn exchange_finish(
-        &self,
-        _sends: &[SendOp],
-        _recvs: &[RecvOp],
-        _slot: FlagSlot,
-        _tag: u64,
-        _stream: StreamHandle,
-        _info: WaitInfo,
-    ) -> Result<()> {
-        Ok(())
-    }
     /// Whether exchange steps may run on several streams at once (NCCL: the operations of
     /// one communicator must not run concurrently on two streams).
     fn concurrent_streams(&self) -> bool;

@@ -245,7 +245,13 @@ def test_fp8_cuda_graph_matches_eager(group, recipe, force):
     reset(eager)
     reset(graphed_mod)
     torch.cuda.synchronize()
-    for it in range(4):
+    replays_match(eager, graphed, graphed_mod, f"graph {recipe} forced={force}")
+
+
+def replays_match(eager, graphed, graphed_mod, what, steps=4):
+    """``steps`` fresh batches: the graphed callable's output and gradients (its module's
+    parameters) match the eager module's within 1e-3."""
+    for it in range(steps):
         x, g = inputs(10 + it)
         e = run(eager, x, g)
         xs = x.detach().clone().requires_grad_(True)
@@ -255,7 +261,7 @@ def test_fp8_cuda_graph_matches_eager(group, recipe, force):
         y.backward(g)
         torch.cuda.synchronize()
         gr = [y.detach().float(), xs.grad.float()] + [p.grad.float() for p in graphed_mod.parameters()]
-        check(f"graph {recipe} forced={force} step {it}", eager, gr, e, 1e-3)
+        check(f"{what} step {it}", eager, gr, e, 1e-3)
 
 
 @pytest.mark.parametrize("force", [False, True], ids=["plain", "forced"])
@@ -287,14 +293,4 @@ def test_fp8_delayed_capture_keeps_primed_states(group, force):
         assert a.primed and b.primed
         assert torch.equal(a.scale, b.scale) and torch.equal(a.amax_history, b.amax_history), (
             f"state not restored: scale {a.scale.item()} vs {b.scale.item()}")
-    for it in range(4):
-        x, g = inputs(10 + it)
-        e = run(eager, x, g)
-        xs = x.detach().clone().requires_grad_(True)
-        for p in graphed_mod.parameters():
-            p.grad = None
-        y = graphed(xs)
-        y.backward(g)
-        torch.cuda.synchronize()
-        gr = [y.detach().float(), xs.grad.float()] + [p.grad.float() for p in graphed_mod.parameters()]
-        check(f"graph delayed (primed, kept) forced={force} step {it}", eager, gr, e, 1e-3)
+    replays_match(eager, graphed, graphed_mod, f"graph delayed (primed, kept) forced={force}")

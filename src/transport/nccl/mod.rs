@@ -19,8 +19,8 @@ pub mod api;
 pub mod channel;
 
 use super::{
-    Collectives, Constructor, ErrorRecord, FailureKind, FlagSlot, FlagSlots, Group, MAX_PEERS,
-    PeerSet, RecvOp, SendOp, Timeout, Transport, TwoSided, WaitInfo,
+    Collectives, Constructor, ErrorRecord, ExchangePart, FailureKind, FlagSlot, FlagSlots, Group,
+    MAX_PEERS, PeerSet, RecvOp, SendOp, Timeout, Transport, TwoSided, WaitInfo,
 };
 use crate::bootstrap::Bootstrap;
 use crate::cuda::dynlib::nccl_sys as nc;
@@ -746,6 +746,7 @@ impl Transport for NcclTransport {
 impl TwoSided for NcclTransport {
     fn exchange(
         &self,
+        part: ExchangePart,
         sends: &[SendOp],
         recvs: &[RecvOp],
         _slot: FlagSlot,
@@ -753,6 +754,9 @@ impl TwoSided for NcclTransport {
         stream: StreamHandle,
         _info: WaitInfo,
     ) -> Result<()> {
+        if part == ExchangePart::Finish {
+            return Ok(()); // (one grouped send / recv: the whole step at its start)
+        }
         if sends.iter().any(|s| s.rows > 1) || recvs.iter().any(|r| r.rows > 1) {
             return Err(Error::unsupported(
                 "NCCL transport: strided exchange (its `strided` capability is false)",
