@@ -542,6 +542,8 @@ impl PeerMemory for IpcTransport {
 }
 
 impl TwoSided for IpcTransport {
+    /// Puts (the start), then one signal per destination and one wait for all sources
+    /// (the finish).
     fn exchange(
         &self,
         part: ExchangePart,
