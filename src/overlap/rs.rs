@@ -49,6 +49,11 @@ use super::plan::{Lane, MAX_FLAGS, Part, Planner, Reduce};
 use super::policy::{Algo, Ring, Sum, Tiles};
 use super::schedule::{Bounds, PerRank};
 use super::{Op, Overlap, eb, key_with, tag};
+
+/// The compute stream of every chunk GEMM of a reduce-scatter (one stream, in order: see
+/// the module doc); their events are recorded there too, apart from the GEMMs
+/// (`Planner::chunks_interleaved`).
+const IN_ORDER: usize = 0;
 use crate::cuda::DevPtr;
 use crate::cuda::StreamHandle;
 use crate::error::Result;
@@ -314,7 +319,6 @@ impl Planner<'_> {
         let fp8 = self.fp8_output(x.rs_output, "rs_output", Lane::Comm(0))?;
         let gemm = |pl: &mut Self, i: usize| {
             let g = Self::column_chunk(&p, bounds[i], bounds[i + 1]);
-            let si = 0; // in order: see the module doc
             pl.step(|| {
                 format!(
                     "GEMM columns {}..{} ({} of {nchunks})",
@@ -323,12 +327,12 @@ impl Planner<'_> {
                     i + 1
                 )
             });
-            pl.gemm(&g, si, false);
+            pl.gemm(&g, IN_ORDER, false);
             Ok(())
         };
         // (each GEMM's event recorded with its chunk's signal: see chunks_interleaved)
         let signal = |pl: &mut Self, i: usize| {
-            pl.record(1 + i, Lane::Compute(0));
+            pl.record(1 + i, Lane::Compute(IN_ORDER));
             pl.split_rs_signal(i, nchunks)
         };
         let reduce = |pl: &mut Self, i: usize| pl.split_rs_reduction(x, &p, (&bounds, i), fp8);
@@ -518,14 +522,14 @@ impl Planner<'_> {
             let mut g = Self::column_chunk(p, lo, hi);
             g.d = staging + lo * n * e;
             g.ldd = hi - lo;
-            pl.gemm(&g, 0, false);
+            pl.gemm(&g, IN_ORDER, false);
             Ok(())
         };
         let cs = Lane::Comm(0);
         let out = x.rs_output.data.ptr;
         let collective = |pl: &mut Self, i: usize| {
             let (lo, hi) = (bounds[i], bounds[i + 1]);
-            pl.record(1 + i, Lane::Compute(0));
+            pl.record(1 + i, Lane::Compute(IN_ORDER));
             pl.wait_event(1 + i, cs);
             let recv = pl.buffer() + lo * p.nc * e;
             let src = staging + lo * n * e;
@@ -569,7 +573,7 @@ impl Planner<'_> {
                 Ok(())
             };
             let start = |pl: &mut Self, i: usize| {
-                pl.record(i, Lane::Compute(0));
+                pl.record(i, Lane::Compute(IN_ORDER));
                 match i < n {
                     true => {
                         pl.ring_rs_exchange(staging, sizes, &plan.steps, (i, Part::Start), None)
@@ -694,10 +698,9 @@ impl Planner<'_> {
         if p.full.epilogue == gemm::Epilogue::BGradB {
             g.bias = p.full.bias + d * p.nc * eb(p.full.bias_type);
         }
-        let si = 0; // in order: see the module doc
         self.step(|| format!("GEMM partial for rank {d} ({} of {tp})", i + 1));
-        self.gemm(&g, si, false);
-        self.mark(Lane::Compute(si), || format!("gemm{i}"));
+        self.gemm(&g, IN_ORDER, false);
+        self.mark(Lane::Compute(IN_ORDER), || format!("gemm{i}"));
     }
 
     /// Step i: our partial for rank d = r+i+1 goes to its slot r, and the partial of rank
