@@ -192,8 +192,10 @@ struct Gemm90Args {
   const void *copy_src;  // the side copy (0 bytes: none)
   void *copy_dst;
   unsigned long long copy_bytes;
+  uint32_t *stall;  // where an arrival wait that gave up records it (null: waits never give up)
+  unsigned long long stall_ns;
 };
-static_assert(sizeof(Gemm90Args) == 144, "Gemm90Args mirrors the kernel's struct");
+static_assert(sizeof(Gemm90Args) == 160, "Gemm90Args mirrors the kernel's struct");
 
 constexpr int THREADS = 384;  // gemm90::THREADS
 constexpr int BM = 128;       // gemm90::BM: rows of D per tile

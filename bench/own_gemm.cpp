@@ -14,7 +14,8 @@
 // --bn 128|192|256 (force the tile width of the timed runs; 192: the ping-pong kernel,
 // bf16 out only), --group G (tile rows per rasterization group, default 8), --no-fp8,
 // --define NAME=VALUE (a -D for the kernel's
-// compilation, e.g. GEMM90_STAGES_256=3; repeatable).
+// compilation, e.g. GEMM90_STAGES_256=3; repeatable), --no-give-up (skip the test of the
+// arrival waits' give-up: for a kernel from before it, which would hang there).
 // Exit status: 0 all checks passed, 1 a wrong result (or a hang in the flag test),
 // 2 a setup error.
 #include <cublasLt.h>
@@ -451,6 +452,8 @@ struct Own {
   const uint32_t *flags = nullptr;
   uint32_t flag_value = 1, done_value = 1;
   uint32_t *done = nullptr;  // RS signals (2 * ceil(n / done_rows) words, zeroed)
+  uint32_t *stall = nullptr;  // {flag + 1, 0, waited ns}: an arrival wait that gave up (null: none do)
+  unsigned long long stall_ns = 0;
   void *A, *B, *D;
   const float *a_si = nullptr, *b_si = nullptr;
   CUtensorMap ta, tb;
@@ -475,6 +478,8 @@ struct Own {
     g.n_tile_rot = rot;
     g.flag_value = flag_value;
     g.done_value = done_value;
+    g.stall = stall;
+    g.stall_ns = stall_ns;
     launch(f, grid, 1, THREADS, 1, smem_of(bn), s, {&tb, &ta, &g});
   }
 };
@@ -1483,7 +1488,11 @@ static bool done_signal_test(int m, int n, int k) {
   return ok;
 }
 
-static bool flag_arrival_test(int m, int n, int k, int tp) {
+// With `missing` >= 0, row block `missing` never arrives (neither its data nor its flag):
+// the waits give up after 200 ms (the stall record, host-mapped), the kernel must end
+// within 30 s all the same, the record must name the missing block's flag and a wait of
+// at least 200 ms, and every row of D outside that block must still be right.
+static bool flag_arrival_test(int m, int n, int k, int tp, int missing = -1) {
   const size_t nb = (size_t)n * k * 2;
   void *A, *B, *D;
   float *R;
@@ -1502,6 +1511,10 @@ static bool flag_arrival_test(int m, int n, int k, int tp) {
   CK(cudaMallocHost(&hB, nb));
   CK(cudaMallocHost(&hone, sizeof(uint32_t)));
   *hone = 1;
+  uint32_t *stall_h = nullptr, *stall_d = nullptr;  // {flag + 1, 0, waited ns}
+  CK(cudaHostAlloc((void **)&stall_h, 16, cudaHostAllocMapped));
+  std::memset(stall_h, 0, 16);
+  CK(cudaHostGetDevicePointer((void **)&stall_d, stall_h, 0));
   CK(cudaMemcpy(hB, B, nb, cudaMemcpyDeviceToHost));
   fill(B, (size_t)n * k, false, 99);  // stale data until the blocks arrive
   fill_u32(flags, tp, 0);
@@ -1526,12 +1539,17 @@ static bool flag_arrival_test(int m, int n, int k, int tp) {
   own.flags = flags;
   own.rows_per_flag = rpf;
   own.rot = (order[0] * rpf) / 128;
+  if (missing >= 0) {
+    own.stall = stall_d;
+    own.stall_ns = 200ull * 1000 * 1000;
+  }
   if (!own.prepare()) die("tensor map for the flag arrival test", __FILE__, __LINE__);
   own.run(s1);
   CK(cudaLaunchHostFunc(
       s2, [](void *) { std::this_thread::sleep_for(std::chrono::milliseconds(50)); }, nullptr));
   for (int i = 0; i < tp; ++i) {
     const int r = order[i % 4] % tp;
+    if (r == missing) continue;
     CK(cudaMemcpyAsync((char *)B + (size_t)r * rpf * k * 2, (char *)hB + (size_t)r * rpf * k * 2,
                        (size_t)rpf * k * 2, cudaMemcpyHostToDevice, s2));
     CK(cudaMemcpyAsync(flags + r, hone, sizeof(uint32_t), cudaMemcpyHostToDevice, s2));
@@ -1549,13 +1567,31 @@ static bool flag_arrival_test(int m, int n, int k, int tp) {
   CK(cudaStreamSynchronize(s2));
   CK(cudaGetLastError());
   const float rms = (float)rms_of(R, true, (size_t)m * n);
-  Cmp c = compare(D, false, R, true, (size_t)m * n, rms, tol_of(false, false));
-  print_bad(c, D, false, R, m, 256);
-  std::printf("flag arrival test (%dx%dx%d, %d row blocks arriving by copy engine during the kernel): "
-              "%u bad, max e %.3g -> %s\n",
-              m, n, k, tp, c.bad, c.emax, c.bad ? "FAIL" : "ok");
+  bool good;
+  if (missing < 0) {
+    Cmp c = compare(D, false, R, true, (size_t)m * n, rms, tol_of(false, false));
+    print_bad(c, D, false, R, m, 256);
+    good = c.bad == 0;
+    std::printf("flag arrival test (%dx%dx%d, %d row blocks arriving by copy engine during the kernel): "
+                "%u bad, max e %.3g -> %s\n",
+                m, n, k, tp, c.bad, c.emax, good ? "ok" : "FAIL");
+  } else {
+    // Rows [0, missing * rpf) and [(missing + 1) * rpf, n) arrived.
+    unsigned bad = 0;
+    const size_t lo = (size_t)missing * rpf * m, hi = (size_t)(missing + 1) * rpf * m;
+    bad += compare(D, false, R, true, lo, rms, tol_of(false, false)).bad;
+    bad += compare((char *)D + hi * 2, false, (const char *)R + hi * 4, true, (size_t)m * n - hi, rms,
+                   tol_of(false, false)).bad;
+    const uint32_t code = *(volatile uint32_t *)stall_h;
+    const double waited_ms = (double)*(volatile unsigned long long *)(stall_h + 2) / 1e6;
+    good = bad == 0 && code == (uint32_t)missing + 1 && waited_ms >= 200.0;
+    std::printf("flag give-up test (%dx%dx%d, row block %d of %d never arrives, waits give up after 200 ms): "
+                "record flag %d, waited %.1f ms, %u bad rows elsewhere -> %s\n",
+                m, n, k, missing, tp, (int)code - 1, waited_ms, bad, good ? "ok" : "FAIL");
+  }
   CK(cudaFreeHost(hB));
   CK(cudaFreeHost(hone));
+  CK(cudaFreeHost(stall_h));
   CK(cudaStreamDestroy(s1));
   CK(cudaStreamDestroy(s2));
   CK(cudaFree(A));
@@ -1563,14 +1599,14 @@ static bool flag_arrival_test(int m, int n, int k, int tp) {
   CK(cudaFree(D));
   CK(cudaFree(R));
   CK(cudaFree(flags));
-  return c.bad == 0;
+  return good;
 }
 
 int main(int argc, char **argv) {
   g90::g_prog = "own_gemm";
   std::string kernel_path = "kernels/gemm_sm90.cu";
   int iters = 30, force_bn = 0, group = 0;
-  bool quick = false, compile_only = false, fp8 = true, features = true, plain = true;
+  bool quick = false, compile_only = false, fp8 = true, features = true, plain = true, give_up = true;
   int only[4] = {0, 0, 0, -1};  // --shape N,K,M,DT: only this timed case (DT 0 bf16, 1 e4m3)
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -1583,6 +1619,7 @@ int main(int argc, char **argv) {
     else if (a == "--bn") force_bn = std::atoi(next());
     else if (a == "--group") group = std::max(1, std::atoi(next()));
     else if (a == "--quick") quick = true;
+    else if (a == "--no-give-up") give_up = false;
     else if (a == "--compile-only") compile_only = true;
     else if (a == "--no-fp8") fp8 = false;
     else if (a == "--no-features") features = false;
@@ -1595,7 +1632,7 @@ int main(int argc, char **argv) {
       plain = features = false;
     } else {
       std::printf("usage: own_gemm [--kernel FILE] [--iters N] [--bn 128|192|256] [--group G] [--quick] "
-                  "[--compile-only] [--no-fp8] [--no-features] [--features-only] [--define NAME=VALUE ...] "
+                  "[--no-give-up] [--compile-only] [--no-fp8] [--no-features] [--features-only] [--define NAME=VALUE ...] "
                   "[--shape TOKENS,K,M,DTYPE]\n");
       return a == "--help" ? 0 : 2;
     }
@@ -1716,6 +1753,7 @@ int main(int argc, char **argv) {
   bool flags_ok = true, done_ok = true;
   if (plain) {
     flags_ok = flag_arrival_test(2048, 4096, 4096, 4);
+    if (give_up) flags_ok &= flag_arrival_test(2048, 4096, 4096, 4, 1);
     all_ok &= flags_ok;
     done_ok = done_signal_test(2048, 4096, 1024);
     all_ok &= done_ok;

@@ -86,6 +86,10 @@
 //   slices (flag r * k_pieces + c for slice c): the producer waits for each slice before
 //   loading that slice's first K block, so that a block's tiles run while it still
 //   arrives.
+//   A wait gives up after `stall_ns` (with `stall` non-null): it records the flag in
+//   `stall` and the tile goes on with whatever B holds, so that a launch whose flags
+//   never come (their writers starved of SMs, a peer gone) ends instead of hanging; the
+//   host turns the record into an error (see wait_row_blocks).
 // - RS hook: see signal_done.
 // - Side copy (copy_bytes != 0): see side_copy.
 //
@@ -143,9 +147,11 @@ struct Gemm90Args {
   const void *copy_src;      // side copy (see side_copy): copy_bytes from copy_src to
   void *copy_dst;            // copy_dst, beside the GEMM (0 bytes: none)
   u64 copy_bytes;
+  unsigned *stall;           // AG: the record of a wait that gave up, or null (never gives up):
+  u64 stall_ns;              // {flag + 1, 0, waited ns (u64)}; see wait_row_blocks
 };
-static_assert(sizeof(Gemm90Args) == 144,
-              "hosts mirror Gemm90Args: 9 pointers, 12 4-byte fields, 2 pointers, 1 u64");
+static_assert(sizeof(Gemm90Args) == 160,
+              "hosts mirror Gemm90Args: 9 pointers, 12 4-byte fields, 3 pointers, 2 u64");
 
 namespace gemm90 {
 
@@ -394,16 +400,43 @@ __device__ __forceinline__ u32 ld_acquire_flag(const u32 *p) {
 // else k_pieces = 1, c = 0. Flags only go from 0 to non-zero during a launch, so a flag
 // seen set (bit r * k_pieces + c of `seen`, for the first 64 flags) is not read again: a
 // CTA pays one acquire per flag, not per tile.
+// With `stall` non-null, a flag not set within `stall_ns` (globaltimer) is given up: the
+// first CTA to give up claims stall[0] = flag + 1 and writes the time it waited into
+// stall[2..3] (host-mapped: the host reads it after the launch); every other wait of the
+// launch sees stall[0] set at its next look and gives up at once, so that a launch whose
+// flags never come costs one stall_ns, not one per flag.
+__device__ __forceinline__ u64 gemm_globaltimer() {
+  u64 t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
 __device__ __forceinline__ void wait_row_blocks(const u32 *flags, int rows_per_flag, int k_pieces, int c,
-                                                u32 value, int row0, int row1, u64 &seen) {
+                                                u32 value, int row0, int row1, u64 &seen, u32 *stall,
+                                                u64 stall_ns) {
   bool acquired = false;
   for (int r = row0 / rows_per_flag; r <= (row1 - 1) / rows_per_flag; ++r) {
     const int f = r * k_pieces + c;
     if (f < 64 && ((seen >> f) & 1)) continue;
+    u64 t0 = 0;
+    u32 polls = 0;
     // Back off between polls: 131 producers spinning flat out on sys-scope loads slowed
     // copy-engine arrivals several-fold (emulated link, H100, 2026-11-26).
     while ((int)(ld_acquire_flag(flags + f) - value) < 0) {
       asm volatile("nanosleep.u32 256;" ::: "memory");
+      if (stall != nullptr && (++polls & 255) == 0) {  // a look at the clock every ~100 us
+        if (*(volatile u32 *)stall != 0) break;        // another wait gave up: so does this one
+        const u64 now = gemm_globaltimer();
+        if (t0 == 0) {
+          t0 = now;
+        } else if (now - t0 > stall_ns) {
+          if (atomicCAS(stall, 0u, (u32)f + 1u) == 0u) {
+            *(volatile u64 *)(stall + 2) = now - t0;
+            __threadfence_system();
+          }
+          break;
+        }
+      }
     }
     if (f < 64) seen |= 1ull << f;
     acquired = true;
@@ -1155,11 +1188,13 @@ __device__ __forceinline__ void gemm(const GemmTmaDesc *tmap_b, const GemmTmaDes
         int tn, tm;
         tile_coords(t, tiles_n, tiles_m, gn, n_tile_rot, tn, tm);
         const int n0 = tn * BM, m0 = tm * BN;
-        if (waits && kp == 1) wait_row_blocks(flags, rows_per_flag, 1, 0, g.flag_value, n0, min(n0 + BM, n), seen);
+        if (waits && kp == 1)
+          wait_row_blocks(flags, rows_per_flag, 1, 0, g.flag_value, n0, min(n0 + BM, n), seen, g.stall, g.stall_ns);
         int piece = 0, next_piece = 0;  // the next K slice and its first K block (kp > 1)
         for (int kb = 0; kb < kblocks; ++kb, ++it) {
           while (kp > 1 && kb == next_piece) {
-            wait_row_blocks(flags, rows_per_flag, kp, piece, g.flag_value, n0, min(n0 + BM, n), seen);
+            wait_row_blocks(flags, rows_per_flag, kp, piece, g.flag_value, n0, min(n0 + BM, n), seen, g.stall,
+                            g.stall_ns);
             ++piece;
             next_piece = piece < kp ? (int)((long long)piece * kblocks / kp) : kblocks;
           }

@@ -510,7 +510,7 @@ fn the_gemm_argument_struct_is_mirrored_field_for_field() {
         k["gemm_sm90.cu"]["gemm_sm90_tn_e4m3_e4m3_f32_128"]
             .as_ref()
             .unwrap(),
-        &[p(128), p(128), p(144)]
+        &[p(128), p(128), p(160)]
     );
     assert_eq!(
         k["gemm_sm90.cu"]
@@ -606,7 +606,7 @@ fn own_gemm_kernels_follow_the_naming_scheme() {
     let params = [
         p(ArgClass::Struct, 128),
         p(ArgClass::Struct, 128),
-        p(ArgClass::Struct, 144),
+        p(ArgClass::Struct, 160),
     ];
     let types = ["bf16", "f16", "e4m3", "e5m2"];
     let mut count = 0;

@@ -35,7 +35,8 @@ pub use block::supports_block;
 pub struct TmaDesc(pub [u64; 16]);
 
 /// The kernel's `Gemm90Args`, field for field (8-byte pointers, then 4-byte fields, then
-/// the side copy's two pointers and size; 144 bytes). Reserved fields stay zero.
+/// the side copy's two pointers and size, then the stall record and its time; 160
+/// bytes). Reserved fields stay zero.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Gemm90Args {
@@ -63,6 +64,8 @@ pub struct Gemm90Args {
     pub copy_src: DevPtr,
     pub copy_dst: DevPtr,
     pub copy_bytes: u64,
+    pub stall: DevPtr,
+    pub stall_ns: u64,
 }
 
 // SAFETY: a repr(C) struct passed by value: the Struct class and its own size.
@@ -101,7 +104,52 @@ pub fn args_layout() -> Vec<(&'static str, usize, usize)> {
        d_scale: DevPtr, d_amax: DevPtr, flags: DevPtr, done: DevPtr, m: i32, n: i32, k: i32,
        rows_per_flag: i32, done_rows: i32, group_n: i32, n_tile_rot: i32, flag_value: u32,
        done_value: u32, beta: f32, epilogue: i32, k_pieces: i32, copy_src: DevPtr,
-       copy_dst: DevPtr, copy_bytes: u64)
+       copy_dst: DevPtr, copy_bytes: u64, stall: DevPtr, stall_ns: u64)
+}
+
+/// The record a fused GEMM's arrival waits write when one gives up ([`Hooks::stall`]), in
+/// host-mapped memory: the kernel's `{flag + 1, 0, waited ns}`.
+pub struct StallRecord {
+    mem: crate::cuda::resources::HostMapped,
+}
+
+/// A wait of our GEMM that gave up: the arrival flag it waited for, and for how long.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Stall {
+    pub flag: u32,
+    pub waited_ms: f64,
+}
+
+impl StallRecord {
+    /// A zeroed record in the current context.
+    pub fn new() -> Result<StallRecord> {
+        Ok(StallRecord {
+            mem: crate::cuda::resources::HostMapped::new(16)?,
+        })
+    }
+
+    /// Its device address, for [`Hooks::stall`].
+    pub fn device(&self) -> DevPtr {
+        self.mem.device
+    }
+
+    /// The wait that gave up, if one did.
+    pub fn read(&self) -> Option<Stall> {
+        // SAFETY: 16 live host-mapped bytes, written by the device: volatile loads; the
+        // claim (word 0) is made before the time is written and fenced after it, so a
+        // time of 0 only means the writer has not finished (the wait still gave up).
+        unsafe { Self::decode(self.mem.host as *const u32) }
+    }
+
+    /// The record at `p` (16 readable bytes).
+    unsafe fn decode(p: *const u32) -> Option<Stall> {
+        // SAFETY: (caller) 16 readable, 8-byte aligned bytes.
+        let (code, ns) = unsafe { (p.read_volatile(), (p.add(2) as *const u64).read_volatile()) };
+        (code != 0).then(|| Stall {
+            flag: code - 1,
+            waited_ms: ns as f64 / 1e6,
+        })
+    }
 }
 
 /// Rows of D per tile (the kernel's BM).
@@ -213,6 +261,12 @@ pub struct Hooks {
     /// 128-wide tiles whatever the tile rule says (a tuning choice of the fused
     /// algorithms, see `pick_tile`)
     pub narrow: bool,
+    /// where a wait for an arrival flag that gave up records it (host-mapped, zero before
+    /// the launch: `{flag + 1, 0, waited ns as u64}`), and after how long it gives up
+    /// (NULL or 0: waits never give up). The tile then reads whatever B holds: the
+    /// caller turns a set record into an error (see [`StallRecord`]).
+    pub stall: DevPtr,
+    pub stall_ns: u64,
 }
 
 impl Hooks {
@@ -610,6 +664,12 @@ fn args_of(g: &GemmDesc, h: &Hooks, tiles_m: usize, sms: usize) -> Result<Gemm90
         copy_src: h.side.src,
         copy_dst: h.side.dst,
         copy_bytes: h.side.bytes as u64,
+        stall: if h.flags.is_null() || h.stall_ns == 0 {
+            DevPtr::NULL
+        } else {
+            h.stall
+        },
+        stall_ns: h.stall_ns,
         ..Default::default()
     })
 }
@@ -741,8 +801,55 @@ mod tests {
     }
 
     #[test]
+    fn a_stall_record_reads_the_flag_and_the_wait() {
+        let none = [0u64; 2];
+        // SAFETY: 16 readable, aligned bytes.
+        assert_eq!(
+            unsafe { StallRecord::decode(none.as_ptr() as *const u32) },
+            None
+        );
+        // flag 7 (word 0 = flag + 1; word 1 unused), 2.5 s
+        let set = [8u64, 2_500_000_000];
+        // SAFETY: as above.
+        let read = unsafe { StallRecord::decode(set.as_ptr() as *const u32) };
+        assert_eq!(
+            read,
+            Some(Stall {
+                flag: 7,
+                waited_ms: 2500.0
+            })
+        );
+    }
+
+    #[test]
+    fn stall_fields_reach_the_kernel_only_with_arrival_flags() {
+        let g = tn(4096, 2048, 1024, DType::BF16);
+        let stall = DevPtr::new(0x1000);
+        let with = Hooks {
+            flags: DevPtr::new(0x2000),
+            rows_per_flag: 512,
+            flag_value: 1,
+            stall,
+            stall_ns: 5_000_000,
+            ..Default::default()
+        };
+        let a = args_of(&g, &with, 16, 132).unwrap();
+        assert_eq!((a.stall, a.stall_ns), (stall, 5_000_000));
+        let no_flags = Hooks {
+            flags: DevPtr::NULL,
+            ..with
+        };
+        assert_eq!(args_of(&g, &no_flags, 16, 132).unwrap().stall, DevPtr::NULL);
+        let forever = Hooks {
+            stall_ns: 0,
+            ..with
+        };
+        assert_eq!(args_of(&g, &forever, 16, 132).unwrap().stall, DevPtr::NULL);
+    }
+
+    #[test]
     fn the_struct_mirrors_have_the_kernels_sizes() {
-        assert_eq!(std::mem::size_of::<Gemm90Args>(), 144);
+        assert_eq!(std::mem::size_of::<Gemm90Args>(), 160);
         assert_eq!(std::mem::size_of::<TmaDesc>(), 128);
         assert_eq!(std::mem::align_of::<TmaDesc>(), 64);
         assert_eq!(

@@ -12,7 +12,7 @@ use crate::cuda::resources::{
 use crate::cuda::{ContextGuard, DevPtr, nvtx};
 use crate::error::Result;
 use crate::gemm::GemmDesc;
-use crate::gemm::sm90::{Hooks, SideCopy, Sm90Gemm};
+use crate::gemm::sm90::{Hooks, SideCopy, Sm90Gemm, StallRecord};
 use crate::transport::Transport;
 
 /// The engine's lazily made scratch memory.
@@ -101,6 +101,9 @@ impl Overlap {
         let guard = self.enter(stream)?;
         if self.policy.fused_on() && self.own_gemm.is_none() {
             self.own_gemm = Some(Sm90Gemm::get(&guard).map_err(|e| e.msg));
+        }
+        if matches!(self.own_gemm, Some(Ok(_))) && self.mem.stall.is_none() {
+            self.mem.stall = Some(with_relaxed_capture(StallRecord::new)?);
         }
         let env = self.env();
         let mut plan = std::mem::take(&mut self.call.plan);

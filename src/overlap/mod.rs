@@ -183,6 +183,9 @@ struct EngineMem {
     amax_slots: Option<DeviceMem>,
     /// the fused algorithms' flags (zeroed when made)
     flags: Option<DeviceMem>,
+    /// where our GEMM's arrival waits record giving up (made with our GEMM: see
+    /// [`Overlap::stall_error`])
+    stall: Option<gemm::sm90::StallRecord>,
 }
 
 /// The engine's kernels and their module.
@@ -493,14 +496,44 @@ impl Overlap {
         Ok(s)
     }
 
-    fn timeout_error(&self) -> Option<Error> {
-        let to = self.t.timeout()?;
-        let who = format!(
+    /// After how long our GEMM's waits for arrival flags give up: twice the transport's
+    /// timeout. A peer that never sends is named by the transport's own wait first, and
+    /// that wait's timeout still sets the flag; what is left is a flag whose writer never
+    /// ran.
+    fn stall_ms(&self) -> u64 {
+        (self.policy.timeout_ms.max(1) as u64).saturating_mul(2)
+    }
+
+    /// Who this rank is, for messages.
+    fn who(&self) -> String {
+        format!(
             "world rank {} (tp rank {} of {})",
             self.group.world_rank,
             self.tp_rank(),
             self.tp()
-        );
+        )
+    }
+
+    /// Our GEMM gave up waiting for an arrival flag (see [`gemm::sm90::Hooks::stall`]).
+    fn stall_error(&self) -> Option<Error> {
+        let st = self.mem.stall.as_ref()?.read()?;
+        Some(Error::new(
+            K::Timeout,
+            format!(
+                "timeout after {:.1} ms: on {}, our fused GEMM waited for arrival flag {} of an all-gather (set on this rank once a piece of a peer's chunk has landed) and gave up, so that call's output is wrong. \
+                 The steps that set it never ran while the peers did not time out: other kernels held the SMs the GEMM leaves free (comm_sm_count), or the GPU is oversubscribed. The object is unusable now: destroy it.",
+                st.waited_ms,
+                self.who(),
+                st.flag
+            ),
+        ))
+    }
+
+    fn timeout_error(&self) -> Option<Error> {
+        let Some(to) = self.t.timeout() else {
+            return self.stall_error();
+        };
+        let who = self.who();
         let peer = if to.peer_world_rank == u32::MAX {
             "a peer".to_string()
         } else {
@@ -946,10 +979,16 @@ impl Overlap {
     ) -> Result<()> {
         let s = self.compute_stream(stream_idx)?;
         let skip = self.skipping_gemms(); // NVTE_COMM_REPORT's comm-alone runs
+        let hooks = &gemm::sm90::Hooks {
+            stall: self.mem.stall.as_ref().map_or(DevPtr::NULL, |r| r.device()),
+            stall_ns: self.stall_ms().saturating_mul(1_000_000),
+            ..*hooks
+        };
         let r = match &self.own_gemm {
             _ if skip => Ok(()),
             // SAFETY: `g` is a fused step of this call's plan (as in `run_gemm`); the hooks'
-            // flags and done signals are this engine's flag slots, sized by the planner.
+            // flags and done signals are this engine's flag slots, sized by the planner,
+            // and the stall record is this engine's.
             Some(Ok(b)) => unsafe { b.run(g, hooks, sms, s) },
             _ => Err(Error::internal(
                 "the plan runs our sm90 GEMM, which is not loaded",
@@ -1059,8 +1098,10 @@ impl Overlap {
             }
             return Ok(());
         }
-        let limit = std::time::Duration::from_millis(self.policy.timeout_ms as u64)
-            + std::time::Duration::from_secs(5);
+        // (the longest a call can take on a device that records every failure: our
+        // GEMM's give-up time, which is longer than the transport's waits')
+        let limit =
+            std::time::Duration::from_millis(self.stall_ms()) + std::time::Duration::from_secs(5);
         let t0 = std::time::Instant::now();
         loop {
             // Relaxed: an event query must not disturb another thread's global-mode capture.
