@@ -7,7 +7,8 @@
 #                with one GPU also at 2 and 4 ranks sharing it; test_block_quant and
 #                test_block_gemm on one GPU)
 #   reliability  fault injection, the cross-rank check, soak and churn (test_reliability),
-#                processes and threads
+#                processes and threads (with one GPU, threads only for the starved fused
+#                all-gather: bounded calls, never a hang)
 #   sanitizer    compute-sanitizer memcheck, racecheck and synccheck on test_comm_gemm,
 #                test_overlap and test_block_quant (one GPU, --quick), each report
 #                attributed to the library it came from
@@ -135,6 +136,10 @@ if [[ $stages == *" reliability "* ]]; then
     # problem (TE_COMM_THREADS_SHARED=1 runs it anyway).
     if [ "$np" -ge 2 ] && { [ "$np" -le "$ngpu" ] || [ "${TE_COMM_THREADS_SHARED:-0}" = 1 ]; }; then
       TE_COMM_TEST_TIMEOUT=900 run test_reliability "$np threads" "$build/tests_c/test_reliability" --ranks "$np" --threads "${extra[@]}"
+    elif [ "$np" -eq 2 ]; then
+      # Only the case that wants a shared GPU: the fused all-gather's GEMMs starving the
+      # kernels that set their flags must end in bounded calls, never a hang.
+      TE_COMM_TEST_TIMEOUT=300 run test_reliability "2 threads starve" "$build/tests_c/test_reliability" --ranks 2 --threads --only starve
     fi
   done
 fi

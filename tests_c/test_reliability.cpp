@@ -18,6 +18,13 @@
 //             the live tensor-handle count must be the same after as after the warm-up.
 //   churn     create / call / destroy cycles of overlap objects (IPC and NCCL) and of
 //             comm-GEMM contexts: device memory and handle count flat.
+//   starve    (--threads only) the fused all-gather (config atomic_gemm) with ranks as
+//             threads of one process: on one shared GPU the ranks' GEMMs, each holding all
+//             SMs but a few while they wait for arrival flags, can starve the kernels that
+//             set those flags. Every call must return within the bound (the GEMM's waits
+//             give up after twice the timeout), a call that succeeds must be right, one
+//             that fails must say TIMEOUT, and destroy must be bounded. Prints whether the
+//             GEMM's own give-up fired. With one GPU per thread: the plain fused check.
 //
 // The comm-GEMM cases run twice over IPC: with a context made from an NCCL communicator
 // (nvte_comm_gemm_ctx_create) and with one made from the ranks' bootstrap callbacks
@@ -27,7 +34,7 @@
 // IPC transport runs (the overlap API, and the comm-GEMM API with callback contexts):
 // NCCL refuses two ranks on one GPU; what is left out is printed.
 //
-// Usage: test_reliability [--ranks N] [--only fault,mismatch,unchecked,soak,churn]
+// Usage: test_reliability [--ranks N] [--only fault,mismatch,unchecked,soak,churn,starve]
 //                         [--soak-calls C] [--churn-cycles K] [--verify-every V] [--timeout-ms T]
 // Closing line: "test_reliability: P passed, F failed" (counted over every rank).
 #include <cmath>
@@ -49,7 +56,7 @@ namespace {
 
 struct Opts {
   int ranks = 2;
-  std::string only = "fault,mismatch,unchecked,soak,churn";
+  std::string only = "fault,mismatch,unchecked,soak,churn,starve";
   long soak_calls = 100000;
   int churn_cycles = 100;
   int verify_every = 1000;
@@ -147,6 +154,9 @@ struct Ctx {
 
 // ---------------------------------------------------------------- objects
 
+// Overlap objects made with config atomic_gemm (the fused algorithms; set around a case).
+bool g_fused = false;
+
 NVTECommOverlap *make_overlap(Ctx &c, NVTECommTransport tr, size_t rows, size_t cols) {
   NVTECommOverlapConfig cfg;
   if (nvte_comm_overlap_config_default(&cfg) != NVTE_COMM_SUCCESS) {
@@ -155,6 +165,7 @@ NVTECommOverlap *make_overlap(Ctx &c, NVTECommTransport tr, size_t rows, size_t 
   }
   cfg.transport = tr;
   cfg.timeout_ms = g.timeout_ms;
+  cfg.atomic_gemm = g_fused;
   NVTECommBootstrap b = pg::bootstrap(c.r);
   NVTECommOverlap *o = nullptr;
   NVTECommStatus st = nvte_comm_overlap_create(&b, &cfg, rows, cols, kNVTEBFloat16, &o);
@@ -432,6 +443,44 @@ int fault_case(pg::Rank &r, NVTECommTransport tr, bool cg_api, bool cb, bool mid
     c.rep.check(d == NVTE_COMM_SUCCESS, what + ": destroy -> " + nvte_comm_status_string(d));
   }
   c.rep.check(since(t2) <= g.timeout_ms + 6000.0, what + ": destroy bounded (" + std::to_string((int)since(t2)) + " ms)");
+  return c.rep.code();
+}
+
+// ---------------------------------------------------------------- starved fused GEMM
+
+int starve_case(pg::Rank &r) {
+  Ctx c(r);
+  const std::string what = std::string("starve fused split_ag threads np") + std::to_string(r.n) +
+                           (r.shared_gpu() ? " (one shared GPU)" : " (a GPU each)");
+  g_fused = true;  // (every thread sets the same value before making its object)
+  OvOp *ov = make_ov(c, kAg, NVTE_COMM_TRANSPORT_IPC, 4096, 2048, 4096, 0);
+  if (!ov) return c.rep.code();
+  const double bound = 4.0 * g.timeout_ms + 5000;  // the GEMM gives up after 2x; a margin
+  bool gave_up = false, failed = false;
+  for (int call = 0; call < 3 && !failed; ++call) {
+    CK(cudaMemsetAsync(ov->D->p, 0xFF, ov->D->bytes(), c.s));
+    auto t0 = std::chrono::steady_clock::now();
+    NVTECommStatus st = ov_call(c, *ov);
+    if (st == NVTE_COMM_SUCCESS) st = nvte_comm_overlap_synchronize(ov->o);
+    const double ms = since(t0);
+    std::string msg = st == NVTE_COMM_SUCCESS ? "" : nvte_comm_last_error();
+    gave_up |= msg.find("gave up") != std::string::npos;
+    failed = st != NVTE_COMM_SUCCESS;
+    const bool right = failed ? st == NVTE_COMM_ERROR_TIMEOUT : ov_err(c, *ov) < 2e-2;
+    char b[96];
+    std::snprintf(b, sizeof b, " after %.0f ms (bound %.0f)", ms, bound);
+    c.rep.check(right && ms <= bound, what + ": call " + std::to_string(call) + " " + nvte_comm_status_string(st) +
+                                          (failed ? ": " + msg : std::string(", correct")) + b);
+  }
+  std::printf("[rank %d] %s: the GEMM's own give-up %s\n", r.rank, what.c_str(), gave_up ? "fired" : "did not fire");
+  CK(cudaStreamSynchronize(c.s));
+  auto t2 = std::chrono::steady_clock::now();
+  NVTECommOverlap *o = ov->o;
+  ov->o = nullptr;
+  delete ov;
+  NVTECommStatus d = nvte_comm_overlap_destroy(o);
+  c.rep.check(d == NVTE_COMM_SUCCESS && since(t2) <= bound,
+              what + ": destroy -> " + nvte_comm_status_string(d) + " in " + std::to_string((int)since(t2)) + " ms");
   return c.rep.code();
 }
 
@@ -838,6 +887,11 @@ int main(int argc, char **argv) {
               what);
       }
       unsetenv("NVTE_COMM_CHECK");
+    }
+    if (g.ranks >= 2 && wants("starve")) {
+      // Not guarded: a shared GPU is this case's point (no hang, whatever the outcome).
+      tally(pg::run_threads(g.ranks, 60.0 + 16.0 * g.timeout_ms / 1e3, starve_case, "starve"), "starve" + np);
+      g_fused = false;
     }
     setenv("NVTE_COMM_TIMEOUT_MS", "60000", 1);
     if (wants("soak")) tally(pg::run_threads(g.ranks, 600.0, guarded(soak), "soak"), "soak" + np);

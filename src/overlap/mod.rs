@@ -521,7 +521,7 @@ impl Overlap {
             K::Timeout,
             format!(
                 "timeout after {:.1} ms: on {}, our fused GEMM waited for arrival flag {} of an all-gather (set on this rank once a piece of a peer's chunk has landed) and gave up, so that call's output is wrong. \
-                 The steps that set it never ran while the peers did not time out: other kernels held the SMs the GEMM leaves free (comm_sm_count), or the GPU is oversubscribed. The object is unusable now: destroy it.",
+                 The steps that set it never ran, and this rank's own waits for its peers did not time out: other kernels held the SMs the GEMM leaves free (comm_sm_count; ranks sharing one GPU inside one process or under MPS starve each other so), or the GPU is oversubscribed. The object is unusable now: destroy it.",
                 st.waited_ms,
                 self.who(),
                 st.flag
