@@ -229,6 +229,11 @@ typedef enum NVTEMatmulConfigAttribute {
 #define Settings_BYTES 32
 
 /**
+ * What went wrong, in the core's terms (`ffi::status_of` gives the C status).
+ */
+typedef struct ErrorKind ErrorKind;
+
+/**
  * Opaque context (TE: `typedef struct NVTECommGemmCtx NVTECommGemmCtx;`).
  */
 typedef struct NVTECommGemmCtx NVTECommGemmCtx;
@@ -525,6 +530,8 @@ typedef struct NVTEBasicTensor {
   NVTEDType dtype;
   struct NVTEShape shape;
 } NVTEBasicTensor;
+
+
 
 
 

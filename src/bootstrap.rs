@@ -196,6 +196,60 @@ impl Bootstrap {
     }
 }
 
+/// Bytes of a rank's record in [`Bootstrap::agree`]: its outcome (0: success, else
+/// 1 + the error kind's index in [`K::ALL`]), then its error message, cut to fit.
+const AGREE_BYTES: usize = 256;
+
+impl Bootstrap {
+    /// Every rank's outcome of a step of a collective setup that may fail on some ranks
+    /// only (local allocations, compiles, checks of this rank's arguments), exchanged so
+    /// that every rank fails together instead of leaving its peers in the next exchange,
+    /// where callbacks such as MPI's would wait forever. A failed rank returns its own
+    /// error; the others an error of the first failed rank's kind, naming the failed
+    /// ranks and quoting that rank's message (`what`: the step, for the message). The
+    /// ranks stay in step: a later collective call on them works.
+    pub fn agree<T>(&self, local: Result<T>, what: &str) -> Result<T> {
+        if self.size <= 1 {
+            return local;
+        }
+        let mut mine = [0u8; AGREE_BYTES];
+        if let Err(e) = &local {
+            mine[0] = 1 + K::ALL.iter().position(|&k| k == e.kind).unwrap_or(0) as u8;
+            let m = e.msg.as_bytes();
+            let n = m.len().min(AGREE_BYTES - 1);
+            mine[1..1 + n].copy_from_slice(&m[..n]);
+        }
+        let all = self.allgather(&mine);
+        let (v, all) = match (local, all) {
+            (Err(e), _) => return Err(e),
+            (Ok(_), Err(e)) => return Err(e),
+            (Ok(v), Ok(all)) => (v, all),
+        };
+        let failed: Vec<usize> = (0..self.size)
+            .filter(|&w| all[w * AGREE_BYTES] != 0)
+            .collect();
+        let Some(&first) = failed.first() else {
+            return Ok(v);
+        };
+        let rec = &all[first * AGREE_BYTES..(first + 1) * AGREE_BYTES];
+        let kind = K::ALL
+            .get(rec[0] as usize - 1)
+            .copied()
+            .unwrap_or(K::Internal);
+        let end = rec[1..]
+            .iter()
+            .position(|&b| b == 0)
+            .unwrap_or(AGREE_BYTES - 1);
+        Err(Error::new(
+            kind,
+            format!(
+                "world rank(s) {failed:?} could not {what}, so no rank of the world does (world rank {first}: {})",
+                String::from_utf8_lossy(&rec[1..1 + end])
+            ),
+        ))
+    }
+}
+
 /// How long a setup exchange over an NCCL communicator may take: the engine's wait
 /// timeout (NVTE_COMM_TIMEOUT_MS).
 fn setup_timeout() -> Result<std::time::Duration> {
@@ -220,4 +274,119 @@ pub fn host_identity() -> [u8; 128] {
 pub fn host_name(id: &[u8]) -> String {
     let end = id[..64].iter().position(|&b| b == 0).unwrap_or(64);
     String::from_utf8_lossy(&id[..end]).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Barrier, Mutex};
+
+    /// The ranks of a world as threads, gathering through one shared table.
+    struct World {
+        table: Mutex<Vec<u8>>,
+        barrier: Barrier,
+    }
+
+    struct RankOf {
+        world: Arc<World>,
+        rank: usize,
+    }
+
+    unsafe extern "C" fn gather(
+        user: *mut c_void,
+        global: *mut c_void,
+        global_bytes: usize,
+        local: *const c_void,
+        local_bytes: usize,
+    ) -> i32 {
+        // SAFETY: `user` is a live RankOf; the buffers have the stated sizes.
+        let r = unsafe { &*(user as *const RankOf) };
+        let local = unsafe { std::slice::from_raw_parts(local as *const u8, local_bytes) };
+        {
+            let mut t = r.world.table.lock().unwrap();
+            t.resize(global_bytes, 0);
+            t[r.rank * local_bytes..(r.rank + 1) * local_bytes].copy_from_slice(local);
+        }
+        r.world.barrier.wait();
+        let t = r.world.table.lock().unwrap().clone();
+        // SAFETY: `global` holds global_bytes.
+        unsafe { std::ptr::copy_nonoverlapping(t.as_ptr(), global as *mut u8, global_bytes) };
+        r.world.barrier.wait();
+        0
+    }
+
+    unsafe extern "C" fn no_barrier(_user: *mut c_void) -> i32 {
+        0
+    }
+
+    /// Each of `n` threads agrees on `outcome(rank)`, then agrees once more on success;
+    /// their results in rank order.
+    fn run(n: usize, outcome: fn(usize) -> Result<usize>) -> Vec<(Result<usize>, Result<usize>)> {
+        let world = Arc::new(World {
+            table: Mutex::new(Vec::new()),
+            barrier: Barrier::new(n),
+        });
+        let threads: Vec<_> = (0..n)
+            .map(|rank| {
+                let world = world.clone();
+                std::thread::spawn(move || {
+                    let me = RankOf { world, rank };
+                    let bs = Bootstrap {
+                        rank,
+                        size: n,
+                        exchange: Exchange::Callbacks {
+                            allgather: gather,
+                            barrier: no_barrier,
+                            user: &me as *const RankOf as usize,
+                        },
+                    };
+                    let first = bs.agree(outcome(rank), "make the thing");
+                    let again = bs.agree(Ok(rank), "make it again");
+                    (first, again)
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    }
+
+    #[test]
+    fn every_rank_fails_together_and_stays_in_step() {
+        let out = run(3, |rank| match rank {
+            1 => Err(Error::new(K::OutOfMemory, "cuMemAlloc of 1 GiB failed")),
+            _ => Ok(rank),
+        });
+        for (rank, (first, again)) in out.into_iter().enumerate() {
+            let e = first.unwrap_err();
+            assert_eq!(e.kind, K::OutOfMemory, "rank {rank}");
+            if rank == 1 {
+                assert_eq!(e.msg, "cuMemAlloc of 1 GiB failed");
+            } else {
+                assert!(
+                    e.msg.contains("world rank(s) [1] could not make the thing")
+                        && e.msg.contains("cuMemAlloc of 1 GiB failed"),
+                    "{}",
+                    e.msg
+                );
+            }
+            assert_eq!(again.unwrap(), rank, "the ranks stay in step");
+        }
+    }
+
+    #[test]
+    fn success_everywhere_passes_each_ranks_value_through() {
+        for (rank, (first, _)) in run(4, Ok).into_iter().enumerate() {
+            assert_eq!(first.unwrap(), rank);
+        }
+        let out = run(2, |rank| {
+            Err(Error::invalid(format!("bad {rank}: {}", "x".repeat(400))))
+        });
+        for (rank, (first, _)) in out.into_iter().enumerate() {
+            let e = first.unwrap_err();
+            assert_eq!(e.kind, K::InvalidArgument);
+            assert!(
+                e.msg.starts_with(&format!("bad {rank}")),
+                "a failed rank keeps its own error"
+            );
+        }
+    }
 }

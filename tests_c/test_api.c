@@ -523,11 +523,14 @@ static void test_overlap_create_args(void) {
   create_fails("no allgather", &bad, &base, 8, 8, BF, INV, "allgather is NULL", NULL);
   bad = callbacks(0, 1); bad.barrier = NULL;
   create_fails("no barrier", &bad, &base, 8, 8, BF, INV, "barrier is NULL", NULL);
-  /* against the world size */
+  CHECK(g_callback_calls == 0, "the callbacks were called %d times during argument checks\n", g_callback_calls);
+  /* against the world size: checked once the bootstrap is known, and then told to the
+   * peers in one allgather (so that they fail with this rank instead of waiting for it) */
   c = base; c.tp_size = 3;
   create_fails("tp 3 of 4", &four, &c, 12, 8, BF, INV, "tp_size = 3", "world size 4");
   create_fails("rows 6 over tp 4", &four, &base, 6, 8, BF, INV, "rows = 6", "tp_size = 4");
-  CHECK(g_callback_calls == 0, "the callbacks were called %d times during argument checks\n", g_callback_calls);
+  CHECK(g_callback_calls == 2, "a failed check against the world size: %d callback calls, expected one allgather each\n",
+        g_callback_calls);
 
   /* Valid arguments: without a GPU the failure names what is missing (never a crash). */
   if (nvte_comm_device_count() == 0) {

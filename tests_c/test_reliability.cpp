@@ -18,6 +18,9 @@
 //             the live tensor-handle count must be the same after as after the warm-up.
 //   churn     create / call / destroy cycles of overlap objects (IPC and NCCL) and of
 //             comm-GEMM contexts: device memory and handle count flat.
+//   create    the last rank creates its overlap object with a config the argument checks
+//             refuse, the others with a valid one: every rank must fail at once (the others
+//             naming that rank), and stay in step: a valid create and call then work.
 //   starve    (--threads only) the fused all-gather (config atomic_gemm) with ranks as
 //             threads of one process: on one shared GPU the ranks' GEMMs, each holding all
 //             SMs but a few while they wait for arrival flags, can starve the kernels that
@@ -34,7 +37,7 @@
 // IPC transport runs (the overlap API, and the comm-GEMM API with callback contexts):
 // NCCL refuses two ranks on one GPU; what is left out is printed.
 //
-// Usage: test_reliability [--ranks N] [--only fault,mismatch,unchecked,soak,churn,starve]
+// Usage: test_reliability [--ranks N] [--only fault,mismatch,unchecked,create,soak,churn,starve]
 //                         [--soak-calls C] [--churn-cycles K] [--verify-every V] [--timeout-ms T]
 // Closing line: "test_reliability: P passed, F failed" (counted over every rank).
 #include <cmath>
@@ -56,7 +59,7 @@ namespace {
 
 struct Opts {
   int ranks = 2;
-  std::string only = "fault,mismatch,unchecked,soak,churn,starve";
+  std::string only = "fault,mismatch,unchecked,create,soak,churn,starve";
   long soak_calls = 100000;
   int churn_cycles = 100;
   int verify_every = 1000;
@@ -443,6 +446,39 @@ int fault_case(pg::Rank &r, NVTECommTransport tr, bool cg_api, bool cb, bool mid
     c.rep.check(d == NVTE_COMM_SUCCESS, what + ": destroy -> " + nvte_comm_status_string(d));
   }
   c.rep.check(since(t2) <= g.timeout_ms + 6000.0, what + ": destroy bounded (" + std::to_string((int)since(t2)) + " ms)");
+  return c.rep.code();
+}
+
+// ---------------------------------------------------------------- one rank's bad create
+
+int create_case(pg::Rank &r, NVTECommTransport tr) {
+  Ctx c(r);
+  const int odd = r.n - 1;
+  const std::string what = std::string("create with a bad config on world rank ") + std::to_string(odd) + " " +
+                           tname(tr) + " np" + std::to_string(r.n);
+  NVTECommOverlapConfig cfg;
+  CK(nvte_comm_overlap_config_default(&cfg) == NVTE_COMM_SUCCESS ? cudaSuccess : cudaErrorUnknown);
+  cfg.transport = tr;
+  cfg.timeout_ms = r.rank == odd ? 0 : g.timeout_ms;  // 0: refused by the argument checks
+  NVTECommBootstrap b = pg::bootstrap(c.r);
+  NVTECommOverlap *o = nullptr;
+  auto t0 = std::chrono::steady_clock::now();
+  NVTECommStatus st = nvte_comm_overlap_create(&b, &cfg, 2048 * r.n, 1024, kNVTEBFloat16, &o);
+  const double ms = since(t0);
+  const std::string msg = nvte_comm_last_error();
+  const bool names = msg.find(r.rank == odd ? "timeout_ms" : "world rank(s) [" + std::to_string(odd) + "]") !=
+                     std::string::npos;
+  char b2[64];
+  std::snprintf(b2, sizeof b2, " (after %.0f ms)", ms);
+  c.rep.check(st == NVTE_COMM_ERROR_INVALID_ARGUMENT && o == nullptr && names && ms < 5000,
+              what + ": fails at once on every rank: " + nvte_comm_status_string(st) + ": " + msg + b2);
+  if (o) nvte_comm_overlap_destroy(o);
+  // The ranks are still in step: a valid create and call work everywhere.
+  OvOp *ov = make_ov(c, kAg, tr, 2048, 1024, 1024, 0);
+  bool ok = ov && ov_call(c, *ov) == NVTE_COMM_SUCCESS && nvte_comm_overlap_synchronize(ov->o) == NVTE_COMM_SUCCESS &&
+            ov_err(c, *ov) < 2e-2;
+  c.rep.check(ok, what + ": then a valid create and call work" + (ok ? std::string() : std::string(": ") + nvte_comm_last_error()));
+  delete ov;
   return c.rep.code();
 }
 
@@ -954,6 +990,19 @@ int main(int argc, char **argv) {
             what.c_str());
         tally(code, what + " np" + std::to_string(g.ranks));
       }
+  }
+  if (g.ranks >= 2 && wants("create")) {
+    for (auto tr : trs) {
+      std::string what = std::string("create with a bad config on one rank ") + tname(tr);
+      int code = pg::run(
+          g.ranks, case_deadline,
+          [&](pg::Rank &r) {
+            if (skip_shared(r, tr == NVTE_COMM_TRANSPORT_NCCL, what)) return pg::kSkip;
+            return create_case(r, tr);
+          },
+          what.c_str());
+      tally(code, what + " np" + std::to_string(g.ranks));
+    }
   }
   if (wants("soak")) tally(pg::run(g.ranks, 600.0, soak, "soak"), "soak np" + std::to_string(g.ranks));
   if (wants("churn")) tally(pg::run(g.ranks, 900.0, churn, "churn"), "churn np" + std::to_string(g.ranks));

@@ -182,29 +182,52 @@ pub extern "C" fn nvte_comm_overlap_create(
     entry!(status, {
         let b = take_bootstrap(bootstrap, out)?;
         // Everything that needs neither the world nor a device comes first.
-        let policy = if config.is_null() {
-            Policy::from_env()?
-        } else {
-            read_config(config)?.policy(Pins::default())
-        };
-        policy.check()?;
-        let dt = DType::from_c(dtype).map_err(|e| e.context("argument `dtype`"))?;
-        Overlap::check_buffer(rows, cols, dt)?;
-        crate::overlap::trace_enabled()?;
-        // The algorithm knobs too, read once here for the object's life: a bad value is
-        // reported before the bootstrap is used or NCCL loaded.
-        let policy = Policy {
-            pins: Pins::from_env()?,
-            ..policy
-        };
-        let bs = bootstrap_of(&b)?;
-        Overlap::check_rows(rows, policy.tp_for(bs.size)?)?;
+        let args = overlap_args(config, rows, cols, dtype);
+        // A rank whose own arguments are wrong tells its peers through callbacks (which
+        // load nothing), so that they fail with it instead of waiting for it in their
+        // next exchange, where callbacks such as MPI's have no timeout. (Over an NCCL
+        // communicator those waits are bounded; NCCL is not loaded for a wrong argument.)
+        if args.is_err() && !b.nccl_comm.is_null() {
+            return args.map(|_| ());
+        }
+        // (a wrong argument is reported before a wrong bootstrap, as before either is used)
+        let bs = bootstrap_of(&b).or_else(|e| args.clone().and(Err(e)))?;
+        let args = args.and_then(|(policy, dt)| {
+            Overlap::check_rows(rows, policy.tp_for(bs.size)?)?;
+            Ok((policy, dt))
+        });
+        let (policy, dt) = bs.agree(args, "create their overlap object with valid arguments")?;
         let o = Overlap::create(&bs, policy, rows, cols, dt)?;
         let id = OVERLAPS.insert(Arc::new(Mutex::new(o)));
         // SAFETY: non-null output pointer.
         unsafe { *out = id as *mut NVTECommOverlap };
         Ok(())
     })
+}
+
+/// `nvte_comm_overlap_create`'s checks of its arguments that need neither the world nor
+/// a device: the policy (the config's or the environment's, with the algorithm knobs,
+/// read once here for the object's life), the dtype and the buffer's shape.
+fn overlap_args(
+    config: *const Config,
+    rows: usize,
+    cols: usize,
+    dtype: NVTEDType,
+) -> Result<(Policy, DType)> {
+    let policy = if config.is_null() {
+        Policy::from_env()?
+    } else {
+        read_config(config)?.policy(Pins::default())
+    };
+    policy.check()?;
+    let dt = DType::from_c(dtype).map_err(|e| e.context("argument `dtype`"))?;
+    Overlap::check_buffer(rows, cols, dt)?;
+    crate::overlap::trace_enabled()?;
+    let policy = Policy {
+        pins: Pins::from_env()?,
+        ..policy
+    };
+    Ok((policy, dt))
 }
 
 /// Destroy an object: waits (bounded by the timeout) until the peers are done with this

@@ -205,6 +205,19 @@ struct Diag {
     report_dims: Option<[i64; 3]>,
 }
 
+/// What one rank makes for a new object before any exchange ([`Overlap::local_parts`]).
+struct LocalParts {
+    guard: ContextGuard,
+    dev: DeviceInfo,
+    tp: usize,
+    bytes: usize,
+    check: bool,
+    code: (std::sync::Arc<nvrtc::Module>, EngineKernels),
+    streams: Lanes,
+    trace: Option<Trace>,
+    report: Option<Box<report::Report>>,
+}
+
 /// Our own GEMM as an engine holds it once tried: loaded, or why not.
 type OwnGemmSlot = std::result::Result<std::sync::Arc<gemm::sm90::Sm90Gemm>, String>;
 
@@ -299,32 +312,23 @@ impl Overlap {
         cols: usize,
         dtype: DType,
     ) -> Result<Overlap> {
-        let bytes = Self::check_buffer(rows, cols, dtype)?;
-        let trace = trace_enabled()?;
-        let check = check_enabled()?;
-        let guard = ContextGuard::for_stream(StreamHandle::NULL)?;
-        let dev = cuda::device_info(guard.device)?;
-        let tp = policy.validate(bs.size, dev.sm_count)?;
-        Self::check_rows(rows, tp)?;
         // Everything local that can fail comes before the transport: once its creation
         // returned, the peers hold this rank's buffer and flags (a later failure here
-        // would free memory that they go on to write).
-        let (module, kernels) = Self::comm_module(&guard, &dev, dtype)?;
-        let ns = policy.streams.compute as usize;
-        let streams = Lanes::new(ns, &policy.streams)?;
-        let trace = if trace {
-            Some(Trace {
-                events: (0..256).map(|_| Event::timed()).collect::<Result<_>>()?,
-                names: Vec::new(),
-            })
-        } else {
-            None
-        };
-        let report = if Self::report_enabled()? {
-            Some(Box::new(report::Report::new()?))
-        } else {
-            None
-        };
+        // would free memory that they go on to write). Every rank's outcome is exchanged
+        // first, so that a rank that fails here (its arguments, memory, a compile) makes
+        // every rank fail with it instead of leaving them in the transport's exchanges.
+        let local = Self::local_parts(&policy, bs.size, (rows, cols, dtype));
+        let LocalParts {
+            guard,
+            dev,
+            tp,
+            bytes,
+            check,
+            code: (module, kernels),
+            streams,
+            trace,
+            report,
+        } = bs.agree(local, "set up their overlap object")?;
         let t = Self::create_transport(bs, &policy, (&guard, &dev), (tp, bytes), check)?;
         let group = Group {
             caps: Caps::of(t.as_ref()),
@@ -365,6 +369,48 @@ impl Overlap {
                 report,
                 report_dims: None,
             },
+        })
+    }
+
+    /// What [`Self::create`] makes on this rank alone, before any exchange.
+    fn local_parts(
+        policy: &Policy,
+        world: usize,
+        (rows, cols, dtype): (usize, usize, DType),
+    ) -> Result<LocalParts> {
+        let bytes = Self::check_buffer(rows, cols, dtype)?;
+        let trace = trace_enabled()?;
+        let check = check_enabled()?;
+        let guard = ContextGuard::for_stream(StreamHandle::NULL)?;
+        let dev = cuda::device_info(guard.device)?;
+        let tp = policy.validate(world, dev.sm_count)?;
+        Self::check_rows(rows, tp)?;
+        let code = Self::comm_module(&guard, &dev, dtype)?;
+        let ns = policy.streams.compute as usize;
+        let streams = Lanes::new(ns, &policy.streams)?;
+        let trace = if trace {
+            Some(Trace {
+                events: (0..256).map(|_| Event::timed()).collect::<Result<_>>()?,
+                names: Vec::new(),
+            })
+        } else {
+            None
+        };
+        let report = if Self::report_enabled()? {
+            Some(Box::new(report::Report::new()?))
+        } else {
+            None
+        };
+        Ok(LocalParts {
+            guard,
+            dev,
+            tp,
+            bytes,
+            check,
+            code,
+            streams,
+            trace,
+            report,
         })
     }
 

@@ -208,15 +208,24 @@ impl IpcTransport {
                 group.len()
             );
         }
-        let module = nvrtc::module(&nvrtc::COMM, guard.id, dev)?;
-        let buffer = DeviceMem::new(s.buffer_bytes)?;
-        let flags = DeviceMem::new(FLAG_BYTES)?;
-        flags.zero()?;
-        let counter = DeviceMem::new(8)?;
-        counter.zero()?;
-        let k = IpcKernels::new(&module)?;
-        buffer.zero()?;
-        let error = HostMapped::new(std::mem::size_of::<ErrorRecord>())?;
+        // This rank's memory and kernels; every rank's outcome is exchanged before the
+        // handles, so that one that fails here (out of memory, most likely) makes them
+        // all fail instead of leaving them in the handle exchange.
+        let local = || -> crate::error::Result<_> {
+            let module = nvrtc::module(&nvrtc::COMM, guard.id, dev)?;
+            let buffer = DeviceMem::new(s.buffer_bytes)?;
+            let flags = DeviceMem::new(FLAG_BYTES)?;
+            flags.zero()?;
+            let counter = DeviceMem::new(8)?;
+            counter.zero()?;
+            let k = IpcKernels::new(&module)?;
+            buffer.zero()?;
+            let error = HostMapped::new(std::mem::size_of::<ErrorRecord>())?;
+            let handles = [buffer.ipc_handle()?, flags.ipc_handle()?];
+            Ok((module, buffer, flags, counter, k, error, handles))
+        };
+        let (module, buffer, flags, counter, k, error, handles) =
+            bs.agree(local(), "make their IPC transport's memory")?;
 
         // Exchange the two IPC handles and this rank's in-process record (the caller
         // checked that the group is on one node): a peer in another process is mapped
@@ -226,8 +235,7 @@ impl IpcTransport {
         // in another process is on another device.
         let uuid = device_uuid(guard.device);
         let mut mine = Vec::with_capacity(128 + LOCAL_BYTES + 16);
-        mine.extend_from_slice(&buffer.ipc_handle()?);
-        mine.extend_from_slice(&flags.ipc_handle()?);
+        mine.extend_from_slice(&handles.concat());
         mine.extend_from_slice(&me.to_bytes());
         mine.extend_from_slice(&uuid.unwrap_or_default());
         let rec = mine.len();
@@ -236,27 +244,15 @@ impl IpcTransport {
         // Nobody signals before every rank has zeroed its flags and mapped its peers; a
         // rank that could not map them says so here too (instead of leaving its peers at
         // a barrier until their timeout), and every rank fails together.
-        let oks = bs.allgather(&[mapped.is_ok() as u8])?;
-        let failed: Vec<usize> = (oks.iter().enumerate())
-            .filter(|&(_, &ok)| ok == 0)
-            .map(|(w, _)| w)
-            .collect();
         let Mapped {
             buffers: peer_buffers,
             flags: peer_flags,
             in_process,
             remote_peers,
-        } = match mapped {
-            Ok(_) if !failed.is_empty() => {
-                return Err(crate::error::Error::new(
-                    crate::error::ErrorKind::Cuda,
-                    format!(
-                        "world rank(s) {failed:?} could not reach their peers' memory (their own errors say why): the group's IPC transport is not created on any rank"
-                    ),
-                ));
-            }
-            m => m?,
-        };
+        } = bs.agree(
+            mapped,
+            "reach their peers' memory through the IPC transport",
+        )?;
         Ok(IpcTransport {
             group: Group::new(bs.rank, group, buffer),
             flags,

@@ -115,10 +115,15 @@ pub fn init_nonblocking(
 ) -> Result<NcclComm> {
     // SAFETY: zeroed POD id; filled by NCCL on the leader.
     let mut id: nc::ncclUniqueId = unsafe { std::mem::zeroed() };
-    if bs.rank == leader {
+    let made = if bs.rank == leader {
         // SAFETY: out pointer.
-        check(unsafe { nc::ncclGetUniqueId(&mut id) }, "ncclGetUniqueId")?;
-    }
+        check(unsafe { nc::ncclGetUniqueId(&mut id) }, "ncclGetUniqueId")
+    } else {
+        Ok(())
+    };
+    // (a leader that cannot make the id says so, instead of leaving the others waiting
+    // for it in the exchange below)
+    bs.agree(made, &format!("make the unique id of {what}"))?;
     let mine: Vec<u8> = id.internal.iter().map(|&c| c as u8).collect();
     let all = bs.allgather(&mine)?;
     for (c, b) in id

@@ -403,8 +403,14 @@ impl NcclTransport {
                 group.len()
             );
         }
-        let module = nvrtc::module(&nvrtc::COMM, guard.id, dev)?;
-        let k = NcclKernels::new(&module)?;
+        // (every rank's outcome exchanged: one that fails here makes them all fail,
+        // instead of leaving them in the exchange of the group's unique id)
+        let local = || -> Result<_> {
+            let module = nvrtc::module(&nvrtc::COMM, guard.id, dev)?;
+            let k = NcclKernels::new(&module)?;
+            Ok((module, k))
+        };
+        let (module, k) = bs.agree(local(), "load their NCCL transport's kernels")?;
         let timeout = Duration::from_millis(s.timeout_ms);
         let tp_rank = group
             .iter()
