@@ -396,7 +396,6 @@ impl NcclTransport {
         dev: &DeviceInfo,
         s: &NcclSettings,
     ) -> Result<NcclTransport> {
-        cuda::require(Lib::Nccl)?;
         if group.len() > MAX_PEERS {
             unsupported!(
                 "tensor-parallel size {} exceeds the maximum of {MAX_PEERS}",
@@ -406,11 +405,12 @@ impl NcclTransport {
         // (every rank's outcome exchanged: one that fails here makes them all fail,
         // instead of leaving them in the exchange of the group's unique id)
         let local = || -> Result<_> {
+            cuda::require(Lib::Nccl)?;
             let module = nvrtc::module(&nvrtc::COMM, guard.id, dev)?;
             let k = NcclKernels::new(&module)?;
             Ok((module, k))
         };
-        let (module, k) = bs.agree(local(), "load their NCCL transport's kernels")?;
+        let (module, k) = bs.agree(local(), "load NCCL and their NCCL transport's kernels")?;
         let timeout = Duration::from_millis(s.timeout_ms);
         let tp_rank = group
             .iter()
