@@ -452,7 +452,7 @@ struct Own {
   const uint32_t *flags = nullptr;
   uint32_t flag_value = 1, done_value = 1;
   uint32_t *done = nullptr;  // RS signals (2 * ceil(n / done_rows) words, zeroed)
-  uint32_t *stall = nullptr;  // {flag + 1, 0, waited ns}: an arrival wait that gave up (null: none do)
+  uint32_t *stall = nullptr;  // {flag + 1, claim, waited ns}: an arrival wait that gave up (null: none do)
   unsigned long long stall_ns = 0;
   void *A, *B, *D;
   const float *a_si = nullptr, *b_si = nullptr;
@@ -1511,7 +1511,7 @@ static bool flag_arrival_test(int m, int n, int k, int tp, int missing = -1) {
   CK(cudaMallocHost(&hB, nb));
   CK(cudaMallocHost(&hone, sizeof(uint32_t)));
   *hone = 1;
-  uint32_t *stall_h = nullptr, *stall_d = nullptr;  // {flag + 1, 0, waited ns}
+  uint32_t *stall_h = nullptr, *stall_d = nullptr;  // {flag + 1, claim, waited ns}
   CK(cudaHostAlloc((void **)&stall_h, 16, cudaHostAllocMapped));
   std::memset(stall_h, 0, 16);
   CK(cudaHostGetDevicePointer((void **)&stall_d, stall_h, 0));

@@ -229,11 +229,6 @@ typedef enum NVTEMatmulConfigAttribute {
 #define Settings_BYTES 32
 
 /**
- * What went wrong, in the core's terms (`ffi::status_of` gives the C status).
- */
-typedef struct ErrorKind ErrorKind;
-
-/**
  * Opaque context (TE: `typedef struct NVTECommGemmCtx NVTECommGemmCtx;`).
  */
 typedef struct NVTECommGemmCtx NVTECommGemmCtx;
@@ -530,8 +525,6 @@ typedef struct NVTEBasicTensor {
   NVTEDType dtype;
   struct NVTEShape shape;
 } NVTEBasicTensor;
-
-
 
 
 

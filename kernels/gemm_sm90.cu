@@ -148,7 +148,7 @@ struct Gemm90Args {
   void *copy_dst;            // copy_dst, beside the GEMM (0 bytes: none)
   u64 copy_bytes;
   unsigned *stall;           // AG: the record of a wait that gave up, or null (never gives up):
-  u64 stall_ns;              // {flag + 1, 0, waited ns (u64)}; see wait_row_blocks
+  u64 stall_ns;              // {flag + 1, claim, waited ns (u64)}; see wait_row_blocks
 };
 static_assert(sizeof(Gemm90Args) == 160,
               "hosts mirror Gemm90Args: 9 pointers, 12 4-byte fields, 3 pointers, 2 u64");
@@ -401,10 +401,11 @@ __device__ __forceinline__ u32 ld_acquire_flag(const u32 *p) {
 // seen set (bit r * k_pieces + c of `seen`, for the first 64 flags) is not read again: a
 // CTA pays one acquire per flag, not per tile.
 // With `stall` non-null, a flag not set within `stall_ns` (globaltimer) is given up: the
-// first CTA to give up claims stall[0] = flag + 1 and writes the time it waited into
-// stall[2..3] (host-mapped: the host reads it after the launch); every other wait of the
-// launch sees stall[0] set at its next look and gives up at once, so that a launch whose
-// flags never come costs one stall_ns, not one per flag.
+// first CTA to give up claims stall[1], writes the time it waited into stall[2..3], then
+// publishes stall[0] = flag + 1 (host-mapped: a host that sees stall[0] set also sees the
+// time); every other wait of the launch sees stall[1] claimed at its next look and gives
+// up at once, so that a launch whose flags never come costs one stall_ns, not one per
+// flag.
 __device__ __forceinline__ u64 gemm_globaltimer() {
   u64 t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -425,13 +426,15 @@ __device__ __forceinline__ void wait_row_blocks(const u32 *flags, int rows_per_f
     while ((int)(ld_acquire_flag(flags + f) - value) < 0) {
       asm volatile("nanosleep.u32 256;" ::: "memory");
       if (stall != nullptr && (++polls & 255) == 0) {  // a look at the clock every ~100 us
-        if (*(volatile u32 *)stall != 0) break;        // another wait gave up: so does this one
+        if (*(volatile u32 *)(stall + 1) != 0) break;  // another wait gave up: so does this one
         const u64 now = gemm_globaltimer();
         if (t0 == 0) {
           t0 = now;
         } else if (now - t0 > stall_ns) {
-          if (atomicCAS(stall, 0u, (u32)f + 1u) == 0u) {
+          if (atomicCAS(stall + 1, 0u, 1u) == 0u) {  // claimed: the time, then the flag last
             *(volatile u64 *)(stall + 2) = now - t0;
+            __threadfence_system();
+            *(volatile u32 *)stall = (u32)f + 1u;
             __threadfence_system();
           }
           break;

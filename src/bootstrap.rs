@@ -109,9 +109,12 @@ impl Bootstrap {
     /// Gather `local` (same length on every rank) from all ranks, in rank order.
     pub fn allgather(&self, local: &[u8]) -> Result<Vec<u8>> {
         let n = local.len();
-        let mut out = vec![0u8; n * self.size];
+        if let Exchange::Owned(ch) = &self.exchange {
+            return ch.allgather(local);
+        }
+        let mut out = gather_buffer(n, self.size)?;
         match &self.exchange {
-            Exchange::Owned(ch) => return ch.allgather(local),
+            Exchange::Owned(_) => unreachable!("returned above"),
             &Exchange::Callbacks {
                 allgather, user, ..
             } => {
@@ -196,9 +199,70 @@ impl Bootstrap {
     }
 }
 
+/// The most a setup exchange gathers on the host (a larger one means a world size no
+/// real world has, e.g. an uninitialised one: refused instead of allocated).
+const MAX_GATHER_BYTES: usize = 1 << 30;
+
+/// A zeroed buffer for `n` bytes from each of `size` ranks, or an error (never an
+/// allocation failure, which would abort the process).
+fn gather_buffer(n: usize, size: usize) -> Result<Vec<u8>> {
+    let total = n.checked_mul(size).filter(|&t| t <= MAX_GATHER_BYTES);
+    let Some(total) = total else {
+        invalid!(
+            "a setup exchange of {n} bytes from each of {size} ranks exceeds {MAX_GATHER_BYTES} bytes: world_size = {size} is not the size of a real world"
+        );
+    };
+    let mut out = Vec::new();
+    out.try_reserve_exact(total).map_err(|_| {
+        Error::new(
+            K::OutOfMemory,
+            format!("no host memory for a setup exchange of {total} bytes"),
+        )
+    })?;
+    out.resize(total, 0);
+    Ok(out)
+}
+
 /// Bytes of a rank's record in [`Bootstrap::agree`]: its outcome (0: success, else
-/// 1 + the error kind's index in [`K::ALL`]), then its error message, cut to fit.
+/// [`kind_code`]), then its error message, cut to fit; in worlds of more than
+/// [`AGREE_QUOTES`] ranks the outcome alone.
 const AGREE_BYTES: usize = 256;
+const AGREE_QUOTES: usize = 4096;
+
+/// An error kind's code in [`Bootstrap::agree`]'s records (never 0: success).
+fn kind_code(k: K) -> u8 {
+    match k {
+        K::InvalidArgument => 1,
+        K::Cuda => 2,
+        K::Cublas => 3,
+        K::Nccl => 4,
+        K::Nvrtc => 5,
+        K::Timeout => 6,
+        K::Unsupported => 7,
+        K::LibraryNotFound => 8,
+        K::OutOfMemory => 9,
+        K::Internal => 10,
+    }
+}
+
+/// [`kind_code`] back (a code from another version of the library: Internal).
+fn kind_of_code(code: u8) -> K {
+    [
+        K::InvalidArgument,
+        K::Cuda,
+        K::Cublas,
+        K::Nccl,
+        K::Nvrtc,
+        K::Timeout,
+        K::Unsupported,
+        K::LibraryNotFound,
+        K::OutOfMemory,
+        K::Internal,
+    ]
+    .into_iter()
+    .find(|&k| kind_code(k) == code)
+    .unwrap_or(K::Internal)
+}
 
 impl Bootstrap {
     /// Every rank's outcome of a step of a collective setup that may fail on some ranks
@@ -212,38 +276,44 @@ impl Bootstrap {
         if self.size <= 1 {
             return local;
         }
+        let rec_bytes = if self.size <= AGREE_QUOTES {
+            AGREE_BYTES
+        } else {
+            1
+        };
         let mut mine = [0u8; AGREE_BYTES];
         if let Err(e) = &local {
-            mine[0] = 1 + K::ALL.iter().position(|&k| k == e.kind).unwrap_or(0) as u8;
+            mine[0] = kind_code(e.kind);
             let m = e.msg.as_bytes();
-            let n = m.len().min(AGREE_BYTES - 1);
+            let n = m.len().min(rec_bytes - 1);
             mine[1..1 + n].copy_from_slice(&m[..n]);
         }
-        let all = self.allgather(&mine);
+        let all = self.allgather(&mine[..rec_bytes]);
         let (v, all) = match (local, all) {
             (Err(e), _) => return Err(e),
             (Ok(_), Err(e)) => return Err(e),
             (Ok(v), Ok(all)) => (v, all),
         };
         let failed: Vec<usize> = (0..self.size)
-            .filter(|&w| all[w * AGREE_BYTES] != 0)
+            .filter(|&w| all[w * rec_bytes] != 0)
             .collect();
         let Some(&first) = failed.first() else {
             return Ok(v);
         };
-        let rec = &all[first * AGREE_BYTES..(first + 1) * AGREE_BYTES];
-        let kind = K::ALL
-            .get(rec[0] as usize - 1)
-            .copied()
-            .unwrap_or(K::Internal);
+        let rec = &all[first * rec_bytes..(first + 1) * rec_bytes];
+        let kind = kind_of_code(rec[0]);
         let end = rec[1..]
             .iter()
             .position(|&b| b == 0)
-            .unwrap_or(AGREE_BYTES - 1);
+            .unwrap_or(rec_bytes - 1);
+        let ranks = match failed.len() {
+            n if n <= 8 => format!("{failed:?}"),
+            n => format!("{:?} and {} more", &failed[..8], n - 8),
+        };
         Err(Error::new(
             kind,
             format!(
-                "world rank(s) {failed:?} could not {what}, so no rank of the world does (world rank {first}: {})",
+                "world rank(s) {ranks} could not {what}, so no rank of the world does (world rank {first}: {})",
                 String::from_utf8_lossy(&rec[1..1 + end])
             ),
         ))
@@ -370,6 +440,20 @@ mod tests {
             }
             assert_eq!(again.unwrap(), rank, "the ranks stay in step");
         }
+    }
+
+    #[test]
+    fn every_kind_goes_through_its_code() {
+        for k in [
+            K::InvalidArgument,
+            K::Timeout,
+            K::OutOfMemory,
+            K::Internal,
+            K::Nccl,
+        ] {
+            assert_eq!(kind_of_code(kind_code(k)), k);
+        }
+        assert_eq!(kind_of_code(200), K::Internal);
     }
 
     #[test]

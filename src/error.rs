@@ -18,23 +18,6 @@ pub enum ErrorKind {
     Internal,
 }
 
-impl ErrorKind {
-    /// Every kind, in declaration order (a kind's index here is its code in exchanges
-    /// between ranks: [`crate::bootstrap::Bootstrap::agree`]).
-    pub const ALL: [ErrorKind; 10] = [
-        ErrorKind::InvalidArgument,
-        ErrorKind::Cuda,
-        ErrorKind::Cublas,
-        ErrorKind::Nccl,
-        ErrorKind::Nvrtc,
-        ErrorKind::Timeout,
-        ErrorKind::Unsupported,
-        ErrorKind::LibraryNotFound,
-        ErrorKind::OutOfMemory,
-        ErrorKind::Internal,
-    ];
-}
-
 /// An error: its kind and a message that names what went wrong.
 #[derive(Debug, Clone)]
 pub struct Error {

@@ -462,6 +462,7 @@ int create_case(pg::Rank &r, NVTECommTransport tr) {
   cfg.timeout_ms = r.rank == odd ? 0 : g.timeout_ms;  // 0: refused by the argument checks
   NVTECommBootstrap b = pg::bootstrap(c.r);
   NVTECommOverlap *o = nullptr;
+  pg::barrier(r);  // (the bound below counts from every rank's own start)
   auto t0 = std::chrono::steady_clock::now();
   NVTECommStatus st = nvte_comm_overlap_create(&b, &cfg, 2048 * r.n, 1024, kNVTEBFloat16, &o);
   const double ms = since(t0);

@@ -108,7 +108,8 @@ pub fn args_layout() -> Vec<(&'static str, usize, usize)> {
 }
 
 /// The record a fused GEMM's arrival waits write when one gives up ([`Hooks::stall`]), in
-/// host-mapped memory: the kernel's `{flag + 1, 0, waited ns}`.
+/// host-mapped memory: the kernel's `{flag + 1, claim, waited ns}` (the flag published
+/// last).
 pub struct StallRecord {
     mem: crate::cuda::resources::HostMapped,
 }
@@ -136,16 +137,22 @@ impl StallRecord {
     /// The wait that gave up, if one did.
     pub fn read(&self) -> Option<Stall> {
         // SAFETY: 16 live host-mapped bytes, written by the device: volatile loads; the
-        // claim (word 0) is made before the time is written and fenced after it, so a
-        // time of 0 only means the writer has not finished (the wait still gave up).
+        // flag (word 0) is published after the time and a system fence.
         unsafe { Self::decode(self.mem.host as *const u32) }
     }
 
     /// The record at `p` (16 readable bytes).
     unsafe fn decode(p: *const u32) -> Option<Stall> {
-        // SAFETY: (caller) 16 readable, 8-byte aligned bytes.
-        let (code, ns) = unsafe { (p.read_volatile(), (p.add(2) as *const u64).read_volatile()) };
-        (code != 0).then(|| Stall {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        // SAFETY: (caller) 16 readable, 8-byte aligned bytes. An acquire load of the flag
+        // (published last): the time read after it is at least as new.
+        let code = unsafe { (*(p as *const AtomicU32)).load(Ordering::Acquire) };
+        if code == 0 {
+            return None;
+        }
+        // SAFETY: as above.
+        let ns = unsafe { (p.add(2) as *const u64).read_volatile() };
+        Some(Stall {
             flag: code - 1,
             waited_ms: ns as f64 / 1e6,
         })
@@ -262,7 +269,7 @@ pub struct Hooks {
     /// algorithms, see `pick_tile`)
     pub narrow: bool,
     /// where a wait for an arrival flag that gave up records it (host-mapped, zero before
-    /// the launch: `{flag + 1, 0, waited ns as u64}`), and after how long it gives up
+    /// the launch: `{flag + 1, claim, waited ns as u64}`), and after how long it gives up
     /// (NULL or 0: waits never give up). The tile then reads whatever B holds: the
     /// caller turns a set record into an error (see [`StallRecord`]).
     pub stall: DevPtr,
@@ -808,8 +815,8 @@ mod tests {
             unsafe { StallRecord::decode(none.as_ptr() as *const u32) },
             None
         );
-        // flag 7 (word 0 = flag + 1; word 1 unused), 2.5 s
-        let set = [8u64, 2_500_000_000];
+        // flag 7 (word 0 = flag + 1, word 1 the claim), 2.5 s
+        let set = [8u64 | 1 << 32, 2_500_000_000];
         // SAFETY: as above.
         let read = unsafe { StallRecord::decode(set.as_ptr() as *const u32) };
         assert_eq!(

@@ -1122,7 +1122,8 @@ impl Overlap {
     }
 
     /// Host-wait for the last call's work; reports a recorded timeout. Bounded: gives up
-    /// (with a timeout error) after the configured timeout plus 5 s. When the last call
+    /// (with a timeout error) after the configured timeout plus 5 s (twice the timeout
+    /// plus 5 s once our GEMM, whose waits give up after that, has run). When the last call
     /// was captured into a CUDA graph, its replays run on the caller's stream, which the
     /// caller waits for: then only recorded timeouts are reported. Refused (nothing
     /// waited for, the capture left intact) while a capture holding this object's streams
@@ -1144,10 +1145,13 @@ impl Overlap {
             }
             return Ok(());
         }
-        // (the longest a call can take on a device that records every failure: our
-        // GEMM's give-up time, which is longer than the transport's waits')
-        let limit =
-            std::time::Duration::from_millis(self.stall_ms()) + std::time::Duration::from_secs(5);
+        // (the longest a call can take on a device that records every failure: the
+        // transport's timeout, or our GEMM's give-up time where it may have run)
+        let longest = match self.mem.stall {
+            Some(_) => self.stall_ms(),
+            None => self.policy.timeout_ms as u64,
+        };
+        let limit = std::time::Duration::from_millis(longest) + std::time::Duration::from_secs(5);
         let t0 = std::time::Instant::now();
         loop {
             // Relaxed: an event query must not disturb another thread's global-mode capture.
@@ -1181,14 +1185,14 @@ impl Overlap {
         if self.broken.is_some() || self.timeout_error().is_some() || self.call.in_call {
             // Peers may still write this rank's memory: the transport keeps what they can
             // reach when it would otherwise be handed to another allocation.
-            self.t.keep_memory_after_failure();
+            self.keep_memory_after_failure();
             return;
         }
         // The object's own context, whatever the caller's thread has current (a process
         // driving several GPUs destroys every rank's objects from one thread): the wait
         // below is a kernel on this object's stream.
         let Ok(_guard) = self.own_context() else {
-            self.t.keep_memory_after_failure();
+            self.keep_memory_after_failure();
             return;
         };
         let cs = self.streams.comm[0].raw();
@@ -1209,8 +1213,15 @@ impl Overlap {
         // be enqueued, or it timed out: a broken peer's queued puts may still land): keep
         // what they can reach.
         if !matches!(waited, Ok(true)) || self.timeout_error().is_some() {
-            self.t.keep_memory_after_failure();
+            self.keep_memory_after_failure();
         }
+    }
+
+    /// What peers, or our GEMM still running after it gave up, may still touch is not
+    /// freed: the transport's memory and the stall record our GEMM polls.
+    fn keep_memory_after_failure(&mut self) {
+        self.t.keep_memory_after_failure();
+        std::mem::forget(self.mem.stall.take());
     }
 
     /// Enter this object's own context (the one its streams belong to).

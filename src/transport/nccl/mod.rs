@@ -314,6 +314,17 @@ fn init_group_comm(
     )
 }
 
+/// What [`NcclTransport::create`] allocates: the call counter, this rank's arrival token
+/// and the received ones, the buffer, the progress and error records.
+type NcclMem = (
+    DeviceMem,
+    DeviceMem,
+    DeviceMem,
+    DeviceMem,
+    HostMapped,
+    HostMapped,
+);
+
 pub struct NcclTransport {
     shared: Arc<Shared>,
     watchdog: Option<std::thread::JoinHandle<()>>,
@@ -388,6 +399,21 @@ pub struct NcclSettings {
 }
 
 impl NcclTransport {
+    /// This rank's memory of a transport with a buffer of `buffer_bytes`, zeroed.
+    fn alloc(buffer_bytes: usize) -> Result<NcclMem> {
+        let counter = DeviceMem::new(8)?;
+        counter.zero()?;
+        let token = DeviceMem::new(16)?;
+        token.zero()?;
+        let tokens = DeviceMem::new(16 * MAX_PEERS)?;
+        tokens.zero()?;
+        let buffer = DeviceMem::new(buffer_bytes)?;
+        buffer.zero()?;
+        let progress = HostMapped::new(std::mem::size_of::<Progress>())?;
+        let error = HostMapped::new(std::mem::size_of::<ErrorRecord>())?;
+        Ok((counter, token, tokens, buffer, progress, error))
+    }
+
     /// Collective over the world (all ranks, same `tp`): a communicator per group.
     pub fn create(
         bs: &Bootstrap,
@@ -408,35 +434,17 @@ impl NcclTransport {
             cuda::require(Lib::Nccl)?;
             let module = nvrtc::module(&nvrtc::COMM, guard.id, dev)?;
             let k = NcclKernels::new(&module)?;
-            Ok((module, k))
+            Ok((module, k, Self::alloc(s.buffer_bytes)?))
         };
-        let (module, k) = bs.agree(local(), "load NCCL and their NCCL transport's kernels")?;
+        let (module, k, mem) =
+            bs.agree(local(), "make their NCCL transport's kernels and memory")?;
         let timeout = Duration::from_millis(s.timeout_ms);
         let tp_rank = group
             .iter()
             .position(|&w| w == bs.rank)
             .expect("group contains this rank");
         let raw = init_group_comm(bs, group, tp_rank, timeout)?;
-        // From here the communicator is ours: abort it on any failure.
-        let fail = |e: Error| {
-            // SAFETY: the communicator created above, not used elsewhere yet.
-            unsafe { nc::ncclCommAbort(raw.raw()) };
-            e
-        };
-        let alloc = || -> Result<_> {
-            let counter = DeviceMem::new(8)?;
-            counter.zero()?;
-            let token = DeviceMem::new(16)?;
-            token.zero()?;
-            let tokens = DeviceMem::new(16 * MAX_PEERS)?;
-            tokens.zero()?;
-            let buffer = DeviceMem::new(s.buffer_bytes)?;
-            buffer.zero()?;
-            let progress = HostMapped::new(std::mem::size_of::<Progress>())?;
-            let error = HostMapped::new(std::mem::size_of::<ErrorRecord>())?;
-            Ok((counter, token, tokens, buffer, progress, error))
-        };
-        let (counter, token, tokens, buffer, progress, error) = alloc().map_err(fail)?;
+        let (counter, token, tokens, buffer, progress, error) = mem;
         let shared = Arc::new(Shared {
             comm: Mutex::new(Comm {
                 raw,
