@@ -50,15 +50,18 @@ struct CheckSet {
 };
 
 // Compare every peer's {desc, seq} with this rank's; the first difference is recorded
-// (code 2), after which every wait of the object returns at once.
-__device__ __forceinline__ void check_peers(const CheckSet &c, u64 seq, u64 desc, ErrorRecord *err, u32 op) {
+// (code 2), after which every wait of the object returns at once. False where this
+// thread found a difference or a failure already recorded.
+__device__ __forceinline__ bool check_peers(const CheckSet &c, u64 seq, u64 desc, ErrorRecord *err, u32 op) {
   const u32 i = threadIdx.x;
-  if (i >= c.n) return;
+  if (i >= c.n) return true;
   volatile ErrorRecord *e = err;
-  if (e->code != 0) return;
+  if (e->code != 0) return false;
   const volatile u64 *s = c.slot[i];
   const u64 pd = s[0], ps = s[1];
-  if (pd != desc || ps != seq) record_failure(err, 2, c.peer[i], op, 0, seq, 0, pd, ps);
+  if (pd == desc && ps == seq) return true;
+  record_failure(err, 2, c.peer[i], op, 0, seq, 0, pd, ps);
+  return false;
 }
 
 struct FlagSet {
@@ -126,11 +129,16 @@ __device__ __forceinline__ bool wait_one(const FlagSet &set, u64 expected, u64 t
   return true;
 }
 
+// The IPC transport's failure mark beside its call counter (counter[1], device memory,
+// set by a wait that failed or found a failure recorded): what signal_flags reads, where
+// the host-mapped record would cost a trip over the bus on every signal.
+__device__ __forceinline__ void mark_failed(const u64 *counter) { ((volatile u64 *)counter)[1] = 1; }
+
 // One thread per flag: wait until *flag >= (call number << 16) + tag, or time out.
 extern "C" __global__ void wait_flags(FlagSet set, const u64 *counter, u64 tag, u64 timeout_ns, ErrorRecord *err, u32 op,
                                       u32 step) {
   if (threadIdx.x >= set.n) return;
-  wait_one(set, flag_value(counter, tag), timeout_ns, err, op, step);
+  if (!wait_one(set, flag_value(counter, tag), timeout_ns, err, op, step)) mark_failed(counter);
 }
 
 // The arrival barrier of a call with the cross-rank check (NVTE_COMM_CHECK): wait for
@@ -142,14 +150,20 @@ extern "C" __global__ void wait_arrival_checked(FlagSet set, CheckSet check, con
   bool ok = true;
   if (threadIdx.x < set.n) ok = wait_one(set, (seq << 16) + 1, timeout_ns, err, op, 0);
   ok = __syncthreads_and(ok);
-  if (ok) check_peers(check, seq, desc, err, op);
+  if (ok) ok = check_peers(check, seq, desc, err, op);
+  if (!ok) mark_failed(counter);
 }
 
 // One thread per flag: make this stream's earlier writes visible system-wide, then
-// publish (call number << 16) + tag to every flag (peers' flag memory).
-extern "C" __global__ void signal_flags(FlagSet set, const u64 *counter, u64 tag) {
+// publish (call number << 16) + tag to every flag (peers' flag memory). With `data` set,
+// nothing once this rank's waits failed (counter[1], see mark_failed): such a rank has
+// not received what it would forward, and a signal would make its peers take that data
+// as valid (they time out instead, naming it). ("Done" signals pass data 0: they only
+// say that this rank no longer touches the peers' buffers, true after a failure too.)
+extern "C" __global__ void signal_flags(FlagSet set, const u64 *counter, u64 tag, u32 data) {
   const u32 i = threadIdx.x;
   if (i >= set.n) return;
+  if (data && ((const volatile u64 *)counter)[1] != 0) return;
   const u64 v = flag_value(counter, tag);
   __threadfence_system();
   st_release_sys(set.flag[i], v);

@@ -507,7 +507,8 @@ int starve_case(pg::Rank &r) {
     char b[96];
     std::snprintf(b, sizeof b, " after %.0f ms (bound %.0f)", ms, bound);
     c.rep.check(right && ms <= bound, what + ": call " + std::to_string(call) + " " + nvte_comm_status_string(st) +
-                                          (failed ? ": " + msg : std::string(", correct")) + b);
+                                          (failed ? ": " + msg : std::string(right ? ", correct" : ", WRONG output")) +
+                                          b);
   }
   std::printf("[rank %d] %s: the GEMM's own give-up %s\n", r.rank, what.c_str(), gave_up ? "fired" : "did not fire");
   CK(cudaStreamSynchronize(c.s));

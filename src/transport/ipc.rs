@@ -51,8 +51,8 @@ const WAIT_FLAGS: Binding<(PeerSet, DevPtr, u64, u64, DevPtr, u32, u32)> =
 /// ErrorRecord *err, u32 op)
 const WAIT_ARRIVAL_CHECKED: Binding<(PeerSet, PeerSet, DevPtr, u64, u64, DevPtr, u32)> =
     unsafe { Binding::new(&nvrtc::COMM, "wait_arrival_checked", "") };
-/// signal_flags(FlagSet, const u64 *counter, u64 tag)
-const SIGNAL_FLAGS: Binding<(PeerSet, DevPtr, u64)> =
+/// signal_flags(FlagSet, const u64 *counter, u64 tag, u32 data)
+const SIGNAL_FLAGS: Binding<(PeerSet, DevPtr, u64, u32)> =
     unsafe { Binding::new(&nvrtc::COMM, "signal_flags", "") };
 /// begin_call(FlagSet, FlagSet, u64 *counter, u64 desc)
 const BEGIN_CALL: Binding<(PeerSet, PeerSet, DevPtr, u64)> =
@@ -78,7 +78,7 @@ pub fn kernel_signatures() -> Vec<Signature> {
 struct IpcKernels {
     wait_flags: Kernel<(PeerSet, DevPtr, u64, u64, DevPtr, u32, u32)>,
     wait_arrival_checked: Kernel<(PeerSet, PeerSet, DevPtr, u64, u64, DevPtr, u32)>,
-    signal_flags: Kernel<(PeerSet, DevPtr, u64)>,
+    signal_flags: Kernel<(PeerSet, DevPtr, u64, u32)>,
     begin_call: Kernel<(PeerSet, PeerSet, DevPtr, u64)>,
     put_bytes: Kernel<(DevPtr, DevPtr, u64)>,
 }
@@ -216,7 +216,8 @@ impl IpcTransport {
             let buffer = DeviceMem::new(s.buffer_bytes)?;
             let flags = DeviceMem::new(FLAG_BYTES)?;
             flags.zero()?;
-            let counter = DeviceMem::new(8)?;
+            // the call counter, then the failure mark (kernels/comm.cu mark_failed)
+            let counter = DeviceMem::new(16)?;
             counter.zero()?;
             let k = IpcKernels::new(&module)?;
             buffer.zero()?;
@@ -504,13 +505,16 @@ impl PeerMemory for IpcTransport {
         let me = self.group.tp_rank;
         let set = self.flag_set(peers, |p| self.flags_base(p) + flag_offset(slot, me));
         let counter = self.counter.ptr;
+        // Data signals stop once this rank's waits failed (its peers then time out
+        // instead of taking what it forwards); "done" does not (see kernels/comm.cu).
+        let data = (slot != DONE) as u32;
         // SAFETY: signal_flags of this object's module (its device's context); `set`
         // (repr(C)) holds the peers' mapped flag addresses, `counter` this object's device
-        // counter: both live as long as the object.
+        // counter and failure mark: all live as long as the object.
         unsafe {
             self.k
                 .signal_flags
-                .launch(FLAG_SHAPE, stream, (set, counter, tag))
+                .launch(FLAG_SHAPE, stream, (set, counter, tag, data))
         }
     }
 
