@@ -124,12 +124,6 @@ const ARRIVE: FlagSlot = FlagSlot(ALGO_SLOTS as u8 + 1);
 pub const ENTRY: Constructor = Constructor {
     auto: |p| p.one_node,
     create: |s| {
-        if let Some((w, host, mine)) = &s.placement.away {
-            unsupported!(
-                "world rank {w} (host {host}) is on another node than rank {} (host {mine}): the IPC transport needs the whole tensor-parallel group on one node (use the NCCL transport)",
-                s.bs.rank
-            );
-        }
         let st = s.settings;
         let settings = IpcSettings {
             buffer_bytes: st.buffer_bytes,
@@ -137,6 +131,12 @@ pub const ENTRY: Constructor = Constructor {
             comm_sms: st.comm_sms,
             timeout_ms: st.timeout_ms,
             check: st.check,
+            away: s.placement.away.as_ref().map(|(w, host, mine)| {
+                format!(
+                    "world rank {w} (host {host}) is on another node than rank {} (host {mine}): the IPC transport needs the whole tensor-parallel group on one node (use the NCCL transport)",
+                    s.bs.rank
+                )
+            }),
         };
         Ok(Box::new(IpcTransport::create(
             s.bs, s.group, s.guard, s.dev, &settings,
@@ -164,6 +164,9 @@ pub struct IpcSettings {
     pub comm_sms: u32,
     pub timeout_ms: u64,
     pub check: bool,
+    /// why the group cannot use this transport (a member on another node), if it cannot:
+    /// refused in the agreed local step, so that other groups are not left waiting
+    pub away: Option<String>,
 }
 
 impl IpcTransport {
@@ -212,6 +215,9 @@ impl IpcTransport {
         // handles, so that one that fails here (out of memory, most likely) makes them
         // all fail instead of leaving them in the handle exchange.
         let local = || -> crate::error::Result<_> {
+            if let Some(why) = &s.away {
+                unsupported!("{why}");
+            }
             let module = nvrtc::module(&nvrtc::COMM, guard.id, dev)?;
             let buffer = DeviceMem::new(s.buffer_bytes)?;
             let flags = DeviceMem::new(FLAG_BYTES)?;

@@ -170,16 +170,6 @@ pub fn create(
     let ids = bs.allgather(&mine)?;
     let rec = mine.len();
     let id = |w: usize| &ids[w * rec..w * rec + 128];
-    for &w in group {
-        let b = u64::from_le_bytes(ids[w * rec + 128..(w + 1) * rec].try_into().unwrap());
-        if b != s.buffer_bytes as u64 {
-            crate::invalid!(
-                "world rank {w} created its overlap object with a buffer of {b} bytes, world rank {} with {}: every rank of a group must create it with the same rows, cols and dtype",
-                bs.rank,
-                s.buffer_bytes
-            );
-        }
-    }
     let away = group.iter().find(|&&w| id(w) != id(bs.rank)).map(|&w| {
         (
             w,
@@ -191,13 +181,30 @@ pub fn create(
         one_node: away.is_none(),
         away,
     };
-    let e = match s.kind {
-        Kind::Auto => REGISTRY.iter().find(|e| (e.auto)(&placement)),
-        Kind::Named(n) => entry(n),
+    // The same buffer in the whole group, and a transport that reaches it: what one group
+    // refuses here, every rank hears of (the other groups would go on into their
+    // transport's exchanges and wait there for this one).
+    let chosen = || -> Result<&'static Entry> {
+        for &w in group {
+            let b = u64::from_le_bytes(ids[w * rec + 128..(w + 1) * rec].try_into().unwrap());
+            if b != s.buffer_bytes as u64 {
+                crate::invalid!(
+                    "world rank {w} created its overlap object with a buffer of {b} bytes, world rank {} with {}: every rank of a group must create it with the same rows, cols and dtype",
+                    bs.rank,
+                    s.buffer_bytes
+                );
+            }
+        }
+        let e = match s.kind {
+            Kind::Auto => REGISTRY.iter().find(|e| (e.auto)(&placement)),
+            Kind::Named(n) => entry(n),
+        };
+        let Some(e) = e else {
+            unsupported!("no registered transport {:?} reaches this group", s.kind);
+        };
+        Ok(e)
     };
-    let Some(e) = e else {
-        unsupported!("no registered transport {:?} reaches this group", s.kind);
-    };
+    let e = bs.agree(chosen(), "set up their group's transport")?;
     (e.create)(&Setup {
         bs,
         group,
