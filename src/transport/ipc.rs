@@ -234,8 +234,8 @@ impl IpcTransport {
         let (module, buffer, flags, counter, k, error, handles) =
             bs.agree(local(), "make their IPC transport's memory")?;
 
-        // Exchange the two IPC handles and this rank's in-process record (the caller
-        // checked that the group is on one node): a peer in another process is mapped
+        // Exchange the two IPC handles and this rank's in-process record (the group is on
+        // one node: the local step refused it otherwise): a peer in another process is mapped
         // through its IPC handles, a peer in this process reached by its device pointers.
         let me = Local::new(guard.ctx, guard.device, buffer.ptr, flags.ptr);
         // ... and the device's UUID (all zero where unknown), which tells whether a peer
