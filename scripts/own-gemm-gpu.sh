@@ -4,8 +4,9 @@
 # against the CUDA toolkit: cudart, NVRTC, cuBLASLt; no cargo, no nvcc kernels) and runs it:
 # correctness on small / odd shapes and the per-rank anchor shapes at tp 2/4/8 (bf16 and
 # e4m3) against an fp32 reference GEMM and fp64 CPU samples, speed against cuBLASLt, the
-# cost of pre-set arrival flags, and an AG-style run whose row blocks arrive by copy engine
-# while the kernel runs; then the feature cases (every input / output type, the epilogues,
+# cost of pre-set arrival flags, an AG-style run whose row blocks arrive by copy engine
+# while the kernel runs, and one where a block never arrives (the waits must give up after
+# their time and record the flag); then the feature cases (every input / output type, the epilogues,
 # FP8 output with d_scale and amax, full-precision FP8 accumulation, NN / NT layouts) at
 # small and odd shapes against fp32 + fp64 references, and the precision test of
 # full-precision against fast FP8 accumulation at k = 8192. A summary line per feature, the
@@ -16,7 +17,7 @@
 #
 # Usage: scripts/own-gemm-gpu.sh [own_gemm options]
 #   options go to the benchmark: --quick --iters N --bn 128|192|256 --group G --no-fp8
-#   --no-features --features-only --define GEMM90_STAGES_256=3 ...
+#   --no-features --features-only --no-give-up --define GEMM90_STAGES_256=3 ...
 #   --shape TOKENS,K,M,DTYPE (one timed case only, DTYPE 0 bf16 / 1 e4m3: for profilers
 #   such as ncu)
 #   -h, --help  this text
