@@ -488,6 +488,12 @@ fn guard_device(guard: &ContextGuard) -> Result<i32> {
     }
 }
 
+/// Whether our kernels are built for devices like `dev` (sm_90: Hopper). What every rank
+/// of a group of one device type decides alike, whether or not the load then works.
+pub fn device_takes_it(dev: &crate::cuda::DeviceInfo) -> bool {
+    (dev.cc_major, dev.cc_minor) == (9, 0)
+}
+
 impl Sm90Gemm {
     /// The backend of the current context (`guard`'s), loaded at its first use; an
     /// `Unsupported` error on a device other than sm_90.
@@ -506,7 +512,7 @@ impl Sm90Gemm {
     fn load(guard: &ContextGuard) -> Result<Sm90Gemm> {
         let device = guard_device(guard)?;
         let dev = device_info(device)?;
-        if (dev.cc_major, dev.cc_minor) != (9, 0) {
+        if !device_takes_it(&dev) {
             crate::unsupported!(
                 "our sm90 GEMM needs an sm_90 (Hopper) device, this one is sm_{}{}",
                 dev.cc_major,

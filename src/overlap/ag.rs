@@ -921,10 +921,9 @@ impl Planner<'_> {
         // the ranks share: the transport, the shape, the knob, and whether our GEMM takes
         // calls of this kind whatever the rank's m and pointers (m is this rank's share and
         // may differ between ranks; a rank whose own GEMM our kernel then refuses
-        // multiplies each chunk whole after its last slice). Part of the cross-rank check's
-        // key. (Our kernel loads on every rank of a group alike: the same device type and
-        // NVTE_COMM_OWN_GEMM everywhere, else ranks could choose differently; the check's
-        // key catches that.)
+        // multiplies each chunk whole after its last slice, as does a rank whose kernel
+        // failed to load: `own_gemm_kind` is the device type's, not the load's). Part of
+        // the cross-rank check's key.
         let kernel_takes_kind = self.e.own_gemm_kind.is_some_and(|f| f(&sh.full).is_none());
         // K slices: at least K_SLICES of them (the tuned count where larger), at most one a
         // K block and as many as the flags and events allow.

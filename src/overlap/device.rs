@@ -53,6 +53,28 @@ impl Scratch for EngineScratch<'_> {
     }
 }
 
+/// The plan's view of our GEMM (`plan::Env`'s `own_gemm`, `own_gemm_kind`) from its slot
+/// (None: not asked for; else loaded, or why not). The kind's verdict is what the ranks
+/// decide alike: whether the device type takes our GEMM, not whether its load worked here
+/// (an NVRTC or memory failure on one rank alone must not give that rank another protocol
+/// than its peers': it runs cuBLASLt within the same one).
+fn own_gemm_fns(
+    slot: Option<&super::OwnGemmSlot>,
+    dev: &crate::cuda::DeviceInfo,
+) -> (Option<plan::OwnGemm>, Option<plan::OwnGemm>) {
+    let loaded = match slot {
+        Some(Ok(_)) => Some(crate::gemm::sm90::supports as plan::OwnGemm),
+        _ => None,
+    };
+    let kind = match slot {
+        Some(_) if crate::gemm::sm90::device_takes_it(dev) => {
+            Some(crate::gemm::sm90::supports_kind as plan::OwnGemm)
+        }
+        _ => None,
+    };
+    (loaded, kind)
+}
+
 impl Overlap {
     /// What this object's calls plan with now.
     fn env(&self) -> Env {
@@ -77,14 +99,8 @@ impl Overlap {
             events: self.streams.ev_chunk.len(),
             compute_streams: self.streams.compute.len(),
             inline: self.inline_ok(),
-            own_gemm: match self.own_gemm {
-                Some(Ok(_)) => Some(crate::gemm::sm90::supports as plan::OwnGemm),
-                _ => None,
-            },
-            own_gemm_kind: match self.own_gemm {
-                Some(Ok(_)) => Some(crate::gemm::sm90::supports_kind as plan::OwnGemm),
-                _ => None,
-            },
+            own_gemm: own_gemm_fns(self.own_gemm.as_ref(), &self.group.dev).0,
+            own_gemm_kind: own_gemm_fns(self.own_gemm.as_ref(), &self.group.dev).1,
             nvtx: nvtx::enabled(),
             trace: self.diag.trace.is_some() && !self.call.capturing,
         }
@@ -240,5 +256,32 @@ impl Device for GpuDevice<'_> {
     }
     fn mark(&mut self, stream: StreamHandle, name: &str) -> Result<()> {
         self.o.mark(stream, || name.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::own_gemm_fns;
+    use crate::cuda::DeviceInfo;
+
+    #[test]
+    fn a_failed_load_keeps_the_device_types_verdict_on_the_kind() {
+        let dev = |cc_major, cc_minor| DeviceInfo {
+            ordinal: 0,
+            sm_count: 132,
+            cc_major,
+            cc_minor,
+        };
+        let failed: super::super::OwnGemmSlot = Err("NVRTC failed (test)".into());
+        // Hopper, the load failed on this rank: no GEMM of ours, but the kind's verdict
+        // as on its peers whose load worked.
+        let (own, kind) = own_gemm_fns(Some(&failed), &dev(9, 0));
+        assert!(own.is_none() && kind.is_some());
+        // Another device type: neither (every rank of that type alike).
+        let (own, kind) = own_gemm_fns(Some(&failed), &dev(10, 0));
+        assert!(own.is_none() && kind.is_none());
+        // Not asked for (no fused algorithm): neither.
+        let (own, kind) = own_gemm_fns(None, &dev(9, 0));
+        assert!(own.is_none() && kind.is_none());
     }
 }

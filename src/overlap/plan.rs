@@ -285,9 +285,10 @@ pub struct Env {
     /// our own GEMM, where loaded: why it cannot compute a GEMM (None: it can). The fused
     /// algorithms use it where it can, else cuBLASLt per chunk.
     pub own_gemm: Option<OwnGemm>,
-    /// our own GEMM, where loaded: why it cannot compute GEMMs of a call's kind, whatever
-    /// this rank's m and pointers (`gemm::sm90::supports_kind`): what every rank of the
-    /// call can decide alike
+    /// our own GEMM, where the device type takes it (loaded here or not: a load that
+    /// failed on this rank alone leaves it set): why it cannot compute GEMMs of a call's
+    /// kind, whatever this rank's m and pointers (`gemm::sm90::supports_kind`): what
+    /// every rank of the call decides alike
     pub own_gemm_kind: Option<OwnGemm>,
     /// NVTE_COMM_NVTX ranges / NVTE_COMM_TRACE marks wanted
     pub nvtx: bool,

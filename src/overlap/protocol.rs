@@ -1195,6 +1195,9 @@ pub(crate) struct Cfg {
     policy: Policy,
     /// "our GEMM" where loaded: what it refuses (the host GEMM computes every f32 GEMM)
     own_gemm: Option<plan::OwnGemm>,
+    /// a rank whose "our GEMM" failed to load (its peers' loaded): as on a device where
+    /// NVRTC or memory failed on that rank alone
+    own_gemm_missing_on: Option<usize>,
     /// the call's number on its rank (flag values; logs of several calls)
     call: u64,
     /// K of the all-gather checks (f32: 8 is one 128-byte K block of our kernel; 96 is
@@ -1210,6 +1213,7 @@ impl Cfg {
             flavour,
             policy: Policy::te_defaults(),
             own_gemm: Some(|_| None),
+            own_gemm_missing_on: None,
             call: 0,
             ag_k: 8,
             dtype: DType::F32,
@@ -1296,9 +1300,13 @@ fn env_of(
         events: 128,
         compute_streams: 3,
         inline: tp == 1 && caps.idle_alone,
-        own_gemm: cfg.own_gemm,
+        own_gemm: match cfg.own_gemm_missing_on {
+            Some(q) if q == r => None,
+            _ => cfg.own_gemm,
+        },
         // (the host GEMM computes every kind of f32 GEMM: where "our GEMM" is loaded it takes
-        // every kind, and refuses calls only by `cfg.own_gemm`)
+        // every kind, and refuses calls only by `cfg.own_gemm`; as the engine's, the kind's
+        // verdict is the device type's, the same on a rank whose load failed)
         own_gemm_kind: cfg.own_gemm.map(|_| (|_| None) as plan::OwnGemm),
         nvtx: false,
         trace: false,
@@ -1869,6 +1877,23 @@ fn fused_all_gather_k_slices() {
     // K slices with cuBLASLt per chunk (our GEMM takes the kind of call but refuses this
     // rank's m: each remote chunk whole after its last slice), then row pieces although K
     // slices could (NVTE_COMM_AG_PIECES=rows, and unset).
+    // Our GEMM failed to load on the last rank alone: K slices on every rank still (the
+    // kind's verdict is the device type's), that rank multiplying each chunk whole on
+    // cuBLASLt.
+    all(
+        "fused_ag (K slices, our GEMM not loaded on one rank)",
+        |tp, f| {
+            let cfg = Cfg {
+                ag_k: 96,
+                own_gemm_missing_on: Some(tp - 1),
+                ..fused(f).with(|p| {
+                    p.pieces = 2;
+                    p.pins = k_slices;
+                })
+            };
+            check_ag(tp, cfg, false)
+        },
+    );
     all("fused_ag (K slices, cuBLASLt per chunk)", |tp, f| {
         let cfg = Cfg {
             ag_k: 96,
@@ -2004,6 +2029,16 @@ fn pipelined_and_ring_reduce_scatter() {
         |tp, f| {
             let cfg = Cfg {
                 own_gemm: None,
+                ..Cfg::fused(f, false)
+            };
+            check_rs(tp, cfg, true)
+        },
+    );
+    all(
+        "split_rs_p2p (fused ring, our GEMM not loaded on one rank)",
+        |tp, f| {
+            let cfg = Cfg {
+                own_gemm_missing_on: Some(tp - 1),
                 ..Cfg::fused(f, false)
             };
             check_rs(tp, cfg, true)
