@@ -184,7 +184,7 @@ pub fn create(
     // The same buffer in the whole group, and a transport that reaches it: what one group
     // refuses here, every rank hears of (the other groups would go on into their
     // transport's exchanges and wait there for this one).
-    let chosen = || -> Result<&'static Entry> {
+    let chosen = || -> Result<u32> {
         for &w in group {
             let b = u64::from_le_bytes(ids[w * rec + 128..(w + 1) * rec].try_into().unwrap());
             if b != s.buffer_bytes as u64 {
@@ -195,16 +195,19 @@ pub fn create(
                 );
             }
         }
-        let e = match s.kind {
-            Kind::Auto => REGISTRY.iter().find(|e| (e.auto)(&placement)),
-            Kind::Named(n) => entry(n),
-        };
-        let Some(e) = e else {
+        let allowed = allowed(s.kind, &placement);
+        if allowed == 0 {
             unsupported!("no registered transport {:?} reaches this group", s.kind);
-        };
-        Ok(e)
+        }
+        Ok(allowed)
     };
-    let e = bs.agree(chosen(), "set up their group's transport")?;
+    let allowed = bs.agree(chosen(), "set up their group's transport")?;
+    // One transport for the whole world: each transport's creation runs its own exchanges
+    // over the world's bootstrap, so groups that chose differently (auto, where one group
+    // shares a node and another spans two) would pair unrelated exchanges and hang or
+    // mix their data. Every rank takes the first transport that every rank allows.
+    let all = bs.allgather(&allowed.to_le_bytes())?;
+    let e = common_entry(&all)?;
     (e.create)(&Setup {
         bs,
         group,
@@ -213,6 +216,64 @@ pub fn create(
         settings: s,
         placement: &placement,
     })
+}
+
+/// The registry's entries (bit i: `REGISTRY[i]`) that `kind` allows for a group placed as
+/// `placement`: auto, every transport whose rule reaches it; a name, its transport alone.
+fn allowed(kind: Kind, placement: &Placement) -> u32 {
+    REGISTRY
+        .iter()
+        .enumerate()
+        .take(32)
+        .filter(|(_, e)| match kind {
+            Kind::Auto => (e.auto)(placement),
+            Kind::Named(n) => e.name == n,
+        })
+        .fold(0, |m, (i, _)| m | 1 << i)
+}
+
+/// The first registered transport that every rank allows (`all`: each world rank's
+/// [`allowed`] bits, 4 bytes little-endian), or an error naming the first two ranks whose
+/// transports differ (every rank computes the same verdict from the same bytes).
+fn common_entry(all: &[u8]) -> Result<&'static Entry> {
+    let masks: Vec<u32> = all
+        .chunks_exact(4)
+        .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    let common = masks.iter().fold(u32::MAX, |m, &r| m & r);
+    if let Some((_, e)) = REGISTRY
+        .iter()
+        .enumerate()
+        .take(32)
+        .find(|(i, _)| common & 1 << i != 0)
+    {
+        return Ok(e);
+    }
+    let names = |m: u32| -> Vec<&'static str> {
+        REGISTRY
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| m & 1 << i != 0)
+            .map(|(_, e)| e.name)
+            .collect()
+    };
+    // (the first rank that shares nothing with the ranks before it)
+    let mut before = u32::MAX;
+    let mut pair = (0, 0);
+    for (w, &m) in masks.iter().enumerate() {
+        if before & m == 0 {
+            let q = masks.iter().position(|&o| o & m == 0).unwrap_or(0);
+            pair = (q, w);
+            break;
+        }
+        before &= m;
+    }
+    let (q, w) = pair;
+    unsupported!(
+        "the groups of this world have no transport in common (every group must use the same one, whose creation exchanges over the whole world): world rank {q} can use {:?}, world rank {w} {:?}; set NVTE_COMM_TRANSPORT (or the config's transport) to one that every group reaches, e.g. nccl",
+        names(masks[q]),
+        names(masks[w])
+    );
 }
 
 /// A flag slot: each rank holds one monotonically increasing 64-bit counter per (slot,
@@ -760,6 +821,46 @@ mod tests {
         assert_ne!(a, call_desc(1, &[8192, 4096, 1025]));
         assert_ne!(a, call_desc(2, &[8192, 4096, 1024]));
         assert_eq!(desc_op(call_desc(8, &[])), 8);
+    }
+
+    #[test]
+    fn every_group_of_a_world_takes_one_common_transport() {
+        let place = |one_node: bool| Placement {
+            one_node,
+            away: (!one_node).then(|| (4, "b".to_string(), "a".to_string())),
+        };
+        let (here, across) = (place(true), place(false));
+        let bytes = |m: &[u32]| -> Vec<u8> { m.iter().flat_map(|v| v.to_le_bytes()).collect() };
+        let (ipc, nccl) = (
+            allowed(Kind::Named("ipc"), &here),
+            allowed(Kind::Named("nccl"), &here),
+        );
+        // auto: a group on one node reaches ipc and nccl, one across nodes nccl alone
+        assert_eq!(allowed(Kind::Auto, &here), ipc | nccl);
+        assert_eq!(allowed(Kind::Auto, &across), nccl);
+        // every group on one node: ipc (the registry's first)
+        let all = bytes(&[allowed(Kind::Auto, &here); 8]);
+        assert_eq!(common_entry(&all).unwrap().name, "ipc");
+        // one group spans two nodes: every group takes nccl, the one-node groups too
+        let mixed = [true, true, false, false, true, true];
+        let all = bytes(&mixed.map(|one| allowed(Kind::Auto, &place(one))));
+        assert_eq!(common_entry(&all).unwrap().name, "nccl");
+        // ranks naming different transports: the same error on every rank, naming both
+        let Err(e) = common_entry(&bytes(&[ipc, ipc, nccl, nccl])) else {
+            panic!("ranks naming ipc and nccl agreed on a transport");
+        };
+        assert_eq!(e.kind, crate::error::ErrorKind::Unsupported);
+        assert!(
+            e.msg
+                .contains("world rank 0 can use [\"ipc\"], world rank 2 [\"nccl\"]"),
+            "{}",
+            e.msg
+        );
+        // a name and auto: the name where auto reaches it
+        assert_eq!(
+            common_entry(&bytes(&[nccl, ipc | nccl])).unwrap().name,
+            "nccl"
+        );
     }
 
     /// One rank's allgather: its own bytes.
