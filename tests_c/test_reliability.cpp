@@ -20,7 +20,9 @@
 //             comm-GEMM contexts: device memory and handle count flat.
 //   create    the last rank creates its overlap object with a config the argument checks
 //             refuse, the others with a valid one: every rank must fail at once (the others
-//             naming that rank), and stay in step: a valid create and call then work.
+//             naming that rank); with IPC, the last rank then names NCCL and its peers IPC
+//             (every rank refused at once: no transport in common); the ranks stay in step:
+//             a valid create and call then work.
 //   starve    (--threads only) the fused all-gather (config atomic_gemm) with ranks as
 //             threads of one process: on one shared GPU the ranks' GEMMs, each holding all
 //             SMs but a few while they wait for arrival flags, can starve the kernels that
@@ -474,6 +476,25 @@ int create_case(pg::Rank &r, NVTECommTransport tr) {
   c.rep.check(st == NVTE_COMM_ERROR_INVALID_ARGUMENT && o == nullptr && names && ms < 5000,
               what + ": fails at once on every rank: " + nvte_comm_status_string(st) + ": " + msg + b2);
   if (o) nvte_comm_overlap_destroy(o);
+  o = nullptr;
+  if (tr == NVTE_COMM_TRANSPORT_IPC) {
+    // World rank `odd` names NCCL, its peers IPC: each transport's creation exchanges over
+    // the whole world, so the factory refuses on every rank before either starts (before,
+    // the ranks went into different exchanges). No NCCL is loaded for the refusal.
+    cfg.timeout_ms = g.timeout_ms;
+    cfg.transport = r.rank == odd ? NVTE_COMM_TRANSPORT_NCCL : NVTE_COMM_TRANSPORT_IPC;
+    pg::barrier(r);
+    t0 = std::chrono::steady_clock::now();
+    st = nvte_comm_overlap_create(&b, &cfg, 2048 * r.n, 1024, kNVTEBFloat16, &o);
+    const double ms2 = since(t0);
+    const std::string msg2 = nvte_comm_last_error();
+    std::snprintf(b2, sizeof b2, " (after %.0f ms)", ms2);
+    c.rep.check(st == NVTE_COMM_ERROR_UNSUPPORTED && o == nullptr && msg2.find("no transport in common") != std::string::npos &&
+                    ms2 < 5000,
+                "create with NCCL named on world rank " + std::to_string(odd) + ", IPC on the others np" +
+                    std::to_string(r.n) + ": fails at once on every rank: " + nvte_comm_status_string(st) + ": " + msg2 + b2);
+    if (o) nvte_comm_overlap_destroy(o);
+  }
   // The ranks are still in step: a valid create and call work everywhere.
   OvOp *ov = make_ov(c, kAg, tr, 2048, 1024, 1024, 0);
   bool ok = ov && ov_call(c, *ov) == NVTE_COMM_SUCCESS && nvte_comm_overlap_synchronize(ov->o) == NVTE_COMM_SUCCESS &&
