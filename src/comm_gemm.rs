@@ -990,7 +990,18 @@ impl CommGemmCtx {
             // (a direct call leaves no buffer a graph could hold)
             self.call.captured |= self.call.capturing;
         }
-        let ws = self.workspace()?;
+        let ws = if self.mem.workspace.is_none() && self.nranks > 1 && !self.call.capturing {
+            // The context's first call, before its first engine's creation (collective): a
+            // rank that cannot allocate the workspace fails with its peers instead of
+            // leaving them in that creation's exchanges.
+            let made = self.workspace();
+            self.bs.agree(
+                made,
+                "allocate their comm-GEMM context's cuBLASLt workspace",
+            )?
+        } else {
+            self.workspace()?
+        };
         // The algorithm choice: the atomic values make the all-gather the fused one
         // (`GemmCall::atomic`, applied in `configure`), everything else runs the split
         // (P2P) algorithms; multicast is never used by this library. Default lets the
