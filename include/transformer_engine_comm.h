@@ -355,8 +355,10 @@ typedef struct NVTECommOverlapConfig {
    */
   int64_t timeout_ms;
   /**
-   * NVTE_COMM_TRANSPORT_AUTO (default: IPC when the group is on one node, else NCCL),
-   * NVTE_COMM_TRANSPORT_IPC or NVTE_COMM_TRANSPORT_NCCL (env NVTE_COMM_TRANSPORT)
+   * NVTE_COMM_TRANSPORT_AUTO (default: IPC when every group of the world is on one node,
+   * else NCCL: all groups take one transport, as its creation exchanges over the world),
+   * NVTE_COMM_TRANSPORT_IPC or NVTE_COMM_TRANSPORT_NCCL (env NVTE_COMM_TRANSPORT; every
+   * rank must give the same)
    */
   NVTECommTransport transport;
 } NVTECommOverlapConfig;

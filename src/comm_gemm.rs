@@ -993,12 +993,17 @@ impl CommGemmCtx {
         let ws = if self.mem.workspace.is_none() && self.nranks > 1 && !self.call.capturing {
             // The context's first call, before its first engine's creation (collective): a
             // rank that cannot allocate the workspace fails with its peers instead of
-            // leaving them in that creation's exchanges.
+            // leaving them in that creation's exchanges. After a failure no rank keeps its
+            // workspace, so that the next call agrees again on every rank alike.
             let made = self.workspace();
-            self.bs.agree(
-                made,
-                "allocate their comm-GEMM context's cuBLASLt workspace",
-            )?
+            let what = "allocate their comm-GEMM context's cuBLASLt workspace";
+            match self.bs.agree(made, what) {
+                Ok(ws) => ws,
+                Err(e) => {
+                    self.mem.workspace = None;
+                    return Err(e);
+                }
+            }
         } else {
             self.workspace()?
         };

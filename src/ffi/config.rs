@@ -49,8 +49,10 @@ pub struct Config {
     pub comm_priority: i32,
     /// timeout of every wait for a peer, ms (default 60000; env NVTE_COMM_TIMEOUT_MS)
     pub timeout_ms: i64,
-    /// NVTE_COMM_TRANSPORT_AUTO (default: IPC when the group is on one node, else NCCL),
-    /// NVTE_COMM_TRANSPORT_IPC or NVTE_COMM_TRANSPORT_NCCL (env NVTE_COMM_TRANSPORT)
+    /// NVTE_COMM_TRANSPORT_AUTO (default: IPC when every group of the world is on one node,
+    /// else NCCL: all groups take one transport, as its creation exchanges over the world),
+    /// NVTE_COMM_TRANSPORT_IPC or NVTE_COMM_TRANSPORT_NCCL (env NVTE_COMM_TRANSPORT; every
+    /// rank must give the same)
     pub transport: TransportChoice,
 }
 

@@ -1874,9 +1874,6 @@ fn fused_all_gather_k_slices() {
             |tp, f| check_ag(tp, cfg(f), true),
         );
     }
-    // K slices with cuBLASLt per chunk (our GEMM takes the kind of call but refuses this
-    // rank's m: each remote chunk whole after its last slice), then row pieces although K
-    // slices could (NVTE_COMM_AG_PIECES=rows, and unset).
     // Our GEMM failed to load on the last rank alone: K slices on every rank still (the
     // kind's verdict is the device type's), that rank multiplying each chunk whole on
     // cuBLASLt.
@@ -1894,6 +1891,9 @@ fn fused_all_gather_k_slices() {
             check_ag(tp, cfg, false)
         },
     );
+    // K slices with cuBLASLt per chunk (our GEMM takes the kind of call but refuses this
+    // rank's m: each remote chunk whole after its last slice), then row pieces although K
+    // slices could (NVTE_COMM_AG_PIECES=rows, and unset).
     all("fused_ag (K slices, cuBLASLt per chunk)", |tp, f| {
         let cfg = Cfg {
             ag_k: 96,

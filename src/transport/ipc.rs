@@ -120,7 +120,8 @@ unsafe impl Send for IpcTransport {}
 const DONE: FlagSlot = FlagSlot(ALGO_SLOTS as u8);
 const ARRIVE: FlagSlot = FlagSlot(ALGO_SLOTS as u8 + 1);
 
-/// The registry's entry: picked by auto when the whole group shares this node.
+/// The registry's entry: auto allows it where the whole group shares this node (and
+/// picks it where every group of the world does).
 pub const ENTRY: Constructor = Constructor {
     auto: |p| p.one_node,
     create: |s| {

@@ -24,8 +24,9 @@ use crate::unsupported;
 /// Which transport a group asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
-    /// the first registered transport that reaches the whole group (the registry's order:
-    /// peer memory when the whole group shares this node, else NCCL)
+    /// the first registered transport that reaches every group of the world (the
+    /// registry's order: peer memory when every group shares a node, else NCCL; see
+    /// [`create`])
     Auto,
     /// the registered transport of this name ([`Entry::name`])
     Named(&'static str),
@@ -155,7 +156,8 @@ pub fn entry(name: &str) -> Option<&'static Entry> {
 
 /// The transport factory (collective over the world: every rank calls it with its
 /// group): checks that every rank made the same buffer, finds where the group's ranks
-/// are, and creates the registered transport `s.kind` asks for.
+/// are, and creates the first registered transport that `s.kind` allows on every rank of
+/// the world (one transport for all groups).
 pub fn create(
     bs: &Bootstrap,
     group: &[usize],
@@ -220,6 +222,7 @@ pub fn create(
 
 /// The registry's entries (bit i: `REGISTRY[i]`) that `kind` allows for a group placed as
 /// `placement`: auto, every transport whose rule reaches it; a name, its transport alone.
+/// (The registry holds at most 32 rows: `at_most_32_transports`.)
 fn allowed(kind: Kind, placement: &Placement) -> u32 {
     REGISTRY
         .iter()
@@ -821,6 +824,11 @@ mod tests {
         assert_ne!(a, call_desc(1, &[8192, 4096, 1025]));
         assert_ne!(a, call_desc(2, &[8192, 4096, 1024]));
         assert_eq!(desc_op(call_desc(8, &[])), 8);
+    }
+
+    #[test]
+    fn at_most_32_transports() {
+        assert!(REGISTRY.len() <= 32, "the transports' masks are u32");
     }
 
     #[test]
