@@ -109,15 +109,12 @@ impl Bootstrap {
     /// Gather `local` (same length on every rank) from all ranks, in rank order.
     pub fn allgather(&self, local: &[u8]) -> Result<Vec<u8>> {
         let n = local.len();
-        if let Exchange::Owned(ch) = &self.exchange {
-            return ch.allgather(local);
-        }
-        let mut out = gather_buffer(n, self.size)?;
         match &self.exchange {
-            Exchange::Owned(_) => unreachable!("returned above"),
+            Exchange::Owned(ch) => ch.allgather(local),
             &Exchange::Callbacks {
                 allgather, user, ..
             } => {
+                let mut out = gather_buffer(n, self.size)?;
                 // SAFETY: buffers sized as the callback contract states.
                 let rc = unsafe {
                     allgather(
@@ -136,48 +133,54 @@ impl Bootstrap {
                         ),
                     ));
                 }
+                Ok(out)
             }
-            &Exchange::Nccl(comm) => {
-                // Setup only: a private stream and a host synchronisation are fine here.
-                let stream = Stream::new(0)?;
-                let send = DeviceMem::new(n)?;
-                let recv = DeviceMem::new(n * self.size)?;
-                send.as_slice::<u8>().copy_from_host(local)?;
-                // SAFETY: device buffers of the stated sizes; live communicator.
-                nccl_check(
-                    unsafe {
-                        nccl::ncclAllGather(
-                            send.ptr.as_void(),
-                            recv.ptr.as_void(),
-                            n,
-                            nccl::ncclDataType_t::ncclUint8,
-                            comm.raw(),
-                            stream.raw().rt(),
-                        )
-                    },
-                    "ncclAllGather",
-                )?;
-                // Bounded: a rank that never joins must not hang the caller. On timeout
-                // the exchange stays enqueued on the caller's communicator (which only
-                // its owner may abort): its stream and buffers are leaked on purpose.
-                let limit = setup_timeout()?;
-                let t0 = std::time::Instant::now();
-                while !stream.idle()? {
-                    if t0.elapsed() > limit {
-                        std::mem::forget((stream, send, recv));
-                        return Err(Error::new(
-                            K::Timeout,
-                            format!(
-                                "the setup exchange (ncclAllGather of {n} bytes) over the caller's NCCL communicator did not complete within {:.1} s: a rank of the communicator did not make the same call (it is absent, failed, or calls something else). The communicator now holds the unfinished exchange: abort it (ncclCommAbort)",
-                                limit.as_secs_f64()
-                            ),
-                        ));
-                    }
-                    std::thread::sleep(std::time::Duration::from_micros(100));
-                }
-                copy_to_host(&mut out, recv.ptr)?;
-            }
+            Exchange::Nccl(comm) => self.allgather_nccl(comm, local),
         }
+    }
+
+    /// [`Self::allgather`] over the caller's NCCL communicator.
+    fn allgather_nccl(&self, comm: &NcclComm, local: &[u8]) -> Result<Vec<u8>> {
+        let n = local.len();
+        let mut out = gather_buffer(n, self.size)?;
+        // Setup only: a private stream and a host synchronisation are fine here.
+        let stream = Stream::new(0)?;
+        let send = DeviceMem::new(n)?;
+        let recv = DeviceMem::new(n * self.size)?;
+        send.as_slice::<u8>().copy_from_host(local)?;
+        // SAFETY: device buffers of the stated sizes; live communicator.
+        nccl_check(
+            unsafe {
+                nccl::ncclAllGather(
+                    send.ptr.as_void(),
+                    recv.ptr.as_void(),
+                    n,
+                    nccl::ncclDataType_t::ncclUint8,
+                    comm.raw(),
+                    stream.raw().rt(),
+                )
+            },
+            "ncclAllGather",
+        )?;
+        // Bounded: a rank that never joins must not hang the caller. On timeout
+        // the exchange stays enqueued on the caller's communicator (which only
+        // its owner may abort): its stream and buffers are leaked on purpose.
+        let limit = setup_timeout()?;
+        let t0 = std::time::Instant::now();
+        while !stream.idle()? {
+            if t0.elapsed() > limit {
+                std::mem::forget((stream, send, recv));
+                return Err(Error::new(
+                    K::Timeout,
+                    format!(
+                        "the setup exchange (ncclAllGather of {n} bytes) over the caller's NCCL communicator did not complete within {:.1} s: a rank of the communicator did not make the same call (it is absent, failed, or calls something else). The communicator now holds the unfinished exchange: abort it (ncclCommAbort)",
+                        limit.as_secs_f64()
+                    ),
+                ));
+            }
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
+        copy_to_host(&mut out, recv.ptr)?;
         Ok(out)
     }
 

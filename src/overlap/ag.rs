@@ -555,28 +555,14 @@ impl Planner<'_> {
         flags: Option<DevPtr>,
     ) -> Result<()> {
         for step in arrival_steps(ring) {
-            self.ag_ring_step(x, sh, ring, step, flags)?;
+            for j in 0..sh.pieces {
+                self.ag_ring_piece(x, sh, ring, step, j, flags)?;
+            }
         }
         Ok(())
     }
 
-    /// Step `s` of ring direction `dir` (0 forward, 1 backward): every piece of the chunk
-    /// it forwards and receives (see [`Self::ag_rings`]).
-    fn ag_ring_step(
-        &mut self,
-        x: &AgArgs,
-        sh: &AgShape,
-        ring: &AgRing,
-        step: (usize, usize),
-        flags: Option<DevPtr>,
-    ) -> Result<()> {
-        for j in 0..sh.pieces {
-            self.ag_ring_piece(x, sh, ring, step, j, flags)?;
-        }
-        Ok(())
-    }
-
-    /// Piece `j` of step `s` of ring direction `dir`: its exchange, then (on the same comm
+    /// Piece `j` of step `s` of ring direction `dir` (0 forward, 1 backward): its exchange, then (on the same comm
     /// stream) its copy into B_copy, its event and its flag.
     fn ag_ring_piece(
         &mut self,
@@ -631,14 +617,14 @@ impl Planner<'_> {
             )
         };
         self.step(|| {
-                format!(
-                    "ring {dir} step {}: chunk {c} to rank {}, chunk {rc} from rank {} (piece {} of {pieces})",
-                    s + 1,
-                    t.to,
-                    t.from,
-                    j + 1
-                )
-            });
+            format!(
+                "ring {dir} step {}: chunk {c} to rank {}, chunk {rc} from rank {} (piece {} of {pieces})",
+                s + 1,
+                t.to,
+                t.from,
+                j + 1
+            )
+        });
         let info = WaitInfo {
             op: Op::SplitAg as u32,
             step: (s + 1) as u32,

@@ -260,12 +260,11 @@ impl Planner<'_> {
         // (the collective), then the wait and the reduction.
         let start = |pl: &mut Self, i: usize| {
             pl.record(1 + i, Lane::Compute(0));
-            match two_shot {
-                true => {
-                    let sl = Slices::new((bounds[i + 1] - bounds[i]) * m, tp);
-                    pl.two_shot_scatter(i, bounds[i] * m, &sl, partials)
-                }
-                false => pl.ar_one_shot_start(d, collective, m, (&bounds, i)),
+            if two_shot {
+                let sl = Slices::new((bounds[i + 1] - bounds[i]) * m, tp);
+                pl.two_shot_scatter(i, bounds[i] * m, &sl, partials)
+            } else {
+                pl.ar_one_shot_start(d, collective, m, (&bounds, i))
             }
         };
         let finish = |pl: &mut Self, i: usize| match (two_shot, collective) {

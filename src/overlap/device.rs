@@ -82,6 +82,7 @@ impl Overlap {
             Some(pm) => (0..self.tp()).map(|q| pm.peer_buffer(q)).collect(),
             None => Default::default(),
         };
+        let (own_gemm, own_gemm_kind) = own_gemm_fns(self.own_gemm.as_ref(), &self.group.dev);
         Env {
             tp: self.tp(),
             rank: self.tp_rank(),
@@ -99,8 +100,8 @@ impl Overlap {
             events: self.streams.ev_chunk.len(),
             compute_streams: self.streams.compute.len(),
             inline: self.inline_ok(),
-            own_gemm: own_gemm_fns(self.own_gemm.as_ref(), &self.group.dev).0,
-            own_gemm_kind: own_gemm_fns(self.own_gemm.as_ref(), &self.group.dev).1,
+            own_gemm,
+            own_gemm_kind,
             nvtx: nvtx::enabled(),
             trace: self.diag.trace.is_some() && !self.call.capturing,
         }

@@ -49,11 +49,6 @@ use super::plan::{Lane, MAX_FLAGS, Part, Planner, Reduce};
 use super::policy::{Algo, Ring, Sum, Tiles};
 use super::schedule::{Bounds, PerRank};
 use super::{Op, Overlap, eb, key_with, tag};
-
-/// The compute stream of every chunk GEMM of a reduce-scatter (one stream, in order: see
-/// the module doc); their events are recorded there too, apart from the GEMMs
-/// (`Planner::chunks_interleaved`).
-const IN_ORDER: usize = 0;
 use crate::cuda::DevPtr;
 use crate::cuda::StreamHandle;
 use crate::error::Result;
@@ -62,6 +57,11 @@ use crate::gemm::{self, GemmDesc, Operands};
 use crate::invalid;
 use crate::tensor::{Buffer, DType, Shape, Tensor};
 use crate::transport::{RecvOp, SendOp, WaitInfo};
+
+/// The compute stream of every chunk GEMM of a reduce-scatter (one stream, in order: see
+/// the module doc); their events are recorded there too, apart from the GEMMs
+/// (`Planner::chunks_interleaved`).
+const IN_ORDER: usize = 0;
 
 /// The operands of a GEMM + reduce-scatter: D is the buffer view carrying FP8 scale /
 /// scale_inv, or None for the plain view; the reduced rows go to `rs_output`.
@@ -572,19 +572,18 @@ impl Planner<'_> {
                 pl.ring_rs_gemm(p, staging, &plan.gemm_dest, i);
                 Ok(())
             };
-            let start = |pl: &mut Self, i: usize| {
-                pl.record(i, Lane::Compute(IN_ORDER));
-                match i < n {
-                    true => {
-                        pl.ring_rs_exchange(staging, sizes, &plan.steps, (i, Part::Start), None)
-                    }
-                    false => Ok(()),
+            let exchange = |pl: &mut Self, i: usize, part: Part| {
+                if i < n {
+                    pl.ring_rs_exchange(staging, sizes, &plan.steps, (i, part), None)
+                } else {
+                    Ok(())
                 }
             };
-            let finish = |pl: &mut Self, i: usize| match i < n {
-                true => pl.ring_rs_exchange(staging, sizes, &plan.steps, (i, Part::Finish), None),
-                false => Ok(()),
+            let start = |pl: &mut Self, i: usize| {
+                pl.record(i, Lane::Compute(IN_ORDER));
+                exchange(pl, i, Part::Start)
             };
+            let finish = |pl: &mut Self, i: usize| exchange(pl, i, Part::Finish);
             self.chunks_interleaved(plan.gemm_dest.len(), gemm, start, finish)?;
         }
         self.ring_rs_reduce(x, p, staging, fp8, done.map(|d| (d, pieces)))?;

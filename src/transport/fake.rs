@@ -310,24 +310,21 @@ impl<D: Send + 'static> TwoSided for FakeTransport<D> {
         }
         if part != ExchangePart::Finish {
             for s in sends {
-                let call = if s.rows > 1 {
-                    Call::Put2d {
-                        peer: s.peer,
-                        offset: s.dst_offset,
-                        src: s.src,
-                        width: s.bytes,
-                        rows: s.rows,
-                        pitch: s.pitch,
-                    }
+                if s.rows > 1 {
+                    self.record(
+                        stream,
+                        Call::Put2d {
+                            peer: s.peer,
+                            offset: s.dst_offset,
+                            src: s.src,
+                            width: s.bytes,
+                            rows: s.rows,
+                            pitch: s.pitch,
+                        },
+                    )?;
                 } else {
-                    Call::Put {
-                        peer: s.peer,
-                        offset: s.dst_offset,
-                        src: s.src,
-                        bytes: s.bytes,
-                    }
-                };
-                self.record(stream, call)?;
+                    self.put(s.peer, s.dst_offset, s.src, s.bytes, stream)?;
+                }
             }
         }
         if part == ExchangePart::Start {
